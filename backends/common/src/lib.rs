@@ -1,0 +1,1 @@
+pub mod placeholder_for_build {}

@@ -1,0 +1,1 @@
+//! C API (see include/packjit.h).
