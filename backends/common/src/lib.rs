@@ -1,1 +1,75 @@
-pub mod placeholder_for_build {}
+//! # packjit-lower
+//!
+//! The arch-neutral front end every packjit backend shares:
+//!
+//! * [`decode`] turns raw eBPF bytes into typed [`Inst`]s, running the structural
+//!   [verifier](verify) on the way: opcode validity (RFC 9669, cpu v4), reserved fields zero,
+//!   register numbers, jump targets inside the program and its subprogram, `LD_IMM64`
+//!   pairing, no fall-through off the end, bounded static call depth, known helpers.
+//! * [`Program`] is the result: one entry per instruction (LD_IMM64 is one entry covering two
+//!   slots), jump targets resolved to instruction indices, subprogram boundaries, and which
+//!   registers each subprogram writes (so a backend saves only what it clobbers).
+//!
+//! Every rejection is a [`CompileError`] naming the pc and the reason.
+//!
+//! ```
+//! // mov r0, 7 ; exit
+//! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+//! let prog = packjit_lower::decode(&code, &[]).unwrap();
+//! assert_eq!(prog.insts.len(), 2);
+//! let err = packjit_lower::decode(&code[..8], &[]).unwrap_err();
+//! assert_eq!(err.to_string(), "pc 0: falls through past the end of the program");
+//! ```
+
+mod insn;
+mod verify;
+
+pub use insn::*;
+pub use verify::{decode, MAX_CALL_DEPTH, MAX_INSNS, STACK_SIZE};
+
+use packjit_plugin_api::CompileError;
+
+/// A decoded, verified program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Program {
+    /// Instructions in order. `insts[i].pc` is the slot index of the instruction.
+    pub insts: Vec<Inst>,
+    /// Number of 8-byte slots in the bytecode.
+    pub slots: usize,
+    /// Subprograms (index 0 is the entry). Each covers a contiguous instruction range.
+    pub subprogs: Vec<Subprog>,
+    /// `true` for each instruction index some branch or call lands on.
+    pub is_target: Vec<bool>,
+}
+
+/// A function inside the program: the entry or the target of a local call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subprog {
+    /// First instruction index (into [`Program::insts`]).
+    pub start: usize,
+    /// One past the last instruction index.
+    pub end: usize,
+    /// Bit `n` set when BPF register `rn` is written in this subprogram (r0..r9).
+    pub writes: u16,
+    /// `true` when the subprogram makes helper or local calls.
+    pub calls: bool,
+    /// `true` when the subprogram touches its stack frame through r10.
+    pub uses_stack: bool,
+}
+
+impl Program {
+    /// The subprogram containing instruction index `i`.
+    pub fn subprog_of(&self, i: usize) -> usize {
+        self.subprogs.partition_point(|s| s.end <= i)
+    }
+
+    /// Instruction index of the instruction at slot `pc`, if one starts there.
+    pub fn index_of_pc(&self, pc: usize) -> Option<usize> {
+        self.insts.binary_search_by_key(&pc, |i| i.pc).ok()
+    }
+}
+
+/// Convenience for backends: an error at instruction `inst`.
+pub fn error_at(inst: &Inst, kind: packjit_plugin_api::ErrorKind, msg: impl Into<String>) -> CompileError {
+    CompileError::at(inst.pc, kind, msg)
+}

@@ -1,0 +1,346 @@
+//! Raw eBPF encoding constants (RFC 9669) and the typed instruction form backends consume.
+
+/// Opcode field constants.
+pub mod op {
+    /// Instruction classes (low 3 bits).
+    pub const CLASS_LD: u8 = 0x00;
+    pub const CLASS_LDX: u8 = 0x01;
+    pub const CLASS_ST: u8 = 0x02;
+    pub const CLASS_STX: u8 = 0x03;
+    pub const CLASS_ALU: u8 = 0x04;
+    pub const CLASS_JMP: u8 = 0x05;
+    pub const CLASS_JMP32: u8 = 0x06;
+    pub const CLASS_ALU64: u8 = 0x07;
+
+    /// Source bit of ALU/JMP classes.
+    pub const SRC_K: u8 = 0x00;
+    pub const SRC_X: u8 = 0x08;
+
+    /// Size field of load/store classes.
+    pub const SIZE_W: u8 = 0x00;
+    pub const SIZE_H: u8 = 0x08;
+    pub const SIZE_B: u8 = 0x10;
+    pub const SIZE_DW: u8 = 0x18;
+
+    /// Mode field of load/store classes.
+    pub const MODE_IMM: u8 = 0x00;
+    pub const MODE_MEM: u8 = 0x60;
+    pub const MODE_MEMSX: u8 = 0x80;
+    pub const MODE_ATOMIC: u8 = 0xc0;
+
+    /// ALU operations (high 4 bits).
+    pub const ALU_ADD: u8 = 0x00;
+    pub const ALU_SUB: u8 = 0x10;
+    pub const ALU_MUL: u8 = 0x20;
+    pub const ALU_DIV: u8 = 0x30;
+    pub const ALU_OR: u8 = 0x40;
+    pub const ALU_AND: u8 = 0x50;
+    pub const ALU_LSH: u8 = 0x60;
+    pub const ALU_RSH: u8 = 0x70;
+    pub const ALU_NEG: u8 = 0x80;
+    pub const ALU_MOD: u8 = 0x90;
+    pub const ALU_XOR: u8 = 0xa0;
+    pub const ALU_MOV: u8 = 0xb0;
+    pub const ALU_ARSH: u8 = 0xc0;
+    pub const ALU_END: u8 = 0xd0;
+
+    /// JMP operations (high 4 bits).
+    pub const JMP_JA: u8 = 0x00;
+    pub const JMP_JEQ: u8 = 0x10;
+    pub const JMP_JGT: u8 = 0x20;
+    pub const JMP_JGE: u8 = 0x30;
+    pub const JMP_JSET: u8 = 0x40;
+    pub const JMP_JNE: u8 = 0x50;
+    pub const JMP_JSGT: u8 = 0x60;
+    pub const JMP_JSGE: u8 = 0x70;
+    pub const JMP_CALL: u8 = 0x80;
+    pub const JMP_EXIT: u8 = 0x90;
+    pub const JMP_JLT: u8 = 0xa0;
+    pub const JMP_JLE: u8 = 0xb0;
+    pub const JMP_JSLT: u8 = 0xc0;
+    pub const JMP_JSLE: u8 = 0xd0;
+
+    /// Atomic operations (in `imm`).
+    pub const ATOMIC_ADD: i32 = 0x00;
+    pub const ATOMIC_OR: i32 = 0x40;
+    pub const ATOMIC_AND: i32 = 0x50;
+    pub const ATOMIC_XOR: i32 = 0xa0;
+    pub const ATOMIC_FETCH: i32 = 0x01;
+    pub const ATOMIC_XCHG: i32 = 0xe0 | ATOMIC_FETCH;
+    pub const ATOMIC_CMPXCHG: i32 = 0xf0 | ATOMIC_FETCH;
+
+    /// `src` values of `call`.
+    pub const CALL_HELPER: u8 = 0;
+    pub const CALL_LOCAL: u8 = 1;
+
+    /// `LD_IMM64` opcode (`BPF_LD | BPF_IMM | BPF_DW`).
+    pub const LD_IMM64: u8 = 0x18;
+}
+
+/// A raw 8-byte instruction slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawInsn {
+    /// Opcode byte.
+    pub opc: u8,
+    /// Destination register (low nibble of byte 1).
+    pub dst: u8,
+    /// Source register (high nibble of byte 1).
+    pub src: u8,
+    /// Signed 16-bit offset.
+    pub off: i16,
+    /// Signed 32-bit immediate.
+    pub imm: i32,
+}
+
+impl RawInsn {
+    /// Decodes slot bytes (little-endian, as on every target packjit supports).
+    pub fn from_bytes(b: &[u8; 8]) -> Self {
+        Self {
+            opc: b[0],
+            dst: b[1] & 0x0f,
+            src: b[1] >> 4,
+            off: i16::from_le_bytes([b[2], b[3]]),
+            imm: i32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        }
+    }
+
+    /// Encodes the slot.
+    pub fn to_bytes(self) -> [u8; 8] {
+        let o = self.off.to_le_bytes();
+        let i = self.imm.to_le_bytes();
+        [self.opc, (self.src << 4) | (self.dst & 0x0f), o[0], o[1], i[0], i[1], i[2], i[3]]
+    }
+}
+
+/// A BPF register number, 0..=10.
+pub type Reg = u8;
+
+/// BPF's frame pointer (read-only).
+pub const R10: Reg = 10;
+
+/// Operand width of ALU and JMP operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Width {
+    /// 32-bit: operands are the low halves; ALU results are zero-extended to 64 bits.
+    W32,
+    /// 64-bit.
+    W64,
+}
+
+/// Second operand of ALU, JMP and store instructions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operand {
+    /// A register.
+    Reg(Reg),
+    /// A 32-bit immediate, sign-extended to 64 bits for 64-bit operations.
+    Imm(i32),
+}
+
+/// Binary ALU operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AluOp {
+    /// Wrapping add.
+    Add,
+    /// Wrapping subtract.
+    Sub,
+    /// Wrapping multiply.
+    Mul,
+    /// Unsigned divide; x / 0 = 0.
+    Div,
+    /// Signed divide; x / 0 = 0, MIN / -1 = MIN.
+    Sdiv,
+    /// Unsigned remainder; x % 0 = x.
+    Mod,
+    /// Signed remainder (sign of the dividend); x % 0 = x, MIN % -1 = 0.
+    Smod,
+    /// Bitwise or.
+    Or,
+    /// Bitwise and.
+    And,
+    /// Bitwise xor.
+    Xor,
+    /// Shift left, count masked to the width.
+    Lsh,
+    /// Logical shift right, count masked.
+    Rsh,
+    /// Arithmetic shift right, count masked.
+    Arsh,
+    /// Move.
+    Mov,
+}
+
+/// Byte-order operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EndKind {
+    /// Convert to little-endian: on little-endian targets, truncate to `bits` (zero-extend).
+    ToLe,
+    /// Convert to big-endian: swap the low `bits` and zero-extend.
+    ToBe,
+    /// Unconditional swap (cpu v4 `bswap`), same as `ToBe` on little-endian targets.
+    Swap,
+}
+
+/// Memory access sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Size {
+    /// 1 byte.
+    B,
+    /// 2 bytes.
+    H,
+    /// 4 bytes.
+    W,
+    /// 8 bytes.
+    DW,
+}
+
+impl Size {
+    /// Size in bytes.
+    pub const fn bytes(self) -> u32 {
+        match self {
+            Size::B => 1,
+            Size::H => 2,
+            Size::W => 4,
+            Size::DW => 8,
+        }
+    }
+
+    /// log2 of the size in bytes.
+    pub const fn log2(self) -> u32 {
+        match self {
+            Size::B => 0,
+            Size::H => 1,
+            Size::W => 2,
+            Size::DW => 3,
+        }
+    }
+}
+
+/// Atomic read-modify-write operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// `*addr += src`.
+    Add,
+    /// `*addr |= src`.
+    Or,
+    /// `*addr &= src`.
+    And,
+    /// `*addr ^= src`.
+    Xor,
+    /// `src = xchg(*addr, src)` (always fetches).
+    Xchg,
+    /// `r0 = cmpxchg(*addr, r0, src)` (always fetches, into r0).
+    Cmpxchg,
+}
+
+/// Branch conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cond {
+    /// `==`.
+    Eq,
+    /// `!=`.
+    Ne,
+    /// Unsigned `>`.
+    Gt,
+    /// Unsigned `>=`.
+    Ge,
+    /// Unsigned `<`.
+    Lt,
+    /// Unsigned `<=`.
+    Le,
+    /// Signed `>`.
+    Sgt,
+    /// Signed `>=`.
+    Sge,
+    /// Signed `<`.
+    Slt,
+    /// Signed `<=`.
+    Sle,
+    /// `(dst & src) != 0`.
+    Set,
+}
+
+impl Cond {
+    /// Evaluates the condition on two operands already reduced to the operation's width
+    /// (for 32-bit compares: zero-extended low halves; signed conditions reinterpret them at
+    /// `width`).
+    pub fn eval(self, width: Width, a: u64, b: u64) -> bool {
+        let (sa, sb) = match width {
+            Width::W32 => (a as u32 as i32 as i64, b as u32 as i32 as i64),
+            Width::W64 => (a as i64, b as i64),
+        };
+        match self {
+            Cond::Eq => a == b,
+            Cond::Ne => a != b,
+            Cond::Gt => a > b,
+            Cond::Ge => a >= b,
+            Cond::Lt => a < b,
+            Cond::Le => a <= b,
+            Cond::Sgt => sa > sb,
+            Cond::Sge => sa >= sb,
+            Cond::Slt => sa < sb,
+            Cond::Sle => sa <= sb,
+            Cond::Set => a & b != 0,
+        }
+    }
+}
+
+/// A verified instruction in typed form. Jump and call targets are instruction indices
+/// (into [`Program::insts`](crate::Program::insts)), not slot offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `dst = dst op src` (or `dst = src` for `Mov`) at `width`.
+    Alu { width: Width, op: AluOp, dst: Reg, src: Operand },
+    /// `dst = sign_extend(src, bits)` at `width` (cpu v4 `movsx`; `bits` is 8, 16 or 32).
+    MovSx { width: Width, dst: Reg, src: Reg, bits: u8 },
+    /// `dst = -dst` at `width`.
+    Neg { width: Width, dst: Reg },
+    /// Byte-order conversion of the low `bits` (16, 32, 64) of `dst`.
+    End { kind: EndKind, bits: u8, dst: Reg },
+    /// `dst = imm` (64-bit; two slots).
+    LdImm64 { dst: Reg, imm: u64 },
+    /// `dst = *(size *)(base + off)`, zero- or sign-extended.
+    Load { size: Size, sign_extend: bool, dst: Reg, base: Reg, off: i16 },
+    /// `*(size *)(base + off) = src` (register or immediate).
+    Store { size: Size, base: Reg, off: i16, src: Operand },
+    /// Atomic operation on `*(size *)(base + off)` (`size` is W or DW).
+    Atomic { size: Size, op: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg },
+    /// Unconditional jump to instruction index `target` (`ja` or `ja32`).
+    Ja { target: usize },
+    /// Conditional jump.
+    Jcond { width: Width, cond: Cond, dst: Reg, src: Operand, target: usize },
+    /// Call helper `id` (registered, so its address is in the request's helper table).
+    CallHelper { id: u32 },
+    /// Call the helper whose id is in register `reg` (`callx`).
+    CallReg { reg: Reg },
+    /// Call the subprogram starting at instruction index `target`.
+    CallLocal { target: usize },
+    /// Return r0 from the current (sub)program.
+    Exit,
+}
+
+/// One verified instruction: where it sits and what it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Inst {
+    /// Slot index in the bytecode (what error messages call the pc).
+    pub pc: usize,
+    /// The operation.
+    pub op: Op,
+}
+
+impl Op {
+    /// The BPF register this instruction writes, if any (for register-save decisions).
+    pub fn written_reg(&self) -> Option<Reg> {
+        match *self {
+            Op::Alu { dst, .. }
+            | Op::MovSx { dst, .. }
+            | Op::Neg { dst, .. }
+            | Op::End { dst, .. }
+            | Op::LdImm64 { dst, .. }
+            | Op::Load { dst, .. } => Some(dst),
+            Op::Atomic { op: AtomicOp::Cmpxchg, .. } => Some(0),
+            Op::Atomic { fetch: true, src, .. } => Some(src),
+            Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => Some(0),
+            _ => None,
+        }
+    }
+}

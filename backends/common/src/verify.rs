@@ -1,0 +1,647 @@
+//! The structural verifier: raw bytes → [`Program`], or an error naming pc and reason.
+//!
+//! This is not the kernel's verifier (no type tracking, no bounds on memory accesses); it
+//! guarantees what a JIT needs to emit correct code: every instruction is a defined cpu v4
+//! encoding with its unused fields zero, registers exist and r10 is never written, every
+//! branch lands on an instruction start inside its own subprogram, no path falls off the
+//! end of a subprogram, local calls form an acyclic graph at most [`MAX_CALL_DEPTH`] deep,
+//! and helper ids are registered.
+
+use crate::insn::{op::*, *};
+use crate::{Program, Subprog};
+use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+
+/// Bytes of stack per (sub)program frame; r10 points at its top.
+pub const STACK_SIZE: usize = 512;
+/// Deepest chain of bpf-to-bpf calls accepted (entry frame included).
+pub const MAX_CALL_DEPTH: usize = 8;
+/// Largest program accepted, in slots (the kernel's limit for privileged programs).
+pub const MAX_INSNS: usize = 1_000_000;
+
+fn verr(pc: usize, msg: impl Into<String>) -> CompileError {
+    CompileError::at(pc, ErrorKind::Verify, msg)
+}
+
+/// Decodes and verifies `code` against the helper table.
+pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileError> {
+    if code.is_empty() {
+        return Err(CompileError::new(ErrorKind::Verify, "empty program"));
+    }
+    if code.len() % 8 != 0 {
+        return Err(CompileError::new(
+            ErrorKind::Verify,
+            format!("program length {} is not a multiple of 8 bytes", code.len()),
+        ));
+    }
+    let slots = code.len() / 8;
+    if slots > MAX_INSNS {
+        return Err(CompileError::new(
+            ErrorKind::Verify,
+            format!("program has {slots} instructions, the limit is {MAX_INSNS}"),
+        ));
+    }
+    let raw: Vec<RawInsn> = code
+        .chunks_exact(8)
+        .map(|c| RawInsn::from_bytes(c.try_into().expect("chunks of 8")))
+        .collect();
+
+    // Pass 1: decode each instruction; branch targets stay as slot numbers for now.
+    let mut insts = Vec::with_capacity(slots);
+    let mut slot_to_index = vec![usize::MAX; slots];
+    let mut pc = 0;
+    while pc < slots {
+        slot_to_index[pc] = insts.len();
+        let (op, len) = decode_one(&raw, pc, helpers)?;
+        insts.push(Inst { pc, op });
+        pc += len;
+    }
+
+    // Pass 2: resolve slot targets to instruction indices.
+    let resolve = |from: usize, slot: i64| -> Result<usize, CompileError> {
+        if slot < 0 || slot as usize >= slots {
+            return Err(verr(from, format!("jump target {slot} is outside the program (0..{slots})")));
+        }
+        match slot_to_index[slot as usize] {
+            usize::MAX => Err(verr(from, format!("jump target {slot} is the second half of LD_IMM64"))),
+            i => Ok(i),
+        }
+    };
+    for inst in &mut insts {
+        let pc = inst.pc;
+        match &mut inst.op {
+            Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } => {
+                *target = resolve(pc, *target as i64 - SLOT_BIAS)?;
+            }
+            _ => {}
+        }
+    }
+
+    // Subprograms start at 0 and at every local-call target.
+    let mut starts: Vec<usize> = insts
+        .iter()
+        .filter_map(|i| match i.op {
+            Op::CallLocal { target } => Some(target),
+            _ => None,
+        })
+        .collect();
+    starts.push(0);
+    starts.sort_unstable();
+    starts.dedup();
+    let mut subprogs: Vec<Subprog> = starts
+        .iter()
+        .enumerate()
+        .map(|(k, &start)| Subprog {
+            start,
+            end: starts.get(k + 1).copied().unwrap_or(insts.len()),
+            writes: 0,
+            calls: false,
+            uses_stack: false,
+        })
+        .collect();
+
+    let mut is_target = vec![false; insts.len()];
+    for sp in &mut subprogs {
+        for i in sp.start..sp.end {
+            let inst = &insts[i];
+            if let Some(r) = inst.op.written_reg() {
+                sp.writes |= 1 << r;
+            }
+            match inst.op {
+                Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => {
+                    sp.calls = true;
+                    // Calls clobber r1-r5 as far as the caller's register state goes.
+                    sp.writes |= 0b11_1111;
+                }
+                _ => {}
+            }
+            if uses_r10(&inst.op) {
+                sp.uses_stack = true;
+            }
+            match inst.op {
+                Op::Ja { target } | Op::Jcond { target, .. } => {
+                    if target < sp.start || target >= sp.end {
+                        return Err(verr(
+                            inst.pc,
+                            format!(
+                                "jump to pc {} leaves the function starting at pc {}",
+                                insts[target].pc, insts[sp.start].pc
+                            ),
+                        ));
+                    }
+                    is_target[target] = true;
+                }
+                Op::CallLocal { target } => is_target[target] = true,
+                _ => {}
+            }
+        }
+        // The last instruction of each function must not fall through.
+        let last = &insts[sp.end - 1];
+        if !matches!(last.op, Op::Exit | Op::Ja { .. }) {
+            return Err(verr(
+                last.pc,
+                if sp.end == insts.len() {
+                    "falls through past the end of the program".to_string()
+                } else {
+                    format!("falls through into the function at pc {}", insts[sp.end].pc)
+                },
+            ));
+        }
+    }
+
+    check_call_depth(&insts, &subprogs)?;
+    Ok(Program { insts, slots, subprogs, is_target })
+}
+
+/// Targets are carried as `slot + SLOT_BIAS` between the passes so negative slot numbers
+/// survive in a `usize`.
+const SLOT_BIAS: i64 = 1 << 40;
+
+fn target_slot(pc: usize, off: i64) -> usize {
+    (pc as i64 + 1 + off + SLOT_BIAS) as usize
+}
+
+fn uses_r10(op: &Op) -> bool {
+    match *op {
+        Op::Alu { src: Operand::Reg(r), .. } | Op::MovSx { src: r, .. } => r == R10,
+        Op::Store { base, src, .. } => base == R10 || src == Operand::Reg(R10),
+        Op::Load { base, .. } | Op::Atomic { base, .. } => base == R10,
+        Op::Jcond { dst, src, .. } => dst == R10 || src == Operand::Reg(R10),
+        _ => false,
+    }
+}
+
+fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<(), CompileError> {
+    let index_of = |start: usize| subprogs.iter().position(|s| s.start == start).expect("target is a start");
+    // Longest call chain from each subprogram, by DFS with cycle detection.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Active,
+        Done(usize),
+    }
+    let mut marks = vec![Mark::New; subprogs.len()];
+    fn visit(
+        s: usize,
+        insts: &[Inst],
+        subprogs: &[Subprog],
+        marks: &mut [Mark],
+        index_of: &dyn Fn(usize) -> usize,
+    ) -> Result<usize, CompileError> {
+        match marks[s] {
+            Mark::Done(d) => return Ok(d),
+            Mark::Active => unreachable!("cycles are caught at the call site"),
+            Mark::New => {}
+        }
+        marks[s] = Mark::Active;
+        let mut depth = 1;
+        for inst in &insts[subprogs[s].start..subprogs[s].end] {
+            if let Op::CallLocal { target } = inst.op {
+                let callee = index_of(target);
+                if marks[callee] == Mark::Active {
+                    return Err(verr(
+                        inst.pc,
+                        format!("recursive call to the function at pc {}", insts[target].pc),
+                    ));
+                }
+                depth = depth.max(1 + visit(callee, insts, subprogs, marks, index_of)?);
+                if depth > MAX_CALL_DEPTH {
+                    return Err(verr(
+                        inst.pc,
+                        format!("call chain deeper than {MAX_CALL_DEPTH} frames"),
+                    ));
+                }
+            }
+        }
+        marks[s] = Mark::Done(depth);
+        Ok(depth)
+    }
+    visit(0, insts, subprogs, &mut marks, &index_of)?;
+    // Functions unreachable from the entry are still compiled; check them too.
+    for s in 0..subprogs.len() {
+        visit(s, insts, subprogs, &mut marks, &index_of)?;
+    }
+    Ok(())
+}
+
+fn check_reg(pc: usize, what: &str, r: u8) -> Result<Reg, CompileError> {
+    if r > 10 {
+        return Err(verr(pc, format!("invalid {what} register r{r}")));
+    }
+    Ok(r)
+}
+
+fn check_dst_writable(pc: usize, r: u8) -> Result<Reg, CompileError> {
+    check_reg(pc, "destination", r)?;
+    if r == R10 {
+        return Err(verr(pc, "r10 (the frame pointer) is read-only"));
+    }
+    Ok(r)
+}
+
+fn zero(pc: usize, name: &str, field: &str, value: i64) -> Result<(), CompileError> {
+    if value != 0 {
+        return Err(verr(pc, format!("{name}: reserved field {field} must be 0, is {value}")));
+    }
+    Ok(())
+}
+
+fn unknown(pc: usize, i: &RawInsn) -> CompileError {
+    verr(pc, format!("unknown opcode 0x{:02x}", i.opc))
+}
+
+/// Decodes the instruction at `pc`; returns it and its length in slots.
+fn decode_one(raw: &[RawInsn], pc: usize, helpers: &[HelperEntry]) -> Result<(Op, usize), CompileError> {
+    let i = raw[pc];
+    let class = i.opc & 0x07;
+    match class {
+        CLASS_ALU | CLASS_ALU64 => decode_alu(pc, &i).map(|op| (op, 1)),
+        CLASS_JMP | CLASS_JMP32 => decode_jmp(pc, &i, helpers).map(|op| (op, 1)),
+        CLASS_LD => {
+            if i.opc != LD_IMM64 {
+                return Err(verr(
+                    pc,
+                    format!("opcode 0x{:02x}: legacy packet access (LD_ABS/LD_IND) is not supported", i.opc),
+                ));
+            }
+            if i.src != 0 {
+                return Err(verr(
+                    pc,
+                    format!("lddw: pseudo source {} (map/BTF references) is not supported", i.src),
+                ));
+            }
+            zero(pc, "lddw", "offset", i.off.into())?;
+            let dst = check_dst_writable(pc, i.dst)?;
+            let Some(next) = raw.get(pc + 1) else {
+                return Err(verr(pc, "lddw is missing its second slot"));
+            };
+            if next.opc != 0 || next.dst != 0 || next.src != 0 || next.off != 0 {
+                return Err(verr(
+                    pc + 1,
+                    "second slot of lddw must have opcode, registers and offset 0",
+                ));
+            }
+            let imm = (i.imm as u32 as u64) | ((next.imm as u32 as u64) << 32);
+            Ok((Op::LdImm64 { dst, imm }, 2))
+        }
+        CLASS_LDX => {
+            let size = size_of_opc(i.opc);
+            let mode = i.opc & 0xe0;
+            let sign_extend = match mode {
+                MODE_MEM => false,
+                MODE_MEMSX if size != Size::DW => true,
+                _ => return Err(unknown(pc, &i)),
+            };
+            zero(pc, "ldx", "imm", i.imm.into())?;
+            let dst = check_dst_writable(pc, i.dst)?;
+            let base = check_reg(pc, "source", i.src)?;
+            Ok((Op::Load { size, sign_extend, dst, base, off: i.off }, 1))
+        }
+        CLASS_ST => {
+            if i.opc & 0xe0 != MODE_MEM {
+                return Err(unknown(pc, &i));
+            }
+            zero(pc, "st", "src", i.src.into())?;
+            let base = check_reg(pc, "destination", i.dst)?;
+            Ok((Op::Store { size: size_of_opc(i.opc), base, off: i.off, src: Operand::Imm(i.imm) }, 1))
+        }
+        CLASS_STX => {
+            let size = size_of_opc(i.opc);
+            let base = check_reg(pc, "destination", i.dst)?;
+            let src = check_reg(pc, "source", i.src)?;
+            match i.opc & 0xe0 {
+                MODE_MEM => {
+                    zero(pc, "stx", "imm", i.imm.into())?;
+                    Ok((Op::Store { size, base, off: i.off, src: Operand::Reg(src) }, 1))
+                }
+                MODE_ATOMIC => {
+                    if !matches!(size, Size::W | Size::DW) {
+                        return Err(verr(pc, format!("opcode 0x{:02x}: atomics exist only for 32 and 64 bits", i.opc)));
+                    }
+                    let (op, fetch) = match i.imm {
+                        ATOMIC_ADD => (AtomicOp::Add, false),
+                        ATOMIC_OR => (AtomicOp::Or, false),
+                        ATOMIC_AND => (AtomicOp::And, false),
+                        ATOMIC_XOR => (AtomicOp::Xor, false),
+                        x if x == ATOMIC_ADD | ATOMIC_FETCH => (AtomicOp::Add, true),
+                        x if x == ATOMIC_OR | ATOMIC_FETCH => (AtomicOp::Or, true),
+                        x if x == ATOMIC_AND | ATOMIC_FETCH => (AtomicOp::And, true),
+                        x if x == ATOMIC_XOR | ATOMIC_FETCH => (AtomicOp::Xor, true),
+                        ATOMIC_XCHG => (AtomicOp::Xchg, true),
+                        ATOMIC_CMPXCHG => (AtomicOp::Cmpxchg, true),
+                        other => {
+                            return Err(verr(pc, format!("unknown atomic operation 0x{other:02x} in imm")))
+                        }
+                    };
+                    if fetch && op != AtomicOp::Cmpxchg && src == R10 {
+                        return Err(verr(pc, "atomic fetch into r10 (the frame pointer) is not allowed"));
+                    }
+                    Ok((Op::Atomic { size, op, fetch, base, off: i.off, src }, 1))
+                }
+                _ => Err(unknown(pc, &i)),
+            }
+        }
+        _ => unreachable!("3-bit class"),
+    }
+}
+
+fn size_of_opc(opc: u8) -> Size {
+    match opc & 0x18 {
+        SIZE_W => Size::W,
+        SIZE_H => Size::H,
+        SIZE_B => Size::B,
+        _ => Size::DW,
+    }
+}
+
+fn decode_alu(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
+    let width = if i.opc & 0x07 == CLASS_ALU64 { Width::W64 } else { Width::W32 };
+    let is_reg = i.opc & SRC_X != 0;
+    let code = i.opc & 0xf0;
+    let name = alu_name(code);
+    let dst = check_dst_writable(pc, i.dst)?;
+    match code {
+        ALU_NEG => {
+            if is_reg {
+                return Err(unknown(pc, i));
+            }
+            zero(pc, name, "src", i.src.into())?;
+            zero(pc, name, "offset", i.off.into())?;
+            zero(pc, name, "imm", i.imm.into())?;
+            Ok(Op::Neg { width, dst })
+        }
+        ALU_END => {
+            let kind = match (width, is_reg) {
+                (Width::W32, false) => EndKind::ToLe,
+                (Width::W32, true) => EndKind::ToBe,
+                (Width::W64, false) => EndKind::Swap,
+                (Width::W64, true) => return Err(unknown(pc, i)),
+            };
+            zero(pc, name, "src", i.src.into())?;
+            zero(pc, name, "offset", i.off.into())?;
+            if !matches!(i.imm, 16 | 32 | 64) {
+                return Err(verr(pc, format!("{name}: width {} must be 16, 32 or 64", i.imm)));
+            }
+            Ok(Op::End { kind, bits: i.imm as u8, dst })
+        }
+        _ => {
+            let op = match code {
+                ALU_ADD => AluOp::Add,
+                ALU_SUB => AluOp::Sub,
+                ALU_MUL => AluOp::Mul,
+                ALU_DIV if i.off == 1 => AluOp::Sdiv,
+                ALU_DIV => AluOp::Div,
+                ALU_MOD if i.off == 1 => AluOp::Smod,
+                ALU_MOD => AluOp::Mod,
+                ALU_OR => AluOp::Or,
+                ALU_AND => AluOp::And,
+                ALU_LSH => AluOp::Lsh,
+                ALU_RSH => AluOp::Rsh,
+                ALU_ARSH => AluOp::Arsh,
+                ALU_XOR => AluOp::Xor,
+                ALU_MOV => AluOp::Mov,
+                _ => return Err(unknown(pc, i)),
+            };
+            // Offset is an operation selector for div/mod (1 = signed) and mov (movsx bits).
+            let off_ok = match op {
+                AluOp::Sdiv | AluOp::Smod => true,
+                AluOp::Mov if is_reg => matches!(i.off, 0 | 8 | 16) || (i.off == 32 && width == Width::W64),
+                _ => i.off == 0,
+            };
+            if !off_ok {
+                return Err(verr(pc, format!("{name}: reserved field offset must be 0, is {}", i.off)));
+            }
+            if is_reg {
+                zero(pc, name, "imm", i.imm.into())?;
+                let src = check_reg(pc, "source", i.src)?;
+                if op == AluOp::Mov && i.off != 0 {
+                    return Ok(Op::MovSx { width, dst, src, bits: i.off as u8 });
+                }
+                Ok(Op::Alu { width, op, dst, src: Operand::Reg(src) })
+            } else {
+                zero(pc, name, "src", i.src.into())?;
+                Ok(Op::Alu { width, op, dst, src: Operand::Imm(i.imm) })
+            }
+        }
+    }
+}
+
+fn alu_name(code: u8) -> &'static str {
+    match code {
+        ALU_ADD => "add",
+        ALU_SUB => "sub",
+        ALU_MUL => "mul",
+        ALU_DIV => "div",
+        ALU_OR => "or",
+        ALU_AND => "and",
+        ALU_LSH => "lsh",
+        ALU_RSH => "rsh",
+        ALU_NEG => "neg",
+        ALU_MOD => "mod",
+        ALU_XOR => "xor",
+        ALU_MOV => "mov",
+        ALU_ARSH => "arsh",
+        ALU_END => "end",
+        _ => "alu",
+    }
+}
+
+fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, CompileError> {
+    let width = if i.opc & 0x07 == CLASS_JMP { Width::W64 } else { Width::W32 };
+    let is_reg = i.opc & SRC_X != 0;
+    let code = i.opc & 0xf0;
+    match code {
+        JMP_JA => {
+            if is_reg {
+                return Err(unknown(pc, i));
+            }
+            zero(pc, "ja", "src", i.src.into())?;
+            zero(pc, "ja", "dst", i.dst.into())?;
+            // JMP|JA takes its offset from `off`, JMP32|JA (gotol) from `imm`.
+            let off = match width {
+                Width::W64 => {
+                    zero(pc, "ja", "imm", i.imm.into())?;
+                    i.off as i64
+                }
+                Width::W32 => {
+                    zero(pc, "ja32", "offset", i.off.into())?;
+                    i.imm as i64
+                }
+            };
+            Ok(Op::Ja { target: target_slot(pc, off) })
+        }
+        JMP_CALL => {
+            if width == Width::W32 {
+                return Err(unknown(pc, i));
+            }
+            zero(pc, "call", "offset", i.off.into())?;
+            if is_reg {
+                // callx: the register holding the helper id is in dst (Linux's encoding).
+                zero(pc, "callx", "src", i.src.into())?;
+                zero(pc, "callx", "imm", i.imm.into())?;
+                let reg = check_reg(pc, "call target", i.dst)?;
+                return Ok(Op::CallReg { reg });
+            }
+            zero(pc, "call", "dst", i.dst.into())?;
+            match i.src {
+                CALL_HELPER => {
+                    let id = i.imm as u32;
+                    if !helpers.iter().any(|h| h.id == id) {
+                        return Err(CompileError::at(
+                            pc,
+                            ErrorKind::UnknownHelper,
+                            format!("call to unknown helper id {id}"),
+                        ));
+                    }
+                    Ok(Op::CallHelper { id })
+                }
+                CALL_LOCAL => Ok(Op::CallLocal { target: target_slot(pc, i.imm as i64) }),
+                other => Err(verr(pc, format!("call: unsupported call kind src={other} (BTF calls are not supported)"))),
+            }
+        }
+        JMP_EXIT => {
+            if width == Width::W32 || is_reg {
+                return Err(unknown(pc, i));
+            }
+            zero(pc, "exit", "dst", i.dst.into())?;
+            zero(pc, "exit", "src", i.src.into())?;
+            zero(pc, "exit", "offset", i.off.into())?;
+            zero(pc, "exit", "imm", i.imm.into())?;
+            Ok(Op::Exit)
+        }
+        _ => {
+            let cond = match code {
+                JMP_JEQ => Cond::Eq,
+                JMP_JGT => Cond::Gt,
+                JMP_JGE => Cond::Ge,
+                JMP_JSET => Cond::Set,
+                JMP_JNE => Cond::Ne,
+                JMP_JSGT => Cond::Sgt,
+                JMP_JSGE => Cond::Sge,
+                JMP_JLT => Cond::Lt,
+                JMP_JLE => Cond::Le,
+                JMP_JSLT => Cond::Slt,
+                JMP_JSLE => Cond::Sle,
+                _ => return Err(unknown(pc, i)),
+            };
+            let dst = check_reg(pc, "destination", i.dst)?;
+            let src = if is_reg {
+                zero(pc, "jmp", "imm", i.imm.into())?;
+                Operand::Reg(check_reg(pc, "source", i.src)?)
+            } else {
+                zero(pc, "jmp", "src", i.src.into())?;
+                Operand::Imm(i.imm)
+            };
+            Ok(Op::Jcond { width, cond, dst, src, target: target_slot(pc, i.off as i64) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+        RawInsn { opc, dst, src, off, imm }.to_bytes()
+    }
+
+    fn prog(insns: &[[u8; 8]]) -> Vec<u8> {
+        insns.concat()
+    }
+
+    const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+    fn err(code: &[u8]) -> String {
+        decode(code, &[HelperEntry { id: 1, reserved: 0, addr: 0x1000 }]).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn accepts_every_alu_form() {
+        for class in [CLASS_ALU, CLASS_ALU64] {
+            for code in [ALU_ADD, ALU_SUB, ALU_MUL, ALU_DIV, ALU_OR, ALU_AND, ALU_LSH, ALU_RSH, ALU_MOD, ALU_XOR, ALU_MOV, ALU_ARSH] {
+                let k = ins(class | code, 1, 0, 0, 3);
+                let x = ins(class | code | SRC_X, 1, 2, 0, 0);
+                decode(&prog(&[k, x, EXIT]), &[]).unwrap();
+            }
+        }
+        // sdiv/smod and movsx use the offset field.
+        decode(&prog(&[ins(0x3f, 1, 2, 1, 0), ins(0x9c, 1, 2, 1, 0), ins(0xbf, 1, 2, 32, 0), EXIT]), &[]).unwrap();
+        assert!(err(&prog(&[ins(0xbc, 1, 2, 32, 0), EXIT])).contains("offset must be 0, is 32"));
+    }
+
+    #[test]
+    fn rejects_reserved_fields_naming_pc_and_field() {
+        assert_eq!(err(&prog(&[ins(0x07, 0, 0, 1, 1), EXIT])), "pc 0: reserved field offset must be 0, is 1".replace("reserved", "add: reserved"));
+        assert_eq!(err(&prog(&[ins(0x07, 0, 1, 0, 1), EXIT])), "pc 0: add: reserved field src must be 0, is 1");
+        assert_eq!(err(&prog(&[ins(0xb7, 0, 0, 0, 0), ins(0x95, 0, 0, 0, 1)])), "pc 1: exit: reserved field imm must be 0, is 1");
+        assert_eq!(err(&prog(&[ins(0x85, 1, 0, 0, 1), EXIT])), "pc 0: call: reserved field dst must be 0, is 1");
+        assert_eq!(err(&prog(&[ins(0x05, 0, 0, 0, 1), EXIT])), "pc 0: ja: reserved field imm must be 0, is 1");
+    }
+
+    #[test]
+    fn rejects_bad_registers_and_opcodes() {
+        assert_eq!(err(&prog(&[ins(0xb7, 11, 0, 0, 0), EXIT])), "pc 0: invalid destination register r11");
+        assert_eq!(err(&prog(&[ins(0xb7, 10, 0, 0, 0), EXIT])), "pc 0: r10 (the frame pointer) is read-only");
+        assert_eq!(err(&prog(&[ins(0xf7, 1, 0, 0, 0), EXIT])), "pc 0: unknown opcode 0xf7");
+        assert_eq!(err(&prog(&[ins(0x8e, 0, 0, 0, 0), EXIT])), "pc 0: unknown opcode 0x8e");
+    }
+
+    #[test]
+    fn checks_jumps_and_fallthrough() {
+        assert_eq!(err(&prog(&[ins(0x05, 0, 0, 5, 0), EXIT])), "pc 0: jump target 6 is outside the program (0..2)");
+        assert_eq!(err(&prog(&[ins(0x05, 0, 0, -2, 0), EXIT])), "pc 0: jump target -1 is outside the program (0..2)");
+        let lddw = [ins(0x18, 1, 0, 0, 1), ins(0, 0, 0, 0, 0)];
+        assert_eq!(err(&prog(&[ins(0x05, 0, 0, 1, 0), lddw[0], lddw[1], EXIT])), "pc 0: jump target 2 is the second half of LD_IMM64");
+        assert_eq!(err(&prog(&[ins(0xb7, 0, 0, 0, 0)])), "pc 0: falls through past the end of the program");
+        assert_eq!(err(&prog(&[lddw[0]])), "pc 0: lddw is missing its second slot");
+        assert_eq!(err(&prog(&[lddw[0], ins(0, 1, 0, 0, 0), EXIT])), "pc 1: second slot of lddw must have opcode, registers and offset 0");
+        assert_eq!(err(&[0u8; 12]), "program length 12 is not a multiple of 8 bytes");
+        assert_eq!(err(&[]), "empty program");
+    }
+
+    #[test]
+    fn helpers_and_calls() {
+        assert_eq!(err(&prog(&[ins(0x85, 0, 0, 0, 9), EXIT])), "pc 0: call to unknown helper id 9");
+        // call local +1 ; exit ; (f:) exit
+        let p = decode(&prog(&[ins(0x85, 0, 1, 0, 1), EXIT, EXIT]), &[]).unwrap();
+        assert_eq!(p.subprogs.len(), 2);
+        assert_eq!(p.insts[0].op, Op::CallLocal { target: 2 });
+        // Recursion is refused.
+        assert_eq!(err(&prog(&[ins(0x85, 0, 1, 0, -1), EXIT])), "pc 0: recursive call to the function at pc 0");
+        // A function falling into the next one is refused.
+        assert_eq!(
+            err(&prog(&[ins(0x85, 0, 1, 0, 1), ins(0xb7, 0, 0, 0, 0), EXIT])),
+            "pc 1: falls through into the function at pc 2"
+        );
+        // Jumps may not leave their function.
+        assert_eq!(
+            err(&prog(&[ins(0x85, 0, 1, 0, 2), ins(0x05, 0, 0, 1, 0), EXIT, EXIT])),
+            "pc 1: jump to pc 3 leaves the function starting at pc 0"
+        );
+    }
+
+    #[test]
+    fn call_depth_is_bounded() {
+        // f0 calls f1 calls ... f8: nine frames. Each function is [call +1, exit], the last
+        // is [exit]; the error names the outermost call of the too-deep chain.
+        let mut code = vec![];
+        for _ in 0..8 {
+            code.push(ins(0x85, 0, 1, 0, 1));
+            code.push(EXIT);
+        }
+        code.push(EXIT);
+        assert_eq!(err(&prog(&code)), "pc 0: call chain deeper than 8 frames");
+        let ok: Vec<_> = code[2..].to_vec();
+        decode(&prog(&ok), &[]).unwrap();
+    }
+
+    #[test]
+    fn ja32_and_atomics() {
+        let p = decode(&prog(&[ins(0x06, 0, 0, 0, 1), EXIT, EXIT]), &[]).unwrap();
+        assert_eq!(p.insts[0].op, Op::Ja { target: 2 });
+        assert_eq!(err(&prog(&[ins(0xc3, 1, 2, 0, 0x03), EXIT])), "pc 0: unknown atomic operation 0x03 in imm");
+        assert_eq!(err(&prog(&[ins(0xd3, 1, 2, 0, 0), EXIT])), "pc 0: opcode 0xd3: atomics exist only for 32 and 64 bits");
+        let p = decode(&prog(&[ins(0xdb, 10, 1, -8, 0xf1), EXIT]), &[]).unwrap();
+        assert_eq!(p.subprogs[0].writes & 1, 1, "cmpxchg writes r0");
+        assert!(p.subprogs[0].uses_stack);
+    }
+}
