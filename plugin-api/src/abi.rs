@@ -62,7 +62,12 @@ pub struct PjError {
 
 impl Default for PjError {
     fn default() -> Self {
-        Self { code: PJ_OK, reserved: 0, pc: -1, message: [0; PJ_ERROR_MESSAGE_LEN] }
+        Self {
+            code: PJ_OK,
+            reserved: 0,
+            pc: -1,
+            message: [0; PJ_ERROR_MESSAGE_LEN],
+        }
     }
 }
 

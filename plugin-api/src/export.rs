@@ -3,9 +3,7 @@
 //! Backends use [`export_backend!`](crate::export_backend); the functions here are what the
 //! macro expands to and are public only for that reason.
 
-use crate::{
-    abi::*, CodeArena, CompileError, CompileRequest, ErrorKind, JitBackend, Region,
-};
+use crate::{abi::*, CodeArena, CompileError, CompileRequest, ErrorKind, JitBackend, Region};
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -36,7 +34,11 @@ impl ExportedBackend {
             detect_features: Some(detect),
             compile: Some(compile),
         };
-        Self { vtable, _name: name, _version: version }
+        Self {
+            vtable,
+            _name: name,
+            _version: version,
+        }
     }
 
     /// The vtable (its string pointers live as long as `self`).
@@ -73,7 +75,10 @@ impl<'a> ForeignArena<'a> {
             ));
         }
         if vt.alloc.is_none() || vt.write.is_none() || vt.free.is_none() {
-            return Err(CompileError::new(ErrorKind::Abi, "arena vtable has a NULL entry point"));
+            return Err(CompileError::new(
+                ErrorKind::Abi,
+                "arena vtable has a NULL entry point",
+            ));
         }
         Ok(Self { vt })
     }
@@ -94,7 +99,10 @@ impl CodeArena for ForeignArena<'_> {
         if out.size < size as u64 {
             return Err(CompileError::new(
                 ErrorKind::Arena,
-                format!("code arena returned {} bytes for a {size}-byte request", out.size),
+                format!(
+                    "code arena returned {} bytes for a {size}-byte request",
+                    out.size
+                ),
             ));
         }
         Ok(out)
@@ -103,12 +111,22 @@ impl CodeArena for ForeignArena<'_> {
     fn write(&self, region: &Region, offset: usize, bytes: &[u8]) -> Result<(), CompileError> {
         let write = self.vt.write.expect("checked in new");
         // SAFETY: bytes is valid for len bytes; the arena bounds-checks the region.
-        let status =
-            unsafe { write(self.vt.ctx, region, offset as u64, bytes.as_ptr(), bytes.len() as u64) };
+        let status = unsafe {
+            write(
+                self.vt.ctx,
+                region,
+                offset as u64,
+                bytes.as_ptr(),
+                bytes.len() as u64,
+            )
+        };
         if status != PJ_OK {
             return Err(CompileError::new(
                 ErrorKind::from_code(status),
-                format!("code arena refused a {}-byte write at offset {offset}", bytes.len()),
+                format!(
+                    "code arena refused a {}-byte write at offset {offset}",
+                    bytes.len()
+                ),
             ));
         }
         Ok(())
@@ -131,7 +149,10 @@ pub fn catch_panic<T>(f: impl FnOnce() -> Result<T, CompileError>) -> Result<T, 
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "non-string panic payload".to_string());
-            Err(CompileError::new(ErrorKind::Panic, format!("backend panicked: {what}")))
+            Err(CompileError::new(
+                ErrorKind::Panic,
+                format!("backend panicked: {what}"),
+            ))
         }
     }
 }
@@ -161,7 +182,10 @@ pub unsafe fn compile_entry(
     }
     let result = catch_panic(|| {
         if req.is_null() {
-            return Err(CompileError::new(ErrorKind::InvalidArgument, "compile request is NULL"));
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                "compile request is NULL",
+            ));
         }
         // SAFETY: non-null, caller promises validity; size checked next.
         let req = unsafe { &*req };
@@ -176,12 +200,18 @@ pub unsafe fn compile_entry(
             ));
         }
         if req.arena.is_null() {
-            return Err(CompileError::new(ErrorKind::InvalidArgument, "compile request has no arena"));
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                "compile request has no arena",
+            ));
         }
         let code = if req.code_len == 0 {
             &[][..]
         } else if req.code.is_null() {
-            return Err(CompileError::new(ErrorKind::InvalidArgument, "bytecode pointer is NULL"));
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                "bytecode pointer is NULL",
+            ));
         } else {
             // SAFETY: non-null and the caller promises code_len readable bytes.
             unsafe { std::slice::from_raw_parts(req.code, req.code_len as usize) }
@@ -189,14 +219,22 @@ pub unsafe fn compile_entry(
         let helpers = if req.helper_count == 0 {
             &[][..]
         } else if req.helpers.is_null() {
-            return Err(CompileError::new(ErrorKind::InvalidArgument, "helper table pointer is NULL"));
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                "helper table pointer is NULL",
+            ));
         } else {
             // SAFETY: as above.
             unsafe { std::slice::from_raw_parts(req.helpers, req.helper_count as usize) }
         };
         // SAFETY: non-null checked above.
         let arena = ForeignArena::new(unsafe { &*req.arena })?;
-        let rust_req = CompileRequest { code, helpers, features: req.features, flags: req.flags };
+        let rust_req = CompileRequest {
+            code,
+            helpers,
+            features: req.features,
+            flags: req.flags,
+        };
         backend.compile(&rust_req, &arena)
     });
     let mut res = PjCompileResult {

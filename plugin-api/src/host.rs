@@ -77,7 +77,10 @@ impl LoadedBackend {
         let arch = Arch::from_code(vt.arch).ok_or_else(|| {
             CompileError::new(
                 ErrorKind::Abi,
-                format!("{origin}: plugin reports unknown architecture code {}", vt.arch),
+                format!(
+                    "{origin}: plugin reports unknown architecture code {}",
+                    vt.arch
+                ),
             )
         })?;
         if let Some(want) = expected_arch {
@@ -96,7 +99,12 @@ impl LoadedBackend {
         }
         // SAFETY: static strings per the ABI.
         let (name, version) = unsafe { (c_str(vt.name), c_str(vt.version)) };
-        Ok(Self { vt, name, version, arch })
+        Ok(Self {
+            vt,
+            name,
+            version,
+            arch,
+        })
     }
 
     /// The raw vtable.
@@ -216,10 +224,16 @@ unsafe extern "C" fn arena_write(
     }
     // SAFETY: ctx installed by arena_vtable; pointers checked non-null, lengths from caller.
     let (arena, region, bytes) = unsafe {
-        let bytes = if len == 0 { &[][..] } else { std::slice::from_raw_parts(bytes, len as usize) };
+        let bytes = if len == 0 {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts(bytes, len as usize)
+        };
         (arena_of(ctx), *region, bytes)
     };
-    match catch_unwind(AssertUnwindSafe(|| arena.write(&region, offset as usize, bytes))) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        arena.write(&region, offset as usize, bytes)
+    })) {
         Ok(Ok(())) => PJ_OK,
         Ok(Err(e)) => e.kind.code(),
         Err(_) => PJ_ERR_PANIC,
@@ -248,7 +262,11 @@ mod tests {
     impl CodeArena for VecArena {
         fn alloc(&self, size: usize) -> Result<Region, CompileError> {
             self.bytes.borrow_mut().resize(size, 0);
-            Ok(Region { exec_addr: 0x1000, size: size as u64, cookie: 7 })
+            Ok(Region {
+                exec_addr: 0x1000,
+                size: size as u64,
+                cookie: 7,
+            })
         }
         fn write(&self, region: &Region, offset: usize, bytes: &[u8]) -> Result<(), CompileError> {
             if region.cookie != 7 || offset + bytes.len() > region.size as usize {
@@ -309,7 +327,9 @@ mod tests {
         unsafe extern "C" fn compile(r: *const PjCompileRequest, o: *mut PjCompileResult) -> i32 {
             CUR.with(|c| unsafe { crate::export::compile_entry(c.borrow().unwrap(), r, o) })
         }
-        let e = Box::leak(Box::new(crate::export::ExportedBackend::new(b, detect, compile)));
+        let e = Box::leak(Box::new(crate::export::ExportedBackend::new(
+            b, detect, compile,
+        )));
         e.vtable()
     }
 
@@ -317,17 +337,30 @@ mod tests {
     fn round_trip_through_vtables() {
         let vt = exported(false, Arch::Aarch64);
         let b = unsafe { LoadedBackend::from_vtable(vt, "test", Some(Arch::Aarch64)) }.unwrap();
-        assert_eq!((b.name(), b.version(), b.arch()), ("fake", "1.2.3", Arch::Aarch64));
+        assert_eq!(
+            (b.name(), b.version(), b.arch()),
+            ("fake", "1.2.3", Arch::Aarch64)
+        );
         assert_eq!((b.supported_features(), b.detect_features()), (0b11, 0b01));
-        let arena = VecArena { bytes: RefCell::new(vec![]), freed: RefCell::new(0) };
+        let arena = VecArena {
+            bytes: RefCell::new(vec![]),
+            freed: RefCell::new(0),
+        };
         let code = [1u8, 2, 3, 4, 5, 6, 7, 8];
-        let req = CompileRequest { code: &code, helpers: &[], features: 0, flags: 0 };
+        let req = CompileRequest {
+            code: &code,
+            helpers: &[],
+            features: 0,
+            flags: 0,
+        };
         let c = b.compile(&req, &arena).unwrap();
         assert_eq!(c.entry, 0x1000);
         assert_eq!(c.code_size, 4);
         assert_eq!(*arena.bytes.borrow(), vec![1, 2, 3, 4]);
 
-        let err = b.compile(&CompileRequest { code: &[], ..req }, &arena).unwrap_err();
+        let err = b
+            .compile(&CompileRequest { code: &[], ..req }, &arena)
+            .unwrap_err();
         assert_eq!(err.kind, ErrorKind::Verify);
         assert_eq!(err.to_string(), "pc 0: empty program");
     }
@@ -336,8 +369,16 @@ mod tests {
     fn panic_becomes_error() {
         let vt = exported(true, Arch::Riscv64);
         let b = unsafe { LoadedBackend::from_vtable(vt, "test", None) }.unwrap();
-        let arena = VecArena { bytes: RefCell::new(vec![]), freed: RefCell::new(0) };
-        let req = CompileRequest { code: &[0; 8], helpers: &[], features: 0, flags: 0 };
+        let arena = VecArena {
+            bytes: RefCell::new(vec![]),
+            freed: RefCell::new(0),
+        };
+        let req = CompileRequest {
+            code: &[0; 8],
+            helpers: &[],
+            features: 0,
+            flags: 0,
+        };
         let err = b.compile(&req, &arena).unwrap_err();
         assert_eq!(err.kind, ErrorKind::Panic);
         assert!(err.message.contains("deliberate"), "{}", err.message);
@@ -348,31 +389,50 @@ mod tests {
         let good = *exported(false, Arch::Aarch64);
         let mut bad = good;
         bad.abi_version = 99;
-        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }.err().unwrap();
+        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
+            .err()
+            .unwrap();
         assert_eq!(e.kind, ErrorKind::Abi);
-        assert!(e.message.contains("libx.so") && e.message.contains("99"), "{}", e.message);
-        assert!(e.message.contains(&format!("host ABI version {PJ_ABI_VERSION}")));
+        assert!(
+            e.message.contains("libx.so") && e.message.contains("99"),
+            "{}",
+            e.message
+        );
+        assert!(e
+            .message
+            .contains(&format!("host ABI version {PJ_ABI_VERSION}")));
 
         let mut bad = good;
         bad.struct_size = 8;
-        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }.err().unwrap();
-        assert!(e.message.contains("8 bytes") && e.message.contains("host expects"), "{}", e.message);
+        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
+            .err()
+            .unwrap();
+        assert!(
+            e.message.contains("8 bytes") && e.message.contains("host expects"),
+            "{}",
+            e.message
+        );
 
-        let e = unsafe {
-            LoadedBackend::from_vtable(&good, "libx.so", Some(Arch::Riscv64))
-        }
-        .err()
-        .unwrap();
-        assert_eq!(e.message, "libx.so: plugin emits aarch64 code, host wants riscv64");
+        let e = unsafe { LoadedBackend::from_vtable(&good, "libx.so", Some(Arch::Riscv64)) }
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.message,
+            "libx.so: plugin emits aarch64 code, host wants riscv64"
+        );
 
         let mut bad = good;
         bad.arch = 42;
-        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }.err().unwrap();
+        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
+            .err()
+            .unwrap();
         assert!(e.message.contains("unknown architecture code 42"));
 
         let mut bad = good;
         bad.compile = None;
-        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }.err().unwrap();
+        let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
+            .err()
+            .unwrap();
         assert!(e.message.contains("NULL entry point"));
     }
 
@@ -391,10 +451,16 @@ mod tests {
     #[test]
     fn small_result_struct_is_refused() {
         let vt = exported(false, Arch::Aarch64);
-        let mut out = PjCompileResult { struct_size: 4, ..Default::default() };
+        let mut out = PjCompileResult {
+            struct_size: 4,
+            ..Default::default()
+        };
         let status = unsafe { (vt.compile.unwrap())(core::ptr::null(), &mut out) };
         assert_eq!(status, PJ_ERR_ABI);
-        let mut out = PjCompileResult { struct_size: size_of::<PjCompileResult>() as u32, ..Default::default() };
+        let mut out = PjCompileResult {
+            struct_size: size_of::<PjCompileResult>() as u32,
+            ..Default::default()
+        };
         let status = unsafe { (vt.compile.unwrap())(core::ptr::null(), &mut out) };
         assert_eq!(status, PJ_ERR_INVALID_ARGUMENT);
         assert!(CompileError::from_c(&out.error).message.contains("NULL"));

@@ -201,12 +201,20 @@ pub struct CompileError {
 impl CompileError {
     /// An error not tied to an instruction.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, pc: None, message: message.into() }
+        Self {
+            kind,
+            pc: None,
+            message: message.into(),
+        }
     }
 
     /// An error at instruction `pc`.
     pub fn at(pc: usize, kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, pc: Some(pc), message: message.into() }
+        Self {
+            kind,
+            pc: Some(pc),
+            message: message.into(),
+        }
     }
 
     /// Converts into the inline C form, truncating the message on a UTF-8 boundary.
@@ -222,12 +230,21 @@ impl CompileError {
 
     /// Reads the inline C form. A missing NUL or invalid UTF-8 is tolerated.
     pub fn from_c(err: &PjError) -> Self {
-        let bytes: Vec<u8> = err.message.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let bytes: Vec<u8> = err
+            .message
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         let mut message = String::from_utf8_lossy(&bytes).into_owned();
         if message.is_empty() {
             message = ErrorKind::from_code(err.code).describe().to_string();
         }
-        Self { kind: ErrorKind::from_code(err.code), pc: usize::try_from(err.pc).ok(), message }
+        Self {
+            kind: ErrorKind::from_code(err.code),
+            pc: usize::try_from(err.pc).ok(),
+            message,
+        }
     }
 }
 
@@ -322,8 +339,11 @@ pub trait JitBackend: Send + Sync {
     /// Optional features offered by the CPU this process runs on (0 on a foreign host).
     fn detect_features(&self) -> u64;
     /// Compiles a program into `arena`.
-    fn compile(&self, req: &CompileRequest<'_>, arena: &dyn CodeArena)
-        -> Result<Compiled, CompileError>;
+    fn compile(
+        &self,
+        req: &CompileRequest<'_>,
+        arena: &dyn CodeArena,
+    ) -> Result<Compiled, CompileError>;
 }
 
 /// Places finished machine code in the arena: alloc, write, and give the region back if the
@@ -340,5 +360,10 @@ pub fn install_code(
         arena.free(&region);
         return Err(e);
     }
-    Ok(Compiled { region, entry: region.exec_addr, code_size: code.len(), native_insns })
+    Ok(Compiled {
+        region,
+        entry: region.exec_addr,
+        code_size: code.len(),
+        native_insns,
+    })
 }

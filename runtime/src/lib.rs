@@ -1,1 +1,510 @@
+//! # packjit
+//!
+//! The host side of packjit: load JIT backends (plugins or statically linked), register
+//! helpers, compile eBPF programs into one shared packed code arena, run them, and free them
+//! safely while other threads may still be running them.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use packjit::{LoadOptions, Runtime};
+//!
+//! unsafe extern "C" fn add(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 { a + b }
+//!
+//! let rt = Runtime::new()?;
+//! rt.load_plugins(None)?; // libpackjit_*.so next to the executable or in PACKJIT_PLUGIN_DIR
+//! rt.register_helper(1, "add", add)?;
+//! let code = std::fs::read("prog.bin").unwrap();
+//! let prog = rt.load(&code, &LoadOptions::default())?;
+//! let mut ctx = [0u8; 64];
+//! println!("r0 = {}", prog.call(&mut ctx)?);
+//! println!("{:?}", rt.stats());
+//! # Ok::<(), packjit::Error>(())
+//! ```
 
+pub mod arena;
+mod hook;
+mod loader;
+pub mod rbpf_bridge;
+mod scratch;
+
+pub use arena::{ArenaConfig, ArenaStats, MapMode, PackedArena, RemapPolicy};
+pub use hook::Hook;
+pub use loader::{default_plugin_dirs, plugin_files};
+pub use packjit_lower::{decode as verify, Program as VerifiedProgram};
+pub use packjit_plugin_api::{
+    Arch, CodeArena, CompileError as Error, ErrorKind, JitBackend, PjHelperFn, PjProgramEntry,
+};
+
+use packjit_plugin_api::{CompileRequest, Compiled, HelperEntry, Region};
+use scratch::ScratchArena;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+/// `r0` of a program whose `callx` named an unregistered helper id.
+pub const CALLX_UNKNOWN: u64 = u64::MAX;
+
+fn err(kind: ErrorKind, msg: impl Into<String>) -> Error {
+    Error::new(kind, msg)
+}
+
+/// Runtime configuration.
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeConfig {
+    /// Code arena settings.
+    pub arena: ArenaConfig,
+}
+
+/// Per-load options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Target architecture; `None` = the host's. Programs for another architecture are
+    /// compiled (for inspection) but cannot be called.
+    pub arch: Option<Arch>,
+    /// Exact optional-feature set to use; `None` = what the CPU offers (host arch) or none
+    /// (foreign arch).
+    pub features: Option<u64>,
+    /// Features to leave out of the default set (e.g. force the LSE-less atomics path).
+    pub disable_features: u64,
+}
+
+/// What a loaded backend is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// Backend name.
+    pub name: String,
+    /// Backend version.
+    pub version: String,
+    /// Architecture it emits code for.
+    pub arch: Arch,
+    /// Feature bits it understands.
+    pub supported_features: u64,
+    /// Feature bits the running CPU offers (0 when `arch` is not the host's).
+    pub detected_features: u64,
+    /// Where it came from (plugin path or "static").
+    pub origin: String,
+}
+
+struct BackendSlot {
+    backend: Arc<dyn JitBackend>,
+    origin: String,
+    // Declared after `backend` so the library outlives the vtable wrapper that points into it.
+    _library: Option<libloading::Library>,
+}
+
+/// A registered helper.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelperInfo {
+    /// Id used by `call imm`.
+    pub id: u32,
+    /// Name, for diagnostics.
+    pub name: String,
+    /// Function address.
+    pub addr: u64,
+}
+
+/// The packjit runtime: backends, helpers and the code arena.
+pub struct Runtime {
+    arena: Option<PackedArena>,
+    scratch: Arc<ScratchArena>,
+    backends: RwLock<Vec<BackendSlot>>,
+    helpers: RwLock<BTreeMap<u32, HelperInfo>>,
+}
+
+impl Runtime {
+    /// A runtime with the default configuration.
+    pub fn new() -> Result<Self, Error> {
+        Self::with_config(RuntimeConfig::default())
+    }
+
+    /// A runtime with `cfg`.
+    pub fn with_config(cfg: RuntimeConfig) -> Result<Self, Error> {
+        // An unknown host arch has no executable arena; foreign-arch compilation still works.
+        let arena = match Arch::host() {
+            Some(_) => Some(PackedArena::new(cfg.arena)?),
+            None => None,
+        };
+        Ok(Self {
+            arena,
+            scratch: Arc::new(ScratchArena::default()),
+            backends: RwLock::new(Vec::new()),
+            helpers: RwLock::new(BTreeMap::new()),
+        })
+    }
+
+    fn add_slot(&self, slot: BackendSlot) -> Result<BackendInfo, Error> {
+        let mut backends = self.backends.write().unwrap_or_else(|p| p.into_inner());
+        let arch = slot.backend.arch();
+        if let Some(existing) = backends.iter().find(|b| b.backend.arch() == arch) {
+            return Err(err(
+                ErrorKind::Plugin,
+                format!(
+                    "{}: a backend for {arch} is already loaded ({} from {})",
+                    slot.origin,
+                    existing.backend.name(),
+                    existing.origin
+                ),
+            ));
+        }
+        let info = info_of(&slot);
+        backends.push(slot);
+        Ok(info)
+    }
+
+    /// Adds a statically linked backend.
+    pub fn add_backend(&self, backend: Arc<dyn JitBackend>) -> Result<BackendInfo, Error> {
+        self.add_slot(BackendSlot {
+            backend,
+            origin: "static".into(),
+            _library: None,
+        })
+    }
+
+    /// Loads a plugin library. It stays loaded for the life of the runtime.
+    pub fn load_plugin(&self, path: impl AsRef<Path>) -> Result<BackendInfo, Error> {
+        self.load_plugin_for(path, None)
+    }
+
+    /// Loads a plugin library, refusing it unless it emits code for `arch`.
+    pub fn load_plugin_for(
+        &self,
+        path: impl AsRef<Path>,
+        arch: Option<Arch>,
+    ) -> Result<BackendInfo, Error> {
+        let plugin = loader::load(path.as_ref(), arch)?;
+        self.add_slot(BackendSlot {
+            backend: Arc::new(plugin.backend),
+            origin: path.as_ref().display().to_string(),
+            _library: Some(plugin.library),
+        })
+    }
+
+    /// Loads every `libpackjit_*.so` in `dir`, or in the default plugin directories (see
+    /// [`default_plugin_dirs`]) when `dir` is `None`; the first directory holding plugins
+    /// wins. Errors if none is found or one fails to load.
+    pub fn load_plugins(&self, dir: Option<&Path>) -> Result<Vec<BackendInfo>, Error> {
+        let dirs = match dir {
+            Some(d) => vec![d.to_path_buf()],
+            None => default_plugin_dirs(),
+        };
+        for d in &dirs {
+            let files = plugin_files(d);
+            if !files.is_empty() {
+                return files.iter().map(|f| self.load_plugin(f)).collect();
+            }
+        }
+        Err(err(
+            ErrorKind::Plugin,
+            format!(
+                "no packjit plugins (libpackjit_*.so) in {}",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ))
+    }
+
+    /// The loaded backends.
+    pub fn backends(&self) -> Vec<BackendInfo> {
+        self.backends
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(info_of)
+            .collect()
+    }
+
+    fn backend_for(&self, arch: Arch) -> Result<Arc<dyn JitBackend>, Error> {
+        self.backends
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|b| b.backend.arch() == arch)
+            .map(|b| b.backend.clone())
+            .ok_or_else(|| err(ErrorKind::Plugin, format!("no backend loaded for {arch}")))
+    }
+
+    /// Registers helper `id`. Ids are unique; programs compiled later can call it.
+    pub fn register_helper(&self, id: u32, name: &str, f: PjHelperFn) -> Result<(), Error> {
+        let mut helpers = self.helpers.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = helpers.get(&id) {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                format!("helper id {id} is already registered (as {:?})", h.name),
+            ));
+        }
+        helpers.insert(
+            id,
+            HelperInfo {
+                id,
+                name: name.to_string(),
+                addr: f as usize as u64,
+            },
+        );
+        Ok(())
+    }
+
+    /// The registered helpers, by id.
+    pub fn helpers(&self) -> Vec<HelperInfo> {
+        self.helpers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn helper_table(&self) -> Vec<HelperEntry> {
+        self.helpers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|h| HelperEntry {
+                id: h.id,
+                reserved: 0,
+                addr: h.addr,
+            })
+            .collect()
+    }
+
+    /// Verifies, compiles and commits one program.
+    pub fn load(&self, code: &[u8], opts: &LoadOptions) -> Result<Program, Error> {
+        let prog = self.compile(code, opts, &self.helper_table())?;
+        if let Some(a) = prog.packed_arena() {
+            a.commit();
+        }
+        Ok(prog)
+    }
+
+    /// Compiles several programs and commits them together: one protection/remap pass and
+    /// one instruction-cache maintenance pass for the whole batch.
+    pub fn load_batch(&self, codes: &[&[u8]], opts: &LoadOptions) -> Vec<Result<Program, Error>> {
+        let helpers = self.helper_table();
+        let out: Vec<_> = codes
+            .iter()
+            .map(|c| self.compile(c, opts, &helpers))
+            .collect();
+        if let Some(a) = &self.arena {
+            if out.iter().any(|p| p.as_ref().is_ok_and(|p| p.executable)) {
+                a.commit();
+            }
+        }
+        out
+    }
+
+    fn compile(
+        &self,
+        code: &[u8],
+        opts: &LoadOptions,
+        helpers: &[HelperEntry],
+    ) -> Result<Program, Error> {
+        let host = Arch::host();
+        let arch = opts.arch.or(host).ok_or_else(|| {
+            err(
+                ErrorKind::InvalidArgument,
+                "unknown host architecture; pass an arch",
+            )
+        })?;
+        let backend = self.backend_for(arch)?;
+        let native = Some(arch) == host;
+        let supported = backend.supported_features();
+        let features = match opts.features {
+            Some(f) => f,
+            None if native => backend.detect_features() & supported,
+            None => 0,
+        } & !opts.disable_features;
+        if features & !supported != 0 {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "feature bits {:#x} are not supported by {} (supported: {supported:#x})",
+                    features & !supported,
+                    backend.name()
+                ),
+            ));
+        }
+        let req = CompileRequest {
+            code,
+            helpers,
+            features,
+            flags: 0,
+        };
+        let (compiled, owner) = match (&self.arena, native) {
+            (Some(a), true) => (backend.compile(&req, a)?, ArenaRef::Packed(a.clone())),
+            _ => (
+                backend.compile(&req, &*self.scratch)?,
+                ArenaRef::Scratch(self.scratch.clone()),
+            ),
+        };
+        Ok(Program {
+            compiled,
+            arch,
+            features,
+            executable: matches!(owner, ArenaRef::Packed(_)),
+            owner,
+            backend: backend.name().to_string(),
+        })
+    }
+
+    /// Statistics of the executable arena (zeroes when the host has none).
+    pub fn stats(&self) -> ArenaStats {
+        self.arena.as_ref().map(|a| a.stats()).unwrap_or_default()
+    }
+
+    /// The executable arena, if the host architecture has one.
+    pub fn arena(&self) -> Option<&PackedArena> {
+        self.arena.as_ref()
+    }
+
+    /// Runs deferred frees whose epoch has ended; returns how many are still pending.
+    pub fn reclaim(&self) -> usize {
+        self.arena.as_ref().map_or(0, |a| a.reclaim())
+    }
+}
+
+fn info_of(slot: &BackendSlot) -> BackendInfo {
+    let b = &slot.backend;
+    let native = Arch::host() == Some(b.arch());
+    BackendInfo {
+        name: b.name().to_string(),
+        version: b.version().to_string(),
+        arch: b.arch(),
+        supported_features: b.supported_features(),
+        detected_features: if native { b.detect_features() } else { 0 },
+        origin: slot.origin.clone(),
+    }
+}
+
+enum ArenaRef {
+    Packed(PackedArena),
+    Scratch(Arc<ScratchArena>),
+}
+
+/// A compiled program. Dropping it frees its code once no thread can be running it.
+pub struct Program {
+    compiled: Compiled,
+    arch: Arch,
+    features: u64,
+    executable: bool,
+    owner: ArenaRef,
+    backend: String,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program")
+            .field("arch", &self.arch)
+            .field("backend", &self.backend)
+            .field("entry", &format_args!("{:#x}", self.compiled.entry))
+            .field("code_size", &self.compiled.code_size)
+            .field("executable", &self.executable)
+            .finish()
+    }
+}
+
+impl Program {
+    fn packed_arena(&self) -> Option<&PackedArena> {
+        match &self.owner {
+            ArenaRef::Packed(a) => Some(a),
+            ArenaRef::Scratch(_) => None,
+        }
+    }
+
+    /// Runs the program with `mem` as its context (r1 = pointer, r2 = length); returns r0.
+    pub fn call(&self, mem: &mut [u8]) -> Result<u64, Error> {
+        // SAFETY: the slice is valid for its length.
+        unsafe { self.call_raw(mem.as_mut_ptr(), mem.len()) }
+    }
+
+    /// Runs the program on a raw context.
+    ///
+    /// # Safety
+    /// The program dereferences whatever addresses its code computes; `ctx`/`len` must
+    /// describe memory the program may read and write.
+    pub unsafe fn call_raw(&self, ctx: *mut u8, len: usize) -> Result<u64, Error> {
+        if !self.executable {
+            return Err(err(
+                ErrorKind::NotExecutable,
+                format!(
+                    "program was compiled for {}, this host is {}",
+                    self.arch,
+                    Arch::host().map_or("unknown", |a| a.name())
+                ),
+            ));
+        }
+        let _guard = arena::epoch_pin();
+        // SAFETY: the entry point of committed code with the PjProgramEntry signature.
+        let f: PjProgramEntry = unsafe { std::mem::transmute(self.compiled.entry as usize) };
+        Ok(unsafe { f(ctx, len as u64) })
+    }
+
+    /// The entry point, for callers that dispatch themselves (valid while `self` lives).
+    pub fn entry(&self) -> Option<PjProgramEntry> {
+        // SAFETY: as in call_raw.
+        self.executable.then(|| unsafe {
+            std::mem::transmute::<usize, PjProgramEntry>(self.compiled.entry as usize)
+        })
+    }
+
+    /// A copy of the native code.
+    pub fn code(&self) -> Vec<u8> {
+        let c = &self.compiled;
+        match &self.owner {
+            ArenaRef::Packed(a) => a.read_code(c.entry, c.code_size).unwrap_or_default(),
+            ArenaRef::Scratch(s) => s.read(&c.region, c.code_size),
+        }
+    }
+
+    /// Bytes of native code.
+    pub fn code_size(&self) -> usize {
+        self.compiled.code_size
+    }
+
+    /// Native instructions emitted.
+    pub fn native_insns(&self) -> usize {
+        self.compiled.native_insns
+    }
+
+    /// Address of the entry point (in the arena for native programs).
+    pub fn entry_addr(&self) -> u64 {
+        self.compiled.entry
+    }
+
+    /// The arena region holding the code.
+    pub fn region(&self) -> Region {
+        self.compiled.region
+    }
+
+    /// Target architecture.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// Optional features the code uses.
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    /// Whether `call` can run it here.
+    pub fn is_executable(&self) -> bool {
+        self.executable
+    }
+
+    /// Name of the backend that compiled it.
+    pub fn backend_name(&self) -> &str {
+        &self.backend
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        match &self.owner {
+            ArenaRef::Packed(a) => a.free_deferred(self.compiled.region),
+            ArenaRef::Scratch(s) => s.free(&self.compiled.region),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

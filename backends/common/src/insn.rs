@@ -108,7 +108,16 @@ impl RawInsn {
     pub fn to_bytes(self) -> [u8; 8] {
         let o = self.off.to_le_bytes();
         let i = self.imm.to_le_bytes();
-        [self.opc, (self.src << 4) | (self.dst & 0x0f), o[0], o[1], i[0], i[1], i[2], i[3]]
+        [
+            self.opc,
+            (self.src << 4) | (self.dst & 0x0f),
+            o[0],
+            o[1],
+            i[0],
+            i[1],
+            i[2],
+            i[3],
+        ]
     }
 }
 
@@ -289,9 +298,19 @@ impl Cond {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     /// `dst = dst op src` (or `dst = src` for `Mov`) at `width`.
-    Alu { width: Width, op: AluOp, dst: Reg, src: Operand },
+    Alu {
+        width: Width,
+        op: AluOp,
+        dst: Reg,
+        src: Operand,
+    },
     /// `dst = sign_extend(src, bits)` at `width` (cpu v4 `movsx`; `bits` is 8, 16 or 32).
-    MovSx { width: Width, dst: Reg, src: Reg, bits: u8 },
+    MovSx {
+        width: Width,
+        dst: Reg,
+        src: Reg,
+        bits: u8,
+    },
     /// `dst = -dst` at `width`.
     Neg { width: Width, dst: Reg },
     /// Byte-order conversion of the low `bits` (16, 32, 64) of `dst`.
@@ -299,15 +318,39 @@ pub enum Op {
     /// `dst = imm` (64-bit; two slots).
     LdImm64 { dst: Reg, imm: u64 },
     /// `dst = *(size *)(base + off)`, zero- or sign-extended.
-    Load { size: Size, sign_extend: bool, dst: Reg, base: Reg, off: i16 },
+    Load {
+        size: Size,
+        sign_extend: bool,
+        dst: Reg,
+        base: Reg,
+        off: i16,
+    },
     /// `*(size *)(base + off) = src` (register or immediate).
-    Store { size: Size, base: Reg, off: i16, src: Operand },
+    Store {
+        size: Size,
+        base: Reg,
+        off: i16,
+        src: Operand,
+    },
     /// Atomic operation on `*(size *)(base + off)` (`size` is W or DW).
-    Atomic { size: Size, op: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg },
+    Atomic {
+        size: Size,
+        op: AtomicOp,
+        fetch: bool,
+        base: Reg,
+        off: i16,
+        src: Reg,
+    },
     /// Unconditional jump to instruction index `target` (`ja` or `ja32`).
     Ja { target: usize },
     /// Conditional jump.
-    Jcond { width: Width, cond: Cond, dst: Reg, src: Operand, target: usize },
+    Jcond {
+        width: Width,
+        cond: Cond,
+        dst: Reg,
+        src: Operand,
+        target: usize,
+    },
     /// Call helper `id` (registered, so its address is in the request's helper table).
     CallHelper { id: u32 },
     /// Call the helper whose id is in register `reg` (`callx`).
@@ -337,8 +380,13 @@ impl Op {
             | Op::End { dst, .. }
             | Op::LdImm64 { dst, .. }
             | Op::Load { dst, .. } => Some(dst),
-            Op::Atomic { op: AtomicOp::Cmpxchg, .. } => Some(0),
-            Op::Atomic { fetch: true, src, .. } => Some(src),
+            Op::Atomic {
+                op: AtomicOp::Cmpxchg,
+                ..
+            } => Some(0),
+            Op::Atomic {
+                fetch: true, src, ..
+            } => Some(src),
             Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => Some(0),
             _ => None,
         }

@@ -70,6 +70,10 @@ impl Program {
 }
 
 /// Convenience for backends: an error at instruction `inst`.
-pub fn error_at(inst: &Inst, kind: packjit_plugin_api::ErrorKind, msg: impl Into<String>) -> CompileError {
+pub fn error_at(
+    inst: &Inst,
+    kind: packjit_plugin_api::ErrorKind,
+    msg: impl Into<String>,
+) -> CompileError {
     CompileError::at(inst.pc, kind, msg)
 }

@@ -59,10 +59,16 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
     // Pass 2: resolve slot targets to instruction indices.
     let resolve = |from: usize, slot: i64| -> Result<usize, CompileError> {
         if slot < 0 || slot as usize >= slots {
-            return Err(verr(from, format!("jump target {slot} is outside the program (0..{slots})")));
+            return Err(verr(
+                from,
+                format!("jump target {slot} is outside the program (0..{slots})"),
+            ));
         }
         match slot_to_index[slot as usize] {
-            usize::MAX => Err(verr(from, format!("jump target {slot} is the second half of LD_IMM64"))),
+            usize::MAX => Err(verr(
+                from,
+                format!("jump target {slot} is the second half of LD_IMM64"),
+            )),
             i => Ok(i),
         }
     };
@@ -149,7 +155,12 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
     }
 
     check_call_depth(&insts, &subprogs)?;
-    Ok(Program { insts, slots, subprogs, is_target })
+    Ok(Program {
+        insts,
+        slots,
+        subprogs,
+        is_target,
+    })
 }
 
 /// Targets are carried as `slot + SLOT_BIAS` between the passes so negative slot numbers
@@ -162,7 +173,11 @@ fn target_slot(pc: usize, off: i64) -> usize {
 
 fn uses_r10(op: &Op) -> bool {
     match *op {
-        Op::Alu { src: Operand::Reg(r), .. } | Op::MovSx { src: r, .. } => r == R10,
+        Op::Alu {
+            src: Operand::Reg(r),
+            ..
+        }
+        | Op::MovSx { src: r, .. } => r == R10,
         Op::Store { base, src, .. } => base == R10 || src == Operand::Reg(R10),
         Op::Load { base, .. } | Op::Atomic { base, .. } => base == R10,
         Op::Jcond { dst, src, .. } => dst == R10 || src == Operand::Reg(R10),
@@ -171,7 +186,12 @@ fn uses_r10(op: &Op) -> bool {
 }
 
 fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<(), CompileError> {
-    let index_of = |start: usize| subprogs.iter().position(|s| s.start == start).expect("target is a start");
+    let index_of = |start: usize| {
+        subprogs
+            .iter()
+            .position(|s| s.start == start)
+            .expect("target is a start")
+    };
     // Longest call chain from each subprogram, by DFS with cycle detection.
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
@@ -240,7 +260,10 @@ fn check_dst_writable(pc: usize, r: u8) -> Result<Reg, CompileError> {
 
 fn zero(pc: usize, name: &str, field: &str, value: i64) -> Result<(), CompileError> {
     if value != 0 {
-        return Err(verr(pc, format!("{name}: reserved field {field} must be 0, is {value}")));
+        return Err(verr(
+            pc,
+            format!("{name}: reserved field {field} must be 0, is {value}"),
+        ));
     }
     Ok(())
 }
@@ -250,7 +273,11 @@ fn unknown(pc: usize, i: &RawInsn) -> CompileError {
 }
 
 /// Decodes the instruction at `pc`; returns it and its length in slots.
-fn decode_one(raw: &[RawInsn], pc: usize, helpers: &[HelperEntry]) -> Result<(Op, usize), CompileError> {
+fn decode_one(
+    raw: &[RawInsn],
+    pc: usize,
+    helpers: &[HelperEntry],
+) -> Result<(Op, usize), CompileError> {
     let i = raw[pc];
     let class = i.opc & 0x07;
     match class {
@@ -260,13 +287,19 @@ fn decode_one(raw: &[RawInsn], pc: usize, helpers: &[HelperEntry]) -> Result<(Op
             if i.opc != LD_IMM64 {
                 return Err(verr(
                     pc,
-                    format!("opcode 0x{:02x}: legacy packet access (LD_ABS/LD_IND) is not supported", i.opc),
+                    format!(
+                        "opcode 0x{:02x}: legacy packet access (LD_ABS/LD_IND) is not supported",
+                        i.opc
+                    ),
                 ));
             }
             if i.src != 0 {
                 return Err(verr(
                     pc,
-                    format!("lddw: pseudo source {} (map/BTF references) is not supported", i.src),
+                    format!(
+                        "lddw: pseudo source {} (map/BTF references) is not supported",
+                        i.src
+                    ),
                 ));
             }
             zero(pc, "lddw", "offset", i.off.into())?;
@@ -294,7 +327,16 @@ fn decode_one(raw: &[RawInsn], pc: usize, helpers: &[HelperEntry]) -> Result<(Op
             zero(pc, "ldx", "imm", i.imm.into())?;
             let dst = check_dst_writable(pc, i.dst)?;
             let base = check_reg(pc, "source", i.src)?;
-            Ok((Op::Load { size, sign_extend, dst, base, off: i.off }, 1))
+            Ok((
+                Op::Load {
+                    size,
+                    sign_extend,
+                    dst,
+                    base,
+                    off: i.off,
+                },
+                1,
+            ))
         }
         CLASS_ST => {
             if i.opc & 0xe0 != MODE_MEM {
@@ -302,7 +344,15 @@ fn decode_one(raw: &[RawInsn], pc: usize, helpers: &[HelperEntry]) -> Result<(Op
             }
             zero(pc, "st", "src", i.src.into())?;
             let base = check_reg(pc, "destination", i.dst)?;
-            Ok((Op::Store { size: size_of_opc(i.opc), base, off: i.off, src: Operand::Imm(i.imm) }, 1))
+            Ok((
+                Op::Store {
+                    size: size_of_opc(i.opc),
+                    base,
+                    off: i.off,
+                    src: Operand::Imm(i.imm),
+                },
+                1,
+            ))
         }
         CLASS_STX => {
             let size = size_of_opc(i.opc);
@@ -311,11 +361,25 @@ fn decode_one(raw: &[RawInsn], pc: usize, helpers: &[HelperEntry]) -> Result<(Op
             match i.opc & 0xe0 {
                 MODE_MEM => {
                     zero(pc, "stx", "imm", i.imm.into())?;
-                    Ok((Op::Store { size, base, off: i.off, src: Operand::Reg(src) }, 1))
+                    Ok((
+                        Op::Store {
+                            size,
+                            base,
+                            off: i.off,
+                            src: Operand::Reg(src),
+                        },
+                        1,
+                    ))
                 }
                 MODE_ATOMIC => {
                     if !matches!(size, Size::W | Size::DW) {
-                        return Err(verr(pc, format!("opcode 0x{:02x}: atomics exist only for 32 and 64 bits", i.opc)));
+                        return Err(verr(
+                            pc,
+                            format!(
+                                "opcode 0x{:02x}: atomics exist only for 32 and 64 bits",
+                                i.opc
+                            ),
+                        ));
                     }
                     let (op, fetch) = match i.imm {
                         ATOMIC_ADD => (AtomicOp::Add, false),
@@ -329,13 +393,29 @@ fn decode_one(raw: &[RawInsn], pc: usize, helpers: &[HelperEntry]) -> Result<(Op
                         ATOMIC_XCHG => (AtomicOp::Xchg, true),
                         ATOMIC_CMPXCHG => (AtomicOp::Cmpxchg, true),
                         other => {
-                            return Err(verr(pc, format!("unknown atomic operation 0x{other:02x} in imm")))
+                            return Err(verr(
+                                pc,
+                                format!("unknown atomic operation 0x{other:02x} in imm"),
+                            ))
                         }
                     };
                     if fetch && op != AtomicOp::Cmpxchg && src == R10 {
-                        return Err(verr(pc, "atomic fetch into r10 (the frame pointer) is not allowed"));
+                        return Err(verr(
+                            pc,
+                            "atomic fetch into r10 (the frame pointer) is not allowed",
+                        ));
                     }
-                    Ok((Op::Atomic { size, op, fetch, base, off: i.off, src }, 1))
+                    Ok((
+                        Op::Atomic {
+                            size,
+                            op,
+                            fetch,
+                            base,
+                            off: i.off,
+                            src,
+                        },
+                        1,
+                    ))
                 }
                 _ => Err(unknown(pc, &i)),
             }
@@ -354,7 +434,11 @@ fn size_of_opc(opc: u8) -> Size {
 }
 
 fn decode_alu(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
-    let width = if i.opc & 0x07 == CLASS_ALU64 { Width::W64 } else { Width::W32 };
+    let width = if i.opc & 0x07 == CLASS_ALU64 {
+        Width::W64
+    } else {
+        Width::W32
+    };
     let is_reg = i.opc & SRC_X != 0;
     let code = i.opc & 0xf0;
     let name = alu_name(code);
@@ -379,9 +463,16 @@ fn decode_alu(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
             zero(pc, name, "src", i.src.into())?;
             zero(pc, name, "offset", i.off.into())?;
             if !matches!(i.imm, 16 | 32 | 64) {
-                return Err(verr(pc, format!("{name}: width {} must be 16, 32 or 64", i.imm)));
+                return Err(verr(
+                    pc,
+                    format!("{name}: width {} must be 16, 32 or 64", i.imm),
+                ));
             }
-            Ok(Op::End { kind, bits: i.imm as u8, dst })
+            Ok(Op::End {
+                kind,
+                bits: i.imm as u8,
+                dst,
+            })
         }
         _ => {
             let op = match code {
@@ -404,22 +495,42 @@ fn decode_alu(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
             // Offset is an operation selector for div/mod (1 = signed) and mov (movsx bits).
             let off_ok = match op {
                 AluOp::Sdiv | AluOp::Smod => true,
-                AluOp::Mov if is_reg => matches!(i.off, 0 | 8 | 16) || (i.off == 32 && width == Width::W64),
+                AluOp::Mov if is_reg => {
+                    matches!(i.off, 0 | 8 | 16) || (i.off == 32 && width == Width::W64)
+                }
                 _ => i.off == 0,
             };
             if !off_ok {
-                return Err(verr(pc, format!("{name}: reserved field offset must be 0, is {}", i.off)));
+                return Err(verr(
+                    pc,
+                    format!("{name}: reserved field offset must be 0, is {}", i.off),
+                ));
             }
             if is_reg {
                 zero(pc, name, "imm", i.imm.into())?;
                 let src = check_reg(pc, "source", i.src)?;
                 if op == AluOp::Mov && i.off != 0 {
-                    return Ok(Op::MovSx { width, dst, src, bits: i.off as u8 });
+                    return Ok(Op::MovSx {
+                        width,
+                        dst,
+                        src,
+                        bits: i.off as u8,
+                    });
                 }
-                Ok(Op::Alu { width, op, dst, src: Operand::Reg(src) })
+                Ok(Op::Alu {
+                    width,
+                    op,
+                    dst,
+                    src: Operand::Reg(src),
+                })
             } else {
                 zero(pc, name, "src", i.src.into())?;
-                Ok(Op::Alu { width, op, dst, src: Operand::Imm(i.imm) })
+                Ok(Op::Alu {
+                    width,
+                    op,
+                    dst,
+                    src: Operand::Imm(i.imm),
+                })
             }
         }
     }
@@ -446,7 +557,11 @@ fn alu_name(code: u8) -> &'static str {
 }
 
 fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, CompileError> {
-    let width = if i.opc & 0x07 == CLASS_JMP { Width::W64 } else { Width::W32 };
+    let width = if i.opc & 0x07 == CLASS_JMP {
+        Width::W64
+    } else {
+        Width::W32
+    };
     let is_reg = i.opc & SRC_X != 0;
     let code = i.opc & 0xf0;
     match code {
@@ -467,7 +582,9 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                     i.imm as i64
                 }
             };
-            Ok(Op::Ja { target: target_slot(pc, off) })
+            Ok(Op::Ja {
+                target: target_slot(pc, off),
+            })
         }
         JMP_CALL => {
             if width == Width::W32 {
@@ -494,8 +611,15 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                     }
                     Ok(Op::CallHelper { id })
                 }
-                CALL_LOCAL => Ok(Op::CallLocal { target: target_slot(pc, i.imm as i64) }),
-                other => Err(verr(pc, format!("call: unsupported call kind src={other} (BTF calls are not supported)"))),
+                CALL_LOCAL => Ok(Op::CallLocal {
+                    target: target_slot(pc, i.imm as i64),
+                }),
+                other => Err(verr(
+                    pc,
+                    format!(
+                        "call: unsupported call kind src={other} (BTF calls are not supported)"
+                    ),
+                )),
             }
         }
         JMP_EXIT => {
@@ -531,7 +655,13 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                 zero(pc, "jmp", "src", i.src.into())?;
                 Operand::Imm(i.imm)
             };
-            Ok(Op::Jcond { width, cond, dst, src, target: target_slot(pc, i.off as i64) })
+            Ok(Op::Jcond {
+                width,
+                cond,
+                dst,
+                src,
+                target: target_slot(pc, i.off as i64),
+            })
         }
     }
 }
@@ -541,7 +671,14 @@ mod tests {
     use super::*;
 
     fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-        RawInsn { opc, dst, src, off, imm }.to_bytes()
+        RawInsn {
+            opc,
+            dst,
+            src,
+            off,
+            imm,
+        }
+        .to_bytes()
     }
 
     fn prog(insns: &[[u8; 8]]) -> Vec<u8> {
@@ -551,62 +688,137 @@ mod tests {
     const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
 
     fn err(code: &[u8]) -> String {
-        decode(code, &[HelperEntry { id: 1, reserved: 0, addr: 0x1000 }]).unwrap_err().to_string()
+        decode(
+            code,
+            &[HelperEntry {
+                id: 1,
+                reserved: 0,
+                addr: 0x1000,
+            }],
+        )
+        .unwrap_err()
+        .to_string()
     }
 
     #[test]
     fn accepts_every_alu_form() {
         for class in [CLASS_ALU, CLASS_ALU64] {
-            for code in [ALU_ADD, ALU_SUB, ALU_MUL, ALU_DIV, ALU_OR, ALU_AND, ALU_LSH, ALU_RSH, ALU_MOD, ALU_XOR, ALU_MOV, ALU_ARSH] {
+            for code in [
+                ALU_ADD, ALU_SUB, ALU_MUL, ALU_DIV, ALU_OR, ALU_AND, ALU_LSH, ALU_RSH, ALU_MOD,
+                ALU_XOR, ALU_MOV, ALU_ARSH,
+            ] {
                 let k = ins(class | code, 1, 0, 0, 3);
                 let x = ins(class | code | SRC_X, 1, 2, 0, 0);
                 decode(&prog(&[k, x, EXIT]), &[]).unwrap();
             }
         }
         // sdiv/smod and movsx use the offset field.
-        decode(&prog(&[ins(0x3f, 1, 2, 1, 0), ins(0x9c, 1, 2, 1, 0), ins(0xbf, 1, 2, 32, 0), EXIT]), &[]).unwrap();
+        decode(
+            &prog(&[
+                ins(0x3f, 1, 2, 1, 0),
+                ins(0x9c, 1, 2, 1, 0),
+                ins(0xbf, 1, 2, 32, 0),
+                EXIT,
+            ]),
+            &[],
+        )
+        .unwrap();
         assert!(err(&prog(&[ins(0xbc, 1, 2, 32, 0), EXIT])).contains("offset must be 0, is 32"));
     }
 
     #[test]
     fn rejects_reserved_fields_naming_pc_and_field() {
-        assert_eq!(err(&prog(&[ins(0x07, 0, 0, 1, 1), EXIT])), "pc 0: reserved field offset must be 0, is 1".replace("reserved", "add: reserved"));
-        assert_eq!(err(&prog(&[ins(0x07, 0, 1, 0, 1), EXIT])), "pc 0: add: reserved field src must be 0, is 1");
-        assert_eq!(err(&prog(&[ins(0xb7, 0, 0, 0, 0), ins(0x95, 0, 0, 0, 1)])), "pc 1: exit: reserved field imm must be 0, is 1");
-        assert_eq!(err(&prog(&[ins(0x85, 1, 0, 0, 1), EXIT])), "pc 0: call: reserved field dst must be 0, is 1");
-        assert_eq!(err(&prog(&[ins(0x05, 0, 0, 0, 1), EXIT])), "pc 0: ja: reserved field imm must be 0, is 1");
+        assert_eq!(
+            err(&prog(&[ins(0x07, 0, 0, 1, 1), EXIT])),
+            "pc 0: reserved field offset must be 0, is 1".replace("reserved", "add: reserved")
+        );
+        assert_eq!(
+            err(&prog(&[ins(0x07, 0, 1, 0, 1), EXIT])),
+            "pc 0: add: reserved field src must be 0, is 1"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0xb7, 0, 0, 0, 0), ins(0x95, 0, 0, 0, 1)])),
+            "pc 1: exit: reserved field imm must be 0, is 1"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0x85, 1, 0, 0, 1), EXIT])),
+            "pc 0: call: reserved field dst must be 0, is 1"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0x05, 0, 0, 0, 1), EXIT])),
+            "pc 0: ja: reserved field imm must be 0, is 1"
+        );
     }
 
     #[test]
     fn rejects_bad_registers_and_opcodes() {
-        assert_eq!(err(&prog(&[ins(0xb7, 11, 0, 0, 0), EXIT])), "pc 0: invalid destination register r11");
-        assert_eq!(err(&prog(&[ins(0xb7, 10, 0, 0, 0), EXIT])), "pc 0: r10 (the frame pointer) is read-only");
-        assert_eq!(err(&prog(&[ins(0xf7, 1, 0, 0, 0), EXIT])), "pc 0: unknown opcode 0xf7");
-        assert_eq!(err(&prog(&[ins(0x8e, 0, 0, 0, 0), EXIT])), "pc 0: unknown opcode 0x8e");
+        assert_eq!(
+            err(&prog(&[ins(0xb7, 11, 0, 0, 0), EXIT])),
+            "pc 0: invalid destination register r11"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0xb7, 10, 0, 0, 0), EXIT])),
+            "pc 0: r10 (the frame pointer) is read-only"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0xf7, 1, 0, 0, 0), EXIT])),
+            "pc 0: unknown opcode 0xf7"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0x8e, 0, 0, 0, 0), EXIT])),
+            "pc 0: unknown opcode 0x8e"
+        );
     }
 
     #[test]
     fn checks_jumps_and_fallthrough() {
-        assert_eq!(err(&prog(&[ins(0x05, 0, 0, 5, 0), EXIT])), "pc 0: jump target 6 is outside the program (0..2)");
-        assert_eq!(err(&prog(&[ins(0x05, 0, 0, -2, 0), EXIT])), "pc 0: jump target -1 is outside the program (0..2)");
+        assert_eq!(
+            err(&prog(&[ins(0x05, 0, 0, 5, 0), EXIT])),
+            "pc 0: jump target 6 is outside the program (0..2)"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0x05, 0, 0, -2, 0), EXIT])),
+            "pc 0: jump target -1 is outside the program (0..2)"
+        );
         let lddw = [ins(0x18, 1, 0, 0, 1), ins(0, 0, 0, 0, 0)];
-        assert_eq!(err(&prog(&[ins(0x05, 0, 0, 1, 0), lddw[0], lddw[1], EXIT])), "pc 0: jump target 2 is the second half of LD_IMM64");
-        assert_eq!(err(&prog(&[ins(0xb7, 0, 0, 0, 0)])), "pc 0: falls through past the end of the program");
-        assert_eq!(err(&prog(&[lddw[0]])), "pc 0: lddw is missing its second slot");
-        assert_eq!(err(&prog(&[lddw[0], ins(0, 1, 0, 0, 0), EXIT])), "pc 1: second slot of lddw must have opcode, registers and offset 0");
-        assert_eq!(err(&[0u8; 12]), "program length 12 is not a multiple of 8 bytes");
+        assert_eq!(
+            err(&prog(&[ins(0x05, 0, 0, 1, 0), lddw[0], lddw[1], EXIT])),
+            "pc 0: jump target 2 is the second half of LD_IMM64"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0xb7, 0, 0, 0, 0)])),
+            "pc 0: falls through past the end of the program"
+        );
+        assert_eq!(
+            err(&prog(&[lddw[0]])),
+            "pc 0: lddw is missing its second slot"
+        );
+        assert_eq!(
+            err(&prog(&[lddw[0], ins(0, 1, 0, 0, 0), EXIT])),
+            "pc 1: second slot of lddw must have opcode, registers and offset 0"
+        );
+        assert_eq!(
+            err(&[0u8; 12]),
+            "program length 12 is not a multiple of 8 bytes"
+        );
         assert_eq!(err(&[]), "empty program");
     }
 
     #[test]
     fn helpers_and_calls() {
-        assert_eq!(err(&prog(&[ins(0x85, 0, 0, 0, 9), EXIT])), "pc 0: call to unknown helper id 9");
+        assert_eq!(
+            err(&prog(&[ins(0x85, 0, 0, 0, 9), EXIT])),
+            "pc 0: call to unknown helper id 9"
+        );
         // call local +1 ; exit ; (f:) exit
         let p = decode(&prog(&[ins(0x85, 0, 1, 0, 1), EXIT, EXIT]), &[]).unwrap();
         assert_eq!(p.subprogs.len(), 2);
         assert_eq!(p.insts[0].op, Op::CallLocal { target: 2 });
         // Recursion is refused.
-        assert_eq!(err(&prog(&[ins(0x85, 0, 1, 0, -1), EXIT])), "pc 0: recursive call to the function at pc 0");
+        assert_eq!(
+            err(&prog(&[ins(0x85, 0, 1, 0, -1), EXIT])),
+            "pc 0: recursive call to the function at pc 0"
+        );
         // A function falling into the next one is refused.
         assert_eq!(
             err(&prog(&[ins(0x85, 0, 1, 0, 1), ins(0xb7, 0, 0, 0, 0), EXIT])),
@@ -614,7 +826,12 @@ mod tests {
         );
         // Jumps may not leave their function.
         assert_eq!(
-            err(&prog(&[ins(0x85, 0, 1, 0, 2), ins(0x05, 0, 0, 1, 0), EXIT, EXIT])),
+            err(&prog(&[
+                ins(0x85, 0, 1, 0, 2),
+                ins(0x05, 0, 0, 1, 0),
+                EXIT,
+                EXIT
+            ])),
             "pc 1: jump to pc 3 leaves the function starting at pc 0"
         );
     }
@@ -638,8 +855,14 @@ mod tests {
     fn ja32_and_atomics() {
         let p = decode(&prog(&[ins(0x06, 0, 0, 0, 1), EXIT, EXIT]), &[]).unwrap();
         assert_eq!(p.insts[0].op, Op::Ja { target: 2 });
-        assert_eq!(err(&prog(&[ins(0xc3, 1, 2, 0, 0x03), EXIT])), "pc 0: unknown atomic operation 0x03 in imm");
-        assert_eq!(err(&prog(&[ins(0xd3, 1, 2, 0, 0), EXIT])), "pc 0: opcode 0xd3: atomics exist only for 32 and 64 bits");
+        assert_eq!(
+            err(&prog(&[ins(0xc3, 1, 2, 0, 0x03), EXIT])),
+            "pc 0: unknown atomic operation 0x03 in imm"
+        );
+        assert_eq!(
+            err(&prog(&[ins(0xd3, 1, 2, 0, 0), EXIT])),
+            "pc 0: opcode 0xd3: atomics exist only for 32 and 64 bits"
+        );
         let p = decode(&prog(&[ins(0xdb, 10, 1, -8, 0xf1), EXIT]), &[]).unwrap();
         assert_eq!(p.subprogs[0].writes & 1, 1, "cmpxchg writes r0");
         assert!(p.subprogs[0].uses_stack);

@@ -1,0 +1,672 @@
+//! The packed code arena: every backend's code lives here.
+//!
+//! Userspace twin of the kernel's `bpf_prog_pack`: large aligned packs carved into 64-byte
+//! chunks, never writable and executable at the same address, trap-filled free space, one
+//! cache-maintenance pass per batch commit, and frees deferred with `crossbeam-epoch` until no
+//! thread can be running the code. See docs/ARCHITECTURE.md for the life cycle.
+
+mod probe;
+mod sys;
+
+use crossbeam_epoch as epoch;
+use packjit_plugin_api::{Arch, CodeArena, CompileError, ErrorKind, Region};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Allocation granularity: programs start on 64-byte (cache-line) boundaries.
+pub const CHUNK: usize = 64;
+/// Default pack size (the kernel's `bpf_prog_pack` size on most arches).
+pub const DEFAULT_PACK_SIZE: usize = 2 << 20;
+
+/// How packs are mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MapMode {
+    /// Dual mapping when memfd works, toggle otherwise.
+    #[default]
+    Auto,
+    /// One memfd mapped twice: RW for writing, RX for running.
+    DualMapping,
+    /// One anonymous mapping, RW while filled, RX once committed (then sealed).
+    Toggle,
+}
+
+/// Whether commit remaps the executable pages it touched (for emulators that ignore cache
+/// maintenance, such as qemu-user 7.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RemapPolicy {
+    /// Decide with a start-up self-probe.
+    #[default]
+    Auto,
+    /// Always remap touched RX pages on commit.
+    Always,
+    /// Never remap.
+    Never,
+}
+
+/// Arena configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaConfig {
+    /// Pack size in bytes (a multiple of the page size; rounded up otherwise).
+    pub pack_size: usize,
+    /// Mapping strategy.
+    pub map_mode: MapMode,
+    /// Stale-code handling.
+    pub remap: RemapPolicy,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        Self {
+            pack_size: DEFAULT_PACK_SIZE,
+            map_mode: MapMode::Auto,
+            remap: RemapPolicy::Auto,
+        }
+    }
+}
+
+/// Arena statistics (a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Packs currently mapped.
+    pub packs: usize,
+    /// Bytes of address space held by packs.
+    pub bytes_reserved: usize,
+    /// Bytes handed out (64-byte granularity).
+    pub bytes_used: usize,
+    /// Bytes of machine code actually written into live regions.
+    pub bytes_code: usize,
+    /// Live allocations (programs).
+    pub allocations: usize,
+    /// Free space not in the largest free run, over all free space, in per-mille (0 = one
+    /// contiguous hole per pack... summed over packs: 0 when no pack's free space is split).
+    pub fragmentation_permille: u32,
+    /// Commits performed.
+    pub commits: u64,
+    /// Instruction-cache maintenance passes (one per merged dirty range).
+    pub icache_flushes: u64,
+    /// Page ranges remapped for stale-code invalidation.
+    pub remaps: u64,
+    /// Regions waiting for their epoch to end.
+    pub pending_frees: usize,
+    /// Whether packs are dual-mapped (true) or toggled (false).
+    pub dual_mapped: bool,
+    /// Whether commits remap touched RX pages.
+    pub remap_on_commit: bool,
+}
+
+struct Pack {
+    id: u64,
+    /// Executable view.
+    rx: *mut u8,
+    /// Writable view (same as `rx` in toggle mode).
+    rw: *mut u8,
+    size: usize,
+    fd: Option<libc::c_int>,
+    /// One bit per chunk, set = in use.
+    bitmap: Vec<u64>,
+    used_chunks: usize,
+    /// Live allocations: first chunk → (chunks, bytes of code written).
+    allocs: BTreeMap<usize, (usize, usize)>,
+    /// Toggle mode: the pack holds committed code and is RX; never written again.
+    sealed: bool,
+}
+
+impl Pack {
+    fn chunks(&self) -> usize {
+        self.size / CHUNK
+    }
+
+    fn bit(&self, i: usize) -> bool {
+        self.bitmap[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn set_range(&mut self, start: usize, n: usize, on: bool) {
+        for i in start..start + n {
+            if on {
+                self.bitmap[i / 64] |= 1 << (i % 64);
+            } else {
+                self.bitmap[i / 64] &= !(1 << (i % 64));
+            }
+        }
+    }
+
+    /// First fit: the lowest run of `n` free chunks.
+    fn find_free(&self, n: usize) -> Option<usize> {
+        let total = self.chunks();
+        let mut i = 0;
+        while i + n <= total {
+            // Skip whole used words quickly.
+            if i % 64 == 0 && self.bitmap[i / 64] == u64::MAX {
+                i += 64;
+                continue;
+            }
+            if self.bit(i) {
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < i + n && !self.bit(j) {
+                j += 1;
+            }
+            if j == i + n {
+                return Some(i);
+            }
+            i = j + 1;
+        }
+        None
+    }
+
+    /// (free chunks, largest free run).
+    fn free_runs(&self) -> (usize, usize) {
+        let (mut free, mut best, mut run) = (0, 0, 0);
+        for i in 0..self.chunks() {
+            if self.bit(i) {
+                run = 0;
+            } else {
+                free += 1;
+                run += 1;
+                best = best.max(run);
+            }
+        }
+        (free, best)
+    }
+
+    fn contains(&self, addr: u64) -> bool {
+        let a = addr as usize;
+        a >= self.rx as usize && a < self.rx as usize + self.size
+    }
+}
+
+struct State {
+    packs: Vec<Pack>,
+    next_id: u64,
+    /// Executable ranges written since the last commit: start → end.
+    dirty: BTreeMap<usize, usize>,
+}
+
+// SAFETY: the raw pointers in `Pack` are addresses of mappings owned by the arena, only
+// dereferenced under the state mutex.
+unsafe impl Send for State {}
+
+struct Inner {
+    cfg: ArenaConfig,
+    trap: &'static [u8],
+    dual: bool,
+    remap: bool,
+    membarrier: bool,
+    state: Mutex<State>,
+    commits: AtomicU64,
+    flushes: AtomicU64,
+    remaps: AtomicU64,
+    pending: AtomicUsize,
+}
+
+/// The packed code arena. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct PackedArena {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PackedArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedArena")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn arena_err(msg: impl Into<String>) -> CompileError {
+    CompileError::new(ErrorKind::Arena, msg)
+}
+
+impl PackedArena {
+    /// Creates an arena for code of the host architecture.
+    pub fn new(cfg: ArenaConfig) -> Result<Self, CompileError> {
+        let arch = Arch::host().ok_or_else(|| arena_err("unknown host architecture"))?;
+        Self::with_trap(cfg, arch.trap_pattern())
+    }
+
+    fn with_trap(mut cfg: ArenaConfig, trap: &'static [u8]) -> Result<Self, CompileError> {
+        let page = sys::page_size();
+        cfg.pack_size = cfg.pack_size.max(page).div_ceil(page) * page;
+        let dual = match cfg.map_mode {
+            MapMode::Toggle => false,
+            MapMode::DualMapping => {
+                sys::memfd(page)
+                    .map(sys::close)
+                    .map_err(|e| arena_err(format!("memfd_create: {e}")))?;
+                true
+            }
+            MapMode::Auto => sys::memfd(page).map(sys::close).is_ok(),
+        };
+        let remap = match cfg.remap {
+            RemapPolicy::Always => true,
+            RemapPolicy::Never => false,
+            RemapPolicy::Auto => dual && probe::stale_code_after_rewrite(),
+        };
+        let membarrier = sys::membarrier_register();
+        let inner = Inner {
+            cfg,
+            trap,
+            dual,
+            remap,
+            membarrier,
+            state: Mutex::new(State {
+                packs: Vec::new(),
+                next_id: 1,
+                dirty: BTreeMap::new(),
+            }),
+            commits: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            remaps: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.lock()
+    }
+
+    /// Makes everything written since the last commit executable and coherent: one pass of
+    /// cache maintenance (and, where needed, remapping) over all dirty ranges of the batch.
+    pub fn commit(&self) {
+        self.inner.commit();
+    }
+
+    /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]).
+    pub fn free_deferred(&self, region: Region) {
+        self.inner.pending.fetch_add(1, Relaxed);
+        let inner = self.inner.clone();
+        let guard = epoch::pin();
+        guard.defer(move || {
+            inner.release_now(&region);
+            inner.pending.fetch_sub(1, Relaxed);
+        });
+        guard.flush();
+    }
+
+    /// Drives epoch reclamation until no deferred free is pending (or gives up after a
+    /// bounded number of attempts, e.g. while another thread stays pinned). Returns the number
+    /// still pending.
+    pub fn reclaim(&self) -> usize {
+        // Each flush can advance the global epoch by one step once no thread is pinned in an
+        // older one; a deferred free runs two steps after it was queued. Spin briefly, then
+        // back off for up to about a second so a busy machine still drains.
+        for i in 0..2_000 {
+            if self.inner.pending.load(Relaxed) == 0 {
+                break;
+            }
+            epoch::pin().flush();
+            if i < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+        }
+        self.inner.pending.load(Relaxed)
+    }
+
+    /// A statistics snapshot.
+    pub fn stats(&self) -> ArenaStats {
+        let st = self.lock();
+        let mut s = ArenaStats {
+            commits: self.inner.commits.load(Relaxed),
+            icache_flushes: self.inner.flushes.load(Relaxed),
+            remaps: self.inner.remaps.load(Relaxed),
+            pending_frees: self.inner.pending.load(Relaxed),
+            dual_mapped: self.inner.dual,
+            remap_on_commit: self.inner.remap,
+            ..ArenaStats::default()
+        };
+        let (mut free, mut split) = (0usize, 0usize);
+        for p in &st.packs {
+            s.packs += 1;
+            s.bytes_reserved += p.size;
+            s.bytes_used += p.used_chunks * CHUNK;
+            s.allocations += p.allocs.len();
+            s.bytes_code += p.allocs.values().map(|a| a.1).sum::<usize>();
+            let (f, best) = p.free_runs();
+            free += f;
+            split += f - best;
+        }
+        s.fragmentation_permille = if free == 0 {
+            0
+        } else {
+            (split * 1000 / free) as u32
+        };
+        s
+    }
+
+    /// The executable address range of every pack (for W^X and layout checks).
+    pub fn pack_ranges(&self) -> Vec<(usize, usize)> {
+        self.lock()
+            .packs
+            .iter()
+            .map(|p| (p.rx as usize, p.size))
+            .collect()
+    }
+
+    /// Copies `len` bytes at `addr` out of a pack (live code or trap-filled free space).
+    pub fn read_code(&self, addr: u64, len: usize) -> Option<Vec<u8>> {
+        let st = self.lock();
+        let p = st
+            .packs
+            .iter()
+            .find(|p| p.contains(addr) && p.contains(addr + len.max(1) as u64 - 1))?;
+        let off = (addr - p.rx as u64) as usize;
+        // SAFETY: inside a mapped, readable pack; we hold the lock so it is not unmapped.
+        Some(unsafe { std::slice::from_raw_parts(p.rw.add(off), len) }.to_vec())
+    }
+
+    /// The trap pattern free space is filled with.
+    pub fn trap_pattern(&self) -> &'static [u8] {
+        self.inner.trap
+    }
+
+    /// The configuration in force (pack size rounded to pages).
+    pub fn config(&self) -> ArenaConfig {
+        self.inner.cfg
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the bitmap half-updated in a way that
+        // breaks safety (only accounting), so keep going after poisoning.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn new_pack(&self, st: &mut State, min_size: usize) -> Result<usize, CompileError> {
+        let page = sys::page_size();
+        let size = min_size.div_ceil(self.cfg.pack_size) * self.cfg.pack_size;
+        let size = size.div_ceil(page) * page;
+        let align = self
+            .cfg
+            .pack_size
+            .next_power_of_two()
+            .min(2 << 20)
+            .max(page);
+        let base = sys::reserve_aligned(size, align).map_err(|e| arena_err(e.to_string()))?;
+        let (rx, rw, fd) = if self.dual {
+            let fd = sys::memfd(size).map_err(|e| {
+                sys::unmap(base, size);
+                arena_err(format!("memfd_create: {e}"))
+            })?;
+            let views = sys::map_shared(fd, 0, size, libc::PROT_READ | libc::PROT_EXEC, Some(base))
+                .and_then(|rx| {
+                    sys::map_shared(fd, 0, size, libc::PROT_READ | libc::PROT_WRITE, None)
+                        .map(|rw| (rx, rw))
+                });
+            match views {
+                Ok((rx, rw)) => (rx, rw, Some(fd)),
+                Err(e) => {
+                    sys::unmap(base, size);
+                    sys::close(fd);
+                    return Err(arena_err(e.to_string()));
+                }
+            }
+        } else {
+            let p = sys::map_anon_rw(base, size).map_err(|e| {
+                sys::unmap(base, size);
+                arena_err(e.to_string())
+            })?;
+            (p, p, None)
+        };
+        fill_trap(rw, size, self.trap);
+        let id = st.next_id;
+        st.next_id += 1;
+        let chunks = size / CHUNK;
+        st.packs.push(Pack {
+            id,
+            rx,
+            rw,
+            size,
+            fd,
+            bitmap: vec![0; chunks.div_ceil(64)],
+            used_chunks: 0,
+            allocs: BTreeMap::new(),
+            sealed: false,
+        });
+        Ok(st.packs.len() - 1)
+    }
+
+    fn alloc(&self, size: usize) -> Result<Region, CompileError> {
+        if size == 0 {
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                "zero-sized code allocation",
+            ));
+        }
+        let n = size.div_ceil(CHUNK);
+        let mut st = self.lock();
+        let found = st
+            .packs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.sealed)
+            .find_map(|(i, p)| p.find_free(n).map(|c| (i, c)));
+        let (pi, chunk) = match found {
+            Some(f) => f,
+            None => {
+                let pi = self.new_pack(&mut st, n * CHUNK)?;
+                (pi, 0)
+            }
+        };
+        let p = &mut st.packs[pi];
+        p.set_range(chunk, n, true);
+        p.used_chunks += n;
+        p.allocs.insert(chunk, (n, 0));
+        Ok(Region {
+            exec_addr: p.rx as u64 + (chunk * CHUNK) as u64,
+            size: (n * CHUNK) as u64,
+            cookie: p.id,
+        })
+    }
+
+    /// Finds the pack and first chunk of a live region, validating it.
+    fn locate(st: &State, region: &Region) -> Result<(usize, usize), CompileError> {
+        let pi = st
+            .packs
+            .iter()
+            .position(|p| p.id == region.cookie && p.contains(region.exec_addr))
+            .ok_or_else(|| {
+                arena_err(format!(
+                    "region at {:#x} is not from this arena",
+                    region.exec_addr
+                ))
+            })?;
+        let p = &st.packs[pi];
+        let off = (region.exec_addr - p.rx as u64) as usize;
+        match p.allocs.get(&(off / CHUNK)) {
+            Some(&(n, _)) if off % CHUNK == 0 && (n * CHUNK) as u64 == region.size => {}
+            _ => {
+                return Err(arena_err(format!(
+                    "region at {:#x} ({} bytes) is not an allocation of this arena",
+                    region.exec_addr, region.size
+                )))
+            }
+        }
+        Ok((pi, off / CHUNK))
+    }
+
+    fn write(&self, region: &Region, offset: usize, bytes: &[u8]) -> Result<(), CompileError> {
+        let end = offset
+            .checked_add(bytes.len())
+            .filter(|&e| e as u64 <= region.size)
+            .ok_or_else(|| {
+                arena_err(format!(
+                    "write of {} bytes at offset {offset} overflows a {}-byte region",
+                    bytes.len(),
+                    region.size
+                ))
+            })?;
+        let mut st = self.lock();
+        let (pi, chunk) = Self::locate(&st, region)?;
+        let p = &mut st.packs[pi];
+        if p.sealed {
+            return Err(arena_err("region belongs to a committed (sealed) pack"));
+        }
+        let off = chunk * CHUNK + offset;
+        // SAFETY: bounds checked against the region, which lies inside the RW view.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.rw.add(off), bytes.len()) };
+        let alloc = p.allocs.get_mut(&chunk).expect("located");
+        alloc.1 = alloc.1.max(end);
+        // Track dirt at chunk granularity so neighbouring programs of one batch merge into a
+        // single maintenance range.
+        let start = p.rx as usize + off / CHUNK * CHUNK;
+        let end_addr = (p.rx as usize + off + bytes.len()).div_ceil(CHUNK) * CHUNK;
+        mark_dirty(&mut st.dirty, start, end_addr);
+        Ok(())
+    }
+
+    /// Returns a region's chunks: trap-fill (when the pack is writable), clear, and unmap the
+    /// pack if it became empty.
+    fn release_now(&self, region: &Region) {
+        let mut st = self.lock();
+        let Ok((pi, chunk)) = Self::locate(&st, region) else {
+            return;
+        };
+        let p = &mut st.packs[pi];
+        let (n, _) = p.allocs.remove(&chunk).expect("located");
+        p.set_range(chunk, n, false);
+        p.used_chunks -= n;
+        if p.used_chunks == 0 {
+            let p = st.packs.swap_remove(pi);
+            let (lo, hi) = (p.rx as usize, p.rx as usize + p.size);
+            st.dirty.retain(|&s, _| s < lo || s >= hi);
+            drop_pack(p);
+            return;
+        }
+        if !p.sealed {
+            let off = chunk * CHUNK;
+            // SAFETY: the chunks are inside the RW view and no longer handed out.
+            fill_trap(unsafe { p.rw.add(off) }, n * CHUNK, self.trap);
+            let start = p.rx as usize + off;
+            mark_dirty(&mut st.dirty, start, start + n * CHUNK);
+        }
+    }
+
+    fn commit(&self) {
+        let mut st = self.lock();
+        let dirty = std::mem::take(&mut st.dirty);
+        self.commits.fetch_add(1, Relaxed);
+        if dirty.is_empty() {
+            return;
+        }
+        let page = sys::page_size();
+        for (&start, &end) in &dirty {
+            if self.remap {
+                // qemu-user only drops translations when the executable view is remapped: map
+                // the same memfd pages again in place, still RX (never dropping PROT_EXEC).
+                let lo = start & !(page - 1);
+                let hi = end.div_ceil(page) * page;
+                if let Some(p) = st.packs.iter().find(|p| p.contains(lo as u64)) {
+                    let fd = p.fd.expect("remap only in dual mode");
+                    let off = lo - p.rx as usize;
+                    if sys::map_shared(
+                        fd,
+                        off,
+                        hi - lo,
+                        libc::PROT_READ | libc::PROT_EXEC,
+                        Some(lo as *mut u8),
+                    )
+                    .is_ok()
+                    {
+                        self.remaps.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            sys::flush_icache(start, end - start);
+            self.flushes.fetch_add(1, Relaxed);
+        }
+        if !self.dual {
+            // Toggle mode: make every touched pack RX and seal it.
+            for p in st.packs.iter_mut().filter(|p| !p.sealed) {
+                let touched = dirty
+                    .range(..p.rx as usize + p.size)
+                    .any(|(&s, _)| p.contains(s as u64));
+                if touched {
+                    // SAFETY: our own mapping; it holds no code that is running yet.
+                    let _ =
+                        unsafe { region::protect(p.rx, p.size, region::Protection::READ_EXECUTE) };
+                    p.sealed = true;
+                }
+            }
+        }
+        if self.membarrier {
+            sys::membarrier_sync_core();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for p in st.packs.drain(..) {
+            drop_pack(p);
+        }
+    }
+}
+
+fn drop_pack(p: Pack) {
+    sys::unmap(p.rx, p.size);
+    if p.rw != p.rx {
+        sys::unmap(p.rw, p.size);
+    }
+    if let Some(fd) = p.fd {
+        sys::close(fd);
+    }
+}
+
+fn mark_dirty(dirty: &mut BTreeMap<usize, usize>, start: usize, end: usize) {
+    // Merge with an overlapping or adjacent earlier range, then swallow later ones.
+    let (mut s, mut e) = (start, end);
+    if let Some((&ps, &pe)) = dirty.range(..=s).next_back() {
+        if pe >= s {
+            s = ps;
+            e = e.max(pe);
+        }
+    }
+    let later: Vec<(usize, usize)> = dirty.range(s..=e).map(|(&a, &b)| (a, b)).collect();
+    for (a, b) in later {
+        dirty.remove(&a);
+        e = e.max(b);
+    }
+    dirty.insert(s, e);
+}
+
+fn fill_trap(dst: *mut u8, len: usize, trap: &[u8]) {
+    // SAFETY: callers pass writable ranges they own.
+    let buf = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+    for chunk in buf.chunks_mut(trap.len()) {
+        chunk.copy_from_slice(&trap[..chunk.len()]);
+    }
+}
+
+impl CodeArena for PackedArena {
+    fn alloc(&self, size: usize) -> Result<Region, CompileError> {
+        self.inner.alloc(size)
+    }
+
+    fn write(&self, region: &Region, offset: usize, bytes: &[u8]) -> Result<(), CompileError> {
+        self.inner.write(region, offset, bytes)
+    }
+
+    fn free(&self, region: &Region) {
+        // Never committed, so never executed: release at once.
+        self.inner.release_now(region);
+    }
+}
+
+/// Pins the current thread's epoch: code freed after this point stays mapped until the guard
+/// is dropped. Program calls and hook dispatch hold one.
+pub fn epoch_pin() -> epoch::Guard {
+    epoch::pin()
+}
+
+#[cfg(test)]
+mod tests;

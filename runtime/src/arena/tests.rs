@@ -1,0 +1,303 @@
+use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+fn ret_code(v: u16) -> Vec<u8> {
+    probe::return_imm(v).expect("known host arch")
+}
+
+fn call(addr: u64) -> u64 {
+    let _g = epoch_pin();
+    // SAFETY: addr holds a committed `return imm` function.
+    let f: extern "C" fn() -> u64 = unsafe { std::mem::transmute(addr as usize) };
+    f()
+}
+
+fn install(a: &PackedArena, code: &[u8]) -> Region {
+    let r = a.alloc(code.len()).unwrap();
+    a.write(&r, 0, code).unwrap();
+    r
+}
+
+/// Every mapping of this process, as (start, end, perms).
+fn maps() -> Vec<(usize, usize, String)> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            let range = it.next().unwrap();
+            let perms = it.next().unwrap().to_string();
+            let (s, e) = range.split_once('-').unwrap();
+            (
+                usize::from_str_radix(s, 16).unwrap(),
+                usize::from_str_radix(e, 16).unwrap(),
+                perms,
+            )
+        })
+        .collect()
+}
+
+fn assert_no_wx(arena: &PackedArena, when: &str) {
+    for (s, e, perms) in maps() {
+        assert!(
+            !(perms.contains('w') && perms.contains('x')),
+            "{when}: mapping {s:#x}-{e:#x} is {perms} (writable and executable)"
+        );
+    }
+    // With dual mapping the executable view is never writable, not even while filling.
+    if !arena.stats().dual_mapped {
+        return;
+    }
+    for (start, size) in arena.pack_ranges() {
+        let m = maps();
+        let covering = m.iter().filter(|(s, e, _)| *s < start + size && *e > start);
+        for (_, _, perms) in covering {
+            assert!(
+                !perms.contains('w'),
+                "{when}: pack at {start:#x} is writable: {perms}"
+            );
+        }
+    }
+}
+
+#[test]
+fn packs_at_64_byte_granularity() {
+    let a = PackedArena::new(ArenaConfig {
+        remap: RemapPolicy::Never,
+        ..Default::default()
+    })
+    .unwrap();
+    let r1 = a.alloc(1).unwrap();
+    let r2 = a.alloc(65).unwrap();
+    let r3 = a.alloc(64).unwrap();
+    assert_eq!(r1.size, 64);
+    assert_eq!(r2.size, 128);
+    assert_eq!(r1.exec_addr % 64, 0);
+    assert_eq!(r2.exec_addr, r1.exec_addr + 64);
+    assert_eq!(r3.exec_addr, r2.exec_addr + 128);
+    assert_eq!(
+        r1.exec_addr as usize % DEFAULT_PACK_SIZE,
+        0,
+        "packs are 2 MiB aligned"
+    );
+    let s = a.stats();
+    assert_eq!(
+        (s.packs, s.bytes_reserved, s.bytes_used, s.allocations),
+        (1, DEFAULT_PACK_SIZE, 256, 3)
+    );
+    // Freeing the middle one leaves a 128-byte hole that a 100-byte request reuses.
+    a.free(&r2);
+    let r4 = a.alloc(100).unwrap();
+    assert_eq!(r4.exec_addr, r2.exec_addr);
+}
+
+#[test]
+fn writes_are_bounds_checked_and_regions_validated() {
+    let a = PackedArena::new(ArenaConfig::default()).unwrap();
+    let r = a.alloc(10).unwrap();
+    assert!(a.write(&r, 0, &[0; 64]).is_ok());
+    let e = a.write(&r, 1, &[0; 64]).unwrap_err();
+    assert!(e.message.contains("overflows a 64-byte region"), "{e}");
+    let fake = Region {
+        exec_addr: r.exec_addr + 64,
+        size: 64,
+        cookie: r.cookie,
+    };
+    assert!(a
+        .write(&fake, 0, &[1])
+        .unwrap_err()
+        .message
+        .contains("not an allocation"));
+    let other = Region { cookie: 999, ..r };
+    assert!(a
+        .write(&other, 0, &[1])
+        .unwrap_err()
+        .message
+        .contains("not from this arena"));
+    // A lying size on free is refused too (the bitmap stays consistent).
+    a.free(&Region { size: 4096, ..r });
+    assert_eq!(a.stats().allocations, 1);
+    a.free(&r);
+    assert_eq!(a.stats().allocations, 0);
+}
+
+#[test]
+fn oversized_requests_get_a_dedicated_pack_and_empty_packs_are_released() {
+    let a = PackedArena::new(ArenaConfig {
+        pack_size: 64 << 10,
+        ..Default::default()
+    })
+    .unwrap();
+    let big = a.alloc(200 << 10).unwrap();
+    let s = a.stats();
+    assert_eq!(
+        (s.packs, s.bytes_reserved),
+        (1, 256 << 10),
+        "rounded up to whole packs"
+    );
+    // The tail of the large pack is still packed into.
+    let small = a.alloc(64).unwrap();
+    assert_eq!(small.exec_addr, big.exec_addr + (200 << 10));
+    assert_eq!(a.stats().packs, 1);
+    a.free(&big);
+    a.free(&small);
+    assert_eq!(a.stats().packs, 0);
+    assert_eq!(a.stats().bytes_reserved, 0);
+}
+
+#[test]
+fn batch_commit_does_one_maintenance_pass_over_merged_ranges() {
+    let a = PackedArena::new(ArenaConfig::default()).unwrap();
+    let regions: Vec<Region> = (0..10).map(|i| install(&a, &ret_code(i))).collect();
+    a.commit();
+    let s = a.stats();
+    assert_eq!(s.commits, 1);
+    assert_eq!(
+        s.icache_flushes, 1,
+        "ten adjacent programs merge into one range"
+    );
+    for (i, r) in regions.iter().enumerate() {
+        assert_eq!(call(r.exec_addr), i as u64);
+    }
+}
+
+#[test]
+fn w_xor_x_through_the_whole_life_cycle() {
+    for mode in [MapMode::DualMapping, MapMode::Toggle] {
+        let a = PackedArena::new(ArenaConfig {
+            map_mode: mode,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_no_wx(&a, "after create");
+        let r = a.alloc(64).unwrap();
+        assert_no_wx(&a, "after alloc");
+        a.write(&r, 0, &ret_code(7)).unwrap();
+        assert_no_wx(&a, "after write");
+        a.commit();
+        assert_no_wx(&a, "after commit");
+        assert_eq!(call(r.exec_addr), 7);
+        let keep = install(&a, &ret_code(8));
+        a.commit();
+        a.free_deferred(r);
+        assert_eq!(a.reclaim(), 0);
+        assert_no_wx(&a, "after free");
+        assert_eq!(call(keep.exec_addr), 8);
+    }
+}
+
+#[test]
+fn freed_space_reads_back_as_traps() {
+    let a = PackedArena::new(ArenaConfig::default()).unwrap();
+    let keep = install(&a, &ret_code(1));
+    let r = install(&a, &[0x5a; 100]);
+    a.commit();
+    a.free_deferred(r);
+    assert_eq!(a.reclaim(), 0);
+    let bytes = a.read_code(r.exec_addr, r.size as usize).unwrap();
+    let trap = a.trap_pattern();
+    assert!(
+        bytes.chunks(trap.len()).all(|c| c == trap),
+        "freed chunk holds {:02x?}, expected the trap pattern {trap:02x?}",
+        &bytes[..16]
+    );
+    // Never-written space in the pack is trap-filled too.
+    let tail = a.read_code(keep.exec_addr + 4096, 64).unwrap();
+    assert!(tail.chunks(trap.len()).all(|c| c == trap));
+}
+
+/// The qemu-user stale-code problem: a freed chunk reused by a different program must run
+/// the new program, while other threads keep running code in the same pack.
+#[test]
+fn reused_chunk_runs_the_new_program_while_other_threads_run_the_pack() {
+    let a = PackedArena::new(ArenaConfig::default()).unwrap();
+    let neighbours: Vec<Region> = (0..4).map(|i| install(&a, &ret_code(100 + i))).collect();
+    a.commit();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let runners: Vec<_> = neighbours
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let (addr, stop) = (r.exec_addr, stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    assert_eq!(call(addr), 100 + i as u64);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+
+    for round in 0..20u16 {
+        let victim = install(&a, &ret_code(200 + round));
+        a.commit();
+        assert_eq!(call(victim.exec_addr), 200 + round as u64);
+        a.free_deferred(victim);
+        assert_eq!(a.reclaim(), 0);
+        let reused = install(&a, &ret_code(300 + round));
+        assert_eq!(
+            reused.exec_addr, victim.exec_addr,
+            "first fit reuses the freed chunk"
+        );
+        a.commit();
+        assert_eq!(
+            call(reused.exec_addr),
+            300 + round as u64,
+            "stale code ran in round {round}"
+        );
+        a.free_deferred(reused);
+        a.reclaim();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in runners {
+        assert!(t.join().unwrap() > 0);
+    }
+}
+
+#[test]
+fn deferred_free_waits_for_pinned_threads() {
+    let a = PackedArena::new(ArenaConfig::default()).unwrap();
+    let r = install(&a, &ret_code(5));
+    let _keep = install(&a, &ret_code(6));
+    a.commit();
+    let (pinned_tx, pinned_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let g = epoch_pin();
+        pinned_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        drop(g);
+    });
+    pinned_rx.recv().unwrap();
+    a.free_deferred(r);
+    // While the other thread stays pinned, the code must stay in place.
+    assert_eq!(a.reclaim(), 1);
+    assert_eq!(call(r.exec_addr), 5);
+    assert_eq!(a.stats().allocations, 2);
+    release_tx.send(()).unwrap();
+    t.join().unwrap();
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().allocations, 1);
+}
+
+#[test]
+fn toggle_mode_seals_committed_packs() {
+    let a = PackedArena::new(ArenaConfig {
+        map_mode: MapMode::Toggle,
+        ..Default::default()
+    })
+    .unwrap();
+    let r1 = install(&a, &ret_code(11));
+    a.commit();
+    let r2 = install(&a, &ret_code(12));
+    a.commit();
+    assert_ne!(
+        r1.cookie, r2.cookie,
+        "a committed pack is never written again"
+    );
+    assert_eq!((call(r1.exec_addr), call(r2.exec_addr)), (11, 12));
+    assert!(!a.stats().dual_mapped);
+}

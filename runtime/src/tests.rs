@@ -1,0 +1,44 @@
+use super::*;
+
+#[test]
+fn helpers_are_unique_and_listed() {
+    unsafe extern "C" fn h(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+        a
+    }
+    let rt = Runtime::new().unwrap();
+    rt.register_helper(5, "id", h).unwrap();
+    let e = rt.register_helper(5, "again", h).unwrap_err();
+    assert_eq!(e.message, "helper id 5 is already registered (as \"id\")");
+    assert_eq!(rt.helpers()[0].name, "id");
+}
+
+#[test]
+fn loading_without_a_backend_names_the_arch() {
+    let rt = Runtime::new().unwrap();
+    let e = rt
+        .load(
+            &[0x95, 0, 0, 0, 0, 0, 0, 0],
+            &LoadOptions {
+                arch: Some(Arch::Riscv64),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Plugin);
+    assert_eq!(e.message, "no backend loaded for riscv64");
+}
+
+#[test]
+fn rbpf_helpers_register_under_rbpf_ids() {
+    let rt = Runtime::new().unwrap();
+    rbpf_bridge::register_rbpf_helpers(&rt, 100).unwrap();
+    let hs = rt.helpers();
+    assert!(hs
+        .iter()
+        .any(|h| h.id == rbpf::helpers::BPF_TRACE_PRINTK_IDX));
+    assert!(hs.iter().any(|h| h.id == 102 && h.name == "sqrti"));
+    // The trampoline really calls rbpf's helper.
+    let sqrti = hs.iter().find(|h| h.name == "sqrti").unwrap();
+    let f: PjHelperFn = unsafe { std::mem::transmute(sqrti.addr as usize) };
+    assert_eq!(unsafe { f(81, 0, 0, 0, 0) }, 9);
+}
