@@ -1,1 +1,18 @@
+//! # packjit-testkit
+//!
+//! The harness every packjit backend is judged by:
+//!
+//! * [`data`]: reader for bpf_conformance `.data` files;
+//! * [`asm`] / [`disasm`]: the bpf_conformance assembly dialect, both ways;
+//! * [`reference`]: an RFC 9669 (cpu v4) reference evaluator over `packjit_lower::Program`,
+//!   plus an adaptor over rbpf's interpreter as a second, independent reference;
+//! * [`conformance`]: runs the suite against a `packjit::Runtime` (or any [`conformance::Engine`]);
+//! * [`gen`]: random valid, terminating programs for differential testing, with a minimiser;
+//! * [`plugin_mode`]: the bpf_conformance plugin protocol;
+//! * [`fuzz`]: the entry the cargo-fuzz target and the stable fuzz test share.
 
+pub mod asm;
+pub mod conformance;
+pub mod data;
+pub mod disasm;
+pub mod reference;
