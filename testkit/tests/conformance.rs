@@ -1,0 +1,59 @@
+//! The bpf_conformance suite against both backends.
+//!
+//! * On a backend's native arch (aarch64 / riscv64, under qemu-user in the cross runs) every
+//!   test is compiled *and run*, and r0 compared; the `negative/unused-*` cases must be
+//!   rejected at load time.
+//! * On any other host (the x86-64 dev machine) every test is at least compiled by both
+//!   backends (and every must-reject case rejected): compile-only.
+//!
+//! arm64 runs with LSE atomics off and on; RV64 with no extensions and with Zbb+Zba+C.
+//! Each configuration prints `arch (features …): N passed, N failed, N skipped`.
+
+use packjit::Runtime;
+use packjit_plugin_api::Arch;
+use packjit_testkit::conformance::{run_suite_xfail, suite_dir, Summary};
+use std::sync::Arc;
+
+/// Cases expected to fail, with the reason. Kept explicit so it can only shrink: a listed case
+/// that passes fails the run (see `conformance::run_cases`). Empty: every case must pass.
+const EXPECTED_TO_FAIL: &[(&str, &str)] = &[];
+
+fn runtime() -> Runtime {
+    let rt = Runtime::new().expect("runtime");
+    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())).expect("arm64 backend");
+    rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new())).expect("rv64 backend");
+    rt
+}
+
+fn check(arch: Arch, features: u64) -> Summary {
+    let rt = runtime();
+    let s = run_suite_xfail(&rt, arch, Some(features), &suite_dir(), EXPECTED_TO_FAIL);
+    let native = Arch::host() == Some(arch);
+    assert_eq!(s.failed, 0, "{}", s.report());
+    assert!(s.passed >= 350, "only {} cases passed: is the suite complete?\n{}", s.passed, s.report());
+    if native {
+        assert_eq!(s.compile_only, 0, "on the native arch every case must really run");
+    }
+    s
+}
+
+#[test]
+fn arm64_without_lse() {
+    check(Arch::Aarch64, 0);
+}
+
+#[test]
+fn arm64_with_lse() {
+    check(Arch::Aarch64, packjit_arm64::FEATURE_LSE);
+}
+
+#[test]
+fn rv64_base() {
+    check(Arch::Riscv64, 0);
+}
+
+#[test]
+fn rv64_all_extensions() {
+    use packjit_rv64::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
+    check(Arch::Riscv64, FEATURE_ZBB | FEATURE_ZBA | FEATURE_C);
+}
