@@ -131,28 +131,31 @@ impl Pack {
         }
     }
 
-    /// First fit: the lowest run of `n` free chunks.
+    /// First fit: the lowest run of `n` free chunks, scanning a bitmap word at a time.
     fn find_free(&self, n: usize) -> Option<usize> {
+        // Packs are whole pages, so the chunk count is a multiple of 64: no partial word.
         let total = self.chunks();
         let mut i = 0;
         while i + n <= total {
-            // Skip whole used words quickly.
-            if i % 64 == 0 && self.bitmap[i / 64] == u64::MAX {
-                i += 64;
+            let bits = self.bitmap[i / 64] >> (i % 64);
+            let left_in_word = 64 - i % 64;
+            if bits & 1 == 1 {
+                i += ((!bits).trailing_zeros() as usize).min(left_in_word);
                 continue;
             }
-            if self.bit(i) {
-                i += 1;
-                continue;
+            let start = i;
+            loop {
+                let bits = self.bitmap[i / 64] >> (i % 64);
+                let left_in_word = 64 - i % 64;
+                let free = (bits.trailing_zeros() as usize).min(left_in_word);
+                i += free;
+                if i - start >= n {
+                    return Some(start);
+                }
+                if free < left_in_word || i >= total {
+                    break;
+                }
             }
-            let mut j = i;
-            while j < i + n && !self.bit(j) {
-                j += 1;
-            }
-            if j == i + n {
-                return Some(i);
-            }
-            i = j + 1;
         }
         None
     }

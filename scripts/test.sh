@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole packjit test suite: host tests, then the arm64 and riscv64 test runs under
+# qemu-user (backends loaded as real shared objects, code executed), then the C API checks.
+# Installs what is missing first (Debian packages; see scripts/env.sh).
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+cd "$PACKJIT_ROOT"
+packjit_install
+
+summary=()
+step() {
+    local name=$1
+    shift
+    echo
+    echo "== $name"
+    local start=$SECONDS
+    if "$@"; then
+        summary+=("ok      $name ($((SECONDS - start)) s)")
+    else
+        summary+=("FAILED  $name ($((SECONDS - start)) s)")
+        printf '%s\n' "${summary[@]}"
+        echo "packjit tests: FAILED at: $name"
+        exit 1
+    fi
+}
+
+step "format check" cargo fmt --all -- --check
+step "clippy (host, -D warnings)" cargo clippy --workspace --all-targets -q -- -D warnings
+step "host tests (x86-64)" cargo test --workspace
+step "aarch64 tests under qemu-aarch64" \
+    packjit_cross_cargo aarch64-unknown-linux-gnu test --workspace --lib --bins --tests
+step "riscv64 tests under qemu-riscv64" \
+    packjit_cross_cargo riscv64gc-unknown-linux-gnu test --workspace --lib --bins --tests
+if [ -x ffi/check.sh ]; then
+    step "C API checks (header, C99/C++, valgrind, C host under qemu)" ffi/check.sh
+fi
+
+echo
+printf '%s\n' "${summary[@]}"
+echo "packjit tests: all steps passed"
