@@ -1,1 +1,101 @@
+//! # packjit-arm64
+//!
+//! The AArch64 backend of packjit: verified eBPF (RFC 9669, cpu v4) in, position-independent
+//! arm64 machine code out, written into the host's code arena.
+//!
+//! * [`Arm64Backend`] implements [`JitBackend`]; the crate is also a plugin
+//!   (`libpackjit_arm64.so`, symbol `packjit_arm64_plugin_v1`).
+//! * Optional CPU features: [`FEATURE_LSE`] (ARMv8.1 atomics). Without it, atomics are
+//!   LDXR/STXR loops; a host can force that path by passing `features = 0`.
+//! * The code generator lives in [`emit`]; [`emit::emit_program`] is public so tools and
+//!   tests can get the bytes without an arena.
+//!
+//! ```
+//! use packjit_arm64::Arm64Backend;
+//! use packjit_plugin_api::{Arch, JitBackend};
+//! let be = Arm64Backend::new();
+//! assert_eq!(be.arch(), Arch::Aarch64);
+//! // mov r0, 7 ; exit  ->  mov x7, #7 ; mov x0, x7 ; ret
+//! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+//! let out = packjit_arm64::emit::emit_program(&code, &[], 0).unwrap();
+//! assert_eq!(out.bytes.len(), 12);
+//! ```
 
+pub mod emit;
+
+use packjit_plugin_api::{
+    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, ErrorKind, JitBackend,
+};
+
+/// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
+/// an exclusive-monitor loop.
+pub const FEATURE_LSE: u64 = 1 << 0;
+
+/// Every feature bit this backend understands.
+pub const SUPPORTED_FEATURES: u64 = FEATURE_LSE;
+
+/// The arm64 JIT backend. Stateless: one instance can compile for any number of threads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Arm64Backend;
+
+impl Arm64Backend {
+    /// A backend instance.
+    pub const fn new() -> Self {
+        Arm64Backend
+    }
+}
+
+/// What the CPU running this process offers (`AT_HWCAP`); 0 when not running on arm64.
+pub fn detect_cpu_features() -> u64 {
+    #[cfg(all(target_arch = "aarch64", target_os = "linux"))]
+    {
+        // SAFETY: getauxval has no preconditions; it returns 0 for absent entries.
+        let hwcap = unsafe { libc::getauxval(libc::AT_HWCAP) };
+        if hwcap & libc::HWCAP_ATOMICS != 0 {
+            return FEATURE_LSE;
+        }
+    }
+    0
+}
+
+impl JitBackend for Arm64Backend {
+    fn arch(&self) -> Arch {
+        Arch::Aarch64
+    }
+
+    fn name(&self) -> &str {
+        "packjit-arm64"
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn supported_features(&self) -> u64 {
+        SUPPORTED_FEATURES
+    }
+
+    fn detect_features(&self) -> u64 {
+        detect_cpu_features()
+    }
+
+    fn compile(
+        &self,
+        req: &CompileRequest<'_>,
+        arena: &dyn CodeArena,
+    ) -> Result<Compiled, CompileError> {
+        if req.flags != 0 {
+            return Err(CompileError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "compile flags 0x{:x} are not supported (no flags are defined)",
+                    req.flags
+                ),
+            ));
+        }
+        let out = emit::emit_program(req.code, req.helpers, req.features)?;
+        install_code(arena, &out.bytes, out.native_insns)
+    }
+}
+
+packjit_plugin_api::export_backend!("packjit_arm64_plugin_v1", Arm64Backend, Arm64Backend::new());
