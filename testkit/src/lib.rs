@@ -15,4 +15,5 @@ pub mod asm;
 pub mod conformance;
 pub mod data;
 pub mod disasm;
+pub mod gen;
 pub mod reference;

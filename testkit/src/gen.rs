@@ -1,0 +1,882 @@
+//! Random valid, terminating eBPF programs for differential testing, and a minimiser.
+//!
+//! A program is generated as a small tree ([`Node`]s in [`Func`]s) and encoded to bytecode,
+//! so the minimiser can delete or flatten nodes and still produce valid programs.
+//!
+//! Invariants that make JIT and reference comparable:
+//! * every register is written before it is read: prologues initialise r0–r8 (callees
+//!   r0 and r6–r8; r1–r5 are their arguments), and every call node re-initialises r1–r5,
+//!   which calls clobber;
+//! * pointers never reach data: r9 holds the context pointer in the entry function and r10
+//!   the frame; neither is ever an ALU/jump/store *value* operand, only a load/store base;
+//! * memory accesses are naturally aligned (atomics require it on both targets) and stay in
+//!   `[r10-64, r10)` or in the first [`CTX_DATA`] context bytes;
+//! * control flow is forward jumps, plus loops `mov rC, n; body; sub rC, 1; jne rC, 0, back`
+//!   whose counter (r6–r8) the body never writes (calls preserve r6–r9); local calls only go
+//!   to higher-numbered functions (no recursion, bounded depth).
+//!
+//! At the end the entry function stores r0–r8 and its 64 stack bytes into the context
+//! ([`CTX_REGS`], [`CTX_STACK`]), and callees fold their stack and r6–r8 into r0, so the
+//! final context and r0 capture registers and stacks of every frame.
+
+use crate::reference::HelperFn;
+use packjit_lower::RawInsn;
+
+/// Context bytes the program reads and writes freely.
+pub const CTX_DATA: usize = 128;
+/// Where the entry frame's 64 stack bytes are copied at the end.
+pub const CTX_STACK: usize = CTX_DATA;
+/// Where r0–r8 are stored at the end.
+pub const CTX_REGS: usize = CTX_STACK + 64;
+/// Total context size.
+pub const CTX_LEN: usize = CTX_REGS + 9 * 8;
+/// Stack bytes used per frame.
+pub const STACK_USED: i16 = 64;
+/// Functions per program at most (entry included).
+pub const MAX_FUNCS: usize = 4;
+
+/// SplitMix64: small, fast, and reproducible from a seed on every host.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded generator.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x6a09_e667_f3bc_c909)
+    }
+    /// Next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// True with probability `num/den`.
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.below(den) < num
+    }
+    /// A random element.
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+    /// A 32-bit immediate biased towards edge cases.
+    pub fn imm32(&mut self) -> i32 {
+        match self.below(8) {
+            0 => self.pick(&[
+                0,
+                1,
+                -1,
+                2,
+                i32::MIN,
+                i32::MAX,
+                0x8000,
+                0xffff,
+                -0x8000,
+                31,
+                32,
+                63,
+                64,
+            ]),
+            1 => self.below(70) as i32,
+            2 => -(self.below(16) as i32),
+            _ => self.next() as i32,
+        }
+    }
+    /// A 64-bit value biased towards edge cases.
+    pub fn imm64(&mut self) -> u64 {
+        match self.below(6) {
+            0 => self.pick(&[
+                0,
+                1,
+                u64::MAX,
+                1 << 63,
+                (1 << 63) - 1,
+                0xffff_ffff,
+                0x1_0000_0000,
+                0x8000_0000,
+            ]),
+            1 => self.imm32() as i64 as u64,
+            _ => self.next(),
+        }
+    }
+}
+
+/// A piece of a generated function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Node {
+    /// Straight-line instructions (an `lddw` is two slots).
+    Insns(Vec<RawInsn>),
+    /// A conditional jump (its `off` is filled in) over `body`.
+    If { jmp: RawInsn, body: Vec<Node> },
+    /// `mov counter, iters; body; counter -= 1; jne counter, 0, back` (`w32`: 32-bit forms).
+    Loop {
+        counter: u8,
+        iters: i32,
+        w32: bool,
+        body: Vec<Node>,
+    },
+    /// `ja`/`ja32` over `body` (dead code that must still compile).
+    Skip { wide: bool, body: Vec<Node> },
+    /// `call local` to function `func`, then r1–r5 re-initialised with `reinit`.
+    CallLocal { func: usize, reinit: [i32; 5] },
+}
+
+/// A generated function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Func {
+    /// Initial values: entry function r0–r8 (index = register; r9 is the context pointer),
+    /// callees r0, r6, r7, r8 (indices 0, 6, 7, 8).
+    pub init: [u64; 9],
+    /// Initial stack dwords (`[r10-8*(k+1)]`).
+    pub stack: [u64; 8],
+    /// The body.
+    pub body: Vec<Node>,
+}
+
+/// A generated program and its initial context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GenProgram {
+    /// The seed it came from.
+    pub seed: u64,
+    /// Function 0 is the entry.
+    pub funcs: Vec<Func>,
+    /// Initial context ([`CTX_LEN`] bytes).
+    pub ctx: Vec<u8>,
+}
+
+fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> RawInsn {
+    RawInsn {
+        opc,
+        dst,
+        src,
+        off,
+        imm,
+    }
+}
+
+fn lddw(dst: u8, v: u64) -> [RawInsn; 2] {
+    [
+        ins(0x18, dst, 0, 0, v as u32 as i32),
+        ins(0, 0, 0, 0, (v >> 32) as u32 as i32),
+    ]
+}
+
+fn mov_imm(dst: u8, v: i32) -> RawInsn {
+    ins(0xb7, dst, 0, 0, v)
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers shared by the JIT (extern "C"), the reference (same functions) and rbpf (wrappers).
+
+/// Helper 1: mixes all five arguments.
+pub unsafe extern "C" fn helper_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+    a.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ b
+        ^ c.rotate_left(13)
+        ^ d.wrapping_shl(7)
+        ^ e.rotate_right(3)
+}
+
+/// Helper 2: `(a - b) rotl (c & 63)`.
+pub unsafe extern "C" fn helper_rot(a: u64, b: u64, c: u64, _d: u64, _e: u64) -> u64 {
+    a.wrapping_sub(b).rotate_left((c & 63) as u32)
+}
+
+fn rbpf_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+    // SAFETY: pure function.
+    unsafe { helper_mix(a, b, c, d, e) }
+}
+fn rbpf_rot(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+    // SAFETY: pure function.
+    unsafe { helper_rot(a, b, c, d, e) }
+}
+fn rbpf_identity(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    a
+}
+
+/// Helpers generated programs call: `(id, extern "C" fn, rbpf fn)`. Id 5 is the suite's
+/// identity helper.
+pub fn helpers() -> Vec<(u32, HelperFn, crate::reference::RbpfHelper)> {
+    vec![
+        (
+            1,
+            helper_mix as HelperFn,
+            rbpf_mix as crate::reference::RbpfHelper,
+        ),
+        (2, helper_rot, rbpf_rot),
+        (5, crate::reference::helper_identity, rbpf_identity),
+    ]
+}
+
+/// An id no helper has (for `callx` to an unknown helper: r0 = `u64::MAX`, program ends).
+pub const UNKNOWN_HELPER_ID: i32 = 77;
+
+// ---------------------------------------------------------------------------------------
+// Generation
+
+struct Ctx<'a> {
+    rng: &'a mut Rng,
+    /// Registers the current body may not write (loop counters).
+    locked: Vec<u8>,
+    /// Entry function: r9 is the context pointer.
+    has_ctx: bool,
+    func_index: usize,
+    funcs: &'a mut Vec<Option<Func>>,
+}
+
+impl Ctx<'_> {
+    fn dst(&mut self) -> u8 {
+        loop {
+            let r = self.rng.below(9) as u8;
+            if !self.locked.contains(&r) {
+                return r;
+            }
+        }
+    }
+    fn src(&mut self) -> u8 {
+        self.rng.below(9) as u8
+    }
+
+    fn body(&mut self, n: usize, depth: usize) -> Vec<Node> {
+        (0..n).map(|_| self.node(depth)).collect()
+    }
+
+    fn node(&mut self, depth: usize) -> Node {
+        let r = self.rng.below(100);
+        match r {
+            0..=34 => Node::Insns(vec![self.alu()]),
+            35..=38 => {
+                let d = self.dst();
+                let v = self.rng.imm64();
+                Node::Insns(lddw(d, v).to_vec())
+            }
+            39..=50 => Node::Insns(vec![self.mem_access(false)]),
+            51..=57 if self.has_ctx => Node::Insns(vec![self.mem_access(true)]),
+            51..=57 | 58..=64 => Node::Insns(vec![self.atomic()]),
+            65..=73 if depth < 3 => {
+                let jmp = self.cond_jump();
+                let n = 1 + self.rng.below(5) as usize;
+                Node::If {
+                    jmp,
+                    body: self.body(n, depth + 1),
+                }
+            }
+            74..=77 if depth < 2 => {
+                let free: Vec<u8> = [6u8, 7, 8]
+                    .into_iter()
+                    .filter(|r| !self.locked.contains(r))
+                    .collect();
+                if free.is_empty() {
+                    return Node::Insns(vec![self.alu()]);
+                }
+                let counter = self.rng.pick(&free);
+                self.locked.push(counter);
+                let n = 1 + self.rng.below(5) as usize;
+                let body = self.body(n, depth + 1);
+                self.locked.pop();
+                Node::Loop {
+                    counter,
+                    iters: 1 + self.rng.below(4) as i32,
+                    w32: self.rng.chance(1, 2),
+                    body,
+                }
+            }
+            78..=79 if depth < 3 => {
+                let n = 1 + self.rng.below(3) as usize;
+                Node::Skip {
+                    wide: self.rng.chance(1, 2),
+                    body: self.body(n, depth + 1),
+                }
+            }
+            80..=85 => {
+                // Helper call by id, then r1-r5 re-initialised (calls clobber them).
+                let id = self.rng.pick(&[1, 2, 5]);
+                let mut v = vec![ins(0x85, 0, 0, 0, id)];
+                v.extend(self.reinit());
+                Node::Insns(v)
+            }
+            86..=88 => {
+                // callx: helper id in a register; rarely an unknown id (ends the program).
+                let r = self.dst();
+                let id = if self.rng.chance(1, 10) {
+                    UNKNOWN_HELPER_ID
+                } else {
+                    self.rng.pick(&[1, 2, 5])
+                };
+                let mut v = vec![mov_imm(r, id), ins(0x8d, r, 0, 0, 0)];
+                v.extend(self.reinit());
+                Node::Insns(v)
+            }
+            89..=92 if self.funcs.len() < MAX_FUNCS && depth < 3 => {
+                let func = self.new_func();
+                let reinit = [0; 5].map(|_: i32| self.rng.imm32());
+                Node::CallLocal { func, reinit }
+            }
+            _ => Node::Insns(vec![self.alu()]),
+        }
+    }
+
+    fn reinit(&mut self) -> Vec<RawInsn> {
+        (1..=5).map(|r| mov_imm(r, self.rng.imm32())).collect()
+    }
+
+    fn alu(&mut self) -> RawInsn {
+        let cls = if self.rng.chance(1, 2) { 0x07 } else { 0x04 };
+        let dst = self.dst();
+        match self.rng.below(20) {
+            0 => ins(cls | 0x80, dst, 0, 0, 0), // neg
+            1 => {
+                // le/be (ALU class) or bswap (ALU64 class), 16/32/64
+                let opc = self.rng.pick(&[0xd4u8, 0xdc, 0xd7]);
+                ins(opc, dst, 0, 0, self.rng.pick(&[16, 32, 64]))
+            }
+            2 => {
+                let bits = if cls == 0x07 {
+                    self.rng.pick(&[8i16, 16, 32])
+                } else {
+                    self.rng.pick(&[8i16, 16])
+                };
+                ins(cls | 0x08 | 0xb0, dst, self.src(), bits, 0)
+            }
+            _ => {
+                let (code, off) = self.rng.pick(&[
+                    (0x00u8, 0i16),
+                    (0x10, 0),
+                    (0x20, 0),
+                    (0x30, 0),
+                    (0x30, 1),
+                    (0x40, 0),
+                    (0x50, 0),
+                    (0x60, 0),
+                    (0x70, 0),
+                    (0x90, 0),
+                    (0x90, 1),
+                    (0xa0, 0),
+                    (0xb0, 0),
+                    (0xc0, 0),
+                ]);
+                if self.rng.chance(1, 2) {
+                    ins(cls | 0x08 | code, dst, self.src(), off, 0)
+                } else {
+                    ins(cls | code, dst, 0, off, self.rng.imm32())
+                }
+            }
+        }
+    }
+
+    /// A load or store on the stack (`ctx = false`) or the context, naturally aligned.
+    fn mem_access(&mut self, ctx: bool) -> RawInsn {
+        let (szbits, size) = self
+            .rng
+            .pick(&[(0x10u8, 1i16), (0x08, 2), (0x00, 4), (0x18, 8)]);
+        let (base, off) = if ctx {
+            (
+                9,
+                size * self.rng.below((CTX_DATA as i16 / size) as u64) as i16,
+            )
+        } else {
+            (
+                10,
+                -size * (1 + self.rng.below((STACK_USED / size) as u64) as i16),
+            )
+        };
+        match self.rng.below(4) {
+            0 if size != 8 => ins(0x81 | szbits, self.dst(), base, off, 0), // ldxs*
+            0 | 1 => ins(0x61 | szbits, self.dst(), base, off, 0),
+            2 => ins(0x63 | szbits, base, self.src(), off, 0),
+            _ => ins(0x62 | szbits, base, 0, off, self.rng.imm32()),
+        }
+    }
+
+    fn atomic(&mut self) -> RawInsn {
+        let dw = self.rng.chance(1, 2);
+        let size: i16 = if dw { 8 } else { 4 };
+        let (base, off) = if self.has_ctx && self.rng.chance(1, 2) {
+            (
+                9,
+                size * self.rng.below((CTX_DATA as i16 / size) as u64) as i16,
+            )
+        } else {
+            (
+                10,
+                -size * (1 + self.rng.below((STACK_USED / size) as u64) as i16),
+            )
+        };
+        let imm = self
+            .rng
+            .pick(&[0x00, 0x01, 0x40, 0x41, 0x50, 0x51, 0xa0, 0xa1, 0xe1, 0xf1]);
+        // Fetching forms write src (cmpxchg writes r0, which is never a loop counter).
+        let src = if imm & 1 == 1 && imm != 0xf1 {
+            self.dst()
+        } else {
+            self.src()
+        };
+        ins(if dw { 0xdb } else { 0xc3 }, base, src, off, imm)
+    }
+
+    fn cond_jump(&mut self) -> RawInsn {
+        let cls = if self.rng.chance(1, 2) { 0x05 } else { 0x06 };
+        let code = self.rng.pick(&[
+            0x10u8, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0xa0, 0xb0, 0xc0, 0xd0,
+        ]);
+        let dst = self.src();
+        if self.rng.chance(1, 2) {
+            ins(cls | 0x08 | code, dst, self.src(), 0, 0)
+        } else {
+            ins(cls | code, dst, 0, 0, self.rng.imm32())
+        }
+    }
+
+    fn new_func(&mut self) -> usize {
+        let idx = self.funcs.len();
+        self.funcs.push(None);
+        let mut sub = Ctx {
+            rng: self.rng,
+            locked: Vec::new(),
+            has_ctx: false,
+            func_index: idx,
+            funcs: self.funcs,
+        };
+        let mut init = [0u64; 9];
+        for r in [0, 6, 7, 8] {
+            init[r] = sub.rng.imm64();
+        }
+        let stack = [0; 8].map(|_: u64| sub.rng.imm64());
+        let n = 2 + sub.rng.below(10) as usize;
+        let body = sub.body(n, 1);
+        let _ = sub.func_index;
+        self.funcs[idx] = Some(Func { init, stack, body });
+        idx
+    }
+}
+
+/// Generates the program for `seed`.
+pub fn generate(seed: u64) -> GenProgram {
+    let mut rng = Rng::new(seed);
+    let mut funcs: Vec<Option<Func>> = vec![None];
+    let init = [0; 9].map(|_: u64| rng.imm64());
+    let stack = [0; 8].map(|_: u64| rng.imm64());
+    let n = 5 + rng.below(36) as usize;
+    let body = {
+        let mut c = Ctx {
+            rng: &mut rng,
+            locked: Vec::new(),
+            has_ctx: true,
+            func_index: 0,
+            funcs: &mut funcs,
+        };
+        c.body(n, 0)
+    };
+    funcs[0] = Some(Func { init, stack, body });
+    let mut ctx = vec![0u8; CTX_LEN];
+    for b in &mut ctx[..CTX_DATA] {
+        *b = rng.next() as u8;
+    }
+    GenProgram {
+        seed,
+        funcs: funcs
+            .into_iter()
+            .map(|f| f.expect("every function generated"))
+            .collect(),
+        ctx,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Encoding
+
+struct Enc {
+    out: Vec<RawInsn>,
+    /// (slot of a `call local`, callee function index)
+    calls: Vec<(usize, usize)>,
+}
+
+impl Enc {
+    fn nodes(&mut self, nodes: &[Node]) {
+        for n in nodes {
+            self.node(n);
+        }
+    }
+
+    fn node(&mut self, n: &Node) {
+        match n {
+            Node::Insns(v) => self.out.extend_from_slice(v),
+            Node::If { jmp, body } => {
+                let at = self.out.len();
+                self.out.push(*jmp);
+                self.nodes(body);
+                self.out[at].off = (self.out.len() - at - 1) as i16;
+            }
+            Node::Skip { wide, body } => {
+                let at = self.out.len();
+                self.out.push(if *wide {
+                    ins(0x06, 0, 0, 0, 0)
+                } else {
+                    ins(0x05, 0, 0, 0, 0)
+                });
+                self.nodes(body);
+                let d = self.out.len() - at - 1;
+                if *wide {
+                    self.out[at].imm = d as i32;
+                } else {
+                    self.out[at].off = d as i16;
+                }
+            }
+            Node::Loop {
+                counter,
+                iters,
+                w32,
+                body,
+            } => {
+                let c = *counter;
+                self.out.push(mov_imm(c, *iters));
+                let start = self.out.len();
+                self.nodes(body);
+                // counter -= 1; loop while counter != 0 (64- or 32-bit forms).
+                if *w32 {
+                    self.out.push(ins(0x14, c, 0, 0, 1)); // sub32 c, 1
+                    let at = self.out.len();
+                    self.out
+                        .push(ins(0x56, c, 0, (start as i64 - at as i64 - 1) as i16, 0));
+                // jne32 c, 0
+                } else {
+                    self.out.push(ins(0x07, c, 0, 0, -1)); // add c, -1
+                    let at = self.out.len();
+                    self.out
+                        .push(ins(0x65, c, 0, (start as i64 - at as i64 - 1) as i16, 0));
+                    // jsgt c, 0
+                }
+            }
+            Node::CallLocal { func, reinit } => {
+                self.calls.push((self.out.len(), *func));
+                self.out.push(ins(0x85, 0, 1, 0, 0));
+                for (k, v) in reinit.iter().enumerate() {
+                    self.out.push(mov_imm(k as u8 + 1, *v));
+                }
+            }
+        }
+    }
+
+    fn prologue(&mut self, f: &Func, entry: bool) {
+        if entry {
+            self.out.push(ins(0xbf, 9, 1, 0, 0)); // mov r9, r1: the context pointer
+        }
+        let regs: &[usize] = if entry {
+            &[0, 1, 2, 3, 4, 5, 6, 7, 8]
+        } else {
+            &[0, 6, 7, 8]
+        };
+        for &r in regs {
+            let v = f.init[r];
+            if v as i64 == v as i32 as i64 {
+                self.out.push(mov_imm(r as u8, v as i32));
+            } else {
+                self.out.extend(lddw(r as u8, v));
+            }
+        }
+        for (k, &v) in f.stack.iter().enumerate() {
+            let off = -8 * (k as i16 + 1);
+            if v as i64 == v as i32 as i64 {
+                self.out.push(ins(0x7a, 10, 0, off, v as i32)); // stdw
+            } else {
+                // Through r1 (entry) / r1 (callee: an argument, saved/restored around).
+                let tmp = if entry { 1 } else { 0 };
+                let saved = if entry { f.init[1] } else { f.init[0] };
+                self.out.extend(lddw(tmp, v));
+                self.out.push(ins(0x7b, 10, tmp, off, 0));
+                if saved as i64 == saved as i32 as i64 {
+                    self.out.push(mov_imm(tmp, saved as i32));
+                } else {
+                    self.out.extend(lddw(tmp, saved));
+                }
+            }
+        }
+    }
+
+    fn epilogue(&mut self, entry: bool) {
+        if entry {
+            for r in 0..9u8 {
+                self.out
+                    .push(ins(0x7b, 9, r, (CTX_REGS + 8 * r as usize) as i16, 0));
+            }
+            for k in 0..8i16 {
+                self.out.push(ins(0x79, 1, 10, -8 * (k + 1), 0));
+                self.out.push(ins(0x7b, 9, 1, CTX_STACK as i16 + 8 * k, 0));
+            }
+        } else {
+            // r0 = r0 * 31 + slot, for each stack slot and r6-r8: the callee's state shows.
+            for k in 0..8i16 {
+                self.out.push(ins(0x79, 1, 10, -8 * (k + 1), 0));
+                self.out.push(ins(0x27, 0, 0, 0, 31));
+                self.out.push(ins(0x0f, 0, 1, 0, 0));
+            }
+            for r in 6..=8u8 {
+                self.out.push(ins(0x27, 0, 0, 0, 31));
+                self.out.push(ins(0x0f, 0, r, 0, 0));
+            }
+        }
+        self.out.push(ins(0x95, 0, 0, 0, 0));
+    }
+}
+
+fn called_funcs(nodes: &[Node], out: &mut Vec<usize>) {
+    for n in nodes {
+        match n {
+            Node::CallLocal { func, .. } => out.push(*func),
+            Node::If { body, .. } | Node::Loop { body, .. } | Node::Skip { body, .. } => {
+                called_funcs(body, out)
+            }
+            Node::Insns(_) => {}
+        }
+    }
+}
+
+impl GenProgram {
+    /// The bytecode.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc {
+            out: Vec::new(),
+            calls: Vec::new(),
+        };
+        // Emit only functions still called (the minimiser may have removed calls).
+        let mut live = vec![false; self.funcs.len()];
+        live[0] = true;
+        for i in 0..self.funcs.len() {
+            if live[i] {
+                let mut c = Vec::new();
+                called_funcs(&self.funcs[i].body, &mut c);
+                for f in c {
+                    live[f] = true;
+                }
+            }
+        }
+        let mut starts = vec![usize::MAX; self.funcs.len()];
+        for (i, f) in self.funcs.iter().enumerate() {
+            if !live[i] {
+                continue;
+            }
+            starts[i] = e.out.len();
+            e.prologue(f, i == 0);
+            e.nodes(&f.body);
+            e.epilogue(i == 0);
+        }
+        for &(slot, func) in &e.calls {
+            e.out[slot].imm = (starts[func] as i64 - slot as i64 - 1) as i32;
+        }
+        e.out.iter().flat_map(|i| i.to_bytes()).collect()
+    }
+
+    /// Number of nodes (for reporting minimisation).
+    pub fn size(&self) -> usize {
+        fn count(ns: &[Node]) -> usize {
+            ns.iter()
+                .map(|n| match n {
+                    Node::If { body, .. } | Node::Loop { body, .. } | Node::Skip { body, .. } => {
+                        1 + count(body)
+                    }
+                    _ => 1,
+                })
+                .sum()
+        }
+        self.funcs.iter().map(|f| count(&f.body)).sum()
+    }
+
+    /// Every program one deletion or flattening smaller.
+    fn shrinks(&self) -> Vec<GenProgram> {
+        let mut out = Vec::new();
+        for fi in 0..self.funcs.len() {
+            let mut paths = Vec::new();
+            collect_paths(&self.funcs[fi].body, &mut Vec::new(), &mut paths);
+            for path in paths {
+                // Delete the node.
+                let mut p = self.clone();
+                edit(&mut p.funcs[fi].body, &path, |v, i| {
+                    v.remove(i);
+                });
+                out.push(p);
+                // Replace a compound node by its body.
+                let mut p = self.clone();
+                let mut changed = false;
+                edit(&mut p.funcs[fi].body, &path, |v, i| {
+                    if let Node::If { body, .. }
+                    | Node::Loop { body, .. }
+                    | Node::Skip { body, .. } = v[i].clone()
+                    {
+                        v.splice(i..=i, body);
+                        changed = true;
+                    }
+                });
+                if changed {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+}
+
+fn collect_paths(nodes: &[Node], prefix: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+    for (i, n) in nodes.iter().enumerate() {
+        prefix.push(i);
+        out.push(prefix.clone());
+        if let Node::If { body, .. } | Node::Loop { body, .. } | Node::Skip { body, .. } = n {
+            collect_paths(body, prefix, out);
+        }
+        prefix.pop();
+    }
+}
+
+fn edit(nodes: &mut Vec<Node>, path: &[usize], f: impl FnOnce(&mut Vec<Node>, usize)) {
+    if path.len() == 1 {
+        f(nodes, path[0]);
+        return;
+    }
+    if let Node::If { body, .. } | Node::Loop { body, .. } | Node::Skip { body, .. } =
+        &mut nodes[path[0]]
+    {
+        edit(body, &path[1..], f);
+    }
+}
+
+/// Greedy minimisation: keep applying the first shrink for which `fails` still holds, until
+/// none does (or `budget` candidate checks are spent).
+pub fn minimise(
+    prog: &GenProgram,
+    mut fails: impl FnMut(&GenProgram) -> bool,
+    budget: usize,
+) -> GenProgram {
+    let mut cur = prog.clone();
+    let mut spent = 0;
+    'outer: loop {
+        for cand in cur.shrinks() {
+            if spent >= budget {
+                break 'outer;
+            }
+            spent += 1;
+            if fails(&cand) {
+                cur = cand;
+                continue 'outer;
+            }
+        }
+        break;
+    }
+    cur
+}
+
+// ---------------------------------------------------------------------------------------
+// Differential execution
+
+/// What a run leaves behind: r0 and the whole context (registers and stack dumped into it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// Final r0.
+    pub r0: u64,
+    /// Final context bytes.
+    pub ctx: Vec<u8>,
+}
+
+impl Observed {
+    /// Describes how `other` differs from `self`.
+    pub fn diff(&self, other: &Observed) -> String {
+        let mut s = String::new();
+        if self.r0 != other.r0 {
+            s.push_str(&format!("r0 {:#x} vs {:#x}; ", self.r0, other.r0));
+        }
+        for (k, (a, b)) in self.ctx.chunks(8).zip(other.ctx.chunks(8)).enumerate() {
+            if a != b {
+                let off = 8 * k;
+                let what = if off >= CTX_REGS {
+                    format!("r{}", (off - CTX_REGS) / 8)
+                } else if off >= CTX_STACK {
+                    format!("stack [r10-{}]", 64 - (off - CTX_STACK))
+                } else {
+                    format!("ctx[{off}..{}]", off + 8)
+                };
+                s.push_str(&format!("{what}: {:02x?} vs {:02x?}; ", a, b));
+            }
+        }
+        s
+    }
+}
+
+/// The reference evaluator with the generator's helpers.
+pub fn reference() -> crate::reference::Reference {
+    let mut r = crate::reference::Reference::new();
+    for (id, f, _) in helpers() {
+        r = r.with_helper(id, f);
+    }
+    r
+}
+
+/// Runs `code` in the reference on a copy of `ctx`.
+pub fn run_reference(code: &[u8], ctx: &[u8]) -> Result<Observed, String> {
+    let mut c = ctx.to_vec();
+    let o = reference().run(code, &mut c).map_err(|e| e.to_string())?;
+    Ok(Observed { r0: o.r0, ctx: c })
+}
+
+/// Runs `code` in rbpf on a copy of `ctx`, when rbpf supports every instruction.
+pub fn run_rbpf(code: &[u8], ctx: &[u8]) -> Option<Result<Observed, String>> {
+    let mut c = ctx.to_vec();
+    let table: Vec<(u32, crate::reference::RbpfHelper)> =
+        helpers().into_iter().map(|(id, _, f)| (id, f)).collect();
+    let r = crate::reference::run_rbpf(code, &mut c, &table)?;
+    Some(r.map(|r0| Observed { r0, ctx: c }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_programs_verify_and_terminate_in_the_reference() {
+        let mut rbpf_checked = 0;
+        for seed in 0..400 {
+            let p = generate(seed);
+            let code = p.encode();
+            let r = run_reference(&code, &p.ctx).unwrap_or_else(|e| {
+                panic!(
+                    "seed {seed}: {e}\n{}",
+                    crate::disasm::disassemble(&code, true)
+                )
+            });
+            if let Some(b) = run_rbpf(&code, &p.ctx) {
+                rbpf_checked += 1;
+                let b = b.unwrap_or_else(|e| panic!("seed {seed}: rbpf: {e}"));
+                assert_eq!(r, b, "seed {seed}: reference vs rbpf: {}", r.diff(&b));
+            }
+        }
+        assert!(rbpf_checked > 0);
+    }
+
+    #[test]
+    fn generation_is_deterministic_and_varied() {
+        assert_eq!(generate(7), generate(7));
+        assert_ne!(generate(7).encode(), generate(8).encode());
+        let with_calls = (0..200).filter(|&s| generate(s).funcs.len() > 1).count();
+        assert!(with_calls > 20, "{with_calls}");
+    }
+
+    #[test]
+    fn minimiser_keeps_the_failure_and_shrinks() {
+        // "Failure": the program contains a 32-bit sdiv. The minimum is that one node.
+        let has_sdiv32 = |p: &GenProgram| {
+            p.encode()
+                .chunks(8)
+                .any(|c| c[0] & 0xf7 == 0x34 && c[2] == 1)
+        };
+        let seed = (0..1000)
+            .find(|&s| has_sdiv32(&generate(s)) && generate(s).size() > 10)
+            .unwrap();
+        let p = generate(seed);
+        let m = minimise(&p, has_sdiv32, 10_000);
+        assert!(has_sdiv32(&m));
+        assert_eq!(m.size(), 1, "{:?}", m.funcs[0].body);
+        run_reference(&m.encode(), &m.ctx).unwrap();
+    }
+}
