@@ -1,6 +1,14 @@
 use super::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Epoch reclamation is process-wide: a test that keeps a thread pinned on purpose stalls every
+/// other test's `reclaim`. Tests that reclaim take this lock.
+static EPOCH_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    EPOCH_TESTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn ret_code(v: u16) -> Vec<u8> {
     probe::return_imm(v).expect("known host arch")
 }
@@ -163,6 +171,7 @@ fn batch_commit_does_one_maintenance_pass_over_merged_ranges() {
 
 #[test]
 fn w_xor_x_through_the_whole_life_cycle() {
+    let _serial = serial();
     for mode in [MapMode::DualMapping, MapMode::Toggle] {
         let a = PackedArena::new(ArenaConfig {
             map_mode: mode,
@@ -188,6 +197,7 @@ fn w_xor_x_through_the_whole_life_cycle() {
 
 #[test]
 fn freed_space_reads_back_as_traps() {
+    let _serial = serial();
     let a = PackedArena::new(ArenaConfig::default()).unwrap();
     let keep = install(&a, &ret_code(1));
     let r = install(&a, &[0x5a; 100]);
@@ -210,6 +220,7 @@ fn freed_space_reads_back_as_traps() {
 /// the new program, while other threads keep running code in the same pack.
 #[test]
 fn reused_chunk_runs_the_new_program_while_other_threads_run_the_pack() {
+    let _serial = serial();
     let a = PackedArena::new(ArenaConfig::default()).unwrap();
     let neighbours: Vec<Region> = (0..4).map(|i| install(&a, &ret_code(100 + i))).collect();
     a.commit();
@@ -259,6 +270,7 @@ fn reused_chunk_runs_the_new_program_while_other_threads_run_the_pack() {
 
 #[test]
 fn deferred_free_waits_for_pinned_threads() {
+    let _serial = serial();
     let a = PackedArena::new(ArenaConfig::default()).unwrap();
     let r = install(&a, &ret_code(5));
     let _keep = install(&a, &ret_code(6));
