@@ -22,6 +22,10 @@
 //! `MIN % -1 = 0` — exactly RFC 9669. Register shifts (`LSLV`...) take the count modulo the
 //! width, which is eBPF's masking; 32-bit (`W`) results are zero-extended by the hardware.
 
+// dynasm expands every dynamic register `X(r)` to `r.into()`; with `u8` registers that is an
+// identity conversion clippy would flag at each of the ~200 sites.
+#![allow(clippy::useless_conversion)]
+
 use dynasmrt::aarch64::{
     encode_logical_immediate_32bit, encode_logical_immediate_64bit, Aarch64Relocation,
 };
@@ -887,6 +891,11 @@ impl<'a> Emitter<'a> {
         let w = w64(width);
         let d = REG_MAP[dst as usize];
         let imm = match src {
+            // r10 is sp + 512: one ADD, not a materialise-then-move.
+            Operand::Reg(R10) if op == AluOp::Mov && w => {
+                a64!(self.ops; add XSP(d), sp, STACK_SIZE as u32);
+                return;
+            }
             Operand::Reg(r) => {
                 let s = self.src(r, T0);
                 self.alu_rrr(op, w, d, d, s);

@@ -7,6 +7,7 @@ use common::*;
 use packjit_arm64::emit::emit_program;
 use packjit_arm64::{Arm64Backend, FEATURE_LSE};
 use packjit_plugin_api::{CompileRequest, ErrorKind, HelperEntry, JitBackend};
+
 use std::process::Command;
 
 /// Disassembles `bytes` with the cross objdump: one `mnemonic operands` line per instruction.
@@ -57,12 +58,478 @@ fn code(insns: &[[u8; 8]], helpers: &[HelperEntry], features: u64) -> Vec<String
     disasm(&out.bytes)
 }
 
-#[test]
-fn dump() {
-    let l = code(
-        &[ins(0xb7, 0, 0, 0, 7), ins(0x07, 0, 0, 0, 4095), EXIT],
-        &[],
-        0,
+const HELPER_ADDR: u64 = 0x0000_7f12_3456_7890;
+
+fn check(name: &str, insns: &[[u8; 8]], features: u64, want: &[&str]) {
+    let got = code(insns, &[helper(1, HELPER_ADDR)], features);
+    assert_eq!(
+        got,
+        want,
+        "{name}: emitted code changed:\n{}",
+        got.join("\n")
     );
-    println!("{l:#?}");
+}
+
+#[test]
+fn minimal_program_has_no_frame() {
+    // No calls, no stack, no r6-r9: nothing to save.
+    check(
+        "mov-exit",
+        &[ins(0xb7, 0, 0, 0, 7), EXIT],
+        0,
+        &["mov x7, #0x7", "mov x0, x7", "ret"],
+    );
+}
+
+#[test]
+fn add_imm12_shifted_negative_and_large() {
+    check(
+        "add",
+        &[
+            ins(0x07, 0, 0, 0, 4095),
+            ins(0x07, 0, 0, 0, 0x12000),
+            ins(0x07, 0, 0, 0, -7),
+            ins(0x07, 0, 0, 0, 0x12345),
+            EXIT,
+        ],
+        0,
+        &[
+            "add x7, x7, #0xfff",
+            "add x7, x7, #0x12, lsl #12",
+            "sub x7, x7, #0x7",
+            "mov x10, #0x2345",
+            "movk x10, #0x1, lsl #16",
+            "add x7, x7, x10",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn logical_immediates() {
+    check(
+        "logic",
+        &[
+            ins(0x57, 1, 0, 0, 0xff),
+            ins(0x47, 1, 0, 0, 0x0ff0),
+            ins(0xa7, 1, 0, 0, -1),
+            ins(0x57, 1, 0, 0, 0x12345),
+            ins(0x54, 1, 0, 0, -1),
+            EXIT,
+        ],
+        0,
+        &[
+            "and x0, x0, #0xff",
+            "orr x0, x0, #0xff0",
+            "mvn x0, x0",
+            // 0x12345 is no bitmask immediate: through a scratch register.
+            "mov x10, #0x2345",
+            "movk x10, #0x1, lsl #16",
+            "and x0, x0, x10",
+            // and32 with all ones only zero-extends.
+            "mov w0, w0",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn wide_constants_touch_only_needed_halfwords() {
+    let p: Vec<[u8; 8]> = [
+        lddw(0, 0x1234_0000_0000_5678),
+        lddw(0, 0xffff_ffff_ffff_1234),
+        lddw(0, 0x5555_5555_5555_5555),
+        lddw(0, 0x0123_4567_89ab_cdef),
+    ]
+    .concat()
+    .into_iter()
+    .chain([EXIT])
+    .collect();
+    check(
+        "lddw",
+        &p,
+        0,
+        &[
+            "mov x7, #0x5678",
+            "movk x7, #0x1234, lsl #48",
+            "mov x7, #0xffffffffffff1234",
+            "mov x7, #0x5555555555555555",
+            "mov x7, #0xcdef",
+            "movk x7, #0x89ab, lsl #16",
+            "movk x7, #0x4567, lsl #32",
+            "movk x7, #0x123, lsl #48",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn conditional_branches_use_compare_and_branch_forms() {
+    check(
+        "branch",
+        &[
+            ins(0x15, 1, 0, 5, 0),
+            ins(0x25, 1, 0, 4, 7),
+            ins(0x45, 1, 0, 3, 8),
+            ins(0xbd, 1, 2, 2, 0),
+            ins(0xc6, 1, 0, 1, -5),
+            ins(0xb7, 0, 0, 0, 1),
+            EXIT,
+        ],
+        0,
+        &[
+            "cbz x0, 0x24",
+            "cmp x0, #0x7",
+            "b.hi 0x24",
+            "tbnz w0, #3, 0x24",
+            "cmp x0, x1",
+            "b.ls 0x24",
+            "cmn w0, #0x5",
+            "b.lt 0x24",
+            "mov x7, #0x1",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn division_needs_no_guard_on_arm64() {
+    // UDIV/SDIV return 0 for a zero divisor and never trap on MIN / -1; MSUB then gives
+    // x % 0 = x. Immediates fold: / 0 -> 0, / 2^k -> LSR.
+    check(
+        "div",
+        &[
+            ins(0x3f, 1, 2, 0, 0),
+            ins(0x9c, 1, 2, 0, 0),
+            ins(0x3f, 1, 2, 1, 0),
+            ins(0x37, 1, 0, 0, 0),
+            ins(0x37, 1, 0, 0, 8),
+            EXIT,
+        ],
+        0,
+        &[
+            "udiv x0, x0, x1",
+            "udiv w11, w0, w1",
+            "msub w0, w11, w1, w0",
+            "sdiv x0, x0, x1",
+            "mov x0, #0x0",
+            "lsr x0, x0, #3",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn helper_call_saves_only_what_it_uses() {
+    check(
+        "helper",
+        &[
+            ins(0xbf, 6, 1, 0, 0),
+            ins(0x85, 0, 0, 0, 1),
+            ins(0x0f, 0, 6, 0, 0),
+            EXIT,
+        ],
+        0,
+        &[
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            "str x19, [sp, #-16]!",
+            "mov x19, x0",
+            // Arguments already in x0-x4: no shuffling, just the absolute address.
+            "mov x9, #0x7890",
+            "movk x9, #0x3456, lsl #16",
+            "movk x9, #0x7f12, lsl #32",
+            "blr x9",
+            "mov x7, x0",
+            "add x7, x7, x19",
+            "mov x0, x7",
+            "ldr x19, [sp], #16",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn atomics_lse() {
+    check(
+        "atomic_lse",
+        &[
+            ins(0xdb, 1, 2, 0, 0x00),
+            ins(0xdb, 1, 2, 8, 0x01),
+            ins(0xc3, 1, 2, 0, 0x51),
+            ins(0xdb, 1, 2, 0, 0xf1),
+            EXIT,
+        ],
+        FEATURE_LSE,
+        &[
+            "stadd x1, [x0]",
+            "add x9, x0, #0x8",
+            "ldaddal x1, x1, [x9]",
+            "mvn x10, x1",
+            "ldclral w10, w1, [x0]",
+            "casal x7, x1, [x0]",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn atomics_exclusive_loops_without_lse() {
+    check(
+        "atomic_llsc",
+        &[ins(0xdb, 1, 2, 0, 0x01), ins(0xdb, 1, 2, 0, 0xf1), EXIT],
+        0,
+        &[
+            "ldxr x10, [x0]",
+            "add x11, x10, x1",
+            "stlxr w12, x11, [x0]",
+            "cbnz w12, 0x0",
+            "dmb ish",
+            "mov x1, x10",
+            "ldxr x10, [x0]",
+            "cmp x10, x7",
+            "b.ne 0x2c",
+            "stlxr w12, x1, [x0]",
+            "cbnz w12, 0x18",
+            "dmb ish",
+            "mov x7, x10",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn stack_accesses_are_sp_relative() {
+    check(
+        "stack",
+        &[
+            ins(0x7a, 10, 0, -8, 0),
+            ins(0x79, 0, 10, -8, 0),
+            ins(0x61, 0, 10, -3, 0),
+            ins(0xbf, 1, 10, 0, 0),
+            EXIT,
+        ],
+        0,
+        &[
+            "sub sp, sp, #0x200",
+            "str xzr, [sp, #504]",
+            "ldr x7, [sp, #504]",
+            // Unaligned and out of LDUR's ±256: register offset.
+            "mov x9, #0x1fd",
+            "ldr w7, [sp, x9]",
+            "add x0, sp, #0x200",
+            "add sp, sp, #0x200",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn memory_addressing_forms() {
+    check(
+        "mem",
+        &[
+            ins(0x79, 0, 1, 8, 0),
+            ins(0x79, 0, 1, -8, 0),
+            ins(0x79, 0, 1, 30001, 0),
+            ins(0x81, 0, 1, 4, 0),
+            ins(0x62, 1, 0, 4, 0x10000),
+            EXIT,
+        ],
+        0,
+        &[
+            "ldr x7, [x0, #8]",
+            "ldur x7, [x0, #-8]",
+            "mov x9, #0x7531",
+            "ldr x7, [x0, x9]",
+            "ldrsw x7, [x0, #4]",
+            "mov w11, #0x10000",
+            "str w11, [x0, #4]",
+            "mov x0, x7",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn callx_compares_ids_and_aborts() {
+    check(
+        "callx",
+        &[ins(0x8d, 2, 0, 0, 0), EXIT],
+        0,
+        &[
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            "cmp x1, #0x1",
+            "b.eq 0x14",
+            "b 0x34",
+            "mov x11, #0x7890",
+            "movk x11, #0x3456, lsl #16",
+            "movk x11, #0x7f12, lsl #32",
+            "blr x11",
+            "mov x7, x0",
+            "mov x0, x7",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+            // The shared abort stub: r0 = u64::MAX, out through the entry's epilogue.
+            "mov x7, #0xffffffffffffffff",
+            "b 0x28",
+        ],
+    );
+}
+
+#[test]
+fn local_calls_need_no_argument_moves() {
+    check(
+        "local",
+        &[
+            ins(0x85, 0, 1, 0, 1),
+            EXIT,
+            ins(0xb7, 6, 0, 0, 1),
+            ins(0xbf, 0, 6, 0, 0),
+            EXIT,
+        ],
+        0,
+        &[
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            "bl 0x18",
+            "mov x0, x7",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+            // The callee saves the r6 it writes; r0 stays in x7 for the caller.
+            "str x19, [sp, #-16]!",
+            "mov x19, #0x1",
+            "mov x7, x19",
+            "ldr x19, [sp], #16",
+            "ret",
+        ],
+    );
+}
+
+#[test]
+fn far_conditional_branch_uses_the_long_form() {
+    // jset r1, 4 over 30000 lddw (480 KiB): beyond TBNZ's ±32 KiB.
+    let mut p = vec![ins(0x45, 1, 0, 30000, 4)];
+    p.extend(std::iter::repeat_n(lddw(3, 0x1234_5678_9abc_def0), 15000).flatten());
+    p.push(EXIT);
+    let out = emit_program(&prog(&p), &[], 0).unwrap();
+    assert_eq!(out.passes, 2);
+    let d = disasm(&out.bytes[..8]);
+    assert_eq!(
+        d,
+        ["tbz w0, #2, 0x8", &format!("b 0x{:x}", out.bytes.len() - 8)]
+    );
+}
+
+// ---------------------------------------------------------------- errors and the trait
+
+fn req<'a>(code: &'a [u8], helpers: &'a [HelperEntry]) -> CompileRequest<'a> {
+    CompileRequest {
+        code,
+        helpers,
+        features: 0,
+        flags: 0,
+    }
+}
+
+#[test]
+fn backend_identity() {
+    let be = Arm64Backend::new();
+    assert_eq!(be.arch(), packjit_plugin_api::Arch::Aarch64);
+    assert_eq!(be.name(), "packjit-arm64");
+    assert_eq!(be.version(), env!("CARGO_PKG_VERSION"));
+    assert_eq!(be.supported_features(), FEATURE_LSE);
+    if cfg!(not(target_arch = "aarch64")) {
+        assert_eq!(be.detect_features(), 0);
+    }
+}
+
+#[test]
+fn compile_installs_into_the_arena() {
+    let be = Arm64Backend::new();
+    let arena = VecArena::default();
+    let code = prog(&[ins(0xb7, 0, 0, 0, 7), EXIT]);
+    let c = be.compile(&req(&code, &[]), &arena).unwrap();
+    assert_eq!(c.code_size, 12);
+    assert_eq!(c.native_insns, 3);
+    assert_eq!(c.entry, c.region.exec_addr);
+    let mem = arena.mem.borrow();
+    assert_eq!(disasm(&mem[..12]), ["mov x7, #0x7", "mov x0, x7", "ret"]);
+}
+
+#[test]
+fn bad_requests_are_errors_naming_pc_and_reason() {
+    let be = Arm64Backend::new();
+    let arena = VecArena::default();
+    let call9 = prog(&[ins(0x85, 0, 0, 0, 9), EXIT]);
+    let e = be
+        .compile(&req(&call9, &[helper(1, 0x1000)]), &arena)
+        .unwrap_err();
+    assert_eq!((e.kind, e.pc), (ErrorKind::UnknownHelper, Some(0)));
+    assert_eq!(e.to_string(), "pc 0: call to unknown helper id 9");
+
+    let ok = prog(&[EXIT]);
+    let mut r = req(&ok, &[]);
+    r.flags = 1;
+    let e = be.compile(&r, &arena).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert!(e.message.contains("flags 0x1"), "{e}");
+
+    let mut r = req(&ok, &[]);
+    r.features = 1 << 5;
+    let e = be.compile(&r, &arena).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert!(e.message.contains("0x20"), "{e}");
+
+    let bad = prog(&[ins(0xb7, 0, 0, 0, 0), ins(0xf7, 1, 0, 0, 0), EXIT]);
+    let e = be.compile(&req(&bad, &[]), &arena).unwrap_err();
+    assert_eq!((e.kind, e.pc), (ErrorKind::Verify, Some(1)));
+    assert_eq!(e.to_string(), "pc 1: unknown opcode 0xf7");
+
+    let e = be.compile(&req(&ok[..4], &[]), &arena).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Verify);
+
+    // Nothing was allocated for failed compiles.
+    assert!(arena.mem.borrow().is_empty());
+
+    let full = VecArena {
+        fail_alloc: true,
+        ..Default::default()
+    };
+    let e = be.compile(&req(&ok, &[]), &full).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Arena);
+}
+
+#[test]
+fn malformed_programs_are_refused_with_a_pc() {
+    // A sample of malformed encodings (the conformance `negative/` cases run through the
+    // testkit harness): each is refused with a pc, nothing is emitted.
+    let be = Arm64Backend::new();
+    let arena = VecArena::default();
+    for (what, p) in [
+        (
+            "reserved src on imm alu",
+            prog(&[ins(0x07, 0, 1, 0, 1), EXIT]),
+        ),
+        ("write to r10", prog(&[ins(0xb7, 10, 0, 0, 0), EXIT])),
+        ("register 11", prog(&[ins(0xbf, 0, 11, 0, 0), EXIT])),
+        ("jump out", prog(&[ins(0x05, 0, 0, 7, 0), EXIT])),
+        ("fall off", prog(&[ins(0xb7, 0, 0, 0, 0)])),
+        ("bad atomic", prog(&[ins(0xdb, 1, 2, 0, 0x02), EXIT])),
+        ("bad end width", prog(&[ins(0xd4, 0, 0, 0, 8), EXIT])),
+        ("legacy ld_abs", prog(&[ins(0x20, 0, 0, 0, 0), EXIT])),
+    ] {
+        let e = be.compile(&req(&p, &[]), &arena).unwrap_err();
+        assert!(e.pc.is_some(), "{what}: {e}");
+    }
 }
