@@ -134,6 +134,8 @@ fn freed_chunks_are_reused_by_other_programs_while_threads_run_the_pack() {
             2000 + round as u64,
             "stale code ran in round {round}"
         );
+        drop(new);
+        assert_eq!(rt.reclaim(), 0);
     }
     stop.store(true, Ordering::Relaxed);
     for t in runners {
