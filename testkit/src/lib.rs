@@ -16,4 +16,5 @@ pub mod conformance;
 pub mod data;
 pub mod disasm;
 pub mod gen;
+pub mod plugin_mode;
 pub mod reference;
