@@ -1,1 +1,1420 @@
-//! C API (see include/packjit.h).
+//! # packjit C API
+//!
+//! `libpackjit.so` / `libpackjit.a` and `include/packjit.h` (generated from this file by
+//! cbindgen; see `ffi/cbindgen.toml` and `ffi/gen-header.sh`). The plugin ABI's C types
+//! (`PjBackendVtable`, `PjCompileRequest`, ...) come from `packjit-plugin-api` and are emitted
+//! into the same header, so a backend can be written in C against it.
+//!
+//! Conventions, all of them repeated in the header:
+//!
+//! * Every fallible call returns an `int32_t` status: `PJ_OK` (0) or a negative `PJ_ERR_*`
+//!   code. On failure a message is left in the calling thread's last-error slot
+//!   ([`packjit_last_error`]); a successful call clears it.
+//! * NULL pointers, bad sizes and stale or foreign handles are reported as
+//!   `PJ_ERR_INVALID_ARGUMENT`, never a crash (a handle is recognised by a magic word; a
+//!   pointer to unmapped memory cannot be detected, of course).
+//! * No Rust panic crosses the boundary: every exported function catches it and returns
+//!   `PJ_ERR_PANIC`.
+//! * Versioned structs start with `struct_size`; the caller sets it to `sizeof` the struct
+//!   (the `*_init` functions do) and the library refuses other sizes with `PJ_ERR_ABI`.
+
+use core::ffi::{c_char, c_void, CStr};
+use crossbeam_epoch as epoch;
+use packjit::{
+    Arch, ArenaConfig, ArenaStats, BackendInfo, Error, ErrorKind, LoadOptions, MapMode, Program,
+    RemapPolicy, Runtime, RuntimeConfig,
+};
+use packjit_plugin_api::{PjError, PjProgramEntry};
+use std::cell::RefCell;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+// The plugin ABI's constants, mirrored here because cbindgen only emits constants of the
+// crate it generates for (it does emit the plugin-api *types*, via `parse_deps`). Each one is
+// checked against packjit-plugin-api at compile time just below, so they cannot drift.
+
+/// Version of the plugin ABI (`PjBackendVtable::abi_version`, `PjArenaVtable::abi_version`).
+pub const PJ_ABI_VERSION: u32 = 1;
+/// Architecture code: x86-64.
+pub const PJ_ARCH_X86_64: u32 = 1;
+/// Architecture code: AArch64 (arm64).
+pub const PJ_ARCH_AARCH64: u32 = 2;
+/// Architecture code: RV64GC (riscv64).
+pub const PJ_ARCH_RISCV64: u32 = 3;
+/// Status: success.
+pub const PJ_OK: i32 = 0;
+/// Status: a NULL pointer, a bad size, a stale handle or another bad argument.
+pub const PJ_ERR_INVALID_ARGUMENT: i32 = -1;
+/// Status: the bytecode was rejected by the verifier (see the pc and the message).
+pub const PJ_ERR_VERIFY: i32 = -2;
+/// Status: the backend does not support an instruction or option.
+pub const PJ_ERR_UNSUPPORTED: i32 = -3;
+/// Status: a helper call names an id that was not registered.
+pub const PJ_ERR_UNKNOWN_HELPER: i32 = -4;
+/// Status: the program cannot be encoded for the target (e.g. a branch out of reach).
+pub const PJ_ERR_ENCODING: i32 = -5;
+/// Status: the code arena could not provide memory.
+pub const PJ_ERR_ARENA: i32 = -6;
+/// Status: ABI version, struct size or architecture mismatch.
+pub const PJ_ERR_ABI: i32 = -7;
+/// Status: a panic was caught at the boundary.
+pub const PJ_ERR_PANIC: i32 = -8;
+/// Status: a plugin could not be loaded (file, symbol, arch).
+pub const PJ_ERR_PLUGIN: i32 = -9;
+/// Status: the program cannot run here (compiled for another architecture).
+pub const PJ_ERR_NOT_EXECUTABLE: i32 = -10;
+/// Status: something that should not happen did; the message says what.
+pub const PJ_ERR_INTERNAL: i32 = -11;
+/// Size of the inline message buffer in `PjError`.
+pub const PJ_ERROR_MESSAGE_LEN: usize = 240;
+/// Name of the symbol a plugin exports: `const PjBackendVtable *packjit_plugin_v1(void)`
+/// (see `PjPluginEntry`). A plugin that may also be linked statically next to others exports
+/// `<libname>_plugin_v1` instead (`libpackjit_arm64.so` -> `packjit_arm64_plugin_v1`).
+pub const PJ_PLUGIN_SYMBOL: &str = "packjit_plugin_v1";
+/// r0 of a program whose `callx` named a helper id that is not registered (the program
+/// ends at once).
+pub const PACKJIT_CALLX_UNKNOWN: u64 = 0xffff_ffff_ffff_ffff;
+
+mod abi_mirror {
+    use packjit_plugin_api as api;
+    macro_rules! same {
+        ($($name:ident),*) => {
+            $(const _: () = assert!(super::$name == api::$name);)*
+        };
+    }
+    same!(
+        PJ_ABI_VERSION,
+        PJ_ARCH_X86_64,
+        PJ_ARCH_AARCH64,
+        PJ_ARCH_RISCV64,
+        PJ_OK,
+        PJ_ERR_INVALID_ARGUMENT,
+        PJ_ERR_VERIFY,
+        PJ_ERR_UNSUPPORTED,
+        PJ_ERR_UNKNOWN_HELPER,
+        PJ_ERR_ENCODING,
+        PJ_ERR_ARENA,
+        PJ_ERR_ABI,
+        PJ_ERR_PANIC,
+        PJ_ERR_PLUGIN,
+        PJ_ERR_NOT_EXECUTABLE,
+        PJ_ERR_INTERNAL,
+        PJ_ERROR_MESSAGE_LEN
+    );
+    const _: () = assert!(super::PACKJIT_CALLX_UNKNOWN == packjit::CALLX_UNKNOWN);
+    const _: () = {
+        let (a, b) = (
+            super::PJ_PLUGIN_SYMBOL.as_bytes(),
+            api::PJ_PLUGIN_SYMBOL.as_bytes(),
+        );
+        assert!(a.len() == b.len());
+        let mut i = 0;
+        while i < a.len() {
+            assert!(a[i] == b[i]);
+            i += 1;
+        }
+    };
+}
+
+/// Signature of a helper: BPF r1-r5 in, r0 out. Same as `PjHelperFn`; spelled out so the
+/// parameter can be NULL-checked (`Option`) and still be emitted as a plain C function
+/// pointer.
+type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
+
+/// Major version of this library (`packjit_version() >> 16`).
+pub const PACKJIT_VERSION_MAJOR: u32 = 0;
+/// Minor version of this library (`(packjit_version() >> 8) & 0xff`).
+pub const PACKJIT_VERSION_MINOR: u32 = 1;
+/// Patch version of this library (`packjit_version() & 0xff`).
+pub const PACKJIT_VERSION_PATCH: u32 = 0;
+
+/// `PackjitConfig::map_mode`: dual mapping when memfd works, RW/RX toggling otherwise.
+pub const PACKJIT_MAP_AUTO: u32 = 0;
+/// `PackjitConfig::map_mode`: one memfd mapped twice (RW view + RX view); fail if unavailable.
+pub const PACKJIT_MAP_DUAL: u32 = 1;
+/// `PackjitConfig::map_mode`: one anonymous mapping, RW while filled, RX (sealed) once committed.
+pub const PACKJIT_MAP_TOGGLE: u32 = 2;
+
+/// `PackjitConfig::remap_policy`: decide with a start-up self-probe (remap under qemu-user).
+pub const PACKJIT_REMAP_AUTO: u32 = 0;
+/// `PackjitConfig::remap_policy`: always remap touched executable pages on commit.
+pub const PACKJIT_REMAP_ALWAYS: u32 = 1;
+/// `PackjitConfig::remap_policy`: never remap (rely on cache maintenance alone).
+pub const PACKJIT_REMAP_NEVER: u32 = 2;
+
+/// `PackjitLoadOptions::flags`: use `features` exactly instead of what the CPU offers.
+pub const PACKJIT_LOAD_FEATURES_EXACT: u32 = 1;
+
+/// Capacity, including the NUL, of the name fields of the info structs.
+pub const PACKJIT_NAME_LEN: usize = 64;
+/// Capacity, including the NUL, of `PackjitBackendInfo::origin`.
+pub const PACKJIT_PATH_LEN: usize = 256;
+
+const RUNTIME_MAGIC: u64 = 0x706a_5f72_756e_7431; // "pj_runt1"
+const PROGRAM_MAGIC: u64 = 0x706a_5f70_726f_6731; // "pj_prog1"
+const DEAD_MAGIC: u64 = 0x706a_5f64_6561_6421; // "pj_dead!"
+
+/// Runtime configuration, read by [`packjit_runtime_create`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PackjitConfig {
+    /// `sizeof(PackjitConfig)`.
+    pub struct_size: u32,
+    /// One of the `PACKJIT_MAP_*` values.
+    pub map_mode: u32,
+    /// One of the `PACKJIT_REMAP_*` values.
+    pub remap_policy: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Size of one code pack in bytes; 0 = the default (2 MiB). Rounded up to whole pages.
+    pub pack_size: u64,
+    /// Directory searched by `packjit_load_plugins` / `packjit_load_host_plugin` when they
+    /// are given NULL; NULL = the defaults (`$PACKJIT_PLUGIN_DIR`, else the executable's
+    /// directory and its parent). Borrowed: copied during `packjit_runtime_create`, so the
+    /// caller may free it as soon as that call returns.
+    pub plugin_dir: *const c_char,
+}
+
+/// Per-load options, read by [`packjit_program_load`] and [`packjit_program_load_batch`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PackjitLoadOptions {
+    /// `sizeof(PackjitLoadOptions)`.
+    pub struct_size: u32,
+    /// Target architecture, a `PJ_ARCH_*` code; 0 = the host's. Programs for another
+    /// architecture are compiled (for inspection and dumping) but cannot be run.
+    pub arch: u32,
+    /// `PACKJIT_LOAD_*` flags.
+    pub flags: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// With `PACKJIT_LOAD_FEATURES_EXACT`: the exact optional-feature bits to use. Otherwise
+    /// ignored (the CPU's features are used on the host arch, none for a foreign arch).
+    pub features: u64,
+    /// Feature bits to leave out (e.g. arm64 bit 0 forces the LSE-less atomics).
+    pub disabled_features: u64,
+}
+
+/// Code arena statistics, filled by [`packjit_runtime_stats`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PackjitArenaStats {
+    /// `sizeof(PackjitArenaStats)`, set by the caller.
+    pub struct_size: u32,
+    /// 1 when packs are dual-mapped (memfd RW + RX views), 0 when toggled.
+    pub dual_mapped: u32,
+    /// 1 when commits remap the touched executable pages (stale-code workaround).
+    pub remap_on_commit: u32,
+    /// Free space not in the largest free run of its pack, per mille of all free space.
+    pub fragmentation_permille: u32,
+    /// Packs currently mapped.
+    pub packs: u64,
+    /// Bytes of address space held by packs.
+    pub bytes_reserved: u64,
+    /// Bytes handed out to programs (64-byte granularity).
+    pub bytes_used: u64,
+    /// Bytes of machine code written into live regions.
+    pub bytes_code: u64,
+    /// Live allocations (programs).
+    pub allocations: u64,
+    /// Commits performed (one per load, one per batch).
+    pub commits: u64,
+    /// Instruction-cache maintenance passes.
+    pub icache_flushes: u64,
+    /// Page ranges remapped for stale-code invalidation.
+    pub remaps: u64,
+    /// Freed regions still waiting for running threads to leave.
+    pub pending_frees: u64,
+}
+
+/// What a program is, filled by [`packjit_program_info`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PackjitProgramInfo {
+    /// `sizeof(PackjitProgramInfo)`, set by the caller.
+    pub struct_size: u32,
+    /// `PJ_ARCH_*` code of the native code.
+    pub arch: u32,
+    /// 1 when `packjit_program_run` can run it in this process.
+    pub executable: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Optional-feature bits the code uses.
+    pub features: u64,
+    /// Address of the entry point (in the code arena for executable programs). For tools
+    /// only: calling it directly bypasses the deferred-free protection unless the caller
+    /// brackets the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+    pub entry_addr: u64,
+    /// Bytes of native code.
+    pub code_size: u64,
+    /// Native instructions emitted.
+    pub native_insns: u64,
+    /// NUL-terminated name of the backend that compiled it (truncated to fit).
+    pub backend: [c_char; PACKJIT_NAME_LEN],
+}
+
+/// A loaded backend, filled by the plugin-loading calls and [`packjit_backend_info`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PackjitBackendInfo {
+    /// `sizeof(PackjitBackendInfo)`, set by the caller.
+    pub struct_size: u32,
+    /// `PJ_ARCH_*` code of the code it emits.
+    pub arch: u32,
+    /// Optional-feature bits it understands.
+    pub supported_features: u64,
+    /// Optional-feature bits the running CPU offers (0 for a foreign arch).
+    pub detected_features: u64,
+    /// NUL-terminated backend name (truncated to fit).
+    pub name: [c_char; PACKJIT_NAME_LEN],
+    /// NUL-terminated backend version (truncated to fit).
+    pub version: [c_char; PACKJIT_NAME_LEN],
+    /// NUL-terminated plugin path, or "static" (truncated to fit).
+    pub origin: [c_char; PACKJIT_PATH_LEN],
+}
+
+/// An opaque runtime: backends, helpers and the packed code arena. Thread-safe: every
+/// function taking a `PackjitRuntime *` may be called from several threads at once.
+pub struct PackjitRuntime {
+    magic: AtomicU64,
+    rt: Arc<Runtime>,
+    plugin_dir: Option<PathBuf>,
+}
+
+/// An opaque compiled program. Thread-safe: any number of threads may run it at once, and
+/// one may free it while others are running it.
+pub struct PackjitProgram {
+    magic: AtomicU64,
+    prog: Program,
+    // Keeps the backends and helpers the code refers to alive even after
+    // packjit_runtime_destroy.
+    _rt: Arc<Runtime>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors and the boundary.
+
+/// Message capacity of the thread-local last error (longer messages are cut on a UTF-8
+/// boundary).
+const LAST_ERROR_LEN: usize = 1024;
+
+struct LastError {
+    code: i32,
+    pc: i64,
+    msg: [c_char; LAST_ERROR_LEN],
+}
+
+thread_local! {
+    // A fixed buffer per thread, so the pointer packjit_last_error returns stays valid for
+    // the thread's life (only its contents change).
+    static LAST_ERROR: RefCell<LastError> = const {
+        RefCell::new(LastError { code: PJ_OK, pc: -1, msg: [0; LAST_ERROR_LEN] })
+    };
+    // Guards taken by packjit_epoch_enter, released by packjit_epoch_exit.
+    static EPOCH_GUARDS: RefCell<Vec<epoch::Guard>> = const { RefCell::new(Vec::new()) };
+}
+
+fn set_last(code: i32, pc: i64, msg: &str) {
+    let _ = LAST_ERROR.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            l.code = code;
+            l.pc = pc;
+            packjit_plugin_api::write_c_message(&mut l.msg, msg);
+        }
+    });
+}
+
+fn record(e: &Error) -> i32 {
+    let code = e.kind.code();
+    set_last(code, e.pc.map_or(-1, |p| p as i64), &e.to_string());
+    code
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidArgument, msg)
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Runs an exported function's body: catches panics, records the error, returns the status.
+fn boundary(what: &str, f: impl FnOnce() -> Result<(), Error>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => {
+            set_last(PJ_OK, -1, "");
+            PJ_OK
+        }
+        Ok(Err(e)) => record(&e),
+        Err(p) => {
+            set_last(
+                PJ_ERR_PANIC,
+                -1,
+                &format!(
+                    "{what}: panic caught at the C boundary: {}",
+                    panic_message(&*p)
+                ),
+            );
+            PJ_ERR_PANIC
+        }
+    }
+}
+
+/// Checks a caller-provided pointer.
+///
+/// # Safety
+/// `p` must be NULL or valid for reads of `T` for `'a`.
+unsafe fn arg<'a, T>(p: *const T, what: &str) -> Result<&'a T, Error> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    if p.cast::<u8>().align_offset(align_of::<T>()) != 0 {
+        return Err(invalid(format!("{what} is misaligned")));
+    }
+    // SAFETY: non-null and aligned; validity is the caller's contract.
+    Ok(unsafe { &*p })
+}
+
+/// Checks a caller-provided output pointer.
+///
+/// # Safety
+/// `p` must be NULL or valid for writes of `T` for `'a`.
+unsafe fn out_arg<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, Error> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    if p.cast::<u8>().align_offset(align_of::<T>()) != 0 {
+        return Err(invalid(format!("{what} is misaligned")));
+    }
+    // SAFETY: as above.
+    Ok(unsafe { &mut *p })
+}
+
+/// Checks the `struct_size` word at the start of a versioned struct.
+///
+/// # Safety
+/// `p` must be NULL or point to at least 4 readable bytes.
+unsafe fn check_size<T>(p: *const T, what: &str) -> Result<(), Error> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    if p.cast::<u8>().align_offset(align_of::<T>()) != 0 {
+        return Err(invalid(format!("{what} is misaligned")));
+    }
+    // SAFETY: every versioned struct starts with a u32 struct_size.
+    let size = unsafe { p.cast::<u32>().read() } as usize;
+    if size != size_of::<T>() {
+        return Err(Error::new(
+            ErrorKind::Abi,
+            format!(
+                "{what}->struct_size is {size}, this library expects {} (set it to sizeof, or use the _init function)",
+                size_of::<T>()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+unsafe fn c_path(p: *const c_char, what: &str) -> Result<PathBuf, Error> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: NUL-terminated per the caller.
+    let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
+    if bytes.is_empty() {
+        return Err(invalid(format!("{what} is empty")));
+    }
+    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
+}
+
+/// # Safety
+/// `p` must be NULL, or a pointer to a live (or recently freed, not yet reclaimed) runtime.
+unsafe fn runtime<'a>(p: *const PackjitRuntime) -> Result<&'a PackjitRuntime, Error> {
+    // SAFETY: forwarded.
+    let rt = unsafe { arg(p, "runtime") }?;
+    match rt.magic.load(Ordering::Acquire) {
+        RUNTIME_MAGIC => Ok(rt),
+        DEAD_MAGIC => Err(invalid("runtime was already destroyed")),
+        _ => Err(invalid("runtime is not a PackjitRuntime handle")),
+    }
+}
+
+/// # Safety
+/// As [`runtime`], for programs.
+unsafe fn program<'a>(p: *const PackjitProgram) -> Result<&'a PackjitProgram, Error> {
+    // SAFETY: forwarded.
+    let prog = unsafe { arg(p, "program") }?;
+    match prog.magic.load(Ordering::Acquire) {
+        PROGRAM_MAGIC => Ok(prog),
+        DEAD_MAGIC => Err(invalid("program was already freed")),
+        _ => Err(invalid("program is not a PackjitProgram handle")),
+    }
+}
+
+fn fill_name(dst: &mut [c_char], s: &str) {
+    packjit_plugin_api::write_c_message(dst, s);
+}
+
+fn arch_from_code(code: u32, what: &str) -> Result<Option<Arch>, Error> {
+    if code == 0 {
+        return Ok(None);
+    }
+    Arch::from_code(code).map(Some).ok_or_else(|| {
+        invalid(format!(
+            "{what} {code} is not a PJ_ARCH_* code (1 = x86_64, 2 = aarch64, 3 = riscv64)"
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Version and errors.
+
+/// The library version: `(major << 16) | (minor << 8) | patch`. Compare with the
+/// `PACKJIT_VERSION_*` macros to detect a header/library mismatch.
+#[no_mangle]
+pub extern "C" fn packjit_version() -> u32 {
+    (PACKJIT_VERSION_MAJOR << 16) | (PACKJIT_VERSION_MINOR << 8) | PACKJIT_VERSION_PATCH
+}
+
+/// The library version as a static NUL-terminated string (e.g. "0.1.0"). Owned by the
+/// library; never freed; valid for the life of the process.
+#[no_mangle]
+pub extern "C" fn packjit_version_string() -> *const c_char {
+    static V: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"?",
+        };
+    V.as_ptr()
+}
+
+/// The plugin ABI version this library speaks (`PJ_ABI_VERSION` of its build).
+#[no_mangle]
+pub extern "C" fn packjit_abi_version() -> u32 {
+    packjit_plugin_api::PJ_ABI_VERSION
+}
+
+/// A short description of a status code ("ok", "invalid argument", ...). Returns a static
+/// NUL-terminated string owned by the library (never NULL, never freed); unknown codes give
+/// "unknown status code".
+#[no_mangle]
+pub extern "C" fn packjit_status_str(code: i32) -> *const c_char {
+    let s: &'static CStr = match code {
+        PJ_OK => c"ok",
+        PJ_ERR_INVALID_ARGUMENT => c"invalid argument",
+        PJ_ERR_VERIFY => c"bytecode rejected by the verifier",
+        PJ_ERR_UNSUPPORTED => c"unsupported by the backend",
+        PJ_ERR_UNKNOWN_HELPER => c"unknown helper",
+        PJ_ERR_ENCODING => c"cannot be encoded for the target",
+        PJ_ERR_ARENA => c"code arena exhausted",
+        PJ_ERR_ABI => c"ABI mismatch",
+        PJ_ERR_PANIC => c"panic caught at the boundary",
+        PJ_ERR_PLUGIN => c"plugin could not be loaded",
+        PJ_ERR_NOT_EXECUTABLE => c"program cannot run here",
+        PJ_ERR_INTERNAL => c"internal error",
+        _ => c"unknown status code",
+    };
+    s.as_ptr()
+}
+
+/// The message of the last failed packjit call on the calling thread ("" after a successful
+/// call), e.g. "pc 3: unknown helper id 9". Never NULL.
+///
+/// Ownership: the buffer belongs to the library and to the calling thread; it stays
+/// allocated for the thread's life, but its contents are overwritten by the next packjit
+/// call on that thread, so copy it if you need it later. Do not free it.
+#[no_mangle]
+pub extern "C" fn packjit_last_error() -> *const c_char {
+    LAST_ERROR
+        // SAFETY: only the field's address is taken; the thread-local outlives the thread's
+        // use of the pointer.
+        .try_with(|l| unsafe { core::ptr::addr_of!((*l.as_ptr()).msg) }.cast::<c_char>())
+        .unwrap_or(c"thread is exiting".as_ptr())
+}
+
+/// The status code of the last packjit call on the calling thread (`PJ_OK` after a success).
+#[no_mangle]
+pub extern "C" fn packjit_last_error_code() -> i32 {
+    LAST_ERROR
+        .try_with(|l| l.try_borrow().map_or(PJ_ERR_INTERNAL, |l| l.code))
+        .unwrap_or(PJ_ERR_INTERNAL)
+}
+
+/// The eBPF instruction index (in 8-byte slots) the last error on the calling thread is
+/// about, or -1 when it is not about one instruction.
+#[no_mangle]
+pub extern "C" fn packjit_last_error_pc() -> i64 {
+    LAST_ERROR
+        .try_with(|l| l.try_borrow().map_or(-1, |l| l.pc))
+        .unwrap_or(-1)
+}
+
+// ---------------------------------------------------------------------------------------
+// Runtime.
+
+/// Fills `*cfg` with the defaults (auto map mode, auto remap, 2 MiB packs, default plugin
+/// directories) and sets `struct_size`.
+///
+/// # Safety
+/// `cfg` must be NULL or point to writable memory for a `PackjitConfig` (borrowed for the
+/// call only).
+#[no_mangle]
+pub unsafe extern "C" fn packjit_config_init(cfg: *mut PackjitConfig) -> i32 {
+    boundary("packjit_config_init", || {
+        // SAFETY: caller contract.
+        let cfg = unsafe { out_arg(cfg, "cfg") }?;
+        *cfg = PackjitConfig {
+            struct_size: size_of::<PackjitConfig>() as u32,
+            map_mode: PACKJIT_MAP_AUTO,
+            remap_policy: PACKJIT_REMAP_AUTO,
+            reserved: 0,
+            pack_size: 0,
+            plugin_dir: core::ptr::null(),
+        };
+        Ok(())
+    })
+}
+
+/// Creates a runtime. `cfg` may be NULL for the defaults. On success `*out` receives a new
+/// runtime (ownership passes to the caller, who releases it with
+/// `packjit_runtime_destroy`); on failure `*out` is set to NULL.
+///
+/// # Safety
+/// `cfg` must be NULL or point to a `PackjitConfig` (borrowed for the call; `plugin_dir` is
+/// copied). `out` must be NULL or point to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_create(
+    cfg: *const PackjitConfig,
+    out: *mut *mut PackjitRuntime,
+) -> i32 {
+    boundary("packjit_runtime_create", || {
+        // SAFETY: caller contract.
+        let out = unsafe { out_arg(out, "out") }?;
+        *out = core::ptr::null_mut();
+        let mut arena = ArenaConfig::default();
+        let mut plugin_dir = None;
+        if !cfg.is_null() {
+            // SAFETY: caller contract.
+            unsafe { check_size(cfg, "cfg") }?;
+            // SAFETY: size checked.
+            let c = unsafe { &*cfg };
+            arena.map_mode = match c.map_mode {
+                PACKJIT_MAP_AUTO => MapMode::Auto,
+                PACKJIT_MAP_DUAL => MapMode::DualMapping,
+                PACKJIT_MAP_TOGGLE => MapMode::Toggle,
+                m => {
+                    return Err(invalid(format!(
+                        "cfg->map_mode {m} is not a PACKJIT_MAP_* value"
+                    )))
+                }
+            };
+            arena.remap = match c.remap_policy {
+                PACKJIT_REMAP_AUTO => RemapPolicy::Auto,
+                PACKJIT_REMAP_ALWAYS => RemapPolicy::Always,
+                PACKJIT_REMAP_NEVER => RemapPolicy::Never,
+                m => {
+                    return Err(invalid(format!(
+                        "cfg->remap_policy {m} is not a PACKJIT_REMAP_* value"
+                    )))
+                }
+            };
+            if c.pack_size != 0 {
+                // 1 GiB is far beyond any sensible pack; a larger value is almost
+                // certainly a unit mistake, and would reserve that much address space.
+                if c.pack_size > 1 << 30 {
+                    return Err(invalid(format!(
+                        "cfg->pack_size {} exceeds the 1 GiB limit",
+                        c.pack_size
+                    )));
+                }
+                arena.pack_size = c.pack_size as usize;
+            }
+            if !c.plugin_dir.is_null() {
+                // SAFETY: NUL-terminated per the contract.
+                plugin_dir = Some(unsafe { c_path(c.plugin_dir, "cfg->plugin_dir") }?);
+            }
+        }
+        let rt = Runtime::with_config(RuntimeConfig { arena })?;
+        *out = Box::into_raw(Box::new(PackjitRuntime {
+            magic: AtomicU64::new(RUNTIME_MAGIC),
+            rt: Arc::new(rt),
+            plugin_dir,
+        }));
+        Ok(())
+    })
+}
+
+/// Number of freed program handles whose deferred drop has not run yet.
+static PENDING_HANDLES: AtomicUsize = AtomicUsize::new(0);
+
+/// Drives deferred frees (program handles and code regions) until none is pending or about
+/// a second has passed (another thread may be pinned); returns how many arena frees remain.
+fn drain(rt: &Runtime) -> usize {
+    for i in 0..2_000 {
+        if PENDING_HANDLES.load(Ordering::Acquire) == 0 {
+            break;
+        }
+        epoch::pin().flush();
+        if i < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+    }
+    rt.reclaim()
+}
+
+/// Destroys a runtime. NULL is ignored. Programs still alive keep what they need (the
+/// arena, backends and helpers) and remain runnable until each is freed; the plugin
+/// libraries stay loaded until then. Waits briefly for deferred frees to finish so that a
+/// clean shutdown leaves nothing behind. Destroying twice is detected while the memory is
+/// still mapped (recorded as an error, otherwise ignored), but is a caller bug.
+///
+/// # Safety
+/// `rt` must be NULL or a handle from `packjit_runtime_create`; it must not be used again.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_destroy(rt: *mut PackjitRuntime) {
+    if rt.is_null() {
+        return;
+    }
+    boundary("packjit_runtime_destroy", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        if h.magic.swap(DEAD_MAGIC, Ordering::AcqRel) != RUNTIME_MAGIC {
+            return Err(invalid("runtime was destroyed concurrently"));
+        }
+        // SAFETY: created by Box::into_raw in packjit_runtime_create; the magic swap makes
+        // this the only destroy.
+        let h = unsafe { Box::from_raw(rt) };
+        drain(&h.rt);
+        drop(h);
+        Ok(())
+    });
+}
+
+/// Statistics of the runtime's executable code arena (zeroes on a host architecture
+/// without one).
+///
+/// # Safety
+/// `rt` must be NULL or a live runtime; `out` must be NULL or point to a
+/// `PackjitArenaStats` whose `struct_size` the caller has set.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_stats(
+    rt: *const PackjitRuntime,
+    out: *mut PackjitArenaStats,
+) -> i32 {
+    boundary("packjit_runtime_stats", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        unsafe { check_size(out, "out") }?;
+        let s: ArenaStats = h.rt.stats();
+        // SAFETY: checked above.
+        unsafe {
+            *out = PackjitArenaStats {
+                struct_size: size_of::<PackjitArenaStats>() as u32,
+                dual_mapped: s.dual_mapped as u32,
+                remap_on_commit: s.remap_on_commit as u32,
+                fragmentation_permille: s.fragmentation_permille,
+                packs: s.packs as u64,
+                bytes_reserved: s.bytes_reserved as u64,
+                bytes_used: s.bytes_used as u64,
+                bytes_code: s.bytes_code as u64,
+                allocations: s.allocations as u64,
+                commits: s.commits,
+                icache_flushes: s.icache_flushes,
+                remaps: s.remaps,
+                pending_frees: s.pending_frees as u64,
+            }
+        };
+        Ok(())
+    })
+}
+
+/// Runs deferred frees whose grace period has ended (waiting up to about a second for
+/// threads still running freed code). `pending` (may be NULL) receives the number of code
+/// regions still waiting.
+///
+/// # Safety
+/// `rt` must be NULL or a live runtime; `pending` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_reclaim(rt: *const PackjitRuntime, pending: *mut u64) -> i32 {
+    boundary("packjit_reclaim", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        let left = drain(&h.rt);
+        if !pending.is_null() {
+            // SAFETY: caller contract.
+            *unsafe { out_arg(pending, "pending") }? = left as u64;
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Plugins.
+
+/// # Safety
+/// `out` must be NULL or a `PackjitBackendInfo` with `struct_size` set.
+unsafe fn write_backend_info(
+    info: &BackendInfo,
+    out: *mut PackjitBackendInfo,
+) -> Result<(), Error> {
+    if out.is_null() {
+        return Ok(());
+    }
+    // SAFETY: caller contract.
+    unsafe { check_size(out, "info") }?;
+    let mut o = PackjitBackendInfo {
+        struct_size: size_of::<PackjitBackendInfo>() as u32,
+        arch: info.arch.code(),
+        supported_features: info.supported_features,
+        detected_features: info.detected_features,
+        name: [0; PACKJIT_NAME_LEN],
+        version: [0; PACKJIT_NAME_LEN],
+        origin: [0; PACKJIT_PATH_LEN],
+    };
+    fill_name(&mut o.name, &info.name);
+    fill_name(&mut o.version, &info.version);
+    fill_name(&mut o.origin, &info.origin);
+    // SAFETY: checked.
+    unsafe { *out = o };
+    Ok(())
+}
+
+/// Loads a backend plugin library (a file exporting `packjit_plugin_v1` or
+/// `<libname>_plugin_v1`) and adds its backend. One backend per architecture: loading a
+/// second one for the same arch fails with `PJ_ERR_PLUGIN`. The library stays loaded while
+/// the runtime or any of its programs lives. `info` may be NULL; otherwise it receives the
+/// backend's description.
+///
+/// # Safety
+/// `rt` must be NULL or a live runtime; `path` NULL or a NUL-terminated path (borrowed for
+/// the call); `info` NULL or a `PackjitBackendInfo` with `struct_size` set. Loading a
+/// library runs its initialisers: only load trusted plugins.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_load_plugin(
+    rt: *const PackjitRuntime,
+    path: *const c_char,
+    info: *mut PackjitBackendInfo,
+) -> i32 {
+    boundary("packjit_load_plugin", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        let path = unsafe { c_path(path, "path") }?;
+        if !info.is_null() {
+            // SAFETY: validate before loading, so a bad struct leaves nothing loaded.
+            unsafe { check_size(info, "info") }?;
+        }
+        let bi = h.rt.load_plugin(&path)?;
+        // SAFETY: caller contract.
+        unsafe { write_backend_info(&bi, info) }
+    })
+}
+
+/// # Safety
+/// `dir` NULL or NUL-terminated.
+unsafe fn plugin_dirs(h: &PackjitRuntime, dir: *const c_char) -> Result<Vec<PathBuf>, Error> {
+    Ok(if !dir.is_null() {
+        // SAFETY: caller contract.
+        vec![unsafe { c_path(dir, "dir") }?]
+    } else if let Some(d) = &h.plugin_dir {
+        vec![d.clone()]
+    } else {
+        packjit::default_plugin_dirs()
+    })
+}
+
+fn join_dirs(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Loads every plugin (`libpackjit_*.so`) in `dir`; `dir` NULL means the configured
+/// `plugin_dir`, else the default directories (the first one holding plugins wins). Fails
+/// if none is found or any fails to load (those loaded before the failure stay loaded).
+/// `loaded` (may be NULL) receives the number of backends added.
+///
+/// # Safety
+/// `rt` NULL or live; `dir` NULL or NUL-terminated (borrowed); `loaded` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_load_plugins(
+    rt: *const PackjitRuntime,
+    dir: *const c_char,
+    loaded: *mut u64,
+) -> i32 {
+    boundary("packjit_load_plugins", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        if !loaded.is_null() {
+            // SAFETY: caller contract.
+            *unsafe { out_arg(loaded, "loaded") }? = 0;
+        }
+        // SAFETY: caller contract.
+        let dirs = unsafe { plugin_dirs(h, dir) }?;
+        let mut n = 0u64;
+        let mut result = Err(Error::new(
+            ErrorKind::Plugin,
+            format!(
+                "no packjit plugins (libpackjit_*.so) in {}",
+                join_dirs(&dirs)
+            ),
+        ));
+        for d in &dirs {
+            let files = packjit::plugin_files(d);
+            if files.is_empty() {
+                continue;
+            }
+            result = files.iter().try_for_each(|f| {
+                h.rt.load_plugin(f)?;
+                n += 1;
+                Ok(())
+            });
+            break;
+        }
+        if !loaded.is_null() {
+            // SAFETY: checked above.
+            unsafe { *loaded = n };
+        }
+        result
+    })
+}
+
+/// Loads the plugin that emits code for the host architecture: tries each
+/// `libpackjit_*.so` of `dir` (NULL: the configured `plugin_dir`, else the default
+/// directories) and keeps the first whose backend targets this CPU; the others are unloaded
+/// again. `info` (may be NULL) receives its description. Fails with `PJ_ERR_PLUGIN` naming
+/// every file tried and why when none fits.
+///
+/// # Safety
+/// As [`packjit_load_plugins`]; `info` NULL or with `struct_size` set.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_load_host_plugin(
+    rt: *const PackjitRuntime,
+    dir: *const c_char,
+    info: *mut PackjitBackendInfo,
+) -> i32 {
+    boundary("packjit_load_host_plugin", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        if !info.is_null() {
+            // SAFETY: caller contract.
+            unsafe { check_size(info, "info") }?;
+        }
+        let host = Arch::host().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Plugin,
+                "packjit does not know this host architecture",
+            )
+        })?;
+        // SAFETY: caller contract.
+        let dirs = unsafe { plugin_dirs(h, dir) }?;
+        let mut tried = Vec::new();
+        for d in &dirs {
+            for f in packjit::plugin_files(d) {
+                match h.rt.load_plugin_for(&f, Some(host)) {
+                    // SAFETY: caller contract.
+                    Ok(bi) => return unsafe { write_backend_info(&bi, info) },
+                    Err(e) => tried.push(e.to_string()),
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Plugin,
+            if tried.is_empty() {
+                format!(
+                    "no packjit plugins (libpackjit_*.so) in {}",
+                    join_dirs(&dirs)
+                )
+            } else {
+                format!("no plugin for {host} among: {}", tried.join("; "))
+            },
+        ))
+    })
+}
+
+/// Number of loaded backends, into `*count`.
+///
+/// # Safety
+/// `rt` NULL or live; `count` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_backend_count(rt: *const PackjitRuntime, count: *mut u64) -> i32 {
+    boundary("packjit_backend_count", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        *unsafe { out_arg(count, "count") }? = h.rt.backends().len() as u64;
+        Ok(())
+    })
+}
+
+/// Describes loaded backend number `index` (0-based, in load order).
+///
+/// # Safety
+/// `rt` NULL or live; `info` NULL or a `PackjitBackendInfo` with `struct_size` set.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_backend_info(
+    rt: *const PackjitRuntime,
+    index: u64,
+    info: *mut PackjitBackendInfo,
+) -> i32 {
+    boundary("packjit_backend_info", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        if info.is_null() {
+            return Err(invalid("info is NULL"));
+        }
+        let all = h.rt.backends();
+        let bi = usize::try_from(index)
+            .ok()
+            .and_then(|i| all.get(i))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "backend index {index} out of range ({} loaded)",
+                    all.len()
+                ))
+            })?;
+        // SAFETY: caller contract.
+        unsafe { write_backend_info(bi, info) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers.
+
+/// Registers helper `id` (the immediate of `call id` instructions): `fn` receives BPF r1-r5
+/// and returns r0. Ids are unique per runtime (re-registering fails with
+/// `PJ_ERR_INVALID_ARGUMENT`). Only programs loaded afterwards can call it.
+///
+/// # Safety
+/// `rt` NULL or live. `name` NULL or NUL-terminated (copied; used in diagnostics). `fn` must
+/// be NULL (refused) or a function that stays valid while any program using it lives and is
+/// safe to call from any thread that runs those programs.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_register_helper(
+    rt: *const PackjitRuntime,
+    id: u32,
+    name: *const c_char,
+    r#fn: Option<unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64>,
+) -> i32 {
+    boundary("packjit_register_helper", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        if name.is_null() {
+            return Err(invalid(format!("helper {id}: name is NULL")));
+        }
+        // SAFETY: NUL-terminated per the contract.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let f = r#fn.ok_or_else(|| invalid(format!("helper {id} ({name}): fn is NULL")))?;
+        h.rt.register_helper(id, &name, f as HelperFn)
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Programs.
+
+/// Fills `*opts` with the defaults (host arch, CPU features) and sets `struct_size`.
+///
+/// # Safety
+/// `opts` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_load_options_init(opts: *mut PackjitLoadOptions) -> i32 {
+    boundary("packjit_load_options_init", || {
+        // SAFETY: caller contract.
+        let o = unsafe { out_arg(opts, "opts") }?;
+        *o = PackjitLoadOptions {
+            struct_size: size_of::<PackjitLoadOptions>() as u32,
+            ..Default::default()
+        };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `opts` NULL or a `PackjitLoadOptions`.
+unsafe fn load_options(opts: *const PackjitLoadOptions) -> Result<LoadOptions, Error> {
+    if opts.is_null() {
+        return Ok(LoadOptions::default());
+    }
+    // SAFETY: caller contract.
+    unsafe { check_size(opts, "opts") }?;
+    // SAFETY: checked.
+    let o = unsafe { &*opts };
+    if o.flags & !PACKJIT_LOAD_FEATURES_EXACT != 0 {
+        return Err(invalid(format!(
+            "opts->flags {:#x}: unknown bits {:#x}",
+            o.flags,
+            o.flags & !PACKJIT_LOAD_FEATURES_EXACT
+        )));
+    }
+    Ok(LoadOptions {
+        arch: arch_from_code(o.arch, "opts->arch")?,
+        features: (o.flags & PACKJIT_LOAD_FEATURES_EXACT != 0).then_some(o.features),
+        disable_features: o.disabled_features,
+    })
+}
+
+/// # Safety
+/// `code` NULL or valid for `len` bytes.
+unsafe fn bytes<'a>(code: *const u8, len: usize, what: &str) -> Result<&'a [u8], Error> {
+    if code.is_null() {
+        return if len == 0 {
+            Ok(&[])
+        } else {
+            Err(invalid(format!("{what} is NULL but its length is {len}")))
+        };
+    }
+    if len > isize::MAX as usize {
+        return Err(invalid(format!("{what}: length {len} is too large")));
+    }
+    // SAFETY: caller contract.
+    Ok(unsafe { std::slice::from_raw_parts(code, len) })
+}
+
+fn new_program(rt: &Arc<Runtime>, prog: Program) -> *mut PackjitProgram {
+    Box::into_raw(Box::new(PackjitProgram {
+        magic: AtomicU64::new(PROGRAM_MAGIC),
+        prog,
+        _rt: rt.clone(),
+    }))
+}
+
+/// Verifies, compiles and commits one program. `code` holds `code_len` bytes of eBPF
+/// (little-endian 8-byte instructions); it is only read during the call. `opts` may be NULL
+/// for the defaults. On success `*out` receives a new program (owned by the caller, released
+/// with `packjit_program_free`); on failure `*out` is NULL and the last error names the pc
+/// and the reason (e.g. `PJ_ERR_VERIFY`, `PJ_ERR_UNKNOWN_HELPER`, `PJ_ERR_UNSUPPORTED`).
+///
+/// # Safety
+/// `rt` NULL or live; `code` NULL or readable for `code_len` bytes; `opts` NULL or a
+/// `PackjitLoadOptions` with `struct_size` set; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_load(
+    rt: *const PackjitRuntime,
+    code: *const u8,
+    code_len: usize,
+    opts: *const PackjitLoadOptions,
+    out: *mut *mut PackjitProgram,
+) -> i32 {
+    boundary("packjit_program_load", || {
+        // SAFETY: caller contract.
+        let out = unsafe { out_arg(out, "out") }?;
+        *out = core::ptr::null_mut();
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        let opts = unsafe { load_options(opts) }?;
+        // SAFETY: caller contract.
+        let code = unsafe { bytes(code, code_len, "code") }?;
+        let prog = h.rt.load(code, &opts)?;
+        *out = new_program(&h.rt, prog);
+        Ok(())
+    })
+}
+
+/// Compiles `count` programs and commits them together (one protection/remap pass and one
+/// instruction-cache pass for the whole batch). Program `i` is `codes[i]`, `code_lens[i]`
+/// bytes. Every `out[i]` is written: a new program (owned by the caller, released with
+/// `packjit_program_free`) or NULL when that program failed. `errors` may be NULL; otherwise
+/// `errors[i]` receives program `i`'s status, pc and message (`code == PJ_OK` on success).
+/// Returns `PJ_OK` when all succeeded, else the first failure's status (the last error then
+/// reads "program i: ..."); the successful programs are returned even then.
+///
+/// # Safety
+/// `rt` NULL or live; `codes` and `code_lens` NULL or arrays of `count` entries, each
+/// `codes[i]` readable for `code_lens[i]` bytes (read during the call only); `opts` as for
+/// `packjit_program_load`; `out` NULL or writable for `count` pointers; `errors` NULL or
+/// writable for `count` `PjError`s.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_load_batch(
+    rt: *const PackjitRuntime,
+    codes: *const *const u8,
+    code_lens: *const usize,
+    count: usize,
+    opts: *const PackjitLoadOptions,
+    out: *mut *mut PackjitProgram,
+    errors: *mut PjError,
+) -> i32 {
+    boundary("packjit_program_load_batch", || {
+        if count == 0 {
+            // SAFETY: caller contract.
+            unsafe { runtime(rt) }?;
+            return Ok(());
+        }
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        if count > (isize::MAX as usize) / size_of::<PjError>() {
+            return Err(invalid(format!("count {count} is too large")));
+        }
+        // SAFETY: caller contract: `count` writable slots.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, count) };
+        out.fill(core::ptr::null_mut());
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        let opts = unsafe { load_options(opts) }?;
+        if codes.is_null() || code_lens.is_null() {
+            return Err(invalid("codes or code_lens is NULL"));
+        }
+        // SAFETY: caller contract.
+        let (ptrs, lens) = unsafe {
+            (
+                std::slice::from_raw_parts(codes, count),
+                std::slice::from_raw_parts(code_lens, count),
+            )
+        };
+        let mut slices = Vec::with_capacity(count);
+        for (i, (&p, &l)) in ptrs.iter().zip(lens).enumerate() {
+            // SAFETY: caller contract.
+            slices.push(unsafe { bytes(p, l, &format!("codes[{i}]")) }?);
+        }
+        let results = h.rt.load_batch(&slices, &opts);
+        let mut first: Option<Error> = None;
+        for (i, r) in results.into_iter().enumerate() {
+            let err = match r {
+                Ok(prog) => {
+                    out[i] = new_program(&h.rt, prog);
+                    PjError::default()
+                }
+                Err(e) => {
+                    let c = e.to_c();
+                    if first.is_none() {
+                        first = Some(Error {
+                            message: format!("program {i}: {}", e.message),
+                            ..e
+                        });
+                    }
+                    c
+                }
+            };
+            if !errors.is_null() {
+                // SAFETY: caller contract: `count` writable entries.
+                unsafe { errors.add(i).write(err) };
+            }
+        }
+        first.map_or(Ok(()), Err)
+    })
+}
+
+/// Runs a program with `ctx` as its context (r1 = ctx, r2 = ctx_len); `*r0` receives the
+/// result. `ctx` may be NULL only with `ctx_len` 0. Fails with `PJ_ERR_NOT_EXECUTABLE` for a
+/// program compiled for another architecture. Safe to call from many threads at once, and
+/// while another thread frees the program: the code and the handle stay valid until every
+/// call that had started has returned.
+///
+/// # Safety
+/// `prog` NULL or a live program. `ctx`/`ctx_len` must describe memory the program may read
+/// and write (borrowed for the call); the program dereferences the addresses it computes,
+/// unchecked. `r0` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_run(
+    prog: *const PackjitProgram,
+    ctx: *mut c_void,
+    ctx_len: usize,
+    r0: *mut u64,
+) -> i32 {
+    // Pin before touching the handle: a concurrent packjit_program_free defers dropping it
+    // (and its code) until this guard is gone.
+    let _guard = packjit::arena::epoch_pin();
+    boundary("packjit_program_run", || {
+        // SAFETY: caller contract.
+        let p = unsafe { program(prog) }?;
+        // SAFETY: caller contract.
+        let r0 = unsafe { out_arg(r0, "r0") }?;
+        if ctx.is_null() && ctx_len != 0 {
+            return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")));
+        }
+        // SAFETY: caller contract on ctx; the epoch is pinned (call_raw pins again, cheaply).
+        *r0 = unsafe { p.prog.call_raw(ctx.cast(), ctx_len) }?;
+        Ok(())
+    })
+}
+
+/// Frees a program. NULL is ignored. Safe while other threads are inside
+/// `packjit_program_run` with it: the handle and the code are released only after every
+/// such call has returned (epoch-based deferred free). The caller must make sure no *new*
+/// call on the handle starts once free has been called — e.g. unpublish the pointer first
+/// and have readers load and run it inside `packjit_epoch_enter`/`packjit_epoch_exit`.
+/// A second free of the same handle is detected while the memory is still mapped (recorded
+/// as an error, otherwise ignored), but is a caller bug.
+///
+/// # Safety
+/// `prog` NULL or a handle from `packjit_program_load`/`_batch`.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_free(prog: *mut PackjitProgram) {
+    if prog.is_null() {
+        return;
+    }
+    boundary("packjit_program_free", || {
+        // SAFETY: caller contract.
+        let p = unsafe { program(prog) }?;
+        if p.magic.swap(DEAD_MAGIC, Ordering::AcqRel) != PROGRAM_MAGIC {
+            return Err(invalid("program was freed concurrently"));
+        }
+        struct Handle(*mut PackjitProgram);
+        // SAFETY: PackjitProgram is Send (Program and Arc<Runtime> are); the raw pointer
+        // only carries it to whichever thread runs the deferred drop.
+        unsafe impl Send for Handle {}
+        let handle = Handle(prog);
+        PENDING_HANDLES.fetch_add(1, Ordering::AcqRel);
+        let guard = epoch::pin();
+        guard.defer(move || {
+            let h = handle;
+            // SAFETY: from Box::into_raw; the magic swap made this the only free, and the
+            // epoch guarantees no pinned runner still holds it.
+            drop(unsafe { Box::from_raw(h.0) });
+            PENDING_HANDLES.fetch_sub(1, Ordering::AcqRel);
+        });
+        guard.flush();
+        Ok(())
+    });
+}
+
+/// Pins the calling thread's epoch: programs freed from now on (code and handles) stay
+/// valid until the matching `packjit_epoch_exit` on this thread. Nestable. Use it to
+/// bracket "load the published program pointer, then run it" so that a concurrent
+/// `packjit_program_free` cannot slip in between, or to call `entry_addr` directly.
+#[no_mangle]
+pub extern "C" fn packjit_epoch_enter() {
+    let _ = catch_unwind(|| {
+        let _ = EPOCH_GUARDS.try_with(|g| g.borrow_mut().push(epoch::pin()));
+    });
+}
+
+/// Ends the innermost `packjit_epoch_enter` of the calling thread. Without one it does
+/// nothing but record `PJ_ERR_INVALID_ARGUMENT` as the last error.
+#[no_mangle]
+pub extern "C" fn packjit_epoch_exit() {
+    boundary("packjit_epoch_exit", || {
+        let popped = EPOCH_GUARDS
+            .try_with(|g| g.borrow_mut().pop())
+            .ok()
+            .flatten();
+        popped
+            .map(drop)
+            .ok_or_else(|| invalid("packjit_epoch_exit without packjit_epoch_enter"))
+    });
+}
+
+/// Describes a program.
+///
+/// # Safety
+/// `prog` NULL or live; `info` NULL or a `PackjitProgramInfo` with `struct_size` set.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_info(
+    prog: *const PackjitProgram,
+    info: *mut PackjitProgramInfo,
+) -> i32 {
+    boundary("packjit_program_info", || {
+        // SAFETY: caller contract.
+        let p = &unsafe { program(prog) }?.prog;
+        // SAFETY: caller contract.
+        unsafe { check_size(info, "info") }?;
+        let mut o = PackjitProgramInfo {
+            struct_size: size_of::<PackjitProgramInfo>() as u32,
+            arch: p.arch().code(),
+            executable: p.is_executable() as u32,
+            reserved: 0,
+            features: p.features(),
+            entry_addr: p.entry_addr(),
+            code_size: p.code_size() as u64,
+            native_insns: p.native_insns() as u64,
+            backend: [0; PACKJIT_NAME_LEN],
+        };
+        fill_name(&mut o.backend, p.backend_name());
+        // SAFETY: checked.
+        unsafe { *info = o };
+        Ok(())
+    })
+}
+
+/// Copies a program's native code into a caller buffer (for disassemblers and tools).
+/// `*size` always receives the code size. With `buf` NULL (or `buf_len` 0) nothing is
+/// copied and the call succeeds: use it to query the size first. With a buffer smaller than
+/// the code nothing is copied and `PJ_ERR_INVALID_ARGUMENT` is returned.
+///
+/// # Safety
+/// `prog` NULL or live; `buf` NULL or writable for `buf_len` bytes (borrowed for the call);
+/// `size` NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_code(
+    prog: *const PackjitProgram,
+    buf: *mut u8,
+    buf_len: usize,
+    size: *mut usize,
+) -> i32 {
+    boundary("packjit_program_code", || {
+        // SAFETY: caller contract.
+        let p = &unsafe { program(prog) }?.prog;
+        // SAFETY: caller contract.
+        let size = unsafe { out_arg(size, "size") }?;
+        let n = p.code_size();
+        *size = n;
+        if buf.is_null() || buf_len == 0 {
+            return Ok(());
+        }
+        if buf_len < n {
+            return Err(invalid(format!(
+                "buffer of {buf_len} bytes is too small for {n} bytes of code"
+            )));
+        }
+        let code = p.code();
+        if code.len() != n {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!(
+                    "code of {n} bytes could not be read back ({} read)",
+                    code.len()
+                ),
+            ));
+        }
+        // SAFETY: caller contract; n <= buf_len.
+        unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), buf, n) };
+        Ok(())
+    })
+}
+
+/// Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
+/// ctx_len)`) in `*entry`, for hosts that dispatch themselves. Fails with
+/// `PJ_ERR_NOT_EXECUTABLE` (and stores NULL) when the program cannot run here. The pointer
+/// is valid while the program lives; a caller racing with `packjit_program_free` must hold
+/// `packjit_epoch_enter` around fetching and calling it.
+///
+/// # Safety
+/// `prog` NULL or live; `entry` NULL (refused) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_entry(
+    prog: *const PackjitProgram,
+    entry: *mut PjProgramEntry,
+) -> i32 {
+    boundary("packjit_program_entry", || {
+        // `Option<fn>` has the layout of a nullable C function pointer, so NULL can be
+        // stored. SAFETY: caller contract.
+        let entry = unsafe { out_arg(entry.cast::<Option<PjProgramEntry>>(), "entry") }?;
+        *entry = None;
+        // SAFETY: caller contract.
+        let p = &unsafe { program(prog) }?.prog;
+        *entry = Some(p.entry().ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotExecutable,
+                format!("program was compiled for {}, not for this host", p.arch()),
+            )
+        })?);
+        Ok(())
+    })
+}
