@@ -20,8 +20,10 @@ const EXPECTED_TO_FAIL: &[(&str, &str)] = &[];
 
 fn runtime() -> Runtime {
     let rt = Runtime::new().expect("runtime");
-    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())).expect("arm64 backend");
-    rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new())).expect("rv64 backend");
+    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+        .expect("arm64 backend");
+    rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+        .expect("rv64 backend");
     rt
 }
 
@@ -30,9 +32,17 @@ fn check(arch: Arch, features: u64) -> Summary {
     let s = run_suite_xfail(&rt, arch, Some(features), &suite_dir(), EXPECTED_TO_FAIL);
     let native = Arch::host() == Some(arch);
     assert_eq!(s.failed, 0, "{}", s.report());
-    assert!(s.passed >= 350, "only {} cases passed: is the suite complete?\n{}", s.passed, s.report());
+    assert!(
+        s.passed >= 350,
+        "only {} cases passed: is the suite complete?\n{}",
+        s.passed,
+        s.report()
+    );
     if native {
-        assert_eq!(s.compile_only, 0, "on the native arch every case must really run");
+        assert_eq!(
+            s.compile_only, 0,
+            "on the native arch every case must really run"
+        );
     }
     s
 }

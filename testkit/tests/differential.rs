@@ -11,7 +11,26 @@ use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use packjit_testkit::conformance::RuntimeEngine;
 use packjit_testkit::gen::{check_seed, helpers, Checked};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Native code cannot be interrupted: if a (broken) JIT loops forever on a program the
+/// reference finished, report the seed and end the process instead of hanging CI.
+fn watchdog(label: String, current: Arc<AtomicU64>) {
+    std::thread::spawn(move || {
+        let mut last = u64::MAX;
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+            let now = current.load(Ordering::Relaxed);
+            if now == last && now != u64::MAX {
+                eprintln!("differential {label}: seed {now:#x} has not finished in 60 s (JIT hang?); rerun with PACKJIT_DIFF_SEED={now:#x} PACKJIT_DIFF_COUNT=1");
+                std::process::exit(101);
+            }
+            last = now;
+        }
+    });
+}
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
@@ -43,7 +62,10 @@ fn run(arch: Arch, features: u64) {
         },
     };
     let (mut ran, mut compiled, mut with_rbpf) = (0, 0, 0);
+    let current = Arc::new(AtomicU64::new(base));
+    watchdog(format!("{arch} features {features:#x}"), current.clone());
     for seed in base..base + count {
+        current.store(seed, Ordering::Relaxed);
         match check_seed(&engine, seed) {
             Ok(Checked::Agree { rbpf }) => {
                 ran += 1;
@@ -56,6 +78,7 @@ fn run(arch: Arch, features: u64) {
             Err(m) => panic!("{arch} features {features:#x}: {m}"),
         }
     }
+    current.store(u64::MAX, Ordering::Relaxed);
     println!(
         "differential {arch} (features {features:#x}): seeds {base:#x}..{:#x}: {ran} run and matched, {compiled} compile-only, {with_rbpf} also matched rbpf",
         base + count
