@@ -1,1 +1,235 @@
+//! # packjit-rv64
+//!
+//! The RV64 JIT backend of packjit: verified eBPF (RFC 9669, cpu v4) in, position-independent
+//! RV64IMAC machine code out, emitted with dynasm's riscv64 assembler and written into the
+//! host's code arena. Optional extensions, each used only when the request's feature bits
+//! allow it:
+//!
+//! * [`FEATURE_ZBB`]: `rev8` for byte swaps, `sext.b/h` and `zext.h` for extensions;
+//! * [`FEATURE_ZBA`]: `add.uw rd, rs, zero` (`zext.w`) for 32-bit zero-extension;
+//! * [`FEATURE_C`]: compressed encodings wherever operands allow.
+//!
+//! Usable statically (`Rv64Backend` implements [`JitBackend`]) or as a plugin
+//! (`libpackjit_rv64.so`, entry symbol `packjit_rv64_plugin_v1`).
+//!
+//! ```
+//! use packjit_plugin_api::{Arch, JitBackend};
+//! let b = packjit_rv64::Rv64Backend::new();
+//! assert_eq!(b.arch(), Arch::Riscv64);
+//! // mov r0, 7 ; exit
+//! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+//! let native = b.emit(&code, &[], 0).unwrap();
+//! assert_eq!(native, [0x93, 0x07, 0x70, 0x00, 0x13, 0x85, 0x07, 0x00, 0x67, 0x80, 0x00, 0x00]);
+//! ```
 
+mod codegen;
+mod emit;
+
+use packjit_plugin_api::{
+    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, ErrorKind, HelperEntry,
+    JitBackend,
+};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Zbb (basic bit manipulation) is available.
+pub const FEATURE_ZBB: u64 = 1 << 0;
+/// Zba (address generation) is available.
+pub const FEATURE_ZBA: u64 = 1 << 1;
+/// C (compressed instructions) may be used.
+pub const FEATURE_C: u64 = 1 << 2;
+/// Every feature bit this backend understands.
+pub const SUPPORTED_FEATURES: u64 = FEATURE_ZBB | FEATURE_ZBA | FEATURE_C;
+
+/// The RV64 backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Rv64Backend;
+
+impl Rv64Backend {
+    /// Creates the backend (stateless).
+    pub fn new() -> Self {
+        Self
+    }
+
+    /// Verifies and emits `code` to native bytes without placing them anywhere (used by
+    /// [`JitBackend::compile`], tests and benchmarks).
+    pub fn emit(
+        &self,
+        code: &[u8],
+        helpers: &[HelperEntry],
+        features: u64,
+    ) -> Result<Vec<u8>, CompileError> {
+        if features & !SUPPORTED_FEATURES != 0 {
+            return Err(CompileError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "unknown rv64 feature bits 0x{:x} (supported: 0x{SUPPORTED_FEATURES:x})",
+                    features & !SUPPORTED_FEATURES
+                ),
+            ));
+        }
+        let prog = packjit_lower::decode(code, helpers)?;
+        let opts = codegen::Options {
+            zbb: features & FEATURE_ZBB != 0,
+            zba: features & FEATURE_ZBA != 0,
+            c: features & FEATURE_C != 0,
+        };
+        // The lowering guarantees every immediate's range before handing it to dynasm
+        // (which panics on a bad one); should that ever be wrong, report it rather than
+        // unwind into the host.
+        catch_unwind(AssertUnwindSafe(|| {
+            codegen::Codegen::new(&prog, helpers, opts).run()
+        }))
+        .unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(CompileError::new(
+                ErrorKind::Internal,
+                format!("rv64 emitter failed: {what}"),
+            ))
+        })
+    }
+}
+
+/// Counts native instructions in RV64 code (16- and 32-bit parcels).
+pub fn native_insn_count(code: &[u8]) -> usize {
+    emit::count_insns(code)
+}
+
+impl JitBackend for Rv64Backend {
+    fn arch(&self) -> Arch {
+        Arch::Riscv64
+    }
+
+    fn name(&self) -> &str {
+        "packjit-rv64"
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn supported_features(&self) -> u64 {
+        SUPPORTED_FEATURES
+    }
+
+    fn detect_features(&self) -> u64 {
+        detect::detect()
+    }
+
+    fn compile(
+        &self,
+        req: &CompileRequest<'_>,
+        arena: &dyn CodeArena,
+    ) -> Result<Compiled, CompileError> {
+        if req.flags != 0 {
+            return Err(CompileError::new(
+                ErrorKind::Unsupported,
+                format!("unknown compile flags 0x{:x} (none are defined)", req.flags),
+            ));
+        }
+        let bytes = self.emit(req.code, req.helpers, req.features)?;
+        install_code(arena, &bytes, emit::count_insns(&bytes))
+    }
+}
+
+/// Run-time CPU feature detection.
+pub mod detect {
+    #[cfg(target_arch = "riscv64")]
+    use super::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
+
+    /// Features of the running CPU: `riscv_hwprobe` (Linux 6.4+), else the `isa` line of
+    /// `/proc/cpuinfo`, else nothing. Always 0 on other architectures.
+    pub fn detect() -> u64 {
+        #[cfg(target_arch = "riscv64")]
+        {
+            if let Some(f) = hwprobe() {
+                return f;
+            }
+            if let Ok(s) = std::fs::read_to_string("/proc/cpuinfo") {
+                return parse_cpuinfo(&s);
+            }
+        }
+        0
+    }
+
+    #[cfg(target_arch = "riscv64")]
+    fn hwprobe() -> Option<u64> {
+        #[repr(C)]
+        struct Pair {
+            key: i64,
+            value: u64,
+        }
+        const SYS_RISCV_HWPROBE: libc::c_long = 258;
+        const KEY_IMA_EXT_0: i64 = 4;
+        const IMA_C: u64 = 1 << 1;
+        const EXT_ZBA: u64 = 1 << 3;
+        const EXT_ZBB: u64 = 1 << 4;
+        let mut pair = Pair {
+            key: KEY_IMA_EXT_0,
+            value: 0,
+        };
+        // SAFETY: one valid pair, no cpu set (all CPUs), flags 0.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_RISCV_HWPROBE,
+                &mut pair as *mut Pair,
+                1usize,
+                0usize,
+                0usize,
+                0u32,
+            )
+        };
+        // The kernel sets key to -1 when it does not know it.
+        if rc != 0 || pair.key != KEY_IMA_EXT_0 {
+            return None;
+        }
+        let mut f = 0;
+        if pair.value & IMA_C != 0 {
+            f |= FEATURE_C;
+        }
+        if pair.value & EXT_ZBA != 0 {
+            f |= FEATURE_ZBA;
+        }
+        if pair.value & EXT_ZBB != 0 {
+            f |= FEATURE_ZBB;
+        }
+        Some(f)
+    }
+
+    /// Parses an `isa : rv64imafdc_zba_zbb...` line (the features common to every hart).
+    pub fn parse_cpuinfo(s: &str) -> u64 {
+        let mut common: Option<u64> = None;
+        for line in s.lines() {
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            if k.trim() != "isa" {
+                continue;
+            }
+            let isa = v.trim().to_ascii_lowercase();
+            let Some(rest) = isa.strip_prefix("rv64") else {
+                continue;
+            };
+            let mut parts = rest.split('_');
+            let base = parts.next().unwrap_or("");
+            let mut f = 0;
+            if base.contains('c') {
+                f |= 1 << 2;
+            }
+            for ext in parts {
+                match ext {
+                    "zba" => f |= 1 << 1,
+                    "zbb" => f |= 1 << 0,
+                    _ => {}
+                }
+            }
+            common = Some(common.map_or(f, |c| c & f));
+        }
+        common.unwrap_or(0)
+    }
+}
+
+packjit_plugin_api::export_backend!("packjit_rv64_plugin_v1", Rv64Backend, Rv64Backend::new());

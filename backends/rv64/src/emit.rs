@@ -1,0 +1,635 @@
+//! Instruction-level emitter over dynasm's riscv64 assembler.
+//!
+//! Every method emits one RISC-V instruction (or a fixed idiom) and picks the compressed
+//! (C extension) encoding when the request allows it and the operands fit that encoding's
+//! restrictions (non-zero registers, `x8`–`x15` for the CL/CS/CA/CB formats, 6-bit
+//! immediates). Selection lives here, in one place, so the lowering code never thinks
+//! about encodings.
+
+// dynasm expands a dynamic register `X(r)` to `r.into()` and casts immediates itself,
+// which clippy flags as redundant in the generated code.
+#![allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+
+use dynasmrt::riscv::RiscvRelocation;
+use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+
+/// Register numbers used by the backend.
+pub mod reg {
+    pub const ZERO: u8 = 0;
+    pub const RA: u8 = 1;
+    pub const SP: u8 = 2;
+    pub const T0: u8 = 5;
+    pub const T1: u8 = 6;
+    pub const T2: u8 = 7;
+    pub const S1: u8 = 9;
+    pub const A0: u8 = 10;
+    pub const A5: u8 = 15;
+    pub const S2: u8 = 18;
+    pub const S3: u8 = 19;
+    pub const S4: u8 = 20;
+    pub const S5: u8 = 21;
+    pub const S6: u8 = 22;
+    pub const T3: u8 = 28;
+    pub const T6: u8 = 31;
+}
+use reg::*;
+
+/// All instructions go through this macro so the target and the extension set the macro
+/// accepts are stated once. The extension set is what the *assembler* may encode; whether
+/// an optional instruction is used is decided at run time by [`Emitter`]'s feature flags.
+macro_rules! rv {
+    ($asm:expr; $($t:tt)*) => {
+        dynasm!($asm
+            ; .arch riscv64
+            ; .feature I, M, A, C, Zbb, Zba
+            ; $($t)*
+        )
+    };
+}
+
+/// Three-register ALU instructions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum R3 {
+    Add,
+    Sub,
+    And,
+    Or,
+    Xor,
+    Addw,
+    Subw,
+    Mul,
+    Mulw,
+    Div,
+    Divu,
+    Divw,
+    Divuw,
+    Rem,
+    Remu,
+    Remw,
+    Remuw,
+    Sll,
+    Srl,
+    Sra,
+    Sllw,
+    Srlw,
+    Sraw,
+}
+
+/// Register-immediate ALU instructions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RI {
+    Addi,
+    Addiw,
+    Andi,
+    Ori,
+    Xori,
+    Slli,
+    Srli,
+    Srai,
+    Slliw,
+    Srliw,
+    Sraiw,
+}
+
+/// Native conditional branch kinds (`b<kind> rs1, rs2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Br {
+    Eq,
+    Ne,
+    Lt,
+    Ge,
+    Ltu,
+    Geu,
+}
+
+impl Br {
+    /// The branch taken exactly when `self` is not.
+    pub fn invert(self) -> Br {
+        match self {
+            Br::Eq => Br::Ne,
+            Br::Ne => Br::Eq,
+            Br::Lt => Br::Ge,
+            Br::Ge => Br::Lt,
+            Br::Ltu => Br::Geu,
+            Br::Geu => Br::Ltu,
+        }
+    }
+}
+
+/// Memory access widths and signedness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mem {
+    B,
+    Bu,
+    H,
+    Hu,
+    W,
+    Wu,
+    D,
+}
+
+/// Does `v` fit a signed `bits`-bit immediate?
+pub fn fits_signed(v: i64, bits: u32) -> bool {
+    let lim = 1i64 << (bits - 1);
+    (-lim..lim).contains(&v)
+}
+
+/// `x8`–`x15`: the registers the 3-bit fields of compressed formats can name.
+fn pop(r: u8) -> bool {
+    (8..16).contains(&r)
+}
+
+/// The emitter: a dynasm `VecAssembler` plus the optional-extension switches.
+pub struct Emitter {
+    pub asm: VecAssembler<RiscvRelocation>,
+    /// Use Zbb (`rev8`, `sext.b/h`, `zext.h`).
+    pub zbb: bool,
+    /// Use Zba (`add.uw` as `zext.w`).
+    pub zba: bool,
+    /// Use compressed encodings.
+    pub c: bool,
+}
+
+impl Emitter {
+    pub fn new(zbb: bool, zba: bool, c: bool, capacity: usize) -> Self {
+        Self {
+            asm: VecAssembler::new_with_capacity(0, capacity, 0, 0, 0, 0, 0),
+            zbb,
+            zba,
+            c,
+        }
+    }
+
+    /// Current byte offset.
+    pub fn pos(&self) -> usize {
+        self.asm.offset().0
+    }
+
+    pub fn new_label(&mut self) -> DynamicLabel {
+        self.asm.new_dynamic_label()
+    }
+
+    pub fn bind(&mut self, l: DynamicLabel) {
+        self.asm.dynamic_label(l);
+    }
+
+    // ---- register moves and immediates -------------------------------------------------
+
+    pub fn mv(&mut self, rd: u8, rs: u8) {
+        if rd == rs {
+            return;
+        }
+        if self.c && rd != ZERO && rs != ZERO {
+            rv!(self.asm; c.mv X(rd), X(rs));
+        } else {
+            rv!(self.asm; mv X(rd), X(rs));
+        }
+    }
+
+    /// `lui rd, value` where `value` has its low 12 bits clear and fits i32.
+    fn lui(&mut self, rd: u8, value: i32) {
+        let hi = value >> 12;
+        if self.c && rd != ZERO && rd != SP && hi != 0 && (-32..32).contains(&hi) {
+            rv!(self.asm; c.lui X(rd), value);
+        } else {
+            rv!(self.asm; lui X(rd), value);
+        }
+    }
+
+    /// Loads a 64-bit constant in the fewest instructions this simple scheme finds: `addi`
+    /// for 12-bit values, `lui`(+`addiw`) for 32-bit values, otherwise the upper part
+    /// recursively, shifted left past its trailing zeros, plus a 12-bit low part (the same
+    /// decomposition the kernel's RV64 JIT and LLVM's base case use).
+    pub fn li(&mut self, rd: u8, val: i64) {
+        if fits_signed(val, 12) {
+            self.ri(RI::Addi, rd, ZERO, val as i32);
+            return;
+        }
+        // Low 12 bits, sign-extended; `upper` is what remains (rounded so lo is signed).
+        let lo = (val << 52) >> 52;
+        if fits_signed(val, 32) {
+            // lui sign-extends bit 31 and addiw wraps at 32 bits, so this covers every i32
+            // even when rounding makes `upper` 0x80000.
+            let upper = ((val - lo) as i32) as i64;
+            self.lui(rd, upper as i32);
+            if lo != 0 {
+                self.ri(RI::Addiw, rd, rd, lo as i32);
+            }
+            return;
+        }
+        let upper = val.wrapping_sub(lo) >> 12;
+        let shift = upper.trailing_zeros();
+        let rest = upper >> shift;
+        self.li(rd, rest);
+        self.ri(RI::Slli, rd, rd, (shift + 12) as i32);
+        if lo != 0 {
+            self.ri(RI::Addi, rd, rd, lo as i32);
+        }
+    }
+
+    /// `rd = zero_extend(rs[31:0])`: `add.uw rd, rs, zero` with Zba, else a shift pair.
+    pub fn zext32(&mut self, rd: u8, rs: u8) {
+        if self.zba {
+            rv!(self.asm; add.uw X(rd), X(rs), zero);
+        } else {
+            self.ri(RI::Slli, rd, rs, 32);
+            self.ri(RI::Srli, rd, rd, 32);
+        }
+    }
+
+    /// `rd = zero_extend(rs[15:0])`.
+    pub fn zext16(&mut self, rd: u8, rs: u8) {
+        if self.zbb {
+            rv!(self.asm; zext.h X(rd), X(rs));
+        } else {
+            self.ri(RI::Slli, rd, rs, 48);
+            self.ri(RI::Srli, rd, rd, 48);
+        }
+    }
+
+    /// `rd = sign_extend(rs[bits-1:0])` for 8, 16, 32.
+    pub fn sext(&mut self, rd: u8, rs: u8, bits: u8) {
+        match bits {
+            32 => self.ri(RI::Addiw, rd, rs, 0),
+            8 if self.zbb => rv!(self.asm; sext.b X(rd), X(rs)),
+            16 if self.zbb => rv!(self.asm; sext.h X(rd), X(rs)),
+            _ => {
+                let sh = 64 - bits as i32;
+                self.ri(RI::Slli, rd, rs, sh);
+                self.ri(RI::Srai, rd, rd, sh);
+            }
+        }
+    }
+
+    /// `rev8 rd, rs` (Zbb only).
+    pub fn rev8(&mut self, rd: u8, rs: u8) {
+        rv!(self.asm; rev8 X(rd), X(rs));
+    }
+
+    // ---- ALU -----------------------------------------------------------------------------
+
+    pub fn rrr(&mut self, op: R3, rd: u8, rs1: u8, rs2: u8) {
+        // Compressed two-address forms: rd must equal one source (the other one for
+        // commutative operations).
+        if self.c && rd != ZERO {
+            let commutative = matches!(op, R3::Add | R3::And | R3::Or | R3::Xor | R3::Addw);
+            let (a, b) = if rd == rs1 {
+                (rs1, rs2)
+            } else if commutative && rd == rs2 {
+                (rs2, rs1)
+            } else {
+                (ZERO, ZERO)
+            };
+            if a == rd {
+                match op {
+                    R3::Add if b != ZERO => {
+                        rv!(self.asm; c.add X(a), X(b));
+                        return;
+                    }
+                    R3::Sub | R3::And | R3::Or | R3::Xor | R3::Addw | R3::Subw
+                        if pop(a) && pop(b) =>
+                    {
+                        match op {
+                            R3::Sub => rv!(self.asm; c.sub X(a), X(b)),
+                            R3::And => rv!(self.asm; c.and X(a), X(b)),
+                            R3::Or => rv!(self.asm; c.or X(a), X(b)),
+                            R3::Xor => rv!(self.asm; c.xor X(a), X(b)),
+                            R3::Addw => rv!(self.asm; c.addw X(a), X(b)),
+                            _ => rv!(self.asm; c.subw X(a), X(b)),
+                        }
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        match op {
+            R3::Add => rv!(self.asm; add X(rd), X(rs1), X(rs2)),
+            R3::Sub => rv!(self.asm; sub X(rd), X(rs1), X(rs2)),
+            R3::And => rv!(self.asm; and X(rd), X(rs1), X(rs2)),
+            R3::Or => rv!(self.asm; or X(rd), X(rs1), X(rs2)),
+            R3::Xor => rv!(self.asm; xor X(rd), X(rs1), X(rs2)),
+            R3::Addw => rv!(self.asm; addw X(rd), X(rs1), X(rs2)),
+            R3::Subw => rv!(self.asm; subw X(rd), X(rs1), X(rs2)),
+            R3::Mul => rv!(self.asm; mul X(rd), X(rs1), X(rs2)),
+            R3::Mulw => rv!(self.asm; mulw X(rd), X(rs1), X(rs2)),
+            R3::Div => rv!(self.asm; div X(rd), X(rs1), X(rs2)),
+            R3::Divu => rv!(self.asm; divu X(rd), X(rs1), X(rs2)),
+            R3::Divw => rv!(self.asm; divw X(rd), X(rs1), X(rs2)),
+            R3::Divuw => rv!(self.asm; divuw X(rd), X(rs1), X(rs2)),
+            R3::Rem => rv!(self.asm; rem X(rd), X(rs1), X(rs2)),
+            R3::Remu => rv!(self.asm; remu X(rd), X(rs1), X(rs2)),
+            R3::Remw => rv!(self.asm; remw X(rd), X(rs1), X(rs2)),
+            R3::Remuw => rv!(self.asm; remuw X(rd), X(rs1), X(rs2)),
+            R3::Sll => rv!(self.asm; sll X(rd), X(rs1), X(rs2)),
+            R3::Srl => rv!(self.asm; srl X(rd), X(rs1), X(rs2)),
+            R3::Sra => rv!(self.asm; sra X(rd), X(rs1), X(rs2)),
+            R3::Sllw => rv!(self.asm; sllw X(rd), X(rs1), X(rs2)),
+            R3::Srlw => rv!(self.asm; srlw X(rd), X(rs1), X(rs2)),
+            R3::Sraw => rv!(self.asm; sraw X(rd), X(rs1), X(rs2)),
+        }
+    }
+
+    /// Register-immediate form. Callers guarantee the immediate's range (12-bit signed, or
+    /// the shift amount's width); dynasm would panic otherwise.
+    pub fn ri(&mut self, op: RI, rd: u8, rs: u8, imm: i32) {
+        if self.c && rd != ZERO {
+            let imm6 = (-32..32).contains(&imm);
+            let done = match op {
+                RI::Addi if rs == ZERO && imm6 => {
+                    rv!(self.asm; c.li X(rd), imm);
+                    true
+                }
+                RI::Addi if rs == rd && imm6 && imm != 0 => {
+                    rv!(self.asm; c.addi X(rd), imm);
+                    true
+                }
+                RI::Addi
+                    if rs == SP
+                        && rd == SP
+                        && imm != 0
+                        && imm % 16 == 0
+                        && (-512..512).contains(&imm) =>
+                {
+                    rv!(self.asm; c.addi16sp sp, imm);
+                    true
+                }
+                RI::Addi if rs == SP && pop(rd) && imm > 0 && imm % 4 == 0 && imm < 1024 => {
+                    rv!(self.asm; c.addi4spn X(rd), sp, imm as u32);
+                    true
+                }
+                RI::Addi if imm == 0 && rs != ZERO => {
+                    rv!(self.asm; c.mv X(rd), X(rs));
+                    true
+                }
+                RI::Addiw if rs == rd && imm6 => {
+                    rv!(self.asm; c.addiw X(rd), imm);
+                    true
+                }
+                RI::Andi if rs == rd && pop(rd) && imm6 => {
+                    rv!(self.asm; c.andi X(rd), imm);
+                    true
+                }
+                RI::Slli if rs == rd && imm != 0 => {
+                    rv!(self.asm; c.slli X(rd), imm as u32);
+                    true
+                }
+                RI::Srli if rs == rd && pop(rd) && imm != 0 => {
+                    rv!(self.asm; c.srli X(rd), imm as u32);
+                    true
+                }
+                RI::Srai if rs == rd && pop(rd) && imm != 0 => {
+                    rv!(self.asm; c.srai X(rd), imm as u32);
+                    true
+                }
+                _ => false,
+            };
+            if done {
+                return;
+            }
+        }
+        match op {
+            RI::Addi => rv!(self.asm; addi X(rd), X(rs), imm),
+            RI::Addiw => rv!(self.asm; addiw X(rd), X(rs), imm),
+            RI::Andi => rv!(self.asm; andi X(rd), X(rs), imm),
+            RI::Ori => rv!(self.asm; ori X(rd), X(rs), imm),
+            RI::Xori => rv!(self.asm; xori X(rd), X(rs), imm),
+            RI::Slli => rv!(self.asm; slli X(rd), X(rs), imm as u32),
+            RI::Srli => rv!(self.asm; srli X(rd), X(rs), imm as u32),
+            RI::Srai => rv!(self.asm; srai X(rd), X(rs), imm as u32),
+            RI::Slliw => rv!(self.asm; slliw X(rd), X(rs), imm as u32),
+            RI::Srliw => rv!(self.asm; srliw X(rd), X(rs), imm as u32),
+            RI::Sraiw => rv!(self.asm; sraiw X(rd), X(rs), imm as u32),
+        }
+    }
+
+    pub fn seqz(&mut self, rd: u8, rs: u8) {
+        rv!(self.asm; seqz X(rd), X(rs));
+    }
+
+    pub fn neg(&mut self, rd: u8, rs: u8, word: bool) {
+        if word {
+            rv!(self.asm; negw X(rd), X(rs));
+        } else {
+            rv!(self.asm; neg X(rd), X(rs));
+        }
+    }
+
+    // ---- memory ----------------------------------------------------------------------------
+
+    /// `rd = *(base + off)`, `off` a 12-bit signed immediate.
+    pub fn load(&mut self, m: Mem, rd: u8, base: u8, off: i32) {
+        if self.c && rd != ZERO {
+            match m {
+                Mem::D if base == SP && (0..512).contains(&off) && off % 8 == 0 => {
+                    rv!(self.asm; c.ldsp X(rd), [sp, off as u32]);
+                    return;
+                }
+                Mem::D if pop(rd) && pop(base) && (0..256).contains(&off) && off % 8 == 0 => {
+                    rv!(self.asm; c.ld X(rd), [X(base), off as u32]);
+                    return;
+                }
+                Mem::W if pop(rd) && pop(base) && (0..128).contains(&off) && off % 4 == 0 => {
+                    rv!(self.asm; c.lw X(rd), [X(base), off as u32]);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        match m {
+            Mem::B => rv!(self.asm; lb X(rd), [X(base), off]),
+            Mem::Bu => rv!(self.asm; lbu X(rd), [X(base), off]),
+            Mem::H => rv!(self.asm; lh X(rd), [X(base), off]),
+            Mem::Hu => rv!(self.asm; lhu X(rd), [X(base), off]),
+            Mem::W => rv!(self.asm; lw X(rd), [X(base), off]),
+            Mem::Wu => rv!(self.asm; lwu X(rd), [X(base), off]),
+            Mem::D => rv!(self.asm; ld X(rd), [X(base), off]),
+        }
+    }
+
+    /// `*(base + off) = rs` (width from `m`; signedness ignored).
+    pub fn store(&mut self, m: Mem, rs: u8, base: u8, off: i32) {
+        if self.c {
+            match m {
+                Mem::D if base == SP && (0..512).contains(&off) && off % 8 == 0 => {
+                    rv!(self.asm; c.sdsp X(rs), [sp, off as u32]);
+                    return;
+                }
+                Mem::D if pop(rs) && pop(base) && (0..256).contains(&off) && off % 8 == 0 => {
+                    rv!(self.asm; c.sd X(rs), [X(base), off as u32]);
+                    return;
+                }
+                Mem::W | Mem::Wu
+                    if pop(rs) && pop(base) && (0..128).contains(&off) && off % 4 == 0 =>
+                {
+                    rv!(self.asm; c.sw X(rs), [X(base), off as u32]);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        match m {
+            Mem::B | Mem::Bu => rv!(self.asm; sb X(rs), [X(base), off]),
+            Mem::H | Mem::Hu => rv!(self.asm; sh X(rs), [X(base), off]),
+            Mem::W | Mem::Wu => rv!(self.asm; sw X(rs), [X(base), off]),
+            Mem::D => rv!(self.asm; sd X(rs), [X(base), off]),
+        }
+    }
+
+    // ---- control flow ------------------------------------------------------------------------
+
+    /// `jalr ra, rs, 0`: call through a register.
+    pub fn call_reg(&mut self, rs: u8) {
+        if self.c {
+            rv!(self.asm; c.jalr X(rs));
+        } else {
+            rv!(self.asm; jalr X(rs));
+        }
+    }
+
+    /// `jalr zero, rs, 0`.
+    pub fn jump_reg(&mut self, rs: u8) {
+        if self.c {
+            rv!(self.asm; c.jr X(rs));
+        } else {
+            rv!(self.asm; jalr zero, X(rs), 0);
+        }
+    }
+
+    /// Conditional branch to a label (±4 KiB).
+    pub fn b_label(&mut self, k: Br, a: u8, b: u8, l: DynamicLabel) {
+        match k {
+            Br::Eq => rv!(self.asm; beq X(a), X(b), =>l),
+            Br::Ne => rv!(self.asm; bne X(a), X(b), =>l),
+            Br::Lt => rv!(self.asm; blt X(a), X(b), =>l),
+            Br::Ge => rv!(self.asm; bge X(a), X(b), =>l),
+            Br::Ltu => rv!(self.asm; bltu X(a), X(b), =>l),
+            Br::Geu => rv!(self.asm; bgeu X(a), X(b), =>l),
+        }
+    }
+
+    /// Conditional branch by a fixed byte offset (always the 4-byte encoding, so sequences
+    /// with hand-computed offsets stay exact).
+    pub fn b_off(&mut self, k: Br, a: u8, b: u8, off: i32) {
+        match k {
+            Br::Eq => rv!(self.asm; beq X(a), X(b), off),
+            Br::Ne => rv!(self.asm; bne X(a), X(b), off),
+            Br::Lt => rv!(self.asm; blt X(a), X(b), off),
+            Br::Ge => rv!(self.asm; bge X(a), X(b), off),
+            Br::Ltu => rv!(self.asm; bltu X(a), X(b), off),
+            Br::Geu => rv!(self.asm; bgeu X(a), X(b), off),
+        }
+    }
+
+    /// `c.beqz`/`c.bnez` to a label (±256 B; `a` in x8–x15).
+    pub fn cb_label(&mut self, eq: bool, a: u8, l: DynamicLabel) {
+        if eq {
+            rv!(self.asm; c.beqz X(a), =>l);
+        } else {
+            rv!(self.asm; c.bnez X(a), =>l);
+        }
+    }
+
+    /// `c.j` (±2 KiB).
+    pub fn cj_label(&mut self, l: DynamicLabel) {
+        rv!(self.asm; c.j =>l);
+    }
+
+    /// `jal rd, label` (±1 MiB).
+    pub fn jal_label(&mut self, rd: u8, l: DynamicLabel) {
+        rv!(self.asm; jal X(rd), =>l);
+    }
+
+    /// `auipc tmp, hi; jalr zero, tmp, lo` (±2 GiB).
+    pub fn far_jump(&mut self, tmp: u8, l: DynamicLabel) {
+        rv!(self.asm; jump =>l, X(tmp));
+    }
+
+    /// `auipc ra, hi; jalr ra, ra, lo` (±2 GiB).
+    pub fn far_call(&mut self, l: DynamicLabel) {
+        rv!(self.asm; call =>l);
+    }
+
+    pub fn ret(&mut self) {
+        if self.c {
+            rv!(self.asm; c.jr ra);
+        } else {
+            rv!(self.asm; ret);
+        }
+    }
+
+    // ---- atomics ---------------------------------------------------------------------------
+
+    /// AMO without ordering (non-fetch BPF atomics are unordered, like the kernel's JIT).
+    pub fn amo_relaxed(&mut self, op: super::codegen::Amo, dw: bool, rd: u8, rs: u8, addr: u8) {
+        use super::codegen::Amo::*;
+        match (op, dw) {
+            (Add, false) => rv!(self.asm; amoadd.w X(rd), X(rs), [X(addr)]),
+            (Add, true) => rv!(self.asm; amoadd.d X(rd), X(rs), [X(addr)]),
+            (And, false) => rv!(self.asm; amoand.w X(rd), X(rs), [X(addr)]),
+            (And, true) => rv!(self.asm; amoand.d X(rd), X(rs), [X(addr)]),
+            (Or, false) => rv!(self.asm; amoor.w X(rd), X(rs), [X(addr)]),
+            (Or, true) => rv!(self.asm; amoor.d X(rd), X(rs), [X(addr)]),
+            (Xor, false) => rv!(self.asm; amoxor.w X(rd), X(rs), [X(addr)]),
+            (Xor, true) => rv!(self.asm; amoxor.d X(rd), X(rs), [X(addr)]),
+            (Swap, false) => rv!(self.asm; amoswap.w X(rd), X(rs), [X(addr)]),
+            (Swap, true) => rv!(self.asm; amoswap.d X(rd), X(rs), [X(addr)]),
+        }
+    }
+
+    /// AMO with aq+rl: BPF's FETCH forms (and xchg) are fully ordered.
+    pub fn amo_aqrl(&mut self, op: super::codegen::Amo, dw: bool, rd: u8, rs: u8, addr: u8) {
+        use super::codegen::Amo::*;
+        match (op, dw) {
+            (Add, false) => rv!(self.asm; amoadd.w.aqrl X(rd), X(rs), [X(addr)]),
+            (Add, true) => rv!(self.asm; amoadd.d.aqrl X(rd), X(rs), [X(addr)]),
+            (And, false) => rv!(self.asm; amoand.w.aqrl X(rd), X(rs), [X(addr)]),
+            (And, true) => rv!(self.asm; amoand.d.aqrl X(rd), X(rs), [X(addr)]),
+            (Or, false) => rv!(self.asm; amoor.w.aqrl X(rd), X(rs), [X(addr)]),
+            (Or, true) => rv!(self.asm; amoor.d.aqrl X(rd), X(rs), [X(addr)]),
+            (Xor, false) => rv!(self.asm; amoxor.w.aqrl X(rd), X(rs), [X(addr)]),
+            (Xor, true) => rv!(self.asm; amoxor.d.aqrl X(rd), X(rs), [X(addr)]),
+            (Swap, false) => rv!(self.asm; amoswap.w.aqrl X(rd), X(rs), [X(addr)]),
+            (Swap, true) => rv!(self.asm; amoswap.d.aqrl X(rd), X(rs), [X(addr)]),
+        }
+    }
+
+    /// The compare-and-swap loop:
+    /// ```text
+    ///   loop: lr.{w,d}.aqrl t1, [addr]
+    ///         bne  t1, expect, done
+    ///         sc.{w,d}.rl t3, new, [addr]
+    ///         bnez t3, loop
+    ///   done: fence rw, rw
+    /// ```
+    /// The old value is left in `t1` (sign-extended for .w). The branch offsets are fixed
+    /// because every instruction here uses its 4-byte encoding. `sc.rl` plus the trailing
+    /// fence make the operation fully ordered, as BPF requires of cmpxchg.
+    pub fn cmpxchg_loop(&mut self, dw: bool, addr: u8, expect: u8, new: u8) {
+        if dw {
+            rv!(self.asm; lr.d.aqrl X(T1), [X(addr)]);
+        } else {
+            rv!(self.asm; lr.w.aqrl X(T1), [X(addr)]);
+        }
+        self.b_off(Br::Ne, T1, expect, 12);
+        if dw {
+            rv!(self.asm; sc.d.rl X(T3), X(new), [X(addr)]);
+        } else {
+            rv!(self.asm; sc.w.rl X(T3), X(new), [X(addr)]);
+        }
+        self.b_off(Br::Ne, T3, ZERO, -12);
+        rv!(self.asm; fence rw, rw);
+    }
+}
+
+/// Counts RISC-V instructions in an encoded stream: a parcel whose low two bits are `11`
+/// starts a 32-bit instruction, anything else is a 16-bit compressed one.
+pub fn count_insns(code: &[u8]) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i + 1 < code.len() {
+        i += if code[i] & 3 == 3 { 4 } else { 2 };
+        n += 1;
+    }
+    n
+}
