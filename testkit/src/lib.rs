@@ -15,6 +15,7 @@ pub mod asm;
 pub mod conformance;
 pub mod data;
 pub mod disasm;
+pub mod fuzz;
 pub mod gen;
 pub mod plugin_mode;
 pub mod reference;

@@ -1,0 +1,206 @@
+//! The fuzz entry shared by the cargo-fuzz target (`fuzz/fuzz_targets/compile.rs`) and the
+//! stable test that runs it over random and mutated inputs (`tests/fuzz_stable.rs`).
+//!
+//! [`compile_both`] feeds arbitrary bytes to the verifier and to both backends, compiling
+//! into a [`VecArena`] (plain heap memory: nothing is executed, so no mapping is needed).
+//! The properties: no panic, no hang, every rejection is a clean [`CompileError`], and the
+//! verifier and the backends agree on what is valid.
+
+use packjit_plugin_api::{
+    CodeArena, CompileError, CompileRequest, ErrorKind, HelperEntry, JitBackend, Region,
+};
+use std::cell::RefCell;
+
+/// A code arena over heap buffers, for compiling without executing.
+#[derive(Default)]
+pub struct VecArena {
+    regions: RefCell<Vec<Option<Vec<u8>>>>,
+}
+
+/// A fake, page-aligned address space so backends see plausible exec addresses.
+const FAKE_BASE: u64 = 0x7f00_0000_0000;
+const FAKE_STRIDE: u64 = 1 << 24;
+
+impl VecArena {
+    /// Bytes written to region `r`, if it is live.
+    pub fn bytes(&self, r: &Region) -> Option<Vec<u8>> {
+        self.regions
+            .borrow()
+            .get(r.cookie as usize)
+            .and_then(|b| b.clone())
+    }
+}
+
+impl CodeArena for VecArena {
+    fn alloc(&self, size: usize) -> Result<Region, CompileError> {
+        if size as u64 >= FAKE_STRIDE {
+            return Err(CompileError::new(
+                ErrorKind::Arena,
+                format!("{size} bytes is too large for the test arena"),
+            ));
+        }
+        let mut regs = self.regions.borrow_mut();
+        let cookie = regs.len() as u64;
+        regs.push(Some(vec![0; size]));
+        Ok(Region {
+            exec_addr: FAKE_BASE + cookie * FAKE_STRIDE,
+            size: size as u64,
+            cookie,
+        })
+    }
+
+    fn write(&self, region: &Region, offset: usize, bytes: &[u8]) -> Result<(), CompileError> {
+        let mut regs = self.regions.borrow_mut();
+        let buf = regs
+            .get_mut(region.cookie as usize)
+            .and_then(|b| b.as_mut())
+            .ok_or_else(|| {
+                CompileError::new(ErrorKind::Arena, "write to a freed or unknown region")
+            })?;
+        let end = offset
+            .checked_add(bytes.len())
+            .filter(|&e| e <= buf.len())
+            .ok_or_else(|| {
+                CompileError::new(
+                    ErrorKind::Arena,
+                    format!(
+                        "write of {} bytes at {offset} overflows the region",
+                        bytes.len()
+                    ),
+                )
+            })?;
+        buf[offset..end].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn free(&self, region: &Region) {
+        if let Some(b) = self.regions.borrow_mut().get_mut(region.cookie as usize) {
+            *b = None;
+        }
+    }
+}
+
+unsafe extern "C" fn fuzz_helper(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
+    a ^ b
+}
+
+/// The helper table fuzzed programs compile against: ids 1, 2 and 5.
+pub fn fuzz_helpers() -> Vec<HelperEntry> {
+    [1u32, 2, 5]
+        .iter()
+        .map(|&id| HelperEntry {
+            id,
+            reserved: 0,
+            addr: fuzz_helper as crate::reference::HelperFn as usize as u64,
+        })
+        .collect()
+}
+
+/// Verifies `data` and compiles it with both backends, each with no features and with all
+/// of them. Panics (the fuzzing failure signal) when a backend panics (caught by the caller's
+/// harness), accepts what the verifier rejects, rejects what it accepts for a reason other
+/// than an encoding limit, or reports a malformed result.
+pub fn compile_both(data: &[u8]) {
+    let helpers = fuzz_helpers();
+    let verdict = packjit_lower::decode(data, &helpers);
+    let backends: [(&dyn JitBackend, u64); 2] = [
+        (
+            &packjit_arm64::Arm64Backend::new(),
+            packjit_arm64::FEATURE_LSE,
+        ),
+        (
+            &packjit_rv64::Rv64Backend::new(),
+            packjit_rv64::FEATURE_ZBB | packjit_rv64::FEATURE_ZBA | packjit_rv64::FEATURE_C,
+        ),
+    ];
+    for (b, all) in backends {
+        for features in [0, all] {
+            let arena = VecArena::default();
+            let req = CompileRequest {
+                code: data,
+                helpers: &helpers,
+                features,
+                flags: 0,
+            };
+            match (b.compile(&req, &arena), &verdict) {
+                (Ok(c), Ok(_)) => {
+                    let bytes = arena.bytes(&c.region).expect("compiled region is live");
+                    assert!(
+                        c.code_size > 0 && c.code_size <= bytes.len(),
+                        "{}: bad code size {}",
+                        b.name(),
+                        c.code_size
+                    );
+                    assert!(
+                        c.entry >= c.region.exec_addr
+                            && c.entry < c.region.exec_addr + c.region.size,
+                        "{}: entry outside its region",
+                        b.name()
+                    );
+                }
+                (Ok(_), Err(e)) => {
+                    panic!("{} accepted a program the verifier rejects ({e})", b.name())
+                }
+                (Err(e), Ok(_)) => {
+                    // Valid bytecode may still exceed an encoding limit (e.g. a branch range);
+                    // anything else is a backend bug.
+                    assert!(
+                        matches!(
+                            e.kind,
+                            ErrorKind::Encoding | ErrorKind::Arena | ErrorKind::Unsupported
+                        ),
+                        "{} rejected a verified program: {e}",
+                        b.name()
+                    );
+                }
+                (Err(e), Err(v)) => {
+                    assert_ne!(
+                        e.kind,
+                        ErrorKind::Panic,
+                        "{} panicked on invalid input ({v})",
+                        b.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Mutates `input` in place with a few random byte/slot edits (for the stable fuzz test).
+pub fn mutate(rng: &mut crate::gen::Rng, input: &mut Vec<u8>) {
+    let n = 1 + rng.below(4);
+    for _ in 0..n {
+        match rng.below(6) {
+            0 if !input.is_empty() => {
+                let i = rng.below(input.len() as u64) as usize;
+                input[i] = rng.next() as u8;
+            }
+            1 if !input.is_empty() => {
+                let i = rng.below(input.len() as u64) as usize;
+                input[i] ^= 1 << rng.below(8);
+            }
+            2 if input.len() >= 8 => {
+                // Swap in a random opcode byte at a slot start: reaches every decoder arm.
+                let s = rng.below(input.len() as u64 / 8) as usize;
+                input[8 * s] = rng.next() as u8;
+            }
+            3 if input.len() >= 16 => {
+                let s = rng.below(input.len() as u64 / 8) as usize * 8;
+                input.drain(s..s + 8);
+            }
+            4 => {
+                let b = rng.next().to_le_bytes();
+                let s = rng.below(input.len() as u64 / 8 + 1) as usize * 8;
+                input.splice(s.min(input.len())..s.min(input.len()), b);
+            }
+            _ => {
+                // Off-by-one length: misaligned programs must be rejected cleanly.
+                if rng.chance(1, 2) {
+                    input.push(rng.next() as u8);
+                } else {
+                    input.pop();
+                }
+            }
+        }
+    }
+}
