@@ -336,11 +336,7 @@ impl PackedArena {
             free += f;
             split += f - best;
         }
-        s.fragmentation_permille = if free == 0 {
-            0
-        } else {
-            (split * 1000 / free) as u32
-        };
+        s.fragmentation_permille = (split * 1000).checked_div(free).unwrap_or(0) as u32;
         s
     }
 

@@ -147,9 +147,6 @@ pub(crate) fn membarrier_sync_core() {
 /// after writing code there through another mapping.
 #[allow(unused_variables)]
 pub(crate) fn flush_icache(start: usize, len: usize) {
-    if len == 0 {
-        return;
-    }
     #[cfg(target_arch = "aarch64")]
     // SAFETY: cache maintenance by VA on mapped, readable memory is harmless.
     unsafe {
