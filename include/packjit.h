@@ -837,7 +837,7 @@ int32_t packjit_program_load(const struct PackjitRuntime *rt,
  * `packjit_program_free`) or NULL when that program failed. `errors` may be NULL; otherwise
  * `errors[i]` receives program `i`'s status, pc and message (`code == PJ_OK` on success).
  * Returns `PJ_OK` when all succeeded, else the first failure's status (the last error then
- * reads "program i: ..."); the successful programs are returned even then.
+ * reads "program i: pc N: ..."); the successful programs are returned even then.
  *
  * # Safety
  * `rt` NULL or live; `codes` and `code_lens` NULL or arrays of `count` entries, each
@@ -871,13 +871,14 @@ int32_t packjit_program_run(const struct PackjitProgram *prog,
                             uint64_t *r0);
 
 /**
- * Frees a program. NULL is ignored. Safe while other threads are inside
- * `packjit_program_run` with it: the handle and the code are released only after every
- * such call has returned (epoch-based deferred free). The caller must make sure no *new*
- * call on the handle starts once free has been called — e.g. unpublish the pointer first
- * and have readers load and run it inside `packjit_epoch_enter`/`packjit_epoch_exit`.
- * A second free of the same handle is detected while the memory is still mapped (recorded
- * as an error, otherwise ignored), but is a caller bug.
+ * Frees a program. NULL is ignored. Safe while other threads use it, RCU-style: the handle
+ * and the code stay valid until every thread that was inside `packjit_program_run` (or
+ * inside `packjit_epoch_enter`/`packjit_epoch_exit`) when free was called has left, and
+ * are released after that. So a host can unpublish the pointer, free it at once, and
+ * readers that fetched it inside `packjit_epoch_enter`/`_exit` may still run it. A thread
+ * that starts using the handle after free without such a bracket is a caller bug. A second
+ * free of the same handle is refused (recorded as the last error, otherwise ignored) as
+ * long as the handle has not been reclaimed yet.
  *
  * # Safety
  * `prog` NULL or a handle from `packjit_program_load`/`_batch`.

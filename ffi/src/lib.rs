@@ -20,16 +20,21 @@
 
 use core::ffi::{c_char, c_void, CStr};
 use crossbeam_epoch as epoch;
-use packjit::{
+// The plugin ABI's C types, re-exported for Rust users of this crate (the header gets them
+// through cbindgen's `parse_deps`).
+pub use packjit_plugin_api::{
+    PjArenaVtable, PjBackendVtable, PjCompileRequest, PjCompileResult, PjError, PjHelper,
+    PjHelperFn, PjPluginEntry, PjProgramEntry, PjRegion,
+};
+use packjit_runtime::{
     Arch, ArenaConfig, ArenaStats, BackendInfo, Error, ErrorKind, LoadOptions, MapMode, Program,
     RemapPolicy, Runtime, RuntimeConfig,
 };
-use packjit_plugin_api::{PjError, PjProgramEntry};
 use std::cell::RefCell;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 // The plugin ABI's constants, mirrored here because cbindgen only emits constants of the
@@ -104,7 +109,7 @@ mod abi_mirror {
         PJ_ERR_INTERNAL,
         PJ_ERROR_MESSAGE_LEN
     );
-    const _: () = assert!(super::PACKJIT_CALLX_UNKNOWN == packjit::CALLX_UNKNOWN);
+    const _: () = assert!(super::PACKJIT_CALLX_UNKNOWN == packjit_runtime::CALLX_UNKNOWN);
     const _: () = {
         let (a, b) = (
             super::PJ_PLUGIN_SYMBOL.as_bytes(),
@@ -288,6 +293,9 @@ pub struct PackjitRuntime {
 /// one may free it while others are running it.
 pub struct PackjitProgram {
     magic: AtomicU64,
+    /// Set by the first `packjit_program_free`; the handle stays usable (RCU-style) until
+    /// the deferred drop, so only a second free is refused.
+    freed: AtomicBool,
     prog: Program,
     // Keeps the backends and helpers the code refers to alive even after
     // packjit_runtime_destroy.
@@ -833,7 +841,7 @@ unsafe fn plugin_dirs(h: &PackjitRuntime, dir: *const c_char) -> Result<Vec<Path
     } else if let Some(d) = &h.plugin_dir {
         vec![d.clone()]
     } else {
-        packjit::default_plugin_dirs()
+        packjit_runtime::default_plugin_dirs()
     })
 }
 
@@ -875,7 +883,7 @@ pub unsafe extern "C" fn packjit_load_plugins(
             ),
         ));
         for d in &dirs {
-            let files = packjit::plugin_files(d);
+            let files = packjit_runtime::plugin_files(d);
             if files.is_empty() {
                 continue;
             }
@@ -925,7 +933,7 @@ pub unsafe extern "C" fn packjit_load_host_plugin(
         let dirs = unsafe { plugin_dirs(h, dir) }?;
         let mut tried = Vec::new();
         for d in &dirs {
-            for f in packjit::plugin_files(d) {
+            for f in packjit_runtime::plugin_files(d) {
                 match h.rt.load_plugin_for(&f, Some(host)) {
                     // SAFETY: caller contract.
                     Ok(bi) => return unsafe { write_backend_info(&bi, info) },
@@ -1088,6 +1096,7 @@ unsafe fn bytes<'a>(code: *const u8, len: usize, what: &str) -> Result<&'a [u8],
 fn new_program(rt: &Arc<Runtime>, prog: Program) -> *mut PackjitProgram {
     Box::into_raw(Box::new(PackjitProgram {
         magic: AtomicU64::new(PROGRAM_MAGIC),
+        freed: AtomicBool::new(false),
         prog,
         _rt: rt.clone(),
     }))
@@ -1132,7 +1141,7 @@ pub unsafe extern "C" fn packjit_program_load(
 /// `packjit_program_free`) or NULL when that program failed. `errors` may be NULL; otherwise
 /// `errors[i]` receives program `i`'s status, pc and message (`code == PJ_OK` on success).
 /// Returns `PJ_OK` when all succeeded, else the first failure's status (the last error then
-/// reads "program i: ..."); the successful programs are returned even then.
+/// reads "program i: pc N: ..."); the successful programs are returned even then.
 ///
 /// # Safety
 /// `rt` NULL or live; `codes` and `code_lens` NULL or arrays of `count` entries, each
@@ -1194,10 +1203,8 @@ pub unsafe extern "C" fn packjit_program_load_batch(
                 Err(e) => {
                     let c = e.to_c();
                     if first.is_none() {
-                        first = Some(Error {
-                            message: format!("program {i}: {}", e.message),
-                            ..e
-                        });
+                        // The per-program pc is in errors[i]; the summary names both.
+                        first = Some(Error::new(e.kind, format!("program {i}: {e}")));
                     }
                     c
                 }
@@ -1230,7 +1237,7 @@ pub unsafe extern "C" fn packjit_program_run(
 ) -> i32 {
     // Pin before touching the handle: a concurrent packjit_program_free defers dropping it
     // (and its code) until this guard is gone.
-    let _guard = packjit::arena::epoch_pin();
+    let _guard = packjit_runtime::arena::epoch_pin();
     boundary("packjit_program_run", || {
         // SAFETY: caller contract.
         let p = unsafe { program(prog) }?;
@@ -1245,13 +1252,14 @@ pub unsafe extern "C" fn packjit_program_run(
     })
 }
 
-/// Frees a program. NULL is ignored. Safe while other threads are inside
-/// `packjit_program_run` with it: the handle and the code are released only after every
-/// such call has returned (epoch-based deferred free). The caller must make sure no *new*
-/// call on the handle starts once free has been called — e.g. unpublish the pointer first
-/// and have readers load and run it inside `packjit_epoch_enter`/`packjit_epoch_exit`.
-/// A second free of the same handle is detected while the memory is still mapped (recorded
-/// as an error, otherwise ignored), but is a caller bug.
+/// Frees a program. NULL is ignored. Safe while other threads use it, RCU-style: the handle
+/// and the code stay valid until every thread that was inside `packjit_program_run` (or
+/// inside `packjit_epoch_enter`/`packjit_epoch_exit`) when free was called has left, and
+/// are released after that. So a host can unpublish the pointer, free it at once, and
+/// readers that fetched it inside `packjit_epoch_enter`/`_exit` may still run it. A thread
+/// that starts using the handle after free without such a bracket is a caller bug. A second
+/// free of the same handle is refused (recorded as the last error, otherwise ignored) as
+/// long as the handle has not been reclaimed yet.
 ///
 /// # Safety
 /// `prog` NULL or a handle from `packjit_program_load`/`_batch`.
@@ -1263,8 +1271,8 @@ pub unsafe extern "C" fn packjit_program_free(prog: *mut PackjitProgram) {
     boundary("packjit_program_free", || {
         // SAFETY: caller contract.
         let p = unsafe { program(prog) }?;
-        if p.magic.swap(DEAD_MAGIC, Ordering::AcqRel) != PROGRAM_MAGIC {
-            return Err(invalid("program was freed concurrently"));
+        if p.freed.swap(true, Ordering::AcqRel) {
+            return Err(invalid("program was already freed"));
         }
         struct Handle(*mut PackjitProgram);
         // SAFETY: PackjitProgram is Send (Program and Arc<Runtime> are); the raw pointer
@@ -1275,9 +1283,13 @@ pub unsafe extern "C" fn packjit_program_free(prog: *mut PackjitProgram) {
         let guard = epoch::pin();
         guard.defer(move || {
             let h = handle;
-            // SAFETY: from Box::into_raw; the magic swap made this the only free, and the
+            // SAFETY: from Box::into_raw; the `freed` swap made this the only free, and the
             // epoch guarantees no pinned runner still holds it.
-            drop(unsafe { Box::from_raw(h.0) });
+            let b = unsafe { Box::from_raw(h.0) };
+            // A stale pointer used after this point (a caller bug) is then refused as long
+            // as the allocator leaves the word alone.
+            b.magic.store(DEAD_MAGIC, Ordering::Release);
+            drop(b);
             PENDING_HANDLES.fetch_sub(1, Ordering::AcqRel);
         });
         guard.flush();

@@ -1,0 +1,679 @@
+//! The C API, driven from Rust exactly as a C host would call it, with a backend written in
+//! C (ffi/tests/c-backend/c_backend.c, compiled here into a plugin and loaded by the
+//! runtime): load, run, batch, dump, stats, errors, bad arguments, deferred free.
+
+use packjit::*;
+use std::ffi::{CStr, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// The C compiler for the target this test runs on (a cross gcc under qemu; the guest's
+/// execve of the x86 compiler goes straight to the host kernel). `PACKJIT_CC` overrides.
+fn c_compiler() -> String {
+    if let Ok(cc) = std::env::var("PACKJIT_CC") {
+        return cc;
+    }
+    let native = Command::new("uname")
+        .arg("-m")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let me = std::env::consts::ARCH;
+    if native == me {
+        "cc".into()
+    } else {
+        match me {
+            "aarch64" => "aarch64-linux-gnu-gcc".into(),
+            "riscv64" => "riscv64-linux-gnu-gcc".into(),
+            _ => "cc".into(),
+        }
+    }
+}
+
+/// Builds the C backend once per test process.
+fn c_backend() -> &'static CString {
+    static PATH: OnceLock<CString> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{}-libpackjit_cbackend.so", std::env::consts::ARCH));
+        let cc = c_compiler();
+        let res = Command::new(&cc)
+            .args([
+                "-std=c99",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pedantic",
+                "-shared",
+            ])
+            .args(["-fPIC", "-O1", "-o"])
+            .arg(&out)
+            .arg("-I")
+            .arg(dir.join("../include"))
+            .arg(dir.join("tests/c-backend/c_backend.c"))
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+        assert!(
+            res.status.success(),
+            "{cc} failed on c_backend.c:\n{}",
+            String::from_utf8_lossy(&res.stderr)
+        );
+        CString::new(out.into_os_string().into_encoded_bytes()).unwrap()
+    })
+}
+
+fn last_error() -> String {
+    // SAFETY: never NULL, NUL-terminated.
+    unsafe { CStr::from_ptr(packjit_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn insn(op: u8, regs: u8, off: i16, imm: i32) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[0] = op;
+    b[1] = regs;
+    b[2..4].copy_from_slice(&off.to_le_bytes());
+    b[4..8].copy_from_slice(&imm.to_le_bytes());
+    b
+}
+
+fn prog(insns: &[[u8; 8]]) -> Vec<u8> {
+    insns.concat()
+}
+
+const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+fn mov_r0(imm: i32) -> Vec<u8> {
+    prog(&[insn(0xb7, 0, 0, imm), EXIT])
+}
+
+struct Rt(*mut PackjitRuntime);
+
+impl Rt {
+    fn new() -> Self {
+        let mut rt = null_mut();
+        // SAFETY: valid out pointer; NULL config = defaults.
+        let st = unsafe { packjit_runtime_create(null(), &mut rt) };
+        assert_eq!(st, PJ_OK, "{}", last_error());
+        Self(rt)
+    }
+
+    fn with_backend() -> Self {
+        let rt = Self::new();
+        let mut info = info_struct();
+        // SAFETY: valid runtime, path and info.
+        let st = unsafe { packjit_load_plugin(rt.0, c_backend().as_ptr(), &mut info) };
+        assert_eq!(st, PJ_OK, "{}", last_error());
+        rt
+    }
+
+    fn load(&self, code: &[u8]) -> Result<*mut PackjitProgram, (i32, String, i64)> {
+        let mut p = null_mut();
+        // SAFETY: valid runtime and buffers.
+        let st = unsafe { packjit_program_load(self.0, code.as_ptr(), code.len(), null(), &mut p) };
+        if st == PJ_OK {
+            assert!(!p.is_null());
+            Ok(p)
+        } else {
+            assert!(p.is_null(), "failed load must leave *out NULL");
+            Err((st, last_error(), packjit_last_error_pc()))
+        }
+    }
+
+    fn stats(&self) -> PackjitArenaStats {
+        let mut s = PackjitArenaStats {
+            struct_size: size_of::<PackjitArenaStats>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: valid runtime and out struct.
+        assert_eq!(unsafe { packjit_runtime_stats(self.0, &mut s) }, PJ_OK);
+        s
+    }
+}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        // SAFETY: created by packjit_runtime_create, destroyed once.
+        unsafe { packjit_runtime_destroy(self.0) };
+    }
+}
+
+fn info_struct() -> PackjitBackendInfo {
+    PackjitBackendInfo {
+        struct_size: size_of::<PackjitBackendInfo>() as u32,
+        arch: 0,
+        supported_features: 0,
+        detected_features: 0,
+        name: [0; PACKJIT_NAME_LEN],
+        version: [0; PACKJIT_NAME_LEN],
+        origin: [0; PACKJIT_PATH_LEN],
+    }
+}
+
+fn run(p: *const PackjitProgram) -> Result<u64, (i32, String)> {
+    let mut r0 = 0u64;
+    let mut ctx = [0u8; 16];
+    // SAFETY: valid program (or deliberately bad, which must be refused), valid ctx.
+    let st = unsafe { packjit_program_run(p, ctx.as_mut_ptr().cast(), ctx.len(), &mut r0) };
+    if st == PJ_OK {
+        Ok(r0)
+    } else {
+        Err((st, last_error()))
+    }
+}
+
+fn host_arch_code() -> u32 {
+    match std::env::consts::ARCH {
+        "x86_64" => PJ_ARCH_X86_64,
+        "aarch64" => PJ_ARCH_AARCH64,
+        "riscv64" => PJ_ARCH_RISCV64,
+        other => panic!("no C backend for {other}"),
+    }
+}
+
+#[test]
+fn c_backend_loads_compiles_and_runs() {
+    let rt = Rt::new();
+    let mut info = info_struct();
+    // SAFETY: valid arguments.
+    let st = unsafe { packjit_load_plugin(rt.0, c_backend().as_ptr(), &mut info) };
+    assert_eq!(st, PJ_OK, "{}", last_error());
+    // SAFETY: NUL-terminated by the library.
+    let name = unsafe { CStr::from_ptr(info.name.as_ptr()) };
+    assert_eq!(name.to_str().unwrap(), "cbackend");
+    assert_eq!(info.arch, host_arch_code());
+    let mut count = 0;
+    // SAFETY: valid arguments.
+    assert_eq!(unsafe { packjit_backend_count(rt.0, &mut count) }, PJ_OK);
+    assert_eq!(count, 1);
+    // A second backend for the same arch is refused.
+    // SAFETY: valid arguments.
+    let st = unsafe { packjit_load_plugin(rt.0, c_backend().as_ptr(), null_mut()) };
+    assert_eq!(st, PJ_ERR_PLUGIN);
+    assert!(last_error().contains("already loaded"), "{}", last_error());
+
+    // 64-bit mov sign-extends, 32-bit mov zero-extends: both visible in r0.
+    for (code, want) in [
+        (mov_r0(42), 42u64),
+        (mov_r0(-7), (-7i64) as u64),
+        (mov_r0(i32::MIN), i32::MIN as i64 as u64),
+        (prog(&[insn(0xb4, 0, 0, -1), EXIT]), 0xffff_ffff),
+    ] {
+        let p = rt.load(&code).expect("compiles");
+        assert_eq!(run(p), Ok(want));
+        // SAFETY: loaded above, freed once.
+        unsafe { packjit_program_free(p) };
+    }
+
+    let p = rt.load(&mov_r0(42)).unwrap();
+    let mut pi = PackjitProgramInfo {
+        struct_size: size_of::<PackjitProgramInfo>() as u32,
+        arch: 0,
+        executable: 0,
+        reserved: 0,
+        features: 0,
+        entry_addr: 0,
+        code_size: 0,
+        native_insns: 0,
+        backend: [0; PACKJIT_NAME_LEN],
+    };
+    // SAFETY: valid arguments.
+    assert_eq!(unsafe { packjit_program_info(p, &mut pi) }, PJ_OK);
+    assert_eq!(pi.arch, host_arch_code());
+    assert_eq!(pi.executable, 1);
+    assert_ne!(pi.entry_addr, 0);
+
+    // Dump: size query, too-small buffer, then the real copy.
+    let mut size = 0usize;
+    // SAFETY: valid arguments.
+    assert_eq!(
+        unsafe { packjit_program_code(p, null_mut(), 0, &mut size) },
+        PJ_OK
+    );
+    assert_eq!(size as u64, pi.code_size);
+    let mut small = vec![0u8; size - 1];
+    // SAFETY: buffer of the given length.
+    let st = unsafe { packjit_program_code(p, small.as_mut_ptr(), small.len(), &mut size) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("too small"), "{}", last_error());
+    let mut code = vec![0u8; size];
+    // SAFETY: buffer of the given length.
+    assert_eq!(
+        unsafe { packjit_program_code(p, code.as_mut_ptr(), code.len(), &mut size) },
+        PJ_OK
+    );
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(
+            code,
+            [0x48, 0xc7, 0xc0, 42, 0, 0, 0, 0xc3],
+            "mov rax, 42; ret"
+        );
+    }
+    // The entry point can be called directly too.
+    let mut entry: Option<PjProgramEntry> = None;
+    // SAFETY: valid arguments (Option<fn> has the C pointer layout).
+    let st =
+        unsafe { packjit_program_entry(p, (&mut entry as *mut Option<PjProgramEntry>).cast()) };
+    assert_eq!(st, PJ_OK);
+    packjit_epoch_enter();
+    // SAFETY: committed code with the PjProgramEntry signature; the program is alive.
+    assert_eq!(unsafe { entry.unwrap()(null_mut(), 0) }, 42);
+    packjit_epoch_exit();
+
+    // SAFETY: valid arguments. Let the frees above finish first.
+    assert_eq!(unsafe { packjit_reclaim(rt.0, null_mut()) }, PJ_OK);
+    let s = rt.stats();
+    assert_eq!(s.allocations, 1, "{s:?}");
+    assert_eq!(s.bytes_code, pi.code_size);
+    // SAFETY: freed once.
+    unsafe { packjit_program_free(p) };
+    let mut pending = 99;
+    // SAFETY: valid arguments.
+    assert_eq!(unsafe { packjit_reclaim(rt.0, &mut pending) }, PJ_OK);
+    assert_eq!(pending, 0);
+    assert_eq!(rt.stats().allocations, 0);
+}
+
+#[test]
+fn c_backend_refusals_name_the_pc_and_opcode() {
+    let rt = Rt::with_backend();
+    // mov r1, 1; exit: wrong destination register at pc 0.
+    let (st, msg, pc) = rt.load(&prog(&[insn(0xb7, 1, 0, 1), EXIT])).unwrap_err();
+    assert_eq!((st, pc), (PJ_ERR_UNSUPPORTED, 0), "{msg}");
+    assert!(msg.starts_with("pc 0: opcode 0xb7 (regs 0x01)"), "{msg}");
+    assert!(msg.contains("only `mov r0, imm; exit`"), "{msg}");
+    assert_eq!(packjit_last_error_code(), PJ_ERR_UNSUPPORTED);
+    // SAFETY: static string.
+    let s = unsafe { CStr::from_ptr(packjit_status_str(st)) };
+    assert_eq!(s.to_str().unwrap(), "unsupported by the backend");
+
+    // mov r0, 1; add r0, 1; exit: unsupported second instruction.
+    let (st, msg, pc) = rt
+        .load(&prog(&[insn(0xb7, 0, 0, 1), insn(0x07, 0, 0, 1), EXIT]))
+        .unwrap_err();
+    assert_eq!((st, pc), (PJ_ERR_UNSUPPORTED, 1), "{msg}");
+    assert!(msg.starts_with("pc 1: opcode 0x07"), "{msg}");
+
+    // Trailing instructions after exit.
+    let (st, _, pc) = rt
+        .load(&prog(&[insn(0xb7, 0, 0, 1), EXIT, EXIT]))
+        .unwrap_err();
+    assert_eq!((st, pc), (PJ_ERR_UNSUPPORTED, 2));
+    // Malformed bytecode: no exit, odd length, empty.
+    let (st, msg, _) = rt.load(&prog(&[insn(0xb7, 0, 0, 1)])).unwrap_err();
+    assert_eq!(st, PJ_ERR_VERIFY, "{msg}");
+    let (st, _, _) = rt.load(&[0xb7, 0, 0]).unwrap_err();
+    assert_eq!(st, PJ_ERR_VERIFY);
+    let (st, _, pc) = rt.load(&[]).unwrap_err();
+    assert_eq!((st, pc), (PJ_ERR_VERIFY, -1));
+    // Nothing was left allocated by the failures.
+    assert_eq!(rt.stats().allocations, 0);
+
+    // A success clears the last error.
+    let p = rt.load(&mov_r0(1)).unwrap();
+    assert_eq!(last_error(), "");
+    assert_eq!(packjit_last_error_code(), PJ_OK);
+    assert_eq!(packjit_last_error_pc(), -1);
+    // SAFETY: freed once.
+    unsafe { packjit_program_free(p) };
+}
+
+#[test]
+fn batch_commits_once_and_reports_each_program() {
+    let rt = Rt::with_backend();
+    let codes = [
+        mov_r0(1),
+        prog(&[insn(0xbf, 0x10, 0, 0), EXIT]),
+        mov_r0(3),
+        mov_r0(4),
+    ];
+    let ptrs: Vec<*const u8> = codes.iter().map(|c| c.as_ptr()).collect();
+    let lens: Vec<usize> = codes.iter().map(|c| c.len()).collect();
+    let mut out = [null_mut(); 4];
+    let mut errs = [PjError::default(); 4];
+    let before = rt.stats().commits;
+    // SAFETY: arrays of 4.
+    let st = unsafe {
+        packjit_program_load_batch(
+            rt.0,
+            ptrs.as_ptr(),
+            lens.as_ptr(),
+            4,
+            null(),
+            out.as_mut_ptr(),
+            errs.as_mut_ptr(),
+        )
+    };
+    assert_eq!(st, PJ_ERR_UNSUPPORTED);
+    assert!(
+        last_error().starts_with("program 1: pc 0: opcode 0xbf"),
+        "{}",
+        last_error()
+    );
+    assert!(out[1].is_null());
+    assert_eq!(errs[1].code, PJ_ERR_UNSUPPORTED);
+    assert_eq!(errs[1].pc, 0);
+    assert_eq!(errs[0].code, PJ_OK);
+    assert_eq!(
+        rt.stats().commits,
+        before + 1,
+        "one commit for the whole batch"
+    );
+    for (i, want) in [(0, 1), (2, 3), (3, 4)] {
+        assert_eq!(run(out[i]), Ok(want));
+    }
+    for p in out {
+        // SAFETY: each freed once; NULL ignored.
+        unsafe { packjit_program_free(p) };
+    }
+    // An empty batch is fine; a NULL out array is not.
+    // SAFETY: count 0 reads nothing.
+    assert_eq!(
+        unsafe {
+            packjit_program_load_batch(rt.0, null(), null(), 0, null(), null_mut(), null_mut())
+        },
+        PJ_OK
+    );
+    // SAFETY: refused before any access.
+    assert_eq!(
+        unsafe {
+            packjit_program_load_batch(
+                rt.0,
+                ptrs.as_ptr(),
+                lens.as_ptr(),
+                4,
+                null(),
+                null_mut(),
+                null_mut(),
+            )
+        },
+        PJ_ERR_INVALID_ARGUMENT
+    );
+}
+
+#[test]
+fn null_and_bad_arguments_are_errors_not_crashes() {
+    let mut rt = null_mut();
+    // SAFETY: every call below passes NULL or deliberately wrong values the API must refuse.
+    unsafe {
+        assert_eq!(
+            packjit_runtime_create(null(), null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(last_error(), "out is NULL");
+        let mut cfg = std::mem::zeroed::<PackjitConfig>();
+        assert_eq!(packjit_runtime_create(&cfg, &mut rt), PJ_ERR_ABI);
+        assert!(
+            last_error().contains("struct_size is 0"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(packjit_config_init(&mut cfg), PJ_OK);
+        cfg.map_mode = 7;
+        assert_eq!(
+            packjit_runtime_create(&cfg, &mut rt),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(rt.is_null());
+        assert_eq!(packjit_config_init(null_mut()), PJ_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            packjit_load_options_init(null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+
+        let mut s = PackjitArenaStats::default();
+        assert_eq!(
+            packjit_runtime_stats(null(), &mut s),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(last_error(), "runtime is NULL");
+        assert_eq!(
+            packjit_load_plugin(null(), c"x".as_ptr(), null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            packjit_register_helper(null(), 1, c"h".as_ptr(), None),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        let mut p = null_mut();
+        assert_eq!(
+            packjit_program_load(null(), null(), 0, null(), &mut p),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        let mut r0 = 0;
+        assert_eq!(
+            packjit_program_run(null(), null_mut(), 0, &mut r0),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            packjit_program_info(null(), null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            packjit_program_code(null(), null_mut(), 0, null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        packjit_program_free(null_mut());
+        packjit_runtime_destroy(null_mut());
+
+        let rt = Rt::with_backend();
+        // Wrong struct sizes on output structs.
+        assert_eq!(packjit_runtime_stats(rt.0, &mut s), PJ_ERR_ABI);
+        // Bad paths, helpers, options.
+        assert_eq!(
+            packjit_load_plugin(rt.0, null(), null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            packjit_load_plugin(rt.0, c"/nonexistent/libpackjit_x.so".as_ptr(), null_mut()),
+            PJ_ERR_PLUGIN
+        );
+        assert!(
+            last_error().contains("/nonexistent/libpackjit_x.so: cannot load"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(
+            packjit_register_helper(rt.0, 1, c"h".as_ptr(), None),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(
+            last_error().contains("helper 1 (h): fn is NULL"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(
+            packjit_register_helper(rt.0, 1, null(), None),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        let code = mov_r0(5);
+        assert_eq!(
+            packjit_program_load(rt.0, null(), 16, null(), &mut p),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        let mut opts = PackjitLoadOptions::default();
+        assert_eq!(
+            packjit_program_load(rt.0, code.as_ptr(), 16, &opts, &mut p),
+            PJ_ERR_ABI
+        );
+        assert_eq!(packjit_load_options_init(&mut opts), PJ_OK);
+        opts.arch = 9;
+        assert_eq!(
+            packjit_program_load(rt.0, code.as_ptr(), 16, &opts, &mut p),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("opts->arch 9"), "{}", last_error());
+        opts.arch = 0;
+        opts.flags = PACKJIT_LOAD_FEATURES_EXACT;
+        opts.features = 1;
+        assert_eq!(
+            packjit_program_load(rt.0, code.as_ptr(), 16, &opts, &mut p),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(
+            last_error().contains("not supported by cbackend"),
+            "{}",
+            last_error()
+        );
+        // No backend for a foreign arch.
+        opts.flags = 0;
+        opts.arch = if host_arch_code() == PJ_ARCH_RISCV64 {
+            PJ_ARCH_AARCH64
+        } else {
+            PJ_ARCH_RISCV64
+        };
+        assert_eq!(
+            packjit_program_load(rt.0, code.as_ptr(), 16, &opts, &mut p),
+            PJ_ERR_PLUGIN
+        );
+        assert!(
+            last_error().contains("no backend loaded"),
+            "{}",
+            last_error()
+        );
+
+        // Handles of the wrong kind are recognised.
+        let fake = [0u64; 8];
+        assert_eq!(
+            run(fake.as_ptr().cast()).unwrap_err().0,
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(
+            last_error().contains("not a PackjitProgram handle"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(run(rt.0.cast()).unwrap_err().0, PJ_ERR_INVALID_ARGUMENT);
+        let mut n = 0;
+        assert_eq!(
+            packjit_backend_count(fake.as_ptr().cast(), &mut n),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            packjit_backend_info(rt.0, 5, &mut info_struct()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(
+            last_error().contains("index 5 out of range (1 loaded)"),
+            "{}",
+            last_error()
+        );
+
+        // ctx NULL with a length, r0 NULL.
+        let p = rt.load(&code).unwrap();
+        assert_eq!(
+            packjit_program_run(p, null_mut(), 8, &mut r0),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            packjit_program_run(p, null_mut(), 0, null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(packjit_program_run(p, null_mut(), 0, &mut r0), PJ_OK);
+        assert_eq!(r0, 5);
+        // Inside an epoch bracket a freed handle stays valid (RCU-style) and a second free
+        // is refused.
+        packjit_epoch_enter();
+        packjit_program_free(p);
+        assert_eq!(run(p), Ok(5));
+        packjit_program_free(p); // double free: detected, ignored
+        assert_eq!(last_error(), "program was already freed");
+        packjit_epoch_exit();
+        packjit_epoch_exit(); // unbalanced: recorded, harmless
+        assert!(last_error().contains("without packjit_epoch_enter"));
+    }
+}
+
+#[test]
+fn version_and_status_strings() {
+    assert_eq!(
+        packjit_version(),
+        (PACKJIT_VERSION_MAJOR << 16) | (PACKJIT_VERSION_MINOR << 8) | PACKJIT_VERSION_PATCH
+    );
+    // SAFETY: static string.
+    let v = unsafe { CStr::from_ptr(packjit_version_string()) };
+    assert_eq!(
+        v.to_str().unwrap(),
+        format!("{PACKJIT_VERSION_MAJOR}.{PACKJIT_VERSION_MINOR}.{PACKJIT_VERSION_PATCH}")
+    );
+    assert_eq!(packjit_abi_version(), PJ_ABI_VERSION);
+    let mut seen = std::collections::HashSet::new();
+    for code in PJ_ERR_INTERNAL..=PJ_OK {
+        // SAFETY: static string.
+        let s = unsafe { CStr::from_ptr(packjit_status_str(code)) }
+            .to_str()
+            .unwrap();
+        assert_ne!(s, "unknown status code", "code {code}");
+        assert!(seen.insert(s), "duplicate description {s:?}");
+    }
+    // SAFETY: static string.
+    let s = unsafe { CStr::from_ptr(packjit_status_str(-99)) };
+    assert_eq!(s.to_str().unwrap(), "unknown status code");
+}
+
+/// Readers run the published program in a loop while the writer swaps in new programs and
+/// frees the old ones: the deferred free must keep every handle and its code valid for the
+/// readers that still hold it, and each reader must see one of the published values.
+#[test]
+fn free_while_other_threads_run() {
+    let rt = Arc::new(Rt::with_backend());
+    let slot = Arc::new(AtomicPtr::new(rt.load(&mov_r0(100)).unwrap()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let runs = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (slot, stop, runs) = (slot.clone(), stop.clone(), runs.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    packjit_epoch_enter();
+                    let p = slot.load(Ordering::Acquire);
+                    let r = run(p);
+                    packjit_epoch_exit();
+                    let r0 = r.expect("published program runs");
+                    assert!((100..200).contains(&r0), "r0 {r0}");
+                    runs.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for i in 1..100 {
+        let new = rt.load(&mov_r0(100 + i)).unwrap();
+        let old = slot.swap(new, Ordering::AcqRel);
+        // SAFETY: unpublished above; readers that still hold it are pinned.
+        unsafe { packjit_program_free(old) };
+    }
+    while runs.load(Ordering::Relaxed) < 1000 {
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    // SAFETY: the last published program, freed once.
+    unsafe { packjit_program_free(slot.load(Ordering::Acquire)) };
+    let mut pending = 1;
+    // SAFETY: valid arguments.
+    assert_eq!(unsafe { packjit_reclaim(rt.0, &mut pending) }, PJ_OK);
+    assert_eq!(pending, 0);
+    assert_eq!(rt.stats().allocations, 0);
+}
+
+// SAFETY (test only): the runtime handle is thread-safe; Rt is shared read-only.
+unsafe impl Send for Rt {}
+unsafe impl Sync for Rt {}
+
+/// A program handle may outlive the runtime that made it.
+#[test]
+fn programs_outlive_their_runtime() {
+    let rt = Rt::with_backend();
+    let p = rt.load(&mov_r0(9)).unwrap();
+    drop(rt);
+    assert_eq!(run(p), Ok(9));
+    // SAFETY: freed once.
+    unsafe { packjit_program_free(p) };
+}
