@@ -54,6 +54,9 @@ impl std::error::Error for AsmError {}
 
 type R<T> = Result<T, String>;
 
+/// Encoded slots and, for a jump to a label, the label and the field to patch.
+type Encoded = (Vec<RawInsn>, Option<(String, Field)>);
+
 /// Splits an operand list on commas and whitespace, keeping `[...]` together (so both
 /// `[%r1+8]` and `[%r1 + 8]` work).
 fn tokenize(s: &str) -> R<Vec<String>> {
@@ -276,7 +279,7 @@ fn split_width(mn: &str) -> (&str, bool) {
 
 /// Encodes one instruction line (mnemonic + operands). Returns the slots and, for jumps to
 /// labels, the label and the field to patch.
-fn encode(mn: &str, ops: &[String]) -> R<(Vec<RawInsn>, Option<(String, Field)>)> {
+fn encode(mn: &str, ops: &[String]) -> R<Encoded> {
     let one = |i: RawInsn| Ok((vec![i], None));
     // Byte swaps: the width is part of the mnemonic.
     for (prefix, opc) in [
@@ -429,7 +432,7 @@ fn encode(mn: &str, ops: &[String]) -> R<(Vec<RawInsn>, Option<(String, Field)>)
     Err(format!("unknown mnemonic `{mn}`"))
 }
 
-fn jump(mut i: RawInsn, target: &str, field: Field) -> R<(Vec<RawInsn>, Option<(String, Field)>)> {
+fn jump(mut i: RawInsn, target: &str, field: Field) -> R<Encoded> {
     match parse_target(target)? {
         Target::Off(v) => {
             match field {
@@ -449,7 +452,7 @@ fn jump(mut i: RawInsn, target: &str, field: Field) -> R<(Vec<RawInsn>, Option<(
 }
 
 /// `lock [fetch] op[32] [%rd+off], %rs`.
-fn encode_lock(ops: &[String]) -> R<(Vec<RawInsn>, Option<(String, Field)>)> {
+fn encode_lock(ops: &[String]) -> R<Encoded> {
     let bad = || {
         "invalid number of operands for `lock`: expected `lock [fetch] OP [%rN+off], %rM`"
             .to_string()

@@ -80,7 +80,7 @@ impl CodeArena for VecArena {
     }
 }
 
-unsafe extern "C" fn fuzz_helper(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
+extern "C" fn fuzz_helper(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
     a ^ b
 }
 
@@ -173,7 +173,7 @@ pub fn mutate(rng: &mut crate::gen::Rng, input: &mut Vec<u8>) {
         match rng.below(6) {
             0 if !input.is_empty() => {
                 let i = rng.below(input.len() as u64) as usize;
-                input[i] = rng.next() as u8;
+                input[i] = rng.next_u64() as u8;
             }
             1 if !input.is_empty() => {
                 let i = rng.below(input.len() as u64) as usize;
@@ -182,21 +182,21 @@ pub fn mutate(rng: &mut crate::gen::Rng, input: &mut Vec<u8>) {
             2 if input.len() >= 8 => {
                 // Swap in a random opcode byte at a slot start: reaches every decoder arm.
                 let s = rng.below(input.len() as u64 / 8) as usize;
-                input[8 * s] = rng.next() as u8;
+                input[8 * s] = rng.next_u64() as u8;
             }
             3 if input.len() >= 16 => {
                 let s = rng.below(input.len() as u64 / 8) as usize * 8;
                 input.drain(s..s + 8);
             }
             4 => {
-                let b = rng.next().to_le_bytes();
+                let b = rng.next_u64().to_le_bytes();
                 let s = rng.below(input.len() as u64 / 8 + 1) as usize * 8;
                 input.splice(s.min(input.len())..s.min(input.len()), b);
             }
             _ => {
                 // Off-by-one length: misaligned programs must be rejected cleanly.
                 if rng.chance(1, 2) {
-                    input.push(rng.next() as u8);
+                    input.push(rng.next_u64() as u8);
                 } else {
                     input.pop();
                 }

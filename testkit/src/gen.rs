@@ -45,7 +45,7 @@ impl Rng {
         Rng(seed ^ 0x6a09_e667_f3bc_c909)
     }
     /// Next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -54,7 +54,7 @@ impl Rng {
     }
     /// Uniform in `0..n` (`n > 0`).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
     /// True with probability `num/den`.
     pub fn chance(&mut self, num: u64, den: u64) -> bool {
@@ -84,7 +84,7 @@ impl Rng {
             ]),
             1 => self.below(70) as i32,
             2 => -(self.below(16) as i32),
-            _ => self.next() as i32,
+            _ => self.next_u64() as i32,
         }
     }
     /// A 64-bit value biased towards edge cases.
@@ -101,7 +101,7 @@ impl Rng {
                 0x8000_0000,
             ]),
             1 => self.imm32() as i64 as u64,
-            _ => self.next(),
+            _ => self.next_u64(),
         }
     }
 }
@@ -174,7 +174,7 @@ fn mov_imm(dst: u8, v: i32) -> RawInsn {
 // Helpers shared by the JIT (extern "C"), the reference (same functions) and rbpf (wrappers).
 
 /// Helper 1: mixes all five arguments.
-pub unsafe extern "C" fn helper_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+pub extern "C" fn helper_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
     a.wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ^ b
         ^ c.rotate_left(13)
@@ -183,17 +183,15 @@ pub unsafe extern "C" fn helper_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u
 }
 
 /// Helper 2: `(a - b) rotl (c & 63)`.
-pub unsafe extern "C" fn helper_rot(a: u64, b: u64, c: u64, _d: u64, _e: u64) -> u64 {
+pub extern "C" fn helper_rot(a: u64, b: u64, c: u64, _d: u64, _e: u64) -> u64 {
     a.wrapping_sub(b).rotate_left((c & 63) as u32)
 }
 
 fn rbpf_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
-    // SAFETY: pure function.
-    unsafe { helper_mix(a, b, c, d, e) }
+    helper_mix(a, b, c, d, e)
 }
 fn rbpf_rot(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
-    // SAFETY: pure function.
-    unsafe { helper_rot(a, b, c, d, e) }
+    helper_rot(a, b, c, d, e)
 }
 fn rbpf_identity(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     a
@@ -261,7 +259,7 @@ impl Ctx<'_> {
             39..=50 => Node::Insns(vec![self.mem_access(false)]),
             51..=57 if self.has_ctx => Node::Insns(vec![self.mem_access(true)]),
             51..=64 if self.classic => Node::Insns(vec![self.alu()]),
-            51..=57 | 58..=64 => Node::Insns(vec![self.atomic()]),
+            51..=64 => Node::Insns(vec![self.atomic()]),
             65..=73 if depth < 3 => {
                 let jmp = self.cond_jump();
                 let n = 1 + self.rng.below(5) as usize;
@@ -335,7 +333,8 @@ impl Ctx<'_> {
         let cls = if self.rng.chance(1, 2) { 0x07 } else { 0x04 };
         let dst = self.dst();
         match self.rng.below(20) {
-            0 => ins(cls | 0x80, dst, 0, 0, 0), // neg
+            0 if self.classic && cls == 0x07 => ins(0x84, dst, 0, 0, 0), // neg32 (see rbpf_unsupported)
+            0 => ins(cls | 0x80, dst, 0, 0, 0),                          // neg
             1 | 2 if self.classic => {
                 let opc = self.rng.pick(&[0xd4u8, 0xdc]);
                 ins(opc, dst, 0, 0, self.rng.pick(&[16, 32, 64]))
@@ -504,7 +503,7 @@ pub fn generate(seed: u64) -> GenProgram {
     funcs[0] = Some(Func { init, stack, body });
     let mut ctx = vec![0u8; CTX_LEN];
     for b in &mut ctx[..CTX_DATA] {
-        *b = rng.next() as u8;
+        *b = rng.next_u64() as u8;
     }
     GenProgram {
         seed,

@@ -490,7 +490,7 @@ impl Mem<'_> {
 }
 
 /// Helper id 5 in the conformance suite: returns its first argument.
-pub unsafe extern "C" fn helper_identity(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+pub extern "C" fn helper_identity(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     a
 }
 
@@ -522,6 +522,11 @@ pub fn rbpf_unsupported(prog: &Program) -> Option<String> {
             } => "bswap (cpu v4)",
             Op::Atomic { .. } => "atomics",
             Op::CallReg { .. } => "callx",
+            // rbpf computes neg64 as `-(x as i64)`, which overflows (a panic in debug builds)
+            // on i64::MIN.
+            Op::Neg {
+                width: Width::W64, ..
+            } => "neg64 (rbpf overflows on i64::MIN)",
             // rbpf shares one 512-byte stack between frames; packjit gives each frame its own.
             Op::CallLocal { .. } => "local calls (different frame layout)",
             // rbpf compares 64-bit jumps against the *zero*-extended imm for the unsigned and
@@ -597,7 +602,12 @@ pub fn run_rbpf(
             return Some(Err(e.to_string()));
         }
     }
-    Some(vm.execute_program(ctx).map_err(|e| e.to_string()))
+    // A panic inside rbpf is reported as its failure, not propagated.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vm.execute_program(ctx)));
+    Some(match r {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("rbpf panicked".to_string()),
+    })
 }
 
 #[cfg(test)]

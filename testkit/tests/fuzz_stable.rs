@@ -31,10 +31,10 @@ fn verify_and_compile_never_panic_or_hang() {
     for i in 0..count {
         let mut input = match i % 3 {
             0 => (0..8 * (1 + rng.below(12)))
-                .map(|_| rng.next() as u8)
+                .map(|_| rng.next_u64() as u8)
                 .collect(),
             1 => corpus[rng.below(corpus.len() as u64) as usize].clone(),
-            _ => generate(rng.next()).encode(),
+            _ => generate(rng.next_u64()).encode(),
         };
         // Every sixth input is a valid generated program, unmutated: it must compile.
         if i % 3 != 0 && i % 6 != 5 {
