@@ -1,43 +1,329 @@
 //! Golden disassembly of emitted code (host side, cross objdump), so code quality and
-//! encoding choices cannot regress silently.
+//! encoding choices cannot regress silently. Registers: BPF r0 = x15 (a5), r1–r5 =
+//! x10–x14, r6–r9 = x9, x18–x20, r10 = x21; t0–t2 = x5–x7. `c:` marks a 16-bit encoding.
 
 mod common;
 use common::*;
 use packjit_plugin_api::HelperEntry;
 use packjit_rv64::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
 
-fn dis(slots: &[[u8; 8]], features: u64) -> Vec<String> {
+const ALL: u64 = FEATURE_C | FEATURE_ZBA | FEATURE_ZBB;
+
+fn golden(slots: &[[u8; 8]], features: u64, want: &str) {
     let helpers = [HelperEntry {
         id: 7,
         reserved: 0,
         addr: 0x0000_3fff_8000_1234,
     }];
-    disasm(&compile(&prog(slots), &helpers, features).unwrap())
+    let got = disasm(&compile(&prog(slots), &helpers, features).unwrap());
+    let want: Vec<&str> = want
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if got != want {
+        panic!(
+            "disassembly differs.\n--- got:\n{}\n--- want:\n{}",
+            got.join("\n"),
+            want.join("\n")
+        );
+    }
 }
 
 #[test]
-fn scratch_print() {
-    let p = [
-        ins(0x07, 1, 0, 0, 100),     // add r1, 100
-        ins(0x07, 1, 0, 0, 0x12345), // add r1, 0x12345
-        ins(0x57, 1, 0, 0, 0xff),    // and r1, 0xff
-        ins(0x04, 1, 0, 0, -1),      // add32 r1, -1
-        lddw(2, 0x1234_5678_9abc_def0)[0],
-        lddw(2, 0x1234_5678_9abc_def0)[1],
-        ins(0x1d, 1, 2, 1, 0),      // jeq r1, r2, +1
-        ins(0x3f, 1, 2, 0, 0),      // div r1, r2
-        ins(0x3c, 1, 2, 0, 0),      // div32 r1, r2
-        ins(0x85, 0, 0, 0, 7),      // call 7
-        ins(0xdb, 10, 1, -8, 0x01), // lock fetch add [r10-8], r1
-        ins(0xc3, 10, 1, -8, 0xf1), // cmpxchg32
-        ins(0xdc, 3, 0, 0, 64),     // be64 r3
-        ins(0x2e, 3, 4, 0, 0),      // jgt32 r3, r4, +0
-        EXIT,
-    ];
-    for f in [0, FEATURE_C | FEATURE_ZBA | FEATURE_ZBB] {
-        println!("--- features {f}");
-        for l in dis(&p, f) {
-            println!("{l}");
-        }
-    }
+fn add_imm12_vs_large_immediate() {
+    // 100 fits addi's 12 bits; 0x12345 needs lui+addiw into a scratch register.
+    golden(
+        &[
+            ins(0x07, 1, 0, 0, 100),
+            ins(0x07, 1, 0, 0, 0x12345),
+            ins(0x17, 1, 0, 0, 2048),
+            EXIT,
+        ],
+        0,
+        "add x10,x10,100
+         lui x6,0x12
+         addw x6,x6,837
+         add x10,x10,x6
+         add x10,x10,-2048
+         mv x10,x15
+         ret",
+    );
+}
+
+#[test]
+fn logical_immediates_and_alu32_zero_extension() {
+    golden(
+        &[
+            ins(0x57, 1, 0, 0, 0xff),    // and: andi
+            ins(0x47, 1, 0, 0, 0x10000), // or: lui + or
+            ins(0xa4, 1, 0, 0, -1),      // xor32: xori, then zero-extend
+            ins(0x54, 1, 0, 0, 0x7f),    // and32 with a non-negative mask: no zext needed
+            EXIT,
+        ],
+        0,
+        "zext.b x10,x10
+         lui x6,0x10
+         or x10,x10,x6
+         not x10,x10
+         sll x10,x10,0x20
+         srl x10,x10,0x20
+         and x10,x10,127
+         mv x10,x15
+         ret",
+    );
+}
+
+#[test]
+fn sixty_four_bit_constant() {
+    let [a, b] = lddw(2, 0x1234_5678_9abc_def0);
+    golden(
+        &[a, b, ins(0xb7, 3, 0, 0, -1), EXIT],
+        0,
+        "lui x11,0x247
+         addw x11,x11,-1875
+         sll x11,x11,0xe
+         add x11,x11,-947
+         sll x11,x11,0xc
+         add x11,x11,1511
+         sll x11,x11,0xd
+         add x11,x11,-272
+         li x12,-1
+         mv x10,x15
+         ret",
+    );
+}
+
+#[test]
+fn conditional_branches() {
+    // jeq reg (64-bit), jgt32 imm (both sides sign-extended), jset imm.
+    golden(
+        &[
+            ins(0x1d, 1, 2, 2, 0),
+            ins(0x26, 3, 0, 1, 5),
+            ins(0x45, 4, 0, 0, 8),
+            ins(0xb7, 0, 0, 0, 1),
+            EXIT,
+        ],
+        0,
+        "beq x10,x11,0x18
+         li x6,5
+         sext.w x5,x12
+         bltu x6,x5,0x18
+         and x5,x13,8
+         bnez x5,0x18
+         li x15,1
+         mv x10,x15
+         ret",
+    );
+}
+
+#[test]
+fn division_by_register_guards_zero() {
+    // RISC-V gives all-ones for x/0; the mask (divisor == 0) - 1 turns that into 0.
+    golden(
+        &[
+            ins(0x3f, 1, 2, 0, 0),
+            ins(0x3c, 1, 2, 0, 0),
+            ins(0x9f, 1, 2, 0, 0),
+            EXIT,
+        ],
+        0,
+        "seqz x6,x11
+         divu x10,x10,x11
+         add x6,x6,-1
+         and x10,x10,x6
+         sll x6,x11,0x20
+         seqz x6,x6
+         divuw x10,x10,x11
+         add x6,x6,-1
+         and x10,x10,x6
+         sll x10,x10,0x20
+         srl x10,x10,0x20
+         remu x10,x10,x11
+         mv x10,x15
+         ret",
+    );
+}
+
+#[test]
+fn helper_call() {
+    // Arguments already in a0-a4; address materialised; result moved to r0 (a5).
+    golden(
+        &[
+            ins(0xbf, 6, 1, 0, 0),
+            ins(0x85, 0, 0, 0, 7),
+            ins(0x0f, 0, 6, 0, 0),
+            EXIT,
+        ],
+        0,
+        "add x2,x2,-16
+         sd x1,0(x2)
+         sd x9,8(x2)
+         mv x9,x10
+         lui x5,0x8
+         addw x5,x5,-1
+         sll x5,x5,0x13
+         add x5,x5,1
+         sll x5,x5,0xc
+         add x5,x5,564
+         jalr x5
+         mv x15,x10
+         add x15,x15,x9
+         mv x10,x15
+         ld x1,0(x2)
+         ld x9,8(x2)
+         add x2,x2,16
+         ret",
+    );
+}
+
+#[test]
+fn atomics() {
+    // fetch-add: amoadd with aq+rl; cmpxchg32: LR/SC loop with sign-extended expectation.
+    golden(
+        &[
+            ins(0xdb, 10, 1, -8, 0x01),
+            ins(0xc3, 10, 2, -16, 0xf1),
+            ins(0xc3, 1, 2, 0, 0x40),
+            EXIT,
+        ],
+        0,
+        "add x2,x2,-528
+         sd x21,0(x2)
+         add x21,x2,528
+         add x5,x21,-8
+         amoadd.d.aqrl x10,x10,(x5)
+         add x5,x21,-16
+         sext.w x7,x15
+         lr.w.aqrl x6,(x5)
+         bne x6,x7,0x2c
+         sc.w.rl x28,x11,(x5)
+         bnez x28,0x1c
+         fence rw,rw
+         sll x15,x6,0x20
+         srl x15,x15,0x20
+         amoor.w x0,x11,(x10)
+         mv x10,x15
+         ld x21,0(x2)
+         add x2,x2,528
+         ret",
+    );
+}
+
+#[test]
+fn extensions_zbb_zba_and_compressed() {
+    // bswap64 → rev8; be16 → rev8 + srli; mov32 → zext.w (add.uw); movsx8 → sext.b;
+    // small immediates and two-address ops use 16-bit encodings.
+    golden(
+        &[
+            ins(0xd7, 1, 0, 0, 64),
+            ins(0xdc, 2, 0, 0, 16),
+            ins(0xbc, 3, 1, 0, 0),
+            ins(0xbf, 4, 2, 8, 0),
+            ins(0x07, 0, 0, 0, 3),
+            ins(0x0f, 0, 1, 0, 0),
+            EXIT,
+        ],
+        ALL,
+        "rev8 x10,x10
+         rev8 x11,x11
+         c:srl x11,x11,0x30
+         zext.w x12,x10
+         sext.b x13,x11
+         c:add x15,x15,3
+         c:add x15,x15,x10
+         c:mv x10,x15
+         c:ret",
+    );
+    // The same without extensions: byte-by-byte swap and shift pairs.
+    golden(
+        &[ins(0xdc, 2, 0, 0, 16), ins(0xbc, 3, 1, 0, 0), EXIT],
+        0,
+        "zext.b x6,x11
+         sll x6,x6,0x8
+         srl x5,x11,0x8
+         zext.b x5,x5
+         or x6,x6,x5
+         mv x11,x6
+         sll x12,x10,0x20
+         srl x12,x12,0x20
+         mv x10,x15
+         ret",
+    );
+}
+
+#[test]
+fn local_call_and_callx_dispatch() {
+    // call +1; exit; f: callx r1; exit. The dispatch compares the id against the helper
+    // table, tail-jumps to the helper, or unwinds to the entry epilogue with r0 = -1.
+    golden(
+        &[ins(0x85, 0, 1, 0, 1), EXIT, ins(0x8d, 1, 0, 0, 0), EXIT],
+        0,
+        "add x2,x2,-64
+         sd x1,0(x2)
+         sd x9,8(x2)
+         sd x18,16(x2)
+         sd x19,24(x2)
+         sd x20,32(x2)
+         sd x21,40(x2)
+         sd x22,48(x2)
+         mv x22,x2
+         jal 0x50
+         mv x10,x15
+         ld x1,0(x2)
+         ld x9,8(x2)
+         ld x18,16(x2)
+         ld x19,24(x2)
+         ld x20,32(x2)
+         ld x21,40(x2)
+         ld x22,48(x2)
+         add x2,x2,64
+         ret
+         add x2,x2,-16
+         sd x1,0(x2)
+         mv x7,x10
+         jal 0x70
+         mv x15,x10
+         ld x1,0(x2)
+         add x2,x2,16
+         ret
+         li x6,7
+         beq x7,x6,0x84
+         mv x2,x22
+         li x15,-1
+         j 0x28
+         lui x5,0x8
+         addw x5,x5,-1
+         sll x5,x5,0x13
+         add x5,x5,1
+         sll x5,x5,0xc
+         add x5,x5,564
+         jr x5",
+    );
+}
+
+#[test]
+fn long_branches_grow_to_jal_and_auipc_jalr() {
+    // jeq over 600 four-byte instructions (> the 2 KiB dynasm accepts for b<cc>) becomes an
+    // inverted branch around jal; the code stays correct for every form (see tests/exec.rs).
+    let mut slots = vec![ins(0x15, 1, 0, 600, 0)];
+    slots.extend(std::iter::repeat_n(ins(0x07, 0, 0, 0, 1000), 600));
+    slots.push(EXIT);
+    let code = compile(&prog(&slots), &[], 0).unwrap();
+    let d = disasm(&code);
+    assert_eq!(d[0], "bnez x10,0x8");
+    assert!(d[1].starts_with("j "), "{}", d[1]);
+    // c.beqz reaches ±256 B: a short hop stays a single 16-bit branch.
+    let code = compile(
+        &prog(&[ins(0x15, 1, 0, 1, 0), ins(0x07, 0, 0, 0, 1000), EXIT]),
+        &[],
+        ALL,
+    )
+    .unwrap();
+    assert!(
+        disasm(&code)[0].starts_with("c:beqz x10,"),
+        "{:?}",
+        disasm(&code)
+    );
 }
