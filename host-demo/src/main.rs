@@ -1,1 +1,337 @@
-fn main() {}
+//! `packjit-demo`: compile and run eBPF programs with packjit's backends.
+//!
+//! ```text
+//! packjit-demo [run]            load the plugins, compile the sample for every arch, run it natively
+//! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
+//! packjit-demo stats            batch-load programs, free some, print the arena statistics
+//! packjit-demo bench            JIT vs the rbpf interpreter on a compute-bound program
+//! packjit-demo conformance-plugin [MEM] [--arch A] [--no-lse] ...   bpf_conformance plugin
+//! ```
+
+mod bench;
+mod sample;
+
+use clap::{Parser, Subcommand};
+use packjit::{Arch, LoadOptions, Program, Runtime};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "packjit-demo",
+    version,
+    about = "packjit: eBPF JIT backends for arm64 and RV64 in one packed code arena"
+)]
+struct Cli {
+    /// Directory holding libpackjit_*.so plugins (default: PACKJIT_PLUGIN_DIR, then next to the executable).
+    #[arg(long, global = true)]
+    plugin_dir: Option<PathBuf>,
+    /// Link the backends statically instead of loading plugins.
+    #[arg(long, global = true)]
+    static_backends: bool,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Compile the sample program for every backend and run it where the host can.
+    Run {
+        /// Program as bpf_conformance assembly (default: the built-in sample).
+        #[arg(long)]
+        asm: Option<PathBuf>,
+        /// Context value n for the sample (sum of squares below n).
+        #[arg(long, default_value_t = 10)]
+        n: u64,
+    },
+    /// Print a program's native code for one architecture.
+    Dump {
+        /// Target architecture (aarch64 | riscv64).
+        #[arg(long)]
+        arch: String,
+        /// Program as bpf_conformance assembly (default: the built-in sample).
+        #[arg(long)]
+        asm: Option<PathBuf>,
+        /// Optional-feature bits to compile with (default: none on a foreign host).
+        #[arg(long)]
+        features: Option<u64>,
+    },
+    /// Batch-load programs, free a third of them, and print the arena statistics.
+    Stats {
+        /// Number of programs.
+        #[arg(long, default_value_t = 200)]
+        count: usize,
+    },
+    /// JIT vs the rbpf interpreter on a compute-bound program (native arch only).
+    Bench {
+        /// Loop iterations of the benchmark program.
+        #[arg(long, default_value_t = 5_000_000)]
+        iterations: u64,
+    },
+    /// Speak the bpf_conformance plugin protocol (program on stdin, memory as argv hex).
+    ConformancePlugin {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cmd = cli.cmd.unwrap_or(Cmd::Run { asm: None, n: 10 });
+    if let Cmd::ConformancePlugin { args } = &cmd {
+        return ExitCode::from(packjit_testkit::plugin_mode::main(args).clamp(0, 255) as u8);
+    }
+    match dispatch(cmd, cli.plugin_dir, cli.static_backends) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("packjit-demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Result<(), String> {
+    let rt = Runtime::new().map_err(|e| e.to_string())?;
+    if static_backends {
+        add_static_backends(&rt)?;
+        println!("backends: linked statically");
+    } else {
+        match rt.load_plugins(plugin_dir.as_deref()) {
+            Ok(infos) => {
+                for b in infos {
+                    println!(
+                        "backend {} {} for {} loaded from {} (features supported {:#x}, detected {:#x})",
+                        b.name, b.version, b.arch, b.origin, b.supported_features, b.detected_features
+                    );
+                }
+            }
+            Err(e) => {
+                return Err(format!("{e}\n  (build them with `cargo build`, point --plugin-dir at them, or pass --static-backends)"));
+            }
+        }
+    }
+    sample::register_helpers(&rt)?;
+    match cmd {
+        Cmd::Run { asm, n } => run(&rt, asm, n),
+        Cmd::Dump {
+            arch,
+            asm,
+            features,
+        } => dump(&rt, &arch, asm, features),
+        Cmd::Stats { count } => stats(&rt, count),
+        Cmd::Bench { iterations } => bench::run(&rt, iterations),
+        Cmd::ConformancePlugin { .. } => unreachable!("handled before the runtime is built"),
+    }
+}
+
+fn add_static_backends(rt: &Runtime) -> Result<(), String> {
+    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+        .map_err(|e| e.to_string())?;
+    rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn program_source(asm: Option<PathBuf>) -> Result<(String, Vec<u8>), String> {
+    let (name, text) = match asm {
+        Some(p) => (
+            p.display().to_string(),
+            std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?,
+        ),
+        None => (
+            "built-in sample".to_string(),
+            sample::SAMPLE_ASM.to_string(),
+        ),
+    };
+    let code = packjit_testkit::asm::assemble(&text).map_err(|e| format!("{name}: {e}"))?;
+    Ok((name, code))
+}
+
+fn qemu_hint(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Aarch64 => "scripts/demo.sh runs this demo under qemu-aarch64",
+        Arch::Riscv64 => "scripts/demo.sh runs this demo under qemu-riscv64",
+        Arch::X86_64 => "packjit has no x86-64 backend (rbpf's own JIT covers x86-64)",
+    }
+}
+
+fn run(rt: &Runtime, asm: Option<PathBuf>, n: u64) -> Result<(), String> {
+    let (name, code) = program_source(asm)?;
+    let host = Arch::host();
+    println!("program: {name}, {} eBPF instructions", code.len() / 8);
+    println!("host: {}", host.map_or("unknown", |a| a.name()));
+    let mut ran = false;
+    // Keep the programs alive until the statistics are printed.
+    let mut loaded = Vec::new();
+    for b in rt.backends() {
+        let prog = rt
+            .load(
+                &code,
+                &LoadOptions {
+                    arch: Some(b.arch),
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| format!("{} backend: {e}", b.arch))?;
+        print_code_summary(&prog);
+        if prog.is_executable() {
+            let mut ctx = sample::context(n);
+            let r0 = prog.call(&mut ctx).map_err(|e| e.to_string())?;
+            println!(
+                "  ran natively from the arena at {:#x}: r0 = {r0}",
+                prog.entry_addr()
+            );
+            if name == "built-in sample" {
+                let expect = sample::expected(n);
+                println!(
+                    "  expected r0 = {expect} ({})",
+                    if r0 == expect { "ok" } else { "MISMATCH" }
+                );
+                if r0 != expect {
+                    return Err(format!("{} JIT returned {r0}, expected {expect}", b.arch));
+                }
+            }
+            ran = true;
+        } else {
+            println!(
+                "  not run: this is {} code and the host is {}; {}",
+                b.arch,
+                host.map_or("unknown", |a| a.name()),
+                qemu_hint(b.arch)
+            );
+        }
+        loaded.push(prog);
+    }
+    if !ran {
+        println!("no backend targets this host; the code above was compiled but not executed");
+    }
+    print_stats(rt);
+    Ok(())
+}
+
+fn print_code_summary(prog: &Program) {
+    let code = prog.code();
+    let head: Vec<String> = code.iter().take(32).map(|b| format!("{b:02x}")).collect();
+    println!(
+        "{}: {} bytes, {} native instructions (features {:#x}), by {}",
+        prog.arch(),
+        prog.code_size(),
+        prog.native_insns(),
+        prog.features(),
+        prog.backend_name()
+    );
+    println!(
+        "  code: {}{}",
+        head.join(" "),
+        if code.len() > 32 { " ..." } else { "" }
+    );
+}
+
+fn print_stats(rt: &Runtime) {
+    let s = rt.stats();
+    println!(
+        "arena: {} pack(s), {} KiB reserved, {} B used by {} program(s) ({} B of code), fragmentation {}.{}%, {} commit(s), {} cache flush(es), {} remap(s), {} pending free(s), {}{}",
+        s.packs,
+        s.bytes_reserved / 1024,
+        s.bytes_used,
+        s.allocations,
+        s.bytes_code,
+        s.fragmentation_permille / 10,
+        s.fragmentation_permille % 10,
+        s.commits,
+        s.icache_flushes,
+        s.remaps,
+        s.pending_frees,
+        if s.dual_mapped { "memfd dual mapping" } else { "RW/RX toggling" },
+        if s.remap_on_commit { ", stale-code remap on (emulator detected)" } else { "" },
+    );
+}
+
+fn dump(
+    rt: &Runtime,
+    arch: &str,
+    asm: Option<PathBuf>,
+    features: Option<u64>,
+) -> Result<(), String> {
+    let arch =
+        Arch::parse(arch).ok_or_else(|| format!("unknown arch {arch:?} (aarch64 | riscv64)"))?;
+    let (_, code) = program_source(asm)?;
+    let prog = rt
+        .load(
+            &code,
+            &LoadOptions {
+                arch: Some(arch),
+                features,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    print_code_summary(&prog);
+    let bytes = prog.code();
+    for (i, line) in bytes.chunks(16).enumerate() {
+        let hex: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
+        println!("  {:06x}: {}", i * 16, hex.join(" "));
+    }
+    let (objdump, machine) = match arch {
+        Arch::Aarch64 => ("aarch64-linux-gnu-objdump", "aarch64"),
+        Arch::Riscv64 => ("riscv64-linux-gnu-objdump", "riscv:rv64"),
+        Arch::X86_64 => ("objdump", "i386:x86-64"),
+    };
+    let tmp = std::env::temp_dir().join(format!("packjit-dump-{}.bin", std::process::id()));
+    std::fs::write(&tmp, &bytes).map_err(|e| e.to_string())?;
+    match std::process::Command::new(objdump)
+        .args(["-D", "-b", "binary", "-m", machine])
+        .arg(&tmp)
+        .output()
+    {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            for l in text.lines().skip_while(|l| !l.contains("<.data>:")).skip(1) {
+                println!("{l}");
+            }
+        }
+        _ => println!("({objdump} not found: install binutils for {arch} for a disassembly)"),
+    }
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+fn stats(rt: &Runtime, count: usize) -> Result<(), String> {
+    let Some(host) = Arch::host().filter(|a| rt.backends().iter().any(|b| b.arch == *a)) else {
+        println!("no backend for this host: the arena only holds native code; run under qemu (scripts/demo.sh)");
+        return Ok(());
+    };
+    let sources: Vec<Vec<u8>> = (0..count).map(sample::sized_program).collect();
+    let refs: Vec<&[u8]> = sources.iter().map(|s| s.as_slice()).collect();
+    let progs: Vec<Program> = rt
+        .load_batch(
+            &refs,
+            &LoadOptions {
+                arch: Some(host),
+                ..Default::default()
+            },
+        )
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    println!("loaded {} programs in one batch:", progs.len());
+    print_stats(rt);
+    let kept: Vec<Program> = progs
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 0)
+        .map(|(_, p)| p)
+        .collect();
+    rt.reclaim();
+    println!(
+        "freed every third program (deferred, then reclaimed); {} remain:",
+        kept.len()
+    );
+    print_stats(rt);
+    drop(kept);
+    rt.reclaim();
+    println!("freed the rest:");
+    print_stats(rt);
+    Ok(())
+}
