@@ -33,12 +33,12 @@ fn helpers() -> Vec<HelperEntry> {
         HelperEntry {
             id: 1,
             reserved: 0,
-            addr: mix as usize as u64,
+            addr: mix as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize as u64,
         },
         HelperEntry {
             id: 5,
             reserved: 0,
-            addr: plus_one as usize as u64,
+            addr: plus_one as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize as u64,
         },
     ]
 }

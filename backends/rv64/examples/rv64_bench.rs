@@ -1,0 +1,286 @@
+//! RV64 backend figures.
+//!
+//! * Compile throughput (eBPF instructions per second) on whatever host runs this.
+//! * Native RV64 instructions and bytes per eBPF instruction on a generated 1,000+
+//!   instruction program and (with a path argument) on the bpf_conformance corpus, with and
+//!   without the optional extensions, C (compressed) on and off.
+//! * On riscv64 (qemu-user or hardware): a compute-bound loop run by the JIT and by rbpf's
+//!   interpreter, as a speed ratio.
+//!
+//! ```text
+//! cargo run --release -p packjit-rv64 --example rv64_bench -- [DIR_OF_RAW_BYTECODE_BIN_FILES]
+//! packjit_cross_cargo riscv64gc-unknown-linux-gnu run --release -p packjit-rv64 --example rv64_bench
+//! ```
+
+use packjit_lower::RawInsn;
+use packjit_plugin_api::HelperEntry;
+use packjit_rv64::{native_insn_count, Rv64Backend, FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
+use std::time::Instant;
+
+fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+    RawInsn {
+        opc,
+        dst,
+        src,
+        off,
+        imm,
+    }
+    .to_bytes()
+}
+
+/// A deterministic program of `n` instructions with the instruction mix of typical
+/// filters/compute kernels: ALU64/ALU32 with registers and immediates, stack loads and
+/// stores, forward branches, a helper call now and then.
+fn generated_program(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut s = Vec::new();
+    for r in 0..10u8 {
+        s.push(ins(0xb7, r, 0, 0, r as i32 * 7));
+    }
+    while s.len() < n {
+        let r = next();
+        let dst = (r % 10) as u8;
+        let src = ((r >> 8) % 10) as u8;
+        let imm = ((r >> 16) as i32) % 5000;
+        let left = n - s.len();
+        match (r >> 40) % 10 {
+            0..=3 => {
+                let ops = [0x00u8, 0x10, 0x20, 0x40, 0x50, 0xa0, 0x60, 0x70, 0xb0];
+                let op = ops[((r >> 44) % ops.len() as u64) as usize];
+                let class = if (r >> 50) & 1 == 0 { 0x07 } else { 0x04 };
+                let imm = if matches!(op, 0x60 | 0x70) {
+                    imm & 31
+                } else {
+                    imm
+                };
+                if (r >> 51) & 1 == 0 {
+                    s.push(ins(class | op | 8, dst, src, 0, 0));
+                } else {
+                    s.push(ins(class | op, dst, 0, 0, imm));
+                }
+            }
+            4 => s.push(ins(
+                0x7b,
+                10,
+                src,
+                -8 * (1 + (r >> 20) as i16 % 32).abs(),
+                0,
+            )),
+            5 => s.push(ins(
+                0x79,
+                dst,
+                10,
+                -8 * (1 + (r >> 20) as i16 % 32).abs(),
+                0,
+            )),
+            6 | 7 if left > 4 => {
+                let conds = [0x15u8, 0x1d, 0x25, 0x2d, 0x55, 0x5d, 0x65, 0xa5, 0x16, 0x2e];
+                let c = conds[((r >> 44) % conds.len() as u64) as usize];
+                let off = (1 + (r >> 52) % 8).min(left as u64 - 2) as i16;
+                if c & 8 == 0 {
+                    s.push(ins(c, dst, 0, off, imm));
+                } else {
+                    s.push(ins(c, dst, src, off, 0));
+                }
+            }
+            8 => s.push(ins(0x85, 0, 0, 0, 1)),
+            _ => s.push(ins(0x3f, dst, src, 0, 0)),
+        }
+    }
+    s.push(ins(0x95, 0, 0, 0, 0));
+    s.concat()
+}
+
+extern "C" fn helper(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
+    a ^ b
+}
+
+struct Stats {
+    ebpf: usize,
+    native: usize,
+    bytes: usize,
+}
+
+fn stats(code: &[u8], helpers: &[HelperEntry], features: u64) -> Option<Stats> {
+    let native = Rv64Backend::new().emit(code, helpers, features).ok()?;
+    let ebpf = packjit_lower::decode(code, helpers).ok()?.insts.len();
+    Some(Stats {
+        ebpf,
+        native: native_insn_count(&native),
+        bytes: native.len(),
+    })
+}
+
+const CONFIGS: [(&str, u64); 4] = [
+    ("baseline RV64IMA", 0),
+    ("+C", FEATURE_C),
+    ("+Zbb+Zba", FEATURE_ZBB | FEATURE_ZBA),
+    ("+C+Zbb+Zba", FEATURE_C | FEATURE_ZBB | FEATURE_ZBA),
+];
+
+fn main() {
+    let helpers = [HelperEntry {
+        id: 1,
+        reserved: 0,
+        addr: helper as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize as u64,
+    }];
+    let backend = Rv64Backend::new();
+    let prog = generated_program(1200);
+    let n = packjit_lower::decode(&prog, &helpers)
+        .expect("valid")
+        .insts
+        .len();
+    println!("generated program: {n} eBPF instructions");
+    for (name, f) in CONFIGS {
+        // Warm up, then time enough compiles for a stable figure.
+        backend.emit(&prog, &helpers, f).unwrap();
+        let iters = 300;
+        let t = Instant::now();
+        let mut bytes = 0;
+        for _ in 0..iters {
+            bytes = backend.emit(&prog, &helpers, f).unwrap().len();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let s = stats(&prog, &helpers, f).unwrap();
+        println!(
+            "  {name:<18} compile {:>6.2} M eBPF insns/s ({:>6.1} µs/program); {:.2} RV64 insns and {:.2} bytes per eBPF insn ({bytes} bytes)",
+            (n * iters) as f64 / secs / 1e6,
+            secs / iters as f64 * 1e6,
+            s.native as f64 / s.ebpf as f64,
+            s.bytes as f64 / s.ebpf as f64,
+        );
+    }
+
+    if let Some(dir) = std::env::args().nth(1) {
+        corpus(&dir);
+    }
+
+    #[cfg(target_arch = "riscv64")]
+    jit_vs_interpreter();
+}
+
+/// Native size over a corpus of raw bytecode files (`*.bin`, e.g. the bpf_conformance
+/// programs assembled by `packjit_testkit::data::TestCase::program`), per configuration.
+/// This crate cannot depend on the testkit (it depends on this crate), hence raw files.
+fn corpus(dir: &str) {
+    let helpers: Vec<HelperEntry> = (0..32)
+        .map(|id| HelperEntry {
+            id,
+            reserved: 0,
+            addr: 0x1000 + id as u64 * 16,
+        })
+        .collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("corpus directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+        .collect();
+    files.sort();
+    let progs: Vec<Vec<u8>> = files.iter().filter_map(|p| std::fs::read(p).ok()).collect();
+    println!("corpus {dir}: {} programs", progs.len());
+    for (name, f) in CONFIGS {
+        let (mut e, mut nat, mut b) = (0, 0, 0);
+        for p in &progs {
+            if let Some(s) = stats(p, &helpers, f) {
+                e += s.ebpf;
+                nat += s.native;
+                b += s.bytes;
+            }
+        }
+        println!(
+            "  {name:<18} {e} eBPF insns -> {nat} RV64 insns, {b} bytes: {:.2} insns and {:.2} bytes per eBPF insn",
+            nat as f64 / e.max(1) as f64,
+            b as f64 / e.max(1) as f64
+        );
+    }
+}
+
+/// A compute-bound loop: 200,000 rounds of a multiply/xor/shift hash with a data-dependent
+/// branch, in the cpu v1 subset rbpf's interpreter supports.
+#[cfg(target_arch = "riscv64")]
+fn jit_vs_interpreter() {
+    let rounds = 200_000;
+    let p = [
+        ins(0xb7, 0, 0, 0, 0),      // r0 = 0 (hash)
+        ins(0xb7, 1, 0, 0, rounds), // r1 = rounds
+        ins(0x18, 2, 0, 0, 0x7f4a_7c15u32 as i32),
+        ins(0, 0, 0, 0, 0x9e37_79b9u32 as i32), // r2 = golden ratio
+        // loop:
+        ins(0x0f, 0, 1, 0, 0), // r0 += r1
+        ins(0x2f, 0, 2, 0, 0), // r0 *= r2
+        ins(0xbf, 3, 0, 0, 0),
+        ins(0x77, 3, 0, 0, 29),
+        ins(0xaf, 0, 3, 0, 0), // r0 ^= r0 >> 29
+        ins(0xbf, 4, 0, 0, 0),
+        ins(0x57, 4, 0, 0, 1),
+        ins(0x15, 4, 0, 1, 0), // if (r0 & 1) == 0 skip
+        ins(0x07, 0, 0, 0, 12345),
+        ins(0x17, 1, 0, 0, 1),   // r1 -= 1
+        ins(0x55, 1, 0, -11, 0), // if r1 != 0 goto loop
+        ins(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    let features = Rv64Backend::new().detect_features_or(FEATURE_C | FEATURE_ZBB | FEATURE_ZBA);
+    let native = Rv64Backend::new().emit(&p, &[], features).unwrap();
+    let t = Instant::now();
+    let jit = run_native(&native);
+    let jit_t = t.elapsed().as_secs_f64();
+    let vm = rbpf::EbpfVmNoData::new(Some(&p)).expect("rbpf accepts the program");
+    let t = Instant::now();
+    let interp = vm.execute_program().expect("rbpf runs");
+    let int_t = t.elapsed().as_secs_f64();
+    assert_eq!(jit, interp, "JIT and rbpf disagree");
+    println!(
+        "compute loop ({rounds} rounds, features {features:#x}): JIT {:.2} ms, rbpf interpreter {:.2} ms: {:.1}x",
+        jit_t * 1e3,
+        int_t * 1e3,
+        int_t / jit_t
+    );
+}
+
+#[cfg(target_arch = "riscv64")]
+trait DetectOr {
+    fn detect_features_or(&self, fallback: u64) -> u64;
+}
+#[cfg(target_arch = "riscv64")]
+impl DetectOr for Rv64Backend {
+    /// qemu-user 7.2 offers neither hwprobe nor a RISC-V /proc/cpuinfo but executes
+    /// Zbb/Zba/C: use the fallback when detection finds nothing.
+    fn detect_features_or(&self, fallback: u64) -> u64 {
+        use packjit_plugin_api::JitBackend;
+        match self.detect_features() {
+            0 => fallback,
+            f => f,
+        }
+    }
+}
+
+#[cfg(target_arch = "riscv64")]
+fn run_native(code: &[u8]) -> u64 {
+    // SAFETY: RW mapping, copy, RX (never both), flush, call, unmap.
+    unsafe {
+        let len = (code.len() + 4095) & !4095;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len());
+        assert_eq!(libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC), 0);
+        libc::syscall(259, p as usize, p as usize + len, 0usize);
+        let f: extern "C" fn(*mut u8, u64) -> u64 = std::mem::transmute(p);
+        let r = f(std::ptr::null_mut(), 0);
+        libc::munmap(p, len);
+        r
+    }
+}
