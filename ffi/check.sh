@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The C API's checks, in one command (exit status non-zero on any failure, one summary line
+# at the end):
+#   1. header: include/packjit.h equals a fresh cbindgen generation, and compiles with
+#      -std=c99 -Wall -Wextra -Werror -pedantic and as C++ (ffi/tests/header.rs)
+#   2. c-api: the C API driven from Rust with the C test backend compiled and loaded as a
+#      plugin: load/run/batch/dump/stats/errors/deferred free (ffi/tests/c_api.rs)
+#   3. valgrind: ffi/tests/valgrind/smoke.c (create, load plugins, compile, stats, errors,
+#      free; no JIT code runs) under memcheck --leak-check=full --error-exitcode=1
+#   4. c-host aarch64 / riscv64: examples/c-host under qemu-user (examples/c-host/run.sh)
+#
+#   ffi/check.sh                 all steps
+#   PACKJIT_CHECK_SKIP=c-host    skip steps by name (space-separated: header c-api valgrind c-host)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+packjit_install
+
+skip=" ${PACKJIT_CHECK_SKIP:-} "
+results=()
+failed=0
+out=target/ffi-check
+mkdir -p "$out"
+
+step() {
+    local name=$1
+    shift
+    if [[ "$skip" == *" $name "* ]]; then
+        results+=("$name:skipped")
+        return
+    fi
+    echo "==== ffi/check.sh: $name"
+    if "$@"; then
+        results+=("$name:ok")
+    else
+        results+=("$name:FAIL")
+        failed=1
+    fi
+}
+
+valgrind_smoke() {
+    cargo build -q -p packjit-ffi -p packjit-arm64 -p packjit-rv64 || return 1
+    local t=target/debug
+    cc -std=c99 -Wall -Wextra -Werror -pedantic -g -I include ffi/tests/valgrind/smoke.c \
+        -L "$t" -lpackjit -o "$out/smoke" || return 1
+    cc -std=c99 -Wall -Wextra -Werror -pedantic -shared -fPIC -I include \
+        ffi/tests/c-backend/c_backend.c -o "$out/libpackjit_cbackend.so" || return 1
+    LD_LIBRARY_PATH="$t" valgrind -q --leak-check=full --error-exitcode=1 \
+        --errors-for-leak-kinds=definite,possible --keep-debuginfo=yes \
+        --suppressions=ffi/tests/valgrind/plugin-export-strings.supp \
+        "$out/smoke" "$t/libpackjit_arm64.so" "$t/libpackjit_rv64.so" \
+        "$out/libpackjit_cbackend.so"
+}
+
+step header cargo test -q -p packjit-ffi --test header
+step c-api cargo test -q -p packjit-ffi --test c_api
+step valgrind valgrind_smoke
+if [[ "$skip" == *" c-host "* ]]; then
+    results+=("c-host:skipped")
+else
+    step c-host-aarch64 examples/c-host/run.sh aarch64
+    step c-host-riscv64 examples/c-host/run.sh riscv64
+fi
+
+if [ $failed -eq 0 ]; then
+    echo "ffi/check.sh: PASS (${results[*]})"
+else
+    echo "ffi/check.sh: FAIL (${results[*]})"
+fi
+exit $failed
