@@ -1235,10 +1235,10 @@ pub unsafe extern "C" fn packjit_program_run(
     ctx_len: usize,
     r0: *mut u64,
 ) -> i32 {
-    // Pin before touching the handle: a concurrent packjit_program_free defers dropping it
-    // (and its code) until this guard is gone.
-    let _guard = packjit_runtime::arena::epoch_pin();
     boundary("packjit_program_run", || {
+        // Pin before touching the handle: a concurrent packjit_program_free defers dropping
+        // it (and its code) until this guard is gone.
+        let _guard = packjit_runtime::arena::epoch_pin();
         // SAFETY: caller contract.
         let p = unsafe { program(prog) }?;
         // SAFETY: caller contract.

@@ -677,3 +677,26 @@ fn programs_outlive_their_runtime() {
     // SAFETY: freed once.
     unsafe { packjit_program_free(p) };
 }
+
+/// Messages longer than the thread-local buffer are cut, still NUL-terminated UTF-8, and the
+/// buffer's address is stable for the thread.
+#[test]
+fn long_error_messages_are_truncated_safely() {
+    let rt = Rt::new();
+    let long = CString::new(format!("/nonexistent/{}/libpackjit_x.so", "é".repeat(1500))).unwrap();
+    let before = packjit_last_error();
+    // SAFETY: valid arguments.
+    let st = unsafe { packjit_load_plugin(rt.0, long.as_ptr(), null_mut()) };
+    assert_eq!(st, PJ_ERR_PLUGIN);
+    assert_eq!(packjit_last_error(), before, "stable buffer");
+    let msg = last_error();
+    assert!(msg.len() < 1024 && msg.len() > 1000, "{}", msg.len());
+    assert!(msg.starts_with("/nonexistent/éé"));
+    // SAFETY: NUL-terminated.
+    assert!(
+        unsafe { CStr::from_ptr(packjit_last_error()) }
+            .to_str()
+            .is_ok(),
+        "cut on a char boundary"
+    );
+}
