@@ -196,7 +196,7 @@ typedef struct PackjitProgram PackjitProgram;
 typedef struct PackjitRuntime PackjitRuntime;
 
 /**
- * Runtime configuration, read by [`packjit_runtime_create`].
+ * Runtime configuration, read by `packjit_runtime_create`.
  */
 typedef struct PackjitConfig {
     /**
@@ -229,7 +229,7 @@ typedef struct PackjitConfig {
 } PackjitConfig;
 
 /**
- * Code arena statistics, filled by [`packjit_runtime_stats`].
+ * Code arena statistics, filled by `packjit_runtime_stats`.
  */
 typedef struct PackjitArenaStats {
     /**
@@ -287,7 +287,7 @@ typedef struct PackjitArenaStats {
 } PackjitArenaStats;
 
 /**
- * A loaded backend, filled by the plugin-loading calls and [`packjit_backend_info`].
+ * A loaded backend, filled by the plugin-loading calls and `packjit_backend_info`.
  */
 typedef struct PackjitBackendInfo {
     /**
@@ -321,7 +321,7 @@ typedef struct PackjitBackendInfo {
 } PackjitBackendInfo;
 
 /**
- * Per-load options, read by [`packjit_program_load`] and [`packjit_program_load_batch`].
+ * Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
  */
 typedef struct PackjitLoadOptions {
     /**
@@ -376,7 +376,7 @@ typedef struct PjError {
 } PjError;
 
 /**
- * What a program is, filled by [`packjit_program_info`].
+ * What a program is, filled by `packjit_program_info`.
  */
 typedef struct PackjitProgramInfo {
     /**
@@ -766,7 +766,7 @@ int32_t packjit_load_plugins(const struct PackjitRuntime *rt, const char *dir, u
  * every file tried and why when none fits.
  *
  * # Safety
- * As [`packjit_load_plugins`]; `info` NULL or with `struct_size` set.
+ * As `packjit_load_plugins`; `info` NULL or with `struct_size` set.
  */
 int32_t packjit_load_host_plugin(const struct PackjitRuntime *rt,
                                  const char *dir,

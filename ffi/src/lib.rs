@@ -9,7 +9,7 @@
 //!
 //! * Every fallible call returns an `int32_t` status: `PJ_OK` (0) or a negative `PJ_ERR_*`
 //!   code. On failure a message is left in the calling thread's last-error slot
-//!   ([`packjit_last_error`]); a successful call clears it.
+//!   (`packjit_last_error`); a successful call clears it.
 //! * NULL pointers, bad sizes and stale or foreign handles are reported as
 //!   `PJ_ERR_INVALID_ARGUMENT`, never a crash (a handle is recognised by a magic word; a
 //!   pointer to unmapped memory cannot be detected, of course).
@@ -162,7 +162,7 @@ const RUNTIME_MAGIC: u64 = 0x706a_5f72_756e_7431; // "pj_runt1"
 const PROGRAM_MAGIC: u64 = 0x706a_5f70_726f_6731; // "pj_prog1"
 const DEAD_MAGIC: u64 = 0x706a_5f64_6561_6421; // "pj_dead!"
 
-/// Runtime configuration, read by [`packjit_runtime_create`].
+/// Runtime configuration, read by `packjit_runtime_create`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PackjitConfig {
@@ -183,7 +183,7 @@ pub struct PackjitConfig {
     pub plugin_dir: *const c_char,
 }
 
-/// Per-load options, read by [`packjit_program_load`] and [`packjit_program_load_batch`].
+/// Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PackjitLoadOptions {
@@ -203,7 +203,7 @@ pub struct PackjitLoadOptions {
     pub disabled_features: u64,
 }
 
-/// Code arena statistics, filled by [`packjit_runtime_stats`].
+/// Code arena statistics, filled by `packjit_runtime_stats`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PackjitArenaStats {
@@ -235,7 +235,7 @@ pub struct PackjitArenaStats {
     pub pending_frees: u64,
 }
 
-/// What a program is, filled by [`packjit_program_info`].
+/// What a program is, filled by `packjit_program_info`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PackjitProgramInfo {
@@ -261,7 +261,7 @@ pub struct PackjitProgramInfo {
     pub backend: [c_char; PACKJIT_NAME_LEN],
 }
 
-/// A loaded backend, filled by the plugin-loading calls and [`packjit_backend_info`].
+/// A loaded backend, filled by the plugin-loading calls and `packjit_backend_info`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PackjitBackendInfo {
@@ -459,7 +459,7 @@ unsafe fn runtime<'a>(p: *const PackjitRuntime) -> Result<&'a PackjitRuntime, Er
 }
 
 /// # Safety
-/// As [`runtime`], for programs.
+/// As `runtime`, for programs.
 unsafe fn program<'a>(p: *const PackjitProgram) -> Result<&'a PackjitProgram, Error> {
     // SAFETY: forwarded.
     let prog = unsafe { arg(p, "program") }?;
@@ -909,7 +909,7 @@ pub unsafe extern "C" fn packjit_load_plugins(
 /// every file tried and why when none fits.
 ///
 /// # Safety
-/// As [`packjit_load_plugins`]; `info` NULL or with `struct_size` set.
+/// As `packjit_load_plugins`; `info` NULL or with `struct_size` set.
 #[no_mangle]
 pub unsafe extern "C" fn packjit_load_host_plugin(
     rt: *const PackjitRuntime,
