@@ -324,7 +324,7 @@ pub fn run_suite_xfail(
         },
     };
     summary.label = engine.label();
-    println!("{summary}");
+    crate::report(&summary.to_string());
     summary
 }
 

@@ -19,3 +19,11 @@ pub mod fuzz;
 pub mod gen;
 pub mod plugin_mode;
 pub mod reference;
+
+/// Prints a summary line straight to stderr, past the test harness's output capture, so the
+/// per-arch counts show up in every test run (captured `println!` output is only shown for
+/// failing tests).
+pub fn report(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}

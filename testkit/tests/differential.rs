@@ -79,10 +79,10 @@ fn run(arch: Arch, features: u64) {
         }
     }
     current.store(u64::MAX, Ordering::Relaxed);
-    println!(
+    packjit_testkit::report(&format!(
         "differential {arch} (features {features:#x}): seeds {base:#x}..{:#x}: {ran} run and matched, {compiled} compile-only, {with_rbpf} also matched rbpf",
         base + count
-    );
+    ));
     if native {
         assert_eq!(ran, count, "on the native arch every program must run");
     }
