@@ -1,0 +1,145 @@
+//! End to end through the packjit runtime on arm64 (qemu-aarch64 in the cross runs): the
+//! backend as a static rlib and as the dlopen'ed cdylib plugin, code in the shared packed
+//! arena, helpers registered by id, features forced on and off.
+#![cfg(target_arch = "aarch64")]
+
+mod common;
+
+use common::*;
+use packjit::{LoadOptions, Runtime};
+use packjit_arm64::{Arm64Backend, FEATURE_LSE};
+use packjit_plugin_api::{Arch, ErrorKind};
+use std::sync::Arc;
+
+unsafe extern "C" fn add5(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+    a + b + c + d + e
+}
+
+fn runtime() -> Runtime {
+    let rt = Runtime::new().expect("runtime");
+    rt.add_backend(Arc::new(Arm64Backend::new()))
+        .expect("backend");
+    rt.register_helper(7, "add5", add5).expect("helper");
+    rt
+}
+
+/// mem[0..8] += 1 atomically (old value fetched), r0 = add5(1..5) + old + callx 7 (10..50).
+fn program() -> Vec<u8> {
+    let mut p = vec![
+        ins(0xbf, 6, 1, 0, 0),    // r6 = ctx
+        ins(0xb7, 2, 0, 0, 1),    // r2 = 1
+        ins(0xdb, 6, 2, 0, 0x01), // r2 = fetch_add(*(u64 *)r6, r2)
+        ins(0xbf, 7, 2, 0, 0),    // r7 = old
+    ];
+    p.extend((1..=5).map(|r| ins(0xb7, r, 0, 0, r as i32)));
+    p.extend([
+        ins(0x85, 0, 0, 0, 7), // r0 = add5(1, 2, 3, 4, 5) = 15
+        ins(0x0f, 0, 7, 0, 0), // r0 += old
+        ins(0xbf, 8, 0, 0, 0), // r8 = r0 (survives the next call)
+        ins(0xb7, 9, 0, 0, 7), // r9 = helper id 7
+    ]);
+    p.extend((1..=5).map(|r| ins(0xb7, r, 0, 0, 10 * r as i32)));
+    p.extend([
+        ins(0x8d, 9, 0, 0, 0), // callx r9 -> add5(10..50) = 150
+        ins(0x0f, 0, 8, 0, 0), // r0 += r8
+        EXIT,
+    ]);
+    prog(&p)
+}
+
+#[test]
+fn runs_through_the_runtime_with_both_atomics_paths() {
+    let rt = runtime();
+    for features in [0, FEATURE_LSE] {
+        let opts = LoadOptions {
+            arch: Some(Arch::Aarch64),
+            features: Some(features),
+            ..Default::default()
+        };
+        let p = rt.load(&program(), &opts).expect("load");
+        assert_eq!(p.features(), features);
+        assert_eq!(p.native_insns() * 4, p.code_size());
+        for round in 0..3u64 {
+            let mut mem = (41 + round).to_le_bytes();
+            let r = p.call(&mut mem).expect("call");
+            assert_eq!(u64::from_le_bytes(mem), 42 + round, "features {features}");
+            assert_eq!(r, 15 + 41 + round + 150, "features {features}");
+        }
+    }
+}
+
+#[test]
+fn detected_features_are_used_by_default() {
+    let rt = runtime();
+    let be = Arm64Backend::new();
+    use packjit_plugin_api::JitBackend;
+    let detected = be.detect_features();
+    // qemu-aarch64's default CPU implements ARMv8.1 atomics.
+    assert_eq!(detected & !FEATURE_LSE, 0);
+    let p = rt
+        .load(
+            &prog(&[ins(0xb7, 0, 0, 0, 3), EXIT]),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(p.features(), detected);
+    assert_eq!(p.call(&mut []).unwrap(), 3);
+    let p = rt
+        .load(
+            &prog(&[ins(0xb7, 0, 0, 0, 3), EXIT]),
+            &LoadOptions {
+                disable_features: FEATURE_LSE,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(p.features(), 0);
+}
+
+#[test]
+fn batch_load_and_errors() {
+    let rt = runtime();
+    let good = prog(&[ins(0xb7, 0, 0, 0, 9), EXIT]);
+    let unknown = prog(&[ins(0x85, 0, 0, 0, 99), EXIT]);
+    let res = rt.load_batch(
+        &[&good[..], &unknown[..], &good[..]],
+        &LoadOptions::default(),
+    );
+    assert_eq!(res.len(), 3);
+    assert_eq!(res[0].as_ref().unwrap().call(&mut []).unwrap(), 9);
+    let e = res[1].as_ref().unwrap_err();
+    assert_eq!((e.kind, e.pc), (ErrorKind::UnknownHelper, Some(0)));
+    assert_eq!(res[2].as_ref().unwrap().call(&mut []).unwrap(), 9);
+}
+
+#[test]
+fn the_cdylib_plugin_loads_and_runs() {
+    // target-cross/aarch64-unknown-linux-gnu/<profile>/deps/runtime-<hash> -> <profile>/
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let so = dir.join("libpackjit_arm64.so");
+    assert!(
+        so.exists(),
+        "cargo builds the cdylib next to the tests: {}",
+        so.display()
+    );
+    let rt = Runtime::new().unwrap();
+    let info = rt.load_plugin(&so).expect("plugin");
+    assert_eq!(info.arch, Arch::Aarch64);
+    rt.register_helper(7, "add5", add5).unwrap();
+    let p = rt
+        .load(
+            &prog(&[
+                ins(0xb7, 1, 0, 0, 20),
+                ins(0xb7, 2, 0, 0, 22),
+                ins(0xb7, 3, 0, 0, 0),
+                ins(0xb7, 4, 0, 0, 0),
+                ins(0xb7, 5, 0, 0, 0),
+                ins(0x85, 0, 0, 0, 7),
+                EXIT,
+            ]),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 42);
+}
