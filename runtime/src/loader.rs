@@ -27,9 +27,18 @@ fn per_library_symbol(path: &Path) -> Option<String> {
 /// Opens a plugin, finds its entry symbol and validates the vtable (version, size, arch).
 pub(crate) fn load(path: &Path, expected_arch: Option<Arch>) -> Result<Plugin, CompileError> {
     let origin = path.display().to_string();
+    // RTLD_NODELETE: a plugin's code and statics stay mapped for the life of the process,
+    // even after its runtime is dropped — JIT code it produced may still be running, and
+    // plugin statics (its exported vtable and strings) are never half-torn-down.
     // SAFETY: loading a library runs its initialisers; plugins are trusted code by contract.
-    let library = unsafe { libloading::Library::new(path) }
-        .map_err(|e| plugin_err(format!("{origin}: cannot load: {e}")))?;
+    let library: libloading::Library = unsafe {
+        libloading::os::unix::Library::open(
+            Some(path),
+            libloading::os::unix::RTLD_NOW | libc::RTLD_NODELETE,
+        )
+    }
+    .map_err(|e| plugin_err(format!("{origin}: cannot load: {e}")))?
+    .into();
     let mut tried = vec![PJ_PLUGIN_SYMBOL.to_string()];
     tried.extend(per_library_symbol(path));
     let entry = tried.iter().find_map(|name| {

@@ -21,9 +21,6 @@ fn a64r(op: u8, dst: u8, src: u8) -> [u8; 8] {
 fn a32i(op: u8, dst: u8, imm: i32) -> [u8; 8] {
     ins(0x04 | op, dst, 0, 0, imm)
 }
-fn a32r(op: u8, dst: u8, src: u8) -> [u8; 8] {
-    ins(0x0c | op, dst, src, 0, 0)
-}
 fn mov64(dst: u8, imm: i32) -> [u8; 8] {
     a64i(0xb0, dst, imm)
 }

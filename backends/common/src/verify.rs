@@ -179,7 +179,9 @@ fn uses_r10(op: &Op) -> bool {
         }
         | Op::MovSx { src: r, .. } => r == R10,
         Op::Store { base, src, .. } => base == R10 || src == Operand::Reg(R10),
-        Op::Load { base, .. } | Op::Atomic { base, .. } => base == R10,
+        Op::Atomic { base, src, .. } => base == R10 || src == R10,
+        Op::Load { base, .. } => base == R10,
+        Op::CallReg { reg } => reg == R10,
         Op::Jcond { dst, src, .. } => dst == R10 || src == Operand::Reg(R10),
         _ => false,
     }
@@ -866,5 +868,13 @@ mod tests {
         let p = decode(&prog(&[ins(0xdb, 10, 1, -8, 0xf1), EXIT]), &[]).unwrap();
         assert_eq!(p.subprogs[0].writes & 1, 1, "cmpxchg writes r0");
         assert!(p.subprogs[0].uses_stack);
+        // r10 as the *value* of an atomic (its address is stored) also needs the frame.
+        let p = decode(&prog(&[ins(0xdb, 1, 10, 0, 0x00), EXIT]), &[]).unwrap();
+        assert!(p.subprogs[0].uses_stack);
+        let p = decode(&prog(&[ins(0x8d, 10, 0, 0, 0), EXIT]), &[]).unwrap();
+        assert!(
+            p.subprogs[0].uses_stack,
+            "callx r10 reads the frame pointer"
+        );
     }
 }
