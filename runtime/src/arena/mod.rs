@@ -78,8 +78,8 @@ pub struct ArenaStats {
     pub bytes_code: usize,
     /// Live allocations (programs).
     pub allocations: usize,
-    /// Free space not in the largest free run, over all free space, in per-mille (0 = one
-    /// contiguous hole per pack... summed over packs: 0 when no pack's free space is split).
+    /// External fragmentation in per-mille: the share of free space lying outside each
+    /// pack's largest free run (0 when no pack's free space is split).
     pub fragmentation_permille: u32,
     /// Commits performed.
     pub commits: u64,
