@@ -2,13 +2,13 @@
 //!
 //! * Compile throughput (eBPF instructions per second) on whatever host runs this.
 //! * Native RV64 instructions and bytes per eBPF instruction on a generated 1,000+
-//!   instruction program and (with a path argument) on the bpf_conformance corpus, with and
-//!   without the optional extensions, C (compressed) on and off.
-//! * On riscv64 (qemu-user or hardware): a compute-bound loop run by the JIT and by rbpf's
-//!   interpreter, as a speed ratio.
+//!   instruction program and on the bpf_conformance corpus (read and assembled by the
+//!   testkit), with and without the optional extensions, C (compressed) on and off.
+//! * On riscv64 (qemu-user or hardware): a compute-bound loop run by the JIT (through
+//!   `packjit::Runtime`) and by rbpf's interpreter, as a speed ratio.
 //!
 //! ```text
-//! cargo run --release -p packjit-rv64 --example rv64_bench -- [DIR_OF_RAW_BYTECODE_BIN_FILES]
+//! cargo run --release -p packjit-rv64 --example rv64_bench -- [CONFORMANCE_SUITE_DIR]
 //! packjit_cross_cargo riscv64gc-unknown-linux-gnu run --release -p packjit-rv64 --example rv64_bench
 //! ```
 
@@ -157,18 +157,20 @@ fn main() {
         );
     }
 
-    if let Some(dir) = std::env::args().nth(1) {
-        corpus(&dir);
-    }
+    let dir = std::env::args()
+        .nth(1)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(packjit_testkit::conformance::suite_dir);
+    corpus(&dir);
 
     #[cfg(target_arch = "riscv64")]
     jit_vs_interpreter();
 }
 
-/// Native size over a corpus of raw bytecode files (`*.bin`, e.g. the bpf_conformance
-/// programs assembled by `packjit_testkit::data::TestCase::program`), per configuration.
-/// This crate cannot depend on the testkit (it depends on this crate), hence raw files.
-fn corpus(dir: &str) {
+/// Native size over the bpf_conformance programs (`tests/*.data` that are expected to
+/// load), per configuration.
+fn corpus(dir: &std::path::Path) {
+    use packjit_testkit::data::{list_dir, TestCase};
     let helpers: Vec<HelperEntry> = (0..32)
         .map(|id| HelperEntry {
             id,
@@ -176,13 +178,18 @@ fn corpus(dir: &str) {
             addr: 0x1000 + id as u64 * 16,
         })
         .collect();
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .expect("corpus directory")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+    let tests = dir.join("tests");
+    let Ok(files) = list_dir(&tests) else {
+        println!("no conformance corpus at {}", tests.display());
+        return;
+    };
+    let progs: Vec<Vec<u8>> = files
+        .iter()
+        .filter_map(|p| TestCase::load(p).ok())
+        .filter(|c| !c.expects_error())
+        .filter_map(|c| c.program().ok())
         .collect();
-    files.sort();
-    let progs: Vec<Vec<u8>> = files.iter().filter_map(|p| std::fs::read(p).ok()).collect();
+    let dir = dir.display();
     println!("corpus {dir}: {} programs", progs.len());
     for (name, f) in CONFIGS {
         let (mut e, mut nat, mut b) = (0, 0, 0);
@@ -205,6 +212,9 @@ fn corpus(dir: &str) {
 /// branch, in the cpu v1 subset rbpf's interpreter supports.
 #[cfg(target_arch = "riscv64")]
 fn jit_vs_interpreter() {
+    use packjit::{LoadOptions, Runtime};
+    use packjit_plugin_api::JitBackend;
+    use std::sync::Arc;
     let rounds = 200_000;
     let p = [
         ins(0xb7, 0, 0, 0, 0),      // r0 = 0 (hash)
@@ -226,10 +236,22 @@ fn jit_vs_interpreter() {
         ins(0x95, 0, 0, 0, 0),
     ]
     .concat();
-    let features = Rv64Backend::new().detect_features_or(FEATURE_C | FEATURE_ZBB | FEATURE_ZBA);
-    let native = Rv64Backend::new().emit(&p, &[], features).unwrap();
+    // qemu-user 7.2 offers neither hwprobe nor a RISC-V /proc/cpuinfo but executes
+    // Zbb/Zba/C: use them all when detection finds nothing.
+    let features = match Rv64Backend::new().detect_features() {
+        0 => FEATURE_C | FEATURE_ZBB | FEATURE_ZBA,
+        f => f,
+    };
+    let rt = Runtime::new().expect("runtime");
+    rt.add_backend(Arc::new(Rv64Backend::new()))
+        .expect("rv64 backend");
+    let opts = LoadOptions {
+        features: Some(features),
+        ..LoadOptions::default()
+    };
+    let prog = rt.load(&p, &opts).expect("load");
     let t = Instant::now();
-    let jit = run_native(&native);
+    let jit = prog.call(&mut []).expect("call");
     let jit_t = t.elapsed().as_secs_f64();
     let vm = rbpf::EbpfVmNoData::new(Some(&p)).expect("rbpf accepts the program");
     let t = Instant::now();
@@ -242,45 +264,4 @@ fn jit_vs_interpreter() {
         int_t * 1e3,
         int_t / jit_t
     );
-}
-
-#[cfg(target_arch = "riscv64")]
-trait DetectOr {
-    fn detect_features_or(&self, fallback: u64) -> u64;
-}
-#[cfg(target_arch = "riscv64")]
-impl DetectOr for Rv64Backend {
-    /// qemu-user 7.2 offers neither hwprobe nor a RISC-V /proc/cpuinfo but executes
-    /// Zbb/Zba/C: use the fallback when detection finds nothing.
-    fn detect_features_or(&self, fallback: u64) -> u64 {
-        use packjit_plugin_api::JitBackend;
-        match self.detect_features() {
-            0 => fallback,
-            f => f,
-        }
-    }
-}
-
-#[cfg(target_arch = "riscv64")]
-fn run_native(code: &[u8]) -> u64 {
-    // SAFETY: RW mapping, copy, RX (never both), flush, call, unmap.
-    unsafe {
-        let len = (code.len() + 4095) & !4095;
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len());
-        assert_eq!(libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC), 0);
-        libc::syscall(259, p as usize, p as usize + len, 0usize);
-        let f: extern "C" fn(*mut u8, u64) -> u64 = std::mem::transmute(p);
-        let r = f(std::ptr::null_mut(), 0);
-        libc::munmap(p, len);
-        r
-    }
 }

@@ -1,12 +1,18 @@
-//! Runs emitted code under qemu-riscv64 (or on RV64 hardware): fixed programs for every
-//! instruction class, local calls, helpers, callx, branch-range edges, and differential
-//! testing of random programs against the reference interpreter, on every feature path.
+//! Runs emitted code under qemu-riscv64 (or on RV64 hardware) through `packjit::Runtime`
+//! (the rv64 backend as a static rlib, code in the shared W^X arena): fixed programs for every
+//! instruction class, local calls, helpers, callx, branch-range edges, the >1 MiB program, on
+//! every feature path, with expected values checked against the testkit's reference
+//! evaluator; and random programs from the testkit's generator on the feature sets the
+//! testkit's own differential test does not cover.
 #![cfg(target_arch = "riscv64")]
 
 mod common;
 use common::*;
-use packjit_plugin_api::HelperEntry;
-use packjit_rv64::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
+use packjit::{LoadOptions, Program, Runtime};
+use packjit_plugin_api::{Arch, PjHelperFn};
+use packjit_rv64::{Rv64Backend, FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
+use packjit_testkit::reference::Reference;
+use std::sync::{Arc, OnceLock};
 
 const FEATURE_SETS: [u64; 4] = [
     0,
@@ -16,49 +22,72 @@ const FEATURE_SETS: [u64; 4] = [
 ];
 
 extern "C" fn mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
-    mix_ref(a, b, c, d, e)
-}
-fn mix_ref(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
     a.wrapping_mul(3) ^ b.rotate_left(7) ^ c.wrapping_add(d << 1) ^ e.wrapping_mul(0x9e37_79b9)
 }
 extern "C" fn plus_one(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     a.wrapping_add(1)
 }
-fn plus_one_ref(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
-    a.wrapping_add(1)
+
+/// Helper ids the fixed programs call: (id, name, function), for the runtime and the reference.
+const HELPERS: [(u32, &str, PjHelperFn); 2] = [(1, "mix", mix), (5, "plus_one", plus_one)];
+
+/// One runtime for every fixed-program test (it is shared across threads by design).
+fn runtime() -> &'static Runtime {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        let rt = Runtime::new().expect("runtime");
+        rt.add_backend(Arc::new(Rv64Backend::new()))
+            .expect("rv64 backend");
+        for (id, name, f) in HELPERS {
+            rt.register_helper(id, name, f).expect("helper");
+        }
+        rt
+    })
 }
 
-fn helpers() -> Vec<HelperEntry> {
-    vec![
-        HelperEntry {
-            id: 1,
-            reserved: 0,
-            addr: mix as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize as u64,
-        },
-        HelperEntry {
-            id: 5,
-            reserved: 0,
-            addr: plus_one as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize as u64,
-        },
-    ]
-}
-fn ref_helpers() -> Vec<(u32, Helper)> {
-    vec![(1, mix_ref as Helper), (5, plus_one_ref as Helper)]
+fn reference() -> Reference {
+    HELPERS
+        .iter()
+        .fold(Reference::new(), |r, &(id, _, f)| r.with_helper(id, f))
 }
 
-/// Runs on every feature path; checks against `expected` and the interpreter.
-fn check(code: &[u8], mem: &[u8], expected: u64) {
-    let mut m = mem.to_vec();
+/// The reference's r0 for `code` on `mem` (which it updates).
+fn expected(code: &[u8], mem: &mut [u8]) -> u64 {
+    reference()
+        .run(code, mem)
+        .unwrap_or_else(|e| panic!("reference evaluator: {e}"))
+        .r0
+}
+
+/// Compiles for RV64 with exactly `features` into the runtime's arena.
+fn load(code: &[u8], features: u64) -> Program {
+    let opts = LoadOptions {
+        arch: Some(Arch::Riscv64),
+        features: Some(features),
+        ..LoadOptions::default()
+    };
+    let p = runtime()
+        .load(code, &opts)
+        .unwrap_or_else(|e| panic!("features {features:#x}: {e}"));
+    assert_eq!(p.features(), features);
     assert_eq!(
-        interpret(code, &mut m, &ref_helpers()),
-        expected,
-        "reference interpreter"
+        p.native_insns(),
+        packjit_rv64::native_insn_count(&p.code()),
+        "features {features:#x}: native instruction count"
     );
+    p
+}
+
+/// Runs on every feature path; checks r0 against `want` and the reference, and the context
+/// afterwards against the reference's.
+fn check(code: &[u8], mem: &[u8], want: u64) {
+    let mut m = mem.to_vec();
+    assert_eq!(expected(code, &mut m), want, "reference evaluator");
     for f in FEATURE_SETS {
-        let native = compile(code, &helpers(), f).unwrap_or_else(|e| panic!("features {f}: {e}"));
         let mut m2 = mem.to_vec();
-        assert_eq!(run_native(&native, &mut m2), expected, "features {f}");
-        assert_eq!(m2, m, "memory after run, features {f}");
+        let got = load(code, f).call(&mut m2).expect("call");
+        assert_eq!(got, want, "features {f:#x}");
+        assert_eq!(m2, m, "memory after run, features {f:#x}");
     }
 }
 
@@ -279,8 +308,7 @@ fn memory_and_atomics() {
         ins(0xc3, 1, 5, 40, 0xf1),
         EXIT,
     ]);
-    let mut m = mem.clone();
-    let want = interpret(&p, &mut m, &[]);
+    let want = expected(&p, &mut mem.clone());
     check(&p, &mem, want);
     // Large offsets and negative offsets go through the address path.
     let big = vec![0u8; 40000];
@@ -319,7 +347,7 @@ fn jumps_all_conditions() {
                     slots.push(ins(0xb7, 0, 0, 0, 1));
                     slots.push(EXIT);
                     let p = prog(&slots);
-                    let want = interpret(&p, &mut [], &[]);
+                    let want = expected(&p, &mut []);
                     check(&p, &[], want);
                 }
             }
@@ -341,7 +369,7 @@ fn helpers_callx_and_local_calls() {
         ins(0x0f, 0, 6, 0, 0),
         EXIT,
     ]);
-    check(&p, &[], mix_ref(1, 2, 3, 4, 5) + 1000);
+    check(&p, &[], mix(1, 2, 3, 4, 5) + 1000);
     // callx known id, then unknown id from inside a nested local call: u64::MAX at once.
     let p = prog(&[
         ins(0xb7, 1, 0, 0, 41),
@@ -461,206 +489,68 @@ fn over_one_mib_of_code_uses_every_branch_form() {
     slots.push(EXIT);
     let p = prog(&slots);
     for f in FEATURE_SETS {
-        let code = compile(&p, &helpers(), f).unwrap();
-        assert!(code.len() > 1 << 20, "code is {} bytes", code.len());
-        assert_eq!(run_native(&code, &mut []), 1000 * n as u64, "features {f}");
+        let native = load(&p, f);
+        assert!(
+            native.code_size() > 1 << 20,
+            "code is {} bytes",
+            native.code_size()
+        );
+        assert_eq!(
+            native.call(&mut []).unwrap(),
+            1000 * n as u64,
+            "features {f:#x}"
+        );
     }
 }
 
 // ---- differential testing ---------------------------------------------------------------------
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn imm(&mut self) -> i32 {
-        match self.below(6) {
-            0 => self.below(4) as i32 - 1,
-            1 => self.below(64) as i32 - 32,
-            2 => self.below(4096) as i32 - 2048,
-            3 => 1 << self.below(31),
-            4 => [i32::MIN, i32::MAX, -1, 0x7ff, 0x800, -0x801][self.below(6) as usize],
-            _ => self.next() as i32,
-        }
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    match v.trim().strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => v.trim().parse().ok(),
     }
 }
 
-/// A random straight-line-with-forward-branches program over r0–r9, a 64-byte stack area
-/// and helper 1; ends by folding every register into r0.
-fn random_program(rng: &mut Rng) -> Vec<u8> {
-    let mut s: Vec<[u8; 8]> = Vec::new();
-    for r in 0..10u8 {
-        let v = rng.next();
-        s.extend(lddw(r, v));
-    }
-    for k in 0..8i16 {
-        s.push(ins(0x7b, 10, (k % 10) as u8, -8 * (k + 1), 0));
-    }
-    let body = 20 + rng.below(40) as usize;
-    let mut pending: Vec<usize> = Vec::new(); // indices of jumps to patch to the end
-    for _ in 0..body {
-        let dst = rng.below(10) as u8;
-        let src = rng.below(10) as u8;
-        let w = if rng.below(2) == 0 { 0x07u8 } else { 0x04 };
-        match rng.below(12) {
-            0..=4 => {
-                let ops = [
-                    0x00u8, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x90, 0xa0, 0xb0, 0xc0,
-                ];
-                let op = ops[rng.below(ops.len() as u64) as usize];
-                let signed = matches!(op, 0x30 | 0x90) && rng.below(2) == 0;
-                let off = if signed { 1 } else { 0 };
-                if rng.below(2) == 0 {
-                    s.push(ins(w | op | 8, dst, src, off, 0));
-                } else {
-                    s.push(ins(w | op, dst, 0, off, rng.imm()));
-                }
-            }
-            5 => s.push(ins(w | 0x80, dst, 0, 0, 0)),
-            6 => {
-                let bits = [8i16, 16, 32][rng.below(if w == 0x07 { 3 } else { 2 }) as usize];
-                s.push(ins(w | 0xb0 | 8, dst, src, bits, 0));
-            }
-            7 => {
-                let opc = [0xd4u8, 0xdc, 0xd7][rng.below(3) as usize];
-                s.push(ins(opc, dst, 0, 0, [16, 32, 64][rng.below(3) as usize]));
-            }
-            8 => {
-                let slot = -8 * (rng.below(8) as i16 + 1);
-                let (sz, adj) =
-                    [(0x18u8, 0), (0x00, 4), (0x08, 6), (0x10, 7)][rng.below(4) as usize];
-                let off = slot + adj;
-                match rng.below(4) {
-                    0 => s.push(ins(0x61 | sz, dst, 10, off, 0)),
-                    1 => s.push(ins(0x81 | sz, dst, 10, off, 0).map_or_ldx(sz)),
-                    2 => s.push(ins(0x63 | sz, 10, src, off, 0)),
-                    _ => s.push(ins(0x62 | sz, 10, 0, off, rng.imm())),
-                }
-            }
-            9 => {
-                let slot = -8 * (rng.below(8) as i16 + 1);
-                let dw = rng.below(2) == 0;
-                let ops = [0x00, 0x40, 0x50, 0xa0, 0x01, 0x41, 0x51, 0xa1, 0xe1, 0xf1];
-                let op = ops[rng.below(ops.len() as u64) as usize];
-                s.push(ins(if dw { 0xdb } else { 0xc3 }, 10, src, slot, op));
-            }
-            10 => {
-                let class = if rng.below(2) == 0 { 0x05u8 } else { 0x06 };
-                let conds = [
-                    0x10u8, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0xa0, 0xb0, 0xc0, 0xd0,
-                ];
-                let c = conds[rng.below(conds.len() as u64) as usize];
-                pending.push(s.len());
-                if rng.below(2) == 0 {
-                    s.push(ins(class | c | 8, dst, src, 0, 0));
-                } else {
-                    s.push(ins(class | c, dst, 0, 0, rng.imm()));
-                }
-            }
-            _ => {
-                s.push(ins(0x85, 0, 0, 0, 1));
-                // Calls leave r1-r5 undefined: give them fresh values.
-                for r in 1..6u8 {
-                    s.push(ins(0xb7, r, 0, 0, rng.imm()));
-                }
-            }
-        }
-        // Let some branches land here instead of at the end.
-        if !pending.is_empty() && rng.below(4) == 0 {
-            let j = pending.remove(0);
-            let off = s.len() as i64 - (j as i64 + 1);
-            s[j][2..4].copy_from_slice(&(off as i16).to_le_bytes());
-        }
-    }
-    let end = s.len();
-    for j in pending {
-        let off = end as i64 - (j as i64 + 1);
-        s[j][2..4].copy_from_slice(&(off as i16).to_le_bytes());
-    }
-    for r in 1..10u8 {
-        s.push(ins(0x27, 0, 0, 0, 31));
-        s.push(ins(0xaf, 0, r, 0, 0));
-    }
-    s.push(EXIT);
-    prog(&s)
-}
-
-trait LdxSx {
-    fn map_or_ldx(self, sz: u8) -> [u8; 8];
-}
-impl LdxSx for [u8; 8] {
-    /// Sign-extending loads do not exist for 64 bits: use a plain load there.
-    fn map_or_ldx(mut self, sz: u8) -> [u8; 8] {
-        if sz == 0x18 {
-            self[0] = 0x61 | sz;
-        }
-        self
-    }
-}
-
-/// Greedily replaces instructions by `ja +0` (a no-op that keeps every jump offset valid)
-/// while the native result still disagrees with the interpreter.
-fn minimize(p: &[u8], f: u64) -> Vec<u8> {
-    let mut cur = p.to_vec();
-    let nop = ins(0x05, 0, 0, 0, 0);
-    let differs = |c: &[u8]| -> bool {
-        match compile(c, &helpers(), f) {
-            Ok(code) => run_native(&code, &mut []) != interpret(c, &mut [], &ref_helpers()),
-            Err(_) => false,
-        }
-    };
-    let slots = cur.len() / 8;
-    // Keep the register and stack set-up (20 + 8 slots): removing it would read
-    // uninitialised stack.
-    let mut i = 28;
-    while i < slots - 1 {
-        if cur[i * 8] == 0x18 {
-            i += 2;
-            continue;
-        }
-        let mut cand = cur.clone();
-        cand[i * 8..i * 8 + 8].copy_from_slice(&nop);
-        if differs(&cand) {
-            cur = cand;
-        }
-        i += 1;
-    }
-    cur
-}
-
+/// testkit/tests/differential.rs runs the generator's programs on RV64 with no extensions
+/// and with all of them (C+Zbb+Zba); this covers the two partial sets, C alone and Zbb+Zba
+/// without C, with the same generator, checker and minimiser. Seeds and count honour the
+/// same `PACKJIT_DIFF_SEED` / `PACKJIT_DIFF_COUNT` the mismatch report names.
 #[test]
-fn differential_random_programs() {
-    let count: usize = std::env::var("PACKJIT_DIFF_COUNT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    for n in 0..count {
-        let p = random_program(&mut rng);
-        let want = interpret(&p, &mut [], &ref_helpers());
-        for f in FEATURE_SETS {
-            let code = compile(&p, &helpers(), f).unwrap_or_else(|e| panic!("program {n}: {e}"));
-            let got = run_native(&code, &mut []);
-            if got != want {
-                let small = minimize(&p, f);
-                let listing: Vec<String> = small
-                    .chunks(8)
-                    .enumerate()
-                    .filter(|(_, c)| c[0] != 0x05 || c[2..4] != [0, 0])
-                    .map(|(i, c)| format!("{i}: {:02x?}", c))
-                    .collect();
-                panic!(
-                    "program {n}, features {f}: got {got:#x}, want {want:#x}\n{}",
-                    listing.join("\n")
-                );
+fn differential_partial_feature_sets() {
+    use packjit_testkit::conformance::RuntimeEngine;
+    use packjit_testkit::gen::{check_seed, helpers, Checked};
+    // Its own runtime: the generator's helper ids overlap the fixed programs' ones.
+    let rt = Runtime::new().expect("runtime");
+    rt.add_backend(Arc::new(Rv64Backend::new())).unwrap();
+    for (id, f, _) in helpers() {
+        rt.register_helper(id, "gen", f).unwrap();
+    }
+    let count = env_u64("PACKJIT_DIFF_COUNT").unwrap_or(2000);
+    let base = env_u64("PACKJIT_DIFF_SEED").unwrap_or(0x5eed_0000);
+    for features in [FEATURE_C, FEATURE_ZBB | FEATURE_ZBA] {
+        let engine = RuntimeEngine {
+            rt: &rt,
+            opts: LoadOptions {
+                arch: Some(Arch::Riscv64),
+                features: Some(features),
+                ..LoadOptions::default()
+            },
+        };
+        let mut with_rbpf = 0;
+        for seed in base..base + count {
+            match check_seed(&engine, seed) {
+                Ok(Checked::Agree { rbpf }) => with_rbpf += rbpf as u64,
+                Ok(Checked::CompiledOnly { .. }) => {
+                    panic!("seed {seed:#x}: compiled but not run on the native arch")
+                }
+                Err(m) => panic!("features {features:#x}: {m}"),
             }
         }
+        packjit_testkit::report(&format!(
+            "rv64 differential (features {features:#x}): seeds {base:#x}..{:#x}: {count} run and matched, {with_rbpf} also matched rbpf",
+            base + count
+        ));
     }
 }
