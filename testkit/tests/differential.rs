@@ -32,15 +32,6 @@ fn watchdog(label: String, current: Arc<AtomicU64>) {
     });
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    match v.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16).ok(),
-        None => v.parse().ok(),
-    }
-}
-
 fn run(arch: Arch, features: u64) {
     let rt = Runtime::new().expect("runtime");
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
@@ -51,8 +42,9 @@ fn run(arch: Arch, features: u64) {
         rt.register_helper(id, "gen", f).unwrap();
     }
     let native = Arch::host() == Some(arch);
-    let count = env_u64("PACKJIT_DIFF_COUNT").unwrap_or(if native { 2000 } else { 300 });
-    let base = env_u64("PACKJIT_DIFF_SEED").unwrap_or(0x5eed_0000);
+    let count =
+        packjit_testkit::env_u64("PACKJIT_DIFF_COUNT").unwrap_or(if native { 2000 } else { 300 });
+    let base = packjit_testkit::env_u64("PACKJIT_DIFF_SEED").unwrap_or(0x5eed_0000);
     let engine = RuntimeEngine {
         rt: &rt,
         opts: LoadOptions {

@@ -9,18 +9,10 @@ use packjit_testkit::gen::{generate, Rng};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    match v.trim().strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16).ok(),
-        None => v.trim().parse().ok(),
-    }
-}
-
 #[test]
 fn verify_and_compile_never_panic_or_hang() {
-    let count = env_u64("PACKJIT_FUZZ_COUNT").unwrap_or(3000);
-    let seed = env_u64("PACKJIT_FUZZ_SEED").unwrap_or(0xf022);
+    let count = packjit_testkit::env_u64("PACKJIT_FUZZ_COUNT").unwrap_or(3000);
+    let seed = packjit_testkit::env_u64("PACKJIT_FUZZ_SEED").unwrap_or(0xf022);
     let mut rng = Rng::new(seed);
     let corpus: Vec<Vec<u8>> = load_suite(&suite_dir())
         .expect("suite")

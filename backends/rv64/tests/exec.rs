@@ -505,14 +505,6 @@ fn over_one_mib_of_code_uses_every_branch_form() {
 
 // ---- differential testing ---------------------------------------------------------------------
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    match v.trim().strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16).ok(),
-        None => v.trim().parse().ok(),
-    }
-}
-
 /// testkit/tests/differential.rs runs the generator's programs on RV64 with no extensions
 /// and with all of them (C+Zbb+Zba); this covers the two partial sets, C alone and Zbb+Zba
 /// without C, with the same generator, checker and minimiser. Seeds and count honour the
@@ -527,8 +519,8 @@ fn differential_partial_feature_sets() {
     for (id, f, _) in helpers() {
         rt.register_helper(id, "gen", f).unwrap();
     }
-    let count = env_u64("PACKJIT_DIFF_COUNT").unwrap_or(2000);
-    let base = env_u64("PACKJIT_DIFF_SEED").unwrap_or(0x5eed_0000);
+    let count = packjit_testkit::env_u64("PACKJIT_DIFF_COUNT").unwrap_or(2000);
+    let base = packjit_testkit::env_u64("PACKJIT_DIFF_SEED").unwrap_or(0x5eed_0000);
     for features in [FEATURE_C, FEATURE_ZBB | FEATURE_ZBA] {
         let engine = RuntimeEngine {
             rt: &rt,
