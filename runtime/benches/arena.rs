@@ -127,11 +127,12 @@ fn density(seed: u64, page: usize) {
         one_page_each as f64 / pages.len() as f64
     );
     // Fill the packs to see the steady-state ratio when they are full.
+    let packs = arena.pack_ranges();
     let mut extra = vec![];
     loop {
-        let s = rng.size();
-        let r = arena.alloc(s).unwrap();
-        if arena.stats().packs > st.packs {
+        let r = arena.alloc(rng.size()).unwrap();
+        let a = r.exec_addr as usize;
+        if !packs.iter().any(|&(s, n)| a >= s && a < s + n) {
             arena.free(&r);
             break;
         }

@@ -641,8 +641,16 @@ fn mark_dirty(dirty: &mut BTreeMap<usize, usize>, start: usize, end: usize) {
 fn fill_trap(dst: *mut u8, len: usize, trap: &[u8]) {
     // SAFETY: callers pass writable ranges they own.
     let buf = unsafe { std::slice::from_raw_parts_mut(dst, len) };
-    for chunk in buf.chunks_mut(trap.len()) {
-        chunk.copy_from_slice(&trap[..chunk.len()]);
+    // Seed one pattern, then double the filled prefix: a handful of large copies instead of
+    // one tiny copy per instruction slot. Ranges are chunk-aligned, so the pattern stays in
+    // phase with instruction boundaries.
+    let seed = len.min(trap.len());
+    buf[..seed].copy_from_slice(&trap[..seed]);
+    let mut filled = seed;
+    while filled < len {
+        let n = filled.min(len - filled);
+        buf.copy_within(..n, filled);
+        filled += n;
     }
 }
 
