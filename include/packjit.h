@@ -284,6 +284,11 @@ typedef struct PackjitArenaStats {
      * Freed regions still waiting for running threads to leave.
      */
     uint64_t pending_frees;
+    /**
+     * Bytes of pack memory made resident (pages trap-filled because code was placed in
+     * them); the rest of each pack is untouched demand-zero memory.
+     */
+    uint64_t bytes_resident;
 } PackjitArenaStats;
 
 /**

@@ -233,6 +233,9 @@ pub struct PackjitArenaStats {
     pub remaps: u64,
     /// Freed regions still waiting for running threads to leave.
     pub pending_frees: u64,
+    /// Bytes of pack memory made resident (pages trap-filled because code was placed in
+    /// them); the rest of each pack is untouched demand-zero memory.
+    pub bytes_resident: u64,
 }
 
 /// What a program is, filled by `packjit_program_info`.
@@ -744,6 +747,7 @@ pub unsafe extern "C" fn packjit_runtime_stats(
                 icache_flushes: s.icache_flushes,
                 remaps: s.remaps,
                 pending_frees: s.pending_frees as u64,
+                bytes_resident: s.bytes_resident as u64,
             }
         };
         Ok(())

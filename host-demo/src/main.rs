@@ -231,9 +231,10 @@ fn print_code_summary(prog: &Program) {
 fn print_stats(rt: &Runtime) {
     let s = rt.stats();
     println!(
-        "arena: {} pack(s), {} KiB reserved, {} B used by {} program(s) ({} B of code), fragmentation {}.{}%, {} commit(s), {} cache flush(es), {} remap(s), {} pending free(s), {}{}",
+        "arena: {} pack(s), {} KiB reserved ({} KiB resident), {} B used by {} program(s) ({} B of code), fragmentation {}.{}%, {} commit(s), {} cache flush(es), {} remap(s), {} pending free(s), {}{}",
         s.packs,
         s.bytes_reserved / 1024,
+        s.bytes_resident / 1024,
         s.bytes_used,
         s.allocations,
         s.bytes_code,

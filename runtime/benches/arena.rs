@@ -115,7 +115,12 @@ fn density(seed: u64, page: usize) {
         pages.len()
     );
     println!(
-        "  bytes allocated / bytes reserved: {:.3} ({} pack(s), {} KiB reserved)",
+        "  bytes allocated / bytes resident: {:.3} ({} KiB resident: pages are trap-filled when first used)",
+        st.bytes_used as f64 / st.bytes_resident as f64,
+        st.bytes_resident / 1024
+    );
+    println!(
+        "  bytes allocated / address space reserved: {:.3} ({} pack(s), {} KiB reserved)",
         st.bytes_used as f64 / st.bytes_reserved as f64,
         st.packs,
         st.bytes_reserved / 1024
@@ -140,7 +145,7 @@ fn density(seed: u64, page: usize) {
     }
     let full = arena.stats();
     println!(
-        "  with the same packs filled ({} programs): bytes allocated / bytes reserved: {:.3}",
+        "  with the same packs filled ({} programs): bytes allocated / address space reserved: {:.3}",
         1000 + extra.len(),
         full.bytes_used as f64 / full.bytes_reserved as f64
     );

@@ -76,6 +76,9 @@ pub struct ArenaStats {
     pub bytes_used: usize,
     /// Bytes of machine code actually written into live regions.
     pub bytes_code: usize,
+    /// Bytes of pack memory made resident (pages trap-filled because code was placed in
+    /// them); the rest of each pack is untouched demand-zero memory.
+    pub bytes_resident: usize,
     /// Live allocations (programs).
     pub allocations: usize,
     /// External fragmentation in per-mille: the share of free space lying outside each
@@ -110,6 +113,8 @@ struct Pack {
     allocs: BTreeMap<usize, (usize, usize)>,
     /// Toggle mode: the pack holds committed code and is RX; never written again.
     sealed: bool,
+    /// Pages already trap-filled (and so resident), one flag per page.
+    filled_pages: Vec<bool>,
 }
 
 impl Pack {
@@ -332,6 +337,7 @@ impl PackedArena {
             s.bytes_used += p.used_chunks * CHUNK;
             s.allocations += p.allocs.len();
             s.bytes_code += p.allocs.values().map(|a| a.1).sum::<usize>();
+            s.bytes_resident += p.filled_pages.iter().filter(|&&f| f).count() * sys::page_size();
             let (f, best) = p.free_runs();
             free += f;
             split += f - best;
@@ -415,7 +421,8 @@ impl Inner {
             })?;
             (p, p, None)
         };
-        fill_trap(rw, size, self.trap);
+        // Pages are trap-filled lazily, when code is first placed in them (see `alloc`), so a
+        // 2 MiB pack holding one small program costs one resident page, not 2 MiB.
         let id = st.next_id;
         st.next_id += 1;
         let chunks = size / CHUNK;
@@ -429,6 +436,7 @@ impl Inner {
             used_chunks: 0,
             allocs: BTreeMap::new(),
             sealed: false,
+            filled_pages: vec![false; size / page],
         });
         Ok(st.packs.len() - 1)
     }
@@ -457,6 +465,16 @@ impl Inner {
         };
         let p = &mut st.packs[pi];
         p.set_range(chunk, n, true);
+        // Trap-fill the pages this region touches for the first time, so the space around the
+        // program in those pages traps if ever jumped to.
+        let page = sys::page_size();
+        for pg in (chunk * CHUNK) / page..(chunk * CHUNK + n * CHUNK).div_ceil(page) {
+            if !p.filled_pages[pg] {
+                // SAFETY: a whole page inside the pack's RW view.
+                fill_trap(unsafe { p.rw.add(pg * page) }, page, self.trap);
+                p.filled_pages[pg] = true;
+            }
+        }
         p.used_chunks += n;
         p.allocs.insert(chunk, (n, 0));
         Ok(Region {

@@ -211,9 +211,18 @@ fn freed_space_reads_back_as_traps() {
         "freed chunk holds {:02x?}, expected the trap pattern {trap:02x?}",
         &bytes[..16]
     );
-    // Never-written space in the pack is trap-filled too.
-    let tail = a.read_code(keep.exec_addr + 4096, 64).unwrap();
+    // The rest of a page holding code is trap-filled too, not just the freed chunk.
+    let page = region::page::size() as u64;
+    let page_end = (keep.exec_addr / page + 1) * page;
+    let tail = a
+        .read_code(
+            r.exec_addr + r.size,
+            (page_end - r.exec_addr - r.size) as usize,
+        )
+        .unwrap();
     assert!(tail.chunks(trap.len()).all(|c| c == trap));
+    // Pages no code was ever placed in stay untouched (demand-zero, not resident).
+    assert_eq!(a.stats().bytes_resident, page as usize);
 }
 
 /// The qemu-user stale-code problem: a freed chunk reused by a different program must run
