@@ -114,15 +114,13 @@ fn batch_load_and_errors() {
 
 #[test]
 fn the_cdylib_plugin_loads_and_runs() {
-    // target-cross/aarch64-unknown-linux-gnu/<profile>/deps/runtime-<hash> -> <profile>/
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let so = dir.join("libpackjit_arm64.so");
-    assert!(
-        so.exists(),
-        "cargo builds the cdylib next to the tests: {}",
-        so.display()
-    );
+    // Cargo puts the cdylib in deps/ next to this test binary (and, when it is a root of the
+    // build, also one level up): look where the runtime's plugin search looks.
+    let so = packjit::default_plugin_dirs()
+        .into_iter()
+        .map(|d| d.join("libpackjit_arm64.so"))
+        .find(|p| p.exists())
+        .expect("cargo builds the cdylib next to the tests");
     let rt = Runtime::new().unwrap();
     let info = rt.load_plugin(&so).expect("plugin");
     assert_eq!(info.arch, Arch::Aarch64);
