@@ -261,9 +261,16 @@ impl RuntimeEngine<'_> {
 
 impl Engine for RuntimeEngine<'_> {
     fn label(&self) -> String {
+        let arch = self.arch();
+        let backend = self
+            .rt
+            .backends()
+            .into_iter()
+            .find(|b| b.arch == arch)
+            .map_or_else(|| "no backend".to_string(), |b| b.name);
         match self.opts.features {
-            Some(f) => format!("{} (features {f:#x})", self.arch()),
-            None => format!("{} (detected features)", self.arch()),
+            Some(f) => format!("{arch} (features {f:#x}, {backend})"),
+            None => format!("{arch} (detected features, {backend})"),
         }
     }
 

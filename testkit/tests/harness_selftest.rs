@@ -67,7 +67,7 @@ impl JitBackend for BrokenBackend {
         self.inner.arch()
     }
     fn name(&self) -> &str {
-        "broken"
+        "deliberately broken backend (harness self-test)"
     }
     fn version(&self) -> &str {
         "0"
