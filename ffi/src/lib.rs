@@ -20,8 +20,7 @@
 
 use core::ffi::{c_char, c_void, CStr};
 use crossbeam_epoch as epoch;
-// The plugin ABI's C types, re-exported for Rust users of this crate (the header gets them
-// through cbindgen's `parse_deps`).
+// The plugin ABI's C types (the header gets them through cbindgen's `parse_deps`).
 pub use packjit_plugin_api::{
     PjArenaVtable, PjBackendVtable, PjCompileRequest, PjCompileResult, PjError, PjHelper,
     PjHelperFn, PjPluginEntry, PjProgramEntry, PjRegion,

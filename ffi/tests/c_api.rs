@@ -2,6 +2,12 @@
 //! C (ffi/tests/c-backend/c_backend.c, compiled here into a plugin and loaded by the
 //! runtime): load, run, batch, dump, stats, errors, bad arguments, deferred free.
 
+// The C API compiled into this test binary. The ffi crate builds no rlib: its library is
+// named `packjit` (for libpackjit.so / libpackjit.a), the runtime's rlib already has that
+// file name, and cargo refuses to let two rlibs collide.
+#[path = "../src/lib.rs"]
+#[allow(dead_code, unused_imports)]
+mod packjit;
 use packjit::*;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
