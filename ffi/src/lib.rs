@@ -41,7 +41,7 @@ use std::sync::Arc;
 // checked against packjit-plugin-api at compile time just below, so they cannot drift.
 
 /// Version of the plugin ABI (`PjBackendVtable::abi_version`, `PjArenaVtable::abi_version`).
-pub const PJ_ABI_VERSION: u32 = 1;
+pub const PJ_ABI_VERSION: u32 = 2;
 /// Architecture code: x86-64.
 pub const PJ_ARCH_X86_64: u32 = 1;
 /// Architecture code: AArch64 (arm64).
@@ -72,6 +72,13 @@ pub const PJ_ERR_PLUGIN: i32 = -9;
 pub const PJ_ERR_NOT_EXECUTABLE: i32 = -10;
 /// Status: something that should not happen did; the message says what.
 pub const PJ_ERR_INTERNAL: i32 = -11;
+/// Status: a sandboxed program's memory access fell outside every region it may touch
+/// (`packjit_last_error` names the pc, the address, the size and read/write).
+pub const PJ_ERR_OUT_OF_BOUNDS: i32 = -12;
+/// Status: the program ran out of its instruction budget (the error names the pc).
+pub const PJ_ERR_BUDGET: i32 = -13;
+/// Status: a `callx` named a helper id with no registered helper (the error names pc and id).
+pub const PJ_ERR_UNKNOWN_CALLX: i32 = -14;
 /// Size of the inline message buffer in `PjError`.
 pub const PJ_ERROR_MESSAGE_LEN: usize = 240;
 /// Name of the symbol a plugin exports: `const PjBackendVtable *packjit_plugin_v1(void)`
@@ -106,6 +113,9 @@ mod abi_mirror {
         PJ_ERR_PLUGIN,
         PJ_ERR_NOT_EXECUTABLE,
         PJ_ERR_INTERNAL,
+        PJ_ERR_OUT_OF_BOUNDS,
+        PJ_ERR_BUDGET,
+        PJ_ERR_UNKNOWN_CALLX,
         PJ_ERROR_MESSAGE_LEN
     );
     const _: () = assert!(super::PACKJIT_CALLX_UNKNOWN == packjit_runtime::CALLX_UNKNOWN);

@@ -268,7 +268,10 @@ fn c_backend_loads_compiles_and_runs() {
     assert_eq!(st, PJ_OK);
     packjit_epoch_enter();
     // SAFETY: committed code with the PjProgramEntry signature; the program is alive.
-    assert_eq!(unsafe { entry.unwrap()(null_mut(), 0) }, 42);
+    assert_eq!(
+        unsafe { entry.unwrap()(null_mut(), 0, &mut packjit_plugin_api::PjExecEnv::default()) },
+        42
+    );
     packjit_epoch_exit();
 
     // SAFETY: valid arguments. Let the frees above finish first.

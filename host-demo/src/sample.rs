@@ -1,7 +1,7 @@
 //! The demo's built-in programs and helpers.
 
 use packjit::Runtime;
-use packjit_lower::{op, RawInsn};
+use packjit_frontend::{op, RawInsn};
 
 /// Sum of squares below `n` (n read from the context), mixed through helper 1 and written
 /// back to the context; uses the stack, a loop, a helper call and 64-bit memory accesses.

@@ -8,7 +8,7 @@
 use core::ffi::{c_char, c_void};
 
 /// Version of the plugin ABI described by this module. Bumped on any incompatible change.
-pub const PJ_ABI_VERSION: u32 = 1;
+pub const PJ_ABI_VERSION: u32 = 2;
 
 /// Architecture codes carried in [`PjBackendVtable::arch`].
 pub const PJ_ARCH_X86_64: u32 = 1;
@@ -41,6 +41,133 @@ pub const PJ_ERR_PLUGIN: i32 = -9;
 pub const PJ_ERR_NOT_EXECUTABLE: i32 = -10;
 /// Something that should not happen did; the message says what.
 pub const PJ_ERR_INTERNAL: i32 = -11;
+
+/// The program stopped at run time (out of bounds, budget, unknown `callx` id); see
+/// [`PjExecEnv`] for the kind, pc and address.
+pub const PJ_ERR_OUT_OF_BOUNDS: i32 = -12;
+/// The program ran out of its instruction budget.
+pub const PJ_ERR_BUDGET: i32 = -13;
+/// A `callx` named a helper id with no registered helper.
+pub const PJ_ERR_UNKNOWN_CALLX: i32 = -14;
+
+/// `PjCompileRequest::flags`: emit sandboxed code (see [`PjExecEnv`] and
+/// `docs/ARCHITECTURE.md`, "Sandbox contract"): every load, store and atomic whose safety is
+/// not proven at compile time is checked against the context, the program's stack block and
+/// the host's regions; registers r0, r3–r9 and the stack block start at zero.
+pub const PJ_COMPILE_SANDBOX: u32 = 1 << 0;
+/// `PjCompileRequest::flags`: count an instruction budget in [`PjExecEnv::budget`]; a taken
+/// jump to an earlier or the same pc `t` from pc `s` charges `s - t + 1`, a bpf-to-bpf call
+/// charges 1; when the charge exceeds the budget left the program stops at `s` with
+/// [`PJ_STOP_BUDGET`] (the budget is left unchanged by the failing charge).
+pub const PJ_COMPILE_BUDGET: u32 = 1 << 1;
+/// `PjCompileRequest::flags`: blind 32- and 64-bit immediates with
+/// [`PjCompileRequest::blind_key`] so no attacker-chosen constant appears verbatim in code.
+pub const PJ_COMPILE_BLIND_CONSTANTS: u32 = 1 << 2;
+/// Every `PJ_COMPILE_*` flag defined by this ABI version.
+pub const PJ_COMPILE_ALL_FLAGS: u32 =
+    PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET | PJ_COMPILE_BLIND_CONSTANTS;
+
+/// [`PjExecEnv::stop_kind`]: the program returned normally.
+pub const PJ_STOP_NONE: u32 = 0;
+/// A checked access fell outside every allowed region.
+pub const PJ_STOP_OUT_OF_BOUNDS: u32 = 1;
+/// The instruction budget ran out.
+pub const PJ_STOP_BUDGET: u32 = 2;
+/// A `callx` named an unregistered helper id (`stop_addr` holds the id).
+pub const PJ_STOP_UNKNOWN_CALLX: u32 = 3;
+
+/// [`PjMemRegion::flags`]: the program may write the region (reads are always allowed).
+pub const PJ_REGION_WRITABLE: u64 = 1;
+
+/// A host memory region a sandboxed program may access.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjMemRegion {
+    /// First byte.
+    pub start: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// `PJ_REGION_*` bits.
+    pub flags: u64,
+}
+
+/// Per-run environment, the third argument of every program entry.
+///
+/// The host fills the input fields before each run and reads the stop fields after it; the
+/// emitted code reads the inputs, counts the budget in place, and on a stop writes the stop
+/// fields and returns (r0 is then meaningless). The layout is fixed: emitted code addresses
+/// the fields by the `PJ_ENV_*` offsets below, so fields are only ever appended.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjExecEnv {
+    /// Host regions (besides the context and the stack), `region_count` entries.
+    pub regions: u64,
+    /// Number of entries at `regions`.
+    pub region_count: u64,
+    /// First byte of the context (`r1` at entry).
+    pub ctx_start: u64,
+    /// One past the last byte of the context (`r1 + r2` at entry).
+    pub ctx_end: u64,
+    /// Instructions left (code compiled with [`PJ_COMPILE_BUDGET`] decrements it).
+    pub budget: u64,
+    /// `PJ_STOP_*`, written by the code when it stops.
+    pub stop_kind: u32,
+    /// Size of the failed access in bytes, with bit 8 set for a write.
+    pub stop_access: u32,
+    /// eBPF pc (slot index) of the instruction that stopped.
+    pub stop_pc: u64,
+    /// Address of the failed access, or the helper id of an unknown `callx`.
+    pub stop_addr: u64,
+    /// Lowest byte of the program's stack block (written by the prologue in sandbox mode).
+    pub stack_start: u64,
+    /// One past the highest byte of the stack block (the entry frame's r10).
+    pub stack_end: u64,
+    /// Native stack pointer at entry, kept by the code to unwind on a stop.
+    pub entry_sp: u64,
+}
+
+/// Field offsets of [`PjExecEnv`] for emitted code.
+pub const PJ_ENV_REGIONS: i32 = 0;
+/// Offset of [`PjExecEnv::region_count`].
+pub const PJ_ENV_REGION_COUNT: i32 = 8;
+/// Offset of [`PjExecEnv::ctx_start`].
+pub const PJ_ENV_CTX_START: i32 = 16;
+/// Offset of [`PjExecEnv::ctx_end`].
+pub const PJ_ENV_CTX_END: i32 = 24;
+/// Offset of [`PjExecEnv::budget`].
+pub const PJ_ENV_BUDGET: i32 = 32;
+/// Offset of [`PjExecEnv::stop_kind`] (u32).
+pub const PJ_ENV_STOP_KIND: i32 = 40;
+/// Offset of [`PjExecEnv::stop_access`] (u32).
+pub const PJ_ENV_STOP_ACCESS: i32 = 44;
+/// Offset of [`PjExecEnv::stop_pc`].
+pub const PJ_ENV_STOP_PC: i32 = 48;
+/// Offset of [`PjExecEnv::stop_addr`].
+pub const PJ_ENV_STOP_ADDR: i32 = 56;
+/// Offset of [`PjExecEnv::stack_start`].
+pub const PJ_ENV_STACK_START: i32 = 64;
+/// Offset of [`PjExecEnv::stack_end`].
+pub const PJ_ENV_STACK_END: i32 = 72;
+/// Offset of [`PjExecEnv::entry_sp`].
+pub const PJ_ENV_ENTRY_SP: i32 = 80;
+/// Bit of [`PjExecEnv::stop_access`] marking a write.
+pub const PJ_ACCESS_WRITE: u32 = 1 << 8;
+
+const _: () = {
+    assert!(core::mem::offset_of!(PjExecEnv, regions) == PJ_ENV_REGIONS as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, region_count) == PJ_ENV_REGION_COUNT as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, ctx_start) == PJ_ENV_CTX_START as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, ctx_end) == PJ_ENV_CTX_END as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, budget) == PJ_ENV_BUDGET as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, stop_kind) == PJ_ENV_STOP_KIND as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, stop_access) == PJ_ENV_STOP_ACCESS as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, stop_pc) == PJ_ENV_STOP_PC as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, stop_addr) == PJ_ENV_STOP_ADDR as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, stack_start) == PJ_ENV_STACK_START as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, stack_end) == PJ_ENV_STACK_END as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, entry_sp) == PJ_ENV_ENTRY_SP as usize);
+    assert!(core::mem::size_of::<PjMemRegion>() == 24);
+};
 
 /// Size of the inline message buffer in [`PjError`].
 pub const PJ_ERROR_MESSAGE_LEN: usize = 240;
@@ -149,6 +276,8 @@ pub struct PjCompileRequest {
     pub features: u64,
     /// Where the code goes.
     pub arena: *const PjArenaVtable,
+    /// Per-program random key for [`PJ_COMPILE_BLIND_CONSTANTS`] (ignored without it).
+    pub blind_key: u64,
 }
 
 /// What a backend reports back.
@@ -161,7 +290,7 @@ pub struct PjCompileResult {
     pub reserved: u32,
     /// The region holding the code (owned by the host from now on).
     pub region: PjRegion,
-    /// Entry point: `u64 (*)(void *ctx, uint64_t ctx_len)`.
+    /// Entry point: `u64 (*)(void *ctx, uint64_t ctx_len, PjExecEnv *env)`.
     pub entry: u64,
     /// Bytes of machine code written.
     pub code_size: u64,
@@ -218,8 +347,11 @@ pub const PJ_PLUGIN_SYMBOL: &str = "packjit_plugin_v1";
 /// Signature of the exported entry symbol.
 pub type PjPluginEntry = unsafe extern "C" fn() -> *const PjBackendVtable;
 
-/// Signature of JIT-compiled code: `r1 = ctx`, `r2 = ctx_len`, returns r0.
-pub type PjProgramEntry = unsafe extern "C" fn(ctx: *mut u8, ctx_len: u64) -> u64;
+/// Signature of JIT-compiled code: `r1 = ctx`, `r2 = ctx_len`, returns r0. `env` is always a
+/// valid [`PjExecEnv`] with `ctx_start`/`ctx_end`/`budget`/`regions` filled and the stop
+/// fields zero; after the call `stop_kind != PJ_STOP_NONE` means the program stopped.
+pub type PjProgramEntry =
+    unsafe extern "C" fn(ctx: *mut u8, ctx_len: u64, env: *mut PjExecEnv) -> u64;
 
 /// Signature of a helper function.
 pub type PjHelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;

@@ -234,6 +234,7 @@ pub unsafe fn compile_entry(
             helpers,
             features: req.features,
             flags: req.flags,
+            blind_key: req.blind_key,
         };
         backend.compile(&rust_req, &arena)
     });

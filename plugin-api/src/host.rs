@@ -151,6 +151,7 @@ impl JitBackend for LoadedBackend {
             helper_count: req.helpers.len() as u64,
             features: req.features,
             arena: &arena_vt,
+            blind_key: req.blind_key,
         };
         let mut out = PjCompileResult {
             struct_size: size_of::<PjCompileResult>() as u32,
@@ -352,6 +353,7 @@ mod tests {
             helpers: &[],
             features: 0,
             flags: 0,
+            blind_key: 0,
         };
         let c = b.compile(&req, &arena).unwrap();
         assert_eq!(c.entry, 0x1000);
@@ -378,6 +380,7 @@ mod tests {
             helpers: &[],
             features: 0,
             flags: 0,
+            blind_key: 0,
         };
         let err = b.compile(&req, &arena).unwrap_err();
         assert_eq!(err.kind, ErrorKind::Panic);

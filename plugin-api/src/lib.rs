@@ -132,6 +132,12 @@ pub enum ErrorKind {
     NotExecutable,
     /// Internal error.
     Internal,
+    /// A sandboxed program's access fell outside every region it may touch (run time).
+    OutOfBounds,
+    /// The program ran out of its instruction budget (run time).
+    Budget,
+    /// A `callx` named a helper id with no registered helper (run time).
+    UnknownCallx,
 }
 
 impl ErrorKind {
@@ -149,6 +155,9 @@ impl ErrorKind {
             ErrorKind::Plugin => PJ_ERR_PLUGIN,
             ErrorKind::NotExecutable => PJ_ERR_NOT_EXECUTABLE,
             ErrorKind::Internal => PJ_ERR_INTERNAL,
+            ErrorKind::OutOfBounds => PJ_ERR_OUT_OF_BOUNDS,
+            ErrorKind::Budget => PJ_ERR_BUDGET,
+            ErrorKind::UnknownCallx => PJ_ERR_UNKNOWN_CALLX,
         }
     }
 
@@ -165,6 +174,9 @@ impl ErrorKind {
             PJ_ERR_PANIC => ErrorKind::Panic,
             PJ_ERR_PLUGIN => ErrorKind::Plugin,
             PJ_ERR_NOT_EXECUTABLE => ErrorKind::NotExecutable,
+            PJ_ERR_OUT_OF_BOUNDS => ErrorKind::OutOfBounds,
+            PJ_ERR_BUDGET => ErrorKind::Budget,
+            PJ_ERR_UNKNOWN_CALLX => ErrorKind::UnknownCallx,
             _ => ErrorKind::Internal,
         }
     }
@@ -183,6 +195,9 @@ impl ErrorKind {
             ErrorKind::Plugin => "plugin could not be loaded",
             ErrorKind::NotExecutable => "program cannot run here",
             ErrorKind::Internal => "internal error",
+            ErrorKind::OutOfBounds => "memory access out of bounds",
+            ErrorKind::Budget => "instruction budget exhausted",
+            ErrorKind::UnknownCallx => "callx to an unregistered helper id",
         }
     }
 }
@@ -196,6 +211,37 @@ pub struct CompileError {
     pub pc: Option<usize>,
     /// Human-readable detail.
     pub message: String,
+    /// For [`ErrorKind::OutOfBounds`]: the access that was refused.
+    pub fault: Option<MemFault>,
+}
+
+/// A refused memory access of a sandboxed program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemFault {
+    /// Address of the first byte accessed.
+    pub addr: u64,
+    /// Access size in bytes.
+    pub size: u32,
+    /// Read or write.
+    pub direction: AccessDirection,
+}
+
+/// Whether an access reads or writes memory (atomics count as writes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccessDirection {
+    /// A load.
+    Read,
+    /// A store or an atomic read-modify-write.
+    Write,
+}
+
+impl fmt::Display for AccessDirection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AccessDirection::Read => "read",
+            AccessDirection::Write => "write",
+        })
+    }
 }
 
 impl CompileError {
@@ -205,6 +251,7 @@ impl CompileError {
             kind,
             pc: None,
             message: message.into(),
+            fault: None,
         }
     }
 
@@ -214,6 +261,7 @@ impl CompileError {
             kind,
             pc: Some(pc),
             message: message.into(),
+            fault: None,
         }
     }
 
@@ -244,6 +292,7 @@ impl CompileError {
             kind: ErrorKind::from_code(err.code),
             pc: usize::try_from(err.pc).ok(),
             message,
+            fault: None,
         }
     }
 }
@@ -299,8 +348,10 @@ pub struct CompileRequest<'a> {
     pub helpers: &'a [HelperEntry],
     /// Optional CPU features the backend may use.
     pub features: u64,
-    /// `PJ_COMPILE_*` flags (none defined yet; must be 0).
+    /// `PJ_COMPILE_*` flags.
     pub flags: u32,
+    /// Key for constant blinding (used with `PJ_COMPILE_BLIND_CONSTANTS`).
+    pub blind_key: u64,
 }
 
 impl CompileRequest<'_> {

@@ -30,7 +30,7 @@ mod scratch;
 pub use arena::{ArenaConfig, ArenaStats, MapMode, PackedArena, RemapPolicy};
 pub use hook::Hook;
 pub use loader::{default_plugin_dirs, plugin_files};
-pub use packjit_lower::{decode as verify, Program as VerifiedProgram};
+pub use packjit_frontend::{decode as verify, Program as VerifiedProgram};
 pub use packjit_plugin_api::{
     Arch, CodeArena, CompileError as Error, ErrorKind, JitBackend, PjHelperFn, PjProgramEntry,
 };
@@ -329,6 +329,7 @@ impl Runtime {
             helpers,
             features,
             flags: 0,
+            blind_key: 0,
         };
         let (compiled, owner) = match (&self.arena, native) {
             (Some(a), true) => (backend.compile(&req, a)?, ArenaRef::Packed(a.clone())),
@@ -434,9 +435,15 @@ impl Program {
             ));
         }
         let _guard = arena::epoch_pin();
+        let mut env = packjit_plugin_api::abi::PjExecEnv {
+            ctx_start: ctx as u64,
+            ctx_end: (ctx as u64).wrapping_add(len as u64),
+            budget: u64::MAX,
+            ..Default::default()
+        };
         // SAFETY: the entry point of committed code with the PjProgramEntry signature.
         let f: PjProgramEntry = unsafe { std::mem::transmute(self.compiled.entry as usize) };
-        Ok(unsafe { f(ctx, len as u64) })
+        Ok(unsafe { f(ctx, len as u64, &mut env) })
     }
 
     /// The entry point, for callers that dispatch themselves (valid while `self` lives).

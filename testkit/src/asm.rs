@@ -31,7 +31,7 @@
 //! `%r0`–`%r10`; `%r11`–`%r15` are accepted (the field has 4 bits) so negative tests can
 //! encode them.
 
-use packjit_lower::RawInsn;
+use packjit_frontend::RawInsn;
 use std::collections::HashMap;
 use std::fmt;
 

@@ -347,7 +347,7 @@ impl Default for ReferenceEngine {
 
 struct RefLoaded<'a> {
     r: &'a Reference,
-    prog: packjit_lower::Program,
+    prog: packjit_frontend::Program,
 }
 
 impl Engine for ReferenceEngine {
@@ -357,7 +357,7 @@ impl Engine for ReferenceEngine {
 
     fn load<'a>(&'a self, code: &[u8]) -> Result<Box<dyn Loaded + 'a>, String> {
         let prog =
-            packjit_lower::decode(code, &self.0.helper_table()).map_err(|e| e.to_string())?;
+            packjit_frontend::decode(code, &self.0.helper_table()).map_err(|e| e.to_string())?;
         Ok(Box::new(RefLoaded { r: &self.0, prog }))
     }
 }

@@ -3,7 +3,7 @@
 //! slot offsets (`+3`), which the assembler accepts. Slots that are not a valid instruction
 //! print as `.raw 0x…` comments so nothing is hidden.
 
-use packjit_lower::RawInsn;
+use packjit_frontend::RawInsn;
 
 fn reg(r: u8) -> String {
     format!("%r{r}")

@@ -102,7 +102,7 @@ pub fn fuzz_helpers() -> Vec<HelperEntry> {
 /// than an encoding limit, or reports a malformed result.
 pub fn compile_both(data: &[u8]) {
     let helpers = fuzz_helpers();
-    let verdict = packjit_lower::decode(data, &helpers);
+    let verdict = packjit_frontend::decode(data, &helpers);
     let backends: [(&dyn JitBackend, u64); 2] = [
         (
             &packjit_arm64::Arm64Backend::new(),
@@ -121,6 +121,7 @@ pub fn compile_both(data: &[u8]) {
                 helpers: &helpers,
                 features,
                 flags: 0,
+                blind_key: 0,
             };
             match (b.compile(&req, &arena), &verdict) {
                 (Ok(c), Ok(_)) => {

@@ -20,7 +20,7 @@
 //! final context and r0 capture registers and stacks of every frame.
 
 use crate::reference::HelperFn;
-use packjit_lower::RawInsn;
+use packjit_frontend::RawInsn;
 
 /// Context bytes the program reads and writes freely.
 pub const CTX_DATA: usize = 128;

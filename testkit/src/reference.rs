@@ -1,7 +1,7 @@
 //! Reference semantics: a small RFC 9669 (cpu v4) evaluator, and an adaptor over rbpf's
 //! interpreter as a second, independent reference.
 //!
-//! The evaluator runs a verified [`packjit_lower::Program`] over a *virtual* address space:
+//! The evaluator runs a verified [`packjit_frontend::Program`] over a *virtual* address space:
 //! the context buffer lives at [`CTX_BASE`], and every call frame has its own 512-byte stack
 //! at `STACK_BASE + depth * FRAME_STRIDE` (r10 = its top). Every access must fall entirely
 //! inside the context or inside a live frame; anything else is an [`EvalError`] — this is a
@@ -11,7 +11,7 @@
 //! returns r1) gives different answers here and on the JIT; conformance tests never do that,
 //! and the generator in [`crate::gen`] never lets pointers flow into data.
 
-use packjit_lower::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
+use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
 use packjit_plugin_api::HelperEntry;
 use std::fmt;
 
@@ -32,7 +32,7 @@ pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
 /// Why evaluation stopped without a result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EvalError {
-    /// The program did not pass `packjit_lower::decode`.
+    /// The program did not pass `packjit_frontend::decode`.
     Verify(String),
     /// A load, store or atomic outside the context and the live frames.
     OutOfBounds {
@@ -43,7 +43,7 @@ pub enum EvalError {
     },
     /// `call imm` to an id with no helper (cannot happen after verification with the same table).
     UnknownHelper { pc: usize, id: u32 },
-    /// Call depth above `packjit_lower::MAX_CALL_DEPTH` (the verifier prevents this).
+    /// Call depth above `packjit_frontend::MAX_CALL_DEPTH` (the verifier prevents this).
     CallDepth { pc: usize },
     /// The step budget ran out.
     StepLimit { steps: u64 },
@@ -117,7 +117,7 @@ impl Reference {
         self
     }
 
-    /// The helper table in the form `packjit_lower::decode` takes (addresses are the real
+    /// The helper table in the form `packjit_frontend::decode` takes (addresses are the real
     /// function addresses, so the same table also suits a `CompileRequest`).
     pub fn helper_table(&self) -> Vec<HelperEntry> {
         self.helpers
@@ -137,7 +137,7 @@ impl Reference {
 
     /// Verifies and runs `code` with `ctx` as the context (r1 = ctx, r2 = its length).
     pub fn run(&self, code: &[u8], ctx: &mut [u8]) -> Result<Outcome, EvalError> {
-        let prog = packjit_lower::decode(code, &self.helper_table())
+        let prog = packjit_frontend::decode(code, &self.helper_table())
             .map_err(|e| EvalError::Verify(e.to_string()))?;
         self.run_program(&prog, ctx)
     }
@@ -343,7 +343,7 @@ impl Reference {
                     }
                 },
                 Op::CallLocal { target } => {
-                    if frames.len() + 1 >= packjit_lower::MAX_CALL_DEPTH {
+                    if frames.len() + 1 >= packjit_frontend::MAX_CALL_DEPTH {
                         return Err(EvalError::CallDepth { pc });
                     }
                     frames.push(Frame {
@@ -539,11 +539,11 @@ pub fn rbpf_unsupported(prog: &Program) -> Option<String> {
             } if v < 0
                 && !matches!(
                     cond,
-                    packjit_lower::Cond::Set
-                        | packjit_lower::Cond::Sgt
-                        | packjit_lower::Cond::Sge
-                        | packjit_lower::Cond::Slt
-                        | packjit_lower::Cond::Sle
+                    packjit_frontend::Cond::Set
+                        | packjit_frontend::Cond::Sgt
+                        | packjit_frontend::Cond::Sge
+                        | packjit_frontend::Cond::Slt
+                        | packjit_frontend::Cond::Sle
                 ) =>
             {
                 "64-bit unsigned/equality jump with a negative imm (rbpf zero-extends it)"
@@ -581,7 +581,7 @@ pub fn run_rbpf(
             addr: 1,
         })
         .collect();
-    let prog = packjit_lower::decode(code, &table).ok()?;
+    let prog = packjit_frontend::decode(code, &table).ok()?;
     if rbpf_unsupported(&prog).is_some() || code.chunks(8).any(|c| c[0] == 0x06) {
         return None;
     }
@@ -589,7 +589,7 @@ pub fn run_rbpf(
         Ok(vm) => vm,
         Err(e) => return Some(Err(e.to_string())),
     };
-    // packjit_lower already verified it; rbpf's own verifier rejects valid things (e.g. `ja -1`
+    // packjit_frontend already verified it; rbpf's own verifier rejects valid things (e.g. `ja -1`
     // idioms) that are irrelevant here.
     if let Err(e) = vm.set_verifier(rbpf_no_verify) {
         return Some(Err(e.to_string()));

@@ -12,7 +12,7 @@
 
 use packjit_arm64::emit::emit_program;
 use packjit_arm64::{Arm64Backend, FEATURE_LSE};
-use packjit_lower::RawInsn;
+use packjit_frontend::RawInsn;
 use packjit_plugin_api::{
     CodeArena, CompileError, CompileRequest, HelperEntry, JitBackend, Region,
 };
@@ -170,6 +170,7 @@ fn compile_figures() {
         helpers: &hs,
         features: FEATURE_LSE,
         flags: 0,
+        blind_key: 0,
     };
     for _ in 0..20 {
         be.compile(&req, &arena).unwrap();

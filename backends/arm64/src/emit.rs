@@ -30,7 +30,7 @@ use dynasmrt::aarch64::{
     encode_logical_immediate_32bit, encode_logical_immediate_64bit, Aarch64Relocation,
 };
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
-use packjit_lower::{
+use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
@@ -89,7 +89,7 @@ pub fn emit_program(
             ),
         ));
     }
-    let prog = packjit_lower::decode(code, helpers)?;
+    let prog = packjit_frontend::decode(code, helpers)?;
     emit_decoded(&prog, helpers, features)
 }
 

@@ -286,7 +286,7 @@ fn jmp_taken(opc: u8, a: u64, b: u64) -> bool {
 
 #[test]
 fn every_condition_both_widths() {
-    use packjit_lower::{Cond, Width};
+    use packjit_frontend::{Cond, Width};
     let conds = [
         (0x10, Cond::Eq),
         (0x20, Cond::Gt),

@@ -439,6 +439,7 @@ fn req<'a>(code: &'a [u8], helpers: &'a [HelperEntry]) -> CompileRequest<'a> {
         helpers,
         features: 0,
         flags: 0,
+        blind_key: 0,
     }
 }
 

@@ -1,4 +1,4 @@
-//! # packjit-lower
+//! # packjit-frontend
 //!
 //! The arch-neutral front end every packjit backend shares:
 //!
@@ -15,12 +15,13 @@
 //! ```
 //! // mov r0, 7 ; exit
 //! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
-//! let prog = packjit_lower::decode(&code, &[]).unwrap();
+//! let prog = packjit_frontend::decode(&code, &[]).unwrap();
 //! assert_eq!(prog.insts.len(), 2);
-//! let err = packjit_lower::decode(&code[..8], &[]).unwrap_err();
+//! let err = packjit_frontend::decode(&code[..8], &[]).unwrap_err();
 //! assert_eq!(err.to_string(), "pc 0: falls through past the end of the program");
 //! ```
 
+pub mod analysis;
 mod insn;
 mod verify;
 
@@ -40,6 +41,8 @@ pub struct Program {
     pub subprogs: Vec<Subprog>,
     /// `true` for each instruction index some branch or call lands on.
     pub is_target: Vec<bool>,
+    /// Frames in the deepest chain of bpf-to-bpf calls from the entry (1 without calls).
+    pub call_depth: usize,
 }
 
 /// A function inside the program: the entry or the target of a local call.

@@ -120,7 +120,7 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
                 }
                 _ => {}
             }
-            if uses_r10(&inst.op) {
+            if crate::analysis::reads_r10(&inst.op) {
                 sp.uses_stack = true;
             }
             match inst.op {
@@ -154,12 +154,13 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
         }
     }
 
-    check_call_depth(&insts, &subprogs)?;
+    let call_depth = check_call_depth(&insts, &subprogs)?;
     Ok(Program {
         insts,
         slots,
         subprogs,
         is_target,
+        call_depth,
     })
 }
 
@@ -171,23 +172,9 @@ fn target_slot(pc: usize, off: i64) -> usize {
     (pc as i64 + 1 + off + SLOT_BIAS) as usize
 }
 
-fn uses_r10(op: &Op) -> bool {
-    match *op {
-        Op::Alu {
-            src: Operand::Reg(r),
-            ..
-        }
-        | Op::MovSx { src: r, .. } => r == R10,
-        Op::Store { base, src, .. } => base == R10 || src == Operand::Reg(R10),
-        Op::Atomic { base, src, .. } => base == R10 || src == R10,
-        Op::Load { base, .. } => base == R10,
-        Op::CallReg { reg } => reg == R10,
-        Op::Jcond { dst, src, .. } => dst == R10 || src == Operand::Reg(R10),
-        _ => false,
-    }
-}
-
-fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<(), CompileError> {
+/// Checks the call graph is acyclic and at most [`MAX_CALL_DEPTH`] deep; returns the number
+/// of frames in the deepest chain starting at the entry.
+fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<usize, CompileError> {
     let index_of = |start: usize| {
         subprogs
             .iter()
@@ -237,12 +224,12 @@ fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<(), CompileE
         marks[s] = Mark::Done(depth);
         Ok(depth)
     }
-    visit(0, insts, subprogs, &mut marks, &index_of)?;
+    let entry_depth = visit(0, insts, subprogs, &mut marks, &index_of)?;
     // Functions unreachable from the entry are still compiled; check them too.
     for s in 0..subprogs.len() {
         visit(s, insts, subprogs, &mut marks, &index_of)?;
     }
-    Ok(())
+    Ok(entry_depth)
 }
 
 fn check_reg(pc: usize, what: &str, r: u8) -> Result<Reg, CompileError> {

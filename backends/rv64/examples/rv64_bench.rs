@@ -12,7 +12,7 @@
 //! packjit_cross_cargo riscv64gc-unknown-linux-gnu run --release -p packjit-rv64 --example rv64_bench
 //! ```
 
-use packjit_lower::RawInsn;
+use packjit_frontend::RawInsn;
 use packjit_plugin_api::HelperEntry;
 use packjit_rv64::{native_insn_count, Rv64Backend, FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
 use std::time::Instant;
@@ -109,7 +109,7 @@ struct Stats {
 
 fn stats(code: &[u8], helpers: &[HelperEntry], features: u64) -> Option<Stats> {
     let native = Rv64Backend::new().emit(code, helpers, features).ok()?;
-    let ebpf = packjit_lower::decode(code, helpers).ok()?.insts.len();
+    let ebpf = packjit_frontend::decode(code, helpers).ok()?.insts.len();
     Some(Stats {
         ebpf,
         native: native_insn_count(&native),
@@ -132,7 +132,7 @@ fn main() {
     }];
     let backend = Rv64Backend::new();
     let prog = generated_program(1200);
-    let n = packjit_lower::decode(&prog, &helpers)
+    let n = packjit_frontend::decode(&prog, &helpers)
         .expect("valid")
         .insts
         .len();

@@ -1,4 +1,4 @@
-//! Lowering of verified eBPF (`packjit_lower::Program`) to RV64.
+//! Lowering of verified eBPF (`packjit_frontend::Program`) to RV64.
 //!
 //! ## Register map
 //!
@@ -30,7 +30,9 @@
 
 use crate::emit::{fits_signed, reg::*, Br, Emitter, Mem, R3, RI};
 use dynasmrt::DynamicLabel;
-use packjit_lower::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width, R10};
+use packjit_frontend::{
+    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width, R10,
+};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
 /// BPF register → RV64 register.
@@ -174,7 +176,7 @@ impl<'a> Codegen<'a> {
                 let save_bytes = (saves.len() as i32 * 8 + 15) & !15;
                 let size = save_bytes
                     + if stack {
-                        packjit_lower::STACK_SIZE as i32
+                        packjit_frontend::STACK_SIZE as i32
                     } else {
                         0
                     };

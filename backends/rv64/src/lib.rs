@@ -67,7 +67,7 @@ impl Rv64Backend {
                 ),
             ));
         }
-        let prog = packjit_lower::decode(code, helpers)?;
+        let prog = packjit_frontend::decode(code, helpers)?;
         let opts = codegen::Options {
             zbb: features & FEATURE_ZBB != 0,
             zba: features & FEATURE_ZBA != 0,

@@ -20,6 +20,7 @@ fn err(
         helpers,
         features,
         flags,
+        blind_key: 0,
     };
     Rv64Backend::new().compile(&req, &arena).unwrap_err()
 }
@@ -78,6 +79,7 @@ fn a_failed_compile_allocates_nothing() {
         helpers: &[],
         features: 0,
         flags: 0,
+        blind_key: 0,
     };
     assert!(Rv64Backend::new().compile(&req, &arena).is_err());
     assert!(arena.bytes.borrow().is_empty());
@@ -113,6 +115,7 @@ fn plugin_vtable_round_trip() {
                 helpers: &[],
                 features: 0,
                 flags: 0,
+                blind_key: 0,
             },
             &arena,
         )
@@ -128,6 +131,7 @@ fn plugin_vtable_round_trip() {
                 helpers: &[],
                 features: 0,
                 flags: 0,
+                blind_key: 0,
             },
             &arena,
         )

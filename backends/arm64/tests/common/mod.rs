@@ -4,7 +4,7 @@
 #[cfg(target_arch = "aarch64")]
 pub mod exec;
 
-use packjit_lower::RawInsn;
+use packjit_frontend::RawInsn;
 use packjit_plugin_api::{CodeArena, CompileError, ErrorKind, HelperEntry, Region};
 use std::cell::RefCell;
 

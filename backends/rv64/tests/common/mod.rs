@@ -7,7 +7,7 @@
 use packjit_plugin_api::{CodeArena, CompileError, ErrorKind, HelperEntry, JitBackend, Region};
 use std::cell::RefCell;
 
-pub use packjit_lower::RawInsn;
+pub use packjit_frontend::RawInsn;
 
 /// One raw instruction slot.
 pub fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
@@ -77,6 +77,7 @@ pub fn compile(
         helpers,
         features,
         flags: 0,
+        blind_key: 0,
     };
     let c = b.compile(&req, &arena)?;
     let bytes = arena.bytes.borrow().clone();

@@ -1,0 +1,254 @@
+//! Target-independent facts the backends lower from: which instructions touch the frame,
+//! how big a sandboxed program's stack block is, what an access must be checked against,
+//! what a back-edge charges the instruction budget, and how constants are blinded.
+//!
+//! Every rule here is also what the reference evaluator implements, so a rule lives in one
+//! place and the differential tests compare like with like.
+
+use crate::{Inst, Op, Operand, Program, Size, R10, STACK_SIZE};
+use packjit_plugin_api::{
+    CompileError, CompileRequest, ErrorKind, PJ_COMPILE_ALL_FLAGS, PJ_COMPILE_BLIND_CONSTANTS,
+    PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX,
+};
+
+/// Does this instruction read r10 (the only way a program reaches its frame)?
+pub fn reads_r10(op: &Op) -> bool {
+    let reg = |o: Operand| o == Operand::Reg(R10);
+    match *op {
+        Op::Alu { src, .. } => reg(src),
+        Op::MovSx { src, .. } => src == R10,
+        Op::Load { base, .. } => base == R10,
+        Op::Store { base, src, .. } => base == R10 || reg(src),
+        Op::Atomic { base, src, .. } => base == R10 || src == R10,
+        Op::Jcond { dst, src, .. } => dst == R10 || reg(src),
+        Op::CallReg { reg } => reg == R10,
+        _ => false,
+    }
+}
+
+/// Whether the memory checks of the sandbox are emitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryChecks {
+    /// Trusted code: accesses go to whatever address the program computes.
+    Unchecked,
+    /// Sandboxed code: every access not proven safe is checked at run time.
+    Checked,
+}
+
+/// Whether the instruction budget is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Budget {
+    /// No counting.
+    Unlimited,
+    /// Back-edges and calls charge `PjExecEnv::budget` (see [`back_edge_charge`]).
+    Counted,
+}
+
+/// How a request asks the code to be generated, validated once for every backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CodegenMode {
+    /// Memory checks (sandbox) on or off.
+    pub memory: MemoryChecks,
+    /// Instruction budget on or off.
+    pub budget: Budget,
+    /// `Some(key)` when immediates are blinded with a key derived from `key`.
+    pub blind_key: Option<u64>,
+    /// Optional CPU features the backend may use.
+    pub features: u64,
+}
+
+impl CodegenMode {
+    /// Trusted code, no budget, no blinding, no optional features.
+    pub const TRUSTED: CodegenMode = CodegenMode {
+        memory: MemoryChecks::Unchecked,
+        budget: Budget::Unlimited,
+        blind_key: None,
+        features: 0,
+    };
+
+    /// Is this sandboxed code?
+    pub fn sandboxed(&self) -> bool {
+        self.memory == MemoryChecks::Checked
+    }
+
+    /// Does the code count the budget?
+    pub fn counts_budget(&self) -> bool {
+        self.budget == Budget::Counted
+    }
+}
+
+/// Validates the request's flags and feature bits against what `arch` (a backend name such as
+/// "arm64") supports, with the same messages for every backend.
+pub fn validate_request(
+    req: &CompileRequest<'_>,
+    arch: &str,
+    supported_features: u64,
+) -> Result<CodegenMode, CompileError> {
+    if req.flags & !PJ_COMPILE_ALL_FLAGS != 0 {
+        return Err(CompileError::new(
+            ErrorKind::Unsupported,
+            format!(
+                "unknown compile flags 0x{:x} (defined: 0x{PJ_COMPILE_ALL_FLAGS:x})",
+                req.flags & !PJ_COMPILE_ALL_FLAGS
+            ),
+        ));
+    }
+    if req.features & !supported_features != 0 {
+        return Err(CompileError::new(
+            ErrorKind::Unsupported,
+            format!(
+                "unknown {arch} feature bits 0x{:x} (supported: 0x{supported_features:x})",
+                req.features & !supported_features
+            ),
+        ));
+    }
+    Ok(CodegenMode {
+        memory: if req.flags & PJ_COMPILE_SANDBOX != 0 {
+            MemoryChecks::Checked
+        } else {
+            MemoryChecks::Unchecked
+        },
+        budget: if req.flags & PJ_COMPILE_BUDGET != 0 {
+            Budget::Counted
+        } else {
+            Budget::Unlimited
+        },
+        blind_key: (req.flags & PJ_COMPILE_BLIND_CONSTANTS != 0).then_some(req.blind_key),
+        features: req.features,
+    })
+}
+
+/// Bytes of the contiguous stack block a sandboxed run gets: one 512-byte frame per level of
+/// the deepest call chain, or 0 when no function reads r10 (nothing could observe a frame).
+///
+/// Frame `k` (the entry is `k = 0`) is `[end - 512 (k + 1), end - 512 k)`; a callee's r10 is
+/// its caller's r10 - 512. No native data lives inside the block, so the whole block is one
+/// region for the checks and it is zeroed at entry (nothing of the host leaks in).
+pub fn stack_block_size(prog: &Program) -> usize {
+    if prog.subprogs.iter().any(|s| s.uses_stack) {
+        prog.call_depth * STACK_SIZE
+    } else {
+        0
+    }
+}
+
+/// Is `[r10 + off, r10 + off + size)` inside the current frame? Such accesses are proven safe
+/// at compile time and carry no run-time check.
+pub fn is_frame_constant(base: u8, off: i16, size: Size) -> bool {
+    base == R10 && off as i64 >= -(STACK_SIZE as i64) && off as i64 + size.bytes() as i64 <= 0
+}
+
+/// Does this instruction need a sandbox check? `Some((base, off, size))` for loads, stores
+/// and atomics whose address is not [frame-constant](is_frame_constant).
+pub fn checked_access(op: &Op) -> Option<(u8, i16, Size)> {
+    let (base, off, size) = match *op {
+        Op::Load {
+            base, off, size, ..
+        }
+        | Op::Store {
+            base, off, size, ..
+        }
+        | Op::Atomic {
+            base, off, size, ..
+        } => (base, off, size),
+        _ => return None,
+    };
+    (!is_frame_constant(base, off, size)).then_some((base, off, size))
+}
+
+/// What a taken jump from `from` to `to` charges the budget: `from.pc - to.pc + 1` for a jump
+/// to an earlier or the same pc (a back-edge), nothing for a forward jump. A bpf-to-bpf call
+/// charges [`CALL_CHARGE`]. The check happens before the jump: if the charge exceeds the
+/// budget left, the program stops at `from.pc` with the budget untouched.
+pub fn back_edge_charge(from: &Inst, to: &Inst) -> Option<u64> {
+    (to.pc <= from.pc).then(|| (from.pc - to.pc + 1) as u64)
+}
+
+/// Budget charged by each bpf-to-bpf call (bounds the work of call-heavy straight-line code;
+/// recursion is rejected at load, so calls alone cannot loop).
+pub const CALL_CHARGE: u64 = 1;
+
+/// The per-constant blinding key for the instruction at `pc`: a SplitMix64 step over the
+/// program key and the pc, so equal immediates at different pcs get different masks.
+pub fn blinding_mask(program_key: u64, pc: usize) -> u64 {
+    let mut z = program_key ^ (pc as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_constant_bounds() {
+        assert!(is_frame_constant(R10, -8, Size::DW));
+        assert!(is_frame_constant(R10, -512, Size::DW));
+        assert!(!is_frame_constant(R10, -513, Size::B));
+        assert!(!is_frame_constant(R10, -4, Size::DW));
+        assert!(!is_frame_constant(R10, 0, Size::B));
+        assert!(!is_frame_constant(1, -8, Size::DW));
+    }
+
+    #[test]
+    fn charges() {
+        let at = |pc| Inst { pc, op: Op::Exit };
+        assert_eq!(back_edge_charge(&at(5), &at(2)), Some(4));
+        assert_eq!(back_edge_charge(&at(5), &at(5)), Some(1));
+        assert_eq!(back_edge_charge(&at(5), &at(6)), None);
+    }
+
+    #[test]
+    fn request_validation_names_the_bits() {
+        let req = CompileRequest {
+            code: &[],
+            helpers: &[],
+            features: 0b100,
+            flags: 0,
+            blind_key: 0,
+        };
+        let e = validate_request(&req, "arm64", 1).unwrap_err();
+        assert_eq!(e.message, "unknown arm64 feature bits 0x4 (supported: 0x1)");
+        let e = validate_request(
+            &CompileRequest {
+                features: 0,
+                flags: 1 << 7,
+                ..req
+            },
+            "arm64",
+            1,
+        )
+        .unwrap_err();
+        assert!(e.message.starts_with("unknown compile flags 0x80"), "{e}");
+        let m = validate_request(
+            &CompileRequest {
+                features: 1,
+                flags: PJ_COMPILE_SANDBOX | PJ_COMPILE_BLIND_CONSTANTS,
+                blind_key: 9,
+                ..req
+            },
+            "arm64",
+            1,
+        )
+        .unwrap();
+        assert!(m.sandboxed() && !m.counts_budget());
+        assert_eq!(m.blind_key, Some(9));
+    }
+
+    #[test]
+    fn stack_block_follows_call_depth() {
+        // mov r1, r10 ; call +1 ; exit ; (f1) mov r0, 0 ; exit
+        let code: Vec<u8> = [
+            [0xbf, 0xa1, 0, 0, 0, 0, 0, 0],
+            [0x85, 0x10, 0, 0, 1, 0, 0, 0],
+            [0x95, 0, 0, 0, 0, 0, 0, 0],
+            [0xb7, 0, 0, 0, 0, 0, 0, 0],
+            [0x95, 0, 0, 0, 0, 0, 0, 0],
+        ]
+        .concat();
+        let p = crate::decode(&code, &[]).unwrap();
+        assert_eq!(p.call_depth, 2);
+        assert_eq!(stack_block_size(&p), 1024);
+    }
+}
