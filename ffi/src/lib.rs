@@ -1608,3 +1608,18 @@ pub unsafe extern "C" fn packjit_program_entry(
         Ok(())
     })
 }
+
+/// Test-only: a C API entry whose body panics, to prove the boundary turns a panic into
+/// `PJ_ERR_PANIC` instead of unwinding into C (every exported function runs its body through
+/// the same `boundary`). Compiled only into the crate's own tests, never into the library.
+#[cfg(test)]
+#[no_mangle]
+pub extern "C" fn packjit_test_panic_inside() -> i32 {
+    boundary("packjit_test_panic_inside", || {
+        let v: Vec<u8> = Vec::new();
+        // A real out-of-bounds index, the kind of bug the boundary exists for.
+        let i = v.len() + 3;
+        let _ = v[i];
+        Ok(())
+    })
+}

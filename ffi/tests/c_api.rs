@@ -100,6 +100,14 @@ fn mov_r0(imm: i32) -> Vec<u8> {
 
 struct Rt(*mut PackjitRuntime);
 
+fn trusted_opts() -> PackjitLoadOptions {
+    let mut opts = PackjitLoadOptions::default();
+    // SAFETY: valid out pointer.
+    assert_eq!(unsafe { packjit_load_options_init(&mut opts) }, PJ_OK);
+    opts.flags = PACKJIT_LOAD_TRUSTED;
+    opts
+}
+
 impl Rt {
     fn new() -> Self {
         let mut rt = null_mut();
@@ -118,10 +126,13 @@ impl Rt {
         rt
     }
 
+    /// Loads trusted code: the C test backend emits plain code and (rightly) refuses the
+    /// sandbox flag it cannot honour.
     fn load(&self, code: &[u8]) -> Result<*mut PackjitProgram, (i32, String, i64)> {
         let mut p = null_mut();
-        // SAFETY: valid runtime and buffers.
-        let st = unsafe { packjit_program_load(self.0, code.as_ptr(), code.len(), null(), &mut p) };
+        let opts = trusted_opts();
+        // SAFETY: valid runtime, buffers and options.
+        let st = unsafe { packjit_program_load(self.0, code.as_ptr(), code.len(), &opts, &mut p) };
         if st == PJ_OK {
             assert!(!p.is_null());
             Ok(p)
@@ -346,6 +357,7 @@ fn batch_commits_once_and_reports_each_program() {
     let mut out = [null_mut(); 4];
     let mut errs = [PjError::default(); 4];
     let before = rt.stats().commits;
+    let opts = trusted_opts();
     // SAFETY: arrays of 4.
     let st = unsafe {
         packjit_program_load_batch(
@@ -353,7 +365,7 @@ fn batch_commits_once_and_reports_each_program() {
             ptrs.as_ptr(),
             lens.as_ptr(),
             4,
-            null(),
+            &opts,
             out.as_mut_ptr(),
             errs.as_mut_ptr(),
         )
@@ -707,5 +719,84 @@ fn long_error_messages_are_truncated_safely() {
             .to_str()
             .is_ok(),
         "cut on a char boundary"
+    );
+}
+
+/// A panic inside a C API call comes back as `PJ_ERR_PANIC` with its message; the process
+/// does not abort, and the next call works normally.
+#[test]
+fn a_panic_inside_the_api_is_an_error_code() {
+    assert_eq!(packjit_test_panic_inside(), PJ_ERR_PANIC);
+    assert_eq!(packjit_last_error_code(), PJ_ERR_PANIC);
+    let msg = last_error();
+    assert!(
+        msg.contains("packjit_test_panic_inside: panic caught at the C boundary")
+            && msg.contains("index out of bounds"),
+        "{msg}"
+    );
+    let rt = Rt::new();
+    assert_eq!(packjit_last_error_code(), PJ_OK);
+    drop(rt);
+}
+
+/// Sandboxing is the default: a backend that cannot honour it refuses, naming the flag; the
+/// sandbox options and regions are validated with messages naming the field.
+#[test]
+fn sandbox_is_the_default_and_options_are_checked() {
+    let rt = Rt::with_backend();
+    let code = mov_r0(1);
+    let mut p = null_mut();
+    // SAFETY: valid runtime and buffers; NULL options = defaults (sandboxed).
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), null(), &mut p) };
+    assert_eq!(st, PJ_ERR_UNSUPPORTED);
+    assert!(
+        last_error().contains("unknown compile flags 0x1"),
+        "{}",
+        last_error()
+    );
+
+    let mut opts = trusted_opts();
+    let region = PjMemRegion {
+        start: 0x1000,
+        len: 16,
+        flags: 4,
+    };
+    opts.regions = &region;
+    opts.region_count = 1;
+    // SAFETY: valid arguments; the region is only validated, never accessed.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("opts->regions[0].flags 0x4"),
+        "{}",
+        last_error()
+    );
+    opts.regions = null();
+    // SAFETY: as above.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("opts->regions is NULL"),
+        "{}",
+        last_error()
+    );
+    let wrapping = PjMemRegion {
+        start: u64::MAX - 1,
+        len: 16,
+        flags: PJ_REGION_WRITABLE,
+    };
+    // SAFETY: valid runtime and region (validated only).
+    let st = unsafe { packjit_runtime_add_region(rt.0, &wrapping) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("wraps around"), "{}", last_error());
+    opts.region_count = 0;
+    opts.flags = PACKJIT_LOAD_TRUSTED | 64;
+    // SAFETY: as above.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("unknown bits 0x40"),
+        "{}",
+        last_error()
     );
 }
