@@ -247,8 +247,8 @@ fn c_backend_loads_compiles_and_runs() {
 
     // Dump: size query, too-small buffer, then the real copy.
     let mut size = 0usize;
-    // SAFETY: valid arguments.
     assert_eq!(
+        // SAFETY: valid arguments.
         unsafe { packjit_program_code(p, null_mut(), 0, &mut size) },
         PJ_OK
     );
@@ -259,8 +259,8 @@ fn c_backend_loads_compiles_and_runs() {
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("too small"), "{}", last_error());
     let mut code = vec![0u8; size];
-    // SAFETY: buffer of the given length.
     assert_eq!(
+        // SAFETY: buffer of the given length.
         unsafe { packjit_program_code(p, code.as_mut_ptr(), code.len(), &mut size) },
         PJ_OK
     );
@@ -278,8 +278,8 @@ fn c_backend_loads_compiles_and_runs() {
         unsafe { packjit_program_entry(p, (&mut entry as *mut Option<PjProgramEntry>).cast()) };
     assert_eq!(st, PJ_OK);
     packjit_epoch_enter();
-    // SAFETY: committed code with the PjProgramEntry signature; the program is alive.
     assert_eq!(
+        // SAFETY: committed code with the PjProgramEntry signature; the program is alive.
         unsafe { entry.unwrap()(null_mut(), 0, &mut packjit_plugin_api::PjExecEnv::default()) },
         42
     );
@@ -393,15 +393,15 @@ fn batch_commits_once_and_reports_each_program() {
         unsafe { packjit_program_free(p) };
     }
     // An empty batch is fine; a NULL out array is not.
-    // SAFETY: count 0 reads nothing.
     assert_eq!(
+        // SAFETY: count 0 reads nothing.
         unsafe {
             packjit_program_load_batch(rt.0, null(), null(), 0, null(), null_mut(), null_mut())
         },
         PJ_OK
     );
-    // SAFETY: refused before any access.
     assert_eq!(
+        // SAFETY: refused before any access.
         unsafe {
             packjit_program_load_batch(
                 rt.0,
@@ -684,8 +684,9 @@ fn free_while_other_threads_run() {
     assert_eq!(rt.stats().allocations, 0);
 }
 
-// SAFETY (test only): the runtime handle is thread-safe; Rt is shared read-only.
+// SAFETY: (test only) the runtime handle is thread-safe; Rt is shared read-only.
 unsafe impl Send for Rt {}
+// SAFETY: as above.
 unsafe impl Sync for Rt {}
 
 /// A program handle may outlive the runtime that made it.
@@ -713,8 +714,8 @@ fn long_error_messages_are_truncated_safely() {
     let msg = last_error();
     assert!(msg.len() < 1024 && msg.len() > 1000, "{}", msg.len());
     assert!(msg.starts_with("/nonexistent/éé"));
-    // SAFETY: NUL-terminated.
     assert!(
+        // SAFETY: NUL-terminated.
         unsafe { CStr::from_ptr(packjit_last_error()) }
             .to_str()
             .is_ok(),
