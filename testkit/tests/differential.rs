@@ -38,6 +38,8 @@ fn run(arch: Arch, features: u64) {
         .unwrap();
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .unwrap();
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .unwrap();
     for (id, f, _) in helpers() {
         rt.register_helper(id, "gen", f).unwrap();
     }
@@ -99,4 +101,14 @@ fn rv64_base() {
 fn rv64_all_extensions() {
     use packjit_rv64::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
     run(Arch::Riscv64, FEATURE_ZBB | FEATURE_ZBA | FEATURE_C);
+}
+
+#[test]
+fn x86_64_base() {
+    run(Arch::X86_64, 0);
+}
+
+#[test]
+fn x86_64_all_features() {
+    run(Arch::X86_64, packjit_x86_64::SUPPORTED_FEATURES);
 }
