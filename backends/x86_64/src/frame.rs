@@ -46,8 +46,11 @@ pub struct Plan {
     pub block: usize,
     /// r12 holds `env`: the code is sandboxed, counts a budget, or may stop at a `callx`.
     pub needs_env: bool,
-    /// BPF registers (bits) read or written anywhere: the entry zeroes these.
+    /// BPF registers (bits) read or written anywhere.
     pub used: u16,
+    /// Registers the entry zeroes: those used, minus those the entry's straight-line start
+    /// writes before anything reads them.
+    pub zero: u16,
     /// Per function (index as `Program::subprogs`).
     pub subs: Vec<SubFrame>,
 }
@@ -97,8 +100,38 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         block,
         needs_env,
         used,
+        zero: used & !written_first(prog),
         subs,
     }
+}
+
+/// Registers the entry's first basic block writes before any instruction reads them (their
+/// zeroing at entry would be dead).
+fn written_first(prog: &Program) -> u16 {
+    let (mut read, mut written) = (0u16, 0u16);
+    for (i, inst) in prog.insts.iter().enumerate() {
+        if i > 0 && prog.is_target[i] {
+            break;
+        }
+        read |= reads(&inst.op) & !written;
+        if let Some(r) = inst.op.written_reg() {
+            if read & (1 << r) == 0 {
+                written |= 1 << r;
+            }
+        }
+        if matches!(
+            inst.op,
+            Op::Ja { .. }
+                | Op::Jcond { .. }
+                | Op::Exit
+                | Op::CallHelper { .. }
+                | Op::CallReg { .. }
+                | Op::CallLocal { .. }
+        ) {
+            break;
+        }
+    }
+    written
 }
 
 impl Emitter<'_> {
@@ -147,7 +180,7 @@ impl Emitter<'_> {
         }
         // r0 and r3–r9 start at zero (only those the program can observe).
         for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
-            if self.plan.used & (1 << r) != 0 {
+            if self.plan.zero & (1 << r) != 0 {
                 self.xor_zero(host(r));
             }
         }

@@ -2,7 +2,7 @@
 //! environment instead of the tail-call counter).
 
 use crate::encode::Gpr;
-use packjit_frontend::{Op, Operand, Reg};
+use packjit_frontend::{AluOp, Op, Operand, Reg};
 
 pub const RAX: Gpr = 0;
 pub const RCX: Gpr = 1;
@@ -60,6 +60,11 @@ pub fn reads(op: &Op) -> u16 {
         Operand::Imm(_) => 0,
     };
     match *op {
+        Op::Alu {
+            op: AluOp::Mov,
+            src,
+            ..
+        } => o(src),
         Op::Alu { dst, src, .. } => r(dst) | o(src),
         Op::MovSx { src, .. } => r(src),
         Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
