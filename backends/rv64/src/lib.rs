@@ -78,7 +78,10 @@ impl Rv64Backend {
             // Step 1 of the sandbox work: the modes validate but are not emitted yet.
             return Err(CompileError::new(
                 ErrorKind::Unsupported,
-                format!("riscv64 does not implement compile flags 0x{:x} yet", req.flags),
+                format!(
+                    "riscv64 does not implement compile flags 0x{:x} yet",
+                    req.flags
+                ),
             ));
         }
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
