@@ -22,7 +22,7 @@ use std::sync::Arc;
 #[command(
     name = "packjit-demo",
     version,
-    about = "packjit: eBPF JIT backends for arm64 and RV64 in one packed code arena"
+    about = "packjit: eBPF JIT backends for x86-64, arm64 and RV64 in one packed code arena"
 )]
 struct Cli {
     /// Directory holding libpackjit_*.so plugins (default: PACKJIT_PLUGIN_DIR, then next to the executable).
@@ -130,6 +130,8 @@ fn add_static_backends(rt: &Runtime) -> Result<(), String> {
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
         .map_err(|e| e.to_string())?;
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+        .map_err(|e| e.to_string())?;
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
         .map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -3,8 +3,8 @@
 //! instruction); r0, the context and the stack (dumped into the context) must match.
 //!
 //! * `PACKJIT_DIFF_COUNT` programs per configuration (default 20,000 natively on x86-64,
-//!   2000 on the other backends' native arch, 300 compile-only elsewhere), seeds `PACKJIT_DIFF_SEED` (default 0x5eed0000)
-//!   onwards; the seed range is printed.
+//!   2000 on the other backends' native arch, 300 compile-only elsewhere), seeds
+//!   `PACKJIT_DIFF_SEED` (default 0x5eed0000) onwards; the seed range is printed.
 //! * A mismatch prints the seed, the difference and the minimised program, disassembled.
 
 use packjit::{LoadOptions, Runtime};
