@@ -1086,6 +1086,7 @@ unsafe fn load_options(opts: *const PackjitLoadOptions) -> Result<LoadOptions, E
         arch: arch_from_code(o.arch, "opts->arch")?,
         features: (o.flags & PACKJIT_LOAD_FEATURES_EXACT != 0).then_some(o.features),
         disable_features: o.disabled_features,
+        ..Default::default()
     })
 }
 

@@ -297,6 +297,34 @@ impl PackedArena {
         guard.flush();
     }
 
+    /// Like [`free_deferred`](Self::free_deferred), running `before` (e.g. dropping the
+    /// region's symbol) after the grace period and just before the chunks are released, so
+    /// nothing else can have been placed there yet.
+    pub fn free_deferred_then(&self, region: Region, before: impl FnOnce() + Send + 'static) {
+        self.inner.pending.fetch_add(1, Relaxed);
+        let inner = self.inner.clone();
+        let guard = epoch::pin();
+        guard.defer(move || {
+            before();
+            inner.release_now(&region);
+            inner.pending.fetch_sub(1, Relaxed);
+        });
+        guard.flush();
+    }
+
+    /// Releases `region` at once. For committed code only when its grace period has already
+    /// passed (a batch retirement that waited once for many programs).
+    /// Counts it in `pending_frees` from [`expect_release`](Self::expect_release) on.
+    pub(crate) fn release_after_grace(&self, region: &Region) {
+        self.inner.release_now(region);
+        self.inner.pending.fetch_sub(1, Relaxed);
+    }
+
+    /// Counts one region retired by a batch as pending until `release_after_grace`.
+    pub(crate) fn expect_release(&self) {
+        self.inner.pending.fetch_add(1, Relaxed);
+    }
+
     /// Drives epoch reclamation until no deferred free is pending (or gives up after a
     /// bounded number of attempts, e.g. while another thread stays pinned). Returns the number
     /// still pending.
