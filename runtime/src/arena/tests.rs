@@ -352,7 +352,7 @@ fn best_fit_refills_the_smallest_hole_and_first_fit_the_lowest() {
         let s = a.stats();
         assert_eq!(s.bytes_used, 4 * CHUNK);
         let free = a.config().pack_size / CHUNK - 4;
-        let split = if want_second { 4 } else { 2 + 2 };
+        let split = 4;
         assert_eq!(
             s.fragmentation_permille as usize,
             split * 1000 / free,
