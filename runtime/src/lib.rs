@@ -28,7 +28,10 @@ pub mod rbpf_bridge;
 mod scratch;
 mod symbols;
 
-pub use arena::{ArenaConfig, ArenaStats, MapMode, PackedArena, Placement, RemapPolicy};
+pub use arena::{
+    ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
+    RemapPolicy,
+};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
 pub use packjit_frontend::{decode as verify, Program as VerifiedProgram};

@@ -119,6 +119,28 @@ pub struct ArenaStats {
     pub remap_on_commit: bool,
 }
 
+/// What a 64-byte chunk of a pack holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Part of a live program's allocation.
+    Code,
+    /// Free, in a resident page already filled with trap instructions.
+    TrapFilled,
+    /// Free, in a page never touched or given back (costs no memory).
+    Untouched,
+}
+
+/// One pack's occupancy map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackOccupancy {
+    /// Executable address of the pack.
+    pub base: usize,
+    /// Chunks per page.
+    pub page_chunks: usize,
+    /// One entry per chunk.
+    pub chunks: Vec<ChunkState>,
+}
+
 struct Pack {
     id: u64,
     /// Executable view.
@@ -458,6 +480,31 @@ impl PackedArena {
         let off = (addr - p.rx as u64) as usize;
         // SAFETY: inside a mapped, readable pack; we hold the lock so it is not unmapped.
         Some(unsafe { std::slice::from_raw_parts(p.rw.add(off), len) }.to_vec())
+    }
+
+    /// Every pack's occupancy, one state per 64-byte chunk, in address order within a pack
+    /// (for drawing maps; see `packjit-demo stats --map`).
+    pub fn occupancy(&self) -> Vec<PackOccupancy> {
+        let st = self.lock();
+        let per_page = sys::page_size() / CHUNK;
+        st.packs
+            .iter()
+            .map(|p| PackOccupancy {
+                base: p.rx as usize,
+                page_chunks: per_page,
+                chunks: (0..p.chunks())
+                    .map(|c| {
+                        if p.bit(c) {
+                            ChunkState::Code
+                        } else if p.filled_pages[c / per_page] {
+                            ChunkState::TrapFilled
+                        } else {
+                            ChunkState::Untouched
+                        }
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 
     /// The trap pattern free space is filled with.
