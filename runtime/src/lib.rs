@@ -22,6 +22,7 @@
 //! ```
 
 pub mod arena;
+pub mod elf;
 mod exec;
 mod hook;
 mod loader;
@@ -29,6 +30,7 @@ pub mod rbpf_bridge;
 mod scratch;
 
 pub use arena::{ArenaConfig, ArenaStats, MapMode, PackedArena, RemapPolicy};
+pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess};
 pub use hook::Hook;
 pub use loader::{default_plugin_dirs, plugin_files};
@@ -447,6 +449,7 @@ impl Runtime {
             trust,
             budget: opts.budget,
             regions: regions.into(),
+            globals: None,
         })
     }
 
@@ -495,6 +498,9 @@ pub struct Program {
     trust: Trust,
     budget: Option<u64>,
     regions: Arc<[abi::PjMemRegion]>,
+    // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
+    // lives exactly as long as the code can run (see elf.rs).
+    globals: Option<Box<elf::GlobalData>>,
 }
 
 impl std::fmt::Debug for Program {
