@@ -595,6 +595,9 @@ pub extern "C" fn packjit_status_str(code: i32) -> *const c_char {
         PJ_ERR_PLUGIN => c"plugin could not be loaded",
         PJ_ERR_NOT_EXECUTABLE => c"program cannot run here",
         PJ_ERR_INTERNAL => c"internal error",
+        PJ_ERR_OUT_OF_BOUNDS => c"memory access out of bounds",
+        PJ_ERR_BUDGET => c"instruction budget exhausted",
+        PJ_ERR_UNKNOWN_CALLX => c"callx to an unregistered helper id",
         _ => c"unknown status code",
     };
     s.as_ptr()
@@ -1774,6 +1777,21 @@ pub unsafe extern "C" fn packjit_program_entry(
                 format!("program was compiled for {}, not for this host", p.arch()),
             )
         })?);
+        Ok(())
+    })
+}
+
+/// Test-only: a C API entry whose body panics, to prove the boundary turns a panic into
+/// `PJ_ERR_PANIC` instead of unwinding into C (every exported function runs its body through
+/// the same `boundary`). Compiled only into the crate's own tests, never into the library.
+#[cfg(test)]
+#[no_mangle]
+pub extern "C" fn packjit_test_panic_inside() -> i32 {
+    boundary("packjit_test_panic_inside", || {
+        let v: Vec<u8> = Vec::new();
+        // A real out-of-bounds index, the kind of bug the boundary exists for.
+        let i = v.len() + 3;
+        let _ = v[i];
         Ok(())
     })
 }
