@@ -102,10 +102,8 @@ fn global_u64(p: *const PackjitProgram, name: &str) -> u64 {
     let n = CString::new(name).unwrap();
     let mut size = 0usize;
     // SAFETY: live program, valid name and out pointer.
-    assert_eq!(
-        unsafe { packjit_program_global_size(p, n.as_ptr(), &mut size) },
-        PJ_OK
-    );
+    let st = unsafe { packjit_program_global_size(p, n.as_ptr(), &mut size) };
+    assert_eq!(st, PJ_OK, "{}", last_error());
     assert!(size <= 8);
     let mut b = [0u8; 8];
     // SAFETY: `size` bytes fit in b.
