@@ -22,6 +22,7 @@
 //! ```
 
 pub mod arena;
+pub mod elf;
 mod exec;
 mod hook;
 mod loader;
@@ -33,6 +34,7 @@ pub use arena::{
     ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
     RemapPolicy,
 };
+pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
@@ -488,6 +490,7 @@ impl Runtime {
             name,
             symbols,
             retired: false,
+            globals: None,
         })
     }
 
@@ -581,6 +584,9 @@ pub struct Program {
     symbols: Option<Arc<Symbols>>,
     /// Its grace period has passed (set by a hook retiring it): release without waiting.
     retired: bool,
+    // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
+    // lives exactly as long as the code can run (see elf.rs).
+    globals: Option<Box<elf::GlobalData>>,
 }
 
 impl std::fmt::Debug for Program {
