@@ -24,7 +24,7 @@
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
 use packjit_frontend::analysis::{reads_r10, stack_block_size};
-use packjit_frontend::{AluOp, AtomicOp, Inst, Op, Operand, Program, STACK_SIZE};
+use packjit_frontend::{AluOp, AtomicOp, Inst, Op, Operand, Program, Width, R10, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
     PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
@@ -54,6 +54,44 @@ pub(crate) struct Plan {
     pub(crate) block: u32,
     /// BPF registers (bit n = rn) the entry zeroes: those possibly read before written.
     pub(crate) zero: u16,
+    /// Per function, BPF registers that only ever hold r10 ± constants there (bit n = rn):
+    /// their checked accesses try the stack block inline first and the context out of line.
+    /// A hint for the order of exact checks, so it needs no flow sensitivity.
+    pub(crate) stack_like: Vec<u16>,
+}
+
+/// Registers of a function written only by `mov r, r10` and `r ±= imm` (64-bit), at least
+/// once by the former: pointers into the frame, typically arrays indexed through them.
+fn stack_like(insts: &[Inst]) -> u16 {
+    let (mut from_r10, mut other) = (0u16, 0u16);
+    for inst in insts {
+        match inst.op {
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Mov,
+                dst,
+                src: Operand::Reg(R10),
+            } => from_r10 |= 1 << dst,
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Add | AluOp::Sub,
+                src: Operand::Imm(_),
+                ..
+            } => {}
+            _ => {
+                if let Some(w) = inst.op.written_reg() {
+                    other |= 1 << w;
+                }
+                if matches!(
+                    inst.op,
+                    Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. }
+                ) {
+                    other |= ARGS;
+                }
+            }
+        }
+    }
+    from_r10 & !other
 }
 
 /// BPF registers `op` reads (bit n = rn). A local call reads what its callee may read
@@ -213,7 +251,13 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool) -> Plan {
             }
         })
         .collect();
+    let stack_like = prog
+        .subprogs
+        .iter()
+        .map(|sp| stack_like(&prog.insts[sp.start..sp.end]))
+        .collect();
     Plan {
+        stack_like,
         frames,
         can_stop,
         block,
@@ -343,10 +387,14 @@ impl Emitter<'_> {
             return;
         }
         let (stop, stop_budget, restore) = (self.stop, self.stop_budget, self.restore);
+        if self.mode.counts_budget() {
+            a64!(self.ops
+                ; =>stop_budget
+                ; movz X(C1), PJ_STOP_BUDGET
+                ; mov X(T0), xzr
+            );
+        }
         a64!(self.ops
-            ; =>stop_budget
-            ; movz X(C1), PJ_STOP_BUDGET
-            ; mov X(T0), xzr
             ; =>stop
             ; str X(C1), [X(ENV), PJ_ENV_STOP_KIND as u32]
             ; stp X(C2), X(T0), [X(ENV), PJ_ENV_STOP_PC]

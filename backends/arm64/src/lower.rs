@@ -80,14 +80,18 @@ pub fn emit_decoded(
 /// dense: the rare side of a sandbox check or a budget charge.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Cold {
-    /// The context check failed: try the stack block, then the host regions; resume at
-    /// `resume` with x9 = the (clamped) address, or stop.
+    /// The inline check failed: try the other of context and stack block, then the host
+    /// regions; resume at `resume` with x9 = the (clamped) address, or stop.
     Access {
         inst: usize,
         label: DynamicLabel,
         resume: DynamicLabel,
         size: u32,
         write: bool,
+        /// The inline check was the stack block's (a stack-like base register).
+        stack_first: bool,
+        /// Where the unclamped address is (x9 is set from it first).
+        addr: u8,
     },
     /// Not enough budget for `charge`: undo the subtraction and stop at the jump.
     Budget {
@@ -889,7 +893,7 @@ impl<'a> Emitter<'a> {
     /// context inline; other regions are tried out of line (see [`Cold::Access`]).
     ///
     /// ```text
-    ///   add  x9, xb, #off          ; address (mov when off = 0)
+    ///   add  x9, xb, #off          ; address (none for off = 0: xb is used in place)
     ///   sub  x14, x9, x23          ; t = addr - ctx_start (wraps when below)
     ///   subs x14, x24, x14         ; len - t: carry iff t <= len
     ///   ccmp x14, #size, #0, hs    ; carry iff len - t >= size (else flags = fail)
@@ -902,35 +906,62 @@ impl<'a> Emitter<'a> {
     /// below the context (t wraps past any length) before `len - t >= size` is tested.
     pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) {
         let b = self.src(base, T0);
-        if off == 0 {
-            if b != T0 {
-                a64!(self.ops; mov X(T0), X(b));
+        // The register holding the address: the base itself for offset 0 (the CSEL then
+        // writes x9, and the out-of-line side copies it first), else x9.
+        let addr = if off == 0 { b } else { T0 };
+        if off != 0 {
+            if let Some((imm, false)) = fits_imm12(off as i64) {
+                a64!(self.ops; add XSP(T0), XSP(b), imm);
+            } else if let Some((imm, false)) = fits_imm12(-(off as i64)) {
+                a64!(self.ops; sub XSP(T0), XSP(b), imm);
+            } else {
+                self.mov_imm(C0, off as i64 as u64, W64);
+                a64!(self.ops; add X(T0), X(b), X(C0));
             }
-        } else if let Some((imm, false)) = fits_imm12(off as i64) {
-            a64!(self.ops; add XSP(T0), XSP(b), imm);
-        } else if let Some((imm, false)) = fits_imm12(-(off as i64)) {
-            a64!(self.ops; sub XSP(T0), XSP(b), imm);
-        } else {
-            self.mov_imm(C0, off as i64 as u64, W64);
-            a64!(self.ops; add X(T0), X(b), X(C0));
         }
         let s = size.bytes();
-        a64!(self.ops
-            ; sub X(C0), X(T0), X(CTX_LO)
-            ; subs X(C0), X(CTX_LEN), X(C0)
-            ; ccmp X(C0), s, 0, hs
-        );
         let label = self.ops.new_dynamic_label();
         let resume = self.ops.new_dynamic_label();
-        self.branch_if(Test::Flags(Cc::Lo), label);
-        a64!(self.ops; csel X(T0), X(T0), xzr, hs ; =>resume);
+        let k = self.prog.subprog_of(self.cur);
+        let stack_first =
+            self.plan.block > 0 && (base == R10 || self.plan.stack_like[k] & (1 << base) != 0);
+        if stack_first {
+            self.stack_check(addr, s);
+            self.branch_if(Test::Flags(Cc::Hi), label);
+            a64!(self.ops; csel X(T0), X(addr), xzr, ls ; =>resume);
+        } else {
+            self.ctx_check(addr, s);
+            self.branch_if(Test::Flags(Cc::Lo), label);
+            a64!(self.ops; csel X(T0), X(addr), xzr, hs ; =>resume);
+        }
         self.colds.push(Cold::Access {
             inst: self.cur,
             label,
             resume,
             size: s,
             write,
+            stack_first,
+            addr,
         });
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
+    fn ctx_check(&mut self, addr: u8, size: u32) {
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(CTX_LO)
+            ; subs X(C0), X(CTX_LEN), X(C0)
+            ; ccmp X(C0), size, 0, hs
+        );
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the stack block": `ls` when it is. `block - size`
+    /// fits CMP's imm12 (block <= 4096, size >= 1); an address below the block wraps past it.
+    fn stack_check(&mut self, addr: u8, size: u32) {
+        let block = self.plan.block;
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(STACK_LO)
+            ; cmp XSP(C0), block - size
+        );
     }
 
     /// The out-of-line side of a check or a charge.
@@ -959,19 +990,23 @@ impl<'a> Emitter<'a> {
                 resume,
                 size,
                 write,
+                stack_first,
+                addr,
             } => {
                 self.cur = inst;
                 a64!(self.ops; =>label);
-                let block = self.plan.block;
-                if block > 0 {
-                    // The stack block: [stack_start, stack_start + block), block - size
-                    // fits CMP's imm12 (block <= 4096, size >= 1).
-                    a64!(self.ops
-                        ; sub X(C0), X(T0), X(STACK_LO)
-                        ; cmp XSP(C0), block - size
-                        ; b.hi >regions
-                        ; csel X(T0), X(T0), xzr, ls
-                    );
+                if addr != T0 {
+                    a64!(self.ops; mov X(T0), X(addr));
+                }
+                // The other of the two inline-able checks, then the region scan.
+                if stack_first {
+                    self.ctx_check(T0, size);
+                    a64!(self.ops; b.lo >regions ; csel X(T0), X(T0), xzr, hs);
+                    self.b(resume);
+                    a64!(self.ops; regions:);
+                } else if self.plan.block > 0 {
+                    self.stack_check(T0, size);
+                    a64!(self.ops; b.hi >regions ; csel X(T0), X(T0), xzr, ls);
                     self.b(resume);
                     a64!(self.ops; regions:);
                 }

@@ -403,17 +403,15 @@ fn callx_compares_ids_and_stops() {
             "mov x9, x1",
             "mov x16, #0x3",
             "mov x15, #0x0",
-            "b 0x6c",
+            "b 0x64",
             "blr x11",
             "mov x7, x0",
             "mov x0, x7",
             "ldr x28, [sp], #16",
             "ldp x29, x30, [sp], #16",
             "ret",
-            // The shared stop paths: budget, then any stop: env fields, sp = entry_sp,
-            // out through the entry's restore.
-            "mov x16, #0x2",
-            "mov x9, xzr",
+            // The shared stop path: env fields, sp = entry_sp, out through the entry's
+            // restore.
             "str x16, [x28, #40]",
             "stp x15, x9, [x28, #48]",
             "ldr x14, [x28, #80]",
@@ -469,6 +467,38 @@ fn far_conditional_branch_uses_the_long_form() {
             &format!("b 0x{:x}", out.bytes.len() - 8)
         ]
     );
+}
+
+#[test]
+fn sandboxed_context_load_checks_inline_and_clamps() {
+    // ldxdw r0, [r1 + 8]: the context check is four instructions after the address, the
+    // CSEL clamps the address on the failing side (Spectre v1), the load uses x9.
+    let code = prog(&[ins(0x79, 0, 1, 8, 0), EXIT]);
+    let out = packjit_arm64::emit_request(&CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
+        blind_key: 0,
+    })
+    .unwrap();
+    let d = disasm(&out.bytes);
+    let at = d.iter().position(|l| l == "add x9, x0, #0x8").unwrap();
+    assert_eq!(
+        d[at..at + 7],
+        [
+            "add x9, x0, #0x8",
+            "sub x14, x9, x23",
+            "subs x14, x24, x14",
+            "ccmp x14, #0x8, #0x0, cs",
+            &format!("b.cc 0x{:x}", 4 * (at + 12)),
+            "csel x9, x9, xzr, cs",
+            "ldr x7, [x9]",
+        ]
+    );
+    // The frame is not on the native stack in the sandbox; no budget path without budget.
+    assert!(!d.iter().any(|l| l.starts_with("sub sp")), "{d:#?}");
+    assert!(!d.iter().any(|l| l == "mov x16, #0x2"), "{d:#?}");
 }
 
 // ---------------------------------------------------------------- errors and the trait
