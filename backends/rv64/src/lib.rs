@@ -74,18 +74,12 @@ impl Rv64Backend {
     /// emits its code to native bytes without placing them anywhere.
     pub fn emit_request(&self, req: &CompileRequest<'_>) -> Result<Vec<u8>, CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
-        if req.flags != 0 {
-            // Step 1 of the sandbox work: the modes validate but are not emitted yet.
-            return Err(CompileError::new(
-                ErrorKind::Unsupported,
-                format!("riscv64 does not implement compile flags 0x{:x} yet", req.flags),
-            ));
-        }
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
         let opts = lower::Options {
             zbb: mode.features & FEATURE_ZBB != 0,
             zba: mode.features & FEATURE_ZBA != 0,
             c: mode.features & FEATURE_C != 0,
+            mode,
         };
         // The lowering guarantees every immediate's range before handing it to dynasm
         // (which panics on a bad one); should that ever be wrong, report it rather than
