@@ -329,11 +329,14 @@ pub struct PjBackendVtable {
     >,
 }
 
-// SAFETY: the vtables hold only pointers to static data and functions (or, for the arena, a
-// context the host promises is usable from any thread while the vtable is alive).
+// SAFETY: a backend vtable holds only pointers to static strings and functions.
 unsafe impl Send for PjBackendVtable {}
+// SAFETY: as above; nothing in it is mutated after construction.
 unsafe impl Sync for PjBackendVtable {}
+// SAFETY: an arena vtable's context is one the host promises is usable from any thread while
+// the vtable is alive.
 unsafe impl Send for PjArenaVtable {}
+// SAFETY: as above.
 unsafe impl Sync for PjArenaVtable {}
 
 /// Name of the symbol a plugin library exports: `const PjBackendVtable *packjit_plugin_v1(void)`.

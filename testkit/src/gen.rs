@@ -211,7 +211,7 @@ pub fn helpers() -> Vec<(u32, HelperFn, crate::reference::RbpfHelper)> {
     ]
 }
 
-/// An id no helper has (for `callx` to an unknown helper: r0 = `u64::MAX`, program ends).
+/// An id no helper has (a `callx` to it stops the program: `Stop::UnknownCallx`).
 pub const UNKNOWN_HELPER_ID: i32 = 77;
 
 // ---------------------------------------------------------------------------------------
@@ -305,13 +305,10 @@ impl Ctx<'_> {
             }
             86..=92 if self.classic => Node::Insns(vec![self.alu()]),
             86..=88 => {
-                // callx: helper id in a register; rarely an unknown id (ends the program).
+                // callx: helper id in a register (unknown ids stop the program: escape
+                // programs only).
                 let r = self.dst();
-                let id = if self.rng.chance(1, 10) {
-                    UNKNOWN_HELPER_ID
-                } else {
-                    self.rng.pick(&[1, 2, 5])
-                };
+                let id = self.rng.pick(&[1, 2, 5]);
                 let mut v = vec![mov_imm(r, id), ins(0x8d, r, 0, 0, 0)];
                 v.extend(self.reinit());
                 Node::Insns(v)
