@@ -701,3 +701,62 @@ mod suite {
         suite(ALL_MODES);
     }
 }
+
+// ---- through the runtime's public API ---------------------------------------------------------
+
+/// `Runtime::load` compiles RV64 code sandboxed; stops come back as errors with kind, pc and
+/// fault; `LoadOptions::regions` and `budget` reach the code.
+#[test]
+fn runtime_api_reports_stops() {
+    use packjit::{AccessDirection, ErrorKind, MemRegion, RegionAccess};
+    let rt = Runtime::new().expect("runtime");
+    rt.add_backend(Arc::new(Rv64Backend::new())).unwrap();
+    let table: Box<[u8; 8]> = Box::new(*b"packjit!");
+    // SAFETY: `table` outlives every program given the region and is never written.
+    let region = unsafe { MemRegion::new(table.as_ptr(), 8, RegionAccess::ReadOnly) };
+    let [a, b] = lddw(2, table.as_ptr() as u64);
+    // r0 = table[0..8]; *(u8 *)(r1 + off) = 1 (ctx is 4 bytes); loop with the budget.
+    let read_then_store =
+        |off: i16| prog(&[a, b, ins(0x79, 0, 2, 0, 0), ins(0x72, 1, 0, off, 1), EXIT]);
+    for f in FEATURE_SETS {
+        for blind_constants in [false, true] {
+            let opts = LoadOptions {
+                arch: Some(Arch::Riscv64),
+                features: Some(f),
+                regions: vec![region.clone()],
+                blind_constants,
+                budget: Some(100),
+                ..LoadOptions::default()
+            };
+            let p = rt.load(&read_then_store(3), &opts).unwrap();
+            let mut ctx = [0u8; 4];
+            assert_eq!(p.call(&mut ctx).unwrap(), u64::from_le_bytes(*b"packjit!"));
+            assert_eq!(ctx, [0, 0, 0, 1]);
+            let p = rt.load(&read_then_store(4), &opts).unwrap();
+            let e = p.call(&mut ctx).unwrap_err();
+            assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(3)), "{e}");
+            let fault = e.fault.expect("memory stop carries the fault");
+            assert_eq!(fault.addr, ctx.as_ptr() as u64 + 4);
+            assert_eq!((fault.size, fault.direction), (1, AccessDirection::Write));
+            // Without the region the read itself stops.
+            let no_region = LoadOptions {
+                regions: vec![],
+                ..opts.clone()
+            };
+            let e = rt
+                .load(&read_then_store(3), &no_region)
+                .unwrap()
+                .call(&mut ctx)
+                .unwrap_err();
+            assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(2)), "{e}");
+            // `ja -1` forever: the per-load budget, then a per-call one.
+            let spin = rt
+                .load(&prog(&[ins(0x05, 0, 0, -1, 0), EXIT]), &opts)
+                .unwrap();
+            let e = spin.call(&mut ctx).unwrap_err();
+            assert_eq!((e.kind, e.pc), (ErrorKind::Budget, Some(0)), "{e}");
+            let e = spin.call_with_budget(&mut ctx, 5).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Budget);
+        }
+    }
+}
