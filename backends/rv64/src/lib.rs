@@ -9,6 +9,11 @@
 //! * [`FEATURE_ZBA`]: `add.uw rd, rs, zero` (`zext.w`) for 32-bit zero-extension;
 //! * [`FEATURE_C`]: compressed encodings wherever operands allow.
 //!
+//! Compile flags (validated by the front end): `PJ_COMPILE_SANDBOX` checks every access not
+//! proven safe against the context, the stack block and `env.regions`, Spectre-safely;
+//! `PJ_COMPILE_BUDGET` charges taken back-edges and local calls; `PJ_COMPILE_BLIND_CONSTANTS`
+//! blinds every immediate. See the crate README for the code each one emits and its cost.
+//!
 //! Usable statically (`Rv64Backend` implements [`JitBackend`]) or as a plugin
 //! (`libpackjit_rv64.so`, entry symbol `packjit_rv64_plugin_v1`).
 //!
