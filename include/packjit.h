@@ -35,7 +35,7 @@
 /**
  * Version of the plugin ABI (`PjBackendVtable::abi_version`, `PjArenaVtable::abi_version`).
  */
-#define PJ_ABI_VERSION 1
+#define PJ_ABI_VERSION 2
 
 /**
  * Architecture code: x86-64.
@@ -113,15 +113,30 @@
 #define PJ_ERR_INTERNAL -11
 
 /**
+ * Status: a sandboxed program's memory access fell outside every region it may touch
+ * (`packjit_last_error` names the pc, the address, the size and read/write).
+ */
+#define PJ_ERR_OUT_OF_BOUNDS -12
+
+/**
+ * Status: the program ran out of its instruction budget (the error names the pc).
+ */
+#define PJ_ERR_BUDGET -13
+
+/**
+ * Status: a `callx` named a helper id with no registered helper (the error names pc and id).
+ */
+#define PJ_ERR_UNKNOWN_CALLX -14
+
+/**
+ * `PjMemRegion::flags`: programs may write the region (reads are always allowed).
+ */
+#define PJ_REGION_WRITABLE 1
+
+/**
  * Size of the inline message buffer in `PjError`.
  */
 #define PJ_ERROR_MESSAGE_LEN 240
-
-/**
- * r0 of a program whose `callx` named a helper id that is not registered (the program
- * ends at once).
- */
-#define PACKJIT_CALLX_UNKNOWN 18446744073709551615ull
 
 /**
  * Major version of this library (`packjit_version() >> 16`).
@@ -172,6 +187,28 @@
  * `PackjitLoadOptions::flags`: use `features` exactly instead of what the CPU offers.
  */
 #define PACKJIT_LOAD_FEATURES_EXACT 1
+
+/**
+ * `PackjitLoadOptions::flags`: compile trusted code, without the sandbox's memory checks.
+ * The caller promises every address the program computes is memory it may access (as after
+ * the kernel's verifier). Without this flag programs are sandboxed: every access is checked
+ * against the context, the program's stack, and the registered regions, and a stray access
+ * stops the program with `PJ_ERR_OUT_OF_BOUNDS` instead of touching host memory.
+ */
+#define PACKJIT_LOAD_TRUSTED 2
+
+/**
+ * `PackjitLoadOptions::flags`: count an instruction budget; every run gets
+ * `PackjitLoadOptions::budget` instructions and stops with `PJ_ERR_BUDGET` when they run out
+ * (a taken backward jump from pc s to pc t charges s - t + 1, a bpf-to-bpf call 1).
+ */
+#define PACKJIT_LOAD_BUDGET 4
+
+/**
+ * `PackjitLoadOptions::flags`: blind immediates with a random per-program key, so constants
+ * chosen by whoever wrote the program never appear verbatim in executable memory.
+ */
+#define PACKJIT_LOAD_BLIND_CONSTANTS 8
 
 /**
  * Capacity, including the NUL, of the name fields of the info structs.
@@ -326,6 +363,24 @@ typedef struct PackjitBackendInfo {
 } PackjitBackendInfo;
 
 /**
+ * A host memory region a sandboxed program may access.
+ */
+typedef struct PjMemRegion {
+    /**
+     * First byte.
+     */
+    uint64_t start;
+    /**
+     * Length in bytes.
+     */
+    uint64_t len;
+    /**
+     * `PJ_REGION_*` bits.
+     */
+    uint64_t flags;
+} PjMemRegion;
+
+/**
  * Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
  */
 typedef struct PackjitLoadOptions {
@@ -355,6 +410,20 @@ typedef struct PackjitLoadOptions {
      * Feature bits to leave out (e.g. arm64 bit 0 forces the LSE-less atomics).
      */
     uint64_t disabled_features;
+    /**
+     * With `PACKJIT_LOAD_BUDGET`: instructions each run may execute.
+     */
+    uint64_t budget;
+    /**
+     * Host regions this program may access besides its context and stack (in addition to
+     * those of `packjit_runtime_add_region`), `region_count` entries; NULL when 0. Copied
+     * during the load; the memory they describe must stay valid while the program can run.
+     */
+    const struct PjMemRegion *regions;
+    /**
+     * Number of entries in `regions`.
+     */
+    uint64_t region_count;
 } PackjitLoadOptions;
 
 /**
@@ -425,9 +494,70 @@ typedef struct PackjitProgramInfo {
 } PackjitProgramInfo;
 
 /**
- * Signature of JIT-compiled code: `r1 = ctx`, `r2 = ctx_len`, returns r0.
+ * Per-run environment, the third argument of every program entry.
+ *
+ * The host fills the input fields before each run and reads the stop fields after it; the
+ * emitted code reads the inputs, counts the budget in place, and on a stop writes the stop
+ * fields and returns (r0 is then meaningless). The layout is fixed: emitted code addresses
+ * the fields by the `PJ_ENV_*` offsets below, so fields are only ever appended.
  */
-typedef uint64_t (*PjProgramEntry)(uint8_t *ctx, uint64_t ctx_len);
+typedef struct PjExecEnv {
+    /**
+     * Host regions (besides the context and the stack), `region_count` entries.
+     */
+    uint64_t regions;
+    /**
+     * Number of entries at `regions`.
+     */
+    uint64_t region_count;
+    /**
+     * First byte of the context (`r1` at entry).
+     */
+    uint64_t ctx_start;
+    /**
+     * One past the last byte of the context (`r1 + r2` at entry).
+     */
+    uint64_t ctx_end;
+    /**
+     * Instructions left (code compiled with [`PJ_COMPILE_BUDGET`] decrements it).
+     */
+    uint64_t budget;
+    /**
+     * `PJ_STOP_*`, written by the code when it stops.
+     */
+    uint32_t stop_kind;
+    /**
+     * Size of the failed access in bytes, with bit 8 set for a write.
+     */
+    uint32_t stop_access;
+    /**
+     * eBPF pc (slot index) of the instruction that stopped.
+     */
+    uint64_t stop_pc;
+    /**
+     * Address of the failed access, or the helper id of an unknown `callx`.
+     */
+    uint64_t stop_addr;
+    /**
+     * Lowest byte of the program's stack block (written by the prologue in sandbox mode).
+     */
+    uint64_t stack_start;
+    /**
+     * One past the highest byte of the stack block (the entry frame's r10).
+     */
+    uint64_t stack_end;
+    /**
+     * Native stack pointer at entry, kept by the code to unwind on a stop.
+     */
+    uint64_t entry_sp;
+} PjExecEnv;
+
+/**
+ * Signature of JIT-compiled code: `r1 = ctx`, `r2 = ctx_len`, returns r0. `env` is always a
+ * valid [`PjExecEnv`] with `ctx_start`/`ctx_end`/`budget`/`regions` filled and the stop
+ * fields zero; after the call `stop_kind != PJ_STOP_NONE` means the program stopped.
+ */
+typedef uint64_t (*PjProgramEntry)(uint8_t *ctx, uint64_t ctx_len, struct PjExecEnv *env);
 
 /**
  * One entry of the helper table: helper `id` lives at `addr`, an
@@ -543,6 +673,20 @@ typedef struct PjCompileRequest {
      * Where the code goes.
      */
     const struct PjArenaVtable *arena;
+    /**
+     * Per-program random key for [`PJ_COMPILE_BLIND_CONSTANTS`] (ignored without it).
+     */
+    uint64_t blind_key;
+    /**
+     * Optional line table the backend fills: `pc_offsets_len` entries, one per bytecode
+     * slot, each the byte offset of that slot's native code (`u32::MAX` for the second slot
+     * of `lddw`). NULL when the host does not want it.
+     */
+    uint32_t *pc_offsets;
+    /**
+     * Entries at `pc_offsets` (the number of slots, `code_len / 8`).
+     */
+    uint64_t pc_offsets_len;
 } PjCompileRequest;
 
 /**
@@ -562,7 +706,7 @@ typedef struct PjCompileResult {
      */
     struct PjRegion region;
     /**
-     * Entry point: `u64 (*)(void *ctx, uint64_t ctx_len)`.
+     * Entry point: `u64 (*)(void *ctx, uint64_t ctx_len, PjExecEnv *env)`.
      */
     uint64_t entry;
     /**
@@ -573,6 +717,10 @@ typedef struct PjCompileResult {
      * Native instructions emitted.
      */
     uint64_t native_insns;
+    /**
+     * Entries of the request's `pc_offsets` the backend wrote (0 when it keeps no line table).
+     */
+    uint64_t pc_offsets_written;
     /**
      * Set when the call does not return `PJ_OK`.
      */
@@ -682,6 +830,21 @@ int32_t packjit_last_error_code(void);
  * about, or -1 when it is not about one instruction.
  */
 int64_t packjit_last_error_pc(void);
+
+/**
+ * The address of the access refused by the last `PJ_ERR_OUT_OF_BOUNDS` on the calling
+ * thread (0 for other errors).
+ */
+uint64_t packjit_last_error_addr(void);
+
+/**
+ * For helpers written in C: may the program running on the calling thread access
+ * `[addr, addr + len)` (`write` non-zero for a write)? The same rule as the program's own
+ * checks: its context, its stack, and the regions it was given. 0 when no program runs on
+ * this thread. A helper that dereferences a pointer argument calls this first, so a
+ * sandboxed program cannot use the helper to reach memory it could not reach itself.
+ */
+int32_t packjit_helper_access_ok(uint64_t addr, uint64_t len, int32_t write);
 
 /**
  * Fills `*cfg` with the defaults (auto map mode, auto remap, 2 MiB packs, default plugin
@@ -811,6 +974,19 @@ int32_t packjit_register_helper(const struct PackjitRuntime *rt,
                                 uint64_t (*fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t));
 
 /**
+ * Registers host memory every program loaded from now on may access under the sandbox
+ * (read-only, or read-write with `PJ_REGION_WRITABLE`). Programs loaded earlier keep the
+ * regions they were loaded with.
+ *
+ * # Safety
+ * `rt` NULL or live; `region` NULL or readable. The memory the region describes must stay
+ * valid (and writable, for a writable region) while any program loaded after this call can
+ * run.
+ */
+int32_t packjit_runtime_add_region(const struct PackjitRuntime *rt,
+                                   const struct PjMemRegion *region);
+
+/**
  * Fills `*opts` with the defaults (host arch, CPU features) and sets `struct_size`.
  *
  * # Safety
@@ -861,14 +1037,17 @@ int32_t packjit_program_load_batch(const struct PackjitRuntime *rt,
 /**
  * Runs a program with `ctx` as its context (r1 = ctx, r2 = ctx_len); `*r0` receives the
  * result. `ctx` may be NULL only with `ctx_len` 0. Fails with `PJ_ERR_NOT_EXECUTABLE` for a
- * program compiled for another architecture. Safe to call from many threads at once, and
+ * program compiled for another architecture. A program that stops fails the call with
+ * `PJ_ERR_OUT_OF_BOUNDS`, `PJ_ERR_BUDGET` or `PJ_ERR_UNKNOWN_CALLX`; the last error then
+ * names the eBPF pc (`packjit_last_error_pc`) and, for memory, the address
+ * (`packjit_last_error_addr`), the size and read/write. Safe to call from many threads at once, and
  * while another thread frees the program: the code and the handle stay valid until every
  * call that had started has returned.
  *
  * # Safety
  * `prog` NULL or a live program. `ctx`/`ctx_len` must describe memory the program may read
  * and write (borrowed for the call); the program dereferences the addresses it computes,
- * unchecked. `r0` NULL or writable.
+ * unchecked unless the program is sandboxed (the default). `r0` NULL or writable.
  */
 int32_t packjit_program_run(const struct PackjitProgram *prog,
                             void *ctx,

@@ -9,6 +9,7 @@
 //! ```
 
 mod bench;
+mod conformance_plugin;
 mod sample;
 
 use clap::{Parser, Subcommand};
@@ -80,7 +81,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let cmd = cli.cmd.unwrap_or(Cmd::Run { asm: None, n: 10 });
     if let Cmd::ConformancePlugin { args } = &cmd {
-        return ExitCode::from(packjit_testkit::plugin_mode::main(args).clamp(0, 255) as u8);
+        return ExitCode::from(conformance_plugin::main(args).clamp(0, 255) as u8);
     }
     match dispatch(cmd, cli.plugin_dir, cli.static_backends) {
         Ok(()) => ExitCode::SUCCESS,
@@ -146,7 +147,7 @@ fn program_source(asm: Option<PathBuf>) -> Result<(String, Vec<u8>), String> {
             sample::SAMPLE_ASM.to_string(),
         ),
     };
-    let code = packjit_testkit::asm::assemble(&text).map_err(|e| format!("{name}: {e}"))?;
+    let code = packjit_asm::asm::assemble(&text).map_err(|e| format!("{name}: {e}"))?;
     Ok((name, code))
 }
 

@@ -77,6 +77,7 @@ fn thunks_call_the_bound_function() {
         a * 3
     }
     let t = c_thunk_for(triple).unwrap();
+    // SAFETY: the thunk forwards plain integers to a safe Rust helper.
     assert_eq!(unsafe { t(14, 0, 0, 0, 0) }, 42);
     assert_eq!(
         c_thunk_for(triple).unwrap() as usize,

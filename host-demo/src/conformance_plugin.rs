@@ -17,11 +17,18 @@
 //! disassembly to stderr). `--elf` is refused:
 //! only raw bytecode is supported. Helper 5 returns its first argument, as the suite expects.
 
-use crate::conformance::ensure_suite_helper;
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
+
+/// The helper id the suite's `call` tests use.
+const SUITE_HELPER_ID: u32 = 5;
+
+/// The suite's helper 5: returns its first argument.
+extern "C" fn helper_identity(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    a
+}
 
 /// Parsed command line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -115,7 +122,7 @@ pub fn run(args: &[String], stdin: &mut dyn BufRead) -> Result<String, String> {
         return Err("no program: expected one line of hex bytes on stdin".into());
     }
     if a.debug {
-        eprint!("{}", crate::disasm::disassemble(&code, true));
+        eprint!("{}", packjit_asm::disasm::disassemble(&code, true));
     }
     let rt = Runtime::new().map_err(|e| format!("runtime: {e}"))?;
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
@@ -124,7 +131,8 @@ pub fn run(args: &[String], stdin: &mut dyn BufRead) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
         .map_err(|e| e.to_string())?;
-    ensure_suite_helper(&rt)?;
+    rt.register_helper(SUITE_HELPER_ID, "identity", helper_identity)
+        .map_err(|e| e.to_string())?;
     let prog = rt
         .load(&code, &a.opts)
         .map_err(|e| format!("load failed: {e}"))?;
