@@ -16,7 +16,6 @@ use packjit_testkit::gen::{check_seed, helpers};
 
 fn run(flags: u32, features: u64) {
     let mut jit = Jit::new(flags, features);
-    jit.v1_callx = true;
     jit.helpers = helpers()
         .into_iter()
         .map(|(id, f, _)| HelperEntry {

@@ -4,9 +4,7 @@
 #![allow(dead_code)]
 
 use packjit::Runtime;
-use packjit_plugin_api::abi::{
-    PjExecEnv, PjMemRegion, PJ_ACCESS_WRITE, PJ_STOP_NONE, PJ_STOP_UNKNOWN_CALLX,
-};
+use packjit_plugin_api::abi::{PjExecEnv, PjMemRegion, PJ_ACCESS_WRITE, PJ_STOP_NONE};
 use packjit_plugin_api::{CodeArena, CompileRequest, Compiled, HelperEntry, JitBackend};
 use packjit_testkit::conformance::{Engine, Loaded, SUITE_HELPER_ID};
 use packjit_x86_64::X86Backend;
@@ -34,9 +32,6 @@ pub struct Jit {
     pub budget: u64,
     /// Host regions handed to every run.
     pub regions: Vec<PjMemRegion>,
-    /// Report an unknown-`callx` stop as r0 = u64::MAX, the ABI v1 contract the testkit's
-    /// reference still implements (until the lead's reference update lands).
-    pub v1_callx: bool,
 }
 
 /// What a run ended with.
@@ -112,7 +107,6 @@ impl Jit {
             helpers: suite_helpers(),
             budget: u64::MAX,
             regions: Vec::new(),
-            v1_callx: false,
         }
     }
 
@@ -152,9 +146,6 @@ impl Engine for Jit {
 impl Loaded for Code<'_> {
     fn run(&mut self, mem: &mut [u8]) -> Option<Result<u64, String>> {
         let o = Code::run(self, mem);
-        if self.jit.v1_callx && o.env.stop_kind == PJ_STOP_UNKNOWN_CALLX {
-            return Some(Ok(u64::MAX));
-        }
         Some(o.result().map_err(|(k, pc, addr, acc)| {
             format!("stop kind {k} at pc {pc} (addr {addr:#x}, access {acc:#x})")
         }))
