@@ -3,7 +3,9 @@
 # the end). The header-drift / C99 / C++ checks (ffi/tests/header.rs) and the C API tests with
 # the C test backend (ffi/tests/c_api.rs) are cargo tests, run by `cargo test` on every arch.
 #   1. valgrind: ffi/tests/valgrind/smoke.c (create, load plugins, compile, stats, errors,
-#      free; no JIT code runs) under memcheck --leak-check=full --error-exitcode=1
+#      free; no JIT code runs) and ffi/tests/valgrind/run.c (x86-64 JIT code runs: sandboxed,
+#      trusted, stops, regions, a checking helper) under memcheck --leak-check=full
+#      --error-exitcode=1
 #   2. c-host: examples/c-host natively on x86-64 and under qemu-user for aarch64 / riscv64
 #      (examples/c-host/run.sh)
 #
@@ -49,9 +51,22 @@ valgrind_smoke() {
         "$out/libpackjit_cbackend.so"
 }
 
+# JIT code really runs under memcheck: the x86-64 plugin's sandboxed and trusted programs,
+# their stops, a region and a helper that checks the pointer it is given.
+valgrind_run() {
+    cargo build -q -p packjit-ffi -p packjit-x86-64 || return 1
+    local t=target/debug
+    cc -std=c99 -Wall -Wextra -Werror -pedantic -g -I include ffi/tests/valgrind/run.c \
+        -L "$t" -lpackjit -o "$out/run" || return 1
+    LD_LIBRARY_PATH="$t" valgrind -q --leak-check=full --error-exitcode=1 \
+        --errors-for-leak-kinds=definite,possible --smc-check=all --keep-debuginfo=yes \
+        "$out/run" "$t/libpackjit_x86_64.so"
+}
+
 # The header-drift, C99/C++ and C API tests are cargo tests (ffi/tests/header.rs, c_api.rs):
 # the workspace run covers them on every arch. This script adds what cargo cannot run.
 step valgrind valgrind_smoke
+step valgrind-run valgrind_run
 if [[ "$skip" == *" c-host "* ]]; then
     results+=("c-host:skipped")
 else

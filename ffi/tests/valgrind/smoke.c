@@ -141,16 +141,22 @@ int main(int argc, char **argv)
     compile_foreign(rt, PJ_ARCH_AARCH64);
     compile_foreign(rt, PJ_ARCH_RISCV64);
 
-    /* Host-arch compile into the packed arena (committed, never run). */
+    /* Host-arch compile into the packed arena (committed, never run). The C test backend
+     * emits plain code, so it is loaded trusted: it refuses the sandbox it cannot honour. */
     if (argc > 3) {
+        PackjitLoadOptions trusted;
+        EXPECT(packjit_load_options_init(&trusted) == PJ_OK);
+        trusted.flags = PACKJIT_LOAD_TRUSTED;
         EXPECT(packjit_load_plugin(rt, argv[3], &bi) == PJ_OK && bi.arch == PJ_ARCH_X86_64);
-        EXPECT(packjit_program_load(rt, p_const, sizeof p_const, NULL, &p) == PJ_OK);
+        EXPECT(packjit_program_load(rt, p_const, sizeof p_const, NULL, &p) == PJ_ERR_UNSUPPORTED);
+        EXPECT(packjit_program_load(rt, p_const, sizeof p_const, &trusted, &p) == PJ_OK);
         memset(&st, 0, sizeof st);
         st.struct_size = sizeof st;
         EXPECT(packjit_runtime_stats(rt, &st) == PJ_OK && st.allocations == 1 &&
                st.commits == 1 && st.packs == 1);
         packjit_program_free(p);
-        EXPECT(packjit_program_load(rt, p_call, sizeof p_call, NULL, &p) == PJ_ERR_UNSUPPORTED);
+        EXPECT(packjit_program_load(rt, p_call, sizeof p_call, &trusted, &p) ==
+               PJ_ERR_UNSUPPORTED);
     }
     EXPECT(packjit_reclaim(rt, &pending) == PJ_OK && pending == 0);
     memset(&st, 0, sizeof st);

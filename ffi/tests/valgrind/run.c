@@ -1,0 +1,148 @@
+/*
+ * The C API's executing paths, for valgrind memcheck on the x86-64 host (run by
+ * ffi/check.sh): JIT-compiled code from the x86-64 plugin really runs — sandboxed and
+ * trusted, with a host region, a helper, an out-of-bounds stop, a budget stop and an unknown
+ * callx stop — then everything is freed. Memcheck must see no invalid access and no leak.
+ *
+ *   run X86_64_PLUGIN
+ *
+ * Exits 0 when every call behaved as expected; prints one line per failed expectation.
+ */
+#include "packjit.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int failures;
+
+#define EXPECT(cond)                                                                               \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("FAILED %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,              \
+                   packjit_last_error());                                                          \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define INSN(op, dst, src, off, imm)                                                             \
+    (uint8_t)(op), (uint8_t)(((src) << 4) | (dst)), (uint8_t)((off) & 0xff),                    \
+        (uint8_t)(((off) >> 8) & 0xff), (uint8_t)((imm) & 0xff), (uint8_t)(((imm) >> 8) & 0xff), \
+        (uint8_t)(((imm) >> 16) & 0xff), (uint8_t)(((uint32_t)(imm) >> 24) & 0xff)
+
+/* A helper that reads the buffer the program points it at, after checking the program may. */
+static uint64_t sum_bytes(uint64_t addr, uint64_t len, uint64_t c, uint64_t d, uint64_t e)
+{
+    const uint8_t *p = (const uint8_t *)(uintptr_t)addr;
+    uint64_t s = 0, i;
+    (void)c;
+    (void)d;
+    (void)e;
+    if (!packjit_helper_access_ok(addr, len, 0))
+        return (uint64_t)-1;
+    for (i = 0; i < len; i++)
+        s += p[i];
+    return s;
+}
+
+/* r0 = sum of the 16 context bytes via the helper (r1 = ctx, r2 = 16 already). */
+static const uint8_t p_helper[] = {INSN(0x85, 0, 0, 0, 1), INSN(0x95, 0, 0, 0, 0)};
+/* r0 = *(u64 *)(ctx + 8) + *(u64 *)(region) ; *(u64 *)(region + 8) = r0 */
+static uint8_t p_region[] = {INSN(0x79, 0, 1, 8, 0),
+                             INSN(0x18, 2, 0, 0, 0), INSN(0, 0, 0, 0, 0), /* lddw r2, region */
+                             INSN(0x79, 3, 2, 0, 0), INSN(0x0f, 0, 3, 0, 0),
+                             INSN(0x7b, 2, 0, 8, 0), INSN(0x95, 0, 0, 0, 0)};
+/* *(u64 *)(ctx + 16) = 1: one word past a 16-byte context */
+static const uint8_t p_oob[] = {INSN(0x7a, 1, 0, 16, 1), INSN(0xb7, 0, 0, 0, 0),
+                                INSN(0x95, 0, 0, 0, 0)};
+/* ja -1 */
+static const uint8_t p_spin[] = {INSN(0x05, 0, 0, -1, 0), INSN(0x95, 0, 0, 0, 0)};
+/* r1 = 77; callx r1 */
+static const uint8_t p_callx[] = {INSN(0xb7, 1, 0, 0, 77), INSN(0x8d, 1, 0, 0, 0),
+                                  INSN(0x95, 0, 0, 0, 0)};
+
+int main(int argc, char **argv)
+{
+    PackjitConfig cfg;
+    PackjitRuntime *rt = NULL;
+    PackjitLoadOptions opts;
+    PackjitProgram *p = NULL;
+    PjMemRegion region;
+    uint64_t data[2] = {1000, 0};
+    uint8_t ctx[16];
+    uint64_t r0 = 0, pending = 1;
+    uint64_t addr = (uint64_t)(uintptr_t)data;
+    int i;
+
+    if (argc < 2) {
+        fprintf(stderr, "usage: run X86_64_PLUGIN\n");
+        return 2;
+    }
+    for (i = 0; i < 16; i++)
+        ctx[i] = (uint8_t)(i + 1);
+    EXPECT(packjit_config_init(&cfg) == PJ_OK);
+    EXPECT(packjit_runtime_create(&cfg, &rt) == PJ_OK && rt != NULL);
+    if (rt == NULL)
+        return 1;
+    EXPECT(packjit_load_plugin(rt, argv[1], NULL) == PJ_OK);
+    EXPECT(packjit_register_helper(rt, 1, "sum_bytes", sum_bytes) == PJ_OK);
+
+    /* Sandboxed (the default): the helper may read the context it is pointed at. */
+    EXPECT(packjit_program_load(rt, p_helper, sizeof p_helper, NULL, &p) == PJ_OK);
+    EXPECT(packjit_program_run(p, ctx, sizeof ctx, &r0) == PJ_OK && r0 == 136);
+    packjit_program_free(p);
+
+    /* A per-program read-write region. */
+    p_region[1 * 8 + 4] = (uint8_t)addr;
+    p_region[1 * 8 + 5] = (uint8_t)(addr >> 8);
+    p_region[1 * 8 + 6] = (uint8_t)(addr >> 16);
+    p_region[1 * 8 + 7] = (uint8_t)(addr >> 24);
+    p_region[2 * 8 + 4] = (uint8_t)(addr >> 32);
+    p_region[2 * 8 + 5] = (uint8_t)(addr >> 40);
+    p_region[2 * 8 + 6] = (uint8_t)(addr >> 48);
+    p_region[2 * 8 + 7] = (uint8_t)(addr >> 56);
+    region.start = addr;
+    region.len = sizeof data;
+    region.flags = PJ_REGION_WRITABLE;
+    EXPECT(packjit_load_options_init(&opts) == PJ_OK);
+    opts.regions = &region;
+    opts.region_count = 1;
+    EXPECT(packjit_program_load(rt, p_region, sizeof p_region, &opts, &p) == PJ_OK);
+    EXPECT(packjit_program_run(p, ctx, sizeof ctx, &r0) == PJ_OK);
+    EXPECT(r0 == 1000 + 0x100f0e0d0c0b0a09ull && data[1] == r0);
+    packjit_program_free(p);
+    /* The same program without the region stops at the lddw'd pointer's load. */
+    EXPECT(packjit_program_load(rt, p_region, sizeof p_region, NULL, &p) == PJ_OK);
+    EXPECT(packjit_program_run(p, ctx, sizeof ctx, &r0) == PJ_ERR_OUT_OF_BOUNDS);
+    EXPECT(packjit_last_error_pc() == 3 && packjit_last_error_addr() == addr);
+    packjit_program_free(p);
+
+    /* Out of bounds: stopped before the write; nothing around the context changes. */
+    EXPECT(packjit_program_load(rt, p_oob, sizeof p_oob, NULL, &p) == PJ_OK);
+    EXPECT(packjit_program_run(p, ctx, sizeof ctx, &r0) == PJ_ERR_OUT_OF_BOUNDS);
+    EXPECT(packjit_last_error_pc() == 0);
+    EXPECT(packjit_last_error_addr() == (uint64_t)(uintptr_t)ctx + 16);
+    EXPECT(strstr(packjit_last_error(), "8-byte write") != NULL);
+    packjit_program_free(p);
+
+    /* Budget. */
+    EXPECT(packjit_load_options_init(&opts) == PJ_OK);
+    opts.flags = PACKJIT_LOAD_BUDGET;
+    opts.budget = 10000;
+    EXPECT(packjit_program_load(rt, p_spin, sizeof p_spin, &opts, &p) == PJ_OK);
+    EXPECT(packjit_program_run(p, NULL, 0, &r0) == PJ_ERR_BUDGET && packjit_last_error_pc() == 0);
+    packjit_program_free(p);
+
+    /* Unknown callx id, trusted code too. */
+    EXPECT(packjit_load_options_init(&opts) == PJ_OK);
+    opts.flags = PACKJIT_LOAD_TRUSTED | PACKJIT_LOAD_BLIND_CONSTANTS;
+    EXPECT(packjit_program_load(rt, p_callx, sizeof p_callx, &opts, &p) == PJ_OK);
+    EXPECT(packjit_program_run(p, NULL, 0, &r0) == PJ_ERR_UNKNOWN_CALLX &&
+           packjit_last_error_pc() == 1);
+    EXPECT(strstr(packjit_last_error(), "77") != NULL);
+    packjit_program_free(p);
+
+    EXPECT(packjit_reclaim(rt, &pending) == PJ_OK && pending == 0);
+    packjit_runtime_destroy(rt);
+    printf("run: %s (%d failed expectations)\n", failures ? "FAILED" : "ok", failures);
+    return failures ? 1 : 0;
+}
