@@ -527,3 +527,35 @@ mod conformance {
         }
     }
 }
+
+#[test]
+fn far_cold_paths_use_long_branches() {
+    // A checked load and a back-edge charge at the start, their out-of-line sides after
+    // 1.1 MiB of code (beyond B.cond's ±1 MiB): the long forms must reach them.
+    let mut mem = [0u8; 8];
+    let mut p = vec![
+        mov(0, 0),
+        ldx(DW, 2, 1, 8), // one past the context: stops at pc 1 through the far cold side
+        ins(0x05, 0, 0, 1, 0),
+    ];
+    p.push(ins(0x05, 0, 0, -4, 0)); // pc 3: back-edge to pc 0 (never reached)
+    p.extend(std::iter::repeat_n(lddw(3, 0x1234_5678_9abc_def0), 70_000).flatten());
+    p.push(EXIT);
+    let code = prog(&p);
+    let out = emit_request(&CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: SANDBOX | PJ_COMPILE_BUDGET,
+        blind_key: 0,
+    })
+    .unwrap();
+    assert!(out.bytes.len() > 1 << 20, "{} bytes", out.bytes.len());
+    assert!(out.passes >= 2, "long forms needed");
+    let (o, _) = run_mode(&p, SANDBOX | PJ_COMPILE_BUDGET, 0, &[], &mut mem, &[], 100);
+    assert_eq!(o, oob(1, mem.as_ptr() as u64 + 8, 8, false));
+    // A spin at pc 1 whose budget stop is emitted after the same 1.1 MiB.
+    p[1] = ins(0x05, 0, 0, -1, 0);
+    let (o, env) = run_mode(&p, SANDBOX | PJ_COMPILE_BUDGET, 0, &[], &mut mem, &[], 100);
+    assert_eq!((o, env.budget), (Outcome::Stop(PJ_STOP_BUDGET, 1, 0, 0), 0));
+}
