@@ -622,3 +622,45 @@ fn malformed_programs_are_refused_with_a_pc() {
         assert!(e.pc.is_some(), "{what}: {e}");
     }
 }
+
+#[test]
+fn every_mode_compiles_the_conformance_corpus() {
+    // Host-side: each of the 8 flag combinations with and without LSE compiles every suite
+    // program the trusted build compiles (and refuses the same ones), and the sandboxed code
+    // is never smaller than the trusted code.
+    use packjit_plugin_api::{PJ_COMPILE_ALL_FLAGS, PJ_COMPILE_SANDBOX};
+    let cases =
+        packjit_testkit::conformance::load_suite(&packjit_testkit::conformance::suite_dir())
+            .expect("conformance suite");
+    let helpers = [helper(5, HELPER_ADDR)];
+    let mut compiled = 0;
+    for case in &cases {
+        let Ok(code) = &case.program else { continue };
+        for features in [0, FEATURE_LSE] {
+            let build = |flags: u32| {
+                packjit_arm64::emit_request(&CompileRequest {
+                    code,
+                    helpers: &helpers,
+                    features,
+                    flags,
+                    blind_key: 0x77,
+                })
+            };
+            let trusted = build(0);
+            for flags in 1..=PJ_COMPILE_ALL_FLAGS {
+                let out = build(flags);
+                match (&trusted, &out) {
+                    (Ok(t), Ok(o)) => {
+                        compiled += 1;
+                        if flags & PJ_COMPILE_SANDBOX != 0 {
+                            assert!(o.bytes.len() >= t.bytes.len(), "{}", case.name);
+                        }
+                    }
+                    (Err(a), Err(b)) => assert_eq!(a, b, "{}", case.name),
+                    (a, b) => panic!("{} flags {flags:#x}: {a:?} vs {b:?}", case.name),
+                }
+            }
+        }
+    }
+    assert!(compiled >= 300 * 14, "{compiled}");
+}
