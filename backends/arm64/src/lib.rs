@@ -8,6 +8,11 @@
 //! * Optional CPU features: [`FEATURE_LSE`] (ARMv8.1 atomics). Without it, atomics are
 //!   LDXR/STXR loops; a host can force that path by passing `features = 0`.
 //! * [`emit_program`] / [`emit_request`] give the bytes without an arena (tools, tests).
+//! * Every compile flag of the sandbox contract (`docs/ARCHITECTURE.md`): `PJ_COMPILE_SANDBOX`
+//!   (inline bounds checks with a CSEL clamp, a zeroed contiguous stack block),
+//!   `PJ_COMPILE_BUDGET` (charges at back-edges and local calls) and
+//!   `PJ_COMPILE_BLIND_CONSTANTS`; in every mode r0 and r3–r9 start at zero and an unknown
+//!   `callx` id stops the program (`PJ_STOP_UNKNOWN_CALLX`).
 //!
 //! The code generator has the file set every packjit backend has: [`regs`] (register map),
 //! `frame` (prologue, epilogue, stack layout), `lower` (one function per instruction class),
