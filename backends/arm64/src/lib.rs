@@ -8,6 +8,11 @@
 //! * Optional CPU features: [`FEATURE_LSE`] (ARMv8.1 atomics). Without it, atomics are
 //!   LDXR/STXR loops; a host can force that path by passing `features = 0`.
 //! * [`emit_program`] / [`emit_request`] give the bytes without an arena (tools, tests).
+//! * Every compile flag of the sandbox contract (`docs/ARCHITECTURE.md`): `PJ_COMPILE_SANDBOX`
+//!   (inline bounds checks with a CSEL clamp, a zeroed contiguous stack block),
+//!   `PJ_COMPILE_BUDGET` (charges at back-edges and local calls) and
+//!   `PJ_COMPILE_BLIND_CONSTANTS`; in every mode r0 and r3–r9 start at zero and an unknown
+//!   `callx` id stops the program (`PJ_STOP_UNKNOWN_CALLX`).
 //!
 //! The code generator has the file set every packjit backend has: [`regs`] (register map),
 //! `frame` (prologue, epilogue, stack layout), `lower` (one function per instruction class),
@@ -44,7 +49,8 @@ pub use lower::{emit_decoded, Emitted};
 
 use packjit_frontend::analysis::validate_request;
 use packjit_plugin_api::{
-    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry, JitBackend,
+    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
+    HelperEntry, JitBackend, NO_NATIVE_CODE,
 };
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
@@ -127,8 +133,15 @@ impl JitBackend for Arm64Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        let out = emit_request(req)?;
-        install_code(arena, &out.bytes, out.native_insns)
+        let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
+        let prog = packjit_frontend::decode(req.code, req.helpers)?;
+        let out = emit_decoded(&prog, req.helpers, &mode)?;
+        // The line table: each slot's native offset; the second slot of lddw has none.
+        let mut pc_offsets = vec![NO_NATIVE_CODE; prog.slots];
+        for (inst, &off) in prog.insts.iter().zip(&out.inst_offsets) {
+            pc_offsets[inst.pc] = off as u32;
+        }
+        install_code_with_line_table(arena, &out.bytes, out.native_insns, pc_offsets)
     }
 }
 

@@ -925,7 +925,13 @@ impl<'a> Emitter<'a> {
         let k = self.prog.subprog_of(self.cur);
         let stack_first =
             self.plan.block > 0 && (base == R10 || self.plan.stack_like[k] & (1 << base) != 0);
-        if stack_first {
+        let ctx_base = k == 0 && base != R10 && self.plan.ctx_regs & (1 << base) != 0;
+        if ctx_base && off >= 0 && (off as u32 + s) < 4096 {
+            // The base is the context start: in the context iff off + size <= len.
+            a64!(self.ops; cmp XSP(CTX_LEN), off as u32 + s);
+            self.branch_if(Test::Flags(Cc::Lo), label);
+            a64!(self.ops; csel X(T0), X(addr), xzr, hs ; =>resume);
+        } else if stack_first {
             self.stack_check(addr, s);
             self.branch_if(Test::Flags(Cc::Hi), label);
             a64!(self.ops; csel X(T0), X(addr), xzr, ls ; =>resume);

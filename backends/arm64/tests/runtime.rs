@@ -141,3 +141,72 @@ fn the_cdylib_plugin_loads_and_runs() {
         .unwrap();
     assert_eq!(p.call(&mut []).unwrap(), 42);
 }
+
+/// The runtime's sandboxed default on arm64: a safe `call` whose escapes come back as errors
+/// with kind, pc and fault, the budget per load and per call, regions per program.
+#[test]
+fn sandboxed_load_reports_stops_through_the_runtime() {
+    use packjit::{AccessDirection, MemRegion, RegionAccess};
+    let rt = runtime();
+    // r0 = *(u64 *)(r1 + 8): in bounds for 16 bytes, one past for 12.
+    let read8 = prog(&[ins(0x79, 0, 1, 8, 0), EXIT]);
+    let p = rt.load(&read8, &LoadOptions::default()).expect("load");
+    let mut mem = [0u8; 16];
+    mem[8] = 0x2a;
+    assert_eq!(p.call(&mut mem).unwrap(), 0x2a);
+    let mut short = [0u8; 12];
+    let e = p.call(&mut short).unwrap_err();
+    assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(0)));
+    let f = e.fault.expect("fault");
+    assert_eq!(
+        (f.addr, f.size, f.direction),
+        (short.as_ptr() as u64 + 8, 8, AccessDirection::Read)
+    );
+    // A read-only per-program region: readable, not writable.
+    let table = Box::new([9u8; 64]);
+    // SAFETY: `table` outlives every program loaded with the region (dropped at the end).
+    let region = unsafe { MemRegion::new(table.as_ptr(), table.len(), RegionAccess::ReadOnly) };
+    let mut code = lddw(2, table.as_ptr() as u64);
+    code.extend([ins(0x71, 0, 2, 63, 0), EXIT]);
+    let opts = LoadOptions {
+        regions: vec![region],
+        ..LoadOptions::default()
+    };
+    assert_eq!(
+        rt.load(&prog(&code), &opts)
+            .unwrap()
+            .call(&mut mem)
+            .unwrap(),
+        9
+    );
+    let mut code = lddw(2, table.as_ptr() as u64);
+    code.extend([ins(0x72, 2, 0, 0, 1), ins(0xb7, 0, 0, 0, 0), EXIT]);
+    let e = rt
+        .load(&prog(&code), &opts)
+        .unwrap()
+        .call(&mut mem)
+        .unwrap_err();
+    assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(2)));
+    assert_eq!(e.fault.unwrap().direction, AccessDirection::Write);
+    // An infinite loop under a budget; an unknown callx id.
+    let spin = prog(&[ins(0x05, 0, 0, -1, 0), EXIT]);
+    let opts = LoadOptions {
+        budget: Some(1000),
+        ..LoadOptions::default()
+    };
+    let p = rt.load(&spin, &opts).unwrap();
+    assert_eq!(p.call(&mut mem).unwrap_err().kind, ErrorKind::Budget);
+    assert_eq!(
+        p.call_with_budget(&mut mem, 5).unwrap_err().pc,
+        Some(0),
+        "stops at the jump"
+    );
+    let callx = prog(&[ins(0xb7, 1, 0, 0, 99), ins(0x8d, 1, 0, 0, 0), EXIT]);
+    let e = rt
+        .load(&callx, &LoadOptions::default())
+        .unwrap()
+        .call(&mut mem)
+        .unwrap_err();
+    assert_eq!((e.kind, e.pc), (ErrorKind::UnknownCallx, Some(1)));
+    drop(table);
+}

@@ -527,3 +527,74 @@ mod conformance {
         }
     }
 }
+
+#[test]
+fn far_cold_paths_use_long_branches() {
+    // A checked load and a back-edge charge at the start, their out-of-line sides after
+    // 1.1 MiB of code (beyond B.cond's ±1 MiB): the long forms must reach them.
+    let mut mem = [0u8; 8];
+    let mut p = vec![
+        mov(0, 0),
+        ldx(DW, 2, 1, 8), // one past the context: stops at pc 1 through the far cold side
+        ins(0x05, 0, 0, 1, 0),
+    ];
+    p.push(ins(0x05, 0, 0, -4, 0)); // pc 3: back-edge to pc 0 (never reached)
+    p.extend(std::iter::repeat_n(lddw(3, 0x1234_5678_9abc_def0), 70_000).flatten());
+    p.push(EXIT);
+    let code = prog(&p);
+    let out = emit_request(&CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: SANDBOX | PJ_COMPILE_BUDGET,
+        blind_key: 0,
+    })
+    .unwrap();
+    assert!(out.bytes.len() > 1 << 20, "{} bytes", out.bytes.len());
+    assert!(out.passes >= 2, "long forms needed");
+    let (o, _) = run_mode(&p, SANDBOX | PJ_COMPILE_BUDGET, 0, &[], &mut mem, &[], 100);
+    assert_eq!(o, oob(1, mem.as_ptr() as u64 + 8, 8, false));
+    // A spin at pc 1 whose budget stop is emitted after the same 1.1 MiB.
+    p[1] = ins(0x05, 0, 0, -1, 0);
+    let (o, env) = run_mode(&p, SANDBOX | PJ_COMPILE_BUDGET, 0, &[], &mut mem, &[], 100);
+    assert_eq!((o, env.budget), (Outcome::Stop(PJ_STOP_BUDGET, 1, 0, 0), 0));
+}
+
+#[test]
+fn context_base_shortcut_only_where_the_base_is_the_context() {
+    unsafe extern "C" fn zero(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+        0
+    }
+    let mut mem = [5u8; 16];
+    let base = mem.as_ptr() as u64;
+    // r6 = r1 in the first block: the shortcut; the exact end still holds.
+    let p = [movr(6, 1), ldx(DW, 0, 6, 8), EXIT];
+    assert_eq!(run(&p, &mut mem, &[]), Outcome::Ok(0x0505_0505_0505_0505));
+    let p = [movr(6, 1), mov(0, 0), ldx(B, 0, 6, 16), EXIT];
+    assert_eq!(run(&p, &mut mem, &[]), oob(2, base + 16, 1, false));
+    // r6 read (zero) before the copy: a null pointer, not the context.
+    let p = [ldx(B, 0, 6, 0), movr(6, 1), EXIT];
+    assert_eq!(run(&p, &mut mem, &[]), oob(0, 0, 1, false));
+    // r1 after a helper call is whatever the helper left (here 0): no shortcut.
+    let h = [helper(1, zero as *const () as u64)];
+    let p = [
+        ins(0x85, 0, 0, 0, 1),
+        movr(6, 1),
+        mov(0, 0),
+        ldx(B, 0, 6, 3),
+        EXIT,
+    ];
+    for (flags, f) in MODES {
+        let (o, _) = run_mode(&p, flags, f, &h, &mut mem, &[], u64::MAX);
+        assert_eq!(o, oob(3, 3, 1, false), "{flags:#x}");
+    }
+    // r1 changed later in the function: no shortcut for r1 anywhere.
+    let p = [
+        mov(0, 0),
+        ldx(B, 0, 1, 15),
+        addi(1, 8),
+        ldx(B, 2, 1, 8),
+        EXIT,
+    ];
+    assert_eq!(run(&p, &mut mem, &[]), oob(3, base + 16, 1, false));
+}
