@@ -677,6 +677,16 @@ typedef struct PjCompileRequest {
      * Per-program random key for [`PJ_COMPILE_BLIND_CONSTANTS`] (ignored without it).
      */
     uint64_t blind_key;
+    /**
+     * Optional line table the backend fills: `pc_offsets_len` entries, one per bytecode
+     * slot, each the byte offset of that slot's native code (`u32::MAX` for the second slot
+     * of `lddw`). NULL when the host does not want it.
+     */
+    uint32_t *pc_offsets;
+    /**
+     * Entries at `pc_offsets` (the number of slots, `code_len / 8`).
+     */
+    uint64_t pc_offsets_len;
 } PjCompileRequest;
 
 /**
@@ -707,6 +717,10 @@ typedef struct PjCompileResult {
      * Native instructions emitted.
      */
     uint64_t native_insns;
+    /**
+     * Entries of the request's `pc_offsets` the backend wrote (0 when it keeps no line table).
+     */
+    uint64_t pc_offsets_written;
     /**
      * Set when the call does not return `PJ_OK`.
      */

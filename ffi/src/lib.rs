@@ -595,6 +595,9 @@ pub extern "C" fn packjit_status_str(code: i32) -> *const c_char {
         PJ_ERR_PLUGIN => c"plugin could not be loaded",
         PJ_ERR_NOT_EXECUTABLE => c"program cannot run here",
         PJ_ERR_INTERNAL => c"internal error",
+        PJ_ERR_OUT_OF_BOUNDS => c"memory access out of bounds",
+        PJ_ERR_BUDGET => c"instruction budget exhausted",
+        PJ_ERR_UNKNOWN_CALLX => c"callx to an unregistered helper id",
         _ => c"unknown status code",
     };
     s.as_ptr()

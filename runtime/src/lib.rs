@@ -577,6 +577,30 @@ impl Program {
         ))
     }
 
+    /// The line table: for each bytecode slot, the byte offset of its native code from the
+    /// entry (`NO_NATIVE_CODE` for the second slot of `lddw`); empty when the backend keeps
+    /// none.
+    pub fn pc_offsets(&self) -> &[u32] {
+        &self.compiled.pc_offsets
+    }
+
+    /// The eBPF pc whose native code contains `addr` (an address inside this program's code),
+    /// from the line table: the slot with the greatest start at or below `addr`. Code after
+    /// the last instruction (shared stubs) maps to the last instruction.
+    pub fn pc_at(&self, addr: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.compiled.entry)?;
+        if off >= self.compiled.code_size as u64 {
+            return None;
+        }
+        self.compiled
+            .pc_offsets
+            .iter()
+            .enumerate()
+            .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE && u64::from(o) <= off)
+            .max_by_key(|(pc, &o)| (o, *pc))
+            .map(|(pc, _)| pc)
+    }
+
     /// Sandboxed or trusted code.
     pub fn trust(&self) -> Trust {
         self.trust

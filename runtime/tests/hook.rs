@@ -10,6 +10,8 @@ fn runtime() -> Runtime {
         .unwrap();
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .unwrap();
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .unwrap();
     rt
 }
 

@@ -14,6 +14,8 @@ fn runtime() -> Arc<Runtime> {
         .unwrap();
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .unwrap();
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .unwrap();
     Arc::new(rt)
 }
 

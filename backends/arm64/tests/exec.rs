@@ -6,7 +6,7 @@ mod common;
 
 use common::exec::{run_bytes, run_with};
 use common::*;
-use packjit_arm64::emit::emit_program;
+use packjit_arm64::emit_program;
 use packjit_arm64::FEATURE_LSE;
 use packjit_plugin_api::HelperEntry;
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use packjit_arm64::emit::emit_program;
+use packjit_arm64::emit_program;
 use packjit_arm64::{Arm64Backend, FEATURE_LSE};
 use packjit_plugin_api::{CompileRequest, ErrorKind, HelperEntry, JitBackend};
 
@@ -481,10 +481,10 @@ fn bad_requests_are_errors_naming_pc_and_reason() {
 
     let ok = prog(&[EXIT]);
     let mut r = req(&ok, &[]);
-    r.flags = 1;
+    r.flags = 1 << 7;
     let e = be.compile(&r, &arena).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unsupported);
-    assert!(e.message.contains("flags 0x1"), "{e}");
+    assert!(e.message.contains("flags 0x80"), "{e}");
 
     let mut r = req(&ok, &[]);
     r.features = 1 << 5;

@@ -2,7 +2,7 @@
 //! program, independent of the runtime's arena.
 
 use super::prog;
-use packjit_arm64::emit::emit_program;
+use packjit_arm64::emit_program;
 use packjit_plugin_api::HelperEntry;
 
 extern "C" {

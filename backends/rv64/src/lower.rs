@@ -1,56 +1,24 @@
-//! Lowering of verified eBPF (`packjit_frontend::Program`) to RV64.
-//!
-//! ## Register map
-//!
-//! | BPF | RV64 | why |
-//! |-----|------|-----|
-//! | r0 | a5 | caller-saved (r0 is clobbered by calls anyway); `x8`–`x15` so C forms apply |
-//! | r1–r5 | a0–a4 | helper and local-call arguments are already in place |
-//! | r6–r9 | s1–s4 | callee-saved: survive helper calls for free |
-//! | r10 | s5 | callee-saved frame pointer of the current (sub)program |
-//! | — | s6 | stack pointer of the entry frame, for `callx`'s abort path |
-//! | — | t0–t3, t6 | scratch (never live across an eBPF instruction) |
-//!
-//! ## Frames
-//!
-//! Each (sub)program that reads r10 owns 512 bytes of stack with r10 at its top (which is
-//! the caller's sp); below it sit the callee-saved registers the function writes (and `ra`
-//! if it calls). Functions that never read r10 get no stack area at all: nothing could
-//! observe it.
+//! Lowering of verified eBPF (`packjit_frontend::Program`) to RV64: one short function per
+//! instruction class, over the encoders of [`crate::encode`]. Register map: [`crate::regs`];
+//! frames: [`crate::frame`].
 //!
 //! ## Branches
 //!
 //! Every branch is a *site* with a form: compressed (`c.beqz`/`c.bnez` ±256 B, `c.j`
-//! ±2 KiB), short (`b<cc>` ±4 KiB, `jal` ±1 MiB; see `B_RANGE` for what dynasm allows), near (inverted `b<cc>` over `jal`) or far
-//! (inverted `b<cc>` over `auipc`+`jalr`, ±2 GiB). Code is emitted with every site in its
-//! smallest form; after each pass each site's displacement is checked against its form's
-//! range and failing sites grow to the next form. Forms only grow, so the loop ends (after
-//! at most three growth steps per site; in practice one or two passes); code is never
-//! emitted with a branch that does not reach.
+//! ±2 KiB), short (`b<cc>` ±4 KiB, `jal` ±1 MiB; see `B_RANGE` for what dynasm allows), near
+//! (inverted `b<cc>` over `jal`) or far (inverted `b<cc>` over `auipc`+`jalr`, ±2 GiB). Code is
+//! emitted with every site in its smallest form; after each pass each site's displacement is
+//! checked against its form's range and failing sites grow to the next form. Forms only grow,
+//! so the loop ends (after at most three growth steps per site; in practice one or two
+//! passes); code is never emitted with a branch that does not reach.
 
-use crate::emit::{fits_signed, reg::*, Br, Emitter, Mem, R3, RI};
+use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
+use crate::frame::Frame;
+use crate::regs::map;
 use dynasmrt::DynamicLabel;
-use packjit_frontend::{
-    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width, R10,
-};
+use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
-
-/// BPF register → RV64 register.
-const REG_MAP: [u8; 11] = [A5, A0, A0 + 1, A0 + 2, A0 + 3, A0 + 4, S1, S2, S3, S4, S5];
-
-fn map(r: u8) -> u8 {
-    REG_MAP[r as usize]
-}
-
-/// AMO operations used by the atomics lowering.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Amo {
-    Add,
-    And,
-    Or,
-    Xor,
-    Swap,
-}
+use Width::{W32, W64};
 
 /// A branch site's encoding, smallest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -87,32 +55,6 @@ const J_RANGE: (isize, isize) = (-(1 << 19), (1 << 19) - 2);
 /// dynasm's `auipc`-pair relocation limits (see its RISC-V language reference).
 const FAR_RANGE: (isize, isize) = (-0x8000_0000, 0x7FFF_F7FF);
 
-/// Per-function frame layout.
-#[derive(Clone, Debug, Default)]
-struct Frame {
-    /// Registers saved in the prologue, in slot order.
-    saves: Vec<u8>,
-    /// Has a 512-byte BPF stack (reads r10).
-    stack: bool,
-    /// Total bytes subtracted from sp.
-    size: i32,
-}
-
-/// Does this instruction read r10?
-fn reads_r10(op: &Op) -> bool {
-    let r = |o: &Operand| matches!(o, Operand::Reg(R10));
-    match op {
-        Op::Alu { dst, src, .. } => *dst == R10 || r(src),
-        Op::MovSx { src, .. } => *src == R10,
-        Op::Load { base, .. } => *base == R10,
-        Op::Store { base, src, .. } => *base == R10 || r(src),
-        Op::Atomic { base, src, .. } => *base == R10 || *src == R10,
-        Op::Jcond { dst, src, .. } => *dst == R10 || r(src),
-        Op::CallReg { reg } => *reg == R10,
-        _ => false,
-    }
-}
-
 pub struct Options {
     pub zbb: bool,
     pub zba: bool,
@@ -120,14 +62,14 @@ pub struct Options {
 }
 
 pub struct Codegen<'a> {
-    prog: &'a Program,
+    pub(crate) prog: &'a Program,
     helpers: &'a [HelperEntry],
     opts: Options,
-    frames: Vec<Frame>,
-    has_callx: bool,
+    pub(crate) frames: Vec<Frame>,
+    pub(crate) has_callx: bool,
     forms: Vec<Form>,
     // per-pass state
-    e: Emitter,
+    pub(crate) e: Emitter,
     site: usize,
     checks: Vec<Check>,
     insn_labels: Vec<DynamicLabel>,
@@ -142,48 +84,30 @@ const GENTLE_PASSES: usize = 4;
 const MAX_PASSES: usize = 8;
 
 impl<'a> Codegen<'a> {
-    pub fn new(prog: &'a Program, helpers: &'a [HelperEntry], opts: Options) -> Self {
+    pub fn new(
+        prog: &'a Program,
+        helpers: &'a [HelperEntry],
+        opts: Options,
+    ) -> Result<Self, CompileError> {
         let has_callx = prog
             .insts
             .iter()
             .any(|i| matches!(i.op, Op::CallReg { .. }));
-        let frames = prog
-            .subprogs
-            .iter()
-            .enumerate()
-            .map(|(k, sp)| {
-                let insts = &prog.insts[sp.start..sp.end];
-                let stack = insts.iter().any(|i| reads_r10(&i.op));
-                let mut saves = Vec::new();
-                if k == 0 && has_callx {
-                    // callx's abort path leaves from any depth straight through the entry
-                    // epilogue, skipping callee epilogues: the entry must restore every
-                    // callee-saved register any function may have changed.
-                    saves.extend_from_slice(&[RA, S1, S2, S3, S4, S5, S6]);
-                } else {
-                    if sp.calls {
-                        saves.push(RA);
-                    }
-                    for (bpf, native) in [(6, S1), (7, S2), (8, S3), (9, S4)] {
-                        if sp.writes & (1 << bpf) != 0 {
-                            saves.push(native);
-                        }
-                    }
-                    if stack {
-                        saves.push(S5);
-                    }
+        // The verifier already refuses unknown helper ids; resolving them here as well keeps
+        // the lowering from ever emitting a call to a made-up address.
+        for inst in &prog.insts {
+            if let Op::CallHelper { id } = inst.op {
+                if !helpers.iter().any(|h| h.id == id) {
+                    return Err(CompileError::at(
+                        inst.pc,
+                        ErrorKind::UnknownHelper,
+                        format!("call to unknown helper id {id}"),
+                    ));
                 }
-                let save_bytes = (saves.len() as i32 * 8 + 15) & !15;
-                let size = save_bytes
-                    + if stack {
-                        packjit_frontend::STACK_SIZE as i32
-                    } else {
-                        0
-                    };
-                Frame { saves, stack, size }
-            })
-            .collect();
-        Self {
+            }
+        }
+        let frames = crate::frame::plan(prog, has_callx);
+        Ok(Self {
             prog,
             helpers,
             frames,
@@ -197,7 +121,7 @@ impl<'a> Codegen<'a> {
             entry_labels: Vec::new(),
             exit_labels: Vec::new(),
             dispatch: None,
-        }
+        })
     }
 
     /// Emits the program, re-emitting with grown branch forms until every branch reaches.
@@ -285,41 +209,6 @@ impl<'a> Codegen<'a> {
             self.e.bind(d);
             self.callx_dispatch();
         }
-    }
-
-    // ---- frames ------------------------------------------------------------------------------
-
-    fn prologue(&mut self, k: usize) {
-        let f = self.frames[k].clone();
-        if f.size > 0 {
-            self.e.ri(RI::Addi, SP, SP, -f.size);
-        }
-        // Saves sit at the bottom of the frame (small sp offsets: c.sdsp/c.ldsp reach
-        // them), the 512-byte BPF area on top, so r10 is the caller's sp.
-        for (slot, &r) in f.saves.iter().enumerate() {
-            self.e.store(Mem::D, r, SP, slot as i32 * 8);
-        }
-        if f.stack {
-            self.e.ri(RI::Addi, S5, SP, f.size);
-        }
-        if k == 0 && self.has_callx {
-            self.e.mv(S6, SP);
-        }
-    }
-
-    fn epilogue(&mut self, k: usize) {
-        let f = self.frames[k].clone();
-        if k == 0 {
-            // The entry returns BPF r0 in a0.
-            self.e.mv(A0, A5);
-        }
-        for (slot, &r) in f.saves.iter().enumerate() {
-            self.e.load(Mem::D, r, SP, slot as i32 * 8);
-        }
-        if f.size > 0 {
-            self.e.ri(RI::Addi, SP, SP, f.size);
-        }
-        self.e.ret();
     }
 
     /// `callx` dispatch, shared by all `callx` sites: the helper id arrives in t2; a match
@@ -466,14 +355,14 @@ impl<'a> Codegen<'a> {
             } => {
                 let (d, s) = (map(dst), map(src));
                 self.e.sext(d, s, bits);
-                if width == Width::W32 {
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
             Op::Neg { width, dst } => {
                 let d = map(dst);
-                self.e.neg(d, d, width == Width::W32);
-                if width == Width::W32 {
+                self.e.neg(width, d, d);
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -528,7 +417,11 @@ impl<'a> Codegen<'a> {
                 base,
                 off,
                 src,
-            } => self.atomic(size == Size::DW, op, fetch, map(base), off, map(src)),
+            } => {
+                // The verifier allows only W and DW atomics.
+                let width = if size == Size::DW { W64 } else { W32 };
+                self.atomic(width, op, fetch, map(base), off, map(src))
+            }
             Op::Ja { target } => {
                 // A jump to the next instruction is a no-op.
                 if target != i + 1 {
@@ -589,19 +482,18 @@ impl<'a> Codegen<'a> {
     }
 
     fn alu(&mut self, width: Width, op: AluOp, d: u8, src: Operand) {
-        let w32 = width == Width::W32;
         match op {
             AluOp::Mov => {
-                match (src, w32) {
-                    (Operand::Reg(s), false) => self.e.mv(d, map(s)),
-                    (Operand::Reg(s), true) => self.e.zext32(d, map(s)),
-                    (Operand::Imm(imm), false) => self.e.li(d, imm as i64),
-                    (Operand::Imm(imm), true) => self.e.li(d, imm as u32 as i64),
+                match (src, width) {
+                    (Operand::Reg(s), W64) => self.e.mv(d, map(s)),
+                    (Operand::Reg(s), W32) => self.e.zext32(d, map(s)),
+                    (Operand::Imm(imm), W64) => self.e.li(d, imm as i64),
+                    (Operand::Imm(imm), W32) => self.e.li(d, imm as u32 as i64),
                 }
                 return;
             }
             AluOp::Div | AluOp::Sdiv | AluOp::Mod | AluOp::Smod => {
-                self.divmod(w32, op, d, src);
+                self.divmod(width, op, d, src);
                 return;
             }
             _ => {}
@@ -610,24 +502,27 @@ impl<'a> Codegen<'a> {
         if let Operand::Imm(imm) = src {
             let imm64 = imm as i64;
             let (ri, val) = match op {
-                AluOp::Add => (Some(if w32 { RI::Addiw } else { RI::Addi }), imm64),
-                AluOp::Sub => (Some(if w32 { RI::Addiw } else { RI::Addi }), -imm64),
+                AluOp::Add => (Some(if width == W32 { RI::Addiw } else { RI::Addi }), imm64),
+                AluOp::Sub => (
+                    Some(if width == W32 { RI::Addiw } else { RI::Addi }),
+                    -imm64,
+                ),
                 AluOp::And => (Some(RI::Andi), imm64),
                 AluOp::Or => (Some(RI::Ori), imm64),
                 AluOp::Xor => (Some(RI::Xori), imm64),
-                AluOp::Lsh => (Some(if w32 { RI::Slliw } else { RI::Slli }), imm64),
-                AluOp::Rsh => (Some(if w32 { RI::Srliw } else { RI::Srli }), imm64),
-                AluOp::Arsh => (Some(if w32 { RI::Sraiw } else { RI::Srai }), imm64),
+                AluOp::Lsh => (Some(if width == W32 { RI::Slliw } else { RI::Slli }), imm64),
+                AluOp::Rsh => (Some(if width == W32 { RI::Srliw } else { RI::Srli }), imm64),
+                AluOp::Arsh => (Some(if width == W32 { RI::Sraiw } else { RI::Srai }), imm64),
                 _ => (None, 0),
             };
             if let Some(ri) = ri {
                 let is_shift = matches!(op, AluOp::Lsh | AluOp::Rsh | AluOp::Arsh);
                 if is_shift {
                     // Shift counts are masked to the operand width (RFC 9669).
-                    let sh = (imm as u32 & if w32 { 31 } else { 63 }) as i32;
+                    let sh = (imm as u32 & if width == W32 { 31 } else { 63 }) as i32;
                     self.e.ri(ri, d, d, sh);
                     // srliw by a non-zero amount already leaves bits 63:32 clear.
-                    if w32 && !(op == AluOp::Rsh && sh != 0) {
+                    if width == W32 && !(op == AluOp::Rsh && sh != 0) {
                         self.e.zext32(d, d);
                     }
                     return;
@@ -635,7 +530,7 @@ impl<'a> Codegen<'a> {
                 if fits_signed(val, 12) {
                     self.e.ri(ri, d, d, val as i32);
                     // andi with a non-negative mask already clears bits 63:32.
-                    if w32 && !(op == AluOp::And && val >= 0) {
+                    if width == W32 && !(op == AluOp::And && val >= 0) {
                         self.e.zext32(d, d);
                     }
                     return;
@@ -649,41 +544,41 @@ impl<'a> Codegen<'a> {
                 T1
             }
         };
-        let r3 = match (op, w32) {
-            (AluOp::Add, false) => R3::Add,
-            (AluOp::Add, true) => R3::Addw,
-            (AluOp::Sub, false) => R3::Sub,
-            (AluOp::Sub, true) => R3::Subw,
-            (AluOp::Mul, false) => R3::Mul,
-            (AluOp::Mul, true) => R3::Mulw,
+        let r3 = match (op, width) {
+            (AluOp::Add, W64) => R3::Add,
+            (AluOp::Add, W32) => R3::Addw,
+            (AluOp::Sub, W64) => R3::Sub,
+            (AluOp::Sub, W32) => R3::Subw,
+            (AluOp::Mul, W64) => R3::Mul,
+            (AluOp::Mul, W32) => R3::Mulw,
             (AluOp::And, _) => R3::And,
             (AluOp::Or, _) => R3::Or,
             (AluOp::Xor, _) => R3::Xor,
             // The hardware uses the low 6 (5 for *w) bits of the count: exactly BPF's mask.
-            (AluOp::Lsh, false) => R3::Sll,
-            (AluOp::Lsh, true) => R3::Sllw,
-            (AluOp::Rsh, false) => R3::Srl,
-            (AluOp::Rsh, true) => R3::Srlw,
-            (AluOp::Arsh, false) => R3::Sra,
-            (AluOp::Arsh, true) => R3::Sraw,
+            (AluOp::Lsh, W64) => R3::Sll,
+            (AluOp::Lsh, W32) => R3::Sllw,
+            (AluOp::Rsh, W64) => R3::Srl,
+            (AluOp::Rsh, W32) => R3::Srlw,
+            (AluOp::Arsh, W64) => R3::Sra,
+            (AluOp::Arsh, W32) => R3::Sraw,
             _ => unreachable!("mov and div/mod handled above"),
         };
         self.e.rrr(r3, d, d, s);
-        if w32 {
+        if width == W32 {
             self.e.zext32(d, d);
         }
     }
 
-    fn divmod(&mut self, w32: bool, op: AluOp, d: u8, src: Operand) {
+    fn divmod(&mut self, width: Width, op: AluOp, d: u8, src: Operand) {
         let is_div = matches!(op, AluOp::Div | AluOp::Sdiv);
-        let r3 = match (op, w32) {
-            (AluOp::Div, false) => R3::Divu,
-            (AluOp::Div, true) => R3::Divuw,
-            (AluOp::Sdiv, false) => R3::Div,
-            (AluOp::Sdiv, true) => R3::Divw,
-            (AluOp::Mod, false) => R3::Remu,
-            (AluOp::Mod, true) => R3::Remuw,
-            (AluOp::Smod, false) => R3::Rem,
+        let r3 = match (op, width) {
+            (AluOp::Div, W64) => R3::Divu,
+            (AluOp::Div, W32) => R3::Divuw,
+            (AluOp::Sdiv, W64) => R3::Div,
+            (AluOp::Sdiv, W32) => R3::Divw,
+            (AluOp::Mod, W64) => R3::Remu,
+            (AluOp::Mod, W32) => R3::Remuw,
+            (AluOp::Smod, W64) => R3::Rem,
             _ => R3::Remw,
         };
         match src {
@@ -691,7 +586,7 @@ impl<'a> Codegen<'a> {
                 // x / 0 = 0; x % 0 = x (truncated to 32 bits for ALU32).
                 if is_div {
                     self.e.li(d, 0);
-                } else if w32 {
+                } else if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -699,7 +594,7 @@ impl<'a> Codegen<'a> {
                 // Unsigned ops see the immediate sign-extended to 64 bits (ALU64) or as
                 // a u32 (ALU32); powers of two become shifts and masks.
                 let unsigned = matches!(op, AluOp::Div | AluOp::Mod);
-                let divisor: u64 = if w32 {
+                let divisor: u64 = if width == W32 {
                     imm as u32 as u64
                 } else {
                     imm as i64 as u64
@@ -708,10 +603,10 @@ impl<'a> Codegen<'a> {
                     let k = divisor.trailing_zeros() as i32;
                     if is_div {
                         if k == 0 {
-                            if w32 {
+                            if width == W32 {
                                 self.e.zext32(d, d);
                             }
-                        } else if w32 {
+                        } else if width == W32 {
                             // srliw by k > 0 zero-fills bits 63:32.
                             self.e.ri(RI::Srliw, d, d, k);
                         } else {
@@ -731,7 +626,7 @@ impl<'a> Codegen<'a> {
                 // A non-zero divisor: no guard needed; MIN / -1 does not trap on RISC-V.
                 self.e.li(T1, imm as i64);
                 self.e.rrr(r3, d, d, T1);
-                if w32 {
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -740,7 +635,7 @@ impl<'a> Codegen<'a> {
                 if is_div {
                     // RISC-V returns all-ones for x / 0; BPF wants 0. Branch-free:
                     // mask = (divisor == 0) - 1, computed before d (which may be s) changes.
-                    if w32 {
+                    if width == W32 {
                         self.e.ri(RI::Slli, T1, s, 32);
                         self.e.seqz(T1, T1);
                     } else {
@@ -754,7 +649,7 @@ impl<'a> Codegen<'a> {
                     // MIN % -1: exactly BPF's semantics.
                     self.e.rrr(r3, d, d, s);
                 }
-                if w32 {
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -805,7 +700,7 @@ impl<'a> Codegen<'a> {
         self.e.mv(d, T1);
     }
 
-    fn atomic(&mut self, dw: bool, op: AtomicOp, fetch: bool, base: u8, off: i16, s: u8) {
+    fn atomic(&mut self, width: Width, op: AtomicOp, fetch: bool, base: u8, off: i16, s: u8) {
         // AMOs take a bare register address.
         let addr = if off == 0 {
             base
@@ -826,14 +721,14 @@ impl<'a> Codegen<'a> {
             AtomicOp::Cmpxchg => {
                 // r0 = cmpxchg(addr, r0, s). lr.w sign-extends, so compare against the
                 // sign-extended low half of r0.
-                let expect = if dw {
+                let expect = if width == W64 {
                     A5
                 } else {
                     self.e.ri(RI::Addiw, T2, A5, 0);
                     T2
                 };
-                self.e.cmpxchg_loop(dw, addr, expect, s);
-                if dw {
+                self.e.cmpxchg_loop(width, addr, expect, s);
+                if width == W64 {
                     self.e.mv(A5, T1);
                 } else {
                     self.e.zext32(A5, T1);
@@ -842,18 +737,17 @@ impl<'a> Codegen<'a> {
             }
         };
         if !fetch {
-            self.e.amo_relaxed(amo, dw, ZERO, s, addr);
+            self.e.amo_relaxed(amo, width, ZERO, s, addr);
             return;
         }
-        self.e.amo_aqrl(amo, dw, s, s, addr);
-        if !dw {
+        self.e.amo_aqrl(amo, width, s, s, addr);
+        if width == W32 {
             // amo*.w sign-extends the old value; BPF's 32-bit fetch zero-extends it.
             self.e.zext32(s, s);
         }
     }
 
     fn jcond(&mut self, width: Width, cond: Cond, a: u8, src: Operand, target: DynamicLabel) {
-        let w32 = width == Width::W32;
         if cond == Cond::Set {
             match src {
                 Operand::Imm(imm) if fits_signed(imm as i64, 12) => self.e.ri(RI::Andi, T0, a, imm),
@@ -863,7 +757,7 @@ impl<'a> Codegen<'a> {
                 }
                 Operand::Reg(r) => self.e.rrr(R3::And, T0, a, map(r)),
             }
-            if w32 {
+            if width == W32 {
                 // Only the low halves count.
                 self.e.ri(RI::Addiw, T0, T0, 0);
             }
@@ -883,7 +777,7 @@ impl<'a> Codegen<'a> {
             }
             Operand::Reg(r) => {
                 let r = map(r);
-                if w32 {
+                if width == W32 {
                     self.e.ri(RI::Addiw, T1, r, 0);
                     T1
                 } else {
@@ -891,7 +785,7 @@ impl<'a> Codegen<'a> {
                 }
             }
         };
-        if w32 {
+        if width == W32 {
             self.e.ri(RI::Addiw, T0, a, 0);
             a = T0;
         }
