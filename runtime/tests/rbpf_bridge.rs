@@ -19,8 +19,12 @@ fn runtime() -> Arc<Runtime> {
     Arc::new(rt)
 }
 
+/// Does a backend of [`runtime`] target this host?
 fn native_host() -> bool {
-    matches!(Arch::host(), Some(Arch::Aarch64 | Arch::Riscv64))
+    runtime()
+        .backends()
+        .iter()
+        .any(|b| Some(b.arch) == Arch::host())
 }
 
 /// The packjit error inside an rbpf-style `io::Error`.

@@ -271,13 +271,6 @@ fn rbpfs_ubpf_vm_suite_gives_rbpfs_answers() {
     let text = std::fs::read_to_string(dir.join("ubpf_vm.rs")).unwrap();
     // Constants the cases use live in common.rs and in ubpf_vm.rs itself.
     let common = std::fs::read_to_string(dir.join("common.rs")).unwrap() + &text;
-    let rt = Runtime::new().unwrap();
-    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
-        .unwrap();
-    rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
-        .unwrap();
-    let rt = Arc::new(rt);
-
     let mut cases = Vec::new();
     let mut unparsed = Vec::new();
     // Line-initial markers only: rbpf comments some tests out (`//#[test]`).
@@ -290,9 +283,40 @@ fn rbpfs_ubpf_vm_suite_gives_rbpfs_answers() {
             None => unparsed.push(between(chunk, "fn ", "()").unwrap_or("?").to_string()),
         }
     }
+    let backends = Runtime::new().unwrap();
+    backends
+        .add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+        .unwrap();
+    backends
+        .add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+        .unwrap();
+    backends
+        .add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .unwrap();
+    let native = backends
+        .backends()
+        .iter()
+        .any(|b| Some(b.arch) == packjit::Arch::host());
+    // Native sandboxed code where a backend targets the host; a runtime without backends
+    // always interprets (packjit-interp, the fallback).
+    let label = if native {
+        "native sandboxed code"
+    } else {
+        "packjit-interp (no backend for the host)"
+    };
+    run_suite(&cases, &unparsed, &Arc::new(backends), label);
+    run_suite(
+        &cases,
+        &unparsed,
+        &Arc::new(Runtime::new().unwrap()),
+        "packjit-interp",
+    );
+}
+
+fn run_suite(cases: &[Case], unparsed: &[String], rt: &Arc<Runtime>, label: &str) {
     let (mut passed, mut deviations, mut failures) = (0, Vec::new(), Vec::new());
-    for c in &cases {
-        let got = run_case(c, &rt);
+    for c in cases {
+        let got = run_case(c, rt);
         let ok = match (&c.expect, &got) {
             (Expect::Value(v), Ok(g)) => v == g,
             // rbpf's bounds errors must be packjit's out-of-bounds stops.
@@ -323,7 +347,7 @@ fn rbpfs_ubpf_vm_suite_gives_rbpfs_answers() {
         }
     }
     let summary = format!(
-        "rbpf 0.4.1 tests/ubpf_vm.rs on packjit: {} cases, {passed} gave rbpf's answer, {} \
+        "rbpf 0.4.1 tests/ubpf_vm.rs on packjit ({label}): {} cases, {passed} gave rbpf's answer, {} \
          documented deviations, {} failures, {} not parsed {unparsed:?}",
         cases.len(),
         deviations.len(),
