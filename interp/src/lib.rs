@@ -265,6 +265,29 @@ impl Interpreter {
         self.run_with_stack(prog, ctx, budget, None)
     }
 
+    /// [`Interpreter::run`], also returning where the stack block was (`start..end`; the
+    /// entry's r10 was `end`), so a caller can tell stack-relative fault addresses apart.
+    pub fn run_traced(
+        &self,
+        prog: &Program,
+        ctx: &mut [u8],
+        budget: Option<u64>,
+    ) -> (Result<Outcome, Stop>, std::ops::Range<u64>) {
+        let (start, len) = ctx_span(ctx);
+        let env = RawEnv {
+            r1: start,
+            r2: len,
+            ctx_start: start,
+            ctx_end: start + len,
+            regions: &[],
+            budget,
+        };
+        let mut span = 0..0;
+        // SAFETY: as in `run_with_stack`.
+        let r = unsafe { self.run_inner(prog, &env, None, Some(&mut span)) };
+        (r, span)
+    }
+
     /// [`Interpreter::run`], and copies the final stack block into `stack_out` (resized to
     /// `analysis::stack_block_size(prog)`; the entry frame is its last 512 bytes).
     pub fn run_with_stack(
@@ -326,6 +349,19 @@ impl Interpreter {
         env: &RawEnv<'_>,
         stack_out: Option<&mut Vec<u8>>,
     ) -> Result<Outcome, Stop> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_inner(prog, env, stack_out, None) }
+    }
+
+    /// # Safety
+    /// As [`Interpreter::run_raw`].
+    unsafe fn run_inner(
+        &self,
+        prog: &Program,
+        env: &RawEnv<'_>,
+        stack_out: Option<&mut Vec<u8>>,
+        span_out: Option<&mut std::ops::Range<u64>>,
+    ) -> Result<Outcome, Stop> {
         // Zeroed at entry: nothing of the host leaks in. Allocated as u64s so the block is
         // 8-byte aligned like the native stack (atomics on it are then aligned too).
         let size = stack_block_size(prog);
@@ -337,6 +373,9 @@ impl Interpreter {
             regions: env.regions,
         };
         let r = self.exec(prog, env, &mut mem);
+        if let Some(span) = span_out {
+            *span = mem.stack.0..mem.stack.1;
+        }
         if let Some(out) = stack_out {
             out.clear();
             out.extend(block.iter().flat_map(|w| w.to_le_bytes()));

@@ -1,18 +1,94 @@
-//! The bridge to rbpf.
+//! The bridge to rbpf: rbpf 0.4's four VM flavours, served by packjit.
 //!
-//! * [`JitVm`] mirrors rbpf's `EbpfVmRaw` (`register_helper`, `jit_compile`,
-//!   `execute_program`) so an rbpf host can switch by changing one type: programs run as
-//!   packjit native code where a backend targets the host, and through rbpf's interpreter
-//!   (same helpers, same semantics for what rbpf supports) everywhere else.
-//! * rbpf helpers are Rust-ABI `fn(u64, u64, u64, u64, u64) -> u64`; JIT code calls
-//!   `extern "C"` functions. [`extern_c_helper!`](crate::extern_c_helper) wraps a helper known
-//!   at compile time; [`c_thunk_for`] binds one known only at run time to one of a fixed set of
-//!   `extern "C"` thunks; [`register_rbpf_helpers`] registers rbpf's standard set.
+//! [`EbpfVmRaw`], [`EbpfVmMbuff`], [`EbpfVmFixedMbuff`] and [`EbpfVmNoData`] have rbpf's
+//! API — constructors taking `Option<&[u8]>` and returning `Result`, `set_program`,
+//! `set_verifier`, per-VM `register_helper`, `execute_program`, `jit_compile`,
+//! `unsafe execute_program_jit`, errors as `std::io::Error` — so an rbpf host switches by
+//! changing the path of one type:
+//!
+//! ```
+//! // use rbpf::EbpfVmRaw;
+//! use packjit::rbpf_bridge::EbpfVmRaw;
+//! let prog = &[
+//!     0x71, 0x11, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, // ldxb r1, [r1+4]
+//!     0x07, 0x01, 0x00, 0x00, 0x00, 0x22, 0x00, 0x00, // add r1, 0x2200
+//!     0xbf, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // mov r0, r1
+//!     0x95, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // exit
+//! ];
+//! let mem = &mut [0xaa, 0xbb, 0x11, 0x22, 0xcc, 0xdd];
+//! let vm = EbpfVmRaw::new(Some(prog)).unwrap();
+//! assert_eq!(vm.execute_program(mem).unwrap(), 0x22cc);
+//! ```
+//!
+//! ## How programs run
+//!
+//! * `execute_program` is safe because it is **sandboxed**: native code compiled with
+//!   `PJ_COMPILE_SANDBOX` (on first use) where the VM's runtime has a backend for the host,
+//!   else packjit's own interpreter (`packjit-interp`, never rbpf's), which implements the
+//!   same contract. A program may touch only the memory it was given and its stack; anything
+//!   else stops it with an out-of-bounds error naming the pc, the address, the size and the
+//!   direction (`io::Error` wrapping the [`packjit::Error`](crate::Error); downcast
+//!   `get_ref()` for the kind, pc and fault).
+//! * `jit_compile` compiles **trusted** code and `unsafe execute_program_jit` runs it, as in
+//!   rbpf: the caller promises the program stays inside its memory.
+//! * Registers: r1 = the memory (as rbpf chooses it per flavour; 0 when empty), r2 = its
+//!   length (0 when empty), r0 and r3–r9 zero, r10 the top of a zeroed 512-byte frame.
+//! * Helpers are per VM: two VMs can bind the same id to different functions. Each distinct
+//!   rbpf helper function takes one of [`THUNK_SLOTS`] process-wide `extern "C"` thunks
+//!   ([`c_thunk_for`]); code is compiled with the VM's own helper table (not the runtime's).
+//!   Registering a helper drops code compiled before.
+//! * The VMs are `Send + Sync`. `new` uses one process-wide runtime ([`default_runtime`]:
+//!   plugins from the default directories, if any); `new_with_runtime` takes yours.
+//!
+//! ## Where rbpf 0.4.1 differs, and packjit follows RFC 9669
+//!
+//! A program run by rbpf's interpreter can change meaning when it moves to packjit (and,
+//! with rbpf alone, when it moves between rbpf's interpreter and its x86-64 JIT):
+//!
+//! * **64-bit `jeq`/`jne`/`jgt`/`jge`/`jlt`/`jle` with an immediate**: rbpf compares against
+//!   the *zero*-extended imm (`imm as u32 as u64`), RFC 9669 sign-extends it. `jeq r1, -1`
+//!   is true for `r1 = 0xffff_ffff` in rbpf and for `r1 = u64::MAX` here. (`jset` and the
+//!   signed conditions agree.)
+//! * **`mod32` by zero**: rbpf leaves the whole destination unchanged; RFC 9669 keeps the
+//!   dividend's low 32 bits and zero-extends.
+//! * **`neg64` of `i64::MIN`**: rbpf computes `-(x as i64)`, which overflows (a panic in
+//!   debug builds); here it wraps.
+//! * **`sdiv`/`smod`** (cpu v4, `off = 1`): rbpf ignores the offset and divides unsigned.
+//! * **cpu v4 instructions rbpf 0.4.1 rejects at run time**: `movsx`, sign-extending loads,
+//!   `bswap`, `ja32` (`gotol`), every atomic (rbpf: "XADD instructions are not supported"),
+//!   `callx`.
+//! * **bpf-to-bpf calls**: rbpf's frames share one 512-byte stack (each callee's r10 is the
+//!   caller's minus the caller's stack usage); here each frame has its own 512 bytes.
+//! * **r2 at entry**: rbpf's interpreter sets only r1 (r2 = 0); here r2 is the length of the
+//!   memory r1 points to (0 when empty, as before).
+//! * **Unknown helpers**: rbpf fails when the `call` executes; here the program is refused
+//!   before it runs (pc and id named). A `callx` to an unregistered id stops the program.
+//! * **Bounds**: rbpf's interpreter checks accesses against mbuff, mem, its stack and
+//!   `register_allowed_memory` ranges (its JIT checks nothing); here the sandbox checks
+//!   against the memory given and the runtime's regions. In [`EbpfVmMbuff`], whose
+//!   `execute_program` takes both buffers as `&[u8]`, rbpf lets a program store into them
+//!   (a write through a shared reference); here the metadata buffer r1 points to is a private
+//!   copy the program may write, and `mem` is read-only: a store to it stops with an
+//!   out-of-bounds error.
+//! * **Instruction budget**: rbpf has none; here [`EbpfVmRaw::set_instruction_budget`]
+//!   (and the same on every flavour) stops long runs with a budget error.
+//! * rbpf's own helpers `memfrob` and `strcmp` dereference their pointer arguments without
+//!   any check (and `bpf_trace_printf` only prints values): a program can reach any address
+//!   through them, sandbox or not. Register only helpers that validate pointers (with
+//!   [`helper_access_ok`](crate::helper_access_ok)) for untrusted programs.
+//!
+//! rbpf helpers are Rust-ABI `fn(u64, u64, u64, u64, u64) -> u64`; JIT code calls
+//! `extern "C"` functions. [`extern_c_helper!`](crate::extern_c_helper) wraps a helper known
+//! at compile time; [`c_thunk_for`] binds one known only at run time to one of a fixed set of
+//! `extern "C"` thunks; [`register_rbpf_helpers`] registers rbpf's standard set on a runtime.
 
-use crate::{Error, ErrorKind, LoadOptions, PjHelperFn, Program, Runtime};
+use crate::{arena, exec, Error, ErrorKind, LoadOptions, PjHelperFn, Program, Runtime, Trust};
+use packjit_interp::{Interpreter, RawEnv};
+use packjit_plugin_api::{HelperEntry, PjMemRegion, PJ_REGION_WRITABLE};
 use std::collections::BTreeMap;
+use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// rbpf's helper type.
 pub type Helper = rbpf::ebpf::Helper;
@@ -108,81 +184,593 @@ pub fn c_thunk_for(f: Helper) -> Result<PjHelperFn, Error> {
     ))
 }
 
-/// rbpf's `EbpfVmRaw`, served by packjit: native code where the runtime has a backend for
-/// the host, rbpf's interpreter otherwise.
-pub struct JitVm<'a> {
-    rt: Arc<Runtime>,
-    code: &'a [u8],
-    helpers: BTreeMap<u32, Helper>,
-    jitted: Option<Program>,
+// ---------------------------------------------------------------------------------------
+// The VMs
+
+/// rbpf's verifier type: checks a program before it is accepted.
+pub type Verifier = fn(prog: &[u8]) -> Result<(), io::Error>;
+
+/// The default verifier: packjit's front end (`packjit_frontend::decode`), which every
+/// backend and the interpreter run too. Helper ids are checked later, against the helpers
+/// registered when the program first runs or is compiled (rbpf registers them after
+/// `set_program` as well).
+pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
+    // Accept every id a `call imm` names, for now.
+    let helpers: Vec<HelperEntry> = prog
+        .chunks_exact(8)
+        .filter(|c| c[0] == 0x85 && c[1] >> 4 == 0)
+        .map(|c| HelperEntry {
+            id: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            reserved: 0,
+            addr: 1,
+        })
+        .collect();
+    packjit_frontend::decode(prog, &helpers)
+        .map(|_| ())
+        .map_err(to_io)
 }
 
-impl<'a> JitVm<'a> {
-    /// A VM for `code` on runtime `rt` (which may be shared by many VMs: their code is packed
-    /// into its one arena).
-    pub fn new(rt: Arc<Runtime>, code: &'a [u8]) -> Self {
-        Self {
+/// A packjit error as rbpf reports errors: `io::Error` of kind `Other`, with the
+/// [`Error`](crate::Error) inside (`e.get_ref()` → `downcast_ref::<packjit::Error>()` gives
+/// its kind, pc and fault).
+pub fn to_io(e: Error) -> io::Error {
+    io::Error::other(e)
+}
+
+/// The runtime [`EbpfVmRaw::new`] and the other `new` constructors use: created on first use,
+/// with the plugins of the default directories (`PACKJIT_PLUGIN_DIR`, or next to the
+/// executable) when there are any. Without a backend for the host, programs are interpreted.
+pub fn default_runtime() -> Arc<Runtime> {
+    static RT: OnceLock<Option<Arc<Runtime>>> = OnceLock::new();
+    RT.get_or_init(|| {
+        let rt = Runtime::new().ok()?;
+        // No plugins is not an error here: the interpreter serves.
+        let _ = rt.load_plugins(None);
+        Some(Arc::new(rt))
+    })
+    .clone()
+    .unwrap_or_else(|| {
+        // Runtime::new only fails when the code arena cannot be mapped; a runtime without one
+        // still interprets. Build a fresh one each time rather than caching the failure.
+        Arc::new(Runtime::new().expect("packjit runtime"))
+    })
+}
+
+/// Native code compiled for the host, or the reason there is none.
+enum Native {
+    Code(Program),
+    /// No backend for the host, or the backend refused the mode: interpret.
+    Interpret,
+}
+
+/// What every flavour shares: the program, the verifier, the helpers and compiled code.
+struct Core<'a> {
+    rt: Arc<Runtime>,
+    prog: Option<&'a [u8]>,
+    verifier: Verifier,
+    helpers: BTreeMap<u32, (Helper, PjHelperFn)>,
+    budget: Option<u64>,
+    /// Sandboxed code (compiled on the first `execute_program`).
+    sandboxed: OnceLock<Result<Native, Error>>,
+    /// The decoded program for the interpreter (on first use).
+    decoded: OnceLock<Result<packjit_frontend::Program, Error>>,
+    /// Trusted code from `jit_compile`.
+    trusted: Option<Program>,
+}
+
+fn no_program() -> io::Error {
+    io::Error::other("Error: No program set, call set_program() to load one")
+}
+
+impl<'a> Core<'a> {
+    fn new(prog: Option<&'a [u8]>, rt: Arc<Runtime>) -> Result<Self, io::Error> {
+        if let Some(p) = prog {
+            packjit_verifier(p)?;
+        }
+        Ok(Self {
             rt,
-            code,
+            prog,
+            verifier: packjit_verifier,
             helpers: BTreeMap::new(),
-            jitted: None,
+            budget: None,
+            sandboxed: OnceLock::new(),
+            decoded: OnceLock::new(),
+            trusted: None,
+        })
+    }
+
+    /// Drops everything compiled or decoded for an earlier program, helper set or budget.
+    fn invalidate(&mut self) {
+        self.sandboxed = OnceLock::new();
+        self.decoded = OnceLock::new();
+        self.trusted = None;
+    }
+
+    fn set_program(&mut self, prog: &'a [u8]) -> Result<(), io::Error> {
+        (self.verifier)(prog)?;
+        self.prog = Some(prog);
+        self.invalidate();
+        Ok(())
+    }
+
+    fn set_verifier(&mut self, verifier: Verifier) -> Result<(), io::Error> {
+        // As rbpf: the program already loaded must pass the new verifier.
+        if let Some(p) = self.prog {
+            verifier(p)?;
+        }
+        self.verifier = verifier;
+        Ok(())
+    }
+
+    fn register_helper(&mut self, key: u32, f: Helper) -> Result<(), io::Error> {
+        let thunk = c_thunk_for(f).map_err(to_io)?;
+        self.helpers.insert(key, (f, thunk));
+        self.invalidate();
+        Ok(())
+    }
+
+    fn set_budget(&mut self, budget: Option<u64>) {
+        self.budget = budget;
+        self.invalidate();
+    }
+
+    fn helper_table(&self) -> Vec<HelperEntry> {
+        self.helpers
+            .iter()
+            .map(|(&id, &(_, thunk))| HelperEntry {
+                id,
+                reserved: 0,
+                addr: thunk as usize as u64,
+            })
+            .collect()
+    }
+
+    fn code(&self) -> Result<&'a [u8], io::Error> {
+        self.prog.ok_or_else(no_program)
+    }
+
+    fn load_opts(&self) -> LoadOptions {
+        LoadOptions {
+            budget: self.budget,
+            ..LoadOptions::default()
         }
     }
 
-    /// Registers helper `key` for this program. It is also registered with the runtime
-    /// (through a thunk), where ids are shared by every program: registering the same
-    /// function again under the same id is fine, a different one is an error.
-    pub fn register_helper(&mut self, key: u32, f: Helper) -> Result<(), Error> {
-        let thunk = c_thunk_for(f)?;
-        match self.rt.helpers().iter().find(|h| h.id == key) {
-            Some(h) if h.addr == thunk as usize as u64 => {}
-            Some(h) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "helper id {key} is already registered in the runtime as {:?}",
-                        h.name
-                    ),
-                ))
+    /// Compiles with this VM's helper table (not the runtime's) and commits.
+    fn compile(&self, trust: Trust) -> Result<Program, Error> {
+        let code = self
+            .code()
+            .map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?;
+        let prog = self
+            .rt
+            .compile(code, &self.load_opts(), &self.helper_table(), trust)?;
+        if let Some(a) = prog.packed_arena() {
+            a.commit();
+        }
+        Ok(prog)
+    }
+
+    fn sandboxed(&self) -> Result<&Native, io::Error> {
+        self.code()?;
+        let r = self
+            .sandboxed
+            .get_or_init(|| match self.compile(Trust::Sandboxed) {
+                Ok(p) if p.is_executable() => Ok(Native::Code(p)),
+                Ok(_) => Ok(Native::Interpret),
+                // No backend for the host, or one without the sandbox: the interpreter runs the
+                // program under the same contract. Anything else (bad bytecode, unknown helper)
+                // is the program's fault and is reported.
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        ErrorKind::Plugin | ErrorKind::Unsupported | ErrorKind::NotExecutable
+                    ) =>
+                {
+                    Ok(Native::Interpret)
+                }
+                Err(e) => Err(e),
+            });
+        r.as_ref().map_err(|e| to_io(e.clone()))
+    }
+
+    fn decoded(&self) -> Result<&packjit_frontend::Program, io::Error> {
+        let code = self.code()?;
+        self.decoded
+            .get_or_init(|| packjit_frontend::decode(code, &self.helper_table()))
+            .as_ref()
+            .map_err(|e| to_io(e.clone()))
+    }
+
+    fn interpreter(&self) -> Interpreter {
+        let mut i = Interpreter::new();
+        for (&id, &(_, thunk)) in &self.helpers {
+            i.set_helper(id, thunk);
+        }
+        i
+    }
+
+    /// Runs sandboxed: r1/r2 = `ctx` (read-write, the program's own), plus `extra` regions.
+    ///
+    /// # Safety
+    /// `ctx`/`len` is memory the program may read and write and `extra` regions are live
+    /// (read-only ones are never written: the sandbox enforces it) for the call, with no Rust
+    /// reference to any of it used meanwhile.
+    unsafe fn run_sandboxed(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        extra: &[PjMemRegion],
+    ) -> Result<u64, io::Error> {
+        match self.sandboxed()? {
+            // SAFETY: forwarded from the caller; the code is sandboxed.
+            Native::Code(p) => unsafe { p.call_with_regions(ctx, len, extra, self.budget) },
+            Native::Interpret => {
+                let prog = self.decoded()?;
+                let (start, len) = if len == 0 {
+                    (0, 0)
+                } else {
+                    (ctx as u64, len as u64)
+                };
+                let mut regions: Vec<PjMemRegion> = self
+                    .rt
+                    .regions
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .map(|r| r.to_abi())
+                    .collect();
+                regions.extend_from_slice(extra);
+                let env = RawEnv {
+                    r1: start,
+                    r2: len,
+                    ctx_start: start,
+                    ctx_end: start + len,
+                    regions: &regions,
+                    budget: self.budget,
+                };
+                // SAFETY: the caller vouches for ctx and `extra`; runtime regions were
+                // registered under `MemRegion::new`'s promise.
+                unsafe { self.interpreter().run_raw(prog, &env, None) }
+                    .map(|o| o.r0)
+                    .map_err(|s| to_io(s.to_error()))
             }
-            None => self
-                .rt
-                .register_helper(key, &format!("rbpf helper {key}"), thunk)?,
         }
-        self.helpers.insert(key, f);
+    }
+
+    fn jit_compile(&mut self) -> Result<(), io::Error> {
+        self.code()?;
+        let p = self.compile(Trust::Trusted).map_err(to_io)?;
+        if !p.is_executable() {
+            return Err(io::Error::other(format!(
+                "Error: no packjit backend targets this host (code compiled for {})",
+                p.arch()
+            )));
+        }
+        self.trusted = Some(p);
         Ok(())
     }
 
-    /// Compiles the program to native code for the host. Fails (naming the arch) when no
-    /// backend targets the host; `execute_program` then interprets.
-    pub fn jit_compile(&mut self) -> Result<(), Error> {
-        let prog = self.rt.load(self.code, &LoadOptions::default())?;
-        if !prog.is_executable() {
-            return Err(Error::new(
-                ErrorKind::NotExecutable,
-                "no backend targets this host",
-            ));
+    /// # Safety
+    /// As [`Core::run_sandboxed`], and the program stays inside that memory (trusted code is
+    /// not checked).
+    unsafe fn run_trusted(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        extra: &[PjMemRegion],
+    ) -> Result<u64, io::Error> {
+        let p = self
+            .trusted
+            .as_ref()
+            .ok_or_else(|| io::Error::other("Error: program has not been JIT-compiled"))?;
+        // SAFETY: forwarded from the caller.
+        unsafe { p.call_with_regions(ctx, len, extra, self.budget) }
+    }
+}
+
+impl Program {
+    /// Runs the program with `(ctx, len)` as r1/r2 and context region, and `extra` regions
+    /// besides the program's own, with `budget` (if the code counts one).
+    ///
+    /// # Safety
+    /// As [`Program::call_raw`], for `extra` too.
+    unsafe fn call_with_regions(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        extra: &[PjMemRegion],
+        budget: Option<u64>,
+    ) -> Result<u64, io::Error> {
+        self.check_executable().map_err(to_io)?;
+        let _guard = arena::epoch_pin();
+        let regions: Vec<PjMemRegion> = if extra.is_empty() {
+            self.regions.to_vec()
+        } else {
+            self.regions.iter().chain(extra).copied().collect()
+        };
+        // SAFETY: committed code kept alive by `self` and the epoch pin; the caller vouches
+        // for the memory.
+        unsafe {
+            exec::run(
+                self.compiled.entry,
+                ctx,
+                len,
+                &regions,
+                budget.unwrap_or(u64::MAX),
+            )
         }
-        self.jitted = Some(prog);
+        .map_err(to_io)
+    }
+}
+
+fn region(p: *const u8, len: usize, writable: bool) -> PjMemRegion {
+    PjMemRegion {
+        start: p as u64,
+        len: len as u64,
+        flags: if writable { PJ_REGION_WRITABLE } else { 0 },
+    }
+}
+
+macro_rules! common_methods {
+    () => {
+        /// Loads (and verifies) a new program; code compiled for the previous one is dropped.
+        pub fn set_program(&mut self, prog: &'a [u8]) -> Result<(), io::Error> {
+            self.core.set_program(prog)
+        }
+
+        /// Replaces the verifier; the program already loaded must pass it.
+        pub fn set_verifier(&mut self, verifier: Verifier) -> Result<(), io::Error> {
+            self.core.set_verifier(verifier)
+        }
+
+        /// Registers helper `key` for this VM only (another VM may bind the same id to another
+        /// function). Code compiled earlier is dropped (it was linked to the old table).
+        pub fn register_helper(&mut self, key: u32, function: Helper) -> Result<(), io::Error> {
+            self.core.register_helper(key, function)
+        }
+
+        /// packjit extension: an instruction budget for every run (`None`: unlimited), charged
+        /// at back-edges and calls; running out stops the program with a budget error.
+        pub fn set_instruction_budget(&mut self, budget: Option<u64>) {
+            self.core.set_budget(budget)
+        }
+
+        /// Compiles trusted native code for [`execute_program_jit`](Self::execute_program_jit)
+        /// (`execute_program` compiles sandboxed code by itself). Fails when no backend
+        /// targets the host.
+        pub fn jit_compile(&mut self) -> Result<(), io::Error> {
+            self.core.jit_compile()
+        }
+
+        /// Whether `execute_program` runs native (sandboxed) code rather than the interpreter.
+        pub fn is_native(&self) -> bool {
+            matches!(self.core.sandboxed(), Ok(Native::Code(_)))
+        }
+    };
+}
+
+/// rbpf's `EbpfVmRaw`: r1 = the memory, r2 = its length.
+pub struct EbpfVmRaw<'a> {
+    core: Core<'a>,
+}
+
+impl<'a> EbpfVmRaw<'a> {
+    /// A VM on [`default_runtime`], with `prog` verified if given.
+    pub fn new(prog: Option<&'a [u8]>) -> Result<Self, io::Error> {
+        Self::new_with_runtime(prog, default_runtime())
+    }
+
+    /// A VM on `rt` (its backends; its arena packs the code of every VM using it).
+    pub fn new_with_runtime(prog: Option<&'a [u8]>, rt: Arc<Runtime>) -> Result<Self, io::Error> {
+        Ok(Self {
+            core: Core::new(prog, rt)?,
+        })
+    }
+
+    common_methods!();
+
+    /// Runs the program sandboxed on `mem`.
+    pub fn execute_program(&self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        // SAFETY: `mem` is exclusively borrowed for the call.
+        unsafe { self.core.run_sandboxed(mem.as_mut_ptr(), mem.len(), &[]) }
+    }
+
+    /// Runs the trusted code of [`jit_compile`](Self::jit_compile) on `mem`.
+    ///
+    /// # Safety
+    /// The program's accesses are not checked: every address it computes must be in `mem`,
+    /// its stack or a region the runtime registered.
+    pub unsafe fn execute_program_jit(&self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.core.run_trusted(mem.as_mut_ptr(), mem.len(), &[]) }
+    }
+}
+
+/// rbpf's `EbpfVmMbuff`: r1 = the metadata buffer (or `mem` when the buffer is empty), which
+/// may hold pointers into `mem`.
+pub struct EbpfVmMbuff<'a> {
+    core: Core<'a>,
+}
+
+impl<'a> EbpfVmMbuff<'a> {
+    /// A VM on [`default_runtime`], with `prog` verified if given.
+    pub fn new(prog: Option<&'a [u8]>) -> Result<Self, io::Error> {
+        Self::new_with_runtime(prog, default_runtime())
+    }
+
+    /// A VM on `rt`.
+    pub fn new_with_runtime(prog: Option<&'a [u8]>, rt: Arc<Runtime>) -> Result<Self, io::Error> {
+        Ok(Self {
+            core: Core::new(prog, rt)?,
+        })
+    }
+
+    common_methods!();
+
+    /// Runs the program sandboxed. Both buffers are shared borrows, so neither is written:
+    /// r1 points to a private copy of the metadata buffer (the program may write the copy),
+    /// and `mem` (and `mbuff`) are read-only regions, so pointers stored in the metadata
+    /// reach them; a store into `mem` stops with an out-of-bounds error.
+    pub fn execute_program(&self, mem: &[u8], mbuff: &[u8]) -> Result<u64, io::Error> {
+        let r1_buf = if mbuff.is_empty() { mem } else { mbuff };
+        let mut copy = r1_buf.to_vec();
+        let extra = [
+            region(mem.as_ptr(), mem.len(), false),
+            region(mbuff.as_ptr(), mbuff.len(), false),
+        ];
+        // SAFETY: `copy` is ours for the call; `mem` and `mbuff` are live shared borrows that
+        // the sandbox never writes (read-only regions).
+        unsafe {
+            self.core
+                .run_sandboxed(copy.as_mut_ptr(), copy.len(), &extra)
+        }
+    }
+
+    /// Runs the trusted code of [`jit_compile`](Self::jit_compile): r1 = `mbuff` (or `mem`
+    /// when `mbuff` is empty).
+    ///
+    /// # Safety
+    /// The program's accesses are not checked: it must only touch `mem`, `mbuff` and its
+    /// stack.
+    pub unsafe fn execute_program_jit(
+        &self,
+        mem: &mut [u8],
+        mbuff: &mut [u8],
+    ) -> Result<u64, io::Error> {
+        let (p, len) = if mbuff.is_empty() {
+            (mem.as_mut_ptr(), mem.len())
+        } else {
+            (mbuff.as_mut_ptr(), mbuff.len())
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.core.run_trusted(p, len, &[]) }
+    }
+}
+
+/// rbpf's `EbpfVmFixedMbuff`: the VM owns a metadata buffer and writes the memory's start
+/// and end addresses into it at `data_offset` and `data_end_offset` before each run; r1 =
+/// the buffer.
+pub struct EbpfVmFixedMbuff<'a> {
+    core: Core<'a>,
+    mbuff: Vec<u8>,
+    data_offset: usize,
+    data_end_offset: usize,
+}
+
+impl<'a> EbpfVmFixedMbuff<'a> {
+    /// A VM on [`default_runtime`] whose metadata buffer holds the memory's start at
+    /// `data_offset` and end at `data_end_offset` (both u64).
+    pub fn new(
+        prog: Option<&'a [u8]>,
+        data_offset: usize,
+        data_end_offset: usize,
+    ) -> Result<Self, io::Error> {
+        Self::new_with_runtime(prog, data_offset, data_end_offset, default_runtime())
+    }
+
+    /// A VM on `rt`.
+    pub fn new_with_runtime(
+        prog: Option<&'a [u8]>,
+        data_offset: usize,
+        data_end_offset: usize,
+        rt: Arc<Runtime>,
+    ) -> Result<Self, io::Error> {
+        // As rbpf: the buffer is just large enough for both fields.
+        let len = data_offset
+            .max(data_end_offset)
+            .checked_add(8)
+            .ok_or_else(|| io::Error::other("Error: data offsets overflow the metadata buffer"))?;
+        Ok(Self {
+            core: Core::new(prog, rt)?,
+            mbuff: vec![0; len],
+            data_offset,
+            data_end_offset,
+        })
+    }
+
+    common_methods!();
+
+    /// Loads a new program with new offsets (rbpf's signature).
+    pub fn set_program_with_offsets(
+        &mut self,
+        prog: &'a [u8],
+        data_offset: usize,
+        data_end_offset: usize,
+    ) -> Result<(), io::Error> {
+        self.core.set_program(prog)?;
+        self.data_offset = data_offset;
+        self.data_end_offset = data_end_offset;
+        self.mbuff = vec![0; data_offset.max(data_end_offset) + 8];
         Ok(())
     }
 
-    /// Whether `execute_program` runs native code.
-    pub fn is_jitted(&self) -> bool {
-        self.jitted.is_some()
+    fn fill(&mut self, mem: &[u8]) {
+        let (start, end) = if mem.is_empty() {
+            (0, 0)
+        } else {
+            (mem.as_ptr() as u64, mem.as_ptr() as u64 + mem.len() as u64)
+        };
+        self.mbuff[self.data_offset..self.data_offset + 8].copy_from_slice(&start.to_le_bytes());
+        self.mbuff[self.data_end_offset..self.data_end_offset + 8]
+            .copy_from_slice(&end.to_le_bytes());
     }
 
-    /// Runs the program on `mem`: natively once compiled, in rbpf's interpreter before.
-    pub fn execute_program(&self, mem: &mut [u8]) -> Result<u64, Error> {
-        if let Some(p) = &self.jitted {
-            return p.call(mem);
-        }
-        let rbpf_err = |e: std::io::Error| Error::new(ErrorKind::Verify, format!("rbpf: {e}"));
-        let mut vm = rbpf::EbpfVmRaw::new(Some(self.code)).map_err(rbpf_err)?;
-        for (&k, &f) in &self.helpers {
-            vm.register_helper(k, f).map_err(rbpf_err)?;
-        }
-        vm.execute_program(mem)
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("rbpf: {e}")))
+    /// Runs the program sandboxed: r1 = the metadata buffer (read-write), `mem` a read-write
+    /// region reached through the addresses stored in it.
+    pub fn execute_program(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        self.fill(mem);
+        let extra = [region(mem.as_ptr(), mem.len(), true)];
+        let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
+        // SAFETY: the buffer and `mem` are exclusively borrowed for the call.
+        unsafe { self.core.run_sandboxed(p, len, &extra) }
+    }
+
+    /// Runs the trusted code of [`jit_compile`](Self::jit_compile).
+    ///
+    /// # Safety
+    /// The program's accesses are not checked: it must only touch `mem`, the metadata buffer
+    /// and its stack.
+    pub unsafe fn execute_program_jit(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        self.fill(mem);
+        let extra = [region(mem.as_ptr(), mem.len(), true)];
+        let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
+        // SAFETY: forwarded from the caller.
+        unsafe { self.core.run_trusted(p, len, &extra) }
+    }
+}
+
+/// rbpf's `EbpfVmNoData`: no memory; r1 = r2 = 0.
+pub struct EbpfVmNoData<'a> {
+    core: Core<'a>,
+}
+
+impl<'a> EbpfVmNoData<'a> {
+    /// A VM on [`default_runtime`], with `prog` verified if given.
+    pub fn new(prog: Option<&'a [u8]>) -> Result<Self, io::Error> {
+        Self::new_with_runtime(prog, default_runtime())
+    }
+
+    /// A VM on `rt`.
+    pub fn new_with_runtime(prog: Option<&'a [u8]>, rt: Arc<Runtime>) -> Result<Self, io::Error> {
+        Ok(Self {
+            core: Core::new(prog, rt)?,
+        })
+    }
+
+    common_methods!();
+
+    /// Runs the program sandboxed, without memory.
+    pub fn execute_program(&self) -> Result<u64, io::Error> {
+        // SAFETY: an empty context: nothing but the stack is reachable.
+        unsafe { self.core.run_sandboxed(std::ptr::null_mut(), 0, &[]) }
+    }
+
+    /// Runs the trusted code of [`jit_compile`](Self::jit_compile).
+    ///
+    /// # Safety
+    /// The program's accesses are not checked: it must only touch its stack.
+    pub unsafe fn execute_program_jit(&self) -> Result<u64, io::Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.core.run_trusted(std::ptr::null_mut(), 0, &[]) }
     }
 }

@@ -1,20 +1,12 @@
-//! rbpf hosts switching to packjit: the same program, helpers and memory give the same
-//! result through rbpf's interpreter and through packjit's native code.
+//! rbpf hosts switching to packjit: rbpf 0.4.1's four VM flavours, with rbpf's API, run
+//! rbpf's example programs (from its API docs and `tests/misc.rs`, `tests/ubpf_vm.rs`) with
+//! rbpf's answers, sandboxed by default: natively where a backend targets the host, in
+//! packjit's interpreter elsewhere (the x86-64 development host).
 
-use packjit::rbpf_bridge::{c_thunk_for, JitVm};
-use packjit::{Arch, Runtime};
+use packjit::rbpf_bridge::{c_thunk_for, EbpfVmFixedMbuff, EbpfVmMbuff, EbpfVmNoData, EbpfVmRaw};
+use packjit::{AccessDirection, Arch, ErrorKind, Runtime};
+use rbpf::assembler::assemble;
 use std::sync::Arc;
-
-/// r0 = sqrti(ctx[0..8]) + ctx[8] (a byte), via helper 7 (rbpf's `sqrti`).
-const PROG: [u8; 56] = [
-    0xbf, 0x16, 0, 0, 0, 0, 0, 0, // mov r6, r1
-    0x79, 0x11, 0, 0, 0, 0, 0, 0, // ldxdw r1, [r1]
-    0x85, 0, 0, 0, 7, 0, 0, 0, // call 7
-    0x71, 0x61, 8, 0, 0, 0, 0, 0, // ldxb r1, [r6+8]
-    0x0f, 0x10, 0, 0, 0, 0, 0, 0, // add r0, r1
-    0xb7, 0x02, 0, 0, 0, 0, 0, 0, // mov r2, 0
-    0x95, 0, 0, 0, 0, 0, 0, 0, // exit
-];
 
 fn runtime() -> Arc<Runtime> {
     let rt = Runtime::new().unwrap();
@@ -27,51 +19,340 @@ fn runtime() -> Arc<Runtime> {
     Arc::new(rt)
 }
 
+/// Does a backend of [`runtime`] target this host?
+fn native_host() -> bool {
+    runtime()
+        .backends()
+        .iter()
+        .any(|b| Some(b.arch) == Arch::host())
+}
+
+/// The packjit error inside an rbpf-style `io::Error`.
+fn packjit_error(e: &std::io::Error) -> &packjit::Error {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<packjit::Error>())
+        .unwrap_or_else(|| panic!("not a packjit error: {e}"))
+}
+
 #[test]
-fn interpreter_and_jit_agree_with_rbpf_helpers() {
-    let rt = runtime();
-    let mut vm = JitVm::new(rt.clone(), &PROG);
-    vm.register_helper(7, rbpf::helpers::sqrti).unwrap();
-    let mut mem = [0u8; 9];
-    mem[..8].copy_from_slice(&144u64.to_le_bytes());
-    mem[8] = 5;
+fn raw_flavour_runs_rbpfs_examples() {
+    // rbpf's EbpfVmRaw doc example.
+    let prog = [
+        0x71, 0x11, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, // ldxb r1[0x04], r1
+        0x07, 0x01, 0x00, 0x00, 0x00, 0x22, 0x00, 0x00, // add r1, 0x22
+        0xbf, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // mov r0, r1
+        0x95, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // exit
+    ];
+    let mut mem = [0xaa, 0xbb, 0x11, 0x22, 0xcc, 0x27];
+    for vm in [
+        EbpfVmRaw::new(Some(&prog)).unwrap(),
+        EbpfVmRaw::new_with_runtime(Some(&prog), runtime()).unwrap(),
+    ] {
+        assert_eq!(vm.execute_program(&mut mem).unwrap(), 0x22cc);
+    }
+    // ubpf_vm.rs test_vm_ldxh_same_reg and test_vm_stxdw.
+    let prog = assemble("mov r0, r1\nsth [r0], 0x1234\nldxh r0, [r0]\nexit").unwrap();
+    let vm = EbpfVmRaw::new_with_runtime(Some(&prog), runtime()).unwrap();
+    assert_eq!(vm.execute_program(&mut [0xff, 0xff]).unwrap(), 0x1234);
+    let prog = assemble(
+        "lddw r2, -2005440939\nlsh r2, 32\nlddw r3, 0x11223344\nor r2, r3\n\
+         stxdw [r1+2], r2\nldxdw r0, [r1+2]\nexit",
+    )
+    .unwrap();
+    let mut mem = [
+        0xaa, 0xbb, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xcc, 0xdd,
+    ];
+    let vm = EbpfVmRaw::new_with_runtime(Some(&prog), runtime()).unwrap();
+    assert_eq!(vm.execute_program(&mut mem).unwrap(), 0x8877665511223344);
+    // ubpf_vm.rs test_vm_subnet (a packet parser).
+    let prog = assemble(
+        "mov r2, 0xe\nldxh r3, [r1+12]\njne r3, 0x81, +2\nmov r2, 0x12\nldxh r3, [r1+16]\n\
+         and r3, 0xffff\njne r3, 0x8, +5\nadd r1, r2\nmov r0, 0x1\nldxw r1, [r1+16]\n\
+         and r1, 0xffffff\njeq r1, 0x1a8c0, +1\nmov r0, 0x0\nexit",
+    )
+    .unwrap();
+    let mut mem = [
+        0x00, 0x00, 0xc0, 0x9f, 0xa0, 0x97, 0x00, 0xa0, 0xcc, 0x3b, 0xbf, 0xfa, 0x08, 0x00, 0x45,
+        0x10, 0x00, 0x3c, 0x46, 0x3c, 0x40, 0x00, 0x40, 0x06, 0x73, 0x1c, 0xc0, 0xa8, 0x01, 0x02,
+        0xc0, 0xa8, 0x01, 0x01, 0x06, 0x0e, 0x00, 0x17, 0x99, 0xc5, 0xa0, 0xec, 0x00, 0x00, 0x00,
+        0x00, 0xa0, 0x02, 0x7d, 0x78, 0xe0, 0xa3, 0x00, 0x00, 0x02, 0x04, 0x05, 0xb4, 0x04, 0x02,
+        0x08, 0x0a, 0x00, 0x9c, 0x27, 0x24, 0x00, 0x00, 0x00, 0x00, 0x01, 0x03, 0x03, 0x00,
+    ];
+    let vm = EbpfVmRaw::new_with_runtime(Some(&prog), runtime()).unwrap();
+    assert_eq!(vm.execute_program(&mut mem).unwrap(), 0x1);
+}
+
+#[test]
+// rbpf's own call shape passes `&mut mbuff` to a `&[u8]` parameter; it must keep compiling.
+#[allow(clippy::unnecessary_mut_passed)]
+fn mbuff_flavour_runs_rbpfs_example() {
+    // rbpf's EbpfVmMbuff doc example: data and data_end at 8 and 24 of the metadata.
+    let prog = [
+        0x79, 0x11, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, // Load mem from mbuff into R1.
+        0x69, 0x10, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // ldhx r1[2], r0
+        0x95, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // exit
+    ];
+    let mem = [0xaa, 0xbb, 0x11, 0x22, 0xcc, 0xdd];
+    let mut mbuff = [0u8; 0x58];
+    let start = mem.as_ptr() as u64;
+    for (data, data_end) in [(8, 24), (0x40, 0x50)] {
+        mbuff[data..data + 8].copy_from_slice(&start.to_le_bytes());
+        mbuff[data_end..data_end + 8].copy_from_slice(&(start + mem.len() as u64).to_le_bytes());
+    }
+    for vm in [
+        EbpfVmMbuff::new(Some(&prog)).unwrap(),
+        EbpfVmMbuff::new_with_runtime(Some(&prog), runtime()).unwrap(),
+    ] {
+        // rbpf's call shape: `&mut mbuff` where the signature takes `&[u8]`.
+        assert_eq!(vm.execute_program(&mem, &mut mbuff).unwrap(), 0x2211);
+    }
+    // The buffers are shared borrows: a store into `mem` is refused (out of bounds, a
+    // write, at mem's address), the metadata r1 points to is a private copy.
+    let prog = assemble("ldxdw r2, [r1+0x40]\nstb [r2], 1\nstb [r1], 7\nmov r0, 1\nexit").unwrap();
+    let vm = EbpfVmMbuff::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let e = vm.execute_program(&mem, &mbuff).unwrap_err();
+    let pe = packjit_error(&e);
+    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(1)));
+    let fault = pe.fault.unwrap();
+    assert_eq!((fault.addr, fault.size), (start, 1));
+    assert_eq!(fault.direction, AccessDirection::Write);
+    assert_eq!(mem, [0xaa, 0xbb, 0x11, 0x22, 0xcc, 0xdd]);
+    let prog = assemble("stb [r1], 7\nldxb r0, [r1]\nexit").unwrap();
+    let vm = EbpfVmMbuff::new_with_runtime(Some(&prog), runtime()).unwrap();
+    assert_eq!(vm.execute_program(&mem, &mbuff).unwrap(), 7);
+    assert_eq!(mbuff[0], 0, "the caller's metadata is not written");
+}
+
+#[test]
+fn fixed_mbuff_flavour_runs_rbpfs_examples() {
+    // rbpf's EbpfVmFixedMbuff doc example.
+    let prog = [
+        0xb7, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // mov r0, 0
+        0x79, 0x12, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00, // load mem from r1[0x40] to r2
+        0x07, 0x02, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, // add r2, 5
+        0x79, 0x11, 0x50, 0x00, 0x00, 0x00, 0x00, 0x00, // load mem_end from r1[0x50] to r1
+        0x2d, 0x12, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, // if r2 > r1 skip 1 instruction
+        0x71, 0x20, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // load r2 (= *(mem + 5)) into r0
+        0x95, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // exit
+    ];
+    let mut mem = [0xaa, 0xbb, 0x11, 0x22, 0xcc, 0xdd];
+    let mut vm = EbpfVmFixedMbuff::new(Some(&prog), 0x40, 0x50).unwrap();
+    assert_eq!(vm.execute_program(&mut mem).unwrap(), 0xdd);
+    let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 0x40, 0x50, runtime()).unwrap();
+    assert_eq!(vm.execute_program(&mut mem).unwrap(), 0xdd);
+    // Too short: the bounds test in the program skips the load...
+    assert_eq!(vm.execute_program(&mut mem[..4]).unwrap(), 0);
+    // ...except that it is off by one (`data + 5 > data_end` lets a 5-byte packet through):
+    // rbpf reads a byte past the packet; the sandbox stops the read at pc 5.
+    let end = mem.as_ptr() as u64 + 5;
+    let e = vm.execute_program(&mut mem[..5]).unwrap_err();
+    let pe = packjit_error(&e);
+    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(5)), "{e}");
+    let f = pe.fault.unwrap();
     assert_eq!(
-        vm.execute_program(&mut mem).unwrap(),
-        17,
-        "rbpf interpreter"
+        (f.addr, f.size, f.direction),
+        (end, 1, AccessDirection::Read)
     );
-    let native = matches!(
-        Arch::host(),
-        Some(Arch::X86_64 | Arch::Aarch64 | Arch::Riscv64)
+    // misc.rs test_vm_mbuff-style program with a write through the data pointer: `mem` is
+    // exclusively borrowed here, so it is a writable region.
+    let prog = assemble("ldxdw r2, [r1+8]\nstb [r2+1], 0x42\nldxb r0, [r2+1]\nexit").unwrap();
+    let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 8, 16, runtime()).unwrap();
+    assert_eq!(vm.execute_program(&mut mem).unwrap(), 0x42);
+    assert_eq!(mem[1], 0x42);
+    // ubpf_vm.rs test_vm_stdw_add_overflow segfaults rbpf's host (r2 = 0 there, so the store
+    // goes to u64::MAX). Here r2 is the metadata's length and the store past it is stopped.
+    let prog = assemble("stdw [r2-0x1], 0x44332211\nldxw r0, [r1+2]\nexit").unwrap();
+    let mut mem = [
+        0xaa, 0xbb, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xcc, 0xdd,
+    ];
+    let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 0x00, 0x10, runtime()).unwrap();
+    let e = vm.execute_program(&mut mem).unwrap_err();
+    let pe = packjit_error(&e);
+    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(0)), "{e}");
+    assert_eq!(pe.fault.unwrap().addr, 0x17);
+}
+
+#[test]
+fn nodata_flavour_runs_rbpfs_examples() {
+    // rbpf's EbpfVmNoData doc example (and ubpf_vm.rs test_vm_alu64_arith, test_vm_mul_loop).
+    let prog = [
+        0xb7, 0x00, 0x00, 0x00, 0x11, 0x22, 0x00, 0x00, // mov r0, 0x2211
+        0xdc, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, // be16 r0
+        0x95, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // exit
+    ];
+    let vm = EbpfVmNoData::new(Some(&prog)).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 0x1122);
+    let cases = [
+        (
+            "mov r0, 0\nmov r1, 1\nmov r2, 2\nmov r3, 3\nmov r4, 4\nmov r5, 5\nmov r6, 6\n\
+             mov r7, 7\nmov r8, 8\nmov r9, 9\nadd r0, 23\nadd r0, r7\nsub r0, 13\nsub r0, r1\n\
+             mul r0, 7\nmul r0, r3\ndiv r0, 2\ndiv r0, r4\nexit",
+            0x2a,
+        ),
+        // Empty memory is r1 = 0, so the loop runs 10 times (rbpf's answer).
+        (
+            "mov r0, 0x7\nadd r1, 0xa\nlsh r1, 0x20\nrsh r1, 0x20\njeq r1, 0x0, +4\n\
+             mov r0, 0x7\nmul r0, 0x7\nadd r1, -1\njne r1, 0x0, -3\nexit",
+            0x75db9c97,
+        ),
+        (
+            "mov32 r0, 0\nmov32 r1, 2\nadd32 r0, 1\nadd32 r0, r1\nexit",
+            0x3,
+        ),
+        ("mov r0, 1\nmov r1, 0\nmod r0, r1\nexit", 0x1),
+    ];
+    let rt = runtime();
+    for (src, want) in cases {
+        let prog = assemble(src).unwrap();
+        let vm = EbpfVmNoData::new_with_runtime(Some(&prog), rt.clone()).unwrap();
+        assert_eq!(vm.execute_program().unwrap(), want, "{src}");
+        // And the empty Raw memory is the same r1 = r2 = 0.
+        let vm = EbpfVmRaw::new_with_runtime(Some(&prog), rt.clone()).unwrap();
+        assert_eq!(vm.execute_program(&mut []).unwrap(), want, "{src}");
+    }
+}
+
+#[test]
+fn registers_start_at_zero_so_mod_by_zero_reg_long_is_deterministic() {
+    // ubpf_vm.rs test_vm_mod_by_zero_reg_long: r0 is never written; x % 0 keeps x. Its answer
+    // is whatever r0 held at entry: rbpf says 0, and packjit's JIT code used to return host
+    // garbage. Run many times, interleaved with other programs that leave values behind.
+    let prog = assemble("lddw r1, 0x100000000\nmod32 r0, r1\nexit").unwrap();
+    let noise = assemble(
+        "lddw r0, 0x1234567890\nlddw r3, -1\nmov r4, r3\nmov r5, r3\nmov r6, r3\nmov r7, r3\n\
+         mov r8, r3\nmov r9, r3\nstdw [r10-8], -1\nexit",
+    )
+    .unwrap();
+    // Every register r0, r3-r9 and the stack: their sum is 0 at entry.
+    let sum = assemble(
+        "add r0, r3\nadd r0, r4\nadd r0, r5\nadd r0, r6\nadd r0, r7\nadd r0, r8\nadd r0, r9\n\
+         ldxdw r1, [r10-8]\nadd r0, r1\nexit",
+    )
+    .unwrap();
+    let rt = runtime();
+    let vm = EbpfVmNoData::new_with_runtime(Some(&prog), rt.clone()).unwrap();
+    let vm_noise = EbpfVmNoData::new_with_runtime(Some(&noise), rt.clone()).unwrap();
+    let vm_sum = EbpfVmNoData::new_with_runtime(Some(&sum), rt.clone()).unwrap();
+    for _ in 0..50 {
+        vm_noise.execute_program().unwrap();
+        assert_eq!(vm.execute_program().unwrap(), 0);
+        vm_noise.execute_program().unwrap();
+        assert_eq!(vm_sum.execute_program().unwrap(), 0);
+    }
+    // Native sandboxed code where the host's backend has the sandbox; the interpreter (same
+    // answers) where it has not or there is none.
+    let mov0 = [0xb7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    let sandbox_backend = native_host() && rt.load(&mov0, &Default::default()).is_ok();
+    assert_eq!(vm.is_native(), sandbox_backend);
+}
+
+#[test]
+fn err_stack_out_of_bound_stops_under_the_sandbox() {
+    // ubpf_vm.rs test_vm_err_stack_out_of_bound (a should_panic test in rbpf; its JIT writes
+    // the host's stack): one byte above the 512-byte frame.
+    let prog = assemble("stb [r10], 0\nexit").unwrap();
+    let vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let e = vm.execute_program().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::Other);
+    let pe = packjit_error(&e);
+    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(0)), "{e}");
+    let f = pe.fault.unwrap();
+    assert_eq!((f.size, f.direction), (1, AccessDirection::Write));
+    assert!(e.to_string().contains("out of bounds"), "{e}");
+    // And below the frame, through a walked pointer, reading.
+    let prog = assemble("mov r1, r10\nadd r1, -520\nldxdw r0, [r1]\nexit").unwrap();
+    let vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let pe = packjit_error(&vm.execute_program().unwrap_err()).clone();
+    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(2)));
+    assert_eq!(pe.fault.unwrap().direction, AccessDirection::Read);
+}
+
+fn double(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    a * 2
+}
+fn square(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    a * a
+}
+
+#[test]
+fn helpers_are_per_vm() {
+    let prog = assemble("mov r1, 9\ncall 1\nexit").unwrap();
+    let rt = runtime();
+    let mut a = EbpfVmNoData::new_with_runtime(Some(&prog), rt.clone()).unwrap();
+    let mut b = EbpfVmNoData::new_with_runtime(Some(&prog), rt.clone()).unwrap();
+    a.register_helper(1, double).unwrap();
+    b.register_helper(1, square).unwrap();
+    assert_eq!(a.execute_program().unwrap(), 18);
+    assert_eq!(b.execute_program().unwrap(), 81);
+    // Re-binding drops the code compiled for the old table.
+    a.register_helper(1, square).unwrap();
+    assert_eq!(a.execute_program().unwrap(), 81);
+    // rbpf's sqrti through the rbpf helper id space (ubpf_vm.rs test_vm_call_sqrti-like).
+    let prog = assemble("mov r1, 144\ncall 2\nexit").unwrap();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), rt).unwrap();
+    vm.register_helper(2, rbpf::helpers::sqrti).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 12);
+    // An unregistered helper is refused before the program runs, naming the pc and id.
+    let prog = assemble("mov r0, 1\ncall 63\nexit").unwrap();
+    let vm = EbpfVmNoData::new(Some(&prog)).unwrap();
+    let e = vm.execute_program().unwrap_err();
+    let pe = packjit_error(&e);
+    assert_eq!(pe.pc, Some(1), "{e}");
+    assert!(e.to_string().contains("63"), "{e}");
+}
+
+#[test]
+fn api_shape_matches_rbpf() {
+    // Constructors take Option and verify; set_program / set_verifier as in rbpf.
+    let mut vm = EbpfVmRaw::new(None).unwrap();
+    let e = vm.execute_program(&mut []).unwrap_err();
+    assert!(e.to_string().contains("No program set"), "{e}");
+    assert!(EbpfVmRaw::new(Some(&[0x95, 0, 0, 0, 0, 0, 0])).is_err());
+    let bad = [0xff, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    assert!(vm.set_program(&bad).is_err());
+    fn reject_all(_: &[u8]) -> Result<(), std::io::Error> {
+        Err(std::io::Error::other("no"))
+    }
+    let prog = assemble("mov r0, 5\nexit").unwrap();
+    vm.set_program(&prog).unwrap();
+    assert!(
+        vm.set_verifier(reject_all).is_err(),
+        "the loaded program must pass"
     );
+    assert_eq!(vm.execute_program(&mut []).unwrap(), 5);
+    // Budget extension: a spin stops.
+    let spin = assemble("ja -1\nexit").unwrap();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&spin), runtime()).unwrap();
+    vm.set_instruction_budget(Some(1000));
+    let e = vm.execute_program().unwrap_err();
+    assert_eq!(packjit_error(&e).kind, ErrorKind::Budget);
+    // Send + Sync, for every flavour.
+    fn both<T: Send + Sync>() {}
+    both::<EbpfVmRaw<'static>>();
+    both::<EbpfVmMbuff<'static>>();
+    both::<EbpfVmFixedMbuff<'static>>();
+    both::<EbpfVmNoData<'static>>();
+}
+
+#[test]
+fn jit_compile_gives_trusted_code_where_a_backend_targets_the_host() {
+    let prog = assemble("ldxb r0, [r1+1]\nadd r0, r2\nexit").unwrap();
+    let mut vm = EbpfVmRaw::new_with_runtime(Some(&prog), runtime()).unwrap();
+    // SAFETY: nothing compiled yet: an error, nothing runs.
+    let e = unsafe { vm.execute_program_jit(&mut [1, 2]) }.unwrap_err();
+    assert!(e.to_string().contains("not been JIT-compiled"), "{e}");
     match vm.jit_compile() {
         Ok(()) => {
-            assert!(native);
-            assert!(vm.is_jitted());
-            assert_eq!(
-                vm.execute_program(&mut mem).unwrap(),
-                17,
-                "packjit native code"
-            );
+            assert!(native_host());
+            // SAFETY: the program reads byte 1 of a 2-byte memory.
+            assert_eq!(unsafe { vm.execute_program_jit(&mut [1, 2]) }.unwrap(), 4);
         }
         Err(e) => {
-            assert!(!native, "{e}");
-            assert!(
-                e.to_string().contains("no backend targets this host")
-                    || e.to_string().contains("no backend loaded"),
-                "{e}"
-            );
+            assert!(!native_host(), "{e}");
+            assert!(e.to_string().contains("no backend"), "{e}");
         }
     }
-    // A second VM on the same runtime shares the helper registration.
-    let mut vm2 = JitVm::new(rt.clone(), &PROG);
-    vm2.register_helper(7, rbpf::helpers::sqrti).unwrap();
-    // A different function under the same id is refused.
-    let e = vm2.register_helper(7, rbpf::helpers::strcmp).unwrap_err();
-    assert!(
-        e.message.contains("helper id 7 is already registered"),
-        "{e}"
-    );
+    assert_eq!(vm.execute_program(&mut [1, 2]).unwrap(), 4);
 }
 
 #[test]

@@ -1247,6 +1247,8 @@ pub struct SandboxRun {
     pub ctx: Vec<u8>,
     /// Where the context was during the run (to compare faults relative to it).
     pub ctx_addr: u64,
+    /// Where the stack block was, when known (the interpreter's; JIT code does not say).
+    pub stack: Option<std::ops::Range<u64>>,
 }
 
 /// Runs `f` on a copy of `ctx` placed inside [`CTX_GUARD`] bytes on each side.
@@ -1272,7 +1274,7 @@ pub fn run_reference_sandboxed(code: &[u8], p: &GenProgram) -> Result<SandboxRun
     let r = reference();
     let prog = r.interp.load(code).map_err(|e| e.to_string())?;
     let budget = p.budget.or(r.budget);
-    let (res, ctx, ctx_addr) = guarded(&p.ctx, |c| r.interp.run(&prog, c, budget));
+    let ((res, stack), ctx, ctx_addr) = guarded(&p.ctx, |c| r.interp.run_traced(&prog, c, budget));
     Ok(SandboxRun {
         end: match res {
             Ok(o) => End::Exit(o.r0),
@@ -1280,6 +1282,7 @@ pub fn run_reference_sandboxed(code: &[u8], p: &GenProgram) -> Result<SandboxRun
         },
         ctx,
         ctx_addr,
+        stack: Some(stack),
     })
 }
 
@@ -1389,11 +1392,17 @@ pub enum EscapeChecked {
 }
 
 /// Do two stops agree? Kind and pc always; for memory, size and direction, and the address
-/// exactly (wild and null pointers) or relative to the context (accesses near it). Addresses
-/// relative to the stack block cannot be compared (the blocks differ and neither side reports
-/// its own), so an address far from both contexts that differs is accepted on kind, pc, size
-/// and direction alone.
-fn stops_agree(want: &JitError, want_ctx: u64, got: &JitError, got_ctx: u64) -> Result<(), String> {
+/// exactly (wild and null pointers) or relative to the context (accesses near it). An address
+/// relative to the stack block cannot be compared (JIT code does not report where its block
+/// was), so when the reference's fault lies within 64 KiB of its own stack block (`want_stack`)
+/// and the JIT's is not a context-relative address, kind, pc, size and direction decide.
+fn stops_agree(
+    want: &JitError,
+    want_ctx: u64,
+    want_stack: Option<&std::ops::Range<u64>>,
+    got: &JitError,
+    got_ctx: u64,
+) -> Result<(), String> {
     if (want.kind, want.pc) != (got.kind, got.pc) {
         return Err(format!(
             "stop {:?} at pc {:?} vs {:?} at pc {:?} ({want} vs {got})",
@@ -1409,10 +1418,16 @@ fn stops_agree(want: &JitError, want_ctx: u64, got: &JitError, got_ctx: u64) -> 
     if (w.size, w.direction) != (g.size, g.direction) {
         return Err(format!("fault {w:?} vs {g:?}"));
     }
-    let near = |a: u64, ctx: u64| a.wrapping_sub(ctx).wrapping_add(1 << 20) < 1 << 21;
+    const SLACK: u64 = 1 << 16;
+    let near_ctx = |a: u64, ctx: u64| {
+        a.wrapping_sub(ctx).wrapping_add(SLACK) < SLACK + (CTX_LEN as u64) + SLACK
+    };
+    let stack_relative = want_stack.is_some_and(|s| {
+        w.addr >= s.start.saturating_sub(SLACK) && w.addr < s.end.saturating_add(SLACK)
+    }) && !near_ctx(g.addr, got_ctx);
     let same = w.addr == g.addr
         || w.addr.wrapping_sub(want_ctx) == g.addr.wrapping_sub(got_ctx)
-        || !(near(w.addr, want_ctx) || near(g.addr, got_ctx));
+        || stack_relative;
     if same {
         Ok(())
     } else {
@@ -1441,6 +1456,7 @@ fn compare_escape(target: &JitTarget<'_>, p: &GenProgram) -> Result<EscapeChecke
         },
         ctx,
         ctx_addr,
+        stack: None,
     };
     let memory = |what: &str| {
         let a = Observed {
@@ -1472,7 +1488,7 @@ fn compare_escape(target: &JitTarget<'_>, p: &GenProgram) -> Result<EscapeChecke
             }
         }
         (End::Stop(a), End::Stop(b)) => {
-            stops_agree(a, want.ctx_addr, b, got.ctx_addr)
+            stops_agree(a, want.ctx_addr, want.stack.as_ref(), b, got.ctx_addr)
                 .map_err(|e| format!("reference vs JIT: {e}"))?;
             if want.ctx != got.ctx {
                 return Err(memory(&format!("both stopped ({a})")));
@@ -1532,18 +1548,22 @@ mod sandbox_tests {
     #[test]
     fn stops_compare_kind_pc_fault_and_address_where_meaningful() {
         let (c1, c2) = (0x10_0000, 0x90_0000);
+        let stack = 0x7000_0000..0x7000_1000;
+        let agree = |a: &JitError, b: &JitError| stops_agree(a, c1, Some(&stack), b, c2);
         // Same absolute (wild) address; same offset from the context.
-        assert!(stops_agree(&oob(3, 0x1000, true), c1, &oob(3, 0x1000, true), c2).is_ok());
-        assert!(stops_agree(&oob(3, c1 + 264, false), c1, &oob(3, c2 + 264, false), c2).is_ok());
+        assert!(agree(&oob(3, 0x1000, true), &oob(3, 0x1000, true)).is_ok());
+        assert!(agree(&oob(3, c1 + 264, false), &oob(3, c2 + 264, false)).is_ok());
         // Off by one from the context's end, another pc, another direction: caught.
-        assert!(stops_agree(&oob(3, c1 + 264, false), c1, &oob(3, c2 + 265, false), c2).is_err());
-        assert!(stops_agree(&oob(3, 0x1000, true), c1, &oob(4, 0x1000, true), c2).is_err());
-        assert!(stops_agree(&oob(3, 0x1000, true), c1, &oob(3, 0x1000, false), c2).is_err());
-        // Far from both contexts (stack-relative): kind, pc, size and direction only.
-        assert!(stops_agree(&oob(3, 1 << 46, true), c1, &oob(3, 1 << 45, true), c2).is_ok());
+        assert!(agree(&oob(3, c1 + 264, false), &oob(3, c2 + 265, false)).is_err());
+        assert!(agree(&oob(3, 0x1000, true), &oob(4, 0x1000, true)).is_err());
+        assert!(agree(&oob(3, 0x1000, true), &oob(3, 0x1000, false)).is_err());
+        // Near the reference's stack block (stack-relative): kind, pc, size and direction.
+        assert!(agree(&oob(3, 0x7000_1000, true), &oob(3, 1 << 45, true)).is_ok());
+        // Elsewhere, a differing address is a mismatch.
+        assert!(agree(&oob(3, 1 << 46, true), &oob(3, 1 << 45, true)).is_err());
         let budget = |pc| JitError::at(pc, ErrorKind::Budget, "b");
-        assert!(stops_agree(&budget(9), c1, &budget(9), c2).is_ok());
-        assert!(stops_agree(&budget(9), c1, &budget(8), c2).is_err());
-        assert!(stops_agree(&budget(9), c1, &oob(9, 0, false), c2).is_err());
+        assert!(agree(&budget(9), &budget(9)).is_ok());
+        assert!(agree(&budget(9), &budget(8)).is_err());
+        assert!(agree(&budget(9), &oob(9, 0, false)).is_err());
     }
 }
