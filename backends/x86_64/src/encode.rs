@@ -5,10 +5,21 @@
 //! displacement fits, no displacement at all for 0 (except `rbp`/`r13` bases, whose
 //! `mod = 00` encoding means RIP-relative / no base), `imm8` forms for small immediates.
 //!
-//! Branches are emitted against [`Label`]s and resolved after the pass. A branch starts as
-//! `rel8`; [`Enc::resolve`] marks every `rel8` that does not reach as `rel32` and asks for
-//! another pass. Forms only grow, so the passes terminate (the kernel's x86 JIT iterates the
-//! same way until the image size converges).
+//! The bytes go into a `dynasmrt` [`VecAssembler`]: labels are its dynamic labels, and the
+//! label-relative forms (`jmp`, `jcc`, `call`) and fixed instructions are written with the
+//! `dynasm!` macro, which records the relocations and patches them in [`Enc::finish`]. The
+//! ModRM forms below stay table-driven (opcode bytes passed in by the caller) because
+//! `dynasm!` needs the mnemonic at compile time while lowering picks the opcode at run time.
+//!
+//! Branch relaxation: a branch starts as `rel8` (`jmp BYTE =>l`); after the pass,
+//! [`Enc::resolve`] computes every site's displacement from the label offsets dynasm
+//! recorded and marks each `rel8` that does not reach as `rel32`, asking for another pass.
+//! (dynasm would only report an out-of-range `rel8` as an error at `finalize`, without
+//! saying which site.) Forms only grow, so the passes terminate (the kernel's x86 JIT
+//! iterates the same way until the image size converges).
+
+use dynasmrt::x64::X64Relocation;
+use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 
 /// A register number as the hardware encodes it (0 = rax … 15 = r15).
 pub type Gpr = u8;
@@ -57,17 +68,23 @@ impl Cc {
     }
 }
 
-/// A branch target inside the code being emitted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Label(pub u32);
+/// A branch target inside the code being emitted: a dynasm dynamic label.
+pub type Label = DynamicLabel;
 
-/// A `rel8`/`rel32` field waiting for its label.
+/// The assembler one pass writes into. Base address 0: every reference in the code is
+/// PC-relative (helpers are called through absolute addresses in a register), so the
+/// bytes run wherever the arena places them.
+pub type Asm = VecAssembler<X64Relocation>;
+
+/// A label-relative branch, kept to check its reach after the pass (dynasm owns the
+/// relocation itself).
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
-    /// Index of the branch site in emission order (key into `long`).
+    /// Index of the branch site in emission order (key into `long`); `usize::MAX` for
+    /// calls, which have no short form.
     site: usize,
-    /// Byte offset of the displacement field.
-    at: usize,
+    /// Byte offset just past the instruction: the displacement is relative to it.
+    end: usize,
     /// Field width: 1 or 4.
     width: u8,
     label: Label,
@@ -88,9 +105,8 @@ pub enum Sz {
 
 /// Code buffer with labels and branch fixups for one emission pass.
 pub struct Enc {
-    /// The bytes.
-    pub buf: Vec<u8>,
-    labels: Vec<Option<usize>>,
+    /// The bytes, labels and relocations.
+    ops: Asm,
     fixups: Vec<Fixup>,
     /// Per branch site: use `rel32` (decided by earlier passes).
     long: Vec<bool>,
@@ -111,8 +127,7 @@ impl Enc {
     /// A new buffer; `long` holds the branch forms chosen by earlier passes.
     pub fn new(long: Vec<bool>) -> Self {
         Enc {
-            buf: Vec::with_capacity(1024),
-            labels: Vec::new(),
+            ops: Asm::new_with_capacity(0, 1024, 0, 0, 0, 0, 0),
             fixups: Vec::new(),
             long,
             sites: 0,
@@ -122,38 +137,48 @@ impl Enc {
 
     /// Current offset.
     pub fn pos(&self) -> usize {
-        self.buf.len()
+        self.ops.offset().0
     }
 
     /// A fresh, unbound label.
     pub fn label(&mut self) -> Label {
-        self.labels.push(None);
-        Label(self.labels.len() as u32 - 1)
+        self.ops.new_dynamic_label()
     }
 
-    /// Binds `l` here.
+    /// Binds `l` here (binding twice is reported by [`Enc::finish`]).
     pub fn bind(&mut self, l: Label) {
-        debug_assert!(self.labels[l.0 as usize].is_none(), "label bound twice");
-        self.labels[l.0 as usize] = Some(self.buf.len());
+        dynasm!(self.ops ; .arch x64 ; =>l);
     }
 
     /// Offset of a bound label.
     pub fn offset_of(&self, l: Label) -> Option<usize> {
-        self.labels[l.0 as usize]
+        self.ops.labels().resolve_dynamic(l).ok().map(|o| o.0)
     }
 
     fn b(&mut self, x: u8) {
-        self.buf.push(x);
+        self.ops.push(x);
     }
 
     fn bs(&mut self, x: &[u8]) {
-        self.buf.extend_from_slice(x);
+        self.ops.extend(x);
     }
 
     /// Raw bytes counted as one instruction.
     pub fn raw(&mut self, x: &[u8]) {
         self.insns += 1;
         self.bs(x);
+    }
+
+    /// `ret`.
+    pub fn ret(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; ret);
+        self.insns += 1;
+    }
+
+    /// `call r11`: helpers are reached through an absolute address in the scratch r11.
+    pub fn call_r11(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; call r11);
+        self.insns += 1;
     }
 
     fn imm(&mut self, v: i64, bytes: usize) {
@@ -251,44 +276,78 @@ impl Enc {
         let site = self.sites;
         self.sites += 1;
         let long = self.long.get(site).copied().unwrap_or(false);
-        match (cc, long) {
-            (None, false) => self.b(0xeb),
-            (Some(c), false) => self.b(0x70 | c as u8),
-            (None, true) => self.b(0xe9),
-            (Some(c), true) => self.bs(&[0x0f, 0x80 | c as u8]),
+        if long {
+            self.jump_rel32(cc, l);
+        } else {
+            self.jump_rel8(cc, l);
         }
-        let width = if long { 4 } else { 1 };
         self.fixups.push(Fixup {
             site,
-            at: self.buf.len(),
-            width,
+            end: self.pos(),
+            width: if long { 4 } else { 1 },
             label: l,
         });
-        self.imm(0, width as usize);
         self.insns += 1;
+    }
+
+    /// `jmp/jcc BYTE =>l`: 2 bytes, reach −128..127 from the next instruction.
+    fn jump_rel8(&mut self, cc: Option<Cc>, l: Label) {
+        let ops = &mut self.ops;
+        match cc {
+            None => dynasm!(ops ; .arch x64 ; jmp BYTE =>l),
+            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb BYTE =>l),
+            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae BYTE =>l),
+            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je BYTE =>l),
+            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne BYTE =>l),
+            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe BYTE =>l),
+            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja BYTE =>l),
+            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl BYTE =>l),
+            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge BYTE =>l),
+            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle BYTE =>l),
+            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg BYTE =>l),
+        }
+    }
+
+    /// `jmp/jcc =>l` with a 32-bit displacement (5 / 6 bytes).
+    fn jump_rel32(&mut self, cc: Option<Cc>, l: Label) {
+        let ops = &mut self.ops;
+        match cc {
+            None => dynasm!(ops ; .arch x64 ; jmp =>l),
+            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb =>l),
+            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae =>l),
+            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je =>l),
+            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne =>l),
+            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe =>l),
+            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja =>l),
+            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl =>l),
+            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge =>l),
+            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle =>l),
+            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg =>l),
+        }
     }
 
     /// `call label` (always `rel32`: calls have no short form).
     pub fn call_label(&mut self, l: Label) {
-        self.b(0xe8);
+        dynasm!(self.ops ; .arch x64 ; call =>l);
         self.fixups.push(Fixup {
             site: usize::MAX,
-            at: self.buf.len(),
+            end: self.pos(),
             width: 4,
             label: l,
         });
-        self.imm(0, 4);
         self.insns += 1;
     }
 
-    /// Patches every branch, or reports which `rel8` sites must grow.
-    pub fn resolve(&mut self) -> Result<Resolved, String> {
+    /// Checks every branch's reach from the label offsets of this pass, and reports which
+    /// `rel8` sites must grow.
+    pub fn resolve(&self) -> Result<Resolved, String> {
         let mut grew = false;
         let mut long = Vec::new();
         for f in &self.fixups {
-            let target = self.labels[f.label.0 as usize]
-                .ok_or_else(|| format!("internal: label {} never bound", f.label.0))?;
-            let disp = target as i64 - (f.at + f.width as usize) as i64;
+            let target = self
+                .offset_of(f.label)
+                .ok_or_else(|| format!("internal: label {} never bound", f.label.get_id()))?;
+            let disp = target as i64 - f.end as i64;
             if f.width == 1 && i8::try_from(disp).is_err() {
                 if !grew {
                     long = self.long.clone();
@@ -300,15 +359,18 @@ impl Enc {
                 return Err(format!("branch displacement {disp} exceeds rel32"));
             }
         }
-        if grew {
-            return Ok(Resolved::Again(long));
-        }
-        for f in &self.fixups {
-            let target = self.labels[f.label.0 as usize].expect("checked above");
-            let disp = target as i64 - (f.at + f.width as usize) as i64;
-            let bytes = disp.to_le_bytes();
-            self.buf[f.at..f.at + f.width as usize].copy_from_slice(&bytes[..f.width as usize]);
-        }
-        Ok(Resolved::Done)
+        Ok(if grew {
+            Resolved::Again(long)
+        } else {
+            Resolved::Done
+        })
+    }
+
+    /// The final bytes: dynasm patches every branch (all of which [`Enc::resolve`] found
+    /// in range).
+    pub fn finish(self) -> Result<Vec<u8>, String> {
+        self.ops
+            .finalize()
+            .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))
     }
 }

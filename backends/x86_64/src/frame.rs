@@ -205,7 +205,7 @@ impl Emitter<'_> {
         for &r in f.saved.iter().rev() {
             self.e.op_plus_r(Sz::B32, &[0x58], r);
         }
-        self.e.raw(&[0xc3]);
+        self.e.ret();
     }
 
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?

@@ -53,12 +53,16 @@ pub fn emit(
             .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?
         {
             Resolved::Done => {
+                let native_insns = em.e.insns;
+                let bytes =
+                    em.e.finish()
+                        .map_err(|m| CompileError::new(ErrorKind::Internal, m))?;
                 return Ok(Emitted {
-                    native_insns: em.e.insns,
-                    bytes: em.e.buf,
+                    native_insns,
+                    bytes,
                     inst_offsets: offsets,
                     passes,
-                })
+                });
             }
             Resolved::Again(l) => long = l,
         }
@@ -866,7 +870,7 @@ impl<'a> Emitter<'a> {
         for r in [RDX, RCX, RAX] {
             self.e.op_plus_r(Sz::B32, &[0x58], r);
         }
-        self.e.raw(&[0xc3]);
+        self.e.ret();
     }
 
     // ---- control flow -------------------------------------------------------------------
@@ -959,7 +963,7 @@ impl<'a> Emitter<'a> {
     /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
     fn call_abs(&mut self, addr: u64) {
         self.mov_ri(T11, addr as i64);
-        self.e.raw(&[0x41, 0xff, 0xd3]);
+        self.e.call_r11();
     }
 
     /// `callx reg`: the id in `reg` is compared with each registered helper id (the table
@@ -1022,7 +1026,7 @@ impl<'a> Emitter<'a> {
             return; // falls into the epilogue
         }
         if self.bare_return(k) {
-            self.e.raw(&[0xc3]);
+            self.e.ret();
         } else {
             let l = self.sub_exit[k];
             self.e.jump(None, l);
