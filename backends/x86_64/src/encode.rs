@@ -181,6 +181,40 @@ impl Enc {
         self.insns += 1;
     }
 
+    /// `push rax`: the one-byte way to move rsp by 8 (the alignment pad; its value is
+    /// never read).
+    pub fn push_rax(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; push rax);
+        self.insns += 1;
+    }
+
+    /// `pop rcx`: drops the alignment pad in one byte (the caller ensures rcx is dead).
+    pub fn pop_rcx(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; pop rcx);
+        self.insns += 1;
+    }
+
+    /// `rep stosq`: stores rax to [rdi] rcx times (zeroing the stack block).
+    pub fn rep_stosq(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; rep stosq);
+        self.insns += 1;
+    }
+
+    /// `cqo` (64-bit) or `cdq` (32-bit): sign-extends rax/eax into rdx/edx before `idiv`.
+    pub fn sign_extend_rax(&mut self, sz: Sz) {
+        if sz == Sz::B64 {
+            dynasm!(self.ops ; .arch x64 ; cqo);
+        } else {
+            dynasm!(self.ops ; .arch x64 ; cdq);
+        }
+        self.insns += 1;
+    }
+
+    /// `endbr64`, written as bytes: dynasm's x64 tables have no CET mnemonics.
+    pub fn endbr64(&mut self) {
+        self.raw(&[0xf3, 0x0f, 0x1e, 0xfa]);
+    }
+
     fn imm(&mut self, v: i64, bytes: usize) {
         self.bs(&v.to_le_bytes()[..bytes]);
     }

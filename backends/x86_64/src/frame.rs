@@ -142,14 +142,14 @@ impl Emitter<'_> {
         if k == 0 {
             // endbr64: the entry is reached by an indirect call from the host, which must
             // work under CET/IBT. Callees are reached only by direct `call`s.
-            self.e.raw(&[0xf3, 0x0f, 0x1e, 0xfa]);
+            self.e.endbr64();
         }
         for &r in &f.saved {
             self.e.op_plus_r(Sz::B32, &[0x50], r);
         }
         if k != 0 {
             if f.pad {
-                self.e.raw(&[0x50]); // push rax
+                self.e.push_rax();
             }
             return;
         }
@@ -159,7 +159,7 @@ impl Emitter<'_> {
             self.e.rm(&[], Sz::B64, &[0x89], RSP, ENV, PJ_ENV_ENTRY_SP);
         }
         if f.pad {
-            self.e.raw(&[0x50]); // push rax
+            self.e.push_rax();
         }
         let block = self.plan.block;
         if block > 0 {
@@ -175,7 +175,7 @@ impl Emitter<'_> {
                 self.mov_rr(Sz::B64, RDI, RSP);
                 self.mov_ri(RCX, (block / 8) as i64);
                 self.xor_zero(RAX);
-                self.e.raw(&[0xf3, 0x48, 0xab]); // rep stosq
+                self.e.rep_stosq();
                 self.mov_rr(Sz::B64, RDI, T9);
             }
         }
@@ -196,7 +196,7 @@ impl Emitter<'_> {
             self.mov_rr(Sz::B64, RSP, RBP);
         }
         if f.pad {
-            self.e.raw(&[0x59]); // pop rcx: rcx (r4) is dead at a return
+            self.e.pop_rcx(); // rcx (r4) is dead at a return
         }
         if k == 0 {
             let l = self.entry_pops;

@@ -528,12 +528,7 @@ impl<'a> Emitter<'a> {
             }
         }
         if signed {
-            // cqo / cdq: sign-extend rax into rdx.
-            self.e.raw(if sz == Sz::B64 {
-                &[0x48, 0x99]
-            } else {
-                &[0x99]
-            });
+            self.e.sign_extend_rax(sz);
         } else {
             self.xor_zero(RDX);
         }
