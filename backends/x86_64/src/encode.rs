@@ -185,6 +185,13 @@ impl Enc {
         self.bs(x);
     }
 
+    /// Fixed-register code written with `dynasm!` by the caller; `n` is its instruction
+    /// count (for the compile result's statistics).
+    pub fn asm(&mut self, n: usize, f: impl FnOnce(&mut Asm)) {
+        f(&mut self.ops);
+        self.insns += n;
+    }
+
     /// `ret`.
     pub fn ret(&mut self) {
         dynasm!(self.ops ; .arch x64 ; ret);

@@ -9,6 +9,7 @@ use crate::encode::{Cc, Enc, Gpr, Label, Resolved, Sz};
 use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
+use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
 };
@@ -820,52 +821,87 @@ impl<'a> Emitter<'a> {
 
     /// The region-table scan, called with r11 = address, r10 = size | write bit. Returns
     /// with "below or equal" set when `[r11, +size)` lies in one allowed region.
+    ///
+    /// Every register here is fixed, so the routine is written in `dynasm!` directly and
+    /// dynasm picks REX, SIB and displacement sizes. The env offsets are Rust constants,
+    /// which dynasm cannot size at macro time: they are passed as `BYTE` displacements
+    /// (checked to fit below) and the regions pointer, at offset 0, as `[r12]`.
     fn region_scan_routine(&mut self, l: Label) {
+        // The text below names the register map's env (r12) and scratch registers (r9–r11).
+        const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
+        const _: () = assert!(PJ_ENV_REGIONS == 0);
+        const COUNT: i8 = {
+            assert!(PJ_ENV_REGION_COUNT >= -128 && PJ_ENV_REGION_COUNT < 128);
+            PJ_ENV_REGION_COUNT as i8
+        };
+        const WRITE: i32 = PJ_ACCESS_WRITE as i32;
+        const WRITABLE: i8 = {
+            assert!(PJ_REGION_WRITABLE < 128);
+            PJ_REGION_WRITABLE as i8
+        };
         self.e.bind(l);
-        for r in [RAX, RCX, RDX] {
-            self.e.op_plus_r(Sz::B32, &[0x50], r);
-        }
-        self.e
-            .rm(&[], Sz::B64, &[0x8b], RCX, ENV, PJ_ENV_REGION_COUNT);
-        self.e.rm(&[], Sz::B64, &[0x8b], RAX, ENV, PJ_ENV_REGIONS);
-        let (top, next, fail, done) = (
+        let (top, next, fail, done, check) = (
+            self.e.label(),
             self.e.label(),
             self.e.label(),
             self.e.label(),
             self.e.label(),
         );
+        self.e.asm(5, |ops| {
+            dynasm!(ops ; .arch x64
+                ; push rax
+                ; push rcx
+                ; push rdx
+                ; mov rcx, QWORD [BYTE r12 + COUNT]
+                ; mov rax, QWORD [r12]
+            )
+        });
         self.e.bind(top);
-        self.e.rr(&[], Sz::B64, &[0x85], RCX, RCX);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; test rcx, rcx));
         self.e.jump(Some(Cc::E), fail);
         // A write needs PJ_REGION_WRITABLE.
-        let check = self.e.label();
-        self.e.rr(&[], Sz::B32, &[0xf7], 0, T10);
-        self.e.imm_bytes(PJ_ACCESS_WRITE as i64, 4);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; test r10d, DWORD WRITE));
         self.e.jump(Some(Cc::E), check);
-        self.e.rm(&[], Sz::B8, &[0xf6], 0, RAX, 16);
-        self.e.imm_bytes(PJ_REGION_WRITABLE as i64, 1);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; test BYTE [rax + 16], BYTE WRITABLE),
+        );
         self.e.jump(Some(Cc::E), next);
         self.e.bind(check);
-        self.mov_rr(Sz::B64, T9, T11);
-        self.e.rm(&[], Sz::B64, &[0x2b], T9, RAX, 0); // r9 = addr - start
+        // r9 = addr - start
+        self.e.asm(
+            2,
+            |ops| dynasm!(ops ; .arch x64 ; mov r9, r11 ; sub r9, QWORD [rax]),
+        );
         self.e.jump(Some(Cc::B), next);
-        self.e.rr(&[], Sz::B32, &[0x0f, 0xb6], RDX, T10); // edx = size (low byte)
-        self.e.rr(&[], Sz::B64, &[0x01], RDX, T9);
-        self.e.jump(Some(Cc::B), next); // wrapped
-        self.e.rm(&[], Sz::B64, &[0x3b], T9, RAX, 8); // cmp r9, len
+        // edx = size (low byte); r9 += size, carry = wrapped
+        self.e.asm(
+            2,
+            |ops| dynasm!(ops ; .arch x64 ; movzx edx, r10b ; add r9, rdx),
+        );
+        self.e.jump(Some(Cc::B), next);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r9, QWORD [rax + 8]));
         self.e.jump(Some(Cc::Be), done);
         self.e.bind(next);
-        self.alu_ri(0, Sz::B64, RAX, 24);
-        self.e.rr(&[], Sz::B64, &[0xff], 1, RCX); // dec rcx
+        // Next entry: PjMemRegion is { start, len, flags }, 24 bytes (asserted in abi.rs).
+        self.e.asm(
+            2,
+            |ops| dynasm!(ops ; .arch x64 ; add rax, BYTE 24 ; dec rcx),
+        );
         self.e.jump(None, top);
         self.e.bind(fail);
-        self.alu_ri(1, Sz::B32, T9, 1); // or r9d, 1: "above"
+        // or r9d, 1: "above" (ZF and CF clear).
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; or r9d, BYTE 1));
         self.e.bind(done);
-        // pop rdx, rcx, rax ; ret: none of them touches the flags.
-        for r in [RDX, RCX, RAX] {
-            self.e.op_plus_r(Sz::B32, &[0x58], r);
-        }
-        self.e.ret();
+        // None of the pops touches the flags the caller branches on.
+        self.e.asm(
+            4,
+            |ops| dynasm!(ops ; .arch x64 ; pop rdx ; pop rcx ; pop rax ; ret),
+        );
     }
 
     // ---- control flow -------------------------------------------------------------------
