@@ -19,6 +19,24 @@ use packjit_frontend::{
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
+/// An env field offset as a `disp8`, for `dynasm!` text: dynasm sizes a displacement only
+/// when it is a literal, so the env offsets (Rust constants) are passed as `BYTE`s, and
+/// this refuses (at compile time) any that would not fit.
+const fn env8(off: i32) -> i8 {
+    assert!(off >= -128 && off < 128, "env offset beyond disp8");
+    off as i8
+}
+
+const REGION_COUNT8: i8 = env8(PJ_ENV_REGION_COUNT);
+const STOP_KIND8: i8 = env8(PJ_ENV_STOP_KIND);
+const STOP_ACCESS8: i8 = env8(PJ_ENV_STOP_ACCESS);
+const STOP_PC8: i8 = env8(PJ_ENV_STOP_PC);
+const STOP_ADDR8: i8 = env8(PJ_ENV_STOP_ADDR);
+const ENTRY_SP8: i8 = env8(PJ_ENV_ENTRY_SP);
+
+// The `dynasm!` text names the register map's env (r12) and scratch registers (r9–r11).
+const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
+
 /// Result of [`emit`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Emitted {
@@ -823,17 +841,10 @@ impl<'a> Emitter<'a> {
     /// with "below or equal" set when `[r11, +size)` lies in one allowed region.
     ///
     /// Every register here is fixed, so the routine is written in `dynasm!` directly and
-    /// dynasm picks REX, SIB and displacement sizes. The env offsets are Rust constants,
-    /// which dynasm cannot size at macro time: they are passed as `BYTE` displacements
-    /// (checked to fit below) and the regions pointer, at offset 0, as `[r12]`.
+    /// dynasm picks REX, SIB and displacement sizes (env offsets: see [`env8`]; the regions
+    /// pointer, at offset 0, is `[r12]`, which has no displacement at all).
     fn region_scan_routine(&mut self, l: Label) {
-        // The text below names the register map's env (r12) and scratch registers (r9–r11).
-        const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
         const _: () = assert!(PJ_ENV_REGIONS == 0);
-        const COUNT: i8 = {
-            assert!(PJ_ENV_REGION_COUNT >= -128 && PJ_ENV_REGION_COUNT < 128);
-            PJ_ENV_REGION_COUNT as i8
-        };
         const WRITE: i32 = PJ_ACCESS_WRITE as i32;
         const WRITABLE: i8 = {
             assert!(PJ_REGION_WRITABLE < 128);
@@ -852,7 +863,7 @@ impl<'a> Emitter<'a> {
                 ; push rax
                 ; push rcx
                 ; push rdx
-                ; mov rcx, QWORD [BYTE r12 + COUNT]
+                ; mov rcx, QWORD [BYTE r12 + REGION_COUNT8]
                 ; mov rax, QWORD [r12]
             )
         });
@@ -1102,28 +1113,43 @@ impl<'a> Emitter<'a> {
             self.e.bind(l);
             let kind = match stop {
                 Stop::Oob { access } => {
-                    self.e.rm(&[], Sz::B64, &[0x89], T11, ENV, PJ_ENV_STOP_ADDR);
-                    self.e.rm(&[], Sz::B32, &[0xc7], 0, ENV, PJ_ENV_STOP_ACCESS);
-                    self.e.imm_bytes(access as i64, 4);
+                    let access = access as i32;
+                    self.e.asm(2, |ops| {
+                        dynasm!(ops ; .arch x64
+                            ; mov QWORD [BYTE r12 + STOP_ADDR8], r11
+                            ; mov DWORD [BYTE r12 + STOP_ACCESS8], DWORD access
+                        )
+                    });
                     PJ_STOP_OUT_OF_BOUNDS
                 }
                 Stop::Budget => PJ_STOP_BUDGET,
                 Stop::Callx { reg } => {
+                    // The id's register is chosen at run time: the table-driven form
+                    // keeps it REX-free when it can be (see encode.rs).
                     self.e.rm(&[], Sz::B64, &[0x89], reg, ENV, PJ_ENV_STOP_ADDR);
                     PJ_STOP_UNKNOWN_CALLX
                 }
             };
-            self.e.rm(&[], Sz::B32, &[0xc7], 0, ENV, PJ_ENV_STOP_KIND);
-            self.e.imm_bytes(kind as i64, 4);
-            self.e.rm(&[], Sz::B64, &[0xc7], 0, ENV, PJ_ENV_STOP_PC);
-            self.e.imm_bytes(pc as i64, 4);
+            let kind = kind as i32;
+            // pc < MAX_INSNS (10⁶), so it fits the sign-extended imm32.
+            let pc = pc as i32;
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov DWORD [BYTE r12 + STOP_KIND8], DWORD kind
+                    ; mov QWORD [BYTE r12 + STOP_PC8], DWORD pc
+                )
+            });
             self.e.jump(None, common);
         }
         self.e.bind(common);
         // r0 is meaningless after a stop; u64::MAX is what hosts of the ABI v1 contract
         // (`PJ_CALLX_UNKNOWN`) read from an unknown callx, so both agree.
-        self.alu_ri(1, Sz::B64, RAX, -1); // or rax, -1
-        self.e.rm(&[], Sz::B64, &[0x8b], RSP, ENV, PJ_ENV_ENTRY_SP);
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; or rax, BYTE -1
+                ; mov rsp, QWORD [BYTE r12 + ENTRY_SP8]
+            )
+        });
         let l = self.entry_pops;
         self.e.jump(None, l);
     }
