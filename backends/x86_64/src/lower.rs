@@ -33,6 +33,9 @@ const STOP_ACCESS8: i8 = env8(PJ_ENV_STOP_ACCESS);
 const STOP_PC8: i8 = env8(PJ_ENV_STOP_PC);
 const STOP_ADDR8: i8 = env8(PJ_ENV_STOP_ADDR);
 const ENTRY_SP8: i8 = env8(PJ_ENV_ENTRY_SP);
+const CTX_START8: i8 = env8(PJ_ENV_CTX_START);
+const CTX_END8: i8 = env8(PJ_ENV_CTX_END);
+const STACK_START8: i8 = env8(PJ_ENV_STACK_START);
 
 // The `dynasm!` text names the register map's env (r12) and scratch registers (r9–r11).
 const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
@@ -798,14 +801,20 @@ impl<'a> Emitter<'a> {
             self.e.rm(&[], Sz::B64, &[0x8d], T11, base, off);
         }
         // Context.
-        self.region_end(PJ_ENV_CTX_START, n);
-        self.e.rm(&[], Sz::B64, &[0x8b], T9, ENV, PJ_ENV_CTX_END);
-        self.e.rm(&[], Sz::B64, &[0x2b], T9, ENV, PJ_ENV_CTX_START);
-        self.e.rr(&[], Sz::B64, &[0x39], T9, T10); // cmp r10, r9
+        self.region_end(CTX_START8, n);
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r9, QWORD [BYTE r12 + CTX_END8]
+                ; sub r9, QWORD [BYTE r12 + CTX_START8]
+            )
+        });
+        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
+        // the equally long RM form (0x3b) for register pairs.
+        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
         self.e.jump(Some(Cc::Be), ok);
         // Stack block (its length is a constant).
         if self.plan.block > 0 {
-            self.region_end(PJ_ENV_STACK_START, n);
+            self.region_end(STACK_START8, n);
             self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
             self.e.jump(Some(Cc::Be), ok);
         }
@@ -825,16 +834,23 @@ impl<'a> Emitter<'a> {
         let stop = self.stop_label(Stop::Oob { access }, pc);
         self.e.jump(None, stop);
         self.e.bind(ok);
-        self.e.rr(&[], Sz::B64, &[0x0f, 0x47], T11, ENV); // cmova r11, r12
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
     }
 
     /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
-    fn region_end(&mut self, start: i32, n: i64) {
-        self.mov_rr(Sz::B64, T10, T11);
-        self.e.rm(&[], Sz::B64, &[0x2b], T10, ENV, start);
-        self.alu_ri(0, Sz::B64, T10, n);
-        self.e.rr(&[], Sz::B64, &[0x19], T9, T9); // sbb r9, r9: -carry
-        self.e.rr(&[], Sz::B64, &[0x09], T9, T10); // or r10, r9
+    fn region_end(&mut self, start: i8, n: i64) {
+        // n is an access size, 1..=8.
+        let n = n as i8;
+        self.e.asm(5, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r10, r11
+                ; sub r10, QWORD [BYTE r12 + start]
+                ; add r10, BYTE n
+                ; sbb r9, r9 // -carry
+                ; or r10, r9
+            )
+        });
     }
 
     /// The region-table scan, called with r11 = address, r10 = size | write bit. Returns
@@ -982,6 +998,9 @@ impl<'a> Emitter<'a> {
 
     /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
     fn charge(&mut self, pc: usize, amount: u64) {
+        // `cmp/sub QWORD [r12 + disp8], imm8` stay table-driven: dynasm-rs 5.1 lists the
+        // imm32 form (0x81) of cmp and of memory-operand sub before the imm8 one (0x83), so
+        // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
         self.alu_mi(7, ENV, PJ_ENV_BUDGET, amount as i64);
         let stop = self.stop_label(Stop::Budget, pc);
         self.e.jump(Some(Cc::B), stop);
