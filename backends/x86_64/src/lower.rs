@@ -27,15 +27,16 @@ const fn env8(off: i32) -> i8 {
     off as i8
 }
 
-const REGION_COUNT8: i8 = env8(PJ_ENV_REGION_COUNT);
-const STOP_KIND8: i8 = env8(PJ_ENV_STOP_KIND);
-const STOP_ACCESS8: i8 = env8(PJ_ENV_STOP_ACCESS);
-const STOP_PC8: i8 = env8(PJ_ENV_STOP_PC);
-const STOP_ADDR8: i8 = env8(PJ_ENV_STOP_ADDR);
-const ENTRY_SP8: i8 = env8(PJ_ENV_ENTRY_SP);
-const CTX_START8: i8 = env8(PJ_ENV_CTX_START);
-const CTX_END8: i8 = env8(PJ_ENV_CTX_END);
-const STACK_START8: i8 = env8(PJ_ENV_STACK_START);
+pub(crate) const REGION_COUNT8: i8 = env8(PJ_ENV_REGION_COUNT);
+pub(crate) const STOP_KIND8: i8 = env8(PJ_ENV_STOP_KIND);
+pub(crate) const STOP_ACCESS8: i8 = env8(PJ_ENV_STOP_ACCESS);
+pub(crate) const STOP_PC8: i8 = env8(PJ_ENV_STOP_PC);
+pub(crate) const STOP_ADDR8: i8 = env8(PJ_ENV_STOP_ADDR);
+pub(crate) const ENTRY_SP8: i8 = env8(PJ_ENV_ENTRY_SP);
+pub(crate) const CTX_START8: i8 = env8(PJ_ENV_CTX_START);
+pub(crate) const CTX_END8: i8 = env8(PJ_ENV_CTX_END);
+pub(crate) const STACK_START8: i8 = env8(PJ_ENV_STACK_START);
+pub(crate) const STACK_END8: i8 = env8(PJ_ENV_STACK_END);
 
 // The `dynasm!` text names the register map's env (r12) and scratch registers (r9–r11).
 const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
