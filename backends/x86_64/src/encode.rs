@@ -27,6 +27,18 @@
 //! per operand per instruction. So dynasm owns the buffer, labels, branches and
 //! relocations, and this file keeps the few ModRM encoders, each choosing the shortest form.
 //!
+//! Code whose registers are fixed (the entry's env and stack-block setup, the sandbox
+//! check's region arithmetic, the region-table scan, the stop stubs) is written in
+//! `dynasm!` by its caller through [`Enc::asm`]; `tests/bytes.rs` checks the result byte
+//! for byte against the pre-dynasm encoder. Three static forms stay table-driven there too,
+//! because dynasm-rs 5.1 chooses a different encoding:
+//! * `cmp`, and group-1 ops on a memory operand, list the imm32 form (`81 /r`) before the
+//!   imm8 one (`83 /r`), so even `cmp QWORD [r12 + 32], BYTE 1` comes out with an imm32
+//!   (the budget charge keeps `alu_mi`);
+//! * for a register pair `cmp r10, r9` is the RM form `4d 3b d1` where this backend emits
+//!   the MR form `4d 39 ca` (same length; kept so the bytes do not move);
+//! * there is no `endbr64` mnemonic.
+//!
 //! Branch relaxation: a branch starts as `rel8` (`jmp BYTE =>l`); after the pass,
 //! [`Enc::resolve`] computes every site's displacement from the label offsets dynasm
 //! recorded and marks each `rel8` that does not reach as `rel32`, asking for another pass.
