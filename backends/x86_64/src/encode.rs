@@ -5,10 +5,49 @@
 //! displacement fits, no displacement at all for 0 (except `rbp`/`r13` bases, whose
 //! `mod = 00` encoding means RIP-relative / no base), `imm8` forms for small immediates.
 //!
-//! Branches are emitted against [`Label`]s and resolved after the pass. A branch starts as
-//! `rel8`; [`Enc::resolve`] marks every `rel8` that does not reach as `rel32` and asks for
-//! another pass. Forms only grow, so the passes terminate (the kernel's x86 JIT iterates the
-//! same way until the image size converges).
+//! The bytes go into a `dynasmrt` [`VecAssembler`]: labels are its dynamic labels, and the
+//! label-relative forms (`jmp`, `jcc`, `call`) and the fixed-register instructions are
+//! written with the `dynasm!` macro, which records the relocations and patches them in
+//! [`Enc::finish`].
+//!
+//! The register-parameterised ModRM forms ([`Enc::rr`], [`Enc::rm`], [`Enc::op_plus_r`],
+//! [`Enc::vex_0f38_rr`]) stay table-driven on purpose. `dynasm!` can only take a register
+//! chosen at run time as a dynamic register (`Rq(r)`), and for those dynasm-rs 5.1 gives up
+//! the short forms this backend relies on (measured with the x64 assembler):
+//! * a REX prefix is always emitted, since the register might be r8–r15: `mov Rd(0), Rd(1)`
+//!   is `40 89 c8`, not `89 c8`; `push Rq(3)` is `40 53`, not `53`;
+//! * a dynamic base always gets a SIB byte, and no displacement becomes `disp8 = 0`:
+//!   `mov Rq(0), QWORD [Rq(3)]` is `48 8b 44 23 00`, not `48 8b 03`;
+//! * a displacement computed at run time is always `disp32` unless the source commits to
+//!   `BYTE` (an `i8`): `[Rq(3) + d]` with `d = 0` is `48 8b 84 23 00 00 00 00`;
+//! * the rax short form of group-1 immediates (`48 05 imm32`) exists only for a static `rax`.
+//!
+//! Porting these forms would lengthen most instructions by one or two bytes (and change
+//! every golden), and keeping the bytes would need a `match` over the 16 static registers
+//! per operand per instruction. So dynasm owns the buffer, labels, branches and
+//! relocations, and this file keeps the few ModRM encoders, each choosing the shortest form.
+//!
+//! Code whose registers are fixed (the entry's env and stack-block setup, the sandbox
+//! check's region arithmetic, the region-table scan, the stop stubs) is written in
+//! `dynasm!` by its caller through [`Enc::asm`]; `tests/bytes.rs` checks the result byte
+//! for byte against the pre-dynasm encoder. Three static forms stay table-driven there too,
+//! because dynasm-rs 5.1 chooses a different encoding:
+//! * `cmp`, and group-1 ops on a memory operand, list the imm32 form (`81 /r`) before the
+//!   imm8 one (`83 /r`), so even `cmp QWORD [r12 + 32], BYTE 1` comes out with an imm32
+//!   (the budget charge keeps `alu_mi`);
+//! * for a register pair `cmp r10, r9` is the RM form `4d 3b d1` where this backend emits
+//!   the MR form `4d 39 ca` (same length; kept so the bytes do not move);
+//! * there is no `endbr64` mnemonic.
+//!
+//! Branch relaxation: a branch starts as `rel8` (`jmp BYTE =>l`); after the pass,
+//! [`Enc::resolve`] computes every site's displacement from the label offsets dynasm
+//! recorded and marks each `rel8` that does not reach as `rel32`, asking for another pass.
+//! (dynasm would only report an out-of-range `rel8` as an error at `finalize`, without
+//! saying which site.) Forms only grow, so the passes terminate (the kernel's x86 JIT
+//! iterates the same way until the image size converges).
+
+use dynasmrt::x64::X64Relocation;
+use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 
 /// A register number as the hardware encodes it (0 = rax … 15 = r15).
 pub type Gpr = u8;
@@ -57,17 +96,23 @@ impl Cc {
     }
 }
 
-/// A branch target inside the code being emitted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Label(pub u32);
+/// A branch target inside the code being emitted: a dynasm dynamic label.
+pub type Label = DynamicLabel;
 
-/// A `rel8`/`rel32` field waiting for its label.
+/// The assembler one pass writes into. Base address 0: every reference in the code is
+/// PC-relative (helpers are called through absolute addresses in a register), so the
+/// bytes run wherever the arena places them.
+pub type Asm = VecAssembler<X64Relocation>;
+
+/// A label-relative branch, kept to check its reach after the pass (dynasm owns the
+/// relocation itself).
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
-    /// Index of the branch site in emission order (key into `long`).
+    /// Index of the branch site in emission order (key into `long`); `usize::MAX` for
+    /// calls, which have no short form.
     site: usize,
-    /// Byte offset of the displacement field.
-    at: usize,
+    /// Byte offset just past the instruction: the displacement is relative to it.
+    end: usize,
     /// Field width: 1 or 4.
     width: u8,
     label: Label,
@@ -88,9 +133,8 @@ pub enum Sz {
 
 /// Code buffer with labels and branch fixups for one emission pass.
 pub struct Enc {
-    /// The bytes.
-    pub buf: Vec<u8>,
-    labels: Vec<Option<usize>>,
+    /// The bytes, labels and relocations.
+    ops: Asm,
     fixups: Vec<Fixup>,
     /// Per branch site: use `rel32` (decided by earlier passes).
     long: Vec<bool>,
@@ -111,8 +155,7 @@ impl Enc {
     /// A new buffer; `long` holds the branch forms chosen by earlier passes.
     pub fn new(long: Vec<bool>) -> Self {
         Enc {
-            buf: Vec::with_capacity(1024),
-            labels: Vec::new(),
+            ops: Asm::new_with_capacity(0, 1024, 0, 0, 0, 0, 0),
             fixups: Vec::new(),
             long,
             sites: 0,
@@ -122,38 +165,89 @@ impl Enc {
 
     /// Current offset.
     pub fn pos(&self) -> usize {
-        self.buf.len()
+        self.ops.offset().0
     }
 
     /// A fresh, unbound label.
     pub fn label(&mut self) -> Label {
-        self.labels.push(None);
-        Label(self.labels.len() as u32 - 1)
+        self.ops.new_dynamic_label()
     }
 
-    /// Binds `l` here.
+    /// Binds `l` here (binding twice is reported by [`Enc::finish`]).
     pub fn bind(&mut self, l: Label) {
-        debug_assert!(self.labels[l.0 as usize].is_none(), "label bound twice");
-        self.labels[l.0 as usize] = Some(self.buf.len());
+        dynasm!(self.ops ; .arch x64 ; =>l);
     }
 
     /// Offset of a bound label.
     pub fn offset_of(&self, l: Label) -> Option<usize> {
-        self.labels[l.0 as usize]
+        self.ops.labels().resolve_dynamic(l).ok().map(|o| o.0)
     }
 
     fn b(&mut self, x: u8) {
-        self.buf.push(x);
+        self.ops.push(x);
     }
 
     fn bs(&mut self, x: &[u8]) {
-        self.buf.extend_from_slice(x);
+        self.ops.extend(x);
     }
 
     /// Raw bytes counted as one instruction.
     pub fn raw(&mut self, x: &[u8]) {
         self.insns += 1;
         self.bs(x);
+    }
+
+    /// Fixed-register code written with `dynasm!` by the caller; `n` is its instruction
+    /// count (for the compile result's statistics).
+    pub fn asm(&mut self, n: usize, f: impl FnOnce(&mut Asm)) {
+        f(&mut self.ops);
+        self.insns += n;
+    }
+
+    /// `ret`.
+    pub fn ret(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; ret);
+        self.insns += 1;
+    }
+
+    /// `call r11`: helpers are reached through an absolute address in the scratch r11.
+    pub fn call_r11(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; call r11);
+        self.insns += 1;
+    }
+
+    /// `push rax`: the one-byte way to move rsp by 8 (the alignment pad; its value is
+    /// never read).
+    pub fn push_rax(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; push rax);
+        self.insns += 1;
+    }
+
+    /// `pop rcx`: drops the alignment pad in one byte (the caller ensures rcx is dead).
+    pub fn pop_rcx(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; pop rcx);
+        self.insns += 1;
+    }
+
+    /// `rep stosq`: stores rax to [rdi] rcx times (zeroing the stack block).
+    pub fn rep_stosq(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; rep stosq);
+        self.insns += 1;
+    }
+
+    /// `cqo` (64-bit) or `cdq` (32-bit): sign-extends rax/eax into rdx/edx before `idiv`.
+    pub fn sign_extend_rax(&mut self, sz: Sz) {
+        if sz == Sz::B64 {
+            dynasm!(self.ops ; .arch x64 ; cqo);
+        } else {
+            dynasm!(self.ops ; .arch x64 ; cdq);
+        }
+        self.insns += 1;
+    }
+
+    /// `endbr64`, written as bytes: dynasm's x64 tables have no CET mnemonics.
+    pub fn endbr64(&mut self) {
+        self.raw(&[0xf3, 0x0f, 0x1e, 0xfa]);
     }
 
     fn imm(&mut self, v: i64, bytes: usize) {
@@ -251,44 +345,78 @@ impl Enc {
         let site = self.sites;
         self.sites += 1;
         let long = self.long.get(site).copied().unwrap_or(false);
-        match (cc, long) {
-            (None, false) => self.b(0xeb),
-            (Some(c), false) => self.b(0x70 | c as u8),
-            (None, true) => self.b(0xe9),
-            (Some(c), true) => self.bs(&[0x0f, 0x80 | c as u8]),
+        if long {
+            self.jump_rel32(cc, l);
+        } else {
+            self.jump_rel8(cc, l);
         }
-        let width = if long { 4 } else { 1 };
         self.fixups.push(Fixup {
             site,
-            at: self.buf.len(),
-            width,
+            end: self.pos(),
+            width: if long { 4 } else { 1 },
             label: l,
         });
-        self.imm(0, width as usize);
         self.insns += 1;
+    }
+
+    /// `jmp/jcc BYTE =>l`: 2 bytes, reach −128..127 from the next instruction.
+    fn jump_rel8(&mut self, cc: Option<Cc>, l: Label) {
+        let ops = &mut self.ops;
+        match cc {
+            None => dynasm!(ops ; .arch x64 ; jmp BYTE =>l),
+            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb BYTE =>l),
+            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae BYTE =>l),
+            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je BYTE =>l),
+            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne BYTE =>l),
+            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe BYTE =>l),
+            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja BYTE =>l),
+            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl BYTE =>l),
+            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge BYTE =>l),
+            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle BYTE =>l),
+            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg BYTE =>l),
+        }
+    }
+
+    /// `jmp/jcc =>l` with a 32-bit displacement (5 / 6 bytes).
+    fn jump_rel32(&mut self, cc: Option<Cc>, l: Label) {
+        let ops = &mut self.ops;
+        match cc {
+            None => dynasm!(ops ; .arch x64 ; jmp =>l),
+            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb =>l),
+            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae =>l),
+            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je =>l),
+            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne =>l),
+            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe =>l),
+            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja =>l),
+            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl =>l),
+            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge =>l),
+            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle =>l),
+            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg =>l),
+        }
     }
 
     /// `call label` (always `rel32`: calls have no short form).
     pub fn call_label(&mut self, l: Label) {
-        self.b(0xe8);
+        dynasm!(self.ops ; .arch x64 ; call =>l);
         self.fixups.push(Fixup {
             site: usize::MAX,
-            at: self.buf.len(),
+            end: self.pos(),
             width: 4,
             label: l,
         });
-        self.imm(0, 4);
         self.insns += 1;
     }
 
-    /// Patches every branch, or reports which `rel8` sites must grow.
-    pub fn resolve(&mut self) -> Result<Resolved, String> {
+    /// Checks every branch's reach from the label offsets of this pass, and reports which
+    /// `rel8` sites must grow.
+    pub fn resolve(&self) -> Result<Resolved, String> {
         let mut grew = false;
         let mut long = Vec::new();
         for f in &self.fixups {
-            let target = self.labels[f.label.0 as usize]
-                .ok_or_else(|| format!("internal: label {} never bound", f.label.0))?;
-            let disp = target as i64 - (f.at + f.width as usize) as i64;
+            let target = self
+                .offset_of(f.label)
+                .ok_or_else(|| format!("internal: label {} never bound", f.label.get_id()))?;
+            let disp = target as i64 - f.end as i64;
             if f.width == 1 && i8::try_from(disp).is_err() {
                 if !grew {
                     long = self.long.clone();
@@ -300,15 +428,129 @@ impl Enc {
                 return Err(format!("branch displacement {disp} exceeds rel32"));
             }
         }
-        if grew {
-            return Ok(Resolved::Again(long));
+        Ok(if grew {
+            Resolved::Again(long)
+        } else {
+            Resolved::Done
+        })
+    }
+
+    /// The final bytes: dynasm patches every branch (all of which [`Enc::resolve`] found
+    /// in range).
+    pub fn finish(self) -> Result<Vec<u8>, String> {
+        self.ops
+            .finalize()
+            .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Emits `jmp l` (or `jcc`) over `gap` filler bytes (forward) or back over them, with
+    /// the given site forms, and returns the pass outcome and the encoder.
+    fn pass(long: Vec<bool>, cc: Option<Cc>, gap: usize, forward: bool) -> (Resolved, Enc) {
+        let mut e = Enc::new(long);
+        let l = e.label();
+        if forward {
+            e.jump(cc, l);
+            e.raw(&vec![0x90; gap]);
+            e.bind(l);
+        } else {
+            e.bind(l);
+            e.raw(&vec![0x90; gap]);
+            e.jump(cc, l);
         }
-        for f in &self.fixups {
-            let target = self.labels[f.label.0 as usize].expect("checked above");
-            let disp = target as i64 - (f.at + f.width as usize) as i64;
-            let bytes = disp.to_le_bytes();
-            self.buf[f.at..f.at + f.width as usize].copy_from_slice(&bytes[..f.width as usize]);
+        let r = e.resolve().expect("labels bound");
+        (r, e)
+    }
+
+    #[test]
+    fn rel8_reaches_exactly_its_range_and_grows_beyond() {
+        // Forward: the displacement counts from the end of the 2-byte jump, so 127 filler
+        // bytes is the last reach of rel8.
+        let (r, e) = pass(vec![], None, 127, true);
+        assert!(matches!(r, Resolved::Done));
+        let b = e.finish().unwrap();
+        assert_eq!(&b[..2], &[0xeb, 0x7f]);
+        let (r, _) = pass(vec![], None, 128, true);
+        let Resolved::Again(long) = r else {
+            panic!("128 bytes forward must not fit rel8")
+        };
+        assert_eq!(long, vec![true]);
+        let (r, e) = pass(long, None, 128, true);
+        assert!(matches!(r, Resolved::Done));
+        assert_eq!(&e.finish().unwrap()[..5], &[0xe9, 0x80, 0, 0, 0]);
+
+        // Backward: -128 (126 filler bytes + the jump itself) still fits, -129 does not.
+        let (r, e) = pass(vec![], Some(Cc::Ne), 126, false);
+        assert!(matches!(r, Resolved::Done));
+        assert_eq!(&e.finish().unwrap()[126..], &[0x75, 0x80]);
+        let (r, _) = pass(vec![], Some(Cc::Ne), 127, false);
+        let Resolved::Again(long) = r else {
+            panic!("129 bytes back must not fit rel8")
+        };
+        let (r, e) = pass(long, Some(Cc::Ne), 127, false);
+        assert!(matches!(r, Resolved::Done));
+        // jne rel32 is 6 bytes: -(127 + 6) = -133.
+        assert_eq!(
+            &e.finish().unwrap()[127..],
+            &[0x0f, 0x85, 0x7b, 0xff, 0xff, 0xff]
+        );
+    }
+
+    #[test]
+    fn every_condition_encodes_its_nibble_in_both_forms() {
+        let all = [
+            Cc::B,
+            Cc::Ae,
+            Cc::E,
+            Cc::Ne,
+            Cc::Be,
+            Cc::A,
+            Cc::L,
+            Cc::Ge,
+            Cc::Le,
+            Cc::G,
+        ];
+        for cc in all {
+            let (_, e) = pass(vec![false], Some(cc), 0, true);
+            assert_eq!(e.finish().unwrap(), vec![0x70 | cc as u8, 0], "{cc:?} rel8");
+            let (_, e) = pass(vec![true], Some(cc), 0, true);
+            assert_eq!(
+                e.finish().unwrap(),
+                vec![0x0f, 0x80 | cc as u8, 0, 0, 0, 0],
+                "{cc:?} rel32"
+            );
+            assert_eq!(cc.invert().invert(), cc);
+            assert_eq!(cc.invert() as u8, cc as u8 ^ 1);
         }
-        Ok(Resolved::Done)
+    }
+
+    #[test]
+    fn calls_are_rel32_and_labels_must_be_bound_once() {
+        let mut e = Enc::new(vec![]);
+        let f = e.label();
+        e.call_label(f);
+        e.ret();
+        e.bind(f);
+        e.ret();
+        assert!(matches!(e.resolve(), Ok(Resolved::Done)));
+        assert_eq!(e.insns, 3);
+        assert_eq!(e.finish().unwrap(), vec![0xe8, 1, 0, 0, 0, 0xc3, 0xc3]);
+
+        let mut e = Enc::new(vec![]);
+        let l = e.label();
+        e.jump(None, l);
+        let err = e.resolve().err().expect("unbound label");
+        assert!(err.contains("never bound"), "{err}");
+
+        let mut e = Enc::new(vec![]);
+        let l = e.label();
+        e.bind(l);
+        e.ret();
+        e.bind(l);
+        assert!(e.finish().is_err(), "a label bound twice is an error");
     }
 }

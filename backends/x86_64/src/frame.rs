@@ -24,11 +24,14 @@
 //! the SysV ABI requires at a helper call.
 
 use crate::encode::{Gpr, Sz};
-use crate::lower::Emitter;
+use crate::lower::{Emitter, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
+use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{stack_block_size, CodegenMode};
 use packjit_frontend::{Op, Program};
-use packjit_plugin_api::abi::*;
+
+// The prologue's `dynasm!` text names r10's home (rbp) and r1's (rdi).
+const _: () = assert!(REG_MAP[10] == RBP && REG_MAP[1] == RDI);
 
 /// What one function saves.
 #[derive(Clone, Debug)]
@@ -142,41 +145,49 @@ impl Emitter<'_> {
         if k == 0 {
             // endbr64: the entry is reached by an indirect call from the host, which must
             // work under CET/IBT. Callees are reached only by direct `call`s.
-            self.e.raw(&[0xf3, 0x0f, 0x1e, 0xfa]);
+            self.e.endbr64();
         }
         for &r in &f.saved {
             self.e.op_plus_r(Sz::B32, &[0x50], r);
         }
         if k != 0 {
             if f.pad {
-                self.e.raw(&[0x50]); // push rax
+                self.e.push_rax();
             }
             return;
         }
         if self.plan.needs_env {
-            self.mov_rr(Sz::B64, ENV, RDX);
-            // Where a stop unwinds to: just above the pad and the stack block.
-            self.e.rm(&[], Sz::B64, &[0x89], RSP, ENV, PJ_ENV_ENTRY_SP);
+            // env = the third argument; where a stop unwinds to: just above the pad and
+            // the stack block.
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov r12, rdx
+                    ; mov QWORD [BYTE r12 + ENTRY_SP8], rsp
+                )
+            });
         }
         if f.pad {
-            self.e.raw(&[0x50]); // push rax
+            self.e.push_rax();
         }
         let block = self.plan.block;
         if block > 0 {
             self.mov_rr(Sz::B64, RBP, RSP);
             self.alu_ri(5, Sz::B64, RSP, block as i64); // sub rsp, block
             if self.mode.sandboxed() {
-                self.e.rm(&[], Sz::B64, &[0x89], RBP, ENV, PJ_ENV_STACK_END);
-                self.e
-                    .rm(&[], Sz::B64, &[0x89], RSP, ENV, PJ_ENV_STACK_START);
-                // Zero the block (nothing of the host leaks in): rep stosq with rdi
-                // (= r1, ctx) parked in r9.
-                self.mov_rr(Sz::B64, T9, RDI);
-                self.mov_rr(Sz::B64, RDI, RSP);
+                // Publish the block's bounds, then zero it (nothing of the host leaks in)
+                // with rep stosq, rdi (= r1, ctx) parked in r9.
+                self.e.asm(4, |ops| {
+                    dynasm!(ops ; .arch x64
+                        ; mov QWORD [BYTE r12 + STACK_END8], rbp
+                        ; mov QWORD [BYTE r12 + STACK_START8], rsp
+                        ; mov r9, rdi
+                        ; mov rdi, rsp
+                    )
+                });
                 self.mov_ri(RCX, (block / 8) as i64);
                 self.xor_zero(RAX);
-                self.e.raw(&[0xf3, 0x48, 0xab]); // rep stosq
-                self.mov_rr(Sz::B64, RDI, T9);
+                self.e.rep_stosq();
+                self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; mov rdi, r9));
             }
         }
         // r0 and r3–r9 start at zero (only those the program can observe).
@@ -196,7 +207,7 @@ impl Emitter<'_> {
             self.mov_rr(Sz::B64, RSP, RBP);
         }
         if f.pad {
-            self.e.raw(&[0x59]); // pop rcx: rcx (r4) is dead at a return
+            self.e.pop_rcx(); // rcx (r4) is dead at a return
         }
         if k == 0 {
             let l = self.entry_pops;
@@ -205,7 +216,7 @@ impl Emitter<'_> {
         for &r in f.saved.iter().rev() {
             self.e.op_plus_r(Sz::B32, &[0x58], r);
         }
-        self.e.raw(&[0xc3]);
+        self.e.ret();
     }
 
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?

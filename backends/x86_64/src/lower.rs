@@ -9,6 +9,7 @@ use crate::encode::{Cc, Enc, Gpr, Label, Resolved, Sz};
 use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
+use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
 };
@@ -17,6 +18,28 @@ use packjit_frontend::{
 };
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+
+/// An env field offset as a `disp8`, for `dynasm!` text: dynasm sizes a displacement only
+/// when it is a literal, so the env offsets (Rust constants) are passed as `BYTE`s, and
+/// this refuses (at compile time) any that would not fit.
+const fn env8(off: i32) -> i8 {
+    assert!(off >= -128 && off < 128, "env offset beyond disp8");
+    off as i8
+}
+
+pub(crate) const REGION_COUNT8: i8 = env8(PJ_ENV_REGION_COUNT);
+pub(crate) const STOP_KIND8: i8 = env8(PJ_ENV_STOP_KIND);
+pub(crate) const STOP_ACCESS8: i8 = env8(PJ_ENV_STOP_ACCESS);
+pub(crate) const STOP_PC8: i8 = env8(PJ_ENV_STOP_PC);
+pub(crate) const STOP_ADDR8: i8 = env8(PJ_ENV_STOP_ADDR);
+pub(crate) const ENTRY_SP8: i8 = env8(PJ_ENV_ENTRY_SP);
+pub(crate) const CTX_START8: i8 = env8(PJ_ENV_CTX_START);
+pub(crate) const CTX_END8: i8 = env8(PJ_ENV_CTX_END);
+pub(crate) const STACK_START8: i8 = env8(PJ_ENV_STACK_START);
+pub(crate) const STACK_END8: i8 = env8(PJ_ENV_STACK_END);
+
+// The `dynasm!` text names the register map's env (r12) and scratch registers (r9–r11).
+const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
 
 /// Result of [`emit`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,12 +76,16 @@ pub fn emit(
             .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?
         {
             Resolved::Done => {
+                let native_insns = em.e.insns;
+                let bytes =
+                    em.e.finish()
+                        .map_err(|m| CompileError::new(ErrorKind::Internal, m))?;
                 return Ok(Emitted {
-                    native_insns: em.e.insns,
-                    bytes: em.e.buf,
+                    native_insns,
+                    bytes,
                     inst_offsets: offsets,
                     passes,
-                })
+                });
             }
             Resolved::Again(l) => long = l,
         }
@@ -524,12 +551,7 @@ impl<'a> Emitter<'a> {
             }
         }
         if signed {
-            // cqo / cdq: sign-extend rax into rdx.
-            self.e.raw(if sz == Sz::B64 {
-                &[0x48, 0x99]
-            } else {
-                &[0x99]
-            });
+            self.e.sign_extend_rax(sz);
         } else {
             self.xor_zero(RDX);
         }
@@ -780,14 +802,20 @@ impl<'a> Emitter<'a> {
             self.e.rm(&[], Sz::B64, &[0x8d], T11, base, off);
         }
         // Context.
-        self.region_end(PJ_ENV_CTX_START, n);
-        self.e.rm(&[], Sz::B64, &[0x8b], T9, ENV, PJ_ENV_CTX_END);
-        self.e.rm(&[], Sz::B64, &[0x2b], T9, ENV, PJ_ENV_CTX_START);
-        self.e.rr(&[], Sz::B64, &[0x39], T9, T10); // cmp r10, r9
+        self.region_end(CTX_START8, n);
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r9, QWORD [BYTE r12 + CTX_END8]
+                ; sub r9, QWORD [BYTE r12 + CTX_START8]
+            )
+        });
+        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
+        // the equally long RM form (0x3b) for register pairs.
+        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
         self.e.jump(Some(Cc::Be), ok);
         // Stack block (its length is a constant).
         if self.plan.block > 0 {
-            self.region_end(PJ_ENV_STACK_START, n);
+            self.region_end(STACK_START8, n);
             self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
             self.e.jump(Some(Cc::Be), ok);
         }
@@ -807,66 +835,101 @@ impl<'a> Emitter<'a> {
         let stop = self.stop_label(Stop::Oob { access }, pc);
         self.e.jump(None, stop);
         self.e.bind(ok);
-        self.e.rr(&[], Sz::B64, &[0x0f, 0x47], T11, ENV); // cmova r11, r12
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
     }
 
     /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
-    fn region_end(&mut self, start: i32, n: i64) {
-        self.mov_rr(Sz::B64, T10, T11);
-        self.e.rm(&[], Sz::B64, &[0x2b], T10, ENV, start);
-        self.alu_ri(0, Sz::B64, T10, n);
-        self.e.rr(&[], Sz::B64, &[0x19], T9, T9); // sbb r9, r9: -carry
-        self.e.rr(&[], Sz::B64, &[0x09], T9, T10); // or r10, r9
+    fn region_end(&mut self, start: i8, n: i64) {
+        // n is an access size, 1..=8.
+        let n = n as i8;
+        self.e.asm(5, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r10, r11
+                ; sub r10, QWORD [BYTE r12 + start]
+                ; add r10, BYTE n
+                ; sbb r9, r9 // -carry
+                ; or r10, r9
+            )
+        });
     }
 
     /// The region-table scan, called with r11 = address, r10 = size | write bit. Returns
     /// with "below or equal" set when `[r11, +size)` lies in one allowed region.
+    ///
+    /// Every register here is fixed, so the routine is written in `dynasm!` directly and
+    /// dynasm picks REX, SIB and displacement sizes (env offsets: see [`env8`]; the regions
+    /// pointer, at offset 0, is `[r12]`, which has no displacement at all).
     fn region_scan_routine(&mut self, l: Label) {
+        const _: () = assert!(PJ_ENV_REGIONS == 0);
+        const WRITE: i32 = PJ_ACCESS_WRITE as i32;
+        const WRITABLE: i8 = {
+            assert!(PJ_REGION_WRITABLE < 128);
+            PJ_REGION_WRITABLE as i8
+        };
         self.e.bind(l);
-        for r in [RAX, RCX, RDX] {
-            self.e.op_plus_r(Sz::B32, &[0x50], r);
-        }
-        self.e
-            .rm(&[], Sz::B64, &[0x8b], RCX, ENV, PJ_ENV_REGION_COUNT);
-        self.e.rm(&[], Sz::B64, &[0x8b], RAX, ENV, PJ_ENV_REGIONS);
-        let (top, next, fail, done) = (
+        let (top, next, fail, done, check) = (
+            self.e.label(),
             self.e.label(),
             self.e.label(),
             self.e.label(),
             self.e.label(),
         );
+        self.e.asm(5, |ops| {
+            dynasm!(ops ; .arch x64
+                ; push rax
+                ; push rcx
+                ; push rdx
+                ; mov rcx, QWORD [BYTE r12 + REGION_COUNT8]
+                ; mov rax, QWORD [r12]
+            )
+        });
         self.e.bind(top);
-        self.e.rr(&[], Sz::B64, &[0x85], RCX, RCX);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; test rcx, rcx));
         self.e.jump(Some(Cc::E), fail);
         // A write needs PJ_REGION_WRITABLE.
-        let check = self.e.label();
-        self.e.rr(&[], Sz::B32, &[0xf7], 0, T10);
-        self.e.imm_bytes(PJ_ACCESS_WRITE as i64, 4);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; test r10d, DWORD WRITE));
         self.e.jump(Some(Cc::E), check);
-        self.e.rm(&[], Sz::B8, &[0xf6], 0, RAX, 16);
-        self.e.imm_bytes(PJ_REGION_WRITABLE as i64, 1);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; test BYTE [rax + 16], BYTE WRITABLE),
+        );
         self.e.jump(Some(Cc::E), next);
         self.e.bind(check);
-        self.mov_rr(Sz::B64, T9, T11);
-        self.e.rm(&[], Sz::B64, &[0x2b], T9, RAX, 0); // r9 = addr - start
+        // r9 = addr - start
+        self.e.asm(
+            2,
+            |ops| dynasm!(ops ; .arch x64 ; mov r9, r11 ; sub r9, QWORD [rax]),
+        );
         self.e.jump(Some(Cc::B), next);
-        self.e.rr(&[], Sz::B32, &[0x0f, 0xb6], RDX, T10); // edx = size (low byte)
-        self.e.rr(&[], Sz::B64, &[0x01], RDX, T9);
-        self.e.jump(Some(Cc::B), next); // wrapped
-        self.e.rm(&[], Sz::B64, &[0x3b], T9, RAX, 8); // cmp r9, len
+        // edx = size (low byte); r9 += size, carry = wrapped
+        self.e.asm(
+            2,
+            |ops| dynasm!(ops ; .arch x64 ; movzx edx, r10b ; add r9, rdx),
+        );
+        self.e.jump(Some(Cc::B), next);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r9, QWORD [rax + 8]));
         self.e.jump(Some(Cc::Be), done);
         self.e.bind(next);
-        self.alu_ri(0, Sz::B64, RAX, 24);
-        self.e.rr(&[], Sz::B64, &[0xff], 1, RCX); // dec rcx
+        // Next entry: PjMemRegion is { start, len, flags }, 24 bytes (asserted in abi.rs).
+        self.e.asm(
+            2,
+            |ops| dynasm!(ops ; .arch x64 ; add rax, BYTE 24 ; dec rcx),
+        );
         self.e.jump(None, top);
         self.e.bind(fail);
-        self.alu_ri(1, Sz::B32, T9, 1); // or r9d, 1: "above"
+        // or r9d, 1: "above" (ZF and CF clear).
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; or r9d, BYTE 1));
         self.e.bind(done);
-        // pop rdx, rcx, rax ; ret: none of them touches the flags.
-        for r in [RDX, RCX, RAX] {
-            self.e.op_plus_r(Sz::B32, &[0x58], r);
-        }
-        self.e.raw(&[0xc3]);
+        // None of the pops touches the flags the caller branches on.
+        self.e.asm(
+            4,
+            |ops| dynasm!(ops ; .arch x64 ; pop rdx ; pop rcx ; pop rax ; ret),
+        );
     }
 
     // ---- control flow -------------------------------------------------------------------
@@ -936,6 +999,9 @@ impl<'a> Emitter<'a> {
 
     /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
     fn charge(&mut self, pc: usize, amount: u64) {
+        // `cmp/sub QWORD [r12 + disp8], imm8` stay table-driven: dynasm-rs 5.1 lists the
+        // imm32 form (0x81) of cmp and of memory-operand sub before the imm8 one (0x83), so
+        // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
         self.alu_mi(7, ENV, PJ_ENV_BUDGET, amount as i64);
         let stop = self.stop_label(Stop::Budget, pc);
         self.e.jump(Some(Cc::B), stop);
@@ -959,7 +1025,7 @@ impl<'a> Emitter<'a> {
     /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
     fn call_abs(&mut self, addr: u64) {
         self.mov_ri(T11, addr as i64);
-        self.e.raw(&[0x41, 0xff, 0xd3]);
+        self.e.call_r11();
     }
 
     /// `callx reg`: the id in `reg` is compared with each registered helper id (the table
@@ -1022,7 +1088,7 @@ impl<'a> Emitter<'a> {
             return; // falls into the epilogue
         }
         if self.bare_return(k) {
-            self.e.raw(&[0xc3]);
+            self.e.ret();
         } else {
             let l = self.sub_exit[k];
             self.e.jump(None, l);
@@ -1067,28 +1133,43 @@ impl<'a> Emitter<'a> {
             self.e.bind(l);
             let kind = match stop {
                 Stop::Oob { access } => {
-                    self.e.rm(&[], Sz::B64, &[0x89], T11, ENV, PJ_ENV_STOP_ADDR);
-                    self.e.rm(&[], Sz::B32, &[0xc7], 0, ENV, PJ_ENV_STOP_ACCESS);
-                    self.e.imm_bytes(access as i64, 4);
+                    let access = access as i32;
+                    self.e.asm(2, |ops| {
+                        dynasm!(ops ; .arch x64
+                            ; mov QWORD [BYTE r12 + STOP_ADDR8], r11
+                            ; mov DWORD [BYTE r12 + STOP_ACCESS8], DWORD access
+                        )
+                    });
                     PJ_STOP_OUT_OF_BOUNDS
                 }
                 Stop::Budget => PJ_STOP_BUDGET,
                 Stop::Callx { reg } => {
+                    // The id's register is chosen at run time: the table-driven form
+                    // keeps it REX-free when it can be (see encode.rs).
                     self.e.rm(&[], Sz::B64, &[0x89], reg, ENV, PJ_ENV_STOP_ADDR);
                     PJ_STOP_UNKNOWN_CALLX
                 }
             };
-            self.e.rm(&[], Sz::B32, &[0xc7], 0, ENV, PJ_ENV_STOP_KIND);
-            self.e.imm_bytes(kind as i64, 4);
-            self.e.rm(&[], Sz::B64, &[0xc7], 0, ENV, PJ_ENV_STOP_PC);
-            self.e.imm_bytes(pc as i64, 4);
+            let kind = kind as i32;
+            // pc < MAX_INSNS (10⁶), so it fits the sign-extended imm32.
+            let pc = pc as i32;
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov DWORD [BYTE r12 + STOP_KIND8], DWORD kind
+                    ; mov QWORD [BYTE r12 + STOP_PC8], DWORD pc
+                )
+            });
             self.e.jump(None, common);
         }
         self.e.bind(common);
         // r0 is meaningless after a stop; u64::MAX is what hosts of the ABI v1 contract
         // (`PJ_CALLX_UNKNOWN`) read from an unknown callx, so both agree.
-        self.alu_ri(1, Sz::B64, RAX, -1); // or rax, -1
-        self.e.rm(&[], Sz::B64, &[0x8b], RSP, ENV, PJ_ENV_ENTRY_SP);
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; or rax, BYTE -1
+                ; mov rsp, QWORD [BYTE r12 + ENTRY_SP8]
+            )
+        });
         let l = self.entry_pops;
         self.e.jump(None, l);
     }
