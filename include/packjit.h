@@ -677,6 +677,16 @@ typedef struct PjCompileRequest {
      * Per-program random key for [`PJ_COMPILE_BLIND_CONSTANTS`] (ignored without it).
      */
     uint64_t blind_key;
+    /**
+     * Optional line table the backend fills: `pc_offsets_len` entries, one per bytecode
+     * slot, each the byte offset of that slot's native code (`u32::MAX` for the second slot
+     * of `lddw`). NULL when the host does not want it.
+     */
+    uint32_t *pc_offsets;
+    /**
+     * Entries at `pc_offsets` (the number of slots, `code_len / 8`).
+     */
+    uint64_t pc_offsets_len;
 } PjCompileRequest;
 
 /**
@@ -707,6 +717,10 @@ typedef struct PjCompileResult {
      * Native instructions emitted.
      */
     uint64_t native_insns;
+    /**
+     * Entries of the request's `pc_offsets` the backend wrote (0 when it keeps no line table).
+     */
+    uint64_t pc_offsets_written;
     /**
      * Set when the call does not return `PJ_OK`.
      */
@@ -996,6 +1010,76 @@ int32_t packjit_program_load(const struct PackjitRuntime *rt,
                              size_t code_len,
                              const struct PackjitLoadOptions *opts,
                              struct PackjitProgram **out);
+
+/**
+ * Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`, `obj_len`
+ * bytes, read during the call only). Select the program with exactly one of `section` (a
+ * code section name, e.g. `"xdp"`; the entry is its first instruction) or `function` (a
+ * function symbol); the other must be NULL. Functions it calls are linked in, `extern`
+ * functions resolve to the helpers registered under their names, and the object's
+ * `.rodata*` / `.data*` / `.bss*` are copied into memory the program owns (read-only /
+ * read-write regions under the sandbox); read and write them with
+ * `packjit_program_global_*`. `opts` as for `packjit_program_load`. Errors name the
+ * section, symbol, relocation type and offset (e.g. `PJ_ERR_UNKNOWN_HELPER` for an
+ * unresolved extern, `PJ_ERR_UNSUPPORTED` for maps or unknown relocations,
+ * `PJ_ERR_INVALID_ARGUMENT` for malformed objects).
+ *
+ * # Safety
+ * `rt` NULL or live; `obj` NULL or readable for `obj_len` bytes; `section` and `function`
+ * NULL or NUL-terminated; `opts` NULL or a `PackjitLoadOptions` with `struct_size` set;
+ * `out` NULL or writable.
+ */
+int32_t packjit_program_load_elf(const struct PackjitRuntime *rt,
+                                 const uint8_t *obj,
+                                 size_t obj_len,
+                                 const char *section,
+                                 const char *function,
+                                 const struct PackjitLoadOptions *opts,
+                                 struct PackjitProgram **out);
+
+/**
+ * Size in bytes of a program's global data `name`: a section (`".data"`, `".bss"`,
+ * `".rodata"`, ...) or a data symbol (a global or static variable). Sections win when a
+ * symbol has the same name.
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `size` NULL (refused) or
+ * writable.
+ */
+int32_t packjit_program_global_size(const struct PackjitProgram *prog,
+                                    const char *name,
+                                    size_t *size);
+
+/**
+ * Copies `len` bytes at `offset` of global data `name` (section or symbol, as for
+ * `packjit_program_global_size`) into `buf`. The range must lie inside it. Safe while other
+ * threads run the program (bytes are copied one by one with relaxed atomics: a value the
+ * program is writing at the same time may be torn).
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `buf` NULL (only with `len`
+ * 0) or writable for `len` bytes.
+ */
+int32_t packjit_program_global_read(const struct PackjitProgram *prog,
+                                    const char *name,
+                                    size_t offset,
+                                    uint8_t *buf,
+                                    size_t len);
+
+/**
+ * Writes `len` bytes from `data` at `offset` of global data `name` (section or symbol). The
+ * host may write `.rodata` too (it is read-only for the program only), e.g. to set a table
+ * before the first run.
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `data` NULL (only with
+ * `len` 0) or readable for `len` bytes.
+ */
+int32_t packjit_program_global_write(const struct PackjitProgram *prog,
+                                     const char *name,
+                                     size_t offset,
+                                     const uint8_t *data,
+                                     size_t len);
 
 /**
  * Compiles `count` programs and commits them together (one protection/remap pass and one

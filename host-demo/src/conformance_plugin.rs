@@ -11,9 +11,10 @@
 //! * on any failure (bad input, rejected program, cannot run) it prints one line to stderr
 //!   and exits 1. The runner counts a non-zero exit as "the program was rejected".
 //!
-//! Options, before or after MEM: `--arch aarch64|riscv64` (default: the host arch),
+//! Options, before or after MEM: `--arch aarch64|riscv64|x86_64` (default: the host arch),
 //! `--features N` (exact feature bits, decimal or 0x-hex), `--no-lse` (arm64: leave LSE out
-//! of the detected set), `--debug` (print the disassembly to stderr). `--elf` is refused:
+//! of the detected set), `--no-bmi2` / `--no-movbe` (x86-64: likewise), `--debug` (print the
+//! disassembly to stderr). `--elf` is refused:
 //! only raw bytecode is supported. Helper 5 returns its first argument, as the suite expects.
 
 use packjit::{LoadOptions, Runtime};
@@ -84,6 +85,8 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
                     Some(parse_num(v).ok_or_else(|| format!("--features: `{v}` is not a number"))?);
             }
             "--no-lse" => out.opts.disable_features |= packjit_arm64::FEATURE_LSE,
+            "--no-bmi2" => out.opts.disable_features |= packjit_x86_64::FEATURE_BMI2,
+            "--no-movbe" => out.opts.disable_features |= packjit_x86_64::FEATURE_MOVBE,
             "--program" => out.program = Some(parse_hex_bytes("--program", value("--program")?)?),
             "--debug" => out.debug = true,
             "--elf" => return Err("--elf: ELF input is not supported (raw bytecode only)".into()),
@@ -125,6 +128,8 @@ pub fn run(args: &[String], stdin: &mut dyn BufRead) -> Result<String, String> {
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
         .map_err(|e| e.to_string())?;
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+        .map_err(|e| e.to_string())?;
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
         .map_err(|e| e.to_string())?;
     rt.register_helper(SUITE_HELPER_ID, "identity", helper_identity)
         .map_err(|e| e.to_string())?;

@@ -4,6 +4,7 @@
 //! packjit-demo [run]            load the plugins, compile the sample for every arch, run it natively
 //! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
 //! packjit-demo stats            batch-load programs, free some, print the arena statistics
+//!                               (--perf-map: keep /tmp/perf-<pid>.map; --map: draw the packs)
 //! packjit-demo bench            JIT vs the rbpf interpreter on a compute-bound program
 //! packjit-demo conformance-plugin [MEM] [--arch A] [--no-lse] ...   bpf_conformance plugin
 //! ```
@@ -11,6 +12,7 @@
 mod bench;
 mod conformance_plugin;
 mod sample;
+mod stats;
 
 use clap::{Parser, Subcommand};
 use packjit::{Arch, LoadOptions, Program, Runtime};
@@ -22,7 +24,7 @@ use std::sync::Arc;
 #[command(
     name = "packjit-demo",
     version,
-    about = "packjit: eBPF JIT backends for arm64 and RV64 in one packed code arena"
+    about = "packjit: eBPF JIT backends for x86-64, arm64 and RV64 in one packed code arena"
 )]
 struct Cli {
     /// Directory holding libpackjit_*.so plugins (default: PACKJIT_PLUGIN_DIR, then next to the executable).
@@ -63,6 +65,12 @@ enum Cmd {
         /// Number of programs.
         #[arg(long, default_value_t = 200)]
         count: usize,
+        /// Write the perf map (/tmp/perf-<pid>.map) and report its entries after each step.
+        #[arg(long)]
+        perf_map: bool,
+        /// Draw each pack's occupancy after each step.
+        #[arg(long)]
+        map: bool,
     },
     /// JIT vs the rbpf interpreter on a compute-bound program (native arch only).
     Bench {
@@ -120,7 +128,18 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             asm,
             features,
         } => dump(&rt, &arch, asm, features),
-        Cmd::Stats { count } => stats(&rt, count),
+        Cmd::Stats {
+            count,
+            perf_map,
+            map,
+        } => stats::run(
+            &rt,
+            &stats::StatsOpts {
+                count,
+                perf_map,
+                map,
+            },
+        ),
         Cmd::Bench { iterations } => bench::run(&rt, iterations),
         Cmd::ConformancePlugin { .. } => unreachable!("handled before the runtime is built"),
     }
@@ -130,6 +149,8 @@ fn add_static_backends(rt: &Runtime) -> Result<(), String> {
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
         .map_err(|e| e.to_string())?;
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+        .map_err(|e| e.to_string())?;
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
         .map_err(|e| e.to_string())?;
     Ok(())
 }
@@ -296,44 +317,5 @@ fn dump(
         _ => println!("({objdump} not found: install binutils for {arch} for a disassembly)"),
     }
     let _ = std::fs::remove_file(&tmp);
-    Ok(())
-}
-
-fn stats(rt: &Runtime, count: usize) -> Result<(), String> {
-    let Some(host) = Arch::host().filter(|a| rt.backends().iter().any(|b| b.arch == *a)) else {
-        println!("no backend for this host: the arena only holds native code; run under qemu (scripts/demo.sh)");
-        return Ok(());
-    };
-    let sources: Vec<Vec<u8>> = (0..count).map(sample::sized_program).collect();
-    let refs: Vec<&[u8]> = sources.iter().map(|s| s.as_slice()).collect();
-    let progs: Vec<Program> = rt
-        .load_batch(
-            &refs,
-            &LoadOptions {
-                arch: Some(host),
-                ..Default::default()
-            },
-        )
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    println!("loaded {} programs in one batch:", progs.len());
-    print_stats(rt);
-    let kept: Vec<Program> = progs
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| i % 3 != 0)
-        .map(|(_, p)| p)
-        .collect();
-    rt.reclaim();
-    println!(
-        "freed every third program (deferred, then reclaimed); {} remain:",
-        kept.len()
-    );
-    print_stats(rt);
-    drop(kept);
-    rt.reclaim();
-    println!("freed the rest:");
-    print_stats(rt);
     Ok(())
 }

@@ -142,6 +142,7 @@ impl JitBackend for LoadedBackend {
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
         let arena_vt = arena_vtable(&arena);
+        let mut line_table = vec![crate::NO_NATIVE_CODE; req.code.len() / 8];
         let c_req = PjCompileRequest {
             struct_size: size_of::<PjCompileRequest>() as u32,
             flags: req.flags,
@@ -152,6 +153,8 @@ impl JitBackend for LoadedBackend {
             features: req.features,
             arena: &arena_vt,
             blind_key: req.blind_key,
+            pc_offsets: line_table.as_mut_ptr(),
+            pc_offsets_len: line_table.len() as u64,
         };
         let mut out = PjCompileResult {
             struct_size: size_of::<PjCompileResult>() as u32,
@@ -167,11 +170,15 @@ impl JitBackend for LoadedBackend {
             }
             return Err(err);
         }
+        if out.pc_offsets_written != line_table.len() as u64 {
+            line_table.clear();
+        }
         Ok(Compiled {
             region: out.region,
             entry: out.entry,
             code_size: out.code_size as usize,
             native_insns: out.native_insns as usize,
+            pc_offsets: line_table,
         })
     }
 }

@@ -80,6 +80,25 @@ enum Stop {
     Callx { reg: Gpr },
 }
 
+/// Rarely taken code, kept out of the straight-line path.
+#[derive(Clone, Copy, Debug)]
+enum Cold {
+    /// Divisor 0: r11 = 0 (div) or the dividend in rax (mod).
+    DivZero {
+        at: Label,
+        back: Label,
+        sz: Sz,
+        rem: bool,
+    },
+    /// Signed divisor -1: r11 = -rax (MIN stays MIN, no trap) or 0 (mod).
+    DivMinus1 {
+        at: Label,
+        back: Label,
+        sz: Sz,
+        rem: bool,
+    },
+}
+
 /// One emission pass.
 pub struct Emitter<'a> {
     pub(crate) e: Enc,
@@ -96,6 +115,8 @@ pub struct Emitter<'a> {
     /// Entry epilogue after the pad: where a stop lands with rsp = env.entry_sp.
     pub(crate) entry_pops: Label,
     stops: Vec<(Label, Stop, usize)>,
+    /// Cold blocks of the current function, emitted after its epilogue.
+    cold: Vec<Cold>,
     region_scan: Option<Label>,
     /// Instruction index to skip (fused into the previous one).
     skip: Option<usize>,
@@ -125,6 +146,7 @@ impl<'a> Emitter<'a> {
             sub_exit,
             entry_pops,
             stops: Vec::new(),
+            cold: Vec::new(),
             region_scan: None,
             skip: None,
         }
@@ -155,6 +177,7 @@ impl<'a> Emitter<'a> {
             let l = self.sub_exit[k];
             self.e.bind(l);
             self.epilogue(k);
+            self.cold_blocks();
         }
         self.stop_stubs();
         if let Some(l) = self.region_scan {
@@ -476,34 +499,28 @@ impl<'a> Emitter<'a> {
         self.mov_rr(Sz::B64, RAX, d);
         let done = self.e.label();
         if checks {
+            // The rare divisors branch to cold code after the function, so the common
+            // path takes no jump.
             let zero = self.e.label();
-            let minus1 = self.e.label();
-            let go = self.e.label();
             self.e.rr(&[], sz, &[0x85], T11, T11);
             self.e.jump(Some(Cc::E), zero);
+            self.cold.push(Cold::DivZero {
+                at: zero,
+                back: done,
+                sz,
+                rem,
+            });
             if signed {
+                let minus1 = self.e.label();
                 self.alu_ri(7, sz, T11, -1);
                 self.e.jump(Some(Cc::E), minus1);
+                self.cold.push(Cold::DivMinus1 {
+                    at: minus1,
+                    back: done,
+                    sz,
+                    rem,
+                });
             }
-            self.e.jump(None, go);
-            self.e.bind(zero);
-            if rem {
-                self.mov_rr(sz, T11, RAX);
-            } else {
-                self.xor_zero(T11);
-            }
-            self.e.jump(None, done);
-            if signed {
-                self.e.bind(minus1);
-                if rem {
-                    self.xor_zero(T11);
-                } else {
-                    self.e.rr(&[], sz, &[0xf7], 3, RAX);
-                    self.mov_rr(sz, T11, RAX);
-                }
-                self.e.jump(None, done);
-            }
-            self.e.bind(go);
         }
         if signed {
             // cqo / cdq: sign-extend rax into rdx.
@@ -805,7 +822,9 @@ impl<'a> Emitter<'a> {
     /// with "below or equal" set when `[r11, +size)` lies in one allowed region.
     fn region_scan_routine(&mut self, l: Label) {
         self.e.bind(l);
-        self.e.raw(&[0x50, 0x51, 0x52]); // push rax, rcx, rdx
+        for r in [RAX, RCX, RDX] {
+            self.e.op_plus_r(Sz::B32, &[0x50], r);
+        }
         self.e
             .rm(&[], Sz::B64, &[0x8b], RCX, ENV, PJ_ENV_REGION_COUNT);
         self.e.rm(&[], Sz::B64, &[0x8b], RAX, ENV, PJ_ENV_REGIONS);
@@ -842,7 +861,11 @@ impl<'a> Emitter<'a> {
         self.e.bind(fail);
         self.alu_ri(1, Sz::B32, T9, 1); // or r9d, 1: "above"
         self.e.bind(done);
-        self.e.raw(&[0x5a, 0x59, 0x58, 0xc3]); // pop rdx, rcx, rax ; ret (flags kept)
+        // pop rdx, rcx, rax ; ret: none of them touches the flags.
+        for r in [RDX, RCX, RAX] {
+            self.e.op_plus_r(Sz::B32, &[0x58], r);
+        }
+        self.e.raw(&[0xc3]);
     }
 
     // ---- control flow -------------------------------------------------------------------
@@ -944,27 +967,35 @@ impl<'a> Emitter<'a> {
         let r = host(reg);
         let done = self.e.label();
         let helpers: Vec<HelperEntry> = self.helpers.to_vec();
-        let mut hits = Vec::new();
-        for h in &helpers {
-            let l = self.e.label();
-            if i32::try_from(h.id).is_ok() {
-                self.alu_ri(7, Sz::B64, r, h.id as i64);
+        let stop = self.stop_label(Stop::Callx { reg: r }, pc);
+        let cmp = |em: &mut Self, id: u32| {
+            if i32::try_from(id).is_ok() {
+                em.alu_ri(7, Sz::B64, r, id as i64);
             } else {
-                self.mov_ri(T11, h.id as i64);
-                self.e.rr(&[], Sz::B64, &[0x39], T11, r);
+                em.mov_ri(T11, id as i64);
+                em.e.rr(&[], Sz::B64, &[0x39], T11, r);
             }
+        };
+        // All but the last id branch to their call; the last one falls into its call and
+        // a miss goes to the stop.
+        let Some((last, rest)) = helpers.split_last() else {
+            self.e.jump(None, stop);
+            return;
+        };
+        let mut hits = Vec::new();
+        for h in rest {
+            let l = self.e.label();
+            cmp(self, h.id);
             self.e.jump(Some(Cc::E), l);
             hits.push((l, h.addr));
         }
-        let stop = self.stop_label(Stop::Callx { reg: r }, pc);
-        self.e.jump(None, stop);
-        let n = hits.len();
-        for (k, (l, addr)) in hits.into_iter().enumerate() {
+        cmp(self, last.id);
+        self.e.jump(Some(Cc::Ne), stop);
+        self.call_abs(last.addr);
+        for (l, addr) in hits {
+            self.e.jump(None, done);
             self.e.bind(l);
             self.call_abs(addr);
-            if k + 1 < n {
-                self.e.jump(None, done);
-            }
         }
         self.e.bind(done);
     }
@@ -994,6 +1025,32 @@ impl<'a> Emitter<'a> {
         } else {
             let l = self.sub_exit[k];
             self.e.jump(None, l);
+        }
+    }
+
+    fn cold_blocks(&mut self) {
+        for c in std::mem::take(&mut self.cold) {
+            match c {
+                Cold::DivZero { at, back, sz, rem } => {
+                    self.e.bind(at);
+                    if rem {
+                        self.mov_rr(sz, T11, RAX);
+                    } else {
+                        self.xor_zero(T11);
+                    }
+                    self.e.jump(None, back);
+                }
+                Cold::DivMinus1 { at, back, sz, rem } => {
+                    self.e.bind(at);
+                    if rem {
+                        self.xor_zero(T11);
+                    } else {
+                        self.e.rr(&[], sz, &[0xf7], 3, RAX);
+                        self.mov_rr(sz, T11, RAX);
+                    }
+                    self.e.jump(None, back);
+                }
+            }
         }
     }
 
