@@ -166,7 +166,9 @@ impl<'a> Codegen<'a> {
     }
 
     /// Emits the program, re-emitting with grown branch forms until every branch reaches.
-    pub fn run(mut self) -> Result<Vec<u8>, CompileError> {
+    /// Returns the code and the line table (`Compiled::pc_offsets`: where each bytecode
+    /// slot's native code starts).
+    pub fn run(mut self) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         let mut capacity = self.prog.insts.len() * 8 + 64;
         for pass in 0..MAX_PASSES {
             self.pass(capacity);
@@ -200,13 +202,22 @@ impl<'a> Codegen<'a> {
                 }
             }
             if !failed {
+                let labels = self.e.asm.labels();
+                let offsets = self
+                    .insn_labels
+                    .iter()
+                    .map(|&l| labels.resolve_dynamic(l).map(|o| o.0))
+                    .collect::<Result<Vec<usize>, _>>()
+                    .map_err(|e| internal(format!("unbound label: {e}")))?;
+                let table = self.prog.line_table(&offsets);
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
-                return e.asm.finalize().map_err(|err| {
+                let code = e.asm.finalize().map_err(|err| {
                     CompileError::new(
                         ErrorKind::Encoding,
                         format!("cannot encode the program: {err}"),
                     )
-                });
+                })?;
+                return Ok((code, table));
             }
         }
         Err(internal("branch layout did not settle".to_string()))
