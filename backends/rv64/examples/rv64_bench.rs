@@ -259,12 +259,12 @@ fn sandbox_vs_trusted() {
     let rt = Runtime::new().expect("runtime");
     rt.add_backend(Arc::new(Rv64Backend::new()))
         .expect("rv64 backend");
-    // 64 passes over a 4 KiB context: r0 += *(u64 *)p; *(u64 *)p ^= r0 (checked context
+    // 2048 passes over a 4 KiB context: r0 += *(u64 *)p; *(u64 *)p ^= r0 (checked context
     // accesses through a walking pointer).
     let ctx_loop = [
-        ins(0xb7, 0, 0, 0, 0),  // r0 = 0
-        ins(0xb7, 6, 0, 0, 64), // r6 = passes
-        ins(0xbf, 3, 1, 0, 0),  // pass: r3 = ctx
+        ins(0xb7, 0, 0, 0, 0),    // r0 = 0
+        ins(0xb7, 6, 0, 0, 2048), // r6 = passes
+        ins(0xbf, 3, 1, 0, 0),    // pass: r3 = ctx
         ins(0xbf, 4, 1, 0, 0),
         ins(0x0f, 4, 2, 0, 0),  // r4 = ctx end
         ins(0x79, 5, 3, 0, 0),  // word: r5 = *r3
@@ -278,11 +278,11 @@ fn sandbox_vs_trusted() {
         ins(0x95, 0, 0, 0, 0),
     ]
     .concat();
-    // A stack-constant kernel: 100,000 rounds mixing four stack slots (no run-time checks).
+    // A stack-constant kernel: 2,000,000 rounds mixing four stack slots (no run-time checks).
     let stack_loop = [
         ins(0x7a, 10, 0, -8, 1),
         ins(0x7a, 10, 0, -16, 2),
-        ins(0xb7, 6, 0, 0, 100_000),
+        ins(0xb7, 6, 0, 0, 2_000_000),
         ins(0x79, 1, 10, -8, 0), // loop
         ins(0x79, 2, 10, -16, 0),
         ins(0x0f, 1, 2, 0, 0),
@@ -321,13 +321,26 @@ fn sandbox_vs_trusted() {
                 },
             )
             .expect("load");
+        // The three agree on r0 and on the memory they leave.
+        let outs: Vec<(u64, Vec<u8>)> = [&trusted, &sandboxed, &budget]
+            .iter()
+            .map(|p| {
+                let mut m = vec![1u8; 4096];
+                (p.call(&mut m).expect("call"), m)
+            })
+            .collect();
+        assert!(
+            outs.iter().all(|o| *o == outs[0]),
+            "{name}: sandboxed and trusted disagree"
+        );
         let mut mem = vec![1u8; 4096];
         let tt = best(&trusted, &mut mem);
         let ts = best(&sandboxed, &mut mem);
         let tb = best(&budget, &mut mem);
         let per = |p: &packjit::Program| p.native_insns() as f64;
         println!(
-            "{name} (features {features:#x}): trusted {:.2} ms; sandboxed {:.2} ms ({:.2}x); sandboxed+budget {:.2} ms ({:.2}x); code {} / {} / {} native insns",
+            "{name} (features {features:#x}, r0 {:#x}): trusted {:.2} ms; sandboxed {:.2} ms ({:.2}x); sandboxed+budget {:.2} ms ({:.2}x); code {} / {} / {} native insns",
+            outs[0].0,
             tt * 1e3,
             ts * 1e3,
             ts / tt,

@@ -34,8 +34,8 @@ mod regs;
 
 use packjit_frontend::analysis::validate_request;
 use packjit_plugin_api::{
-    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, ErrorKind, HelperEntry,
-    JitBackend,
+    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
+    ErrorKind, HelperEntry, JitBackend,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -78,6 +78,15 @@ impl Rv64Backend {
     /// Validates `req` (flags and feature bits, with the front end's messages), verifies and
     /// emits its code to native bytes without placing them anywhere.
     pub fn emit_request(&self, req: &CompileRequest<'_>) -> Result<Vec<u8>, CompileError> {
+        self.emit_with_line_table(req).map(|(code, _)| code)
+    }
+
+    /// [`Rv64Backend::emit_request`], also returning the line table (one native offset per
+    /// bytecode slot, see `Compiled::pc_offsets`).
+    pub fn emit_with_line_table(
+        &self,
+        req: &CompileRequest<'_>,
+    ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
         let opts = lower::Options {
@@ -137,8 +146,8 @@ impl JitBackend for Rv64Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        let bytes = self.emit_request(req)?;
-        install_code(arena, &bytes, encode::count_insns(&bytes))
+        let (bytes, table) = self.emit_with_line_table(req)?;
+        install_code_with_line_table(arena, &bytes, encode::count_insns(&bytes), table)
     }
 }
 

@@ -115,6 +115,9 @@ pub struct Codegen<'a> {
 /// Passes after which every still-failing site jumps straight to the far form, so the
 /// number of passes stays bounded even for adversarial layouts.
 const GENTLE_PASSES: usize = 4;
+/// The most one site's growth in one pass adds to the code (c.beqz, 2 bytes, straight to
+/// the far form, 12 bytes).
+const GROWTH_BOUND: isize = 10;
 const MAX_PASSES: usize = 8;
 
 impl<'a> Codegen<'a> {
@@ -166,24 +169,50 @@ impl<'a> Codegen<'a> {
     }
 
     /// Emits the program, re-emitting with grown branch forms until every branch reaches.
-    pub fn run(mut self) -> Result<Vec<u8>, CompileError> {
+    /// Returns the code and the line table (`Compiled::pc_offsets`: where each bytecode
+    /// slot's native code starts).
+    pub fn run(mut self) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         let mut capacity = self.prog.insts.len() * 8 + 64;
         for pass in 0..MAX_PASSES {
             self.pass(capacity);
             capacity = self.e.pos() + 64;
-            let mut failed = false;
-            for c in std::mem::take(&mut self.checks) {
+            // Displacement of every site; then which sites grow. A site that fits now can
+            // still be pushed out of range by the growth of the others (hot-path branches
+            // to the cold code at the end sit in a row just under the limit and would
+            // otherwise cross it a few per pass): so grow, in the same pass, every site
+            // within `slack` bytes of its limit, where `slack` bounds what this pass's growth
+            // can add (GROWTH_BOUND per grown site), until no more sites join.
+            let checks = std::mem::take(&mut self.checks);
+            let mut disp = Vec::with_capacity(checks.len());
+            for c in &checks {
                 let target = self
                     .e
                     .asm
                     .labels()
                     .resolve_dynamic(c.target)
                     .map_err(|e| internal(format!("unbound label: {e}")))?;
-                let d = target.0 as isize - c.at as isize;
-                if d < c.lo || d > c.hi {
-                    failed = true;
-                    let cur = self.forms[c.site];
-                    if cur == Form::Far {
+                disp.push(target.0 as isize - c.at as isize);
+            }
+            let mut grows = vec![false; checks.len()];
+            let mut slack = 0isize;
+            loop {
+                let before = slack;
+                for (k, (c, &d)) in checks.iter().zip(&disp).enumerate() {
+                    if !grows[k] && (d < c.lo + slack || d > c.hi - slack) {
+                        grows[k] = true;
+                        slack += GROWTH_BOUND;
+                    }
+                }
+                if slack == before {
+                    break;
+                }
+            }
+            // Re-emit only when some site really changed form.
+            let mut failed = false;
+            for ((c, &d), _) in checks.iter().zip(&disp).zip(&grows).filter(|(_, &g)| g) {
+                let cur = self.forms[c.site];
+                if cur == Form::Far {
+                    if d < c.lo || d > c.hi {
                         return Err(CompileError::new(
                             ErrorKind::Encoding,
                             format!(
@@ -192,21 +221,32 @@ impl<'a> Codegen<'a> {
                             ),
                         ));
                     }
-                    self.forms[c.site] = if pass >= GENTLE_PASSES {
-                        Form::Far
-                    } else {
-                        c.grow
-                    };
+                    continue;
                 }
+                failed = true;
+                self.forms[c.site] = if pass >= GENTLE_PASSES {
+                    Form::Far
+                } else {
+                    c.grow
+                };
             }
             if !failed {
+                let labels = self.e.asm.labels();
+                let offsets = self
+                    .insn_labels
+                    .iter()
+                    .map(|&l| labels.resolve_dynamic(l).map(|o| o.0))
+                    .collect::<Result<Vec<usize>, _>>()
+                    .map_err(|e| internal(format!("unbound label: {e}")))?;
+                let table = self.prog.line_table(&offsets);
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
-                return e.asm.finalize().map_err(|err| {
+                let code = e.asm.finalize().map_err(|err| {
                     CompileError::new(
                         ErrorKind::Encoding,
                         format!("cannot encode the program: {err}"),
                     )
-                });
+                })?;
+                return Ok((code, table));
             }
         }
         Err(internal("branch layout did not settle".to_string()))
@@ -481,7 +521,7 @@ impl<'a> Codegen<'a> {
             } => {
                 // AMOs take a bare register address.
                 let addr = if self.mode.sandboxed() && checked_access(&op).is_some() {
-                    self.check_access(pc, map(base), off, size.bytes(), true);
+                    self.check_access(pc, map(base), off, size.bytes(), true, true);
                     T0
                 } else if off == 0 {
                     map(base)
@@ -635,14 +675,14 @@ impl<'a> Codegen<'a> {
         };
         if self.mode.sandboxed() {
             if let Some((_, _, size)) = checked_access(op) {
-                self.check_access(pc, map(base), off, size.bytes(), write);
-                return (T0, 0);
+                return self.check_access(pc, map(base), off, size.bytes(), write, false);
             }
         }
         self.address(map(base), off, T0)
     }
 
-    /// Checks `[base + off, base + off + size)` and leaves the (clamped) address in t0.
+    /// Checks `[base + off, base + off + size)`; returns the (clamped) address as t0 plus an
+    /// offset (a bare t0 when `bare`, for AMOs).
     ///
     /// For a region `[start, start + len)`, with `e = base + off + size - start` (mod 2^64),
     /// the access is inside exactly when `size <= e <= len`: an address below `start` or one
@@ -650,18 +690,34 @@ impl<'a> Codegen<'a> {
     /// region costs sub, addi, sltiu, sltu, or: no branch until the combined verdict.
     ///
     /// The context is tested inline; the stack block and the host regions out of line
-    /// ([`Cold::Access`]). Spectre v1: the verdict `t3` (0 = inside) also masks the address,
-    /// `t0 &= t3 - 1`, so if the branch on it is mispredicted the access goes to address 0
-    /// (plus nothing), never to the out-of-bounds address.
-    fn check_access(&mut self, pc: usize, base: u8, off: i16, size: u32, write: bool) {
+    /// ([`Cold::Access`]). Spectre v1: the verdict `t3` (0 = inside) also masks the base,
+    /// `t0 = base & (t3 - 1)`, so if the branch on it is mispredicted the access goes to
+    /// `0 + off` (|off| < 2 KiB: the unmapped page 0, or the top of the address space, which
+    /// user code cannot map), never to the out-of-bounds address. Masking the base rather
+    /// than `base + off` keeps the offset in the access, as trusted code has it.
+    fn check_access(
+        &mut self,
+        pc: usize,
+        base: u8,
+        off: i16,
+        size: u32,
+        write: bool,
+        bare: bool,
+    ) -> (u8, i32) {
         let label = self.e.new_label();
         let resume = self.e.new_label();
         self.range_test(base, off, size, CTX_START, CTX_LEN);
         self.branch(Br::Ne, T3, ZERO, label);
         self.e.bind(resume);
         self.e.ri(RI::Addi, T3, T3, -1);
-        self.add_imm(T0, base, off as i64, T0);
-        self.e.rrr(R3::And, T0, T0, T3);
+        let operand = if !bare && fits_signed(off as i64, 12) {
+            self.e.rrr(R3::And, T0, base, T3);
+            (T0, off as i32)
+        } else {
+            self.add_imm(T0, base, off as i64, T0);
+            self.e.rrr(R3::And, T0, T0, T3);
+            (T0, 0)
+        };
         self.cold.push(Cold::Access {
             label,
             resume,
@@ -671,6 +727,7 @@ impl<'a> Codegen<'a> {
             pc,
             write,
         });
+        operand
     }
 
     /// t3 = 1 unless `[base + off, +size)` lies in `[start, start + len)` (t3 = 0); uses t2,

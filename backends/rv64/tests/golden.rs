@@ -347,3 +347,32 @@ fn long_branches_grow_to_jal_and_auipc_jalr() {
         disasm(&code)
     );
 }
+
+#[test]
+fn line_table_maps_each_slot_to_its_code() {
+    use packjit_plugin_api::{CodeArena, CompileRequest, JitBackend, NO_NATIVE_CODE};
+    // pc 0: mov r0, 7 (li: 4 bytes); pc 1-2: lddw r1 (two slots, one instruction);
+    // pc 3: add r0, r1; pc 4: exit.
+    let [a, b] = lddw(1, 0x1234_5678_9abc_def0);
+    let code = prog(&[ins(0xb7, 0, 0, 0, 7), a, b, ins(0x0f, 0, 1, 0, 0), EXIT]);
+    let arena = VecArena::default();
+    let req = CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: 0,
+        blind_key: 0,
+    };
+    let c = packjit_rv64::Rv64Backend::new()
+        .compile(&req, &arena as &dyn CodeArena)
+        .unwrap();
+    let t = &c.pc_offsets;
+    assert_eq!(t.len(), 5);
+    assert_eq!((t[0], t[1], t[2]), (0, 4, NO_NATIVE_CODE));
+    // lddw's 64-bit constant takes several instructions; add then exit follow.
+    let bytes = arena.bytes.borrow().clone();
+    let d = disasm(&bytes);
+    assert_eq!(d[0], "li x15,7");
+    assert!(t[3] > 8 && t[4] == t[3] + 4, "{t:?}");
+    assert_eq!(disasm(&bytes[t[3] as usize..])[0], "add x15,x15,x10");
+}

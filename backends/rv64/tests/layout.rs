@@ -1,0 +1,50 @@
+//! Host-side compile sweep: the testkit's generated programs (ordinary and escaping ones)
+//! compile in every mode and on every feature set. Sandboxed code puts each access's
+//! out-of-line path after all functions, so many hot-path branches sit just under the
+//! B-type limit; the branch relaxation must still settle (seed 0x5eed005a once did not).
+
+mod common;
+use common::*;
+use packjit_plugin_api::abi::{PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX};
+use packjit_plugin_api::HelperEntry;
+use packjit_rv64::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
+
+#[test]
+fn generated_programs_compile_in_every_mode() {
+    let helpers: Vec<HelperEntry> = packjit_testkit::gen::helpers()
+        .iter()
+        .map(|(id, f, _)| HelperEntry {
+            id: *id,
+            reserved: 0,
+            addr: *f as usize as u64,
+        })
+        .collect();
+    let base = packjit_testkit::env_u64("PACKJIT_DIFF_SEED").unwrap_or(0x5eed_0000);
+    let count = packjit_testkit::env_u64("PACKJIT_DIFF_COUNT").unwrap_or(300);
+    let modes = [
+        0,
+        PJ_COMPILE_SANDBOX,
+        PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET | PJ_COMPILE_BLIND_CONSTANTS,
+    ];
+    let features = [0, FEATURE_C, FEATURE_ZBB | FEATURE_ZBA | FEATURE_C];
+    let mut compiled = 0;
+    for seed in (base..base + count).chain([0x5eed_005a]) {
+        for code in [
+            packjit_testkit::gen::generate(seed).encode(),
+            packjit_testkit::gen::generate_escapes(seed).encode(),
+        ] {
+            for flags in modes {
+                for f in features {
+                    compile_with(&code, &helpers, f, flags, seed).unwrap_or_else(|e| {
+                        panic!("seed {seed:#x} flags {flags:#x} features {f:#x}: {e}")
+                    });
+                    compiled += 1;
+                }
+            }
+        }
+    }
+    packjit_testkit::report(&format!(
+        "rv64 compile sweep: seeds {base:#x}..{:#x} (+0x5eed005a): {compiled} compiles",
+        base + count
+    ));
+}
