@@ -2,18 +2,8 @@
 //! depends on this crate; its tests cover the instruction semantics in the assembly dialect).
 
 use super::*;
-use packjit_frontend::RawInsn;
 
-fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-    RawInsn {
-        opc,
-        dst,
-        src,
-        off,
-        imm,
-    }
-    .to_bytes()
-}
+use packjit_frontend::encode_insn as ins;
 
 const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
 

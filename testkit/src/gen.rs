@@ -151,25 +151,15 @@ pub struct GenProgram {
     pub budget: Option<u64>,
 }
 
-fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> RawInsn {
-    RawInsn {
-        opc,
-        dst,
-        src,
-        off,
-        imm,
-    }
-}
-
 fn lddw(dst: u8, v: u64) -> [RawInsn; 2] {
     [
-        ins(0x18, dst, 0, 0, v as u32 as i32),
-        ins(0, 0, 0, 0, (v >> 32) as u32 as i32),
+        RawInsn::new(0x18, dst, 0, 0, v as u32 as i32),
+        RawInsn::new(0, 0, 0, 0, (v >> 32) as u32 as i32),
     ]
 }
 
 fn mov_imm(dst: u8, v: i32) -> RawInsn {
-    ins(0xb7, dst, 0, 0, v)
+    RawInsn::new(0xb7, dst, 0, 0, v)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -307,7 +297,7 @@ impl Ctx<'_> {
             80..=85 => {
                 // Helper call by id, then r1-r5 re-initialised (calls clobber them).
                 let id = self.rng.pick(&[1, 2, 5]);
-                let mut v = vec![ins(0x85, 0, 0, 0, id)];
+                let mut v = vec![RawInsn::new(0x85, 0, 0, 0, id)];
                 v.extend(self.reinit());
                 Node::Insns(v)
             }
@@ -317,7 +307,7 @@ impl Ctx<'_> {
                 // programs only).
                 let r = self.dst();
                 let id = self.rng.pick(&[1, 2, 5]);
-                let mut v = vec![mov_imm(r, id), ins(0x8d, r, 0, 0, 0)];
+                let mut v = vec![mov_imm(r, id), RawInsn::new(0x8d, r, 0, 0, 0)];
                 v.extend(self.reinit());
                 Node::Insns(v)
             }
@@ -364,7 +354,7 @@ impl Ctx<'_> {
                     self.rng
                         .pick(&[1u64 << 12, 1 << 20, 1 << 32, 0xffff_ffff_ffff_f000]),
                 ));
-                v.push(ins(0x0f, t, 9, 0, 0)); // add t, r9
+                v.push(RawInsn::new(0x0f, t, 9, 0, 0)); // add t, r9
                 (t, 0)
             }
             // Below any stack block (at most 8 frames of 512 bytes), or just above the frame
@@ -375,8 +365,8 @@ impl Ctx<'_> {
             5 => {
                 let k = self.rng.below(9) as i32;
                 let j = 8 * self.rng.below(64) as i32;
-                v.push(ins(0xbf, t, 10, 0, 0)); // mov t, r10
-                v.push(ins(0x07, t, 0, 0, -(512 * k + j) - size as i32)); // add t, -..
+                v.push(RawInsn::new(0xbf, t, 10, 0, 0)); // mov t, r10
+                v.push(RawInsn::new(0x07, t, 0, 0, -(512 * k + j) - size as i32)); // add t, -..
                 (t, 0)
             }
             // Wild and null pointers.
@@ -400,21 +390,21 @@ impl Ctx<'_> {
             // A callx to an id nobody registered.
             8 => {
                 v.push(mov_imm(t, UNKNOWN_HELPER_ID));
-                v.push(ins(0x8d, t, 0, 0, 0));
+                v.push(RawInsn::new(0x8d, t, 0, 0, 0));
                 v.extend(self.reinit());
                 return Node::Insns(v);
             }
             // Loops that outlast most budgets: a spin (`ja -1`) or a long counted loop.
             _ => {
                 if self.rng.chance(1, 2) {
-                    return Node::Insns(vec![ins(0x05, 0, 0, -1, 0)]);
+                    return Node::Insns(vec![RawInsn::new(0x05, 0, 0, -1, 0)]);
                 }
                 let free: Vec<u8> = [6u8, 7, 8]
                     .into_iter()
                     .filter(|r| !self.locked.contains(r))
                     .collect();
                 if free.is_empty() {
-                    return Node::Insns(vec![ins(0x05, 0, 0, -1, 0)]);
+                    return Node::Insns(vec![RawInsn::new(0x05, 0, 0, -1, 0)]);
                 }
                 let counter = self.rng.pick(&free);
                 self.locked.push(counter);
@@ -436,9 +426,9 @@ impl Ctx<'_> {
             }
         };
         match access {
-            0 => v.push(ins(0x61 | szbits, t, base, off, 0)),
-            1 => v.push(ins(0x63 | szbits, base, data, off, 0)),
-            2 => v.push(ins(0x62 | szbits, base, 0, off, self.rng.imm32())),
+            0 => v.push(RawInsn::new(0x61 | szbits, t, base, off, 0)),
+            1 => v.push(RawInsn::new(0x63 | szbits, base, data, off, 0)),
+            2 => v.push(RawInsn::new(0x62 | szbits, base, 0, off, self.rng.imm32())),
             _ => {
                 // Atomics are W or DW; fetching forms write `data` (not a loop counter).
                 let dw = size == 8;
@@ -453,7 +443,13 @@ impl Ctx<'_> {
                 } else {
                     data
                 };
-                v.push(ins(if dw { 0xdb } else { 0xc3 }, base, src, off, imm));
+                v.push(RawInsn::new(
+                    if dw { 0xdb } else { 0xc3 },
+                    base,
+                    src,
+                    off,
+                    imm,
+                ));
             }
         }
         if base == t {
@@ -470,16 +466,16 @@ impl Ctx<'_> {
         let cls = if self.rng.chance(1, 2) { 0x07 } else { 0x04 };
         let dst = self.dst();
         match self.rng.below(20) {
-            0 if self.classic && cls == 0x07 => ins(0x84, dst, 0, 0, 0), // neg32 (see rbpf_unsupported)
-            0 => ins(cls | 0x80, dst, 0, 0, 0),                          // neg
+            0 if self.classic && cls == 0x07 => RawInsn::new(0x84, dst, 0, 0, 0), // neg32 (see rbpf_unsupported)
+            0 => RawInsn::new(cls | 0x80, dst, 0, 0, 0),                          // neg
             1 | 2 if self.classic => {
                 let opc = self.rng.pick(&[0xd4u8, 0xdc]);
-                ins(opc, dst, 0, 0, self.rng.pick(&[16, 32, 64]))
+                RawInsn::new(opc, dst, 0, 0, self.rng.pick(&[16, 32, 64]))
             }
             1 => {
                 // le/be (ALU class) or bswap (ALU64 class), 16/32/64
                 let opc = self.rng.pick(&[0xd4u8, 0xdc, 0xd7]);
-                ins(opc, dst, 0, 0, self.rng.pick(&[16, 32, 64]))
+                RawInsn::new(opc, dst, 0, 0, self.rng.pick(&[16, 32, 64]))
             }
             2 => {
                 let bits = if cls == 0x07 {
@@ -487,7 +483,7 @@ impl Ctx<'_> {
                 } else {
                     self.rng.pick(&[8i16, 16])
                 };
-                ins(cls | 0x08 | 0xb0, dst, self.src(), bits, 0)
+                RawInsn::new(cls | 0x08 | 0xb0, dst, self.src(), bits, 0)
             }
             _ => {
                 let (code, off) = self.rng.pick(&[
@@ -513,9 +509,9 @@ impl Ctx<'_> {
                     (code, off)
                 };
                 if self.rng.chance(1, 2) {
-                    ins(cls | 0x08 | code, dst, self.src(), off, 0)
+                    RawInsn::new(cls | 0x08 | code, dst, self.src(), off, 0)
                 } else {
-                    ins(cls | code, dst, 0, off, self.rng.imm32())
+                    RawInsn::new(cls | code, dst, 0, off, self.rng.imm32())
                 }
             }
         }
@@ -538,10 +534,12 @@ impl Ctx<'_> {
             )
         };
         match self.rng.below(4) {
-            0 if size != 8 && !self.classic => ins(0x81 | szbits, self.dst(), base, off, 0), // ldxs*
-            0 | 1 => ins(0x61 | szbits, self.dst(), base, off, 0),
-            2 => ins(0x63 | szbits, base, self.src(), off, 0),
-            _ => ins(0x62 | szbits, base, 0, off, self.rng.imm32()),
+            0 if size != 8 && !self.classic => {
+                RawInsn::new(0x81 | szbits, self.dst(), base, off, 0)
+            } // ldxs*
+            0 | 1 => RawInsn::new(0x61 | szbits, self.dst(), base, off, 0),
+            2 => RawInsn::new(0x63 | szbits, base, self.src(), off, 0),
+            _ => RawInsn::new(0x62 | szbits, base, 0, off, self.rng.imm32()),
         }
     }
 
@@ -568,7 +566,7 @@ impl Ctx<'_> {
         } else {
             self.src()
         };
-        ins(if dw { 0xdb } else { 0xc3 }, base, src, off, imm)
+        RawInsn::new(if dw { 0xdb } else { 0xc3 }, base, src, off, imm)
     }
 
     fn cond_jump(&mut self) -> RawInsn {
@@ -578,7 +576,7 @@ impl Ctx<'_> {
         ]);
         let dst = self.src();
         if self.rng.chance(1, 2) {
-            ins(cls | 0x08 | code, dst, self.src(), 0, 0)
+            RawInsn::new(cls | 0x08 | code, dst, self.src(), 0, 0)
         } else {
             let mut imm = self.rng.imm32();
             // rbpf zero-extends the imm of 64-bit unsigned/equality jumps; RFC 9669
@@ -589,7 +587,7 @@ impl Ctx<'_> {
             {
                 imm &= i32::MAX;
             }
-            ins(cls | code, dst, 0, 0, imm)
+            RawInsn::new(cls | code, dst, 0, 0, imm)
         }
     }
 
@@ -704,9 +702,9 @@ impl Enc {
             Node::Skip { wide, body } => {
                 let at = self.out.len();
                 self.out.push(if *wide {
-                    ins(0x06, 0, 0, 0, 0)
+                    RawInsn::new(0x06, 0, 0, 0, 0)
                 } else {
-                    ins(0x05, 0, 0, 0, 0)
+                    RawInsn::new(0x05, 0, 0, 0, 0)
                 });
                 self.nodes(body);
                 let d = self.out.len() - at - 1;
@@ -728,22 +726,32 @@ impl Enc {
                 self.nodes(body);
                 // counter -= 1; loop while counter != 0 (64- or 32-bit forms).
                 if *w32 {
-                    self.out.push(ins(0x14, c, 0, 0, 1)); // sub32 c, 1
+                    self.out.push(RawInsn::new(0x14, c, 0, 0, 1)); // sub32 c, 1
                     let at = self.out.len();
-                    self.out
-                        .push(ins(0x56, c, 0, (start as i64 - at as i64 - 1) as i16, 0));
+                    self.out.push(RawInsn::new(
+                        0x56,
+                        c,
+                        0,
+                        (start as i64 - at as i64 - 1) as i16,
+                        0,
+                    ));
                 // jne32 c, 0
                 } else {
-                    self.out.push(ins(0x07, c, 0, 0, -1)); // add c, -1
+                    self.out.push(RawInsn::new(0x07, c, 0, 0, -1)); // add c, -1
                     let at = self.out.len();
-                    self.out
-                        .push(ins(0x65, c, 0, (start as i64 - at as i64 - 1) as i16, 0));
+                    self.out.push(RawInsn::new(
+                        0x65,
+                        c,
+                        0,
+                        (start as i64 - at as i64 - 1) as i16,
+                        0,
+                    ));
                     // jsgt c, 0
                 }
             }
             Node::CallLocal { func, reinit } => {
                 self.calls.push((self.out.len(), *func));
-                self.out.push(ins(0x85, 0, 1, 0, 0));
+                self.out.push(RawInsn::new(0x85, 0, 1, 0, 0));
                 for (k, v) in reinit.iter().enumerate() {
                     self.out.push(mov_imm(k as u8 + 1, *v));
                 }
@@ -753,7 +761,7 @@ impl Enc {
 
     fn prologue(&mut self, f: &Func, entry: bool) {
         if entry {
-            self.out.push(ins(0xbf, 9, 1, 0, 0)); // mov r9, r1: the context pointer
+            self.out.push(RawInsn::new(0xbf, 9, 1, 0, 0)); // mov r9, r1: the context pointer
         }
         let regs: &[usize] = if entry {
             &[0, 1, 2, 3, 4, 5, 6, 7, 8]
@@ -771,13 +779,13 @@ impl Enc {
         for (k, &v) in f.stack.iter().enumerate() {
             let off = -8 * (k as i16 + 1);
             if v as i64 == v as i32 as i64 {
-                self.out.push(ins(0x7a, 10, 0, off, v as i32)); // stdw
+                self.out.push(RawInsn::new(0x7a, 10, 0, off, v as i32)); // stdw
             } else {
                 // Through r1 (entry) / r1 (callee: an argument, saved/restored around).
                 let tmp = if entry { 1 } else { 0 };
                 let saved = if entry { f.init[1] } else { f.init[0] };
                 self.out.extend(lddw(tmp, v));
-                self.out.push(ins(0x7b, 10, tmp, off, 0));
+                self.out.push(RawInsn::new(0x7b, 10, tmp, off, 0));
                 if saved as i64 == saved as i32 as i64 {
                     self.out.push(mov_imm(tmp, saved as i32));
                 } else {
@@ -790,26 +798,32 @@ impl Enc {
     fn epilogue(&mut self, entry: bool) {
         if entry {
             for r in 0..9u8 {
-                self.out
-                    .push(ins(0x7b, 9, r, (CTX_REGS + 8 * r as usize) as i16, 0));
+                self.out.push(RawInsn::new(
+                    0x7b,
+                    9,
+                    r,
+                    (CTX_REGS + 8 * r as usize) as i16,
+                    0,
+                ));
             }
             for k in 0..8i16 {
-                self.out.push(ins(0x79, 1, 10, -8 * (k + 1), 0));
-                self.out.push(ins(0x7b, 9, 1, CTX_STACK as i16 + 8 * k, 0));
+                self.out.push(RawInsn::new(0x79, 1, 10, -8 * (k + 1), 0));
+                self.out
+                    .push(RawInsn::new(0x7b, 9, 1, CTX_STACK as i16 + 8 * k, 0));
             }
         } else {
             // r0 = r0 * 31 + slot, for each stack slot and r6-r8: the callee's state shows.
             for k in 0..8i16 {
-                self.out.push(ins(0x79, 1, 10, -8 * (k + 1), 0));
-                self.out.push(ins(0x27, 0, 0, 0, 31));
-                self.out.push(ins(0x0f, 0, 1, 0, 0));
+                self.out.push(RawInsn::new(0x79, 1, 10, -8 * (k + 1), 0));
+                self.out.push(RawInsn::new(0x27, 0, 0, 0, 31));
+                self.out.push(RawInsn::new(0x0f, 0, 1, 0, 0));
             }
             for r in 6..=8u8 {
-                self.out.push(ins(0x27, 0, 0, 0, 31));
-                self.out.push(ins(0x0f, 0, r, 0, 0));
+                self.out.push(RawInsn::new(0x27, 0, 0, 0, 31));
+                self.out.push(RawInsn::new(0x0f, 0, r, 0, 0));
             }
         }
-        self.out.push(ins(0x95, 0, 0, 0, 0));
+        self.out.push(RawInsn::new(0x95, 0, 0, 0, 0));
     }
 }
 

@@ -12,23 +12,13 @@
 
 use packjit_arm64::emit_program;
 use packjit_arm64::{Arm64Backend, FEATURE_LSE};
-use packjit_frontend::RawInsn;
 use packjit_plugin_api::{
     CodeArena, CompileError, CompileRequest, HelperEntry, JitBackend, Region,
 };
 use std::cell::RefCell;
 use std::time::Instant;
 
-fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-    RawInsn {
-        opc,
-        dst,
-        src,
-        off,
-        imm,
-    }
-    .to_bytes()
-}
+use packjit_frontend::encode_insn as ins;
 
 /// A code arena over a Vec, reset per compile (what a host arena's write costs: a copy).
 #[derive(Default)]

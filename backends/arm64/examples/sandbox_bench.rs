@@ -12,7 +12,6 @@
 #[cfg(target_arch = "aarch64")]
 mod bench {
     use packjit_arm64::emit_request;
-    use packjit_frontend::RawInsn;
     use packjit_plugin_api::abi::{
         PjExecEnv, PjProgramEntry, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_NONE,
     };
@@ -23,16 +22,7 @@ mod bench {
         fn __clear_cache(start: *mut libc::c_char, end: *mut libc::c_char);
     }
 
-    fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-        RawInsn {
-            opc,
-            dst,
-            src,
-            off,
-            imm,
-        }
-        .to_bytes()
-    }
+    use packjit_frontend::encode_insn as ins;
 
     /// Hashes the context 8 bytes at a time through a moving pointer (every load checked
     /// in the sandbox, hitting the context: the inline fast path).

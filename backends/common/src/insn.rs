@@ -93,6 +93,17 @@ pub struct RawInsn {
 }
 
 impl RawInsn {
+    /// An instruction from its fields.
+    pub const fn new(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> Self {
+        Self {
+            opc,
+            dst,
+            src,
+            off,
+            imm,
+        }
+    }
+
     /// Decodes slot bytes (little-endian, as on every target packjit supports).
     pub fn from_bytes(b: &[u8; 8]) -> Self {
         Self {
@@ -119,6 +130,12 @@ impl RawInsn {
             i[3],
         ]
     }
+}
+
+/// The 8 bytes of one instruction slot from its fields: the shorthand tests, benches and
+/// tools use to write bytecode by hand (`encode_insn(0xb7, 0, 0, 0, 7)` is `mov r0, 7`).
+pub fn encode_insn(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+    RawInsn::new(opc, dst, src, off, imm).to_bytes()
 }
 
 /// A BPF register number, 0..=10.
@@ -210,16 +227,6 @@ impl Size {
             Size::H => 2,
             Size::W => 4,
             Size::DW => 8,
-        }
-    }
-
-    /// log2 of the size in bytes.
-    pub const fn log2(self) -> u32 {
-        match self {
-            Size::B => 0,
-            Size::H => 1,
-            Size::W => 2,
-            Size::DW => 3,
         }
     }
 }

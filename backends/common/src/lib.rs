@@ -28,8 +28,6 @@ mod verify;
 pub use insn::*;
 pub use verify::{decode, MAX_CALL_DEPTH, MAX_INSNS, STACK_SIZE};
 
-use packjit_plugin_api::CompileError;
-
 /// A decoded, verified program.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Program {
@@ -76,18 +74,4 @@ impl Program {
         }
         table
     }
-
-    /// Instruction index of the instruction at slot `pc`, if one starts there.
-    pub fn index_of_pc(&self, pc: usize) -> Option<usize> {
-        self.insts.binary_search_by_key(&pc, |i| i.pc).ok()
-    }
-}
-
-/// Convenience for backends: an error at instruction `inst`.
-pub fn error_at(
-    inst: &Inst,
-    kind: packjit_plugin_api::ErrorKind,
-    msg: impl Into<String>,
-) -> CompileError {
-    CompileError::at(inst.pc, kind, msg)
 }

@@ -659,16 +659,7 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
 mod tests {
     use super::*;
 
-    fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-        RawInsn {
-            opc,
-            dst,
-            src,
-            off,
-            imm,
-        }
-        .to_bytes()
-    }
+    use crate::encode_insn as ins;
 
     fn prog(insns: &[[u8; 8]]) -> Vec<u8> {
         insns.concat()

@@ -15,21 +15,11 @@
 //! packjit_cross_cargo riscv64gc-unknown-linux-gnu run --release -p packjit-rv64 --example rv64_bench
 //! ```
 
-use packjit_frontend::RawInsn;
 use packjit_plugin_api::HelperEntry;
 use packjit_rv64::{native_insn_count, Rv64Backend, FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
 use std::time::Instant;
 
-fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-    RawInsn {
-        opc,
-        dst,
-        src,
-        off,
-        imm,
-    }
-    .to_bytes()
-}
+use packjit_frontend::encode_insn as ins;
 
 /// A deterministic program of `n` instructions with the instruction mix of typical
 /// filters/compute kernels: ALU64/ALU32 with registers and immediates, stack loads and

@@ -7,19 +7,8 @@
 use packjit_plugin_api::{CodeArena, CompileError, ErrorKind, HelperEntry, JitBackend, Region};
 use std::cell::RefCell;
 
-pub use packjit_frontend::RawInsn;
-
 /// One raw instruction slot.
-pub fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-    RawInsn {
-        opc,
-        dst,
-        src,
-        off,
-        imm,
-    }
-    .to_bytes()
-}
+pub use packjit_frontend::encode_insn as ins;
 
 /// `lddw dst, imm` (two slots).
 pub fn lddw(dst: u8, imm: u64) -> [[u8; 8]; 2] {
