@@ -24,7 +24,7 @@
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
 use packjit_frontend::analysis::{reads_r10, stack_block_size};
-use packjit_frontend::{AluOp, AtomicOp, Inst, Op, Operand, Program, Width, R10, STACK_SIZE};
+use packjit_frontend::{AluOp, Inst, Op, Operand, Program, Width, R10, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
     PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
@@ -166,37 +166,13 @@ fn stack_like(insts: &[Inst]) -> u16 {
     from_r10 & !other
 }
 
-/// BPF registers `op` reads (bit n = rn). A local call reads what its callee may read
-/// before writing (`callee_reads`); a helper may read all five argument registers.
+/// BPF registers `op` reads: the front end's rule (see `analysis::regs_read`).
 fn reads(op: &Op, callee_reads: u16) -> u16 {
-    let r = |x: u8| 1u16 << x;
-    let o = |x: Operand| match x {
-        Operand::Reg(x) => r(x),
-        Operand::Imm(_) => 0,
-    };
-    match *op {
-        Op::Alu {
-            op: AluOp::Mov,
-            src,
-            ..
-        } => o(src),
-        Op::Alu { dst, src, .. } => r(dst) | o(src),
-        Op::MovSx { src, .. } => r(src),
-        Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
-        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
-        Op::Load { base, .. } => r(base),
-        Op::Store { base, src, .. } => r(base) | o(src),
-        Op::Atomic { base, src, op, .. } => r(base) | r(src) | (op == AtomicOp::Cmpxchg) as u16,
-        Op::Jcond { dst, src, .. } => r(dst) | o(src),
-        Op::CallHelper { .. } => ARGS,
-        Op::CallReg { reg } => ARGS | r(reg),
-        Op::CallLocal { .. } => callee_reads,
-        Op::Exit => 1,
-    }
+    packjit_frontend::analysis::regs_read(op, callee_reads)
 }
 
 /// r1–r5.
-const ARGS: u16 = 0b11_1110;
+const ARGS: u16 = packjit_frontend::analysis::ARG_REGS;
 
 /// Registers a function may read before writing them, given it starts with `written`
 /// defined. Exact for its first basic block (where straight-line initialisation happens);

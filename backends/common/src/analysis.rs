@@ -26,6 +26,51 @@ pub fn reads_r10(op: &Op) -> bool {
     }
 }
 
+/// r1–r5, the argument registers of helper and local calls (bit n = rn).
+pub const ARG_REGS: u16 = 0b11_1110;
+
+/// The BPF registers `op` reads (bit n = rn), by RFC 9669 semantics: what a register's value
+/// can influence. A local call reads what its callee may read before writing it
+/// (`local_call_reads`; [`ARG_REGS`] when unknown); a helper call may read all five
+/// arguments; `exit` reads r0. Backends decide from this which registers the entry must
+/// zero (nothing of the host may leak in) and which callee-saved registers to preserve; a
+/// backend whose lowering of an instruction also *preserves* a register around it (e.g. r0
+/// around a compare-exchange loop) adds that register itself.
+pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
+    let r = |x: u8| 1u16 << x;
+    let o = |x: Operand| match x {
+        Operand::Reg(x) => r(x),
+        Operand::Imm(_) => 0,
+    };
+    match *op {
+        Op::Alu {
+            op: crate::AluOp::Mov,
+            src,
+            ..
+        } => o(src),
+        Op::Alu { dst, src, .. } => r(dst) | o(src),
+        Op::MovSx { src, .. } => r(src),
+        Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
+        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
+        Op::Load { base, .. } => r(base),
+        Op::Store { base, src, .. } => r(base) | o(src),
+        Op::Atomic { base, src, op, .. } => {
+            r(base)
+                | r(src)
+                | if op == crate::AtomicOp::Cmpxchg {
+                    r(0)
+                } else {
+                    0
+                }
+        }
+        Op::Jcond { dst, src, .. } => r(dst) | o(src),
+        Op::CallHelper { .. } => ARG_REGS,
+        Op::CallReg { reg } => ARG_REGS | r(reg),
+        Op::CallLocal { .. } => local_call_reads,
+        Op::Exit => r(0),
+    }
+}
+
 /// Whether the memory checks of the sandbox are emitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryChecks {

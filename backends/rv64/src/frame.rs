@@ -34,7 +34,7 @@ use crate::encode::{fits_signed, reg::*, Mem, R3, RI};
 use crate::lower::Codegen;
 use crate::regs::{map, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use packjit_frontend::analysis::{stack_block_size, CodegenMode};
-use packjit_frontend::{Op, Operand, Program, STACK_SIZE};
+use packjit_frontend::{Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
     PJ_ENV_STACK_START,
@@ -160,32 +160,17 @@ pub fn zero_at_entry(prog: &Program) -> u16 {
     FRESH & (read_first | (read_anywhere & !safe))
 }
 
-/// eBPF registers (bit n = rn) an instruction reads.
+/// eBPF registers (bit n = rn) an instruction reads: the front end's rule (local calls read
+/// r1–r5), plus r0 for every atomic, as this backend has always counted it (conservative:
+/// r0 is zeroed at entry whenever an atomic may run before r0 is written).
 fn reads(op: &Op) -> u16 {
-    let reg = |r: u8| 1u16 << r;
-    let opnd = |o: Operand| match o {
-        Operand::Reg(r) => reg(r),
-        Operand::Imm(_) => 0,
-    };
-    const ARGS: u16 = 0b11_1110; // r1..r5
-    match *op {
-        Op::Alu {
-            op: packjit_frontend::AluOp::Mov,
-            src,
-            ..
-        } => opnd(src),
-        Op::Alu { dst, src, .. } => reg(dst) | opnd(src),
-        Op::MovSx { src, .. } => reg(src),
-        Op::Neg { dst, .. } | Op::End { dst, .. } => reg(dst),
-        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
-        Op::Load { base, .. } => reg(base),
-        Op::Store { base, src, .. } => reg(base) | opnd(src),
-        Op::Atomic { base, src, .. } => reg(base) | reg(src) | reg(0),
-        Op::Jcond { dst, src, .. } => reg(dst) | opnd(src),
-        Op::CallHelper { .. } | Op::CallLocal { .. } => ARGS,
-        Op::CallReg { reg: r } => ARGS | reg(r),
-        Op::Exit => reg(0),
-    }
+    use packjit_frontend::analysis::{regs_read, ARG_REGS};
+    regs_read(op, ARG_REGS)
+        | if matches!(op, Op::Atomic { .. }) {
+            1
+        } else {
+            0
+        }
 }
 
 impl Codegen<'_> {

@@ -2,7 +2,7 @@
 //! environment instead of the tail-call counter).
 
 use crate::encode::Gpr;
-use packjit_frontend::{AluOp, Op, Operand, Reg};
+use packjit_frontend::{Op, Reg};
 
 pub const RAX: Gpr = 0;
 pub const RCX: Gpr = 1;
@@ -52,31 +52,17 @@ pub fn host(r: Reg) -> Gpr {
 }
 
 /// BPF registers this instruction reads (bit n = rN), for deciding which callee-saved
-/// registers the entry must save and zero.
+/// registers the entry must save and zero: the front end's rule (local calls read r1–r5),
+/// plus r0 for every atomic, because the fetch-and/or/xor lowering preserves rax (r0)
+/// around its `lock cmpxchg` loop, so an unwritten r0 would carry a host value through it.
 pub fn reads(op: &Op) -> u16 {
-    let r = |x: Reg| 1u16 << x;
-    let o = |x: Operand| match x {
-        Operand::Reg(x) => r(x),
-        Operand::Imm(_) => 0,
-    };
-    match *op {
-        Op::Alu {
-            op: AluOp::Mov,
-            src,
-            ..
-        } => o(src),
-        Op::Alu { dst, src, .. } => r(dst) | o(src),
-        Op::MovSx { src, .. } => r(src),
-        Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
-        Op::Load { base, .. } => r(base),
-        Op::Store { base, src, .. } => r(base) | o(src),
-        Op::Atomic { base, src, .. } => r(base) | r(src) | 1,
-        Op::Jcond { dst, src, .. } => r(dst) | o(src),
-        Op::CallHelper { .. } | Op::CallLocal { .. } => 0x3e,
-        Op::CallReg { reg } => r(reg) | 0x3e,
-        Op::Exit => 1,
-        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
-    }
+    use packjit_frontend::analysis::{regs_read, ARG_REGS};
+    regs_read(op, ARG_REGS)
+        | if matches!(op, Op::Atomic { .. }) {
+            1
+        } else {
+            0
+        }
 }
 
 /// Host callee-saved registers standing for BPF r6–r9 among the bits of `used`.
