@@ -1058,7 +1058,7 @@ impl crate::Runtime {
         if let Some(a) = prog.packed_arena() {
             a.commit();
         }
-        prog.globals = Some(Box::new(linked.data));
+        prog.elf = Some(Box::new(linked));
         Ok(prog)
     }
 }
@@ -1066,6 +1066,12 @@ impl crate::Runtime {
 impl Program {
     /// The program's global data, for programs loaded from ELF.
     pub fn globals(&self) -> Option<&GlobalData> {
-        self.globals.as_deref()
+        self.elf.as_deref().map(|l| &l.data)
+    }
+
+    /// What the ELF loader linked (bytecode as compiled, functions, externs, data), for
+    /// programs loaded from ELF.
+    pub fn elf_linked(&self) -> Option<&Linked> {
+        self.elf.as_deref()
     }
 }

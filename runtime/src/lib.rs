@@ -449,7 +449,7 @@ impl Runtime {
             trust,
             budget: opts.budget,
             regions: regions.into(),
-            globals: None,
+            elf: None,
         })
     }
 
@@ -500,7 +500,7 @@ pub struct Program {
     regions: Arc<[abi::PjMemRegion]>,
     // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
     // lives exactly as long as the code can run (see elf.rs).
-    globals: Option<Box<elf::GlobalData>>,
+    elf: Option<Box<elf::Linked>>,
 }
 
 impl std::fmt::Debug for Program {
