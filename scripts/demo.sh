@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the packjit demo: on the x86-64 host (compile for both arches, explain why the code
-# can't run here), then natively under qemu-aarch64 and qemu-riscv64 with the backends
+# Runs the packjit demo: on the x86-64 host (compile for every arch, run the x86-64 code
+# natively), then natively under qemu-aarch64 and qemu-riscv64 with the backends
 # loaded as real plugins (dlopen) and the code running from the shared packed arena.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"

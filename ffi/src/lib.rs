@@ -1208,6 +1208,7 @@ unsafe fn load_options(opts: *const PackjitLoadOptions) -> Result<(LoadOptions, 
             budget: (o.flags & PACKJIT_LOAD_BUDGET != 0).then_some(o.budget),
             blind_constants: o.flags & PACKJIT_LOAD_BLIND_CONSTANTS != 0,
             regions,
+            ..Default::default()
         },
         if o.flags & PACKJIT_LOAD_TRUSTED != 0 {
             Trust::Trusted

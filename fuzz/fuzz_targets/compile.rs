@@ -6,4 +6,6 @@
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     packjit_testkit::fuzz::compile_both(data);
+    // On x86-64 hosts the accepted programs also run, sandboxed and budgeted.
+    packjit_testkit::fuzz::run_sandboxed(data);
 });

@@ -9,6 +9,7 @@
 //! packjit-demo dump PROG.o --section S --arch A
 //!                               capstone disassembly, each eBPF instruction's range marked
 //! packjit-demo stats            batch-load programs, free some, print the arena statistics
+//!                               (--perf-map: keep /tmp/perf-<pid>.map; --map: draw the packs)
 //! packjit-demo bench            JIT vs the rbpf interpreter on a compute-bound program
 //! packjit-demo conformance-plugin [MEM] [--arch A] [--no-lse] ...   bpf_conformance plugin
 //! ```
@@ -17,6 +18,7 @@ mod bench;
 mod conformance_plugin;
 mod elf_cmd;
 mod sample;
+mod stats;
 
 use clap::{Parser, Subcommand};
 use packjit::{Arch, LoadOptions, Program, Runtime};
@@ -90,6 +92,12 @@ enum Cmd {
         /// Number of programs.
         #[arg(long, default_value_t = 200)]
         count: usize,
+        /// Write the perf map (/tmp/perf-<pid>.map) and report its entries after each step.
+        #[arg(long)]
+        perf_map: bool,
+        /// Draw each pack's occupancy after each step.
+        #[arg(long)]
+        map: bool,
     },
     /// JIT vs the rbpf interpreter on a compute-bound program (native arch only).
     Bench {
@@ -194,7 +202,18 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             features,
             ..
         } => dump(&rt, &arch, asm, features),
-        Cmd::Stats { count } => stats(&rt, count),
+        Cmd::Stats {
+            count,
+            perf_map,
+            map,
+        } => stats::run(
+            &rt,
+            &stats::StatsOpts {
+                count,
+                perf_map,
+                map,
+            },
+        ),
         Cmd::Bench { iterations } => bench::run(&rt, iterations),
         Cmd::ConformancePlugin { .. } => unreachable!("handled before the runtime is built"),
     }
@@ -372,44 +391,5 @@ fn dump(
         _ => println!("({objdump} not found: install binutils for {arch} for a disassembly)"),
     }
     let _ = std::fs::remove_file(&tmp);
-    Ok(())
-}
-
-fn stats(rt: &Runtime, count: usize) -> Result<(), String> {
-    let Some(host) = Arch::host().filter(|a| rt.backends().iter().any(|b| b.arch == *a)) else {
-        println!("no backend for this host: the arena only holds native code; run under qemu (scripts/demo.sh)");
-        return Ok(());
-    };
-    let sources: Vec<Vec<u8>> = (0..count).map(sample::sized_program).collect();
-    let refs: Vec<&[u8]> = sources.iter().map(|s| s.as_slice()).collect();
-    let progs: Vec<Program> = rt
-        .load_batch(
-            &refs,
-            &LoadOptions {
-                arch: Some(host),
-                ..Default::default()
-            },
-        )
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    println!("loaded {} programs in one batch:", progs.len());
-    print_stats(rt);
-    let kept: Vec<Program> = progs
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| i % 3 != 0)
-        .map(|(_, p)| p)
-        .collect();
-    rt.reclaim();
-    println!(
-        "freed every third program (deferred, then reclaimed); {} remain:",
-        kept.len()
-    );
-    print_stats(rt);
-    drop(kept);
-    rt.reclaim();
-    println!("freed the rest:");
-    print_stats(rt);
     Ok(())
 }

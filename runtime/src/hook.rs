@@ -1,8 +1,8 @@
 //! Attach points: a slot holding the program a host event runs, swappable while other
-//! threads are running through it.
+//! threads are running through it, alone or in batches.
 
-use crate::{Error, ErrorKind, Program};
-use crossbeam_epoch::{self as epoch, Atomic, Owned};
+use crate::{Error, ErrorKind, LoadOptions, PackedArena, Program, Runtime};
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
 /// A hook: `run` executes whatever program is attached at that moment. `attach` and
@@ -19,6 +19,53 @@ impl Default for Hook {
     }
 }
 
+fn check_attachable(prog: &Program) -> Result<(), Error> {
+    if prog.is_executable() {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::NotExecutable,
+            format!(
+                "cannot attach {} (compiled for {})",
+                prog.name(),
+                prog.arch()
+            ),
+        ))
+    }
+}
+
+/// Retires replaced programs with ONE deferred function for all of them: a single grace
+/// period, after which each is released at once (no second deferral per program).
+fn retire(old: Vec<Shared<'_, Program>>, guard: &Guard) {
+    let old: Vec<usize> = old
+        .into_iter()
+        .filter(|s| !s.is_null())
+        .map(|s| {
+            // SAFETY: non-null and not yet destroyed: destruction is what we schedule below.
+            unsafe { s.deref() }.note_retiring();
+            s.as_raw() as usize
+        })
+        .collect();
+    if old.is_empty() {
+        return;
+    }
+    // SAFETY: every pointer came out of a hook slot by a swap, so it is unreachable from the
+    // slots now, and only this closure owns it. The closure runs after every thread pinned
+    // before the swap has unpinned, i.e. when no `run` can still hold the program.
+    // `Owned::from_raw` takes back the Box that `Owned::new` leaked into the slot.
+    unsafe {
+        guard.defer_unchecked(move || {
+            for raw in old {
+                let prog = *Owned::from_raw(raw as *mut Program).into_box();
+                prog.drop_after_grace();
+            }
+        });
+    }
+    // Hand the deferred function to the global queue now, so reclamation does not wait for
+    // this thread's local bag to fill.
+    guard.flush();
+}
+
 impl Hook {
     /// An empty hook.
     pub fn new() -> Self {
@@ -29,33 +76,26 @@ impl Hook {
 
     /// Attaches `prog` (which must be executable), replacing and retiring any previous one.
     pub fn attach(&self, prog: Program) -> Result<(), Error> {
-        if !prog.is_executable() {
-            return Err(Error::new(
-                ErrorKind::NotExecutable,
-                format!("cannot attach a program compiled for {}", prog.arch()),
-            ));
-        }
-        self.swap(Some(prog));
+        check_attachable(&prog)?;
+        let guard = epoch::pin();
+        let old = self.swap(Some(prog), &guard);
+        retire(vec![old], &guard);
         Ok(())
     }
 
     /// Detaches the current program, if any.
     pub fn detach(&self) {
-        self.swap(None);
+        let guard = epoch::pin();
+        let old = self.swap(None, &guard);
+        retire(vec![old], &guard);
     }
 
-    fn swap(&self, new: Option<Program>) {
-        let guard = epoch::pin();
+    fn swap<'g>(&self, new: Option<Program>, guard: &'g Guard) -> Shared<'g, Program> {
         let new = match new {
-            Some(p) => Owned::new(p).into_shared(&guard),
-            None => epoch::Shared::null(),
+            Some(p) => Owned::new(p).into_shared(guard),
+            None => Shared::null(),
         };
-        let old = self.slot.swap(new, AcqRel, &guard);
-        if !old.is_null() {
-            // SAFETY: `old` is unreachable from the slot now; threads still holding it are
-            // pinned, so destruction waits for them.
-            unsafe { guard.defer_destroy(old) };
-        }
+        self.slot.swap(new, AcqRel, guard)
     }
 
     /// Whether a program is attached.
@@ -64,18 +104,148 @@ impl Hook {
         !self.slot.load(Acquire, &guard).is_null()
     }
 
-    /// Runs the attached program on `mem`; `None` when nothing is attached.
-    pub fn run(&self, mem: &mut [u8]) -> Option<u64> {
+    /// Runs the attached program on `mem`: `None` when nothing is attached, otherwise what
+    /// the program returned (r0) or why it stopped.
+    pub fn run(&self, mem: &mut [u8]) -> Option<Result<u64, Error>> {
         let guard = epoch::pin();
         let shared = self.slot.load(Acquire, &guard);
         // SAFETY: non-null pointers in the slot are live Programs protected by our pin.
         let prog = unsafe { shared.as_ref() }?;
-        prog.call(mem).ok()
+        Some(prog.call(mem))
+    }
+
+    /// Id and name of the attached program.
+    pub fn attached(&self) -> Option<(u64, String)> {
+        let guard = epoch::pin();
+        let shared = self.slot.load(Acquire, &guard);
+        // SAFETY: as in `run`.
+        unsafe { shared.as_ref() }.map(|p| (p.id(), p.name().to_string()))
     }
 }
 
 impl Drop for Hook {
     fn drop(&mut self) {
         self.detach();
+    }
+}
+
+/// Attaches and detaches many programs on many hooks in one step: one arena commit for the
+/// code loaded into the batch and one grace period for everything the batch replaces (the
+/// userspace analogue of the kernel's batched attach with delayed free).
+///
+/// Each hook switches atomically; the batch as a whole does not (a thread running two hooks
+/// while the batch applies may see one old and one new program). If a hook appears twice, the
+/// later operation wins and the program from the earlier one is retired with the rest.
+///
+/// ```no_run
+/// # use packjit::{Hook, HookBatch, LoadOptions, Runtime};
+/// # let rt = Runtime::new()?;
+/// let hooks: Vec<Hook> = (0..100).map(|_| Hook::new()).collect();
+/// let mut batch = HookBatch::new();
+/// for h in &hooks {
+///     batch.load_attach(&rt, h, &[0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0],
+///                       &LoadOptions::default())?;
+/// }
+/// let replaced = batch.apply(); // one commit, 100 swaps, one deferred free
+/// # Ok::<(), packjit::Error>(())
+/// ```
+#[derive(Default)]
+pub struct HookBatch<'h> {
+    ops: Vec<(&'h Hook, Option<Program>)>,
+    /// Set when the batch holds code that still needs its commit.
+    uncommitted: Option<PackedArena>,
+}
+
+impl<'h> HookBatch<'h> {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues attaching `prog` (already loaded) to `hook`. Fails at once, queuing nothing, if
+    /// `prog` cannot run here.
+    pub fn attach(&mut self, hook: &'h Hook, prog: Program) -> Result<&mut Self, Error> {
+        check_attachable(&prog)?;
+        self.ops.push((hook, Some(prog)));
+        Ok(self)
+    }
+
+    /// Compiles `code` (sandboxed, as [`Runtime::load`]) WITHOUT committing it and queues
+    /// attaching it to `hook`; [`apply`] commits every such program with one arena commit
+    /// before the first swap.
+    ///
+    /// [`apply`]: Self::apply
+    pub fn load_attach(
+        &mut self,
+        rt: &Runtime,
+        hook: &'h Hook,
+        code: &[u8],
+        opts: &LoadOptions,
+    ) -> Result<&mut Self, Error> {
+        let prog = rt.load_uncommitted(code, opts, crate::Trust::Sandboxed)?;
+        check_attachable(&prog)?;
+        if let Some(a) = prog.packed_arena() {
+            self.uncommitted = Some(a.clone());
+        }
+        self.ops.push((hook, Some(prog)));
+        Ok(self)
+    }
+
+    /// Queues detaching whatever `hook` holds when the batch applies.
+    pub fn detach(&mut self, hook: &'h Hook) -> &mut Self {
+        self.ops.push((hook, None));
+        self
+    }
+
+    /// Queued operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Commits the batch's code once, performs every swap, and retires all replaced
+    /// programs with one deferred free. Returns how many programs were replaced or detached.
+    pub fn apply(mut self) -> usize {
+        if let Some(a) = self.uncommitted.take() {
+            // Before any swap: no thread may reach code that is not yet executable/coherent.
+            a.commit();
+        }
+        let guard = epoch::pin();
+        let old: Vec<_> = std::mem::take(&mut self.ops)
+            .into_iter()
+            .map(|(hook, prog)| hook.swap(prog, &guard))
+            .filter(|s| !s.is_null())
+            .collect();
+        let n = old.len();
+        retire(old, &guard);
+        n
+    }
+}
+
+impl Runtime {
+    /// Attaches each program to its hook as one batch (see [`HookBatch`]): one grace period
+    /// for everything replaced. Nothing is attached if any program cannot run here.
+    pub fn attach_batch<'h>(
+        &self,
+        items: impl IntoIterator<Item = (&'h Hook, Program)>,
+    ) -> Result<usize, Error> {
+        let mut batch = HookBatch::new();
+        for (hook, prog) in items {
+            batch.attach(hook, prog)?;
+        }
+        Ok(batch.apply())
+    }
+
+    /// Detaches every hook in `hooks` with one grace period for all of them.
+    pub fn detach_batch<'h>(&self, hooks: impl IntoIterator<Item = &'h Hook>) -> usize {
+        let mut batch = HookBatch::new();
+        for h in hooks {
+            batch.detach(h);
+        }
+        batch.apply()
     }
 }

@@ -28,24 +28,31 @@ mod hook;
 mod loader;
 pub mod rbpf_bridge;
 mod scratch;
+mod symbols;
 
-pub use arena::{ArenaConfig, ArenaStats, MapMode, PackedArena, RemapPolicy};
+pub use arena::{
+    ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
+    RemapPolicy,
+};
 pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess};
-pub use hook::Hook;
+pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
 pub use packjit_frontend::{decode as verify, Program as VerifiedProgram};
 pub use packjit_plugin_api::{
     AccessDirection, Arch, CodeArena, CompileError as Error, ErrorKind, JitBackend, MemFault,
     PjHelperFn, PjProgramEntry,
 };
+pub use symbols::{default_perf_map_path, SymbolInfo};
 
 use packjit_plugin_api::export::catch_panic;
 use packjit_plugin_api::{abi, CompileRequest, Compiled, HelperEntry, Region};
 use scratch::ScratchArena;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
+use symbols::Symbols;
 
 fn err(kind: ErrorKind, msg: impl Into<String>) -> Error {
     Error::new(kind, msg)
@@ -70,6 +77,9 @@ pub struct LoadOptions {
     /// Host memory this program may touch besides its context and stack (in addition to the
     /// runtime-wide regions of [`Runtime::add_region`]).
     pub regions: Vec<MemRegion>,
+    /// Program name for symbols and the perf map; `None` = `prog_<id>`. The ELF loader
+    /// passes the program's symbol name.
+    pub name: Option<String>,
     /// Target architecture; `None` = the host's. Programs for another architecture are
     /// compiled (for inspection) but cannot be called.
     pub arch: Option<Arch>,
@@ -122,6 +132,8 @@ pub struct Runtime {
     backends: RwLock<Vec<BackendSlot>>,
     helpers: RwLock<BTreeMap<u32, HelperInfo>>,
     regions: RwLock<Vec<MemRegion>>,
+    symbols: Arc<Symbols>,
+    next_program_id: AtomicU64,
 }
 
 /// How the code of a program treats memory.
@@ -152,6 +164,8 @@ impl Runtime {
             backends: RwLock::new(Vec::new()),
             helpers: RwLock::new(BTreeMap::new()),
             regions: RwLock::new(Vec::new()),
+            symbols: Arc::new(Symbols::default()),
+            next_program_id: AtomicU64::new(1),
         })
     }
 
@@ -330,6 +344,17 @@ impl Runtime {
 
     /// Compiles several programs (sandboxed) and commits them together: one protection/remap
     /// pass and one instruction-cache maintenance pass for the whole batch.
+    /// Compiles without committing: the caller commits the arena once for a whole batch
+    /// (see [`HookBatch`]) before any of the code may run.
+    pub(crate) fn load_uncommitted(
+        &self,
+        code: &[u8],
+        opts: &LoadOptions,
+        trust: Trust,
+    ) -> Result<Program, Error> {
+        self.compile(code, opts, &self.helper_table(), trust)
+    }
+
     pub fn load_batch(&self, codes: &[&[u8]], opts: &LoadOptions) -> Vec<Result<Program, Error>> {
         self.load_batch_as(codes, opts, Trust::Sandboxed)
     }
@@ -439,16 +464,32 @@ impl Runtime {
                 ArenaRef::Scratch(self.scratch.clone()),
             ),
         };
+        let id = self.next_program_id.fetch_add(1, Relaxed);
+        let name: Arc<str> = match &opts.name {
+            Some(n) => n.as_str().into(),
+            None => format!("prog_{id}").into(),
+        };
+        let executable = matches!(owner, ArenaRef::Packed(_));
+        // Only code in the executable arena has addresses a profiler can sample.
+        let symbols = executable.then(|| {
+            self.symbols
+                .insert(id, name.clone(), compiled.entry, compiled.code_size as u64);
+            self.symbols.clone()
+        });
         Ok(Program {
             compiled,
             arch,
             features,
-            executable: matches!(owner, ArenaRef::Packed(_)),
+            executable,
             owner,
             backend: backend.name().to_string(),
             trust,
             budget: opts.budget,
             regions: regions.into(),
+            id,
+            name,
+            symbols,
+            retired: false,
             elf: None,
         })
     }
@@ -461,6 +502,45 @@ impl Runtime {
     /// The executable arena, if the host architecture has one.
     pub fn arena(&self) -> Option<&PackedArena> {
         self.arena.as_ref()
+    }
+
+    /// The program whose native code covers `addr`, with the offset into it (O(log n)).
+    pub fn symbolize(&self, addr: u64) -> Option<SymbolInfo> {
+        self.symbols.lookup(addr)
+    }
+
+    /// Every live executable program, by address (what the perf map lists).
+    pub fn symbols(&self) -> Vec<SymbolInfo> {
+        self.symbols.list()
+    }
+
+    /// Live executable programs (their code not reclaimed yet).
+    pub fn live_programs(&self) -> usize {
+        self.symbols.len()
+    }
+
+    /// Writes the perf map at [`default_perf_map_path`] (`/tmp/perf-<pid>.map`) and keeps it
+    /// current as programs are loaded and reclaimed. Returns the path.
+    pub fn enable_perf_map(&self) -> Result<std::path::PathBuf, Error> {
+        let path = default_perf_map_path();
+        self.enable_perf_map_at(&path)?;
+        Ok(path)
+    }
+
+    /// As [`enable_perf_map`](Self::enable_perf_map), at `path` (tests, several runtimes in
+    /// one process).
+    pub fn enable_perf_map_at(&self, path: &Path) -> Result<(), Error> {
+        self.symbols.enable_perf_map(path.to_path_buf())
+    }
+
+    /// Rewrites the perf map from the index now; `None` when it was never enabled.
+    pub fn write_perf_map(&self) -> Result<Option<std::path::PathBuf>, Error> {
+        self.symbols.write_perf_map()
+    }
+
+    /// Where the perf map is kept, once enabled.
+    pub fn perf_map_path(&self) -> Option<std::path::PathBuf> {
+        self.symbols.perf_map_path()
     }
 
     /// Runs deferred frees whose epoch has ended; returns how many are still pending.
@@ -498,6 +578,12 @@ pub struct Program {
     trust: Trust,
     budget: Option<u64>,
     regions: Arc<[abi::PjMemRegion]>,
+    id: u64,
+    name: Arc<str>,
+    /// The index holding this program's symbol (executable programs only).
+    symbols: Option<Arc<Symbols>>,
+    /// Its grace period has passed (set by a hook retiring it): release without waiting.
+    retired: bool,
     // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
     // lives exactly as long as the code can run (see elf.rs).
     elf: Option<Box<elf::Linked>>,
@@ -506,6 +592,8 @@ pub struct Program {
 impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Program")
+            .field("id", &self.id)
+            .field("name", &self.name)
             .field("arch", &self.arch)
             .field("backend", &self.backend)
             .field("entry", &format_args!("{:#x}", self.compiled.entry))
@@ -669,6 +757,31 @@ impl Program {
         self.executable
     }
 
+    /// Unique id within its runtime.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Name (for symbols and the perf map).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counts the program as a pending free from the moment a hook retires it (so
+    /// [`Runtime::reclaim`] waits for it), before its grace period starts.
+    pub(crate) fn note_retiring(&self) {
+        if let ArenaRef::Packed(a) = &self.owner {
+            a.expect_release();
+        }
+    }
+
+    /// Drops a program no thread can be running any more (retired by a hook, after its grace
+    /// period, [`note_retiring`](Self::note_retiring) called): the code is released at once
+    /// instead of waiting a second grace period.
+    pub(crate) fn drop_after_grace(mut self) {
+        self.retired = matches!(self.owner, ArenaRef::Packed(_));
+    }
+
     /// Name of the backend that compiled it.
     pub fn backend_name(&self) -> &str {
         &self.backend
@@ -677,8 +790,21 @@ impl Program {
 
 impl Drop for Program {
     fn drop(&mut self) {
+        let (id, entry) = (self.id, self.compiled.entry);
+        let syms = self.symbols.take();
+        // The symbol goes right before the chunks are released, never earlier: a profiler
+        // sample inside a retired program that is still finishing must still resolve.
+        let unlist = move || {
+            if let Some(s) = syms {
+                s.remove(id, entry);
+            }
+        };
         match &self.owner {
-            ArenaRef::Packed(a) => a.free_deferred(self.compiled.region),
+            ArenaRef::Packed(a) if self.retired => {
+                unlist();
+                a.release_after_grace(&self.compiled.region);
+            }
+            ArenaRef::Packed(a) => a.free_deferred_then(self.compiled.region, unlist),
             ArenaRef::Scratch(s) => s.free(&self.compiled.region),
         }
     }

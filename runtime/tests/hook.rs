@@ -4,6 +4,10 @@
 use packjit::{Arch, ErrorKind, Hook, LoadOptions, Runtime};
 use std::sync::Arc;
 
+#[cfg(target_arch = "x86_64")]
+#[path = "../benches/common/x86_stub.rs"]
+mod x86_stub;
+
 fn runtime() -> Runtime {
     let rt = Runtime::new().unwrap();
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
@@ -67,7 +71,10 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
                 // newer one, and never a value no program returns.
                 let (mut last, mut runs) = (0u64, 0u64);
                 while !stop.load(Ordering::Relaxed) {
-                    let v = hook.run(&mut []).expect("a program stays attached");
+                    let v = hook
+                        .run(&mut [])
+                        .expect("a program stays attached")
+                        .expect("the program runs");
                     assert!(v >= last && v <= 200, "saw {v} after {last}");
                     last = v;
                     runs += 1;
@@ -80,7 +87,7 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
     for version in 1..=200 {
         hook.attach(rt.load(&ret(version), &LoadOptions::default()).unwrap())
             .unwrap();
-        assert_eq!(hook.run(&mut []), Some(version as u64));
+        assert_eq!(hook.run(&mut []).map(Result::unwrap), Some(version as u64));
     }
     stop.store(true, Ordering::Relaxed);
     for r in readers {
@@ -91,7 +98,7 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
     hook.detach();
     assert!(!hook.is_attached());
     assert_eq!(hook.run(&mut []), None);
-    // Two epoch stages: the hook retires the Program, whose drop then defers the code free.
+    // One epoch stage: the hook retires the Program and releases its code after it.
     for _ in 0..1000 {
         packjit::arena::epoch_pin().flush();
         rt.reclaim();
@@ -102,4 +109,151 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
     }
     assert_eq!(rt.reclaim(), 0);
     assert_eq!(rt.stats().allocations, 0, "retired programs are released");
+}
+
+/// A runtime whose host-arch backend is the x86 stub (plus arm64 for a foreign arch).
+#[cfg(target_arch = "x86_64")]
+fn stub_runtime() -> Runtime {
+    let rt = Runtime::new().unwrap();
+    rt.add_backend(Arc::new(x86_stub::X86Stub)).unwrap();
+    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+        .unwrap();
+    rt
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Reclaims until every retired program is released (or a generous bound passes).
+fn drain(rt: &Runtime) {
+    for _ in 0..2000 {
+        packjit::arena::epoch_pin().flush();
+        if rt.reclaim() == 0 && rt.live_programs() == rt.stats().allocations {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn batch_attach_under_running_threads_loses_no_run_and_frees_every_replaced_program() {
+    use packjit::HookBatch;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const HOOKS: usize = 64;
+    const ROUNDS: i32 = 40;
+
+    let rt = Arc::new(stub_runtime());
+    let hooks: Arc<Vec<Hook>> = Arc::new((0..HOOKS).map(|_| Hook::new()).collect());
+    let mut batch = HookBatch::new();
+    for (i, h) in hooks.iter().enumerate() {
+        batch
+            .load_attach(
+                &rt,
+                h,
+                &x86_stub::ret_prog(i as i32 * 1000, 4),
+                &LoadOptions::default(),
+            )
+            .unwrap();
+    }
+    assert_eq!(batch.apply(), 0, "nothing was attached before");
+    let commits_before = rt.stats().commits;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (hooks, stop) = (hooks.clone(), stop.clone());
+            std::thread::spawn(move || {
+                // Per hook, versions only move forward and every run finds a program.
+                let mut last = vec![0i64; HOOKS];
+                let (mut attempted, mut ran) = (0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    for (i, h) in hooks.iter().enumerate() {
+                        attempted += 1;
+                        if let Some(Ok(v)) = h.run(&mut []) {
+                            let version = v as i64 - i as i64 * 1000;
+                            assert!(
+                                (0..=ROUNDS as i64).contains(&version) && version >= last[i],
+                                "hook {i}: version {version} after {}",
+                                last[i]
+                            );
+                            last[i] = version;
+                            ran += 1;
+                        }
+                    }
+                }
+                (attempted, ran)
+            })
+        })
+        .collect();
+
+    let mut replaced = 0;
+    for round in 1..=ROUNDS {
+        let mut batch = HookBatch::new();
+        for (i, h) in hooks.iter().enumerate() {
+            let code = x86_stub::ret_prog(i as i32 * 1000 + round, 4);
+            batch
+                .load_attach(&rt, h, &code, &LoadOptions::default())
+                .unwrap();
+        }
+        replaced += batch.apply();
+        // Let the readers see this round's programs.
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        replaced,
+        HOOKS * ROUNDS as usize,
+        "each batch replaced every hook"
+    );
+    assert_eq!(
+        rt.stats().commits - commits_before,
+        ROUNDS as u64,
+        "one arena commit per batch"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        let (attempted, ran) = r.join().unwrap();
+        assert!(attempted > 0);
+        assert_eq!(ran, attempted, "every run found a program and it ran");
+    }
+    for (i, h) in hooks.iter().enumerate() {
+        assert_eq!(
+            h.run(&mut []).map(Result::unwrap),
+            Some(i as u64 * 1000 + ROUNDS as u64)
+        );
+    }
+
+    // Every replaced program is released; only the attached ones stay.
+    drain(&rt);
+    assert_eq!(rt.reclaim(), 0, "no free pending");
+    assert_eq!(rt.live_programs(), HOOKS);
+    assert_eq!(rt.stats().allocations, HOOKS);
+    assert_eq!(rt.detach_batch(hooks.iter()), HOOKS);
+    drain(&rt);
+    assert_eq!(rt.live_programs(), 0);
+    assert_eq!(rt.stats().allocations, 0, "detached programs are released");
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_batch_with_a_foreign_program_attaches_nothing() {
+    let rt = stub_runtime();
+    let hooks = [Hook::new(), Hook::new()];
+    let native = rt
+        .load(&x86_stub::ret_prog(1, 2), &LoadOptions::default())
+        .unwrap();
+    let foreign = rt
+        .load(
+            &ret(2),
+            &LoadOptions {
+                arch: Some(Arch::Aarch64),
+                name: Some("arm".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let e = rt
+        .attach_batch([(&hooks[0], native), (&hooks[1], foreign)])
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NotExecutable);
+    assert!(e.message.contains("arm"), "{}", e.message);
+    assert!(hooks.iter().all(|h| !h.is_attached()));
 }

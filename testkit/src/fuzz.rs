@@ -4,7 +4,8 @@
 //! [`compile_both`] feeds arbitrary bytes to the verifier and to both backends, compiling
 //! into a [`VecArena`] (plain heap memory: nothing is executed, so no mapping is needed).
 //! The properties: no panic, no hang, every rejection is a clean [`CompileError`], and the
-//! verifier and the backends agree on what is valid.
+//! verifier and the backends agree on what is valid. [`run_sandboxed`] then executes the
+//! accepted programs natively on x86-64 hosts, sandboxed and budgeted.
 
 use packjit_plugin_api::{
     CodeArena, CompileError, CompileRequest, ErrorKind, HelperEntry, JitBackend, Region,
@@ -207,5 +208,85 @@ pub fn mutate(rng: &mut crate::gen::Rng, input: &mut Vec<u8>) {
                 }
             }
         }
+    }
+}
+
+/// Context bytes a fuzzed program runs on in [`run_sandboxed`], and the canary bytes on each
+/// side of it that must survive the run.
+const RUN_CTX: usize = 64;
+const CANARY: usize = 64;
+
+/// On an x86-64 host, also *executes* the input: compiled sandboxed and budgeted by the
+/// x86-64 backend into a real executable arena, run natively on a 64-byte context with
+/// 100,000 instructions of budget. The properties: the run returns (no signal, no hang), a
+/// stop names a kind the ABI defines and a pc inside the program, and the canary bytes around
+/// the context are untouched (no write escaped the sandbox). Returns the run's stop kind
+/// (`PJ_STOP_NONE` for a normal return), or `None` when nothing ran (rejected input, or a
+/// host other than x86-64).
+pub fn run_sandboxed(data: &[u8]) -> Option<u32> {
+    if !cfg!(target_arch = "x86_64") {
+        return None; // the code could not run here
+    }
+    {
+        use packjit_plugin_api::abi::{
+            PjExecEnv, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_UNKNOWN_CALLX,
+        };
+        use packjit_plugin_api::PjProgramEntry;
+        thread_local! {
+            static RT: packjit::Runtime = packjit::Runtime::new().expect("runtime");
+        }
+        let be = packjit_x86_64::X86Backend::new();
+        let helpers = fuzz_helpers();
+        RT.with(|rt| {
+            let arena = rt.arena().expect("x86-64 hosts have an executable arena");
+            let req = CompileRequest {
+                code: data,
+                helpers: &helpers,
+                features: be.detect_features(),
+                flags: PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET,
+                blind_key: 0,
+            };
+            let Ok(c) = be.compile(&req, arena) else {
+                return None; // compile_both judges rejections
+            };
+            arena.commit();
+            let mut buf = [0xa5u8; CANARY + RUN_CTX + CANARY];
+            let ctx = buf[CANARY..].as_mut_ptr();
+            let mut env = PjExecEnv {
+                ctx_start: ctx as u64,
+                ctx_end: ctx as u64 + RUN_CTX as u64,
+                budget: 100_000,
+                ..PjExecEnv::default()
+            };
+            // SAFETY: committed x86-64 code of the PjProgramEntry signature on an x86-64
+            // host; it was compiled sandboxed and budgeted, so it touches only the context,
+            // its own stack block and nothing else, and ends within the budget. `buf` and
+            // `env` outlive the call.
+            unsafe {
+                let entry: PjProgramEntry = std::mem::transmute(c.entry as usize);
+                entry(ctx, RUN_CTX as u64, &mut env);
+            }
+            arena.free_deferred(c.region);
+            assert!(
+                env.stop_kind <= PJ_STOP_UNKNOWN_CALLX,
+                "x86-64: unknown stop kind {}",
+                env.stop_kind
+            );
+            if env.stop_kind != 0 {
+                assert!(
+                    (env.stop_pc as usize) < data.len() / 8,
+                    "x86-64: stop at pc {} outside the program",
+                    env.stop_pc
+                );
+            }
+            assert!(
+                buf[..CANARY]
+                    .iter()
+                    .chain(&buf[CANARY + RUN_CTX..])
+                    .all(|&b| b == 0xa5),
+                "x86-64: a write escaped the context"
+            );
+            Some(env.stop_kind)
+        })
     }
 }

@@ -1223,8 +1223,11 @@ use packjit::{Error as JitError, ErrorKind, LoadOptions, Runtime};
 /// runs: addresses near the context (before it, just past it, a page away) then fall into
 /// memory the harness owns rather than into whatever the allocator put next to it (the
 /// interpreter's stack block lives on the heap too), so they are out of bounds on both sides
-/// for the same reason.
-pub const CTX_GUARD: usize = 8192;
+/// for the same reason. 2 MiB, more than the ±1 MiB window in which `stops_agree` compares
+/// fault addresses relative to the context: the interpreter's stack block is then never
+/// inside that window (natively on x86-64 it was, 170 KiB from the context, and its
+/// stack-relative faults were compared as context-relative ones).
+pub const CTX_GUARD: usize = 2 << 20;
 
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1247,13 +1250,21 @@ pub struct SandboxRun {
 }
 
 /// Runs `f` on a copy of `ctx` placed inside [`CTX_GUARD`] bytes on each side.
+/// The buffer is allocated once per thread (a fresh 4 MiB mapping per run would cost more
+/// than the run); only the context part is ever handed out.
 fn guarded<R>(ctx: &[u8], f: impl FnOnce(&mut [u8]) -> R) -> (R, Vec<u8>, u64) {
-    let mut buf = vec![0u8; CTX_GUARD + ctx.len() + CTX_GUARD];
-    let c = &mut buf[CTX_GUARD..CTX_GUARD + ctx.len()];
-    c.copy_from_slice(ctx);
-    let addr = c.as_ptr() as u64;
-    let r = f(c);
-    (r, c.to_vec(), addr)
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with(|b| {
+        let mut buf = b.borrow_mut();
+        buf.resize(CTX_GUARD + ctx.len() + CTX_GUARD, 0);
+        let c = &mut buf[CTX_GUARD..CTX_GUARD + ctx.len()];
+        c.copy_from_slice(ctx);
+        let addr = c.as_ptr() as u64;
+        let r = f(c);
+        (r, c.to_vec(), addr)
+    })
 }
 
 /// Runs `code` in the interpreter with the program's budget, as sandboxed JIT code would run.

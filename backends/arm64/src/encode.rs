@@ -7,6 +7,7 @@ use dynasmrt::aarch64::{
     encode_logical_immediate_32bit, encode_logical_immediate_64bit, Aarch64Relocation,
 };
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+use packjit_frontend::analysis::blinding_mask;
 use packjit_frontend::{AluOp, Cond, Width, Width::W32, Width::W64};
 use packjit_plugin_api::{CompileError, ErrorKind};
 
@@ -401,12 +402,45 @@ impl Emitter<'_> {
         }
     }
 
-    pub(crate) fn add_imm_sp(&mut self, rd: u8, v: i64) {
+    /// `rd = base + v` where base may be sp (XSP family).
+    pub(crate) fn add_imm_base(&mut self, rd: u8, base: u8, v: i64) {
         if let Some((imm, false)) = fits_imm12(v) {
-            a64!(self.ops; add XSP(rd), sp, imm);
+            a64!(self.ops; add XSP(rd), XSP(base), imm);
         } else {
             self.mov_imm(rd, v as u64, W64);
-            a64!(self.ops; add XSP(rd), sp, X(rd));
+            a64!(self.ops; add XSP(rd), XSP(base), X(rd));
+        }
+    }
+
+    /// `rd = value` for a constant taken from the program: plain, or blinded
+    /// (`(value ^ mask) ^ mask`, mask from this instruction's pc) so the value never appears
+    /// in the code. Used for 64-bit `lddw` values and store immediates.
+    pub(crate) fn imm(&mut self, rd: u8, value: u64, width: Width) {
+        let Some(key) = self.mode.blind_key else {
+            self.mov_imm(rd, value, width);
+            return;
+        };
+        let mask = blinding_mask(key, self.prog.insts[self.cur].pc);
+        let mask = if width == W64 {
+            mask
+        } else {
+            mask & 0xffff_ffff
+        };
+        self.mov_imm(rd, value ^ mask, width);
+        self.mov_imm(T3, mask, width);
+        if width == W64 {
+            a64!(self.ops; eor X(rd), X(rd), X(T3));
+        } else {
+            a64!(self.ops; eor W(rd), W(rd), W(T3));
+        }
+    }
+
+    /// `rd = imm` as an ALU or jump operand at `width` (sign-extended for 64-bit), blinded
+    /// with a 32-bit mask: two halfwords per constant instead of four, then SXTW.
+    pub(crate) fn imm32(&mut self, rd: u8, imm: i32, width: Width) {
+        self.imm(rd, imm as u32 as u64, W32);
+        if width == W64 {
+            a64!(self.ops; sxtw X(rd), W(rd));
         }
     }
 

@@ -19,10 +19,14 @@ use packjit_frontend::{
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
 use crate::encode::*;
-use crate::frame::{plan_frames, Frame};
+use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
+use packjit_frontend::analysis::{back_edge_charge, checked_access, CALL_CHARGE};
+use packjit_plugin_api::abi::{
+    PJ_ACCESS_WRITE, PJ_ENV_REGIONS, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
+};
 
 /// Result of [`crate::emit_program`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,18 +47,7 @@ pub fn emit_decoded(
     helpers: &[HelperEntry],
     mode: &CodegenMode,
 ) -> Result<Emitted, CompileError> {
-    if *mode
-        != (CodegenMode {
-            features: mode.features,
-            ..CodegenMode::TRUSTED
-        })
-    {
-        return Err(CompileError::new(
-            ErrorKind::Unsupported,
-            "arm64: sandbox, budget and blinding are not implemented yet",
-        ));
-    }
-    let frames = plan_frames(prog);
+    let plan = plan(prog, mode.sandboxed(), mode.counts_budget());
     // Conditional branches start in their short form; any found out of range after a pass is
     // switched to the long form (inverted condition around a B) and the code is emitted
     // again. The set only grows, so this settles; in practice one pass suffices.
@@ -62,13 +55,7 @@ pub fn emit_decoded(
     let mut passes = 0;
     loop {
         passes += 1;
-        let mut e = Emitter::new(
-            prog,
-            helpers,
-            mode.features & FEATURE_LSE != 0,
-            &frames,
-            long.clone(),
-        );
+        let mut e = Emitter::new(prog, helpers, mode, &plan, long.clone());
         e.program()?;
         let (grew, offsets) = e.check_ranges(&mut long, passes)?;
         if !grew {
@@ -89,11 +76,37 @@ pub fn emit_decoded(
     }
 }
 
+/// Out-of-line code of one instruction, emitted after all functions so the hot path stays
+/// dense: the rare side of a sandbox check or a budget charge.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Cold {
+    /// The inline check failed: try the other of context and stack block, then the host
+    /// regions; resume at `resume` with x9 = the (clamped) address, or stop.
+    Access {
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        /// The inline check was the stack block's (a stack-like base register).
+        stack_first: bool,
+        /// Where the unclamped address is (x9 is set from it first).
+        addr: u8,
+    },
+    /// Not enough budget for `charge`: undo the subtraction and stop at the jump.
+    Budget {
+        inst: usize,
+        label: DynamicLabel,
+        charge: u64,
+    },
+}
+
 pub(crate) struct Emitter<'a> {
     pub(crate) prog: &'a Program,
     pub(crate) helpers: &'a [HelperEntry],
+    pub(crate) mode: &'a CodegenMode,
     pub(crate) lse: bool,
-    pub(crate) frames: &'a [Frame],
+    pub(crate) plan: &'a Plan,
     pub(crate) long: Vec<bool>,
     pub(crate) ops: Asm,
     /// Start of each instruction's code (after the prologue for subprogram starts).
@@ -102,9 +115,15 @@ pub(crate) struct Emitter<'a> {
     pub(crate) entries: Vec<DynamicLabel>,
     /// Epilogue of each subprogram.
     pub(crate) epilogues: Vec<DynamicLabel>,
-    /// Entry epilogue past the stack release: where the callx abort lands.
+    /// Entry epilogue past the stack release: where every stop lands.
     pub(crate) restore: DynamicLabel,
-    pub(crate) abort: Option<DynamicLabel>,
+    /// Shared stop path (see `Emitter::stop_paths`).
+    pub(crate) stop: DynamicLabel,
+    /// Shared budget stop path.
+    pub(crate) stop_budget: DynamicLabel,
+    /// Shared scan of `env.regions` (sandbox).
+    pub(crate) region_scan: DynamicLabel,
+    pub(crate) colds: Vec<Cold>,
     pub(crate) sites: Vec<Site>,
     pub(crate) cur: usize,
 }
@@ -113,8 +132,8 @@ impl<'a> Emitter<'a> {
     pub(crate) fn new(
         prog: &'a Program,
         helpers: &'a [HelperEntry],
-        lse: bool,
-        frames: &'a [Frame],
+        mode: &'a CodegenMode,
+        plan: &'a Plan,
         long: Vec<bool>,
     ) -> Self {
         let mut ops = Asm::new(0);
@@ -128,23 +147,25 @@ impl<'a> Emitter<'a> {
             .map(|_| ops.new_dynamic_label())
             .collect();
         let restore = ops.new_dynamic_label();
-        let abort = prog
-            .insts
-            .iter()
-            .any(|i| matches!(i.op, Op::CallReg { .. }))
-            .then(|| ops.new_dynamic_label());
+        let stop = ops.new_dynamic_label();
+        let stop_budget = ops.new_dynamic_label();
+        let region_scan = ops.new_dynamic_label();
         Emitter {
             prog,
             helpers,
-            lse,
-            frames,
+            mode,
+            lse: mode.features & FEATURE_LSE != 0,
+            plan,
             long,
             ops,
             labels,
             entries,
             epilogues,
             restore,
-            abort,
+            stop,
+            stop_budget,
+            region_scan,
+            colds: Vec::new(),
             sites: Vec::new(),
             cur: 0,
         }
@@ -158,7 +179,6 @@ impl<'a> Emitter<'a> {
         CompileError::at(self.prog.insts[self.cur].pc, kind, msg)
     }
 
-    /// The arm64 register holding BPF register `r`'s value; r10 is materialised in `tmp`.
     pub(crate) fn program(&mut self) -> Result<(), CompileError> {
         for k in 0..self.prog.subprogs.len() {
             let sp = self.prog.subprogs[k].clone();
@@ -175,25 +195,31 @@ impl<'a> Emitter<'a> {
             }
             self.epilogue(k);
         }
-        if let Some(abort) = self.abort {
-            // callx with an unregistered id: r0 = u64::MAX, leave the whole program.
-            let restore = self.restore;
-            a64!(self.ops; =>abort ; movn X(REG_MAP[0]), 0);
-            if self.frames[0].abort_anchor {
-                // Possibly nested: drop every frame above the entry's saved registers.
-                a64!(self.ops; mov sp, XSP(ABORT_SP) ; b =>restore);
-            } else {
-                // callx only in the entry: its own epilogue releases the stack.
-                let epi = self.epilogues[0];
-                a64!(self.ops; b =>epi);
-            }
+        for cold in std::mem::take(&mut self.colds) {
+            self.cold(cold);
         }
+        if self.mode.sandboxed() {
+            self.region_scan();
+        }
+        self.stop_paths();
         Ok(())
     }
 
+    /// The register the frame is addressed from and r10's offset from it: sp in trusted
+    /// code (r10 = sp + 512), x25 in the sandbox's stack block (r10 = x25 + 512).
+    pub(crate) fn frame_base(&self) -> u8 {
+        if self.mode.sandboxed() {
+            FP
+        } else {
+            ZR
+        }
+    }
+
+    /// The arm64 register holding BPF register `r`'s value; r10 is materialised in `tmp`.
     pub(crate) fn src(&mut self, r: Reg, tmp: u8) -> u8 {
         if r == R10 {
-            a64!(self.ops; add XSP(tmp), sp, STACK_SIZE as u32);
+            let fb = self.frame_base();
+            a64!(self.ops; add XSP(tmp), XSP(fb), STACK_SIZE as u32);
             tmp
         } else {
             REG_MAP[r as usize]
@@ -242,7 +268,7 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::End { kind, bits, dst } => self.end(kind, bits, REG_MAP[dst as usize]),
-            Op::LdImm64 { dst, imm } => self.mov_imm(REG_MAP[dst as usize], imm, W64),
+            Op::LdImm64 { dst, imm } => self.imm(REG_MAP[dst as usize], imm, W64),
             Op::Load {
                 size,
                 sign_extend,
@@ -273,7 +299,7 @@ impl<'a> Emitter<'a> {
                             Size::W => imm as u32 as u64,
                             Size::DW => imm as i64 as u64,
                         };
-                        self.mov_imm(T2, v, if size == Size::DW { W64 } else { W32 });
+                        self.imm(T2, v, if size == Size::DW { W64 } else { W32 });
                         T2
                     }
                 };
@@ -297,6 +323,7 @@ impl<'a> Emitter<'a> {
             Op::Ja { target } => {
                 // A jump to the next instruction is a no-op.
                 if target != i + 1 {
+                    self.charge_back_edge(i, target);
                     self.b(self.labels[target]);
                 }
             }
@@ -308,7 +335,7 @@ impl<'a> Emitter<'a> {
                 target,
             } => {
                 if target != i + 1 {
-                    self.jcond(width, cond, dst, src, self.labels[target]);
+                    self.jcond(width, cond, dst, src, i, target);
                 }
             }
             Op::CallHelper { id } => {
@@ -326,9 +353,20 @@ impl<'a> Emitter<'a> {
             Op::CallLocal { target } => {
                 let sub = self.prog.subprog_of(target);
                 let entry = self.entries[sub];
+                if self.mode.counts_budget() {
+                    self.charge(CALL_CHARGE);
+                }
                 // Arguments in x0-x4, result in x7: the BPF calling convention is native.
+                // In the sandbox's stack block the callee's frame is the 512 bytes below.
+                let block = self.plan.block > 0;
+                if block {
+                    a64!(self.ops; sub XSP(FP), XSP(FP), STACK_SIZE as u32);
+                }
                 self.site(entry, Reach::Jump);
                 a64!(self.ops; bl =>entry);
+                if block {
+                    a64!(self.ops; add XSP(FP), XSP(FP), STACK_SIZE as u32);
+                }
             }
             Op::Exit => {
                 // The epilogue follows the last instruction of the subprogram.
@@ -345,12 +383,24 @@ impl<'a> Emitter<'a> {
         let imm = match src {
             // r10 is sp + 512: one ADD, not a materialise-then-move.
             Operand::Reg(R10) if op == AluOp::Mov && width == W64 => {
-                a64!(self.ops; add XSP(d), sp, STACK_SIZE as u32);
+                let fb = self.frame_base();
+                a64!(self.ops; add XSP(d), XSP(fb), STACK_SIZE as u32);
                 return;
             }
             Operand::Reg(r) => {
                 let s = self.src(r, T0);
                 self.alu_rrr(op, width, d, d, s);
+                return;
+            }
+            Operand::Imm(imm) if self.mode.blind_key.is_some() => {
+                // Blinded: the immediate only ever exists masked in the code, so every
+                // operation takes it from a register.
+                if op == AluOp::Mov {
+                    self.imm32(d, imm, width);
+                } else {
+                    self.imm32(T1, imm, width);
+                    self.alu_rrr(op, width, d, d, T1);
+                }
                 return;
             }
             Operand::Imm(imm) => imm,
@@ -444,9 +494,13 @@ impl<'a> Emitter<'a> {
     }
 
     pub(crate) fn mem(&mut self, op: MemOp, size: Size, rt: u8, base: Reg, off: i16) {
-        // r10-based accesses address the frame directly off sp (r10 = sp + 512).
-        let (b, o) = if base == R10 {
-            (ZR, off as i64 + STACK_SIZE as i64)
+        let inst = self.prog.insts[self.cur].op;
+        // r10-based accesses address the frame directly off its base (r10 = base + 512).
+        let (b, o) = if self.mode.sandboxed() && checked_access(&inst).is_some() {
+            self.check_access(size, op == MemOp::Store, base, off);
+            (T0, 0)
+        } else if base == R10 {
+            (self.frame_base(), off as i64 + STACK_SIZE as i64)
         } else {
             (REG_MAP[base as usize], off as i64)
         };
@@ -486,9 +540,15 @@ impl<'a> Emitter<'a> {
     }
 
     /// Address of an atomic access in a register (LDXR/LDADD... take no offset).
-    pub(crate) fn atomic_addr(&mut self, base: Reg, off: i16) -> u8 {
-        if base == R10 {
-            self.add_imm_sp(T0, off as i64 + STACK_SIZE as i64);
+    pub(crate) fn atomic_addr(&mut self, size: Size, base: Reg, off: i16) -> u8 {
+        let inst = self.prog.insts[self.cur].op;
+        if self.mode.sandboxed() && checked_access(&inst).is_some() {
+            // Atomics count as writes.
+            self.check_access(size, true, base, off);
+            T0
+        } else if base == R10 {
+            let fb = self.frame_base();
+            self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
             T0
         } else if off == 0 {
             REG_MAP[base as usize]
@@ -507,7 +567,7 @@ impl<'a> Emitter<'a> {
         off: i16,
         src: Reg,
     ) {
-        let a = self.atomic_addr(base, off);
+        let a = self.atomic_addr(if width == W64 { Size::DW } else { Size::W }, base, off);
         let s = self.src(src, T4);
         let r0 = REG_MAP[0];
         if self.lse {
@@ -664,77 +724,103 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// A conditional jump to instruction `target` from instruction `i`. A taken back-edge
+    /// in budget mode charges the budget first: the inverted test skips the charge.
     pub(crate) fn jcond(
         &mut self,
         width: Width,
         cond: Cond,
         dst: Reg,
         src: Operand,
-        target: DynamicLabel,
+        i: usize,
+        target: usize,
     ) {
+        let Some(test) = self.jtest(width, cond, dst, src) else {
+            return;
+        };
+        let label = self.labels[target];
+        if self.back_edge_charge(i, target).is_some() {
+            let skip = self.ops.new_dynamic_label();
+            self.branch_if(invert(test), skip);
+            self.charge_back_edge(i, target);
+            self.b(label);
+            a64!(self.ops; =>skip);
+        } else {
+            self.branch_if(test, label);
+        }
+    }
+
+    /// Sets flags (or picks a compare-and-branch form) for a conditional jump; `None` when
+    /// the jump can never be taken.
+    fn jtest(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) -> Option<Test> {
         let d = self.src(dst, T0);
-        let test = match src {
+        let imm = match src {
             Operand::Reg(r) => {
                 let s = self.src(r, T1);
-                match (cond, width) {
-                    (Cond::Set, W64) => a64!(self.ops; tst X(d), X(s)),
-                    (Cond::Set, W32) => a64!(self.ops; tst W(d), W(s)),
-                    (_, W64) => a64!(self.ops; cmp X(d), X(s)),
-                    (_, W32) => a64!(self.ops; cmp W(d), W(s)),
+                return Some(self.jcmp_reg(width, cond, d, s));
+            }
+            Operand::Imm(imm) if self.mode.blind_key.is_some() => {
+                self.imm32(T1, imm, width);
+                return Some(self.jcmp_reg(width, cond, d, T1));
+            }
+            Operand::Imm(imm) => imm,
+        };
+        let v = imm as i64;
+        let bits = if width == W64 {
+            v as u64
+        } else {
+            imm as u32 as u64
+        };
+        Some(match cond {
+            Cond::Eq | Cond::Ne if v == 0 => Test::Zero {
+                reg: d,
+                width,
+                zero: cond == Cond::Eq,
+            },
+            // x & 0 is never non-zero: the branch is never taken.
+            Cond::Set if bits == 0 => return None,
+            Cond::Set if bits.is_power_of_two() => Test::Bit {
+                reg: d,
+                bit: bits.trailing_zeros(),
+                set: true,
+            },
+            Cond::Set => {
+                if logical_ok(bits, width) {
+                    if width == W64 {
+                        a64!(self.ops; tst X(d), bits);
+                    } else {
+                        a64!(self.ops; tst W(d), bits as u32);
+                    }
+                } else {
+                    self.mov_imm(T1, bits, width);
+                    if width == W64 {
+                        a64!(self.ops; tst X(d), X(T1));
+                    } else {
+                        a64!(self.ops; tst W(d), W(T1));
+                    }
                 }
+                Test::Flags(Cc::Ne)
+            }
+            _ => {
+                self.cmp_imm(d, v, width);
                 Test::Flags(Cc::from_bpf(cond))
             }
-            Operand::Imm(imm) => {
-                let v = imm as i64;
-                let bits = if width == W64 {
-                    v as u64
-                } else {
-                    imm as u32 as u64
-                };
-                match cond {
-                    Cond::Eq | Cond::Ne if v == 0 => Test::Zero {
-                        reg: d,
-                        width,
-                        zero: cond == Cond::Eq,
-                    },
-                    // x & 0 is never non-zero: the branch is never taken.
-                    Cond::Set if bits == 0 => return,
-                    Cond::Set if bits.is_power_of_two() => Test::Bit {
-                        reg: d,
-                        bit: bits.trailing_zeros(),
-                        set: true,
-                    },
-                    Cond::Set => {
-                        if logical_ok(bits, width) {
-                            if width == W64 {
-                                a64!(self.ops; tst X(d), bits);
-                            } else {
-                                a64!(self.ops; tst W(d), bits as u32);
-                            }
-                        } else {
-                            self.mov_imm(T1, bits, width);
-                            if width == W64 {
-                                a64!(self.ops; tst X(d), X(T1));
-                            } else {
-                                a64!(self.ops; tst W(d), W(T1));
-                            }
-                        }
-                        Test::Flags(Cc::Ne)
-                    }
-                    _ => {
-                        self.cmp_imm(d, v, width);
-                        Test::Flags(Cc::from_bpf(cond))
-                    }
-                }
-            }
-        };
-        self.branch_if(test, target);
+        })
+    }
+
+    fn jcmp_reg(&mut self, width: Width, cond: Cond, d: u8, s: u8) -> Test {
+        match (cond, width) {
+            (Cond::Set, W64) => a64!(self.ops; tst X(d), X(s)),
+            (Cond::Set, W32) => a64!(self.ops; tst W(d), W(s)),
+            (_, W64) => a64!(self.ops; cmp X(d), X(s)),
+            (_, W32) => a64!(self.ops; cmp W(d), W(s)),
+        }
+        Test::Flags(Cc::from_bpf(cond))
     }
 
     /// `callx reg`: compare the id in the register against each registered helper and call
-    /// the match; no match leaves the program with r0 = u64::MAX.
+    /// the match; no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (stop_addr = id).
     pub(crate) fn callx(&mut self, reg: Reg) {
-        let abort = self.abort.expect("abort stub exists when callx does");
         let r = self.src(reg, T0);
         let mut seen = Vec::new();
         let table: Vec<HelperEntry> = self
@@ -749,24 +835,228 @@ impl<'a> Emitter<'a> {
             .copied()
             .collect();
         let call = self.ops.new_dynamic_label();
-        for (n, h) in table.iter().enumerate() {
+        for h in &table {
             // Compare the full 64-bit register: 0x1_0000_0005 is not helper 5.
             self.cmp_imm_u64(r, h.id as u64);
-            if n + 1 < table.len() {
-                a64!(self.ops; b.ne >next);
-                self.mov_imm(T2, h.addr, W64);
-                a64!(self.ops; b =>call ; next:);
+            a64!(self.ops; b.ne >next);
+            self.mov_imm(T2, h.addr, W64);
+            a64!(self.ops; b =>call ; next:);
+        }
+        // No helper has this id: stop at this pc with the id as the address.
+        if r != T0 {
+            a64!(self.ops; mov X(T0), X(r));
+        }
+        let pc = self.prog.insts[self.cur].pc as u64;
+        self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
+        self.mov_imm(C2, pc, W64);
+        self.b(self.stop);
+        a64!(self.ops; =>call ; blr X(T2) ; mov X(REG_MAP[0]), X(RET));
+    }
+
+    // ------------------------------------------------------------ budget
+
+    fn back_edge_charge(&self, from: usize, to: usize) -> Option<u64> {
+        if !self.mode.counts_budget() {
+            return None;
+        }
+        back_edge_charge(&self.prog.insts[from], &self.prog.insts[to])
+    }
+
+    /// Charges a taken back-edge from `from` to `to`, if it is one.
+    pub(crate) fn charge_back_edge(&mut self, from: usize, to: usize) {
+        if let Some(c) = self.back_edge_charge(from, to) {
+            self.charge(c);
+        }
+    }
+
+    /// `budget -= c`, or stop at this pc with the budget untouched when `c` exceeds it.
+    /// Hot path: SUBS + B.LO (not taken); the cold side adds `c` back.
+    pub(crate) fn charge(&mut self, c: u64) {
+        if let Some((imm, false)) = fits_imm12(c as i64) {
+            a64!(self.ops; subs X(BUDGET), XSP(BUDGET), imm);
+        } else {
+            self.mov_imm(C0, c, W64);
+            a64!(self.ops; subs X(BUDGET), X(BUDGET), X(C0));
+        }
+        let label = self.ops.new_dynamic_label();
+        self.branch_if(Test::Flags(Cc::Lo), label);
+        self.colds.push(Cold::Budget {
+            inst: self.cur,
+            label,
+            charge: c,
+        });
+    }
+
+    // ------------------------------------------------------------ sandbox checks
+
+    /// Leaves in x9 the address of a `size`-byte access at `base + off`, checked against the
+    /// context inline; other regions are tried out of line (see [`Cold::Access`]).
+    ///
+    /// ```text
+    ///   add  x9, xb, #off          ; address (none for off = 0: xb is used in place)
+    ///   sub  x14, x9, x23          ; t = addr - ctx_start (wraps when below)
+    ///   subs x14, x24, x14         ; len - t: carry iff t <= len
+    ///   ccmp x14, #size, #0, hs    ; carry iff len - t >= size (else flags = fail)
+    ///   b.lo cold                  ; not in the context
+    ///   csel x9, x9, xzr, hs       ; Spectre v1: a mispredicted b.lo sees address 0
+    /// resume:
+    /// ```
+    ///
+    /// The comparison is exact for every 64-bit address: `t <= len` rules out addresses
+    /// below the context (t wraps past any length) before `len - t >= size` is tested.
+    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) {
+        let b = self.src(base, T0);
+        // The register holding the address: the base itself for offset 0 (the CSEL then
+        // writes x9, and the out-of-line side copies it first), else x9.
+        let addr = if off == 0 { b } else { T0 };
+        if off != 0 {
+            if let Some((imm, false)) = fits_imm12(off as i64) {
+                a64!(self.ops; add XSP(T0), XSP(b), imm);
+            } else if let Some((imm, false)) = fits_imm12(-(off as i64)) {
+                a64!(self.ops; sub XSP(T0), XSP(b), imm);
             } else {
-                a64!(self.ops; b.eq >found);
-                self.b(abort);
-                a64!(self.ops; found:);
-                self.mov_imm(T2, h.addr, W64);
+                self.mov_imm(C0, off as i64 as u64, W64);
+                a64!(self.ops; add X(T0), X(b), X(C0));
             }
         }
-        if table.is_empty() {
-            self.b(abort);
-            return;
+        let s = size.bytes();
+        let label = self.ops.new_dynamic_label();
+        let resume = self.ops.new_dynamic_label();
+        let k = self.prog.subprog_of(self.cur);
+        let stack_first =
+            self.plan.block > 0 && (base == R10 || self.plan.stack_like[k] & (1 << base) != 0);
+        if stack_first {
+            self.stack_check(addr, s);
+            self.branch_if(Test::Flags(Cc::Hi), label);
+            a64!(self.ops; csel X(T0), X(addr), xzr, ls ; =>resume);
+        } else {
+            self.ctx_check(addr, s);
+            self.branch_if(Test::Flags(Cc::Lo), label);
+            a64!(self.ops; csel X(T0), X(addr), xzr, hs ; =>resume);
         }
-        a64!(self.ops; =>call ; blr X(T2) ; mov X(REG_MAP[0]), X(RET));
+        self.colds.push(Cold::Access {
+            inst: self.cur,
+            label,
+            resume,
+            size: s,
+            write,
+            stack_first,
+            addr,
+        });
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
+    fn ctx_check(&mut self, addr: u8, size: u32) {
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(CTX_LO)
+            ; subs X(C0), X(CTX_LEN), X(C0)
+            ; ccmp X(C0), size, 0, hs
+        );
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the stack block": `ls` when it is. `block - size`
+    /// fits CMP's imm12 (block <= 4096, size >= 1); an address below the block wraps past it.
+    fn stack_check(&mut self, addr: u8, size: u32) {
+        let block = self.plan.block;
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(STACK_LO)
+            ; cmp XSP(C0), block - size
+        );
+    }
+
+    /// The out-of-line side of a check or a charge.
+    pub(crate) fn cold(&mut self, cold: Cold) {
+        match cold {
+            Cold::Budget {
+                inst,
+                label,
+                charge,
+            } => {
+                self.cur = inst;
+                a64!(self.ops; =>label);
+                if let Some((imm, false)) = fits_imm12(charge as i64) {
+                    a64!(self.ops; add XSP(BUDGET), XSP(BUDGET), imm);
+                } else {
+                    self.mov_imm(C0, charge, W64);
+                    a64!(self.ops; add X(BUDGET), X(BUDGET), X(C0));
+                }
+                let pc = self.prog.insts[inst].pc as u64;
+                self.mov_imm(C2, pc, W64);
+                self.b(self.stop_budget);
+            }
+            Cold::Access {
+                inst,
+                label,
+                resume,
+                size,
+                write,
+                stack_first,
+                addr,
+            } => {
+                self.cur = inst;
+                a64!(self.ops; =>label);
+                if addr != T0 {
+                    a64!(self.ops; mov X(T0), X(addr));
+                }
+                // The other of the two inline-able checks, then the region scan.
+                if stack_first {
+                    self.ctx_check(T0, size);
+                    a64!(self.ops; b.lo >regions ; csel X(T0), X(T0), xzr, hs);
+                    self.b(resume);
+                    a64!(self.ops; regions:);
+                } else if self.plan.block > 0 {
+                    self.stack_check(T0, size);
+                    a64!(self.ops; b.hi >regions ; csel X(T0), X(T0), xzr, ls);
+                    self.b(resume);
+                    a64!(self.ops; regions:);
+                }
+                let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+                let word = PJ_STOP_OUT_OF_BOUNDS as u64 | (access as u64) << 32;
+                let pc = self.prog.insts[inst].pc as u64;
+                self.mov_imm(C1, word, W64);
+                self.mov_imm(C2, pc, W64);
+                // The scan returns only on success (x9 clamped), so x30 is kept in x5 for
+                // functions that did not save their link register.
+                let scan = self.region_scan;
+                a64!(self.ops; mov x5, x30);
+                self.site(scan, Reach::Jump);
+                a64!(self.ops; bl =>scan ; mov x30, x5);
+                self.b(resume);
+            }
+        }
+    }
+
+    /// The per-program scan of `env.regions` for an access that is in neither the context
+    /// nor the stack block. In: x9 = address, C1 = stop word (size in bits 32..40, write in
+    /// bit 40), C2 = pc. Returns with x9 clamped on success; on failure it stops.
+    /// Uses x6, x8, x10, x12, x14, x17: none holds a value across a checked access.
+    pub(crate) fn region_scan(&mut self) {
+        let (scan, stop) = (self.region_scan, self.stop);
+        a64!(self.ops
+            ; =>scan
+            ; ldp x6, x8, [X(ENV), PJ_ENV_REGIONS]
+            ; ubfx x10, X(C1), 32, 8
+            ; cbz x8, >fail
+            ; next:
+            ; ldp x14, x17, [x6]
+            ; ldr x12, [x6, 16]
+            ; add x6, x6, 24
+            ; sub x14, X(T0), x14
+            ; subs x17, x17, x14
+            ; ccmp x17, x10, 0, hs
+            ; b.lo >skip
+            // A read fits any region; a write needs PJ_REGION_WRITABLE (bit 0).
+            ; tbz X(C1), 40, >found
+            ; tbnz x12, 0, >found
+            ; skip:
+            ; subs x8, x8, 1
+            ; b.ne <next
+            ; fail:
+            ; b =>stop
+            ; found:
+            // Flags are still the ccmp's: a mispredicted b.lo clamps to 0.
+            ; csel X(T0), X(T0), xzr, hs
+            ; ret
+        );
     }
 }

@@ -90,6 +90,7 @@ pub enum R3 {
     Sllw,
     Srlw,
     Sraw,
+    Sltu,
 }
 
 /// AMO operations (the `amo<op>.{w,d}` family).
@@ -116,6 +117,7 @@ pub enum RI {
     Slliw,
     Srliw,
     Sraiw,
+    Sltiu,
 }
 
 /// Native conditional branch kinds (`b<kind> rs1, rs2`).
@@ -354,6 +356,7 @@ impl Emitter {
             R3::Sllw => rv!(self.asm; sllw X(rd), X(rs1), X(rs2)),
             R3::Srlw => rv!(self.asm; srlw X(rd), X(rs1), X(rs2)),
             R3::Sraw => rv!(self.asm; sraw X(rd), X(rs1), X(rs2)),
+            R3::Sltu => rv!(self.asm; sltu X(rd), X(rs1), X(rs2)),
         }
     }
 
@@ -427,6 +430,7 @@ impl Emitter {
             RI::Slliw => rv!(self.asm; slliw X(rd), X(rs), imm as u32),
             RI::Srliw => rv!(self.asm; srliw X(rd), X(rs), imm as u32),
             RI::Sraiw => rv!(self.asm; sraiw X(rd), X(rs), imm as u32),
+            RI::Sltiu => rv!(self.asm; sltiu X(rd), X(rs), imm),
         }
     }
 
@@ -573,9 +577,24 @@ impl Emitter {
         rv!(self.asm; jump =>l, X(tmp));
     }
 
-    /// `auipc ra, hi; jalr ra, ra, lo` (±2 GiB).
-    pub fn far_call(&mut self, l: DynamicLabel) {
-        rv!(self.asm; call =>l);
+    /// `auipc rd, hi; jalr rd, rd, lo` (±2 GiB), the return address in `rd`.
+    pub fn far_call(&mut self, rd: u8, l: DynamicLabel) {
+        rv!(self.asm; call X(rd), =>l);
+    }
+
+    /// Zeroes `[start, end)` 32 bytes per iteration (`end - start` a non-zero multiple of 32;
+    /// both 8-byte aligned); `tmp` walks the range.
+    pub fn zero_fill(&mut self, start: u8, end: u8, tmp: u8) {
+        rv!(self.asm
+            ; mv X(tmp), X(start)
+            ; fill:
+            ; sd zero, [X(tmp), 0]
+            ; sd zero, [X(tmp), 8]
+            ; sd zero, [X(tmp), 16]
+            ; sd zero, [X(tmp), 24]
+            ; addi X(tmp), X(tmp), 32
+            ; bltu X(tmp), X(end), <fill
+        );
     }
 
     pub fn ret(&mut self) {

@@ -9,6 +9,11 @@
 //! * [`FEATURE_ZBA`]: `add.uw rd, rs, zero` (`zext.w`) for 32-bit zero-extension;
 //! * [`FEATURE_C`]: compressed encodings wherever operands allow.
 //!
+//! Compile flags (validated by the front end): `PJ_COMPILE_SANDBOX` checks every access not
+//! proven safe against the context, the stack block and `env.regions`, Spectre-safely;
+//! `PJ_COMPILE_BUDGET` charges taken back-edges and local calls; `PJ_COMPILE_BLIND_CONSTANTS`
+//! blinds every immediate. See the crate README for the code each one emits and its cost.
+//!
 //! Usable statically (`Rv64Backend` implements [`JitBackend`]) or as a plugin
 //! (`libpackjit_rv64.so`, entry symbol `packjit_rv64_plugin_v1`).
 //!
@@ -74,21 +79,12 @@ impl Rv64Backend {
     /// emits its code to native bytes without placing them anywhere.
     pub fn emit_request(&self, req: &CompileRequest<'_>) -> Result<Vec<u8>, CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
-        if req.flags != 0 {
-            // Step 1 of the sandbox work: the modes validate but are not emitted yet.
-            return Err(CompileError::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "riscv64 does not implement compile flags 0x{:x} yet",
-                    req.flags
-                ),
-            ));
-        }
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
         let opts = lower::Options {
             zbb: mode.features & FEATURE_ZBB != 0,
             zba: mode.features & FEATURE_ZBA != 0,
             c: mode.features & FEATURE_C != 0,
+            mode,
         };
         // The lowering guarantees every immediate's range before handing it to dynasm
         // (which panics on a bad one); should that ever be wrong, report it rather than

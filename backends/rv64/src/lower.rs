@@ -13,10 +13,18 @@
 //! passes); code is never emitted with a branch that does not reach.
 
 use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
-use crate::frame::Frame;
-use crate::regs::map;
+use crate::frame::Layout;
+use crate::regs::{map, BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
+use packjit_frontend::analysis::{
+    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+};
 use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width};
+use packjit_plugin_api::abi::{
+    PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
+    PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
+    PJ_STOP_UNKNOWN_CALLX,
+};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use Width::{W32, W64};
 
@@ -59,14 +67,35 @@ pub struct Options {
     pub zbb: bool,
     pub zba: bool,
     pub c: bool,
+    /// Sandbox, budget and blinding, as validated by the front end.
+    pub mode: CodegenMode,
+}
+
+/// Out-of-line code a site needs, emitted after all functions (off the hot path).
+#[derive(Clone, Copy, Debug)]
+enum Cold {
+    /// The rest of a sandbox check whose context test failed: the stack block, then the
+    /// host regions; returns to `resume` with t3 = 0 or stops.
+    Access {
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        base: u8,
+        off: i16,
+        size: u32,
+        pc: usize,
+        write: bool,
+    },
+    /// The budget cannot pay for the jump or call at `pc`: stop there.
+    Budget { label: DynamicLabel, pc: usize },
 }
 
 pub struct Codegen<'a> {
     pub(crate) prog: &'a Program,
     helpers: &'a [HelperEntry],
     opts: Options,
-    pub(crate) frames: Vec<Frame>,
-    pub(crate) has_callx: bool,
+    pub(crate) layout: Layout,
+    pub(crate) mode: CodegenMode,
+    has_callx: bool,
     forms: Vec<Form>,
     // per-pass state
     pub(crate) e: Emitter,
@@ -76,6 +105,11 @@ pub struct Codegen<'a> {
     entry_labels: Vec<DynamicLabel>,
     exit_labels: Vec<DynamicLabel>,
     dispatch: Option<DynamicLabel>,
+    cold: Vec<Cold>,
+    /// Shared stop path: a6 = kind, a7 = pc, t0 = address, t1 = access (see `emit_stops`).
+    stop: DynamicLabel,
+    stop_budget: DynamicLabel,
+    region_stub: DynamicLabel,
 }
 
 /// Passes after which every still-failing site jumps straight to the far form, so the
@@ -106,14 +140,17 @@ impl<'a> Codegen<'a> {
                 }
             }
         }
-        let frames = crate::frame::plan(prog, has_callx);
+        let layout = crate::frame::plan(prog, &opts.mode, has_callx);
+        let mut e = Emitter::new(opts.zbb, opts.zba, opts.c, 0);
+        let dummy = e.new_label();
         Ok(Self {
             prog,
             helpers,
-            frames,
+            layout,
+            mode: opts.mode,
             has_callx,
             forms: Vec::new(),
-            e: Emitter::new(opts.zbb, opts.zba, opts.c, 0),
+            e,
             opts,
             site: 0,
             checks: Vec::new(),
@@ -121,6 +158,10 @@ impl<'a> Codegen<'a> {
             entry_labels: Vec::new(),
             exit_labels: Vec::new(),
             dispatch: None,
+            cold: Vec::new(),
+            stop: dummy,
+            stop_budget: dummy,
+            region_stub: dummy,
         })
     }
 
@@ -188,6 +229,10 @@ impl<'a> Codegen<'a> {
         } else {
             None
         };
+        self.cold.clear();
+        self.stop = self.e.new_label();
+        self.stop_budget = self.e.new_label();
+        self.region_stub = self.e.new_label();
 
         for k in 0..self.prog.subprogs.len() {
             let sp = self.prog.subprogs[k].clone();
@@ -205,15 +250,19 @@ impl<'a> Codegen<'a> {
             self.e.bind(l);
             self.epilogue(k);
         }
+        for c in std::mem::take(&mut self.cold) {
+            self.emit_cold(c);
+        }
         if let Some(d) = self.dispatch {
             self.e.bind(d);
             self.callx_dispatch();
         }
+        self.emit_stops();
     }
 
-    /// `callx` dispatch, shared by all `callx` sites: the helper id arrives in t2; a match
-    /// tail-jumps to the helper (which returns straight to the call site); no match leaves
-    /// the whole program with r0 = u64::MAX through the entry epilogue.
+    /// `callx` dispatch, shared by all `callx` sites: the helper id arrives in t2 and the
+    /// site's pc in a7; a match tail-jumps to the helper (which returns straight to the call
+    /// site); no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (address = the id).
     fn callx_dispatch(&mut self) {
         let helpers = self.helpers;
         let cases: Vec<DynamicLabel> = helpers.iter().map(|_| self.e.new_label()).collect();
@@ -222,10 +271,14 @@ impl<'a> Codegen<'a> {
             self.e.li(T1, h.id as i64);
             self.branch(Br::Eq, T2, T1, l);
         }
-        self.e.mv(SP, S6);
+        self.e.mv(T0, T2);
+        // r0 means nothing after a stop; u64::MAX keeps the ABI v1 reading (`PJ_CALLX_UNKNOWN`)
+        // for hosts that do not look at `stop_kind` yet.
         self.e.li(A5, -1);
-        let exit = self.exit_labels[0];
-        self.jump(exit);
+        self.e.li(A6, PJ_STOP_UNKNOWN_CALLX as i64);
+        self.e.li(T1, 0);
+        let stop = self.stop;
+        self.jump(stop);
         for (h, &l) in helpers.iter().zip(&cases) {
             self.e.bind(l);
             self.e.li(T0, h.addr as i64);
@@ -326,13 +379,18 @@ impl<'a> Codegen<'a> {
 
     /// `call target` (link in ra).
     fn call(&mut self, target: DynamicLabel) {
+        self.call_link(RA, target);
+    }
+
+    /// `call target` with the return address in `link`.
+    fn call_link(&mut self, link: u8, target: DynamicLabel) {
         let (site, form) = self.next_site(Form::Short);
         let at = self.e.pos();
         if form == Form::Far {
-            self.e.far_call(target);
+            self.e.far_call(link, target);
             self.check(site, at, target, FAR_RANGE, Form::Far);
         } else {
-            self.e.jal_label(RA, target);
+            self.e.jal_label(link, target);
             self.check(site, at, target, J_RANGE, Form::Far);
         }
     }
@@ -340,7 +398,15 @@ impl<'a> Codegen<'a> {
     // ---- instructions ----------------------------------------------------------------------------
 
     fn inst(&mut self, k: usize, i: usize, inst: &Inst, last: bool) {
-        match inst.op {
+        let op = match self.mode.blind_key {
+            Some(key) => match self.blind(key, inst) {
+                Some(op) => op,
+                None => return,
+            },
+            None => inst.op,
+        };
+        let pc = inst.pc;
+        match op {
             Op::Alu {
                 width,
                 op,
@@ -372,8 +438,7 @@ impl<'a> Codegen<'a> {
                 size,
                 sign_extend,
                 dst,
-                base,
-                off,
+                ..
             } => {
                 let m = match (size, sign_extend) {
                     (Size::B, false) => Mem::Bu,
@@ -384,15 +449,12 @@ impl<'a> Codegen<'a> {
                     (Size::W, true) => Mem::W,
                     (Size::DW, _) => Mem::D,
                 };
-                let (b, o) = self.address(map(base), off, T0);
+                let (b, o) = self.mem_operand(pc, &op, false);
                 self.e.load(m, map(dst), b, o);
             }
-            Op::Store {
-                size,
-                base,
-                off,
-                src,
-            } => {
+            Op::Store { size, src, .. } => {
+                // The address first: the sandbox check's out-of-line path uses t1.
+                let (b, o) = self.mem_operand(pc, &op, true);
                 let v = match src {
                     Operand::Reg(r) => map(r),
                     Operand::Imm(0) => ZERO,
@@ -401,7 +463,6 @@ impl<'a> Codegen<'a> {
                         T1
                     }
                 };
-                let (b, o) = self.address(map(base), off, T0);
                 let m = match size {
                     Size::B => Mem::B,
                     Size::H => Mem::H,
@@ -412,19 +473,33 @@ impl<'a> Codegen<'a> {
             }
             Op::Atomic {
                 size,
-                op,
+                op: aop,
                 fetch,
                 base,
                 off,
                 src,
             } => {
+                // AMOs take a bare register address.
+                let addr = if self.mode.sandboxed() && checked_access(&op).is_some() {
+                    self.check_access(pc, map(base), off, size.bytes(), true);
+                    T0
+                } else if off == 0 {
+                    map(base)
+                } else {
+                    self.add_imm(T0, map(base), off as i64, T0);
+                    T0
+                };
                 // The verifier allows only W and DW atomics.
                 let width = if size == Size::DW { W64 } else { W32 };
-                self.atomic(width, op, fetch, map(base), off, map(src))
+                self.atomic(width, aop, fetch, addr, map(src))
             }
             Op::Ja { target } => {
-                // A jump to the next instruction is a no-op.
-                if target != i + 1 {
+                if let Some(charge) = self.charge_of(inst, target) {
+                    self.charge(pc, charge);
+                    let l = self.insn_labels[target];
+                    self.jump(l);
+                } else if target != i + 1 {
+                    // (A jump to the next instruction is a no-op.)
                     let l = self.insn_labels[target];
                     self.jump(l);
                 }
@@ -437,25 +512,39 @@ impl<'a> Codegen<'a> {
                 target,
             } => {
                 let l = self.insn_labels[target];
-                self.jcond(width, cond, map(dst), src, l);
+                if let Some(charge) = self.charge_of(inst, target) {
+                    // Taken back-edge: pay first, on the taken path only.
+                    let skip = self.e.new_label();
+                    self.jcond(width, cond, map(dst), src, skip, true);
+                    self.charge(pc, charge);
+                    self.jump(l);
+                    self.e.bind(skip);
+                } else {
+                    self.jcond(width, cond, map(dst), src, l, false);
+                }
             }
             Op::CallHelper { id } => {
-                let addr = self
-                    .helpers
-                    .iter()
-                    .find(|h| h.id == id)
-                    .map_or(0, |h| h.addr);
-                self.e.li(T0, addr as i64);
+                let Some(h) = self.helpers.iter().find(|h| h.id == id) else {
+                    unreachable!("Codegen::new resolved every helper id");
+                };
+                self.e.li(T0, h.addr as i64);
                 self.e.call_reg(T0);
                 self.e.mv(A5, A0);
+                self.after_helper();
             }
             Op::CallReg { reg } => {
                 self.e.mv(T2, map(reg));
+                // The dispatch names this pc if the id turns out unknown.
+                self.e.li(A7, pc as i64);
                 let d = self.dispatch.expect("dispatch exists when callx does");
                 self.call(d);
                 self.e.mv(A5, A0);
+                self.after_helper();
             }
             Op::CallLocal { target } => {
+                if self.mode.counts_budget() {
+                    self.charge(pc, CALL_CHARGE);
+                }
                 // r1-r5 are already in a0-a4 and r0 comes back in a5: nothing to marshal.
                 let sub = self.prog.subprog_of(target);
                 let l = self.entry_labels[sub];
@@ -468,6 +557,235 @@ impl<'a> Codegen<'a> {
                 }
             }
         }
+    }
+
+    /// A helper leaves whatever it likes in a0-a4 (eBPF r1-r5); sandboxed code must not see
+    /// host values, so it gets zeros there (eBPF leaves r1-r5 undefined after a call).
+    fn after_helper(&mut self) {
+        if self.mode.sandboxed() {
+            for r in [A0, A1, A2, A3, A4] {
+                self.e.li(r, 0);
+            }
+        }
+    }
+
+    // ---- constant blinding ---------------------------------------------------------------------
+
+    /// Blinds the immediate of `inst`: materialises `imm ^ mask` and the mask, xors them at
+    /// run time, and returns the op with the immediate replaced by the [`BLINDED`] register
+    /// (a7); `None` when the instruction is fully emitted here (`lddw`).
+    fn blind(&mut self, key: u64, inst: &Inst) -> Option<Op> {
+        let mask = blinding_mask(key, inst.pc);
+        let mut op = inst.op;
+        let src = match &mut op {
+            Op::Alu { src, .. } | Op::Store { src, .. } | Op::Jcond { src, .. } => src,
+            Op::LdImm64 { dst, imm } => {
+                let d = map(*dst);
+                self.e.li(d, (*imm ^ mask) as i64);
+                self.e.li(T1, mask as i64);
+                self.e.rrr(R3::Xor, d, d, T1);
+                return None;
+            }
+            _ => return Some(op),
+        };
+        if let Operand::Imm(imm) = *src {
+            // 32-bit mask, sign-extended like the immediate: the xor of two sign-extended
+            // words is the sign extension of their xor, i.e. exactly eBPF's 64-bit view of
+            // `imm`, and each half costs at most lui + addiw.
+            let m = mask as u32 as i32;
+            self.e.li(A7, (imm ^ m) as i64);
+            self.e.li(T1, m as i64);
+            self.e.rrr(R3::Xor, A7, A7, T1);
+            *src = Operand::Reg(BLINDED);
+        }
+        Some(op)
+    }
+
+    // ---- instruction budget --------------------------------------------------------------------
+
+    /// What the taken jump from `from` to instruction index `target` charges, when counting.
+    fn charge_of(&self, from: &Inst, target: usize) -> Option<u64> {
+        if !self.mode.counts_budget() {
+            return None;
+        }
+        back_edge_charge(from, &self.prog.insts[target])
+    }
+
+    /// Pays `amount` from the budget, or stops at `pc` (budget untouched) if it cannot.
+    fn charge(&mut self, pc: usize, amount: u64) {
+        let label = self.e.new_label();
+        self.cold.push(Cold::Budget { label, pc });
+        if amount == 1 {
+            self.branch(Br::Eq, BUDGET, ZERO, label);
+            self.e.ri(RI::Addi, BUDGET, BUDGET, -1);
+        } else {
+            self.e.li(T3, amount as i64);
+            self.branch(Br::Ltu, BUDGET, T3, label);
+            self.e.rrr(R3::Sub, BUDGET, BUDGET, T3);
+        }
+    }
+
+    // ---- sandbox -------------------------------------------------------------------------------
+
+    /// The address operand of a load or store: checked (t0, 0) in sandbox mode unless the
+    /// front end proves it frame-constant, else `base + off` directly.
+    fn mem_operand(&mut self, pc: usize, op: &Op, write: bool) -> (u8, i32) {
+        let (Op::Load { base, off, .. } | Op::Store { base, off, .. }) = *op else {
+            unreachable!("mem_operand is for loads and stores");
+        };
+        if self.mode.sandboxed() {
+            if let Some((_, _, size)) = checked_access(op) {
+                self.check_access(pc, map(base), off, size.bytes(), write);
+                return (T0, 0);
+            }
+        }
+        self.address(map(base), off, T0)
+    }
+
+    /// Checks `[base + off, base + off + size)` and leaves the (clamped) address in t0.
+    ///
+    /// For a region `[start, start + len)`, with `e = base + off + size - start` (mod 2^64),
+    /// the access is inside exactly when `size <= e <= len`: an address below `start` or one
+    /// whose end wraps past 2^64 gives `e < size`, one past the end `e > len`. So each
+    /// region costs sub, addi, sltiu, sltu, or: no branch until the combined verdict.
+    ///
+    /// The context is tested inline; the stack block and the host regions out of line
+    /// ([`Cold::Access`]). Spectre v1: the verdict `t3` (0 = inside) also masks the address,
+    /// `t0 &= t3 - 1`, so if the branch on it is mispredicted the access goes to address 0
+    /// (plus nothing), never to the out-of-bounds address.
+    fn check_access(&mut self, pc: usize, base: u8, off: i16, size: u32, write: bool) {
+        let label = self.e.new_label();
+        let resume = self.e.new_label();
+        self.range_test(base, off, size, CTX_START, CTX_LEN);
+        self.branch(Br::Ne, T3, ZERO, label);
+        self.e.bind(resume);
+        self.e.ri(RI::Addi, T3, T3, -1);
+        self.add_imm(T0, base, off as i64, T0);
+        self.e.rrr(R3::And, T0, T0, T3);
+        self.cold.push(Cold::Access {
+            label,
+            resume,
+            base,
+            off,
+            size,
+            pc,
+            write,
+        });
+    }
+
+    /// t3 = 1 unless `[base + off, +size)` lies in `[start, start + len)` (t3 = 0); uses t2,
+    /// t4.
+    fn range_test(&mut self, base: u8, off: i16, size: u32, start: u8, len: u8) {
+        self.e.rrr(R3::Sub, T2, base, start);
+        self.add_imm(T2, T2, off as i64 + size as i64, T3);
+        self.e.ri(RI::Sltiu, T3, T2, size as i32);
+        self.e.rrr(R3::Sltu, T4, len, T2);
+        self.e.rrr(R3::Or, T3, T3, T4);
+    }
+
+    fn emit_cold(&mut self, c: Cold) {
+        match c {
+            Cold::Budget { label, pc } => {
+                self.e.bind(label);
+                self.e.li(A7, pc as i64);
+                let l = self.stop_budget;
+                self.jump(l);
+            }
+            Cold::Access {
+                label,
+                resume,
+                base,
+                off,
+                size,
+                pc,
+                write,
+            } => {
+                self.e.bind(label);
+                if self.layout.block > 0 {
+                    self.range_test(base, off, size, STACK_START, STACK_LEN);
+                    self.branch(Br::Eq, T3, ZERO, resume);
+                }
+                // Host regions: the stub wants the address in t0 and pc | access in t5.
+                self.add_imm(T0, base, off as i64, T0);
+                let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+                self.e.li(T5, ((pc as i64) << 16) | access as i64);
+                let stub = self.region_stub;
+                self.call_link(T6, stub);
+                self.jump(resume);
+            }
+        }
+    }
+
+    /// The per-program stubs: the region scan, and the stop paths.
+    fn emit_stops(&mut self) {
+        if !self.layout.can_stop {
+            return;
+        }
+        if self.mode.sandboxed() {
+            self.region_scan();
+        }
+        if self.mode.counts_budget() {
+            self.e.bind(self.stop_budget);
+            self.e.li(A6, PJ_STOP_BUDGET as i64);
+            self.e.li(T0, 0);
+            self.e.li(T1, 0);
+            // Falls through into the stop path.
+        }
+        // Stop: a6 = kind, a7 = pc, t0 = address (or callx id), t1 = access. Unwinds from any
+        // depth: sp back to the entry frame, then the entry's epilogue restores what the
+        // entry saved (which covers every callee-saved register any function changes).
+        self.e.bind(self.stop);
+        self.e.store(Mem::W, A6, ENV, PJ_ENV_STOP_KIND);
+        self.e.store(Mem::W, T1, ENV, PJ_ENV_STOP_ACCESS);
+        self.e.store(Mem::D, A7, ENV, PJ_ENV_STOP_PC);
+        self.e.store(Mem::D, T0, ENV, PJ_ENV_STOP_ADDR);
+        self.e.load(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
+        let exit = self.exit_labels[0];
+        self.jump(exit);
+    }
+
+    /// Scans `env.regions` for one holding `[t0, t0 + size)` (and writable for a write);
+    /// t5 = pc << 16 | access, return address in t6. Returns t3 = 0 (the verdict the caller
+    /// masks with, so a mispredicted "found" still masks to 0), or stops.
+    ///
+    /// Its branches stay within the stub and the stop path right after it, so none grows to
+    /// the far form (which would clobber t6).
+    fn region_scan(&mut self) {
+        let (top, found, fail) = (self.e.new_label(), self.e.new_label(), self.e.new_label());
+        self.e.bind(self.region_stub);
+        self.e.load(Mem::D, T2, ENV, PJ_ENV_REGIONS);
+        self.e.load(Mem::D, T3, ENV, PJ_ENV_REGION_COUNT);
+        self.e.bind(top);
+        self.branch(Br::Eq, T3, ZERO, fail);
+        // e = t0 - start + size; inside when size <= e <= len (see `check_access`).
+        self.e.load(Mem::D, T4, T2, 0);
+        self.e.rrr(R3::Sub, T4, T0, T4);
+        self.e.ri(RI::Andi, T1, T5, 0xff);
+        self.e.rrr(R3::Add, T4, T4, T1);
+        self.e.rrr(R3::Sltu, T1, T4, T1);
+        self.e.load(Mem::D, A6, T2, 8);
+        self.e.rrr(R3::Sltu, A6, A6, T4);
+        self.e.rrr(R3::Or, T1, T1, A6);
+        // A write needs PJ_REGION_WRITABLE (bit 0 of flags): bad |= write & !writable.
+        self.e.load(Mem::D, A6, T2, 16);
+        self.e.ri(RI::Xori, A6, A6, 1);
+        self.e.ri(RI::Andi, A6, A6, 1);
+        self.e.ri(RI::Srli, T4, T5, 8);
+        self.e.rrr(R3::And, A6, A6, T4);
+        self.e.rrr(R3::Or, T1, T1, A6);
+        self.branch(Br::Eq, T1, ZERO, found);
+        self.e.ri(RI::Addi, T2, T2, 24);
+        self.e.ri(RI::Addi, T3, T3, -1);
+        self.jump(top);
+        self.e.bind(found);
+        self.e.mv(T3, T1);
+        self.e.jump_reg(T6);
+        self.e.bind(fail);
+        self.e.li(A6, PJ_STOP_OUT_OF_BOUNDS as i64);
+        self.e.ri(RI::Srli, A7, T5, 16);
+        self.e.ri(RI::Andi, T1, T5, 0x1ff);
+        let stop = self.stop;
+        self.jump(stop);
     }
 
     /// `base + off` as a (register, 12-bit offset) pair, using `tmp` when `off` is too wide.
@@ -700,18 +1018,8 @@ impl<'a> Codegen<'a> {
         self.e.mv(d, T1);
     }
 
-    fn atomic(&mut self, width: Width, op: AtomicOp, fetch: bool, base: u8, off: i16, s: u8) {
-        // AMOs take a bare register address.
-        let addr = if off == 0 {
-            base
-        } else if fits_signed(off as i64, 12) {
-            self.e.ri(RI::Addi, T0, base, off as i32);
-            T0
-        } else {
-            self.e.li(T0, off as i64);
-            self.e.rrr(R3::Add, T0, base, T0);
-            T0
-        };
+    /// An atomic on the address in `addr` (already checked in sandbox mode).
+    fn atomic(&mut self, width: Width, op: AtomicOp, fetch: bool, addr: u8, s: u8) {
         let amo = match op {
             AtomicOp::Add => Amo::Add,
             AtomicOp::And => Amo::And,
@@ -747,7 +1055,17 @@ impl<'a> Codegen<'a> {
         }
     }
 
-    fn jcond(&mut self, width: Width, cond: Cond, a: u8, src: Operand, target: DynamicLabel) {
+    /// `if a <cond> src goto target` (with `negate`: if not).
+    fn jcond(
+        &mut self,
+        width: Width,
+        cond: Cond,
+        a: u8,
+        src: Operand,
+        target: DynamicLabel,
+        negate: bool,
+    ) {
+        let fix = |k: Br| if negate { k.invert() } else { k };
         if cond == Cond::Set {
             match src {
                 Operand::Imm(imm) if fits_signed(imm as i64, 12) => self.e.ri(RI::Andi, T0, a, imm),
@@ -761,7 +1079,7 @@ impl<'a> Codegen<'a> {
                 // Only the low halves count.
                 self.e.ri(RI::Addiw, T0, T0, 0);
             }
-            self.branch(Br::Ne, T0, ZERO, target);
+            self.branch(fix(Br::Ne), T0, ZERO, target);
             return;
         }
         // JMP32 compares the low halves. Sign-extending *both* operands serves every
@@ -802,7 +1120,7 @@ impl<'a> Codegen<'a> {
             Cond::Sle => (Br::Ge, b, a),
             Cond::Set => unreachable!("handled above"),
         };
-        self.branch(k, x, y, target);
+        self.branch(fix(k), x, y, target);
     }
 }
 

@@ -283,14 +283,17 @@ impl Enc {
 
     /// Patches every branch, or reports which `rel8` sites must grow.
     pub fn resolve(&mut self) -> Result<Resolved, String> {
-        let mut long = self.long.clone();
-        long.resize(self.sites, false);
         let mut grew = false;
+        let mut long = Vec::new();
         for f in &self.fixups {
             let target = self.labels[f.label.0 as usize]
                 .ok_or_else(|| format!("internal: label {} never bound", f.label.0))?;
             let disp = target as i64 - (f.at + f.width as usize) as i64;
             if f.width == 1 && i8::try_from(disp).is_err() {
+                if !grew {
+                    long = self.long.clone();
+                    long.resize(self.sites, false);
+                }
                 long[f.site] = true;
                 grew = true;
             } else if i32::try_from(disp).is_err() {
@@ -300,7 +303,7 @@ impl Enc {
         if grew {
             return Ok(Resolved::Again(long));
         }
-        for f in self.fixups.clone() {
+        for f in &self.fixups {
             let target = self.labels[f.label.0 as usize].expect("checked above");
             let disp = target as i64 - (f.at + f.width as usize) as i64;
             let bytes = disp.to_le_bytes();

@@ -137,7 +137,8 @@ fn written_first(prog: &Program) -> u16 {
 impl Emitter<'_> {
     /// Function `k`'s prologue (bound at its call label).
     pub fn prologue(&mut self, k: usize) {
-        let f = self.plan.subs[k].clone();
+        let plan = self.plan;
+        let f = &plan.subs[k];
         if k == 0 {
             // endbr64: the entry is reached by an indirect call from the host, which must
             // work under CET/IBT. Callees are reached only by direct `call`s.
@@ -188,7 +189,8 @@ impl Emitter<'_> {
 
     /// Function `k`'s epilogue: undo the prologue and return r0 (already in rax).
     pub fn epilogue(&mut self, k: usize) {
-        let f = self.plan.subs[k].clone();
+        let plan = self.plan;
+        let f = &plan.subs[k];
         if k == 0 && self.plan.block > 0 {
             // rbp = r10 is the entry's rsp before the block was reserved.
             self.mov_rr(Sz::B64, RSP, RBP);

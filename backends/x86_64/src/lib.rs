@@ -34,7 +34,8 @@ pub use lower::Emitted;
 
 use packjit_frontend::analysis::validate_request;
 use packjit_plugin_api::{
-    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry, JitBackend,
+    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
+    HelperEntry, JitBackend,
 };
 
 /// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
@@ -72,9 +73,16 @@ pub fn emit_program(
 }
 
 fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
+    emit_decoded(req).map(|(_, out)| out)
+}
+
+fn emit_decoded(
+    req: &CompileRequest<'_>,
+) -> Result<(packjit_frontend::Program, Emitted), CompileError> {
     let mode = validate_request(req, "x86-64", SUPPORTED_FEATURES)?;
     let prog = packjit_frontend::decode(req.code, req.helpers)?;
-    lower::emit(&prog, req.helpers, &mode)
+    let out = lower::emit(&prog, req.helpers, &mode)?;
+    Ok((prog, out))
 }
 
 /// The x86-64 JIT backend. Stateless: one instance compiles for any number of threads.
@@ -130,8 +138,9 @@ impl JitBackend for X86Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        let out = emit_request(req)?;
-        install_code(arena, &out.bytes, out.native_insns)
+        let (prog, out) = emit_decoded(req)?;
+        let line_table = prog.line_table(&out.inst_offsets);
+        install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
     }
 }
 

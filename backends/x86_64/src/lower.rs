@@ -161,11 +161,11 @@ impl<'a> Emitter<'a> {
 
     fn program(&mut self) -> Result<(), CompileError> {
         for k in 0..self.prog.subprogs.len() {
-            let sp = self.prog.subprogs[k].clone();
+            let (start, end) = (self.prog.subprogs[k].start, self.prog.subprogs[k].end);
             let l = self.sub_entry[k];
             self.e.bind(l);
             self.prologue(k);
-            for i in sp.start..sp.end {
+            for i in start..end {
                 let l = self.inst_label[i];
                 self.e.bind(l);
                 if self.skip == Some(i) {
@@ -282,11 +282,12 @@ impl<'a> Emitter<'a> {
             self.e.rr(&[], sz, &[0x83], digit, r);
             self.e.imm_bytes(imm, 1);
         } else if r == RAX {
-            self.e.raw(&if sz == Sz::B64 {
-                vec![0x48, 0x05 | (digit << 3)]
+            let op = 0x05 | (digit << 3);
+            if sz == Sz::B64 {
+                self.e.raw(&[0x48, op]);
             } else {
-                vec![0x05 | (digit << 3)]
-            });
+                self.e.raw(&[op]);
+            }
             self.e.imm_bytes(imm, 4);
         } else {
             self.e.rr(&[], sz, &[0x81], digit, r);
@@ -966,7 +967,7 @@ impl<'a> Emitter<'a> {
     fn callx(&mut self, pc: usize, reg: Reg) {
         let r = host(reg);
         let done = self.e.label();
-        let helpers: Vec<HelperEntry> = self.helpers.to_vec();
+        let helpers = self.helpers;
         let stop = self.stop_label(Stop::Callx { reg: r }, pc);
         let cmp = |em: &mut Self, id: u32| {
             if i32::try_from(id).is_ok() {

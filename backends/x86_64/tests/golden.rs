@@ -5,7 +5,7 @@ mod common;
 
 use common::asm;
 use packjit_plugin_api::abi::*;
-use packjit_plugin_api::{CompileRequest, ErrorKind, HelperEntry, JitBackend};
+use packjit_plugin_api::{CodeArena, CompileRequest, ErrorKind, HelperEntry, JitBackend};
 use packjit_x86_64::{emit_program, Options, X86Backend, FEATURE_BMI2, FEATURE_MOVBE};
 use std::process::Command;
 
@@ -667,4 +667,28 @@ fn bad_requests_are_errors_naming_pc_and_reason() {
         e.to_string(),
         "pc 0: falls through past the end of the program"
     );
+}
+
+#[test]
+fn line_table_maps_every_slot_to_its_code() {
+    let code = asm("mov %r0, 1\nlddw %r2, 0x1122334455667788\nadd %r0, %r2\nexit");
+    let rt = packjit::Runtime::new().unwrap();
+    let arena = rt.arena().unwrap();
+    let c = X86Backend::new()
+        .compile(&req(&code, &[], 0, 0), arena)
+        .unwrap();
+    let out = emit_program(&code, &[], &Options::default()).unwrap();
+    // endbr64 (4 bytes), then one entry per slot; lddw's second slot has no code.
+    assert_eq!(
+        c.pc_offsets,
+        vec![
+            4,
+            out.inst_offsets[1] as u32,
+            packjit_plugin_api::NO_NATIVE_CODE,
+            out.inst_offsets[2] as u32,
+            out.inst_offsets[3] as u32,
+        ]
+    );
+    assert!(out.inst_offsets.windows(2).all(|w| w[0] < w[1]));
+    arena.free(&c.region);
 }

@@ -10,7 +10,7 @@ mod sys;
 
 use crossbeam_epoch as epoch;
 use packjit_plugin_api::{Arch, CodeArena, CompileError, ErrorKind, Region};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,9 +44,28 @@ pub enum RemapPolicy {
     Never,
 }
 
+/// Where a new program goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// The smallest free run that fits, over all packs (ties: the fuller pack, then the
+    /// lower address). Holes left by freed programs are refilled by programs of about their
+    /// size instead of being nibbled by whatever comes first, so free space stays in few
+    /// large runs under churn (see the `churn` benchmark). O(log n) per pack.
+    #[default]
+    BestFit,
+    /// The lowest free run that fits, first pack first (the kernel's `bpf_prog_pack`
+    /// bitmap search); kept for comparison.
+    FirstFit,
+}
+
 /// Arena configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArenaConfig {
+    /// Placement policy.
+    pub placement: Placement,
+    /// Give pages that hold no program any more back to the kernel (they read as zeroes,
+    /// like never-touched pages, and are trap-filled again when code is next placed there).
+    pub release_free_pages: bool,
     /// Pack size in bytes (a multiple of the page size; rounded up otherwise).
     pub pack_size: usize,
     /// Mapping strategy.
@@ -58,6 +77,8 @@ pub struct ArenaConfig {
 impl Default for ArenaConfig {
     fn default() -> Self {
         Self {
+            placement: Placement::BestFit,
+            release_free_pages: true,
             pack_size: DEFAULT_PACK_SIZE,
             map_mode: MapMode::Auto,
             remap: RemapPolicy::Auto,
@@ -98,6 +119,28 @@ pub struct ArenaStats {
     pub remap_on_commit: bool,
 }
 
+/// What a 64-byte chunk of a pack holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Part of a live program's allocation.
+    Code,
+    /// Free, in a resident page already filled with trap instructions.
+    TrapFilled,
+    /// Free, in a page never touched or given back (costs no memory).
+    Untouched,
+}
+
+/// One pack's occupancy map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackOccupancy {
+    /// Executable address of the pack.
+    pub base: usize,
+    /// Chunks per page.
+    pub page_chunks: usize,
+    /// One entry per chunk.
+    pub chunks: Vec<ChunkState>,
+}
+
 struct Pack {
     id: u64,
     /// Executable view.
@@ -115,6 +158,10 @@ struct Pack {
     sealed: bool,
     /// Pages already trap-filled (and so resident), one flag per page.
     filled_pages: Vec<bool>,
+    /// Free runs: first chunk → length, and the same runs ordered by (length, first chunk)
+    /// for best fit. Always coalesced: no two runs touch.
+    free_by_start: BTreeMap<usize, usize>,
+    free_by_len: BTreeSet<(usize, usize)>,
 }
 
 impl Pack {
@@ -167,17 +214,57 @@ impl Pack {
 
     /// (free chunks, largest free run).
     fn free_runs(&self) -> (usize, usize) {
-        let (mut free, mut best, mut run) = (0, 0, 0);
-        for i in 0..self.chunks() {
-            if self.bit(i) {
-                run = 0;
-            } else {
-                free += 1;
-                run += 1;
-                best = best.max(run);
+        let free = self.chunks() - self.used_chunks;
+        let best = self.free_by_len.last().map_or(0, |&(n, _)| n);
+        (free, best)
+    }
+
+    /// The smallest free run of at least `n` chunks: (its length, its first chunk).
+    fn best_fit(&self, n: usize) -> Option<(usize, usize)> {
+        self.free_by_len.range((n, 0)..).next().copied()
+    }
+
+    fn add_free(&mut self, start: usize, n: usize) {
+        self.free_by_start.insert(start, n);
+        self.free_by_len.insert((n, start));
+    }
+
+    fn remove_free(&mut self, start: usize) -> usize {
+        let n = self.free_by_start.remove(&start).expect("a free run");
+        self.free_by_len.remove(&(n, start));
+        n
+    }
+
+    /// Takes chunks `[start, start + n)` out of the free run containing them.
+    fn take_free(&mut self, start: usize, n: usize) {
+        let (&rs, &rn) = self
+            .free_by_start
+            .range(..=start)
+            .next_back()
+            .expect("allocation inside a free run");
+        debug_assert!(start + n <= rs + rn, "allocation inside a free run");
+        self.remove_free(rs);
+        if start > rs {
+            self.add_free(rs, start - rs);
+        }
+        if rs + rn > start + n {
+            self.add_free(start + n, rs + rn - start - n);
+        }
+    }
+
+    /// Returns chunks `[start, start + n)` as a free run merged with its neighbours.
+    fn give_free(&mut self, start: usize, n: usize) {
+        let (mut s, mut e) = (start, start + n);
+        if let Some((&ps, &pn)) = self.free_by_start.range(..s).next_back() {
+            if ps + pn == s {
+                self.remove_free(ps);
+                s = ps;
             }
         }
-        (free, best)
+        if self.free_by_start.contains_key(&e) {
+            e += self.remove_free(e);
+        }
+        self.add_free(s, e - s);
     }
 
     fn contains(&self, addr: u64) -> bool {
@@ -297,6 +384,34 @@ impl PackedArena {
         guard.flush();
     }
 
+    /// Like [`free_deferred`](Self::free_deferred), running `before` (e.g. dropping the
+    /// region's symbol) after the grace period and just before the chunks are released, so
+    /// nothing else can have been placed there yet.
+    pub fn free_deferred_then(&self, region: Region, before: impl FnOnce() + Send + 'static) {
+        self.inner.pending.fetch_add(1, Relaxed);
+        let inner = self.inner.clone();
+        let guard = epoch::pin();
+        guard.defer(move || {
+            before();
+            inner.release_now(&region);
+            inner.pending.fetch_sub(1, Relaxed);
+        });
+        guard.flush();
+    }
+
+    /// Releases `region` at once. For committed code only when its grace period has already
+    /// passed (a batch retirement that waited once for many programs).
+    /// Counts it in `pending_frees` from [`expect_release`](Self::expect_release) on.
+    pub(crate) fn release_after_grace(&self, region: &Region) {
+        self.inner.release_now(region);
+        self.inner.pending.fetch_sub(1, Relaxed);
+    }
+
+    /// Counts one region retired by a batch as pending until `release_after_grace`.
+    pub(crate) fn expect_release(&self) {
+        self.inner.pending.fetch_add(1, Relaxed);
+    }
+
     /// Drives epoch reclamation until no deferred free is pending (or gives up after a
     /// bounded number of attempts, e.g. while another thread stays pinned). Returns the number
     /// still pending.
@@ -365,6 +480,31 @@ impl PackedArena {
         let off = (addr - p.rx as u64) as usize;
         // SAFETY: inside a mapped, readable pack; we hold the lock so it is not unmapped.
         Some(unsafe { std::slice::from_raw_parts(p.rw.add(off), len) }.to_vec())
+    }
+
+    /// Every pack's occupancy, one state per 64-byte chunk, in address order within a pack
+    /// (for drawing maps; see `packjit-demo stats --map`).
+    pub fn occupancy(&self) -> Vec<PackOccupancy> {
+        let st = self.lock();
+        let per_page = sys::page_size() / CHUNK;
+        st.packs
+            .iter()
+            .map(|p| PackOccupancy {
+                base: p.rx as usize,
+                page_chunks: per_page,
+                chunks: (0..p.chunks())
+                    .map(|c| {
+                        if p.bit(c) {
+                            ChunkState::Code
+                        } else if p.filled_pages[c / per_page] {
+                            ChunkState::TrapFilled
+                        } else {
+                            ChunkState::Untouched
+                        }
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 
     /// The trap pattern free space is filled with.
@@ -437,6 +577,8 @@ impl Inner {
             allocs: BTreeMap::new(),
             sealed: false,
             filled_pages: vec![false; size / page],
+            free_by_start: BTreeMap::from([(0, chunks)]),
+            free_by_len: BTreeSet::from([(chunks, 0)]),
         });
         Ok(st.packs.len() - 1)
     }
@@ -450,12 +592,21 @@ impl Inner {
         }
         let n = size.div_ceil(CHUNK);
         let mut st = self.lock();
-        let found = st
-            .packs
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| !p.sealed)
-            .find_map(|(i, p)| p.find_free(n).map(|c| (i, c)));
+        let open = st.packs.iter().enumerate().filter(|(_, p)| !p.sealed);
+        let found = match self.cfg.placement {
+            Placement::FirstFit => open
+                .clone()
+                .find_map(|(i, p)| p.find_free(n).map(|c| (i, c))),
+            // Smallest run first; among equal runs the fuller pack (so emptier packs drain
+            // and can be released), then the lower address.
+            Placement::BestFit => open
+                .filter_map(|(i, p)| {
+                    p.best_fit(n)
+                        .map(|(len, c)| ((len, p.chunks() - p.used_chunks, p.rx as usize), (i, c)))
+                })
+                .min_by_key(|&(key, _)| key)
+                .map(|(_, found)| found),
+        };
         let (pi, chunk) = match found {
             Some(f) => f,
             None => {
@@ -465,6 +616,7 @@ impl Inner {
         };
         let p = &mut st.packs[pi];
         p.set_range(chunk, n, true);
+        p.take_free(chunk, n);
         // Trap-fill the pages this region touches for the first time, so the space around the
         // program in those pages traps if ever jumped to.
         let page = sys::page_size();
@@ -550,6 +702,7 @@ impl Inner {
         let p = &mut st.packs[pi];
         let (n, _) = p.allocs.remove(&chunk).expect("located");
         p.set_range(chunk, n, false);
+        p.give_free(chunk, n);
         p.used_chunks -= n;
         if p.used_chunks == 0 {
             let p = st.packs.swap_remove(pi);
@@ -563,7 +716,35 @@ impl Inner {
             // SAFETY: the chunks are inside the RW view and no longer handed out.
             fill_trap(unsafe { p.rw.add(off) }, n * CHUNK, self.trap);
             let start = p.rx as usize + off;
+            if self.cfg.release_free_pages {
+                Self::release_empty_pages(p, chunk, n);
+            }
             mark_dirty(&mut st.dirty, start, start + n * CHUNK);
+        }
+    }
+
+    /// Releases the pages overlapping chunks `[chunk, chunk + n)` that hold no allocation
+    /// any more, so `bytes_resident` tracks live code rather than the high-water mark. Only
+    /// called after the region's grace period: nothing can execute there.
+    fn release_empty_pages(p: &mut Pack, chunk: usize, n: usize) {
+        let page = sys::page_size();
+        let per_page = page / CHUNK;
+        let first = chunk / per_page;
+        let last = (chunk + n - 1) / per_page;
+        let mut pg = first;
+        while pg <= last {
+            // A run of consecutive empty, resident pages: one syscall for all of them.
+            let start = pg;
+            while pg <= last
+                && p.filled_pages[pg]
+                && (pg * per_page..(pg + 1) * per_page).all(|c| !p.bit(c))
+            {
+                pg += 1;
+            }
+            if pg > start && sys::release_pages(p.fd, p.rw, start * page, (pg - start) * page) {
+                p.filled_pages[start..pg].fill(false);
+            }
+            pg += 1;
         }
     }
 

@@ -184,3 +184,26 @@ pub(crate) fn flush_icache(start: usize, len: usize) {
     }
     // x86-64 keeps instruction fetch coherent with stores; nothing to do.
 }
+
+/// Gives the pages of `[off, off + len)` of a pack back to the kernel; they read as zeroes
+/// afterwards, exactly like pages never touched. Dual mapping: punch a hole in the memfd (a
+/// `MADV_DONTNEED` on a shared view would only drop the view's page-table entries, not the
+/// memory). Toggle mode: `MADV_DONTNEED` on the private anonymous RW mapping. Returns false
+/// when the kernel refused (the pages then simply stay resident).
+pub(crate) fn release_pages(fd: Option<libc::c_int>, rw: *mut u8, off: usize, len: usize) -> bool {
+    match fd {
+        // SAFETY: our memfd; the range is inside it.
+        Some(fd) => unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            ) == 0
+        },
+        // SAFETY: our private anonymous mapping; nothing in the range is in use.
+        None => unsafe {
+            libc::madvise(rw.add(off) as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0
+        },
+    }
+}

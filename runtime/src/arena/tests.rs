@@ -328,3 +328,86 @@ fn toggle_mode_seals_committed_packs() {
     assert_eq!((call(r1.exec_addr), call(r2.exec_addr)), (11, 12));
     assert!(!a.stats().dual_mapped);
 }
+
+#[test]
+fn best_fit_refills_the_smallest_hole_and_first_fit_the_lowest() {
+    for (placement, want_second) in [(Placement::BestFit, true), (Placement::FirstFit, false)] {
+        let a = PackedArena::new(ArenaConfig {
+            placement,
+            remap: RemapPolicy::Never,
+            ..Default::default()
+        })
+        .unwrap();
+        // [big 4 chunks][sep][small 2 chunks][sep]: free both holes, then ask for 2 chunks.
+        let big = a.alloc(4 * CHUNK).unwrap();
+        let _s1 = a.alloc(CHUNK).unwrap();
+        let small = a.alloc(2 * CHUNK).unwrap();
+        let _s2 = a.alloc(CHUNK).unwrap();
+        a.free(&big);
+        a.free(&small);
+        let r = a.alloc(2 * CHUNK - 5).unwrap();
+        let want = if want_second {
+            small.exec_addr
+        } else {
+            big.exec_addr
+        };
+        assert_eq!(r.exec_addr, want, "{placement:?}");
+        // Best fit leaves the 4-chunk hole whole; first fit splits it into 2 + the 2 of the
+        // small hole: 4 chunks outside the pack's largest run (the tail) either way, and the
+        // free runs are coalesced (no run is counted twice).
+        let s = a.stats();
+        assert_eq!(s.bytes_used, 4 * CHUNK);
+        let free = a.config().pack_size / CHUNK - 4;
+        let split = 4;
+        assert_eq!(
+            s.fragmentation_permille as usize,
+            split * 1000 / free,
+            "{placement:?}"
+        );
+    }
+}
+
+#[test]
+fn pages_left_without_code_are_released_and_refilled_on_reuse() {
+    let _s = serial();
+    let page = sys::page_size();
+    for release in [true, false] {
+        let a = PackedArena::new(ArenaConfig {
+            release_free_pages: release,
+            ..Default::default()
+        })
+        .unwrap();
+        let keep = install(&a, &ret_code(1));
+        // Three pages' worth: the two pages it covers entirely become empty when it goes.
+        let big = a.alloc(3 * page).unwrap();
+        a.write(&big, 0, &vec![0xcc; 3 * page]).unwrap();
+        a.commit();
+        let before = a.stats().bytes_resident;
+        assert_eq!(before, 4 * page, "first page (shared) + 3 more");
+        a.free(&big);
+        let after = a.stats().bytes_resident;
+        if release {
+            // `big` covered pages 1 and 2 wholly and the first chunk of page 3; page 0 still
+            // holds `keep`.
+            assert_eq!(
+                after, page,
+                "only the page holding live code stays resident"
+            );
+        } else {
+            assert_eq!(after, before, "without release the high-water mark stays");
+        }
+        // Reuse: the released pages are trap-filled again and hold working code.
+        let again = install(&a, &ret_code(7));
+        a.commit();
+        assert_eq!(call(again.exec_addr), 7);
+        assert_eq!(call(keep.exec_addr), 1);
+        let code = a.read_code(again.exec_addr + 64, 64).unwrap_or_default();
+        assert!(
+            code.is_empty()
+                || code
+                    .chunks(a.trap_pattern().len())
+                    .all(|c| c == a.trap_pattern()),
+            "free space after the program is trap-filled"
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! Churn benchmark: does placement stay dense when programs come and go?
+//!
+//! 300,000 random loads and frees with up to ~2,000 live programs of 1–4,000 eBPF
+//! instructions (the workload of issue 13), straight on the arena: every load allocates and
+//! writes the program's bytes, every free releases at once (what an epoch-deferred free does
+//! once its grace period ends). Program lengths are log-uniform over 1..=4,000 instructions
+//! (most programs are small, a few are large); native size = arm64 bytes for that many
+//! instructions, calibrated at start-up with the real arm64 backend on ALU instructions.
+//!
+//! Every placement configuration runs the SAME operation sequence (same seed); figures over
+//! time, then a side-by-side summary:
+//! * fragmentation: share of free chunks outside each pack's largest free run;
+//! * used/resident: bytes handed out / bytes of pack memory resident (trap-filled pages);
+//! * load throughput: alloc + write per second.
+//!
+//! `cargo bench -p packjit --bench churn` (env: CHURN_OPS, CHURN_LIVE, CHURN_SEED).
+
+use packjit::{ArenaConfig, CodeArena, LoadOptions, PackedArena, Placement, Runtime};
+use packjit_plugin_api::Region;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `mov r0, 0 ; (n - 2) × add r0, 1 ; exit`.
+fn alu_prog(n: usize) -> Vec<u8> {
+    let mut v = vec![0xb7, 0, 0, 0, 0, 0, 0, 0];
+    for _ in 2..n.max(2) {
+        v.extend_from_slice(&[0x07, 0, 0, 0, 1, 0, 0, 0]);
+    }
+    v.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
+    v
+}
+
+/// (fixed bytes, bytes per instruction) of arm64 code, from two real compilations.
+fn calibrate() -> (f64, f64) {
+    let rt = Runtime::new().unwrap();
+    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+        .unwrap();
+    let opts = LoadOptions {
+        arch: Some(packjit::Arch::Aarch64),
+        ..Default::default()
+    };
+    let size = |n| rt.load(&alu_prog(n), &opts).unwrap().code_size() as f64;
+    let (a, b) = (size(2), size(4002));
+    let per = (b - a) / 4000.0;
+    (a - 2.0 * per, per)
+}
+
+#[derive(Default)]
+struct Summary {
+    frag_final: f64,
+    frag_max: f64,
+    ur_final: f64,
+    ur_min: f64,
+    ur_mean: f64,
+    packs_max: usize,
+    loads_per_s: f64,
+    frees_per_s: f64,
+}
+
+fn run(
+    name: &str,
+    cfg: ArenaConfig,
+    seed: u64,
+    ops: u64,
+    live_max: usize,
+    model: (f64, f64),
+) -> Summary {
+    let arena = PackedArena::new(cfg).unwrap();
+    let mut rng = Rng(seed);
+    let code = vec![0xd5u8; 64 << 10];
+    let mut live: Vec<Region> = Vec::with_capacity(live_max);
+    let (mut t_load, mut t_free) = (Duration::ZERO, Duration::ZERO);
+    let (mut loads, mut frees) = (0u64, 0u64);
+    let mut sum = Summary {
+        ur_min: f64::MAX,
+        ..Default::default()
+    };
+    let (mut ur_sum, mut ur_n) = (0.0, 0);
+    let step = (ops / 10).max(1);
+    println!(
+        "\n[{name}] placement {:?}, release free pages {}",
+        cfg.placement, cfg.release_free_pages
+    );
+    println!(
+        "  {:>8} {:>6} {:>5} {:>10} {:>10} {:>12} {:>14}",
+        "ops", "live", "packs", "used KiB", "resid KiB", "used/resid", "fragmentation"
+    );
+    // Live count hovers between 75% and 100% of `live_max` after the initial ramp.
+    for op in 1..=ops {
+        let load = live.len() < live_max * 3 / 4 || (live.len() < live_max && rng.next() % 2 == 0);
+        if load {
+            let insns = (4000f64).powf(rng.unit()).round().max(1.0);
+            let bytes = (model.0 + model.1 * insns).round().max(4.0) as usize;
+            let t = Instant::now();
+            let r = arena.alloc(bytes).unwrap();
+            arena.write(&r, 0, &code[..bytes]).unwrap();
+            t_load += t.elapsed();
+            loads += 1;
+            live.push(r);
+        } else {
+            let r = live.swap_remove((rng.next() % live.len() as u64) as usize);
+            let t = Instant::now();
+            arena.free(&r);
+            t_free += t.elapsed();
+            frees += 1;
+        }
+        if op % step == 0 {
+            let s = arena.stats();
+            let ur = s.bytes_used as f64 / s.bytes_resident.max(1) as f64;
+            let frag = s.fragmentation_permille as f64 / 10.0;
+            println!(
+                "  {op:>8} {:>6} {:>5} {:>10} {:>10} {:>12.3} {:>13.1}%",
+                live.len(),
+                s.packs,
+                s.bytes_used / 1024,
+                s.bytes_resident / 1024,
+                ur,
+                frag
+            );
+            // Steady state only: skip the first tenth (ramp-up).
+            if op > step {
+                sum.frag_max = sum.frag_max.max(frag);
+                sum.ur_min = sum.ur_min.min(ur);
+                ur_sum += ur;
+                ur_n += 1;
+            }
+            sum.frag_final = frag;
+            sum.ur_final = ur;
+            sum.packs_max = sum.packs_max.max(s.packs);
+        }
+    }
+    for r in live.drain(..) {
+        arena.free(&r);
+    }
+    let end = arena.stats();
+    assert_eq!(
+        (end.packs, end.allocations, end.bytes_used),
+        (0, 0, 0),
+        "everything released"
+    );
+    sum.ur_mean = ur_sum / ur_n.max(1) as f64;
+    sum.loads_per_s = loads as f64 / t_load.as_secs_f64();
+    sum.frees_per_s = frees as f64 / t_free.as_secs_f64();
+    sum
+}
+
+fn main() {
+    let ops = env("CHURN_OPS", 300_000);
+    let live = env("CHURN_LIVE", 2_000) as usize;
+    let seed = env("CHURN_SEED", 0xc0de);
+    let model = calibrate();
+    println!(
+        "churn: {ops} random loads/frees, up to {live} live programs of 1-4000 insns (log-uniform), seed {seed:#x}"
+    );
+    println!(
+        "size model (arm64 backend, ALU code): {:.0} B + {:.2} B per eBPF insn",
+        model.0, model.1
+    );
+    let base = ArenaConfig::default();
+    let configs = [
+        (
+            "before: first fit",
+            ArenaConfig {
+                placement: Placement::FirstFit,
+                release_free_pages: false,
+                ..base
+            },
+        ),
+        (
+            "first fit + page release",
+            ArenaConfig {
+                placement: Placement::FirstFit,
+                release_free_pages: true,
+                ..base
+            },
+        ),
+        (
+            "best fit, no page release",
+            ArenaConfig {
+                placement: Placement::BestFit,
+                release_free_pages: false,
+                ..base
+            },
+        ),
+        ("after: best fit + page release (default)", base),
+    ];
+    let results: Vec<_> = configs
+        .iter()
+        .map(|&(name, cfg)| (name, run(name, cfg, seed, ops, live, model)))
+        .collect();
+    println!("\nsummary (steady state = after the first tenth of the ops):");
+    println!(
+        "  {:<42} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>11}",
+        "placement",
+        "frag end",
+        "frag max",
+        "u/r end",
+        "u/r min",
+        "u/r mean",
+        "packs",
+        "loads/s",
+        "frees/s"
+    );
+    for (name, s) in &results {
+        println!(
+            "  {:<42} {:>8.1}% {:>8.1}% {:>9.3} {:>9.3} {:>9.3} {:>6} {:>10.0}k {:>10.0}k",
+            name,
+            s.frag_final,
+            s.frag_max,
+            s.ur_final,
+            s.ur_min,
+            s.ur_mean,
+            s.packs_max,
+            s.loads_per_s / 1e3,
+            s.frees_per_s / 1e3
+        );
+    }
+}

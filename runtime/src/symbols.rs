@@ -1,0 +1,184 @@
+//! Program symbols: an ordered address → program index (the userspace twin of the kernel's
+//! BPF kallsyms with its latched rbtree) and the perf map profilers read.
+//!
+//! Every executable program gets an entry when it is compiled and loses it when its code is
+//! reclaimed (after the epoch grace period, just before its chunks are trap-filled and
+//! reused), so a profiler sample taken while a retired program is still finishing resolves to
+//! that program, and an address is never listed under two programs.
+//!
+//! The perf map (`/tmp/perf-<pid>.map`, one `START SIZE NAME` line per program, hex without
+//! `0x`, the format `perf report` reads for JIT code) is written on request and then kept
+//! current: a load appends a line, a reclamation rewrites the file (write to a temporary file
+//! in the same directory, then `rename`, so a reader never sees a half-written map).
+
+use crate::{Error, ErrorKind};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+/// What lies at a native address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SymbolInfo {
+    /// Program id (unique for the life of the runtime, never reused).
+    pub id: u64,
+    /// Program name (from [`LoadOptions::name`](crate::LoadOptions::name), the ELF symbol,
+    /// or `prog_<id>`).
+    pub name: Arc<str>,
+    /// Entry address of the program's code.
+    pub start: u64,
+    /// Bytes of machine code (what the perf map lists).
+    pub size: u64,
+    /// Offset of the queried address from `start` (0 in listings).
+    pub offset: u64,
+    /// eBPF pc of the instruction at the address. Always `None` for now: the plugin ABI does
+    /// not return a native-offset → pc line table yet, so only program + offset are known.
+    pub pc: Option<usize>,
+}
+
+struct Entry {
+    id: u64,
+    name: Arc<str>,
+    size: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// Entry address → program. Programs never overlap (each owns its arena chunks), so the
+    /// greatest start ≤ addr is the only candidate: one O(log n) descent per lookup.
+    by_addr: BTreeMap<u64, Entry>,
+    perf_map: Option<PathBuf>,
+}
+
+/// The index. Lookups take the read lock; loads and reclamations the write lock.
+#[derive(Default)]
+pub(crate) struct Symbols {
+    state: RwLock<State>,
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> Error {
+    Error::new(
+        ErrorKind::InvalidArgument,
+        format!("perf map {}: {e}", path.display()),
+    )
+}
+
+fn perf_line(start: u64, e: &Entry) -> String {
+    // perf splits on the first two spaces only; names with spaces or newlines would still
+    // corrupt the line structure, so replace the latter.
+    let name: String = e
+        .name
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { '_' } else { c })
+        .collect();
+    format!("{start:x} {:x} {name}\n", e.size)
+}
+
+impl Symbols {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        // Poisoning can only interrupt a map insert/remove, which leaves the map consistent.
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a program whose code starts at `start`.
+    pub(crate) fn insert(&self, id: u64, name: Arc<str>, start: u64, size: u64) {
+        let mut st = self.write();
+        let e = Entry { id, name, size };
+        if let Some(path) = &st.perf_map {
+            // Appending keeps a load O(1); perf takes the last line for an address anyway.
+            // A failed append is not a load failure: the next rewrite repairs the file.
+            if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+                let _ = f.write_all(perf_line(start, &e).as_bytes());
+            }
+        }
+        st.by_addr.insert(start, e);
+    }
+
+    /// Removes program `id` at `start` (its code is about to be reclaimed).
+    pub(crate) fn remove(&self, id: u64, start: u64) {
+        let mut st = self.write();
+        // The id check keeps a stale removal from ever taking a newer program's entry.
+        if st.by_addr.get(&start).is_some_and(|e| e.id == id) {
+            st.by_addr.remove(&start);
+            if let Some(path) = st.perf_map.clone() {
+                let _ = Self::rewrite(&st, &path);
+            }
+        }
+    }
+
+    fn rewrite(st: &State, path: &Path) -> Result<(), Error> {
+        let mut text = String::with_capacity(st.by_addr.len() * 40);
+        for (&start, e) in &st.by_addr {
+            text.push_str(&perf_line(start, e));
+        }
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, text).map_err(|e| io_err(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
+    }
+
+    /// Writes the perf map at `path` now and keeps it current from here on.
+    pub(crate) fn enable_perf_map(&self, path: PathBuf) -> Result<(), Error> {
+        let mut st = self.write();
+        Self::rewrite(&st, &path)?;
+        st.perf_map = Some(path);
+        Ok(())
+    }
+
+    /// Rewrites the perf map (at its enabled path) from the index.
+    pub(crate) fn write_perf_map(&self) -> Result<Option<PathBuf>, Error> {
+        let st = self.write();
+        match &st.perf_map {
+            Some(p) => Self::rewrite(&st, p).map(|()| Some(p.clone())),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn perf_map_path(&self) -> Option<PathBuf> {
+        self.read().perf_map.clone()
+    }
+
+    /// The program whose code covers `addr`.
+    pub(crate) fn lookup(&self, addr: u64) -> Option<SymbolInfo> {
+        let st = self.read();
+        let (&start, e) = st.by_addr.range(..=addr).next_back()?;
+        (addr - start < e.size).then(|| SymbolInfo {
+            id: e.id,
+            name: e.name.clone(),
+            start,
+            size: e.size,
+            offset: addr - start,
+            pc: None,
+        })
+    }
+
+    /// Every live program, by address.
+    pub(crate) fn list(&self) -> Vec<SymbolInfo> {
+        self.read()
+            .by_addr
+            .iter()
+            .map(|(&start, e)| SymbolInfo {
+                id: e.id,
+                name: e.name.clone(),
+                start,
+                size: e.size,
+                offset: 0,
+                pc: None,
+            })
+            .collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.read().by_addr.len()
+    }
+}
+
+/// The default perf map path for this process.
+pub fn default_perf_map_path() -> PathBuf {
+    PathBuf::from(format!("/tmp/perf-{}.map", std::process::id()))
+}

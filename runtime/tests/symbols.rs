@@ -1,0 +1,120 @@
+//! Symbols: the address → program index and the perf map, checked against the programs'
+//! real addresses and sizes as programs come and go (native x86-64 host, stub backend).
+#![cfg(target_arch = "x86_64")]
+
+use packjit::{LoadOptions, Runtime};
+use std::sync::Arc;
+
+#[path = "../benches/common/x86_stub.rs"]
+mod x86_stub;
+
+fn runtime() -> Runtime {
+    let rt = Runtime::new().unwrap();
+    rt.add_backend(Arc::new(x86_stub::X86Stub)).unwrap();
+    rt
+}
+
+fn drain(rt: &Runtime) {
+    for _ in 0..2000 {
+        packjit::arena::epoch_pin().flush();
+        if rt.reclaim() == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// (start, size, name) per perf-map line.
+fn perf_map(path: &std::path::Path) -> Vec<(u64, u64, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let s = u64::from_str_radix(it.next().unwrap(), 16).unwrap();
+            let n = u64::from_str_radix(it.next().unwrap(), 16).unwrap();
+            (s, n, it.next().unwrap().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn names_lookup_and_perf_map_follow_loads_and_frees() {
+    let rt = runtime();
+    let path = std::env::temp_dir().join(format!("packjit-test-perf-{}.map", std::process::id()));
+    rt.enable_perf_map_at(&path).unwrap();
+    assert_eq!(perf_map(&path), vec![], "empty runtime, empty map");
+
+    let mut progs: Vec<_> = (0..40)
+        .map(|i| {
+            let name = (i % 2 == 0).then(|| format!("named_{i}"));
+            rt.load(
+                &x86_stub::ret_prog(i, 2 + i as usize * 7),
+                &LoadOptions {
+                    name,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        })
+        .collect();
+    for (i, p) in progs.iter().enumerate() {
+        let want = if i % 2 == 0 {
+            format!("named_{i}")
+        } else {
+            format!("prog_{}", p.id())
+        };
+        assert_eq!(p.name(), want);
+        // Every byte of the code resolves to its program; the byte after it does not (the
+        // rest of its last chunk is trap padding, no program's code).
+        for off in [0, p.code_size() as u64 / 2, p.code_size() as u64 - 1] {
+            let s = rt
+                .symbolize(p.entry_addr() + off)
+                .expect("inside a program");
+            assert_eq!((s.id, s.start, s.offset), (p.id(), p.entry_addr(), off));
+            assert_eq!(&*s.name, p.name());
+            assert_eq!(s.pc, None, "no line table through the ABI yet");
+        }
+        if p.code_size() as u64 % 64 != 0 {
+            assert_eq!(rt.symbolize(p.entry_addr() + p.code_size() as u64), None);
+        }
+    }
+    assert_eq!(rt.symbolize(0), None);
+
+    let expect = |progs: &[packjit::Program]| {
+        let mut v: Vec<_> = progs
+            .iter()
+            .map(|p| (p.entry_addr(), p.code_size() as u64, p.name().to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    let mut listed = perf_map(&path);
+    listed.sort();
+    assert_eq!(listed, expect(&progs), "appended lines list every load");
+
+    // Free every third program: after reclamation the map is rewritten without them.
+    let mut i = 0;
+    progs.retain(|_| {
+        i += 1;
+        i % 3 != 0
+    });
+    drain(&rt);
+    assert_eq!(perf_map(&path), expect(&progs), "freed programs are gone");
+    assert_eq!(rt.live_programs(), progs.len());
+    assert_eq!(rt.symbols().len(), progs.len());
+
+    // Loads after frees may reuse the freed addresses: still one line per live program.
+    progs.extend((0..10).map(|i| {
+        rt.load(&x86_stub::ret_prog(i, 3), &LoadOptions::default())
+            .unwrap()
+    }));
+    let mut listed = perf_map(&path);
+    listed.sort();
+    assert_eq!(listed, expect(&progs));
+    drop(progs);
+    drain(&rt);
+    assert_eq!(perf_map(&path), vec![]);
+    assert_eq!(rt.write_perf_map().unwrap(), Some(path.clone()));
+    std::fs::remove_file(&path).unwrap();
+}
