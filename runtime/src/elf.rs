@@ -850,7 +850,7 @@ impl Linker<'_, '_> {
                             at(&format!("instruction {opcode:#04x} is not an lddw")),
                         ));
                     }
-                    let addr = self.symbol_addr(&sym, si, &at)?;
+                    let addr = self.symbol_addr(&sym, &at)?;
                     let addend = i64::from(i32::from_le_bytes(
                         self.code[p + 4..p + 8].try_into().unwrap(),
                     ));
@@ -920,7 +920,6 @@ impl Linker<'_, '_> {
     fn symbol_addr(
         &self,
         sym: &object::read::elf::ElfSymbol64<'_, '_, Endianness>,
-        _si: SymbolIndex,
         at: &dyn Fn(&str) -> String,
     ) -> Result<u64, Error> {
         match sym.section() {
@@ -1005,7 +1004,7 @@ impl Linker<'_, '_> {
                 let sym = file
                     .symbol_by_index(tsi)
                     .map_err(|e| bad(ErrorKind::InvalidArgument, at(&e.to_string())))?;
-                let addr = self.symbol_addr(&sym, tsi, &at)?;
+                let addr = self.symbol_addr(&sym, &at)?;
                 let d = &self.data.sections[di];
                 let mut cur = [0u8; 8];
                 d.read_at(off, &mut cur[..width]);
