@@ -2,7 +2,12 @@
 //!
 //! ```text
 //! packjit-demo [run]            load the plugins, compile the sample for every arch, run it natively
+//! packjit-demo run PROG.o --section S [--mem HEX | --mem-file F] [--sandbox] [--budget N]
+//!                               run a program from a clang object: prints `r0 = 0x…`; a
+//!                               sandbox stop prints the error and exits with status 3
 //! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
+//! packjit-demo dump PROG.o --section S --arch A
+//!                               capstone disassembly, each eBPF instruction's range marked
 //! packjit-demo stats            batch-load programs, free some, print the arena statistics
 //!                               (--perf-map: keep /tmp/perf-<pid>.map; --map: draw the packs)
 //! packjit-demo bench            JIT vs the rbpf interpreter on a compute-bound program
@@ -11,6 +16,7 @@
 
 mod bench;
 mod conformance_plugin;
+mod elf_cmd;
 mod sample;
 mod stats;
 
@@ -39,8 +45,25 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Compile the sample program for every backend and run it where the host can.
+    /// Compile the sample program for every backend and run it where the host can; or run
+    /// one program of a clang object (PROG.o) on the host and print r0.
     Run {
+        /// Relocatable eBPF object (`clang -O2 -target bpf -c`); needs --section or --function.
+        object: Option<PathBuf>,
+        #[command(flatten)]
+        select: elf_cmd::Select,
+        /// Context memory as hex bytes (ELF programs).
+        #[arg(long, conflicts_with = "mem_file")]
+        mem: Option<String>,
+        /// Context memory from a file (ELF programs).
+        #[arg(long)]
+        mem_file: Option<PathBuf>,
+        /// Run sandboxed: memory checks; a stop exits with status 3 (ELF programs).
+        #[arg(long)]
+        sandbox: bool,
+        /// Instruction budget per run (ELF programs).
+        #[arg(long)]
+        budget: Option<u64>,
         /// Program as bpf_conformance assembly (default: the built-in sample).
         #[arg(long)]
         asm: Option<PathBuf>,
@@ -50,7 +73,11 @@ enum Cmd {
     },
     /// Print a program's native code for one architecture.
     Dump {
-        /// Target architecture (aarch64 | riscv64).
+        /// Relocatable eBPF object; needs --section or --function. Disassembled with capstone.
+        object: Option<PathBuf>,
+        #[command(flatten)]
+        select: elf_cmd::Select,
+        /// Target architecture (aarch64 | riscv64 | x86_64).
         #[arg(long)]
         arch: String,
         /// Program as bpf_conformance assembly (default: the built-in sample).
@@ -87,7 +114,19 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cmd = cli.cmd.unwrap_or(Cmd::Run { asm: None, n: 10 });
+    let cmd = cli.cmd.unwrap_or(Cmd::Run {
+        object: None,
+        select: elf_cmd::Select {
+            section: None,
+            function: None,
+        },
+        mem: None,
+        mem_file: None,
+        sandbox: false,
+        budget: None,
+        asm: None,
+        n: 10,
+    });
     if let Cmd::ConformancePlugin { args } = &cmd {
         return ExitCode::from(conformance_plugin::main(args).clamp(0, 255) as u8);
     }
@@ -102,13 +141,26 @@ fn main() -> ExitCode {
 
 fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Result<(), String> {
     let rt = Runtime::new().map_err(|e| e.to_string())?;
+    // The ELF modes print only their result on stdout.
+    let quiet = matches!(
+        cmd,
+        Cmd::Run {
+            object: Some(_),
+            ..
+        } | Cmd::Dump {
+            object: Some(_),
+            ..
+        }
+    );
     if static_backends {
         add_static_backends(&rt)?;
-        println!("backends: linked statically");
+        if !quiet {
+            println!("backends: linked statically");
+        }
     } else {
         match rt.load_plugins(plugin_dir.as_deref()) {
             Ok(infos) => {
-                for b in infos {
+                for b in infos.into_iter().filter(|_| !quiet) {
                     println!(
                         "backend {} {} for {} loaded from {} (features supported {:#x}, detected {:#x})",
                         b.name, b.version, b.arch, b.origin, b.supported_features, b.detected_features
@@ -121,12 +173,34 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
         }
     }
     sample::register_helpers(&rt)?;
+    elf_cmd::register_rbpf_helpers(&rt)?;
     match cmd {
-        Cmd::Run { asm, n } => run(&rt, asm, n),
+        Cmd::Run {
+            object: Some(obj),
+            select,
+            mem,
+            mem_file,
+            sandbox,
+            budget,
+            ..
+        } => elf_cmd::run(&rt, &obj, &select, mem, mem_file, sandbox, budget),
+        Cmd::Run { asm, n, .. } => run(&rt, asm, n),
+        Cmd::Dump {
+            object: Some(obj),
+            select,
+            arch,
+            features,
+            ..
+        } => {
+            let arch = Arch::parse(&arch)
+                .ok_or_else(|| format!("unknown arch {arch:?} (aarch64 | riscv64 | x86_64)"))?;
+            elf_cmd::dump(&rt, &obj, &select, arch, features)
+        }
         Cmd::Dump {
             arch,
             asm,
             features,
+            ..
         } => dump(&rt, &arch, asm, features),
         Cmd::Stats {
             count,

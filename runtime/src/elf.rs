@@ -349,6 +349,12 @@ struct Linker<'d, 'f> {
     data_index: BTreeMap<usize, usize>,
     data: GlobalData,
     units: Vec<Unit>,
+    // (section, start) → index into `units`, for the covering-unit lookup of each call.
+    unit_at: BTreeMap<(usize, usize), usize>,
+    // Section index → its `STT_FUNC` symbols `(start, end, name)` with a size, by start.
+    // Built once: a call's target is looked up by binary search, so a crafted object with
+    // many calls and symbols links in n log n, not n².
+    funcs: BTreeMap<usize, Vec<(usize, usize, String)>>,
     code: Vec<u8>,
     functions: Vec<(String, usize)>,
     externs: Vec<(String, u32)>,
@@ -409,11 +415,28 @@ pub fn link(
         data_index: BTreeMap::new(),
         data: GlobalData::default(),
         units: Vec::new(),
+        unit_at: BTreeMap::new(),
+        funcs: BTreeMap::new(),
         code: Vec::new(),
         functions: Vec::new(),
         externs: Vec::new(),
     };
     l.layout_data()?;
+    for sym in file.symbols() {
+        if sym.kind() != object::SymbolKind::Text || sym.size() == 0 {
+            continue;
+        }
+        let SymbolSection::Section(si) = sym.section() else {
+            continue;
+        };
+        let start = sym.address() as usize;
+        let end = start.saturating_add(sym.size() as usize);
+        let name = sym.name().unwrap_or("").to_string();
+        l.funcs.entry(si.0).or_default().push((start, end, name));
+    }
+    for v in l.funcs.values_mut() {
+        v.sort();
+    }
     let entry = l.entry_unit(&opts.program)?;
     l.place(entry.0, entry.1, entry.2, entry.3)?;
     // Units are appended while relocating earlier ones: iterate by index.
@@ -642,15 +665,11 @@ impl Linker<'_, '_> {
                 ),
             ));
         }
-        for sym in file.symbols() {
-            if sym.section() != SymbolSection::Section(si) || sym.kind() != object::SymbolKind::Text
-            {
-                continue;
-            }
-            let (s, n) = (sym.address() as usize, sym.size() as usize);
-            if n > 0 && s <= off && off < s.saturating_add(n) {
-                let end = s.saturating_add(n).min(sec_len);
-                return Ok((s, end));
+        // The function whose range covers `off`: the last one starting at or before it.
+        if let Some(v) = self.funcs.get(&si.0) {
+            let i = v.partition_point(|f| f.0 <= off);
+            if i > 0 && off < v[i - 1].1 {
+                return Ok((v[i - 1].0, v[i - 1].1.min(sec_len)));
             }
         }
         Ok((0, sec_len))
@@ -686,6 +705,7 @@ impl Linker<'_, '_> {
         while self.code.len() % INSN != 0 {
             self.code.push(0);
         }
+        self.unit_at.insert((sec.0, start), self.units.len());
         self.units.push(Unit {
             sec,
             start,
@@ -698,23 +718,19 @@ impl Linker<'_, '_> {
 
     /// Output slot of byte `off` of section `sec`, placing its function if needed.
     fn slot_of(&mut self, sec: SectionIndex, off: usize) -> Result<usize, Error> {
-        if let Some(u) = self
-            .units
-            .iter()
-            .find(|u| u.sec == sec && u.start <= off && off < u.end)
-        {
-            return Ok(u.base + (off - u.start) / INSN);
+        // The unit starting last at or before `off` in this section, if it covers `off`.
+        if let Some((_, &ui)) = self.unit_at.range((sec.0, 0)..=(sec.0, off)).next_back() {
+            let u = self.units[ui];
+            if off < u.end {
+                return Ok(u.base + (off - u.start) / INSN);
+            }
         }
         let (start, end) = self.func_range(sec, off)?;
         let name = self
-            .file
-            .symbols()
-            .find(|s| {
-                s.section() == SymbolSection::Section(sec)
-                    && s.kind() == object::SymbolKind::Text
-                    && s.address() as usize == start
-            })
-            .and_then(|s| s.name().ok().map(str::to_string))
+            .funcs
+            .get(&sec.0)
+            .and_then(|v| v.iter().find(|f| f.0 == start && !f.2.is_empty()))
+            .map(|f| f.2.clone())
             .unwrap_or_else(|| format!("{}+{start:#x}", sec_name(self.file, sec)));
         let base = self.place(sec, start, end, name)?;
         Ok(base + (off - start) / INSN)
@@ -834,7 +850,7 @@ impl Linker<'_, '_> {
                             at(&format!("instruction {opcode:#04x} is not an lddw")),
                         ));
                     }
-                    let addr = self.symbol_addr(&sym, si, &at)?;
+                    let addr = self.symbol_addr(&sym, &at)?;
                     let addend = i64::from(i32::from_le_bytes(
                         self.code[p + 4..p + 8].try_into().unwrap(),
                     ));
@@ -904,7 +920,6 @@ impl Linker<'_, '_> {
     fn symbol_addr(
         &self,
         sym: &object::read::elf::ElfSymbol64<'_, '_, Endianness>,
-        _si: SymbolIndex,
         at: &dyn Fn(&str) -> String,
     ) -> Result<u64, Error> {
         match sym.section() {
@@ -989,7 +1004,7 @@ impl Linker<'_, '_> {
                 let sym = file
                     .symbol_by_index(tsi)
                     .map_err(|e| bad(ErrorKind::InvalidArgument, at(&e.to_string())))?;
-                let addr = self.symbol_addr(&sym, tsi, &at)?;
+                let addr = self.symbol_addr(&sym, &at)?;
                 let d = &self.data.sections[di];
                 let mut cur = [0u8; 8];
                 d.read_at(off, &mut cur[..width]);
@@ -1058,7 +1073,7 @@ impl crate::Runtime {
         if let Some(a) = prog.packed_arena() {
             a.commit();
         }
-        prog.globals = Some(Box::new(linked.data));
+        prog.elf = Some(Box::new(linked));
         Ok(prog)
     }
 }
@@ -1066,6 +1081,12 @@ impl crate::Runtime {
 impl Program {
     /// The program's global data, for programs loaded from ELF.
     pub fn globals(&self) -> Option<&GlobalData> {
-        self.globals.as_deref()
+        self.elf.as_deref().map(|l| &l.data)
+    }
+
+    /// What the ELF loader linked (bytecode as compiled, functions, externs, data), for
+    /// programs loaded from ELF.
+    pub fn elf_linked(&self) -> Option<&Linked> {
+        self.elf.as_deref()
     }
 }

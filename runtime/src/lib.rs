@@ -490,7 +490,7 @@ impl Runtime {
             name,
             symbols,
             retired: false,
-            globals: None,
+            elf: None,
         })
     }
 
@@ -586,7 +586,7 @@ pub struct Program {
     retired: bool,
     // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
     // lives exactly as long as the code can run (see elf.rs).
-    globals: Option<Box<elf::GlobalData>>,
+    elf: Option<Box<elf::Linked>>,
 }
 
 impl std::fmt::Debug for Program {

@@ -1,0 +1,360 @@
+//! `run` and `dump` for clang objects: `packjit-demo run PROG.o --section S` and
+//! `packjit-demo dump PROG.o --section S --arch A`.
+//!
+//! The dump disassembles in-process with capstone and marks each eBPF instruction's native
+//! range from the program's line table (`Program::pc_offsets`, reported by the backend
+//! through the plugin ABI). A backend that reports no line table yet is emitted once more
+//! through its statically linked emit function, which returns per-instruction offsets
+//! (arm64, x86-64), and that code is listed instead; the RV64 backend's static API returns no
+//! offsets, so without its line table the listing is unmarked.
+
+use capstone::prelude::*;
+use packjit::elf::ElfLoadOptions;
+use packjit::{Arch, ErrorKind, LoadOptions, Program, Runtime};
+use packjit_frontend::RawInsn;
+use packjit_plugin_api::{HelperEntry, NO_NATIVE_CODE};
+use std::path::{Path, PathBuf};
+
+/// Exit status of `run` when the program was stopped (sandbox fault, budget, unknown callx).
+pub const EXIT_STOPPED: i32 = 3;
+
+/// First id given to rbpf's unnumbered standard helpers (`gather_bytes`, `memfrob`, `sqrti`,
+/// `strcmp`, `rand`); `bpf_trace_printf` keeps rbpf's id 6. C code reaches them by name.
+const RBPF_EXTRA_IDS: u32 = 0x100;
+
+/// Which program of the object: `--section` or `--function`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Select {
+    /// Code section holding the program (`SEC("...")`).
+    #[arg(long)]
+    pub section: Option<String>,
+    /// Function symbol of the program (instead of --section).
+    #[arg(long, conflicts_with = "section")]
+    pub function: Option<String>,
+}
+
+impl Select {
+    fn options(&self) -> Result<ElfLoadOptions, String> {
+        match (&self.section, &self.function) {
+            (Some(s), None) => Ok(ElfLoadOptions::section(s)),
+            (None, Some(f)) => Ok(ElfLoadOptions::function(f)),
+            _ => Err("an ELF object needs --section S or --function F".into()),
+        }
+    }
+}
+
+/// rbpf's standard helpers under their rbpf names, so `extern` declarations resolve.
+pub fn register_rbpf_helpers(rt: &Runtime) -> Result<(), String> {
+    packjit::rbpf_bridge::register_rbpf_helpers(rt, RBPF_EXTRA_IDS).map_err(|e| e.to_string())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
+    let digits: String = s
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != ',')
+        .collect();
+    let digits = digits.strip_prefix("0x").unwrap_or(&digits).to_string();
+    if digits.len() % 2 != 0 {
+        return Err(format!(
+            "--mem: odd number of hex digits ({})",
+            digits.len()
+        ));
+    }
+    (0..digits.len() / 2)
+        .map(|i| {
+            u8::from_str_radix(&digits[2 * i..2 * i + 2], 16)
+                .map_err(|_| format!("--mem: {:?} is not hex", &digits[2 * i..2 * i + 2]))
+        })
+        .collect()
+}
+
+/// `run PROG.o`: loads the program for the host, runs it once on the memory, prints r0 and
+/// the program's scalar globals.
+pub fn run(
+    rt: &Runtime,
+    obj: &Path,
+    sel: &Select,
+    mem: Option<String>,
+    mem_file: Option<PathBuf>,
+    sandbox: bool,
+    budget: Option<u64>,
+) -> Result<(), String> {
+    let bytes = read(obj)?;
+    let elf = sel.options()?;
+    let mut ctx = match (mem, mem_file) {
+        (Some(h), None) => parse_hex(&h)?,
+        (None, Some(f)) => read(&f)?,
+        (None, None) => Vec::new(),
+        (Some(_), Some(_)) => return Err("give --mem or --mem-file, not both".into()),
+    };
+    let host = Arch::host().ok_or("unknown host architecture")?;
+    let opts = LoadOptions {
+        arch: Some(host),
+        budget,
+        ..Default::default()
+    };
+    let prog = if sandbox {
+        rt.load_elf(&bytes, &elf, &opts)
+    } else {
+        // SAFETY: without --sandbox the demo runs the object as trusted code, like rbpf's
+        // JIT: the user vouches for it (the flag exists for untrusted objects).
+        unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) }
+    }
+    .map_err(|e| format!("{}: {e}", obj.display()))?;
+    if !prog.is_executable() {
+        return Err(format!(
+            "no backend targets {host}; compiled but cannot run here"
+        ));
+    }
+    eprintln!(
+        "{} ({:?}): {} bytes of {} code by {}, {}",
+        obj.display(),
+        elf.program,
+        prog.code_size(),
+        prog.arch(),
+        prog.backend_name(),
+        if sandbox { "sandboxed" } else { "trusted" }
+    );
+    match prog.call(&mut ctx) {
+        Ok(r0) => {
+            println!("r0 = {r0:#x}");
+            print_globals(&prog);
+            Ok(())
+        }
+        Err(e)
+            if matches!(
+                e.kind,
+                ErrorKind::OutOfBounds | ErrorKind::Budget | ErrorKind::UnknownCallx
+            ) =>
+        {
+            // The error's text carries the pc and (for memory) the address and direction.
+            eprintln!("packjit-demo: program stopped: {e}");
+            std::process::exit(EXIT_STOPPED);
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn print_globals(prog: &Program) {
+    let Some(g) = prog.globals() else { return };
+    for s in g.symbols() {
+        let sec = &g.sections()[s.section];
+        if !sec.writable() || s.len == 0 || s.len > 8 {
+            continue;
+        }
+        if let Ok(v) = g.read_u64(&s.name) {
+            println!("{} ({}) = {v:#x}", s.name, sec.name());
+        }
+    }
+}
+
+fn capstone_for(arch: Arch) -> Result<Capstone, String> {
+    match arch {
+        Arch::Aarch64 => Capstone::new()
+            .arm64()
+            .mode(arch::arm64::ArchMode::Arm)
+            .build(),
+        Arch::Riscv64 => Capstone::new()
+            .riscv()
+            .mode(arch::riscv::ArchMode::RiscV64)
+            .extra_mode([arch::riscv::ArchExtraMode::RiscVC].into_iter())
+            .build(),
+        Arch::X86_64 => Capstone::new()
+            .x86()
+            .mode(arch::x86::ArchMode::Mode64)
+            .build(),
+    }
+    .map_err(|e| format!("capstone: {e}"))
+}
+
+fn ebpf_text(code: &[u8], pc: usize) -> String {
+    let slot = |i: usize| {
+        code.get(i * 8..i * 8 + 8)
+            .map(|b| RawInsn::from_bytes(b.try_into().unwrap()))
+    };
+    let Some(i) = slot(pc) else {
+        return "?".into();
+    };
+    packjit_asm::disasm::insn_text(&i, slot(pc + 1).as_ref())
+        .map(|(t, _)| t)
+        .unwrap_or_else(|| format!(".raw {:#018x}", u64::from_le_bytes(i.to_bytes())))
+}
+
+/// `dump PROG.o --arch A`: the native code with each eBPF instruction's range marked.
+pub fn dump(
+    rt: &Runtime,
+    obj: &Path,
+    sel: &Select,
+    arch: Arch,
+    features: Option<u64>,
+) -> Result<(), String> {
+    let bytes = read(obj)?;
+    let elf = sel.options()?;
+    let opts = LoadOptions {
+        arch: Some(arch),
+        features,
+        ..Default::default()
+    };
+    // Compiled trusted: the dump shows the code as the program's own logic, without the
+    // sandbox's checks (which not every backend emits yet). Nothing is run.
+    // SAFETY: the program is never called.
+    let prog = unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) }
+        .map_err(|e| format!("{}: {e}", obj.display()))?;
+    let helpers = rt.helpers();
+    let linked = prog
+        .elf_linked()
+        .ok_or("program has no ELF link information")?;
+    println!(
+        "{} ({:?}): {} eBPF slots -> {} bytes of {arch} code, {} native instructions, by {}",
+        obj.display(),
+        elf.program,
+        linked.code.len() / 8,
+        prog.code_size(),
+        prog.native_insns(),
+        prog.backend_name()
+    );
+    for (name, slot) in &linked.functions {
+        println!("  function {name} at pc {slot}");
+    }
+    for (name, id) in &linked.externs {
+        println!("  extern {name} -> helper {id}");
+    }
+    if let Some(g) = prog.globals() {
+        for s in g.sections() {
+            println!(
+                "  data {} {} bytes at {:#x} ({})",
+                s.name(),
+                s.len(),
+                s.addr(),
+                if s.writable() { "rw" } else { "ro" }
+            );
+        }
+    }
+    let mut code = prog.code();
+    let cs = capstone_for(arch)?;
+    let mut offsets = prog.pc_offsets().to_vec();
+    if offsets.is_empty() {
+        let table: Vec<HelperEntry> = helpers
+            .iter()
+            .map(|h| HelperEntry {
+                id: h.id,
+                reserved: 0,
+                addr: h.addr,
+            })
+            .collect();
+        if let Some((bytes, lines)) = static_emit(arch, &linked.code, &table, prog.features())? {
+            println!(
+                "(no line table from the backend: listing the statically linked backend's emission, {} bytes)",
+                bytes.len()
+            );
+            code = bytes;
+            offsets = lines;
+        }
+    }
+    // (native start, pc) of every slot with code, in native order.
+    let mut starts: Vec<(u32, usize)> = offsets
+        .iter()
+        .enumerate()
+        .filter(|(_, &o)| o != NO_NATIVE_CODE)
+        .map(|(pc, &o)| (o, pc))
+        .collect();
+    starts.sort();
+    if starts.is_empty() {
+        println!("(the backend reported no line table: plain listing)");
+        return print_native(&cs, &code, 0, code.len());
+    }
+    if starts[0].0 > 0 {
+        println!("; prologue [0x0, {:#x})", starts[0].0);
+        print_native(&cs, &code, 0, starts[0].0 as usize)?;
+    }
+    for (k, &(start, pc)) in starts.iter().enumerate() {
+        let end = starts
+            .get(k + 1)
+            .map_or(code.len(), |&(o, _)| o as usize)
+            .min(code.len());
+        let funcs: Vec<&str> = linked
+            .functions
+            .iter()
+            .filter(|(_, s)| *s == pc)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if !funcs.is_empty() {
+            println!("<{}>:", funcs.join(", "));
+        }
+        println!(
+            "; pc {pc}: {}    native [{start:#x}, {end:#x})",
+            ebpf_text(&linked.code, pc)
+        );
+        print_native(&cs, &code, start as usize, end)?;
+    }
+    Ok(())
+}
+
+/// Native code and its per-slot line table.
+type Listing = (Vec<u8>, Vec<u32>);
+
+/// Code and line table from the statically linked backend's emit function, where it reports
+/// per-instruction offsets.
+fn static_emit(
+    arch: Arch,
+    code: &[u8],
+    helpers: &[HelperEntry],
+    features: u64,
+) -> Result<Option<Listing>, String> {
+    let (bytes, inst_offsets) = match arch {
+        Arch::Aarch64 => {
+            let e =
+                packjit_arm64::emit_program(code, helpers, features).map_err(|e| e.to_string())?;
+            (e.bytes, e.inst_offsets)
+        }
+        Arch::X86_64 => {
+            let e = packjit_x86_64::emit_program(
+                code,
+                helpers,
+                &packjit_x86_64::Options {
+                    features,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            (e.bytes, e.inst_offsets)
+        }
+        Arch::Riscv64 => return Ok(None),
+    };
+    let prog = packjit_frontend::decode(code, helpers).map_err(|e| e.to_string())?;
+    Ok(Some((bytes, prog.line_table(&inst_offsets))))
+}
+
+fn print_native(cs: &Capstone, code: &[u8], start: usize, end: usize) -> Result<(), String> {
+    if start >= end {
+        return Ok(());
+    }
+    let insns = cs
+        .disasm_all(&code[start..end], start as u64)
+        .map_err(|e| format!("capstone: {e}"))?;
+    let mut covered = start;
+    for i in insns.iter() {
+        let hex: Vec<String> = i.bytes().iter().map(|b| format!("{b:02x}")).collect();
+        println!(
+            "    {:6x}  {:<24} {} {}",
+            i.address(),
+            hex.join(" "),
+            i.mnemonic().unwrap_or("?"),
+            i.op_str().unwrap_or("")
+        );
+        covered = i.address() as usize + i.bytes().len();
+    }
+    if covered < end {
+        // Bytes capstone cannot decode (trap fill, data): show them rather than hide them.
+        let hex: Vec<String> = code[covered..end]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        println!("    {covered:6x}  .byte {}", hex.join(" "));
+    }
+    Ok(())
+}

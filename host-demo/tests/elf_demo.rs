@@ -1,0 +1,149 @@
+//! `packjit-demo run PROG.o` / `dump PROG.o` end to end, with the statically linked backends
+//! (so the host always has one): objects compiled from `tests/bpf/` with clang at test time.
+
+#[path = "../../runtime/tests/elf_support/mod.rs"]
+mod elf_support;
+
+use std::process::{Command, Output};
+
+fn obj(name: &str) -> std::path::PathBuf {
+    let bytes = elf_support::compile_bpf(name);
+    let p = std::env::temp_dir().join(format!("packjit-demo-{}-{name}.o", std::process::id()));
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn demo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_packjit-demo"))
+        .arg("--static-backends")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn run_prints_r0_and_globals() {
+    let o = obj("demo");
+    let out = demo(&[
+        "run",
+        o.to_str().unwrap(),
+        "--section",
+        "demo",
+        "--mem",
+        "05 06 07",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // len 3: sqrti(40 * 100) = 63, + mem[0] 5 + strlen("packjit") 7 = 75.
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("r0 = 0x4b\n"), "{stdout}");
+    assert!(stdout.contains("calls (.bss) = 0x1"), "{stdout}");
+    // Same by function name, memory from a file, sandboxed.
+    let mem = std::env::temp_dir().join(format!("packjit-demo-{}-mem", std::process::id()));
+    std::fs::write(&mem, [1u8]).unwrap();
+    let out = demo(&[
+        "run",
+        o.to_str().unwrap(),
+        "--function",
+        "prog_demo",
+        "--mem-file",
+        mem.to_str().unwrap(),
+        "--sandbox",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // len 1: sqrti(2000) = 44, + 1 + 7 = 52.
+    assert!(
+        text(&out.stdout).starts_with("r0 = 0x34\n"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn sandbox_stops_exit_with_status_3_naming_pc_and_address() {
+    let o = obj("sandbox");
+    let p = o.to_str().unwrap();
+    let out = demo(&[
+        "run",
+        p,
+        "--section",
+        "pj/oob_read",
+        "--mem",
+        "0102",
+        "--sandbox",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("out of bounds") && e.contains("pc 1") && e.contains("read at 0x"),
+        "{e}"
+    );
+    let out = demo(&[
+        "run",
+        p,
+        "--section",
+        "pj/spin",
+        "--sandbox",
+        "--budget",
+        "1000",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("budget"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = demo(&["run", p, "--section", "pj/rodata_write", "--sandbox"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("write at 0x"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A load error is not a stop: status 1, the error names the section.
+    let out = demo(&["run", p, "--section", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no section `nope`"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn dump_disassembles_with_each_ebpf_instruction_marked() {
+    let o = obj("demo");
+    for (arch, native) in [("aarch64", "stp"), ("x86_64", "push")] {
+        let out = demo(&[
+            "dump",
+            o.to_str().unwrap(),
+            "--section",
+            "demo",
+            "--arch",
+            arch,
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let s = text(&out.stdout);
+        assert!(s.contains("extern sqrti -> helper"), "{s}");
+        assert!(s.contains("<demo>:") && s.contains("<scan>:"), "{s}");
+        assert!(s.contains("; pc 0: ") && s.contains("native [0x"), "{s}");
+        assert!(s.contains(native), "{arch}: {s}");
+    }
+    let out = demo(&[
+        "dump",
+        o.to_str().unwrap(),
+        "--section",
+        "demo",
+        "--arch",
+        "riscv64",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("addi sp, sp"),
+        "{}",
+        text(&out.stdout)
+    );
+}
