@@ -4,7 +4,8 @@
 # the C test backend (ffi/tests/c_api.rs) are cargo tests, run by `cargo test` on every arch.
 #   1. valgrind: ffi/tests/valgrind/smoke.c (create, load plugins, compile, stats, errors,
 #      free; no JIT code runs) under memcheck --leak-check=full --error-exitcode=1
-#   2. c-host aarch64 / riscv64: examples/c-host under qemu-user (examples/c-host/run.sh)
+#   2. c-host: examples/c-host natively on x86-64 and under qemu-user for aarch64 / riscv64
+#      (examples/c-host/run.sh)
 #
 #   ffi/check.sh                 all steps
 #   PACKJIT_CHECK_SKIP=c-host    skip steps by name (space-separated: valgrind c-host)
@@ -54,6 +55,7 @@ step valgrind valgrind_smoke
 if [[ "$skip" == *" c-host "* ]]; then
     results+=("c-host:skipped")
 else
+    step c-host-x86_64 examples/c-host/run.sh x86_64
     step c-host-aarch64 examples/c-host/run.sh aarch64
     step c-host-riscv64 examples/c-host/run.sh riscv64
 fi

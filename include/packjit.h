@@ -129,15 +129,14 @@
 #define PJ_ERR_UNKNOWN_CALLX -14
 
 /**
+ * `PjMemRegion::flags`: programs may write the region (reads are always allowed).
+ */
+#define PJ_REGION_WRITABLE 1
+
+/**
  * Size of the inline message buffer in `PjError`.
  */
 #define PJ_ERROR_MESSAGE_LEN 240
-
-/**
- * r0 of a program whose `callx` named a helper id that is not registered (the program
- * ends at once).
- */
-#define PACKJIT_CALLX_UNKNOWN 18446744073709551615ull
 
 /**
  * Major version of this library (`packjit_version() >> 16`).
@@ -188,6 +187,28 @@
  * `PackjitLoadOptions::flags`: use `features` exactly instead of what the CPU offers.
  */
 #define PACKJIT_LOAD_FEATURES_EXACT 1
+
+/**
+ * `PackjitLoadOptions::flags`: compile trusted code, without the sandbox's memory checks.
+ * The caller promises every address the program computes is memory it may access (as after
+ * the kernel's verifier). Without this flag programs are sandboxed: every access is checked
+ * against the context, the program's stack, and the registered regions, and a stray access
+ * stops the program with `PJ_ERR_OUT_OF_BOUNDS` instead of touching host memory.
+ */
+#define PACKJIT_LOAD_TRUSTED 2
+
+/**
+ * `PackjitLoadOptions::flags`: count an instruction budget; every run gets
+ * `PackjitLoadOptions::budget` instructions and stops with `PJ_ERR_BUDGET` when they run out
+ * (a taken backward jump from pc s to pc t charges s - t + 1, a bpf-to-bpf call 1).
+ */
+#define PACKJIT_LOAD_BUDGET 4
+
+/**
+ * `PackjitLoadOptions::flags`: blind immediates with a random per-program key, so constants
+ * chosen by whoever wrote the program never appear verbatim in executable memory.
+ */
+#define PACKJIT_LOAD_BLIND_CONSTANTS 8
 
 /**
  * Capacity, including the NUL, of the name fields of the info structs.
@@ -356,6 +377,24 @@ typedef struct PackjitBackendInfo {
 } PackjitBackendInfo;
 
 /**
+ * A host memory region a sandboxed program may access.
+ */
+typedef struct PjMemRegion {
+    /**
+     * First byte.
+     */
+    uint64_t start;
+    /**
+     * Length in bytes.
+     */
+    uint64_t len;
+    /**
+     * `PJ_REGION_*` bits.
+     */
+    uint64_t flags;
+} PjMemRegion;
+
+/**
  * Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
  */
 typedef struct PackjitLoadOptions {
@@ -385,6 +424,20 @@ typedef struct PackjitLoadOptions {
      * Feature bits to leave out (e.g. arm64 bit 0 forces the LSE-less atomics).
      */
     uint64_t disabled_features;
+    /**
+     * With `PACKJIT_LOAD_BUDGET`: instructions each run may execute.
+     */
+    uint64_t budget;
+    /**
+     * Host regions this program may access besides its context and stack (in addition to
+     * those of `packjit_runtime_add_region`), `region_count` entries; NULL when 0. Copied
+     * during the load; the memory they describe must stay valid while the program can run.
+     */
+    const struct PjMemRegion *regions;
+    /**
+     * Number of entries in `regions`.
+     */
+    uint64_t region_count;
 } PackjitLoadOptions;
 
 /**
@@ -677,6 +730,16 @@ typedef struct PjCompileRequest {
      * Per-program random key for [`PJ_COMPILE_BLIND_CONSTANTS`] (ignored without it).
      */
     uint64_t blind_key;
+    /**
+     * Optional line table the backend fills: `pc_offsets_len` entries, one per bytecode
+     * slot, each the byte offset of that slot's native code (`u32::MAX` for the second slot
+     * of `lddw`). NULL when the host does not want it.
+     */
+    uint32_t *pc_offsets;
+    /**
+     * Entries at `pc_offsets` (the number of slots, `code_len / 8`).
+     */
+    uint64_t pc_offsets_len;
 } PjCompileRequest;
 
 /**
@@ -707,6 +770,10 @@ typedef struct PjCompileResult {
      * Native instructions emitted.
      */
     uint64_t native_insns;
+    /**
+     * Entries of the request's `pc_offsets` the backend wrote (0 when it keeps no line table).
+     */
+    uint64_t pc_offsets_written;
     /**
      * Set when the call does not return `PJ_OK`.
      */
@@ -816,6 +883,21 @@ int32_t packjit_last_error_code(void);
  * about, or -1 when it is not about one instruction.
  */
 int64_t packjit_last_error_pc(void);
+
+/**
+ * The address of the access refused by the last `PJ_ERR_OUT_OF_BOUNDS` on the calling
+ * thread (0 for other errors).
+ */
+uint64_t packjit_last_error_addr(void);
+
+/**
+ * For helpers written in C: may the program running on the calling thread access
+ * `[addr, addr + len)` (`write` non-zero for a write)? The same rule as the program's own
+ * checks: its context, its stack, and the regions it was given. 0 when no program runs on
+ * this thread. A helper that dereferences a pointer argument calls this first, so a
+ * sandboxed program cannot use the helper to reach memory it could not reach itself.
+ */
+int32_t packjit_helper_access_ok(uint64_t addr, uint64_t len, int32_t write);
 
 /**
  * Fills `*cfg` with the defaults (auto map mode, auto remap, 2 MiB packs, default plugin
@@ -945,6 +1027,19 @@ int32_t packjit_register_helper(const struct PackjitRuntime *rt,
                                 uint64_t (*fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t));
 
 /**
+ * Registers host memory every program loaded from now on may access under the sandbox
+ * (read-only, or read-write with `PJ_REGION_WRITABLE`). Programs loaded earlier keep the
+ * regions they were loaded with.
+ *
+ * # Safety
+ * `rt` NULL or live; `region` NULL or readable. The memory the region describes must stay
+ * valid (and writable, for a writable region) while any program loaded after this call can
+ * run.
+ */
+int32_t packjit_runtime_add_region(const struct PackjitRuntime *rt,
+                                   const struct PjMemRegion *region);
+
+/**
  * Fills `*opts` with the defaults (host arch, CPU features) and sets `struct_size`.
  *
  * # Safety
@@ -968,6 +1063,76 @@ int32_t packjit_program_load(const struct PackjitRuntime *rt,
                              size_t code_len,
                              const struct PackjitLoadOptions *opts,
                              struct PackjitProgram **out);
+
+/**
+ * Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`, `obj_len`
+ * bytes, read during the call only). Select the program with exactly one of `section` (a
+ * code section name, e.g. `"xdp"`; the entry is its first instruction) or `function` (a
+ * function symbol); the other must be NULL. Functions it calls are linked in, `extern`
+ * functions resolve to the helpers registered under their names, and the object's
+ * `.rodata*` / `.data*` / `.bss*` are copied into memory the program owns (read-only /
+ * read-write regions under the sandbox); read and write them with
+ * `packjit_program_global_*`. `opts` as for `packjit_program_load`. Errors name the
+ * section, symbol, relocation type and offset (e.g. `PJ_ERR_UNKNOWN_HELPER` for an
+ * unresolved extern, `PJ_ERR_UNSUPPORTED` for maps or unknown relocations,
+ * `PJ_ERR_INVALID_ARGUMENT` for malformed objects).
+ *
+ * # Safety
+ * `rt` NULL or live; `obj` NULL or readable for `obj_len` bytes; `section` and `function`
+ * NULL or NUL-terminated; `opts` NULL or a `PackjitLoadOptions` with `struct_size` set;
+ * `out` NULL or writable.
+ */
+int32_t packjit_program_load_elf(const struct PackjitRuntime *rt,
+                                 const uint8_t *obj,
+                                 size_t obj_len,
+                                 const char *section,
+                                 const char *function,
+                                 const struct PackjitLoadOptions *opts,
+                                 struct PackjitProgram **out);
+
+/**
+ * Size in bytes of a program's global data `name`: a section (`".data"`, `".bss"`,
+ * `".rodata"`, ...) or a data symbol (a global or static variable). Sections win when a
+ * symbol has the same name.
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `size` NULL (refused) or
+ * writable.
+ */
+int32_t packjit_program_global_size(const struct PackjitProgram *prog,
+                                    const char *name,
+                                    size_t *size);
+
+/**
+ * Copies `len` bytes at `offset` of global data `name` (section or symbol, as for
+ * `packjit_program_global_size`) into `buf`. The range must lie inside it. Safe while other
+ * threads run the program (bytes are copied one by one with relaxed atomics: a value the
+ * program is writing at the same time may be torn).
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `buf` NULL (only with `len`
+ * 0) or writable for `len` bytes.
+ */
+int32_t packjit_program_global_read(const struct PackjitProgram *prog,
+                                    const char *name,
+                                    size_t offset,
+                                    uint8_t *buf,
+                                    size_t len);
+
+/**
+ * Writes `len` bytes from `data` at `offset` of global data `name` (section or symbol). The
+ * host may write `.rodata` too (it is read-only for the program only), e.g. to set a table
+ * before the first run.
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `data` NULL (only with
+ * `len` 0) or readable for `len` bytes.
+ */
+int32_t packjit_program_global_write(const struct PackjitProgram *prog,
+                                     const char *name,
+                                     size_t offset,
+                                     const uint8_t *data,
+                                     size_t len);
 
 /**
  * Compiles `count` programs and commits them together (one protection/remap pass and one
@@ -995,14 +1160,17 @@ int32_t packjit_program_load_batch(const struct PackjitRuntime *rt,
 /**
  * Runs a program with `ctx` as its context (r1 = ctx, r2 = ctx_len); `*r0` receives the
  * result. `ctx` may be NULL only with `ctx_len` 0. Fails with `PJ_ERR_NOT_EXECUTABLE` for a
- * program compiled for another architecture. Safe to call from many threads at once, and
+ * program compiled for another architecture. A program that stops fails the call with
+ * `PJ_ERR_OUT_OF_BOUNDS`, `PJ_ERR_BUDGET` or `PJ_ERR_UNKNOWN_CALLX`; the last error then
+ * names the eBPF pc (`packjit_last_error_pc`) and, for memory, the address
+ * (`packjit_last_error_addr`), the size and read/write. Safe to call from many threads at once, and
  * while another thread frees the program: the code and the handle stay valid until every
  * call that had started has returned.
  *
  * # Safety
  * `prog` NULL or a live program. `ctx`/`ctx_len` must describe memory the program may read
  * and write (borrowed for the call); the program dereferences the addresses it computes,
- * unchecked. `r0` NULL or writable.
+ * unchecked unless the program is sandboxed (the default). `r0` NULL or writable.
  */
 int32_t packjit_program_run(const struct PackjitProgram *prog,
                             void *ctx,

@@ -8,7 +8,7 @@ cd "$PACKJIT_ROOT"
 packjit_install
 
 echo "== host ($(uname -m)): build and run"
-cargo build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64
+cargo build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64 -p packjit-x86-64
 target/debug/packjit-demo run
 
 for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do

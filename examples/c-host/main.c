@@ -67,6 +67,14 @@ static const uint8_t prog_helper2[] = {
 static const uint8_t prog_bad[] = {INSN(MOV64_IMM, 1, 0, 0, 1), INSN(CALL, 0, 0, 0, 99),
                                    INSN(EXIT, 0, 0, 0, 0)};
 
+/* r0 = *(u64 *)(ctx + 16): one word past the 16-byte context. Sandboxed (the default), the
+ * program stops at pc 0 with PJ_ERR_OUT_OF_BOUNDS instead of reading host memory. */
+static const uint8_t prog_oob[] = {INSN(LDXDW, 0, 1, 16, 0), INSN(EXIT, 0, 0, 0, 0)};
+
+/* mov r0, 1; ja -1: spins forever; a budget stops it. */
+static const uint8_t prog_spin[] = {INSN(MOV64_IMM, 0, 0, 0, 1), INSN(0x05, 0, 0, -1, 0),
+                                    INSN(EXIT, 0, 0, 0, 0)};
+
 #define BATCH 5
 
 static int failed(const char *what, int32_t st)
@@ -74,6 +82,39 @@ static int failed(const char *what, int32_t st)
     fprintf(stderr, "c-host: %s failed: %s (%d): %s\n", what, packjit_status_str(st), (int)st,
             packjit_last_error());
     return 1;
+}
+
+/* Runs the two sandbox stops: an out-of-bounds read and a budget that runs out. */
+static int sandbox_stops(PackjitRuntime *rt, uint64_t *ctx, size_t ctx_len)
+{
+    PackjitLoadOptions opts;
+    PackjitProgram *p = NULL;
+    uint64_t r0 = 0;
+    int32_t st;
+
+    st = packjit_program_load(rt, prog_oob, sizeof prog_oob, NULL, &p);
+    if (st != PJ_OK)
+        return failed("loading the out-of-bounds program", st);
+    st = packjit_program_run(p, ctx, ctx_len, &r0);
+    printf("sandbox: %s at pc %lld\n", packjit_status_str(st),
+           (long long)packjit_last_error_pc());
+    printf("  %s (address 0x%llx)\n", packjit_last_error(),
+           (unsigned long long)packjit_last_error_addr());
+    packjit_program_free(p);
+    if (st != PJ_ERR_OUT_OF_BOUNDS)
+        return 1;
+
+    packjit_load_options_init(&opts);
+    opts.flags = PACKJIT_LOAD_BUDGET;
+    opts.budget = 1000;
+    st = packjit_program_load(rt, prog_spin, sizeof prog_spin, &opts, &p);
+    if (st != PJ_OK)
+        return failed("loading the spinning program", st);
+    st = packjit_program_run(p, NULL, 0, &r0);
+    printf("budget: %s at pc %lld\n", packjit_status_str(st),
+           (long long)packjit_last_error_pc());
+    packjit_program_free(p);
+    return st == PJ_ERR_BUDGET ? 0 : 1;
 }
 
 static void print_stats(const char *when, const PackjitRuntime *rt)
@@ -199,6 +240,8 @@ int main(int argc, char **argv)
             printf("batch[%u]: r0 = %llu\n", (unsigned)i, (unsigned long long)r0);
     }
     print_stats("loaded", rt);
+    if (sandbox_stops(rt, ctx, sizeof ctx) != 0)
+        goto out;
 
     for (i = 0; i < BATCH; i++)
         packjit_program_free(batch[i]); /* NULL entries are ignored */

@@ -22,12 +22,13 @@ use core::ffi::{c_char, c_void, CStr};
 use crossbeam_epoch as epoch;
 // The plugin ABI's C types (the header gets them through cbindgen's `parse_deps`).
 pub use packjit_plugin_api::{
-    PjArenaVtable, PjBackendVtable, PjCompileRequest, PjCompileResult, PjError, PjHelper,
-    PjHelperFn, PjPluginEntry, PjProgramEntry, PjRegion,
+    PjArenaVtable, PjBackendVtable, PjCompileRequest, PjCompileResult, PjError, PjExecEnv,
+    PjHelper, PjHelperFn, PjMemRegion, PjPluginEntry, PjProgramEntry, PjRegion,
 };
 use packjit_runtime::{
-    Arch, ArenaConfig, ArenaStats, BackendInfo, Error, ErrorKind, LoadOptions, MapMode, Program,
-    RemapPolicy, Runtime, RuntimeConfig,
+    helper_access_ok, AccessDirection, Arch, ArenaConfig, ArenaStats, BackendInfo, ElfLoadOptions,
+    Error, ErrorKind, GlobalData, LoadOptions, MapMode, MemRegion, Program, RegionAccess,
+    RemapPolicy, Runtime, RuntimeConfig, Trust,
 };
 use std::cell::RefCell;
 use std::os::unix::ffi::OsStrExt;
@@ -79,16 +80,14 @@ pub const PJ_ERR_OUT_OF_BOUNDS: i32 = -12;
 pub const PJ_ERR_BUDGET: i32 = -13;
 /// Status: a `callx` named a helper id with no registered helper (the error names pc and id).
 pub const PJ_ERR_UNKNOWN_CALLX: i32 = -14;
+/// `PjMemRegion::flags`: programs may write the region (reads are always allowed).
+pub const PJ_REGION_WRITABLE: u64 = 1;
 /// Size of the inline message buffer in `PjError`.
 pub const PJ_ERROR_MESSAGE_LEN: usize = 240;
 /// Name of the symbol a plugin exports: `const PjBackendVtable *packjit_plugin_v1(void)`
 /// (see `PjPluginEntry`). A plugin that may also be linked statically next to others exports
 /// `<libname>_plugin_v1` instead (`libpackjit_arm64.so` -> `packjit_arm64_plugin_v1`).
 pub const PJ_PLUGIN_SYMBOL: &str = "packjit_plugin_v1";
-/// r0 of a program whose `callx` named a helper id that is not registered (the program
-/// ends at once).
-pub const PACKJIT_CALLX_UNKNOWN: u64 = 0xffff_ffff_ffff_ffff;
-
 mod abi_mirror {
     use packjit_plugin_api as api;
     macro_rules! same {
@@ -116,9 +115,9 @@ mod abi_mirror {
         PJ_ERR_OUT_OF_BOUNDS,
         PJ_ERR_BUDGET,
         PJ_ERR_UNKNOWN_CALLX,
+        PJ_REGION_WRITABLE,
         PJ_ERROR_MESSAGE_LEN
     );
-    const _: () = assert!(super::PACKJIT_CALLX_UNKNOWN == packjit_runtime::CALLX_UNKNOWN);
     const _: () = {
         let (a, b) = (
             super::PJ_PLUGIN_SYMBOL.as_bytes(),
@@ -161,6 +160,23 @@ pub const PACKJIT_REMAP_NEVER: u32 = 2;
 
 /// `PackjitLoadOptions::flags`: use `features` exactly instead of what the CPU offers.
 pub const PACKJIT_LOAD_FEATURES_EXACT: u32 = 1;
+/// `PackjitLoadOptions::flags`: compile trusted code, without the sandbox's memory checks.
+/// The caller promises every address the program computes is memory it may access (as after
+/// the kernel's verifier). Without this flag programs are sandboxed: every access is checked
+/// against the context, the program's stack, and the registered regions, and a stray access
+/// stops the program with `PJ_ERR_OUT_OF_BOUNDS` instead of touching host memory.
+pub const PACKJIT_LOAD_TRUSTED: u32 = 2;
+/// `PackjitLoadOptions::flags`: count an instruction budget; every run gets
+/// `PackjitLoadOptions::budget` instructions and stops with `PJ_ERR_BUDGET` when they run out
+/// (a taken backward jump from pc s to pc t charges s - t + 1, a bpf-to-bpf call 1).
+pub const PACKJIT_LOAD_BUDGET: u32 = 4;
+/// `PackjitLoadOptions::flags`: blind immediates with a random per-program key, so constants
+/// chosen by whoever wrote the program never appear verbatim in executable memory.
+pub const PACKJIT_LOAD_BLIND_CONSTANTS: u32 = 8;
+const PACKJIT_LOAD_ALL_FLAGS: u32 = PACKJIT_LOAD_FEATURES_EXACT
+    | PACKJIT_LOAD_TRUSTED
+    | PACKJIT_LOAD_BUDGET
+    | PACKJIT_LOAD_BLIND_CONSTANTS;
 
 /// Capacity, including the NUL, of the name fields of the info structs.
 pub const PACKJIT_NAME_LEN: usize = 64;
@@ -194,7 +210,7 @@ pub struct PackjitConfig {
 
 /// Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct PackjitLoadOptions {
     /// `sizeof(PackjitLoadOptions)`.
     pub struct_size: u32,
@@ -210,6 +226,30 @@ pub struct PackjitLoadOptions {
     pub features: u64,
     /// Feature bits to leave out (e.g. arm64 bit 0 forces the LSE-less atomics).
     pub disabled_features: u64,
+    /// With `PACKJIT_LOAD_BUDGET`: instructions each run may execute.
+    pub budget: u64,
+    /// Host regions this program may access besides its context and stack (in addition to
+    /// those of `packjit_runtime_add_region`), `region_count` entries; NULL when 0. Copied
+    /// during the load; the memory they describe must stay valid while the program can run.
+    pub regions: *const PjMemRegion,
+    /// Number of entries in `regions`.
+    pub region_count: u64,
+}
+
+impl Default for PackjitLoadOptions {
+    fn default() -> Self {
+        Self {
+            struct_size: 0,
+            arch: 0,
+            flags: 0,
+            reserved: 0,
+            features: 0,
+            disabled_features: 0,
+            budget: 0,
+            regions: core::ptr::null(),
+            region_count: 0,
+        }
+    }
 }
 
 /// Code arena statistics, filled by `packjit_runtime_stats`.
@@ -324,6 +364,8 @@ const LAST_ERROR_LEN: usize = 1024;
 struct LastError {
     code: i32,
     pc: i64,
+    /// Address of a refused access (`PJ_ERR_OUT_OF_BOUNDS`), else 0.
+    addr: u64,
     msg: [c_char; LAST_ERROR_LEN],
 }
 
@@ -331,17 +373,22 @@ thread_local! {
     // A fixed buffer per thread, so the pointer packjit_last_error returns stays valid for
     // the thread's life (only its contents change).
     static LAST_ERROR: RefCell<LastError> = const {
-        RefCell::new(LastError { code: PJ_OK, pc: -1, msg: [0; LAST_ERROR_LEN] })
+        RefCell::new(LastError { code: PJ_OK, pc: -1, addr: 0, msg: [0; LAST_ERROR_LEN] })
     };
     // Guards taken by packjit_epoch_enter, released by packjit_epoch_exit.
     static EPOCH_GUARDS: RefCell<Vec<epoch::Guard>> = const { RefCell::new(Vec::new()) };
 }
 
 fn set_last(code: i32, pc: i64, msg: &str) {
+    set_last_fault(code, pc, 0, msg)
+}
+
+fn set_last_fault(code: i32, pc: i64, addr: u64, msg: &str) {
     let _ = LAST_ERROR.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
             l.code = code;
             l.pc = pc;
+            l.addr = addr;
             packjit_plugin_api::write_c_message(&mut l.msg, msg);
         }
     });
@@ -349,7 +396,12 @@ fn set_last(code: i32, pc: i64, msg: &str) {
 
 fn record(e: &Error) -> i32 {
     let code = e.kind.code();
-    set_last(code, e.pc.map_or(-1, |p| p as i64), &e.to_string());
+    set_last_fault(
+        code,
+        e.pc.map_or(-1, |p| p as i64),
+        e.fault.map_or(0, |f| f.addr),
+        &e.to_string(),
+    );
     code
 }
 
@@ -543,6 +595,9 @@ pub extern "C" fn packjit_status_str(code: i32) -> *const c_char {
         PJ_ERR_PLUGIN => c"plugin could not be loaded",
         PJ_ERR_NOT_EXECUTABLE => c"program cannot run here",
         PJ_ERR_INTERNAL => c"internal error",
+        PJ_ERR_OUT_OF_BOUNDS => c"memory access out of bounds",
+        PJ_ERR_BUDGET => c"instruction budget exhausted",
+        PJ_ERR_UNKNOWN_CALLX => c"callx to an unregistered helper id",
         _ => c"unknown status code",
     };
     s.as_ptr()
@@ -578,6 +633,30 @@ pub extern "C" fn packjit_last_error_pc() -> i64 {
     LAST_ERROR
         .try_with(|l| l.try_borrow().map_or(-1, |l| l.pc))
         .unwrap_or(-1)
+}
+
+/// The address of the access refused by the last `PJ_ERR_OUT_OF_BOUNDS` on the calling
+/// thread (0 for other errors).
+#[no_mangle]
+pub extern "C" fn packjit_last_error_addr() -> u64 {
+    LAST_ERROR
+        .try_with(|l| l.try_borrow().map_or(0, |l| l.addr))
+        .unwrap_or(0)
+}
+
+/// For helpers written in C: may the program running on the calling thread access
+/// `[addr, addr + len)` (`write` non-zero for a write)? The same rule as the program's own
+/// checks: its context, its stack, and the regions it was given. 0 when no program runs on
+/// this thread. A helper that dereferences a pointer argument calls this first, so a
+/// sandboxed program cannot use the helper to reach memory it could not reach itself.
+#[no_mangle]
+pub extern "C" fn packjit_helper_access_ok(addr: u64, len: u64, write: i32) -> i32 {
+    let direction = if write != 0 {
+        AccessDirection::Write
+    } else {
+        AccessDirection::Read
+    };
+    catch_unwind(|| helper_access_ok(addr, len, direction) as i32).unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1048,6 +1127,29 @@ pub unsafe extern "C" fn packjit_register_helper(
 // ---------------------------------------------------------------------------------------
 // Programs.
 
+/// Registers host memory every program loaded from now on may access under the sandbox
+/// (read-only, or read-write with `PJ_REGION_WRITABLE`). Programs loaded earlier keep the
+/// regions they were loaded with.
+///
+/// # Safety
+/// `rt` NULL or live; `region` NULL or readable. The memory the region describes must stay
+/// valid (and writable, for a writable region) while any program loaded after this call can
+/// run.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_add_region(
+    rt: *const PackjitRuntime,
+    region: *const PjMemRegion,
+) -> i32 {
+    boundary("packjit_runtime_add_region", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        let r = unsafe { arg(region, "region") }?;
+        h.rt.add_region(region_from_c(r, "region")?);
+        Ok(())
+    })
+}
+
 /// Fills `*opts` with the defaults (host arch, CPU features) and sets `struct_size`.
 ///
 /// # Safety
@@ -1067,27 +1169,81 @@ pub unsafe extern "C" fn packjit_load_options_init(opts: *mut PackjitLoadOptions
 
 /// # Safety
 /// `opts` NULL or a `PackjitLoadOptions`.
-unsafe fn load_options(opts: *const PackjitLoadOptions) -> Result<LoadOptions, Error> {
+unsafe fn load_options(opts: *const PackjitLoadOptions) -> Result<(LoadOptions, Trust), Error> {
     if opts.is_null() {
-        return Ok(LoadOptions::default());
+        return Ok((LoadOptions::default(), Trust::Sandboxed));
     }
     // SAFETY: caller contract.
     unsafe { check_size(opts, "opts") }?;
     // SAFETY: checked.
     let o = unsafe { &*opts };
-    if o.flags & !PACKJIT_LOAD_FEATURES_EXACT != 0 {
+    if o.flags & !PACKJIT_LOAD_ALL_FLAGS != 0 {
         return Err(invalid(format!(
             "opts->flags {:#x}: unknown bits {:#x}",
             o.flags,
-            o.flags & !PACKJIT_LOAD_FEATURES_EXACT
+            o.flags & !PACKJIT_LOAD_ALL_FLAGS
         )));
     }
-    Ok(LoadOptions {
-        arch: arch_from_code(o.arch, "opts->arch")?,
-        features: (o.flags & PACKJIT_LOAD_FEATURES_EXACT != 0).then_some(o.features),
-        disable_features: o.disabled_features,
-        ..Default::default()
-    })
+    if o.regions.is_null() && o.region_count != 0 {
+        return Err(invalid(format!(
+            "opts->regions is NULL but opts->region_count is {}",
+            o.region_count
+        )));
+    }
+    let regions = if o.region_count == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: caller contract: `region_count` readable entries.
+        let raw = unsafe { std::slice::from_raw_parts(o.regions, o.region_count as usize) };
+        raw.iter()
+            .enumerate()
+            .map(|(i, r)| region_from_c(r, &format!("opts->regions[{i}]")))
+            .collect::<Result<_, _>>()?
+    };
+    Ok((
+        LoadOptions {
+            arch: arch_from_code(o.arch, "opts->arch")?,
+            features: (o.flags & PACKJIT_LOAD_FEATURES_EXACT != 0).then_some(o.features),
+            disable_features: o.disabled_features,
+            budget: (o.flags & PACKJIT_LOAD_BUDGET != 0).then_some(o.budget),
+            blind_constants: o.flags & PACKJIT_LOAD_BLIND_CONSTANTS != 0,
+            regions,
+            ..Default::default()
+        },
+        if o.flags & PACKJIT_LOAD_TRUSTED != 0 {
+            Trust::Trusted
+        } else {
+            Trust::Sandboxed
+        },
+    ))
+}
+
+/// A C region description as a runtime region.
+///
+/// The C caller's promise about the memory (documented on `PjMemRegion` users) is what makes
+/// building the `MemRegion` sound.
+fn region_from_c(r: &PjMemRegion, what: &str) -> Result<MemRegion, Error> {
+    if r.flags & !PJ_REGION_WRITABLE != 0 {
+        return Err(invalid(format!(
+            "{what}.flags {:#x}: unknown bits {:#x}",
+            r.flags,
+            r.flags & !PJ_REGION_WRITABLE
+        )));
+    }
+    if r.start.checked_add(r.len).is_none() {
+        return Err(invalid(format!(
+            "{what}: start {:#x} + len {:#x} wraps around",
+            r.start, r.len
+        )));
+    }
+    let access = if r.flags & PJ_REGION_WRITABLE != 0 {
+        RegionAccess::ReadWrite
+    } else {
+        RegionAccess::ReadOnly
+    };
+    // SAFETY: the C API's contract (packjit_runtime_add_region, PackjitLoadOptions::regions):
+    // the caller keeps the memory valid while programs given it can run.
+    Ok(unsafe { MemRegion::new(r.start as *const u8, r.len as usize, access) })
 }
 
 /// # Safety
@@ -1140,12 +1296,186 @@ pub unsafe extern "C" fn packjit_program_load(
         // SAFETY: caller contract.
         let h = unsafe { runtime(rt) }?;
         // SAFETY: caller contract.
-        let opts = unsafe { load_options(opts) }?;
+        let (opts, trust) = unsafe { load_options(opts) }?;
         // SAFETY: caller contract.
         let code = unsafe { bytes(code, code_len, "code") }?;
-        let prog = h.rt.load(code, &opts)?;
+        let prog = match trust {
+            Trust::Sandboxed => h.rt.load(code, &opts)?,
+            // SAFETY: PACKJIT_LOAD_TRUSTED is the C caller's promise that the program only
+            // touches memory it may (see the flag's documentation).
+            Trust::Trusted => unsafe { h.rt.load_trusted(code, &opts) }?,
+        };
         *out = new_program(&h.rt, prog);
         Ok(())
+    })
+}
+
+/// # Safety
+/// `p` NULL or NUL-terminated.
+unsafe fn c_name(p: *const c_char, what: &str) -> Result<Option<String>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: NUL-terminated per the caller.
+    let s = unsafe { CStr::from_ptr(p) };
+    let s = s
+        .to_str()
+        .map_err(|_| invalid(format!("{what} is not UTF-8")))?;
+    if s.is_empty() {
+        return Err(invalid(format!("{what} is empty")));
+    }
+    Ok(Some(s.to_string()))
+}
+
+/// Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`, `obj_len`
+/// bytes, read during the call only). Select the program with exactly one of `section` (a
+/// code section name, e.g. `"xdp"`; the entry is its first instruction) or `function` (a
+/// function symbol); the other must be NULL. Functions it calls are linked in, `extern`
+/// functions resolve to the helpers registered under their names, and the object's
+/// `.rodata*` / `.data*` / `.bss*` are copied into memory the program owns (read-only /
+/// read-write regions under the sandbox); read and write them with
+/// `packjit_program_global_*`. `opts` as for `packjit_program_load`. Errors name the
+/// section, symbol, relocation type and offset (e.g. `PJ_ERR_UNKNOWN_HELPER` for an
+/// unresolved extern, `PJ_ERR_UNSUPPORTED` for maps or unknown relocations,
+/// `PJ_ERR_INVALID_ARGUMENT` for malformed objects).
+///
+/// # Safety
+/// `rt` NULL or live; `obj` NULL or readable for `obj_len` bytes; `section` and `function`
+/// NULL or NUL-terminated; `opts` NULL or a `PackjitLoadOptions` with `struct_size` set;
+/// `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_load_elf(
+    rt: *const PackjitRuntime,
+    obj: *const u8,
+    obj_len: usize,
+    section: *const c_char,
+    function: *const c_char,
+    opts: *const PackjitLoadOptions,
+    out: *mut *mut PackjitProgram,
+) -> i32 {
+    boundary("packjit_program_load_elf", || {
+        // SAFETY: caller contract.
+        let out = unsafe { out_arg(out, "out") }?;
+        *out = core::ptr::null_mut();
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        let (opts, trust) = unsafe { load_options(opts) }?;
+        // SAFETY: caller contract.
+        let obj = unsafe { bytes(obj, obj_len, "obj") }?;
+        // SAFETY: caller contract.
+        let sel = match unsafe { (c_name(section, "section")?, c_name(function, "function")?) } {
+            (Some(s), None) => ElfLoadOptions::section(&s),
+            (None, Some(f)) => ElfLoadOptions::function(&f),
+            _ => {
+                return Err(invalid(
+                    "give exactly one of section and function (the other NULL)",
+                ))
+            }
+        };
+        let prog = match trust {
+            Trust::Sandboxed => h.rt.load_elf(obj, &sel, &opts)?,
+            // SAFETY: PACKJIT_LOAD_TRUSTED is the C caller's promise that the program only
+            // touches memory it may (see the flag's documentation).
+            Trust::Trusted => unsafe { h.rt.load_elf_trusted(obj, &sel, &opts) }?,
+        };
+        *out = new_program(&h.rt, prog);
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `prog` NULL or live; `name` NULL or NUL-terminated.
+unsafe fn globals_of<'a>(
+    prog: *const PackjitProgram,
+    name: *const c_char,
+) -> Result<(&'a GlobalData, String), Error> {
+    // SAFETY: caller contract.
+    let p = &unsafe { program(prog) }?.prog;
+    // SAFETY: caller contract.
+    let name = unsafe { c_name(name, "name") }?.ok_or_else(|| invalid("name is NULL"))?;
+    let g = p
+        .globals()
+        .ok_or_else(|| invalid("program was not loaded from an ELF object: it has no globals"))?;
+    Ok((g, name))
+}
+
+/// Size in bytes of a program's global data `name`: a section (`".data"`, `".bss"`,
+/// `".rodata"`, ...) or a data symbol (a global or static variable). Sections win when a
+/// symbol has the same name.
+///
+/// # Safety
+/// `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `size` NULL (refused) or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_global_size(
+    prog: *const PackjitProgram,
+    name: *const c_char,
+    size: *mut usize,
+) -> i32 {
+    boundary("packjit_program_global_size", || {
+        // SAFETY: caller contract.
+        let size = unsafe { out_arg(size, "size") }?;
+        // SAFETY: caller contract.
+        let (g, name) = unsafe { globals_of(prog, name) }?;
+        *size = g.size_of(&name)?;
+        Ok(())
+    })
+}
+
+/// Copies `len` bytes at `offset` of global data `name` (section or symbol, as for
+/// `packjit_program_global_size`) into `buf`. The range must lie inside it. Safe while other
+/// threads run the program (bytes are copied one by one with relaxed atomics: a value the
+/// program is writing at the same time may be torn).
+///
+/// # Safety
+/// `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `buf` NULL (only with `len`
+/// 0) or writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_global_read(
+    prog: *const PackjitProgram,
+    name: *const c_char,
+    offset: usize,
+    buf: *mut u8,
+    len: usize,
+) -> i32 {
+    boundary("packjit_program_global_read", || {
+        // SAFETY: caller contract.
+        let (g, name) = unsafe { globals_of(prog, name) }?;
+        if buf.is_null() && len != 0 {
+            return Err(invalid(format!("buf is NULL but len is {len}")));
+        }
+        let mut tmp = vec![0u8; len];
+        g.read_into(&name, offset, &mut tmp)?;
+        if len != 0 {
+            // SAFETY: caller contract: `buf` writable for `len` bytes.
+            unsafe { core::ptr::copy_nonoverlapping(tmp.as_ptr(), buf, len) };
+        }
+        Ok(())
+    })
+}
+
+/// Writes `len` bytes from `data` at `offset` of global data `name` (section or symbol). The
+/// host may write `.rodata` too (it is read-only for the program only), e.g. to set a table
+/// before the first run.
+///
+/// # Safety
+/// `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `data` NULL (only with
+/// `len` 0) or readable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_global_write(
+    prog: *const PackjitProgram,
+    name: *const c_char,
+    offset: usize,
+    data: *const u8,
+    len: usize,
+) -> i32 {
+    boundary("packjit_program_global_write", || {
+        // SAFETY: caller contract.
+        let (g, name) = unsafe { globals_of(prog, name) }?;
+        // SAFETY: caller contract.
+        let data = unsafe { bytes(data, len, "data") }?;
+        g.write(&name, offset, data)
     })
 }
 
@@ -1190,7 +1520,7 @@ pub unsafe extern "C" fn packjit_program_load_batch(
         // SAFETY: caller contract.
         let h = unsafe { runtime(rt) }?;
         // SAFETY: caller contract.
-        let opts = unsafe { load_options(opts) }?;
+        let (opts, trust) = unsafe { load_options(opts) }?;
         if codes.is_null() || code_lens.is_null() {
             return Err(invalid("codes or code_lens is NULL"));
         }
@@ -1206,7 +1536,11 @@ pub unsafe extern "C" fn packjit_program_load_batch(
             // SAFETY: caller contract.
             slices.push(unsafe { bytes(p, l, &format!("codes[{i}]")) }?);
         }
-        let results = h.rt.load_batch(&slices, &opts);
+        let results = match trust {
+            Trust::Sandboxed => h.rt.load_batch(&slices, &opts),
+            // SAFETY: as in packjit_program_load.
+            Trust::Trusted => unsafe { h.rt.load_batch_trusted(&slices, &opts) },
+        };
         let mut first: Option<Error> = None;
         for (i, r) in results.into_iter().enumerate() {
             let err = match r {
@@ -1234,14 +1568,17 @@ pub unsafe extern "C" fn packjit_program_load_batch(
 
 /// Runs a program with `ctx` as its context (r1 = ctx, r2 = ctx_len); `*r0` receives the
 /// result. `ctx` may be NULL only with `ctx_len` 0. Fails with `PJ_ERR_NOT_EXECUTABLE` for a
-/// program compiled for another architecture. Safe to call from many threads at once, and
+/// program compiled for another architecture. A program that stops fails the call with
+/// `PJ_ERR_OUT_OF_BOUNDS`, `PJ_ERR_BUDGET` or `PJ_ERR_UNKNOWN_CALLX`; the last error then
+/// names the eBPF pc (`packjit_last_error_pc`) and, for memory, the address
+/// (`packjit_last_error_addr`), the size and read/write. Safe to call from many threads at once, and
 /// while another thread frees the program: the code and the handle stay valid until every
 /// call that had started has returned.
 ///
 /// # Safety
 /// `prog` NULL or a live program. `ctx`/`ctx_len` must describe memory the program may read
 /// and write (borrowed for the call); the program dereferences the addresses it computes,
-/// unchecked. `r0` NULL or writable.
+/// unchecked unless the program is sandboxed (the default). `r0` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn packjit_program_run(
     prog: *const PackjitProgram,
@@ -1441,6 +1778,21 @@ pub unsafe extern "C" fn packjit_program_entry(
                 format!("program was compiled for {}, not for this host", p.arch()),
             )
         })?);
+        Ok(())
+    })
+}
+
+/// Test-only: a C API entry whose body panics, to prove the boundary turns a panic into
+/// `PJ_ERR_PANIC` instead of unwinding into C (every exported function runs its body through
+/// the same `boundary`). Compiled only into the crate's own tests, never into the library.
+#[cfg(test)]
+#[no_mangle]
+pub extern "C" fn packjit_test_panic_inside() -> i32 {
+    boundary("packjit_test_panic_inside", || {
+        let v: Vec<u8> = Vec::new();
+        // A real out-of-bounds index, the kind of bug the boundary exists for.
+        let i = v.len() + 3;
+        let _ = v[i];
         Ok(())
     })
 }
@@ -1690,10 +2042,15 @@ pub unsafe extern "C" fn packjit_hook_batch_load_attach(
         // SAFETY: caller contract.
         let h: &'static PackjitHook = unsafe { hook(hook_) }?;
         // SAFETY: caller contract.
-        let opts = unsafe { load_options(opts) }?;
+        let (opts, trust) = unsafe { load_options(opts) }?;
         // SAFETY: caller contract.
         let code = unsafe { bytes(code, code_len, "code") }?;
-        b.batch.load_attach(&h.rt, &h.hook, code, &opts)?;
+        match trust {
+            Trust::Sandboxed => b.batch.load_attach(&h.rt, &h.hook, code, &opts)?,
+            // SAFETY: the caller asked for trusted code in `opts`, the same promise as
+            // packjit_program_load with that flag.
+            Trust::Trusted => unsafe { b.batch.load_attach_trusted(&h.rt, &h.hook, code, &opts) }?,
+        };
         Ok(())
     })
 }

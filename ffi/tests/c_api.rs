@@ -100,6 +100,14 @@ fn mov_r0(imm: i32) -> Vec<u8> {
 
 struct Rt(*mut PackjitRuntime);
 
+fn trusted_opts() -> PackjitLoadOptions {
+    let mut opts = PackjitLoadOptions::default();
+    // SAFETY: valid out pointer.
+    assert_eq!(unsafe { packjit_load_options_init(&mut opts) }, PJ_OK);
+    opts.flags = PACKJIT_LOAD_TRUSTED;
+    opts
+}
+
 impl Rt {
     fn new() -> Self {
         let mut rt = null_mut();
@@ -118,10 +126,13 @@ impl Rt {
         rt
     }
 
+    /// Loads trusted code: the C test backend emits plain code and (rightly) refuses the
+    /// sandbox flag it cannot honour.
     fn load(&self, code: &[u8]) -> Result<*mut PackjitProgram, (i32, String, i64)> {
         let mut p = null_mut();
-        // SAFETY: valid runtime and buffers.
-        let st = unsafe { packjit_program_load(self.0, code.as_ptr(), code.len(), null(), &mut p) };
+        let opts = trusted_opts();
+        // SAFETY: valid runtime, buffers and options.
+        let st = unsafe { packjit_program_load(self.0, code.as_ptr(), code.len(), &opts, &mut p) };
         if st == PJ_OK {
             assert!(!p.is_null());
             Ok(p)
@@ -236,8 +247,8 @@ fn c_backend_loads_compiles_and_runs() {
 
     // Dump: size query, too-small buffer, then the real copy.
     let mut size = 0usize;
-    // SAFETY: valid arguments.
     assert_eq!(
+        // SAFETY: valid arguments.
         unsafe { packjit_program_code(p, null_mut(), 0, &mut size) },
         PJ_OK
     );
@@ -248,8 +259,8 @@ fn c_backend_loads_compiles_and_runs() {
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("too small"), "{}", last_error());
     let mut code = vec![0u8; size];
-    // SAFETY: buffer of the given length.
     assert_eq!(
+        // SAFETY: buffer of the given length.
         unsafe { packjit_program_code(p, code.as_mut_ptr(), code.len(), &mut size) },
         PJ_OK
     );
@@ -267,8 +278,8 @@ fn c_backend_loads_compiles_and_runs() {
         unsafe { packjit_program_entry(p, (&mut entry as *mut Option<PjProgramEntry>).cast()) };
     assert_eq!(st, PJ_OK);
     packjit_epoch_enter();
-    // SAFETY: committed code with the PjProgramEntry signature; the program is alive.
     assert_eq!(
+        // SAFETY: committed code with the PjProgramEntry signature; the program is alive.
         unsafe { entry.unwrap()(null_mut(), 0, &mut packjit_plugin_api::PjExecEnv::default()) },
         42
     );
@@ -346,6 +357,7 @@ fn batch_commits_once_and_reports_each_program() {
     let mut out = [null_mut(); 4];
     let mut errs = [PjError::default(); 4];
     let before = rt.stats().commits;
+    let opts = trusted_opts();
     // SAFETY: arrays of 4.
     let st = unsafe {
         packjit_program_load_batch(
@@ -353,7 +365,7 @@ fn batch_commits_once_and_reports_each_program() {
             ptrs.as_ptr(),
             lens.as_ptr(),
             4,
-            null(),
+            &opts,
             out.as_mut_ptr(),
             errs.as_mut_ptr(),
         )
@@ -381,15 +393,15 @@ fn batch_commits_once_and_reports_each_program() {
         unsafe { packjit_program_free(p) };
     }
     // An empty batch is fine; a NULL out array is not.
-    // SAFETY: count 0 reads nothing.
     assert_eq!(
+        // SAFETY: count 0 reads nothing.
         unsafe {
             packjit_program_load_batch(rt.0, null(), null(), 0, null(), null_mut(), null_mut())
         },
         PJ_OK
     );
-    // SAFETY: refused before any access.
     assert_eq!(
+        // SAFETY: refused before any access.
         unsafe {
             packjit_program_load_batch(
                 rt.0,
@@ -612,7 +624,7 @@ fn version_and_status_strings() {
     );
     assert_eq!(packjit_abi_version(), PJ_ABI_VERSION);
     let mut seen = std::collections::HashSet::new();
-    for code in PJ_ERR_INTERNAL..=PJ_OK {
+    for code in PJ_ERR_UNKNOWN_CALLX..=PJ_OK {
         // SAFETY: static string.
         let s = unsafe { CStr::from_ptr(packjit_status_str(code)) }
             .to_str()
@@ -672,8 +684,9 @@ fn free_while_other_threads_run() {
     assert_eq!(rt.stats().allocations, 0);
 }
 
-// SAFETY (test only): the runtime handle is thread-safe; Rt is shared read-only.
+// SAFETY: (test only) the runtime handle is thread-safe; Rt is shared read-only.
 unsafe impl Send for Rt {}
+// SAFETY: as above.
 unsafe impl Sync for Rt {}
 
 /// A program handle may outlive the runtime that made it.
@@ -701,12 +714,91 @@ fn long_error_messages_are_truncated_safely() {
     let msg = last_error();
     assert!(msg.len() < 1024 && msg.len() > 1000, "{}", msg.len());
     assert!(msg.starts_with("/nonexistent/éé"));
-    // SAFETY: NUL-terminated.
     assert!(
+        // SAFETY: NUL-terminated.
         unsafe { CStr::from_ptr(packjit_last_error()) }
             .to_str()
             .is_ok(),
         "cut on a char boundary"
+    );
+}
+
+/// A panic inside a C API call comes back as `PJ_ERR_PANIC` with its message; the process
+/// does not abort, and the next call works normally.
+#[test]
+fn a_panic_inside_the_api_is_an_error_code() {
+    assert_eq!(packjit_test_panic_inside(), PJ_ERR_PANIC);
+    assert_eq!(packjit_last_error_code(), PJ_ERR_PANIC);
+    let msg = last_error();
+    assert!(
+        msg.contains("packjit_test_panic_inside: panic caught at the C boundary")
+            && msg.contains("index out of bounds"),
+        "{msg}"
+    );
+    let rt = Rt::new();
+    assert_eq!(packjit_last_error_code(), PJ_OK);
+    drop(rt);
+}
+
+/// Sandboxing is the default: a backend that cannot honour it refuses, naming the flag; the
+/// sandbox options and regions are validated with messages naming the field.
+#[test]
+fn sandbox_is_the_default_and_options_are_checked() {
+    let rt = Rt::with_backend();
+    let code = mov_r0(1);
+    let mut p = null_mut();
+    // SAFETY: valid runtime and buffers; NULL options = defaults (sandboxed).
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), null(), &mut p) };
+    assert_eq!(st, PJ_ERR_UNSUPPORTED);
+    assert!(
+        last_error().contains("unknown compile flags 0x1"),
+        "{}",
+        last_error()
+    );
+
+    let mut opts = trusted_opts();
+    let region = PjMemRegion {
+        start: 0x1000,
+        len: 16,
+        flags: 4,
+    };
+    opts.regions = &region;
+    opts.region_count = 1;
+    // SAFETY: valid arguments; the region is only validated, never accessed.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("opts->regions[0].flags 0x4"),
+        "{}",
+        last_error()
+    );
+    opts.regions = null();
+    // SAFETY: as above.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("opts->regions is NULL"),
+        "{}",
+        last_error()
+    );
+    let wrapping = PjMemRegion {
+        start: u64::MAX - 1,
+        len: 16,
+        flags: PJ_REGION_WRITABLE,
+    };
+    // SAFETY: valid runtime and region (validated only).
+    let st = unsafe { packjit_runtime_add_region(rt.0, &wrapping) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("wraps around"), "{}", last_error());
+    opts.region_count = 0;
+    opts.flags = PACKJIT_LOAD_TRUSTED | 64;
+    // SAFETY: as above.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("unknown bits 0x40"),
+        "{}",
+        last_error()
     );
 }
 
@@ -741,8 +833,10 @@ fn hooks_batch_attach_and_symbols_through_the_c_api() {
         for (i, &h) in hooks.iter().enumerate() {
             let code = mov_r0(round * 100 + i as i32);
             let st = if i % 2 == 0 {
-                // SAFETY: live batch and hook; valid code.
-                unsafe { packjit_hook_batch_load_attach(b, h, code.as_ptr(), code.len(), null()) }
+                // The C backend compiles trusted code only (it emits no sandbox checks).
+                let opts = trusted_opts();
+                // SAFETY: live batch and hook; valid code and options.
+                unsafe { packjit_hook_batch_load_attach(b, h, code.as_ptr(), code.len(), &opts) }
             } else {
                 // A program loaded on its own, handed over to the batch.
                 let p = rt.load(&code).unwrap();
@@ -785,10 +879,8 @@ fn hooks_batch_attach_and_symbols_through_the_c_api() {
         .to_string();
     assert_eq!(name, format!("prog_{id}"));
     // SAFETY: live runtime, sized struct.
-    assert_eq!(
-        unsafe { packjit_symbolize(rt.0, start + 1, &mut sym) },
-        PJ_OK
-    );
+    let st = unsafe { packjit_symbolize(rt.0, start + 1, &mut sym) };
+    assert_eq!(st, PJ_OK);
     assert_eq!(
         (sym.found, sym.id, sym.start, sym.offset, sym.pc),
         (1, id, start, 1, -1)
@@ -803,16 +895,13 @@ fn hooks_batch_attach_and_symbols_through_the_c_api() {
     assert_eq!(unsafe { packjit_hook_batch_create(&mut b) }, PJ_OK);
     // SAFETY: live batch, hook, program (consumed).
     assert_eq!(unsafe { packjit_hook_batch_attach(b, hooks[0], p) }, PJ_OK);
-    // SAFETY: the handle is refused by its magic (not reclaimed memory: the Box was freed,
-    // so only check through the batch API that nothing else is attached).
+    // The handle was taken over (its memory is gone): forget it.
     p = null_mut();
     let other = Rt::with_backend();
     let foreign = other.load(&mov_r0(1)).unwrap();
     // SAFETY: live batch and hook; program from another runtime.
-    assert_eq!(
-        unsafe { packjit_hook_batch_attach(b, hooks[1], foreign) },
-        PJ_ERR_INVALID_ARGUMENT
-    );
+    let st = unsafe { packjit_hook_batch_attach(b, hooks[1], foreign) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(
         last_error().contains("different runtimes"),
         "{}",

@@ -34,7 +34,7 @@ pub fn run(rt: &Runtime, iterations: u64) -> Result<(), String> {
             "no backend for this host: run the benchmark under qemu (scripts/bench.sh)".into(),
         );
     };
-    let code = packjit_testkit::asm::assemble(&program(iterations)).map_err(|e| e.to_string())?;
+    let code = packjit_asm::asm::assemble(&program(iterations)).map_err(|e| e.to_string())?;
     let insns = iterations * 9 + 6;
 
     let opts = LoadOptions {

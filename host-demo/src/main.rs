@@ -10,6 +10,7 @@
 //! ```
 
 mod bench;
+mod conformance_plugin;
 mod sample;
 mod stats;
 
@@ -23,7 +24,7 @@ use std::sync::Arc;
 #[command(
     name = "packjit-demo",
     version,
-    about = "packjit: eBPF JIT backends for arm64 and RV64 in one packed code arena"
+    about = "packjit: eBPF JIT backends for x86-64, arm64 and RV64 in one packed code arena"
 )]
 struct Cli {
     /// Directory holding libpackjit_*.so plugins (default: PACKJIT_PLUGIN_DIR, then next to the executable).
@@ -88,7 +89,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let cmd = cli.cmd.unwrap_or(Cmd::Run { asm: None, n: 10 });
     if let Cmd::ConformancePlugin { args } = &cmd {
-        return ExitCode::from(packjit_testkit::plugin_mode::main(args).clamp(0, 255) as u8);
+        return ExitCode::from(conformance_plugin::main(args).clamp(0, 255) as u8);
     }
     match dispatch(cmd, cli.plugin_dir, cli.static_backends) {
         Ok(()) => ExitCode::SUCCESS,
@@ -149,6 +150,8 @@ fn add_static_backends(rt: &Runtime) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .map_err(|e| e.to_string())?;
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 
@@ -163,7 +166,7 @@ fn program_source(asm: Option<PathBuf>) -> Result<(String, Vec<u8>), String> {
             sample::SAMPLE_ASM.to_string(),
         ),
     };
-    let code = packjit_testkit::asm::assemble(&text).map_err(|e| format!("{name}: {e}"))?;
+    let code = packjit_asm::asm::assemble(&text).map_err(|e| format!("{name}: {e}"))?;
     Ok((name, code))
 }
 

@@ -278,6 +278,12 @@ pub struct PjCompileRequest {
     pub arena: *const PjArenaVtable,
     /// Per-program random key for [`PJ_COMPILE_BLIND_CONSTANTS`] (ignored without it).
     pub blind_key: u64,
+    /// Optional line table the backend fills: `pc_offsets_len` entries, one per bytecode
+    /// slot, each the byte offset of that slot's native code (`u32::MAX` for the second slot
+    /// of `lddw`). NULL when the host does not want it.
+    pub pc_offsets: *mut u32,
+    /// Entries at `pc_offsets` (the number of slots, `code_len / 8`).
+    pub pc_offsets_len: u64,
 }
 
 /// What a backend reports back.
@@ -296,6 +302,8 @@ pub struct PjCompileResult {
     pub code_size: u64,
     /// Native instructions emitted.
     pub native_insns: u64,
+    /// Entries of the request's `pc_offsets` the backend wrote (0 when it keeps no line table).
+    pub pc_offsets_written: u64,
     /// Set when the call does not return `PJ_OK`.
     pub error: PjError,
 }
@@ -329,11 +337,14 @@ pub struct PjBackendVtable {
     >,
 }
 
-// SAFETY: the vtables hold only pointers to static data and functions (or, for the arena, a
-// context the host promises is usable from any thread while the vtable is alive).
+// SAFETY: a backend vtable holds only pointers to static strings and functions.
 unsafe impl Send for PjBackendVtable {}
+// SAFETY: as above; nothing in it is mutated after construction.
 unsafe impl Sync for PjBackendVtable {}
+// SAFETY: an arena vtable's context is one the host promises is usable from any thread while
+// the vtable is alive.
 unsafe impl Send for PjArenaVtable {}
+// SAFETY: as above.
 unsafe impl Sync for PjArenaVtable {}
 
 /// Name of the symbol a plugin library exports: `const PjBackendVtable *packjit_plugin_v1(void)`.

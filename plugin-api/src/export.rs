@@ -248,6 +248,16 @@ pub unsafe fn compile_entry(
             res.entry = c.entry;
             res.code_size = c.code_size as u64;
             res.native_insns = c.native_insns as u64;
+            // SAFETY: `req` was checked non-null above; the host sized `pc_offsets` for
+            // `pc_offsets_len` entries and keeps it alive for the call.
+            let (table, len) = unsafe { ((*req).pc_offsets, (*req).pc_offsets_len) };
+            if !table.is_null() && c.pc_offsets.len() as u64 == len {
+                // SAFETY: as above: `len` writable entries.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(c.pc_offsets.as_ptr(), table, c.pc_offsets.len())
+                };
+                res.pc_offsets_written = len;
+            }
             PJ_OK
         }
         Err(e) => {

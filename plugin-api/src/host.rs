@@ -142,6 +142,7 @@ impl JitBackend for LoadedBackend {
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
         let arena_vt = arena_vtable(&arena);
+        let mut line_table = vec![crate::NO_NATIVE_CODE; req.code.len() / 8];
         let c_req = PjCompileRequest {
             struct_size: size_of::<PjCompileRequest>() as u32,
             flags: req.flags,
@@ -152,6 +153,8 @@ impl JitBackend for LoadedBackend {
             features: req.features,
             arena: &arena_vt,
             blind_key: req.blind_key,
+            pc_offsets: line_table.as_mut_ptr(),
+            pc_offsets_len: line_table.len() as u64,
         };
         let mut out = PjCompileResult {
             struct_size: size_of::<PjCompileResult>() as u32,
@@ -167,11 +170,15 @@ impl JitBackend for LoadedBackend {
             }
             return Err(err);
         }
+        if out.pc_offsets_written != line_table.len() as u64 {
+            line_table.clear();
+        }
         Ok(Compiled {
             region: out.region,
             entry: out.entry,
             code_size: out.code_size as usize,
             native_insns: out.native_insns as usize,
+            pc_offsets: line_table,
         })
     }
 }
@@ -326,6 +333,7 @@ mod tests {
             CUR.with(|c| crate::export::detect_entry(c.borrow().unwrap()))
         }
         unsafe extern "C" fn compile(r: *const PjCompileRequest, o: *mut PjCompileResult) -> i32 {
+            // SAFETY: pointers straight from LoadedBackend::compile, valid for the call.
             CUR.with(|c| unsafe { crate::export::compile_entry(c.borrow().unwrap(), r, o) })
         }
         let e = Box::leak(Box::new(crate::export::ExportedBackend::new(
@@ -337,6 +345,7 @@ mod tests {
     #[test]
     fn round_trip_through_vtables() {
         let vt = exported(false, Arch::Aarch64);
+        // SAFETY: a vtable built by ExportedBackend, static for the test.
         let b = unsafe { LoadedBackend::from_vtable(vt, "test", Some(Arch::Aarch64)) }.unwrap();
         assert_eq!(
             (b.name(), b.version(), b.arch()),
@@ -370,6 +379,7 @@ mod tests {
     #[test]
     fn panic_becomes_error() {
         let vt = exported(true, Arch::Riscv64);
+        // SAFETY: as above.
         let b = unsafe { LoadedBackend::from_vtable(vt, "test", None) }.unwrap();
         let arena = VecArena {
             bytes: RefCell::new(vec![]),
@@ -392,6 +402,7 @@ mod tests {
         let good = *exported(false, Arch::Aarch64);
         let mut bad = good;
         bad.abi_version = 99;
+        // SAFETY: a complete vtable value; only its header fields were altered.
         let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
             .err()
             .unwrap();
@@ -407,6 +418,7 @@ mod tests {
 
         let mut bad = good;
         bad.struct_size = 8;
+        // SAFETY: as above.
         let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
             .err()
             .unwrap();
@@ -416,6 +428,7 @@ mod tests {
             e.message
         );
 
+        // SAFETY: as above.
         let e = unsafe { LoadedBackend::from_vtable(&good, "libx.so", Some(Arch::Riscv64)) }
             .err()
             .unwrap();
@@ -426,6 +439,7 @@ mod tests {
 
         let mut bad = good;
         bad.arch = 42;
+        // SAFETY: as above.
         let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
             .err()
             .unwrap();
@@ -433,6 +447,7 @@ mod tests {
 
         let mut bad = good;
         bad.compile = None;
+        // SAFETY: as above.
         let e = unsafe { LoadedBackend::from_vtable(&bad, "libx.so", None) }
             .err()
             .unwrap();
@@ -458,12 +473,14 @@ mod tests {
             struct_size: 4,
             ..Default::default()
         };
+        // SAFETY: the entry must refuse a NULL request without touching it; `out` is valid.
         let status = unsafe { (vt.compile.unwrap())(core::ptr::null(), &mut out) };
         assert_eq!(status, PJ_ERR_ABI);
         let mut out = PjCompileResult {
             struct_size: size_of::<PjCompileResult>() as u32,
             ..Default::default()
         };
+        // SAFETY: as above.
         let status = unsafe { (vt.compile.unwrap())(core::ptr::null(), &mut out) };
         assert_eq!(status, PJ_ERR_INVALID_ARGUMENT);
         assert!(CompileError::from_c(&out.error).message.contains("NULL"));

@@ -362,7 +362,7 @@ impl CompileRequest<'_> {
 }
 
 /// A successfully compiled program, written into its arena region (not yet committed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Compiled {
     /// Where the code lives; the host owns it now.
     pub region: Region,
@@ -372,7 +372,15 @@ pub struct Compiled {
     pub code_size: usize,
     /// Native instructions emitted.
     pub native_insns: usize,
+    /// The line table: for each 8-byte bytecode slot, the byte offset (from the entry) where
+    /// its native code starts, [`NO_NATIVE_CODE`] for the second slot of `lddw`. Empty when
+    /// the backend does not report one.
+    pub pc_offsets: Vec<u32>,
 }
+
+/// [`Compiled::pc_offsets`] entry of a slot with no code of its own (the second half of
+/// `lddw`).
+pub const NO_NATIVE_CODE: u32 = u32::MAX;
 
 /// A JIT backend: turns verified-or-not eBPF bytecode into native code in a host arena.
 ///
@@ -406,6 +414,16 @@ pub fn install_code(
     code: &[u8],
     native_insns: usize,
 ) -> Result<Compiled, CompileError> {
+    install_code_with_line_table(arena, code, native_insns, Vec::new())
+}
+
+/// [`install_code`] with the line table (see [`Compiled::pc_offsets`]).
+pub fn install_code_with_line_table(
+    arena: &dyn CodeArena,
+    code: &[u8],
+    native_insns: usize,
+    pc_offsets: Vec<u32>,
+) -> Result<Compiled, CompileError> {
     let region = arena.alloc(code.len())?;
     if let Err(e) = arena.write(&region, 0, code) {
         arena.free(&region);
@@ -416,5 +434,6 @@ pub fn install_code(
         entry: region.exec_addr,
         code_size: code.len(),
         native_insns,
+        pc_offsets,
     })
 }

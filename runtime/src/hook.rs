@@ -170,8 +170,9 @@ impl<'h> HookBatch<'h> {
         Ok(self)
     }
 
-    /// Compiles `code` WITHOUT committing it and queues attaching it to `hook`; [`apply`]
-    /// commits every such program with one arena commit before the first swap.
+    /// Compiles `code` (sandboxed, as [`Runtime::load`]) WITHOUT committing it and queues
+    /// attaching it to `hook`; [`apply`] commits every such program with one arena commit
+    /// before the first swap.
     ///
     /// [`apply`]: Self::apply
     pub fn load_attach(
@@ -181,7 +182,32 @@ impl<'h> HookBatch<'h> {
         code: &[u8],
         opts: &LoadOptions,
     ) -> Result<&mut Self, Error> {
-        let prog = rt.load_uncommitted(code, opts)?;
+        self.load_attach_as(rt, hook, code, opts, crate::Trust::Sandboxed)
+    }
+
+    /// [`load_attach`](Self::load_attach) for trusted (unchecked) code.
+    ///
+    /// # Safety
+    /// As [`Runtime::load_trusted`]: the program must only touch memory it may.
+    pub unsafe fn load_attach_trusted(
+        &mut self,
+        rt: &Runtime,
+        hook: &'h Hook,
+        code: &[u8],
+        opts: &LoadOptions,
+    ) -> Result<&mut Self, Error> {
+        self.load_attach_as(rt, hook, code, opts, crate::Trust::Trusted)
+    }
+
+    fn load_attach_as(
+        &mut self,
+        rt: &Runtime,
+        hook: &'h Hook,
+        code: &[u8],
+        opts: &LoadOptions,
+        trust: crate::Trust,
+    ) -> Result<&mut Self, Error> {
+        let prog = rt.load_uncommitted(code, opts, trust)?;
         check_attachable(&prog)?;
         if let Some(a) = prog.packed_arena() {
             self.uncommitted = Some(a.clone());

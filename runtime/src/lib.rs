@@ -22,6 +22,8 @@
 //! ```
 
 pub mod arena;
+pub mod elf;
+mod exec;
 mod hook;
 mod loader;
 pub mod rbpf_bridge;
@@ -32,24 +34,25 @@ pub use arena::{
     ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
     RemapPolicy,
 };
+pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
+pub use exec::{helper_access_ok, MemRegion, RegionAccess};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
 pub use packjit_frontend::{decode as verify, Program as VerifiedProgram};
 pub use packjit_plugin_api::{
-    Arch, CodeArena, CompileError as Error, ErrorKind, JitBackend, PjHelperFn, PjProgramEntry,
+    AccessDirection, Arch, CodeArena, CompileError as Error, ErrorKind, JitBackend, MemFault,
+    PjHelperFn, PjProgramEntry,
 };
 pub use symbols::{default_perf_map_path, SymbolInfo};
 
-use packjit_plugin_api::{CompileRequest, Compiled, HelperEntry, Region};
+use packjit_plugin_api::export::catch_panic;
+use packjit_plugin_api::{abi, CompileRequest, Compiled, HelperEntry, Region};
 use scratch::ScratchArena;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use symbols::Symbols;
-
-/// `r0` of a program whose `callx` named an unregistered helper id.
-pub const CALLX_UNKNOWN: u64 = u64::MAX;
 
 fn err(kind: ErrorKind, msg: impl Into<String>) -> Error {
     Error::new(kind, msg)
@@ -65,6 +68,15 @@ pub struct RuntimeConfig {
 /// Per-load options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadOptions {
+    /// Instruction budget: `Some(n)` compiles budget counting in and gives every call `n`
+    /// instructions (see [`Program::call_with_budget`]); `None` = no counting.
+    pub budget: Option<u64>,
+    /// Blind the program's immediates with a fresh random key (attacker-chosen constants
+    /// never appear verbatim in executable memory).
+    pub blind_constants: bool,
+    /// Host memory this program may touch besides its context and stack (in addition to the
+    /// runtime-wide regions of [`Runtime::add_region`]).
+    pub regions: Vec<MemRegion>,
     /// Program name for symbols and the perf map; `None` = `prog_<id>`. The ELF loader
     /// passes the program's symbol name.
     pub name: Option<String>,
@@ -119,8 +131,18 @@ pub struct Runtime {
     scratch: Arc<ScratchArena>,
     backends: RwLock<Vec<BackendSlot>>,
     helpers: RwLock<BTreeMap<u32, HelperInfo>>,
+    regions: RwLock<Vec<MemRegion>>,
     symbols: Arc<Symbols>,
     next_program_id: AtomicU64,
+}
+
+/// How the code of a program treats memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Trust {
+    /// Every access is checked in the emitted code (the default).
+    Sandboxed,
+    /// Accesses are unchecked; the loader promised the program is well behaved.
+    Trusted,
 }
 
 impl Runtime {
@@ -141,6 +163,7 @@ impl Runtime {
             scratch: Arc::new(ScratchArena::default()),
             backends: RwLock::new(Vec::new()),
             helpers: RwLock::new(BTreeMap::new()),
+            regions: RwLock::new(Vec::new()),
             symbols: Arc::new(Symbols::default()),
             next_program_id: AtomicU64::new(1),
         })
@@ -282,32 +305,82 @@ impl Runtime {
             .collect()
     }
 
-    /// Verifies, compiles and commits one program.
+    /// Registers host memory every program loaded from now on may access under the sandbox
+    /// (programs loaded earlier keep the regions they were loaded with). Safe: building a
+    /// [`MemRegion`] is where the promise about the memory is made.
+    pub fn add_region(&self, region: MemRegion) {
+        self.regions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(region);
+    }
+
+    /// Verifies, compiles (sandboxed) and commits one program. Its [`Program::call`] is safe:
+    /// the emitted code checks every access against the context, its stack and the regions
+    /// it was given, and stops with [`ErrorKind::OutOfBounds`] instead of touching anything
+    /// else.
     pub fn load(&self, code: &[u8], opts: &LoadOptions) -> Result<Program, Error> {
-        let prog = self.compile(code, opts, &self.helper_table())?;
+        let prog = self.compile(code, opts, &self.helper_table(), Trust::Sandboxed)?;
         if let Some(a) = prog.packed_arena() {
             a.commit();
         }
         Ok(prog)
     }
 
+    /// Verifies, compiles trusted (unchecked) code and commits it.
+    ///
+    /// # Safety
+    /// The program's memory accesses are not checked. The caller promises that every address
+    /// the program computes, for every context it will be called with, is memory the program
+    /// may read or write (as after the kernel's verifier); a wrong promise is undefined
+    /// behaviour in the host. Budget counting and `callx` checks still apply.
+    pub unsafe fn load_trusted(&self, code: &[u8], opts: &LoadOptions) -> Result<Program, Error> {
+        let prog = self.compile(code, opts, &self.helper_table(), Trust::Trusted)?;
+        if let Some(a) = prog.packed_arena() {
+            a.commit();
+        }
+        Ok(prog)
+    }
+
+    /// Compiles several programs (sandboxed) and commits them together: one protection/remap
+    /// pass and one instruction-cache maintenance pass for the whole batch.
     /// Compiles without committing: the caller commits the arena once for a whole batch
     /// (see [`HookBatch`]) before any of the code may run.
     pub(crate) fn load_uncommitted(
         &self,
         code: &[u8],
         opts: &LoadOptions,
+        trust: Trust,
     ) -> Result<Program, Error> {
-        self.compile(code, opts, &self.helper_table())
+        self.compile(code, opts, &self.helper_table(), trust)
     }
 
-    /// Compiles several programs and commits them together: one protection/remap pass and
-    /// one instruction-cache maintenance pass for the whole batch.
     pub fn load_batch(&self, codes: &[&[u8]], opts: &LoadOptions) -> Vec<Result<Program, Error>> {
+        self.load_batch_as(codes, opts, Trust::Sandboxed)
+    }
+
+    /// [`Runtime::load_batch`] for trusted code.
+    ///
+    /// # Safety
+    /// As [`Runtime::load_trusted`], for every program of the batch.
+    pub unsafe fn load_batch_trusted(
+        &self,
+        codes: &[&[u8]],
+        opts: &LoadOptions,
+    ) -> Vec<Result<Program, Error>> {
+        self.load_batch_as(codes, opts, Trust::Trusted)
+    }
+
+    fn load_batch_as(
+        &self,
+        codes: &[&[u8]],
+        opts: &LoadOptions,
+        trust: Trust,
+    ) -> Vec<Result<Program, Error>> {
         let helpers = self.helper_table();
         let out: Vec<_> = codes
             .iter()
-            .map(|c| self.compile(c, opts, &helpers))
+            .map(|c| self.compile(c, opts, &helpers, trust))
             .collect();
         if let Some(a) = &self.arena {
             if out.iter().any(|p| p.as_ref().is_ok_and(|p| p.executable)) {
@@ -322,6 +395,7 @@ impl Runtime {
         code: &[u8],
         opts: &LoadOptions,
         helpers: &[HelperEntry],
+        trust: Trust,
     ) -> Result<Program, Error> {
         let host = Arch::host();
         let arch = opts.arch.or(host).ok_or_else(|| {
@@ -348,17 +422,45 @@ impl Runtime {
                 ),
             ));
         }
+        let mut flags = 0;
+        if trust == Trust::Sandboxed {
+            flags |= abi::PJ_COMPILE_SANDBOX;
+        }
+        if opts.budget.is_some() {
+            flags |= abi::PJ_COMPILE_BUDGET;
+        }
+        if opts.blind_constants {
+            flags |= abi::PJ_COMPILE_BLIND_CONSTANTS;
+        }
         let req = CompileRequest {
             code,
             helpers,
             features,
-            flags: 0,
-            blind_key: 0,
+            flags,
+            blind_key: if opts.blind_constants {
+                exec::random_key()
+            } else {
+                0
+            },
         };
+        let regions: Vec<abi::PjMemRegion> = self
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .chain(&opts.regions)
+            .map(|r| r.to_abi())
+            .collect();
         let (compiled, owner) = match (&self.arena, native) {
-            (Some(a), true) => (backend.compile(&req, a)?, ArenaRef::Packed(a.clone())),
+            // A statically linked backend gets the same panic policy as a plugin: a panic
+            // while compiling becomes an `ErrorKind::Panic` error, never an unwind into
+            // the caller of `load`.
+            (Some(a), true) => (
+                catch_panic(|| backend.compile(&req, a))?,
+                ArenaRef::Packed(a.clone()),
+            ),
             _ => (
-                backend.compile(&req, &*self.scratch)?,
+                catch_panic(|| backend.compile(&req, &*self.scratch))?,
                 ArenaRef::Scratch(self.scratch.clone()),
             ),
         };
@@ -370,8 +472,13 @@ impl Runtime {
         let executable = matches!(owner, ArenaRef::Packed(_));
         // Only code in the executable arena has addresses a profiler can sample.
         let symbols = executable.then(|| {
-            self.symbols
-                .insert(id, name.clone(), compiled.entry, compiled.code_size as u64);
+            self.symbols.insert(
+                id,
+                name.clone(),
+                compiled.entry,
+                compiled.code_size as u64,
+                &compiled.pc_offsets,
+            );
             self.symbols.clone()
         });
         Ok(Program {
@@ -381,10 +488,14 @@ impl Runtime {
             executable,
             owner,
             backend: backend.name().to_string(),
+            trust,
+            budget: opts.budget,
+            regions: regions.into(),
             id,
             name,
             symbols,
             retired: false,
+            globals: None,
         })
     }
 
@@ -469,12 +580,18 @@ pub struct Program {
     executable: bool,
     owner: ArenaRef,
     backend: String,
+    trust: Trust,
+    budget: Option<u64>,
+    regions: Arc<[abi::PjMemRegion]>,
     id: u64,
     name: Arc<str>,
     /// The index holding this program's symbol (executable programs only).
     symbols: Option<Arc<Symbols>>,
     /// Its grace period has passed (set by a hook retiring it): release without waiting.
     retired: bool,
+    // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
+    // lives exactly as long as the code can run (see elf.rs).
+    globals: Option<Box<elf::GlobalData>>,
 }
 
 impl std::fmt::Debug for Program {
@@ -499,38 +616,98 @@ impl Program {
         }
     }
 
-    /// Runs the program with `mem` as its context (r1 = pointer, r2 = length); returns r0.
+    /// Runs the program with `mem` as its context (r1 = pointer, r2 = length; both 0 for an
+    /// empty slice); returns r0, or the stop (out of bounds, budget, unknown `callx`) as an
+    /// error naming the pc.
     pub fn call(&self, mem: &mut [u8]) -> Result<u64, Error> {
-        // SAFETY: the slice is valid for its length.
-        unsafe { self.call_raw(mem.as_mut_ptr(), mem.len()) }
+        self.call_with_budget(mem, self.budget.unwrap_or(u64::MAX))
+    }
+
+    /// [`Program::call`] with an instruction budget for this call (meaningful when the program
+    /// was loaded with [`LoadOptions::budget`]; otherwise no counting is compiled in).
+    pub fn call_with_budget(&self, mem: &mut [u8], budget: u64) -> Result<u64, Error> {
+        self.check_executable()?;
+        let _guard = arena::epoch_pin();
+        // SAFETY: committed code, kept alive by `self` and the epoch pin. For sandboxed code
+        // the emitted checks confine it to `mem`, its stack and its regions; for trusted code
+        // the caller of `load_trusted` promised it stays within memory it may touch.
+        unsafe {
+            exec::run(
+                self.compiled.entry,
+                mem.as_mut_ptr(),
+                mem.len(),
+                &self.regions,
+                budget,
+            )
+        }
     }
 
     /// Runs the program on a raw context.
     ///
     /// # Safety
-    /// The program dereferences whatever addresses its code computes; `ctx`/`len` must
-    /// describe memory the program may read and write.
+    /// `ctx`/`len` must describe memory the program may read and write (for sandboxed code
+    /// the checks then keep it inside; trusted code dereferences whatever it computes).
     pub unsafe fn call_raw(&self, ctx: *mut u8, len: usize) -> Result<u64, Error> {
-        if !self.executable {
-            return Err(err(
-                ErrorKind::NotExecutable,
-                format!(
-                    "program was compiled for {}, this host is {}",
-                    self.arch,
-                    Arch::host().map_or("unknown", |a| a.name())
-                ),
-            ));
-        }
+        self.check_executable()?;
         let _guard = arena::epoch_pin();
-        let mut env = packjit_plugin_api::abi::PjExecEnv {
-            ctx_start: ctx as u64,
-            ctx_end: (ctx as u64).wrapping_add(len as u64),
-            budget: u64::MAX,
-            ..Default::default()
-        };
-        // SAFETY: the entry point of committed code with the PjProgramEntry signature.
-        let f: PjProgramEntry = unsafe { std::mem::transmute(self.compiled.entry as usize) };
-        Ok(unsafe { f(ctx, len as u64, &mut env) })
+        // SAFETY: as in call_with_budget; the caller vouches for ctx/len.
+        unsafe {
+            exec::run(
+                self.compiled.entry,
+                ctx,
+                len,
+                &self.regions,
+                self.budget.unwrap_or(u64::MAX),
+            )
+        }
+    }
+
+    fn check_executable(&self) -> Result<(), Error> {
+        if self.executable {
+            return Ok(());
+        }
+        Err(err(
+            ErrorKind::NotExecutable,
+            format!(
+                "program was compiled for {}, this host is {}",
+                self.arch,
+                Arch::host().map_or("unknown", |a| a.name())
+            ),
+        ))
+    }
+
+    /// The line table: for each bytecode slot, the byte offset of its native code from the
+    /// entry (`NO_NATIVE_CODE` for the second slot of `lddw`); empty when the backend keeps
+    /// none.
+    pub fn pc_offsets(&self) -> &[u32] {
+        &self.compiled.pc_offsets
+    }
+
+    /// The eBPF pc whose native code contains `addr` (an address inside this program's code),
+    /// from the line table: the slot with the greatest start at or below `addr`. Code after
+    /// the last instruction (shared stubs) maps to the last instruction.
+    pub fn pc_at(&self, addr: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.compiled.entry)?;
+        if off >= self.compiled.code_size as u64 {
+            return None;
+        }
+        self.compiled
+            .pc_offsets
+            .iter()
+            .enumerate()
+            .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE && u64::from(o) <= off)
+            .max_by_key(|(pc, &o)| (o, *pc))
+            .map(|(pc, _)| pc)
+    }
+
+    /// Sandboxed or trusted code.
+    pub fn trust(&self) -> Trust {
+        self.trust
+    }
+
+    /// The regions (runtime-wide and per-program) the program may access.
+    pub fn regions(&self) -> &[abi::PjMemRegion] {
+        &self.regions
     }
 
     /// The entry point, for callers that dispatch themselves (valid while `self` lives).

@@ -39,6 +39,8 @@ fn rbpf_helpers_register_under_rbpf_ids() {
     assert!(hs.iter().any(|h| h.id == 102 && h.name == "sqrti"));
     // The trampoline really calls rbpf's helper.
     let sqrti = hs.iter().find(|h| h.name == "sqrti").unwrap();
+    // SAFETY: the address of an `extern "C"` thunk with the helper signature.
     let f: PjHelperFn = unsafe { std::mem::transmute(sqrti.addr as usize) };
+    // SAFETY: sqrti takes plain integers.
     assert_eq!(unsafe { f(81, 0, 0, 0, 0) }, 9);
 }

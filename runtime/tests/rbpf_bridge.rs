@@ -22,6 +22,8 @@ fn runtime() -> Arc<Runtime> {
         .unwrap();
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .unwrap();
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .unwrap();
     Arc::new(rt)
 }
 
@@ -38,7 +40,10 @@ fn interpreter_and_jit_agree_with_rbpf_helpers() {
         17,
         "rbpf interpreter"
     );
-    let native = matches!(Arch::host(), Some(Arch::Aarch64 | Arch::Riscv64));
+    let native = matches!(
+        Arch::host(),
+        Some(Arch::Aarch64 | Arch::Riscv64 | Arch::X86_64)
+    );
     match vm.jit_compile() {
         Ok(()) => {
             assert!(native);
@@ -75,6 +80,7 @@ fn thunks_call_the_bound_function() {
         a * 3
     }
     let t = c_thunk_for(triple).unwrap();
+    // SAFETY: the thunk forwards plain integers to a safe Rust helper.
     assert_eq!(unsafe { t(14, 0, 0, 0, 0) }, 42);
     assert_eq!(
         c_thunk_for(triple).unwrap() as usize,

@@ -96,14 +96,14 @@ pub fn fuzz_helpers() -> Vec<HelperEntry> {
         .collect()
 }
 
-/// Verifies `data` and compiles it with both backends, each with no features and with all
+/// Verifies `data` and compiles it with every backend (arm64, RV64, x86-64), each with no features and with all
 /// of them. Panics (the fuzzing failure signal) when a backend panics (caught by the caller's
 /// harness), accepts what the verifier rejects, rejects what it accepts for a reason other
 /// than an encoding limit, or reports a malformed result.
 pub fn compile_both(data: &[u8]) {
     let helpers = fuzz_helpers();
     let verdict = packjit_frontend::decode(data, &helpers);
-    let backends: [(&dyn JitBackend, u64); 2] = [
+    let backends: [(&dyn JitBackend, u64); 3] = [
         (
             &packjit_arm64::Arm64Backend::new(),
             packjit_arm64::FEATURE_LSE,
@@ -111,6 +111,10 @@ pub fn compile_both(data: &[u8]) {
         (
             &packjit_rv64::Rv64Backend::new(),
             packjit_rv64::FEATURE_ZBB | packjit_rv64::FEATURE_ZBA | packjit_rv64::FEATURE_C,
+        ),
+        (
+            &packjit_x86_64::X86Backend::new(),
+            packjit_x86_64::SUPPORTED_FEATURES,
         ),
     ];
     for (b, all) in backends {

@@ -147,6 +147,8 @@ pub struct GenProgram {
     pub funcs: Vec<Func>,
     /// Initial context ([`CTX_LEN`] bytes).
     pub ctx: Vec<u8>,
+    /// Instruction budget of every run (escape programs; `None` for the others).
+    pub budget: Option<u64>,
 }
 
 fn ins(opc: u8, dst: u8, src: u8, off: i16, imm: i32) -> RawInsn {
@@ -211,7 +213,7 @@ pub fn helpers() -> Vec<(u32, HelperFn, crate::reference::RbpfHelper)> {
     ]
 }
 
-/// An id no helper has (for `callx` to an unknown helper: r0 = `u64::MAX`, program ends).
+/// An id no helper has (a `callx` to it stops the program: `Stop::UnknownCallx`).
 pub const UNKNOWN_HELPER_ID: i32 = 77;
 
 // ---------------------------------------------------------------------------------------
@@ -226,6 +228,9 @@ struct Ctx<'a> {
     /// Only instructions rbpf's interpreter implements with RFC 9669 semantics (see
     /// `reference::rbpf_unsupported`), so rbpf can serve as a second reference.
     classic: bool,
+    /// Escape program: also out-of-bounds accesses, wild and null pointers, stack walks,
+    /// unknown `callx` ids and budget-exhausting loops (see [`generate_escapes`]).
+    escapes: bool,
     func_index: usize,
     funcs: &'a mut Vec<Option<Func>>,
 }
@@ -248,6 +253,9 @@ impl Ctx<'_> {
     }
 
     fn node(&mut self, depth: usize) -> Node {
+        if self.escapes && self.rng.chance(1, 16) {
+            return self.escape();
+        }
         let r = self.rng.below(100);
         match r {
             0..=34 => Node::Insns(vec![self.alu()]),
@@ -305,13 +313,10 @@ impl Ctx<'_> {
             }
             86..=92 if self.classic => Node::Insns(vec![self.alu()]),
             86..=88 => {
-                // callx: helper id in a register; rarely an unknown id (ends the program).
+                // callx: helper id in a register (unknown ids stop the program: escape
+                // programs only).
                 let r = self.dst();
-                let id = if self.rng.chance(1, 10) {
-                    UNKNOWN_HELPER_ID
-                } else {
-                    self.rng.pick(&[1, 2, 5])
-                };
+                let id = self.rng.pick(&[1, 2, 5]);
                 let mut v = vec![mov_imm(r, id), ins(0x8d, r, 0, 0, 0)];
                 v.extend(self.reinit());
                 Node::Insns(v)
@@ -323,6 +328,138 @@ impl Ctx<'_> {
             }
             _ => Node::Insns(vec![self.alu()]),
         }
+    }
+
+    /// One escape attempt. Pointers still never reach data: the scratch register `t` that
+    /// holds a computed address is the load's destination or is overwritten right after the
+    /// access, and stores never store it. Accesses that may land inside a region are
+    /// naturally aligned (atomics must be); the others are out of bounds wherever they are.
+    fn escape(&mut self) -> Node {
+        let t = self.dst();
+        // 0 load, 1 store reg, 2 store imm, 3 atomic (W or DW only).
+        let access = self.rng.below(4);
+        let sizes: &[(u8, i16)] = if access == 3 {
+            &[(0x00, 4), (0x18, 8)]
+        } else {
+            &[(0x10, 1), (0x08, 2), (0x00, 4), (0x18, 8)]
+        };
+        let (szbits, size) = self.rng.pick(sizes);
+        let overwrite_t = mov_imm(t, self.rng.imm32());
+        let kind = self.rng.below(10);
+        let mut v = Vec::new();
+        let (base, off) = match kind {
+            // Just past the context's end (the first offset still fits exactly), or before it.
+            0 | 1 if self.has_ctx => {
+                let off = if kind == 0 {
+                    CTX_LEN as i16 - size + self.rng.below(size as u64 + 8) as i16
+                } else {
+                    -1 - self.rng.below(16) as i16
+                };
+                (9, off)
+            }
+            // Far from the context, relative to it (the address compares as an offset).
+            2 if self.has_ctx => {
+                v.extend(lddw(
+                    t,
+                    self.rng
+                        .pick(&[1u64 << 12, 1 << 20, 1 << 32, 0xffff_ffff_ffff_f000]),
+                ));
+                v.push(ins(0x0f, t, 9, 0, 0)); // add t, r9
+                (t, 0)
+            }
+            // Below any stack block (at most 8 frames of 512 bytes), or just above the frame
+            // (the entry frame's top is the block's end; a callee's is its caller's frame).
+            3 => (10, -4096 - size * (1 + self.rng.below(4) as i16)),
+            4 => (10, size * self.rng.below(4) as i16),
+            // A stack pointer walked k frames down (inside the block or not, by call depth).
+            5 => {
+                let k = self.rng.below(9) as i32;
+                let j = 8 * self.rng.below(64) as i32;
+                v.push(ins(0xbf, t, 10, 0, 0)); // mov t, r10
+                v.push(ins(0x07, t, 0, 0, -(512 * k + j) - size as i32)); // add t, -..
+                (t, 0)
+            }
+            // Wild and null pointers.
+            6 => {
+                v.extend(lddw(
+                    t,
+                    self.rng.pick(&[
+                        0x1000u64,
+                        0xdead_0000,
+                        0x4000_0000_0000,
+                        0xffff_8000_0000_0000,
+                        u64::MAX - 7,
+                    ]),
+                ));
+                (t, size * self.rng.below(8) as i16)
+            }
+            7 => {
+                v.push(mov_imm(t, 0));
+                (t, size * self.rng.below(8) as i16)
+            }
+            // A callx to an id nobody registered.
+            8 => {
+                v.push(mov_imm(t, UNKNOWN_HELPER_ID));
+                v.push(ins(0x8d, t, 0, 0, 0));
+                v.extend(self.reinit());
+                return Node::Insns(v);
+            }
+            // Loops that outlast most budgets: a spin (`ja -1`) or a long counted loop.
+            _ => {
+                if self.rng.chance(1, 2) {
+                    return Node::Insns(vec![ins(0x05, 0, 0, -1, 0)]);
+                }
+                let free: Vec<u8> = [6u8, 7, 8]
+                    .into_iter()
+                    .filter(|r| !self.locked.contains(r))
+                    .collect();
+                if free.is_empty() {
+                    return Node::Insns(vec![ins(0x05, 0, 0, -1, 0)]);
+                }
+                let counter = self.rng.pick(&free);
+                self.locked.push(counter);
+                let body = vec![Node::Insns(vec![self.alu()])];
+                self.locked.pop();
+                return Node::Loop {
+                    counter,
+                    iters: 1000 + self.rng.below(200_000) as i32,
+                    w32: self.rng.chance(1, 2),
+                    body,
+                };
+            }
+        };
+        // The access: a load into t, a store of data (never t), or an atomic on data.
+        let data = loop {
+            let r = self.src();
+            if r != t {
+                break r;
+            }
+        };
+        match access {
+            0 => v.push(ins(0x61 | szbits, t, base, off, 0)),
+            1 => v.push(ins(0x63 | szbits, base, data, off, 0)),
+            2 => v.push(ins(0x62 | szbits, base, 0, off, self.rng.imm32())),
+            _ => {
+                // Atomics are W or DW; fetching forms write `data` (not a loop counter).
+                let dw = size == 8;
+                let imm = self.rng.pick(&[0x00, 0x41, 0xa0, 0xe1, 0xf1]);
+                let src = if imm & 1 == 1 && imm != 0xf1 {
+                    loop {
+                        let r = self.dst();
+                        if r != t {
+                            break r;
+                        }
+                    }
+                } else {
+                    data
+                };
+                v.push(ins(if dw { 0xdb } else { 0xc3 }, base, src, off, imm));
+            }
+        }
+        if base == t {
+            v.push(overwrite_t);
+        }
+        Node::Insns(v)
     }
 
     fn reinit(&mut self) -> Vec<RawInsn> {
@@ -464,6 +601,7 @@ impl Ctx<'_> {
             locked: Vec::new(),
             has_ctx: false,
             classic: false,
+            escapes: self.escapes,
             func_index: idx,
             funcs: self.funcs,
         };
@@ -480,21 +618,43 @@ impl Ctx<'_> {
     }
 }
 
-/// Generates the program for `seed`.
+/// Generates the program for `seed`: valid, terminating, in bounds (every access inside the
+/// context or `[r10-64, r10)`, every `callx` id registered), so it may run as trusted code.
 pub fn generate(seed: u64) -> GenProgram {
-    let mut rng = Rng::new(seed);
+    generate_with(seed, false)
+}
+
+/// Generates the escape program for `seed` (a different program from [`generate`]'s): the
+/// same nodes plus, about one node in sixteen, an escape attempt — an access just past the
+/// context's end or before its start, relative to the context but far away, below any stack
+/// block or above the frame, through a stack pointer walked frames down, through a wild or a
+/// null pointer (loads, stores and atomics) — a `callx` to an unregistered id, a spin
+/// (`ja -1`) or a long counted loop; every run has a budget. Only sandboxed code may run it.
+pub fn generate_escapes(seed: u64) -> GenProgram {
+    generate_with(seed, true)
+}
+
+fn generate_with(seed: u64, escapes: bool) -> GenProgram {
+    // Escape programs draw from another stream, so seed N gives unrelated programs.
+    let mut rng = Rng::new(if escapes {
+        seed ^ 0xe5ca_9e00_0000_0000
+    } else {
+        seed
+    });
     let mut funcs: Vec<Option<Func>> = vec![None];
     let init = [0; 9].map(|_: u64| rng.imm64());
     let stack = [0; 8].map(|_: u64| rng.imm64());
     let n = 5 + rng.below(36) as usize;
+    let budget = escapes.then(|| rng.pick(&[0, 1, 7, 60, 500, 5_000, 100_000, 1_000_000]));
     let body = {
         // One program in four sticks to rbpf's subset, so rbpf checks the reference too.
-        let classic = seed % 4 == 3;
+        let classic = !escapes && seed % 4 == 3;
         let mut c = Ctx {
             rng: &mut rng,
             locked: Vec::new(),
             has_ctx: true,
             classic,
+            escapes,
             func_index: 0,
             funcs: &mut funcs,
         };
@@ -512,6 +672,7 @@ pub fn generate(seed: u64) -> GenProgram {
             .map(|f| f.expect("every function generated"))
             .collect(),
         ctx,
+        budget,
     }
 }
 
@@ -883,6 +1044,49 @@ mod tests {
     }
 
     #[test]
+    fn escape_programs_verify_and_stop_in_every_way_in_the_reference() {
+        use std::collections::BTreeMap;
+        let mut ends: BTreeMap<String, usize> = BTreeMap::new();
+        let mut faults = (0, 0); // (reads, writes)
+        for seed in 0..600 {
+            let p = generate_escapes(seed);
+            assert!(p.budget.is_some());
+            let code = p.encode();
+            let r = run_reference_sandboxed(&code, &p).unwrap_or_else(|e| {
+                panic!(
+                    "seed {seed}: {e}\n{}",
+                    crate::disasm::disassemble(&code, true)
+                )
+            });
+            let key = match &r.end {
+                End::Exit(_) => "exit".to_string(),
+                End::Stop(e) => {
+                    if let Some(f) = e.fault {
+                        match f.direction {
+                            packjit_plugin_api::AccessDirection::Read => faults.0 += 1,
+                            packjit_plugin_api::AccessDirection::Write => faults.1 += 1,
+                        }
+                    }
+                    format!("{:?}", e.kind)
+                }
+            };
+            *ends.entry(key).or_default() += 1;
+        }
+        println!("escape ends over 600 seeds: {ends:?}, faults (read, write) {faults:?}");
+        for (k, min) in [
+            ("exit", 40),
+            ("OutOfBounds", 150),
+            ("Budget", 40),
+            ("UnknownCallx", 15),
+        ] {
+            assert!(ends.get(k).copied().unwrap_or(0) >= min, "{k}: {ends:?}");
+        }
+        assert!(faults.0 >= 30 && faults.1 >= 30, "{faults:?}");
+        // The in-bounds generator never escapes.
+        assert_eq!(generate(5).budget, None);
+    }
+
+    #[test]
     fn generation_is_deterministic_and_varied() {
         assert_eq!(generate(7), generate(7));
         assert_ne!(generate(7).encode(), generate(8).encode());
@@ -942,6 +1146,9 @@ impl std::fmt::Display for Mismatch {
             "initial context: {:02x?}",
             &self.minimised.ctx[..CTX_DATA]
         )?;
+        if let Some(b) = self.minimised.budget {
+            writeln!(f, "budget: {b} (escape program: PACKJIT_DIFF_ESCAPES)")?;
+        }
         write!(f, "{}", crate::disasm::disassemble(&code, true))
     }
 }
@@ -1004,5 +1211,328 @@ pub fn check_seed(
                 original_size: p.size(),
             }))
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Sandboxed differential execution: escapes, budgets, stops
+
+use packjit::{Error as JitError, ErrorKind, LoadOptions, Runtime};
+
+/// Bytes of unallocated-to-the-program slack on each side of the context in differential
+/// runs: addresses near the context (before it, just past it, a page away) then fall into
+/// memory the harness owns rather than into whatever the allocator put next to it (the
+/// interpreter's stack block lives on the heap too), so they are out of bounds on both sides
+/// for the same reason.
+pub const CTX_GUARD: usize = 8192;
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The program returned r0.
+    Exit(u64),
+    /// The program was stopped (out of bounds, budget, unknown `callx`).
+    Stop(JitError),
+}
+
+/// What a sandboxed run leaves behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxRun {
+    /// How it ended.
+    pub end: End,
+    /// The context afterwards (writes before a stop included).
+    pub ctx: Vec<u8>,
+    /// Where the context was during the run (to compare faults relative to it).
+    pub ctx_addr: u64,
+}
+
+/// Runs `f` on a copy of `ctx` placed inside [`CTX_GUARD`] bytes on each side.
+fn guarded<R>(ctx: &[u8], f: impl FnOnce(&mut [u8]) -> R) -> (R, Vec<u8>, u64) {
+    let mut buf = vec![0u8; CTX_GUARD + ctx.len() + CTX_GUARD];
+    let c = &mut buf[CTX_GUARD..CTX_GUARD + ctx.len()];
+    c.copy_from_slice(ctx);
+    let addr = c.as_ptr() as u64;
+    let r = f(c);
+    (r, c.to_vec(), addr)
+}
+
+/// Runs `code` in the interpreter with the program's budget, as sandboxed JIT code would run.
+pub fn run_reference_sandboxed(code: &[u8], p: &GenProgram) -> Result<SandboxRun, String> {
+    let r = reference();
+    let prog = r.interp.load(code).map_err(|e| e.to_string())?;
+    let budget = p.budget.or(r.budget);
+    let (res, ctx, ctx_addr) = guarded(&p.ctx, |c| r.interp.run(&prog, c, budget));
+    Ok(SandboxRun {
+        end: match res {
+            Ok(o) => End::Exit(o.r0),
+            Err(stop) => End::Stop(stop.to_error()),
+        },
+        ctx,
+        ctx_addr,
+    })
+}
+
+/// A runtime compiling for one arch and feature set, trusted or sandboxed.
+pub struct JitTarget<'r> {
+    /// The runtime (backends and the generator's helpers).
+    pub rt: &'r Runtime,
+    /// Arch and features (`budget` is set per program).
+    pub opts: LoadOptions,
+}
+
+impl JitTarget<'_> {
+    /// For messages.
+    pub fn label(&self) -> String {
+        use crate::conformance::Engine;
+        crate::conformance::RuntimeEngine {
+            rt: self.rt,
+            opts: self.opts.clone(),
+        }
+        .label()
+    }
+
+    /// `Err(why)` when the backend refuses sandboxed code with a budget (a backend that does
+    /// not implement `PJ_COMPILE_SANDBOX`/`PJ_COMPILE_BUDGET` yet reports `Unsupported`).
+    pub fn sandbox_supported(&self) -> Result<(), String> {
+        let exit0 = [0xb7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+        match self.load(&exit0, true, Some(1)) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == ErrorKind::Unsupported => Err(e.to_string()),
+            Err(e) => panic!(
+                "{}: a trivial sandboxed program failed to load: {e}",
+                self.label()
+            ),
+        }
+    }
+
+    /// Loads `code` sandboxed, or trusted. Trusted loads are only made for [`generate`]'s
+    /// programs, which stay in bounds by construction.
+    pub fn load(
+        &self,
+        code: &[u8],
+        sandboxed: bool,
+        budget: Option<u64>,
+    ) -> Result<packjit::Program, JitError> {
+        let opts = LoadOptions {
+            budget,
+            ..self.opts.clone()
+        };
+        if sandboxed {
+            self.rt.load(code, &opts)
+        } else {
+            // SAFETY: callers load trusted only programs from `generate`, whose accesses stay
+            // inside the context and `[r10-64, r10)` and whose `callx` ids are registered
+            // (see the module docs); the differential then checks the JIT keeps them there.
+            unsafe { self.rt.load_trusted(code, &opts) }
+        }
+    }
+
+    /// The target as a conformance [`Engine`](crate::conformance::Engine) for in-bounds
+    /// programs (trusted or sandboxed, no budget).
+    pub fn engine(&self, sandboxed: bool) -> ModeEngine<'_, '_> {
+        ModeEngine {
+            target: self,
+            sandboxed,
+        }
+    }
+}
+
+/// [`JitTarget`] in one mode, as an [`Engine`](crate::conformance::Engine).
+pub struct ModeEngine<'t, 'r> {
+    target: &'t JitTarget<'r>,
+    sandboxed: bool,
+}
+
+impl crate::conformance::Engine for ModeEngine<'_, '_> {
+    fn label(&self) -> String {
+        format!(
+            "{} {}",
+            self.target.label(),
+            if self.sandboxed {
+                "sandboxed"
+            } else {
+                "trusted"
+            }
+        )
+    }
+
+    fn load<'a>(&'a self, code: &[u8]) -> Result<Box<dyn crate::conformance::Loaded + 'a>, String> {
+        let p = self
+            .target
+            .load(code, self.sandboxed, None)
+            .map_err(|e| e.to_string())?;
+        Ok(Box::new(p))
+    }
+}
+
+/// How an escape program ended on both sides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EscapeChecked {
+    /// Both returned the same r0 and context.
+    Finished,
+    /// Both stopped with this kind at the same pc (and address, where meaningful), with the
+    /// same context.
+    Stopped(ErrorKind),
+    /// The target compiled it but cannot run it here (foreign arch).
+    CompiledOnly,
+}
+
+/// Do two stops agree? Kind and pc always; for memory, size and direction, and the address
+/// exactly (wild and null pointers) or relative to the context (accesses near it). Addresses
+/// relative to the stack block cannot be compared (the blocks differ and neither side reports
+/// its own), so an address far from both contexts that differs is accepted on kind, pc, size
+/// and direction alone.
+fn stops_agree(want: &JitError, want_ctx: u64, got: &JitError, got_ctx: u64) -> Result<(), String> {
+    if (want.kind, want.pc) != (got.kind, got.pc) {
+        return Err(format!(
+            "stop {:?} at pc {:?} vs {:?} at pc {:?} ({want} vs {got})",
+            want.kind, want.pc, got.kind, got.pc
+        ));
+    }
+    if want.kind != ErrorKind::OutOfBounds {
+        return Ok(());
+    }
+    let (Some(w), Some(g)) = (want.fault, got.fault) else {
+        return Err(format!("out of bounds without a fault: {want} vs {got}"));
+    };
+    if (w.size, w.direction) != (g.size, g.direction) {
+        return Err(format!("fault {w:?} vs {g:?}"));
+    }
+    let near = |a: u64, ctx: u64| a.wrapping_sub(ctx).wrapping_add(1 << 20) < 1 << 21;
+    let same = w.addr == g.addr
+        || w.addr.wrapping_sub(want_ctx) == g.addr.wrapping_sub(got_ctx)
+        || !(near(w.addr, want_ctx) || near(g.addr, got_ctx));
+    if same {
+        Ok(())
+    } else {
+        Err(format!(
+            "fault address {:#x} (context {want_ctx:#x}) vs {:#x} (context {got_ctx:#x})",
+            w.addr, g.addr
+        ))
+    }
+}
+
+fn compare_escape(target: &JitTarget<'_>, p: &GenProgram) -> Result<EscapeChecked, String> {
+    let code = p.encode();
+    let want =
+        run_reference_sandboxed(&code, p).map_err(|e| format!("reference rejected it: {e}"))?;
+    let prog = target
+        .load(&code, true, p.budget)
+        .map_err(|e| format!("JIT rejected a valid program: {e}"))?;
+    if !prog.is_executable() {
+        return Ok(EscapeChecked::CompiledOnly);
+    }
+    let (res, ctx, ctx_addr) = guarded(&p.ctx, |c| prog.call(c));
+    let got = SandboxRun {
+        end: match res {
+            Ok(r0) => End::Exit(r0),
+            Err(e) => End::Stop(e),
+        },
+        ctx,
+        ctx_addr,
+    };
+    let memory = |what: &str| {
+        let a = Observed {
+            r0: 0,
+            ctx: want.ctx.clone(),
+        };
+        let b = Observed {
+            r0: 0,
+            ctx: got.ctx.clone(),
+        };
+        format!("{what}; context differs: {}", a.diff(&b))
+    };
+    match (&want.end, &got.end) {
+        (End::Exit(a), End::Exit(b)) => {
+            let (a, b) = (
+                Observed {
+                    r0: *a,
+                    ctx: want.ctx.clone(),
+                },
+                Observed {
+                    r0: *b,
+                    ctx: got.ctx.clone(),
+                },
+            );
+            if a == b {
+                Ok(EscapeChecked::Finished)
+            } else {
+                Err(format!("reference vs JIT: {}", a.diff(&b)))
+            }
+        }
+        (End::Stop(a), End::Stop(b)) => {
+            stops_agree(a, want.ctx_addr, b, got.ctx_addr)
+                .map_err(|e| format!("reference vs JIT: {e}"))?;
+            if want.ctx != got.ctx {
+                return Err(memory(&format!("both stopped ({a})")));
+            }
+            Ok(EscapeChecked::Stopped(a.kind))
+        }
+        (End::Exit(r0), End::Stop(e)) => {
+            Err(format!("reference returned r0 = {r0:#x}, JIT stopped: {e}"))
+        }
+        (End::Stop(e), End::Exit(r0)) => Err(format!(
+            "reference stopped ({e}), JIT returned r0 = {r0:#x}"
+        )),
+    }
+}
+
+/// Checks the escape program of `seed` ([`generate_escapes`]) sandboxed on `target` against
+/// the interpreter; on a mismatch, minimises it and returns the report.
+pub fn check_escape_seed(
+    target: &JitTarget<'_>,
+    seed: u64,
+) -> Result<EscapeChecked, Box<Mismatch>> {
+    let p = generate_escapes(seed);
+    match compare_escape(target, &p) {
+        Ok(c) => Ok(c),
+        Err(_) => {
+            let m = minimise(&p, |c| compare_escape(target, c).is_err(), 5_000);
+            let what = compare_escape(target, &m).err().unwrap_or_default();
+            Err(Box::new(Mismatch {
+                seed,
+                what,
+                minimised: m,
+                original_size: p.size(),
+            }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod sandbox_tests {
+    use super::*;
+    use packjit_plugin_api::{AccessDirection, MemFault};
+
+    fn oob(pc: usize, addr: u64, write: bool) -> JitError {
+        let mut e = JitError::at(pc, ErrorKind::OutOfBounds, "x");
+        e.fault = Some(MemFault {
+            addr,
+            size: 4,
+            direction: if write {
+                AccessDirection::Write
+            } else {
+                AccessDirection::Read
+            },
+        });
+        e
+    }
+
+    #[test]
+    fn stops_compare_kind_pc_fault_and_address_where_meaningful() {
+        let (c1, c2) = (0x10_0000, 0x90_0000);
+        // Same absolute (wild) address; same offset from the context.
+        assert!(stops_agree(&oob(3, 0x1000, true), c1, &oob(3, 0x1000, true), c2).is_ok());
+        assert!(stops_agree(&oob(3, c1 + 264, false), c1, &oob(3, c2 + 264, false), c2).is_ok());
+        // Off by one from the context's end, another pc, another direction: caught.
+        assert!(stops_agree(&oob(3, c1 + 264, false), c1, &oob(3, c2 + 265, false), c2).is_err());
+        assert!(stops_agree(&oob(3, 0x1000, true), c1, &oob(4, 0x1000, true), c2).is_err());
+        assert!(stops_agree(&oob(3, 0x1000, true), c1, &oob(3, 0x1000, false), c2).is_err());
+        // Far from both contexts (stack-relative): kind, pc, size and direction only.
+        assert!(stops_agree(&oob(3, 1 << 46, true), c1, &oob(3, 1 << 45, true), c2).is_ok());
+        let budget = |pc| JitError::at(pc, ErrorKind::Budget, "b");
+        assert!(stops_agree(&budget(9), c1, &budget(9), c2).is_ok());
+        assert!(stops_agree(&budget(9), c1, &budget(8), c2).is_err());
+        assert!(stops_agree(&budget(9), c1, &oob(9, 0, false), c2).is_err());
     }
 }

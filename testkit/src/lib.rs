@@ -3,22 +3,21 @@
 //! The harness every packjit backend is judged by:
 //!
 //! * [`data`]: reader for bpf_conformance `.data` files;
-//! * [`asm`] / [`disasm`]: the bpf_conformance assembly dialect, both ways;
-//! * [`reference`]: an RFC 9669 (cpu v4) reference evaluator over `packjit_frontend::Program`,
+//! * [`asm`] / [`disasm`]: the bpf_conformance assembly dialect, both ways (re-exported from
+//!   the `packjit-asm` crate);
+//! * [`reference`]: the RFC 9669 (cpu v4) reference, packjit's own interpreter (`packjit-interp`),
 //!   plus an adaptor over rbpf's interpreter as a second, independent reference;
 //! * [`conformance`]: runs the suite against a `packjit::Runtime` (or any [`conformance::Engine`]);
 //! * [`gen`]: random valid, terminating programs for differential testing, with a minimiser;
-//! * [`plugin_mode`]: the bpf_conformance plugin protocol;
 //! * [`fuzz`]: the entry the cargo-fuzz target and the stable fuzz test share.
 
-pub mod asm;
 pub mod conformance;
 pub mod data;
-pub mod disasm;
 pub mod fuzz;
 pub mod gen;
-pub mod plugin_mode;
 pub mod reference;
+
+pub use packjit_asm::{asm, disasm};
 
 /// Prints a summary line straight to stderr, past the test harness's output capture, so the
 /// per-arch counts show up in every test run (captured `println!` output is only shown for

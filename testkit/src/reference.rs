@@ -1,76 +1,52 @@
-//! Reference semantics: a small RFC 9669 (cpu v4) evaluator, and an adaptor over rbpf's
-//! interpreter as a second, independent reference.
+//! Reference semantics: packjit's own RFC 9669 (cpu v4) interpreter ([`packjit_interp`],
+//! the runtime's fallback and first tier) in the shape the test kit has always used, and an
+//! adaptor over rbpf's interpreter as a second, independent reference.
 //!
-//! The evaluator runs a verified [`packjit_frontend::Program`] over a *virtual* address space:
-//! the context buffer lives at [`CTX_BASE`], and every call frame has its own 512-byte stack
-//! at `STACK_BASE + depth * FRAME_STRIDE` (r10 = its top). Every access must fall entirely
-//! inside the context or inside a live frame; anything else is an [`EvalError`] — this is a
-//! test oracle, so a program the JIT would run off into the weeds is reported, not executed.
+//! The interpreter implements the JIT backends' sandbox contract: real host addresses (the
+//! context where it lies, a zeroed stack block it allocates), every access checked against
+//! the context, the stack block and host regions, the budget charged at back-edges and calls,
+//! unknown `callx` ids stopping the program. So the reference and sandboxed JIT code agree on
+//! results *and* on stops (kind + pc + address).
 //!
-//! Because addresses are virtual, a program whose *result* depends on a pointer value (e.g.
-//! returns r1) gives different answers here and on the JIT; conformance tests never do that,
-//! and the generator in [`crate::gen`] never lets pointers flow into data.
+//! Absolute addresses differ between the two (different buffers), so a program whose result
+//! depends on a pointer value (e.g. returns r1) cannot be compared; conformance tests never do
+//! that, and the generator in [`crate::gen`] never lets pointers flow into data.
 
-use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
+use packjit_frontend::{AluOp, EndKind, Op, Operand, Program, Width};
 use packjit_plugin_api::HelperEntry;
 use std::fmt;
 
-/// Virtual address of the context buffer.
-pub const CTX_BASE: u64 = 0x0000_1000_0000_0000;
-/// Virtual address of the entry frame's stack (lowest byte).
-pub const STACK_BASE: u64 = 0x0000_2000_0000_0000;
-/// Distance between frames, leaving unmapped gaps so an overflow is caught.
-pub const FRAME_STRIDE: u64 = 0x1_0000;
-/// Default instruction budget before the evaluator gives up (the suite's loops are short).
-pub const DEFAULT_STEP_LIMIT: u64 = 10_000_000;
-/// r0 after a `callx` whose register holds no registered helper id (see ARCHITECTURE.md).
-pub const CALLX_UNKNOWN: u64 = u64::MAX;
+pub use packjit_interp::{alu, HelperFn, Interpreter, Stop};
 
-/// A helper callable by the reference: the same `extern "C"` functions the JIT calls.
-pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
+/// Default budget of [`Reference`] (charged as the JIT's `PJ_COMPILE_BUDGET` code charges it),
+/// so a test program that never exits is reported instead of hanging the oracle.
+pub const DEFAULT_BUDGET: u64 = 10_000_000;
 
 /// Why evaluation stopped without a result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EvalError {
     /// The program did not pass `packjit_frontend::decode`.
     Verify(String),
-    /// A load, store or atomic outside the context and the live frames.
-    OutOfBounds {
-        pc: usize,
-        addr: u64,
-        size: u32,
-        write: bool,
-    },
-    /// `call imm` to an id with no helper (cannot happen after verification with the same table).
-    UnknownHelper { pc: usize, id: u32 },
-    /// Call depth above `packjit_frontend::MAX_CALL_DEPTH` (the verifier prevents this).
-    CallDepth { pc: usize },
-    /// The step budget ran out.
-    StepLimit { steps: u64 },
+    /// A sandbox stop: out of bounds, budget, unknown `callx`.
+    Stop(Stop),
 }
 
 impl fmt::Display for EvalError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EvalError::Verify(m) => write!(f, "rejected: {m}"),
-            EvalError::OutOfBounds {
-                pc,
-                addr,
-                size,
-                write,
-            } => write!(
-                f,
-                "pc {pc}: out-of-bounds {} of {size} bytes at {addr:#x}",
-                if *write { "store" } else { "load" }
-            ),
-            EvalError::UnknownHelper { pc, id } => write!(f, "pc {pc}: unknown helper {id}"),
-            EvalError::CallDepth { pc } => write!(f, "pc {pc}: call depth exceeded"),
-            EvalError::StepLimit { steps } => write!(f, "no exit after {steps} instructions"),
+            EvalError::Stop(s) => s.fmt(f),
         }
     }
 }
 
 impl std::error::Error for EvalError {}
+
+impl From<Stop> for EvalError {
+    fn from(s: Stop) -> Self {
+        EvalError::Stop(s)
+    }
+}
 
 /// The observable result of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,12 +57,13 @@ pub struct Outcome {
     pub steps: u64,
 }
 
-/// The reference machine: helpers by id and a step budget.
-#[derive(Clone)]
+/// The reference machine: the interpreter's helpers and a budget.
+#[derive(Clone, Debug)]
 pub struct Reference {
-    helpers: Vec<(u32, HelperFn)>,
-    /// Instruction budget.
-    pub step_limit: u64,
+    /// The interpreter (helpers).
+    pub interp: Interpreter,
+    /// Budget per run (`None`: unlimited); [`DEFAULT_BUDGET`] by default.
+    pub budget: Option<u64>,
 }
 
 impl Default for Reference {
@@ -95,397 +72,43 @@ impl Default for Reference {
     }
 }
 
-struct Frame {
-    ret: usize,
-    saved: [u64; 4],
-    r10: u64,
-}
-
 impl Reference {
     /// A machine with no helpers.
     pub fn new() -> Self {
         Self {
-            helpers: Vec::new(),
-            step_limit: DEFAULT_STEP_LIMIT,
+            interp: Interpreter::new(),
+            budget: Some(DEFAULT_BUDGET),
         }
     }
 
     /// Registers (or replaces) helper `id`.
     pub fn with_helper(mut self, id: u32, f: HelperFn) -> Self {
-        self.helpers.retain(|(i, _)| *i != id);
-        self.helpers.push((id, f));
+        self.interp.set_helper(id, f);
         self
     }
 
     /// The helper table in the form `packjit_frontend::decode` takes (addresses are the real
     /// function addresses, so the same table also suits a `CompileRequest`).
     pub fn helper_table(&self) -> Vec<HelperEntry> {
-        self.helpers
-            .iter()
-            .map(|&(id, f)| HelperEntry {
-                id,
-                reserved: 0,
-                addr: f as usize as u64,
-            })
-            .collect()
-    }
-
-    fn helper(&self, id: u64) -> Option<HelperFn> {
-        let id = u32::try_from(id).ok()?;
-        self.helpers.iter().find(|(i, _)| *i == id).map(|&(_, f)| f)
+        self.interp.helper_table()
     }
 
     /// Verifies and runs `code` with `ctx` as the context (r1 = ctx, r2 = its length).
     pub fn run(&self, code: &[u8], ctx: &mut [u8]) -> Result<Outcome, EvalError> {
-        let prog = packjit_frontend::decode(code, &self.helper_table())
+        let prog = self
+            .interp
+            .load(code)
             .map_err(|e| EvalError::Verify(e.to_string()))?;
         self.run_program(&prog, ctx)
     }
 
-    /// Runs a decoded program. Stack contents are discarded; use [`Reference::run_with_stack`]
-    /// to observe the entry frame.
+    /// Runs a decoded program.
     pub fn run_program(&self, prog: &Program, ctx: &mut [u8]) -> Result<Outcome, EvalError> {
-        let mut stack = vec![0u8; STACK_SIZE];
-        self.run_with_stack(prog, ctx, &mut stack)
-    }
-
-    /// Runs a decoded program; `entry_stack` (512 bytes) is the entry frame, so its final
-    /// contents can be compared. Deeper frames start zeroed.
-    pub fn run_with_stack(
-        &self,
-        prog: &Program,
-        ctx: &mut [u8],
-        entry_stack: &mut [u8],
-    ) -> Result<Outcome, EvalError> {
-        assert_eq!(
-            entry_stack.len(),
-            STACK_SIZE,
-            "entry stack must be STACK_SIZE bytes"
-        );
-        let mut frames: Vec<Frame> = Vec::new();
-        let mut stacks: Vec<Vec<u8>> = Vec::new(); // frames 1.. (entry frame is entry_stack)
-        let mut reg = [0u64; 11];
-        reg[1] = CTX_BASE;
-        reg[2] = ctx.len() as u64;
-        reg[10] = STACK_BASE + STACK_SIZE as u64;
-        let mut i = 0usize; // instruction index
-        let mut steps = 0u64;
-        loop {
-            if steps >= self.step_limit {
-                return Err(EvalError::StepLimit { steps });
-            }
-            steps += 1;
-            let inst = prog.insts[i];
-            let pc = inst.pc;
-            let mut next = i + 1;
-            match inst.op {
-                Op::Alu {
-                    width,
-                    op,
-                    dst,
-                    src,
-                } => {
-                    let s = match src {
-                        Operand::Reg(r) => reg[r as usize],
-                        Operand::Imm(v) => v as i64 as u64,
-                    };
-                    reg[dst as usize] = alu(width, op, reg[dst as usize], s);
-                }
-                Op::MovSx {
-                    width,
-                    dst,
-                    src,
-                    bits,
-                } => {
-                    let v = sign_extend(reg[src as usize], bits);
-                    reg[dst as usize] = match width {
-                        Width::W64 => v,
-                        Width::W32 => v as u32 as u64,
-                    };
-                }
-                Op::Neg { width, dst } => {
-                    let d = reg[dst as usize];
-                    reg[dst as usize] = match width {
-                        Width::W64 => d.wrapping_neg(),
-                        Width::W32 => (d as u32).wrapping_neg() as u64,
-                    };
-                }
-                Op::End { kind, bits, dst } => {
-                    let d = reg[dst as usize];
-                    reg[dst as usize] = match (kind, bits) {
-                        (EndKind::ToLe, 16) => d as u16 as u64,
-                        (EndKind::ToLe, 32) => d as u32 as u64,
-                        (EndKind::ToLe, _) => d,
-                        (_, 16) => (d as u16).swap_bytes() as u64,
-                        (_, 32) => (d as u32).swap_bytes() as u64,
-                        (_, _) => d.swap_bytes(),
-                    };
-                }
-                Op::LdImm64 { dst, imm } => reg[dst as usize] = imm,
-                Op::Load {
-                    size,
-                    sign_extend: sx,
-                    dst,
-                    base,
-                    off,
-                } => {
-                    let addr = reg[base as usize].wrapping_add(off as i64 as u64);
-                    let mut mem = Mem {
-                        ctx,
-                        entry: entry_stack,
-                        stacks: &mut stacks,
-                    };
-                    let v = mem.read(addr, size, pc)?;
-                    reg[dst as usize] = if sx {
-                        sign_extend(v, (size.bytes() * 8) as u8)
-                    } else {
-                        v
-                    };
-                }
-                Op::Store {
-                    size,
-                    base,
-                    off,
-                    src,
-                } => {
-                    let addr = reg[base as usize].wrapping_add(off as i64 as u64);
-                    let v = match src {
-                        Operand::Reg(r) => reg[r as usize],
-                        Operand::Imm(v) => v as i64 as u64,
-                    };
-                    Mem {
-                        ctx,
-                        entry: entry_stack,
-                        stacks: &mut stacks,
-                    }
-                    .write(addr, size, v, pc)?;
-                }
-                Op::Atomic {
-                    size,
-                    op,
-                    fetch,
-                    base,
-                    off,
-                    src,
-                } => {
-                    let addr = reg[base as usize].wrapping_add(off as i64 as u64);
-                    let mut mem = Mem {
-                        ctx,
-                        entry: entry_stack,
-                        stacks: &mut stacks,
-                    };
-                    let old = mem.read(addr, size, pc)?;
-                    let mask = if size == Size::W {
-                        u32::MAX as u64
-                    } else {
-                        u64::MAX
-                    };
-                    let s = reg[src as usize] & mask;
-                    match op {
-                        AtomicOp::Cmpxchg => {
-                            // r0 gets the old value (zero-extended for W); store only on match.
-                            if old == reg[0] & mask {
-                                mem.write(addr, size, s, pc)?;
-                            }
-                            reg[0] = old;
-                        }
-                        _ => {
-                            let new = match op {
-                                AtomicOp::Add => old.wrapping_add(s),
-                                AtomicOp::Or => old | s,
-                                AtomicOp::And => old & s,
-                                AtomicOp::Xor => old ^ s,
-                                _ => s, // Xchg
-                            };
-                            mem.write(addr, size, new & mask, pc)?;
-                            if fetch {
-                                reg[src as usize] = old;
-                            }
-                        }
-                    }
-                }
-                Op::Ja { target } => next = target,
-                Op::Jcond {
-                    width,
-                    cond,
-                    dst,
-                    src,
-                    target,
-                } => {
-                    let a = reg[dst as usize];
-                    let b = match src {
-                        Operand::Reg(r) => reg[r as usize],
-                        Operand::Imm(v) => v as i64 as u64,
-                    };
-                    let (a, b) = match width {
-                        Width::W64 => (a, b),
-                        Width::W32 => (a as u32 as u64, b as u32 as u64),
-                    };
-                    if cond.eval(width, a, b) {
-                        next = target;
-                    }
-                }
-                Op::CallHelper { id } => {
-                    let f = self
-                        .helper(id.into())
-                        .ok_or(EvalError::UnknownHelper { pc, id })?;
-                    // SAFETY: test helpers are plain value functions (they never dereference).
-                    reg[0] = unsafe { f(reg[1], reg[2], reg[3], reg[4], reg[5]) };
-                }
-                Op::CallReg { reg: r } => match self.helper(reg[r as usize]) {
-                    // SAFETY: as above.
-                    Some(f) => reg[0] = unsafe { f(reg[1], reg[2], reg[3], reg[4], reg[5]) },
-                    None => {
-                        return Ok(Outcome {
-                            r0: CALLX_UNKNOWN,
-                            steps,
-                        })
-                    }
-                },
-                Op::CallLocal { target } => {
-                    if frames.len() + 1 >= packjit_frontend::MAX_CALL_DEPTH {
-                        return Err(EvalError::CallDepth { pc });
-                    }
-                    frames.push(Frame {
-                        ret: next,
-                        saved: [reg[6], reg[7], reg[8], reg[9]],
-                        r10: reg[10],
-                    });
-                    stacks.push(vec![0u8; STACK_SIZE]);
-                    reg[10] = frame_base(frames.len()) + STACK_SIZE as u64;
-                    next = target;
-                }
-                Op::Exit => match frames.pop() {
-                    None => return Ok(Outcome { r0: reg[0], steps }),
-                    Some(f) => {
-                        stacks.pop();
-                        reg[6..10].copy_from_slice(&f.saved);
-                        reg[10] = f.r10;
-                        next = f.ret;
-                    }
-                },
-            }
-            i = next;
-        }
-    }
-}
-
-fn frame_base(depth: usize) -> u64 {
-    STACK_BASE + depth as u64 * FRAME_STRIDE
-}
-
-fn sign_extend(v: u64, bits: u8) -> u64 {
-    let sh = 64 - bits as u32;
-    (((v << sh) as i64) >> sh) as u64
-}
-
-/// One ALU operation at `width` (`s` is the second operand, an imm already sign-extended).
-pub fn alu(width: Width, op: AluOp, d: u64, s: u64) -> u64 {
-    match width {
-        Width::W64 => match op {
-            AluOp::Add => d.wrapping_add(s),
-            AluOp::Sub => d.wrapping_sub(s),
-            AluOp::Mul => d.wrapping_mul(s),
-            AluOp::Div => d.checked_div(s).unwrap_or(0),
-            AluOp::Sdiv => match s as i64 {
-                0 => 0,
-                sv => (d as i64).wrapping_div(sv) as u64,
-            },
-            AluOp::Mod => d.checked_rem(s).unwrap_or(d),
-            AluOp::Smod => match s as i64 {
-                0 => d,
-                sv => (d as i64).wrapping_rem(sv) as u64,
-            },
-            AluOp::Or => d | s,
-            AluOp::And => d & s,
-            AluOp::Xor => d ^ s,
-            AluOp::Lsh => d << (s & 63),
-            AluOp::Rsh => d >> (s & 63),
-            AluOp::Arsh => ((d as i64) >> (s & 63)) as u64,
-            AluOp::Mov => s,
-        },
-        Width::W32 => {
-            let (d, s) = (d as u32, s as u32);
-            let r = match op {
-                AluOp::Add => d.wrapping_add(s),
-                AluOp::Sub => d.wrapping_sub(s),
-                AluOp::Mul => d.wrapping_mul(s),
-                AluOp::Div => d.checked_div(s).unwrap_or(0),
-                AluOp::Sdiv => match s as i32 {
-                    0 => 0,
-                    sv => (d as i32).wrapping_div(sv) as u32,
-                },
-                AluOp::Mod => d.checked_rem(s).unwrap_or(d),
-                AluOp::Smod => match s as i32 {
-                    0 => d,
-                    sv => (d as i32).wrapping_rem(sv) as u32,
-                },
-                AluOp::Or => d | s,
-                AluOp::And => d & s,
-                AluOp::Xor => d ^ s,
-                AluOp::Lsh => d << (s & 31),
-                AluOp::Rsh => d >> (s & 31),
-                AluOp::Arsh => ((d as i32) >> (s & 31)) as u32,
-                AluOp::Mov => s,
-            };
-            r as u64
-        }
-    }
-}
-
-struct Mem<'a> {
-    ctx: &'a mut [u8],
-    entry: &'a mut [u8],
-    stacks: &'a mut Vec<Vec<u8>>,
-}
-
-impl Mem<'_> {
-    /// The byte slice `[addr, addr + size)` if it lies inside one region.
-    fn slice(
-        &mut self,
-        addr: u64,
-        size: u32,
-        pc: usize,
-        write: bool,
-    ) -> Result<&mut [u8], EvalError> {
-        let oob = EvalError::OutOfBounds {
-            pc,
-            addr,
-            size,
-            write,
-        };
-        let end = addr.checked_add(size as u64).ok_or(oob.clone())?;
-        let within = |base: u64, len: usize| addr >= base && end <= base + len as u64;
-        if within(CTX_BASE, self.ctx.len()) {
-            let o = (addr - CTX_BASE) as usize;
-            return Ok(&mut self.ctx[o..o + size as usize]);
-        }
-        if within(frame_base(0), STACK_SIZE) {
-            let o = (addr - frame_base(0)) as usize;
-            return Ok(&mut self.entry[o..o + size as usize]);
-        }
-        for (k, s) in self.stacks.iter_mut().enumerate() {
-            let base = frame_base(k + 1);
-            if addr >= base && end <= base + STACK_SIZE as u64 {
-                let o = (addr - base) as usize;
-                return Ok(&mut s[o..o + size as usize]);
-            }
-        }
-        Err(oob)
-    }
-
-    fn read(&mut self, addr: u64, size: Size, pc: usize) -> Result<u64, EvalError> {
-        let s = self.slice(addr, size.bytes(), pc, false)?;
-        let mut b = [0u8; 8];
-        b[..s.len()].copy_from_slice(s);
-        Ok(u64::from_le_bytes(b))
-    }
-
-    fn write(&mut self, addr: u64, size: Size, v: u64, pc: usize) -> Result<(), EvalError> {
-        let s = self.slice(addr, size.bytes(), pc, true)?;
-        let n = s.len();
-        s.copy_from_slice(&v.to_le_bytes()[..n]);
-        Ok(())
+        let o = self.interp.run(prog, ctx, self.budget)?;
+        Ok(Outcome {
+            r0: o.r0,
+            steps: o.insns,
+        })
     }
 }
 
@@ -661,11 +284,15 @@ mod tests {
             ),
             ("mov %r1, 9\ncall 5\nexit", 9),
             ("mov %r1, 9\nmov %r2, 5\ncall %r2\nexit", 9),
-            ("mov %r2, 77\ncall %r2\nmov %r0, 1\nexit", CALLX_UNKNOWN),
         ];
         for (src, want) in cases {
             assert_eq!(run(src, &mut []).unwrap(), *want, "{src}");
         }
+        // An unregistered callx id stops the program (kind, pc, id), as the JIT code does.
+        assert_eq!(
+            run("mov %r2, 77\ncall %r2\nmov %r0, 1\nexit", &mut []).unwrap_err(),
+            EvalError::Stop(Stop::UnknownCallx { pc: 1, id: 77 })
+        );
     }
 
     #[test]
@@ -681,25 +308,29 @@ mod tests {
         let mut ctx = [0u8; 4];
         assert!(matches!(
             run("ldxw %r0, [%r1+1]\nexit", &mut ctx),
-            Err(EvalError::OutOfBounds { pc: 0, size: 4, .. })
+            Err(EvalError::Stop(Stop::OutOfBounds { pc: 0, size: 4, .. }))
         ));
         assert!(matches!(
             run("ldxb %r0, [%r10]\nexit", &mut ctx),
-            Err(EvalError::OutOfBounds { .. })
+            Err(EvalError::Stop(Stop::OutOfBounds { pc: 0, .. }))
         ));
         assert!(matches!(
             run("stb [%r10-513], 1\nexit", &mut ctx),
-            Err(EvalError::OutOfBounds { write: true, .. })
+            Err(EvalError::Stop(Stop::OutOfBounds {
+                pc: 0,
+                write: true,
+                ..
+            }))
         ));
         assert_eq!(run("mov %r0, %r2\nexit", &mut ctx).unwrap(), 4);
         let r = Reference {
-            step_limit: 100,
+            budget: Some(100),
             ..Reference::new()
         };
         assert_eq!(
             r.run(&assemble("ja -1\nexit").unwrap(), &mut [])
                 .unwrap_err(),
-            EvalError::StepLimit { steps: 100 }
+            EvalError::Stop(Stop::Budget { pc: 0 })
         );
     }
 

@@ -24,6 +24,8 @@ fn runtime() -> Runtime {
         .expect("arm64 backend");
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .expect("rv64 backend");
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .expect("x86-64 backend");
     rt
 }
 
@@ -66,4 +68,24 @@ fn rv64_base() {
 fn rv64_all_extensions() {
     use packjit_rv64::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
     check(Arch::Riscv64, FEATURE_ZBB | FEATURE_ZBA | FEATURE_C);
+}
+
+#[test]
+fn x86_64_base() {
+    check(Arch::X86_64, 0);
+}
+
+#[test]
+fn x86_64_bmi2() {
+    check(Arch::X86_64, packjit_x86_64::FEATURE_BMI2);
+}
+
+#[test]
+fn x86_64_movbe() {
+    check(Arch::X86_64, packjit_x86_64::FEATURE_MOVBE);
+}
+
+#[test]
+fn x86_64_all_features() {
+    check(Arch::X86_64, packjit_x86_64::SUPPORTED_FEATURES);
 }

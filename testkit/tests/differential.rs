@@ -1,16 +1,29 @@
-//! Differential testing: random valid, terminating programs ([`packjit_testkit::gen`]) run by
-//! the JIT and by the reference evaluator (and rbpf's interpreter where it implements every
-//! instruction); r0, the context and the stack (dumped into the context) must match.
+//! Differential testing: random valid programs ([`packjit_testkit::gen`]) run by the JIT and
+//! by packjit's interpreter (the reference; rbpf's interpreter too where it implements every
+//! instruction).
 //!
-//! * `PACKJIT_DIFF_COUNT` programs per configuration (default 2000 on a backend's native
-//!   arch, 300 compile-only elsewhere), seeds `PACKJIT_DIFF_SEED` (default 0x5eed0000)
-//!   onwards; the seed range is printed.
+//! * **In-bounds programs** ([`generate`](packjit_testkit::gen::generate)) run as trusted code
+//!   and, when the backend accepts `PJ_COMPILE_SANDBOX`, as sandboxed code: r0, the context
+//!   and the stack (dumped into the context) must match.
+//! * **Escape programs** ([`generate_escapes`](packjit_testkit::gen::generate_escapes)):
+//!   out-of-bounds accesses, wild and null pointers, stack walks, unknown `callx` ids and
+//!   loops, with a budget, sandboxed only. Both sides must return the same r0 and context, or
+//!   stop with the same kind and pc (and address where meaningful) leaving the same context.
+//!   A backend that refuses the sandbox flag (`Unsupported`) is counted and printed as
+//!   "skipped: backend without sandbox"; one that accepts it must handle every escape.
+//! * `PACKJIT_DIFF_COUNT` programs of each kind per configuration (default natively on
+//!   x86-64: 20,000 in-bounds and 20,000 escapes, no emulator in the way; on the other
+//!   backends' native arch under qemu: 2000 and 1000; elsewhere, compile-only: 300 and 300),
+//!   seeds
+//!   `PACKJIT_DIFF_SEED` (default 0x5eed0000) onwards; the seed range is printed.
 //! * A mismatch prints the seed, the difference and the minimised program, disassembled.
 
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
-use packjit_testkit::conformance::RuntimeEngine;
-use packjit_testkit::gen::{check_seed, helpers, Checked};
+use packjit_testkit::gen::{
+    check_escape_seed, check_seed, helpers, Checked, EscapeChecked, JitTarget,
+};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,14 +51,23 @@ fn run(arch: Arch, features: u64) {
         .unwrap();
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .unwrap();
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .unwrap();
     for (id, f, _) in helpers() {
         rt.register_helper(id, "gen", f).unwrap();
     }
     let native = Arch::host() == Some(arch);
-    let count =
-        packjit_testkit::env_u64("PACKJIT_DIFF_COUNT").unwrap_or(if native { 2000 } else { 300 });
+    // Native x86-64 runs without an emulator: 20,000 programs of each kind cost seconds.
+    let (default_count, default_escapes) = match (native, arch) {
+        (true, Arch::X86_64) => (20_000, 20_000),
+        (true, _) => (2000, 1000),
+        (false, _) => (300, 300),
+    };
+    let env_count = packjit_testkit::env_u64("PACKJIT_DIFF_COUNT");
+    let count = env_count.unwrap_or(default_count);
+    let escape_count = env_count.unwrap_or(default_escapes);
     let base = packjit_testkit::env_u64("PACKJIT_DIFF_SEED").unwrap_or(0x5eed_0000);
-    let engine = RuntimeEngine {
+    let target = JitTarget {
         rt: &rt,
         opts: LoadOptions {
             arch: Some(arch),
@@ -53,31 +75,73 @@ fn run(arch: Arch, features: u64) {
             ..LoadOptions::default()
         },
     };
-    let (mut ran, mut compiled, mut with_rbpf) = (0, 0, 0);
+    let label = format!("{arch} (features {features:#x})");
+    let sandbox = target.sandbox_supported();
     let current = Arc::new(AtomicU64::new(base));
-    watchdog(format!("{arch} features {features:#x}"), current.clone());
-    for seed in base..base + count {
-        current.store(seed, Ordering::Relaxed);
-        match check_seed(&engine, seed) {
-            Ok(Checked::Agree { rbpf }) => {
-                ran += 1;
-                with_rbpf += rbpf as u32;
+    watchdog(label.clone(), current.clone());
+
+    // In-bounds programs: trusted, and sandboxed where the backend has the sandbox.
+    let modes: &[bool] = if sandbox.is_ok() {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let mut in_bounds = String::new();
+    for &sandboxed in modes {
+        let engine = target.engine(sandboxed);
+        let (mut ran, mut compiled, mut with_rbpf) = (0u64, 0u64, 0u64);
+        for seed in base..base + count {
+            current.store(seed, Ordering::Relaxed);
+            match check_seed(&engine, seed) {
+                Ok(Checked::Agree { rbpf }) => {
+                    ran += 1;
+                    with_rbpf += rbpf as u64;
+                }
+                Ok(Checked::CompiledOnly { rbpf }) => {
+                    compiled += 1;
+                    with_rbpf += rbpf as u64;
+                }
+                Err(m) => panic!(
+                    "{label} {}: {m}",
+                    if sandboxed { "sandboxed" } else { "trusted" }
+                ),
             }
-            Ok(Checked::CompiledOnly { rbpf }) => {
-                compiled += 1;
-                with_rbpf += rbpf as u32;
-            }
-            Err(m) => panic!("{arch} features {features:#x}: {m}"),
         }
+        if native {
+            assert_eq!(ran, count, "on the native arch every program must run");
+        }
+        in_bounds.push_str(&format!(
+            "; {}: {ran} run and matched, {compiled} compile-only, {with_rbpf} also matched rbpf",
+            if sandboxed { "sandboxed" } else { "trusted" }
+        ));
     }
+
+    // Escape programs: sandboxed only.
+    let escapes = match &sandbox {
+        Err(why) => format!("escapes: {escape_count} skipped: backend without sandbox ({why})"),
+        Ok(()) => {
+            let mut ends: BTreeMap<String, u64> = BTreeMap::new();
+            for seed in base..base + escape_count {
+                current.store(seed, Ordering::Relaxed);
+                let key = match check_escape_seed(&target, seed) {
+                    Ok(EscapeChecked::Finished) => "finished".to_string(),
+                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
+                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Err(m) => panic!("{label} escapes: {m}"),
+                };
+                *ends.entry(key).or_default() += 1;
+            }
+            if native {
+                assert!(!ends.contains_key("compile-only"), "{ends:?}");
+            }
+            format!("escapes (sandboxed, budgeted): {ends:?} matched")
+        }
+    };
     current.store(u64::MAX, Ordering::Relaxed);
     packjit_testkit::report(&format!(
-        "differential {arch} (features {features:#x}): seeds {base:#x}..{:#x}: {ran} run and matched, {compiled} compile-only, {with_rbpf} also matched rbpf",
-        base + count
+        "differential {label}: seeds {base:#x}..{:#x}{in_bounds}; {escapes}",
+        base + count.max(escape_count)
     ));
-    if native {
-        assert_eq!(ran, count, "on the native arch every program must run");
-    }
 }
 
 #[test]
@@ -99,4 +163,14 @@ fn rv64_base() {
 fn rv64_all_extensions() {
     use packjit_rv64::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
     run(Arch::Riscv64, FEATURE_ZBB | FEATURE_ZBA | FEATURE_C);
+}
+
+#[test]
+fn x86_64_base() {
+    run(Arch::X86_64, 0);
+}
+
+#[test]
+fn x86_64_all_features() {
+    run(Arch::X86_64, packjit_x86_64::SUPPORTED_FEATURES);
 }

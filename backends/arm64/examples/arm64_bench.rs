@@ -10,7 +10,7 @@
 //! eBPF instruction (conformance corpus and a 1,000+ instruction program), and on arm64 the
 //! run time of a compute-bound loop (≥ 10^8 eBPF instructions) JIT vs rbpf's interpreter.
 
-use packjit_arm64::emit::emit_program;
+use packjit_arm64::emit_program;
 use packjit_arm64::{Arm64Backend, FEATURE_LSE};
 use packjit_frontend::RawInsn;
 use packjit_plugin_api::{

@@ -7,8 +7,11 @@
 //!   (`libpackjit_arm64.so`, symbol `packjit_arm64_plugin_v1`).
 //! * Optional CPU features: [`FEATURE_LSE`] (ARMv8.1 atomics). Without it, atomics are
 //!   LDXR/STXR loops; a host can force that path by passing `features = 0`.
-//! * The code generator lives in [`emit`]; [`emit::emit_program`] is public so tools and
-//!   tests can get the bytes without an arena.
+//! * [`emit_program`] / [`emit_request`] give the bytes without an arena (tools, tests).
+//!
+//! The code generator has the file set every packjit backend has: [`regs`] (register map),
+//! `frame` (prologue, epilogue, stack layout), `lower` (one function per instruction class),
+//! `encode` (instruction forms, immediates, branch forms and relaxation).
 //!
 //! ```
 //! use packjit_arm64::Arm64Backend;
@@ -17,14 +20,31 @@
 //! assert_eq!(be.arch(), Arch::Aarch64);
 //! // mov r0, 7 ; exit  ->  mov x7, #7 ; mov x0, x7 ; ret
 //! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
-//! let out = packjit_arm64::emit::emit_program(&code, &[], 0).unwrap();
+//! let out = packjit_arm64::emit_program(&code, &[], 0).unwrap();
 //! assert_eq!(out.bytes.len(), 12);
 //! ```
 
-pub mod emit;
+// dynasm expands every dynamic register `X(r)` to `r.into()`; with `u8` registers that is an
+// identity conversion clippy would flag at each of the ~200 sites.
+#![allow(clippy::useless_conversion)]
 
+/// `dynasm!` for aarch64, the one assembler macro every module uses.
+macro_rules! a64 {
+    ($ops:expr; $($t:tt)*) => {
+        dynasm!($ops ; .arch aarch64 ; $($t)*)
+    };
+}
+
+mod encode;
+mod frame;
+mod lower;
+pub mod regs;
+
+pub use lower::{emit_decoded, Emitted};
+
+use packjit_frontend::analysis::validate_request;
 use packjit_plugin_api::{
-    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, ErrorKind, JitBackend,
+    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry, JitBackend,
 };
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
@@ -33,6 +53,29 @@ pub const FEATURE_LSE: u64 = 1 << 0;
 
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_LSE;
+
+/// Verifies `code` against `helpers` and emits trusted arm64 code (no compile flags) using
+/// the optional `features`.
+pub fn emit_program(
+    code: &[u8],
+    helpers: &[HelperEntry],
+    features: u64,
+) -> Result<Emitted, CompileError> {
+    emit_request(&CompileRequest {
+        code,
+        helpers,
+        features,
+        flags: 0,
+        blind_key: 0,
+    })
+}
+
+/// Validates the request's flags and features, verifies the code and emits it.
+pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
+    let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
+    let prog = packjit_frontend::decode(req.code, req.helpers)?;
+    emit_decoded(&prog, req.helpers, &mode)
+}
 
 /// The arm64 JIT backend. Stateless: one instance can compile for any number of threads.
 #[derive(Clone, Copy, Debug, Default)]
@@ -84,16 +127,7 @@ impl JitBackend for Arm64Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        if req.flags != 0 {
-            return Err(CompileError::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "compile flags 0x{:x} are not supported (no flags are defined)",
-                    req.flags
-                ),
-            ));
-        }
-        let out = emit::emit_program(req.code, req.helpers, req.features)?;
+        let out = emit_request(req)?;
         install_code(arena, &out.bytes, out.native_insns)
     }
 }

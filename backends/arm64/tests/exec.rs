@@ -4,10 +4,11 @@
 
 mod common;
 
-use common::exec::{run_bytes, run_with};
+use common::exec::{run_bytes, run_env, run_with};
 use common::*;
-use packjit_arm64::emit::emit_program;
+use packjit_arm64::emit_program;
 use packjit_arm64::FEATURE_LSE;
+use packjit_plugin_api::abi::{PJ_STOP_NONE, PJ_STOP_UNKNOWN_CALLX};
 use packjit_plugin_api::HelperEntry;
 
 const BOTH: [u64; 2] = [0, FEATURE_LSE];
@@ -614,14 +615,32 @@ fn helper_calls_preserve_r6_to_r9_and_r10() {
     assert_eq!(run_with(&p, &helpers(), 0, &mut []), 77);
 }
 
+/// Runs trusted code that may stop; returns r0, or the stop as `(kind, pc, addr)`.
+fn run_stop(
+    insns: &[[u8; 8]],
+    helpers: &[HelperEntry],
+    features: u64,
+) -> Result<u64, (u32, u64, u64)> {
+    let out = emit_program(&prog(insns), helpers, features).unwrap();
+    let (r0, env) = run_env(&out.bytes, &mut [], &[], u64::MAX);
+    if env.stop_kind == PJ_STOP_NONE {
+        Ok(r0)
+    } else {
+        Err((env.stop_kind, env.stop_pc, env.stop_addr))
+    }
+}
+
 #[test]
 fn callx_dispatch_and_unknown_id() {
-    // r1..r5 = 1..5; r7 = id; callx r7
+    // r1..r5 = 1..5; r7 = id; callx r7 (at pc 7: five movs and a two-slot lddw before it)
     for (id, want) in [
-        (1u64, 54321u64),
-        (0x12345, 1),
-        (2, u64::MAX),
-        (0x1_0000_0001, u64::MAX),
+        (1u64, Ok(54321u64)),
+        (0x12345, Ok(1)),
+        (2, Err((PJ_STOP_UNKNOWN_CALLX, 7, 2))),
+        (
+            0x1_0000_0001,
+            Err((PJ_STOP_UNKNOWN_CALLX, 7, 0x1_0000_0001)),
+        ),
     ] {
         let mut p = vec![
             mov64(1, 1),
@@ -633,11 +652,7 @@ fn callx_dispatch_and_unknown_id() {
         p.extend(ld64(7, id));
         p.extend([ins(0x8d, 7, 0, 0, 0), EXIT]);
         for f in BOTH {
-            assert_eq!(
-                run_with(&p, &helpers(), f, &mut []),
-                want,
-                "callx id {id:#x}"
-            );
+            assert_eq!(run_stop(&p, &helpers(), f), want, "callx id {id:#x}");
         }
     }
     // Unknown id from inside a nested subprogram unwinds every frame and keeps r6-r9 of the
@@ -657,9 +672,12 @@ fn callx_dispatch_and_unknown_id() {
         EXIT,
     ];
     for f in BOTH {
-        assert_eq!(run_with(&p, &helpers(), f, &mut []), u64::MAX);
+        assert_eq!(
+            run_stop(&p, &helpers(), f),
+            Err((PJ_STOP_UNKNOWN_CALLX, 9, 99))
+        );
         // And with no helpers at all.
-        assert_eq!(run_with(&p, &[], f, &mut []), u64::MAX);
+        assert_eq!(run_stop(&p, &[], f), Err((PJ_STOP_UNKNOWN_CALLX, 9, 99)));
     }
 }
 

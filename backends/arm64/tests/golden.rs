@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use packjit_arm64::emit::emit_program;
+use packjit_arm64::emit_program;
 use packjit_arm64::{Arm64Backend, FEATURE_LSE};
 use packjit_plugin_api::{CompileRequest, ErrorKind, HelperEntry, JitBackend};
 
@@ -94,6 +94,8 @@ fn add_imm12_shifted_negative_and_large() {
         ],
         0,
         &[
+            // r0 is read before any write (exit, add, cmpxchg): zeroed at entry.
+            "mov x7, xzr",
             "add x7, x7, #0xfff",
             "add x7, x7, #0x12, lsl #12",
             "sub x7, x7, #0x7",
@@ -120,6 +122,8 @@ fn logical_immediates() {
         ],
         0,
         &[
+            // r0 is read before any write (exit, add, cmpxchg): zeroed at entry.
+            "mov x7, xzr",
             "and x0, x0, #0xff",
             "orr x0, x0, #0xff0",
             "mvn x0, x0",
@@ -181,14 +185,16 @@ fn conditional_branches_use_compare_and_branch_forms() {
         ],
         0,
         &[
-            "cbz x0, 0x24",
+            // r0 is read before any write (exit, add, cmpxchg): zeroed at entry.
+            "mov x7, xzr",
+            "cbz x0, 0x28",
             "cmp x0, #0x7",
-            "b.hi 0x24",
-            "tbnz w0, #3, 0x24",
+            "b.hi 0x28",
+            "tbnz w0, #3, 0x28",
             "cmp x0, x1",
-            "b.ls 0x24",
+            "b.ls 0x28",
             "cmn w0, #0x5",
-            "b.lt 0x24",
+            "b.lt 0x28",
             "mov x7, #0x1",
             "mov x0, x7",
             "ret",
@@ -212,6 +218,8 @@ fn division_needs_no_guard_on_arm64() {
         ],
         0,
         &[
+            // r0 is read before any write (exit, add, cmpxchg): zeroed at entry.
+            "mov x7, xzr",
             "udiv x0, x0, x1",
             "udiv w11, w0, w1",
             "msub w0, w11, w1, w0",
@@ -239,6 +247,10 @@ fn helper_call_saves_only_what_it_uses() {
             "stp x29, x30, [sp, #-16]!",
             "mov x29, sp",
             "str x19, [sp, #-16]!",
+            // The helper may read r3-r5, never written: zeroed so no host value leaks.
+            "mov x2, xzr",
+            "mov x3, xzr",
+            "mov x4, xzr",
             "mov x19, x0",
             // Arguments already in x0-x4: no shuffling, just the absolute address.
             "mov x9, #0x7890",
@@ -268,6 +280,8 @@ fn atomics_lse() {
         ],
         FEATURE_LSE,
         &[
+            // r0 is read before any write (exit, add, cmpxchg): zeroed at entry.
+            "mov x7, xzr",
             "stadd x1, [x0]",
             "add x9, x0, #0x8",
             "ldaddal x1, x1, [x9]",
@@ -287,17 +301,19 @@ fn atomics_exclusive_loops_without_lse() {
         &[ins(0xdb, 1, 2, 0, 0x01), ins(0xdb, 1, 2, 0, 0xf1), EXIT],
         0,
         &[
+            // r0 is read before any write (exit, add, cmpxchg): zeroed at entry.
+            "mov x7, xzr",
             "ldxr x10, [x0]",
             "add x11, x10, x1",
             "stlxr w12, x11, [x0]",
-            "cbnz w12, 0x0",
+            "cbnz w12, 0x4",
             "dmb ish",
             "mov x1, x10",
             "ldxr x10, [x0]",
             "cmp x10, x7",
-            "b.ne 0x2c",
+            "b.ne 0x30",
             "stlxr w12, x1, [x0]",
-            "cbnz w12, 0x18",
+            "cbnz w12, 0x1c",
             "dmb ish",
             "mov x7, x10",
             "mov x0, x7",
@@ -361,7 +377,7 @@ fn memory_addressing_forms() {
 }
 
 #[test]
-fn callx_compares_ids_and_aborts() {
+fn callx_compares_ids_and_stops() {
     check(
         "callx",
         &[ins(0x8d, 2, 0, 0, 0), EXIT],
@@ -369,20 +385,38 @@ fn callx_compares_ids_and_aborts() {
         &[
             "stp x29, x30, [sp, #-16]!",
             "mov x29, sp",
+            // callx can stop: env (x2) is kept in x28 and the entry sp saved for the unwind.
+            "str x28, [sp, #-16]!",
+            "mov x28, x2",
+            "mov x14, sp",
+            "str x14, [x28, #80]",
+            "mov x2, xzr",
+            "mov x3, xzr",
+            "mov x4, xzr",
             "cmp x1, #0x1",
-            "b.eq 0x14",
-            "b 0x34",
+            "b.ne 0x3c",
             "mov x11, #0x7890",
             "movk x11, #0x3456, lsl #16",
             "movk x11, #0x7f12, lsl #32",
+            "b 0x4c",
+            // No helper has the id: stop (kind 3 = PJ_STOP_UNKNOWN_CALLX, pc 0, addr = id).
+            "mov x9, x1",
+            "mov x16, #0x3",
+            "mov x15, #0x0",
+            "b 0x64",
             "blr x11",
             "mov x7, x0",
             "mov x0, x7",
+            "ldr x28, [sp], #16",
             "ldp x29, x30, [sp], #16",
             "ret",
-            // The shared abort stub: r0 = u64::MAX, out through the entry's epilogue.
-            "mov x7, #0xffffffffffffffff",
-            "b 0x28",
+            // The shared stop path: env fields, sp = entry_sp, out through the entry's
+            // restore.
+            "str x16, [x28, #40]",
+            "stp x15, x9, [x28, #48]",
+            "ldr x14, [x28, #80]",
+            "mov sp, x14",
+            "b 0x54",
         ],
     );
 }
@@ -424,11 +458,47 @@ fn far_conditional_branch_uses_the_long_form() {
     p.push(EXIT);
     let out = emit_program(&prog(&p), &[], 0).unwrap();
     assert_eq!(out.passes, 2);
-    let d = disasm(&out.bytes[..8]);
+    let d = disasm(&out.bytes[..12]);
     assert_eq!(
         d,
-        ["tbz w0, #2, 0x8", &format!("b 0x{:x}", out.bytes.len() - 8)]
+        [
+            "mov x7, xzr",
+            "tbz w0, #2, 0xc",
+            &format!("b 0x{:x}", out.bytes.len() - 8)
+        ]
     );
+}
+
+#[test]
+fn sandboxed_context_load_checks_inline_and_clamps() {
+    // ldxdw r0, [r1 + 8]: the context check is four instructions after the address, the
+    // CSEL clamps the address on the failing side (Spectre v1), the load uses x9.
+    let code = prog(&[ins(0x79, 0, 1, 8, 0), EXIT]);
+    let out = packjit_arm64::emit_request(&CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
+        blind_key: 0,
+    })
+    .unwrap();
+    let d = disasm(&out.bytes);
+    let at = d.iter().position(|l| l == "add x9, x0, #0x8").unwrap();
+    assert_eq!(
+        d[at..at + 7],
+        [
+            "add x9, x0, #0x8",
+            "sub x14, x9, x23",
+            "subs x14, x24, x14",
+            "ccmp x14, #0x8, #0x0, cs",
+            &format!("b.cc 0x{:x}", 4 * (at + 12)),
+            "csel x9, x9, xzr, cs",
+            "ldr x7, [x9]",
+        ]
+    );
+    // The frame is not on the native stack in the sandbox; no budget path without budget.
+    assert!(!d.iter().any(|l| l.starts_with("sub sp")), "{d:#?}");
+    assert!(!d.iter().any(|l| l == "mov x16, #0x2"), "{d:#?}");
 }
 
 // ---------------------------------------------------------------- errors and the trait
@@ -481,10 +551,10 @@ fn bad_requests_are_errors_naming_pc_and_reason() {
 
     let ok = prog(&[EXIT]);
     let mut r = req(&ok, &[]);
-    r.flags = 1;
+    r.flags = 1 << 7;
     let e = be.compile(&r, &arena).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unsupported);
-    assert!(e.message.contains("flags 0x1"), "{e}");
+    assert!(e.message.contains("flags 0x80"), "{e}");
 
     let mut r = req(&ok, &[]);
     r.features = 1 << 5;

@@ -66,6 +66,17 @@ impl Program {
         self.subprogs.partition_point(|s| s.end <= i)
     }
 
+    /// The line table for the plugin ABI (`Compiled::pc_offsets`): `inst_offsets[i]` is where
+    /// instruction `i`'s native code starts; the result has one entry per bytecode slot, with
+    /// `NO_NATIVE_CODE` for the second slot of `lddw`.
+    pub fn line_table(&self, inst_offsets: &[usize]) -> Vec<u32> {
+        let mut table = vec![packjit_plugin_api::NO_NATIVE_CODE; self.slots];
+        for (inst, &off) in self.insts.iter().zip(inst_offsets) {
+            table[inst.pc] = u32::try_from(off).unwrap_or(packjit_plugin_api::NO_NATIVE_CODE);
+        }
+        table
+    }
+
     /// Instruction index of the instruction at slot `pc`, if one starts there.
     pub fn index_of_pc(&self, pc: usize) -> Option<usize> {
         self.insts.binary_search_by_key(&pc, |i| i.pc).ok()

@@ -4,8 +4,11 @@
 //! * Native RV64 instructions and bytes per eBPF instruction on a generated 1,000+
 //!   instruction program and on the bpf_conformance corpus (read and assembled by the
 //!   testkit), with and without the optional extensions, C (compressed) on and off.
+//! * The same corpus compiled sandboxed (`PJ_COMPILE_SANDBOX`, and with the budget): native
+//!   instructions per eBPF instruction against trusted code.
 //! * On riscv64 (qemu-user or hardware): a compute-bound loop run by the JIT (through
-//!   `packjit::Runtime`) and by rbpf's interpreter, as a speed ratio.
+//!   `packjit::Runtime`) and by rbpf's interpreter, as a speed ratio; and compute-and-memory
+//!   loops run sandboxed and trusted side by side, as a time ratio.
 //!
 //! ```text
 //! cargo run --release -p packjit-rv64 --example rv64_bench -- [CONFORMANCE_SUITE_DIR]
@@ -108,7 +111,19 @@ struct Stats {
 }
 
 fn stats(code: &[u8], helpers: &[HelperEntry], features: u64) -> Option<Stats> {
-    let native = Rv64Backend::new().emit(code, helpers, features).ok()?;
+    stats_flags(code, helpers, features, 0)
+}
+
+fn stats_flags(code: &[u8], helpers: &[HelperEntry], features: u64, flags: u32) -> Option<Stats> {
+    let native = Rv64Backend::new()
+        .emit_request(&packjit_plugin_api::CompileRequest {
+            code,
+            helpers,
+            features,
+            flags,
+            blind_key: 0,
+        })
+        .ok()?;
     let ebpf = packjit_frontend::decode(code, helpers).ok()?.insts.len();
     Some(Stats {
         ebpf,
@@ -165,6 +180,8 @@ fn main() {
 
     #[cfg(target_arch = "riscv64")]
     jit_vs_interpreter();
+    #[cfg(target_arch = "riscv64")]
+    sandbox_vs_trusted();
 }
 
 /// Native size over the bpf_conformance programs (`tests/*.data` that are expected to
@@ -204,6 +221,121 @@ fn corpus(dir: &std::path::Path) {
             "  {name:<18} {e} eBPF insns -> {nat} RV64 insns, {b} bytes: {:.2} insns and {:.2} bytes per eBPF insn",
             nat as f64 / e.max(1) as f64,
             b as f64 / e.max(1) as f64
+        );
+    }
+    // The sandbox's static cost: the same corpus, checked (and counted), against trusted.
+    use packjit_plugin_api::abi::{PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX};
+    for (name, f) in [CONFIGS[0], CONFIGS[3]] {
+        let mut line = format!("  {name:<18} native insns per eBPF insn:");
+        for (mode, flags) in [
+            ("trusted", 0),
+            ("sandboxed", PJ_COMPILE_SANDBOX),
+            ("sandboxed+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET),
+        ] {
+            let (mut e, mut nat) = (0, 0);
+            for p in &progs {
+                if let Some(s) = stats_flags(p, &helpers, f, flags) {
+                    e += s.ebpf;
+                    nat += s.native;
+                }
+            }
+            line += &format!(" {mode} {:.2}", nat as f64 / e.max(1) as f64);
+        }
+        println!("{line}");
+    }
+}
+
+/// Compute-and-memory loops, sandboxed (with and without the budget) against trusted, in one
+/// process: best of 5 runs each, as time ratios.
+#[cfg(target_arch = "riscv64")]
+fn sandbox_vs_trusted() {
+    use packjit::{LoadOptions, Runtime};
+    use packjit_plugin_api::JitBackend;
+    use std::sync::Arc;
+    let features = match Rv64Backend::new().detect_features() {
+        0 => FEATURE_C | FEATURE_ZBB | FEATURE_ZBA,
+        f => f,
+    };
+    let rt = Runtime::new().expect("runtime");
+    rt.add_backend(Arc::new(Rv64Backend::new()))
+        .expect("rv64 backend");
+    // 64 passes over a 4 KiB context: r0 += *(u64 *)p; *(u64 *)p ^= r0 (checked context
+    // accesses through a walking pointer).
+    let ctx_loop = [
+        ins(0xb7, 0, 0, 0, 0),  // r0 = 0
+        ins(0xb7, 6, 0, 0, 64), // r6 = passes
+        ins(0xbf, 3, 1, 0, 0),  // pass: r3 = ctx
+        ins(0xbf, 4, 1, 0, 0),
+        ins(0x0f, 4, 2, 0, 0),  // r4 = ctx end
+        ins(0x79, 5, 3, 0, 0),  // word: r5 = *r3
+        ins(0x0f, 0, 5, 0, 0),  // r0 += r5
+        ins(0xaf, 5, 0, 0, 0),  // r5 ^= r0
+        ins(0x7b, 3, 5, 0, 0),  // *r3 = r5
+        ins(0x07, 3, 0, 0, 8),  // r3 += 8
+        ins(0xad, 3, 4, -6, 0), // if r3 < r4 goto word
+        ins(0x17, 6, 0, 0, 1),
+        ins(0x55, 6, 0, -11, 0), // if --r6 != 0 goto pass
+        ins(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    // A stack-constant kernel: 100,000 rounds mixing four stack slots (no run-time checks).
+    let stack_loop = [
+        ins(0x7a, 10, 0, -8, 1),
+        ins(0x7a, 10, 0, -16, 2),
+        ins(0xb7, 6, 0, 0, 100_000),
+        ins(0x79, 1, 10, -8, 0), // loop
+        ins(0x79, 2, 10, -16, 0),
+        ins(0x0f, 1, 2, 0, 0),
+        ins(0x27, 2, 0, 0, 3),
+        ins(0x7b, 10, 1, -16, 0),
+        ins(0x7b, 10, 2, -8, 0),
+        ins(0x17, 6, 0, 0, 1),
+        ins(0x55, 6, 0, -8, 0),
+        ins(0x79, 0, 10, -8, 0),
+        ins(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    let best = |p: &packjit::Program, mem: &mut [u8]| {
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                p.call(mem).expect("call");
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    for (name, code) in [("context loop", &ctx_loop), ("stack loop", &stack_loop)] {
+        let opts = LoadOptions {
+            features: Some(features),
+            ..LoadOptions::default()
+        };
+        // SAFETY: both programs touch only their context and their stack frame.
+        let trusted = unsafe { rt.load_trusted(code, &opts) }.expect("load");
+        let sandboxed = rt.load(code, &opts).expect("load");
+        let budget = rt
+            .load(
+                code,
+                &LoadOptions {
+                    budget: Some(u64::MAX / 2),
+                    ..opts.clone()
+                },
+            )
+            .expect("load");
+        let mut mem = vec![1u8; 4096];
+        let tt = best(&trusted, &mut mem);
+        let ts = best(&sandboxed, &mut mem);
+        let tb = best(&budget, &mut mem);
+        let per = |p: &packjit::Program| p.native_insns() as f64;
+        println!(
+            "{name} (features {features:#x}): trusted {:.2} ms; sandboxed {:.2} ms ({:.2}x); sandboxed+budget {:.2} ms ({:.2}x); code {} / {} / {} native insns",
+            tt * 1e3,
+            ts * 1e3,
+            ts / tt,
+            tb * 1e3,
+            tb / tt,
+            per(&trusted),
+            per(&sandboxed),
+            per(&budget),
         );
     }
 }

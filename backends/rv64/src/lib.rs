@@ -9,6 +9,11 @@
 //! * [`FEATURE_ZBA`]: `add.uw rd, rs, zero` (`zext.w`) for 32-bit zero-extension;
 //! * [`FEATURE_C`]: compressed encodings wherever operands allow.
 //!
+//! Compile flags (validated by the front end): `PJ_COMPILE_SANDBOX` checks every access not
+//! proven safe against the context, the stack block and `env.regions`, Spectre-safely;
+//! `PJ_COMPILE_BUDGET` charges taken back-edges and local calls; `PJ_COMPILE_BLIND_CONSTANTS`
+//! blinds every immediate. See the crate README for the code each one emits and its cost.
+//!
 //! Usable statically (`Rv64Backend` implements [`JitBackend`]) or as a plugin
 //! (`libpackjit_rv64.so`, entry symbol `packjit_rv64_plugin_v1`).
 //!
@@ -22,9 +27,12 @@
 //! assert_eq!(native, [0x93, 0x07, 0x70, 0x00, 0x13, 0x85, 0x07, 0x00, 0x67, 0x80, 0x00, 0x00]);
 //! ```
 
-mod codegen;
-mod emit;
+mod encode;
+mod frame;
+mod lower;
+mod regs;
 
+use packjit_frontend::analysis::validate_request;
 use packjit_plugin_api::{
     install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, ErrorKind, HelperEntry,
     JitBackend,
@@ -58,26 +66,31 @@ impl Rv64Backend {
         helpers: &[HelperEntry],
         features: u64,
     ) -> Result<Vec<u8>, CompileError> {
-        if features & !SUPPORTED_FEATURES != 0 {
-            return Err(CompileError::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "unknown rv64 feature bits 0x{:x} (supported: 0x{SUPPORTED_FEATURES:x})",
-                    features & !SUPPORTED_FEATURES
-                ),
-            ));
-        }
-        let prog = packjit_frontend::decode(code, helpers)?;
-        let opts = codegen::Options {
-            zbb: features & FEATURE_ZBB != 0,
-            zba: features & FEATURE_ZBA != 0,
-            c: features & FEATURE_C != 0,
+        self.emit_request(&CompileRequest {
+            code,
+            helpers,
+            features,
+            flags: 0,
+            blind_key: 0,
+        })
+    }
+
+    /// Validates `req` (flags and feature bits, with the front end's messages), verifies and
+    /// emits its code to native bytes without placing them anywhere.
+    pub fn emit_request(&self, req: &CompileRequest<'_>) -> Result<Vec<u8>, CompileError> {
+        let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
+        let prog = packjit_frontend::decode(req.code, req.helpers)?;
+        let opts = lower::Options {
+            zbb: mode.features & FEATURE_ZBB != 0,
+            zba: mode.features & FEATURE_ZBA != 0,
+            c: mode.features & FEATURE_C != 0,
+            mode,
         };
         // The lowering guarantees every immediate's range before handing it to dynasm
         // (which panics on a bad one); should that ever be wrong, report it rather than
         // unwind into the host.
         catch_unwind(AssertUnwindSafe(|| {
-            codegen::Codegen::new(&prog, helpers, opts).run()
+            lower::Codegen::new(&prog, req.helpers, opts)?.run()
         }))
         .unwrap_or_else(|p| {
             let what = p
@@ -95,7 +108,7 @@ impl Rv64Backend {
 
 /// Counts native instructions in RV64 code (16- and 32-bit parcels).
 pub fn native_insn_count(code: &[u8]) -> usize {
-    emit::count_insns(code)
+    encode::count_insns(code)
 }
 
 impl JitBackend for Rv64Backend {
@@ -124,14 +137,8 @@ impl JitBackend for Rv64Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        if req.flags != 0 {
-            return Err(CompileError::new(
-                ErrorKind::Unsupported,
-                format!("unknown compile flags 0x{:x} (none are defined)", req.flags),
-            ));
-        }
-        let bytes = self.emit(req.code, req.helpers, req.features)?;
-        install_code(arena, &bytes, emit::count_insns(&bytes))
+        let bytes = self.emit_request(req)?;
+        install_code(arena, &bytes, encode::count_insns(&bytes))
     }
 }
 

@@ -1,5 +1,6 @@
 //! Runs emitted code under qemu-riscv64 (or on RV64 hardware) through `packjit::Runtime`
-//! (the rv64 backend as a static rlib, code in the shared W^X arena): fixed programs for every
+//! (the rv64 backend as a static rlib, code in the shared W^X arena; fixed programs both
+//! sandboxed and trusted): fixed programs for every
 //! instruction class, local calls, helpers, callx, branch-range edges, the >1 MiB program, on
 //! every feature path, with expected values checked against the testkit's reference
 //! evaluator; and random programs from the testkit's generator on the feature sets the
@@ -59,16 +60,27 @@ fn expected(code: &[u8], mem: &mut [u8]) -> u64 {
         .r0
 }
 
-/// Compiles for RV64 with exactly `features` into the runtime's arena.
+/// Compiles for RV64 with exactly `features` into the runtime's arena, sandboxed (the
+/// runtime's default).
 fn load(code: &[u8], features: u64) -> Program {
+    load_mode(code, features, false)
+}
+
+/// [`load`], or trusted (unchecked) code when `trusted`.
+fn load_mode(code: &[u8], features: u64, trusted: bool) -> Program {
     let opts = LoadOptions {
         arch: Some(Arch::Riscv64),
         features: Some(features),
         ..LoadOptions::default()
     };
-    let p = runtime()
-        .load(code, &opts)
-        .unwrap_or_else(|e| panic!("features {features:#x}: {e}"));
+    let p = if trusted {
+        // SAFETY: the fixed test programs touch only their context and stack (each is
+        // also run sandboxed, which would stop on anything else).
+        unsafe { runtime().load_trusted(code, &opts) }
+    } else {
+        runtime().load(code, &opts)
+    };
+    let p = p.unwrap_or_else(|e| panic!("features {features:#x} trusted {trusted}: {e}"));
     assert_eq!(p.features(), features);
     assert_eq!(
         p.native_insns(),
@@ -78,16 +90,20 @@ fn load(code: &[u8], features: u64) -> Program {
     p
 }
 
-/// Runs on every feature path; checks r0 against `want` and the reference, and the context
-/// afterwards against the reference's.
+/// Runs on every feature path, sandboxed and trusted; checks r0 against `want` and the
+/// reference, and the context afterwards against the reference's.
 fn check(code: &[u8], mem: &[u8], want: u64) {
     let mut m = mem.to_vec();
     assert_eq!(expected(code, &mut m), want, "reference evaluator");
     for f in FEATURE_SETS {
-        let mut m2 = mem.to_vec();
-        let got = load(code, f).call(&mut m2).expect("call");
-        assert_eq!(got, want, "features {f:#x}");
-        assert_eq!(m2, m, "memory after run, features {f:#x}");
+        for trusted in [false, true] {
+            let mut m2 = mem.to_vec();
+            let got = load_mode(code, f, trusted)
+                .call(&mut m2)
+                .unwrap_or_else(|e| panic!("features {f:#x} trusted {trusted}: {e}"));
+            assert_eq!(got, want, "features {f:#x} trusted {trusted}");
+            assert_eq!(m2, m, "memory after run, features {f:#x} trusted {trusted}");
+        }
     }
 }
 
@@ -370,7 +386,8 @@ fn helpers_callx_and_local_calls() {
         EXIT,
     ]);
     check(&p, &[], mix(1, 2, 3, 4, 5) + 1000);
-    // callx known id, then unknown id from inside a nested local call: u64::MAX at once.
+    // callx known id, then unknown id from inside a nested local call: the program stops at
+    // once with an UnknownCallx error naming the callx's pc (9), in the reference too.
     let p = prog(&[
         ins(0xb7, 1, 0, 0, 41),
         ins(0xb7, 2, 0, 0, 5),
@@ -385,7 +402,17 @@ fn helpers_callx_and_local_calls() {
         ins(0xb7, 0, 0, 0, 3),
         EXIT,
     ]);
-    check(&p, &[], u64::MAX);
+    let e = reference().run(&p, &mut []).unwrap_err();
+    assert!(e.to_string().contains("pc 9"), "reference: {e}");
+    for f in FEATURE_SETS {
+        let e = load(&p, f).call(&mut []).unwrap_err();
+        assert_eq!(
+            (e.kind, e.pc),
+            (packjit::ErrorKind::UnknownCallx, Some(9)),
+            "features {f:#x}: {e}"
+        );
+        assert!(e.message.contains("helper id 99"), "{e}");
+    }
     // Local calls: each function has its own frame; r6-r9 survive; r10 restored.
     let p = prog(&[
         ins(0x7a, 10, 0, -8, 11), // [r10-8] = 11

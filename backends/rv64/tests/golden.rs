@@ -41,7 +41,8 @@ fn add_imm12_vs_large_immediate() {
             EXIT,
         ],
         0,
-        "add x10,x10,100
+        "li x15,0
+         add x10,x10,100
          lui x6,0x12
          addw x6,x6,837
          add x10,x10,x6
@@ -62,7 +63,8 @@ fn logical_immediates_and_alu32_zero_extension() {
             EXIT,
         ],
         0,
-        "zext.b x10,x10
+        "li x15,0
+         zext.b x10,x10
          lui x6,0x10
          or x10,x10,x6
          not x10,x10
@@ -80,7 +82,8 @@ fn sixty_four_bit_constant() {
     golden(
         &[a, b, ins(0xb7, 3, 0, 0, -1), EXIT],
         0,
-        "lui x11,0x247
+        "li x15,0
+         lui x11,0x247
          addw x11,x11,-1875
          sll x11,x11,0xe
          add x11,x11,-947
@@ -106,12 +109,15 @@ fn conditional_branches() {
             EXIT,
         ],
         0,
-        "beq x10,x11,0x18
+        "li x15,0
+         li x12,0
+         li x13,0
+         beq x10,x11,0x24
          li x6,5
          sext.w x5,x12
-         bltu x6,x5,0x18
+         bltu x6,x5,0x24
          and x5,x13,8
-         bnez x5,0x18
+         bnez x5,0x24
          li x15,1
          mv x10,x15
          ret",
@@ -129,7 +135,8 @@ fn division_by_register_guards_zero() {
             EXIT,
         ],
         0,
-        "seqz x6,x11
+        "li x15,0
+         seqz x6,x11
          divu x10,x10,x11
          add x6,x6,-1
          and x10,x10,x6
@@ -160,6 +167,9 @@ fn helper_call() {
         "add x2,x2,-16
          sd x1,0(x2)
          sd x9,8(x2)
+         li x12,0
+         li x13,0
+         li x14,0
          mv x9,x10
          lui x5,0x8
          addw x5,x5,-1
@@ -192,14 +202,15 @@ fn atomics() {
         "add x2,x2,-528
          sd x21,0(x2)
          add x21,x2,528
+         li x15,0
          add x5,x21,-8
          amoadd.d.aqrl x10,x10,(x5)
          add x5,x21,-16
          sext.w x7,x15
          lr.w.aqrl x6,(x5)
-         bne x6,x7,0x2c
+         bne x6,x7,0x30
          sc.w.rl x28,x11,(x5)
-         bnez x28,0x1c
+         bnez x28,0x20
          fence rw,rw
          sll x15,x6,0x20
          srl x15,x15,0x20
@@ -226,7 +237,8 @@ fn extensions_zbb_zba_and_compressed() {
             EXIT,
         ],
         ALL,
-        "rev8 x10,x10
+        "c:li x15,0
+         rev8 x10,x10
          rev8 x11,x11
          c:srl x11,x11,0x30
          zext.w x12,x10
@@ -240,7 +252,8 @@ fn extensions_zbb_zba_and_compressed() {
     golden(
         &[ins(0xdc, 2, 0, 0, 16), ins(0xbc, 3, 1, 0, 0), EXIT],
         0,
-        "zext.b x6,x11
+        "li x15,0
+         zext.b x6,x11
          sll x6,x6,0x8
          srl x5,x11,0x8
          zext.b x5,x5
@@ -255,51 +268,56 @@ fn extensions_zbb_zba_and_compressed() {
 
 #[test]
 fn local_call_and_callx_dispatch() {
-    // call +1; exit; f: callx r1; exit. The dispatch compares the id against the helper
-    // table, tail-jumps to the helper, or unwinds to the entry epilogue with r0 = -1.
+    // call +1; exit; f: callx r1; exit. The entry keeps env (a2) in x22 and stores its sp in
+    // env.entry_sp. The dispatch compares the id against the helper table and tail-jumps to
+    // the helper, or stops: PJ_STOP_UNKNOWN_CALLX, the callx's pc (x17) and the id written to
+    // env, sp reloaded from env.entry_sp, out through the entry epilogue.
     golden(
         &[ins(0x85, 0, 1, 0, 1), EXIT, ins(0x8d, 1, 0, 0, 0), EXIT],
         0,
-        "add x2,x2,-64
+        "add x2,x2,-16
          sd x1,0(x2)
-         sd x9,8(x2)
-         sd x18,16(x2)
-         sd x19,24(x2)
-         sd x20,32(x2)
-         sd x21,40(x2)
-         sd x22,48(x2)
-         mv x22,x2
-         jal 0x50
+         sd x22,8(x2)
+         mv x22,x12
+         sd x2,80(x22)
+         li x12,0
+         li x13,0
+         li x14,0
+         jal 0x38
          mv x10,x15
          ld x1,0(x2)
-         ld x9,8(x2)
-         ld x18,16(x2)
-         ld x19,24(x2)
-         ld x20,32(x2)
-         ld x21,40(x2)
-         ld x22,48(x2)
-         add x2,x2,64
+         ld x22,8(x2)
+         add x2,x2,16
          ret
          add x2,x2,-16
          sd x1,0(x2)
          mv x7,x10
-         jal 0x70
+         li x17,2
+         jal 0x5c
          mv x15,x10
          ld x1,0(x2)
          add x2,x2,16
          ret
          li x6,7
-         beq x7,x6,0x84
-         mv x2,x22
+         beq x7,x6,0x78
+         mv x5,x7
          li x15,-1
-         j 0x28
+         li x16,3
+         li x6,0
+         j 0x94
          lui x5,0x8
          addw x5,x5,-1
          sll x5,x5,0x13
          add x5,x5,1
          sll x5,x5,0xc
          add x5,x5,564
-         jr x5",
+         jr x5
+         sw x16,40(x22)
+         sw x6,44(x22)
+         sd x17,48(x22)
+         sd x5,56(x22)
+         ld x2,80(x22)
+         j 0x24",
     );
 }
 
@@ -312,8 +330,10 @@ fn long_branches_grow_to_jal_and_auipc_jalr() {
     slots.push(EXIT);
     let code = compile(&prog(&slots), &[], 0).unwrap();
     let d = disasm(&code);
-    assert_eq!(d[0], "bnez x10,0x8");
-    assert!(d[1].starts_with("j "), "{}", d[1]);
+    // r0 is read (r0 += 1000) before any write: the entry zeroes it first.
+    assert_eq!(d[0], "li x15,0");
+    assert_eq!(d[1], "bnez x10,0xc");
+    assert!(d[2].starts_with("j "), "{}", d[2]);
     // c.beqz reaches ±256 B: a short hop stays a single 16-bit branch.
     let code = compile(
         &prog(&[ins(0x15, 1, 0, 1, 0), ins(0x07, 0, 0, 0, 1000), EXIT]),
@@ -322,7 +342,7 @@ fn long_branches_grow_to_jal_and_auipc_jalr() {
     )
     .unwrap();
     assert!(
-        disasm(&code)[0].starts_with("c:beqz x10,"),
+        disasm(&code)[1].starts_with("c:beqz x10,"),
         "{:?}",
         disasm(&code)
     );

@@ -235,13 +235,18 @@ fn reused_chunk_runs_the_new_program_while_other_threads_run_the_pack() {
     a.commit();
 
     let stop = Arc::new(AtomicBool::new(false));
+    // The rounds start only once every runner is inside its loop: on a loaded machine a
+    // runner might otherwise not be scheduled before `stop` is set.
+    let started = Arc::new(std::sync::Barrier::new(neighbours.len() + 1));
     let runners: Vec<_> = neighbours
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            let (addr, stop) = (r.exec_addr, stop.clone());
+            let (addr, stop, started) = (r.exec_addr, stop.clone(), started.clone());
             std::thread::spawn(move || {
-                let mut n = 0u64;
+                assert_eq!(call(addr), 100 + i as u64);
+                started.wait();
+                let mut n = 1u64;
                 while !stop.load(Ordering::Relaxed) {
                     assert_eq!(call(addr), 100 + i as u64);
                     n += 1;
@@ -250,6 +255,7 @@ fn reused_chunk_runs_the_new_program_while_other_threads_run_the_pack() {
             })
         })
         .collect();
+    started.wait();
 
     for round in 0..20u16 {
         let victim = install(&a, &ret_code(200 + round));

@@ -70,14 +70,25 @@ pub fn compile(
     helpers: &[HelperEntry],
     features: u64,
 ) -> Result<Vec<u8>, CompileError> {
+    compile_with(code, helpers, features, 0, 0)
+}
+
+/// [`compile`] with `PJ_COMPILE_*` flags and a blinding key.
+pub fn compile_with(
+    code: &[u8],
+    helpers: &[HelperEntry],
+    features: u64,
+    flags: u32,
+    blind_key: u64,
+) -> Result<Vec<u8>, CompileError> {
     let arena = VecArena::default();
     let b = packjit_rv64::Rv64Backend::new();
     let req = packjit_plugin_api::CompileRequest {
         code,
         helpers,
         features,
-        flags: 0,
-        blind_key: 0,
+        flags,
+        blind_key,
     };
     let c = b.compile(&req, &arena)?;
     let bytes = arena.bytes.borrow().clone();

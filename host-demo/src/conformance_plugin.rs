@@ -11,16 +11,24 @@
 //! * on any failure (bad input, rejected program, cannot run) it prints one line to stderr
 //!   and exits 1. The runner counts a non-zero exit as "the program was rejected".
 //!
-//! Options, before or after MEM: `--arch aarch64|riscv64` (default: the host arch),
+//! Options, before or after MEM: `--arch aarch64|riscv64|x86_64` (default: the host arch),
 //! `--features N` (exact feature bits, decimal or 0x-hex), `--no-lse` (arm64: leave LSE out
-//! of the detected set), `--debug` (print the disassembly to stderr). `--elf` is refused:
+//! of the detected set), `--no-bmi2` / `--no-movbe` (x86-64: likewise), `--debug` (print the
+//! disassembly to stderr). `--elf` is refused:
 //! only raw bytecode is supported. Helper 5 returns its first argument, as the suite expects.
 
-use crate::conformance::ensure_suite_helper;
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
+
+/// The helper id the suite's `call` tests use.
+const SUITE_HELPER_ID: u32 = 5;
+
+/// The suite's helper 5: returns its first argument.
+extern "C" fn helper_identity(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    a
+}
 
 /// Parsed command line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,6 +85,8 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
                     Some(parse_num(v).ok_or_else(|| format!("--features: `{v}` is not a number"))?);
             }
             "--no-lse" => out.opts.disable_features |= packjit_arm64::FEATURE_LSE,
+            "--no-bmi2" => out.opts.disable_features |= packjit_x86_64::FEATURE_BMI2,
+            "--no-movbe" => out.opts.disable_features |= packjit_x86_64::FEATURE_MOVBE,
             "--program" => out.program = Some(parse_hex_bytes("--program", value("--program")?)?),
             "--debug" => out.debug = true,
             "--elf" => return Err("--elf: ELF input is not supported (raw bytecode only)".into()),
@@ -112,14 +122,17 @@ pub fn run(args: &[String], stdin: &mut dyn BufRead) -> Result<String, String> {
         return Err("no program: expected one line of hex bytes on stdin".into());
     }
     if a.debug {
-        eprint!("{}", crate::disasm::disassemble(&code, true));
+        eprint!("{}", packjit_asm::disasm::disassemble(&code, true));
     }
     let rt = Runtime::new().map_err(|e| format!("runtime: {e}"))?;
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
         .map_err(|e| e.to_string())?;
     rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .map_err(|e| e.to_string())?;
-    ensure_suite_helper(&rt)?;
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .map_err(|e| e.to_string())?;
+    rt.register_helper(SUITE_HELPER_ID, "identity", helper_identity)
+        .map_err(|e| e.to_string())?;
     let prog = rt
         .load(&code, &a.opts)
         .map_err(|e| format!("load failed: {e}"))?;

@@ -1,10 +1,11 @@
-//! Instruction-level emitter over dynasm's riscv64 assembler.
+//! Instruction forms and encoders over dynasm's riscv64 assembler.
 //!
 //! Every method emits one RISC-V instruction (or a fixed idiom) and picks the compressed
 //! (C extension) encoding when the request allows it and the operands fit that encoding's
 //! restrictions (non-zero registers, `x8`–`x15` for the CL/CS/CA/CB formats, 6-bit
 //! immediates). Selection lives here, in one place, so the lowering code never thinks
-//! about encodings.
+//! about encodings. This layer knows RISC-V only: it takes native register numbers, the
+//! front end's [`Width`] and its own operation enums, never eBPF instructions.
 
 // dynasm expands a dynamic register `X(r)` to `r.into()` and casts immediates itself,
 // which clippy flags as redundant in the generated code.
@@ -12,8 +13,11 @@
 
 use dynasmrt::riscv::RiscvRelocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+use packjit_frontend::Width;
 
-/// Register numbers used by the backend.
+/// RISC-V register numbers by ABI name (the whole integer file the backend may name; not
+/// every one is in use in every configuration).
+#[allow(dead_code)]
 pub mod reg {
     pub const ZERO: u8 = 0;
     pub const RA: u8 = 1;
@@ -23,13 +27,26 @@ pub mod reg {
     pub const T2: u8 = 7;
     pub const S1: u8 = 9;
     pub const A0: u8 = 10;
+    pub const A1: u8 = 11;
+    pub const A2: u8 = 12;
+    pub const A3: u8 = 13;
+    pub const A4: u8 = 14;
     pub const A5: u8 = 15;
+    pub const A6: u8 = 16;
+    pub const A7: u8 = 17;
     pub const S2: u8 = 18;
     pub const S3: u8 = 19;
     pub const S4: u8 = 20;
     pub const S5: u8 = 21;
     pub const S6: u8 = 22;
+    pub const S7: u8 = 23;
+    pub const S8: u8 = 24;
+    pub const S9: u8 = 25;
+    pub const S10: u8 = 26;
+    pub const S11: u8 = 27;
     pub const T3: u8 = 28;
+    pub const T4: u8 = 29;
+    pub const T5: u8 = 30;
     pub const T6: u8 = 31;
 }
 use reg::*;
@@ -73,6 +90,17 @@ pub enum R3 {
     Sllw,
     Srlw,
     Sraw,
+    Sltu,
+}
+
+/// AMO operations (the `amo<op>.{w,d}` family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Amo {
+    Add,
+    And,
+    Or,
+    Xor,
+    Swap,
 }
 
 /// Register-immediate ALU instructions.
@@ -89,6 +117,7 @@ pub enum RI {
     Slliw,
     Srliw,
     Sraiw,
+    Sltiu,
 }
 
 /// Native conditional branch kinds (`b<kind> rs1, rs2`).
@@ -327,6 +356,7 @@ impl Emitter {
             R3::Sllw => rv!(self.asm; sllw X(rd), X(rs1), X(rs2)),
             R3::Srlw => rv!(self.asm; srlw X(rd), X(rs1), X(rs2)),
             R3::Sraw => rv!(self.asm; sraw X(rd), X(rs1), X(rs2)),
+            R3::Sltu => rv!(self.asm; sltu X(rd), X(rs1), X(rs2)),
         }
     }
 
@@ -400,6 +430,7 @@ impl Emitter {
             RI::Slliw => rv!(self.asm; slliw X(rd), X(rs), imm as u32),
             RI::Srliw => rv!(self.asm; srliw X(rd), X(rs), imm as u32),
             RI::Sraiw => rv!(self.asm; sraiw X(rd), X(rs), imm as u32),
+            RI::Sltiu => rv!(self.asm; sltiu X(rd), X(rs), imm),
         }
     }
 
@@ -407,8 +438,9 @@ impl Emitter {
         rv!(self.asm; seqz X(rd), X(rs));
     }
 
-    pub fn neg(&mut self, rd: u8, rs: u8, word: bool) {
-        if word {
+    /// `rd = -rs`; the W32 form (`negw`) sign-extends the 32-bit result.
+    pub fn neg(&mut self, width: Width, rd: u8, rs: u8) {
+        if width == Width::W32 {
             rv!(self.asm; negw X(rd), X(rs));
         } else {
             rv!(self.asm; neg X(rd), X(rs));
@@ -545,9 +577,24 @@ impl Emitter {
         rv!(self.asm; jump =>l, X(tmp));
     }
 
-    /// `auipc ra, hi; jalr ra, ra, lo` (±2 GiB).
-    pub fn far_call(&mut self, l: DynamicLabel) {
-        rv!(self.asm; call =>l);
+    /// `auipc rd, hi; jalr rd, rd, lo` (±2 GiB), the return address in `rd`.
+    pub fn far_call(&mut self, rd: u8, l: DynamicLabel) {
+        rv!(self.asm; call X(rd), =>l);
+    }
+
+    /// Zeroes `[start, end)` 32 bytes per iteration (`end - start` a non-zero multiple of 32;
+    /// both 8-byte aligned); `tmp` walks the range.
+    pub fn zero_fill(&mut self, start: u8, end: u8, tmp: u8) {
+        rv!(self.asm
+            ; mv X(tmp), X(start)
+            ; fill:
+            ; sd zero, [X(tmp), 0]
+            ; sd zero, [X(tmp), 8]
+            ; sd zero, [X(tmp), 16]
+            ; sd zero, [X(tmp), 24]
+            ; addi X(tmp), X(tmp), 32
+            ; bltu X(tmp), X(end), <fill
+        );
     }
 
     pub fn ret(&mut self) {
@@ -561,8 +608,9 @@ impl Emitter {
     // ---- atomics ---------------------------------------------------------------------------
 
     /// AMO without ordering (non-fetch BPF atomics are unordered, like the kernel's JIT).
-    pub fn amo_relaxed(&mut self, op: super::codegen::Amo, dw: bool, rd: u8, rs: u8, addr: u8) {
-        use super::codegen::Amo::*;
+    pub fn amo_relaxed(&mut self, op: Amo, width: Width, rd: u8, rs: u8, addr: u8) {
+        use Amo::*;
+        let dw = width == Width::W64;
         match (op, dw) {
             (Add, false) => rv!(self.asm; amoadd.w X(rd), X(rs), [X(addr)]),
             (Add, true) => rv!(self.asm; amoadd.d X(rd), X(rs), [X(addr)]),
@@ -578,8 +626,9 @@ impl Emitter {
     }
 
     /// AMO with aq+rl: BPF's FETCH forms (and xchg) are fully ordered.
-    pub fn amo_aqrl(&mut self, op: super::codegen::Amo, dw: bool, rd: u8, rs: u8, addr: u8) {
-        use super::codegen::Amo::*;
+    pub fn amo_aqrl(&mut self, op: Amo, width: Width, rd: u8, rs: u8, addr: u8) {
+        use Amo::*;
+        let dw = width == Width::W64;
         match (op, dw) {
             (Add, false) => rv!(self.asm; amoadd.w.aqrl X(rd), X(rs), [X(addr)]),
             (Add, true) => rv!(self.asm; amoadd.d.aqrl X(rd), X(rs), [X(addr)]),
@@ -596,29 +645,36 @@ impl Emitter {
 
     /// The compare-and-swap loop:
     /// ```text
-    ///   loop: lr.{w,d}.aqrl t1, [addr]
-    ///         bne  t1, expect, done
-    ///         sc.{w,d}.rl t3, new, [addr]
-    ///         bnez t3, loop
-    ///   done: fence rw, rw
+    ///   1: lr.{w,d}.aqrl t1, [addr]
+    ///      bne  t1, expect, 2f
+    ///      sc.{w,d}.rl t3, new, [addr]
+    ///      bnez t3, 1b
+    ///   2: fence rw, rw
     /// ```
-    /// The old value is left in `t1` (sign-extended for .w). The branch offsets are fixed
-    /// because every instruction here uses its 4-byte encoding. `sc.rl` plus the trailing
-    /// fence make the operation fully ordered, as BPF requires of cmpxchg.
-    pub fn cmpxchg_loop(&mut self, dw: bool, addr: u8, expect: u8, new: u8) {
-        if dw {
-            rv!(self.asm; lr.d.aqrl X(T1), [X(addr)]);
-        } else {
-            rv!(self.asm; lr.w.aqrl X(T1), [X(addr)]);
+    /// The old value is left in `t1` (sign-extended for W32). `sc.rl` plus the trailing fence
+    /// make the operation fully ordered, as BPF requires of cmpxchg. The loop stays within a
+    /// few bytes, so its branches are the plain B-type forms with local labels.
+    pub fn cmpxchg_loop(&mut self, width: Width, addr: u8, expect: u8, new: u8) {
+        match width {
+            Width::W64 => rv!(self.asm
+                ; retry:
+                ; lr.d.aqrl X(T1), [X(addr)]
+                ; bne X(T1), X(expect), >done
+                ; sc.d.rl X(T3), X(new), [X(addr)]
+                ; bne X(T3), zero, <retry
+                ; done:
+                ; fence rw, rw
+            ),
+            Width::W32 => rv!(self.asm
+                ; retry:
+                ; lr.w.aqrl X(T1), [X(addr)]
+                ; bne X(T1), X(expect), >done
+                ; sc.w.rl X(T3), X(new), [X(addr)]
+                ; bne X(T3), zero, <retry
+                ; done:
+                ; fence rw, rw
+            ),
         }
-        self.b_off(Br::Ne, T1, expect, 12);
-        if dw {
-            rv!(self.asm; sc.d.rl X(T3), X(new), [X(addr)]);
-        } else {
-            rv!(self.asm; sc.w.rl X(T3), X(new), [X(addr)]);
-        }
-        self.b_off(Br::Ne, T3, ZERO, -12);
-        rv!(self.asm; fence rw, rw);
     }
 }
 

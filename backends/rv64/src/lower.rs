@@ -1,56 +1,32 @@
-//! Lowering of verified eBPF (`packjit_frontend::Program`) to RV64.
-//!
-//! ## Register map
-//!
-//! | BPF | RV64 | why |
-//! |-----|------|-----|
-//! | r0 | a5 | caller-saved (r0 is clobbered by calls anyway); `x8`–`x15` so C forms apply |
-//! | r1–r5 | a0–a4 | helper and local-call arguments are already in place |
-//! | r6–r9 | s1–s4 | callee-saved: survive helper calls for free |
-//! | r10 | s5 | callee-saved frame pointer of the current (sub)program |
-//! | — | s6 | stack pointer of the entry frame, for `callx`'s abort path |
-//! | — | t0–t3, t6 | scratch (never live across an eBPF instruction) |
-//!
-//! ## Frames
-//!
-//! Each (sub)program that reads r10 owns 512 bytes of stack with r10 at its top (which is
-//! the caller's sp); below it sit the callee-saved registers the function writes (and `ra`
-//! if it calls). Functions that never read r10 get no stack area at all: nothing could
-//! observe it.
+//! Lowering of verified eBPF (`packjit_frontend::Program`) to RV64: one short function per
+//! instruction class, over the encoders of [`crate::encode`]. Register map: [`crate::regs`];
+//! frames: [`crate::frame`].
 //!
 //! ## Branches
 //!
 //! Every branch is a *site* with a form: compressed (`c.beqz`/`c.bnez` ±256 B, `c.j`
-//! ±2 KiB), short (`b<cc>` ±4 KiB, `jal` ±1 MiB; see `B_RANGE` for what dynasm allows), near (inverted `b<cc>` over `jal`) or far
-//! (inverted `b<cc>` over `auipc`+`jalr`, ±2 GiB). Code is emitted with every site in its
-//! smallest form; after each pass each site's displacement is checked against its form's
-//! range and failing sites grow to the next form. Forms only grow, so the loop ends (after
-//! at most three growth steps per site; in practice one or two passes); code is never
-//! emitted with a branch that does not reach.
+//! ±2 KiB), short (`b<cc>` ±4 KiB, `jal` ±1 MiB; see `B_RANGE` for what dynasm allows), near
+//! (inverted `b<cc>` over `jal`) or far (inverted `b<cc>` over `auipc`+`jalr`, ±2 GiB). Code is
+//! emitted with every site in its smallest form; after each pass each site's displacement is
+//! checked against its form's range and failing sites grow to the next form. Forms only grow,
+//! so the loop ends (after at most three growth steps per site; in practice one or two
+//! passes); code is never emitted with a branch that does not reach.
 
-use crate::emit::{fits_signed, reg::*, Br, Emitter, Mem, R3, RI};
+use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
+use crate::frame::Layout;
+use crate::regs::{map, BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
-use packjit_frontend::{
-    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width, R10,
+use packjit_frontend::analysis::{
+    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+};
+use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width};
+use packjit_plugin_api::abi::{
+    PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
+    PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
+    PJ_STOP_UNKNOWN_CALLX,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
-
-/// BPF register → RV64 register.
-const REG_MAP: [u8; 11] = [A5, A0, A0 + 1, A0 + 2, A0 + 3, A0 + 4, S1, S2, S3, S4, S5];
-
-fn map(r: u8) -> u8 {
-    REG_MAP[r as usize]
-}
-
-/// AMO operations used by the atomics lowering.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Amo {
-    Add,
-    And,
-    Or,
-    Xor,
-    Swap,
-}
+use Width::{W32, W64};
 
 /// A branch site's encoding, smallest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -87,53 +63,53 @@ const J_RANGE: (isize, isize) = (-(1 << 19), (1 << 19) - 2);
 /// dynasm's `auipc`-pair relocation limits (see its RISC-V language reference).
 const FAR_RANGE: (isize, isize) = (-0x8000_0000, 0x7FFF_F7FF);
 
-/// Per-function frame layout.
-#[derive(Clone, Debug, Default)]
-struct Frame {
-    /// Registers saved in the prologue, in slot order.
-    saves: Vec<u8>,
-    /// Has a 512-byte BPF stack (reads r10).
-    stack: bool,
-    /// Total bytes subtracted from sp.
-    size: i32,
-}
-
-/// Does this instruction read r10?
-fn reads_r10(op: &Op) -> bool {
-    let r = |o: &Operand| matches!(o, Operand::Reg(R10));
-    match op {
-        Op::Alu { dst, src, .. } => *dst == R10 || r(src),
-        Op::MovSx { src, .. } => *src == R10,
-        Op::Load { base, .. } => *base == R10,
-        Op::Store { base, src, .. } => *base == R10 || r(src),
-        Op::Atomic { base, src, .. } => *base == R10 || *src == R10,
-        Op::Jcond { dst, src, .. } => *dst == R10 || r(src),
-        Op::CallReg { reg } => *reg == R10,
-        _ => false,
-    }
-}
-
 pub struct Options {
     pub zbb: bool,
     pub zba: bool,
     pub c: bool,
+    /// Sandbox, budget and blinding, as validated by the front end.
+    pub mode: CodegenMode,
+}
+
+/// Out-of-line code a site needs, emitted after all functions (off the hot path).
+#[derive(Clone, Copy, Debug)]
+enum Cold {
+    /// The rest of a sandbox check whose context test failed: the stack block, then the
+    /// host regions; returns to `resume` with t3 = 0 or stops.
+    Access {
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        base: u8,
+        off: i16,
+        size: u32,
+        pc: usize,
+        write: bool,
+    },
+    /// The budget cannot pay for the jump or call at `pc`: stop there.
+    Budget { label: DynamicLabel, pc: usize },
 }
 
 pub struct Codegen<'a> {
-    prog: &'a Program,
+    pub(crate) prog: &'a Program,
     helpers: &'a [HelperEntry],
     opts: Options,
-    frames: Vec<Frame>,
+    pub(crate) layout: Layout,
+    pub(crate) mode: CodegenMode,
     has_callx: bool,
     forms: Vec<Form>,
     // per-pass state
-    e: Emitter,
+    pub(crate) e: Emitter,
     site: usize,
     checks: Vec<Check>,
     insn_labels: Vec<DynamicLabel>,
     entry_labels: Vec<DynamicLabel>,
     exit_labels: Vec<DynamicLabel>,
     dispatch: Option<DynamicLabel>,
+    cold: Vec<Cold>,
+    /// Shared stop path: a6 = kind, a7 = pc, t0 = address, t1 = access (see `emit_stops`).
+    stop: DynamicLabel,
+    stop_budget: DynamicLabel,
+    region_stub: DynamicLabel,
 }
 
 /// Passes after which every still-failing site jumps straight to the far form, so the
@@ -142,54 +118,39 @@ const GENTLE_PASSES: usize = 4;
 const MAX_PASSES: usize = 8;
 
 impl<'a> Codegen<'a> {
-    pub fn new(prog: &'a Program, helpers: &'a [HelperEntry], opts: Options) -> Self {
+    pub fn new(
+        prog: &'a Program,
+        helpers: &'a [HelperEntry],
+        opts: Options,
+    ) -> Result<Self, CompileError> {
         let has_callx = prog
             .insts
             .iter()
             .any(|i| matches!(i.op, Op::CallReg { .. }));
-        let frames = prog
-            .subprogs
-            .iter()
-            .enumerate()
-            .map(|(k, sp)| {
-                let insts = &prog.insts[sp.start..sp.end];
-                let stack = insts.iter().any(|i| reads_r10(&i.op));
-                let mut saves = Vec::new();
-                if k == 0 && has_callx {
-                    // callx's abort path leaves from any depth straight through the entry
-                    // epilogue, skipping callee epilogues: the entry must restore every
-                    // callee-saved register any function may have changed.
-                    saves.extend_from_slice(&[RA, S1, S2, S3, S4, S5, S6]);
-                } else {
-                    if sp.calls {
-                        saves.push(RA);
-                    }
-                    for (bpf, native) in [(6, S1), (7, S2), (8, S3), (9, S4)] {
-                        if sp.writes & (1 << bpf) != 0 {
-                            saves.push(native);
-                        }
-                    }
-                    if stack {
-                        saves.push(S5);
-                    }
+        // The verifier already refuses unknown helper ids; resolving them here as well keeps
+        // the lowering from ever emitting a call to a made-up address.
+        for inst in &prog.insts {
+            if let Op::CallHelper { id } = inst.op {
+                if !helpers.iter().any(|h| h.id == id) {
+                    return Err(CompileError::at(
+                        inst.pc,
+                        ErrorKind::UnknownHelper,
+                        format!("call to unknown helper id {id}"),
+                    ));
                 }
-                let save_bytes = (saves.len() as i32 * 8 + 15) & !15;
-                let size = save_bytes
-                    + if stack {
-                        packjit_frontend::STACK_SIZE as i32
-                    } else {
-                        0
-                    };
-                Frame { saves, stack, size }
-            })
-            .collect();
-        Self {
+            }
+        }
+        let layout = crate::frame::plan(prog, &opts.mode, has_callx);
+        let mut e = Emitter::new(opts.zbb, opts.zba, opts.c, 0);
+        let dummy = e.new_label();
+        Ok(Self {
             prog,
             helpers,
-            frames,
+            layout,
+            mode: opts.mode,
             has_callx,
             forms: Vec::new(),
-            e: Emitter::new(opts.zbb, opts.zba, opts.c, 0),
+            e,
             opts,
             site: 0,
             checks: Vec::new(),
@@ -197,7 +158,11 @@ impl<'a> Codegen<'a> {
             entry_labels: Vec::new(),
             exit_labels: Vec::new(),
             dispatch: None,
-        }
+            cold: Vec::new(),
+            stop: dummy,
+            stop_budget: dummy,
+            region_stub: dummy,
+        })
     }
 
     /// Emits the program, re-emitting with grown branch forms until every branch reaches.
@@ -264,6 +229,10 @@ impl<'a> Codegen<'a> {
         } else {
             None
         };
+        self.cold.clear();
+        self.stop = self.e.new_label();
+        self.stop_budget = self.e.new_label();
+        self.region_stub = self.e.new_label();
 
         for k in 0..self.prog.subprogs.len() {
             let sp = self.prog.subprogs[k].clone();
@@ -281,50 +250,19 @@ impl<'a> Codegen<'a> {
             self.e.bind(l);
             self.epilogue(k);
         }
+        for c in std::mem::take(&mut self.cold) {
+            self.emit_cold(c);
+        }
         if let Some(d) = self.dispatch {
             self.e.bind(d);
             self.callx_dispatch();
         }
+        self.emit_stops();
     }
 
-    // ---- frames ------------------------------------------------------------------------------
-
-    fn prologue(&mut self, k: usize) {
-        let f = self.frames[k].clone();
-        if f.size > 0 {
-            self.e.ri(RI::Addi, SP, SP, -f.size);
-        }
-        // Saves sit at the bottom of the frame (small sp offsets: c.sdsp/c.ldsp reach
-        // them), the 512-byte BPF area on top, so r10 is the caller's sp.
-        for (slot, &r) in f.saves.iter().enumerate() {
-            self.e.store(Mem::D, r, SP, slot as i32 * 8);
-        }
-        if f.stack {
-            self.e.ri(RI::Addi, S5, SP, f.size);
-        }
-        if k == 0 && self.has_callx {
-            self.e.mv(S6, SP);
-        }
-    }
-
-    fn epilogue(&mut self, k: usize) {
-        let f = self.frames[k].clone();
-        if k == 0 {
-            // The entry returns BPF r0 in a0.
-            self.e.mv(A0, A5);
-        }
-        for (slot, &r) in f.saves.iter().enumerate() {
-            self.e.load(Mem::D, r, SP, slot as i32 * 8);
-        }
-        if f.size > 0 {
-            self.e.ri(RI::Addi, SP, SP, f.size);
-        }
-        self.e.ret();
-    }
-
-    /// `callx` dispatch, shared by all `callx` sites: the helper id arrives in t2; a match
-    /// tail-jumps to the helper (which returns straight to the call site); no match leaves
-    /// the whole program with r0 = u64::MAX through the entry epilogue.
+    /// `callx` dispatch, shared by all `callx` sites: the helper id arrives in t2 and the
+    /// site's pc in a7; a match tail-jumps to the helper (which returns straight to the call
+    /// site); no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (address = the id).
     fn callx_dispatch(&mut self) {
         let helpers = self.helpers;
         let cases: Vec<DynamicLabel> = helpers.iter().map(|_| self.e.new_label()).collect();
@@ -333,10 +271,14 @@ impl<'a> Codegen<'a> {
             self.e.li(T1, h.id as i64);
             self.branch(Br::Eq, T2, T1, l);
         }
-        self.e.mv(SP, S6);
+        self.e.mv(T0, T2);
+        // r0 means nothing after a stop; u64::MAX keeps the ABI v1 reading (`PJ_CALLX_UNKNOWN`)
+        // for hosts that do not look at `stop_kind` yet.
         self.e.li(A5, -1);
-        let exit = self.exit_labels[0];
-        self.jump(exit);
+        self.e.li(A6, PJ_STOP_UNKNOWN_CALLX as i64);
+        self.e.li(T1, 0);
+        let stop = self.stop;
+        self.jump(stop);
         for (h, &l) in helpers.iter().zip(&cases) {
             self.e.bind(l);
             self.e.li(T0, h.addr as i64);
@@ -437,13 +379,18 @@ impl<'a> Codegen<'a> {
 
     /// `call target` (link in ra).
     fn call(&mut self, target: DynamicLabel) {
+        self.call_link(RA, target);
+    }
+
+    /// `call target` with the return address in `link`.
+    fn call_link(&mut self, link: u8, target: DynamicLabel) {
         let (site, form) = self.next_site(Form::Short);
         let at = self.e.pos();
         if form == Form::Far {
-            self.e.far_call(target);
+            self.e.far_call(link, target);
             self.check(site, at, target, FAR_RANGE, Form::Far);
         } else {
-            self.e.jal_label(RA, target);
+            self.e.jal_label(link, target);
             self.check(site, at, target, J_RANGE, Form::Far);
         }
     }
@@ -451,7 +398,15 @@ impl<'a> Codegen<'a> {
     // ---- instructions ----------------------------------------------------------------------------
 
     fn inst(&mut self, k: usize, i: usize, inst: &Inst, last: bool) {
-        match inst.op {
+        let op = match self.mode.blind_key {
+            Some(key) => match self.blind(key, inst) {
+                Some(op) => op,
+                None => return,
+            },
+            None => inst.op,
+        };
+        let pc = inst.pc;
+        match op {
             Op::Alu {
                 width,
                 op,
@@ -466,14 +421,14 @@ impl<'a> Codegen<'a> {
             } => {
                 let (d, s) = (map(dst), map(src));
                 self.e.sext(d, s, bits);
-                if width == Width::W32 {
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
             Op::Neg { width, dst } => {
                 let d = map(dst);
-                self.e.neg(d, d, width == Width::W32);
-                if width == Width::W32 {
+                self.e.neg(width, d, d);
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -483,8 +438,7 @@ impl<'a> Codegen<'a> {
                 size,
                 sign_extend,
                 dst,
-                base,
-                off,
+                ..
             } => {
                 let m = match (size, sign_extend) {
                     (Size::B, false) => Mem::Bu,
@@ -495,15 +449,12 @@ impl<'a> Codegen<'a> {
                     (Size::W, true) => Mem::W,
                     (Size::DW, _) => Mem::D,
                 };
-                let (b, o) = self.address(map(base), off, T0);
+                let (b, o) = self.mem_operand(pc, &op, false);
                 self.e.load(m, map(dst), b, o);
             }
-            Op::Store {
-                size,
-                base,
-                off,
-                src,
-            } => {
+            Op::Store { size, src, .. } => {
+                // The address first: the sandbox check's out-of-line path uses t1.
+                let (b, o) = self.mem_operand(pc, &op, true);
                 let v = match src {
                     Operand::Reg(r) => map(r),
                     Operand::Imm(0) => ZERO,
@@ -512,7 +463,6 @@ impl<'a> Codegen<'a> {
                         T1
                     }
                 };
-                let (b, o) = self.address(map(base), off, T0);
                 let m = match size {
                     Size::B => Mem::B,
                     Size::H => Mem::H,
@@ -523,15 +473,33 @@ impl<'a> Codegen<'a> {
             }
             Op::Atomic {
                 size,
-                op,
+                op: aop,
                 fetch,
                 base,
                 off,
                 src,
-            } => self.atomic(size == Size::DW, op, fetch, map(base), off, map(src)),
+            } => {
+                // AMOs take a bare register address.
+                let addr = if self.mode.sandboxed() && checked_access(&op).is_some() {
+                    self.check_access(pc, map(base), off, size.bytes(), true);
+                    T0
+                } else if off == 0 {
+                    map(base)
+                } else {
+                    self.add_imm(T0, map(base), off as i64, T0);
+                    T0
+                };
+                // The verifier allows only W and DW atomics.
+                let width = if size == Size::DW { W64 } else { W32 };
+                self.atomic(width, aop, fetch, addr, map(src))
+            }
             Op::Ja { target } => {
-                // A jump to the next instruction is a no-op.
-                if target != i + 1 {
+                if let Some(charge) = self.charge_of(inst, target) {
+                    self.charge(pc, charge);
+                    let l = self.insn_labels[target];
+                    self.jump(l);
+                } else if target != i + 1 {
+                    // (A jump to the next instruction is a no-op.)
                     let l = self.insn_labels[target];
                     self.jump(l);
                 }
@@ -544,25 +512,39 @@ impl<'a> Codegen<'a> {
                 target,
             } => {
                 let l = self.insn_labels[target];
-                self.jcond(width, cond, map(dst), src, l);
+                if let Some(charge) = self.charge_of(inst, target) {
+                    // Taken back-edge: pay first, on the taken path only.
+                    let skip = self.e.new_label();
+                    self.jcond(width, cond, map(dst), src, skip, true);
+                    self.charge(pc, charge);
+                    self.jump(l);
+                    self.e.bind(skip);
+                } else {
+                    self.jcond(width, cond, map(dst), src, l, false);
+                }
             }
             Op::CallHelper { id } => {
-                let addr = self
-                    .helpers
-                    .iter()
-                    .find(|h| h.id == id)
-                    .map_or(0, |h| h.addr);
-                self.e.li(T0, addr as i64);
+                let Some(h) = self.helpers.iter().find(|h| h.id == id) else {
+                    unreachable!("Codegen::new resolved every helper id");
+                };
+                self.e.li(T0, h.addr as i64);
                 self.e.call_reg(T0);
                 self.e.mv(A5, A0);
+                self.after_helper();
             }
             Op::CallReg { reg } => {
                 self.e.mv(T2, map(reg));
+                // The dispatch names this pc if the id turns out unknown.
+                self.e.li(A7, pc as i64);
                 let d = self.dispatch.expect("dispatch exists when callx does");
                 self.call(d);
                 self.e.mv(A5, A0);
+                self.after_helper();
             }
             Op::CallLocal { target } => {
+                if self.mode.counts_budget() {
+                    self.charge(pc, CALL_CHARGE);
+                }
                 // r1-r5 are already in a0-a4 and r0 comes back in a5: nothing to marshal.
                 let sub = self.prog.subprog_of(target);
                 let l = self.entry_labels[sub];
@@ -577,6 +559,235 @@ impl<'a> Codegen<'a> {
         }
     }
 
+    /// A helper leaves whatever it likes in a0-a4 (eBPF r1-r5); sandboxed code must not see
+    /// host values, so it gets zeros there (eBPF leaves r1-r5 undefined after a call).
+    fn after_helper(&mut self) {
+        if self.mode.sandboxed() {
+            for r in [A0, A1, A2, A3, A4] {
+                self.e.li(r, 0);
+            }
+        }
+    }
+
+    // ---- constant blinding ---------------------------------------------------------------------
+
+    /// Blinds the immediate of `inst`: materialises `imm ^ mask` and the mask, xors them at
+    /// run time, and returns the op with the immediate replaced by the [`BLINDED`] register
+    /// (a7); `None` when the instruction is fully emitted here (`lddw`).
+    fn blind(&mut self, key: u64, inst: &Inst) -> Option<Op> {
+        let mask = blinding_mask(key, inst.pc);
+        let mut op = inst.op;
+        let src = match &mut op {
+            Op::Alu { src, .. } | Op::Store { src, .. } | Op::Jcond { src, .. } => src,
+            Op::LdImm64 { dst, imm } => {
+                let d = map(*dst);
+                self.e.li(d, (*imm ^ mask) as i64);
+                self.e.li(T1, mask as i64);
+                self.e.rrr(R3::Xor, d, d, T1);
+                return None;
+            }
+            _ => return Some(op),
+        };
+        if let Operand::Imm(imm) = *src {
+            // 32-bit mask, sign-extended like the immediate: the xor of two sign-extended
+            // words is the sign extension of their xor, i.e. exactly eBPF's 64-bit view of
+            // `imm`, and each half costs at most lui + addiw.
+            let m = mask as u32 as i32;
+            self.e.li(A7, (imm ^ m) as i64);
+            self.e.li(T1, m as i64);
+            self.e.rrr(R3::Xor, A7, A7, T1);
+            *src = Operand::Reg(BLINDED);
+        }
+        Some(op)
+    }
+
+    // ---- instruction budget --------------------------------------------------------------------
+
+    /// What the taken jump from `from` to instruction index `target` charges, when counting.
+    fn charge_of(&self, from: &Inst, target: usize) -> Option<u64> {
+        if !self.mode.counts_budget() {
+            return None;
+        }
+        back_edge_charge(from, &self.prog.insts[target])
+    }
+
+    /// Pays `amount` from the budget, or stops at `pc` (budget untouched) if it cannot.
+    fn charge(&mut self, pc: usize, amount: u64) {
+        let label = self.e.new_label();
+        self.cold.push(Cold::Budget { label, pc });
+        if amount == 1 {
+            self.branch(Br::Eq, BUDGET, ZERO, label);
+            self.e.ri(RI::Addi, BUDGET, BUDGET, -1);
+        } else {
+            self.e.li(T3, amount as i64);
+            self.branch(Br::Ltu, BUDGET, T3, label);
+            self.e.rrr(R3::Sub, BUDGET, BUDGET, T3);
+        }
+    }
+
+    // ---- sandbox -------------------------------------------------------------------------------
+
+    /// The address operand of a load or store: checked (t0, 0) in sandbox mode unless the
+    /// front end proves it frame-constant, else `base + off` directly.
+    fn mem_operand(&mut self, pc: usize, op: &Op, write: bool) -> (u8, i32) {
+        let (Op::Load { base, off, .. } | Op::Store { base, off, .. }) = *op else {
+            unreachable!("mem_operand is for loads and stores");
+        };
+        if self.mode.sandboxed() {
+            if let Some((_, _, size)) = checked_access(op) {
+                self.check_access(pc, map(base), off, size.bytes(), write);
+                return (T0, 0);
+            }
+        }
+        self.address(map(base), off, T0)
+    }
+
+    /// Checks `[base + off, base + off + size)` and leaves the (clamped) address in t0.
+    ///
+    /// For a region `[start, start + len)`, with `e = base + off + size - start` (mod 2^64),
+    /// the access is inside exactly when `size <= e <= len`: an address below `start` or one
+    /// whose end wraps past 2^64 gives `e < size`, one past the end `e > len`. So each
+    /// region costs sub, addi, sltiu, sltu, or: no branch until the combined verdict.
+    ///
+    /// The context is tested inline; the stack block and the host regions out of line
+    /// ([`Cold::Access`]). Spectre v1: the verdict `t3` (0 = inside) also masks the address,
+    /// `t0 &= t3 - 1`, so if the branch on it is mispredicted the access goes to address 0
+    /// (plus nothing), never to the out-of-bounds address.
+    fn check_access(&mut self, pc: usize, base: u8, off: i16, size: u32, write: bool) {
+        let label = self.e.new_label();
+        let resume = self.e.new_label();
+        self.range_test(base, off, size, CTX_START, CTX_LEN);
+        self.branch(Br::Ne, T3, ZERO, label);
+        self.e.bind(resume);
+        self.e.ri(RI::Addi, T3, T3, -1);
+        self.add_imm(T0, base, off as i64, T0);
+        self.e.rrr(R3::And, T0, T0, T3);
+        self.cold.push(Cold::Access {
+            label,
+            resume,
+            base,
+            off,
+            size,
+            pc,
+            write,
+        });
+    }
+
+    /// t3 = 1 unless `[base + off, +size)` lies in `[start, start + len)` (t3 = 0); uses t2,
+    /// t4.
+    fn range_test(&mut self, base: u8, off: i16, size: u32, start: u8, len: u8) {
+        self.e.rrr(R3::Sub, T2, base, start);
+        self.add_imm(T2, T2, off as i64 + size as i64, T3);
+        self.e.ri(RI::Sltiu, T3, T2, size as i32);
+        self.e.rrr(R3::Sltu, T4, len, T2);
+        self.e.rrr(R3::Or, T3, T3, T4);
+    }
+
+    fn emit_cold(&mut self, c: Cold) {
+        match c {
+            Cold::Budget { label, pc } => {
+                self.e.bind(label);
+                self.e.li(A7, pc as i64);
+                let l = self.stop_budget;
+                self.jump(l);
+            }
+            Cold::Access {
+                label,
+                resume,
+                base,
+                off,
+                size,
+                pc,
+                write,
+            } => {
+                self.e.bind(label);
+                if self.layout.block > 0 {
+                    self.range_test(base, off, size, STACK_START, STACK_LEN);
+                    self.branch(Br::Eq, T3, ZERO, resume);
+                }
+                // Host regions: the stub wants the address in t0 and pc | access in t5.
+                self.add_imm(T0, base, off as i64, T0);
+                let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+                self.e.li(T5, ((pc as i64) << 16) | access as i64);
+                let stub = self.region_stub;
+                self.call_link(T6, stub);
+                self.jump(resume);
+            }
+        }
+    }
+
+    /// The per-program stubs: the region scan, and the stop paths.
+    fn emit_stops(&mut self) {
+        if !self.layout.can_stop {
+            return;
+        }
+        if self.mode.sandboxed() {
+            self.region_scan();
+        }
+        if self.mode.counts_budget() {
+            self.e.bind(self.stop_budget);
+            self.e.li(A6, PJ_STOP_BUDGET as i64);
+            self.e.li(T0, 0);
+            self.e.li(T1, 0);
+            // Falls through into the stop path.
+        }
+        // Stop: a6 = kind, a7 = pc, t0 = address (or callx id), t1 = access. Unwinds from any
+        // depth: sp back to the entry frame, then the entry's epilogue restores what the
+        // entry saved (which covers every callee-saved register any function changes).
+        self.e.bind(self.stop);
+        self.e.store(Mem::W, A6, ENV, PJ_ENV_STOP_KIND);
+        self.e.store(Mem::W, T1, ENV, PJ_ENV_STOP_ACCESS);
+        self.e.store(Mem::D, A7, ENV, PJ_ENV_STOP_PC);
+        self.e.store(Mem::D, T0, ENV, PJ_ENV_STOP_ADDR);
+        self.e.load(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
+        let exit = self.exit_labels[0];
+        self.jump(exit);
+    }
+
+    /// Scans `env.regions` for one holding `[t0, t0 + size)` (and writable for a write);
+    /// t5 = pc << 16 | access, return address in t6. Returns t3 = 0 (the verdict the caller
+    /// masks with, so a mispredicted "found" still masks to 0), or stops.
+    ///
+    /// Its branches stay within the stub and the stop path right after it, so none grows to
+    /// the far form (which would clobber t6).
+    fn region_scan(&mut self) {
+        let (top, found, fail) = (self.e.new_label(), self.e.new_label(), self.e.new_label());
+        self.e.bind(self.region_stub);
+        self.e.load(Mem::D, T2, ENV, PJ_ENV_REGIONS);
+        self.e.load(Mem::D, T3, ENV, PJ_ENV_REGION_COUNT);
+        self.e.bind(top);
+        self.branch(Br::Eq, T3, ZERO, fail);
+        // e = t0 - start + size; inside when size <= e <= len (see `check_access`).
+        self.e.load(Mem::D, T4, T2, 0);
+        self.e.rrr(R3::Sub, T4, T0, T4);
+        self.e.ri(RI::Andi, T1, T5, 0xff);
+        self.e.rrr(R3::Add, T4, T4, T1);
+        self.e.rrr(R3::Sltu, T1, T4, T1);
+        self.e.load(Mem::D, A6, T2, 8);
+        self.e.rrr(R3::Sltu, A6, A6, T4);
+        self.e.rrr(R3::Or, T1, T1, A6);
+        // A write needs PJ_REGION_WRITABLE (bit 0 of flags): bad |= write & !writable.
+        self.e.load(Mem::D, A6, T2, 16);
+        self.e.ri(RI::Xori, A6, A6, 1);
+        self.e.ri(RI::Andi, A6, A6, 1);
+        self.e.ri(RI::Srli, T4, T5, 8);
+        self.e.rrr(R3::And, A6, A6, T4);
+        self.e.rrr(R3::Or, T1, T1, A6);
+        self.branch(Br::Eq, T1, ZERO, found);
+        self.e.ri(RI::Addi, T2, T2, 24);
+        self.e.ri(RI::Addi, T3, T3, -1);
+        self.jump(top);
+        self.e.bind(found);
+        self.e.mv(T3, T1);
+        self.e.jump_reg(T6);
+        self.e.bind(fail);
+        self.e.li(A6, PJ_STOP_OUT_OF_BOUNDS as i64);
+        self.e.ri(RI::Srli, A7, T5, 16);
+        self.e.ri(RI::Andi, T1, T5, 0x1ff);
+        let stop = self.stop;
+        self.jump(stop);
+    }
+
     /// `base + off` as a (register, 12-bit offset) pair, using `tmp` when `off` is too wide.
     fn address(&mut self, base: u8, off: i16, tmp: u8) -> (u8, i32) {
         if fits_signed(off as i64, 12) {
@@ -589,19 +800,18 @@ impl<'a> Codegen<'a> {
     }
 
     fn alu(&mut self, width: Width, op: AluOp, d: u8, src: Operand) {
-        let w32 = width == Width::W32;
         match op {
             AluOp::Mov => {
-                match (src, w32) {
-                    (Operand::Reg(s), false) => self.e.mv(d, map(s)),
-                    (Operand::Reg(s), true) => self.e.zext32(d, map(s)),
-                    (Operand::Imm(imm), false) => self.e.li(d, imm as i64),
-                    (Operand::Imm(imm), true) => self.e.li(d, imm as u32 as i64),
+                match (src, width) {
+                    (Operand::Reg(s), W64) => self.e.mv(d, map(s)),
+                    (Operand::Reg(s), W32) => self.e.zext32(d, map(s)),
+                    (Operand::Imm(imm), W64) => self.e.li(d, imm as i64),
+                    (Operand::Imm(imm), W32) => self.e.li(d, imm as u32 as i64),
                 }
                 return;
             }
             AluOp::Div | AluOp::Sdiv | AluOp::Mod | AluOp::Smod => {
-                self.divmod(w32, op, d, src);
+                self.divmod(width, op, d, src);
                 return;
             }
             _ => {}
@@ -610,24 +820,27 @@ impl<'a> Codegen<'a> {
         if let Operand::Imm(imm) = src {
             let imm64 = imm as i64;
             let (ri, val) = match op {
-                AluOp::Add => (Some(if w32 { RI::Addiw } else { RI::Addi }), imm64),
-                AluOp::Sub => (Some(if w32 { RI::Addiw } else { RI::Addi }), -imm64),
+                AluOp::Add => (Some(if width == W32 { RI::Addiw } else { RI::Addi }), imm64),
+                AluOp::Sub => (
+                    Some(if width == W32 { RI::Addiw } else { RI::Addi }),
+                    -imm64,
+                ),
                 AluOp::And => (Some(RI::Andi), imm64),
                 AluOp::Or => (Some(RI::Ori), imm64),
                 AluOp::Xor => (Some(RI::Xori), imm64),
-                AluOp::Lsh => (Some(if w32 { RI::Slliw } else { RI::Slli }), imm64),
-                AluOp::Rsh => (Some(if w32 { RI::Srliw } else { RI::Srli }), imm64),
-                AluOp::Arsh => (Some(if w32 { RI::Sraiw } else { RI::Srai }), imm64),
+                AluOp::Lsh => (Some(if width == W32 { RI::Slliw } else { RI::Slli }), imm64),
+                AluOp::Rsh => (Some(if width == W32 { RI::Srliw } else { RI::Srli }), imm64),
+                AluOp::Arsh => (Some(if width == W32 { RI::Sraiw } else { RI::Srai }), imm64),
                 _ => (None, 0),
             };
             if let Some(ri) = ri {
                 let is_shift = matches!(op, AluOp::Lsh | AluOp::Rsh | AluOp::Arsh);
                 if is_shift {
                     // Shift counts are masked to the operand width (RFC 9669).
-                    let sh = (imm as u32 & if w32 { 31 } else { 63 }) as i32;
+                    let sh = (imm as u32 & if width == W32 { 31 } else { 63 }) as i32;
                     self.e.ri(ri, d, d, sh);
                     // srliw by a non-zero amount already leaves bits 63:32 clear.
-                    if w32 && !(op == AluOp::Rsh && sh != 0) {
+                    if width == W32 && !(op == AluOp::Rsh && sh != 0) {
                         self.e.zext32(d, d);
                     }
                     return;
@@ -635,7 +848,7 @@ impl<'a> Codegen<'a> {
                 if fits_signed(val, 12) {
                     self.e.ri(ri, d, d, val as i32);
                     // andi with a non-negative mask already clears bits 63:32.
-                    if w32 && !(op == AluOp::And && val >= 0) {
+                    if width == W32 && !(op == AluOp::And && val >= 0) {
                         self.e.zext32(d, d);
                     }
                     return;
@@ -649,41 +862,41 @@ impl<'a> Codegen<'a> {
                 T1
             }
         };
-        let r3 = match (op, w32) {
-            (AluOp::Add, false) => R3::Add,
-            (AluOp::Add, true) => R3::Addw,
-            (AluOp::Sub, false) => R3::Sub,
-            (AluOp::Sub, true) => R3::Subw,
-            (AluOp::Mul, false) => R3::Mul,
-            (AluOp::Mul, true) => R3::Mulw,
+        let r3 = match (op, width) {
+            (AluOp::Add, W64) => R3::Add,
+            (AluOp::Add, W32) => R3::Addw,
+            (AluOp::Sub, W64) => R3::Sub,
+            (AluOp::Sub, W32) => R3::Subw,
+            (AluOp::Mul, W64) => R3::Mul,
+            (AluOp::Mul, W32) => R3::Mulw,
             (AluOp::And, _) => R3::And,
             (AluOp::Or, _) => R3::Or,
             (AluOp::Xor, _) => R3::Xor,
             // The hardware uses the low 6 (5 for *w) bits of the count: exactly BPF's mask.
-            (AluOp::Lsh, false) => R3::Sll,
-            (AluOp::Lsh, true) => R3::Sllw,
-            (AluOp::Rsh, false) => R3::Srl,
-            (AluOp::Rsh, true) => R3::Srlw,
-            (AluOp::Arsh, false) => R3::Sra,
-            (AluOp::Arsh, true) => R3::Sraw,
+            (AluOp::Lsh, W64) => R3::Sll,
+            (AluOp::Lsh, W32) => R3::Sllw,
+            (AluOp::Rsh, W64) => R3::Srl,
+            (AluOp::Rsh, W32) => R3::Srlw,
+            (AluOp::Arsh, W64) => R3::Sra,
+            (AluOp::Arsh, W32) => R3::Sraw,
             _ => unreachable!("mov and div/mod handled above"),
         };
         self.e.rrr(r3, d, d, s);
-        if w32 {
+        if width == W32 {
             self.e.zext32(d, d);
         }
     }
 
-    fn divmod(&mut self, w32: bool, op: AluOp, d: u8, src: Operand) {
+    fn divmod(&mut self, width: Width, op: AluOp, d: u8, src: Operand) {
         let is_div = matches!(op, AluOp::Div | AluOp::Sdiv);
-        let r3 = match (op, w32) {
-            (AluOp::Div, false) => R3::Divu,
-            (AluOp::Div, true) => R3::Divuw,
-            (AluOp::Sdiv, false) => R3::Div,
-            (AluOp::Sdiv, true) => R3::Divw,
-            (AluOp::Mod, false) => R3::Remu,
-            (AluOp::Mod, true) => R3::Remuw,
-            (AluOp::Smod, false) => R3::Rem,
+        let r3 = match (op, width) {
+            (AluOp::Div, W64) => R3::Divu,
+            (AluOp::Div, W32) => R3::Divuw,
+            (AluOp::Sdiv, W64) => R3::Div,
+            (AluOp::Sdiv, W32) => R3::Divw,
+            (AluOp::Mod, W64) => R3::Remu,
+            (AluOp::Mod, W32) => R3::Remuw,
+            (AluOp::Smod, W64) => R3::Rem,
             _ => R3::Remw,
         };
         match src {
@@ -691,7 +904,7 @@ impl<'a> Codegen<'a> {
                 // x / 0 = 0; x % 0 = x (truncated to 32 bits for ALU32).
                 if is_div {
                     self.e.li(d, 0);
-                } else if w32 {
+                } else if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -699,7 +912,7 @@ impl<'a> Codegen<'a> {
                 // Unsigned ops see the immediate sign-extended to 64 bits (ALU64) or as
                 // a u32 (ALU32); powers of two become shifts and masks.
                 let unsigned = matches!(op, AluOp::Div | AluOp::Mod);
-                let divisor: u64 = if w32 {
+                let divisor: u64 = if width == W32 {
                     imm as u32 as u64
                 } else {
                     imm as i64 as u64
@@ -708,10 +921,10 @@ impl<'a> Codegen<'a> {
                     let k = divisor.trailing_zeros() as i32;
                     if is_div {
                         if k == 0 {
-                            if w32 {
+                            if width == W32 {
                                 self.e.zext32(d, d);
                             }
-                        } else if w32 {
+                        } else if width == W32 {
                             // srliw by k > 0 zero-fills bits 63:32.
                             self.e.ri(RI::Srliw, d, d, k);
                         } else {
@@ -731,7 +944,7 @@ impl<'a> Codegen<'a> {
                 // A non-zero divisor: no guard needed; MIN / -1 does not trap on RISC-V.
                 self.e.li(T1, imm as i64);
                 self.e.rrr(r3, d, d, T1);
-                if w32 {
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -740,7 +953,7 @@ impl<'a> Codegen<'a> {
                 if is_div {
                     // RISC-V returns all-ones for x / 0; BPF wants 0. Branch-free:
                     // mask = (divisor == 0) - 1, computed before d (which may be s) changes.
-                    if w32 {
+                    if width == W32 {
                         self.e.ri(RI::Slli, T1, s, 32);
                         self.e.seqz(T1, T1);
                     } else {
@@ -754,7 +967,7 @@ impl<'a> Codegen<'a> {
                     // MIN % -1: exactly BPF's semantics.
                     self.e.rrr(r3, d, d, s);
                 }
-                if w32 {
+                if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
@@ -805,18 +1018,8 @@ impl<'a> Codegen<'a> {
         self.e.mv(d, T1);
     }
 
-    fn atomic(&mut self, dw: bool, op: AtomicOp, fetch: bool, base: u8, off: i16, s: u8) {
-        // AMOs take a bare register address.
-        let addr = if off == 0 {
-            base
-        } else if fits_signed(off as i64, 12) {
-            self.e.ri(RI::Addi, T0, base, off as i32);
-            T0
-        } else {
-            self.e.li(T0, off as i64);
-            self.e.rrr(R3::Add, T0, base, T0);
-            T0
-        };
+    /// An atomic on the address in `addr` (already checked in sandbox mode).
+    fn atomic(&mut self, width: Width, op: AtomicOp, fetch: bool, addr: u8, s: u8) {
         let amo = match op {
             AtomicOp::Add => Amo::Add,
             AtomicOp::And => Amo::And,
@@ -826,14 +1029,14 @@ impl<'a> Codegen<'a> {
             AtomicOp::Cmpxchg => {
                 // r0 = cmpxchg(addr, r0, s). lr.w sign-extends, so compare against the
                 // sign-extended low half of r0.
-                let expect = if dw {
+                let expect = if width == W64 {
                     A5
                 } else {
                     self.e.ri(RI::Addiw, T2, A5, 0);
                     T2
                 };
-                self.e.cmpxchg_loop(dw, addr, expect, s);
-                if dw {
+                self.e.cmpxchg_loop(width, addr, expect, s);
+                if width == W64 {
                     self.e.mv(A5, T1);
                 } else {
                     self.e.zext32(A5, T1);
@@ -842,18 +1045,27 @@ impl<'a> Codegen<'a> {
             }
         };
         if !fetch {
-            self.e.amo_relaxed(amo, dw, ZERO, s, addr);
+            self.e.amo_relaxed(amo, width, ZERO, s, addr);
             return;
         }
-        self.e.amo_aqrl(amo, dw, s, s, addr);
-        if !dw {
+        self.e.amo_aqrl(amo, width, s, s, addr);
+        if width == W32 {
             // amo*.w sign-extends the old value; BPF's 32-bit fetch zero-extends it.
             self.e.zext32(s, s);
         }
     }
 
-    fn jcond(&mut self, width: Width, cond: Cond, a: u8, src: Operand, target: DynamicLabel) {
-        let w32 = width == Width::W32;
+    /// `if a <cond> src goto target` (with `negate`: if not).
+    fn jcond(
+        &mut self,
+        width: Width,
+        cond: Cond,
+        a: u8,
+        src: Operand,
+        target: DynamicLabel,
+        negate: bool,
+    ) {
+        let fix = |k: Br| if negate { k.invert() } else { k };
         if cond == Cond::Set {
             match src {
                 Operand::Imm(imm) if fits_signed(imm as i64, 12) => self.e.ri(RI::Andi, T0, a, imm),
@@ -863,11 +1075,11 @@ impl<'a> Codegen<'a> {
                 }
                 Operand::Reg(r) => self.e.rrr(R3::And, T0, a, map(r)),
             }
-            if w32 {
+            if width == W32 {
                 // Only the low halves count.
                 self.e.ri(RI::Addiw, T0, T0, 0);
             }
-            self.branch(Br::Ne, T0, ZERO, target);
+            self.branch(fix(Br::Ne), T0, ZERO, target);
             return;
         }
         // JMP32 compares the low halves. Sign-extending *both* operands serves every
@@ -883,7 +1095,7 @@ impl<'a> Codegen<'a> {
             }
             Operand::Reg(r) => {
                 let r = map(r);
-                if w32 {
+                if width == W32 {
                     self.e.ri(RI::Addiw, T1, r, 0);
                     T1
                 } else {
@@ -891,7 +1103,7 @@ impl<'a> Codegen<'a> {
                 }
             }
         };
-        if w32 {
+        if width == W32 {
             self.e.ri(RI::Addiw, T0, a, 0);
             a = T0;
         }
@@ -908,7 +1120,7 @@ impl<'a> Codegen<'a> {
             Cond::Sle => (Br::Ge, b, a),
             Cond::Set => unreachable!("handled above"),
         };
-        self.branch(k, x, y, target);
+        self.branch(fix(k), x, y, target);
     }
 }
 

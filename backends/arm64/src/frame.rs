@@ -1,0 +1,406 @@
+//! Prologue and epilogue, the shared stop paths, and what each function saves.
+//!
+//! ```text
+//!   higher addresses
+//!   +------------------------------+  <- sp at entry (16-byte aligned)
+//!   | x29, x30 (frame record)      |  only when the function calls
+//!   | saved x19..x22, x23..x28     |  only those it uses (pairs; a lone one takes 16 bytes);
+//!   |                              |  the entry of a program that can stop saves every
+//!   |                              |  x19..x22 any function writes (a stop skips callees'
+//!   |                              |  restores)
+//!   +------------------------------+  <- env.entry_sp (entry; a stop unwinds to here)
+//!   | trusted: BPF frame, 512 B    |  per function reading r10; r10 = sp + 512
+//!   | sandbox: the stack block     |  entry only: stack_block_size(prog) bytes, zeroed;
+//!   |   [stack_start, stack_end)   |  frame k = [end - 512 (k+1), end - 512 k), r10 = x25+512
+//!   +------------------------------+  <- sp while the body runs
+//!   | callees' frame records ...   |  native data stays below the block, never inside it
+//!   lower addresses
+//! ```
+//!
+//! A stop (failed check, budget, unknown `callx` id) stores the stop fields of `env`, loads
+//! `env.entry_sp` into sp and branches to the entry's `restore` label, which writes the
+//! budget back, restores the entry's saved registers and returns: no callee epilogue runs,
+//! which is why the entry saves every callee-saved register any function touches.
+
+use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
+use packjit_frontend::analysis::{reads_r10, stack_block_size};
+use packjit_frontend::{AluOp, AtomicOp, Inst, Op, Operand, Program, Width, R10, STACK_SIZE};
+use packjit_plugin_api::abi::{
+    PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
+    PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
+};
+
+use crate::lower::Emitter;
+use crate::regs::*;
+
+/// What a function's prologue saves and reserves.
+#[derive(Clone, Debug)]
+pub(crate) struct Frame {
+    /// Push the frame record (x29, x30): the function makes calls.
+    pub(crate) save_lr: bool,
+    /// Callee-saved registers to preserve, in push order.
+    pub(crate) saved: Vec<u8>,
+    /// Trusted code: reserve a 512-byte BPF frame on the native stack.
+    pub(crate) native_frame: bool,
+}
+
+/// Program-wide decisions the prologue, the epilogue and the lowering share.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) frames: Vec<Frame>,
+    /// The code can stop (sandbox, budget or `callx`): env lives in x28, entry_sp is kept.
+    pub(crate) can_stop: bool,
+    /// Sandbox stack block size in bytes (0 in trusted code or when nothing reads r10).
+    pub(crate) block: u32,
+    /// BPF registers (bit n = rn) the entry zeroes: those possibly read before written.
+    pub(crate) zero: u16,
+    /// Per function, BPF registers that only ever hold r10 ± constants there (bit n = rn):
+    /// their checked accesses try the stack block inline first and the context out of line.
+    /// A hint for the order of exact checks, so it needs no flow sensitivity.
+    pub(crate) stack_like: Vec<u16>,
+}
+
+/// Registers of a function written only by `mov r, r10` and `r ±= imm` (64-bit), at least
+/// once by the former: pointers into the frame, typically arrays indexed through them.
+fn stack_like(insts: &[Inst]) -> u16 {
+    let (mut from_r10, mut other) = (0u16, 0u16);
+    for inst in insts {
+        match inst.op {
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Mov,
+                dst,
+                src: Operand::Reg(R10),
+            } => from_r10 |= 1 << dst,
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Add | AluOp::Sub,
+                src: Operand::Imm(_),
+                ..
+            } => {}
+            _ => {
+                if let Some(w) = inst.op.written_reg() {
+                    other |= 1 << w;
+                }
+                if matches!(
+                    inst.op,
+                    Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. }
+                ) {
+                    other |= ARGS;
+                }
+            }
+        }
+    }
+    from_r10 & !other
+}
+
+/// BPF registers `op` reads (bit n = rn). A local call reads what its callee may read
+/// before writing (`callee_reads`); a helper may read all five argument registers.
+fn reads(op: &Op, callee_reads: u16) -> u16 {
+    let r = |x: u8| 1u16 << x;
+    let o = |x: Operand| match x {
+        Operand::Reg(x) => r(x),
+        Operand::Imm(_) => 0,
+    };
+    match *op {
+        Op::Alu {
+            op: AluOp::Mov,
+            src,
+            ..
+        } => o(src),
+        Op::Alu { dst, src, .. } => r(dst) | o(src),
+        Op::MovSx { src, .. } => r(src),
+        Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
+        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
+        Op::Load { base, .. } => r(base),
+        Op::Store { base, src, .. } => r(base) | o(src),
+        Op::Atomic { base, src, op, .. } => r(base) | r(src) | (op == AtomicOp::Cmpxchg) as u16,
+        Op::Jcond { dst, src, .. } => r(dst) | o(src),
+        Op::CallHelper { .. } => ARGS,
+        Op::CallReg { reg } => ARGS | r(reg),
+        Op::CallLocal { .. } => callee_reads,
+        Op::Exit => 1,
+    }
+}
+
+/// r1–r5.
+const ARGS: u16 = 0b11_1110;
+
+/// Registers a function may read before writing them, given it starts with `written`
+/// defined. Exact for its first basic block (where straight-line initialisation happens);
+/// past it, any register read anywhere that the block did not write counts.
+fn exposed(insts: &[Inst], is_target: &[bool], mut written: u16, callee_reads: u16) -> u16 {
+    let mut early = 0u16;
+    for (i, inst) in insts.iter().enumerate() {
+        if i > 0 && is_target[i] {
+            break;
+        }
+        early |= reads(&inst.op, callee_reads) & !written;
+        if let Some(w) = inst.op.written_reg() {
+            written |= 1 << w;
+        }
+        if matches!(inst.op, Op::CallHelper { .. } | Op::CallReg { .. }) {
+            // r1–r5 hold what the helper left: not the host's entry values.
+            written |= ARGS;
+        }
+        if matches!(inst.op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit) {
+            break;
+        }
+    }
+    let anywhere = insts
+        .iter()
+        .fold(0u16, |a, i| a | reads(&i.op, callee_reads));
+    early | (anywhere & !written)
+}
+
+/// Which of r0 and r3–r9 the entry must zero so nothing of the host leaks in: those it may
+/// read before writing, directly or through a callee.
+fn entry_zeroing(prog: &Program) -> u16 {
+    const CANDIDATES: u16 = 0b11_1111_1001;
+    // What any callee may read of its caller's registers; callees calling callees make this
+    // a fixed point (monotone in 10 bits, so a few rounds).
+    let mut callee_reads = 0u16;
+    loop {
+        let next = prog.subprogs[1..].iter().fold(0u16, |a, sp| {
+            a | exposed(
+                &prog.insts[sp.start..sp.end],
+                &prog.is_target[sp.start..sp.end],
+                0,
+                callee_reads,
+            )
+        });
+        if next == callee_reads {
+            break;
+        }
+        callee_reads = next;
+    }
+    let entry = &prog.subprogs[0];
+    // r1 and r2 (ctx, len) are the entry's arguments.
+    exposed(
+        &prog.insts[entry.start..entry.end],
+        &prog.is_target[entry.start..entry.end],
+        0b110,
+        callee_reads,
+    ) & CANDIDATES
+}
+
+pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool) -> Plan {
+    let has_callx = prog
+        .insts
+        .iter()
+        .any(|i| matches!(i.op, Op::CallReg { .. }));
+    let can_stop = sandbox || budget || has_callx;
+    let block = if sandbox {
+        stack_block_size(prog) as u32
+    } else {
+        0
+    };
+    let all_writes = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.writes);
+    let zero = entry_zeroing(prog);
+    let frames = prog
+        .subprogs
+        .iter()
+        .enumerate()
+        .map(|(k, sp)| {
+            let insts = &prog.insts[sp.start..sp.end];
+            let calls = insts.iter().any(|i| {
+                matches!(
+                    i.op,
+                    Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. }
+                )
+            });
+            let mut writes = insts
+                .iter()
+                .filter_map(|i| i.op.written_reg())
+                .fold(0u16, |a, r| a | 1 << r);
+            writes |= sp.writes;
+            if k == 0 {
+                // The entry zeroes what may be read unwritten: x19..x22 among them are the
+                // host's and must be restored.
+                writes |= zero;
+                if can_stop && prog.subprogs.len() > 1 {
+                    // A stop unwinds straight from a nested frame to the entry's epilogue,
+                    // skipping the callees' restores.
+                    writes |= all_writes;
+                }
+            }
+            let mut saved: Vec<u8> = (6..=9)
+                .filter(|r| writes & (1 << r) != 0)
+                .map(|r| REG_MAP[r])
+                .collect();
+            if k == 0 {
+                if sandbox {
+                    saved.extend([CTX_LO, CTX_LEN]);
+                }
+                if block > 0 {
+                    saved.extend([FP, STACK_LO]);
+                }
+                if budget {
+                    saved.push(BUDGET);
+                }
+                if can_stop {
+                    saved.push(ENV);
+                }
+            }
+            Frame {
+                // A stop reaches the entry's restore from anywhere, x30 clobbered by some
+                // `bl` on the way: the entry of code that can stop keeps its return address.
+                save_lr: calls || (k == 0 && can_stop),
+                saved,
+                native_frame: !sandbox && insts.iter().any(|i| reads_r10(&i.op)),
+            }
+        })
+        .collect();
+    let stack_like = prog
+        .subprogs
+        .iter()
+        .map(|sp| stack_like(&prog.insts[sp.start..sp.end]))
+        .collect();
+    Plan {
+        stack_like,
+        frames,
+        can_stop,
+        block,
+        zero,
+    }
+}
+
+impl Emitter<'_> {
+    pub(crate) fn prologue(&mut self, k: usize) {
+        let f = self.plan.frames[k].clone();
+        if f.save_lr {
+            // Frame record first so unwinders and debuggers can walk JIT frames.
+            a64!(self.ops; stp x29, x30, [sp, -16]! ; mov x29, sp);
+        }
+        for pair in f.saved.chunks(2) {
+            match *pair {
+                [a, b] => a64!(self.ops; stp X(a), X(b), [sp, -16]!),
+                // sp must stay 16-byte aligned: a lone register still takes 16 bytes.
+                [a] => a64!(self.ops; str X(a), [sp, -16]!),
+                _ => unreachable!(),
+            }
+        }
+        if f.native_frame {
+            a64!(self.ops; sub sp, sp, STACK_SIZE as u32);
+        }
+        if k == 0 {
+            self.entry_state();
+        }
+    }
+
+    /// The entry's run-time state: env, entry_sp, the sandbox's bounds and stack block, the
+    /// budget, and zeroed registers. Runs after the pushes, so sp is what a stop restores.
+    fn entry_state(&mut self) {
+        if self.plan.can_stop {
+            // env arrives in x2, which is r3: keep it before r3 is zeroed.
+            a64!(self.ops
+                ; mov X(ENV), x2
+                ; mov XSP(C0), sp
+                ; str X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
+            );
+        }
+        if self.mode.sandboxed() {
+            a64!(self.ops
+                ; ldp X(CTX_LO), X(CTX_LEN), [X(ENV), PJ_ENV_CTX_START]
+                ; sub X(CTX_LEN), X(CTX_LEN), X(CTX_LO)
+            );
+            let block = self.plan.block;
+            if block > 0 {
+                // 512..4096 bytes: one SUB (imm12, or 4096 as 1 << 12).
+                if block < 4096 {
+                    a64!(self.ops; sub sp, sp, block);
+                } else {
+                    a64!(self.ops; sub sp, sp, block >> 12, lsl 12);
+                }
+                a64!(self.ops
+                    ; mov XSP(STACK_LO), sp
+                    ; add XSP(C3), XSP(STACK_LO), block - 1
+                    ; add XSP(C3), XSP(C3), 1
+                    ; stp X(STACK_LO), X(C3), [X(ENV), PJ_ENV_STACK_START]
+                    ; sub XSP(FP), XSP(C3), STACK_SIZE as u32
+                    // Zero the block, 64 bytes per round (block is a multiple of 512).
+                    ; mov X(C0), X(STACK_LO)
+                    ; zero:
+                    ; stp xzr, xzr, [X(C0)], 16
+                    ; stp xzr, xzr, [X(C0)], 16
+                    ; stp xzr, xzr, [X(C0)], 16
+                    ; stp xzr, xzr, [X(C0)], 16
+                    ; cmp X(C0), X(C3)
+                    ; b.ne <zero
+                );
+            } else {
+                a64!(self.ops; stp xzr, xzr, [X(ENV), PJ_ENV_STACK_START]);
+            }
+        }
+        if self.mode.counts_budget() {
+            a64!(self.ops; ldr X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
+        }
+        for r in 0..10u8 {
+            if self.plan.zero & (1 << r) != 0 {
+                a64!(self.ops; mov X(REG_MAP[r as usize]), xzr);
+            }
+        }
+    }
+
+    pub(crate) fn epilogue(&mut self, k: usize) {
+        let f = self.plan.frames[k].clone();
+        let epi = self.epilogues[k];
+        a64!(self.ops; =>epi);
+        if f.native_frame {
+            a64!(self.ops; add sp, sp, STACK_SIZE as u32);
+        }
+        if k == 0 {
+            let block = self.plan.block;
+            if block > 0 {
+                if block < 4096 {
+                    a64!(self.ops; add sp, sp, block);
+                } else {
+                    a64!(self.ops; add sp, sp, block >> 12, lsl 12);
+                }
+            }
+            let restore = self.restore;
+            a64!(self.ops; =>restore);
+            if self.mode.counts_budget() {
+                a64!(self.ops; str X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
+            }
+            // Only the entry returns to native code: r0 goes to x0. Functions return r0
+            // in x7 where their caller expects it.
+            a64!(self.ops; mov X(RET), X(REG_MAP[0]));
+        }
+        for pair in f.saved.chunks(2).rev() {
+            match *pair {
+                [a, b] => a64!(self.ops; ldp X(a), X(b), [sp], 16),
+                [a] => a64!(self.ops; ldr X(a), [sp], 16),
+                _ => unreachable!(),
+            }
+        }
+        if f.save_lr {
+            a64!(self.ops; ldp x29, x30, [sp], 16);
+        }
+        a64!(self.ops; ret);
+    }
+
+    /// The shared stop paths, after all functions. `stop`: C1 = kind | access << 32,
+    /// C2 = pc, x9 = address (or callx id); `stop_budget`: C2 = pc.
+    pub(crate) fn stop_paths(&mut self) {
+        if !self.plan.can_stop {
+            return;
+        }
+        let (stop, stop_budget, restore) = (self.stop, self.stop_budget, self.restore);
+        if self.mode.counts_budget() {
+            a64!(self.ops
+                ; =>stop_budget
+                ; movz X(C1), PJ_STOP_BUDGET
+                ; mov X(T0), xzr
+            );
+        }
+        a64!(self.ops
+            ; =>stop
+            ; str X(C1), [X(ENV), PJ_ENV_STOP_KIND as u32]
+            ; stp X(C2), X(T0), [X(ENV), PJ_ENV_STOP_PC]
+            ; ldr X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
+            ; mov sp, XSP(C0)
+            ; b =>restore
+        );
+    }
+}

@@ -1,0 +1,1062 @@
+//! eBPF → AArch64 lowering: one short function per instruction class.
+//!
+//! Layout of the emitted code: the subprograms in bytecode order, each as
+//! `prologue, body, epilogue`; then (only when the program uses `callx`) one shared stub that
+//! leaves the program with r0 = `u64::MAX`. The entry subprogram starts at offset 0. Every
+//! branch is PC-relative and helpers are reached through absolute addresses in a scratch
+//! register, so the bytes run at any address.
+//!
+//! Division needs no guard: AArch64 `UDIV`/`SDIV` already return 0 for a zero divisor and
+//! `SDIV` returns MIN for MIN / -1 (it never traps), and `MSUB` then yields `x % 0 = x` and
+//! `MIN % -1 = 0` — exactly RFC 9669. Register shifts (`LSLV`...) take the count modulo the
+//! width, which is eBPF's masking; 32-bit (`W`) results are zero-extended by the hardware.
+
+use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi};
+use packjit_frontend::{
+    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, Width::W32,
+    Width::W64, R10, STACK_SIZE,
+};
+use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+
+use crate::encode::*;
+use crate::frame::{plan, Plan};
+use crate::regs::*;
+use crate::FEATURE_LSE;
+use packjit_frontend::analysis::CodegenMode;
+use packjit_frontend::analysis::{back_edge_charge, checked_access, CALL_CHARGE};
+use packjit_plugin_api::abi::{
+    PJ_ACCESS_WRITE, PJ_ENV_REGIONS, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
+};
+
+/// Result of [`crate::emit_program`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emitted {
+    /// Machine code; offset 0 is the entry.
+    pub bytes: Vec<u8>,
+    /// Number of arm64 instructions (`bytes.len() / 4`).
+    pub native_insns: usize,
+    /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
+    pub inst_offsets: Vec<usize>,
+    /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
+    pub passes: usize,
+}
+
+/// Emits an already decoded program for `mode` (see [`crate::emit_program`]).
+pub fn emit_decoded(
+    prog: &Program,
+    helpers: &[HelperEntry],
+    mode: &CodegenMode,
+) -> Result<Emitted, CompileError> {
+    let plan = plan(prog, mode.sandboxed(), mode.counts_budget());
+    // Conditional branches start in their short form; any found out of range after a pass is
+    // switched to the long form (inverted condition around a B) and the code is emitted
+    // again. The set only grows, so this settles; in practice one pass suffices.
+    let mut long = vec![false; prog.insts.len()];
+    let mut passes = 0;
+    loop {
+        passes += 1;
+        let mut e = Emitter::new(prog, helpers, mode, &plan, long.clone());
+        e.program()?;
+        let (grew, offsets) = e.check_ranges(&mut long, passes)?;
+        if !grew {
+            let bytes = e.ops.finalize().map_err(|err| {
+                CompileError::new(
+                    ErrorKind::Encoding,
+                    format!("arm64 relocation failed: {err}"),
+                )
+            })?;
+            let native_insns = bytes.len() / 4;
+            return Ok(Emitted {
+                bytes,
+                native_insns,
+                inst_offsets: offsets,
+                passes,
+            });
+        }
+    }
+}
+
+/// Out-of-line code of one instruction, emitted after all functions so the hot path stays
+/// dense: the rare side of a sandbox check or a budget charge.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Cold {
+    /// The inline check failed: try the other of context and stack block, then the host
+    /// regions; resume at `resume` with x9 = the (clamped) address, or stop.
+    Access {
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        /// The inline check was the stack block's (a stack-like base register).
+        stack_first: bool,
+        /// Where the unclamped address is (x9 is set from it first).
+        addr: u8,
+    },
+    /// Not enough budget for `charge`: undo the subtraction and stop at the jump.
+    Budget {
+        inst: usize,
+        label: DynamicLabel,
+        charge: u64,
+    },
+}
+
+pub(crate) struct Emitter<'a> {
+    pub(crate) prog: &'a Program,
+    pub(crate) helpers: &'a [HelperEntry],
+    pub(crate) mode: &'a CodegenMode,
+    pub(crate) lse: bool,
+    pub(crate) plan: &'a Plan,
+    pub(crate) long: Vec<bool>,
+    pub(crate) ops: Asm,
+    /// Start of each instruction's code (after the prologue for subprogram starts).
+    pub(crate) labels: Vec<DynamicLabel>,
+    /// Call entry of each subprogram (before its prologue).
+    pub(crate) entries: Vec<DynamicLabel>,
+    /// Epilogue of each subprogram.
+    pub(crate) epilogues: Vec<DynamicLabel>,
+    /// Entry epilogue past the stack release: where every stop lands.
+    pub(crate) restore: DynamicLabel,
+    /// Shared stop path (see `Emitter::stop_paths`).
+    pub(crate) stop: DynamicLabel,
+    /// Shared budget stop path.
+    pub(crate) stop_budget: DynamicLabel,
+    /// Shared scan of `env.regions` (sandbox).
+    pub(crate) region_scan: DynamicLabel,
+    pub(crate) colds: Vec<Cold>,
+    pub(crate) sites: Vec<Site>,
+    pub(crate) cur: usize,
+}
+
+impl<'a> Emitter<'a> {
+    pub(crate) fn new(
+        prog: &'a Program,
+        helpers: &'a [HelperEntry],
+        mode: &'a CodegenMode,
+        plan: &'a Plan,
+        long: Vec<bool>,
+    ) -> Self {
+        let mut ops = Asm::new(0);
+        let labels = (0..prog.insts.len())
+            .map(|_| ops.new_dynamic_label())
+            .collect();
+        let entries = (0..prog.subprogs.len())
+            .map(|_| ops.new_dynamic_label())
+            .collect();
+        let epilogues = (0..prog.subprogs.len())
+            .map(|_| ops.new_dynamic_label())
+            .collect();
+        let restore = ops.new_dynamic_label();
+        let stop = ops.new_dynamic_label();
+        let stop_budget = ops.new_dynamic_label();
+        let region_scan = ops.new_dynamic_label();
+        Emitter {
+            prog,
+            helpers,
+            mode,
+            lse: mode.features & FEATURE_LSE != 0,
+            plan,
+            long,
+            ops,
+            labels,
+            entries,
+            epilogues,
+            restore,
+            stop,
+            stop_budget,
+            region_scan,
+            colds: Vec::new(),
+            sites: Vec::new(),
+            cur: 0,
+        }
+    }
+
+    pub(crate) fn off(&self) -> usize {
+        self.ops.offset().0
+    }
+
+    pub(crate) fn err(&self, kind: ErrorKind, msg: impl Into<String>) -> CompileError {
+        CompileError::at(self.prog.insts[self.cur].pc, kind, msg)
+    }
+
+    pub(crate) fn program(&mut self) -> Result<(), CompileError> {
+        for k in 0..self.prog.subprogs.len() {
+            let sp = self.prog.subprogs[k].clone();
+            let entry = self.entries[k];
+            a64!(self.ops; =>entry);
+            self.cur = sp.start;
+            self.prologue(k);
+            for i in sp.start..sp.end {
+                self.cur = i;
+                let label = self.labels[i];
+                a64!(self.ops; =>label);
+                let inst = self.prog.insts[i];
+                self.inst(k, i, &inst)?;
+            }
+            self.epilogue(k);
+        }
+        for cold in std::mem::take(&mut self.colds) {
+            self.cold(cold);
+        }
+        if self.mode.sandboxed() {
+            self.region_scan();
+        }
+        self.stop_paths();
+        Ok(())
+    }
+
+    /// The register the frame is addressed from and r10's offset from it: sp in trusted
+    /// code (r10 = sp + 512), x25 in the sandbox's stack block (r10 = x25 + 512).
+    pub(crate) fn frame_base(&self) -> u8 {
+        if self.mode.sandboxed() {
+            FP
+        } else {
+            ZR
+        }
+    }
+
+    /// The arm64 register holding BPF register `r`'s value; r10 is materialised in `tmp`.
+    pub(crate) fn src(&mut self, r: Reg, tmp: u8) -> u8 {
+        if r == R10 {
+            let fb = self.frame_base();
+            a64!(self.ops; add XSP(tmp), XSP(fb), STACK_SIZE as u32);
+            tmp
+        } else {
+            REG_MAP[r as usize]
+        }
+    }
+
+    // ---------------------------------------------------------------- instructions
+
+    pub(crate) fn inst(&mut self, k: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
+        match inst.op {
+            Op::Alu {
+                width,
+                op,
+                dst,
+                src,
+            } => self.alu(width, op, dst, src),
+            Op::MovSx {
+                width,
+                dst,
+                src,
+                bits,
+            } => {
+                let d = REG_MAP[dst as usize];
+                let s = self.src(src, T0);
+                match (width, bits) {
+                    (W64, 8) => a64!(self.ops; sxtb X(d), W(s)),
+                    (W64, 16) => a64!(self.ops; sxth X(d), W(s)),
+                    (W64, 32) => a64!(self.ops; sxtw X(d), W(s)),
+                    // 32-bit movsx: sign-extend into the low half, upper half zeroed by W.
+                    (W32, 8) => a64!(self.ops; sxtb W(d), W(s)),
+                    (W32, 16) => a64!(self.ops; sxth W(d), W(s)),
+                    _ => {
+                        return Err(self.err(
+                            ErrorKind::Unsupported,
+                            format!("movsx from {bits} bits at {width:?}"),
+                        ))
+                    }
+                }
+            }
+            Op::Neg { width, dst } => {
+                let d = REG_MAP[dst as usize];
+                if width == W64 {
+                    a64!(self.ops; neg X(d), X(d));
+                } else {
+                    a64!(self.ops; neg W(d), W(d));
+                }
+            }
+            Op::End { kind, bits, dst } => self.end(kind, bits, REG_MAP[dst as usize]),
+            Op::LdImm64 { dst, imm } => self.imm(REG_MAP[dst as usize], imm, W64),
+            Op::Load {
+                size,
+                sign_extend,
+                dst,
+                base,
+                off,
+            } => self.mem(
+                MemOp::Load { sign_extend },
+                size,
+                REG_MAP[dst as usize],
+                base,
+                off,
+            ),
+            Op::Store {
+                size,
+                base,
+                off,
+                src,
+            } => {
+                let v = match src {
+                    Operand::Reg(r) => self.src(r, T2),
+                    Operand::Imm(0) => ZR,
+                    Operand::Imm(imm) => {
+                        // Only the stored bytes matter: materialise the narrowest value.
+                        let v = match size {
+                            Size::B => imm as u8 as u64,
+                            Size::H => imm as u16 as u64,
+                            Size::W => imm as u32 as u64,
+                            Size::DW => imm as i64 as u64,
+                        };
+                        self.imm(T2, v, if size == Size::DW { W64 } else { W32 });
+                        T2
+                    }
+                };
+                self.mem(MemOp::Store, size, v, base, off)
+            }
+            Op::Atomic {
+                size,
+                op,
+                fetch,
+                base,
+                off,
+                src,
+            } => self.atomic(
+                if size == Size::DW { W64 } else { W32 },
+                op,
+                fetch,
+                base,
+                off,
+                src,
+            ),
+            Op::Ja { target } => {
+                // A jump to the next instruction is a no-op.
+                if target != i + 1 {
+                    self.charge_back_edge(i, target);
+                    self.b(self.labels[target]);
+                }
+            }
+            Op::Jcond {
+                width,
+                cond,
+                dst,
+                src,
+                target,
+            } => {
+                if target != i + 1 {
+                    self.jcond(width, cond, dst, src, i, target);
+                }
+            }
+            Op::CallHelper { id } => {
+                let Some(addr) = self.helpers.iter().find(|h| h.id == id).map(|h| h.addr) else {
+                    return Err(self.err(
+                        ErrorKind::UnknownHelper,
+                        format!("call to unknown helper id {id}"),
+                    ));
+                };
+                // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
+                self.mov_imm(T0, addr, W64);
+                a64!(self.ops; blr X(T0) ; mov X(REG_MAP[0]), X(RET));
+            }
+            Op::CallReg { reg } => self.callx(reg),
+            Op::CallLocal { target } => {
+                let sub = self.prog.subprog_of(target);
+                let entry = self.entries[sub];
+                if self.mode.counts_budget() {
+                    self.charge(CALL_CHARGE);
+                }
+                // Arguments in x0-x4, result in x7: the BPF calling convention is native.
+                // In the sandbox's stack block the callee's frame is the 512 bytes below.
+                let block = self.plan.block > 0;
+                if block {
+                    a64!(self.ops; sub XSP(FP), XSP(FP), STACK_SIZE as u32);
+                }
+                self.site(entry, Reach::Jump);
+                a64!(self.ops; bl =>entry);
+                if block {
+                    a64!(self.ops; add XSP(FP), XSP(FP), STACK_SIZE as u32);
+                }
+            }
+            Op::Exit => {
+                // The epilogue follows the last instruction of the subprogram.
+                if i + 1 != self.prog.subprogs[k].end {
+                    self.b(self.epilogues[k]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
+        let d = REG_MAP[dst as usize];
+        let imm = match src {
+            // r10 is sp + 512: one ADD, not a materialise-then-move.
+            Operand::Reg(R10) if op == AluOp::Mov && width == W64 => {
+                let fb = self.frame_base();
+                a64!(self.ops; add XSP(d), XSP(fb), STACK_SIZE as u32);
+                return;
+            }
+            Operand::Reg(r) => {
+                let s = self.src(r, T0);
+                self.alu_rrr(op, width, d, d, s);
+                return;
+            }
+            Operand::Imm(imm) if self.mode.blind_key.is_some() => {
+                // Blinded: the immediate only ever exists masked in the code, so every
+                // operation takes it from a register.
+                if op == AluOp::Mov {
+                    self.imm32(d, imm, width);
+                } else {
+                    self.imm32(T1, imm, width);
+                    self.alu_rrr(op, width, d, d, T1);
+                }
+                return;
+            }
+            Operand::Imm(imm) => imm,
+        };
+        // The immediate is sign-extended to 64 bits for ALU64; ALU works on its low 32 bits.
+        let v64 = imm as i64;
+        let bits = if width == W64 {
+            v64 as u64
+        } else {
+            imm as u32 as u64
+        };
+        let all = if width == W64 { u64::MAX } else { 0xffff_ffff };
+        match op {
+            AluOp::Mov => self.mov_imm(d, bits, width),
+            AluOp::Add => self.add_imm(d, d, v64, width),
+            AluOp::Sub => self.add_imm(d, d, v64.wrapping_neg(), width),
+            AluOp::And | AluOp::Or | AluOp::Xor => match (op, bits) {
+                (AluOp::And, 0) => self.mov_imm(d, 0, width),
+                (AluOp::Or, b) if b == all => self.mov_imm(d, all, width),
+                (AluOp::And, b) if b == all => self.mov_reg(d, d, width),
+                (AluOp::Or | AluOp::Xor, 0) => self.mov_reg(d, d, width),
+                (AluOp::Xor, b) if b == all => {
+                    if width == W64 {
+                        a64!(self.ops; mvn X(d), X(d));
+                    } else {
+                        a64!(self.ops; mvn W(d), W(d));
+                    }
+                }
+                (_, b) if logical_ok(b, width) => match (op, width) {
+                    (AluOp::And, W64) => a64!(self.ops; and XSP(d), X(d), b),
+                    (AluOp::And, W32) => a64!(self.ops; and WSP(d), W(d), b as u32),
+                    (AluOp::Or, W64) => a64!(self.ops; orr XSP(d), X(d), b),
+                    (AluOp::Or, W32) => a64!(self.ops; orr WSP(d), W(d), b as u32),
+                    (AluOp::Xor, W64) => a64!(self.ops; eor XSP(d), X(d), b),
+                    (_, _) => a64!(self.ops; eor WSP(d), W(d), b as u32),
+                },
+                (_, b) => {
+                    self.mov_imm(T1, b, width);
+                    self.alu_rrr(op, width, d, d, T1);
+                }
+            },
+            AluOp::Lsh | AluOp::Rsh | AluOp::Arsh => {
+                // Shift counts are masked to the width, as the register forms do.
+                let sh = (imm as u32) & if width == W64 { 63 } else { 31 };
+                match (op, width) {
+                    _ if sh == 0 => self.mov_reg(d, d, width),
+                    (AluOp::Lsh, W64) => a64!(self.ops; lsl X(d), X(d), sh),
+                    (AluOp::Lsh, W32) => a64!(self.ops; lsl W(d), W(d), sh),
+                    (AluOp::Rsh, W64) => a64!(self.ops; lsr X(d), X(d), sh),
+                    (AluOp::Rsh, W32) => a64!(self.ops; lsr W(d), W(d), sh),
+                    (_, W64) => a64!(self.ops; asr X(d), X(d), sh),
+                    (_, W32) => a64!(self.ops; asr W(d), W(d), sh),
+                }
+            }
+            AluOp::Div | AluOp::Sdiv if bits == 0 => self.mov_imm(d, 0, width),
+            AluOp::Mod | AluOp::Smod if bits == 0 => self.mov_reg(d, d, width),
+            AluOp::Div if bits.is_power_of_two() => {
+                // Unsigned division by 2^k is a shift.
+                let sh = bits.trailing_zeros();
+                if width == W64 {
+                    a64!(self.ops; lsr X(d), X(d), sh);
+                } else {
+                    a64!(self.ops; lsr W(d), W(d), sh);
+                }
+            }
+            AluOp::Mod if bits.is_power_of_two() && logical_ok(bits - 1, width) => {
+                // Unsigned remainder by 2^k keeps the low k bits.
+                if width == W64 {
+                    a64!(self.ops; and XSP(d), X(d), bits - 1);
+                } else {
+                    a64!(self.ops; and WSP(d), W(d), (bits - 1) as u32);
+                }
+            }
+            AluOp::Mul | AluOp::Div | AluOp::Sdiv | AluOp::Mod | AluOp::Smod => {
+                self.mov_imm(T1, bits, width);
+                self.alu_rrr(op, width, d, d, T1);
+            }
+        }
+    }
+
+    pub(crate) fn end(&mut self, kind: EndKind, bits: u8, d: u8) {
+        match (kind, bits) {
+            // Little-endian target: "to little-endian" only truncates.
+            (EndKind::ToLe, 16) => a64!(self.ops; uxth W(d), W(d)),
+            (EndKind::ToLe, 32) => self.zext32(d),
+            (EndKind::ToLe, _) => {}
+            (_, 16) => a64!(self.ops; rev16 W(d), W(d) ; uxth W(d), W(d)),
+            (_, 32) => a64!(self.ops; rev W(d), W(d)),
+            (_, _) => a64!(self.ops; rev X(d), X(d)),
+        }
+    }
+
+    pub(crate) fn mem(&mut self, op: MemOp, size: Size, rt: u8, base: Reg, off: i16) {
+        let inst = self.prog.insts[self.cur].op;
+        // r10-based accesses address the frame directly off its base (r10 = base + 512).
+        let (b, o) = if self.mode.sandboxed() && checked_access(&inst).is_some() {
+            self.check_access(size, op == MemOp::Store, base, off);
+            (T0, 0)
+        } else if base == R10 {
+            (self.frame_base(), off as i64 + STACK_SIZE as i64)
+        } else {
+            (REG_MAP[base as usize], off as i64)
+        };
+        let sz = size.bytes() as i64;
+        let form = if o >= 0 && o % sz == 0 && o / sz < 4096 {
+            AddrForm::Scaled
+        } else if (-256..256).contains(&o) {
+            AddrForm::Unscaled
+        } else {
+            // Out of both immediate forms: the offset goes in a register.
+            self.mov_imm(T0, o as u64, W64);
+            AddrForm::Index
+        };
+        let o = o as i32;
+        macro_rules! acc {
+            ($scaled:ident, $unscaled:ident, $fam:ident) => {
+                match form {
+                    AddrForm::Scaled => a64!(self.ops; $scaled $fam(rt), [XSP(b), o as u32]),
+                    AddrForm::Unscaled => a64!(self.ops; $unscaled $fam(rt), [XSP(b), o]),
+                    AddrForm::Index => a64!(self.ops; $scaled $fam(rt), [XSP(b), X(T0)]),
+                }
+            };
+        }
+        match (op, size) {
+            (MemOp::Load { sign_extend: false }, Size::B) => acc!(ldrb, ldurb, W),
+            (MemOp::Load { sign_extend: false }, Size::H) => acc!(ldrh, ldurh, W),
+            (MemOp::Load { sign_extend: false }, Size::W) => acc!(ldr, ldur, W),
+            (MemOp::Load { .. }, Size::DW) => acc!(ldr, ldur, X),
+            (MemOp::Load { sign_extend: true }, Size::B) => acc!(ldrsb, ldursb, X),
+            (MemOp::Load { sign_extend: true }, Size::H) => acc!(ldrsh, ldursh, X),
+            (MemOp::Load { sign_extend: true }, Size::W) => acc!(ldrsw, ldursw, X),
+            (MemOp::Store, Size::B) => acc!(strb, sturb, W),
+            (MemOp::Store, Size::H) => acc!(strh, sturh, W),
+            (MemOp::Store, Size::W) => acc!(str, stur, W),
+            (MemOp::Store, Size::DW) => acc!(str, stur, X),
+        }
+    }
+
+    /// Address of an atomic access in a register (LDXR/LDADD... take no offset).
+    pub(crate) fn atomic_addr(&mut self, size: Size, base: Reg, off: i16) -> u8 {
+        let inst = self.prog.insts[self.cur].op;
+        if self.mode.sandboxed() && checked_access(&inst).is_some() {
+            // Atomics count as writes.
+            self.check_access(size, true, base, off);
+            T0
+        } else if base == R10 {
+            let fb = self.frame_base();
+            self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
+            T0
+        } else if off == 0 {
+            REG_MAP[base as usize]
+        } else {
+            self.add_imm(T0, REG_MAP[base as usize], off as i64, W64);
+            T0
+        }
+    }
+
+    pub(crate) fn atomic(
+        &mut self,
+        width: Width,
+        op: AtomicOp,
+        fetch: bool,
+        base: Reg,
+        off: i16,
+        src: Reg,
+    ) {
+        let a = self.atomic_addr(if width == W64 { Size::DW } else { Size::W }, base, off);
+        let s = self.src(src, T4);
+        let r0 = REG_MAP[0];
+        if self.lse {
+            self.atomic_lse(width, op, fetch, a, s, r0);
+        } else {
+            self.atomic_llsc(width, op, fetch, a, s, r0);
+        }
+    }
+
+    /// ARMv8.1 LSE: one instruction. Fetching forms are fully ordered (`...AL`) as the
+    /// kernel's BPF atomics are; plain read-modify-write uses the relaxed `ST...` alias.
+    pub(crate) fn atomic_lse(
+        &mut self,
+        width: Width,
+        op: AtomicOp,
+        fetch: bool,
+        a: u8,
+        s: u8,
+        r0: u8,
+    ) {
+        // LSE has no AND: clear the complement instead.
+        let v = if op == AtomicOp::And {
+            a64!(self.ops; mvn X(T1), X(s));
+            T1
+        } else {
+            s
+        };
+        if !fetch {
+            match (op, width) {
+                (AtomicOp::Add, W64) => a64!(self.ops; stadd X(v), [X(a)]),
+                (AtomicOp::Add, W32) => a64!(self.ops; stadd W(v), [X(a)]),
+                (AtomicOp::Or, W64) => a64!(self.ops; stset X(v), [X(a)]),
+                (AtomicOp::Or, W32) => a64!(self.ops; stset W(v), [X(a)]),
+                (AtomicOp::And, W64) => a64!(self.ops; stclr X(v), [X(a)]),
+                (AtomicOp::And, W32) => a64!(self.ops; stclr W(v), [X(a)]),
+                (_, W64) => a64!(self.ops; steor X(v), [X(a)]),
+                (_, W32) => a64!(self.ops; steor W(v), [X(a)]),
+            }
+            return;
+        }
+        // The old value lands in the source register (r0 for cmpxchg); W forms zero-extend.
+        match (op, width) {
+            (AtomicOp::Add, W64) => a64!(self.ops; ldaddal X(v), X(s), [X(a)]),
+            (AtomicOp::Add, W32) => a64!(self.ops; ldaddal W(v), W(s), [X(a)]),
+            (AtomicOp::Or, W64) => a64!(self.ops; ldsetal X(v), X(s), [X(a)]),
+            (AtomicOp::Or, W32) => a64!(self.ops; ldsetal W(v), W(s), [X(a)]),
+            (AtomicOp::And, W64) => a64!(self.ops; ldclral X(v), X(s), [X(a)]),
+            (AtomicOp::And, W32) => a64!(self.ops; ldclral W(v), W(s), [X(a)]),
+            (AtomicOp::Xor, W64) => a64!(self.ops; ldeoral X(v), X(s), [X(a)]),
+            (AtomicOp::Xor, W32) => a64!(self.ops; ldeoral W(v), W(s), [X(a)]),
+            (AtomicOp::Xchg, W64) => a64!(self.ops; swpal X(v), X(s), [X(a)]),
+            (AtomicOp::Xchg, W32) => a64!(self.ops; swpal W(v), W(s), [X(a)]),
+            // CAS compares with and returns into its first operand: r0 itself.
+            (AtomicOp::Cmpxchg, W64) => a64!(self.ops; casal X(r0), X(s), [X(a)]),
+            (AtomicOp::Cmpxchg, W32) => a64!(self.ops; casal W(r0), W(s), [X(a)]),
+        }
+    }
+
+    /// Exclusive-monitor loops for CPUs without LSE. Fetching forms get release on the
+    /// store plus a full barrier after, matching the ordering of the LSE `...AL` forms.
+    pub(crate) fn atomic_llsc(
+        &mut self,
+        width: Width,
+        op: AtomicOp,
+        fetch: bool,
+        a: u8,
+        s: u8,
+        r0: u8,
+    ) {
+        let (old, new, status) = (T1, T2, T3);
+        if op == AtomicOp::Cmpxchg {
+            if width == W64 {
+                a64!(self.ops
+                    ; retry:
+                    ; ldxr X(old), [X(a)]
+                    ; cmp X(old), X(r0)
+                    ; b.ne >done
+                    ; stlxr W(status), X(s), [X(a)]
+                    ; cbnz W(status), <retry
+                    ; done:
+                    ; dmb ish
+                    ; mov X(r0), X(old)
+                );
+            } else {
+                a64!(self.ops
+                    ; retry:
+                    ; ldxr W(old), [X(a)]
+                    ; cmp W(old), W(r0)
+                    ; b.ne >done
+                    ; stlxr W(status), W(s), [X(a)]
+                    ; cbnz W(status), <retry
+                    ; done:
+                    ; dmb ish
+                    ; mov W(r0), W(old)
+                );
+            }
+            return;
+        }
+        a64!(self.ops; retry:);
+        if width == W64 {
+            a64!(self.ops; ldxr X(old), [X(a)]);
+        } else {
+            a64!(self.ops; ldxr W(old), [X(a)]);
+        }
+        let val = match (op, width) {
+            (AtomicOp::Xchg, _) => s,
+            (AtomicOp::Add, W64) => {
+                a64!(self.ops; add X(new), X(old), X(s));
+                new
+            }
+            (AtomicOp::Add, W32) => {
+                a64!(self.ops; add W(new), W(old), W(s));
+                new
+            }
+            (AtomicOp::Or, W64) => {
+                a64!(self.ops; orr X(new), X(old), X(s));
+                new
+            }
+            (AtomicOp::Or, W32) => {
+                a64!(self.ops; orr W(new), W(old), W(s));
+                new
+            }
+            (AtomicOp::And, W64) => {
+                a64!(self.ops; and X(new), X(old), X(s));
+                new
+            }
+            (AtomicOp::And, W32) => {
+                a64!(self.ops; and W(new), W(old), W(s));
+                new
+            }
+            (_, W64) => {
+                a64!(self.ops; eor X(new), X(old), X(s));
+                new
+            }
+            (_, W32) => {
+                a64!(self.ops; eor W(new), W(old), W(s));
+                new
+            }
+        };
+        match (fetch, width) {
+            (true, W64) => a64!(self.ops; stlxr W(status), X(val), [X(a)]),
+            (true, W32) => a64!(self.ops; stlxr W(status), W(val), [X(a)]),
+            (false, W64) => a64!(self.ops; stxr W(status), X(val), [X(a)]),
+            (false, W32) => a64!(self.ops; stxr W(status), W(val), [X(a)]),
+        }
+        a64!(self.ops; cbnz W(status), <retry);
+        if fetch {
+            a64!(self.ops; dmb ish);
+            if width == W64 {
+                a64!(self.ops; mov X(s), X(old));
+            } else {
+                a64!(self.ops; mov W(s), W(old));
+            }
+        }
+    }
+
+    /// A conditional jump to instruction `target` from instruction `i`. A taken back-edge
+    /// in budget mode charges the budget first: the inverted test skips the charge.
+    pub(crate) fn jcond(
+        &mut self,
+        width: Width,
+        cond: Cond,
+        dst: Reg,
+        src: Operand,
+        i: usize,
+        target: usize,
+    ) {
+        let Some(test) = self.jtest(width, cond, dst, src) else {
+            return;
+        };
+        let label = self.labels[target];
+        if self.back_edge_charge(i, target).is_some() {
+            let skip = self.ops.new_dynamic_label();
+            self.branch_if(invert(test), skip);
+            self.charge_back_edge(i, target);
+            self.b(label);
+            a64!(self.ops; =>skip);
+        } else {
+            self.branch_if(test, label);
+        }
+    }
+
+    /// Sets flags (or picks a compare-and-branch form) for a conditional jump; `None` when
+    /// the jump can never be taken.
+    fn jtest(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) -> Option<Test> {
+        let d = self.src(dst, T0);
+        let imm = match src {
+            Operand::Reg(r) => {
+                let s = self.src(r, T1);
+                return Some(self.jcmp_reg(width, cond, d, s));
+            }
+            Operand::Imm(imm) if self.mode.blind_key.is_some() => {
+                self.imm32(T1, imm, width);
+                return Some(self.jcmp_reg(width, cond, d, T1));
+            }
+            Operand::Imm(imm) => imm,
+        };
+        let v = imm as i64;
+        let bits = if width == W64 {
+            v as u64
+        } else {
+            imm as u32 as u64
+        };
+        Some(match cond {
+            Cond::Eq | Cond::Ne if v == 0 => Test::Zero {
+                reg: d,
+                width,
+                zero: cond == Cond::Eq,
+            },
+            // x & 0 is never non-zero: the branch is never taken.
+            Cond::Set if bits == 0 => return None,
+            Cond::Set if bits.is_power_of_two() => Test::Bit {
+                reg: d,
+                bit: bits.trailing_zeros(),
+                set: true,
+            },
+            Cond::Set => {
+                if logical_ok(bits, width) {
+                    if width == W64 {
+                        a64!(self.ops; tst X(d), bits);
+                    } else {
+                        a64!(self.ops; tst W(d), bits as u32);
+                    }
+                } else {
+                    self.mov_imm(T1, bits, width);
+                    if width == W64 {
+                        a64!(self.ops; tst X(d), X(T1));
+                    } else {
+                        a64!(self.ops; tst W(d), W(T1));
+                    }
+                }
+                Test::Flags(Cc::Ne)
+            }
+            _ => {
+                self.cmp_imm(d, v, width);
+                Test::Flags(Cc::from_bpf(cond))
+            }
+        })
+    }
+
+    fn jcmp_reg(&mut self, width: Width, cond: Cond, d: u8, s: u8) -> Test {
+        match (cond, width) {
+            (Cond::Set, W64) => a64!(self.ops; tst X(d), X(s)),
+            (Cond::Set, W32) => a64!(self.ops; tst W(d), W(s)),
+            (_, W64) => a64!(self.ops; cmp X(d), X(s)),
+            (_, W32) => a64!(self.ops; cmp W(d), W(s)),
+        }
+        Test::Flags(Cc::from_bpf(cond))
+    }
+
+    /// `callx reg`: compare the id in the register against each registered helper and call
+    /// the match; no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (stop_addr = id).
+    pub(crate) fn callx(&mut self, reg: Reg) {
+        let r = self.src(reg, T0);
+        let mut seen = Vec::new();
+        let table: Vec<HelperEntry> = self
+            .helpers
+            .iter()
+            .filter(|h| {
+                // The first entry for an id wins, as in `CompileRequest::helper`.
+                let fresh = !seen.contains(&h.id);
+                seen.push(h.id);
+                fresh
+            })
+            .copied()
+            .collect();
+        let call = self.ops.new_dynamic_label();
+        for h in &table {
+            // Compare the full 64-bit register: 0x1_0000_0005 is not helper 5.
+            self.cmp_imm_u64(r, h.id as u64);
+            a64!(self.ops; b.ne >next);
+            self.mov_imm(T2, h.addr, W64);
+            a64!(self.ops; b =>call ; next:);
+        }
+        // No helper has this id: stop at this pc with the id as the address.
+        if r != T0 {
+            a64!(self.ops; mov X(T0), X(r));
+        }
+        let pc = self.prog.insts[self.cur].pc as u64;
+        self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
+        self.mov_imm(C2, pc, W64);
+        self.b(self.stop);
+        a64!(self.ops; =>call ; blr X(T2) ; mov X(REG_MAP[0]), X(RET));
+    }
+
+    // ------------------------------------------------------------ budget
+
+    fn back_edge_charge(&self, from: usize, to: usize) -> Option<u64> {
+        if !self.mode.counts_budget() {
+            return None;
+        }
+        back_edge_charge(&self.prog.insts[from], &self.prog.insts[to])
+    }
+
+    /// Charges a taken back-edge from `from` to `to`, if it is one.
+    pub(crate) fn charge_back_edge(&mut self, from: usize, to: usize) {
+        if let Some(c) = self.back_edge_charge(from, to) {
+            self.charge(c);
+        }
+    }
+
+    /// `budget -= c`, or stop at this pc with the budget untouched when `c` exceeds it.
+    /// Hot path: SUBS + B.LO (not taken); the cold side adds `c` back.
+    pub(crate) fn charge(&mut self, c: u64) {
+        if let Some((imm, false)) = fits_imm12(c as i64) {
+            a64!(self.ops; subs X(BUDGET), XSP(BUDGET), imm);
+        } else {
+            self.mov_imm(C0, c, W64);
+            a64!(self.ops; subs X(BUDGET), X(BUDGET), X(C0));
+        }
+        let label = self.ops.new_dynamic_label();
+        self.branch_if(Test::Flags(Cc::Lo), label);
+        self.colds.push(Cold::Budget {
+            inst: self.cur,
+            label,
+            charge: c,
+        });
+    }
+
+    // ------------------------------------------------------------ sandbox checks
+
+    /// Leaves in x9 the address of a `size`-byte access at `base + off`, checked against the
+    /// context inline; other regions are tried out of line (see [`Cold::Access`]).
+    ///
+    /// ```text
+    ///   add  x9, xb, #off          ; address (none for off = 0: xb is used in place)
+    ///   sub  x14, x9, x23          ; t = addr - ctx_start (wraps when below)
+    ///   subs x14, x24, x14         ; len - t: carry iff t <= len
+    ///   ccmp x14, #size, #0, hs    ; carry iff len - t >= size (else flags = fail)
+    ///   b.lo cold                  ; not in the context
+    ///   csel x9, x9, xzr, hs       ; Spectre v1: a mispredicted b.lo sees address 0
+    /// resume:
+    /// ```
+    ///
+    /// The comparison is exact for every 64-bit address: `t <= len` rules out addresses
+    /// below the context (t wraps past any length) before `len - t >= size` is tested.
+    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) {
+        let b = self.src(base, T0);
+        // The register holding the address: the base itself for offset 0 (the CSEL then
+        // writes x9, and the out-of-line side copies it first), else x9.
+        let addr = if off == 0 { b } else { T0 };
+        if off != 0 {
+            if let Some((imm, false)) = fits_imm12(off as i64) {
+                a64!(self.ops; add XSP(T0), XSP(b), imm);
+            } else if let Some((imm, false)) = fits_imm12(-(off as i64)) {
+                a64!(self.ops; sub XSP(T0), XSP(b), imm);
+            } else {
+                self.mov_imm(C0, off as i64 as u64, W64);
+                a64!(self.ops; add X(T0), X(b), X(C0));
+            }
+        }
+        let s = size.bytes();
+        let label = self.ops.new_dynamic_label();
+        let resume = self.ops.new_dynamic_label();
+        let k = self.prog.subprog_of(self.cur);
+        let stack_first =
+            self.plan.block > 0 && (base == R10 || self.plan.stack_like[k] & (1 << base) != 0);
+        if stack_first {
+            self.stack_check(addr, s);
+            self.branch_if(Test::Flags(Cc::Hi), label);
+            a64!(self.ops; csel X(T0), X(addr), xzr, ls ; =>resume);
+        } else {
+            self.ctx_check(addr, s);
+            self.branch_if(Test::Flags(Cc::Lo), label);
+            a64!(self.ops; csel X(T0), X(addr), xzr, hs ; =>resume);
+        }
+        self.colds.push(Cold::Access {
+            inst: self.cur,
+            label,
+            resume,
+            size: s,
+            write,
+            stack_first,
+            addr,
+        });
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
+    fn ctx_check(&mut self, addr: u8, size: u32) {
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(CTX_LO)
+            ; subs X(C0), X(CTX_LEN), X(C0)
+            ; ccmp X(C0), size, 0, hs
+        );
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the stack block": `ls` when it is. `block - size`
+    /// fits CMP's imm12 (block <= 4096, size >= 1); an address below the block wraps past it.
+    fn stack_check(&mut self, addr: u8, size: u32) {
+        let block = self.plan.block;
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(STACK_LO)
+            ; cmp XSP(C0), block - size
+        );
+    }
+
+    /// The out-of-line side of a check or a charge.
+    pub(crate) fn cold(&mut self, cold: Cold) {
+        match cold {
+            Cold::Budget {
+                inst,
+                label,
+                charge,
+            } => {
+                self.cur = inst;
+                a64!(self.ops; =>label);
+                if let Some((imm, false)) = fits_imm12(charge as i64) {
+                    a64!(self.ops; add XSP(BUDGET), XSP(BUDGET), imm);
+                } else {
+                    self.mov_imm(C0, charge, W64);
+                    a64!(self.ops; add X(BUDGET), X(BUDGET), X(C0));
+                }
+                let pc = self.prog.insts[inst].pc as u64;
+                self.mov_imm(C2, pc, W64);
+                self.b(self.stop_budget);
+            }
+            Cold::Access {
+                inst,
+                label,
+                resume,
+                size,
+                write,
+                stack_first,
+                addr,
+            } => {
+                self.cur = inst;
+                a64!(self.ops; =>label);
+                if addr != T0 {
+                    a64!(self.ops; mov X(T0), X(addr));
+                }
+                // The other of the two inline-able checks, then the region scan.
+                if stack_first {
+                    self.ctx_check(T0, size);
+                    a64!(self.ops; b.lo >regions ; csel X(T0), X(T0), xzr, hs);
+                    self.b(resume);
+                    a64!(self.ops; regions:);
+                } else if self.plan.block > 0 {
+                    self.stack_check(T0, size);
+                    a64!(self.ops; b.hi >regions ; csel X(T0), X(T0), xzr, ls);
+                    self.b(resume);
+                    a64!(self.ops; regions:);
+                }
+                let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+                let word = PJ_STOP_OUT_OF_BOUNDS as u64 | (access as u64) << 32;
+                let pc = self.prog.insts[inst].pc as u64;
+                self.mov_imm(C1, word, W64);
+                self.mov_imm(C2, pc, W64);
+                // The scan returns only on success (x9 clamped), so x30 is kept in x5 for
+                // functions that did not save their link register.
+                let scan = self.region_scan;
+                a64!(self.ops; mov x5, x30);
+                self.site(scan, Reach::Jump);
+                a64!(self.ops; bl =>scan ; mov x30, x5);
+                self.b(resume);
+            }
+        }
+    }
+
+    /// The per-program scan of `env.regions` for an access that is in neither the context
+    /// nor the stack block. In: x9 = address, C1 = stop word (size in bits 32..40, write in
+    /// bit 40), C2 = pc. Returns with x9 clamped on success; on failure it stops.
+    /// Uses x6, x8, x10, x12, x14, x17: none holds a value across a checked access.
+    pub(crate) fn region_scan(&mut self) {
+        let (scan, stop) = (self.region_scan, self.stop);
+        a64!(self.ops
+            ; =>scan
+            ; ldp x6, x8, [X(ENV), PJ_ENV_REGIONS]
+            ; ubfx x10, X(C1), 32, 8
+            ; cbz x8, >fail
+            ; next:
+            ; ldp x14, x17, [x6]
+            ; ldr x12, [x6, 16]
+            ; add x6, x6, 24
+            ; sub x14, X(T0), x14
+            ; subs x17, x17, x14
+            ; ccmp x17, x10, 0, hs
+            ; b.lo >skip
+            // A read fits any region; a write needs PJ_REGION_WRITABLE (bit 0).
+            ; tbz X(C1), 40, >found
+            ; tbnz x12, 0, >found
+            ; skip:
+            ; subs x8, x8, 1
+            ; b.ne <next
+            ; fail:
+            ; b =>stop
+            ; found:
+            // Flags are still the ccmp's: a mispredicted b.lo clamps to 0.
+            ; csel X(T0), X(T0), xzr, hs
+            ; ret
+        );
+    }
+}

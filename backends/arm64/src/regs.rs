@@ -1,0 +1,66 @@
+//! The register map: which arm64 register holds each BPF register, which hold the sandbox's
+//! run-time state, and which the lowering may use as scratch. Modelled on the kernel's
+//! `arch/arm64/net/bpf_jit_comp.c`.
+//!
+//! | BPF / role | arm64 | why |
+//! |-----|-------|-----|
+//! | r0  | x7    | caller-saved, not an argument register: helper calls need no shuffling |
+//! | r1–r5 | x0–x4 | the AAPCS64 argument registers: helpers and bpf-to-bpf calls get their arguments in place; the entry's `(ctx, len)` arrive as r1, r2 |
+//! | r6–r9 | x19–x22 | callee-saved: they survive helper calls for free; saved only when written |
+//! | r10 (trusted) | — | the frame is `[sp, sp+512)`: r10 = sp + 512, stack accesses are `sp`-relative |
+//! | r10 (sandbox) | x25 = r10 − 512 | the frame lives in the contiguous stack block, below its caller's: a register, moved by 512 around each local call |
+//! | env | x28 | the `PjExecEnv *` (third entry argument), kept whenever the program can stop |
+//! | budget | x27 | instructions left (budget mode); written back to `env.budget` on every exit |
+//! | stack block start | x26 | sandbox: `env.stack_start`, for the stack-block check |
+//! | ctx start, ctx length | x23, x24 | sandbox: the context bounds the inline check compares against |
+//! | scratch | x9–x13 | caller-saved temporaries of the lowering, never live across eBPF instructions |
+//! | check scratch | x14–x17, x5, x6, x8 | the sandbox checks and stop paths only (x9 holds the checked address) |
+//!
+//! Every register in the callee-saved range x23–x28 is constant for a run (x25 is restored
+//! after each local call), so helpers — AAPCS64 functions — preserve them for free.
+
+/// BPF register → arm64 register number (r10 has no fixed register; see the module docs).
+pub(crate) const REG_MAP: [u8; 10] = [
+    7,  // r0: return value; x7 is caller-saved and outside the argument registers
+    0,  // r1: first argument (ctx at entry), also the helper's first argument
+    1,  // r2: second argument (ctx_len at entry)
+    2,  // r3: third argument (the env pointer arrives here: moved to ENV before r3 is zeroed)
+    3,  // r4: fourth argument
+    4,  // r5: fifth argument
+    19, // r6: callee-saved, survives helper calls without spills
+    20, // r7: callee-saved
+    21, // r8: callee-saved
+    22, // r9: callee-saved
+];
+
+/// Scratch registers: caller-saved, never live across eBPF instructions.
+/// T0 holds addresses and offsets, T1 materialised immediates, T2 stored values and helper
+/// addresses, T3 exclusive-monitor status and blinding masks, T4 a materialised r10 source.
+pub(crate) const T0: u8 = 9;
+pub(crate) const T1: u8 = 10;
+pub(crate) const T2: u8 = 11;
+pub(crate) const T3: u8 = 12;
+pub(crate) const T4: u8 = 13;
+/// Check scratch: `C0` the offset into a region, `C1` the stop word (kind | access << 32),
+/// `C2` the stop pc, `C3` where a successful out-of-line check resumes.
+pub(crate) const C0: u8 = 14;
+pub(crate) const C1: u8 = 16;
+pub(crate) const C2: u8 = 15;
+pub(crate) const C3: u8 = 17;
+/// The zero register in the X/W families (and `sp` in the XSP family).
+pub(crate) const ZR: u8 = 31;
+/// Where the native return value arrives (and where the entry returns r0).
+pub(crate) const RET: u8 = 0;
+
+/// `PjExecEnv *` for the whole run (callee-saved).
+pub(crate) const ENV: u8 = 28;
+/// Budget left (callee-saved; budget mode).
+pub(crate) const BUDGET: u8 = 27;
+/// `env.stack_start` (callee-saved; sandbox with a stack block).
+pub(crate) const STACK_LO: u8 = 26;
+/// Frame base = r10 − 512 of the running function (sandbox with a stack block).
+pub(crate) const FP: u8 = 25;
+/// Context length (callee-saved; sandbox).
+pub(crate) const CTX_LEN: u8 = 24;
+/// Context start (callee-saved; sandbox).
+pub(crate) const CTX_LO: u8 = 23;

@@ -1,0 +1,270 @@
+//! Frames: what each (sub)program saves, where the eBPF stack lives, prologue and epilogue.
+//!
+//! All eBPF frames live in one contiguous **stack block** of
+//! `analysis::stack_block_size(prog)` bytes (512 per level of the deepest call chain; 0 when
+//! no function reads r10), carved out by the entry. The entry's r10 is the top of the block;
+//! a callee's r10 is its caller's r10 − 512. Saved registers and return addresses live
+//! outside the block, so in sandbox mode the block is one region for the checks and is zeroed
+//! at entry. Trusted code uses the same layout (it just skips the zeroing).
+//!
+//! ```text
+//!   higher addresses
+//!   ┌────────────────────────────┐ ← caller's sp = stack_end = entry r10 (s5)
+//!   │ frame 0 (entry), 512 bytes │
+//!   │ frame 1, 512 bytes         │   callee r10 = caller r10 - 512
+//!   │ …  (call_depth frames)     │
+//!   ├────────────────────────────┤ ← stack_start
+//!   │ entry saves                │   ra, s1–s11 as needed
+//!   └────────────────────────────┘ ← entry sp = env.entry_sp (stops unwind to here)
+//!   │ callee saves               │   ra, s1–s5 it changes (no eBPF bytes)
+//!   └────────────────────────────┘ ← callee sp
+//!   lower addresses
+//! ```
+//!
+//! **Stops.** A failed check, an exhausted budget or an unknown `callx` id leaves from any
+//! depth: the stop path reloads sp from `env.entry_sp` and jumps to the entry's epilogue,
+//! skipping callee epilogues. So when the code can stop, the entry saves every callee-saved
+//! register any function changes.
+//!
+//! **Fresh registers.** r0 and r3–r9 start at zero in every mode (r1 = ctx, r2 = length, r10 =
+//! frame). The entry zeroes only those a run could read before writing (see
+//! [`zero_at_entry`]); zeroing the rest could not be observed.
+
+use crate::encode::{fits_signed, reg::*, Mem, R3, RI};
+use crate::lower::Codegen;
+use crate::regs::{map, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
+use packjit_frontend::analysis::{stack_block_size, CodegenMode};
+use packjit_frontend::{Op, Operand, Program, STACK_SIZE};
+use packjit_plugin_api::abi::{
+    PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
+    PJ_ENV_STACK_START,
+};
+
+/// Per-function frame layout.
+#[derive(Clone, Debug, Default)]
+pub struct Frame {
+    /// Registers saved in the prologue, in slot order (slot `i` at `sp + 8 i`).
+    pub saves: Vec<u8>,
+    /// Bytes of the save area (a multiple of 16, the RISC-V stack alignment).
+    pub save_bytes: i32,
+    /// Total bytes subtracted from sp: the save area, plus the stack block for the entry.
+    pub size: i32,
+}
+
+/// The whole program's frame plan.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// One frame per subprogram (index 0 is the entry).
+    pub frames: Vec<Frame>,
+    /// Bytes of the stack block.
+    pub block: i32,
+    /// Can the code stop (sandbox checks, budget, `callx`)? Then it keeps `env` in [`ENV`].
+    pub can_stop: bool,
+    /// eBPF registers (bit n = rn) the entry sets to zero.
+    pub zero: u16,
+}
+
+/// Plans every function's frame for `mode`.
+pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool) -> Layout {
+    let block = stack_block_size(prog) as i32;
+    let can_stop = mode.sandboxed() || mode.counts_budget() || has_callx;
+    let zero = zero_at_entry(prog);
+    let written_anywhere = prog.subprogs.iter().fold(0, |m, s| m | s.writes);
+    let frames = prog
+        .subprogs
+        .iter()
+        .enumerate()
+        .map(|(k, sp)| {
+            let mut saves = Vec::new();
+            let entry = k == 0;
+            if sp.calls {
+                saves.push(RA);
+            }
+            // A stop skips callee epilogues, so the entry restores what any callee changed.
+            let changed = if entry && can_stop {
+                written_anywhere | zero
+            } else if entry {
+                sp.writes | zero
+            } else {
+                sp.writes
+            };
+            for bpf in 6..=9 {
+                if changed & (1 << bpf) != 0 {
+                    saves.push(map(bpf));
+                }
+            }
+            if block > 0 {
+                saves.push(S5);
+            }
+            if entry && can_stop {
+                saves.push(ENV);
+            }
+            if entry && mode.sandboxed() {
+                saves.extend_from_slice(&[CTX_START, CTX_LEN, STACK_START, STACK_LEN]);
+            }
+            if entry && mode.counts_budget() {
+                saves.push(BUDGET);
+            }
+            let save_bytes = (saves.len() as i32 * 8 + 15) & !15;
+            let size = save_bytes + if entry { block } else { 0 };
+            Frame {
+                saves,
+                save_bytes,
+                size,
+            }
+        })
+        .collect();
+    Layout {
+        frames,
+        block,
+        can_stop,
+        zero,
+    }
+}
+
+/// eBPF registers among r0, r3–r9 that a run could read before the program writes them.
+///
+/// The entry's first instructions up to its first jump, call or exit run exactly once, in
+/// order, before anything else: a register written there before any read is never read
+/// uninitialised. Any other register in the set that some instruction anywhere reads is
+/// zeroed (calls count as reading r1–r5, exit as reading r0).
+pub fn zero_at_entry(prog: &Program) -> u16 {
+    const FRESH: u16 = 0b11_1111_1001; // r0, r3..r9
+    let mut read_anywhere = 0u16;
+    for inst in &prog.insts {
+        read_anywhere |= reads(&inst.op);
+    }
+    let mut written = 0u16;
+    let mut read_first = 0u16;
+    let entry = &prog.subprogs[0];
+    for inst in &prog.insts[entry.start..entry.end] {
+        read_first |= reads(&inst.op) & !written;
+        if let Some(r) = inst.op.written_reg() {
+            written |= 1 << r;
+        }
+        let transfers = matches!(
+            inst.op,
+            Op::Ja { .. }
+                | Op::Jcond { .. }
+                | Op::CallHelper { .. }
+                | Op::CallReg { .. }
+                | Op::CallLocal { .. }
+                | Op::Exit
+        );
+        if transfers {
+            break;
+        }
+    }
+    // Written in the prefix before any read: safe. Everything else read anywhere: zero it.
+    let safe = written & !read_first;
+    FRESH & (read_first | (read_anywhere & !safe))
+}
+
+/// eBPF registers (bit n = rn) an instruction reads.
+fn reads(op: &Op) -> u16 {
+    let reg = |r: u8| 1u16 << r;
+    let opnd = |o: Operand| match o {
+        Operand::Reg(r) => reg(r),
+        Operand::Imm(_) => 0,
+    };
+    const ARGS: u16 = 0b11_1110; // r1..r5
+    match *op {
+        Op::Alu {
+            op: packjit_frontend::AluOp::Mov,
+            src,
+            ..
+        } => opnd(src),
+        Op::Alu { dst, src, .. } => reg(dst) | opnd(src),
+        Op::MovSx { src, .. } => reg(src),
+        Op::Neg { dst, .. } | Op::End { dst, .. } => reg(dst),
+        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
+        Op::Load { base, .. } => reg(base),
+        Op::Store { base, src, .. } => reg(base) | opnd(src),
+        Op::Atomic { base, src, .. } => reg(base) | reg(src) | reg(0),
+        Op::Jcond { dst, src, .. } => reg(dst) | opnd(src),
+        Op::CallHelper { .. } | Op::CallLocal { .. } => ARGS,
+        Op::CallReg { reg: r } => ARGS | reg(r),
+        Op::Exit => reg(0),
+    }
+}
+
+impl Codegen<'_> {
+    /// `rd = rs + imm` for any 32-bit `imm` (`tmp` holds a wide immediate).
+    pub(crate) fn add_imm(&mut self, rd: u8, rs: u8, imm: i64, tmp: u8) {
+        if fits_signed(imm, 12) {
+            self.e.ri(RI::Addi, rd, rs, imm as i32);
+        } else {
+            self.e.li(tmp, imm);
+            self.e.rrr(R3::Add, rd, rs, tmp);
+        }
+    }
+
+    pub(crate) fn prologue(&mut self, k: usize) {
+        let f = self.layout.frames[k].clone();
+        if f.size > 0 {
+            self.add_imm(SP, SP, -(f.size as i64), T0);
+        }
+        // Saves sit at the bottom of the frame (small sp offsets: c.sdsp/c.ldsp reach them).
+        for (slot, &r) in f.saves.iter().enumerate() {
+            self.e.store(Mem::D, r, SP, slot as i32 * 8);
+        }
+        let block = self.layout.block;
+        if k != 0 {
+            if block > 0 {
+                // A callee's frame is the next 512 bytes down the block.
+                self.e.ri(RI::Addi, S5, S5, -(STACK_SIZE as i32));
+            }
+            return;
+        }
+        if self.layout.can_stop {
+            // env arrives in a2 (eBPF r3, zeroed below); keep it for the run, and record
+            // where a stop unwinds to.
+            self.e.mv(ENV, A2);
+            self.e.store(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
+        }
+        if block > 0 {
+            self.add_imm(S5, SP, f.size as i64, T0);
+        }
+        if self.mode.sandboxed() {
+            self.e.load(Mem::D, CTX_START, ENV, PJ_ENV_CTX_START);
+            self.e.load(Mem::D, CTX_LEN, ENV, PJ_ENV_CTX_END);
+            self.e.rrr(R3::Sub, CTX_LEN, CTX_LEN, CTX_START);
+            self.add_imm(STACK_START, SP, f.save_bytes as i64, T0);
+            self.e.li(STACK_LEN, block as i64);
+            self.e.store(Mem::D, STACK_START, ENV, PJ_ENV_STACK_START);
+            let end = if block > 0 { S5 } else { STACK_START };
+            self.e.store(Mem::D, end, ENV, PJ_ENV_STACK_END);
+            if block > 0 {
+                // Nothing of the host leaks in: the block starts zeroed.
+                self.e.zero_fill(STACK_START, S5, T0);
+            }
+        }
+        if self.mode.counts_budget() {
+            self.e.load(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
+        }
+        for r in 0..10u8 {
+            if self.layout.zero & (1 << r) != 0 {
+                self.e.li(map(r), 0);
+            }
+        }
+    }
+
+    pub(crate) fn epilogue(&mut self, k: usize) {
+        let f = self.layout.frames[k].clone();
+        if k == 0 {
+            if self.mode.counts_budget() {
+                // The host reads what is left (also after a stop, which lands here).
+                self.e.store(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
+            }
+            // The entry returns eBPF r0 in a0.
+            self.e.mv(A0, A5);
+        }
+        for (slot, &r) in f.saves.iter().enumerate() {
+            self.e.load(Mem::D, r, SP, slot as i32 * 8);
+        }
+        if f.size > 0 {
+            self.add_imm(SP, SP, f.size as i64, T0);
+        }
+        self.e.ret();
+    }
+}

@@ -1,0 +1,214 @@
+//! Prologues, epilogues and the stack layout.
+//!
+//! ```text
+//!  higher addresses
+//!  ┌──────────────────────────┐
+//!  │ return address (host)    │  rsp ≡ 8 (mod 16) at the entry
+//!  │ saved rbp, rbx, r13–r15, │  only the callee-saved registers the program uses
+//!  │ r12                      │  ← env.entry_sp (a stop restores rsp to here and pops)
+//!  │ pad (push rax)           │  only when the pushes leave rsp misaligned for calls
+//!  ├──────────────────────────┤  ← rbp = r10 of the entry frame = env.stack_end
+//!  │ frame 0 (512 bytes)      │
+//!  │ frame 1 (512 bytes)      │  one per level of the deepest bpf-to-bpf call chain;
+//!  │ …                        │  a callee's r10 is its caller's r10 − 512
+//!  ├──────────────────────────┤  ← rsp after the prologue = env.stack_start
+//!  │ return address, callee   │  bpf-to-bpf calls and helper calls push below the block,
+//!  │ saves, helper frames …   │  so no native data ever lives inside it
+//!  └──────────────────────────┘
+//! ```
+//!
+//! The whole stack block is reserved once by the entry (none when no function reads r10), so
+//! the block is one contiguous region for the sandbox checks and zeroing it is one
+//! `rep stosq`. A bpf-to-bpf call is `sub rbp, 512 ; call f ; add rbp, 512`; callees
+//! reserve nothing. Every function body runs with rsp ≡ 0 (mod 16) when it makes calls, as
+//! the SysV ABI requires at a helper call.
+
+use crate::encode::{Gpr, Sz};
+use crate::lower::Emitter;
+use crate::regs::*;
+use packjit_frontend::analysis::{stack_block_size, CodegenMode};
+use packjit_frontend::{Op, Program};
+use packjit_plugin_api::abi::*;
+
+/// What one function saves.
+#[derive(Clone, Debug)]
+pub struct SubFrame {
+    /// Callee-saved registers pushed by the prologue, in push order.
+    pub saved: Vec<Gpr>,
+    /// A `push rax` keeps rsp 16-byte aligned at calls.
+    pub pad: bool,
+}
+
+/// The frame plan of a program.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Stack block bytes (0: no frame at all).
+    pub block: usize,
+    /// r12 holds `env`: the code is sandboxed, counts a budget, or may stop at a `callx`.
+    pub needs_env: bool,
+    /// BPF registers (bits) read or written anywhere.
+    pub used: u16,
+    /// Registers the entry zeroes: those used, minus those the entry's straight-line start
+    /// writes before anything reads them.
+    pub zero: u16,
+    /// Per function (index as `Program::subprogs`).
+    pub subs: Vec<SubFrame>,
+}
+
+/// Decides saves, padding and the stack block.
+pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
+    let block = stack_block_size(prog);
+    let has_callx = prog
+        .insts
+        .iter()
+        .any(|i| matches!(i.op, Op::CallReg { .. }));
+    let needs_env = mode.sandboxed() || mode.counts_budget() || has_callx;
+    let used = prog.insts.iter().fold(0u16, |acc, i| {
+        acc | reads(&i.op) | i.op.written_reg().map_or(0, |r| 1 << r)
+    });
+    let subs = prog
+        .subprogs
+        .iter()
+        .enumerate()
+        .map(|(k, sp)| {
+            let mut saved;
+            if k == 0 {
+                // A stop unwinds from any depth straight to the entry's pops, skipping the
+                // callees' restores: the entry saves every callee-saved register any
+                // function touches (and the rest of the time this costs only the pushes).
+                saved = Vec::new();
+                if block > 0 {
+                    saved.push(RBP);
+                }
+                saved.extend(callee_saved_of(used));
+                if needs_env {
+                    saved.push(ENV);
+                }
+            } else {
+                let writes = prog.insts[sp.start..sp.end]
+                    .iter()
+                    .filter_map(|i| i.op.written_reg())
+                    .fold(sp.writes, |acc, r| acc | 1 << r);
+                saved = callee_saved_of(writes);
+            }
+            // rsp ≡ 8 at every function entry; after n pushes it is 8 + 8n: odd n aligns.
+            let pad = sp.calls && saved.len() % 2 == 0;
+            SubFrame { saved, pad }
+        })
+        .collect();
+    Plan {
+        block,
+        needs_env,
+        used,
+        zero: used & !written_first(prog),
+        subs,
+    }
+}
+
+/// Registers the entry's first basic block writes before any instruction reads them (their
+/// zeroing at entry would be dead).
+fn written_first(prog: &Program) -> u16 {
+    let (mut read, mut written) = (0u16, 0u16);
+    for (i, inst) in prog.insts.iter().enumerate() {
+        if i > 0 && prog.is_target[i] {
+            break;
+        }
+        read |= reads(&inst.op) & !written;
+        if let Some(r) = inst.op.written_reg() {
+            if read & (1 << r) == 0 {
+                written |= 1 << r;
+            }
+        }
+        if matches!(
+            inst.op,
+            Op::Ja { .. }
+                | Op::Jcond { .. }
+                | Op::Exit
+                | Op::CallHelper { .. }
+                | Op::CallReg { .. }
+                | Op::CallLocal { .. }
+        ) {
+            break;
+        }
+    }
+    written
+}
+
+impl Emitter<'_> {
+    /// Function `k`'s prologue (bound at its call label).
+    pub fn prologue(&mut self, k: usize) {
+        let f = self.plan.subs[k].clone();
+        if k == 0 {
+            // endbr64: the entry is reached by an indirect call from the host, which must
+            // work under CET/IBT. Callees are reached only by direct `call`s.
+            self.e.raw(&[0xf3, 0x0f, 0x1e, 0xfa]);
+        }
+        for &r in &f.saved {
+            self.e.op_plus_r(Sz::B32, &[0x50], r);
+        }
+        if k != 0 {
+            if f.pad {
+                self.e.raw(&[0x50]); // push rax
+            }
+            return;
+        }
+        if self.plan.needs_env {
+            self.mov_rr(Sz::B64, ENV, RDX);
+            // Where a stop unwinds to: just above the pad and the stack block.
+            self.e.rm(&[], Sz::B64, &[0x89], RSP, ENV, PJ_ENV_ENTRY_SP);
+        }
+        if f.pad {
+            self.e.raw(&[0x50]); // push rax
+        }
+        let block = self.plan.block;
+        if block > 0 {
+            self.mov_rr(Sz::B64, RBP, RSP);
+            self.alu_ri(5, Sz::B64, RSP, block as i64); // sub rsp, block
+            if self.mode.sandboxed() {
+                self.e.rm(&[], Sz::B64, &[0x89], RBP, ENV, PJ_ENV_STACK_END);
+                self.e
+                    .rm(&[], Sz::B64, &[0x89], RSP, ENV, PJ_ENV_STACK_START);
+                // Zero the block (nothing of the host leaks in): rep stosq with rdi
+                // (= r1, ctx) parked in r9.
+                self.mov_rr(Sz::B64, T9, RDI);
+                self.mov_rr(Sz::B64, RDI, RSP);
+                self.mov_ri(RCX, (block / 8) as i64);
+                self.xor_zero(RAX);
+                self.e.raw(&[0xf3, 0x48, 0xab]); // rep stosq
+                self.mov_rr(Sz::B64, RDI, T9);
+            }
+        }
+        // r0 and r3–r9 start at zero (only those the program can observe).
+        for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
+            if self.plan.zero & (1 << r) != 0 {
+                self.xor_zero(host(r));
+            }
+        }
+    }
+
+    /// Function `k`'s epilogue: undo the prologue and return r0 (already in rax).
+    pub fn epilogue(&mut self, k: usize) {
+        let f = self.plan.subs[k].clone();
+        if k == 0 && self.plan.block > 0 {
+            // rbp = r10 is the entry's rsp before the block was reserved.
+            self.mov_rr(Sz::B64, RSP, RBP);
+        }
+        if f.pad {
+            self.e.raw(&[0x59]); // pop rcx: rcx (r4) is dead at a return
+        }
+        if k == 0 {
+            let l = self.entry_pops;
+            self.e.bind(l);
+        }
+        for &r in f.saved.iter().rev() {
+            self.e.op_plus_r(Sz::B32, &[0x58], r);
+        }
+        self.e.raw(&[0xc3]);
+    }
+
+    /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
+    pub fn bare_return(&self, k: usize) -> bool {
+        let f = &self.plan.subs[k];
+        f.saved.is_empty() && !f.pad && (k != 0 || self.plan.block == 0)
+    }
+}

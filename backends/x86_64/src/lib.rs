@@ -1,0 +1,138 @@
+//! # packjit-x86-64
+//!
+//! The x86-64 backend of packjit: verified eBPF (RFC 9669, cpu v4) in, position-independent
+//! x86-64 machine code out, written into the host's code arena. On an x86-64 host (where
+//! most users first try packjit) its code runs natively.
+//!
+//! * [`X86Backend`] implements [`JitBackend`]; the crate is also a plugin
+//!   (`libpackjit_x86_64.so`, symbol `packjit_x86_64_plugin_v1`).
+//! * Optional CPU features, detected at run time: [`FEATURE_BMI2`] (`shlx`/`shrx`/`sarx`:
+//!   register shifts without going through `cl`, which is BPF r4) and [`FEATURE_MOVBE`]
+//!   (a load followed by a byte swap becomes one `movbe`).
+//! * The request's `PJ_COMPILE_*` flags (sandbox, budget, constant blinding) are honoured as
+//!   `docs/ARCHITECTURE.md` ("Sandbox contract") describes.
+//!
+//! Files: [`regs`] (register map), [`frame`] (prologue, epilogue, stack layout), [`lower`]
+//! (one function per instruction class), [`encode`] (instruction forms, branch relaxation).
+//!
+//! ```
+//! use packjit_plugin_api::{Arch, JitBackend};
+//! let be = packjit_x86_64::X86Backend::new();
+//! assert_eq!(be.arch(), Arch::X86_64);
+//! // mov r0, 7 ; exit  ->  endbr64 ; mov eax, 7 ; ret
+//! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+//! let out = packjit_x86_64::emit_program(&code, &[], &Default::default()).unwrap();
+//! assert_eq!(out.bytes, [0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 7, 0, 0, 0, 0xc3]);
+//! ```
+
+pub mod encode;
+pub mod frame;
+pub mod lower;
+pub mod regs;
+
+pub use lower::Emitted;
+
+use packjit_frontend::analysis::validate_request;
+use packjit_plugin_api::{
+    install_code, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry, JitBackend,
+};
+
+/// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
+pub const FEATURE_BMI2: u64 = 1 << 0;
+/// MOVBE: byte-swapping loads (`ldx` + `be16/32/64` of the same register fuse).
+pub const FEATURE_MOVBE: u64 = 1 << 1;
+/// Every feature bit this backend understands.
+pub const SUPPORTED_FEATURES: u64 = FEATURE_BMI2 | FEATURE_MOVBE;
+
+/// Compile options for [`emit_program`] (the request fields that shape the code).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// `PJ_COMPILE_*` flags.
+    pub flags: u32,
+    /// Feature bits.
+    pub features: u64,
+    /// Blinding key (with `PJ_COMPILE_BLIND_CONSTANTS`).
+    pub blind_key: u64,
+}
+
+/// Verifies `code` and emits x86-64 bytes without placing them anywhere (tests, dumps).
+pub fn emit_program(
+    code: &[u8],
+    helpers: &[HelperEntry],
+    opts: &Options,
+) -> Result<Emitted, CompileError> {
+    let req = CompileRequest {
+        code,
+        helpers,
+        features: opts.features,
+        flags: opts.flags,
+        blind_key: opts.blind_key,
+    };
+    emit_request(&req)
+}
+
+fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
+    let mode = validate_request(req, "x86-64", SUPPORTED_FEATURES)?;
+    let prog = packjit_frontend::decode(req.code, req.helpers)?;
+    lower::emit(&prog, req.helpers, &mode)
+}
+
+/// The x86-64 JIT backend. Stateless: one instance compiles for any number of threads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct X86Backend;
+
+impl X86Backend {
+    /// A backend instance.
+    pub const fn new() -> Self {
+        X86Backend
+    }
+}
+
+/// What the CPU running this process offers (CPUID via std's detection); 0 elsewhere.
+pub fn detect_cpu_features() -> u64 {
+    #[allow(unused_mut)]
+    let mut f = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("bmi2") {
+            f |= FEATURE_BMI2;
+        }
+        if std::arch::is_x86_feature_detected!("movbe") {
+            f |= FEATURE_MOVBE;
+        }
+    }
+    f
+}
+
+impl JitBackend for X86Backend {
+    fn arch(&self) -> Arch {
+        Arch::X86_64
+    }
+
+    fn name(&self) -> &str {
+        "packjit-x86-64"
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn supported_features(&self) -> u64 {
+        SUPPORTED_FEATURES
+    }
+
+    fn detect_features(&self) -> u64 {
+        detect_cpu_features()
+    }
+
+    fn compile(
+        &self,
+        req: &CompileRequest<'_>,
+        arena: &dyn CodeArena,
+    ) -> Result<Compiled, CompileError> {
+        let out = emit_request(req)?;
+        install_code(arena, &out.bytes, out.native_insns)
+    }
+}
+
+packjit_plugin_api::export_backend!("packjit_x86_64_plugin_v1", X86Backend, X86Backend::new());

@@ -1,0 +1,1139 @@
+//! eBPF → x86-64 lowering: one short function per instruction class.
+//!
+//! Layout of the emitted code: the functions in bytecode order (the entry first, at offset
+//! 0), each `prologue, body, epilogue`; then the out-of-line stop stubs and, in sandbox mode,
+//! the shared region-table scan. All branches are PC-relative and helpers are called through
+//! absolute addresses in r11, so the bytes run at any address.
+
+use crate::encode::{Cc, Enc, Gpr, Label, Resolved, Sz};
+use crate::frame::{plan, Plan};
+use crate::regs::*;
+use crate::{FEATURE_BMI2, FEATURE_MOVBE};
+use packjit_frontend::analysis::{
+    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+};
+use packjit_frontend::{
+    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
+};
+use packjit_plugin_api::abi::*;
+use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+
+/// Result of [`emit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emitted {
+    /// Machine code; offset 0 is the entry.
+    pub bytes: Vec<u8>,
+    /// x86-64 instructions emitted.
+    pub native_insns: usize,
+    /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
+    pub inst_offsets: Vec<usize>,
+    /// Emission passes needed to settle the branch forms.
+    pub passes: usize,
+}
+
+/// Upper bound on relaxation passes: each pass that does not settle turns at least one
+/// `rel8` into `rel32`, and in practice two passes suffice.
+const MAX_PASSES: usize = 64;
+
+/// Emits a decoded program.
+pub fn emit(
+    prog: &Program,
+    helpers: &[HelperEntry],
+    mode: &CodegenMode,
+) -> Result<Emitted, CompileError> {
+    let plan = plan(prog, mode);
+    let mut long = Vec::new();
+    for passes in 1..=MAX_PASSES {
+        let mut em = Emitter::new(prog, helpers, mode, &plan, long);
+        em.program()?;
+        let offsets = em.inst_offsets();
+        match em
+            .e
+            .resolve()
+            .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?
+        {
+            Resolved::Done => {
+                return Ok(Emitted {
+                    native_insns: em.e.insns,
+                    bytes: em.e.buf,
+                    inst_offsets: offsets,
+                    passes,
+                })
+            }
+            Resolved::Again(l) => long = l,
+        }
+    }
+    Err(CompileError::new(
+        ErrorKind::Encoding,
+        format!("branch forms did not settle in {MAX_PASSES} passes"),
+    ))
+}
+
+/// Why the code stops (out-of-line stub contents).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// Checked access failed: address in r11.
+    Oob { access: u32 },
+    /// Budget exhausted.
+    Budget,
+    /// `callx` id with no helper: id in the given register.
+    Callx { reg: Gpr },
+}
+
+/// Rarely taken code, kept out of the straight-line path.
+#[derive(Clone, Copy, Debug)]
+enum Cold {
+    /// Divisor 0: r11 = 0 (div) or the dividend in rax (mod).
+    DivZero {
+        at: Label,
+        back: Label,
+        sz: Sz,
+        rem: bool,
+    },
+    /// Signed divisor -1: r11 = -rax (MIN stays MIN, no trap) or 0 (mod).
+    DivMinus1 {
+        at: Label,
+        back: Label,
+        sz: Sz,
+        rem: bool,
+    },
+}
+
+/// One emission pass.
+pub struct Emitter<'a> {
+    pub(crate) e: Enc,
+    pub(crate) plan: &'a Plan,
+    pub(crate) mode: &'a CodegenMode,
+    prog: &'a Program,
+    helpers: &'a [HelperEntry],
+    /// Body label of each instruction.
+    inst_label: Vec<Label>,
+    /// Prologue label of each function.
+    sub_entry: Vec<Label>,
+    /// Epilogue label of each function.
+    sub_exit: Vec<Label>,
+    /// Entry epilogue after the pad: where a stop lands with rsp = env.entry_sp.
+    pub(crate) entry_pops: Label,
+    stops: Vec<(Label, Stop, usize)>,
+    /// Cold blocks of the current function, emitted after its epilogue.
+    cold: Vec<Cold>,
+    region_scan: Option<Label>,
+    /// Instruction index to skip (fused into the previous one).
+    skip: Option<usize>,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(
+        prog: &'a Program,
+        helpers: &'a [HelperEntry],
+        mode: &'a CodegenMode,
+        plan: &'a Plan,
+        long: Vec<bool>,
+    ) -> Self {
+        let mut e = Enc::new(long);
+        let inst_label = prog.insts.iter().map(|_| e.label()).collect();
+        let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
+        let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
+        let entry_pops = e.label();
+        Emitter {
+            e,
+            plan,
+            mode,
+            prog,
+            helpers,
+            inst_label,
+            sub_entry,
+            sub_exit,
+            entry_pops,
+            stops: Vec::new(),
+            cold: Vec::new(),
+            region_scan: None,
+            skip: None,
+        }
+    }
+
+    fn inst_offsets(&self) -> Vec<usize> {
+        self.inst_label
+            .iter()
+            .map(|&l| self.e.offset_of(l).unwrap_or(0))
+            .collect()
+    }
+
+    fn program(&mut self) -> Result<(), CompileError> {
+        for k in 0..self.prog.subprogs.len() {
+            let sp = self.prog.subprogs[k].clone();
+            let l = self.sub_entry[k];
+            self.e.bind(l);
+            self.prologue(k);
+            for i in sp.start..sp.end {
+                let l = self.inst_label[i];
+                self.e.bind(l);
+                if self.skip == Some(i) {
+                    continue;
+                }
+                let inst = self.prog.insts[i];
+                self.inst(i, k, &inst)?;
+            }
+            let l = self.sub_exit[k];
+            self.e.bind(l);
+            self.epilogue(k);
+            self.cold_blocks();
+        }
+        self.stop_stubs();
+        if let Some(l) = self.region_scan {
+            self.region_scan_routine(l);
+        }
+        Ok(())
+    }
+
+    fn inst(&mut self, i: usize, k: usize, inst: &Inst) -> Result<(), CompileError> {
+        let pc = inst.pc;
+        match inst.op {
+            Op::Alu {
+                width,
+                op,
+                dst,
+                src,
+            } => self.alu(pc, width, op, dst, src),
+            Op::MovSx {
+                width,
+                dst,
+                src,
+                bits,
+            } => self.movsx(width, dst, src, bits),
+            Op::Neg { width, dst } => self.e.rr(&[], sz_of(width), &[0xf7], 3, host(dst)),
+            Op::End { kind, bits, dst } => self.end(kind, bits, dst),
+            Op::LdImm64 { dst, imm } => self.ld_imm64(pc, dst, imm),
+            Op::Load {
+                size,
+                sign_extend,
+                dst,
+                base,
+                off,
+            } => self.load(i, inst, size, sign_extend, dst, base, off),
+            Op::Store {
+                size,
+                base,
+                off,
+                src,
+            } => self.store(inst, size, base, off, src),
+            Op::Atomic {
+                size,
+                op,
+                fetch,
+                base,
+                off,
+                src,
+            } => self.atomic(inst, size, op, fetch, base, off, src),
+            Op::Ja { target } => self.ja(inst, target),
+            Op::Jcond {
+                width,
+                cond,
+                dst,
+                src,
+                target,
+            } => self.jcond(inst, width, cond, dst, src, target),
+            Op::CallHelper { id } => {
+                let addr = self.helper_addr(inst, id)?;
+                self.call_abs(addr);
+            }
+            Op::CallReg { reg } => self.callx(pc, reg),
+            Op::CallLocal { target } => self.call_local(pc, target),
+            Op::Exit => self.exit(i, k),
+        }
+        Ok(())
+    }
+
+    // ---- small emit helpers -------------------------------------------------------------
+
+    /// `mov dst, src` (a 32-bit move zero-extends, so it is never skipped).
+    pub(crate) fn mov_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        if dst != src || sz != Sz::B64 {
+            self.e.rr(&[], sz, &[0x89], src, dst);
+        }
+    }
+
+    /// `xor r32, r32`: the shortest zeroing idiom (and a dependency breaker).
+    pub(crate) fn xor_zero(&mut self, r: Gpr) {
+        self.e.rr(&[], Sz::B32, &[0x31], r, r);
+    }
+
+    /// 64-bit `r = v`, shortest form: `xor` for 0, `mov r32, imm32` (zero-extends) for
+    /// values below 2³², `mov r64, simm32` for negative 32-bit values, else `movabs`.
+    pub(crate) fn mov_ri(&mut self, r: Gpr, v: i64) {
+        if v == 0 {
+            self.xor_zero(r);
+        } else if u32::try_from(v).is_ok() {
+            self.e.op_plus_r(Sz::B32, &[0xb8], r);
+            self.e.imm_bytes(v, 4);
+        } else if i32::try_from(v).is_ok() {
+            self.e.rr(&[], Sz::B64, &[0xc7], 0, r);
+            self.e.imm_bytes(v, 4);
+        } else {
+            self.e.op_plus_r(Sz::B64, &[0xb8], r);
+            self.e.imm_bytes(v, 8);
+        }
+    }
+
+    /// Group-1 `op r, imm` (`digit`: 0 add, 1 or, 4 and, 5 sub, 6 xor, 7 cmp): `imm8` when it
+    /// fits, the one-byte-shorter rax form for other `imm32`s.
+    pub(crate) fn alu_ri(&mut self, digit: u8, sz: Sz, r: Gpr, imm: i64) {
+        if i8::try_from(imm).is_ok() {
+            self.e.rr(&[], sz, &[0x83], digit, r);
+            self.e.imm_bytes(imm, 1);
+        } else if r == RAX {
+            self.e.raw(&if sz == Sz::B64 {
+                vec![0x48, 0x05 | (digit << 3)]
+            } else {
+                vec![0x05 | (digit << 3)]
+            });
+            self.e.imm_bytes(imm, 4);
+        } else {
+            self.e.rr(&[], sz, &[0x81], digit, r);
+            self.e.imm_bytes(imm, 4);
+        }
+    }
+
+    /// Group-1 `op qword [base + disp], imm`.
+    fn alu_mi(&mut self, digit: u8, base: Gpr, disp: i32, imm: i64) {
+        if i8::try_from(imm).is_ok() {
+            self.e.rm(&[], Sz::B64, &[0x83], digit, base, disp);
+            self.e.imm_bytes(imm, 1);
+        } else {
+            self.e.rm(&[], Sz::B64, &[0x81], digit, base, disp);
+            self.e.imm_bytes(imm, 4);
+        }
+    }
+
+    /// The blinding mask for the immediate at `pc`, or `None` when blinding is off.
+    fn mask(&self, pc: usize) -> Option<u64> {
+        self.mode.blind_key.map(|k| blinding_mask(k, pc))
+    }
+
+    /// `r = sign_extend(imm)`, blinded when asked: `mov r, imm ^ m ; xor r, m`.
+    fn imm_to(&mut self, pc: usize, r: Gpr, imm: i32) {
+        match self.mask(pc) {
+            None => self.mov_ri(r, imm as i64),
+            Some(m) => {
+                // The mask is forced to a full 32-bit pattern so both halves are imm32
+                // fields and neither equals the immediate.
+                let m = (m as u32 | 0x8000_0000) as i32;
+                self.e.rr(&[], Sz::B64, &[0xc7], 0, r);
+                self.e.imm_bytes((imm ^ m) as i64, 4);
+                self.e.rr(&[], Sz::B64, &[0x81], 6, r);
+                self.e.imm_bytes(m as i64, 4);
+            }
+        }
+    }
+
+    fn stop_label(&mut self, stop: Stop, pc: usize) -> Label {
+        if let Some(&(l, _, _)) = self.stops.iter().find(|s| s.1 == stop && s.2 == pc) {
+            return l;
+        }
+        let l = self.e.label();
+        self.stops.push((l, stop, pc));
+        l
+    }
+
+    // ---- ALU --------------------------------------------------------------------------
+
+    fn alu(&mut self, pc: usize, width: Width, op: AluOp, dst: Reg, src: Operand) {
+        let sz = sz_of(width);
+        let d = host(dst);
+        // Blinded immediates go through r11 and use the register form.
+        let src = match (src, self.mask(pc)) {
+            (Operand::Imm(i), Some(_))
+                if !matches!(op, AluOp::Lsh | AluOp::Rsh | AluOp::Arsh | AluOp::Mov) =>
+            {
+                if matches!(op, AluOp::Div | AluOp::Sdiv | AluOp::Mod | AluOp::Smod)
+                    && (i == 0 || i == -1)
+                {
+                    Operand::Imm(i) // special-cased below without emitting the value
+                } else {
+                    self.imm_to(pc, T11, i);
+                    Operand::Reg(u8::MAX)
+                }
+            }
+            _ => src,
+        };
+        // u8::MAX marks "the blinded immediate in r11".
+        let reg = |r: Reg| if r == u8::MAX { T11 } else { host(r) };
+        match op {
+            AluOp::Mov => match src {
+                Operand::Reg(s) => self.mov_rr(sz, d, reg(s)),
+                Operand::Imm(i) => match self.mask(pc) {
+                    Some(_) => {
+                        self.imm_to(pc, d, i);
+                        if sz == Sz::B32 {
+                            self.mov_rr(Sz::B32, d, d);
+                        }
+                    }
+                    None if sz == Sz::B32 => self.mov_ri(d, i as u32 as i64),
+                    None => self.mov_ri(d, i as i64),
+                },
+            },
+            AluOp::Add | AluOp::Sub | AluOp::And | AluOp::Or | AluOp::Xor => {
+                let (opc, digit) = match op {
+                    AluOp::Add => (0x01, 0),
+                    AluOp::Or => (0x09, 1),
+                    AluOp::And => (0x21, 4),
+                    AluOp::Sub => (0x29, 5),
+                    _ => (0x31, 6),
+                };
+                match src {
+                    Operand::Reg(s) => self.e.rr(&[], sz, &[opc], reg(s), d),
+                    Operand::Imm(i) => self.alu_ri(digit, sz, d, i as i64),
+                }
+            }
+            AluOp::Mul => match src {
+                Operand::Reg(s) => self.e.rr(&[], sz, &[0x0f, 0xaf], d, reg(s)),
+                Operand::Imm(i) if i8::try_from(i).is_ok() => {
+                    self.e.rr(&[], sz, &[0x6b], d, d);
+                    self.e.imm_bytes(i as i64, 1);
+                }
+                Operand::Imm(i) => {
+                    self.e.rr(&[], sz, &[0x69], d, d);
+                    self.e.imm_bytes(i as i64, 4);
+                }
+            },
+            AluOp::Div | AluOp::Mod | AluOp::Sdiv | AluOp::Smod => {
+                let src = match src {
+                    Operand::Reg(s) => Operand::Reg(reg(s)),
+                    i => i,
+                };
+                self.div(sz, op, d, src)
+            }
+            AluOp::Lsh | AluOp::Rsh | AluOp::Arsh => {
+                let digit = match op {
+                    AluOp::Lsh => 4,
+                    AluOp::Rsh => 5,
+                    _ => 7,
+                };
+                self.shift(sz, digit, d, src.map_reg(reg))
+            }
+        }
+    }
+
+    /// Shifts. x86 masks the count to 31/63 itself, which is eBPF's rule.
+    fn shift(&mut self, sz: Sz, digit: u8, d: Gpr, src: Operand) {
+        match src {
+            Operand::Imm(i) => {
+                let n = i & if sz == Sz::B64 { 63 } else { 31 };
+                if n == 0 {
+                    // No shift, but a 32-bit result is still zero-extended.
+                    if sz == Sz::B32 {
+                        self.mov_rr(Sz::B32, d, d);
+                    }
+                } else if n == 1 {
+                    self.e.rr(&[], sz, &[0xd1], digit, d);
+                } else {
+                    self.e.rr(&[], sz, &[0xc1], digit, d);
+                    self.e.imm_bytes(n as i64, 1);
+                }
+            }
+            Operand::Reg(s) => {
+                let s = s as Gpr; // already a host register here
+                if self.mode.features & FEATURE_BMI2 != 0 {
+                    // shlx/shrx/sarx d, d, s: any count register, flags untouched.
+                    let pp = match digit {
+                        4 => 1,
+                        5 => 3,
+                        _ => 2,
+                    };
+                    self.e.vex_0f38_rr(sz == Sz::B64, pp, 0xf7, d, d, s);
+                } else if s == RCX {
+                    self.e.rr(&[], sz, &[0xd3], digit, d);
+                } else {
+                    // The count must be in cl, which is BPF r4: park rcx in r11.
+                    self.mov_rr(Sz::B64, T11, RCX);
+                    self.mov_rr(Sz::B64, RCX, s);
+                    let target = if d == RCX { T11 } else { d };
+                    self.e.rr(&[], sz, &[0xd3], digit, target);
+                    self.mov_rr(if d == RCX { sz } else { Sz::B64 }, RCX, T11);
+                }
+            }
+        }
+    }
+
+    /// Division and remainder. x86 `div`/`idiv` trap on a zero divisor and `idiv` on
+    /// MIN / -1; eBPF wants x / 0 = 0, x % 0 = x, MIN / -1 = MIN, MIN % -1 = 0. Constant
+    /// divisors are decided at compile time (no branch); a register divisor is tested.
+    fn div(&mut self, sz: Sz, op: AluOp, d: Gpr, src: Operand) {
+        let signed = matches!(op, AluOp::Sdiv | AluOp::Smod);
+        let rem = matches!(op, AluOp::Mod | AluOp::Smod);
+        if let Operand::Imm(i) = src {
+            if i == 0 {
+                if rem {
+                    if sz == Sz::B32 {
+                        self.mov_rr(Sz::B32, d, d);
+                    }
+                } else {
+                    self.xor_zero(d);
+                }
+                return;
+            }
+            if i == -1 && signed {
+                if rem {
+                    self.xor_zero(d);
+                } else {
+                    self.e.rr(&[], sz, &[0xf7], 3, d); // neg: MIN stays MIN
+                }
+                return;
+            }
+            let v = if sz == Sz::B32 {
+                i as u32 as i64
+            } else {
+                i as i64
+            };
+            self.mov_ri(T11, v);
+        } else if let Operand::Reg(s) = src {
+            self.mov_rr(Sz::B64, T11, s as Gpr);
+        }
+        let checks = matches!(src, Operand::Reg(_));
+        if d != RAX {
+            self.mov_rr(Sz::B64, T10, RAX);
+        }
+        if d != RDX {
+            self.mov_rr(Sz::B64, T9, RDX);
+        }
+        self.mov_rr(Sz::B64, RAX, d);
+        let done = self.e.label();
+        if checks {
+            // The rare divisors branch to cold code after the function, so the common
+            // path takes no jump.
+            let zero = self.e.label();
+            self.e.rr(&[], sz, &[0x85], T11, T11);
+            self.e.jump(Some(Cc::E), zero);
+            self.cold.push(Cold::DivZero {
+                at: zero,
+                back: done,
+                sz,
+                rem,
+            });
+            if signed {
+                let minus1 = self.e.label();
+                self.alu_ri(7, sz, T11, -1);
+                self.e.jump(Some(Cc::E), minus1);
+                self.cold.push(Cold::DivMinus1 {
+                    at: minus1,
+                    back: done,
+                    sz,
+                    rem,
+                });
+            }
+        }
+        if signed {
+            // cqo / cdq: sign-extend rax into rdx.
+            self.e.raw(if sz == Sz::B64 {
+                &[0x48, 0x99]
+            } else {
+                &[0x99]
+            });
+        } else {
+            self.xor_zero(RDX);
+        }
+        self.e.rr(&[], sz, &[0xf7], if signed { 7 } else { 6 }, T11);
+        self.mov_rr(sz, T11, if rem { RDX } else { RAX });
+        self.e.bind(done);
+        if d != RAX {
+            self.mov_rr(Sz::B64, RAX, T10);
+        }
+        if d != RDX {
+            self.mov_rr(Sz::B64, RDX, T9);
+        }
+        self.mov_rr(sz, d, T11);
+    }
+
+    fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) {
+        let (d, s) = (host(dst), host(src));
+        let sz = sz_of(width);
+        match bits {
+            8 => {
+                // A byte source in 4–7 (sil, dil) needs a REX prefix.
+                let rex = (4..8).contains(&s) && sz != Sz::B64 && d < 8 && s < 8;
+                if rex {
+                    self.e
+                        .raw(&[0x40, 0x0f, 0xbe, 0xc0 | ((d & 7) << 3) | (s & 7)]);
+                } else {
+                    self.e.rr(&[], sz, &[0x0f, 0xbe], d, s);
+                }
+            }
+            16 => self.e.rr(&[], sz, &[0x0f, 0xbf], d, s),
+            _ if sz == Sz::B64 => self.e.rr(&[], Sz::B64, &[0x63], d, s),
+            _ => self.mov_rr(Sz::B32, d, s),
+        }
+    }
+
+    fn end(&mut self, kind: EndKind, bits: u8, dst: Reg) {
+        let d = host(dst);
+        match (kind, bits) {
+            (EndKind::ToLe, 16) => self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d),
+            (EndKind::ToLe, 32) => self.mov_rr(Sz::B32, d, d),
+            (EndKind::ToLe, _) => {}
+            (_, 16) => {
+                // rol r16, 8 swaps the two low bytes; movzx clears the rest.
+                self.e.rr(&[], Sz::B16, &[0xc1], 0, d);
+                self.e.imm_bytes(8, 1);
+                self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d);
+            }
+            (_, 32) => self.e.op_plus_r(Sz::B32, &[0x0f, 0xc8], d),
+            _ => self.e.op_plus_r(Sz::B64, &[0x0f, 0xc8], d),
+        }
+    }
+
+    fn ld_imm64(&mut self, pc: usize, dst: Reg, imm: u64) {
+        let d = host(dst);
+        match self.mask(pc) {
+            None => self.mov_ri(d, imm as i64),
+            Some(m) => {
+                // Both halves blinded: movabs d, imm ^ m ; movabs r11, m ; xor d, r11.
+                let m = m | 0x8000_0000_8000_0000;
+                self.e.op_plus_r(Sz::B64, &[0xb8], d);
+                self.e.imm_bytes((imm ^ m) as i64, 8);
+                self.e.op_plus_r(Sz::B64, &[0xb8], T11);
+                self.e.imm_bytes(m as i64, 8);
+                self.e.rr(&[], Sz::B64, &[0x31], T11, d);
+            }
+        }
+    }
+
+    // ---- memory -------------------------------------------------------------------------
+
+    /// The memory operand of an access: `[base + off]`, or `[r11]` after a sandbox check.
+    fn address(&mut self, inst: &Inst, write: bool) -> (Gpr, i32) {
+        match (self.mode.sandboxed(), checked_access(&inst.op)) {
+            (true, Some((base, off, size))) => {
+                self.check(inst.pc, host(base), off as i32, size, write);
+                (T11, 0)
+            }
+            _ => {
+                let (base, off) = match inst.op {
+                    Op::Load { base, off, .. }
+                    | Op::Store { base, off, .. }
+                    | Op::Atomic { base, off, .. } => (base, off),
+                    _ => unreachable!("address of a non-memory instruction"),
+                };
+                (host(base), off as i32)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        &mut self,
+        i: usize,
+        inst: &Inst,
+        size: Size,
+        sx: bool,
+        dst: Reg,
+        _base: Reg,
+        _off: i16,
+    ) {
+        let (b, off) = self.address(inst, false);
+        let d = host(dst);
+        // MOVBE: a load followed by a byte swap of the same width into the same register
+        // (the usual ntohs/ntohl/be64 pattern) becomes one swapping load.
+        if self.mode.features & FEATURE_MOVBE != 0 && !sx && size != Size::B {
+            if let Some(next) = self.prog.insts.get(i + 1) {
+                let bits = size.bytes() as u8 * 8;
+                if let Op::End {
+                    kind: EndKind::ToBe | EndKind::Swap,
+                    bits: nb,
+                    dst: nd,
+                } = next.op
+                {
+                    if nd == dst && nb == bits && !self.prog.is_target[i + 1] {
+                        let sz = match size {
+                            Size::H => Sz::B16,
+                            Size::W => Sz::B32,
+                            _ => Sz::B64,
+                        };
+                        self.e.rm(&[], sz, &[0x0f, 0x38, 0xf0], d, b, off);
+                        if size == Size::H {
+                            self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d);
+                        }
+                        self.skip = Some(i + 1);
+                        return;
+                    }
+                }
+            }
+        }
+        let (sz, op): (Sz, &[u8]) = match (size, sx) {
+            (Size::B, false) => (Sz::B32, &[0x0f, 0xb6]),
+            (Size::H, false) => (Sz::B32, &[0x0f, 0xb7]),
+            (Size::W, false) => (Sz::B32, &[0x8b]),
+            (Size::DW, _) => (Sz::B64, &[0x8b]),
+            (Size::B, true) => (Sz::B64, &[0x0f, 0xbe]),
+            (Size::H, true) => (Sz::B64, &[0x0f, 0xbf]),
+            (Size::W, true) => (Sz::B64, &[0x63]),
+        };
+        self.e.rm(&[], sz, op, d, b, off);
+    }
+
+    fn store(&mut self, inst: &Inst, size: Size, _base: Reg, _off: i16, src: Operand) {
+        let (b, off) = self.address(inst, true);
+        let sz = mem_sz(size);
+        match src {
+            Operand::Reg(s) => {
+                let op = if size == Size::B { 0x88 } else { 0x89 };
+                self.e.rm(&[], sz, &[op], host(s), b, off);
+            }
+            Operand::Imm(i) if self.mask(inst.pc).is_some() => {
+                self.imm_to(inst.pc, T10, i);
+                let op = if size == Size::B { 0x88 } else { 0x89 };
+                self.e.rm(&[], sz, &[op], T10, b, off);
+            }
+            Operand::Imm(i) => {
+                let op = if size == Size::B { 0xc6 } else { 0xc7 };
+                self.e.rm(&[], sz, &[op], 0, b, off);
+                let n = match size {
+                    Size::B => 1,
+                    Size::H => 2,
+                    _ => 4,
+                };
+                self.e.imm_bytes(i as i64, n);
+            }
+        }
+    }
+
+    /// Atomics. Every `lock`-prefixed read-modify-write (and `xchg` with memory, locked
+    /// implicitly) is a full barrier on x86, so all forms are sequentially consistent, as
+    /// the kernel documents for BPF's fetching atomics.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic(
+        &mut self,
+        inst: &Inst,
+        size: Size,
+        op: AtomicOp,
+        fetch: bool,
+        base: Reg,
+        off: i16,
+        src: Reg,
+    ) {
+        let sz = mem_sz(size);
+        let s = host(src);
+        let needs_loop = fetch && matches!(op, AtomicOp::And | AtomicOp::Or | AtomicOp::Xor);
+        let (b, off) = if needs_loop && !self.mode.sandboxed() {
+            // The loop below uses rax: take the address first in case base is r0.
+            self.e
+                .rm(&[], Sz::B64, &[0x8d], T11, host(base), off as i32);
+            (T11, 0)
+        } else {
+            self.address(inst, true)
+        };
+        let lock: &[u8] = &[0xf0];
+        match (op, fetch) {
+            (AtomicOp::Add, false) => self.e.rm(lock, sz, &[0x01], s, b, off),
+            (AtomicOp::Or, false) => self.e.rm(lock, sz, &[0x09], s, b, off),
+            (AtomicOp::And, false) => self.e.rm(lock, sz, &[0x21], s, b, off),
+            (AtomicOp::Xor, false) => self.e.rm(lock, sz, &[0x31], s, b, off),
+            (AtomicOp::Add, true) => self.e.rm(lock, sz, &[0x0f, 0xc1], s, b, off), // xadd
+            (AtomicOp::Xchg, _) => self.e.rm(&[], sz, &[0x87], s, b, off),
+            (AtomicOp::Cmpxchg, _) => {
+                self.e.rm(lock, sz, &[0x0f, 0xb1], s, b, off);
+                if sz == Sz::B32 {
+                    // On success a 32-bit cmpxchg leaves rax's upper half alone; eBPF's r0
+                    // is the zero-extended old value either way.
+                    self.mov_rr(Sz::B32, RAX, RAX);
+                }
+            }
+            (_, true) => {
+                // fetch-and/or/xor: a cmpxchg loop. r10 keeps r0 (rax is cmpxchg's
+                // comparand); when src is r0 its value is read from there.
+                let opc = match op {
+                    AtomicOp::And => 0x21,
+                    AtomicOp::Or => 0x09,
+                    _ => 0x31,
+                };
+                let sv = if s == RAX { T10 } else { s };
+                self.mov_rr(Sz::B64, T10, RAX);
+                self.e.rm(&[], sz, &[0x8b], RAX, b, off);
+                let again = self.e.label();
+                self.e.bind(again);
+                self.mov_rr(Sz::B64, T9, RAX);
+                self.e.rr(&[], sz, &[opc], sv, T9);
+                self.e.rm(lock, sz, &[0x0f, 0xb1], T9, b, off);
+                self.e.jump(Some(Cc::Ne), again);
+                // src = old value (zero-extended for 32-bit); r0 restored unless it is src.
+                self.mov_rr(sz, s, RAX);
+                if s != RAX {
+                    self.mov_rr(Sz::B64, RAX, T10);
+                }
+            }
+        }
+    }
+
+    /// Sandbox check of `[base + off, + size)`: leaves the address in r11 (clamped under
+    /// misspeculation) or jumps to a stop stub.
+    ///
+    /// Each region test computes `end = addr - start + size` (forced to all-ones when it
+    /// wraps) and passes when `end <= len`; the passing paths meet at `ok`, where the flags
+    /// of the deciding compare are still live and `cmova` replaces the address with `env`
+    /// (a harmless, mapped address) should the branch have been mispredicted.
+    fn check(&mut self, pc: usize, base: Gpr, off: i32, size: Size, write: bool) {
+        let n = size.bytes() as i64;
+        let ok = self.e.label();
+        if off == 0 {
+            self.mov_rr(Sz::B64, T11, base);
+        } else {
+            self.e.rm(&[], Sz::B64, &[0x8d], T11, base, off);
+        }
+        // Context.
+        self.region_end(PJ_ENV_CTX_START, n);
+        self.e.rm(&[], Sz::B64, &[0x8b], T9, ENV, PJ_ENV_CTX_END);
+        self.e.rm(&[], Sz::B64, &[0x2b], T9, ENV, PJ_ENV_CTX_START);
+        self.e.rr(&[], Sz::B64, &[0x39], T9, T10); // cmp r10, r9
+        self.e.jump(Some(Cc::Be), ok);
+        // Stack block (its length is a constant).
+        if self.plan.block > 0 {
+            self.region_end(PJ_ENV_STACK_START, n);
+            self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
+            self.e.jump(Some(Cc::Be), ok);
+        }
+        // Host regions: the shared scan returns with the same flag convention.
+        let scan = match self.region_scan {
+            Some(l) => l,
+            None => {
+                let l = self.e.label();
+                self.region_scan = Some(l);
+                l
+            }
+        };
+        let access = n as u32 | if write { PJ_ACCESS_WRITE } else { 0 };
+        self.mov_ri(T10, access as i64);
+        self.e.call_label(scan);
+        self.e.jump(Some(Cc::Be), ok);
+        let stop = self.stop_label(Stop::Oob { access }, pc);
+        self.e.jump(None, stop);
+        self.e.bind(ok);
+        self.e.rr(&[], Sz::B64, &[0x0f, 0x47], T11, ENV); // cmova r11, r12
+    }
+
+    /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
+    fn region_end(&mut self, start: i32, n: i64) {
+        self.mov_rr(Sz::B64, T10, T11);
+        self.e.rm(&[], Sz::B64, &[0x2b], T10, ENV, start);
+        self.alu_ri(0, Sz::B64, T10, n);
+        self.e.rr(&[], Sz::B64, &[0x19], T9, T9); // sbb r9, r9: -carry
+        self.e.rr(&[], Sz::B64, &[0x09], T9, T10); // or r10, r9
+    }
+
+    /// The region-table scan, called with r11 = address, r10 = size | write bit. Returns
+    /// with "below or equal" set when `[r11, +size)` lies in one allowed region.
+    fn region_scan_routine(&mut self, l: Label) {
+        self.e.bind(l);
+        for r in [RAX, RCX, RDX] {
+            self.e.op_plus_r(Sz::B32, &[0x50], r);
+        }
+        self.e
+            .rm(&[], Sz::B64, &[0x8b], RCX, ENV, PJ_ENV_REGION_COUNT);
+        self.e.rm(&[], Sz::B64, &[0x8b], RAX, ENV, PJ_ENV_REGIONS);
+        let (top, next, fail, done) = (
+            self.e.label(),
+            self.e.label(),
+            self.e.label(),
+            self.e.label(),
+        );
+        self.e.bind(top);
+        self.e.rr(&[], Sz::B64, &[0x85], RCX, RCX);
+        self.e.jump(Some(Cc::E), fail);
+        // A write needs PJ_REGION_WRITABLE.
+        let check = self.e.label();
+        self.e.rr(&[], Sz::B32, &[0xf7], 0, T10);
+        self.e.imm_bytes(PJ_ACCESS_WRITE as i64, 4);
+        self.e.jump(Some(Cc::E), check);
+        self.e.rm(&[], Sz::B8, &[0xf6], 0, RAX, 16);
+        self.e.imm_bytes(PJ_REGION_WRITABLE as i64, 1);
+        self.e.jump(Some(Cc::E), next);
+        self.e.bind(check);
+        self.mov_rr(Sz::B64, T9, T11);
+        self.e.rm(&[], Sz::B64, &[0x2b], T9, RAX, 0); // r9 = addr - start
+        self.e.jump(Some(Cc::B), next);
+        self.e.rr(&[], Sz::B32, &[0x0f, 0xb6], RDX, T10); // edx = size (low byte)
+        self.e.rr(&[], Sz::B64, &[0x01], RDX, T9);
+        self.e.jump(Some(Cc::B), next); // wrapped
+        self.e.rm(&[], Sz::B64, &[0x3b], T9, RAX, 8); // cmp r9, len
+        self.e.jump(Some(Cc::Be), done);
+        self.e.bind(next);
+        self.alu_ri(0, Sz::B64, RAX, 24);
+        self.e.rr(&[], Sz::B64, &[0xff], 1, RCX); // dec rcx
+        self.e.jump(None, top);
+        self.e.bind(fail);
+        self.alu_ri(1, Sz::B32, T9, 1); // or r9d, 1: "above"
+        self.e.bind(done);
+        // pop rdx, rcx, rax ; ret: none of them touches the flags.
+        for r in [RDX, RCX, RAX] {
+            self.e.op_plus_r(Sz::B32, &[0x58], r);
+        }
+        self.e.raw(&[0xc3]);
+    }
+
+    // ---- control flow -------------------------------------------------------------------
+
+    fn ja(&mut self, inst: &Inst, target: usize) {
+        self.charge_back_edge(inst, target);
+        let l = self.inst_label[target];
+        self.e.jump(None, l);
+    }
+
+    fn jcond(
+        &mut self,
+        inst: &Inst,
+        width: Width,
+        cond: Cond,
+        dst: Reg,
+        src: Operand,
+        target: usize,
+    ) {
+        let sz = sz_of(width);
+        let d = host(dst);
+        match src {
+            Operand::Reg(s) if cond == Cond::Set => self.e.rr(&[], sz, &[0x85], host(s), d),
+            Operand::Reg(s) => self.e.rr(&[], sz, &[0x39], host(s), d),
+            Operand::Imm(i) if self.mask(inst.pc).is_some() => {
+                self.imm_to(inst.pc, T11, i);
+                let op = if cond == Cond::Set { 0x85 } else { 0x39 };
+                self.e.rr(&[], sz, &[op], T11, d);
+            }
+            Operand::Imm(0) if matches!(cond, Cond::Eq | Cond::Ne) => {
+                // test d, d: two bytes shorter than cmp d, 0.
+                self.e.rr(&[], sz, &[0x85], d, d);
+            }
+            Operand::Imm(i) if cond == Cond::Set => {
+                if (0..=0xff).contains(&i) {
+                    // test r8, imm8 sees exactly the bits a small positive mask can hit.
+                    self.e.rr(&[], Sz::B8, &[0xf6], 0, d);
+                    self.e.imm_bytes(i as i64, 1);
+                } else {
+                    self.e.rr(&[], sz, &[0xf7], 0, d);
+                    self.e.imm_bytes(i as i64, 4);
+                }
+            }
+            Operand::Imm(i) => self.alu_ri(7, sz, d, i as i64),
+        }
+        let cc = cc_of(cond);
+        let l = self.inst_label[target];
+        if self.mode.counts_budget() && back_edge_charge(inst, &self.prog.insts[target]).is_some() {
+            let skip = self.e.label();
+            self.e.jump(Some(cc.invert()), skip);
+            self.charge_back_edge(inst, target);
+            self.e.jump(None, l);
+            self.e.bind(skip);
+        } else {
+            self.e.jump(Some(cc), l);
+        }
+    }
+
+    fn charge_back_edge(&mut self, inst: &Inst, target: usize) {
+        if !self.mode.counts_budget() {
+            return;
+        }
+        if let Some(c) = back_edge_charge(inst, &self.prog.insts[target]) {
+            self.charge(inst.pc, c);
+        }
+    }
+
+    /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
+    fn charge(&mut self, pc: usize, amount: u64) {
+        self.alu_mi(7, ENV, PJ_ENV_BUDGET, amount as i64);
+        let stop = self.stop_label(Stop::Budget, pc);
+        self.e.jump(Some(Cc::B), stop);
+        self.alu_mi(5, ENV, PJ_ENV_BUDGET, amount as i64);
+    }
+
+    fn helper_addr(&self, inst: &Inst, id: u32) -> Result<u64, CompileError> {
+        self.helpers
+            .iter()
+            .find(|h| h.id == id)
+            .map(|h| h.addr)
+            .ok_or_else(|| {
+                CompileError::at(
+                    inst.pc,
+                    ErrorKind::UnknownHelper,
+                    format!("call to unregistered helper id {id}"),
+                )
+            })
+    }
+
+    /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
+    fn call_abs(&mut self, addr: u64) {
+        self.mov_ri(T11, addr as i64);
+        self.e.raw(&[0x41, 0xff, 0xd3]);
+    }
+
+    /// `callx reg`: the id in `reg` is compared with each registered helper id (the table
+    /// is fixed at compile time); no match stops the program with PJ_STOP_UNKNOWN_CALLX.
+    fn callx(&mut self, pc: usize, reg: Reg) {
+        let r = host(reg);
+        let done = self.e.label();
+        let helpers: Vec<HelperEntry> = self.helpers.to_vec();
+        let stop = self.stop_label(Stop::Callx { reg: r }, pc);
+        let cmp = |em: &mut Self, id: u32| {
+            if i32::try_from(id).is_ok() {
+                em.alu_ri(7, Sz::B64, r, id as i64);
+            } else {
+                em.mov_ri(T11, id as i64);
+                em.e.rr(&[], Sz::B64, &[0x39], T11, r);
+            }
+        };
+        // All but the last id branch to their call; the last one falls into its call and
+        // a miss goes to the stop.
+        let Some((last, rest)) = helpers.split_last() else {
+            self.e.jump(None, stop);
+            return;
+        };
+        let mut hits = Vec::new();
+        for h in rest {
+            let l = self.e.label();
+            cmp(self, h.id);
+            self.e.jump(Some(Cc::E), l);
+            hits.push((l, h.addr));
+        }
+        cmp(self, last.id);
+        self.e.jump(Some(Cc::Ne), stop);
+        self.call_abs(last.addr);
+        for (l, addr) in hits {
+            self.e.jump(None, done);
+            self.e.bind(l);
+            self.call_abs(addr);
+        }
+        self.e.bind(done);
+    }
+
+    fn call_local(&mut self, pc: usize, target: usize) {
+        if self.mode.counts_budget() {
+            self.charge(pc, CALL_CHARGE);
+        }
+        let k = self.prog.subprog_of(target);
+        let l = self.sub_entry[k];
+        if self.plan.block > 0 {
+            // The callee's r10 is ours minus one frame.
+            self.alu_ri(5, Sz::B64, RBP, STACK_SIZE as i64);
+        }
+        self.e.call_label(l);
+        if self.plan.block > 0 {
+            self.alu_ri(0, Sz::B64, RBP, STACK_SIZE as i64);
+        }
+    }
+
+    fn exit(&mut self, i: usize, k: usize) {
+        if i + 1 == self.prog.subprogs[k].end {
+            return; // falls into the epilogue
+        }
+        if self.bare_return(k) {
+            self.e.raw(&[0xc3]);
+        } else {
+            let l = self.sub_exit[k];
+            self.e.jump(None, l);
+        }
+    }
+
+    fn cold_blocks(&mut self) {
+        for c in std::mem::take(&mut self.cold) {
+            match c {
+                Cold::DivZero { at, back, sz, rem } => {
+                    self.e.bind(at);
+                    if rem {
+                        self.mov_rr(sz, T11, RAX);
+                    } else {
+                        self.xor_zero(T11);
+                    }
+                    self.e.jump(None, back);
+                }
+                Cold::DivMinus1 { at, back, sz, rem } => {
+                    self.e.bind(at);
+                    if rem {
+                        self.xor_zero(T11);
+                    } else {
+                        self.e.rr(&[], sz, &[0xf7], 3, RAX);
+                        self.mov_rr(sz, T11, RAX);
+                    }
+                    self.e.jump(None, back);
+                }
+            }
+        }
+    }
+
+    /// The stop stubs: record kind, pc (and address, access or id), then unwind to the
+    /// entry's pops with the native sp saved at entry.
+    fn stop_stubs(&mut self) {
+        if self.stops.is_empty() {
+            return;
+        }
+        let common = self.e.label();
+        let stops = std::mem::take(&mut self.stops);
+        for (l, stop, pc) in stops {
+            self.e.bind(l);
+            let kind = match stop {
+                Stop::Oob { access } => {
+                    self.e.rm(&[], Sz::B64, &[0x89], T11, ENV, PJ_ENV_STOP_ADDR);
+                    self.e.rm(&[], Sz::B32, &[0xc7], 0, ENV, PJ_ENV_STOP_ACCESS);
+                    self.e.imm_bytes(access as i64, 4);
+                    PJ_STOP_OUT_OF_BOUNDS
+                }
+                Stop::Budget => PJ_STOP_BUDGET,
+                Stop::Callx { reg } => {
+                    self.e.rm(&[], Sz::B64, &[0x89], reg, ENV, PJ_ENV_STOP_ADDR);
+                    PJ_STOP_UNKNOWN_CALLX
+                }
+            };
+            self.e.rm(&[], Sz::B32, &[0xc7], 0, ENV, PJ_ENV_STOP_KIND);
+            self.e.imm_bytes(kind as i64, 4);
+            self.e.rm(&[], Sz::B64, &[0xc7], 0, ENV, PJ_ENV_STOP_PC);
+            self.e.imm_bytes(pc as i64, 4);
+            self.e.jump(None, common);
+        }
+        self.e.bind(common);
+        // r0 is meaningless after a stop; u64::MAX is what hosts of the ABI v1 contract
+        // (`PJ_CALLX_UNKNOWN`) read from an unknown callx, so both agree.
+        self.alu_ri(1, Sz::B64, RAX, -1); // or rax, -1
+        self.e.rm(&[], Sz::B64, &[0x8b], RSP, ENV, PJ_ENV_ENTRY_SP);
+        let l = self.entry_pops;
+        self.e.jump(None, l);
+    }
+}
+
+trait MapReg {
+    fn map_reg(self, f: impl Fn(Reg) -> Gpr) -> Operand;
+}
+
+impl MapReg for Operand {
+    /// Replaces a BPF register by its host register (numbers reused as `Reg`).
+    fn map_reg(self, f: impl Fn(Reg) -> Gpr) -> Operand {
+        match self {
+            Operand::Reg(r) => Operand::Reg(f(r)),
+            i => i,
+        }
+    }
+}
+
+fn sz_of(w: Width) -> Sz {
+    match w {
+        Width::W32 => Sz::B32,
+        Width::W64 => Sz::B64,
+    }
+}
+
+fn mem_sz(s: Size) -> Sz {
+    match s {
+        Size::B => Sz::B8,
+        Size::H => Sz::B16,
+        Size::W => Sz::B32,
+        Size::DW => Sz::B64,
+    }
+}
+
+fn cc_of(c: Cond) -> Cc {
+    match c {
+        Cond::Eq => Cc::E,
+        Cond::Ne | Cond::Set => Cc::Ne,
+        Cond::Gt => Cc::A,
+        Cond::Ge => Cc::Ae,
+        Cond::Lt => Cc::B,
+        Cond::Le => Cc::Be,
+        Cond::Sgt => Cc::G,
+        Cond::Sge => Cc::Ge,
+        Cond::Slt => Cc::L,
+        Cond::Sle => Cc::Le,
+    }
+}

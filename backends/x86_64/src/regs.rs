@@ -1,0 +1,88 @@
+//! BPF → x86-64 register map (the Linux kernel's x86 JIT map, with `r12` for the run
+//! environment instead of the tail-call counter).
+
+use crate::encode::Gpr;
+use packjit_frontend::{AluOp, Op, Operand, Reg};
+
+pub const RAX: Gpr = 0;
+pub const RCX: Gpr = 1;
+pub const RDX: Gpr = 2;
+pub const RBX: Gpr = 3;
+pub const RSP: Gpr = 4;
+pub const RBP: Gpr = 5;
+pub const RSI: Gpr = 6;
+pub const RDI: Gpr = 7;
+pub const R8: Gpr = 8;
+pub const R9: Gpr = 9;
+pub const R10: Gpr = 10;
+pub const R11: Gpr = 11;
+pub const R12: Gpr = 12;
+pub const R13: Gpr = 13;
+pub const R14: Gpr = 14;
+pub const R15: Gpr = 15;
+
+/// BPF register `rN` lives in `REG_MAP[N]`.
+pub const REG_MAP: [Gpr; 11] = [
+    RAX, // r0: the helpers' return register, so a helper result needs no move
+    RDI, // r1: 1st SysV argument (also the entry's ctx)
+    RSI, // r2: 2nd SysV argument (also the entry's ctx_len)
+    RDX, // r3: 3rd SysV argument (the entry's env arrives here and moves to r12)
+    RCX, // r4: 4th SysV argument (shift counts without BMI2 go through cl: see lower)
+    R8,  // r5: 5th SysV argument
+    RBX, // r6: callee-saved, survives helper calls; pushed only when used
+    R13, // r7: callee-saved (r13 as a base always takes a disp8, like rbp)
+    R14, // r8: callee-saved
+    R15, // r9: callee-saved
+    RBP, // r10: top of the current 512-byte frame (callee-saved; adjusted around calls)
+];
+
+/// `PjExecEnv *`, kept for the whole run when the code can stop or is sandboxed.
+pub const ENV: Gpr = R12;
+/// Scratch registers: caller-saved, never BPF registers, dead between eBPF instructions.
+pub const T9: Gpr = R9;
+/// Second scratch (saved r0 across `div`/`cmpxchg` loops, check offsets).
+pub const T10: Gpr = R10;
+/// Third scratch (the kernel's AUX_REG: blinded immediates, checked addresses, helper
+/// addresses for `call r11`).
+pub const T11: Gpr = R11;
+
+/// Host register of BPF register `r`.
+pub fn host(r: Reg) -> Gpr {
+    REG_MAP[r as usize]
+}
+
+/// BPF registers this instruction reads (bit n = rN), for deciding which callee-saved
+/// registers the entry must save and zero.
+pub fn reads(op: &Op) -> u16 {
+    let r = |x: Reg| 1u16 << x;
+    let o = |x: Operand| match x {
+        Operand::Reg(x) => r(x),
+        Operand::Imm(_) => 0,
+    };
+    match *op {
+        Op::Alu {
+            op: AluOp::Mov,
+            src,
+            ..
+        } => o(src),
+        Op::Alu { dst, src, .. } => r(dst) | o(src),
+        Op::MovSx { src, .. } => r(src),
+        Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
+        Op::Load { base, .. } => r(base),
+        Op::Store { base, src, .. } => r(base) | o(src),
+        Op::Atomic { base, src, .. } => r(base) | r(src) | 1,
+        Op::Jcond { dst, src, .. } => r(dst) | o(src),
+        Op::CallHelper { .. } | Op::CallLocal { .. } => 0x3e,
+        Op::CallReg { reg } => r(reg) | 0x3e,
+        Op::Exit => 1,
+        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
+    }
+}
+
+/// Host callee-saved registers standing for BPF r6–r9 among the bits of `used`.
+pub fn callee_saved_of(used: u16) -> Vec<Gpr> {
+    (6..=9)
+        .filter(|r| used & (1 << r) != 0)
+        .map(|r| REG_MAP[r])
+        .collect()
+}

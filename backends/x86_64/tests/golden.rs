@@ -1,0 +1,670 @@
+//! Golden disassembly of the emitted code (`objdump -D -b binary -mi386:x86-64 -M intel`),
+//! and the compile error paths.
+
+mod common;
+
+use common::asm;
+use packjit_plugin_api::abi::*;
+use packjit_plugin_api::{CompileRequest, ErrorKind, HelperEntry, JitBackend};
+use packjit_x86_64::{emit_program, Options, X86Backend, FEATURE_BMI2, FEATURE_MOVBE};
+use std::process::Command;
+
+/// Disassembles `bytes`: one `mnemonic operands` line per instruction.
+fn disasm(bytes: &[u8]) -> Vec<String> {
+    let path = std::env::temp_dir().join(format!(
+        "packjit-x86-golden-{}-{:x}.bin",
+        std::process::id(),
+        {
+            use std::hash::{BuildHasher, RandomState};
+            RandomState::new().hash_one(bytes)
+        }
+    ));
+    std::fs::write(&path, bytes).unwrap();
+    let out = Command::new("objdump")
+        .args(["-D", "-b", "binary", "-mi386:x86-64", "-M", "intel"])
+        .arg(&path)
+        .output();
+    std::fs::remove_file(&path).ok();
+    let out = out.expect("objdump (binutils) must be installed for the golden tests");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            // "   4:\tb8 07 00 00 00       \tmov    eax,0x7" -> "mov eax,0x7"
+            let mut parts = l.splitn(3, '\t');
+            if !parts.next()?.trim_end().ends_with(':') {
+                return None;
+            }
+            parts.next()?;
+            let text = parts.next()?.trim();
+            // Drop "<label+off>" and "# comment" annotations.
+            let text = text.split(['<', '#']).next().unwrap().trim();
+            Some(text.split_whitespace().collect::<Vec<_>>().join(" "))
+        })
+        .collect()
+}
+
+const HELPER_ADDR: u64 = 0x0000_7f12_3456_7890;
+
+fn helpers() -> Vec<HelperEntry> {
+    vec![HelperEntry {
+        id: 1,
+        reserved: 0,
+        addr: HELPER_ADDR,
+    }]
+}
+
+fn code(src: &str, flags: u32, features: u64) -> Vec<String> {
+    let out = emit_program(
+        &asm(src),
+        &helpers(),
+        &Options {
+            flags,
+            features,
+            blind_key: 1,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{src}: {e}"));
+    let d = disasm(&out.bytes);
+    assert_eq!(
+        d.len(),
+        out.native_insns,
+        "instruction count:\n{}",
+        d.join("\n")
+    );
+    d
+}
+
+fn check(name: &str, src: &str, features: u64, want: &[&str]) {
+    let got = code(src, 0, features);
+    assert_eq!(
+        got,
+        want,
+        "{name}: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+#[test]
+fn minimal_program_has_no_frame() {
+    check(
+        "mov+exit",
+        "mov %r0, 7\nexit",
+        0,
+        &["endbr64", "mov eax,0x7", "ret"],
+    );
+}
+
+/// imm8 when it fits, the rax short form, xor for zero, mov r32 for values below 2^32, sign-extended mov for negative ones, movabs only beyond.
+#[test]
+fn alu_immediates_take_the_shortest_forms() {
+    let got = code("add %r1, 1\nadd %r1, 1000\nadd %r0, 1000\nsub32 %r2, -1\nmov %r3, -1\nmov32 %r3, -1\nlddw %r4, 0x100000000\nlddw %r5, 0xffffffff\nmov %r0, 0\nexit", 0, 0);
+    let want: &[&str] = &[
+        "endbr64",
+        "xor eax,eax",
+        "add rdi,0x1",
+        "add rdi,0x3e8",
+        "add rax,0x3e8",
+        "sub esi,0xffffffff",
+        "mov rdx,0xffffffffffffffff",
+        "mov edx,0xffffffff",
+        "movabs rcx,0x100000000",
+        "mov r8d,0xffffffff",
+        "xor eax,eax",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "alu_immediates_take_the_shortest_forms: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// r6 (rbx) is the only callee-saved register pushed; one push keeps rsp aligned for the call; BPF r1-r5 are already the SysV argument registers.
+#[test]
+fn helper_call_saves_only_what_it_uses() {
+    let got = code("mov %r6, %r1\ncall 1\nadd %r0, %r6\nexit", 0, 0);
+    let want: &[&str] = &[
+        "endbr64",
+        "push rbx",
+        "xor edx,edx",
+        "xor ecx,ecx",
+        "xor r8d,r8d",
+        "mov rbx,rdi",
+        "movabs r11,0x7f1234567890",
+        "call r11",
+        "add rax,rbx",
+        "pop rbx",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "helper_call_saves_only_what_it_uses: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// a register divisor tests for zero with the fix-up out of line; constant 0 and -1 divisors need no division at all.
+#[test]
+fn division_guards_only_register_divisors() {
+    let got = code(
+        "div %r1, %r2\nmod32 %r1, 0\nsdiv %r1, -1\nmov %r0, %r1\nexit",
+        0,
+        0,
+    );
+    let want: &[&str] = &[
+        "endbr64",
+        "mov r11,rsi",
+        "mov r10,rax",
+        "mov r9,rdx",
+        "mov rax,rdi",
+        "test r11,r11",
+        "je 0x2f",
+        "xor edx,edx",
+        "div r11",
+        "mov r11,rax",
+        "mov rax,r10",
+        "mov rdx,r9",
+        "mov rdi,r11",
+        "mov edi,edi",
+        "neg rdi",
+        "mov rax,rdi",
+        "ret",
+        "xor r11d,r11d",
+        "jmp 0x1d",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "division_guards_only_register_divisors: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// zero and -1 divisors go to cold code: idiv never sees them.
+#[test]
+fn signed_division_avoids_the_idiv_traps() {
+    let got = code("smod32 %r1, %r0\nexit", 0, 0);
+    let want: &[&str] = &[
+        "endbr64",
+        "xor eax,eax",
+        "mov r11,rax",
+        "mov r10,rax",
+        "mov r9,rdx",
+        "mov rax,rdi",
+        "test r11d,r11d",
+        "je 0x2e",
+        "cmp r11d,0xffffffff",
+        "je 0x33",
+        "cdq",
+        "idiv r11d",
+        "mov r11d,edx",
+        "mov rax,r10",
+        "mov rdx,r9",
+        "mov edi,r11d",
+        "ret",
+        "mov r11d,eax",
+        "jmp 0x24",
+        "xor r11d,r11d",
+        "jmp 0x24",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "signed_division_avoids_the_idiv_traps: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// r4 is rcx: parked in r11 around the shift.
+#[test]
+fn shifts_without_bmi2_go_through_cl() {
+    let got = code(
+        "lsh %r1, %r2\nrsh32 %r4, %r1\narsh %r1, %r4\nmov %r0, %r1\nexit",
+        0,
+        0,
+    );
+    let want: &[&str] = &[
+        "endbr64",
+        "xor ecx,ecx",
+        "mov r11,rcx",
+        "mov rcx,rsi",
+        "shl rdi,cl",
+        "mov rcx,r11",
+        "mov r11,rcx",
+        "mov rcx,rdi",
+        "shr r11d,cl",
+        "mov ecx,r11d",
+        "sar rdi,cl",
+        "mov rax,rdi",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "shifts_without_bmi2_go_through_cl: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// shlx/shrx/sarx.
+#[test]
+fn shifts_with_bmi2_use_any_register() {
+    let got = code(
+        "lsh %r1, %r2\nrsh32 %r4, %r1\narsh %r1, %r4\nmov %r0, %r1\nexit",
+        0,
+        FEATURE_BMI2,
+    );
+    let want: &[&str] = &[
+        "endbr64",
+        "xor ecx,ecx",
+        "shlx rdi,rdi,rsi",
+        "shrx ecx,ecx,edi",
+        "sarx rdi,rdi,rcx",
+        "mov rax,rdi",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "shifts_with_bmi2_use_any_register: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// lock add, lock xadd, xchg (locked implicitly), lock cmpxchg (+ zero-extension of eax), a cmpxchg loop for fetch-and.
+#[test]
+fn atomics_are_lock_prefixed() {
+    let got = code("lock add [%r1+0], %r2\nlock fetch add32 [%r1+4], %r2\nlock xchg [%r1+8], %r3\nlock cmpxchg32 [%r1+12], %r2\nlock fetch and [%r1+16], %r2\nexit", 0, 0);
+    let want: &[&str] = &[
+        "endbr64",
+        "xor eax,eax",
+        "xor edx,edx",
+        "lock add QWORD PTR [rdi],rsi",
+        "lock xadd DWORD PTR [rdi+0x4],esi",
+        "xchg QWORD PTR [rdi+0x8],rdx",
+        "lock cmpxchg DWORD PTR [rdi+0xc],esi",
+        "mov eax,eax",
+        "lea r11,[rdi+0x10]",
+        "mov r10,rax",
+        "mov rax,QWORD PTR [r11]",
+        "mov r9,rax",
+        "and r9,rsi",
+        "lock cmpxchg QWORD PTR [r11],r9",
+        "jne 0x26",
+        "mov rsi,rax",
+        "mov rax,r10",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "atomics_are_lock_prefixed: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// disp8/disp32/no displacement, r13 needs a disp8, sil needs REX, the stack frame is rbp-relative.
+#[test]
+fn memory_addressing_forms() {
+    let got = code("stxdw [%r10-8], %r1\nldxb %r0, [%r10-512]\nldxh %r2, [%r1+200]\nmov %r7, %r1\nldxsw %r3, [%r7+0]\nstb [%r1+0], 5\nstxb [%r1+1], %r2\nsth [%r1+2], -2\nexit", 0, 0);
+    let want: &[&str] = &[
+        "endbr64",
+        "push rbp",
+        "push r13",
+        "mov rbp,rsp",
+        "sub rsp,0x200",
+        "mov QWORD PTR [rbp-0x8],rdi",
+        "movzx eax,BYTE PTR [rbp-0x200]",
+        "movzx esi,WORD PTR [rdi+0xc8]",
+        "mov r13,rdi",
+        "movsxd rdx,DWORD PTR [r13+0x0]",
+        "mov BYTE PTR [rdi],0x5",
+        "mov BYTE PTR [rdi+0x1],sil",
+        "mov WORD PTR [rdi+0x2],0xfffe",
+        "mov rsp,rbp",
+        "pop r13",
+        "pop rbp",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "memory_addressing_forms: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// ldx + be of the same register.
+#[test]
+fn movbe_fuses_load_and_swap() {
+    let got = code(
+        "ldxw %r0, [%r1+0]\nbe32 %r0\nldxh %r2, [%r1+0]\nbe16 %r2\nexit",
+        0,
+        FEATURE_MOVBE,
+    );
+    let want: &[&str] = &[
+        "endbr64",
+        "movbe eax,DWORD PTR [rdi]",
+        "movbe si,WORD PTR [rdi]",
+        "movzx esi,si",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "movbe_fuses_load_and_swap: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// the env is kept in r12 and entry_sp saved; an unknown id stops with kind 3.
+#[test]
+fn callx_compares_ids_and_stops() {
+    let got = code("mov %r0, 0\ncall %r0\nexit", 0, 0);
+    let want: &[&str] = &[
+        "endbr64",
+        "push r12",
+        "mov r12,rdx",
+        "mov QWORD PTR [r12+0x50],rsp",
+        "xor edx,edx",
+        "xor ecx,ecx",
+        "xor r8d,r8d",
+        "xor eax,eax",
+        "cmp rax,0x1",
+        "jne 0x2d",
+        "movabs r11,0x7f1234567890",
+        "call r11",
+        "pop r12",
+        "ret",
+        "mov QWORD PTR [r12+0x38],rax",
+        "mov DWORD PTR [r12+0x28],0x3",
+        "mov QWORD PTR [r12+0x30],0x1",
+        "jmp 0x46",
+        "or rax,0xffffffffffffffff",
+        "mov rsp,QWORD PTR [r12+0x50]",
+        "jmp 0x2a",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "callx_compares_ids_and_stops: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// the entry reserves both frames; the callee needs no frame of its own.
+#[test]
+fn local_calls_move_r10_by_one_frame() {
+    let got = code(
+        "mov %r1, %r10\ncall local f\nexit\nf:\nstdw [%r1-8], 1\nexit",
+        0,
+        0,
+    );
+    let want: &[&str] = &[
+        "endbr64",
+        "push rbp",
+        "mov rbp,rsp",
+        "sub rsp,0x400",
+        "xor edx,edx",
+        "xor ecx,ecx",
+        "xor r8d,r8d",
+        "mov rdi,rbp",
+        "sub rbp,0x200",
+        "call 0x31",
+        "add rbp,0x200",
+        "mov rsp,rbp",
+        "pop rbp",
+        "ret",
+        "mov QWORD PTR [rdi-0x8],0x1",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "local_calls_move_r10_by_one_frame: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// ctx then stack block then the region scan; cmova clamps; [r10-8] carries no check; the block is zeroed with rep stosq.
+#[test]
+fn sandbox_checks_clamp_and_skip_frame_constants() {
+    let got = code(
+        "ldxdw %r0, [%r1+8]\nstxdw [%r10-8], %r0\nexit",
+        PJ_COMPILE_SANDBOX,
+        0,
+    );
+    let want: &[&str] = &[
+        "endbr64",
+        "push rbp",
+        "push r12",
+        "mov r12,rdx",
+        "mov QWORD PTR [r12+0x50],rsp",
+        "mov rbp,rsp",
+        "sub rsp,0x200",
+        "mov QWORD PTR [r12+0x48],rbp",
+        "mov QWORD PTR [r12+0x40],rsp",
+        "mov r9,rdi",
+        "mov rdi,rsp",
+        "mov ecx,0x40",
+        "xor eax,eax",
+        "rep stos QWORD PTR es:[rdi],rax",
+        "mov rdi,r9",
+        "lea r11,[rdi+0x8]",
+        "mov r10,r11",
+        "sub r10,QWORD PTR [r12+0x10]",
+        "add r10,0x8",
+        "sbb r9,r9",
+        "or r10,r9",
+        "mov r9,QWORD PTR [r12+0x18]",
+        "sub r9,QWORD PTR [r12+0x10]",
+        "cmp r10,r9",
+        "jbe 0x85",
+        "mov r10,r11",
+        "sub r10,QWORD PTR [r12+0x40]",
+        "add r10,0x8",
+        "sbb r9,r9",
+        "or r10,r9",
+        "cmp r10,0x200",
+        "jbe 0x85",
+        "mov r10d,0x8",
+        "call 0xc4",
+        "jbe 0x85",
+        "jmp 0x97",
+        "cmova r11,r12",
+        "mov rax,QWORD PTR [r11]",
+        "mov QWORD PTR [rbp-0x8],rax",
+        "mov rsp,rbp",
+        "pop r12",
+        "pop rbp",
+        "ret",
+        "mov QWORD PTR [r12+0x38],r11",
+        "mov DWORD PTR [r12+0x2c],0x8",
+        "mov DWORD PTR [r12+0x28],0x1",
+        "mov QWORD PTR [r12+0x30],0x0",
+        "jmp 0xb9",
+        "or rax,0xffffffffffffffff",
+        "mov rsp,QWORD PTR [r12+0x50]",
+        "jmp 0x93",
+        "push rax",
+        "push rcx",
+        "push rdx",
+        "mov rcx,QWORD PTR [r12+0x8]",
+        "mov rax,QWORD PTR [r12]",
+        "test rcx,rcx",
+        "je 0x104",
+        "test r10d,0x100",
+        "je 0xe4",
+        "test BYTE PTR [rax+0x10],0x1",
+        "je 0xfb",
+        "mov r9,r11",
+        "sub r9,QWORD PTR [rax]",
+        "jb 0xfb",
+        "movzx edx,r10b",
+        "add r9,rdx",
+        "jb 0xfb",
+        "cmp r9,QWORD PTR [rax+0x8]",
+        "jbe 0x108",
+        "add rax,0x18",
+        "dec rcx",
+        "jmp 0xd0",
+        "or r9d,0x1",
+        "pop rdx",
+        "pop rcx",
+        "pop rax",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "sandbox_checks_clamp_and_skip_frame_constants: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// a taken back-edge compares and subtracts the charge in env.budget.
+#[test]
+fn budget_charges_back_edges() {
+    let got = code(
+        "l:\nadd %r0, 1\njne %r0, 100, l\nexit",
+        PJ_COMPILE_BUDGET,
+        0,
+    );
+    let want: &[&str] = &[
+        "endbr64",
+        "push r12",
+        "mov r12,rdx",
+        "mov QWORD PTR [r12+0x50],rsp",
+        "xor eax,eax",
+        "add rax,0x1",
+        "cmp rax,0x64",
+        "je 0x2a",
+        "cmp QWORD PTR [r12+0x20],0x2",
+        "jb 0x2d",
+        "sub QWORD PTR [r12+0x20],0x2",
+        "jmp 0x10",
+        "pop r12",
+        "ret",
+        "mov DWORD PTR [r12+0x28],0x2",
+        "mov QWORD PTR [r12+0x30],0x1",
+        "jmp 0x41",
+        "or rax,0xffffffffffffffff",
+        "mov rsp,QWORD PTR [r12+0x50]",
+        "jmp 0x2a",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "budget_charges_back_edges: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// test r8, imm8 for jset with a small mask, test for == 0, rel8 jumps.
+#[test]
+fn branches_use_test_and_short_forms() {
+    let got = code("jset %r1, 0x80, +1\njsgt32 %r1, -5, +0\njeq %r1, 0, +0\njlt %r1, %r2, +0\nmov %r0, 0\nexit", 0, 0);
+    let want: &[&str] = &[
+        "endbr64",
+        "xor eax,eax",
+        "test dil,0x80",
+        "jne 0x11",
+        "cmp edi,0xfffffffb",
+        "jg 0x11",
+        "test rdi,rdi",
+        "je 0x16",
+        "cmp rdi,rsi",
+        "jb 0x1b",
+        "xor eax,eax",
+        "ret",
+    ];
+    assert_eq!(
+        got,
+        want,
+        "branches_use_test_and_short_forms: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+#[test]
+fn far_branches_relax_to_rel32_and_near_ones_stay_rel8() {
+    // 40 instructions of 7 bytes (add rdi, imm32) between the jump and its target: too far
+    // for rel8; the back-edge over two instructions stays short.
+    let mut src = String::from("jeq %r1, 0, far\nl:\nadd %r1, 1\njne %r1, 9, l\n");
+    for _ in 0..40 {
+        src.push_str("add %r1, 100000\n");
+    }
+    src.push_str("far:\nmov %r0, %r1\nexit");
+    let out = emit_program(&asm(&src), &[], &Options::default()).unwrap();
+    assert_eq!(
+        out.passes, 2,
+        "one pass to find the far branch, one to settle"
+    );
+    let d = disasm(&out.bytes);
+    // test rdi,rdi ; je rel32
+    let o = out.inst_offsets[0];
+    assert_eq!(&out.bytes[o..o + 3], &[0x48, 0x85, 0xff]);
+    assert_eq!(&out.bytes[o + 3..o + 5], &[0x0f, 0x84], "{}", d.join("\n"));
+    let jne = d.iter().position(|l| l.starts_with("jne")).unwrap();
+    let off = out.inst_offsets[2];
+    assert_eq!(out.bytes[off + 4], 0x75, "short jne: {}", d[jne]);
+}
+
+fn req<'a>(
+    code: &'a [u8],
+    helpers: &'a [HelperEntry],
+    features: u64,
+    flags: u32,
+) -> CompileRequest<'a> {
+    CompileRequest {
+        code,
+        helpers,
+        features,
+        flags,
+        blind_key: 0,
+    }
+}
+
+#[test]
+fn backend_identity_and_features() {
+    let be = X86Backend::new();
+    assert_eq!(be.name(), "packjit-x86-64");
+    assert_eq!(be.supported_features(), FEATURE_BMI2 | FEATURE_MOVBE);
+    assert_eq!(be.detect_features() & !be.supported_features(), 0);
+}
+
+#[test]
+fn bad_requests_are_errors_naming_pc_and_reason() {
+    let code = asm("call 9\nexit");
+    let e = emit_program(&code, &helpers(), &Options::default()).unwrap_err();
+    assert_eq!(e.pc, Some(0));
+    assert!(e.message.contains('9'), "{e}");
+    let ok = asm("mov %r0, 1\nexit");
+    let arena = packjit::Runtime::new().unwrap();
+    let arena = arena.arena().unwrap();
+    let e = X86Backend::new()
+        .compile(&req(&ok, &[], 1 << 5, 0), arena)
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert_eq!(
+        e.message,
+        "unknown x86-64 feature bits 0x20 (supported: 0x3)"
+    );
+    let e = X86Backend::new()
+        .compile(&req(&ok, &[], 0, 1 << 9), arena)
+        .unwrap_err();
+    assert!(e.message.starts_with("unknown compile flags 0x200"), "{e}");
+    let e = emit_program(&ok[..8], &[], &Options::default()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "pc 0: falls through past the end of the program"
+    );
+}

@@ -1,0 +1,713 @@
+//! # packjit-interp
+//!
+//! packjit's RFC 9669 (cpu v4) interpreter. It runs a verified [`packjit_frontend::Program`]
+//! (so [`Interpreter::load`] is `packjit_frontend::decode`, the same verifier every backend
+//! runs) under the JIT backends' sandbox contract (`docs/ARCHITECTURE.md`, "Sandbox
+//! contract"):
+//!
+//! * **Memory.** A load, store or atomic of `size` bytes at `addr` is allowed when
+//!   `[addr, addr + size)` lies inside one of: the context `[ctx, ctx + len)` (read-write),
+//!   the program's stack block (read-write), or a host region ([`PjMemRegion`], read-only
+//!   unless `PJ_REGION_WRITABLE`). Atomics count as writes. Anything else stops the program
+//!   with [`Stop::OutOfBounds`] before any byte is touched. An interpreter has no reason to
+//!   skip the check, so there is no unchecked mode: trusted callers get the same answers,
+//!   and an access a trusted JIT would have made at a wild address is reported instead.
+//! * **Stack block.** One host allocation of `analysis::stack_block_size(prog)` bytes, zeroed
+//!   at entry; the entry's r10 is its end, a callee's r10 is its caller's minus 512, so frame
+//!   `k` is `[end - 512 (k + 1), end - 512 k)`, as in the emitted code. Addresses are real
+//!   host addresses, so pointer arithmetic, comparisons and round trips through memory behave
+//!   as they do natively (only the absolute values differ from run to run).
+//! * **Registers.** r1 = context address (0 for an empty context), r2 = its length,
+//!   r10 = stack block end, r0 and r3–r9 zero.
+//! * **Budget.** With a budget, a taken jump charges `analysis::back_edge_charge` and a
+//!   bpf-to-bpf call charges `analysis::CALL_CHARGE` *before* it is taken; a charge larger than
+//!   what is left stops at the jump's (or call's) pc with [`Stop::Budget`], the budget
+//!   unchanged.
+//! * **`callx`** to an id with no helper stops with [`Stop::UnknownCallx`] (pc and id).
+//!
+//! ```
+//! use packjit_interp::{Interpreter, Stop};
+//! // r0 = *(u32 *)(r1 + 0); exit
+//! let code = [0x61, 0x10, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+//! let vm = Interpreter::new();
+//! let prog = vm.load(&code).unwrap();
+//! let mut ctx = 0x1234_5678u32.to_le_bytes();
+//! assert_eq!(vm.run(&prog, &mut ctx, None).unwrap().r0, 0x1234_5678);
+//! // Three context bytes are too few for a 4-byte load: a stop at pc 0, nothing read.
+//! let stop = vm.run(&prog, &mut ctx[..3], None).unwrap_err();
+//! assert!(matches!(stop, Stop::OutOfBounds { pc: 0, size: 4, write: false, .. }));
+//! ```
+
+use packjit_frontend::analysis::{back_edge_charge, stack_block_size, CALL_CHARGE};
+use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
+use packjit_plugin_api::{
+    AccessDirection, CompileError, ErrorKind, HelperEntry, MemFault, PjMemRegion,
+    PJ_REGION_WRITABLE,
+};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A helper: the same `extern "C"` functions the JIT code calls.
+pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
+
+/// Why a run stopped without a result (the sandbox stops of the JIT backends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// A load, store or atomic outside every allowed region; nothing was read or written.
+    OutOfBounds {
+        /// eBPF pc (slot index) of the access.
+        pc: usize,
+        /// First byte of the access.
+        addr: u64,
+        /// Bytes accessed.
+        size: u32,
+        /// Store or atomic (true), load (false).
+        write: bool,
+    },
+    /// The instruction budget could not pay for the jump or call at `pc`.
+    Budget {
+        /// eBPF pc of the jump or call.
+        pc: usize,
+    },
+    /// `callx` at `pc` named helper `id`, which is not registered.
+    UnknownCallx {
+        /// eBPF pc of the `callx`.
+        pc: usize,
+        /// The register's value.
+        id: u64,
+    },
+}
+
+impl Stop {
+    /// The pc the program stopped at.
+    pub fn pc(&self) -> usize {
+        match *self {
+            Stop::OutOfBounds { pc, .. } | Stop::Budget { pc } | Stop::UnknownCallx { pc, .. } => {
+                pc
+            }
+        }
+    }
+
+    /// The error kind the runtime reports for this stop.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Stop::OutOfBounds { .. } => ErrorKind::OutOfBounds,
+            Stop::Budget { .. } => ErrorKind::Budget,
+            Stop::UnknownCallx { .. } => ErrorKind::UnknownCallx,
+        }
+    }
+
+    /// The stop as the runtime's error: kind, pc and, for memory, the [`MemFault`].
+    pub fn to_error(&self) -> CompileError {
+        let mut e = CompileError::at(self.pc(), self.kind(), self.to_string());
+        if let Stop::OutOfBounds {
+            addr, size, write, ..
+        } = *self
+        {
+            e.fault = Some(MemFault {
+                addr,
+                size,
+                direction: if write {
+                    AccessDirection::Write
+                } else {
+                    AccessDirection::Read
+                },
+            });
+        }
+        e
+    }
+}
+
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Stop::OutOfBounds {
+                pc,
+                addr,
+                size,
+                write,
+            } => write!(
+                f,
+                "pc {pc}: out of bounds: {} of {size} bytes at {addr:#x}",
+                if write { "write" } else { "read" }
+            ),
+            Stop::Budget { pc } => write!(f, "pc {pc}: instruction budget exhausted"),
+            Stop::UnknownCallx { pc, id } => {
+                write!(f, "pc {pc}: callx to unregistered helper id {id}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Stop {}
+
+impl From<Stop> for CompileError {
+    fn from(s: Stop) -> Self {
+        s.to_error()
+    }
+}
+
+/// The result of a run that reached its final `exit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Final r0.
+    pub r0: u64,
+    /// Instructions executed (an `lddw` counts once).
+    pub insns: u64,
+    /// Budget left, when the run had one.
+    pub budget_left: Option<u64>,
+}
+
+/// The memory a run may touch besides its own stack block, and its budget.
+///
+/// All addresses are host addresses: the interpreter reads and writes them directly once the
+/// access is inside one of them. Building one is safe; running with one is `unsafe`
+/// ([`Interpreter::run_raw`]) because the interpreter cannot know the memory is live.
+#[derive(Clone, Copy, Debug)]
+pub struct RawEnv<'a> {
+    /// r1 at entry.
+    pub r1: u64,
+    /// r2 at entry.
+    pub r2: u64,
+    /// The context region `[ctx_start, ctx_end)`, read-write (may be empty).
+    pub ctx_start: u64,
+    /// One past the context's last byte.
+    pub ctx_end: u64,
+    /// Host regions (read-only unless `PJ_REGION_WRITABLE`).
+    pub regions: &'a [PjMemRegion],
+    /// Instruction budget (`None`: unlimited).
+    pub budget: Option<u64>,
+}
+
+/// The interpreter: a helper table. Cheap to clone, `Send + Sync`.
+#[derive(Clone, Default)]
+pub struct Interpreter {
+    helpers: BTreeMap<u32, HelperFn>,
+}
+
+impl fmt::Debug for Interpreter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Interpreter")
+            .field("helpers", &self.helpers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+struct Frame {
+    ret: usize,
+    saved: [u64; 4],
+    r10: u64,
+}
+
+impl Interpreter {
+    /// An interpreter with no helpers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers (or replaces) helper `id`.
+    pub fn with_helper(mut self, id: u32, f: HelperFn) -> Self {
+        self.helpers.insert(id, f);
+        self
+    }
+
+    /// Registers (or replaces) helper `id` in place.
+    pub fn set_helper(&mut self, id: u32, f: HelperFn) {
+        self.helpers.insert(id, f);
+    }
+
+    /// Builds an interpreter from a runtime-style helper table (addresses of
+    /// `extern "C" fn(u64, u64, u64, u64, u64) -> u64`).
+    ///
+    /// # Safety
+    /// Every `addr` must be such a function, callable for as long as the interpreter is used.
+    pub unsafe fn from_helper_table(table: &[HelperEntry]) -> Self {
+        let mut helpers = BTreeMap::new();
+        for h in table {
+            // SAFETY: the caller promises `addr` is a helper function.
+            let f = unsafe { std::mem::transmute::<usize, HelperFn>(h.addr as usize) };
+            helpers.insert(h.id, f);
+        }
+        Self { helpers }
+    }
+
+    /// The helper table in the form `packjit_frontend::decode` and a compile request take
+    /// (real function addresses).
+    pub fn helper_table(&self) -> Vec<HelperEntry> {
+        self.helpers
+            .iter()
+            .map(|(&id, &f)| HelperEntry {
+                id,
+                reserved: 0,
+                addr: f as usize as u64,
+            })
+            .collect()
+    }
+
+    fn helper(&self, id: u64) -> Option<HelperFn> {
+        self.helpers.get(&u32::try_from(id).ok()?).copied()
+    }
+
+    /// Verifies `code` against this helper table (`packjit_frontend::decode`): the same
+    /// rejections, with the same messages, as every JIT backend.
+    pub fn load(&self, code: &[u8]) -> Result<Program, CompileError> {
+        packjit_frontend::decode(code, &self.helper_table())
+    }
+
+    /// Runs `prog` with `ctx` as its context (r1 = its address, or 0 when empty; r2 = its
+    /// length) and no host regions.
+    pub fn run(
+        &self,
+        prog: &Program,
+        ctx: &mut [u8],
+        budget: Option<u64>,
+    ) -> Result<Outcome, Stop> {
+        self.run_with_stack(prog, ctx, budget, None)
+    }
+
+    /// [`Interpreter::run`], and copies the final stack block into `stack_out` (resized to
+    /// `analysis::stack_block_size(prog)`; the entry frame is its last 512 bytes).
+    pub fn run_with_stack(
+        &self,
+        prog: &Program,
+        ctx: &mut [u8],
+        budget: Option<u64>,
+        stack_out: Option<&mut Vec<u8>>,
+    ) -> Result<Outcome, Stop> {
+        let (start, len) = ctx_span(ctx);
+        let env = RawEnv {
+            r1: start,
+            r2: len,
+            ctx_start: start,
+            ctx_end: start + len,
+            regions: &[],
+            budget,
+        };
+        // SAFETY: the context is a live, exclusively borrowed slice and there are no host
+        // regions; the stack block is the interpreter's own.
+        unsafe { self.run_raw(prog, &env, stack_out) }
+    }
+
+    /// Runs `prog` with `ctx` and host `regions` (read-only unless `PJ_REGION_WRITABLE`).
+    ///
+    /// # Safety
+    /// Every region must be memory that may be read (and, when writable, written) for the
+    /// whole run, not aliased by `ctx` or by any Rust reference used during the run (helpers
+    /// included).
+    pub unsafe fn run_with_regions(
+        &self,
+        prog: &Program,
+        ctx: &mut [u8],
+        regions: &[PjMemRegion],
+        budget: Option<u64>,
+    ) -> Result<Outcome, Stop> {
+        let (start, len) = ctx_span(ctx);
+        let env = RawEnv {
+            r1: start,
+            r2: len,
+            ctx_start: start,
+            ctx_end: start + len,
+            regions,
+            budget,
+        };
+        // SAFETY: the caller vouches for the regions; the context is a live slice.
+        unsafe { self.run_raw(prog, &env, None) }
+    }
+
+    /// The general entry: registers and regions exactly as `env` says.
+    ///
+    /// # Safety
+    /// `[ctx_start, ctx_end)` must be readable and writable memory, and every region readable
+    /// (writable when flagged), for the whole run, with no Rust reference to any of it used
+    /// meanwhile (helpers included).
+    pub unsafe fn run_raw(
+        &self,
+        prog: &Program,
+        env: &RawEnv<'_>,
+        stack_out: Option<&mut Vec<u8>>,
+    ) -> Result<Outcome, Stop> {
+        // Zeroed at entry: nothing of the host leaks in. Allocated as u64s so the block is
+        // 8-byte aligned like the native stack (atomics on it are then aligned too).
+        let size = stack_block_size(prog);
+        let mut block = vec![0u64; size / 8];
+        let stack_start = block.as_mut_ptr() as u64;
+        let mut mem = Mem {
+            ctx: (env.ctx_start, env.ctx_end),
+            stack: (stack_start, stack_start + size as u64),
+            regions: env.regions,
+        };
+        let r = self.exec(prog, env, &mut mem);
+        if let Some(out) = stack_out {
+            out.clear();
+            out.extend(block.iter().flat_map(|w| w.to_le_bytes()));
+        }
+        r
+    }
+
+    fn exec(&self, prog: &Program, env: &RawEnv<'_>, mem: &mut Mem<'_>) -> Result<Outcome, Stop> {
+        let mut frames: Vec<Frame> = Vec::new();
+        let mut reg = [0u64; 11];
+        reg[1] = env.r1;
+        reg[2] = env.r2;
+        reg[10] = mem.stack.1;
+        let mut budget = env.budget;
+        let mut i = 0usize;
+        let mut insns = 0u64;
+        loop {
+            insns += 1;
+            let inst = &prog.insts[i];
+            let pc = inst.pc;
+            let mut next = i + 1;
+            match inst.op {
+                Op::Alu {
+                    width,
+                    op,
+                    dst,
+                    src,
+                } => {
+                    let s = operand(&reg, src);
+                    reg[dst as usize] = alu(width, op, reg[dst as usize], s);
+                }
+                Op::MovSx {
+                    width,
+                    dst,
+                    src,
+                    bits,
+                } => {
+                    let v = sign_extend(reg[src as usize], bits);
+                    reg[dst as usize] = match width {
+                        Width::W64 => v,
+                        Width::W32 => v as u32 as u64,
+                    };
+                }
+                Op::Neg { width, dst } => {
+                    let d = reg[dst as usize];
+                    reg[dst as usize] = match width {
+                        Width::W64 => d.wrapping_neg(),
+                        Width::W32 => (d as u32).wrapping_neg() as u64,
+                    };
+                }
+                Op::End { kind, bits, dst } => {
+                    reg[dst as usize] = byte_order(kind, bits, reg[dst as usize]);
+                }
+                Op::LdImm64 { dst, imm } => reg[dst as usize] = imm,
+                Op::Load {
+                    size,
+                    sign_extend: sx,
+                    dst,
+                    base,
+                    off,
+                } => {
+                    let addr = reg[base as usize].wrapping_add(off as i64 as u64);
+                    let p = mem.check(addr, size, false, pc)?;
+                    // SAFETY: `check` proved [addr, addr + size) inside an allowed region.
+                    let v = unsafe { read(p, size) };
+                    reg[dst as usize] = if sx {
+                        sign_extend(v, (size.bytes() * 8) as u8)
+                    } else {
+                        v
+                    };
+                }
+                Op::Store {
+                    size,
+                    base,
+                    off,
+                    src,
+                } => {
+                    let addr = reg[base as usize].wrapping_add(off as i64 as u64);
+                    let v = operand(&reg, src);
+                    let p = mem.check(addr, size, true, pc)?;
+                    // SAFETY: as above, and the region is writable.
+                    unsafe { write(p, size, v) };
+                }
+                Op::Atomic {
+                    size,
+                    op,
+                    fetch,
+                    base,
+                    off,
+                    src,
+                } => {
+                    let addr = reg[base as usize].wrapping_add(off as i64 as u64);
+                    // Atomics count as writes: checked as one even for cmpxchg that fails.
+                    let p = mem.check(addr, size, true, pc)?;
+                    // SAFETY: as above. The interpreter runs the program on one thread, so a
+                    // plain read-modify-write is the atomic's effect as the program sees it.
+                    let old = unsafe { read(p, size) };
+                    let mask = if size == Size::W {
+                        u32::MAX as u64
+                    } else {
+                        u64::MAX
+                    };
+                    let s = reg[src as usize] & mask;
+                    match op {
+                        AtomicOp::Cmpxchg => {
+                            // r0 gets the old value (zero-extended for W); store only on match.
+                            if old == reg[0] & mask {
+                                // SAFETY: as above.
+                                unsafe { write(p, size, s) };
+                            }
+                            reg[0] = old;
+                        }
+                        _ => {
+                            let new = match op {
+                                AtomicOp::Add => old.wrapping_add(s),
+                                AtomicOp::Or => old | s,
+                                AtomicOp::And => old & s,
+                                AtomicOp::Xor => old ^ s,
+                                _ => s, // Xchg
+                            };
+                            // SAFETY: as above.
+                            unsafe { write(p, size, new & mask) };
+                            if fetch {
+                                reg[src as usize] = old;
+                            }
+                        }
+                    }
+                }
+                Op::Ja { target } => {
+                    if let Some(c) = back_edge_charge(inst, &prog.insts[target]) {
+                        charge(&mut budget, pc, c)?;
+                    }
+                    next = target;
+                }
+                Op::Jcond {
+                    width,
+                    cond,
+                    dst,
+                    src,
+                    target,
+                } => {
+                    let a = reg[dst as usize];
+                    let b = operand(&reg, src);
+                    let (a, b) = match width {
+                        Width::W64 => (a, b),
+                        Width::W32 => (a as u32 as u64, b as u32 as u64),
+                    };
+                    if cond.eval(width, a, b) {
+                        if let Some(c) = back_edge_charge(inst, &prog.insts[target]) {
+                            charge(&mut budget, pc, c)?;
+                        }
+                        next = target;
+                    }
+                }
+                Op::CallHelper { id } => {
+                    // The verifier checked `id` against the same table `load` used; a program
+                    // decoded against another table gets a clear stop instead of a panic.
+                    let f = self
+                        .helper(id.into())
+                        .ok_or(Stop::UnknownCallx { pc, id: id.into() })?;
+                    // SAFETY: registered helpers are `extern "C"` functions of this type;
+                    // what they do with their arguments is the host's business, as in the JIT.
+                    reg[0] = unsafe { f(reg[1], reg[2], reg[3], reg[4], reg[5]) };
+                }
+                Op::CallReg { reg: r } => {
+                    let id = reg[r as usize];
+                    let f = self.helper(id).ok_or(Stop::UnknownCallx { pc, id })?;
+                    // SAFETY: as above.
+                    reg[0] = unsafe { f(reg[1], reg[2], reg[3], reg[4], reg[5]) };
+                }
+                Op::CallLocal { target } => {
+                    charge(&mut budget, pc, CALL_CHARGE)?;
+                    frames.push(Frame {
+                        ret: next,
+                        saved: [reg[6], reg[7], reg[8], reg[9]],
+                        r10: reg[10],
+                    });
+                    // The verifier bounds the depth by `prog.call_depth`, so the callee's
+                    // frame is inside the block; no re-zeroing (the block is zeroed once).
+                    reg[10] = reg[10].wrapping_sub(STACK_SIZE as u64);
+                    next = target;
+                }
+                Op::Exit => match frames.pop() {
+                    None => {
+                        return Ok(Outcome {
+                            r0: reg[0],
+                            insns,
+                            budget_left: budget,
+                        })
+                    }
+                    Some(f) => {
+                        reg[6..10].copy_from_slice(&f.saved);
+                        reg[10] = f.r10;
+                        next = f.ret;
+                    }
+                },
+            }
+            i = next;
+        }
+    }
+}
+
+/// Charges a taken back-edge or call at `pc`; refuses it (budget untouched) when it costs
+/// more than what is left.
+fn charge(budget: &mut Option<u64>, pc: usize, cost: u64) -> Result<(), Stop> {
+    if let Some(b) = budget.as_mut() {
+        if cost > *b {
+            return Err(Stop::Budget { pc });
+        }
+        *b -= cost;
+    }
+    Ok(())
+}
+
+fn ctx_span(ctx: &mut [u8]) -> (u64, u64) {
+    // An empty context is r1 = 0, r2 = 0 (as in rbpf), not a dangling pointer value.
+    if ctx.is_empty() {
+        (0, 0)
+    } else {
+        (ctx.as_mut_ptr() as u64, ctx.len() as u64)
+    }
+}
+
+fn operand(reg: &[u64; 11], o: Operand) -> u64 {
+    match o {
+        Operand::Reg(r) => reg[r as usize],
+        Operand::Imm(v) => v as i64 as u64,
+    }
+}
+
+/// Sign-extends the low `bits` of `v` to 64 bits.
+pub fn sign_extend(v: u64, bits: u8) -> u64 {
+    let sh = 64 - bits as u32;
+    (((v << sh) as i64) >> sh) as u64
+}
+
+/// Byte-order conversion as on a little-endian target (`le` truncates, `be`/`bswap` swap),
+/// zero-extended.
+pub fn byte_order(kind: EndKind, bits: u8, d: u64) -> u64 {
+    match (kind, bits) {
+        (EndKind::ToLe, 16) => d as u16 as u64,
+        (EndKind::ToLe, 32) => d as u32 as u64,
+        (EndKind::ToLe, _) => d,
+        (_, 16) => (d as u16).swap_bytes() as u64,
+        (_, 32) => (d as u32).swap_bytes() as u64,
+        (_, _) => d.swap_bytes(),
+    }
+}
+
+/// One ALU operation at `width` (`s` is the second operand, an imm already sign-extended).
+/// RFC 9669: `x / 0 = 0`, `x % 0 = x`, signed `MIN / -1 = MIN`, `MIN % -1 = 0`, shift counts
+/// masked, 32-bit results zero-extended.
+pub fn alu(width: Width, op: AluOp, d: u64, s: u64) -> u64 {
+    match width {
+        Width::W64 => match op {
+            AluOp::Add => d.wrapping_add(s),
+            AluOp::Sub => d.wrapping_sub(s),
+            AluOp::Mul => d.wrapping_mul(s),
+            AluOp::Div => d.checked_div(s).unwrap_or(0),
+            AluOp::Sdiv => match s as i64 {
+                0 => 0,
+                sv => (d as i64).wrapping_div(sv) as u64,
+            },
+            AluOp::Mod => d.checked_rem(s).unwrap_or(d),
+            AluOp::Smod => match s as i64 {
+                0 => d,
+                sv => (d as i64).wrapping_rem(sv) as u64,
+            },
+            AluOp::Or => d | s,
+            AluOp::And => d & s,
+            AluOp::Xor => d ^ s,
+            AluOp::Lsh => d << (s & 63),
+            AluOp::Rsh => d >> (s & 63),
+            AluOp::Arsh => ((d as i64) >> (s & 63)) as u64,
+            AluOp::Mov => s,
+        },
+        Width::W32 => {
+            let (d, s) = (d as u32, s as u32);
+            let r = match op {
+                AluOp::Add => d.wrapping_add(s),
+                AluOp::Sub => d.wrapping_sub(s),
+                AluOp::Mul => d.wrapping_mul(s),
+                AluOp::Div => d.checked_div(s).unwrap_or(0),
+                AluOp::Sdiv => match s as i32 {
+                    0 => 0,
+                    sv => (d as i32).wrapping_div(sv) as u32,
+                },
+                AluOp::Mod => d.checked_rem(s).unwrap_or(d),
+                AluOp::Smod => match s as i32 {
+                    0 => d,
+                    sv => (d as i32).wrapping_rem(sv) as u32,
+                },
+                AluOp::Or => d | s,
+                AluOp::And => d & s,
+                AluOp::Xor => d ^ s,
+                AluOp::Lsh => d << (s & 31),
+                AluOp::Rsh => d >> (s & 31),
+                AluOp::Arsh => ((d as i32) >> (s & 31)) as u32,
+                AluOp::Mov => s,
+            };
+            r as u64
+        }
+    }
+}
+
+/// The allowed regions of one run, as host address ranges `[start, end)`.
+struct Mem<'a> {
+    ctx: (u64, u64),
+    stack: (u64, u64),
+    regions: &'a [PjMemRegion],
+}
+
+impl Mem<'_> {
+    /// The host pointer for `[addr, addr + size)` when it lies inside one allowed region
+    /// (writable for a write), else the stop. Checked in the JIT's order: context, stack
+    /// block, host regions; the first region that contains the whole access decides.
+    fn check(&self, addr: u64, size: Size, write: bool, pc: usize) -> Result<*mut u8, Stop> {
+        let n = size.bytes() as u64;
+        let oob = Stop::OutOfBounds {
+            pc,
+            addr,
+            size: size.bytes(),
+            write,
+        };
+        // An access that wraps around the address space is inside nothing.
+        let end = addr.checked_add(n).ok_or(oob)?;
+        let inside = |start: u64, stop: u64| addr >= start && end <= stop;
+        if inside(self.ctx.0, self.ctx.1) || inside(self.stack.0, self.stack.1) {
+            return Ok(addr as usize as *mut u8);
+        }
+        for r in self.regions {
+            let stop = r.start.saturating_add(r.len);
+            if inside(r.start, stop) && (!write || r.flags & PJ_REGION_WRITABLE != 0) {
+                return Ok(addr as usize as *mut u8);
+            }
+        }
+        Err(oob)
+    }
+}
+
+/// Reads `size` bytes little-endian at `p`.
+///
+/// # Safety
+/// `[p, p + size)` is readable.
+unsafe fn read(p: *mut u8, size: Size) -> u64 {
+    // SAFETY: the caller checked the range; unaligned reads are allowed by eBPF.
+    unsafe {
+        match size {
+            Size::B => p.read() as u64,
+            Size::H => u16::from_le((p as *const u16).read_unaligned()) as u64,
+            Size::W => u32::from_le((p as *const u32).read_unaligned()) as u64,
+            Size::DW => u64::from_le((p as *const u64).read_unaligned()),
+        }
+    }
+}
+
+/// Writes the low `size` bytes of `v` little-endian at `p`.
+///
+/// # Safety
+/// `[p, p + size)` is writable.
+unsafe fn write(p: *mut u8, size: Size, v: u64) {
+    // SAFETY: the caller checked the range.
+    unsafe {
+        match size {
+            Size::B => p.write(v as u8),
+            Size::H => (p as *mut u16).write_unaligned((v as u16).to_le()),
+            Size::W => (p as *mut u32).write_unaligned((v as u32).to_le()),
+            Size::DW => (p as *mut u64).write_unaligned(v.to_le()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

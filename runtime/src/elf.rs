@@ -1,0 +1,1071 @@
+//! Loading programs from clang's relocatable eBPF objects (`clang -O2 -target bpf -c`).
+//!
+//! [`link`] turns one program of an `ET_REL` / `EM_BPF` object into flat bytecode the
+//! verifier and the backends take, plus the program's global data:
+//!
+//! * The **entry** is a section (`SEC("xdp")` → the whole section, entry at its start) or a
+//!   function symbol (its `[st_value, st_value + st_size)` range).
+//! * **Calls** (`call` with `src = 1`, `R_BPF_64_32`) are followed transitively: each callee's
+//!   function (the `STT_FUNC` symbol covering the target, else its whole section) is appended
+//!   once, and the call's immediate is rewritten pc-relative. The target slot is
+//!   `sym.st_value / 8 + imm + 1` in the symbol's section, the rule libbpf uses: clang writes
+//!   `imm = -1` against a function symbol and `imm = offset / 8 - 1` against a section symbol.
+//!   A call without relocation is already pc-relative inside its own section.
+//! * **Externs**: a call whose relocation names an undefined symbol becomes a helper call
+//!   (`src = 0`, `imm` = the id the resolver gives for that name).
+//! * **Global data**: every `.rodata*`, `.data*` and `.bss*` section is copied into memory
+//!   owned by the returned [`GlobalData`] (8-byte aligned, `.bss` zeroed), and each `lddw`
+//!   with `R_BPF_64_64` gets the absolute address `base(section) + st_value + imm` (the lddw's
+//!   first immediate is the implicit addend of a REL relocation: the offset for a section
+//!   symbol, usually 0 for a named one). `R_BPF_64_ABS64` / `ABS32` inside data sections (a
+//!   pointer table in `.rodata`) are patched the same way.
+//!
+//! Everything else is refused with an error naming the section, symbol, relocation type and
+//! offset: unknown relocation types, references into `.maps` (BTF-defined maps), unresolved
+//! externs, calls into sections that are not code, `lddw` of a function address, and
+//! malformed objects. Relocations in sections that are neither linked code nor data (`.BTF`,
+//! `.BTF.ext`, DWARF) are ignored: they do not affect execution.
+
+use crate::{ErrorKind, MemRegion, Program, RegionAccess};
+use object::elf;
+use object::read::elf::{ElfFile64, FileHeader, SectionHeader};
+use object::{
+    Endianness, Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget,
+    SectionIndex, SectionKind, SymbolIndex, SymbolSection,
+};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use crate::Error;
+
+/// `R_BPF_*` relocation types (LLVM's `BPF.def`).
+pub const R_BPF_NONE: u32 = 0;
+/// `lddw` of a symbol's address (64-bit immediate split over the two slots).
+pub const R_BPF_64_64: u32 = 1;
+/// 64-bit absolute address in data.
+pub const R_BPF_64_ABS64: u32 = 2;
+/// 32-bit absolute address in data.
+pub const R_BPF_64_ABS32: u32 = 3;
+/// 32-bit value in DWARF (not loaded).
+pub const R_BPF_64_NODYLD32: u32 = 4;
+/// `call` immediate (pc-relative in slots, after linking).
+pub const R_BPF_64_32: u32 = 10;
+
+const INSN: usize = 8;
+const OP_CALL: u8 = 0x85;
+const OP_LDDW: u8 = 0x18;
+
+/// Which program of the object to load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ElfProgramSelector {
+    /// A code section by name (`SEC("xdp")`, `.text`); the entry is its first instruction.
+    Section(String),
+    /// A function symbol by name (global or static `STT_FUNC`).
+    Function(String),
+}
+
+/// What [`link`] and [`crate::Runtime::load_elf`] load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElfLoadOptions {
+    /// The program.
+    pub program: ElfProgramSelector,
+}
+
+impl ElfLoadOptions {
+    /// Selects the program by section name.
+    pub fn section(name: &str) -> Self {
+        Self {
+            program: ElfProgramSelector::Section(name.into()),
+        }
+    }
+
+    /// Selects the program by function symbol.
+    pub fn function(name: &str) -> Self {
+        Self {
+            program: ElfProgramSelector::Function(name.into()),
+        }
+    }
+}
+
+fn bad(kind: ErrorKind, msg: impl std::fmt::Display) -> Error {
+    Error::new(kind, format!("ELF: {msg}"))
+}
+
+/// Name of a relocation type, for messages.
+pub fn reloc_name(r_type: u32) -> String {
+    match r_type {
+        R_BPF_NONE => "R_BPF_NONE".into(),
+        R_BPF_64_64 => "R_BPF_64_64".into(),
+        R_BPF_64_ABS64 => "R_BPF_64_ABS64".into(),
+        R_BPF_64_ABS32 => "R_BPF_64_ABS32".into(),
+        R_BPF_64_NODYLD32 => "R_BPF_64_NODYLD32".into(),
+        R_BPF_64_32 => "R_BPF_64_32".into(),
+        t => format!("unknown relocation type {t}"),
+    }
+}
+
+/// One section of global data, owned by the program.
+pub struct DataSection {
+    name: String,
+    writable: bool,
+    len: usize,
+    // 8-byte aligned storage: programs use 64-bit loads on globals. Atomics because running
+    // programs and the host may touch the same bytes from different threads; the host side
+    // uses relaxed byte accesses, so a concurrent read is torn but defined.
+    words: Box<[AtomicU64]>,
+}
+
+impl DataSection {
+    fn new(name: &str, writable: bool, init: Option<&[u8]>, len: usize) -> Self {
+        // At least one word so the base address is a real, unique allocation even for an
+        // empty section (a zero-length box would hand out a dangling address).
+        let words: Box<[AtomicU64]> = (0..len.div_ceil(8).max(1))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        let s = Self {
+            name: name.into(),
+            writable,
+            len,
+            words,
+        };
+        if let Some(b) = init {
+            s.write_at(0, b);
+        }
+        s
+    }
+
+    fn bytes(&self) -> &[AtomicU8] {
+        // SAFETY: AtomicU8 has the size and alignment of u8 and the words are at least
+        // `len` bytes; every access through the view is atomic.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<AtomicU8>(), self.len) }
+    }
+
+    /// Section name (`.rodata`, `.data.counters`, `.bss`, ...).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the program may write it (`.data*`, `.bss*`).
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the section is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address the program sees (the lddw relocations point here).
+    pub fn addr(&self) -> u64 {
+        self.words.as_ptr() as u64
+    }
+
+    fn read_at(&self, off: usize, out: &mut [u8]) {
+        for (o, b) in out.iter_mut().zip(&self.bytes()[off..]) {
+            *o = b.load(Ordering::Relaxed);
+        }
+    }
+
+    fn write_at(&self, off: usize, data: &[u8]) {
+        for (b, &v) in self.bytes()[off..].iter().zip(data) {
+            b.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// A copy of the contents.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        self.read_at(0, &mut v);
+        v
+    }
+}
+
+impl std::fmt::Debug for DataSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataSection")
+            .field("name", &self.name)
+            .field("writable", &self.writable)
+            .field("len", &self.len)
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .finish()
+    }
+}
+
+/// A data symbol: `len` bytes at `offset` in section `section`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataSymbol {
+    /// Symbol name.
+    pub name: String,
+    /// Index into [`GlobalData::sections`].
+    pub section: usize,
+    /// Offset in the section.
+    pub offset: usize,
+    /// Size (`st_size`).
+    pub len: usize,
+}
+
+/// A program's global data: its `.rodata*`, `.data*` and `.bss*` sections and the symbols
+/// in them. The memory lives as long as this value (and so as long as its [`Program`]);
+/// its addresses are baked into the program's code.
+#[derive(Debug, Default)]
+pub struct GlobalData {
+    sections: Vec<DataSection>,
+    symbols: Vec<DataSymbol>,
+}
+
+impl GlobalData {
+    /// The sections, in object order.
+    pub fn sections(&self) -> &[DataSection] {
+        &self.sections
+    }
+
+    /// The named data symbols.
+    pub fn symbols(&self) -> &[DataSymbol] {
+        &self.symbols
+    }
+
+    /// Sandbox regions covering the data: `.rodata*` read-only, the rest read-write.
+    pub fn regions(&self) -> Vec<MemRegion> {
+        self.sections
+            .iter()
+            .filter(|s| s.len > 0)
+            .map(|s| {
+                let access = if s.writable {
+                    RegionAccess::ReadWrite
+                } else {
+                    RegionAccess::ReadOnly
+                };
+                // SAFETY: the memory is owned by this GlobalData, which the Program holds
+                // for as long as its code can run; it is only ever accessed through atomics
+                // (UnsafeCell), never through a Rust reference a run could invalidate.
+                unsafe { MemRegion::new(s.addr() as *const u8, s.len, access) }
+            })
+            .collect()
+    }
+
+    /// `(section, offset, len)` of a section or symbol name; sections win over symbols.
+    fn find(&self, name: &str) -> Result<(&DataSection, usize, usize), Error> {
+        if let Some(s) = self.sections.iter().find(|s| s.name == name) {
+            return Ok((s, 0, s.len));
+        }
+        if let Some(sym) = self.symbols.iter().find(|s| s.name == name) {
+            return Ok((&self.sections[sym.section], sym.offset, sym.len));
+        }
+        Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("no global data section or symbol named `{name}`"),
+        ))
+    }
+
+    /// Size of a section or symbol.
+    pub fn size_of(&self, name: &str) -> Result<usize, Error> {
+        self.find(name).map(|(_, _, len)| len)
+    }
+
+    /// Reads a whole section or symbol.
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, Error> {
+        let (s, off, len) = self.find(name)?;
+        let mut v = vec![0; len];
+        s.read_at(off, &mut v);
+        Ok(v)
+    }
+
+    /// Reads `out.len()` bytes at `offset` into a section or symbol.
+    pub fn read_into(&self, name: &str, offset: usize, out: &mut [u8]) -> Result<(), Error> {
+        let (s, off, len) = self.find(name)?;
+        check_range(name, offset, out.len(), len)?;
+        s.read_at(off + offset, out);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` into a section or symbol. `.rodata` can be written too: it is
+    /// read-only for the program, not for its host (e.g. a lookup table set before the first
+    /// run).
+    pub fn write(&self, name: &str, offset: usize, data: &[u8]) -> Result<(), Error> {
+        let (s, off, len) = self.find(name)?;
+        check_range(name, offset, data.len(), len)?;
+        s.write_at(off + offset, data);
+        Ok(())
+    }
+
+    /// Reads a little-endian integer of up to 8 bytes (the symbol's size) as u64.
+    pub fn read_u64(&self, name: &str) -> Result<u64, Error> {
+        let v = self.read(name)?;
+        if v.len() > 8 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("`{name}` is {} bytes, more than a u64", v.len()),
+            ));
+        }
+        let mut b = [0u8; 8];
+        b[..v.len()].copy_from_slice(&v);
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+fn check_range(name: &str, offset: usize, n: usize, len: usize) -> Result<(), Error> {
+    if offset.checked_add(n).is_none_or(|e| e > len) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{n} bytes at offset {offset} are outside `{name}` ({len} bytes)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The linked program: bytecode ready for the verifier, its data, and where each linked
+/// function starts.
+#[derive(Debug)]
+pub struct Linked {
+    /// Flat bytecode, entry first.
+    pub code: Vec<u8>,
+    /// Global data the code points into.
+    pub data: GlobalData,
+    /// `(name, first slot)` of each linked function or section, entry first.
+    pub functions: Vec<(String, usize)>,
+    /// Extern names resolved to helper ids.
+    pub externs: Vec<(String, u32)>,
+}
+
+/// A piece of code placed in the output: `[start, end)` bytes of section `sec` at slot `base`.
+#[derive(Clone, Copy)]
+struct Unit {
+    sec: SectionIndex,
+    start: usize,
+    end: usize,
+    base: usize,
+}
+
+type File<'d> = ElfFile64<'d, Endianness>;
+
+struct Linker<'d, 'f> {
+    file: &'f File<'d>,
+    // Section index → index into `data.sections`.
+    data_index: BTreeMap<usize, usize>,
+    data: GlobalData,
+    units: Vec<Unit>,
+    code: Vec<u8>,
+    functions: Vec<(String, usize)>,
+    externs: Vec<(String, u32)>,
+}
+
+fn sec_name(file: &File<'_>, idx: SectionIndex) -> String {
+    file.section_by_index(idx)
+        .ok()
+        .and_then(|s| s.name().ok().map(str::to_string))
+        .unwrap_or_else(|| format!("#{}", idx.0))
+}
+
+fn sym_name(file: &File<'_>, idx: SymbolIndex) -> String {
+    match file.symbol_by_index(idx) {
+        Ok(s) => match s.name() {
+            Ok(n) if !n.is_empty() => n.to_string(),
+            // Section symbols have no name of their own.
+            _ => match s.section() {
+                SymbolSection::Section(i) => sec_name(file, i),
+                _ => format!("#{}", idx.0),
+            },
+        },
+        Err(_) => format!("#{}", idx.0),
+    }
+}
+
+fn is_code(file: &File<'_>, idx: SectionIndex) -> bool {
+    file.section_by_index(idx).is_ok_and(|s| {
+        let flags = s.elf_section_header().sh_flags(file.endian());
+        flags & u64::from(elf::SHF_EXECINSTR) != 0
+    })
+}
+
+fn data_kind(name: &str) -> Option<bool> {
+    let is = |p: &str| name == p || name.starts_with(&format!("{p}."));
+    if is(".rodata") {
+        Some(false)
+    } else if is(".data") || is(".bss") {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+fn is_maps(name: &str) -> bool {
+    name == ".maps" || name == "maps" || name.starts_with("maps/")
+}
+
+/// Links the program `opts` selects. `resolve` maps an extern function name to a helper id.
+pub fn link(
+    bytes: &[u8],
+    opts: &ElfLoadOptions,
+    resolve: &dyn Fn(&str) -> Option<u32>,
+) -> Result<Linked, Error> {
+    let file = parse(bytes)?;
+    let mut l = Linker {
+        file: &file,
+        data_index: BTreeMap::new(),
+        data: GlobalData::default(),
+        units: Vec::new(),
+        code: Vec::new(),
+        functions: Vec::new(),
+        externs: Vec::new(),
+    };
+    l.layout_data()?;
+    let entry = l.entry_unit(&opts.program)?;
+    l.place(entry.0, entry.1, entry.2, entry.3)?;
+    // Units are appended while relocating earlier ones: iterate by index.
+    let mut i = 0;
+    while i < l.units.len() {
+        l.relocate_unit(i, resolve)?;
+        i += 1;
+    }
+    l.relocate_data()?;
+    Ok(Linked {
+        code: l.code,
+        data: l.data,
+        functions: l.functions,
+        externs: l.externs,
+    })
+}
+
+fn parse(bytes: &[u8]) -> Result<File<'_>, Error> {
+    // Check the header ourselves first: clearer messages than the generic parser's.
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+        return Err(bad(
+            ErrorKind::InvalidArgument,
+            "not an ELF object (bad magic)",
+        ));
+    }
+    if bytes.len() < 64 {
+        return Err(bad(
+            ErrorKind::InvalidArgument,
+            format!("truncated: {} bytes, an ELF64 header is 64", bytes.len()),
+        ));
+    }
+    if bytes[4] != elf::ELFCLASS64 {
+        return Err(bad(ErrorKind::InvalidArgument, "not a 64-bit ELF object"));
+    }
+    if bytes[5] != elf::ELFDATA2LSB {
+        return Err(bad(
+            ErrorKind::Unsupported,
+            "big-endian eBPF object (bpfeb); compile with -target bpfel or bpf on a little-endian host",
+        ));
+    }
+    let file = File::parse(bytes)
+        .map_err(|e| bad(ErrorKind::InvalidArgument, format!("malformed object: {e}")))?;
+    let hdr = file.elf_header();
+    let e = file.endian();
+    if hdr.e_machine(e) != elf::EM_BPF {
+        return Err(bad(
+            ErrorKind::InvalidArgument,
+            format!("e_machine {} is not EM_BPF (247)", hdr.e_machine(e)),
+        ));
+    }
+    if hdr.e_type(e) != elf::ET_REL {
+        return Err(bad(
+            ErrorKind::InvalidArgument,
+            format!(
+                "e_type {} is not ET_REL (a relocatable object from `clang -c`)",
+                hdr.e_type(e)
+            ),
+        ));
+    }
+    // Touch every section's data and relocations now so a truncated file fails here, with
+    // the section named, rather than half-way through linking.
+    for s in file.sections() {
+        let name = s.name().unwrap_or("?").to_string();
+        if s.kind() != SectionKind::UninitializedData {
+            s.data().map_err(|e| {
+                bad(
+                    ErrorKind::InvalidArgument,
+                    format!("section `{name}`: contents outside the file ({e})"),
+                )
+            })?;
+        }
+    }
+    Ok(file)
+}
+
+impl Linker<'_, '_> {
+    fn layout_data(&mut self) -> Result<(), Error> {
+        let file = self.file;
+        for s in file.sections() {
+            let Ok(name) = s.name() else { continue };
+            let Some(writable) = data_kind(name) else {
+                continue;
+            };
+            let len = usize::try_from(s.size()).map_err(|_| {
+                bad(
+                    ErrorKind::InvalidArgument,
+                    format!("section `{name}`: size too large"),
+                )
+            })?;
+            // No real program has gigabytes of globals; a corrupt size must not become an
+            // allocation of that size.
+            if len > 64 << 20 {
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    format!("section `{name}`: {len} bytes of global data (limit 64 MiB)"),
+                ));
+            }
+            let init = if s.kind() == SectionKind::UninitializedData {
+                None
+            } else {
+                Some(s.data().map_err(|e| {
+                    bad(ErrorKind::InvalidArgument, format!("section `{name}`: {e}"))
+                })?)
+            };
+            if init.is_some_and(|b| b.len() != len) {
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    format!("section `{name}`: contents shorter than its size"),
+                ));
+            }
+            self.data_index
+                .insert(s.index().0, self.data.sections.len());
+            self.data
+                .sections
+                .push(DataSection::new(name, writable, init, len));
+        }
+        for sym in file.symbols() {
+            let SymbolSection::Section(si) = sym.section() else {
+                continue;
+            };
+            let Some(&di) = self.data_index.get(&si.0) else {
+                continue;
+            };
+            let Ok(name) = sym.name() else { continue };
+            if name.is_empty() || sym.kind() == object::SymbolKind::Section {
+                continue;
+            }
+            let sec = &self.data.sections[di];
+            let (off, len) = (sym.address(), sym.size());
+            if off.checked_add(len).is_none_or(|e| e > sec.len as u64) {
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "symbol `{name}`: [{off:#x}, +{len:#x}) is outside section `{}` ({:#x} bytes)",
+                        sec.name, sec.len
+                    ),
+                ));
+            }
+            self.data.symbols.push(DataSymbol {
+                name: name.into(),
+                section: di,
+                offset: off as usize,
+                len: len as usize,
+            });
+        }
+        Ok(())
+    }
+
+    /// `(section, start, end, name)` of the selected entry.
+    fn entry_unit(
+        &self,
+        sel: &ElfProgramSelector,
+    ) -> Result<(SectionIndex, usize, usize, String), Error> {
+        let file = self.file;
+        match sel {
+            ElfProgramSelector::Section(name) => {
+                let s = file.section_by_name(name).ok_or_else(|| {
+                    let code: Vec<String> = file
+                        .sections()
+                        .filter(|s| is_code(file, s.index()) && s.size() > 0)
+                        .filter_map(|s| s.name().ok().map(|n| format!("`{n}`")))
+                        .collect();
+                    bad(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "no section `{name}` (code sections: {})",
+                            if code.is_empty() {
+                                "none".into()
+                            } else {
+                                code.join(", ")
+                            }
+                        ),
+                    )
+                })?;
+                if !is_code(file, s.index()) {
+                    return Err(bad(
+                        ErrorKind::InvalidArgument,
+                        format!("section `{name}` is not code (no SHF_EXECINSTR)"),
+                    ));
+                }
+                let len = s.size() as usize;
+                if len == 0 {
+                    return Err(bad(
+                        ErrorKind::InvalidArgument,
+                        format!("section `{name}` is empty"),
+                    ));
+                }
+                Ok((s.index(), 0, len, name.clone()))
+            }
+            ElfProgramSelector::Function(name) => {
+                let sym = file
+                    .symbols()
+                    .find(|s| s.name() == Ok(name.as_str()) && s.kind() == object::SymbolKind::Text)
+                    .ok_or_else(|| {
+                        bad(
+                            ErrorKind::InvalidArgument,
+                            format!("no function symbol `{name}`"),
+                        )
+                    })?;
+                let SymbolSection::Section(si) = sym.section() else {
+                    return Err(bad(
+                        ErrorKind::InvalidArgument,
+                        format!("function `{name}` is not defined in this object"),
+                    ));
+                };
+                let (start, end) = self.func_range(si, sym.address() as usize)?;
+                Ok((si, start, end, name.clone()))
+            }
+        }
+    }
+
+    /// The `[start, end)` of the function covering byte `off` of code section `si`: the
+    /// `STT_FUNC` symbol whose range holds it, else the whole section.
+    fn func_range(&self, si: SectionIndex, off: usize) -> Result<(usize, usize), Error> {
+        let file = self.file;
+        let sec = file
+            .section_by_index(si)
+            .map_err(|e| bad(ErrorKind::InvalidArgument, e))?;
+        let sec_len = sec.size() as usize;
+        if off >= sec_len || off % INSN != 0 {
+            return Err(bad(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "section `{}`: offset {off:#x} is not an instruction of the section ({sec_len:#x} bytes)",
+                    sec_name(file, si)
+                ),
+            ));
+        }
+        for sym in file.symbols() {
+            if sym.section() != SymbolSection::Section(si) || sym.kind() != object::SymbolKind::Text
+            {
+                continue;
+            }
+            let (s, n) = (sym.address() as usize, sym.size() as usize);
+            if n > 0 && s <= off && off < s.saturating_add(n) {
+                let end = s.saturating_add(n).min(sec_len);
+                return Ok((s, end));
+            }
+        }
+        Ok((0, sec_len))
+    }
+
+    fn place(
+        &mut self,
+        sec: SectionIndex,
+        start: usize,
+        end: usize,
+        name: String,
+    ) -> Result<usize, Error> {
+        let base = self.code.len() / INSN;
+        let bytes = self
+            .file
+            .section_by_index(sec)
+            .ok()
+            .and_then(|s| s.data().ok())
+            .and_then(|d| d.get(start..end))
+            .ok_or_else(|| {
+                // A code section without contents (SHT_NOBITS) or shorter than its symbols.
+                bad(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "section `{}`: no contents for [{start:#x}, {end:#x})",
+                        sec_name(self.file, sec)
+                    ),
+                )
+            })?;
+        self.code.extend_from_slice(bytes);
+        // Sizes that are not a multiple of 8 would shift every later slot; pad the tail so the
+        // verifier reports the broken instruction instead.
+        while self.code.len() % INSN != 0 {
+            self.code.push(0);
+        }
+        self.units.push(Unit {
+            sec,
+            start,
+            end,
+            base,
+        });
+        self.functions.push((name, base));
+        Ok(base)
+    }
+
+    /// Output slot of byte `off` of section `sec`, placing its function if needed.
+    fn slot_of(&mut self, sec: SectionIndex, off: usize) -> Result<usize, Error> {
+        if let Some(u) = self
+            .units
+            .iter()
+            .find(|u| u.sec == sec && u.start <= off && off < u.end)
+        {
+            return Ok(u.base + (off - u.start) / INSN);
+        }
+        let (start, end) = self.func_range(sec, off)?;
+        let name = self
+            .file
+            .symbols()
+            .find(|s| {
+                s.section() == SymbolSection::Section(sec)
+                    && s.kind() == object::SymbolKind::Text
+                    && s.address() as usize == start
+            })
+            .and_then(|s| s.name().ok().map(str::to_string))
+            .unwrap_or_else(|| format!("{}+{start:#x}", sec_name(self.file, sec)));
+        let base = self.place(sec, start, end, name)?;
+        Ok(base + (off - start) / INSN)
+    }
+
+    fn relocate_unit(
+        &mut self,
+        ui: usize,
+        resolve: &dyn Fn(&str) -> Option<u32>,
+    ) -> Result<(), Error> {
+        let file = self.file;
+        let u = self.units[ui];
+        let sec = file
+            .section_by_index(u.sec)
+            .map_err(|e| bad(ErrorKind::InvalidArgument, e))?;
+        let sname = sec_name(file, u.sec);
+        let mut relocated = vec![false; (u.end - u.start) / INSN];
+        for (off, rel) in sec.relocations() {
+            let off = off as usize;
+            if off < u.start || off >= u.end {
+                continue;
+            }
+            let RelocationFlags::Elf { r_type } = rel.flags() else {
+                continue;
+            };
+            let RelocationTarget::Symbol(si) = rel.target() else {
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "section `{sname}`, offset {off:#x}: {} without a symbol",
+                        reloc_name(r_type)
+                    ),
+                ));
+            };
+            let at = |what: &str| {
+                format!(
+                    "section `{sname}`, offset {off:#x}: {} against symbol `{}`: {what}",
+                    reloc_name(r_type),
+                    sym_name(file, si)
+                )
+            };
+            if off % INSN != 0 {
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    at("not at an instruction boundary"),
+                ));
+            }
+            let slot = u.base + (off - u.start) / INSN;
+            let p = slot * INSN;
+            let opcode = self.code[p];
+            let sym = file
+                .symbol_by_index(si)
+                .map_err(|e| bad(ErrorKind::InvalidArgument, at(&e.to_string())))?;
+            relocated[(off - u.start) / INSN] = true;
+            match r_type {
+                R_BPF_64_32 => {
+                    if opcode != OP_CALL {
+                        return Err(bad(
+                            ErrorKind::InvalidArgument,
+                            at(&format!("instruction {opcode:#04x} is not a call")),
+                        ));
+                    }
+                    let imm = i32::from_le_bytes(self.code[p + 4..p + 8].try_into().unwrap());
+                    match sym.section() {
+                        SymbolSection::Undefined => {
+                            let name = sym_name(file, si);
+                            let id = resolve(&name).ok_or_else(|| {
+                                bad(
+                                    ErrorKind::UnknownHelper,
+                                    at(&format!("unresolved extern function `{name}`: no helper registered under that name")),
+                                )
+                            })?;
+                            // Helper call: src = 0, imm = id.
+                            self.code[p + 1] &= 0x0f;
+                            self.code[p + 4..p + 8].copy_from_slice(&id.to_le_bytes());
+                            if !self.externs.iter().any(|(n, _)| *n == name) {
+                                self.externs.push((name, id));
+                            }
+                        }
+                        SymbolSection::Section(ts) => {
+                            if !is_code(file, ts) {
+                                return Err(bad(
+                                    ErrorKind::InvalidArgument,
+                                    at(&format!(
+                                        "call into section `{}`, which is not code",
+                                        sec_name(file, ts)
+                                    )),
+                                ));
+                            }
+                            // libbpf's rule: target slot = st_value / 8 + imm + 1.
+                            let target = (sym.address() as i64 / INSN as i64)
+                                .checked_add(i64::from(imm) + 1)
+                                .filter(|&t| t >= 0)
+                                .ok_or_else(|| {
+                                    bad(
+                                        ErrorKind::InvalidArgument,
+                                        at("call target before the section"),
+                                    )
+                                })?;
+                            let tslot = self
+                                .slot_of(ts, target as usize * INSN)
+                                .map_err(|e| bad(ErrorKind::InvalidArgument, at(&e.message)))?;
+                            self.set_call(p, slot, tslot, &at)?;
+                        }
+                        _ => {
+                            return Err(bad(
+                                ErrorKind::Unsupported,
+                                at("symbol is neither defined nor extern"),
+                            ));
+                        }
+                    }
+                }
+                R_BPF_64_64 => {
+                    if opcode != OP_LDDW || p + 2 * INSN > self.code.len() {
+                        return Err(bad(
+                            ErrorKind::InvalidArgument,
+                            at(&format!("instruction {opcode:#04x} is not an lddw")),
+                        ));
+                    }
+                    let addr = self.symbol_addr(&sym, si, &at)?;
+                    let addend = i64::from(i32::from_le_bytes(
+                        self.code[p + 4..p + 8].try_into().unwrap(),
+                    ));
+                    let v = addr.wrapping_add(addend as u64);
+                    self.code[p + 4..p + 8].copy_from_slice(&(v as u32).to_le_bytes());
+                    self.code[p + 12..p + 16].copy_from_slice(&((v >> 32) as u32).to_le_bytes());
+                    // src = 0: a plain 64-bit immediate once patched (clang leaves 0, libbpf
+                    // would set a pseudo source; we resolve it here instead).
+                    self.code[p + 1] &= 0x0f;
+                }
+                R_BPF_NONE => {}
+                _ => {
+                    return Err(bad(
+                        ErrorKind::Unsupported,
+                        at("relocation type not supported in code"),
+                    ));
+                }
+            }
+        }
+        // Calls with src = 1 and no relocation were resolved by the assembler: pc-relative
+        // inside their own section. Follow them too (the callee may be another function).
+        for (k, _) in relocated.iter().enumerate().filter(|(_, &r)| !r) {
+            let slot = u.base + k;
+            let p = slot * INSN;
+            if self.code[p] != OP_CALL || self.code[p + 1] >> 4 != 1 {
+                continue;
+            }
+            let imm = i64::from(i32::from_le_bytes(
+                self.code[p + 4..p + 8].try_into().unwrap(),
+            ));
+            let off = (u.start / INSN + k) as i64 + imm + 1;
+            let at = |what: &str| {
+                format!(
+                    "section `{sname}`, offset {:#x}: call: {what}",
+                    u.start + k * INSN
+                )
+            };
+            if off < 0 {
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    at("target before the section"),
+                ));
+            }
+            let tslot = self
+                .slot_of(u.sec, off as usize * INSN)
+                .map_err(|e| bad(ErrorKind::InvalidArgument, at(&e.message)))?;
+            self.set_call(p, slot, tslot, &at)?;
+        }
+        Ok(())
+    }
+
+    fn set_call(
+        &mut self,
+        p: usize,
+        slot: usize,
+        tslot: usize,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<(), Error> {
+        let rel = i32::try_from(tslot as i64 - slot as i64 - 1)
+            .map_err(|_| bad(ErrorKind::InvalidArgument, at("call distance out of range")))?;
+        self.code[p + 1] = (self.code[p + 1] & 0x0f) | 0x10;
+        self.code[p + 4..p + 8].copy_from_slice(&rel.to_le_bytes());
+        Ok(())
+    }
+
+    /// Address of a data symbol (before the implicit addend).
+    fn symbol_addr(
+        &self,
+        sym: &object::read::elf::ElfSymbol64<'_, '_, Endianness>,
+        _si: SymbolIndex,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<u64, Error> {
+        match sym.section() {
+            SymbolSection::Section(ts) => {
+                let tname = sec_name(self.file, ts);
+                if is_maps(&tname) {
+                    return Err(bad(
+                        ErrorKind::Unsupported,
+                        at(&format!("maps (section `{tname}`, BTF-defined maps) are not supported; pass data through the context or globals")),
+                    ));
+                }
+                if is_code(self.file, ts) {
+                    return Err(bad(
+                        ErrorKind::Unsupported,
+                        at(&format!("address of code in section `{tname}` (function pointers / callbacks) is not supported")),
+                    ));
+                }
+                let di = self.data_index.get(&ts.0).ok_or_else(|| {
+                    bad(
+                        ErrorKind::Unsupported,
+                        at(&format!(
+                            "section `{tname}` is not .rodata*, .data* or .bss*"
+                        )),
+                    )
+                })?;
+                Ok(self.data.sections[*di].addr().wrapping_add(sym.address()))
+            }
+            SymbolSection::Undefined => Err(bad(
+                ErrorKind::UnknownHelper,
+                at("unresolved extern variable (only extern functions resolve, to helpers)"),
+            )),
+            _ => Err(bad(
+                ErrorKind::Unsupported,
+                at("symbol is neither in a section nor extern"),
+            )),
+        }
+    }
+
+    /// Pointers stored in data (`const char *names[] = {...}` in `.rodata`).
+    fn relocate_data(&mut self) -> Result<(), Error> {
+        let file = self.file;
+        let targets: Vec<(SectionIndex, usize)> = self
+            .data_index
+            .iter()
+            .map(|(&k, &v)| (SectionIndex(k), v))
+            .collect();
+        for (si, di) in targets {
+            let sec = file
+                .section_by_index(si)
+                .map_err(|e| bad(ErrorKind::InvalidArgument, e))?;
+            let sname = sec_name(file, si);
+            for (off, rel) in sec.relocations() {
+                let RelocationFlags::Elf { r_type } = rel.flags() else {
+                    continue;
+                };
+                let RelocationTarget::Symbol(tsi) = rel.target() else {
+                    continue;
+                };
+                let off = off as usize;
+                let at = |what: &str| {
+                    format!(
+                        "section `{sname}`, offset {off:#x}: {} against symbol `{}`: {what}",
+                        reloc_name(r_type),
+                        sym_name(file, tsi)
+                    )
+                };
+                let width = match r_type {
+                    R_BPF_64_ABS64 => 8,
+                    R_BPF_64_ABS32 => 4,
+                    R_BPF_NONE => continue,
+                    _ => {
+                        return Err(bad(
+                            ErrorKind::Unsupported,
+                            at("relocation type not supported in data"),
+                        ))
+                    }
+                };
+                let d = &self.data.sections[di];
+                if off.checked_add(width).is_none_or(|e| e > d.len) {
+                    return Err(bad(ErrorKind::InvalidArgument, at("outside the section")));
+                }
+                let sym = file
+                    .symbol_by_index(tsi)
+                    .map_err(|e| bad(ErrorKind::InvalidArgument, at(&e.to_string())))?;
+                let addr = self.symbol_addr(&sym, tsi, &at)?;
+                let d = &self.data.sections[di];
+                let mut cur = [0u8; 8];
+                d.read_at(off, &mut cur[..width]);
+                let v = addr.wrapping_add(u64::from_le_bytes(cur));
+                if width == 4 && v > u64::from(u32::MAX) {
+                    return Err(bad(
+                        ErrorKind::Unsupported,
+                        at(&format!("address {v:#x} does not fit 32 bits")),
+                    ));
+                }
+                d.write_at(off, &v.to_le_bytes()[..width]);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl crate::Runtime {
+    /// Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`): links
+    /// it (see [`crate::elf`]), resolves extern functions to the helpers registered under
+    /// their names, and compiles it sandboxed with its `.rodata*` as read-only and `.data*` /
+    /// `.bss*` as read-write regions (added to `opts.regions`). The program owns its global
+    /// data ([`Program::globals`]).
+    pub fn load_elf(
+        &self,
+        bytes: &[u8],
+        elf_opts: &ElfLoadOptions,
+        opts: &crate::LoadOptions,
+    ) -> Result<Program, Error> {
+        self.load_elf_as(bytes, elf_opts, opts, crate::Trust::Sandboxed)
+    }
+
+    /// [`Runtime::load_elf`](crate::Runtime::load_elf) compiled trusted (unchecked).
+    ///
+    /// # Safety
+    /// As for [`Runtime::load_trusted`](crate::Runtime::load_trusted): every address the
+    /// program computes must be memory it may use (its globals, context and stack).
+    pub unsafe fn load_elf_trusted(
+        &self,
+        bytes: &[u8],
+        elf_opts: &ElfLoadOptions,
+        opts: &crate::LoadOptions,
+    ) -> Result<Program, Error> {
+        self.load_elf_as(bytes, elf_opts, opts, crate::Trust::Trusted)
+    }
+
+    fn load_elf_as(
+        &self,
+        bytes: &[u8],
+        elf_opts: &ElfLoadOptions,
+        opts: &crate::LoadOptions,
+        trust: crate::Trust,
+    ) -> Result<Program, Error> {
+        let helpers = self.helpers();
+        let linked = link(bytes, elf_opts, &|name| {
+            helpers.iter().find(|h| h.name == name).map(|h| h.id)
+        })?;
+        let mut o = opts.clone();
+        o.regions.extend(linked.data.regions());
+        let mut prog = self
+            .compile(&linked.code, &o, &self.helper_table(), trust)
+            .map_err(|mut e| {
+                e.message = format!("{} (program linked from {:?})", e.message, elf_opts.program);
+                e
+            })?;
+        if let Some(a) = prog.packed_arena() {
+            a.commit();
+        }
+        prog.globals = Some(Box::new(linked.data));
+        Ok(prog)
+    }
+}
+
+impl Program {
+    /// The program's global data, for programs loaded from ELF.
+    pub fn globals(&self) -> Option<&GlobalData> {
+        self.globals.as_deref()
+    }
+}

@@ -1,0 +1,319 @@
+//! Running compiled code: the per-run [`PjExecEnv`], turning a stop into an [`Error`], and
+//! the pointer checks helpers use to honour the sandbox.
+//!
+//! The emitted code only ever sees the environment through its fixed `PJ_ENV_*` offsets; this
+//! module is the one place the host fills it and reads it back.
+
+use crate::{err, Error, ErrorKind};
+use packjit_plugin_api::abi::*;
+use packjit_plugin_api::{AccessDirection, MemFault, PjProgramEntry};
+use std::cell::Cell;
+
+/// Who may write a host region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RegionAccess {
+    /// Programs may read it only (ELF `.rodata`, lookup tables).
+    ReadOnly,
+    /// Programs may read and write it (ELF `.data` / `.bss`, shared counters).
+    ReadWrite,
+}
+
+/// Host memory a sandboxed program may touch besides its context and stack.
+///
+/// Built only through the `unsafe` [`MemRegion::new`]: handing a region to a program is a
+/// promise about memory the type system cannot see, so safe code cannot make one up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemRegion {
+    start: u64,
+    len: u64,
+    access: RegionAccess,
+}
+
+impl MemRegion {
+    /// A region of `len` bytes at `start`.
+    ///
+    /// # Safety
+    /// The memory must stay valid for every program given the region, for as long as such a
+    /// program can run; for [`RegionAccess::ReadWrite`] programs may write it at any time
+    /// during a run, so no Rust reference to it may be live across a call (use raw pointers
+    /// or `UnsafeCell`).
+    pub unsafe fn new(start: *const u8, len: usize, access: RegionAccess) -> Self {
+        Self {
+            start: start as u64,
+            len: len as u64,
+            access,
+        }
+    }
+
+    /// First byte.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Read-only or read-write.
+    pub fn access(&self) -> RegionAccess {
+        self.access
+    }
+
+    /// The ABI form emitted code scans.
+    pub fn to_abi(self) -> PjMemRegion {
+        PjMemRegion {
+            start: self.start,
+            len: self.len,
+            flags: match self.access {
+                RegionAccess::ReadOnly => 0,
+                RegionAccess::ReadWrite => PJ_REGION_WRITABLE,
+            },
+        }
+    }
+}
+
+thread_local! {
+    /// The environment of the program this thread is running (innermost, if a helper runs
+    /// another program), for [`helper_access_ok`].
+    static CURRENT_ENV: Cell<*const PjExecEnv> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Restores the previous current environment when a run ends, even by unwinding.
+struct CurrentEnvGuard(*const PjExecEnv);
+
+impl Drop for CurrentEnvGuard {
+    fn drop(&mut self) {
+        CURRENT_ENV.with(|c| c.set(self.0));
+    }
+}
+
+/// Runs `entry` on `(ctx, len)` with `regions` and `budget`, and turns a stop into an error.
+///
+/// # Safety
+/// `entry` must be committed code with the [`PjProgramEntry`] signature that stays mapped
+/// for the call; `ctx`/`len` and every region must be memory the program may access (for
+/// sandboxed code the checks enforce exactly that; trusted code relies on it).
+pub(crate) unsafe fn run(
+    entry: u64,
+    ctx: *mut u8,
+    len: usize,
+    regions: &[PjMemRegion],
+    budget: u64,
+) -> Result<u64, Error> {
+    // rbpf passes r1 = r2 = 0 for an empty context; a dangling slice pointer (0x1) would
+    // otherwise reach the program as r1.
+    let ctx = if len == 0 { std::ptr::null_mut() } else { ctx };
+    let mut env = PjExecEnv {
+        regions: regions.as_ptr() as u64,
+        region_count: regions.len() as u64,
+        ctx_start: ctx as u64,
+        ctx_end: (ctx as u64).wrapping_add(len as u64),
+        budget,
+        ..Default::default()
+    };
+    let previous = CURRENT_ENV.with(|c| c.replace(&env));
+    let _restore = CurrentEnvGuard(previous);
+    // SAFETY: the caller guarantees `entry` is live code with this signature.
+    let f: PjProgramEntry = unsafe { std::mem::transmute(entry as usize) };
+    // SAFETY: as above; `env` outlives the call.
+    let r0 = unsafe { f(ctx, len as u64, &mut env) };
+    stop_to_result(&env, r0)
+}
+
+/// `Ok(r0)` for a normal return, the stop as an [`Error`] otherwise.
+pub(crate) fn stop_to_result(env: &PjExecEnv, r0: u64) -> Result<u64, Error> {
+    let pc = env.stop_pc as usize;
+    match env.stop_kind {
+        PJ_STOP_NONE => Ok(r0),
+        PJ_STOP_OUT_OF_BOUNDS => {
+            let size = env.stop_access & 0xff;
+            let direction = if env.stop_access & PJ_ACCESS_WRITE != 0 {
+                AccessDirection::Write
+            } else {
+                AccessDirection::Read
+            };
+            let mut e = Error::at(
+                pc,
+                ErrorKind::OutOfBounds,
+                format!(
+                    "out of bounds: {size}-byte {direction} at {:#x} is outside the context, \
+                     the stack and every registered region",
+                    env.stop_addr
+                ),
+            );
+            e.fault = Some(MemFault {
+                addr: env.stop_addr,
+                size,
+                direction,
+            });
+            Err(e)
+        }
+        PJ_STOP_BUDGET => Err(Error::at(
+            pc,
+            ErrorKind::Budget,
+            "instruction budget exhausted",
+        )),
+        PJ_STOP_UNKNOWN_CALLX => Err(Error::at(
+            pc,
+            ErrorKind::UnknownCallx,
+            format!(
+                "callx to helper id {} (no helper registered)",
+                env.stop_addr
+            ),
+        )),
+        other => Err(err(
+            ErrorKind::Internal,
+            format!("program stopped with unknown stop kind {other}"),
+        )),
+    }
+}
+
+/// For helpers: may the program running on this thread access `[addr, addr + len)` in
+/// `direction`? The same regions as the emitted checks: the context, the program's stack
+/// block, and the host regions it was given. `false` when no program is running.
+///
+/// A helper that dereferences a pointer argument calls this first, so a sandboxed program
+/// cannot use the helper to reach memory it could not reach itself.
+pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool {
+    let env = CURRENT_ENV.with(|c| c.get());
+    if env.is_null() {
+        return false;
+    }
+    // SAFETY: set by `run` for the duration of the call that (transitively) invoked the
+    // helper on this thread, and reset before `run` returns.
+    let env = unsafe { &*env };
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let inside = |start: u64, stop: u64| start <= addr && end <= stop;
+    if inside(env.ctx_start, env.ctx_end) || inside(env.stack_start, env.stack_end) {
+        return true;
+    }
+    if env.regions == 0 {
+        return false;
+    }
+    // SAFETY: `regions`/`region_count` describe the slice `run` was given, alive for the call.
+    let regions = unsafe {
+        std::slice::from_raw_parts(env.regions as *const PjMemRegion, env.region_count as usize)
+    };
+    regions.iter().any(|r| {
+        inside(r.start, r.start.saturating_add(r.len))
+            && (direction == AccessDirection::Read || r.flags & PJ_REGION_WRITABLE != 0)
+    })
+}
+
+/// A fresh key for constant blinding, from the kernel's random source.
+pub(crate) fn random_key() -> u64 {
+    let mut key = 0u64;
+    // SAFETY: writes at most 8 bytes into `key`.
+    let n = unsafe { libc::getrandom((&mut key as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        // getrandom cannot fail for 8 bytes once the pool is initialised; if it somehow does,
+        // fall back to address-space and time entropy rather than a constant key.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        key = t ^ (&key as *const u64 as u64).rotate_left(29);
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stops_become_errors_with_pc_and_fault() {
+        let env = PjExecEnv {
+            stop_kind: PJ_STOP_OUT_OF_BOUNDS,
+            stop_pc: 7,
+            stop_addr: 0x1000,
+            stop_access: 8 | PJ_ACCESS_WRITE,
+            ..Default::default()
+        };
+        let e = stop_to_result(&env, 0).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::OutOfBounds);
+        assert_eq!(e.pc, Some(7));
+        assert_eq!(
+            e.fault,
+            Some(MemFault {
+                addr: 0x1000,
+                size: 8,
+                direction: AccessDirection::Write
+            })
+        );
+        assert!(e
+            .to_string()
+            .starts_with("pc 7: out of bounds: 8-byte write at 0x1000"));
+
+        let env = PjExecEnv {
+            stop_kind: PJ_STOP_BUDGET,
+            stop_pc: 3,
+            ..Default::default()
+        };
+        let e = stop_to_result(&env, 0).unwrap_err();
+        assert_eq!((e.kind, e.pc), (ErrorKind::Budget, Some(3)));
+
+        let env = PjExecEnv {
+            stop_kind: PJ_STOP_UNKNOWN_CALLX,
+            stop_pc: 2,
+            stop_addr: 99,
+            ..Default::default()
+        };
+        let e = stop_to_result(&env, 0).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::UnknownCallx);
+        assert_eq!(
+            e.to_string(),
+            "pc 2: callx to helper id 99 (no helper registered)"
+        );
+        assert_eq!(stop_to_result(&PjExecEnv::default(), 42), Ok(42));
+    }
+
+    #[test]
+    fn helper_checks_follow_the_running_programs_regions() {
+        assert!(
+            !helper_access_ok(0x1000, 1, AccessDirection::Read),
+            "no program running"
+        );
+        let regions = [
+            PjMemRegion {
+                start: 0x10_000,
+                len: 0x100,
+                flags: 0,
+            },
+            PjMemRegion {
+                start: 0x20_000,
+                len: 0x100,
+                flags: PJ_REGION_WRITABLE,
+            },
+        ];
+        let env = PjExecEnv {
+            regions: regions.as_ptr() as u64,
+            region_count: 2,
+            ctx_start: 0x1000,
+            ctx_end: 0x1010,
+            stack_start: 0x8000,
+            stack_end: 0x8200,
+            ..Default::default()
+        };
+        let previous = CURRENT_ENV.with(|c| c.replace(&env));
+        let _restore = CurrentEnvGuard(previous);
+        let ok = |a, l, d| helper_access_ok(a, l, d);
+        use AccessDirection::{Read, Write};
+        assert!(ok(0x1000, 16, Write));
+        assert!(!ok(0x1001, 16, Read), "one byte past the context");
+        assert!(ok(0x81f8, 8, Write));
+        assert!(!ok(0x81f9, 8, Write), "past the stack block");
+        assert!(ok(0x10_0ff, 1, Read));
+        assert!(!ok(0x10_000, 1, Write), "read-only region");
+        assert!(ok(0x20_000, 0x100, Write));
+        assert!(!ok(0x20_001, 0x100, Write));
+        assert!(!ok(u64::MAX, 2, Read), "wrapping range");
+    }
+}
