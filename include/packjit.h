@@ -221,6 +221,20 @@
 #define PACKJIT_PATH_LEN 256
 
 /**
+ * An opaque attach point: `packjit_hook_run` runs whatever program is attached at that
+ * moment. Thread-safe: any number of threads may run it while another attaches or detaches
+ * (alone or in a batch); replaced programs are freed once no running thread can be in them.
+ */
+typedef struct PackjitHook PackjitHook;
+
+/**
+ * An opaque batch of attach/detach operations, applied by `packjit_hook_batch_apply` with
+ * one code commit and one grace period for everything it replaces. Not thread-safe: one
+ * thread builds and applies it.
+ */
+typedef struct PackjitHookBatch PackjitHookBatch;
+
+/**
  * An opaque compiled program. Thread-safe: any number of threads may run it at once, and
  * one may free it while others are running it.
  */
@@ -558,6 +572,45 @@ typedef struct PjExecEnv {
  * fields zero; after the call `stop_kind != PJ_STOP_NONE` means the program stopped.
  */
 typedef uint64_t (*PjProgramEntry)(uint8_t *ctx, uint64_t ctx_len, struct PjExecEnv *env);
+
+/**
+ * What lies at a native address, filled by `packjit_symbolize` and `packjit_program_symbol`.
+ */
+typedef struct PackjitSymbol {
+    /**
+     * `sizeof(PackjitSymbol)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * 1 when a live program covers the address (the other fields are then set), else 0.
+     */
+    uint32_t found;
+    /**
+     * Program id, unique within its runtime.
+     */
+    uint64_t id;
+    /**
+     * Entry address of the program's code.
+     */
+    uint64_t start;
+    /**
+     * Bytes of machine code.
+     */
+    uint64_t size;
+    /**
+     * Offset of the address from `start`.
+     */
+    uint64_t offset;
+    /**
+     * eBPF pc at the address, or -1 when unknown (always, for now: backends do not return
+     * a native-offset -> pc line table through the plugin ABI yet).
+     */
+    int64_t pc;
+    /**
+     * NUL-terminated program name (`prog_<id>` unless named; truncated to fit).
+     */
+    char name[PACKJIT_NAME_LEN];
+} PackjitSymbol;
 
 /**
  * One entry of the helper table: helper `id` lives at `addr`, an
@@ -1187,6 +1240,127 @@ int32_t packjit_program_code(const struct PackjitProgram *prog,
  * `prog` NULL or live; `entry` NULL (refused) or writable.
  */
 int32_t packjit_program_entry(const struct PackjitProgram *prog, PjProgramEntry *entry);
+
+/**
+ * Creates an empty hook whose programs come from `rt`.
+ *
+ * # Safety
+ * `rt` NULL or live; `out` NULL or writable.
+ */
+int32_t packjit_hook_create(const struct PackjitRuntime *rt, struct PackjitHook **out);
+
+/**
+ * Detaches the hook's program (freed after the grace period) and destroys the hook. NULL is
+ * ignored. Threads still inside `packjit_hook_run` finish safely; starting a run after this
+ * call is a caller bug.
+ *
+ * # Safety
+ * `hook` NULL or a handle from `packjit_hook_create`, not in any unapplied batch.
+ */
+void packjit_hook_destroy(struct PackjitHook *hook_);
+
+/**
+ * Runs the hook's program on `ctx` (as `packjit_program_run`); `*r0` receives r0. Returns
+ * `PJ_ERR_NOT_EXECUTABLE` when nothing is attached, and the program's own error (e.g.
+ * `PJ_ERR_OUT_OF_BOUNDS`) when it stops on one.
+ *
+ * # Safety
+ * `hook` NULL or live; `ctx`/`ctx_len` as for `packjit_program_run`; `r0` NULL or writable.
+ */
+int32_t packjit_hook_run(const struct PackjitHook *hook_, void *ctx, size_t ctx_len, uint64_t *r0);
+
+/**
+ * Creates an empty batch.
+ *
+ * # Safety
+ * `out` NULL or writable.
+ */
+int32_t packjit_hook_batch_create(struct PackjitHookBatch **out);
+
+/**
+ * Queues attaching `prog` to `hook` and TAKES OVER the program handle: on success and on
+ * failure alike (unless an argument is invalid) `prog` is consumed and must not be used or
+ * freed again; it may not be in use by other threads at the time of the call. Fails with
+ * `PJ_ERR_NOT_EXECUTABLE` for a program that cannot run here and `PJ_ERR_INVALID_ARGUMENT`
+ * for a program from another runtime than the hook's.
+ *
+ * # Safety
+ * `batch` NULL or live; `hook` NULL or live until the batch is applied or discarded; `prog`
+ * NULL or a live program handle nobody else is using.
+ */
+int32_t packjit_hook_batch_attach(struct PackjitHookBatch *batch_,
+                                  const struct PackjitHook *hook_,
+                                  struct PackjitProgram *prog);
+
+/**
+ * Compiles `code` with the hook's runtime WITHOUT committing it and queues attaching it to
+ * `hook`; `packjit_hook_batch_apply` commits all such code at once.
+ *
+ * # Safety
+ * `batch` NULL or live; `hook` NULL or live until the batch is applied or discarded; `code`
+ * and `opts` as for `packjit_program_load`.
+ */
+int32_t packjit_hook_batch_load_attach(struct PackjitHookBatch *batch_,
+                                       const struct PackjitHook *hook_,
+                                       const uint8_t *code,
+                                       size_t code_len,
+                                       const struct PackjitLoadOptions *opts);
+
+/**
+ * Queues detaching whatever `hook` holds when the batch is applied.
+ *
+ * # Safety
+ * `batch` NULL or live; `hook` NULL or live until the batch is applied or discarded.
+ */
+int32_t packjit_hook_batch_detach(struct PackjitHookBatch *batch_, const struct PackjitHook *hook_);
+
+/**
+ * Applies and destroys the batch: one commit for the code it loaded, every swap, and one
+ * grace period for all the programs it replaced or detached (`*replaced` receives their
+ * count; `replaced` may be NULL).
+ *
+ * # Safety
+ * `batch` NULL or live (consumed); `replaced` NULL or writable.
+ */
+int32_t packjit_hook_batch_apply(struct PackjitHookBatch *batch_, uint64_t *replaced);
+
+/**
+ * Destroys a batch without applying it (its loaded and taken-over programs are freed).
+ * NULL is ignored.
+ *
+ * # Safety
+ * `batch` NULL or live (consumed).
+ */
+void packjit_hook_batch_discard(struct PackjitHookBatch *batch_);
+
+/**
+ * Which program's native code covers `addr` (an O(log n) search of the runtime's address
+ * index). `sym->found` is 0 when none does; that is not an error.
+ *
+ * # Safety
+ * `rt` NULL or live; `sym` NULL or a `PackjitSymbol` with `struct_size` set.
+ */
+int32_t packjit_symbolize(const struct PackjitRuntime *rt,
+                          uint64_t addr,
+                          struct PackjitSymbol *sym);
+
+/**
+ * A program's id, name, address and size (`found` is 0 for a program compiled for another
+ * architecture: it has no executable address).
+ *
+ * # Safety
+ * `prog` NULL or live; `sym` NULL or a `PackjitSymbol` with `struct_size` set.
+ */
+int32_t packjit_program_symbol(const struct PackjitProgram *prog, struct PackjitSymbol *sym);
+
+/**
+ * Writes the perf map (`path`, or `/tmp/perf-<pid>.map` when NULL) and keeps it current as
+ * programs are loaded and reclaimed, so `perf report` names JIT code.
+ *
+ * # Safety
+ * `rt` NULL or live; `path` NULL or a NUL-terminated string (copied).
+ */
+int32_t packjit_perf_map_enable(const struct PackjitRuntime *rt, const char *path);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -801,3 +801,127 @@ fn sandbox_is_the_default_and_options_are_checked() {
         last_error()
     );
 }
+
+#[test]
+fn hooks_batch_attach_and_symbols_through_the_c_api() {
+    let rt = Rt::with_backend();
+    let hooks: Vec<*mut PackjitHook> = (0..8)
+        .map(|_| {
+            let mut h = null_mut();
+            // SAFETY: valid runtime and out pointer.
+            assert_eq!(unsafe { packjit_hook_create(rt.0, &mut h) }, PJ_OK);
+            h
+        })
+        .collect();
+    let run_hook = |h: *const PackjitHook| {
+        let mut r0 = 0;
+        // SAFETY: live hook, no context.
+        let st = unsafe { packjit_hook_run(h, null_mut(), 0, &mut r0) };
+        (st, r0)
+    };
+    assert_eq!(
+        run_hook(hooks[0]).0,
+        PJ_ERR_NOT_EXECUTABLE,
+        "nothing attached"
+    );
+
+    let commits = rt.stats().commits;
+    for round in 0..3i32 {
+        let mut b = null_mut();
+        // SAFETY: valid out pointer.
+        assert_eq!(unsafe { packjit_hook_batch_create(&mut b) }, PJ_OK);
+        for (i, &h) in hooks.iter().enumerate() {
+            let code = mov_r0(round * 100 + i as i32);
+            let st = if i % 2 == 0 {
+                // The C backend compiles trusted code only (it emits no sandbox checks).
+                let opts = trusted_opts();
+                // SAFETY: live batch and hook; valid code and options.
+                unsafe { packjit_hook_batch_load_attach(b, h, code.as_ptr(), code.len(), &opts) }
+            } else {
+                // A program loaded on its own, handed over to the batch.
+                let p = rt.load(&code).unwrap();
+                // SAFETY: live batch, hook and program (consumed).
+                unsafe { packjit_hook_batch_attach(b, h, p) }
+            };
+            assert_eq!(st, PJ_OK, "{}", last_error());
+        }
+        let mut replaced = u64::MAX;
+        // SAFETY: live batch (consumed).
+        assert_eq!(unsafe { packjit_hook_batch_apply(b, &mut replaced) }, PJ_OK);
+        assert_eq!(replaced, if round == 0 { 0 } else { 8 });
+        for (i, &h) in hooks.iter().enumerate() {
+            assert_eq!(run_hook(h), (PJ_OK, (round * 100 + i as i32) as u64));
+        }
+    }
+    // Per round: one commit for the 4 batch-loaded programs, one per separately loaded one.
+    assert_eq!(rt.stats().commits - commits, 3 * (1 + 4));
+
+    // Symbols: the attached program's entry resolves to it.
+    let mut p = rt.load(&mov_r0(5)).unwrap();
+    let mut sym = PackjitSymbol {
+        struct_size: size_of::<PackjitSymbol>() as u32,
+        found: 9,
+        id: 0,
+        start: 0,
+        size: 0,
+        offset: 0,
+        pc: 0,
+        name: [0; PACKJIT_NAME_LEN],
+    };
+    // SAFETY: live program, sized struct.
+    assert_eq!(unsafe { packjit_program_symbol(p, &mut sym) }, PJ_OK);
+    assert_eq!(sym.found, 1);
+    let (start, id) = (sym.start, sym.id);
+    // SAFETY: NUL-terminated by fill_name.
+    let name = unsafe { CStr::from_ptr(sym.name.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(name, format!("prog_{id}"));
+    // SAFETY: live runtime, sized struct.
+    let st = unsafe { packjit_symbolize(rt.0, start + 1, &mut sym) };
+    assert_eq!(st, PJ_OK);
+    assert_eq!(
+        (sym.found, sym.id, sym.start, sym.offset, sym.pc),
+        (1, id, start, 1, -1)
+    );
+    // SAFETY: live runtime, sized struct.
+    assert_eq!(unsafe { packjit_symbolize(rt.0, 8, &mut sym) }, PJ_OK);
+    assert_eq!(sym.found, 0);
+
+    // A taken-over handle is dead; a program of another runtime is refused.
+    let mut b = null_mut();
+    // SAFETY: valid out pointer.
+    assert_eq!(unsafe { packjit_hook_batch_create(&mut b) }, PJ_OK);
+    // SAFETY: live batch, hook, program (consumed).
+    assert_eq!(unsafe { packjit_hook_batch_attach(b, hooks[0], p) }, PJ_OK);
+    // The handle was taken over (its memory is gone): forget it.
+    p = null_mut();
+    let other = Rt::with_backend();
+    let foreign = other.load(&mov_r0(1)).unwrap();
+    // SAFETY: live batch and hook; program from another runtime.
+    let st = unsafe { packjit_hook_batch_attach(b, hooks[1], foreign) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("different runtimes"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: the refused program is still the caller's.
+    unsafe { packjit_program_free(foreign) };
+    for &h in &hooks[2..] {
+        // SAFETY: live batch and hooks.
+        assert_eq!(unsafe { packjit_hook_batch_detach(b, h) }, PJ_OK);
+    }
+    let mut replaced = 0;
+    // SAFETY: live batch (consumed).
+    assert_eq!(unsafe { packjit_hook_batch_apply(b, &mut replaced) }, PJ_OK);
+    assert_eq!(replaced, 1 + 6);
+    assert_eq!(run_hook(hooks[0]), (PJ_OK, 5));
+    assert_eq!(run_hook(hooks[2]).0, PJ_ERR_NOT_EXECUTABLE);
+    assert!(p.is_null());
+    for h in hooks {
+        // SAFETY: created above, destroyed once.
+        unsafe { packjit_hook_destroy(h) };
+    }
+}

@@ -182,7 +182,32 @@ impl<'h> HookBatch<'h> {
         code: &[u8],
         opts: &LoadOptions,
     ) -> Result<&mut Self, Error> {
-        let prog = rt.load_uncommitted(code, opts, crate::Trust::Sandboxed)?;
+        self.load_attach_as(rt, hook, code, opts, crate::Trust::Sandboxed)
+    }
+
+    /// [`load_attach`](Self::load_attach) for trusted (unchecked) code.
+    ///
+    /// # Safety
+    /// As [`Runtime::load_trusted`]: the program must only touch memory it may.
+    pub unsafe fn load_attach_trusted(
+        &mut self,
+        rt: &Runtime,
+        hook: &'h Hook,
+        code: &[u8],
+        opts: &LoadOptions,
+    ) -> Result<&mut Self, Error> {
+        self.load_attach_as(rt, hook, code, opts, crate::Trust::Trusted)
+    }
+
+    fn load_attach_as(
+        &mut self,
+        rt: &Runtime,
+        hook: &'h Hook,
+        code: &[u8],
+        opts: &LoadOptions,
+        trust: crate::Trust,
+    ) -> Result<&mut Self, Error> {
+        let prog = rt.load_uncommitted(code, opts, trust)?;
         check_attachable(&prog)?;
         if let Some(a) = prog.packed_arena() {
             self.uncommitted = Some(a.clone());

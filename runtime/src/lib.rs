@@ -472,8 +472,13 @@ impl Runtime {
         let executable = matches!(owner, ArenaRef::Packed(_));
         // Only code in the executable arena has addresses a profiler can sample.
         let symbols = executable.then(|| {
-            self.symbols
-                .insert(id, name.clone(), compiled.entry, compiled.code_size as u64);
+            self.symbols.insert(
+                id,
+                name.clone(),
+                compiled.entry,
+                compiled.code_size as u64,
+                &compiled.pc_offsets,
+            );
             self.symbols.clone()
         });
         Ok(Program {

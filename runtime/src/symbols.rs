@@ -31,8 +31,8 @@ pub struct SymbolInfo {
     pub size: u64,
     /// Offset of the queried address from `start` (0 in listings).
     pub offset: u64,
-    /// eBPF pc of the instruction at the address. Always `None` for now: the plugin ABI does
-    /// not return a native-offset → pc line table yet, so only program + offset are known.
+    /// eBPF pc of the instruction whose native code holds the address (from the backend's
+    /// line table; `None` when the backend returned none, and in listings).
     pub pc: Option<usize>,
 }
 
@@ -40,6 +40,28 @@ struct Entry {
     id: u64,
     name: Arc<str>,
     size: u64,
+    /// (native offset, pc) sorted by offset: the line table inverted once at load so a
+    /// lookup is two binary searches.
+    lines: Box<[(u32, u32)]>,
+}
+
+/// Inverts a line table (pc → native offset, `NO_NATIVE_CODE` for slots without code).
+fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
+    let mut v: Vec<(u32, u32)> = pc_offsets
+        .iter()
+        .enumerate()
+        .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE)
+        .map(|(pc, &o)| (o, pc as u32))
+        .collect();
+    // Equal offsets (an instruction that emitted nothing): the later pc owns the code, as in
+    // `Program::pc_at`.
+    v.sort_unstable();
+    v.into_boxed_slice()
+}
+
+fn pc_at(lines: &[(u32, u32)], off: u64) -> Option<usize> {
+    let i = lines.partition_point(|&(o, _)| u64::from(o) <= off);
+    i.checked_sub(1).map(|i| lines[i].1 as usize)
 }
 
 #[derive(Default)]
@@ -85,9 +107,22 @@ impl Symbols {
     }
 
     /// Adds a program whose code starts at `start`.
-    pub(crate) fn insert(&self, id: u64, name: Arc<str>, start: u64, size: u64) {
+    pub(crate) fn insert(
+        &self,
+        id: u64,
+        name: Arc<str>,
+        start: u64,
+        size: u64,
+        pc_offsets: &[u32],
+    ) {
+        let lines = invert(pc_offsets);
         let mut st = self.write();
-        let e = Entry { id, name, size };
+        let e = Entry {
+            id,
+            name,
+            size,
+            lines,
+        };
         if let Some(path) = &st.perf_map {
             // Appending keeps a load O(1); perf takes the last line for an address anyway.
             // A failed append is not a load failure: the next rewrite repairs the file.
@@ -153,7 +188,7 @@ impl Symbols {
             start,
             size: e.size,
             offset: addr - start,
-            pc: None,
+            pc: pc_at(&e.lines, addr - start),
         })
     }
 
@@ -181,4 +216,38 @@ impl Symbols {
 /// The default perf map path for this process.
 pub fn default_perf_map_path() -> PathBuf {
     PathBuf::from(format!("/tmp/perf-{}.map", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use packjit_plugin_api::NO_NATIVE_CODE;
+
+    #[test]
+    fn lookups_find_program_offset_and_pc() {
+        let syms = Symbols::default();
+        // pc 0 at 0, pc 1 (lddw) at 4, pc 2 its second slot, pc 3 emitted nothing (same
+        // offset as pc 4), pc 4 at 20, code 32 bytes.
+        syms.insert(7, "p".into(), 0x1000, 32, &[0, 4, NO_NATIVE_CODE, 20, 20]);
+        syms.insert(8, "q".into(), 0x1040, 16, &[]);
+        let pc = |a| syms.lookup(a).map(|s| (s.id, s.offset, s.pc));
+        assert_eq!(pc(0xfff), None);
+        assert_eq!(pc(0x1000), Some((7, 0, Some(0))));
+        assert_eq!(pc(0x1003), Some((7, 3, Some(0))));
+        assert_eq!(pc(0x1004), Some((7, 4, Some(1))));
+        assert_eq!(pc(0x1013), Some((7, 0x13, Some(1))));
+        assert_eq!(
+            pc(0x1014),
+            Some((7, 0x14, Some(4))),
+            "the later of equal offsets"
+        );
+        assert_eq!(pc(0x101f), Some((7, 0x1f, Some(4))));
+        assert_eq!(pc(0x1020), None, "padding after the code");
+        assert_eq!(pc(0x1040), Some((8, 0, None)), "no line table");
+        syms.remove(7, 0x1000);
+        assert_eq!(pc(0x1000), None);
+        syms.remove(7, 0x1040);
+        assert_eq!(pc(0x1040), Some((8, 0, None)), "a stale id removes nothing");
+        assert_eq!(syms.len(), 1);
+    }
 }

@@ -4,7 +4,9 @@
 use packjit::{Arch, ErrorKind, Hook, LoadOptions, Runtime};
 use std::sync::Arc;
 
+// Only its program builder is used here (the tests run the real x86-64 backend).
 #[cfg(target_arch = "x86_64")]
+#[allow(dead_code)]
 #[path = "../benches/common/x86_stub.rs"]
 mod x86_stub;
 
@@ -111,14 +113,22 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
     assert_eq!(rt.stats().allocations, 0, "retired programs are released");
 }
 
-/// A runtime whose host-arch backend is the x86 stub (plus arm64 for a foreign arch).
 #[cfg(target_arch = "x86_64")]
-fn stub_runtime() -> Runtime {
-    let rt = Runtime::new().unwrap();
-    rt.add_backend(Arc::new(x86_stub::X86Stub)).unwrap();
-    rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+#[test]
+fn hook_run_returns_the_programs_error() {
+    let rt = runtime();
+    let hook = Hook::new();
+    // ldxdw r0, [r1 + 100] ; exit — out of bounds for an 8-byte context.
+    let code = [0x79, 0x10, 100, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    hook.attach(rt.load(&code, &LoadOptions::default()).unwrap())
         .unwrap();
-    rt
+    let e = hook.run(&mut [0u8; 8]).unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::OutOfBounds, "{e}");
+    assert_eq!(e.pc, Some(0));
+    assert_eq!(
+        hook.run(&mut [7u8; 108]).map(Result::unwrap),
+        Some(0x0707_0707_0707_0707)
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -141,7 +151,7 @@ fn batch_attach_under_running_threads_loses_no_run_and_frees_every_replaced_prog
     const HOOKS: usize = 64;
     const ROUNDS: i32 = 40;
 
-    let rt = Arc::new(stub_runtime());
+    let rt = Arc::new(runtime());
     let hooks: Arc<Vec<Hook>> = Arc::new((0..HOOKS).map(|_| Hook::new()).collect());
     let mut batch = HookBatch::new();
     for (i, h) in hooks.iter().enumerate() {
@@ -235,7 +245,7 @@ fn batch_attach_under_running_threads_loses_no_run_and_frees_every_replaced_prog
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn a_batch_with_a_foreign_program_attaches_nothing() {
-    let rt = stub_runtime();
+    let rt = runtime();
     let hooks = [Hook::new(), Hook::new()];
     let native = rt
         .load(&x86_stub::ret_prog(1, 2), &LoadOptions::default())

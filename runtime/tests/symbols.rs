@@ -14,6 +14,45 @@ fn runtime() -> Runtime {
     rt
 }
 
+#[test]
+fn symbolize_names_the_ebpf_pc_from_the_line_table() {
+    let rt = Runtime::new().unwrap();
+    rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))
+        .unwrap();
+    // mov r0, 1 ; lddw r2, big ; add r0, r2 ; mul r0, 3 ; exit
+    let code = [
+        0xb7, 0, 0, 0, 1, 0, 0, 0, //
+        0x18, 2, 0, 0, 0x44, 0x33, 0x22, 0x11, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, //
+        0x0f, 0x20, 0, 0, 0, 0, 0, 0, //
+        0x27, 0, 0, 0, 3, 0, 0, 0, //
+        0x95, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let p = rt
+        .load(
+            &code,
+            &LoadOptions {
+                name: Some("with_lines".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for off in 0..p.code_size() as u64 {
+        let addr = p.entry_addr() + off;
+        let s = rt.symbolize(addr).unwrap();
+        assert_eq!(&*s.name, "with_lines");
+        assert_eq!(s.pc, p.pc_at(addr), "offset {off}");
+        seen.extend(s.pc);
+    }
+    // With a line table every instruction with code of its own is named somewhere (pc 2 is
+    // lddw's 2nd slot); backends that return none leave the pc unknown everywhere.
+    if p.pc_at(p.entry_addr()).is_some() {
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![0, 1, 3, 4, 5]);
+    } else {
+        assert!(seen.is_empty());
+    }
+}
+
 fn drain(rt: &Runtime) {
     for _ in 0..2000 {
         packjit::arena::epoch_pin().flush();
@@ -73,7 +112,7 @@ fn names_lookup_and_perf_map_follow_loads_and_frees() {
                 .expect("inside a program");
             assert_eq!((s.id, s.start, s.offset), (p.id(), p.entry_addr(), off));
             assert_eq!(&*s.name, p.name());
-            assert_eq!(s.pc, None, "no line table through the ABI yet");
+            assert_eq!(s.pc, None, "the stub backend returns no line table");
         }
         if p.code_size() as u64 % 64 != 0 {
             assert_eq!(rt.symbolize(p.entry_addr() + p.code_size() as u64), None);

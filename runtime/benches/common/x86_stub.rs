@@ -1,5 +1,6 @@
 //! A stand-in x86-64 backend for host-native tests and benchmarks of the runtime's
-//! program/hook/symbol machinery while no real x86-64 backend exists. It accepts only
+//! program/hook/symbol machinery: it compiles in no time, so benchmarks measure the runtime,
+//! not a JIT, and it returns no line table. It accepts only
 //! `mov r0, imm ; ... ; exit` shapes: the code returns the first instruction's immediate
 //! (sign-extended, like `mov64 r0, imm`), preceded by one 4-byte `nop` per further eBPF
 //! instruction so code size follows program length. Not a JIT: never use it for semantics.
