@@ -11,6 +11,31 @@ echo "== host ($(uname -m)): build and run"
 cargo build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64 -p packjit-x86-64
 target/debug/packjit-demo run
 
+# C compiled by clang into a relocatable eBPF object, loaded as it is: .rodata table, .bss
+# counter, string literal, a local call and rbpf's `sqrti` helper resolved by name.
+objs="$PACKJIT_ROOT/target/demo-objs"
+mkdir -p "$objs"
+for src in demo sandbox; do
+    clang-19 -O2 -g -target bpf -mcpu=v4 -c "tests/bpf/$src.c" -o "$objs/$src.o"
+done
+echo
+echo "== clang-built ELF object, sandboxed with a budget: tests/bpf/demo.c"
+target/debug/packjit-demo run "$objs/demo.o" --section demo --mem "07 00 00" --sandbox --budget 100000
+echo "-- its native code, disassembled in-process (capstone), eBPF ranges marked"
+target/debug/packjit-demo dump "$objs/demo.o" --section demo --arch x86_64 | head -40
+echo
+echo "== the sandbox stops an out-of-bounds read: tests/bpf/sandbox.c"
+# The error names the pc and the address, and the demo exits with status 3.
+set +e
+target/debug/packjit-demo run "$objs/sandbox.o" --section pj/oob_read --mem "01 02" --sandbox
+rc=$?
+set -e
+if [ $rc -ne 3 ]; then
+    echo "expected the sandbox to stop the program (exit 3), got $rc" >&2
+    exit 1
+fi
+echo "-- stopped by the sandbox (exit 3), as it should be"
+
 for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
     echo
     echo "== $triple: cross-build, then run under qemu-user"
@@ -21,6 +46,9 @@ for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
         *) runner=($CARGO_TARGET_RISCV64GC_UNKNOWN_LINUX_GNU_RUNNER) ;;
     esac
     "${runner[@]}" "$dir/packjit-demo" run
+    echo "-- the clang-built object, sandboxed, native $triple code"
+    "${runner[@]}" "$dir/packjit-demo" run "$objs/demo.o" --section demo --mem "07 00 00" \
+        --sandbox --budget 100000
     echo "-- arena statistics for a batch of programs"
     "${runner[@]}" "$dir/packjit-demo" stats --count 300
 done
