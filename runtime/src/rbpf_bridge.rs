@@ -118,6 +118,11 @@ pub mod ids {
 /// Registers rbpf's `bpf_trace_printf` under rbpf's id, plus rbpf's other standard helpers
 /// (which rbpf leaves unnumbered) under the ids given: `gather_bytes`, `memfrob`, `sqrti`,
 /// `strcmp`, `rand`.
+///
+/// `memfrob` and `strcmp` dereference the pointers the program passes them, which rbpf's
+/// versions do unchecked; here they first ask [`crate::helper_access_ok`], so a sandboxed
+/// program cannot reach through them memory it could not reach itself. A refused pointer
+/// makes them return `u64::MAX` without touching memory (as rbpf's `strcmp` does for NULL).
 pub fn register_rbpf_helpers(rt: &Runtime, first_extra_id: u32) -> Result<(), Error> {
     rt.register_helper(
         ids::TRACE_PRINTK,
@@ -129,15 +134,51 @@ pub fn register_rbpf_helpers(rt: &Runtime, first_extra_id: u32) -> Result<(), Er
             "gather_bytes",
             extern_c_helper!(rbpf::helpers::gather_bytes),
         ),
-        ("memfrob", extern_c_helper!(rbpf::helpers::memfrob)),
+        ("memfrob", memfrob_checked),
         ("sqrti", extern_c_helper!(rbpf::helpers::sqrti)),
-        ("strcmp", extern_c_helper!(rbpf::helpers::strcmp)),
+        ("strcmp", strcmp_checked),
         ("rand", extern_c_helper!(rbpf::helpers::rand)),
     ];
     for (i, (name, f)) in extra.into_iter().enumerate() {
         rt.register_helper(first_extra_id + i as u32, name, f)?;
     }
     Ok(())
+}
+
+/// rbpf's `memfrob` (xor each byte with 42) behind the sandbox's write check.
+extern "C" fn memfrob_checked(ptr: u64, len: u64, _: u64, _: u64, _: u64) -> u64 {
+    if !crate::helper_access_ok(ptr, len, crate::AccessDirection::Write) {
+        return u64::MAX;
+    }
+    for i in 0..len {
+        // SAFETY: `[ptr, ptr + len)` is memory the running program may write (checked above:
+        // its context, its stack or a writable region the host vouched for).
+        unsafe { *((ptr + i) as *mut u8) ^= 0b10_1010 };
+    }
+    0
+}
+
+/// rbpf's `strcmp` (absolute difference of the first differing bytes, 0 when equal),
+/// checking each byte is readable before reading it: the strings' lengths are not known up
+/// front, so the check walks with the comparison.
+extern "C" fn strcmp_checked(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
+    if a == 0 || b == 0 {
+        return u64::MAX;
+    }
+    let readable = |addr: u64| crate::helper_access_ok(addr, 1, crate::AccessDirection::Read);
+    let mut i = 0u64;
+    loop {
+        let (pa, pb) = (a.wrapping_add(i), b.wrapping_add(i));
+        if !readable(pa) || !readable(pb) {
+            return u64::MAX;
+        }
+        // SAFETY: both bytes were just checked readable for the running program.
+        let (x, y) = unsafe { (*(pa as *const u8), *(pb as *const u8)) };
+        if x != y || x == 0 {
+            return u64::from(x.abs_diff(y));
+        }
+        i += 1;
+    }
 }
 
 /// How many distinct run-time helpers [`c_thunk_for`] can bind per process.

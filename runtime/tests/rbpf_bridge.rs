@@ -369,3 +369,70 @@ fn thunks_call_the_bound_function() {
         "one slot per function"
     );
 }
+
+/// rbpf's pointer-taking helpers, as packjit registers them, honour the sandbox: `memfrob` on
+/// the program's own context works, on memory the program was not given it is refused
+/// (`u64::MAX`) and nothing is written; `strcmp` reads only what the program may read.
+#[test]
+fn rbpf_pointer_helpers_are_checked() {
+    let rt = runtime();
+    packjit::rbpf_bridge::register_rbpf_helpers(&rt, 0x100).unwrap();
+    let id = |name: &str| rt.helpers().iter().find(|h| h.name == name).unwrap().id;
+    let (memfrob, strcmp) = (id("memfrob"), id("strcmp"));
+    let mut secret = [0x11u8; 8];
+    let secret_addr = secret.as_mut_ptr() as u64;
+    // r1 = r1 + r3 (offset), r2 = len, call memfrob, exit
+    let frob = |offset: i64, len: i32| {
+        let mut code = Vec::new();
+        code.extend_from_slice(&[0x18, 0x03, 0, 0]);
+        code.extend_from_slice(&(offset as u64 as u32).to_le_bytes());
+        code.extend_from_slice(&[0, 0, 0, 0]);
+        code.extend_from_slice(&((offset as u64 >> 32) as u32).to_le_bytes());
+        code.extend_from_slice(&packjit_frontend::encode_insn(0x0f, 1, 3, 0, 0));
+        code.extend_from_slice(&packjit_frontend::encode_insn(0xb7, 2, 0, 0, len));
+        code.extend_from_slice(&packjit_frontend::encode_insn(
+            0x85,
+            0,
+            0,
+            0,
+            memfrob as i32,
+        ));
+        code.extend_from_slice(&packjit_frontend::encode_insn(0x95, 0, 0, 0, 0));
+        code
+    };
+    let mut ctx = [0u8; 16];
+    let ctx_addr = ctx.as_ptr() as u64;
+    let Ok(p) = rt.load(&frob(0, 16), &Default::default()) else {
+        return; // no backend for this host: nothing native to check
+    };
+    if !p.is_executable() {
+        return;
+    }
+    assert_eq!(p.call(&mut ctx), Ok(0));
+    assert_eq!(ctx, [42u8; 16], "frobbed in place");
+    let p = rt
+        .load(
+            &frob(secret_addr.wrapping_sub(ctx_addr) as i64, 8),
+            &Default::default(),
+        )
+        .unwrap();
+    assert_eq!(p.call(&mut ctx), Ok(u64::MAX), "refused");
+    assert_eq!(secret, [0x11u8; 8], "host memory untouched");
+    let p = rt.load(&frob(8, 9), &Default::default()).unwrap();
+    assert_eq!(p.call(&mut ctx), Ok(u64::MAX), "one byte past the context");
+
+    // strcmp(ctx, ctx + 8): equal strings inside the context compare 0; a string running
+    // off the end of the context is refused rather than read past it.
+    let cmp = [
+        packjit_frontend::encode_insn(0xbf, 2, 1, 0, 0),
+        packjit_frontend::encode_insn(0x07, 2, 0, 0, 8),
+        packjit_frontend::encode_insn(0x85, 0, 0, 0, strcmp as i32),
+        packjit_frontend::encode_insn(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    let p = rt.load(&cmp, &Default::default()).unwrap();
+    let mut strings = *b"abc\0\0\0\0\0abc\0\0\0\0\0";
+    assert_eq!(p.call(&mut strings), Ok(0));
+    let mut unterminated = [b'x'; 16];
+    assert_eq!(p.call(&mut unterminated), Ok(u64::MAX));
+}
