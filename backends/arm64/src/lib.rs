@@ -50,7 +50,7 @@ pub use lower::{emit_decoded, Emitted};
 use packjit_frontend::analysis::validate_request;
 use packjit_plugin_api::{
     install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
-    HelperEntry, JitBackend, NO_NATIVE_CODE,
+    HelperEntry, JitBackend,
 };
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
@@ -136,12 +136,8 @@ impl JitBackend for Arm64Backend {
         let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
         let out = emit_decoded(&prog, req.helpers, &mode)?;
-        // The line table: each slot's native offset; the second slot of lddw has none.
-        let mut pc_offsets = vec![NO_NATIVE_CODE; prog.slots];
-        for (inst, &off) in prog.insts.iter().zip(&out.inst_offsets) {
-            pc_offsets[inst.pc] = off as u32;
-        }
-        install_code_with_line_table(arena, &out.bytes, out.native_insns, pc_offsets)
+        let line_table = prog.line_table(&out.inst_offsets);
+        install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
     }
 }
 
