@@ -13,8 +13,32 @@ fn obj(name: &str) -> std::path::PathBuf {
     p
 }
 
+/// The demo binary as a command. Under qemu-user (the cross test runs) this test is itself
+/// emulated and the kernel cannot exec a foreign binary directly, so the demo is started
+/// through the same runner cargo used for the test (`CARGO_TARGET_<TRIPLE>_RUNNER`, which the
+/// test environment inherits); host binaries such as the runner itself exec natively.
+fn demo_command() -> Command {
+    let exe = env!("CARGO_BIN_EXE_packjit-demo");
+    let runner_var = if cfg!(target_arch = "aarch64") {
+        Some("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER")
+    } else if cfg!(target_arch = "riscv64") {
+        Some("CARGO_TARGET_RISCV64GC_UNKNOWN_LINUX_GNU_RUNNER")
+    } else {
+        None
+    };
+    match runner_var.and_then(|v| std::env::var(v).ok()) {
+        Some(runner) => {
+            let mut words = runner.split_whitespace();
+            let mut cmd = Command::new(words.next().expect("runner is not empty"));
+            cmd.args(words).arg(exe);
+            cmd
+        }
+        None => Command::new(exe),
+    }
+}
+
 fn demo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_packjit-demo"))
+    demo_command()
         .arg("--static-backends")
         .args(args)
         .output()
