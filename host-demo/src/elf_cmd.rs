@@ -111,7 +111,7 @@ pub fn run(
         ));
     }
     eprintln!(
-        "{} ({:?}): {} bytes of {} code by {}, {}",
+        "{} ({}): {} bytes of {} code by {}, {}",
         obj.display(),
         elf.program,
         prog.code_size(),
@@ -209,7 +209,7 @@ pub fn dump(
         .elf_linked()
         .ok_or("program has no ELF link information")?;
     println!(
-        "{} ({:?}): {} eBPF slots -> {} bytes of {arch} code, {} native instructions, by {}",
+        "{} ({}): {} eBPF slots -> {} bytes of {arch} code, {} native instructions, by {}",
         obj.display(),
         elf.program,
         linked.code.len() / 8,

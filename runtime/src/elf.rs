@@ -64,6 +64,15 @@ pub enum ElfProgramSelector {
     Function(String),
 }
 
+impl std::fmt::Display for ElfProgramSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ElfProgramSelector::Section(s) => write!(f, "section `{s}`"),
+            ElfProgramSelector::Function(s) => write!(f, "function `{s}`"),
+        }
+    }
+}
+
 /// What [`link`] and [`crate::Runtime::load_elf`] load.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElfLoadOptions {
