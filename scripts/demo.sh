@@ -22,7 +22,9 @@ echo
 echo "== clang-built ELF object, sandboxed with a budget: tests/bpf/demo.c"
 target/debug/packjit-demo run "$objs/demo.o" --section demo --mem "07 00 00" --sandbox --budget 100000
 echo "-- its native code, disassembled in-process (capstone), eBPF ranges marked"
-target/debug/packjit-demo dump "$objs/demo.o" --section demo --arch x86_64 | head -40
+target/debug/packjit-demo dump "$objs/demo.o" --section demo --arch x86_64 >"$objs/demo.dump"
+head -n 40 "$objs/demo.dump"
+echo "   ... ($(wc -l <"$objs/demo.dump") lines in all: $objs/demo.dump)"
 echo
 echo "== the sandbox stops an out-of-bounds read: tests/bpf/sandbox.c"
 # The error names the pc and the address, and the demo exits with status 3.
