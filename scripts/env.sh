@@ -42,12 +42,11 @@ packjit_install() {
 
 # Cross settings (exported for the cargo invocations below).
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-# libstd-rust-web-dev:arm64 pulls in libc6:arm64, whose libc.so.6 (/lib/aarch64-linux-gnu) the
-# cross ld.so would otherwise pick up: a mismatched pair that hangs in pthread_create. Pin the
-# guest to the cross libc we link against.
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib"
+# Emulated programs run through scripts/qemu-run: the qemu-user command line for each arch and
+# a watchdog against qemu's fork hang (see the script).
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$PACKJIT_ROOT/scripts/qemu-run aarch64"
 export CARGO_TARGET_RISCV64GC_UNKNOWN_LINUX_GNU_LINKER=riscv64-linux-gnu-gcc
-export CARGO_TARGET_RISCV64GC_UNKNOWN_LINUX_GNU_RUNNER="qemu-riscv64 -L /usr/riscv64-linux-gnu"
+export CARGO_TARGET_RISCV64GC_UNKNOWN_LINUX_GNU_RUNNER="$PACKJIT_ROOT/scripts/qemu-run riscv64"
 export PACKJIT_CROSS_TARGET_DIR="${PACKJIT_CROSS_TARGET_DIR:-$PACKJIT_ROOT/target-cross}"
 
 # Runs Debian's cargo for a cross target: packjit_cross_cargo <triple> <cargo args...>
