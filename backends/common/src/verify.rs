@@ -40,18 +40,15 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
             format!("program has {slots} instructions, the limit is {MAX_INSNS}"),
         ));
     }
-    let raw: Vec<RawInsn> = code
-        .chunks_exact(8)
-        .map(|c| RawInsn::from_bytes(c.try_into().expect("chunks of 8")))
-        .collect();
-
-    // Pass 1: decode each instruction; branch targets stay as slot numbers for now.
+    // Pass 1: decode each instruction straight from the bytes (no intermediate copy: compile
+    // time is dominated by memory traffic on large programs); branch targets stay as slot
+    // numbers for now. Indices fit u32 because MAX_INSNS does.
     let mut insts = Vec::with_capacity(slots);
-    let mut slot_to_index = vec![usize::MAX; slots];
+    let mut slot_to_index = vec![u32::MAX; slots];
     let mut pc = 0;
     while pc < slots {
-        slot_to_index[pc] = insts.len();
-        let (op, len) = decode_one(&raw, pc, helpers)?;
+        slot_to_index[pc] = insts.len() as u32;
+        let (op, len) = decode_one(code, pc, helpers)?;
         insts.push(Inst { pc, op });
         pc += len;
     }
@@ -65,11 +62,11 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
             ));
         }
         match slot_to_index[slot as usize] {
-            usize::MAX => Err(verr(
+            u32::MAX => Err(verr(
                 from,
                 format!("jump target {slot} is the second half of LD_IMM64"),
             )),
-            i => Ok(i),
+            i => Ok(i as usize),
         }
     };
     for inst in &mut insts {
@@ -263,11 +260,15 @@ fn unknown(pc: usize, i: &RawInsn) -> CompileError {
 
 /// Decodes the instruction at `pc`; returns it and its length in slots.
 fn decode_one(
-    raw: &[RawInsn],
+    code: &[u8],
     pc: usize,
     helpers: &[HelperEntry],
 ) -> Result<(Op, usize), CompileError> {
-    let i = raw[pc];
+    let slot = |pc: usize| -> Option<RawInsn> {
+        let bytes = code.get(pc * 8..pc * 8 + 8)?;
+        Some(RawInsn::from_bytes(bytes.try_into().expect("8 bytes")))
+    };
+    let i = slot(pc).expect("pc is inside the program");
     let class = i.opc & 0x07;
     match class {
         CLASS_ALU | CLASS_ALU64 => decode_alu(pc, &i).map(|op| (op, 1)),
@@ -293,7 +294,7 @@ fn decode_one(
             }
             zero(pc, "lddw", "offset", i.off.into())?;
             let dst = check_dst_writable(pc, i.dst)?;
-            let Some(next) = raw.get(pc + 1) else {
+            let Some(next) = slot(pc + 1) else {
                 return Err(verr(pc, "lddw is missing its second slot"));
             };
             if next.opc != 0 || next.dst != 0 || next.src != 0 || next.off != 0 {
