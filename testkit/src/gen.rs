@@ -1581,3 +1581,47 @@ mod sandbox_tests {
         assert!(agree(&budget(9), &oob(9, 0, false)).is_err());
     }
 }
+
+/// A valid program of about `n` slots in `functions` subprograms, for compile-time scaling
+/// benchmarks (not for running: its loops are not meant to terminate quickly). Every function
+/// repeats ALU work, stack stores and loads, a forward and a backward conditional jump, and
+/// calls the next function: the shapes whose analyses or branch fixing could go quadratic.
+pub fn sized_program(n: usize, functions: usize) -> Vec<u8> {
+    let per = (n / functions.max(1)).max(8);
+    let mut out = Vec::with_capacity(n * 8);
+    let mut push = |opc: u8, dst: u8, src: u8, off: i16, imm: i32| {
+        out.extend_from_slice(
+            &RawInsn {
+                opc,
+                dst,
+                src,
+                off,
+                imm,
+            }
+            .to_bytes(),
+        );
+    };
+    for f in 0..functions.max(1) {
+        let last = f + 1 == functions.max(1);
+        for k in 0..per - 4 {
+            match k % 6 {
+                0 => push(0x07, 1, 0, 0, k as i32),       // add r1, k
+                1 => push(0x7b, 10, 1, -8, 0),            // stxdw [r10-8], r1
+                2 => push(0x79, 2, 10, -8, 0),            // ldxdw r2, [r10-8]
+                3 => push(0x0f, 0, 2, 0, 0),              // add r0, r2
+                4 => push(0x55, 0, 0, 1, 7),              // jne r0, 7, +1
+                _ => push(0xa5, 1, 0, -2, 1_000_000_000), // jlt r1, 1e9, -2 (back-edge)
+            }
+        }
+        if last {
+            push(0xb7, 0, 0, 0, 0);
+            push(0xb7, 0, 0, 0, 1);
+        } else {
+            push(0xb7, 1, 0, 0, 1);
+            push(0x85, 0, 1, 0, 2); // call the next function (it starts after our exit)
+        }
+        push(0xb7, 0, 0, 0, 0);
+        push(0x95, 0, 0, 0, 0);
+    }
+    out
+}

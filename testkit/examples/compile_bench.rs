@@ -1,0 +1,101 @@
+//! Compile throughput at three program sizes, for the front end alone and for each backend's
+//! whole compile (decode, verify, analyses, lowering, branch fixing, install into an arena),
+//! in eBPF instructions per second. Compile time must grow linearly with program size, so
+//! each row ends with the 1 M figure as a fraction of the 1 k one.
+//!
+//! ```text
+//! cargo run --release -p packjit-testkit --example compile_bench
+//! ```
+//!
+//! Every backend compiles on any host (nothing is executed), so all rows are measured here,
+//! side by side: sizes and engines are interleaved round by round and the best round of each
+//! is kept, because a shared machine's noise would otherwise favour whoever ran last.
+
+use packjit_plugin_api::{CodeArena, CompileRequest, JitBackend};
+use packjit_testkit::fuzz::VecArena;
+use packjit_testkit::gen::sized_program;
+use std::time::Instant;
+
+/// (eBPF slots, functions) of the three programs.
+const SIZES: [(usize, usize); 3] = [(1_000, 4), (100_000, 8), (1_000_000, 8)];
+const ROUNDS: usize = 5;
+/// Instructions compiled per round and size: enough that one round takes tens of ms.
+const WORK: usize = 2_000_000;
+
+enum Engine {
+    FrontEnd,
+    Backend(Box<dyn JitBackend>),
+}
+
+impl Engine {
+    fn name(&self) -> String {
+        match self {
+            Engine::FrontEnd => "front end (decode, verify, analyses)".into(),
+            Engine::Backend(b) => format!("{} (features 0x{:x})", b.name(), b.supported_features()),
+        }
+    }
+
+    fn compile(&self, code: &[u8], arena: &VecArena) {
+        match self {
+            Engine::FrontEnd => {
+                let p = packjit_frontend::decode(code, &[]).expect("valid program");
+                std::hint::black_box(packjit_frontend::analysis::stack_block_size(&p));
+            }
+            Engine::Backend(b) => {
+                let req = CompileRequest {
+                    code,
+                    helpers: &[],
+                    features: b.supported_features(),
+                    flags: 0,
+                    blind_key: 0,
+                };
+                let c = b.compile(&req, arena).expect("compiles");
+                arena.free(&c.region);
+            }
+        }
+    }
+}
+
+fn main() {
+    let engines = [
+        Engine::FrontEnd,
+        Engine::Backend(Box::new(packjit_arm64::Arm64Backend::new())),
+        Engine::Backend(Box::new(packjit_rv64::Rv64Backend::new())),
+        Engine::Backend(Box::new(packjit_x86_64::X86Backend::new())),
+    ];
+    let programs: Vec<Vec<u8>> = SIZES.iter().map(|&(n, f)| sized_program(n, f)).collect();
+    let arena = VecArena::default();
+    // best[engine][size]: the fastest round, in eBPF instructions per second.
+    let mut best = vec![vec![0f64; SIZES.len()]; engines.len()];
+    for _ in 0..ROUNDS {
+        for (s, code) in programs.iter().enumerate() {
+            let slots = code.len() / 8;
+            let reps = (WORK / slots).max(1);
+            for (e, engine) in engines.iter().enumerate() {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    engine.compile(code, &arena);
+                }
+                let rate = (slots * reps) as f64 / start.elapsed().as_secs_f64();
+                best[e][s] = best[e][s].max(rate);
+            }
+        }
+    }
+    println!("compile throughput, M eBPF insns/s (best of {ROUNDS} interleaved rounds):");
+    println!(
+        "{:<44} {:>8} {:>8} {:>8} {:>10}",
+        "engine", "1 k", "100 k", "1 M", "1 M / 1 k"
+    );
+    for (engine, rates) in engines.iter().zip(&best) {
+        println!(
+            "{:<44} {:>8.1} {:>8.1} {:>8.1} {:>10.2}",
+            engine.name(),
+            rates[0] / 1e6,
+            rates[1] / 1e6,
+            rates[2] / 1e6,
+            rates[2] / rates[0]
+        );
+    }
+    let sizes: Vec<String> = programs.iter().map(|p| (p.len() / 8).to_string()).collect();
+    println!("(program sizes: {} slots)", sizes.join(" / "));
+}
