@@ -8,6 +8,7 @@ use dynasmrt::aarch64::{
 };
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use packjit_frontend::analysis::blinding_mask;
+use packjit_frontend::relax::BranchCheck;
 use packjit_frontend::{AluOp, Cond, Width, Width::W32, Width::W64};
 use packjit_plugin_api::{CompileError, ErrorKind};
 
@@ -22,6 +23,22 @@ const COND_RANGE: i64 = 1 << 20;
 const TEST_RANGE: i64 = 1 << 15;
 /// B / BL: signed 26-bit word offset, ±128 MiB.
 const JUMP_RANGE: i64 = 1 << 27;
+
+/// Growth of one conditional branch going long: B.cond (4 bytes) becomes the inverted
+/// B.cond and a B (8 bytes).
+pub(crate) const LONG_FORM_GROWTH: isize = 4;
+/// Relaxation passes before failing branches go straight to the long form (with two forms
+/// that is the first growth anyway).
+pub(crate) const GENTLE_PASSES: usize = 0;
+
+/// Forms of a conditional branch, shortest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Form {
+    /// B.cond / CBZ / TBZ straight to the target.
+    Short,
+    /// The inverted test around a B (±128 MiB).
+    Long,
+}
 
 /// Kinds of PC-relative branch recorded for the range check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +66,9 @@ impl Reach {
 pub(crate) struct Site {
     /// eBPF instruction index the branch belongs to.
     inst: usize,
+    /// The conditional site number (emission order) of a short B.cond/CBZ/TBZ; `None` for
+    /// B/BL, which have one form.
+    cond: Option<usize>,
     /// Byte offset of the branch instruction.
     at: usize,
     target: DynamicLabel,
@@ -135,31 +155,31 @@ pub(crate) fn logical_ok(v: u64, width: Width) -> bool {
 }
 
 impl Emitter<'_> {
-    /// After a pass: switches out-of-range conditional branches to the long form (returns
-    /// `true` when that changed anything); refuses unconditional ones out of ±128 MiB.
-    pub(crate) fn check_ranges(
+    /// After a pass: the displacement of every conditional branch site for the relaxation
+    /// driver, and each instruction's code offset. B/BL out of ±128 MiB is an error here:
+    /// they have no longer form.
+    pub(crate) fn branch_checks(
         &self,
-        long: &mut [bool],
-        pass: usize,
-    ) -> Result<(bool, Vec<usize>), CompileError> {
+    ) -> Result<(Vec<BranchCheck<Form>>, Vec<usize>), CompileError> {
         let labels = self.ops.labels();
         let at = |l: DynamicLabel| -> Result<i64, CompileError> {
             labels.resolve_dynamic(l).map(|o| o.0 as i64).map_err(|e| {
                 CompileError::new(ErrorKind::Internal, format!("unresolved arm64 label: {e}"))
             })
         };
-        let mut grew = false;
+        let mut checks = Vec::new();
         for s in &self.sites {
             let dist = at(s.target)? - s.at as i64;
             let range = s.reach.range();
-            // After a few passes, convert with a safety margin so a cascade of growth
-            // cannot keep the loop going.
-            let range = if pass >= 4 { range / 2 } else { range };
-            if (-range..range).contains(&dist) {
-                continue;
-            }
-            match s.reach {
-                Reach::Jump => {
+            match s.cond {
+                Some(site) => checks.push(BranchCheck {
+                    site,
+                    at: s.at,
+                    disp: dist as isize,
+                    range: (-range as isize, range as isize - 1),
+                    grow: Form::Long,
+                }),
+                None if !(-range..range).contains(&dist) => {
                     return Err(CompileError::at(
                         self.prog.insts[s.inst].pc,
                         ErrorKind::Encoding,
@@ -168,12 +188,7 @@ impl Emitter<'_> {
                         ),
                     ))
                 }
-                Reach::Cond | Reach::Test => {
-                    if !long[s.inst] {
-                        long[s.inst] = true;
-                        grew = true;
-                    }
-                }
+                None => {}
             }
         }
         let offsets = self
@@ -181,7 +196,7 @@ impl Emitter<'_> {
             .iter()
             .map(|&l| at(l).map(|o| o as usize))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok((grew, offsets))
+        Ok((checks, offsets))
     }
 
     /// `rd = value` in the fewest instructions: one ORR for a bitmask immediate, else MOVZ
@@ -318,9 +333,14 @@ impl Emitter<'_> {
 
     /// Records a branch to a far label for the range check.
     pub(crate) fn site(&mut self, target: DynamicLabel, reach: Reach) {
+        self.site_with_form(target, reach, None);
+    }
+
+    fn site_with_form(&mut self, target: DynamicLabel, reach: Reach, cond: Option<usize>) {
         let at = self.off();
         self.sites.push(Site {
             inst: self.cur,
+            cond,
             at,
             target,
             reach,
@@ -350,7 +370,9 @@ impl Emitter<'_> {
     /// Emits the branch for `test` to `target`: short form, or when the previous pass found
     /// it out of reach, the inverted test around an unconditional B (±128 MiB).
     pub(crate) fn branch_if(&mut self, test: Test, target: DynamicLabel) {
-        if self.long[self.cur] {
+        let site = self.cond_sites;
+        self.cond_sites += 1;
+        if self.forms.get(site) == Some(&Form::Long) {
             let skip = self.ops.new_dynamic_label();
             self.emit_test(invert(test), skip);
             self.b(target);
@@ -361,7 +383,7 @@ impl Emitter<'_> {
             } else {
                 Reach::Cond
             };
-            self.site(target, reach);
+            self.site_with_form(target, reach, Some(site));
             self.emit_test(test, target);
         }
     }

@@ -24,6 +24,7 @@ use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{back_edge_charge, checked_access, CALL_CHARGE};
+use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_ENV_REGIONS, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
@@ -48,17 +49,26 @@ pub fn emit_decoded(
     mode: &CodegenMode,
 ) -> Result<Emitted, CompileError> {
     let plan = plan(prog, mode.sandboxed(), mode.counts_budget());
-    // Conditional branches start in their short form; any found out of range after a pass is
-    // switched to the long form (inverted condition around a B) and the code is emitted
-    // again. The set only grows, so this settles; in practice one pass suffices.
-    let mut long = vec![false; prog.insts.len()];
-    let mut passes = 0;
+    // Conditional branches start in their short form; the shared relaxation driver switches
+    // those found out of range to the long form (inverted condition around a B), and the code
+    // is emitted again. In practice one pass suffices.
+    let mut relax = Relaxation::new(Form::Long, LONG_FORM_GROWTH, GENTLE_PASSES);
     loop {
-        passes += 1;
-        let mut e = Emitter::new(prog, helpers, mode, &plan, long.clone());
+        relax.begin_pass();
+        let mut e = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
         e.program()?;
-        let (grew, offsets) = e.check_ranges(&mut long, passes)?;
-        if !grew {
+        let (checks, offsets) = e.branch_checks()?;
+        for c in &checks {
+            relax.form(c.site, Form::Short);
+        }
+        let settled = relax.settle(&checks, |c| {
+            CompileError::new(
+                ErrorKind::Encoding,
+                format!("conditional branch spans {} bytes of arm64 code", c.disp),
+            )
+        })?;
+        if settled == Settled::Done {
+            let passes = relax.passes();
             let bytes = e.ops.finalize().map_err(|err| {
                 CompileError::new(
                     ErrorKind::Encoding,
@@ -107,7 +117,10 @@ pub(crate) struct Emitter<'a> {
     pub(crate) mode: &'a CodegenMode,
     pub(crate) lse: bool,
     pub(crate) plan: &'a Plan,
-    pub(crate) long: Vec<bool>,
+    /// Form of each conditional branch site (by emission order), from the relaxation driver.
+    pub(crate) forms: Vec<Form>,
+    /// Conditional branch sites emitted so far in this pass.
+    pub(crate) cond_sites: usize,
     pub(crate) ops: Asm,
     /// Start of each instruction's code (after the prologue for subprogram starts).
     pub(crate) labels: Vec<DynamicLabel>,
@@ -134,7 +147,7 @@ impl<'a> Emitter<'a> {
         helpers: &'a [HelperEntry],
         mode: &'a CodegenMode,
         plan: &'a Plan,
-        long: Vec<bool>,
+        forms: Vec<Form>,
     ) -> Self {
         let mut ops = Asm::new(0);
         let labels = (0..prog.insts.len())
@@ -156,7 +169,8 @@ impl<'a> Emitter<'a> {
             mode,
             lse: mode.features & FEATURE_LSE != 0,
             plan,
-            long,
+            forms,
+            cond_sites: 0,
             ops,
             labels,
             entries,

@@ -23,6 +23,7 @@
 
 pub mod analysis;
 mod insn;
+pub mod relax;
 mod verify;
 
 pub use insn::*;

@@ -19,6 +19,7 @@ use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
 };
+use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
 use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
@@ -96,7 +97,7 @@ pub struct Codegen<'a> {
     pub(crate) layout: Layout,
     pub(crate) mode: CodegenMode,
     has_callx: bool,
-    forms: Vec<Form>,
+    relax: Relaxation<Form>,
     // per-pass state
     pub(crate) e: Emitter,
     site: usize,
@@ -112,13 +113,12 @@ pub struct Codegen<'a> {
     region_stub: DynamicLabel,
 }
 
-/// Passes after which every still-failing site jumps straight to the far form, so the
-/// number of passes stays bounded even for adversarial layouts.
+/// Passes after which every still-failing site jumps straight to the far form (the shared
+/// driver's pass bound is this + 2).
 const GENTLE_PASSES: usize = 4;
 /// The most one site's growth in one pass adds to the code (c.beqz, 2 bytes, straight to
 /// the far form, 12 bytes).
 const GROWTH_BOUND: isize = 10;
-const MAX_PASSES: usize = 8;
 
 impl<'a> Codegen<'a> {
     pub fn new(
@@ -152,7 +152,7 @@ impl<'a> Codegen<'a> {
             layout,
             mode: opts.mode,
             has_callx,
-            forms: Vec::new(),
+            relax: Relaxation::new(Form::Far, GROWTH_BOUND, GENTLE_PASSES),
             e,
             opts,
             site: 0,
@@ -173,17 +173,12 @@ impl<'a> Codegen<'a> {
     /// slot's native code starts).
     pub fn run(mut self) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         let mut capacity = self.prog.insts.len() * 8 + 64;
-        for pass in 0..MAX_PASSES {
+        loop {
+            self.relax.begin_pass();
             self.pass(capacity);
             capacity = self.e.pos() + 64;
-            // Displacement of every site; then which sites grow. A site that fits now can
-            // still be pushed out of range by the growth of the others (hot-path branches
-            // to the cold code at the end sit in a row just under the limit and would
-            // otherwise cross it a few per pass): so grow, in the same pass, every site
-            // within `slack` bytes of its limit, where `slack` bounds what this pass's growth
-            // can add (GROWTH_BOUND per grown site), until no more sites join.
             let checks = std::mem::take(&mut self.checks);
-            let mut disp = Vec::with_capacity(checks.len());
+            let mut sites = Vec::with_capacity(checks.len());
             for c in &checks {
                 let target = self
                     .e
@@ -191,46 +186,25 @@ impl<'a> Codegen<'a> {
                     .labels()
                     .resolve_dynamic(c.target)
                     .map_err(|e| internal(format!("unbound label: {e}")))?;
-                disp.push(target.0 as isize - c.at as isize);
+                sites.push(BranchCheck {
+                    site: c.site,
+                    at: c.at,
+                    disp: target.0 as isize - c.at as isize,
+                    range: (c.lo, c.hi),
+                    grow: c.grow,
+                });
             }
-            let mut grows = vec![false; checks.len()];
-            let mut slack = 0isize;
-            loop {
-                let before = slack;
-                for (k, (c, &d)) in checks.iter().zip(&disp).enumerate() {
-                    if !grows[k] && (d < c.lo + slack || d > c.hi - slack) {
-                        grows[k] = true;
-                        slack += GROWTH_BOUND;
-                    }
-                }
-                if slack == before {
-                    break;
-                }
-            }
-            // Re-emit only when some site really changed form.
-            let mut failed = false;
-            for ((c, &d), _) in checks.iter().zip(&disp).zip(&grows).filter(|(_, &g)| g) {
-                let cur = self.forms[c.site];
-                if cur == Form::Far {
-                    if d < c.lo || d > c.hi {
-                        return Err(CompileError::new(
-                            ErrorKind::Encoding,
-                            format!(
-                                "program too large: a branch spans {d} bytes, beyond the ±2 GiB \
-                                 reach of auipc+jalr"
-                            ),
-                        ));
-                    }
-                    continue;
-                }
-                failed = true;
-                self.forms[c.site] = if pass >= GENTLE_PASSES {
-                    Form::Far
-                } else {
-                    c.grow
-                };
-            }
-            if !failed {
+            let settled = self.relax.settle(&sites, |c| {
+                CompileError::new(
+                    ErrorKind::Encoding,
+                    format!(
+                        "program too large: a branch spans {} bytes, beyond the ±2 GiB reach \
+                         of auipc+jalr",
+                        c.disp
+                    ),
+                )
+            })?;
+            if settled == Settled::Done {
                 let labels = self.e.asm.labels();
                 let offsets = self
                     .insn_labels
@@ -249,7 +223,6 @@ impl<'a> Codegen<'a> {
                 return Ok((code, table));
             }
         }
-        Err(internal("branch layout did not settle".to_string()))
     }
 
     fn pass(&mut self, capacity: usize) {
@@ -331,11 +304,7 @@ impl<'a> Codegen<'a> {
     fn next_site(&mut self, smallest: Form) -> (usize, Form) {
         let s = self.site;
         self.site += 1;
-        if s == self.forms.len() {
-            self.forms.push(smallest);
-        }
-        let f = self.forms[s].max(smallest);
-        (s, f)
+        (s, self.relax.form(s, smallest))
     }
 
     fn check(

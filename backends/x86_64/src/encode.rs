@@ -48,6 +48,7 @@
 
 use dynasmrt::x64::X64Relocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+use packjit_frontend::relax::BranchCheck;
 
 /// A register number as the hardware encodes it (0 = rax … 15 = r15).
 pub type Gpr = u8;
@@ -108,7 +109,7 @@ pub type Asm = VecAssembler<X64Relocation>;
 /// relocation itself).
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
-    /// Index of the branch site in emission order (key into `long`); `usize::MAX` for
+    /// Index of the branch site in emission order (key into the forms); `usize::MAX` for
     /// calls, which have no short form.
     site: usize,
     /// Byte offset just past the instruction: the displacement is relative to it.
@@ -136,28 +137,33 @@ pub struct Enc {
     /// The bytes, labels and relocations.
     ops: Asm,
     fixups: Vec<Fixup>,
-    /// Per branch site: use `rel32` (decided by earlier passes).
-    long: Vec<bool>,
+    /// Per branch site, the form the relaxation driver chose in earlier passes.
+    forms: Vec<Form>,
     sites: usize,
     /// Instructions emitted (for the compile result's native instruction count).
     pub insns: usize,
 }
 
-/// How a pass ended.
-pub enum Resolved {
-    /// All branches reach: the code is final.
-    Done,
-    /// Some `rel8` did not reach; re-emit with the returned per-site forms.
-    Again(Vec<bool>),
+/// Forms of a `jmp`/`jcc`, shortest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Form {
+    /// 8-bit displacement (2 bytes).
+    Rel8,
+    /// 32-bit displacement (5 bytes for `jmp`, 6 for `jcc`).
+    Rel32,
 }
 
+/// The most a branch grows from `rel8` to `rel32` (`jcc`: 2 → 6 bytes).
+pub const REL32_GROWTH: isize = 4;
+
 impl Enc {
-    /// A new buffer; `long` holds the branch forms chosen by earlier passes.
-    pub fn new(long: Vec<bool>) -> Self {
+    /// A new buffer; `forms` holds the branch forms chosen by earlier passes (sites past
+    /// its end start as `rel8`).
+    pub fn new(forms: Vec<Form>) -> Self {
         Enc {
             ops: Asm::new_with_capacity(0, 1024, 0, 0, 0, 0, 0),
             fixups: Vec::new(),
-            long,
+            forms,
             sites: 0,
             insns: 0,
         }
@@ -344,7 +350,7 @@ impl Enc {
     pub fn jump(&mut self, cc: Option<Cc>, l: Label) {
         let site = self.sites;
         self.sites += 1;
-        let long = self.long.get(site).copied().unwrap_or(false);
+        let long = self.forms.get(site) == Some(&Form::Rel32);
         if long {
             self.jump_rel32(cc, l);
         } else {
@@ -407,32 +413,36 @@ impl Enc {
         self.insns += 1;
     }
 
-    /// Checks every branch's reach from the label offsets of this pass, and reports which
-    /// `rel8` sites must grow.
-    pub fn resolve(&self) -> Result<Resolved, String> {
-        let mut grew = false;
-        let mut long = Vec::new();
+    /// After a pass: every `jmp`/`jcc` site's displacement for the relaxation driver. Calls
+    /// have only the `rel32` form; one beyond it is an error here.
+    pub fn branch_checks(&self) -> Result<Vec<BranchCheck<Form>>, String> {
+        let mut checks = Vec::with_capacity(self.sites);
         for f in &self.fixups {
             let target = self
                 .offset_of(f.label)
                 .ok_or_else(|| format!("internal: label {} never bound", f.label.get_id()))?;
             let disp = target as i64 - f.end as i64;
-            if f.width == 1 && i8::try_from(disp).is_err() {
-                if !grew {
-                    long = self.long.clone();
-                    long.resize(self.sites, false);
+            if f.site == usize::MAX {
+                if i32::try_from(disp).is_err() {
+                    return Err(format!("call displacement {disp} exceeds rel32"));
                 }
-                long[f.site] = true;
-                grew = true;
-            } else if i32::try_from(disp).is_err() {
-                return Err(format!("branch displacement {disp} exceeds rel32"));
+                continue;
             }
+            let (form, range) = if f.width == 1 {
+                (Form::Rel8, (i8::MIN as isize, i8::MAX as isize))
+            } else {
+                (Form::Rel32, (i32::MIN as isize, i32::MAX as isize))
+            };
+            debug_assert_eq!(self.forms.get(f.site).copied().unwrap_or(Form::Rel8), form);
+            checks.push(BranchCheck {
+                site: f.site,
+                at: f.end,
+                disp: disp as isize,
+                range,
+                grow: Form::Rel32,
+            });
         }
-        Ok(if grew {
-            Resolved::Again(long)
-        } else {
-            Resolved::Done
-        })
+        Ok(checks)
     }
 
     /// The final bytes: dynasm patches every branch (all of which [`Enc::resolve`] found
@@ -448,10 +458,16 @@ impl Enc {
 mod tests {
     use super::*;
 
+    /// How a pass ended, for these tests: final, or the forms the next pass needs.
+    enum Resolved {
+        Done,
+        Again(Vec<Form>),
+    }
+
     /// Emits `jmp l` (or `jcc`) over `gap` filler bytes (forward) or back over them, with
     /// the given site forms, and returns the pass outcome and the encoder.
-    fn pass(long: Vec<bool>, cc: Option<Cc>, gap: usize, forward: bool) -> (Resolved, Enc) {
-        let mut e = Enc::new(long);
+    fn pass(forms: Vec<Form>, cc: Option<Cc>, gap: usize, forward: bool) -> (Resolved, Enc) {
+        let mut e = Enc::new(forms);
         let l = e.label();
         if forward {
             e.jump(cc, l);
@@ -462,7 +478,15 @@ mod tests {
             e.raw(&vec![0x90; gap]);
             e.jump(cc, l);
         }
-        let r = e.resolve().expect("labels bound");
+        let checks = e.branch_checks().expect("labels bound");
+        let r = if checks
+            .iter()
+            .all(|c| (c.range.0..=c.range.1).contains(&c.disp))
+        {
+            Resolved::Done
+        } else {
+            Resolved::Again(checks.iter().map(|_| Form::Rel32).collect())
+        };
         (r, e)
     }
 
@@ -478,7 +502,7 @@ mod tests {
         let Resolved::Again(long) = r else {
             panic!("128 bytes forward must not fit rel8")
         };
-        assert_eq!(long, vec![true]);
+        assert_eq!(long, vec![Form::Rel32]);
         let (r, e) = pass(long, None, 128, true);
         assert!(matches!(r, Resolved::Done));
         assert_eq!(&e.finish().unwrap()[..5], &[0xe9, 0x80, 0, 0, 0]);
@@ -515,9 +539,9 @@ mod tests {
             Cc::G,
         ];
         for cc in all {
-            let (_, e) = pass(vec![false], Some(cc), 0, true);
+            let (_, e) = pass(vec![Form::Rel8], Some(cc), 0, true);
             assert_eq!(e.finish().unwrap(), vec![0x70 | cc as u8, 0], "{cc:?} rel8");
-            let (_, e) = pass(vec![true], Some(cc), 0, true);
+            let (_, e) = pass(vec![Form::Rel32], Some(cc), 0, true);
             assert_eq!(
                 e.finish().unwrap(),
                 vec![0x0f, 0x80 | cc as u8, 0, 0, 0, 0],
@@ -536,14 +560,15 @@ mod tests {
         e.ret();
         e.bind(f);
         e.ret();
-        assert!(matches!(e.resolve(), Ok(Resolved::Done)));
+        // A call is not a relaxable site: nothing to report, and it is in range.
+        assert_eq!(e.branch_checks(), Ok(vec![]));
         assert_eq!(e.insns, 3);
         assert_eq!(e.finish().unwrap(), vec![0xe8, 1, 0, 0, 0, 0xc3, 0xc3]);
 
         let mut e = Enc::new(vec![]);
         let l = e.label();
         e.jump(None, l);
-        let err = e.resolve().err().expect("unbound label");
+        let err = e.branch_checks().expect_err("unbound label");
         assert!(err.contains("never bound"), "{err}");
 
         let mut e = Enc::new(vec![]);

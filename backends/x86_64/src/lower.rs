@@ -5,7 +5,7 @@
 //! the shared region-table scan. All branches are PC-relative and helpers are called through
 //! absolute addresses in r11, so the bytes run at any address.
 
-use crate::encode::{Cc, Enc, Gpr, Label, Resolved, Sz};
+use crate::encode::{Cc, Enc, Form, Gpr, Label, Sz, REL32_GROWTH};
 use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
@@ -13,6 +13,7 @@ use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
 };
+use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
 };
@@ -54,10 +55,6 @@ pub struct Emitted {
     pub passes: usize,
 }
 
-/// Upper bound on relaxation passes: each pass that does not settle turns at least one
-/// `rel8` into `rel32`, and in practice two passes suffice.
-const MAX_PASSES: usize = 64;
-
 /// Emits a decoded program.
 pub fn emit(
     prog: &Program,
@@ -65,17 +62,29 @@ pub fn emit(
     mode: &CodegenMode,
 ) -> Result<Emitted, CompileError> {
     let plan = plan(prog, mode);
-    let mut long = Vec::new();
-    for passes in 1..=MAX_PASSES {
-        let mut em = Emitter::new(prog, helpers, mode, &plan, long);
+    // Branches start as rel8; the shared relaxation driver grows those out of reach to
+    // rel32 and the code is emitted again (two passes at most in practice).
+    let mut relax = Relaxation::new(Form::Rel32, REL32_GROWTH, 0);
+    loop {
+        relax.begin_pass();
+        let mut em = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
         em.program()?;
         let offsets = em.inst_offsets();
-        match em
-            .e
-            .resolve()
-            .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?
-        {
-            Resolved::Done => {
+        let checks =
+            em.e.branch_checks()
+                .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?;
+        for c in &checks {
+            relax.form(c.site, Form::Rel8);
+        }
+        let settled = relax.settle(&checks, |c| {
+            CompileError::new(
+                ErrorKind::Encoding,
+                format!("branch displacement {} exceeds rel32", c.disp),
+            )
+        })?;
+        match settled {
+            Settled::Done => {
+                let passes = relax.passes();
                 let native_insns = em.e.insns;
                 let bytes =
                     em.e.finish()
@@ -87,13 +96,9 @@ pub fn emit(
                     passes,
                 });
             }
-            Resolved::Again(l) => long = l,
+            Settled::Again => {}
         }
     }
-    Err(CompileError::new(
-        ErrorKind::Encoding,
-        format!("branch forms did not settle in {MAX_PASSES} passes"),
-    ))
 }
 
 /// Why the code stops (out-of-line stub contents).
@@ -155,9 +160,9 @@ impl<'a> Emitter<'a> {
         helpers: &'a [HelperEntry],
         mode: &'a CodegenMode,
         plan: &'a Plan,
-        long: Vec<bool>,
+        forms: Vec<Form>,
     ) -> Self {
-        let mut e = Enc::new(long);
+        let mut e = Enc::new(forms);
         let inst_label = prog.insts.iter().map(|_| e.label()).collect();
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
