@@ -171,6 +171,8 @@ fn pop(r: u8) -> bool {
 /// The emitter: a dynasm `VecAssembler` plus the optional-extension switches.
 pub struct Emitter {
     pub asm: VecAssembler<RiscvRelocation>,
+    /// B- and J-type branches to labels, whose displacement [`Emitter::finish`] writes.
+    patches: Vec<Patch>,
     /// Use Zbb (`rev8`, `sext.b/h`, `zext.h`).
     pub zbb: bool,
     /// Use Zba (`add.uw` as `zext.w`).
@@ -179,10 +181,55 @@ pub struct Emitter {
     pub c: bool,
 }
 
+/// `jal` with rd = 0 and a zero displacement.
+const JAL: u32 = 0x6f;
+
+/// A branch to a label whose displacement is written after the last pass. dynasmrt 5.1
+/// checks B- and J-type label displacements against a 12/20-bit signed field without the
+/// implicit low zero bit, so it accepts only half the ISA's reach (±2 KiB and ±512 KiB
+/// instead of ±4 KiB and ±1 MiB); encoding these branches here gives relaxation the full
+/// range, and fewer long forms.
+#[derive(Clone, Copy, Debug)]
+struct Patch {
+    /// Offset of the 4-byte instruction (emitted with displacement 0).
+    at: usize,
+    target: DynamicLabel,
+    kind: PatchKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PatchKind {
+    /// `b<cc>`: 13-bit signed, even, `imm[12|10:5]` in bits 31:25, `imm[4:1|11]` in 11:7.
+    B,
+    /// `jal`: 21-bit signed, even, `imm[20|10:1|11|19:12]` in bits 31:12.
+    J,
+}
+
+/// B-type immediate bits for `disp`, if it is in reach (−4096..=4094, even).
+pub fn b_type_imm(disp: i64) -> Option<u32> {
+    if disp % 2 != 0 || !(-4096..=4094).contains(&disp) {
+        return None;
+    }
+    let d = disp as u32;
+    Some((d >> 12 & 1) << 31 | (d >> 5 & 0x3f) << 25 | (d >> 1 & 0xf) << 8 | (d >> 11 & 1) << 7)
+}
+
+/// J-type immediate bits for `disp`, if it is in reach (−2^20..=2^20−2, even).
+pub fn j_type_imm(disp: i64) -> Option<u32> {
+    if disp % 2 != 0 || !(-(1 << 20)..=(1 << 20) - 2).contains(&disp) {
+        return None;
+    }
+    let d = disp as u32;
+    Some(
+        (d >> 20 & 1) << 31 | (d >> 1 & 0x3ff) << 21 | (d >> 11 & 1) << 20 | (d >> 12 & 0xff) << 12,
+    )
+}
+
 impl Emitter {
     pub fn new(zbb: bool, zba: bool, c: bool, capacity: usize) -> Self {
         Self {
             asm: VecAssembler::new_with_capacity(0, capacity, 0, 0, 0, 0, 0),
+            patches: Vec::new(),
             zbb,
             zba,
             c,
@@ -528,16 +575,15 @@ impl Emitter {
         }
     }
 
-    /// Conditional branch to a label (±4 KiB).
+    /// Conditional branch to a label (±4 KiB, the full B-type reach: see [`Patch`]).
     pub fn b_label(&mut self, k: Br, a: u8, b: u8, l: DynamicLabel) {
-        match k {
-            Br::Eq => rv!(self.asm; beq X(a), X(b), =>l),
-            Br::Ne => rv!(self.asm; bne X(a), X(b), =>l),
-            Br::Lt => rv!(self.asm; blt X(a), X(b), =>l),
-            Br::Ge => rv!(self.asm; bge X(a), X(b), =>l),
-            Br::Ltu => rv!(self.asm; bltu X(a), X(b), =>l),
-            Br::Geu => rv!(self.asm; bgeu X(a), X(b), =>l),
-        }
+        let at = self.pos();
+        self.b_off(k, a, b, 0);
+        self.patches.push(Patch {
+            at,
+            target: l,
+            kind: PatchKind::B,
+        });
     }
 
     /// Conditional branch by a fixed byte offset (always the 4-byte encoding, so sequences
@@ -567,9 +613,51 @@ impl Emitter {
         rv!(self.asm; c.j =>l);
     }
 
-    /// `jal rd, label` (±1 MiB).
+    /// `jal rd, label` (±1 MiB, the full J-type reach: see [`Patch`]).
     pub fn jal_label(&mut self, rd: u8, l: DynamicLabel) {
-        rv!(self.asm; jal X(rd), =>l);
+        let at = self.pos();
+        self.asm.push_u32(JAL | u32::from(rd) << 7);
+        self.patches.push(Patch {
+            at,
+            target: l,
+            kind: PatchKind::J,
+        });
+    }
+
+    /// The finished code: dynasmrt's relocations applied, then the displacement of every
+    /// B- and J-type branch to a label written in. Branch relaxation has sized every
+    /// branch for its distance, so one out of reach here is an internal error.
+    pub fn finish(self) -> Result<Vec<u8>, String> {
+        let mut targets = Vec::with_capacity(self.patches.len());
+        for p in &self.patches {
+            let t = self
+                .asm
+                .labels()
+                .resolve_dynamic(p.target)
+                .map_err(|e| format!("unbound label: {e}"))?;
+            targets.push(t.0);
+        }
+        let mut code = self
+            .asm
+            .finalize()
+            .map_err(|e| format!("cannot encode the program: {e}"))?;
+        for (p, target) in self.patches.iter().zip(targets) {
+            let disp = target as i64 - p.at as i64;
+            let imm = match p.kind {
+                PatchKind::B => b_type_imm(disp),
+                PatchKind::J => j_type_imm(disp),
+            }
+            .ok_or_else(|| {
+                format!(
+                    "internal: {:?} branch at {} cannot reach {disp} bytes",
+                    p.kind, p.at
+                )
+            })?;
+            let word = &mut code[p.at..p.at + 4];
+            let old = u32::from_le_bytes(word.try_into().expect("4 bytes"));
+            word.copy_from_slice(&(old | imm).to_le_bytes());
+        }
+        Ok(code)
     }
 
     /// `auipc tmp, hi; jalr zero, tmp, lo` (±2 GiB).
@@ -688,4 +776,106 @@ pub fn count_insns(code: &[u8]) -> usize {
         n += 1;
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The displacement back out of B-type immediate bits.
+    fn b_disp(w: u32) -> i64 {
+        let imm =
+            (w >> 31 & 1) << 12 | (w >> 7 & 1) << 11 | (w >> 25 & 0x3f) << 5 | (w >> 8 & 0xf) << 1;
+        ((imm << 19) as i32 >> 19) as i64
+    }
+
+    /// The displacement back out of J-type immediate bits.
+    fn j_disp(w: u32) -> i64 {
+        let imm = (w >> 31 & 1) << 20
+            | (w >> 12 & 0xff) << 12
+            | (w >> 20 & 1) << 11
+            | (w >> 21 & 0x3ff) << 1;
+        ((imm << 11) as i32 >> 11) as i64
+    }
+
+    #[test]
+    fn immediates_round_trip_over_the_full_reach_and_stop_at_its_ends() {
+        for d in [-4096, -4094, -2050, -2048, -2, 0, 2, 2046, 2048, 4094] {
+            assert_eq!(b_disp(b_type_imm(d).unwrap()), d, "B {d}");
+        }
+        for d in [-4098, 4096, 3, -1] {
+            assert_eq!(b_type_imm(d), None, "B {d}");
+        }
+        for d in [
+            -(1 << 20),
+            -(1 << 19) - 2,
+            -2,
+            0,
+            2,
+            (1 << 19) + 2,
+            (1 << 20) - 2,
+        ] {
+            assert_eq!(j_disp(j_type_imm(d).unwrap()), d, "J {d}");
+        }
+        for d in [-(1 << 20) - 2, 1 << 20, 1] {
+            assert_eq!(j_type_imm(d), None, "J {d}");
+        }
+    }
+
+    /// Where dynasmrt can encode a label branch itself, `finish` writes the same word.
+    #[test]
+    fn patched_branches_match_dynasm_where_it_reaches() {
+        for gap in [0usize, 8, 1000, 2032] {
+            for forward in [true, false] {
+                let ours = {
+                    let mut e = Emitter::new(false, false, false, 0);
+                    let l = e.new_label();
+                    if !forward {
+                        e.bind(l);
+                        e.asm.extend(std::iter::repeat_n(0x13u8, gap));
+                    }
+                    e.b_label(Br::Ltu, 10, 11, l);
+                    e.jal_label(1, l);
+                    if forward {
+                        e.asm.extend(std::iter::repeat_n(0x13u8, gap));
+                        e.bind(l);
+                    }
+                    e.finish().unwrap()
+                };
+                let theirs = {
+                    let mut asm = VecAssembler::<RiscvRelocation>::new(0);
+                    let l = asm.new_dynamic_label();
+                    if !forward {
+                        asm.dynamic_label(l);
+                        asm.extend(std::iter::repeat_n(0x13u8, gap));
+                    }
+                    dynasm!(asm; .arch riscv64 ; bltu x10, x11, =>l ; jal x1, =>l);
+                    if forward {
+                        asm.extend(std::iter::repeat_n(0x13u8, gap));
+                        asm.dynamic_label(l);
+                    }
+                    asm.finalize().unwrap()
+                };
+                assert_eq!(ours, theirs, "gap {gap}, forward {forward}");
+            }
+        }
+    }
+
+    /// Beyond dynasmrt's reach (±2 KiB for B-type), up to the ISA's ±4 KiB.
+    #[test]
+    fn b_type_reaches_four_kib() {
+        let mut e = Emitter::new(false, false, false, 0);
+        let l = e.new_label();
+        e.b_label(Br::Eq, 5, 6, l);
+        e.asm.extend(std::iter::repeat_n(0x13u8, 4090));
+        e.bind(l);
+        let code = e.finish().unwrap();
+        let w = u32::from_le_bytes(code[..4].try_into().unwrap());
+        assert_eq!(b_disp(w), 4094);
+        assert_eq!(
+            w & 0x01ff_f07f,
+            5 << 15 | 6 << 20 | 0x63,
+            "opcode and registers kept"
+        );
+    }
 }

@@ -5,12 +5,12 @@
 //! ## Branches
 //!
 //! Every branch is a *site* with a form: compressed (`c.beqz`/`c.bnez` ±256 B, `c.j`
-//! ±2 KiB), short (`b<cc>` ±4 KiB, `jal` ±1 MiB; see `B_RANGE` for what dynasm allows), near
-//! (inverted `b<cc>` over `jal`) or far (inverted `b<cc>` over `auipc`+`jalr`, ±2 GiB). Code is
-//! emitted with every site in its smallest form; after each pass each site's displacement is
-//! checked against its form's range and failing sites grow to the next form. Forms only grow,
-//! so the loop ends (after at most three growth steps per site; in practice one or two
-//! passes); code is never emitted with a branch that does not reach.
+//! ±2 KiB), short (`b<cc>` ±4 KiB, `jal` ±1 MiB, encoded by `Emitter::finish` at the ISA's
+//! full reach), near (inverted `b<cc>` over `jal`) or far (inverted `b<cc>` over
+//! `auipc`+`jalr`, ±2 GiB). Code is emitted with every site in its smallest form; after each
+//! pass the front end's relaxation driver (`packjit_frontend::relax`) checks each site's
+//! displacement against its form's range and grows the failing sites, with a proven bound on
+//! the passes; code is never emitted with a branch that does not reach.
 
 use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
 use crate::frame::Layout;
@@ -51,16 +51,12 @@ struct Check {
     grow: Form,
 }
 
-// Displacement ranges as dynasmrt 5.1 accepts them. The compressed ones match the ISA
-// (c.beqz ±256 B, c.j ±2 KiB), but dynasmrt checks B- and J-type displacements against
-// a 12/20-bit signed field without counting the implicit low zero bit, so it accepts only
-// half of the ISA's reach (±2 KiB instead of ±4 KiB, ±512 KiB instead of ±1 MiB). Sizing
-// against the same limits keeps every branch encodable; the cost is an occasional longer
-// form for branches in the upper half of the range.
+// Displacement ranges of each form, as the ISA defines them: B- and J-type branches to
+// labels are encoded by `Emitter::finish` (dynasmrt 5.1 would accept only half their reach).
 const CB_RANGE: (isize, isize) = (-256, 254);
 const CJ_RANGE: (isize, isize) = (-2048, 2046);
-const B_RANGE: (isize, isize) = (-2048, 2046);
-const J_RANGE: (isize, isize) = (-(1 << 19), (1 << 19) - 2);
+const B_RANGE: (isize, isize) = (-4096, 4094);
+const J_RANGE: (isize, isize) = (-(1 << 20), (1 << 20) - 2);
 /// dynasm's `auipc`-pair relocation limits (see its RISC-V language reference).
 const FAR_RANGE: (isize, isize) = (-0x8000_0000, 0x7FFF_F7FF);
 
@@ -214,12 +210,9 @@ impl<'a> Codegen<'a> {
                     .map_err(|e| internal(format!("unbound label: {e}")))?;
                 let table = self.prog.line_table(&offsets);
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
-                let code = e.asm.finalize().map_err(|err| {
-                    CompileError::new(
-                        ErrorKind::Encoding,
-                        format!("cannot encode the program: {err}"),
-                    )
-                })?;
+                let code = e
+                    .finish()
+                    .map_err(|err| CompileError::new(ErrorKind::Encoding, err))?;
                 return Ok((code, table));
             }
         }

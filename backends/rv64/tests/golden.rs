@@ -329,15 +329,21 @@ fn local_call_and_callx_dispatch() {
 
 #[test]
 fn long_branches_grow_to_jal_and_auipc_jalr() {
-    // jeq over 600 four-byte instructions (> the 2 KiB dynasm accepts for b<cc>) becomes an
-    // inverted branch around jal; the code stays correct for every form (see tests/exec.rs).
-    let mut slots = vec![ins(0x15, 1, 0, 600, 0)];
-    slots.extend(std::iter::repeat_n(ins(0x07, 0, 0, 0, 1000), 600));
-    slots.push(EXIT);
-    let code = compile(&prog(&slots), &[], 0).unwrap();
-    let d = disasm(&code);
+    // jeq over 600 four-byte instructions (2.4 KiB: beyond the 2 KiB dynasmrt would
+    // accept for b<cc>, inside the ISA's 4 KiB) stays one branch; over 1,100 (4.4 KiB) it
+    // becomes an inverted branch around jal. The code stays correct for every form (see
+    // tests/exec.rs).
+    let over = |n: usize| {
+        let mut slots = vec![ins(0x15, 1, 0, n as i16, 0)];
+        slots.extend(std::iter::repeat_n(ins(0x07, 0, 0, 0, 1000), n));
+        slots.push(EXIT);
+        disasm(&compile(&prog(&slots), &[], 0).unwrap())
+    };
+    let d = over(600);
     // r0 is read (r0 += 1000) before any write: the entry zeroes it first.
     assert_eq!(d[0], "li x15,0");
+    assert_eq!(d[1], "beqz x10,0x968");
+    let d = over(1100);
     assert_eq!(d[1], "bnez x10,0xc");
     assert!(d[2].starts_with("j "), "{}", d[2]);
     // c.beqz reaches ±256 B: a short hop stays a single 16-bit branch.
