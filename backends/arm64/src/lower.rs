@@ -149,7 +149,10 @@ impl<'a> Emitter<'a> {
         plan: &'a Plan,
         forms: Vec<Form>,
     ) -> Self {
-        let mut ops = Asm::new(0);
+        // Sized for the program up front: regrowing the code buffer and the label table
+        // copies (and first-touches) memory, which dominates compile time on large programs.
+        let n = prog.insts.len();
+        let mut ops = Asm::new_with_capacity(0, 1024 + n * 8, 0, 0, n + 16, 0, n);
         let labels = (0..prog.insts.len())
             .map(|_| ops.new_dynamic_label())
             .collect();

@@ -160,8 +160,15 @@ impl Enc {
     /// A new buffer; `forms` holds the branch forms chosen by earlier passes (sites past
     /// its end start as `rel8`).
     pub fn new(forms: Vec<Form>) -> Self {
+        Self::with_capacity(forms, 0)
+    }
+
+    /// A buffer sized for `insts` eBPF instructions up front: regrowing the code buffer and
+    /// the label table copies (and first-touches) memory, which dominates compile time on
+    /// large programs.
+    pub fn with_capacity(forms: Vec<Form>, insts: usize) -> Self {
         Enc {
-            ops: Asm::new_with_capacity(0, 1024, 0, 0, 0, 0, 0),
+            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, insts + 16, 0, insts),
             fixups: Vec::new(),
             forms,
             sites: 0,

@@ -162,7 +162,7 @@ impl<'a> Emitter<'a> {
         plan: &'a Plan,
         forms: Vec<Form>,
     ) -> Self {
-        let mut e = Enc::new(forms);
+        let mut e = Enc::with_capacity(forms, prog.insts.len());
         let inst_label = prog.insts.iter().map(|_| e.label()).collect();
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
