@@ -23,6 +23,7 @@
 
 pub mod analysis;
 mod insn;
+pub mod ranges;
 mod verify;
 
 pub use insn::*;
