@@ -551,7 +551,7 @@ pub fn states(prog: &Program) -> Vec<State> {
 
 /// Loads and stores that can share one check: in one basic block, off one base register
 /// that no instruction in between writes (calls end a group anyway), with offsets in
-/// `[0, 4096)`, every member checked against the same region (all `Ctx`/`CtxConst`, all
+/// `[0, 2048)` (every backend's short immediates reach the widened range's bounds), every member checked against the same region (all `Ctx`/`CtxConst`, all
 /// `Stack` or all `Unknown`), and only straight-line ALU and memory instructions in
 /// between (atomics keep their own checks).
 ///
@@ -604,7 +604,7 @@ pub fn group_accesses(prog: &Program, checks: &[AccessCheck]) -> Vec<Group> {
                         | AccessCheck::Ctx
                         | AccessCheck::CtxConst { .. }
                         | AccessCheck::Unknown
-                ) && (0..4096).contains(&off)
+                ) && (0..2048).contains(&off)
                     && base != R10
                     && matches!(op, Op::Load { .. } | Op::Store { .. });
                 let end = off as i32 + size.bytes() as i32;

@@ -214,6 +214,11 @@ impl Codegen<'_> {
             self.e.load(Mem::D, CTX_START, ENV, PJ_ENV_CTX_START);
             self.e.load(Mem::D, CTX_LEN, ENV, PJ_ENV_CTX_END);
             self.e.rrr(R3::Sub, CTX_LEN, CTX_LEN, CTX_START);
+            if self.access_uses_ctx_const() {
+                // Checks against the context start plus a constant assume r1 is exactly
+                // env.ctx_start.
+                self.e.mv(map(1), CTX_START);
+            }
             self.add_imm(STACK_START, SP, f.save_bytes as i64, T0);
             self.e.li(STACK_LEN, block as i64);
             self.e.store(Mem::D, STACK_START, ENV, PJ_ENV_STACK_START);

@@ -19,7 +19,10 @@ use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
 };
-use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width};
+use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
+use packjit_frontend::{
+    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
+};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
     PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
@@ -69,13 +72,15 @@ pub struct Options {
     pub c: bool,
     /// Sandbox, budget and blinding, as validated by the front end.
     pub mode: CodegenMode,
+    /// Measurement switches (benches only; see [`crate::EmitOptions`]).
+    pub measure: crate::EmitOptions,
 }
 
 /// Out-of-line code a site needs, emitted after all functions (off the hot path).
 #[derive(Clone, Copy, Debug)]
 enum Cold {
-    /// The rest of a sandbox check whose context test failed: the stack block, then the
-    /// host regions; returns to `resume` with t3 = 0 or stops.
+    /// The rest of a sandbox check whose inline test failed: the other of context and
+    /// stack block, then the host regions; returns to `resume` with t3 = 0 or stops.
     Access {
         label: DynamicLabel,
         resume: DynamicLabel,
@@ -84,7 +89,12 @@ enum Cold {
         size: u32,
         pc: usize,
         write: bool,
+        /// The inline test was the stack block's (the base derives from r10).
+        stack_first: bool,
     },
+    /// A check group's widened test failed: run the group's instructions again with a
+    /// check per access, then continue after the group.
+    Group { label: DynamicLabel, group: usize },
     /// The budget cannot pay for the jump or call at `pc`: stop there.
     Budget { label: DynamicLabel, pc: usize },
 }
@@ -110,6 +120,12 @@ pub struct Codegen<'a> {
     stop: DynamicLabel,
     stop_budget: DynamicLabel,
     region_stub: DynamicLabel,
+    /// The front end's access analysis (empty in trusted code).
+    access: AccessPlan,
+    /// Emitting a group's checked copy: every access checks itself.
+    copy: bool,
+    /// Index (into `prog.insts`) of the instruction being lowered.
+    cur: usize,
 }
 
 /// Passes after which every still-failing site jumps straight to the far form, so the
@@ -144,6 +160,15 @@ impl<'a> Codegen<'a> {
             }
         }
         let layout = crate::frame::plan(prog, &opts.mode, has_callx);
+        let access = if opts.mode.sandboxed() {
+            plan_accesses(prog, opts.measure.group_checks)
+        } else {
+            AccessPlan {
+                checks: vec![AccessCheck::NotAccess; prog.insts.len()],
+                groups: Vec::new(),
+                group_of: vec![None; prog.insts.len()],
+            }
+        };
         let mut e = Emitter::new(opts.zbb, opts.zba, opts.c, 0);
         let dummy = e.new_label();
         Ok(Self {
@@ -165,6 +190,9 @@ impl<'a> Codegen<'a> {
             stop: dummy,
             stop_budget: dummy,
             region_stub: dummy,
+            access,
+            copy: false,
+            cur: 0,
         })
     }
 
@@ -284,14 +312,18 @@ impl<'a> Codegen<'a> {
                 self.e.bind(l);
                 let inst = self.prog.insts[i];
                 let last = i + 1 == sp.end;
+                self.cur = i;
                 self.inst(k, i, &inst, last);
             }
             let l = self.exit_labels[k];
             self.e.bind(l);
             self.epilogue(k);
         }
-        for c in std::mem::take(&mut self.cold) {
-            self.emit_cold(c);
+        // A group's checked copy adds the cold sides of its own checks.
+        while !self.cold.is_empty() {
+            for c in std::mem::take(&mut self.cold) {
+                self.emit_cold(c);
+            }
         }
         if let Some(d) = self.dispatch {
             self.e.bind(d);
@@ -520,7 +552,10 @@ impl<'a> Codegen<'a> {
                 src,
             } => {
                 // AMOs take a bare register address.
-                let addr = if self.mode.sandboxed() && checked_access(&op).is_some() {
+                let addr = if self.mode.sandboxed()
+                    && checked_access(&op).is_some()
+                    && !self.unchecked_access(base)
+                {
                     self.check_access(pc, map(base), off, size.bytes(), true, true);
                     T0
                 } else if off == 0 {
@@ -675,10 +710,77 @@ impl<'a> Codegen<'a> {
         };
         if self.mode.sandboxed() {
             if let Some((_, _, size)) = checked_access(op) {
-                return self.check_access(pc, map(base), off, size.bytes(), write, false);
+                if !self.unchecked_access(base) {
+                    return self.check_access(pc, map(base), off, size.bytes(), write, false);
+                }
             }
         }
         self.address(map(base), off, T0)
+    }
+
+    /// Does any check assume r1 = the context start (see `frame`'s entry)?
+    pub(crate) fn access_uses_ctx_const(&self) -> bool {
+        self.access.uses_ctx_const()
+    }
+
+    /// Whether the current access goes to `base + off` with no check of its own: proven
+    /// inside the frame by the front end's range analysis, or a member of a check group on
+    /// the hot path. At a group's first member this emits the group's widened check.
+    fn unchecked_access(&mut self, _base: Reg) -> bool {
+        let i = self.cur;
+        if self.access.checks[i] == AccessCheck::None {
+            return true;
+        }
+        if self.copy {
+            return false;
+        }
+        let Some(g) = self.access.group_of[i] else {
+            return false;
+        };
+        if self.access.groups[g].first == i {
+            self.group_check(g);
+        }
+        true
+    }
+
+    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
+    /// masked in place (`base &= t3 - 1`): unchanged when the test passed, 0 under a
+    /// mispredicted branch, so no member reaches memory out of bounds (Spectre v1). On
+    /// failure the group's checked copy runs ([`Cold::Group`]).
+    fn group_check(&mut self, g: usize) {
+        let grp = &self.access.groups[g];
+        let (b, lo, span, check) = (
+            map(grp.base),
+            grp.lo,
+            (grp.hi - grp.lo as i32) as u32,
+            grp.check,
+        );
+        let label = self.e.new_label();
+        match check {
+            AccessCheck::CtxConst { end } => self.len_test(end),
+            AccessCheck::Stack if span < 2048 => {
+                self.range_test(b, lo, span, STACK_START, STACK_LEN)
+            }
+            // The context: a sufficient test for any group (spans stay below 2 KiB).
+            _ => self.range_test(b, lo, span, CTX_START, CTX_LEN),
+        }
+        self.branch(Br::Ne, T3, ZERO, label);
+        if self.opts.measure.spectre_clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+            self.e.rrr(R3::And, b, b, T3);
+        }
+        self.cold.push(Cold::Group { label, group: g });
+    }
+
+    /// t3 = 1 unless `end <= ctx_len` (t3 = 0): the whole test for an access ending `end`
+    /// bytes past the context start.
+    fn len_test(&mut self, end: u64) {
+        if end < 2048 {
+            self.e.ri(RI::Sltiu, T3, CTX_LEN, end as i32);
+        } else {
+            self.e.li(T2, end as i64);
+            self.e.rrr(R3::Sltu, T3, CTX_LEN, T2);
+        }
     }
 
     /// Checks `[base + off, base + off + size)`; returns the (clamped) address as t0 plus an
@@ -706,16 +808,32 @@ impl<'a> Codegen<'a> {
     ) -> (u8, i32) {
         let label = self.e.new_label();
         let resume = self.e.new_label();
-        self.range_test(base, off, size, CTX_START, CTX_LEN);
+        let check = self.access.checks[self.cur];
+        let stack_first = self.layout.block > 0 && check == AccessCheck::Stack;
+        match check {
+            // The base is the context start plus a constant (a0 = env.ctx_start at entry).
+            AccessCheck::CtxConst { end } => self.len_test(end),
+            _ if stack_first => self.range_test(base, off, size, STACK_START, STACK_LEN),
+            _ => self.range_test(base, off, size, CTX_START, CTX_LEN),
+        }
         self.branch(Br::Ne, T3, ZERO, label);
         self.e.bind(resume);
-        self.e.ri(RI::Addi, T3, T3, -1);
+        let clamp = self.opts.measure.spectre_clamp;
+        if clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+        }
         let operand = if !bare && fits_signed(off as i64, 12) {
-            self.e.rrr(R3::And, T0, base, T3);
-            (T0, off as i32)
+            if clamp {
+                self.e.rrr(R3::And, T0, base, T3);
+                (T0, off as i32)
+            } else {
+                (base, off as i32)
+            }
         } else {
             self.add_imm(T0, base, off as i64, T0);
-            self.e.rrr(R3::And, T0, T0, T3);
+            if clamp {
+                self.e.rrr(R3::And, T0, T0, T3);
+            }
             (T0, 0)
         };
         self.cold.push(Cold::Access {
@@ -726,6 +844,7 @@ impl<'a> Codegen<'a> {
             size,
             pc,
             write,
+            stack_first,
         });
         operand
     }
@@ -748,6 +867,24 @@ impl<'a> Codegen<'a> {
                 let l = self.stop_budget;
                 self.jump(l);
             }
+            Cold::Group { label, group } => {
+                let (first, last) = {
+                    let g = &self.access.groups[group];
+                    (g.first, g.last)
+                };
+                let k = self.prog.subprog_of(first);
+                self.e.bind(label);
+                self.copy = true;
+                for i in first..=last {
+                    let inst = self.prog.insts[i];
+                    self.cur = i;
+                    self.inst(k, i, &inst, false);
+                }
+                self.copy = false;
+                // A group never ends its function (a member is followed by more code).
+                let next = self.insn_labels[last + 1];
+                self.jump(next);
+            }
             Cold::Access {
                 label,
                 resume,
@@ -756,9 +893,13 @@ impl<'a> Codegen<'a> {
                 size,
                 pc,
                 write,
+                stack_first,
             } => {
                 self.e.bind(label);
-                if self.layout.block > 0 {
+                if stack_first {
+                    self.range_test(base, off, size, CTX_START, CTX_LEN);
+                    self.branch(Br::Eq, T3, ZERO, resume);
+                } else if self.layout.block > 0 {
                     self.range_test(base, off, size, STACK_START, STACK_LEN);
                     self.branch(Br::Eq, T3, ZERO, resume);
                 }
