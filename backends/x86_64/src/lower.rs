@@ -816,7 +816,15 @@ impl<'a> Emitter<'a> {
                 .rm(&[], Sz::B64, &[0x8d], T11, host(base), off as i32);
             (T11, 0)
         } else {
-            self.address(inst, true)
+            match self.address(inst, true) {
+                // Likewise for a sandboxed access the range analysis proved (no check, so
+                // the base register itself is the address).
+                (RAX, off) if needs_loop => {
+                    self.e.rm(&[], Sz::B64, &[0x8d], T11, RAX, off);
+                    (T11, 0)
+                }
+                a => a,
+            }
         };
         let lock: &[u8] = &[0xf0];
         match (op, fetch) {

@@ -459,3 +459,19 @@ fn group_program(seed: u64) -> (Vec<u8>, usize) {
     p.push(ins(0x95, 0, 0, 0, 0));
     (p.concat(), 1 + rnd(56) as usize)
 }
+
+/// Regression (differential seed 0x5eed2cee, escapes): a fetch-or through r0 = r10 - 256 is
+/// proven inside the frame, so it has no check and its address is r0 itself, which the
+/// cmpxchg loop (rax = r0) must not lose.
+#[test]
+fn proven_fetch_or_through_r0_keeps_its_address() {
+    let jit = Jit::new(SANDBOX, 0);
+    let mut mem = [0u8; 8];
+    let o = run_with(
+        &jit,
+        "mov %r0, %r10\nadd %r0, -256\nstdw [%r10-256], 5\nmov %r2, 2\n\
+         lock fetch or [%r0+0], %r2\nldxdw %r0, [%r10-256]\nadd %r0, %r2\nexit",
+        &mut mem,
+    );
+    assert_eq!(o.result(), Ok(7 + 5));
+}
