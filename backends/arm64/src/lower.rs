@@ -552,8 +552,7 @@ impl<'a> Emitter<'a> {
             if self.unchecked_access(base) {
                 (REG_MAP[base as usize], off as i64)
             } else {
-                self.check_access(size, op == MemOp::Store, base, off);
-                (T0, 0)
+                (self.check_access(size, op == MemOp::Store, base, off), 0)
             }
         } else if base == R10 {
             (self.frame_base(), off as i64 + STACK_SIZE as i64)
@@ -601,8 +600,7 @@ impl<'a> Emitter<'a> {
         if self.mode.sandboxed() && checked_access(&inst).is_some() && !self.unchecked_access(base)
         {
             // Atomics count as writes.
-            self.check_access(size, true, base, off);
-            T0
+            self.check_access(size, true, base, off)
         } else if base == R10 {
             let fb = self.frame_base();
             self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
@@ -961,7 +959,7 @@ impl<'a> Emitter<'a> {
     ///
     /// The comparison is exact for every 64-bit address: `t <= len` rules out addresses
     /// below the context (t wraps past any length) before `len - t >= size` is tested.
-    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) {
+    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) -> u8 {
         let b = self.src(base, T0);
         // The register holding the address: the base itself for offset 0 (the CSEL then
         // writes x9, and the out-of-line side copies it first), else x9.
@@ -1010,15 +1008,19 @@ impl<'a> Emitter<'a> {
             stack_first,
             addr,
         });
+        // The clamped address is in x9; without the clamp (measurement only) the access
+        // goes to the checked register itself, as it would with no clamp to make.
+        if self.clamp {
+            T0
+        } else {
+            addr
+        }
     }
 
-    /// `dst = ok ? src : 0` (the Spectre-v1 clamp), or a plain move when the clamp is off
-    /// for measurement.
+    /// `dst = ok ? src : 0` (the Spectre-v1 clamp); nothing when the clamp is off for
+    /// measurement (the access then uses `src`, see `check_access`).
     fn clamp_to(&mut self, dst: u8, src: u8, ok: Cc) {
         if !self.clamp {
-            if dst != src {
-                a64!(self.ops; mov X(dst), X(src));
-            }
             return;
         }
         match ok {
@@ -1061,7 +1063,8 @@ impl<'a> Emitter<'a> {
             g.check,
         );
         let label = self.ops.new_dynamic_label();
-        let addr = if lo == 0 {
+        // The group's first address (the length test of `CtxConst` needs none).
+        let addr = if lo == 0 || matches!(check, AccessCheck::CtxConst { .. }) {
             b
         } else {
             a64!(self.ops; add XSP(T0), XSP(b), lo as u32);
