@@ -13,11 +13,11 @@
 //! passes); code is never emitted with a branch that does not reach.
 
 use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
-use crate::frame::Layout;
+use crate::frame::{Layout, CTX_LIM8};
 use crate::regs::{map, BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+    back_edge_charge, blinding_mask, checked_access, stack_block_size, CodegenMode, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::{
@@ -159,7 +159,6 @@ impl<'a> Codegen<'a> {
                 }
             }
         }
-        let layout = crate::frame::plan(prog, &opts.mode, has_callx);
         let access = if opts.mode.sandboxed() {
             plan_accesses(prog, opts.measure.group_checks)
         } else {
@@ -169,6 +168,13 @@ impl<'a> Codegen<'a> {
                 group_of: vec![None; prog.insts.len()],
             }
         };
+        // Any 8-byte access whose inline test is the context's general one?
+        let lim8 = prog
+            .insts
+            .iter()
+            .zip(&access.checks)
+            .any(|(inst, c)| lim8_access(&inst.op, *c, stack_block_size(prog) > 0));
+        let layout = crate::frame::plan(prog, &opts.mode, has_callx, lim8);
         let mut e = Emitter::new(opts.zbb, opts.zba, opts.c, 0);
         let dummy = e.new_label();
         Ok(Self {
@@ -810,13 +816,28 @@ impl<'a> Codegen<'a> {
         let resume = self.e.new_label();
         let check = self.access.checks[self.cur];
         let stack_first = self.layout.block > 0 && check == AccessCheck::Stack;
-        match check {
-            // The base is the context start plus a constant (a0 = env.ctx_start at entry).
-            AccessCheck::CtxConst { end } => self.len_test(end),
-            _ if stack_first => self.range_test(base, off, size, STACK_START, STACK_LEN),
-            _ => self.range_test(base, off, size, CTX_START, CTX_LEN),
+        let op = self.prog.insts[self.cur].op;
+        if self.layout.lim8 && lim8_access(&op, check, self.layout.block > 0) {
+            // t = addr - start; inside iff t < CTX_LIM8 (t3 = 1). The verdict is flipped
+            // to the usual t3 = 0 = inside after the branch, so a mispredicted branch on an
+            // outside access (t3 = 0, flipped to 1) still masks the base to 0 below.
+            self.e.rrr(R3::Sub, T2, base, CTX_START);
+            if off != 0 {
+                self.add_imm(T2, T2, off as i64, T3);
+            }
+            self.e.rrr(R3::Sltu, T3, T2, CTX_LIM8);
+            self.branch(Br::Eq, T3, ZERO, label);
+            self.e.ri(RI::Xori, T3, T3, 1);
+        } else {
+            match check {
+                // The base is the context start plus a constant (a0 = env.ctx_start at
+                // entry).
+                AccessCheck::CtxConst { end } => self.len_test(end),
+                _ if stack_first => self.range_test(base, off, size, STACK_START, STACK_LEN),
+                _ => self.range_test(base, off, size, CTX_START, CTX_LEN),
+            }
+            self.branch(Br::Ne, T3, ZERO, label);
         }
-        self.branch(Br::Ne, T3, ZERO, label);
         self.e.bind(resume);
         let clamp = self.opts.measure.spectre_clamp;
         if clamp {
@@ -1320,6 +1341,24 @@ impl<'a> Codegen<'a> {
         };
         self.branch(fix(k), x, y, target);
     }
+}
+
+/// Is `op` an 8-byte access whose inline test is the context's general one (so it uses
+/// [`CTX_LIM8`])? `block`: the program has a stack block (then `Stack` accesses test it
+/// first instead).
+fn lim8_access(op: &Op, check: AccessCheck, block: bool) -> bool {
+    let size8 = matches!(
+        op,
+        Op::Load { size: Size::DW, .. }
+            | Op::Store { size: Size::DW, .. }
+            | Op::Atomic { size: Size::DW, .. }
+    );
+    size8
+        && match check {
+            AccessCheck::Ctx | AccessCheck::Unknown => true,
+            AccessCheck::Stack => !block,
+            _ => false,
+        }
 }
 
 fn internal(msg: String) -> CompileError {
