@@ -24,7 +24,8 @@
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
 use packjit_frontend::analysis::{reads_r10, stack_block_size};
-use packjit_frontend::{AluOp, Inst, Op, Operand, Program, Width, R10, STACK_SIZE};
+use packjit_frontend::ranges::{plan_accesses, AccessPlan};
+use packjit_frontend::{Inst, Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
     PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
@@ -54,116 +55,9 @@ pub(crate) struct Plan {
     pub(crate) block: u32,
     /// BPF registers (bit n = rn) the entry zeroes: those possibly read before written.
     pub(crate) zero: u16,
-    /// Per function, BPF registers that only ever hold r10 ± constants there (bit n = rn):
-    /// their checked accesses try the stack block inline first and the context out of line.
-    /// A hint for the order of exact checks, so it needs no flow sensitivity.
-    pub(crate) stack_like: Vec<u16>,
-    /// BPF registers that hold exactly the context start wherever the entry function uses
-    /// them as a base (bit n = rn): a checked access at `[rn + off]`, `off >= 0`, only
-    /// compares `off + size` with the context length.
-    pub(crate) ctx_regs: u16,
-}
-
-/// Registers equal to the context start throughout the entry function: r1 when the entry
-/// neither writes it nor calls (calls clobber r1); r6–r9 when their only writes are
-/// `mov rn, r1` in the entry's first basic block, with r1 still unchanged there and rn not
-/// read before (every path runs the first block, once, before anything else).
-fn ctx_regs(prog: &Program) -> u16 {
-    let entry = &prog.subprogs[0];
-    let insts = &prog.insts[entry.start..entry.end];
-    let is_call = |op: &Op| {
-        matches!(
-            op,
-            Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. }
-        )
-    };
-    let r1_fixed = !insts
-        .iter()
-        .any(|i| i.op.written_reg() == Some(1) || is_call(&i.op));
-    let mut head_copies = 0u16;
-    let mut read = 0u16;
-    let mut head_end = insts.len();
-    for (i, inst) in insts.iter().enumerate() {
-        if (i > 0 && prog.is_target[entry.start + i])
-            || is_call(&inst.op)
-            || inst.op.written_reg() == Some(1)
-        {
-            head_end = i;
-            break;
-        }
-        read |= reads(&inst.op, 0);
-        if let Op::Alu {
-            width: Width::W64,
-            op: AluOp::Mov,
-            dst,
-            src: Operand::Reg(1),
-        } = inst.op
-        {
-            if read & (1 << dst) == 0 {
-                head_copies |= 1 << dst;
-            }
-        }
-        if matches!(inst.op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit) {
-            head_end = i + 1;
-            break;
-        }
-    }
-    // A copy counts only if nothing else ever writes the register in the entry (a copy
-    // past the first block may copy a changed r1).
-    let mut other_writes = 0u16;
-    for (i, inst) in insts.iter().enumerate() {
-        let copy = i < head_end
-            && matches!(
-                inst.op,
-                Op::Alu {
-                    width: Width::W64,
-                    op: AluOp::Mov,
-                    src: Operand::Reg(1),
-                    ..
-                }
-            );
-        if let Some(w) = inst.op.written_reg() {
-            if !copy {
-                other_writes |= 1 << w;
-            }
-        }
-    }
-    let copies = head_copies & !other_writes & 0b11_1100_0000;
-    (if r1_fixed { 0b10 } else { 0 }) | copies
-}
-
-/// Registers of a function written only by `mov r, r10` and `r ±= imm` (64-bit), at least
-/// once by the former: pointers into the frame, typically arrays indexed through them.
-fn stack_like(insts: &[Inst]) -> u16 {
-    let (mut from_r10, mut other) = (0u16, 0u16);
-    for inst in insts {
-        match inst.op {
-            Op::Alu {
-                width: Width::W64,
-                op: AluOp::Mov,
-                dst,
-                src: Operand::Reg(R10),
-            } => from_r10 |= 1 << dst,
-            Op::Alu {
-                width: Width::W64,
-                op: AluOp::Add | AluOp::Sub,
-                src: Operand::Imm(_),
-                ..
-            } => {}
-            _ => {
-                if let Some(w) = inst.op.written_reg() {
-                    other |= 1 << w;
-                }
-                if matches!(
-                    inst.op,
-                    Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. }
-                ) {
-                    other |= ARGS;
-                }
-            }
-        }
-    }
-    from_r10 & !other
+    /// The front end's access analysis (sandbox only; empty in trusted code): how each
+    /// load, store and atomic is checked, and which share one check.
+    pub(crate) access: AccessPlan,
 }
 
 /// BPF registers `op` reads: the front end's rule (see `analysis::regs_read`).
@@ -232,7 +126,7 @@ fn entry_zeroing(prog: &Program) -> u16 {
     ) & CANDIDATES
 }
 
-pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool) -> Plan {
+pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) -> Plan {
     let has_callx = prog
         .insts
         .iter()
@@ -299,14 +193,16 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool) -> Plan {
             }
         })
         .collect();
-    let stack_like = prog
-        .subprogs
-        .iter()
-        .map(|sp| stack_like(&prog.insts[sp.start..sp.end]))
-        .collect();
     Plan {
-        ctx_regs: if sandbox { ctx_regs(prog) } else { 0 },
-        stack_like,
+        access: if sandbox {
+            plan_accesses(prog, groups)
+        } else {
+            AccessPlan {
+                checks: Vec::new(),
+                groups: Vec::new(),
+                group_of: Vec::new(),
+            }
+        },
         frames,
         can_stop,
         block,
@@ -353,8 +249,9 @@ impl Emitter<'_> {
                 ; ldp X(CTX_LO), X(CTX_LEN), [X(ENV), PJ_ENV_CTX_START]
                 ; sub X(CTX_LEN), X(CTX_LEN), X(CTX_LO)
             );
-            if self.plan.ctx_regs != 0 {
-                // Checks on r1-derived bases assume r1 is exactly env.ctx_start.
+            if self.plan.access.uses_ctx_const() {
+                // Checks against the context start plus a constant assume r1 is exactly
+                // env.ctx_start.
                 a64!(self.ops; mov x0, X(CTX_LO));
             }
             let block = self.plan.block;

@@ -46,6 +46,8 @@ mod lower;
 pub mod regs;
 
 pub use lower::{emit_decoded, Emitted};
+#[doc(hidden)]
+pub use lower::{emit_decoded_with, EmitOptions};
 
 use packjit_frontend::analysis::validate_request;
 use packjit_plugin_api::{
@@ -81,6 +83,18 @@ pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
     let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
     let prog = packjit_frontend::decode(req.code, req.helpers)?;
     emit_decoded(&prog, req.helpers, &mode)
+}
+
+/// [`emit_request`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
+/// benches, never used by the plugin or the runtime.
+#[doc(hidden)]
+pub fn emit_request_with(
+    req: &CompileRequest<'_>,
+    opts: EmitOptions,
+) -> Result<Emitted, CompileError> {
+    let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
+    let prog = packjit_frontend::decode(req.code, req.helpers)?;
+    emit_decoded_with(&prog, req.helpers, &mode, opts)
 }
 
 /// The arm64 JIT backend. Stateless: one instance can compile for any number of threads.

@@ -24,6 +24,7 @@ use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{back_edge_charge, checked_access, CALL_CHARGE};
+use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_ENV_REGIONS, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
@@ -42,13 +43,51 @@ pub struct Emitted {
     pub passes: usize,
 }
 
+/// Code-generation switches that exist **only for measurement** (the sandbox benches): they
+/// are reachable from this crate's Rust API alone, never from the plugin ABI or the runtime,
+/// which always emit with [`EmitOptions::default`]. Turning `spectre_clamp` off makes
+/// sandboxed code unsafe under speculation.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmitOptions {
+    /// Emit the Spectre-v1 clamp (CSEL) after each inline check.
+    pub spectre_clamp: bool,
+    /// Share one widened check among grouped accesses (`ranges::group_accesses`).
+    pub group_checks: bool,
+}
+
+impl Default for EmitOptions {
+    fn default() -> Self {
+        EmitOptions {
+            spectre_clamp: true,
+            group_checks: true,
+        }
+    }
+}
+
 /// Emits an already decoded program for `mode` (see [`crate::emit_program`]).
 pub fn emit_decoded(
     prog: &Program,
     helpers: &[HelperEntry],
     mode: &CodegenMode,
 ) -> Result<Emitted, CompileError> {
-    let plan = plan(prog, mode.sandboxed(), mode.counts_budget());
+    emit_decoded_with(prog, helpers, mode, EmitOptions::default())
+}
+
+/// [`emit_decoded`] with measurement switches (see [`EmitOptions`]; benches only).
+#[doc(hidden)]
+pub fn emit_decoded_with(
+    prog: &Program,
+    helpers: &[HelperEntry],
+    mode: &CodegenMode,
+    opts: EmitOptions,
+) -> Result<Emitted, CompileError> {
+    let plan = plan(
+        prog,
+        mode.sandboxed(),
+        mode.counts_budget(),
+        opts.group_checks,
+    );
     // Conditional branches start in their short form; the shared relaxation driver switches
     // those found out of range to the long form (inverted condition around a B), and the code
     // is emitted again. In practice one pass suffices.
@@ -56,6 +95,7 @@ pub fn emit_decoded(
     loop {
         relax.begin_pass();
         let mut e = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
+        e.clamp = opts.spectre_clamp;
         e.program()?;
         let (checks, offsets) = e.branch_checks()?;
         for c in &checks {
@@ -103,6 +143,9 @@ pub(crate) enum Cold {
         /// Where the unclamped address is (x9 is set from it first).
         addr: u8,
     },
+    /// A group's widened check failed: run the group's instructions again with a check per
+    /// access, then continue after the group.
+    Group { group: usize, label: DynamicLabel },
     /// Not enough budget for `charge`: undo the subtraction and stop at the jump.
     Budget {
         inst: usize,
@@ -139,6 +182,10 @@ pub(crate) struct Emitter<'a> {
     pub(crate) colds: Vec<Cold>,
     pub(crate) sites: Vec<Site>,
     pub(crate) cur: usize,
+    /// Emitting a group's checked copy (see [`Cold::Group`]): every access checks itself.
+    pub(crate) copy: bool,
+    /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
+    pub(crate) clamp: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -185,6 +232,8 @@ impl<'a> Emitter<'a> {
             colds: Vec::new(),
             sites: Vec::new(),
             cur: 0,
+            copy: false,
+            clamp: true,
         }
     }
 
@@ -212,8 +261,11 @@ impl<'a> Emitter<'a> {
             }
             self.epilogue(k);
         }
-        for cold in std::mem::take(&mut self.colds) {
-            self.cold(cold);
+        // A group's checked copy adds the cold sides of its own checks.
+        while !self.colds.is_empty() {
+            for cold in std::mem::take(&mut self.colds) {
+                self.cold(cold)?;
+            }
         }
         if self.mode.sandboxed() {
             self.region_scan();
@@ -514,8 +566,11 @@ impl<'a> Emitter<'a> {
         let inst = self.prog.insts[self.cur].op;
         // r10-based accesses address the frame directly off its base (r10 = base + 512).
         let (b, o) = if self.mode.sandboxed() && checked_access(&inst).is_some() {
-            self.check_access(size, op == MemOp::Store, base, off);
-            (T0, 0)
+            if self.unchecked_access(base) {
+                (REG_MAP[base as usize], off as i64)
+            } else {
+                (self.check_access(size, op == MemOp::Store, base, off), 0)
+            }
         } else if base == R10 {
             (self.frame_base(), off as i64 + STACK_SIZE as i64)
         } else {
@@ -559,10 +614,10 @@ impl<'a> Emitter<'a> {
     /// Address of an atomic access in a register (LDXR/LDADD... take no offset).
     pub(crate) fn atomic_addr(&mut self, size: Size, base: Reg, off: i16) -> u8 {
         let inst = self.prog.insts[self.cur].op;
-        if self.mode.sandboxed() && checked_access(&inst).is_some() {
+        if self.mode.sandboxed() && checked_access(&inst).is_some() && !self.unchecked_access(base)
+        {
             // Atomics count as writes.
-            self.check_access(size, true, base, off);
-            T0
+            self.check_access(size, true, base, off)
         } else if base == R10 {
             let fb = self.frame_base();
             self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
@@ -921,7 +976,7 @@ impl<'a> Emitter<'a> {
     ///
     /// The comparison is exact for every 64-bit address: `t <= len` rules out addresses
     /// below the context (t wraps past any length) before `len - t >= size` is tested.
-    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) {
+    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) -> u8 {
         let b = self.src(base, T0);
         // The register holding the address: the base itself for offset 0 (the CSEL then
         // writes x9, and the out-of-line side copies it first), else x9.
@@ -939,24 +994,28 @@ impl<'a> Emitter<'a> {
         let s = size.bytes();
         let label = self.ops.new_dynamic_label();
         let resume = self.ops.new_dynamic_label();
-        let k = self.prog.subprog_of(self.cur);
-        let stack_first =
-            self.plan.block > 0 && (base == R10 || self.plan.stack_like[k] & (1 << base) != 0);
-        let ctx_base = k == 0 && base != R10 && self.plan.ctx_regs & (1 << base) != 0;
-        if ctx_base && off >= 0 && (off as u32 + s) < 4096 {
-            // The base is the context start: in the context iff off + size <= len.
-            a64!(self.ops; cmp XSP(CTX_LEN), off as u32 + s);
-            self.branch_if(Test::Flags(Cc::Lo), label);
-            a64!(self.ops; csel X(T0), X(addr), xzr, hs ; =>resume);
-        } else if stack_first {
-            self.stack_check(addr, s);
-            self.branch_if(Test::Flags(Cc::Hi), label);
-            a64!(self.ops; csel X(T0), X(addr), xzr, ls ; =>resume);
-        } else {
-            self.ctx_check(addr, s);
-            self.branch_if(Test::Flags(Cc::Lo), label);
-            a64!(self.ops; csel X(T0), X(addr), xzr, hs ; =>resume);
+        let check = self.plan.access.check(self.cur);
+        let stack_first = self.plan.block > 0 && check == AccessCheck::Stack;
+        match check {
+            AccessCheck::CtxConst { end } if end < 4096 => {
+                // The base is the context start plus a constant (r1 = env.ctx_start at
+                // entry): in the context iff end <= len.
+                a64!(self.ops; cmp XSP(CTX_LEN), end as u32);
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(T0, addr, Cc::Hs);
+            }
+            _ if stack_first => {
+                self.stack_check(addr, s);
+                self.branch_if(Test::Flags(Cc::Hi), label);
+                self.clamp_to(T0, addr, Cc::Ls);
+            }
+            _ => {
+                self.ctx_check(addr, s);
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(T0, addr, Cc::Hs);
+            }
         }
+        a64!(self.ops; =>resume);
         self.colds.push(Cold::Access {
             inst: self.cur,
             label,
@@ -966,6 +1025,105 @@ impl<'a> Emitter<'a> {
             stack_first,
             addr,
         });
+        // The clamped address is in x9; without the clamp (measurement only) the access
+        // goes to the checked register itself, as it would with no clamp to make.
+        if self.clamp {
+            T0
+        } else {
+            addr
+        }
+    }
+
+    /// `dst = ok ? src : 0` (the Spectre-v1 clamp); nothing when the clamp is off for
+    /// measurement (the access then uses `src`, see `check_access`).
+    fn clamp_to(&mut self, dst: u8, src: u8, ok: Cc) {
+        if !self.clamp {
+            return;
+        }
+        match ok {
+            Cc::Hs => a64!(self.ops; csel X(dst), X(src), xzr, hs),
+            _ => a64!(self.ops; csel X(dst), X(src), xzr, ls),
+        }
+    }
+
+    /// Whether the current access goes to `base + off` with no check of its own: proven
+    /// inside the frame, or a member of a check group on the hot path. At a group's first
+    /// member this emits the group's widened check (see [`Cold::Group`]).
+    fn unchecked_access(&mut self, base: Reg) -> bool {
+        if self.plan.access.check(self.cur) == AccessCheck::None {
+            return true;
+        }
+        if self.copy {
+            return false;
+        }
+        let Some(gi) = self.plan.access.group_of[self.cur] else {
+            return false;
+        };
+        let g = &self.plan.access.groups[gi];
+        debug_assert_eq!(g.base, base);
+        if g.first == self.cur {
+            self.group_check(gi);
+        }
+        true
+    }
+
+    /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the
+    /// base itself clamped in place: on the architectural path it keeps its value (the
+    /// check passed), under a mispredicted branch it becomes 0, so no member can reach
+    /// memory out of bounds. On failure the group's checked copy runs instead.
+    fn group_check(&mut self, gi: usize) {
+        let g = &self.plan.access.groups[gi];
+        let (b, lo, span, check) = (
+            REG_MAP[g.base as usize],
+            g.lo,
+            (g.hi - g.lo as i32) as u32,
+            g.check,
+        );
+        let label = self.ops.new_dynamic_label();
+        // The group's first address (the length test of `CtxConst` needs none).
+        let addr = if lo == 0 || matches!(check, AccessCheck::CtxConst { .. }) {
+            b
+        } else {
+            a64!(self.ops; add XSP(T0), XSP(b), lo as u32);
+            T0
+        };
+        match check {
+            AccessCheck::CtxConst { end } => {
+                if end < 4096 {
+                    a64!(self.ops; cmp XSP(CTX_LEN), end as u32);
+                } else {
+                    self.mov_imm(C1, end, W64);
+                    a64!(self.ops; cmp X(CTX_LEN), X(C1));
+                }
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(b, b, Cc::Hs);
+            }
+            AccessCheck::Stack if span <= self.plan.block => {
+                let block = self.plan.block;
+                a64!(self.ops
+                    ; sub X(C0), X(addr), X(STACK_LO)
+                    ; cmp XSP(C0), block - span
+                );
+                self.branch_if(Test::Flags(Cc::Hi), label);
+                self.clamp_to(b, b, Cc::Ls);
+            }
+            _ => {
+                // The context (a sufficient test for any group: all members inside it pass).
+                if span < 32 {
+                    self.ctx_check(addr, span);
+                } else {
+                    self.mov_imm(C1, span as u64, W64);
+                    a64!(self.ops
+                        ; sub X(C0), X(addr), X(CTX_LO)
+                        ; subs X(C0), X(CTX_LEN), X(C0)
+                        ; ccmp X(C0), X(C1), 0, hs
+                    );
+                }
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(b, b, Cc::Hs);
+            }
+        }
+        self.colds.push(Cold::Group { group: gi, label });
     }
 
     /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
@@ -988,8 +1146,25 @@ impl<'a> Emitter<'a> {
     }
 
     /// The out-of-line side of a check or a charge.
-    pub(crate) fn cold(&mut self, cold: Cold) {
+    pub(crate) fn cold(&mut self, cold: Cold) -> Result<(), CompileError> {
         match cold {
+            Cold::Group { group, label } => {
+                let (first, last) = {
+                    let g = &self.plan.access.groups[group];
+                    (g.first, g.last)
+                };
+                let k = self.prog.subprog_of(first);
+                a64!(self.ops; =>label);
+                self.copy = true;
+                for i in first..=last {
+                    self.cur = i;
+                    let inst = self.prog.insts[i];
+                    self.inst(k, i, &inst)?;
+                }
+                self.copy = false;
+                // A group never ends its function (a member is followed by more code).
+                self.b(self.labels[last + 1]);
+            }
             Cold::Budget {
                 inst,
                 label,
@@ -1047,6 +1222,7 @@ impl<'a> Emitter<'a> {
                 self.b(resume);
             }
         }
+        Ok(())
     }
 
     /// The per-program scan of `env.regions` for an access that is in neither the context

@@ -598,3 +598,132 @@ fn context_base_shortcut_only_where_the_base_is_the_context() {
     ];
     assert_eq!(run(&p, &mut mem, &[]), oob(3, base + 16, 1, false));
 }
+
+// ------------------------------------------------- range analysis: proofs and check groups
+
+/// A proven access (masked index into the frame) runs with no check, and a group of context
+/// accesses off one base stops exactly where the reference does, with the stores before the
+/// faulting access done, whichever member is the first out of bounds.
+#[test]
+fn grouped_and_proven_accesses_match_the_reference() {
+    let seed = packjit_testkit::env_u64("PACKJIT_GROUP_SEED").unwrap_or(0x9e0u64);
+    let count = packjit_testkit::env_u64("PACKJIT_GROUP_COUNT").unwrap_or(600);
+    eprintln!("group differential: seeds {seed:#x}..{:#x}", seed + count);
+    let (mut grouped, mut grouped_stops, mut proven) = (0, 0, 0);
+    for s in seed..seed + count {
+        let (p, len) = group_program(s);
+        let plan = packjit_frontend::ranges::plan_accesses(
+            &packjit_frontend::decode(&prog(&p), &[]).unwrap(),
+            true,
+        );
+        let has_group = !plan.groups.is_empty();
+        grouped += has_group as u32;
+        proven += plan
+            .checks
+            .contains(&packjit_frontend::ranges::AccessCheck::None) as u32;
+        let reference = packjit_testkit::reference::Reference::new();
+        let mut want_mem: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
+        let want_base = want_mem.as_ptr() as u64;
+        let want = reference.run(&prog(&p), &mut want_mem);
+        for (flags, f) in MODES {
+            let mut mem: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
+            let base = mem.as_ptr() as u64;
+            let (o, _) = run_mode(&p, flags, f, &[], &mut mem, &[], u64::MAX);
+            let ctx_rel = |a: u64, b: u64| a.wrapping_sub(b);
+            match (&want, o) {
+                (Ok(w), Outcome::Ok(r0)) => assert_eq!(w.r0, r0, "seed {s:#x} flags {flags:#x}"),
+                (
+                    Err(packjit_testkit::reference::EvalError::Stop(
+                        packjit_testkit::reference::Stop::OutOfBounds {
+                            pc,
+                            addr,
+                            size,
+                            write,
+                        },
+                    )),
+                    Outcome::Stop(kind, jpc, jaddr, access),
+                ) => {
+                    assert_eq!(kind, PJ_STOP_OUT_OF_BOUNDS, "seed {s:#x}");
+                    assert_eq!(*pc as u64, jpc, "seed {s:#x} flags {flags:#x}");
+                    assert_eq!(
+                        ctx_rel(*addr, want_base),
+                        ctx_rel(jaddr, base),
+                        "seed {s:#x} flags {flags:#x}"
+                    );
+                    assert_eq!(
+                        *size | if *write { PJ_ACCESS_WRITE } else { 0 },
+                        access,
+                        "seed {s:#x}"
+                    );
+                }
+                (w, o) => panic!("seed {s:#x} flags {flags:#x}: reference {w:?}, jit {o:?}"),
+            }
+            assert_eq!(
+                mem, want_mem,
+                "context differs: seed {s:#x} flags {flags:#x}"
+            );
+        }
+        grouped_stops += (has_group && want.is_err()) as u32;
+    }
+    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop), {proven} with proven accesses");
+    // The generator must exercise what it is for.
+    assert!(grouped > count as u32 / 3 && grouped_stops > 20 && proven > 20);
+}
+
+/// A random straight-line program of context (and masked stack) accesses off one base,
+/// with a context length that may cut through the group. Returns it and the length.
+fn group_program(seed: u64) -> (Vec<[u8; 8]>, usize) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut p = vec![mov(0, 0)];
+    // The base: the context start, start + constant, start + masked length, or r1 itself.
+    let base = match rnd(4) {
+        0 => 1,
+        1 => {
+            p.push(movr(6, 1));
+            p.push(addi(6, rnd(24) as i32));
+            6
+        }
+        2 => {
+            p.push(movr(6, 2));
+            p.push(ins(0x57, 6, 0, 0, 15)); // r6 &= 15
+            p.push(ins(0x0f, 6, 1, 0, 0)); // r6 += r1
+            6
+        }
+        _ => {
+            p.push(movr(7, 1));
+            7
+        }
+    };
+    let sizes = [B, H, W, DW];
+    for _ in 0..2 + rnd(6) {
+        let size = sizes[rnd(4) as usize];
+        let off = rnd(40) as i16;
+        match rnd(6) {
+            0 => p.push(stx(size, base, 0, off)),
+            1 => p.push(st(size, base, off, rnd(1000) as i32)),
+            2 => {
+                // A masked index into the frame: proven, no check.
+                p.push(movr(8, 0));
+                p.push(ins(0x57, 8, 0, 0, 0x1f8));
+                p.push(movr(9, 10));
+                p.push(addi(9, -512));
+                p.push(ins(0x0f, 9, 8, 0, 0));
+                p.push(stx(DW, 9, 0, 0));
+                p.push(ldx(DW, 3, 9, 0));
+                p.push(ins(0x0f, 0, 3, 0, 0));
+            }
+            _ => {
+                p.push(ldx(size, 3, base, off));
+                p.push(ins(0x0f, 0, 3, 0, 0)); // r0 += r3
+            }
+        }
+    }
+    p.push(EXIT);
+    (p, 1 + rnd(56) as usize)
+}

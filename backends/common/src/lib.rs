@@ -23,6 +23,7 @@
 
 pub mod analysis;
 mod insn;
+pub mod ranges;
 pub mod relax;
 mod verify;
 

@@ -9,6 +9,12 @@
 //! * On riscv64 (qemu-user or hardware): a compute-bound loop run by the JIT (through
 //!   `packjit::Runtime`) and by rbpf's interpreter, as a speed ratio; and compute-and-memory
 //!   loops run sandboxed and trusted side by side, as a time ratio.
+//! * On riscv64: the sandbox benchmark programs (context hash loop, compute, stack table
+//!   through a walked pointer and through a masked index, header parsing) in every mode side
+//!   by side, with native instructions per eBPF instruction on the hot loop's path. The
+//!   "no clamp" and "no groups" rows use the measurement-only `EmitOptions` of
+//!   `Rv64Backend::emit_for_measurement` (not reachable from the plugin ABI or the runtime):
+//!   the first shows what the Spectre-v1 mask costs, the second one check per access.
 //!
 //! ```text
 //! cargo run --release -p packjit-rv64 --example rv64_bench -- [CONFORMANCE_SUITE_DIR]
@@ -172,6 +178,8 @@ fn main() {
     jit_vs_interpreter();
     #[cfg(target_arch = "riscv64")]
     sandbox_vs_trusted();
+    #[cfg(target_arch = "riscv64")]
+    sandbox_programs();
 }
 
 /// Native size over the bpf_conformance programs (`tests/*.data` that are expected to
@@ -399,4 +407,256 @@ fn jit_vs_interpreter() {
         int_t * 1e3,
         int_t / jit_t
     );
+}
+
+/// The sandbox benchmark programs (the same as arm64's `sandbox_bench`), in every mode side by
+/// side: time per run (best of interleaved rounds) as a ratio to trusted, and RV64
+/// instructions per eBPF instruction on the hot loop's inline path.
+#[cfg(target_arch = "riscv64")]
+fn sandbox_programs() {
+    use packjit_plugin_api::abi::{
+        PjExecEnv, PjProgramEntry, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_NONE,
+    };
+    use packjit_plugin_api::{CompileRequest, JitBackend};
+    use packjit_rv64::EmitOptions;
+
+    struct Code {
+        map: *mut libc::c_void,
+        len: usize,
+        bytes: Vec<u8>,
+        /// Native offset of each bytecode slot.
+        table: Vec<u32>,
+    }
+    impl Code {
+        fn new(code: &[u8], flags: u32, features: u64, opts: EmitOptions) -> Code {
+            let (bytes, table) = Rv64Backend::new()
+                .emit_for_measurement(
+                    &CompileRequest {
+                        code,
+                        helpers: &[],
+                        features,
+                        flags,
+                        blind_key: 0,
+                    },
+                    opts,
+                )
+                .expect("compile");
+            let len = bytes.len().div_ceil(4096) * 4096;
+            // SAFETY: a fresh private mapping, written while RW, then made RX and the
+            // instruction cache flushed (riscv_flush_icache, all threads).
+            let map = unsafe {
+                let map = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                assert_ne!(map, libc::MAP_FAILED);
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), map as *mut u8, bytes.len());
+                assert_eq!(
+                    libc::mprotect(map, len, libc::PROT_READ | libc::PROT_EXEC),
+                    0
+                );
+                const SYS_RISCV_FLUSH_ICACHE: libc::c_long = 259;
+                libc::syscall(SYS_RISCV_FLUSH_ICACHE, map, map as usize + len, 0);
+                map
+            };
+            Code {
+                map,
+                len,
+                bytes,
+                table,
+            }
+        }
+        /// Native instructions inline between bytecode slots `slots.start` and `slots.end`.
+        fn inline_insns(&self, slots: std::ops::Range<usize>) -> usize {
+            let (a, b) = (
+                self.table[slots.start] as usize,
+                self.table[slots.end] as usize,
+            );
+            native_insn_count(&self.bytes[a..b])
+        }
+        fn run(&self, mem: &mut [u8]) -> u64 {
+            let mut env = PjExecEnv {
+                ctx_start: mem.as_ptr() as u64,
+                ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
+                budget: u64::MAX,
+                ..Default::default()
+            };
+            // SAFETY: code emitted for the PjProgramEntry ABI, env valid for the call.
+            let r = unsafe {
+                let f: PjProgramEntry = std::mem::transmute(self.map);
+                f(mem.as_mut_ptr(), mem.len() as u64, &mut env)
+            };
+            assert_eq!(env.stop_kind, PJ_STOP_NONE, "{env:?}");
+            r
+        }
+    }
+    impl Drop for Code {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made in `new`, no longer used.
+            unsafe { libc::munmap(self.map, self.len) };
+        }
+    }
+
+    let features = match Rv64Backend::new().detect_features() {
+        0 => FEATURE_C | FEATURE_ZBB | FEATURE_ZBA,
+        f => f,
+    };
+    let on = EmitOptions::default();
+    let modes = [
+        ("trusted", 0, on),
+        ("sandbox", PJ_COMPILE_SANDBOX, on),
+        (
+            "sandbox,noclamp",
+            PJ_COMPILE_SANDBOX,
+            EmitOptions {
+                spectre_clamp: false,
+                ..on
+            },
+        ),
+        (
+            "sandbox,nogroup",
+            PJ_COMPILE_SANDBOX,
+            EmitOptions {
+                group_checks: false,
+                ..on
+            },
+        ),
+        ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET, on),
+    ];
+    let mut mem: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    println!("sandbox programs (features {features:#x}):");
+    // (name, program, hot loop as bytecode slots)
+    for (name, code, hot) in sandbox_bench_programs() {
+        let codes: Vec<(&str, Code)> = modes
+            .iter()
+            .map(|&(m, f, o)| (m, Code::new(&code, f, features, o)))
+            .collect();
+        let want = codes[0].1.run(&mut mem);
+        let mut best = vec![f64::MAX; codes.len()];
+        for _ in 0..11 {
+            for (k, (_, c)) in codes.iter().enumerate() {
+                assert_eq!(c.run(&mut mem), want, "{name}");
+                let runs = 100;
+                let t = Instant::now();
+                for _ in 0..runs {
+                    std::hint::black_box(c.run(&mut mem));
+                }
+                best[k] = best[k].min(t.elapsed().as_secs_f64() / runs as f64);
+            }
+        }
+        println!("  {name}:");
+        let n = hot.len();
+        for (k, (mode, c)) in codes.iter().enumerate() {
+            let per_iter = c.inline_insns(hot.clone());
+            println!(
+                "    {mode:<15} {:>9.2} us/run  {:>5.2}x trusted  hot loop: {per_iter:>3} RV64 insns for {n} eBPF insns ({:.2} per eBPF insn)",
+                best[k] * 1e6,
+                best[k] / best[0],
+                per_iter as f64 / n as f64
+            );
+        }
+    }
+}
+
+/// The sandbox benchmark programs: (name, bytecode, hot loop as bytecode slots).
+#[cfg(target_arch = "riscv64")]
+fn sandbox_bench_programs() -> Vec<(&'static str, Vec<u8>, std::ops::Range<usize>)> {
+    let ctx_hash = [
+        ins(0xbf, 3, 1, 0, 0),      // r3 = ctx
+        ins(0x0f, 2, 1, 0, 0),      // r2 = ctx + len
+        ins(0x18, 0, 0, 0, 0x1234), // r0 = 0x1234 (lddw)
+        ins(0, 0, 0, 0, 0),
+        ins(0x18, 5, 0, 0, 0x1b3), // r5 = FNV prime
+        ins(0, 0, 0, 0, 0x100),
+        ins(0x79, 4, 3, 0, 0),  // loop: r4 = *(u64 *)r3
+        ins(0xaf, 0, 4, 0, 0),  // r0 ^= r4
+        ins(0x2f, 0, 5, 0, 0),  // r0 *= r5
+        ins(0x07, 3, 0, 0, 8),  // r3 += 8
+        ins(0x2d, 2, 3, -5, 0), // if r2 > r3 goto loop
+        ins(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    let compute = [
+        ins(0xb7, 0, 0, 0, 1),
+        ins(0xb7, 6, 0, 0, 0),
+        ins(0x27, 0, 0, 0, 0x41c6_4e6d), // loop: r0 *= a
+        ins(0x07, 0, 0, 0, 12345),
+        ins(0xbf, 7, 0, 0, 0),
+        ins(0x77, 7, 0, 0, 17),
+        ins(0xaf, 0, 7, 0, 0),
+        ins(0x07, 6, 0, 0, 1),
+        ins(0xa5, 6, 0, -7, 4096),
+        ins(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    let fill: Vec<[u8; 8]> = (0..64i16)
+        .map(|k| ins(0x7a, 10, 0, -8 * (k + 1), k as i32 * 3 + 1))
+        .collect();
+    let mut stack_table = fill.clone();
+    stack_table.extend([
+        ins(0xb7, 0, 0, 0, 0),
+        ins(0xb7, 6, 0, 0, 0),
+        ins(0xbf, 3, 10, 0, 0), // outer: r3 = r10 - 512
+        ins(0x07, 3, 0, 0, -512),
+        ins(0x79, 4, 3, 0, 0), // inner: r4 = *(u64 *)r3
+        ins(0x0f, 0, 4, 0, 0),
+        ins(0x07, 3, 0, 0, 8),
+        ins(0x5d, 3, 10, -4, 0), // if r3 != r10 goto inner
+        ins(0x07, 6, 0, 0, 1),
+        ins(0xa5, 6, 0, -8, 64),
+        ins(0x95, 0, 0, 0, 0),
+    ]);
+    let mut masked = fill;
+    masked.extend([
+        ins(0xb7, 0, 0, 0, 0),
+        ins(0xb7, 6, 0, 0, 0),
+        ins(0xbf, 4, 6, 0, 0), // loop: r4 = ((i << 3) & 0x1f8)
+        ins(0x67, 4, 0, 0, 3),
+        ins(0x57, 4, 0, 0, 0x1f8),
+        ins(0xbf, 3, 10, 0, 0), // r3 = r10 - 512 + r4
+        ins(0x07, 3, 0, 0, -512),
+        ins(0x0f, 3, 4, 0, 0),
+        ins(0x79, 5, 3, 0, 0),
+        ins(0x0f, 0, 5, 0, 0),
+        ins(0x07, 6, 0, 0, 1),
+        ins(0xa5, 6, 0, -10, 4096),
+        ins(0x95, 0, 0, 0, 0),
+    ]);
+    let header = [
+        ins(0xb7, 0, 0, 0, 0),
+        ins(0xb7, 6, 0, 0, 0),
+        ins(0x69, 2, 1, 12, 0), // loop: five loads at constant offsets from r1
+        ins(0x71, 3, 1, 23, 0),
+        ins(0x61, 4, 1, 26, 0),
+        ins(0x61, 5, 1, 30, 0),
+        ins(0x69, 7, 1, 34, 0),
+        ins(0x0f, 0, 2, 0, 0),
+        ins(0xaf, 0, 3, 0, 0),
+        ins(0x0f, 0, 4, 0, 0),
+        ins(0xaf, 0, 5, 0, 0),
+        ins(0x0f, 0, 7, 0, 0),
+        ins(0x07, 6, 0, 0, 1),
+        ins(0xa5, 6, 0, -12, 4096),
+        ins(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    vec![
+        ("ctx hash (4 KiB, checked loads)", ctx_hash, 6..11),
+        ("compute (no memory)", compute, 2..9),
+        (
+            "stack table (checked stack pointer)",
+            stack_table.concat(),
+            68..72,
+        ),
+        (
+            "stack table, masked index (proven)",
+            masked.concat(),
+            66..76,
+        ),
+        ("header parse (5 ctx loads, 1 group)", header, 2..14),
+    ]
 }

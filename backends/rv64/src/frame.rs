@@ -62,10 +62,19 @@ pub struct Layout {
     pub can_stop: bool,
     /// eBPF registers (bit n = rn) the entry sets to zero.
     pub zero: u16,
+    /// Sandbox: the entry keeps [`CTX_LIM8`] (8-byte context accesses are tested against it).
+    pub lim8: bool,
 }
 
+/// Sandbox: `max(ctx_len - 7, 0)` (s0, callee-saved, otherwise unused): an 8-byte access at
+/// `t = addr - ctx_start` (mod 2^64) is inside the context iff `t < CTX_LIM8`, one compare
+/// instead of the two of the general region test (0 when the context is shorter than 8
+/// bytes: then nothing passes).
+pub(crate) const CTX_LIM8: u8 = 8;
+
 /// Plans every function's frame for `mode`.
-pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool) -> Layout {
+pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> Layout {
+    let lim8 = lim8 && mode.sandboxed();
     let block = stack_block_size(prog) as i32;
     let can_stop = mode.sandboxed() || mode.counts_budget() || has_callx;
     let zero = zero_at_entry(prog);
@@ -102,6 +111,9 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool) -> Layout {
             if entry && mode.sandboxed() {
                 saves.extend_from_slice(&[CTX_START, CTX_LEN, STACK_START, STACK_LEN]);
             }
+            if entry && lim8 {
+                saves.push(CTX_LIM8);
+            }
             if entry && mode.counts_budget() {
                 saves.push(BUDGET);
             }
@@ -119,6 +131,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool) -> Layout {
         block,
         can_stop,
         zero,
+        lim8,
     }
 }
 
@@ -214,6 +227,18 @@ impl Codegen<'_> {
             self.e.load(Mem::D, CTX_START, ENV, PJ_ENV_CTX_START);
             self.e.load(Mem::D, CTX_LEN, ENV, PJ_ENV_CTX_END);
             self.e.rrr(R3::Sub, CTX_LEN, CTX_LEN, CTX_START);
+            if self.layout.lim8 {
+                // CTX_LIM8 = len - 7, or 0 when len < 8 (mask = -(len >= 8)).
+                self.e.ri(RI::Addi, CTX_LIM8, CTX_LEN, -7);
+                self.e.ri(RI::Sltiu, T0, CTX_LEN, 8);
+                self.e.ri(RI::Addi, T0, T0, -1);
+                self.e.rrr(R3::And, CTX_LIM8, CTX_LIM8, T0);
+            }
+            if self.access_uses_ctx_const() {
+                // Checks against the context start plus a constant assume r1 is exactly
+                // env.ctx_start.
+                self.e.mv(map(1), CTX_START);
+            }
             self.add_imm(STACK_START, SP, f.save_bytes as i64, T0);
             self.e.li(STACK_LEN, block as i64);
             self.e.store(Mem::D, STACK_START, ENV, PJ_ENV_STACK_START);

@@ -87,6 +87,17 @@ impl Rv64Backend {
         &self,
         req: &CompileRequest<'_>,
     ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
+        self.emit_for_measurement(req, EmitOptions::default())
+    }
+
+    /// [`Rv64Backend::emit_with_line_table`] with measurement-only switches (see
+    /// [`EmitOptions`]): for the sandbox benches, never used by the plugin or the runtime.
+    #[doc(hidden)]
+    pub fn emit_for_measurement(
+        &self,
+        req: &CompileRequest<'_>,
+        measure: EmitOptions,
+    ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
         let opts = lower::Options {
@@ -94,6 +105,7 @@ impl Rv64Backend {
             zba: mode.features & FEATURE_ZBA != 0,
             c: mode.features & FEATURE_C != 0,
             mode,
+            measure,
         };
         // The lowering guarantees every immediate's range before handing it to dynasm
         // (which panics on a bad one); should that ever be wrong, report it rather than
@@ -112,6 +124,28 @@ impl Rv64Backend {
                 format!("rv64 emitter failed: {what}"),
             ))
         })
+    }
+}
+
+/// Code-generation switches that exist **only for measurement** (the sandbox benches): they
+/// are reachable from this crate's Rust API alone, never from the plugin ABI or the runtime,
+/// which always emit with [`EmitOptions::default`]. Turning `spectre_clamp` off makes
+/// sandboxed code unsafe under speculation.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmitOptions {
+    /// Emit the Spectre-v1 mask after each inline check.
+    pub spectre_clamp: bool,
+    /// Share one widened check among grouped accesses (`ranges::group_accesses`).
+    pub group_checks: bool,
+}
+
+impl Default for EmitOptions {
+    fn default() -> Self {
+        EmitOptions {
+            spectre_clamp: true,
+            group_checks: true,
+        }
     }
 }
 

@@ -13,14 +13,17 @@
 //! the passes; code is never emitted with a branch that does not reach.
 
 use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
-use crate::frame::Layout;
+use crate::frame::{Layout, CTX_LIM8};
 use crate::regs::{map, BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+    back_edge_charge, blinding_mask, checked_access, stack_block_size, CodegenMode, CALL_CHARGE,
 };
+use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
-use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width};
+use packjit_frontend::{
+    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
+};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
     PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
@@ -66,13 +69,15 @@ pub struct Options {
     pub c: bool,
     /// Sandbox, budget and blinding, as validated by the front end.
     pub mode: CodegenMode,
+    /// Measurement switches (benches only; see [`crate::EmitOptions`]).
+    pub measure: crate::EmitOptions,
 }
 
 /// Out-of-line code a site needs, emitted after all functions (off the hot path).
 #[derive(Clone, Copy, Debug)]
 enum Cold {
-    /// The rest of a sandbox check whose context test failed: the stack block, then the
-    /// host regions; returns to `resume` with t3 = 0 or stops.
+    /// The rest of a sandbox check whose inline test failed: the other of context and
+    /// stack block, then the host regions; returns to `resume` with t3 = 0 or stops.
     Access {
         label: DynamicLabel,
         resume: DynamicLabel,
@@ -81,7 +86,12 @@ enum Cold {
         size: u32,
         pc: usize,
         write: bool,
+        /// The inline test was the stack block's (the base derives from r10).
+        stack_first: bool,
     },
+    /// A check group's widened test failed: run the group's instructions again with a
+    /// check per access, then continue after the group.
+    Group { label: DynamicLabel, group: usize },
     /// The budget cannot pay for the jump or call at `pc`: stop there.
     Budget { label: DynamicLabel, pc: usize },
 }
@@ -107,6 +117,12 @@ pub struct Codegen<'a> {
     stop: DynamicLabel,
     stop_budget: DynamicLabel,
     region_stub: DynamicLabel,
+    /// The front end's access analysis (empty in trusted code).
+    access: AccessPlan,
+    /// Emitting a group's checked copy: every access checks itself.
+    copy: bool,
+    /// Index (into `prog.insts`) of the instruction being lowered.
+    cur: usize,
 }
 
 /// Passes after which every still-failing site jumps straight to the far form (the shared
@@ -139,7 +155,22 @@ impl<'a> Codegen<'a> {
                 }
             }
         }
-        let layout = crate::frame::plan(prog, &opts.mode, has_callx);
+        let access = if opts.mode.sandboxed() {
+            plan_accesses(prog, opts.measure.group_checks)
+        } else {
+            AccessPlan {
+                checks: vec![AccessCheck::NotAccess; prog.insts.len()],
+                groups: Vec::new(),
+                group_of: vec![None; prog.insts.len()],
+            }
+        };
+        // Any 8-byte access whose inline test is the context's general one?
+        let lim8 = prog
+            .insts
+            .iter()
+            .zip(&access.checks)
+            .any(|(inst, c)| lim8_access(&inst.op, *c, stack_block_size(prog) > 0));
+        let layout = crate::frame::plan(prog, &opts.mode, has_callx, lim8);
         let mut e = Emitter::new(opts.zbb, opts.zba, opts.c, 0);
         let dummy = e.new_label();
         Ok(Self {
@@ -161,6 +192,9 @@ impl<'a> Codegen<'a> {
             stop: dummy,
             stop_budget: dummy,
             region_stub: dummy,
+            access,
+            copy: false,
+            cur: 0,
         })
     }
 
@@ -250,14 +284,18 @@ impl<'a> Codegen<'a> {
                 self.e.bind(l);
                 let inst = self.prog.insts[i];
                 let last = i + 1 == sp.end;
+                self.cur = i;
                 self.inst(k, i, &inst, last);
             }
             let l = self.exit_labels[k];
             self.e.bind(l);
             self.epilogue(k);
         }
-        for c in std::mem::take(&mut self.cold) {
-            self.emit_cold(c);
+        // A group's checked copy adds the cold sides of its own checks.
+        while !self.cold.is_empty() {
+            for c in std::mem::take(&mut self.cold) {
+                self.emit_cold(c);
+            }
         }
         if let Some(d) = self.dispatch {
             self.e.bind(d);
@@ -482,7 +520,10 @@ impl<'a> Codegen<'a> {
                 src,
             } => {
                 // AMOs take a bare register address.
-                let addr = if self.mode.sandboxed() && checked_access(&op).is_some() {
+                let addr = if self.mode.sandboxed()
+                    && checked_access(&op).is_some()
+                    && !self.unchecked_access(base)
+                {
                     self.check_access(pc, map(base), off, size.bytes(), true, true);
                     T0
                 } else if off == 0 {
@@ -637,10 +678,77 @@ impl<'a> Codegen<'a> {
         };
         if self.mode.sandboxed() {
             if let Some((_, _, size)) = checked_access(op) {
-                return self.check_access(pc, map(base), off, size.bytes(), write, false);
+                if !self.unchecked_access(base) {
+                    return self.check_access(pc, map(base), off, size.bytes(), write, false);
+                }
             }
         }
         self.address(map(base), off, T0)
+    }
+
+    /// Does any check assume r1 = the context start (see `frame`'s entry)?
+    pub(crate) fn access_uses_ctx_const(&self) -> bool {
+        self.access.uses_ctx_const()
+    }
+
+    /// Whether the current access goes to `base + off` with no check of its own: proven
+    /// inside the frame by the front end's range analysis, or a member of a check group on
+    /// the hot path. At a group's first member this emits the group's widened check.
+    fn unchecked_access(&mut self, _base: Reg) -> bool {
+        let i = self.cur;
+        if self.access.checks[i] == AccessCheck::None {
+            return true;
+        }
+        if self.copy {
+            return false;
+        }
+        let Some(g) = self.access.group_of[i] else {
+            return false;
+        };
+        if self.access.groups[g].first == i {
+            self.group_check(g);
+        }
+        true
+    }
+
+    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
+    /// masked in place (`base &= t3 - 1`): unchanged when the test passed, 0 under a
+    /// mispredicted branch, so no member reaches memory out of bounds (Spectre v1). On
+    /// failure the group's checked copy runs ([`Cold::Group`]).
+    fn group_check(&mut self, g: usize) {
+        let grp = &self.access.groups[g];
+        let (b, lo, span, check) = (
+            map(grp.base),
+            grp.lo,
+            (grp.hi - grp.lo as i32) as u32,
+            grp.check,
+        );
+        let label = self.e.new_label();
+        match check {
+            AccessCheck::CtxConst { end } => self.len_test(end),
+            AccessCheck::Stack if span < 2048 => {
+                self.range_test(b, lo, span, STACK_START, STACK_LEN)
+            }
+            // The context: a sufficient test for any group (spans stay below 2 KiB).
+            _ => self.range_test(b, lo, span, CTX_START, CTX_LEN),
+        }
+        self.branch(Br::Ne, T3, ZERO, label);
+        if self.opts.measure.spectre_clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+            self.e.rrr(R3::And, b, b, T3);
+        }
+        self.cold.push(Cold::Group { label, group: g });
+    }
+
+    /// t3 = 1 unless `end <= ctx_len` (t3 = 0): the whole test for an access ending `end`
+    /// bytes past the context start.
+    fn len_test(&mut self, end: u64) {
+        if end < 2048 {
+            self.e.ri(RI::Sltiu, T3, CTX_LEN, end as i32);
+        } else {
+            self.e.li(T2, end as i64);
+            self.e.rrr(R3::Sltu, T3, CTX_LEN, T2);
+        }
     }
 
     /// Checks `[base + off, base + off + size)`; returns the (clamped) address as t0 plus an
@@ -668,16 +776,47 @@ impl<'a> Codegen<'a> {
     ) -> (u8, i32) {
         let label = self.e.new_label();
         let resume = self.e.new_label();
-        self.range_test(base, off, size, CTX_START, CTX_LEN);
-        self.branch(Br::Ne, T3, ZERO, label);
+        let check = self.access.checks[self.cur];
+        let stack_first = self.layout.block > 0 && check == AccessCheck::Stack;
+        let op = self.prog.insts[self.cur].op;
+        if self.layout.lim8 && lim8_access(&op, check, self.layout.block > 0) {
+            // t = addr - start; inside iff t < CTX_LIM8 (t3 = 1). The verdict is flipped
+            // to the usual t3 = 0 = inside after the branch, so a mispredicted branch on an
+            // outside access (t3 = 0, flipped to 1) still masks the base to 0 below.
+            self.e.rrr(R3::Sub, T2, base, CTX_START);
+            if off != 0 {
+                self.add_imm(T2, T2, off as i64, T3);
+            }
+            self.e.rrr(R3::Sltu, T3, T2, CTX_LIM8);
+            self.branch(Br::Eq, T3, ZERO, label);
+            self.e.ri(RI::Xori, T3, T3, 1);
+        } else {
+            match check {
+                // The base is the context start plus a constant (a0 = env.ctx_start at
+                // entry).
+                AccessCheck::CtxConst { end } => self.len_test(end),
+                _ if stack_first => self.range_test(base, off, size, STACK_START, STACK_LEN),
+                _ => self.range_test(base, off, size, CTX_START, CTX_LEN),
+            }
+            self.branch(Br::Ne, T3, ZERO, label);
+        }
         self.e.bind(resume);
-        self.e.ri(RI::Addi, T3, T3, -1);
+        let clamp = self.opts.measure.spectre_clamp;
+        if clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+        }
         let operand = if !bare && fits_signed(off as i64, 12) {
-            self.e.rrr(R3::And, T0, base, T3);
-            (T0, off as i32)
+            if clamp {
+                self.e.rrr(R3::And, T0, base, T3);
+                (T0, off as i32)
+            } else {
+                (base, off as i32)
+            }
         } else {
             self.add_imm(T0, base, off as i64, T0);
-            self.e.rrr(R3::And, T0, T0, T3);
+            if clamp {
+                self.e.rrr(R3::And, T0, T0, T3);
+            }
             (T0, 0)
         };
         self.cold.push(Cold::Access {
@@ -688,6 +827,7 @@ impl<'a> Codegen<'a> {
             size,
             pc,
             write,
+            stack_first,
         });
         operand
     }
@@ -710,6 +850,24 @@ impl<'a> Codegen<'a> {
                 let l = self.stop_budget;
                 self.jump(l);
             }
+            Cold::Group { label, group } => {
+                let (first, last) = {
+                    let g = &self.access.groups[group];
+                    (g.first, g.last)
+                };
+                let k = self.prog.subprog_of(first);
+                self.e.bind(label);
+                self.copy = true;
+                for i in first..=last {
+                    let inst = self.prog.insts[i];
+                    self.cur = i;
+                    self.inst(k, i, &inst, false);
+                }
+                self.copy = false;
+                // A group never ends its function (a member is followed by more code).
+                let next = self.insn_labels[last + 1];
+                self.jump(next);
+            }
             Cold::Access {
                 label,
                 resume,
@@ -718,9 +876,13 @@ impl<'a> Codegen<'a> {
                 size,
                 pc,
                 write,
+                stack_first,
             } => {
                 self.e.bind(label);
-                if self.layout.block > 0 {
+                if stack_first {
+                    self.range_test(base, off, size, CTX_START, CTX_LEN);
+                    self.branch(Br::Eq, T3, ZERO, resume);
+                } else if self.layout.block > 0 {
                     self.range_test(base, off, size, STACK_START, STACK_LEN);
                     self.branch(Br::Eq, T3, ZERO, resume);
                 }
@@ -1141,6 +1303,24 @@ impl<'a> Codegen<'a> {
         };
         self.branch(fix(k), x, y, target);
     }
+}
+
+/// Is `op` an 8-byte access whose inline test is the context's general one (so it uses
+/// [`CTX_LIM8`])? `block`: the program has a stack block (then `Stack` accesses test it
+/// first instead).
+fn lim8_access(op: &Op, check: AccessCheck, block: bool) -> bool {
+    let size8 = matches!(
+        op,
+        Op::Load { size: Size::DW, .. }
+            | Op::Store { size: Size::DW, .. }
+            | Op::Atomic { size: Size::DW, .. }
+    );
+    size8
+        && match check {
+            AccessCheck::Ctx | AccessCheck::Unknown => true,
+            AccessCheck::Stack => !block,
+            _ => false,
+        }
 }
 
 fn internal(msg: String) -> CompileError {

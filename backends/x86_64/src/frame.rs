@@ -24,10 +24,11 @@
 //! the SysV ABI requires at a helper call.
 
 use crate::encode::{Gpr, Sz};
-use crate::lower::{Emitter, ENTRY_SP8, STACK_END8, STACK_START8};
+use crate::lower::{Emitter, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{stack_block_size, CodegenMode};
+use packjit_frontend::ranges::{AccessCheck, AccessPlan};
 use packjit_frontend::{Op, Program};
 
 // The prologue's `dynasm!` text names r10's home (rbp) and r1's (rdi).
@@ -56,6 +57,8 @@ pub struct Plan {
     pub zero: u16,
     /// Per function (index as `Program::subprogs`).
     pub subs: Vec<SubFrame>,
+    /// The front end's access analysis (filled for sandboxed code by `lower::emit_with`).
+    pub access: AccessPlan,
 }
 
 /// Decides saves, padding and the stack block.
@@ -105,6 +108,11 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         used,
         zero: used & !written_first(prog),
         subs,
+        access: AccessPlan {
+            checks: vec![AccessCheck::NotAccess; prog.insts.len()],
+            groups: Vec::new(),
+            group_of: vec![None; prog.insts.len()],
+        },
     }
 }
 
@@ -189,6 +197,14 @@ impl Emitter<'_> {
                 self.e.rep_stosq();
                 self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; mov rdi, r9));
             }
+        }
+        if self.mode.sandboxed() && self.plan.access.uses_ctx_const() {
+            // Checks against the context start plus a constant assume r1 is exactly
+            // env.ctx_start.
+            self.e.asm(
+                1,
+                |ops| dynasm!(ops ; .arch x64 ; mov rdi, QWORD [BYTE r12 + CTX_START8]),
+            );
         }
         // r0 and r3–r9 start at zero (only those the program can observe).
         for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {

@@ -30,6 +30,8 @@ pub mod frame;
 pub mod lower;
 pub mod regs;
 
+#[doc(hidden)]
+pub use lower::EmitOptions;
 pub use lower::Emitted;
 
 use packjit_frontend::analysis::validate_request;
@@ -83,6 +85,27 @@ fn emit_decoded(
     let prog = packjit_frontend::decode(req.code, req.helpers)?;
     let out = lower::emit(&prog, req.helpers, &mode)?;
     Ok((prog, out))
+}
+
+/// [`emit_program`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
+/// benches, never used by the plugin or the runtime.
+#[doc(hidden)]
+pub fn emit_program_for_measurement(
+    code: &[u8],
+    helpers: &[HelperEntry],
+    opts: &Options,
+    measure: EmitOptions,
+) -> Result<Emitted, CompileError> {
+    let req = CompileRequest {
+        code,
+        helpers,
+        features: opts.features,
+        flags: opts.flags,
+        blind_key: opts.blind_key,
+    };
+    let mode = validate_request(&req, "x86-64", SUPPORTED_FEATURES)?;
+    let prog = packjit_frontend::decode(req.code, req.helpers)?;
+    lower::emit_with(&prog, req.helpers, &mode, measure)
 }
 
 /// The x86-64 JIT backend. Stateless: one instance compiles for any number of threads.

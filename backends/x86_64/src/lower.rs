@@ -13,6 +13,7 @@ use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
 };
+use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
@@ -55,19 +56,55 @@ pub struct Emitted {
     pub passes: usize,
 }
 
+/// Code-generation switches that exist **only for measurement** (the sandbox benches): they
+/// are reachable from this crate's Rust API alone, never from the plugin ABI or the runtime,
+/// which always emit with [`EmitOptions::default`]. Turning `spectre_clamp` off makes
+/// sandboxed code unsafe under speculation.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmitOptions {
+    /// Emit the Spectre-v1 clamp (CMOV) after each inline check.
+    pub spectre_clamp: bool,
+    /// Share one widened check among grouped accesses (`ranges::group_accesses`).
+    pub group_checks: bool,
+}
+
+impl Default for EmitOptions {
+    fn default() -> Self {
+        EmitOptions {
+            spectre_clamp: true,
+            group_checks: true,
+        }
+    }
+}
+
 /// Emits a decoded program.
 pub fn emit(
     prog: &Program,
     helpers: &[HelperEntry],
     mode: &CodegenMode,
 ) -> Result<Emitted, CompileError> {
-    let plan = plan(prog, mode);
+    emit_with(prog, helpers, mode, EmitOptions::default())
+}
+
+/// [`emit`] with measurement switches (benches only, see [`EmitOptions`]).
+pub fn emit_with(
+    prog: &Program,
+    helpers: &[HelperEntry],
+    mode: &CodegenMode,
+    opts: EmitOptions,
+) -> Result<Emitted, CompileError> {
+    let mut plan = plan(prog, mode);
+    if mode.sandboxed() {
+        plan.access = plan_accesses(prog, opts.group_checks);
+    }
     // Branches start as rel8; the shared relaxation driver grows those out of reach to
     // rel32 and the code is emitted again (two passes at most in practice).
     let mut relax = Relaxation::new(Form::Rel32, REL32_GROWTH, 0);
     loop {
         relax.begin_pass();
         let mut em = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
+        em.clamp = opts.spectre_clamp;
         em.program()?;
         let offsets = em.inst_offsets();
         let checks =
@@ -115,6 +152,20 @@ enum Stop {
 /// Rarely taken code, kept out of the straight-line path.
 #[derive(Clone, Copy, Debug)]
 enum Cold {
+    /// A context-length test failed: the full check (context, stack block, host regions),
+    /// then back with r11 = the checked address.
+    Check {
+        at: Label,
+        back: Label,
+        pc: usize,
+        base: Gpr,
+        off: i32,
+        size: Size,
+        write: bool,
+    },
+    /// A check group's widened test failed: the group's instructions again with a check
+    /// per access, then on after the group.
+    Group { at: Label, group: usize },
     /// Divisor 0: r11 = 0 (div) or the dividend in rax (mod).
     DivZero {
         at: Label,
@@ -152,6 +203,12 @@ pub struct Emitter<'a> {
     region_scan: Option<Label>,
     /// Instruction index to skip (fused into the previous one).
     skip: Option<usize>,
+    /// Index of the instruction being lowered.
+    cur: usize,
+    /// Emitting a group's checked copy: every access checks itself.
+    copy: bool,
+    /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
+    clamp: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -181,6 +238,9 @@ impl<'a> Emitter<'a> {
             cold: Vec::new(),
             region_scan: None,
             skip: None,
+            cur: 0,
+            copy: false,
+            clamp: true,
         }
     }
 
@@ -204,12 +264,13 @@ impl<'a> Emitter<'a> {
                     continue;
                 }
                 let inst = self.prog.insts[i];
+                self.cur = i;
                 self.inst(i, k, &inst)?;
             }
             let l = self.sub_exit[k];
             self.e.bind(l);
             self.epilogue(k);
-            self.cold_blocks();
+            self.cold_blocks()?;
         }
         self.stop_stubs();
         if let Some(l) = self.region_scan {
@@ -630,8 +691,21 @@ impl<'a> Emitter<'a> {
     /// The memory operand of an access: `[base + off]`, or `[r11]` after a sandbox check.
     fn address(&mut self, inst: &Inst, write: bool) -> (Gpr, i32) {
         match (self.mode.sandboxed(), checked_access(&inst.op)) {
-            (true, Some((base, off, size))) => {
-                self.check(inst.pc, host(base), off as i32, size, write);
+            (true, Some((base, off, size))) if !self.unchecked_access() => {
+                let check = self.plan.access.checks[self.cur];
+                match check {
+                    AccessCheck::CtxConst { end } if end <= i32::MAX as u64 => {
+                        self.ctx_len_check(inst.pc, host(base), off as i32, size, write, end)
+                    }
+                    _ => self.check(
+                        inst.pc,
+                        host(base),
+                        off as i32,
+                        size,
+                        write,
+                        check == AccessCheck::Stack,
+                    ),
+                }
                 (T11, 0)
             }
             _ => {
@@ -747,7 +821,15 @@ impl<'a> Emitter<'a> {
                 .rm(&[], Sz::B64, &[0x8d], T11, host(base), off as i32);
             (T11, 0)
         } else {
-            self.address(inst, true)
+            match self.address(inst, true) {
+                // Likewise for a sandboxed access the range analysis proved (no check, so
+                // the base register itself is the address).
+                (RAX, off) if needs_loop => {
+                    self.e.rm(&[], Sz::B64, &[0x8d], T11, RAX, off);
+                    (T11, 0)
+                }
+                a => a,
+            }
         };
         let lock: &[u8] = &[0xf0];
         match (op, fetch) {
@@ -791,38 +873,160 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Sandbox check of `[base + off, + size)`: leaves the address in r11 (clamped under
-    /// misspeculation) or jumps to a stop stub.
-    ///
-    /// Each region test computes `end = addr - start + size` (forced to all-ones when it
-    /// wraps) and passes when `end <= len`; the passing paths meet at `ok`, where the flags
-    /// of the deciding compare are still live and `cmova` replaces the address with `env`
-    /// (a harmless, mapped address) should the branch have been mispredicted.
-    fn check(&mut self, pc: usize, base: Gpr, off: i32, size: Size, write: bool) {
-        let n = size.bytes() as i64;
-        let ok = self.e.label();
-        if off == 0 {
-            self.mov_rr(Sz::B64, T11, base);
-        } else {
-            self.e.rm(&[], Sz::B64, &[0x8d], T11, base, off);
+    /// Whether the current access goes to `base + off` with no check of its own: proven
+    /// inside the frame by the front end's range analysis, or a member of a check group on
+    /// the hot path. At a group's first member this emits the group's widened check.
+    fn unchecked_access(&mut self) -> bool {
+        let i = self.cur;
+        if self.plan.access.checks[i] == AccessCheck::None {
+            return true;
         }
-        // Context.
-        self.region_end(CTX_START8, n);
+        if self.copy {
+            return false;
+        }
+        let Some(g) = self.plan.access.group_of[i] else {
+            return false;
+        };
+        if !self.group_supported(g) {
+            return false;
+        }
+        if self.plan.access.groups[g].first == i {
+            self.group_check(g);
+        }
+        true
+    }
+
+    /// Groups whose widened test this backend encodes: a constant context end within
+    /// `imm32`, or a span within the `imm8` of [`Self::region_end`].
+    fn group_supported(&self, g: usize) -> bool {
+        let grp = &self.plan.access.groups[g];
+        match grp.check {
+            AccessCheck::CtxConst { end } => end <= i32::MAX as u64,
+            _ => grp.hi - (grp.lo as i32) < 128,
+        }
+    }
+
+    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
+    /// itself clamped in place to 0 under a mispredicted branch (architecturally it keeps
+    /// its value: the test passed), so no member reaches memory out of bounds. On failure
+    /// the group's checked copy runs ([`Cold::Group`]).
+    fn group_check(&mut self, g: usize) {
+        let grp = &self.plan.access.groups[g];
+        let (b, lo, span, check) = (
+            host(grp.base),
+            grp.lo as i32,
+            (grp.hi - grp.lo as i32) as i64,
+            grp.check,
+        );
+        let at = self.e.label();
+        let fail = match check {
+            AccessCheck::CtxConst { end } => {
+                self.ctx_len();
+                self.alu_ri(7, Sz::B64, T9, end as i64); // cmp len, end
+                Cc::B
+            }
+            AccessCheck::Stack if (span as usize) <= self.plan.block => {
+                self.lea(T11, b, lo);
+                self.region_end(STACK_START8, span);
+                self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
+                Cc::A
+            }
+            _ => {
+                // The context: a sufficient test for any group.
+                self.lea(T11, b, lo);
+                self.region_end(CTX_START8, span);
+                self.ctx_len();
+                self.e.rr(&[], Sz::B64, &[0x39], T9, T10); // cmp end, len
+                Cc::A
+            }
+        };
+        self.e.jump(Some(fail), at);
+        if self.clamp {
+            // mov r9d, 0 (leaves the flags) ; cmov<fail> base, r9
+            self.e.op_plus_r(Sz::B32, &[0xb8], T9);
+            self.e.imm_bytes(0, 4);
+            self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | fail as u8], b, T9);
+        }
+        self.cold.push(Cold::Group { at, group: g });
+    }
+
+    /// `r11 = base + off`.
+    fn lea(&mut self, dst: Gpr, base: Gpr, off: i32) {
+        if off == 0 {
+            self.mov_rr(Sz::B64, dst, base);
+        } else {
+            self.e.rm(&[], Sz::B64, &[0x8d], dst, base, off);
+        }
+    }
+
+    /// `r9 = ctx_end - ctx_start`.
+    fn ctx_len(&mut self) {
         self.e.asm(2, |ops| {
             dynasm!(ops ; .arch x64
                 ; mov r9, QWORD [BYTE r12 + CTX_END8]
                 ; sub r9, QWORD [BYTE r12 + CTX_START8]
             )
         });
+    }
+
+    /// The check of an access whose base is the context start plus a constant (rdi =
+    /// env.ctx_start at entry), ending `end` bytes into the context: inside iff
+    /// `end <= len`. Otherwise the full check runs out of line ([`Cold::Check`]).
+    fn ctx_len_check(&mut self, pc: usize, base: Gpr, off: i32, size: Size, write: bool, end: u64) {
+        let (at, back) = (self.e.label(), self.e.label());
+        self.lea(T11, base, off);
+        self.ctx_len();
+        self.alu_ri(7, Sz::B64, T9, end as i64); // cmp len, end
+        self.e.jump(Some(Cc::B), at);
+        if self.clamp {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmovb r11, r12));
+        }
+        self.e.bind(back);
+        self.cold.push(Cold::Check {
+            at,
+            back,
+            pc,
+            base,
+            off,
+            size,
+            write,
+        });
+    }
+
+    /// Sandbox check of `[base + off, + size)`: leaves the address in r11 (clamped under
+    /// misspeculation) or jumps to a stop stub. `stack_first`: the base derives from r10, so
+    /// the stack block is tested before the context.
+    ///
+    /// Each region test computes `end = addr - start + size` (forced to all-ones when it
+    /// wraps) and passes when `end <= len`; the passing paths meet at `ok`, where the flags
+    /// of the deciding compare are still live and `cmova` replaces the address with `env`
+    /// (a harmless, mapped address) should the branch have been mispredicted.
+    fn check(
+        &mut self,
+        pc: usize,
+        base: Gpr,
+        off: i32,
+        size: Size,
+        write: bool,
+        stack_first: bool,
+    ) {
+        let n = size.bytes() as i64;
+        let ok = self.e.label();
+        self.lea(T11, base, off);
+        let stack = self.plan.block > 0;
+        if stack_first && stack {
+            self.stack_test(n, ok);
+        }
+        // Context.
+        self.region_end(CTX_START8, n);
+        self.ctx_len();
         // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
         // the equally long RM form (0x3b) for register pairs.
         self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
         self.e.jump(Some(Cc::Be), ok);
-        // Stack block (its length is a constant).
-        if self.plan.block > 0 {
-            self.region_end(STACK_START8, n);
-            self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
-            self.e.jump(Some(Cc::Be), ok);
+        if stack && !stack_first {
+            self.stack_test(n, ok);
         }
         // Host regions: the shared scan returns with the same flag convention.
         let scan = match self.region_scan {
@@ -840,8 +1044,17 @@ impl<'a> Emitter<'a> {
         let stop = self.stop_label(Stop::Oob { access }, pc);
         self.e.jump(None, stop);
         self.e.bind(ok);
-        self.e
-            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
+        if self.clamp {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
+        }
+    }
+
+    /// The stack block test (its length is a constant): on to `ok` when inside.
+    fn stack_test(&mut self, n: i64, ok: Label) {
+        self.region_end(STACK_START8, n);
+        self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
+        self.e.jump(Some(Cc::Be), ok);
     }
 
     /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
@@ -1100,9 +1313,55 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    fn cold_blocks(&mut self) {
+    fn cold_blocks(&mut self) -> Result<(), CompileError> {
+        // A group's checked copy adds cold blocks of its own.
+        while !self.cold.is_empty() {
+            self.cold_round()?;
+        }
+        Ok(())
+    }
+
+    fn cold_round(&mut self) -> Result<(), CompileError> {
         for c in std::mem::take(&mut self.cold) {
             match c {
+                Cold::Check {
+                    at,
+                    back,
+                    pc,
+                    base,
+                    off,
+                    size,
+                    write,
+                } => {
+                    self.e.bind(at);
+                    self.check(pc, base, off, size, write, false);
+                    self.e.jump(None, back);
+                }
+                Cold::Group { at, group } => {
+                    let (first, last) = {
+                        let g = &self.plan.access.groups[group];
+                        (g.first, g.last)
+                    };
+                    let k = self.prog.subprog_of(first);
+                    self.e.bind(at);
+                    self.copy = true;
+                    self.skip = None;
+                    for i in first..=last {
+                        if self.skip == Some(i) {
+                            // Fused into the previous instruction (also in this copy).
+                            continue;
+                        }
+                        let inst = self.prog.insts[i];
+                        self.cur = i;
+                        self.inst(i, k, &inst)?;
+                    }
+                    self.copy = false;
+                    // On after the group; an instruction fused into the last member was
+                    // done by it, and its label is where the one after it starts.
+                    self.skip = None;
+                    let next = self.inst_label[last + 1];
+                    self.e.jump(None, next);
+                }
                 Cold::DivZero { at, back, sz, rem } => {
                     self.e.bind(at);
                     if rem {
@@ -1124,6 +1383,7 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+        Ok(())
     }
 
     /// The stop stubs: record kind, pc (and address, access or id), then unwind to the

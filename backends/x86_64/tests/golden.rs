@@ -444,7 +444,7 @@ fn local_calls_move_r10_by_one_frame() {
 #[test]
 fn sandbox_checks_clamp_and_skip_frame_constants() {
     let got = code(
-        "ldxdw %r0, [%r1+8]\nstxdw [%r10-8], %r0\nexit",
+        "ldxdw %r0, [%r2+8]\nstxdw [%r10-8], %r0\nexit",
         PJ_COMPILE_SANDBOX,
         0,
     );
@@ -464,7 +464,7 @@ fn sandbox_checks_clamp_and_skip_frame_constants() {
         "xor eax,eax",
         "rep stos QWORD PTR es:[rdi],rax",
         "mov rdi,r9",
-        "lea r11,[rdi+0x8]",
+        "lea r11,[rsi+0x8]",
         "mov r10,r11",
         "sub r10,QWORD PTR [r12+0x10]",
         "add r10,0x8",
