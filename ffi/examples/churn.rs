@@ -8,8 +8,10 @@
 //! instructions and k random, compiled sandboxed like any `packjit_program_load`; each is run
 //! right after its load and again just before its free, and both answers must be k * (n - 1).
 //! Every 1% of the operations it samples `packjit_runtime_stats` (printing every 10%):
-//! fragmentation (free space outside the largest free run of its pack, per mille of all free
-//! space; the arena's own figure), used/resident, code/resident, pending frees. At the end
+//! fragmentation (the arena's own figure: free chunks outside the largest free run of their
+//! pack, per mille of all free chunks), split (those free KiB), below peak (KiB the used
+//! bytes are under their high-water mark so far: random frees leave holes where programs
+//! were, and split space follows this swing), used/resident, code/resident, pending frees. At the end
 //! it frees everything, reclaims, and checks that no pack, allocation or pending free is
 //! left.
 //!
@@ -154,9 +156,9 @@ fn main() {
     let (mut loads, mut frees, mut runs) = (0u64, 0u64, 0u64);
     let step = (ops / 100).max(1);
     let (mut frag_max, mut frag_sum, mut ur_min, mut ur_sum, mut n) = (0.0f64, 0.0, 9.9f64, 0.0, 0);
-    let mut packs_max = 0;
+    let (mut packs_max, mut peak_used, mut split_max) = (0, 0, 0);
     println!(
-        "  {:>8} {:>6} {:>5} {:>9} {:>9} {:>10} {:>10} {:>7} {:>9}",
+        "  {:>8} {:>6} {:>5} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>6} {:>9}",
         "ops",
         "live",
         "packs",
@@ -165,6 +167,8 @@ fn main() {
         "used/resid",
         "code/resid",
         "pending",
+        "below peak",
+        "split",
         "fragment."
     );
     let started = Instant::now();
@@ -206,9 +210,12 @@ fn main() {
             let ur = s.bytes_used as f64 / s.bytes_resident.max(1) as f64;
             let cr = s.bytes_code as f64 / s.bytes_resident.max(1) as f64;
             let frag = s.fragmentation_permille as f64 / 10.0;
+            peak_used = peak_used.max(s.bytes_used);
+            // The metric's numerator, back from per mille of the free bytes.
+            let split = (s.bytes_reserved - s.bytes_used) * s.fragmentation_permille as u64 / 1000;
             if op % (step * 10) == 0 {
                 println!(
-                    "  {op:>8} {:>6} {:>5} {:>9} {:>9} {:>10.3} {:>10.3} {:>7} {:>8.1}%",
+                    "  {op:>8} {:>6} {:>5} {:>9} {:>9} {:>10.3} {:>10.3} {:>7} {:>10} {:>6} {:>8.1}%",
                     live.len(),
                     s.packs,
                     s.bytes_used / 1024,
@@ -216,12 +223,15 @@ fn main() {
                     ur,
                     cr,
                     s.pending_frees,
+                    (peak_used - s.bytes_used) / 1024,
+                    split / 1024,
                     frag
                 );
             }
             // Steady state: after the first tenth (the ramp while the packs first fill).
             if op > ops / 10 {
                 frag_max = frag_max.max(frag);
+                split_max = split_max.max(split);
                 ur_min = ur_min.min(ur);
                 frag_sum += frag;
                 ur_sum += ur;
@@ -264,9 +274,10 @@ fn main() {
     let n = n.max(1) as f64;
     println!(
         "summary: {runs} runs all right; steady state fragmentation mean {:.1}% max {:.1}%, \
-         used/resident mean {:.3} min {:.3}, packs max {packs_max}",
+         split max {} KiB, used/resident mean {:.3} min {:.3}, packs max {packs_max}",
         frag_sum / n,
         frag_max,
+        split_max / 1024,
         ur_sum / n,
         ur_min
     );

@@ -119,8 +119,10 @@ pub struct ArenaStats {
     pub bytes_resident: usize,
     /// Live allocations (programs).
     pub allocations: usize,
-    /// External fragmentation in per-mille: the share of free space lying outside each
-    /// pack's largest free run (0 when no pack's free space is split).
+    /// External fragmentation in per mille: `sum over packs (free chunks - the pack's largest
+    /// free run) / sum over packs free chunks` (0 when nothing is free or no pack's free space
+    /// is split). Free space includes never-touched and released pages, so the figure falls
+    /// when a pack is mapped and jumps when an emptied pack is unmapped, with the same holes.
     pub fragmentation_permille: u32,
     /// Commits performed.
     pub commits: u64,
