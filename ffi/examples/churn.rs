@@ -157,6 +157,8 @@ fn main() {
     let step = (ops / 100).max(1);
     let (mut frag_max, mut frag_sum, mut ur_min, mut ur_sum, mut n) = (0.0f64, 0.0, 9.9f64, 0.0, 0);
     let (mut packs_max, mut peak_used, mut split_max) = (0, 0, 0);
+    // (op, packs, used KiB, split KiB) at the highest fragmentation sample.
+    let mut at_max = (0, 0, 0, 0);
     println!(
         "  {:>8} {:>6} {:>5} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>6} {:>9}",
         "ops",
@@ -230,7 +232,10 @@ fn main() {
             }
             // Steady state: after the first tenth (the ramp while the packs first fill).
             if op > ops / 10 {
-                frag_max = frag_max.max(frag);
+                if frag > frag_max {
+                    frag_max = frag;
+                    at_max = (op, s.packs, s.bytes_used / 1024, split / 1024);
+                }
                 split_max = split_max.max(split);
                 ur_min = ur_min.min(ur);
                 frag_sum += frag;
@@ -280,6 +285,10 @@ fn main() {
         split_max / 1024,
         ur_sum / n,
         ur_min
+    );
+    println!(
+        "fragmentation peak at op {}: {} packs, {} KiB used, {} KiB split",
+        at_max.0, at_max.1, at_max.2, at_max.3
     );
     println!(
         "throughput: {:.1}k loads/s ({loads} loads, {:.1} us each), {:.0}k frees/s ({frees}), \
