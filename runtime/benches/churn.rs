@@ -7,13 +7,22 @@
 //! (most programs are small, a few are large); native size = arm64 bytes for that many
 //! instructions, calibrated at start-up with the real arm64 backend on ALU instructions.
 //!
-//! Every placement configuration runs the SAME operation sequence (same seed); figures over
-//! time, then a side-by-side summary:
-//! * fragmentation: share of free chunks outside each pack's largest free run;
+//! Every placement configuration runs the SAME operation sequence (same seed). Figures are
+//! sampled every 1% of the operations (printed every 10%), then summarised side by side:
+//! * fragmentation (`ArenaStats::fragmentation_permille`, unchanged definition): the share
+//!   of free chunks lying outside their pack's largest free run, i.e.
+//!   `sum over packs (free - largest free run) / sum over packs free`;
+//! * split: those free bytes outside the largest runs (the numerator), in KiB;
+//! * below peak: how far the used bytes are under their high-water mark so far — random frees
+//!   leave holes where programs were, so split space follows this swing;
 //! * used/resident: bytes handed out / bytes of pack memory resident (trap-filled pages);
+//!   code/resident: bytes of code written / resident (differs from used/resident by the
+//!   64-byte rounding and any size-class rounding);
 //! * load throughput: alloc + write per second.
 //!
 //! `cargo bench -p packjit --bench churn` (env: CHURN_OPS, CHURN_LIVE, CHURN_SEED).
+//! The same workload through the C API with real compiled programs:
+//! `cargo run --release -p packjit-ffi --example churn`.
 
 use packjit::{ArenaConfig, CodeArena, LoadOptions, PackedArena, Placement, Runtime};
 use packjit_plugin_api::Region;
@@ -69,9 +78,12 @@ fn calibrate() -> (f64, f64) {
 struct Summary {
     frag_final: f64,
     frag_max: f64,
-    ur_final: f64,
+    frag_mean: f64,
+    split_max_kib: usize,
     ur_min: f64,
     ur_mean: f64,
+    cr_min: f64,
+    cr_mean: f64,
     packs_max: usize,
     loads_per_s: f64,
     frees_per_s: f64,
@@ -93,17 +105,31 @@ fn run(
     let (mut loads, mut frees) = (0u64, 0u64);
     let mut sum = Summary {
         ur_min: f64::MAX,
+        cr_min: f64::MAX,
         ..Default::default()
     };
-    let (mut ur_sum, mut ur_n) = (0.0, 0);
-    let step = (ops / 10).max(1);
+    let (mut ur_sum, mut cr_sum, mut frag_sum, mut n_samples) = (0.0, 0.0, 0.0, 0);
+    let mut peak_used = 0;
+    // Sample every 1% of the operations so the maximum is not missed between prints.
+    let step = (ops / 100).max(1);
     println!(
-        "\n[{name}] placement {:?}, release free pages {}",
-        cfg.placement, cfg.release_free_pages
+        "\n[{name}] placement {:?}, release free pages {}, {} KiB packs",
+        cfg.placement,
+        cfg.release_free_pages,
+        cfg.pack_size / 1024
     );
     println!(
-        "  {:>8} {:>6} {:>5} {:>10} {:>10} {:>12} {:>14}",
-        "ops", "live", "packs", "used KiB", "resid KiB", "used/resid", "fragmentation"
+        "  {:>8} {:>6} {:>5} {:>9} {:>9} {:>10} {:>10} {:>10} {:>6} {:>10}",
+        "ops",
+        "live",
+        "packs",
+        "used KiB",
+        "resid KiB",
+        "used/resid",
+        "code/resid",
+        "below peak",
+        "split",
+        "fragment."
     );
     // Live count hovers between 75% and 100% of `live_max` after the initial ramp.
     for op in 1..=ops {
@@ -126,26 +152,39 @@ fn run(
         }
         if op % step == 0 {
             let s = arena.stats();
+            peak_used = peak_used.max(s.bytes_used);
             let ur = s.bytes_used as f64 / s.bytes_resident.max(1) as f64;
+            let cr = s.bytes_code as f64 / s.bytes_resident.max(1) as f64;
             let frag = s.fragmentation_permille as f64 / 10.0;
-            println!(
-                "  {op:>8} {:>6} {:>5} {:>10} {:>10} {:>12.3} {:>13.1}%",
-                live.len(),
-                s.packs,
-                s.bytes_used / 1024,
-                s.bytes_resident / 1024,
-                ur,
-                frag
-            );
-            // Steady state only: skip the first tenth (ramp-up).
-            if op > step {
+            // The metric's numerator, back from per mille of the free bytes.
+            let split_kib =
+                (s.bytes_reserved - s.bytes_used) * s.fragmentation_permille as usize / 1000 / 1024;
+            if op % (step * 10) == 0 {
+                println!(
+                    "  {op:>8} {:>6} {:>5} {:>9} {:>9} {:>10.3} {:>10.3} {:>10} {:>6} {:>9.1}%",
+                    live.len(),
+                    s.packs,
+                    s.bytes_used / 1024,
+                    s.bytes_resident / 1024,
+                    ur,
+                    cr,
+                    (peak_used - s.bytes_used) / 1024,
+                    split_kib,
+                    frag
+                );
+            }
+            // Steady state only: skip the first tenth (ramp-up, while the packs first fill).
+            if op > ops / 10 {
                 sum.frag_max = sum.frag_max.max(frag);
+                sum.split_max_kib = sum.split_max_kib.max(split_kib);
                 sum.ur_min = sum.ur_min.min(ur);
+                sum.cr_min = sum.cr_min.min(cr);
                 ur_sum += ur;
-                ur_n += 1;
+                cr_sum += cr;
+                frag_sum += frag;
+                n_samples += 1;
             }
             sum.frag_final = frag;
-            sum.ur_final = ur;
             sum.packs_max = sum.packs_max.max(s.packs);
         }
     }
@@ -158,7 +197,10 @@ fn run(
         (0, 0, 0),
         "everything released"
     );
-    sum.ur_mean = ur_sum / ur_n.max(1) as f64;
+    let n = n_samples.max(1) as f64;
+    sum.ur_mean = ur_sum / n;
+    sum.cr_mean = cr_sum / n;
+    sum.frag_mean = frag_sum / n;
     sum.loads_per_s = loads as f64 / t_load.as_secs_f64();
     sum.frees_per_s = frees as f64 / t_free.as_secs_f64();
     sum
@@ -179,7 +221,7 @@ fn main() {
     let base = ArenaConfig::default();
     let configs = [
         (
-            "before: first fit",
+            "first fit, no page release (the original)",
             ArenaConfig {
                 placement: Placement::FirstFit,
                 release_free_pages: false,
@@ -187,49 +229,81 @@ fn main() {
             },
         ),
         (
-            "first fit + page release",
+            "first fit",
             ArenaConfig {
                 placement: Placement::FirstFit,
-                release_free_pages: true,
+                ..base
+            },
+        ),
+        ("best fit (default)", base),
+        (
+            "best fit, two-ended (>= 16 chunks high)",
+            ArenaConfig {
+                placement: Placement::BestFitTwoEnded { large_chunks: 16 },
                 ..base
             },
         ),
         (
-            "best fit, no page release",
+            "best fit, two-ended (>= 64 chunks high)",
             ArenaConfig {
-                placement: Placement::BestFit,
-                release_free_pages: false,
+                placement: Placement::BestFitTwoEnded { large_chunks: 64 },
                 ..base
             },
         ),
-        ("after: best fit + page release (default)", base),
+        (
+            "size classes, 4 per doubling",
+            ArenaConfig {
+                placement: Placement::SizeClasses { steps_log2: 2 },
+                ..base
+            },
+        ),
+        (
+            "size classes, 16 per doubling",
+            ArenaConfig {
+                placement: Placement::SizeClasses { steps_log2: 4 },
+                ..base
+            },
+        ),
+        // Not a placement: shows how much the ratio depends on untouched address space.
+        (
+            "best fit, 4 MiB packs (metric check)",
+            ArenaConfig {
+                pack_size: 4 << 20,
+                ..base
+            },
+        ),
     ];
     let results: Vec<_> = configs
         .iter()
         .map(|&(name, cfg)| (name, run(name, cfg, seed, ops, live, model)))
         .collect();
-    println!("\nsummary (steady state = after the first tenth of the ops):");
     println!(
-        "  {:<42} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>11}",
+        "\nsummary (steady state = samples every 1% after the first tenth of the ops; split = \
+         free KiB outside the largest run of their pack):"
+    );
+    println!(
+        "  {:<42} {:>17} {:>9} {:>15} {:>15} {:>5} {:>8} {:>8}",
         "placement",
-        "frag end",
-        "frag max",
-        "u/r end",
-        "u/r min",
-        "u/r mean",
+        "frag end/mean/max",
+        "split max",
+        "used/res min/avg",
+        "code/res min/avg",
         "packs",
         "loads/s",
         "frees/s"
     );
     for (name, s) in &results {
         println!(
-            "  {:<42} {:>8.1}% {:>8.1}% {:>9.3} {:>9.3} {:>9.3} {:>6} {:>10.0}k {:>10.0}k",
+            "  {:<42} {:>4.1}/{:>4.1}/{:>4.1}% {:>5} KiB {:>7.3}/{:<7.3} {:>7.3}/{:<7.3} {:>5} {:>7.0}k {:>7.0}k",
             name,
             s.frag_final,
+            s.frag_mean,
             s.frag_max,
-            s.ur_final,
+            s.split_max_kib,
             s.ur_min,
             s.ur_mean,
+            s.cr_min,
+            s.cr_mean,
             s.packs_max,
             s.loads_per_s / 1e3,
             s.frees_per_s / 1e3

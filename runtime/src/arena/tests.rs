@@ -411,3 +411,227 @@ fn pages_left_without_code_are_released_and_refilled_on_reuse() {
         );
     }
 }
+
+/// Every placement policy the arena offers (the default first).
+const PLACEMENTS: [Placement; 5] = [
+    Placement::BestFit,
+    Placement::FirstFit,
+    Placement::BestFitTwoEnded { large_chunks: 4 },
+    Placement::SizeClasses { steps_log2: 1 },
+    Placement::SizeClasses { steps_log2: 3 },
+];
+
+/// Random loads and frees on small packs (so several packs come and go), checking after
+/// every step what placement must never break: 64-byte alignment, regions inside a pack,
+/// no two live regions overlapping, space handed out reading as traps until written, freed
+/// space reading as traps (or zeroes once its page was given back), live code intact, and
+/// the statistics adding up.
+#[test]
+fn random_churn_keeps_placement_invariants() {
+    let seed = std::env::var("ARENA_CHURN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("random_churn_keeps_placement_invariants: ARENA_CHURN_SEED={seed}");
+    let page = sys::page_size();
+    for placement in PLACEMENTS {
+        let a = PackedArena::new(ArenaConfig {
+            placement,
+            pack_size: 16 * page,
+            ..Default::default()
+        })
+        .unwrap();
+        let trap = a.trap_pattern();
+        let mut rng = seed;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        // Live regions by address: (region, requested bytes, fill byte).
+        let mut live: BTreeMap<u64, (Region, usize, u8)> = BTreeMap::new();
+        for step in 0..2_000u32 {
+            let ctx = format!("{placement:?}, seed {seed}, step {step}");
+            if live.len() < 8 || (live.len() < 120 && next() % 2 == 0) {
+                // Mostly small, sometimes several pages (spanning page boundaries).
+                let want = if next() % 8 == 0 {
+                    1 + (next() % (3 * page as u64)) as usize
+                } else {
+                    1 + (next() % 700) as usize
+                };
+                let r = a.alloc(want).unwrap();
+                let (start, size) = (r.exec_addr, r.size as usize);
+                assert_eq!(start % CHUNK as u64, 0, "{ctx}: alignment");
+                assert_eq!(size % CHUNK, 0, "{ctx}: size in whole chunks");
+                assert!(size >= want, "{ctx}: {size} bytes for {want}");
+                let exact = want.div_ceil(CHUNK) * CHUNK;
+                if let Placement::SizeClasses { steps_log2 } = placement {
+                    // Rounding wastes at most one class step: 1 / 2^steps_log2 of the size.
+                    assert!(
+                        size - exact <= exact >> steps_log2,
+                        "{ctx}: class of {want}"
+                    );
+                } else {
+                    assert_eq!(size, exact, "{ctx}: 64-byte rounding only");
+                }
+                assert!(
+                    a.pack_ranges()
+                        .iter()
+                        .any(|&(b, s)| start as usize >= b && start as usize + size <= b + s),
+                    "{ctx}: region {start:#x}+{size} inside one pack"
+                );
+                if let Some((_, (p, _, _))) = live.range(..start).next_back() {
+                    assert!(
+                        p.exec_addr + p.size <= start,
+                        "{ctx}: overlaps the previous"
+                    );
+                }
+                if let Some((_, (n, _, _))) = live.range(start..).next() {
+                    assert!(
+                        start + size as u64 <= n.exec_addr,
+                        "{ctx}: overlaps the next"
+                    );
+                }
+                let fresh = a.read_code(start, size).unwrap();
+                assert!(
+                    fresh.chunks(trap.len()).all(|c| c == trap),
+                    "{ctx}: new region at {start:#x} is not trap-filled before it is written"
+                );
+                let fill = (step % 251) as u8 + 1;
+                a.write(&r, 0, &vec![fill; want]).unwrap();
+                live.insert(start, (r, want, fill));
+            } else {
+                let nth = (next() % live.len() as u64) as usize;
+                let key = *live.keys().nth(nth).unwrap();
+                let (r, _, _) = live.remove(&key).unwrap();
+                a.free(&r);
+                // Whatever is left of its pack: trap-filled, or zero where the page went back.
+                let occ = a.occupancy();
+                if let Some(p) = occ.iter().find(|p| {
+                    p.base as u64 <= r.exec_addr
+                        && r.exec_addr < (p.base + p.chunks.len() * CHUNK) as u64
+                }) {
+                    let first = (r.exec_addr as usize - p.base) / CHUNK;
+                    for c in first..first + r.size as usize / CHUNK {
+                        let bytes = a.read_code((p.base + c * CHUNK) as u64, CHUNK).unwrap();
+                        match p.chunks[c] {
+                            ChunkState::TrapFilled => assert!(
+                                bytes.chunks(trap.len()).all(|t| t == trap),
+                                "{ctx}: freed chunk {c} is not trap-filled"
+                            ),
+                            ChunkState::Untouched => {
+                                assert!(bytes.iter().all(|&b| b == 0), "{ctx}: released chunk {c}")
+                            }
+                            ChunkState::Code => panic!("{ctx}: freed chunk {c} still in use"),
+                        }
+                    }
+                }
+            }
+            // Every live region still holds exactly what was written into it.
+            if step % 100 == 0 {
+                for (r, want, fill) in live.values() {
+                    let bytes = a.read_code(r.exec_addr, *want).unwrap();
+                    assert!(bytes.iter().all(|b| b == fill), "{ctx}: region clobbered");
+                }
+            }
+            let s = a.stats();
+            let used: u64 = live.values().map(|(r, _, _)| r.size).sum();
+            assert_eq!(
+                (s.allocations, s.bytes_used as u64),
+                (live.len(), used),
+                "{ctx}"
+            );
+            assert!(s.fragmentation_permille <= 1000, "{ctx}");
+        }
+        for (r, _, _) in live.into_values() {
+            a.free(&r);
+        }
+        assert_eq!(a.stats().packs, 0, "{placement:?}: every pack released");
+    }
+}
+
+/// A freed region's chunks go back to the arena only after its grace period: while a thread
+/// is pinned, new programs are placed elsewhere; once reclaimed, the next program of that
+/// size gets the same chunks (every placement refills an exactly fitting hole), and runs.
+#[test]
+fn freed_chunks_are_reused_only_after_the_grace_period() {
+    let _serial = serial();
+    for placement in PLACEMENTS {
+        let a = PackedArena::new(ArenaConfig {
+            placement,
+            ..Default::default()
+        })
+        .unwrap();
+        let _before = install(&a, &ret_code(1));
+        let victim = install(&a, &ret_code(2));
+        let _after = install(&a, &ret_code(3));
+        a.commit();
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let g = epoch_pin();
+            pinned_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            drop(g);
+        });
+        pinned_rx.recv().unwrap();
+        a.free_deferred(victim);
+        assert_eq!(
+            a.reclaim(),
+            1,
+            "{placement:?}: pinned thread holds the free back"
+        );
+        let early = install(&a, &ret_code(4));
+        assert_ne!(
+            early.exec_addr, victim.exec_addr,
+            "{placement:?}: chunks reused inside their grace period"
+        );
+        a.commit();
+        assert_eq!(
+            call(victim.exec_addr),
+            2,
+            "{placement:?}: old code still in place"
+        );
+        release_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert_eq!(a.reclaim(), 0, "{placement:?}");
+        let late = install(&a, &ret_code(5));
+        assert_eq!(
+            late.exec_addr, victim.exec_addr,
+            "{placement:?}: the hole is refilled after the grace period"
+        );
+        a.commit();
+        assert_eq!(call(late.exec_addr), 5, "{placement:?}");
+        assert_eq!(call(early.exec_addr), 4, "{placement:?}");
+    }
+}
+
+#[test]
+fn size_classes_round_up_by_at_most_one_step() {
+    // Exact below 2^(steps_log2 + 1) chunks, then 2^steps_log2 classes per doubling.
+    assert_eq!(
+        (1..=8).map(|n| size_class(n, 2)).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6, 7, 8]
+    );
+    assert_eq!(
+        (9..=17).map(|n| size_class(n, 2)).collect::<Vec<_>>(),
+        [10, 10, 12, 12, 14, 14, 16, 16, 20]
+    );
+    for steps_log2 in 0..5 {
+        for n in 1..5_000 {
+            let c = size_class(n, steps_log2);
+            assert!(
+                c >= n && c - n <= n >> steps_log2,
+                "{n} -> {c} ({steps_log2})"
+            );
+            assert_eq!(size_class(c, steps_log2), c, "classes are fixed points");
+        }
+    }
+}
