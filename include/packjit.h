@@ -613,8 +613,14 @@ typedef struct PackjitSymbol {
 } PackjitSymbol;
 
 /**
- * One entry of the helper table: helper `id` lives at `addr`, an
- * `extern "C" fn(u64, u64, u64, u64, u64) -> u64`.
+ * One entry of the helper table.
+ *
+ * With `inline_kind == PJ_INLINE_NONE` helper `id` lives at `addr`, an
+ * `extern "C" fn(u64, u64, u64, u64, u64) -> u64`. Any other `inline_kind` asks the backend
+ * to emit the helper's body in place of the call (at `call imm` and at a matching `callx`),
+ * and `addr` carries that kind's parameter instead of a function address. A host sends a
+ * kind only to a backend whose [`PjBackendVtable::inline_kinds`] has its bit: this field
+ * was `reserved` (zero) before, so an older backend never sees one.
  */
 typedef struct PjHelper {
     /**
@@ -622,11 +628,11 @@ typedef struct PjHelper {
      */
     uint32_t id;
     /**
-     * Reserved, zero.
+     * `PJ_INLINE_*`: how the backend emits calls to this id.
      */
-    uint32_t reserved;
+    uint32_t inline_kind;
     /**
-     * Address of the helper function.
+     * Address of the helper function, or the inline kind's parameter.
      */
     uint64_t addr;
 } PjHelper;
@@ -800,9 +806,11 @@ typedef struct PjBackendVtable {
      */
     uint32_t arch;
     /**
-     * Reserved, zero.
+     * Bit `pj_inline_bit(k)` set for every `PJ_INLINE_*` kind `k` the backend emits inline
+     * (see [`PjHelper::inline_kind`]). Was `reserved` (zero) before inlining existed, so a
+     * host reads an older plugin as supporting none.
      */
-    uint32_t reserved;
+    uint32_t inline_kinds;
     /**
      * NUL-terminated backend name, static.
      */

@@ -243,17 +243,87 @@ pub struct PjArenaVtable {
     pub free: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const PjRegion)>,
 }
 
-/// One entry of the helper table: helper `id` lives at `addr`, an
-/// `extern "C" fn(u64, u64, u64, u64, u64) -> u64`.
+/// One entry of the helper table.
+///
+/// With `inline_kind == PJ_INLINE_NONE` helper `id` lives at `addr`, an
+/// `extern "C" fn(u64, u64, u64, u64, u64) -> u64`. Any other `inline_kind` asks the backend
+/// to emit the helper's body in place of the call (at `call imm` and at a matching `callx`),
+/// and `addr` carries that kind's parameter instead of a function address. A host sends a
+/// kind only to a backend whose [`PjBackendVtable::inline_kinds`] has its bit: this field
+/// was `reserved` (zero) before, so an older backend never sees one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PjHelper {
     /// The id used by `call imm` instructions.
     pub id: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
-    /// Address of the helper function.
+    /// `PJ_INLINE_*`: how the backend emits calls to this id.
+    pub inline_kind: u32,
+    /// Address of the helper function, or the inline kind's parameter.
     pub addr: u64,
+}
+
+/// Kernel helper id of `bpf_ktime_get_ns` (monotonic nanoseconds), inlinable as
+/// [`PJ_INLINE_COUNTER_CLOCK`].
+pub const PJ_HELPER_KTIME_GET_NS: u32 = 5;
+/// Kernel helper id of `bpf_get_smp_processor_id` (the CPU the thread runs on), inlinable as
+/// [`PJ_INLINE_RSEQ_CPU_ID`].
+pub const PJ_HELPER_GET_SMP_PROCESSOR_ID: u32 = 8;
+
+/// [`PjHelper::inline_kind`]: a plain call to `addr`.
+pub const PJ_INLINE_NONE: u32 = 0;
+/// [`PjHelper::inline_kind`]: r0 = the 32-bit `cpu_id` field of this thread's registered
+/// `struct rseq`, read at `thread pointer + addr` (`addr` is a signed byte offset: glibc's
+/// `__rseq_offset + 4`). The thread pointer is `fs` on x86-64, `tpidr_el0` on arm64, `tp` on
+/// RV64. r1–r5 are left unchanged. The value may be stale by the time it is used (the thread
+/// can migrate right after the load), exactly like the kernel helper.
+pub const PJ_INLINE_RSEQ_CPU_ID: u32 = 1;
+/// [`PjHelper::inline_kind`]: r0 = monotonic nanoseconds from the CPU's counter, scaled as
+/// the [`PjClockScale`] at `addr` says. The emitted code reads the scale from `addr` at run
+/// time, so the host keeps it alive (and unchanged) as long as the code can run. x86-64 reads
+/// `rdtsc`, arm64 `cntvct_el0`, RV64 `rdtime`. r1–r5 are left unchanged.
+pub const PJ_INLINE_COUNTER_CLOCK: u32 = 2;
+
+/// How a counter value `c` becomes nanoseconds for [`PJ_INLINE_COUNTER_CLOCK`]:
+/// `ns = c * mult_int + ((c as u128 * mult_frac as u128) >> 64) + offset` (wrapping), i.e. a
+/// 64.64 fixed-point multiplier `mult_int + mult_frac / 2^64` (exact to 2^-64 ns per tick)
+/// plus the offset that puts the result on `CLOCK_MONOTONIC`'s time line at calibration.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjClockScale {
+    /// Whole nanoseconds per tick.
+    pub mult_int: u64,
+    /// Fractional nanoseconds per tick, in units of 2^-64.
+    pub mult_frac: u64,
+    /// Added last (wrapping).
+    pub offset: u64,
+}
+
+/// Offset of [`PjClockScale::mult_int`] for emitted code.
+pub const PJ_CLOCK_MULT_INT: i32 = 0;
+/// Offset of [`PjClockScale::mult_frac`].
+pub const PJ_CLOCK_MULT_FRAC: i32 = 8;
+/// Offset of [`PjClockScale::offset`].
+pub const PJ_CLOCK_OFFSET: i32 = 16;
+
+const _: () = {
+    assert!(core::mem::offset_of!(PjClockScale, mult_int) == PJ_CLOCK_MULT_INT as usize);
+    assert!(core::mem::offset_of!(PjClockScale, mult_frac) == PJ_CLOCK_MULT_FRAC as usize);
+    assert!(core::mem::offset_of!(PjClockScale, offset) == PJ_CLOCK_OFFSET as usize);
+    assert!(core::mem::size_of::<PjHelper>() == 16);
+};
+
+impl PjClockScale {
+    /// Nanoseconds for counter value `c` (the emitted code computes exactly this).
+    pub const fn apply(&self, c: u64) -> u64 {
+        c.wrapping_mul(self.mult_int)
+            .wrapping_add(((c as u128 * self.mult_frac as u128) >> 64) as u64)
+            .wrapping_add(self.offset)
+    }
+}
+
+/// The bit of [`PjBackendVtable::inline_kinds`] announcing support for `kind`.
+pub const fn pj_inline_bit(kind: u32) -> u32 {
+    1 << kind
 }
 
 /// Everything a backend needs to compile one program.
@@ -321,8 +391,10 @@ pub struct PjBackendVtable {
     pub struct_size: u32,
     /// One of the `PJ_ARCH_*` codes: the architecture the backend emits code for.
     pub arch: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// Bit `pj_inline_bit(k)` set for every `PJ_INLINE_*` kind `k` the backend emits inline
+    /// (see [`PjHelper::inline_kind`]). Was `reserved` (zero) before inlining existed, so a
+    /// host reads an older plugin as supporting none.
+    pub inline_kinds: u32,
     /// NUL-terminated backend name, static.
     pub name: *const c_char,
     /// NUL-terminated version string, static.

@@ -22,6 +22,7 @@
 //! ```
 
 pub mod arena;
+pub mod builtins;
 pub mod elf;
 mod exec;
 mod hook;
@@ -34,6 +35,7 @@ pub use arena::{
     ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
     RemapPolicy,
 };
+pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl};
 pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess};
 pub use hook::{Hook, HookBatch};
@@ -134,6 +136,26 @@ pub struct Runtime {
     regions: RwLock<Vec<MemRegion>>,
     symbols: Arc<Symbols>,
     next_program_id: AtomicU64,
+    builtin_overrides: RwLock<BuiltinOverrides>,
+}
+
+/// Test and emulator overrides of the built-in helpers' facts (see
+/// [`Runtime::set_rseq_cpu_id_offset`]).
+#[derive(Clone, Copy, Debug)]
+struct BuiltinOverrides {
+    inline: bool,
+    rseq: Option<Option<i64>>,
+    clock: Option<Option<(&'static abi::PjClockScale, u64, &'static str)>>,
+}
+
+impl Default for BuiltinOverrides {
+    fn default() -> Self {
+        Self {
+            inline: true,
+            rseq: None,
+            clock: None,
+        }
+    }
 }
 
 /// How the code of a program treats memory.
@@ -166,6 +188,7 @@ impl Runtime {
             regions: RwLock::new(Vec::new()),
             symbols: Arc::new(Symbols::default()),
             next_program_id: AtomicU64::new(1),
+            builtin_overrides: RwLock::new(BuiltinOverrides::default()),
         })
     }
 
@@ -299,7 +322,7 @@ impl Runtime {
             .values()
             .map(|h| HelperEntry {
                 id: h.id,
-                reserved: 0,
+                inline_kind: 0,
                 addr: h.addr,
             })
             .collect()
@@ -390,12 +413,100 @@ impl Runtime {
         out
     }
 
+    fn builtin_facts(&self) -> (builtins::Facts, bool) {
+        let o = *self
+            .builtin_overrides
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let facts = builtins::Facts {
+            rseq_offset: o.rseq.unwrap_or_else(builtins::glibc_rseq_cpu_id_offset),
+            clock: o.clock.unwrap_or_else(builtins::counter_clock),
+        };
+        (facts, o.inline)
+    }
+
+    /// What a load for the host architecture gets for the built-in helpers (ids 5 and 8)
+    /// now: inline or call, and why (see [`builtins`]). `None` without a host backend.
+    pub fn builtins(&self) -> Option<BuiltinChoice> {
+        let backend = self.backend_for(Arch::host()?).ok()?;
+        let (facts, inline) = self.builtin_facts();
+        let mut table = self.helper_table();
+        Some(builtins::add_builtins(
+            &mut table,
+            facts,
+            backend.inline_kinds(),
+            inline,
+        ))
+    }
+
+    /// Turns inlining of the built-in helpers on (the default) or off (every load calls
+    /// `sched_getcpu` / `clock_gettime`; benchmarks compare the two).
+    pub fn set_inline_builtins(&self, on: bool) {
+        self.builtin_overrides
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .inline = on;
+    }
+
+    /// Overrides the rseq detection for later loads: `Some(offset)` inlines the CPU id as a
+    /// `u32` load at thread pointer + `offset`, `None` forces the `sched_getcpu` call.
+    /// For tests and emulators (qemu-user 7.2 has no rseq syscall, so glibc registers none):
+    /// a test can point `offset` at a thread-local `cpu_id` it keeps current itself.
+    ///
+    /// # Safety
+    /// With `Some(offset)`, thread pointer + `offset` must be a readable, aligned `u32` in
+    /// every thread that runs a program loaded afterwards, for as long as it can run.
+    pub unsafe fn set_rseq_cpu_id_offset(&self, offset: Option<i64>) {
+        self.builtin_overrides
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .rseq = Some(offset);
+    }
+
+    /// Overrides the counter-clock detection for later loads: `Some(hz)` inlines the clock
+    /// with a scale made for a counter at `hz` (e.g. [`builtins::measure_counter_hz`] where
+    /// the platform does not tell the frequency), `None` forces the `clock_gettime` call.
+    /// Each call with `Some` leaks one 24-byte scale (code reads it for its whole life).
+    pub fn set_counter_clock_hz(&self, hz: Option<u64>) {
+        let clock = hz.map(|hz| {
+            let scale: &'static abi::PjClockScale = Box::leak(Box::new(builtins::scale_for(hz)));
+            (scale, hz, "set by the host")
+        });
+        self.builtin_overrides
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clock = Some(clock);
+    }
+
     fn compile(
         &self,
         code: &[u8],
         opts: &LoadOptions,
         helpers: &[HelperEntry],
         trust: Trust,
+    ) -> Result<Program, Error> {
+        self.compile_with(code, opts, helpers, trust, true)
+    }
+
+    /// [`compile`](Self::compile) with exactly `helpers` (no built-ins: the rbpf bridge keeps
+    /// rbpf's own helper set).
+    pub(crate) fn compile_without_builtins(
+        &self,
+        code: &[u8],
+        opts: &LoadOptions,
+        helpers: &[HelperEntry],
+        trust: Trust,
+    ) -> Result<Program, Error> {
+        self.compile_with(code, opts, helpers, trust, false)
+    }
+
+    fn compile_with(
+        &self,
+        code: &[u8],
+        opts: &LoadOptions,
+        helpers: &[HelperEntry],
+        trust: Trust,
+        with_builtins: bool,
     ) -> Result<Program, Error> {
         let host = Arch::host();
         let arch = opts.arch.or(host).ok_or_else(|| {
@@ -432,9 +543,16 @@ impl Runtime {
         if opts.blind_constants {
             flags |= abi::PJ_COMPILE_BLIND_CONSTANTS;
         }
+        let mut table = helpers.to_vec();
+        // Inline only native code: the facts (rseq offset, counter scale) are this
+        // process's, meaningless in code compiled for another architecture.
+        let builtins = with_builtins.then(|| {
+            let (facts, inline) = self.builtin_facts();
+            builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline && native)
+        });
         let req = CompileRequest {
             code,
-            helpers,
+            helpers: &table,
             features,
             flags,
             blind_key: if opts.blind_constants {
@@ -496,6 +614,7 @@ impl Runtime {
             symbols,
             retired: false,
             elf: None,
+            builtins,
         })
     }
 
@@ -592,6 +711,8 @@ pub struct Program {
     // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
     // lives exactly as long as the code can run (see elf.rs).
     elf: Option<Box<elf::Linked>>,
+    /// What the built-in helpers became in this program (`None`: loaded without them).
+    builtins: Option<BuiltinChoice>,
 }
 
 impl std::fmt::Debug for Program {
@@ -785,6 +906,13 @@ impl Program {
     /// instead of waiting a second grace period.
     pub(crate) fn drop_after_grace(mut self) {
         self.retired = matches!(self.owner, ArenaRef::Packed(_));
+    }
+
+    /// How the built-in helpers (`bpf_get_smp_processor_id`, `bpf_ktime_get_ns`) are carried
+    /// out in this program: inlined or called (see [`builtins`]). `None` for programs loaded
+    /// without them (the rbpf bridge).
+    pub fn builtins(&self) -> Option<BuiltinChoice> {
+        self.builtins
     }
 
     /// Name of the backend that compiled it.

@@ -7,8 +7,9 @@
 
 use crate::{Inst, Op, Operand, Program, Size, R10, STACK_SIZE};
 use packjit_plugin_api::{
-    CompileError, CompileRequest, ErrorKind, PJ_COMPILE_ALL_FLAGS, PJ_COMPILE_BLIND_CONSTANTS,
-    PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX,
+    pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
+    PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_INLINE_COUNTER_CLOCK,
+    PJ_INLINE_NONE, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// Does this instruction read r10 (the only way a program reaches its frame)?
@@ -296,4 +297,65 @@ mod tests {
         assert_eq!(p.call_depth, 2);
         assert_eq!(stack_block_size(&p), 1024);
     }
+}
+
+/// How a backend emits `call imm` (and a `callx` match) for one helper-table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HelperLowering {
+    /// `call` the `extern "C"` function at this address.
+    Call(u64),
+    /// r0 = the `u32` at `thread pointer + offset` (this thread's rseq `cpu_id`), zero-extended.
+    RseqCpuId {
+        /// Signed byte offset from the thread pointer.
+        offset: i64,
+    },
+    /// r0 = monotonic nanoseconds from the CPU counter, scaled by the `PjClockScale` the code
+    /// reads at `scale` when it runs.
+    CounterClock {
+        /// Address of the host's `PjClockScale`.
+        scale: u64,
+    },
+}
+
+/// The lowering of `h` (its kind already checked by [`validate_inline_kinds`]).
+pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
+    match h.inline_kind {
+        PJ_INLINE_RSEQ_CPU_ID => HelperLowering::RseqCpuId {
+            offset: h.addr as i64,
+        },
+        PJ_INLINE_COUNTER_CLOCK => HelperLowering::CounterClock { scale: h.addr },
+        _ => HelperLowering::Call(h.addr),
+    }
+}
+
+/// Refuses helper entries whose `inline_kind` the backend (`arch`, supporting the
+/// `pj_inline_bit` set `supported`) does not emit, or whose parameter cannot be right (a
+/// NULL clock scale), with the same messages for every backend.
+pub fn validate_inline_kinds(
+    helpers: &[HelperEntry],
+    arch: &str,
+    supported: u32,
+) -> Result<(), CompileError> {
+    for h in helpers {
+        let k = h.inline_kind;
+        if k == PJ_INLINE_NONE {
+            continue;
+        }
+        if k >= 32 || supported & pj_inline_bit(k) == 0 {
+            return Err(CompileError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "helper id {}: inline kind {k} is not supported by the {arch} backend (supported bits: 0x{supported:x})",
+                    h.id
+                ),
+            ));
+        }
+        if k == PJ_INLINE_COUNTER_CLOCK && h.addr == 0 {
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                format!("helper id {}: inline clock with a NULL scale", h.id),
+            ));
+        }
+    }
+    Ok(())
 }

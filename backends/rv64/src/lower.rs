@@ -17,13 +17,14 @@ use crate::frame::Layout;
 use crate::regs::{map, BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+    back_edge_charge, blinding_mask, checked_access, helper_lowering, CodegenMode, HelperLowering,
+    CALL_CHARGE,
 };
 use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Size, Width};
 use packjit_plugin_api::abi::{
-    PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
-    PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
-    PJ_STOP_UNKNOWN_CALLX,
+    PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_ENTRY_SP,
+    PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
+    PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use Width::{W32, W64};
@@ -321,8 +322,49 @@ impl<'a> Codegen<'a> {
         self.jump(stop);
         for (h, &l) in helpers.iter().zip(&cases) {
             self.e.bind(l);
-            self.e.li(T0, h.addr as i64);
-            self.e.jump_reg(T0);
+            match helper_lowering(h) {
+                HelperLowering::Call(addr) => {
+                    self.e.li(T0, addr as i64);
+                    self.e.jump_reg(T0);
+                }
+                inline => {
+                    // The site expects the result in a0, like a helper's (a0-a4 are dead
+                    // after a call).
+                    self.inline_helper(inline, A0);
+                    self.e.ret();
+                }
+            }
+        }
+    }
+
+    /// The body of an inlined helper (never [`HelperLowering::Call`]), result in `rd`; uses
+    /// t0-t3 only.
+    fn inline_helper(&mut self, how: HelperLowering, rd: u8) {
+        match how {
+            HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
+            HelperLowering::RseqCpuId { offset } => {
+                // glibc's rseq area sits at a fixed offset from tp in every thread; the
+                // kernel rewrites its cpu_id after each migration.
+                if fits_signed(offset, 12) {
+                    self.e.load(Mem::Wu, rd, TP, offset as i32);
+                } else {
+                    self.e.li(T0, offset);
+                    self.e.rrr(R3::Add, T0, T0, TP);
+                    self.e.load(Mem::Wu, rd, T0, 0);
+                }
+            }
+            HelperLowering::CounterClock { scale } => {
+                // ns = t * mult_int + hi64(t * mult_frac) + offset, scale read from the host.
+                self.e.rdtime(T0);
+                self.e.li(T1, scale as i64);
+                self.e.load(Mem::D, T2, T1, PJ_CLOCK_MULT_FRAC);
+                self.e.mulhu(T2, T0, T2);
+                self.e.load(Mem::D, T3, T1, PJ_CLOCK_MULT_INT);
+                self.e.rrr(R3::Mul, T0, T0, T3);
+                self.e.rrr(R3::Add, T0, T0, T2);
+                self.e.load(Mem::D, T3, T1, PJ_CLOCK_OFFSET);
+                self.e.rrr(R3::Add, rd, T0, T3);
+            }
         }
     }
 
@@ -567,10 +609,16 @@ impl<'a> Codegen<'a> {
                 let Some(h) = self.helpers.iter().find(|h| h.id == id) else {
                     unreachable!("Codegen::new resolved every helper id");
                 };
-                self.e.li(T0, h.addr as i64);
-                self.e.call_reg(T0);
-                self.e.mv(A5, A0);
-                self.after_helper();
+                match helper_lowering(h) {
+                    HelperLowering::Call(addr) => {
+                        self.e.li(T0, addr as i64);
+                        self.e.call_reg(T0);
+                        self.e.mv(A5, A0);
+                        self.after_helper();
+                    }
+                    // r1-r5 untouched: nothing of the host to hide.
+                    inline => self.inline_helper(inline, A5),
+                }
             }
             Op::CallReg { reg } => {
                 self.e.mv(T2, map(reg));

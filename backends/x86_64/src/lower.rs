@@ -11,7 +11,8 @@ use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+    back_edge_charge, blinding_mask, checked_access, helper_lowering, CodegenMode, HelperLowering,
+    CALL_CHARGE,
 };
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
@@ -261,8 +262,8 @@ impl<'a> Emitter<'a> {
                 target,
             } => self.jcond(inst, width, cond, dst, src, target),
             Op::CallHelper { id } => {
-                let addr = self.helper_addr(inst, id)?;
-                self.call_abs(addr);
+                let h = self.helper_entry(inst, id)?;
+                self.call_helper(&h)?;
             }
             Op::CallReg { reg } => self.callx(pc, reg),
             Op::CallLocal { target } => self.call_local(pc, target),
@@ -1008,11 +1009,11 @@ impl<'a> Emitter<'a> {
         self.alu_mi(5, ENV, PJ_ENV_BUDGET, amount as i64);
     }
 
-    fn helper_addr(&self, inst: &Inst, id: u32) -> Result<u64, CompileError> {
+    fn helper_entry(&self, inst: &Inst, id: u32) -> Result<HelperEntry, CompileError> {
         self.helpers
             .iter()
             .find(|h| h.id == id)
-            .map(|h| h.addr)
+            .copied()
             .ok_or_else(|| {
                 CompileError::at(
                     inst.pc,
@@ -1020,6 +1021,62 @@ impl<'a> Emitter<'a> {
                     format!("call to unregistered helper id {id}"),
                 )
             })
+    }
+
+    /// One helper-table entry at a `call imm` or a `callx` match: a call, or the body of an
+    /// inlined helper (see [`HelperLowering`]).
+    fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
+        match helper_lowering(h) {
+            HelperLowering::Call(addr) => self.call_abs(addr),
+            HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
+            HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
+        }
+        Ok(())
+    }
+
+    /// `mov eax, fs:[offset]`: glibc keeps the thread's `struct rseq` at a fixed offset from
+    /// the thread pointer (`fs` base), and the kernel stores the current CPU in its `cpu_id`
+    /// on every return to user space after a migration. One load, zero-extending into r0.
+    fn inline_rseq_cpu_id(&mut self, id: u32, offset: i64) -> Result<(), CompileError> {
+        let disp = i32::try_from(offset).map_err(|_| {
+            CompileError::new(
+                ErrorKind::InvalidArgument,
+                format!("helper id {id}: rseq offset {offset} does not fit a 32-bit displacement"),
+            )
+        })?;
+        // fs ; mov r32, r/m32 ; ModRM mod=00 rm=100 (SIB) ; SIB no base, no index: [disp32].
+        let mut b = vec![0x64, 0x8b, 0x04, 0x25];
+        b.extend_from_slice(&disp.to_le_bytes());
+        self.e.raw(&b);
+        Ok(())
+    }
+
+    /// `rdtsc` scaled to nanoseconds with the host's `PjClockScale` at `scale`:
+    /// `ns = tsc * mult_int + hi64(tsc * mult_frac) + offset`. `rdtsc` and `mul` write rdx
+    /// (BPF r3), so it is kept in r10 and restored: the inlined helper leaves r1–r5 alone.
+    fn inline_tsc_clock(&mut self, scale: u64) {
+        let (int, frac, off) = (
+            PJ_CLOCK_MULT_INT as i8,
+            PJ_CLOCK_MULT_FRAC as i8,
+            PJ_CLOCK_OFFSET as i8,
+        );
+        self.mov_rr(Sz::B64, T10, RDX);
+        self.mov_ri(T11, scale as i64);
+        self.e.asm(9, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; rdtsc
+                ; shl rdx, 32
+                ; or rax, rdx
+                ; mov r9, rax
+                ; mul QWORD [BYTE r11 + frac]
+                ; imul r9, QWORD [BYTE r11 + int]
+                ; add r9, rdx
+                ; add r9, QWORD [BYTE r11 + off]
+                ; mov rax, r9
+            )
+        });
+        self.mov_rr(Sz::B64, RDX, T10);
     }
 
     /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
@@ -1054,15 +1111,17 @@ impl<'a> Emitter<'a> {
             let l = self.e.label();
             cmp(self, h.id);
             self.e.jump(Some(Cc::E), l);
-            hits.push((l, h.addr));
+            hits.push((l, *h));
         }
         cmp(self, last.id);
         self.e.jump(Some(Cc::Ne), stop);
-        self.call_abs(last.addr);
-        for (l, addr) in hits {
+        // Kinds were checked when the table was validated (`call_helper` only fails on an
+        // unknown kind), so these cannot fail here.
+        let _ = self.call_helper(last);
+        for (l, h) in hits {
             self.e.jump(None, done);
             self.e.bind(l);
-            self.call_abs(addr);
+            let _ = self.call_helper(&h);
         }
         self.e.bind(done);
     }
