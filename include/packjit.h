@@ -221,6 +221,27 @@
 #define PACKJIT_PATH_LEN 256
 
 /**
+ * [`PackjitBuiltins`]: the built-in helper is inlined into the code.
+ */
+#define PACKJIT_BUILTIN_INLINE 1
+
+/**
+ * [`PackjitBuiltins`]: the built-in helper is a call (`sched_getcpu` /
+ * `clock_gettime(CLOCK_MONOTONIC)`).
+ */
+#define PACKJIT_BUILTIN_CALL 2
+
+/**
+ * [`PackjitBuiltins`]: the host registered its own helper under the id; it is called.
+ */
+#define PACKJIT_BUILTIN_HOST 3
+
+/**
+ * [`PackjitBuiltins`]: the program was loaded without the built-ins.
+ */
+#define PACKJIT_BUILTIN_NONE 0
+
+/**
  * An opaque attach point: `packjit_hook_run` runs whatever program is attached at that
  * moment. Thread-safe: any number of threads may run it while another attaches or detaches
  * (alone or in a batch); replaced programs are freed once no running thread can be in them.
@@ -506,6 +527,38 @@ typedef struct PackjitProgramInfo {
      */
     char backend[PACKJIT_NAME_LEN];
 } PackjitProgramInfo;
+
+/**
+ * How the built-in helpers `bpf_get_smp_processor_id` (id 8) and `bpf_ktime_get_ns`
+ * (id 5) are carried out, filled by `packjit_runtime_builtins` (what a load gets now) and
+ * `packjit_program_builtins` (what a program got).
+ */
+typedef struct PackjitBuiltins {
+    /**
+     * `sizeof(PackjitBuiltins)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * `PACKJIT_BUILTIN_*` of helper 8 (inline = one load of the rseq `cpu_id`).
+     */
+    uint32_t cpu_id;
+    /**
+     * `PACKJIT_BUILTIN_*` of helper 5 (inline = the CPU counter, scaled).
+     */
+    uint32_t clock;
+    /**
+     * Reserved, zero.
+     */
+    uint32_t reserved;
+    /**
+     * With `cpu_id == PACKJIT_BUILTIN_INLINE`: offset of `cpu_id` from the thread pointer.
+     */
+    int64_t rseq_offset;
+    /**
+     * With `clock == PACKJIT_BUILTIN_INLINE`: the counter frequency in Hz.
+     */
+    uint64_t clock_hz;
+} PackjitBuiltins;
 
 /**
  * Per-run environment, the third argument of every program entry.
@@ -1221,6 +1274,33 @@ void packjit_epoch_exit(void);
  * `prog` NULL or live; `info` NULL or a `PackjitProgramInfo` with `struct_size` set.
  */
 int32_t packjit_program_info(const struct PackjitProgram *prog, struct PackjitProgramInfo *info);
+
+/**
+ * What the built-in helpers (ids 5 and 8) became in `prog`: inlined, called, or the
+ * host's own helper (`PACKJIT_BUILTIN_*`).
+ *
+ * # Safety
+ * `prog` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
+ */
+int32_t packjit_program_builtins(const struct PackjitProgram *prog, struct PackjitBuiltins *out);
+
+/**
+ * What a load for the host architecture gets now for the built-in helpers (all
+ * `PACKJIT_BUILTIN_NONE` when no host backend is loaded).
+ *
+ * # Safety
+ * `rt` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
+ */
+int32_t packjit_runtime_builtins(const struct PackjitRuntime *rt, struct PackjitBuiltins *out);
+
+/**
+ * Allows (`on != 0`, the default) or forbids inlining the built-in helpers in programs
+ * loaded from now on (forbidden: they call `sched_getcpu` / `clock_gettime`).
+ *
+ * # Safety
+ * `rt` NULL or live.
+ */
+int32_t packjit_runtime_set_inline_builtins(const struct PackjitRuntime *rt, uint32_t on);
 
 /**
  * Copies a program's native code into a caller buffer (for disassemblers and tools).

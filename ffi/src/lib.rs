@@ -313,6 +313,63 @@ pub struct PackjitProgramInfo {
     pub backend: [c_char; PACKJIT_NAME_LEN],
 }
 
+/// [`PackjitBuiltins`]: the built-in helper is inlined into the code.
+pub const PACKJIT_BUILTIN_INLINE: u32 = 1;
+/// [`PackjitBuiltins`]: the built-in helper is a call (`sched_getcpu` /
+/// `clock_gettime(CLOCK_MONOTONIC)`).
+pub const PACKJIT_BUILTIN_CALL: u32 = 2;
+/// [`PackjitBuiltins`]: the host registered its own helper under the id; it is called.
+pub const PACKJIT_BUILTIN_HOST: u32 = 3;
+/// [`PackjitBuiltins`]: the program was loaded without the built-ins.
+pub const PACKJIT_BUILTIN_NONE: u32 = 0;
+
+/// How the built-in helpers `bpf_get_smp_processor_id` (id 8) and `bpf_ktime_get_ns`
+/// (id 5) are carried out, filled by `packjit_runtime_builtins` (what a load gets now) and
+/// `packjit_program_builtins` (what a program got).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PackjitBuiltins {
+    /// `sizeof(PackjitBuiltins)`, set by the caller.
+    pub struct_size: u32,
+    /// `PACKJIT_BUILTIN_*` of helper 8 (inline = one load of the rseq `cpu_id`).
+    pub cpu_id: u32,
+    /// `PACKJIT_BUILTIN_*` of helper 5 (inline = the CPU counter, scaled).
+    pub clock: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// With `cpu_id == PACKJIT_BUILTIN_INLINE`: offset of `cpu_id` from the thread pointer.
+    pub rseq_offset: i64,
+    /// With `clock == PACKJIT_BUILTIN_INLINE`: the counter frequency in Hz.
+    pub clock_hz: u64,
+}
+
+fn builtins_to_c(b: Option<packjit_runtime::BuiltinChoice>) -> PackjitBuiltins {
+    use packjit_runtime::{ClockImpl, CpuIdImpl};
+    let mut o = PackjitBuiltins {
+        struct_size: size_of::<PackjitBuiltins>() as u32,
+        ..Default::default()
+    };
+    if let Some(b) = b {
+        o.cpu_id = match b.cpu_id {
+            CpuIdImpl::InlineRseq { offset } => {
+                o.rseq_offset = offset;
+                PACKJIT_BUILTIN_INLINE
+            }
+            CpuIdImpl::CallSchedGetcpu => PACKJIT_BUILTIN_CALL,
+            CpuIdImpl::Host => PACKJIT_BUILTIN_HOST,
+        };
+        o.clock = match b.clock {
+            ClockImpl::InlineCounter { hz, .. } => {
+                o.clock_hz = hz;
+                PACKJIT_BUILTIN_INLINE
+            }
+            ClockImpl::CallClockGettime => PACKJIT_BUILTIN_CALL,
+            ClockImpl::Host => PACKJIT_BUILTIN_HOST,
+        };
+    }
+    o
+}
+
 /// A loaded backend, filled by the plugin-loading calls and `packjit_backend_info`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -1702,6 +1759,66 @@ pub unsafe extern "C" fn packjit_program_info(
         fill_name(&mut o.backend, p.backend_name());
         // SAFETY: checked.
         unsafe { *info = o };
+        Ok(())
+    })
+}
+
+/// What the built-in helpers (ids 5 and 8) became in `prog`: inlined, called, or the
+/// host's own helper (`PACKJIT_BUILTIN_*`).
+///
+/// # Safety
+/// `prog` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_program_builtins(
+    prog: *const PackjitProgram,
+    out: *mut PackjitBuiltins,
+) -> i32 {
+    boundary("packjit_program_builtins", || {
+        // SAFETY: caller contract.
+        let p = &unsafe { program(prog) }?.prog;
+        // SAFETY: caller contract.
+        unsafe { check_size(out, "out") }?;
+        // SAFETY: checked.
+        unsafe { *out = builtins_to_c(p.builtins()) };
+        Ok(())
+    })
+}
+
+/// What a load for the host architecture gets now for the built-in helpers (all
+/// `PACKJIT_BUILTIN_NONE` when no host backend is loaded).
+///
+/// # Safety
+/// `rt` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_builtins(
+    rt: *const PackjitRuntime,
+    out: *mut PackjitBuiltins,
+) -> i32 {
+    boundary("packjit_runtime_builtins", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        unsafe { check_size(out, "out") }?;
+        // SAFETY: checked.
+        unsafe { *out = builtins_to_c(h.rt.builtins()) };
+        Ok(())
+    })
+}
+
+/// Allows (`on != 0`, the default) or forbids inlining the built-in helpers in programs
+/// loaded from now on (forbidden: they call `sched_getcpu` / `clock_gettime`).
+///
+/// # Safety
+/// `rt` NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_set_inline_builtins(
+    rt: *const PackjitRuntime,
+    on: u32,
+) -> i32 {
+    boundary("packjit_runtime_set_inline_builtins", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        h.rt.set_inline_builtins(on != 0);
         Ok(())
     })
 }

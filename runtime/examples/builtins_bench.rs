@@ -82,69 +82,50 @@ fn refresh_fake() -> i64 {
     })
 }
 
-/// User-space instructions retired while running `f`, from a perf counter (x86-64 natively;
-/// `None` where perf is unavailable, e.g. under qemu-user where it would count qemu).
+/// Instructions executed while running `f`, counted by single-stepping (x86-64 only: the
+/// trap flag raises SIGTRAP after every user instruction; each is counted by the handler).
+/// `None` elsewhere (arm64/RV64 have no user-mode single step; qemu-user neither).
 fn instructions(f: impl FnOnce()) -> Option<u64> {
-    if !cfg!(target_arch = "x86_64") {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::atomic::AtomicU64;
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        extern "C" fn on_trap(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+            COUNT.fetch_add(1, Relaxed);
+        }
+        // SAFETY: installing a handler that only bumps an atomic; zeroed sigaction is valid.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_trap as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGTRAP, &sa, std::ptr::null_mut());
+        }
+        COUNT.store(0, Relaxed);
+        // SAFETY: sets EFLAGS.TF; the kernel delivers SIGTRAP after each instruction, which
+        // the handler above absorbs. Cleared right after `f`.
+        unsafe { std::arch::asm!("pushfq", "or qword ptr [rsp], 0x100", "popfq") };
         f();
-        return None;
+        // SAFETY: clears EFLAGS.TF.
+        unsafe { std::arch::asm!("pushfq", "and qword ptr [rsp], ~0x100", "popfq") };
+        Some(COUNT.load(Relaxed))
     }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Attr {
-        type_: u32,
-        size: u32,
-        config: u64,
-        sample: u64,
-        sample_type: u64,
-        read_format: u64,
-        flags: u64,
-        rest: [u64; 10],
-    }
-    let attr = Attr {
-        type_: 0, // PERF_TYPE_HARDWARE
-        size: 112,
-        config: 1, // PERF_COUNT_HW_INSTRUCTIONS
-        // disabled | exclude_kernel | exclude_hv
-        flags: 1 | (1 << 5) | (1 << 6),
-        ..Default::default()
-    };
-    // SAFETY: perf_event_open with a valid attribute block (this thread, any CPU).
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const Attr,
-            0,
-            -1,
-            -1,
-            0,
-        )
-    } as i32;
-    if fd < 0 {
+    #[cfg(not(target_arch = "x86_64"))]
+    {
         f();
-        return None;
+        None
     }
-    // SAFETY: ioctls on our own perf fd: RESET, ENABLE, DISABLE.
-    unsafe {
-        libc::ioctl(fd, 0x2403, 0);
-        libc::ioctl(fd, 0x2400, 0);
-    }
-    f();
-    let mut v = 0u64;
-    // SAFETY: as above; read 8 bytes into `v`, then close our fd.
-    unsafe {
-        libc::ioctl(fd, 0x2401, 0);
-        libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8);
-        libc::close(fd);
-    }
-    Some(v)
 }
 
+/// Best of 5 runs, ns per loop iteration.
 fn time_per(p: &Program, n: u64) -> f64 {
     p.call(&mut []).unwrap(); // warm
-    let t = Instant::now();
-    p.call(&mut []).unwrap();
-    t.elapsed().as_nanos() as f64 / n as f64
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            p.call(&mut []).unwrap();
+            t.elapsed().as_nanos() as f64 / n as f64
+        })
+        .fold(f64::MAX, f64::min)
 }
 
 fn main() {
@@ -179,34 +160,45 @@ fn main() {
         rt.set_inline_builtins(inline);
         rt.load(code, &opts).unwrap()
     };
+    // Instruction counts single-step a short loop (a trap per instruction is slow).
+    let count_iters = 2_000;
     let empty = load(&empty_loop(iters), true);
     let base_ns = time_per(&empty, iters as u64);
+    let empty_short = load(&empty_loop(count_iters), true);
     let base_insns = instructions(|| {
-        empty.call(&mut []).unwrap();
+        empty_short.call(&mut []).unwrap();
     });
 
-    println!("\nCPU id (helper 8), {iters} reads in a loop (loop overhead subtracted):");
+    println!("\nCPU id (helper 8), {iters} reads in a loop:");
     println!(
-        "  {:<10} {:>10} {:>14} {:>18}",
-        "", "ns/read", "insns/read", "site insns"
+        "  {:<8} {:>14} {:>16} {:>16} {:>14}",
+        "", "ns/iteration", "ns/read (-loop)", "insns/read", "site insns"
     );
+    // Instructions one call site adds: two sites minus one.
     let one_site = |inline| {
-        let with = load(&[insn(0x85, 0, 0, 8), EXIT].concat(), inline);
-        with.native_insns() - load(&EXIT, inline).native_insns()
+        let two = load(
+            &[insn(0x85, 0, 0, 8), insn(0x85, 0, 0, 8), EXIT].concat(),
+            inline,
+        );
+        let one = load(&[insn(0x85, 0, 0, 8), EXIT].concat(), inline);
+        two.native_insns() - one.native_insns()
     };
     let mut per_read = vec![];
     for inline in [true, false] {
         let p = load(&loop_prog(8, iters), inline);
-        let ns = time_per(&p, iters as u64) - base_ns;
+        let per_iter = time_per(&p, iters as u64);
+        let ns = (per_iter - base_ns).max(0.0);
+        let short = load(&loop_prog(8, count_iters), inline);
         let insns = instructions(|| {
-            p.call(&mut []).unwrap();
+            short.call(&mut []).unwrap();
         })
         .zip(base_insns)
-        .map(|(a, b)| (a.saturating_sub(b)) as f64 / iters as f64);
-        per_read.push((ns, insns));
+        .map(|(a, b)| a.saturating_sub(b) as f64 / count_iters as f64);
+        per_read.push((per_iter, insns));
         println!(
-            "  {:<10} {:>10.2} {:>14} {:>18}",
+            "  {:<8} {:>14.2} {:>16.2} {:>16} {:>14}",
             if inline { "inline" } else { "call" },
+            per_iter,
             ns,
             insns.map_or("n/a".into(), |i| format!("{i:.1}")),
             one_site(inline),
@@ -214,7 +206,7 @@ fn main() {
     }
     let (ni, nc) = (per_read[0], per_read[1]);
     println!(
-        "  call/inline: {:.1}x time{}",
+        "  call/inline: {:.1}x time per loop iteration{}",
         nc.0 / ni.0.max(0.01),
         match (ni.1, nc.1) {
             (Some(a), Some(b)) => format!(", {:.1}x instructions", b / a.max(0.01)),
@@ -234,16 +226,24 @@ fn main() {
         );
     }
 
-    // Per-CPU counter: CPU id → slot (8 bytes each) → lock add 1, sandboxed; N threads.
+    // Per-CPU counter: CPU id → its slot (64 bytes apart: no false sharing between CPUs)
+    // → lock add 1, sandboxed; one thread per allowed CPU, pinned; sum checked.
+    const STRIDE: usize = 64;
     let ncpu = 1024usize;
-    let slots: Arc<Vec<AtomicU64>> = Arc::new((0..ncpu).map(|_| AtomicU64::new(0)).collect());
+    let words = ncpu * STRIDE / 8;
+    let slots: Arc<Vec<AtomicU64>> = Arc::new((0..words).map(|_| AtomicU64::new(0)).collect());
     // SAFETY: the slots outlive every program (held until main returns), atomics only.
-    let region =
-        unsafe { MemRegion::new(slots.as_ptr() as *const u8, ncpu * 8, RegionAccess::ReadWrite) };
+    let region = unsafe {
+        MemRegion::new(
+            slots.as_ptr() as *const u8,
+            words * 8,
+            RegionAccess::ReadWrite,
+        )
+    };
     let base = slots.as_ptr() as u64;
     let counter = [
         insn(0x85, 0, 0, 8),
-        insn(0x67, 0x00, 0, 3),
+        insn(0x67, 0x00, 0, STRIDE.trailing_zeros() as i32),
         insn(0x18, 0x01, 0, base as i32),
         insn(0, 0, 0, (base >> 32) as i32),
         insn(0x0f, 0x01, 0, 0),
@@ -253,14 +253,43 @@ fn main() {
         EXIT,
     ]
     .concat();
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    // The same increment 1000 times inside one run (r6 counts): the per-increment cost
+    // without the host's per-call overhead.
+    const INNER: i32 = 1000;
+    let counter_loop = [
+        insn(0xb7, 0x06, 0, INNER),
+        insn(0x85, 0, 0, 8),
+        insn(0x67, 0x00, 0, STRIDE.trailing_zeros() as i32),
+        insn(0x18, 0x01, 0, base as i32),
+        insn(0, 0, 0, (base >> 32) as i32),
+        insn(0x0f, 0x01, 0, 0),
+        insn(0xb7, 0x02, 0, 1),
+        insn(0xdb, 0x21, 0, 0),
+        insn(0x07, 0x06, 0, -1),
+        insn(0x55, 0x06, -9, 0),
+        insn(0xb7, 0x00, 0, 0),
+        EXIT,
+    ]
+    .concat();
+    let cpus = allowed_cpus();
+    let threads = cpus.len().clamp(1, 8);
     let runs = (iters as u64 / 10).max(1000);
-    println!("\nPer-CPU counter, sandboxed, {threads} threads x {runs} runs:");
-    for inline in [true, false] {
+    let runs_of = |per_run: u64| (runs / per_run).max(10);
+    println!(
+        "\nPer-CPU counter, sandboxed, {threads} threads pinned to distinct CPUs, {runs} increments \
+         each (ns/increment: the fastest thread's own loop; best of 3 rounds):"
+    );
+    for (inline, code, per_run) in [
+        (true, &counter, 1),
+        (false, &counter, 1),
+        (true, &counter_loop, INNER as u64),
+        (false, &counter_loop, INNER as u64),
+    ] {
+        let runs = runs_of(per_run);
         rt.set_inline_builtins(inline);
         let p = Arc::new(
             rt.load(
-                &counter,
+                code,
                 &LoadOptions {
                     regions: vec![region],
                     ..Default::default()
@@ -268,33 +297,74 @@ fn main() {
             )
             .unwrap(),
         );
-        for s in slots.iter() {
-            s.store(0, Relaxed);
-        }
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                let p = p.clone();
-                s.spawn(move || {
-                    if fake {
-                        refresh_fake();
-                    }
-                    for _ in 0..runs {
-                        p.call(&mut []).unwrap();
-                    }
-                });
+        let mut best = f64::MAX;
+        let mut summary = String::new();
+        for _round in 0..3 {
+            for s in slots.iter() {
+                s.store(0, Relaxed);
             }
-        });
-        let ns = t.elapsed().as_nanos() as f64 / (runs * threads as u64) as f64;
-        let sum: u64 = slots.iter().map(|s| s.load(Relaxed)).sum();
-        let used = slots.iter().filter(|s| s.load(Relaxed) != 0).count();
+            let per_thread: Vec<f64> = std::thread::scope(|s| {
+                let hs: Vec<_> = cpus
+                    .iter()
+                    .take(threads)
+                    .map(|&cpu| {
+                        let p = p.clone();
+                        s.spawn(move || {
+                            pin(cpu);
+                            if fake {
+                                refresh_fake();
+                            }
+                            let t = Instant::now();
+                            for _ in 0..runs {
+                                p.call(&mut []).unwrap();
+                            }
+                            t.elapsed().as_nanos() as f64 / (runs * per_run) as f64
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let sum: u64 = slots.iter().map(|s| s.load(Relaxed)).sum();
+            let used = slots.iter().filter(|s| s.load(Relaxed) != 0).count();
+            assert_eq!(sum, runs * per_run * threads as u64, "per-CPU counter sum");
+            best = best.min(per_thread.iter().copied().fold(f64::MAX, f64::min));
+            summary = format!(
+                "sum {sum} == {} increments, {used} CPU slot(s) used",
+                runs * per_run * threads as u64
+            );
+        }
         println!(
-            "  {:<10} {:>8.1} ns/run (wall / runs), sum {sum} == {} runs: {}, {used} CPU slot(s) used",
+            "  {:<8} {:>8.1} ns/increment ({})   {summary}   ({})",
             if inline { "inline" } else { "call" },
-            ns,
-            runs * threads as u64,
-            sum == runs * threads as u64
+            best,
+            if per_run == 1 {
+                "one per run"
+            } else {
+                "1000 per run"
+            },
+            p.builtins().unwrap().cpu_id
         );
-        assert_eq!(sum, runs * threads as u64);
     }
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 = this thread, set sized correctly.
+    unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: index below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: as above.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 = this thread.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
 }
