@@ -964,10 +964,8 @@ fn builtins_are_reported_and_an_older_plugin_gets_calls() {
         (PACKJIT_BUILTIN_CALL, PACKJIT_BUILTIN_CALL)
     );
     // SAFETY: live runtime.
-    assert_eq!(
-        unsafe { packjit_runtime_set_inline_builtins(rt.0, 0) },
-        PJ_OK
-    );
+    let st = unsafe { packjit_runtime_set_inline_builtins(rt.0, 0) };
+    assert_eq!(st, PJ_OK);
     let mut bad = builtins_struct();
     bad.struct_size = 4;
     // SAFETY: deliberately wrong size / NULL: must be refused.

@@ -614,7 +614,7 @@ impl Runtime {
             symbols,
             retired: false,
             elf: None,
-            builtins,
+            builtins: builtins.map(Box::new),
         })
     }
 
@@ -712,7 +712,8 @@ pub struct Program {
     // lives exactly as long as the code can run (see elf.rs).
     elf: Option<Box<elf::Linked>>,
     /// What the built-in helpers became in this program (`None`: loaded without them).
-    builtins: Option<BuiltinChoice>,
+    /// Boxed: most programs are small handles (the rbpf bridge keeps one inline in an enum).
+    builtins: Option<Box<BuiltinChoice>>,
 }
 
 impl std::fmt::Debug for Program {
@@ -912,7 +913,7 @@ impl Program {
     /// out in this program: inlined or called (see [`builtins`]). `None` for programs loaded
     /// without them (the rbpf bridge).
     pub fn builtins(&self) -> Option<BuiltinChoice> {
-        self.builtins
+        self.builtins.as_deref().copied()
     }
 
     /// Name of the backend that compiled it.

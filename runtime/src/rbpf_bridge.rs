@@ -279,7 +279,7 @@ pub fn default_runtime() -> Arc<Runtime> {
 
 /// Native code compiled for the host, or the reason there is none.
 enum Native {
-    Code(Program),
+    Code(Box<Program>),
     /// No backend for the host, or the backend refused the mode: interpret.
     Interpret,
 }
@@ -399,7 +399,7 @@ impl<'a> Core<'a> {
         let r = self
             .sandboxed
             .get_or_init(|| match self.compile(Trust::Sandboxed) {
-                Ok(p) if p.is_executable() => Ok(Native::Code(p)),
+                Ok(p) if p.is_executable() => Ok(Native::Code(Box::new(p))),
                 Ok(_) => Ok(Native::Interpret),
                 // No backend for the host, or one without the sandbox: the interpreter runs the
                 // program under the same contract. Anything else (bad bytecode, unknown helper)

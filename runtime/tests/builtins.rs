@@ -317,7 +317,7 @@ fn the_clock_is_monotonic_nanoseconds_on_clock_monotonic_time_line() {
             };
             // SAFETY: valid out-pointer.
             unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-            ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+            ts.tv_sec * 1_000_000_000 + ts.tv_nsec
         };
         for _ in 0..100 {
             let a = mono();
