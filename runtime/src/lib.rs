@@ -413,14 +413,21 @@ impl Runtime {
         out
     }
 
-    fn builtin_facts(&self) -> (builtins::Facts, bool) {
+    /// The facts a load decides by. `want_clock` false skips the counter clock (and its
+    /// one-time calibration, up to 20 ms on x86 without CPUID 0x15) for code that cannot
+    /// call it: such a load gets the `clock_gettime` entry, which it never uses.
+    fn builtin_facts(&self, want_clock: bool) -> (builtins::Facts, bool) {
         let o = *self
             .builtin_overrides
             .read()
             .unwrap_or_else(|p| p.into_inner());
         let facts = builtins::Facts {
             rseq_offset: o.rseq.unwrap_or_else(builtins::glibc_rseq_cpu_id_offset),
-            clock: o.clock.unwrap_or_else(builtins::counter_clock),
+            clock: if want_clock {
+                o.clock.unwrap_or_else(builtins::counter_clock)
+            } else {
+                None
+            },
         };
         (facts, o.inline)
     }
@@ -429,7 +436,7 @@ impl Runtime {
     /// now: inline or call, and why (see [`builtins`]). `None` without a host backend.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
         let backend = self.backend_for(Arch::host()?).ok()?;
-        let (facts, inline) = self.builtin_facts();
+        let (facts, inline) = self.builtin_facts(true);
         let mut table = self.helper_table();
         Some(builtins::add_builtins(
             &mut table,
@@ -547,7 +554,8 @@ impl Runtime {
         // Inline only native code: the facts (rseq offset, counter scale) are this
         // process's, meaningless in code compiled for another architecture.
         let builtins = with_builtins.then(|| {
-            let (facts, inline) = self.builtin_facts();
+            let want_clock = native && may_call(code, abi::PJ_HELPER_KTIME_GET_NS);
+            let (facts, inline) = self.builtin_facts(want_clock);
             builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline && native)
         });
         let req = CompileRequest {
@@ -671,6 +679,15 @@ impl Runtime {
     pub fn reclaim(&self) -> usize {
         self.arena.as_ref().map_or(0, |a| a.reclaim())
     }
+}
+
+/// Whether `code` may call helper `id`: a `call imm` naming it, or any `callx` (whose id is
+/// only known at run time).
+fn may_call(code: &[u8], id: u32) -> bool {
+    code.chunks_exact(8).any(|c| {
+        let imm = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+        (c[0] == 0x85 && c[1] >> 4 == 0 && imm == id) || c[0] == 0x8d
+    })
 }
 
 fn info_of(slot: &BackendSlot) -> BackendInfo {
@@ -911,7 +928,8 @@ impl Program {
 
     /// How the built-in helpers (`bpf_get_smp_processor_id`, `bpf_ktime_get_ns`) are carried
     /// out in this program: inlined or called (see [`builtins`]). `None` for programs loaded
-    /// without them (the rbpf bridge).
+    /// without them (the rbpf bridge). Code that cannot call helper 5 (no `call 5`, no
+    /// `callx`) reports the clock as a call: the counter is not calibrated for it.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
         self.builtins.as_deref().copied()
     }

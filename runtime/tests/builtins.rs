@@ -140,7 +140,12 @@ fn the_runtime_reports_its_choice_and_glibc_rseq_decides_it() {
         None => assert_eq!(choice.cpu_id, CpuIdImpl::CallSchedGetcpu),
     }
     let p = rt.load(&cpu_id_prog(), &LoadOptions::default()).unwrap();
-    assert_eq!(p.builtins(), Some(choice));
+    assert_eq!(p.builtins().unwrap().cpu_id, choice.cpu_id);
+    // Code that cannot call helper 5 skips the clock (and its calibration): call entry.
+    assert_eq!(p.builtins().unwrap().clock, ClockImpl::CallClockGettime);
+    let clock = prog(&[insn(CALL, 0, 0, 5), EXIT]);
+    let c = rt.load(&clock, &LoadOptions::default()).unwrap();
+    assert_eq!(c.builtins(), Some(choice));
     rt.set_inline_builtins(false);
     let q = rt.load(&cpu_id_prog(), &LoadOptions::default()).unwrap();
     assert_eq!(q.builtins().unwrap().cpu_id, CpuIdImpl::CallSchedGetcpu);
