@@ -150,6 +150,15 @@ fn the_runtime_reports_its_choice_and_glibc_rseq_decides_it() {
     let q = rt.load(&cpu_id_prog(), &LoadOptions::default()).unwrap();
     assert_eq!(q.builtins().unwrap().cpu_id, CpuIdImpl::CallSchedGetcpu);
     assert_eq!(q.builtins().unwrap().clock, ClockImpl::CallClockGettime);
+    if let (Some(offset), "x86_64") = (rseq, std::env::consts::ARCH) {
+        // `mov eax, fs:[disp32]`: the whole inlined helper is one instruction.
+        let mut want = vec![0x64, 0x8b, 0x04, 0x25];
+        want.extend_from_slice(&(offset as i32).to_le_bytes());
+        assert!(
+            p.code().windows(8).any(|w| w == want),
+            "no fs load in the code"
+        );
+    }
     if rseq.is_some() {
         assert!(
             p.native_insns() < q.native_insns(),
@@ -201,6 +210,17 @@ fn inline_rseq_path_runs_through_a_test_rseq_area_and_agrees_with_the_interprete
     // The load reads the test's area: a value no CPU has comes back.
     assert_eq!(fake_cpu_id(4242), offset);
     assert_eq!(p.call(&mut []).unwrap(), 4242);
+    // `callx` reaching id 8 runs the same inline body (x86-64 and arm64 at the site, RV64
+    // in the shared dispatch); another id is still refused at run time.
+    let callx = prog(&[insn(0xb7, 0x01, 0, 8), insn(0x8d, 0x01, 0, 0), EXIT]);
+    let px = rt.load(&callx, &LoadOptions::default()).unwrap();
+    assert_eq!(px.call(&mut []).unwrap(), 4242);
+    let callx_bad = prog(&[insn(0xb7, 0x01, 0, 77), insn(0x8d, 0x01, 0, 0), EXIT]);
+    let pb = rt.load(&callx_bad, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        pb.call(&mut []).unwrap_err().kind,
+        packjit::ErrorKind::UnknownCallx
+    );
     // The interpreter evaluates the same inline entry the same way.
     let table = [HelperEntry {
         id: 8,
@@ -211,6 +231,8 @@ fn inline_rseq_path_runs_through_a_test_rseq_area_and_agrees_with_the_interprete
     let interp = unsafe { packjit_interp::Interpreter::from_helper_table(&table) };
     let ip = interp.load(&cpu_id_prog()).unwrap();
     assert_eq!(interp.run(&ip, &mut [], None).unwrap().r0, 4242);
+    let ipx = interp.load(&callx).unwrap();
+    assert_eq!(interp.run(&ipx, &mut [], None).unwrap().r0, 4242);
     // Pinned threads, each keeping its own area current: the inlined id is sched_getcpu().
     let n = pinned_runs(&p, |cpu| {
         assert_eq!(fake_cpu_id(cpu as u32), offset, "static TLS offset differs");

@@ -228,6 +228,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn inline_kinds_are_checked_against_the_backend_and_decoded_once() {
+        let cpu = HelperEntry {
+            id: 8,
+            inline_kind: PJ_INLINE_RSEQ_CPU_ID,
+            addr: (-0x70i64) as u64,
+        };
+        let clock = HelperEntry {
+            id: 5,
+            inline_kind: PJ_INLINE_COUNTER_CLOCK,
+            addr: 0x1000,
+        };
+        let call = HelperEntry {
+            id: 1,
+            inline_kind: PJ_INLINE_NONE,
+            addr: 0x2000,
+        };
+        let both = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID) | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK);
+        assert!(validate_inline_kinds(&[cpu, clock, call], "x", both).is_ok());
+        // A backend that does not announce a kind refuses it, naming the helper.
+        let e = validate_inline_kinds(&[call, clock], "arm64", pj_inline_bit(1)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert!(
+            e.message
+                .starts_with("helper id 5: inline kind 2 is not supported by the arm64 backend"),
+            "{e}"
+        );
+        let odd = HelperEntry {
+            inline_kind: 40,
+            ..call
+        };
+        assert!(validate_inline_kinds(&[odd], "x", u32::MAX).is_err());
+        let null_clock = HelperEntry { addr: 0, ..clock };
+        assert_eq!(
+            validate_inline_kinds(&[null_clock], "x", both)
+                .unwrap_err()
+                .kind,
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            helper_lowering(&cpu),
+            HelperLowering::RseqCpuId { offset: -0x70 }
+        );
+        assert_eq!(
+            helper_lowering(&clock),
+            HelperLowering::CounterClock { scale: 0x1000 }
+        );
+        assert_eq!(helper_lowering(&call), HelperLowering::Call(0x2000));
+    }
+
+    #[test]
     fn frame_constant_bounds() {
         assert!(is_frame_constant(R10, -8, Size::DW));
         assert!(is_frame_constant(R10, -512, Size::DW));
