@@ -547,9 +547,9 @@ typedef struct PackjitBuiltins {
      */
     uint32_t clock;
     /**
-     * Reserved, zero.
+     * `PACKJIT_BUILTIN_*` of the per-CPU array lookup (`PJ_HELPER_PERCPU_LOOKUP`).
      */
-    uint32_t reserved;
+    uint32_t percpu_lookup;
     /**
      * With `cpu_id == PACKJIT_BUILTIN_INLINE`: offset of `cpu_id` from the thread pointer.
      */
@@ -1292,6 +1292,25 @@ int32_t packjit_program_builtins(const struct PackjitProgram *prog, struct Packj
  * `rt` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
  */
 int32_t packjit_runtime_builtins(const struct PackjitRuntime *rt, struct PackjitBuiltins *out);
+
+/**
+ * Registers a per-CPU array: `cpus` slots of `slot_size` bytes from `base`, each holding
+ * `entries` values of `value_size` bytes. `*id` receives its id (process-wide), which
+ * programs pass in r1 to the lookup helper `PJ_HELPER_PERCPU_LOOKUP` (r2 = element index;
+ * r0 = this CPU's element or NULL). The memory becomes a read-write sandbox region for
+ * programs loaded from now on.
+ *
+ * # Safety
+ * `rt` NULL or live; `id` NULL or writable; `cpus * slot_size` bytes from `base` must stay
+ * valid and writable while any program loaded afterwards can run.
+ */
+int32_t packjit_runtime_add_percpu_array(const struct PackjitRuntime *rt,
+                                         void *base,
+                                         uint64_t slot_size,
+                                         uint64_t value_size,
+                                         uint64_t entries,
+                                         uint64_t cpus,
+                                         uint32_t *id);
 
 /**
  * Allows (`on != 0`, the default) or forbids inlining the built-in helpers in programs

@@ -335,8 +335,8 @@ pub struct PackjitBuiltins {
     pub cpu_id: u32,
     /// `PACKJIT_BUILTIN_*` of helper 5 (inline = the CPU counter, scaled).
     pub clock: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// `PACKJIT_BUILTIN_*` of the per-CPU array lookup (`PJ_HELPER_PERCPU_LOOKUP`).
+    pub percpu_lookup: u32,
     /// With `cpu_id == PACKJIT_BUILTIN_INLINE`: offset of `cpu_id` from the thread pointer.
     pub rseq_offset: i64,
     /// With `clock == PACKJIT_BUILTIN_INLINE`: the counter frequency in Hz.
@@ -344,7 +344,7 @@ pub struct PackjitBuiltins {
 }
 
 fn builtins_to_c(b: Option<packjit_runtime::BuiltinChoice>) -> PackjitBuiltins {
-    use packjit_runtime::{ClockImpl, CpuIdImpl};
+    use packjit_runtime::{ClockImpl, CpuIdImpl, PerCpuLookupImpl};
     let mut o = PackjitBuiltins {
         struct_size: size_of::<PackjitBuiltins>() as u32,
         ..Default::default()
@@ -365,6 +365,11 @@ fn builtins_to_c(b: Option<packjit_runtime::BuiltinChoice>) -> PackjitBuiltins {
             }
             ClockImpl::CallClockGettime => PACKJIT_BUILTIN_CALL,
             ClockImpl::Host => PACKJIT_BUILTIN_HOST,
+        };
+        o.percpu_lookup = match b.percpu_lookup {
+            PerCpuLookupImpl::Inline => PACKJIT_BUILTIN_INLINE,
+            PerCpuLookupImpl::CallSchedGetcpu => PACKJIT_BUILTIN_CALL,
+            PerCpuLookupImpl::Host => PACKJIT_BUILTIN_HOST,
         };
     }
     o
@@ -1801,6 +1806,48 @@ pub unsafe extern "C" fn packjit_runtime_builtins(
         unsafe { check_size(out, "out") }?;
         // SAFETY: checked.
         unsafe { *out = builtins_to_c(h.rt.builtins()) };
+        Ok(())
+    })
+}
+
+/// Registers a per-CPU array: `cpus` slots of `slot_size` bytes from `base`, each holding
+/// `entries` values of `value_size` bytes. `*id` receives its id (process-wide), which
+/// programs pass in r1 to the lookup helper `PJ_HELPER_PERCPU_LOOKUP` (r2 = element index;
+/// r0 = this CPU's element or NULL). The memory becomes a read-write sandbox region for
+/// programs loaded from now on.
+///
+/// # Safety
+/// `rt` NULL or live; `id` NULL or writable; `cpus * slot_size` bytes from `base` must stay
+/// valid and writable while any program loaded afterwards can run.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_add_percpu_array(
+    rt: *const PackjitRuntime,
+    base: *mut c_void,
+    slot_size: u64,
+    value_size: u64,
+    entries: u64,
+    cpus: u64,
+    id: *mut u32,
+) -> i32 {
+    boundary("packjit_runtime_add_percpu_array", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        // SAFETY: caller contract.
+        let out = unsafe { out_arg(id, "id") }?;
+        if base.is_null() {
+            return Err(invalid("base is NULL"));
+        }
+        let size = |v: u64| usize::try_from(v).map_err(|_| invalid("size does not fit usize"));
+        // SAFETY: forwarded from the caller's promise about the memory.
+        *out = unsafe {
+            h.rt.add_percpu_array(
+                base.cast(),
+                size(slot_size)?,
+                size(value_size)?,
+                size(entries)?,
+                size(cpus)?,
+            )
+        }?;
         Ok(())
     })
 }

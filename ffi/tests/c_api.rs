@@ -966,6 +966,27 @@ fn builtins_are_reported_and_an_older_plugin_gets_calls() {
     // SAFETY: live runtime.
     let st = unsafe { packjit_runtime_set_inline_builtins(rt.0, 0) };
     assert_eq!(st, PJ_OK);
+    assert_eq!(pb.percpu_lookup, PACKJIT_BUILTIN_CALL);
+    // A per-CPU array: 2 CPUs x 4 u64s; bad geometry and NULLs are refused.
+    let mut mem = vec![0u64; 8];
+    let mut id = u32::MAX;
+    // SAFETY: `mem` outlives every program of this runtime (dropped after it).
+    unsafe {
+        assert_eq!(
+            packjit_runtime_add_percpu_array(rt.0, mem.as_mut_ptr().cast(), 32, 8, 4, 2, &mut id),
+            PJ_OK
+        );
+        assert_ne!(id, u32::MAX);
+        assert_eq!(
+            packjit_runtime_add_percpu_array(rt.0, mem.as_mut_ptr().cast(), 32, 8, 5, 2, &mut id),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("do not fit"), "{}", last_error());
+        assert_eq!(
+            packjit_runtime_add_percpu_array(rt.0, null_mut(), 32, 8, 4, 2, &mut id),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+    }
     let mut bad = builtins_struct();
     bad.struct_size = 4;
     // SAFETY: deliberately wrong size / NULL: must be refused.

@@ -44,7 +44,7 @@ use packjit_frontend::analysis::{
 use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
 use packjit_plugin_api::{
     AccessDirection, CompileError, ErrorKind, HelperEntry, MemFault, PjClockScale, PjMemRegion,
-    PJ_REGION_WRITABLE,
+    PjPerCpuArray, PjPerCpuTable, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
 };
 use std::collections::BTreeMap;
 use std::fmt;
@@ -266,6 +266,22 @@ impl Interpreter {
             }
             // SAFETY: `from_helper_table`'s caller promised the offset names a live rseq area.
             HelperLowering::RseqCpuId { offset } => u64::from(unsafe { hw::rseq_cpu_id(offset) }),
+            HelperLowering::PerCpuLookup { table } => {
+                // SAFETY: promised by `from_helper_table`'s caller: a live table whose
+                // `count` arrays follow the header, and a live rseq area at its offset.
+                unsafe {
+                    let hdr = &*(table as *const PjPerCpuTable);
+                    if args[0] >= hdr.count {
+                        0
+                    } else {
+                        let at = table as usize
+                            + PJ_PERCPU_ARRAYS as usize
+                            + args[0] as usize * PJ_PERCPU_ARRAY_SIZE as usize;
+                        let arr = &*(at as *const PjPerCpuArray);
+                        arr.lookup(u64::from(hw::rseq_cpu_id(hdr.cpu_id_offset)), args[1])
+                    }
+                }
+            }
             HelperLowering::CounterClock { scale } => {
                 // SAFETY: promised by `from_helper_table`'s caller: a live PjClockScale.
                 let scale = unsafe { &*(scale as *const PjClockScale) };

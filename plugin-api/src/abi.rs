@@ -283,6 +283,92 @@ pub const PJ_INLINE_RSEQ_CPU_ID: u32 = 1;
 /// `rdtsc`, arm64 `cntvct_el0`, RV64 `rdtime`. r1–r5 are left unchanged.
 pub const PJ_INLINE_COUNTER_CLOCK: u32 = 2;
 
+/// [`PjHelper::inline_kind`] of [`PJ_HELPER_PERCPU_LOOKUP`]: the per-CPU array lookup,
+/// inlined. `addr` points to a [`PjPerCpuTable`] header followed by `count`
+/// [`PjPerCpuArray`]s, read by the code at run time (the host keeps it alive and unchanged
+/// while the code can run). With r1 = array id and r2 = element index:
+/// `r0 = base + cpu * slot_size + index * value_size` where `cpu` is the `u32` at thread
+/// pointer + `cpu_id_offset` (the rseq `cpu_id`), or r0 = 0 when `id >= count`,
+/// `index >= entries` or `cpu >= cpus`. r1–r5 are clobbered, as by a call.
+pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
+
+/// packjit's per-CPU array lookup helper id (outside the kernel's helper ids):
+/// `void *lookup(u64 array_id, u64 index)`, this CPU's element or NULL. Inlinable as
+/// [`PJ_INLINE_PERCPU_LOOKUP`].
+pub const PJ_HELPER_PERCPU_LOOKUP: u32 = 0x7043_0001;
+
+/// Header of the per-CPU array table of [`PJ_INLINE_PERCPU_LOOKUP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjPerCpuTable {
+    /// Arrays following the header.
+    pub count: u64,
+    /// Offset of the rseq `cpu_id` from the thread pointer.
+    pub cpu_id_offset: i64,
+}
+
+/// One per-CPU array: `cpus` slots of `slot_size` bytes from `base`, each holding
+/// `entries` values of `value_size` bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjPerCpuArray {
+    /// CPU 0's slot.
+    pub base: u64,
+    /// Bytes from one CPU's slot to the next.
+    pub slot_size: u64,
+    /// Bytes per element.
+    pub value_size: u64,
+    /// Elements per slot.
+    pub entries: u64,
+    /// Slots (CPUs) in the array.
+    pub cpus: u64,
+}
+
+/// Offsets for emitted code: the table header's fields and the first array.
+pub const PJ_PERCPU_COUNT: i32 = 0;
+/// Offset of [`PjPerCpuTable::cpu_id_offset`].
+pub const PJ_PERCPU_CPU_ID_OFFSET: i32 = 8;
+/// Offset of the first [`PjPerCpuArray`] after the header.
+pub const PJ_PERCPU_ARRAYS: i32 = 16;
+/// Size of one [`PjPerCpuArray`].
+pub const PJ_PERCPU_ARRAY_SIZE: i32 = 40;
+/// Offset of [`PjPerCpuArray::base`].
+pub const PJ_PERCPU_BASE: i32 = 0;
+/// Offset of [`PjPerCpuArray::slot_size`].
+pub const PJ_PERCPU_SLOT_SIZE: i32 = 8;
+/// Offset of [`PjPerCpuArray::value_size`].
+pub const PJ_PERCPU_VALUE_SIZE: i32 = 16;
+/// Offset of [`PjPerCpuArray::entries`].
+pub const PJ_PERCPU_ENTRIES: i32 = 24;
+/// Offset of [`PjPerCpuArray::cpus`].
+pub const PJ_PERCPU_CPUS: i32 = 32;
+
+const _: () = {
+    assert!(core::mem::offset_of!(PjPerCpuTable, count) == PJ_PERCPU_COUNT as usize);
+    assert!(
+        core::mem::offset_of!(PjPerCpuTable, cpu_id_offset) == PJ_PERCPU_CPU_ID_OFFSET as usize
+    );
+    assert!(core::mem::size_of::<PjPerCpuTable>() == PJ_PERCPU_ARRAYS as usize);
+    assert!(core::mem::size_of::<PjPerCpuArray>() == PJ_PERCPU_ARRAY_SIZE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, base) == PJ_PERCPU_BASE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, slot_size) == PJ_PERCPU_SLOT_SIZE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, value_size) == PJ_PERCPU_VALUE_SIZE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, entries) == PJ_PERCPU_ENTRIES as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, cpus) == PJ_PERCPU_CPUS as usize);
+};
+
+impl PjPerCpuArray {
+    /// The lookup the emitted code performs, for `cpu` (0 = NULL).
+    pub fn lookup(&self, cpu: u64, index: u64) -> u64 {
+        if index >= self.entries || cpu >= self.cpus {
+            return 0;
+        }
+        self.base
+            .wrapping_add(cpu.wrapping_mul(self.slot_size))
+            .wrapping_add(index.wrapping_mul(self.value_size))
+    }
+}
+
 /// How a counter value `c` becomes nanoseconds for [`PJ_INLINE_COUNTER_CLOCK`]:
 /// `ns = c * mult_int + ((c as u128 * mult_frac as u128) >> 64) + offset` (wrapping), i.e. a
 /// 64.64 fixed-point multiplier `mult_int + mult_frac / 2^64` (exact to 2^-64 ns per tick)

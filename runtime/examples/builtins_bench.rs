@@ -271,6 +271,30 @@ fn main() {
         EXIT,
     ]
     .concat();
+    // The same counter through the per-CPU array lookup helper: r0 = lookup(id, 0), then
+    // lock add — the kernel's per-CPU array map pattern.
+    let lookup_mem: Arc<Vec<AtomicU64>> = Arc::new((0..words).map(|_| AtomicU64::new(0)).collect());
+    let array =
+        // SAFETY: `lookup_mem` outlives every program (held until main returns), atomics only.
+        unsafe { rt.add_percpu_array(lookup_mem.as_ptr() as *mut u8, STRIDE, 8, 1, ncpu) }.unwrap();
+    let lookup_loop = [
+        insn(0xb7, 0x06, 0, INNER),
+        insn(0xb7, 0x01, 0, array as i32),
+        insn(0xb7, 0x02, 0, 0),
+        insn(
+            0x85,
+            0,
+            0,
+            packjit_plugin_api::PJ_HELPER_PERCPU_LOOKUP as i32,
+        ),
+        insn(0xb7, 0x01, 0, 1),
+        insn(0xdb, 0x10, 0, 0),
+        insn(0x07, 0x06, 0, -1),
+        insn(0x55, 0x06, -7, 0),
+        insn(0xb7, 0x00, 0, 0),
+        EXIT,
+    ]
+    .concat();
     let cpus = allowed_cpus();
     let threads = cpus.len().clamp(1, 8);
     let runs = (iters as u64 / 10).max(1000);
@@ -284,7 +308,11 @@ fn main() {
         (false, &counter, 1),
         (true, &counter_loop, INNER as u64),
         (false, &counter_loop, INNER as u64),
+        (true, &lookup_loop, INNER as u64),
+        (false, &lookup_loop, INNER as u64),
     ] {
+        let lookup = std::ptr::eq(code, &lookup_loop);
+        let slots = if lookup { &lookup_mem } else { &slots };
         let runs = runs_of(per_run);
         rt.set_inline_builtins(inline);
         let p = Arc::new(
@@ -337,12 +365,16 @@ fn main() {
             "  {:<8} {:>8.1} ns/increment ({})   {summary}   ({})",
             if inline { "inline" } else { "call" },
             best,
-            if per_run == 1 {
-                "one per run"
-            } else {
-                "1000 per run"
+            match (lookup, per_run) {
+                (true, _) => "lookup helper, 1000 per run",
+                (false, 1) => "CPU id, one per run",
+                _ => "CPU id, 1000 per run",
             },
-            p.builtins().unwrap().cpu_id
+            if lookup {
+                p.builtins().unwrap().percpu_lookup.to_string()
+            } else {
+                p.builtins().unwrap().cpu_id.to_string()
+            }
         );
     }
 }

@@ -8,6 +8,12 @@
 //!   the CPU's constant-rate counter scaled to nanoseconds when the counter's frequency is
 //!   known (see [`ClockImpl`]), else a call to `clock_gettime(CLOCK_MONOTONIC)`.
 //!
+//! * the per-CPU array lookup ([`PJ_HELPER_PERCPU_LOOKUP`], packjit's own id):
+//!   `lookup(array_id, index)` → this CPU's element or NULL, inlined (bounds checks, the rseq
+//!   `cpu_id`, one multiply-add per index) when rseq is registered, else a call using
+//!   `sched_getcpu`. Arrays are registered with [`Runtime::add_percpu_array`](crate::Runtime::add_percpu_array);
+//!   their memory is an ordinary read-write sandbox region.
+//!
 //! The choice is made once per process (the facts do not change), applied at every load,
 //! and reported on each [`Program`](crate::Program) ([`Program::builtins`]) and by
 //! [`Runtime::builtins`](crate::Runtime::builtins). A host that registers its own helper
@@ -55,6 +61,17 @@ pub enum ClockImpl {
     Host,
 }
 
+/// How a program's per-CPU array lookup ([`PJ_HELPER_PERCPU_LOOKUP`]) is carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerCpuLookupImpl {
+    /// Inlined: bounds checks, the rseq `cpu_id`, `base + cpu * slot + index * size`.
+    Inline,
+    /// A call to the runtime's lookup around `sched_getcpu()`.
+    CallSchedGetcpu,
+    /// The host registered its own helper under the id.
+    Host,
+}
+
 /// What the runtime chose for the built-in helpers of one load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BuiltinChoice {
@@ -62,6 +79,8 @@ pub struct BuiltinChoice {
     pub cpu_id: CpuIdImpl,
     /// `bpf_ktime_get_ns` (id 5).
     pub clock: ClockImpl,
+    /// The per-CPU array lookup (id [`PJ_HELPER_PERCPU_LOOKUP`]).
+    pub percpu_lookup: PerCpuLookupImpl,
 }
 
 impl fmt::Display for CpuIdImpl {
@@ -93,10 +112,57 @@ impl fmt::Display for ClockImpl {
     }
 }
 
+impl fmt::Display for PerCpuLookupImpl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PerCpuLookupImpl::Inline => "inline (rseq cpu_id)",
+            PerCpuLookupImpl::CallSchedGetcpu => "call (sched_getcpu)",
+            PerCpuLookupImpl::Host => "host helper",
+        })
+    }
+}
+
 impl fmt::Display for BuiltinChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cpu id: {}; clock: {}", self.cpu_id, self.clock)
+        write!(
+            f,
+            "cpu id: {}; clock: {}; per-CPU lookup: {}",
+            self.cpu_id, self.clock, self.percpu_lookup
+        )
     }
+}
+
+/// Every per-CPU array registered in this process, by id (add-only: an id never changes
+/// meaning, so code inlined with a snapshot and the fallback agree on every id the
+/// snapshot has).
+static PERCPU_ARRAYS: std::sync::RwLock<Vec<PjPerCpuArray>> = std::sync::RwLock::new(Vec::new());
+
+/// Registers a per-CPU array; returns its id (process-wide).
+pub(crate) fn register_percpu_array(a: PjPerCpuArray) -> u32 {
+    let mut v = PERCPU_ARRAYS.write().unwrap_or_else(|p| p.into_inner());
+    v.push(a);
+    (v.len() - 1) as u32
+}
+
+/// The fallback of [`PJ_HELPER_PERCPU_LOOKUP`]: this CPU's element `index` of array `id`
+/// (`sched_getcpu`), or 0 when out of bounds.
+pub extern "C" fn builtin_percpu_lookup(id: u64, index: u64, _: u64, _: u64, _: u64) -> u64 {
+    let v = PERCPU_ARRAYS.read().unwrap_or_else(|p| p.into_inner());
+    let Some(a) = usize::try_from(id).ok().and_then(|i| v.get(i)) else {
+        return 0;
+    };
+    a.lookup(builtin_get_smp_processor_id(0, 0, 0, 0, 0), index)
+}
+
+/// The table the inlined lookup reads: `PjPerCpuTable` then the arrays, as `u64` words
+/// (owned by the program: the code reads it for its whole life).
+fn percpu_table(cpu_id_offset: i64) -> Box<[u64]> {
+    let v = PERCPU_ARRAYS.read().unwrap_or_else(|p| p.into_inner());
+    let mut t = vec![v.len() as u64, cpu_id_offset as u64];
+    for a in v.iter() {
+        t.extend([a.base, a.slot_size, a.value_size, a.entries, a.cpus]);
+    }
+    t.into_boxed_slice()
 }
 
 /// The fallback of id 8: the CPU this thread runs on (0 if `sched_getcpu` fails).
@@ -287,7 +353,7 @@ pub(crate) fn add_builtins(
     facts: Facts,
     inline_kinds: u32,
     allow_inline: bool,
-) -> BuiltinChoice {
+) -> (BuiltinChoice, Option<Box<[u64]>>) {
     let has = |t: &Vec<HelperEntry>, id| t.iter().any(|h| h.id == id);
     let cpu_id = if has(table, PJ_HELPER_GET_SMP_PROCESSOR_ID) {
         CpuIdImpl::Host
@@ -335,5 +401,40 @@ pub(crate) fn add_builtins(
             None => ClockImpl::CallClockGettime,
         }
     };
-    BuiltinChoice { cpu_id, clock }
+    let mut percpu_table_box = None;
+    let percpu_lookup = if has(table, PJ_HELPER_PERCPU_LOOKUP) {
+        PerCpuLookupImpl::Host
+    } else {
+        let inline = facts
+            .rseq_offset
+            .filter(|_| allow_inline && inline_kinds & pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP) != 0);
+        match inline {
+            Some(offset) => {
+                let t = percpu_table(offset);
+                table.push(HelperEntry {
+                    id: PJ_HELPER_PERCPU_LOOKUP,
+                    inline_kind: PJ_INLINE_PERCPU_LOOKUP,
+                    addr: t.as_ptr() as u64,
+                });
+                percpu_table_box = Some(t);
+                PerCpuLookupImpl::Inline
+            }
+            None => {
+                table.push(HelperEntry {
+                    id: PJ_HELPER_PERCPU_LOOKUP,
+                    inline_kind: PJ_INLINE_NONE,
+                    addr: builtin_percpu_lookup as *const () as u64,
+                });
+                PerCpuLookupImpl::CallSchedGetcpu
+            }
+        }
+    };
+    (
+        BuiltinChoice {
+            cpu_id,
+            clock,
+            percpu_lookup,
+        },
+        percpu_table_box,
+    )
 }

@@ -35,7 +35,7 @@ pub use arena::{
     ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
     RemapPolicy,
 };
-pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl};
+pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl, PerCpuLookupImpl};
 pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess};
 pub use hook::{Hook, HookBatch};
@@ -438,12 +438,48 @@ impl Runtime {
         let backend = self.backend_for(Arch::host()?).ok()?;
         let (facts, inline) = self.builtin_facts(true);
         let mut table = self.helper_table();
-        Some(builtins::add_builtins(
-            &mut table,
-            facts,
-            backend.inline_kinds(),
-            inline,
-        ))
+        Some(builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline).0)
+    }
+
+    /// Registers a per-CPU array: `cpus` slots of `slot_size` bytes from `base`, each
+    /// holding `entries` values of `value_size` bytes; returns its id, which programs pass
+    /// to the lookup helper ([`abi::PJ_HELPER_PERCPU_LOOKUP`]: r1 = id, r2 = index → this
+    /// CPU's element or NULL). The memory also becomes a read-write region (see
+    /// [`Runtime::add_region`]) for programs loaded from now on. Ids are process-wide and
+    /// never reused; a program sees the arrays registered before it was loaded.
+    ///
+    /// # Safety
+    /// As [`MemRegion::new`] with [`RegionAccess::ReadWrite`] for `cpus * slot_size` bytes
+    /// from `base`, for as long as any program loaded afterwards can run.
+    pub unsafe fn add_percpu_array(
+        &self,
+        base: *mut u8,
+        slot_size: usize,
+        value_size: usize,
+        entries: usize,
+        cpus: usize,
+    ) -> Result<u32, Error> {
+        let fits = value_size
+            .checked_mul(entries)
+            .is_some_and(|n| n <= slot_size && value_size > 0);
+        let len = slot_size.checked_mul(cpus).filter(|&l| l > 0);
+        let (true, Some(len)) = (fits, len) else {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "per-CPU array: {entries} x {value_size} bytes do not fit a {slot_size}-byte slot, or {cpus} slots are empty or overflow"
+                ),
+            ));
+        };
+        // SAFETY: forwarded from the caller's promise.
+        self.add_region(unsafe { MemRegion::new(base, len, RegionAccess::ReadWrite) });
+        Ok(builtins::register_percpu_array(abi::PjPerCpuArray {
+            base: base as u64,
+            slot_size: slot_size as u64,
+            value_size: value_size as u64,
+            entries: entries as u64,
+            cpus: cpus as u64,
+        }))
     }
 
     /// Turns inlining of the built-in helpers on (the default) or off (every load calls
@@ -558,6 +594,10 @@ impl Runtime {
             let (facts, inline) = self.builtin_facts(want_clock);
             builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline && native)
         });
+        let (builtins, percpu_table) = match builtins {
+            Some((b, t)) => (Some(b), t),
+            None => (None, None),
+        };
         let req = CompileRequest {
             code,
             helpers: &table,
@@ -622,7 +662,7 @@ impl Runtime {
             symbols,
             retired: false,
             elf: None,
-            builtins: builtins.map(Box::new),
+            builtins: builtins.map(|b| Box::new((b, percpu_table))),
         })
     }
 
@@ -708,6 +748,10 @@ enum ArenaRef {
     Scratch(Arc<ScratchArena>),
 }
 
+/// A program's built-in helper choice and the per-CPU table its inlined lookup reads (as
+/// `PjPerCpuTable` + arrays in `u64` words; it lives exactly as long as the code).
+type Builtins = (BuiltinChoice, Option<Box<[u64]>>);
+
 /// A compiled program. Dropping it frees its code once no thread can be running it.
 pub struct Program {
     compiled: Compiled,
@@ -730,7 +774,8 @@ pub struct Program {
     elf: Option<Box<elf::Linked>>,
     /// What the built-in helpers became in this program (`None`: loaded without them).
     /// Boxed: most programs are small handles (the rbpf bridge keeps one inline in an enum).
-    builtins: Option<Box<BuiltinChoice>>,
+    /// With the per-CPU table the inlined lookup reads (it lives as long as the code).
+    builtins: Option<Box<Builtins>>,
 }
 
 impl std::fmt::Debug for Program {
@@ -931,7 +976,7 @@ impl Program {
     /// without them (the rbpf bridge). Code that cannot call helper 5 (no `call 5`, no
     /// `callx`) reports the clock as a call: the counter is not calibrated for it.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
-        self.builtins.as_deref().copied()
+        self.builtins.as_deref().map(|(b, _)| *b)
     }
 
     /// Name of the backend that compiled it.

@@ -359,3 +359,147 @@ fn the_clock_is_monotonic_nanoseconds_on_clock_monotonic_time_line() {
         }
     }
 }
+
+/// The per-CPU array lookup: `r1 = id, r2 = index; call lookup` gives this CPU's element
+/// (checked against `sched_getcpu()` on pinned threads) or 0 out of bounds; a counter
+/// incremented through it from several threads sums to the number of runs, sandboxed (the
+/// array is an ordinary region), inlined and called, and the interpreter agrees.
+#[test]
+fn per_cpu_array_lookup_inlined_and_called() {
+    use packjit::PerCpuLookupImpl;
+    use packjit_plugin_api::PJ_HELPER_PERCPU_LOOKUP;
+    let rt = runtime();
+    const SLOT: usize = 64;
+    const ENTRIES: usize = 4;
+    let cpus = libc::CPU_SETSIZE as usize;
+    let mem: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new((0..cpus * SLOT / 8).map(|_| Default::default()).collect());
+    let base = mem.as_ptr() as u64;
+    // SAFETY: `mem` outlives the programs (held to the end), touched through atomics only.
+    let id = unsafe { rt.add_percpu_array(base as *mut u8, SLOT, 8, ENTRIES, cpus) }.unwrap();
+    let lookup = |index: i32| {
+        prog(&[
+            insn(0xb7, 0x01, 0, id as i32),
+            insn(0xb7, 0x02, 0, index),
+            insn(CALL, 0, 0, PJ_HELPER_PERCPU_LOOKUP as i32),
+            EXIT,
+        ])
+    };
+    // r0 = lookup(id, 2); if r0 == 0 goto out; lock *(u64 *)r0 += 1; r0 = 1; out: exit
+    let counter = prog(&[
+        insn(0xb7, 0x01, 0, id as i32),
+        insn(0xb7, 0x02, 0, 2),
+        insn(CALL, 0, 0, PJ_HELPER_PERCPU_LOOKUP as i32),
+        insn(0x15, 0x00, 3, 0),
+        insn(0xb7, 0x01, 0, 1),
+        insn(0xdb, 0x10, 0, 0),
+        insn(0xb7, 0x00, 0, 1),
+        EXIT,
+    ]);
+    let native_rseq = glibc_rseq_cpu_id_offset().is_some();
+    let offset = fake_cpu_id(0);
+    for mode in ["as detected", "test rseq area", "call"] {
+        rt.set_inline_builtins(mode != "call");
+        if mode == "test rseq area" {
+            // SAFETY: as in the test above: static TLS, filled by every running thread.
+            unsafe { rt.set_rseq_cpu_id_offset(Some(offset)) };
+        }
+        let fake = mode == "test rseq area";
+        let p2 = Arc::new(rt.load(&lookup(2), &LoadOptions::default()).unwrap());
+        let choice = p2.builtins().unwrap().percpu_lookup;
+        match mode {
+            "call" => assert_eq!(choice, PerCpuLookupImpl::CallSchedGetcpu),
+            "test rseq area" => assert_eq!(choice, PerCpuLookupImpl::Inline),
+            _ => assert_eq!(
+                choice,
+                if native_rseq {
+                    PerCpuLookupImpl::Inline
+                } else {
+                    PerCpuLookupImpl::CallSchedGetcpu
+                }
+            ),
+        }
+        let oob = rt
+            .load(&lookup(ENTRIES as i32), &LoadOptions::default())
+            .unwrap();
+        let bad_id = rt
+            .load(
+                &prog(&[
+                    insn(0xb7, 0x01, 0, 1000),
+                    insn(0xb7, 0x02, 0, 0),
+                    insn(CALL, 0, 0, PJ_HELPER_PERCPU_LOOKUP as i32),
+                    EXIT,
+                ]),
+                &LoadOptions::default(),
+            )
+            .unwrap();
+        let c = Arc::new(rt.load(&counter, &LoadOptions::default()).unwrap());
+        for s in mem.iter() {
+            s.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let runs = 500;
+        let cpu_list = allowed_cpus(8);
+        std::thread::scope(|s| {
+            for &cpu in &cpu_list {
+                let (p2, c) = (p2.clone(), c.clone());
+                s.spawn(move || {
+                    pin(cpu);
+                    let here = sched_getcpu();
+                    if fake {
+                        fake_cpu_id(here as u32);
+                    }
+                    let want = base + here * SLOT as u64 + 2 * 8;
+                    assert_eq!(p2.call(&mut []).unwrap(), want, "{mode} on CPU {cpu}");
+                    for _ in 0..runs {
+                        assert_eq!(c.call(&mut []).unwrap(), 1);
+                    }
+                });
+            }
+        });
+        if fake {
+            fake_cpu_id(sched_getcpu() as u32);
+        }
+        assert_eq!(oob.call(&mut []).unwrap(), 0, "{mode}: index out of bounds");
+        assert_eq!(bad_id.call(&mut []).unwrap(), 0, "{mode}: unknown array id");
+        let total: u64 = mem
+            .iter()
+            .map(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+            .sum();
+        assert_eq!(total, (runs * cpu_list.len()) as u64, "{mode}");
+        println!("per-CPU lookup {mode}: {choice}, {} CPUs", cpu_list.len());
+    }
+    // The interpreter, given the inline entry, computes the same element.
+    let table = [
+        2u64,
+        offset as u64,
+        0,
+        0,
+        0,
+        0,
+        0,
+        base,
+        SLOT as u64,
+        8,
+        ENTRIES as u64,
+        cpus as u64,
+    ];
+    let entry = [HelperEntry {
+        id: PJ_HELPER_PERCPU_LOOKUP,
+        inline_kind: packjit_plugin_api::PJ_INLINE_PERCPU_LOOKUP,
+        addr: table.as_ptr() as u64,
+    }];
+    // SAFETY: the table lives to the end of the test; FAKE is filled in this thread.
+    let interp = unsafe { packjit_interp::Interpreter::from_helper_table(&entry) };
+    let code = prog(&[
+        insn(0xb7, 0x01, 0, 1),
+        insn(0xb7, 0x02, 0, 3),
+        insn(CALL, 0, 0, PJ_HELPER_PERCPU_LOOKUP as i32),
+        EXIT,
+    ]);
+    let ip = interp.load(&code).unwrap();
+    assert_eq!(fake_cpu_id(5), offset);
+    assert_eq!(
+        interp.run(&ip, &mut [], None).unwrap().r0,
+        base + 5 * SLOT as u64 + 3 * 8
+    );
+}

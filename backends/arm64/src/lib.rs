@@ -50,7 +50,8 @@ pub use lower::{emit_decoded, Emitted};
 use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
 use packjit_plugin_api::{
     install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
-    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_RSEQ_CPU_ID,
+    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
@@ -60,10 +61,11 @@ pub const FEATURE_LSE: u64 = 1 << 0;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_LSE;
 
-/// Helpers this backend emits inline: the rseq CPU id (`mrs tpidr_el0` + one load) and the
-/// `cntvct_el0` clock.
-pub const INLINE_KINDS: u32 =
-    pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID) | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK);
+/// Helpers this backend emits inline: the rseq CPU id (`mrs tpidr_el0` + one load), the
+/// `cntvct_el0` clock and the per-CPU array lookup.
+pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
+    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
 /// Verifies `code` against `helpers` and emits trusted arm64 code (no compile flags) using
 /// the optional `features`.

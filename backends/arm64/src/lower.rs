@@ -28,6 +28,8 @@ use packjit_frontend::analysis::{
 };
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
+    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS,
+    PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE,
     PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
 
@@ -894,6 +896,7 @@ impl<'a> Emitter<'a> {
                     a64!(self.ops; ldr W(r0), [X(T0), X(T1)]);
                 }
             }
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
             HelperLowering::CounterClock { scale } => {
                 // isb first, as the kernel's counter read: without it the counter may be
                 // sampled before earlier instructions (a time stamp taken "too early").
@@ -910,6 +913,47 @@ impl<'a> Emitter<'a> {
                 );
             }
         }
+    }
+
+    /// Per-CPU array lookup (r1 = x0 array id, r2 = x1 element index) against the host's
+    /// table at `table`: unsigned bounds checks on the id, the index and the CPU (each
+    /// failing to r0 = 0), then `base + cpu * slot_size + index * value_size` with two
+    /// `madd`s. The CPU is the rseq `cpu_id` through `tpidr_el0`, like the inlined helper 8.
+    fn inline_percpu_lookup(&mut self, table: u64) {
+        let (r0, r1, r2) = (REG_MAP[0], REG_MAP[1], REG_MAP[2]);
+        let null = self.ops.new_dynamic_label();
+        let done = self.ops.new_dynamic_label();
+        self.mov_imm(T1, table, W64);
+        a64!(self.ops
+            ; ldr X(T0), [X(T1), PJ_PERCPU_COUNT as u32]
+            ; cmp X(r1), X(T0)
+            ; b.hs =>null
+        );
+        self.mov_imm(T2, PJ_PERCPU_ARRAY_SIZE as u64, W64);
+        a64!(self.ops
+            ; madd X(T2), X(r1), X(T2), X(T1)
+            ; add XSP(T2), XSP(T2), PJ_PERCPU_ARRAYS as u32
+            ; ldr X(T0), [X(T2), PJ_PERCPU_ENTRIES as u32]
+            ; cmp X(r2), X(T0)
+            ; b.hs =>null
+            ; ldr X(T0), [X(T1), PJ_PERCPU_CPU_ID_OFFSET as u32]
+        );
+        self.sysreg_read(T3, MRS_TPIDR_EL0);
+        a64!(self.ops
+            ; ldr W(T3), [X(T3), X(T0)]
+            ; ldr X(T0), [X(T2), PJ_PERCPU_CPUS as u32]
+            ; cmp X(T3), X(T0)
+            ; b.hs =>null
+            ; ldr X(T0), [X(T2), PJ_PERCPU_SLOT_SIZE as u32]
+            ; ldr X(T4), [X(T2), PJ_PERCPU_BASE as u32]
+            ; madd X(T4), X(T3), X(T0), X(T4)
+            ; ldr X(T0), [X(T2), PJ_PERCPU_VALUE_SIZE as u32]
+            ; madd X(r0), X(r2), X(T0), X(T4)
+            ; b =>done
+            ; =>null
+            ; mov X(r0), xzr
+            ; =>done
+        );
     }
 
     /// `mrs Xt, <sysreg>`: `base` is the MRS encoding with Rt = 0.

@@ -9,7 +9,7 @@ use crate::{Inst, Op, Operand, Program, Size, R10, STACK_SIZE};
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
     PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_INLINE_COUNTER_CLOCK,
-    PJ_INLINE_NONE, PJ_INLINE_RSEQ_CPU_ID,
+    PJ_INLINE_NONE, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// Does this instruction read r10 (the only way a program reaches its frame)?
@@ -365,6 +365,12 @@ pub enum HelperLowering {
         /// Address of the host's `PjClockScale`.
         scale: u64,
     },
+    /// r0 = this CPU's element `r2` of per-CPU array `r1`, or 0 (see
+    /// `PJ_INLINE_PERCPU_LOOKUP`); the code reads the table at `table` when it runs.
+    PerCpuLookup {
+        /// Address of the host's `PjPerCpuTable` (arrays follow it).
+        table: u64,
+    },
 }
 
 /// The lowering of `h` (its kind already checked by [`validate_inline_kinds`]).
@@ -374,6 +380,7 @@ pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
             offset: h.addr as i64,
         },
         PJ_INLINE_COUNTER_CLOCK => HelperLowering::CounterClock { scale: h.addr },
+        PJ_INLINE_PERCPU_LOOKUP => HelperLowering::PerCpuLookup { table: h.addr },
         _ => HelperLowering::Call(h.addr),
     }
 }
@@ -400,10 +407,13 @@ pub fn validate_inline_kinds(
                 ),
             ));
         }
-        if k == PJ_INLINE_COUNTER_CLOCK && h.addr == 0 {
+        if (k == PJ_INLINE_COUNTER_CLOCK || k == PJ_INLINE_PERCPU_LOOKUP) && h.addr == 0 {
             return Err(CompileError::new(
                 ErrorKind::InvalidArgument,
-                format!("helper id {}: inline clock with a NULL scale", h.id),
+                format!(
+                    "helper id {}: inline kind {k} with a NULL parameter block",
+                    h.id
+                ),
             ));
         }
     }

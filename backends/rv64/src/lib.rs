@@ -35,7 +35,8 @@ mod regs;
 use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
 use packjit_plugin_api::{
     install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
-    Compiled, ErrorKind, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_RSEQ_CPU_ID,
+    Compiled, ErrorKind, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -48,10 +49,11 @@ pub const FEATURE_C: u64 = 1 << 2;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_ZBB | FEATURE_ZBA | FEATURE_C;
 
-/// Helpers this backend emits inline: the rseq CPU id (`lwu` off `tp`) and the `rdtime`
-/// clock.
-pub const INLINE_KINDS: u32 =
-    pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID) | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK);
+/// Helpers this backend emits inline: the rseq CPU id (`lwu` off `tp`), the `rdtime`
+/// clock and the per-CPU array lookup.
+pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
+    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
 /// The RV64 backend.
 #[derive(Clone, Copy, Debug, Default)]

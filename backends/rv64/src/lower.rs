@@ -24,7 +24,9 @@ use packjit_frontend::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Progra
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_ENTRY_SP,
     PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
-    PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
+    PJ_ENV_STOP_PC, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT,
+    PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE,
+    PJ_PERCPU_VALUE_SIZE, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use Width::{W32, W64};
@@ -337,6 +339,40 @@ impl<'a> Codegen<'a> {
         }
     }
 
+    /// Per-CPU array lookup (r1 = a0 array id, r2 = a1 element index) against the host's
+    /// table at `table`, result in `rd`: unsigned bounds checks on the id, the index and the
+    /// CPU (each failing to 0), then `base + cpu * slot_size + index * value_size`. The CPU
+    /// is the rseq `cpu_id` off `tp`, like the inlined helper 8. Uses t0-t3.
+    fn inline_percpu_lookup(&mut self, table: u64, rd: u8) {
+        let null = self.e.new_label();
+        let done = self.e.new_label();
+        let arr = |field: i32| PJ_PERCPU_ARRAYS + field;
+        self.e.li(T1, table as i64);
+        self.e.load(Mem::D, T0, T1, PJ_PERCPU_COUNT);
+        self.branch(Br::Geu, A0, T0, null);
+        self.e.li(T2, PJ_PERCPU_ARRAY_SIZE as i64);
+        self.e.rrr(R3::Mul, T2, A0, T2);
+        self.e.rrr(R3::Add, T2, T2, T1);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_ENTRIES));
+        self.branch(Br::Geu, A1, T0, null);
+        self.e.load(Mem::D, T0, T1, PJ_PERCPU_CPU_ID_OFFSET);
+        self.e.rrr(R3::Add, T0, T0, TP);
+        self.e.load(Mem::Wu, T3, T0, 0);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_CPUS));
+        self.branch(Br::Geu, T3, T0, null);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_SLOT_SIZE));
+        self.e.rrr(R3::Mul, T3, T3, T0);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_BASE));
+        self.e.rrr(R3::Add, T3, T3, T0);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_VALUE_SIZE));
+        self.e.rrr(R3::Mul, T0, A1, T0);
+        self.e.rrr(R3::Add, rd, T3, T0);
+        self.jump(done);
+        self.e.bind(null);
+        self.e.li(rd, 0);
+        self.e.bind(done);
+    }
+
     /// The body of an inlined helper (never [`HelperLowering::Call`]), result in `rd`; uses
     /// t0-t3 only.
     fn inline_helper(&mut self, how: HelperLowering, rd: u8) {
@@ -353,6 +389,7 @@ impl<'a> Codegen<'a> {
                     self.e.load(Mem::Wu, rd, T0, 0);
                 }
             }
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table, rd),
             HelperLowering::CounterClock { scale } => {
                 // ns = t * mult_int + hi64(t * mult_frac) + offset, scale read from the host.
                 self.e.rdtime(T0);

@@ -35,7 +35,8 @@ pub use lower::Emitted;
 use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
 use packjit_plugin_api::{
     install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
-    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_RSEQ_CPU_ID,
+    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
@@ -45,10 +46,11 @@ pub const FEATURE_MOVBE: u64 = 1 << 1;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BMI2 | FEATURE_MOVBE;
 
-/// Helpers this backend emits inline: the rseq CPU id (`mov eax, fs:[off]`) and the TSC
-/// clock (`rdtsc`, scaled).
-pub const INLINE_KINDS: u32 =
-    pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID) | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK);
+/// Helpers this backend emits inline: the rseq CPU id (`mov eax, fs:[off]`), the TSC
+/// clock (`rdtsc`, scaled) and the per-CPU array lookup.
+pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
+    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
 /// Compile options for [`emit_program`] (the request fields that shape the code).
 #[derive(Clone, Copy, Debug, Default)]

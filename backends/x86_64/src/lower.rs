@@ -1030,8 +1030,64 @@ impl<'a> Emitter<'a> {
             HelperLowering::Call(addr) => self.call_abs(addr),
             HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
             HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
         }
         Ok(())
+    }
+
+    /// Per-CPU array lookup (r1 = array id, r2 = element index) against the host's table at
+    /// `table`: three unsigned bounds checks (id, index, CPU), each failing to r0 = 0, then
+    /// `base + cpu * slot_size + index * value_size`. The CPU is the rseq `cpu_id` read
+    /// through `fs`, like the inlined helper 8. r1–r5 may be clobbered (it is a call).
+    fn inline_percpu_lookup(&mut self, table: u64) {
+        let null = self.e.label();
+        let done = self.e.label();
+        let (arrays, size) = (PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE);
+        let (cpu_off, base, slot, vsz, ent, cpus) = (
+            PJ_PERCPU_CPU_ID_OFFSET as i8,
+            PJ_PERCPU_BASE as i8,
+            PJ_PERCPU_SLOT_SIZE as i8,
+            PJ_PERCPU_VALUE_SIZE as i8,
+            PJ_PERCPU_ENTRIES as i8,
+            PJ_PERCPU_CPUS as i8,
+        );
+        self.mov_ri(T11, table as i64);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp rdi, QWORD [r11]));
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(3, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; imul r9, rdi, size
+                ; lea r9, [r11 + r9 + arrays]
+                ; cmp rsi, QWORD [BYTE r9 + ent]
+            )
+        });
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; mov r10, QWORD [BYTE r11 + cpu_off]),
+        );
+        // fs ; mov eax, [r10] (REX.B for r10): the rseq cpu_id, zero-extended.
+        self.e.raw(&[0x64, 0x41, 0x8b, 0x02]);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; cmp rax, QWORD [BYTE r9 + cpus]),
+        );
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(4, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; imul rax, QWORD [BYTE r9 + slot]
+                ; imul rsi, QWORD [BYTE r9 + vsz]
+                ; add rax, rsi
+                ; add rax, QWORD [BYTE r9 + base]
+            )
+        });
+        self.e.jump(None, done);
+        self.e.bind(null);
+        self.xor_zero(RAX);
+        self.e.bind(done);
     }
 
     /// `mov eax, fs:[offset]`: glibc keeps the thread's `struct rseq` at a fixed offset from
