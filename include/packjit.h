@@ -221,6 +221,27 @@
 #define PACKJIT_PATH_LEN 256
 
 /**
+ * [`PackjitBuiltins`]: the built-in helper is inlined into the code.
+ */
+#define PACKJIT_BUILTIN_INLINE 1
+
+/**
+ * [`PackjitBuiltins`]: the built-in helper is a call (`sched_getcpu` /
+ * `clock_gettime(CLOCK_MONOTONIC)`).
+ */
+#define PACKJIT_BUILTIN_CALL 2
+
+/**
+ * [`PackjitBuiltins`]: the host registered its own helper under the id; it is called.
+ */
+#define PACKJIT_BUILTIN_HOST 3
+
+/**
+ * [`PackjitBuiltins`]: the program was loaded without the built-ins.
+ */
+#define PACKJIT_BUILTIN_NONE 0
+
+/**
  * An opaque attach point: `packjit_hook_run` runs whatever program is attached at that
  * moment. Thread-safe: any number of threads may run it while another attaches or detaches
  * (alone or in a batch); replaced programs are freed once no running thread can be in them.
@@ -508,6 +529,38 @@ typedef struct PackjitProgramInfo {
 } PackjitProgramInfo;
 
 /**
+ * How the built-in helpers `bpf_get_smp_processor_id` (id 8) and `bpf_ktime_get_ns`
+ * (id 5) are carried out, filled by `packjit_runtime_builtins` (what a load gets now) and
+ * `packjit_program_builtins` (what a program got).
+ */
+typedef struct PackjitBuiltins {
+    /**
+     * `sizeof(PackjitBuiltins)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * `PACKJIT_BUILTIN_*` of helper 8 (inline = one load of the rseq `cpu_id`).
+     */
+    uint32_t cpu_id;
+    /**
+     * `PACKJIT_BUILTIN_*` of helper 5 (inline = the CPU counter, scaled).
+     */
+    uint32_t clock;
+    /**
+     * `PACKJIT_BUILTIN_*` of the per-CPU array lookup (`PJ_HELPER_PERCPU_LOOKUP`).
+     */
+    uint32_t percpu_lookup;
+    /**
+     * With `cpu_id == PACKJIT_BUILTIN_INLINE`: offset of `cpu_id` from the thread pointer.
+     */
+    int64_t rseq_offset;
+    /**
+     * With `clock == PACKJIT_BUILTIN_INLINE`: the counter frequency in Hz.
+     */
+    uint64_t clock_hz;
+} PackjitBuiltins;
+
+/**
  * Per-run environment, the third argument of every program entry.
  *
  * The host fills the input fields before each run and reads the stop fields after it; the
@@ -613,8 +666,14 @@ typedef struct PackjitSymbol {
 } PackjitSymbol;
 
 /**
- * One entry of the helper table: helper `id` lives at `addr`, an
- * `extern "C" fn(u64, u64, u64, u64, u64) -> u64`.
+ * One entry of the helper table.
+ *
+ * With `inline_kind == PJ_INLINE_NONE` helper `id` lives at `addr`, an
+ * `extern "C" fn(u64, u64, u64, u64, u64) -> u64`. Any other `inline_kind` asks the backend
+ * to emit the helper's body in place of the call (at `call imm` and at a matching `callx`),
+ * and `addr` carries that kind's parameter instead of a function address. A host sends a
+ * kind only to a backend whose [`PjBackendVtable::inline_kinds`] has its bit: this field
+ * was `reserved` (zero) before, so an older backend never sees one.
  */
 typedef struct PjHelper {
     /**
@@ -622,11 +681,11 @@ typedef struct PjHelper {
      */
     uint32_t id;
     /**
-     * Reserved, zero.
+     * `PJ_INLINE_*`: how the backend emits calls to this id.
      */
-    uint32_t reserved;
+    uint32_t inline_kind;
     /**
-     * Address of the helper function.
+     * Address of the helper function, or the inline kind's parameter.
      */
     uint64_t addr;
 } PjHelper;
@@ -800,9 +859,11 @@ typedef struct PjBackendVtable {
      */
     uint32_t arch;
     /**
-     * Reserved, zero.
+     * Bit `pj_inline_bit(k)` set for every `PJ_INLINE_*` kind `k` the backend emits inline
+     * (see [`PjHelper::inline_kind`]). Was `reserved` (zero) before inlining existed, so a
+     * host reads an older plugin as supporting none.
      */
-    uint32_t reserved;
+    uint32_t inline_kinds;
     /**
      * NUL-terminated backend name, static.
      */
@@ -1213,6 +1274,52 @@ void packjit_epoch_exit(void);
  * `prog` NULL or live; `info` NULL or a `PackjitProgramInfo` with `struct_size` set.
  */
 int32_t packjit_program_info(const struct PackjitProgram *prog, struct PackjitProgramInfo *info);
+
+/**
+ * What the built-in helpers (ids 5 and 8) became in `prog`: inlined, called, or the
+ * host's own helper (`PACKJIT_BUILTIN_*`).
+ *
+ * # Safety
+ * `prog` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
+ */
+int32_t packjit_program_builtins(const struct PackjitProgram *prog, struct PackjitBuiltins *out);
+
+/**
+ * What a load for the host architecture gets now for the built-in helpers (all
+ * `PACKJIT_BUILTIN_NONE` when no host backend is loaded).
+ *
+ * # Safety
+ * `rt` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
+ */
+int32_t packjit_runtime_builtins(const struct PackjitRuntime *rt, struct PackjitBuiltins *out);
+
+/**
+ * Registers a per-CPU array: `cpus` slots of `slot_size` bytes from `base`, each holding
+ * `entries` values of `value_size` bytes. `*id` receives its id (process-wide), which
+ * programs pass in r1 to the lookup helper `PJ_HELPER_PERCPU_LOOKUP` (r2 = element index;
+ * r0 = this CPU's element or NULL). The memory becomes a read-write sandbox region for
+ * programs loaded from now on.
+ *
+ * # Safety
+ * `rt` NULL or live; `id` NULL or writable; `cpus * slot_size` bytes from `base` must stay
+ * valid and writable while any program loaded afterwards can run.
+ */
+int32_t packjit_runtime_add_percpu_array(const struct PackjitRuntime *rt,
+                                         void *base,
+                                         uint64_t slot_size,
+                                         uint64_t value_size,
+                                         uint64_t entries,
+                                         uint64_t cpus,
+                                         uint32_t *id);
+
+/**
+ * Allows (`on != 0`, the default) or forbids inlining the built-in helpers in programs
+ * loaded from now on (forbidden: they call `sched_getcpu` / `clock_gettime`).
+ *
+ * # Safety
+ * `rt` NULL or live.
+ */
+int32_t packjit_runtime_set_inline_builtins(const struct PackjitRuntime *rt, uint32_t on);
 
 /**
  * Copies a program's native code into a caller buffer (for disassemblers and tools).

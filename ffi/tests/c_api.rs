@@ -925,3 +925,77 @@ fn hooks_batch_attach_and_symbols_through_the_c_api() {
         unsafe { packjit_hook_destroy(h) };
     }
 }
+
+fn builtins_struct() -> PackjitBuiltins {
+    PackjitBuiltins {
+        struct_size: size_of::<PackjitBuiltins>() as u32,
+        ..Default::default()
+    }
+}
+
+/// The C test backend predates inlining: its vtable's `inline_kinds` (formerly `reserved`)
+/// is 0, so the runtime gives it plain calls for the built-in helpers and says so.
+#[test]
+fn builtins_are_reported_and_an_older_plugin_gets_calls() {
+    let rt = Rt::new();
+    let mut b = builtins_struct();
+    // SAFETY: live runtime, sized out struct.
+    assert_eq!(unsafe { packjit_runtime_builtins(rt.0, &mut b) }, PJ_OK);
+    assert_eq!(
+        (b.cpu_id, b.clock),
+        (PACKJIT_BUILTIN_NONE, PACKJIT_BUILTIN_NONE)
+    );
+    drop(rt);
+
+    let rt = Rt::with_backend();
+    let mut b = builtins_struct();
+    // SAFETY: as above.
+    assert_eq!(unsafe { packjit_runtime_builtins(rt.0, &mut b) }, PJ_OK);
+    assert_eq!(
+        (b.cpu_id, b.clock),
+        (PACKJIT_BUILTIN_CALL, PACKJIT_BUILTIN_CALL)
+    );
+    let p = rt.load(&mov_r0(5)).unwrap();
+    let mut pb = builtins_struct();
+    // SAFETY: live program, sized out struct.
+    assert_eq!(unsafe { packjit_program_builtins(p, &mut pb) }, PJ_OK);
+    assert_eq!(
+        (pb.cpu_id, pb.clock),
+        (PACKJIT_BUILTIN_CALL, PACKJIT_BUILTIN_CALL)
+    );
+    // SAFETY: live runtime.
+    let st = unsafe { packjit_runtime_set_inline_builtins(rt.0, 0) };
+    assert_eq!(st, PJ_OK);
+    assert_eq!(pb.percpu_lookup, PACKJIT_BUILTIN_CALL);
+    // A per-CPU array: 2 CPUs x 4 u64s; bad geometry and NULLs are refused.
+    let mut mem = vec![0u64; 8];
+    let mut id = u32::MAX;
+    // SAFETY: `mem` outlives every program of this runtime (dropped after it).
+    unsafe {
+        assert_eq!(
+            packjit_runtime_add_percpu_array(rt.0, mem.as_mut_ptr().cast(), 32, 8, 4, 2, &mut id),
+            PJ_OK
+        );
+        assert_ne!(id, u32::MAX);
+        assert_eq!(
+            packjit_runtime_add_percpu_array(rt.0, mem.as_mut_ptr().cast(), 32, 8, 5, 2, &mut id),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("do not fit"), "{}", last_error());
+        assert_eq!(
+            packjit_runtime_add_percpu_array(rt.0, null_mut(), 32, 8, 4, 2, &mut id),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+    }
+    let mut bad = builtins_struct();
+    bad.struct_size = 4;
+    // SAFETY: deliberately wrong size / NULL: must be refused.
+    unsafe {
+        assert_eq!(packjit_program_builtins(p, &mut bad), PJ_ERR_ABI);
+        assert_eq!(
+            packjit_runtime_builtins(rt.0, null_mut()),
+            PJ_ERR_INVALID_ARGUMENT
+        );
+        packjit_program_free(p);
+    }
+}

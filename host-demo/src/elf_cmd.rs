@@ -242,7 +242,7 @@ pub fn dump(
             .iter()
             .map(|h| HelperEntry {
                 id: h.id,
-                reserved: 0,
+                inline_kind: 0,
                 addr: h.addr,
             })
             .collect();

@@ -278,6 +278,10 @@ fn run(rt: &Runtime, asm: Option<PathBuf>, n: u64) -> Result<(), String> {
                 "  ran natively from the arena at {:#x}: r0 = {r0}",
                 prog.entry_addr()
             );
+            if let Some(b) = prog.builtins() {
+                // Decided at load time: rseq registered → inline CPU id, else a call.
+                println!("  built-in helpers: {b}");
+            }
             if name == "built-in sample" {
                 let expect = sample::expected(n);
                 println!(

@@ -38,14 +38,18 @@
 //! assert!(matches!(stop, Stop::OutOfBounds { pc: 0, size: 4, write: false, .. }));
 //! ```
 
-use packjit_frontend::analysis::{back_edge_charge, stack_block_size, CALL_CHARGE};
+use packjit_frontend::analysis::{
+    back_edge_charge, helper_lowering, stack_block_size, HelperLowering, CALL_CHARGE,
+};
 use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
 use packjit_plugin_api::{
-    AccessDirection, CompileError, ErrorKind, HelperEntry, MemFault, PjMemRegion,
-    PJ_REGION_WRITABLE,
+    AccessDirection, CompileError, ErrorKind, HelperEntry, MemFault, PjClockScale, PjMemRegion,
+    PjPerCpuArray, PjPerCpuTable, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
 };
 use std::collections::BTreeMap;
 use std::fmt;
+
+pub mod hw;
 
 /// A helper: the same `extern "C"` functions the JIT code calls.
 pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
@@ -182,7 +186,8 @@ pub struct RawEnv<'a> {
 /// The interpreter: a helper table. Cheap to clone, `Send + Sync`.
 #[derive(Clone, Default)]
 pub struct Interpreter {
-    helpers: BTreeMap<u32, HelperFn>,
+    /// Entries as a compile request carries them: plain calls and inlined helpers alike.
+    helpers: BTreeMap<u32, HelperEntry>,
 }
 
 impl fmt::Debug for Interpreter {
@@ -207,45 +212,82 @@ impl Interpreter {
 
     /// Registers (or replaces) helper `id`.
     pub fn with_helper(mut self, id: u32, f: HelperFn) -> Self {
-        self.helpers.insert(id, f);
+        self.set_helper(id, f);
         self
     }
 
     /// Registers (or replaces) helper `id` in place.
     pub fn set_helper(&mut self, id: u32, f: HelperFn) {
-        self.helpers.insert(id, f);
+        self.helpers.insert(
+            id,
+            HelperEntry {
+                id,
+                inline_kind: 0,
+                addr: f as usize as u64,
+            },
+        );
     }
 
-    /// Builds an interpreter from a runtime-style helper table (addresses of
-    /// `extern "C" fn(u64, u64, u64, u64, u64) -> u64`).
+    /// Builds an interpreter from a runtime-style helper table: addresses of
+    /// `extern "C" fn(u64, u64, u64, u64, u64) -> u64`, or inlined helpers (`PJ_INLINE_*`),
+    /// which the interpreter evaluates the way the backends' code does (see [`hw`]). The
+    /// first entry for an id wins, as in a compile request.
     ///
     /// # Safety
-    /// Every `addr` must be such a function, callable for as long as the interpreter is used.
+    /// Every plain `addr` must be such a function, callable for as long as the interpreter
+    /// is used; an inline entry's parameter must be what its kind promises (a thread-pointer
+    /// offset of a live `struct rseq` `cpu_id` in every thread that runs programs, a
+    /// `PjClockScale` that outlives the interpreter).
     pub unsafe fn from_helper_table(table: &[HelperEntry]) -> Self {
         let mut helpers = BTreeMap::new();
         for h in table {
-            // SAFETY: the caller promises `addr` is a helper function.
-            let f = unsafe { std::mem::transmute::<usize, HelperFn>(h.addr as usize) };
-            helpers.insert(h.id, f);
+            helpers.entry(h.id).or_insert(*h);
         }
         Self { helpers }
     }
 
     /// The helper table in the form `packjit_frontend::decode` and a compile request take
-    /// (real function addresses).
+    /// (real function addresses, and inline entries as given).
     pub fn helper_table(&self) -> Vec<HelperEntry> {
-        self.helpers
-            .iter()
-            .map(|(&id, &f)| HelperEntry {
-                id,
-                reserved: 0,
-                addr: f as usize as u64,
-            })
-            .collect()
+        self.helpers.values().copied().collect()
     }
 
-    fn helper(&self, id: u64) -> Option<HelperFn> {
-        self.helpers.get(&u32::try_from(id).ok()?).copied()
+    /// Calls (or evaluates, when inlined) helper `id`; `None` when none is registered.
+    fn call_helper(&self, id: u64, args: [u64; 5]) -> Option<u64> {
+        let h = self.helpers.get(&u32::try_from(id).ok()?)?;
+        Some(match helper_lowering(h) {
+            HelperLowering::Call(addr) => {
+                // SAFETY: `set_helper` stores real functions; `from_helper_table`'s caller
+                // promised every plain address is one. What they do with their arguments is
+                // the host's business, as in the JIT.
+                let f = unsafe { std::mem::transmute::<usize, HelperFn>(addr as usize) };
+                // SAFETY: as above.
+                unsafe { f(args[0], args[1], args[2], args[3], args[4]) }
+            }
+            // SAFETY: `from_helper_table`'s caller promised the offset names a live rseq area.
+            HelperLowering::RseqCpuId { offset } => u64::from(unsafe { hw::rseq_cpu_id(offset) }),
+            HelperLowering::PerCpuLookup { table } => {
+                // SAFETY: promised by `from_helper_table`'s caller: a live table whose
+                // `count` arrays follow the header, and a live rseq area at its offset.
+                unsafe {
+                    let hdr = &*(table as *const PjPerCpuTable);
+                    if args[0] >= hdr.count {
+                        0
+                    } else {
+                        let at = table as usize
+                            + PJ_PERCPU_ARRAYS as usize
+                            + args[0] as usize * PJ_PERCPU_ARRAY_SIZE as usize;
+                        let arr = &*(at as *const PjPerCpuArray);
+                        arr.lookup(u64::from(hw::rseq_cpu_id(hdr.cpu_id_offset)), args[1])
+                    }
+                }
+            }
+            HelperLowering::CounterClock { scale } => {
+                // SAFETY: promised by `from_helper_table`'s caller: a live PjClockScale.
+                let scale = unsafe { &*(scale as *const PjClockScale) };
+                scale.apply(hw::read_counter())
+            }
+        })
     }
 
     /// Verifies `code` against this helper table (`packjit_frontend::decode`): the same
@@ -533,18 +575,17 @@ impl Interpreter {
                 Op::CallHelper { id } => {
                     // The verifier checked `id` against the same table `load` used; a program
                     // decoded against another table gets a clear stop instead of a panic.
-                    let f = self
-                        .helper(id.into())
+                    let args = [reg[1], reg[2], reg[3], reg[4], reg[5]];
+                    reg[0] = self
+                        .call_helper(id.into(), args)
                         .ok_or(Stop::UnknownCallx { pc, id: id.into() })?;
-                    // SAFETY: registered helpers are `extern "C"` functions of this type;
-                    // what they do with their arguments is the host's business, as in the JIT.
-                    reg[0] = unsafe { f(reg[1], reg[2], reg[3], reg[4], reg[5]) };
                 }
                 Op::CallReg { reg: r } => {
                     let id = reg[r as usize];
-                    let f = self.helper(id).ok_or(Stop::UnknownCallx { pc, id })?;
-                    // SAFETY: as above.
-                    reg[0] = unsafe { f(reg[1], reg[2], reg[3], reg[4], reg[5]) };
+                    let args = [reg[1], reg[2], reg[3], reg[4], reg[5]];
+                    reg[0] = self
+                        .call_helper(id, args)
+                        .ok_or(Stop::UnknownCallx { pc, id })?;
                 }
                 Op::CallLocal { target } => {
                     charge(&mut budget, pc, CALL_CHARGE)?;

@@ -243,17 +243,173 @@ pub struct PjArenaVtable {
     pub free: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const PjRegion)>,
 }
 
-/// One entry of the helper table: helper `id` lives at `addr`, an
-/// `extern "C" fn(u64, u64, u64, u64, u64) -> u64`.
+/// One entry of the helper table.
+///
+/// With `inline_kind == PJ_INLINE_NONE` helper `id` lives at `addr`, an
+/// `extern "C" fn(u64, u64, u64, u64, u64) -> u64`. Any other `inline_kind` asks the backend
+/// to emit the helper's body in place of the call (at `call imm` and at a matching `callx`),
+/// and `addr` carries that kind's parameter instead of a function address. A host sends a
+/// kind only to a backend whose [`PjBackendVtable::inline_kinds`] has its bit: this field
+/// was `reserved` (zero) before, so an older backend never sees one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PjHelper {
     /// The id used by `call imm` instructions.
     pub id: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
-    /// Address of the helper function.
+    /// `PJ_INLINE_*`: how the backend emits calls to this id.
+    pub inline_kind: u32,
+    /// Address of the helper function, or the inline kind's parameter.
     pub addr: u64,
+}
+
+/// Kernel helper id of `bpf_ktime_get_ns` (monotonic nanoseconds), inlinable as
+/// [`PJ_INLINE_COUNTER_CLOCK`].
+pub const PJ_HELPER_KTIME_GET_NS: u32 = 5;
+/// Kernel helper id of `bpf_get_smp_processor_id` (the CPU the thread runs on), inlinable as
+/// [`PJ_INLINE_RSEQ_CPU_ID`].
+pub const PJ_HELPER_GET_SMP_PROCESSOR_ID: u32 = 8;
+
+/// [`PjHelper::inline_kind`]: a plain call to `addr`.
+pub const PJ_INLINE_NONE: u32 = 0;
+/// [`PjHelper::inline_kind`]: r0 = the 32-bit `cpu_id` field of this thread's registered
+/// `struct rseq`, read at `thread pointer + addr` (`addr` is a signed byte offset: glibc's
+/// `__rseq_offset + 4`). The thread pointer is `fs` on x86-64, `tpidr_el0` on arm64, `tp` on
+/// RV64. r1–r5 are left unchanged. The value may be stale by the time it is used (the thread
+/// can migrate right after the load), exactly like the kernel helper.
+pub const PJ_INLINE_RSEQ_CPU_ID: u32 = 1;
+/// [`PjHelper::inline_kind`]: r0 = monotonic nanoseconds from the CPU's counter, scaled as
+/// the [`PjClockScale`] at `addr` says. The emitted code reads the scale from `addr` at run
+/// time, so the host keeps it alive (and unchanged) as long as the code can run. x86-64 reads
+/// `rdtsc`, arm64 `cntvct_el0`, RV64 `rdtime`. r1–r5 are left unchanged.
+pub const PJ_INLINE_COUNTER_CLOCK: u32 = 2;
+
+/// [`PjHelper::inline_kind`] of [`PJ_HELPER_PERCPU_LOOKUP`]: the per-CPU array lookup,
+/// inlined. `addr` points to a [`PjPerCpuTable`] header followed by `count`
+/// [`PjPerCpuArray`]s, read by the code at run time (the host keeps it alive and unchanged
+/// while the code can run). With r1 = array id and r2 = element index:
+/// `r0 = base + cpu * slot_size + index * value_size` where `cpu` is the `u32` at thread
+/// pointer + `cpu_id_offset` (the rseq `cpu_id`), or r0 = 0 when `id >= count`,
+/// `index >= entries` or `cpu >= cpus`. r1–r5 are clobbered, as by a call.
+pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
+
+/// packjit's per-CPU array lookup helper id (outside the kernel's helper ids):
+/// `void *lookup(u64 array_id, u64 index)`, this CPU's element or NULL. Inlinable as
+/// [`PJ_INLINE_PERCPU_LOOKUP`].
+pub const PJ_HELPER_PERCPU_LOOKUP: u32 = 0x7043_0001;
+
+/// Header of the per-CPU array table of [`PJ_INLINE_PERCPU_LOOKUP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjPerCpuTable {
+    /// Arrays following the header.
+    pub count: u64,
+    /// Offset of the rseq `cpu_id` from the thread pointer.
+    pub cpu_id_offset: i64,
+}
+
+/// One per-CPU array: `cpus` slots of `slot_size` bytes from `base`, each holding
+/// `entries` values of `value_size` bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjPerCpuArray {
+    /// CPU 0's slot.
+    pub base: u64,
+    /// Bytes from one CPU's slot to the next.
+    pub slot_size: u64,
+    /// Bytes per element.
+    pub value_size: u64,
+    /// Elements per slot.
+    pub entries: u64,
+    /// Slots (CPUs) in the array.
+    pub cpus: u64,
+}
+
+/// Offsets for emitted code: the table header's fields and the first array.
+pub const PJ_PERCPU_COUNT: i32 = 0;
+/// Offset of [`PjPerCpuTable::cpu_id_offset`].
+pub const PJ_PERCPU_CPU_ID_OFFSET: i32 = 8;
+/// Offset of the first [`PjPerCpuArray`] after the header.
+pub const PJ_PERCPU_ARRAYS: i32 = 16;
+/// Size of one [`PjPerCpuArray`].
+pub const PJ_PERCPU_ARRAY_SIZE: i32 = 40;
+/// Offset of [`PjPerCpuArray::base`].
+pub const PJ_PERCPU_BASE: i32 = 0;
+/// Offset of [`PjPerCpuArray::slot_size`].
+pub const PJ_PERCPU_SLOT_SIZE: i32 = 8;
+/// Offset of [`PjPerCpuArray::value_size`].
+pub const PJ_PERCPU_VALUE_SIZE: i32 = 16;
+/// Offset of [`PjPerCpuArray::entries`].
+pub const PJ_PERCPU_ENTRIES: i32 = 24;
+/// Offset of [`PjPerCpuArray::cpus`].
+pub const PJ_PERCPU_CPUS: i32 = 32;
+
+const _: () = {
+    assert!(core::mem::offset_of!(PjPerCpuTable, count) == PJ_PERCPU_COUNT as usize);
+    assert!(
+        core::mem::offset_of!(PjPerCpuTable, cpu_id_offset) == PJ_PERCPU_CPU_ID_OFFSET as usize
+    );
+    assert!(core::mem::size_of::<PjPerCpuTable>() == PJ_PERCPU_ARRAYS as usize);
+    assert!(core::mem::size_of::<PjPerCpuArray>() == PJ_PERCPU_ARRAY_SIZE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, base) == PJ_PERCPU_BASE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, slot_size) == PJ_PERCPU_SLOT_SIZE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, value_size) == PJ_PERCPU_VALUE_SIZE as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, entries) == PJ_PERCPU_ENTRIES as usize);
+    assert!(core::mem::offset_of!(PjPerCpuArray, cpus) == PJ_PERCPU_CPUS as usize);
+};
+
+impl PjPerCpuArray {
+    /// The lookup the emitted code performs, for `cpu` (0 = NULL).
+    pub fn lookup(&self, cpu: u64, index: u64) -> u64 {
+        if index >= self.entries || cpu >= self.cpus {
+            return 0;
+        }
+        self.base
+            .wrapping_add(cpu.wrapping_mul(self.slot_size))
+            .wrapping_add(index.wrapping_mul(self.value_size))
+    }
+}
+
+/// How a counter value `c` becomes nanoseconds for [`PJ_INLINE_COUNTER_CLOCK`]:
+/// `ns = c * mult_int + ((c as u128 * mult_frac as u128) >> 64) + offset` (wrapping), i.e. a
+/// 64.64 fixed-point multiplier `mult_int + mult_frac / 2^64` (exact to 2^-64 ns per tick)
+/// plus the offset that puts the result on `CLOCK_MONOTONIC`'s time line at calibration.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjClockScale {
+    /// Whole nanoseconds per tick.
+    pub mult_int: u64,
+    /// Fractional nanoseconds per tick, in units of 2^-64.
+    pub mult_frac: u64,
+    /// Added last (wrapping).
+    pub offset: u64,
+}
+
+/// Offset of [`PjClockScale::mult_int`] for emitted code.
+pub const PJ_CLOCK_MULT_INT: i32 = 0;
+/// Offset of [`PjClockScale::mult_frac`].
+pub const PJ_CLOCK_MULT_FRAC: i32 = 8;
+/// Offset of [`PjClockScale::offset`].
+pub const PJ_CLOCK_OFFSET: i32 = 16;
+
+const _: () = {
+    assert!(core::mem::offset_of!(PjClockScale, mult_int) == PJ_CLOCK_MULT_INT as usize);
+    assert!(core::mem::offset_of!(PjClockScale, mult_frac) == PJ_CLOCK_MULT_FRAC as usize);
+    assert!(core::mem::offset_of!(PjClockScale, offset) == PJ_CLOCK_OFFSET as usize);
+    assert!(core::mem::size_of::<PjHelper>() == 16);
+};
+
+impl PjClockScale {
+    /// Nanoseconds for counter value `c` (the emitted code computes exactly this).
+    pub const fn apply(&self, c: u64) -> u64 {
+        c.wrapping_mul(self.mult_int)
+            .wrapping_add(((c as u128 * self.mult_frac as u128) >> 64) as u64)
+            .wrapping_add(self.offset)
+    }
+}
+
+/// The bit of [`PjBackendVtable::inline_kinds`] announcing support for `kind`.
+pub const fn pj_inline_bit(kind: u32) -> u32 {
+    1 << kind
 }
 
 /// Everything a backend needs to compile one program.
@@ -321,8 +477,10 @@ pub struct PjBackendVtable {
     pub struct_size: u32,
     /// One of the `PJ_ARCH_*` codes: the architecture the backend emits code for.
     pub arch: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// Bit `pj_inline_bit(k)` set for every `PJ_INLINE_*` kind `k` the backend emits inline
+    /// (see [`PjHelper::inline_kind`]). Was `reserved` (zero) before inlining existed, so a
+    /// host reads an older plugin as supporting none.
+    pub inline_kinds: u32,
     /// NUL-terminated backend name, static.
     pub name: *const c_char,
     /// NUL-terminated version string, static.

@@ -27,7 +27,7 @@ impl ExportedBackend {
             abi_version: PJ_ABI_VERSION,
             struct_size: size_of::<PjBackendVtable>() as u32,
             arch: backend.arch().code(),
-            reserved: 0,
+            inline_kinds: backend.inline_kinds(),
             name: name.as_ptr(),
             version: version.as_ptr(),
             features: backend.supported_features(),

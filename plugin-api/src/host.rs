@@ -130,6 +130,10 @@ impl JitBackend for LoadedBackend {
         self.vt.features
     }
 
+    fn inline_kinds(&self) -> u32 {
+        self.vt.inline_kinds
+    }
+
     fn detect_features(&self) -> u64 {
         let detect = self.vt.detect_features.expect("checked at load");
         // SAFETY: plugin entry point validated at load; it takes no arguments.

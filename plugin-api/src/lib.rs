@@ -397,6 +397,11 @@ pub trait JitBackend: Send + Sync {
     fn supported_features(&self) -> u64;
     /// Optional features offered by the CPU this process runs on (0 on a foreign host).
     fn detect_features(&self) -> u64;
+    /// The `PJ_INLINE_*` kinds this backend emits inline, as `pj_inline_bit` bits (see
+    /// [`PjHelper::inline_kind`]). None by default: a host then sends plain calls only.
+    fn inline_kinds(&self) -> u32 {
+        0
+    }
     /// Compiles a program into `arena`.
     fn compile(
         &self,

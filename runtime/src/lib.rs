@@ -22,6 +22,7 @@
 //! ```
 
 pub mod arena;
+pub mod builtins;
 pub mod elf;
 mod exec;
 mod hook;
@@ -34,6 +35,7 @@ pub use arena::{
     ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
     RemapPolicy,
 };
+pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl, PerCpuLookupImpl};
 pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess};
 pub use hook::{Hook, HookBatch};
@@ -134,6 +136,26 @@ pub struct Runtime {
     regions: RwLock<Vec<MemRegion>>,
     symbols: Arc<Symbols>,
     next_program_id: AtomicU64,
+    builtin_overrides: RwLock<BuiltinOverrides>,
+}
+
+/// Test and emulator overrides of the built-in helpers' facts (see
+/// [`Runtime::set_rseq_cpu_id_offset`]).
+#[derive(Clone, Copy, Debug)]
+struct BuiltinOverrides {
+    inline: bool,
+    rseq: Option<Option<i64>>,
+    clock: Option<Option<(&'static abi::PjClockScale, u64, &'static str)>>,
+}
+
+impl Default for BuiltinOverrides {
+    fn default() -> Self {
+        Self {
+            inline: true,
+            rseq: None,
+            clock: None,
+        }
+    }
 }
 
 /// How the code of a program treats memory.
@@ -166,6 +188,7 @@ impl Runtime {
             regions: RwLock::new(Vec::new()),
             symbols: Arc::new(Symbols::default()),
             next_program_id: AtomicU64::new(1),
+            builtin_overrides: RwLock::new(BuiltinOverrides::default()),
         })
     }
 
@@ -299,7 +322,7 @@ impl Runtime {
             .values()
             .map(|h| HelperEntry {
                 id: h.id,
-                reserved: 0,
+                inline_kind: 0,
                 addr: h.addr,
             })
             .collect()
@@ -390,12 +413,143 @@ impl Runtime {
         out
     }
 
+    /// The facts a load decides by. `want_clock` false skips the counter clock (and its
+    /// one-time calibration, up to 20 ms on x86 without CPUID 0x15) for code that cannot
+    /// call it: such a load gets the `clock_gettime` entry, which it never uses.
+    fn builtin_facts(&self, want_clock: bool) -> (builtins::Facts, bool) {
+        let o = *self
+            .builtin_overrides
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let facts = builtins::Facts {
+            rseq_offset: o.rseq.unwrap_or_else(builtins::glibc_rseq_cpu_id_offset),
+            clock: if want_clock {
+                o.clock.unwrap_or_else(builtins::counter_clock)
+            } else {
+                None
+            },
+        };
+        (facts, o.inline)
+    }
+
+    /// What a load for the host architecture gets for the built-in helpers (ids 5 and 8)
+    /// now: inline or call, and why (see [`builtins`]). `None` without a host backend.
+    pub fn builtins(&self) -> Option<BuiltinChoice> {
+        let backend = self.backend_for(Arch::host()?).ok()?;
+        let (facts, inline) = self.builtin_facts(true);
+        let mut table = self.helper_table();
+        Some(builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline).0)
+    }
+
+    /// Registers a per-CPU array: `cpus` slots of `slot_size` bytes from `base`, each
+    /// holding `entries` values of `value_size` bytes; returns its id, which programs pass
+    /// to the lookup helper ([`abi::PJ_HELPER_PERCPU_LOOKUP`]: r1 = id, r2 = index → this
+    /// CPU's element or NULL). The memory also becomes a read-write region (see
+    /// [`Runtime::add_region`]) for programs loaded from now on. Ids are process-wide and
+    /// never reused; a program sees the arrays registered before it was loaded.
+    ///
+    /// # Safety
+    /// As [`MemRegion::new`] with [`RegionAccess::ReadWrite`] for `cpus * slot_size` bytes
+    /// from `base`, for as long as any program loaded afterwards can run.
+    pub unsafe fn add_percpu_array(
+        &self,
+        base: *mut u8,
+        slot_size: usize,
+        value_size: usize,
+        entries: usize,
+        cpus: usize,
+    ) -> Result<u32, Error> {
+        let fits = value_size
+            .checked_mul(entries)
+            .is_some_and(|n| n <= slot_size && value_size > 0);
+        let len = slot_size.checked_mul(cpus).filter(|&l| l > 0);
+        let (true, Some(len)) = (fits, len) else {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "per-CPU array: {entries} x {value_size} bytes do not fit a {slot_size}-byte slot, or {cpus} slots are empty or overflow"
+                ),
+            ));
+        };
+        // SAFETY: forwarded from the caller's promise.
+        self.add_region(unsafe { MemRegion::new(base, len, RegionAccess::ReadWrite) });
+        Ok(builtins::register_percpu_array(abi::PjPerCpuArray {
+            base: base as u64,
+            slot_size: slot_size as u64,
+            value_size: value_size as u64,
+            entries: entries as u64,
+            cpus: cpus as u64,
+        }))
+    }
+
+    /// Turns inlining of the built-in helpers on (the default) or off (every load calls
+    /// `sched_getcpu` / `clock_gettime`; benchmarks compare the two).
+    pub fn set_inline_builtins(&self, on: bool) {
+        self.builtin_overrides
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .inline = on;
+    }
+
+    /// Overrides the rseq detection for later loads: `Some(offset)` inlines the CPU id as a
+    /// `u32` load at thread pointer + `offset`, `None` forces the `sched_getcpu` call.
+    /// For tests and emulators (qemu-user 7.2 has no rseq syscall, so glibc registers none):
+    /// a test can point `offset` at a thread-local `cpu_id` it keeps current itself.
+    ///
+    /// # Safety
+    /// With `Some(offset)`, thread pointer + `offset` must be a readable, aligned `u32` in
+    /// every thread that runs a program loaded afterwards, for as long as it can run.
+    pub unsafe fn set_rseq_cpu_id_offset(&self, offset: Option<i64>) {
+        self.builtin_overrides
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .rseq = Some(offset);
+    }
+
+    /// Overrides the counter-clock detection for later loads: `Some(hz)` inlines the clock
+    /// with a scale made for a counter at `hz` (e.g. [`builtins::measure_counter_hz`] where
+    /// the platform does not tell the frequency), `None` forces the `clock_gettime` call.
+    /// Each call with `Some` leaks one 24-byte scale (code reads it for its whole life).
+    pub fn set_counter_clock_hz(&self, hz: Option<u64>) {
+        let clock = hz.map(|hz| {
+            let scale: &'static abi::PjClockScale = Box::leak(Box::new(builtins::scale_for(hz)));
+            (scale, hz, "set by the host")
+        });
+        self.builtin_overrides
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clock = Some(clock);
+    }
+
     fn compile(
         &self,
         code: &[u8],
         opts: &LoadOptions,
         helpers: &[HelperEntry],
         trust: Trust,
+    ) -> Result<Program, Error> {
+        self.compile_with(code, opts, helpers, trust, true)
+    }
+
+    /// [`compile`](Self::compile) with exactly `helpers` (no built-ins: the rbpf bridge keeps
+    /// rbpf's own helper set).
+    pub(crate) fn compile_without_builtins(
+        &self,
+        code: &[u8],
+        opts: &LoadOptions,
+        helpers: &[HelperEntry],
+        trust: Trust,
+    ) -> Result<Program, Error> {
+        self.compile_with(code, opts, helpers, trust, false)
+    }
+
+    fn compile_with(
+        &self,
+        code: &[u8],
+        opts: &LoadOptions,
+        helpers: &[HelperEntry],
+        trust: Trust,
+        with_builtins: bool,
     ) -> Result<Program, Error> {
         let host = Arch::host();
         let arch = opts.arch.or(host).ok_or_else(|| {
@@ -432,9 +586,21 @@ impl Runtime {
         if opts.blind_constants {
             flags |= abi::PJ_COMPILE_BLIND_CONSTANTS;
         }
+        let mut table = helpers.to_vec();
+        // Inline only native code: the facts (rseq offset, counter scale) are this
+        // process's, meaningless in code compiled for another architecture.
+        let builtins = with_builtins.then(|| {
+            let want_clock = native && may_call(code, abi::PJ_HELPER_KTIME_GET_NS);
+            let (facts, inline) = self.builtin_facts(want_clock);
+            builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline && native)
+        });
+        let (builtins, percpu_table) = match builtins {
+            Some((b, t)) => (Some(b), t),
+            None => (None, None),
+        };
         let req = CompileRequest {
             code,
-            helpers,
+            helpers: &table,
             features,
             flags,
             blind_key: if opts.blind_constants {
@@ -496,6 +662,7 @@ impl Runtime {
             symbols,
             retired: false,
             elf: None,
+            builtins: builtins.map(|b| Box::new((b, percpu_table))),
         })
     }
 
@@ -554,6 +721,15 @@ impl Runtime {
     }
 }
 
+/// Whether `code` may call helper `id`: a `call imm` naming it, or any `callx` (whose id is
+/// only known at run time).
+fn may_call(code: &[u8], id: u32) -> bool {
+    code.chunks_exact(8).any(|c| {
+        let imm = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+        (c[0] == 0x85 && c[1] >> 4 == 0 && imm == id) || c[0] == 0x8d
+    })
+}
+
 fn info_of(slot: &BackendSlot) -> BackendInfo {
     let b = &slot.backend;
     let native = Arch::host() == Some(b.arch());
@@ -571,6 +747,10 @@ enum ArenaRef {
     Packed(PackedArena),
     Scratch(Arc<ScratchArena>),
 }
+
+/// A program's built-in helper choice and the per-CPU table its inlined lookup reads (as
+/// `PjPerCpuTable` + arrays in `u64` words; it lives exactly as long as the code).
+type Builtins = (BuiltinChoice, Option<Box<[u64]>>);
 
 /// A compiled program. Dropping it frees its code once no thread can be running it.
 pub struct Program {
@@ -592,6 +772,10 @@ pub struct Program {
     // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
     // lives exactly as long as the code can run (see elf.rs).
     elf: Option<Box<elf::Linked>>,
+    /// What the built-in helpers became in this program (`None`: loaded without them).
+    /// Boxed: most programs are small handles (the rbpf bridge keeps one inline in an enum).
+    /// With the per-CPU table the inlined lookup reads (it lives as long as the code).
+    builtins: Option<Box<Builtins>>,
 }
 
 impl std::fmt::Debug for Program {
@@ -785,6 +969,14 @@ impl Program {
     /// instead of waiting a second grace period.
     pub(crate) fn drop_after_grace(mut self) {
         self.retired = matches!(self.owner, ArenaRef::Packed(_));
+    }
+
+    /// How the built-in helpers (`bpf_get_smp_processor_id`, `bpf_ktime_get_ns`) are carried
+    /// out in this program: inlined or called (see [`builtins`]). `None` for programs loaded
+    /// without them (the rbpf bridge). Code that cannot call helper 5 (no `call 5`, no
+    /// `callx`) reports the clock as a call: the counter is not calibrated for it.
+    pub fn builtins(&self) -> Option<BuiltinChoice> {
+        self.builtins.as_deref().map(|(b, _)| *b)
     }
 
     /// Name of the backend that compiled it.

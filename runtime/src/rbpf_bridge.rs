@@ -242,7 +242,7 @@ pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
         .filter(|c| c[0] == 0x85 && c[1] >> 4 == 0)
         .map(|c| HelperEntry {
             id: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
-            reserved: 0,
+            inline_kind: 0,
             addr: 1,
         })
         .collect();
@@ -279,7 +279,7 @@ pub fn default_runtime() -> Arc<Runtime> {
 
 /// Native code compiled for the host, or the reason there is none.
 enum Native {
-    Code(Program),
+    Code(Box<Program>),
     /// No backend for the host, or the backend refused the mode: interpret.
     Interpret,
 }
@@ -360,7 +360,7 @@ impl<'a> Core<'a> {
             .iter()
             .map(|(&id, &(_, thunk))| HelperEntry {
                 id,
-                reserved: 0,
+                inline_kind: 0,
                 addr: thunk as usize as u64,
             })
             .collect()
@@ -382,9 +382,12 @@ impl<'a> Core<'a> {
         let code = self
             .code()
             .map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?;
-        let prog = self
-            .rt
-            .compile(code, &self.load_opts(), &self.helper_table(), trust)?;
+        let prog = self.rt.compile_without_builtins(
+            code,
+            &self.load_opts(),
+            &self.helper_table(),
+            trust,
+        )?;
         if let Some(a) = prog.packed_arena() {
             a.commit();
         }
@@ -396,7 +399,7 @@ impl<'a> Core<'a> {
         let r = self
             .sandboxed
             .get_or_init(|| match self.compile(Trust::Sandboxed) {
-                Ok(p) if p.is_executable() => Ok(Native::Code(p)),
+                Ok(p) if p.is_executable() => Ok(Native::Code(Box::new(p))),
                 Ok(_) => Ok(Native::Interpret),
                 // No backend for the host, or one without the sandbox: the interpreter runs the
                 // program under the same contract. Anything else (bad bytecode, unknown helper)

@@ -206,7 +206,7 @@ fn linking_places_each_called_function_once_and_resolves_the_extern() {
 fn packjit_plugin_api_entry() -> packjit_plugin_api::HelperEntry {
     packjit_plugin_api::HelperEntry {
         id: PJ_MIX_ID,
-        reserved: 0,
+        inline_kind: 0,
         addr: pj_mix as packjit::PjHelperFn as usize as u64,
     }
 }

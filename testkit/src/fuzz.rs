@@ -91,7 +91,7 @@ pub fn fuzz_helpers() -> Vec<HelperEntry> {
         .iter()
         .map(|&id| HelperEntry {
             id,
-            reserved: 0,
+            inline_kind: 0,
             addr: fuzz_helper as crate::reference::HelperFn as usize as u64,
         })
         .collect()

@@ -200,7 +200,7 @@ pub fn run_rbpf(
         .iter()
         .map(|&(id, _)| HelperEntry {
             id,
-            reserved: 0,
+            inline_kind: 0,
             addr: 1,
         })
         .collect();

@@ -103,7 +103,7 @@ fn helpers() -> Vec<HelperEntry> {
     (0..32)
         .map(|id| HelperEntry {
             id,
-            reserved: 0,
+            inline_kind: 0,
             addr: 0x0000_ffff_1234_0000 + id as u64 * 16,
         })
         .collect()

@@ -49,10 +49,11 @@ pub use lower::{emit_decoded, Emitted};
 #[doc(hidden)]
 pub use lower::{emit_decoded_with, EmitOptions};
 
-use packjit_frontend::analysis::validate_request;
+use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
 use packjit_plugin_api::{
-    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
-    HelperEntry, JitBackend,
+    install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
+    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
@@ -61,6 +62,12 @@ pub const FEATURE_LSE: u64 = 1 << 0;
 
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_LSE;
+
+/// Helpers this backend emits inline: the rseq CPU id (`mrs tpidr_el0` + one load), the
+/// `cntvct_el0` clock and the per-CPU array lookup.
+pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
+    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
 /// Verifies `code` against `helpers` and emits trusted arm64 code (no compile flags) using
 /// the optional `features`.
@@ -81,6 +88,7 @@ pub fn emit_program(
 /// Validates the request's flags and features, verifies the code and emits it.
 pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
     let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
+    validate_inline_kinds(req.helpers, "arm64", INLINE_KINDS)?;
     let prog = packjit_frontend::decode(req.code, req.helpers)?;
     emit_decoded(&prog, req.helpers, &mode)
 }
@@ -142,12 +150,17 @@ impl JitBackend for Arm64Backend {
         detect_cpu_features()
     }
 
+    fn inline_kinds(&self) -> u32 {
+        INLINE_KINDS
+    }
+
     fn compile(
         &self,
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
         let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
+        validate_inline_kinds(req.helpers, "arm64", INLINE_KINDS)?;
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
         let out = emit_decoded(&prog, req.helpers, &mode)?;
         let line_table = prog.line_table(&out.inst_offsets);

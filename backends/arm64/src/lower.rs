@@ -23,12 +23,22 @@ use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
-use packjit_frontend::analysis::{back_edge_charge, checked_access, CALL_CHARGE};
+use packjit_frontend::analysis::{
+    back_edge_charge, checked_access, helper_lowering, HelperLowering, CALL_CHARGE,
+};
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_plugin_api::abi::{
-    PJ_ACCESS_WRITE, PJ_ENV_REGIONS, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
+    PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
+    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS,
+    PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE,
+    PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
+
+/// `mrs x0, tpidr_el0` (op0=3 op1=3 CRn=13 CRm=0 op2=2): the EL0 thread pointer.
+const MRS_TPIDR_EL0: u32 = 0xd53b_d040;
+/// `mrs x0, cntvct_el0` (op0=3 op1=3 CRn=14 CRm=0 op2=2): the virtual counter.
+const MRS_CNTVCT_EL0: u32 = 0xd53b_e040;
 
 /// Result of [`crate::emit_program`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -408,15 +418,20 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::CallHelper { id } => {
-                let Some(addr) = self.helpers.iter().find(|h| h.id == id).map(|h| h.addr) else {
+                let Some(h) = self.helpers.iter().find(|h| h.id == id).copied() else {
                     return Err(self.err(
                         ErrorKind::UnknownHelper,
                         format!("call to unknown helper id {id}"),
                     ));
                 };
-                // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
-                self.mov_imm(T0, addr, W64);
-                a64!(self.ops; blr X(T0) ; mov X(REG_MAP[0]), X(RET));
+                match helper_lowering(&h) {
+                    HelperLowering::Call(addr) => {
+                        // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
+                        self.mov_imm(T0, addr, W64);
+                        a64!(self.ops; blr X(T0) ; mov X(REG_MAP[0]), X(RET));
+                    }
+                    inline => self.inline_helper(inline),
+                }
             }
             Op::CallReg { reg } => self.callx(reg),
             Op::CallLocal { target } => {
@@ -907,12 +922,22 @@ impl<'a> Emitter<'a> {
             .copied()
             .collect();
         let call = self.ops.new_dynamic_label();
+        let done = self.ops.new_dynamic_label();
         for h in &table {
             // Compare the full 64-bit register: 0x1_0000_0005 is not helper 5.
             self.cmp_imm_u64(r, h.id as u64);
             a64!(self.ops; b.ne >next);
-            self.mov_imm(T2, h.addr, W64);
-            a64!(self.ops; b =>call ; next:);
+            match helper_lowering(h) {
+                HelperLowering::Call(addr) => {
+                    self.mov_imm(T2, addr, W64);
+                    a64!(self.ops; b =>call);
+                }
+                inline => {
+                    self.inline_helper(inline);
+                    a64!(self.ops; b =>done);
+                }
+            }
+            a64!(self.ops; next:);
         }
         // No helper has this id: stop at this pc with the id as the address.
         if r != T0 {
@@ -922,7 +947,90 @@ impl<'a> Emitter<'a> {
         self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
         self.mov_imm(C2, pc, W64);
         self.b(self.stop);
-        a64!(self.ops; =>call ; blr X(T2) ; mov X(REG_MAP[0]), X(RET));
+        a64!(self.ops; =>call ; blr X(T2) ; mov X(REG_MAP[0]), X(RET) ; =>done);
+    }
+
+    /// The body of an inlined helper (never [`HelperLowering::Call`]); r1-r5 stay intact.
+    pub(crate) fn inline_helper(&mut self, how: HelperLowering) {
+        let r0 = REG_MAP[0];
+        match how {
+            HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
+            HelperLowering::RseqCpuId { offset } => {
+                // mrs x9, tpidr_el0: glibc's thread pointer; the rseq area sits at a fixed
+                // offset from it, and the kernel rewrites its cpu_id after every migration.
+                self.sysreg_read(T0, MRS_TPIDR_EL0);
+                if (-256..256).contains(&offset) {
+                    a64!(self.ops; ldur W(r0), [X(T0), offset as i32]);
+                } else if offset >= 0 && offset % 4 == 0 && offset < 4 * 4096 {
+                    a64!(self.ops; ldr W(r0), [X(T0), offset as u32]);
+                } else {
+                    self.mov_imm(T1, offset as u64, W64);
+                    a64!(self.ops; ldr W(r0), [X(T0), X(T1)]);
+                }
+            }
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
+            HelperLowering::CounterClock { scale } => {
+                // isb first, as the kernel's counter read: without it the counter may be
+                // sampled before earlier instructions (a time stamp taken "too early").
+                a64!(self.ops; isb);
+                self.sysreg_read(T0, MRS_CNTVCT_EL0);
+                self.mov_imm(T1, scale, W64);
+                a64!(self.ops
+                    ; ldr X(T2), [X(T1), PJ_CLOCK_MULT_FRAC as u32]
+                    ; umulh X(T3), X(T0), X(T2)
+                    ; ldr X(T2), [X(T1), PJ_CLOCK_MULT_INT as u32]
+                    ; madd X(T3), X(T0), X(T2), X(T3)
+                    ; ldr X(T2), [X(T1), PJ_CLOCK_OFFSET as u32]
+                    ; add X(r0), X(T3), X(T2)
+                );
+            }
+        }
+    }
+
+    /// Per-CPU array lookup (r1 = x0 array id, r2 = x1 element index) against the host's
+    /// table at `table`: unsigned bounds checks on the id, the index and the CPU (each
+    /// failing to r0 = 0), then `base + cpu * slot_size + index * value_size` with two
+    /// `madd`s. The CPU is the rseq `cpu_id` through `tpidr_el0`, like the inlined helper 8.
+    fn inline_percpu_lookup(&mut self, table: u64) {
+        let (r0, r1, r2) = (REG_MAP[0], REG_MAP[1], REG_MAP[2]);
+        let null = self.ops.new_dynamic_label();
+        let done = self.ops.new_dynamic_label();
+        self.mov_imm(T1, table, W64);
+        a64!(self.ops
+            ; ldr X(T0), [X(T1), PJ_PERCPU_COUNT as u32]
+            ; cmp X(r1), X(T0)
+            ; b.hs =>null
+        );
+        self.mov_imm(T2, PJ_PERCPU_ARRAY_SIZE as u64, W64);
+        a64!(self.ops
+            ; madd X(T2), X(r1), X(T2), X(T1)
+            ; add XSP(T2), XSP(T2), PJ_PERCPU_ARRAYS as u32
+            ; ldr X(T0), [X(T2), PJ_PERCPU_ENTRIES as u32]
+            ; cmp X(r2), X(T0)
+            ; b.hs =>null
+            ; ldr X(T0), [X(T1), PJ_PERCPU_CPU_ID_OFFSET as u32]
+        );
+        self.sysreg_read(T3, MRS_TPIDR_EL0);
+        a64!(self.ops
+            ; ldr W(T3), [X(T3), X(T0)]
+            ; ldr X(T0), [X(T2), PJ_PERCPU_CPUS as u32]
+            ; cmp X(T3), X(T0)
+            ; b.hs =>null
+            ; ldr X(T0), [X(T2), PJ_PERCPU_SLOT_SIZE as u32]
+            ; ldr X(T4), [X(T2), PJ_PERCPU_BASE as u32]
+            ; madd X(T4), X(T3), X(T0), X(T4)
+            ; ldr X(T0), [X(T2), PJ_PERCPU_VALUE_SIZE as u32]
+            ; madd X(r0), X(r2), X(T0), X(T4)
+            ; b =>done
+            ; =>null
+            ; mov X(r0), xzr
+            ; =>done
+        );
+    }
+
+    /// `mrs Xt, <sysreg>`: `base` is the MRS encoding with Rt = 0.
+    fn sysreg_read(&mut self, rt: u8, base: u32) {
+        a64!(self.ops; .u32 base | rt as u32);
     }
 
     // ------------------------------------------------------------ budget

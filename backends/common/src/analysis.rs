@@ -7,8 +7,9 @@
 
 use crate::{Inst, Op, Operand, Program, Size, R10, STACK_SIZE};
 use packjit_plugin_api::{
-    CompileError, CompileRequest, ErrorKind, PJ_COMPILE_ALL_FLAGS, PJ_COMPILE_BLIND_CONSTANTS,
-    PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX,
+    pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
+    PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_INLINE_COUNTER_CLOCK,
+    PJ_INLINE_NONE, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// Does this instruction read r10 (the only way a program reaches its frame)?
@@ -227,6 +228,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn inline_kinds_are_checked_against_the_backend_and_decoded_once() {
+        let cpu = HelperEntry {
+            id: 8,
+            inline_kind: PJ_INLINE_RSEQ_CPU_ID,
+            addr: (-0x70i64) as u64,
+        };
+        let clock = HelperEntry {
+            id: 5,
+            inline_kind: PJ_INLINE_COUNTER_CLOCK,
+            addr: 0x1000,
+        };
+        let call = HelperEntry {
+            id: 1,
+            inline_kind: PJ_INLINE_NONE,
+            addr: 0x2000,
+        };
+        let both = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID) | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK);
+        assert!(validate_inline_kinds(&[cpu, clock, call], "x", both).is_ok());
+        // A backend that does not announce a kind refuses it, naming the helper.
+        let e = validate_inline_kinds(&[call, clock], "arm64", pj_inline_bit(1)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert!(
+            e.message
+                .starts_with("helper id 5: inline kind 2 is not supported by the arm64 backend"),
+            "{e}"
+        );
+        let odd = HelperEntry {
+            inline_kind: 40,
+            ..call
+        };
+        assert!(validate_inline_kinds(&[odd], "x", u32::MAX).is_err());
+        let null_clock = HelperEntry { addr: 0, ..clock };
+        assert_eq!(
+            validate_inline_kinds(&[null_clock], "x", both)
+                .unwrap_err()
+                .kind,
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            helper_lowering(&cpu),
+            HelperLowering::RseqCpuId { offset: -0x70 }
+        );
+        assert_eq!(
+            helper_lowering(&clock),
+            HelperLowering::CounterClock { scale: 0x1000 }
+        );
+        assert_eq!(helper_lowering(&call), HelperLowering::Call(0x2000));
+    }
+
+    #[test]
     fn frame_constant_bounds() {
         assert!(is_frame_constant(R10, -8, Size::DW));
         assert!(is_frame_constant(R10, -512, Size::DW));
@@ -296,4 +347,75 @@ mod tests {
         assert_eq!(p.call_depth, 2);
         assert_eq!(stack_block_size(&p), 1024);
     }
+}
+
+/// How a backend emits `call imm` (and a `callx` match) for one helper-table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HelperLowering {
+    /// `call` the `extern "C"` function at this address.
+    Call(u64),
+    /// r0 = the `u32` at `thread pointer + offset` (this thread's rseq `cpu_id`), zero-extended.
+    RseqCpuId {
+        /// Signed byte offset from the thread pointer.
+        offset: i64,
+    },
+    /// r0 = monotonic nanoseconds from the CPU counter, scaled by the `PjClockScale` the code
+    /// reads at `scale` when it runs.
+    CounterClock {
+        /// Address of the host's `PjClockScale`.
+        scale: u64,
+    },
+    /// r0 = this CPU's element `r2` of per-CPU array `r1`, or 0 (see
+    /// `PJ_INLINE_PERCPU_LOOKUP`); the code reads the table at `table` when it runs.
+    PerCpuLookup {
+        /// Address of the host's `PjPerCpuTable` (arrays follow it).
+        table: u64,
+    },
+}
+
+/// The lowering of `h` (its kind already checked by [`validate_inline_kinds`]).
+pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
+    match h.inline_kind {
+        PJ_INLINE_RSEQ_CPU_ID => HelperLowering::RseqCpuId {
+            offset: h.addr as i64,
+        },
+        PJ_INLINE_COUNTER_CLOCK => HelperLowering::CounterClock { scale: h.addr },
+        PJ_INLINE_PERCPU_LOOKUP => HelperLowering::PerCpuLookup { table: h.addr },
+        _ => HelperLowering::Call(h.addr),
+    }
+}
+
+/// Refuses helper entries whose `inline_kind` the backend (`arch`, supporting the
+/// `pj_inline_bit` set `supported`) does not emit, or whose parameter cannot be right (a
+/// NULL clock scale), with the same messages for every backend.
+pub fn validate_inline_kinds(
+    helpers: &[HelperEntry],
+    arch: &str,
+    supported: u32,
+) -> Result<(), CompileError> {
+    for h in helpers {
+        let k = h.inline_kind;
+        if k == PJ_INLINE_NONE {
+            continue;
+        }
+        if k >= 32 || supported & pj_inline_bit(k) == 0 {
+            return Err(CompileError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "helper id {}: inline kind {k} is not supported by the {arch} backend (supported bits: 0x{supported:x})",
+                    h.id
+                ),
+            ));
+        }
+        if (k == PJ_INLINE_COUNTER_CLOCK || k == PJ_INLINE_PERCPU_LOOKUP) && h.addr == 0 {
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "helper id {}: inline kind {k} with a NULL parameter block",
+                    h.id
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

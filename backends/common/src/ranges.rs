@@ -980,7 +980,7 @@ mod tests {
         .concat();
         let helpers = [packjit_plugin_api::HelperEntry {
             id: 1,
-            reserved: 0,
+            inline_kind: 0,
             addr: 0x1000,
         }];
         let p = crate::decode(&code, &helpers).unwrap();

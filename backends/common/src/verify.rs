@@ -673,7 +673,7 @@ mod tests {
             code,
             &[HelperEntry {
                 id: 1,
-                reserved: 0,
+                inline_kind: 0,
                 addr: 0x1000,
             }],
         )

@@ -138,7 +138,7 @@ const CONFIGS: [(&str, u64); 4] = [
 fn main() {
     let helpers = [HelperEntry {
         id: 1,
-        reserved: 0,
+        inline_kind: 0,
         addr: helper as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize as u64,
     }];
     let backend = Rv64Backend::new();
@@ -189,7 +189,7 @@ fn corpus(dir: &std::path::Path) {
     let helpers: Vec<HelperEntry> = (0..32)
         .map(|id| HelperEntry {
             id,
-            reserved: 0,
+            inline_kind: 0,
             addr: 0x1000 + id as u64 * 16,
         })
         .collect();

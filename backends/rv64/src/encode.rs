@@ -22,6 +22,7 @@ pub mod reg {
     pub const ZERO: u8 = 0;
     pub const RA: u8 = 1;
     pub const SP: u8 = 2;
+    pub const TP: u8 = 4;
     pub const T0: u8 = 5;
     pub const T1: u8 = 6;
     pub const T2: u8 = 7;
@@ -691,6 +692,17 @@ impl Emitter {
         } else {
             rv!(self.asm; ret);
         }
+    }
+
+    /// `mulhu rd, rs1, rs2`: the high 64 bits of the unsigned 128-bit product (M).
+    pub fn mulhu(&mut self, rd: u8, rs1: u8, rs2: u8) {
+        rv!(self.asm; mulhu X(rd), X(rs1), X(rs2));
+    }
+
+    /// `rdtime rd` (`csrrs rd, time, x0`, Zicntr): the platform's constant-rate timer.
+    pub fn rdtime(&mut self, rd: u8) {
+        // csr 0xc01 (time), rs1 = x0, funct3 = 2 (csrrs), opcode SYSTEM.
+        self.asm.push_u32(0xc010_2073 | (rd as u32) << 7);
     }
 
     // ---- atomics ---------------------------------------------------------------------------

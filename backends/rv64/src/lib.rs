@@ -32,10 +32,11 @@ mod frame;
 mod lower;
 mod regs;
 
-use packjit_frontend::analysis::validate_request;
+use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
 use packjit_plugin_api::{
-    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
-    ErrorKind, HelperEntry, JitBackend,
+    install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
+    Compiled, ErrorKind, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -47,6 +48,12 @@ pub const FEATURE_ZBA: u64 = 1 << 1;
 pub const FEATURE_C: u64 = 1 << 2;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_ZBB | FEATURE_ZBA | FEATURE_C;
+
+/// Helpers this backend emits inline: the rseq CPU id (`lwu` off `tp`), the `rdtime`
+/// clock and the per-CPU array lookup.
+pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
+    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
 /// The RV64 backend.
 #[derive(Clone, Copy, Debug, Default)]
@@ -99,6 +106,7 @@ impl Rv64Backend {
         measure: EmitOptions,
     ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
+        validate_inline_kinds(req.helpers, "riscv64", INLINE_KINDS)?;
         let prog = packjit_frontend::decode(req.code, req.helpers)?;
         let opts = lower::Options {
             zbb: mode.features & FEATURE_ZBB != 0,
@@ -173,6 +181,10 @@ impl JitBackend for Rv64Backend {
 
     fn detect_features(&self) -> u64 {
         detect::detect()
+    }
+
+    fn inline_kinds(&self) -> u32 {
+        INLINE_KINDS
     }
 
     fn compile(

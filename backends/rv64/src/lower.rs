@@ -17,7 +17,8 @@ use crate::frame::{Layout, CTX_LIM8};
 use crate::regs::{map, BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, stack_block_size, CodegenMode, CALL_CHARGE,
+    back_edge_charge, blinding_mask, checked_access, helper_lowering, stack_block_size,
+    CodegenMode, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
@@ -25,9 +26,11 @@ use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
 };
 use packjit_plugin_api::abi::{
-    PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
-    PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
-    PJ_STOP_UNKNOWN_CALLX,
+    PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_ENTRY_SP,
+    PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
+    PJ_ENV_STOP_PC, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT,
+    PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE,
+    PJ_PERCPU_VALUE_SIZE, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use Width::{W32, W64};
@@ -325,8 +328,84 @@ impl<'a> Codegen<'a> {
         self.jump(stop);
         for (h, &l) in helpers.iter().zip(&cases) {
             self.e.bind(l);
-            self.e.li(T0, h.addr as i64);
-            self.e.jump_reg(T0);
+            match helper_lowering(h) {
+                HelperLowering::Call(addr) => {
+                    self.e.li(T0, addr as i64);
+                    self.e.jump_reg(T0);
+                }
+                inline => {
+                    // The site expects the result in a0, like a helper's (a0-a4 are dead
+                    // after a call).
+                    self.inline_helper(inline, A0);
+                    self.e.ret();
+                }
+            }
+        }
+    }
+
+    /// Per-CPU array lookup (r1 = a0 array id, r2 = a1 element index) against the host's
+    /// table at `table`, result in `rd`: unsigned bounds checks on the id, the index and the
+    /// CPU (each failing to 0), then `base + cpu * slot_size + index * value_size`. The CPU
+    /// is the rseq `cpu_id` off `tp`, like the inlined helper 8. Uses t0-t3.
+    fn inline_percpu_lookup(&mut self, table: u64, rd: u8) {
+        let null = self.e.new_label();
+        let done = self.e.new_label();
+        let arr = |field: i32| PJ_PERCPU_ARRAYS + field;
+        self.e.li(T1, table as i64);
+        self.e.load(Mem::D, T0, T1, PJ_PERCPU_COUNT);
+        self.branch(Br::Geu, A0, T0, null);
+        self.e.li(T2, PJ_PERCPU_ARRAY_SIZE as i64);
+        self.e.rrr(R3::Mul, T2, A0, T2);
+        self.e.rrr(R3::Add, T2, T2, T1);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_ENTRIES));
+        self.branch(Br::Geu, A1, T0, null);
+        self.e.load(Mem::D, T0, T1, PJ_PERCPU_CPU_ID_OFFSET);
+        self.e.rrr(R3::Add, T0, T0, TP);
+        self.e.load(Mem::Wu, T3, T0, 0);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_CPUS));
+        self.branch(Br::Geu, T3, T0, null);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_SLOT_SIZE));
+        self.e.rrr(R3::Mul, T3, T3, T0);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_BASE));
+        self.e.rrr(R3::Add, T3, T3, T0);
+        self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_VALUE_SIZE));
+        self.e.rrr(R3::Mul, T0, A1, T0);
+        self.e.rrr(R3::Add, rd, T3, T0);
+        self.jump(done);
+        self.e.bind(null);
+        self.e.li(rd, 0);
+        self.e.bind(done);
+    }
+
+    /// The body of an inlined helper (never [`HelperLowering::Call`]), result in `rd`; uses
+    /// t0-t3 only.
+    fn inline_helper(&mut self, how: HelperLowering, rd: u8) {
+        match how {
+            HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
+            HelperLowering::RseqCpuId { offset } => {
+                // glibc's rseq area sits at a fixed offset from tp in every thread; the
+                // kernel rewrites its cpu_id after each migration.
+                if fits_signed(offset, 12) {
+                    self.e.load(Mem::Wu, rd, TP, offset as i32);
+                } else {
+                    self.e.li(T0, offset);
+                    self.e.rrr(R3::Add, T0, T0, TP);
+                    self.e.load(Mem::Wu, rd, T0, 0);
+                }
+            }
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table, rd),
+            HelperLowering::CounterClock { scale } => {
+                // ns = t * mult_int + hi64(t * mult_frac) + offset, scale read from the host.
+                self.e.rdtime(T0);
+                self.e.li(T1, scale as i64);
+                self.e.load(Mem::D, T2, T1, PJ_CLOCK_MULT_FRAC);
+                self.e.mulhu(T2, T0, T2);
+                self.e.load(Mem::D, T3, T1, PJ_CLOCK_MULT_INT);
+                self.e.rrr(R3::Mul, T0, T0, T3);
+                self.e.rrr(R3::Add, T0, T0, T2);
+                self.e.load(Mem::D, T3, T1, PJ_CLOCK_OFFSET);
+                self.e.rrr(R3::Add, rd, T0, T3);
+            }
         }
     }
 
@@ -570,10 +649,16 @@ impl<'a> Codegen<'a> {
                 let Some(h) = self.helpers.iter().find(|h| h.id == id) else {
                     unreachable!("Codegen::new resolved every helper id");
                 };
-                self.e.li(T0, h.addr as i64);
-                self.e.call_reg(T0);
-                self.e.mv(A5, A0);
-                self.after_helper();
+                match helper_lowering(h) {
+                    HelperLowering::Call(addr) => {
+                        self.e.li(T0, addr as i64);
+                        self.e.call_reg(T0);
+                        self.e.mv(A5, A0);
+                        self.after_helper();
+                    }
+                    // r1-r5 untouched: nothing of the host to hide.
+                    inline => self.inline_helper(inline, A5),
+                }
             }
             Op::CallReg { reg } => {
                 self.e.mv(T2, map(reg));

@@ -18,7 +18,7 @@ const ALL: u64 = FEATURE_C | FEATURE_ZBA | FEATURE_ZBB;
 fn golden(slots: &[[u8; 8]], features: u64, want: &str) {
     let helpers = [HelperEntry {
         id: 7,
-        reserved: 0,
+        inline_kind: 0,
         addr: 0x0000_3fff_8000_1234,
     }];
     let got = disasm(&compile(&prog(slots), &helpers, features).unwrap());

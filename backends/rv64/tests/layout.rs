@@ -15,7 +15,7 @@ fn generated_programs_compile_in_every_mode() {
         .iter()
         .map(|(id, f, _)| HelperEntry {
             id: *id,
-            reserved: 0,
+            inline_kind: 0,
             addr: *f as usize as u64,
         })
         .collect();

@@ -134,7 +134,7 @@ struct Row {
 fn main() {
     let helpers = [HelperEntry {
         id: 1,
-        reserved: 0,
+        inline_kind: 0,
         addr: mix_c as *const () as usize as u64,
     }];
     let rt = Runtime::new().expect("runtime");

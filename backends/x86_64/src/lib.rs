@@ -34,10 +34,11 @@ pub mod regs;
 pub use lower::EmitOptions;
 pub use lower::Emitted;
 
-use packjit_frontend::analysis::validate_request;
+use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
 use packjit_plugin_api::{
-    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
-    HelperEntry, JitBackend,
+    install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
+    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
@@ -46,6 +47,12 @@ pub const FEATURE_BMI2: u64 = 1 << 0;
 pub const FEATURE_MOVBE: u64 = 1 << 1;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BMI2 | FEATURE_MOVBE;
+
+/// Helpers this backend emits inline: the rseq CPU id (`mov eax, fs:[off]`), the TSC
+/// clock (`rdtsc`, scaled) and the per-CPU array lookup.
+pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
+    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
 /// Compile options for [`emit_program`] (the request fields that shape the code).
 #[derive(Clone, Copy, Debug, Default)]
@@ -82,6 +89,7 @@ fn emit_decoded(
     req: &CompileRequest<'_>,
 ) -> Result<(packjit_frontend::Program, Emitted), CompileError> {
     let mode = validate_request(req, "x86-64", SUPPORTED_FEATURES)?;
+    validate_inline_kinds(req.helpers, "x86-64", INLINE_KINDS)?;
     let prog = packjit_frontend::decode(req.code, req.helpers)?;
     let out = lower::emit(&prog, req.helpers, &mode)?;
     Ok((prog, out))
@@ -154,6 +162,10 @@ impl JitBackend for X86Backend {
 
     fn detect_features(&self) -> u64 {
         detect_cpu_features()
+    }
+
+    fn inline_kinds(&self) -> u32 {
+        INLINE_KINDS
     }
 
     fn compile(

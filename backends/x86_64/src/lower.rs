@@ -11,7 +11,8 @@ use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, CodegenMode, CALL_CHARGE,
+    back_edge_charge, blinding_mask, checked_access, helper_lowering, CodegenMode, HelperLowering,
+    CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
@@ -327,8 +328,8 @@ impl<'a> Emitter<'a> {
                 target,
             } => self.jcond(inst, width, cond, dst, src, target),
             Op::CallHelper { id } => {
-                let addr = self.helper_addr(inst, id)?;
-                self.call_abs(addr);
+                let h = self.helper_entry(inst, id)?;
+                self.call_helper(&h)?;
             }
             Op::CallReg { reg } => self.callx(pc, reg),
             Op::CallLocal { target } => self.call_local(pc, target),
@@ -1226,11 +1227,11 @@ impl<'a> Emitter<'a> {
         self.alu_mi(5, ENV, PJ_ENV_BUDGET, amount as i64);
     }
 
-    fn helper_addr(&self, inst: &Inst, id: u32) -> Result<u64, CompileError> {
+    fn helper_entry(&self, inst: &Inst, id: u32) -> Result<HelperEntry, CompileError> {
         self.helpers
             .iter()
             .find(|h| h.id == id)
-            .map(|h| h.addr)
+            .copied()
             .ok_or_else(|| {
                 CompileError::at(
                     inst.pc,
@@ -1238,6 +1239,118 @@ impl<'a> Emitter<'a> {
                     format!("call to unregistered helper id {id}"),
                 )
             })
+    }
+
+    /// One helper-table entry at a `call imm` or a `callx` match: a call, or the body of an
+    /// inlined helper (see [`HelperLowering`]).
+    fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
+        match helper_lowering(h) {
+            HelperLowering::Call(addr) => self.call_abs(addr),
+            HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
+            HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
+        }
+        Ok(())
+    }
+
+    /// Per-CPU array lookup (r1 = array id, r2 = element index) against the host's table at
+    /// `table`: three unsigned bounds checks (id, index, CPU), each failing to r0 = 0, then
+    /// `base + cpu * slot_size + index * value_size`. The CPU is the rseq `cpu_id` read
+    /// through `fs`, like the inlined helper 8. r1–r5 may be clobbered (it is a call).
+    fn inline_percpu_lookup(&mut self, table: u64) {
+        let null = self.e.label();
+        let done = self.e.label();
+        let (arrays, size) = (PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE);
+        let (cpu_off, base, slot, vsz, ent, cpus) = (
+            PJ_PERCPU_CPU_ID_OFFSET as i8,
+            PJ_PERCPU_BASE as i8,
+            PJ_PERCPU_SLOT_SIZE as i8,
+            PJ_PERCPU_VALUE_SIZE as i8,
+            PJ_PERCPU_ENTRIES as i8,
+            PJ_PERCPU_CPUS as i8,
+        );
+        self.mov_ri(T11, table as i64);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp rdi, QWORD [r11]));
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(3, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; imul r9, rdi, size
+                ; lea r9, [r11 + r9 + arrays]
+                ; cmp rsi, QWORD [BYTE r9 + ent]
+            )
+        });
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; mov r10, QWORD [BYTE r11 + cpu_off]),
+        );
+        // fs ; mov eax, [r10] (REX.B for r10): the rseq cpu_id, zero-extended.
+        self.e.raw(&[0x64, 0x41, 0x8b, 0x02]);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; cmp rax, QWORD [BYTE r9 + cpus]),
+        );
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(4, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; imul rax, QWORD [BYTE r9 + slot]
+                ; imul rsi, QWORD [BYTE r9 + vsz]
+                ; add rax, rsi
+                ; add rax, QWORD [BYTE r9 + base]
+            )
+        });
+        self.e.jump(None, done);
+        self.e.bind(null);
+        self.xor_zero(RAX);
+        self.e.bind(done);
+    }
+
+    /// `mov eax, fs:[offset]`: glibc keeps the thread's `struct rseq` at a fixed offset from
+    /// the thread pointer (`fs` base), and the kernel stores the current CPU in its `cpu_id`
+    /// on every return to user space after a migration. One load, zero-extending into r0.
+    fn inline_rseq_cpu_id(&mut self, id: u32, offset: i64) -> Result<(), CompileError> {
+        let disp = i32::try_from(offset).map_err(|_| {
+            CompileError::new(
+                ErrorKind::InvalidArgument,
+                format!("helper id {id}: rseq offset {offset} does not fit a 32-bit displacement"),
+            )
+        })?;
+        // fs ; mov r32, r/m32 ; ModRM mod=00 rm=100 (SIB) ; SIB no base, no index: [disp32].
+        let mut b = vec![0x64, 0x8b, 0x04, 0x25];
+        b.extend_from_slice(&disp.to_le_bytes());
+        self.e.raw(&b);
+        Ok(())
+    }
+
+    /// `rdtsc` scaled to nanoseconds with the host's `PjClockScale` at `scale`:
+    /// `ns = tsc * mult_int + hi64(tsc * mult_frac) + offset`. `rdtsc` and `mul` write rdx
+    /// (BPF r3), so it is kept in r10 and restored: the inlined helper leaves r1–r5 alone.
+    fn inline_tsc_clock(&mut self, scale: u64) {
+        let (int, frac, off) = (
+            PJ_CLOCK_MULT_INT as i8,
+            PJ_CLOCK_MULT_FRAC as i8,
+            PJ_CLOCK_OFFSET as i8,
+        );
+        self.mov_rr(Sz::B64, T10, RDX);
+        self.mov_ri(T11, scale as i64);
+        self.e.asm(9, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; rdtsc
+                ; shl rdx, 32
+                ; or rax, rdx
+                ; mov r9, rax
+                ; mul QWORD [BYTE r11 + frac]
+                ; imul r9, QWORD [BYTE r11 + int]
+                ; add r9, rdx
+                ; add r9, QWORD [BYTE r11 + off]
+                ; mov rax, r9
+            )
+        });
+        self.mov_rr(Sz::B64, RDX, T10);
     }
 
     /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
@@ -1272,15 +1385,17 @@ impl<'a> Emitter<'a> {
             let l = self.e.label();
             cmp(self, h.id);
             self.e.jump(Some(Cc::E), l);
-            hits.push((l, h.addr));
+            hits.push((l, *h));
         }
         cmp(self, last.id);
         self.e.jump(Some(Cc::Ne), stop);
-        self.call_abs(last.addr);
-        for (l, addr) in hits {
+        // Kinds were checked when the table was validated (`call_helper` only fails on an
+        // unknown kind), so these cannot fail here.
+        let _ = self.call_helper(last);
+        for (l, h) in hits {
             self.e.jump(None, done);
             self.e.bind(l);
-            self.call_abs(addr);
+            let _ = self.call_helper(&h);
         }
         self.e.bind(done);
     }

@@ -34,12 +34,12 @@ fn render() -> String {
     let helpers = [
         HelperEntry {
             id: 1,
-            reserved: 0,
+            inline_kind: 0,
             addr: 0x1234_5678_9abc,
         },
         HelperEntry {
             id: 7,
-            reserved: 0,
+            inline_kind: 0,
             addr: 0x42,
         },
     ];

@@ -20,7 +20,7 @@ fn run(flags: u32, features: u64) {
         .into_iter()
         .map(|(id, f, _)| HelperEntry {
             id,
-            reserved: 0,
+            inline_kind: 0,
             addr: f as *const () as usize as u64,
         })
         .collect();

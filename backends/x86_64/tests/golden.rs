@@ -60,7 +60,7 @@ const HELPER_ADDR: u64 = 0x0000_7f12_3456_7890;
 fn helpers() -> Vec<HelperEntry> {
     vec![HelperEntry {
         id: 1,
-        reserved: 0,
+        inline_kind: 0,
         addr: HELPER_ADDR,
     }]
 }

@@ -28,7 +28,7 @@ pub fn prog(insns: &[[u8; 8]]) -> Vec<u8> {
 pub fn helper(id: u32, addr: u64) -> HelperEntry {
     HelperEntry {
         id,
-        reserved: 0,
+        inline_kind: 0,
         addr,
     }
 }

@@ -16,7 +16,7 @@ pub fn asm(src: &str) -> Vec<u8> {
 pub fn suite_helpers() -> Vec<HelperEntry> {
     vec![HelperEntry {
         id: SUITE_HELPER_ID,
-        reserved: 0,
+        inline_kind: 0,
         addr: packjit_testkit::reference::helper_identity as *const () as usize as u64,
     }]
 }
