@@ -414,6 +414,15 @@ impl Interpreter {
             stack: (stack_start, stack_start + size as u64),
             regions: env.regions,
         };
+        // Helpers called by this run see its regions through `helper_access_ok`.
+        let view = RunView {
+            ctx: mem.ctx,
+            stack: mem.stack,
+            regions: env.regions.as_ptr(),
+            region_count: env.regions.len(),
+        };
+        let previous = CURRENT_RUN.with(|c| c.replace(&view));
+        let _restore = CurrentRunGuard(previous);
         let r = self.exec(prog, env, &mut mem);
         if let Some(span) = span_out {
             *span = mem.stack.0..mem.stack.1;
@@ -720,6 +729,61 @@ pub fn alu(width: Width, op: AluOp, d: u64, s: u64) -> u64 {
             r as u64
         }
     }
+}
+
+/// What a helper may ask about the interpreter run that called it (see
+/// [`helper_access_ok`]): the run's regions, alive for the run.
+struct RunView {
+    ctx: (u64, u64),
+    stack: (u64, u64),
+    regions: *const PjMemRegion,
+    region_count: usize,
+}
+
+thread_local! {
+    /// The innermost interpreter run on this thread, if any.
+    static CURRENT_RUN: std::cell::Cell<*const RunView> =
+        const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// Restores the previous run's view when a run ends, even by unwinding.
+struct CurrentRunGuard(*const RunView);
+
+impl Drop for CurrentRunGuard {
+    fn drop(&mut self) {
+        CURRENT_RUN.with(|c| c.set(self.0));
+    }
+}
+
+/// For a helper called by an interpreter run on this thread: may the program touch
+/// `[addr, addr + len)` (writing, if `write`)? The same regions as the run's own accesses:
+/// its context, its stack block and the host regions it was given. `None` when no
+/// interpreter run is active on this thread (the caller then has no program to ask about).
+pub fn helper_access_ok(addr: u64, len: u64, write: bool) -> Option<bool> {
+    let view = CURRENT_RUN.with(|c| c.get());
+    if view.is_null() {
+        return None;
+    }
+    // SAFETY: set by `run_inner` for the duration of the run that (transitively) called the
+    // helper on this thread, and reset before `run_inner` returns.
+    let view = unsafe { &*view };
+    let Some(end) = addr.checked_add(len) else {
+        return Some(false);
+    };
+    let inside = |start: u64, stop: u64| start <= addr && end <= stop;
+    if inside(view.ctx.0, view.ctx.1) || inside(view.stack.0, view.stack.1) {
+        return Some(true);
+    }
+    if view.region_count == 0 {
+        return Some(false);
+    }
+    // SAFETY: `regions`/`region_count` describe the `RawEnv::regions` slice of the run,
+    // borrowed for its whole duration.
+    let regions = unsafe { std::slice::from_raw_parts(view.regions, view.region_count) };
+    Some(regions.iter().any(|r| {
+        inside(r.start, r.start.saturating_add(r.len))
+            && (!write || r.flags & PJ_REGION_WRITABLE != 0)
+    }))
 }
 
 /// The allowed regions of one run, as host address ranges `[start, end)`.

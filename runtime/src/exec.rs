@@ -93,6 +93,15 @@ impl Drop for CurrentEnvGuard {
     }
 }
 
+/// Runs `f` with no JIT environment current on this thread: for interpreter runs, so that
+/// [`helper_access_ok`] answers about the innermost run (the interpreter's) even when a
+/// JIT-compiled program's helper started it.
+pub(crate) fn without_jit_env<T>(f: impl FnOnce() -> T) -> T {
+    let previous = CURRENT_ENV.with(|c| c.replace(std::ptr::null()));
+    let _restore = CurrentEnvGuard(previous);
+    f()
+}
+
 /// Runs `entry` on `(ctx, len)` with `regions` and `budget`, and turns a stop into an error.
 ///
 /// # Safety
@@ -183,7 +192,10 @@ pub(crate) fn stop_to_result(env: &PjExecEnv, r0: u64) -> Result<u64, Error> {
 pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool {
     let env = CURRENT_ENV.with(|c| c.get());
     if env.is_null() {
-        return false;
+        // No JIT run on this thread (an interpreted one clears the JIT's env for its
+        // duration): ask the interpreter about its run, if one called us.
+        return packjit_interp::helper_access_ok(addr, len, direction == AccessDirection::Write)
+            .unwrap_or(false);
     }
     // SAFETY: set by `run` for the duration of the call that (transitively) invoked the
     // helper on this thread, and reset before `run` returns.

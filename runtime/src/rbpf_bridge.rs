@@ -474,9 +474,11 @@ impl<'a> Core<'a> {
                 };
                 // SAFETY: the caller vouches for ctx and `extra`; runtime regions were
                 // registered under `MemRegion::new`'s promise.
-                unsafe { self.interpreter().run_raw(prog, &env, None) }
-                    .map(|o| o.r0)
-                    .map_err(|s| to_io(s.to_error()))
+                crate::exec::without_jit_env(|| unsafe {
+                    self.interpreter().run_raw(prog, &env, None)
+                })
+                .map(|o| o.r0)
+                .map_err(|s| to_io(s.to_error()))
             }
         }
     }

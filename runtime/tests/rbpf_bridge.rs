@@ -436,3 +436,70 @@ fn rbpf_pointer_helpers_are_checked() {
     let mut unterminated = [b'x'; 16];
     assert_eq!(p.call(&mut unterminated), Ok(u64::MAX));
 }
+
+/// A VM helper that dereferences a pointer argument the way a careful host writes one: it
+/// asks packjit first, then xors `len` bytes with 42.
+fn frob_if_allowed(ptr: u64, len: u64, _: u64, _: u64, _: u64) -> u64 {
+    if !packjit::helper_access_ok(ptr, len, AccessDirection::Write) {
+        return u64::MAX;
+    }
+    for i in 0..len {
+        // SAFETY: packjit just said the running program may write `[ptr, ptr + len)`.
+        unsafe { *((ptr + i) as *mut u8) ^= 42 };
+    }
+    0
+}
+
+/// Without a backend for the host the bridge interprets; a helper's pointer check is then
+/// answered by the interpreter's run (not a JIT environment).
+#[test]
+fn interpreted_runs_answer_helper_pointer_checks() {
+    let rt = Runtime::new().unwrap();
+    // Every backend but the host's: programs still compile for them, and run interpreted.
+    for b in [
+        Arc::new(packjit_arm64::Arm64Backend::new()) as Arc<dyn packjit::JitBackend>,
+        Arc::new(packjit_rv64::Rv64Backend::new()),
+        Arc::new(packjit_x86_64::X86Backend::new()),
+    ] {
+        if Some(b.arch()) != Arch::host() {
+            rt.add_backend(b).unwrap();
+        }
+    }
+    let rt = Arc::new(rt);
+    // helper 7 (r1 + off, len), then exit with its result.
+    let frob = |off: i32, len: i32| {
+        [
+            packjit_frontend::encode_insn(0x07, 1, 0, 0, off),
+            packjit_frontend::encode_insn(0xb7, 2, 0, 0, len),
+            packjit_frontend::encode_insn(0x85, 0, 0, 0, 7),
+            packjit_frontend::encode_insn(0x95, 0, 0, 0, 0),
+        ]
+        .concat()
+    };
+    let inside = frob(0, 16);
+    let mut vm = EbpfVmRaw::new_with_runtime(Some(&inside), rt.clone()).unwrap();
+    vm.register_helper(7, frob_if_allowed).unwrap();
+    assert!(!vm.is_native(), "no backend targets the host here");
+    let mut ctx = [0u8; 16];
+    assert_eq!(vm.execute_program(&mut ctx).unwrap(), 0);
+    assert_eq!(
+        ctx, [42u8; 16],
+        "frobbed in place by the interpreted program's helper"
+    );
+    let past = frob(8, 9);
+    let mut vm = EbpfVmRaw::new_with_runtime(Some(&past), rt).unwrap();
+    vm.register_helper(7, frob_if_allowed).unwrap();
+    let mut ctx = [0u8; 16];
+    assert_eq!(
+        vm.execute_program(&mut ctx).unwrap(),
+        u64::MAX,
+        "one byte past"
+    );
+    assert_eq!(ctx, [0u8; 16], "nothing touched");
+    // Outside any run there is no program to ask about.
+    assert!(!packjit::helper_access_ok(
+        ctx.as_ptr() as u64,
+        1,
+        AccessDirection::Read
+    ));
+}
