@@ -727,3 +727,55 @@ fn group_program(seed: u64) -> (Vec<[u8; 8]>, usize) {
     p.push(EXIT);
     (p, 1 + rnd(56) as usize)
 }
+
+/// A check group far into the context (its end beyond CMP's 12-bit immediate) and one with a
+/// span beyond CCMP's 5-bit immediate: in bounds they run; cut short, they stop at the first
+/// faulting member, with the store before it done.
+#[test]
+fn wide_and_far_check_groups_stop_exactly() {
+    // r6 = r1 + 4090 ; *(u8 *)(r6 + 0) = 7 ; r0 = *(u64 *)(r6 + 8) ; r2 = *(u8 *)(r6 + 40) ;
+    // r0 += r2 ; exit
+    let p = [
+        movr(6, 1),
+        addi(6, 4090),
+        st(B, 6, 0, 7),
+        ldx(DW, 0, 6, 8),
+        ldx(B, 2, 6, 40),
+        ins(0x0f, 0, 2, 0, 0),
+        EXIT,
+    ];
+    let mut mem = vec![1u8; 4131];
+    assert_eq!(
+        run(&p, &mut mem, &[]),
+        Outcome::Ok(0x0101_0101_0101_0101 + 1)
+    );
+    assert_eq!(mem[4090], 7);
+    let mut mem = vec![1u8; 4130];
+    let base = mem.as_ptr() as u64;
+    assert_eq!(run(&p, &mut mem, &[]), oob(4, base + 4130, 1, false));
+    assert_eq!(mem[4090], 7, "the store before the faulting load ran");
+    let mut mem = vec![1u8; 4100];
+    let base = mem.as_ptr() as u64;
+    assert_eq!(run(&p, &mut mem, &[]), oob(3, base + 4098, 8, false));
+    // The same shape off a pointer at an unknown offset into the context (the group tests
+    // the context's general range, span 41 > 31).
+    let q = [
+        movr(6, 2),
+        ins(0x57, 6, 0, 0, 1), // r6 = len & 1
+        ins(0x0f, 6, 1, 0, 0), // r6 += r1
+        st(B, 6, 0, 7),
+        ldx(DW, 0, 6, 8),
+        ldx(B, 2, 6, 40),
+        ins(0x0f, 0, 2, 0, 0),
+        EXIT,
+    ];
+    let mut mem = vec![1u8; 42]; // r6 = ctx + 0: everything fits
+    assert_eq!(
+        run(&q, &mut mem, &[]),
+        Outcome::Ok(0x0101_0101_0101_0101 + 1)
+    );
+    let mut mem = vec![1u8; 41]; // r6 = ctx + 1: the byte at 41 is one past the end
+    let base = mem.as_ptr() as u64;
+    assert_eq!(run(&q, &mut mem, &[]), oob(5, base + 41, 1, false));
+    assert_eq!(mem[1], 7);
+}

@@ -230,8 +230,8 @@ fn alu32(op: AluOp, d: Val, s: Val) -> Val {
     }
 }
 
-/// Applies one instruction to `st` (the state before it); `callee_entry` is whether
-/// `target` starts a function (for local calls nothing changes but the clobbers).
+/// Applies one instruction to `st` (the state before it, afterwards the state after it).
+/// Calls are not followed: a call only clobbers what the calling convention lets it.
 pub fn transfer(st: &mut State, op: &Op) {
     let get = |st: &State, o: Operand, w: Width| match o {
         Operand::Reg(r) => st[r as usize],
@@ -473,10 +473,20 @@ fn block_starts(prog: &Program, start: usize, end: usize) -> Vec<bool> {
     lead
 }
 
-/// Runs the dataflow over every function and returns the state before each instruction.
-/// (A function's states are computed on their own: calls only clobber, see [`transfer`].)
+/// The state before each instruction (every register [`Val::TOP`] where no path reaches).
+/// One state per instruction: for tests and tools; the backends' [`plan_accesses`] keeps
+/// only block entry states (see [`for_each_state`]).
 pub fn states(prog: &Program) -> Vec<State> {
     let mut out = vec![[Val::TOP; 11]; prog.insts.len()];
+    for_each_state(prog, |i, st| out[i] = *st);
+    out
+}
+
+/// Runs the dataflow over every function to its fixed point, then calls `visit` with each
+/// reachable instruction's index and the state before it. Only block entry states are
+/// stored (a function's states are computed on their own: calls only clobber, see
+/// [`transfer`]).
+pub fn for_each_state(prog: &Program, mut visit: impl FnMut(usize, &State)) {
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let lead = block_starts(prog, sp.start, sp.end);
         // Block entry states, by leader index; None = not reached yet.
@@ -492,7 +502,6 @@ pub fn states(prog: &Program) -> Vec<State> {
             let mut i = b;
             let mut succs: Vec<usize> = Vec::with_capacity(2);
             loop {
-                out[i] = st;
                 let op = prog.insts[i].op;
                 transfer(&mut st, &op);
                 match op {
@@ -545,15 +554,34 @@ pub fn states(prog: &Program) -> Vec<State> {
                 }
             }
         }
+        // Replay each reached block from its final entry state.
+        for b in sp.start..sp.end {
+            let Some(mut st) = entry[b - sp.start].filter(|_| lead[b - sp.start]) else {
+                continue;
+            };
+            let mut i = b;
+            loop {
+                visit(i, &st);
+                let op = prog.insts[i].op;
+                transfer(&mut st, &op);
+                i += 1;
+                if matches!(op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit)
+                    || i >= sp.end
+                    || lead[i - sp.start]
+                {
+                    break;
+                }
+            }
+        }
     }
-    out
 }
 
 /// Loads and stores that can share one check: in one basic block, off one base register
 /// that no instruction in between writes (calls end a group anyway), with offsets in
-/// `[0, 2048)` (every backend's short immediates reach the widened range's bounds), every member checked against the same region (all `Ctx`/`CtxConst`, all
-/// `Stack` or all `Unknown`), and only straight-line ALU and memory instructions in
-/// between (atomics keep their own checks).
+/// `[0, 2048)` (so the widened range's bounds suit the backends' short immediates), every
+/// member checked against the same region (all `Ctx`/`CtxConst`, all `Stack` or all
+/// `Unknown`), and only straight-line ALU and memory instructions in between (atomics keep
+/// their own checks).
 ///
 /// A backend tests `[base + lo, base + hi)` once, before the first member. If that passes,
 /// every member's access passes (each is inside that range of one region, and the base is
@@ -656,16 +684,20 @@ pub fn group_accesses(prog: &Program, checks: &[AccessCheck]) -> Vec<Group> {
 /// The full analysis: every access's check and the check groups. `with_groups = false`
 /// leaves accesses to be checked one by one.
 pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
-    let st = states(prog);
-    let checks: Vec<AccessCheck> = prog
+    // Unreached accesses keep the verdict for an unknown base (checked).
+    let mut checks: Vec<AccessCheck> = prog
         .insts
         .iter()
-        .zip(&st)
-        .map(|(inst, s)| match access_of(&inst.op) {
-            Some((base, off, size)) => classify(s[base as usize], off, size),
+        .map(|inst| match access_of(&inst.op) {
+            Some(_) => AccessCheck::Unknown,
             None => AccessCheck::NotAccess,
         })
         .collect();
+    for_each_state(prog, |i, st| {
+        if let Some((base, off, size)) = access_of(&prog.insts[i].op) {
+            checks[i] = classify(st[base as usize], off, size);
+        }
+    });
     let groups = if with_groups {
         group_accesses(prog, &checks)
     } else {
@@ -1016,6 +1048,40 @@ mod tests {
         // Without branch facts the counter may wrap: after widening it is every value.
         let st = states(&p);
         assert_eq!(st[1][3], Val::TOP);
+    }
+
+    #[test]
+    fn replayed_states_match_the_stored_ones() {
+        // A loop, a merge, a call and an unreachable block: plan_accesses (replay from block
+        // entries) and states (one state per instruction) must classify alike.
+        let (p, a) = plan(&[
+            ins(0xbf, 3, 10, 0, 0),
+            ins(0x07, 3, 0, 0, -64),
+            ins(0x15, 2, 0, 1, 0),
+            ins(0x07, 3, 0, 0, 8),
+            ins(0x79, 4, 3, 0, 0),
+            ins(0x07, 3, 0, 0, 8),
+            ins(0x85, 0, 1, 0, 5),
+            ins(0x79, 4, 1, 8, 0),
+            ins(0xa5, 4, 0, -5, 9),
+            EXIT,
+            ins(0x71, 0, 1, 0, 0), // unreachable
+            EXIT,
+            ins(0x79, 0, 10, -8, 0),
+            EXIT,
+        ]);
+        let st = states(&p);
+        for (i, inst) in p.insts.iter().enumerate() {
+            if let Some((base, off, size)) = access_of(&inst.op) {
+                assert_eq!(
+                    a.checks[i],
+                    classify(st[i][base as usize], off, size),
+                    "inst {i}"
+                );
+            }
+        }
+        assert_eq!(a.checks[10], AccessCheck::Unknown);
+        assert_eq!(a.checks[12], AccessCheck::None);
     }
 
     #[test]

@@ -864,7 +864,19 @@ impl<'a> Codegen<'a> {
         let check = self.access.checks[self.cur];
         let stack_first = self.layout.block > 0 && check == AccessCheck::Stack;
         let op = self.prog.insts[self.cur].op;
-        if self.layout.lim8 && lim8_access(&op, check, self.layout.block > 0) {
+        // The stack block's length is a constant: `t = addr - stack_start` is inside iff
+        // `t < block - size + 1`, an immediate when it fits SLTIU's 12 bits.
+        let stack_lim = self.layout.block as i64 - size as i64 + 1;
+        if stack_first && stack_lim < 2048 {
+            self.e.rrr(R3::Sub, T2, base, STACK_START);
+            if off != 0 {
+                self.add_imm(T2, T2, off as i64, T3);
+            }
+            self.e.ri(RI::Sltiu, T3, T2, stack_lim as i32);
+            self.branch(Br::Eq, T3, ZERO, label);
+            // Back to t3 = 0 = inside (see the CTX_LIM8 case below).
+            self.e.ri(RI::Xori, T3, T3, 1);
+        } else if self.layout.lim8 && lim8_access(&op, check, self.layout.block > 0) {
             // t = addr - start; inside iff t < CTX_LIM8 (t3 = 1). The verdict is flipped
             // to the usual t3 = 0 = inside after the branch, so a mispredicted branch on an
             // outside access (t3 = 0, flipped to 1) still masks the base to 0 below.

@@ -879,3 +879,62 @@ fn group_program(seed: u64) -> (Vec<u8>, usize) {
     p.push(EXIT);
     (prog(&p), 1 + rnd(56) as usize)
 }
+
+/// A check group far into the context (its end beyond SLTIU's 12-bit immediate): in bounds it
+/// runs; cut short, it stops at the first faulting member, with the store before it done.
+#[test]
+fn far_check_groups_stop_exactly() {
+    // r6 = r1 + 2040 ; *(u8 *)(r6 + 0) = 7 ; r0 = *(u64 *)(r6 + 8) ; r2 = *(u8 *)(r6 + 40) ;
+    // r0 += r2 ; exit
+    let code = prog(&[
+        ins(0xbf, 6, 1, 0, 0),
+        ins(0x07, 6, 0, 0, 2040),
+        ins(0x72, 6, 0, 0, 7),
+        ins(0x79, 0, 6, 8, 0),
+        ins(0x71, 2, 6, 40, 0),
+        ins(0x0f, 0, 2, 0, 0),
+        EXIT,
+    ]);
+    each_mem(
+        &code,
+        SANDBOX,
+        &[1u8; 2081],
+        &[],
+        u64::MAX,
+        &mut |f, m, run| {
+            assert_eq!(run.finished(), 0x0101_0101_0101_0101 + 1, "features {f:#x}");
+            assert_eq!(m[2040], 7);
+        },
+    );
+    each_mem(
+        &code,
+        SANDBOX,
+        &[1u8; 2080],
+        &[],
+        u64::MAX,
+        &mut |f, m, run| {
+            let base = m.as_ptr() as u64;
+            assert_eq!(
+                run.stopped(PJ_STOP_OUT_OF_BOUNDS, 4),
+                (base + 2080, 1),
+                "features {f:#x}"
+            );
+            assert_eq!(m[2040], 7, "the store before the faulting load ran");
+        },
+    );
+    each_mem(
+        &code,
+        SANDBOX,
+        &[1u8; 2050],
+        &[],
+        u64::MAX,
+        &mut |f, m, run| {
+            let base = m.as_ptr() as u64;
+            assert_eq!(
+                run.stopped(PJ_STOP_OUT_OF_BOUNDS, 3),
+                (base + 2048, 8),
+                "features {f:#x}"
+            );
+        },
+    );
+}
