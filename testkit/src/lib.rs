@@ -13,6 +13,7 @@
 
 pub mod conformance;
 pub mod data;
+pub mod density;
 pub mod fuzz;
 pub mod gen;
 pub mod reference;

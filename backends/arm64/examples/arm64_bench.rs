@@ -117,6 +117,7 @@ fn compile_figures() {
     // Conformance corpus: every tests/*.data program.
     let dir = packjit_testkit::conformance::suite_dir().join("tests");
     let (mut slots, mut native, mut bytes, mut n) = (0usize, 0usize, 0usize, 0usize);
+    let mut density = packjit_testkit::density::Density::default();
     for path in packjit_testkit::data::list_dir(&dir).expect("conformance suite") {
         let Ok(case) = packjit_testkit::data::TestCase::load(&path) else {
             continue;
@@ -126,6 +127,9 @@ fn compile_figures() {
             continue;
         }
         if let Ok(out) = emit_program(&code, &hs, FEATURE_LSE) {
+            let prog = packjit_frontend::decode(&code, &hs).expect("compiled, so it decodes");
+            let starts: Vec<usize> = out.inst_offsets.iter().map(|o| o / 4).collect();
+            density.add(&prog, &starts, out.native_insns);
             slots += code.len() / 8;
             native += out.native_insns;
             bytes += out.bytes.len();
@@ -137,6 +141,7 @@ fn compile_figures() {
         native as f64 / slots as f64,
         bytes as f64 / slots as f64
     );
+    print!("{}", density.report("arm64"));
 
     let code = filter_program(30);
     let slots = code.len() / 8;

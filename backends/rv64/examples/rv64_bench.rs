@@ -221,6 +221,29 @@ fn corpus(dir: &std::path::Path) {
             b as f64 / e.max(1) as f64
         );
     }
+    // Where the instructions go, per eBPF instruction class (all extensions, trusted).
+    let mut density = packjit_testkit::density::Density::default();
+    for p in &progs {
+        let req = packjit_plugin_api::CompileRequest {
+            code: p,
+            helpers: &helpers,
+            features: CONFIGS[3].1,
+            flags: 0,
+            blind_key: 0,
+        };
+        let Ok((bytes, table)) = Rv64Backend::new().emit_with_line_table(&req) else {
+            continue;
+        };
+        let prog = packjit_frontend::decode(p, &helpers).expect("compiled, so it decodes");
+        let starts: Vec<usize> = prog
+            .insts
+            .iter()
+            .map(|i| native_insn_count(&bytes[..table[i.pc] as usize]))
+            .collect();
+        density.add(&prog, &starts, native_insn_count(&bytes));
+    }
+    println!("  per class, {}:", CONFIGS[3].0.trim());
+    print!("{}", density.report("RV64"));
     // The sandbox's static cost: the same corpus, checked (and counted), against trusted.
     use packjit_plugin_api::abi::{PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX};
     for (name, f) in [CONFIGS[0], CONFIGS[3]] {
