@@ -11,6 +11,7 @@
 //! * [`gen`]: random valid, terminating programs for differential testing, with a minimiser;
 //! * [`fuzz`]: the entry the cargo-fuzz target and the stable fuzz test share.
 
+pub mod bench;
 pub mod conformance;
 pub mod data;
 pub mod density;

@@ -29,122 +29,6 @@ mod bench {
         fn __clear_cache(start: *mut libc::c_char, end: *mut libc::c_char);
     }
 
-    use packjit_frontend::encode_insn as ins;
-
-    /// Hashes the context 8 bytes at a time through a moving pointer (every load checked
-    /// in the sandbox, hitting the context: the inline fast path).
-    fn ctx_hash() -> Vec<u8> {
-        [
-            ins(0xbf, 3, 1, 0, 0),      // r3 = ctx
-            ins(0x0f, 2, 1, 0, 0),      // r2 = ctx + len
-            ins(0x18, 0, 0, 0, 0x1234), // r0 = 0x1234 (lddw)
-            ins(0, 0, 0, 0, 0),
-            ins(0x18, 5, 0, 0, 0x1b3), // r5 = FNV prime
-            ins(0, 0, 0, 0, 0x100),
-            // loop:
-            ins(0x79, 4, 3, 0, 0),  // r4 = *(u64 *)r3
-            ins(0xaf, 0, 4, 0, 0),  // r0 ^= r4
-            ins(0x2f, 0, 5, 0, 0),  // r0 *= r5
-            ins(0x07, 3, 0, 0, 8),  // r3 += 8
-            ins(0x2d, 2, 3, -5, 0), // if r2 > r3 goto loop
-            ins(0x95, 0, 0, 0, 0),
-        ]
-        .concat()
-    }
-
-    /// Arithmetic only: an LCG mixed with shifts, no memory (measures budget charges).
-    fn compute() -> Vec<u8> {
-        [
-            ins(0xb7, 0, 0, 0, 1),
-            ins(0xb7, 6, 0, 0, 0), // r6 = i
-            // loop:
-            ins(0x27, 0, 0, 0, 0x41c6_4e6d), // r0 *= a
-            ins(0x07, 0, 0, 0, 12345),       // r0 += c
-            ins(0xbf, 7, 0, 0, 0),           // r7 = r0
-            ins(0x77, 7, 0, 0, 17),          // r7 >>= 17
-            ins(0xaf, 0, 7, 0, 0),           // r0 ^= r7
-            ins(0x07, 6, 0, 0, 1),           // i++
-            ins(0xa5, 6, 0, -7, 4096),       // if i < 4096 goto loop
-            ins(0x95, 0, 0, 0, 0),
-        ]
-        .concat()
-    }
-
-    /// A 64-slot table on the stack, filled at constant offsets (unchecked) and read back
-    /// through a computed pointer (checked; the stack block is the out-of-line path).
-    fn stack_table() -> Vec<u8> {
-        let mut p = Vec::new();
-        for k in 0..64i16 {
-            p.push(ins(0x7a, 10, 0, -8 * (k + 1), k as i32 * 3 + 1)); // *(r10 - 8(k+1)) = 3k+1
-        }
-        p.extend([
-            ins(0xb7, 0, 0, 0, 0),
-            ins(0xb7, 6, 0, 0, 0), // round
-            // outer:
-            ins(0xbf, 3, 10, 0, 0), // r3 = r10 - 512
-            ins(0x07, 3, 0, 0, -512),
-            // inner:
-            ins(0x79, 4, 3, 0, 0), // r4 = *(u64 *)r3
-            ins(0x0f, 0, 4, 0, 0), // r0 += r4
-            ins(0x07, 3, 0, 0, 8),
-            ins(0x5d, 3, 10, -4, 0), // if r3 != r10 goto inner
-            ins(0x07, 6, 0, 0, 1),
-            ins(0xa5, 6, 0, -8, 64), // if round < 64 goto outer
-            ins(0x95, 0, 0, 0, 0),
-        ]);
-        p.concat()
-    }
-
-    /// A 64-slot stack table read through a masked index: `r3 = r10 - 512 + ((i << 3) &
-    /// 0x1f8)`. The range analysis proves every read inside the frame: no check, no clamp.
-    fn stack_table_masked() -> Vec<u8> {
-        let mut p = Vec::new();
-        for k in 0..64i16 {
-            p.push(ins(0x7a, 10, 0, -8 * (k + 1), k as i32 * 3 + 1));
-        }
-        p.extend([
-            ins(0xb7, 0, 0, 0, 0),
-            ins(0xb7, 6, 0, 0, 0), // i
-            // loop:
-            ins(0xbf, 4, 6, 0, 0),     // r4 = i
-            ins(0x67, 4, 0, 0, 3),     // r4 <<= 3
-            ins(0x57, 4, 0, 0, 0x1f8), // r4 &= 0x1f8
-            ins(0xbf, 3, 10, 0, 0),    // r3 = r10
-            ins(0x07, 3, 0, 0, -512),  // r3 -= 512
-            ins(0x0f, 3, 4, 0, 0),     // r3 += r4
-            ins(0x79, 5, 3, 0, 0),     // r5 = *(u64 *)r3
-            ins(0x0f, 0, 5, 0, 0),     // r0 += r5
-            ins(0x07, 6, 0, 0, 1),
-            ins(0xa5, 6, 0, -10, 4096), // if i < 4096 goto loop
-            ins(0x95, 0, 0, 0, 0),
-        ]);
-        p.concat()
-    }
-
-    /// Header parsing: five context loads at constant offsets from r1 per round (one check
-    /// group: a single widened length test per round).
-    fn header_parse() -> Vec<u8> {
-        [
-            ins(0xb7, 0, 0, 0, 0),
-            ins(0xb7, 6, 0, 0, 0), // i
-            // loop:
-            ins(0x69, 2, 1, 12, 0), // r2 = *(u16 *)(r1 + 12)
-            ins(0x71, 3, 1, 23, 0), // r3 = *(u8 *)(r1 + 23)
-            ins(0x61, 4, 1, 26, 0), // r4 = *(u32 *)(r1 + 26)
-            ins(0x61, 5, 1, 30, 0), // r5 = *(u32 *)(r1 + 30)
-            ins(0x69, 7, 1, 34, 0), // r7 = *(u16 *)(r1 + 34)
-            ins(0x0f, 0, 2, 0, 0),
-            ins(0xaf, 0, 3, 0, 0),
-            ins(0x0f, 0, 4, 0, 0),
-            ins(0xaf, 0, 5, 0, 0),
-            ins(0x0f, 0, 7, 0, 0),
-            ins(0x07, 6, 0, 0, 1),
-            ins(0xa5, 6, 0, -12, 4096), // if i < 4096 goto loop
-            ins(0x95, 0, 0, 0, 0),
-        ]
-        .concat()
-    }
-
     struct Code {
         map: *mut libc::c_void,
         len: usize,
@@ -240,30 +124,9 @@ mod bench {
             ("sandbox,nogroup", PJ_COMPILE_SANDBOX, no_groups),
             ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET, on),
         ];
-        // (name, program, hot loop as eBPF instruction indices, cold insns per iteration)
-        for (name, code, hot, cold) in [
-            ("ctx hash (4 KiB, checked loads)", ctx_hash(), 4..9, 0),
-            ("compute (no memory)", compute(), 2..9, 0),
-            // r3 walks the frame by a loop: its loads check the stack block inline.
-            (
-                "stack table (checked stack pointer)",
-                stack_table(),
-                68..72,
-                0,
-            ),
-            (
-                "stack table, masked index (proven)",
-                stack_table_masked(),
-                66..76,
-                0,
-            ),
-            (
-                "header parse (5 ctx loads, 1 group)",
-                header_parse(),
-                2..14,
-                0,
-            ),
-        ] {
+        for packjit_testkit::bench::SandboxProgram { name, code, hot } in
+            packjit_testkit::bench::sandbox_programs()
+        {
             println!("{name}: {} eBPF insns", code.len() / 8);
             let codes: Vec<(&str, u32, Code)> = modes
                 .iter()
@@ -285,13 +148,8 @@ mod bench {
                 }
             }
             let n = hot.len();
-            for (k, (mode, flags, c)) in codes.iter().enumerate() {
-                let extra = if *flags & PJ_COMPILE_SANDBOX != 0 {
-                    cold
-                } else {
-                    0
-                };
-                let per_iter = c.inline_insns(hot.clone()) + extra;
+            for (k, (mode, _, c)) in codes.iter().enumerate() {
+                let per_iter = c.inline_insns(hot.clone());
                 println!(
                     "  {mode:<15} {:>9.2} us/run  {:>5.2}x trusted  hot loop: {per_iter:>3} arm64 insns for {n} eBPF insns ({:.2} per eBPF insn)",
                     best[k] * 1e6,

@@ -53,27 +53,7 @@ pub struct Emitted {
     pub passes: usize,
 }
 
-/// Code-generation switches that exist **only for measurement** (the sandbox benches): they
-/// are reachable from this crate's Rust API alone, never from the plugin ABI or the runtime,
-/// which always emit with [`EmitOptions::default`]. Turning `spectre_clamp` off makes
-/// sandboxed code unsafe under speculation.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EmitOptions {
-    /// Emit the Spectre-v1 clamp (CSEL) after each inline check.
-    pub spectre_clamp: bool,
-    /// Share one widened check among grouped accesses (`ranges::group_accesses`).
-    pub group_checks: bool,
-}
-
-impl Default for EmitOptions {
-    fn default() -> Self {
-        EmitOptions {
-            spectre_clamp: true,
-            group_checks: true,
-        }
-    }
-}
+pub use packjit_frontend::analysis::EmitOptions;
 
 /// Emits an already decoded program for `mode` (see [`crate::emit_program`]).
 pub fn emit_decoded(

@@ -419,3 +419,25 @@ pub fn validate_inline_kinds(
     }
     Ok(())
 }
+
+/// Code-generation switches that exist **only for measurement** (the sandbox benches). Each
+/// backend takes them through a hidden Rust-only entry point, never from the plugin ABI or
+/// the runtime, which always emit with [`EmitOptions::default`]. Turning `spectre_clamp` off
+/// makes sandboxed code unsafe under speculation.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmitOptions {
+    /// Emit the Spectre-v1 clamp (conditional select/move or mask) after each inline check.
+    pub spectre_clamp: bool,
+    /// Share one widened check among grouped accesses (`ranges::group_accesses`).
+    pub group_checks: bool,
+}
+
+impl Default for EmitOptions {
+    fn default() -> Self {
+        EmitOptions {
+            spectre_clamp: true,
+            group_checks: true,
+        }
+    }
+}

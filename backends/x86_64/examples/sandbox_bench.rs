@@ -15,7 +15,6 @@
 //! from the plugin ABI or the runtime): the first leaves out the Spectre-v1 CMOV (its cost),
 //! the second checks every access on its own.
 
-use packjit_frontend::encode_insn as ins;
 use packjit_plugin_api::abi::{
     PjExecEnv, PjProgramEntry, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_NONE,
 };
@@ -125,104 +124,6 @@ impl Drop for Code {
     }
 }
 
-/// (name, bytecode, hot loop as eBPF instruction indices)
-fn programs() -> Vec<(&'static str, Vec<u8>, std::ops::Range<usize>)> {
-    let ctx_hash = [
-        ins(0xbf, 3, 1, 0, 0),      // r3 = ctx
-        ins(0x0f, 2, 1, 0, 0),      // r2 = ctx + len
-        ins(0x18, 0, 0, 0, 0x1234), // r0 = 0x1234 (lddw)
-        ins(0, 0, 0, 0, 0),
-        ins(0x18, 5, 0, 0, 0x1b3), // r5 = FNV prime
-        ins(0, 0, 0, 0, 0x100),
-        ins(0x79, 4, 3, 0, 0),  // loop: r4 = *(u64 *)r3
-        ins(0xaf, 0, 4, 0, 0),  // r0 ^= r4
-        ins(0x2f, 0, 5, 0, 0),  // r0 *= r5
-        ins(0x07, 3, 0, 0, 8),  // r3 += 8
-        ins(0x2d, 2, 3, -5, 0), // if r2 > r3 goto loop
-        ins(0x95, 0, 0, 0, 0),
-    ]
-    .concat();
-    let compute = [
-        ins(0xb7, 0, 0, 0, 1),
-        ins(0xb7, 6, 0, 0, 0),
-        ins(0x27, 0, 0, 0, 0x41c6_4e6d), // loop: r0 *= a
-        ins(0x07, 0, 0, 0, 12345),
-        ins(0xbf, 7, 0, 0, 0),
-        ins(0x77, 7, 0, 0, 17),
-        ins(0xaf, 0, 7, 0, 0),
-        ins(0x07, 6, 0, 0, 1),
-        ins(0xa5, 6, 0, -7, 4096),
-        ins(0x95, 0, 0, 0, 0),
-    ]
-    .concat();
-    let fill: Vec<[u8; 8]> = (0..64i16)
-        .map(|k| ins(0x7a, 10, 0, -8 * (k + 1), k as i32 * 3 + 1))
-        .collect();
-    let mut stack_table = fill.clone();
-    stack_table.extend([
-        ins(0xb7, 0, 0, 0, 0),
-        ins(0xb7, 6, 0, 0, 0),
-        ins(0xbf, 3, 10, 0, 0), // outer: r3 = r10 - 512
-        ins(0x07, 3, 0, 0, -512),
-        ins(0x79, 4, 3, 0, 0), // inner: r4 = *(u64 *)r3
-        ins(0x0f, 0, 4, 0, 0),
-        ins(0x07, 3, 0, 0, 8),
-        ins(0x5d, 3, 10, -4, 0), // if r3 != r10 goto inner
-        ins(0x07, 6, 0, 0, 1),
-        ins(0xa5, 6, 0, -8, 64),
-        ins(0x95, 0, 0, 0, 0),
-    ]);
-    let mut masked = fill;
-    masked.extend([
-        ins(0xb7, 0, 0, 0, 0),
-        ins(0xb7, 6, 0, 0, 0),
-        ins(0xbf, 4, 6, 0, 0), // loop: r4 = ((i << 3) & 0x1f8)
-        ins(0x67, 4, 0, 0, 3),
-        ins(0x57, 4, 0, 0, 0x1f8),
-        ins(0xbf, 3, 10, 0, 0), // r3 = r10 - 512 + r4
-        ins(0x07, 3, 0, 0, -512),
-        ins(0x0f, 3, 4, 0, 0),
-        ins(0x79, 5, 3, 0, 0),
-        ins(0x0f, 0, 5, 0, 0),
-        ins(0x07, 6, 0, 0, 1),
-        ins(0xa5, 6, 0, -10, 4096),
-        ins(0x95, 0, 0, 0, 0),
-    ]);
-    let header = [
-        ins(0xb7, 0, 0, 0, 0),
-        ins(0xb7, 6, 0, 0, 0),
-        ins(0x69, 2, 1, 12, 0), // loop: five loads at constant offsets from r1
-        ins(0x71, 3, 1, 23, 0),
-        ins(0x61, 4, 1, 26, 0),
-        ins(0x61, 5, 1, 30, 0),
-        ins(0x69, 7, 1, 34, 0),
-        ins(0x0f, 0, 2, 0, 0),
-        ins(0xaf, 0, 3, 0, 0),
-        ins(0x0f, 0, 4, 0, 0),
-        ins(0xaf, 0, 5, 0, 0),
-        ins(0x0f, 0, 7, 0, 0),
-        ins(0x07, 6, 0, 0, 1),
-        ins(0xa5, 6, 0, -12, 4096),
-        ins(0x95, 0, 0, 0, 0),
-    ]
-    .concat();
-    vec![
-        ("ctx hash (4 KiB, checked loads)", ctx_hash, 4..9),
-        ("compute (no memory)", compute, 2..9),
-        (
-            "stack table (checked stack pointer)",
-            stack_table.concat(),
-            66..70,
-        ),
-        (
-            "stack table, masked index (proven)",
-            masked.concat(),
-            66..76,
-        ),
-        ("header parse (5 ctx loads, 1 group)", header, 2..14),
-    ]
-}
-
 fn main() {
     let on = EmitOptions::default();
     let modes = [
@@ -247,7 +148,9 @@ fn main() {
         ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET, on),
     ];
     let mut mem: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
-    for (name, code, hot) in programs() {
+    for packjit_testkit::bench::SandboxProgram { name, code, hot } in
+        packjit_testkit::bench::sandbox_programs()
+    {
         println!("{name}: {} eBPF slots", code.len() / 8);
         let codes: Vec<(&str, Code)> = modes
             .iter()
