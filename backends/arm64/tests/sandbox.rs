@@ -611,7 +611,11 @@ fn grouped_and_proven_accesses_match_the_reference() {
     eprintln!("group differential: seeds {seed:#x}..{:#x}", seed + count);
     let (mut grouped, mut grouped_stops, mut proven) = (0, 0, 0);
     for s in seed..seed + count {
-        let (p, len) = group_program(s);
+        let (code, len) = packjit_testkit::gen::group_program(s);
+        let p: Vec<[u8; 8]> = code
+            .chunks_exact(8)
+            .map(|c| c.try_into().expect("8-byte slots"))
+            .collect();
         let plan = packjit_frontend::ranges::plan_accesses(
             &packjit_frontend::decode(&prog(&p), &[]).unwrap(),
             true,
@@ -668,64 +672,6 @@ fn grouped_and_proven_accesses_match_the_reference() {
     eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop), {proven} with proven accesses");
     // The generator must exercise what it is for.
     assert!(grouped > count as u32 / 3 && grouped_stops > 20 && proven > 20);
-}
-
-/// A random straight-line program of context (and masked stack) accesses off one base,
-/// with a context length that may cut through the group. Returns it and the length.
-fn group_program(seed: u64) -> (Vec<[u8; 8]>, usize) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut rnd = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
-    let mut p = vec![mov(0, 0)];
-    // The base: the context start, start + constant, start + masked length, or r1 itself.
-    let base = match rnd(4) {
-        0 => 1,
-        1 => {
-            p.push(movr(6, 1));
-            p.push(addi(6, rnd(24) as i32));
-            6
-        }
-        2 => {
-            p.push(movr(6, 2));
-            p.push(ins(0x57, 6, 0, 0, 15)); // r6 &= 15
-            p.push(ins(0x0f, 6, 1, 0, 0)); // r6 += r1
-            6
-        }
-        _ => {
-            p.push(movr(7, 1));
-            7
-        }
-    };
-    let sizes = [B, H, W, DW];
-    for _ in 0..2 + rnd(6) {
-        let size = sizes[rnd(4) as usize];
-        let off = rnd(40) as i16;
-        match rnd(6) {
-            0 => p.push(stx(size, base, 0, off)),
-            1 => p.push(st(size, base, off, rnd(1000) as i32)),
-            2 => {
-                // A masked index into the frame: proven, no check.
-                p.push(movr(8, 0));
-                p.push(ins(0x57, 8, 0, 0, 0x1f8));
-                p.push(movr(9, 10));
-                p.push(addi(9, -512));
-                p.push(ins(0x0f, 9, 8, 0, 0));
-                p.push(stx(DW, 9, 0, 0));
-                p.push(ldx(DW, 3, 9, 0));
-                p.push(ins(0x0f, 0, 3, 0, 0));
-            }
-            _ => {
-                p.push(ldx(size, 3, base, off));
-                p.push(ins(0x0f, 0, 3, 0, 0)); // r0 += r3
-            }
-        }
-    }
-    p.push(EXIT);
-    (p, 1 + rnd(56) as usize)
 }
 
 /// A check group far into the context (its end beyond CMP's 12-bit immediate) and one with a

@@ -336,7 +336,7 @@ fn grouped_and_proven_accesses_match_the_reference() {
     ];
     let (mut grouped, mut grouped_stops, mut proven) = (0u32, 0u32, 0u32);
     for s in seed..seed + count {
-        let (code, len) = group_program(s);
+        let (code, len) = packjit_testkit::gen::group_program(s);
         let plan = packjit_frontend::ranges::plan_accesses(
             &packjit_frontend::decode(&code, &[]).unwrap(),
             true,
@@ -386,78 +386,6 @@ fn grouped_and_proven_accesses_match_the_reference() {
     eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop), {proven} with proven accesses");
     // The generator must exercise what it is for.
     assert!(grouped > count as u32 / 3 && grouped_stops > 100 && proven > 100);
-}
-
-/// A random straight-line program of context (and masked stack) accesses off one base,
-/// with a context length that may cut through the group. Returns it and the length.
-fn group_program(seed: u64) -> (Vec<u8>, usize) {
-    use packjit_frontend::encode_insn as ins;
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut rnd = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
-    let mov = |d: u8, s: u8| ins(0xbf, d, s, 0, 0);
-    let addi = |d: u8, i: i32| ins(0x07, d, 0, 0, i);
-    let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
-    // The base: the context start, start + constant, start + masked length, or a copy.
-    let base = match rnd(4) {
-        0 => 1,
-        1 => {
-            p.push(mov(6, 1));
-            p.push(addi(6, rnd(24) as i32));
-            6
-        }
-        2 => {
-            p.push(mov(6, 2));
-            p.push(ins(0x57, 6, 0, 0, 15)); // r6 &= 15
-            p.push(ins(0x0f, 6, 1, 0, 0)); // r6 += r1
-            6
-        }
-        _ => {
-            p.push(mov(7, 1));
-            7
-        }
-    };
-    let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
-    for _ in 0..2 + rnd(6) {
-        let size = sizes[rnd(4) as usize];
-        let off = rnd(40) as i16;
-        match rnd(7) {
-            0 => p.push(ins(0x63 | size, base, 0, off, 0)),
-            1 => p.push(ins(0x62 | size, base, 0, off, rnd(1000) as i32)),
-            2 => {
-                // A masked index into the frame: proven, no check.
-                p.push(mov(8, 0));
-                p.push(ins(0x57, 8, 0, 0, 0x1f8));
-                p.push(mov(9, 10));
-                p.push(addi(9, -512));
-                p.push(ins(0x0f, 9, 8, 0, 0));
-                p.push(ins(0x7b, 9, 0, 0, 0));
-                p.push(ins(0x79, 3, 9, 0, 0));
-                p.push(ins(0x0f, 0, 3, 0, 0));
-            }
-            3 if size != 0x10 => {
-                // A load and its byte swap (fused into one MOVBE load when available).
-                p.push(ins(0x61 | size, 3, base, off, 0));
-                let bits = match size {
-                    0x08 => 16,
-                    0x00 => 32,
-                    _ => 64,
-                };
-                p.push(ins(0xdc, 3, 0, 0, bits));
-                p.push(ins(0x0f, 0, 3, 0, 0));
-            }
-            _ => {
-                p.push(ins(0x61 | size, 3, base, off, 0));
-                p.push(ins(0x0f, 0, 3, 0, 0)); // r0 += r3
-            }
-        }
-    }
-    p.push(ins(0x95, 0, 0, 0, 0));
-    (p.concat(), 1 + rnd(56) as usize)
 }
 
 /// Regression (differential seed 0x5eed2cee, escapes): a fetch-or through r0 = r10 - 256 is
