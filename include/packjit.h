@@ -211,6 +211,15 @@
 #define PACKJIT_LOAD_BLIND_CONSTANTS 8
 
 /**
+ * `PackjitLoadOptions::flags`: accept packjit's internal per-CPU address instruction
+ * (`BPF_ALU64 | BPF_MOV | BPF_X` with `off = -1`, `imm` = an id from
+ * `packjit_runtime_add_percpu_array`): `dst = src + cpu * slot_size` of that array, or
+ * `dst = src` when the id is unknown to this load or the CPU is past the array's CPUs.
+ * Without this flag the encoding is refused (a reserved `off`).
+ */
+#define PACKJIT_LOAD_PERCPU_INSN 16
+
+/**
  * Capacity, including the NUL, of the name fields of the info structs.
  */
 #define PACKJIT_NAME_LEN 64

@@ -173,10 +173,17 @@ pub const PACKJIT_LOAD_BUDGET: u32 = 4;
 /// `PackjitLoadOptions::flags`: blind immediates with a random per-program key, so constants
 /// chosen by whoever wrote the program never appear verbatim in executable memory.
 pub const PACKJIT_LOAD_BLIND_CONSTANTS: u32 = 8;
+/// `PackjitLoadOptions::flags`: accept packjit's internal per-CPU address instruction
+/// (`BPF_ALU64 | BPF_MOV | BPF_X` with `off = -1`, `imm` = an id from
+/// `packjit_runtime_add_percpu_array`): `dst = src + cpu * slot_size` of that array, or
+/// `dst = src` when the id is unknown to this load or the CPU is past the array's CPUs.
+/// Without this flag the encoding is refused (a reserved `off`).
+pub const PACKJIT_LOAD_PERCPU_INSN: u32 = 16;
 const PACKJIT_LOAD_ALL_FLAGS: u32 = PACKJIT_LOAD_FEATURES_EXACT
     | PACKJIT_LOAD_TRUSTED
     | PACKJIT_LOAD_BUDGET
-    | PACKJIT_LOAD_BLIND_CONSTANTS;
+    | PACKJIT_LOAD_BLIND_CONSTANTS
+    | PACKJIT_LOAD_PERCPU_INSN;
 
 /// Capacity, including the NUL, of the name fields of the info structs.
 pub const PACKJIT_NAME_LEN: usize = 64;
@@ -1269,6 +1276,7 @@ unsafe fn load_options(opts: *const PackjitLoadOptions) -> Result<(LoadOptions, 
             disable_features: o.disabled_features,
             budget: (o.flags & PACKJIT_LOAD_BUDGET != 0).then_some(o.budget),
             blind_constants: o.flags & PACKJIT_LOAD_BLIND_CONSTANTS != 0,
+            percpu_insn: o.flags & PACKJIT_LOAD_PERCPU_INSN != 0,
             regions,
             ..Default::default()
         },

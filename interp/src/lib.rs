@@ -44,7 +44,8 @@ use packjit_frontend::analysis::{
 use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
 use packjit_plugin_api::{
     AccessDirection, CompileError, ErrorKind, HelperEntry, MemFault, PjClockScale, PjMemRegion,
-    PjPerCpuArray, PjPerCpuTable, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
+    PjPerCpuArray, PjPerCpuTable, PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET,
+    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
 };
 use std::collections::BTreeMap;
 use std::fmt;
@@ -254,6 +255,10 @@ impl Interpreter {
 
     /// Calls (or evaluates, when inlined) helper `id`; `None` when none is registered.
     fn call_helper(&self, id: u64, args: [u64; 5]) -> Option<u64> {
+        // The per-CPU table entry describes the per-CPU mov; it is not callable.
+        if id == u64::from(PJ_HELPER_PERCPU_OFFSET) {
+            return None;
+        }
         let h = self.helpers.get(&u32::try_from(id).ok()?)?;
         Some(match helper_lowering(h) {
             HelperLowering::Call(addr) => {
@@ -294,6 +299,44 @@ impl Interpreter {
     /// rejections, with the same messages, as every JIT backend.
     pub fn load(&self, code: &[u8]) -> Result<Program, CompileError> {
         packjit_frontend::decode(code, &self.helper_table())
+    }
+
+    /// [`load`](Self::load) with the encodings a request's `PJ_COMPILE_*` `flags` opt into
+    /// (`PJ_COMPILE_PERCPU_INSN`: the per-CPU mov).
+    pub fn load_with_flags(&self, code: &[u8], flags: u32) -> Result<Program, CompileError> {
+        packjit_frontend::decode_with(
+            code,
+            &self.helper_table(),
+            packjit_frontend::DecodeOptions::from_flags(flags),
+        )
+    }
+
+    /// `src + cpu * slot_size` of per-CPU array `array`, or `src` (see `Op::MovPerCpu`); the
+    /// CPU comes from helper 8 as the backends' code gets it (an unset helper 8 counts as an
+    /// out-of-range CPU).
+    fn percpu_address(&self, src: u64, array: u32) -> u64 {
+        let Some(t) = self.helpers.get(&PJ_HELPER_PERCPU_OFFSET) else {
+            return src;
+        };
+        let cpu = self
+            .call_helper(PJ_HELPER_GET_SMP_PROCESSOR_ID.into(), [0; 5])
+            .unwrap_or(u64::MAX);
+        // SAFETY: promised by `from_helper_table`'s caller: the entry's table is live, a
+        // `PjPerCpuTable` followed by `count` arrays; `array < count` is checked first.
+        unsafe {
+            let hdr = &*(t.addr as *const PjPerCpuTable);
+            if u64::from(array) >= hdr.count {
+                return src;
+            }
+            let at = t.addr as usize
+                + PJ_PERCPU_ARRAYS as usize
+                + array as usize * PJ_PERCPU_ARRAY_SIZE as usize;
+            let arr = &*(at as *const PjPerCpuArray);
+            if cpu >= arr.cpus {
+                return src;
+            }
+            src.wrapping_add(cpu.wrapping_mul(arr.slot_size))
+        }
     }
 
     /// Runs `prog` with `ctx` as its context (r1 = its address, or 0 when empty; r2 = its
@@ -469,6 +512,9 @@ impl Interpreter {
                         Width::W64 => v,
                         Width::W32 => v as u32 as u64,
                     };
+                }
+                Op::MovPerCpu { dst, src, array } => {
+                    reg[dst as usize] = self.percpu_address(reg[src as usize], array);
                 }
                 Op::Neg { width, dst } => {
                     let d = reg[dst as usize];

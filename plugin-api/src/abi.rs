@@ -63,9 +63,16 @@ pub const PJ_COMPILE_BUDGET: u32 = 1 << 1;
 /// `PjCompileRequest::flags`: blind 32- and 64-bit immediates with
 /// [`PjCompileRequest::blind_key`] so no attacker-chosen constant appears verbatim in code.
 pub const PJ_COMPILE_BLIND_CONSTANTS: u32 = 1 << 2;
+/// `PjCompileRequest::flags`: accept packjit's internal per-CPU address instruction
+/// (`BPF_ALU64 | BPF_MOV | BPF_X` with `off = -1`, the kernel's `BPF_MOV64_PERCPU_REG`
+/// encoding; `imm` = per-CPU array id): `dst = src + cpu * slot_size` of that array, or
+/// `dst = src` when the id is not in the table or `cpu >= cpus`. The helper table must hold
+/// a [`PJ_HELPER_PERCPU_OFFSET`] entry. Without this flag the encoding is refused like any
+/// reserved `off`.
+pub const PJ_COMPILE_PERCPU_INSN: u32 = 1 << 3;
 /// Every `PJ_COMPILE_*` flag defined by this ABI version.
 pub const PJ_COMPILE_ALL_FLAGS: u32 =
-    PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET | PJ_COMPILE_BLIND_CONSTANTS;
+    PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET | PJ_COMPILE_BLIND_CONSTANTS | PJ_COMPILE_PERCPU_INSN;
 
 /// [`PjExecEnv::stop_kind`]: the program returned normally.
 pub const PJ_STOP_NONE: u32 = 0;
@@ -296,6 +303,17 @@ pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
 /// `void *lookup(u64 array_id, u64 index)`, this CPU's element or NULL. Inlinable as
 /// [`PJ_INLINE_PERCPU_LOOKUP`].
 pub const PJ_HELPER_PERCPU_LOOKUP: u32 = 0x7043_0001;
+
+/// Not a callable helper: the helper-table entry describing the per-CPU address instruction
+/// of [`PJ_COMPILE_PERCPU_INSN`]. Its `inline_kind` is [`PJ_INLINE_NONE`] and `addr` points
+/// to a [`PjPerCpuTable`] followed by its arrays (read at run time; the host keeps it alive
+/// and unchanged while the code can run). The CPU is whatever the table's
+/// [`PJ_HELPER_GET_SMP_PROCESSOR_ID`] entry yields (inline rseq load or a call). A `call`
+/// of this id is refused at decode time and `callx` never matches it.
+pub const PJ_HELPER_PERCPU_OFFSET: u32 = 0x7043_0002;
+
+/// `off` of the per-CPU address instruction (the kernel's `BPF_ADDR_PERCPU`).
+pub const PJ_MOV_OFF_PERCPU: i16 = -1;
 
 /// Header of the per-CPU array table of [`PJ_INLINE_PERCPU_LOOKUP`].
 #[repr(C)]

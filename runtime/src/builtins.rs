@@ -156,7 +156,7 @@ pub extern "C" fn builtin_percpu_lookup(id: u64, index: u64, _: u64, _: u64, _: 
 
 /// The table the inlined lookup reads: `PjPerCpuTable` then the arrays, as `u64` words
 /// (owned by the program: the code reads it for its whole life).
-fn percpu_table(cpu_id_offset: i64) -> Box<[u64]> {
+pub(crate) fn percpu_table(cpu_id_offset: i64) -> Box<[u64]> {
     let v = PERCPU_ARRAYS.read().unwrap_or_else(|p| p.into_inner());
     let mut t = vec![v.len() as u64, cpu_id_offset as u64];
     for a in v.iter() {

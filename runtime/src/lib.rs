@@ -90,6 +90,12 @@ pub struct LoadOptions {
     pub features: Option<u64>,
     /// Features to leave out of the default set (e.g. force the LSE-less atomics path).
     pub disable_features: u64,
+    /// Accept packjit's per-CPU address instruction (`PJ_COMPILE_PERCPU_INSN`:
+    /// `BPF_ALU64 | BPF_MOV | BPF_X`, `off = -1`, `imm` = per-CPU array id of
+    /// [`Runtime::add_percpu_array`]): `dst = src + cpu * slot_size`, or `dst = src` when the
+    /// array is unknown to this load or the CPU is out of its range. Without it the encoding
+    /// is refused (a reserved `off`).
+    pub percpu_insn: bool,
 }
 
 /// What a loaded backend is.
@@ -587,6 +593,19 @@ impl Runtime {
             flags |= abi::PJ_COMPILE_BLIND_CONSTANTS;
         }
         let mut table = helpers.to_vec();
+        // The per-CPU mov reads a snapshot of the arrays registered so far (owned by the
+        // program, like the lookup's); its CPU comes from helper 8's entry, so the table's
+        // rseq offset is unused (0).
+        let percpu_insn_table = opts.percpu_insn.then(|| {
+            flags |= abi::PJ_COMPILE_PERCPU_INSN;
+            let t = builtins::percpu_table(0);
+            table.push(HelperEntry {
+                id: abi::PJ_HELPER_PERCPU_OFFSET,
+                inline_kind: abi::PJ_INLINE_NONE,
+                addr: t.as_ptr() as u64,
+            });
+            t
+        });
         // Inline only native code: the facts (rseq offset, counter scale) are this
         // process's, meaningless in code compiled for another architecture.
         let builtins = with_builtins.then(|| {
@@ -662,7 +681,8 @@ impl Runtime {
             symbols,
             retired: false,
             elf: None,
-            builtins: builtins.map(|b| Box::new((b, percpu_table))),
+            builtins: (builtins.is_some() || percpu_insn_table.is_some())
+                .then(|| Box::new((builtins, percpu_table, percpu_insn_table))),
         })
     }
 
@@ -750,7 +770,13 @@ enum ArenaRef {
 
 /// A program's built-in helper choice and the per-CPU table its inlined lookup reads (as
 /// `PjPerCpuTable` + arrays in `u64` words; it lives exactly as long as the code).
-type Builtins = (BuiltinChoice, Option<Box<[u64]>>);
+/// The built-in choice (`None`: loaded without built-ins), the lookup's per-CPU table and
+/// the per-CPU mov's table.
+type Builtins = (
+    Option<BuiltinChoice>,
+    Option<Box<[u64]>>,
+    Option<Box<[u64]>>,
+);
 
 /// A compiled program. Dropping it frees its code once no thread can be running it.
 pub struct Program {
@@ -976,7 +1002,7 @@ impl Program {
     /// without them (the rbpf bridge). Code that cannot call helper 5 (no `call 5`, no
     /// `callx`) reports the clock as a call: the counter is not calibrated for it.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
-        self.builtins.as_deref().map(|(b, _)| *b)
+        self.builtins.as_deref().and_then(|(b, _, _)| *b)
     }
 
     /// Name of the backend that compiled it.

@@ -503,3 +503,256 @@ fn per_cpu_array_lookup_inlined_and_called() {
         base + 5 * SLOT as u64 + 3 * 8
     );
 }
+
+/// `dst = src + cpu * slot_size` of per-CPU array `id` (packjit's internal per-CPU mov:
+/// `BPF_ALU64 | BPF_MOV | BPF_X`, `off = -1`, `imm` = array id).
+fn percpu_mov(dst: u8, src: u8, id: i32) -> [u8; 8] {
+    insn(0xbf, src << 4 | dst, -1, id)
+}
+
+/// `lddw dst, v`.
+fn lddw(dst: u8, v: u64) -> [[u8; 8]; 2] {
+    [
+        insn(0x18, dst, 0, v as u32 as i32),
+        insn(0, 0, 0, (v >> 32) as u32 as i32),
+    ]
+}
+
+/// The per-CPU mov, on pinned threads, under the three ways of getting the CPU (as
+/// detected, the test's rseq area inline, the `sched_getcpu` call): each thread's program
+/// addresses and increments its own CPU's slot; the registers other than `dst` survive the
+/// (possibly called) CPU read; an unknown array id or a CPU past the array's `cpus` leaves
+/// `dst = src`; the encoding is refused without the opt-in; the interpreter agrees.
+#[test]
+fn per_cpu_mov_addresses_this_cpus_slot() {
+    use packjit_plugin_api::{PJ_COMPILE_PERCPU_INSN, PJ_HELPER_PERCPU_OFFSET};
+    let rt = runtime();
+    const SLOT: usize = 64;
+    let cpus = libc::CPU_SETSIZE as usize;
+    let mem: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new((0..cpus * SLOT / 8).map(|_| Default::default()).collect());
+    let base = mem.as_ptr() as u64;
+    // SAFETY: `mem` outlives the programs (held to the end), touched through atomics only.
+    let id = unsafe { rt.add_percpu_array(base as *mut u8, SLOT, 8, SLOT / 8, cpus) }.unwrap();
+    // A one-CPU array: every CPU but 0 is out of its range, so the mov leaves dst = src.
+    let one: Vec<std::sync::atomic::AtomicU64> =
+        (0..SLOT / 8).map(|_| Default::default()).collect();
+    let one_base = one.as_ptr() as u64;
+    // SAFETY: as above.
+    let one_id = unsafe { rt.add_percpu_array(one_base as *mut u8, SLOT, 8, SLOT / 8, 1) }.unwrap();
+    let opt_in = LoadOptions {
+        percpu_insn: true,
+        ..LoadOptions::default()
+    };
+    // r1 = &slot0[2]; r2 = percpu(r1); r3 = 1; lock *(u64 *)(r2 + 0) += r3; r0 = r2; exit
+    let counter = |array: u32, slot0: u64| {
+        [
+            &lddw(1, slot0 + 16)[..],
+            &[
+                percpu_mov(2, 1, array as i32),
+                insn(0xb7, 0x03, 0, 1),
+                insn(0xdb, 0x32, 0, 0),
+                insn(0xbf, 0x20, 0, 0),
+                EXIT,
+            ],
+        ]
+        .concat()
+        .concat()
+    };
+    // r0..r5 = 1, base, 3, 5, 7, 11; r6 = percpu(r1); r6 -= r1; r0 += r2 + r3 + r4 + r5 + r6
+    // = 27 + cpu * SLOT when every register but r6 survived.
+    let survivors = [
+        &[insn(0xb7, 0x00, 0, 1)][..],
+        &lddw(1, base)[..],
+        &[
+            insn(0xb7, 0x02, 0, 3),
+            insn(0xb7, 0x03, 0, 5),
+            insn(0xb7, 0x04, 0, 7),
+            insn(0xb7, 0x05, 0, 11),
+            percpu_mov(6, 1, id as i32),
+            insn(0x1f, 0x16, 0, 0),
+            insn(0x0f, 0x20, 0, 0),
+            insn(0x0f, 0x30, 0, 0),
+            insn(0x0f, 0x40, 0, 0),
+            insn(0x0f, 0x50, 0, 0),
+            insn(0x0f, 0x60, 0, 0),
+            EXIT,
+        ],
+    ]
+    .concat()
+    .concat();
+
+    // Without the opt-in the encoding is a reserved `off`, refused at its pc.
+    let e = rt
+        .load(&counter(id, base), &LoadOptions::default())
+        .unwrap_err();
+    assert_eq!(e.pc, Some(2), "{e}");
+    assert!(e.message.contains("offset"), "{e}");
+    // Opted in, `call` of the table's id is still refused.
+    let call_table = prog(&[insn(CALL, 0, 0, PJ_HELPER_PERCPU_OFFSET as i32), EXIT]);
+    let e = rt.load(&call_table, &opt_in).unwrap_err();
+    assert_eq!(e.pc, Some(0), "{e}");
+
+    let offset = fake_cpu_id(0);
+    for mode in ["as detected", "test rseq area", "call"] {
+        rt.set_inline_builtins(mode != "call");
+        if mode == "test rseq area" {
+            // SAFETY: as in the tests above: static TLS, filled by every running thread.
+            unsafe { rt.set_rseq_cpu_id_offset(Some(offset)) };
+        }
+        let fake = mode == "test rseq area";
+        let c = Arc::new(rt.load(&counter(id, base), &opt_in).unwrap());
+        let s = Arc::new(rt.load(&survivors, &opt_in).unwrap());
+        // Blinded: the array id is materialised masked; same result.
+        let sb = Arc::new(
+            rt.load(
+                &survivors,
+                &LoadOptions {
+                    blind_constants: true,
+                    ..opt_in.clone()
+                },
+            )
+            .unwrap(),
+        );
+        let bad = Arc::new(rt.load(&counter(1_000_000, base), &opt_in).unwrap());
+        let narrow = Arc::new(rt.load(&counter(one_id, one_base), &opt_in).unwrap());
+        let choice = c.builtins().unwrap().cpu_id;
+        for w in mem.iter() {
+            w.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let runs = 200u64;
+        let cpu_list = allowed_cpus(8);
+        std::thread::scope(|sc| {
+            for &cpu in &cpu_list {
+                let (c, s, sb, bad) = (c.clone(), s.clone(), sb.clone(), bad.clone());
+                sc.spawn(move || {
+                    pin(cpu);
+                    let here = sched_getcpu();
+                    if fake {
+                        fake_cpu_id(here as u32);
+                    }
+                    let want = base + here * SLOT as u64 + 16;
+                    for _ in 0..runs {
+                        assert_eq!(c.call(&mut []).unwrap(), want, "{mode} on CPU {cpu}");
+                    }
+                    assert_eq!(
+                        s.call(&mut []).unwrap(),
+                        27 + here * SLOT as u64,
+                        "{mode}: registers around the per-CPU mov on CPU {cpu}"
+                    );
+                    assert_eq!(
+                        sb.call(&mut []).unwrap(),
+                        27 + here * SLOT as u64,
+                        "{mode}: blinded, on CPU {cpu}"
+                    );
+                    assert_eq!(bad.call(&mut []).unwrap(), base + 16, "{mode}: unknown id");
+                });
+            }
+        });
+        if fake {
+            fake_cpu_id(sched_getcpu() as u32);
+        }
+        // Each pinned thread changed exactly its own CPU's slot.
+        for (k, w) in mem.iter().enumerate() {
+            let cpu = (k * 8 / SLOT) as u64;
+            let want = if k * 8 % SLOT == 16 && cpu_list.contains(&(cpu as usize)) {
+                // `bad` added its runs to CPU 0's slot (dst = src).
+                runs + if cpu == 0 { cpu_list.len() as u64 } else { 0 }
+            } else if k * 8 == 16 {
+                cpu_list.len() as u64
+            } else {
+                0
+            };
+            assert_eq!(
+                w.load(std::sync::atomic::Ordering::Relaxed),
+                want,
+                "{mode}: word {k}"
+            );
+        }
+        // The one-CPU array: CPU 0 gets slot 0, every other CPU is out of range → dst = src.
+        assert_eq!(narrow.call(&mut []).unwrap(), one_base + 16, "{mode}");
+        println!(
+            "per-CPU mov {mode}: cpu id {choice}, {} pinned CPUs",
+            cpu_list.len()
+        );
+    }
+
+    // The moved pointer is an ordinary pointer for the sandbox: from an address outside
+    // every region (16 + cpu * SLOT), the write stops at its pc instead of landing.
+    let stray = rt.load(&counter(id, 0), &opt_in).unwrap();
+    let e = stray.call(&mut []).unwrap_err();
+    assert_eq!(e.kind, packjit::ErrorKind::OutOfBounds, "{e}");
+    assert_eq!(e.pc, Some(4), "{e}");
+
+    // The interpreter, with the same inline CPU id and a table of its own, agrees with the
+    // JIT on this thread.
+    rt.set_inline_builtins(true);
+    // SAFETY: as above.
+    unsafe { rt.set_rseq_cpu_id_offset(Some(offset)) };
+    let s = rt.load(&survivors, &opt_in).unwrap();
+    let table = [
+        1u64,
+        0,
+        base,
+        SLOT as u64,
+        8,
+        (SLOT / 8) as u64,
+        cpus as u64,
+    ];
+    let entries = [
+        HelperEntry {
+            id: 8,
+            inline_kind: PJ_INLINE_RSEQ_CPU_ID,
+            addr: offset as u64,
+        },
+        HelperEntry {
+            id: PJ_HELPER_PERCPU_OFFSET,
+            inline_kind: 0,
+            addr: table.as_ptr() as u64,
+        },
+    ];
+    // SAFETY: the table lives to the end of the test; FAKE is filled in this thread.
+    let interp = unsafe { packjit_interp::Interpreter::from_helper_table(&entries) };
+    let code = [
+        &[insn(0xb7, 0x00, 0, 1)][..],
+        &lddw(1, base)[..],
+        &[
+            insn(0xb7, 0x02, 0, 3),
+            insn(0xb7, 0x03, 0, 5),
+            insn(0xb7, 0x04, 0, 7),
+            insn(0xb7, 0x05, 0, 11),
+            // The interpreter's table has one array: id 0.
+            percpu_mov(6, 1, 0),
+            insn(0x1f, 0x16, 0, 0),
+            insn(0x0f, 0x20, 0, 0),
+            insn(0x0f, 0x30, 0, 0),
+            insn(0x0f, 0x40, 0, 0),
+            insn(0x0f, 0x50, 0, 0),
+            insn(0x0f, 0x60, 0, 0),
+            EXIT,
+        ],
+    ]
+    .concat()
+    .concat();
+    let e = interp.load(&code).unwrap_err();
+    assert_eq!(e.pc, Some(7), "{e}");
+    let ip = interp
+        .load_with_flags(&code, PJ_COMPILE_PERCPU_INSN)
+        .unwrap();
+    for cpu in [0u32, 3, 9, cpus as u32, u32::MAX] {
+        assert_eq!(fake_cpu_id(cpu), offset);
+        let want = if (cpu as usize) < cpus {
+            27 + cpu as u64 * SLOT as u64
+        } else {
+            27
+        };
+        assert_eq!(
+            interp.run(&ip, &mut [], None).unwrap().r0,
+            want,
+            "cpu {cpu}"
+        );
+        assert_eq!(s.call(&mut []).unwrap(), want, "JIT, cpu {cpu}");
+    }
+    fake_cpu_id(sched_getcpu() as u32);
+    drop(one);
+}

@@ -126,6 +126,7 @@ pub fn rbpf_unsupported(prog: &Program) -> Option<String> {
     for inst in &prog.insts {
         let why = match inst.op {
             Op::MovSx { .. } => "movsx (cpu v4)",
+            Op::MovPerCpu { .. } => "packjit's per-CPU mov (internal encoding)",
             Op::Load {
                 sign_extend: true, ..
             } => "sign-extending load (cpu v4)",

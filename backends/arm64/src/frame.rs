@@ -148,7 +148,10 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
             let calls = insts.iter().any(|i| {
                 matches!(
                     i.op,
-                    Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. }
+                    Op::CallHelper { .. }
+                        | Op::CallReg { .. }
+                        | Op::CallLocal { .. }
+                        | Op::MovPerCpu { .. }
                 )
             });
             let mut writes = insts

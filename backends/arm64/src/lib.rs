@@ -89,7 +89,11 @@ pub fn emit_program(
 pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
     let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
     validate_inline_kinds(req.helpers, "arm64", INLINE_KINDS)?;
-    let prog = packjit_frontend::decode(req.code, req.helpers)?;
+    let prog = packjit_frontend::decode_with(
+        req.code,
+        req.helpers,
+        packjit_frontend::DecodeOptions::from_flags(req.flags),
+    )?;
     emit_decoded(&prog, req.helpers, &mode)
 }
 
@@ -101,7 +105,11 @@ pub fn emit_request_with(
     opts: EmitOptions,
 ) -> Result<Emitted, CompileError> {
     let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
-    let prog = packjit_frontend::decode(req.code, req.helpers)?;
+    let prog = packjit_frontend::decode_with(
+        req.code,
+        req.helpers,
+        packjit_frontend::DecodeOptions::from_flags(req.flags),
+    )?;
     emit_decoded_with(&prog, req.helpers, &mode, opts)
 }
 
@@ -161,7 +169,11 @@ impl JitBackend for Arm64Backend {
     ) -> Result<Compiled, CompileError> {
         let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
         validate_inline_kinds(req.helpers, "arm64", INLINE_KINDS)?;
-        let prog = packjit_frontend::decode(req.code, req.helpers)?;
+        let prog = packjit_frontend::decode_with(
+            req.code,
+            req.helpers,
+            packjit_frontend::DecodeOptions::from_flags(req.flags),
+        )?;
         let out = emit_decoded(&prog, req.helpers, &mode)?;
         let line_table = prog.line_table(&out.inst_offsets);
         install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)

@@ -30,9 +30,10 @@ use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
-    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS,
-    PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE,
-    PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
+    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
+    PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET,
+    PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE, PJ_STOP_OUT_OF_BOUNDS,
+    PJ_STOP_UNKNOWN_CALLX,
 };
 
 /// `mrs x0, tpidr_el0` (op0=3 op1=3 CRn=13 CRm=0 op2=2): the EL0 thread pointer.
@@ -414,6 +415,7 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::CallReg { reg } => self.callx(reg),
+            Op::MovPerCpu { dst, src, array } => self.mov_percpu(dst, src, array)?,
             Op::CallLocal { target } => {
                 let sub = self.prog.subprog_of(target);
                 let entry = self.entries[sub];
@@ -893,6 +895,8 @@ impl<'a> Emitter<'a> {
         let table: Vec<HelperEntry> = self
             .helpers
             .iter()
+            // The per-CPU table entry is not a callable helper: `callx` never matches it.
+            .filter(|h| h.id != PJ_HELPER_PERCPU_OFFSET)
             .filter(|h| {
                 // The first entry for an id wins, as in `CompileRequest::helper`.
                 let fresh = !seen.contains(&h.id);
@@ -1006,6 +1010,87 @@ impl<'a> Emitter<'a> {
             ; mov X(r0), xzr
             ; =>done
         );
+    }
+
+    /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
+    /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
+    /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
+    /// helper 8 does: the rseq load through `tpidr_el0`, or a call with the caller-saved BPF
+    /// registers (r0 = x7, r1–r5 = x0–x4) stored around it, so nothing but `dst` changes.
+    fn mov_percpu(&mut self, dst: Reg, src: Reg, array: u32) -> Result<(), CompileError> {
+        let entry = |s: &Self, id: u32| {
+            s.helpers
+                .iter()
+                .find(|h| h.id == id)
+                .copied()
+                .ok_or_else(|| {
+                    s.err(
+                        ErrorKind::UnknownHelper,
+                        format!("per-CPU mov needs helper id {id:#x} in the helper table"),
+                    )
+                })
+        };
+        let table = entry(self, PJ_HELPER_PERCPU_OFFSET)?.addr;
+        let cpu = entry(self, PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
+        match helper_lowering(&cpu) {
+            HelperLowering::RseqCpuId { offset } => {
+                self.sysreg_read(T0, MRS_TPIDR_EL0);
+                if (-256..256).contains(&offset) {
+                    a64!(self.ops; ldur W(T4), [X(T0), offset as i32]);
+                } else {
+                    self.mov_imm(T1, offset as u64, W64);
+                    a64!(self.ops; ldr W(T4), [X(T0), X(T1)]);
+                }
+            }
+            HelperLowering::Call(addr) => {
+                // 48 bytes keep sp 16-byte aligned, as AAPCS64 requires at the call.
+                let r0 = REG_MAP[0];
+                a64!(self.ops
+                    ; stp x0, x1, [sp, -48]!
+                    ; stp x2, x3, [sp, 16]
+                    ; stp x4, X(r0), [sp, 32]
+                );
+                self.mov_imm(T2, addr, W64);
+                a64!(self.ops
+                    ; blr X(T2)
+                    ; mov X(T4), X(RET)
+                    ; ldp x4, X(r0), [sp, 32]
+                    ; ldp x2, x3, [sp, 16]
+                    ; ldp x0, x1, [sp], 48
+                );
+            }
+            _ => {
+                return Err(self.err(
+                    ErrorKind::Unsupported,
+                    "per-CPU mov: helper 8 must be a call or the inline rseq load",
+                ))
+            }
+        }
+        // cpu in T4; the id is the program's constant: blinded like any immediate (`imm`
+        // uses T3), and the array's address is computed at run time.
+        let done = self.ops.new_dynamic_label();
+        self.imm(T2, array as u64, W32);
+        self.mov_imm(T1, table, W64);
+        a64!(self.ops
+            ; mov X(T3), xzr
+            ; ldr X(T0), [X(T1), PJ_PERCPU_COUNT as u32]
+            ; cmp X(T0), X(T2)
+            ; b.ls =>done
+        );
+        self.mov_imm(T0, PJ_PERCPU_ARRAY_SIZE as u64, W64);
+        a64!(self.ops
+            ; madd X(T1), X(T2), X(T0), X(T1)
+            ; ldr X(T0), [X(T1), (PJ_PERCPU_ARRAYS + PJ_PERCPU_CPUS) as u32]
+            ; cmp X(T4), X(T0)
+            ; b.hs =>done
+            ; ldr X(T0), [X(T1), (PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE) as u32]
+            ; mul X(T3), X(T4), X(T0)
+            ; =>done
+        );
+        let s = self.src(src, T0);
+        let d = REG_MAP[dst as usize];
+        a64!(self.ops; add X(d), X(s), X(T3));
+        Ok(())
     }
 
     /// `mrs Xt, <sysreg>`: `base` is the MRS encoding with Rt = 0.

@@ -8,8 +8,9 @@
 use crate::{Inst, Op, Operand, Program, Size, R10, STACK_SIZE};
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
-    PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_INLINE_COUNTER_CLOCK,
-    PJ_INLINE_NONE, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
+    PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
+    PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_NONE, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// Does this instruction read r10 (the only way a program reaches its frame)?
@@ -17,7 +18,7 @@ pub fn reads_r10(op: &Op) -> bool {
     let reg = |o: Operand| o == Operand::Reg(R10);
     match *op {
         Op::Alu { src, .. } => reg(src),
-        Op::MovSx { src, .. } => src == R10,
+        Op::MovSx { src, .. } | Op::MovPerCpu { src, .. } => src == R10,
         Op::Load { base, .. } => base == R10,
         Op::Store { base, src, .. } => base == R10 || reg(src),
         Op::Atomic { base, src, .. } => base == R10 || src == R10,
@@ -50,7 +51,7 @@ pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
             ..
         } => o(src),
         Op::Alu { dst, src, .. } => r(dst) | o(src),
-        Op::MovSx { src, .. } => r(src),
+        Op::MovSx { src, .. } | Op::MovPerCpu { src, .. } => r(src),
         Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
         Op::LdImm64 { .. } | Op::Ja { .. } => 0,
         Op::Load { base, .. } => r(base),
@@ -137,6 +138,14 @@ pub fn validate_request(
                 "unknown compile flags 0x{:x} (defined: 0x{PJ_COMPILE_ALL_FLAGS:x})",
                 req.flags & !PJ_COMPILE_ALL_FLAGS
             ),
+        ));
+    }
+    if req.flags & PJ_COMPILE_PERCPU_INSN != 0
+        && !req.helpers.iter().any(|h| h.id == PJ_HELPER_PERCPU_OFFSET)
+    {
+        return Err(CompileError::new(
+            ErrorKind::InvalidArgument,
+            format!("PJ_COMPILE_PERCPU_INSN without a per-CPU table entry (helper id {PJ_HELPER_PERCPU_OFFSET:#x})"),
         ));
     }
     if req.features & !supported_features != 0 {
@@ -330,6 +339,46 @@ mod tests {
         .unwrap();
         assert!(m.sandboxed() && !m.counts_budget());
         assert_eq!(m.blind_key, Some(9));
+        // The per-CPU mov opt-in needs the table entry it reads.
+        let e = validate_request(
+            &CompileRequest {
+                flags: PJ_COMPILE_PERCPU_INSN,
+                ..req
+            },
+            "arm64",
+            1,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("PJ_COMPILE_PERCPU_INSN"), "{e}");
+        let table = [HelperEntry {
+            id: PJ_HELPER_PERCPU_OFFSET,
+            inline_kind: 0,
+            addr: 0x1000,
+        }];
+        validate_request(
+            &CompileRequest {
+                flags: PJ_COMPILE_PERCPU_INSN,
+                features: 0,
+                helpers: &table,
+                ..req
+            },
+            "arm64",
+            1,
+        )
+        .unwrap();
+        // A table entry claiming an inline kind, or NULL, is refused.
+        for bad in [
+            HelperEntry {
+                inline_kind: PJ_INLINE_PERCPU_LOOKUP,
+                ..table[0]
+            },
+            HelperEntry {
+                addr: 0,
+                ..table[0]
+            },
+        ] {
+            assert!(validate_inline_kinds(&[bad], "arm64", u32::MAX).is_err());
+        }
     }
 
     #[test]
@@ -395,6 +444,15 @@ pub fn validate_inline_kinds(
 ) -> Result<(), CompileError> {
     for h in helpers {
         let k = h.inline_kind;
+        if h.id == PJ_HELPER_PERCPU_OFFSET && (k != PJ_INLINE_NONE || h.addr == 0) {
+            return Err(CompileError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "helper id {:#x} (per-CPU table): inline kind must be 0 and the table non-NULL, is kind {k}, table {:#x}",
+                    h.id, h.addr
+                ),
+            ));
+        }
         if k == PJ_INLINE_NONE {
             continue;
         }

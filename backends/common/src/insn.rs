@@ -318,6 +318,12 @@ pub enum Op {
         src: Reg,
         bits: u8,
     },
+    /// packjit's per-CPU address instruction (opt-in `PJ_COMPILE_PERCPU_INSN`; the kernel's
+    /// `BPF_MOV64_PERCPU_REG` encoding with `imm` = per-CPU array id):
+    /// `dst = src + cpu * slot_size` of per-CPU array `array`, or `dst = src` when the array
+    /// is not in the program's table or `cpu >= cpus`. The result is an ordinary pointer:
+    /// sandboxed accesses through it are checked like any other.
+    MovPerCpu { dst: Reg, src: Reg, array: u32 },
     /// `dst = -dst` at `width`.
     Neg { width: Width, dst: Reg },
     /// Byte-order conversion of the low `bits` (16, 32, 64) of `dst`.
@@ -383,6 +389,7 @@ impl Op {
         match *self {
             Op::Alu { dst, .. }
             | Op::MovSx { dst, .. }
+            | Op::MovPerCpu { dst, .. }
             | Op::Neg { dst, .. }
             | Op::End { dst, .. }
             | Op::LdImm64 { dst, .. }

@@ -28,7 +28,7 @@ pub mod relax;
 mod verify;
 
 pub use insn::*;
-pub use verify::{decode, MAX_CALL_DEPTH, MAX_INSNS, STACK_SIZE};
+pub use verify::{decode, decode_with, DecodeOptions, MAX_CALL_DEPTH, MAX_INSNS, STACK_SIZE};
 
 /// A decoded, verified program.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +54,8 @@ pub struct Subprog {
     pub end: usize,
     /// Bit `n` set when BPF register `rn` is written in this subprogram (r0..r9).
     pub writes: u16,
-    /// `true` when the subprogram makes helper or local calls.
+    /// `true` when the subprogram makes helper or local calls (or has a per-CPU mov, which
+    /// may call for the CPU id).
     pub calls: bool,
     /// `true` when the subprogram touches its stack frame through r10.
     pub uses_stack: bool,

@@ -254,6 +254,8 @@ pub fn transfer(st: &mut State, op: &Op) {
                 Width::W32 => alu32(op, d, s),
             };
         }
+        // A pointer moved by an unknown CPU's offset: nothing is known of it.
+        Op::MovPerCpu { dst, .. } => st[dst as usize] = Val::TOP,
         Op::MovSx {
             width, dst, bits, ..
         } => {

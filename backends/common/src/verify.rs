@@ -9,6 +9,7 @@
 
 use crate::insn::{op::*, *};
 use crate::{Program, Subprog};
+use packjit_plugin_api::abi::{PJ_HELPER_PERCPU_OFFSET, PJ_MOV_OFF_PERCPU};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
 /// Bytes of stack per (sub)program frame; r10 points at its top.
@@ -22,8 +23,34 @@ fn verr(pc: usize, msg: impl Into<String>) -> CompileError {
     CompileError::at(pc, ErrorKind::Verify, msg)
 }
 
-/// Decodes and verifies `code` against the helper table.
+/// Encodings beyond cpu v4 that a request opted into.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Accept packjit's per-CPU address instruction (`PJ_COMPILE_PERCPU_INSN`):
+    /// `BPF_ALU64 | BPF_MOV | BPF_X` with `off = -1` decodes to [`Op::MovPerCpu`].
+    pub percpu_insn: bool,
+}
+
+impl DecodeOptions {
+    /// The options a request's `PJ_COMPILE_*` flags ask for.
+    pub fn from_flags(flags: u32) -> DecodeOptions {
+        DecodeOptions {
+            percpu_insn: flags & packjit_plugin_api::abi::PJ_COMPILE_PERCPU_INSN != 0,
+        }
+    }
+}
+
+/// Decodes and verifies `code` against the helper table (plain cpu v4, no opt-ins).
 pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileError> {
+    decode_with(code, helpers, DecodeOptions::default())
+}
+
+/// [`decode`] accepting the encodings `opts` opts into.
+pub fn decode_with(
+    code: &[u8],
+    helpers: &[HelperEntry],
+    opts: DecodeOptions,
+) -> Result<Program, CompileError> {
     if code.is_empty() {
         return Err(CompileError::new(ErrorKind::Verify, "empty program"));
     }
@@ -48,7 +75,7 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
     let mut pc = 0;
     while pc < slots {
         slot_to_index[pc] = insts.len() as u32;
-        let (op, len) = decode_one(code, pc, helpers)?;
+        let (op, len) = decode_one(code, pc, helpers, opts)?;
         insts.push(Inst { pc, op });
         pc += len;
     }
@@ -115,6 +142,9 @@ pub fn decode(code: &[u8], helpers: &[HelperEntry]) -> Result<Program, CompileEr
                     // Calls clobber r1-r5 as far as the caller's register state goes.
                     sp.writes |= 0b11_1111;
                 }
+                // Its CPU id may come from a native call (register-preserving, so no
+                // clobbers): the frame must be call-ready (link register, alignment).
+                Op::MovPerCpu { .. } => sp.calls = true,
                 _ => {}
             }
             if crate::analysis::reads_r10(&inst.op) {
@@ -263,6 +293,7 @@ fn decode_one(
     code: &[u8],
     pc: usize,
     helpers: &[HelperEntry],
+    opts: DecodeOptions,
 ) -> Result<(Op, usize), CompileError> {
     let slot = |pc: usize| -> Option<RawInsn> {
         let bytes = code.get(pc * 8..pc * 8 + 8)?;
@@ -271,7 +302,19 @@ fn decode_one(
     let i = slot(pc).expect("pc is inside the program");
     let class = i.opc & 0x07;
     match class {
-        CLASS_ALU | CLASS_ALU64 => decode_alu(pc, &i).map(|op| (op, 1)),
+        CLASS_ALU | CLASS_ALU64 => {
+            let op = decode_alu(pc, &i, opts)?;
+            if matches!(op, Op::MovPerCpu { .. })
+                && !helpers.iter().any(|h| h.id == PJ_HELPER_PERCPU_OFFSET)
+            {
+                return Err(CompileError::at(
+                    pc,
+                    ErrorKind::UnknownHelper,
+                    "per-CPU mov (off -1) without a per-CPU table entry (helper id 0x70430002) in the helper table",
+                ));
+            }
+            Ok((op, 1))
+        }
         CLASS_JMP | CLASS_JMP32 => decode_jmp(pc, &i, helpers).map(|op| (op, 1)),
         CLASS_LD => {
             if i.opc != LD_IMM64 {
@@ -423,7 +466,7 @@ fn size_of_opc(opc: u8) -> Size {
     }
 }
 
-fn decode_alu(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
+fn decode_alu(pc: usize, i: &RawInsn, opts: DecodeOptions) -> Result<Op, CompileError> {
     let width = if i.opc & 0x07 == CLASS_ALU64 {
         Width::W64
     } else {
@@ -486,7 +529,9 @@ fn decode_alu(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
             let off_ok = match op {
                 AluOp::Sdiv | AluOp::Smod => true,
                 AluOp::Mov if is_reg => {
-                    matches!(i.off, 0 | 8 | 16) || (i.off == 32 && width == Width::W64)
+                    matches!(i.off, 0 | 8 | 16)
+                        || (i.off == 32 && width == Width::W64)
+                        || (i.off == PJ_MOV_OFF_PERCPU && width == Width::W64 && opts.percpu_insn)
                 }
                 _ => i.off == 0,
             };
@@ -497,6 +542,15 @@ fn decode_alu(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
                 ));
             }
             if is_reg {
+                if op == AluOp::Mov && i.off == PJ_MOV_OFF_PERCPU {
+                    // imm is the per-CPU array id here, not a reserved field.
+                    let src = check_reg(pc, "source", i.src)?;
+                    return Ok(Op::MovPerCpu {
+                        dst,
+                        src,
+                        array: i.imm as u32,
+                    });
+                }
                 zero(pc, name, "imm", i.imm.into())?;
                 let src = check_reg(pc, "source", i.src)?;
                 if op == AluOp::Mov && i.off != 0 {
@@ -592,6 +646,13 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
             match i.src {
                 CALL_HELPER => {
                     let id = i.imm as u32;
+                    if id == PJ_HELPER_PERCPU_OFFSET {
+                        return Err(CompileError::at(
+                            pc,
+                            ErrorKind::UnknownHelper,
+                            format!("call to helper id {id:#x}: reserved for the per-CPU mov, not callable"),
+                        ));
+                    }
                     if !helpers.iter().any(|h| h.id == id) {
                         return Err(CompileError::at(
                             pc,
@@ -855,5 +916,50 @@ mod tests {
             p.subprogs[0].uses_stack,
             "callx r10 reads the frame pointer"
         );
+    }
+
+    #[test]
+    fn the_per_cpu_mov_needs_the_opt_in_and_its_table_entry() {
+        let table = HelperEntry {
+            id: PJ_HELPER_PERCPU_OFFSET,
+            inline_kind: 0,
+            addr: 0x1000,
+        };
+        // r0 = 0 ; r2 = percpu(r1, array 7) ; exit
+        let code = prog(&[ins(0xb7, 0, 0, 0, 0), ins(0xbf, 2, 1, -1, 7), EXIT]);
+        let on = DecodeOptions { percpu_insn: true };
+        // Without the opt-in: a reserved offset, at its pc.
+        let e = decode(&code, &[table]).unwrap_err();
+        assert_eq!(e.pc, Some(1));
+        assert!(e.to_string().contains("offset must be 0, is -1"), "{e}");
+        // Opted in, without the table entry: refused at the pc.
+        let e = decode_with(&code, &[], on).unwrap_err();
+        assert_eq!(e.pc, Some(1));
+        assert!(e.to_string().contains("per-CPU"), "{e}");
+        let p = decode_with(&code, &[table], on).unwrap();
+        assert_eq!(
+            p.insts[1].op,
+            Op::MovPerCpu {
+                dst: 2,
+                src: 1,
+                array: 7
+            }
+        );
+        assert!(p.subprogs[0].calls, "its CPU id may come from a call");
+        // Only the 64-bit register form: mov32 and mov-immediate keep off = 0.
+        for bad in [ins(0xbc, 2, 1, -1, 7), ins(0xb7, 2, 0, -1, 7)] {
+            let c = prog(&[ins(0xb7, 0, 0, 0, 0), bad, EXIT]);
+            assert_eq!(decode_with(&c, &[table], on).unwrap_err().pc, Some(1));
+        }
+        // Other offsets stay reserved; r10 is still not writable.
+        let c = prog(&[ins(0xb7, 0, 0, 0, 0), ins(0xbf, 2, 1, -2, 0), EXIT]);
+        assert_eq!(decode_with(&c, &[table], on).unwrap_err().pc, Some(1));
+        let c = prog(&[ins(0xb7, 0, 0, 0, 0), ins(0xbf, 10, 1, -1, 0), EXIT]);
+        assert_eq!(decode_with(&c, &[table], on).unwrap_err().pc, Some(1));
+        // The table's id is not a callable helper, opt-in or not.
+        let c = prog(&[ins(0x85, 0, 0, 0, PJ_HELPER_PERCPU_OFFSET as i32), EXIT]);
+        let e = decode_with(&c, &[table], on).unwrap_err();
+        assert_eq!(e.pc, Some(0));
+        assert!(e.to_string().contains("not callable"), "{e}");
     }
 }

@@ -107,7 +107,11 @@ impl Rv64Backend {
     ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
         validate_inline_kinds(req.helpers, "riscv64", INLINE_KINDS)?;
-        let prog = packjit_frontend::decode(req.code, req.helpers)?;
+        let prog = packjit_frontend::decode_with(
+            req.code,
+            req.helpers,
+            packjit_frontend::DecodeOptions::from_flags(req.flags),
+        )?;
         let opts = lower::Options {
             zbb: mode.features & FEATURE_ZBB != 0,
             zba: mode.features & FEATURE_ZBA != 0,

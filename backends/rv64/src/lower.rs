@@ -28,12 +28,29 @@ use packjit_frontend::{
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_ENTRY_SP,
     PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
-    PJ_ENV_STOP_PC, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT,
-    PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE,
-    PJ_PERCPU_VALUE_SIZE, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
+    PJ_ENV_STOP_PC, PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
+    PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET,
+    PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE, PJ_STOP_BUDGET,
+    PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use Width::{W32, W64};
+
+/// The per-CPU mov's table address and how helper 8 (its CPU id) is lowered: a call or the
+/// inline rseq load; anything else is refused (message without the pc).
+fn percpu_parts(helpers: &[HelperEntry]) -> Result<(u64, HelperLowering), String> {
+    let entry = |id: u32| {
+        helpers
+            .iter()
+            .find(|h| h.id == id)
+            .ok_or_else(|| format!("per-CPU mov needs helper id {id:#x} in the helper table"))
+    };
+    let table = entry(PJ_HELPER_PERCPU_OFFSET)?.addr;
+    match helper_lowering(entry(PJ_HELPER_GET_SMP_PROCESSOR_ID)?) {
+        l @ (HelperLowering::Call(_) | HelperLowering::RseqCpuId { .. }) => Ok((table, l)),
+        _ => Err("per-CPU mov: helper 8 must be a call or the inline rseq load".into()),
+    }
+}
 
 /// A branch site's encoding, smallest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -156,6 +173,10 @@ impl<'a> Codegen<'a> {
                         format!("call to unknown helper id {id}"),
                     ));
                 }
+            }
+            if let Op::MovPerCpu { .. } = inst.op {
+                percpu_parts(helpers)
+                    .map_err(|m| CompileError::at(inst.pc, ErrorKind::UnknownHelper, m))?;
             }
         }
         let access = if opts.mode.sandboxed() {
@@ -311,7 +332,14 @@ impl<'a> Codegen<'a> {
     /// site's pc in a7; a match tail-jumps to the helper (which returns straight to the call
     /// site); no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (address = the id).
     fn callx_dispatch(&mut self) {
-        let helpers = self.helpers;
+        // The per-CPU table entry is not a callable helper: `callx` never matches it.
+        let helpers: Vec<HelperEntry> = self
+            .helpers
+            .iter()
+            .filter(|h| h.id != PJ_HELPER_PERCPU_OFFSET)
+            .copied()
+            .collect();
+        let helpers = &helpers;
         let cases: Vec<DynamicLabel> = helpers.iter().map(|_| self.e.new_label()).collect();
         for (h, &l) in helpers.iter().zip(&cases) {
             // Ids are u32; a register value with upper bits set matches no helper.
@@ -341,6 +369,60 @@ impl<'a> Codegen<'a> {
                 }
             }
         }
+    }
+
+    /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
+    /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
+    /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
+    /// helper 8 does: the rseq load off `tp`, or a call with the caller-saved eBPF registers
+    /// (r0 = a5, r1–r5 = a0–a4) stored around it, so nothing but `dst` changes.
+    fn mov_percpu(&mut self, pc: usize, dst: Reg, src: Reg, array: u32) {
+        let (table, cpu) = percpu_parts(self.helpers).expect("checked in Codegen::new");
+        match cpu {
+            HelperLowering::Call(addr) => {
+                // 48 bytes keep sp 16-byte aligned, as the psABI requires at the call.
+                const SAVED: [u8; 6] = [A0, A1, A2, A3, A4, A5];
+                self.e.ri(RI::Addi, SP, SP, -48);
+                for (k, r) in SAVED.into_iter().enumerate() {
+                    self.e.store(Mem::D, r, SP, 8 * k as i32);
+                }
+                self.e.li(T0, addr as i64);
+                self.e.call_reg(T0);
+                self.e.mv(T3, A0);
+                for (k, r) in SAVED.into_iter().enumerate() {
+                    self.e.load(Mem::D, r, SP, 8 * k as i32);
+                }
+                self.e.ri(RI::Addi, SP, SP, 48);
+            }
+            inline => self.inline_helper(inline, T3),
+        }
+        // cpu in t3; the id is the program's constant: blinded like any immediate (a 32-bit
+        // mask, both words zero-extended), and the array's address is computed at run time.
+        let done = self.e.new_label();
+        match self.mode.blind_key {
+            Some(key) => {
+                let m = blinding_mask(key, pc) & 0xffff_ffff;
+                self.e.li(T2, (array as u64 ^ m) as i64);
+                self.e.li(T1, m as i64);
+                self.e.rrr(R3::Xor, T2, T2, T1);
+            }
+            None => self.e.li(T2, array as i64),
+        }
+        self.e.li(T4, 0);
+        self.e.li(T1, table as i64);
+        self.e.load(Mem::D, T0, T1, PJ_PERCPU_COUNT);
+        self.branch(Br::Geu, T2, T0, done);
+        self.e.li(T0, PJ_PERCPU_ARRAY_SIZE as i64);
+        self.e.rrr(R3::Mul, T2, T2, T0);
+        self.e.rrr(R3::Add, T1, T1, T2);
+        self.e
+            .load(Mem::D, T0, T1, PJ_PERCPU_ARRAYS + PJ_PERCPU_CPUS);
+        self.branch(Br::Geu, T3, T0, done);
+        self.e
+            .load(Mem::D, T0, T1, PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE);
+        self.e.rrr(R3::Mul, T4, T3, T0);
+        self.e.bind(done);
+        self.e.rrr(R3::Add, map(dst), map(src), T4);
     }
 
     /// Per-CPU array lookup (r1 = a0 array id, r2 = a1 element index) against the host's
@@ -544,6 +626,7 @@ impl<'a> Codegen<'a> {
                     self.e.zext32(d, d);
                 }
             }
+            Op::MovPerCpu { dst, src, array } => self.mov_percpu(pc, dst, src, array),
             Op::Neg { width, dst } => {
                 let d = map(dst);
                 self.e.neg(width, d, d);

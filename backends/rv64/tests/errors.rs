@@ -44,7 +44,7 @@ fn bad_flags_and_unknown_features_are_refused() {
     let e = err(&code, &[], 0, 1 << 7);
     assert_eq!(e.kind, ErrorKind::Unsupported);
     assert_eq!(
-        e.message, "unknown compile flags 0x80 (defined: 0x7)",
+        e.message, "unknown compile flags 0x80 (defined: 0xf)",
         "the front end's message"
     );
     let e = err(&code, &[], SUPPORTED_FEATURES | 1 << 9, 0);

@@ -275,6 +275,7 @@ impl<'a> Emitter<'a> {
                 src,
                 bits,
             } => self.movsx(width, dst, src, bits),
+            Op::MovPerCpu { dst, src, array } => self.mov_percpu(inst, dst, src, array)?,
             Op::Neg { width, dst } => self.e.rr(&[], sz_of(width), &[0xf7], 3, host(dst)),
             Op::End { kind, bits, dst } => self.end(kind, bits, dst),
             Op::LdImm64 { dst, imm } => self.ld_imm64(pc, dst, imm),
@@ -1288,6 +1289,93 @@ impl<'a> Emitter<'a> {
         self.e.bind(done);
     }
 
+    /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
+    /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
+    /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
+    /// helper 8 does: `fs`-relative rseq load, or a call with every caller-saved BPF register
+    /// (r0–r5) pushed around it, so nothing but `dst` changes.
+    fn mov_percpu(
+        &mut self,
+        inst: &Inst,
+        dst: Reg,
+        src: Reg,
+        array: u32,
+    ) -> Result<(), CompileError> {
+        let table = self.helper_entry(inst, PJ_HELPER_PERCPU_OFFSET)?.addr;
+        let cpu = self.helper_entry(inst, PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
+        match helper_lowering(&cpu) {
+            HelperLowering::RseqCpuId { offset } => {
+                let disp = i32::try_from(offset).map_err(|_| {
+                    CompileError::at(
+                        inst.pc,
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "per-CPU mov: rseq offset {offset} does not fit a 32-bit displacement"
+                        ),
+                    )
+                })?;
+                // fs ; mov r10d, [disp32] (REX.R; ModRM reg=r10 rm=SIB; SIB no base/index).
+                let mut b = vec![0x64, 0x44, 0x8b, 0x14, 0x25];
+                b.extend_from_slice(&disp.to_le_bytes());
+                self.e.raw(&b);
+            }
+            HelperLowering::Call(addr) => {
+                // Six pushes keep rsp 16-byte aligned at the call, as at any helper call.
+                self.e.asm(6, |ops| {
+                    dynasm!(ops ; .arch x64 ; push rax ; push rdi ; push rsi ; push rdx ; push rcx ; push r8)
+                });
+                self.call_abs(addr);
+                self.e.asm(7, |ops| {
+                    dynasm!(ops ; .arch x64 ; mov r10, rax ; pop r8 ; pop rcx ; pop rdx ; pop rsi ; pop rdi ; pop rax)
+                });
+            }
+            _ => {
+                return Err(CompileError::at(
+                    inst.pc,
+                    ErrorKind::Unsupported,
+                    "per-CPU mov: helper 8 must be a call or the inline rseq load",
+                ))
+            }
+        }
+        let zero = self.e.label();
+        let done = self.e.label();
+        // An id past i32 cannot be in the table (it would need 2^31 arrays): offset 0.
+        if let Ok(id) = i32::try_from(array) {
+            let (slot, cpus) = (
+                (PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE) as i8,
+                (PJ_PERCPU_ARRAYS + PJ_PERCPU_CPUS) as i8,
+            );
+            // The id is the program's constant: blinded like any immediate, and the array's
+            // address is computed at run time (no id-derived constant in the code).
+            self.imm_to(inst.pc, T9, id);
+            self.mov_ri(T11, table as i64);
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp QWORD [r11], r9));
+            self.e.jump(Some(Cc::Be), zero);
+            self.e.asm(3, |ops| {
+                dynasm!(ops
+                    ; .arch x64
+                    ; imul r9, r9, PJ_PERCPU_ARRAY_SIZE
+                    ; add r11, r9
+                    ; cmp r10, QWORD [BYTE r11 + cpus]
+                )
+            });
+            self.e.jump(Some(Cc::Ae), zero);
+            self.e.asm(
+                2,
+                |ops| dynasm!(ops ; .arch x64 ; mov r9, r10 ; imul r9, QWORD [BYTE r11 + slot]),
+            );
+            self.e.jump(None, done);
+        }
+        self.e.bind(zero);
+        self.xor_zero(T9);
+        self.e.bind(done);
+        self.mov_rr(Sz::B64, host(dst), host(src));
+        // add dst, r9
+        self.e.rr(&[], Sz::B64, &[0x01], T9, host(dst));
+        Ok(())
+    }
+
     /// `mov eax, fs:[offset]`: glibc keeps the thread's `struct rseq` at a fixed offset from
     /// the thread pointer (`fs` base), and the kernel stores the current CPU in its `cpu_id`
     /// on every return to user space after a migration. One load, zero-extending into r0.
@@ -1344,7 +1432,13 @@ impl<'a> Emitter<'a> {
     fn callx(&mut self, pc: usize, reg: Reg) {
         let r = host(reg);
         let done = self.e.label();
-        let helpers = self.helpers;
+        // The per-CPU table entry is not a callable helper: `callx` never matches it.
+        let helpers: Vec<HelperEntry> = self
+            .helpers
+            .iter()
+            .filter(|h| h.id != PJ_HELPER_PERCPU_OFFSET)
+            .copied()
+            .collect();
         let stop = self.stop_label(Stop::Callx { reg: r }, pc);
         let cmp = |em: &mut Self, id: u32| {
             if i32::try_from(id).is_ok() {
