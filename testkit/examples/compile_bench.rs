@@ -7,10 +7,14 @@
 //! cargo run --release -p packjit-testkit --example compile_bench
 //! ```
 //!
+//! Backends compile with all their optional CPU features, trusted and sandboxed (the
+//! runtime's default: the access analysis and the checks add to compile time).
+//!
 //! Every backend compiles on any host (nothing is executed), so all rows are measured here,
 //! side by side: sizes and engines are interleaved round by round and the best round of each
 //! is kept, because a shared machine's noise would otherwise favour whoever ran last.
 
+use packjit_plugin_api::abi::PJ_COMPILE_SANDBOX;
 use packjit_plugin_api::{CodeArena, CompileRequest, JitBackend};
 use packjit_testkit::fuzz::VecArena;
 use packjit_testkit::gen::sized_program;
@@ -24,14 +28,23 @@ const WORK: usize = 2_000_000;
 
 enum Engine {
     FrontEnd,
-    Backend(Box<dyn JitBackend>),
+    /// A backend and the `PJ_COMPILE_*` flags it compiles with.
+    Backend(Box<dyn JitBackend>, u32),
 }
 
 impl Engine {
     fn name(&self) -> String {
         match self {
             Engine::FrontEnd => "front end (decode, verify, analyses)".into(),
-            Engine::Backend(b) => format!("{} (features 0x{:x})", b.name(), b.supported_features()),
+            Engine::Backend(b, flags) => format!(
+                "{} {}",
+                b.name(),
+                if *flags & PJ_COMPILE_SANDBOX != 0 {
+                    "sandboxed"
+                } else {
+                    "trusted"
+                }
+            ),
         }
     }
 
@@ -41,12 +54,12 @@ impl Engine {
                 let p = packjit_frontend::decode(code, &[]).expect("valid program");
                 std::hint::black_box(packjit_frontend::analysis::stack_block_size(&p));
             }
-            Engine::Backend(b) => {
+            Engine::Backend(b, flags) => {
                 let req = CompileRequest {
                     code,
                     helpers: &[],
                     features: b.supported_features(),
-                    flags: 0,
+                    flags: *flags,
                     blind_key: 0,
                 };
                 let c = b.compile(&req, arena).expect("compiles");
@@ -57,12 +70,21 @@ impl Engine {
 }
 
 fn main() {
-    let engines = [
-        Engine::FrontEnd,
-        Engine::Backend(Box::new(packjit_arm64::Arm64Backend::new())),
-        Engine::Backend(Box::new(packjit_rv64::Rv64Backend::new())),
-        Engine::Backend(Box::new(packjit_x86_64::X86Backend::new())),
-    ];
+    let mut engines = vec![Engine::FrontEnd];
+    for flags in [0, PJ_COMPILE_SANDBOX] {
+        engines.push(Engine::Backend(
+            Box::new(packjit_arm64::Arm64Backend::new()),
+            flags,
+        ));
+        engines.push(Engine::Backend(
+            Box::new(packjit_rv64::Rv64Backend::new()),
+            flags,
+        ));
+        engines.push(Engine::Backend(
+            Box::new(packjit_x86_64::X86Backend::new()),
+            flags,
+        ));
+    }
     let programs: Vec<Vec<u8>> = SIZES.iter().map(|&(n, f)| sized_program(n, f)).collect();
     let arena = VecArena::default();
     // best[engine][size]: the fastest round, in eBPF instructions per second.
