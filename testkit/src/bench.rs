@@ -1,8 +1,61 @@
 //! The programs every backend's sandbox benchmark runs, trusted and sandboxed side by side:
 //! one definition, so the three arches measure the same thing.
 
+use packjit_frontend::analysis::EmitOptions;
 use packjit_frontend::encode_insn as ins;
+use packjit_plugin_api::abi::{
+    PjExecEnv, PjProgramEntry, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_NONE,
+};
 use std::ops::Range;
+
+/// The modes each program is compiled in, side by side: `(name, PJ_COMPILE_* flags,
+/// measurement switches)`. The `noclamp`/`nogroup` rows exist only to show what the Spectre
+/// clamp and the check groups cost on their own.
+pub fn sandbox_modes() -> [(&'static str, u32, EmitOptions); 5] {
+    let on = EmitOptions::default();
+    [
+        ("trusted", 0, on),
+        ("sandbox", PJ_COMPILE_SANDBOX, on),
+        (
+            "sandbox,noclamp",
+            PJ_COMPILE_SANDBOX,
+            EmitOptions {
+                spectre_clamp: false,
+                ..on
+            },
+        ),
+        (
+            "sandbox,nogroup",
+            PJ_COMPILE_SANDBOX,
+            EmitOptions {
+                group_checks: false,
+                ..on
+            },
+        ),
+        ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET, on),
+    ]
+}
+
+/// Runs code at `entry` on `mem` with a fresh environment (context = `mem`, unlimited
+/// budget) and returns r0; a stop is a bench bug and panics.
+///
+/// # Safety
+/// `entry` must be executable code emitted for the `PjProgramEntry` ABI, mapped for the call.
+pub unsafe fn call_entry(entry: *const u8, mem: &mut [u8]) -> u64 {
+    let mut env = PjExecEnv {
+        ctx_start: mem.as_ptr() as u64,
+        ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
+        budget: u64::MAX,
+        ..Default::default()
+    };
+    // SAFETY: the caller vouches for `entry`; `env` and `mem` outlive the call.
+    let r0 = unsafe {
+        let f: PjProgramEntry = std::mem::transmute(entry);
+        f(mem.as_mut_ptr(), mem.len() as u64, &mut env)
+    };
+    assert_eq!(env.stop_kind, PJ_STOP_NONE, "{env:?}");
+    r0
+}
 
 /// A benchmark program and the instructions of its hot loop.
 pub struct SandboxProgram {

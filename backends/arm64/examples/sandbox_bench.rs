@@ -19,9 +19,6 @@
 #[cfg(target_arch = "aarch64")]
 mod bench {
     use packjit_arm64::{emit_request_with, EmitOptions};
-    use packjit_plugin_api::abi::{
-        PjExecEnv, PjProgramEntry, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_NONE,
-    };
     use packjit_plugin_api::CompileRequest;
     use std::time::Instant;
 
@@ -83,19 +80,9 @@ mod bench {
         }
 
         fn run(&self, mem: &mut [u8]) -> u64 {
-            let mut env = PjExecEnv {
-                ctx_start: mem.as_ptr() as u64,
-                ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
-                budget: u64::MAX,
-                ..Default::default()
-            };
-            // SAFETY: code emitted for the PjProgramEntry ABI, env valid for the call.
-            let r = unsafe {
-                let f: PjProgramEntry = std::mem::transmute(self.map);
-                f(mem.as_mut_ptr(), mem.len() as u64, &mut env)
-            };
-            assert_eq!(env.stop_kind, PJ_STOP_NONE, "{env:?}");
-            r
+            // SAFETY: `map` holds code emitted for the PjProgramEntry ABI, mapped RX until drop.
+
+            unsafe { packjit_testkit::bench::call_entry(self.map as *const u8, mem) }
         }
     }
 
@@ -108,22 +95,7 @@ mod bench {
 
     pub fn main() {
         let mut mem: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
-        let on = EmitOptions::default();
-        let no_clamp = EmitOptions {
-            spectre_clamp: false,
-            ..on
-        };
-        let no_groups = EmitOptions {
-            group_checks: false,
-            ..on
-        };
-        let modes = [
-            ("trusted", 0, on),
-            ("sandbox", PJ_COMPILE_SANDBOX, on),
-            ("sandbox,noclamp", PJ_COMPILE_SANDBOX, no_clamp),
-            ("sandbox,nogroup", PJ_COMPILE_SANDBOX, no_groups),
-            ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET, on),
-        ];
+        let modes = packjit_testkit::bench::sandbox_modes();
         for packjit_testkit::bench::SandboxProgram { name, code, hot } in
             packjit_testkit::bench::sandbox_programs()
         {

@@ -437,9 +437,6 @@ fn jit_vs_interpreter() {
 /// instructions per eBPF instruction on the hot loop's inline path.
 #[cfg(target_arch = "riscv64")]
 fn sandbox_programs() {
-    use packjit_plugin_api::abi::{
-        PjExecEnv, PjProgramEntry, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_NONE,
-    };
     use packjit_plugin_api::{CompileRequest, JitBackend};
     use packjit_rv64::EmitOptions;
 
@@ -502,19 +499,8 @@ fn sandbox_programs() {
             native_insn_count(&self.bytes[a..b])
         }
         fn run(&self, mem: &mut [u8]) -> u64 {
-            let mut env = PjExecEnv {
-                ctx_start: mem.as_ptr() as u64,
-                ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
-                budget: u64::MAX,
-                ..Default::default()
-            };
-            // SAFETY: code emitted for the PjProgramEntry ABI, env valid for the call.
-            let r = unsafe {
-                let f: PjProgramEntry = std::mem::transmute(self.map);
-                f(mem.as_mut_ptr(), mem.len() as u64, &mut env)
-            };
-            assert_eq!(env.stop_kind, PJ_STOP_NONE, "{env:?}");
-            r
+            // SAFETY: `map` holds code emitted for the PjProgramEntry ABI, mapped RX until drop.
+            unsafe { packjit_testkit::bench::call_entry(self.map as *const u8, mem) }
         }
     }
     impl Drop for Code {
@@ -528,28 +514,7 @@ fn sandbox_programs() {
         0 => FEATURE_C | FEATURE_ZBB | FEATURE_ZBA,
         f => f,
     };
-    let on = EmitOptions::default();
-    let modes = [
-        ("trusted", 0, on),
-        ("sandbox", PJ_COMPILE_SANDBOX, on),
-        (
-            "sandbox,noclamp",
-            PJ_COMPILE_SANDBOX,
-            EmitOptions {
-                spectre_clamp: false,
-                ..on
-            },
-        ),
-        (
-            "sandbox,nogroup",
-            PJ_COMPILE_SANDBOX,
-            EmitOptions {
-                group_checks: false,
-                ..on
-            },
-        ),
-        ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET, on),
-    ];
+    let modes = packjit_testkit::bench::sandbox_modes();
     let mut mem: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
     println!("sandbox programs (features {features:#x}):");
     // (name, program, hot loop as bytecode slots)

@@ -15,9 +15,6 @@
 //! from the plugin ABI or the runtime): the first leaves out the Spectre-v1 CMOV (its cost),
 //! the second checks every access on its own.
 
-use packjit_plugin_api::abi::{
-    PjExecEnv, PjProgramEntry, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX, PJ_STOP_NONE,
-};
 use packjit_x86_64::{emit_program_for_measurement, EmitOptions, Options};
 use std::time::Instant;
 
@@ -101,19 +98,9 @@ impl Code {
     }
 
     fn run(&self, mem: &mut [u8]) -> u64 {
-        let mut env = PjExecEnv {
-            ctx_start: mem.as_ptr() as u64,
-            ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
-            budget: u64::MAX,
-            ..Default::default()
-        };
-        // SAFETY: code emitted for the PjProgramEntry ABI, env valid for the call.
-        let r = unsafe {
-            let f: PjProgramEntry = std::mem::transmute(self.map);
-            f(mem.as_mut_ptr(), mem.len() as u64, &mut env)
-        };
-        assert_eq!(env.stop_kind, PJ_STOP_NONE, "{env:?}");
-        r
+        // SAFETY: `map` holds code emitted for the PjProgramEntry ABI, mapped RX until drop.
+
+        unsafe { packjit_testkit::bench::call_entry(self.map as *const u8, mem) }
     }
 }
 
@@ -125,28 +112,7 @@ impl Drop for Code {
 }
 
 fn main() {
-    let on = EmitOptions::default();
-    let modes = [
-        ("trusted", 0, on),
-        ("sandbox", PJ_COMPILE_SANDBOX, on),
-        (
-            "sandbox,noclamp",
-            PJ_COMPILE_SANDBOX,
-            EmitOptions {
-                spectre_clamp: false,
-                ..on
-            },
-        ),
-        (
-            "sandbox,nogroup",
-            PJ_COMPILE_SANDBOX,
-            EmitOptions {
-                group_checks: false,
-                ..on
-            },
-        ),
-        ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET, on),
-    ];
+    let modes = packjit_testkit::bench::sandbox_modes();
     let mut mem: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
     for packjit_testkit::bench::SandboxProgram { name, code, hot } in
         packjit_testkit::bench::sandbox_programs()
