@@ -787,6 +787,13 @@ impl Linker<'_, '_> {
                     at("not at an instruction boundary"),
                 ));
             }
+            if off + INSN > u.end {
+                // A function whose size is not a multiple of 8 ends in a partial slot.
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    at("the instruction runs past the end of its function"),
+                ));
+            }
             let slot = u.base + (off - u.start) / INSN;
             let p = slot * INSN;
             let opcode = self.code[p];

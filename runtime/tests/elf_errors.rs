@@ -234,3 +234,23 @@ fn packjit_fuzz_entry(m: &[u8], sel: &ElfLoadOptions) -> bool {
         }
     }
 }
+
+#[test]
+fn a_relocated_instruction_cut_by_its_function_end_is_refused() {
+    // Found by the `elf` fuzz target (seed 20261202): a function whose size is not a multiple
+    // of 8 ends in a partial slot, and a relocation there indexed past the function. Shrink
+    // the `pj/globals` section so it ends 4 bytes into the relocated `lddw` at +0x50.
+    let mut obj = compile_bpf("globals");
+    let i = sections(&obj)
+        .iter()
+        .position(|s| s.2 == "pj/globals")
+        .unwrap();
+    let sh_size = rd(&obj, 0x28, 8) as usize + i * 64 + 0x20;
+    obj[sh_size..sh_size + 8].copy_from_slice(&0x54u64.to_le_bytes());
+    let err = link_with_helper(&obj, &globals_sel()).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{err}");
+    assert_mentions(
+        &err,
+        &["offset 0x50", "`runs`", "runs past the end of its function"],
+    );
+}
