@@ -1626,11 +1626,13 @@ pub fn sized_program(n: usize, functions: usize) -> Vec<u8> {
     out
 }
 
-/// A random straight-line program for the sandbox's check groups: context accesses (and
-/// masked, provable stack accesses) off one base register, with a context length that may
-/// cut through the group. Returns the bytecode and the context length to run it with. The
-/// backends' group differentials run these against the reference: r0, the context bytes,
-/// and on a stop its pc, address, size and direction must agree.
+/// A random program for the sandbox's check groups: context accesses (and masked, provable
+/// stack accesses) off one base register, with a context length that may cut through the
+/// group. Half of them run the accesses in a loop of 1–3 iterations, whose back-edge
+/// re-enters the group past its check (`ranges::reentries`) unless the loop also moves the
+/// base. Returns the bytecode and the context length to run it with. The backends' group
+/// differentials run these against the reference: r0, the context bytes, and on a stop its
+/// pc, address, size and direction must agree.
 pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
     use packjit_frontend::encode_insn as ins;
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -1662,6 +1664,11 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
             7
         }
     };
+    let looped = rnd(2) == 0;
+    if looped {
+        p.push(ins(0xb7, 4, 0, 0, 1 + rnd(3) as i32)); // r4 = iterations
+    }
+    let head = p.len();
     let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
     for _ in 0..2 + rnd(6) {
         let size = sizes[rnd(4) as usize];
@@ -1696,6 +1703,15 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
                 p.push(ins(0x0f, 0, 3, 0, 0)); // r0 += r3
             }
         }
+    }
+    if looped {
+        if rnd(4) == 0 {
+            // Move the base: every iteration is checked anew.
+            p.push(addi(base, 8 * rnd(3) as i32));
+        }
+        p.push(ins(0x17, 4, 0, 0, 1)); // r4 -= 1
+        let back = head as i64 - (p.len() as i64 + 1);
+        p.push(ins(0x55, 4, 0, back as i16, 0)); // if r4 != 0 goto head
     }
     p.push(ins(0x95, 0, 0, 0, 0));
     (p.concat(), 1 + rnd(56) as usize)

@@ -175,6 +175,9 @@ pub(crate) struct Emitter<'a> {
     pub(crate) cur: usize,
     /// Emitting a group's checked copy (see [`Cold::Group`]): every access checks itself.
     pub(crate) copy: bool,
+    /// Per check group: the point right after its widened check and clamp, for the jumps
+    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
+    pub(crate) group_resume: Vec<Option<DynamicLabel>>,
     /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
     pub(crate) clamp: bool,
 }
@@ -204,6 +207,12 @@ impl<'a> Emitter<'a> {
         let stop = ops.new_dynamic_label();
         let stop_budget = ops.new_dynamic_label();
         let region_scan = ops.new_dynamic_label();
+        let group_resume = plan
+            .access
+            .groups
+            .iter()
+            .map(|g| g.reentered.then(|| ops.new_dynamic_label()))
+            .collect();
         Emitter {
             prog,
             helpers,
@@ -224,6 +233,7 @@ impl<'a> Emitter<'a> {
             sites: Vec::new(),
             cur: 0,
             copy: false,
+            group_resume,
             clamp: true,
         }
     }
@@ -384,7 +394,7 @@ impl<'a> Emitter<'a> {
                 // A jump to the next instruction is a no-op.
                 if target != i + 1 {
                     self.charge_back_edge(i, target);
-                    self.b(self.labels[target]);
+                    self.b(self.jump_label(i, target));
                 }
             }
             Op::Jcond {
@@ -566,7 +576,9 @@ impl<'a> Emitter<'a> {
             if self.unchecked_access(base) {
                 (REG_MAP[base as usize], off as i64)
             } else {
-                (self.check_access(size, op == MemOp::Store, base, off), 0)
+                let addr = self.check_access(size, op == MemOp::Store, base, off);
+                self.clamp_reentered_base(base, off);
+                (addr, 0)
             }
         } else if base == R10 {
             (self.frame_base(), off as i64 + STACK_SIZE as i64)
@@ -807,7 +819,7 @@ impl<'a> Emitter<'a> {
         let Some(test) = self.jtest(width, cond, dst, src) else {
             return;
         };
-        let label = self.labels[target];
+        let label = self.jump_label(i, target);
         if self.back_edge_charge(i, target).is_some() {
             let skip = self.ops.new_dynamic_label();
             self.branch_if(invert(test), skip);
@@ -816,6 +828,20 @@ impl<'a> Emitter<'a> {
             a64!(self.ops; =>skip);
         } else {
             self.branch_if(test, label);
+        }
+    }
+
+    /// Where the jump at instruction `i` lands: past the target group's check when the front
+    /// end found the group already validated on every path to the jump.
+    fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
+        match self
+            .plan
+            .access
+            .reentry(i)
+            .and_then(|g| self.group_resume[g])
+        {
+            Some(resume) => resume,
+            None => self.labels[target],
         }
     }
 
@@ -1296,7 +1322,23 @@ impl<'a> Emitter<'a> {
                 self.clamp_to(b, b, Cc::Hs);
             }
         }
+        if let Some(resume) = self.group_resume[gi] {
+            a64!(self.ops; =>resume);
+        }
         self.colds.push(Cold::Group { group: gi, label });
+    }
+
+    /// In a re-entered group's checked copy: the base itself from the member's clamped
+    /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
+    /// group's check later never sees an unchecked base, also under misspeculation.
+    fn clamp_reentered_base(&mut self, base: Reg, off: i16) {
+        let reentered = self.plan.access.group_of[self.cur]
+            .is_some_and(|g| self.plan.access.groups[g].reentered);
+        if !(self.copy && reentered && self.clamp) {
+            return;
+        }
+        // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
+        a64!(self.ops; sub XSP(REG_MAP[base as usize]), XSP(T0), off as u32);
     }
 
     /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.

@@ -141,6 +141,9 @@ pub struct Codegen<'a> {
     access: AccessPlan,
     /// Emitting a group's checked copy: every access checks itself.
     copy: bool,
+    /// Per check group: the point right after its widened check and mask, for the jumps
+    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
+    group_resume: Vec<Option<DynamicLabel>>,
     /// Index (into `prog.insts`) of the instruction being lowered.
     cur: usize,
 }
@@ -186,6 +189,7 @@ impl<'a> Codegen<'a> {
                 checks: vec![AccessCheck::NotAccess; prog.insts.len()],
                 groups: Vec::new(),
                 group_of: vec![None; prog.insts.len()],
+                reentries: Vec::new(),
             }
         };
         // Any 8-byte access whose inline test is the context's general one?
@@ -218,6 +222,7 @@ impl<'a> Codegen<'a> {
             region_stub: dummy,
             access,
             copy: false,
+            group_resume: Vec::new(),
             cur: 0,
         })
     }
@@ -287,6 +292,9 @@ impl<'a> Codegen<'a> {
             .collect();
         self.exit_labels = (0..self.prog.subprogs.len())
             .map(|_| self.e.new_label())
+            .collect();
+        self.group_resume = (0..self.access.groups.len())
+            .map(|g| self.access.groups[g].reentered.then(|| self.e.new_label()))
             .collect();
         self.dispatch = if self.has_callx {
             Some(self.e.new_label())
@@ -701,11 +709,11 @@ impl<'a> Codegen<'a> {
             Op::Ja { target } => {
                 if let Some(charge) = self.charge_of(inst, target) {
                     self.charge(pc, charge);
-                    let l = self.insn_labels[target];
+                    let l = self.jump_label(i, target);
                     self.jump(l);
                 } else if target != i + 1 {
                     // (A jump to the next instruction is a no-op.)
-                    let l = self.insn_labels[target];
+                    let l = self.jump_label(i, target);
                     self.jump(l);
                 }
             }
@@ -716,7 +724,7 @@ impl<'a> Codegen<'a> {
                 src,
                 target,
             } => {
-                let l = self.insn_labels[target];
+                let l = self.jump_label(i, target);
                 if let Some(charge) = self.charge_of(inst, target) {
                     // Taken back-edge: pay first, on the taken path only.
                     let skip = self.e.new_label();
@@ -847,7 +855,9 @@ impl<'a> Codegen<'a> {
         if self.mode.sandboxed() {
             if let Some((_, _, size)) = checked_access(op) {
                 if !self.unchecked_access(base) {
-                    return self.check_access(pc, map(base), off, size.bytes(), write, false);
+                    let operand = self.check_access(pc, map(base), off, size.bytes(), write, false);
+                    self.mask_reentered_base(base);
+                    return operand;
                 }
             }
         }
@@ -905,7 +915,30 @@ impl<'a> Codegen<'a> {
             self.e.ri(RI::Addi, T3, T3, -1);
             self.e.rrr(R3::And, b, b, T3);
         }
+        if let Some(resume) = self.group_resume[g] {
+            self.e.bind(resume);
+        }
         self.cold.push(Cold::Group { label, group: g });
+    }
+
+    /// Where the jump at instruction `i` lands: past the target group's check when the front
+    /// end found the group already validated on every path to the jump.
+    fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
+        match self.access.reentry(i).and_then(|g| self.group_resume[g]) {
+            Some(resume) => resume,
+            None => self.insn_labels[target],
+        }
+    }
+
+    /// In a re-entered group's checked copy: the base itself masked with the member's
+    /// verdict (t3 = all ones inside, 0 under a mispredicted check), so a jump that skips
+    /// the group's check later never sees an unchecked base, also under misspeculation.
+    fn mask_reentered_base(&mut self, base: Reg) {
+        let reentered =
+            self.access.group_of[self.cur].is_some_and(|g| self.access.groups[g].reentered);
+        if self.copy && reentered && self.opts.measure.spectre_clamp {
+            self.e.rrr(R3::And, map(base), map(base), T3);
+        }
     }
 
     /// t3 = 1 unless `end <= ctx_len` (t3 = 0): the whole test for an access ending `end`

@@ -188,6 +188,9 @@ pub struct Emitter<'a> {
     cur: usize,
     /// Emitting a group's checked copy: every access checks itself.
     copy: bool,
+    /// Per check group: the point right after its widened check and clamp, for the jumps
+    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
+    group_resume: Vec<Option<Label>>,
     /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
     clamp: bool,
 }
@@ -205,6 +208,12 @@ impl<'a> Emitter<'a> {
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
         let entry_pops = e.label();
+        let group_resume = plan
+            .access
+            .groups
+            .iter()
+            .map(|g| g.reentered.then(|| e.label()))
+            .collect();
         Emitter {
             e,
             plan,
@@ -221,6 +230,7 @@ impl<'a> Emitter<'a> {
             skip: None,
             cur: 0,
             copy: false,
+            group_resume,
             clamp: true,
         }
     }
@@ -929,6 +939,9 @@ impl<'a> Emitter<'a> {
             self.e.imm_bytes(0, 4);
             self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | fail as u8], b, T9);
         }
+        if let Some(resume) = self.group_resume[g] {
+            self.e.bind(resume);
+        }
         self.cold.push(Cold::Group { at, group: g });
     }
 
@@ -1136,8 +1149,20 @@ impl<'a> Emitter<'a> {
 
     fn ja(&mut self, inst: &Inst, target: usize) {
         self.charge_back_edge(inst, target);
-        let l = self.inst_label[target];
+        let l = self.jump_label(target);
         self.e.jump(None, l);
+    }
+
+    /// Where the current jump lands: past the target group's check when the front end found
+    /// the group already validated on every path to the jump (and this backend emitted the
+    /// group's widened check, see [`Self::group_supported`]).
+    fn jump_label(&self, target: usize) -> Label {
+        match self.plan.access.reentry(self.cur) {
+            Some(g) if self.group_supported(g) => {
+                self.group_resume[g].expect("re-entered groups have a resume label")
+            }
+            _ => self.inst_label[target],
+        }
     }
 
     fn jcond(
@@ -1176,7 +1201,7 @@ impl<'a> Emitter<'a> {
             Operand::Imm(i) => self.alu_ri(7, sz, d, i as i64),
         }
         let cc = cc_of(cond);
-        let l = self.inst_label[target];
+        let l = self.jump_label(target);
         if self.mode.counts_budget() && back_edge_charge(inst, &self.prog.insts[target]).is_some() {
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
@@ -1545,6 +1570,13 @@ impl<'a> Emitter<'a> {
                         self.inst(i, k, &inst)?;
                     }
                     self.copy = false;
+                    if self.plan.access.groups[group].reentered && self.clamp {
+                        // A jump may later skip this group's check, trusting the base: no
+                        // instruction after this point runs before every member's check
+                        // above has resolved, so a mispredicted one cannot carry an
+                        // unchecked base past here (LFENCE, the x86 speculation barrier).
+                        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
+                    }
                     // On after the group; an instruction fused into the last member was
                     // done by it, and its label is where the one after it starts.
                     self.skip = None;
