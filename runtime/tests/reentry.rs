@@ -145,3 +145,31 @@ fn an_allowed_write_lands_and_the_loop_goes_on() {
     assert_eq!(p.call(buf.ctx()).unwrap(), ITERS as u64 * word as u64);
     assert_eq!(buf.byte(24), 9);
 }
+
+/// Regression (arm64 group differential, seed 0xae4): a group whose first member stores an
+/// immediate. The widened check must come before the immediate is materialised, or the
+/// re-entering jump, which lands right after the check, stores whatever the scratch register
+/// last held (here: r10, from the stack store).
+#[test]
+fn a_reentered_group_starting_with_an_immediate_store_stores_it_every_time() {
+    let rt = runtime();
+    let code = [
+        ins(0xb7, 6, 0, 0, 3),    // 0: r6 = 3
+        ins(0x62, 1, 0, 0, 7),    // 1: loop: *(u32 *)(r1 + 0) = 7
+        ins(0x61, 2, 1, 4, 0),    // 2: r2 = *(u32 *)(r1 + 4)
+        ins(0x7b, 10, 10, -8, 0), // 3: *(u64 *)(r10 - 8) = r10
+        ins(0x17, 6, 0, 0, 1),    // 4: r6 -= 1
+        ins(0x55, 6, 0, -5, 0),   // 5: if r6 != 0 goto loop
+        ins(0x61, 0, 1, 0, 0),    // 6: r0 = *(u32 *)(r1 + 0)
+        ins(0x95, 0, 0, 0, 0),    // 7: exit
+    ]
+    .concat();
+    let prog = packjit_frontend::decode(&code, &[]).unwrap();
+    let plan = packjit_frontend::ranges::plan_accesses(&prog, true);
+    assert_eq!(plan.reentries, vec![(5, 0)], "{plan:?}");
+    assert_eq!(plan.groups[0].first, 1);
+    let p = rt.load(&code, &LoadOptions::default()).unwrap();
+    let mut ctx = [0xffu8; 16];
+    assert_eq!(p.call(&mut ctx).unwrap(), 7);
+    assert_eq!(&ctx[..8], &[7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+}

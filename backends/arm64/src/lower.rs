@@ -257,6 +257,7 @@ impl<'a> Emitter<'a> {
                 self.cur = i;
                 let label = self.labels[i];
                 a64!(self.ops; =>label);
+                self.group_check_at(i);
                 let inst = self.prog.insts[i];
                 self.inst(k, i, &inst)?;
             }
@@ -1258,12 +1259,19 @@ impl<'a> Emitter<'a> {
         let Some(gi) = self.plan.access.group_of[self.cur] else {
             return false;
         };
-        let g = &self.plan.access.groups[gi];
-        debug_assert_eq!(g.base, base);
-        if g.first == self.cur {
-            self.group_check(gi);
-        }
+        debug_assert_eq!(self.plan.access.groups[gi].base, base);
         true
+    }
+
+    /// A group's widened check, where its first member's code starts: before anything of
+    /// that instruction (an immediate to store, say), so a re-entering jump that lands
+    /// right after the check skips nothing else.
+    fn group_check_at(&mut self, i: usize) {
+        if let Some(&Some(g)) = self.plan.access.group_of.get(i) {
+            if self.plan.access.groups[g].first == i {
+                self.group_check(g);
+            }
+        }
     }
 
     /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the

@@ -317,6 +317,7 @@ impl<'a> Codegen<'a> {
                 let inst = self.prog.insts[i];
                 let last = i + 1 == sp.end;
                 self.cur = i;
+                self.group_check_at(i);
                 self.inst(k, i, &inst, last);
             }
             let l = self.exit_labels[k];
@@ -880,13 +881,18 @@ impl<'a> Codegen<'a> {
         if self.copy {
             return false;
         }
-        let Some(g) = self.access.group_of[i] else {
-            return false;
-        };
-        if self.access.groups[g].first == i {
-            self.group_check(g);
+        self.access.group_of[i].is_some()
+    }
+
+    /// A group's widened check, where its first member's code starts: before anything of
+    /// that instruction (an immediate to store, say), so a re-entering jump that lands
+    /// right after the check skips nothing else.
+    fn group_check_at(&mut self, i: usize) {
+        if let Some(&Some(g)) = self.access.group_of.get(i) {
+            if self.access.groups[g].first == i {
+                self.group_check(g);
+            }
         }
-        true
     }
 
     /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base

@@ -256,6 +256,7 @@ impl<'a> Emitter<'a> {
                 }
                 let inst = self.prog.insts[i];
                 self.cur = i;
+                self.group_check_at(i);
                 self.inst(i, k, &inst)?;
             }
             let l = self.sub_exit[k];
@@ -879,13 +880,18 @@ impl<'a> Emitter<'a> {
         let Some(g) = self.plan.access.group_of[i] else {
             return false;
         };
-        if !self.group_supported(g) {
-            return false;
+        self.group_supported(g)
+    }
+
+    /// A group's widened check, where its first member's code starts: before anything of
+    /// that instruction (an immediate to store, say), so a re-entering jump that lands
+    /// right after the check skips nothing else.
+    fn group_check_at(&mut self, i: usize) {
+        if let Some(&Some(g)) = self.plan.access.group_of.get(i) {
+            if self.plan.access.groups[g].first == i && self.group_supported(g) {
+                self.group_check(g);
+            }
         }
-        if self.plan.access.groups[g].first == i {
-            self.group_check(g);
-        }
-        true
     }
 
     /// Groups whose widened test this backend encodes: a constant context end within
