@@ -925,8 +925,8 @@ impl<'a> Emitter<'a> {
             }
             AccessCheck::Stack if (span as usize) <= self.plan.block => {
                 self.lea(T11, b, lo);
-                self.region_end(STACK_START8, span);
-                self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
+                self.stack_offset();
+                self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - span);
                 Cc::A
             }
             _ => {
@@ -1051,11 +1051,27 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// The stack block test (its length is a constant): on to `ok` when inside.
+    /// The stack block test: on to `ok` when `[r11, r11 + n)` is inside, with the flags of
+    /// an unsigned compare ("above" = outside) for the clamp there.
+    ///
+    /// The block's length is a constant, so with `u = r11 - stack_start` (mod 2^64) the
+    /// access is inside exactly when `u <= block - n`: an address below the block wraps `u`
+    /// past 2^63 (user addresses are below 2^47), far above any block. No end to force to
+    /// all-ones, unlike the context's variable length ([`Self::region_end`]).
     fn stack_test(&mut self, n: i64, ok: Label) {
-        self.region_end(STACK_START8, n);
-        self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
+        self.stack_offset();
+        self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - n);
         self.e.jump(Some(Cc::Be), ok);
+    }
+
+    /// r10 = r11 - env.stack_start.
+    fn stack_offset(&mut self) {
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r10, r11
+                ; sub r10, QWORD [BYTE r12 + STACK_START8]
+            )
+        });
     }
 
     /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
