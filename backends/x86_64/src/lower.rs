@@ -144,6 +144,17 @@ enum Cold {
         size: Size,
         write: bool,
     },
+    /// The inline region test of [`Emitter::check`] failed: the other region and the host
+    /// regions, back to `back` (the clamp) when one holds the access, else the stop.
+    Regions {
+        at: Label,
+        back: Label,
+        pc: usize,
+        n: i64,
+        write: bool,
+        /// The inline test was the stack block's.
+        stack_tried: bool,
+    },
     /// A check group's widened test failed: the group's instructions again with a check
     /// per access, then on after the group.
     Group { at: Label, group: usize },
@@ -997,12 +1008,13 @@ impl<'a> Emitter<'a> {
 
     /// Sandbox check of `[base + off, + size)`: leaves the address in r11 (clamped under
     /// misspeculation) or jumps to a stop stub. `stack_first`: the base derives from r10, so
-    /// the stack block is tested before the context.
+    /// the stack block is tested inline instead of the context.
     ///
-    /// Each region test computes `end = addr - start + size` (forced to all-ones when it
-    /// wraps) and passes when `end <= len`; the passing paths meet at `ok`, where the flags
-    /// of the deciding compare are still live and `cmova` replaces the address with `env`
-    /// (a harmless, mapped address) should the branch have been mispredicted.
+    /// One region is tested inline, falling through when the access is inside; the other
+    /// region and the host regions are tried out of line ([`Cold::Regions`]), which comes
+    /// back to `ok` with the same flag convention ("above" = outside). At `ok` the flags of
+    /// the deciding compare are still live, and `cmova` replaces the address with `env` (a
+    /// harmless, mapped address) should the branch have been mispredicted.
     fn check(
         &mut self,
         pc: usize,
@@ -1013,23 +1025,40 @@ impl<'a> Emitter<'a> {
         stack_first: bool,
     ) {
         let n = size.bytes() as i64;
-        let ok = self.e.label();
+        let (ok, at) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
-        let stack = self.plan.block > 0;
-        if stack_first && stack {
-            self.stack_test(n, ok);
+        let stack_inline = stack_first && self.plan.block > 0;
+        if stack_inline {
+            self.stack_cmp(n);
+        } else {
+            self.ctx_cmp(n);
         }
-        // Context.
-        self.region_end(CTX_START8, n);
-        self.ctx_len();
-        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
-        // the equally long RM form (0x3b) for register pairs.
-        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
-        self.e.jump(Some(Cc::Be), ok);
-        if stack && !stack_first {
-            self.stack_test(n, ok);
+        self.e.jump(Some(Cc::A), at);
+        self.e.bind(ok);
+        if self.clamp {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
         }
-        // Host regions: the shared scan returns with the same flag convention.
+        self.cold.push(Cold::Regions {
+            at,
+            back: ok,
+            pc,
+            n,
+            write,
+            stack_tried: stack_inline,
+        });
+    }
+
+    /// The out-of-line rest of [`Self::check`]: the region not tested inline, then the host
+    /// regions (the shared scan returns with the same flag convention), else the stop.
+    fn other_regions(&mut self, back: Label, pc: usize, n: i64, write: bool, stack_tried: bool) {
+        if stack_tried {
+            self.ctx_cmp(n);
+            self.e.jump(Some(Cc::Be), back);
+        } else if self.plan.block > 0 {
+            self.stack_cmp(n);
+            self.e.jump(Some(Cc::Be), back);
+        }
         let scan = match self.region_scan {
             Some(l) => l,
             None => {
@@ -1041,27 +1070,30 @@ impl<'a> Emitter<'a> {
         let access = n as u32 | if write { PJ_ACCESS_WRITE } else { 0 };
         self.mov_ri(T10, access as i64);
         self.e.call_label(scan);
-        self.e.jump(Some(Cc::Be), ok);
+        self.e.jump(Some(Cc::Be), back);
         let stop = self.stop_label(Stop::Oob { access }, pc);
         self.e.jump(None, stop);
-        self.e.bind(ok);
-        if self.clamp {
-            self.e
-                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
-        }
     }
 
-    /// The stack block test: on to `ok` when `[r11, r11 + n)` is inside, with the flags of
-    /// an unsigned compare ("above" = outside) for the clamp there.
+    /// Flags for "`[r11, r11 + n)` is inside the context": "below or equal" when it is.
+    /// `end = addr - start + n` (forced to all-ones when it wraps) against the length.
+    fn ctx_cmp(&mut self, n: i64) {
+        self.region_end(CTX_START8, n);
+        self.ctx_len();
+        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
+        // the equally long RM form (0x3b) for register pairs.
+        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
+    }
+
+    /// Flags for "`[r11, r11 + n)` is inside the stack block": "below or equal" when it is.
     ///
     /// The block's length is a constant, so with `u = r11 - stack_start` (mod 2^64) the
     /// access is inside exactly when `u <= block - n`: an address below the block wraps `u`
     /// past 2^63 (user addresses are below 2^47), far above any block. No end to force to
     /// all-ones, unlike the context's variable length ([`Self::region_end`]).
-    fn stack_test(&mut self, n: i64, ok: Label) {
+    fn stack_cmp(&mut self, n: i64) {
         self.stack_offset();
         self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - n);
-        self.e.jump(Some(Cc::Be), ok);
     }
 
     /// r10 = r11 - env.stack_start.
@@ -1572,6 +1604,17 @@ impl<'a> Emitter<'a> {
                     self.e.bind(at);
                     self.check(pc, base, off, size, write, false);
                     self.e.jump(None, back);
+                }
+                Cold::Regions {
+                    at,
+                    back,
+                    pc,
+                    n,
+                    write,
+                    stack_tried,
+                } => {
+                    self.e.bind(at);
+                    self.other_regions(back, pc, n, write, stack_tried);
                 }
                 Cold::Group { at, group } => {
                     let (first, last) = {
