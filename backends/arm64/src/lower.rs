@@ -52,6 +52,9 @@ pub struct Emitted {
     pub inst_offsets: Vec<usize>,
     /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
     pub passes: usize,
+    /// Native offsets where jumps that skip a re-entered check group's check land (see
+    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
+    pub resume_offsets: Vec<usize>,
 }
 
 pub use packjit_frontend::analysis::EmitOptions;
@@ -100,6 +103,11 @@ pub fn emit_decoded_with(
         })?;
         if settled == Settled::Done {
             let passes = relax.passes();
+            let labels = e.ops.labels();
+            let mut resume_offsets: Vec<usize> = (e.group_resume.iter().flatten())
+                .filter_map(|&l| labels.resolve_dynamic(l).ok().map(|o| o.0))
+                .collect();
+            resume_offsets.sort_unstable();
             let bytes = e.ops.finalize().map_err(|err| {
                 CompileError::new(
                     ErrorKind::Encoding,
@@ -112,6 +120,7 @@ pub fn emit_decoded_with(
                 native_insns,
                 inst_offsets: offsets,
                 passes,
+                resume_offsets,
             });
         }
     }

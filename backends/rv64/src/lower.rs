@@ -230,7 +230,7 @@ impl<'a> Codegen<'a> {
     /// Emits the program, re-emitting with grown branch forms until every branch reaches.
     /// Returns the code and the line table (`Compiled::pc_offsets`: where each bytecode
     /// slot's native code starts).
-    pub fn run(mut self) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
+    pub fn run(mut self) -> Result<crate::Measured, CompileError> {
         let mut capacity = self.prog.insts.len() * 8 + 64;
         loop {
             self.relax.begin_pass();
@@ -272,11 +272,19 @@ impl<'a> Codegen<'a> {
                     .collect::<Result<Vec<usize>, _>>()
                     .map_err(|e| internal(format!("unbound label: {e}")))?;
                 let table = self.prog.line_table(&offsets);
+                let mut resume_offsets: Vec<usize> = (self.group_resume.iter().flatten())
+                    .filter_map(|&l| labels.resolve_dynamic(l).ok().map(|o| o.0))
+                    .collect();
+                resume_offsets.sort_unstable();
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
                 let code = e
                     .finish()
                     .map_err(|err| CompileError::new(ErrorKind::Encoding, err))?;
-                return Ok((code, table));
+                return Ok(crate::Measured {
+                    bytes: code,
+                    line_table: table,
+                    resume_offsets,
+                });
             }
         }
     }

@@ -55,6 +55,9 @@ pub struct Emitted {
     pub inst_offsets: Vec<usize>,
     /// Emission passes needed to settle the branch forms.
     pub passes: usize,
+    /// Native offsets where jumps that skip a re-entered check group's check land (see
+    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
+    pub resume_offsets: Vec<usize>,
 }
 
 pub use packjit_frontend::analysis::EmitOptions;
@@ -104,6 +107,10 @@ pub fn emit_with(
             Settled::Done => {
                 let passes = relax.passes();
                 let native_insns = em.e.insns;
+                let mut resume_offsets: Vec<usize> = (em.group_resume.iter().flatten())
+                    .filter_map(|&l| em.e.offset_of(l))
+                    .collect();
+                resume_offsets.sort_unstable();
                 let bytes =
                     em.e.finish()
                         .map_err(|m| CompileError::new(ErrorKind::Internal, m))?;
@@ -112,6 +119,7 @@ pub fn emit_with(
                     bytes,
                     inst_offsets: offsets,
                     passes,
+                    resume_offsets,
                 });
             }
             Settled::Again => {}
