@@ -187,6 +187,8 @@ pub(crate) struct Emitter<'a> {
     /// Per check group: the point right after its widened check and clamp, for the jumps
     /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
     pub(crate) group_resume: Vec<Option<DynamicLabel>>,
+    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
+    pub(crate) walk_clamps: Vec<DynamicLabel>,
     /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
     pub(crate) clamp: bool,
 }
@@ -222,6 +224,12 @@ impl<'a> Emitter<'a> {
             .iter()
             .map(|g| g.reentered.then(|| ops.new_dynamic_label()))
             .collect();
+        let walk_clamps = plan
+            .access
+            .walks
+            .iter()
+            .map(|_| ops.new_dynamic_label())
+            .collect();
         Emitter {
             prog,
             helpers,
@@ -243,6 +251,7 @@ impl<'a> Emitter<'a> {
             cur: 0,
             copy: false,
             group_resume,
+            walk_clamps,
             clamp: true,
         }
     }
@@ -265,6 +274,7 @@ impl<'a> Emitter<'a> {
             for i in sp.start..sp.end {
                 self.cur = i;
                 let label = self.labels[i];
+                self.walk_clamp_at(i);
                 a64!(self.ops; =>label);
                 self.group_check_at(i);
                 let inst = self.prog.insts[i];
@@ -844,6 +854,9 @@ impl<'a> Emitter<'a> {
     /// Where the jump at instruction `i` lands: past the target group's check when the front
     /// end found the group already validated on every path to the jump.
     fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
+        if let Some(k) = self.plan.access.walks.iter().position(|w| w.back_edge == i) {
+            return self.walk_clamps[k];
+        }
         match self
             .plan
             .access
@@ -852,6 +865,30 @@ impl<'a> Emitter<'a> {
         {
             Some(resume) => resume,
             None => self.labels[target],
+        }
+    }
+
+    /// Before a walk's head (`packjit_frontend::walks`): the entry jumps over the pointer
+    /// clamp its back-edge lands on, which redoes the loop's test and zeroes the pointer
+    /// when the loop should have ended (a mispredicted back-edge), with no branch.
+    fn walk_clamp_at(&mut self, i: usize) {
+        let Some(k) = self.plan.access.walks.iter().position(|w| w.head == i) else {
+            return;
+        };
+        let w = self.plan.access.walks[k];
+        let (head, clamp) = (self.labels[i], self.walk_clamps[k]);
+        self.b(head);
+        a64!(self.ops; =>clamp);
+        if !self.clamp {
+            return;
+        }
+        let p = REG_MAP[w.ptr as usize];
+        let b = self.src(w.bound, T1);
+        a64!(self.ops; cmp X(p), X(b));
+        match w.cont {
+            Cond::Ne => a64!(self.ops; csel X(p), X(p), xzr, ne),
+            Cond::Lt => a64!(self.ops; csel X(p), X(p), xzr, lo),
+            _ => a64!(self.ops; csel X(p), X(p), xzr, ls),
         }
     }
 
@@ -1259,7 +1296,10 @@ impl<'a> Emitter<'a> {
     /// inside the frame, or a member of a check group on the hot path. At a group's first
     /// member this emits the group's widened check (see [`Cold::Group`]).
     fn unchecked_access(&mut self, base: Reg) -> bool {
-        if self.plan.access.check(self.cur) == AccessCheck::None {
+        if matches!(
+            self.plan.access.check(self.cur),
+            AccessCheck::None | AccessCheck::Walked
+        ) {
             return true;
         }
         if self.copy {

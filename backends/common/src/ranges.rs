@@ -353,6 +353,10 @@ pub enum AccessCheck {
     None,
     /// The base is this function's r10 plus something: test the stack block inline first.
     Stack,
+    /// Through a pointer a loop walks inside the current frame, proven by the loop's exit
+    /// test on every architectural path ([`crate::walks`]): no check; the loop's back-edge
+    /// clamps the pointer instead (see [`crate::walks::Walk`]).
+    Walked,
     /// The base is exactly the context start plus a constant and the access starts at
     /// `end - size >= 0` bytes into the context: it is in the context iff `end <= ctx_len`.
     CtxConst {
@@ -399,6 +403,9 @@ pub struct AccessPlan {
     pub groups: Vec<Group>,
     /// For each instruction index, the group it belongs to.
     pub group_of: Vec<Option<usize>>,
+    /// Loops walking a pointer through the frame, sorted by head ([`crate::walks`]): each
+    /// back-edge lands on a clamp of the pointer before the head.
+    pub walks: Vec<crate::walks::Walk>,
     /// `(jump, group)` pairs, sorted by jump: the jump's target is the group's first member
     /// and, on every path to the jump, the group's accesses already ran validated with the
     /// base register unchanged since (see [`reentries`]). Such a jump goes past the group's
@@ -422,6 +429,19 @@ impl AccessPlan {
     /// The check of instruction `i` (`NotAccess` for non-memory instructions).
     pub fn check(&self, i: usize) -> AccessCheck {
         self.checks[i]
+    }
+
+    /// The walk whose head is instruction `i`, if any.
+    pub fn walk_at_head(&self, i: usize) -> Option<&crate::walks::Walk> {
+        self.walks
+            .binary_search_by_key(&i, |w| w.head)
+            .ok()
+            .map(|k| &self.walks[k])
+    }
+
+    /// The walk whose back-edge is the jump at instruction `i`, if any.
+    pub fn walk_of_back_edge(&self, i: usize) -> Option<&crate::walks::Walk> {
+        self.walks.iter().find(|w| w.back_edge == i)
     }
 
     /// The group whose check the jump at instruction `i` skips, if any.
@@ -725,11 +745,14 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
             checks[i] = classify(st[base as usize], off, size);
         }
     });
+    let walks = crate::walks::find(prog, &mut checks);
     let (groups, reentries) = if with_groups {
         // Single accesses are candidates too: as a group of one they can be re-entered,
         // otherwise they keep their own check.
         let candidates = form_groups(prog, &checks, 1);
-        let found = reentries(prog, &candidates);
+        let mut found = reentries(prog, &candidates);
+        // A walk's back-edge lands on its clamp.
+        found.retain(|&(j, _)| !walks.iter().any(|w| w.back_edge == j));
         let mut reentered = vec![false; candidates.len()];
         for &(_, k) in &found {
             reentered[k] = true;
@@ -758,6 +781,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         checks,
         groups,
         group_of,
+        walks,
         reentries,
     }
 }
@@ -1090,8 +1114,9 @@ mod tests {
             EXIT,
         ]);
         assert_eq!(a.checks[2], AccessCheck::Stack);
-        // A loop that bounds its pointer only by a branch (`if r3 < r10 - 0`) stays checked:
-        // facts from branches would not survive misprediction.
+        // A loop that bounds its pointer only by its exit test: this analysis never uses a
+        // branch (facts from branches would not survive misprediction); `walks` proves it
+        // for the architectural path and the back-edge clamps the pointer instead.
         let (_, a) = plan(&[
             ins(0xbf, 3, 10, 0, 0),
             ins(0x07, 3, 0, 0, -512),
@@ -1100,7 +1125,8 @@ mod tests {
             ins(0x5d, 3, 10, -3, 0),
             EXIT,
         ]);
-        assert_eq!(a.checks[2], AccessCheck::Stack);
+        assert_eq!(a.checks[2], AccessCheck::Walked);
+        assert_eq!(a.walks.len(), 1);
     }
 
     #[test]

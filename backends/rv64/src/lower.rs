@@ -144,6 +144,8 @@ pub struct Codegen<'a> {
     /// Per check group: the point right after its widened check and mask, for the jumps
     /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
     group_resume: Vec<Option<DynamicLabel>>,
+    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
+    walk_clamps: Vec<DynamicLabel>,
     /// Index (into `prog.insts`) of the instruction being lowered.
     cur: usize,
 }
@@ -189,6 +191,7 @@ impl<'a> Codegen<'a> {
                 checks: vec![AccessCheck::NotAccess; prog.insts.len()],
                 groups: Vec::new(),
                 group_of: vec![None; prog.insts.len()],
+                walks: Vec::new(),
                 reentries: Vec::new(),
             }
         };
@@ -223,6 +226,7 @@ impl<'a> Codegen<'a> {
             access,
             copy: false,
             group_resume: Vec::new(),
+            walk_clamps: Vec::new(),
             cur: 0,
         })
     }
@@ -301,6 +305,9 @@ impl<'a> Codegen<'a> {
         self.exit_labels = (0..self.prog.subprogs.len())
             .map(|_| self.e.new_label())
             .collect();
+        self.walk_clamps = (0..self.access.walks.len())
+            .map(|_| self.e.new_label())
+            .collect();
         self.group_resume = (0..self.access.groups.len())
             .map(|g| self.access.groups[g].reentered.then(|| self.e.new_label()))
             .collect();
@@ -321,10 +328,11 @@ impl<'a> Codegen<'a> {
             self.prologue(k);
             for i in sp.start..sp.end {
                 let l = self.insn_labels[i];
+                self.cur = i;
+                self.walk_clamp_at(i);
                 self.e.bind(l);
                 let inst = self.prog.insts[i];
                 let last = i + 1 == sp.end;
-                self.cur = i;
                 self.group_check_at(i);
                 self.inst(k, i, &inst, last);
             }
@@ -883,7 +891,10 @@ impl<'a> Codegen<'a> {
     /// the hot path. At a group's first member this emits the group's widened check.
     fn unchecked_access(&mut self, _base: Reg) -> bool {
         let i = self.cur;
-        if self.access.checks[i] == AccessCheck::None {
+        if matches!(
+            self.access.checks[i],
+            AccessCheck::None | AccessCheck::Walked
+        ) {
             return true;
         }
         if self.copy {
@@ -938,10 +949,47 @@ impl<'a> Codegen<'a> {
     /// Where the jump at instruction `i` lands: past the target group's check when the front
     /// end found the group already validated on every path to the jump.
     fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
+        if let Some(k) = self.access.walks.iter().position(|w| w.back_edge == i) {
+            return self.walk_clamps[k];
+        }
         match self.access.reentry(i).and_then(|g| self.group_resume[g]) {
             Some(resume) => resume,
             None => self.insn_labels[target],
         }
+    }
+
+    /// Before a walk's head (`packjit_frontend::walks`): the entry jumps over the pointer
+    /// clamp its back-edge lands on, which redoes the loop's test and masks the pointer to 0
+    /// when the loop should have ended (a mispredicted back-edge), with no branch.
+    fn walk_clamp_at(&mut self, i: usize) {
+        let Some(k) = self.access.walks.iter().position(|w| w.head == i) else {
+            return;
+        };
+        let w = self.access.walks[k];
+        let (head, clamp) = (self.insn_labels[i], self.walk_clamps[k]);
+        self.jump(head);
+        self.e.bind(clamp);
+        if !self.opts.measure.spectre_clamp {
+            return;
+        }
+        let (p, b) = (map(w.ptr), map(w.bound));
+        // t3 = all ones while the loop goes on, else 0.
+        match w.cont {
+            Cond::Ne => {
+                self.e.rrr(R3::Xor, T3, p, b);
+                self.e.rrr(R3::Sltu, T3, ZERO, T3);
+                self.e.rrr(R3::Sub, T3, ZERO, T3);
+            }
+            Cond::Lt => {
+                self.e.rrr(R3::Sltu, T3, p, b);
+                self.e.rrr(R3::Sub, T3, ZERO, T3);
+            }
+            _ => {
+                self.e.rrr(R3::Sltu, T3, b, p);
+                self.e.ri(RI::Addi, T3, T3, -1);
+            }
+        }
+        self.e.rrr(R3::And, p, p, T3);
     }
 
     /// In a re-entered group's checked copy: the base itself masked with the member's

@@ -112,6 +112,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
             checks: vec![AccessCheck::NotAccess; prog.insts.len()],
             groups: Vec::new(),
             group_of: vec![None; prog.insts.len()],
+            walks: Vec::new(),
             reentries: Vec::new(),
         },
     }

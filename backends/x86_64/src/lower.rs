@@ -210,6 +210,8 @@ pub struct Emitter<'a> {
     /// Per check group: the point right after its widened check and clamp, for the jumps
     /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
     group_resume: Vec<Option<Label>>,
+    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
+    walk_clamps: Vec<Label>,
     /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
     clamp: bool,
 }
@@ -233,6 +235,7 @@ impl<'a> Emitter<'a> {
             .iter()
             .map(|g| g.reentered.then(|| e.label()))
             .collect();
+        let walk_clamps = plan.access.walks.iter().map(|_| e.label()).collect();
         Emitter {
             e,
             plan,
@@ -250,6 +253,7 @@ impl<'a> Emitter<'a> {
             cur: 0,
             copy: false,
             group_resume,
+            walk_clamps,
             clamp: true,
         }
     }
@@ -269,6 +273,8 @@ impl<'a> Emitter<'a> {
             self.prologue(k);
             for i in start..end {
                 let l = self.inst_label[i];
+                self.cur = i;
+                self.walk_clamp_at(i);
                 self.e.bind(l);
                 if self.skip == Some(i) {
                     continue;
@@ -890,7 +896,10 @@ impl<'a> Emitter<'a> {
     /// the hot path. At a group's first member this emits the group's widened check.
     fn unchecked_access(&mut self) -> bool {
         let i = self.cur;
-        if self.plan.access.checks[i] == AccessCheck::None {
+        if matches!(
+            self.plan.access.checks[i],
+            AccessCheck::None | AccessCheck::Walked
+        ) {
             return true;
         }
         if self.copy {
@@ -1219,12 +1228,42 @@ impl<'a> Emitter<'a> {
     /// the group already validated on every path to the jump (and this backend emitted the
     /// group's widened check, see [`Self::group_supported`]).
     fn jump_label(&self, target: usize) -> Label {
+        if let Some(k) = (self.plan.access.walks.iter()).position(|w| w.back_edge == self.cur) {
+            return self.walk_clamps[k];
+        }
         match self.plan.access.reentry(self.cur) {
             Some(g) if self.group_supported(g) => {
                 self.group_resume[g].expect("re-entered groups have a resume label")
             }
             _ => self.inst_label[target],
         }
+    }
+
+    /// Before a walk's head (`packjit_frontend::walks`): the entry jumps over the pointer
+    /// clamp its back-edge lands on, which redoes the loop's test and zeroes the pointer
+    /// when the loop should have ended (a mispredicted back-edge), with no branch.
+    fn walk_clamp_at(&mut self, i: usize) {
+        let Some(k) = self.plan.access.walks.iter().position(|w| w.head == i) else {
+            return;
+        };
+        let w = self.plan.access.walks[k];
+        let (head, clamp) = (self.inst_label[i], self.walk_clamps[k]);
+        self.e.jump(None, head);
+        self.e.bind(clamp);
+        if !self.clamp {
+            return;
+        }
+        let (p, b) = (host(w.ptr), host(w.bound));
+        self.e.rr(&[], Sz::B64, &[0x39], b, p); // cmp p, b
+                                                // mov r9d, 0 (leaves the flags) ; cmov<loop ended> p, r9
+        self.e.op_plus_r(Sz::B32, &[0xb8], T9);
+        self.e.imm_bytes(0, 4);
+        let ended = match w.cont {
+            Cond::Ne => Cc::E,
+            Cond::Lt => Cc::Ae,
+            _ => Cc::A,
+        };
+        self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | ended as u8], p, T9);
     }
 
     fn jcond(
