@@ -883,12 +883,39 @@ impl<'a> Emitter<'a> {
             return;
         }
         let p = REG_MAP[w.ptr as usize];
-        let b = self.src(w.bound, T1);
-        a64!(self.ops; cmp X(p), X(b));
-        match w.cont {
-            Cond::Ne => a64!(self.ops; csel X(p), X(p), xzr, ne),
-            Cond::Lt => a64!(self.ops; csel X(p), X(p), xzr, lo),
-            _ => a64!(self.ops; csel X(p), X(p), xzr, ls),
+        let Op::Jcond { cond, .. } = self.prog.insts[w.back_edge].op else {
+            unreachable!("a walk's back-edge is a conditional jump");
+        };
+        // The back-edge compares two registers (`cmp`, never a compare-and-branch form), and
+        // only its taken side reaches here: without a budget charge in between, its flags
+        // are still live, and its own condition is "the loop goes on".
+        let cc = if self.mode.counts_budget() {
+            let b = self.src(w.bound, T1);
+            a64!(self.ops; cmp X(p), X(b));
+            match w.cont {
+                Cond::Ne => Cc::Ne,
+                Cond::Lt => Cc::Lo,
+                _ => Cc::Ls,
+            }
+        } else {
+            Cc::from_bpf(cond)
+        };
+        self.csel_or_zero(p, cc);
+    }
+
+    /// `p = cc ? p : 0`.
+    fn csel_or_zero(&mut self, p: u8, cc: Cc) {
+        match cc {
+            Cc::Eq => a64!(self.ops; csel X(p), X(p), xzr, eq),
+            Cc::Ne => a64!(self.ops; csel X(p), X(p), xzr, ne),
+            Cc::Hs => a64!(self.ops; csel X(p), X(p), xzr, hs),
+            Cc::Lo => a64!(self.ops; csel X(p), X(p), xzr, lo),
+            Cc::Hi => a64!(self.ops; csel X(p), X(p), xzr, hi),
+            Cc::Ls => a64!(self.ops; csel X(p), X(p), xzr, ls),
+            Cc::Ge => a64!(self.ops; csel X(p), X(p), xzr, ge),
+            Cc::Lt => a64!(self.ops; csel X(p), X(p), xzr, lt),
+            Cc::Gt => a64!(self.ops; csel X(p), X(p), xzr, gt),
+            Cc::Le => a64!(self.ops; csel X(p), X(p), xzr, le),
         }
     }
 

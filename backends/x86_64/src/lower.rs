@@ -1254,15 +1254,26 @@ impl<'a> Emitter<'a> {
             return;
         }
         let (p, b) = (host(w.ptr), host(w.bound));
-        self.e.rr(&[], Sz::B64, &[0x39], b, p); // cmp p, b
-                                                // mov r9d, 0 (leaves the flags) ; cmov<loop ended> p, r9
+        let Op::Jcond { cond, .. } = self.prog.insts[w.back_edge].op else {
+            unreachable!("a walk's back-edge is a conditional jump");
+        };
+        // The back-edge compares two registers and only its taken side reaches here: without
+        // a budget charge in between, its flags are still live, and the inverse of its own
+        // condition is "the loop should have ended".
+        let ended = if self.mode.counts_budget() {
+            // cmp p, b
+            self.e.rr(&[], Sz::B64, &[0x39], b, p);
+            match w.cont {
+                Cond::Ne => Cc::E,
+                Cond::Lt => Cc::Ae,
+                _ => Cc::A,
+            }
+        } else {
+            cc_of(cond).invert()
+        };
+        // mov r9d, 0 (leaves the flags) ; cmov<loop ended> p, r9
         self.e.op_plus_r(Sz::B32, &[0xb8], T9);
         self.e.imm_bytes(0, 4);
-        let ended = match w.cont {
-            Cond::Ne => Cc::E,
-            Cond::Lt => Cc::Ae,
-            _ => Cc::A,
-        };
         self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | ended as u8], p, T9);
     }
 
