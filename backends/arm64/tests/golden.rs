@@ -671,3 +671,123 @@ fn every_mode_compiles_the_conformance_corpus() {
     }
     assert!(compiled >= 300 * 14, "{compiled}");
 }
+
+/// The inlined built-ins (`packjit_testkit::inline_cases`, the same on every arch): the rseq
+/// CPU id is `mrs tpidr_el0` and one load, the clock reads `cntvct_el0` (after an `isb`) and
+/// scales it with the 64.64 factor the host keeps at `addr`, the per-CPU lookup
+/// bounds-checks array id, index and CPU before forming `base + cpu * slot + index * size`,
+/// and the per-CPU address instruction adds `cpu * slot_size` (0 for an unknown array or
+/// CPU). Trusted code: the sequences and the entry only.
+#[test]
+fn inlined_builtins_are_short_sequences() {
+    let helpers = packjit_testkit::inline_cases::helpers();
+    let want: [&[&str]; 4] = [
+        &[
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            "mov x2, xzr",
+            "mov x3, xzr",
+            "mov x4, xzr",
+            "mrs x9, tpidr_el0",
+            "ldur w7, [x9, #-84]",
+            "mov x0, x7",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+        ],
+        &[
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            "mov x2, xzr",
+            "mov x3, xzr",
+            "mov x4, xzr",
+            "isb",
+            "mrs x9, cntvct_el0",
+            "mov x10, #0x5000",
+            "movk x10, #0x1234, lsl #16",
+            "movk x10, #0x7f00, lsl #32",
+            "ldr x11, [x10, #8]",
+            "umulh x12, x9, x11",
+            "ldr x11, [x10]",
+            "madd x12, x9, x11, x12",
+            "ldr x11, [x10, #16]",
+            "add x7, x12, x11",
+            "mov x0, x7",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+        ],
+        &[
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            "mov x2, xzr",
+            "mov x3, xzr",
+            "mov x4, xzr",
+            "mov x0, #0x0",
+            "mov x1, #0x3",
+            "mov x10, #0x6000",
+            "movk x10, #0x1234, lsl #16",
+            "movk x10, #0x7f00, lsl #32",
+            "ldr x9, [x10]",
+            "cmp x0, x9",
+            "b.cs 0x7c",
+            "mov x11, #0x28",
+            "madd x11, x0, x11, x10",
+            "add x11, x11, #0x10",
+            "ldr x9, [x11, #24]",
+            "cmp x1, x9",
+            "b.cs 0x7c",
+            "ldr x9, [x10, #8]",
+            "mrs x12, tpidr_el0",
+            "ldr w12, [x12, x9]",
+            "ldr x9, [x11, #32]",
+            "cmp x12, x9",
+            "b.cs 0x7c",
+            "ldr x9, [x11, #8]",
+            "ldr x13, [x11]",
+            "madd x13, x12, x9, x13",
+            "ldr x9, [x11, #16]",
+            "madd x7, x1, x9, x13",
+            "b 0x80",
+            "mov x7, xzr",
+            "mov x0, x7",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+        ],
+        &[
+            "stp x29, x30, [sp, #-16]!",
+            "mov x29, sp",
+            "mrs x9, tpidr_el0",
+            "ldur w13, [x9, #-84]",
+            "mov w11, #0x0",
+            "mov x10, #0x6000",
+            "movk x10, #0x1234, lsl #16",
+            "movk x10, #0x7f00, lsl #32",
+            "mov x12, xzr",
+            "ldr x9, [x10]",
+            "cmp x9, x11",
+            "b.ls 0x4c",
+            "mov x9, #0x28",
+            "madd x10, x11, x9, x10",
+            "ldr x9, [x10, #48]",
+            "cmp x13, x9",
+            "b.cs 0x4c",
+            "ldr x9, [x10, #24]",
+            "mul x12, x13, x9",
+            "add x7, x0, x12",
+            "mov x0, x7",
+            "ldp x29, x30, [sp], #16",
+            "ret",
+        ],
+    ];
+    for ((name, code, flags), want) in packjit_testkit::inline_cases::programs().iter().zip(want) {
+        let out = packjit_arm64::emit_request(&CompileRequest {
+            code,
+            helpers: &helpers,
+            features: 0,
+            flags: *flags,
+            blind_key: 0,
+        })
+        .unwrap();
+        let got = disasm(&out.bytes);
+        assert_eq!(got, want, "{name}:\n{}", got.join("\n"));
+    }
+}

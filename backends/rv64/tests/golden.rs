@@ -388,3 +388,121 @@ fn line_table_maps_each_slot_to_its_code() {
     assert!(t[3] > 8 && t[4] == t[3] + 4, "{t:?}");
     assert_eq!(disasm(&bytes[t[3] as usize..])[0], "add x15,x15,x10");
 }
+
+/// The inlined built-ins (`packjit_testkit::inline_cases`, the same on every arch): the rseq
+/// CPU id is one `tp`-relative load, the clock reads `rdtime` and scales it with the 64.64
+/// factor the host keeps at `addr`, the per-CPU lookup bounds-checks array id, index and CPU
+/// before forming `base + cpu * slot + index * size`, and the per-CPU address instruction
+/// adds `cpu * slot_size` (0 for an unknown array or CPU). Trusted code, base ISA: the
+/// sequences and the entry only.
+#[test]
+fn inlined_builtins_are_short_sequences() {
+    let helpers = packjit_testkit::inline_cases::helpers();
+    let want: [&[&str]; 4] = [
+        &[
+            "add x2,x2,-16",
+            "sd x1,0(x2)",
+            "li x12,0",
+            "li x13,0",
+            "li x14,0",
+            "lwu x15,-84(x4)",
+            "mv x10,x15",
+            "ld x1,0(x2)",
+            "add x2,x2,16",
+            "ret",
+        ],
+        &[
+            "add x2,x2,-16",
+            "sd x1,0(x2)",
+            "li x12,0",
+            "li x13,0",
+            "li x14,0",
+            "rdtime x5",
+            "lui x6,0x3f8",
+            "addw x6,x6,9",
+            "sll x6,x6,0xd",
+            "add x6,x6,837",
+            "sll x6,x6,0xc",
+            "ld x7,8(x6)",
+            "mulhu x7,x5,x7",
+            "ld x28,0(x6)",
+            "mul x5,x5,x28",
+            "add x5,x5,x7",
+            "ld x28,16(x6)",
+            "add x15,x5,x28",
+            "mv x10,x15",
+            "ld x1,0(x2)",
+            "add x2,x2,16",
+            "ret",
+        ],
+        &[
+            "add x2,x2,-16",
+            "sd x1,0(x2)",
+            "li x12,0",
+            "li x13,0",
+            "li x14,0",
+            "li x10,0",
+            "li x11,3",
+            "lui x6,0x3f8",
+            "addw x6,x6,9",
+            "sll x6,x6,0xc",
+            "add x6,x6,419",
+            "sll x6,x6,0xd",
+            "ld x5,0(x6)",
+            "bgeu x10,x5,0x80",
+            "li x7,40",
+            "mul x7,x10,x7",
+            "add x7,x7,x6",
+            "ld x5,40(x7)",
+            "bgeu x11,x5,0x80",
+            "ld x5,8(x6)",
+            "add x5,x5,x4",
+            "lwu x28,0(x5)",
+            "ld x5,48(x7)",
+            "bgeu x28,x5,0x80",
+            "ld x5,24(x7)",
+            "mul x28,x28,x5",
+            "ld x5,16(x7)",
+            "add x28,x28,x5",
+            "ld x5,32(x7)",
+            "mul x5,x11,x5",
+            "add x15,x28,x5",
+            "j 0x84",
+            "li x15,0",
+            "mv x10,x15",
+            "ld x1,0(x2)",
+            "add x2,x2,16",
+            "ret",
+        ],
+        &[
+            "add x2,x2,-16",
+            "sd x1,0(x2)",
+            "lwu x28,-84(x4)",
+            "li x7,0",
+            "li x29,0",
+            "lui x6,0x3f8",
+            "addw x6,x6,9",
+            "sll x6,x6,0xc",
+            "add x6,x6,419",
+            "sll x6,x6,0xd",
+            "ld x5,0(x6)",
+            "bgeu x7,x5,0x4c",
+            "li x5,40",
+            "mul x7,x7,x5",
+            "add x6,x6,x7",
+            "ld x5,48(x6)",
+            "bgeu x28,x5,0x4c",
+            "ld x5,24(x6)",
+            "mul x29,x28,x5",
+            "add x15,x10,x29",
+            "mv x10,x15",
+            "ld x1,0(x2)",
+            "add x2,x2,16",
+            "ret",
+        ],
+    ];
+    for ((name, code, flags), want) in packjit_testkit::inline_cases::programs().iter().zip(want) {
+        let got = disasm(&compile_with(code, &helpers, 0, *flags, 0).unwrap());
+        assert_eq!(got, want, "{name}:\n{}", got.join("\n"));
+    }
+}

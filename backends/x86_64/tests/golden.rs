@@ -698,3 +698,104 @@ fn line_table_maps_every_slot_to_its_code() {
     assert!(out.inst_offsets.windows(2).all(|w| w[0] < w[1]));
     arena.free(&c.region);
 }
+
+/// The inlined built-ins (`packjit_testkit::inline_cases`, the same on every arch): the rseq
+/// CPU id is one `fs`-relative load, the clock reads `rdtsc` and scales it with the 64.64
+/// factor the host keeps at `addr`, the per-CPU lookup bounds-checks array id, index and CPU
+/// before forming `base + cpu * slot + index * size`, and the per-CPU address instruction
+/// adds `cpu * slot_size` (0 for an unknown array or CPU). Trusted code: the sequences and
+/// the entry only.
+#[test]
+fn inlined_builtins_are_short_sequences() {
+    let helpers = packjit_testkit::inline_cases::helpers();
+    let entry = [
+        "endbr64",
+        "push rax",
+        "xor edx,edx",
+        "xor ecx,ecx",
+        "xor r8d,r8d",
+    ];
+    let with_entry = |body: &[&str]| -> Vec<String> {
+        entry
+            .iter()
+            .chain(body)
+            .chain(&["pop rcx", "ret"])
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let want = [
+        with_entry(&["mov eax,DWORD PTR fs:0xffffffffffffffac"]),
+        with_entry(&[
+            "mov r10,rdx",
+            "movabs r11,0x7f0012345000",
+            "rdtsc",
+            "shl rdx,0x20",
+            "or rax,rdx",
+            "mov r9,rax",
+            "mul QWORD PTR [r11+0x8]",
+            "imul r9,QWORD PTR [r11+0x0]",
+            "add r9,rdx",
+            "add r9,QWORD PTR [r11+0x10]",
+            "mov rax,r9",
+            "mov rdx,r10",
+        ]),
+        with_entry(&[
+            "xor edi,edi",
+            "mov esi,0x3",
+            "movabs r11,0x7f0012346000",
+            "cmp rdi,QWORD PTR [r11]",
+            "jae 0x58",
+            "imul r9,rdi,0x28",
+            "lea r9,[r11+r9*1+0x10]",
+            "cmp rsi,QWORD PTR [r9+0x18]",
+            "jae 0x58",
+            "mov r10,QWORD PTR [r11+0x8]",
+            "mov eax,DWORD PTR fs:[r10]",
+            "cmp rax,QWORD PTR [r9+0x20]",
+            "jae 0x58",
+            "imul rax,QWORD PTR [r9+0x8]",
+            "imul rsi,QWORD PTR [r9+0x10]",
+            "add rax,rsi",
+            "add rax,QWORD PTR [r9+0x0]",
+            "jmp 0x5a",
+            "xor eax,eax",
+        ]),
+        [
+            "endbr64",
+            "push rax",
+            "mov r10d,DWORD PTR fs:0xffffffffffffffac",
+            "xor r9d,r9d",
+            "movabs r11,0x7f0012346000",
+            "cmp QWORD PTR [r11],r9",
+            "jbe 0x3a",
+            "imul r9,r9,0x28",
+            "add r11,r9",
+            "cmp r10,QWORD PTR [r11+0x30]",
+            "jae 0x3a",
+            "mov r9,r10",
+            "imul r9,QWORD PTR [r11+0x18]",
+            "jmp 0x3d",
+            "xor r9d,r9d",
+            "mov rax,rdi",
+            "add rax,r9",
+            "pop rcx",
+            "ret",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for ((name, code, flags), want) in packjit_testkit::inline_cases::programs().iter().zip(want) {
+        let out = emit_program(
+            code,
+            &helpers,
+            &Options {
+                flags: *flags,
+                features: 0,
+                blind_key: 1,
+            },
+        )
+        .unwrap();
+        let got = disasm(&out.bytes);
+        assert_eq!(got, want, "{name}:\n{}", got.join("\n"));
+    }
+}
