@@ -633,23 +633,30 @@ pub fn group_accesses(prog: &Program, checks: &[AccessCheck]) -> Vec<Group> {
     form_groups(prog, checks, 2)
 }
 
-/// [`group_accesses`] keeping groups of at least `min_members` (1: every groupable access,
-/// the candidates for [`reentries`]).
+/// [`group_accesses`] keeping groups of at least `min_members`. With 1, single accesses
+/// that some jump lands on are kept too: the candidates for [`reentries`].
 fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Vec<Group> {
     let mut groups = Vec::new();
+    // The open group's members; copied out only for a group that is kept (most single
+    // accesses are not), so forming groups allocates per kept group, not per access.
+    let mut members: Vec<usize> = Vec::new();
     for sp in &prog.subprogs {
         let lead = block_starts(prog, sp.start, sp.end);
         let mut open: Option<Group> = None;
-        let close = |open: &mut Option<Group>, groups: &mut Vec<Group>| {
-            if let Some(g) = open.take() {
-                if g.members.len() >= min_members {
-                    groups.push(g);
+        let close =
+            |open: &mut Option<Group>, members: &mut Vec<usize>, groups: &mut Vec<Group>| {
+                if let Some(mut g) = open.take() {
+                    let n = members.len();
+                    if n >= min_members && (n > 1 || prog.is_target[g.first]) {
+                        g.members = members.clone();
+                        groups.push(g);
+                    }
                 }
-            }
-        };
+                members.clear();
+            };
         for i in sp.start..sp.end {
             if lead[i - sp.start] {
-                close(&mut open, &mut groups);
+                close(&mut open, &mut members, &mut groups);
             }
             let op = prog.insts[i].op;
             let simple = matches!(
@@ -664,7 +671,7 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                     | Op::Atomic { .. }
             );
             if !simple {
-                close(&mut open, &mut groups);
+                close(&mut open, &mut members, &mut groups);
                 continue;
             }
             let class = |c: AccessCheck| match c {
@@ -687,7 +694,7 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                     .is_some_and(|g| g.base == base && class(g.check) == class(c) && groupable);
                 if fits {
                     let g = open.as_mut().expect("checked above");
-                    g.members.push(i);
+                    members.push(i);
                     g.last = i;
                     g.lo = g.lo.min(off);
                     g.hi = g.hi.max(end);
@@ -701,7 +708,7 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                         (a, _) => a,
                     };
                 } else {
-                    close(&mut open, &mut groups);
+                    close(&mut open, &mut members, &mut groups);
                     if groupable {
                         open = Some(Group {
                             base,
@@ -709,21 +716,22 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                             last: i,
                             lo: off,
                             hi: end,
-                            members: vec![i],
+                            members: Vec::new(),
                             check: c,
                             reentered: false,
                         });
+                        members.push(i);
                     }
                 }
             }
             // Writing the base ends the group (the load's own dst included: `r1 = *(r1+0)`).
             if let (Some(g), Some(w)) = (open.as_ref(), op.written_reg()) {
                 if w == g.base {
-                    close(&mut open, &mut groups);
+                    close(&mut open, &mut members, &mut groups);
                 }
             }
         }
-        close(&mut open, &mut groups);
+        close(&mut open, &mut members, &mut groups);
     }
     groups
 }
