@@ -58,6 +58,10 @@ pub struct Walk {
     pub bound: Reg,
     /// The loop goes on while `ptr cont bound` (unsigned, 64-bit): `Ne`, `Lt` or `Le`.
     pub cont: Cond,
+    /// The largest value the pointer has at the head, as an offset from this frame's r10
+    /// (its smallest is its exact entry value): a backend may saturate the pointer at
+    /// `r10 + last` instead of zeroing it (RV64 with Zbb: `minu`).
+    pub last: i64,
 }
 
 /// A candidate before the entry values are known.
@@ -171,7 +175,7 @@ pub fn find(prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
             }
         }
         if proven {
-            walks.push(c.walk);
+            walks.push(Walk { last, ..c.walk });
         }
     }
     walks.sort_unstable_by_key(|w| w.head);
@@ -242,6 +246,7 @@ fn candidate(
             ptr,
             bound,
             cont,
+            last: 0,
         },
         step_at,
         step,
@@ -294,7 +299,9 @@ mod tests {
                 back_edge: 6,
                 ptr: 3,
                 bound: 10,
-                cont: Cond::Ne
+                cont: Cond::Ne,
+                // r3 at the head: r10 - 512 .. r10 - 8.
+                last: -8,
             }]
         );
         assert_eq!(a.walk_at_head(3), Some(&a.walks[0]));
@@ -321,10 +328,10 @@ mod tests {
         assert!(a.walks.is_empty());
         // With `<` it stops below r10 instead: r3 in {r10 - 512, r10 - 488, ..., r10 - 8},
         // so the 8-byte load ends at r10 at most.
-        assert_eq!(
-            walk(-512, 0, 24, back(JLT, 3, 10)).checks[3],
-            AccessCheck::Walked
-        );
+        let lt = walk(-512, 0, 24, back(JLT, 3, 10));
+        assert_eq!(lt.checks[3], AccessCheck::Walked);
+        // The largest value below r10 on the way: -512 + 21 * 24.
+        assert_eq!(lt.walks[0].last, -8);
     }
 
     #[test]

@@ -338,6 +338,11 @@ impl Emitter {
         }
     }
 
+    /// `minu rd, rs1, rs2` (Zbb only).
+    pub fn minu(&mut self, rd: u8, rs1: u8, rs2: u8) {
+        rv!(self.asm; minu X(rd), X(rs1), X(rs2));
+    }
+
     /// `rev8 rd, rs` (Zbb only).
     pub fn rev8(&mut self, rd: u8, rs: u8) {
         rv!(self.asm; rev8 X(rd), X(rs));

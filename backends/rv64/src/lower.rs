@@ -977,21 +977,22 @@ impl<'a> Codegen<'a> {
             return;
         }
         let (p, b) = (map(w.ptr), map(w.bound));
-        // t3 = all ones while the loop goes on, else 0.
-        match w.cont {
-            Cond::Ne => {
-                self.e.rrr(R3::Xor, T3, p, b);
-                self.e.rrr(R3::Sltu, T3, ZERO, T3);
-                self.e.rrr(R3::Sub, T3, ZERO, T3);
-            }
-            Cond::Lt => {
-                self.e.rrr(R3::Sltu, T3, p, b);
-                self.e.rrr(R3::Sub, T3, ZERO, T3);
-            }
-            _ => {
-                self.e.rrr(R3::Sltu, T3, b, p);
-                self.e.ri(RI::Addi, T3, T3, -1);
-            }
+        if self.opts.zbb {
+            // Saturate instead: p = min(p, r10 + last) is p itself on the architectural
+            // path and stays inside the frame on any other.
+            self.add_imm(T3, map(packjit_frontend::R10), w.last, T3);
+            self.e.minu(p, p, T3);
+            return;
+        }
+        // t3 = all ones while the loop goes on, else 0. An exact `!=` walk meets its bound
+        // from below, so `p < b` is the same test on the architectural path (and zeroes
+        // every p past the bound under misspeculation): one instruction shorter.
+        if w.cont == Cond::Le {
+            self.e.rrr(R3::Sltu, T3, b, p);
+            self.e.ri(RI::Addi, T3, T3, -1);
+        } else {
+            self.e.rrr(R3::Sltu, T3, p, b);
+            self.e.rrr(R3::Sub, T3, ZERO, T3);
         }
         self.e.rrr(R3::And, p, p, T3);
     }
