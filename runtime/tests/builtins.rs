@@ -7,6 +7,8 @@
 //! still executed: the test points the runtime at a thread-local `struct rseq` lookalike
 //! whose `cpu_id` it keeps equal to `sched_getcpu()` itself.
 
+mod host;
+
 use packjit::builtins::{glibc_rseq_cpu_id_offset, measure_counter_hz};
 use packjit::{ClockImpl, CpuIdImpl, LoadOptions, MemRegion, Program, RegionAccess, Runtime};
 use packjit_interp::hw;
@@ -15,14 +17,7 @@ use std::cell::UnsafeCell;
 use std::sync::Arc;
 
 fn runtime() -> Runtime {
-    let rt = Runtime::new().unwrap();
-    match packjit::Arch::host().unwrap() {
-        packjit::Arch::X86_64 => rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new())),
-        packjit::Arch::Aarch64 => rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())),
-        packjit::Arch::Riscv64 => rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new())),
-    }
-    .unwrap();
-    rt
+    host::host_runtime()
 }
 
 fn insn(opc: u8, regs: u8, off: i16, imm: i32) -> [u8; 8] {

@@ -6,19 +6,13 @@
 //! iterations run the members unchecked. The answers must be the reference's: every
 //! iteration's loads, and a stop at the first iteration for a write the region refuses.
 
+mod host;
+
 use packjit::{AccessDirection, ErrorKind, LoadOptions, MemRegion, RegionAccess, Runtime};
 use packjit_frontend::encode_insn as ins;
-use std::sync::Arc;
 
 fn runtime() -> Runtime {
-    let rt = Runtime::new().unwrap();
-    match packjit::Arch::host().unwrap() {
-        packjit::Arch::X86_64 => rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new())),
-        packjit::Arch::Aarch64 => rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())),
-        packjit::Arch::Riscv64 => rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new())),
-    }
-    .unwrap();
-    rt
+    host::host_runtime()
 }
 
 /// `ITERS` times: r2 = *(u32 *)(r1 + 4) ; then `far` (an access at r1 + 24) ; r0 += r2 + r3.

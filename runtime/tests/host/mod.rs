@@ -1,0 +1,17 @@
+//! Shared by the runtime tests that run on whatever machine runs them (natively, or under
+//! qemu-user for arm64 and RV64).
+
+use packjit::Runtime;
+use std::sync::Arc;
+
+/// A runtime with the backend of the arch these tests run on, linked statically.
+pub fn host_runtime() -> Runtime {
+    let rt = Runtime::new().unwrap();
+    match packjit::Arch::host().unwrap() {
+        packjit::Arch::X86_64 => rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new())),
+        packjit::Arch::Aarch64 => rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())),
+        packjit::Arch::Riscv64 => rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new())),
+    }
+    .unwrap();
+    rt
+}
