@@ -59,6 +59,11 @@ pub struct Subprog {
     pub calls: bool,
     /// `true` when the subprogram touches its stack frame through r10.
     pub uses_stack: bool,
+    /// Bit `n` set when BPF register `rn` is read in this subprogram, by
+    /// [`analysis::regs_read`] with [`analysis::ARG_REGS`] for local calls (r10 included).
+    pub reads: u16,
+    /// The [`op_kind`] bits of the instructions in this subprogram.
+    pub ops: u16,
 }
 
 impl Program {

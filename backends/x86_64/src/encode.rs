@@ -132,6 +132,35 @@ pub enum Sz {
     B64,
 }
 
+/// The bytes of one instruction (at most 15 on x86-64), assembled before they are appended.
+struct Bytes {
+    buf: [u8; 16],
+    len: usize,
+}
+
+impl Bytes {
+    #[inline(always)]
+    fn new() -> Self {
+        Bytes {
+            buf: [0; 16],
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, x: u8) {
+        self.buf[self.len & 15] = x;
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn extend(&mut self, xs: &[u8]) {
+        for &x in xs {
+            self.push(x);
+        }
+    }
+}
+
 /// Code buffer with labels and branch fixups for one emission pass.
 pub struct Enc {
     /// The bytes, labels and relocations.
@@ -169,7 +198,8 @@ impl Enc {
     pub fn with_capacity(forms: Vec<Form>, insts: usize) -> Self {
         Enc {
             ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, insts + 16, 0, insts),
-            fixups: Vec::new(),
+            // About one branch per 8 instructions in typical code; more just regrows.
+            fixups: Vec::with_capacity(insts / 8 + 8),
             forms,
             sites: 0,
             insns: 0,
@@ -263,16 +293,31 @@ impl Enc {
         self.raw(&[0xf3, 0x0f, 0x1e, 0xfa]);
     }
 
+    #[inline]
     fn imm(&mut self, v: i64, bytes: usize) {
-        self.bs(&v.to_le_bytes()[..bytes]);
+        match bytes {
+            1 => self.ops.push(v as u8),
+            4 => self.ops.push_i32(v as i32),
+            _ => self.ops.extend(&v.to_le_bytes()[..bytes]),
+        }
+    }
+
+    /// Appends one instruction assembled in `b`: one call per instruction rather than one
+    /// per byte or per opcode slice (this is the compile's innermost loop).
+    #[inline]
+    fn put(&mut self, b: &Bytes) {
+        for &x in &b.buf[..b.len] {
+            self.ops.push(x);
+        }
     }
 
     /// Prefixes (0x66 for 16-bit, then `pfx` such as lock/mandatory) and the REX byte.
-    fn head(&mut self, pfx: &[u8], sz: Sz, reg: Gpr, index: Gpr, base: Gpr, byte_regs: bool) {
+    #[inline(always)]
+    fn head(b: &mut Bytes, pfx: &[u8], sz: Sz, reg: Gpr, index: Gpr, base: Gpr, byte_regs: bool) {
         if sz == Sz::B16 {
-            self.b(0x66);
+            b.push(0x66);
         }
-        self.bs(pfx);
+        b.extend(pfx);
         let rex = 0x40
             | (u8::from(sz == Sz::B64) << 3)
             | ((reg >> 3) << 2)
@@ -281,30 +326,61 @@ impl Enc {
         // A byte operand in registers 4–7 means spl..dil only with a REX prefix (without
         // one it would be ah..bh).
         if rex != 0x40 || byte_regs {
-            self.b(rex);
+            b.push(rex);
         }
     }
 
     /// `op reg, rm` with both operands registers (`mod = 11`).
+    #[inline(always)]
     pub fn rr(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
+        // Callers pass constant slices: after inlining this picks the common one-byte-opcode
+        // form at compile time.
+        match (pfx, op) {
+            ([], &[op]) if sz != Sz::B16 => self.rr1(sz, op, reg, rm),
+            _ => self.rr_any(pfx, sz, op, reg, rm),
+        }
+    }
+
+    /// [`Enc::rr`] without prefixes, with a one-byte opcode, 8/32/64-bit.
+    fn rr1(&mut self, sz: Sz, op: u8, reg: Gpr, rm: Gpr) {
+        let rex = 0x40 | (u8::from(sz == Sz::B64) << 3) | ((reg >> 3) << 2) | (rm >> 3);
+        // A byte operand in registers 4–7 means spl..dil only with a REX prefix.
         let byte_regs = sz == Sz::B8 && ((4..8).contains(&reg) || (4..8).contains(&rm));
-        self.head(pfx, sz, reg, 0, rm, byte_regs);
-        self.bs(op);
-        self.b(0xc0 | ((reg & 7) << 3) | (rm & 7));
+        let modrm = 0xc0 | ((reg & 7) << 3) | (rm & 7);
+        // Fixed-length appends: one capacity check and one store each.
+        if rex != 0x40 || byte_regs {
+            self.ops.extend(&[rex, op, modrm]);
+        } else {
+            self.ops.extend(&[op, modrm]);
+        }
+        self.insns += 1;
+    }
+
+    /// [`Enc::rr`], any prefixes and opcode length.
+    fn rr_any(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
+        let byte_regs = sz == Sz::B8 && ((4..8).contains(&reg) || (4..8).contains(&rm));
+        let mut b = Bytes::new();
+        Self::head(&mut b, pfx, sz, reg, 0, rm, byte_regs);
+        b.extend(op);
+        b.push(0xc0 | ((reg & 7) << 3) | (rm & 7));
+        self.put(&b);
         self.insns += 1;
     }
 
     /// `op reg, [base + disp]`.
     pub fn rm(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, base: Gpr, disp: i32) {
         let byte_regs = sz == Sz::B8 && (4..8).contains(&reg);
-        self.head(pfx, sz, reg, 0, base, byte_regs);
-        self.bs(op);
-        self.modrm_mem(reg, base, disp);
+        let mut b = Bytes::new();
+        Self::head(&mut b, pfx, sz, reg, 0, base, byte_regs);
+        b.extend(op);
+        Self::modrm_mem(&mut b, reg, base, disp);
+        self.put(&b);
         self.insns += 1;
     }
 
     /// ModRM (+ SIB, + displacement) for `[base + disp]`, shortest form.
-    fn modrm_mem(&mut self, reg: Gpr, base: Gpr, disp: i32) {
+    #[inline(always)]
+    fn modrm_mem(b: &mut Bytes, reg: Gpr, base: Gpr, disp: i32) {
         // rbp/r13 as base with mod = 00 means RIP-relative: they always carry a disp8.
         let md = if disp == 0 && base & 7 != 5 {
             0x00
@@ -313,19 +389,20 @@ impl Enc {
         } else {
             0x80
         };
-        self.b(md | ((reg & 7) << 3) | (base & 7));
+        b.push(md | ((reg & 7) << 3) | (base & 7));
         // rsp/r12 as base need a SIB byte (index = none).
         if base & 7 == 4 {
-            self.b(0x24);
+            b.push(0x24);
         }
         match md {
-            0x40 => self.imm(disp as i64, 1),
-            0x80 => self.imm(disp as i64, 4),
+            0x40 => b.push(disp as u8),
+            0x80 => b.extend(&disp.to_le_bytes()),
             _ => {}
         }
     }
 
     /// Appends an immediate of `bytes` bytes (after an `rr`/`rm` that takes one).
+    #[inline]
     pub fn imm_bytes(&mut self, v: i64, bytes: usize) {
         self.imm(v, bytes);
     }
@@ -333,10 +410,12 @@ impl Enc {
     /// `op reg` with the register in the opcode's low bits (`push`, `pop`, `bswap`,
     /// `mov r, imm`).
     pub fn op_plus_r(&mut self, sz: Sz, op: &[u8], r: Gpr) {
-        self.head(&[], sz, 0, 0, r, false);
+        let mut b = Bytes::new();
+        Self::head(&mut b, &[], sz, 0, 0, r, false);
         let (last, rest) = op.split_last().expect("opcode");
-        self.bs(rest);
-        self.b(last + (r & 7));
+        b.extend(rest);
+        b.push(last + (r & 7));
+        self.put(&b);
         self.insns += 1;
     }
 

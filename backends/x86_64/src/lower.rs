@@ -87,7 +87,6 @@ pub fn emit_with(
         let mut em = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
         em.clamp = opts.spectre_clamp;
         em.program()?;
-        let offsets = em.inst_offsets();
         let checks =
             em.e.branch_checks()
                 .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?;
@@ -104,6 +103,7 @@ pub fn emit_with(
             Settled::Done => {
                 let passes = relax.passes();
                 let native_insns = em.e.insns;
+                let offsets = std::mem::take(&mut em.inst_offsets);
                 let bytes =
                     em.e.finish()
                         .map_err(|m| CompileError::new(ErrorKind::Internal, m))?;
@@ -170,8 +170,13 @@ pub struct Emitter<'a> {
     pub(crate) mode: &'a CodegenMode,
     prog: &'a Program,
     helpers: &'a [HelperEntry],
-    /// Body label of each instruction.
+    /// Body label of each instruction (only branch and call targets have their own in
+    /// trusted code, see `new`).
     inst_label: Vec<Label>,
+    /// Every instruction has its own label (sandboxed code).
+    all_labels: bool,
+    /// Where each instruction's code starts, in emission order (= instruction order).
+    inst_offsets: Vec<usize>,
     /// Prologue label of each function.
     sub_entry: Vec<Label>,
     /// Epilogue label of each function.
@@ -201,7 +206,22 @@ impl<'a> Emitter<'a> {
         forms: Vec<Form>,
     ) -> Self {
         let mut e = Enc::with_capacity(forms, prog.insts.len());
-        let inst_label = prog.insts.iter().map(|_| e.label()).collect();
+        // Trusted code jumps only to branch and call targets, so only those get a label
+        // (a dynasm label costs an allocation slot, a bind and a lookup); the others share
+        // one that is never bound, so a jump to it would fail `finish` loudly. Sandboxed
+        // code also jumps from a check group's checked copy to the instruction after the
+        // group: every instruction gets its own label there.
+        let unbound = e.label();
+        let all = mode.sandboxed();
+        let inst_label = (0..prog.insts.len())
+            .map(|i| {
+                if all || prog.is_target[i] {
+                    e.label()
+                } else {
+                    unbound
+                }
+            })
+            .collect();
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
         let entry_pops = e.label();
@@ -212,6 +232,8 @@ impl<'a> Emitter<'a> {
             prog,
             helpers,
             inst_label,
+            all_labels: all,
+            inst_offsets: Vec::with_capacity(prog.insts.len()),
             sub_entry,
             sub_exit,
             entry_pops,
@@ -225,13 +247,6 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    fn inst_offsets(&self) -> Vec<usize> {
-        self.inst_label
-            .iter()
-            .map(|&l| self.e.offset_of(l).unwrap_or(0))
-            .collect()
-    }
-
     fn program(&mut self) -> Result<(), CompileError> {
         for k in 0..self.prog.subprogs.len() {
             let (start, end) = (self.prog.subprogs[k].start, self.prog.subprogs[k].end);
@@ -239,8 +254,11 @@ impl<'a> Emitter<'a> {
             self.e.bind(l);
             self.prologue(k);
             for i in start..end {
-                let l = self.inst_label[i];
-                self.e.bind(l);
+                self.inst_offsets.push(self.e.pos());
+                if self.all_labels || self.prog.is_target[i] {
+                    let l = self.inst_label[i];
+                    self.e.bind(l);
+                }
                 if self.skip == Some(i) {
                     continue;
                 }
