@@ -85,21 +85,22 @@ pub fn decode_with(
     let mut pc = 0;
     while pc < slots {
         let raw = u64::from_le_bytes(code[pc * 8..pc * 8 + 8].try_into().expect("8 bytes"));
-        let (op, eff, len) = match decode_fast(raw, pc) {
-            Some((op, eff)) => (op, eff, 1),
+        let index = insts.len() as u32;
+        let (eff, len) = match decode_fast(raw, pc, &mut insts) {
+            Some(eff) => (eff, 1),
             None => {
                 let (op, len) = decode_one(code, pc, helpers, opts)?;
-                (op, effects_of(&op), len)
+                insts.push(Inst { pc, op });
+                (effects_of(&op), len)
             }
         };
         let kind = 1u16 << (eff >> EFF_KIND_SHIFT);
         if kind & (op_kind::JA | op_kind::JCOND | op_kind::CALL_LOCAL) != 0 {
-            branches.push(insts.len() as u32);
+            branches.push(index);
             local_calls += usize::from(kind == op_kind::CALL_LOCAL);
         } else if kind == op_kind::LD_IMM64 {
             lddw_slots.push(pc as u32);
         }
-        insts.push(Inst { pc, op });
         effects.push(eff);
         pc += len;
     }
@@ -563,86 +564,173 @@ const fn fast_entry(opc: u8) -> Fast {
     }
 }
 
-static FAST: [Fast; 256] = {
-    let mut t = [SLOW; 256];
+/// What the hot loop reads of an opcode's entry: the fields that must be zero, the row of
+/// [`REGS`] for its register byte, how to build the `Op` and the effect word's constant part.
+#[derive(Clone, Copy)]
+struct Hot {
+    zero: u64,
+    regs: u8,
+    kind: FastKind,
+    width: Width,
+    size: Size,
+    sign_extend: bool,
+    alu: AluOp,
+    cond: Cond,
+    eff: u32,
+}
+
+/// A [`REGS`] entry meaning "registers out of range (or not a fast encoding)".
+const REGS_INVALID: u32 = 1 << 31;
+/// The [`REGS`] row of encodings the table does not decode: every entry invalid.
+const REGS_SLOW: u8 = 16;
+
+/// The [`REGS`] row of a table entry: bit 0 reads dst, bit 1 reads src, bit 2 writes dst,
+/// bit 3 dst may be r10 (else at most r9).
+const fn regs_row(f: &Fast) -> u8 {
+    if matches!(f.kind, FastKind::Slow) {
+        return REGS_SLOW;
+    }
+    // The rows accept src up to r10; an entry that allows less must zero src by its mask
+    // (checked when the table is built, at compile time).
+    assert!(f.src_max == 10 || (f.src_max == 0 && f.zero & M_SRC != 0));
+    assert!(f.dst_max == 9 || f.dst_max == 10 || (f.dst_max == 0 && f.zero & M_DST != 0));
+    (f.reads_dst != 0) as u8
+        | ((f.reads_src != 0) as u8) << 1
+        | ((f.writes_dst != 0) as u8) << 2
+        | ((f.dst_max == 10) as u8) << 3
+}
+
+/// `REGS[row][regs byte]`: the register part of the effect word for each dst/src pair, or
+/// [`REGS_INVALID`] when dst or src is out of range. One load replaces the range checks and
+/// the shifts. (An entry whose src must be 0 has `src` in its zero mask instead.)
+static REGS: [[u32; 256]; 17] = {
+    let mut t = [[REGS_INVALID; 256]; 17];
+    let mut row = 0;
+    while row < 16 {
+        let dst_max = if row & 8 != 0 { 10 } else { 9 };
+        let mut b = 0;
+        while b < 256 {
+            let (dst, src) = (b & 15, b >> 4);
+            if dst <= dst_max && src <= 10 {
+                let mut e = 0u32;
+                if row & 1 != 0 {
+                    e |= 1 << dst;
+                }
+                if row & 2 != 0 {
+                    e |= 1 << src;
+                }
+                if row & 4 != 0 {
+                    e |= 1 << (EFF_WRITES_SHIFT + dst as u32);
+                }
+                t[row][b] = e;
+            }
+            b += 1;
+        }
+        row += 1;
+    }
+    t
+};
+
+static FAST: [Hot; 256] = {
+    let mut t = [Hot {
+        zero: 0,
+        regs: REGS_SLOW,
+        kind: FastKind::Slow,
+        width: Width::W64,
+        size: Size::DW,
+        sign_extend: false,
+        alu: AluOp::Add,
+        cond: Cond::Eq,
+        eff: 0,
+    }; 256];
     let mut opc = 0;
     while opc < 256 {
-        t[opc] = fast_entry(opc as u8);
+        let f = fast_entry(opc as u8);
+        t[opc] = Hot {
+            zero: f.zero,
+            regs: regs_row(&f),
+            kind: f.kind,
+            width: f.width,
+            size: f.size,
+            sign_extend: f.sign_extend,
+            alu: f.alu,
+            cond: f.cond,
+            eff: f.eff,
+        };
         opc += 1;
     }
     t
 };
 
-/// Decodes the slot `raw` (little-endian bytes as a `u64`) at `pc` through the table:
-/// `Some((op, effect word))` when the table covers the encoding and every field is valid,
-/// `None` otherwise (then `decode_one` decides, and names any error).
+/// Decodes the slot `raw` (little-endian bytes as a `u64`) at `pc` through the table and
+/// appends it to `insts`: `Some(effect word)` when the table covers the encoding and every
+/// field is valid, `None` (nothing appended) otherwise; then `decode_one` decides, and names
+/// any error. (Each arm pushes its own `Op` so it is written straight into the vector.)
 #[inline(always)]
-fn decode_fast(raw: u64, pc: usize) -> Option<(Op, u32)> {
+fn decode_fast(raw: u64, pc: usize, insts: &mut Vec<Inst>) -> Option<u32> {
     let f = &FAST[(raw & 0xff) as usize];
-    let dst = ((raw >> 8) & 0x0f) as u8;
-    let src = ((raw >> 12) & 0x0f) as u8;
-    if f.kind == FastKind::Slow || raw & f.zero != 0 || dst > f.dst_max || src > f.src_max {
+    let regs = REGS[f.regs as usize][((raw >> 8) & 0xff) as usize];
+    if raw & f.zero != 0 || regs & REGS_INVALID != 0 {
         return None;
     }
+    let dst = ((raw >> 8) & 0x0f) as u8;
+    let src = ((raw >> 12) & 0x0f) as u8;
     let off = (raw >> 16) as u16 as i16;
     let imm = (raw >> 32) as u32 as i32;
-    let op = match f.kind {
-        FastKind::AluK => Op::Alu {
+    let op = |op| Inst { pc, op };
+    match f.kind {
+        FastKind::AluK => insts.push(op(Op::Alu {
             width: f.width,
             op: f.alu,
             dst,
             src: Operand::Imm(imm),
-        },
-        FastKind::AluX => Op::Alu {
+        })),
+        FastKind::AluX => insts.push(op(Op::Alu {
             width: f.width,
             op: f.alu,
             dst,
             src: Operand::Reg(src),
-        },
-        FastKind::JcondK => Op::Jcond {
+        })),
+        FastKind::JcondK => insts.push(op(Op::Jcond {
             width: f.width,
             cond: f.cond,
             dst,
             src: Operand::Imm(imm),
             target: target_slot(pc, off as i64),
-        },
-        FastKind::JcondX => Op::Jcond {
+        })),
+        FastKind::JcondX => insts.push(op(Op::Jcond {
             width: f.width,
             cond: f.cond,
             dst,
             src: Operand::Reg(src),
             target: target_slot(pc, off as i64),
-        },
-        FastKind::Ja => Op::Ja {
+        })),
+        FastKind::Ja => insts.push(op(Op::Ja {
             target: target_slot(pc, off as i64),
-        },
-        FastKind::Exit => Op::Exit,
-        FastKind::Load => Op::Load {
+        })),
+        FastKind::Exit => insts.push(op(Op::Exit)),
+        FastKind::Load => insts.push(op(Op::Load {
             size: f.size,
             sign_extend: f.sign_extend,
             dst,
             base: src,
             off,
-        },
-        FastKind::StoreK => Op::Store {
+        })),
+        FastKind::StoreK => insts.push(op(Op::Store {
             size: f.size,
             base: dst,
             off,
             src: Operand::Imm(imm),
-        },
-        FastKind::StoreX => Op::Store {
+        })),
+        FastKind::StoreX => insts.push(op(Op::Store {
             size: f.size,
             base: dst,
             off,
             src: Operand::Reg(src),
-        },
+        })),
         FastKind::Slow => return None,
-    };
-    let eff = f.eff
-        | ((1u32 << dst) & f.reads_dst)
-        | ((1u32 << src) & f.reads_src)
-        | ((1u32 << (EFF_WRITES_SHIFT + u32::from(dst))) & f.writes_dst);
-    Some((op, eff))
+    }
+    Some(f.eff | regs)
 }
 
 fn check_reg(pc: usize, what: &str, r: u8) -> Result<Reg, CompileError> {
@@ -1149,9 +1237,14 @@ mod tests {
                         for &imm in &imms {
                             let raw = RawInsn::new(opc, dst, src, off, imm).to_bytes();
                             let code = [raw, [0; 8]].concat();
-                            let Some((op, eff)) = decode_fast(u64::from_le_bytes(raw), 0) else {
+                            let mut out = Vec::new();
+                            let Some(eff) = decode_fast(u64::from_le_bytes(raw), 0, &mut out)
+                            else {
+                                assert!(out.is_empty());
                                 continue;
                             };
+                            assert_eq!(out.len(), 1);
+                            let op = out[0].op;
                             accepted += 1;
                             for percpu_insn in [false, true] {
                                 let want =
@@ -1175,7 +1268,7 @@ mod tests {
         // And every opcode the reference accepts with all-zero fields but the table refuses
         // is one of the documented slow-path encodings.
         for opc in 0..=255u8 {
-            let fast = decode_fast(u64::from(opc), 0).is_some();
+            let fast = decode_fast(u64::from(opc), 0, &mut Vec::new()).is_some();
             let code = [[opc, 0, 0, 0, 0, 0, 0, 0], [0; 8]].concat();
             let slow_ok = decode_one(&code, 0, &helpers, DecodeOptions::default()).is_ok();
             if slow_ok && !fast {

@@ -213,15 +213,12 @@ impl<'a> Emitter<'a> {
         // group: every instruction gets its own label there.
         let unbound = e.label();
         let all = mode.sandboxed();
-        let inst_label = (0..prog.insts.len())
-            .map(|i| {
-                if all || prog.is_target[i] {
-                    e.label()
-                } else {
-                    unbound
-                }
-            })
-            .collect();
+        let mut inst_label = vec![unbound; prog.insts.len()];
+        for (l, &target) in inst_label.iter_mut().zip(&prog.is_target) {
+            if all || target {
+                *l = e.label();
+            }
+        }
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
         let entry_pops = e.label();
