@@ -341,7 +341,9 @@ impl Enc {
         }
     }
 
-    /// [`Enc::rr`] without prefixes, with a one-byte opcode, 8/32/64-bit.
+    /// [`Enc::rr`] without prefixes, with a one-byte opcode, 8/32/64-bit (inlined: most
+    /// eBPF instructions are one of these).
+    #[inline(always)]
     fn rr1(&mut self, sz: Sz, op: u8, reg: Gpr, rm: Gpr) {
         let rex = 0x40 | (u8::from(sz == Sz::B64) << 3) | ((reg >> 3) << 2) | (rm >> 3);
         // A byte operand in registers 4–7 means spl..dil only with a REX prefix.
@@ -497,6 +499,26 @@ impl Enc {
             label: l,
         });
         self.insns += 1;
+    }
+
+    /// After a pass: does every branch reach its label in the form it was emitted in? Then
+    /// the pass is final (the relaxation driver would change nothing). Errors as
+    /// [`Enc::branch_checks`].
+    pub fn branches_fit(&self) -> Result<bool, String> {
+        let labels = self.ops.labels();
+        let mut fit = true;
+        for f in &self.fixups {
+            let target = labels
+                .resolve_dynamic(f.label)
+                .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
+                .0;
+            let disp = target as i64 - f.end as i64;
+            fit &= match f.width {
+                1 => i8::try_from(disp).is_ok(),
+                _ => i32::try_from(disp).is_ok(),
+            };
+        }
+        Ok(fit)
     }
 
     /// After a pass: every `jmp`/`jcc` site's displacement for the relaxation driver. Calls

@@ -87,18 +87,27 @@ pub fn emit_with(
         let mut em = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
         em.clamp = opts.spectre_clamp;
         em.program()?;
-        let checks =
-            em.e.branch_checks()
+        // Usual case: every branch reaches in the form it was emitted in, which is exactly
+        // when `settle` would say `Done`; skip building its inputs.
+        let fit =
+            em.e.branches_fit()
                 .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?;
-        for c in &checks {
-            relax.form(c.site, Form::Rel8);
-        }
-        let settled = relax.settle(&checks, |c| {
-            CompileError::new(
-                ErrorKind::Encoding,
-                format!("branch displacement {} exceeds rel32", c.disp),
-            )
-        })?;
+        let settled = if fit {
+            Settled::Done
+        } else {
+            let checks =
+                em.e.branch_checks()
+                    .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?;
+            for c in &checks {
+                relax.form(c.site, Form::Rel8);
+            }
+            relax.settle(&checks, |c| {
+                CompileError::new(
+                    ErrorKind::Encoding,
+                    format!("branch displacement {} exceeds rel32", c.disp),
+                )
+            })?
+        };
         match settled {
             Settled::Done => {
                 let passes = relax.passes();
@@ -245,23 +254,29 @@ impl<'a> Emitter<'a> {
     }
 
     fn program(&mut self) -> Result<(), CompileError> {
-        for k in 0..self.prog.subprogs.len() {
-            let (start, end) = (self.prog.subprogs[k].start, self.prog.subprogs[k].end);
+        // The program outlives the emitter: its instructions are lowered by reference.
+        let prog = self.prog;
+        for k in 0..prog.subprogs.len() {
+            let (start, end) = (prog.subprogs[k].start, prog.subprogs[k].end);
             let l = self.sub_entry[k];
             self.e.bind(l);
             self.prologue(k);
-            for i in start..end {
+            for (i, (inst, &target)) in prog.insts[start..end]
+                .iter()
+                .zip(&prog.is_target[start..end])
+                .enumerate()
+                .map(|(n, x)| (start + n, x))
+            {
                 self.inst_offsets.push(self.e.pos());
-                if self.all_labels || self.prog.is_target[i] {
+                if self.all_labels || target {
                     let l = self.inst_label[i];
                     self.e.bind(l);
                 }
                 if self.skip == Some(i) {
                     continue;
                 }
-                let inst = self.prog.insts[i];
                 self.cur = i;
-                self.inst(i, k, &inst)?;
+                self.inst(i, k, inst)?;
             }
             let l = self.sub_exit[k];
             self.e.bind(l);
