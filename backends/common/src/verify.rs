@@ -71,11 +71,13 @@ pub fn decode_with(
     // Pass 1: decode each instruction straight from the bytes (no intermediate copy: compile
     // time is dominated by memory traffic on large programs); branch targets stay as slot
     // numbers for now. Alongside, each instruction's effects (registers read and written,
-    // its kind) go into one word, so the per-function summaries below need no second look at
-    // the instructions, and the few instructions later passes must visit (branches, local
-    // calls, `lddw`s) are listed. Indices fit u32 because MAX_INSNS does.
+    // its kind) come as one word; their OR over each block of EFF_BLOCK instructions is
+    // kept, so the per-function summaries below need (almost) no second look at the
+    // instructions; and the few instructions later passes must visit (branches, local calls,
+    // `lddw`s) are listed. Indices fit u32 because MAX_INSNS does.
     let mut insts = Vec::with_capacity(slots);
-    let mut effects: Vec<u32> = Vec::with_capacity(slots);
+    let mut blocks: Vec<BlockEffects> = Vec::with_capacity(slots / EFF_BLOCK + 1);
+    let mut acc = BlockEffects::default();
     // Slot of every `lddw`, ascending: maps a slot to its instruction index (see `resolve`).
     let mut lddw_slots: Vec<u32> = Vec::new();
     // Instruction indices of every `ja`, conditional jump and local call, ascending.
@@ -101,8 +103,15 @@ pub fn decode_with(
         } else if kind == op_kind::LD_IMM64 {
             lddw_slots.push(pc as u32);
         }
-        effects.push(eff);
+        acc.add(eff);
+        if insts.len() % EFF_BLOCK == 0 {
+            blocks.push(std::mem::take(&mut acc));
+        }
         pc += len;
+    }
+
+    if insts.len() % EFF_BLOCK != 0 {
+        blocks.push(acc);
     }
 
     // Pass 2 (branches only): resolve slot targets to instruction indices. Every `lddw`
@@ -152,12 +161,7 @@ pub fn decode_with(
     let mut next_branch = 0;
     for (k, &start) in starts.iter().enumerate() {
         let end = starts.get(k + 1).copied().unwrap_or(insts.len());
-        // The function's summary: OR of its instructions' effect words, kinds apart.
-        let (mut regs, mut ops) = (0u32, 0u16);
-        for &e in &effects[start..end] {
-            regs |= e;
-            ops |= 1 << (e >> EFF_KIND_SHIFT);
-        }
+        let BlockEffects { regs, ops } = summary(&insts, &blocks, start, end);
         let mut writes = ((regs >> EFF_WRITES_SHIFT) & 0x3ff) as u16;
         if ops & op_kind::CALLS != 0 {
             // Calls clobber r1-r5 as far as the caller's register state goes.
@@ -313,6 +317,57 @@ fn check_call_depth(
 
 const EFF_WRITES_SHIFT: u32 = 11;
 const EFF_KIND_SHIFT: u32 = 24;
+
+/// Instructions per [`BlockEffects`]: small, so a function boundary inside a block costs
+/// few recomputed words; large enough that the blocks cost nothing per instruction.
+const EFF_BLOCK: usize = 16;
+
+/// The OR of the effect words of a block of instructions, kinds as [`op_kind`] bits.
+#[derive(Clone, Copy, Default)]
+struct BlockEffects {
+    /// Effect words ORed, kind field masked off.
+    regs: u32,
+    /// Their kinds.
+    ops: u16,
+}
+
+impl BlockEffects {
+    #[inline(always)]
+    fn add(&mut self, eff: u32) {
+        self.regs |= eff & ((1 << EFF_KIND_SHIFT) - 1);
+        self.ops |= 1 << (eff >> EFF_KIND_SHIFT);
+    }
+}
+
+/// The effects of instructions `start..end`: whole blocks from `blocks` (block `b` covers
+/// `b * EFF_BLOCK ..` up to the next block or the end of the program), the parts of blocks
+/// at either edge recomputed.
+fn summary(insts: &[Inst], blocks: &[BlockEffects], start: usize, end: usize) -> BlockEffects {
+    let first = start.div_ceil(EFF_BLOCK);
+    let last = if end == insts.len() {
+        blocks.len()
+    } else {
+        end / EFF_BLOCK
+    };
+    let mut out = BlockEffects::default();
+    if first >= last {
+        for inst in &insts[start..end] {
+            out.add(effects_of(&inst.op));
+        }
+        return out;
+    }
+    for b in &blocks[first..last] {
+        out.regs |= b.regs;
+        out.ops |= b.ops;
+    }
+    for inst in insts[start..first * EFF_BLOCK]
+        .iter()
+        .chain(&insts[(last * EFF_BLOCK).min(end)..end])
+    {
+        out.add(effects_of(&inst.op));
+    }
+    out
+}
 
 /// The effect word of any instruction (the slow path's; [`decode_fast`] builds the same
 /// word from its table).
@@ -1283,6 +1338,62 @@ mod tests {
                         || (class == CLASS_STX && opc & 0xe0 == MODE_ATOMIC),
                     "opcode {opc:#04x} is valid but not on the fast path"
                 );
+            }
+        }
+    }
+
+    /// The per-function summaries come from per-block ORs plus recomputed edges: check them
+    /// against a plain fold over each function's instructions, with function boundaries
+    /// inside blocks, on block edges and functions shorter than a block.
+    #[test]
+    fn function_summaries_match_a_plain_fold() {
+        for lens in [
+            vec![3, 1, 1],
+            vec![16, 16, 16],
+            vec![15, 17, 40, 2, 33],
+            vec![70, 5, 64, 1, 19],
+            vec![1, 100],
+        ] {
+            // Entry: call each function, then exit; function k: a mix of writes and reads,
+            // a store through r10 in every third, exit.
+            let mut code = Vec::new();
+            let calls = lens.len() - 1;
+            let mut at = calls + 1;
+            for len in &lens[1..] {
+                code.push(ins(0x85, 0, 1, 0, (at - code.len() - 1) as i32));
+                at += len;
+            }
+            code.push(EXIT);
+            for (k, &len) in lens.iter().enumerate().skip(1) {
+                for j in 0..len - 1 {
+                    let r = ((k + j) % 9 + 1) as u8;
+                    code.push(match j % 4 {
+                        0 => ins(0xb7, r, 0, 0, 1),
+                        1 => ins(0x0f, r, (r % 9) + 1, 0, 0),
+                        2 if k % 3 == 0 => ins(0x7b, 10, r, -8, 0),
+                        _ => ins(0x65, r, 0, 0, 3), // jsgt r, 3, +0
+                    });
+                }
+                code.push(EXIT);
+            }
+            let p = decode(&prog(&code), &[]).unwrap();
+            assert_eq!(p.subprogs.len(), lens.len());
+            for sp in &p.subprogs {
+                let (mut reads, mut writes, mut ops) = (0u16, 0u16, 0u16);
+                for inst in &p.insts[sp.start..sp.end] {
+                    reads |= crate::analysis::regs_read(&inst.op, crate::analysis::ARG_REGS);
+                    writes |= inst.op.written_reg().map_or(0, |r| 1 << r);
+                    ops |= inst.op.kind_bit();
+                }
+                if ops & op_kind::CALLS != 0 {
+                    writes |= 0b11_1111;
+                }
+                assert_eq!(
+                    (sp.reads, sp.writes, sp.ops),
+                    (reads, writes, ops),
+                    "{lens:?}"
+                );
+                assert_eq!(sp.uses_stack, reads & (1 << 10) != 0, "{lens:?}");
             }
         }
     }
