@@ -6,9 +6,11 @@
 //! `mod = 00` encoding means RIP-relative / no base), `imm8` forms for small immediates.
 //!
 //! The bytes go into a `dynasmrt` [`VecAssembler`]: labels are its dynamic labels, and the
-//! label-relative forms (`jmp`, `jcc`, `call`) and the fixed-register instructions are
-//! written with the `dynasm!` macro, which records the relocations and patches them in
-//! [`Enc::finish`].
+//! fixed-register instructions are written with the `dynasm!` macro, which records their
+//! relocations and patches them in [`Enc::finish`]. The label-relative branches of the
+//! lowering (`jmp`, `jcc`, `call`: [`Enc::jump`], [`Enc::call_label`]) are written as bytes
+//! and patched by [`Enc::finish`] itself from the fixups the relaxation checks anyway: a
+//! dynasm relocation per branch cost more compile time than the rest of the branch.
 //!
 //! The register-parameterised ModRM forms ([`Enc::rr`], [`Enc::rm`], [`Enc::op_plus_r`],
 //! [`Enc::vex_0f38_rr`]) stay table-driven on purpose. `dynasm!` can only take a register
@@ -24,7 +26,7 @@
 //!
 //! Porting these forms would lengthen most instructions by one or two bytes (and change
 //! every golden), and keeping the bytes would need a `match` over the 16 static registers
-//! per operand per instruction. So dynasm owns the buffer, labels, branches and
+//! per operand per instruction. So dynasm owns the buffer, labels and the `dynasm!` text's
 //! relocations, and this file keeps the few ModRM encoders, each choosing the shortest form.
 //!
 //! Code whose registers are fixed (the entry's env and stack-block setup, the sandbox
@@ -39,8 +41,8 @@
 //!   the MR form `4d 39 ca` (same length; kept so the bytes do not move);
 //! * there is no `endbr64` mnemonic.
 //!
-//! Branch relaxation: a branch starts as `rel8` (`jmp BYTE =>l`); after the pass,
-//! [`Enc::resolve`] computes every site's displacement from the label offsets dynasm
+//! Branch relaxation: a branch starts as `rel8` (`EB`/`7x rel8`); after the pass,
+//! [`Enc::branch_checks`] computes every site's displacement from the label offsets dynasm
 //! recorded and marks each `rel8` that does not reach as `rel32`, asking for another pass.
 //! (dynasm would only report an out-of-range `rel8` as an error at `finalize`, without
 //! saying which site.) Forms only grow, so the passes terminate (the kernel's x86 JIT
@@ -105,8 +107,8 @@ pub type Label = DynamicLabel;
 /// bytes run wherever the arena places them.
 pub type Asm = VecAssembler<X64Relocation>;
 
-/// A label-relative branch, kept to check its reach after the pass (dynasm owns the
-/// relocation itself).
+/// A label-relative branch: its reach is checked after the pass and its displacement
+/// written by [`Enc::finish`].
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
     /// Index of the branch site in emission order (key into the forms); `usize::MAX` for
@@ -197,7 +199,9 @@ impl Enc {
     /// large programs.
     pub fn with_capacity(forms: Vec<Form>, insts: usize) -> Self {
         Enc {
-            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, insts + 16, 0, insts),
+            // Branches are patched by `finish`, not by dynasm relocations: only the
+            // `dynasm!` text's few label references need room there.
+            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, insts + 16, 0, 16),
             // About one branch per 8 instructions in typical code; more just regrows.
             fixups: Vec::with_capacity(insts / 8 + 8),
             forms,
@@ -453,45 +457,27 @@ impl Enc {
         self.insns += 1;
     }
 
-    /// `jmp/jcc BYTE =>l`: 2 bytes, reach −128..127 from the next instruction.
-    fn jump_rel8(&mut self, cc: Option<Cc>, l: Label) {
-        let ops = &mut self.ops;
+    /// `jmp/jcc rel8` (`EB` / `70+cc`): 2 bytes, reach −128..127 from the next instruction.
+    /// The displacement is written by [`Enc::finish`] from the fixup.
+    fn jump_rel8(&mut self, cc: Option<Cc>, _l: Label) {
+        let op = match cc {
+            None => 0xeb,
+            Some(cc) => 0x70 | cc as u8,
+        };
+        self.ops.extend(&[op, 0]);
+    }
+
+    /// `jmp/jcc rel32` (`E9` / `0F 80+cc`, 5 / 6 bytes), patched like [`Enc::jump_rel8`].
+    fn jump_rel32(&mut self, cc: Option<Cc>, _l: Label) {
         match cc {
-            None => dynasm!(ops ; .arch x64 ; jmp BYTE =>l),
-            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb BYTE =>l),
-            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae BYTE =>l),
-            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je BYTE =>l),
-            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne BYTE =>l),
-            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe BYTE =>l),
-            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja BYTE =>l),
-            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl BYTE =>l),
-            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge BYTE =>l),
-            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle BYTE =>l),
-            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg BYTE =>l),
+            None => self.ops.extend(&[0xe9, 0, 0, 0, 0]),
+            Some(cc) => self.ops.extend(&[0x0f, 0x80 | cc as u8, 0, 0, 0, 0]),
         }
     }
 
-    /// `jmp/jcc =>l` with a 32-bit displacement (5 / 6 bytes).
-    fn jump_rel32(&mut self, cc: Option<Cc>, l: Label) {
-        let ops = &mut self.ops;
-        match cc {
-            None => dynasm!(ops ; .arch x64 ; jmp =>l),
-            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb =>l),
-            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae =>l),
-            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je =>l),
-            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne =>l),
-            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe =>l),
-            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja =>l),
-            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl =>l),
-            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge =>l),
-            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle =>l),
-            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg =>l),
-        }
-    }
-
-    /// `call label` (always `rel32`: calls have no short form).
+    /// `call label` (`E8 rel32`: calls have no short form).
     pub fn call_label(&mut self, l: Label) {
-        dynasm!(self.ops ; .arch x64 ; call =>l);
+        self.ops.extend(&[0xe8, 0, 0, 0, 0]);
         self.fixups.push(Fixup {
             site: usize::MAX,
             end: self.pos(),
@@ -553,12 +539,38 @@ impl Enc {
         Ok(checks)
     }
 
-    /// The final bytes: dynasm patches every branch (all of which [`Enc::resolve`] found
-    /// in range).
+    /// The final bytes: dynasm patches the relocations of the `dynasm!` text, this the
+    /// displacement of every `jump`/`call_label` (all of which the relaxation found in
+    /// range).
     pub fn finish(self) -> Result<Vec<u8>, String> {
-        self.ops
+        let labels = self.ops.labels();
+        let mut patches = Vec::with_capacity(self.fixups.len());
+        for f in &self.fixups {
+            let target = labels
+                .resolve_dynamic(f.label)
+                .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
+                .0;
+            let disp = target as i64 - f.end as i64;
+            let fits = match f.width {
+                1 => i8::try_from(disp).is_ok(),
+                _ => i32::try_from(disp).is_ok(),
+            };
+            if !fits {
+                return Err(format!(
+                    "internal: branch at {} does not reach its label (displacement {disp})",
+                    f.end
+                ));
+            }
+            patches.push((f.end, f.width as usize, disp as i32));
+        }
+        let mut bytes = self
+            .ops
             .finalize()
-            .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))
+            .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))?;
+        for (end, width, disp) in patches {
+            bytes[end - width..end].copy_from_slice(&disp.to_le_bytes()[..width]);
+        }
+        Ok(bytes)
     }
 }
 
