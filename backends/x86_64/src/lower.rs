@@ -290,6 +290,7 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    #[inline(always)]
     fn inst(&mut self, i: usize, k: usize, inst: &Inst) -> Result<(), CompileError> {
         let pc = inst.pc;
         match inst.op {
