@@ -76,9 +76,14 @@ impl Program {
     /// instruction `i`'s native code starts; the result has one entry per bytecode slot, with
     /// `NO_NATIVE_CODE` for the second slot of `lddw`.
     pub fn line_table(&self, inst_offsets: &[usize]) -> Vec<u32> {
+        let off = |o: usize| u32::try_from(o).unwrap_or(packjit_plugin_api::NO_NATIVE_CODE);
+        if self.slots == self.insts.len() && inst_offsets.len() == self.slots {
+            // No `lddw`: instruction i is slot i, so the instructions need not be read.
+            return inst_offsets.iter().map(|&o| off(o)).collect();
+        }
         let mut table = vec![packjit_plugin_api::NO_NATIVE_CODE; self.slots];
-        for (inst, &off) in self.insts.iter().zip(inst_offsets) {
-            table[inst.pc] = u32::try_from(off).unwrap_or(packjit_plugin_api::NO_NATIVE_CODE);
+        for (inst, &o) in self.insts.iter().zip(inst_offsets) {
+            table[inst.pc] = off(o);
         }
         table
     }

@@ -83,7 +83,8 @@ pub fn decode_with(
     // Instruction indices of every `ja`, conditional jump and local call, ascending.
     // (Sized for about one branch per 8 instructions, as in typical code; more regrows.)
     let mut branches: Vec<u32> = Vec::with_capacity(slots / 8 + 8);
-    let mut local_calls = 0usize;
+    // Instruction indices of the local calls among them (the call graph's edges).
+    let mut local_calls: Vec<u32> = Vec::new();
     let mut pc = 0;
     while pc < slots {
         let raw = u64::from_le_bytes(code[pc * 8..pc * 8 + 8].try_into().expect("8 bytes"));
@@ -99,7 +100,9 @@ pub fn decode_with(
         let kind = 1u16 << (eff >> EFF_KIND_SHIFT);
         if kind & (op_kind::JA | op_kind::JCOND | op_kind::CALL_LOCAL) != 0 {
             branches.push(index);
-            local_calls += usize::from(kind == op_kind::CALL_LOCAL);
+            if kind == op_kind::CALL_LOCAL {
+                local_calls.push(index);
+            }
         } else if kind == op_kind::LD_IMM64 {
             lddw_slots.push(pc as u32);
         }
@@ -146,12 +149,12 @@ pub fn decode_with(
     }
 
     // Subprograms start at 0 and at every local-call target.
-    let mut starts: Vec<usize> = Vec::with_capacity(local_calls + 1);
+    let mut starts: Vec<usize> = Vec::with_capacity(local_calls.len() + 1);
     starts.push(0);
-    if local_calls > 0 {
-        starts.extend(branches.iter().filter_map(|&b| match insts[b as usize].op {
-            Op::CallLocal { target } => Some(target),
-            _ => None,
+    if !local_calls.is_empty() {
+        starts.extend(local_calls.iter().map(|&b| match insts[b as usize].op {
+            Op::CallLocal { target } => target,
+            _ => unreachable!("only local calls are listed"),
         }));
         starts.sort_unstable();
         starts.dedup();
@@ -214,10 +217,10 @@ pub fn decode_with(
         subprogs.push(sp);
     }
 
-    let call_depth = if local_calls == 0 {
+    let call_depth = if local_calls.is_empty() {
         1
     } else {
-        check_call_depth(&insts, &subprogs, &branches)?
+        check_call_depth(&insts, &subprogs, &local_calls)?
     };
     Ok(Program {
         insts,
@@ -237,12 +240,12 @@ fn target_slot(pc: usize, off: i64) -> usize {
 }
 
 /// Checks the call graph is acyclic and at most [`MAX_CALL_DEPTH`] deep; returns the number
-/// of frames in the deepest chain starting at the entry. `branches` lists the instruction
-/// indices of every jump and local call, ascending.
+/// of frames in the deepest chain starting at the entry. `calls` lists the instruction
+/// indices of every local call, ascending.
 fn check_call_depth(
     insts: &[Inst],
     subprogs: &[Subprog],
-    branches: &[u32],
+    calls: &[u32],
 ) -> Result<usize, CompileError> {
     // Longest call chain from each subprogram, by DFS with cycle detection.
     #[derive(Clone, Copy, PartialEq)]
@@ -254,12 +257,12 @@ fn check_call_depth(
     struct Graph<'a> {
         insts: &'a [Inst],
         subprogs: &'a [Subprog],
-        branches: &'a [u32],
+        calls: &'a [u32],
     }
     let g = Graph {
         insts,
         subprogs,
-        branches,
+        calls,
     };
     let mut marks = vec![Mark::New; subprogs.len()];
     fn visit(s: usize, g: &Graph<'_>, marks: &mut [Mark]) -> Result<usize, CompileError> {
@@ -271,9 +274,9 @@ fn check_call_depth(
         marks[s] = Mark::Active;
         let mut depth = 1;
         let sp = &g.subprogs[s];
-        let first = g.branches.partition_point(|&b| (b as usize) < sp.start);
-        let last = g.branches.partition_point(|&b| (b as usize) < sp.end);
-        for &b in &g.branches[first..last] {
+        let first = g.calls.partition_point(|&b| (b as usize) < sp.start);
+        let last = g.calls.partition_point(|&b| (b as usize) < sp.end);
+        for &b in &g.calls[first..last] {
             let inst = &g.insts[b as usize];
             if let Op::CallLocal { target } = inst.op {
                 let callee = g
