@@ -820,7 +820,10 @@ fn unknown(pc: usize, i: &RawInsn) -> CompileError {
     verr(pc, format!("unknown opcode 0x{:02x}", i.opc))
 }
 
-/// Decodes the instruction at `pc`; returns it and its length in slots.
+/// Decodes the instruction at `pc`; returns it and its length in slots. (Kept out of line:
+/// the table decodes the common encodings, and this code inlined into the decode loop would
+/// cost the loop its registers.)
+#[inline(never)]
 fn decode_one(
     code: &[u8],
     pc: usize,

@@ -444,6 +444,7 @@ impl<'a> Emitter<'a> {
 
     // ---- ALU --------------------------------------------------------------------------
 
+    #[inline(always)]
     fn alu(&mut self, pc: usize, width: Width, op: AluOp, dst: Reg, src: Operand) {
         let sz = sz_of(width);
         let d = host(dst);
