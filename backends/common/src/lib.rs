@@ -45,6 +45,51 @@ pub struct Program {
     pub call_depth: usize,
 }
 
+/// Instruction buffers at least this large (2 MiB) go back to [`SPARE_INSTS`] when their
+/// program is dropped; smaller ones come cheaply from the allocator.
+const SPARE_MIN: usize = (2 << 20) / std::mem::size_of::<Inst>();
+
+thread_local! {
+    /// The instruction buffer of the last large program dropped on this thread, reused by
+    /// the next [`decode`] on it. A fresh buffer for a large program is fresh pages from the
+    /// kernel (32 MB for a 1 M-instruction program), and faulting them in dominated large
+    /// compiles; reused, compile time stays linear in program size. At most one buffer per
+    /// thread, at most [`MAX_INSNS`] instructions, so a thread keeps at most 32 MB after
+    /// compiling the largest program.
+    static SPARE_INSTS: std::cell::Cell<Vec<Inst>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// An empty instruction buffer with room for `n` instructions: this thread's spare one
+/// when there is one.
+pub(crate) fn inst_buffer(n: usize) -> Vec<Inst> {
+    let mut v = if n >= SPARE_MIN {
+        SPARE_INSTS.try_with(|s| s.take()).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    v.clear();
+    v.reserve(n);
+    v
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        if self.insts.capacity() >= SPARE_MIN {
+            let insts = std::mem::take(&mut self.insts);
+            // Keep the larger of the spare and this buffer (`try_with`: nothing during
+            // thread teardown).
+            let _ = SPARE_INSTS.try_with(|s| {
+                let spare = s.take();
+                s.set(if spare.capacity() > insts.capacity() {
+                    spare
+                } else {
+                    insts
+                });
+            });
+        }
+    }
+}
+
 /// A function inside the program: the entry or the target of a local call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Subprog {

@@ -75,7 +75,7 @@ pub fn decode_with(
     // kept, so the per-function summaries below need (almost) no second look at the
     // instructions; and the few instructions later passes must visit (branches, local calls,
     // `lddw`s) are listed. Indices fit u32 because MAX_INSNS does.
-    let mut insts = Vec::with_capacity(slots);
+    let mut insts = crate::inst_buffer(slots);
     let mut blocks: Vec<BlockEffects> = Vec::with_capacity(slots / EFF_BLOCK + 1);
     let mut acc = BlockEffects::default();
     // Slot of every `lddw`, ascending: maps a slot to its instruction index (see `resolve`).
@@ -1402,6 +1402,25 @@ mod tests {
                 assert_eq!(sp.uses_stack, reads & (1 << 10) != 0, "{lens:?}");
             }
         }
+    }
+
+    /// A large program's instruction buffer is reused by the next large decode on the same
+    /// thread (no fresh pages), and the result is the same.
+    #[test]
+    fn large_programs_reuse_the_instruction_buffer() {
+        let n = crate::SPARE_MIN + 10;
+        let mut code = vec![ins(0xb7, 0, 0, 0, 1); n - 1];
+        code.push(EXIT);
+        let code = prog(&code);
+        let first = decode(&code, &[]).unwrap();
+        let (ptr, want) = (first.insts.as_ptr(), first.clone());
+        drop(first);
+        let again = decode(&code, &[]).unwrap();
+        assert_eq!(again.insts.as_ptr(), ptr);
+        assert_eq!(again, want);
+        // Small programs do not take it.
+        let small = decode(&prog(&[EXIT]), &[]).unwrap();
+        assert_ne!(small.insts.as_ptr(), ptr);
     }
 
     #[test]
