@@ -62,11 +62,10 @@ thread_local! {
 /// An empty instruction buffer with room for `n` instructions: this thread's spare one
 /// when there is one.
 pub(crate) fn inst_buffer(n: usize) -> Vec<Inst> {
-    let mut v = if n >= SPARE_MIN {
-        SPARE_INSTS.try_with(|s| s.take()).unwrap_or_default()
-    } else {
-        Vec::new()
-    };
+    if n < SPARE_MIN {
+        return Vec::with_capacity(n);
+    }
+    let mut v = SPARE_INSTS.try_with(|s| s.take()).unwrap_or_default();
     v.clear();
     v.reserve(n);
     v
