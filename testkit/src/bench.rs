@@ -57,6 +57,18 @@ pub unsafe fn call_entry(entry: *const u8, mem: &mut [u8]) -> u64 {
     r0
 }
 
+/// Where a loop whose head's code starts at native offset `head` and ends before `next`
+/// (the following instruction's code) is entered by its back-edge: past the head's check
+/// group check when the backend reports a re-entry landing (`resume_offsets`) inside the
+/// head's code, else the head itself. The benches count a loop's hot path from there.
+pub fn loop_landing(head: usize, next: usize, resume_offsets: &[usize]) -> usize {
+    resume_offsets
+        .iter()
+        .copied()
+        .find(|&r| head < r && r < next)
+        .unwrap_or(head)
+}
+
 /// A benchmark program and the instructions of its hot loop.
 pub struct SandboxProgram {
     /// What the program does, as the benches print it.

@@ -1285,10 +1285,15 @@ fn guarded<R>(ctx: &[u8], f: impl FnOnce(&mut [u8]) -> R) -> (R, Vec<u8>, u64) {
 
 /// Runs `code` in the interpreter with the program's budget, as sandboxed JIT code would run.
 pub fn run_reference_sandboxed(code: &[u8], p: &GenProgram) -> Result<SandboxRun, String> {
+    run_reference_code(code, &p.ctx, p.budget)
+}
+
+/// [`run_reference_sandboxed`] for bytecode with its context and budget.
+fn run_reference_code(code: &[u8], ctx: &[u8], budget: Option<u64>) -> Result<SandboxRun, String> {
     let r = reference();
     let prog = r.interp.load(code).map_err(|e| e.to_string())?;
-    let budget = p.budget.or(r.budget);
-    let ((res, stack), ctx, ctx_addr) = guarded(&p.ctx, |c| r.interp.run_traced(&prog, c, budget));
+    let budget = budget.or(r.budget);
+    let ((res, stack), ctx, ctx_addr) = guarded(ctx, |c| r.interp.run_traced(&prog, c, budget));
     Ok(SandboxRun {
         end: match res {
             Ok(o) => End::Exit(o.r0),
@@ -1453,16 +1458,26 @@ fn stops_agree(
 }
 
 fn compare_escape(target: &JitTarget<'_>, p: &GenProgram) -> Result<EscapeChecked, String> {
-    let code = p.encode();
+    compare_sandboxed(target, &p.encode(), &p.ctx, p.budget)
+}
+
+/// Runs `code` sandboxed on `target` and in the reference, on copies of `ctx`, and compares
+/// how they end (see [`EscapeChecked`]).
+fn compare_sandboxed(
+    target: &JitTarget<'_>,
+    code: &[u8],
+    ctx: &[u8],
+    budget: Option<u64>,
+) -> Result<EscapeChecked, String> {
     let want =
-        run_reference_sandboxed(&code, p).map_err(|e| format!("reference rejected it: {e}"))?;
+        run_reference_code(code, ctx, budget).map_err(|e| format!("reference rejected it: {e}"))?;
     let prog = target
-        .load(&code, true, p.budget)
+        .load(code, true, budget)
         .map_err(|e| format!("JIT rejected a valid program: {e}"))?;
     if !prog.is_executable() {
         return Ok(EscapeChecked::CompiledOnly);
     }
-    let (res, ctx, ctx_addr) = guarded(&p.ctx, |c| prog.call(c));
+    let (res, ctx, ctx_addr) = guarded(ctx, |c| prog.call(c));
     let got = SandboxRun {
         end: match res {
             Ok(r0) => End::Exit(r0),
@@ -1538,6 +1553,18 @@ pub fn check_escape_seed(
             }))
         }
     }
+}
+
+/// Checks the walk program of `seed` ([`walk_program`]) sandboxed on `target` against the
+/// interpreter. `Err` names the seed, the difference and the program, disassembled.
+pub fn check_walk_seed(target: &JitTarget<'_>, seed: u64) -> Result<EscapeChecked, String> {
+    let code = walk_program(seed);
+    compare_sandboxed(target, &code, &[0x5a; 16], None).map_err(|what| {
+        format!(
+            "walk seed {seed:#x}: {what}\n{}",
+            crate::disasm::disassemble(&code, true)
+        )
+    })
 }
 
 #[cfg(test)]
@@ -1626,11 +1653,13 @@ pub fn sized_program(n: usize, functions: usize) -> Vec<u8> {
     out
 }
 
-/// A random straight-line program for the sandbox's check groups: context accesses (and
-/// masked, provable stack accesses) off one base register, with a context length that may
-/// cut through the group. Returns the bytecode and the context length to run it with. The
-/// backends' group differentials run these against the reference: r0, the context bytes,
-/// and on a stop its pc, address, size and direction must agree.
+/// A random program for the sandbox's check groups: context accesses (and masked, provable
+/// stack accesses) off one base register, with a context length that may cut through the
+/// group. Half of them run the accesses in a loop of 1–3 iterations, whose back-edge
+/// re-enters the group past its check (`ranges::reentries`) unless the loop also moves the
+/// base. Returns the bytecode and the context length to run it with. The backends' group
+/// differentials run these against the reference: r0, the context bytes, and on a stop its
+/// pc, address, size and direction must agree.
 pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
     use packjit_frontend::encode_insn as ins;
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -1662,6 +1691,11 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
             7
         }
     };
+    let looped = rnd(2) == 0;
+    if looped {
+        p.push(ins(0xb7, 4, 0, 0, 1 + rnd(3) as i32)); // r4 = iterations
+    }
+    let head = p.len();
     let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
     for _ in 0..2 + rnd(6) {
         let size = sizes[rnd(4) as usize];
@@ -1697,6 +1731,84 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
             }
         }
     }
+    if looped {
+        if rnd(4) == 0 {
+            // Move the base: every iteration is checked anew.
+            p.push(addi(base, 8 * rnd(3) as i32));
+        }
+        p.push(ins(0x17, 4, 0, 0, 1)); // r4 -= 1
+        let back = head as i64 - (p.len() as i64 + 1);
+        p.push(ins(0x55, 4, 0, back as i16, 0)); // if r4 != 0 goto head
+    }
     p.push(ins(0x95, 0, 0, 0, 0));
     (p.concat(), 1 + rnd(56) as usize)
+}
+
+/// A random loop walking a pointer through the stack frame, for the walked-pointer proofs
+/// (`packjit_frontend::walks`): a start near the frame's bottom, a step, a bound (r10 or
+/// near it) and an exit test of every kind the analysis knows (and some it does not), with
+/// loads and stores through the pointer at small offsets and sometimes an early exit. Many
+/// walks are provable; many step over their bound or reach past the frame, and then the
+/// checks must stop them exactly where the reference does. The frame is filled first, so
+/// the loads read known values. Returns the bytecode; the backends' walk differentials run
+/// it against the reference (r0, or the stop's pc, address, size and direction).
+pub fn walk_program(seed: u64) -> Vec<u8> {
+    use packjit_frontend::encode_insn as ins;
+    let mut x = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
+    // Fill the frame: r10 - 8k = k * 3 + 1.
+    for k in 1..=64i16 {
+        p.push(ins(0x7a, 10, 0, -8 * k, k as i32 * 3 + 1));
+    }
+    let start = -[512, 512, 504, 520, 256, 8][rnd(6) as usize] - rnd(3) as i32 * 8;
+    let step = [1, 2, 4, 8, 8, 8, 16, 24, 64, 128][rnd(10) as usize];
+    p.push(ins(0xbf, 3, 10, 0, 0)); // r3 = r10 + start
+    p.push(ins(0x07, 3, 0, 0, start));
+    // The bound: r10 itself, or r7 = r10 + a small offset.
+    let bound = if rnd(2) == 0 {
+        10
+    } else {
+        p.push(ins(0xbf, 7, 10, 0, 0));
+        p.push(ins(0x07, 7, 0, 0, -(rnd(5) as i32) * 8));
+        7
+    };
+    let head = p.len();
+    let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
+    for _ in 0..1 + rnd(3) {
+        let size = sizes[rnd(4) as usize];
+        let off = rnd(24) as i16 - 8;
+        match rnd(4) {
+            0 => p.push(ins(0x62 | size, 3, 0, off, rnd(100) as i32)), // *(r3 + off) = imm
+            1 => p.push(ins(0x63 | size, 3, 0, off, 0)),               // *(r3 + off) = r0
+            _ => {
+                p.push(ins(0x61 | size, 4, 3, off, 0)); // r4 = *(r3 + off)
+                p.push(ins(0x0f, 0, 4, 0, 0)); // r0 += r4
+            }
+        }
+    }
+    if rnd(4) == 0 {
+        // An early exit: leaves the loop, so the walk stays provable.
+        p.push(ins(0x25, 0, 0, 2, 1 << 20)); // if r0 > 2^20 goto out (past the back-edge)
+    }
+    p.push(ins(0x07, 3, 0, 0, step)); // r3 += step
+    let back = head as i64 - (p.len() as i64 + 1);
+    // The exit test, in either operand order.
+    let (op, dst, src) = match rnd(6) {
+        0 => (0x5d, 3, bound), // r3 != bound
+        1 => (0x5d, bound, 3),
+        2 => (0xad, 3, bound), // r3 < bound
+        3 => (0x2d, bound, 3), // bound > r3
+        4 => (0xbd, 3, bound), // r3 <= bound
+        _ => (0x3d, bound, 3), // bound >= r3
+    };
+    p.push(ins(op, dst, src, back as i16, 0));
+    p.push(ins(0x95, 0, 0, 0, 0));
+    p.push(ins(0x95, 0, 0, 0, 0)); // out: (the early exit's target)
+    p.concat()
 }

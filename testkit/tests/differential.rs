@@ -21,7 +21,8 @@
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use packjit_testkit::gen::{
-    check_escape_seed, check_seed, helpers, Checked, EscapeChecked, JitTarget,
+    check_escape_seed, check_seed, check_walk_seed, helpers, walk_program, Checked, EscapeChecked,
+    JitTarget,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -134,7 +135,33 @@ fn run(arch: Arch, features: u64) {
             if native {
                 assert!(!ends.contains_key("compile-only"), "{ends:?}");
             }
-            format!("escapes (sandboxed, budgeted): {ends:?} matched")
+            // Loops walking a pointer through the frame (`packjit_frontend::walks`): proven
+            // walks run with a clamp instead of checks; the rest must stop where the
+            // reference does.
+            let (mut walk_ends, mut proven) = (BTreeMap::<String, u64>::new(), 0u64);
+            for seed in base..base + escape_count {
+                current.store(seed, Ordering::Relaxed);
+                let prog = packjit_frontend::decode(&walk_program(seed), &[]).unwrap();
+                proven += !packjit_frontend::ranges::plan_accesses(&prog, true)
+                    .walks
+                    .is_empty() as u64;
+                let key = match check_walk_seed(&target, seed) {
+                    Ok(EscapeChecked::Finished) => "finished".to_string(),
+                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
+                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Err(m) => panic!("{label} walks: {m}"),
+                };
+                *walk_ends.entry(key).or_default() += 1;
+            }
+            // The generator must exercise both sides: proven walks and stopped ones.
+            assert!(
+                proven * 5 > escape_count
+                    && walk_ends.get("OutOfBounds").copied().unwrap_or(0) * 10 > escape_count,
+                "{proven} proven walks, {walk_ends:?}"
+            );
+            format!(
+                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven"
+            )
         }
     };
     current.store(u64::MAX, Ordering::Relaxed);

@@ -31,6 +31,8 @@ mod bench {
         len: usize,
         /// Byte offset of each eBPF instruction's inline code, and the end of the code.
         offsets: Vec<usize>,
+        /// Where jumps that skip a re-entered group's check land.
+        resumes: Vec<usize>,
     }
 
     impl Code {
@@ -69,14 +71,24 @@ mod bench {
                 );
                 let mut offsets = out.inst_offsets.clone();
                 offsets.push(out.bytes.len());
-                Code { map, len, offsets }
+                Code {
+                    map,
+                    len,
+                    offsets,
+                    resumes: out.resume_offsets,
+                }
             }
         }
 
         /// Inline arm64 instructions of eBPF instructions `range` (indices): what one pass
         /// over a loop body executes on its hot path.
         fn inline_insns(&self, range: std::ops::Range<usize>) -> usize {
-            (self.offsets[range.end] - self.offsets[range.start]) / 4
+            let from = packjit_testkit::bench::loop_landing(
+                self.offsets[range.start],
+                self.offsets[range.start + 1],
+                &self.resumes,
+            );
+            (self.offsets[range.end] - from) / 4
         }
 
         fn run(&self, mem: &mut [u8]) -> u64 {

@@ -200,11 +200,7 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
         access: if sandbox {
             plan_accesses(prog, groups)
         } else {
-            AccessPlan {
-                checks: Vec::new(),
-                groups: Vec::new(),
-                group_of: Vec::new(),
-            }
+            AccessPlan::default()
         },
         frames,
         can_stop,

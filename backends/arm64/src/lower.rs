@@ -52,6 +52,9 @@ pub struct Emitted {
     pub inst_offsets: Vec<usize>,
     /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
     pub passes: usize,
+    /// Native offsets where jumps that skip a re-entered check group's check land (see
+    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
+    pub resume_offsets: Vec<usize>,
 }
 
 pub use packjit_frontend::analysis::EmitOptions;
@@ -100,6 +103,11 @@ pub fn emit_decoded_with(
         })?;
         if settled == Settled::Done {
             let passes = relax.passes();
+            let labels = e.ops.labels();
+            let mut resume_offsets: Vec<usize> = (e.group_resume.iter().flatten())
+                .filter_map(|&l| labels.resolve_dynamic(l).ok().map(|o| o.0))
+                .collect();
+            resume_offsets.sort_unstable();
             let bytes = e.ops.finalize().map_err(|err| {
                 CompileError::new(
                     ErrorKind::Encoding,
@@ -112,6 +120,7 @@ pub fn emit_decoded_with(
                 native_insns,
                 inst_offsets: offsets,
                 passes,
+                resume_offsets,
             });
         }
     }
@@ -175,6 +184,11 @@ pub(crate) struct Emitter<'a> {
     pub(crate) cur: usize,
     /// Emitting a group's checked copy (see [`Cold::Group`]): every access checks itself.
     pub(crate) copy: bool,
+    /// Per check group: the point right after its widened check and clamp, for the jumps
+    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
+    pub(crate) group_resume: Vec<Option<DynamicLabel>>,
+    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
+    pub(crate) walk_clamps: Vec<DynamicLabel>,
     /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
     pub(crate) clamp: bool,
 }
@@ -204,6 +218,18 @@ impl<'a> Emitter<'a> {
         let stop = ops.new_dynamic_label();
         let stop_budget = ops.new_dynamic_label();
         let region_scan = ops.new_dynamic_label();
+        let group_resume = plan
+            .access
+            .groups
+            .iter()
+            .map(|g| g.reentered.then(|| ops.new_dynamic_label()))
+            .collect();
+        let walk_clamps = plan
+            .access
+            .walks
+            .iter()
+            .map(|_| ops.new_dynamic_label())
+            .collect();
         Emitter {
             prog,
             helpers,
@@ -224,6 +250,8 @@ impl<'a> Emitter<'a> {
             sites: Vec::new(),
             cur: 0,
             copy: false,
+            group_resume,
+            walk_clamps,
             clamp: true,
         }
     }
@@ -246,7 +274,9 @@ impl<'a> Emitter<'a> {
             for i in sp.start..sp.end {
                 self.cur = i;
                 let label = self.labels[i];
+                self.walk_clamp_at(i);
                 a64!(self.ops; =>label);
+                self.group_check_at(i);
                 let inst = self.prog.insts[i];
                 self.inst(k, i, &inst)?;
             }
@@ -384,7 +414,7 @@ impl<'a> Emitter<'a> {
                 // A jump to the next instruction is a no-op.
                 if target != i + 1 {
                     self.charge_back_edge(i, target);
-                    self.b(self.labels[target]);
+                    self.b(self.jump_label(i, target));
                 }
             }
             Op::Jcond {
@@ -566,7 +596,9 @@ impl<'a> Emitter<'a> {
             if self.unchecked_access(base) {
                 (REG_MAP[base as usize], off as i64)
             } else {
-                (self.check_access(size, op == MemOp::Store, base, off), 0)
+                let addr = self.check_access(size, op == MemOp::Store, base, off);
+                self.clamp_reentered_base(base, off);
+                (addr, 0)
             }
         } else if base == R10 {
             (self.frame_base(), off as i64 + STACK_SIZE as i64)
@@ -807,7 +839,7 @@ impl<'a> Emitter<'a> {
         let Some(test) = self.jtest(width, cond, dst, src) else {
             return;
         };
-        let label = self.labels[target];
+        let label = self.jump_label(i, target);
         if self.back_edge_charge(i, target).is_some() {
             let skip = self.ops.new_dynamic_label();
             self.branch_if(invert(test), skip);
@@ -816,6 +848,74 @@ impl<'a> Emitter<'a> {
             a64!(self.ops; =>skip);
         } else {
             self.branch_if(test, label);
+        }
+    }
+
+    /// Where the jump at instruction `i` lands: past the target group's check when the front
+    /// end found the group already validated on every path to the jump.
+    fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
+        if let Some(k) = self.plan.access.walks.iter().position(|w| w.back_edge == i) {
+            return self.walk_clamps[k];
+        }
+        match self
+            .plan
+            .access
+            .reentry(i)
+            .and_then(|g| self.group_resume[g])
+        {
+            Some(resume) => resume,
+            None => self.labels[target],
+        }
+    }
+
+    /// Before a walk's head (`packjit_frontend::walks`): the entry jumps over the pointer
+    /// clamp its back-edge lands on, which redoes the loop's test and zeroes the pointer
+    /// when the loop should have ended (a mispredicted back-edge), with no branch.
+    fn walk_clamp_at(&mut self, i: usize) {
+        let Some(k) = self.plan.access.walks.iter().position(|w| w.head == i) else {
+            return;
+        };
+        let w = self.plan.access.walks[k];
+        let (head, clamp) = (self.labels[i], self.walk_clamps[k]);
+        self.b(head);
+        a64!(self.ops; =>clamp);
+        if !self.clamp {
+            return;
+        }
+        let p = REG_MAP[w.ptr as usize];
+        let Op::Jcond { cond, .. } = self.prog.insts[w.back_edge].op else {
+            unreachable!("a walk's back-edge is a conditional jump");
+        };
+        // The back-edge compares two registers (`cmp`, never a compare-and-branch form), and
+        // only its taken side reaches here: without a budget charge in between, its flags
+        // are still live, and its own condition is "the loop goes on".
+        let cc = if self.mode.counts_budget() {
+            let b = self.src(w.bound, T1);
+            a64!(self.ops; cmp X(p), X(b));
+            match w.cont {
+                Cond::Ne => Cc::Ne,
+                Cond::Lt => Cc::Lo,
+                _ => Cc::Ls,
+            }
+        } else {
+            Cc::from_bpf(cond)
+        };
+        self.csel_or_zero(p, cc);
+    }
+
+    /// `p = cc ? p : 0`.
+    fn csel_or_zero(&mut self, p: u8, cc: Cc) {
+        match cc {
+            Cc::Eq => a64!(self.ops; csel X(p), X(p), xzr, eq),
+            Cc::Ne => a64!(self.ops; csel X(p), X(p), xzr, ne),
+            Cc::Hs => a64!(self.ops; csel X(p), X(p), xzr, hs),
+            Cc::Lo => a64!(self.ops; csel X(p), X(p), xzr, lo),
+            Cc::Hi => a64!(self.ops; csel X(p), X(p), xzr, hi),
+            Cc::Ls => a64!(self.ops; csel X(p), X(p), xzr, ls),
+            Cc::Ge => a64!(self.ops; csel X(p), X(p), xzr, ge),
+            Cc::Lt => a64!(self.ops; csel X(p), X(p), xzr, lt),
+            Cc::Gt => a64!(self.ops; csel X(p), X(p), xzr, gt),
+            Cc::Le => a64!(self.ops; csel X(p), X(p), xzr, le),
         }
     }
 
@@ -1223,7 +1323,10 @@ impl<'a> Emitter<'a> {
     /// inside the frame, or a member of a check group on the hot path. At a group's first
     /// member this emits the group's widened check (see [`Cold::Group`]).
     fn unchecked_access(&mut self, base: Reg) -> bool {
-        if self.plan.access.check(self.cur) == AccessCheck::None {
+        if matches!(
+            self.plan.access.check(self.cur),
+            AccessCheck::None | AccessCheck::Walked
+        ) {
             return true;
         }
         if self.copy {
@@ -1232,12 +1335,19 @@ impl<'a> Emitter<'a> {
         let Some(gi) = self.plan.access.group_of[self.cur] else {
             return false;
         };
-        let g = &self.plan.access.groups[gi];
-        debug_assert_eq!(g.base, base);
-        if g.first == self.cur {
-            self.group_check(gi);
-        }
+        debug_assert_eq!(self.plan.access.groups[gi].base, base);
         true
+    }
+
+    /// A group's widened check, where its first member's code starts: before anything of
+    /// that instruction (an immediate to store, say), so a re-entering jump that lands
+    /// right after the check skips nothing else.
+    fn group_check_at(&mut self, i: usize) {
+        if let Some(&Some(g)) = self.plan.access.group_of.get(i) {
+            if self.plan.access.groups[g].first == i {
+                self.group_check(g);
+            }
+        }
     }
 
     /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the
@@ -1296,7 +1406,23 @@ impl<'a> Emitter<'a> {
                 self.clamp_to(b, b, Cc::Hs);
             }
         }
+        if let Some(resume) = self.group_resume[gi] {
+            a64!(self.ops; =>resume);
+        }
         self.colds.push(Cold::Group { group: gi, label });
+    }
+
+    /// In a re-entered group's checked copy: the base itself from the member's clamped
+    /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
+    /// group's check later never sees an unchecked base, also under misspeculation.
+    fn clamp_reentered_base(&mut self, base: Reg, off: i16) {
+        let reentered = self.plan.access.group_of[self.cur]
+            .is_some_and(|g| self.plan.access.groups[g].reentered);
+        if !(self.copy && reentered && self.clamp) {
+            return;
+        }
+        // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
+        a64!(self.ops; sub XSP(REG_MAP[base as usize]), XSP(T0), off as u32);
     }
 
     /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.

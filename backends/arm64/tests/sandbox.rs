@@ -610,6 +610,8 @@ fn grouped_and_proven_accesses_match_the_reference() {
     let count = packjit_testkit::env_u64("PACKJIT_GROUP_COUNT").unwrap_or(600);
     eprintln!("group differential: seeds {seed:#x}..{:#x}", seed + count);
     let (mut grouped, mut grouped_stops, mut proven) = (0, 0, 0);
+    // Programs whose loop re-enters a group past its check.
+    let mut reentered = 0u32;
     for s in seed..seed + count {
         let (code, len) = packjit_testkit::gen::group_program(s);
         let p: Vec<[u8; 8]> = code
@@ -625,6 +627,7 @@ fn grouped_and_proven_accesses_match_the_reference() {
         proven += plan
             .checks
             .contains(&packjit_frontend::ranges::AccessCheck::None) as u32;
+        reentered += !plan.reentries.is_empty() as u32;
         let reference = packjit_testkit::reference::Reference::new();
         let mut want_mem: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
         let want_base = want_mem.as_ptr() as u64;
@@ -669,9 +672,14 @@ fn grouped_and_proven_accesses_match_the_reference() {
         }
         grouped_stops += (has_group && want.is_err()) as u32;
     }
-    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop), {proven} with proven accesses");
+    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop), {proven} with proven accesses");
     // The generator must exercise what it is for.
-    assert!(grouped > count as u32 / 3 && grouped_stops > 20 && proven > 20);
+    assert!(
+        grouped > count as u32 / 3
+            && reentered > count as u32 / 10
+            && grouped_stops > 20
+            && proven > 20
+    );
 }
 
 /// A check group far into the context (its end beyond CMP's 12-bit immediate) and one with a

@@ -26,6 +26,7 @@ mod insn;
 pub mod ranges;
 pub mod relax;
 mod verify;
+pub mod walks;
 
 pub use insn::*;
 pub use verify::{decode, decode_with, DecodeOptions, MAX_CALL_DEPTH, MAX_INSNS, STACK_SIZE};

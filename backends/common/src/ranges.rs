@@ -353,6 +353,10 @@ pub enum AccessCheck {
     None,
     /// The base is this function's r10 plus something: test the stack block inline first.
     Stack,
+    /// Through a pointer a loop walks inside the current frame, proven by the loop's exit
+    /// test on every architectural path ([`crate::walks`]): no check; the loop's back-edge
+    /// clamps the pointer instead (see [`crate::walks::Walk`]).
+    Walked,
     /// The base is exactly the context start plus a constant and the access starts at
     /// `end - size >= 0` bytes into the context: it is in the context iff `end <= ctx_len`.
     CtxConst {
@@ -383,10 +387,15 @@ pub struct Group {
     /// How the widened range is tested (the members' common class, `Ctx`/`CtxConst`
     /// folded: `CtxConst.end` is the group's end).
     pub check: AccessCheck,
+    /// Some jump re-enters this group with its accesses already validated (see
+    /// [`AccessPlan::reentry`]): the backend binds a label right after the widened check
+    /// and clamp, and in the checked copy clamps the base register itself after each
+    /// member's check, so the base is safe under misspeculation on both paths.
+    pub reentered: bool,
 }
 
-/// The analysis result every backend lowers its checks from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The analysis result every backend lowers its checks from (empty for trusted code).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AccessPlan {
     /// Per instruction index.
     pub checks: Vec<AccessCheck>,
@@ -394,6 +403,14 @@ pub struct AccessPlan {
     pub groups: Vec<Group>,
     /// For each instruction index, the group it belongs to.
     pub group_of: Vec<Option<usize>>,
+    /// Loops walking a pointer through the frame, sorted by head ([`crate::walks`]): each
+    /// back-edge lands on a clamp of the pointer before the head.
+    pub walks: Vec<crate::walks::Walk>,
+    /// `(jump, group)` pairs, sorted by jump: the jump's target is the group's first member
+    /// and, on every path to the jump, the group's accesses already ran validated with the
+    /// base register unchanged since (see [`reentries`]). Such a jump goes past the group's
+    /// check. This is what makes a loop-invariant check run once per loop entry.
+    pub reentries: Vec<(usize, usize)>,
 }
 
 impl AccessPlan {
@@ -412,6 +429,27 @@ impl AccessPlan {
     /// The check of instruction `i` (`NotAccess` for non-memory instructions).
     pub fn check(&self, i: usize) -> AccessCheck {
         self.checks[i]
+    }
+
+    /// The walk whose head is instruction `i`, if any.
+    pub fn walk_at_head(&self, i: usize) -> Option<&crate::walks::Walk> {
+        self.walks
+            .binary_search_by_key(&i, |w| w.head)
+            .ok()
+            .map(|k| &self.walks[k])
+    }
+
+    /// The walk whose back-edge is the jump at instruction `i`, if any.
+    pub fn walk_of_back_edge(&self, i: usize) -> Option<&crate::walks::Walk> {
+        self.walks.iter().find(|w| w.back_edge == i)
+    }
+
+    /// The group whose check the jump at instruction `i` skips, if any.
+    pub fn reentry(&self, i: usize) -> Option<usize> {
+        self.reentries
+            .binary_search_by_key(&i, |&(j, _)| j)
+            .ok()
+            .map(|k| self.reentries[k].1)
     }
 }
 
@@ -592,13 +630,19 @@ pub fn for_each_state(prog: &Program, mut visit: impl FnMut(usize, &State)) {
 /// `first..=last` with per-access checks instead, which stops exactly where the reference
 /// does (pc, address, and the stores before it done).
 pub fn group_accesses(prog: &Program, checks: &[AccessCheck]) -> Vec<Group> {
+    form_groups(prog, checks, 2)
+}
+
+/// [`group_accesses`] keeping groups of at least `min_members` (1: every groupable access,
+/// the candidates for [`reentries`]).
+fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Vec<Group> {
     let mut groups = Vec::new();
     for sp in &prog.subprogs {
         let lead = block_starts(prog, sp.start, sp.end);
         let mut open: Option<Group> = None;
         let close = |open: &mut Option<Group>, groups: &mut Vec<Group>| {
             if let Some(g) = open.take() {
-                if g.members.len() > 1 {
+                if g.members.len() >= min_members {
                     groups.push(g);
                 }
             }
@@ -667,6 +711,7 @@ pub fn group_accesses(prog: &Program, checks: &[AccessCheck]) -> Vec<Group> {
                             hi: end,
                             members: vec![i],
                             check: c,
+                            reentered: false,
                         });
                     }
                 }
@@ -700,10 +745,31 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
             checks[i] = classify(st[base as usize], off, size);
         }
     });
-    let groups = if with_groups {
-        group_accesses(prog, &checks)
+    let walks = crate::walks::find(prog, &mut checks);
+    let (groups, reentries) = if with_groups {
+        // Single accesses are candidates too: as a group of one they can be re-entered,
+        // otherwise they keep their own check.
+        let candidates = form_groups(prog, &checks, 1);
+        let mut found = reentries(prog, &candidates);
+        // A walk's back-edge lands on its clamp.
+        found.retain(|&(j, _)| !walks.iter().any(|w| w.back_edge == j));
+        let mut reentered = vec![false; candidates.len()];
+        for &(_, k) in &found {
+            reentered[k] = true;
+        }
+        let mut renumber = vec![usize::MAX; candidates.len()];
+        let mut groups = Vec::new();
+        for (k, mut g) in candidates.into_iter().enumerate() {
+            if g.members.len() > 1 || reentered[k] {
+                g.reentered = reentered[k];
+                renumber[k] = groups.len();
+                groups.push(g);
+            }
+        }
+        let found = found.into_iter().map(|(j, k)| (j, renumber[k])).collect();
+        (groups, found)
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     let mut group_of = vec![None; prog.insts.len()];
     for (g, grp) in groups.iter().enumerate() {
@@ -715,7 +781,165 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         checks,
         groups,
         group_of,
+        walks,
+        reentries,
     }
+}
+
+/// The jumps that may skip a group's check: `(jump, group)` pairs, sorted by jump, where the
+/// jump targets the group's first member and every path to the jump ran the group's members
+/// validated, with the base register unwritten since.
+///
+/// **Why skipping is exact.** Whether an access is allowed depends only on its address,
+/// size and direction and on the run's regions (context, stack block, host regions), which
+/// stay fixed for the whole run. The members ran validated: the widened check passed, or the
+/// checked copy checked each one (a stop ends the run). With the base unchanged, running
+/// them again touches the same bytes in the same way, so every member is allowed again and
+/// the reference evaluator, which checks each access, cannot stop there either.
+///
+/// **Why skipping is Spectre-safe.** On the widened check's path the base register was
+/// clamped in place (0 under a mispredicted check); the checked copy of a re-entered group
+/// clamps the base after each member's check too. So on every path that reaches a skipping
+/// jump, also a mispredicted one, the base is either validated or 0.
+///
+/// **The analysis.** A must-dataflow over each function's blocks: one bit per candidate
+/// (a group whose first member is some jump's target; at most 64 per function), meet =
+/// intersection, nothing known at the function's entry. Writing a register forgets the
+/// groups based on it (a call also forgets those based on r1–r5, which it clobbers); a
+/// group's last member adds the group unless it writes the base itself. Each block's state
+/// only shrinks, so the worklist ends after at most 64 changes per block.
+pub fn reentries(prog: &Program, groups: &[Group]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for sp in &prog.subprogs {
+        let range = sp.start..sp.end;
+        let mut targets: Vec<usize> = prog.insts[range.clone()]
+            .iter()
+            .filter_map(|inst| match inst.op {
+                Op::Ja { target } | Op::Jcond { target, .. } => Some(target),
+                _ => None,
+            })
+            .collect();
+        if targets.is_empty() {
+            continue;
+        }
+        targets.sort_unstable();
+        // Candidates of this function: (first member, group index), sorted by first.
+        let cands: Vec<(usize, usize)> = groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| range.contains(&g.first) && targets.binary_search(&g.first).is_ok())
+            .map(|(k, g)| (g.first, k))
+            .take(64)
+            .collect();
+        if cands.is_empty() {
+            continue;
+        }
+        let mut base_mask = [0u64; 11];
+        // (last member, bit, base), sorted by last member (groups are disjoint).
+        let mut lasts: Vec<(usize, u64, Reg)> = Vec::with_capacity(cands.len());
+        for (bit, &(_, k)) in cands.iter().enumerate() {
+            let g = &groups[k];
+            base_mask[g.base as usize] |= 1 << bit;
+            lasts.push((g.last, 1 << bit, g.base));
+        }
+        lasts.sort_unstable_by_key(|&(l, _, _)| l);
+        let step = |st: u64, i: usize| -> u64 {
+            let op = prog.insts[i].op;
+            let mut st = st;
+            let written = op.written_reg();
+            if let Some(w) = written {
+                st &= !base_mask[w as usize];
+            }
+            if matches!(
+                op,
+                Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. }
+            ) {
+                for mask in &base_mask[1..=5] {
+                    st &= !mask;
+                }
+            }
+            if let Ok(k) = lasts.binary_search_by_key(&i, |&(l, _, _)| l) {
+                let (_, bit, base) = lasts[k];
+                if written != Some(base) {
+                    st |= bit;
+                }
+            }
+            st
+        };
+        let lead = block_starts(prog, sp.start, sp.end);
+        let all = if cands.len() == 64 {
+            u64::MAX
+        } else {
+            (1u64 << cands.len()) - 1
+        };
+        // Block entry states by leader; unreached blocks keep `all` (no path constrains).
+        let mut entry = vec![all; sp.end - sp.start];
+        entry[0] = 0;
+        let mut work: Vec<usize> = (sp.start..sp.end)
+            .filter(|&i| lead[i - sp.start])
+            .rev()
+            .collect();
+        let mut queued = lead.clone();
+        // Walks the block at leader `b` from `st`, calling `at_jump(jump, target, state)`
+        // and returning the successors with the state on each edge.
+        let walk = |b: usize, mut st: u64, at_jump: &mut dyn FnMut(usize, usize, u64)| {
+            let mut succs: [(usize, u64); 2] = [(usize::MAX, 0); 2];
+            let mut i = b;
+            loop {
+                match prog.insts[i].op {
+                    Op::Ja { target } => {
+                        at_jump(i, target, st);
+                        succs[0] = (target, st);
+                        break;
+                    }
+                    Op::Jcond { target, .. } => {
+                        at_jump(i, target, st);
+                        succs[0] = (target, st);
+                        succs[1] = (i + 1, st);
+                        break;
+                    }
+                    Op::Exit => break,
+                    _ => st = step(st, i),
+                }
+                i += 1;
+                if i >= sp.end {
+                    break;
+                }
+                if lead[i - sp.start] {
+                    succs[0] = (i, st);
+                    break;
+                }
+            }
+            succs
+        };
+        while let Some(b) = work.pop() {
+            queued[b - sp.start] = false;
+            for (s, st) in walk(b, entry[b - sp.start], &mut |_, _, _| {}) {
+                if s >= sp.end {
+                    continue;
+                }
+                let new = entry[s - sp.start] & st;
+                if new != entry[s - sp.start] {
+                    entry[s - sp.start] = new;
+                    if !queued[s - sp.start] {
+                        queued[s - sp.start] = true;
+                        work.push(s);
+                    }
+                }
+            }
+        }
+        for b in range.clone().filter(|&i| lead[i - sp.start]) {
+            walk(b, entry[b - sp.start], &mut |j, target, st| {
+                if let Ok(c) = cands.binary_search_by_key(&target, |&(f, _)| f) {
+                    if st & (1 << c) != 0 {
+                        out.push((j, cands[c].1));
+                    }
+                }
+            });
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
 #[cfg(test)]
@@ -890,8 +1114,9 @@ mod tests {
             EXIT,
         ]);
         assert_eq!(a.checks[2], AccessCheck::Stack);
-        // A loop that bounds its pointer only by a branch (`if r3 < r10 - 0`) stays checked:
-        // facts from branches would not survive misprediction.
+        // A loop that bounds its pointer only by its exit test: this analysis never uses a
+        // branch (facts from branches would not survive misprediction); `walks` proves it
+        // for the architectural path and the back-edge clamps the pointer instead.
         let (_, a) = plan(&[
             ins(0xbf, 3, 10, 0, 0),
             ins(0x07, 3, 0, 0, -512),
@@ -900,7 +1125,8 @@ mod tests {
             ins(0x5d, 3, 10, -3, 0),
             EXIT,
         ]);
-        assert_eq!(a.checks[2], AccessCheck::Stack);
+        assert_eq!(a.checks[2], AccessCheck::Walked);
+        assert_eq!(a.walks.len(), 1);
     }
 
     #[test]
@@ -1178,5 +1404,132 @@ mod tests {
                 "32-bit {op:?} [{a},{b}] [{c},{d}] x={x} y={y} -> {r32} not in {v:?}"
             );
         }
+    }
+
+    /// The bench's header-parse loop: five context loads at constant offsets, re-run by the
+    /// back-edge with r1 unchanged.
+    fn header_loop(extra_in_body: &[[u8; 8]]) -> Vec<[u8; 8]> {
+        let mut p = vec![
+            ins(0xb7, 0, 0, 0, 0),  // 0: r0 = 0
+            ins(0xb7, 6, 0, 0, 0),  // 1: r6 = 0
+            ins(0x69, 2, 1, 12, 0), // 2: loop: r2 = *(u16 *)(r1 + 12)
+            ins(0x71, 3, 1, 23, 0), // 3
+            ins(0x0f, 0, 2, 0, 0),  // 4: r0 += r2
+            ins(0x0f, 0, 3, 0, 0),  // 5: r0 += r3
+        ];
+        p.extend_from_slice(extra_in_body);
+        p.push(ins(0x07, 6, 0, 0, 1)); // r6 += 1
+        let back = -(p.len() as i16 + 1 - 2);
+        p.push(ins(0xa5, 6, 0, back, 100)); // if r6 < 100 goto loop
+        p.push(EXIT);
+        p
+    }
+
+    #[test]
+    fn loop_invariant_group_is_reentered_by_its_back_edge() {
+        let (_, a) = plan(&header_loop(&[]));
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert!(a.groups[0].reentered);
+        assert_eq!(a.reentries, vec![(7, 0)]);
+        assert_eq!(a.reentry(7), Some(0));
+        assert_eq!(a.reentry(6), None);
+    }
+
+    #[test]
+    fn writing_the_base_in_the_loop_keeps_the_check() {
+        // r1 += 0 still writes r1: the next iteration's accesses may go elsewhere.
+        let (_, a) = plan(&header_loop(&[ins(0x07, 1, 0, 0, 0)]));
+        assert!(a.reentries.is_empty(), "{:?}", a.reentries);
+        assert!(!a.groups[0].reentered);
+        // A copy of the base written does not matter.
+        let (_, a) = plan(&header_loop(&[ins(0xbf, 7, 1, 0, 0)]));
+        assert_eq!(a.reentries.len(), 1);
+    }
+
+    #[test]
+    fn calls_forget_groups_based_on_argument_registers() {
+        let helpers = [packjit_plugin_api::HelperEntry {
+            id: 1,
+            inline_kind: 0,
+            addr: 0x1000,
+        }];
+        let call = ins(0x85, 0, 0, 0, 1);
+        let p = crate::decode(&header_loop(&[call]).concat(), &helpers).unwrap();
+        assert!(plan_accesses(&p, true).reentries.is_empty());
+        // The same loop on r6 (preserved across calls) keeps its reentry.
+        let mut code = header_loop(&[call]);
+        code.insert(0, ins(0xbf, 7, 1, 0, 0)); // r7 = r1, then loads off r7
+        for (k, insn) in code.iter_mut().enumerate() {
+            if k == 3 || k == 4 {
+                insn[1] = (insn[1] & 0x0f) | 7 << 4;
+            }
+        }
+        let p = crate::decode(&code.concat(), &helpers).unwrap();
+        let a = plan_accesses(&p, true);
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert_eq!(a.groups[0].base, 7);
+        assert_eq!(a.reentries.len(), 1, "{:?}", a);
+    }
+
+    #[test]
+    fn only_jumps_after_the_group_ran_skip_its_check() {
+        // 0: r6 = 0 ; 1: if r2 == 0 goto 3 (into the loop head, group not yet run)
+        // 2: r6 = 5 ; 3: loop: r3 = *(u8 *)(r1 + 4) ; 4: r0 = r3 ; 5: r6 += 1
+        // 6: if r6 < 9 goto 3 ; 7: exit
+        let (_, a) = plan(&[
+            ins(0xb7, 6, 0, 0, 0),
+            ins(0x15, 2, 0, 1, 0),
+            ins(0xb7, 6, 0, 0, 5),
+            ins(0x71, 3, 1, 4, 0),
+            ins(0xbf, 0, 3, 0, 0),
+            ins(0x07, 6, 0, 0, 1),
+            ins(0xa5, 6, 0, -4, 9),
+            EXIT,
+        ]);
+        // A single access becomes a group of one because the back-edge re-enters it.
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert_eq!(a.groups[0].members, vec![3]);
+        assert_eq!(a.reentries, vec![(6, 0)]);
+    }
+
+    #[test]
+    fn a_member_overwriting_the_base_is_not_reentered() {
+        // loop: r2 = *(u8 *)(r1 + 0) ; r1 = *(u64 *)(r1 + 8) ; if r2 != 0 goto loop
+        let (_, a) = plan(&[
+            ins(0x71, 2, 1, 0, 0),
+            ins(0x79, 1, 1, 8, 0),
+            ins(0x55, 2, 0, -3, 0),
+            EXIT,
+        ]);
+        assert!(a.reentries.is_empty(), "{:?}", a.reentries);
+    }
+
+    #[test]
+    fn a_path_around_the_group_blocks_reentry() {
+        // 0: r6 = 0 ; 1: loop: if r6 == 3 goto 3 ; 2: r3 = *(u8 *)(r1 + 4) (skipped on
+        // one path) ; 3: r6 += 1 ; 4: if r6 < 9 goto 1 ; 5: exit. The group's first member
+        // is not a jump target here, and the back-edge target is no member at all.
+        let (_, a) = plan(&[
+            ins(0xb7, 6, 0, 0, 0),
+            ins(0x15, 6, 0, 1, 3),
+            ins(0x71, 3, 1, 4, 0),
+            ins(0x07, 6, 0, 0, 1),
+            ins(0xa5, 6, 0, -4, 9),
+            EXIT,
+        ]);
+        assert!(a.reentries.is_empty(), "{:?}", a.reentries);
+        // Same shape, but the jump over the access lands on the access's own block head:
+        // 0: r6 = 0 ; 1: loop: r3 = *(u8 *)(r1 + 4) ; 2: if r6 == 3 goto 4 ; 3: r6 += 2 ;
+        // 4: r6 += 1 ; 5: if r6 < 9 goto 1 ; 6: exit. Both paths ran the access.
+        let (_, a) = plan(&[
+            ins(0xb7, 6, 0, 0, 0),
+            ins(0x71, 3, 1, 4, 0),
+            ins(0x15, 6, 0, 1, 3),
+            ins(0x07, 6, 0, 0, 2),
+            ins(0x07, 6, 0, 0, 1),
+            ins(0xa5, 6, 0, -5, 9),
+            EXIT,
+        ]);
+        assert_eq!(a.reentries, vec![(5, 0)]);
     }
 }

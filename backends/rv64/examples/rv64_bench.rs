@@ -446,10 +446,16 @@ fn sandbox_programs() {
         bytes: Vec<u8>,
         /// Native offset of each bytecode slot.
         table: Vec<u32>,
+        /// Where jumps that skip a re-entered group's check land.
+        resumes: Vec<usize>,
     }
     impl Code {
         fn new(code: &[u8], flags: u32, features: u64, opts: EmitOptions) -> Code {
-            let (bytes, table) = Rv64Backend::new()
+            let packjit_rv64::Measured {
+                bytes,
+                line_table: table,
+                resume_offsets: resumes,
+            } = Rv64Backend::new()
                 .emit_for_measurement(
                     &CompileRequest {
                         code,
@@ -488,14 +494,22 @@ fn sandbox_programs() {
                 len,
                 bytes,
                 table,
+                resumes,
             }
         }
         /// Native instructions inline between bytecode slots `slots.start` and `slots.end`.
         fn inline_insns(&self, slots: std::ops::Range<usize>) -> usize {
-            let (a, b) = (
+            // The head's code ends where the next slot with code starts (not an lddw's second).
+            let next = (slots.start + 1..slots.end)
+                .map(|k| self.table[k])
+                .find(|&o| o != packjit_plugin_api::NO_NATIVE_CODE)
+                .unwrap_or(self.table[slots.end]) as usize;
+            let a = packjit_testkit::bench::loop_landing(
                 self.table[slots.start] as usize,
-                self.table[slots.end] as usize,
+                next,
+                &self.resumes,
             );
+            let b = self.table[slots.end] as usize;
             native_insn_count(&self.bytes[a..b])
         }
         fn run(&self, mem: &mut [u8]) -> u64 {

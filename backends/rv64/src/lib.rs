@@ -95,6 +95,7 @@ impl Rv64Backend {
         req: &CompileRequest<'_>,
     ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
         self.emit_for_measurement(req, EmitOptions::default())
+            .map(|m| (m.bytes, m.line_table))
     }
 
     /// [`Rv64Backend::emit_with_line_table`] with measurement-only switches (see
@@ -104,7 +105,7 @@ impl Rv64Backend {
         &self,
         req: &CompileRequest<'_>,
         measure: EmitOptions,
-    ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
+    ) -> Result<Measured, CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
         validate_inline_kinds(req.helpers, "riscv64", INLINE_KINDS)?;
         let prog = packjit_frontend::decode_with(
@@ -140,6 +141,19 @@ impl Rv64Backend {
 }
 
 pub use packjit_frontend::analysis::EmitOptions;
+
+/// What [`Rv64Backend::emit_for_measurement`] returns.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct Measured {
+    /// Machine code; offset 0 is the entry.
+    pub bytes: Vec<u8>,
+    /// One native offset per bytecode slot (see `Compiled::pc_offsets`).
+    pub line_table: Vec<u32>,
+    /// Native offsets where jumps that skip a re-entered check group's check land (see
+    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
+    pub resume_offsets: Vec<usize>,
+}
 
 /// Counts native instructions in RV64 code (16- and 32-bit parcels).
 pub fn native_insn_count(code: &[u8]) -> usize {

@@ -141,6 +141,11 @@ pub struct Codegen<'a> {
     access: AccessPlan,
     /// Emitting a group's checked copy: every access checks itself.
     copy: bool,
+    /// Per check group: the point right after its widened check and mask, for the jumps
+    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
+    group_resume: Vec<Option<DynamicLabel>>,
+    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
+    walk_clamps: Vec<DynamicLabel>,
     /// Index (into `prog.insts`) of the instruction being lowered.
     cur: usize,
 }
@@ -186,6 +191,8 @@ impl<'a> Codegen<'a> {
                 checks: vec![AccessCheck::NotAccess; prog.insts.len()],
                 groups: Vec::new(),
                 group_of: vec![None; prog.insts.len()],
+                walks: Vec::new(),
+                reentries: Vec::new(),
             }
         };
         // Any 8-byte access whose inline test is the context's general one?
@@ -218,6 +225,8 @@ impl<'a> Codegen<'a> {
             region_stub: dummy,
             access,
             copy: false,
+            group_resume: Vec::new(),
+            walk_clamps: Vec::new(),
             cur: 0,
         })
     }
@@ -225,7 +234,7 @@ impl<'a> Codegen<'a> {
     /// Emits the program, re-emitting with grown branch forms until every branch reaches.
     /// Returns the code and the line table (`Compiled::pc_offsets`: where each bytecode
     /// slot's native code starts).
-    pub fn run(mut self) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
+    pub fn run(mut self) -> Result<crate::Measured, CompileError> {
         let mut capacity = self.prog.insts.len() * 8 + 64;
         loop {
             self.relax.begin_pass();
@@ -267,11 +276,19 @@ impl<'a> Codegen<'a> {
                     .collect::<Result<Vec<usize>, _>>()
                     .map_err(|e| internal(format!("unbound label: {e}")))?;
                 let table = self.prog.line_table(&offsets);
+                let mut resume_offsets: Vec<usize> = (self.group_resume.iter().flatten())
+                    .filter_map(|&l| labels.resolve_dynamic(l).ok().map(|o| o.0))
+                    .collect();
+                resume_offsets.sort_unstable();
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
                 let code = e
                     .finish()
                     .map_err(|err| CompileError::new(ErrorKind::Encoding, err))?;
-                return Ok((code, table));
+                return Ok(crate::Measured {
+                    bytes: code,
+                    line_table: table,
+                    resume_offsets,
+                });
             }
         }
     }
@@ -287,6 +304,12 @@ impl<'a> Codegen<'a> {
             .collect();
         self.exit_labels = (0..self.prog.subprogs.len())
             .map(|_| self.e.new_label())
+            .collect();
+        self.walk_clamps = (0..self.access.walks.len())
+            .map(|_| self.e.new_label())
+            .collect();
+        self.group_resume = (0..self.access.groups.len())
+            .map(|g| self.access.groups[g].reentered.then(|| self.e.new_label()))
             .collect();
         self.dispatch = if self.has_callx {
             Some(self.e.new_label())
@@ -305,10 +328,12 @@ impl<'a> Codegen<'a> {
             self.prologue(k);
             for i in sp.start..sp.end {
                 let l = self.insn_labels[i];
+                self.cur = i;
+                self.walk_clamp_at(i);
                 self.e.bind(l);
                 let inst = self.prog.insts[i];
                 let last = i + 1 == sp.end;
-                self.cur = i;
+                self.group_check_at(i);
                 self.inst(k, i, &inst, last);
             }
             let l = self.exit_labels[k];
@@ -701,11 +726,11 @@ impl<'a> Codegen<'a> {
             Op::Ja { target } => {
                 if let Some(charge) = self.charge_of(inst, target) {
                     self.charge(pc, charge);
-                    let l = self.insn_labels[target];
+                    let l = self.jump_label(i, target);
                     self.jump(l);
                 } else if target != i + 1 {
                     // (A jump to the next instruction is a no-op.)
-                    let l = self.insn_labels[target];
+                    let l = self.jump_label(i, target);
                     self.jump(l);
                 }
             }
@@ -716,7 +741,7 @@ impl<'a> Codegen<'a> {
                 src,
                 target,
             } => {
-                let l = self.insn_labels[target];
+                let l = self.jump_label(i, target);
                 if let Some(charge) = self.charge_of(inst, target) {
                     // Taken back-edge: pay first, on the taken path only.
                     let skip = self.e.new_label();
@@ -847,7 +872,9 @@ impl<'a> Codegen<'a> {
         if self.mode.sandboxed() {
             if let Some((_, _, size)) = checked_access(op) {
                 if !self.unchecked_access(base) {
-                    return self.check_access(pc, map(base), off, size.bytes(), write, false);
+                    let operand = self.check_access(pc, map(base), off, size.bytes(), write, false);
+                    self.mask_reentered_base(base);
+                    return operand;
                 }
             }
         }
@@ -864,19 +891,27 @@ impl<'a> Codegen<'a> {
     /// the hot path. At a group's first member this emits the group's widened check.
     fn unchecked_access(&mut self, _base: Reg) -> bool {
         let i = self.cur;
-        if self.access.checks[i] == AccessCheck::None {
+        if matches!(
+            self.access.checks[i],
+            AccessCheck::None | AccessCheck::Walked
+        ) {
             return true;
         }
         if self.copy {
             return false;
         }
-        let Some(g) = self.access.group_of[i] else {
-            return false;
-        };
-        if self.access.groups[g].first == i {
-            self.group_check(g);
+        self.access.group_of[i].is_some()
+    }
+
+    /// A group's widened check, where its first member's code starts: before anything of
+    /// that instruction (an immediate to store, say), so a re-entering jump that lands
+    /// right after the check skips nothing else.
+    fn group_check_at(&mut self, i: usize) {
+        if let Some(&Some(g)) = self.access.group_of.get(i) {
+            if self.access.groups[g].first == i {
+                self.group_check(g);
+            }
         }
-        true
     }
 
     /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
@@ -905,7 +940,67 @@ impl<'a> Codegen<'a> {
             self.e.ri(RI::Addi, T3, T3, -1);
             self.e.rrr(R3::And, b, b, T3);
         }
+        if let Some(resume) = self.group_resume[g] {
+            self.e.bind(resume);
+        }
         self.cold.push(Cold::Group { label, group: g });
+    }
+
+    /// Where the jump at instruction `i` lands: past the target group's check when the front
+    /// end found the group already validated on every path to the jump.
+    fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
+        if let Some(k) = self.access.walks.iter().position(|w| w.back_edge == i) {
+            return self.walk_clamps[k];
+        }
+        match self.access.reentry(i).and_then(|g| self.group_resume[g]) {
+            Some(resume) => resume,
+            None => self.insn_labels[target],
+        }
+    }
+
+    /// Before a walk's head (`packjit_frontend::walks`): the entry jumps over the pointer
+    /// clamp its back-edge lands on, which redoes the loop's test and masks the pointer to 0
+    /// when the loop should have ended (a mispredicted back-edge), with no branch.
+    fn walk_clamp_at(&mut self, i: usize) {
+        let Some(k) = self.access.walks.iter().position(|w| w.head == i) else {
+            return;
+        };
+        let w = self.access.walks[k];
+        let (head, clamp) = (self.insn_labels[i], self.walk_clamps[k]);
+        self.jump(head);
+        self.e.bind(clamp);
+        if !self.opts.measure.spectre_clamp {
+            return;
+        }
+        let (p, b) = (map(w.ptr), map(w.bound));
+        // t3 = all ones while the loop goes on, else 0.
+        match w.cont {
+            Cond::Ne => {
+                self.e.rrr(R3::Xor, T3, p, b);
+                self.e.rrr(R3::Sltu, T3, ZERO, T3);
+                self.e.rrr(R3::Sub, T3, ZERO, T3);
+            }
+            Cond::Lt => {
+                self.e.rrr(R3::Sltu, T3, p, b);
+                self.e.rrr(R3::Sub, T3, ZERO, T3);
+            }
+            _ => {
+                self.e.rrr(R3::Sltu, T3, b, p);
+                self.e.ri(RI::Addi, T3, T3, -1);
+            }
+        }
+        self.e.rrr(R3::And, p, p, T3);
+    }
+
+    /// In a re-entered group's checked copy: the base itself masked with the member's
+    /// verdict (t3 = all ones inside, 0 under a mispredicted check), so a jump that skips
+    /// the group's check later never sees an unchecked base, also under misspeculation.
+    fn mask_reentered_base(&mut self, base: Reg) {
+        let reentered =
+            self.access.group_of[self.cur].is_some_and(|g| self.access.groups[g].reentered);
+        if self.copy && reentered && self.opts.measure.spectre_clamp {
+            self.e.rrr(R3::And, map(base), map(base), T3);
+        }
     }
 
     /// t3 = 1 unless `end <= ctx_len` (t3 = 0): the whole test for an access ending `end`

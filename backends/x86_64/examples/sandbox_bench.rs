@@ -24,6 +24,8 @@ struct Code {
     bytes: Vec<u8>,
     /// Byte offset of each eBPF instruction (index into `Program::insts`).
     offsets: Vec<usize>,
+    /// Where jumps that skip a re-entered group's check land.
+    resumes: Vec<usize>,
 }
 
 impl Code {
@@ -66,12 +68,18 @@ impl Code {
             len,
             bytes: out.bytes,
             offsets,
+            resumes: out.resume_offsets,
         }
     }
 
     /// x86-64 instructions inline between eBPF instructions `range` (indices), by objdump.
     fn inline_insns(&self, range: std::ops::Range<usize>) -> Option<usize> {
-        let (a, b) = (self.offsets[range.start], self.offsets[range.end]);
+        let a = packjit_testkit::bench::loop_landing(
+            self.offsets[range.start],
+            self.offsets[range.start + 1],
+            &self.resumes,
+        );
+        let b = self.offsets[range.end];
         let path = std::env::temp_dir().join(format!("pj-sbx-bench-{}.bin", std::process::id()));
         std::fs::write(&path, &self.bytes).ok()?;
         let out = std::process::Command::new("objdump")

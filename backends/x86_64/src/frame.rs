@@ -112,6 +112,8 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
             checks: Vec::new(),
             groups: Vec::new(),
             group_of: Vec::new(),
+            walks: Vec::new(),
+            reentries: Vec::new(),
         },
     }
 }

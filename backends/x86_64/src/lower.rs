@@ -55,6 +55,9 @@ pub struct Emitted {
     pub inst_offsets: Vec<usize>,
     /// Emission passes needed to settle the branch forms.
     pub passes: usize,
+    /// Native offsets where jumps that skip a re-entered check group's check land (see
+    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
+    pub resume_offsets: Vec<usize>,
 }
 
 pub use packjit_frontend::analysis::EmitOptions;
@@ -112,6 +115,10 @@ pub fn emit_with(
             Settled::Done => {
                 let passes = relax.passes();
                 let native_insns = em.e.insns;
+                let mut resume_offsets: Vec<usize> = (em.group_resume.iter().flatten())
+                    .filter_map(|&l| em.e.offset_of(l))
+                    .collect();
+                resume_offsets.sort_unstable();
                 let offsets = std::mem::take(&mut em.inst_offsets);
                 let bytes =
                     em.e.finish()
@@ -121,6 +128,7 @@ pub fn emit_with(
                     bytes,
                     inst_offsets: offsets,
                     passes,
+                    resume_offsets,
                 });
             }
             Settled::Again => {}
@@ -152,6 +160,17 @@ enum Cold {
         off: i32,
         size: Size,
         write: bool,
+    },
+    /// The inline region test of [`Emitter::check`] failed: the other region and the host
+    /// regions, back to `back` (the clamp) when one holds the access, else the stop.
+    Regions {
+        at: Label,
+        back: Label,
+        pc: usize,
+        n: i64,
+        write: bool,
+        /// The inline test was the stack block's.
+        stack_tried: bool,
     },
     /// A check group's widened test failed: the group's instructions again with a check
     /// per access, then on after the group.
@@ -202,6 +221,11 @@ pub struct Emitter<'a> {
     cur: usize,
     /// Emitting a group's checked copy: every access checks itself.
     copy: bool,
+    /// Per check group: the point right after its widened check and clamp, for the jumps
+    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
+    group_resume: Vec<Option<Label>>,
+    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
+    walk_clamps: Vec<Label>,
     /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
     clamp: bool,
 }
@@ -231,6 +255,13 @@ impl<'a> Emitter<'a> {
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
         let entry_pops = e.label();
+        let group_resume = plan
+            .access
+            .groups
+            .iter()
+            .map(|g| g.reentered.then(|| e.label()))
+            .collect();
+        let walk_clamps = plan.access.walks.iter().map(|_| e.label()).collect();
         Emitter {
             e,
             plan,
@@ -249,6 +280,8 @@ impl<'a> Emitter<'a> {
             skip: None,
             cur: 0,
             copy: false,
+            group_resume,
+            walk_clamps,
             clamp: true,
         }
     }
@@ -267,6 +300,10 @@ impl<'a> Emitter<'a> {
                 .enumerate()
                 .map(|(n, x)| (start + n, x))
             {
+                self.cur = i;
+                self.walk_clamp_at(i);
+                // The instruction starts here (after a walk's clamp, which only the walk's
+                // back-edge reaches).
                 self.inst_offsets.push(self.e.pos());
                 if self.all_labels || target {
                     let l = self.inst_label[i];
@@ -276,6 +313,7 @@ impl<'a> Emitter<'a> {
                     continue;
                 }
                 self.cur = i;
+                self.group_check_at(i);
                 self.inst(i, k, inst)?;
             }
             let l = self.sub_exit[k];
@@ -892,7 +930,10 @@ impl<'a> Emitter<'a> {
     /// the hot path. At a group's first member this emits the group's widened check.
     fn unchecked_access(&mut self) -> bool {
         let i = self.cur;
-        if self.plan.access.checks[i] == AccessCheck::None {
+        if matches!(
+            self.plan.access.checks[i],
+            AccessCheck::None | AccessCheck::Walked
+        ) {
             return true;
         }
         if self.copy {
@@ -901,13 +942,18 @@ impl<'a> Emitter<'a> {
         let Some(g) = self.plan.access.group_of[i] else {
             return false;
         };
-        if !self.group_supported(g) {
-            return false;
+        self.group_supported(g)
+    }
+
+    /// A group's widened check, where its first member's code starts: before anything of
+    /// that instruction (an immediate to store, say), so a re-entering jump that lands
+    /// right after the check skips nothing else.
+    fn group_check_at(&mut self, i: usize) {
+        if let Some(&Some(g)) = self.plan.access.group_of.get(i) {
+            if self.plan.access.groups[g].first == i && self.group_supported(g) {
+                self.group_check(g);
+            }
         }
-        if self.plan.access.groups[g].first == i {
-            self.group_check(g);
-        }
-        true
     }
 
     /// Groups whose widened test this backend encodes: a constant context end within
@@ -941,8 +987,8 @@ impl<'a> Emitter<'a> {
             }
             AccessCheck::Stack if (span as usize) <= self.plan.block => {
                 self.lea(T11, b, lo);
-                self.region_end(STACK_START8, span);
-                self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
+                self.stack_offset();
+                self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - span);
                 Cc::A
             }
             _ => {
@@ -960,6 +1006,9 @@ impl<'a> Emitter<'a> {
             self.e.op_plus_r(Sz::B32, &[0xb8], T9);
             self.e.imm_bytes(0, 4);
             self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | fail as u8], b, T9);
+        }
+        if let Some(resume) = self.group_resume[g] {
+            self.e.bind(resume);
         }
         self.cold.push(Cold::Group { at, group: g });
     }
@@ -1010,12 +1059,13 @@ impl<'a> Emitter<'a> {
 
     /// Sandbox check of `[base + off, + size)`: leaves the address in r11 (clamped under
     /// misspeculation) or jumps to a stop stub. `stack_first`: the base derives from r10, so
-    /// the stack block is tested before the context.
+    /// the stack block is tested inline instead of the context.
     ///
-    /// Each region test computes `end = addr - start + size` (forced to all-ones when it
-    /// wraps) and passes when `end <= len`; the passing paths meet at `ok`, where the flags
-    /// of the deciding compare are still live and `cmova` replaces the address with `env`
-    /// (a harmless, mapped address) should the branch have been mispredicted.
+    /// One region is tested inline, falling through when the access is inside; the other
+    /// region and the host regions are tried out of line ([`Cold::Regions`]), which comes
+    /// back to `ok` with the same flag convention ("above" = outside). At `ok` the flags of
+    /// the deciding compare are still live, and `cmova` replaces the address with `env` (a
+    /// harmless, mapped address) should the branch have been mispredicted.
     fn check(
         &mut self,
         pc: usize,
@@ -1026,23 +1076,40 @@ impl<'a> Emitter<'a> {
         stack_first: bool,
     ) {
         let n = size.bytes() as i64;
-        let ok = self.e.label();
+        let (ok, at) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
-        let stack = self.plan.block > 0;
-        if stack_first && stack {
-            self.stack_test(n, ok);
+        let stack_inline = stack_first && self.plan.block > 0;
+        if stack_inline {
+            self.stack_cmp(n);
+        } else {
+            self.ctx_cmp(n);
         }
-        // Context.
-        self.region_end(CTX_START8, n);
-        self.ctx_len();
-        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
-        // the equally long RM form (0x3b) for register pairs.
-        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
-        self.e.jump(Some(Cc::Be), ok);
-        if stack && !stack_first {
-            self.stack_test(n, ok);
+        self.e.jump(Some(Cc::A), at);
+        self.e.bind(ok);
+        if self.clamp {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
         }
-        // Host regions: the shared scan returns with the same flag convention.
+        self.cold.push(Cold::Regions {
+            at,
+            back: ok,
+            pc,
+            n,
+            write,
+            stack_tried: stack_inline,
+        });
+    }
+
+    /// The out-of-line rest of [`Self::check`]: the region not tested inline, then the host
+    /// regions (the shared scan returns with the same flag convention), else the stop.
+    fn other_regions(&mut self, back: Label, pc: usize, n: i64, write: bool, stack_tried: bool) {
+        if stack_tried {
+            self.ctx_cmp(n);
+            self.e.jump(Some(Cc::Be), back);
+        } else if self.plan.block > 0 {
+            self.stack_cmp(n);
+            self.e.jump(Some(Cc::Be), back);
+        }
         let scan = match self.region_scan {
             Some(l) => l,
             None => {
@@ -1054,21 +1121,40 @@ impl<'a> Emitter<'a> {
         let access = n as u32 | if write { PJ_ACCESS_WRITE } else { 0 };
         self.mov_ri(T10, access as i64);
         self.e.call_label(scan);
-        self.e.jump(Some(Cc::Be), ok);
+        self.e.jump(Some(Cc::Be), back);
         let stop = self.stop_label(Stop::Oob { access }, pc);
         self.e.jump(None, stop);
-        self.e.bind(ok);
-        if self.clamp {
-            self.e
-                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
-        }
     }
 
-    /// The stack block test (its length is a constant): on to `ok` when inside.
-    fn stack_test(&mut self, n: i64, ok: Label) {
-        self.region_end(STACK_START8, n);
-        self.alu_ri(7, Sz::B64, T10, self.plan.block as i64);
-        self.e.jump(Some(Cc::Be), ok);
+    /// Flags for "`[r11, r11 + n)` is inside the context": "below or equal" when it is.
+    /// `end = addr - start + n` (forced to all-ones when it wraps) against the length.
+    fn ctx_cmp(&mut self, n: i64) {
+        self.region_end(CTX_START8, n);
+        self.ctx_len();
+        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
+        // the equally long RM form (0x3b) for register pairs.
+        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
+    }
+
+    /// Flags for "`[r11, r11 + n)` is inside the stack block": "below or equal" when it is.
+    ///
+    /// The block's length is a constant, so with `u = r11 - stack_start` (mod 2^64) the
+    /// access is inside exactly when `u <= block - n`: an address below the block wraps `u`
+    /// past 2^63 (user addresses are below 2^47), far above any block. No end to force to
+    /// all-ones, unlike the context's variable length ([`Self::region_end`]).
+    fn stack_cmp(&mut self, n: i64) {
+        self.stack_offset();
+        self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - n);
+    }
+
+    /// r10 = r11 - env.stack_start.
+    fn stack_offset(&mut self) {
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r10, r11
+                ; sub r10, QWORD [BYTE r12 + STACK_START8]
+            )
+        });
     }
 
     /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
@@ -1168,8 +1254,61 @@ impl<'a> Emitter<'a> {
 
     fn ja(&mut self, inst: &Inst, target: usize) {
         self.charge_back_edge(inst, target);
-        let l = self.inst_label[target];
+        let l = self.jump_label(target);
         self.e.jump(None, l);
+    }
+
+    /// Where the current jump lands: past the target group's check when the front end found
+    /// the group already validated on every path to the jump (and this backend emitted the
+    /// group's widened check, see [`Self::group_supported`]).
+    fn jump_label(&self, target: usize) -> Label {
+        if let Some(k) = (self.plan.access.walks.iter()).position(|w| w.back_edge == self.cur) {
+            return self.walk_clamps[k];
+        }
+        match self.plan.access.reentry(self.cur) {
+            Some(g) if self.group_supported(g) => {
+                self.group_resume[g].expect("re-entered groups have a resume label")
+            }
+            _ => self.inst_label[target],
+        }
+    }
+
+    /// Before a walk's head (`packjit_frontend::walks`): the entry jumps over the pointer
+    /// clamp its back-edge lands on, which redoes the loop's test and zeroes the pointer
+    /// when the loop should have ended (a mispredicted back-edge), with no branch.
+    fn walk_clamp_at(&mut self, i: usize) {
+        let Some(k) = self.plan.access.walks.iter().position(|w| w.head == i) else {
+            return;
+        };
+        let w = self.plan.access.walks[k];
+        let (head, clamp) = (self.inst_label[i], self.walk_clamps[k]);
+        self.e.jump(None, head);
+        self.e.bind(clamp);
+        if !self.clamp {
+            return;
+        }
+        let (p, b) = (host(w.ptr), host(w.bound));
+        let Op::Jcond { cond, .. } = self.prog.insts[w.back_edge].op else {
+            unreachable!("a walk's back-edge is a conditional jump");
+        };
+        // The back-edge compares two registers and only its taken side reaches here: without
+        // a budget charge in between, its flags are still live, and the inverse of its own
+        // condition is "the loop should have ended".
+        let ended = if self.mode.counts_budget() {
+            // cmp p, b
+            self.e.rr(&[], Sz::B64, &[0x39], b, p);
+            match w.cont {
+                Cond::Ne => Cc::E,
+                Cond::Lt => Cc::Ae,
+                _ => Cc::A,
+            }
+        } else {
+            cc_of(cond).invert()
+        };
+        // mov r9d, 0 (leaves the flags) ; cmov<loop ended> p, r9
+        self.e.op_plus_r(Sz::B32, &[0xb8], T9);
+        self.e.imm_bytes(0, 4);
+        self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | ended as u8], p, T9);
     }
 
     fn jcond(
@@ -1208,7 +1347,7 @@ impl<'a> Emitter<'a> {
             Operand::Imm(i) => self.alu_ri(7, sz, d, i as i64),
         }
         let cc = cc_of(cond);
-        let l = self.inst_label[target];
+        let l = self.jump_label(target);
         if self.mode.counts_budget() && back_edge_charge(inst, &self.prog.insts[target]).is_some() {
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
@@ -1558,6 +1697,17 @@ impl<'a> Emitter<'a> {
                     self.check(pc, base, off, size, write, false);
                     self.e.jump(None, back);
                 }
+                Cold::Regions {
+                    at,
+                    back,
+                    pc,
+                    n,
+                    write,
+                    stack_tried,
+                } => {
+                    self.e.bind(at);
+                    self.other_regions(back, pc, n, write, stack_tried);
+                }
                 Cold::Group { at, group } => {
                     let (first, last) = {
                         let g = &self.plan.access.groups[group];
@@ -1577,6 +1727,13 @@ impl<'a> Emitter<'a> {
                         self.inst(i, k, &inst)?;
                     }
                     self.copy = false;
+                    if self.plan.access.groups[group].reentered && self.clamp {
+                        // A jump may later skip this group's check, trusting the base: no
+                        // instruction after this point runs before every member's check
+                        // above has resolved, so a mispredicted one cannot carry an
+                        // unchecked base past here (LFENCE, the x86 speculation barrier).
+                        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
+                    }
                     // On after the group; an instruction fused into the last member was
                     // done by it, and its label is where the one after it starts.
                     self.skip = None;

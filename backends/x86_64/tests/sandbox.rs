@@ -335,6 +335,8 @@ fn grouped_and_proven_accesses_match_the_reference() {
         Jit::new(ALL, SUPPORTED_FEATURES),
     ];
     let (mut grouped, mut grouped_stops, mut proven) = (0u32, 0u32, 0u32);
+    // Programs whose loop re-enters a group past its check.
+    let mut reentered = 0u32;
     for s in seed..seed + count {
         let (code, len) = packjit_testkit::gen::group_program(s);
         let plan = packjit_frontend::ranges::plan_accesses(
@@ -345,6 +347,7 @@ fn grouped_and_proven_accesses_match_the_reference() {
         proven += plan
             .checks
             .contains(&packjit_frontend::ranges::AccessCheck::None) as u32;
+        reentered += !plan.reentries.is_empty() as u32;
         let init: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
         let mut want_mem = init.clone();
         let want_base = want_mem.as_ptr() as u64;
@@ -383,9 +386,14 @@ fn grouped_and_proven_accesses_match_the_reference() {
             assert_eq!(m, want_mem, "context differs: {label}");
         }
     }
-    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop), {proven} with proven accesses");
+    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop), {proven} with proven accesses");
     // The generator must exercise what it is for.
-    assert!(grouped > count as u32 / 3 && grouped_stops > 100 && proven > 100);
+    assert!(
+        grouped > count as u32 / 3
+            && reentered > count as u32 / 10
+            && grouped_stops > 100
+            && proven > 100
+    );
 }
 
 /// Regression (differential seed 0x5eed2cee, escapes): a fetch-or through r0 = r10 - 256 is

@@ -1,0 +1,438 @@
+//! Walked stack pointers: loops that step a pointer through their frame, proven in bounds
+//! from the loop's own exit test, with one branch-free clamp per iteration instead of a
+//! check per access.
+//!
+//! ```text
+//!   r3 = r10 - 512          ; a = -512 (exact, data-derived)
+//! head:
+//!   r4 = *(u64 *)(r3 + 0)   ; r3 in {r10 - 512, r10 - 504, ..., r10 - 8}
+//!   r3 += 8                 ; c = 8, the only write of r3 in the loop
+//!   if r3 != r10 goto head  ; b = 0: the walk ends exactly at b ((b - a) % c == 0)
+//! ```
+//!
+//! [`ranges`](crate::ranges) cannot prove the load: it never narrows a value by a branch, so
+//! its interval for r3 widens to everything at the loop head. Here the exit test *is* used,
+//! for the architectural path only: every value r3 takes at the head is `a + c·t` for the
+//! iterations `t` the test lets through, so every access through it is inside the frame and
+//! needs no check. Speculation is what the exit test cannot bound: a mispredicted back-edge
+//! runs the body again with r3 past the end. So the back-edge lands on a **clamp** that
+//! redoes the test and zeroes the pointer when the loop should have ended
+//! (`r3 = (r3 != r10) ? r3 : 0`, a conditional select, no branch). From 0 the speculative
+//! walk steps at most [`MAX_STEP`] bytes per iteration, far inside the never-mapped first
+//! 64 KiB (offsets are below 2 KiB), so no access leaves the frame, also speculatively. The
+//! first iteration, entered by falling through, needs no clamp: the entry value is exact.
+//!
+//! A loop qualifies when (all checked in [`find`]):
+//! * its last instruction is the only jump to its first (single entry, by falling through
+//!   from an instruction that can fall through), no jump from outside lands inside it, and
+//!   jumps inside it only leave it (so each iteration runs the body straight down);
+//! * it makes no calls;
+//! * the pointer is written once in the loop, by `ptr += c` (64-bit, `1 <= c <= MAX_STEP`),
+//!   and the bound register not at all;
+//! * on entry, both are this frame's r10 plus exact offsets `a` and `b` (data-derived, so
+//!   they hold on every path);
+//! * the back-edge is a 64-bit unsigned `ptr != bound` (with `b > a` and `(b - a) % c == 0`,
+//!   so the walk meets the bound exactly instead of stepping over it), `ptr < bound` or
+//!   `ptr <= bound` (either operand order).
+//!
+//! Each load or store through the pointer whose whole range over all those values lies in
+//! the current 512-byte frame becomes [`AccessCheck::Walked`]; a walk without any is dropped.
+
+use crate::ranges::{for_each_state, transfer, AccessCheck, Base};
+use crate::{AluOp, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
+
+/// Largest pointer step: from a clamped 0, a speculation window of a few hundred iterations
+/// stays inside the first 64 KiB, which Linux never maps (`vm.mmap_min_addr`).
+pub const MAX_STEP: i64 = 64;
+
+/// A loop walking `ptr` through the frame (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Walk {
+    /// First instruction of the loop: where the back-edge lands (after the clamp).
+    pub head: usize,
+    /// The back-edge: the loop's last instruction, a conditional jump to `head`.
+    pub back_edge: usize,
+    /// The walked pointer.
+    pub ptr: Reg,
+    /// The loop-invariant register it is compared with.
+    pub bound: Reg,
+    /// The loop goes on while `ptr cont bound` (unsigned, 64-bit): `Ne`, `Lt` or `Le`.
+    pub cont: Cond,
+}
+
+/// A candidate before the entry values are known.
+struct Candidate {
+    walk: Walk,
+    /// Instruction index of `ptr += step`.
+    step_at: usize,
+    step: i64,
+}
+
+/// Finds the walks of `prog` and marks the accesses they prove as [`AccessCheck::Walked`] in
+/// `checks` (indexed by instruction). Returns the walks, sorted by head.
+pub fn find(prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
+    let n = prog.insts.len();
+    // How many jumps land on each instruction.
+    let mut landings = vec![0u32; n];
+    for inst in &prog.insts {
+        if let Op::Ja { target } | Op::Jcond { target, .. } = inst.op {
+            landings[target] += 1;
+        }
+    }
+    let mut cands: Vec<Candidate> = Vec::new();
+    for sp in &prog.subprogs {
+        for j in sp.start..sp.end {
+            let Op::Jcond {
+                width: Width::W64,
+                cond,
+                dst,
+                src: Operand::Reg(src),
+                target: head,
+            } = prog.insts[j].op
+            else {
+                continue;
+            };
+            if head <= sp.start || head >= j {
+                continue;
+            }
+            // Either operand order: `ptr cont bound` or `bound cont' ptr`.
+            let orders = [
+                match cond {
+                    Cond::Ne | Cond::Lt | Cond::Le => Some((dst, src, cond)),
+                    _ => None,
+                },
+                match cond {
+                    Cond::Ne => Some((src, dst, Cond::Ne)),
+                    Cond::Gt => Some((src, dst, Cond::Lt)),
+                    Cond::Ge => Some((src, dst, Cond::Le)),
+                    _ => None,
+                },
+            ];
+            for (ptr, bound, cont) in orders.into_iter().flatten() {
+                if let Some(c) = candidate(prog, &landings, head, j, ptr, bound, cont) {
+                    cands.push(c);
+                    break;
+                }
+            }
+        }
+    }
+    if cands.is_empty() {
+        return Vec::new();
+    }
+    // Entry values: the state after `head - 1`, which falls through into the head.
+    let mut entry = vec![None; cands.len()];
+    for_each_state(prog, |i, st| {
+        for (k, c) in cands.iter().enumerate() {
+            if c.walk.head == i + 1 {
+                let mut after = *st;
+                transfer(&mut after, &prog.insts[i].op);
+                entry[k] = Some((after[c.walk.ptr as usize], after[c.walk.bound as usize]));
+            }
+        }
+    });
+    let mut walks = Vec::new();
+    for (c, vals) in cands.iter().zip(entry) {
+        let Some((p, b)) = vals else { continue };
+        let exact = |v: crate::ranges::Val| (v.base == Base::Stack && v.lo == v.hi).then_some(v.lo);
+        let (Some(a), Some(b)) = (exact(p), exact(b)) else {
+            continue;
+        };
+        // The pointer's values at the head, as a range stepped by `c.step`.
+        // (Offsets are within a frame's reach of r10: no overflow in this arithmetic.)
+        let last = match c.walk.cont {
+            Cond::Ne if b > a && (b - a) % c.step == 0 => b - c.step,
+            Cond::Ne => continue,
+            // The largest a + c·t below (or at) b; just a when the first test already fails.
+            Cond::Lt if b > a => a + (b - 1 - a) / c.step * c.step,
+            _ if b >= a => a + (b - a) / c.step * c.step,
+            _ => a,
+        };
+        let mut proven = false;
+        let body = c.walk.head..c.walk.back_edge;
+        for (m, inst) in body.clone().zip(&prog.insts[body]) {
+            let (Op::Load {
+                base, off, size, ..
+            }
+            | Op::Store {
+                base, off, size, ..
+            }) = inst.op
+            else {
+                continue;
+            };
+            if base != c.walk.ptr || checks[m] == AccessCheck::None {
+                continue;
+            }
+            let moved = if m > c.step_at { c.step } else { 0 };
+            let lo = a + moved + off as i64;
+            let hi = last + moved + off as i64 + size.bytes() as i64;
+            if lo >= -(STACK_SIZE as i64) && hi <= 0 {
+                checks[m] = AccessCheck::Walked;
+                proven = true;
+            }
+        }
+        if proven {
+            walks.push(c.walk);
+        }
+    }
+    walks.sort_unstable_by_key(|w| w.head);
+    walks
+}
+
+/// The structural conditions of the module docs for the loop `head..=back_edge`.
+fn candidate(
+    prog: &Program,
+    landings: &[u32],
+    head: usize,
+    back_edge: usize,
+    ptr: Reg,
+    bound: Reg,
+    cont: Cond,
+) -> Option<Candidate> {
+    if ptr == bound || ptr == crate::R10 {
+        return None;
+    }
+    // Entered only by falling through from `head - 1`, re-entered only by the back-edge.
+    if landings[head] != 1 || matches!(prog.insts[head - 1].op, Op::Ja { .. } | Op::Exit) {
+        return None;
+    }
+    // Only the back-edge lands on the head; nothing lands inside the loop.
+    if landings[head + 1..=back_edge].iter().any(|&n| n != 0) {
+        return None;
+    }
+    let mut step = None;
+    for (i, inst) in (head..back_edge).zip(&prog.insts[head..back_edge]) {
+        let op = inst.op;
+        match op {
+            Op::CallHelper { .. }
+            | Op::CallReg { .. }
+            | Op::CallLocal { .. }
+            | Op::MovPerCpu { .. } => return None,
+            Op::Ja { target } | Op::Jcond { target, .. }
+                if (head..=back_edge).contains(&target) =>
+            {
+                return None
+            }
+            _ => {}
+        }
+        match op.written_reg() {
+            Some(w) if w == bound => return None,
+            Some(w) if w == ptr => {
+                let Op::Alu {
+                    width: Width::W64,
+                    op: AluOp::Add,
+                    src: Operand::Imm(c),
+                    ..
+                } = op
+                else {
+                    return None;
+                };
+                if step.is_some() || !(1..=MAX_STEP).contains(&(c as i64)) {
+                    return None;
+                }
+                step = Some((i, c as i64));
+            }
+            _ => {}
+        }
+    }
+    let (step_at, step) = step?;
+    Some(Candidate {
+        walk: Walk {
+            head,
+            back_edge,
+            ptr,
+            bound,
+            cont,
+        },
+        step_at,
+        step,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encode_insn as ins;
+    use crate::ranges::plan_accesses;
+
+    const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+    /// `r3 = r10 + start ; head: r4 = *(u64 *)(r3 + off) ; r0 += r4 ; r3 += step ;
+    /// back-edge ; exit`, returning the plan.
+    fn walk(start: i32, off: i16, step: i32, back_edge: [u8; 8]) -> crate::ranges::AccessPlan {
+        let code = [
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 3, 10, 0, 0),
+            ins(0x07, 3, 0, 0, start),
+            ins(0x79, 4, 3, off, 0), // 3: head
+            ins(0x0f, 0, 4, 0, 0),
+            ins(0x07, 3, 0, 0, step),
+            back_edge, // 6
+            EXIT,
+        ]
+        .concat();
+        plan_accesses(&crate::decode(&code, &[]).unwrap(), true)
+    }
+
+    /// `if dst <cond> src goto head` at instruction 6 (head = 3).
+    fn back(op: u8, dst: u8, src: u8) -> [u8; 8] {
+        ins(op, dst, src, -4, 0)
+    }
+
+    const JNE: u8 = 0x5d;
+    const JLT: u8 = 0xad;
+    const JLE: u8 = 0xbd;
+    const JGT: u8 = 0x2d;
+
+    #[test]
+    fn the_benchmarks_stack_walk_is_proven() {
+        let a = walk(-512, 0, 8, back(JNE, 3, 10));
+        assert_eq!(a.checks[3], AccessCheck::Walked);
+        assert_eq!(
+            a.walks,
+            vec![Walk {
+                head: 3,
+                back_edge: 6,
+                ptr: 3,
+                bound: 10,
+                cont: Cond::Ne
+            }]
+        );
+        assert_eq!(a.walk_at_head(3), Some(&a.walks[0]));
+        assert_eq!(a.walk_of_back_edge(6), Some(&a.walks[0]));
+        // The other operand order, and `<` in both spellings.
+        assert_eq!(
+            walk(-512, 0, 8, back(JNE, 10, 3)).checks[3],
+            AccessCheck::Walked
+        );
+        assert_eq!(
+            walk(-512, 0, 8, back(JLT, 3, 10)).checks[3],
+            AccessCheck::Walked
+        );
+        let gt = walk(-512, 0, 8, back(JGT, 10, 3));
+        assert_eq!(gt.checks[3], AccessCheck::Walked);
+        assert_eq!(gt.walks[0].cont, Cond::Lt);
+    }
+
+    #[test]
+    fn a_walk_that_steps_over_its_bound_is_not_proven() {
+        // 512 is not a multiple of 24: r3 never equals r10 and walks on past it.
+        let a = walk(-512, 0, 24, back(JNE, 3, 10));
+        assert_ne!(a.checks[3], AccessCheck::Walked);
+        assert!(a.walks.is_empty());
+        // With `<` it stops below r10 instead: r3 in {r10 - 512, r10 - 488, ..., r10 - 8},
+        // so the 8-byte load ends at r10 at most.
+        assert_eq!(
+            walk(-512, 0, 24, back(JLT, 3, 10)).checks[3],
+            AccessCheck::Walked
+        );
+    }
+
+    #[test]
+    fn accesses_reaching_past_the_frame_keep_their_check() {
+        // r3 up to r10 - 8: a load at r3 + 8 ends at r10 + 8.
+        assert_ne!(
+            walk(-512, 8, 8, back(JNE, 3, 10)).checks[3],
+            AccessCheck::Walked
+        );
+        // `<=` lets r3 reach r10 itself.
+        assert_ne!(
+            walk(-512, 0, 8, back(JLE, 3, 10)).checks[3],
+            AccessCheck::Walked
+        );
+        // Starting below the frame.
+        assert_ne!(
+            walk(-520, 0, 8, back(JNE, 3, 10)).checks[3],
+            AccessCheck::Walked
+        );
+        // A step the clamp's speculation argument does not cover.
+        assert_ne!(
+            walk(-512, 0, 128, back(JNE, 3, 10)).checks[3],
+            AccessCheck::Walked
+        );
+    }
+
+    #[test]
+    fn loops_with_other_entries_calls_or_writes_are_not_walks() {
+        let helpers = [packjit_plugin_api::HelperEntry {
+            id: 1,
+            inline_kind: 0,
+            addr: 0x1000,
+        }];
+        let plan = |body: &[[u8; 8]]| {
+            let mut code = vec![
+                ins(0xb7, 0, 0, 0, 0),
+                ins(0xbf, 3, 10, 0, 0),
+                ins(0x07, 3, 0, 0, -512),
+                ins(0x79, 4, 3, 0, 0), // 3: head
+            ];
+            code.extend_from_slice(body);
+            code.push(ins(0x07, 3, 0, 0, 8));
+            let back = -(code.len() as i16 + 1 - 3);
+            code.push(ins(JNE, 3, 10, back, 0));
+            code.push(EXIT);
+            plan_accesses(&crate::decode(&code.concat(), &helpers).unwrap(), true)
+        };
+        assert_eq!(plan(&[]).checks[3], AccessCheck::Walked);
+        // A call (which might clobber the pointer's registers' neighbours) ends it.
+        assert_ne!(
+            plan(&[ins(0x85, 0, 0, 0, 1)]).checks[3],
+            AccessCheck::Walked
+        );
+        // A second write of the pointer.
+        assert_ne!(
+            plan(&[ins(0x07, 3, 0, 0, 8)]).checks[3],
+            AccessCheck::Walked
+        );
+        assert_ne!(
+            plan(&[ins(0xbf, 3, 4, 0, 0)]).checks[3],
+            AccessCheck::Walked
+        );
+        // A jump inside the loop that stays inside it (a skipped step).
+        assert_ne!(
+            plan(&[ins(0x05, 0, 0, 0, 0)]).checks[3],
+            AccessCheck::Walked
+        );
+        // A jump that leaves the loop is fine.
+        assert_eq!(
+            plan(&[ins(0x15, 4, 0, 2, 0)]).checks[3],
+            AccessCheck::Walked
+        );
+    }
+
+    #[test]
+    fn a_jump_into_the_loop_from_outside_defeats_the_walk() {
+        // 1: if r2 == 0 goto 4 (into the loop head, with r3 = garbage)
+        let code = [
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0x15, 2, 0, 2, 0),
+            ins(0xbf, 3, 10, 0, 0),
+            ins(0x07, 3, 0, 0, -512),
+            ins(0x79, 4, 3, 0, 0), // 4: head
+            ins(0x07, 3, 0, 0, 8),
+            ins(JNE, 3, 10, -3, 0),
+            EXIT,
+        ]
+        .concat();
+        let a = plan_accesses(&crate::decode(&code, &[]).unwrap(), true);
+        assert_ne!(a.checks[4], AccessCheck::Walked);
+    }
+
+    #[test]
+    fn an_inexact_entry_value_is_not_a_walk() {
+        // r3 = r10 - 512 + (r2 & 8): two possible starts.
+        let code = [
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0x57, 2, 0, 0, 8),
+            ins(0xbf, 3, 10, 0, 0),
+            ins(0x07, 3, 0, 0, -512),
+            ins(0x0f, 3, 2, 0, 0),
+            ins(0x79, 4, 3, 0, 0), // 5: head
+            ins(0x07, 3, 0, 0, 16),
+            ins(JLT, 3, 10, -3, 0),
+            EXIT,
+        ]
+        .concat();
+        let a = plan_accesses(&crate::decode(&code, &[]).unwrap(), true);
+        assert_ne!(a.checks[5], AccessCheck::Walked);
+    }
+}
