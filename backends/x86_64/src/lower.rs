@@ -561,6 +561,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Shifts. x86 masks the count to 31/63 itself, which is eBPF's rule.
+    #[inline(always)]
     fn shift(&mut self, sz: Sz, digit: u8, d: Gpr, src: Operand) {
         match src {
             Operand::Imm(i) => {
