@@ -57,16 +57,15 @@ pub unsafe fn call_entry(entry: *const u8, mem: &mut [u8]) -> u64 {
     r0
 }
 
-/// Where a loop whose head's code starts at native offset `head` and ends before `next`
-/// (the following instruction's code) is entered by its back-edge: past the head's check
-/// group check when the backend reports a re-entry landing (`resume_offsets`) inside the
-/// head's code, else the head itself. The benches count a loop's hot path from there.
-pub fn loop_landing(head: usize, next: usize, resume_offsets: &[usize]) -> usize {
-    resume_offsets
+/// Where the back-edge of a loop whose head is instruction `head` (code at native offset
+/// `head_offset`) lands, given the backend's `landings` (`(instruction, offset)`: past a
+/// re-entered group's check, or on a walk's pointer clamp before the head). The benches
+/// count a loop's hot path from there.
+pub fn loop_landing(head: usize, head_offset: usize, landings: &[(usize, usize)]) -> usize {
+    landings
         .iter()
-        .copied()
-        .find(|&r| head < r && r < next)
-        .unwrap_or(head)
+        .find(|&&(i, _)| i == head)
+        .map_or(head_offset, |&(_, at)| at)
 }
 
 /// A benchmark program and the instructions of its hot loop.

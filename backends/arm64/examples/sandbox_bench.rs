@@ -31,8 +31,8 @@ mod bench {
         len: usize,
         /// Byte offset of each eBPF instruction's inline code, and the end of the code.
         offsets: Vec<usize>,
-        /// Where jumps that skip a re-entered group's check land.
-        resumes: Vec<usize>,
+        /// Where back-edges land when not at their target's code (see `Emitted::landings`).
+        landings: Vec<(usize, usize)>,
     }
 
     impl Code {
@@ -75,7 +75,7 @@ mod bench {
                     map,
                     len,
                     offsets,
-                    resumes: out.resume_offsets,
+                    landings: out.landings,
                 }
             }
         }
@@ -84,9 +84,9 @@ mod bench {
         /// over a loop body executes on its hot path.
         fn inline_insns(&self, range: std::ops::Range<usize>) -> usize {
             let from = packjit_testkit::bench::loop_landing(
+                range.start,
                 self.offsets[range.start],
-                self.offsets[range.start + 1],
-                &self.resumes,
+                &self.landings,
             );
             (self.offsets[range.end] - from) / 4
         }

@@ -52,9 +52,11 @@ pub struct Emitted {
     pub inst_offsets: Vec<usize>,
     /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
     pub passes: usize,
-    /// Native offsets where jumps that skip a re-entered check group's check land (see
-    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
-    pub resume_offsets: Vec<usize>,
+    /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
+    /// than its code's start. A back-edge that skips a re-entered check group's check
+    /// (`ranges::reentries`) lands past the check; a walk's back-edge (`walks`) lands on the
+    /// pointer clamp before the head. A loop runs from its back-edge's landing.
+    pub landings: Vec<(usize, usize)>,
 }
 
 pub use packjit_frontend::analysis::EmitOptions;
@@ -104,10 +106,14 @@ pub fn emit_decoded_with(
         if settled == Settled::Done {
             let passes = relax.passes();
             let labels = e.ops.labels();
-            let mut resume_offsets: Vec<usize> = (e.group_resume.iter().flatten())
-                .filter_map(|&l| labels.resolve_dynamic(l).ok().map(|o| o.0))
+            let at = |l: DynamicLabel| labels.resolve_dynamic(l).ok().map(|o| o.0);
+            let groups = e.plan.access.groups.iter().zip(&e.group_resume);
+            let walks = e.plan.access.walks.iter().zip(&e.walk_clamps);
+            let mut landings: Vec<(usize, usize)> = groups
+                .filter_map(|(g, l)| Some((g.first, at((*l)?)?)))
+                .chain(walks.filter_map(|(w, &l)| Some((w.head, at(l)?))))
                 .collect();
-            resume_offsets.sort_unstable();
+            landings.sort_unstable();
             let bytes = e.ops.finalize().map_err(|err| {
                 CompileError::new(
                     ErrorKind::Encoding,
@@ -120,7 +126,7 @@ pub fn emit_decoded_with(
                 native_insns,
                 inst_offsets: offsets,
                 passes,
-                resume_offsets,
+                landings,
             });
         }
     }

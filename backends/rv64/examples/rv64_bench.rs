@@ -446,15 +446,15 @@ fn sandbox_programs() {
         bytes: Vec<u8>,
         /// Native offset of each bytecode slot.
         table: Vec<u32>,
-        /// Where jumps that skip a re-entered group's check land.
-        resumes: Vec<usize>,
+        /// Where back-edges land when not at their target's code (see `Measured::landings`).
+        landings: Vec<(usize, usize)>,
     }
     impl Code {
         fn new(code: &[u8], flags: u32, features: u64, opts: EmitOptions) -> Code {
             let packjit_rv64::Measured {
                 bytes,
                 line_table: table,
-                resume_offsets: resumes,
+                landings,
             } = Rv64Backend::new()
                 .emit_for_measurement(
                     &CompileRequest {
@@ -494,20 +494,16 @@ fn sandbox_programs() {
                 len,
                 bytes,
                 table,
-                resumes,
+                landings,
             }
         }
-        /// Native instructions inline between bytecode slots `slots.start` and `slots.end`.
-        fn inline_insns(&self, slots: std::ops::Range<usize>) -> usize {
-            // The head's code ends where the next slot with code starts (not an lddw's second).
-            let next = (slots.start + 1..slots.end)
-                .map(|k| self.table[k])
-                .find(|&o| o != packjit_plugin_api::NO_NATIVE_CODE)
-                .unwrap_or(self.table[slots.end]) as usize;
+        /// Native instructions of one pass over the loop at bytecode slots `slots` whose head
+        /// is instruction `head`: from where its back-edge lands to the end of its code.
+        fn inline_insns(&self, head: usize, slots: std::ops::Range<usize>) -> usize {
             let a = packjit_testkit::bench::loop_landing(
+                head,
                 self.table[slots.start] as usize,
-                next,
-                &self.resumes,
+                &self.landings,
             );
             let b = self.table[slots.end] as usize;
             native_insn_count(&self.bytes[a..b])
@@ -533,7 +529,7 @@ fn sandbox_programs() {
     println!("sandbox programs (features {features:#x}):");
     // (name, program, hot loop as bytecode slots)
     for p in packjit_testkit::bench::sandbox_programs() {
-        let (name, hot) = (p.name, p.hot_slots());
+        let (name, hot, head) = (p.name, p.hot_slots(), p.hot.start);
         let code = p.code;
         let codes: Vec<(&str, Code)> = modes
             .iter()
@@ -555,7 +551,7 @@ fn sandbox_programs() {
         println!("  {name}:");
         let n = hot.len();
         for (k, (mode, c)) in codes.iter().enumerate() {
-            let per_iter = c.inline_insns(hot.clone());
+            let per_iter = c.inline_insns(head, hot.clone());
             println!(
                 "    {mode:<15} {:>9.2} us/run  {:>5.2}x trusted  hot loop: {per_iter:>3} RV64 insns for {n} eBPF insns ({:.2} per eBPF insn)",
                 best[k] * 1e6,

@@ -150,9 +150,11 @@ pub struct Measured {
     pub bytes: Vec<u8>,
     /// One native offset per bytecode slot (see `Compiled::pc_offsets`).
     pub line_table: Vec<u32>,
-    /// Native offsets where jumps that skip a re-entered check group's check land (see
-    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
-    pub resume_offsets: Vec<usize>,
+    /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
+    /// than its code's start. A back-edge that skips a re-entered check group's check
+    /// (`ranges::reentries`) lands past the check; a walk's back-edge (`walks`) lands on the
+    /// pointer clamp before the head. A loop runs from its back-edge's landing.
+    pub landings: Vec<(usize, usize)>,
 }
 
 /// Counts native instructions in RV64 code (16- and 32-bit parcels).

@@ -276,10 +276,14 @@ impl<'a> Codegen<'a> {
                     .collect::<Result<Vec<usize>, _>>()
                     .map_err(|e| internal(format!("unbound label: {e}")))?;
                 let table = self.prog.line_table(&offsets);
-                let mut resume_offsets: Vec<usize> = (self.group_resume.iter().flatten())
-                    .filter_map(|&l| labels.resolve_dynamic(l).ok().map(|o| o.0))
+                let at = |l: DynamicLabel| labels.resolve_dynamic(l).ok().map(|o| o.0);
+                let groups = self.access.groups.iter().zip(&self.group_resume);
+                let walks = self.access.walks.iter().zip(&self.walk_clamps);
+                let mut landings: Vec<(usize, usize)> = groups
+                    .filter_map(|(g, l)| Some((g.first, at((*l)?)?)))
+                    .chain(walks.filter_map(|(w, &l)| Some((w.head, at(l)?))))
                     .collect();
-                resume_offsets.sort_unstable();
+                landings.sort_unstable();
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
                 let code = e
                     .finish()
@@ -287,7 +291,7 @@ impl<'a> Codegen<'a> {
                 return Ok(crate::Measured {
                     bytes: code,
                     line_table: table,
-                    resume_offsets,
+                    landings,
                 });
             }
         }

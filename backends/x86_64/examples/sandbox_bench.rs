@@ -24,8 +24,8 @@ struct Code {
     bytes: Vec<u8>,
     /// Byte offset of each eBPF instruction (index into `Program::insts`).
     offsets: Vec<usize>,
-    /// Where jumps that skip a re-entered group's check land.
-    resumes: Vec<usize>,
+    /// Where back-edges land when not at their target's code (see `Emitted::landings`).
+    landings: Vec<(usize, usize)>,
 }
 
 impl Code {
@@ -68,16 +68,16 @@ impl Code {
             len,
             bytes: out.bytes,
             offsets,
-            resumes: out.resume_offsets,
+            landings: out.landings,
         }
     }
 
     /// x86-64 instructions inline between eBPF instructions `range` (indices), by objdump.
     fn inline_insns(&self, range: std::ops::Range<usize>) -> Option<usize> {
         let a = packjit_testkit::bench::loop_landing(
+            range.start,
             self.offsets[range.start],
-            self.offsets[range.start + 1],
-            &self.resumes,
+            &self.landings,
         );
         let b = self.offsets[range.end];
         let path = std::env::temp_dir().join(format!("pj-sbx-bench-{}.bin", std::process::id()));

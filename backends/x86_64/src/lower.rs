@@ -55,9 +55,11 @@ pub struct Emitted {
     pub inst_offsets: Vec<usize>,
     /// Emission passes needed to settle the branch forms.
     pub passes: usize,
-    /// Native offsets where jumps that skip a re-entered check group's check land (see
-    /// `ranges::reentries`), sorted: a loop whose back-edge lands there runs from there.
-    pub resume_offsets: Vec<usize>,
+    /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
+    /// than its code's start. A back-edge that skips a re-entered check group's check
+    /// (`ranges::reentries`) lands past the check; a walk's back-edge (`walks`) lands on the
+    /// pointer clamp before the head. A loop runs from its back-edge's landing.
+    pub landings: Vec<(usize, usize)>,
 }
 
 pub use packjit_frontend::analysis::EmitOptions;
@@ -115,10 +117,13 @@ pub fn emit_with(
             Settled::Done => {
                 let passes = relax.passes();
                 let native_insns = em.e.insns;
-                let mut resume_offsets: Vec<usize> = (em.group_resume.iter().flatten())
-                    .filter_map(|&l| em.e.offset_of(l))
+                let groups = em.plan.access.groups.iter().zip(&em.group_resume);
+                let walks = em.plan.access.walks.iter().zip(&em.walk_clamps);
+                let mut landings: Vec<(usize, usize)> = groups
+                    .filter_map(|(g, l)| Some((g.first, em.e.offset_of((*l)?)?)))
+                    .chain(walks.filter_map(|(w, &l)| Some((w.head, em.e.offset_of(l)?))))
                     .collect();
-                resume_offsets.sort_unstable();
+                landings.sort_unstable();
                 let offsets = std::mem::take(&mut em.inst_offsets);
                 let bytes =
                     em.e.finish()
@@ -128,7 +133,7 @@ pub fn emit_with(
                     bytes,
                     inst_offsets: offsets,
                     passes,
-                    resume_offsets,
+                    landings,
                 });
             }
             Settled::Again => {}
