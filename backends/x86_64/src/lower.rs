@@ -294,6 +294,12 @@ impl<'a> Emitter<'a> {
     fn program(&mut self) -> Result<(), CompileError> {
         // The program outlives the emitter: its instructions are lowered by reference.
         let prog = self.prog;
+        // Walks and check groups exist only in sandboxed code: trusted code skips the
+        // per-instruction lookups.
+        let (walks, groups) = (
+            !self.plan.access.walks.is_empty(),
+            !self.plan.access.groups.is_empty(),
+        );
         for k in 0..prog.subprogs.len() {
             let (start, end) = (prog.subprogs[k].start, prog.subprogs[k].end);
             let l = self.sub_entry[k];
@@ -306,7 +312,9 @@ impl<'a> Emitter<'a> {
                 .map(|(n, x)| (start + n, x))
             {
                 self.cur = i;
-                self.walk_clamp_at(i);
+                if walks {
+                    self.walk_clamp_at(i);
+                }
                 // The instruction starts here (after a walk's clamp, which only the walk's
                 // back-edge reaches).
                 self.inst_offsets.push(self.e.pos());
@@ -318,7 +326,9 @@ impl<'a> Emitter<'a> {
                     continue;
                 }
                 self.cur = i;
-                self.group_check_at(i);
+                if groups {
+                    self.group_check_at(i);
+                }
                 self.inst(i, k, inst)?;
             }
             let l = self.sub_exit[k];
