@@ -4,8 +4,10 @@
 //! each row ends with the 1 M figure as a fraction of the 1 k one.
 //!
 //! ```text
-//! cargo run --release -p packjit-testkit --example compile_bench
+//! cargo run --release -p packjit-testkit --example compile_bench [ENGINE]
 //! ```
+//!
+//! (`ENGINE`: only the engines whose name contains it, e.g. `x86-64` or `front`.)
 //!
 //! Backends compile with all their optional CPU features, trusted and sandboxed (the
 //! runtime's default: the access analysis and the checks add to compile time).
@@ -70,6 +72,9 @@ impl Engine {
 }
 
 fn main() {
+    // An optional argument keeps only the engines whose name contains it (e.g. `x86-64` or
+    // `front`), for profiling one of them.
+    let only = std::env::args().nth(1);
     let mut engines = vec![Engine::FrontEnd];
     for flags in [0, PJ_COMPILE_SANDBOX] {
         engines.push(Engine::Backend(
@@ -84,6 +89,9 @@ fn main() {
             Box::new(packjit_x86_64::X86Backend::new()),
             flags,
         ));
+    }
+    if let Some(only) = &only {
+        engines.retain(|e| e.name().contains(only.as_str()));
     }
     let programs: Vec<Vec<u8>> = SIZES.iter().map(|&(n, f)| sized_program(n, f)).collect();
     let arena = VecArena::default();

@@ -193,6 +193,22 @@ pub fn sandbox_programs() -> Vec<SandboxProgram> {
     ]
 }
 
+/// The compile-time benchmark's "straight-line" program (443 slots, no helper calls): a
+/// xorshift step repeated 40 times with a forward branch every 11 instructions, so fixed
+/// per-program costs do not dominate and rbpf's JIT (fixed-size buffer) still accepts it.
+/// `x86_bench` times it and `compile_cost` counts its instructions under callgrind.
+pub fn straight_line_program() -> Vec<u8> {
+    let mut src = String::from("mov %r0, 0\nmov %r3, 0x12345\n");
+    for k in 0..40 {
+        src.push_str(&format!(
+            "mov %r4, %r3\nlsh %r4, 13\nxor %r3, %r4\nmov %r4, %r3\nrsh %r4, 7\nxor %r3, %r4\n\
+             mov %r4, %r3\nlsh %r4, 17\nxor %r3, %r4\njeq %r3, {k}, +1\nadd %r0, %r3\n"
+        ));
+    }
+    src.push_str("exit");
+    crate::asm::assemble(&src).expect("the straight-line program assembles")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -406,3 +406,69 @@ impl Op {
         }
     }
 }
+
+/// One bit per [`Op`] variant, for [`Subprog::ops`](crate::Subprog::ops): which kinds of
+/// instruction a function contains, so a backend can ask "any `callx`?" or "any atomic?"
+/// without another pass over the instructions.
+pub mod op_kind {
+    /// [`Op::Alu`](super::Op::Alu).
+    pub const ALU: u16 = 1 << 0;
+    /// [`Op::MovSx`](super::Op::MovSx).
+    pub const MOV_SX: u16 = 1 << 1;
+    /// [`Op::MovPerCpu`](super::Op::MovPerCpu).
+    pub const MOV_PERCPU: u16 = 1 << 2;
+    /// [`Op::Neg`](super::Op::Neg).
+    pub const NEG: u16 = 1 << 3;
+    /// [`Op::End`](super::Op::End).
+    pub const END: u16 = 1 << 4;
+    /// [`Op::LdImm64`](super::Op::LdImm64).
+    pub const LD_IMM64: u16 = 1 << 5;
+    /// [`Op::Load`](super::Op::Load).
+    pub const LOAD: u16 = 1 << 6;
+    /// [`Op::Store`](super::Op::Store).
+    pub const STORE: u16 = 1 << 7;
+    /// [`Op::Atomic`](super::Op::Atomic).
+    pub const ATOMIC: u16 = 1 << 8;
+    /// [`Op::Ja`](super::Op::Ja).
+    pub const JA: u16 = 1 << 9;
+    /// [`Op::Jcond`](super::Op::Jcond).
+    pub const JCOND: u16 = 1 << 10;
+    /// [`Op::CallHelper`](super::Op::CallHelper).
+    pub const CALL_HELPER: u16 = 1 << 11;
+    /// [`Op::CallReg`](super::Op::CallReg).
+    pub const CALL_REG: u16 = 1 << 12;
+    /// [`Op::CallLocal`](super::Op::CallLocal).
+    pub const CALL_LOCAL: u16 = 1 << 13;
+    /// [`Op::Exit`](super::Op::Exit).
+    pub const EXIT: u16 = 1 << 14;
+    /// The calls of every kind (helper, `callx`, local): they clobber r1–r5.
+    pub const CALLS: u16 = CALL_HELPER | CALL_REG | CALL_LOCAL;
+}
+
+impl Op {
+    /// This instruction's [`op_kind`] bit.
+    pub fn kind_bit(&self) -> u16 {
+        1 << self.kind_index()
+    }
+
+    /// The bit number of [`Op::kind_bit`] (0..=14).
+    pub(crate) fn kind_index(&self) -> u32 {
+        match self {
+            Op::Alu { .. } => 0,
+            Op::MovSx { .. } => 1,
+            Op::MovPerCpu { .. } => 2,
+            Op::Neg { .. } => 3,
+            Op::End { .. } => 4,
+            Op::LdImm64 { .. } => 5,
+            Op::Load { .. } => 6,
+            Op::Store { .. } => 7,
+            Op::Atomic { .. } => 8,
+            Op::Ja { .. } => 9,
+            Op::Jcond { .. } => 10,
+            Op::CallHelper { .. } => 11,
+            Op::CallReg { .. } => 12,
+            Op::CallLocal { .. } => 13,
+            Op::Exit => 14,
+        }
+    }
+}

@@ -46,6 +46,50 @@ pub struct Program {
     pub call_depth: usize,
 }
 
+/// Instruction buffers at least this large (2 MiB) go back to [`SPARE_INSTS`] when their
+/// program is dropped; smaller ones come cheaply from the allocator.
+const SPARE_MIN: usize = (2 << 20) / std::mem::size_of::<Inst>();
+
+thread_local! {
+    /// The instruction buffer of the last large program dropped on this thread, reused by
+    /// the next [`decode`] on it. A fresh buffer for a large program is fresh pages from the
+    /// kernel (32 MB for a 1 M-instruction program), and faulting them in dominated large
+    /// compiles; reused, compile time stays linear in program size. At most one buffer per
+    /// thread, at most [`MAX_INSNS`] instructions, so a thread keeps at most 32 MB after
+    /// compiling the largest program.
+    static SPARE_INSTS: std::cell::Cell<Vec<Inst>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// An empty instruction buffer with room for `n` instructions: this thread's spare one
+/// when there is one.
+pub(crate) fn inst_buffer(n: usize) -> Vec<Inst> {
+    if n < SPARE_MIN {
+        return Vec::with_capacity(n);
+    }
+    let mut v = SPARE_INSTS.try_with(|s| s.take()).unwrap_or_default();
+    v.clear();
+    v.reserve(n);
+    v
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        if self.insts.capacity() >= SPARE_MIN {
+            let insts = std::mem::take(&mut self.insts);
+            // Keep the larger of the spare and this buffer (`try_with`: nothing during
+            // thread teardown).
+            let _ = SPARE_INSTS.try_with(|s| {
+                let spare = s.take();
+                s.set(if spare.capacity() > insts.capacity() {
+                    spare
+                } else {
+                    insts
+                });
+            });
+        }
+    }
+}
+
 /// A function inside the program: the entry or the target of a local call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Subprog {
@@ -60,6 +104,11 @@ pub struct Subprog {
     pub calls: bool,
     /// `true` when the subprogram touches its stack frame through r10.
     pub uses_stack: bool,
+    /// Bit `n` set when BPF register `rn` is read in this subprogram, by
+    /// [`analysis::regs_read`] with [`analysis::ARG_REGS`] for local calls (r10 included).
+    pub reads: u16,
+    /// The [`op_kind`] bits of the instructions in this subprogram.
+    pub ops: u16,
 }
 
 impl Program {
@@ -72,9 +121,14 @@ impl Program {
     /// instruction `i`'s native code starts; the result has one entry per bytecode slot, with
     /// `NO_NATIVE_CODE` for the second slot of `lddw`.
     pub fn line_table(&self, inst_offsets: &[usize]) -> Vec<u32> {
+        let off = |o: usize| u32::try_from(o).unwrap_or(packjit_plugin_api::NO_NATIVE_CODE);
+        if self.slots == self.insts.len() && inst_offsets.len() == self.slots {
+            // No `lddw`: instruction i is slot i, so the instructions need not be read.
+            return inst_offsets.iter().map(|&o| off(o)).collect();
+        }
         let mut table = vec![packjit_plugin_api::NO_NATIVE_CODE; self.slots];
-        for (inst, &off) in self.insts.iter().zip(inst_offsets) {
-            table[inst.pc] = u32::try_from(off).unwrap_or(packjit_plugin_api::NO_NATIVE_CODE);
+        for (inst, &o) in self.insts.iter().zip(inst_offsets) {
+            table[inst.pc] = off(o);
         }
         table
     }

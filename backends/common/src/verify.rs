@@ -8,6 +8,7 @@
 //! and helper ids are registered.
 
 use crate::insn::{op::*, *};
+use crate::op_kind;
 use crate::{Program, Subprog};
 use packjit_plugin_api::abi::{PJ_HELPER_PERCPU_OFFSET, PJ_MOV_OFF_PERCPU};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
@@ -69,18 +70,56 @@ pub fn decode_with(
     }
     // Pass 1: decode each instruction straight from the bytes (no intermediate copy: compile
     // time is dominated by memory traffic on large programs); branch targets stay as slot
-    // numbers for now. Indices fit u32 because MAX_INSNS does.
-    let mut insts = Vec::with_capacity(slots);
-    let mut slot_to_index = vec![u32::MAX; slots];
+    // numbers for now. Alongside, each instruction's effects (registers read and written,
+    // its kind) come as one word; their OR over each block of EFF_BLOCK instructions is
+    // kept, so the per-function summaries below need (almost) no second look at the
+    // instructions; and the few instructions later passes must visit (branches, local calls,
+    // `lddw`s) are listed. Indices fit u32 because MAX_INSNS does.
+    let mut insts = crate::inst_buffer(slots);
+    let mut blocks: Vec<BlockEffects> = Vec::with_capacity(slots / EFF_BLOCK + 1);
+    let mut acc = BlockEffects::default();
+    // Slot of every `lddw`, ascending: maps a slot to its instruction index (see `resolve`).
+    let mut lddw_slots: Vec<u32> = Vec::new();
+    // Instruction indices of every `ja`, conditional jump and local call, ascending.
+    // (Sized for about one branch per 8 instructions, as in typical code; more regrows.)
+    let mut branches: Vec<u32> = Vec::with_capacity(slots / 8 + 8);
+    // Instruction indices of the local calls among them (the call graph's edges).
+    let mut local_calls: Vec<u32> = Vec::new();
     let mut pc = 0;
     while pc < slots {
-        slot_to_index[pc] = insts.len() as u32;
-        let (op, len) = decode_one(code, pc, helpers, opts)?;
-        insts.push(Inst { pc, op });
+        let raw = u64::from_le_bytes(code[pc * 8..pc * 8 + 8].try_into().expect("8 bytes"));
+        let index = insts.len() as u32;
+        let (eff, len) = match decode_fast(raw, pc, &mut insts) {
+            Some(eff) => (eff, 1),
+            None => {
+                let (op, len) = decode_one(code, pc, helpers, opts)?;
+                insts.push(Inst { pc, op });
+                (effects_of(&op), len)
+            }
+        };
+        let kind = 1u16 << (eff >> EFF_KIND_SHIFT);
+        if kind & (op_kind::JA | op_kind::JCOND | op_kind::CALL_LOCAL) != 0 {
+            branches.push(index);
+            if kind == op_kind::CALL_LOCAL {
+                local_calls.push(index);
+            }
+        } else if kind == op_kind::LD_IMM64 {
+            lddw_slots.push(pc as u32);
+        }
+        acc.add(eff);
+        if insts.len() % EFF_BLOCK == 0 {
+            blocks.push(std::mem::take(&mut acc));
+        }
         pc += len;
     }
 
-    // Pass 2: resolve slot targets to instruction indices.
+    if insts.len() % EFF_BLOCK != 0 {
+        blocks.push(acc);
+    }
+
+    // Pass 2 (branches only): resolve slot targets to instruction indices. Every `lddw`
+    // before a slot makes its index one smaller than the slot; a slot right after an
+    // `lddw`'s first half is its second half.
     let resolve = |from: usize, slot: i64| -> Result<usize, CompileError> {
         if slot < 0 || slot as usize >= slots {
             return Err(verr(
@@ -88,68 +127,64 @@ pub fn decode_with(
                 format!("jump target {slot} is outside the program (0..{slots})"),
             ));
         }
-        match slot_to_index[slot as usize] {
-            u32::MAX => Err(verr(
+        let slot = slot as usize;
+        let before = lddw_slots.partition_point(|&l| (l as usize) < slot);
+        if before > 0 && lddw_slots[before - 1] as usize + 1 == slot {
+            return Err(verr(
                 from,
                 format!("jump target {slot} is the second half of LD_IMM64"),
-            )),
-            i => Ok(i as usize),
+            ));
         }
+        Ok(slot - before)
     };
-    for inst in &mut insts {
+    for &b in &branches {
+        let inst = &mut insts[b as usize];
         let pc = inst.pc;
         match &mut inst.op {
             Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } => {
                 *target = resolve(pc, *target as i64 - SLOT_BIAS)?;
             }
-            _ => {}
+            _ => unreachable!("only branches are listed"),
         }
     }
 
     // Subprograms start at 0 and at every local-call target.
-    let mut starts: Vec<usize> = insts
-        .iter()
-        .filter_map(|i| match i.op {
-            Op::CallLocal { target } => Some(target),
-            _ => None,
-        })
-        .collect();
+    let mut starts: Vec<usize> = Vec::with_capacity(local_calls.len() + 1);
     starts.push(0);
-    starts.sort_unstable();
-    starts.dedup();
-    let mut subprogs: Vec<Subprog> = starts
-        .iter()
-        .enumerate()
-        .map(|(k, &start)| Subprog {
-            start,
-            end: starts.get(k + 1).copied().unwrap_or(insts.len()),
-            writes: 0,
-            calls: false,
-            uses_stack: false,
-        })
-        .collect();
-
+    if !local_calls.is_empty() {
+        starts.extend(local_calls.iter().map(|&b| match insts[b as usize].op {
+            Op::CallLocal { target } => target,
+            _ => unreachable!("only local calls are listed"),
+        }));
+        starts.sort_unstable();
+        starts.dedup();
+    }
+    let mut subprogs: Vec<Subprog> = Vec::with_capacity(starts.len());
     let mut is_target = vec![false; insts.len()];
-    for sp in &mut subprogs {
-        for i in sp.start..sp.end {
-            let inst = &insts[i];
-            if let Some(r) = inst.op.written_reg() {
-                sp.writes |= 1 << r;
-            }
-            match inst.op {
-                Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => {
-                    sp.calls = true;
-                    // Calls clobber r1-r5 as far as the caller's register state goes.
-                    sp.writes |= 0b11_1111;
-                }
-                // Its CPU id may come from a native call (register-preserving, so no
-                // clobbers): the frame must be call-ready (link register, alignment).
-                Op::MovPerCpu { .. } => sp.calls = true,
-                _ => {}
-            }
-            if crate::analysis::reads_r10(&inst.op) {
-                sp.uses_stack = true;
-            }
+    let mut next_branch = 0;
+    for (k, &start) in starts.iter().enumerate() {
+        let end = starts.get(k + 1).copied().unwrap_or(insts.len());
+        let BlockEffects { regs, ops } = summary(&insts, &blocks, start, end);
+        let mut writes = ((regs >> EFF_WRITES_SHIFT) & 0x3ff) as u16;
+        if ops & op_kind::CALLS != 0 {
+            // Calls clobber r1-r5 as far as the caller's register state goes.
+            writes |= 0b11_1111;
+        }
+        let reads = (regs & 0x7ff) as u16;
+        let sp = Subprog {
+            start,
+            end,
+            writes,
+            // A per-CPU mov's CPU id may come from a native call (register-preserving, so
+            // no clobbers): the frame must be call-ready (link register, alignment).
+            calls: ops & (op_kind::CALLS | op_kind::MOV_PERCPU) != 0,
+            uses_stack: reads & (1 << R10) != 0,
+            reads,
+            ops,
+        };
+        while next_branch < branches.len() && (branches[next_branch] as usize) < end {
+            let inst = &insts[branches[next_branch] as usize];
+            next_branch += 1;
             match inst.op {
                 Op::Ja { target } | Op::Jcond { target, .. } => {
                     if target < sp.start || target >= sp.end {
@@ -179,9 +214,14 @@ pub fn decode_with(
                 },
             ));
         }
+        subprogs.push(sp);
     }
 
-    let call_depth = check_call_depth(&insts, &subprogs)?;
+    let call_depth = if local_calls.is_empty() {
+        1
+    } else {
+        check_call_depth(&insts, &subprogs, &local_calls)?
+    };
     Ok(Program {
         insts,
         slots,
@@ -200,14 +240,13 @@ fn target_slot(pc: usize, off: i64) -> usize {
 }
 
 /// Checks the call graph is acyclic and at most [`MAX_CALL_DEPTH`] deep; returns the number
-/// of frames in the deepest chain starting at the entry.
-fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<usize, CompileError> {
-    let index_of = |start: usize| {
-        subprogs
-            .iter()
-            .position(|s| s.start == start)
-            .expect("target is a start")
-    };
+/// of frames in the deepest chain starting at the entry. `calls` lists the instruction
+/// indices of every local call, ascending.
+fn check_call_depth(
+    insts: &[Inst],
+    subprogs: &[Subprog],
+    calls: &[u32],
+) -> Result<usize, CompileError> {
     // Longest call chain from each subprogram, by DFS with cycle detection.
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
@@ -215,14 +254,18 @@ fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<usize, Compi
         Active,
         Done(usize),
     }
+    struct Graph<'a> {
+        insts: &'a [Inst],
+        subprogs: &'a [Subprog],
+        calls: &'a [u32],
+    }
+    let g = Graph {
+        insts,
+        subprogs,
+        calls,
+    };
     let mut marks = vec![Mark::New; subprogs.len()];
-    fn visit(
-        s: usize,
-        insts: &[Inst],
-        subprogs: &[Subprog],
-        marks: &mut [Mark],
-        index_of: &dyn Fn(usize) -> usize,
-    ) -> Result<usize, CompileError> {
+    fn visit(s: usize, g: &Graph<'_>, marks: &mut [Mark]) -> Result<usize, CompileError> {
         match marks[s] {
             Mark::Done(d) => return Ok(d),
             Mark::Active => unreachable!("cycles are caught at the call site"),
@@ -230,16 +273,26 @@ fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<usize, Compi
         }
         marks[s] = Mark::Active;
         let mut depth = 1;
-        for inst in &insts[subprogs[s].start..subprogs[s].end] {
+        let sp = &g.subprogs[s];
+        let first = g.calls.partition_point(|&b| (b as usize) < sp.start);
+        let last = g.calls.partition_point(|&b| (b as usize) < sp.end);
+        for &b in &g.calls[first..last] {
+            let inst = &g.insts[b as usize];
             if let Op::CallLocal { target } = inst.op {
-                let callee = index_of(target);
+                let callee = g
+                    .subprogs
+                    .binary_search_by_key(&target, |s| s.start)
+                    .expect("target is a start");
                 if marks[callee] == Mark::Active {
                     return Err(verr(
                         inst.pc,
-                        format!("recursive call to the function at pc {}", insts[target].pc),
+                        format!(
+                            "recursive call to the function at pc {}",
+                            g.insts[target].pc
+                        ),
                     ));
                 }
-                depth = depth.max(1 + visit(callee, insts, subprogs, marks, index_of)?);
+                depth = depth.max(1 + visit(callee, g, marks)?);
                 if depth > MAX_CALL_DEPTH {
                     return Err(verr(
                         inst.pc,
@@ -251,12 +304,491 @@ fn check_call_depth(insts: &[Inst], subprogs: &[Subprog]) -> Result<usize, Compi
         marks[s] = Mark::Done(depth);
         Ok(depth)
     }
-    let entry_depth = visit(0, insts, subprogs, &mut marks, &index_of)?;
+    let entry_depth = visit(0, &g, &mut marks)?;
     // Functions unreachable from the entry are still compiled; check them too.
     for s in 0..subprogs.len() {
-        visit(s, insts, subprogs, &mut marks, &index_of)?;
+        visit(s, &g, &mut marks)?;
     }
     Ok(entry_depth)
+}
+
+// ---- effect words -----------------------------------------------------------------------
+//
+// One `u32` per instruction: bits 0..=10 the registers it reads (`analysis::regs_read` with
+// `ARG_REGS` for local calls), bits 11..=20 the register it writes (`Op::written_reg`), bits
+// 24.. its `Op::kind_index`.
+
+const EFF_WRITES_SHIFT: u32 = 11;
+const EFF_KIND_SHIFT: u32 = 24;
+
+/// Instructions per [`BlockEffects`]: small, so a function boundary inside a block costs
+/// few recomputed words; large enough that the blocks cost nothing per instruction.
+const EFF_BLOCK: usize = 16;
+
+/// The OR of the effect words of a block of instructions, kinds as [`op_kind`] bits.
+#[derive(Clone, Copy, Default)]
+struct BlockEffects {
+    /// Effect words ORed, kind field masked off.
+    regs: u32,
+    /// Their kinds.
+    ops: u16,
+}
+
+impl BlockEffects {
+    #[inline(always)]
+    fn add(&mut self, eff: u32) {
+        self.regs |= eff & ((1 << EFF_KIND_SHIFT) - 1);
+        self.ops |= 1 << (eff >> EFF_KIND_SHIFT);
+    }
+}
+
+/// The effects of instructions `start..end`: whole blocks from `blocks` (block `b` covers
+/// `b * EFF_BLOCK ..` up to the next block or the end of the program), the parts of blocks
+/// at either edge recomputed.
+fn summary(insts: &[Inst], blocks: &[BlockEffects], start: usize, end: usize) -> BlockEffects {
+    let first = start.div_ceil(EFF_BLOCK);
+    let last = if end == insts.len() {
+        blocks.len()
+    } else {
+        end / EFF_BLOCK
+    };
+    let mut out = BlockEffects::default();
+    if first >= last {
+        for inst in &insts[start..end] {
+            out.add(effects_of(&inst.op));
+        }
+        return out;
+    }
+    for b in &blocks[first..last] {
+        out.regs |= b.regs;
+        out.ops |= b.ops;
+    }
+    for inst in insts[start..first * EFF_BLOCK]
+        .iter()
+        .chain(&insts[(last * EFF_BLOCK).min(end)..end])
+    {
+        out.add(effects_of(&inst.op));
+    }
+    out
+}
+
+/// The effect word of any instruction (the slow path's; [`decode_fast`] builds the same
+/// word from its table).
+fn effects_of(op: &Op) -> u32 {
+    let reads = u32::from(crate::analysis::regs_read(op, crate::analysis::ARG_REGS));
+    let writes = op
+        .written_reg()
+        .map_or(0, |r| 1u32 << (EFF_WRITES_SHIFT + u32::from(r)));
+    reads | writes | (op.kind_index() << EFF_KIND_SHIFT)
+}
+
+// ---- the fast path: one table lookup per opcode ------------------------------------------
+//
+// The common encodings (ALU without the offset selectors, conditional jumps, `ja`, `exit`,
+// loads and stores) are decoded from a 256-entry table: the entry says which raw fields must
+// be zero, how large dst and src may be, and how to build the `Op` and its effect word. An
+// instruction the table does not accept, valid or not, goes to `decode_one`, which stays the
+// reference (and produces every error message), so the fast path can only ever agree with
+// it; `tests::the_fast_table_agrees_with_decode_one` checks that over all 256 opcodes.
+
+/// How [`decode_fast`] builds an instruction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FastKind {
+    /// Not decoded by the table.
+    Slow,
+    /// `Op::Alu` with an immediate.
+    AluK,
+    /// `Op::Alu` with a register.
+    AluX,
+    /// `Op::Jcond` with an immediate.
+    JcondK,
+    /// `Op::Jcond` with a register.
+    JcondX,
+    /// `Op::Ja` (`off` form).
+    Ja,
+    /// `Op::Exit`.
+    Exit,
+    /// `Op::Load` (zero- or sign-extending).
+    Load,
+    /// `Op::Store` of an immediate.
+    StoreK,
+    /// `Op::Store` of a register.
+    StoreX,
+}
+
+/// One opcode's table entry.
+#[derive(Clone, Copy)]
+struct Fast {
+    kind: FastKind,
+    /// Raw-slot bits that must be zero (field masks of `src`, `off`, `imm`, `dst`).
+    zero: u64,
+    /// Largest accepted dst and src register numbers.
+    dst_max: u8,
+    src_max: u8,
+    width: Width,
+    size: Size,
+    sign_extend: bool,
+    alu: AluOp,
+    cond: Cond,
+    /// Effect-word masks: which of `1 << dst`, `1 << src`, `1 << (dst + 11)` apply.
+    reads_dst: u32,
+    reads_src: u32,
+    writes_dst: u32,
+    /// The effect word's constant part (kind, fixed reads such as `exit`'s r0).
+    eff: u32,
+}
+
+const M_DST: u64 = 0x0f << 8;
+const M_SRC: u64 = 0xf0 << 8;
+const M_OFF: u64 = 0xffff << 16;
+const M_IMM: u64 = 0xffff_ffff << 32;
+
+const SLOW: Fast = Fast {
+    kind: FastKind::Slow,
+    zero: 0,
+    dst_max: 0,
+    src_max: 0,
+    width: Width::W64,
+    size: Size::DW,
+    sign_extend: false,
+    alu: AluOp::Add,
+    cond: Cond::Eq,
+    reads_dst: 0,
+    reads_src: 0,
+    writes_dst: 0,
+    eff: 0,
+};
+
+const fn size_of(opc: u8) -> Size {
+    match opc & 0x18 {
+        SIZE_W => Size::W,
+        SIZE_H => Size::H,
+        SIZE_B => Size::B,
+        _ => Size::DW,
+    }
+}
+
+/// The table entry of opcode `opc`, mirroring `decode_one`'s acceptance rules for the
+/// encodings it covers.
+const fn fast_entry(opc: u8) -> Fast {
+    let class = opc & 0x07;
+    let is_reg = opc & SRC_X != 0;
+    let code = opc & 0xf0;
+    let all = u32::MAX;
+    match class {
+        CLASS_ALU | CLASS_ALU64 => {
+            let alu = match code {
+                ALU_ADD => AluOp::Add,
+                ALU_SUB => AluOp::Sub,
+                ALU_MUL => AluOp::Mul,
+                ALU_DIV => AluOp::Div,
+                ALU_OR => AluOp::Or,
+                ALU_AND => AluOp::And,
+                ALU_LSH => AluOp::Lsh,
+                ALU_RSH => AluOp::Rsh,
+                ALU_MOD => AluOp::Mod,
+                ALU_XOR => AluOp::Xor,
+                ALU_MOV => AluOp::Mov,
+                ALU_ARSH => AluOp::Arsh,
+                // neg, end and the undefined codes: the slow path.
+                _ => return SLOW,
+            };
+            let is_mov = code == ALU_MOV;
+            Fast {
+                kind: if is_reg {
+                    FastKind::AluX
+                } else {
+                    FastKind::AluK
+                },
+                // A non-zero offset selects sdiv/smod/movsx/per-CPU mov: the slow path.
+                zero: M_OFF | if is_reg { M_IMM } else { M_SRC },
+                dst_max: 9,
+                src_max: if is_reg { 10 } else { 0 },
+                width: if class == CLASS_ALU64 {
+                    Width::W64
+                } else {
+                    Width::W32
+                },
+                alu,
+                // `mov` does not read its destination.
+                reads_dst: if is_mov { 0 } else { all },
+                reads_src: if is_reg { all } else { 0 },
+                writes_dst: all,
+                eff: 0 << EFF_KIND_SHIFT,
+                ..SLOW
+            }
+        }
+        CLASS_JMP | CLASS_JMP32 => {
+            if opc == CLASS_JMP | JMP_JA {
+                return Fast {
+                    kind: FastKind::Ja,
+                    zero: M_DST | M_SRC | M_IMM,
+                    dst_max: 0,
+                    src_max: 0,
+                    eff: 9 << EFF_KIND_SHIFT,
+                    ..SLOW
+                };
+            }
+            if opc == CLASS_JMP | JMP_EXIT {
+                return Fast {
+                    kind: FastKind::Exit,
+                    zero: M_DST | M_SRC | M_OFF | M_IMM,
+                    dst_max: 0,
+                    src_max: 0,
+                    // exit reads r0.
+                    eff: 1 | 14 << EFF_KIND_SHIFT,
+                    ..SLOW
+                };
+            }
+            let cond = match code {
+                JMP_JEQ => Cond::Eq,
+                JMP_JGT => Cond::Gt,
+                JMP_JGE => Cond::Ge,
+                JMP_JSET => Cond::Set,
+                JMP_JNE => Cond::Ne,
+                JMP_JSGT => Cond::Sgt,
+                JMP_JSGE => Cond::Sge,
+                JMP_JLT => Cond::Lt,
+                JMP_JLE => Cond::Le,
+                JMP_JSLT => Cond::Slt,
+                JMP_JSLE => Cond::Sle,
+                // ja32, call, exit32 and the undefined codes: the slow path.
+                _ => return SLOW,
+            };
+            Fast {
+                kind: if is_reg {
+                    FastKind::JcondX
+                } else {
+                    FastKind::JcondK
+                },
+                zero: if is_reg { M_IMM } else { M_SRC },
+                dst_max: 10,
+                src_max: if is_reg { 10 } else { 0 },
+                width: if class == CLASS_JMP {
+                    Width::W64
+                } else {
+                    Width::W32
+                },
+                cond,
+                reads_dst: all,
+                reads_src: if is_reg { all } else { 0 },
+                eff: 10 << EFF_KIND_SHIFT,
+                ..SLOW
+            }
+        }
+        CLASS_LDX => {
+            let size = size_of(opc);
+            let sign_extend = match opc & 0xe0 {
+                MODE_MEM => false,
+                MODE_MEMSX if !matches!(size, Size::DW) => true,
+                _ => return SLOW,
+            };
+            Fast {
+                kind: FastKind::Load,
+                zero: M_IMM,
+                dst_max: 9,
+                src_max: 10,
+                size,
+                sign_extend,
+                reads_src: all,
+                writes_dst: all,
+                eff: 6 << EFF_KIND_SHIFT,
+                ..SLOW
+            }
+        }
+        CLASS_ST if opc & 0xe0 == MODE_MEM => Fast {
+            kind: FastKind::StoreK,
+            zero: M_SRC,
+            dst_max: 10,
+            src_max: 0,
+            size: size_of(opc),
+            reads_dst: all,
+            eff: 7 << EFF_KIND_SHIFT,
+            ..SLOW
+        },
+        CLASS_STX if opc & 0xe0 == MODE_MEM => Fast {
+            kind: FastKind::StoreX,
+            zero: M_IMM,
+            dst_max: 10,
+            src_max: 10,
+            size: size_of(opc),
+            reads_dst: all,
+            reads_src: all,
+            eff: 7 << EFF_KIND_SHIFT,
+            ..SLOW
+        },
+        // lddw, the legacy loads, atomics, undefined modes: the slow path.
+        _ => SLOW,
+    }
+}
+
+/// What the hot loop reads of an opcode's entry: the fields that must be zero, the row of
+/// [`REGS`] for its register byte, how to build the `Op` and the effect word's constant part.
+#[derive(Clone, Copy)]
+struct Hot {
+    zero: u64,
+    regs: u8,
+    kind: FastKind,
+    width: Width,
+    size: Size,
+    sign_extend: bool,
+    alu: AluOp,
+    cond: Cond,
+    eff: u32,
+}
+
+/// A [`REGS`] entry meaning "registers out of range (or not a fast encoding)".
+const REGS_INVALID: u32 = 1 << 31;
+/// The [`REGS`] row of encodings the table does not decode: every entry invalid.
+const REGS_SLOW: u8 = 16;
+
+/// The [`REGS`] row of a table entry: bit 0 reads dst, bit 1 reads src, bit 2 writes dst,
+/// bit 3 dst may be r10 (else at most r9).
+const fn regs_row(f: &Fast) -> u8 {
+    if matches!(f.kind, FastKind::Slow) {
+        return REGS_SLOW;
+    }
+    // The rows accept src up to r10; an entry that allows less must zero src by its mask
+    // (checked when the table is built, at compile time).
+    assert!(f.src_max == 10 || (f.src_max == 0 && f.zero & M_SRC != 0));
+    assert!(f.dst_max == 9 || f.dst_max == 10 || (f.dst_max == 0 && f.zero & M_DST != 0));
+    (f.reads_dst != 0) as u8
+        | ((f.reads_src != 0) as u8) << 1
+        | ((f.writes_dst != 0) as u8) << 2
+        | ((f.dst_max == 10) as u8) << 3
+}
+
+/// `REGS[row][regs byte]`: the register part of the effect word for each dst/src pair, or
+/// [`REGS_INVALID`] when dst or src is out of range. One load replaces the range checks and
+/// the shifts. (An entry whose src must be 0 has `src` in its zero mask instead.)
+static REGS: [[u32; 256]; 17] = {
+    let mut t = [[REGS_INVALID; 256]; 17];
+    let mut row = 0;
+    while row < 16 {
+        let dst_max = if row & 8 != 0 { 10 } else { 9 };
+        let mut b = 0;
+        while b < 256 {
+            let (dst, src) = (b & 15, b >> 4);
+            if dst <= dst_max && src <= 10 {
+                let mut e = 0u32;
+                if row & 1 != 0 {
+                    e |= 1 << dst;
+                }
+                if row & 2 != 0 {
+                    e |= 1 << src;
+                }
+                if row & 4 != 0 {
+                    e |= 1 << (EFF_WRITES_SHIFT + dst as u32);
+                }
+                t[row][b] = e;
+            }
+            b += 1;
+        }
+        row += 1;
+    }
+    t
+};
+
+static FAST: [Hot; 256] = {
+    let mut t = [Hot {
+        zero: 0,
+        regs: REGS_SLOW,
+        kind: FastKind::Slow,
+        width: Width::W64,
+        size: Size::DW,
+        sign_extend: false,
+        alu: AluOp::Add,
+        cond: Cond::Eq,
+        eff: 0,
+    }; 256];
+    let mut opc = 0;
+    while opc < 256 {
+        let f = fast_entry(opc as u8);
+        t[opc] = Hot {
+            zero: f.zero,
+            regs: regs_row(&f),
+            kind: f.kind,
+            width: f.width,
+            size: f.size,
+            sign_extend: f.sign_extend,
+            alu: f.alu,
+            cond: f.cond,
+            eff: f.eff,
+        };
+        opc += 1;
+    }
+    t
+};
+
+/// Decodes the slot `raw` (little-endian bytes as a `u64`) at `pc` through the table and
+/// appends it to `insts`: `Some(effect word)` when the table covers the encoding and every
+/// field is valid, `None` (nothing appended) otherwise; then `decode_one` decides, and names
+/// any error. (Each arm pushes its own `Op` so it is written straight into the vector.)
+#[inline(always)]
+fn decode_fast(raw: u64, pc: usize, insts: &mut Vec<Inst>) -> Option<u32> {
+    let f = &FAST[(raw & 0xff) as usize];
+    let regs = REGS[f.regs as usize][((raw >> 8) & 0xff) as usize];
+    if raw & f.zero != 0 || regs & REGS_INVALID != 0 {
+        return None;
+    }
+    let dst = ((raw >> 8) & 0x0f) as u8;
+    let src = ((raw >> 12) & 0x0f) as u8;
+    let off = (raw >> 16) as u16 as i16;
+    let imm = (raw >> 32) as u32 as i32;
+    let op = |op| Inst { pc, op };
+    match f.kind {
+        FastKind::AluK => insts.push(op(Op::Alu {
+            width: f.width,
+            op: f.alu,
+            dst,
+            src: Operand::Imm(imm),
+        })),
+        FastKind::AluX => insts.push(op(Op::Alu {
+            width: f.width,
+            op: f.alu,
+            dst,
+            src: Operand::Reg(src),
+        })),
+        FastKind::JcondK => insts.push(op(Op::Jcond {
+            width: f.width,
+            cond: f.cond,
+            dst,
+            src: Operand::Imm(imm),
+            target: target_slot(pc, off as i64),
+        })),
+        FastKind::JcondX => insts.push(op(Op::Jcond {
+            width: f.width,
+            cond: f.cond,
+            dst,
+            src: Operand::Reg(src),
+            target: target_slot(pc, off as i64),
+        })),
+        FastKind::Ja => insts.push(op(Op::Ja {
+            target: target_slot(pc, off as i64),
+        })),
+        FastKind::Exit => insts.push(op(Op::Exit)),
+        FastKind::Load => insts.push(op(Op::Load {
+            size: f.size,
+            sign_extend: f.sign_extend,
+            dst,
+            base: src,
+            off,
+        })),
+        FastKind::StoreK => insts.push(op(Op::Store {
+            size: f.size,
+            base: dst,
+            off,
+            src: Operand::Imm(imm),
+        })),
+        FastKind::StoreX => insts.push(op(Op::Store {
+            size: f.size,
+            base: dst,
+            off,
+            src: Operand::Reg(src),
+        })),
+        FastKind::Slow => return None,
+    }
+    Some(f.eff | regs)
 }
 
 fn check_reg(pc: usize, what: &str, r: u8) -> Result<Reg, CompileError> {
@@ -288,7 +820,10 @@ fn unknown(pc: usize, i: &RawInsn) -> CompileError {
     verr(pc, format!("unknown opcode 0x{:02x}", i.opc))
 }
 
-/// Decodes the instruction at `pc`; returns it and its length in slots.
+/// Decodes the instruction at `pc`; returns it and its length in slots. (Kept out of line:
+/// the table decodes the common encodings, and this code inlined into the decode loop would
+/// cost the loop its registers.)
+#[inline(never)]
 fn decode_one(
     code: &[u8],
     pc: usize,
@@ -740,6 +1275,152 @@ mod tests {
         )
         .unwrap_err()
         .to_string()
+    }
+
+    /// The table-driven fast path against the reference decoder, over every opcode and a
+    /// grid of register and field values around each rule's edges: whatever the table
+    /// accepts, `decode_one` accepts with the same `Op`, and the effect word matches the
+    /// generic one. (What the table refuses goes to `decode_one` itself.)
+    #[test]
+    fn the_fast_table_agrees_with_decode_one() {
+        let helpers = [HelperEntry {
+            id: 1,
+            inline_kind: 0,
+            addr: 0x1000,
+        }];
+        let offs = [0i16, 1, -1, 7, 8, 16, 32, -8, i16::MIN, i16::MAX];
+        let imms = [0i32, 1, -1, 16, 32, 64, 0x01, 0x41, 0xe1, 0xf1, i32::MIN];
+        let (mut accepted, mut checked) = (0usize, 0usize);
+        for opc in 0..=255u8 {
+            for dst in 0..16u8 {
+                for src in 0..16u8 {
+                    for &off in &offs {
+                        for &imm in &imms {
+                            let raw = RawInsn::new(opc, dst, src, off, imm).to_bytes();
+                            let code = [raw, [0; 8]].concat();
+                            let mut out = Vec::new();
+                            let Some(eff) = decode_fast(u64::from_le_bytes(raw), 0, &mut out)
+                            else {
+                                assert!(out.is_empty());
+                                continue;
+                            };
+                            assert_eq!(out.len(), 1);
+                            let op = out[0].op;
+                            accepted += 1;
+                            for percpu_insn in [false, true] {
+                                let want =
+                                    decode_one(&code, 0, &helpers, DecodeOptions { percpu_insn });
+                                assert_eq!(
+                                    want.as_ref().ok(),
+                                    Some(&(op, 1)),
+                                    "opcode {opc:#04x} dst {dst} src {src} off {off} imm {imm}"
+                                );
+                                checked += 1;
+                            }
+                            assert_eq!(eff, effects_of(&op), "{op:?}");
+                        }
+                    }
+                }
+            }
+        }
+        // The table covers the common encodings (not a vacuous pass).
+        assert!(accepted > 50_000, "{accepted} fast decodes");
+        assert_eq!(checked, 2 * accepted);
+        // And every opcode the reference accepts with all-zero fields but the table refuses
+        // is one of the documented slow-path encodings.
+        for opc in 0..=255u8 {
+            let fast = decode_fast(u64::from(opc), 0, &mut Vec::new()).is_some();
+            let code = [[opc, 0, 0, 0, 0, 0, 0, 0], [0; 8]].concat();
+            let slow_ok = decode_one(&code, 0, &helpers, DecodeOptions::default()).is_ok();
+            if slow_ok && !fast {
+                let class = opc & 7;
+                let code4 = opc & 0xf0;
+                assert!(
+                    opc == LD_IMM64
+                        || (matches!(class, CLASS_ALU | CLASS_ALU64)
+                            && matches!(code4, ALU_NEG | ALU_END))
+                        || (matches!(class, CLASS_JMP | CLASS_JMP32)
+                            && matches!(code4, JMP_JA | JMP_CALL))
+                        || (class == CLASS_STX && opc & 0xe0 == MODE_ATOMIC),
+                    "opcode {opc:#04x} is valid but not on the fast path"
+                );
+            }
+        }
+    }
+
+    /// The per-function summaries come from per-block ORs plus recomputed edges: check them
+    /// against a plain fold over each function's instructions, with function boundaries
+    /// inside blocks, on block edges and functions shorter than a block.
+    #[test]
+    fn function_summaries_match_a_plain_fold() {
+        for lens in [
+            vec![3, 1, 1],
+            vec![16, 16, 16],
+            vec![15, 17, 40, 2, 33],
+            vec![70, 5, 64, 1, 19],
+            vec![1, 100],
+        ] {
+            // Entry: call each function, then exit; function k: a mix of writes and reads,
+            // a store through r10 in every third, exit.
+            let mut code = Vec::new();
+            let calls = lens.len() - 1;
+            let mut at = calls + 1;
+            for len in &lens[1..] {
+                code.push(ins(0x85, 0, 1, 0, (at - code.len() - 1) as i32));
+                at += len;
+            }
+            code.push(EXIT);
+            for (k, &len) in lens.iter().enumerate().skip(1) {
+                for j in 0..len - 1 {
+                    let r = ((k + j) % 9 + 1) as u8;
+                    code.push(match j % 4 {
+                        0 => ins(0xb7, r, 0, 0, 1),
+                        1 => ins(0x0f, r, (r % 9) + 1, 0, 0),
+                        2 if k % 3 == 0 => ins(0x7b, 10, r, -8, 0),
+                        _ => ins(0x65, r, 0, 0, 3), // jsgt r, 3, +0
+                    });
+                }
+                code.push(EXIT);
+            }
+            let p = decode(&prog(&code), &[]).unwrap();
+            assert_eq!(p.subprogs.len(), lens.len());
+            for sp in &p.subprogs {
+                let (mut reads, mut writes, mut ops) = (0u16, 0u16, 0u16);
+                for inst in &p.insts[sp.start..sp.end] {
+                    reads |= crate::analysis::regs_read(&inst.op, crate::analysis::ARG_REGS);
+                    writes |= inst.op.written_reg().map_or(0, |r| 1 << r);
+                    ops |= inst.op.kind_bit();
+                }
+                if ops & op_kind::CALLS != 0 {
+                    writes |= 0b11_1111;
+                }
+                assert_eq!(
+                    (sp.reads, sp.writes, sp.ops),
+                    (reads, writes, ops),
+                    "{lens:?}"
+                );
+                assert_eq!(sp.uses_stack, reads & (1 << 10) != 0, "{lens:?}");
+            }
+        }
+    }
+
+    /// A large program's instruction buffer is reused by the next large decode on the same
+    /// thread (no fresh pages), and the result is the same.
+    #[test]
+    fn large_programs_reuse_the_instruction_buffer() {
+        let n = crate::SPARE_MIN + 10;
+        let mut code = vec![ins(0xb7, 0, 0, 0, 1); n - 1];
+        code.push(EXIT);
+        let code = prog(&code);
+        let first = decode(&code, &[]).unwrap();
+        let (ptr, want) = (first.insts.as_ptr(), first.clone());
+        drop(first);
+        let again = decode(&code, &[]).unwrap();
+        assert_eq!(again.insts.as_ptr(), ptr);
+        assert_eq!(again, want);
+        // Small programs do not take it.
+        let small = decode(&prog(&[EXIT]), &[]).unwrap();
+        assert_ne!(small.insts.as_ptr(), ptr);
     }
 
     #[test]

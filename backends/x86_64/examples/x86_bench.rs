@@ -286,20 +286,11 @@ fn main() {
         "{:<17} {:>10} {:>12} {:>12} {:>10}",
         "program", "insns", "packjit", "rbpf JIT", "pj/rbJIT"
     );
-    // A larger program too, so fixed per-program costs do not dominate: the loop body
-    // repeated 40 times (440 instructions, about what fits rbpf's fixed JIT buffer) with a
-    // branch every 11.
-    let mut big = String::from("mov %r0, 0\nmov %r3, 0x12345\n");
-    for k in 0..40 {
-        big.push_str(&format!(
-            "mov %r4, %r3\nlsh %r4, 13\nxor %r3, %r4\nmov %r4, %r3\nrsh %r4, 7\nxor %r3, %r4\n\
-             mov %r4, %r3\nlsh %r4, 17\nxor %r3, %r4\njeq %r3, {k}, +1\nadd %r0, %r3\n"
-        ));
-    }
-    big.push_str("exit");
+    // A larger program too, so fixed per-program costs do not dominate (440 instructions,
+    // about what fits rbpf's fixed JIT buffer; `compile_cost` counts the same program).
     let big = Row {
         name: "straight-line",
-        code: asm(&big),
+        code: packjit_testkit::bench::straight_line_program(),
         native: Box::new(|_| 0),
     };
     for row in rows.iter().chain([&big]) {

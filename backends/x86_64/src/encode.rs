@@ -6,9 +6,11 @@
 //! `mod = 00` encoding means RIP-relative / no base), `imm8` forms for small immediates.
 //!
 //! The bytes go into a `dynasmrt` [`VecAssembler`]: labels are its dynamic labels, and the
-//! label-relative forms (`jmp`, `jcc`, `call`) and the fixed-register instructions are
-//! written with the `dynasm!` macro, which records the relocations and patches them in
-//! [`Enc::finish`].
+//! fixed-register instructions are written with the `dynasm!` macro, which records their
+//! relocations and patches them in [`Enc::finish`]. The label-relative branches of the
+//! lowering (`jmp`, `jcc`, `call`: [`Enc::jump`], [`Enc::call_label`]) are written as bytes
+//! and patched by [`Enc::finish`] itself from the fixups the relaxation checks anyway: a
+//! dynasm relocation per branch cost more compile time than the rest of the branch.
 //!
 //! The register-parameterised ModRM forms ([`Enc::rr`], [`Enc::rm`], [`Enc::op_plus_r`],
 //! [`Enc::vex_0f38_rr`]) stay table-driven on purpose. `dynasm!` can only take a register
@@ -24,7 +26,7 @@
 //!
 //! Porting these forms would lengthen most instructions by one or two bytes (and change
 //! every golden), and keeping the bytes would need a `match` over the 16 static registers
-//! per operand per instruction. So dynasm owns the buffer, labels, branches and
+//! per operand per instruction. So dynasm owns the buffer, labels and the `dynasm!` text's
 //! relocations, and this file keeps the few ModRM encoders, each choosing the shortest form.
 //!
 //! Code whose registers are fixed (the entry's env and stack-block setup, the sandbox
@@ -39,8 +41,8 @@
 //!   the MR form `4d 39 ca` (same length; kept so the bytes do not move);
 //! * there is no `endbr64` mnemonic.
 //!
-//! Branch relaxation: a branch starts as `rel8` (`jmp BYTE =>l`); after the pass,
-//! [`Enc::resolve`] computes every site's displacement from the label offsets dynasm
+//! Branch relaxation: a branch starts as `rel8` (`EB`/`7x rel8`); after the pass,
+//! [`Enc::branch_checks`] computes every site's displacement from the label offsets dynasm
 //! recorded and marks each `rel8` that does not reach as `rel32`, asking for another pass.
 //! (dynasm would only report an out-of-range `rel8` as an error at `finalize`, without
 //! saying which site.) Forms only grow, so the passes terminate (the kernel's x86 JIT
@@ -105,8 +107,8 @@ pub type Label = DynamicLabel;
 /// bytes run wherever the arena places them.
 pub type Asm = VecAssembler<X64Relocation>;
 
-/// A label-relative branch, kept to check its reach after the pass (dynasm owns the
-/// relocation itself).
+/// A label-relative branch: its reach is checked after the pass and its displacement
+/// written by [`Enc::finish`].
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
     /// Index of the branch site in emission order (key into the forms); `usize::MAX` for
@@ -130,6 +132,35 @@ pub enum Sz {
     B32,
     /// 64-bit (`REX.W`).
     B64,
+}
+
+/// The bytes of one instruction (at most 15 on x86-64), assembled before they are appended.
+struct Bytes {
+    buf: [u8; 16],
+    len: usize,
+}
+
+impl Bytes {
+    #[inline(always)]
+    fn new() -> Self {
+        Bytes {
+            buf: [0; 16],
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, x: u8) {
+        self.buf[self.len & 15] = x;
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn extend(&mut self, xs: &[u8]) {
+        for &x in xs {
+            self.push(x);
+        }
+    }
 }
 
 /// Code buffer with labels and branch fixups for one emission pass.
@@ -168,8 +199,11 @@ impl Enc {
     /// large programs.
     pub fn with_capacity(forms: Vec<Form>, insts: usize) -> Self {
         Enc {
-            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, insts + 16, 0, insts),
-            fixups: Vec::new(),
+            // Branches are patched by `finish`, not by dynasm relocations: only the
+            // `dynasm!` text's few label references need room there.
+            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, insts + 16, 0, 16),
+            // About one branch per 8 instructions in typical code; more just regrows.
+            fixups: Vec::with_capacity(insts / 8 + 8),
             forms,
             sites: 0,
             insns: 0,
@@ -263,16 +297,31 @@ impl Enc {
         self.raw(&[0xf3, 0x0f, 0x1e, 0xfa]);
     }
 
+    #[inline]
     fn imm(&mut self, v: i64, bytes: usize) {
-        self.bs(&v.to_le_bytes()[..bytes]);
+        match bytes {
+            1 => self.ops.push(v as u8),
+            4 => self.ops.push_i32(v as i32),
+            _ => self.ops.extend(&v.to_le_bytes()[..bytes]),
+        }
+    }
+
+    /// Appends one instruction assembled in `b`: one call per instruction rather than one
+    /// per byte or per opcode slice (this is the compile's innermost loop).
+    #[inline]
+    fn put(&mut self, b: &Bytes) {
+        for &x in &b.buf[..b.len] {
+            self.ops.push(x);
+        }
     }
 
     /// Prefixes (0x66 for 16-bit, then `pfx` such as lock/mandatory) and the REX byte.
-    fn head(&mut self, pfx: &[u8], sz: Sz, reg: Gpr, index: Gpr, base: Gpr, byte_regs: bool) {
+    #[inline(always)]
+    fn head(b: &mut Bytes, pfx: &[u8], sz: Sz, reg: Gpr, index: Gpr, base: Gpr, byte_regs: bool) {
         if sz == Sz::B16 {
-            self.b(0x66);
+            b.push(0x66);
         }
-        self.bs(pfx);
+        b.extend(pfx);
         let rex = 0x40
             | (u8::from(sz == Sz::B64) << 3)
             | ((reg >> 3) << 2)
@@ -281,30 +330,63 @@ impl Enc {
         // A byte operand in registers 4–7 means spl..dil only with a REX prefix (without
         // one it would be ah..bh).
         if rex != 0x40 || byte_regs {
-            self.b(rex);
+            b.push(rex);
         }
     }
 
     /// `op reg, rm` with both operands registers (`mod = 11`).
+    #[inline(always)]
     pub fn rr(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
+        // Callers pass constant slices: after inlining this picks the common one-byte-opcode
+        // form at compile time.
+        match (pfx, op) {
+            ([], &[op]) if sz != Sz::B16 => self.rr1(sz, op, reg, rm),
+            _ => self.rr_any(pfx, sz, op, reg, rm),
+        }
+    }
+
+    /// [`Enc::rr`] without prefixes, with a one-byte opcode, 8/32/64-bit (inlined: most
+    /// eBPF instructions are one of these).
+    #[inline(always)]
+    fn rr1(&mut self, sz: Sz, op: u8, reg: Gpr, rm: Gpr) {
+        let rex = 0x40 | (u8::from(sz == Sz::B64) << 3) | ((reg >> 3) << 2) | (rm >> 3);
+        // A byte operand in registers 4–7 means spl..dil only with a REX prefix.
         let byte_regs = sz == Sz::B8 && ((4..8).contains(&reg) || (4..8).contains(&rm));
-        self.head(pfx, sz, reg, 0, rm, byte_regs);
-        self.bs(op);
-        self.b(0xc0 | ((reg & 7) << 3) | (rm & 7));
+        let modrm = 0xc0 | ((reg & 7) << 3) | (rm & 7);
+        // Fixed-length appends: one capacity check and one store each.
+        if rex != 0x40 || byte_regs {
+            self.ops.extend(&[rex, op, modrm]);
+        } else {
+            self.ops.extend(&[op, modrm]);
+        }
+        self.insns += 1;
+    }
+
+    /// [`Enc::rr`], any prefixes and opcode length.
+    fn rr_any(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
+        let byte_regs = sz == Sz::B8 && ((4..8).contains(&reg) || (4..8).contains(&rm));
+        let mut b = Bytes::new();
+        Self::head(&mut b, pfx, sz, reg, 0, rm, byte_regs);
+        b.extend(op);
+        b.push(0xc0 | ((reg & 7) << 3) | (rm & 7));
+        self.put(&b);
         self.insns += 1;
     }
 
     /// `op reg, [base + disp]`.
     pub fn rm(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, base: Gpr, disp: i32) {
         let byte_regs = sz == Sz::B8 && (4..8).contains(&reg);
-        self.head(pfx, sz, reg, 0, base, byte_regs);
-        self.bs(op);
-        self.modrm_mem(reg, base, disp);
+        let mut b = Bytes::new();
+        Self::head(&mut b, pfx, sz, reg, 0, base, byte_regs);
+        b.extend(op);
+        Self::modrm_mem(&mut b, reg, base, disp);
+        self.put(&b);
         self.insns += 1;
     }
 
     /// ModRM (+ SIB, + displacement) for `[base + disp]`, shortest form.
-    fn modrm_mem(&mut self, reg: Gpr, base: Gpr, disp: i32) {
+    #[inline(always)]
+    fn modrm_mem(b: &mut Bytes, reg: Gpr, base: Gpr, disp: i32) {
         // rbp/r13 as base with mod = 00 means RIP-relative: they always carry a disp8.
         let md = if disp == 0 && base & 7 != 5 {
             0x00
@@ -313,19 +395,20 @@ impl Enc {
         } else {
             0x80
         };
-        self.b(md | ((reg & 7) << 3) | (base & 7));
+        b.push(md | ((reg & 7) << 3) | (base & 7));
         // rsp/r12 as base need a SIB byte (index = none).
         if base & 7 == 4 {
-            self.b(0x24);
+            b.push(0x24);
         }
         match md {
-            0x40 => self.imm(disp as i64, 1),
-            0x80 => self.imm(disp as i64, 4),
+            0x40 => b.push(disp as u8),
+            0x80 => b.extend(&disp.to_le_bytes()),
             _ => {}
         }
     }
 
     /// Appends an immediate of `bytes` bytes (after an `rr`/`rm` that takes one).
+    #[inline]
     pub fn imm_bytes(&mut self, v: i64, bytes: usize) {
         self.imm(v, bytes);
     }
@@ -333,10 +416,12 @@ impl Enc {
     /// `op reg` with the register in the opcode's low bits (`push`, `pop`, `bswap`,
     /// `mov r, imm`).
     pub fn op_plus_r(&mut self, sz: Sz, op: &[u8], r: Gpr) {
-        self.head(&[], sz, 0, 0, r, false);
+        let mut b = Bytes::new();
+        Self::head(&mut b, &[], sz, 0, 0, r, false);
         let (last, rest) = op.split_last().expect("opcode");
-        self.bs(rest);
-        self.b(last + (r & 7));
+        b.extend(rest);
+        b.push(last + (r & 7));
+        self.put(&b);
         self.insns += 1;
     }
 
@@ -372,45 +457,27 @@ impl Enc {
         self.insns += 1;
     }
 
-    /// `jmp/jcc BYTE =>l`: 2 bytes, reach −128..127 from the next instruction.
-    fn jump_rel8(&mut self, cc: Option<Cc>, l: Label) {
-        let ops = &mut self.ops;
+    /// `jmp/jcc rel8` (`EB` / `70+cc`): 2 bytes, reach −128..127 from the next instruction.
+    /// The displacement is written by [`Enc::finish`] from the fixup.
+    fn jump_rel8(&mut self, cc: Option<Cc>, _l: Label) {
+        let op = match cc {
+            None => 0xeb,
+            Some(cc) => 0x70 | cc as u8,
+        };
+        self.ops.extend(&[op, 0]);
+    }
+
+    /// `jmp/jcc rel32` (`E9` / `0F 80+cc`, 5 / 6 bytes), patched like [`Enc::jump_rel8`].
+    fn jump_rel32(&mut self, cc: Option<Cc>, _l: Label) {
         match cc {
-            None => dynasm!(ops ; .arch x64 ; jmp BYTE =>l),
-            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb BYTE =>l),
-            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae BYTE =>l),
-            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je BYTE =>l),
-            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne BYTE =>l),
-            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe BYTE =>l),
-            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja BYTE =>l),
-            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl BYTE =>l),
-            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge BYTE =>l),
-            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle BYTE =>l),
-            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg BYTE =>l),
+            None => self.ops.extend(&[0xe9, 0, 0, 0, 0]),
+            Some(cc) => self.ops.extend(&[0x0f, 0x80 | cc as u8, 0, 0, 0, 0]),
         }
     }
 
-    /// `jmp/jcc =>l` with a 32-bit displacement (5 / 6 bytes).
-    fn jump_rel32(&mut self, cc: Option<Cc>, l: Label) {
-        let ops = &mut self.ops;
-        match cc {
-            None => dynasm!(ops ; .arch x64 ; jmp =>l),
-            Some(Cc::B) => dynasm!(ops ; .arch x64 ; jb =>l),
-            Some(Cc::Ae) => dynasm!(ops ; .arch x64 ; jae =>l),
-            Some(Cc::E) => dynasm!(ops ; .arch x64 ; je =>l),
-            Some(Cc::Ne) => dynasm!(ops ; .arch x64 ; jne =>l),
-            Some(Cc::Be) => dynasm!(ops ; .arch x64 ; jbe =>l),
-            Some(Cc::A) => dynasm!(ops ; .arch x64 ; ja =>l),
-            Some(Cc::L) => dynasm!(ops ; .arch x64 ; jl =>l),
-            Some(Cc::Ge) => dynasm!(ops ; .arch x64 ; jge =>l),
-            Some(Cc::Le) => dynasm!(ops ; .arch x64 ; jle =>l),
-            Some(Cc::G) => dynasm!(ops ; .arch x64 ; jg =>l),
-        }
-    }
-
-    /// `call label` (always `rel32`: calls have no short form).
+    /// `call label` (`E8 rel32`: calls have no short form).
     pub fn call_label(&mut self, l: Label) {
-        dynasm!(self.ops ; .arch x64 ; call =>l);
+        self.ops.extend(&[0xe8, 0, 0, 0, 0]);
         self.fixups.push(Fixup {
             site: usize::MAX,
             end: self.pos(),
@@ -418,6 +485,26 @@ impl Enc {
             label: l,
         });
         self.insns += 1;
+    }
+
+    /// After a pass: does every branch reach its label in the form it was emitted in? Then
+    /// the pass is final (the relaxation driver would change nothing). Errors as
+    /// [`Enc::branch_checks`].
+    pub fn branches_fit(&self) -> Result<bool, String> {
+        let labels = self.ops.labels();
+        let mut fit = true;
+        for f in &self.fixups {
+            let target = labels
+                .resolve_dynamic(f.label)
+                .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
+                .0;
+            let disp = target as i64 - f.end as i64;
+            fit &= match f.width {
+                1 => i8::try_from(disp).is_ok(),
+                _ => i32::try_from(disp).is_ok(),
+            };
+        }
+        Ok(fit)
     }
 
     /// After a pass: every `jmp`/`jcc` site's displacement for the relaxation driver. Calls
@@ -452,12 +539,38 @@ impl Enc {
         Ok(checks)
     }
 
-    /// The final bytes: dynasm patches every branch (all of which [`Enc::resolve`] found
-    /// in range).
+    /// The final bytes: dynasm patches the relocations of the `dynasm!` text, this the
+    /// displacement of every `jump`/`call_label` (all of which the relaxation found in
+    /// range).
     pub fn finish(self) -> Result<Vec<u8>, String> {
-        self.ops
+        let labels = self.ops.labels();
+        let mut patches = Vec::with_capacity(self.fixups.len());
+        for f in &self.fixups {
+            let target = labels
+                .resolve_dynamic(f.label)
+                .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
+                .0;
+            let disp = target as i64 - f.end as i64;
+            let fits = match f.width {
+                1 => i8::try_from(disp).is_ok(),
+                _ => i32::try_from(disp).is_ok(),
+            };
+            if !fits {
+                return Err(format!(
+                    "internal: branch at {} does not reach its label (displacement {disp})",
+                    f.end
+                ));
+            }
+            patches.push((f.end, f.width as usize, disp as i32));
+        }
+        let mut bytes = self
+            .ops
             .finalize()
-            .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))
+            .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))?;
+        for (end, width, disp) in patches {
+            bytes[end - width..end].copy_from_slice(&disp.to_le_bytes()[..width]);
+        }
+        Ok(bytes)
     }
 }
 

@@ -28,8 +28,8 @@ use crate::lower::{Emitter, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{stack_block_size, CodegenMode};
-use packjit_frontend::ranges::{AccessCheck, AccessPlan};
-use packjit_frontend::{Op, Program};
+use packjit_frontend::ranges::AccessPlan;
+use packjit_frontend::{op_kind, Op, Program};
 
 // The prologue's `dynasm!` text names r10's home (rbp) and r1's (rdi).
 const _: () = assert!(REG_MAP[10] == RBP && REG_MAP[1] == RDI);
@@ -64,14 +64,17 @@ pub struct Plan {
 /// Decides saves, padding and the stack block.
 pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
     let block = stack_block_size(prog);
-    let has_callx = prog
-        .insts
-        .iter()
-        .any(|i| matches!(i.op, Op::CallReg { .. }));
+    // The front end's per-function summaries: no pass over the instructions here.
+    let ops = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.ops);
+    let has_callx = ops & op_kind::CALL_REG != 0;
     let needs_env = mode.sandboxed() || mode.counts_budget() || has_callx;
-    let used = prog.insts.iter().fold(0u16, |acc, i| {
-        acc | reads(&i.op) | i.op.written_reg().map_or(0, |r| 1 << r)
-    });
+    // Registers read or written anywhere: `writes` adds r1-r5 at calls, which read them
+    // anyway (`reads` has ARG_REGS there); see `regs::reads` for the atomics' r0.
+    let used = prog
+        .subprogs
+        .iter()
+        .fold(0u16, |acc, sp| acc | sp.reads | sp.writes)
+        | if ops & op_kind::ATOMIC != 0 { 1 } else { 0 };
     let subs = prog
         .subprogs
         .iter()
@@ -91,11 +94,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
                     saved.push(ENV);
                 }
             } else {
-                let writes = prog.insts[sp.start..sp.end]
-                    .iter()
-                    .filter_map(|i| i.op.written_reg())
-                    .fold(sp.writes, |acc, r| acc | 1 << r);
-                saved = callee_saved_of(writes);
+                saved = callee_saved_of(sp.writes);
             }
             // rsp ≡ 8 at every function entry; after n pushes it is 8 + 8n: odd n aligns.
             let pad = sp.calls && saved.len() % 2 == 0;
@@ -108,10 +107,11 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         used,
         zero: used & !written_first(prog),
         subs,
+        // Read only by sandboxed code, for which `lower::emit_with` fills it in.
         access: AccessPlan {
-            checks: vec![AccessCheck::NotAccess; prog.insts.len()],
+            checks: Vec::new(),
             groups: Vec::new(),
-            group_of: vec![None; prog.insts.len()],
+            group_of: Vec::new(),
             walks: Vec::new(),
             reentries: Vec::new(),
         },

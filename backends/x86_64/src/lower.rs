@@ -92,19 +92,27 @@ pub fn emit_with(
         let mut em = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
         em.clamp = opts.spectre_clamp;
         em.program()?;
-        let offsets = em.inst_offsets();
-        let checks =
-            em.e.branch_checks()
+        // Usual case: every branch reaches in the form it was emitted in, which is exactly
+        // when `settle` would say `Done`; skip building its inputs.
+        let fit =
+            em.e.branches_fit()
                 .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?;
-        for c in &checks {
-            relax.form(c.site, Form::Rel8);
-        }
-        let settled = relax.settle(&checks, |c| {
-            CompileError::new(
-                ErrorKind::Encoding,
-                format!("branch displacement {} exceeds rel32", c.disp),
-            )
-        })?;
+        let settled = if fit {
+            Settled::Done
+        } else {
+            let checks =
+                em.e.branch_checks()
+                    .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?;
+            for c in &checks {
+                relax.form(c.site, Form::Rel8);
+            }
+            relax.settle(&checks, |c| {
+                CompileError::new(
+                    ErrorKind::Encoding,
+                    format!("branch displacement {} exceeds rel32", c.disp),
+                )
+            })?
+        };
         match settled {
             Settled::Done => {
                 let passes = relax.passes();
@@ -116,6 +124,7 @@ pub fn emit_with(
                     .chain(walks.filter_map(|(w, &l)| Some((w.head, em.e.offset_of(l)?))))
                     .collect();
                 landings.sort_unstable();
+                let offsets = std::mem::take(&mut em.inst_offsets);
                 let bytes =
                     em.e.finish()
                         .map_err(|m| CompileError::new(ErrorKind::Internal, m))?;
@@ -194,8 +203,13 @@ pub struct Emitter<'a> {
     pub(crate) mode: &'a CodegenMode,
     prog: &'a Program,
     helpers: &'a [HelperEntry],
-    /// Body label of each instruction.
+    /// Body label of each instruction (only branch and call targets have their own in
+    /// trusted code, see `new`).
     inst_label: Vec<Label>,
+    /// Every instruction has its own label (sandboxed code).
+    all_labels: bool,
+    /// Where each instruction's code starts, in emission order (= instruction order).
+    inst_offsets: Vec<usize>,
     /// Prologue label of each function.
     sub_entry: Vec<Label>,
     /// Epilogue label of each function.
@@ -230,7 +244,19 @@ impl<'a> Emitter<'a> {
         forms: Vec<Form>,
     ) -> Self {
         let mut e = Enc::with_capacity(forms, prog.insts.len());
-        let inst_label = prog.insts.iter().map(|_| e.label()).collect();
+        // Trusted code jumps only to branch and call targets, so only those get a label
+        // (a dynasm label costs an allocation slot, a bind and a lookup); the others share
+        // one that is never bound, so a jump to it would fail `finish` loudly. Sandboxed
+        // code also jumps from a check group's checked copy to the instruction after the
+        // group: every instruction gets its own label there.
+        let unbound = e.label();
+        let all = mode.sandboxed();
+        let mut inst_label = vec![unbound; prog.insts.len()];
+        for (l, &target) in inst_label.iter_mut().zip(&prog.is_target) {
+            if all || target {
+                *l = e.label();
+            }
+        }
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
         let entry_pops = e.label();
@@ -248,6 +274,8 @@ impl<'a> Emitter<'a> {
             prog,
             helpers,
             inst_label,
+            all_labels: all,
+            inst_offsets: Vec::with_capacity(prog.insts.len()),
             sub_entry,
             sub_exit,
             entry_pops,
@@ -263,31 +291,45 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    fn inst_offsets(&self) -> Vec<usize> {
-        self.inst_label
-            .iter()
-            .map(|&l| self.e.offset_of(l).unwrap_or(0))
-            .collect()
-    }
-
     fn program(&mut self) -> Result<(), CompileError> {
-        for k in 0..self.prog.subprogs.len() {
-            let (start, end) = (self.prog.subprogs[k].start, self.prog.subprogs[k].end);
+        // The program outlives the emitter: its instructions are lowered by reference.
+        let prog = self.prog;
+        // Walks and check groups exist only in sandboxed code: trusted code skips the
+        // per-instruction lookups.
+        let (walks, groups) = (
+            !self.plan.access.walks.is_empty(),
+            !self.plan.access.groups.is_empty(),
+        );
+        for k in 0..prog.subprogs.len() {
+            let (start, end) = (prog.subprogs[k].start, prog.subprogs[k].end);
             let l = self.sub_entry[k];
             self.e.bind(l);
             self.prologue(k);
-            for i in start..end {
-                let l = self.inst_label[i];
+            for (i, (inst, &target)) in prog.insts[start..end]
+                .iter()
+                .zip(&prog.is_target[start..end])
+                .enumerate()
+                .map(|(n, x)| (start + n, x))
+            {
                 self.cur = i;
-                self.walk_clamp_at(i);
-                self.e.bind(l);
+                if walks {
+                    self.walk_clamp_at(i);
+                }
+                // The instruction starts here (after a walk's clamp, which only the walk's
+                // back-edge reaches).
+                self.inst_offsets.push(self.e.pos());
+                if self.all_labels || target {
+                    let l = self.inst_label[i];
+                    self.e.bind(l);
+                }
                 if self.skip == Some(i) {
                     continue;
                 }
-                let inst = self.prog.insts[i];
                 self.cur = i;
-                self.group_check_at(i);
-                self.inst(i, k, &inst)?;
+                if groups {
+                    self.group_check_at(i);
+                }
+                self.inst(i, k, inst)?;
             }
             let l = self.sub_exit[k];
             self.e.bind(l);
@@ -301,6 +343,7 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    #[inline(always)]
     fn inst(&mut self, i: usize, k: usize, inst: &Inst) -> Result<(), CompileError> {
         let pc = inst.pc;
         match inst.op {
@@ -454,6 +497,7 @@ impl<'a> Emitter<'a> {
 
     // ---- ALU --------------------------------------------------------------------------
 
+    #[inline(always)]
     fn alu(&mut self, pc: usize, width: Width, op: AluOp, dst: Reg, src: Operand) {
         let sz = sz_of(width);
         let d = host(dst);
@@ -532,6 +576,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Shifts. x86 masks the count to 31/63 itself, which is eBPF's rule.
+    #[inline(always)]
     fn shift(&mut self, sz: Sz, digit: u8, d: Gpr, src: Operand) {
         match src {
             Operand::Imm(i) => {

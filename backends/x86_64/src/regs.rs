@@ -46,9 +46,23 @@ pub const T10: Gpr = R10;
 /// addresses for `call r11`).
 pub const T11: Gpr = R11;
 
+/// [`REG_MAP`] padded to 16 entries, so [`host`] indexes it without a bounds check (the
+/// verifier admits r0–r10 only; the padding is never read).
+const HOST: [Gpr; 16] = {
+    let mut t = [0xff; 16];
+    let mut r = 0;
+    while r < REG_MAP.len() {
+        t[r] = REG_MAP[r];
+        r += 1;
+    }
+    t
+};
+
 /// Host register of BPF register `r`.
+#[inline]
 pub fn host(r: Reg) -> Gpr {
-    REG_MAP[r as usize]
+    debug_assert!(r <= 10, "BPF register r{r}");
+    HOST[(r & 15) as usize]
 }
 
 /// BPF registers this instruction reads (bit n = rN), for deciding which callee-saved
