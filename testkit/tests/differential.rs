@@ -153,12 +153,13 @@ fn run(arch: Arch, features: u64) {
                 };
                 *walk_ends.entry(key).or_default() += 1;
             }
-            // The generator must exercise both sides: proven walks and stopped ones.
-            assert!(
-                proven * 5 > escape_count
-                    && walk_ends.get("OutOfBounds").copied().unwrap_or(0) * 10 > escape_count,
-                "{proven} proven walks, {walk_ends:?}"
-            );
+            // The generator must exercise both sides: proven walks and (where the code
+            // runs) stopped ones.
+            assert!(proven * 5 > escape_count, "{proven} proven walks");
+            if native {
+                let stopped = walk_ends.get("OutOfBounds").copied().unwrap_or(0);
+                assert!(stopped * 10 > escape_count, "{walk_ends:?}");
+            }
             format!(
                 "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven"
             )
