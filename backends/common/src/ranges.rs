@@ -739,6 +739,15 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
 /// The full analysis: every access's check and the check groups. `with_groups = false`
 /// leaves accesses to be checked one by one.
 pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
+    use crate::op_kind::{ATOMIC, LOAD, STORE};
+    // A program without loads, stores or atomics has nothing to check: skip the dataflow.
+    if prog.subprogs.iter().all(|sp| sp.ops & (LOAD | STORE | ATOMIC) == 0) {
+        return AccessPlan {
+            checks: vec![AccessCheck::NotAccess; prog.insts.len()],
+            group_of: vec![None; prog.insts.len()],
+            ..AccessPlan::default()
+        };
+    }
     // Unreached accesses keep the verdict for an unknown base (checked).
     let mut checks: Vec<AccessCheck> = prog
         .insts
