@@ -741,7 +741,11 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
 pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     use crate::op_kind::{ATOMIC, LOAD, STORE};
     // A program without loads, stores or atomics has nothing to check: skip the dataflow.
-    if prog.subprogs.iter().all(|sp| sp.ops & (LOAD | STORE | ATOMIC) == 0) {
+    if prog
+        .subprogs
+        .iter()
+        .all(|sp| sp.ops & (LOAD | STORE | ATOMIC) == 0)
+    {
         return AccessPlan {
             checks: vec![AccessCheck::NotAccess; prog.insts.len()],
             group_of: vec![None; prog.insts.len()],
@@ -757,12 +761,18 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
             None => AccessCheck::NotAccess,
         })
         .collect();
+    // Walked pointers take their entry values from the same dataflow run.
+    let mut walk_candidates = crate::walks::Candidates::new(prog);
+    let observe_walks = !walk_candidates.is_empty();
     for_each_state(prog, |i, st| {
         if let Some((base, off, size)) = access_of(&prog.insts[i].op) {
             checks[i] = classify(st[base as usize], off, size);
         }
+        if observe_walks {
+            walk_candidates.observe(prog, i, st);
+        }
     });
-    let walks = crate::walks::find(prog, &mut checks);
+    let walks = walk_candidates.prove(prog, &mut checks);
     let (groups, reentries) = if with_groups {
         // Single accesses are candidates too: as a group of one they can be re-entered,
         // otherwise they keep their own check.
@@ -841,11 +851,12 @@ pub fn reentries(prog: &Program, groups: &[Group]) -> Vec<(usize, usize)> {
         }
         targets.sort_unstable();
         // Candidates of this function: (first member, group index), sorted by first.
-        let cands: Vec<(usize, usize)> = groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| range.contains(&g.first) && targets.binary_search(&g.first).is_ok())
-            .map(|(k, g)| (g.first, k))
+        // Groups are sorted by first member: this function's are one slice of them.
+        let lo = groups.partition_point(|g| g.first < sp.start);
+        let hi = groups.partition_point(|g| g.first < sp.end);
+        let cands: Vec<(usize, usize)> = (lo..hi)
+            .filter(|&k| targets.binary_search(&groups[k].first).is_ok())
+            .map(|k| (groups[k].first, k))
             .take(64)
             .collect();
         if cands.is_empty() {

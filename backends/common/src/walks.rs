@@ -38,7 +38,7 @@
 //! Each load or store through the pointer whose whole range over all those values lies in
 //! the current 512-byte frame becomes [`AccessCheck::Walked`]; a walk without any is dropped.
 
-use crate::ranges::{for_each_state, transfer, AccessCheck, Base};
+use crate::ranges::{for_each_state, transfer, AccessCheck, Base, State, Val};
 use crate::{AluOp, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
 
 /// Largest pointer step: from a clamped 0, a speculation window of a few hundred iterations
@@ -73,119 +73,190 @@ struct Candidate {
 }
 
 /// Finds the walks of `prog` and marks the accesses they prove as [`AccessCheck::Walked`] in
-/// `checks` (indexed by instruction). Returns the walks, sorted by head.
+/// `checks` (indexed by instruction). Returns the walks, sorted by head. (One dataflow run of
+/// its own; [`crate::ranges::plan_accesses`] shares its run through [`Candidates`].)
 pub fn find(prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
-    let n = prog.insts.len();
-    // How many jumps land on each instruction.
-    let mut landings = vec![0u32; n];
-    for inst in &prog.insts {
-        if let Op::Ja { target } | Op::Jcond { target, .. } = inst.op {
-            landings[target] += 1;
-        }
+    let mut cands = Candidates::new(prog);
+    if !cands.is_empty() {
+        for_each_state(prog, |i, st| cands.observe(prog, i, st));
     }
-    let mut cands: Vec<Candidate> = Vec::new();
-    for sp in &prog.subprogs {
-        for j in sp.start..sp.end {
-            let Op::Jcond {
-                width: Width::W64,
-                cond,
-                dst,
-                src: Operand::Reg(src),
-                target: head,
-            } = prog.insts[j].op
-            else {
-                continue;
-            };
-            if head <= sp.start || head >= j {
-                continue;
+    cands.prove(prog, checks)
+}
+
+/// Loops that pass the structural conditions, waiting for their entry values.
+pub struct Candidates {
+    cands: Vec<Candidate>,
+    /// Per candidate: the pointer's and the bound's values falling into the head.
+    entry: Vec<Option<(Val, Val)>>,
+}
+
+impl Candidates {
+    /// The structural pass. Linear in the program: the conditions that can fail anywhere in
+    /// a loop (a landing inside it, a call in it) are answered from prefix counts, and the
+    /// loops that pass them are disjoint (a second loop's head would be a landing inside
+    /// the first), so only disjoint bodies are scanned.
+    pub fn new(prog: &Program) -> Self {
+        let none = Candidates {
+            cands: Vec::new(),
+            entry: Vec::new(),
+        };
+        let back_edges = prog.insts.iter().enumerate().any(|(j, inst)| {
+            matches!(inst.op, Op::Jcond { width: Width::W64, src: Operand::Reg(_), target, .. } if target < j)
+        });
+        if !back_edges {
+            return none;
+        }
+        let n = prog.insts.len();
+        // landings[i]: jumps landing on i; before[i]: landings / calls among 0..i.
+        let mut landings = vec![0u32; n];
+        for inst in &prog.insts {
+            if let Op::Ja { target } | Op::Jcond { target, .. } = inst.op {
+                landings[target] += 1;
             }
-            // Either operand order: `ptr cont bound` or `bound cont' ptr`.
-            let orders = [
-                match cond {
-                    Cond::Ne | Cond::Lt | Cond::Le => Some((dst, src, cond)),
-                    _ => None,
-                },
-                match cond {
-                    Cond::Ne => Some((src, dst, Cond::Ne)),
-                    Cond::Gt => Some((src, dst, Cond::Lt)),
-                    Cond::Ge => Some((src, dst, Cond::Le)),
-                    _ => None,
-                },
-            ];
-            for (ptr, bound, cont) in orders.into_iter().flatten() {
-                if let Some(c) = candidate(prog, &landings, head, j, ptr, bound, cont) {
-                    cands.push(c);
-                    break;
+        }
+        let mut landed_before = Vec::with_capacity(n + 1);
+        let mut calls_before = Vec::with_capacity(n + 1);
+        let (mut l, mut c) = (0u32, 0u32);
+        for (inst, &k) in prog.insts.iter().zip(&landings) {
+            landed_before.push(l);
+            calls_before.push(c);
+            l += k;
+            c += matches!(
+                inst.op,
+                Op::CallHelper { .. }
+                    | Op::CallReg { .. }
+                    | Op::CallLocal { .. }
+                    | Op::MovPerCpu { .. }
+            ) as u32;
+        }
+        landed_before.push(l);
+        calls_before.push(c);
+        let mut cands: Vec<Candidate> = Vec::new();
+        for sp in &prog.subprogs {
+            for j in sp.start..sp.end {
+                let Op::Jcond {
+                    width: Width::W64,
+                    cond,
+                    dst,
+                    src: Operand::Reg(src),
+                    target: head,
+                } = prog.insts[j].op
+                else {
+                    continue;
+                };
+                if head <= sp.start || head >= j {
+                    continue;
+                }
+                // Entered only by falling through from `head - 1`; the back-edge is the only
+                // jump to the head and nothing lands inside the loop (which also rules out
+                // jumps inside it that stay inside it); no calls.
+                if landings[head] != 1
+                    || matches!(prog.insts[head - 1].op, Op::Ja { .. } | Op::Exit)
+                    || landed_before[j + 1] != landed_before[head + 1]
+                    || calls_before[j] != calls_before[head]
+                {
+                    continue;
+                }
+                // Either operand order: `ptr cont bound` or `bound cont' ptr`.
+                let orders = [
+                    match cond {
+                        Cond::Ne | Cond::Lt | Cond::Le => Some((dst, src, cond)),
+                        _ => None,
+                    },
+                    match cond {
+                        Cond::Ne => Some((src, dst, Cond::Ne)),
+                        Cond::Gt => Some((src, dst, Cond::Lt)),
+                        Cond::Ge => Some((src, dst, Cond::Le)),
+                        _ => None,
+                    },
+                ];
+                for (ptr, bound, cont) in orders.into_iter().flatten() {
+                    if let Some(c) = candidate(prog, head, j, ptr, bound, cont) {
+                        cands.push(c);
+                        break;
+                    }
                 }
             }
         }
+        // Sorted by head (subprograms are in order, and disjoint loops by back-edge).
+        cands.sort_unstable_by_key(|c| c.walk.head);
+        let entry = vec![None; cands.len()];
+        Candidates { cands, entry }
     }
-    if cands.is_empty() {
-        return Vec::new();
+
+    /// Whether there is nothing to prove (no dataflow needed).
+    pub fn is_empty(&self) -> bool {
+        self.cands.is_empty()
     }
-    // Entry values: the state after `head - 1`, which falls through into the head.
-    let mut entry = vec![None; cands.len()];
-    for_each_state(prog, |i, st| {
-        for (k, c) in cands.iter().enumerate() {
-            if c.walk.head == i + 1 {
-                let mut after = *st;
-                transfer(&mut after, &prog.insts[i].op);
-                entry[k] = Some((after[c.walk.ptr as usize], after[c.walk.bound as usize]));
-            }
-        }
-    });
-    let mut walks = Vec::new();
-    for (c, vals) in cands.iter().zip(entry) {
-        let Some((p, b)) = vals else { continue };
-        let exact = |v: crate::ranges::Val| (v.base == Base::Stack && v.lo == v.hi).then_some(v.lo);
-        let (Some(a), Some(b)) = (exact(p), exact(b)) else {
-            continue;
+
+    /// Records the entry values when `i` is the instruction before a candidate's head
+    /// (`st` is the state before `i`; the head is entered by falling through from it).
+    pub fn observe(&mut self, prog: &Program, i: usize, st: &State) {
+        let Ok(k) = self.cands.binary_search_by_key(&(i + 1), |c| c.walk.head) else {
+            return;
         };
-        // The pointer's values at the head, as a range stepped by `c.step`.
-        // (Offsets are within a frame's reach of r10: no overflow in this arithmetic.)
-        let last = match c.walk.cont {
-            Cond::Ne if b > a && (b - a) % c.step == 0 => b - c.step,
-            Cond::Ne => continue,
-            // The largest a + c·t below (or at) b; just a when the first test already fails.
-            Cond::Lt if b > a => a + (b - 1 - a) / c.step * c.step,
-            _ if b >= a => a + (b - a) / c.step * c.step,
-            _ => a,
-        };
-        let mut proven = false;
-        let body = c.walk.head..c.walk.back_edge;
-        for (m, inst) in body.clone().zip(&prog.insts[body]) {
-            let (Op::Load {
-                base, off, size, ..
-            }
-            | Op::Store {
-                base, off, size, ..
-            }) = inst.op
-            else {
+        let c = &self.cands[k];
+        let mut after = *st;
+        transfer(&mut after, &prog.insts[i].op);
+        self.entry[k] = Some((after[c.walk.ptr as usize], after[c.walk.bound as usize]));
+    }
+
+    /// Proves what the entry values allow: marks the walked accesses in `checks` and
+    /// returns the walks, sorted by head.
+    pub fn prove(self, prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
+        let mut walks = Vec::new();
+        for (c, vals) in self.cands.iter().zip(self.entry) {
+            let Some((p, b)) = vals else { continue };
+            let exact = |v: Val| (v.base == Base::Stack && v.lo == v.hi).then_some(v.lo);
+            let (Some(a), Some(b)) = (exact(p), exact(b)) else {
                 continue;
             };
-            if base != c.walk.ptr || checks[m] == AccessCheck::None {
-                continue;
+            // The pointer's values at the head, as a range stepped by `c.step`.
+            // (Offsets are within a frame's reach of r10: no overflow in this arithmetic.)
+            let last = match c.walk.cont {
+                Cond::Ne if b > a && (b - a) % c.step == 0 => b - c.step,
+                Cond::Ne => continue,
+                // The largest a + c·t below (or at) b; just a when the first test fails.
+                Cond::Lt if b > a => a + (b - 1 - a) / c.step * c.step,
+                _ if b >= a => a + (b - a) / c.step * c.step,
+                _ => a,
+            };
+            let mut proven = false;
+            let body = c.walk.head..c.walk.back_edge;
+            for (m, inst) in body.clone().zip(&prog.insts[body]) {
+                let (Op::Load {
+                    base, off, size, ..
+                }
+                | Op::Store {
+                    base, off, size, ..
+                }) = inst.op
+                else {
+                    continue;
+                };
+                if base != c.walk.ptr || checks[m] == AccessCheck::None {
+                    continue;
+                }
+                let moved = if m > c.step_at { c.step } else { 0 };
+                let lo = a + moved + off as i64;
+                let hi = last + moved + off as i64 + size.bytes() as i64;
+                if lo >= -(STACK_SIZE as i64) && hi <= 0 {
+                    checks[m] = AccessCheck::Walked;
+                    proven = true;
+                }
             }
-            let moved = if m > c.step_at { c.step } else { 0 };
-            let lo = a + moved + off as i64;
-            let hi = last + moved + off as i64 + size.bytes() as i64;
-            if lo >= -(STACK_SIZE as i64) && hi <= 0 {
-                checks[m] = AccessCheck::Walked;
-                proven = true;
+            if proven {
+                walks.push(Walk { last, ..c.walk });
             }
         }
-        if proven {
-            walks.push(Walk { last, ..c.walk });
-        }
+        walks
     }
-    walks.sort_unstable_by_key(|w| w.head);
-    walks
 }
 
-/// The structural conditions of the module docs for the loop `head..=back_edge`.
+/// The rest of the module docs' conditions for the loop `head..=back_edge` (landings and
+/// calls are checked by the caller): the pointer written once, by `ptr += c`, the bound
+/// never.
 fn candidate(
     prog: &Program,
-    landings: &[u32],
     head: usize,
     back_edge: usize,
     ptr: Reg,
@@ -195,29 +266,9 @@ fn candidate(
     if ptr == bound || ptr == crate::R10 {
         return None;
     }
-    // Entered only by falling through from `head - 1`, re-entered only by the back-edge.
-    if landings[head] != 1 || matches!(prog.insts[head - 1].op, Op::Ja { .. } | Op::Exit) {
-        return None;
-    }
-    // Only the back-edge lands on the head; nothing lands inside the loop.
-    if landings[head + 1..=back_edge].iter().any(|&n| n != 0) {
-        return None;
-    }
     let mut step = None;
     for (i, inst) in (head..back_edge).zip(&prog.insts[head..back_edge]) {
         let op = inst.op;
-        match op {
-            Op::CallHelper { .. }
-            | Op::CallReg { .. }
-            | Op::CallLocal { .. }
-            | Op::MovPerCpu { .. } => return None,
-            Op::Ja { target } | Op::Jcond { target, .. }
-                if (head..=back_edge).contains(&target) =>
-            {
-                return None
-            }
-            _ => {}
-        }
         match op.written_reg() {
             Some(w) if w == bound => return None,
             Some(w) if w == ptr => {
