@@ -860,7 +860,7 @@ impl<'a> Emitter<'a> {
     /// Where the jump at instruction `i` lands: past the target group's check when the front
     /// end found the group already validated on every path to the jump.
     fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
-        if let Some(k) = self.plan.access.walks.iter().position(|w| w.back_edge == i) {
+        if let Some(k) = self.plan.access.walk_of_back_edge(i) {
             return self.walk_clamps[k];
         }
         match self
@@ -878,7 +878,7 @@ impl<'a> Emitter<'a> {
     /// clamp its back-edge lands on, which redoes the loop's test and zeroes the pointer
     /// when the loop should have ended (a mispredicted back-edge), with no branch.
     fn walk_clamp_at(&mut self, i: usize) {
-        let Some(k) = self.plan.access.walks.iter().position(|w| w.head == i) else {
+        let Some(k) = self.plan.access.walk_at_head(i) else {
             return;
         };
         let w = self.plan.access.walks[k];

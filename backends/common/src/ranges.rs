@@ -431,17 +431,15 @@ impl AccessPlan {
         self.checks[i]
     }
 
-    /// The walk whose head is instruction `i`, if any.
-    pub fn walk_at_head(&self, i: usize) -> Option<&crate::walks::Walk> {
-        self.walks
-            .binary_search_by_key(&i, |w| w.head)
-            .ok()
-            .map(|k| &self.walks[k])
+    /// The index of the walk whose head is instruction `i`, if any.
+    pub fn walk_at_head(&self, i: usize) -> Option<usize> {
+        self.walks.binary_search_by_key(&i, |w| w.head).ok()
     }
 
-    /// The walk whose back-edge is the jump at instruction `i`, if any.
-    pub fn walk_of_back_edge(&self, i: usize) -> Option<&crate::walks::Walk> {
-        self.walks.iter().find(|w| w.back_edge == i)
+    /// The index of the walk whose back-edge is the jump at instruction `i`, if any. (Walks
+    /// are disjoint loops, so sorted by head they are sorted by back-edge too.)
+    pub fn walk_of_back_edge(&self, i: usize) -> Option<usize> {
+        self.walks.binary_search_by_key(&i, |w| w.back_edge).ok()
     }
 
     /// The group whose check the jump at instruction `i` skips, if any.
@@ -779,7 +777,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         let candidates = form_groups(prog, &checks, 1);
         let mut found = reentries(prog, &candidates);
         // A walk's back-edge lands on its clamp.
-        found.retain(|&(j, _)| !walks.iter().any(|w| w.back_edge == j));
+        found.retain(|&(j, _)| walks.binary_search_by_key(&j, |w| w.back_edge).is_err());
         let mut reentered = vec![false; candidates.len()];
         for &(_, k) in &found {
             reentered[k] = true;

@@ -1278,7 +1278,7 @@ impl<'a> Emitter<'a> {
     /// the group already validated on every path to the jump (and this backend emitted the
     /// group's widened check, see [`Self::group_supported`]).
     fn jump_label(&self, target: usize) -> Label {
-        if let Some(k) = (self.plan.access.walks.iter()).position(|w| w.back_edge == self.cur) {
+        if let Some(k) = self.plan.access.walk_of_back_edge(self.cur) {
             return self.walk_clamps[k];
         }
         match self.plan.access.reentry(self.cur) {
@@ -1293,7 +1293,7 @@ impl<'a> Emitter<'a> {
     /// clamp its back-edge lands on, which redoes the loop's test and zeroes the pointer
     /// when the loop should have ended (a mispredicted back-edge), with no branch.
     fn walk_clamp_at(&mut self, i: usize) {
-        let Some(k) = self.plan.access.walks.iter().position(|w| w.head == i) else {
+        let Some(k) = self.plan.access.walk_at_head(i) else {
             return;
         };
         let w = self.plan.access.walks[k];
