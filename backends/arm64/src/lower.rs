@@ -857,8 +857,9 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Where the jump at instruction `i` lands: past the target group's check when the front
-    /// end found the group already validated on every path to the jump.
+    /// Where the jump at instruction `i` lands: on the pointer clamp when it is a walk's
+    /// back-edge, past the target group's check when the front end found the group already
+    /// validated on every path to the jump, else at the target.
     fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
         if let Some(k) = self.plan.access.walk_of_back_edge(i) {
             return self.walk_clamps[k];
@@ -1326,8 +1327,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// Whether the current access goes to `base + off` with no check of its own: proven
-    /// inside the frame, or a member of a check group on the hot path. At a group's first
-    /// member this emits the group's widened check (see [`Cold::Group`]).
+    /// inside the frame (by the data or by its walk), or a member of a check group on the
+    /// hot path (whose widened check `group_check_at` emitted, see [`Cold::Group`]).
     fn unchecked_access(&mut self, base: Reg) -> bool {
         if matches!(
             self.plan.access.check(self.cur),

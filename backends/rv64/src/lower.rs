@@ -891,8 +891,8 @@ impl<'a> Codegen<'a> {
     }
 
     /// Whether the current access goes to `base + off` with no check of its own: proven
-    /// inside the frame by the front end's range analysis, or a member of a check group on
-    /// the hot path. At a group's first member this emits the group's widened check.
+    /// inside the frame (by the data or by its walk), or a member of a check group on the
+    /// hot path (whose widened check `group_check_at` emitted).
     fn unchecked_access(&mut self, _base: Reg) -> bool {
         let i = self.cur;
         if matches!(
@@ -950,8 +950,9 @@ impl<'a> Codegen<'a> {
         self.cold.push(Cold::Group { label, group: g });
     }
 
-    /// Where the jump at instruction `i` lands: past the target group's check when the front
-    /// end found the group already validated on every path to the jump.
+    /// Where the jump at instruction `i` lands: on the pointer clamp when it is a walk's
+    /// back-edge, past the target group's check when the front end found the group already
+    /// validated on every path to the jump, else at the target.
     fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
         if let Some(k) = self.access.walk_of_back_edge(i) {
             return self.walk_clamps[k];

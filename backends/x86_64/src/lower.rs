@@ -942,8 +942,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// Whether the current access goes to `base + off` with no check of its own: proven
-    /// inside the frame by the front end's range analysis, or a member of a check group on
-    /// the hot path. At a group's first member this emits the group's widened check.
+    /// inside the frame (by the data or by its walk), or a member of a check group on the
+    /// hot path (whose widened check `group_check_at` emitted).
     fn unchecked_access(&mut self) -> bool {
         let i = self.cur;
         if matches!(
@@ -1274,9 +1274,10 @@ impl<'a> Emitter<'a> {
         self.e.jump(None, l);
     }
 
-    /// Where the current jump lands: past the target group's check when the front end found
-    /// the group already validated on every path to the jump (and this backend emitted the
-    /// group's widened check, see [`Self::group_supported`]).
+    /// Where the current jump lands: on the pointer clamp when it is a walk's back-edge, past
+    /// the target group's check when the front end found the group already validated on
+    /// every path to the jump (and this backend emitted the group's widened check, see
+    /// [`Self::group_supported`]), else at the target.
     fn jump_label(&self, target: usize) -> Label {
         if let Some(k) = self.plan.access.walk_of_back_edge(self.cur) {
             return self.walk_clamps[k];
