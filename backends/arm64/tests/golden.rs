@@ -791,3 +791,67 @@ fn inlined_builtins_are_short_sequences() {
         assert_eq!(got, want, "{name}:\n{}", got.join("\n"));
     }
 }
+
+/// The Spectre clamps that no functional test can see, on the bench's loops
+/// (`packjit_testkit::bench`): the walked stack pointer's loop (back-edge lands on one
+/// `csel` of the pointer on the loop's own flags, then the unchecked load), the header-parse
+/// loop (back-edge lands past the group's check: no check per iteration), and that loop's
+/// checked copy, which rebuilds the base from each member's clamped address.
+#[test]
+fn loops_clamp_what_they_no_longer_check() {
+    let programs = packjit_testkit::bench::sandbox_programs();
+    let hot_loop = |name: &str| -> (Vec<String>, Vec<String>) {
+        let p = programs.iter().find(|p| p.name.starts_with(name)).unwrap();
+        let out = packjit_arm64::emit_request(&CompileRequest {
+            code: &p.code,
+            helpers: &[],
+            features: 0,
+            flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
+            blind_key: 0,
+        })
+        .unwrap();
+        let from = packjit_testkit::bench::loop_landing(
+            p.hot.start,
+            out.inst_offsets[p.hot.start],
+            &out.landings,
+        );
+        let to = out.inst_offsets[p.hot.end];
+        (disasm(&out.bytes[from..to]), disasm(&out.bytes))
+    };
+    let want: [&[&str]; 2] = [
+        &[
+            "csel x2, x2, xzr, ne",
+            "ldr x3, [x2]",
+            "add x7, x7, x3",
+            "add x2, x2, #0x8",
+            "add x10, x25, #0x200",
+            "cmp x2, x10",
+            "b.ne 0x0",
+        ],
+        &[
+            "ldrh w1, [x0, #12]",
+            "ldrb w2, [x0, #23]",
+            "ldur w3, [x0, #26]",
+            "ldur w4, [x0, #30]",
+            "ldrh w20, [x0, #34]",
+            "add x7, x7, x1",
+            "eor x7, x7, x2",
+            "add x7, x7, x3",
+            "eor x7, x7, x4",
+            "add x7, x7, x20",
+            "add x19, x19, #0x1",
+            "cmp x19, #0x1, lsl #12",
+            "b.cc 0x0",
+        ],
+    ];
+    let (walk, _) = hot_loop("stack table (checked");
+    assert_eq!(walk, want[0], "walk:\n{}", walk.join("\n"));
+    let (header, all) = hot_loop("header parse");
+    assert_eq!(header, want[1], "header:\n{}", header.join("\n"));
+    // The checked copy: each member's check, then the base (x0 = r1) from its clamped
+    // address.
+    for off in [0xc, 0x17, 0x1a, 0x1e, 0x22] {
+        let clamp = format!("sub x0, x9, #0x{off:x}");
+        assert!(all.contains(&clamp), "{clamp} missing:\n{}", all.join("\n"));
+    }
+}

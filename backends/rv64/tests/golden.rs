@@ -506,3 +506,77 @@ fn inlined_builtins_are_short_sequences() {
         assert_eq!(got, want, "{name}:\n{}", got.join("\n"));
     }
 }
+
+/// The Spectre clamps that no functional test can see, on the bench's loops
+/// (`packjit_testkit::bench`), base ISA and with Zbb: the walked stack pointer's loop
+/// (back-edge lands on the pointer's clamp, a `p < r10` mask or one `minu`, then the
+/// unchecked load), the header-parse loop (back-edge lands past the group's check: no check
+/// per iteration), and that loop's checked copy, which masks the base with each member's
+/// verdict.
+#[test]
+fn loops_clamp_what_they_no_longer_check() {
+    let programs = packjit_testkit::bench::sandbox_programs();
+    let hot_loop = |name: &str, features: u64| -> (Vec<String>, Vec<String>) {
+        let p = programs.iter().find(|p| p.name.starts_with(name)).unwrap();
+        let m = packjit_rv64::Rv64Backend::new()
+            .emit_for_measurement(
+                &packjit_plugin_api::CompileRequest {
+                    code: &p.code,
+                    helpers: &[],
+                    features,
+                    flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
+                    blind_key: 0,
+                },
+                Default::default(),
+            )
+            .unwrap();
+        let slots = p.hot_slots();
+        let from = packjit_testkit::bench::loop_landing(
+            p.hot.start,
+            m.line_table[slots.start] as usize,
+            &m.landings,
+        );
+        let to = m.line_table[slots.end] as usize;
+        (disasm(&m.bytes[from..to]), disasm(&m.bytes))
+    };
+    let want: [&[&str]; 2] = [
+        &[
+            "sltu x28,x12,x21",
+            "neg x28,x28",
+            "and x12,x12,x28",
+            "ld x13,0(x12)",
+            "add x15,x15,x13",
+            "add x12,x12,8",
+            "bne x12,x21,0x0",
+        ],
+        &[
+            "lhu x11,12(x10)",
+            "lbu x12,23(x10)",
+            "lwu x13,26(x10)",
+            "lwu x14,30(x10)",
+            "lhu x18,34(x10)",
+            "add x15,x15,x11",
+            "xor x15,x15,x12",
+            "add x15,x15,x13",
+            "xor x15,x15,x14",
+            "add x15,x15,x18",
+            "add x9,x9,1",
+            "lui x6,0x1",
+            "bltu x9,x6,0x0",
+        ],
+    ];
+    let (walk, _) = hot_loop("stack table (checked", 0);
+    assert_eq!(walk, want[0], "walk:\n{}", walk.join("\n"));
+    let (walk_zbb, _) = hot_loop("stack table (checked", FEATURE_ZBB);
+    assert_eq!(
+        &walk_zbb[..2],
+        ["add x28,x21,-8", "minu x12,x12,x28"],
+        "{walk_zbb:#?}"
+    );
+    let (header, all) = hot_loop("header parse", 0);
+    assert_eq!(header, want[1], "header:\n{}", header.join("\n"));
+    // The base (a0 = r1) masked with the verdict (t3): once after the widened check, and in
+    // the checked copy after each of the five members' checks.
+    let masks = all.iter().filter(|l| *l == "and x10,x10,x28").count();
+    assert_eq!(masks, 1 + 5, "{}", all.join("\n"));
+}

@@ -799,3 +799,69 @@ fn inlined_builtins_are_short_sequences() {
         assert_eq!(got, want, "{name}:\n{}", got.join("\n"));
     }
 }
+
+/// The Spectre clamps that no functional test can see, on the bench's loops
+/// (`packjit_testkit::bench`): the walked stack pointer's loop (back-edge lands on a `cmov`
+/// of the pointer on the loop's own flags, then the unchecked load), the header-parse loop
+/// (back-edge lands past the group's check: no check per iteration), and that loop's checked
+/// copy, which ends with `lfence` before the code the skipping jump trusts.
+#[test]
+fn loops_clamp_what_they_no_longer_check() {
+    let programs = packjit_testkit::bench::sandbox_programs();
+    let hot_loop = |name: &str| -> (Vec<String>, Vec<String>) {
+        let p = programs.iter().find(|p| p.name.starts_with(name)).unwrap();
+        let out = emit_program(
+            &p.code,
+            &[],
+            &Options {
+                flags: PJ_COMPILE_SANDBOX,
+                features: 0,
+                blind_key: 1,
+            },
+        )
+        .unwrap();
+        let from = packjit_testkit::bench::loop_landing(
+            p.hot.start,
+            out.inst_offsets[p.hot.start],
+            &out.landings,
+        );
+        let to = out.inst_offsets[p.hot.end];
+        (disasm(&out.bytes[from..to]), disasm(&out.bytes))
+    };
+    let want: [&[&str]; 2] = [
+        &[
+            "mov r9d,0x0",
+            "cmove rdx,r9",
+            "mov rcx,QWORD PTR [rdx]",
+            "add rax,rcx",
+            "add rdx,0x8",
+            "cmp rdx,rbp",
+            "jne 0x0",
+        ],
+        &[
+            "movzx esi,WORD PTR [rdi+0xc]",
+            "movzx edx,BYTE PTR [rdi+0x17]",
+            "mov ecx,DWORD PTR [rdi+0x1a]",
+            "mov r8d,DWORD PTR [rdi+0x1e]",
+            "movzx r13d,WORD PTR [rdi+0x22]",
+            "add rax,rsi",
+            "xor rax,rdx",
+            "add rax,rcx",
+            "xor rax,r8",
+            "add rax,r13",
+            "add rbx,0x1",
+            "cmp rbx,0x1000",
+            "jb 0x0",
+        ],
+    ];
+    let (walk, _) = hot_loop("stack table (checked");
+    assert_eq!(walk, want[0], "walk:\n{}", walk.join("\n"));
+    let (header, all) = hot_loop("header parse");
+    assert_eq!(header, want[1], "header:\n{}", header.join("\n"));
+    assert_eq!(
+        all.iter().filter(|l| *l == "lfence").count(),
+        1,
+        "{}",
+        all.join("\n")
+    );
+}
