@@ -540,20 +540,9 @@ const fn fast_entry(opc: u8) -> Fast {
                     ..SLOW
                 };
             }
-            let cond = match code {
-                JMP_JEQ => Cond::Eq,
-                JMP_JGT => Cond::Gt,
-                JMP_JGE => Cond::Ge,
-                JMP_JSET => Cond::Set,
-                JMP_JNE => Cond::Ne,
-                JMP_JSGT => Cond::Sgt,
-                JMP_JSGE => Cond::Sge,
-                JMP_JLT => Cond::Lt,
-                JMP_JLE => Cond::Le,
-                JMP_JSLT => Cond::Slt,
-                JMP_JSLE => Cond::Sle,
-                // ja32, call, exit32 and the undefined codes: the slow path.
-                _ => return SLOW,
+            // ja32, call, exit32 and the undefined codes: the slow path.
+            let Some(cond) = jmp_cond(code) else {
+                return SLOW;
             };
             Fast {
                 kind: if is_reg {
@@ -1219,19 +1208,8 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
             Ok(Op::Exit)
         }
         _ => {
-            let cond = match code {
-                JMP_JEQ => Cond::Eq,
-                JMP_JGT => Cond::Gt,
-                JMP_JGE => Cond::Ge,
-                JMP_JSET => Cond::Set,
-                JMP_JNE => Cond::Ne,
-                JMP_JSGT => Cond::Sgt,
-                JMP_JSGE => Cond::Sge,
-                JMP_JLT => Cond::Lt,
-                JMP_JLE => Cond::Le,
-                JMP_JSLT => Cond::Slt,
-                JMP_JSLE => Cond::Sle,
-                _ => return Err(unknown(pc, i)),
+            let Some(cond) = jmp_cond(code) else {
+                return Err(unknown(pc, i));
             };
             let dst = check_reg(pc, "destination", i.dst)?;
             let src = if is_reg {
@@ -1250,6 +1228,25 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
             })
         }
     }
+}
+
+/// The condition of a conditional jump's operation code (`BPF_OP` bits), or `None` for
+/// `ja`, `call`, `exit` and the undefined codes.
+const fn jmp_cond(code: u8) -> Option<Cond> {
+    Some(match code {
+        JMP_JEQ => Cond::Eq,
+        JMP_JGT => Cond::Gt,
+        JMP_JGE => Cond::Ge,
+        JMP_JSET => Cond::Set,
+        JMP_JNE => Cond::Ne,
+        JMP_JSGT => Cond::Sgt,
+        JMP_JSGE => Cond::Sge,
+        JMP_JLT => Cond::Lt,
+        JMP_JLE => Cond::Le,
+        JMP_JSLT => Cond::Slt,
+        JMP_JSLE => Cond::Sle,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
