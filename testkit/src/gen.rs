@@ -1780,7 +1780,7 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
     };
     let head = p.len();
     let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
-    for _ in 0..1 + rnd(3) {
+    let mut access = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
         let size = sizes[rnd(4) as usize];
         let off = rnd(24) as i16 - 8;
         match rnd(4) {
@@ -1791,12 +1791,33 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
                 p.push(ins(0x0f, 0, 4, 0, 0)); // r0 += r4
             }
         }
+    };
+    for _ in 0..1 + rnd(3) {
+        access(&mut p, &mut rnd);
     }
-    if rnd(4) == 0 {
-        // An early exit: leaves the loop, so the walk stays provable.
-        p.push(ins(0x25, 0, 0, 2, 1 << 20)); // if r0 > 2^20 goto out (past the back-edge)
+    // Which caller-saved registers the loop keeps busy, so the clamp's shadow register
+    // (`Walk::shadow`) varies: r1 free, r1 taken (r2 or, when the early exit reads r2, r5),
+    // or all taken (the clamp goes back in place).
+    match rnd(3) {
+        0 => {}
+        1 => p.push(ins(0xbf, 1, 4, 0, 0)), // r1 = r4
+        _ => {
+            p.push(ins(0xbf, 1, 4, 0, 0)); // r1 = r4
+            p.push(ins(0xb7, 2, 0, 0, 7)); // r2 = 7
+            p.push(ins(0xbf, 5, 0, 0, 0)); // r5 = r0
+        }
     }
+    let early_exit = rnd(4) == 0;
+    if early_exit {
+        // An early exit: leaves the loop, so the walk stays provable. Its target reads r2.
+        p.push(ins(0x25, 0, 0, 0, 1 << 20)); // if r0 > 2^20 goto out (patched below)
+    }
+    let exit_jump = p.len() - 1;
     p.push(ins(0x07, 3, 0, 0, step)); // r3 += step
+    if rnd(3) == 0 {
+        // An access after the step: through the shadow, its offset moves by the step.
+        access(&mut p, &mut rnd);
+    }
     let back = head as i64 - (p.len() as i64 + 1);
     // The exit test, in either operand order.
     let (op, dst, src) = match rnd(6) {
@@ -1809,6 +1830,10 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
     };
     p.push(ins(op, dst, src, back as i16, 0));
     p.push(ins(0x95, 0, 0, 0, 0));
-    p.push(ins(0x95, 0, 0, 0, 0)); // out: (the early exit's target)
+    if early_exit {
+        p[exit_jump] = ins(0x25, 0, 0, (p.len() - exit_jump - 1) as i16, 1 << 20);
+    }
+    p.push(ins(0x0f, 0, 2, 0, 0)); // out: r0 += r2 (the context length)
+    p.push(ins(0x95, 0, 0, 0, 0));
     p.concat()
 }

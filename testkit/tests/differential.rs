@@ -138,13 +138,14 @@ fn run(arch: Arch, features: u64) {
             // Loops walking a pointer through the frame (`packjit_frontend::walks`): proven
             // walks run with a clamp instead of checks; the rest must stop where the
             // reference does.
-            let (mut walk_ends, mut proven) = (BTreeMap::<String, u64>::new(), 0u64);
+            let (mut walk_ends, mut proven, mut shadowed) =
+                (BTreeMap::<String, u64>::new(), 0u64, 0u64);
             for seed in base..base + escape_count {
                 current.store(seed, Ordering::Relaxed);
                 let prog = packjit_frontend::decode(&walk_program(seed), &[]).unwrap();
-                proven += !packjit_frontend::ranges::plan_accesses(&prog, true)
-                    .walks
-                    .is_empty() as u64;
+                let walks = packjit_frontend::ranges::plan_accesses(&prog, true).walks;
+                proven += !walks.is_empty() as u64;
+                shadowed += walks.iter().any(|w| w.shadow.is_some()) as u64;
                 let key = match check_walk_seed(&target, seed) {
                     Ok(EscapeChecked::Finished) => "finished".to_string(),
                     Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
@@ -156,12 +157,17 @@ fn run(arch: Arch, features: u64) {
             // The generator must exercise both sides: proven walks and (where the code
             // runs) stopped ones.
             assert!(proven * 5 > escape_count, "{proven} proven walks");
+            // ... and both clamps: into a shadow register, and in place.
+            assert!(
+                shadowed * 10 > escape_count && (proven - shadowed) * 20 > escape_count,
+                "{proven} proven walks, {shadowed} through a shadow"
+            );
             if native {
                 let stopped = walk_ends.get("OutOfBounds").copied().unwrap_or(0);
                 assert!(stopped * 10 > escape_count, "{walk_ends:?}");
             }
             format!(
-                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven"
+                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven ({shadowed} clamped into a shadow register)"
             )
         }
     };

@@ -28,6 +28,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
+use packjit_frontend::walks::Walk;
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
     PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
@@ -600,6 +601,7 @@ impl<'a> Emitter<'a> {
         // r10-based accesses address the frame directly off its base (r10 = base + 512).
         let (b, o) = if self.mode.sandboxed() && checked_access(&inst).is_some() {
             if self.unchecked_access(base) {
+                let (base, off) = self.walked_address(base, off);
                 (REG_MAP[base as usize], off as i64)
             } else {
                 let addr = self.check_access(size, op == MemOp::Store, base, off);
@@ -884,45 +886,70 @@ impl<'a> Emitter<'a> {
         };
         let w = self.plan.access.walks[k];
         let (head, clamp) = (self.labels[i], self.walk_clamps[k]);
+        let p = REG_MAP[w.ptr as usize];
+        let shadow = self.walk_shadow(&w).map(|s| REG_MAP[s as usize]);
+        if let Some(s) = shadow {
+            // The first iteration's pointer is exact: its copy needs no clamp.
+            a64!(self.ops; mov X(s), X(p));
+        }
         self.b(head);
         a64!(self.ops; =>clamp);
         if !self.clamp {
             return;
         }
-        let p = REG_MAP[w.ptr as usize];
-        let Op::Jcond { cond, .. } = self.prog.insts[w.back_edge].op else {
+        let Op::Jcond { dst, .. } = self.prog.insts[w.back_edge].op else {
             unreachable!("a walk's back-edge is a conditional jump");
         };
-        // The back-edge compares two registers (`cmp`, never a compare-and-branch form), and
-        // only its taken side reaches here: without a budget charge in between, its flags
-        // are still live, and its own condition is "the loop goes on".
-        let cc = if self.mode.counts_budget() {
+        // The back-edge compares two registers (`cmp dst, src`, never a compare-and-branch
+        // form), and only its taken side reaches here: without a budget charge in between,
+        // its flags are still live, and its own condition is "the loop goes on". The shadow
+        // wants the order instead (`ptr < bound`, see `Walk::shadow`), from the same flags.
+        let budget = self.mode.counts_budget();
+        if budget {
             let b = self.src(w.bound, T1);
             a64!(self.ops; cmp X(p), X(b));
-            match w.cont {
-                Cond::Ne => Cc::Ne,
-                Cond::Lt => Cc::Lo,
-                _ => Cc::Ls,
-            }
-        } else {
-            Cc::from_bpf(cond)
+        }
+        let ptr_first = budget || dst == w.ptr;
+        let cc = match (w.cont, shadow, ptr_first) {
+            (Cond::Ne, Some(_), true) | (Cond::Lt, _, true) => Cc::Lo,
+            (Cond::Ne, Some(_), false) | (Cond::Lt, _, false) => Cc::Hi,
+            (Cond::Ne, None, _) => Cc::Ne,
+            (_, _, true) => Cc::Ls,
+            (_, _, false) => Cc::Hs,
         };
-        self.csel_or_zero(p, cc);
+        self.csel_or_zero(shadow.unwrap_or(p), p, cc);
     }
 
-    /// `p = cc ? p : 0`.
-    fn csel_or_zero(&mut self, p: u8, cc: Cc) {
+    /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
+    /// when there is one and clamping is on (without the clamp, measurement only, the
+    /// accesses use the pointer itself).
+    fn walk_shadow(&self, w: &Walk) -> Option<Reg> {
+        w.shadow.filter(|_| self.clamp)
+    }
+
+    /// Base and offset of the current (unchecked) access: through its walk's shadow when
+    /// the walk clamps into one (`AccessPlan::walked_address`).
+    fn walked_address(&self, base: Reg, off: i16) -> (Reg, i16) {
+        if self.clamp {
+            self.plan.access.walked_address(self.cur, base, off)
+        } else {
+            (base, off)
+        }
+    }
+
+    /// `dst = cc ? src : 0`.
+    fn csel_or_zero(&mut self, dst: u8, src: u8, cc: Cc) {
         match cc {
-            Cc::Eq => a64!(self.ops; csel X(p), X(p), xzr, eq),
-            Cc::Ne => a64!(self.ops; csel X(p), X(p), xzr, ne),
-            Cc::Hs => a64!(self.ops; csel X(p), X(p), xzr, hs),
-            Cc::Lo => a64!(self.ops; csel X(p), X(p), xzr, lo),
-            Cc::Hi => a64!(self.ops; csel X(p), X(p), xzr, hi),
-            Cc::Ls => a64!(self.ops; csel X(p), X(p), xzr, ls),
-            Cc::Ge => a64!(self.ops; csel X(p), X(p), xzr, ge),
-            Cc::Lt => a64!(self.ops; csel X(p), X(p), xzr, lt),
-            Cc::Gt => a64!(self.ops; csel X(p), X(p), xzr, gt),
-            Cc::Le => a64!(self.ops; csel X(p), X(p), xzr, le),
+            Cc::Eq => a64!(self.ops; csel X(dst), X(src), xzr, eq),
+            Cc::Ne => a64!(self.ops; csel X(dst), X(src), xzr, ne),
+            Cc::Hs => a64!(self.ops; csel X(dst), X(src), xzr, hs),
+            Cc::Lo => a64!(self.ops; csel X(dst), X(src), xzr, lo),
+            Cc::Hi => a64!(self.ops; csel X(dst), X(src), xzr, hi),
+            Cc::Ls => a64!(self.ops; csel X(dst), X(src), xzr, ls),
+            Cc::Ge => a64!(self.ops; csel X(dst), X(src), xzr, ge),
+            Cc::Lt => a64!(self.ops; csel X(dst), X(src), xzr, lt),
+            Cc::Gt => a64!(self.ops; csel X(dst), X(src), xzr, gt),
+            Cc::Le => a64!(self.ops; csel X(dst), X(src), xzr, le),
         }
     }
 

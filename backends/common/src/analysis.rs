@@ -73,6 +73,41 @@ pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
     }
 }
 
+/// The registers live on entry to each instruction of the function `start..end` (bit n =
+/// rn; entry `k` is instruction `start + k`, and the extra last entry, for falling off the
+/// end, is empty): read by some path from there before being written.
+///
+/// Conservative where a backend could otherwise be surprised: calls kill only r0 (what a
+/// caller-saved r1–r5 holds after a helper is not defined, but it may well be the value from
+/// before the call, so that value counts as live), and a local call reads all of r1–r5.
+/// Iterates to the fixpoint; each pass is linear and a pass only repeats when a loop carries
+/// a new bit backwards, so a function takes about as many passes as its loop nesting depth.
+pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
+    let mut live = vec![0u16; end - start + 1];
+    loop {
+        let mut changed = false;
+        for i in (start..end).rev() {
+            let op = &prog.insts[i].op;
+            let at = |j: usize| live[j - start];
+            let out = match *op {
+                Op::Exit => 0,
+                Op::Ja { target } => at(target),
+                Op::Jcond { target, .. } => at(i + 1) | at(target),
+                _ => at(i + 1),
+            };
+            let killed = op.written_reg().map_or(0, |r| 1u16 << r);
+            let v = regs_read(op, ARG_REGS) | (out & !killed);
+            if v != live[i - start] {
+                live[i - start] = v;
+                changed = true;
+            }
+        }
+        if !changed {
+            return live;
+        }
+    }
+}
+
 /// Whether the memory checks of the sandbox are emitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryChecks {

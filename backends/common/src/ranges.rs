@@ -442,6 +442,32 @@ impl AccessPlan {
         self.walks.binary_search_by_key(&i, |w| w.back_edge).ok()
     }
 
+    /// Where the walked access at instruction `i` (base `base`, offset `off`) goes when the
+    /// walk clamps into a shadow register ([`crate::walks::Walk::shadow`]): through the
+    /// shadow, with the walk's step added when the access comes after `ptr += step` (the
+    /// shadow is the pointer's value at the head). Otherwise through `base + off` itself.
+    ///
+    /// The offset cannot overflow: a walked access lies inside the 512-byte frame and the
+    /// pointer's values at the head do too, so `off` and `off + step` are both within a
+    /// frame's span of zero.
+    pub fn walked_address(&self, i: usize, base: Reg, off: i16) -> (Reg, i16) {
+        // (Trusted code has no plan: `checks` is empty.)
+        if self.checks.get(i) != Some(&AccessCheck::Walked) {
+            return (base, off);
+        }
+        let k = self.walks.partition_point(|w| w.head <= i);
+        let Some(w) = k.checked_sub(1).map(|k| &self.walks[k]) else {
+            return (base, off);
+        };
+        match w.shadow {
+            Some(shadow) if base == w.ptr && i <= w.back_edge => {
+                let moved = if i > w.step_at { w.step as i16 } else { 0 };
+                (shadow, off + moved)
+            }
+            _ => (base, off),
+        }
+    }
+
     /// The group whose check the jump at instruction `i` skips, if any.
     pub fn reentry(&self, i: usize) -> Option<usize> {
         self.reentries

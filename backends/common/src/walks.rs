@@ -62,14 +62,29 @@ pub struct Walk {
     /// (its smallest is its exact entry value): a backend may saturate the pointer at
     /// `r10 + last` instead of zeroing it (RV64 with Zbb: `minu`).
     pub last: i64,
+    /// Instruction index of the loop's one `ptr += step`.
+    pub step_at: usize,
+    /// The step, `1..=MAX_STEP`.
+    pub step: i64,
+    /// A caller-saved register (r0–r5) the loop neither reads nor writes and that is dead
+    /// at every exit of the loop, when there is one. The clamp then writes the pointer's
+    /// clamped copy there, and the walked accesses go through the copy (past the step with
+    /// the step added to their offset, see [`crate::ranges::AccessPlan::walked_address`]):
+    /// the pointer itself is never clamped, so the clamp stays off the loop-carried chain
+    /// (`ptr += step` alone), where it would add its latency to every iteration. `None`:
+    /// the clamp zeroes the pointer in place.
+    ///
+    /// The copy's clamp tests the *order* `ptr < bound` (`<=` for a `Le` walk), also for a
+    /// `!=` walk: the walk meets its bound exactly from below, so that is the loop's own test
+    /// on the architectural path, and under misspeculation a pointer that ran past the
+    /// bound keeps failing it (a `!=` test would pass again one step later, and the pointer
+    /// is no longer reset to 0 by its own clamp).
+    pub shadow: Option<Reg>,
 }
 
 /// A candidate before the entry values are known.
 struct Candidate {
     walk: Walk,
-    /// Instruction index of `ptr += step`.
-    step_at: usize,
-    step: i64,
 }
 
 /// Finds the walks of `prog` and marks the accesses they prove as [`AccessCheck::Walked`] in
@@ -205,20 +220,23 @@ impl Candidates {
     /// returns the walks, sorted by head.
     pub fn prove(self, prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
         let mut walks = Vec::new();
+        // Liveness per function, computed for the first walk that needs it.
+        let mut live: Option<(usize, Vec<u16>)> = None;
         for (c, vals) in self.cands.iter().zip(self.entry) {
             let Some((p, b)) = vals else { continue };
             let exact = |v: Val| (v.base == Base::Stack && v.lo == v.hi).then_some(v.lo);
             let (Some(a), Some(b)) = (exact(p), exact(b)) else {
                 continue;
             };
-            // The pointer's values at the head, as a range stepped by `c.step`.
+            let step = c.walk.step;
+            // The pointer's values at the head, as a range stepped by `step`.
             // (Offsets are within a frame's reach of r10: no overflow in this arithmetic.)
             let last = match c.walk.cont {
-                Cond::Ne if b > a && (b - a) % c.step == 0 => b - c.step,
+                Cond::Ne if b > a && (b - a) % step == 0 => b - step,
                 Cond::Ne => continue,
                 // The largest a + c·t below (or at) b; just a when the first test fails.
-                Cond::Lt if b > a => a + (b - 1 - a) / c.step * c.step,
-                _ if b >= a => a + (b - a) / c.step * c.step,
+                Cond::Lt if b > a => a + (b - 1 - a) / step * step,
+                _ if b >= a => a + (b - a) / step * step,
                 _ => a,
             };
             let mut proven = false;
@@ -236,7 +254,7 @@ impl Candidates {
                 if base != c.walk.ptr || checks[m] == AccessCheck::None {
                     continue;
                 }
-                let moved = if m > c.step_at { c.step } else { 0 };
+                let moved = if m > c.walk.step_at { step } else { 0 };
                 let lo = a + moved + off as i64;
                 let hi = last + moved + off as i64 + size.bytes() as i64;
                 if lo >= -(STACK_SIZE as i64) && hi <= 0 {
@@ -245,11 +263,38 @@ impl Candidates {
                 }
             }
             if proven {
-                walks.push(Walk { last, ..c.walk });
+                let sp = &prog.subprogs[prog.subprog_of(c.walk.head)];
+                if live.as_ref().is_none_or(|(start, _)| *start != sp.start) {
+                    live = Some((sp.start, crate::analysis::live_in(prog, sp.start, sp.end)));
+                }
+                let (start, live) = live.as_ref().expect("computed above");
+                let shadow = shadow_register(prog, &c.walk, |i| live[i - start]);
+                walks.push(Walk {
+                    last,
+                    shadow,
+                    ..c.walk
+                });
             }
         }
         walks
     }
+}
+
+/// A register for [`Walk::shadow`]: among r0–r5 (caller-saved on every backend, so writing
+/// one costs no save), one that no instruction of the loop mentions and that is dead where
+/// the loop can go next (`live_in(i)`): past the back-edge and at every jump that leaves.
+fn shadow_register(prog: &Program, walk: &Walk, live_in: impl Fn(usize) -> u16) -> Option<Reg> {
+    use crate::analysis::{regs_read, ARG_REGS};
+    let mut taken = live_in(walk.back_edge + 1);
+    for inst in &prog.insts[walk.head..=walk.back_edge] {
+        taken |= regs_read(&inst.op, ARG_REGS) | inst.op.written_reg().map_or(0, |r| 1 << r);
+        if let Op::Ja { target } | Op::Jcond { target, .. } = inst.op {
+            if target != walk.head {
+                taken |= live_in(target);
+            }
+        }
+    }
+    (0..=5).find(|&r| taken & (1 << r) == 0)
 }
 
 /// The rest of the module docs' conditions for the loop `head..=back_edge` (landings and
@@ -298,9 +343,10 @@ fn candidate(
             bound,
             cont,
             last: 0,
+            step_at,
+            step,
+            shadow: None,
         },
-        step_at,
-        step,
     })
 }
 
@@ -353,6 +399,10 @@ mod tests {
                 cont: Cond::Ne,
                 // r3 at the head: r10 - 512 .. r10 - 8.
                 last: -8,
+                step_at: 5,
+                step: 8,
+                // r0 is read after the loop, r3 and r4 are used in it: r1 is free.
+                shadow: Some(1),
             }]
         );
         assert_eq!(a.walk_at_head(3), Some(0));
@@ -370,6 +420,48 @@ mod tests {
         let gt = walk(-512, 0, 8, back(JGT, 10, 3));
         assert_eq!(gt.checks[3], AccessCheck::Walked);
         assert_eq!(gt.walks[0].cont, Cond::Lt);
+    }
+
+    #[test]
+    fn the_shadow_is_a_register_dead_in_and_after_the_loop() {
+        // `r3 = r10 - 512 ; head: r4 = *(r3 + 0) ; <body> ; r3 += 8 ; if r3 != r10 goto
+        // head ; <tail> ; exit`: the shadow the walk picks.
+        let shadow = |body: &[[u8; 8]], tail: &[[u8; 8]]| {
+            let mut code = vec![
+                ins(0xb7, 0, 0, 0, 0),
+                ins(0xbf, 3, 10, 0, 0),
+                ins(0x07, 3, 0, 0, -512),
+                ins(0x79, 4, 3, 0, 0),
+            ];
+            code.extend_from_slice(body);
+            code.push(ins(0x07, 3, 0, 0, 8));
+            let back = -(code.len() as i16 + 1 - 3);
+            code.push(ins(JNE, 3, 10, back, 0));
+            code.extend_from_slice(tail);
+            code.push(EXIT);
+            let a = plan_accesses(&crate::decode(&code.concat(), &[]).unwrap(), true);
+            assert_eq!(a.checks[3], AccessCheck::Walked);
+            a.walks[0].shadow
+        };
+        assert_eq!(shadow(&[], &[]), Some(1));
+        // r1 read after the loop: live at its exit.
+        assert_eq!(shadow(&[], &[ins(0x0f, 0, 1, 0, 0)]), Some(2));
+        // r1 read in the loop, r5 written in it.
+        let body = [ins(0x0f, 0, 1, 0, 0), ins(0xb7, 5, 0, 0, 1)];
+        assert_eq!(shadow(&body, &[]), Some(2));
+        // r1 live only where a jump leaves the loop (to `r0 += r1 ; exit`), not past the
+        // back-edge (`exit`).
+        let body = [ins(0x15, 4, 0, 3, 0)];
+        let tail = [EXIT, ins(0x0f, 0, 1, 0, 0)];
+        assert_eq!(shadow(&body, &tail), Some(2));
+        assert_eq!(shadow(&[ins(0x15, 4, 0, 2, 0)], &tail), Some(1));
+        // Every caller-saved register busy: the clamp goes back in place.
+        let body = [
+            ins(0x0f, 0, 1, 0, 0),
+            ins(0x0f, 0, 2, 0, 0),
+            ins(0x0f, 0, 5, 0, 0),
+        ];
+        assert_eq!(shadow(&body, &[]), None);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
+use packjit_frontend::walks::Walk;
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
 };
@@ -882,6 +883,7 @@ impl<'a> Codegen<'a> {
                 }
             }
         }
+        let (base, off) = self.walked_address(base, off);
         self.address(map(base), off, T0)
     }
 
@@ -972,17 +974,24 @@ impl<'a> Codegen<'a> {
         };
         let w = self.access.walks[k];
         let (head, clamp) = (self.insn_labels[i], self.walk_clamps[k]);
+        let (p, b) = (map(w.ptr), map(w.bound));
+        // With a shadow the clamp writes the pointer's copy there (see `Walk::shadow`), and
+        // the first iteration's copy is the exact entry value.
+        let shadow = self.walk_shadow(&w).map(map);
+        if let Some(s) = shadow {
+            self.e.mv(s, p);
+        }
         self.jump(head);
         self.e.bind(clamp);
         if !self.opts.measure.spectre_clamp {
             return;
         }
-        let (p, b) = (map(w.ptr), map(w.bound));
+        let dst = shadow.unwrap_or(p);
         if self.opts.zbb {
-            // Saturate instead: p = min(p, r10 + last) is p itself on the architectural
-            // path and stays inside the frame on any other.
+            // Saturate instead: min(p, r10 + last) is p itself on the architectural path
+            // and stays inside the frame on any other.
             self.add_imm(T3, map(packjit_frontend::R10), w.last, T3);
-            self.e.minu(p, p, T3);
+            self.e.minu(dst, p, T3);
             return;
         }
         // t3 = all ones while the loop goes on, else 0. An exact `!=` walk meets its bound
@@ -995,7 +1004,24 @@ impl<'a> Codegen<'a> {
             self.e.rrr(R3::Sltu, T3, p, b);
             self.e.rrr(R3::Sub, T3, ZERO, T3);
         }
-        self.e.rrr(R3::And, p, p, T3);
+        self.e.rrr(R3::And, dst, p, T3);
+    }
+
+    /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
+    /// when there is one and clamping is on (without the clamp, measurement only, the
+    /// accesses use the pointer itself).
+    fn walk_shadow(&self, w: &Walk) -> Option<Reg> {
+        w.shadow.filter(|_| self.opts.measure.spectre_clamp)
+    }
+
+    /// Base and offset of the current (unchecked) access: through its walk's shadow when
+    /// the walk clamps into one (`AccessPlan::walked_address`).
+    fn walked_address(&self, base: Reg, off: i16) -> (Reg, i16) {
+        if self.opts.measure.spectre_clamp {
+            self.access.walked_address(self.cur, base, off)
+        } else {
+            (base, off)
+        }
     }
 
     /// In a re-entered group's checked copy: the base itself masked with the member's

@@ -16,6 +16,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
+use packjit_frontend::walks::Walk;
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
 };
@@ -783,6 +784,7 @@ impl<'a> Emitter<'a> {
                     | Op::Atomic { base, off, .. } => (base, off),
                     _ => unreachable!("address of a non-memory instruction"),
                 };
+                let (base, off) = self.walked_address(base, off);
                 (host(base), off as i32)
             }
         }
@@ -1299,21 +1301,45 @@ impl<'a> Emitter<'a> {
         };
         let w = self.plan.access.walks[k];
         let (head, clamp) = (self.inst_label[i], self.walk_clamps[k]);
+        let (p, b) = (host(w.ptr), host(w.bound));
+        let shadow = self.walk_shadow(&w).map(host);
+        if let Some(s) = shadow {
+            // mov s, p: the first iteration's pointer is exact, its copy needs no clamp.
+            self.e.rr(&[], Sz::B64, &[0x89], p, s);
+        }
         self.e.jump(None, head);
         self.e.bind(clamp);
         if !self.clamp {
             return;
         }
-        let (p, b) = (host(w.ptr), host(w.bound));
-        let Op::Jcond { cond, .. } = self.prog.insts[w.back_edge].op else {
+        let Op::Jcond { cond, dst, .. } = self.prog.insts[w.back_edge].op else {
             unreachable!("a walk's back-edge is a conditional jump");
         };
-        // The back-edge compares two registers and only its taken side reaches here: without
-        // a budget charge in between, its flags are still live, and the inverse of its own
-        // condition is "the loop should have ended".
-        let ended = if self.mode.counts_budget() {
+        // The back-edge compares two registers (`cmp dst, src`) and only its taken side
+        // reaches here: without a budget charge in between, its flags are still live, and
+        // its own condition is "the loop goes on".
+        let budget = self.mode.counts_budget();
+        if budget {
             // cmp p, b
             self.e.rr(&[], Sz::B64, &[0x39], b, p);
+        }
+        let ptr_first = budget || dst == w.ptr;
+        if let Some(s) = shadow {
+            // The copy wants the order, `p < b` (`<=` for `Le`; see `Walk::shadow`), from
+            // the same flags: mov s32, 0 (leaves the flags) ; cmov<inside> s, p. Both off
+            // the pointer's own chain.
+            let inside = match (w.cont, ptr_first) {
+                (Cond::Le, true) => Cc::Be,
+                (Cond::Le, false) => Cc::Ae,
+                (_, true) => Cc::B,
+                (_, false) => Cc::A,
+            };
+            self.e.op_plus_r(Sz::B32, &[0xb8], s);
+            self.e.imm_bytes(0, 4);
+            self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | inside as u8], s, p);
+            return;
+        }
+        let ended = if budget {
             match w.cont {
                 Cond::Ne => Cc::E,
                 Cond::Lt => Cc::Ae,
@@ -1326,6 +1352,23 @@ impl<'a> Emitter<'a> {
         self.e.op_plus_r(Sz::B32, &[0xb8], T9);
         self.e.imm_bytes(0, 4);
         self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | ended as u8], p, T9);
+    }
+
+    /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
+    /// when there is one and clamping is on (without the clamp, measurement only, the
+    /// accesses use the pointer itself).
+    fn walk_shadow(&self, w: &Walk) -> Option<Reg> {
+        w.shadow.filter(|_| self.clamp)
+    }
+
+    /// Base and offset of the current (unchecked) access: through its walk's shadow when
+    /// the walk clamps into one (`AccessPlan::walked_address`).
+    fn walked_address(&self, base: Reg, off: i16) -> (Reg, i16) {
+        if self.clamp {
+            self.plan.access.walked_address(self.cur, base, off)
+        } else {
+            (base, off)
+        }
     }
 
     fn jcond(
