@@ -1780,7 +1780,7 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
     };
     let head = p.len();
     let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
-    let mut access = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
+    let access = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
         let size = sizes[rnd(4) as usize];
         let off = rnd(24) as i16 - 8;
         match rnd(4) {
