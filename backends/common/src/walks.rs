@@ -80,6 +80,10 @@ pub struct Walk {
     /// bound keeps failing it (a `!=` test would pass again one step later, and the pointer
     /// is no longer reset to 0 by its own clamp).
     pub shadow: Option<Reg>,
+    /// A second register like [`Walk::shadow`], when there is one: a backend whose clamp
+    /// needs a loop-invariant operand in a register sets it once on entry instead of every
+    /// iteration (RV64 with Zbb: `r10 + last` for `minu`).
+    pub limit: Option<Reg>,
 }
 
 /// A candidate before the entry values are known.
@@ -268,10 +272,12 @@ impl Candidates {
                     live = Some((sp.start, crate::analysis::live_in(prog, sp.start, sp.end)));
                 }
                 let (start, live) = live.as_ref().expect("computed above");
-                let shadow = shadow_register(prog, &c.walk, |i| live[i - start]);
+                let free = free_registers(prog, &c.walk, |i| live[i - start]);
+                let mut free = (0..=5).filter(|&r| free & (1 << r) != 0);
                 walks.push(Walk {
                     last,
-                    shadow,
+                    shadow: free.next(),
+                    limit: free.next(),
                     ..c.walk
                 });
             }
@@ -280,10 +286,11 @@ impl Candidates {
     }
 }
 
-/// A register for [`Walk::shadow`]: among r0–r5 (caller-saved on every backend, so writing
-/// one costs no save), one that no instruction of the loop mentions and that is dead where
-/// the loop can go next (`live_in(i)`): past the back-edge and at every jump that leaves.
-fn shadow_register(prog: &Program, walk: &Walk, live_in: impl Fn(usize) -> u16) -> Option<Reg> {
+/// The registers free for [`Walk::shadow`] and [`Walk::limit`] (bit n = rn): among r0–r5
+/// (caller-saved on every backend, so writing one costs no save), those no instruction of
+/// the loop mentions and that are dead where the loop can go next (`live_in(i)`): past the
+/// back-edge and at every jump that leaves.
+fn free_registers(prog: &Program, walk: &Walk, live_in: impl Fn(usize) -> u16) -> u16 {
     use crate::analysis::{regs_read, ARG_REGS};
     let mut taken = live_in(walk.back_edge + 1);
     for inst in &prog.insts[walk.head..=walk.back_edge] {
@@ -294,7 +301,7 @@ fn shadow_register(prog: &Program, walk: &Walk, live_in: impl Fn(usize) -> u16) 
             }
         }
     }
-    (0..=5).find(|&r| taken & (1 << r) == 0)
+    !taken & 0b11_1111
 }
 
 /// The rest of the module docs' conditions for the loop `head..=back_edge` (landings and
@@ -346,6 +353,7 @@ fn candidate(
             step_at,
             step,
             shadow: None,
+            limit: None,
         },
     })
 }
@@ -403,6 +411,7 @@ mod tests {
                 step: 8,
                 // r0 is read after the loop, r3 and r4 are used in it: r1 is free.
                 shadow: Some(1),
+                limit: Some(2),
             }]
         );
         assert_eq!(a.walk_at_head(3), Some(0));

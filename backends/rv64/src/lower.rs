@@ -978,8 +978,18 @@ impl<'a> Codegen<'a> {
         // With a shadow the clamp writes the pointer's copy there (see `Walk::shadow`), and
         // the first iteration's copy is the exact entry value.
         let shadow = self.walk_shadow(&w).map(map);
+        // With Zbb the clamp saturates instead: min(p, r10 + last) is p itself on the
+        // architectural path and stays inside the frame on any other. The limit is
+        // loop-invariant: kept in a second dead register when there is one.
+        let limit = match (self.opts.zbb, shadow, w.limit) {
+            (true, Some(_), Some(l)) => Some(map(l)),
+            _ => None,
+        };
         if let Some(s) = shadow {
             self.e.mv(s, p);
+        }
+        if let Some(l) = limit {
+            self.add_imm(l, map(packjit_frontend::R10), w.last, T3);
         }
         self.jump(head);
         self.e.bind(clamp);
@@ -988,10 +998,11 @@ impl<'a> Codegen<'a> {
         }
         let dst = shadow.unwrap_or(p);
         if self.opts.zbb {
-            // Saturate instead: min(p, r10 + last) is p itself on the architectural path
-            // and stays inside the frame on any other.
-            self.add_imm(T3, map(packjit_frontend::R10), w.last, T3);
-            self.e.minu(dst, p, T3);
+            let l = limit.unwrap_or_else(|| {
+                self.add_imm(T3, map(packjit_frontend::R10), w.last, T3);
+                T3
+            });
+            self.e.minu(dst, p, l);
             return;
         }
         // t3 = all ones while the loop goes on, else 0. An exact `!=` walk meets its bound
