@@ -965,9 +965,11 @@ impl<'a> Codegen<'a> {
         }
     }
 
-    /// Before a walk's head (`packjit_frontend::walks`): the entry jumps over the pointer
-    /// clamp its back-edge lands on, which redoes the loop's test and masks the pointer to 0
-    /// when the loop should have ended (a mispredicted back-edge), with no branch.
+    /// Before a walk's head (`packjit_frontend::walks`): the entry (which first copies the
+    /// pointer into the walk's shadow register, when it has one) jumps over the pointer
+    /// clamp its back-edge lands on. The clamp redoes the loop's test and, with no branch,
+    /// gives the shadow the pointer or 0 (or, without a shadow, zeroes the pointer itself)
+    /// when the loop should have ended (a mispredicted back-edge).
     fn walk_clamp_at(&mut self, i: usize) {
         let Some(k) = self.access.walk_at_head(i) else {
             return;
