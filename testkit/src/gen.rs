@@ -1747,6 +1747,112 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
     (p.concat(), 1 + rnd(56) as usize)
 }
 
+/// A random loop walking a pointer through the context, whose bounds only the run time
+/// knows (`packjit_frontend::walks::Guard`): the pointer starts at or near the context
+/// start, the bound is the context's end (from r2, the length), that end less a little, or
+/// the start plus a constant, the step is a power of two or not, and the exit test is of
+/// every kind; loads and stores through the pointer at small offsets (some negative, some
+/// past the step), sometimes an early exit. Also returns the context length to run it with
+/// (0 to 300 bytes, some not a multiple of the step): the entry guard passes for many seeds
+/// and fails for many (the checked copy then runs, and must stop exactly where the reference
+/// does).
+pub fn ctx_walk_program(seed: u64) -> (Vec<u8>, usize) {
+    use packjit_frontend::encode_insn as ins;
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let len = [0, 1, 7, 8, 16, 24, 64, 64, 100, 256, 256, 300][rnd(12) as usize];
+    let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
+    let start = [0, 0, 0, 8, 3, 16, 64][rnd(7) as usize];
+    p.push(ins(0xbf, 3, 1, 0, 0)); // r3 = r1 + start
+    p.push(ins(0x07, 3, 0, 0, start));
+    let bound = match rnd(3) {
+        0 => {
+            p.push(ins(0x0f, 2, 1, 0, 0)); // r2 = r1 + len (the context's end)
+            2
+        }
+        1 => {
+            p.push(ins(0x0f, 2, 1, 0, 0)); // r2 = end - tail
+            p.push(ins(0x07, 2, 0, 0, -(rnd(9) as i32)));
+            2
+        }
+        _ => {
+            p.push(ins(0xbf, 7, 1, 0, 0)); // r7 = r1 + constant
+            p.push(ins(0x07, 7, 0, 0, [8, 64, 256, 512][rnd(4) as usize]));
+            7
+        }
+    };
+    let step = [1, 2, 4, 8, 8, 8, 16, 3, 64][rnd(9) as usize];
+    let head = p.len();
+    let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
+    let access = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
+        let size = sizes[rnd(4) as usize];
+        let off = [0, 0, 0, 1, 4, -1, -8, 8, 12][rnd(9) as usize];
+        match rnd(4) {
+            0 => p.push(ins(0x62 | size, 3, 0, off, rnd(100) as i32)), // *(r3 + off) = imm
+            1 => p.push(ins(0x63 | size, 3, 0, off, 0)),               // *(r3 + off) = r0
+            _ => {
+                p.push(ins(0x61 | size, 4, 3, off, 0)); // r4 = *(r3 + off)
+                p.push(ins(0xaf, 0, 4, 0, 0)); // r0 ^= r4
+                p.push(ins(0x27, 0, 0, 0, 0x1b3)); // r0 *= 0x1b3
+            }
+        }
+    };
+    for _ in 0..1 + rnd(2) {
+        access(&mut p, &mut rnd);
+    }
+    if rnd(3) == 0 {
+        p.push(ins(0xbf, 5, 4, 0, 0)); // r5 = r4 (one caller-saved register less)
+    }
+    let early_exit = rnd(4) == 0;
+    if early_exit {
+        p.push(ins(0x25, 0, 0, 0, 1 << 30)); // if r0 > 2^30 goto out (patched below)
+    }
+    let exit_jump = p.len() - 1;
+    p.push(ins(0x07, 3, 0, 0, step)); // r3 += step
+    if rnd(3) == 0 {
+        access(&mut p, &mut rnd);
+    }
+    let back = head as i64 - (p.len() as i64 + 1);
+    let (op, dst, src) = match rnd(6) {
+        0 => (0x5d, 3, bound), // r3 != bound
+        1 => (0x5d, bound, 3),
+        2 => (0xad, 3, bound), // r3 < bound
+        3 => (0x2d, bound, 3), // bound > r3
+        4 => (0xbd, 3, bound), // r3 <= bound
+        _ => (0x3d, bound, 3), // bound >= r3
+    };
+    p.push(ins(op, dst, src, back as i16, 0));
+    p.push(ins(0x95, 0, 0, 0, 0));
+    if early_exit {
+        p[exit_jump] = ins(0x25, 0, 0, (p.len() - exit_jump - 1) as i16, 1 << 30);
+    }
+    p.push(ins(0xb7, 0, 0, 0, 7)); // out: r0 = 7
+    p.push(ins(0x95, 0, 0, 0, 0));
+    (p.concat(), len)
+}
+
+/// Checks the context walk of `seed` ([`ctx_walk_program`]) sandboxed on `target` against
+/// the interpreter, every third seed with a budget. `Err` names the seed, the difference and
+/// the program, disassembled.
+pub fn check_ctx_walk_seed(target: &JitTarget<'_>, seed: u64) -> Result<EscapeChecked, String> {
+    let (code, len) = ctx_walk_program(seed);
+    let ctx: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(37) ^ 0x5a)
+        .collect();
+    let budget = (seed % 3 == 2).then_some(seed / 3 % 2000);
+    compare_sandboxed(target, &code, &ctx, budget).map_err(|what| {
+        format!(
+            "context walk seed {seed:#x} (len {len}): {what}\n{}",
+            crate::disasm::disassemble(&code, true)
+        )
+    })
+}
+
 /// A random loop walking a pointer through the stack frame, for the walked-pointer proofs
 /// (`packjit_frontend::walks`): a start near the frame's bottom, a step, a bound (r10 or
 /// near it) and an exit test of every kind the analysis knows (and some it does not), with

@@ -21,8 +21,8 @@
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use packjit_testkit::gen::{
-    check_escape_seed, check_seed, check_walk_seed, helpers, walk_program, Checked, EscapeChecked,
-    JitTarget,
+    check_ctx_walk_seed, check_escape_seed, check_seed, check_walk_seed, ctx_walk_program, helpers,
+    walk_program, Checked, EscapeChecked, JitTarget,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -166,8 +166,36 @@ fn run(arch: Arch, features: u64) {
                 let stopped = walk_ends.get("OutOfBounds").copied().unwrap_or(0);
                 assert!(stopped * 10 > escape_count, "{walk_ends:?}");
             }
+            // Loops walking the context, whose bounds only an entry guard can prove: the
+            // guard passes for some seeds and sends others to the checked copy.
+            let (mut ctx_ends, mut guarded) = (BTreeMap::<String, u64>::new(), 0u64);
+            for seed in base..base + escape_count {
+                current.store(seed, Ordering::Relaxed);
+                let (code, _) = ctx_walk_program(seed);
+                let prog = packjit_frontend::decode(&code, &[]).unwrap();
+                let walks = packjit_frontend::ranges::plan_accesses(&prog, true).walks;
+                guarded += walks.iter().any(|w| w.guard.is_some()) as u64;
+                let key = match check_ctx_walk_seed(&target, seed) {
+                    Ok(EscapeChecked::Finished) => "finished".to_string(),
+                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
+                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Err(m) => panic!("{label} context walks: {m}"),
+                };
+                *ctx_ends.entry(key).or_default() += 1;
+            }
+            assert!(guarded * 4 > escape_count, "{guarded} guarded walks");
+            if native {
+                let (done, stopped) = (
+                    ctx_ends.get("finished").copied().unwrap_or(0),
+                    ctx_ends.get("OutOfBounds").copied().unwrap_or(0),
+                );
+                assert!(
+                    done * 5 > escape_count && stopped * 10 > escape_count,
+                    "{ctx_ends:?}"
+                );
+            }
             format!(
-                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven ({shadowed} clamped into a shadow register)"
+                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven ({shadowed} clamped into a shadow register); context walks: {ctx_ends:?} matched, {guarded} guarded"
             )
         }
     };

@@ -28,7 +28,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
-use packjit_frontend::walks::Walk;
+use packjit_frontend::walks::{Guard, Walk};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
     PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
@@ -153,6 +153,9 @@ pub(crate) enum Cold {
     /// A group's widened check failed: run the group's instructions again with a check per
     /// access, then continue after the group.
     Group { group: usize, label: DynamicLabel },
+    /// A guarded walk's entry test failed: run the loop's checked copy, then continue after
+    /// the loop.
+    Walk { walk: usize, label: DynamicLabel },
     /// Not enough budget for `charge`: undo the subtraction and stop at the jump.
     Budget {
         inst: usize,
@@ -189,8 +192,11 @@ pub(crate) struct Emitter<'a> {
     pub(crate) colds: Vec<Cold>,
     pub(crate) sites: Vec<Site>,
     pub(crate) cur: usize,
-    /// Emitting a group's checked copy (see [`Cold::Group`]): every access checks itself.
+    /// Emitting a group's or a guarded walk's checked copy (see [`Cold::Group`],
+    /// [`Cold::Walk`]): every access checks itself.
     pub(crate) copy: bool,
+    /// Emitting a guarded walk's checked copy: the copy's head, where its back-edge goes.
+    pub(crate) copy_head: Option<DynamicLabel>,
     /// Per check group: the point right after its widened check and clamp, for the jumps
     /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
     pub(crate) group_resume: Vec<Option<DynamicLabel>>,
@@ -257,6 +263,7 @@ impl<'a> Emitter<'a> {
             sites: Vec::new(),
             cur: 0,
             copy: false,
+            copy_head: None,
             group_resume,
             walk_clamps,
             clamp: true,
@@ -864,7 +871,7 @@ impl<'a> Emitter<'a> {
     /// validated on every path to the jump, else at the target.
     fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
         if let Some(k) = self.plan.access.walk_of_back_edge(i) {
-            return self.walk_clamps[k];
+            return self.copy_head.unwrap_or(self.walk_clamps[k]);
         }
         match self
             .plan
@@ -890,6 +897,9 @@ impl<'a> Emitter<'a> {
         let (head, clamp) = (self.labels[i], self.walk_clamps[k]);
         let p = REG_MAP[w.ptr as usize];
         let shadow = self.walk_shadow(&w).map(|s| REG_MAP[s as usize]);
+        if let Some(guard) = w.guard {
+            self.walk_guard(k, &w, guard);
+        }
         if let Some(s) = shadow {
             // The first iteration's pointer is exact: its copy needs no clamp.
             a64!(self.ops; mov X(s), X(p));
@@ -920,6 +930,43 @@ impl<'a> Emitter<'a> {
             (_, _, false) => Cc::Hs,
         };
         self.csel_or_zero(shadow.unwrap_or(p), p, cc);
+    }
+
+    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`), with no branch until
+    /// its combined verdict: the context bounds via `ccmp`, then the walk's extent. On
+    /// failure the loop's checked copy runs ([`Cold::Walk`]); on success the pointer is
+    /// selected on the verdict's flags (itself architecturally, 0 under a mispredicted
+    /// branch, from where a speculative walk stays in the unmapped first 64 KiB).
+    fn walk_guard(&mut self, k: usize, w: &Walk, g: Guard) {
+        let p = REG_MAP[w.ptr as usize];
+        let b = self.src(w.bound, T1);
+        let (end, bias, shift) = (g.end as u32, g.bias as u32, g.shift);
+        // q = p - ctx_start; len - end (hs when len >= end); then q <= len - end.
+        a64!(self.ops
+            ; sub X(C0), X(p), X(CTX_LO)
+            ; subs X(C1), XSP(CTX_LEN), end
+            ; ccmp X(C0), X(C1), 2, hs
+            ; sub X(C1), X(C1), X(C0)
+            ; sub X(T0), X(b), X(p)
+        );
+        if bias != 0 {
+            a64!(self.ops; sub XSP(T0), XSP(T0), bias);
+        }
+        if shift != 0 {
+            a64!(self.ops; lsr X(C1), X(C1), shift);
+            if w.cont == Cond::Ne {
+                a64!(self.ops; ror X(T0), X(T0), shift);
+            } else {
+                a64!(self.ops; lsr X(T0), X(T0), shift);
+            }
+        }
+        let label = self.ops.new_dynamic_label();
+        a64!(self.ops; ccmp X(T0), X(C1), 2, ls);
+        self.branch_if(Test::Flags(Cc::Hi), label);
+        if self.clamp {
+            a64!(self.ops; csel X(p), X(p), xzr, ls);
+        }
+        self.colds.push(Cold::Walk { walk: k, label });
     }
 
     /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
@@ -1359,11 +1406,10 @@ impl<'a> Emitter<'a> {
     /// inside the frame (by the data or by its walk), or a member of a check group on the
     /// hot path (whose widened check `group_check_at` emitted, see [`Cold::Group`]).
     fn unchecked_access(&mut self, base: Reg) -> bool {
-        if matches!(
-            self.plan.access.check(self.cur),
-            AccessCheck::None | AccessCheck::Walked
-        ) {
-            return true;
+        match self.plan.access.check(self.cur) {
+            AccessCheck::None | AccessCheck::Walked => return true,
+            AccessCheck::Guarded => return !self.copy,
+            _ => {}
         }
         if self.copy {
             return false;
@@ -1499,6 +1545,21 @@ impl<'a> Emitter<'a> {
                 self.copy = false;
                 // A group never ends its function (a member is followed by more code).
                 self.b(self.labels[last + 1]);
+            }
+            Cold::Walk { walk, label } => {
+                let w = self.plan.access.walks[walk];
+                let k = self.prog.subprog_of(w.head);
+                let head = self.ops.new_dynamic_label();
+                a64!(self.ops; =>label ; =>head);
+                (self.copy, self.copy_head) = (true, Some(head));
+                for i in w.head..=w.back_edge {
+                    self.cur = i;
+                    let inst = self.prog.insts[i];
+                    self.inst(k, i, &inst)?;
+                }
+                (self.copy, self.copy_head) = (false, None);
+                // The back-edge falls through: a loop never ends its function.
+                self.b(self.labels[w.back_edge + 1]);
             }
             Cold::Budget {
                 inst,

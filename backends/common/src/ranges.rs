@@ -357,6 +357,10 @@ pub enum AccessCheck {
     /// test on every architectural path ([`crate::walks`]): no check; the loop's back-edge
     /// clamps the pointer instead (see [`crate::walks::Walk`]).
     Walked,
+    /// Through the pointer of a walk whose bounds only a run-time test on entry can prove
+    /// ([`crate::walks::Guard`]): no check in the loop the guard lets run; in the loop's
+    /// checked copy (taken when the guard fails) a check as for [`AccessCheck::Ctx`].
+    Guarded,
     /// The base is exactly the context start plus a constant and the access starts at
     /// `end - size >= 0` bytes into the context: it is in the context iff `end <= ctx_len`.
     CtxConst {
@@ -452,7 +456,10 @@ impl AccessPlan {
     /// frame's span of zero.
     pub fn walked_address(&self, i: usize, base: Reg, off: i16) -> (Reg, i16) {
         // (Trusted code has no plan: `checks` is empty.)
-        if self.checks.get(i) != Some(&AccessCheck::Walked) {
+        if !matches!(
+            self.checks.get(i),
+            Some(AccessCheck::Walked | AccessCheck::Guarded)
+        ) {
             return (base, off);
         }
         let k = self.walks.partition_point(|w| w.head <= i);

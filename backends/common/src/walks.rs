@@ -84,6 +84,39 @@ pub struct Walk {
     /// needs a loop-invariant operand in a register sets it once on entry instead of every
     /// iteration (RV64 with Zbb: `r10 + last` for `minu`).
     pub limit: Option<Reg>,
+    /// For a walk whose bounds are only known at run time ([`AccessCheck::Guarded`]
+    /// accesses): the test the backend runs on entry, before the first iteration, choosing
+    /// between this loop with no checks on those accesses and its checked copy. `None` for
+    /// a walk proven at compile time (`Walked`).
+    pub guard: Option<Guard>,
+}
+
+/// The entry test of a guarded walk: with `p` and `b` the pointer and the bound on entry,
+/// and `q = p - ctx_start`, the walk stays inside the context iff (unsigned, 64-bit)
+///
+/// ```text
+///   end <= ctx_len  and  q <= ctx_len - end
+///   and  D >> shift <= (ctx_len - end - q) >> shift,  D = b - p - bias
+/// ```
+///
+/// (for a `!=` walk `D` rotated right by `shift` instead of shifted). Why: the head values
+/// are `p + step·t` for `t = 0..=T`, every access of the walk lies in
+/// `[p, p + step·T + end)` (the guarded ones start at non-negative offsets from the head
+/// value), and `step·T` is `D` rounded down to a multiple of the step, with `bias` 1 for
+/// `<` (the largest value below `b`), 0 for `<=` and `step` for `!=` (the last value is
+/// exactly `b - step`). `D` wraps to a huge value exactly when the loop would run once or
+/// never meet its bound (`b <= p`, or for `!=` also `b - p` not a multiple of the step: the
+/// rotation moves the remainder into the top bits); those loops take the checked copy,
+/// which is correct for any input, only slower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Guard {
+    /// log2 of the step.
+    pub shift: u32,
+    /// Subtracted from `b - p`: 1 for `<`, 0 for `<=`, the step for `!=`.
+    pub bias: u64,
+    /// The largest end offset of a guarded access from the pointer's head value (below
+    /// 2048).
+    pub end: u64,
 }
 
 /// A candidate before the entry values are known.
@@ -228,62 +261,134 @@ impl Candidates {
         let mut live: Option<(usize, Vec<u16>)> = None;
         for (c, vals) in self.cands.iter().zip(self.entry) {
             let Some((p, b)) = vals else { continue };
-            let exact = |v: Val| (v.base == Base::Stack && v.lo == v.hi).then_some(v.lo);
-            let (Some(a), Some(b)) = (exact(p), exact(b)) else {
+            let found = prove_in_frame(prog, c, p, b, checks)
+                .or_else(|| guard_in_context(prog, c, p, checks));
+            let Some((last, guard)) = found else {
                 continue;
             };
-            let step = c.walk.step;
-            // The pointer's values at the head, as a range stepped by `step`.
-            // (Offsets are within a frame's reach of r10: no overflow in this arithmetic.)
-            let last = match c.walk.cont {
-                Cond::Ne if b > a && (b - a) % step == 0 => b - step,
-                Cond::Ne => continue,
-                // The largest a + c·t below (or at) b; just a when the first test fails.
-                Cond::Lt if b > a => a + (b - 1 - a) / step * step,
-                _ if b >= a => a + (b - a) / step * step,
-                _ => a,
-            };
-            let mut proven = false;
-            let body = c.walk.head..c.walk.back_edge;
-            for (m, inst) in body.clone().zip(&prog.insts[body]) {
-                let (Op::Load {
-                    base, off, size, ..
-                }
-                | Op::Store {
-                    base, off, size, ..
-                }) = inst.op
-                else {
-                    continue;
-                };
-                if base != c.walk.ptr || checks[m] == AccessCheck::None {
-                    continue;
-                }
-                let moved = if m > c.walk.step_at { step } else { 0 };
-                let lo = a + moved + off as i64;
-                let hi = last + moved + off as i64 + size.bytes() as i64;
-                if lo >= -(STACK_SIZE as i64) && hi <= 0 {
-                    checks[m] = AccessCheck::Walked;
-                    proven = true;
-                }
+            let sp = &prog.subprogs[prog.subprog_of(c.walk.head)];
+            if live.as_ref().is_none_or(|(start, _)| *start != sp.start) {
+                live = Some((sp.start, crate::analysis::live_in(prog, sp.start, sp.end)));
             }
-            if proven {
-                let sp = &prog.subprogs[prog.subprog_of(c.walk.head)];
-                if live.as_ref().is_none_or(|(start, _)| *start != sp.start) {
-                    live = Some((sp.start, crate::analysis::live_in(prog, sp.start, sp.end)));
-                }
-                let (start, live) = live.as_ref().expect("computed above");
-                let free = free_registers(prog, &c.walk, |i| live[i - start]);
-                let mut free = (0..=5).filter(|&r| free & (1 << r) != 0);
-                walks.push(Walk {
-                    last,
-                    shadow: free.next(),
-                    limit: free.next(),
-                    ..c.walk
-                });
-            }
+            let (start, live) = live.as_ref().expect("computed above");
+            let free = free_registers(prog, &c.walk, |i| live[i - start]);
+            let mut free = (0..=5).filter(|&r| free & (1 << r) != 0);
+            walks.push(Walk {
+                last,
+                guard,
+                shadow: free.next(),
+                limit: free.next(),
+                ..c.walk
+            });
         }
         walks
     }
+}
+
+/// The loads and stores through the walked pointer in the body: `(index, offset from the
+/// pointer's value at the head, size)` (past the step, the step is part of the offset).
+fn pointer_accesses<'a>(
+    prog: &'a Program,
+    c: &'a Candidate,
+) -> impl Iterator<Item = (usize, i64, i64)> + 'a {
+    let body = c.walk.head..c.walk.back_edge;
+    body.clone()
+        .zip(&prog.insts[body])
+        .filter_map(move |(m, inst)| match inst.op {
+            Op::Load {
+                base, off, size, ..
+            }
+            | Op::Store {
+                base, off, size, ..
+            } if base == c.walk.ptr => {
+                let moved = if m > c.walk.step_at { c.walk.step } else { 0 };
+                Some((m, moved + off as i64, size.bytes() as i64))
+            }
+            _ => None,
+        })
+}
+
+/// A walk through the frame, proven at compile time: marks the accesses
+/// [`AccessCheck::Walked`] and returns `(last, None)`, or `None` when nothing is proven.
+fn prove_in_frame(
+    prog: &Program,
+    c: &Candidate,
+    p: Val,
+    b: Val,
+    checks: &mut [AccessCheck],
+) -> Option<(i64, Option<Guard>)> {
+    let exact = |v: Val| (v.base == Base::Stack && v.lo == v.hi).then_some(v.lo);
+    let (a, b) = (exact(p)?, exact(b)?);
+    let step = c.walk.step;
+    // The pointer's values at the head, as a range stepped by `step`.
+    // (Offsets are within a frame's reach of r10: no overflow in this arithmetic.)
+    let last = match c.walk.cont {
+        Cond::Ne if b > a && (b - a) % step == 0 => b - step,
+        Cond::Ne => return None,
+        // The largest a + c·t below (or at) b; just a when the first test fails.
+        Cond::Lt if b > a => a + (b - 1 - a) / step * step,
+        _ if b >= a => a + (b - a) / step * step,
+        _ => a,
+    };
+    let mut proven = false;
+    for (m, off, size) in pointer_accesses(prog, c) {
+        if checks[m] == AccessCheck::None {
+            continue;
+        }
+        if a + off >= -(STACK_SIZE as i64) && last + off + size <= 0 {
+            checks[m] = AccessCheck::Walked;
+            proven = true;
+        }
+    }
+    proven.then_some((last, None))
+}
+
+/// A walk whose bounds are only known at run time, through a pointer that is not into the
+/// frame (the context's, typically: `p = ctx; … p += 8; if p < ctx + len goto loop`): the
+/// accesses at non-negative offsets from the head value become [`AccessCheck::Guarded`],
+/// and the walk gets a [`Guard`] for the backend to test on entry. A power-of-two step keeps
+/// the guard's arithmetic to shifts.
+fn guard_in_context(
+    prog: &Program,
+    c: &Candidate,
+    p: Val,
+    checks: &mut [AccessCheck],
+) -> Option<(i64, Option<Guard>)> {
+    let step = c.walk.step;
+    if p.base == Base::Stack || !(step as u64).is_power_of_two() {
+        return None;
+    }
+    // Offsets below 2 KiB keep the guard's constants in every backend's short immediates
+    // (and the shadow's offsets, step included, far inside an `i16`).
+    let guarded = |m: usize, off: i64, size: i64| {
+        off >= 0
+            && off + size < 2048
+            && matches!(checks[m], AccessCheck::Ctx | AccessCheck::Unknown)
+    };
+    let end = pointer_accesses(prog, c)
+        .filter(|&(m, off, size)| guarded(m, off, size))
+        .map(|(_, off, size)| off + size)
+        .max()?;
+    let members: Vec<usize> = pointer_accesses(prog, c)
+        .filter(|&(m, off, size)| guarded(m, off, size))
+        .map(|(m, _, _)| m)
+        .collect();
+    for m in members {
+        checks[m] = AccessCheck::Guarded;
+    }
+    let bias = match c.walk.cont {
+        Cond::Lt => 1,
+        Cond::Ne => step as u64,
+        _ => 0,
+    };
+    Some((
+        0,
+        Some(Guard {
+            shift: step.trailing_zeros(),
+            bias,
+            end: end as u64,
+        }),
+    ))
 }
 
 /// The registers free for [`Walk::shadow`] and [`Walk::limit`] (bit n = rn): among r0–r5
@@ -354,6 +459,7 @@ fn candidate(
             step,
             shadow: None,
             limit: None,
+            guard: None,
         },
     })
 }
@@ -412,6 +518,7 @@ mod tests {
                 // r0 is read after the loop, r3 and r4 are used in it: r1 is free.
                 shadow: Some(1),
                 limit: Some(2),
+                guard: None,
             }]
         );
         assert_eq!(a.walk_at_head(3), Some(0));
