@@ -16,7 +16,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
-use packjit_frontend::walks::Walk;
+use packjit_frontend::walks::{Guard, Walk};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
 };
@@ -181,6 +181,8 @@ enum Cold {
     /// A check group's widened test failed: the group's instructions again with a check
     /// per access, then on after the group.
     Group { at: Label, group: usize },
+    /// A guarded walk's entry test failed: the loop's checked copy, then on after the loop.
+    Walk { at: Label, walk: usize },
     /// Divisor 0: r11 = 0 (div) or the dividend in rax (mod).
     DivZero {
         at: Label,
@@ -225,8 +227,10 @@ pub struct Emitter<'a> {
     skip: Option<usize>,
     /// Index of the instruction being lowered.
     cur: usize,
-    /// Emitting a group's checked copy: every access checks itself.
+    /// Emitting a group's or a guarded walk's checked copy: every access checks itself.
     copy: bool,
+    /// Emitting a guarded walk's checked copy: the copy's head, where its back-edge goes.
+    copy_head: Option<Label>,
     /// Per check group: the point right after its widened check and clamp, for the jumps
     /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
     group_resume: Vec<Option<Label>>,
@@ -286,6 +290,7 @@ impl<'a> Emitter<'a> {
             skip: None,
             cur: 0,
             copy: false,
+            copy_head: None,
             group_resume,
             walk_clamps,
             clamp: true,
@@ -948,11 +953,10 @@ impl<'a> Emitter<'a> {
     /// hot path (whose widened check `group_check_at` emitted).
     fn unchecked_access(&mut self) -> bool {
         let i = self.cur;
-        if matches!(
-            self.plan.access.checks[i],
-            AccessCheck::None | AccessCheck::Walked
-        ) {
-            return true;
+        match self.plan.access.checks[i] {
+            AccessCheck::None | AccessCheck::Walked => return true,
+            AccessCheck::Guarded => return !self.copy,
+            _ => {}
         }
         if self.copy {
             return false;
@@ -1282,7 +1286,7 @@ impl<'a> Emitter<'a> {
     /// [`Self::group_supported`]), else at the target.
     fn jump_label(&self, target: usize) -> Label {
         if let Some(k) = self.plan.access.walk_of_back_edge(self.cur) {
-            return self.walk_clamps[k];
+            return self.copy_head.unwrap_or(self.walk_clamps[k]);
         }
         match self.plan.access.reentry(self.cur) {
             Some(g) if self.group_supported(g) => {
@@ -1305,6 +1309,9 @@ impl<'a> Emitter<'a> {
         let (head, clamp) = (self.inst_label[i], self.walk_clamps[k]);
         let (p, b) = (host(w.ptr), host(w.bound));
         let shadow = self.walk_shadow(&w).map(host);
+        if let Some(guard) = w.guard {
+            self.walk_guard(k, &w, guard);
+        }
         if let Some(s) = shadow {
             // mov s, p: the first iteration's pointer is exact, its copy needs no clamp.
             self.e.rr(&[], Sz::B64, &[0x89], p, s);
@@ -1354,6 +1361,51 @@ impl<'a> Emitter<'a> {
         self.e.op_plus_r(Sz::B32, &[0xb8], T9);
         self.e.imm_bytes(0, 4);
         self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | ended as u8], p, T9);
+    }
+
+    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`): the context bounds,
+    /// then the walk's extent; any failure runs the loop's checked copy ([`Cold::Walk`]).
+    /// Then `lfence`, once per loop entry: nothing of the unchecked loop runs before the
+    /// test's branches have resolved, so a mispredicted one cannot run it on a bad walk.
+    fn walk_guard(&mut self, k: usize, w: &Walk, g: Guard) {
+        let (p, b) = (host(w.ptr), host(w.bound));
+        let at = self.e.label();
+        let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i8);
+        // r9 = len - end, r11 = q = p - ctx_start; r9 = len - end - q.
+        self.ctx_len();
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
+        self.e.jump(Some(Cc::B), at);
+        self.mov_rr(Sz::B64, T11, p);
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; sub r11, QWORD [BYTE r12 + CTX_START8]
+                ; sub r9, r11
+            )
+        });
+        self.e.jump(Some(Cc::B), at);
+        // r10 = b - p - bias: the last head value's offset from p, before rounding down.
+        self.mov_rr(Sz::B64, T10, b);
+        self.e.rr(&[], Sz::B64, &[0x29], p, T10);
+        if bias != 0 {
+            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r10, DWORD bias));
+        }
+        if shift != 0 {
+            let ne = w.cont == Cond::Ne;
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64 ; shr r9, shift);
+                if ne {
+                    dynasm!(ops ; .arch x64 ; ror r10, shift);
+                } else {
+                    dynasm!(ops ; .arch x64 ; shr r10, shift);
+                }
+            });
+        }
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r10, r9));
+        self.e.jump(Some(Cc::A), at);
+        if self.clamp {
+            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
+        }
+        self.cold.push(Cold::Walk { at, walk: k });
     }
 
     /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
@@ -1800,6 +1852,26 @@ impl<'a> Emitter<'a> {
                     // done by it, and its label is where the one after it starts.
                     self.skip = None;
                     let next = self.inst_label[last + 1];
+                    self.e.jump(None, next);
+                }
+                Cold::Walk { at, walk } => {
+                    let w = self.plan.access.walks[walk];
+                    let k = self.prog.subprog_of(w.head);
+                    let head = self.e.label();
+                    self.e.bind(at);
+                    self.e.bind(head);
+                    (self.copy, self.copy_head, self.skip) = (true, Some(head), None);
+                    for i in w.head..=w.back_edge {
+                        if self.skip == Some(i) {
+                            continue;
+                        }
+                        let inst = self.prog.insts[i];
+                        self.cur = i;
+                        self.inst(i, k, &inst)?;
+                    }
+                    (self.copy, self.copy_head, self.skip) = (false, None, None);
+                    // The back-edge falls through: a loop never ends its function.
+                    let next = self.inst_label[w.back_edge + 1];
                     self.e.jump(None, next);
                 }
                 Cold::DivZero { at, back, sz, rem } => {
