@@ -22,7 +22,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
-use packjit_frontend::walks::Walk;
+use packjit_frontend::walks::{Guard, Walk};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
 };
@@ -113,6 +113,9 @@ enum Cold {
     /// A check group's widened test failed: run the group's instructions again with a
     /// check per access, then continue after the group.
     Group { label: DynamicLabel, group: usize },
+    /// A guarded walk's entry test failed: run the loop's checked copy, then continue after
+    /// the loop.
+    Walk { label: DynamicLabel, walk: usize },
     /// The budget cannot pay for the jump or call at `pc`: stop there.
     Budget { label: DynamicLabel, pc: usize },
 }
@@ -140,8 +143,10 @@ pub struct Codegen<'a> {
     region_stub: DynamicLabel,
     /// The front end's access analysis (empty in trusted code).
     access: AccessPlan,
-    /// Emitting a group's checked copy: every access checks itself.
+    /// Emitting a group's or a guarded walk's checked copy: every access checks itself.
     copy: bool,
+    /// Emitting a guarded walk's checked copy: the copy's head, where its back-edge goes.
+    copy_head: Option<DynamicLabel>,
     /// Per check group: the point right after its widened check and mask, for the jumps
     /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
     group_resume: Vec<Option<DynamicLabel>>,
@@ -226,6 +231,7 @@ impl<'a> Codegen<'a> {
             region_stub: dummy,
             access,
             copy: false,
+            copy_head: None,
             group_resume: Vec::new(),
             walk_clamps: Vec::new(),
             cur: 0,
@@ -897,11 +903,10 @@ impl<'a> Codegen<'a> {
     /// hot path (whose widened check `group_check_at` emitted).
     fn unchecked_access(&mut self, _base: Reg) -> bool {
         let i = self.cur;
-        if matches!(
-            self.access.checks[i],
-            AccessCheck::None | AccessCheck::Walked
-        ) {
-            return true;
+        match self.access.checks[i] {
+            AccessCheck::None | AccessCheck::Walked => return true,
+            AccessCheck::Guarded => return !self.copy,
+            _ => {}
         }
         if self.copy {
             return false;
@@ -957,7 +962,7 @@ impl<'a> Codegen<'a> {
     /// validated on every path to the jump, else at the target.
     fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
         if let Some(k) = self.access.walk_of_back_edge(i) {
-            return self.walk_clamps[k];
+            return self.copy_head.unwrap_or(self.walk_clamps[k]);
         }
         match self.access.reentry(i).and_then(|g| self.group_resume[g]) {
             Some(resume) => resume,
@@ -980,10 +985,15 @@ impl<'a> Codegen<'a> {
         // With a shadow the clamp writes the pointer's copy there (see `Walk::shadow`), and
         // the first iteration's copy is the exact entry value.
         let shadow = self.walk_shadow(&w).map(map);
+        if let Some(guard) = w.guard {
+            self.walk_guard(k, &w, guard);
+        }
         // With Zbb the clamp saturates instead: min(p, r10 + last) is p itself on the
         // architectural path and stays inside the frame on any other. The limit is
         // loop-invariant: kept in a second dead register when there is one.
-        let limit = match (self.opts.zbb, shadow, w.limit) {
+        // A guarded walk has no compile-time `last`: it clamps with the mask.
+        let saturate = self.opts.zbb && w.guard.is_none();
+        let limit = match (saturate, shadow, w.limit) {
             (true, Some(_), Some(l)) => Some(map(l)),
             _ => None,
         };
@@ -999,7 +1009,7 @@ impl<'a> Codegen<'a> {
             return;
         }
         let dst = shadow.unwrap_or(p);
-        if self.opts.zbb {
+        if saturate {
             let l = limit.unwrap_or_else(|| {
                 self.add_imm(T3, map(packjit_frontend::R10), w.last, T3);
                 T3
@@ -1018,6 +1028,47 @@ impl<'a> Codegen<'a> {
             self.e.rrr(R3::Sub, T3, ZERO, T3);
         }
         self.e.rrr(R3::And, dst, p, T3);
+    }
+
+    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`), as one verdict with
+    /// no branch until it is complete (t2 = 0 when the walk stays inside the context): on
+    /// failure the loop's checked copy runs ([`Cold::Walk`]); on success the pointer is
+    /// masked with the verdict (itself architecturally, 0 under a mispredicted branch, from
+    /// where a speculative walk stays in the unmapped first 64 KiB).
+    fn walk_guard(&mut self, k: usize, w: &Walk, g: Guard) {
+        let (p, b) = (map(w.ptr), map(w.bound));
+        let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i32);
+        // t0 = q = p - ctx_start; t1 = len - end; t2 = (len < end) | (len - end < q).
+        self.e.rrr(R3::Sub, T0, p, CTX_START);
+        self.e.ri(RI::Addi, T1, CTX_LEN, -end);
+        self.e.ri(RI::Sltiu, T2, CTX_LEN, end);
+        self.e.rrr(R3::Sltu, T3, T1, T0);
+        self.e.rrr(R3::Or, T2, T2, T3);
+        // t1 = (len - end - q) >> shift; t0 = (b - p - bias) >> shift, a `!=` walk's
+        // remainder (low bits) failing the test.
+        self.e.rrr(R3::Sub, T1, T1, T0);
+        self.e.rrr(R3::Sub, T0, b, p);
+        if bias != 0 {
+            self.e.ri(RI::Addi, T0, T0, -bias);
+        }
+        if shift != 0 {
+            if w.cont == Cond::Ne {
+                self.e.ri(RI::Andi, T3, T0, (1 << shift) - 1);
+                self.e.rrr(R3::Sltu, T3, ZERO, T3);
+                self.e.rrr(R3::Or, T2, T2, T3);
+            }
+            self.e.ri(RI::Srli, T1, T1, shift);
+            self.e.ri(RI::Srli, T0, T0, shift);
+        }
+        self.e.rrr(R3::Sltu, T3, T1, T0);
+        self.e.rrr(R3::Or, T2, T2, T3);
+        let label = self.e.new_label();
+        self.branch(Br::Ne, T2, ZERO, label);
+        if self.opts.measure.spectre_clamp {
+            self.e.ri(RI::Addi, T2, T2, -1);
+            self.e.rrr(R3::And, p, p, T2);
+        }
+        self.cold.push(Cold::Walk { label, walk: k });
     }
 
     /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
@@ -1186,6 +1237,23 @@ impl<'a> Codegen<'a> {
                 self.copy = false;
                 // A group never ends its function (a member is followed by more code).
                 let next = self.insn_labels[last + 1];
+                self.jump(next);
+            }
+            Cold::Walk { label, walk } => {
+                let w = self.access.walks[walk];
+                let k = self.prog.subprog_of(w.head);
+                let head = self.e.new_label();
+                self.e.bind(label);
+                self.e.bind(head);
+                (self.copy, self.copy_head) = (true, Some(head));
+                for i in w.head..=w.back_edge {
+                    let inst = self.prog.insts[i];
+                    self.cur = i;
+                    self.inst(k, i, &inst, false);
+                }
+                (self.copy, self.copy_head) = (false, None);
+                // The back-edge falls through: a loop never ends its function.
+                let next = self.insn_labels[w.back_edge + 1];
                 self.jump(next);
             }
             Cold::Access {
@@ -1637,7 +1705,7 @@ fn lim8_access(op: &Op, check: AccessCheck, block: bool) -> bool {
     );
     size8
         && match check {
-            AccessCheck::Ctx | AccessCheck::Unknown => true,
+            AccessCheck::Ctx | AccessCheck::Unknown | AccessCheck::Guarded => true,
             AccessCheck::Stack => !block,
             _ => false,
         }
