@@ -847,6 +847,31 @@ fn loops_clamp_what_they_no_longer_check() {
             "b.cc 0x0",
         ],
     ];
+    // The context walk: a guarded walk (bounds known at run time), no check in the loop,
+    // the pointer's clamped copy in x0 on the back-edge's flags (`bound > ptr`: hi). The
+    // entry test is one verdict (two `ccmp`s) that also selects the pointer.
+    let (ctx_walk, all) = hot_loop("ctx hash");
+    let want_ctx = [
+        "csel x0, x2, xzr, hi",
+        "ldr x3, [x0]",
+        "eor x7, x7, x3",
+        "mul x7, x7, x4",
+        "add x2, x2, #0x8",
+        "cmp x1, x2",
+        "b.hi 0x0",
+    ];
+    assert_eq!(ctx_walk, want_ctx, "context walk:\n{}", ctx_walk.join("\n"));
+    for line in [
+        "ccmp x14, x16, #0x2, cs",
+        "ccmp x9, x16, #0x2, ls",
+        "csel x2, x2, xzr, ls",
+    ] {
+        assert!(
+            all.iter().any(|l| l == line),
+            "{line} missing:\n{}",
+            all.join("\n")
+        );
+    }
     let (walk, _) = hot_loop("stack table (checked");
     assert_eq!(walk, want[0], "walk:\n{}", walk.join("\n"));
     let (header, all) = hot_loop("header parse");

@@ -567,6 +567,22 @@ fn loops_clamp_what_they_no_longer_check() {
             "bltu x9,x6,0x0",
         ],
     ];
+    // The context walk: a guarded walk (bounds known at run time), no check in the loop,
+    // the pointer's masked copy in a0. The entry verdict (t2 = 0: inside) masks the pointer.
+    let (ctx_walk, all) = hot_loop("ctx hash", 0);
+    let want_ctx = [
+        "sltu x28,x12,x11",
+        "neg x28,x28",
+        "and x10,x12,x28",
+        "ld x13,0(x10)",
+        "xor x15,x15,x13",
+        "mul x15,x15,x14",
+        "add x12,x12,8",
+        "bltu x12,x11,0x0",
+    ];
+    assert_eq!(ctx_walk, want_ctx, "context walk:\n{}", ctx_walk.join("\n"));
+    let verdict = ["add x7,x7,-1", "and x12,x12,x7"];
+    assert!(all.windows(2).any(|w| w == verdict), "{}", all.join("\n"));
     let (walk, _) = hot_loop("stack table (checked", 0);
     assert_eq!(walk, want[0], "walk:\n{}", walk.join("\n"));
     // With Zbb: one `minu` into the copy, against r10 + last kept in a second dead

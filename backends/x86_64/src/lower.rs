@@ -1373,7 +1373,8 @@ impl<'a> Emitter<'a> {
         let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i8);
         // r9 = len - end, r11 = q = p - ctx_start; r9 = len - end - q.
         self.ctx_len();
-        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
         self.e.jump(Some(Cc::B), at);
         self.mov_rr(Sz::B64, T11, p);
         self.e.asm(2, |ops| {
@@ -1387,7 +1388,8 @@ impl<'a> Emitter<'a> {
         self.mov_rr(Sz::B64, T10, b);
         self.e.rr(&[], Sz::B64, &[0x29], p, T10);
         if bias != 0 {
-            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r10, DWORD bias));
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r10, DWORD bias));
         }
         if shift != 0 {
             let ne = w.cont == Cond::Ne;

@@ -857,6 +857,27 @@ fn loops_clamp_what_they_no_longer_check() {
             "jb 0x0",
         ],
     ];
+    // The context walk: a guarded walk (bounds known at run time), no check in the loop,
+    // the pointer's clamped copy in rdi (`bound > ptr`: cmova). The entry test ends with
+    // `lfence`, once per loop entry.
+    let (ctx_walk, all) = hot_loop("ctx hash");
+    let want_ctx = [
+        "mov edi,0x0",
+        "cmova rdi,rdx",
+        "mov rcx,QWORD PTR [rdi]",
+        "xor rax,rcx",
+        "imul rax,r8",
+        "add rdx,0x8",
+        "cmp rsi,rdx",
+        "ja 0x0",
+    ];
+    assert_eq!(ctx_walk, want_ctx, "context walk:\n{}", ctx_walk.join("\n"));
+    assert_eq!(
+        all.iter().filter(|l| *l == "lfence").count(),
+        1,
+        "{}",
+        all.join("\n")
+    );
     let (walk, _) = hot_loop("stack table (checked");
     assert_eq!(walk, want[0], "walk:\n{}", walk.join("\n"));
     let (header, all) = hot_loop("header parse");
