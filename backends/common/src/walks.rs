@@ -37,6 +37,19 @@
 //!
 //! Each load or store through the pointer whose whole range over all those values lies in
 //! the current 512-byte frame becomes [`AccessCheck::Walked`]; a walk without any is dropped.
+//!
+//! **Guarded walks.** The same loop shape through any other pointer (the context's,
+//! typically: `p = ctx; loop: … *(u64 *)p …; p += 8; if p < ctx + len goto loop`) cannot be
+//! proven at compile time: the bound is a run-time value, and whether the last 8-byte load
+//! stays inside depends on the length. With a power-of-two step, such a loop gets a
+//! [`Guard`]: one test on entry, before the first iteration, that the whole walk lies in the
+//! context. The backend emits the loop twice: the hot copy, where the accesses through the
+//! pointer at non-negative offsets ([`AccessCheck::Guarded`]) have no check and the
+//! back-edge clamps as above, and a checked copy out of line, which the entry runs instead
+//! when the guard fails (it stops exactly where the reference does). The guard's verdict
+//! also selects the pointer (itself, or 0 under a mispredicted guard branch; x86-64 uses
+//! `lfence` there), so the hot copy is never entered speculatively on a bad walk. The cost
+//! per loop entry is about ten instructions; per iteration it is the clamp alone.
 
 use crate::ranges::{for_each_state, transfer, AccessCheck, Base, State, Val};
 use crate::{AluOp, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
@@ -578,6 +591,54 @@ mod tests {
             ins(0x0f, 0, 5, 0, 0),
         ];
         assert_eq!(shadow(&body, &[]), None);
+    }
+
+    /// `r3 = r1 + start ; r2 = r1 + r2 ; head: <body> ; r3 += step ; back-edge ; exit`.
+    fn ctx_walk(start: i32, body: &[[u8; 8]], step: i32, op: u8) -> crate::ranges::AccessPlan {
+        let mut code = vec![
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 3, 1, 0, 0),
+            ins(0x07, 3, 0, 0, start),
+            ins(0x0f, 2, 1, 0, 0),
+        ];
+        code.extend_from_slice(body);
+        code.push(ins(0x07, 3, 0, 0, step));
+        let back = -(code.len() as i16 + 1 - 4);
+        code.push(ins(op, 3, 2, back, 0));
+        code.push(EXIT);
+        plan_accesses(&crate::decode(&code.concat(), &[]).unwrap(), true)
+    }
+
+    #[test]
+    fn context_walks_get_an_entry_guard() {
+        // The bench's context hash: `r4 = *(u64 *)(r3 + 0) ; … ; r3 += 8 ; if r3 < r2`.
+        let load = ins(0x79, 4, 3, 0, 0);
+        let a = ctx_walk(0, &[load, ins(0xaf, 0, 4, 0, 0)], 8, JLT);
+        assert_eq!(a.checks[4], AccessCheck::Guarded);
+        let guard = a.walks[0].guard;
+        assert_eq!(
+            guard,
+            Some(Guard {
+                shift: 3,
+                bias: 1,
+                end: 8
+            })
+        );
+        // `!=` subtracts a whole step; an access past the step counts it in its end.
+        let after = ctx_walk(0, &[], 4, JNE);
+        assert!(after.walks.is_empty(), "no access, no walk");
+        let code_after = [ins(0x61, 4, 3, 0, 0)];
+        let ne = ctx_walk(0, &code_after, 4, JNE);
+        assert_eq!(ne.walks[0].guard.map(|g| (g.bias, g.end)), Some((4, 4)));
+        // A step that is not a power of two, or an access below the head value: no guard
+        // (the accesses keep their checks).
+        let odd = ctx_walk(0, &[load], 24, JLT);
+        assert_ne!(odd.checks[4], AccessCheck::Guarded);
+        assert!(odd.walks.is_empty());
+        let below = ctx_walk(8, &[ins(0x79, 4, 3, -8, 0)], 8, JLT);
+        assert_ne!(below.checks[4], AccessCheck::Guarded);
+        // The frame's walks are proven at compile time instead, never guarded.
+        assert_eq!(walk(-512, 0, 8, back(JNE, 3, 10)).walks[0].guard, None);
     }
 
     #[test]
