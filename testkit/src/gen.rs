@@ -1879,13 +1879,25 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
     let step = [1, 2, 4, 8, 8, 8, 16, 24, 64, 128][rnd(10) as usize];
     p.push(ins(0xbf, 3, 10, 0, 0)); // r3 = r10 + start
     p.push(ins(0x07, 3, 0, 0, start));
-    // The bound: r10 itself, or r7 = r10 + a small offset.
-    let bound = if rnd(2) == 0 {
-        10
-    } else {
-        p.push(ins(0xbf, 7, 10, 0, 0));
-        p.push(ins(0x07, 7, 0, 0, -(rnd(5) as i32) * 8));
-        7
+    // The bound: r10 itself, r7 = r10 + a small offset, or r7 = r10 - a length only the
+    // run time knows (from the context; the walk is then guarded, not proven).
+    let bound = match rnd(3) {
+        0 => 10,
+        1 => {
+            p.push(ins(0xbf, 7, 10, 0, 0));
+            p.push(ins(0x07, 7, 0, 0, -(rnd(5) as i32) * 8));
+            7
+        }
+        _ => {
+            p.push(ins(0x71, 5, 1, 0, 0)); // r5 = *(u8 *)r1 (0x5a)
+            p.push(ins(0xa7, 5, 0, 0, rnd(1024) as i32)); // r5 ^= k
+            if rnd(3) != 0 {
+                p.push(ins(0x57, 5, 0, 0, 0x1f8)); // r5 &= 0x1f8
+            }
+            p.push(ins(0xbf, 7, 10, 0, 0)); // r7 = r10 - r5
+            p.push(ins(0x1f, 7, 5, 0, 0));
+            7
+        }
     };
     let head = p.len();
     let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW

@@ -138,14 +138,16 @@ fn run(arch: Arch, features: u64) {
             // Loops walking a pointer through the frame (`packjit_frontend::walks`): proven
             // walks run with a clamp instead of checks; the rest must stop where the
             // reference does.
-            let (mut walk_ends, mut proven, mut shadowed) =
-                (BTreeMap::<String, u64>::new(), 0u64, 0u64);
+            let mut walk_ends = BTreeMap::<String, u64>::new();
+            let (mut proven, mut frame_guarded, mut shadowed, mut in_place) = (0u64, 0, 0, 0);
             for seed in base..base + escape_count {
                 current.store(seed, Ordering::Relaxed);
                 let prog = packjit_frontend::decode(&walk_program(seed), &[]).unwrap();
                 let walks = packjit_frontend::ranges::plan_accesses(&prog, true).walks;
-                proven += !walks.is_empty() as u64;
+                proven += walks.iter().any(|w| w.guard.is_none()) as u64;
+                frame_guarded += walks.iter().any(|w| w.guard.is_some()) as u64;
                 shadowed += walks.iter().any(|w| w.shadow.is_some()) as u64;
+                in_place += walks.iter().any(|w| w.shadow.is_none()) as u64;
                 let key = match check_walk_seed(&target, seed) {
                     Ok(EscapeChecked::Finished) => "finished".to_string(),
                     Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
@@ -157,10 +159,14 @@ fn run(arch: Arch, features: u64) {
             // The generator must exercise both sides: proven walks and (where the code
             // runs) stopped ones.
             assert!(proven * 5 > escape_count, "{proven} proven walks");
+            assert!(
+                frame_guarded * 10 > escape_count,
+                "{frame_guarded} guarded frame walks"
+            );
             // ... and both clamps: into a shadow register, and in place.
             assert!(
-                shadowed * 10 > escape_count && (proven - shadowed) * 20 > escape_count,
-                "{proven} proven walks, {shadowed} through a shadow"
+                shadowed * 10 > escape_count && in_place * 20 > escape_count,
+                "{shadowed} walks through a shadow, {in_place} clamped in place"
             );
             if native {
                 let stopped = walk_ends.get("OutOfBounds").copied().unwrap_or(0);
@@ -195,7 +201,7 @@ fn run(arch: Arch, features: u64) {
                 );
             }
             format!(
-                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven ({shadowed} clamped into a shadow register); context walks: {ctx_ends:?} matched, {guarded} guarded"
+                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven, {frame_guarded} guarded ({shadowed} clamped into a shadow register); context walks: {ctx_ends:?} matched, {guarded} guarded"
             )
         }
     };

@@ -28,7 +28,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
-use packjit_frontend::walks::{Guard, Walk};
+use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
     PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
@@ -941,11 +941,23 @@ impl<'a> Emitter<'a> {
         let p = REG_MAP[w.ptr as usize];
         let b = self.src(w.bound, T1);
         let (end, bias, shift) = (g.end as u32, g.bias as u32, g.shift);
-        // q = p - ctx_start; len - end (hs when len >= end); then q <= len - end.
+        match g.region {
+            // q = p - ctx_start; len - end (hs when len >= end); then q <= len - end.
+            GuardRegion::Context => a64!(self.ops
+                ; sub X(C0), X(p), X(CTX_LO)
+                ; subs X(C1), XSP(CTX_LEN), end
+                ; ccmp X(C0), X(C1), 2, hs
+            ),
+            // q = p - (r10 - 512); the frame's length is 512 >= end.
+            GuardRegion::Frame => {
+                self.mov_imm(C1, (STACK_SIZE as u32 - end) as u64, W64);
+                a64!(self.ops
+                    ; sub X(C0), X(p), X(FP)
+                    ; cmp X(C0), X(C1)
+                );
+            }
+        }
         a64!(self.ops
-            ; sub X(C0), X(p), X(CTX_LO)
-            ; subs X(C1), XSP(CTX_LEN), end
-            ; ccmp X(C0), X(C1), 2, hs
             ; sub X(C1), X(C1), X(C0)
             ; sub X(T0), X(b), X(p)
         );

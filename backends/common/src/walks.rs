@@ -38,12 +38,13 @@
 //! Each load or store through the pointer whose whole range over all those values lies in
 //! the current 512-byte frame becomes [`AccessCheck::Walked`]; a walk without any is dropped.
 //!
-//! **Guarded walks.** The same loop shape through any other pointer (the context's,
-//! typically: `p = ctx; loop: … *(u64 *)p …; p += 8; if p < ctx + len goto loop`) cannot be
-//! proven at compile time: the bound is a run-time value, and whether the last 8-byte load
-//! stays inside depends on the length. With a power-of-two step, such a loop gets a
-//! [`Guard`]: one test on entry, before the first iteration, that the whole walk lies in the
-//! context. The backend emits the loop twice: the hot copy, where the accesses through the
+//! **Guarded walks.** The same loop shape with a bound only the run time knows cannot be
+//! proven at compile time: through the context (`p = ctx; loop: … *(u64 *)p …; p += 8;
+//! if p < ctx + len goto loop`, where whether the last 8-byte load stays inside depends on
+//! the length), or through the frame up to a run-time length. With a power-of-two step,
+//! such a loop gets a [`Guard`]: one test on entry, before the first iteration, that the
+//! whole walk lies in the context (or, for a pointer into the frame, in the current frame).
+//! The backend emits the loop twice: the hot copy, where the accesses through the
 //! pointer at non-negative offsets ([`AccessCheck::Guarded`]) have no check and the
 //! back-edge clamps as above, and a checked copy out of line, which the entry runs instead
 //! when the guard fails (it stops exactly where the reference does). The guard's verdict
@@ -104,12 +105,23 @@ pub struct Walk {
     pub guard: Option<Guard>,
 }
 
+/// Where a guarded walk must stay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GuardRegion {
+    /// The context, `[ctx_start, ctx_start + ctx_len)`.
+    Context,
+    /// The current function's frame, `[r10 - 512, r10)` (a pointer into the frame whose
+    /// bound is only known at run time: a buffer filled up to a length).
+    Frame,
+}
+
 /// The entry test of a guarded walk: with `p` and `b` the pointer and the bound on entry,
-/// and `q = p - ctx_start`, the walk stays inside the context iff (unsigned, 64-bit)
+/// and `q = p - start` for the region `[start, start + len)` ([`GuardRegion`]), the walk
+/// stays inside the region iff (unsigned, 64-bit)
 ///
 /// ```text
-///   end <= ctx_len  and  q <= ctx_len - end
-///   and  D >> shift <= (ctx_len - end - q) >> shift,  D = b - p - bias
+///   end <= len  and  q <= len - end
+///   and  D >> shift <= (len - end - q) >> shift,  D = b - p - bias
 /// ```
 ///
 /// (for a `!=` walk `D` rotated right by `shift` instead of shifted). Why: the head values
@@ -123,6 +135,8 @@ pub struct Walk {
 /// which is correct for any input, only slower.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Guard {
+    /// The region the walk must stay in.
+    pub region: GuardRegion,
     /// log2 of the step.
     pub shift: u32,
     /// Subtracted from `b - p`: 1 for `<`, 0 for `<=`, the step for `!=`.
@@ -275,7 +289,7 @@ impl Candidates {
         for (c, vals) in self.cands.iter().zip(self.entry) {
             let Some((p, b)) = vals else { continue };
             let found = prove_in_frame(prog, c, p, b, checks)
-                .or_else(|| guard_in_context(prog, c, p, checks));
+                .or_else(|| guard_at_run_time(prog, c, p, checks));
             let Some((last, guard)) = found else {
                 continue;
             };
@@ -356,27 +370,39 @@ fn prove_in_frame(
     proven.then_some((last, None))
 }
 
-/// A walk whose bounds are only known at run time, through a pointer that is not into the
-/// frame (the context's, typically: `p = ctx; … p += 8; if p < ctx + len goto loop`): the
-/// accesses at non-negative offsets from the head value become [`AccessCheck::Guarded`],
+/// A walk whose bounds are only known at run time (see the module docs): the accesses at
+/// non-negative offsets from the head value become [`AccessCheck::Guarded`],
 /// and the walk gets a [`Guard`] for the backend to test on entry. A power-of-two step keeps
 /// the guard's arithmetic to shifts.
-fn guard_in_context(
+fn guard_at_run_time(
     prog: &Program,
     c: &Candidate,
     p: Val,
     checks: &mut [AccessCheck],
 ) -> Option<(i64, Option<Guard>)> {
     let step = c.walk.step;
-    if p.base == Base::Stack || !(step as u64).is_power_of_two() {
+    if !(step as u64).is_power_of_two() {
         return None;
     }
-    // Offsets below 2 KiB keep the guard's constants in every backend's short immediates
-    // (and the shadow's offsets, step included, far inside an `i16`).
+    // A pointer into the frame is tested against the current frame, any other against the
+    // context (where a pointer of unknown origin is most likely to point).
+    let (region, limit) = match p.base {
+        Base::Stack => (GuardRegion::Frame, STACK_SIZE as i64),
+        _ => (GuardRegion::Context, 2048),
+    };
+    // Ends below 2 KiB keep the guard's constants in every backend's short immediates (and
+    // the shadow's offsets, step included, far inside an `i16`); in the frame, an end past
+    // 512 could never pass.
     let guarded = |m: usize, off: i64, size: i64| {
         off >= 0
+            && off + size <= limit
             && off + size < 2048
-            && matches!(checks[m], AccessCheck::Ctx | AccessCheck::Unknown)
+            && match region {
+                GuardRegion::Frame => checks[m] == AccessCheck::Stack,
+                GuardRegion::Context => {
+                    matches!(checks[m], AccessCheck::Ctx | AccessCheck::Unknown)
+                }
+            }
     };
     let end = pointer_accesses(prog, c)
         .filter(|&(m, off, size)| guarded(m, off, size))
@@ -397,6 +423,7 @@ fn guard_in_context(
     Some((
         0,
         Some(Guard {
+            region,
             shift: step.trailing_zeros(),
             bias,
             end: end as u64,
@@ -619,6 +646,7 @@ mod tests {
         assert_eq!(
             guard,
             Some(Guard {
+                region: GuardRegion::Context,
                 shift: 3,
                 bias: 1,
                 end: 8
@@ -639,6 +667,31 @@ mod tests {
         assert_ne!(below.checks[4], AccessCheck::Guarded);
         // The frame's walks are proven at compile time instead, never guarded.
         assert_eq!(walk(-512, 0, 8, back(JNE, 3, 10)).walks[0].guard, None);
+    }
+
+    #[test]
+    fn frame_walks_up_to_a_run_time_length_are_guarded_in_the_frame() {
+        // r3 = r10 - 512 ; r7 = r10 - (r2 & 0x1f8) ; head: r4 = *(u64 *)r3 ; r3 += 8 ;
+        // if r3 < r7 goto head
+        let code = [
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 3, 10, 0, 0),
+            ins(0x07, 3, 0, 0, -512),
+            ins(0x57, 2, 0, 0, 0x1f8),
+            ins(0xbf, 7, 10, 0, 0),
+            ins(0x1f, 7, 2, 0, 0),
+            ins(0x79, 4, 3, 0, 0), // 6: head
+            ins(0x07, 3, 0, 0, 8),
+            ins(JLT, 3, 7, -3, 0),
+            EXIT,
+        ]
+        .concat();
+        let a = plan_accesses(&crate::decode(&code, &[]).unwrap(), true);
+        assert_eq!(a.checks[6], AccessCheck::Guarded);
+        assert_eq!(
+            a.walks[0].guard.map(|g| (g.region, g.end)),
+            Some((GuardRegion::Frame, 8))
+        );
     }
 
     #[test]

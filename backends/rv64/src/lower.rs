@@ -22,7 +22,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
-use packjit_frontend::walks::{Guard, Walk};
+use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
 };
@@ -1038,12 +1038,24 @@ impl<'a> Codegen<'a> {
     fn walk_guard(&mut self, k: usize, w: &Walk, g: Guard) {
         let (p, b) = (map(w.ptr), map(w.bound));
         let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i32);
-        // t0 = q = p - ctx_start; t1 = len - end; t2 = (len < end) | (len - end < q).
-        self.e.rrr(R3::Sub, T0, p, CTX_START);
-        self.e.ri(RI::Addi, T1, CTX_LEN, -end);
-        self.e.ri(RI::Sltiu, T2, CTX_LEN, end);
-        self.e.rrr(R3::Sltu, T3, T1, T0);
-        self.e.rrr(R3::Or, T2, T2, T3);
+        // t0 = q = p - start; t1 = len - end; t2 = (len < end) | (len - end < q).
+        match g.region {
+            GuardRegion::Context => {
+                self.e.rrr(R3::Sub, T0, p, CTX_START);
+                self.e.ri(RI::Addi, T1, CTX_LEN, -end);
+                self.e.ri(RI::Sltiu, T2, CTX_LEN, end);
+                self.e.rrr(R3::Sltu, T3, T1, T0);
+                self.e.rrr(R3::Or, T2, T2, T3);
+            }
+            GuardRegion::Frame => {
+                // The frame is [r10 - 512, r10), and 512 >= end.
+                let size = packjit_frontend::STACK_SIZE as i32;
+                self.e.rrr(R3::Sub, T0, p, map(packjit_frontend::R10));
+                self.e.ri(RI::Addi, T0, T0, size);
+                self.e.ri(RI::Addi, T1, ZERO, size - end);
+                self.e.rrr(R3::Sltu, T2, T1, T0);
+            }
+        }
         // t1 = (len - end - q) >> shift; t0 = (b - p - bias) >> shift, a `!=` walk's
         // remainder (low bits) failing the test.
         self.e.rrr(R3::Sub, T1, T1, T0);

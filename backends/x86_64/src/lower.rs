@@ -16,7 +16,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
-use packjit_frontend::walks::{Guard, Walk};
+use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
 };
@@ -1371,18 +1371,32 @@ impl<'a> Emitter<'a> {
         let (p, b) = (host(w.ptr), host(w.bound));
         let at = self.e.label();
         let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i8);
-        // r9 = len - end, r11 = q = p - ctx_start; r9 = len - end - q.
-        self.ctx_len();
-        self.e
-            .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
-        self.e.jump(Some(Cc::B), at);
+        // r9 = len - end, r11 = q = p - start; r9 = len - end - q.
         self.mov_rr(Sz::B64, T11, p);
-        self.e.asm(2, |ops| {
-            dynasm!(ops ; .arch x64
-                ; sub r11, QWORD [BYTE r12 + CTX_START8]
-                ; sub r9, r11
-            )
-        });
+        match g.region {
+            GuardRegion::Context => {
+                self.ctx_len();
+                self.e
+                    .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
+                self.e.jump(Some(Cc::B), at);
+                self.e.asm(
+                    1,
+                    |ops| dynasm!(ops ; .arch x64 ; sub r11, QWORD [BYTE r12 + CTX_START8]),
+                );
+            }
+            GuardRegion::Frame => {
+                // The frame is [rbp - 512, rbp), and 512 >= end.
+                let room = STACK_SIZE as i32 - end;
+                self.e.asm(3, |ops| {
+                    dynasm!(ops ; .arch x64
+                        ; mov r9d, DWORD room
+                        ; sub r11, rbp
+                        ; add r11, DWORD STACK_SIZE as i32
+                    )
+                });
+            }
+        }
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, r11));
         self.e.jump(Some(Cc::B), at);
         // r10 = b - p - bias: the last head value's offset from p, before rounding down.
         self.mov_rr(Sz::B64, T10, b);
