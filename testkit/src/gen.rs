@@ -1817,8 +1817,32 @@ pub fn ctx_walk_program(seed: u64) -> (Vec<u8>, usize) {
     if rnd(3) == 0 {
         access(&mut p, &mut rnd);
     }
+    close_walk(
+        &mut p,
+        head,
+        bound,
+        rnd(6),
+        early_exit.then_some((exit_jump, 1 << 30)),
+    );
+    p.push(ins(0xb7, 0, 0, 0, 7)); // out: r0 = 7
+    p.push(ins(0x95, 0, 0, 0, 0));
+    (p.concat(), len)
+}
+
+/// Ends a generated walk over r3: the back-edge to `head` with exit test `kind` (0–5: `!=`
+/// in both operand orders, `<`, `>`, `<=`, `>=` against `bound`), then `exit`. The early
+/// exit at `early_exit` (`if r0 > imm`), if any, is aimed past that `exit`, at whatever the
+/// caller adds next.
+fn close_walk(
+    p: &mut Vec<[u8; 8]>,
+    head: usize,
+    bound: u8,
+    kind: u64,
+    early_exit: Option<(usize, i32)>,
+) {
+    use packjit_frontend::encode_insn as ins;
     let back = head as i64 - (p.len() as i64 + 1);
-    let (op, dst, src) = match rnd(6) {
+    let (op, dst, src) = match kind {
         0 => (0x5d, 3, bound), // r3 != bound
         1 => (0x5d, bound, 3),
         2 => (0xad, 3, bound), // r3 < bound
@@ -1828,12 +1852,9 @@ pub fn ctx_walk_program(seed: u64) -> (Vec<u8>, usize) {
     };
     p.push(ins(op, dst, src, back as i16, 0));
     p.push(ins(0x95, 0, 0, 0, 0));
-    if early_exit {
-        p[exit_jump] = ins(0x25, 0, 0, (p.len() - exit_jump - 1) as i16, 1 << 30);
+    if let Some((at, imm)) = early_exit {
+        p[at] = ins(0x25, 0, 0, (p.len() - at - 1) as i16, imm);
     }
-    p.push(ins(0xb7, 0, 0, 0, 7)); // out: r0 = 7
-    p.push(ins(0x95, 0, 0, 0, 0));
-    (p.concat(), len)
 }
 
 /// Checks the context walk of `seed` ([`ctx_walk_program`]) sandboxed on `target` against
@@ -1939,21 +1960,13 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
         // An access after the step: through the shadow, its offset moves by the step.
         access(&mut p, &mut rnd);
     }
-    let back = head as i64 - (p.len() as i64 + 1);
-    // The exit test, in either operand order.
-    let (op, dst, src) = match rnd(6) {
-        0 => (0x5d, 3, bound), // r3 != bound
-        1 => (0x5d, bound, 3),
-        2 => (0xad, 3, bound), // r3 < bound
-        3 => (0x2d, bound, 3), // bound > r3
-        4 => (0xbd, 3, bound), // r3 <= bound
-        _ => (0x3d, bound, 3), // bound >= r3
-    };
-    p.push(ins(op, dst, src, back as i16, 0));
-    p.push(ins(0x95, 0, 0, 0, 0));
-    if early_exit {
-        p[exit_jump] = ins(0x25, 0, 0, (p.len() - exit_jump - 1) as i16, 1 << 20);
-    }
+    close_walk(
+        &mut p,
+        head,
+        bound,
+        rnd(6),
+        early_exit.then_some((exit_jump, 1 << 20)),
+    );
     p.push(ins(0x0f, 0, 2, 0, 0)); // out: r0 += r2 (the context length)
     p.push(ins(0x95, 0, 0, 0, 0));
     p.concat()
