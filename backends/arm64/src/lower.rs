@@ -904,6 +904,9 @@ impl<'a> Emitter<'a> {
             // The first iteration's pointer is exact: its copy needs no clamp.
             a64!(self.ops; mov X(s), X(p));
         }
+        if let Some(l) = self.walk_r10(&w) {
+            a64!(self.ops; add XSP(l), XSP(FP), STACK_SIZE as u32);
+        }
         self.b(head);
         a64!(self.ops; =>clamp);
         if !self.clamp {
@@ -918,7 +921,10 @@ impl<'a> Emitter<'a> {
         // wants the order instead (`ptr < bound`, see `Walk::shadow`), from the same flags.
         let budget = self.mode.counts_budget();
         if budget {
-            let b = self.src(w.bound, T1);
+            let b = match self.walk_r10(&w) {
+                Some(l) => l,
+                None => self.src(w.bound, T1),
+            };
             a64!(self.ops; cmp X(p), X(b));
         }
         let ptr_first = budget || dst == w.ptr;
@@ -981,6 +987,28 @@ impl<'a> Emitter<'a> {
         self.colds.push(Cold::Walk { walk: k, label });
     }
 
+    /// The register a walk bounded by r10 keeps r10 in (`Walk::limit`, set on entry), so
+    /// its back-edge compares with no `add` per iteration; `None` elsewhere (and in a
+    /// guarded walk's checked copy, which is entered before the entry sets it).
+    fn walk_r10(&self, w: &Walk) -> Option<u8> {
+        (w.bound == R10 && !self.copy)
+            .then_some(w.limit)
+            .flatten()
+            .map(|l| REG_MAP[l as usize])
+    }
+
+    /// [`Self::src`] for a conditional jump's operands: r10 from the walk's register at a
+    /// walk's back-edge ([`Self::walk_r10`]).
+    fn jump_src(&mut self, r: Reg, tmp: u8) -> u8 {
+        if r == R10 {
+            let walk = self.plan.access.walk_of_back_edge(self.cur);
+            if let Some(l) = walk.and_then(|k| self.walk_r10(&self.plan.access.walks[k])) {
+                return l;
+            }
+        }
+        self.src(r, tmp)
+    }
+
     /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
     /// when there is one and clamping is on (without the clamp, measurement only, the
     /// accesses use the pointer itself).
@@ -1017,10 +1045,10 @@ impl<'a> Emitter<'a> {
     /// Sets flags (or picks a compare-and-branch form) for a conditional jump; `None` when
     /// the jump can never be taken.
     fn jtest(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) -> Option<Test> {
-        let d = self.src(dst, T0);
+        let d = self.jump_src(dst, T0);
         let imm = match src {
             Operand::Reg(r) => {
-                let s = self.src(r, T1);
+                let s = self.jump_src(r, T1);
                 return Some(self.jcmp_reg(width, cond, d, s));
             }
             Operand::Imm(imm) if self.mode.blind_key.is_some() => {

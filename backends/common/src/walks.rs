@@ -94,9 +94,10 @@ pub struct Walk {
     /// bound keeps failing it (a `!=` test would pass again one step later, and the pointer
     /// is no longer reset to 0 by its own clamp).
     pub shadow: Option<Reg>,
-    /// A second register like [`Walk::shadow`], when there is one: a backend whose clamp
-    /// needs a loop-invariant operand in a register sets it once on entry instead of every
-    /// iteration (RV64 with Zbb: `r10 + last` for `minu`).
+    /// A second register like [`Walk::shadow`], when there is one: a backend that needs a
+    /// loop-invariant value in a register sets it once on entry instead of every iteration
+    /// (RV64 with Zbb: `r10 + last` for the clamp's `minu`; arm64 in the sandbox: r10 itself
+    /// for a walk bounded by r10, which has no register of its own there).
     pub limit: Option<Reg>,
     /// For a walk whose bounds are only known at run time ([`AccessCheck::Guarded`]
     /// accesses): the test the backend runs on entry, before the first iteration, choosing
