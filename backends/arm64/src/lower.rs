@@ -912,13 +912,30 @@ impl<'a> Emitter<'a> {
         if !self.clamp {
             return;
         }
+        if let Some(s) = shadow {
+            // The copy from the sign of the pointer's distance to the bound, with no flags:
+            // s = p & ((p - b) >> 63) is p while p < b and 0 from b on (`<=`: the complement
+            // of the sign of b - p). Exact because walk pointers and bounds are user
+            // addresses, far closer than 2^63 apart. Two instructions instead of one `csel`,
+            // but still off the pointer's chain, free of the back-edge's flags (no compare
+            // to redo after a budget charge), and much cheaper under qemu's translation.
+            let b = match self.walk_r10(&w) {
+                Some(l) => l,
+                None => self.src(w.bound, T1),
+            };
+            if w.cont == Cond::Le {
+                a64!(self.ops; sub X(T0), X(b), X(p) ; bic X(s), X(p), X(T0), asr 63);
+            } else {
+                a64!(self.ops; sub X(T0), X(p), X(b) ; and X(s), X(p), X(T0), asr 63);
+            }
+            return;
+        }
         let Op::Jcond { dst, .. } = self.prog.insts[w.back_edge].op else {
             unreachable!("a walk's back-edge is a conditional jump");
         };
         // The back-edge compares two registers (`cmp dst, src`, never a compare-and-branch
         // form), and only its taken side reaches here: without a budget charge in between,
-        // its flags are still live, and its own condition is "the loop goes on". The shadow
-        // wants the order instead (`ptr < bound`, see `Walk::shadow`), from the same flags.
+        // its flags are still live, and its own condition is "the loop goes on".
         let budget = self.mode.counts_budget();
         if budget {
             let b = match self.walk_r10(&w) {
@@ -928,14 +945,14 @@ impl<'a> Emitter<'a> {
             a64!(self.ops; cmp X(p), X(b));
         }
         let ptr_first = budget || dst == w.ptr;
-        let cc = match (w.cont, shadow, ptr_first) {
-            (Cond::Ne, Some(_), true) | (Cond::Lt, _, true) => Cc::Lo,
-            (Cond::Ne, Some(_), false) | (Cond::Lt, _, false) => Cc::Hi,
-            (Cond::Ne, None, _) => Cc::Ne,
-            (_, _, true) => Cc::Ls,
-            (_, _, false) => Cc::Hs,
+        let cc = match (w.cont, ptr_first) {
+            (Cond::Ne, _) => Cc::Ne,
+            (Cond::Lt, true) => Cc::Lo,
+            (Cond::Lt, false) => Cc::Hi,
+            (_, true) => Cc::Ls,
+            (_, false) => Cc::Hs,
         };
-        self.csel_or_zero(shadow.unwrap_or(p), p, cc);
+        self.csel_or_zero(p, p, cc);
     }
 
     /// A guarded walk's entry test (`packjit_frontend::walks::Guard`), with no branch until
