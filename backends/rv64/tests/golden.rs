@@ -509,7 +509,7 @@ fn inlined_builtins_are_short_sequences() {
 
 /// The Spectre clamps that no functional test can see, on the bench's loops
 /// (`packjit_testkit::bench`), base ISA and with Zbb: the walked stack pointer's loop
-/// (back-edge lands on the clamp of the pointer into a dead register, a `p < r10` mask or one
+/// (back-edge lands on the clamp of the pointer into a dead register, a `p - r10` sign mask or one
 /// `minu`, then the load through that copy), the header-parse loop (back-edge lands past the group's check: no check
 /// per iteration), and that loop's checked copy, which masks the base with each member's
 /// verdict.
@@ -543,8 +543,8 @@ fn loops_clamp_what_they_no_longer_check() {
         &[
             // The clamp writes the pointer's copy (r1 = a0, dead in and after the loop),
             // off the pointer's own chain (`add x12, x12, 8` alone).
-            "sltu x28,x12,x21",
-            "neg x28,x28",
+            "sub x28,x12,x21",
+            "sra x28,x28,0x3f",
             "and x10,x12,x28",
             "ld x13,0(x10)",
             "add x15,x15,x13",
@@ -571,8 +571,8 @@ fn loops_clamp_what_they_no_longer_check() {
     // the pointer's masked copy in a0. The entry verdict (t2 = 0: inside) masks the pointer.
     let (ctx_walk, all) = hot_loop("ctx hash", 0);
     let want_ctx = [
-        "sltu x28,x12,x11",
-        "neg x28,x28",
+        "sub x28,x12,x11",
+        "sra x28,x28,0x3f",
         "and x10,x12,x28",
         "ld x13,0(x10)",
         "xor x15,x15,x13",
