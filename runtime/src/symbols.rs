@@ -36,6 +36,7 @@ pub struct SymbolInfo {
     pub pc: Option<usize>,
 }
 
+#[derive(Clone)]
 struct Entry {
     id: u64,
     name: Arc<str>,
@@ -145,6 +146,21 @@ impl Symbols {
         }
     }
 
+    /// Program `id` at `old` now also runs at `new` (the arena moved it; the old copy stays
+    /// listed until it is reclaimed, since threads may still be finishing there).
+    pub(crate) fn relocate(&self, id: u64, old: u64, new: u64) {
+        let mut st = self.write();
+        let Some(e) = st.by_addr.get(&old).filter(|e| e.id == id).cloned() else {
+            return;
+        };
+        if let Some(path) = &st.perf_map {
+            if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+                let _ = f.write_all(perf_line(new, &e).as_bytes());
+            }
+        }
+        st.by_addr.insert(new, e);
+    }
+
     fn rewrite(st: &State, path: &Path) -> Result<(), Error> {
         let mut text = String::with_capacity(st.by_addr.len() * 40);
         for (&start, e) in &st.by_addr {
@@ -210,6 +226,22 @@ impl Symbols {
 
     pub(crate) fn len(&self) -> usize {
         self.read().by_addr.len()
+    }
+}
+
+/// Keeps a program's symbol at its code when the arena moves it.
+pub(crate) struct SymbolMover {
+    pub symbols: Arc<Symbols>,
+    pub id: u64,
+}
+
+impl crate::arena::MoveListener for SymbolMover {
+    fn moved(&self, old: u64, new: u64) {
+        self.symbols.relocate(self.id, old, new);
+    }
+
+    fn released(&self, old: u64) {
+        self.symbols.remove(self.id, old);
     }
 }
 
