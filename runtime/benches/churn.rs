@@ -22,9 +22,13 @@
 //!   code/resident: bytes of code written / resident (differs from used/resident by the
 //!   64-byte rounding and any size-class rounding);
 //! * moved: bytes of code compaction copied per load (mean);
+//! * maint/L: time spent in maintenance `compact` calls, per load (the "maintenance"
+//!   configuration moves nothing in loads and calls `compact(32 KiB)` every 10 operations,
+//!   outside the timed loads);
 //! * load throughput: alloc + write + commit (+ compaction step) + register, per second.
 //!
-//! `cargo bench -p packjit --bench churn` (env: CHURN_OPS, CHURN_LIVE, CHURN_SEED).
+//! `cargo bench -p packjit --bench churn` (env: CHURN_OPS, CHURN_LIVE, CHURN_SEED, and
+//! CHURN_ONLY=text to run only the configurations whose name contains it).
 //! The same workload through the C API with real compiled programs:
 //! `cargo run --release -p packjit-ffi --example churn`.
 
@@ -83,6 +87,8 @@ fn calibrate() -> (f64, f64) {
 struct Summary {
     frag_final: f64,
     frag_max: f64,
+    /// (op, packs, used KiB, split KiB, reserved KiB) at the fragmentation peak.
+    at_max: (u64, usize, usize, usize, usize),
     frag_mean: f64,
     split_max_kib: usize,
     ur_min: f64,
@@ -91,6 +97,8 @@ struct Summary {
     cr_mean: f64,
     packs_max: usize,
     moved_per_load: f64,
+    /// Time in maintenance `compact` calls, per load.
+    maint_ns_per_load: f64,
     pending_max: usize,
     loads_per_s: f64,
     frees_per_s: f64,
@@ -103,8 +111,10 @@ fn run(
     ops: u64,
     live_max: usize,
     model: (f64, f64),
+    maint: Option<(u64, usize)>,
 ) -> Summary {
     let arena = PackedArena::new(cfg).unwrap();
+    let mut t_maint = Duration::ZERO;
     let mut rng = Rng(seed);
     let code = vec![0xd5u8; 64 << 10];
     let mut live: Vec<std::sync::Arc<Movable>> = Vec::with_capacity(live_max);
@@ -164,6 +174,13 @@ fn run(
         // Lets the epoch advance so old copies of moved programs are released, as the
         // runtime's own pins and flushes do.
         packjit::arena::epoch_pin().flush();
+        if let Some((every, bytes)) = maint {
+            if op % every == 0 {
+                let t = Instant::now();
+                arena.compact(bytes);
+                t_maint += t.elapsed();
+            }
+        }
         if op % step == 0 {
             let s = arena.stats();
             peak_used = peak_used.max(s.bytes_used);
@@ -189,7 +206,16 @@ fn run(
             }
             // Steady state only: skip the first tenth (ramp-up, while the packs first fill).
             if op > ops / 10 {
-                sum.frag_max = sum.frag_max.max(frag);
+                if frag > sum.frag_max {
+                    sum.frag_max = frag;
+                    sum.at_max = (
+                        op,
+                        s.packs,
+                        s.bytes_used >> 10,
+                        split_kib,
+                        s.bytes_reserved >> 10,
+                    );
+                }
                 sum.split_max_kib = sum.split_max_kib.max(split_kib);
                 sum.ur_min = sum.ur_min.min(ur);
                 sum.cr_min = sum.cr_min.min(cr);
@@ -218,7 +244,12 @@ fn run(
     sum.ur_mean = ur_sum / n;
     sum.cr_mean = cr_sum / n;
     sum.frag_mean = frag_sum / n;
+    println!(
+        "  fragmentation peak {:.1}% at op {}: {} packs, {} KiB used of {} KiB, {} KiB split",
+        sum.frag_max, sum.at_max.0, sum.at_max.1, sum.at_max.2, sum.at_max.4, sum.at_max.3
+    );
     sum.moved_per_load = moved as f64 / loads.max(1) as f64;
+    sum.maint_ns_per_load = t_maint.as_secs_f64() * 1e9 / loads.max(1) as f64;
     sum.loads_per_s = loads as f64 / t_load.as_secs_f64();
     sum.frees_per_s = frees as f64 / t_free.as_secs_f64();
     sum
@@ -271,6 +302,16 @@ fn main() {
             },
         ),
         (
+            "best fit + compaction, maintenance",
+            ArenaConfig {
+                compaction: Some(Compaction {
+                    step_bytes: 0,
+                    ..Compaction::default()
+                }),
+                ..on
+            },
+        ),
+        (
             "best fit + compaction, threshold 10%",
             ArenaConfig {
                 compaction: Some(Compaction {
@@ -317,16 +358,23 @@ fn main() {
             },
         ),
     ];
+    // CHURN_ONLY=word runs only the configurations whose name contains it.
+    let only = std::env::var("CHURN_ONLY").unwrap_or_default();
     let results: Vec<_> = configs
         .iter()
-        .map(|&(name, cfg)| (name, run(name, cfg, seed, ops, live, model)))
+        .filter(|(name, _)| name.contains(only.as_str()))
+        .map(|&(name, cfg)| {
+            // "maintenance": loads move nothing (step 0); a compaction call every 10 ops.
+            let maint = name.contains("maintenance").then_some((10, 32 << 10));
+            (name, run(name, cfg, seed, ops, live, model, maint))
+        })
         .collect();
     println!(
         "\nsummary (steady state = samples every 1% after the first tenth of the ops; split = \
          free KiB outside the largest run of their pack):"
     );
     println!(
-        "  {:<42} {:>17} {:>9} {:>15} {:>15} {:>5} {:>7} {:>7} {:>8} {:>8}",
+        "  {:<42} {:>17} {:>9} {:>15} {:>15} {:>5} {:>7} {:>7} {:>8} {:>8} {:>8}",
         "placement",
         "frag end/mean/max",
         "split max",
@@ -336,11 +384,12 @@ fn main() {
         "moved/L",
         "pending",
         "loads/s",
+        "maint/L",
         "frees/s"
     );
     for (name, s) in &results {
         println!(
-            "  {:<42} {:>4.1}/{:>4.1}/{:>4.1}% {:>5} KiB {:>7.3}/{:<7.3} {:>7.3}/{:<7.3} {:>5} {:>6.0}B {:>7} {:>7.0}k {:>7.0}k",
+            "  {:<42} {:>4.1}/{:>4.1}/{:>4.1}% {:>5} KiB {:>7.3}/{:<7.3} {:>7.3}/{:<7.3} {:>5} {:>6.0}B {:>7} {:>7.0}k {:>6.0}ns {:>7.0}k",
             name,
             s.frag_final,
             s.frag_mean,
@@ -354,6 +403,7 @@ fn main() {
             s.moved_per_load,
             s.pending_max,
             s.loads_per_s / 1e3,
+            s.maint_ns_per_load,
             s.frees_per_s / 1e3
         );
     }

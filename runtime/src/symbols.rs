@@ -43,11 +43,13 @@ struct Entry {
     size: u64,
     /// (native offset, pc) sorted by offset: the line table inverted once at load so a
     /// lookup is two binary searches.
-    lines: Box<[(u32, u32)]>,
+    /// Shared, so that a moved program's second entry (old and new copy, listed together
+    /// until the old one is reclaimed) costs no copy of the table.
+    lines: Arc<[(u32, u32)]>,
 }
 
 /// Inverts a line table (pc → native offset, `NO_NATIVE_CODE` for slots without code).
-fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
+fn invert(pc_offsets: &[u32]) -> Arc<[(u32, u32)]> {
     let mut v: Vec<(u32, u32)> = pc_offsets
         .iter()
         .enumerate()
@@ -57,7 +59,7 @@ fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
     // Equal offsets (an instruction that emitted nothing): the later pc owns the code, as in
     // `Program::pc_at`.
     v.sort_unstable();
-    v.into_boxed_slice()
+    v.into()
 }
 
 fn pc_at(lines: &[(u32, u32)], off: u64) -> Option<usize> {

@@ -100,6 +100,7 @@ unsafe fn run_at(p: &Program, entry: u64, ctx: &mut [u8]) -> (u64, u32, u64) {
     let _pin = packjit::arena::epoch_pin();
     // SAFETY: the caller's promise; `env` and `ctx` outlive the call.
     let f: packjit::PjProgramEntry = unsafe { std::mem::transmute(entry as usize) };
+    // SAFETY: as above.
     let r0 = unsafe { f(ctx.as_mut_ptr(), ctx.len() as u64, &mut env) };
     (r0, env.stop_kind, env.stop_pc)
 }
@@ -273,8 +274,12 @@ fn compaction_moves_programs_which_keep_their_answers_code_and_symbols() {
 #[test]
 fn a_program_whose_raw_entry_was_handed_out_is_pinned() {
     let rt = runtime(eager());
+    // Shrinking sizes: the last (movable) program fits the holes the earlier ones leave.
     let progs: Vec<Program> = (0..20)
-        .map(|i| rt.load(&sized(2 + i * 29, 5), &Default::default()).unwrap())
+        .map(|i| {
+            rt.load(&sized(2 + (20 - i) * 29, 5), &Default::default())
+                .unwrap()
+        })
         .collect();
     let mut keep = Vec::new();
     let mut pinned = Vec::new();
@@ -361,7 +366,17 @@ fn moves_under_threads_running_the_programs_lose_no_run() {
                 spare.swap_remove((next() % spare.len() as u64) as usize);
             }
             if round % 10 == 0 {
+                // Freed code becomes holes only once released.
+                rt.reclaim();
                 rt.compact(1 << 20);
+            }
+        }
+        // Drop the spare programs (holes) and compact while the threads still run.
+        spare.clear();
+        for _ in 0..50 {
+            rt.reclaim();
+            if rt.compact(1 << 20) == 0 {
+                break;
             }
         }
         stop.store(true, Relaxed);

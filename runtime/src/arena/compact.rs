@@ -25,7 +25,11 @@ pub struct Compaction {
     /// Move code while fragmentation (`ArenaStats::fragmentation_permille`) is above this.
     pub threshold_permille: u32,
     /// At most this many bytes of code are copied per commit (every load commits), so a
-    /// load never pays for more than a bounded copy.
+    /// load never pays for more than a bounded copy (the first move of a step may exceed it
+    /// by one program). 0 = commits move nothing; only [`PackedArena::compact`] calls do
+    /// (maintenance the host schedules off its load path).
+    ///
+    /// [`PackedArena::compact`]: super::PackedArena::compact
     pub step_bytes: usize,
 }
 
@@ -219,6 +223,12 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
     let Some(cfg) = st.compaction else {
         return Vec::new();
     };
+    // A search that found nothing stays fruitless until chunks are released: a release makes
+    // or widens a hole, or takes away an old copy blocking a boundary. (Placements only fill
+    // holes, and a program placed at a run's edge fitted no hole when it was placed.)
+    if st.fruitless == Some(st.releases) && budget.is_none() {
+        return Vec::new();
+    }
     let mut left = budget.unwrap_or(cfg.step_bytes);
     let mut moves = Vec::new();
     while left > 0 && fragmentation_permille(&st.packs) > cfg.threshold_permille {
@@ -226,6 +236,10 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
         // would otherwise never move); later ones must fit what is left.
         let room = if moves.is_empty() { usize::MAX } else { left };
         let Some((src, dst)) = pick(&st.packs, room) else {
+            if moves.is_empty() {
+                // Nothing movable at all (not merely nothing within what is left).
+                st.fruitless = Some(st.releases);
+            }
             break;
         };
         let n = st.packs[src.0].allocs[&src.1].chunks;
@@ -237,20 +251,26 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
 
 /// Chooses a move: ((pack, chunk) of the program, (pack, chunk) of its new place).
 fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))> {
-    // Packs with the most split space first: that is where a move gains most.
-    let mut order: Vec<usize> = (0..packs.len()).filter(|&i| !packs[i].sealed).collect();
-    order.sort_by_key(|&i| {
+    // Packs with the most split space first: that is where a move gains most. (A handful of
+    // packs: repeated maximum, no allocation.)
+    let split = |i: usize| {
         let (f, best) = packs[i].free_runs();
-        std::cmp::Reverse(f - best)
-    });
-    for pi in order {
+        f - best
+    };
+    let count = packs.len().min(64);
+    let mut tried = 0u64; // one bit per pack
+    for _ in 0..count {
+        let pi = (0..count)
+            .filter(|&i| tried & (1 << i) == 0 && !packs[i].sealed)
+            .map(|i| (split(i), i))
+            .filter(|&(s, _)| s > 0)
+            .max()?
+            .1;
+        tried |= 1 << pi;
         let p = &packs[pi];
         let Some(&(len, start)) = p.free_by_len.last() else {
             continue;
         };
-        if p.free_runs().0 == len {
-            continue; // this pack's free space is one run already
-        }
         for up in [false, true] {
             let Some(c) = boundary(p, start, len, up) else {
                 continue;
@@ -259,14 +279,11 @@ fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))>
             if n * CHUNK > left {
                 continue;
             }
+            // Only into a hole: every such move shrinks a hole and grows the largest run by
+            // the same amount (once the old copy is released). A program that fits no hole
+            // stays; new holes (frees) are what unblock it.
             if let Some(dst) = best_hole(packs, n) {
                 return Some(((pi, c), dst));
-            }
-            // Nothing fits below: a program too large for every hole moves to the top of
-            // the largest run instead, so the smaller ones behind it can surface and the run
-            // absorbs the space they leave (large programs settle at the high end).
-            if !up && len >= 2 * n {
-                return Some(((pi, c), (pi, start + len - n)));
             }
         }
     }

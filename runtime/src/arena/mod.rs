@@ -320,6 +320,9 @@ struct State {
     packs: Vec<Pack>,
     /// Compaction settings in force (changeable at run time, see `set_compaction`).
     compaction: Option<Compaction>,
+    /// Releases so far, and its value when a compaction search last found nothing to move.
+    releases: u64,
+    fruitless: Option<u64>,
     next_id: u64,
     /// Executable ranges written since the last commit: start → end.
     dirty: BTreeMap<usize, usize>,
@@ -399,6 +402,8 @@ impl PackedArena {
                 // Moving code means copying it into packs that hold committed code, which
                 // only the RW view of a dual mapping allows.
                 compaction: cfg.compaction.filter(|_| dual),
+                releases: 0,
+                fruitless: None,
                 next_id: 1,
                 dirty: BTreeMap::new(),
             }),
@@ -896,6 +901,7 @@ impl Inner {
         let Ok((pi, chunk)) = Self::locate(&st, region) else {
             return;
         };
+        st.releases += 1;
         let p = &mut st.packs[pi];
         let n = p.allocs.remove(&chunk).expect("located").chunks;
         p.set_range(chunk, n, false);
