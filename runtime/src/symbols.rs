@@ -72,6 +72,9 @@ struct State {
     /// Entry address → program. Programs never overlap (each owns its arena chunks), so the
     /// greatest start ≤ addr is the only candidate: one O(log n) descent per lookup.
     by_addr: BTreeMap<u64, Entry>,
+    /// Entries per program id: 1, or 2 (rarely more) while the old copy of a moved program
+    /// waits for its grace period. Its length is the number of live programs.
+    copies: std::collections::HashMap<u64, u32>,
     perf_map: Option<PathBuf>,
 }
 
@@ -134,6 +137,7 @@ impl Symbols {
             }
         }
         st.by_addr.insert(start, e);
+        *st.copies.entry(id).or_default() += 1;
     }
 
     /// Removes program `id` at `start` (its code is about to be reclaimed).
@@ -142,6 +146,12 @@ impl Symbols {
         // The id check keeps a stale removal from ever taking a newer program's entry.
         if st.by_addr.get(&start).is_some_and(|e| e.id == id) {
             st.by_addr.remove(&start);
+            if let Some(n) = st.copies.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    st.copies.remove(&id);
+                }
+            }
             if let Some(path) = st.perf_map.clone() {
                 let _ = Self::rewrite(&st, &path);
             }
@@ -161,6 +171,7 @@ impl Symbols {
             }
         }
         st.by_addr.insert(new, e);
+        *st.copies.entry(id).or_default() += 1;
     }
 
     fn rewrite(st: &State, path: &Path) -> Result<(), Error> {
@@ -226,8 +237,9 @@ impl Symbols {
             .collect()
     }
 
+    /// Live programs (a moved program whose old copy is not reclaimed yet counts once).
     pub(crate) fn len(&self) -> usize {
-        self.read().by_addr.len()
+        self.read().copies.len()
     }
 }
 
@@ -283,5 +295,23 @@ mod tests {
         syms.remove(7, 0x1040);
         assert_eq!(pc(0x1040), Some((8, 0, None)), "a stale id removes nothing");
         assert_eq!(syms.len(), 1);
+    }
+
+    #[test]
+    fn a_moved_program_is_listed_at_both_copies_until_the_old_one_goes() {
+        let syms = Symbols::default();
+        syms.insert(3, "p".into(), 0x2000, 64, &[0, 8]);
+        syms.relocate(3, 0x2000, 0x9000);
+        syms.relocate(4, 0x9000, 0x5000); // wrong id: ignored
+        assert_eq!(syms.len(), 1, "one program");
+        assert_eq!(syms.list().len(), 2, "two copies");
+        let at = |a| syms.lookup(a).map(|s| (s.id, s.start, s.pc));
+        assert_eq!(at(0x2009), Some((3, 0x2000, Some(1))));
+        assert_eq!(at(0x9009), Some((3, 0x9000, Some(1))));
+        assert_eq!(at(0x5000), None);
+        syms.remove(3, 0x2000);
+        assert_eq!((syms.len(), syms.list().len(), at(0x2009)), (1, 1, None));
+        syms.remove(3, 0x9000);
+        assert_eq!(syms.len(), 0);
     }
 }
