@@ -16,12 +16,13 @@ fn check(st: i32, what: &str) {
     assert_eq!(st, PJ_OK, "{what}: {msg}");
 }
 
-/// `mov r0, k ; (n - 2) x add r0, 0 ; exit`: returns k, n instructions long.
+/// `mov r0, k - (n - 2) ; (n - 2) x add r0, 1 ; exit`: returns k, n instructions long (an
+/// `add r0, 0` could be compiled to nothing).
 fn sized(n: usize, k: i32) -> Vec<u8> {
     let mut v = vec![0xb7, 0, 0, 0];
-    v.extend_from_slice(&k.to_le_bytes());
+    v.extend_from_slice(&(k - (n as i32 - 2).max(0)).to_le_bytes());
     for _ in 2..n {
-        v.extend_from_slice(&[0x07, 0, 0, 0, 0, 0, 0, 0]);
+        v.extend_from_slice(&[0x07, 0, 0, 0, 1, 0, 0, 0]);
     }
     v.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
     v
