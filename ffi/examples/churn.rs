@@ -375,8 +375,8 @@ fn main() {
     let d = packjit_runtime::Compaction::default();
     let threshold = arg(&args, "--threshold", d.threshold_permille as u64) as u32;
     let step = arg(&args, "--step", d.step_bytes as u64);
-    let every = arg(&args, "--maint-every", 100);
-    let bytes = arg(&args, "--maint-bytes", 64 << 10);
+    let every = arg(&args, "--maint-every", 10);
+    let bytes = arg(&args, "--maint-bytes", 32 << 10);
     let legs: Vec<(&str, Mode)> = [
         ("off", "compaction off", Mode::Off),
         (
