@@ -125,7 +125,8 @@ pub struct ArenaStats {
     /// Bytes of pack memory made resident (pages trap-filled because code was placed in
     /// them); the rest of each pack is untouched demand-zero memory.
     pub bytes_resident: usize,
-    /// Live allocations (programs).
+    /// Live allocations (programs, and old copies of moved programs until their grace period
+    /// ends).
     pub allocations: usize,
     /// External fragmentation in per mille: `sum over packs (free chunks - the pack's largest
     /// free run) / sum over packs free chunks` (0 when nothing is free or no pack's free space
@@ -483,8 +484,10 @@ impl PackedArena {
         self.lock().compaction = c.filter(|_| dual);
     }
 
-    /// Makes the committed program in `region` (entry point `entry`) relocatable: compaction
-    /// may move it from now on, and the returned handle always holds its current position.
+    /// Makes the program in `region` (entry point `entry`, its code completely written)
+    /// relocatable: compaction may move it from now on (also before its first commit: a move
+    /// copies it, and the commit that makes the copy executable covers the original's bytes
+    /// too), and the returned handle always holds its current position.
     /// `listener` is told of every move. Callers run the code only through
     /// [`Movable::entry`], loaded after pinning the epoch (see [`epoch_pin`]), and free it
     /// with [`detach_movable`](Self::detach_movable) + a deferred free of the region that
@@ -615,7 +618,6 @@ impl PackedArena {
             bytes_moved: self.inner.bytes_moved.load(Relaxed),
             ..ArenaStats::default()
         };
-        let (mut free, mut split) = (0usize, 0usize);
         for p in &st.packs {
             s.packs += 1;
             s.bytes_reserved += p.size;
@@ -623,11 +625,8 @@ impl PackedArena {
             s.allocations += p.allocs.len();
             s.bytes_code += p.allocs.values().map(|a| a.code).sum::<usize>();
             s.bytes_resident += p.filled_pages.iter().filter(|&&f| f).count() * sys::page_size();
-            let (f, best) = p.free_runs();
-            free += f;
-            split += f - best;
         }
-        s.fragmentation_permille = (split * 1000).checked_div(free).unwrap_or(0) as u32;
+        s.fragmentation_permille = compact::fragmentation_permille(&st.packs);
         s
     }
 
