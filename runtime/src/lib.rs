@@ -667,14 +667,16 @@ impl Runtime {
             self.symbols.clone()
         });
         // Arena code may be moved by compaction (images are position-independent); its
-        // symbol follows it.
+        // symbol follows it. (A region the arena does not know, from a backend that broke
+        // the arena contract, just stays where it is.)
         let movable = match (&owner, &symbols) {
             (ArenaRef::Packed(a), Some(syms)) => {
                 let mover = symbols::SymbolMover {
                     symbols: syms.clone(),
                     id,
                 };
-                Some(a.make_movable(&compiled.region, compiled.entry, Some(Box::new(mover)))?)
+                a.make_movable(&compiled.region, compiled.entry, Some(Box::new(mover)))
+                    .ok()
             }
             _ => None,
         };
