@@ -163,7 +163,7 @@ pub(super) fn fragmentation_permille(packs: &[Pack]) -> u32 {
 const WALK: usize = 8;
 
 /// The first movable allocation below (`up == false`) or above the free run
-/// `[start, start + len)`, stepping over allocations that are on their way out.
+/// `[start, start + len)`, stepping over adjacent allocations that are on their way out.
 fn boundary(p: &Pack, start: usize, len: usize, up: bool) -> Option<usize> {
     let mut at = if up { start + len } else { start };
     for _ in 0..WALK {
@@ -174,17 +174,11 @@ fn boundary(p: &Pack, start: usize, len: usize, up: bool) -> Option<usize> {
             let (&c, a) = p.allocs.range(..at).next_back()?;
             (c, a)
         };
-        // Only a contiguous stretch of allocations and free runs counts.
-        let contiguous = if up {
-            c == at || p.free_by_start.get(&at).is_some_and(|&n| at + n == c)
-        } else {
-            c + a.chunks == at
-                || p.free_by_start
-                    .range(..at)
-                    .next_back()
-                    .is_some_and(|(&s, &n)| s + n == at && c + a.chunks == s)
-        };
-        if !contiguous {
+        // Only allocations touching the run (or a leaving one that touches it) count: past a
+        // free run the walk would pick a program whose best hole could be that very run,
+        // which joins the largest run anyway once the leaving copy is released.
+        let touching = if up { c == at } else { c + a.chunks == at };
+        if !touching {
             return None;
         }
         if a.movable.is_some() {
