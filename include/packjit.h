@@ -518,9 +518,11 @@ typedef struct PackjitProgramInfo {
      */
     uint64_t features;
     /**
-     * Address of the entry point (in the code arena for executable programs). For tools
+     * Address of the entry point now (in the code arena for executable programs). For tools
      * only: calling it directly bypasses the deferred-free protection unless the caller
-     * brackets the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+     * brackets reading it and the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+     * The arena's compaction may move the code later (the old copy stays valid until such a
+     * bracket ends); `packjit_program_entry` pins it for good.
      */
     uint64_t entry_addr;
     /**

@@ -308,9 +308,11 @@ pub struct PackjitProgramInfo {
     pub reserved: u32,
     /// Optional-feature bits the code uses.
     pub features: u64,
-    /// Address of the entry point (in the code arena for executable programs). For tools
+    /// Address of the entry point now (in the code arena for executable programs). For tools
     /// only: calling it directly bypasses the deferred-free protection unless the caller
-    /// brackets the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+    /// brackets reading it and the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+    /// The arena's compaction may move the code later (the old copy stays valid until such a
+    /// bracket ends); `packjit_program_entry` pins it for good.
     pub entry_addr: u64,
     /// Bytes of native code.
     pub code_size: u64,
