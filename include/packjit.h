@@ -518,9 +518,11 @@ typedef struct PackjitProgramInfo {
      */
     uint64_t features;
     /**
-     * Address of the entry point (in the code arena for executable programs). For tools
+     * Address of the entry point now (in the code arena for executable programs). For tools
      * only: calling it directly bypasses the deferred-free protection unless the caller
-     * brackets the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+     * brackets reading it and the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+     * The arena's compaction may move the code later (the old copy stays valid until such a
+     * bracket ends); `packjit_program_entry` pins it for good.
      */
     uint64_t entry_addr;
     /**
@@ -1023,6 +1025,34 @@ int32_t packjit_runtime_stats(const struct PackjitRuntime *rt, struct PackjitAre
 int32_t packjit_reclaim(const struct PackjitRuntime *rt, uint64_t *pending);
 
 /**
+ * Sets the code arena's compaction (moving live programs into holes so free space stays
+ * in one run per pack; on by default): code moves while fragmentation is above
+ * `threshold_permille`, at most `step_bytes` per commit (every load commits) and up to the
+ * limit given to `packjit_runtime_compact`. `step_bytes` 0 = loads move nothing, only
+ * `packjit_runtime_compact` does; `threshold_permille` 1000 or more turns compaction off.
+ * Programs whose raw entry was taken (`packjit_program_entry`) never move. No effect when
+ * the arena is not dual-mapped.
+ *
+ * # Safety
+ * `rt` must be NULL or a live runtime.
+ */
+int32_t packjit_runtime_set_compaction(const struct PackjitRuntime *rt,
+                                       uint32_t threshold_permille,
+                                       uint64_t step_bytes);
+
+/**
+ * A compaction step the host can schedule (e.g. when idle): moves up to `max_bytes` of
+ * program code while fragmentation is above the threshold, in one commit. `moved` (may be
+ * NULL) receives the bytes moved.
+ *
+ * # Safety
+ * `rt` must be NULL or a live runtime; `moved` NULL or writable.
+ */
+int32_t packjit_runtime_compact(const struct PackjitRuntime *rt,
+                                uint64_t max_bytes,
+                                uint64_t *moved);
+
+/**
  * Loads a backend plugin library (a file exporting `packjit_plugin_v1` or
  * `<libname>_plugin_v1`) and adds its backend. One backend per architecture: loading a
  * second one for the same arch fails with `PJ_ERR_PLUGIN`. The library stays loaded while
@@ -1349,8 +1379,9 @@ int32_t packjit_program_code(const struct PackjitProgram *prog,
  * Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
  * ctx_len)`) in `*entry`, for hosts that dispatch themselves. Fails with
  * `PJ_ERR_NOT_EXECUTABLE` (and stores NULL) when the program cannot run here. The pointer
- * is valid while the program lives; a caller racing with `packjit_program_free` must hold
- * `packjit_epoch_enter` around fetching and calling it.
+ * is valid while the program lives (taking it pins the code: compaction never moves it);
+ * a caller racing with `packjit_program_free` must hold `packjit_epoch_enter` around
+ * fetching and calling it.
  *
  * # Safety
  * `prog` NULL or live; `entry` NULL (refused) or writable.

@@ -7,6 +7,14 @@
 //! `mov r0, k ; (n - 2) x add r0, k ; exit` with n log-uniform over 2..=4,000 eBPF
 //! instructions and k random, compiled sandboxed like any `packjit_program_load`; each is run
 //! right after its load and again just before its free, and both answers must be k * (n - 1).
+//! The same operation sequence (same seed) runs three times in one process, side by side:
+//! * compaction off (`packjit_runtime_set_compaction(rt, 1000, 0)`: code never moves);
+//! * the defaults: every load's commit moves up to a step of code into holes while
+//!   fragmentation is above the threshold;
+//! * maintenance only (`packjit_runtime_set_compaction(rt, threshold, 0)`): loads move
+//!   nothing; the host calls `packjit_runtime_compact(rt, --maint-bytes)` every
+//!   `--maint-every` operations, timed apart from the loads (its cost is printed).
+//!
 //! Every 1% of the operations it samples `packjit_runtime_stats` (printing every 10%):
 //! fragmentation (the arena's own figure: free chunks outside the largest free run of their
 //! pack, per mille of all free chunks), split (those free KiB), below peak (KiB the used
@@ -17,6 +25,8 @@
 //!
 //! ```text
 //! cargo run --release -p packjit-ffi --example churn -- [--ops N] [--live N] [--seed S]
+//!     [--only off|on|maint] [--threshold PERMILLE] [--step BYTES] [--maint-every OPS]
+//!     [--maint-bytes BYTES]
 //! source scripts/env.sh; packjit_cross_cargo aarch64-unknown-linux-gnu run --release \
 //!     -p packjit-ffi --example churn -- --ops 30000
 //! ```
@@ -120,23 +130,48 @@ fn arg(args: &[String], name: &str, default: u64) -> u64 {
     }
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let ops = arg(&args, "--ops", 300_000);
-    let live_max = arg(&args, "--live", 2_000) as usize;
-    let seed = arg(&args, "--seed", 0xc0de);
-    println!(
-        "churn through the C API: {ops} random loads/frees, up to {live_max} live programs of \
-         2-4000 insns (log-uniform), seed {seed:#x}, {}",
-        std::env::consts::ARCH
-    );
+#[derive(Clone, Copy)]
+enum Mode {
+    Off,
+    /// (threshold, step bytes) of `packjit_runtime_set_compaction`.
+    OnLoad(u32, u64),
+    /// (threshold, every N ops, max bytes per `packjit_runtime_compact`).
+    Maintenance(u32, u64, u64),
+}
 
+struct Summary {
+    maint_us: f64,
+    frag_mean: f64,
+    frag_max: f64,
+    split_max: u64,
+    ur_mean: f64,
+    ur_min: f64,
+    packs_max: u64,
+    loads_per_s: f64,
+    us_per_load: f64,
+    frees_per_s: f64,
+}
+
+/// One run of the whole workload on a fresh runtime.
+fn leg(name: &str, mode: Mode, ops: u64, live_max: usize, seed: u64) -> Summary {
+    println!("\n[{name}]");
     let mut rt = null_mut();
     // SAFETY: NULL config = defaults; valid out pointer.
     check(
         unsafe { packjit_runtime_create(null(), &mut rt) },
         "packjit_runtime_create",
     );
+    let (threshold, step) = match mode {
+        Mode::Off => (1000, 0),
+        Mode::OnLoad(t, s) => (t, s),
+        Mode::Maintenance(t, ..) => (t, 0),
+    };
+    // SAFETY: live runtime.
+    check(
+        unsafe { packjit_runtime_set_compaction(rt, threshold, step) },
+        "packjit_runtime_set_compaction",
+    );
+    let mut t_maint = Duration::ZERO;
     let dir = std::env::var_os("PACKJIT_PLUGIN_DIR").unwrap_or_else(|| {
         let exe = std::env::current_exe().expect("own path");
         exe.parent()
@@ -149,7 +184,6 @@ fn main() {
     // SAFETY: live runtime; NUL-terminated dir; NULL info.
     let st = unsafe { packjit_load_host_plugin(rt, dir.as_ptr(), null_mut()) };
     check(st, "packjit_load_host_plugin");
-
     let mut rng = Rng(seed);
     let mut live: Vec<Live> = Vec::with_capacity(live_max);
     let (mut t_load, mut t_free) = (Duration::ZERO, Duration::ZERO);
@@ -206,6 +240,17 @@ fn main() {
             unsafe { packjit_program_free(l.prog) };
             t_free += t.elapsed();
             frees += 1;
+        }
+        if let Mode::Maintenance(_, every, bytes) = mode {
+            if op % every == 0 {
+                let t = Instant::now();
+                // SAFETY: live runtime; NULL moved.
+                check(
+                    unsafe { packjit_runtime_compact(rt, bytes, null_mut()) },
+                    "packjit_runtime_compact",
+                );
+                t_maint += t.elapsed();
+            }
         }
         if op % step == 0 {
             let s = stats(rt);
@@ -290,12 +335,97 @@ fn main() {
         "fragmentation peak at op {}: {} packs, {} KiB used, {} KiB split",
         at_max.0, at_max.1, at_max.2, at_max.3
     );
+    let s = Summary {
+        maint_us: t_maint.as_secs_f64() * 1e6 / loads.max(1) as f64,
+        frag_mean: frag_sum / n,
+        frag_max,
+        split_max: split_max / 1024,
+        ur_mean: ur_sum / n,
+        ur_min,
+        packs_max,
+        loads_per_s: loads as f64 / t_load.as_secs_f64(),
+        us_per_load: t_load.as_secs_f64() * 1e6 / loads.max(1) as f64,
+        frees_per_s: frees as f64 / t_free.as_secs_f64(),
+    };
     println!(
         "throughput: {:.1}k loads/s ({loads} loads, {:.1} us each), {:.0}k frees/s ({frees}), \
          {:.1} s in all",
-        loads as f64 / t_load.as_secs_f64() / 1e3,
-        t_load.as_secs_f64() * 1e6 / loads.max(1) as f64,
-        frees as f64 / t_free.as_secs_f64() / 1e3,
+        s.loads_per_s / 1e3,
+        s.us_per_load,
+        s.frees_per_s / 1e3,
         elapsed.as_secs_f64()
     );
+    s
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ops = arg(&args, "--ops", 300_000);
+    let live_max = arg(&args, "--live", 2_000) as usize;
+    let seed = arg(&args, "--seed", 0xc0de);
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
+    println!(
+        "churn through the C API: {ops} random loads/frees, up to {live_max} live programs of \
+         2-4000 insns (log-uniform), seed {seed:#x}, {}",
+        std::env::consts::ARCH
+    );
+    let d = packjit_runtime::Compaction::default();
+    let threshold = arg(&args, "--threshold", d.threshold_permille as u64) as u32;
+    let step = arg(&args, "--step", d.step_bytes as u64);
+    let every = arg(&args, "--maint-every", 10);
+    let bytes = arg(&args, "--maint-bytes", 32 << 10);
+    let legs: Vec<(&str, Mode)> = [
+        ("off", "compaction off", Mode::Off),
+        (
+            "on",
+            "on, per load (default)",
+            Mode::OnLoad(threshold, step),
+        ),
+        (
+            "maint",
+            "on, maintenance calls",
+            Mode::Maintenance(threshold, every, bytes),
+        ),
+    ]
+    .into_iter()
+    .filter(|(key, ..)| only.as_deref().is_none_or(|o| o == *key))
+    .map(|(_, name, mode)| (name, mode))
+    .collect();
+    assert!(!legs.is_empty(), "--only takes off, on or maint");
+    let results: Vec<_> = legs
+        .iter()
+        .map(|&(name, mode)| (name, leg(name, mode, ops, live_max, seed)))
+        .collect();
+    println!("\nsummary (steady state = samples every 1% after the first tenth of the ops):");
+    println!(
+        "  {:<24} {:>15} {:>9} {:>15} {:>5} {:>9} {:>9} {:>10} {:>8}",
+        "arena",
+        "frag mean/max",
+        "split max",
+        "used/res min/avg",
+        "packs",
+        "loads/s",
+        "us/load",
+        "maint/load",
+        "frees/s"
+    );
+    for (name, s) in &results {
+        println!(
+            "  {:<24} {:>6.1}/{:>5.1}% {:>5} KiB {:>7.3}/{:<7.3} {:>5} {:>8.1}k {:>9.1} {:>8.2}us {:>7.0}k",
+            name,
+            s.frag_mean,
+            s.frag_max,
+            s.split_max,
+            s.ur_min,
+            s.ur_mean,
+            s.packs_max,
+            s.loads_per_s / 1e3,
+            s.us_per_load,
+            s.maint_us,
+            s.frees_per_s / 1e3
+        );
+    }
 }

@@ -308,9 +308,11 @@ pub struct PackjitProgramInfo {
     pub reserved: u32,
     /// Optional-feature bits the code uses.
     pub features: u64,
-    /// Address of the entry point (in the code arena for executable programs). For tools
+    /// Address of the entry point now (in the code arena for executable programs). For tools
     /// only: calling it directly bypasses the deferred-free protection unless the caller
-    /// brackets the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+    /// brackets reading it and the call with `packjit_epoch_enter` / `packjit_epoch_exit`.
+    /// The arena's compaction may move the code later (the old copy stays valid until such a
+    /// bracket ends); `packjit_program_entry` pins it for good.
     pub entry_addr: u64,
     /// Bytes of native code.
     pub code_size: u64,
@@ -926,6 +928,62 @@ pub unsafe extern "C" fn packjit_reclaim(rt: *const PackjitRuntime, pending: *mu
         if !pending.is_null() {
             // SAFETY: caller contract.
             *unsafe { out_arg(pending, "pending") }? = left as u64;
+        }
+        Ok(())
+    })
+}
+
+/// Sets the code arena's compaction (moving live programs into holes so free space stays
+/// in one run per pack; on by default): code moves while fragmentation is above
+/// `threshold_permille`, at most `step_bytes` per commit (every load commits) and up to the
+/// limit given to `packjit_runtime_compact`. `step_bytes` 0 = loads move nothing, only
+/// `packjit_runtime_compact` does; `threshold_permille` 1000 or more turns compaction off.
+/// Programs whose raw entry was taken (`packjit_program_entry`) never move. No effect when
+/// the arena is not dual-mapped.
+///
+/// # Safety
+/// `rt` must be NULL or a live runtime.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_set_compaction(
+    rt: *const PackjitRuntime,
+    threshold_permille: u32,
+    step_bytes: u64,
+) -> i32 {
+    boundary("packjit_runtime_set_compaction", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        if let Some(a) = h.rt.arena() {
+            a.set_compaction(
+                (threshold_permille < 1000).then(|| packjit_runtime::Compaction {
+                    threshold_permille,
+                    step_bytes: usize::try_from(step_bytes).unwrap_or(usize::MAX),
+                }),
+            );
+        }
+        Ok(())
+    })
+}
+
+/// A compaction step the host can schedule (e.g. when idle): moves up to `max_bytes` of
+/// program code while fragmentation is above the threshold, in one commit. `moved` (may be
+/// NULL) receives the bytes moved.
+///
+/// # Safety
+/// `rt` must be NULL or a live runtime; `moved` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_runtime_compact(
+    rt: *const PackjitRuntime,
+    max_bytes: u64,
+    moved: *mut u64,
+) -> i32 {
+    boundary("packjit_runtime_compact", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        let n =
+            h.rt.compact(usize::try_from(max_bytes).unwrap_or(usize::MAX));
+        if !moved.is_null() {
+            // SAFETY: caller contract.
+            *unsafe { out_arg(moved, "moved") }? = n as u64;
         }
         Ok(())
     })
@@ -1927,8 +1985,9 @@ pub unsafe extern "C" fn packjit_program_code(
 /// Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
 /// ctx_len)`) in `*entry`, for hosts that dispatch themselves. Fails with
 /// `PJ_ERR_NOT_EXECUTABLE` (and stores NULL) when the program cannot run here. The pointer
-/// is valid while the program lives; a caller racing with `packjit_program_free` must hold
-/// `packjit_epoch_enter` around fetching and calling it.
+/// is valid while the program lives (taking it pins the code: compaction never moves it);
+/// a caller racing with `packjit_program_free` must hold `packjit_epoch_enter` around
+/// fetching and calling it.
 ///
 /// # Safety
 /// `prog` NULL or live; `entry` NULL (refused) or writable.

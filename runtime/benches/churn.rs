@@ -1,9 +1,12 @@
 //! Churn benchmark: does placement stay dense when programs come and go?
 //!
 //! 300,000 random loads and frees with up to ~2,000 live programs of 1–4,000 eBPF
-//! instructions (the workload of issue 13), straight on the arena: every load allocates and
-//! writes the program's bytes, every free releases at once (what an epoch-deferred free does
-//! once its grace period ends). Program lengths are log-uniform over 1..=4,000 instructions
+//! instructions (the workload of issue 13), straight on the arena, the way `Runtime::load`
+//! uses it: every load allocates, writes the program's bytes, commits, and registers the
+//! code as relocatable; every free detaches it and releases its chunks at once (what an
+//! epoch-deferred free does once its grace period ends). With compaction on, commits move
+//! programs into holes; their old copies are freed through the epoch like in the runtime
+//! (the loop flushes this thread's epoch once per operation so they drain). Program lengths are log-uniform over 1..=4,000 instructions
 //! (most programs are small, a few are large); native size = arm64 bytes for that many
 //! instructions, calibrated at start-up with the real arm64 backend on ALU instructions.
 //!
@@ -18,14 +21,20 @@
 //! * used/resident: bytes handed out / bytes of pack memory resident (trap-filled pages);
 //!   code/resident: bytes of code written / resident (differs from used/resident by the
 //!   64-byte rounding and any size-class rounding);
-//! * load throughput: alloc + write per second.
+//! * moved: bytes of code compaction copied per load (mean);
+//! * maint/L: time spent in maintenance `compact` calls, per load (the "maintenance"
+//!   configuration moves nothing in loads and calls `compact(32 KiB)` every 10 operations,
+//!   outside the timed loads);
+//! * load throughput: alloc + write + commit (+ compaction step) + register, per second.
 //!
-//! `cargo bench -p packjit --bench churn` (env: CHURN_OPS, CHURN_LIVE, CHURN_SEED).
+//! `cargo bench -p packjit --bench churn` (env: CHURN_OPS, CHURN_LIVE, CHURN_SEED, and
+//! CHURN_ONLY=text to run only the configurations whose name contains it).
 //! The same workload through the C API with real compiled programs:
 //! `cargo run --release -p packjit-ffi --example churn`.
 
-use packjit::{ArenaConfig, CodeArena, LoadOptions, PackedArena, Placement, Runtime};
-use packjit_plugin_api::Region;
+use packjit::{
+    ArenaConfig, CodeArena, Compaction, LoadOptions, Movable, PackedArena, Placement, Runtime,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -78,6 +87,8 @@ fn calibrate() -> (f64, f64) {
 struct Summary {
     frag_final: f64,
     frag_max: f64,
+    /// (op, packs, used KiB, split KiB, reserved KiB) at the fragmentation peak.
+    at_max: (u64, usize, usize, usize, usize),
     frag_mean: f64,
     split_max_kib: usize,
     ur_min: f64,
@@ -85,6 +96,10 @@ struct Summary {
     cr_min: f64,
     cr_mean: f64,
     packs_max: usize,
+    moved_per_load: f64,
+    /// Time in maintenance `compact` calls, per load.
+    maint_ns_per_load: f64,
+    pending_max: usize,
     loads_per_s: f64,
     frees_per_s: f64,
 }
@@ -96,11 +111,13 @@ fn run(
     ops: u64,
     live_max: usize,
     model: (f64, f64),
+    maint: Option<(u64, usize)>,
 ) -> Summary {
     let arena = PackedArena::new(cfg).unwrap();
+    let mut t_maint = Duration::ZERO;
     let mut rng = Rng(seed);
     let code = vec![0xd5u8; 64 << 10];
-    let mut live: Vec<Region> = Vec::with_capacity(live_max);
+    let mut live: Vec<std::sync::Arc<Movable>> = Vec::with_capacity(live_max);
     let (mut t_load, mut t_free) = (Duration::ZERO, Duration::ZERO);
     let (mut loads, mut frees) = (0u64, 0u64);
     let mut sum = Summary {
@@ -113,10 +130,11 @@ fn run(
     // Sample every 1% of the operations so the maximum is not missed between prints.
     let step = (ops / 100).max(1);
     println!(
-        "\n[{name}] placement {:?}, release free pages {}, {} KiB packs",
+        "\n[{name}] placement {:?}, release free pages {}, {} KiB packs, compaction {:?}",
         cfg.placement,
         cfg.release_free_pages,
-        cfg.pack_size / 1024
+        cfg.pack_size / 1024,
+        cfg.compaction
     );
     println!(
         "  {:>8} {:>6} {:>5} {:>9} {:>9} {:>10} {:>10} {:>10} {:>6} {:>10}",
@@ -140,15 +158,28 @@ fn run(
             let t = Instant::now();
             let r = arena.alloc(bytes).unwrap();
             arena.write(&r, 0, &code[..bytes]).unwrap();
+            arena.commit();
+            let m = arena.make_movable(&r, r.exec_addr, None).unwrap();
             t_load += t.elapsed();
             loads += 1;
-            live.push(r);
+            live.push(m);
         } else {
-            let r = live.swap_remove((rng.next() % live.len() as u64) as usize);
+            let m = live.swap_remove((rng.next() % live.len() as u64) as usize);
             let t = Instant::now();
+            let r = arena.detach_movable(&m);
             arena.free(&r);
             t_free += t.elapsed();
             frees += 1;
+        }
+        // Lets the epoch advance so old copies of moved programs are released, as the
+        // runtime's own pins and flushes do.
+        packjit::arena::epoch_pin().flush();
+        if let Some((every, bytes)) = maint {
+            if op % every == 0 {
+                let t = Instant::now();
+                arena.compact(bytes);
+                t_maint += t.elapsed();
+            }
         }
         if op % step == 0 {
             let s = arena.stats();
@@ -175,7 +206,16 @@ fn run(
             }
             // Steady state only: skip the first tenth (ramp-up, while the packs first fill).
             if op > ops / 10 {
-                sum.frag_max = sum.frag_max.max(frag);
+                if frag > sum.frag_max {
+                    sum.frag_max = frag;
+                    sum.at_max = (
+                        op,
+                        s.packs,
+                        s.bytes_used >> 10,
+                        split_kib,
+                        s.bytes_reserved >> 10,
+                    );
+                }
                 sum.split_max_kib = sum.split_max_kib.max(split_kib);
                 sum.ur_min = sum.ur_min.min(ur);
                 sum.cr_min = sum.cr_min.min(cr);
@@ -185,12 +225,15 @@ fn run(
                 n_samples += 1;
             }
             sum.frag_final = frag;
+            sum.pending_max = sum.pending_max.max(s.pending_frees);
             sum.packs_max = sum.packs_max.max(s.packs);
         }
     }
-    for r in live.drain(..) {
-        arena.free(&r);
+    for m in live.drain(..) {
+        arena.free(&arena.detach_movable(&m));
     }
+    let moved = arena.stats().bytes_moved;
+    assert_eq!(arena.reclaim(), 0, "old copies released");
     let end = arena.stats();
     assert_eq!(
         (end.packs, end.allocations, end.bytes_used),
@@ -201,6 +244,12 @@ fn run(
     sum.ur_mean = ur_sum / n;
     sum.cr_mean = cr_sum / n;
     sum.frag_mean = frag_sum / n;
+    println!(
+        "  fragmentation peak {:.1}% at op {}: {} packs, {} KiB used of {} KiB, {} KiB split",
+        sum.frag_max, sum.at_max.0, sum.at_max.1, sum.at_max.2, sum.at_max.4, sum.at_max.3
+    );
+    sum.moved_per_load = moved as f64 / loads.max(1) as f64;
+    sum.maint_ns_per_load = t_maint.as_secs_f64() * 1e9 / loads.max(1) as f64;
     sum.loads_per_s = loads as f64 / t_load.as_secs_f64();
     sum.frees_per_s = frees as f64 / t_free.as_secs_f64();
     sum
@@ -218,7 +267,12 @@ fn main() {
         "size model (arm64 backend, ALU code): {:.0} B + {:.2} B per eBPF insn",
         model.0, model.1
     );
-    let base = ArenaConfig::default();
+    // Placement alternatives are measured without compaction, as before it existed.
+    let on = ArenaConfig::default();
+    let base = ArenaConfig {
+        compaction: None,
+        ..on
+    };
     let configs = [
         (
             "first fit, no page release (the original)",
@@ -235,7 +289,38 @@ fn main() {
                 ..base
             },
         ),
-        ("best fit (default)", base),
+        ("best fit, no compaction", base),
+        ("best fit + compaction (default)", on),
+        (
+            "best fit + compaction, 16 KiB steps",
+            ArenaConfig {
+                compaction: Some(Compaction {
+                    step_bytes: 16 << 10,
+                    ..Compaction::default()
+                }),
+                ..on
+            },
+        ),
+        (
+            "best fit + compaction, maintenance",
+            ArenaConfig {
+                compaction: Some(Compaction {
+                    step_bytes: 0,
+                    ..Compaction::default()
+                }),
+                ..on
+            },
+        ),
+        (
+            "best fit + compaction, threshold 10%",
+            ArenaConfig {
+                compaction: Some(Compaction {
+                    threshold_permille: 100,
+                    ..Compaction::default()
+                }),
+                ..on
+            },
+        ),
         (
             "best fit, two-ended (>= 16 chunks high)",
             ArenaConfig {
@@ -273,28 +358,38 @@ fn main() {
             },
         ),
     ];
+    // CHURN_ONLY=word runs only the configurations whose name contains it.
+    let only = std::env::var("CHURN_ONLY").unwrap_or_default();
     let results: Vec<_> = configs
         .iter()
-        .map(|&(name, cfg)| (name, run(name, cfg, seed, ops, live, model)))
+        .filter(|(name, _)| name.contains(only.as_str()))
+        .map(|&(name, cfg)| {
+            // "maintenance": loads move nothing (step 0); a compaction call every 10 ops.
+            let maint = name.contains("maintenance").then_some((10, 32 << 10));
+            (name, run(name, cfg, seed, ops, live, model, maint))
+        })
         .collect();
     println!(
         "\nsummary (steady state = samples every 1% after the first tenth of the ops; split = \
          free KiB outside the largest run of their pack):"
     );
     println!(
-        "  {:<42} {:>17} {:>9} {:>15} {:>15} {:>5} {:>8} {:>8}",
+        "  {:<42} {:>17} {:>9} {:>15} {:>15} {:>5} {:>7} {:>7} {:>8} {:>8} {:>8}",
         "placement",
         "frag end/mean/max",
         "split max",
         "used/res min/avg",
         "code/res min/avg",
         "packs",
+        "moved/L",
+        "pending",
         "loads/s",
+        "maint/L",
         "frees/s"
     );
     for (name, s) in &results {
         println!(
-            "  {:<42} {:>4.1}/{:>4.1}/{:>4.1}% {:>5} KiB {:>7.3}/{:<7.3} {:>7.3}/{:<7.3} {:>5} {:>7.0}k {:>7.0}k",
+            "  {:<42} {:>4.1}/{:>4.1}/{:>4.1}% {:>5} KiB {:>7.3}/{:<7.3} {:>7.3}/{:<7.3} {:>5} {:>6.0}B {:>7} {:>7.0}k {:>6.0}ns {:>7.0}k",
             name,
             s.frag_final,
             s.frag_mean,
@@ -305,7 +400,10 @@ fn main() {
             s.cr_min,
             s.cr_mean,
             s.packs_max,
+            s.moved_per_load,
+            s.pending_max,
             s.loads_per_s / 1e3,
+            s.maint_ns_per_load,
             s.frees_per_s / 1e3
         );
     }

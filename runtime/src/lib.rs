@@ -32,8 +32,8 @@ mod scratch;
 mod symbols;
 
 pub use arena::{
-    ArenaConfig, ArenaStats, ChunkState, MapMode, PackOccupancy, PackedArena, Placement,
-    RemapPolicy,
+    ArenaConfig, ArenaStats, ChunkState, Compaction, MapMode, Movable, MoveListener, PackOccupancy,
+    PackedArena, Placement, RemapPolicy,
 };
 pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl, PerCpuLookupImpl};
 pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
@@ -666,7 +666,22 @@ impl Runtime {
             );
             self.symbols.clone()
         });
+        // Arena code may be moved by compaction (images are position-independent); its
+        // symbol follows it. (A region the arena does not know, from a backend that broke
+        // the arena contract, just stays where it is.)
+        let movable = match (&owner, &symbols) {
+            (ArenaRef::Packed(a), Some(syms)) => {
+                let mover = symbols::SymbolMover {
+                    symbols: syms.clone(),
+                    id,
+                };
+                a.make_movable(&compiled.region, compiled.entry, Some(Box::new(mover)))
+                    .ok()
+            }
+            _ => None,
+        };
         Ok(Program {
+            movable,
             compiled,
             arch,
             features,
@@ -735,6 +750,14 @@ impl Runtime {
         self.symbols.perf_map_path()
     }
 
+    /// A compaction step the host can schedule (e.g. when idle): moves up to `max_bytes` of
+    /// program code into holes while fragmentation is above the configured threshold, in one
+    /// commit. Returns the bytes moved (0 with compaction off). Loads already move up to
+    /// [`Compaction::step_bytes`] each.
+    pub fn compact(&self, max_bytes: usize) -> usize {
+        self.arena.as_ref().map_or(0, |a| a.compact(max_bytes))
+    }
+
     /// Runs deferred frees whose epoch has ended; returns how many are still pending.
     pub fn reclaim(&self) -> usize {
         self.arena.as_ref().map_or(0, |a| a.reclaim())
@@ -791,6 +814,9 @@ pub struct Program {
     regions: Arc<[abi::PjMemRegion]>,
     id: u64,
     name: Arc<str>,
+    /// Where the code is now, for arena code (compaction may move it; see
+    /// [`PackedArena::make_movable`]). `compiled.entry`/`region` are where it was placed.
+    movable: Option<Arc<arena::Movable>>,
     /// The index holding this program's symbol (executable programs only).
     symbols: Option<Arc<Symbols>>,
     /// Its grace period has passed (set by a hook retiring it): release without waiting.
@@ -811,7 +837,7 @@ impl std::fmt::Debug for Program {
             .field("name", &self.name)
             .field("arch", &self.arch)
             .field("backend", &self.backend)
-            .field("entry", &format_args!("{:#x}", self.compiled.entry))
+            .field("entry", &format_args!("{:#x}", self.entry_now()))
             .field("code_size", &self.compiled.code_size)
             .field("executable", &self.executable)
             .finish()
@@ -819,6 +845,13 @@ impl std::fmt::Debug for Program {
 }
 
 impl Program {
+    /// The entry point now. Callers that run it load it AFTER pinning the epoch.
+    fn entry_now(&self) -> u64 {
+        self.movable
+            .as_ref()
+            .map_or(self.compiled.entry, |m| m.entry())
+    }
+
     fn packed_arena(&self) -> Option<&PackedArena> {
         match &self.owner {
             ArenaRef::Packed(a) => Some(a),
@@ -843,7 +876,7 @@ impl Program {
         // the caller of `load_trusted` promised it stays within memory it may touch.
         unsafe {
             exec::run(
-                self.compiled.entry,
+                self.entry_now(),
                 mem.as_mut_ptr(),
                 mem.len(),
                 &self.regions,
@@ -863,7 +896,7 @@ impl Program {
         // SAFETY: as in call_with_budget; the caller vouches for ctx/len.
         unsafe {
             exec::run(
-                self.compiled.entry,
+                self.entry_now(),
                 ctx,
                 len,
                 &self.regions,
@@ -897,7 +930,7 @@ impl Program {
     /// from the line table: the slot with the greatest start at or below `addr`. Code after
     /// the last instruction (shared stubs) maps to the last instruction.
     pub fn pc_at(&self, addr: u64) -> Option<usize> {
-        let off = addr.checked_sub(self.compiled.entry)?;
+        let off = addr.checked_sub(self.entry_now())?;
         if off >= self.compiled.code_size as u64 {
             return None;
         }
@@ -921,18 +954,28 @@ impl Program {
     }
 
     /// The entry point, for callers that dispatch themselves (valid while `self` lives).
+    /// Pins the code: compaction never moves it again, since the caller may keep the address.
     pub fn entry(&self) -> Option<PjProgramEntry> {
+        if !self.executable {
+            return None;
+        }
+        let entry = match (&self.movable, self.packed_arena()) {
+            (Some(m), Some(a)) => a.pin_movable(m),
+            _ => self.compiled.entry,
+        };
         // SAFETY: as in call_raw.
-        self.executable.then(|| unsafe {
-            std::mem::transmute::<usize, PjProgramEntry>(self.compiled.entry as usize)
-        })
+        Some(unsafe { std::mem::transmute::<usize, PjProgramEntry>(entry as usize) })
     }
 
     /// A copy of the native code.
     pub fn code(&self) -> Vec<u8> {
         let c = &self.compiled;
         match &self.owner {
-            ArenaRef::Packed(a) => a.read_code(c.entry, c.code_size).unwrap_or_default(),
+            ArenaRef::Packed(a) => match &self.movable {
+                Some(m) => a.read_movable(m, c.code_size),
+                None => a.read_code(c.entry, c.code_size),
+            }
+            .unwrap_or_default(),
             ArenaRef::Scratch(s) => s.read(&c.region, c.code_size),
         }
     }
@@ -947,14 +990,24 @@ impl Program {
         self.compiled.native_insns
     }
 
-    /// Address of the entry point (in the arena for native programs).
+    /// Address of the entry point now (in the arena for native programs). Compaction may
+    /// move the code later (a program whose [`entry`](Self::entry) was taken stays put); the
+    /// symbol index ([`Runtime::symbolize`]) follows it.
     pub fn entry_addr(&self) -> u64 {
-        self.compiled.entry
+        self.entry_now()
     }
 
-    /// The arena region holding the code.
+    /// The arena region holding the code now.
     pub fn region(&self) -> Region {
-        self.compiled.region
+        self.movable
+            .as_ref()
+            .map_or(self.compiled.region, |m| m.region())
+    }
+
+    /// Whether compaction may still move the code (arena code whose raw entry was never
+    /// handed out).
+    pub fn is_movable(&self) -> bool {
+        self.movable.as_ref().is_some_and(|m| !m.is_pinned())
     }
 
     /// Target architecture.
@@ -1013,7 +1066,13 @@ impl Program {
 
 impl Drop for Program {
     fn drop(&mut self) {
-        let (id, entry) = (self.id, self.compiled.entry);
+        // Stop compaction from moving the code and learn where it is now.
+        let region = match (&self.movable, &self.owner) {
+            (Some(m), ArenaRef::Packed(a)) => a.detach_movable(m),
+            _ => self.compiled.region,
+        };
+        let entry = region.exec_addr + (self.compiled.entry - self.compiled.region.exec_addr);
+        let id = self.id;
         let syms = self.symbols.take();
         // The symbol goes right before the chunks are released, never earlier: a profiler
         // sample inside a retired program that is still finishing must still resolve.
@@ -1025,9 +1084,9 @@ impl Drop for Program {
         match &self.owner {
             ArenaRef::Packed(a) if self.retired => {
                 unlist();
-                a.release_after_grace(&self.compiled.region);
+                a.release_after_grace(&region);
             }
-            ArenaRef::Packed(a) => a.free_deferred_then(self.compiled.region, unlist),
+            ArenaRef::Packed(a) => a.free_deferred_then(region, unlist),
             ArenaRef::Scratch(s) => s.free(&self.compiled.region),
         }
     }

@@ -538,7 +538,7 @@ impl Program {
         // for the memory.
         unsafe {
             exec::run(
-                self.compiled.entry,
+                self.entry_now(),
                 ctx,
                 len,
                 &regions,

@@ -36,17 +36,20 @@ pub struct SymbolInfo {
     pub pc: Option<usize>,
 }
 
+#[derive(Clone)]
 struct Entry {
     id: u64,
     name: Arc<str>,
     size: u64,
     /// (native offset, pc) sorted by offset: the line table inverted once at load so a
     /// lookup is two binary searches.
-    lines: Box<[(u32, u32)]>,
+    /// Shared, so that a moved program's second entry (old and new copy, listed together
+    /// until the old one is reclaimed) costs no copy of the table.
+    lines: Arc<[(u32, u32)]>,
 }
 
 /// Inverts a line table (pc → native offset, `NO_NATIVE_CODE` for slots without code).
-fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
+fn invert(pc_offsets: &[u32]) -> Arc<[(u32, u32)]> {
     let mut v: Vec<(u32, u32)> = pc_offsets
         .iter()
         .enumerate()
@@ -56,7 +59,7 @@ fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
     // Equal offsets (an instruction that emitted nothing): the later pc owns the code, as in
     // `Program::pc_at`.
     v.sort_unstable();
-    v.into_boxed_slice()
+    v.into()
 }
 
 fn pc_at(lines: &[(u32, u32)], off: u64) -> Option<usize> {
@@ -69,6 +72,9 @@ struct State {
     /// Entry address → program. Programs never overlap (each owns its arena chunks), so the
     /// greatest start ≤ addr is the only candidate: one O(log n) descent per lookup.
     by_addr: BTreeMap<u64, Entry>,
+    /// Entries per program id: 1, or 2 (rarely more) while the old copy of a moved program
+    /// waits for its grace period. Its length is the number of live programs.
+    copies: std::collections::HashMap<u64, u32>,
     perf_map: Option<PathBuf>,
 }
 
@@ -131,6 +137,7 @@ impl Symbols {
             }
         }
         st.by_addr.insert(start, e);
+        *st.copies.entry(id).or_default() += 1;
     }
 
     /// Removes program `id` at `start` (its code is about to be reclaimed).
@@ -139,10 +146,32 @@ impl Symbols {
         // The id check keeps a stale removal from ever taking a newer program's entry.
         if st.by_addr.get(&start).is_some_and(|e| e.id == id) {
             st.by_addr.remove(&start);
+            if let Some(n) = st.copies.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    st.copies.remove(&id);
+                }
+            }
             if let Some(path) = st.perf_map.clone() {
                 let _ = Self::rewrite(&st, &path);
             }
         }
+    }
+
+    /// Program `id` at `old` now also runs at `new` (the arena moved it; the old copy stays
+    /// listed until it is reclaimed, since threads may still be finishing there).
+    pub(crate) fn relocate(&self, id: u64, old: u64, new: u64) {
+        let mut st = self.write();
+        let Some(e) = st.by_addr.get(&old).filter(|e| e.id == id).cloned() else {
+            return;
+        };
+        if let Some(path) = &st.perf_map {
+            if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
+                let _ = f.write_all(perf_line(new, &e).as_bytes());
+            }
+        }
+        st.by_addr.insert(new, e);
+        *st.copies.entry(id).or_default() += 1;
     }
 
     fn rewrite(st: &State, path: &Path) -> Result<(), Error> {
@@ -208,8 +237,25 @@ impl Symbols {
             .collect()
     }
 
+    /// Live programs (a moved program whose old copy is not reclaimed yet counts once).
     pub(crate) fn len(&self) -> usize {
-        self.read().by_addr.len()
+        self.read().copies.len()
+    }
+}
+
+/// Keeps a program's symbol at its code when the arena moves it.
+pub(crate) struct SymbolMover {
+    pub symbols: Arc<Symbols>,
+    pub id: u64,
+}
+
+impl crate::arena::MoveListener for SymbolMover {
+    fn moved(&self, old: u64, new: u64) {
+        self.symbols.relocate(self.id, old, new);
+    }
+
+    fn released(&self, old: u64) {
+        self.symbols.remove(self.id, old);
     }
 }
 
@@ -249,5 +295,23 @@ mod tests {
         syms.remove(7, 0x1040);
         assert_eq!(pc(0x1040), Some((8, 0, None)), "a stale id removes nothing");
         assert_eq!(syms.len(), 1);
+    }
+
+    #[test]
+    fn a_moved_program_is_listed_at_both_copies_until_the_old_one_goes() {
+        let syms = Symbols::default();
+        syms.insert(3, "p".into(), 0x2000, 64, &[0, 8]);
+        syms.relocate(3, 0x2000, 0x9000);
+        syms.relocate(4, 0x9000, 0x5000); // wrong id: ignored
+        assert_eq!(syms.len(), 1, "one program");
+        assert_eq!(syms.list().len(), 2, "two copies");
+        let at = |a| syms.lookup(a).map(|s| (s.id, s.start, s.pc));
+        assert_eq!(at(0x2009), Some((3, 0x2000, Some(1))));
+        assert_eq!(at(0x9009), Some((3, 0x9000, Some(1))));
+        assert_eq!(at(0x5000), None);
+        syms.remove(3, 0x2000);
+        assert_eq!((syms.len(), syms.list().len(), at(0x2009)), (1, 1, None));
+        syms.remove(3, 0x9000);
+        assert_eq!(syms.len(), 0);
     }
 }

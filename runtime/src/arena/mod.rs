@@ -5,8 +5,11 @@
 //! cache-maintenance pass per batch commit, and frees deferred with `crossbeam-epoch` until no
 //! thread can be running the code. See docs/ARCHITECTURE.md for the life cycle.
 
+mod compact;
 mod probe;
 mod sys;
+
+pub use compact::{Compaction, Movable, MoveListener};
 
 use crossbeam_epoch as epoch;
 use packjit_plugin_api::{Arch, CodeArena, CompileError, ErrorKind, Region};
@@ -89,6 +92,10 @@ pub struct ArenaConfig {
     pub map_mode: MapMode,
     /// Stale-code handling.
     pub remap: RemapPolicy,
+    /// Moving live code to keep free space in one run per pack (see [`Compaction`]);
+    /// `None` = code never moves. Needs dual mapping (toggle-mode packs are sealed once
+    /// committed, so nothing can be copied into them); ignored in toggle mode.
+    pub compaction: Option<Compaction>,
 }
 
 impl Default for ArenaConfig {
@@ -99,6 +106,7 @@ impl Default for ArenaConfig {
             pack_size: DEFAULT_PACK_SIZE,
             map_mode: MapMode::Auto,
             remap: RemapPolicy::Auto,
+            compaction: Some(Compaction::default()),
         }
     }
 }
@@ -117,7 +125,8 @@ pub struct ArenaStats {
     /// Bytes of pack memory made resident (pages trap-filled because code was placed in
     /// them); the rest of each pack is untouched demand-zero memory.
     pub bytes_resident: usize,
-    /// Live allocations (programs).
+    /// Live allocations (programs, and old copies of moved programs until their grace period
+    /// ends).
     pub allocations: usize,
     /// External fragmentation in per mille: `sum over packs (free chunks - the pack's largest
     /// free run) / sum over packs free chunks` (0 when nothing is free or no pack's free space
@@ -136,6 +145,10 @@ pub struct ArenaStats {
     pub dual_mapped: bool,
     /// Whether commits remap touched RX pages.
     pub remap_on_commit: bool,
+    /// Programs moved by compaction so far.
+    pub moves: u64,
+    /// Bytes of code copied by compaction so far.
+    pub bytes_moved: u64,
 }
 
 /// What a 64-byte chunk of a pack holds.
@@ -171,8 +184,9 @@ struct Pack {
     /// One bit per chunk, set = in use.
     bitmap: Vec<u64>,
     used_chunks: usize,
-    /// Live allocations: first chunk → (chunks, bytes of code written).
-    allocs: BTreeMap<usize, (usize, usize)>,
+    /// Live allocations by first chunk (including old copies of moved programs until their
+    /// grace period ends).
+    allocs: BTreeMap<usize, Alloc>,
     /// Toggle mode: the pack holds committed code and is RX; never written again.
     sealed: bool,
     /// Pages already trap-filled (and so resident), one flag per page.
@@ -292,8 +306,24 @@ impl Pack {
     }
 }
 
+/// One live allocation.
+struct Alloc {
+    chunks: usize,
+    /// Bytes of code written.
+    code: usize,
+    /// Set while the allocation is the current home of a relocatable, unpinned program.
+    movable: Option<Arc<Movable>>,
+    /// The old copy of a moved program, or a freed program, waiting for its grace period.
+    leaving: bool,
+}
+
 struct State {
     packs: Vec<Pack>,
+    /// Compaction settings in force (changeable at run time, see `set_compaction`).
+    compaction: Option<Compaction>,
+    /// Releases so far, and its value when a compaction search last found nothing to move.
+    releases: u64,
+    fruitless: Option<u64>,
     next_id: u64,
     /// Executable ranges written since the last commit: start → end.
     dirty: BTreeMap<usize, usize>,
@@ -314,6 +344,8 @@ struct Inner {
     flushes: AtomicU64,
     remaps: AtomicU64,
     pending: AtomicUsize,
+    moves: AtomicU64,
+    bytes_moved: AtomicU64,
 }
 
 /// The packed code arena. Cheap to clone (shared).
@@ -368,6 +400,11 @@ impl PackedArena {
             membarrier,
             state: Mutex::new(State {
                 packs: Vec::new(),
+                // Moving code means copying it into packs that hold committed code, which
+                // only the RW view of a dual mapping allows.
+                compaction: cfg.compaction.filter(|_| dual),
+                releases: 0,
+                fruitless: None,
                 next_id: 1,
                 dirty: BTreeMap::new(),
             }),
@@ -375,6 +412,8 @@ impl PackedArena {
             flushes: AtomicU64::new(0),
             remaps: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
+            moves: AtomicU64::new(0),
+            bytes_moved: AtomicU64::new(0),
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -387,8 +426,121 @@ impl PackedArena {
 
     /// Makes everything written since the last commit executable and coherent: one pass of
     /// cache maintenance (and, where needed, remapping) over all dirty ranges of the batch.
+    ///
+    /// With compaction on and fragmentation above its threshold, the commit first moves up
+    /// to [`Compaction::step_bytes`] of relocatable code (see [`make_movable`]) into holes;
+    /// the copies share the batch's maintenance pass, and callers switch to them after it.
+    ///
+    /// [`make_movable`]: Self::make_movable
     pub fn commit(&self) {
-        self.inner.commit();
+        self.commit_step(None);
+    }
+
+    /// A maintenance step the host can schedule: commits, moving up to `max_bytes` of code
+    /// while fragmentation is above the threshold. Returns the bytes moved (0 when
+    /// compaction is off or nothing needs or can move).
+    pub fn compact(&self, max_bytes: usize) -> usize {
+        self.commit_step(Some(max_bytes))
+    }
+
+    fn commit_step(&self, budget: Option<usize>) -> usize {
+        let mut st = self.lock();
+        let moves = compact::step(&self.inner, &mut st, budget);
+        self.inner.commit_locked(&mut st);
+        // After the maintenance pass: the copies are coherent before anyone can branch there.
+        for m in &moves {
+            m.publish();
+        }
+        drop(st);
+        if moves.is_empty() {
+            return 0;
+        }
+        let bytes = moves.iter().map(|m| m.new.size as usize).sum();
+        // One deferred function for all old copies of the step (one grace period, one
+        // flush). A thread that loaded an old entry did so while pinned, before this
+        // deferral: the old copy outlives its call.
+        self.inner.pending.fetch_add(moves.len(), Relaxed);
+        let inner = self.inner.clone();
+        let guard = epoch::pin();
+        guard.defer(move || {
+            for m in moves {
+                compact::Move::released(&m.movable, &m.old);
+                inner.release_now(&m.old);
+                inner.pending.fetch_sub(1, Relaxed);
+            }
+        });
+        guard.flush();
+        bytes
+    }
+
+    /// Compaction settings in force (`None` in toggle mode, whatever was asked).
+    pub fn compaction(&self) -> Option<Compaction> {
+        self.lock().compaction
+    }
+
+    /// Turns compaction on (`Some`) or off from the next commit on; ignored in toggle mode.
+    pub fn set_compaction(&self, c: Option<Compaction>) {
+        let dual = self.inner.dual;
+        self.lock().compaction = c.filter(|_| dual);
+    }
+
+    /// Makes the program in `region` (entry point `entry`, its code completely written)
+    /// relocatable: compaction may move it from now on (also before its first commit: a move
+    /// copies it, and the commit that makes the copy executable covers the original's bytes
+    /// too), and the returned handle always holds its current position.
+    /// `listener` is told of every move. Callers run the code only through
+    /// [`Movable::entry`], loaded after pinning the epoch (see [`epoch_pin`]), and free it
+    /// with [`detach_movable`](Self::detach_movable) + a deferred free of the region that
+    /// returns.
+    pub fn make_movable(
+        &self,
+        region: &Region,
+        entry: u64,
+        listener: Option<Box<dyn MoveListener>>,
+    ) -> Result<Arc<Movable>, CompileError> {
+        if entry < region.exec_addr || entry >= region.exec_addr + region.size {
+            return Err(arena_err(format!(
+                "entry {entry:#x} is outside its region at {:#x}",
+                region.exec_addr
+            )));
+        }
+        let mut st = self.lock();
+        let (pi, chunk) = Inner::locate(&st, region)?;
+        let m = Arc::new(Movable::new(region, entry, listener));
+        st.packs[pi]
+            .allocs
+            .get_mut(&chunk)
+            .expect("located")
+            .movable = Some(m.clone());
+        Ok(m)
+    }
+
+    /// Pins a relocatable program where it is now (for hosts handed its raw entry address)
+    /// and returns its entry. No move can be in flight: moves happen under the same lock.
+    pub fn pin_movable(&self, m: &Movable) -> u64 {
+        let mut st = self.lock();
+        m.set_pinned();
+        if let Ok((pi, chunk)) = Inner::locate(&st, &m.region()) {
+            st.packs[pi]
+                .allocs
+                .get_mut(&chunk)
+                .expect("located")
+                .movable = None;
+        }
+        m.entry()
+    }
+
+    /// Stops moving a program that is being freed and returns the region it occupies now,
+    /// which the caller frees (after its grace period).
+    pub fn detach_movable(&self, m: &Movable) -> Region {
+        let mut st = self.lock();
+        let region = m.region();
+        if let Ok((pi, chunk)) = Inner::locate(&st, &region) {
+            let a = st.packs[pi].allocs.get_mut(&chunk).expect("located");
+            a.movable = None;
+            a.leaving = true;
+        }
+        region
     }
 
     /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]).
@@ -462,21 +614,19 @@ impl PackedArena {
             pending_frees: self.inner.pending.load(Relaxed),
             dual_mapped: self.inner.dual,
             remap_on_commit: self.inner.remap,
+            moves: self.inner.moves.load(Relaxed),
+            bytes_moved: self.inner.bytes_moved.load(Relaxed),
             ..ArenaStats::default()
         };
-        let (mut free, mut split) = (0usize, 0usize);
         for p in &st.packs {
             s.packs += 1;
             s.bytes_reserved += p.size;
             s.bytes_used += p.used_chunks * CHUNK;
             s.allocations += p.allocs.len();
-            s.bytes_code += p.allocs.values().map(|a| a.1).sum::<usize>();
+            s.bytes_code += p.allocs.values().map(|a| a.code).sum::<usize>();
             s.bytes_resident += p.filled_pages.iter().filter(|&&f| f).count() * sys::page_size();
-            let (f, best) = p.free_runs();
-            free += f;
-            split += f - best;
         }
-        s.fragmentation_permille = (split * 1000).checked_div(free).unwrap_or(0) as u32;
+        s.fragmentation_permille = compact::fragmentation_permille(&st.packs);
         s
     }
 
@@ -491,7 +641,10 @@ impl PackedArena {
 
     /// Copies `len` bytes at `addr` out of a pack (live code or trap-filled free space).
     pub fn read_code(&self, addr: u64, len: usize) -> Option<Vec<u8>> {
-        let st = self.lock();
+        Self::read_locked(&self.lock(), addr, len)
+    }
+
+    fn read_locked(st: &State, addr: u64, len: usize) -> Option<Vec<u8>> {
         let p = st
             .packs
             .iter()
@@ -499,6 +652,13 @@ impl PackedArena {
         let off = (addr - p.rx as u64) as usize;
         // SAFETY: inside a mapped, readable pack; we hold the lock so it is not unmapped.
         Some(unsafe { std::slice::from_raw_parts(p.rw.add(off), len) }.to_vec())
+    }
+
+    /// Copies `len` bytes of a relocatable program's code from its entry, wherever it is
+    /// (the lock keeps it from moving while we read).
+    pub fn read_movable(&self, m: &Movable, len: usize) -> Option<Vec<u8>> {
+        let st = self.lock();
+        Self::read_locked(&st, m.entry(), len)
     }
 
     /// Every pack's occupancy, one state per 64-byte chunk, in address order within a pack
@@ -642,6 +802,11 @@ impl Inner {
             }
             _ => c,
         };
+        Ok(self.place(&mut st, pi, chunk, n))
+    }
+
+    /// Hands out the free chunks `[chunk, chunk + n)` of pack `pi`.
+    fn place(&self, st: &mut State, pi: usize, chunk: usize, n: usize) -> Region {
         let p = &mut st.packs[pi];
         p.set_range(chunk, n, true);
         p.take_free(chunk, n);
@@ -656,12 +821,20 @@ impl Inner {
             }
         }
         p.used_chunks += n;
-        p.allocs.insert(chunk, (n, 0));
-        Ok(Region {
+        p.allocs.insert(
+            chunk,
+            Alloc {
+                chunks: n,
+                code: 0,
+                movable: None,
+                leaving: false,
+            },
+        );
+        Region {
             exec_addr: p.rx as u64 + (chunk * CHUNK) as u64,
             size: (n * CHUNK) as u64,
             cookie: p.id,
-        })
+        }
     }
 
     /// Finds the pack and first chunk of a live region, validating it.
@@ -679,7 +852,7 @@ impl Inner {
         let p = &st.packs[pi];
         let off = (region.exec_addr - p.rx as u64) as usize;
         match p.allocs.get(&(off / CHUNK)) {
-            Some(&(n, _)) if off % CHUNK == 0 && (n * CHUNK) as u64 == region.size => {}
+            Some(a) if off % CHUNK == 0 && (a.chunks * CHUNK) as u64 == region.size => {}
             _ => {
                 return Err(arena_err(format!(
                     "region at {:#x} ({} bytes) is not an allocation of this arena",
@@ -711,7 +884,7 @@ impl Inner {
         // SAFETY: bounds checked against the region, which lies inside the RW view.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.rw.add(off), bytes.len()) };
         let alloc = p.allocs.get_mut(&chunk).expect("located");
-        alloc.1 = alloc.1.max(end);
+        alloc.code = alloc.code.max(end);
         // Track dirt at chunk granularity so neighbouring programs of one batch merge into a
         // single maintenance range.
         let start = p.rx as usize + off / CHUNK * CHUNK;
@@ -727,8 +900,9 @@ impl Inner {
         let Ok((pi, chunk)) = Self::locate(&st, region) else {
             return;
         };
+        st.releases += 1;
         let p = &mut st.packs[pi];
-        let (n, _) = p.allocs.remove(&chunk).expect("located");
+        let n = p.allocs.remove(&chunk).expect("located").chunks;
         p.set_range(chunk, n, false);
         p.give_free(chunk, n);
         p.used_chunks -= n;
@@ -776,8 +950,7 @@ impl Inner {
         }
     }
 
-    fn commit(&self) {
-        let mut st = self.lock();
+    fn commit_locked(&self, st: &mut State) {
         let dirty = std::mem::take(&mut st.dirty);
         self.commits.fetch_add(1, Relaxed);
         if dirty.is_empty() {

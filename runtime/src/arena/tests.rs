@@ -635,3 +635,97 @@ fn size_classes_round_up_by_at_most_one_step() {
         }
     }
 }
+
+#[test]
+fn compaction_moves_the_program_bordering_free_space_into_a_hole() {
+    let _s = serial();
+    let a = PackedArena::new(ArenaConfig {
+        compaction: Some(Compaction {
+            threshold_permille: 0,
+            step_bytes: 0, // only explicit `compact` calls move code
+        }),
+        // One page: a 3-chunk hole is a visible share of the free space.
+        pack_size: sys::page_size(),
+        ..ArenaConfig::default()
+    })
+    .unwrap();
+    if a.compaction().is_none() {
+        return; // no memfd: toggle mode, where compaction is off (checked below)
+    }
+    // A (1 chunk) B (3 chunks) C (1) D (2 chunks: fits B's hole), then the free tail.
+    let code = |v: u16, chunks: usize| {
+        let mut c = ret_code(v);
+        c.resize(chunks * CHUNK, 0);
+        c
+    };
+    let regions: Vec<Region> = [(1, 1), (2, 3), (3, 1), (4, 2)]
+        .iter()
+        .map(|&(v, n)| install(&a, &code(v, n)))
+        .collect();
+    a.commit();
+    let movables: Vec<Arc<Movable>> = regions
+        .iter()
+        .map(|r| a.make_movable(r, r.exec_addr, None).unwrap())
+        .collect();
+    a.free_deferred(a.detach_movable(&movables[1]));
+    assert_eq!(a.reclaim(), 0);
+    let before = a.stats();
+    assert!(before.fragmentation_permille > 0);
+    let d_old = movables[3].entry();
+    // D borders the free tail and fits B's hole; its old copy is on its way out, so C borders
+    // the free space next and fits the rest of the hole: both move in one step.
+    assert_eq!(a.compact(1 << 20), 3 * CHUNK, "D and C move");
+    let d_new = movables[3].entry();
+    assert_eq!(d_new, regions[1].exec_addr, "into B's hole");
+    assert_eq!(movables[2].entry(), regions[1].exec_addr + 2 * CHUNK as u64);
+    assert_eq!(call(d_new), 4);
+    assert_eq!(call(movables[2].entry()), 3);
+    assert_eq!(
+        call(d_old),
+        4,
+        "the old copy stays until its grace period ends"
+    );
+    assert_eq!(
+        a.read_movable(&movables[3], 2 * CHUNK),
+        a.read_code(d_old, 2 * CHUNK)
+    );
+    let s = a.stats();
+    assert_eq!(
+        (s.moves, s.bytes_moved, s.pending_frees),
+        (2, 3 * CHUNK as u64, 2)
+    );
+    assert_eq!(a.reclaim(), 0);
+    let trap = a.trap_pattern();
+    assert_eq!(
+        a.read_code(d_old, trap.len()),
+        Some(trap.to_vec()),
+        "trap-filled"
+    );
+    assert_eq!(
+        a.stats().fragmentation_permille,
+        0,
+        "all free space in one run"
+    );
+    // Pinned code never moves; a freed program is not moved either.
+    assert_eq!(a.pin_movable(&movables[0]), regions[0].exec_addr);
+    assert!(movables[0].is_pinned());
+    assert_eq!(a.compact(1 << 20), 0);
+    for m in [&movables[0], &movables[2], &movables[3]] {
+        a.free_deferred(a.detach_movable(m));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+
+    let t = PackedArena::new(ArenaConfig {
+        map_mode: MapMode::Toggle,
+        ..ArenaConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        t.compaction(),
+        None,
+        "toggle-mode packs are sealed: nothing can move"
+    );
+    t.set_compaction(Some(Compaction::default()));
+    assert_eq!(t.compaction(), None);
+}

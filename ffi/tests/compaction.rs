@@ -1,0 +1,165 @@
+//! The C API's compaction calls (`packjit_runtime_set_compaction`, `packjit_runtime_compact`)
+//! with the host's real backend plugin: programs moved into holes keep their answers, a
+//! program whose raw entry was taken stays where it is, and off means off. Runs natively and
+//! under qemu-user (no child processes).
+
+#[path = "../src/lib.rs"]
+#[allow(dead_code, unused_imports)]
+mod packjit;
+use packjit::*;
+use std::ffi::{CStr, CString};
+use std::ptr::{null, null_mut};
+
+fn check(st: i32, what: &str) {
+    // SAFETY: never NULL, NUL-terminated.
+    let msg = unsafe { CStr::from_ptr(packjit_last_error()) }.to_string_lossy();
+    assert_eq!(st, PJ_OK, "{what}: {msg}");
+}
+
+/// `mov r0, k - (n - 2) ; (n - 2) x add r0, 1 ; exit`: returns k, n instructions long (an
+/// `add r0, 0` could be compiled to nothing).
+fn sized(n: usize, k: i32) -> Vec<u8> {
+    let mut v = vec![0xb7, 0, 0, 0];
+    v.extend_from_slice(&(k - (n as i32 - 2).max(0)).to_le_bytes());
+    for _ in 2..n {
+        v.extend_from_slice(&[0x07, 0, 0, 0, 1, 0, 0, 0]);
+    }
+    v.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
+    v
+}
+
+fn run(p: *mut PackjitProgram) -> u64 {
+    let mut r0 = 0;
+    // SAFETY: a live program; an empty context.
+    check(
+        unsafe { packjit_program_run(p, null_mut(), 0, &mut r0) },
+        "packjit_program_run",
+    );
+    r0
+}
+
+fn entry_addr(p: *mut PackjitProgram) -> u64 {
+    let mut info = PackjitProgramInfo {
+        struct_size: size_of::<PackjitProgramInfo>() as u32,
+        arch: 0,
+        executable: 0,
+        reserved: 0,
+        features: 0,
+        entry_addr: 0,
+        code_size: 0,
+        native_insns: 0,
+        backend: [0; PACKJIT_NAME_LEN],
+    };
+    // SAFETY: a live program; struct_size set.
+    check(
+        unsafe { packjit_program_info(p, &mut info) },
+        "packjit_program_info",
+    );
+    info.entry_addr
+}
+
+fn compact(rt: *mut PackjitRuntime) -> u64 {
+    let mut total = 0;
+    for _ in 0..100 {
+        let (mut moved, mut pending) = (0, 0);
+        // SAFETY: live runtime; valid out pointers.
+        check(
+            unsafe { packjit_reclaim(rt, &mut pending) },
+            "packjit_reclaim",
+        );
+        assert_eq!(pending, 0);
+        // SAFETY: as above.
+        check(
+            unsafe { packjit_runtime_compact(rt, u64::MAX, &mut moved) },
+            "packjit_runtime_compact",
+        );
+        if moved == 0 {
+            break;
+        }
+        total += moved;
+    }
+    total
+}
+
+#[test]
+fn compaction_through_the_c_api() {
+    let mut rt = null_mut();
+    // SAFETY: NULL config; valid out pointer.
+    check(
+        unsafe { packjit_runtime_create(null(), &mut rt) },
+        "packjit_runtime_create",
+    );
+    // The backend cdylibs sit next to this test binary (dev-dependencies).
+    let exe = std::env::current_exe().unwrap();
+    let dir = CString::new(exe.parent().unwrap().as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: live runtime; NUL-terminated path; NULL info.
+    check(
+        unsafe { packjit_load_host_plugin(rt, dir.as_ptr(), null_mut()) },
+        "packjit_load_host_plugin",
+    );
+    // Off while the holes are made, so that only the explicit calls below move code.
+    // SAFETY: live runtime.
+    check(
+        unsafe { packjit_runtime_set_compaction(rt, 1000, 0) },
+        "packjit_runtime_set_compaction",
+    );
+    let mut progs: Vec<(*mut PackjitProgram, u64)> = (0..40)
+        .map(|i| {
+            let code = sized(2 + (i * 53) % 500, i as i32 + 1);
+            let mut p = null_mut();
+            // SAFETY: live runtime; code borrowed for the call; NULL options.
+            check(
+                unsafe { packjit_program_load(rt, code.as_ptr(), code.len(), null(), &mut p) },
+                "packjit_program_load",
+            );
+            (p, i as u64 + 1)
+        })
+        .collect();
+    for (i, (p, _)) in progs.iter().enumerate() {
+        if i % 2 == 0 {
+            // SAFETY: live, freed once (dropped from the list below).
+            unsafe { packjit_program_free(*p) };
+        }
+    }
+    let mut i = 0;
+    progs.retain(|_| {
+        i += 1;
+        i % 2 == 0
+    });
+    assert_eq!(compact(rt), 0, "compaction is off");
+    // A host that takes the raw entry keeps the code where it is.
+    let mut entry: Option<PjProgramEntry> = None;
+    // SAFETY: live program; valid out pointer.
+    check(
+        unsafe { packjit_program_entry(progs[0].0, (&mut entry as *mut Option<_>).cast()) },
+        "packjit_program_entry",
+    );
+    let pinned = entry.unwrap() as usize as u64;
+    let before: Vec<u64> = progs.iter().map(|&(p, _)| entry_addr(p)).collect();
+    // SAFETY: live runtime.
+    check(
+        unsafe { packjit_runtime_set_compaction(rt, 0, 0) },
+        "packjit_runtime_set_compaction",
+    );
+    let moved = compact(rt);
+    assert!(moved > 0, "holes all over the pack: something moves");
+    let after: Vec<u64> = progs.iter().map(|&(p, _)| entry_addr(p)).collect();
+    assert_eq!(after[0], pinned, "the pinned program stays");
+    let n = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+    assert!(n > 0);
+    for &(p, k) in &progs {
+        assert_eq!(run(p), k);
+    }
+    println!("{n} of {} programs moved ({moved} bytes)", progs.len());
+    assert_eq!(
+        // SAFETY: a NULL runtime is refused with an error, not dereferenced.
+        unsafe { packjit_runtime_compact(null(), 1, null_mut()) },
+        PJ_ERR_INVALID_ARGUMENT
+    );
+    for (p, _) in progs {
+        // SAFETY: live, freed once.
+        unsafe { packjit_program_free(p) };
+    }
+    // SAFETY: live runtime, not used again.
+    unsafe { packjit_runtime_destroy(rt) };
+}

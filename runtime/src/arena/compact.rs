@@ -1,0 +1,316 @@
+//! Compaction: moving live programs so that each pack's free space stays in one run.
+//!
+//! Placement alone cannot keep free space together under churn: a program freed in the middle
+//! of a pack leaves a hole only a new program of at most its size can fill. Compiled images are
+//! position-independent (every backend emits its bytes before the arena picks an address:
+//! internal branches are pc-relative, helpers, regions and tables are absolute addresses
+//! materialised in registers), so a program can run from a copy anywhere in the arena.
+//!
+//! A move happens inside a commit, under the arena lock: the program's bytes are copied into a
+//! hole (through the RW view), the commit's one cache-maintenance pass covers the copy
+//! together with whatever else the batch wrote, then the program's entry switches to the copy
+//! (a release store; callers load it with acquire after pinning the epoch), and the old copy
+//! is freed like any program: after the epoch grace period, so a thread already running it
+//! finishes there. Which programs move: the ones bordering their pack's largest free run
+//! (so the space they leave joins it), each into the smallest hole elsewhere that fits it.
+
+use super::{mark_dirty, Alloc, Inner, Pack, State, CHUNK};
+use packjit_plugin_api::Region;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// When and how much code the arena moves (see the module docs of `arena`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compaction {
+    /// Move code while fragmentation (`ArenaStats::fragmentation_permille`) is above this.
+    pub threshold_permille: u32,
+    /// At most this many bytes of code are copied per commit (every load commits), so a
+    /// load never pays for more than a bounded copy (the first move of a step may exceed it
+    /// by one program). 0 = commits move nothing; only [`PackedArena::compact`] calls do
+    /// (maintenance the host schedules off its load path).
+    ///
+    /// [`PackedArena::compact`]: super::PackedArena::compact
+    pub step_bytes: usize,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Self {
+            threshold_permille: 50,
+            step_bytes: 32 << 10,
+        }
+    }
+}
+
+/// Told when a program's code moves (the runtime keeps its symbol index current with it).
+pub trait MoveListener: Send + Sync {
+    /// The code whose entry was at `old` now also runs at `new` (called under the arena lock,
+    /// after the copy is committed and just before callers switch to it).
+    fn moved(&self, old: u64, new: u64);
+    /// The old copy at `old` is about to be released (its grace period is over).
+    fn released(&self, old: u64);
+}
+
+/// Where a relocatable program's code is now. Shared by the program and the arena (which
+/// moves it); the position changes only under the arena lock.
+pub struct Movable {
+    /// Start of the current region (executable address).
+    exec: AtomicU64,
+    /// Pack id of the current region.
+    cookie: AtomicU64,
+    size: u64,
+    /// Entry point offset from the region start.
+    entry_off: u64,
+    pinned: AtomicBool,
+    listener: Option<Box<dyn MoveListener>>,
+}
+
+impl std::fmt::Debug for Movable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Movable")
+            .field("entry", &format_args!("{:#x}", self.entry()))
+            .field("pinned", &self.is_pinned())
+            .finish()
+    }
+}
+
+impl Movable {
+    pub(super) fn new(
+        region: &Region,
+        entry: u64,
+        listener: Option<Box<dyn MoveListener>>,
+    ) -> Self {
+        Self {
+            exec: AtomicU64::new(region.exec_addr),
+            cookie: AtomicU64::new(region.cookie),
+            size: region.size,
+            entry_off: entry - region.exec_addr,
+            pinned: AtomicBool::new(false),
+            listener,
+        }
+    }
+
+    /// The entry point now. A caller that runs it must have pinned the epoch BEFORE this
+    /// load: then a move after the load frees the old copy only once the caller unpins.
+    pub fn entry(&self) -> u64 {
+        // Acquire pairs with the release store in `publish`: the copy's bytes and its cache
+        // maintenance happen before any thread can see the new address.
+        self.exec.load(Ordering::Acquire) + self.entry_off
+    }
+
+    /// The region the code occupies now (stable while the arena lock is held or the program
+    /// is pinned).
+    pub fn region(&self) -> Region {
+        Region {
+            exec_addr: self.exec.load(Ordering::Acquire),
+            size: self.size,
+            cookie: self.cookie.load(Ordering::Acquire),
+        }
+    }
+
+    /// Whether the code is pinned (never moved again).
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_pinned(&self) {
+        self.pinned.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One relocation done in a commit, published once the commit's maintenance is done.
+pub(super) struct Move {
+    pub movable: Arc<Movable>,
+    pub old: Region,
+    pub new: Region,
+}
+
+impl Move {
+    /// Switches callers to the copy (under the arena lock, after the cache maintenance).
+    pub fn publish(&self) {
+        let m = &self.movable;
+        if let Some(l) = &m.listener {
+            l.moved(
+                self.old.exec_addr + m.entry_off,
+                self.new.exec_addr + m.entry_off,
+            );
+        }
+        m.cookie.store(self.new.cookie, Ordering::Release);
+        m.exec.store(self.new.exec_addr, Ordering::Release);
+    }
+
+    /// Tells the listener the old copy goes (run just before its chunks are released).
+    pub fn released(movable: &Movable, old: &Region) {
+        if let Some(l) = &movable.listener {
+            l.released(old.exec_addr + movable.entry_off);
+        }
+    }
+}
+
+/// `sum over packs (free - largest run) / sum free`, per mille (as `ArenaStats`).
+pub(super) fn fragmentation_permille(packs: &[Pack]) -> u32 {
+    let (mut free, mut split) = (0usize, 0usize);
+    for p in packs {
+        let (f, best) = p.free_runs();
+        free += f;
+        split += f - best;
+    }
+    (split * 1000).checked_div(free).unwrap_or(0) as u32
+}
+
+/// How far past old copies and freed programs waiting for their grace period a boundary
+/// search walks (they will join the free run once released).
+const WALK: usize = 8;
+
+/// The first movable allocation below (`up == false`) or above the free run
+/// `[start, start + len)`, stepping over adjacent allocations that are on their way out.
+fn boundary(p: &Pack, start: usize, len: usize, up: bool) -> Option<usize> {
+    let mut at = if up { start + len } else { start };
+    for _ in 0..WALK {
+        let (c, a) = if up {
+            let (&c, a) = p.allocs.range(at..).next()?;
+            (c, a)
+        } else {
+            let (&c, a) = p.allocs.range(..at).next_back()?;
+            (c, a)
+        };
+        // Only allocations touching the run (or a leaving one that touches it) count: past a
+        // free run the walk would pick a program whose best hole could be that very run,
+        // which joins the largest run anyway once the leaving copy is released.
+        let touching = if up { c == at } else { c + a.chunks == at };
+        if !touching {
+            return None;
+        }
+        if a.movable.is_some() {
+            return Some(c);
+        }
+        if !a.leaving {
+            return None;
+        }
+        at = if up { c + a.chunks } else { c };
+    }
+    None
+}
+
+/// The smallest free run of at least `n` chunks that is not its pack's largest run:
+/// (pack index, first chunk).
+fn best_hole(packs: &[Pack], n: usize) -> Option<(usize, usize)> {
+    packs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !p.sealed)
+        .filter_map(|(i, p)| {
+            let largest = p.free_by_len.last().copied();
+            p.free_by_len
+                .range((n, 0)..)
+                .find(|&&r| Some(r) != largest)
+                .map(|&(len, c)| ((len, p.chunks() - p.used_chunks), (i, c)))
+        })
+        .min_by_key(|&(key, _)| key)
+        .map(|(_, at)| at)
+}
+
+/// One compaction step under the lock: moves programs (copy + dirty marking) while
+/// fragmentation is above the threshold and `budget` bytes last. The caller commits, then
+/// publishes each move and frees the old copies after their grace period.
+pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<Move> {
+    let Some(cfg) = st.compaction else {
+        return Vec::new();
+    };
+    // A search that found nothing stays fruitless until chunks are released: a release makes
+    // or widens a hole, or takes away an old copy blocking a boundary. (Placements only fill
+    // holes, and a program placed at a run's edge fitted no hole when it was placed.)
+    if st.fruitless == Some(st.releases) && budget.is_none() {
+        return Vec::new();
+    }
+    let mut left = budget.unwrap_or(cfg.step_bytes);
+    let mut moves = Vec::new();
+    while left > 0 && fragmentation_permille(&st.packs) > cfg.threshold_permille {
+        // The first move of a step may exceed the budget (a program larger than the step
+        // would otherwise never move); later ones must fit what is left.
+        let room = if moves.is_empty() { usize::MAX } else { left };
+        let Some((src, dst)) = pick(&st.packs, room) else {
+            if moves.is_empty() {
+                // Nothing movable at all (not merely nothing within what is left).
+                st.fruitless = Some(st.releases);
+            }
+            break;
+        };
+        let n = st.packs[src.0].allocs[&src.1].chunks;
+        moves.push(relocate(inner, st, src, dst));
+        left = left.saturating_sub(n * CHUNK);
+    }
+    moves
+}
+
+/// Chooses a move: ((pack, chunk) of the program, (pack, chunk) of its new place).
+fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))> {
+    // Packs with the most split space first: that is where a move gains most. (A handful of
+    // packs: repeated maximum, no allocation.)
+    let split = |i: usize| {
+        let (f, best) = packs[i].free_runs();
+        f - best
+    };
+    let count = packs.len().min(64);
+    let mut tried = 0u64; // one bit per pack
+    for _ in 0..count {
+        let pi = (0..count)
+            .filter(|&i| tried & (1 << i) == 0 && !packs[i].sealed)
+            .map(|i| (split(i), i))
+            .filter(|&(s, _)| s > 0)
+            .max()?
+            .1;
+        tried |= 1 << pi;
+        let p = &packs[pi];
+        let Some(&(len, start)) = p.free_by_len.last() else {
+            continue;
+        };
+        for up in [false, true] {
+            let Some(c) = boundary(p, start, len, up) else {
+                continue;
+            };
+            let n = p.allocs[&c].chunks;
+            if n * CHUNK > left {
+                continue;
+            }
+            // Only into a hole: every such move shrinks a hole and grows the largest run by
+            // the same amount (once the old copy is released). A program that fits no hole
+            // stays; new holes (frees) are what unblock it.
+            if let Some(dst) = best_hole(packs, n) {
+                return Some(((pi, c), dst));
+            }
+        }
+    }
+    None
+}
+
+/// Copies the program at `src` to the free chunks at `dst` and marks the copy dirty.
+fn relocate(inner: &Inner, st: &mut State, src: (usize, usize), dst: (usize, usize)) -> Move {
+    let (n, code, movable) = {
+        let a: &mut Alloc = st.packs[src.0].allocs.get_mut(&src.1).expect("a program");
+        a.leaving = true;
+        (a.chunks, a.code, a.movable.take().expect("movable"))
+    };
+    let new = inner.place(st, dst.0, dst.1, n);
+    {
+        let a = st.packs[dst.0].allocs.get_mut(&dst.1).expect("placed");
+        a.code = code;
+        a.movable = Some(movable.clone());
+    }
+    let (sp, dp) = (&st.packs[src.0], &st.packs[dst.0]);
+    // SAFETY: both ranges lie inside RW views of live packs; the destination was free and the
+    // source is allocated, so they do not overlap. `code` ≤ the region size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(sp.rw.add(src.1 * CHUNK), dp.rw.add(dst.1 * CHUNK), code)
+    };
+    let old = Region {
+        exec_addr: sp.rx as u64 + (src.1 * CHUNK) as u64,
+        size: (n * CHUNK) as u64,
+        cookie: sp.id,
+    };
+    let start = new.exec_addr as usize;
+    mark_dirty(&mut st.dirty, start, start + code.div_ceil(CHUNK) * CHUNK);
+    inner.moves.fetch_add(1, Ordering::Relaxed);
+    inner.bytes_moved.fetch_add(code as u64, Ordering::Relaxed);
+    Move { movable, old, new }
+}
