@@ -112,21 +112,27 @@ fn freed_chunks_are_reused_by_other_programs_while_threads_run_the_pack() {
         .map(|i| Arc::new(rt.load(&ret(100 + i), &opts).unwrap()))
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
+    let calls: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new((0..neighbours.len()).map(|_| Default::default()).collect());
     let runners: Vec<_> = neighbours
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let (p, stop) = (p.clone(), stop.clone());
+            let (p, stop, calls) = (p.clone(), stop.clone(), calls.clone());
             std::thread::spawn(move || {
-                let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     assert_eq!(p.call(&mut []).unwrap(), 100 + i as u64);
-                    n += 1;
+                    calls[i].fetch_add(1, Ordering::Relaxed);
                 }
-                n
             })
         })
         .collect();
+    // The rounds start once every runner is running the pack (on a loaded machine a
+    // thread can otherwise first be scheduled after they are over).
+    while calls.iter().any(|c| c.load(Ordering::Relaxed) == 0) {
+        std::thread::yield_now();
+    }
+    let before: Vec<u64> = calls.iter().map(|c| c.load(Ordering::Relaxed)).collect();
     for round in 0..25 {
         let old = rt.load(&ret(1000 + round), &opts).unwrap();
         assert_eq!(old.call(&mut []).unwrap(), 1000 + round as u64);
@@ -143,10 +149,18 @@ fn freed_chunks_are_reused_by_other_programs_while_threads_run_the_pack() {
         drop(new);
         assert_eq!(rt.reclaim(), 0);
     }
+    let during: Vec<u64> = calls.iter().map(|c| c.load(Ordering::Relaxed)).collect();
     stop.store(true, Ordering::Relaxed);
     for t in runners {
-        assert!(t.join().unwrap() > 0);
+        t.join().unwrap();
     }
+    // Every runner ran the pack while chunks were freed and reused around it (a runner
+    // preempted for all 25 rounds is possible in principle on a loaded machine, but the
+    // rounds take milliseconds; at least one must have overlapped them).
+    assert!(
+        before.iter().zip(&during).any(|(b, d)| d > b),
+        "no runner called during the rounds: {before:?} -> {during:?}"
+    );
 }
 
 // Executing needs a host with a backend: x86-64 natively, arm64 / riscv64 under qemu-user.
