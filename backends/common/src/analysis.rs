@@ -79,18 +79,21 @@ pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
 ///
 /// Conservative where a backend could otherwise be surprised: calls kill only r0 (what a
 /// caller-saved r1–r5 holds after a helper is not defined, but it may well be the value from
-/// before the call, so that value counts as live), and a local call reads all of r1–r5.
+/// before the call, so that value counts as live), a local call reads all of r1–r5, and the
+/// `exit` of a called function reads r0–r5 (its caller may read them after the call, which
+/// RFC 9669 leaves undefined but the registers are shared, so that value counts too).
 /// Iterates to the fixpoint; each pass is linear and a pass only repeats when a loop carries
 /// a new bit backwards, so a function takes about as many passes as its loop nesting depth.
 pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
     let mut live = vec![0u16; end - start + 1];
+    let at_exit = if start == 0 { 1 } else { 1 | ARG_REGS };
     loop {
         let mut changed = false;
         for i in (start..end).rev() {
             let op = &prog.insts[i].op;
             let at = |j: usize| live[j - start];
             let out = match *op {
-                Op::Exit => 0,
+                Op::Exit => at_exit,
                 Op::Ja { target } => at(target),
                 Op::Jcond { target, .. } => at(i + 1) | at(target),
                 _ => at(i + 1),

@@ -638,6 +638,28 @@ mod tests {
     }
 
     #[test]
+    fn a_called_function_leaves_its_argument_registers_alone() {
+        // main: call sub ; exit. sub: the benchmark's stack walk ; exit. The caller may read
+        // r1–r5 after the call, so none of them is dead at the walk's exit: no shadow.
+        let code = [
+            ins(0x85, 0, 1, 0, 1), // call +1
+            EXIT,
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 3, 10, 0, 0),
+            ins(0x07, 3, 0, 0, -512),
+            ins(0x79, 4, 3, 0, 0), // 5: head
+            ins(0x0f, 0, 4, 0, 0),
+            ins(0x07, 3, 0, 0, 8),
+            ins(JNE, 3, 10, -4, 0),
+            EXIT,
+        ]
+        .concat();
+        let a = plan_accesses(&crate::decode(&code, &[]).unwrap(), true);
+        assert_eq!(a.checks[5], AccessCheck::Walked);
+        assert_eq!((a.walks[0].shadow, a.walks[0].limit), (None, None));
+    }
+
+    #[test]
     fn context_walks_get_an_entry_guard() {
         // The bench's context hash: `r4 = *(u64 *)(r3 + 0) ; … ; r3 += 8 ; if r3 < r2`.
         let load = ins(0x79, 4, 3, 0, 0);
