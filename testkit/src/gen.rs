@@ -1808,41 +1808,42 @@ pub fn ctx_walk_program(seed: u64) -> (Vec<u8>, usize) {
     if rnd(3) == 0 {
         p.push(ins(0xbf, 5, 4, 0, 0)); // r5 = r4 (one caller-saved register less)
     }
-    let early_exit = rnd(4) == 0;
-    if early_exit {
-        p.push(ins(0x25, 0, 0, 0, 1 << 30)); // if r0 > 2^30 goto out (patched below)
-    }
-    let exit_jump = p.len() - 1;
-    p.push(ins(0x07, 3, 0, 0, step)); // r3 += step
-    if rnd(3) == 0 {
-        access(&mut p, &mut rnd);
-    }
-    close_walk(
-        &mut p,
-        head,
-        bound,
-        rnd(6),
-        early_exit.then_some((exit_jump, 1 << 30)),
-    );
+    close_walk(&mut p, &mut rnd, &access, head, bound, step, 1 << 30);
     p.push(ins(0xb7, 0, 0, 0, 7)); // out: r0 = 7
     p.push(ins(0x95, 0, 0, 0, 0));
     (p.concat(), len)
 }
 
-/// Ends a generated walk over r3: the back-edge to `head` with exit test `kind` (0–5: `!=`
-/// in both operand orders, `<`, `>`, `<=`, `>=` against `bound`), then `exit`. The early
-/// exit at `early_exit` (`if r0 > imm`), if any, is aimed past that `exit`, at whatever the
-/// caller adds next.
+/// A generated walk's access through r3: pushes its instructions, choosing with the random
+/// source it is given.
+type PushAccess<'a> = dyn Fn(&mut Vec<[u8; 8]>, &mut dyn FnMut(u64) -> u64) + 'a;
+
+/// Ends a generated walk over r3 (random choices from `rnd`): sometimes an early exit
+/// (`if r0 > exit_above`, which leaves the loop, so the walk stays provable), `r3 += step`,
+/// sometimes one more `access` after the step (through a shadow register its offset moves by
+/// the step), the back-edge to `head` with an exit test of every kind (`!=` in both operand
+/// orders, `<`, `>`, `<=`, `>=` against `bound`), then `exit`. The early exit lands past
+/// that `exit`, at whatever the caller adds next.
 fn close_walk(
     p: &mut Vec<[u8; 8]>,
+    rnd: &mut dyn FnMut(u64) -> u64,
+    access: &PushAccess<'_>,
     head: usize,
     bound: u8,
-    kind: u64,
-    early_exit: Option<(usize, i32)>,
+    step: i32,
+    exit_above: i32,
 ) {
     use packjit_frontend::encode_insn as ins;
+    let early_exit = (rnd(4) == 0).then(|| {
+        p.push(ins(0x25, 0, 0, 0, exit_above)); // if r0 > exit_above goto out (patched below)
+        p.len() - 1
+    });
+    p.push(ins(0x07, 3, 0, 0, step)); // r3 += step
+    if rnd(3) == 0 {
+        access(p, rnd);
+    }
     let back = head as i64 - (p.len() as i64 + 1);
-    let (op, dst, src) = match kind {
+    let (op, dst, src) = match rnd(6) {
         0 => (0x5d, 3, bound), // r3 != bound
         1 => (0x5d, bound, 3),
         2 => (0xad, 3, bound), // r3 < bound
@@ -1852,8 +1853,8 @@ fn close_walk(
     };
     p.push(ins(op, dst, src, back as i16, 0));
     p.push(ins(0x95, 0, 0, 0, 0));
-    if let Some((at, imm)) = early_exit {
-        p[at] = ins(0x25, 0, 0, (p.len() - at - 1) as i16, imm);
+    if let Some(at) = early_exit {
+        p[at] = ins(0x25, 0, 0, (p.len() - at - 1) as i16, exit_above);
     }
 }
 
@@ -1949,24 +1950,8 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
             p.push(ins(0xbf, 5, 0, 0, 0)); // r5 = r0
         }
     }
-    let early_exit = rnd(4) == 0;
-    if early_exit {
-        // An early exit: leaves the loop, so the walk stays provable. Its target reads r2.
-        p.push(ins(0x25, 0, 0, 0, 1 << 20)); // if r0 > 2^20 goto out (patched below)
-    }
-    let exit_jump = p.len() - 1;
-    p.push(ins(0x07, 3, 0, 0, step)); // r3 += step
-    if rnd(3) == 0 {
-        // An access after the step: through the shadow, its offset moves by the step.
-        access(&mut p, &mut rnd);
-    }
-    close_walk(
-        &mut p,
-        head,
-        bound,
-        rnd(6),
-        early_exit.then_some((exit_jump, 1 << 20)),
-    );
+    // Its early exit's target reads r2.
+    close_walk(&mut p, &mut rnd, &access, head, bound, step, 1 << 20);
     p.push(ins(0x0f, 0, 2, 0, 0)); // out: r0 += r2 (the context length)
     p.push(ins(0x95, 0, 0, 0, 0));
     p.concat()
