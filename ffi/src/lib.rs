@@ -322,6 +322,23 @@ pub struct PackjitProgramInfo {
     pub backend: [c_char; PACKJIT_NAME_LEN],
 }
 
+impl Default for PackjitProgramInfo {
+    /// All zero with `struct_size` set: what `packjit_program_info` expects to be handed.
+    fn default() -> Self {
+        PackjitProgramInfo {
+            struct_size: size_of::<PackjitProgramInfo>() as u32,
+            arch: 0,
+            executable: 0,
+            reserved: 0,
+            features: 0,
+            entry_addr: 0,
+            code_size: 0,
+            native_insns: 0,
+            backend: [0; PACKJIT_NAME_LEN],
+        }
+    }
+}
+
 /// [`PackjitBuiltins`]: the built-in helper is inlined into the code.
 pub const PACKJIT_BUILTIN_INLINE: u32 = 1;
 /// [`PackjitBuiltins`]: the built-in helper is a call (`sched_getcpu` /

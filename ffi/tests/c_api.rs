@@ -228,17 +228,7 @@ fn c_backend_loads_compiles_and_runs() {
     }
 
     let p = rt.load(&mov_r0(42)).unwrap();
-    let mut pi = PackjitProgramInfo {
-        struct_size: size_of::<PackjitProgramInfo>() as u32,
-        arch: 0,
-        executable: 0,
-        reserved: 0,
-        features: 0,
-        entry_addr: 0,
-        code_size: 0,
-        native_insns: 0,
-        backend: [0; PACKJIT_NAME_LEN],
-    };
+    let mut pi = PackjitProgramInfo::default();
     // SAFETY: valid arguments.
     assert_eq!(unsafe { packjit_program_info(p, &mut pi) }, PJ_OK);
     assert_eq!(pi.arch, host_arch_code());

@@ -39,17 +39,7 @@ fn run(p: *mut PackjitProgram) -> u64 {
 }
 
 fn entry_addr(p: *mut PackjitProgram) -> u64 {
-    let mut info = PackjitProgramInfo {
-        struct_size: size_of::<PackjitProgramInfo>() as u32,
-        arch: 0,
-        executable: 0,
-        reserved: 0,
-        features: 0,
-        entry_addr: 0,
-        code_size: 0,
-        native_insns: 0,
-        backend: [0; PACKJIT_NAME_LEN],
-    };
+    let mut info = PackjitProgramInfo::default();
     // SAFETY: a live program; struct_size set.
     check(
         unsafe { packjit_program_info(p, &mut info) },
