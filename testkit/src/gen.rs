@@ -1656,6 +1656,19 @@ pub fn sized_program(n: usize, functions: usize) -> Vec<u8> {
     out
 }
 
+/// A program generator's random choices: `rnd(n)` is in `0..n`, from a xorshift stream
+/// seeded by `seed` scrambled with `mix` (a generator may pick its own, to draw a stream
+/// unrelated to another's from the same seed).
+fn seeded_choices(seed: u64, mix: u64) -> impl FnMut(u64) -> u64 {
+    let mut x = seed.wrapping_mul(mix) | 1;
+    move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    }
+}
+
 /// A random program for the sandbox's check groups: context accesses (and masked, provable
 /// stack accesses) off one base register, with a context length that may cut through the
 /// group. Half of them run the accesses in a loop of 1–3 iterations, whose back-edge
@@ -1665,13 +1678,7 @@ pub fn sized_program(n: usize, functions: usize) -> Vec<u8> {
 /// pc, address, size and direction must agree.
 pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
     use packjit_frontend::encode_insn as ins;
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut rnd = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut rnd = seeded_choices(seed, 0x9e37_79b9_7f4a_7c15);
     let mov = |d: u8, s: u8| ins(0xbf, d, s, 0, 0);
     let addi = |d: u8, i: i32| ins(0x07, d, 0, 0, i);
     let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
@@ -1758,13 +1765,7 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
 /// does).
 pub fn ctx_walk_program(seed: u64) -> (Vec<u8>, usize) {
     use packjit_frontend::encode_insn as ins;
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut rnd = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut rnd = seeded_choices(seed, 0x9e37_79b9_7f4a_7c15);
     let len = [0, 1, 7, 8, 16, 24, 64, 64, 100, 256, 256, 300][rnd(12) as usize];
     let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
     let start = [0, 0, 0, 8, 3, 16, 64][rnd(7) as usize];
@@ -1885,13 +1886,7 @@ pub fn check_ctx_walk_seed(target: &JitTarget<'_>, seed: u64) -> Result<EscapeCh
 /// it against the reference (r0, or the stop's pc, address, size and direction).
 pub fn walk_program(seed: u64) -> Vec<u8> {
     use packjit_frontend::encode_insn as ins;
-    let mut x = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
-    let mut rnd = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut rnd = seeded_choices(seed, 0x2545_f491_4f6c_dd1d);
     let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
     // Fill the frame: r10 - 8k = k * 3 + 1.
     for k in 1..=64i16 {
