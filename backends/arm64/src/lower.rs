@@ -17,6 +17,7 @@ use packjit_frontend::{
     Width::W64, R10, STACK_SIZE,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+use std::ops::RangeInclusive;
 
 use crate::encode::*;
 use crate::frame::{plan, Plan};
@@ -162,6 +163,15 @@ pub(crate) enum Cold {
         label: DynamicLabel,
         charge: u64,
     },
+}
+
+/// What a checked copy ([`Emitter::checked_copy`]) copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyOf {
+    /// A check group's members.
+    Group,
+    /// A guarded walk's loop, back-edge included.
+    Loop,
 }
 
 pub(crate) struct Emitter<'a> {
@@ -1583,40 +1593,40 @@ impl<'a> Emitter<'a> {
         );
     }
 
+    /// The checked copy of the instructions `range` at `label` (a loop's back-edge then goes
+    /// to the copy's own head), then on after them: neither a group nor a loop ends its
+    /// function.
+    fn checked_copy(
+        &mut self,
+        label: DynamicLabel,
+        range: RangeInclusive<usize>,
+        of: CopyOf,
+    ) -> Result<(), CompileError> {
+        let k = self.prog.subprog_of(*range.start());
+        let next = self.labels[range.end() + 1];
+        a64!(self.ops; =>label);
+        self.copy = true;
+        self.copy_head = (of == CopyOf::Loop).then_some(label);
+        for i in range {
+            self.cur = i;
+            let inst = self.prog.insts[i];
+            self.inst(k, i, &inst)?;
+        }
+        (self.copy, self.copy_head) = (false, None);
+        self.b(next);
+        Ok(())
+    }
+
     /// The out-of-line side of a check or a charge.
     pub(crate) fn cold(&mut self, cold: Cold) -> Result<(), CompileError> {
         match cold {
             Cold::Group { group, label } => {
-                let (first, last) = {
-                    let g = &self.plan.access.groups[group];
-                    (g.first, g.last)
-                };
-                let k = self.prog.subprog_of(first);
-                a64!(self.ops; =>label);
-                self.copy = true;
-                for i in first..=last {
-                    self.cur = i;
-                    let inst = self.prog.insts[i];
-                    self.inst(k, i, &inst)?;
-                }
-                self.copy = false;
-                // A group never ends its function (a member is followed by more code).
-                self.b(self.labels[last + 1]);
+                let g = &self.plan.access.groups[group];
+                self.checked_copy(label, g.first..=g.last, CopyOf::Group)?;
             }
             Cold::Walk { walk, label } => {
-                let w = self.plan.access.walks[walk];
-                let k = self.prog.subprog_of(w.head);
-                let head = self.ops.new_dynamic_label();
-                a64!(self.ops; =>label ; =>head);
-                (self.copy, self.copy_head) = (true, Some(head));
-                for i in w.head..=w.back_edge {
-                    self.cur = i;
-                    let inst = self.prog.insts[i];
-                    self.inst(k, i, &inst)?;
-                }
-                (self.copy, self.copy_head) = (false, None);
-                // The back-edge falls through: a loop never ends its function.
-                self.b(self.labels[w.back_edge + 1]);
+                let w = &self.plan.access.walks[walk];
+                self.checked_copy(label, w.head..=w.back_edge, CopyOf::Loop)?;
             }
             Cold::Budget {
                 inst,

@@ -35,6 +35,7 @@ use packjit_plugin_api::abi::{
     PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+use std::ops::RangeInclusive;
 use Width::{W32, W64};
 
 /// The per-CPU mov's table address and how helper 8 (its CPU id) is lowered: a call or the
@@ -118,6 +119,15 @@ enum Cold {
     Walk { label: DynamicLabel, walk: usize },
     /// The budget cannot pay for the jump or call at `pc`: stop there.
     Budget { label: DynamicLabel, pc: usize },
+}
+
+/// What a checked copy ([`Codegen::checked_copy`]) copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyOf {
+    /// A check group's members.
+    Group,
+    /// A guarded walk's loop, back-edge included.
+    Loop,
 }
 
 pub struct Codegen<'a> {
@@ -1227,6 +1237,24 @@ impl<'a> Codegen<'a> {
         self.e.rrr(R3::Or, T3, T3, T4);
     }
 
+    /// The checked copy of the instructions `range` at `label` (a loop's back-edge then goes
+    /// to the copy's own head), then on after them: neither a group nor a loop ends its
+    /// function.
+    fn checked_copy(&mut self, label: DynamicLabel, range: RangeInclusive<usize>, of: CopyOf) {
+        let k = self.prog.subprog_of(*range.start());
+        let next = self.insn_labels[range.end() + 1];
+        self.e.bind(label);
+        self.copy = true;
+        self.copy_head = (of == CopyOf::Loop).then_some(label);
+        for i in range {
+            let inst = self.prog.insts[i];
+            self.cur = i;
+            self.inst(k, i, &inst, false);
+        }
+        (self.copy, self.copy_head) = (false, None);
+        self.jump(next);
+    }
+
     fn emit_cold(&mut self, c: Cold) {
         match c {
             Cold::Budget { label, pc } => {
@@ -1236,39 +1264,12 @@ impl<'a> Codegen<'a> {
                 self.jump(l);
             }
             Cold::Group { label, group } => {
-                let (first, last) = {
-                    let g = &self.access.groups[group];
-                    (g.first, g.last)
-                };
-                let k = self.prog.subprog_of(first);
-                self.e.bind(label);
-                self.copy = true;
-                for i in first..=last {
-                    let inst = self.prog.insts[i];
-                    self.cur = i;
-                    self.inst(k, i, &inst, false);
-                }
-                self.copy = false;
-                // A group never ends its function (a member is followed by more code).
-                let next = self.insn_labels[last + 1];
-                self.jump(next);
+                let g = &self.access.groups[group];
+                self.checked_copy(label, g.first..=g.last, CopyOf::Group);
             }
             Cold::Walk { label, walk } => {
-                let w = self.access.walks[walk];
-                let k = self.prog.subprog_of(w.head);
-                let head = self.e.new_label();
-                self.e.bind(label);
-                self.e.bind(head);
-                (self.copy, self.copy_head) = (true, Some(head));
-                for i in w.head..=w.back_edge {
-                    let inst = self.prog.insts[i];
-                    self.cur = i;
-                    self.inst(k, i, &inst, false);
-                }
-                (self.copy, self.copy_head) = (false, None);
-                // The back-edge falls through: a loop never ends its function.
-                let next = self.insn_labels[w.back_edge + 1];
-                self.jump(next);
+                let w = &self.access.walks[walk];
+                self.checked_copy(label, w.head..=w.back_edge, CopyOf::Loop);
             }
             Cold::Access {
                 label,

@@ -22,6 +22,7 @@ use packjit_frontend::{
 };
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+use std::ops::RangeInclusive;
 
 /// An env field offset as a `disp8`, for `dynasm!` text: dynasm sizes a displacement only
 /// when it is a literal, so the env offsets (Rust constants) are passed as `BYTE`s, and
@@ -151,6 +152,15 @@ enum Stop {
     Budget,
     /// `callx` id with no helper: id in the given register.
     Callx { reg: Gpr },
+}
+
+/// What a checked copy ([`Emitter::checked_copy`]) copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyOf {
+    /// A check group's members.
+    Group,
+    /// A guarded walk's loop, back-edge included.
+    Loop,
 }
 
 /// Rarely taken code, kept out of the straight-line path.
@@ -1811,6 +1821,32 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    /// The checked copy of the instructions `range` at `at` (a loop's back-edge then goes to
+    /// the copy's own head); the caller goes on from its end.
+    fn checked_copy(
+        &mut self,
+        at: Label,
+        range: RangeInclusive<usize>,
+        of: CopyOf,
+    ) -> Result<(), CompileError> {
+        let k = self.prog.subprog_of(*range.start());
+        self.e.bind(at);
+        self.copy = true;
+        self.copy_head = (of == CopyOf::Loop).then_some(at);
+        self.skip = None;
+        for i in range {
+            if self.skip == Some(i) {
+                // Fused into the previous instruction (also in this copy).
+                continue;
+            }
+            let inst = self.prog.insts[i];
+            self.cur = i;
+            self.inst(i, k, &inst)?;
+        }
+        (self.copy, self.copy_head, self.skip) = (false, None, None);
+        Ok(())
+    }
+
     fn cold_round(&mut self) -> Result<(), CompileError> {
         for c in std::mem::take(&mut self.cold) {
             match c {
@@ -1839,25 +1875,11 @@ impl<'a> Emitter<'a> {
                     self.other_regions(back, pc, n, write, stack_tried);
                 }
                 Cold::Group { at, group } => {
-                    let (first, last) = {
-                        let g = &self.plan.access.groups[group];
-                        (g.first, g.last)
-                    };
-                    let k = self.prog.subprog_of(first);
-                    self.e.bind(at);
-                    self.copy = true;
-                    self.skip = None;
-                    for i in first..=last {
-                        if self.skip == Some(i) {
-                            // Fused into the previous instruction (also in this copy).
-                            continue;
-                        }
-                        let inst = self.prog.insts[i];
-                        self.cur = i;
-                        self.inst(i, k, &inst)?;
-                    }
-                    self.copy = false;
-                    if self.plan.access.groups[group].reentered && self.clamp {
+                    let g = &self.plan.access.groups[group];
+                    let (range, reentered) = (g.first..=g.last, g.reentered);
+                    let last = g.last;
+                    self.checked_copy(at, range, CopyOf::Group)?;
+                    if reentered && self.clamp {
                         // A jump may later skip this group's check, trusting the base: no
                         // instruction after this point runs before every member's check
                         // above has resolved, so a mispredicted one cannot carry an
@@ -1866,28 +1888,15 @@ impl<'a> Emitter<'a> {
                     }
                     // On after the group; an instruction fused into the last member was
                     // done by it, and its label is where the one after it starts.
-                    self.skip = None;
                     let next = self.inst_label[last + 1];
                     self.e.jump(None, next);
                 }
                 Cold::Walk { at, walk } => {
-                    let w = self.plan.access.walks[walk];
-                    let k = self.prog.subprog_of(w.head);
-                    let head = self.e.label();
-                    self.e.bind(at);
-                    self.e.bind(head);
-                    (self.copy, self.copy_head, self.skip) = (true, Some(head), None);
-                    for i in w.head..=w.back_edge {
-                        if self.skip == Some(i) {
-                            continue;
-                        }
-                        let inst = self.prog.insts[i];
-                        self.cur = i;
-                        self.inst(i, k, &inst)?;
-                    }
-                    (self.copy, self.copy_head, self.skip) = (false, None, None);
+                    let w = &self.plan.access.walks[walk];
+                    let (range, back_edge) = (w.head..=w.back_edge, w.back_edge);
+                    self.checked_copy(at, range, CopyOf::Loop)?;
                     // The back-edge falls through: a loop never ends its function.
-                    let next = self.inst_label[w.back_edge + 1];
+                    let next = self.inst_label[back_edge + 1];
                     self.e.jump(None, next);
                 }
                 Cold::DivZero { at, back, sz, rem } => {
