@@ -121,6 +121,25 @@ struct Fixup {
     label: Label,
 }
 
+impl Fixup {
+    /// The displacement to the bound label, and whether it fits the field's width.
+    fn displacement(
+        &self,
+        labels: &dynasmrt::components::LabelRegistry,
+    ) -> Result<(i64, bool), String> {
+        let target = labels
+            .resolve_dynamic(self.label)
+            .map_err(|_| format!("internal: label {} never bound", self.label.get_id()))?
+            .0;
+        let disp = target as i64 - self.end as i64;
+        let fits = match self.width {
+            1 => i8::try_from(disp).is_ok(),
+            _ => i32::try_from(disp).is_ok(),
+        };
+        Ok((disp, fits))
+    }
+}
+
 /// Operand size of a general-purpose operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sz {
@@ -494,15 +513,7 @@ impl Enc {
         let labels = self.ops.labels();
         let mut fit = true;
         for f in &self.fixups {
-            let target = labels
-                .resolve_dynamic(f.label)
-                .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
-                .0;
-            let disp = target as i64 - f.end as i64;
-            fit &= match f.width {
-                1 => i8::try_from(disp).is_ok(),
-                _ => i32::try_from(disp).is_ok(),
-            };
+            fit &= f.displacement(labels)?.1;
         }
         Ok(fit)
     }
@@ -546,15 +557,7 @@ impl Enc {
         let labels = self.ops.labels();
         let mut patches = Vec::with_capacity(self.fixups.len());
         for f in &self.fixups {
-            let target = labels
-                .resolve_dynamic(f.label)
-                .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
-                .0;
-            let disp = target as i64 - f.end as i64;
-            let fits = match f.width {
-                1 => i8::try_from(disp).is_ok(),
-                _ => i32::try_from(disp).is_ok(),
-            };
+            let (disp, fits) = f.displacement(labels)?;
             if !fits {
                 return Err(format!(
                     "internal: branch at {} does not reach its label (displacement {disp})",
