@@ -23,9 +23,9 @@
 //! which is why the entry saves every callee-saved register any function touches.
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
-use packjit_frontend::analysis::{reads_r10, stack_block_size};
+use packjit_frontend::analysis::{entry_zeroing, reads_r10, stack_block_size};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
-use packjit_frontend::{Inst, Op, Program, STACK_SIZE};
+use packjit_frontend::{Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
     PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
@@ -60,72 +60,6 @@ pub(crate) struct Plan {
     pub(crate) access: AccessPlan,
 }
 
-/// BPF registers `op` reads: the front end's rule (see `analysis::regs_read`).
-fn reads(op: &Op, callee_reads: u16) -> u16 {
-    packjit_frontend::analysis::regs_read(op, callee_reads)
-}
-
-/// r1–r5.
-const ARGS: u16 = packjit_frontend::analysis::ARG_REGS;
-
-/// Registers a function may read before writing them, given it starts with `written`
-/// defined. Exact for its first basic block (where straight-line initialisation happens);
-/// past it, any register read anywhere that the block did not write counts.
-fn exposed(insts: &[Inst], is_target: &[bool], mut written: u16, callee_reads: u16) -> u16 {
-    let mut early = 0u16;
-    for (i, inst) in insts.iter().enumerate() {
-        if i > 0 && is_target[i] {
-            break;
-        }
-        early |= reads(&inst.op, callee_reads) & !written;
-        if let Some(w) = inst.op.written_reg() {
-            written |= 1 << w;
-        }
-        if matches!(inst.op, Op::CallHelper { .. } | Op::CallReg { .. }) {
-            // r1–r5 hold what the helper left: not the host's entry values.
-            written |= ARGS;
-        }
-        if matches!(inst.op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit) {
-            break;
-        }
-    }
-    let anywhere = insts
-        .iter()
-        .fold(0u16, |a, i| a | reads(&i.op, callee_reads));
-    early | (anywhere & !written)
-}
-
-/// Which of r0 and r3–r9 the entry must zero so nothing of the host leaks in: those it may
-/// read before writing, directly or through a callee.
-fn entry_zeroing(prog: &Program) -> u16 {
-    const CANDIDATES: u16 = 0b11_1111_1001;
-    // What any callee may read of its caller's registers; callees calling callees make this
-    // a fixed point (monotone in 10 bits, so a few rounds).
-    let mut callee_reads = 0u16;
-    loop {
-        let next = prog.subprogs[1..].iter().fold(0u16, |a, sp| {
-            a | exposed(
-                &prog.insts[sp.start..sp.end],
-                &prog.is_target[sp.start..sp.end],
-                0,
-                callee_reads,
-            )
-        });
-        if next == callee_reads {
-            break;
-        }
-        callee_reads = next;
-    }
-    let entry = &prog.subprogs[0];
-    // r1 and r2 (ctx, len) are the entry's arguments.
-    exposed(
-        &prog.insts[entry.start..entry.end],
-        &prog.is_target[entry.start..entry.end],
-        0b110,
-        callee_reads,
-    ) & CANDIDATES
-}
-
 pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) -> Plan {
     let has_callx = prog
         .insts
@@ -138,7 +72,7 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
         0
     };
     let all_writes = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.writes);
-    let zero = entry_zeroing(prog);
+    let zero = entry_zeroing(prog, |_| 0);
     let frames = prog
         .subprogs
         .iter()

@@ -82,24 +82,38 @@ pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
 /// before the call, so that value counts as live), a local call reads all of r1–r5, and the
 /// `exit` of a called function reads r0–r5 (its caller may read them after the call, which
 /// RFC 9669 leaves undefined but the registers are shared, so that value counts too).
-/// Iterates to the fixpoint; each pass is linear and a pass only repeats when a loop carries
-/// a new bit backwards, so a function takes about as many passes as its loop nesting depth.
 pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
-    let mut live = vec![0u16; end - start + 1];
     let at_exit = if start == 0 { 1 } else { 1 | ARG_REGS };
+    backward(prog, start, end, |_, op, out| match *op {
+        Op::Exit => at_exit,
+        _ => regs_read(op, ARG_REGS) | (out & !op.written_reg().map_or(0, |r| 1u16 << r)),
+    })
+}
+
+/// Backward dataflow over the function `start..end` to its fixpoint: `transfer(i, op, out)`
+/// gives what is live before instruction `i` from what is live after it (the union over its
+/// successors; falling off the end has nothing live). Each pass is linear and a pass only
+/// repeats when a loop carries a new bit backwards, so a function takes about as many passes
+/// as its loop nesting depth.
+fn backward(
+    prog: &Program,
+    start: usize,
+    end: usize,
+    transfer: impl Fn(usize, &Op, u16) -> u16,
+) -> Vec<u16> {
+    let mut live = vec![0u16; end - start + 1];
     loop {
         let mut changed = false;
         for i in (start..end).rev() {
             let op = &prog.insts[i].op;
             let at = |j: usize| live[j - start];
             let out = match *op {
-                Op::Exit => at_exit,
+                Op::Exit => 0,
                 Op::Ja { target } => at(target),
                 Op::Jcond { target, .. } => at(i + 1) | at(target),
                 _ => at(i + 1),
             };
-            let killed = op.written_reg().map_or(0, |r| 1u16 << r);
-            let v = regs_read(op, ARG_REGS) | (out & !killed);
+            let v = transfer(i, op, out);
             if v != live[i - start] {
                 live[i - start] = v;
                 changed = true;
@@ -107,6 +121,52 @@ pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
         }
         if !changed {
             return live;
+        }
+    }
+}
+
+/// r0 and r3–r9: the registers the host does not set at entry (r1 = context, r2 = its
+/// length, r10 = frame pointer).
+pub const FRESH_REGS: u16 = 0b11_1111_1001;
+
+/// The registers among [`FRESH_REGS`] the entry must zero, so that nothing of the host leaks
+/// in and every run sees them start at zero: those some path reads before any instruction
+/// writes them, through any depth of local calls. Exact up to paths (a branch the program
+/// can never take still counts), where a per-block scan would zero everything read anywhere
+/// past the first branch.
+///
+/// * A helper call or `callx` reads r1–r5 (its arity is not known) and leaves r0–r5 written:
+///   afterwards they hold the helper's values, not the host's entry values.
+/// * A local call reads what its callee reads before writing (computed per function, to a
+///   fixpoint over the call graph, so recursion terminates) and writes r0. That kill is
+///   exact: `exit` reads r0, so a callee with a path that leaves r0 unwritten reads it, and
+///   the call then reads it too.
+/// * `extra_reads(op)` adds what a backend's lowering of `op` reads beyond RFC 9669 (a
+///   register it briefly uses as scratch and restores, say).
+pub fn entry_zeroing(prog: &Program, extra_reads: impl Fn(&Op) -> u16) -> u16 {
+    const CALLER_SAVED: u16 = 1 | ARG_REGS;
+    let mut exposed = vec![0u16; prog.subprogs.len()];
+    loop {
+        let mut changed = false;
+        for (k, sp) in prog.subprogs.iter().enumerate() {
+            let live = backward(prog, sp.start, sp.end, |_, op, out| match *op {
+                Op::CallHelper { .. } | Op::CallReg { .. } => {
+                    regs_read(op, ARG_REGS) | extra_reads(op) | (out & !CALLER_SAVED)
+                }
+                Op::CallLocal { target } => exposed[prog.subprog_of(target)] | (out & !1),
+                Op::Exit => 1 | extra_reads(op),
+                _ => {
+                    let killed = op.written_reg().map_or(0, |r| 1u16 << r);
+                    regs_read(op, ARG_REGS) | extra_reads(op) | (out & !killed)
+                }
+            });
+            if live[0] != exposed[k] {
+                exposed[k] = live[0];
+                changed = true;
+            }
+        }
+        if !changed {
+            return exposed[0] & FRESH_REGS;
         }
     }
 }
@@ -273,6 +333,71 @@ pub fn blinding_mask(program_key: u64, pc: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn program(insns: &[[u8; 8]]) -> Program {
+        crate::decode(
+            &insns.concat(),
+            &[HelperEntry {
+                id: 1,
+                inline_kind: 0,
+                addr: 0x1000,
+            }],
+        )
+        .expect("valid program")
+    }
+
+    #[test]
+    fn the_entry_zeroes_exactly_what_some_path_reads_before_writing() {
+        use crate::encode_insn as i;
+        let mov = |d, imm| i(0xb7, d, 0, 0, imm);
+        let exit = i(0x95, 0, 0, 0, 0);
+        // r6 is written on both arms before the join reads it, r7 on one arm only; r4 is read
+        // by a move and r3 by the helper call (whose arity is unknown); r5 is written before
+        // the call reads it.
+        let p = program(&[
+            mov(0, 0),
+            i(0x15, 1, 0, 2, 0), // if r1 == 0 goto +2
+            mov(6, 1),
+            i(0x05, 0, 0, 2, 0), // goto +2
+            mov(6, 2),
+            mov(7, 3),
+            i(0x0f, 0, 6, 0, 0), // r0 += r6
+            i(0x0f, 0, 7, 0, 0), // r0 += r7
+            i(0xbf, 5, 4, 0, 0), // r5 = r4
+            i(0x85, 0, 0, 0, 1), // call helper 1
+            i(0x0f, 0, 3, 0, 0), // r0 += r3
+            exit,
+        ]);
+        assert_eq!(entry_zeroing(&p, |_| 0), 1 << 7 | 1 << 4 | 1 << 3);
+        // r8 is read by a callee before anything writes it. The callee writes r0 and r9
+        // before its caller reads them: the call writes r0, but of the rest nothing counts
+        // as written for certain.
+        let p = program(&[
+            i(0x85, 0, 1, 0, 2), // call local +2
+            i(0x0f, 0, 9, 0, 0), // r0 += r9
+            exit,
+            i(0xbf, 0, 8, 0, 0), // r0 = r8
+            mov(9, 1),
+            exit,
+        ]);
+        assert_eq!(entry_zeroing(&p, |_| 0), 1 << 8 | 1 << 9);
+        // A callee that may exit without writing r0 hands its caller's r0 back.
+        let p = program(&[
+            i(0x85, 0, 1, 0, 1), // call local +1
+            exit,
+            i(0x15, 1, 0, 1, 0), // if r1 == 0 goto +1
+            mov(0, 1),
+            exit,
+        ]);
+        assert_eq!(entry_zeroing(&p, |_| 0), 1);
+        // A backend's extra read counts like any other.
+        let p = program(&[mov(0, 0), exit]);
+        assert_eq!(entry_zeroing(&p, |_| 0), 0);
+        assert_eq!(
+            entry_zeroing(&p, |op| u16::from(matches!(op, Op::Exit)) << 5),
+            1 << 5
+        );
+    }
 
     #[test]
     fn inline_kinds_are_checked_against_the_backend_and_decoded_once() {

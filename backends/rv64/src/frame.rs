@@ -28,12 +28,12 @@
 //!
 //! **Fresh registers.** r0 and r3–r9 start at zero in every mode (r1 = ctx, r2 = length, r10 =
 //! frame). The entry zeroes only those a run could read before writing (see
-//! [`zero_at_entry`]); zeroing the rest could not be observed.
+//! `analysis::entry_zeroing`); zeroing the rest could not be observed.
 
 use crate::encode::{fits_signed, reg::*, Mem, R3, RI};
 use crate::lower::Codegen;
 use crate::regs::{map, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
-use packjit_frontend::analysis::{stack_block_size, CodegenMode};
+use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
 use packjit_frontend::{Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
@@ -77,7 +77,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> 
     let lim8 = lim8 && mode.sandboxed();
     let block = stack_block_size(prog) as i32;
     let can_stop = mode.sandboxed() || mode.counts_budget() || has_callx;
-    let zero = zero_at_entry(prog);
+    let zero = entry_zeroing(prog, lowering_reads);
     let written_anywhere = prog.subprogs.iter().fold(0, |m, s| m | s.writes);
     let frames = prog
         .subprogs
@@ -135,55 +135,10 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> 
     }
 }
 
-/// eBPF registers among r0, r3–r9 that a run could read before the program writes them.
-///
-/// The entry's first instructions up to its first jump, call or exit run exactly once, in
-/// order, before anything else: a register written there before any read is never read
-/// uninitialised. Any other register in the set that some instruction anywhere reads is
-/// zeroed (calls count as reading r1–r5, exit as reading r0).
-pub fn zero_at_entry(prog: &Program) -> u16 {
-    const FRESH: u16 = 0b11_1111_1001; // r0, r3..r9
-    let mut read_anywhere = 0u16;
-    for inst in &prog.insts {
-        read_anywhere |= reads(&inst.op);
-    }
-    let mut written = 0u16;
-    let mut read_first = 0u16;
-    let entry = &prog.subprogs[0];
-    for inst in &prog.insts[entry.start..entry.end] {
-        read_first |= reads(&inst.op) & !written;
-        if let Some(r) = inst.op.written_reg() {
-            written |= 1 << r;
-        }
-        let transfers = matches!(
-            inst.op,
-            Op::Ja { .. }
-                | Op::Jcond { .. }
-                | Op::CallHelper { .. }
-                | Op::CallReg { .. }
-                | Op::CallLocal { .. }
-                | Op::Exit
-        );
-        if transfers {
-            break;
-        }
-    }
-    // Written in the prefix before any read: safe. Everything else read anywhere: zero it.
-    let safe = written & !read_first;
-    FRESH & (read_first | (read_anywhere & !safe))
-}
-
-/// eBPF registers (bit n = rn) an instruction reads: the front end's rule (local calls read
-/// r1–r5), plus r0 for every atomic, as this backend has always counted it (conservative:
-/// r0 is zeroed at entry whenever an atomic may run before r0 is written).
-fn reads(op: &Op) -> u16 {
-    use packjit_frontend::analysis::{regs_read, ARG_REGS};
-    regs_read(op, ARG_REGS)
-        | if matches!(op, Op::Atomic { .. }) {
-            1
-        } else {
-            0
-        }
+/// What the lowering of `op` reads beyond RFC 9669, for the entry's zeroing: r0 for every
+/// atomic (conservative: the fetch-and/or/xor loops keep r0's register live across them).
+fn lowering_reads(op: &Op) -> u16 {
+    u16::from(matches!(op, Op::Atomic { .. }))
 }
 
 impl Codegen<'_> {

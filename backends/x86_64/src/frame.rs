@@ -27,9 +27,9 @@ use crate::encode::{Gpr, Sz};
 use crate::lower::{Emitter, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
-use packjit_frontend::analysis::{stack_block_size, CodegenMode};
+use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
 use packjit_frontend::ranges::AccessPlan;
-use packjit_frontend::{op_kind, Op, Program};
+use packjit_frontend::{op_kind, Program};
 
 // The prologue's `dynasm!` text names r10's home (rbp) and r1's (rdi).
 const _: () = assert!(REG_MAP[10] == RBP && REG_MAP[1] == RDI);
@@ -52,8 +52,8 @@ pub struct Plan {
     pub needs_env: bool,
     /// BPF registers (bits) read or written anywhere.
     pub used: u16,
-    /// Registers the entry zeroes: those used, minus those the entry's straight-line start
-    /// writes before anything reads them.
+    /// Registers the entry zeroes: those a run may read before writing them
+    /// (`analysis::entry_zeroing`).
     pub zero: u16,
     /// Per function (index as `Program::subprogs`).
     pub subs: Vec<SubFrame>,
@@ -69,7 +69,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
     let has_callx = ops & op_kind::CALL_REG != 0;
     let needs_env = mode.sandboxed() || mode.counts_budget() || has_callx;
     // Registers read or written anywhere: `writes` adds r1-r5 at calls, which read them
-    // anyway (`reads` has ARG_REGS there); see `regs::reads` for the atomics' r0.
+    // anyway (`reads` has ARG_REGS there); see `regs::lowering_reads` for the atomics' r0.
     let used = prog
         .subprogs
         .iter()
@@ -105,7 +105,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         block,
         needs_env,
         used,
-        zero: used & !written_first(prog),
+        zero: entry_zeroing(prog, lowering_reads),
         subs,
         // Read only by sandboxed code, for which `lower::emit_with` fills it in.
         access: AccessPlan {
@@ -116,35 +116,6 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
             reentries: Vec::new(),
         },
     }
-}
-
-/// Registers the entry's first basic block writes before any instruction reads them (their
-/// zeroing at entry would be dead).
-fn written_first(prog: &Program) -> u16 {
-    let (mut read, mut written) = (0u16, 0u16);
-    for (i, inst) in prog.insts.iter().enumerate() {
-        if i > 0 && prog.is_target[i] {
-            break;
-        }
-        read |= reads(&inst.op) & !written;
-        if let Some(r) = inst.op.written_reg() {
-            if read & (1 << r) == 0 {
-                written |= 1 << r;
-            }
-        }
-        if matches!(
-            inst.op,
-            Op::Ja { .. }
-                | Op::Jcond { .. }
-                | Op::Exit
-                | Op::CallHelper { .. }
-                | Op::CallReg { .. }
-                | Op::CallLocal { .. }
-        ) {
-            break;
-        }
-    }
-    written
 }
 
 impl Emitter<'_> {

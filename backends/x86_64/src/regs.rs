@@ -65,18 +65,11 @@ pub fn host(r: Reg) -> Gpr {
     HOST[(r & 15) as usize]
 }
 
-/// BPF registers this instruction reads (bit n = rN), for deciding which callee-saved
-/// registers the entry must save and zero: the front end's rule (local calls read r1–r5),
-/// plus r0 for every atomic, because the fetch-and/or/xor lowering preserves rax (r0)
-/// around its `lock cmpxchg` loop, so an unwritten r0 would carry a host value through it.
-pub fn reads(op: &Op) -> u16 {
-    use packjit_frontend::analysis::{regs_read, ARG_REGS};
-    regs_read(op, ARG_REGS)
-        | if matches!(op, Op::Atomic { .. }) {
-            1
-        } else {
-            0
-        }
+/// What the lowering of `op` reads beyond RFC 9669, for the entry's zeroing
+/// (`analysis::entry_zeroing`): r0 for every atomic, because the fetch-and/or/xor lowering
+/// preserves rax (r0) around its `lock cmpxchg` loop, so it counts as read there.
+pub fn lowering_reads(op: &Op) -> u16 {
+    u16::from(matches!(op, Op::Atomic { .. }))
 }
 
 /// Host callee-saved registers standing for BPF r6–r9 among the bits of `used`.
