@@ -89,11 +89,7 @@ pub fn emit_program(
 pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
     let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
     validate_inline_kinds(req.helpers, "arm64", INLINE_KINDS)?;
-    let prog = packjit_frontend::decode_with(
-        req.code,
-        req.helpers,
-        packjit_frontend::DecodeOptions::from_flags(req.flags),
-    )?;
+    let prog = packjit_frontend::decode_for_lowering(req)?;
     emit_decoded(&prog, req.helpers, &mode)
 }
 
@@ -105,11 +101,7 @@ pub fn emit_request_with(
     opts: EmitOptions,
 ) -> Result<Emitted, CompileError> {
     let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
-    let prog = packjit_frontend::decode_with(
-        req.code,
-        req.helpers,
-        packjit_frontend::DecodeOptions::from_flags(req.flags),
-    )?;
+    let prog = packjit_frontend::decode_for_lowering(req)?;
     emit_decoded_with(&prog, req.helpers, &mode, opts)
 }
 
@@ -169,11 +161,7 @@ impl JitBackend for Arm64Backend {
     ) -> Result<Compiled, CompileError> {
         let mode = validate_request(req, "arm64", SUPPORTED_FEATURES)?;
         validate_inline_kinds(req.helpers, "arm64", INLINE_KINDS)?;
-        let prog = packjit_frontend::decode_with(
-            req.code,
-            req.helpers,
-            packjit_frontend::DecodeOptions::from_flags(req.flags),
-        )?;
+        let prog = packjit_frontend::decode_for_lowering(req)?;
         let out = emit_decoded(&prog, req.helpers, &mode)?;
         let line_table = prog.line_table(&out.inst_offsets);
         install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)

@@ -276,6 +276,24 @@ pub enum Cond {
 }
 
 impl Cond {
+    /// The condition true exactly when `self` is false (`None` for [`Cond::Set`], which has
+    /// no eBPF negation).
+    pub fn negated(self) -> Option<Cond> {
+        Some(match self {
+            Cond::Eq => Cond::Ne,
+            Cond::Ne => Cond::Eq,
+            Cond::Gt => Cond::Le,
+            Cond::Le => Cond::Gt,
+            Cond::Ge => Cond::Lt,
+            Cond::Lt => Cond::Ge,
+            Cond::Sgt => Cond::Sle,
+            Cond::Sle => Cond::Sgt,
+            Cond::Sge => Cond::Slt,
+            Cond::Slt => Cond::Sge,
+            Cond::Set => return None,
+        })
+    }
+
     /// Evaluates the condition on two operands already reduced to the operation's width
     /// (for 32-bit compares: zero-extended low halves; signed conditions reinterpret them at
     /// `width`).

@@ -25,10 +25,12 @@ pub mod analysis;
 mod insn;
 pub mod ranges;
 pub mod relax;
+pub mod simplify;
 mod verify;
 pub mod walks;
 
 pub use insn::*;
+pub use simplify::decode_for_lowering;
 pub use verify::{decode, decode_with, DecodeOptions, MAX_CALL_DEPTH, MAX_INSNS, STACK_SIZE};
 
 /// A decoded, verified program.

@@ -108,11 +108,7 @@ impl Rv64Backend {
     ) -> Result<Measured, CompileError> {
         let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
         validate_inline_kinds(req.helpers, "riscv64", INLINE_KINDS)?;
-        let prog = packjit_frontend::decode_with(
-            req.code,
-            req.helpers,
-            packjit_frontend::DecodeOptions::from_flags(req.flags),
-        )?;
+        let prog = packjit_frontend::decode_for_lowering(req)?;
         let opts = lower::Options {
             zbb: mode.features & FEATURE_ZBB != 0,
             zba: mode.features & FEATURE_ZBA != 0,

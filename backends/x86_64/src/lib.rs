@@ -90,11 +90,7 @@ fn emit_decoded(
 ) -> Result<(packjit_frontend::Program, Emitted), CompileError> {
     let mode = validate_request(req, "x86-64", SUPPORTED_FEATURES)?;
     validate_inline_kinds(req.helpers, "x86-64", INLINE_KINDS)?;
-    let prog = packjit_frontend::decode_with(
-        req.code,
-        req.helpers,
-        packjit_frontend::DecodeOptions::from_flags(req.flags),
-    )?;
+    let prog = packjit_frontend::decode_for_lowering(req)?;
     let out = lower::emit(&prog, req.helpers, &mode)?;
     Ok((prog, out))
 }
@@ -116,11 +112,7 @@ pub fn emit_program_for_measurement(
         blind_key: opts.blind_key,
     };
     let mode = validate_request(&req, "x86-64", SUPPORTED_FEATURES)?;
-    let prog = packjit_frontend::decode_with(
-        req.code,
-        req.helpers,
-        packjit_frontend::DecodeOptions::from_flags(req.flags),
-    )?;
+    let prog = packjit_frontend::decode_for_lowering(&req)?;
     lower::emit_with(&prog, req.helpers, &mode, measure)
 }
 

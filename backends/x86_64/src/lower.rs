@@ -1285,6 +1285,10 @@ impl<'a> Emitter<'a> {
     // ---- control flow -------------------------------------------------------------------
 
     fn ja(&mut self, inst: &Inst, target: usize) {
+        if target == self.cur + 1 {
+            // A jump to the next instruction is a no-op.
+            return;
+        }
         self.charge_back_edge(inst, target);
         let l = self.jump_label(target);
         self.e.jump(None, l);
