@@ -23,9 +23,9 @@
 //! which is why the entry saves every callee-saved register any function touches.
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
-use packjit_frontend::analysis::{entry_zeroing, reads_r10, stack_block_size};
+use packjit_frontend::analysis::{entry_zeroing, live_in, reads_r10, stack_block_size};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
-use packjit_frontend::{Op, Program, STACK_SIZE};
+use packjit_frontend::{op_kind, Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
     PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
@@ -43,6 +43,8 @@ pub(crate) struct Frame {
     pub(crate) saved: Vec<u8>,
     /// Trusted code: reserve a 512-byte BPF frame on the native stack.
     pub(crate) native_frame: bool,
+    /// Where the function keeps each BPF register (see [`RegMap`]).
+    pub(crate) map: RegMap,
 }
 
 /// Program-wide decisions the prologue, the epilogue and the lowering share.
@@ -73,6 +75,10 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
     };
     let all_writes = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.writes);
     let zero = entry_zeroing(prog, |_| 0);
+    let program_calls = prog
+        .subprogs
+        .iter()
+        .any(|sp| sp.ops & (op_kind::CALLS | op_kind::MOV_PERCPU) != 0);
     let frames = prog
         .subprogs
         .iter()
@@ -103,9 +109,22 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
                     writes |= all_writes;
                 }
             }
+            // A called function that reads r6–r9 before writing them reads its caller's
+            // values (x19–x22): it keeps the standard map.
+            const R6_R9: u16 = 0b11_1100_0000;
+            let reads_callers_r6_r9 = k > 0 && live_in(prog, sp.start, sp.end)[0] & R6_R9 != 0;
+            let map = if calls {
+                REG_MAP
+            } else {
+                leaf_map(
+                    !sandbox && !can_stop && !reads_callers_r6_r9,
+                    !program_calls,
+                )
+            };
             let mut saved: Vec<u8> = (6..=9)
                 .filter(|r| writes & (1 << r) != 0)
-                .map(|r| REG_MAP[r])
+                .map(|r| map[r])
+                .filter(|&x| x >= CALLEE_SAVED_FIRST)
                 .collect();
             if k == 0 {
                 if sandbox {
@@ -127,6 +146,7 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
                 save_lr: calls || (k == 0 && can_stop),
                 saved,
                 native_frame: !sandbox && insts.iter().any(|i| reads_r10(&i.op)),
+                map,
             }
         })
         .collect();
@@ -185,7 +205,7 @@ impl Emitter<'_> {
             if self.plan.access.uses_ctx_const() {
                 // Checks against the context start plus a constant assume r1 is exactly
                 // env.ctx_start.
-                a64!(self.ops; mov x0, X(CTX_LO));
+                a64!(self.ops; mov X(self.map[1]), X(CTX_LO));
             }
             let block = self.plan.block;
             if block > 0 {
@@ -215,12 +235,21 @@ impl Emitter<'_> {
                 a64!(self.ops; stp xzr, xzr, [X(ENV), PJ_ENV_STACK_START]);
             }
         }
+        let ctx_placed = self.mode.sandboxed() && self.plan.access.uses_ctx_const();
+        if self.map[1] != RET && !ctx_placed {
+            // r1 does not live in x0 (see `RegMap`): move the context over, before r0 (now
+            // x0) is zeroed, unless nothing reads it first.
+            let end = self.prog.subprogs[0].end;
+            if live_in(self.prog, 0, end)[0] & (1 << 1) != 0 {
+                a64!(self.ops; mov X(self.map[1]), X(RET));
+            }
+        }
         if self.mode.counts_budget() {
             a64!(self.ops; ldr X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
         }
         for r in 0..10u8 {
             if self.plan.zero & (1 << r) != 0 {
-                a64!(self.ops; mov X(REG_MAP[r as usize]), xzr);
+                a64!(self.ops; mov X(self.map[r as usize]), xzr);
             }
         }
     }
@@ -248,7 +277,9 @@ impl Emitter<'_> {
             }
             // Only the entry returns to native code: r0 goes to x0. Functions return r0
             // in x7 where their caller expects it.
-            a64!(self.ops; mov X(RET), X(REG_MAP[0]));
+            if self.map[0] != RET {
+                a64!(self.ops; mov X(RET), X(self.map[0]));
+            }
         }
         for pair in f.saved.chunks(2).rev() {
             match *pair {

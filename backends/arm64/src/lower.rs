@@ -214,6 +214,8 @@ pub(crate) struct Emitter<'a> {
     pub(crate) walk_clamps: Vec<DynamicLabel>,
     /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
     pub(crate) clamp: bool,
+    /// The register map of the function being emitted (`Frame::map`).
+    pub(crate) map: RegMap,
 }
 
 impl<'a> Emitter<'a> {
@@ -277,6 +279,7 @@ impl<'a> Emitter<'a> {
             group_resume,
             walk_clamps,
             clamp: true,
+            map: plan.frames[0].map,
         }
     }
 
@@ -294,6 +297,7 @@ impl<'a> Emitter<'a> {
             let entry = self.entries[k];
             a64!(self.ops; =>entry);
             self.cur = sp.start;
+            self.map = self.plan.frames[k].map;
             self.prologue(k);
             for i in sp.start..sp.end {
                 self.cur = i;
@@ -336,7 +340,7 @@ impl<'a> Emitter<'a> {
             a64!(self.ops; add XSP(tmp), XSP(fb), STACK_SIZE as u32);
             tmp
         } else {
-            REG_MAP[r as usize]
+            self.map[r as usize]
         }
     }
 
@@ -356,7 +360,7 @@ impl<'a> Emitter<'a> {
                 src,
                 bits,
             } => {
-                let d = REG_MAP[dst as usize];
+                let d = self.map[dst as usize];
                 let s = self.src(src, T0);
                 match (width, bits) {
                     (W64, 8) => a64!(self.ops; sxtb X(d), W(s)),
@@ -374,15 +378,15 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::Neg { width, dst } => {
-                let d = REG_MAP[dst as usize];
+                let d = self.map[dst as usize];
                 if width == W64 {
                     a64!(self.ops; neg X(d), X(d));
                 } else {
                     a64!(self.ops; neg W(d), W(d));
                 }
             }
-            Op::End { kind, bits, dst } => self.end(kind, bits, REG_MAP[dst as usize]),
-            Op::LdImm64 { dst, imm } => self.imm(REG_MAP[dst as usize], imm, W64),
+            Op::End { kind, bits, dst } => self.end(kind, bits, self.map[dst as usize]),
+            Op::LdImm64 { dst, imm } => self.imm(self.map[dst as usize], imm, W64),
             Op::Load {
                 size,
                 sign_extend,
@@ -392,7 +396,7 @@ impl<'a> Emitter<'a> {
             } => self.mem(
                 MemOp::Load { sign_extend },
                 size,
-                REG_MAP[dst as usize],
+                self.map[dst as usize],
                 base,
                 off,
             ),
@@ -463,7 +467,7 @@ impl<'a> Emitter<'a> {
                     HelperLowering::Call(addr) => {
                         // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
                         self.mov_imm(T0, addr, W64);
-                        a64!(self.ops; blr X(T0) ; mov X(REG_MAP[0]), X(RET));
+                        a64!(self.ops; blr X(T0) ; mov X(self.map[0]), X(RET));
                     }
                     inline => self.inline_helper(inline),
                 }
@@ -499,7 +503,7 @@ impl<'a> Emitter<'a> {
     }
 
     pub(crate) fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
-        let d = REG_MAP[dst as usize];
+        let d = self.map[dst as usize];
         let imm = match src {
             // r10 is sp + 512: one ADD, not a materialise-then-move.
             Operand::Reg(R10) if op == AluOp::Mov && width == W64 => {
@@ -619,7 +623,7 @@ impl<'a> Emitter<'a> {
         let (b, o) = if self.mode.sandboxed() && checked_access(&inst).is_some() {
             if self.unchecked_access(base) {
                 let (base, off) = self.walked_address(base, off);
-                (REG_MAP[base as usize], off as i64)
+                (self.map[base as usize], off as i64)
             } else {
                 let addr = self.check_access(size, op == MemOp::Store, base, off);
                 self.clamp_reentered_base(base, off);
@@ -628,7 +632,7 @@ impl<'a> Emitter<'a> {
         } else if base == R10 {
             (self.frame_base(), off as i64 + STACK_SIZE as i64)
         } else {
-            (REG_MAP[base as usize], off as i64)
+            (self.map[base as usize], off as i64)
         };
         let sz = size.bytes() as i64;
         let form = if o >= 0 && o % sz == 0 && o / sz < 4096 {
@@ -677,9 +681,9 @@ impl<'a> Emitter<'a> {
             self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
             T0
         } else if off == 0 {
-            REG_MAP[base as usize]
+            self.map[base as usize]
         } else {
-            self.add_imm(T0, REG_MAP[base as usize], off as i64, W64);
+            self.add_imm(T0, self.map[base as usize], off as i64, W64);
             T0
         }
     }
@@ -695,7 +699,7 @@ impl<'a> Emitter<'a> {
     ) {
         let a = self.atomic_addr(if width == W64 { Size::DW } else { Size::W }, base, off);
         let s = self.src(src, T4);
-        let r0 = REG_MAP[0];
+        let r0 = self.map[0];
         if self.lse {
             self.atomic_lse(width, op, fetch, a, s, r0);
         } else {
@@ -905,8 +909,8 @@ impl<'a> Emitter<'a> {
         };
         let w = self.plan.access.walks[k];
         let (head, clamp) = (self.labels[i], self.walk_clamps[k]);
-        let p = REG_MAP[w.ptr as usize];
-        let shadow = self.walk_shadow(&w).map(|s| REG_MAP[s as usize]);
+        let p = self.map[w.ptr as usize];
+        let shadow = self.walk_shadow(&w).map(|s| self.map[s as usize]);
         if let Some(guard) = w.guard {
             self.walk_guard(k, &w, guard);
         }
@@ -971,7 +975,7 @@ impl<'a> Emitter<'a> {
     /// selected on the verdict's flags (itself architecturally, 0 under a mispredicted
     /// branch, from where a speculative walk stays in the unmapped first 64 KiB).
     fn walk_guard(&mut self, k: usize, w: &Walk, g: Guard) {
-        let p = REG_MAP[w.ptr as usize];
+        let p = self.map[w.ptr as usize];
         let b = self.src(w.bound, T1);
         let (end, bias, shift) = (g.end as u32, g.bias as u32, g.shift);
         match g.region {
@@ -1021,7 +1025,7 @@ impl<'a> Emitter<'a> {
         (w.bound == R10 && !self.copy)
             .then_some(w.limit)
             .flatten()
-            .map(|l| REG_MAP[l as usize])
+            .map(|l| self.map[l as usize])
     }
 
     /// [`Self::src`] for a conditional jump's operands: r10 from the walk's register at a
@@ -1181,12 +1185,12 @@ impl<'a> Emitter<'a> {
         self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
         self.mov_imm(C2, pc, W64);
         self.b(self.stop);
-        a64!(self.ops; =>call ; blr X(T2) ; mov X(REG_MAP[0]), X(RET) ; =>done);
+        a64!(self.ops; =>call ; blr X(T2) ; mov X(self.map[0]), X(RET) ; =>done);
     }
 
     /// The body of an inlined helper (never [`HelperLowering::Call`]); r1-r5 stay intact.
     pub(crate) fn inline_helper(&mut self, how: HelperLowering) {
-        let r0 = REG_MAP[0];
+        let r0 = self.map[0];
         match how {
             HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
             HelperLowering::RseqCpuId { offset } => {
@@ -1226,7 +1230,7 @@ impl<'a> Emitter<'a> {
     /// failing to r0 = 0), then `base + cpu * slot_size + index * value_size` with two
     /// `madd`s. The CPU is the rseq `cpu_id` through `tpidr_el0`, like the inlined helper 8.
     fn inline_percpu_lookup(&mut self, table: u64) {
-        let (r0, r1, r2) = (REG_MAP[0], REG_MAP[1], REG_MAP[2]);
+        let (r0, r1, r2) = (self.map[0], self.map[1], self.map[2]);
         let null = self.ops.new_dynamic_label();
         let done = self.ops.new_dynamic_label();
         self.mov_imm(T1, table, W64);
@@ -1294,7 +1298,7 @@ impl<'a> Emitter<'a> {
             }
             HelperLowering::Call(addr) => {
                 // 48 bytes keep sp 16-byte aligned, as AAPCS64 requires at the call.
-                let r0 = REG_MAP[0];
+                let r0 = self.map[0];
                 a64!(self.ops
                     ; stp x0, x1, [sp, -48]!
                     ; stp x2, x3, [sp, 16]
@@ -1338,7 +1342,7 @@ impl<'a> Emitter<'a> {
             ; =>done
         );
         let s = self.src(src, T0);
-        let d = REG_MAP[dst as usize];
+        let d = self.map[dst as usize];
         a64!(self.ops; add X(d), X(s), X(T3));
         Ok(())
     }
@@ -1506,7 +1510,7 @@ impl<'a> Emitter<'a> {
     fn group_check(&mut self, gi: usize) {
         let g = &self.plan.access.groups[gi];
         let (b, lo, span, check) = (
-            REG_MAP[g.base as usize],
+            self.map[g.base as usize],
             g.lo,
             (g.hi - g.lo as i32) as u32,
             g.check,
@@ -1571,7 +1575,7 @@ impl<'a> Emitter<'a> {
             return;
         }
         // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
-        a64!(self.ops; sub XSP(REG_MAP[base as usize]), XSP(T0), off as u32);
+        a64!(self.ops; sub XSP(self.map[base as usize]), XSP(T0), off as u32);
     }
 
     /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
@@ -1619,6 +1623,12 @@ impl<'a> Emitter<'a> {
 
     /// The out-of-line side of a check or a charge.
     pub(crate) fn cold(&mut self, cold: Cold) -> Result<(), CompileError> {
+        let at = match cold {
+            Cold::Group { group, .. } => self.plan.access.groups[group].first,
+            Cold::Walk { walk, .. } => self.plan.access.walks[walk].head,
+            Cold::Budget { inst, .. } | Cold::Access { inst, .. } => inst,
+        };
+        self.map = self.plan.frames[self.prog.subprog_of(at)].map;
         match cold {
             Cold::Group { group, label } => {
                 let g = &self.plan.access.groups[group];

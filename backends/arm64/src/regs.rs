@@ -4,9 +4,9 @@
 //!
 //! | BPF / role | arm64 | why |
 //! |-----|-------|-----|
-//! | r0  | x7    | caller-saved, not an argument register: helper calls need no shuffling |
+//! | r0  | x7    | caller-saved, not an argument register: helper calls need no shuffling (x0 in a program that calls nothing, see `RegMap`) |
 //! | r1–r5 | x0–x4 | the AAPCS64 argument registers: helpers and bpf-to-bpf calls get their arguments in place; the entry's `(ctx, len)` arrive as r1, r2 |
-//! | r6–r9 | x19–x22 | callee-saved: they survive helper calls for free; saved only when written |
+//! | r6–r9 | x19–x22 | callee-saved: they survive helper calls for free; saved only when written (x14–x17 in trusted functions that call nothing, see `RegMap`) |
 //! | r10 (trusted) | — | the frame is `[sp, sp+512)`: r10 = sp + 512, stack accesses are `sp`-relative |
 //! | r10 (sandbox) | x25 = r10 − 512 | the frame lives in the contiguous stack block, below its caller's: a register, moved by 512 around each local call |
 //! | env | x28 | the `PjExecEnv *` (third entry argument), kept whenever the program can stop |
@@ -32,6 +32,35 @@ pub(crate) const REG_MAP: [u8; 10] = [
     21, // r8: callee-saved
     22, // r9: callee-saved
 ];
+
+/// The lowest callee-saved register (x19–x28 are callee-saved in AAPCS64).
+pub(crate) const CALLEE_SAVED_FIRST: u8 = 19;
+
+/// A function's register map (BPF register → arm64 register). Every function that calls
+/// anything uses [`REG_MAP`], the calling convention between functions and helpers. A
+/// function that calls nothing owes nobody a convention, so two cheaper maps apply there
+/// (the tables above show [`REG_MAP`]):
+///
+/// * r6–r9 in x14–x17 instead of x19–x22, when the code is trusted and cannot stop: those
+///   are the sandbox's and the stop paths' scratch, free otherwise, and caller-saved, so
+///   the function saves and restores nothing (a leaf needs no callee-saved register).
+/// * r0 in x0 and r1 in x7, when the whole program calls nothing (so it is one function):
+///   r0 is then already where the entry returns it, and the context moves to x7 only when
+///   the program reads r1 before writing it.
+pub(crate) type RegMap = [u8; 10];
+
+/// The map of a function that makes no calls: see [`RegMap`].
+pub(crate) fn leaf_map(scratch_free: bool, whole_program_leaf: bool) -> RegMap {
+    let mut map = REG_MAP;
+    if scratch_free {
+        map[6..].copy_from_slice(&[14, 15, 16, 17]);
+    }
+    if whole_program_leaf {
+        map[0] = RET;
+        map[1] = 7;
+    }
+    map
+}
 
 /// Scratch registers: caller-saved, never live across eBPF instructions.
 /// T0 holds addresses and offsets, T1 materialised immediates, T2 stored values and helper
