@@ -25,6 +25,7 @@ pub mod arena;
 pub mod builtins;
 pub mod elf;
 mod exec;
+pub mod gdb_jit;
 mod hook;
 mod loader;
 pub mod rbpf_bridge;
@@ -748,6 +749,14 @@ impl Runtime {
     /// Where the perf map is kept, once enabled.
     pub fn perf_map_path(&self) -> Option<std::path::PathBuf> {
         self.symbols.perf_map_path()
+    }
+
+    /// Registers this runtime's executable programs with gdb's JIT interface (see
+    /// [`gdb_jit`]): those live now, and from here on every load and every copy compaction
+    /// makes, until their code is reclaimed. Then `break <program name>` and `bt` work in
+    /// gdb. `Unsupported` on a host architecture with no ELF description. Idempotent.
+    pub fn enable_gdb_jit(&self) -> Result<(), Error> {
+        self.symbols.enable_gdb_jit()
     }
 
     /// A compaction step the host can schedule (e.g. when idle): moves up to `max_bytes` of
