@@ -191,6 +191,26 @@ pub fn registered_symfiles() -> Vec<Vec<u8>> {
     out
 }
 
+/// The programs registered in this process, as gdb will see them: (code address, code
+/// size, name) of each object file, in list order. Object files this module cannot parse
+/// back (there are none unless it has a bug) are listed with size 0 and name `?`.
+pub fn registered_programs() -> Vec<(u64, u64, String)> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    registered_symfiles()
+        .iter()
+        .map(|bytes| {
+            let parsed = object::read::elf::ElfFile64::<NativeEndian>::parse(&**bytes)
+                .ok()
+                .and_then(|f| {
+                    let text = f.section_by_name(".text")?;
+                    let name = f.symbols().next()?.name().ok()?.to_string();
+                    Some((text.address(), text.size(), name))
+                });
+            parsed.unwrap_or((0, 0, "?".into()))
+        })
+        .collect()
+}
+
 /// The ELF machine of the host, as gdb must see it to pick the right architecture.
 fn host_machine() -> (u16, u32) {
     if cfg!(target_arch = "x86_64") {
