@@ -11,7 +11,13 @@
 //! one allocated, executable `.text` section of type `SHT_NOBITS` (gdb reads the code itself
 //! from the process) whose `sh_addr` is the program's absolute address, and one global
 //! `STT_FUNC` symbol with the program's name covering the code. So `break <name>`,
-//! `info symbol $pc` and `bt` name the program.
+//! `info symbol $pc` and `bt` name the program (exactly at its entry; no unwind information is
+//! emitted, so from inside a program's body gdb unwinds by its prologue heuristics).
+//!
+//! Breakpoints: gdb plants a software breakpoint by writing to the code through ptrace. In
+//! the default dual-mapped arena the executable view is a shared read-only mapping, where the
+//! kernel refuses such writes, so use a hardware breakpoint (`hbreak <name>`); plain `break`
+//! works in toggle mode ([`MapMode::Toggle`](crate::MapMode::Toggle)), whose pages are private.
 //!
 //! The descriptor is process-global while several runtimes may exist in one process, so
 //! every change to the list, and the notification that follows it, happens under one global
@@ -48,7 +54,7 @@ pub struct JitDescriptor {
 }
 
 /// The descriptor gdb reads. Its name and layout are fixed by gdb; `version` must be 1
-/// from process start, so it is statically initialized. Only touched under [`LOCK`].
+/// from process start, so it is statically initialized. Only touched under `LOCK`.
 #[no_mangle]
 #[used]
 pub static mut __jit_debug_descriptor: JitDescriptor = JitDescriptor {

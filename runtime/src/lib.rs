@@ -20,6 +20,10 @@
 //! println!("{:?}", rt.stats());
 //! # Ok::<(), packjit::Error>(())
 //! ```
+//!
+//! Programs carry names that profilers and debuggers see: [`Runtime::enable_perf_map`] keeps
+//! the perf map current, and [`Runtime::enable_gdb_jit`] registers them with gdb (see
+//! [`gdb_jit`]; under gdb, `hbreak <program name>` stops in one).
 
 pub mod arena;
 pub mod builtins;
@@ -753,8 +757,9 @@ impl Runtime {
 
     /// Registers this runtime's executable programs with gdb's JIT interface (see
     /// [`gdb_jit`]): those live now, and from here on every load and every copy compaction
-    /// makes, until their code is reclaimed. Then `break <program name>` and `bt` work in
-    /// gdb. `Unsupported` on a host architecture with no ELF description. Idempotent.
+    /// makes, until their code is reclaimed. Then, in gdb, `hbreak <program name>` (`break`
+    /// in a toggle-mode arena) stops in a program and `bt` names it. `Unsupported` on a host
+    /// architecture with no ELF description. Idempotent.
     pub fn enable_gdb_jit(&self) -> Result<(), Error> {
         self.symbols.enable_gdb_jit()
     }
