@@ -113,7 +113,10 @@ impl State {
     /// Registers the copy at `start` with gdb, when enabled.
     fn gdb_register(&mut self, start: u64, e: &Entry) {
         if let Some(g) = &mut self.gdb {
-            g.insert(start, crate::gdb_jit::register(&e.name, start, e.size));
+            g.insert(
+                start,
+                crate::gdb_jit::register(&e.name, start, e.size, &e.lines),
+            );
         }
     }
 }

@@ -54,6 +54,8 @@ mod x86 {
             )
             .unwrap();
         let mut ctx = [6u8; 8];
+        // For the driver to check gdb's line table against.
+        println!("debuggee: pc offsets {:?}", p.pc_offsets());
         let r = p.call(&mut ctx).unwrap();
         assert_eq!(r, 47);
         println!("debuggee: {PROG} returned {r} at {:#x}", p.entry_addr());
@@ -121,12 +123,14 @@ mod x86 {
                 "continue",
             ],
         );
+        // Stopped at the program's entry, named, at line 1 of its pseudo source (pc 0).
+        let at_line_1 = format!("{PROG} () at {PROG}.bpf:1");
         has_line(&out, "the stop in the program", |l| {
-            l.starts_with("Breakpoint 1, 0x") && l.ends_with(&format!(" in {PROG} ()"))
+            l == format!("Breakpoint 1, {at_line_1}")
         });
         // The backtrace starts in the program and goes on into the runtime that called it.
         has_line(&out, "frame #0 in the program", |l| {
-            l.starts_with("#0 ") && l.ends_with(&format!(" in {PROG} ()"))
+            l == format!("#0  {at_line_1}")
         });
         has_line(&out, "frame #1 in the runtime", |l| {
             l.starts_with("#1 ") && l.contains(" in packjit::exec::run ")
@@ -136,24 +140,66 @@ mod x86 {
         });
     }
 
-    /// Toggle-mode arena (private mappings): a plain `break` works, and stepping on stays in
-    /// the program.
+    /// (line, offset from the program's entry) of each `info line` answer: `Line 3 of
+    /// "p.bpf" starts at address 0x... <p+51> and ends at ...`.
+    fn info_lines(out: &str) -> Vec<(usize, u64)> {
+        let head = format!("of \"{PROG}.bpf\" starts at address ");
+        out.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("Line ")?;
+                let (line, rest) = rest.split_once(' ')?;
+                let rest = rest.strip_prefix(&head)?;
+                let sym = rest.split_once('<')?.1.split_once('>')?.0;
+                let off = match sym.strip_prefix(PROG)? {
+                    "" => 0,
+                    o => o.strip_prefix('+')?.parse().ok()?,
+                };
+                Some((line.parse().ok()?, off))
+            })
+            .collect()
+    }
+
+    /// Toggle-mode arena (private mappings): a plain `break` works, and `next` steps by
+    /// eBPF instruction along the line table.
     fn software_breakpoint_and_stepping() {
         let out = gdb(
             "toggle",
             &[
                 &format!("break {PROG}"),
                 "run",
-                "stepi 4",
+                "next",
+                "info line *$pc",
+                "next",
+                "info line *$pc",
+                "bt 1",
                 "info symbol $pc",
                 "continue",
             ],
         );
         has_line(&out, "the stop in the program", |l| {
-            l.starts_with("Breakpoint 1, 0x") && l.ends_with(&format!(" in {PROG} ()"))
+            l == format!("Breakpoint 1, {PROG} () at {PROG}.bpf:1")
         });
+        // Line N is eBPF pc N - 1, at the native offset the backend reported for it.
+        let offsets: Vec<u64> = out
+            .lines()
+            .find_map(|l| l.strip_prefix("debuggee: pc offsets ["))
+            .expect("the debuggee's line table")
+            .trim_end_matches(']')
+            .split(", ")
+            .map(|o| o.parse().unwrap())
+            .collect();
+        let seen = info_lines(&out);
+        assert_eq!(
+            seen,
+            [(2, offsets[1]), (3, offsets[2])],
+            "pc offsets {offsets:?}"
+        );
+        has_line(&out, "frame #0 at line 3", |l| {
+            l.starts_with("#0 ") && l.ends_with(&format!(" {PROG} () at {PROG}.bpf:3"))
+        });
+        let inside = format!("{PROG} + {} in section .text of <in-memory@", offsets[2]);
         has_line(&out, "info symbol inside the program", |l| {
-            l.starts_with(&format!("{PROG} + ")) && l.contains(" in section .text of <in-memory@")
+            l.starts_with(&inside)
         });
     }
 

@@ -70,9 +70,20 @@ fn host_arch() -> object::Architecture {
     }
 }
 
-/// Every registered object file, parsed: `.text` address → (size, symbol name, count of
-/// entries at that address). Checks what gdb needs of each file on the way.
-fn registered() -> BTreeMap<u64, (u64, String, usize)> {
+/// What one registered object file says of a program.
+#[derive(Debug, PartialEq)]
+struct Listed {
+    size: u64,
+    name: String,
+    /// It carries DWARF (a line table).
+    dwarf: bool,
+    /// Object files at this address.
+    count: usize,
+}
+
+/// Every registered object file, parsed, by `.text` address. Checks what gdb needs of each
+/// file on the way.
+fn registered() -> BTreeMap<u64, Listed> {
     let mut out = BTreeMap::new();
     for bytes in packjit::gdb_jit::registered_symfiles() {
         let f = ElfFile64::<object::NativeEndian>::parse(&*bytes).expect("a valid ELF64");
@@ -87,11 +98,17 @@ fn registered() -> BTreeMap<u64, (u64, String, usize)> {
         assert_eq!(s.section_index(), Some(text.index()));
         // ET_REL: the symbol is section-relative and covers the whole section.
         assert_eq!((s.address(), s.size()), (0, text.size()));
-        let e =
-            out.entry(text.address())
-                .or_insert((text.size(), s.name().unwrap().to_string(), 0));
-        assert_eq!((e.0, &*e.1), (text.size(), s.name().unwrap()));
-        e.2 += 1;
+        let dwarf = [".debug_abbrev", ".debug_info", ".debug_line"]
+            .map(|n| f.section_by_name(n).is_some_and(|s| s.size() > 0));
+        assert!(dwarf.iter().all(|&d| d == dwarf[0]), "all or no DWARF");
+        let e = out.entry(text.address()).or_insert(Listed {
+            size: text.size(),
+            name: s.name().unwrap().to_string(),
+            dwarf: dwarf[0],
+            count: 0,
+        });
+        assert_eq!((e.size, &*e.name), (text.size(), s.name().unwrap()));
+        e.count += 1;
     }
     out
 }
@@ -102,7 +119,13 @@ fn assert_listed(progs: &[Program]) {
     for p in progs {
         assert_eq!(
             reg.get(&p.entry_addr()),
-            Some(&(p.code_size() as u64, p.name().to_string(), 1)),
+            Some(&Listed {
+                size: p.code_size() as u64,
+                name: p.name().to_string(),
+                // DWARF exactly when the backend returned a line table.
+                dwarf: !p.pc_offsets().is_empty(),
+                count: 1
+            }),
             "{} at {:#x}",
             p.name(),
             p.entry_addr()
@@ -197,7 +220,7 @@ fn a_moved_program_is_registered_at_its_new_address() {
     assert_listed(&progs);
     let reg = registered();
     for (p, old) in progs.iter().zip(&was) {
-        assert_eq!(reg[old].1, p.name(), "old copy {old:#x} still listed");
+        assert_eq!(reg[old].name, p.name(), "old copy {old:#x} still listed");
     }
     assert_eq!(rt.reclaim(), 0);
     let old_only: Vec<u64> = moved.iter().filter(|a| !now.contains(a)).copied().collect();
