@@ -1509,6 +1509,18 @@ int32_t packjit_program_symbol(const struct PackjitProgram *prog, struct Packjit
  */
 int32_t packjit_perf_map_enable(const struct PackjitRuntime *rt, const char *path);
 
+/**
+ * Registers the runtime's programs with gdb's JIT interface: those live now and every one
+ * loaded (or moved by compaction) later, until its code is reclaimed. In gdb, `break
+ * <program name>` then stops in the program (`hbreak` when the arena is dual mapped, the
+ * default: gdb cannot write breakpoints into its read-only shared view) and `bt` names it.
+ * Idempotent; PJ_ERR_UNSUPPORTED on an architecture gdb registration does not describe.
+ *
+ * # Safety
+ * `rt` NULL or live.
+ */
+int32_t packjit_gdb_jit_enable(const struct PackjitRuntime *rt);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -19,6 +19,8 @@ packjit_need_install() {
     [ -e /usr/riscv64-linux-gnu/lib/libc.so.6 ] || missing=1
     command -v cc >/dev/null 2>&1 || missing=1
     command -v valgrind >/dev/null 2>&1 || missing=1
+    # runtime/tests/gdb_e2e.rs drives the real gdb (x86-64 hosts).
+    command -v gdb >/dev/null 2>&1 || missing=1
     # The ELF tests compile tests/bpf/*.c at test time with clang -target bpf -mcpu=v4
     # (cpu v4 needs LLVM 18+: Debian 12's default clang is 14, so clang-19).
     command -v clang-19 >/dev/null 2>&1 || missing=1
@@ -37,7 +39,7 @@ packjit_install() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
         qemu-user gcc-aarch64-linux-gnu gcc-riscv64-linux-gnu libc6-dev-riscv64-cross \
         libc6-dev-arm64-cross binutils-aarch64-linux-gnu binutils-riscv64-linux-gnu \
-        rustc-web cargo-web libstd-rust-web-dev:arm64 rust-web-src gcc g++ valgrind clang-19
+        rustc-web cargo-web libstd-rust-web-dev:arm64 rust-web-src gcc g++ valgrind clang-19 gdb
 }
 
 # Cross settings (exported for the cargo invocations below).

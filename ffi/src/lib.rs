@@ -2465,3 +2465,20 @@ pub unsafe extern "C" fn packjit_perf_map_enable(
         Ok(())
     })
 }
+
+/// Registers the runtime's programs with gdb's JIT interface: those live now and every one
+/// loaded (or moved by compaction) later, until its code is reclaimed. In gdb, `break
+/// <program name>` then stops in the program (`hbreak` when the arena is dual mapped, the
+/// default: gdb cannot write breakpoints into its read-only shared view) and `bt` names it.
+/// Idempotent; PJ_ERR_UNSUPPORTED on an architecture gdb registration does not describe.
+///
+/// # Safety
+/// `rt` NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_gdb_jit_enable(rt: *const PackjitRuntime) -> i32 {
+    boundary("packjit_gdb_jit_enable", || {
+        // SAFETY: caller contract.
+        let h = unsafe { runtime(rt) }?;
+        h.rt.enable_gdb_jit()
+    })
+}

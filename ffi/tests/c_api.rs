@@ -916,6 +916,64 @@ fn hooks_batch_attach_and_symbols_through_the_c_api() {
     }
 }
 
+/// (start, size, name) of a program, from `packjit_program_symbol`.
+fn symbol_of(p: *const PackjitProgram) -> (u64, u64, String) {
+    let mut sym = PackjitSymbol {
+        struct_size: size_of::<PackjitSymbol>() as u32,
+        found: 0,
+        id: 0,
+        start: 0,
+        size: 0,
+        offset: 0,
+        pc: 0,
+        name: [0; PACKJIT_NAME_LEN],
+    };
+    // SAFETY: live program, sized struct.
+    assert_eq!(unsafe { packjit_program_symbol(p, &mut sym) }, PJ_OK);
+    assert_eq!(sym.found, 1);
+    // SAFETY: NUL-terminated by the library.
+    let name = unsafe { CStr::from_ptr(sym.name.as_ptr()) };
+    (sym.start, sym.size, name.to_str().unwrap().to_string())
+}
+
+#[test]
+fn gdb_registration_through_the_c_api() {
+    // SAFETY: NULL must be refused, not dereferenced.
+    let st = unsafe { packjit_gdb_jit_enable(null()) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    let rt = Rt::with_backend();
+    let before = rt.load(&mov_r0(3)).unwrap();
+    // SAFETY: live runtime.
+    let st = unsafe { packjit_gdb_jit_enable(rt.0) };
+    assert_eq!(st, PJ_OK, "{}", last_error());
+    let after = rt.load(&mov_r0(4)).unwrap();
+    let syms = [symbol_of(before), symbol_of(after)];
+    let listed = packjit_runtime::gdb_jit::registered_programs();
+    for s in &syms {
+        // The list is process-wide, but no other test here registers anything.
+        assert_eq!(
+            listed.iter().filter(|e| *e == s).count(),
+            1,
+            "{s:?} in {listed:?}"
+        );
+    }
+    for p in [before, after] {
+        // SAFETY: loaded above, freed once.
+        unsafe { packjit_program_free(p) };
+    }
+    let mut pending = 1;
+    // SAFETY: live runtime, valid out pointer.
+    assert_eq!(unsafe { packjit_reclaim(rt.0, &mut pending) }, PJ_OK);
+    assert_eq!(pending, 0);
+    let listed = packjit_runtime::gdb_jit::registered_programs();
+    for s in &syms {
+        assert!(
+            !listed.contains(s),
+            "{s:?} still registered after reclamation"
+        );
+    }
+}
+
 fn builtins_struct() -> PackjitBuiltins {
     PackjitBuiltins {
         struct_size: size_of::<PackjitBuiltins>() as u32,

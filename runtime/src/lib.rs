@@ -20,11 +20,16 @@
 //! println!("{:?}", rt.stats());
 //! # Ok::<(), packjit::Error>(())
 //! ```
+//!
+//! Programs carry names that profilers and debuggers see: [`Runtime::enable_perf_map`] keeps
+//! the perf map current, and [`Runtime::enable_gdb_jit`] registers them with gdb (see
+//! [`gdb_jit`]; under gdb, `hbreak <program name>` stops in one).
 
 pub mod arena;
 pub mod builtins;
 pub mod elf;
 mod exec;
+pub mod gdb_jit;
 mod hook;
 mod loader;
 pub mod rbpf_bridge;
@@ -748,6 +753,15 @@ impl Runtime {
     /// Where the perf map is kept, once enabled.
     pub fn perf_map_path(&self) -> Option<std::path::PathBuf> {
         self.symbols.perf_map_path()
+    }
+
+    /// Registers this runtime's executable programs with gdb's JIT interface (see
+    /// [`gdb_jit`]): those live now, and from here on every load and every copy compaction
+    /// makes, until their code is reclaimed. Then, in gdb, `hbreak <program name>` (`break`
+    /// in a toggle-mode arena) stops in a program and `bt` names it. `Unsupported` on a host
+    /// architecture with no ELF description. Idempotent.
+    pub fn enable_gdb_jit(&self) -> Result<(), Error> {
+        self.symbols.enable_gdb_jit()
     }
 
     /// A compaction step the host can schedule (e.g. when idle): moves up to `max_bytes` of

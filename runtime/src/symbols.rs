@@ -10,6 +10,11 @@
 //! `0x`, the format `perf report` reads for JIT code) is written on request and then kept
 //! current: a load appends a line, a reclamation rewrites the file (write to a temporary file
 //! in the same directory, then `rename`, so a reader never sees a half-written map).
+//!
+//! With gdb registration on ([`crate::gdb_jit`]), every listed copy of a program is also
+//! registered with gdb, at the same moments: listed = registered. Registrations still held
+//! when the index itself goes (the runtime and all its programs are gone) are dropped with
+//! it, which unregisters them.
 
 use crate::{Error, ErrorKind};
 use std::collections::BTreeMap;
@@ -76,6 +81,8 @@ struct State {
     /// waits for its grace period. Its length is the number of live programs.
     copies: std::collections::HashMap<u64, u32>,
     perf_map: Option<PathBuf>,
+    /// gdb registrations by entry address, once enabled (see [`crate::gdb_jit`]).
+    gdb: Option<std::collections::HashMap<u64, crate::gdb_jit::Registration>>,
 }
 
 /// The index. Lookups take the read lock; loads and reclamations the write lock.
@@ -100,6 +107,18 @@ fn perf_line(start: u64, e: &Entry) -> String {
         .map(|c| if c == '\n' || c == '\r' { '_' } else { c })
         .collect();
     format!("{start:x} {:x} {name}\n", e.size)
+}
+
+impl State {
+    /// Registers the copy at `start` with gdb, when enabled.
+    fn gdb_register(&mut self, start: u64, e: &Entry) {
+        if let Some(g) = &mut self.gdb {
+            g.insert(
+                start,
+                crate::gdb_jit::register(&e.name, start, e.size, &e.lines),
+            );
+        }
+    }
 }
 
 impl Symbols {
@@ -136,6 +155,7 @@ impl Symbols {
                 let _ = f.write_all(perf_line(start, &e).as_bytes());
             }
         }
+        st.gdb_register(start, &e);
         st.by_addr.insert(start, e);
         *st.copies.entry(id).or_default() += 1;
     }
@@ -146,6 +166,10 @@ impl Symbols {
         // The id check keeps a stale removal from ever taking a newer program's entry.
         if st.by_addr.get(&start).is_some_and(|e| e.id == id) {
             st.by_addr.remove(&start);
+            if let Some(g) = &mut st.gdb {
+                // Dropping the registration unregisters it.
+                g.remove(&start);
+            }
             if let Some(n) = st.copies.get_mut(&id) {
                 *n -= 1;
                 if *n == 0 {
@@ -170,6 +194,7 @@ impl Symbols {
                 let _ = f.write_all(perf_line(new, &e).as_bytes());
             }
         }
+        st.gdb_register(new, &e);
         st.by_addr.insert(new, e);
         *st.copies.entry(id).or_default() += 1;
     }
@@ -205,6 +230,27 @@ impl Symbols {
 
     pub(crate) fn perf_map_path(&self) -> Option<PathBuf> {
         self.read().perf_map.clone()
+    }
+
+    /// Registers every listed program with gdb now, and every one listed from here on.
+    /// Idempotent.
+    pub(crate) fn enable_gdb_jit(&self) -> Result<(), Error> {
+        if !crate::gdb_jit::supported() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "gdb JIT registration: no ELF machine for this host architecture",
+            ));
+        }
+        let mut st = self.write();
+        if st.gdb.is_none() {
+            st.gdb = Some(Default::default());
+            let entries: Vec<(u64, Entry)> =
+                st.by_addr.iter().map(|(&a, e)| (a, e.clone())).collect();
+            for (start, e) in entries {
+                st.gdb_register(start, &e);
+            }
+        }
+        Ok(())
     }
 
     /// The program whose code covers `addr`.
