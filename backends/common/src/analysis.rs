@@ -5,7 +5,7 @@
 //! Every rule here is also what the reference evaluator implements, so a rule lives in one
 //! place and the differential tests compare like with like.
 
-use crate::{Inst, Op, Operand, Program, Size, R10, STACK_SIZE};
+use crate::{Inst, Op, Operand, Program, Size, Width, R10, STACK_SIZE};
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
     PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
@@ -169,6 +169,56 @@ pub fn entry_zeroing(prog: &Program, extra_reads: impl Fn(&Op) -> u16) -> u16 {
             return exposed[0] & FRESH_REGS;
         }
     }
+}
+
+/// For a backend whose 32-bit operations leave the upper half of their result undefined
+/// unless it clears it (RV64's `addw` sign-extends, say): the registers (bit n = rn) whose
+/// upper 32 bits some path may still read, on entry to each instruction (index as
+/// [`Program::insts`], plus one past the end). After a 32-bit ALU operation at `i` whose
+/// destination is not in entry `i + 1`, nothing ever looks at the upper half, and the
+/// zero-extension RFC 9669 asks for cannot be observed.
+///
+/// What reads only the low halves, by RFC 9669: every 32-bit ALU operation (`mov32`'s source;
+/// both operands of the others, division and modulo included), every 32-bit conditional
+/// jump and the value of a 1-, 2- or 4-byte store. A backend using this must lower exactly those reading nothing above bit 31
+/// of their inputs. Everything else reads whole registers, conservatively: `exit` reads r0
+/// (in a called function r0–r9, which its caller may go on to read), a local call reads
+/// r0–r9 (its callee may), helpers and `callx` read r1–r5 and leave r0–r5 written.
+pub fn upper_halves_live(prog: &Program) -> Vec<u16> {
+    const ALL: u16 = 0b11_1111_1111;
+    const CALLER_SAVED: u16 = 1 | ARG_REGS;
+    let mut all = Vec::with_capacity(prog.insts.len() + 1);
+    for (k, sp) in prog.subprogs.iter().enumerate() {
+        let at_exit = if k == 0 { 1 } else { ALL };
+        let live = backward(prog, sp.start, sp.end, |_, op, out| {
+            let (reads, kills) = match *op {
+                Op::Alu {
+                    width: Width::W32, ..
+                } => (0, op.written_reg().map_or(0, |r| 1u16 << r)),
+                Op::Jcond {
+                    width: Width::W32, ..
+                } => (0, 0),
+                Op::Store {
+                    size: Size::B | Size::H | Size::W,
+                    base,
+                    ..
+                } => (1u16 << base, 0),
+                Op::Exit => (at_exit, 0),
+                Op::CallLocal { .. } => (ALL, 1),
+                Op::CallHelper { .. } | Op::CallReg { .. } => {
+                    (regs_read(op, ARG_REGS), CALLER_SAVED)
+                }
+                _ => (
+                    regs_read(op, ARG_REGS),
+                    op.written_reg().map_or(0, |r| 1u16 << r),
+                ),
+            };
+            (reads & ALL) | (out & !kills)
+        });
+        all.extend_from_slice(&live[..sp.end - sp.start]);
+    }
+    all.push(0);
+    all
 }
 
 /// Whether the memory checks of the sandbox are emitted.
@@ -344,6 +394,29 @@ mod tests {
             }],
         )
         .expect("valid program")
+    }
+
+    #[test]
+    fn upper_halves_are_live_only_until_a_whole_register_read() {
+        use crate::encode_insn as i;
+        let p = program(&[
+            i(0xa4, 1, 0, 0, -1),  // 0: xor32 r1, -1
+            i(0x04, 1, 0, 0, 1),   // 1: add32 r1, 1     (reads r1's low half)
+            i(0x63, 10, 1, -4, 0), // 2: *(u32 *)(r10 - 4) = r1 (low half)
+            i(0x16, 1, 0, 1, 7),   // 3: if w1 == 7 goto 5 (low half)
+            i(0xbf, 0, 1, 0, 0),   // 4: r0 = r1          (all of r1)
+            i(0x85, 0, 0, 0, 1),   // 5: call helper 1   (all of r1–r5; r0–r5 written)
+            i(0x95, 0, 0, 0, 0),   // 6: exit            (all of r0)
+        ]);
+        let live = upper_halves_live(&p);
+        assert_eq!(live.len(), p.insts.len() + 1);
+        let r1 = |k: usize| live[k] & (1 << 1) != 0;
+        // r1's upper half is read at 4 (on one path) and 5: live up to 3, but 0's and 1's
+        // results are read only by 32-bit operations before 1 and 1 overwrites them.
+        assert!(!r1(1), "xor32's result is read only by add32");
+        assert!(r1(2) && r1(3) && r1(4) && r1(5));
+        assert!(!r1(6), "the call wrote r1");
+        assert_eq!(live[6], 1, "exit reads r0");
     }
 
     #[test]

@@ -33,7 +33,7 @@
 use crate::encode::{fits_signed, reg::*, Mem, R3, RI};
 use crate::lower::Codegen;
 use crate::regs::{map, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
-use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
+use packjit_frontend::analysis::{entry_zeroing, stack_block_size, upper_halves_live, CodegenMode};
 use packjit_frontend::{Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
@@ -64,6 +64,10 @@ pub struct Layout {
     pub zero: u16,
     /// Sandbox: the entry keeps [`CTX_LIM8`] (8-byte context accesses are tested against it).
     pub lim8: bool,
+    /// Per instruction, the eBPF registers whose upper 32 bits may still be read
+    /// (`analysis::upper_halves_live`): a 32-bit result whose upper half nobody reads skips
+    /// its zero-extension.
+    pub upper_live: Vec<u16>,
 }
 
 /// Sandbox: `max(ctx_len - 7, 0)` (s0, callee-saved, otherwise unused): an 8-byte access at
@@ -132,6 +136,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> 
         can_stop,
         zero,
         lim8,
+        upper_live: upper_halves_live(prog),
     }
 }
 

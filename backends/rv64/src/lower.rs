@@ -130,6 +130,15 @@ enum CopyOf {
     Loop,
 }
 
+/// What a 32-bit ALU result's upper half must hold (see `Layout::upper_live`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Upper {
+    /// Zero, as RFC 9669 defines it: something may read it.
+    Zero,
+    /// Anything: nothing reads it before the register is written again.
+    Unread,
+}
+
 pub struct Codegen<'a> {
     pub(crate) prog: &'a Program,
     helpers: &'a [HelperEntry],
@@ -659,7 +668,14 @@ impl<'a> Codegen<'a> {
                 op,
                 dst,
                 src,
-            } => self.alu(width, op, map(dst), src),
+            } => {
+                let upper = if self.layout.upper_live[i + 1] & (1 << dst) != 0 {
+                    Upper::Zero
+                } else {
+                    Upper::Unread
+                };
+                self.alu(width, op, map(dst), src, upper)
+            }
             Op::MovSx {
                 width,
                 dst,
@@ -1383,19 +1399,26 @@ impl<'a> Codegen<'a> {
         }
     }
 
-    fn alu(&mut self, width: Width, op: AluOp, d: u8, src: Operand) {
+    fn alu(&mut self, width: Width, op: AluOp, d: u8, src: Operand, upper: Upper) {
+        // Every 32-bit form below reads only bits 31:0 of its inputs (the `*w` instructions,
+        // and/or/xor, whose low half depends on low halves only, `slli 32` tests): inputs
+        // whose upper half was left unread hold anything there.
+        let zext = width == W32 && upper == Upper::Zero;
         match op {
             AluOp::Mov => {
                 match (src, width) {
                     (Operand::Reg(s), W64) => self.e.mv(d, map(s)),
-                    (Operand::Reg(s), W32) => self.e.zext32(d, map(s)),
+                    (Operand::Reg(s), W32) if zext => self.e.zext32(d, map(s)),
+                    (Operand::Reg(s), W32) => self.e.mv(d, map(s)),
                     (Operand::Imm(imm), W64) => self.e.li(d, imm as i64),
-                    (Operand::Imm(imm), W32) => self.e.li(d, imm as u32 as i64),
+                    (Operand::Imm(imm), W32) if zext => self.e.li(d, imm as u32 as i64),
+                    // Sign-extended is as good and often shorter (-1 is one `li`).
+                    (Operand::Imm(imm), W32) => self.e.li(d, imm as i64),
                 }
                 return;
             }
             AluOp::Div | AluOp::Sdiv | AluOp::Mod | AluOp::Smod => {
-                self.divmod(width, op, d, src);
+                self.divmod(width, op, d, src, upper);
                 return;
             }
             _ => {}
@@ -1424,7 +1447,7 @@ impl<'a> Codegen<'a> {
                     let sh = (imm as u32 & if width == W32 { 31 } else { 63 }) as i32;
                     self.e.ri(ri, d, d, sh);
                     // srliw by a non-zero amount already leaves bits 63:32 clear.
-                    if width == W32 && !(op == AluOp::Rsh && sh != 0) {
+                    if zext && !(op == AluOp::Rsh && sh != 0) {
                         self.e.zext32(d, d);
                     }
                     return;
@@ -1432,7 +1455,7 @@ impl<'a> Codegen<'a> {
                 if fits_signed(val, 12) {
                     self.e.ri(ri, d, d, val as i32);
                     // andi with a non-negative mask already clears bits 63:32.
-                    if width == W32 && !(op == AluOp::And && val >= 0) {
+                    if zext && !(op == AluOp::And && val >= 0) {
                         self.e.zext32(d, d);
                     }
                     return;
@@ -1466,12 +1489,13 @@ impl<'a> Codegen<'a> {
             _ => unreachable!("mov and div/mod handled above"),
         };
         self.e.rrr(r3, d, d, s);
-        if width == W32 {
+        if zext {
             self.e.zext32(d, d);
         }
     }
 
-    fn divmod(&mut self, width: Width, op: AluOp, d: u8, src: Operand) {
+    fn divmod(&mut self, width: Width, op: AluOp, d: u8, src: Operand, upper: Upper) {
+        let zext = width == W32 && upper == Upper::Zero;
         let is_div = matches!(op, AluOp::Div | AluOp::Sdiv);
         let r3 = match (op, width) {
             (AluOp::Div, W64) => R3::Divu,
@@ -1488,7 +1512,7 @@ impl<'a> Codegen<'a> {
                 // x / 0 = 0; x % 0 = x (truncated to 32 bits for ALU32).
                 if is_div {
                     self.e.li(d, 0);
-                } else if width == W32 {
+                } else if zext {
                     self.e.zext32(d, d);
                 }
             }
@@ -1505,7 +1529,7 @@ impl<'a> Codegen<'a> {
                     let k = divisor.trailing_zeros() as i32;
                     if is_div {
                         if k == 0 {
-                            if width == W32 {
+                            if zext {
                                 self.e.zext32(d, d);
                             }
                         } else if width == W32 {
@@ -1528,7 +1552,7 @@ impl<'a> Codegen<'a> {
                 // A non-zero divisor: no guard needed; MIN / -1 does not trap on RISC-V.
                 self.e.li(T1, imm as i64);
                 self.e.rrr(r3, d, d, T1);
-                if width == W32 {
+                if zext {
                     self.e.zext32(d, d);
                 }
             }
@@ -1551,7 +1575,7 @@ impl<'a> Codegen<'a> {
                     // MIN % -1: exactly BPF's semantics.
                     self.e.rrr(r3, d, d, s);
                 }
-                if width == W32 {
+                if zext {
                     self.e.zext32(d, d);
                 }
             }
@@ -1666,7 +1690,8 @@ impl<'a> Codegen<'a> {
             self.branch(fix(Br::Ne), T0, ZERO, target);
             return;
         }
-        // JMP32 compares the low halves. Sign-extending *both* operands serves every
+        // JMP32 compares the low halves (and reads nothing above them: an operand's upper
+        // half may be unread, see `Layout::upper_live`). Sign-extending *both* operands serves every
         // condition: it is the signed reading, and as a map from u32 to u64 it is monotonic,
         // so unsigned order and equality are preserved too. An immediate is already the
         // sign-extended value of its low 32 bits.

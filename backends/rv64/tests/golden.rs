@@ -64,9 +64,9 @@ fn logical_immediates_and_alu32_zero_extension() {
         &[
             ins(0x57, 1, 0, 0, 0xff),    // and: andi
             ins(0x47, 1, 0, 0, 0x10000), // or: lui + or
-            ins(0xa4, 1, 0, 0, -1),      // xor32: xori, then zero-extend
-            ins(0x54, 1, 0, 0, 0x7f),    // and32 with a non-negative mask: no zext needed
-            EXIT,
+            ins(0xa4, 1, 0, 0, -1),      // xor32: xori; no zero-extension, as the
+            ins(0x54, 1, 0, 0, 0x7f),    // and32 reads only the low half (andi with a
+            EXIT,                        // non-negative mask clears bits 63:32 itself)
         ],
         0,
         "li x15,0
@@ -74,10 +74,41 @@ fn logical_immediates_and_alu32_zero_extension() {
          lui x6,0x10
          or x10,x10,x6
          not x10,x10
-         sll x10,x10,0x20
-         srl x10,x10,0x20
          and x10,x10,127
          mv x10,x15
+         ret",
+    );
+}
+
+#[test]
+fn alu32_results_are_zero_extended_only_where_read_whole() {
+    golden(
+        &[
+            ins(0xa4, 1, 0, 0, -1),  // xor32 r1, -1: r0 = r1 reads all 64 bits, so zext
+            ins(0xbf, 0, 1, 0, 0),   // r0 = r1
+            ins(0x04, 2, 0, 0, 1),   // add32 r2, 1: only a 4-byte store and a jmp32 read
+            ins(0x63, 10, 2, -4, 0), // *(u32 *)(r10 - 4) = r2
+            ins(0x16, 2, 0, 1, 7),   // if w2 == 7 goto +1
+            ins(0xb4, 3, 0, 0, -1),  // mov32 r3, -1, never read whole: li -1
+            EXIT,
+        ],
+        0,
+        "add x2,x2,-528
+         sd x21,0(x2)
+         add x21,x2,528
+         not x10,x10
+         sll x10,x10,0x20
+         srl x10,x10,0x20
+         mv x15,x10
+         addw x11,x11,1
+         sw x11,-4(x21)
+         li x6,7
+         sext.w x5,x11
+         beq x5,x6,0x34
+         li x12,-1
+         mv x10,x15
+         ld x21,0(x2)
+         add x2,x2,528
          ret",
     );
 }
@@ -240,6 +271,7 @@ fn extensions_zbb_zba_and_compressed() {
             ins(0xbf, 4, 2, 8, 0),
             ins(0x07, 0, 0, 0, 3),
             ins(0x0f, 0, 1, 0, 0),
+            ins(0x0f, 0, 3, 0, 0), // reads all of r3: mov32 must zero-extend
             EXIT,
         ],
         ALL,
@@ -251,12 +283,18 @@ fn extensions_zbb_zba_and_compressed() {
          sext.b x13,x11
          c:add x15,x15,3
          c:add x15,x15,x10
+         c:add x15,x15,x12
          c:mv x10,x15
          c:ret",
     );
     // The same without extensions: byte-by-byte swap and shift pairs.
     golden(
-        &[ins(0xdc, 2, 0, 0, 16), ins(0xbc, 3, 1, 0, 0), EXIT],
+        &[
+            ins(0xdc, 2, 0, 0, 16),
+            ins(0xbc, 3, 1, 0, 0),
+            ins(0x0f, 0, 3, 0, 0),
+            EXIT,
+        ],
         0,
         "li x15,0
          zext.b x6,x11
@@ -267,6 +305,7 @@ fn extensions_zbb_zba_and_compressed() {
          mv x11,x6
          sll x12,x10,0x20
          srl x12,x12,0x20
+         add x15,x15,x12
          mv x10,x15
          ret",
     );
