@@ -32,9 +32,13 @@
 
 use crate::encode::{fits_signed, reg::*, Mem, R3, RI};
 use crate::lower::Codegen;
-use crate::regs::{map, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
-use packjit_frontend::analysis::{entry_zeroing, stack_block_size, upper_halves_live, CodegenMode};
-use packjit_frontend::{Op, Program, STACK_SIZE};
+use crate::regs::{
+    call_free_map, map, RegMap, BUDGET, CTX_LEN, CTX_START, ENV, REG_MAP, STACK_LEN, STACK_START,
+};
+use packjit_frontend::analysis::{
+    entry_zeroing, live_in, stack_block_size, upper_halves_live, CodegenMode,
+};
+use packjit_frontend::{op_kind, Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
     PJ_ENV_STACK_START,
@@ -68,6 +72,9 @@ pub struct Layout {
     /// (`analysis::upper_halves_live`): a 32-bit result whose upper half nobody reads skips
     /// its zero-extension.
     pub upper_live: Vec<u16>,
+    /// Where each eBPF register lives: [`REG_MAP`], or [`call_free_map`] when the program
+    /// calls nothing.
+    pub regs: RegMap,
 }
 
 /// Sandbox: `max(ctx_len - 7, 0)` (s0, callee-saved, otherwise unused): an 8-byte access at
@@ -137,6 +144,15 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> 
         zero,
         lim8,
         upper_live: upper_halves_live(prog),
+        regs: if prog
+            .subprogs
+            .iter()
+            .any(|sp| sp.ops & (op_kind::CALLS | op_kind::MOV_PERCPU) != 0)
+        {
+            REG_MAP
+        } else {
+            call_free_map()
+        },
     }
 }
 
@@ -197,7 +213,7 @@ impl Codegen<'_> {
             if self.access_uses_ctx_const() {
                 // Checks against the context start plus a constant assume r1 is exactly
                 // env.ctx_start.
-                self.e.mv(map(1), CTX_START);
+                self.e.mv(self.map(1), CTX_START);
             }
             self.add_imm(STACK_START, SP, f.save_bytes as i64, T0);
             self.e.li(STACK_LEN, block as i64);
@@ -209,12 +225,21 @@ impl Codegen<'_> {
                 self.e.zero_fill(STACK_START, S5, T0);
             }
         }
+        let ctx_placed = self.mode.sandboxed() && self.access_uses_ctx_const();
+        if self.map(1) != A0 && !ctx_placed {
+            // r1 does not live in a0 (`call_free_map`): move the context over, before r0
+            // (now a0) is zeroed, unless nothing reads it first.
+            let end = self.prog.subprogs[0].end;
+            if live_in(self.prog, 0, end)[0] & (1 << 1) != 0 {
+                self.e.mv(self.map(1), A0);
+            }
+        }
         if self.mode.counts_budget() {
             self.e.load(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
         }
         for r in 0..10u8 {
             if self.layout.zero & (1 << r) != 0 {
-                self.e.li(map(r), 0);
+                self.e.li(self.map(r), 0);
             }
         }
     }
@@ -227,7 +252,9 @@ impl Codegen<'_> {
                 self.e.store(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
             }
             // The entry returns eBPF r0 in a0.
-            self.e.mv(A0, A5);
+            if self.map(0) != A0 {
+                self.e.mv(A0, self.map(0));
+            }
         }
         for (slot, &r) in f.saves.iter().enumerate() {
             self.e.load(Mem::D, r, SP, slot as i32 * 8);

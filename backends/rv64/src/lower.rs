@@ -14,7 +14,7 @@
 
 use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
 use crate::frame::{Layout, CTX_LIM8};
-use crate::regs::{map, BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
+use crate::regs::{BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, checked_access, helper_lowering, stack_block_size,
@@ -477,7 +477,7 @@ impl<'a> Codegen<'a> {
             .load(Mem::D, T0, T1, PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE);
         self.e.rrr(R3::Mul, T4, T3, T0);
         self.e.bind(done);
-        self.e.rrr(R3::Add, map(dst), map(src), T4);
+        self.e.rrr(R3::Add, self.map(dst), self.map(src), T4);
     }
 
     /// Per-CPU array lookup (r1 = a0 array id, r2 = a1 element index) against the host's
@@ -651,6 +651,11 @@ impl<'a> Codegen<'a> {
         }
     }
 
+    /// The native register holding eBPF register `r` in this program (`Layout::regs`).
+    pub(crate) fn map(&self, r: u8) -> u8 {
+        self.layout.regs[r as usize]
+    }
+
     // ---- instructions ----------------------------------------------------------------------------
 
     fn inst(&mut self, k: usize, i: usize, inst: &Inst, last: bool) {
@@ -674,7 +679,7 @@ impl<'a> Codegen<'a> {
                 } else {
                     Upper::Unread
                 };
-                self.alu(width, op, map(dst), src, upper)
+                self.alu(width, op, self.map(dst), src, upper)
             }
             Op::MovSx {
                 width,
@@ -682,7 +687,7 @@ impl<'a> Codegen<'a> {
                 src,
                 bits,
             } => {
-                let (d, s) = (map(dst), map(src));
+                let (d, s) = (self.map(dst), self.map(src));
                 self.e.sext(d, s, bits);
                 if width == W32 {
                     self.e.zext32(d, d);
@@ -690,14 +695,14 @@ impl<'a> Codegen<'a> {
             }
             Op::MovPerCpu { dst, src, array } => self.mov_percpu(pc, dst, src, array),
             Op::Neg { width, dst } => {
-                let d = map(dst);
+                let d = self.map(dst);
                 self.e.neg(width, d, d);
                 if width == W32 {
                     self.e.zext32(d, d);
                 }
             }
-            Op::End { kind, bits, dst } => self.end(kind, bits, map(dst)),
-            Op::LdImm64 { dst, imm } => self.e.li(map(dst), imm as i64),
+            Op::End { kind, bits, dst } => self.end(kind, bits, self.map(dst)),
+            Op::LdImm64 { dst, imm } => self.e.li(self.map(dst), imm as i64),
             Op::Load {
                 size,
                 sign_extend,
@@ -714,13 +719,13 @@ impl<'a> Codegen<'a> {
                     (Size::DW, _) => Mem::D,
                 };
                 let (b, o) = self.mem_operand(pc, &op, false);
-                self.e.load(m, map(dst), b, o);
+                self.e.load(m, self.map(dst), b, o);
             }
             Op::Store { size, src, .. } => {
                 // The address first: the sandbox check's out-of-line path uses t1.
                 let (b, o) = self.mem_operand(pc, &op, true);
                 let v = match src {
-                    Operand::Reg(r) => map(r),
+                    Operand::Reg(r) => self.map(r),
                     Operand::Imm(0) => ZERO,
                     Operand::Imm(imm) => {
                         self.e.li(T1, imm as i64);
@@ -748,17 +753,17 @@ impl<'a> Codegen<'a> {
                     && checked_access(&op).is_some()
                     && !self.unchecked_access(base)
                 {
-                    self.check_access(pc, map(base), off, size.bytes(), true, true);
+                    self.check_access(pc, self.map(base), off, size.bytes(), true, true);
                     T0
                 } else if off == 0 {
-                    map(base)
+                    self.map(base)
                 } else {
-                    self.add_imm(T0, map(base), off as i64, T0);
+                    self.add_imm(T0, self.map(base), off as i64, T0);
                     T0
                 };
                 // The verifier allows only W and DW atomics.
                 let width = if size == Size::DW { W64 } else { W32 };
-                self.atomic(width, aop, fetch, addr, map(src))
+                self.atomic(width, aop, fetch, addr, self.map(src))
             }
             Op::Ja { target } => {
                 if let Some(charge) = self.charge_of(inst, target) {
@@ -782,12 +787,12 @@ impl<'a> Codegen<'a> {
                 if let Some(charge) = self.charge_of(inst, target) {
                     // Taken back-edge: pay first, on the taken path only.
                     let skip = self.e.new_label();
-                    self.jcond(width, cond, map(dst), src, skip, true);
+                    self.jcond(width, cond, self.map(dst), src, skip, true);
                     self.charge(pc, charge);
                     self.jump(l);
                     self.e.bind(skip);
                 } else {
-                    self.jcond(width, cond, map(dst), src, l, false);
+                    self.jcond(width, cond, self.map(dst), src, l, false);
                 }
             }
             Op::CallHelper { id } => {
@@ -806,7 +811,7 @@ impl<'a> Codegen<'a> {
                 }
             }
             Op::CallReg { reg } => {
-                self.e.mv(T2, map(reg));
+                self.e.mv(T2, self.map(reg));
                 // The dispatch names this pc if the id turns out unknown.
                 self.e.li(A7, pc as i64);
                 let d = self.dispatch.expect("dispatch exists when callx does");
@@ -853,7 +858,7 @@ impl<'a> Codegen<'a> {
         let src = match &mut op {
             Op::Alu { src, .. } | Op::Store { src, .. } | Op::Jcond { src, .. } => src,
             Op::LdImm64 { dst, imm } => {
-                let d = map(*dst);
+                let d = self.map(*dst);
                 self.e.li(d, (*imm ^ mask) as i64);
                 self.e.li(T1, mask as i64);
                 self.e.rrr(R3::Xor, d, d, T1);
@@ -909,14 +914,15 @@ impl<'a> Codegen<'a> {
         if self.mode.sandboxed() {
             if let Some((_, _, size)) = checked_access(op) {
                 if !self.unchecked_access(base) {
-                    let operand = self.check_access(pc, map(base), off, size.bytes(), write, false);
+                    let operand =
+                        self.check_access(pc, self.map(base), off, size.bytes(), write, false);
                     self.mask_reentered_base(base);
                     return operand;
                 }
             }
         }
         let (base, off) = self.walked_address(base, off);
-        self.address(map(base), off, T0)
+        self.address(self.map(base), off, T0)
     }
 
     /// Does any check assume r1 = the context start (see `frame`'s entry)?
@@ -958,7 +964,7 @@ impl<'a> Codegen<'a> {
     fn group_check(&mut self, g: usize) {
         let grp = &self.access.groups[g];
         let (b, lo, span, check) = (
-            map(grp.base),
+            self.map(grp.base),
             grp.lo,
             (grp.hi - grp.lo as i32) as u32,
             grp.check,
@@ -1007,10 +1013,10 @@ impl<'a> Codegen<'a> {
         };
         let w = self.access.walks[k];
         let (head, clamp) = (self.insn_labels[i], self.walk_clamps[k]);
-        let (p, b) = (map(w.ptr), map(w.bound));
+        let (p, b) = (self.map(w.ptr), self.map(w.bound));
         // With a shadow the clamp writes the pointer's copy there (see `Walk::shadow`), and
         // the first iteration's copy is the exact entry value.
-        let shadow = self.walk_shadow(&w).map(map);
+        let shadow = self.walk_shadow(&w).map(|s| self.map(s));
         if let Some(guard) = w.guard {
             self.walk_guard(k, &w, guard);
         }
@@ -1020,14 +1026,14 @@ impl<'a> Codegen<'a> {
         // A guarded walk has no compile-time `last`: it clamps with the mask.
         let saturate = self.opts.zbb && w.guard.is_none();
         let limit = match (saturate, shadow, w.limit) {
-            (true, Some(_), Some(l)) => Some(map(l)),
+            (true, Some(_), Some(l)) => Some(self.map(l)),
             _ => None,
         };
         if let Some(s) = shadow {
             self.e.mv(s, p);
         }
         if let Some(l) = limit {
-            self.add_imm(l, map(packjit_frontend::R10), w.last, T3);
+            self.add_imm(l, self.map(packjit_frontend::R10), w.last, T3);
         }
         self.jump(head);
         self.e.bind(clamp);
@@ -1037,7 +1043,7 @@ impl<'a> Codegen<'a> {
         let dst = shadow.unwrap_or(p);
         if saturate {
             let l = limit.unwrap_or_else(|| {
-                self.add_imm(T3, map(packjit_frontend::R10), w.last, T3);
+                self.add_imm(T3, self.map(packjit_frontend::R10), w.last, T3);
                 T3
             });
             self.e.minu(dst, p, l);
@@ -1064,7 +1070,7 @@ impl<'a> Codegen<'a> {
     /// masked with the verdict (itself architecturally, 0 under a mispredicted branch, from
     /// where a speculative walk stays in the unmapped first 64 KiB).
     fn walk_guard(&mut self, k: usize, w: &Walk, g: Guard) {
-        let (p, b) = (map(w.ptr), map(w.bound));
+        let (p, b) = (self.map(w.ptr), self.map(w.bound));
         let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i32);
         // t0 = q = p - start; t1 = len - end; t2 = (len < end) | (len - end < q).
         match g.region {
@@ -1078,7 +1084,7 @@ impl<'a> Codegen<'a> {
             GuardRegion::Frame => {
                 // The frame is [r10 - 512, r10), and 512 >= end.
                 let size = packjit_frontend::STACK_SIZE as i32;
-                self.e.rrr(R3::Sub, T0, p, map(packjit_frontend::R10));
+                self.e.rrr(R3::Sub, T0, p, self.map(packjit_frontend::R10));
                 self.e.ri(RI::Addi, T0, T0, size);
                 self.e.ri(RI::Addi, T1, ZERO, size - end);
                 self.e.rrr(R3::Sltu, T2, T1, T0);
@@ -1135,7 +1141,7 @@ impl<'a> Codegen<'a> {
         let reentered =
             self.access.group_of[self.cur].is_some_and(|g| self.access.groups[g].reentered);
         if self.copy && reentered && self.opts.measure.spectre_clamp {
-            self.e.rrr(R3::And, map(base), map(base), T3);
+            self.e.rrr(R3::And, self.map(base), self.map(base), T3);
         }
     }
 
@@ -1407,9 +1413,9 @@ impl<'a> Codegen<'a> {
         match op {
             AluOp::Mov => {
                 match (src, width) {
-                    (Operand::Reg(s), W64) => self.e.mv(d, map(s)),
-                    (Operand::Reg(s), W32) if zext => self.e.zext32(d, map(s)),
-                    (Operand::Reg(s), W32) => self.e.mv(d, map(s)),
+                    (Operand::Reg(s), W64) => self.e.mv(d, self.map(s)),
+                    (Operand::Reg(s), W32) if zext => self.e.zext32(d, self.map(s)),
+                    (Operand::Reg(s), W32) => self.e.mv(d, self.map(s)),
                     (Operand::Imm(imm), W64) => self.e.li(d, imm as i64),
                     (Operand::Imm(imm), W32) if zext => self.e.li(d, imm as u32 as i64),
                     // Sign-extended is as good and often shorter (-1 is one `li`).
@@ -1463,7 +1469,7 @@ impl<'a> Codegen<'a> {
             }
         }
         let s = match src {
-            Operand::Reg(r) => map(r),
+            Operand::Reg(r) => self.map(r),
             Operand::Imm(imm) => {
                 self.e.li(T1, imm as i64);
                 T1
@@ -1557,7 +1563,7 @@ impl<'a> Codegen<'a> {
                 }
             }
             Operand::Reg(s) => {
-                let s = map(s);
+                let s = self.map(s);
                 if is_div {
                     // RISC-V returns all-ones for x / 0; BPF wants 0. Branch-free:
                     // mask = (divisor == 0) - 1, computed before d (which may be s) changes.
@@ -1637,17 +1643,18 @@ impl<'a> Codegen<'a> {
             AtomicOp::Cmpxchg => {
                 // r0 = cmpxchg(addr, r0, s). lr.w sign-extends, so compare against the
                 // sign-extended low half of r0.
+                let r0 = self.map(0);
                 let expect = if width == W64 {
-                    A5
+                    r0
                 } else {
-                    self.e.ri(RI::Addiw, T2, A5, 0);
+                    self.e.ri(RI::Addiw, T2, r0, 0);
                     T2
                 };
                 self.e.cmpxchg_loop(width, addr, expect, s);
                 if width == W64 {
-                    self.e.mv(A5, T1);
+                    self.e.mv(r0, T1);
                 } else {
-                    self.e.zext32(A5, T1);
+                    self.e.zext32(r0, T1);
                 }
                 return;
             }
@@ -1681,7 +1688,7 @@ impl<'a> Codegen<'a> {
                     self.e.li(T1, imm as i64);
                     self.e.rrr(R3::And, T0, a, T1);
                 }
-                Operand::Reg(r) => self.e.rrr(R3::And, T0, a, map(r)),
+                Operand::Reg(r) => self.e.rrr(R3::And, T0, a, self.map(r)),
             }
             if width == W32 {
                 // Only the low halves count.
@@ -1703,7 +1710,7 @@ impl<'a> Codegen<'a> {
                 T1
             }
             Operand::Reg(r) => {
-                let r = map(r);
+                let r = self.map(r);
                 if width == W32 {
                     self.e.ri(RI::Addiw, T1, r, 0);
                     T1

@@ -3,8 +3,8 @@
 //!
 //! | eBPF | RV64 | why |
 //! |------|------|-----|
-//! | r0 | a5 (x15) | caller-saved (r0 is clobbered by every call anyway); in x8–x15 so C forms apply |
-//! | r1–r5 | a0–a4 (x10–x14) | helper and local-call arguments are already in place |
+//! | r0 | a5 (x15) | caller-saved (r0 is clobbered by every call anyway); in x8–x15 so C forms apply (a0 in a program that calls nothing, see [`call_free_map`]) |
+//! | r1–r5 | a0–a4 (x10–x14) | helper and local-call arguments are already in place (r1 in a5 in a program that calls nothing) |
 //! | r6–r9 | s1–s4 (x9, x18–x20) | callee-saved: survive helper calls for free |
 //! | r10 | s5 (x21) | callee-saved frame pointer of the current (sub)program |
 //! | — | s6 (x22) | the run's `PjExecEnv *` (entry argument a2), when the code can stop |
@@ -18,8 +18,13 @@
 
 use crate::encode::reg::*;
 
-/// eBPF register → RV64 register, one row per eBPF register.
-const REG_MAP: [u8; 12] = [
+/// eBPF register → RV64 register, one row per eBPF register (and the blinding pseudo
+/// register).
+pub type RegMap = [u8; 12];
+
+/// The map of programs that call something: helpers and local calls find their arguments
+/// in place and return in a5.
+pub const REG_MAP: RegMap = [
     A5, // r0: return value; caller-saved like r0 itself
     A0, // r1: first argument (context pointer at entry)
     A1, // r2: second argument (context length at entry)
@@ -50,7 +55,17 @@ pub const STACK_LEN: u8 = S10;
 /// Budget: instructions left.
 pub const BUDGET: u8 = S11;
 
-/// The native register holding eBPF register `r`.
+/// The native register holding eBPF register `r` under [`REG_MAP`].
 pub fn map(r: u8) -> u8 {
     REG_MAP[r as usize]
+}
+
+/// The map of a program that calls nothing (no helper, `callx`, local call or per-CPU
+/// mov): it owes nobody a calling convention, so r0 lives in a0, where the entry returns
+/// it, and r1 in a5; the context moves there only when the program reads r1 before writing
+/// it.
+pub fn call_free_map() -> RegMap {
+    let mut m = REG_MAP;
+    m.swap(0, 1);
+    m
 }

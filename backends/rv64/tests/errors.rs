@@ -146,7 +146,7 @@ fn plugin_vtable_round_trip() {
         arena.bytes.borrow().as_slice(),
         compile(&code, &[], 0).unwrap().as_slice()
     );
-    assert_eq!(c.native_insns, 3);
+    assert_eq!(c.native_insns, 2);
 }
 
 #[test]
