@@ -25,7 +25,7 @@ use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{
-    back_edge_charge, checked_access, helper_lowering, HelperLowering, CALL_CHARGE,
+    back_edge_charge, callx_plan, checked_access, helper_lowering, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
@@ -122,7 +122,7 @@ pub fn emit_decoded_with(
                     format!("arm64 relocation failed: {err}"),
                 )
             })?;
-            let native_insns = bytes.len() / 4;
+            let native_insns = (bytes.len() - e.data_bytes) / 4;
             return Ok(Emitted {
                 bytes,
                 native_insns,
@@ -216,6 +216,8 @@ pub(crate) struct Emitter<'a> {
     pub(crate) clamp: bool,
     /// The register map of the function being emitted (`Frame::map`).
     pub(crate) map: RegMap,
+    /// Bytes of data in the code (`callx` tables and their padding): not instructions.
+    pub(crate) data_bytes: usize,
 }
 
 impl<'a> Emitter<'a> {
@@ -280,6 +282,7 @@ impl<'a> Emitter<'a> {
             walk_clamps,
             clamp: true,
             map: plan.frames[0].map,
+            data_bytes: 0,
         }
     }
 
@@ -1145,39 +1148,41 @@ impl<'a> Emitter<'a> {
     /// the match; no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (stop_addr = id).
     pub(crate) fn callx(&mut self, reg: Reg) {
         let r = self.src(reg, T0);
-        let mut seen = Vec::new();
-        let table: Vec<HelperEntry> = self
-            .helpers
-            .iter()
-            // The per-CPU table entry is not a callable helper: `callx` never matches it.
-            .filter(|h| h.id != PJ_HELPER_PERCPU_OFFSET)
-            .filter(|h| {
-                // The first entry for an id wins, as in `CompileRequest::helper`.
-                let fresh = !seen.contains(&h.id);
-                seen.push(h.id);
-                fresh
-            })
-            .copied()
-            .collect();
+        let plan = callx_plan(self.helpers);
         let call = self.ops.new_dynamic_label();
         let done = self.ops.new_dynamic_label();
-        for h in &table {
-            // Compare the full 64-bit register: 0x1_0000_0005 is not helper 5.
+        let unknown = self.ops.new_dynamic_label();
+        // Compares are on the full 64-bit register: 0x1_0000_0005 is not helper 5.
+        for h in &plan.inlined {
             self.cmp_imm_u64(r, h.id as u64);
             a64!(self.ops; b.ne >next);
-            match helper_lowering(h) {
-                HelperLowering::Call(addr) => {
-                    self.mov_imm(T2, addr, W64);
-                    a64!(self.ops; b =>call);
-                }
-                inline => {
-                    self.inline_helper(inline);
-                    a64!(self.ops; b =>done);
+            self.inline_helper(helper_lowering(h));
+            a64!(self.ops; b =>done ; next:);
+        }
+        let table = self.ops.new_dynamic_label();
+        match &plan.table {
+            Some(t) => {
+                // Unsigned bound (a huge or "negative" id fails it), then the address, 0
+                // for a hole.
+                self.cmp_imm_u64(r, t.len() as u64);
+                a64!(self.ops
+                    ; b.hs =>unknown
+                    ; adr X(T2), =>table
+                    ; ldr X(T2), [X(T2), X(r), lsl 3]
+                    ; cbnz X(T2), =>call
+                );
+            }
+            None => {
+                for h in &plan.called {
+                    self.cmp_imm_u64(r, h.id as u64);
+                    a64!(self.ops; b.ne >next);
+                    self.mov_imm(T2, h.addr, W64);
+                    a64!(self.ops; b =>call ; next:);
                 }
             }
-            a64!(self.ops; next:);
         }
         // No helper has this id: stop at this pc with the id as the address.
+        a64!(self.ops; =>unknown);
         if r != T0 {
             a64!(self.ops; mov X(T0), X(r));
         }
@@ -1185,6 +1190,17 @@ impl<'a> Emitter<'a> {
         self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
         self.mov_imm(C2, pc, W64);
         self.b(self.stop);
+        if let Some(t) = &plan.table {
+            // Data after the unconditional branch, never executed: 8-byte aligned for the
+            // load (the padding is `udf #0`); counted as data, not instructions.
+            let start = self.off();
+            self.ops.align(8, 0);
+            a64!(self.ops; =>table);
+            for &addr in t {
+                self.ops.push_u64(addr);
+            }
+            self.data_bytes += self.off() - start;
+        }
         a64!(self.ops; =>call ; blr X(T2) ; mov X(self.map[0]), X(RET) ; =>done);
     }
 

@@ -893,3 +893,45 @@ fn loops_clamp_what_they_no_longer_check() {
         assert!(all.contains(&clamp), "{clamp} missing:\n{}", all.join("\n"));
     }
 }
+
+#[test]
+fn callx_dispatches_through_a_table_when_ids_are_dense() {
+    // Six helpers, ids 1..=7 without 4 (a hole): bound, address, test for a hole, call.
+    let hs: Vec<HelperEntry> = [1u32, 2, 3, 5, 6, 7]
+        .iter()
+        .map(|&id| helper(id, HELPER_ADDR + u64::from(id) * 16))
+        .collect();
+    let out = emit_program(&prog(&[ins(0x8d, 3, 0, 0, 0), EXIT]), &hs, 0).unwrap();
+    let d = disasm(&out.bytes[..0x48]);
+    assert_eq!(
+        d[9..],
+        [
+            "cmp x2, #0x8",
+            "b.cs 0x38",
+            "adr x11, 0x48",
+            "ldr x11, [x11, x2, lsl #3]",
+            "cbnz x11, 0x88",
+            // An unknown id: the stop, with the id as the address.
+            "mov x9, x2",
+            "mov x16, #0x3",
+            "mov x15, #0x0",
+            "b 0xa0",
+        ],
+        "{d:#?}"
+    );
+    // The table after the stop's branch: 8-byte aligned data, 0 for the ids without a
+    // helper, not counted as instructions. The call follows it.
+    let words: Vec<u64> = out.bytes[0x48..0x88]
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<u64> = (0..8u64)
+        .map(|id| match id {
+            0 | 4 => 0,
+            _ => HELPER_ADDR + id * 16,
+        })
+        .collect();
+    assert_eq!(words, want);
+    assert_eq!(disasm(&out.bytes[0x88..0x90]), ["blr x11", "mov x7, x0"]);
+    assert_eq!(out.native_insns * 4, out.bytes.len() - 64);
+}

@@ -111,20 +111,24 @@ fn stats(code: &[u8], helpers: &[HelperEntry], features: u64) -> Option<Stats> {
 }
 
 fn stats_flags(code: &[u8], helpers: &[HelperEntry], features: u64, flags: u32) -> Option<Stats> {
-    let native = Rv64Backend::new()
-        .emit_request(&packjit_plugin_api::CompileRequest {
-            code,
-            helpers,
-            features,
-            flags,
-            blind_key: 0,
-        })
+    let m = Rv64Backend::new()
+        .emit_for_measurement(
+            &packjit_plugin_api::CompileRequest {
+                code,
+                helpers,
+                features,
+                flags,
+                blind_key: 0,
+            },
+            Default::default(),
+        )
         .ok()?;
     let ebpf = packjit_frontend::decode(code, helpers).ok()?.insts.len();
+    // Instructions only: a `callx` table is data (its bytes count in `bytes`).
     Some(Stats {
         ebpf,
-        native: native_insn_count(&native),
-        bytes: native.len(),
+        native: m.native_insns,
+        bytes: m.bytes.len(),
     })
 }
 
@@ -231,16 +235,17 @@ fn corpus(dir: &std::path::Path) {
             flags: 0,
             blind_key: 0,
         };
-        let Ok((bytes, table)) = Rv64Backend::new().emit_with_line_table(&req) else {
+        let Ok(m) = Rv64Backend::new().emit_for_measurement(&req, Default::default()) else {
             continue;
         };
+        let (bytes, table) = (m.bytes, m.line_table);
         let prog = packjit_frontend::decode(p, &helpers).expect("compiled, so it decodes");
         let starts: Vec<usize> = prog
             .insts
             .iter()
             .map(|i| native_insn_count(&bytes[..table[i.pc] as usize]))
             .collect();
-        density.add(&prog, &starts, native_insn_count(&bytes));
+        density.add(&prog, &starts, m.native_insns);
     }
     println!("  per class, {}:", CONFIGS[3].0.trim());
     print!("{}", density.report("RV64"));

@@ -180,6 +180,9 @@ pub struct Emitter {
     pub zba: bool,
     /// Use compressed encodings.
     pub c: bool,
+    /// Byte ranges of data in the code (`callx` tables and their padding): not
+    /// instructions (see [`count_insns_except`]).
+    pub data: Vec<std::ops::Range<usize>>,
 }
 
 /// `jal` with rd = 0 and a zero displacement.
@@ -234,6 +237,7 @@ impl Emitter {
             zbb,
             zba,
             c,
+            data: Vec::new(),
         }
     }
 
@@ -302,6 +306,25 @@ impl Emitter {
         if lo != 0 {
             self.ri(RI::Addi, rd, rd, lo as i32);
         }
+    }
+
+    /// How many instructions [`Emitter::li`] emits for `val` (the same decomposition).
+    pub fn li_len(val: i64) -> usize {
+        if fits_signed(val, 12) {
+            return 1;
+        }
+        let lo = (val << 52) >> 52;
+        if fits_signed(val, 32) {
+            return 1 + usize::from(lo != 0);
+        }
+        let upper = val.wrapping_sub(lo) >> 12;
+        let rest = upper >> upper.trailing_zeros();
+        Self::li_len(rest) + 1 + usize::from(lo != 0)
+    }
+
+    /// `auipc rd, hi; ld rd, lo(rd)`: the 8 bytes at label `l` (±2 GiB).
+    pub fn ld_label(&mut self, rd: u8, l: DynamicLabel) {
+        rv!(self.asm; ld X(rd), =>l);
     }
 
     /// `rd = zero_extend(rs[31:0])`: `add.uw rd, rs, zero` with Zba, else a shift pair.
@@ -666,6 +689,23 @@ impl Emitter {
         Ok(code)
     }
 
+    /// `auipc rd, hi; addi rd, rd, lo`: the address of label `l` (±2 GiB).
+    pub fn la(&mut self, rd: u8, l: DynamicLabel) {
+        rv!(self.asm; la X(rd), =>l);
+    }
+
+    /// 8-byte aligned data at label `l`, after code that never falls into it (the zero
+    /// padding parcels are illegal instructions); recorded in [`Emitter::data`].
+    pub fn data_u64s(&mut self, l: DynamicLabel, words: &[u64]) {
+        let start = self.pos();
+        self.asm.align(8, 0);
+        self.bind(l);
+        for &w in words {
+            self.asm.push_u64(w);
+        }
+        self.data.push(start..self.pos());
+    }
+
     /// `auipc tmp, hi; jalr zero, tmp, lo` (±2 GiB).
     pub fn far_jump(&mut self, tmp: u8, l: DynamicLabel) {
         rv!(self.asm; jump =>l, X(tmp));
@@ -783,6 +823,17 @@ impl Emitter {
     }
 }
 
+/// [`count_insns`] over `code` without the byte ranges `data` (sorted, disjoint).
+pub fn count_insns_except(code: &[u8], data: &[std::ops::Range<usize>]) -> usize {
+    let mut n = 0;
+    let mut at = 0;
+    for r in data {
+        n += count_insns(&code[at..r.start]);
+        at = r.end;
+    }
+    n + count_insns(&code[at..])
+}
+
 /// Counts RISC-V instructions in an encoded stream: a parcel whose low two bits are `11`
 /// starts a 32-bit instruction, anything else is a 16-bit compressed one.
 pub fn count_insns(code: &[u8]) -> usize {
@@ -798,6 +849,34 @@ pub fn count_insns(code: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn li_len_counts_what_li_emits() {
+        let mut vals = vec![
+            0i64,
+            1,
+            -1,
+            2047,
+            -2048,
+            2048,
+            0x7fff_ffff,
+            -0x8000_0000,
+            0x8000_0000,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            vals.extend([x as i64, (x >> (x % 64)) as i64, (x as i64) >> (x % 64)]);
+        }
+        for v in vals {
+            let mut e = Emitter::new(false, false, false, 64);
+            e.li(T0, v);
+            let code = e.finish().unwrap();
+            assert_eq!(Emitter::li_len(v), count_insns(&code), "{v:#x}");
+        }
+    }
 
     /// The displacement back out of B-type immediate bits.
     fn b_disp(w: u32) -> i64 {

@@ -144,6 +144,8 @@ pub use packjit_frontend::analysis::EmitOptions;
 pub struct Measured {
     /// Machine code; offset 0 is the entry.
     pub bytes: Vec<u8>,
+    /// Instructions in `bytes` (data, such as `callx` tables, excluded).
+    pub native_insns: usize,
     /// One native offset per bytecode slot (see `Compiled::pc_offsets`).
     pub line_table: Vec<u32>,
     /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
@@ -188,8 +190,8 @@ impl JitBackend for Rv64Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        let (bytes, table) = self.emit_with_line_table(req)?;
-        install_code_with_line_table(arena, &bytes, encode::count_insns(&bytes), table)
+        let m = self.emit_for_measurement(req, EmitOptions::default())?;
+        install_code_with_line_table(arena, &m.bytes, m.native_insns, m.line_table)
     }
 }
 

@@ -12,12 +12,12 @@
 //! displacement against its form's range and grows the failing sites, with a proven bound on
 //! the passes; code is never emitted with a branch that does not reach.
 
-use crate::encode::{fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
+use crate::encode::{count_insns_except, fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
 use crate::frame::{Layout, CTX_LIM8};
 use crate::regs::{BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, helper_lowering, stack_block_size,
+    back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering, stack_block_size,
     CodegenMode, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
@@ -130,6 +130,11 @@ enum CopyOf {
     Loop,
 }
 
+/// Constants `li` builds in at most this many instructions stay inline; wider ones (three
+/// or more `li` steps past a 32-bit value: the two-slot constants of `lddw`) come from the
+/// constant pool in two, plus 8 bytes of data shared by equal constants.
+const POOL_MIN_LI: usize = 3;
+
 /// What a 32-bit ALU result's upper half must hold (see `Layout::upper_live`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Upper {
@@ -155,6 +160,11 @@ pub struct Codegen<'a> {
     entry_labels: Vec<DynamicLabel>,
     exit_labels: Vec<DynamicLabel>,
     dispatch: Option<DynamicLabel>,
+    /// 64-bit constants loaded from the code image (value, label), each once; placed after
+    /// all code by [`Codegen::pass`].
+    pool: Vec<(u64, DynamicLabel)>,
+    /// Label of each value in `pool`.
+    pooled: std::collections::HashMap<u64, DynamicLabel>,
     cold: Vec<Cold>,
     /// Shared stop path: a6 = kind, a7 = pc, t0 = address, t1 = access (see `emit_stops`).
     stop: DynamicLabel,
@@ -244,6 +254,8 @@ impl<'a> Codegen<'a> {
             entry_labels: Vec::new(),
             exit_labels: Vec::new(),
             dispatch: None,
+            pool: Vec::new(),
+            pooled: std::collections::HashMap::new(),
             cold: Vec::new(),
             stop: dummy,
             stop_budget: dummy,
@@ -311,10 +323,12 @@ impl<'a> Codegen<'a> {
                     .collect();
                 landings.sort_unstable();
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
+                let e_data = e.data.clone();
                 let code = e
                     .finish()
                     .map_err(|err| CompileError::new(ErrorKind::Encoding, err))?;
                 return Ok(crate::Measured {
+                    native_insns: count_insns_except(&code, &e_data),
                     bytes: code,
                     line_table: table,
                     landings,
@@ -381,48 +395,94 @@ impl<'a> Codegen<'a> {
             self.callx_dispatch();
         }
         self.emit_stops();
+        self.pooled.clear();
+        for (value, l) in std::mem::take(&mut self.pool) {
+            self.e.data_u64s(l, &[value]);
+        }
+    }
+
+    /// `rd = imm`, the 64-bit constant of an `lddw`: from the constant pool when `li` would
+    /// take more than [`POOL_MIN_LI`] instructions (`auipc` + `ld`: two, whatever the value).
+    fn lddw(&mut self, rd: u8, imm: u64) {
+        if Emitter::li_len(imm as i64) <= POOL_MIN_LI {
+            self.e.li(rd, imm as i64);
+            return;
+        }
+        let l = match self.pooled.get(&imm) {
+            Some(&l) => l,
+            None => {
+                let l = self.e.new_label();
+                self.pool.push((imm, l));
+                self.pooled.insert(imm, l);
+                l
+            }
+        };
+        self.e.ld_label(rd, l);
     }
 
     /// `callx` dispatch, shared by all `callx` sites: the helper id arrives in t2 and the
     /// site's pc in a7; a match tail-jumps to the helper (which returns straight to the call
     /// site); no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (address = the id).
+    /// Inlined helpers are compared for first; called ones are found through a table of
+    /// addresses after the routine, or compared for one by one when their ids are too few
+    /// or too sparse (`analysis::callx_plan`).
     fn callx_dispatch(&mut self) {
-        // The per-CPU table entry is not a callable helper: `callx` never matches it.
-        let helpers: Vec<HelperEntry> = self
-            .helpers
-            .iter()
-            .filter(|h| h.id != PJ_HELPER_PERCPU_OFFSET)
-            .copied()
-            .collect();
-        let helpers = &helpers;
-        let cases: Vec<DynamicLabel> = helpers.iter().map(|_| self.e.new_label()).collect();
-        for (h, &l) in helpers.iter().zip(&cases) {
-            // Ids are u32; a register value with upper bits set matches no helper.
+        let plan = callx_plan(self.helpers);
+        let unknown = self.e.new_label();
+        let inlined: Vec<DynamicLabel> = plan.inlined.iter().map(|_| self.e.new_label()).collect();
+        // Ids are u32; a register value with upper bits set matches no helper.
+        for (h, &l) in plan.inlined.iter().zip(&inlined) {
             self.e.li(T1, h.id as i64);
             self.branch(Br::Eq, T2, T1, l);
         }
+        let table = self.e.new_label();
+        let called: Vec<DynamicLabel> = match &plan.table {
+            Some(t) => {
+                // Unsigned bound (a huge id fails it), then the address, 0 for a hole.
+                self.e.li(T1, t.len() as i64);
+                self.branch(Br::Geu, T2, T1, unknown);
+                self.e.la(T0, table);
+                self.e.ri(RI::Slli, T1, T2, 3);
+                self.e.rrr(R3::Add, T0, T0, T1);
+                self.e.load(Mem::D, T0, T0, 0);
+                self.branch(Br::Eq, T0, ZERO, unknown);
+                self.e.jump_reg(T0);
+                Vec::new()
+            }
+            None => {
+                let cases: Vec<DynamicLabel> =
+                    plan.called.iter().map(|_| self.e.new_label()).collect();
+                for (h, &l) in plan.called.iter().zip(&cases) {
+                    self.e.li(T1, h.id as i64);
+                    self.branch(Br::Eq, T2, T1, l);
+                }
+                cases
+            }
+        };
+        self.e.bind(unknown);
         self.e.mv(T0, T2);
         // r0 means nothing after a stop; u64::MAX keeps the ABI v1 reading (`PJ_CALLX_UNKNOWN`)
         // for hosts that do not look at `stop_kind` yet.
-        self.e.li(A5, -1);
+        self.e.li(self.map(0), -1);
         self.e.li(A6, PJ_STOP_UNKNOWN_CALLX as i64);
         self.e.li(T1, 0);
         let stop = self.stop;
         self.jump(stop);
-        for (h, &l) in helpers.iter().zip(&cases) {
+        for (h, &l) in plan.called.iter().zip(&called) {
             self.e.bind(l);
-            match helper_lowering(h) {
-                HelperLowering::Call(addr) => {
-                    self.e.li(T0, addr as i64);
-                    self.e.jump_reg(T0);
-                }
-                inline => {
-                    // The site expects the result in a0, like a helper's (a0-a4 are dead
-                    // after a call).
-                    self.inline_helper(inline, A0);
-                    self.e.ret();
-                }
-            }
+            self.e.li(T0, h.addr as i64);
+            self.e.jump_reg(T0);
+        }
+        for (h, &l) in plan.inlined.iter().zip(&inlined) {
+            self.e.bind(l);
+            // The site expects the result in a0, like a helper's (a0-a4 are dead after a
+            // call).
+            self.inline_helper(helper_lowering(h), A0);
+            self.e.ret();
+        }
+        if let Some(t) = &plan.table {
+            // After a return: never fallen into.
+            self.e.data_u64s(table, t);
         }
     }
 
@@ -702,7 +762,7 @@ impl<'a> Codegen<'a> {
                 }
             }
             Op::End { kind, bits, dst } => self.end(kind, bits, self.map(dst)),
-            Op::LdImm64 { dst, imm } => self.e.li(self.map(dst), imm as i64),
+            Op::LdImm64 { dst, imm } => self.lddw(self.map(dst), imm),
             Op::Load {
                 size,
                 sign_extend,

@@ -115,22 +115,35 @@ fn alu32_results_are_zero_extended_only_where_read_whole() {
 
 #[test]
 fn sixty_four_bit_constant() {
+    // A constant `li` would build in eight steps comes from the constant pool after the
+    // code (auipc + ld); an equal one shares its slot; one `li` builds in three stays inline.
     let [a, b] = lddw(2, 0x1234_5678_9abc_def0);
-    golden(
-        &[a, b, ins(0xb7, 3, 0, 0, -1), EXIT],
+    let [c, d] = lddw(4, 0x1234_5678_9abc_def0);
+    let [e, f] = lddw(5, 0x1234_5678_0000_0000);
+    let code = compile(
+        &prog(&[a, b, ins(0xb7, 3, 0, 0, -1), c, d, e, f, EXIT]),
+        &[],
         0,
-        "li x10,0
-         lui x11,0x247
-         addw x11,x11,-1875
-         sll x11,x11,0xe
-         add x11,x11,-947
-         sll x11,x11,0xc
-         add x11,x11,1511
-         sll x11,x11,0xd
-         add x11,x11,-272
-         li x12,-1
-         ret",
+    )
+    .unwrap();
+    assert_eq!(
+        disasm(&code[..40]),
+        [
+            "li x10,0",
+            "auipc x11,0x0",
+            "ld x11,36(x11)",
+            "li x12,-1",
+            "auipc x13,0x0",
+            "ld x13,24(x13)",
+            "lui x14,0x2469",
+            "addw x14,x14,-1329",
+            "sll x14,x14,0x23",
+            "ret",
+        ]
     );
+    // The pool: 8-byte aligned (no padding needed here), one slot for both equal constants.
+    assert_eq!(code.len(), 48);
+    assert_eq!(code[40..48], 0x1234_5678_9abc_def0u64.to_le_bytes());
 }
 
 #[test]
@@ -645,4 +658,46 @@ fn loops_clamp_what_they_no_longer_check() {
     // the checked copy after each of the five members' checks.
     let masks = all.iter().filter(|l| *l == "and x15,x15,x28").count();
     assert_eq!(masks, 1 + 5, "{}", all.join("\n"));
+}
+
+#[test]
+fn callx_dispatches_through_a_table_when_ids_are_dense() {
+    // Six helpers, ids 1..=7 without 4: the shared dispatch bounds the id (t2), loads the
+    // address from a table after the routine and tests it for a hole.
+    let hs: Vec<HelperEntry> = [1u32, 2, 3, 5, 6, 7]
+        .iter()
+        .map(|&id| HelperEntry {
+            id,
+            inline_kind: 0,
+            addr: 0x0000_3fff_8000_1234 + u64::from(id) * 16,
+        })
+        .collect();
+    let code = compile(&prog(&[ins(0x8d, 3, 0, 0, 0), EXIT]), &hs, 0).unwrap();
+    let d = disasm(&code);
+    let at = d.iter().position(|l| l == "li x6,8").expect("bound");
+    assert!(d[at + 1].starts_with("bgeu x7,x6,"), "{d:#?}");
+    assert_eq!(d[at + 2], "auipc x5,0x0");
+    assert!(d[at + 3].starts_with("add x5,x5,"), "{d:#?}");
+    assert_eq!(
+        d[at + 4..at + 7],
+        ["sll x6,x7,0x3", "add x5,x5,x6", "ld x5,0(x5)"],
+        "{d:#?}"
+    );
+    // A hole goes where an id past the table goes: the stop.
+    assert_eq!(d[at + 7], d[at + 1].replace("bgeu x7,x6,", "beqz x5,"));
+    assert_eq!(d[at + 8], "jr x5");
+    let table: Vec<u8> = (0..8u64)
+        .flat_map(|id| {
+            match id {
+                0 | 4 => 0u64,
+                _ => 0x0000_3fff_8000_1234 + id * 16,
+            }
+            .to_le_bytes()
+        })
+        .collect();
+    let pos = code
+        .windows(64)
+        .position(|w| w == table.as_slice())
+        .expect("the table is in the code");
+    assert_eq!(pos % 8, 0, "aligned");
 }

@@ -276,6 +276,29 @@ impl Enc {
         self.insns += 1;
     }
 
+    /// `dst = [rip + table + 8 * index]; test dst, dst`: a `callx` table entry (0 for no
+    /// helper, so the flags answer "is there one").
+    // dynasm expands each dynamic register `Rq(r)` to `r.into()`, an identity on `Gpr`.
+    #[allow(clippy::useless_conversion)]
+    pub fn load_table_entry(&mut self, dst: Gpr, table: Label, index: Gpr) {
+        dynasm!(self.ops
+            ; .arch x64
+            ; lea Rq(dst), [=>table]
+            ; mov Rq(dst), QWORD [Rq(dst) + Rq(index) * 8]
+            ; test Rq(dst), Rq(dst)
+        );
+        self.insns += 3;
+    }
+
+    /// 8-byte aligned data at label `l` (`int3` padding: never executed); not instructions.
+    pub fn data_u64(&mut self, l: Label, words: &[u64]) {
+        self.ops.align(8, 0xcc);
+        self.bind(l);
+        for &w in words {
+            self.ops.push_u64(w);
+        }
+    }
+
     /// `call r11`: helpers are reached through an absolute address in the scratch r11.
     pub fn call_r11(&mut self) {
         dynasm!(self.ops ; .arch x64 ; call r11);

@@ -11,8 +11,8 @@ use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, checked_access, helper_lowering, CodegenMode, HelperLowering,
-    CALL_CHARGE,
+    back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering, CodegenMode,
+    HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
@@ -233,6 +233,8 @@ pub struct Emitter<'a> {
     /// Cold blocks of the current function, emitted after its epilogue.
     cold: Vec<Cold>,
     region_scan: Option<Label>,
+    /// `callx` address tables (label, entries), placed after all code as data.
+    callx_tables: Vec<(Label, Vec<u64>)>,
     /// Instruction index to skip (fused into the previous one).
     skip: Option<usize>,
     /// Index of the instruction being lowered.
@@ -295,6 +297,7 @@ impl<'a> Emitter<'a> {
             sub_exit,
             entry_pops,
             stops: Vec::new(),
+            callx_tables: Vec::new(),
             cold: Vec::new(),
             region_scan: None,
             skip: None,
@@ -355,6 +358,9 @@ impl<'a> Emitter<'a> {
         self.stop_stubs();
         if let Some(l) = self.region_scan {
             self.region_scan_routine(l);
+        }
+        for (l, table) in std::mem::take(&mut self.callx_tables) {
+            self.e.data_u64(l, &table);
         }
         Ok(())
     }
@@ -1742,18 +1748,15 @@ impl<'a> Emitter<'a> {
         self.e.call_r11();
     }
 
-    /// `callx reg`: the id in `reg` is compared with each registered helper id (the table
-    /// is fixed at compile time); no match stops the program with PJ_STOP_UNKNOWN_CALLX.
+    /// `callx reg`: the id in `reg` picks the helper (the table is fixed at compile time,
+    /// see `analysis::callx_plan`): inlined helpers are compared for first, then called
+    /// ones through a table of addresses in the code image, or compared for one by one when
+    /// their ids are too few or too sparse. No match stops the program with
+    /// PJ_STOP_UNKNOWN_CALLX.
     fn callx(&mut self, pc: usize, reg: Reg) {
         let r = host(reg);
         let done = self.e.label();
-        // The per-CPU table entry is not a callable helper: `callx` never matches it.
-        let helpers: Vec<HelperEntry> = self
-            .helpers
-            .iter()
-            .filter(|h| h.id != PJ_HELPER_PERCPU_OFFSET)
-            .copied()
-            .collect();
+        let plan = callx_plan(self.helpers);
         let stop = self.stop_label(Stop::Callx { reg: r }, pc);
         let cmp = |em: &mut Self, id: u32| {
             if i32::try_from(id).is_ok() {
@@ -1763,8 +1766,32 @@ impl<'a> Emitter<'a> {
                 em.e.rr(&[], Sz::B64, &[0x39], T11, r);
             }
         };
+        // Kinds were checked when the table was validated (`call_helper` only fails on an
+        // unknown kind), so these cannot fail here.
+        if let Some(table) = plan.table {
+            for h in &plan.inlined {
+                let next = self.e.label();
+                cmp(self, h.id);
+                self.e.jump(Some(Cc::Ne), next);
+                let _ = self.call_helper(h);
+                self.e.jump(None, done);
+                self.e.bind(next);
+            }
+            // Unsigned bound (a huge or "negative" id fails it), then the address, 0 for a
+            // hole.
+            let at = self.e.label();
+            cmp(self, table.len() as u32);
+            self.e.jump(Some(Cc::Ae), stop);
+            self.e.load_table_entry(T11, at, r);
+            self.e.jump(Some(Cc::E), stop);
+            self.e.call_r11();
+            self.callx_tables.push((at, table));
+            self.e.bind(done);
+            return;
+        }
         // All but the last id branch to their call; the last one falls into its call and
         // a miss goes to the stop.
+        let helpers: Vec<HelperEntry> = plan.inlined.into_iter().chain(plan.called).collect();
         let Some((last, rest)) = helpers.split_last() else {
             self.e.jump(None, stop);
             return;
@@ -1778,8 +1805,6 @@ impl<'a> Emitter<'a> {
         }
         cmp(self, last.id);
         self.e.jump(Some(Cc::Ne), stop);
-        // Kinds were checked when the table was validated (`call_helper` only fails on an
-        // unknown kind), so these cannot fail here.
         let _ = self.call_helper(last);
         for (l, h) in hits {
             self.e.jump(None, done);

@@ -887,3 +887,53 @@ fn loops_clamp_what_they_no_longer_check() {
         all.join("\n")
     );
 }
+
+/// With dense helper ids a `callx` bounds the id, loads the address from a table placed
+/// after all code (8-byte aligned data) and calls it; a hole (address 0) or an id past the
+/// table stops like an unknown id.
+#[test]
+fn callx_dispatches_through_a_table_when_ids_are_dense() {
+    let hs: Vec<HelperEntry> = [1u32, 2, 3, 5, 6, 7]
+        .iter()
+        .map(|&id| HelperEntry {
+            id,
+            inline_kind: 0,
+            addr: HELPER_ADDR + u64::from(id) * 16,
+        })
+        .collect();
+    let out = emit_program(
+        &asm("mov %r0, 0\ncall %r0\nexit"),
+        &hs,
+        &Options {
+            flags: 0,
+            features: 0,
+            blind_key: 1,
+        },
+    )
+    .unwrap();
+    let table = out.bytes.len() - 64;
+    assert_eq!(table % 8, 0, "aligned");
+    let words: Vec<u64> = out.bytes[table..]
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<u64> = (0..8u64)
+        .map(|id| match id {
+            0 | 4 => 0,
+            _ => HELPER_ADDR + id * 16,
+        })
+        .collect();
+    assert_eq!(words, want);
+    let d = disasm(&out.bytes[..table]);
+    let at = d.iter().position(|l| l == "cmp rax,0x8").expect("bound");
+    assert!(d[at + 1].starts_with("jae "), "{d:#?}");
+    assert!(d[at + 2].starts_with("lea r11,[rip+"), "{d:#?}");
+    assert_eq!(
+        d[at + 3..at + 5],
+        // (A dynamic base register gets a zero disp8: it might have been rbp or r13.)
+        ["mov r11,QWORD PTR [r11+rax*8+0x0]", "test r11,r11"],
+        "{d:#?}"
+    );
+    assert!(d[at + 5].starts_with("je "), "{d:#?}");
+    assert_eq!(d[at + 6], "call r11");
+}

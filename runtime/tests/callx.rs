@@ -1,0 +1,93 @@
+//! `callx` on the host's backend (natively on x86-64, under qemu-user in the cross runs):
+//! with enough helpers of dense ids the site dispatches through a table in the code image
+//! (`packjit_frontend::analysis::callx_plan`), with holes, ids past the table and ids with
+//! upper bits set all stopping as unknown; the built-in CPU id (id 8) stays inlined.
+
+mod host;
+
+use packjit::{ErrorKind, LoadOptions};
+use packjit_frontend::encode_insn as insn;
+
+macro_rules! helpers {
+    ($($name:ident = $id:literal),* $(,)?) => {
+        $(
+            unsafe extern "C" fn $name(r1: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+                $id * 1000 + r1
+            }
+        )*
+        const HELPERS: &[(u32, packjit_plugin_api::PjHelperFn)] = &[$(($id, $name)),*];
+    };
+}
+
+// Ids 20..=31 with holes at 23 and 27: ten called helpers, dense enough for a table.
+helpers!(
+    h20 = 20,
+    h21 = 21,
+    h22 = 22,
+    h24 = 24,
+    h25 = 25,
+    h26 = 26,
+    h28 = 28,
+    h29 = 29,
+    h30 = 30,
+    h31 = 31
+);
+
+/// r1 = 7; r6 = id (64-bit); callx r6 (at pc 4); exit.
+fn callx_program(id: u64) -> Vec<u8> {
+    [
+        insn(0xb7, 1, 0, 0, 7),
+        insn(0x18, 6, 0, 0, id as u32 as i32),
+        insn(0, 0, 0, 0, (id >> 32) as u32 as i32),
+        insn(0xb7, 0, 0, 0, 0),
+        insn(0x8d, 6, 0, 0, 0),
+        insn(0x95, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn callx_through_a_dense_table_calls_each_helper_and_stops_on_every_other_id() {
+    let rt = host::host_runtime();
+    for &(id, f) in HELPERS {
+        rt.register_helper(id, &format!("h{id}"), f).unwrap();
+    }
+    let opts = LoadOptions::default();
+    for &(id, _) in HELPERS {
+        let p = rt.load(&callx_program(id as u64), &opts).unwrap();
+        assert_eq!(
+            p.call(&mut []).unwrap(),
+            id as u64 * 1000 + 7,
+            "helper {id}"
+        );
+    }
+    // The built-in CPU id, inlined, is matched before the table.
+    let p = rt.load(&callx_program(8), &opts).unwrap();
+    assert!(p.call(&mut []).unwrap() < 4096, "a CPU id");
+    for id in [23u64, 27, 32, 19, 0, 1000, u64::MAX, 0x1_0000_0014] {
+        let p = rt.load(&callx_program(id), &opts).unwrap();
+        let e = p.call(&mut []).unwrap_err();
+        assert_eq!(
+            (e.kind, e.pc),
+            (ErrorKind::UnknownCallx, Some(4)),
+            "id {id:#x}: {e}"
+        );
+    }
+    // The table makes the site shorter than a compare and an address per helper, which is
+    // what the same helpers get at sparse ids (too sparse for a table).
+    let sparse = host::host_runtime();
+    for &(id, f) in HELPERS {
+        sparse
+            .register_helper(id * 100, &format!("h{id}"), f)
+            .unwrap();
+    }
+    let q = sparse.load(&callx_program(2000), &opts).unwrap();
+    assert_eq!(q.call(&mut []).unwrap(), 20 * 1000 + 7);
+    let p = rt.load(&callx_program(20), &opts).unwrap();
+    assert!(
+        p.native_insns() + 2 * HELPERS.len() < q.native_insns(),
+        "table {} vs compares {} native instructions",
+        p.native_insns(),
+        q.native_insns()
+    );
+}
