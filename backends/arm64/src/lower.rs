@@ -1153,33 +1153,32 @@ impl<'a> Emitter<'a> {
         let done = self.ops.new_dynamic_label();
         let unknown = self.ops.new_dynamic_label();
         // Compares are on the full 64-bit register: 0x1_0000_0005 is not helper 5.
-        for h in &plan.inlined {
+        for h in &plan.compared {
             self.cmp_imm_u64(r, h.id as u64);
             a64!(self.ops; b.ne >next);
-            self.inline_helper(helper_lowering(h));
-            a64!(self.ops; b =>done ; next:);
-        }
-        let table = self.ops.new_dynamic_label();
-        match &plan.table {
-            Some(t) => {
-                // Unsigned bound (a huge or "negative" id fails it), then the address, 0
-                // for a hole.
-                self.cmp_imm_u64(r, t.len() as u64);
-                a64!(self.ops
-                    ; b.hs =>unknown
-                    ; adr X(T2), =>table
-                    ; ldr X(T2), [X(T2), X(r), lsl 3]
-                    ; cbnz X(T2), =>call
-                );
-            }
-            None => {
-                for h in &plan.called {
-                    self.cmp_imm_u64(r, h.id as u64);
-                    a64!(self.ops; b.ne >next);
-                    self.mov_imm(T2, h.addr, W64);
-                    a64!(self.ops; b =>call ; next:);
+            match helper_lowering(h) {
+                HelperLowering::Call(addr) => {
+                    self.mov_imm(T2, addr, W64);
+                    a64!(self.ops; b =>call);
+                }
+                inline => {
+                    self.inline_helper(inline);
+                    a64!(self.ops; b =>done);
                 }
             }
+            a64!(self.ops; next:);
+        }
+        let table = self.ops.new_dynamic_label();
+        if let Some(t) = &plan.table {
+            // Unsigned bound (a huge or "negative" id fails it), then the address, 0 for a
+            // hole.
+            self.cmp_imm_u64(r, t.len() as u64);
+            a64!(self.ops
+                ; b.hs =>unknown
+                ; adr X(T2), =>table
+                ; ldr X(T2), [X(T2), X(r), lsl 3]
+                ; cbnz X(T2), =>call
+            );
         }
         // No helper has this id: stop at this pc with the id as the address.
         a64!(self.ops; =>unknown);

@@ -429,36 +429,24 @@ impl<'a> Codegen<'a> {
     fn callx_dispatch(&mut self) {
         let plan = callx_plan(self.helpers);
         let unknown = self.e.new_label();
-        let inlined: Vec<DynamicLabel> = plan.inlined.iter().map(|_| self.e.new_label()).collect();
+        let cases: Vec<DynamicLabel> = plan.compared.iter().map(|_| self.e.new_label()).collect();
         // Ids are u32; a register value with upper bits set matches no helper.
-        for (h, &l) in plan.inlined.iter().zip(&inlined) {
+        for (h, &l) in plan.compared.iter().zip(&cases) {
             self.e.li(T1, h.id as i64);
             self.branch(Br::Eq, T2, T1, l);
         }
         let table = self.e.new_label();
-        let called: Vec<DynamicLabel> = match &plan.table {
-            Some(t) => {
-                // Unsigned bound (a huge id fails it), then the address, 0 for a hole.
-                self.e.li(T1, t.len() as i64);
-                self.branch(Br::Geu, T2, T1, unknown);
-                self.e.la(T0, table);
-                self.e.ri(RI::Slli, T1, T2, 3);
-                self.e.rrr(R3::Add, T0, T0, T1);
-                self.e.load(Mem::D, T0, T0, 0);
-                self.branch(Br::Eq, T0, ZERO, unknown);
-                self.e.jump_reg(T0);
-                Vec::new()
-            }
-            None => {
-                let cases: Vec<DynamicLabel> =
-                    plan.called.iter().map(|_| self.e.new_label()).collect();
-                for (h, &l) in plan.called.iter().zip(&cases) {
-                    self.e.li(T1, h.id as i64);
-                    self.branch(Br::Eq, T2, T1, l);
-                }
-                cases
-            }
-        };
+        if let Some(t) = &plan.table {
+            // Unsigned bound (a huge id fails it), then the address, 0 for a hole.
+            self.e.li(T1, t.len() as i64);
+            self.branch(Br::Geu, T2, T1, unknown);
+            self.e.la(T0, table);
+            self.e.ri(RI::Slli, T1, T2, 3);
+            self.e.rrr(R3::Add, T0, T0, T1);
+            self.e.load(Mem::D, T0, T0, 0);
+            self.branch(Br::Eq, T0, ZERO, unknown);
+            self.e.jump_reg(T0);
+        }
         self.e.bind(unknown);
         self.e.mv(T0, T2);
         // r0 means nothing after a stop; u64::MAX keeps the ABI v1 reading (`PJ_CALLX_UNKNOWN`)
@@ -468,17 +456,20 @@ impl<'a> Codegen<'a> {
         self.e.li(T1, 0);
         let stop = self.stop;
         self.jump(stop);
-        for (h, &l) in plan.called.iter().zip(&called) {
+        for (h, &l) in plan.compared.iter().zip(&cases) {
             self.e.bind(l);
-            self.e.li(T0, h.addr as i64);
-            self.e.jump_reg(T0);
-        }
-        for (h, &l) in plan.inlined.iter().zip(&inlined) {
-            self.e.bind(l);
-            // The site expects the result in a0, like a helper's (a0-a4 are dead after a
-            // call).
-            self.inline_helper(helper_lowering(h), A0);
-            self.e.ret();
+            match helper_lowering(h) {
+                HelperLowering::Call(addr) => {
+                    self.e.li(T0, addr as i64);
+                    self.e.jump_reg(T0);
+                }
+                inline => {
+                    // The site expects the result in a0, like a helper's (a0-a4 are dead
+                    // after a call).
+                    self.inline_helper(inline, A0);
+                    self.e.ret();
+                }
+            }
         }
         if let Some(t) = &plan.table {
             // After a return: never fallen into.

@@ -1769,7 +1769,7 @@ impl<'a> Emitter<'a> {
         // Kinds were checked when the table was validated (`call_helper` only fails on an
         // unknown kind), so these cannot fail here.
         if let Some(table) = plan.table {
-            for h in &plan.inlined {
+            for h in &plan.compared {
                 let next = self.e.label();
                 cmp(self, h.id);
                 self.e.jump(Some(Cc::Ne), next);
@@ -1791,7 +1791,7 @@ impl<'a> Emitter<'a> {
         }
         // All but the last id branch to their call; the last one falls into its call and
         // a miss goes to the stop.
-        let helpers: Vec<HelperEntry> = plan.inlined.into_iter().chain(plan.called).collect();
+        let helpers = plan.compared;
         let Some((last, rest)) = helpers.split_last() else {
             self.e.jump(None, stop);
             return;
