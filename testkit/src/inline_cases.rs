@@ -64,3 +64,31 @@ pub fn programs() -> Vec<(&'static str, Vec<u8>, u32)> {
         ),
     ]
 }
+
+/// The `callx` table case every backend's golden test checks: six called helpers at ids 1–7
+/// without 4 (a hole), at `base + 16 × id`.
+pub fn dense_callx_helpers(base: u64) -> Vec<HelperEntry> {
+    [1u32, 2, 3, 5, 6, 7]
+        .iter()
+        .map(|&id| HelperEntry {
+            id,
+            inline_kind: 0,
+            addr: base + u64::from(id) * 16,
+        })
+        .collect()
+}
+
+/// The table [`dense_callx_helpers`] compiles to: ids 0–7, 0 where there is no helper, as
+/// the little-endian bytes in the code image.
+pub fn dense_callx_table(base: u64) -> Vec<u8> {
+    (0..8u64)
+        .flat_map(|id| {
+            let addr = if id == 0 || id == 4 {
+                0
+            } else {
+                base + id * 16
+            };
+            addr.to_le_bytes()
+        })
+        .collect()
+}

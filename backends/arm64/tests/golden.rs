@@ -897,10 +897,7 @@ fn loops_clamp_what_they_no_longer_check() {
 #[test]
 fn callx_dispatches_through_a_table_when_ids_are_dense() {
     // Six helpers, ids 1..=7 without 4 (a hole): bound, address, test for a hole, call.
-    let hs: Vec<HelperEntry> = [1u32, 2, 3, 5, 6, 7]
-        .iter()
-        .map(|&id| helper(id, HELPER_ADDR + u64::from(id) * 16))
-        .collect();
+    let hs = packjit_testkit::inline_cases::dense_callx_helpers(HELPER_ADDR);
     let out = emit_program(&prog(&[ins(0x8d, 3, 0, 0, 0), EXIT]), &hs, 0).unwrap();
     let d = disasm(&out.bytes[..0x48]);
     assert_eq!(
@@ -921,17 +918,10 @@ fn callx_dispatches_through_a_table_when_ids_are_dense() {
     );
     // The table after the stop's branch: 8-byte aligned data, 0 for the ids without a
     // helper, not counted as instructions. The call follows it.
-    let words: Vec<u64> = out.bytes[0x48..0x88]
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    let want: Vec<u64> = (0..8u64)
-        .map(|id| match id {
-            0 | 4 => 0,
-            _ => HELPER_ADDR + id * 16,
-        })
-        .collect();
-    assert_eq!(words, want);
+    assert_eq!(
+        out.bytes[0x48..0x88],
+        packjit_testkit::inline_cases::dense_callx_table(HELPER_ADDR)
+    );
     assert_eq!(disasm(&out.bytes[0x88..0x90]), ["blr x11", "mov x7, x0"]);
     assert_eq!(out.native_insns * 4, out.bytes.len() - 64);
 }

@@ -664,14 +664,8 @@ fn loops_clamp_what_they_no_longer_check() {
 fn callx_dispatches_through_a_table_when_ids_are_dense() {
     // Six helpers, ids 1..=7 without 4: the shared dispatch bounds the id (t2), loads the
     // address from a table after the routine and tests it for a hole.
-    let hs: Vec<HelperEntry> = [1u32, 2, 3, 5, 6, 7]
-        .iter()
-        .map(|&id| HelperEntry {
-            id,
-            inline_kind: 0,
-            addr: 0x0000_3fff_8000_1234 + u64::from(id) * 16,
-        })
-        .collect();
+    const BASE: u64 = 0x0000_3fff_8000_1234;
+    let hs = packjit_testkit::inline_cases::dense_callx_helpers(BASE);
     let code = compile(&prog(&[ins(0x8d, 3, 0, 0, 0), EXIT]), &hs, 0).unwrap();
     let d = disasm(&code);
     let at = d.iter().position(|l| l == "li x6,8").expect("bound");
@@ -686,15 +680,7 @@ fn callx_dispatches_through_a_table_when_ids_are_dense() {
     // A hole goes where an id past the table goes: the stop.
     assert_eq!(d[at + 7], d[at + 1].replace("bgeu x7,x6,", "beqz x5,"));
     assert_eq!(d[at + 8], "jr x5");
-    let table: Vec<u8> = (0..8u64)
-        .flat_map(|id| {
-            match id {
-                0 | 4 => 0u64,
-                _ => 0x0000_3fff_8000_1234 + id * 16,
-            }
-            .to_le_bytes()
-        })
-        .collect();
+    let table = packjit_testkit::inline_cases::dense_callx_table(BASE);
     let pos = code
         .windows(64)
         .position(|w| w == table.as_slice())

@@ -893,14 +893,7 @@ fn loops_clamp_what_they_no_longer_check() {
 /// table stops like an unknown id.
 #[test]
 fn callx_dispatches_through_a_table_when_ids_are_dense() {
-    let hs: Vec<HelperEntry> = [1u32, 2, 3, 5, 6, 7]
-        .iter()
-        .map(|&id| HelperEntry {
-            id,
-            inline_kind: 0,
-            addr: HELPER_ADDR + u64::from(id) * 16,
-        })
-        .collect();
+    let hs = packjit_testkit::inline_cases::dense_callx_helpers(HELPER_ADDR);
     let out = emit_program(
         &asm("mov %r0, 0\ncall %r0\nexit"),
         &hs,
@@ -913,17 +906,10 @@ fn callx_dispatches_through_a_table_when_ids_are_dense() {
     .unwrap();
     let table = out.bytes.len() - 64;
     assert_eq!(table % 8, 0, "aligned");
-    let words: Vec<u64> = out.bytes[table..]
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    let want: Vec<u64> = (0..8u64)
-        .map(|id| match id {
-            0 | 4 => 0,
-            _ => HELPER_ADDR + id * 16,
-        })
-        .collect();
-    assert_eq!(words, want);
+    assert_eq!(
+        out.bytes[table..],
+        packjit_testkit::inline_cases::dense_callx_table(HELPER_ADDR)
+    );
     let d = disasm(&out.bytes[..table]);
     let at = d.iter().position(|l| l == "cmp rax,0x8").expect("bound");
     assert!(d[at + 1].starts_with("jae "), "{d:#?}");
