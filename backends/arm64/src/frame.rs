@@ -23,7 +23,9 @@
 //! which is why the entry saves every callee-saved register any function touches.
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
-use packjit_frontend::analysis::{entry_zeroing, live_in, reads_r10, stack_block_size};
+use packjit_frontend::analysis::{
+    entry_zeroing, live_in, reads_r10, stack_block_size, LoweringReads,
+};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
 use packjit_frontend::{op_kind, Op, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
@@ -74,7 +76,7 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
         0
     };
     let all_writes = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.writes);
-    let zero = entry_zeroing(prog, |_| 0);
+    let zero = entry_zeroing(prog, LoweringReads::NONE);
     let program_calls = prog
         .subprogs
         .iter()

@@ -104,13 +104,21 @@ fn backward(
     let mut live = vec![0u16; end - start + 1];
     loop {
         let mut changed = false;
+        // Without a back-edge, one pass in reverse order sees every successor final.
+        let mut back_edge = false;
         for i in (start..end).rev() {
             let op = &prog.insts[i].op;
             let at = |j: usize| live[j - start];
             let out = match *op {
                 Op::Exit => 0,
-                Op::Ja { target } => at(target),
-                Op::Jcond { target, .. } => at(i + 1) | at(target),
+                Op::Ja { target } => {
+                    back_edge |= target <= i;
+                    at(target)
+                }
+                Op::Jcond { target, .. } => {
+                    back_edge |= target <= i;
+                    at(i + 1) | at(target)
+                }
                 _ => at(i + 1),
             };
             let v = transfer(i, op, out);
@@ -119,7 +127,7 @@ fn backward(
                 changed = true;
             }
         }
-        if !changed {
+        if !changed || !back_edge {
             return live;
         }
     }
@@ -128,6 +136,30 @@ fn backward(
 /// r0 and r3–r9: the registers the host does not set at entry (r1 = context, r2 = its
 /// length, r10 = frame pointer).
 pub const FRESH_REGS: u16 = 0b11_1111_1001;
+
+/// Registers a backend's lowering reads beyond RFC 9669: every instruction of the
+/// [`op_kind`](crate::op_kind) bits `kinds` also reads `regs` (a register it briefly uses as
+/// scratch and restores, say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoweringReads {
+    /// Instruction kinds (`op_kind` bits).
+    pub kinds: u16,
+    /// The registers (bit n = rn) they also read.
+    pub regs: u16,
+}
+
+impl LoweringReads {
+    /// A lowering that reads what RFC 9669 says and nothing more.
+    pub const NONE: LoweringReads = LoweringReads { kinds: 0, regs: 0 };
+
+    fn of(self, op: &Op) -> u16 {
+        if op.kind_bit() & self.kinds != 0 {
+            self.regs
+        } else {
+            0
+        }
+    }
+}
 
 /// The registers among [`FRESH_REGS`] the entry must zero, so that nothing of the host leaks
 /// in and every run sees them start at zero: those some path reads before any instruction
@@ -141,23 +173,55 @@ pub const FRESH_REGS: u16 = 0b11_1111_1001;
 ///   fixpoint over the call graph, so recursion terminates) and writes r0. That kill is
 ///   exact: `exit` reads r0, so a callee with a path that leaves r0 unwritten reads it, and
 ///   the call then reads it too.
-/// * `extra_reads(op)` adds what a backend's lowering of `op` reads beyond RFC 9669 (a
-///   register it briefly uses as scratch and restores, say).
-pub fn entry_zeroing(prog: &Program, extra_reads: impl Fn(&Op) -> u16) -> u16 {
+/// * `exit` reads r0.
+/// * `lowering` adds what the backend's lowering reads beyond RFC 9669.
+///
+/// Cheap in the usual case: the entry's first straight-line stretch runs first on every
+/// path, so what it reads before writing must be zeroed and what it writes first never
+/// is; once that settles every register read anywhere, the dataflow is skipped.
+pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     const CALLER_SAVED: u16 = 1 | ARG_REGS;
+    let (reads, kinds) = prog
+        .subprogs
+        .iter()
+        .fold((0u16, 0u16), |(r, k), sp| (r | sp.reads, k | sp.ops));
+    let extra = if kinds & lowering.kinds != 0 {
+        lowering.regs
+    } else {
+        0
+    };
+    let open = FRESH_REGS & (reads | extra);
+    let (mut early, mut written) = (0u16, 0u16);
+    for (i, inst) in prog.insts[..prog.subprogs[0].end].iter().enumerate() {
+        let op = &inst.op;
+        if (i > 0 && prog.is_target[i]) || matches!(op, Op::CallLocal { .. }) {
+            break;
+        }
+        early |= (regs_read(op, ARG_REGS) | lowering.of(op)) & !written & open;
+        written |= match op {
+            Op::CallHelper { .. } | Op::CallReg { .. } => CALLER_SAVED,
+            _ => op.written_reg().map_or(0, |r| 1u16 << r),
+        };
+        if (early | written) & open == open {
+            return early;
+        }
+        if matches!(op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit) {
+            break;
+        }
+    }
     let mut exposed = vec![0u16; prog.subprogs.len()];
     loop {
         let mut changed = false;
         for (k, sp) in prog.subprogs.iter().enumerate() {
             let live = backward(prog, sp.start, sp.end, |_, op, out| match *op {
                 Op::CallHelper { .. } | Op::CallReg { .. } => {
-                    regs_read(op, ARG_REGS) | extra_reads(op) | (out & !CALLER_SAVED)
+                    regs_read(op, ARG_REGS) | lowering.of(op) | (out & !CALLER_SAVED)
                 }
                 Op::CallLocal { target } => exposed[prog.subprog_of(target)] | (out & !1),
-                Op::Exit => 1 | extra_reads(op),
+                Op::Exit => 1 | lowering.of(op),
                 _ => {
                     let killed = op.written_reg().map_or(0, |r| 1u16 << r);
-                    regs_read(op, ARG_REGS) | extra_reads(op) | (out & !killed)
+                    regs_read(op, ARG_REGS) | lowering.of(op) | (out & !killed)
                 }
             });
             if live[0] != exposed[k] {
@@ -165,7 +229,8 @@ pub fn entry_zeroing(prog: &Program, extra_reads: impl Fn(&Op) -> u16) -> u16 {
                 changed = true;
             }
         }
-        if !changed {
+        // One function: nothing calls it, so the first answer is final.
+        if !changed || prog.subprogs.len() == 1 {
             return exposed[0] & FRESH_REGS;
         }
     }
@@ -474,7 +539,10 @@ mod tests {
             i(0x0f, 0, 3, 0, 0), // r0 += r3
             exit,
         ]);
-        assert_eq!(entry_zeroing(&p, |_| 0), 1 << 7 | 1 << 4 | 1 << 3);
+        assert_eq!(
+            entry_zeroing(&p, LoweringReads::NONE),
+            1 << 7 | 1 << 4 | 1 << 3
+        );
         // r8 is read by a callee before anything writes it. The callee writes r0 and r9
         // before its caller reads them: the call writes r0, but of the rest nothing counts
         // as written for certain.
@@ -486,7 +554,7 @@ mod tests {
             mov(9, 1),
             exit,
         ]);
-        assert_eq!(entry_zeroing(&p, |_| 0), 1 << 8 | 1 << 9);
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1 << 8 | 1 << 9);
         // A callee that may exit without writing r0 hands its caller's r0 back.
         let p = program(&[
             i(0x85, 0, 1, 0, 1), // call local +1
@@ -495,14 +563,15 @@ mod tests {
             mov(0, 1),
             exit,
         ]);
-        assert_eq!(entry_zeroing(&p, |_| 0), 1);
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1);
         // A backend's extra read counts like any other.
         let p = program(&[mov(0, 0), exit]);
-        assert_eq!(entry_zeroing(&p, |_| 0), 0);
-        assert_eq!(
-            entry_zeroing(&p, |op| u16::from(matches!(op, Op::Exit)) << 5),
-            1 << 5
-        );
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 0);
+        let exit_reads_r5 = LoweringReads {
+            kinds: crate::op_kind::EXIT,
+            regs: 1 << 5,
+        };
+        assert_eq!(entry_zeroing(&p, exit_reads_r5), 1 << 5);
     }
 
     #[test]

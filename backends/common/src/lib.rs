@@ -46,6 +46,9 @@ pub struct Program {
     pub is_target: Vec<bool>,
     /// Frames in the deepest chain of bpf-to-bpf calls from the entry (1 without calls).
     pub call_depth: usize,
+    /// Indices of every `ja`, conditional jump and local call, ascending: the few
+    /// instructions a pass over control flow needs to visit.
+    pub branches: Vec<u32>,
 }
 
 /// Instruction buffers at least this large (2 MiB) go back to [`SPARE_INSTS`] when their

@@ -27,66 +27,80 @@ pub fn decode_for_lowering(req: &CompileRequest<'_>) -> Result<Program, CompileE
 ///   charges (at back-edges, by pc distance) stay as they are;
 /// * `c` has a negation (`jset` has none).
 pub fn fold_branches_over_jumps(prog: &mut Program) {
+    // Only jumps are visited (the decoder lists them).
+    let branches = std::mem::take(&mut prog.branches);
+    let last_exit_of = |prog: &Program, i: usize| {
+        let end = prog.subprogs[prog.subprog_of(i)].end;
+        matches!(prog.insts[end - 1].op, Op::Exit).then_some(end - 1)
+    };
     let mut moved = false;
-    for k in 0..prog.subprogs.len() {
-        let (start, end) = (prog.subprogs[k].start, prog.subprogs[k].end);
-        let last_exit = end - 1;
-        if !matches!(prog.insts[last_exit].op, Op::Exit) {
+    for &b in &branches {
+        let i = b as usize;
+        let (Op::Ja { target } | Op::Jcond { target, .. }) = prog.insts[i].op else {
+            continue;
+        };
+        if target <= i || !matches!(prog.insts[target].op, Op::Exit) {
             continue;
         }
-        for i in start..last_exit {
-            let (Op::Ja { target } | Op::Jcond { target, .. }) = prog.insts[i].op else {
-                continue;
-            };
-            if target > i && target < last_exit && matches!(prog.insts[target].op, Op::Exit) {
-                if let Op::Ja { target } | Op::Jcond { target, .. } = &mut prog.insts[i].op {
-                    *target = last_exit;
-                }
-                moved = true;
+        if let Some(last) = last_exit_of(prog, i).filter(|&last| target < last) {
+            if let Op::Ja { target } | Op::Jcond { target, .. } = &mut prog.insts[i].op {
+                *target = last;
             }
+            moved = true;
         }
     }
     if moved {
-        recompute_targets(prog);
+        recompute_targets(prog, &branches);
     }
-    for k in 0..prog.subprogs.len() {
-        let (start, end) = (prog.subprogs[k].start, prog.subprogs[k].end);
-        let last_exit = matches!(prog.insts[end - 1].op, Op::Exit).then_some(end - 1);
-        for i in start..end.saturating_sub(2) {
-            let Op::Jcond { cond, target, .. } = prog.insts[i].op else {
-                continue;
-            };
-            let far = match prog.insts[i + 1].op {
-                Op::Ja { target } => target,
-                Op::Exit => match last_exit {
-                    Some(e) => e,
-                    None => continue,
-                },
-                _ => continue,
-            };
-            let Some(negated) = cond.negated() else {
-                continue;
-            };
-            if target != i + 2 || far <= i + 2 || prog.is_target[i + 1] {
-                continue;
-            }
-            if let Op::Jcond { cond, target, .. } = &mut prog.insts[i].op {
-                *cond = negated;
-                *target = far;
-            }
-            prog.insts[i + 1].op = Op::Ja { target: i + 2 };
-            prog.subprogs[k].ops |= op_kind::JA;
-            // `L` stays a target (of the new `goto`); `T` was one, or is a last `exit`.
-            prog.is_target[far] = true;
+    // The list stays complete and ascending: an `exit` that becomes a `goto` joins it
+    // right after its branch.
+    let mut listed = Vec::with_capacity(branches.len());
+    for &b in &branches {
+        listed.push(b);
+        let i = b as usize;
+        let Op::Jcond { cond, target, .. } = prog.insts[i].op else {
+            continue;
+        };
+        if target != i + 2 || prog.is_target[i + 1] {
+            continue;
         }
+        let (far, was_exit) = match prog.insts[i + 1].op {
+            Op::Ja { target } => (target, false),
+            Op::Exit => match last_exit_of(prog, i) {
+                Some(e) => (e, true),
+                None => continue,
+            },
+            _ => continue,
+        };
+        let Some(negated) = cond.negated() else {
+            continue;
+        };
+        if far <= i + 2 {
+            continue;
+        }
+        if let Op::Jcond { cond, target, .. } = &mut prog.insts[i].op {
+            *cond = negated;
+            *target = far;
+        }
+        prog.insts[i + 1].op = Op::Ja { target: i + 2 };
+        if was_exit {
+            listed.push(b + 1);
+            let k = prog.subprog_of(i);
+            prog.subprogs[k].ops |= op_kind::JA;
+        }
+        // `L` stays a target (of the new `goto`); `T` was one, or is a last `exit`.
+        prog.is_target[far] = true;
     }
+    prog.branches = listed;
 }
 
 /// `is_target` from the jumps and calls, as the verifier first computes it.
-fn recompute_targets(prog: &mut Program) {
+fn recompute_targets(prog: &mut Program, branches: &[u32]) {
     prog.is_target.iter_mut().for_each(|t| *t = false);
-    for inst in &prog.insts {
-        if let Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } = inst.op {
+    for &b in branches {
+        if let Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } =
+            prog.insts[b as usize].op
+        {
             prog.is_target[target] = true;
         }
     }
@@ -138,6 +152,7 @@ mod tests {
         assert_eq!(p.insts[5].op, Op::Ja { target: 6 });
         assert!(!p.is_target[2] && p.is_target[3] && p.is_target[6] && p.is_target[7]);
         assert!(!p.is_target[5], "nothing jumps to the early exit any more");
+        assert_eq!(p.branches, [1, 2, 4, 5], "the new goto is listed");
     }
 
     #[test]

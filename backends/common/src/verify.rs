@@ -228,6 +228,7 @@ pub fn decode_with(
         subprogs,
         is_target,
         call_depth,
+        branches,
     })
 }
 

@@ -36,9 +36,9 @@ use crate::regs::{
     call_free_map, map, RegMap, BUDGET, CTX_LEN, CTX_START, ENV, REG_MAP, STACK_LEN, STACK_START,
 };
 use packjit_frontend::analysis::{
-    entry_zeroing, live_in, stack_block_size, upper_halves_live, CodegenMode,
+    entry_zeroing, live_in, stack_block_size, upper_halves_live, CodegenMode, LoweringReads,
 };
-use packjit_frontend::{op_kind, Op, Program, STACK_SIZE};
+use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
     PJ_ENV_STACK_START,
@@ -88,7 +88,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> 
     let lim8 = lim8 && mode.sandboxed();
     let block = stack_block_size(prog) as i32;
     let can_stop = mode.sandboxed() || mode.counts_budget() || has_callx;
-    let zero = entry_zeroing(prog, lowering_reads);
+    let zero = entry_zeroing(prog, LOWERING_READS);
     let written_anywhere = prog.subprogs.iter().fold(0, |m, s| m | s.writes);
     let frames = prog
         .subprogs
@@ -156,11 +156,12 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> 
     }
 }
 
-/// What the lowering of `op` reads beyond RFC 9669, for the entry's zeroing: r0 for every
-/// atomic (conservative: the fetch-and/or/xor loops keep r0's register live across them).
-fn lowering_reads(op: &Op) -> u16 {
-    u16::from(matches!(op, Op::Atomic { .. }))
-}
+/// What the lowering reads beyond RFC 9669, for the entry's zeroing: r0 for every atomic
+/// (conservative: the fetch-and/or/xor loops keep r0's register live across them).
+const LOWERING_READS: LoweringReads = LoweringReads {
+    kinds: op_kind::ATOMIC,
+    regs: 1,
+};
 
 impl Codegen<'_> {
     /// `rd = rs + imm` for any 32-bit `imm` (`tmp` holds a wide immediate).

@@ -105,7 +105,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         block,
         needs_env,
         used,
-        zero: entry_zeroing(prog, lowering_reads),
+        zero: entry_zeroing(prog, LOWERING_READS),
         subs,
         // Read only by sandboxed code, for which `lower::emit_with` fills it in.
         access: AccessPlan {

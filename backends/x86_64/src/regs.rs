@@ -2,7 +2,8 @@
 //! environment instead of the tail-call counter).
 
 use crate::encode::Gpr;
-use packjit_frontend::{Op, Reg};
+use packjit_frontend::analysis::LoweringReads;
+use packjit_frontend::Reg;
 
 pub const RAX: Gpr = 0;
 pub const RCX: Gpr = 1;
@@ -65,12 +66,13 @@ pub fn host(r: Reg) -> Gpr {
     HOST[(r & 15) as usize]
 }
 
-/// What the lowering of `op` reads beyond RFC 9669, for the entry's zeroing
+/// What the lowering reads beyond RFC 9669, for the entry's zeroing
 /// (`analysis::entry_zeroing`): r0 for every atomic, because the fetch-and/or/xor lowering
 /// preserves rax (r0) around its `lock cmpxchg` loop, so it counts as read there.
-pub fn lowering_reads(op: &Op) -> u16 {
-    u16::from(matches!(op, Op::Atomic { .. }))
-}
+pub const LOWERING_READS: LoweringReads = LoweringReads {
+    kinds: packjit_frontend::op_kind::ATOMIC,
+    regs: 1,
+};
 
 /// Host callee-saved registers standing for BPF r6–r9 among the bits of `used`.
 pub fn callee_saved_of(used: u16) -> Vec<Gpr> {
