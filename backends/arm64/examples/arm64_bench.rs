@@ -128,7 +128,20 @@ fn compile_figures() {
         }
         if let Ok(out) = emit_program(&code, &hs, FEATURE_LSE) {
             let prog = packjit_frontend::decode(&code, &hs).expect("compiled, so it decodes");
-            let starts: Vec<usize> = out.inst_offsets.iter().map(|o| o / 4).collect();
+            // Instruction indices: data (a `callx` table) before an offset is not counted.
+            let starts: Vec<usize> = out
+                .inst_offsets
+                .iter()
+                .map(|&o| {
+                    let data: usize = out
+                        .data
+                        .iter()
+                        .filter(|r| r.end <= o)
+                        .map(|r| r.len())
+                        .sum();
+                    (o - data) / 4
+                })
+                .collect();
             density.add(&prog, &starts, out.native_insns);
             slots += code.len() / 8;
             native += out.native_insns;

@@ -48,8 +48,10 @@ const MRS_CNTVCT_EL0: u32 = 0xd53b_e040;
 pub struct Emitted {
     /// Machine code; offset 0 is the entry.
     pub bytes: Vec<u8>,
-    /// Number of arm64 instructions (`bytes.len() / 4`).
+    /// Number of arm64 instructions (`bytes.len() / 4`, less the `data`).
     pub native_insns: usize,
+    /// Byte ranges of data in `bytes` (`callx` tables and their padding), ascending.
+    pub data: Vec<std::ops::Range<usize>>,
     /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
     pub inst_offsets: Vec<usize>,
     /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
@@ -122,10 +124,12 @@ pub fn emit_decoded_with(
                     format!("arm64 relocation failed: {err}"),
                 )
             })?;
-            let native_insns = (bytes.len() - e.data_bytes) / 4;
+            let data_bytes: usize = e.data.iter().map(|r| r.len()).sum();
+            let native_insns = (bytes.len() - data_bytes) / 4;
             return Ok(Emitted {
                 bytes,
                 native_insns,
+                data: e.data,
                 inst_offsets: offsets,
                 passes,
                 landings,
@@ -216,8 +220,9 @@ pub(crate) struct Emitter<'a> {
     pub(crate) clamp: bool,
     /// The register map of the function being emitted (`Frame::map`).
     pub(crate) map: RegMap,
-    /// Bytes of data in the code (`callx` tables and their padding): not instructions.
-    pub(crate) data_bytes: usize,
+    /// Byte ranges of data in the code (`callx` tables and their padding): not
+    /// instructions.
+    pub(crate) data: Vec<std::ops::Range<usize>>,
 }
 
 impl<'a> Emitter<'a> {
@@ -282,7 +287,7 @@ impl<'a> Emitter<'a> {
             walk_clamps,
             clamp: true,
             map: plan.frames[0].map,
-            data_bytes: 0,
+            data: Vec::new(),
         }
     }
 
@@ -1198,7 +1203,7 @@ impl<'a> Emitter<'a> {
             for &addr in t {
                 self.ops.push_u64(addr);
             }
-            self.data_bytes += self.off() - start;
+            self.data.push(start..self.off());
         }
         a64!(self.ops; =>call ; blr X(T2) ; mov X(self.map[0]), X(RET) ; =>done);
     }
