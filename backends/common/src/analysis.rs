@@ -5,7 +5,7 @@
 //! Every rule here is also what the reference evaluator implements, so a rule lives in one
 //! place and the differential tests compare like with like.
 
-use crate::{Inst, Op, Operand, Program, Size, Width, R10, STACK_SIZE};
+use crate::{op_kind, Inst, Op, Operand, Program, Size, Width, R10, STACK_SIZE};
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
     PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
@@ -84,58 +84,78 @@ pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
 /// RFC 9669 leaves undefined but the registers are shared, so that value counts too).
 pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
     let at_exit = if start == 0 { 1 } else { 1 | ARG_REGS };
-    backward(prog, start, end, |_, op, out| match *op {
-        Op::Exit => at_exit,
-        _ => regs_read(op, ARG_REGS) | (out & !op.written_reg().map_or(0, |r| 1u16 << r)),
+    backward(prog, start, end, |i| {
+        if prog.kind(i) == op_kind::EXIT {
+            (at_exit, 0)
+        } else {
+            (prog.reads(i), prog.writes(i))
+        }
     })
 }
 
-/// Backward dataflow over the function `start..end` to its fixpoint: `transfer(i, op, out)`
-/// gives what is live before instruction `i` from what is live after it (the union over its
-/// successors; falling off the end has nothing live). Each pass is linear and a pass only
-/// repeats when a loop carries a new bit backwards, so a function takes about as many passes
-/// as its loop nesting depth.
+/// Backward dataflow over the function `start..end` to its fixpoint, for transfers of the
+/// form `live before = reads | (live after & !kills)`: `gen_kill(i)` gives instruction `i`'s
+/// `(reads, kills)`, and what is live after it is the union over its successors (falling off
+/// the end has nothing live). The first pass evaluates `gen_kill` once per instruction and
+/// keeps the pairs, so the passes a loop adds (one per nesting level carrying a new bit
+/// backwards, plus one to confirm) are bit operations; without a back-edge one pass is final.
+/// Successors come from the effect words, so only jumps read their instruction.
 fn backward(
     prog: &Program,
     start: usize,
     end: usize,
-    transfer: impl Fn(usize, &Op, u16) -> u16,
+    gen_kill: impl Fn(usize) -> (u16, u16),
 ) -> Vec<u16> {
-    let mut live = vec![0u16; end - start + 1];
-    loop {
-        let mut changed = false;
-        // Without a back-edge, one pass in reverse order sees every successor final.
-        let mut back_edge = false;
-        for i in (start..end).rev() {
-            let op = &prog.insts[i].op;
-            let at = |j: usize| live[j - start];
-            let out = match *op {
-                Op::Exit => 0,
-                Op::Ja { target } => {
-                    back_edge |= target <= i;
-                    at(target)
-                }
-                Op::Jcond { target, .. } => {
-                    back_edge |= target <= i;
-                    at(i + 1) | at(target)
-                }
-                _ => at(i + 1),
-            };
-            let v = transfer(i, op, out);
-            if v != live[i - start] {
-                live[i - start] = v;
-                changed = true;
-            }
+    use crate::op_kind::{EXIT, JA, JCOND};
+    let n = end - start;
+    let mut live = vec![0u16; n + 1];
+    let mut rk = vec![0u32; n];
+    let target = |k: usize| match prog.insts[start + k].op {
+        Op::Ja { target } | Op::Jcond { target, .. } => target - start,
+        _ => unreachable!("only jumps have targets"),
+    };
+    let out = |live: &[u16], k: usize| {
+        let kind = prog.kind(start + k);
+        if kind & (EXIT | JA | JCOND) == 0 {
+            live[k + 1]
+        } else if kind == JA {
+            live[target(k)]
+        } else if kind == JCOND {
+            live[k + 1] | live[target(k)]
+        } else {
+            0
         }
-        if !changed || !back_edge {
-            return live;
+    };
+    let mut back_edge = false;
+    for k in (0..n).rev() {
+        if prog.kind(start + k) & (JA | JCOND) != 0 {
+            back_edge |= target(k) <= k;
         }
+        let (reads, kills) = gen_kill(start + k);
+        rk[k] = u32::from(reads) | u32::from(kills) << 16;
+        live[k] = reads | (out(&live, k) & !kills);
     }
+    while back_edge {
+        let mut changed = false;
+        for k in (0..n).rev() {
+            let v = rk[k] as u16 | (out(&live, k) & !((rk[k] >> 16) as u16));
+            changed |= v != live[k];
+            live[k] = v;
+        }
+        back_edge = changed;
+    }
+    live
 }
 
 /// r0 and r3–r9: the registers the host does not set at entry (r1 = context, r2 = its
 /// length, r10 = frame pointer).
 pub const FRESH_REGS: u16 = 0b11_1111_1001;
+
+/// The largest program whose entry zeroing is exact. Exactness saves at most eight
+/// instructions per program (one per register zeroed): worth a dataflow pass per loop level
+/// on small programs, where those instructions are a visible share of the code, and not on
+/// large ones, where they are not but the passes are a visible share of compile time.
+pub const EXACT_ZEROING_MAX: usize = 512;
 
 /// Registers a backend's lowering reads beyond RFC 9669: every instruction of the
 /// [`op_kind`](crate::op_kind) bits `kinds` also reads `regs` (a register it briefly uses as
@@ -152,8 +172,8 @@ impl LoweringReads {
     /// A lowering that reads what RFC 9669 says and nothing more.
     pub const NONE: LoweringReads = LoweringReads { kinds: 0, regs: 0 };
 
-    fn of(self, op: &Op) -> u16 {
-        if op.kind_bit() & self.kinds != 0 {
+    fn of(self, kind: u16) -> u16 {
+        if kind & self.kinds != 0 {
             self.regs
         } else {
             0
@@ -178,7 +198,8 @@ impl LoweringReads {
 ///
 /// Cheap in the usual case: the entry's first straight-line stretch runs first on every
 /// path, so what it reads before writing must be zeroed and what it writes first never
-/// is; once that settles every register read anywhere, the dataflow is skipped.
+/// is; once that settles every register read anywhere, the dataflow is skipped. Programs
+/// over [`EXACT_ZEROING_MAX`] instructions zero what the stretch leaves open instead.
 pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     const CALLER_SAVED: u16 = 1 | ARG_REGS;
     let (reads, kinds) = prog
@@ -192,48 +213,92 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     };
     let open = FRESH_REGS & (reads | extra);
     let (mut early, mut written) = (0u16, 0u16);
-    for (i, inst) in prog.insts[..prog.subprogs[0].end].iter().enumerate() {
-        let op = &inst.op;
-        if (i > 0 && prog.is_target[i]) || matches!(op, Op::CallLocal { .. }) {
+    for i in 0..prog.subprogs[0].end {
+        let kind = prog.kind(i);
+        if (i > 0 && prog.is_target[i]) || kind == op_kind::CALL_LOCAL {
             break;
         }
-        early |= (regs_read(op, ARG_REGS) | lowering.of(op)) & !written & open;
-        written |= match op {
-            Op::CallHelper { .. } | Op::CallReg { .. } => CALLER_SAVED,
-            _ => op.written_reg().map_or(0, |r| 1u16 << r),
+        early |= (prog.reads(i) | lowering.of(kind)) & !written & open;
+        written |= if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
+            CALLER_SAVED
+        } else {
+            prog.writes(i)
         };
         if (early | written) & open == open {
             return early;
         }
-        if matches!(op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit) {
+        if kind & (op_kind::JA | op_kind::JCOND | op_kind::EXIT) != 0 {
             break;
         }
     }
+    if prog.insts.len() > EXACT_ZEROING_MAX {
+        // Whatever the stretch left open is zeroed: sound (a register some path reads
+        // unwritten is among them), and at most eight needless instructions.
+        return early | (open & !written);
+    }
+    // The verifier rejects recursion, so the call graph is acyclic: with callees first, one
+    // round settles every function.
     let mut exposed = vec![0u16; prog.subprogs.len()];
-    loop {
-        let mut changed = false;
-        for (k, sp) in prog.subprogs.iter().enumerate() {
-            let live = backward(prog, sp.start, sp.end, |_, op, out| match *op {
-                Op::CallHelper { .. } | Op::CallReg { .. } => {
-                    regs_read(op, ARG_REGS) | lowering.of(op) | (out & !CALLER_SAVED)
-                }
-                Op::CallLocal { target } => exposed[prog.subprog_of(target)] | (out & !1),
-                Op::Exit => 1 | lowering.of(op),
-                _ => {
-                    let killed = op.written_reg().map_or(0, |r| 1u16 << r);
-                    regs_read(op, ARG_REGS) | lowering.of(op) | (out & !killed)
-                }
-            });
-            if live[0] != exposed[k] {
-                exposed[k] = live[0];
-                changed = true;
+    for k in callees_first(prog) {
+        let sp = &prog.subprogs[k];
+        let live = backward(prog, sp.start, sp.end, |i| {
+            let kind = prog.kind(i);
+            let reads = prog.reads(i) | lowering.of(kind);
+            if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
+                (reads, CALLER_SAVED)
+            } else if kind == op_kind::CALL_LOCAL {
+                let Op::CallLocal { target } = prog.insts[i].op else {
+                    unreachable!("the kind says local call")
+                };
+                (exposed[prog.subprog_of(target)], 1)
+            } else {
+                (reads, prog.writes(i))
             }
+        });
+        exposed[k] = live[0];
+    }
+    exposed[0] & FRESH_REGS
+}
+
+/// The functions of `prog` (indices into `subprogs`), every callee before its callers: a
+/// post-order walk of the call graph, whose edges are the local calls among the decoder's
+/// branch list. The verifier rejects recursion, so the graph is acyclic.
+fn callees_first(prog: &Program) -> Vec<usize> {
+    let n = prog.subprogs.len();
+    if n == 1 {
+        return vec![0];
+    }
+    let mut callees: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for &b in &prog.branches {
+        if prog.kind(b as usize) != op_kind::CALL_LOCAL {
+            continue;
         }
-        // One function: nothing calls it, so the first answer is final.
-        if !changed || prog.subprogs.len() == 1 {
-            return exposed[0] & FRESH_REGS;
+        if let Op::CallLocal { target } = prog.insts[b as usize].op {
+            callees[prog.subprog_of(b as usize)].push(prog.subprog_of(target));
         }
     }
+    let (mut order, mut seen) = (Vec::with_capacity(n), vec![false; n]);
+    for root in 0..n {
+        if seen[root] {
+            continue;
+        }
+        seen[root] = true;
+        // (function, next callee to visit)
+        let mut stack = vec![(root, 0usize)];
+        while let Some(&mut (k, ref mut next)) = stack.last_mut() {
+            if let Some(&c) = callees[k].get(*next) {
+                *next += 1;
+                if !seen[c] {
+                    seen[c] = true;
+                    stack.push((c, 0));
+                }
+            } else {
+                order.push(k);
+                stack.pop();
+            }
+        }
+    }
+    order
 }
 
 /// For a backend whose 32-bit operations leave the upper half of their result undefined
@@ -245,17 +310,19 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
 ///
 /// What reads only the low halves, by RFC 9669: every 32-bit ALU operation (`mov32`'s source;
 /// both operands of the others, division and modulo included), every 32-bit conditional
-/// jump and the value of a 1-, 2- or 4-byte store. A backend using this must lower exactly those reading nothing above bit 31
-/// of their inputs. Everything else reads whole registers, conservatively: `exit` reads r0
-/// (in a called function r0–r9, which its caller may go on to read), a local call reads
-/// r0–r9 (its callee may), helpers and `callx` read r1–r5 and leave r0–r5 written.
+/// jump and the value of a 1-, 2- or 4-byte store. A backend using this must lower exactly
+/// those reading nothing above bit 31 of their inputs. Everything else reads whole
+/// registers, conservatively: `exit` reads r0 (in a called function r0–r9, which its caller
+/// may go on to read), a local call reads r0–r9 (its callee may), helpers and `callx` read
+/// r1–r5 and leave r0–r5 written.
 pub fn upper_halves_live(prog: &Program) -> Vec<u16> {
     const ALL: u16 = 0b11_1111_1111;
     const CALLER_SAVED: u16 = 1 | ARG_REGS;
     let mut all = Vec::with_capacity(prog.insts.len() + 1);
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let at_exit = if k == 0 { 1 } else { ALL };
-        let live = backward(prog, sp.start, sp.end, |_, op, out| {
+        let live = backward(prog, sp.start, sp.end, |i| {
+            let op = &prog.insts[i].op;
             let (reads, kills) = match *op {
                 Op::Alu {
                     width: Width::W32, ..
@@ -278,7 +345,7 @@ pub fn upper_halves_live(prog: &Program) -> Vec<u16> {
                     op.written_reg().map_or(0, |r| 1u16 << r),
                 ),
             };
-            (reads & ALL) | (out & !kills)
+            (reads & ALL, kills)
         });
         all.extend_from_slice(&live[..sp.end - sp.start]);
     }
@@ -492,6 +559,30 @@ mod tests {
         assert!(callx_plan(&called(&[1, 2, 3, 15])).table.is_some());
         let many: Vec<u32> = (400..600).collect();
         assert_eq!(callx_plan(&called(&many)).table, None);
+    }
+
+    #[test]
+    fn large_programs_zero_what_the_first_stretch_leaves_open() {
+        use crate::encode_insn as i;
+        // r6 is written on both arms before it is read: exact zeroing leaves it alone.
+        let code = |filler: usize| {
+            let mut p = vec![
+                i(0x15, 1, 0, 2, 0), // if r1 == 0 goto +2
+                i(0xb7, 6, 0, 0, 1),
+                i(0x05, 0, 0, 1, 0), // goto +1
+                i(0xb7, 6, 0, 0, 2),
+                i(0xbf, 0, 6, 0, 0), // r0 = r6
+            ];
+            p.extend(std::iter::repeat_n(i(0x07, 0, 0, 0, 1), filler));
+            p.push(i(0x95, 0, 0, 0, 0));
+            program(&p)
+        };
+        assert_eq!(entry_zeroing(&code(0), LoweringReads::NONE), 0);
+        // Past the limit, what the stretch up to the first branch did not decide is zeroed:
+        // a superset of the exact answer, never less.
+        let big = code(EXACT_ZEROING_MAX);
+        assert!(big.insts.len() > EXACT_ZEROING_MAX);
+        assert_eq!(entry_zeroing(&big, LoweringReads::NONE), 1 << 6 | 1);
     }
 
     #[test]

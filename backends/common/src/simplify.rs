@@ -83,6 +83,7 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
             *target = far;
         }
         prog.insts[i + 1].op = Op::Ja { target: i + 2 };
+        prog.effects[i + 1] = crate::verify::effects_of(&prog.insts[i + 1].op);
         if was_exit {
             listed.push(b + 1);
             let k = prog.subprog_of(i);
