@@ -114,7 +114,8 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
             // A called function that reads r6–r9 before writing them reads its caller's
             // values (x19–x22): it keeps the standard map.
             const R6_R9: u16 = 0b11_1100_0000;
-            let reads_callers_r6_r9 = k > 0 && live_in(prog, sp.start, sp.end)[0] & R6_R9 != 0;
+            let reads_callers_r6_r9 =
+                k > 0 && sp.reads & R6_R9 != 0 && live_in(prog, sp.start, sp.end)[0] & R6_R9 != 0;
             let map = if calls {
                 REG_MAP
             } else {

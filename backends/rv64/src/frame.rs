@@ -36,7 +36,7 @@ use crate::regs::{
     call_free_map, map, RegMap, BUDGET, CTX_LEN, CTX_START, ENV, REG_MAP, STACK_LEN, STACK_START,
 };
 use packjit_frontend::analysis::{
-    entry_zeroing, live_in, stack_block_size, upper_halves_live, CodegenMode, LoweringReads,
+    entry_zeroing, live_in, stack_block_size, CodegenMode, LoweringReads,
 };
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
@@ -70,8 +70,9 @@ pub struct Layout {
     pub lim8: bool,
     /// Per instruction, the eBPF registers whose upper 32 bits may still be read
     /// (`analysis::upper_halves_live`): a 32-bit result whose upper half nobody reads skips
-    /// its zero-extension.
-    pub upper_live: Vec<u16>,
+    /// its zero-extension. Computed at the first 32-bit ALU operation: many programs have
+    /// none, and then the analysis costs nothing.
+    pub upper_live: std::cell::OnceCell<Vec<u16>>,
     /// Where each eBPF register lives: [`REG_MAP`], or [`call_free_map`] when the program
     /// calls nothing.
     pub regs: RegMap,
@@ -143,7 +144,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> 
         can_stop,
         zero,
         lim8,
-        upper_live: upper_halves_live(prog),
+        upper_live: std::cell::OnceCell::new(),
         regs: if prog
             .subprogs
             .iter()

@@ -18,7 +18,7 @@ use crate::regs::{BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_STA
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering, stack_block_size,
-    CodegenMode, HelperLowering, CALL_CHARGE,
+    upper_halves_live, CodegenMode, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
@@ -725,10 +725,20 @@ impl<'a> Codegen<'a> {
                 dst,
                 src,
             } => {
-                let upper = if self.layout.upper_live[i + 1] & (1 << dst) != 0 {
-                    Upper::Zero
-                } else {
-                    Upper::Unread
+                // (The analysis runs at the first 32-bit operation, if any.)
+                let upper = match width {
+                    W64 => Upper::Zero,
+                    W32 => {
+                        let live = self
+                            .layout
+                            .upper_live
+                            .get_or_init(|| upper_halves_live(self.prog));
+                        if live[i + 1] & (1 << dst) != 0 {
+                            Upper::Zero
+                        } else {
+                            Upper::Unread
+                        }
+                    }
                 };
                 self.alu(width, op, self.map(dst), src, upper)
             }
