@@ -96,10 +96,8 @@ pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
 /// Backward dataflow over the function `start..end` to its fixpoint, for transfers of the
 /// form `live before = reads | (live after & !kills)`: `gen_kill(i)` gives instruction `i`'s
 /// `(reads, kills)`, and what is live after it is the union over its successors (falling off
-/// the end has nothing live). The first pass evaluates `gen_kill` once per instruction and
-/// keeps the pairs, so the passes a loop adds (one per nesting level carrying a new bit
-/// backwards, plus one to confirm) are bit operations; without a back-edge one pass is final.
-/// Successors come from the effect words, so only jumps read their instruction.
+/// the end has nothing live). A loop adds a pass per nesting level carrying a new bit
+/// backwards, plus one to confirm; without a back-edge one pass is final.
 fn backward(
     prog: &Program,
     start: usize,
@@ -109,7 +107,6 @@ fn backward(
     use crate::op_kind::{EXIT, JA, JCOND};
     let n = end - start;
     let mut live = vec![0u16; n + 1];
-    let mut rk = vec![0u32; n];
     let target = |k: usize| match prog.insts[start + k].op {
         Op::Ja { target } | Op::Jcond { target, .. } => target - start,
         _ => unreachable!("only jumps have targets"),
@@ -132,13 +129,13 @@ fn backward(
             back_edge |= target(k) <= k;
         }
         let (reads, kills) = gen_kill(start + k);
-        rk[k] = u32::from(reads) | u32::from(kills) << 16;
         live[k] = reads | (out(&live, k) & !kills);
     }
     while back_edge {
         let mut changed = false;
         for k in (0..n).rev() {
-            let v = rk[k] as u16 | (out(&live, k) & !((rk[k] >> 16) as u16));
+            let (reads, kills) = gen_kill(start + k);
+            let v = reads | (out(&live, k) & !kills);
             changed |= v != live[k];
             live[k] = v;
         }
@@ -196,8 +193,8 @@ impl LoweringReads {
 /// * `exit` reads r0.
 /// * `lowering` adds what the backend's lowering reads beyond RFC 9669.
 ///
-/// Cheap in the usual case: the entry's first straight-line stretch runs first on every
-/// path, so what it reads before writing must be zeroed and what it writes first never
+/// Cheap in the usual case: the entry's first straight-line stretch runs first, whole, on
+/// every path, so what it reads before writing must be zeroed and what it writes first never
 /// is; once that settles every register read anywhere, the dataflow is skipped. Programs
 /// over [`EXACT_ZEROING_MAX`] instructions zero what the stretch leaves open instead.
 pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
@@ -212,10 +209,13 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
         0
     };
     let open = FRESH_REGS & (reads | extra);
+    // The stretch runs to the first jump, exit or local call, through jump targets: any
+    // path that re-enters it at a target got there after running all of it once, so what it
+    // wrote first was written then.
     let (mut early, mut written) = (0u16, 0u16);
     for i in 0..prog.subprogs[0].end {
         let kind = prog.kind(i);
-        if (i > 0 && prog.is_target[i]) || kind == op_kind::CALL_LOCAL {
+        if kind == op_kind::CALL_LOCAL {
             break;
         }
         early |= (prog.reads(i) | lowering.of(kind)) & !written & open;
@@ -239,7 +239,13 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     // The verifier rejects recursion, so the call graph is acyclic: with callees first, one
     // round settles every function.
     let mut exposed = vec![0u16; prog.subprogs.len()];
-    for k in callees_first(prog) {
+    let single = [0usize];
+    let order = if prog.subprogs.len() == 1 {
+        None
+    } else {
+        Some(callees_first(prog))
+    };
+    for &k in order.as_deref().unwrap_or(&single) {
         let sp = &prog.subprogs[k];
         let live = backward(prog, sp.start, sp.end, |i| {
             let kind = prog.kind(i);
@@ -265,9 +271,6 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
 /// branch list. The verifier rejects recursion, so the graph is acyclic.
 fn callees_first(prog: &Program) -> Vec<usize> {
     let n = prog.subprogs.len();
-    if n == 1 {
-        return vec![0];
-    }
     let mut callees: Vec<Vec<usize>> = vec![Vec::new(); n];
     for &b in &prog.branches {
         if prog.kind(b as usize) != op_kind::CALL_LOCAL {

@@ -49,11 +49,6 @@ pub struct Program {
     /// Indices of every `ja`, conditional jump and local call, ascending: the few
     /// instructions a pass over control flow needs to visit.
     pub branches: Vec<u32>,
-    /// One word per instruction: the registers it reads ([`analysis::regs_read`] with
-    /// r1–r5 for local calls), the one it writes ([`Op::written_reg`]) and its kind, read
-    /// through [`Program::reads`], [`Program::writes`] and [`Program::kind`]. The dataflow
-    /// analyses walk these 4 bytes instead of the 32-byte instructions.
-    pub effects: Vec<u32>,
 }
 
 /// Instruction buffers at least this large (2 MiB) go back to [`SPARE_INSTS`] when their
@@ -122,22 +117,23 @@ pub struct Subprog {
 }
 
 impl Program {
-    /// Registers instruction `i` reads (bit n = rn), as [`analysis::regs_read`] says.
+    /// Registers instruction `i` reads (bit n = rn), as [`analysis::regs_read`] says (r1–r5
+    /// for a local call).
     #[inline]
     pub fn reads(&self, i: usize) -> u16 {
-        (self.effects[i] & 0x7ff) as u16
+        analysis::regs_read(&self.insts[i].op, analysis::ARG_REGS)
     }
 
     /// The register instruction `i` writes (bit n = rn; 0 for none).
     #[inline]
     pub fn writes(&self, i: usize) -> u16 {
-        ((self.effects[i] >> verify::EFF_WRITES_SHIFT) & 0x3ff) as u16
+        self.insts[i].op.written_reg().map_or(0, |r| 1 << r)
     }
 
     /// Instruction `i`'s [`op_kind`] bit.
     #[inline]
     pub fn kind(&self, i: usize) -> u16 {
-        1 << (self.effects[i] >> verify::EFF_KIND_SHIFT)
+        self.insts[i].op.kind_bit()
     }
 
     /// The subprogram containing instruction index `i`.

@@ -52,11 +52,9 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
     if moved {
         recompute_targets(prog, &branches);
     }
-    // The list stays complete and ascending: an `exit` that becomes a `goto` joins it
-    // right after its branch.
-    let mut listed = Vec::with_capacity(branches.len());
+    // The list stays complete: an `exit` that becomes a `goto` joins it (sorted in after).
+    let mut new_gotos = Vec::new();
     for &b in &branches {
-        listed.push(b);
         let i = b as usize;
         let Op::Jcond { cond, target, .. } = prog.insts[i].op else {
             continue;
@@ -83,16 +81,20 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
             *target = far;
         }
         prog.insts[i + 1].op = Op::Ja { target: i + 2 };
-        prog.effects[i + 1] = crate::verify::effects_of(&prog.insts[i + 1].op);
         if was_exit {
-            listed.push(b + 1);
+            new_gotos.push(b + 1);
             let k = prog.subprog_of(i);
             prog.subprogs[k].ops |= op_kind::JA;
         }
         // `L` stays a target (of the new `goto`); `T` was one, or is a last `exit`.
         prog.is_target[far] = true;
     }
-    prog.branches = listed;
+    let mut branches = branches;
+    if !new_gotos.is_empty() {
+        branches.extend(new_gotos);
+        branches.sort_unstable();
+    }
+    prog.branches = branches;
 }
 
 /// `is_target` from the jumps and calls, as the verifier first computes it.

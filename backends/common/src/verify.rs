@@ -85,8 +85,6 @@ pub fn decode_with(
     let mut branches: Vec<u32> = Vec::with_capacity(slots / 8 + 8);
     // Instruction indices of the local calls among them (the call graph's edges).
     let mut local_calls: Vec<u32> = Vec::new();
-    // Every instruction's effect word, for the dataflow analyses (`Program::effects`).
-    let mut effects: Vec<u32> = Vec::with_capacity(slots);
     let mut pc = 0;
     while pc < slots {
         let raw = u64::from_le_bytes(code[pc * 8..pc * 8 + 8].try_into().expect("8 bytes"));
@@ -109,7 +107,6 @@ pub fn decode_with(
             lddw_slots.push(pc as u32);
         }
         acc.add(eff);
-        effects.push(eff);
         if insts.len() % EFF_BLOCK == 0 {
             blocks.push(std::mem::take(&mut acc));
         }
@@ -232,7 +229,6 @@ pub fn decode_with(
         is_target,
         call_depth,
         branches,
-        effects,
     })
 }
 
@@ -323,8 +319,8 @@ fn check_call_depth(
 // `ARG_REGS` for local calls), bits 11..=20 the register it writes (`Op::written_reg`), bits
 // 24.. its `Op::kind_index`.
 
-pub(crate) const EFF_WRITES_SHIFT: u32 = 11;
-pub(crate) const EFF_KIND_SHIFT: u32 = 24;
+const EFF_WRITES_SHIFT: u32 = 11;
+const EFF_KIND_SHIFT: u32 = 24;
 
 /// Instructions per [`BlockEffects`]: small, so a function boundary inside a block costs
 /// few recomputed words; large enough that the blocks cost nothing per instruction.
@@ -379,7 +375,7 @@ fn summary(insts: &[Inst], blocks: &[BlockEffects], start: usize, end: usize) ->
 
 /// The effect word of any instruction (the slow path's; [`decode_fast`] builds the same
 /// word from its table).
-pub(crate) fn effects_of(op: &Op) -> u32 {
+fn effects_of(op: &Op) -> u32 {
     let reads = u32::from(crate::analysis::regs_read(op, crate::analysis::ARG_REGS));
     let writes = op
         .written_reg()
