@@ -649,6 +649,18 @@ mod tests {
             exit,
         ]);
         assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1 << 8 | 1 << 9);
+        // A loop whose head is inside the entry's first stretch: r7 is written before the
+        // head, r8 only after its read there (so the first pass reads it unwritten).
+        let p = program(&[
+            mov(0, 0),
+            mov(7, 1),
+            i(0x0f, 0, 7, 0, 0), // head: r0 += r7
+            i(0x0f, 0, 8, 0, 0), // r0 += r8
+            mov(8, 2),
+            i(0x55, 0, 0, -4, 9), // if r0 != 9 goto head
+            exit,
+        ]);
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1 << 8);
         // A callee that may exit without writing r0 hands its caller's r0 back.
         let p = program(&[
             i(0x85, 0, 1, 0, 1), // call local +1
