@@ -666,8 +666,7 @@ typedef struct PackjitSymbol {
      */
     uint64_t offset;
     /**
-     * eBPF pc at the address, or -1 when unknown (always, for now: backends do not return
-     * a native-offset -> pc line table through the plugin ABI yet).
+     * eBPF pc at the address (from the backend's line table), or -1 when unknown.
      */
     int64_t pc;
     /**

@@ -2087,11 +2087,27 @@ pub struct PackjitSymbol {
     pub size: u64,
     /// Offset of the address from `start`.
     pub offset: u64,
-    /// eBPF pc at the address, or -1 when unknown (always, for now: backends do not return
-    /// a native-offset -> pc line table through the plugin ABI yet).
+    /// eBPF pc at the address (from the backend's line table), or -1 when unknown.
     pub pc: i64,
     /// NUL-terminated program name (`prog_<id>` unless named; truncated to fit).
     pub name: [c_char; PACKJIT_NAME_LEN],
+}
+
+impl Default for PackjitSymbol {
+    /// Nothing found, with `struct_size` set: what `packjit_symbolize` and
+    /// `packjit_program_symbol` expect to be handed, and what they report for no program.
+    fn default() -> Self {
+        PackjitSymbol {
+            struct_size: size_of::<PackjitSymbol>() as u32,
+            found: 0,
+            id: 0,
+            start: 0,
+            size: 0,
+            offset: 0,
+            pc: -1,
+            name: [0; PACKJIT_NAME_LEN],
+        }
+    }
 }
 
 /// # Safety
@@ -2369,16 +2385,7 @@ pub unsafe extern "C" fn packjit_hook_batch_discard(batch_: *mut PackjitHookBatc
 }
 
 fn write_symbol(out: &mut PackjitSymbol, s: Option<packjit_runtime::SymbolInfo>) {
-    *out = PackjitSymbol {
-        struct_size: size_of::<PackjitSymbol>() as u32,
-        found: 0,
-        id: 0,
-        start: 0,
-        size: 0,
-        offset: 0,
-        pc: -1,
-        name: [0; PACKJIT_NAME_LEN],
-    };
+    *out = PackjitSymbol::default();
     if let Some(s) = s {
         out.found = 1;
         out.id = s.id;

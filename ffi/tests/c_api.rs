@@ -849,14 +849,8 @@ fn hooks_batch_attach_and_symbols_through_the_c_api() {
     // Symbols: the attached program's entry resolves to it.
     let mut p = rt.load(&mov_r0(5)).unwrap();
     let mut sym = PackjitSymbol {
-        struct_size: size_of::<PackjitSymbol>() as u32,
         found: 9,
-        id: 0,
-        start: 0,
-        size: 0,
-        offset: 0,
-        pc: 0,
-        name: [0; PACKJIT_NAME_LEN],
+        ..PackjitSymbol::default()
     };
     // SAFETY: live program, sized struct.
     assert_eq!(unsafe { packjit_program_symbol(p, &mut sym) }, PJ_OK);
@@ -918,16 +912,7 @@ fn hooks_batch_attach_and_symbols_through_the_c_api() {
 
 /// (start, size, name) of a program, from `packjit_program_symbol`.
 fn symbol_of(p: *const PackjitProgram) -> (u64, u64, String) {
-    let mut sym = PackjitSymbol {
-        struct_size: size_of::<PackjitSymbol>() as u32,
-        found: 0,
-        id: 0,
-        start: 0,
-        size: 0,
-        offset: 0,
-        pc: 0,
-        name: [0; PACKJIT_NAME_LEN],
-    };
+    let mut sym = PackjitSymbol::default();
     // SAFETY: live program, sized struct.
     assert_eq!(unsafe { packjit_program_symbol(p, &mut sym) }, PJ_OK);
     assert_eq!(sym.found, 1);

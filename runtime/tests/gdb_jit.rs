@@ -3,14 +3,16 @@
 //! address, as programs are loaded, moved by compaction and reclaimed.
 //!
 //! Runs on whatever machine runs it, with that arch's backend (natively on x86-64, under
-//! qemu-user for arm64 and RV64). No gdb here and no child process (see
-//! host-demo's gdb test for the real debugger).
+//! qemu-user for arm64 and RV64). No gdb here and no child process (`gdb_e2e.rs` runs the
+//! real debugger, on x86-64).
+
+mod host;
 
 use object::read::elf::ElfFile64;
 use object::{Object, ObjectSection, ObjectSymbol};
 use packjit::{ArenaConfig, Compaction, LoadOptions, Program, Runtime, RuntimeConfig};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// The list is process-global: tests that assert something is absent from it run one at a
 /// time, so that no other test's arena can have been mapped where theirs was.
@@ -21,20 +23,12 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn runtime(compaction: Option<Compaction>) -> Runtime {
-    let rt = Runtime::with_config(RuntimeConfig {
+    host::host_runtime_with(RuntimeConfig {
         arena: ArenaConfig {
             compaction,
             ..ArenaConfig::default()
         },
     })
-    .unwrap();
-    match packjit::Arch::host().unwrap() {
-        packjit::Arch::X86_64 => rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new())),
-        packjit::Arch::Aarch64 => rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())),
-        packjit::Arch::Riscv64 => rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new())),
-    }
-    .unwrap();
-    rt
 }
 
 /// `mov r0, k - (n - 2) ; (n - 2) x add r0, 1 ; exit`: returns k, n instructions long.

@@ -6,12 +6,13 @@
 //! moves keep answering right (also while other threads run them), keep their symbols, and
 //! are released exactly once.
 
+mod host;
+
 use packjit::{
     ArenaConfig, CodeArena, Compaction, Hook, LoadOptions, Program, Runtime, RuntimeConfig,
 };
 use packjit_plugin_api::abi;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 
 fn insn(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
     let o = off.to_le_bytes();
@@ -25,19 +26,12 @@ unsafe extern "C" fn add(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
 
 /// A runtime for this host with `compaction`.
 fn runtime(compaction: Option<Compaction>) -> Runtime {
-    let rt = Runtime::with_config(RuntimeConfig {
+    let rt = host::host_runtime_with(RuntimeConfig {
         arena: ArenaConfig {
             compaction,
             ..ArenaConfig::default()
         },
-    })
-    .unwrap();
-    match packjit::Arch::host().unwrap() {
-        packjit::Arch::X86_64 => rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new())),
-        packjit::Arch::Aarch64 => rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())),
-        packjit::Arch::Riscv64 => rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new())),
-    }
-    .unwrap();
+    });
     rt.register_helper(1, "add", add).unwrap();
     rt
 }

@@ -1,12 +1,20 @@
 //! Shared by the runtime tests that run on whatever machine runs them (natively, or under
-//! qemu-user for arm64 and RV64).
+//! qemu-user for arm64 and RV64). Each test file compiles this module on its own and uses
+//! part of it, hence the `dead_code` allowances.
 
-use packjit::Runtime;
+use packjit::{Runtime, RuntimeConfig};
 use std::sync::Arc;
 
 /// A runtime with the backend of the arch these tests run on, linked statically.
+#[allow(dead_code)]
 pub fn host_runtime() -> Runtime {
-    let rt = Runtime::new().unwrap();
+    host_runtime_with(RuntimeConfig::default())
+}
+
+/// [`host_runtime`] with `config`.
+#[allow(dead_code)]
+pub fn host_runtime_with(config: RuntimeConfig) -> Runtime {
+    let rt = Runtime::with_config(config).unwrap();
     match packjit::Arch::host().unwrap() {
         packjit::Arch::X86_64 => rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new())),
         packjit::Arch::Aarch64 => rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new())),
