@@ -65,15 +65,18 @@ impl Reach {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Site {
     /// eBPF instruction index the branch belongs to.
-    inst: usize,
+    inst: u32,
     /// The conditional site number (emission order) of a short B.cond/CBZ/TBZ; `None` for
     /// B/BL, which have one form.
-    cond: Option<usize>,
+    cond: Option<u32>,
     /// Byte offset of the branch instruction.
-    at: usize,
+    at: u32,
     target: DynamicLabel,
     reach: Reach,
 }
+// 32-bit fields: a program has at most 1 M instructions and a few hundred MB of code at the
+// very most (B/BL refuse anything past 128 MiB anyway), and a 1 M-instruction program has
+// hundreds of thousands of sites: 32 bytes each instead of 48.
 
 /// AArch64 condition codes (only those eBPF needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,21 +170,21 @@ impl Emitter<'_> {
                 CompileError::new(ErrorKind::Internal, format!("unresolved arm64 label: {e}"))
             })
         };
-        let mut checks = Vec::new();
+        let mut checks = Vec::with_capacity(self.cond_sites);
         for s in &self.sites {
             let dist = at(s.target)? - s.at as i64;
             let range = s.reach.range();
             match s.cond {
                 Some(site) => checks.push(BranchCheck {
-                    site,
-                    at: s.at,
+                    site: site as usize,
+                    at: s.at as usize,
                     disp: dist as isize,
                     range: (-range as isize, range as isize - 1),
                     grow: Form::Long,
                 }),
                 None if !(-range..range).contains(&dist) => {
                     return Err(CompileError::at(
-                        self.prog.insts[s.inst].pc,
+                        self.prog.insts[s.inst as usize].pc,
                         ErrorKind::Encoding,
                         format!(
                             "branch spans {dist} bytes of arm64 code, beyond the ±128 MiB reach of B/BL"
@@ -191,11 +194,12 @@ impl Emitter<'_> {
                 None => {}
             }
         }
-        let offsets = self
-            .labels
-            .iter()
-            .map(|&l| at(l).map(|o| o as usize))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Filled in place: collecting `Result`s would lose the exact size and grow the table
+        // by doubling.
+        let mut offsets = Vec::with_capacity(self.labels.len());
+        for &l in &self.labels {
+            offsets.push(at(l)? as usize);
+        }
         Ok((checks, offsets))
     }
 
@@ -339,9 +343,9 @@ impl Emitter<'_> {
     fn site_with_form(&mut self, target: DynamicLabel, reach: Reach, cond: Option<usize>) {
         let at = self.off();
         self.sites.push(Site {
-            inst: self.cur,
-            cond,
-            at,
+            inst: self.cur as u32,
+            cond: cond.map(|c| c as u32),
+            at: at as u32,
             target,
             reach,
         });

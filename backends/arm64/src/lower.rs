@@ -235,8 +235,16 @@ impl<'a> Emitter<'a> {
     ) -> Self {
         // Sized for the program up front: regrowing the code buffer and the label table
         // copies (and first-touches) memory, which dominates compile time on large programs.
+        // Generous sizes cost nothing: the pages of a large buffer are only faulted in when
+        // written. Labels: one per instruction and two per function, plus the sandbox's and
+        // the budget's (at most two per instruction); sites: the program's branches plus the
+        // calls, epilogue jumps and checks the lowering adds.
         let n = prog.insts.len();
-        let mut ops = Asm::new_with_capacity(0, 1024 + n * 8, 0, 0, n + 16, 0, n);
+        let functions = prog.subprogs.len();
+        let checked = mode.sandboxed() || mode.counts_budget();
+        let labels = n + 2 * functions + if checked { 2 * n } else { n / 8 } + 64;
+        let sites = 2 * prog.branches.len() + 4 * functions + if checked { n } else { 0 } + 64;
+        let mut ops = Asm::new_with_capacity(0, 1024 + n * 8, 0, 0, labels, 0, sites);
         let labels = (0..prog.insts.len())
             .map(|_| ops.new_dynamic_label())
             .collect();
@@ -279,7 +287,7 @@ impl<'a> Emitter<'a> {
             stop_budget,
             region_scan,
             colds: Vec::new(),
-            sites: Vec::new(),
+            sites: Vec::with_capacity(sites),
             cur: 0,
             copy: false,
             copy_head: None,
@@ -1505,7 +1513,7 @@ impl<'a> Emitter<'a> {
         if self.copy {
             return false;
         }
-        let Some(gi) = self.plan.access.group_of[self.cur] else {
+        let Some(gi) = self.plan.access.group_of(self.cur) else {
             return false;
         };
         debug_assert_eq!(self.plan.access.groups[gi].base, base);
@@ -1516,7 +1524,7 @@ impl<'a> Emitter<'a> {
     /// that instruction (an immediate to store, say), so a re-entering jump that lands
     /// right after the check skips nothing else.
     fn group_check_at(&mut self, i: usize) {
-        if let Some(&Some(g)) = self.plan.access.group_of.get(i) {
+        if let Some(g) = self.plan.access.group_of(i) {
             if self.plan.access.groups[g].first == i {
                 self.group_check(g);
             }
@@ -1589,7 +1597,10 @@ impl<'a> Emitter<'a> {
     /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
     /// group's check later never sees an unchecked base, also under misspeculation.
     fn clamp_reentered_base(&mut self, base: Reg, off: i16) {
-        let reentered = self.plan.access.group_of[self.cur]
+        let reentered = self
+            .plan
+            .access
+            .group_of(self.cur)
             .is_some_and(|g| self.plan.access.groups[g].reentered);
         if !(self.copy && reentered && self.clamp) {
             return;

@@ -401,11 +401,13 @@ pub struct Group {
 /// The analysis result every backend lowers its checks from (empty for trusted code).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AccessPlan {
-    /// Per instruction index.
+    /// Per instruction index; empty when the plan has no accesses (read it through
+    /// [`AccessPlan::check`]).
     pub checks: Vec<AccessCheck>,
     /// Check groups (see [`group_accesses`]); `group_of[i]` indexes into it.
     pub groups: Vec<Group>,
-    /// For each instruction index, the group it belongs to.
+    /// For each instruction index, the group it belongs to; empty when there are no groups
+    /// (read it through [`AccessPlan::group_of`]).
     pub group_of: Vec<Option<usize>>,
     /// Loops walking a pointer through the frame, sorted by head ([`crate::walks`]): each
     /// back-edge lands on a clamp of the pointer before the head.
@@ -430,9 +432,19 @@ impl AccessPlan {
                 .any(|g| matches!(g.check, AccessCheck::CtxConst { .. }))
     }
 
-    /// The check of instruction `i` (`NotAccess` for non-memory instructions).
+    /// The check of instruction `i` (`NotAccess` for non-memory instructions, and for every
+    /// instruction of a plan with no accesses: trusted code and access-free programs carry
+    /// no per-instruction table, which at 1 M instructions would be 16 MB of zeroes).
     pub fn check(&self, i: usize) -> AccessCheck {
-        self.checks[i]
+        self.checks
+            .get(i)
+            .copied()
+            .unwrap_or(AccessCheck::NotAccess)
+    }
+
+    /// The check group instruction `i` belongs to, if any.
+    pub fn group_of(&self, i: usize) -> Option<usize> {
+        self.group_of.get(i).copied().flatten()
     }
 
     /// The index of the walk whose head is instruction `i`, if any.
@@ -777,11 +789,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         .iter()
         .all(|sp| sp.ops & (LOAD | STORE | ATOMIC) == 0)
     {
-        return AccessPlan {
-            checks: vec![AccessCheck::NotAccess; prog.insts.len()],
-            group_of: vec![None; prog.insts.len()],
-            ..AccessPlan::default()
-        };
+        return AccessPlan::default();
     }
     // Unreached accesses keep the verdict for an unknown base (checked).
     let mut checks: Vec<AccessCheck> = prog

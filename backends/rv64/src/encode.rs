@@ -229,11 +229,36 @@ pub fn j_type_imm(disp: i64) -> Option<u32> {
     )
 }
 
+/// What a pass is expected to hold, so that its buffers are allocated once at their final
+/// size: grown by doubling, a 1 M-instruction program's tables would be copied twenty
+/// times over into fresh pages.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Capacity {
+    /// Code bytes.
+    pub code: usize,
+    /// Dynamic labels.
+    pub labels: usize,
+    /// Label-relative branches (B/J-type patches).
+    pub branches: usize,
+}
+
 impl Emitter {
-    pub fn new(zbb: bool, zba: bool, c: bool, capacity: usize) -> Self {
+    pub fn new(zbb: bool, zba: bool, c: bool, code_capacity: usize) -> Self {
+        Self::with_capacity(
+            zbb,
+            zba,
+            c,
+            Capacity {
+                code: code_capacity,
+                ..Capacity::default()
+            },
+        )
+    }
+
+    pub fn with_capacity(zbb: bool, zba: bool, c: bool, capacity: Capacity) -> Self {
         Self {
-            asm: VecAssembler::new_with_capacity(0, capacity, 0, 0, 0, 0, 0),
-            patches: Vec::new(),
+            asm: VecAssembler::new_with_capacity(0, capacity.code, 0, 0, capacity.labels, 0, 0),
+            patches: Vec::with_capacity(capacity.branches),
             zbb,
             zba,
             c,

@@ -12,7 +12,9 @@
 //! displacement against its form's range and grows the failing sites, with a proven bound on
 //! the passes; code is never emitted with a branch that does not reach.
 
-use crate::encode::{count_insns_except, fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
+use crate::encode::{
+    count_insns_except, fits_signed, reg::*, Amo, Br, Capacity, Emitter, Mem, R3, RI,
+};
 use crate::frame::{Layout, CTX_LIM8};
 use crate::regs::{BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
@@ -69,9 +71,10 @@ struct Check {
     /// Offset of the instruction whose displacement field holds the distance.
     at: usize,
     target: DynamicLabel,
-    /// Inclusive displacement range of the current form.
-    lo: isize,
-    hi: isize,
+    /// Inclusive displacement range of the current form (every form's reach is under
+    /// ±2 GiB, so 32 bits hold it and a check takes 32 bytes, not 48).
+    lo: i32,
+    hi: i32,
     /// The form to grow to if the check fails.
     grow: Form,
 }
@@ -222,20 +225,13 @@ impl<'a> Codegen<'a> {
         let access = if opts.mode.sandboxed() {
             plan_accesses(prog, opts.measure.group_checks)
         } else {
-            AccessPlan {
-                checks: vec![AccessCheck::NotAccess; prog.insts.len()],
-                groups: Vec::new(),
-                group_of: vec![None; prog.insts.len()],
-                walks: Vec::new(),
-                reentries: Vec::new(),
-            }
+            AccessPlan::default()
         };
         // Any 8-byte access whose inline test is the context's general one?
-        let lim8 = prog
-            .insts
-            .iter()
-            .zip(&access.checks)
-            .any(|(inst, c)| lim8_access(&inst.op, *c, stack_block_size(prog) > 0));
+        let block = stack_block_size(prog) > 0;
+        let lim8 = opts.mode.sandboxed()
+            && (prog.insts.iter().enumerate())
+                .any(|(i, inst)| lim8_access(&inst.op, access.check(i), block));
         let layout = crate::frame::plan(prog, &opts.mode, has_callx, lim8);
         let mut e = Emitter::new(opts.zbb, opts.zba, opts.c, 0);
         let dummy = e.new_label();
@@ -291,7 +287,7 @@ impl<'a> Codegen<'a> {
                     site: c.site,
                     at: c.at,
                     disp: target.0 as isize - c.at as isize,
-                    range: (c.lo, c.hi),
+                    range: (c.lo as isize, c.hi as isize),
                     grow: c.grow,
                 });
             }
@@ -307,12 +303,15 @@ impl<'a> Codegen<'a> {
             })?;
             if settled == Settled::Done {
                 let labels = self.e.asm.labels();
-                let offsets = self
-                    .insn_labels
-                    .iter()
-                    .map(|&l| labels.resolve_dynamic(l).map(|o| o.0))
-                    .collect::<Result<Vec<usize>, _>>()
-                    .map_err(|e| internal(format!("unbound label: {e}")))?;
+                // Filled in place: collecting `Result`s would lose the exact size and grow
+                // the table by doubling.
+                let mut offsets = Vec::with_capacity(self.insn_labels.len());
+                for &l in &self.insn_labels {
+                    let at = labels
+                        .resolve_dynamic(l)
+                        .map_err(|e| internal(format!("unbound label: {e}")))?;
+                    offsets.push(at.0);
+                }
                 let table = self.prog.line_table(&offsets);
                 let at = |l: DynamicLabel| labels.resolve_dynamic(l).ok().map(|o| o.0);
                 let groups = self.access.groups.iter().zip(&self.group_resume);
@@ -338,10 +337,24 @@ impl<'a> Codegen<'a> {
     }
 
     fn pass(&mut self, capacity: usize) {
-        self.e = Emitter::new(self.opts.zbb, self.opts.zba, self.opts.c, capacity);
+        let n = self.prog.insts.len();
+        // Labels: one per instruction and two per function, plus the shared paths and one
+        // per cold stub; branches: the program's own, plus a few per function.
+        let functions = self.prog.subprogs.len();
+        let branches = self.prog.branches.len() + 4 * functions + 16;
+        self.e = Emitter::with_capacity(
+            self.opts.zbb,
+            self.opts.zba,
+            self.opts.c,
+            Capacity {
+                code: capacity,
+                labels: n + 2 * functions + self.cold.len() + 64,
+                branches,
+            },
+        );
         self.site = 0;
         self.checks.clear();
-        let n = self.prog.insts.len();
+        self.checks.reserve(branches);
         self.insn_labels = (0..n).map(|_| self.e.new_label()).collect();
         self.entry_labels = (0..self.prog.subprogs.len())
             .map(|_| self.e.new_label())
@@ -617,8 +630,8 @@ impl<'a> Codegen<'a> {
             site,
             at,
             target,
-            lo: range.0,
-            hi: range.1,
+            lo: range.0 as i32,
+            hi: range.1 as i32,
             grow,
         });
     }
@@ -996,7 +1009,7 @@ impl<'a> Codegen<'a> {
     /// hot path (whose widened check `group_check_at` emitted).
     fn unchecked_access(&mut self, _base: Reg) -> bool {
         let i = self.cur;
-        match self.access.checks[i] {
+        match self.access.check(i) {
             AccessCheck::None | AccessCheck::Walked => return true,
             AccessCheck::Guarded => return !self.copy,
             _ => {}
@@ -1004,14 +1017,14 @@ impl<'a> Codegen<'a> {
         if self.copy {
             return false;
         }
-        self.access.group_of[i].is_some()
+        self.access.group_of(i).is_some()
     }
 
     /// A group's widened check, where its first member's code starts: before anything of
     /// that instruction (an immediate to store, say), so a re-entering jump that lands
     /// right after the check skips nothing else.
     fn group_check_at(&mut self, i: usize) {
-        if let Some(&Some(g)) = self.access.group_of.get(i) {
+        if let Some(g) = self.access.group_of(i) {
             if self.access.groups[g].first == i {
                 self.group_check(g);
             }
@@ -1199,8 +1212,10 @@ impl<'a> Codegen<'a> {
     /// verdict (t3 = all ones inside, 0 under a mispredicted check), so a jump that skips
     /// the group's check later never sees an unchecked base, also under misspeculation.
     fn mask_reentered_base(&mut self, base: Reg) {
-        let reentered =
-            self.access.group_of[self.cur].is_some_and(|g| self.access.groups[g].reentered);
+        let reentered = self
+            .access
+            .group_of(self.cur)
+            .is_some_and(|g| self.access.groups[g].reentered);
         if self.copy && reentered && self.opts.measure.spectre_clamp {
             self.e.rrr(R3::And, self.map(base), self.map(base), T3);
         }
@@ -1242,7 +1257,7 @@ impl<'a> Codegen<'a> {
     ) -> (u8, i32) {
         let label = self.e.new_label();
         let resume = self.e.new_label();
-        let check = self.access.checks[self.cur];
+        let check = self.access.check(self.cur);
         let stack_first = self.layout.block > 0 && check == AccessCheck::Stack;
         let op = self.prog.insts[self.cur].op;
         // The stack block's length is a constant: `t = addr - stack_start` is inside iff

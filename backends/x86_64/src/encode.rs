@@ -111,15 +111,20 @@ pub type Asm = VecAssembler<X64Relocation>;
 /// written by [`Enc::finish`].
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
-    /// Index of the branch site in emission order (key into the forms); `usize::MAX` for
+    /// Index of the branch site in emission order (key into the forms); [`CALL_SITE`] for
     /// calls, which have no short form.
-    site: usize,
-    /// Byte offset just past the instruction: the displacement is relative to it.
-    end: usize,
+    site: u32,
+    /// Byte offset just past the instruction: the displacement is relative to it. (32-bit
+    /// fields: a program has at most 1 M instructions and its code is far below 4 GiB; a
+    /// 1 M-instruction program has hundreds of thousands of fixups, 24 bytes each.)
+    end: u32,
     /// Field width: 1 or 4.
     width: u8,
     label: Label,
 }
+
+/// [`Fixup::site`] of a call.
+const CALL_SITE: u32 = u32::MAX;
 
 impl Fixup {
     /// The displacement to the bound label, and whether it fits the field's width.
@@ -131,7 +136,7 @@ impl Fixup {
             .resolve_dynamic(self.label)
             .map_err(|_| format!("internal: label {} never bound", self.label.get_id()))?
             .0;
-        let disp = target as i64 - self.end as i64;
+        let disp = target as i64 - i64::from(self.end);
         let fits = match self.width {
             1 => i8::try_from(disp).is_ok(),
             _ => i32::try_from(disp).is_ok(),
@@ -210,19 +215,21 @@ impl Enc {
     /// A new buffer; `forms` holds the branch forms chosen by earlier passes (sites past
     /// its end start as `rel8`).
     pub fn new(forms: Vec<Form>) -> Self {
-        Self::with_capacity(forms, 0)
+        Self::with_capacity(forms, 0, 16, 16)
     }
 
     /// A buffer sized for `insts` eBPF instructions up front: regrowing the code buffer and
     /// the label table copies (and first-touches) memory, which dominates compile time on
     /// large programs.
-    pub fn with_capacity(forms: Vec<Form>, insts: usize) -> Self {
+    /// An encoder sized for `labels` labels and `fixups` label-relative branches and calls.
+    /// Generous sizes cost nothing: a large buffer's pages are only faulted in when written,
+    /// while regrowing copies the table into fresh pages.
+    pub fn with_capacity(forms: Vec<Form>, insts: usize, labels: usize, fixups: usize) -> Self {
         Enc {
             // Branches are patched by `finish`, not by dynasm relocations: only the
             // `dynasm!` text's few label references need room there.
-            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, insts + 16, 0, 16),
-            // About one branch per 8 instructions in typical code; more just regrows.
-            fixups: Vec::with_capacity(insts / 8 + 8),
+            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, labels, 0, 16),
+            fixups: Vec::with_capacity(fixups),
             forms,
             sites: 0,
             insns: 0,
@@ -491,8 +498,8 @@ impl Enc {
             self.jump_rel8(cc, l);
         }
         self.fixups.push(Fixup {
-            site,
-            end: self.pos(),
+            site: site as u32,
+            end: self.pos() as u32,
             width: if long { 4 } else { 1 },
             label: l,
         });
@@ -521,8 +528,8 @@ impl Enc {
     pub fn call_label(&mut self, l: Label) {
         self.ops.extend(&[0xe8, 0, 0, 0, 0]);
         self.fixups.push(Fixup {
-            site: usize::MAX,
-            end: self.pos(),
+            site: CALL_SITE,
+            end: self.pos() as u32,
             width: 4,
             label: l,
         });
@@ -549,8 +556,8 @@ impl Enc {
             let target = self
                 .offset_of(f.label)
                 .ok_or_else(|| format!("internal: label {} never bound", f.label.get_id()))?;
-            let disp = target as i64 - f.end as i64;
-            if f.site == usize::MAX {
+            let disp = target as i64 - i64::from(f.end);
+            if f.site == CALL_SITE {
                 if i32::try_from(disp).is_err() {
                     return Err(format!("call displacement {disp} exceeds rel32"));
                 }
@@ -561,10 +568,16 @@ impl Enc {
             } else {
                 (Form::Rel32, (i32::MIN as isize, i32::MAX as isize))
             };
-            debug_assert_eq!(self.forms.get(f.site).copied().unwrap_or(Form::Rel8), form);
+            debug_assert_eq!(
+                self.forms
+                    .get(f.site as usize)
+                    .copied()
+                    .unwrap_or(Form::Rel8),
+                form
+            );
             checks.push(BranchCheck {
-                site: f.site,
-                at: f.end,
+                site: f.site as usize,
+                at: f.end as usize,
                 disp: disp as isize,
                 range,
                 grow: Form::Rel32,
@@ -578,7 +591,9 @@ impl Enc {
     /// range).
     pub fn finish(self) -> Result<Vec<u8>, String> {
         let labels = self.ops.labels();
-        let mut patches = Vec::with_capacity(self.fixups.len());
+        // Displacements first (the labels live in the assembler `finalize` consumes); 4 bytes
+        // per fixup, paired with the fixups again below.
+        let mut disps = Vec::with_capacity(self.fixups.len());
         for f in &self.fixups {
             let (disp, fits) = f.displacement(labels)?;
             if !fits {
@@ -587,13 +602,14 @@ impl Enc {
                     f.end
                 ));
             }
-            patches.push((f.end, f.width as usize, disp as i32));
+            disps.push(disp as i32);
         }
         let mut bytes = self
             .ops
             .finalize()
             .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))?;
-        for (end, width, disp) in patches {
+        for (f, disp) in self.fixups.iter().zip(disps) {
+            let (end, width) = (f.end as usize, usize::from(f.width));
             bytes[end - width..end].copy_from_slice(&disp.to_le_bytes()[..width]);
         }
         Ok(bytes)

@@ -260,7 +260,16 @@ impl<'a> Emitter<'a> {
         plan: &'a Plan,
         forms: Vec<Form>,
     ) -> Self {
-        let mut e = Enc::with_capacity(forms, prog.insts.len());
+        // Labels: the branch and call targets (every instruction when sandboxed) and two
+        // per function, plus the sandbox's and the budget's (at most two per instruction);
+        // fixups: the program's branches plus the calls and checks the lowering adds.
+        let n = prog.insts.len();
+        let functions = prog.subprogs.len();
+        let checked = mode.sandboxed() || mode.counts_budget();
+        let branches = prog.branches.len();
+        let labels = branches + 2 * functions + if checked { 3 * n } else { 0 } + 64;
+        let fixups = 2 * branches + 4 * functions + if checked { 2 * n } else { 0 } + 64;
+        let mut e = Enc::with_capacity(forms, n, labels, fixups);
         // Trusted code jumps only to branch and call targets, so only those get a label
         // (a dynasm label costs an allocation slot, a bind and a lookup); the others share
         // one that is never bound, so a jump to it would fail `finish` loudly. Sandboxed
@@ -782,7 +791,7 @@ impl<'a> Emitter<'a> {
     fn address(&mut self, inst: &Inst, write: bool) -> (Gpr, i32) {
         match (self.mode.sandboxed(), checked_access(&inst.op)) {
             (true, Some((base, off, size))) if !self.unchecked_access() => {
-                let check = self.plan.access.checks[self.cur];
+                let check = self.plan.access.check(self.cur);
                 match check {
                     AccessCheck::CtxConst { end } if end <= i32::MAX as u64 => {
                         self.ctx_len_check(inst.pc, host(base), off as i32, size, write, end)
@@ -969,7 +978,7 @@ impl<'a> Emitter<'a> {
     /// hot path (whose widened check `group_check_at` emitted).
     fn unchecked_access(&mut self) -> bool {
         let i = self.cur;
-        match self.plan.access.checks[i] {
+        match self.plan.access.check(i) {
             AccessCheck::None | AccessCheck::Walked => return true,
             AccessCheck::Guarded => return !self.copy,
             _ => {}
@@ -977,7 +986,7 @@ impl<'a> Emitter<'a> {
         if self.copy {
             return false;
         }
-        let Some(g) = self.plan.access.group_of[i] else {
+        let Some(g) = self.plan.access.group_of(i) else {
             return false;
         };
         self.group_supported(g)
@@ -987,7 +996,7 @@ impl<'a> Emitter<'a> {
     /// that instruction (an immediate to store, say), so a re-entering jump that lands
     /// right after the check skips nothing else.
     fn group_check_at(&mut self, i: usize) {
-        if let Some(&Some(g)) = self.plan.access.group_of.get(i) {
+        if let Some(g) = self.plan.access.group_of(i) {
             if self.plan.access.groups[g].first == i && self.group_supported(g) {
                 self.group_check(g);
             }
