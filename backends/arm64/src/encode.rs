@@ -159,11 +159,8 @@ pub(crate) fn logical_ok(v: u64, width: Width) -> bool {
 
 impl Emitter<'_> {
     /// After a pass: the displacement of every conditional branch site for the relaxation
-    /// driver, and each instruction's code offset. B/BL out of ±128 MiB is an error here:
-    /// they have no longer form.
-    pub(crate) fn branch_checks(
-        &self,
-    ) -> Result<(Vec<BranchCheck<Form>>, Vec<usize>), CompileError> {
+    /// driver. B/BL out of ±128 MiB is an error here: they have no longer form.
+    pub(crate) fn branch_checks(&self) -> Result<Vec<BranchCheck<Form>>, CompileError> {
         let labels = self.ops.labels();
         let at = |l: DynamicLabel| -> Result<i64, CompileError> {
             labels.resolve_dynamic(l).map(|o| o.0 as i64).map_err(|e| {
@@ -194,13 +191,7 @@ impl Emitter<'_> {
                 None => {}
             }
         }
-        // Filled in place: collecting `Result`s would lose the exact size and grow the table
-        // by doubling.
-        let mut offsets = Vec::with_capacity(self.labels.len());
-        for &l in &self.labels {
-            offsets.push(at(l)? as usize);
-        }
-        Ok((checks, offsets))
+        Ok(checks)
     }
 
     /// `rd = value` in the fewest instructions: one ORR for a bitmask immediate, else MOVZ

@@ -25,7 +25,8 @@ use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{
-    back_edge_charge, callx_plan, checked_access, helper_lowering, HelperLowering, CALL_CHARGE,
+    back_edge_charge, callx_plan, checked_access, helper_lowering, instruction_labels,
+    HelperLowering, LabelPlacement, CALL_CHARGE,
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
@@ -97,7 +98,7 @@ pub fn emit_decoded_with(
         let mut e = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
         e.clamp = opts.spectre_clamp;
         e.program()?;
-        let (checks, offsets) = e.branch_checks()?;
+        let checks = e.branch_checks()?;
         for c in &checks {
             relax.form(c.site, Form::Short);
         }
@@ -130,7 +131,7 @@ pub fn emit_decoded_with(
                 bytes,
                 native_insns,
                 data: e.data,
-                inst_offsets: offsets,
+                inst_offsets: e.offsets,
                 passes,
                 landings,
             });
@@ -189,8 +190,13 @@ pub(crate) struct Emitter<'a> {
     /// Conditional branch sites emitted so far in this pass.
     pub(crate) cond_sites: usize,
     pub(crate) ops: Asm,
-    /// Start of each instruction's code (after the prologue for subprogram starts).
+    /// Start of each instruction's code (after the prologue for subprogram starts); only
+    /// branch and call targets have their own in trusted code (see `instruction_labels`).
     pub(crate) labels: Vec<DynamicLabel>,
+    /// Which instructions have a label of their own.
+    pub(crate) placement: LabelPlacement,
+    /// Where each instruction's code starts, in emission order (= instruction order).
+    pub(crate) offsets: Vec<usize>,
     /// Call entry of each subprogram (before its prologue).
     pub(crate) entries: Vec<DynamicLabel>,
     /// Epilogue of each subprogram.
@@ -245,9 +251,10 @@ impl<'a> Emitter<'a> {
         let labels = n + 2 * functions + if checked { 2 * n } else { n / 8 } + 64;
         let sites = 2 * prog.branches.len() + 4 * functions + if checked { n } else { 0 } + 64;
         let mut ops = Asm::new_with_capacity(0, 1024 + n * 8, 0, 0, labels, 0, sites);
-        let labels = (0..prog.insts.len())
-            .map(|_| ops.new_dynamic_label())
-            .collect();
+        let unbound = ops.new_dynamic_label();
+        let labels = instruction_labels(prog, mode.label_placement(), unbound, || {
+            ops.new_dynamic_label()
+        });
         let entries = (0..prog.subprogs.len())
             .map(|_| ops.new_dynamic_label())
             .collect();
@@ -280,6 +287,8 @@ impl<'a> Emitter<'a> {
             cond_sites: 0,
             ops,
             labels,
+            placement: mode.label_placement(),
+            offsets: Vec::with_capacity(n),
             entries,
             epilogues,
             restore,
@@ -317,9 +326,14 @@ impl<'a> Emitter<'a> {
             self.prologue(k);
             for i in sp.start..sp.end {
                 self.cur = i;
-                let label = self.labels[i];
                 self.walk_clamp_at(i);
-                a64!(self.ops; =>label);
+                // The instruction starts here (after a walk's clamp, which only the walk's
+                // back-edge reaches).
+                self.offsets.push(self.off());
+                if self.placement.own_label(self.prog.is_target[i]) {
+                    let label = self.labels[i];
+                    a64!(self.ops; =>label);
+                }
                 self.group_check_at(i);
                 let inst = self.prog.insts[i];
                 self.inst(k, i, &inst)?;

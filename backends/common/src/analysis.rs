@@ -13,6 +13,47 @@ use packjit_plugin_api::{
     PJ_INLINE_RSEQ_CPU_ID,
 };
 
+/// Which instructions a lowering labels: whether the lowering may jump to any instruction,
+/// or only to branch and call targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelPlacement {
+    /// Trusted code jumps only to what the program's own branches and calls land on.
+    Targets,
+    /// Sandboxed code also jumps from a check group's checked copy to the instruction after
+    /// the group, which can be any instruction.
+    Every,
+}
+
+impl LabelPlacement {
+    /// Does an instruction (a branch or call target or not) get a label of its own?
+    pub fn own_label(self, is_target: bool) -> bool {
+        is_target || self == LabelPlacement::Every
+    }
+}
+
+/// One label per instruction for the lowering to jump to, made by `new_label`: a label of
+/// its own for each instruction `placement` may jump to, and for the others `unbound`, a
+/// label the lowering never binds (a jump to it fails the final patching loudly).
+///
+/// Labelling only targets matters at scale: an assembler label is a table slot, a bind and
+/// a lookup, and most instructions are no target.
+pub fn instruction_labels<L: Copy>(
+    prog: &Program,
+    placement: LabelPlacement,
+    unbound: L,
+    mut new_label: impl FnMut() -> L,
+) -> Vec<L> {
+    let mut labels = Vec::with_capacity(prog.insts.len());
+    for &target in &prog.is_target {
+        labels.push(if placement.own_label(target) {
+            new_label()
+        } else {
+            unbound
+        });
+    }
+    labels
+}
+
 /// Does this instruction read r10 (the only way a program reaches its frame)?
 pub fn reads_r10(op: &Op) -> bool {
     let reg = |o: Operand| o == Operand::Reg(R10);
@@ -399,6 +440,15 @@ impl CodegenMode {
     /// Is this sandboxed code?
     pub fn sandboxed(&self) -> bool {
         self.memory == MemoryChecks::Checked
+    }
+
+    /// Which instructions the lowering may jump to (see [`instruction_labels`]).
+    pub fn label_placement(&self) -> LabelPlacement {
+        if self.sandboxed() {
+            LabelPlacement::Every
+        } else {
+            LabelPlacement::Targets
+        }
     }
 
     /// Does the code count the budget?

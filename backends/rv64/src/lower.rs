@@ -19,8 +19,9 @@ use crate::frame::{Layout, CTX_LIM8};
 use crate::regs::{BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering, stack_block_size,
-    upper_halves_live, CodegenMode, HelperLowering, CALL_CHARGE,
+    back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering,
+    instruction_labels, stack_block_size, upper_halves_live, CodegenMode, HelperLowering,
+    CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
@@ -159,7 +160,11 @@ pub struct Codegen<'a> {
     pub(crate) e: Emitter,
     site: usize,
     checks: Vec<Check>,
+    /// Start of each instruction's code; only branch and call targets have their own in
+    /// trusted code (see `instruction_labels`).
     insn_labels: Vec<DynamicLabel>,
+    /// Where each instruction's code starts, in emission order (= instruction order).
+    insn_offsets: Vec<usize>,
     entry_labels: Vec<DynamicLabel>,
     exit_labels: Vec<DynamicLabel>,
     dispatch: Option<DynamicLabel>,
@@ -247,6 +252,7 @@ impl<'a> Codegen<'a> {
             site: 0,
             checks: Vec::new(),
             insn_labels: Vec::new(),
+            insn_offsets: Vec::new(),
             entry_labels: Vec::new(),
             exit_labels: Vec::new(),
             dispatch: None,
@@ -303,16 +309,7 @@ impl<'a> Codegen<'a> {
             })?;
             if settled == Settled::Done {
                 let labels = self.e.asm.labels();
-                // Filled in place: collecting `Result`s would lose the exact size and grow
-                // the table by doubling.
-                let mut offsets = Vec::with_capacity(self.insn_labels.len());
-                for &l in &self.insn_labels {
-                    let at = labels
-                        .resolve_dynamic(l)
-                        .map_err(|e| internal(format!("unbound label: {e}")))?;
-                    offsets.push(at.0);
-                }
-                let table = self.prog.line_table(&offsets);
+                let table = self.prog.line_table(&self.insn_offsets);
                 let at = |l: DynamicLabel| labels.resolve_dynamic(l).ok().map(|o| o.0);
                 let groups = self.access.groups.iter().zip(&self.group_resume);
                 let walks = self.access.walks.iter().zip(&self.walk_clamps);
@@ -355,7 +352,10 @@ impl<'a> Codegen<'a> {
         self.site = 0;
         self.checks.clear();
         self.checks.reserve(branches);
-        self.insn_labels = (0..n).map(|_| self.e.new_label()).collect();
+        let unbound = self.e.new_label();
+        let placement = self.mode.label_placement();
+        self.insn_labels = instruction_labels(self.prog, placement, unbound, || self.e.new_label());
+        self.insn_offsets = Vec::with_capacity(n);
         self.entry_labels = (0..self.prog.subprogs.len())
             .map(|_| self.e.new_label())
             .collect();
@@ -383,11 +383,17 @@ impl<'a> Codegen<'a> {
             let l = self.entry_labels[k];
             self.e.bind(l);
             self.prologue(k);
+            let placement = self.mode.label_placement();
             for i in sp.start..sp.end {
-                let l = self.insn_labels[i];
                 self.cur = i;
                 self.walk_clamp_at(i);
-                self.e.bind(l);
+                // The instruction starts here (after a walk's clamp, which only the walk's
+                // back-edge reaches).
+                self.insn_offsets.push(self.e.pos());
+                if placement.own_label(self.prog.is_target[i]) {
+                    let l = self.insn_labels[i];
+                    self.e.bind(l);
+                }
                 let inst = self.prog.insts[i];
                 let last = i + 1 == sp.end;
                 self.group_check_at(i);

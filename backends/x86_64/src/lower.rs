@@ -11,8 +11,8 @@ use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
-    back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering, CodegenMode,
-    HelperLowering, CALL_CHARGE,
+    back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering,
+    instruction_labels, CodegenMode, HelperLowering, LabelPlacement, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
@@ -219,8 +219,8 @@ pub struct Emitter<'a> {
     /// Body label of each instruction (only branch and call targets have their own in
     /// trusted code, see `new`).
     inst_label: Vec<Label>,
-    /// Every instruction has its own label (sandboxed code).
-    all_labels: bool,
+    /// Which instructions have a label of their own.
+    placement: LabelPlacement,
     /// Where each instruction's code starts, in emission order (= instruction order).
     inst_offsets: Vec<usize>,
     /// Prologue label of each function.
@@ -270,19 +270,8 @@ impl<'a> Emitter<'a> {
         let labels = branches + 2 * functions + if checked { 3 * n } else { 0 } + 64;
         let fixups = 2 * branches + 4 * functions + if checked { 2 * n } else { 0 } + 64;
         let mut e = Enc::with_capacity(forms, n, labels, fixups);
-        // Trusted code jumps only to branch and call targets, so only those get a label
-        // (a dynasm label costs an allocation slot, a bind and a lookup); the others share
-        // one that is never bound, so a jump to it would fail `finish` loudly. Sandboxed
-        // code also jumps from a check group's checked copy to the instruction after the
-        // group: every instruction gets its own label there.
         let unbound = e.label();
-        let all = mode.sandboxed();
-        let mut inst_label = vec![unbound; prog.insts.len()];
-        for (l, &target) in inst_label.iter_mut().zip(&prog.is_target) {
-            if all || target {
-                *l = e.label();
-            }
-        }
+        let inst_label = instruction_labels(prog, mode.label_placement(), unbound, || e.label());
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
         let entry_pops = e.label();
@@ -300,7 +289,7 @@ impl<'a> Emitter<'a> {
             prog,
             helpers,
             inst_label,
-            all_labels: all,
+            placement: mode.label_placement(),
             inst_offsets: Vec::with_capacity(prog.insts.len()),
             sub_entry,
             sub_exit,
@@ -346,7 +335,7 @@ impl<'a> Emitter<'a> {
                 // The instruction starts here (after a walk's clamp, which only the walk's
                 // back-edge reaches).
                 self.inst_offsets.push(self.e.pos());
-                if self.all_labels || target {
+                if self.placement.own_label(target) {
                     let l = self.inst_label[i];
                     self.e.bind(l);
                 }
