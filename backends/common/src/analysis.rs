@@ -43,13 +43,13 @@ pub fn instruction_labels<L: Copy>(
     unbound: L,
     mut new_label: impl FnMut() -> L,
 ) -> Vec<L> {
-    let mut labels = Vec::with_capacity(prog.insts.len());
-    for &target in &prog.is_target {
-        labels.push(if placement.own_label(target) {
-            new_label()
-        } else {
-            unbound
-        });
+    // Filled first, then overwritten at the few targets: cheaper than a push per
+    // instruction.
+    let mut labels = vec![unbound; prog.insts.len()];
+    for (label, &target) in labels.iter_mut().zip(&prog.is_target) {
+        if placement.own_label(target) {
+            *label = new_label();
+        }
     }
     labels
 }
