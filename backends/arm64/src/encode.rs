@@ -159,7 +159,9 @@ pub(crate) fn logical_ok(v: u64, width: Width) -> bool {
 
 impl Emitter<'_> {
     /// After a pass: the displacement of every conditional branch site for the relaxation
-    /// driver. B/BL out of ±128 MiB is an error here: they have no longer form.
+    /// driver, or none at all when every site reaches in the form it was emitted in (the
+    /// usual case, in which the relaxation driver would settle on this pass anyway). B/BL
+    /// out of ±128 MiB is an error here: they have no longer form.
     pub(crate) fn branch_checks(&self) -> Result<Vec<BranchCheck<Form>>, CompileError> {
         let labels = self.ops.labels();
         let at = |l: DynamicLabel| -> Result<i64, CompileError> {
@@ -167,6 +169,17 @@ impl Emitter<'_> {
                 CompileError::new(ErrorKind::Internal, format!("unresolved arm64 label: {e}"))
             })
         };
+        let mut all_reach = true;
+        for s in &self.sites {
+            let range = s.reach.range();
+            if !(-range..range).contains(&(at(s.target)? - s.at as i64)) {
+                all_reach = false;
+                break;
+            }
+        }
+        if all_reach {
+            return Ok(Vec::new());
+        }
         let mut checks = Vec::with_capacity(self.cond_sites);
         for s in &self.sites {
             let dist = at(s.target)? - s.at as i64;

@@ -281,21 +281,34 @@ impl<'a> Codegen<'a> {
             self.pass(capacity);
             capacity = self.e.pos() + 64;
             let checks = std::mem::take(&mut self.checks);
-            let mut sites = Vec::with_capacity(checks.len());
-            for c in &checks {
-                let target = self
-                    .e
-                    .asm
-                    .labels()
+            let labels = self.e.asm.labels();
+            let disp = |c: &Check| -> Result<isize, CompileError> {
+                let target = labels
                     .resolve_dynamic(c.target)
                     .map_err(|e| internal(format!("unbound label: {e}")))?;
-                sites.push(BranchCheck {
-                    site: c.site,
-                    at: c.at,
-                    disp: target.0 as isize - c.at as isize,
-                    range: (c.lo as isize, c.hi as isize),
-                    grow: c.grow,
-                });
+                Ok(target.0 as isize - c.at as isize)
+            };
+            // Usual case: every site reaches in the form it was emitted in, which is exactly
+            // when `settle` would say `Done`; skip building its inputs.
+            let mut all_reach = true;
+            for c in &checks {
+                if !(c.lo as isize..=c.hi as isize).contains(&disp(c)?) {
+                    all_reach = false;
+                    break;
+                }
+            }
+            let mut sites = Vec::new();
+            if !all_reach {
+                sites.reserve_exact(checks.len());
+                for c in &checks {
+                    sites.push(BranchCheck {
+                        site: c.site,
+                        at: c.at,
+                        disp: disp(c)?,
+                        range: (c.lo as isize, c.hi as isize),
+                        grow: c.grow,
+                    });
+                }
             }
             let settled = self.relax.settle(&sites, |c| {
                 CompileError::new(
