@@ -572,65 +572,62 @@ pub fn states(prog: &Program) -> Vec<State> {
 pub fn for_each_state(prog: &Program, mut visit: impl FnMut(usize, &State)) {
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let lead = block_starts(prog, sp.start, sp.end);
-        // Block entry states, by leader index; None = not reached yet.
-        let mut entry: Vec<Option<State>> = vec![None; sp.end - sp.start];
-        let mut visits = vec![0u32; sp.end - sp.start];
+        // Block numbers by instruction (leaders only): the per-block tables below hold a
+        // state of some 300 bytes per block, not per instruction.
+        let mut block = vec![u32::MAX; sp.end - sp.start];
+        let mut blocks = 0;
+        for (b, _) in block.iter_mut().zip(&lead).filter(|(_, &l)| l) {
+            *b = blocks;
+            blocks += 1;
+        }
+        let block_of = |i: usize| block[i - sp.start] as usize;
+        // Block entry states; None = not reached yet.
+        let mut entry: Vec<Option<State>> = vec![None; blocks as usize];
+        let mut visits = vec![0u32; blocks as usize];
         entry[0] = Some(entry_state(k));
         let mut work = vec![sp.start];
-        let mut queued = vec![false; sp.end - sp.start];
+        let mut queued = vec![false; blocks as usize];
         queued[0] = true;
         while let Some(b) = work.pop() {
-            queued[b - sp.start] = false;
-            let mut st = entry[b - sp.start].expect("queued blocks have a state");
+            queued[block_of(b)] = false;
+            let mut st = entry[block_of(b)].expect("queued blocks have a state");
             let mut i = b;
-            let mut succs: Vec<usize> = Vec::with_capacity(2);
-            loop {
+            // At most two successors (no allocation per block).
+            let (succs, n): ([usize; 2], usize) = loop {
                 let op = prog.insts[i].op;
                 transfer(&mut st, &op);
                 match op {
-                    Op::Ja { target } => {
-                        succs.push(target);
-                        break;
-                    }
-                    Op::Jcond { target, .. } => {
-                        succs.push(target);
-                        succs.push(i + 1);
-                        break;
-                    }
-                    Op::Exit => break,
+                    Op::Ja { target } => break ([target, 0], 1),
+                    Op::Jcond { target, .. } => break ([target, i + 1], 2),
+                    Op::Exit => break ([0; 2], 0),
                     _ => {}
                 }
                 i += 1;
                 if i >= sp.end {
-                    break;
+                    break ([0; 2], 0);
                 }
                 if lead[i - sp.start] {
-                    succs.push(i);
-                    break;
+                    break ([i, 0], 1);
                 }
-            }
-            for s in succs {
-                let si = s - sp.start;
-                let new = match entry[si] {
-                    None => st,
+            };
+            for &s in &succs[..n] {
+                let si = block_of(s);
+                // Joined in place: a state is a few hundred bytes, and most joins change
+                // nothing.
+                match &mut entry[si] {
+                    slot @ None => *slot = Some(st),
                     Some(old) => {
-                        let mut j = old;
-                        for r in 0..11 {
-                            j[r] = old[r].join(st[r]);
-                        }
-                        if j == old {
+                        if (0..11).all(|r| old[r].join(st[r]) == old[r]) {
                             continue;
                         }
                         visits[si] += 1;
-                        if visits[si] > WIDEN_AFTER {
-                            for r in 0..11 {
-                                j[r] = old[r].widen(j[r]);
-                            }
+                        let widen = visits[si] > WIDEN_AFTER;
+                        for (o, &v) in old.iter_mut().zip(&st) {
+                            let j = o.join(v);
+                            *o = if widen { o.widen(j) } else { j };
                         }
-                        j
                     }
-                };
-                entry[si] = Some(new);
+                }
                 if !queued[si] {
                     queued[si] = true;
                     work.push(s);
@@ -639,7 +636,10 @@ pub fn for_each_state(prog: &Program, mut visit: impl FnMut(usize, &State)) {
         }
         // Replay each reached block from its final entry state.
         for b in sp.start..sp.end {
-            let Some(mut st) = entry[b - sp.start].filter(|_| lead[b - sp.start]) else {
+            if !lead[b - sp.start] {
+                continue;
+            }
+            let Some(mut st) = entry[block_of(b)] else {
                 continue;
             };
             let mut i = b;
