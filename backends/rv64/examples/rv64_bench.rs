@@ -460,6 +460,7 @@ fn sandbox_programs() {
                 bytes,
                 line_table: table,
                 landings,
+                ..
             } = Rv64Backend::new()
                 .emit_for_measurement(
                     &CompileRequest {

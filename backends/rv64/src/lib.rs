@@ -146,6 +146,9 @@ pub struct Measured {
     pub bytes: Vec<u8>,
     /// Instructions in `bytes` (data, such as `callx` tables, excluded).
     pub native_insns: usize,
+    /// Emission passes the branch relaxation took (1 when every branch reached in its
+    /// shortest form).
+    pub passes: usize,
     /// One native offset per bytecode slot (see `Compiled::pc_offsets`).
     pub line_table: Vec<u32>,
     /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere

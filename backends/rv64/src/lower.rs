@@ -337,6 +337,7 @@ impl<'a> Codegen<'a> {
                     .finish()
                     .map_err(|err| CompileError::new(ErrorKind::Encoding, err))?;
                 return Ok(crate::Measured {
+                    passes: self.relax.passes(),
                     native_insns: count_insns_except(&code, &e_data),
                     bytes: code,
                     line_table: table,
@@ -637,6 +638,31 @@ impl<'a> Codegen<'a> {
         (s, self.relax.form(s, smallest))
     }
 
+    /// The site's smallest form: `smallest`, or for a branch back to a bound label, the
+    /// shortest of `reach` (forms by length, with their displacement ranges) that reaches it
+    /// now. A backward distance is known while emitting, so this spares the pass the
+    /// relaxation driver would otherwise need to find that out (e.g. the stop paths after
+    /// all code, branching back to the entry's epilogue, or a long loop). Later growth
+    /// between the branch and its target is still checked after the pass.
+    fn backward_form(
+        &self,
+        target: DynamicLabel,
+        smallest: Form,
+        reach: &[(Form, (isize, isize))],
+    ) -> Form {
+        // The longer forms' jump sits 4 bytes past the site's start (after the inverted
+        // branch); measuring every form from there keeps the choice on the safe side.
+        const SLACK: isize = 4;
+        let Ok(to) = self.e.asm.labels().resolve_dynamic(target) else {
+            return smallest;
+        };
+        let disp = to.0 as isize - self.e.pos() as isize - SLACK;
+        reach
+            .iter()
+            .find(|&&(form, (lo, hi))| form >= smallest && (lo..=hi).contains(&disp))
+            .map_or(Form::Far, |&(form, _)| form)
+    }
+
     fn check(
         &mut self,
         site: usize,
@@ -664,6 +690,12 @@ impl<'a> Codegen<'a> {
         } else {
             Form::Short
         };
+        let reach = [
+            (Form::Compressed, CB_RANGE),
+            (Form::Short, B_RANGE),
+            (Form::Near, J_RANGE),
+        ];
+        let smallest = self.backward_form(target, smallest, &reach);
         let (site, form) = self.next_site(smallest);
         let at = self.e.pos();
         match form {
@@ -698,6 +730,8 @@ impl<'a> Codegen<'a> {
         } else {
             Form::Short
         };
+        let reach = [(Form::Compressed, CJ_RANGE), (Form::Short, J_RANGE)];
+        let smallest = self.backward_form(target, smallest, &reach);
         let (site, form) = self.next_site(smallest);
         let at = self.e.pos();
         match form {
@@ -723,7 +757,8 @@ impl<'a> Codegen<'a> {
 
     /// `call target` with the return address in `link`.
     fn call_link(&mut self, link: u8, target: DynamicLabel) {
-        let (site, form) = self.next_site(Form::Short);
+        let smallest = self.backward_form(target, Form::Short, &[(Form::Short, J_RANGE)]);
+        let (site, form) = self.next_site(smallest);
         let at = self.e.pos();
         if form == Form::Far {
             self.e.far_call(link, target);
