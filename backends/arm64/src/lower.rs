@@ -239,18 +239,21 @@ impl<'a> Emitter<'a> {
         plan: &'a Plan,
         forms: Vec<Form>,
     ) -> Self {
-        // Sized for the program up front: regrowing the code buffer and the label table
-        // copies (and first-touches) memory, which dominates compile time on large programs.
-        // Generous sizes cost nothing: the pages of a large buffer are only faulted in when
-        // written. Labels: one per instruction and two per function, plus the sandbox's and
+        // Sized up front (regrowing copies, into fresh pages when large), from what the
+        // lowering emits per instruction; generous for large programs, whose untouched
+        // capacity costs nothing, but small enough for a small program's buffers to come
+        // from the allocator's fast per-thread cache. Labels: the branch and call targets
+        // (every instruction when sandboxed) and two per function, plus the sandbox's and
         // the budget's (at most two per instruction); sites: the program's branches plus the
         // calls, epilogue jumps and checks the lowering adds.
         let n = prog.insts.len();
         let functions = prog.subprogs.len();
         let checked = mode.sandboxed() || mode.counts_budget();
-        let labels = n + 2 * functions + if checked { 2 * n } else { n / 8 } + 64;
-        let sites = 2 * prog.branches.len() + 4 * functions + if checked { n } else { 0 } + 64;
-        let mut ops = Asm::new_with_capacity(0, 1024 + n * 8, 0, 0, labels, 0, sites);
+        let branches = prog.branches.len();
+        let code = 128 + n * if checked { 40 } else { 8 };
+        let labels = branches + 2 * functions + if checked { 3 * n } else { 0 } + 8;
+        let sites = 2 * branches + 4 * functions + if checked { n } else { 0 } + 8;
+        let mut ops = Asm::new_with_capacity(0, code, 0, 0, labels, 0, sites);
         let unbound = ops.new_dynamic_label();
         let labels = instruction_labels(prog, mode.label_placement(), unbound, || {
             ops.new_dynamic_label()

@@ -275,7 +275,14 @@ impl<'a> Codegen<'a> {
     /// Returns the code and the line table (`Compiled::pc_offsets`: where each bytecode
     /// slot's native code starts).
     pub fn run(mut self) -> Result<crate::Measured, CompileError> {
-        let mut capacity = self.prog.insts.len() * 8 + 64;
+        // A first guess from what the lowering emits per instruction (regrowing copies, into
+        // fresh pages when large); later passes know the size.
+        let per_insn = if self.mode.sandboxed() || self.mode.counts_budget() {
+            40
+        } else {
+            8
+        };
+        let mut capacity = self.prog.insts.len() * per_insn + 128;
         loop {
             self.relax.begin_pass();
             self.pass(capacity);
@@ -349,17 +356,24 @@ impl<'a> Codegen<'a> {
 
     fn pass(&mut self, capacity: usize) {
         let n = self.prog.insts.len();
-        // Labels: one per instruction and two per function, plus the shared paths and one
-        // per cold stub; branches: the program's own, plus a few per function.
+        // Labels: the branch and call targets (every instruction when sandboxed) and two
+        // per function, plus the shared paths and the sandbox's and the budget's (at most
+        // two per instruction); branches: the program's own, plus a few per function and
+        // the checks'. Small enough for a small program's buffers to come from the
+        // allocator's fast per-thread cache.
         let functions = self.prog.subprogs.len();
-        let branches = self.prog.branches.len() + 4 * functions + 16;
+        let checked = self.mode.sandboxed() || self.mode.counts_budget();
+        let branches = self.prog.branches.len() + 4 * functions + if checked { n } else { 0 } + 8;
         self.e = Emitter::with_capacity(
             self.opts.zbb,
             self.opts.zba,
             self.opts.c,
             Capacity {
                 code: capacity,
-                labels: n + 2 * functions + self.cold.len() + 64,
+                labels: self.prog.branches.len()
+                    + 2 * functions
+                    + if checked { 3 * n } else { 0 }
+                    + 16,
                 branches,
             },
         );

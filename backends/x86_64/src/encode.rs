@@ -218,17 +218,14 @@ impl Enc {
         Self::with_capacity(forms, 0, 16, 16)
     }
 
-    /// A buffer sized for `insts` eBPF instructions up front: regrowing the code buffer and
-    /// the label table copies (and first-touches) memory, which dominates compile time on
-    /// large programs.
-    /// An encoder sized for `labels` labels and `fixups` label-relative branches and calls.
-    /// Generous sizes cost nothing: a large buffer's pages are only faulted in when written,
-    /// while regrowing copies the table into fresh pages.
-    pub fn with_capacity(forms: Vec<Form>, insts: usize, labels: usize, fixups: usize) -> Self {
+    /// An encoder sized up front for `code` bytes, `labels` labels and `fixups`
+    /// label-relative branches and calls: regrowing a buffer copies it, into fresh pages
+    /// when it is large.
+    pub fn with_capacity(forms: Vec<Form>, code: usize, labels: usize, fixups: usize) -> Self {
         Enc {
             // Branches are patched by `finish`, not by dynasm relocations: only the
             // `dynasm!` text's few label references need room there.
-            ops: Asm::new_with_capacity(0, 1024 + insts * 8, 0, 0, labels, 0, 16),
+            ops: Asm::new_with_capacity(0, code, 0, 0, labels, 0, 16),
             fixups: Vec::with_capacity(fixups),
             forms,
             sites: 0,
