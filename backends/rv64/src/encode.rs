@@ -65,6 +65,15 @@ macro_rules! rv {
     };
 }
 
+/// A compressed (16-bit) instruction: counted as it is emitted, so the instruction count of
+/// the code needs no scan of the variable-length stream ([`Emitter::native_insns`]).
+macro_rules! rvc {
+    ($emitter:expr; $($t:tt)*) => {{
+        $emitter.compressed += 1;
+        rv!($emitter.asm; $($t)*)
+    }};
+}
+
 /// Three-register ALU instructions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum R3 {
@@ -183,6 +192,8 @@ pub struct Emitter {
     /// Byte ranges of data in the code (`callx` tables and their padding): not
     /// instructions (see [`count_insns_except`]).
     pub data: Vec<std::ops::Range<usize>>,
+    /// Compressed instructions emitted so far (every one goes through `rvc!`).
+    compressed: usize,
 }
 
 /// `jal` with rd = 0 and a zero displacement.
@@ -263,7 +274,17 @@ impl Emitter {
             zba,
             c,
             data: Vec::new(),
+            compressed: 0,
         }
+    }
+
+    /// Instructions emitted so far, data excluded: every instruction is 4 bytes except the
+    /// compressed ones, which were counted as they were emitted. (Equal to
+    /// [`count_insns_except`] over the code, which tests check, without scanning it.)
+    pub fn native_insns(&self) -> usize {
+        let data: usize = self.data.iter().map(|r| r.len()).sum();
+        let full_bytes = self.pos() - data - 2 * self.compressed;
+        full_bytes / 4 + self.compressed
     }
 
     /// Current byte offset.
@@ -286,7 +307,7 @@ impl Emitter {
             return;
         }
         if self.c && rd != ZERO && rs != ZERO {
-            rv!(self.asm; c.mv X(rd), X(rs));
+            rvc!(self; c.mv X(rd), X(rs));
         } else {
             rv!(self.asm; mv X(rd), X(rs));
         }
@@ -296,7 +317,7 @@ impl Emitter {
     fn lui(&mut self, rd: u8, value: i32) {
         let hi = value >> 12;
         if self.c && rd != ZERO && rd != SP && hi != 0 && (-32..32).contains(&hi) {
-            rv!(self.asm; c.lui X(rd), value);
+            rvc!(self; c.lui X(rd), value);
         } else {
             rv!(self.asm; lui X(rd), value);
         }
@@ -413,19 +434,19 @@ impl Emitter {
             if a == rd {
                 match op {
                     R3::Add if b != ZERO => {
-                        rv!(self.asm; c.add X(a), X(b));
+                        rvc!(self; c.add X(a), X(b));
                         return;
                     }
                     R3::Sub | R3::And | R3::Or | R3::Xor | R3::Addw | R3::Subw
                         if pop(a) && pop(b) =>
                     {
                         match op {
-                            R3::Sub => rv!(self.asm; c.sub X(a), X(b)),
-                            R3::And => rv!(self.asm; c.and X(a), X(b)),
-                            R3::Or => rv!(self.asm; c.or X(a), X(b)),
-                            R3::Xor => rv!(self.asm; c.xor X(a), X(b)),
-                            R3::Addw => rv!(self.asm; c.addw X(a), X(b)),
-                            _ => rv!(self.asm; c.subw X(a), X(b)),
+                            R3::Sub => rvc!(self; c.sub X(a), X(b)),
+                            R3::And => rvc!(self; c.and X(a), X(b)),
+                            R3::Or => rvc!(self; c.or X(a), X(b)),
+                            R3::Xor => rvc!(self; c.xor X(a), X(b)),
+                            R3::Addw => rvc!(self; c.addw X(a), X(b)),
+                            _ => rvc!(self; c.subw X(a), X(b)),
                         }
                         return;
                     }
@@ -468,11 +489,11 @@ impl Emitter {
             let imm6 = (-32..32).contains(&imm);
             let done = match op {
                 RI::Addi if rs == ZERO && imm6 => {
-                    rv!(self.asm; c.li X(rd), imm);
+                    rvc!(self; c.li X(rd), imm);
                     true
                 }
                 RI::Addi if rs == rd && imm6 && imm != 0 => {
-                    rv!(self.asm; c.addi X(rd), imm);
+                    rvc!(self; c.addi X(rd), imm);
                     true
                 }
                 RI::Addi
@@ -482,35 +503,35 @@ impl Emitter {
                         && imm % 16 == 0
                         && (-512..512).contains(&imm) =>
                 {
-                    rv!(self.asm; c.addi16sp sp, imm);
+                    rvc!(self; c.addi16sp sp, imm);
                     true
                 }
                 RI::Addi if rs == SP && pop(rd) && imm > 0 && imm % 4 == 0 && imm < 1024 => {
-                    rv!(self.asm; c.addi4spn X(rd), sp, imm as u32);
+                    rvc!(self; c.addi4spn X(rd), sp, imm as u32);
                     true
                 }
                 RI::Addi if imm == 0 && rs != ZERO => {
-                    rv!(self.asm; c.mv X(rd), X(rs));
+                    rvc!(self; c.mv X(rd), X(rs));
                     true
                 }
                 RI::Addiw if rs == rd && imm6 => {
-                    rv!(self.asm; c.addiw X(rd), imm);
+                    rvc!(self; c.addiw X(rd), imm);
                     true
                 }
                 RI::Andi if rs == rd && pop(rd) && imm6 => {
-                    rv!(self.asm; c.andi X(rd), imm);
+                    rvc!(self; c.andi X(rd), imm);
                     true
                 }
                 RI::Slli if rs == rd && imm != 0 => {
-                    rv!(self.asm; c.slli X(rd), imm as u32);
+                    rvc!(self; c.slli X(rd), imm as u32);
                     true
                 }
                 RI::Srli if rs == rd && pop(rd) && imm != 0 => {
-                    rv!(self.asm; c.srli X(rd), imm as u32);
+                    rvc!(self; c.srli X(rd), imm as u32);
                     true
                 }
                 RI::Srai if rs == rd && pop(rd) && imm != 0 => {
-                    rv!(self.asm; c.srai X(rd), imm as u32);
+                    rvc!(self; c.srai X(rd), imm as u32);
                     true
                 }
                 _ => false,
@@ -555,15 +576,15 @@ impl Emitter {
         if self.c && rd != ZERO {
             match m {
                 Mem::D if base == SP && (0..512).contains(&off) && off % 8 == 0 => {
-                    rv!(self.asm; c.ldsp X(rd), [sp, off as u32]);
+                    rvc!(self; c.ldsp X(rd), [sp, off as u32]);
                     return;
                 }
                 Mem::D if pop(rd) && pop(base) && (0..256).contains(&off) && off % 8 == 0 => {
-                    rv!(self.asm; c.ld X(rd), [X(base), off as u32]);
+                    rvc!(self; c.ld X(rd), [X(base), off as u32]);
                     return;
                 }
                 Mem::W if pop(rd) && pop(base) && (0..128).contains(&off) && off % 4 == 0 => {
-                    rv!(self.asm; c.lw X(rd), [X(base), off as u32]);
+                    rvc!(self; c.lw X(rd), [X(base), off as u32]);
                     return;
                 }
                 _ => {}
@@ -585,17 +606,17 @@ impl Emitter {
         if self.c {
             match m {
                 Mem::D if base == SP && (0..512).contains(&off) && off % 8 == 0 => {
-                    rv!(self.asm; c.sdsp X(rs), [sp, off as u32]);
+                    rvc!(self; c.sdsp X(rs), [sp, off as u32]);
                     return;
                 }
                 Mem::D if pop(rs) && pop(base) && (0..256).contains(&off) && off % 8 == 0 => {
-                    rv!(self.asm; c.sd X(rs), [X(base), off as u32]);
+                    rvc!(self; c.sd X(rs), [X(base), off as u32]);
                     return;
                 }
                 Mem::W | Mem::Wu
                     if pop(rs) && pop(base) && (0..128).contains(&off) && off % 4 == 0 =>
                 {
-                    rv!(self.asm; c.sw X(rs), [X(base), off as u32]);
+                    rvc!(self; c.sw X(rs), [X(base), off as u32]);
                     return;
                 }
                 _ => {}
@@ -614,7 +635,7 @@ impl Emitter {
     /// `jalr ra, rs, 0`: call through a register.
     pub fn call_reg(&mut self, rs: u8) {
         if self.c {
-            rv!(self.asm; c.jalr X(rs));
+            rvc!(self; c.jalr X(rs));
         } else {
             rv!(self.asm; jalr X(rs));
         }
@@ -623,7 +644,7 @@ impl Emitter {
     /// `jalr zero, rs, 0`.
     pub fn jump_reg(&mut self, rs: u8) {
         if self.c {
-            rv!(self.asm; c.jr X(rs));
+            rvc!(self; c.jr X(rs));
         } else {
             rv!(self.asm; jalr zero, X(rs), 0);
         }
@@ -656,15 +677,15 @@ impl Emitter {
     /// `c.beqz`/`c.bnez` to a label (±256 B; `a` in x8–x15).
     pub fn cb_label(&mut self, eq: bool, a: u8, l: DynamicLabel) {
         if eq {
-            rv!(self.asm; c.beqz X(a), =>l);
+            rvc!(self; c.beqz X(a), =>l);
         } else {
-            rv!(self.asm; c.bnez X(a), =>l);
+            rvc!(self; c.bnez X(a), =>l);
         }
     }
 
     /// `c.j` (±2 KiB).
     pub fn cj_label(&mut self, l: DynamicLabel) {
-        rv!(self.asm; c.j =>l);
+        rvc!(self; c.j =>l);
     }
 
     /// `jal rd, label` (±1 MiB, the full J-type reach: see [`Patch`]).
@@ -758,7 +779,7 @@ impl Emitter {
 
     pub fn ret(&mut self) {
         if self.c {
-            rv!(self.asm; c.jr ra);
+            rvc!(self; c.jr ra);
         } else {
             rv!(self.asm; ret);
         }

@@ -339,13 +339,21 @@ impl<'a> Codegen<'a> {
                     .collect();
                 landings.sort_unstable();
                 let e = std::mem::replace(&mut self.e, Emitter::new(false, false, false, 0));
+                let native_insns = e.native_insns();
                 let e_data = e.data.clone();
                 let code = e
                     .finish()
                     .map_err(|err| CompileError::new(ErrorKind::Encoding, err))?;
+                // The count kept while emitting must match a scan of the code (every debug
+                // build, so every test compile, checks it).
+                debug_assert_eq!(
+                    native_insns,
+                    count_insns_except(&code, &e_data),
+                    "compressed-instruction count"
+                );
                 return Ok(crate::Measured {
                     passes: self.relax.passes(),
-                    native_insns: count_insns_except(&code, &e_data),
+                    native_insns,
                     bytes: code,
                     line_table: table,
                     landings,
