@@ -561,15 +561,20 @@ fn block_starts(prog: &Program, start: usize, end: usize) -> Vec<bool> {
 /// only block entry states (see [`for_each_state`]).
 pub fn states(prog: &Program) -> Vec<State> {
     let mut out = vec![[Val::TOP; 11]; prog.insts.len()];
-    for_each_state(prog, |i, st| out[i] = *st);
+    for_each_state(prog, |_| true, |i, st| out[i] = *st);
     out
 }
 
-/// Runs the dataflow over every function to its fixed point, then calls `visit` with each
-/// reachable instruction's index and the state before it. Only block entry states are
-/// stored (a function's states are computed on their own: calls only clobber, see
-/// [`transfer`]).
-pub fn for_each_state(prog: &Program, mut visit: impl FnMut(usize, &State)) {
+/// Runs the dataflow over every function to its fixed point, then calls `visit` with the
+/// index of each reachable instruction that `wanted` names and the state before it. Only
+/// block entry states are stored (a function's states are computed on their own: calls
+/// only clobber, see [`transfer`]); each block is replayed up to its last wanted
+/// instruction, so blocks with none (most, for the access plan) are not replayed at all.
+pub fn for_each_state(
+    prog: &Program,
+    wanted: impl Fn(usize) -> bool,
+    mut visit: impl FnMut(usize, &State),
+) {
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let lead = block_starts(prog, sp.start, sp.end);
         // Block numbers by instruction (leaders only): the per-block tables below hold a
@@ -634,25 +639,36 @@ pub fn for_each_state(prog: &Program, mut visit: impl FnMut(usize, &State)) {
                 }
             }
         }
-        // Replay each reached block from its final entry state.
+        // Replay each reached block from its final entry state, up to its last wanted
+        // instruction.
         for b in sp.start..sp.end {
             if !lead[b - sp.start] {
                 continue;
             }
-            let Some(mut st) = entry[block_of(b)] else {
-                continue;
-            };
+            let mut last = None;
             let mut i = b;
             loop {
-                visit(i, &st);
+                if wanted(i) {
+                    last = Some(i);
+                }
                 let op = prog.insts[i].op;
-                transfer(&mut st, &op);
                 i += 1;
                 if matches!(op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit)
                     || i >= sp.end
                     || lead[i - sp.start]
                 {
                     break;
+                }
+            }
+            let (Some(last), Some(mut st)) = (last, entry[block_of(b)]) else {
+                continue;
+            };
+            for i in b..=last {
+                if wanted(i) {
+                    visit(i, &st);
+                }
+                if i < last {
+                    transfer(&mut st, &prog.insts[i].op);
                 }
             }
         }
@@ -802,14 +818,14 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         .collect();
     // Walked pointers take their entry values from the same dataflow run.
     let mut walk_candidates = crate::walks::Candidates::new(prog);
-    let observe_walks = !walk_candidates.is_empty();
-    for_each_state(prog, |i, st| {
+    let watch = walk_candidates.observation_points();
+    let wanted =
+        |i: usize| access_of(&prog.insts[i].op).is_some() || watch.binary_search(&i).is_ok();
+    for_each_state(prog, wanted, |i, st| {
         if let Some((base, off, size)) = access_of(&prog.insts[i].op) {
             checks[i] = classify(st[base as usize], off, size);
         }
-        if observe_walks {
-            walk_candidates.observe(prog, i, st);
-        }
+        walk_candidates.observe(prog, i, st);
     });
     let walks = walk_candidates.prove(prog, &mut checks);
     let (groups, reentries) = if with_groups {

@@ -158,7 +158,9 @@ struct Candidate {
 pub fn find(prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
     let mut cands = Candidates::new(prog);
     if !cands.is_empty() {
-        for_each_state(prog, |i, st| cands.observe(prog, i, st));
+        let watch = cands.observation_points();
+        let wanted = |i: usize| watch.binary_search(&i).is_ok();
+        for_each_state(prog, wanted, |i, st| cands.observe(prog, i, st));
     }
     cands.prove(prog, checks)
 }
@@ -267,6 +269,15 @@ impl Candidates {
     /// Whether there is nothing to prove (no dataflow needed).
     pub fn is_empty(&self) -> bool {
         self.cands.is_empty()
+    }
+
+    /// The instructions [`Candidates::observe`] needs the state before, ascending: each
+    /// candidate's instruction before its head.
+    pub fn observation_points(&self) -> Vec<usize> {
+        self.cands
+            .iter()
+            .filter_map(|c| c.walk.head.checked_sub(1))
+            .collect()
     }
 
     /// Records the entry values when `i` is the instruction before a candidate's head
