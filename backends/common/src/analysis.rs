@@ -615,6 +615,28 @@ mod tests {
     }
 
     #[test]
+    fn labels_go_on_targets_or_on_every_instruction() {
+        use crate::encode_insn as i;
+        let prog = program(&[
+            i(0xb7, 0, 0, 0, 0), // 0: r0 = 0
+            i(0x15, 1, 0, 1, 0), // 1: if r1 == 0 goto 3
+            i(0x07, 0, 0, 0, 1), // 2: r0 += 1
+            i(0x95, 0, 0, 0, 0), // 3: exit
+        ]);
+        let mut next = 0;
+        let mut new_label = || {
+            next += 1;
+            next
+        };
+        let labels = instruction_labels(&prog, LabelPlacement::Targets, 0, &mut new_label);
+        assert_eq!(labels, [0, 0, 0, 1], "only the jump target has its own");
+        let labels = instruction_labels(&prog, LabelPlacement::Every, 0, &mut new_label);
+        assert_eq!(labels, [2, 3, 4, 5]);
+        assert!(!LabelPlacement::Targets.own_label(false));
+        assert!(LabelPlacement::Targets.own_label(true) && LabelPlacement::Every.own_label(false));
+    }
+
+    #[test]
     fn large_programs_zero_what_the_first_stretch_leaves_open() {
         use crate::encode_insn as i;
         // r6 is written on both arms before it is read: exact zeroing leaves it alone.

@@ -48,3 +48,52 @@ fn generated_programs_compile_in_every_mode() {
         base + count
     ));
 }
+
+/// A branch back to a label already bound starts in the form that reaches it: a loop longer
+/// than a B-type branch reaches, and the sandbox's stop paths (after all code) jumping back
+/// to the entry's epilogue, cost no extra relaxation pass.
+#[test]
+fn far_backward_branches_take_one_pass() {
+    use packjit_plugin_api::CompileRequest;
+    use packjit_rv64::{EmitOptions, Rv64Backend};
+    let encode = |opc: u8, dst: u8, imm: i32, off: i16| {
+        packjit_frontend::RawInsn {
+            opc,
+            dst,
+            src: 0,
+            off,
+            imm,
+        }
+        .to_bytes()
+    };
+    // r0 = 0; r1 = 3; loop: 2,500 × (r0 += 1); r1 -= 1; if r1 != 0 goto loop; exit.
+    // (Over 4 KiB even when each add is a 2-byte `c.addi`.)
+    let body = 2_500;
+    let mut code = Vec::new();
+    code.extend(encode(0xb7, 0, 0, 0));
+    code.extend(encode(0xb7, 1, 3, 0));
+    for _ in 0..body {
+        code.extend(encode(0x07, 0, 1, 0));
+    }
+    code.extend(encode(0x17, 1, 1, 0));
+    code.extend(encode(0x55, 1, 0, -(body as i16) - 2));
+    code.extend(encode(0x95, 0, 0, 0));
+    for flags in [0, PJ_COMPILE_SANDBOX] {
+        for features in [0, FEATURE_C] {
+            let m = Rv64Backend::new()
+                .emit_for_measurement(
+                    &CompileRequest {
+                        code: &code,
+                        helpers: &[],
+                        features,
+                        flags,
+                        blind_key: 0,
+                    },
+                    EmitOptions::default(),
+                )
+                .expect("compiles");
+            assert!(m.bytes.len() > 4096, "the loop is out of B-type reach");
+            assert_eq!(m.passes, 1, "flags {flags:#x} features {features:#x}");
+        }
+    }
+}

@@ -622,6 +622,30 @@ fn far_branches_relax_to_rel32_and_near_ones_stay_rel8() {
     assert_eq!(out.bytes[off + 4], 0x75, "short jne: {}", d[jne]);
 }
 
+#[test]
+fn far_backward_jumps_are_rel32_in_the_first_pass() {
+    // A loop over 40 instructions of 7 bytes: its back-edge is too far for rel8, which the
+    // first pass already knows (the label is bound when the jump is emitted).
+    let mut src = String::from("mov %r0, 0\nl:\n");
+    for _ in 0..40 {
+        src.push_str("add %r1, 100000\n");
+    }
+    src.push_str("add %r0, 1\njne %r0, 9, l\nexit");
+    let out = emit_program(&asm(&src), &[], &Options::default()).unwrap();
+    assert_eq!(out.passes, 1);
+    let d = disasm(&out.bytes);
+    let jne = d
+        .iter()
+        .find(|l| l.starts_with("jne"))
+        .expect("the back-edge");
+    let back = out.inst_offsets[42] + 4; // after `cmp rax, 9` (4 bytes)
+    assert_eq!(
+        &out.bytes[back..back + 2],
+        &[0x0f, 0x85],
+        "jne rel32: {jne}"
+    );
+}
+
 fn req<'a>(
     code: &'a [u8],
     helpers: &'a [HelperEntry],
