@@ -54,6 +54,45 @@ pub fn instruction_labels<L: Copy>(
     labels
 }
 
+/// How much a lowering's buffers should hold for one program, so that each is allocated
+/// once: regrowing a buffer copies it, into fresh pages when it is large (page faults were
+/// a third of a 1 M-instruction compile). Generous for large programs, whose untouched
+/// capacity costs nothing, and small enough for a small program's buffers to come from the
+/// allocator's fast per-thread cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmitCapacity {
+    /// Code bytes.
+    pub code: usize,
+    /// Assembler labels: the branch and call targets (every instruction when sandboxed, see
+    /// [`instruction_labels`]), two per function, and the sandbox's and the budget's (at
+    /// most two per instruction).
+    pub labels: usize,
+    /// Label-relative branch and call sites: the program's branches (some lower to two),
+    /// the calls and epilogue jumps per function, and the checks' branches.
+    pub branch_sites: usize,
+}
+
+impl EmitCapacity {
+    /// For `prog` in `mode`, by a backend that emits up to `code_per_insn.0` bytes per
+    /// instruction in trusted code and `code_per_insn.1` with checks (sandbox or budget).
+    pub fn for_program(prog: &Program, mode: &CodegenMode, code_per_insn: (usize, usize)) -> Self {
+        let n = prog.insts.len();
+        let functions = prog.subprogs.len();
+        let branches = prog.branches.len();
+        let checked = mode.sandboxed() || mode.counts_budget();
+        let (per_insn, checked_labels, checked_sites) = if checked {
+            (code_per_insn.1, 3 * n, 2 * n)
+        } else {
+            (code_per_insn.0, 0, 0)
+        };
+        EmitCapacity {
+            code: 128 + n * per_insn,
+            labels: branches + 2 * functions + checked_labels + 16,
+            branch_sites: 2 * branches + 4 * functions + checked_sites + 8,
+        }
+    }
+}
+
 /// Does this instruction read r10 (the only way a program reaches its frame)?
 pub fn reads_r10(op: &Op) -> bool {
     let reg = |o: Operand| o == Operand::Reg(R10);

@@ -13,6 +13,7 @@
 
 use dynasmrt::riscv::RiscvRelocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
+use packjit_frontend::analysis::EmitCapacity;
 use packjit_frontend::Width;
 
 /// RISC-V register numbers by ABI name (the whole integer file the backend may name; not
@@ -240,36 +241,21 @@ pub fn j_type_imm(disp: i64) -> Option<u32> {
     )
 }
 
-/// What a pass is expected to hold, so that its buffers are allocated once at their final
-/// size: grown by doubling, a 1 M-instruction program's tables would be copied twenty
-/// times over into fresh pages.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Capacity {
-    /// Code bytes.
-    pub code: usize,
-    /// Dynamic labels.
-    pub labels: usize,
-    /// Label-relative branches (B/J-type patches).
-    pub branches: usize,
-}
-
 impl Emitter {
     pub fn new(zbb: bool, zba: bool, c: bool, code_capacity: usize) -> Self {
-        Self::with_capacity(
-            zbb,
-            zba,
-            c,
-            Capacity {
-                code: code_capacity,
-                ..Capacity::default()
-            },
-        )
+        let capacity = EmitCapacity {
+            code: code_capacity,
+            labels: 0,
+            branch_sites: 0,
+        };
+        Self::with_capacity(zbb, zba, c, capacity)
     }
 
-    pub fn with_capacity(zbb: bool, zba: bool, c: bool, capacity: Capacity) -> Self {
+    /// An emitter whose buffers hold `capacity` (B/J-type patches: `branch_sites`).
+    pub fn with_capacity(zbb: bool, zba: bool, c: bool, capacity: EmitCapacity) -> Self {
         Self {
             asm: VecAssembler::new_with_capacity(0, capacity.code, 0, 0, capacity.labels, 0, 0),
-            patches: Vec::with_capacity(capacity.branches),
+            patches: Vec::with_capacity(capacity.branch_sites),
             zbb,
             zba,
             c,

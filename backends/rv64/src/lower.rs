@@ -12,16 +12,14 @@
 //! displacement against its form's range and grows the failing sites, with a proven bound on
 //! the passes; code is never emitted with a branch that does not reach.
 
-use crate::encode::{
-    count_insns_except, fits_signed, reg::*, Amo, Br, Capacity, Emitter, Mem, R3, RI,
-};
+use crate::encode::{count_insns_except, fits_signed, reg::*, Amo, Br, Emitter, Mem, R3, RI};
 use crate::frame::{Layout, CTX_LIM8};
 use crate::regs::{BLINDED, BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering,
-    instruction_labels, stack_block_size, upper_halves_live, CodegenMode, HelperLowering,
-    CALL_CHARGE,
+    instruction_labels, stack_block_size, upper_halves_live, CodegenMode, EmitCapacity,
+    HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
@@ -275,18 +273,13 @@ impl<'a> Codegen<'a> {
     /// Returns the code and the line table (`Compiled::pc_offsets`: where each bytecode
     /// slot's native code starts).
     pub fn run(mut self) -> Result<crate::Measured, CompileError> {
-        // A first guess from what the lowering emits per instruction (regrowing copies, into
-        // fresh pages when large); later passes know the size.
-        let per_insn = if self.mode.sandboxed() || self.mode.counts_budget() {
-            40
-        } else {
-            8
-        };
-        let mut capacity = self.prog.insts.len() * per_insn + 128;
+        // Bytes per instruction, trusted / checked (RV64 averages 5.3 / 35 with C): a first
+        // guess; later passes know the code size.
+        let mut capacity = EmitCapacity::for_program(self.prog, &self.mode, (8, 40));
         loop {
             self.relax.begin_pass();
             self.pass(capacity);
-            capacity = self.e.pos() + 64;
+            capacity.code = self.e.pos() + 64;
             let checks = std::mem::take(&mut self.checks);
             let labels = self.e.asm.labels();
             let disp = |c: &Check| -> Result<isize, CompileError> {
@@ -362,32 +355,12 @@ impl<'a> Codegen<'a> {
         }
     }
 
-    fn pass(&mut self, capacity: usize) {
+    fn pass(&mut self, capacity: EmitCapacity) {
         let n = self.prog.insts.len();
-        // Labels: the branch and call targets (every instruction when sandboxed) and two
-        // per function, plus the shared paths and the sandbox's and the budget's (at most
-        // two per instruction); branches: the program's own, plus a few per function and
-        // the checks'. Small enough for a small program's buffers to come from the
-        // allocator's fast per-thread cache.
-        let functions = self.prog.subprogs.len();
-        let checked = self.mode.sandboxed() || self.mode.counts_budget();
-        let branches = self.prog.branches.len() + 4 * functions + if checked { n } else { 0 } + 8;
-        self.e = Emitter::with_capacity(
-            self.opts.zbb,
-            self.opts.zba,
-            self.opts.c,
-            Capacity {
-                code: capacity,
-                labels: self.prog.branches.len()
-                    + 2 * functions
-                    + if checked { 3 * n } else { 0 }
-                    + 16,
-                branches,
-            },
-        );
+        self.e = Emitter::with_capacity(self.opts.zbb, self.opts.zba, self.opts.c, capacity);
         self.site = 0;
         self.checks.clear();
-        self.checks.reserve(branches);
+        self.checks.reserve(capacity.branch_sites);
         let unbound = self.e.new_label();
         let placement = self.mode.label_placement();
         self.insn_labels = instruction_labels(self.prog, placement, unbound, || self.e.new_label());
