@@ -19,6 +19,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Allocation granularity: programs start on 64-byte (cache-line) boundaries.
 pub const CHUNK: usize = 64;
+/// Empty pages a pack keeps resident before giving them back: up to 1 in this many of its
+/// resident pages. Under churn a page emptied now is often refilled soon (compaction empties
+/// the pages at a free run's edge, where the next placement goes); releasing it at once costs
+/// a hole punch now and two page faults and a trap fill on reuse, per page. Released in one
+/// sweep when the share is exceeded.
+const IDLE_SHARE: usize = 16;
+
 /// Default pack size (the kernel's `bpf_prog_pack` size on most arches).
 pub const DEFAULT_PACK_SIZE: usize = 2 << 20;
 
@@ -85,6 +92,8 @@ pub struct ArenaConfig {
     pub placement: Placement,
     /// Give pages that hold no program any more back to the kernel (they read as zeroes,
     /// like never-touched pages, and are trap-filled again when code is next placed there).
+    /// A pack keeps up to 1 in 16 of its resident pages empty before it sweeps them all
+    /// back: under churn most are refilled first, which saves the release and the refaults.
     pub release_free_pages: bool,
     /// Pack size in bytes (a multiple of the page size; rounded up otherwise).
     pub pack_size: usize,
@@ -191,6 +200,9 @@ struct Pack {
     sealed: bool,
     /// Pages already trap-filled (and so resident), one flag per page.
     filled_pages: Vec<bool>,
+    /// Resident pages that hold no allocation (trap-filled, waiting to be released or
+    /// reused; see [`IDLE_SHARE`]).
+    idle_pages: usize,
     /// Free runs: first chunk → length, and the same runs ordered by (length, first chunk)
     /// for best fit. Always coalesced: no two runs touch.
     free_by_start: BTreeMap<usize, usize>,
@@ -298,6 +310,15 @@ impl Pack {
             e += self.remove_free(e);
         }
         self.add_free(s, e - s);
+    }
+
+    /// Whether page `pg` holds no allocated chunk.
+    fn page_is_empty(&self, pg: usize) -> bool {
+        let per_page = sys::page_size() / CHUNK;
+        // Pages are whole bitmap words (at least 4 KiB = 64 chunks).
+        self.bitmap[pg * per_page / 64..(pg + 1) * per_page / 64]
+            .iter()
+            .all(|&w| w == 0)
     }
 
     fn contains(&self, addr: u64) -> bool {
@@ -756,6 +777,7 @@ impl Inner {
             allocs: BTreeMap::new(),
             sealed: false,
             filled_pages: vec![false; size / page],
+            idle_pages: 0,
             free_by_start: BTreeMap::from([(0, chunks)]),
             free_by_len: BTreeSet::from([(chunks, 0)]),
         });
@@ -808,12 +830,17 @@ impl Inner {
     /// Hands out the free chunks `[chunk, chunk + n)` of pack `pi`.
     fn place(&self, st: &mut State, pi: usize, chunk: usize, n: usize) -> Region {
         let p = &mut st.packs[pi];
+        let page = sys::page_size();
+        let pages = (chunk * CHUNK) / page..(chunk * CHUNK + n * CHUNK).div_ceil(page);
+        p.idle_pages -= pages
+            .clone()
+            .filter(|&pg| p.filled_pages[pg] && p.page_is_empty(pg))
+            .count();
         p.set_range(chunk, n, true);
         p.take_free(chunk, n);
         // Trap-fill the pages this region touches for the first time, so the space around the
         // program in those pages traps if ever jumped to.
-        let page = sys::page_size();
-        for pg in (chunk * CHUNK) / page..(chunk * CHUNK + n * CHUNK).div_ceil(page) {
+        for pg in pages {
             if !p.filled_pages[pg] {
                 // SAFETY: a whole page inside the pack's RW view.
                 fill_trap(unsafe { p.rw.add(pg * page) }, page, self.trap);
@@ -925,26 +952,31 @@ impl Inner {
         }
     }
 
-    /// Releases the pages overlapping chunks `[chunk, chunk + n)` that hold no allocation
-    /// any more, so `bytes_resident` tracks live code rather than the high-water mark. Only
-    /// called after the region's grace period: nothing can execute there.
+    /// Counts the pages overlapping chunks `[chunk, chunk + n)` that hold no allocation any
+    /// more as idle, and gives the pack's idle pages back to the kernel once they exceed
+    /// [`IDLE_SHARE`] of its resident pages, so `bytes_resident` tracks live code rather than
+    /// the high-water mark. Only called after the region's grace period: nothing can execute
+    /// there.
     fn release_empty_pages(p: &mut Pack, chunk: usize, n: usize) {
         let page = sys::page_size();
-        let per_page = page / CHUNK;
-        let first = chunk / per_page;
-        let last = (chunk + n - 1) / per_page;
-        let mut pg = first;
-        while pg <= last {
-            // A run of consecutive empty, resident pages: one syscall for all of them.
+        let pages = (chunk * CHUNK) / page..(chunk * CHUNK + n * CHUNK).div_ceil(page);
+        p.idle_pages += pages
+            .filter(|&pg| p.filled_pages[pg] && p.page_is_empty(pg))
+            .count();
+        let resident = p.filled_pages.iter().filter(|&&f| f).count();
+        if p.idle_pages * IDLE_SHARE <= resident {
+            return;
+        }
+        let mut pg = 0;
+        while pg < p.filled_pages.len() {
+            // A run of consecutive idle pages: one syscall for all of them.
             let start = pg;
-            while pg <= last
-                && p.filled_pages[pg]
-                && (pg * per_page..(pg + 1) * per_page).all(|c| !p.bit(c))
-            {
+            while pg < p.filled_pages.len() && p.filled_pages[pg] && p.page_is_empty(pg) {
                 pg += 1;
             }
             if pg > start && sys::release_pages(p.fd, p.rw, start * page, (pg - start) * page) {
                 p.filled_pages[start..pg].fill(false);
+                p.idle_pages -= pg - start;
             }
             pg += 1;
         }

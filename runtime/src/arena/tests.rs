@@ -412,6 +412,53 @@ fn pages_left_without_code_are_released_and_refilled_on_reuse() {
     }
 }
 
+#[test]
+fn a_few_empty_pages_stay_resident_until_they_exceed_their_share() {
+    let _s = serial();
+    let page = sys::page_size();
+    let a = PackedArena::new(ArenaConfig::default()).unwrap();
+    // 2 × IDLE_SHARE programs of one page each, filling the first pages of one pack.
+    let count = 2 * super::IDLE_SHARE;
+    let regions: Vec<Region> = (0..count)
+        .map(|_| {
+            let r = a.alloc(page).unwrap();
+            a.write(&r, 0, &vec![0xcc; page]).unwrap();
+            r
+        })
+        .collect();
+    a.commit();
+    let resident = |a: &PackedArena| a.stats().bytes_resident / page;
+    assert_eq!(resident(&a), count);
+    // Up to 1 in IDLE_SHARE resident pages may sit empty: the next program likely goes there.
+    a.free(&regions[0]);
+    a.free(&regions[1]);
+    assert_eq!(
+        resident(&a),
+        count,
+        "two idle pages of {count} stay resident"
+    );
+    // Refilling an idle page costs no new page.
+    let again = a.alloc(page).unwrap();
+    assert_eq!(
+        again.exec_addr, regions[0].exec_addr,
+        "best fit reuses the hole"
+    );
+    assert_eq!(resident(&a), count);
+    a.free(&again);
+    // A third idle page exceeds the share: every idle page goes back at once.
+    a.free(&regions[2]);
+    assert_eq!(
+        resident(&a),
+        count - 3,
+        "all three idle pages released together"
+    );
+    assert_eq!(a.stats().bytes_used, (count - 3) * page);
+    for r in &regions[3..] {
+        a.free(r);
+    }
+    assert_eq!(a.stats().packs, 0);
+}
+
 /// Every placement policy the arena offers (the default first).
 const PLACEMENTS: [Placement; 5] = [
     Placement::BestFit,
