@@ -24,7 +24,7 @@ pub const CHUNK: usize = 64;
 /// the pages at a free run's edge, where the next placement goes); releasing it at once costs
 /// a hole punch now and two page faults and a trap fill on reuse, per page. Released in one
 /// sweep when the share is exceeded.
-const IDLE_SHARE: usize = 16;
+const IDLE_SHARE: usize = 32;
 
 /// Default pack size (the kernel's `bpf_prog_pack` size on most arches).
 pub const DEFAULT_PACK_SIZE: usize = 2 << 20;
@@ -92,7 +92,7 @@ pub struct ArenaConfig {
     pub placement: Placement,
     /// Give pages that hold no program any more back to the kernel (they read as zeroes,
     /// like never-touched pages, and are trap-filled again when code is next placed there).
-    /// A pack keeps up to 1 in 16 of its resident pages empty before it sweeps them all
+    /// A pack keeps up to 1 in 32 of its resident pages empty before it sweeps them all
     /// back: under churn most are refilled first, which saves the release and the refaults.
     pub release_free_pages: bool,
     /// Pack size in bytes (a multiple of the page size; rounded up otherwise).
