@@ -30,6 +30,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
+use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
@@ -54,7 +55,7 @@ pub struct Emitted {
     /// Byte ranges of data in `bytes` (`callx` tables and their padding), ascending.
     pub data: Vec<std::ops::Range<usize>>,
     /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
-    pub inst_offsets: Vec<usize>,
+    pub inst_offsets: Reused<usize>,
     /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
     pub passes: usize,
     /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
@@ -192,11 +193,11 @@ pub(crate) struct Emitter<'a> {
     pub(crate) ops: Asm,
     /// Start of each instruction's code (after the prologue for subprogram starts); only
     /// branch and call targets have their own in trusted code (see `instruction_labels`).
-    pub(crate) labels: Vec<DynamicLabel>,
+    pub(crate) labels: Reused<DynamicLabel>,
     /// Which instructions have a label of their own.
     pub(crate) placement: LabelPlacement,
     /// Where each instruction's code starts, in emission order (= instruction order).
-    pub(crate) offsets: Vec<usize>,
+    pub(crate) offsets: Reused<usize>,
     /// Call entry of each subprogram (before its prologue).
     pub(crate) entries: Vec<DynamicLabel>,
     /// Epilogue of each subprogram.
@@ -210,7 +211,7 @@ pub(crate) struct Emitter<'a> {
     /// Shared scan of `env.regions` (sandbox).
     pub(crate) region_scan: DynamicLabel,
     pub(crate) colds: Vec<Cold>,
-    pub(crate) sites: Vec<Site>,
+    pub(crate) sites: Reused<Site>,
     pub(crate) cur: usize,
     /// Emitting a group's or a guarded walk's checked copy (see [`Cold::Group`],
     /// [`Cold::Walk`]): every access checks itself.
@@ -280,7 +281,7 @@ impl<'a> Emitter<'a> {
             ops,
             labels,
             placement: mode.label_placement(),
-            offsets: Vec::with_capacity(n),
+            offsets: scratch::take(n),
             entries,
             epilogues,
             restore,
@@ -288,7 +289,7 @@ impl<'a> Emitter<'a> {
             stop_budget,
             region_scan,
             colds: Vec::new(),
-            sites: Vec::with_capacity(cap.branch_sites),
+            sites: scratch::take(cap.branch_sites),
             cur: 0,
             copy: false,
             copy_head: None,
@@ -321,7 +322,8 @@ impl<'a> Emitter<'a> {
                 self.walk_clamp_at(i);
                 // The instruction starts here (after a walk's clamp, which only the walk's
                 // back-edge reaches).
-                self.offsets.push(self.off());
+                let here = self.off();
+                self.offsets.push(here);
                 if self.placement.own_label(self.prog.is_target[i]) {
                     let label = self.labels[i];
                     a64!(self.ops; =>label);

@@ -37,15 +37,16 @@ impl LabelPlacement {
 ///
 /// Labelling only targets matters at scale: an assembler label is a table slot, a bind and
 /// a lookup, and most instructions are no target.
-pub fn instruction_labels<L: Copy>(
+pub fn instruction_labels<L: Copy + 'static>(
     prog: &Program,
     placement: LabelPlacement,
     unbound: L,
     mut new_label: impl FnMut() -> L,
-) -> Vec<L> {
+) -> crate::scratch::Reused<L> {
     // Filled first, then overwritten at the few targets: cheaper than a push per
     // instruction.
-    let mut labels = vec![unbound; prog.insts.len()];
+    let mut labels = crate::scratch::take(prog.insts.len());
+    labels.resize(prog.insts.len(), unbound);
     for (label, &target) in labels.iter_mut().zip(&prog.is_target) {
         if placement.own_label(target) {
             *label = new_label();
@@ -668,9 +669,9 @@ mod tests {
             next
         };
         let labels = instruction_labels(&prog, LabelPlacement::Targets, 0, &mut new_label);
-        assert_eq!(labels, [0, 0, 0, 1], "only the jump target has its own");
+        assert_eq!(*labels, [0, 0, 0, 1], "only the jump target has its own");
         let labels = instruction_labels(&prog, LabelPlacement::Every, 0, &mut new_label);
-        assert_eq!(labels, [2, 3, 4, 5]);
+        assert_eq!(*labels, [2, 3, 4, 5]);
         assert!(!LabelPlacement::Targets.own_label(false));
         assert!(LabelPlacement::Targets.own_label(true) && LabelPlacement::Every.own_label(false));
     }

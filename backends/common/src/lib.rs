@@ -25,6 +25,7 @@ pub mod analysis;
 mod insn;
 pub mod ranges;
 pub mod relax;
+pub mod scratch;
 pub mod simplify;
 mod verify;
 pub mod walks;
@@ -51,47 +52,17 @@ pub struct Program {
     pub branches: Vec<u32>,
 }
 
-/// Instruction buffers at least this large (2 MiB) go back to [`SPARE_INSTS`] when their
-/// program is dropped; smaller ones come cheaply from the allocator.
-const SPARE_MIN: usize = (2 << 20) / std::mem::size_of::<Inst>();
-
-thread_local! {
-    /// The instruction buffer of the last large program dropped on this thread, reused by
-    /// the next [`decode`] on it. A fresh buffer for a large program is fresh pages from the
-    /// kernel (32 MB for a 1 M-instruction program), and faulting them in dominated large
-    /// compiles; reused, compile time stays linear in program size. At most one buffer per
-    /// thread, at most [`MAX_INSNS`] instructions, so a thread keeps at most 32 MB after
-    /// compiling the largest program.
-    static SPARE_INSTS: std::cell::Cell<Vec<Inst>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// An empty instruction buffer with room for `n` instructions: this thread's spare one
-/// when there is one.
+/// An empty instruction buffer with room for `n` instructions (this thread's spare one for a
+/// large program; see [`scratch`]).
 pub(crate) fn inst_buffer(n: usize) -> Vec<Inst> {
-    if n < SPARE_MIN {
-        return Vec::with_capacity(n);
-    }
-    let mut v = SPARE_INSTS.try_with(|s| s.take()).unwrap_or_default();
-    v.clear();
-    v.reserve(n);
-    v
+    scratch::take_vec(n)
 }
 
 impl Drop for Program {
     fn drop(&mut self) {
-        if self.insts.capacity() >= SPARE_MIN {
-            let insts = std::mem::take(&mut self.insts);
-            // Keep the larger of the spare and this buffer (`try_with`: nothing during
-            // thread teardown).
-            let _ = SPARE_INSTS.try_with(|s| {
-                let spare = s.take();
-                s.set(if spare.capacity() > insts.capacity() {
-                    spare
-                } else {
-                    insts
-                });
-            });
-        }
+        // The per-instruction buffers go back to this thread's spares (when large).
+        scratch::give_back(std::mem::take(&mut self.insts));
+        scratch::give_back(std::mem::take(&mut self.is_target));
     }
 }
 

@@ -160,7 +160,8 @@ pub fn decode_with(
         starts.dedup();
     }
     let mut subprogs: Vec<Subprog> = Vec::with_capacity(starts.len());
-    let mut is_target = vec![false; insts.len()];
+    let mut is_target = crate::scratch::take_vec(insts.len());
+    is_target.resize(insts.len(), false);
     let mut next_branch = 0;
     for (k, &start) in starts.iter().enumerate() {
         let end = starts.get(k + 1).copied().unwrap_or(insts.len());
@@ -1406,7 +1407,7 @@ mod tests {
     /// thread (no fresh pages), and the result is the same.
     #[test]
     fn large_programs_reuse_the_instruction_buffer() {
-        let n = crate::SPARE_MIN + 10;
+        let n = crate::scratch::REUSE_MIN_BYTES / std::mem::size_of::<Inst>() + 10;
         let mut code = vec![ins(0xb7, 0, 0, 0, 1); n - 1];
         code.push(EXIT);
         let code = prog(&code);

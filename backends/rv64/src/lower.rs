@@ -23,6 +23,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
+use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
@@ -157,12 +158,12 @@ pub struct Codegen<'a> {
     // per-pass state
     pub(crate) e: Emitter,
     site: usize,
-    checks: Vec<Check>,
+    checks: Reused<Check>,
     /// Start of each instruction's code; only branch and call targets have their own in
     /// trusted code (see `instruction_labels`).
-    insn_labels: Vec<DynamicLabel>,
+    insn_labels: Reused<DynamicLabel>,
     /// Where each instruction's code starts, in emission order (= instruction order).
-    insn_offsets: Vec<usize>,
+    insn_offsets: Reused<usize>,
     entry_labels: Vec<DynamicLabel>,
     exit_labels: Vec<DynamicLabel>,
     dispatch: Option<DynamicLabel>,
@@ -248,9 +249,9 @@ impl<'a> Codegen<'a> {
             e,
             opts,
             site: 0,
-            checks: Vec::new(),
-            insn_labels: Vec::new(),
-            insn_offsets: Vec::new(),
+            checks: Reused::default(),
+            insn_labels: Reused::default(),
+            insn_offsets: Reused::default(),
             entry_labels: Vec::new(),
             exit_labels: Vec::new(),
             dispatch: None,
@@ -359,12 +360,11 @@ impl<'a> Codegen<'a> {
         let n = self.prog.insts.len();
         self.e = Emitter::with_capacity(self.opts.zbb, self.opts.zba, self.opts.c, capacity);
         self.site = 0;
-        self.checks.clear();
-        self.checks.reserve(capacity.branch_sites);
+        self.checks = scratch::take(capacity.branch_sites);
         let unbound = self.e.new_label();
         let placement = self.mode.label_placement();
         self.insn_labels = instruction_labels(self.prog, placement, unbound, || self.e.new_label());
-        self.insn_offsets = Vec::with_capacity(n);
+        self.insn_offsets = scratch::take(n);
         self.entry_labels = (0..self.prog.subprogs.len())
             .map(|_| self.e.new_label())
             .collect();

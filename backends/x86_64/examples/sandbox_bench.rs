@@ -61,7 +61,7 @@ impl Code {
             );
             map
         };
-        let mut offsets = out.inst_offsets.clone();
+        let mut offsets = out.inst_offsets.to_vec();
         offsets.push(out.bytes.len());
         Code {
             map,

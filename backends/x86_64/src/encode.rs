@@ -51,6 +51,7 @@
 use dynasmrt::x64::X64Relocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use packjit_frontend::relax::BranchCheck;
+use packjit_frontend::scratch::{self, Reused};
 
 /// A register number as the hardware encodes it (0 = rax … 15 = r15).
 pub type Gpr = u8;
@@ -191,7 +192,7 @@ impl Bytes {
 pub struct Enc {
     /// The bytes, labels and relocations.
     ops: Asm,
-    fixups: Vec<Fixup>,
+    fixups: Reused<Fixup>,
     /// Per branch site, the form the relaxation driver chose in earlier passes.
     forms: Vec<Form>,
     sites: usize,
@@ -226,7 +227,7 @@ impl Enc {
             // Branches are patched by `finish`, not by dynasm relocations: only the
             // `dynasm!` text's few label references need room there.
             ops: Asm::new_with_capacity(0, code, 0, 0, labels, 0, 16),
-            fixups: Vec::with_capacity(fixups),
+            fixups: scratch::take(fixups),
             forms,
             sites: 0,
             insns: 0,
@@ -500,9 +501,10 @@ impl Enc {
         } else {
             self.jump_rel8(cc, l);
         }
+        let end = self.pos() as u32;
         self.fixups.push(Fixup {
             site: site as u32,
-            end: self.pos() as u32,
+            end,
             width: if long { 4 } else { 1 },
             label: l,
         });
@@ -530,9 +532,10 @@ impl Enc {
     /// `call label` (`E8 rel32`: calls have no short form).
     pub fn call_label(&mut self, l: Label) {
         self.ops.extend(&[0xe8, 0, 0, 0, 0]);
+        let end = self.pos() as u32;
         self.fixups.push(Fixup {
             site: CALL_SITE,
-            end: self.pos() as u32,
+            end,
             width: 4,
             label: l,
         });

@@ -16,6 +16,7 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
+use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
@@ -54,7 +55,7 @@ pub struct Emitted {
     /// x86-64 instructions emitted.
     pub native_insns: usize,
     /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
-    pub inst_offsets: Vec<usize>,
+    pub inst_offsets: Reused<usize>,
     /// Emission passes needed to settle the branch forms.
     pub passes: usize,
     /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
@@ -218,11 +219,11 @@ pub struct Emitter<'a> {
     helpers: &'a [HelperEntry],
     /// Body label of each instruction (only branch and call targets have their own in
     /// trusted code, see `new`).
-    inst_label: Vec<Label>,
+    inst_label: Reused<Label>,
     /// Which instructions have a label of their own.
     placement: LabelPlacement,
     /// Where each instruction's code starts, in emission order (= instruction order).
-    inst_offsets: Vec<usize>,
+    inst_offsets: Reused<usize>,
     /// Prologue label of each function.
     sub_entry: Vec<Label>,
     /// Epilogue label of each function.
@@ -283,7 +284,7 @@ impl<'a> Emitter<'a> {
             helpers,
             inst_label,
             placement: mode.label_placement(),
-            inst_offsets: Vec::with_capacity(prog.insts.len()),
+            inst_offsets: scratch::take(prog.insts.len()),
             sub_entry,
             sub_exit,
             entry_pops,

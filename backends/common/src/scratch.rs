@@ -1,0 +1,266 @@
+//! Per-thread reuse of a compile's large buffers.
+//!
+//! A compile allocates a handful of buffers with one entry per instruction (decoded
+//! instructions, labels, code offsets, branch sites) and drops them when it returns. For a
+//! large program each is megabytes: the allocator maps fresh pages for it and gives them back
+//! to the kernel when it is dropped, so the next large compile faults every page in again.
+//! At 1 M instructions those page faults took a third of the compile. Here a dropped buffer
+//! of at least [`REUSE_MIN_BYTES`] stays with its thread, and the next compile on the thread
+//! that needs a buffer of that element type takes it instead of fresh memory.
+//!
+//! Small buffers are left to the allocator, whose per-thread cache already serves them
+//! cheaply. A thread keeps at most [`SPARES_PER_TYPE`] buffers per element type (a compile
+//! holds a few of one type at once), each no larger than its largest compile needed; for the
+//! largest program ([`crate::MAX_INSNS`]) that is about 100 MB over all types.
+//! [`release_thread_spares`] gives them back, e.g. when a thread is done compiling.
+//!
+//! ```
+//! use packjit_frontend::scratch;
+//! let mut offsets = scratch::take::<u64>(1 << 20);
+//! offsets.extend(0..1 << 20);
+//! // (1 << 17 u64s = 1 MiB, the smallest size kept.)
+//! let first = offsets.as_ptr();
+//! drop(offsets);
+//! // The next buffer of that type on this thread is the same memory.
+//! let next = scratch::take::<u64>(1 << 17);
+//! assert_eq!(next.as_ptr(), first);
+//! scratch::release_thread_spares();
+//! ```
+
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+
+/// Buffers at least this large are kept for reuse; smaller ones come from the allocator.
+pub const REUSE_MIN_BYTES: usize = 1 << 20;
+
+/// Spare buffers a thread keeps per element type.
+pub const SPARES_PER_TYPE: usize = 4;
+
+thread_local! {
+    /// This thread's spares: per element type, a `Vec<Vec<T>>` (boxed as `Any`). Looked up
+    /// by a scan: a handful of types, and only for large buffers.
+    static SPARES: RefCell<Vec<(TypeId, Box<dyn Any>)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn is_large<T>(elements: usize) -> bool {
+    elements.saturating_mul(std::mem::size_of::<T>()) >= REUSE_MIN_BYTES
+}
+
+/// An empty vector with room for `n` elements: for a large `n`, one this thread kept (the
+/// smallest that holds `n`, else the largest, grown). Return it with [`give_back`] (or use
+/// [`take`], which does that on drop).
+pub fn take_vec<T: 'static>(n: usize) -> Vec<T> {
+    let kept = if is_large::<T>(n) {
+        // `try_with`: nothing during thread teardown; `try_borrow_mut`: never re-entered (an
+        // element's destructor does not compile), but a fresh vector is the safe answer.
+        SPARES
+            .try_with(|s| {
+                let mut s = s.try_borrow_mut().ok()?;
+                let (_, list) = s.iter_mut().find(|(t, _)| *t == TypeId::of::<T>())?;
+                let list = list.downcast_mut::<Vec<Vec<T>>>()?;
+                let fits = list
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.capacity() >= n)
+                    .min_by_key(|(_, v)| v.capacity())
+                    .map(|(i, _)| i);
+                let i = fits.or_else(|| list.len().checked_sub(1))?;
+                Some(list.swap_remove(i))
+            })
+            .ok()
+            .flatten()
+    } else {
+        None
+    };
+    let mut v = kept.unwrap_or_default();
+    v.reserve(n);
+    v
+}
+
+/// Keeps `v`'s memory for the next [`take_vec`] of its type on this thread, if it is large
+/// (its elements are dropped now). When the thread already keeps [`SPARES_PER_TYPE`] of
+/// them, the smallest goes.
+pub fn give_back<T: 'static>(mut v: Vec<T>) {
+    if !is_large::<T>(v.capacity()) {
+        return;
+    }
+    v.clear();
+    let _ = SPARES.try_with(|s| {
+        let Ok(mut s) = s.try_borrow_mut() else {
+            return;
+        };
+        let list = match s.iter_mut().position(|(t, _)| *t == TypeId::of::<T>()) {
+            Some(i) => &mut s[i].1,
+            None => {
+                s.push((TypeId::of::<T>(), Box::new(Vec::<Vec<T>>::new())));
+                &mut s.last_mut().expect("just pushed").1
+            }
+        };
+        let Some(list) = list.downcast_mut::<Vec<Vec<T>>>() else {
+            return;
+        };
+        list.push(v);
+        if list.len() > SPARES_PER_TYPE {
+            let smallest = (0..list.len())
+                .min_by_key(|&i| list[i].capacity())
+                .expect("not empty");
+            list.swap_remove(smallest);
+        }
+    });
+}
+
+/// Frees every buffer this thread keeps for reuse.
+pub fn release_thread_spares() {
+    let _ = SPARES.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            s.clear();
+        }
+    });
+}
+
+/// A vector from [`take_vec`] that goes back to this thread's spares when dropped.
+#[derive(Debug)]
+pub struct Reused<T: 'static>(Vec<T>);
+
+/// [`take_vec`] as a [`Reused`]: given back when dropped.
+pub fn take<T: 'static>(n: usize) -> Reused<T> {
+    Reused(take_vec(n))
+}
+
+impl<T: 'static> Reused<T> {
+    /// The vector, no longer given back on drop.
+    pub fn into_vec(mut self) -> Vec<T> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl<T: 'static> Drop for Reused<T> {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.0));
+    }
+}
+
+impl<T: 'static> Deref for Reused<T> {
+    type Target = Vec<T>;
+    fn deref(&self) -> &Vec<T> {
+        &self.0
+    }
+}
+
+impl<T: 'static> DerefMut for Reused<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        &mut self.0
+    }
+}
+
+impl<T: Clone + 'static> Clone for Reused<T> {
+    fn clone(&self) -> Self {
+        Reused(self.0.clone())
+    }
+}
+
+impl<T: PartialEq + 'static> PartialEq for Reused<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl<T: Eq + 'static> Eq for Reused<T> {}
+
+impl<'a, T: 'static> IntoIterator for &'a Reused<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<T: 'static> Default for Reused<T> {
+    fn default() -> Self {
+        Reused(Vec::new())
+    }
+}
+
+impl<T: 'static> From<Vec<T>> for Reused<T> {
+    fn from(v: Vec<T>) -> Self {
+        Reused(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LARGE: usize = REUSE_MIN_BYTES / 8;
+
+    #[test]
+    fn large_buffers_come_back_and_small_ones_do_not() {
+        release_thread_spares();
+        let big = take::<u64>(LARGE);
+        let big_ptr = big.as_ptr();
+        drop(big);
+        let small = take::<u64>(10);
+        assert_ne!(
+            small.as_ptr(),
+            big_ptr,
+            "small requests go to the allocator"
+        );
+        let again = take::<u64>(LARGE);
+        assert_eq!(
+            again.as_ptr(),
+            big_ptr,
+            "a large request takes the kept buffer"
+        );
+        drop(again);
+        // Another element type does not see it.
+        let other = take_vec::<u32>(LARGE * 2);
+        assert_ne!(other.as_ptr() as usize, big_ptr as usize);
+        drop(other);
+        // Small buffers are not kept.
+        release_thread_spares();
+        let small = take_vec::<u64>(16);
+        give_back(small);
+        SPARES.with(|s| assert!(s.borrow().is_empty()));
+    }
+
+    #[test]
+    fn the_smallest_buffer_that_fits_is_taken_and_at_most_four_are_kept() {
+        release_thread_spares();
+        let sizes = [LARGE, 2 * LARGE, 3 * LARGE, 4 * LARGE, 5 * LARGE];
+        let bufs: Vec<Vec<u64>> = sizes.iter().map(|&n| take_vec(n)).collect();
+        for b in bufs {
+            give_back(b);
+        }
+        SPARES.with(|s| {
+            let s = s.borrow();
+            let list = s[0].1.downcast_ref::<Vec<Vec<u64>>>().unwrap();
+            assert_eq!(list.len(), SPARES_PER_TYPE, "the smallest was dropped");
+            assert!(list.iter().all(|v| v.capacity() >= 2 * LARGE));
+        });
+        let v = take_vec::<u64>(3 * LARGE - 5);
+        assert!(v.capacity() >= 3 * LARGE && v.capacity() < 4 * LARGE);
+        assert!(v.is_empty());
+        // Larger than every spare: the largest is taken and grown.
+        let w = take_vec::<u64>(6 * LARGE);
+        assert!(w.capacity() >= 6 * LARGE);
+        SPARES.with(|s| {
+            let s = s.borrow();
+            let list = s[0].1.downcast_ref::<Vec<Vec<u64>>>().unwrap();
+            assert_eq!(list.len(), 2);
+        });
+        release_thread_spares();
+    }
+
+    #[test]
+    fn elements_are_dropped_when_a_buffer_is_given_back() {
+        release_thread_spares();
+        let counter = std::rc::Rc::new(());
+        let mut v = take_vec::<(std::rc::Rc<()>, [u8; 4096])>(LARGE / 512);
+        v.push((counter.clone(), [0; 4096]));
+        assert_eq!(std::rc::Rc::strong_count(&counter), 2);
+        give_back(v);
+        assert_eq!(std::rc::Rc::strong_count(&counter), 1);
+        release_thread_spares();
+    }
+}
