@@ -49,7 +49,7 @@ const MRS_CNTVCT_EL0: u32 = 0xd53b_e040;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Emitted {
     /// Machine code; offset 0 is the entry.
-    pub bytes: Vec<u8>,
+    pub bytes: Reused<u8>,
     /// Number of arm64 instructions (`bytes.len() / 4`, less the `data`).
     pub native_insns: usize,
     /// Byte ranges of data in `bytes` (`callx` tables and their padding), ascending.
@@ -120,7 +120,7 @@ pub fn emit_decoded_with(
                 .chain(walks.filter_map(|(w, &l)| Some((w.head, at(l)?))))
                 .collect();
             landings.sort_unstable();
-            let bytes = e.ops.finalize().map_err(|err| {
+            let bytes = scratch::assembled(e.ops).map_err(|err| {
                 CompileError::new(
                     ErrorKind::Encoding,
                     format!("arm64 relocation failed: {err}"),
@@ -243,7 +243,7 @@ impl<'a> Emitter<'a> {
         // Bytes per instruction, trusted / checked (arm64 averages 5.3 / 36).
         let cap = EmitCapacity::for_program(prog, mode, (8, 40));
         let n = prog.insts.len();
-        let mut ops = Asm::new_with_capacity(0, cap.code, 0, 0, cap.labels, 0, cap.branch_sites);
+        let mut ops: Asm = scratch::assembler(cap.code, cap.labels, cap.branch_sites);
         let unbound = ops.new_dynamic_label();
         let labels = instruction_labels(prog, mode.label_placement(), unbound, || {
             ops.new_dynamic_label()

@@ -18,7 +18,6 @@
 //! use packjit_frontend::scratch;
 //! let mut offsets = scratch::take::<u64>(1 << 20);
 //! offsets.extend(0..1 << 20);
-//! // (1 << 17 u64s = 1 MiB, the smallest size kept.)
 //! let first = offsets.as_ptr();
 //! drop(offsets);
 //! // The next buffer of that type on this thread is the same memory.
@@ -27,12 +26,14 @@
 //! scratch::release_thread_spares();
 //! ```
 
+use dynasmrt::relocations::Relocation;
+use dynasmrt::{DynasmApi, DynasmError, VecAssembler};
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 
 /// Buffers at least this large are kept for reuse; smaller ones come from the allocator.
-pub const REUSE_MIN_BYTES: usize = 1 << 20;
+pub const REUSE_MIN_BYTES: usize = 256 << 10;
 
 /// Spare buffers a thread keeps per element type.
 pub const SPARES_PER_TYPE: usize = 4;
@@ -78,6 +79,18 @@ pub fn take_vec<T: 'static>(n: usize) -> Vec<T> {
     v
 }
 
+/// A vector of `n` copies of `value`: a kept buffer filled when `n` is large, else fresh
+/// (where the allocator hands out zeroed pages for a zero `value` without touching them).
+pub fn filled<T: Clone + 'static>(n: usize, value: T) -> Vec<T> {
+    if is_large::<T>(n) {
+        let mut v = take_vec(n);
+        v.resize(n, value);
+        v
+    } else {
+        vec![value; n]
+    }
+}
+
 /// Keeps `v`'s memory for the next [`take_vec`] of its type on this thread, if it is large
 /// (its elements are dropped now). When the thread already keeps [`SPARES_PER_TYPE`] of
 /// them, the smallest goes.
@@ -119,6 +132,68 @@ pub fn release_thread_spares() {
     });
 }
 
+/// Keeps `value` (one per type) for the next [`take_kept`] of its type on this thread,
+/// replacing any kept before.
+pub fn keep<T: 'static>(value: T) {
+    let _ = SPARES.try_with(|s| {
+        let Ok(mut s) = s.try_borrow_mut() else {
+            return;
+        };
+        let key = TypeId::of::<Kept<T>>();
+        match s.iter_mut().find(|(t, _)| *t == key) {
+            Some((_, slot)) => *slot = Box::new(Kept(Some(value))),
+            None => s.push((key, Box::new(Kept(Some(value))))),
+        }
+    });
+}
+
+/// The value of type `T` this thread kept with [`keep`], if any.
+pub fn take_kept<T: 'static>() -> Option<T> {
+    SPARES
+        .try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            let (_, slot) = s.iter_mut().find(|(t, _)| *t == TypeId::of::<Kept<T>>())?;
+            slot.downcast_mut::<Kept<T>>()?.0.take()
+        })
+        .ok()
+        .flatten()
+}
+
+/// A kept value (its own type key, apart from vectors of `T`).
+struct Kept<T>(Option<T>);
+
+/// A dynasm assembler with room for `code` bytes, `labels` dynamic labels and `relocations`
+/// label references: for large code, the one this thread kept from its last large compile
+/// (see [`assembled`]), whose code, label and relocation buffers are already faulted in.
+pub fn assembler<R: Relocation + 'static>(
+    code: usize,
+    labels: usize,
+    relocations: usize,
+) -> VecAssembler<R> {
+    if code >= REUSE_MIN_BYTES {
+        if let Some(mut asm) = take_kept::<VecAssembler<R>>() {
+            asm.reserve_ops(code);
+            return asm;
+        }
+    }
+    VecAssembler::new_with_capacity(0, code, 0, 0, labels, 0, relocations)
+}
+
+/// The finished code of `asm` (relocations resolved). Large code is copied into a reused
+/// buffer and the emptied assembler is kept for the next [`assembler`] on this thread.
+pub fn assembled<R: Relocation + 'static>(
+    mut asm: VecAssembler<R>,
+) -> Result<Reused<u8>, DynasmError> {
+    let len = asm.offset().0;
+    if len < REUSE_MIN_BYTES {
+        return Ok(Reused(asm.finalize()?));
+    }
+    let mut code = take(len);
+    code.extend(asm.drain()?);
+    keep(asm);
+    Ok(code)
+}
+
 /// A vector from [`take_vec`] that goes back to this thread's spares when dropped.
 #[derive(Debug)]
 pub struct Reused<T: 'static>(Vec<T>);
@@ -154,6 +229,12 @@ impl<T: 'static> DerefMut for Reused<T> {
     }
 }
 
+impl<T: 'static> AsRef<[T]> for Reused<T> {
+    fn as_ref(&self) -> &[T] {
+        &self.0
+    }
+}
+
 impl<T: Clone + 'static> Clone for Reused<T> {
     fn clone(&self) -> Self {
         Reused(self.0.clone())
@@ -167,6 +248,24 @@ impl<T: PartialEq + 'static> PartialEq for Reused<T> {
 }
 
 impl<T: Eq + 'static> Eq for Reused<T> {}
+
+impl<T: PartialEq + 'static> PartialEq<Vec<T>> for Reused<T> {
+    fn eq(&self, other: &Vec<T>) -> bool {
+        self.0 == *other
+    }
+}
+
+impl<T: PartialEq + 'static> PartialEq<[T]> for Reused<T> {
+    fn eq(&self, other: &[T]) -> bool {
+        self.0 == other
+    }
+}
+
+impl<T: PartialEq + 'static, const N: usize> PartialEq<[T; N]> for Reused<T> {
+    fn eq(&self, other: &[T; N]) -> bool {
+        self.0 == other
+    }
+}
 
 impl<'a, T: 'static> IntoIterator for &'a Reused<T> {
     type Item = &'a T;

@@ -160,8 +160,7 @@ pub fn decode_with(
         starts.dedup();
     }
     let mut subprogs: Vec<Subprog> = Vec::with_capacity(starts.len());
-    let mut is_target = crate::scratch::take_vec(insts.len());
-    is_target.resize(insts.len(), false);
+    let mut is_target = crate::scratch::filled(insts.len(), false);
     let mut next_branch = 0;
     for (k, &start) in starts.iter().enumerate() {
         let end = starts.get(k + 1).copied().unwrap_or(insts.len());

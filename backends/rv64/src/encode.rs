@@ -14,6 +14,7 @@
 use dynasmrt::riscv::RiscvRelocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use packjit_frontend::analysis::EmitCapacity;
+use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::Width;
 
 /// RISC-V register numbers by ABI name (the whole integer file the backend may name; not
@@ -254,7 +255,7 @@ impl Emitter {
     /// An emitter whose buffers hold `capacity` (B/J-type patches: `branch_sites`).
     pub fn with_capacity(zbb: bool, zba: bool, c: bool, capacity: EmitCapacity) -> Self {
         Self {
-            asm: VecAssembler::new_with_capacity(0, capacity.code, 0, 0, capacity.labels, 0, 0),
+            asm: scratch::assembler(capacity.code, capacity.labels, 0),
             patches: Vec::with_capacity(capacity.branch_sites),
             zbb,
             zba,
@@ -688,8 +689,8 @@ impl Emitter {
     /// The finished code: dynasmrt's relocations applied, then the displacement of every
     /// B- and J-type branch to a label written in. Branch relaxation has sized every
     /// branch for its distance, so one out of reach here is an internal error.
-    pub fn finish(self) -> Result<Vec<u8>, String> {
-        let mut targets = Vec::with_capacity(self.patches.len());
+    pub fn finish(self) -> Result<Reused<u8>, String> {
+        let mut targets = scratch::take(self.patches.len());
         for p in &self.patches {
             let t = self
                 .asm
@@ -698,11 +699,9 @@ impl Emitter {
                 .map_err(|e| format!("unbound label: {e}"))?;
             targets.push(t.0);
         }
-        let mut code = self
-            .asm
-            .finalize()
-            .map_err(|e| format!("cannot encode the program: {e}"))?;
-        for (p, target) in self.patches.iter().zip(targets) {
+        let mut code =
+            scratch::assembled(self.asm).map_err(|e| format!("cannot encode the program: {e}"))?;
+        for (p, &target) in self.patches.iter().zip(targets.iter()) {
             let disp = target as i64 - p.at as i64;
             let imm = match p.kind {
                 PatchKind::B => b_type_imm(disp),

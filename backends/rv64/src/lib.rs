@@ -33,6 +33,7 @@ mod lower;
 mod regs;
 
 use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
+use packjit_frontend::scratch::Reused;
 use packjit_plugin_api::{
     install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
     Compiled, ErrorKind, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
@@ -72,7 +73,7 @@ impl Rv64Backend {
         code: &[u8],
         helpers: &[HelperEntry],
         features: u64,
-    ) -> Result<Vec<u8>, CompileError> {
+    ) -> Result<Reused<u8>, CompileError> {
         self.emit_request(&CompileRequest {
             code,
             helpers,
@@ -84,7 +85,7 @@ impl Rv64Backend {
 
     /// Validates `req` (flags and feature bits, with the front end's messages), verifies and
     /// emits its code to native bytes without placing them anywhere.
-    pub fn emit_request(&self, req: &CompileRequest<'_>) -> Result<Vec<u8>, CompileError> {
+    pub fn emit_request(&self, req: &CompileRequest<'_>) -> Result<Reused<u8>, CompileError> {
         self.emit_with_line_table(req).map(|(code, _)| code)
     }
 
@@ -93,7 +94,7 @@ impl Rv64Backend {
     pub fn emit_with_line_table(
         &self,
         req: &CompileRequest<'_>,
-    ) -> Result<(Vec<u8>, Vec<u32>), CompileError> {
+    ) -> Result<(Reused<u8>, Vec<u32>), CompileError> {
         self.emit_for_measurement(req, EmitOptions::default())
             .map(|m| (m.bytes, m.line_table))
     }
@@ -143,7 +144,7 @@ pub use packjit_frontend::analysis::EmitOptions;
 #[derive(Clone, Debug)]
 pub struct Measured {
     /// Machine code; offset 0 is the entry.
-    pub bytes: Vec<u8>,
+    pub bytes: Reused<u8>,
     /// Instructions in `bytes` (data, such as `callx` tables, excluded).
     pub native_insns: usize,
     /// Emission passes the branch relaxation took (1 when every branch reached in its

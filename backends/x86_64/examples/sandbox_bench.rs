@@ -66,7 +66,7 @@ impl Code {
         Code {
             map,
             len,
-            bytes: out.bytes,
+            bytes: out.bytes.into_vec(),
             offsets,
             landings: out.landings,
         }

@@ -226,7 +226,7 @@ impl Enc {
         Enc {
             // Branches are patched by `finish`, not by dynasm relocations: only the
             // `dynasm!` text's few label references need room there.
-            ops: Asm::new_with_capacity(0, code, 0, 0, labels, 0, 16),
+            ops: scratch::assembler(code, labels, 16),
             fixups: scratch::take(fixups),
             forms,
             sites: 0,
@@ -596,11 +596,11 @@ impl Enc {
     /// The final bytes: dynasm patches the relocations of the `dynasm!` text, this the
     /// displacement of every `jump`/`call_label` (all of which the relaxation found in
     /// range).
-    pub fn finish(self) -> Result<Vec<u8>, String> {
+    pub fn finish(self) -> Result<Reused<u8>, String> {
         let labels = self.ops.labels();
         // Displacements first (the labels live in the assembler `finalize` consumes); 4 bytes
         // per fixup, paired with the fixups again below.
-        let mut disps = Vec::with_capacity(self.fixups.len());
+        let mut disps = scratch::take(self.fixups.len());
         for f in &self.fixups {
             let (disp, fits) = f.displacement(labels)?;
             if !fits {
@@ -611,11 +611,9 @@ impl Enc {
             }
             disps.push(disp as i32);
         }
-        let mut bytes = self
-            .ops
-            .finalize()
+        let mut bytes = scratch::assembled(self.ops)
             .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))?;
-        for (f, disp) in self.fixups.iter().zip(disps) {
+        for (f, &disp) in self.fixups.iter().zip(disps.iter()) {
             let (end, width) = (f.end as usize, usize::from(f.width));
             bytes[end - width..end].copy_from_slice(&disp.to_le_bytes()[..width]);
         }

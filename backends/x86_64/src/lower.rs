@@ -51,7 +51,7 @@ const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Emitted {
     /// Machine code; offset 0 is the entry.
-    pub bytes: Vec<u8>,
+    pub bytes: Reused<u8>,
     /// x86-64 instructions emitted.
     pub native_insns: usize,
     /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).

@@ -84,7 +84,7 @@ pub fn compile_with(
     assert_eq!(c.code_size, bytes.len());
     // Instructions only: data in the code (a `callx` table) is not counted.
     let m = b.emit_for_measurement(&req, Default::default())?;
-    assert_eq!((c.native_insns, &m.bytes), (m.native_insns, &bytes));
+    assert_eq!((c.native_insns, &m.bytes[..]), (m.native_insns, &bytes[..]));
     Ok(bytes)
 }
 
