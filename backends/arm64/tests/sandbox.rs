@@ -493,7 +493,7 @@ mod conformance {
                 blind_key: 0x0123_4567_89ab_cdef,
             })
             .map_err(|e| e.to_string())?;
-            Ok(Box::new(Code(out.bytes)))
+            Ok(Box::new(Code(out.bytes.into_vec())))
         }
     }
 
