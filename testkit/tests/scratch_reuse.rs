@@ -70,8 +70,14 @@ fn reused_buffers_emit_the_same_code_as_fresh_ones() {
             })
             .join()
             .unwrap();
-            assert!(fresh.0.len() > 256 << 10, "{arch}: the code is large enough to be kept");
-            assert_ne!(fresh.0, between.0, "{arch} {flags:#x}: two different programs");
+            assert!(
+                fresh.0.len() > 256 << 10,
+                "{arch}: the code is large enough to be kept"
+            );
+            assert_ne!(
+                fresh.0, between.0,
+                "{arch} {flags:#x}: two different programs"
+            );
             assert!(
                 fresh == again,
                 "{arch} flags {flags:#x}: code from reused buffers differs from the fresh compile"
