@@ -44,6 +44,7 @@ thread_local! {
     static SPARES: RefCell<Vec<(TypeId, Box<dyn Any>)>> = const { RefCell::new(Vec::new()) };
 }
 
+#[inline]
 fn is_large<T>(elements: usize) -> bool {
     elements.saturating_mul(std::mem::size_of::<T>()) >= REUSE_MIN_BYTES
 }
@@ -51,36 +52,50 @@ fn is_large<T>(elements: usize) -> bool {
 /// An empty vector with room for `n` elements: for a large `n`, one this thread kept (the
 /// smallest that holds `n`, else the largest, grown). Return it with [`give_back`] (or use
 /// [`take`], which does that on drop).
+// Inlined with the small case, which is every compile of an ordinary program: a plain
+// `with_capacity`, no thread-local access.
+#[inline]
 pub fn take_vec<T: 'static>(n: usize) -> Vec<T> {
-    let kept = if is_large::<T>(n) {
-        // `try_with`: nothing during thread teardown; `try_borrow_mut`: never re-entered (an
-        // element's destructor does not compile), but a fresh vector is the safe answer.
-        SPARES
-            .try_with(|s| {
-                let mut s = s.try_borrow_mut().ok()?;
-                let (_, list) = s.iter_mut().find(|(t, _)| *t == TypeId::of::<T>())?;
-                let list = list.downcast_mut::<Vec<Vec<T>>>()?;
-                let fits = list
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, v)| v.capacity() >= n)
-                    .min_by_key(|(_, v)| v.capacity())
-                    .map(|(i, _)| i);
-                let i = fits.or_else(|| list.len().checked_sub(1))?;
-                Some(list.swap_remove(i))
-            })
-            .ok()
-            .flatten()
+    if is_large::<T>(n) {
+        take_kept_vec(n)
     } else {
-        None
-    };
-    let mut v = kept.unwrap_or_default();
-    v.reserve(n);
-    v
+        Vec::with_capacity(n)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn take_kept_vec<T: 'static>(n: usize) -> Vec<T> {
+    // `try_with`: nothing during thread teardown; `try_borrow_mut`: never re-entered (an
+    // element's destructor does not compile), but a fresh vector is the safe answer.
+    let kept = SPARES
+        .try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            let (_, list) = s.iter_mut().find(|(t, _)| *t == TypeId::of::<T>())?;
+            let list = list.downcast_mut::<Vec<Vec<T>>>()?;
+            let fits = list
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.capacity() >= n)
+                .min_by_key(|(_, v)| v.capacity())
+                .map(|(i, _)| i);
+            let i = fits.or_else(|| list.len().checked_sub(1))?;
+            Some(list.swap_remove(i))
+        })
+        .ok()
+        .flatten();
+    match kept {
+        Some(mut v) => {
+            v.reserve(n);
+            v
+        }
+        None => Vec::with_capacity(n),
+    }
 }
 
 /// A vector of `n` copies of `value`: a kept buffer filled when `n` is large, else fresh
 /// (where the allocator hands out zeroed pages for a zero `value` without touching them).
+#[inline]
 pub fn filled<T: Clone + 'static>(n: usize, value: T) -> Vec<T> {
     if is_large::<T>(n) {
         let mut v = take_vec(n);
@@ -94,10 +109,16 @@ pub fn filled<T: Clone + 'static>(n: usize, value: T) -> Vec<T> {
 /// Keeps `v`'s memory for the next [`take_vec`] of its type on this thread, if it is large
 /// (its elements are dropped now). When the thread already keeps [`SPARES_PER_TYPE`] of
 /// them, the smallest goes.
-pub fn give_back<T: 'static>(mut v: Vec<T>) {
-    if !is_large::<T>(v.capacity()) {
-        return;
+#[inline]
+pub fn give_back<T: 'static>(v: Vec<T>) {
+    if is_large::<T>(v.capacity()) {
+        keep_vec(v);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn keep_vec<T: 'static>(mut v: Vec<T>) {
     v.clear();
     let _ = SPARES.try_with(|s| {
         let Ok(mut s) = s.try_borrow_mut() else {
@@ -134,6 +155,7 @@ pub fn release_thread_spares() {
 
 /// Keeps `value` (one per type) for the next [`take_kept`] of its type on this thread,
 /// replacing any kept before.
+#[cold]
 pub fn keep<T: 'static>(value: T) {
     let _ = SPARES.try_with(|s| {
         let Ok(mut s) = s.try_borrow_mut() else {
@@ -148,6 +170,7 @@ pub fn keep<T: 'static>(value: T) {
 }
 
 /// The value of type `T` this thread kept with [`keep`], if any.
+#[cold]
 pub fn take_kept<T: 'static>() -> Option<T> {
     SPARES
         .try_with(|s| {
@@ -165,6 +188,7 @@ struct Kept<T>(Option<T>);
 /// A dynasm assembler with room for `code` bytes, `labels` dynamic labels and `relocations`
 /// label references: for large code, the one this thread kept from its last large compile
 /// (see [`assembled`]), whose code, label and relocation buffers are already faulted in.
+#[inline]
 pub fn assembler<R: Relocation + 'static>(
     code: usize,
     labels: usize,
@@ -181,13 +205,20 @@ pub fn assembler<R: Relocation + 'static>(
 
 /// The finished code of `asm` (relocations resolved). Large code is copied into a reused
 /// buffer and the emptied assembler is kept for the next [`assembler`] on this thread.
-pub fn assembled<R: Relocation + 'static>(
+#[inline]
+pub fn assembled<R: Relocation + 'static>(asm: VecAssembler<R>) -> Result<Reused<u8>, DynasmError> {
+    if asm.offset().0 < REUSE_MIN_BYTES {
+        return Ok(Reused(asm.finalize()?));
+    }
+    assembled_large(asm)
+}
+
+#[cold]
+#[inline(never)]
+fn assembled_large<R: Relocation + 'static>(
     mut asm: VecAssembler<R>,
 ) -> Result<Reused<u8>, DynasmError> {
     let len = asm.offset().0;
-    if len < REUSE_MIN_BYTES {
-        return Ok(Reused(asm.finalize()?));
-    }
     let mut code = take(len);
     code.extend(asm.drain()?);
     keep(asm);
@@ -199,6 +230,7 @@ pub fn assembled<R: Relocation + 'static>(
 pub struct Reused<T: 'static>(Vec<T>);
 
 /// [`take_vec`] as a [`Reused`]: given back when dropped.
+#[inline]
 pub fn take<T: 'static>(n: usize) -> Reused<T> {
     Reused(take_vec(n))
 }
@@ -211,6 +243,7 @@ impl<T: 'static> Reused<T> {
 }
 
 impl<T: 'static> Drop for Reused<T> {
+    #[inline]
     fn drop(&mut self) {
         give_back(std::mem::take(&mut self.0));
     }
