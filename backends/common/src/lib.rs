@@ -3,14 +3,14 @@
 //! The arch-neutral front end every packjit backend shares:
 //!
 //! * [`decode`] turns raw eBPF bytes into typed [`Inst`]s, running the structural
-//!   [verifier](verify) on the way: opcode validity (RFC 9669, cpu v4), reserved fields zero,
+//!   verifier on the way: opcode validity (RFC 9669, cpu v4), reserved fields zero,
 //!   register numbers, jump targets inside the program and its subprogram, `LD_IMM64`
 //!   pairing, no fall-through off the end, bounded static call depth, known helpers.
 //! * [`Program`] is the result: one entry per instruction (LD_IMM64 is one entry covering two
 //!   slots), jump targets resolved to instruction indices, subprogram boundaries, and which
 //!   registers each subprogram writes (so a backend saves only what it clobbers).
 //!
-//! Every rejection is a [`CompileError`] naming the pc and the reason.
+//! Every rejection is a [`CompileError`](packjit_plugin_api::CompileError) naming the pc and the reason.
 //!
 //! ```
 //! // mov r0, 7 ; exit

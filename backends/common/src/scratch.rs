@@ -12,7 +12,9 @@
 //! cheaply. A thread keeps at most [`SPARES_PER_TYPE`] buffers per element type (a compile
 //! holds a few of one type at once), each no larger than its largest compile needed; for the
 //! largest program ([`crate::MAX_INSNS`]) that is about 100 MB over all types.
-//! [`release_thread_spares`] gives them back, e.g. when a thread is done compiling.
+//! [`release_thread_spares`] gives them back, e.g. when a thread is done compiling, and a
+//! thread's spares go when it exits. Each copy of this crate keeps its own: a backend
+//! loaded as a plugin library has its own copy, apart from the host's.
 //!
 //! ```
 //! use packjit_frontend::scratch;
