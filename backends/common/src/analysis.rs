@@ -236,7 +236,7 @@ pub const FRESH_REGS: u16 = 0b11_1111_1001;
 pub const EXACT_ZEROING_MAX: usize = 512;
 
 /// Registers a backend's lowering reads beyond RFC 9669: every instruction of the
-/// [`op_kind`](crate::op_kind) bits `kinds` also reads `regs` (a register it briefly uses as
+/// [`op_kind`] bits `kinds` also reads `regs` (a register it briefly uses as
 /// scratch and restores, say).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoweringReads {
