@@ -188,12 +188,8 @@ fn a_moved_program_is_registered_at_its_new_address() {
     let mut progs: Vec<Program> = (0..40)
         .map(|i| load(&rt, &format!("mover_{i}"), 2 + (i * 37) % 300, i as i32))
         .collect();
-    // Every other program goes: holes all over the pack for compaction to fill.
-    let mut i = 0;
-    progs.retain(|_| {
-        i += 1;
-        i % 2 == 0
-    });
+    // Holes all over the pack for compaction to fill.
+    host::drop_every_other(&mut progs);
     assert_eq!(rt.reclaim(), 0);
     let was: Vec<u64> = progs.iter().map(Program::entry_addr).collect();
     rt.arena().unwrap().set_compaction(Some(Compaction {
