@@ -158,7 +158,7 @@ pub fn release_thread_spares() {
 /// Keeps `value` (one per type) for the next [`take_kept`] of its type on this thread,
 /// replacing any kept before.
 #[cold]
-pub fn keep<T: 'static>(value: T) {
+fn keep<T: 'static>(value: T) {
     let _ = SPARES.try_with(|s| {
         let Ok(mut s) = s.try_borrow_mut() else {
             return;
@@ -173,7 +173,7 @@ pub fn keep<T: 'static>(value: T) {
 
 /// The value of type `T` this thread kept with [`keep`], if any.
 #[cold]
-pub fn take_kept<T: 'static>() -> Option<T> {
+fn take_kept<T: 'static>() -> Option<T> {
     SPARES
         .try_with(|s| {
             let mut s = s.try_borrow_mut().ok()?;
@@ -290,18 +290,6 @@ impl<T: PartialEq + 'static> PartialEq<Vec<T>> for Reused<T> {
     }
 }
 
-impl<T: PartialEq + 'static> PartialEq<[T]> for Reused<T> {
-    fn eq(&self, other: &[T]) -> bool {
-        self.0 == other
-    }
-}
-
-impl<T: PartialEq + 'static, const N: usize> PartialEq<[T; N]> for Reused<T> {
-    fn eq(&self, other: &[T; N]) -> bool {
-        self.0 == other
-    }
-}
-
 impl<'a, T: 'static> IntoIterator for &'a Reused<T> {
     type Item = &'a T;
     type IntoIter = std::slice::Iter<'a, T>;
@@ -313,12 +301,6 @@ impl<'a, T: 'static> IntoIterator for &'a Reused<T> {
 impl<T: 'static> Default for Reused<T> {
     fn default() -> Self {
         Reused(Vec::new())
-    }
-}
-
-impl<T: 'static> From<Vec<T>> for Reused<T> {
-    fn from(v: Vec<T>) -> Self {
-        Reused(v)
     }
 }
 
