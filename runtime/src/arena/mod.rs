@@ -312,6 +312,20 @@ impl Pack {
         self.add_free(s, e - s);
     }
 
+    /// Counts the pages overlapping chunks `[chunk, chunk + n)` (just freed) that now hold no
+    /// allocation as idle.
+    fn count_idle_pages(&mut self, chunk: usize, n: usize) {
+        let page = sys::page_size();
+        let pages = (chunk * CHUNK) / page..(chunk * CHUNK + n * CHUNK).div_ceil(page);
+        self.idle_pages += pages
+            .filter(|&pg| self.filled_pages[pg] && self.page_is_empty(pg))
+            .count();
+    }
+
+    fn resident_pages(&self) -> usize {
+        self.filled_pages.iter().filter(|&&f| f).count()
+    }
+
     /// Whether page `pg` holds no allocated chunk.
     fn page_is_empty(&self, pg: usize) -> bool {
         let per_page = sys::page_size() / CHUNK;
@@ -945,28 +959,20 @@ impl Inner {
             // SAFETY: the chunks are inside the RW view and no longer handed out.
             fill_trap(unsafe { p.rw.add(off) }, n * CHUNK, self.trap);
             let start = p.rx as usize + off;
-            if self.cfg.release_free_pages {
-                Self::release_empty_pages(p, chunk, n);
+            // Idle pages are counted whatever the policy (placements count them back down).
+            p.count_idle_pages(chunk, n);
+            if self.cfg.release_free_pages && p.idle_pages * IDLE_SHARE > p.resident_pages() {
+                Self::release_idle_pages(p);
             }
             mark_dirty(&mut st.dirty, start, start + n * CHUNK);
         }
     }
 
-    /// Counts the pages overlapping chunks `[chunk, chunk + n)` that hold no allocation any
-    /// more as idle, and gives the pack's idle pages back to the kernel once they exceed
-    /// [`IDLE_SHARE`] of its resident pages, so `bytes_resident` tracks live code rather than
-    /// the high-water mark. Only called after the region's grace period: nothing can execute
-    /// there.
-    fn release_empty_pages(p: &mut Pack, chunk: usize, n: usize) {
+    /// Gives all of the pack's idle pages back to the kernel (see [`IDLE_SHARE`]), so
+    /// `bytes_resident` tracks live code rather than the high-water mark. Only called after
+    /// a grace period: nothing can execute in a page without an allocation.
+    fn release_idle_pages(p: &mut Pack) {
         let page = sys::page_size();
-        let pages = (chunk * CHUNK) / page..(chunk * CHUNK + n * CHUNK).div_ceil(page);
-        p.idle_pages += pages
-            .filter(|&pg| p.filled_pages[pg] && p.page_is_empty(pg))
-            .count();
-        let resident = p.filled_pages.iter().filter(|&&f| f).count();
-        if p.idle_pages * IDLE_SHARE <= resident {
-            return;
-        }
         let mut pg = 0;
         while pg < p.filled_pages.len() {
             // A run of consecutive idle pages: one syscall for all of them.

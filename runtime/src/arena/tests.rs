@@ -459,6 +459,31 @@ fn a_few_empty_pages_stay_resident_until_they_exceed_their_share() {
     assert_eq!(a.stats().packs, 0);
 }
 
+#[test]
+fn without_page_release_a_refilled_empty_page_keeps_the_books() {
+    let _s = serial();
+    let page = sys::page_size();
+    let a = PackedArena::new(ArenaConfig {
+        release_free_pages: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let (first, second) = (a.alloc(page).unwrap(), a.alloc(page).unwrap());
+    a.write(&first, 0, &vec![0xcc; page]).unwrap();
+    a.write(&second, 0, &vec![0xcc; page]).unwrap();
+    a.commit();
+    a.free(&first);
+    assert_eq!(a.stats().bytes_resident, 2 * page, "nothing is released");
+    // The emptied page is resident and idle: placing code there takes it off the idle count
+    // (which frees counted, even with nothing to release).
+    let again = a.alloc(page).unwrap();
+    assert_eq!(again.exec_addr, first.exec_addr, "best fit reuses the hole");
+    assert_eq!(a.stats().bytes_resident, 2 * page);
+    a.free(&again);
+    a.free(&second);
+    assert_eq!(a.stats().packs, 0);
+}
+
 /// Every placement policy the arena offers (the default first).
 const PLACEMENTS: [Placement; 5] = [
     Placement::BestFit,
