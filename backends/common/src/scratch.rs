@@ -290,6 +290,12 @@ impl<T: PartialEq + 'static> PartialEq<Vec<T>> for Reused<T> {
     }
 }
 
+impl<T: PartialEq + 'static, const N: usize> PartialEq<[T; N]> for Reused<T> {
+    fn eq(&self, other: &[T; N]) -> bool {
+        self.0 == other
+    }
+}
+
 impl<'a, T: 'static> IntoIterator for &'a Reused<T> {
     type Item = &'a T;
     type IntoIter = std::slice::Iter<'a, T>;
