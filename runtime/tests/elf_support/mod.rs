@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// The helper the C programs declare `extern u64 pj_mix(u64, u64)`; `tests/bpf/shim.c` has
 /// the same function for the native build.
@@ -32,6 +34,50 @@ fn host_cmd(prog: &str) -> Command {
     c
 }
 
+/// How long a host tool may take before its child counts as hung.
+const HOST_TOOL_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs a host tool to completion, like [`Command::output`]. Under qemu-user a child forked
+/// while another test thread holds one of the emulator's internal locks can hang before it
+/// ever execs (the fork copies the held lock; a known qemu-user limitation with threads).
+/// So spawns go one at a time, and a child still running at the deadline is killed and the
+/// command run again (twice at most); a tool that really hangs still fails the test.
+fn run_host(cmd: &mut Command) -> std::io::Result<Output> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = out_dir();
+    let (out, err) = (dir.join("host-tool.stdout"), dir.join("host-tool.stderr"));
+    for _attempt in 0..3 {
+        let mut child = cmd
+            .stdout(std::fs::File::create(&out)?)
+            .stderr(std::fs::File::create(&err)?)
+            .spawn()?;
+        let deadline = Instant::now() + HOST_TOOL_DEADLINE;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        if let Some(status) = status {
+            return Ok(Output {
+                status,
+                stdout: std::fs::read(&out)?,
+                stderr: std::fs::read(&err)?,
+            });
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("{cmd:?} did not finish in three tries"),
+    ))
+}
+
 /// The clang to use and its `-mcpu`: `$PACKJIT_CLANG`, else the newest `clang-N` on PATH,
 /// else `clang`. cpu v4 needs LLVM 18+; older clangs get `-mcpu=v3`.
 ///
@@ -41,7 +87,7 @@ pub fn clang() -> (String, &'static str) {
     candidates.extend((14..=21).rev().map(|v| format!("clang-{v}")));
     candidates.push("clang".into());
     for c in candidates {
-        let Ok(out) = host_cmd(&c).arg("--version").output() else {
+        let Ok(out) = run_host(host_cmd(&c).arg("--version")) else {
             continue;
         };
         if !out.status.success() {
@@ -68,13 +114,14 @@ pub fn compile_bpf(name: &str) -> Vec<u8> {
     let (cc, cpu) = clang();
     let src = bpf_dir().join(format!("{name}.c"));
     let obj = out_dir().join(format!("{name}.bpf.o"));
-    let out = host_cmd(&cc)
-        .args(["-O2", "-g", "-target", "bpf", cpu, "-c"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&obj)
-        .output()
-        .unwrap();
+    let out = run_host(
+        host_cmd(&cc)
+            .args(["-O2", "-g", "-target", "bpf", cpu, "-c"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj),
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "{cc} failed on {}:\n{}",
@@ -97,14 +144,15 @@ pub struct Run {
 pub fn native(name: &str, entry: &str, inputs: &[Vec<u8>]) -> (Vec<Run>, Vec<(String, u64)>) {
     let dir = bpf_dir();
     let exe = out_dir().join(format!("{name}.native"));
-    let out = host_cmd("gcc")
-        .args(["-O2", "-DPJ_NATIVE", &format!("-DENTRY={entry}")])
-        .arg(dir.join(format!("{name}.c")))
-        .arg(dir.join("shim.c"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("gcc (the native oracle) must be installed");
+    let out = run_host(
+        host_cmd("gcc")
+            .args(["-O2", "-DPJ_NATIVE", &format!("-DENTRY={entry}")])
+            .arg(dir.join(format!("{name}.c")))
+            .arg(dir.join("shim.c"))
+            .arg("-o")
+            .arg(&exe),
+    )
+    .expect("gcc (the native oracle) must be installed");
     assert!(
         out.status.success(),
         "gcc failed on {name}.c:\n{}",
@@ -114,7 +162,7 @@ pub fn native(name: &str, entry: &str, inputs: &[Vec<u8>]) -> (Vec<Run>, Vec<(St
         .iter()
         .map(|m| m.iter().map(|b| format!("{b:02x}")).collect())
         .collect();
-    let out = host_cmd(exe.to_str().unwrap()).args(&hex).output().unwrap();
+    let out = run_host(host_cmd(exe.to_str().unwrap()).args(&hex)).unwrap();
     assert!(out.status.success(), "native {name} failed");
     let text = String::from_utf8(out.stdout).unwrap();
     let mut runs = Vec::new();
