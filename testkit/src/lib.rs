@@ -17,6 +17,7 @@ pub mod data;
 pub mod density;
 pub mod fuzz;
 pub mod gen;
+pub mod host_tool;
 pub mod inline_cases;
 pub mod reference;
 

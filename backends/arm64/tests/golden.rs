@@ -28,10 +28,11 @@ fn disasm(bytes: &[u8]) -> Vec<String> {
         }
     ));
     std::fs::write(&path, bytes).unwrap();
-    let out = Command::new("aarch64-linux-gnu-objdump")
-        .args(["-D", "-b", "binary", "-m", "aarch64"])
-        .arg(&path)
-        .output();
+    let out = packjit_testkit::host_tool::output(
+        Command::new("aarch64-linux-gnu-objdump")
+            .args(["-D", "-b", "binary", "-m", "aarch64"])
+            .arg(&path),
+    );
     std::fs::remove_file(&path).ok();
     let out = out.expect("aarch64-linux-gnu-objdump must be installed for the golden tests");
     assert!(

@@ -3,9 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 /// The helper the C programs declare `extern u64 pj_mix(u64, u64)`; `tests/bpf/shim.c` has
 /// the same function for the native build.
@@ -34,49 +32,11 @@ fn host_cmd(prog: &str) -> Command {
     c
 }
 
-/// How long a host tool may take before its child counts as hung.
-const HOST_TOOL_DEADLINE: Duration = Duration::from_secs(120);
-
-/// Runs a host tool to completion, like [`Command::output`]. Under qemu-user a child forked
-/// while another test thread holds one of the emulator's internal locks can hang before it
-/// ever execs (the fork copies the held lock; a known qemu-user limitation with threads).
-/// So spawns go one at a time, and a child still running at the deadline is killed and the
-/// command run again (twice at most); a tool that really hangs still fails the test.
-fn run_host(cmd: &mut Command) -> std::io::Result<Output> {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = out_dir();
-    let (out, err) = (dir.join("host-tool.stdout"), dir.join("host-tool.stderr"));
-    for _attempt in 0..3 {
-        let mut child = cmd
-            .stdout(std::fs::File::create(&out)?)
-            .stderr(std::fs::File::create(&err)?)
-            .spawn()?;
-        let deadline = Instant::now() + HOST_TOOL_DEADLINE;
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        if let Some(status) = status {
-            return Ok(Output {
-                status,
-                stdout: std::fs::read(&out)?,
-                stderr: std::fs::read(&err)?,
-            });
-        }
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("{cmd:?} did not finish in three tries"),
-    ))
-}
+/// The testkit's host-tool runner, shared by source: the runtime's tests cannot depend on
+/// the testkit, which depends on the runtime.
+#[path = "../../../testkit/src/host_tool.rs"]
+mod host_tool;
+use host_tool::output as run_host;
 
 /// The clang to use and its `-mcpu`: `$PACKJIT_CLANG`, else the newest `clang-N` on PATH,
 /// else `clang`. cpu v4 needs LLVM 18+; older clangs get `-mcpu=v3`.

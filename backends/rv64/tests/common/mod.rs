@@ -113,7 +113,10 @@ pub fn disasm(code: &[u8]) -> Vec<String> {
         ),
     )
     .unwrap();
-    let ok = |c: &mut Command| assert!(c.status().expect("binutils-riscv64-linux-gnu").success());
+    let ok = |c: &mut Command| {
+        let out = packjit_testkit::host_tool::output(c).expect("binutils-riscv64-linux-gnu");
+        assert!(out.status.success(), "{c:?}");
+    };
     ok(Command::new("riscv64-linux-gnu-as")
         .arg(&src)
         .arg("-o")
@@ -121,11 +124,12 @@ pub fn disasm(code: &[u8]) -> Vec<String> {
     ok(Command::new("riscv64-linux-gnu-objcopy")
         .arg("--strip-all")
         .arg(&obj));
-    let out = Command::new("riscv64-linux-gnu-objdump")
-        .args(["-d", "-M", "numeric"])
-        .arg(&obj)
-        .output()
-        .expect("riscv64-linux-gnu-objdump is installed");
+    let out = packjit_testkit::host_tool::output(
+        Command::new("riscv64-linux-gnu-objdump")
+            .args(["-d", "-M", "numeric"])
+            .arg(&obj),
+    )
+    .expect("riscv64-linux-gnu-objdump is installed");
     let _ = std::fs::remove_dir_all(&dir);
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = Vec::new();
