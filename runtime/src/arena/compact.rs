@@ -13,6 +13,10 @@
 //! is freed like any program: after the epoch grace period, so a thread already running it
 //! finishes there. Which programs move: the ones bordering their pack's largest free run
 //! (so the space they leave joins it), each into the smallest hole elsewhere that fits it.
+//! A border program too large for every hole, with free space on its far side, instead goes
+//! to the far end of its own run (or to another pack's much larger run): that far-side space
+//! then joins the run, and the next program in line may fit a hole. Every move lowers the
+//! split space, so compaction cannot cycle.
 
 use super::{mark_dirty, Alloc, Inner, Pack, State, CHUNK};
 use packjit_plugin_api::Region;
@@ -253,13 +257,17 @@ fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))>
     };
     let count = packs.len().min(64);
     let mut tried = 0u64; // one bit per pack
+                          // A border program that fits no hole but has free space on its far side.
+    let mut blocked = None;
     for _ in 0..count {
-        let pi = (0..count)
+        let Some((_, pi)) = (0..count)
             .filter(|&i| tried & (1 << i) == 0 && !packs[i].sealed)
             .map(|i| (split(i), i))
             .filter(|&(s, _)| s > 0)
-            .max()?
-            .1;
+            .max()
+        else {
+            break;
+        };
         tried |= 1 << pi;
         let p = &packs[pi];
         let Some(&(len, start)) = p.free_by_len.last() else {
@@ -273,15 +281,51 @@ fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))>
             if n * CHUNK > left {
                 continue;
             }
-            // Only into a hole: every such move shrinks a hole and grows the largest run by
-            // the same amount (once the old copy is released). A program that fits no hole
-            // stays; new holes (frees) are what unblock it.
+            // Into a hole first: such a move shrinks a hole and grows the largest run by the
+            // same amount (once the old copy is released).
             if let Some(dst) = best_hole(packs, n) {
                 return Some(((pi, c), dst));
             }
+            // Free space on the program's far side joins the run once it leaves.
+            let far_side_free = if up {
+                c + n < p.chunks() && !p.bit(c + n)
+            } else {
+                c > 0 && !p.bit(c - 1)
+            };
+            if far_side_free && blocked.is_none() {
+                blocked = Some((pi, c, n, up));
+            }
         }
     }
-    None
+    let (pi, c, n, up) = blocked?;
+    largest_run_move(packs, pi, n, up).map(|dst| ((pi, c), dst))
+}
+
+/// Where a program of `n` chunks bordering pack `pi`'s largest run (above it when `up`) can go
+/// so that the free space on its far side merges with that run: the far end of the run
+/// itself, or else the start of another pack's largest run with room to spare. Neither
+/// shrinks a hole, but the merge lowers the split space by the far side's size, and it
+/// uncovers the next program in line, which may fit a hole.
+fn largest_run_move(packs: &[Pack], pi: usize, n: usize, up: bool) -> Option<(usize, usize)> {
+    let &(len, start) = packs[pi].free_by_len.last()?;
+    if len > n {
+        // The far end, so that the run, the program's old chunks and its far side become one.
+        return Some((pi, if up { start } else { start + len - n }));
+    }
+    // Another pack's run must stay the larger of the two afterwards (and its pack's largest),
+    // so the program is never sent back and that pack's split space does not grow.
+    packs
+        .iter()
+        .enumerate()
+        .filter(|&(q, p)| q != pi && !p.sealed)
+        .filter_map(|(q, p)| {
+            let mut runs = p.free_by_len.iter().rev();
+            let &(l, s) = runs.next()?;
+            let second = runs.next().map_or(0, |r| r.0);
+            (l >= len + 2 * n && l - n >= second).then_some((l, q, s))
+        })
+        .max()
+        .map(|(_, q, s)| (q, s))
 }
 
 /// Copies the program at `src` to the free chunks at `dst` and marks the copy dirty.

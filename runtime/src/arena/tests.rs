@@ -801,3 +801,104 @@ fn compaction_moves_the_program_bordering_free_space_into_a_hole() {
     t.set_compaction(Some(Compaction::default()));
     assert_eq!(t.compaction(), None);
 }
+
+/// Installs programs of the given chunk counts in order (return values 1, 2, ...), commits
+/// them and makes each movable.
+fn install_movable(a: &PackedArena, chunks: &[usize]) -> Vec<Arc<Movable>> {
+    let regions: Vec<Region> = chunks
+        .iter()
+        .zip(1u16..)
+        .map(|(&n, v)| {
+            let mut c = ret_code(v);
+            c.resize(n * CHUNK, 0);
+            install(a, &c)
+        })
+        .collect();
+    a.commit();
+    regions
+        .iter()
+        .map(|r| a.make_movable(r, r.exec_addr, None).unwrap())
+        .collect()
+}
+
+fn compacting_arena(pack_pages: usize) -> Option<PackedArena> {
+    let a = PackedArena::new(ArenaConfig {
+        compaction: Some(Compaction {
+            threshold_permille: 0,
+            step_bytes: 0, // only explicit `compact` calls move code
+        }),
+        pack_size: pack_pages * sys::page_size(),
+        ..ArenaConfig::default()
+    })
+    .unwrap();
+    // Without memfd the arena toggles protections and compaction is off (tested above).
+    a.compaction().is_some().then_some(a)
+}
+
+#[test]
+fn a_program_too_large_for_every_hole_moves_to_the_far_end_of_its_run() {
+    let _s = serial();
+    let Some(a) = compacting_arena(1) else {
+        return;
+    };
+    let page_chunks = sys::page_size() / CHUNK;
+    // A (1 chunk) B (2) C (4), then the free tail. Freeing B leaves a hole smaller than C, so C
+    // fits no hole; but B's hole is on C's far side, so moving C to the tail's far end makes
+    // the hole, C's old chunks and the tail one run.
+    let m = install_movable(&a, &[1, 2, 4]);
+    let c_old = m[2].entry();
+    a.free_deferred(a.detach_movable(&m[1]));
+    assert_eq!(a.reclaim(), 0);
+    assert!(a.stats().fragmentation_permille > 0);
+    assert_eq!(a.compact(1 << 20), 4 * CHUNK, "C moves");
+    let base = c_old - 3 * CHUNK as u64;
+    assert_eq!(m[2].entry(), base + ((page_chunks - 4) * CHUNK) as u64);
+    assert_eq!(call(m[2].entry()), 3);
+    assert_eq!(
+        call(c_old),
+        3,
+        "the old copy runs until its grace period ends"
+    );
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().fragmentation_permille, 0, "one free run");
+    // Nothing left to gain: C's far side is now the end of the pack.
+    assert_eq!(a.compact(1 << 20), 0);
+    for x in [&m[0], &m[2]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
+
+#[test]
+fn a_program_larger_than_its_own_run_moves_to_a_roomier_pack() {
+    let _s = serial();
+    let Some(a) = compacting_arena(2) else {
+        return;
+    };
+    let pack_chunks = 2 * sys::page_size() / CHUNK;
+    // Pack 1: A (1) B (2) C (30) F (20) D (rest). Pack 2: E (1) and free space. Freeing B and F
+    // leaves F's run (20 chunks) as pack 1's largest: C, below it, is larger than that run and
+    // than B's hole, and D above it has no free space beyond. C goes to pack 2, and B's hole,
+    // C's chunks and F's run become one run.
+    let d = pack_chunks - 53;
+    let m = install_movable(&a, &[1, 2, 30, 20, d, 1]);
+    assert_eq!(a.stats().packs, 2);
+    let (c_old, e) = (m[2].entry(), m[5].entry());
+    for x in [&m[1], &m[3]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert!(a.stats().fragmentation_permille > 0);
+    assert_eq!(a.compact(1 << 20), 30 * CHUNK, "C moves");
+    assert_eq!(m[2].entry(), e + CHUNK as u64, "next to E, in pack 2");
+    assert_eq!(call(m[2].entry()), 3);
+    assert_eq!(call(c_old), 3);
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().fragmentation_permille, 0, "one run per pack");
+    for x in [&m[0], &m[2], &m[4], &m[5]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
