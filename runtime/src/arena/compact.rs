@@ -15,8 +15,12 @@
 //! (so the space they leave joins it), each into the smallest hole elsewhere that fits it.
 //! A border program too large for every hole, with free space on its far side, instead goes
 //! to the far end of its own run (or to another pack's much larger run): that far-side space
-//! then joins the run, and the next program in line may fit a hole. Every move lowers the
-//! split space, so compaction cannot cycle.
+//! then joins the run, and the next program in line may fit a hole. Each of these moves
+//! lowers the split space, so they cannot cycle. When a border program has no free space
+//! beyond it, a small program lying between holes that together would hold it moves into
+//! another hole first ("making room"): a move that gains nothing until its old copy is
+//! released, so there is at most one per step, and only while fragmentation is at least twice
+//! the threshold.
 
 use super::{mark_dirty, Alloc, Inner, Pack, State, CHUNK};
 use packjit_plugin_api::Region;
@@ -198,7 +202,12 @@ fn boundary(p: &Pack, start: usize, len: usize, up: bool) -> Option<usize> {
 
 /// The smallest free run of at least `n` chunks that is not its pack's largest run:
 /// (pack index, first chunk).
-fn best_hole(packs: &[Pack], n: usize) -> Option<(usize, usize)> {
+fn best_hole(packs: &[Pack], n: usize) -> Option<At> {
+    best_hole_except(packs, n, &[])
+}
+
+/// [`best_hole`], leaving out the runs at `except` (pack index, first chunk).
+fn best_hole_except(packs: &[Pack], n: usize, except: &[At]) -> Option<At> {
     packs
         .iter()
         .enumerate()
@@ -207,12 +216,54 @@ fn best_hole(packs: &[Pack], n: usize) -> Option<(usize, usize)> {
             let largest = p.free_by_len.last().copied();
             p.free_by_len
                 .range((n, 0)..)
-                .find(|&&r| Some(r) != largest)
+                .find(|&&r| Some(r) != largest && !except.contains(&(i, r.1)))
                 .map(|&(len, c)| ((len, p.chunks() - p.used_chunks), (i, c)))
         })
         .min_by_key(|&(key, _)| key)
         .map(|(_, at)| at)
 }
+
+/// A move that makes a hole for a border program of `n` chunks that fits none: the smallest
+/// program lying just above a hole whose chunks, with that hole and any hole above it, would
+/// hold `n`, into another hole that fits it. It gains nothing itself; once its old copy is
+/// released, the border program fits the merged hole.
+fn make_room(packs: &[Pack], n: usize, left: usize) -> Option<(At, At)> {
+    let mut best: Option<(usize, At, At)> = None;
+    for (qi, q) in packs.iter().enumerate().filter(|(_, q)| !q.sealed) {
+        // The largest holes first (a small program then makes enough room), and only a few:
+        // this search runs inside loads.
+        let mut runs = q.free_by_len.iter().rev();
+        let largest = runs.next().map(|&(_, c)| c);
+        for &(below_len, below) in runs.take(ROOM_SEARCH) {
+            if below_len >= n {
+                continue; // the program fits there already (a hole of its own pack's largest run)
+            }
+            let c = below + below_len;
+            let Some(a) = q.allocs.get(&c) else {
+                continue;
+            };
+            let p = a.chunks;
+            if a.movable.is_none() || p * CHUNK > left || best.is_some_and(|b| b.0 <= p) {
+                continue;
+            }
+            let above_len = q.free_by_start.get(&(c + p)).copied().unwrap_or(0);
+            // Next to the largest run the program is a border program, handled as such.
+            if below_len + p + above_len < n || largest == Some(c + p) {
+                continue;
+            }
+            if let Some(dst) = best_hole_except(packs, p, &[(qi, below), (qi, c + p)]) {
+                best = Some((p, (qi, c), dst));
+            }
+        }
+    }
+    best.map(|(_, src, dst)| (src, dst))
+}
+
+/// How many holes per pack [`make_room`] looks at (it runs inside loads).
+const ROOM_SEARCH: usize = 8;
+
+/// [`make_room`] runs only above this many times the compaction threshold.
+const ROOM_GATE: u32 = 2;
 
 /// One compaction step under the lock: moves programs (copy + dirty marking) while
 /// fragmentation is above the threshold and `budget` bytes last. The caller commits, then
@@ -229,26 +280,72 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
     }
     let mut left = budget.unwrap_or(cfg.step_bytes);
     let mut moves = Vec::new();
-    while left > 0 && fragmentation_permille(&st.packs) > cfg.threshold_permille {
+    loop {
+        let frag = fragmentation_permille(&st.packs);
+        if left == 0 || frag <= cfg.threshold_permille {
+            break;
+        }
         // The first move of a step may exceed the budget (a program larger than the step
         // would otherwise never move); later ones must fit what is left.
         let room = if moves.is_empty() { usize::MAX } else { left };
-        let Some((src, dst)) = pick(&st.packs, room) else {
-            if moves.is_empty() {
-                // Nothing movable at all (not merely nothing within what is left).
-                st.fruitless = Some(st.releases);
+        let (src, dst, why) = match pick(&st.packs, room) {
+            Choice::Move(src, dst, why) => (src, dst, why),
+            // A move that makes room gains nothing until its old copy is released: worth its
+            // copy only when the split space is well above the threshold, and searched for
+            // at most once per release (what frees the room it looks for).
+            Choice::Blocked { smallest }
+                if frag > ROOM_GATE * cfg.threshold_permille
+                    && st.releases > st.room_searched_at =>
+            {
+                st.room_searched_at = st.releases;
+                match make_room(&st.packs, smallest, room) {
+                    Some((src, dst)) => (src, dst, Why::MakesRoom),
+                    None => break,
+                }
             }
-            break;
+            Choice::Blocked { .. } | Choice::Nothing => {
+                if moves.is_empty() {
+                    // Nothing movable at all (not merely nothing within what is left).
+                    st.fruitless = Some(st.releases);
+                }
+                break;
+            }
         };
         let n = st.packs[src.0].allocs[&src.1].chunks;
         moves.push(relocate(inner, st, src, dst));
         left = left.saturating_sub(n * CHUNK);
+        if why == Why::MakesRoom {
+            // The room exists only once the old copy is released.
+            break;
+        }
     }
     moves
 }
 
-/// Chooses a move: ((pack, chunk) of the program, (pack, chunk) of its new place).
-fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))> {
+/// What a move is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Why {
+    FillsHole,
+    MergesFarSide,
+    MakesRoom,
+}
+
+/// A place in the arena: (pack index, first chunk).
+type At = (usize, usize);
+
+/// What [`pick`] found.
+enum Choice {
+    /// Move the program at the first place to the second.
+    Move(At, At, Why),
+    /// Programs border the largest runs but fit no hole; the smallest has this many chunks.
+    Blocked {
+        smallest: usize,
+    },
+    Nothing,
+}
+
+/// Chooses a move that gains at once: a border program into a hole, or past its run.
+fn pick(packs: &[Pack], left: usize) -> Choice {
     // Packs with the most split space first: that is where a move gains most. (A handful of
     // packs: repeated maximum, no allocation.)
     let split = |i: usize| {
@@ -259,6 +356,7 @@ fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))>
     let mut tried = 0u64; // one bit per pack
                           // A border program that fits no hole but has free space on its far side.
     let mut blocked = None;
+    let mut smallest_blocked = None;
     for _ in 0..count {
         let Some((_, pi)) = (0..count)
             .filter(|&i| tried & (1 << i) == 0 && !packs[i].sealed)
@@ -284,8 +382,9 @@ fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))>
             // Into a hole first: such a move shrinks a hole and grows the largest run by the
             // same amount (once the old copy is released).
             if let Some(dst) = best_hole(packs, n) {
-                return Some(((pi, c), dst));
+                return Choice::Move((pi, c), dst, Why::FillsHole);
             }
+            smallest_blocked = Some(smallest_blocked.map_or(n, |b: usize| b.min(n)));
             // Free space on the program's far side joins the run once it leaves.
             let far_side_free = if up {
                 c + n < p.chunks() && !p.bit(c + n)
@@ -297,8 +396,15 @@ fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))>
             }
         }
     }
-    let (pi, c, n, up) = blocked?;
-    largest_run_move(packs, pi, n, up).map(|dst| ((pi, c), dst))
+    if let Some((pi, c, n, up)) = blocked {
+        if let Some(dst) = largest_run_move(packs, pi, n, up) {
+            return Choice::Move((pi, c), dst, Why::MergesFarSide);
+        }
+    }
+    match smallest_blocked {
+        Some(smallest) => Choice::Blocked { smallest },
+        None => Choice::Nothing,
+    }
 }
 
 /// Where a program of `n` chunks bordering pack `pi`'s largest run (above it when `up`) can go
@@ -306,7 +412,7 @@ fn pick(packs: &[Pack], left: usize) -> Option<((usize, usize), (usize, usize))>
 /// itself, or else the start of another pack's largest run with room to spare. Neither
 /// shrinks a hole, but the merge lowers the split space by the far side's size, and it
 /// uncovers the next program in line, which may fit a hole.
-fn largest_run_move(packs: &[Pack], pi: usize, n: usize, up: bool) -> Option<(usize, usize)> {
+fn largest_run_move(packs: &[Pack], pi: usize, n: usize, up: bool) -> Option<At> {
     let &(len, start) = packs[pi].free_by_len.last()?;
     if len > n {
         // The far end, so that the run, the program's old chunks and its far side become one.

@@ -359,6 +359,8 @@ struct State {
     /// Releases so far, and its value when a compaction search last found nothing to move.
     releases: u64,
     fruitless: Option<u64>,
+    /// Its value when compaction last searched for a move that makes room.
+    room_searched_at: u64,
     next_id: u64,
     /// Executable ranges written since the last commit: start → end.
     dirty: BTreeMap<usize, usize>,
@@ -440,6 +442,7 @@ impl PackedArena {
                 compaction: cfg.compaction.filter(|_| dual),
                 releases: 0,
                 fruitless: None,
+                room_searched_at: 0,
                 next_id: 1,
                 dirty: BTreeMap::new(),
             }),

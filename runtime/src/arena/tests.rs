@@ -902,3 +902,39 @@ fn a_program_larger_than_its_own_run_moves_to_a_roomier_pack() {
     assert_eq!(a.reclaim(), 0);
     assert_eq!(a.stats().packs, 0);
 }
+
+#[test]
+fn a_program_between_two_holes_moves_away_to_make_room_for_a_blocked_one() {
+    let _s = serial();
+    let Some(a) = compacting_arena(1) else {
+        return;
+    };
+    // A (1) h1 (3) P (2) h2 (3) X (1) h3 (2) Y (1) B (8), then the free tail. Once the h's are
+    // freed, B borders the tail but fits no hole, and Y (code) is on its far side. P moved
+    // into h3 turns h1, P and h2 into one 8-chunk hole; B then fits it.
+    let m = install_movable(&a, &[1, 3, 2, 3, 1, 2, 1, 8]);
+    let base = m[0].entry();
+    let chunk = |i: u64| base + i * CHUNK as u64;
+    for x in [&m[1], &m[3], &m[5]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(
+        a.compact(1 << 20),
+        2 * CHUNK,
+        "only P moves: its room needs a release"
+    );
+    assert_eq!(m[2].entry(), chunk(10), "into h3");
+    assert_eq!(call(m[2].entry()), 3);
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.compact(1 << 20), 8 * CHUNK, "B moves into the room");
+    assert_eq!(m[7].entry(), chunk(1));
+    assert_eq!(call(m[7].entry()), 8);
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().fragmentation_permille, 0, "one free run");
+    for x in [&m[0], &m[2], &m[4], &m[6], &m[7]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
