@@ -489,7 +489,7 @@ impl Interpreter {
         loop {
             insns += 1;
             let inst = &prog.insts[i];
-            let pc = inst.pc;
+            let pc = inst.pc as usize;
             let mut next = i + 1;
             match inst.op {
                 Op::Alu {
@@ -526,7 +526,7 @@ impl Interpreter {
                 Op::End { kind, bits, dst } => {
                     reg[dst as usize] = byte_order(kind, bits, reg[dst as usize]);
                 }
-                Op::LdImm64 { dst, imm } => reg[dst as usize] = imm,
+                Op::LdImm64 { dst, imm } => reg[dst as usize] = imm.get(),
                 Op::Load {
                     size,
                     sign_extend: sx,
@@ -602,6 +602,7 @@ impl Interpreter {
                     }
                 }
                 Op::Ja { target } => {
+                    let target = target as usize;
                     if let Some(c) = back_edge_charge(inst, &prog.insts[target]) {
                         charge(&mut budget, pc, c)?;
                     }
@@ -621,6 +622,7 @@ impl Interpreter {
                         Width::W32 => (a as u32 as u64, b as u32 as u64),
                     };
                     if cond.eval(width, a, b) {
+                        let target = target as usize;
                         if let Some(c) = back_edge_charge(inst, &prog.insts[target]) {
                             charge(&mut budget, pc, c)?;
                         }
@@ -652,7 +654,7 @@ impl Interpreter {
                     // The verifier bounds the depth by `prog.call_depth`, so the callee's
                     // frame is inside the block; no re-zeroing (the block is zeroed once).
                     reg[10] = reg[10].wrapping_sub(STACK_SIZE as u64);
-                    next = target;
+                    next = target as usize;
                 }
                 Op::Exit => match frames.pop() {
                     None => {

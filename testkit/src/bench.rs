@@ -82,7 +82,8 @@ impl SandboxProgram {
     /// The hot loop as bytecode slots (an `lddw` counts twice).
     pub fn hot_slots(&self) -> Range<usize> {
         let prog = packjit_frontend::decode(&self.code, &[]).expect("bench programs verify");
-        prog.insts[self.hot.start].pc..prog.insts[self.hot.end].pc
+        let slot = |i: usize| prog.insts[i].pc as usize;
+        slot(self.hot.start)..slot(self.hot.end)
     }
 }
 
@@ -219,7 +220,7 @@ mod tests {
             let prog = packjit_frontend::decode(&p.code, &[]).unwrap();
             let last = prog.insts[p.hot.end - 1].op;
             assert!(
-                matches!(last, packjit_frontend::Op::Jcond { target, .. } if target == p.hot.start),
+                matches!(last, packjit_frontend::Op::Jcond { target, .. } if target as usize == p.hot.start),
                 "{}: {:?} is not a loop from its back-edge to its head",
                 p.name,
                 p.hot

@@ -194,7 +194,7 @@ impl Emitter<'_> {
                 }),
                 None if !(-range..range).contains(&dist) => {
                     return Err(CompileError::at(
-                        self.prog.insts[s.inst as usize].pc,
+                        self.prog.insts[s.inst as usize].pc as usize,
                         ErrorKind::Encoding,
                         format!(
                             "branch spans {dist} bytes of arm64 code, beyond the ±128 MiB reach of B/BL"
@@ -450,7 +450,7 @@ impl Emitter<'_> {
             self.mov_imm(rd, value, width);
             return;
         };
-        let mask = blinding_mask(key, self.prog.insts[self.cur].pc);
+        let mask = blinding_mask(key, self.prog.insts[self.cur].pc as usize);
         let mask = if width == W64 {
             mask
         } else {

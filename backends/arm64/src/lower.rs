@@ -306,7 +306,7 @@ impl<'a> Emitter<'a> {
     }
 
     pub(crate) fn err(&self, kind: ErrorKind, msg: impl Into<String>) -> CompileError {
-        CompileError::at(self.prog.insts[self.cur].pc, kind, msg)
+        CompileError::at(self.prog.insts[self.cur].pc as usize, kind, msg)
     }
 
     pub(crate) fn program(&mut self) -> Result<(), CompileError> {
@@ -410,7 +410,7 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::End { kind, bits, dst } => self.end(kind, bits, self.map[dst as usize]),
-            Op::LdImm64 { dst, imm } => self.imm(self.map[dst as usize], imm, W64),
+            Op::LdImm64 { dst, imm } => self.imm(self.map[dst as usize], imm.get(), W64),
             Op::Load {
                 size,
                 sign_extend,
@@ -463,6 +463,7 @@ impl<'a> Emitter<'a> {
                 src,
             ),
             Op::Ja { target } => {
+                let target = target as usize;
                 // A jump to the next instruction is a no-op.
                 if target != i + 1 {
                     self.charge_back_edge(i, target);
@@ -476,6 +477,7 @@ impl<'a> Emitter<'a> {
                 src,
                 target,
             } => {
+                let target = target as usize;
                 if target != i + 1 {
                     self.jcond(width, cond, dst, src, i, target);
                 }
@@ -499,7 +501,7 @@ impl<'a> Emitter<'a> {
             Op::CallReg { reg } => self.callx(reg),
             Op::MovPerCpu { dst, src, array } => self.mov_percpu(dst, src, array)?,
             Op::CallLocal { target } => {
-                let sub = self.prog.subprog_of(target);
+                let sub = self.prog.subprog_of(target as usize);
                 let entry = self.entries[sub];
                 if self.mode.counts_budget() {
                     self.charge(CALL_CHARGE);

@@ -189,7 +189,7 @@ fn backward(
     let n = end - start;
     let mut live = vec![0u16; n + 1];
     let target = |k: usize| match prog.insts[start + k].op {
-        Op::Ja { target } | Op::Jcond { target, .. } => target - start,
+        Op::Ja { target } | Op::Jcond { target, .. } => target as usize - start,
         _ => unreachable!("only jumps have targets"),
     };
     let out = |live: &[u16], k: usize| {
@@ -337,7 +337,7 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
                 let Op::CallLocal { target } = prog.insts[i].op else {
                     unreachable!("the kind says local call")
                 };
-                (exposed[prog.subprog_of(target)], 1)
+                (exposed[prog.subprog_of(target as usize)], 1)
             } else {
                 (reads, prog.writes(i))
             }
@@ -358,7 +358,7 @@ fn callees_first(prog: &Program) -> Vec<usize> {
             continue;
         }
         if let Op::CallLocal { target } = prog.insts[b as usize].op {
-            callees[prog.subprog_of(b as usize)].push(prog.subprog_of(target));
+            callees[prog.subprog_of(b as usize)].push(prog.subprog_of(target as usize));
         }
     }
     let (mut order, mut seen) = (Vec::with_capacity(n), vec![false; n]);

@@ -123,7 +123,7 @@ impl Program {
         }
         let mut table = vec![packjit_plugin_api::NO_NATIVE_CODE; self.slots];
         for (inst, &o) in self.insts.iter().zip(inst_offsets) {
-            table[inst.pc] = off(o);
+            table[inst.pc as usize] = off(o);
         }
         table
     }

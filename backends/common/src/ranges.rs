@@ -282,7 +282,7 @@ pub fn transfer(st: &mut State, op: &Op) {
                 Val::scalar(0, umax(bits as u32))
             };
         }
-        Op::LdImm64 { dst, imm } => st[dst as usize] = Val::konst(imm as i64),
+        Op::LdImm64 { dst, imm } => st[dst as usize] = Val::konst(imm.get() as i64),
         Op::Load {
             size,
             sign_extend,
@@ -542,6 +542,7 @@ fn block_starts(prog: &Program, start: usize, end: usize) -> Vec<bool> {
         }
         match prog.insts[i].op {
             Op::Ja { target } | Op::Jcond { target, .. } => {
+                let target = target as usize;
                 if (start..end).contains(&target) {
                     lead[target - start] = true;
                 }
@@ -602,8 +603,8 @@ pub fn for_each_state(
                 let op = prog.insts[i].op;
                 transfer(&mut st, &op);
                 match op {
-                    Op::Ja { target } => break ([target, 0], 1),
-                    Op::Jcond { target, .. } => break ([target, i + 1], 2),
+                    Op::Ja { target } => break ([target as usize, 0], 1),
+                    Op::Jcond { target, .. } => break ([target as usize, i + 1], 2),
                     Op::Exit => break ([0; 2], 0),
                     _ => {}
                 }
@@ -897,7 +898,7 @@ pub fn reentries(prog: &Program, groups: &[Group]) -> Vec<(usize, usize)> {
         let mut targets: Vec<usize> = prog.insts[range.clone()]
             .iter()
             .filter_map(|inst| match inst.op {
-                Op::Ja { target } | Op::Jcond { target, .. } => Some(target),
+                Op::Ja { target } | Op::Jcond { target, .. } => Some(target as usize),
                 _ => None,
             })
             .collect();
@@ -971,11 +972,13 @@ pub fn reentries(prog: &Program, groups: &[Group]) -> Vec<(usize, usize)> {
             loop {
                 match prog.insts[i].op {
                     Op::Ja { target } => {
+                        let target = target as usize;
                         at_jump(i, target, st);
                         succs[0] = (target, st);
                         break;
                     }
                     Op::Jcond { target, .. } => {
+                        let target = target as usize;
                         at_jump(i, target, st);
                         succs[0] = (target, st);
                         succs[1] = (i + 1, st);

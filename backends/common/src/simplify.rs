@@ -39,12 +39,13 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
         let (Op::Ja { target } | Op::Jcond { target, .. }) = prog.insts[i].op else {
             continue;
         };
+        let target = target as usize;
         if target <= i || !matches!(prog.insts[target].op, Op::Exit) {
             continue;
         }
         if let Some(last) = last_exit_of(prog, i).filter(|&last| target < last) {
             if let Op::Ja { target } | Op::Jcond { target, .. } = &mut prog.insts[i].op {
-                *target = last;
+                *target = last as u32;
             }
             moved = true;
         }
@@ -59,11 +60,11 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
         let Op::Jcond { cond, target, .. } = prog.insts[i].op else {
             continue;
         };
-        if target != i + 2 || prog.is_target[i + 1] {
+        if target as usize != i + 2 || prog.is_target[i + 1] {
             continue;
         }
         let (far, was_exit) = match prog.insts[i + 1].op {
-            Op::Ja { target } => (target, false),
+            Op::Ja { target } => (target as usize, false),
             Op::Exit => match last_exit_of(prog, i) {
                 Some(e) => (e, true),
                 None => continue,
@@ -78,9 +79,9 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
         }
         if let Op::Jcond { cond, target, .. } = &mut prog.insts[i].op {
             *cond = negated;
-            *target = far;
+            *target = far as u32;
         }
-        prog.insts[i + 1].op = Op::Ja { target: i + 2 };
+        prog.insts[i + 1].op = Op::Ja { target: b + 2 };
         if was_exit {
             new_gotos.push(b + 1);
             let k = prog.subprog_of(i);
@@ -104,7 +105,7 @@ fn recompute_targets(prog: &mut Program, branches: &[u32]) {
         if let Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } =
             prog.insts[b as usize].op
         {
-            prog.is_target[target] = true;
+            prog.is_target[target as usize] = true;
         }
     }
 }
@@ -120,7 +121,7 @@ mod tests {
         prog
     }
 
-    fn jcond(prog: &Program, k: usize) -> (Cond, usize) {
+    fn jcond(prog: &Program, k: usize) -> (Cond, u32) {
         match prog.insts[k].op {
             Op::Jcond { cond, target, .. } => (cond, target),
             ref op => panic!("instruction {k} is {op:?}"),

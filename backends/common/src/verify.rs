@@ -20,6 +20,9 @@ pub const MAX_CALL_DEPTH: usize = 8;
 /// Largest program accepted, in slots (the kernel's limit for privileged programs).
 pub const MAX_INSNS: usize = 1_000_000;
 
+// Slot and instruction indices are `u32` in `Inst` (see `insn.rs`).
+const _: () = assert!(MAX_INSNS <= u32::MAX as usize);
+
 fn verr(pc: usize, msg: impl Into<String>) -> CompileError {
     CompileError::at(pc, ErrorKind::Verify, msg)
 }
@@ -69,12 +72,13 @@ pub fn decode_with(
         ));
     }
     // Pass 1: decode each instruction straight from the bytes (no intermediate copy: compile
-    // time is dominated by memory traffic on large programs); branch targets stay as slot
-    // numbers for now. Alongside, each instruction's effects (registers read and written,
-    // its kind) come as one word; their OR over each block of EFF_BLOCK instructions is
-    // kept, so the per-function summaries below need (almost) no second look at the
-    // instructions; and the few instructions later passes must visit (branches, local calls,
-    // `lddw`s) are listed. Indices fit u32 because MAX_INSNS does.
+    // time is dominated by memory traffic on large programs); branch targets stay as raw
+    // offsets for now (see `pending_target`). Alongside, each instruction's effects
+    // (registers read and written, its kind) come as one word; their OR over each block of
+    // EFF_BLOCK instructions is kept, so the per-function summaries below need (almost) no
+    // second look at the instructions; and the few instructions later passes must visit
+    // (branches, local calls, `lddw`s) are listed. Indices (and `pc as u32`) fit u32
+    // because MAX_INSNS does.
     let mut insts = crate::inst_buffer(slots);
     let mut blocks: Vec<BlockEffects> = Vec::with_capacity(slots / EFF_BLOCK + 1);
     let mut acc = BlockEffects::default();
@@ -89,11 +93,11 @@ pub fn decode_with(
     while pc < slots {
         let raw = u64::from_le_bytes(code[pc * 8..pc * 8 + 8].try_into().expect("8 bytes"));
         let index = insts.len() as u32;
-        let (eff, len) = match decode_fast(raw, pc, &mut insts) {
+        let (eff, len) = match decode_fast(raw, pc as u32, &mut insts) {
             Some(eff) => (eff, 1),
             None => {
                 let (op, len) = decode_one(code, pc, helpers, opts)?;
-                insts.push(Inst { pc, op });
+                insts.push(Inst { pc: pc as u32, op });
                 (effects_of(&op), len)
             }
         };
@@ -120,7 +124,7 @@ pub fn decode_with(
     // Pass 2 (branches only): resolve slot targets to instruction indices. Every `lddw`
     // before a slot makes its index one smaller than the slot; a slot right after an
     // `lddw`'s first half is its second half.
-    let resolve = |from: usize, slot: i64| -> Result<usize, CompileError> {
+    let resolve = |from: usize, slot: i64| -> Result<u32, CompileError> {
         if slot < 0 || slot as usize >= slots {
             return Err(verr(
                 from,
@@ -135,14 +139,14 @@ pub fn decode_with(
                 format!("jump target {slot} is the second half of LD_IMM64"),
             ));
         }
-        Ok(slot - before)
+        Ok((slot - before) as u32)
     };
     for &b in &branches {
         let inst = &mut insts[b as usize];
-        let pc = inst.pc;
+        let pc = inst.pc as usize;
         match &mut inst.op {
             Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } => {
-                *target = resolve(pc, *target as i64 - SLOT_BIAS)?;
+                *target = resolve(pc, pc as i64 + 1 + pending_offset(*target))?;
             }
             _ => unreachable!("only branches are listed"),
         }
@@ -153,7 +157,7 @@ pub fn decode_with(
     starts.push(0);
     if !local_calls.is_empty() {
         starts.extend(local_calls.iter().map(|&b| match insts[b as usize].op {
-            Op::CallLocal { target } => target,
+            Op::CallLocal { target } => target as usize,
             _ => unreachable!("only local calls are listed"),
         }));
         starts.sort_unstable();
@@ -187,9 +191,10 @@ pub fn decode_with(
             next_branch += 1;
             match inst.op {
                 Op::Ja { target } | Op::Jcond { target, .. } => {
+                    let target = target as usize;
                     if target < sp.start || target >= sp.end {
                         return Err(verr(
-                            inst.pc,
+                            inst.pc as usize,
                             format!(
                                 "jump to pc {} leaves the function starting at pc {}",
                                 insts[target].pc, insts[sp.start].pc
@@ -198,7 +203,7 @@ pub fn decode_with(
                     }
                     is_target[target] = true;
                 }
-                Op::CallLocal { target } => is_target[target] = true,
+                Op::CallLocal { target } => is_target[target as usize] = true,
                 _ => {}
             }
         }
@@ -206,7 +211,7 @@ pub fn decode_with(
         let last = &insts[sp.end - 1];
         if !matches!(last.op, Op::Exit | Op::Ja { .. }) {
             return Err(verr(
-                last.pc,
+                last.pc as usize,
                 if sp.end == insts.len() {
                     "falls through past the end of the program".to_string()
                 } else {
@@ -232,12 +237,16 @@ pub fn decode_with(
     })
 }
 
-/// Targets are carried as `slot + SLOT_BIAS` between the passes so negative slot numbers
-/// survive in a `usize`.
-const SLOT_BIAS: i64 = 1 << 40;
+/// Between the passes a branch's `target` holds its raw offset (`off`, or `imm` for `gotol`
+/// and local calls) as the bits of an `i32`: the slot it names, `pc + 1 + offset`, may be
+/// outside the program, and is checked and resolved to an instruction index in pass 2.
+fn pending_target(offset: i32) -> u32 {
+    offset as u32
+}
 
-fn target_slot(pc: usize, off: i64) -> usize {
-    (pc as i64 + 1 + off + SLOT_BIAS) as usize
+/// The offset [`pending_target`] stored.
+fn pending_offset(target: u32) -> i64 {
+    target as i32 as i64
 }
 
 /// Checks the call graph is acyclic and at most [`MAX_CALL_DEPTH`] deep; returns the number
@@ -280,13 +289,14 @@ fn check_call_depth(
         for &b in &g.calls[first..last] {
             let inst = &g.insts[b as usize];
             if let Op::CallLocal { target } = inst.op {
+                let target = target as usize;
                 let callee = g
                     .subprogs
                     .binary_search_by_key(&target, |s| s.start)
                     .expect("target is a start");
                 if marks[callee] == Mark::Active {
                     return Err(verr(
-                        inst.pc,
+                        inst.pc as usize,
                         format!(
                             "recursive call to the function at pc {}",
                             g.insts[target].pc
@@ -296,7 +306,7 @@ fn check_call_depth(
                 depth = depth.max(1 + visit(callee, g, marks)?);
                 if depth > MAX_CALL_DEPTH {
                     return Err(verr(
-                        inst.pc,
+                        inst.pc as usize,
                         format!("call chain deeper than {MAX_CALL_DEPTH} frames"),
                     ));
                 }
@@ -715,7 +725,7 @@ static FAST: [Hot; 256] = {
 /// field is valid, `None` (nothing appended) otherwise; then `decode_one` decides, and names
 /// any error. (Each arm pushes its own `Op` so it is written straight into the vector.)
 #[inline(always)]
-fn decode_fast(raw: u64, pc: usize, insts: &mut Vec<Inst>) -> Option<u32> {
+fn decode_fast(raw: u64, pc: u32, insts: &mut Vec<Inst>) -> Option<u32> {
     let f = &FAST[(raw & 0xff) as usize];
     let regs = REGS[f.regs as usize][((raw >> 8) & 0xff) as usize];
     if raw & f.zero != 0 || regs & REGS_INVALID != 0 {
@@ -744,17 +754,17 @@ fn decode_fast(raw: u64, pc: usize, insts: &mut Vec<Inst>) -> Option<u32> {
             cond: f.cond,
             dst,
             src: Operand::Imm(imm),
-            target: target_slot(pc, off as i64),
+            target: pending_target(off.into()),
         })),
         FastKind::JcondX => insts.push(op(Op::Jcond {
             width: f.width,
             cond: f.cond,
             dst,
             src: Operand::Reg(src),
-            target: target_slot(pc, off as i64),
+            target: pending_target(off.into()),
         })),
         FastKind::Ja => insts.push(op(Op::Ja {
-            target: target_slot(pc, off as i64),
+            target: pending_target(off.into()),
         })),
         FastKind::Exit => insts.push(op(Op::Exit)),
         FastKind::Load => insts.push(op(Op::Load {
@@ -871,7 +881,7 @@ fn decode_one(
                     "second slot of lddw must have opcode, registers and offset 0",
                 ));
             }
-            let imm = (i.imm as u32 as u64) | ((next.imm as u32 as u64) << 32);
+            let imm = Imm64::new((i.imm as u32 as u64) | ((next.imm as u32 as u64) << 32));
             Ok((Op::LdImm64 { dst, imm }, 2))
         }
         CLASS_LDX => {
@@ -1144,15 +1154,15 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
             let off = match width {
                 Width::W64 => {
                     zero(pc, "ja", "imm", i.imm.into())?;
-                    i.off as i64
+                    i.off.into()
                 }
                 Width::W32 => {
                     zero(pc, "ja32", "offset", i.off.into())?;
-                    i.imm as i64
+                    i.imm
                 }
             };
             Ok(Op::Ja {
-                target: target_slot(pc, off),
+                target: pending_target(off),
             })
         }
         JMP_CALL => {
@@ -1188,7 +1198,7 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                     Ok(Op::CallHelper { id })
                 }
                 CALL_LOCAL => Ok(Op::CallLocal {
-                    target: target_slot(pc, i.imm as i64),
+                    target: pending_target(i.imm),
                 }),
                 other => Err(verr(
                     pc,
@@ -1225,7 +1235,7 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                 cond,
                 dst,
                 src,
-                target: target_slot(pc, i.off as i64),
+                target: pending_target(i.off.into()),
             })
         }
     }

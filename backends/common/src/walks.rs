@@ -183,7 +183,7 @@ impl Candidates {
             entry: Vec::new(),
         };
         let back_edges = prog.insts.iter().enumerate().any(|(j, inst)| {
-            matches!(inst.op, Op::Jcond { width: Width::W64, src: Operand::Reg(_), target, .. } if target < j)
+            matches!(inst.op, Op::Jcond { width: Width::W64, src: Operand::Reg(_), target, .. } if (target as usize) < j)
         });
         if !back_edges {
             return none;
@@ -193,7 +193,7 @@ impl Candidates {
         let mut landings = vec![0u32; n];
         for inst in &prog.insts {
             if let Op::Ja { target } | Op::Jcond { target, .. } = inst.op {
-                landings[target] += 1;
+                landings[target as usize] += 1;
             }
         }
         let mut landed_before = Vec::with_capacity(n + 1);
@@ -226,6 +226,7 @@ impl Candidates {
                 else {
                     continue;
                 };
+                let head = head as usize;
                 if head <= sp.start || head >= j {
                     continue;
                 }
@@ -453,6 +454,7 @@ fn free_registers(prog: &Program, walk: &Walk, live_in: impl Fn(usize) -> u16) -
     for inst in &prog.insts[walk.head..=walk.back_edge] {
         taken |= regs_read(&inst.op, ARG_REGS) | inst.op.written_reg().map_or(0, |r| 1 << r);
         if let Op::Ja { target } | Op::Jcond { target, .. } = inst.op {
+            let target = target as usize;
             if target != walk.head {
                 taken |= live_in(target);
             }

@@ -243,7 +243,7 @@ fn corpus(dir: &std::path::Path) {
         let starts: Vec<usize> = prog
             .insts
             .iter()
-            .map(|i| native_insn_count(&bytes[..table[i.pc] as usize]))
+            .map(|i| native_insn_count(&bytes[..table[i.pc as usize] as usize]))
             .collect();
         density.add(&prog, &starts, m.native_insns);
     }

@@ -212,10 +212,11 @@ impl<'a> Codegen<'a> {
         // The verifier already refuses unknown helper ids; resolving them here as well keeps
         // the lowering from ever emitting a call to a made-up address.
         for inst in &prog.insts {
+            let pc = inst.pc as usize;
             if let Op::CallHelper { id } = inst.op {
                 if !helpers.iter().any(|h| h.id == id) {
                     return Err(CompileError::at(
-                        inst.pc,
+                        pc,
                         ErrorKind::UnknownHelper,
                         format!("call to unknown helper id {id}"),
                     ));
@@ -223,7 +224,7 @@ impl<'a> Codegen<'a> {
             }
             if let Op::MovPerCpu { .. } = inst.op {
                 percpu_parts(helpers)
-                    .map_err(|m| CompileError::at(inst.pc, ErrorKind::UnknownHelper, m))?;
+                    .map_err(|m| CompileError::at(pc, ErrorKind::UnknownHelper, m))?;
             }
         }
         let access = if opts.mode.sandboxed() {
@@ -779,7 +780,7 @@ impl<'a> Codegen<'a> {
             },
             None => inst.op,
         };
-        let pc = inst.pc;
+        let pc = inst.pc as usize;
         match op {
             Op::Alu {
                 width,
@@ -825,7 +826,7 @@ impl<'a> Codegen<'a> {
                 }
             }
             Op::End { kind, bits, dst } => self.end(kind, bits, self.map(dst)),
-            Op::LdImm64 { dst, imm } => self.lddw(self.map(dst), imm),
+            Op::LdImm64 { dst, imm } => self.lddw(self.map(dst), imm.get()),
             Op::Load {
                 size,
                 sign_extend,
@@ -889,6 +890,7 @@ impl<'a> Codegen<'a> {
                 self.atomic(width, aop, fetch, addr, self.map(src))
             }
             Op::Ja { target } => {
+                let target = target as usize;
                 if let Some(charge) = self.charge_of(inst, target) {
                     self.charge(pc, charge);
                     let l = self.jump_label(i, target);
@@ -906,6 +908,7 @@ impl<'a> Codegen<'a> {
                 src,
                 target,
             } => {
+                let target = target as usize;
                 let l = self.jump_label(i, target);
                 if let Some(charge) = self.charge_of(inst, target) {
                     // Taken back-edge: pay first, on the taken path only.
@@ -947,7 +950,7 @@ impl<'a> Codegen<'a> {
                     self.charge(pc, CALL_CHARGE);
                 }
                 // r1-r5 are already in a0-a4 and r0 comes back in a5: nothing to marshal.
-                let sub = self.prog.subprog_of(target);
+                let sub = self.prog.subprog_of(target as usize);
                 let l = self.entry_labels[sub];
                 self.call(l);
             }
@@ -976,13 +979,13 @@ impl<'a> Codegen<'a> {
     /// run time, and returns the op with the immediate replaced by the [`BLINDED`] register
     /// (a7); `None` when the instruction is fully emitted here (`lddw`).
     fn blind(&mut self, key: u64, inst: &Inst) -> Option<Op> {
-        let mask = blinding_mask(key, inst.pc);
+        let mask = blinding_mask(key, inst.pc as usize);
         let mut op = inst.op;
         let src = match &mut op {
             Op::Alu { src, .. } | Op::Store { src, .. } | Op::Jcond { src, .. } => src,
             Op::LdImm64 { dst, imm } => {
                 let d = self.map(*dst);
-                self.e.li(d, (*imm ^ mask) as i64);
+                self.e.li(d, (imm.get() ^ mask) as i64);
                 self.e.li(T1, mask as i64);
                 self.e.rrr(R3::Xor, d, d, T1);
                 return None;

@@ -359,7 +359,7 @@ impl<'a> Emitter<'a> {
 
     #[inline(always)]
     fn inst(&mut self, i: usize, k: usize, inst: &Inst) -> Result<(), CompileError> {
-        let pc = inst.pc;
+        let pc = inst.pc as usize;
         match inst.op {
             Op::Alu {
                 width,
@@ -376,7 +376,7 @@ impl<'a> Emitter<'a> {
             Op::MovPerCpu { dst, src, array } => self.mov_percpu(inst, dst, src, array)?,
             Op::Neg { width, dst } => self.e.rr(&[], sz_of(width), &[0xf7], 3, host(dst)),
             Op::End { kind, bits, dst } => self.end(kind, bits, dst),
-            Op::LdImm64 { dst, imm } => self.ld_imm64(pc, dst, imm),
+            Op::LdImm64 { dst, imm } => self.ld_imm64(pc, dst, imm.get()),
             Op::Load {
                 size,
                 sign_extend,
@@ -398,20 +398,20 @@ impl<'a> Emitter<'a> {
                 off,
                 src,
             } => self.atomic(inst, size, op, fetch, base, off, src),
-            Op::Ja { target } => self.ja(inst, target),
+            Op::Ja { target } => self.ja(inst, target as usize),
             Op::Jcond {
                 width,
                 cond,
                 dst,
                 src,
                 target,
-            } => self.jcond(inst, width, cond, dst, src, target),
+            } => self.jcond(inst, width, cond, dst, src, target as usize),
             Op::CallHelper { id } => {
                 let h = self.helper_entry(inst, id)?;
                 self.call_helper(&h)?;
             }
             Op::CallReg { reg } => self.callx(pc, reg),
-            Op::CallLocal { target } => self.call_local(pc, target),
+            Op::CallLocal { target } => self.call_local(pc, target as usize),
             Op::Exit => self.exit(i, k),
         }
         Ok(())
@@ -775,12 +775,13 @@ impl<'a> Emitter<'a> {
         match (self.mode.sandboxed(), checked_access(&inst.op)) {
             (true, Some((base, off, size))) if !self.unchecked_access() => {
                 let check = self.plan.access.check(self.cur);
+                let pc = inst.pc as usize;
                 match check {
                     AccessCheck::CtxConst { end } if end <= i32::MAX as u64 => {
-                        self.ctx_len_check(inst.pc, host(base), off as i32, size, write, end)
+                        self.ctx_len_check(pc, host(base), off as i32, size, write, end)
                     }
                     _ => self.check(
-                        inst.pc,
+                        pc,
                         host(base),
                         off as i32,
                         size,
@@ -856,6 +857,7 @@ impl<'a> Emitter<'a> {
     }
 
     fn store(&mut self, inst: &Inst, size: Size, _base: Reg, _off: i16, src: Operand) {
+        let pc = inst.pc as usize;
         let (b, off) = self.address(inst, true);
         let sz = mem_sz(size);
         match src {
@@ -863,8 +865,8 @@ impl<'a> Emitter<'a> {
                 let op = if size == Size::B { 0x88 } else { 0x89 };
                 self.e.rm(&[], sz, &[op], host(s), b, off);
             }
-            Operand::Imm(i) if self.mask(inst.pc).is_some() => {
-                self.imm_to(inst.pc, T10, i);
+            Operand::Imm(i) if self.mask(pc).is_some() => {
+                self.imm_to(pc, T10, i);
                 let op = if size == Size::B { 0x88 } else { 0x89 };
                 self.e.rm(&[], sz, &[op], T10, b, off);
             }
@@ -1462,13 +1464,14 @@ impl<'a> Emitter<'a> {
         src: Operand,
         target: usize,
     ) {
+        let pc = inst.pc as usize;
         let sz = sz_of(width);
         let d = host(dst);
         match src {
             Operand::Reg(s) if cond == Cond::Set => self.e.rr(&[], sz, &[0x85], host(s), d),
             Operand::Reg(s) => self.e.rr(&[], sz, &[0x39], host(s), d),
-            Operand::Imm(i) if self.mask(inst.pc).is_some() => {
-                self.imm_to(inst.pc, T11, i);
+            Operand::Imm(i) if self.mask(pc).is_some() => {
+                self.imm_to(pc, T11, i);
                 let op = if cond == Cond::Set { 0x85 } else { 0x39 };
                 self.e.rr(&[], sz, &[op], T11, d);
             }
@@ -1506,7 +1509,7 @@ impl<'a> Emitter<'a> {
             return;
         }
         if let Some(c) = back_edge_charge(inst, &self.prog.insts[target]) {
-            self.charge(inst.pc, c);
+            self.charge(inst.pc as usize, c);
         }
     }
 
@@ -1528,7 +1531,7 @@ impl<'a> Emitter<'a> {
             .copied()
             .ok_or_else(|| {
                 CompileError::at(
-                    inst.pc,
+                    inst.pc as usize,
                     ErrorKind::UnknownHelper,
                     format!("call to unregistered helper id {id}"),
                 )
@@ -1614,13 +1617,14 @@ impl<'a> Emitter<'a> {
         src: Reg,
         array: u32,
     ) -> Result<(), CompileError> {
+        let pc = inst.pc as usize;
         let table = self.helper_entry(inst, PJ_HELPER_PERCPU_OFFSET)?.addr;
         let cpu = self.helper_entry(inst, PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
         match helper_lowering(&cpu) {
             HelperLowering::RseqCpuId { offset } => {
                 let disp = i32::try_from(offset).map_err(|_| {
                     CompileError::at(
-                        inst.pc,
+                        pc,
                         ErrorKind::InvalidArgument,
                         format!(
                             "per-CPU mov: rseq offset {offset} does not fit a 32-bit displacement"
@@ -1644,7 +1648,7 @@ impl<'a> Emitter<'a> {
             }
             _ => {
                 return Err(CompileError::at(
-                    inst.pc,
+                    pc,
                     ErrorKind::Unsupported,
                     "per-CPU mov: helper 8 must be a call or the inline rseq load",
                 ))
@@ -1660,7 +1664,7 @@ impl<'a> Emitter<'a> {
             );
             // The id is the program's constant: blinded like any immediate, and the array's
             // address is computed at run time (no id-derived constant in the code).
-            self.imm_to(inst.pc, T9, id);
+            self.imm_to(pc, T9, id);
             self.mov_ri(T11, table as i64);
             self.e
                 .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp QWORD [r11], r9));
