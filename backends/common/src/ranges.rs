@@ -532,26 +532,27 @@ pub fn classify(v: Val, off: i16, size: Size) -> AccessCheck {
 }
 
 /// Leaders of basic blocks in `[start, end)`: the first instruction, every jump target and
-/// every instruction after a jump or exit.
+/// every instruction after a jump. Built from the program's target flags and branch list
+/// alone, without a pass over the instructions (at 1 M instructions they come from memory,
+/// not cache). An instruction after an `exit` that is no jump target is unreachable: it is
+/// left inside the block the `exit` ends, which every walk over a block stops at.
 fn block_starts(prog: &Program, start: usize, end: usize) -> Vec<bool> {
-    let mut lead = vec![false; end - start];
+    let mut lead = prog.is_target[start..end].to_vec();
     lead[0] = true;
-    for i in start..end {
-        if prog.is_target[i] {
-            lead[i - start] = true;
-        }
-        match prog.insts[i].op {
-            Op::Ja { target } | Op::Jcond { target, .. } => {
-                let target = target as usize;
-                if (start..end).contains(&target) {
-                    lead[target - start] = true;
-                }
-                if i + 1 < end {
-                    lead[i + 1 - start] = true;
-                }
+    let first = prog.branches.partition_point(|&b| (b as usize) < start);
+    for &b in prog.branches[first..]
+        .iter()
+        .take_while(|&&b| (b as usize) < end)
+    {
+        let i = b as usize;
+        if let Op::Ja { target } | Op::Jcond { target, .. } = prog.insts[i].op {
+            let target = target as usize;
+            if (start..end).contains(&target) {
+                lead[target - start] = true;
             }
-            Op::Exit if i + 1 < end => lead[i + 1 - start] = true,
-            _ => {}
+            if i + 1 < end {
+                lead[i + 1 - start] = true;
+            }
         }
     }
     lead
@@ -562,20 +563,19 @@ fn block_starts(prog: &Program, start: usize, end: usize) -> Vec<bool> {
 /// only block entry states (see [`for_each_state`]).
 pub fn states(prog: &Program) -> Vec<State> {
     let mut out = vec![[Val::TOP; 11]; prog.insts.len()];
-    for_each_state(prog, |_| true, |i, st| out[i] = *st);
+    let all: Vec<usize> = (0..prog.insts.len()).collect();
+    for_each_state(prog, &all, |i, st| out[i] = *st);
     out
 }
 
-/// Runs the dataflow over every function to its fixed point, then calls `visit` with the
-/// index of each reachable instruction that `wanted` names and the state before it. Only
-/// block entry states are stored (a function's states are computed on their own: calls
-/// only clobber, see [`transfer`]); each block is replayed up to its last wanted
-/// instruction, so blocks with none (most, for the access plan) are not replayed at all.
-pub fn for_each_state(
-    prog: &Program,
-    wanted: impl Fn(usize) -> bool,
-    mut visit: impl FnMut(usize, &State),
-) {
+/// Runs the dataflow over every function to its fixed point, then calls `visit` with each
+/// reachable instruction index in `wanted` (ascending) and the state before it. Only block
+/// entry states are stored (a function's states are computed on their own: calls only
+/// clobber, see [`transfer`]); a block is replayed only when it holds a wanted instruction,
+/// and only up to its last one, so blocks with none (most, for the access plan) are not
+/// read again.
+pub fn for_each_state(prog: &Program, wanted: &[usize], mut visit: impl FnMut(usize, &State)) {
+    debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "ascending");
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let lead = block_starts(prog, sp.start, sp.end);
         // Block numbers by instruction (leaders only): the per-block tables below hold a
@@ -587,6 +587,7 @@ pub fn for_each_state(
             blocks += 1;
         }
         let block_of = |i: usize| block[i - sp.start] as usize;
+        let is_lead = |i: usize| lead[i - sp.start];
         // Block entry states; None = not reached yet.
         let mut entry: Vec<Option<State>> = vec![None; blocks as usize];
         let mut visits = vec![0u32; blocks as usize];
@@ -612,7 +613,7 @@ pub fn for_each_state(
                 if i >= sp.end {
                     break ([0; 2], 0);
                 }
-                if lead[i - sp.start] {
+                if is_lead(i) {
                     break ([i, 0], 1);
                 }
             };
@@ -640,36 +641,36 @@ pub fn for_each_state(
                 }
             }
         }
-        // Replay each reached block from its final entry state, up to its last wanted
-        // instruction.
-        for b in sp.start..sp.end {
-            if !lead[b - sp.start] {
-                continue;
+        // Replay, from its final entry state, each reached block holding wanted
+        // instructions, up to the last of them.
+        let lo = wanted.partition_point(|&w| w < sp.start);
+        let hi = wanted.partition_point(|&w| w < sp.end);
+        let mut k = lo;
+        while k < hi {
+            let mut b = wanted[k];
+            while !is_lead(b) {
+                b -= 1;
             }
-            let mut last = None;
+            let reached = entry[block_of(b)];
+            let mut st = reached.unwrap_or([Val::TOP; 11]);
+            // False once the block's last instruction (a jump or `exit`) is behind: what
+            // follows without being a leader is unreachable.
+            let mut live = reached.is_some();
             let mut i = b;
             loop {
-                if wanted(i) {
-                    last = Some(i);
+                let w = wanted[k];
+                while live && i < w {
+                    let op = prog.insts[i].op;
+                    transfer(&mut st, &op);
+                    live = !matches!(op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit);
+                    i += 1;
                 }
-                let op = prog.insts[i].op;
-                i += 1;
-                if matches!(op, Op::Ja { .. } | Op::Jcond { .. } | Op::Exit)
-                    || i >= sp.end
-                    || lead[i - sp.start]
-                {
+                if live {
+                    visit(w, &st);
+                }
+                k += 1;
+                if k == hi || (w + 1..=wanted[k]).any(is_lead) {
                     break;
-                }
-            }
-            let (Some(last), Some(mut st)) = (last, entry[block_of(b)]) else {
-                continue;
-            };
-            for i in b..=last {
-                if wanted(i) {
-                    visit(i, &st);
-                }
-                if i < last {
-                    transfer(&mut st, &prog.insts[i].op);
                 }
             }
         }
@@ -809,20 +810,30 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         return AccessPlan::default();
     }
     // Unreached accesses keep the verdict for an unknown base (checked).
+    let mut accesses = Vec::new();
     let mut checks: Vec<AccessCheck> = prog
         .insts
         .iter()
-        .map(|inst| match access_of(&inst.op) {
-            Some(_) => AccessCheck::Unknown,
+        .enumerate()
+        .map(|(i, inst)| match access_of(&inst.op) {
+            Some(_) => {
+                accesses.push(i);
+                AccessCheck::Unknown
+            }
             None => AccessCheck::NotAccess,
         })
         .collect();
     // Walked pointers take their entry values from the same dataflow run.
     let mut walk_candidates = crate::walks::Candidates::new(prog);
-    let watch = walk_candidates.observation_points();
-    let wanted =
-        |i: usize| access_of(&prog.insts[i].op).is_some() || watch.binary_search(&i).is_ok();
-    for_each_state(prog, wanted, |i, st| {
+    let mut wanted = walk_candidates.observation_points();
+    if wanted.is_empty() {
+        wanted = accesses;
+    } else {
+        wanted.extend(accesses);
+        wanted.sort_unstable();
+        wanted.dedup();
+    }
+    for_each_state(prog, &wanted, |i, st| {
         if let Some((base, off, size)) = access_of(&prog.insts[i].op) {
             checks[i] = classify(st[base as usize], off, size);
         }

@@ -158,9 +158,9 @@ struct Candidate {
 pub fn find(prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
     let mut cands = Candidates::new(prog);
     if !cands.is_empty() {
-        let watch = cands.observation_points();
-        let wanted = |i: usize| watch.binary_search(&i).is_ok();
-        for_each_state(prog, wanted, |i, st| cands.observe(prog, i, st));
+        let mut watch = cands.observation_points();
+        watch.dedup();
+        for_each_state(prog, &watch, |i, st| cands.observe(prog, i, st));
     }
     cands.prove(prog, checks)
 }
