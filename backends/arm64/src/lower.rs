@@ -1465,7 +1465,7 @@ impl<'a> Emitter<'a> {
             AccessCheck::CtxConst { end } if end < 4096 => {
                 // The base is the context start plus a constant (r1 = env.ctx_start at
                 // entry): in the context iff end <= len.
-                a64!(self.ops; cmp XSP(CTX_LEN), end as u32);
+                a64!(self.ops; cmp XSP(CTX_LEN), end);
                 self.branch_if(Test::Flags(Cc::Lo), label);
                 self.clamp_to(T0, addr, Cc::Hs);
             }
@@ -1564,9 +1564,9 @@ impl<'a> Emitter<'a> {
         match check {
             AccessCheck::CtxConst { end } => {
                 if end < 4096 {
-                    a64!(self.ops; cmp XSP(CTX_LEN), end as u32);
+                    a64!(self.ops; cmp XSP(CTX_LEN), end);
                 } else {
-                    self.mov_imm(C1, end, W64);
+                    self.mov_imm(C1, end.into(), W64);
                     a64!(self.ops; cmp X(CTX_LEN), X(C1));
                 }
                 self.branch_if(Test::Flags(Cc::Lo), label);

@@ -364,8 +364,10 @@ pub enum AccessCheck {
     /// The base is exactly the context start plus a constant and the access starts at
     /// `end - size >= 0` bytes into the context: it is in the context iff `end <= ctx_len`.
     CtxConst {
-        /// Offset of the access's end from the context start (`c + off + size`).
-        end: u64,
+        /// Offset of the access's end from the context start (`c + off + size`). At most
+        /// `u32::MAX` ([`classify`] gives larger ends [`AccessCheck::Ctx`]): a `u64` here
+        /// would double the per-instruction table.
+        end: u32,
     },
     /// The base is the context start plus something: test the context inline first.
     Ctx,
@@ -408,7 +410,7 @@ pub struct AccessPlan {
     pub groups: Vec<Group>,
     /// For each instruction index, the group it belongs to; empty when there are no groups
     /// (read it through [`AccessPlan::group_of`]).
-    pub group_of: Vec<Option<usize>>,
+    pub group_of: Vec<Option<u32>>,
     /// Loops walking a pointer through the frame, sorted by head ([`crate::walks`]): each
     /// back-edge lands on a clamp of the pointer before the head.
     pub walks: Vec<crate::walks::Walk>,
@@ -444,7 +446,7 @@ impl AccessPlan {
 
     /// The check group instruction `i` belongs to, if any.
     pub fn group_of(&self, i: usize) -> Option<usize> {
-        self.group_of.get(i).copied().flatten()
+        self.group_of.get(i).copied().flatten().map(|g| g as usize)
     }
 
     /// The index of the walk whose head is instruction `i`, if any.
@@ -524,7 +526,7 @@ pub fn classify(v: Val, off: i16, size: Size) -> AccessCheck {
         // (addr - ctx_start) mod 2^64 = c + off exactly when c + off >= 0: the comparison
         // with the length is then the whole region test.
         Base::Ctx if v.lo == v.hi && lo >= 0 && hi <= u32::MAX as i128 => {
-            AccessCheck::CtxConst { end: hi as u64 }
+            AccessCheck::CtxConst { end: hi as u32 }
         }
         Base::Ctx => AccessCheck::Ctx,
         Base::Scalar => AccessCheck::Unknown,
@@ -868,7 +870,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let mut group_of = vec![None; prog.insts.len()];
     for (g, grp) in groups.iter().enumerate() {
         for &m in &grp.members {
-            group_of[m] = Some(g);
+            group_of[m] = Some(g as u32);
         }
     }
     AccessPlan {

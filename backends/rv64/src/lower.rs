@@ -1275,7 +1275,7 @@ impl<'a> Codegen<'a> {
 
     /// t3 = 1 unless `end <= ctx_len` (t3 = 0): the whole test for an access ending `end`
     /// bytes past the context start.
-    fn len_test(&mut self, end: u64) {
+    fn len_test(&mut self, end: u32) {
         if end < 2048 {
             self.e.ri(RI::Sltiu, T3, CTX_LEN, end as i32);
         } else {

@@ -777,7 +777,7 @@ impl<'a> Emitter<'a> {
                 let check = self.plan.access.check(self.cur);
                 let pc = inst.pc as usize;
                 match check {
-                    AccessCheck::CtxConst { end } if end <= i32::MAX as u64 => {
+                    AccessCheck::CtxConst { end } if end <= i32::MAX as u32 => {
                         self.ctx_len_check(pc, host(base), off as i32, size, write, end)
                     }
                     _ => self.check(
@@ -993,7 +993,7 @@ impl<'a> Emitter<'a> {
     fn group_supported(&self, g: usize) -> bool {
         let grp = &self.plan.access.groups[g];
         match grp.check {
-            AccessCheck::CtxConst { end } => end <= i32::MAX as u64,
+            AccessCheck::CtxConst { end } => end <= i32::MAX as u32,
             _ => grp.hi - (grp.lo as i32) < 128,
         }
     }
@@ -1067,7 +1067,7 @@ impl<'a> Emitter<'a> {
     /// The check of an access whose base is the context start plus a constant (rdi =
     /// env.ctx_start at entry), ending `end` bytes into the context: inside iff
     /// `end <= len`. Otherwise the full check runs out of line ([`Cold::Check`]).
-    fn ctx_len_check(&mut self, pc: usize, base: Gpr, off: i32, size: Size, write: bool, end: u64) {
+    fn ctx_len_check(&mut self, pc: usize, base: Gpr, off: i32, size: Size, write: bool, end: u32) {
         let (at, back) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
         self.ctx_len();
