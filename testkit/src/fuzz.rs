@@ -20,7 +20,8 @@ pub struct VecArena {
 
 /// A fake, page-aligned address space so backends see plausible exec addresses.
 const FAKE_BASE: u64 = 0x7f00_0000_0000;
-const FAKE_STRIDE: u64 = 1 << 24;
+/// 64 MiB apart: a sandboxed 1 M-instruction program takes some 21 MB.
+const FAKE_STRIDE: u64 = 1 << 26;
 
 impl VecArena {
     /// Bytes written to region `r`, if it is live.

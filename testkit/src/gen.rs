@@ -1614,8 +1614,11 @@ mod sandbox_tests {
 
 /// A valid program of about `n` slots in `functions` subprograms, for compile-time scaling
 /// benchmarks (not for running: its loops are not meant to terminate quickly). Every function
-/// repeats ALU work, stack stores and loads, a forward and a backward conditional jump, and
-/// calls the next function: the shapes whose analyses or branch fixing could go quadratic.
+/// repeats ALU work, a stack store, a load through r1 (the context in the entry function, an
+/// unknown pointer in the others, so the sandbox's access analysis has work everywhere, as
+/// in programs that read their context or a map value), a forward and a backward conditional
+/// jump, and calls the next function: the shapes whose analyses or branch fixing could go
+/// quadratic.
 pub fn sized_program(n: usize, functions: usize) -> Vec<u8> {
     let per = (n / functions.max(1)).max(8);
     let mut out = Vec::with_capacity(n * 8);
@@ -1637,7 +1640,7 @@ pub fn sized_program(n: usize, functions: usize) -> Vec<u8> {
             match k % 6 {
                 0 => push(0x07, 1, 0, 0, k as i32),       // add r1, k
                 1 => push(0x7b, 10, 1, -8, 0),            // stxdw [r10-8], r1
-                2 => push(0x79, 2, 10, -8, 0),            // ldxdw r2, [r10-8]
+                2 => push(0x61, 2, 1, 0, 0),              // ldxw r2, [r1+0]
                 3 => push(0x0f, 0, 2, 0, 0),              // add r0, r2
                 4 => push(0x55, 0, 0, 1, 7),              // jne r0, 7, +1
                 _ => push(0xa5, 1, 0, -2, 1_000_000_000), // jlt r1, 1e9, -2 (back-edge)

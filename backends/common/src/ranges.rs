@@ -575,10 +575,17 @@ pub fn states(prog: &Program) -> Vec<State> {
 /// entry states are stored (a function's states are computed on their own: calls only
 /// clobber, see [`transfer`]); a block is replayed only when it holds a wanted instruction,
 /// and only up to its last one, so blocks with none (most, for the access plan) are not
-/// read again.
+/// read again, and a function with none is not analysed.
 pub fn for_each_state(prog: &Program, wanted: &[usize], mut visit: impl FnMut(usize, &State)) {
     debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "ascending");
     for (k, sp) in prog.subprogs.iter().enumerate() {
+        let lo = wanted.partition_point(|&w| w < sp.start);
+        let hi = wanted.partition_point(|&w| w < sp.end);
+        if lo == hi {
+            // Functions' states are independent (calls only clobber): nothing wanted here,
+            // nothing to compute.
+            continue;
+        }
         let lead = block_starts(prog, sp.start, sp.end);
         // Block numbers by instruction (leaders only): the per-block tables below hold a
         // state of some 300 bytes per block, not per instruction.
@@ -645,8 +652,6 @@ pub fn for_each_state(prog: &Program, wanted: &[usize], mut visit: impl FnMut(us
         }
         // Replay, from its final entry state, each reached block holding wanted
         // instructions, up to the last of them.
-        let lo = wanted.partition_point(|&w| w < sp.start);
-        let hi = wanted.partition_point(|&w| w < sp.end);
         let mut k = lo;
         while k < hi {
             let mut b = wanted[k];
@@ -811,13 +816,19 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     {
         return AccessPlan::default();
     }
-    // Unreached accesses keep the verdict for an unknown base (checked).
+    // r10 is the frame pointer in every state of every function (nothing writes it, and
+    // calls leave it), so accesses through it need no dataflow: most programs' spills and
+    // fills are decided here, and a function whose every access is one of them is not
+    // analysed at all. Other accesses that no path reaches keep the verdict for an unknown
+    // base (checked).
+    let frame = entry_state(0)[R10 as usize];
     let mut accesses = Vec::new();
     let mut checks: Vec<AccessCheck> = prog
         .insts
         .iter()
         .enumerate()
         .map(|(i, inst)| match access_of(&inst.op) {
+            Some((R10, off, size)) => classify(frame, off, size),
             Some(_) => {
                 accesses.push(i);
                 AccessCheck::Unknown
@@ -1409,6 +1420,33 @@ mod tests {
         }
         assert_eq!(a.checks[10], AccessCheck::Unknown);
         assert_eq!(a.checks[12], AccessCheck::None);
+    }
+
+    #[test]
+    fn frame_accesses_are_decided_without_the_dataflow() {
+        // Function 1 only spills and fills through r10 (one in bounds, one past the frame's
+        // top): it is not analysed, yet its verdicts are those of the frame pointer's state.
+        // An unreachable r10 access gets the same verdict: it never runs.
+        let (p, a) = plan(&[
+            ins(0x71, 0, 1, 0, 0), // ctx byte: the dataflow decides it
+            ins(0x85, 0, 1, 0, 1), // call function 1
+            EXIT,
+            ins(0x7b, 10, 1, -8, 0),
+            ins(0x79, 0, 10, 0, 0),
+            EXIT,
+            ins(0x79, 0, 10, -16, 0), // unreachable
+            EXIT,
+        ]);
+        assert_eq!(a.checks[0], AccessCheck::CtxConst { end: 1 });
+        assert_eq!(a.checks[3], AccessCheck::None);
+        assert_eq!(a.checks[4], AccessCheck::Stack);
+        assert_eq!(a.checks[6], AccessCheck::None);
+        let mut visited = Vec::new();
+        for_each_state(&p, &[0, 4], |i, _| visited.push(i));
+        assert_eq!(visited, [0, 4], "function 1 is analysed when asked for");
+        let mut visited = Vec::new();
+        for_each_state(&p, &[0], |i, _| visited.push(i));
+        assert_eq!(visited, [0]);
     }
 
     #[test]

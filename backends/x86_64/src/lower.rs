@@ -10,6 +10,7 @@ use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
 use dynasmrt::{dynasm, DynasmApi};
+use fnv::FnvHashMap;
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering,
     instruction_labels, CodegenMode, EmitCapacity, HelperLowering, LabelPlacement, CALL_CHARGE,
@@ -145,7 +146,7 @@ pub fn emit_with(
 }
 
 /// Why the code stops (out-of-line stub contents).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Stop {
     /// Checked access failed: address in r11.
     Oob { access: u32 },
@@ -230,7 +231,10 @@ pub struct Emitter<'a> {
     sub_exit: Vec<Label>,
     /// Entry epilogue after the pad: where a stop lands with rsp = env.entry_sp.
     pub(crate) entry_pops: Label,
+    /// Stop stubs in emission order, and each one's label by (stop, pc): a lookup, not a
+    /// scan, since a large sandboxed program asks for one per checked access.
     stops: Vec<(Label, Stop, usize)>,
+    stop_labels: FnvHashMap<(Stop, usize), Label>,
     /// Cold blocks of the current function, emitted after its epilogue.
     cold: Vec<Cold>,
     region_scan: Option<Label>,
@@ -289,6 +293,7 @@ impl<'a> Emitter<'a> {
             sub_exit,
             entry_pops,
             stops: Vec::new(),
+            stop_labels: FnvHashMap::default(),
             callx_tables: Vec::new(),
             cold: Vec::new(),
             region_scan: None,
@@ -501,11 +506,12 @@ impl<'a> Emitter<'a> {
     }
 
     fn stop_label(&mut self, stop: Stop, pc: usize) -> Label {
-        if let Some(&(l, _, _)) = self.stops.iter().find(|s| s.1 == stop && s.2 == pc) {
+        if let Some(&l) = self.stop_labels.get(&(stop, pc)) {
             return l;
         }
         let l = self.e.label();
         self.stops.push((l, stop, pc));
+        self.stop_labels.insert((stop, pc), l);
         l
     }
 
