@@ -1954,3 +1954,81 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
     p.push(ins(0x95, 0, 0, 0, 0));
     p.concat()
 }
+
+/// Instructions in each function of [`long_function_program`]: enough hot code (well over
+/// the backends' 128 KiB island span) for cold code islands inside every function.
+pub const LONG_FUNCTION: usize = 24_000;
+
+/// A program of two long functions for the backends' cold code islands
+/// (`packjit_frontend::cold`): every access goes through a pointer the analysis cannot
+/// bound (the frame pointer minus 64 plus a context word, 0 at run time), copied afresh
+/// before each access so that no two share a check group: each has a cold side of its own,
+/// and the functions are long enough that this cold code lands in islands inside them, some
+/// with their own copies of the region scan and the stop path. Each access's inline
+/// context test fails at run time and its cold side, in an island, finds the stack.
+/// Depending on `seed`, one access 4 KiB past the pointer stops the program in the entry
+/// function (before or after the call), in the callee, or nowhere (r0 then sums what was
+/// stored and loaded). Run it with a 16-byte zeroed context.
+pub fn long_function_program(seed: u64) -> Vec<u8> {
+    use packjit_frontend::encode_insn as ins;
+    // Which body (0: entry before the call, 1: entry after it, 2: callee) stops, and where.
+    let stop_in = match seed % 4 {
+        0 => None,
+        k => Some((
+            (k - 1) as usize,
+            (seed / 4 % 997) as usize * (LONG_FUNCTION / 2) / 997,
+        )),
+    };
+    // r7 = r10 - 64 + (a context word in `word`), r8 = 0: the pointer and the running sum.
+    let pointer = |code: &mut Vec<[u8; 8]>, word: u8| {
+        code.push(ins(0xbf, 7, 10, 0, 0)); // mov r7, r10
+        code.push(ins(0x07, 7, 0, 0, -64)); // add r7, -64
+        code.push(ins(0x0f, 7, word, 0, 0)); // add r7, r<word>
+        code.push(ins(0xb7, 8, 0, 0, 0)); // mov r8, 0
+    };
+    let body = |code: &mut Vec<[u8; 8]>, which: usize| {
+        for k in 0..LONG_FUNCTION / 2 {
+            if stop_in == Some((which, k)) {
+                code.push(ins(0x61, 2, 7, 4096, 0)); // ldxw r2, [r7+4096]: outside everything
+            }
+            let off = (k % 15 * 4) as i16;
+            code.push(match k % 5 {
+                0 | 2 => ins(0xbf, 3, 7, 0, 0), // mov r3, r7
+                1 => ins(0x63, 3, 8, off, 0),   // stxw [r3+off], r8
+                3 => ins(0x61, 2, 3, off, 0),   // ldxw r2, [r3+off]
+                _ => ins(0x0f, 8, 2, 0, 0),     // add r8, r2
+            });
+        }
+    };
+    // Entry: r6 = ctx[8..16]; the pointer; half its body; call the callee with r6; the
+    // other half; r0 = r8 + what the callee returned.
+    let mut code = vec![ins(0x79, 6, 1, 8, 0)]; // ldxdw r6, [r1+8]
+    pointer(&mut code, 6);
+    body(&mut code, 0);
+    code.push(ins(0xbf, 1, 6, 0, 0)); // mov r1, r6
+    let call_at = code.len();
+    code.push([0; 8]); // the call, once the callee's place is known
+    code.push(ins(0xbf, 9, 0, 0, 0)); // mov r9, r0
+    body(&mut code, 1);
+    code.push(ins(0xbf, 0, 8, 0, 0)); // mov r0, r8
+    code.push(ins(0x0f, 0, 9, 0, 0)); // add r0, r9
+    code.push(ins(0x95, 0, 0, 0, 0)); // exit
+    let callee = code.len();
+    code[call_at] = ins(0x85, 0, 1, 0, (callee - call_at - 1) as i32); // call callee
+    pointer(&mut code, 1);
+    body(&mut code, 2);
+    code.push(ins(0xbf, 0, 8, 0, 0)); // mov r0, r8
+    code.push(ins(0x95, 0, 0, 0, 0)); // exit
+    code.concat()
+}
+
+/// Checks [`long_function_program`] of `seed` sandboxed on `target` against the
+/// interpreter (r0, or the stop's kind, pc, address, size and direction).
+pub fn check_long_function_seed(
+    target: &JitTarget<'_>,
+    seed: u64,
+) -> Result<EscapeChecked, String> {
+    let code = long_function_program(seed);
+    compare_sandboxed(target, &code, &[0; 16], None)
+        .map_err(|what| format!("long-function seed {seed:#x}: {what}"))
+}

@@ -16,13 +16,16 @@
 //!   backends' native arch under qemu: 2000 and 1000; elsewhere, compile-only: 300 and 300),
 //!   seeds
 //!   `PACKJIT_DIFF_SEED` (default 0x5eed0000) onwards; the seed range is printed.
+//! * **Long functions** ([`long_function_program`](packjit_testkit::gen::long_function_program)):
+//!   two functions long enough for cold code islands, sandboxed, with a stop in either
+//!   or none.
 //! * A mismatch prints the seed, the difference and the minimised program, disassembled.
 
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use packjit_testkit::gen::{
-    check_ctx_walk_seed, check_escape_seed, check_seed, check_walk_seed, ctx_walk_program, helpers,
-    walk_program, Checked, EscapeChecked, JitTarget,
+    check_ctx_walk_seed, check_escape_seed, check_long_function_seed, check_seed, check_walk_seed,
+    ctx_walk_program, helpers, walk_program, Checked, EscapeChecked, JitTarget,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -200,8 +203,32 @@ fn run(arch: Arch, features: u64) {
                     "{ctx_ends:?}"
                 );
             }
+            // Long functions, their cold code in islands (`packjit_frontend::cold`): seeds
+            // cycle through no stop and a stop in each of the three bodies.
+            let long_count = match (native, arch) {
+                (true, Arch::X86_64) => 16,
+                _ => 8,
+            };
+            let mut long_ends = BTreeMap::<String, u64>::new();
+            for seed in base..base + long_count {
+                current.store(seed, Ordering::Relaxed);
+                let key = match check_long_function_seed(&target, seed) {
+                    Ok(EscapeChecked::Finished) => "finished".to_string(),
+                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
+                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Err(m) => panic!("{label} long functions: {m}"),
+                };
+                *long_ends.entry(key).or_default() += 1;
+            }
+            if native {
+                assert_eq!(
+                    (long_ends.get("finished"), long_ends.get("OutOfBounds")),
+                    (Some(&(long_count / 4)), Some(&(long_count / 4 * 3))),
+                    "{long_ends:?}"
+                );
+            }
             format!(
-                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven, {frame_guarded} guarded ({shadowed} clamped into a shadow register); context walks: {ctx_ends:?} matched, {guarded} guarded"
+                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven, {frame_guarded} guarded ({shadowed} clamped into a shadow register); context walks: {ctx_ends:?} matched, {guarded} guarded; long functions: {long_ends:?} matched"
             )
         }
     };

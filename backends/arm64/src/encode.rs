@@ -23,6 +23,10 @@ const COND_RANGE: i64 = 1 << 20;
 const TEST_RANGE: i64 = 1 << 15;
 /// B / BL: signed 26-bit word offset, ±128 MiB.
 const JUMP_RANGE: i64 = 1 << 27;
+/// The most hot code between cold islands (see `ColdPlacement`): an island then holds the
+/// cold sides of at most 128 KiB of hot code (a few times that in bytes at the very most),
+/// so the B.cond from the hot path to them stays well inside its ±1 MiB.
+pub(crate) const ISLAND_SPAN: usize = 128 << 10;
 
 /// Growth of one conditional branch going long: B.cond (4 bytes) becomes the inverted
 /// B.cond and a B (8 bytes).

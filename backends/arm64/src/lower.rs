@@ -28,6 +28,7 @@ use packjit_frontend::analysis::{
     back_edge_charge, callx_plan, checked_access, helper_lowering, instruction_labels,
     EmitCapacity, HelperLowering, LabelPlacement, CALL_CHARGE,
 };
+use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_frontend::scratch::{self, Reused};
@@ -58,6 +59,8 @@ pub struct Emitted {
     pub inst_offsets: Reused<usize>,
     /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
     pub passes: usize,
+    /// Cold code islands inside functions (`packjit_frontend::cold`).
+    pub islands: usize,
     /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
     /// than its code's start. A back-edge that skips a re-entered check group's check
     /// (`ranges::reentries`) lands past the check; a walk's back-edge (`walks`) lands on the
@@ -94,12 +97,17 @@ pub fn emit_decoded_with(
     // those found out of range to the long form (inverted condition around a B), and the code
     // is emitted again. In practice one pass suffices.
     let mut relax = Relaxation::new(Form::Long, LONG_FORM_GROWTH, GENTLE_PASSES);
+    // B.cond reaches ±1 MiB: no cold side is guessed far, only islands keep them near.
+    let mut islands = ColdPlacement::new(ISLAND_SPAN, 0);
     loop {
         relax.begin_pass();
-        let mut e = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
+        islands.begin_pass(relax.passes());
+        let forms = relax.forms().to_vec();
+        let mut e = Emitter::new(prog, helpers, mode, &plan, forms, islands);
         e.clamp = opts.spectre_clamp;
         e.program()?;
         let checks = e.branch_checks()?;
+        islands = e.islands;
         for c in &checks {
             relax.form(c.site, Form::Short);
         }
@@ -134,6 +142,7 @@ pub fn emit_decoded_with(
                 data: e.data,
                 inst_offsets: e.offsets,
                 passes,
+                islands: islands.islands(),
                 landings,
             });
         }
@@ -211,6 +220,8 @@ pub(crate) struct Emitter<'a> {
     /// Shared scan of `env.regions` (sandbox).
     pub(crate) region_scan: DynamicLabel,
     pub(crate) colds: Vec<Cold>,
+    /// Where the queued cold code goes: after the function, or in an island.
+    islands: ColdPlacement,
     pub(crate) sites: Reused<Site>,
     pub(crate) cur: usize,
     /// Emitting a group's or a guarded walk's checked copy (see [`Cold::Group`],
@@ -239,6 +250,7 @@ impl<'a> Emitter<'a> {
         mode: &'a CodegenMode,
         plan: &'a Plan,
         forms: Vec<Form>,
+        islands: ColdPlacement,
     ) -> Self {
         // Bytes per instruction, trusted / checked (arm64 averages 5.3 / 36).
         let cap = EmitCapacity::for_program(prog, mode, (8, 40));
@@ -289,6 +301,7 @@ impl<'a> Emitter<'a> {
             stop_budget,
             region_scan,
             colds: Vec::new(),
+            islands,
             sites: scratch::take(cap.branch_sites),
             cur: 0,
             copy: false,
@@ -317,7 +330,16 @@ impl<'a> Emitter<'a> {
             self.cur = sp.start;
             self.map = self.plan.frames[k].map;
             self.prologue(k);
+            let program_end = self.prog.insts.len();
+            self.islands
+                .begin_function(self.off(), sp.start, sp.end, program_end);
             for i in sp.start..sp.end {
+                if self
+                    .islands
+                    .island_due(self.off(), i, !self.colds.is_empty())
+                {
+                    self.island()?;
+                }
                 self.cur = i;
                 self.walk_clamp_at(i);
                 // The instruction starts here (after a walk's clamp, which only the walk's
@@ -333,12 +355,7 @@ impl<'a> Emitter<'a> {
                 self.inst(k, i, &inst)?;
             }
             self.epilogue(k);
-        }
-        // A group's checked copy adds the cold sides of its own checks.
-        while !self.colds.is_empty() {
-            for cold in std::mem::take(&mut self.colds) {
-                self.cold(cold)?;
-            }
+            self.emit_queued_cold()?;
         }
         if self.mode.sandboxed() {
             self.region_scan();
@@ -1659,6 +1676,28 @@ impl<'a> Emitter<'a> {
         }
         (self.copy, self.copy_head) = (false, None);
         self.b(next);
+        Ok(())
+    }
+
+    /// The queued cold code, here: after its function or in an island (`ColdPlacement`).
+    fn emit_queued_cold(&mut self) -> Result<(), CompileError> {
+        let start = self.off();
+        // A group's checked copy adds the cold sides of its own checks.
+        while !self.colds.is_empty() {
+            for cold in std::mem::take(&mut self.colds) {
+                self.cold(cold)?;
+            }
+        }
+        self.islands.cold_placed(start, self.off());
+        Ok(())
+    }
+
+    /// The queued cold code between two instructions, jumped over by the hot path.
+    fn island(&mut self) -> Result<(), CompileError> {
+        let over = self.ops.new_dynamic_label();
+        self.b(over);
+        self.emit_queued_cold()?;
+        a64!(self.ops; =>over);
         Ok(())
     }
 

@@ -22,6 +22,7 @@
 //! ```
 
 pub mod analysis;
+pub mod cold;
 mod insn;
 pub mod ranges;
 pub mod relax;

@@ -150,6 +150,8 @@ pub struct Measured {
     /// Emission passes the branch relaxation took (1 when every branch reached in its
     /// shortest form).
     pub passes: usize,
+    /// Cold code islands inside functions (`packjit_frontend::cold`).
+    pub islands: usize,
     /// One native offset per bytecode slot (see `Compiled::pc_offsets`).
     pub line_table: Vec<u32>,
     /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere

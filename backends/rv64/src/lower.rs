@@ -21,6 +21,7 @@ use packjit_frontend::analysis::{
     instruction_labels, stack_block_size, upper_halves_live, CodegenMode, EmitCapacity,
     HelperLowering, CALL_CHARGE,
 };
+use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
 use packjit_frontend::scratch::{self, Reused};
@@ -87,6 +88,13 @@ const B_RANGE: (isize, isize) = (-4096, 4094);
 const J_RANGE: (isize, isize) = (-(1 << 20), (1 << 20) - 2);
 /// dynasm's `auipc`-pair relocation limits (see its RISC-V language reference).
 const FAR_RANGE: (isize, isize) = (-0x8000_0000, 0x7FFF_F7FF);
+/// The most hot code between cold islands (see `ColdPlacement`): an island then holds the
+/// cold sides of at most 128 KiB of hot code (a few times that in bytes at the very most),
+/// so the hot-to-cold branches stay well inside `jal`'s ±1 MiB.
+const ISLAND_SPAN: usize = 128 << 10;
+/// Hot code bytes per instruction in code with cold sides, a first guess (see
+/// `ColdPlacement`): a checked access takes some 16 bytes, most other instructions 2 to 4.
+const TYPICAL_HOT_BYTES: usize = 8;
 
 pub struct Options {
     pub zbb: bool,
@@ -173,6 +181,10 @@ pub struct Codegen<'a> {
     /// Label of each value in `pool`.
     pooled: std::collections::HashMap<u64, DynamicLabel>,
     cold: Vec<Cold>,
+    /// Where the queued cold code goes: after the function, or in an island.
+    islands: ColdPlacement,
+    /// Cold code placed since the last copy of the stubs branches to them.
+    uses_stubs: bool,
     /// Shared stop path: a6 = kind, a7 = pc, t0 = address, t1 = access (see `emit_stops`).
     stop: DynamicLabel,
     stop_budget: DynamicLabel,
@@ -259,6 +271,8 @@ impl<'a> Codegen<'a> {
             pool: Vec::new(),
             pooled: std::collections::HashMap::new(),
             cold: Vec::new(),
+            islands: ColdPlacement::new(ISLAND_SPAN, TYPICAL_HOT_BYTES),
+            uses_stubs: false,
             stop: dummy,
             stop_budget: dummy,
             region_stub: dummy,
@@ -280,6 +294,7 @@ impl<'a> Codegen<'a> {
         let mut capacity = EmitCapacity::for_program(self.prog, &self.mode, (8, 40));
         loop {
             self.relax.begin_pass();
+            self.islands.begin_pass(self.relax.passes());
             self.pass(capacity);
             capacity.code = self.e.pos() + 64;
             let checks = std::mem::take(&mut self.checks);
@@ -348,6 +363,7 @@ impl<'a> Codegen<'a> {
                 );
                 return Ok(crate::Measured {
                     passes: self.relax.passes(),
+                    islands: self.islands.islands(),
                     native_insns,
                     bytes: code,
                     line_table: table,
@@ -384,6 +400,7 @@ impl<'a> Codegen<'a> {
             None
         };
         self.cold.clear();
+        self.uses_stubs = false;
         self.stop = self.e.new_label();
         self.stop_budget = self.e.new_label();
         self.region_stub = self.e.new_label();
@@ -394,7 +411,16 @@ impl<'a> Codegen<'a> {
             self.e.bind(l);
             self.prologue(k);
             let placement = self.mode.label_placement();
+            let program_end = self.prog.insts.len();
+            self.islands
+                .begin_function(self.e.pos(), sp.start, sp.end, program_end);
             for i in sp.start..sp.end {
+                if self
+                    .islands
+                    .island_due(self.e.pos(), i, !self.cold.is_empty())
+                {
+                    self.island(i);
+                }
                 self.cur = i;
                 self.walk_clamp_at(i);
                 // The instruction starts here (after a walk's clamp, which only the walk's
@@ -412,12 +438,7 @@ impl<'a> Codegen<'a> {
             let l = self.exit_labels[k];
             self.e.bind(l);
             self.epilogue(k);
-        }
-        // A group's checked copy adds the cold sides of its own checks.
-        while !self.cold.is_empty() {
-            for c in std::mem::take(&mut self.cold) {
-                self.emit_cold(c);
-            }
+            self.emit_queued_cold(sp.end);
         }
         if let Some(d) = self.dispatch {
             self.e.bind(d);
@@ -679,13 +700,43 @@ impl<'a> Codegen<'a> {
 
     /// `if a <k> b goto target`, in the smallest form that reaches.
     fn branch(&mut self, k: Br, a: u8, b: u8, target: DynamicLabel) {
+        self.branch_from(k, a, b, target, Form::Compressed);
+    }
+
+    /// `branch` to the cold side of the current instruction, queued now: from the form
+    /// that reaches where the cold code is expected to land (see `ColdPlacement`), so the
+    /// hot-to-cold branches of a long function do not all take a second pass to grow out of
+    /// B-type's ±4 KiB. A checked copy (cold code itself, its cold sides right after it)
+    /// keeps the usual first guess.
+    fn cold_branch(&mut self, k: Br, a: u8, b: u8, target: DynamicLabel) {
+        // Only the first pass guesses; later ones start from its forms (the relaxation's
+        // pass bound assumes nothing but its own growth changes them).
+        let at_least = if self.copy || self.relax.passes() > 1 {
+            Form::Compressed
+        } else {
+            let distance = self.islands.expected_distance(self.e.pos(), self.cur) as isize;
+            [
+                (Form::Compressed, CB_RANGE),
+                (Form::Short, B_RANGE),
+                (Form::Near, J_RANGE),
+            ]
+            .iter()
+            .find(|(_, (_, hi))| distance <= *hi)
+            .map_or(Form::Far, |&(form, _)| form)
+        };
+        self.branch_from(k, a, b, target, at_least);
+    }
+
+    /// `branch`, in `at_least` or a longer form.
+    fn branch_from(&mut self, k: Br, a: u8, b: u8, target: DynamicLabel, at_least: Form) {
         let compressible =
             self.opts.c && b == ZERO && matches!(k, Br::Eq | Br::Ne) && (8..16).contains(&a);
         let smallest = if compressible {
             Form::Compressed
         } else {
             Form::Short
-        };
+        }
+        .max(at_least);
         let reach = [
             (Form::Compressed, CB_RANGE),
             (Form::Short, B_RANGE),
@@ -726,6 +777,11 @@ impl<'a> Codegen<'a> {
         } else {
             Form::Short
         };
+        self.jump_from(target, smallest);
+    }
+
+    /// `jump`, in `smallest` or a longer form.
+    fn jump_from(&mut self, target: DynamicLabel, smallest: Form) {
         let reach = [(Form::Compressed, CJ_RANGE), (Form::Short, J_RANGE)];
         let smallest = self.backward_form(target, smallest, &reach);
         let (site, form) = self.next_site(smallest);
@@ -1020,11 +1076,11 @@ impl<'a> Codegen<'a> {
         let label = self.e.new_label();
         self.cold.push(Cold::Budget { label, pc });
         if amount == 1 {
-            self.branch(Br::Eq, BUDGET, ZERO, label);
+            self.cold_branch(Br::Eq, BUDGET, ZERO, label);
             self.e.ri(RI::Addi, BUDGET, BUDGET, -1);
         } else {
             self.e.li(T3, amount as i64);
-            self.branch(Br::Ltu, BUDGET, T3, label);
+            self.cold_branch(Br::Ltu, BUDGET, T3, label);
             self.e.rrr(R3::Sub, BUDGET, BUDGET, T3);
         }
     }
@@ -1104,7 +1160,7 @@ impl<'a> Codegen<'a> {
             // The context: a sufficient test for any group (spans stay below 2 KiB).
             _ => self.range_test(b, lo, span, CTX_START, CTX_LEN),
         }
-        self.branch(Br::Ne, T3, ZERO, label);
+        self.cold_branch(Br::Ne, T3, ZERO, label);
         if self.opts.measure.spectre_clamp {
             self.e.ri(RI::Addi, T3, T3, -1);
             self.e.rrr(R3::And, b, b, T3);
@@ -1235,7 +1291,7 @@ impl<'a> Codegen<'a> {
         self.e.rrr(R3::Sltu, T3, T1, T0);
         self.e.rrr(R3::Or, T2, T2, T3);
         let label = self.e.new_label();
-        self.branch(Br::Ne, T2, ZERO, label);
+        self.cold_branch(Br::Ne, T2, ZERO, label);
         if self.opts.measure.spectre_clamp {
             self.e.ri(RI::Addi, T2, T2, -1);
             self.e.rrr(R3::And, p, p, T2);
@@ -1321,7 +1377,7 @@ impl<'a> Codegen<'a> {
                 self.add_imm(T2, T2, off as i64, T3);
             }
             self.e.ri(RI::Sltiu, T3, T2, stack_lim as i32);
-            self.branch(Br::Eq, T3, ZERO, label);
+            self.cold_branch(Br::Eq, T3, ZERO, label);
             // Back to t3 = 0 = inside (see the CTX_LIM8 case below).
             self.e.ri(RI::Xori, T3, T3, 1);
         } else if self.layout.lim8 && lim8_access(&op, check, self.layout.block > 0) {
@@ -1333,7 +1389,7 @@ impl<'a> Codegen<'a> {
                 self.add_imm(T2, T2, off as i64, T3);
             }
             self.e.rrr(R3::Sltu, T3, T2, CTX_LIM8);
-            self.branch(Br::Eq, T3, ZERO, label);
+            self.cold_branch(Br::Eq, T3, ZERO, label);
             self.e.ri(RI::Xori, T3, T3, 1);
         } else {
             match check {
@@ -1343,7 +1399,7 @@ impl<'a> Codegen<'a> {
                 _ if stack_first => self.range_test(base, off, size, STACK_START, STACK_LEN),
                 _ => self.range_test(base, off, size, CTX_START, CTX_LEN),
             }
-            self.branch(Br::Ne, T3, ZERO, label);
+            self.cold_branch(Br::Ne, T3, ZERO, label);
         }
         self.e.bind(resume);
         let clamp = self.opts.measure.spectre_clamp;
@@ -1405,9 +1461,43 @@ impl<'a> Codegen<'a> {
         self.jump(next);
     }
 
+    /// The queued cold code, here (before instruction `next`): after its function or in an
+    /// island (`ColdPlacement`). When the program's stubs are expected beyond `jal`'s reach,
+    /// the cold code that uses them gets its own copy, after it; later cold code uses the
+    /// next copy.
+    fn emit_queued_cold(&mut self, next: usize) {
+        let start = self.e.pos();
+        // A group's checked copy adds the cold sides of its own checks.
+        while !self.cold.is_empty() {
+            for c in std::mem::take(&mut self.cold) {
+                self.emit_cold(c);
+            }
+        }
+        if self.uses_stubs && self.islands.local_stubs_due(self.e.pos(), next) {
+            self.emit_stops();
+            self.stop = self.e.new_label();
+            self.stop_budget = self.e.new_label();
+            self.region_stub = self.e.new_label();
+            self.uses_stubs = false;
+        }
+        self.islands.cold_placed(start, self.e.pos());
+    }
+
+    /// The queued cold code between two instructions, jumped over by the hot path. An
+    /// island holds the cold code of at most [`ISLAND_SPAN`] bytes of hot code, well inside
+    /// `jal`'s ±1 MiB, so the jump starts in that form (a compressed `c.j` would rarely
+    /// reach and cost a pass to find out).
+    fn island(&mut self, next: usize) {
+        let over = self.e.new_label();
+        self.jump_from(over, Form::Short);
+        self.emit_queued_cold(next);
+        self.e.bind(over);
+    }
+
     fn emit_cold(&mut self, c: Cold) {
         match c {
             Cold::Budget { label, pc } => {
+                self.uses_stubs = true;
                 self.e.bind(label);
                 self.e.li(A7, pc as i64);
                 let l = self.stop_budget;
@@ -1431,6 +1521,7 @@ impl<'a> Codegen<'a> {
                 write,
                 stack_first,
             } => {
+                self.uses_stubs = true;
                 self.e.bind(label);
                 if stack_first {
                     self.range_test(base, off, size, CTX_START, CTX_LEN);
@@ -1475,7 +1566,13 @@ impl<'a> Codegen<'a> {
         self.e.store(Mem::D, T0, ENV, PJ_ENV_STOP_ADDR);
         self.e.load(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
         let exit = self.exit_labels[0];
-        self.jump(exit);
+        if self.e.asm.labels().resolve_dynamic(exit).is_ok() {
+            self.jump(exit);
+        } else {
+            // A copy of the stubs inside the entry function (see `emit_queued_cold`), which
+            // is long enough to need one: its epilogue is ahead, likely beyond `jal`.
+            self.jump_from(exit, Form::Far);
+        }
     }
 
     /// Scans `env.regions` for one holding `[t0, t0 + size)` (and writable for a write);

@@ -10,7 +10,6 @@ use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
 use dynasmrt::{dynasm, DynasmApi};
-use fnv::FnvHashMap;
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering,
     instruction_labels, CodegenMode, EmitCapacity, HelperLowering, LabelPlacement, CALL_CHARGE,
@@ -146,7 +145,7 @@ pub fn emit_with(
 }
 
 /// Why the code stops (out-of-line stub contents).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
     /// Checked access failed: address in r11.
     Oob { access: u32 },
@@ -155,6 +154,17 @@ enum Stop {
     /// `callx` id with no helper: id in the given register.
     Callx { reg: Gpr },
 }
+
+/// An out-of-line stop stub, linked to the previous stub of its pc.
+struct StopStub {
+    label: Label,
+    stop: Stop,
+    pc: usize,
+    next_same_pc: u32,
+}
+
+/// The end of a pc's stub chain.
+const NO_STUB: u32 = u32::MAX;
 
 /// What a checked copy ([`Emitter::checked_copy`]) copies.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -231,10 +241,13 @@ pub struct Emitter<'a> {
     sub_exit: Vec<Label>,
     /// Entry epilogue after the pad: where a stop lands with rsp = env.entry_sp.
     pub(crate) entry_pops: Label,
-    /// Stop stubs in emission order, and each one's label by (stop, pc): a lookup, not a
-    /// scan, since a large sandboxed program asks for one per checked access.
-    stops: Vec<(Label, Stop, usize)>,
-    stop_labels: FnvHashMap<(Stop, usize), Label>,
+    /// Stop stubs in emission order. They are shared by (kind, pc), the checked copies of
+    /// groups and loops asking again for their instructions' stubs.
+    stops: Vec<StopStub>,
+    /// Per pc (a bytecode slot, as stops report), its last stop stub (`NO_STUB` if none),
+    /// the head of that pc's chain: a large sandboxed program asks for a stub per checked
+    /// access, so they are found by pc, not by a scan. Allocated at the first stub.
+    stop_by_pc: Vec<u32>,
     /// Cold blocks of the current function, emitted after its epilogue.
     cold: Vec<Cold>,
     region_scan: Option<Label>,
@@ -293,7 +306,7 @@ impl<'a> Emitter<'a> {
             sub_exit,
             entry_pops,
             stops: Vec::new(),
-            stop_labels: FnvHashMap::default(),
+            stop_by_pc: Vec::new(),
             callx_tables: Vec::new(),
             cold: Vec::new(),
             region_scan: None,
@@ -506,13 +519,26 @@ impl<'a> Emitter<'a> {
     }
 
     fn stop_label(&mut self, stop: Stop, pc: usize) -> Label {
-        if let Some(&l) = self.stop_labels.get(&(stop, pc)) {
-            return l;
+        if self.stop_by_pc.is_empty() {
+            self.stop_by_pc = vec![NO_STUB; self.prog.slots];
         }
-        let l = self.e.label();
-        self.stops.push((l, stop, pc));
-        self.stop_labels.insert((stop, pc), l);
-        l
+        let mut k = self.stop_by_pc[pc];
+        while k != NO_STUB {
+            let stub = &self.stops[k as usize];
+            if stub.stop == stop {
+                return stub.label;
+            }
+            k = stub.next_same_pc;
+        }
+        let label = self.e.label();
+        self.stops.push(StopStub {
+            label,
+            stop,
+            pc,
+            next_same_pc: self.stop_by_pc[pc],
+        });
+        self.stop_by_pc[pc] = (self.stops.len() - 1) as u32;
+        label
     }
 
     // ---- ALU --------------------------------------------------------------------------
@@ -1962,8 +1988,11 @@ impl<'a> Emitter<'a> {
         }
         let common = self.e.label();
         let stops = std::mem::take(&mut self.stops);
-        for (l, stop, pc) in stops {
-            self.e.bind(l);
+        for StopStub {
+            label, stop, pc, ..
+        } in stops
+        {
+            self.e.bind(label);
             let kind = match stop {
                 Stop::Oob { access } => {
                     let access = access as i32;
