@@ -79,6 +79,13 @@ impl ColdPlacement {
         self.islands.len()
     }
 
+    /// Whether this is the first pass, the one that guesses first forms (later passes start
+    /// from the forms the first one emitted: the relaxation's bound assumes nothing but its
+    /// own growth changes them).
+    pub fn guessing(&self) -> bool {
+        self.replay.is_none()
+    }
+
     /// Starts a pass: the first decides, later ones replay its decisions.
     pub fn begin_pass(&mut self, pass: usize) {
         self.replay = (pass > 1).then_some((0, 0));

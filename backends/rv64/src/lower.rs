@@ -709,9 +709,7 @@ impl<'a> Codegen<'a> {
     /// B-type's ±4 KiB. A checked copy (cold code itself, its cold sides right after it)
     /// keeps the usual first guess.
     fn cold_branch(&mut self, k: Br, a: u8, b: u8, target: DynamicLabel) {
-        // Only the first pass guesses; later ones start from its forms (the relaxation's
-        // pass bound assumes nothing but its own growth changes them).
-        let at_least = if self.copy || self.relax.passes() > 1 {
+        let at_least = if self.copy || !self.islands.guessing() {
             Form::Compressed
         } else {
             let distance = self.islands.expected_distance(self.e.pos(), self.cur) as isize;
