@@ -211,6 +211,10 @@ pub enum Form {
 
 /// The most a branch grows from `rel8` to `rel32` (`jcc`: 2 → 6 bytes).
 pub const REL32_GROWTH: isize = 4;
+/// Hot code bytes per instruction in code with cold sides, a first guess for where its cold
+/// code lands (see `ColdPlacement`): a checked access takes some 20 bytes, most other
+/// instructions 3 to 7.
+pub const TYPICAL_HOT_BYTES: usize = 8;
 
 impl Enc {
     /// A new buffer; `forms` holds the branch forms chosen by earlier passes (sites past
@@ -488,6 +492,11 @@ impl Enc {
     /// range by an earlier pass, or jumps back to a label already too far for `rel8` (a
     /// backward distance is known while emitting, so no pass is spent finding that out).
     pub fn jump(&mut self, cc: Option<Cc>, l: Label) {
+        self.jump_at_least(cc, l, Form::Rel8);
+    }
+
+    /// [`Enc::jump`] in `at_least` or a longer form.
+    pub fn jump_at_least(&mut self, cc: Option<Cc>, l: Label, at_least: Form) {
         let site = self.sites;
         self.sites += 1;
         // Both rel8 forms are 2 bytes. (Growth between the label and the jump in a later
@@ -495,7 +504,8 @@ impl Enc {
         let far_back = self
             .offset_of(l)
             .is_some_and(|to| to as i64 - (self.pos() as i64 + 2) < i64::from(i8::MIN));
-        let long = far_back || self.forms.get(site) == Some(&Form::Rel32);
+        let long =
+            far_back || at_least == Form::Rel32 || self.forms.get(site) == Some(&Form::Rel32);
         if long {
             self.jump_rel32(cc, l);
         } else {
@@ -540,6 +550,18 @@ impl Enc {
             label: l,
         });
         self.insns += 1;
+    }
+
+    /// Each branch site's number and the form it was emitted in this pass.
+    pub fn emitted_forms(&self) -> impl Iterator<Item = (usize, Form)> + '_ {
+        self.fixups.iter().filter(|f| f.site != CALL_SITE).map(|f| {
+            let form = if f.width == 1 {
+                Form::Rel8
+            } else {
+                Form::Rel32
+            };
+            (f.site as usize, form)
+        })
     }
 
     /// After a pass: does every branch reach its label in the form it was emitted in? Then

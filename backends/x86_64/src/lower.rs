@@ -5,7 +5,7 @@
 //! the shared region-table scan. All branches are PC-relative and helpers are called through
 //! absolute addresses in r11, so the bytes run at any address.
 
-use crate::encode::{Cc, Enc, Form, Gpr, Label, Sz, REL32_GROWTH};
+use crate::encode::{Cc, Enc, Form, Gpr, Label, Sz, REL32_GROWTH, TYPICAL_HOT_BYTES};
 use crate::frame::{plan, Plan};
 use crate::regs::*;
 use crate::{FEATURE_BMI2, FEATURE_MOVBE};
@@ -14,6 +14,7 @@ use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering,
     instruction_labels, CodegenMode, EmitCapacity, HelperLowering, LabelPlacement, CALL_CHARGE,
 };
+use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
 use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_frontend::scratch::{self, Reused};
@@ -90,11 +91,16 @@ pub fn emit_with(
     // Branches start as rel8; the shared relaxation driver grows those out of reach to
     // rel32 and the code is emitted again (two passes at most in practice).
     let mut relax = Relaxation::new(Form::Rel32, REL32_GROWTH, 0);
+    // `jcc rel32` reaches ±2 GiB: no island is ever due, cold code stays after its function.
+    let mut islands = ColdPlacement::new(usize::MAX, TYPICAL_HOT_BYTES);
     loop {
         relax.begin_pass();
-        let mut em = Emitter::new(prog, helpers, mode, &plan, relax.forms().to_vec());
+        islands.begin_pass(relax.passes());
+        let forms = relax.forms().to_vec();
+        let mut em = Emitter::new(prog, helpers, mode, &plan, forms, islands);
         em.clamp = opts.spectre_clamp;
         em.program()?;
+        islands = em.islands;
         // Usual case: every branch reaches in the form it was emitted in, which is exactly
         // when `settle` would say `Done`; skip building its inputs.
         let fit =
@@ -106,8 +112,10 @@ pub fn emit_with(
             let checks =
                 em.e.branch_checks()
                     .map_err(|m| CompileError::new(ErrorKind::Encoding, m))?;
-            for c in &checks {
-                relax.form(c.site, Form::Rel8);
+            // Later passes start from the forms this one emitted (a guessed or far backward
+            // rel32 stays one).
+            for (site, form) in em.e.emitted_forms() {
+                relax.form(site, form);
             }
             relax.settle(&checks, |c| {
                 CompileError::new(
@@ -161,6 +169,7 @@ struct StopStub {
     stop: Stop,
     pc: usize,
     next_same_pc: u32,
+    placed: bool,
 }
 
 /// The end of a pc's stub chain.
@@ -248,8 +257,15 @@ pub struct Emitter<'a> {
     /// the head of that pc's chain: a large sandboxed program asks for a stub per checked
     /// access, so they are found by pc, not by a scan. Allocated at the first stub.
     stop_by_pc: Vec<u32>,
+    /// Stubs asked for but not placed yet, placed after the current function's cold code.
+    unplaced_stubs: Vec<u32>,
+    /// The stops' shared tail (unwind to the entry's pops), placed with the first stub.
+    stop_tail: Option<Label>,
     /// Cold blocks of the current function, emitted after its epilogue.
     cold: Vec<Cold>,
+    /// Where the queued cold code is expected to land, for the first form of the jumps to
+    /// it (`ColdPlacement`; on x86-64 always after the function).
+    islands: ColdPlacement,
     region_scan: Option<Label>,
     /// `callx` address tables (label, entries), placed after all code as data.
     callx_tables: Vec<(Label, Vec<u64>)>,
@@ -277,6 +293,7 @@ impl<'a> Emitter<'a> {
         mode: &'a CodegenMode,
         plan: &'a Plan,
         forms: Vec<Form>,
+        islands: ColdPlacement,
     ) -> Self {
         // Bytes per instruction, trusted / checked (x86-64 averages under 6 / 25).
         let cap = EmitCapacity::for_program(prog, mode, (8, 32));
@@ -307,8 +324,11 @@ impl<'a> Emitter<'a> {
             entry_pops,
             stops: Vec::new(),
             stop_by_pc: Vec::new(),
+            unplaced_stubs: Vec::new(),
+            stop_tail: None,
             callx_tables: Vec::new(),
             cold: Vec::new(),
+            islands,
             region_scan: None,
             skip: None,
             cur: 0,
@@ -334,12 +354,19 @@ impl<'a> Emitter<'a> {
             let l = self.sub_entry[k];
             self.e.bind(l);
             self.prologue(k);
+            let program_end = prog.insts.len();
+            self.islands
+                .begin_function(self.e.pos(), start, end, program_end);
             for (i, (inst, &target)) in prog.insts[start..end]
                 .iter()
                 .zip(&prog.is_target[start..end])
                 .enumerate()
                 .map(|(n, x)| (start + n, x))
             {
+                // Never due here (see `emit_with`); the call keeps the estimate's books.
+                let queued = !self.cold.is_empty();
+                let island = self.islands.island_due(self.e.pos(), i, queued);
+                debug_assert!(!island, "x86-64 places no islands");
                 self.cur = i;
                 if walks {
                     self.walk_clamp_at(i);
@@ -365,7 +392,8 @@ impl<'a> Emitter<'a> {
             self.epilogue(k);
             self.cold_blocks()?;
         }
-        self.stop_stubs();
+        // Every stub was placed with its function's cold code (`cold_blocks`).
+        debug_assert!(self.unplaced_stubs.is_empty());
         if let Some(l) = self.region_scan {
             self.region_scan_routine(l);
         }
@@ -518,7 +546,15 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// The label of the stop stub for (`stop`, `pc`), placed after the current function's
+    /// cold code unless a cold block places it first.
     fn stop_label(&mut self, stop: Stop, pc: usize) -> Label {
+        let stub = self.stop_stub(stop, pc);
+        self.stops[stub].label
+    }
+
+    /// The stop stub for (`stop`, `pc`), made on the first request.
+    fn stop_stub(&mut self, stop: Stop, pc: usize) -> usize {
         if self.stop_by_pc.is_empty() {
             self.stop_by_pc = vec![NO_STUB; self.prog.slots];
         }
@@ -526,19 +562,22 @@ impl<'a> Emitter<'a> {
         while k != NO_STUB {
             let stub = &self.stops[k as usize];
             if stub.stop == stop {
-                return stub.label;
+                return k as usize;
             }
             k = stub.next_same_pc;
         }
         let label = self.e.label();
+        let k = self.stops.len();
         self.stops.push(StopStub {
             label,
             stop,
             pc,
             next_same_pc: self.stop_by_pc[pc],
+            placed: false,
         });
-        self.stop_by_pc[pc] = (self.stops.len() - 1) as u32;
-        label
+        self.stop_by_pc[pc] = k as u32;
+        self.unplaced_stubs.push(k as u32);
+        k
     }
 
     // ---- ALU --------------------------------------------------------------------------
@@ -711,7 +750,7 @@ impl<'a> Emitter<'a> {
             // path takes no jump.
             let zero = self.e.label();
             self.e.rr(&[], sz, &[0x85], T11, T11);
-            self.e.jump(Some(Cc::E), zero);
+            self.cold_jump(Some(Cc::E), zero);
             self.cold.push(Cold::DivZero {
                 at: zero,
                 back: done,
@@ -721,7 +760,7 @@ impl<'a> Emitter<'a> {
             if signed {
                 let minus1 = self.e.label();
                 self.alu_ri(7, sz, T11, -1);
-                self.e.jump(Some(Cc::E), minus1);
+                self.cold_jump(Some(Cc::E), minus1);
                 self.cold.push(Cold::DivMinus1 {
                     at: minus1,
                     back: done,
@@ -1064,7 +1103,7 @@ impl<'a> Emitter<'a> {
                 Cc::A
             }
         };
-        self.e.jump(Some(fail), at);
+        self.cold_jump(Some(fail), at);
         if self.clamp {
             // mov r9d, 0 (leaves the flags) ; cmov<fail> base, r9
             self.e.op_plus_r(Sz::B32, &[0xb8], T9);
@@ -1104,7 +1143,7 @@ impl<'a> Emitter<'a> {
         self.lea(T11, base, off);
         self.ctx_len();
         self.alu_ri(7, Sz::B64, T9, end as i64); // cmp len, end
-        self.e.jump(Some(Cc::B), at);
+        self.cold_jump(Some(Cc::B), at);
         if self.clamp {
             self.e
                 .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmovb r11, r12));
@@ -1148,7 +1187,7 @@ impl<'a> Emitter<'a> {
         } else {
             self.ctx_cmp(n);
         }
-        self.e.jump(Some(Cc::A), at);
+        self.cold_jump(Some(Cc::A), at);
         self.e.bind(ok);
         if self.clamp {
             self.e
@@ -1186,8 +1225,14 @@ impl<'a> Emitter<'a> {
         self.mov_ri(T10, access as i64);
         self.e.call_label(scan);
         self.e.jump(Some(Cc::Be), back);
-        let stop = self.stop_label(Stop::Oob { access }, pc);
-        self.e.jump(None, stop);
+        // The stub follows unless an earlier copy of this access placed it.
+        let stub = self.stop_stub(Stop::Oob { access }, pc);
+        if self.stops[stub].placed {
+            let l = self.stops[stub].label;
+            self.e.jump(None, l);
+        } else {
+            self.place_stub(stub);
+        }
     }
 
     /// Flags for "`[r11, r11 + n)` is inside the context": "below or equal" when it is.
@@ -1424,7 +1469,7 @@ impl<'a> Emitter<'a> {
                 self.ctx_len();
                 self.e
                     .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
-                self.e.jump(Some(Cc::B), at);
+                self.cold_jump(Some(Cc::B), at);
                 self.e.asm(
                     1,
                     |ops| dynasm!(ops ; .arch x64 ; sub r11, QWORD [BYTE r12 + CTX_START8]),
@@ -1443,7 +1488,7 @@ impl<'a> Emitter<'a> {
             }
         }
         self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, r11));
-        self.e.jump(Some(Cc::B), at);
+        self.cold_jump(Some(Cc::B), at);
         // r10 = b - p - bias: the last head value's offset from p, before rounding down.
         self.mov_rr(Sz::B64, T10, b);
         self.e.rr(&[], Sz::B64, &[0x29], p, T10);
@@ -1463,7 +1508,7 @@ impl<'a> Emitter<'a> {
             });
         }
         self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r10, r9));
-        self.e.jump(Some(Cc::A), at);
+        self.cold_jump(Some(Cc::A), at);
         if self.clamp {
             self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
         }
@@ -1552,7 +1597,7 @@ impl<'a> Emitter<'a> {
         // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
         self.alu_mi(7, ENV, PJ_ENV_BUDGET, amount as i64);
         let stop = self.stop_label(Stop::Budget, pc);
-        self.e.jump(Some(Cc::B), stop);
+        self.cold_jump(Some(Cc::B), stop);
         self.alu_mi(5, ENV, PJ_ENV_BUDGET, amount as i64);
     }
 
@@ -1809,9 +1854,9 @@ impl<'a> Emitter<'a> {
             // hole.
             let at = self.e.label();
             cmp(self, table.len() as u32);
-            self.e.jump(Some(Cc::Ae), stop);
+            self.cold_jump(Some(Cc::Ae), stop);
             self.e.load_table_entry(T11, at, r);
-            self.e.jump(Some(Cc::E), stop);
+            self.cold_jump(Some(Cc::E), stop);
             self.e.call_r11();
             self.callx_tables.push((at, table));
             self.e.bind(done);
@@ -1821,7 +1866,7 @@ impl<'a> Emitter<'a> {
         // a miss goes to the stop.
         let helpers = plan.compared;
         let Some((last, rest)) = helpers.split_last() else {
-            self.e.jump(None, stop);
+            self.cold_jump(None, stop);
             return;
         };
         let mut hits = Vec::new();
@@ -1832,7 +1877,7 @@ impl<'a> Emitter<'a> {
             hits.push((l, *h));
         }
         cmp(self, last.id);
-        self.e.jump(Some(Cc::Ne), stop);
+        self.cold_jump(Some(Cc::Ne), stop);
         let _ = self.call_helper(last);
         for (l, h) in hits {
             self.e.jump(None, done);
@@ -1871,11 +1916,30 @@ impl<'a> Emitter<'a> {
     }
 
     fn cold_blocks(&mut self) -> Result<(), CompileError> {
+        let start = self.e.pos();
         // A group's checked copy adds cold blocks of its own.
         while !self.cold.is_empty() {
             self.cold_round()?;
         }
+        self.place_unplaced_stubs();
+        self.islands.cold_placed(start, self.e.pos());
         Ok(())
+    }
+
+    /// `jcc` (or `jmp`) to the cold side of the current instruction or to a stop stub, both
+    /// placed after the function: `rel32` from the first pass when that is expected beyond
+    /// `rel8` (see `ColdPlacement`), as it is in all but the shortest functions of checked
+    /// or budgeted code, instead of a second pass to find that out. Trusted code (whose only
+    /// cold sides are the rare divisors) and checked copies (cold code themselves, their
+    /// cold sides right after them) guess short.
+    fn cold_jump(&mut self, cc: Option<Cc>, label: Label) {
+        let checked = self.mode.sandboxed() || self.mode.counts_budget();
+        let far = checked
+            && self.islands.guessing()
+            && !self.copy
+            && self.islands.expected_distance(self.e.pos(), self.cur) > i8::MAX as usize;
+        let at_least = if far { Form::Rel32 } else { Form::Rel8 };
+        self.e.jump_at_least(cc, label, at_least);
     }
 
     /// The checked copy of the instructions `range` at `at` (a loop's back-edge then goes to
@@ -1980,50 +2044,59 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    /// The stop stubs: record kind, pc (and address, access or id), then unwind to the
-    /// entry's pops with the native sp saved at entry.
-    fn stop_stubs(&mut self) {
-        if self.stops.is_empty() {
+    /// The stubs asked for and not placed by a cold block yet.
+    fn place_unplaced_stubs(&mut self) {
+        for k in std::mem::take(&mut self.unplaced_stubs) {
+            if !self.stops[k as usize].placed {
+                self.place_stub(k as usize);
+            }
+        }
+    }
+
+    /// A stop stub, here: record kind, pc (and address, access or id), then unwind to the
+    /// entry's pops with the native sp saved at entry. The first stub placed carries that
+    /// shared tail; the others jump back to it.
+    fn place_stub(&mut self, k: usize) {
+        let StopStub {
+            label, stop, pc, ..
+        } = self.stops[k];
+        self.stops[k].placed = true;
+        self.e.bind(label);
+        let kind = match stop {
+            Stop::Oob { access } => {
+                let access = access as i32;
+                self.e.asm(2, |ops| {
+                    dynasm!(ops ; .arch x64
+                        ; mov QWORD [BYTE r12 + STOP_ADDR8], r11
+                        ; mov DWORD [BYTE r12 + STOP_ACCESS8], DWORD access
+                    )
+                });
+                PJ_STOP_OUT_OF_BOUNDS
+            }
+            Stop::Budget => PJ_STOP_BUDGET,
+            Stop::Callx { reg } => {
+                // The id's register is chosen at run time: the table-driven form
+                // keeps it REX-free when it can be (see encode.rs).
+                self.e.rm(&[], Sz::B64, &[0x89], reg, ENV, PJ_ENV_STOP_ADDR);
+                PJ_STOP_UNKNOWN_CALLX
+            }
+        };
+        let kind = kind as i32;
+        // pc < MAX_INSNS (10⁶), so it fits the sign-extended imm32.
+        let pc = pc as i32;
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov DWORD [BYTE r12 + STOP_KIND8], DWORD kind
+                ; mov QWORD [BYTE r12 + STOP_PC8], DWORD pc
+            )
+        });
+        if let Some(tail) = self.stop_tail {
+            self.e.jump(None, tail);
             return;
         }
-        let common = self.e.label();
-        let stops = std::mem::take(&mut self.stops);
-        for StopStub {
-            label, stop, pc, ..
-        } in stops
-        {
-            self.e.bind(label);
-            let kind = match stop {
-                Stop::Oob { access } => {
-                    let access = access as i32;
-                    self.e.asm(2, |ops| {
-                        dynasm!(ops ; .arch x64
-                            ; mov QWORD [BYTE r12 + STOP_ADDR8], r11
-                            ; mov DWORD [BYTE r12 + STOP_ACCESS8], DWORD access
-                        )
-                    });
-                    PJ_STOP_OUT_OF_BOUNDS
-                }
-                Stop::Budget => PJ_STOP_BUDGET,
-                Stop::Callx { reg } => {
-                    // The id's register is chosen at run time: the table-driven form
-                    // keeps it REX-free when it can be (see encode.rs).
-                    self.e.rm(&[], Sz::B64, &[0x89], reg, ENV, PJ_ENV_STOP_ADDR);
-                    PJ_STOP_UNKNOWN_CALLX
-                }
-            };
-            let kind = kind as i32;
-            // pc < MAX_INSNS (10⁶), so it fits the sign-extended imm32.
-            let pc = pc as i32;
-            self.e.asm(2, |ops| {
-                dynasm!(ops ; .arch x64
-                    ; mov DWORD [BYTE r12 + STOP_KIND8], DWORD kind
-                    ; mov QWORD [BYTE r12 + STOP_PC8], DWORD pc
-                )
-            });
-            self.e.jump(None, common);
-        }
-        self.e.bind(common);
+        let tail = self.e.label();
+        self.e.bind(tail);
+        self.stop_tail = Some(tail);
         // r0 is meaningless after a stop; u64::MAX is what hosts of the ABI v1 contract
         // (`PJ_CALLX_UNKNOWN`) read from an unknown callx, so both agree.
         self.e.asm(2, |ops| {
