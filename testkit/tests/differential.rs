@@ -49,6 +49,15 @@ fn watchdog(label: String, current: Arc<AtomicU64>) {
     });
 }
 
+/// How a sandboxed run ended, as the summaries count it.
+fn end_key(end: EscapeChecked) -> String {
+    match end {
+        EscapeChecked::Finished => "finished".to_string(),
+        EscapeChecked::Stopped(kind) => format!("{kind:?}"),
+        EscapeChecked::CompiledOnly => "compile-only".to_string(),
+    }
+}
+
 fn run(arch: Arch, features: u64) {
     let rt = Runtime::new().expect("runtime");
     rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
@@ -128,9 +137,7 @@ fn run(arch: Arch, features: u64) {
             for seed in base..base + escape_count {
                 current.store(seed, Ordering::Relaxed);
                 let key = match check_escape_seed(&target, seed) {
-                    Ok(EscapeChecked::Finished) => "finished".to_string(),
-                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
-                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Ok(end) => end_key(end),
                     Err(m) => panic!("{label} escapes: {m}"),
                 };
                 *ends.entry(key).or_default() += 1;
@@ -152,9 +159,7 @@ fn run(arch: Arch, features: u64) {
                 shadowed += walks.iter().any(|w| w.shadow.is_some()) as u64;
                 in_place += walks.iter().any(|w| w.shadow.is_none()) as u64;
                 let key = match check_walk_seed(&target, seed) {
-                    Ok(EscapeChecked::Finished) => "finished".to_string(),
-                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
-                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Ok(end) => end_key(end),
                     Err(m) => panic!("{label} walks: {m}"),
                 };
                 *walk_ends.entry(key).or_default() += 1;
@@ -185,9 +190,7 @@ fn run(arch: Arch, features: u64) {
                 let walks = packjit_frontend::ranges::plan_accesses(&prog, true).walks;
                 guarded += walks.iter().any(|w| w.guard.is_some()) as u64;
                 let key = match check_ctx_walk_seed(&target, seed) {
-                    Ok(EscapeChecked::Finished) => "finished".to_string(),
-                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
-                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Ok(end) => end_key(end),
                     Err(m) => panic!("{label} context walks: {m}"),
                 };
                 *ctx_ends.entry(key).or_default() += 1;
@@ -213,9 +216,7 @@ fn run(arch: Arch, features: u64) {
             for seed in base..base + long_count {
                 current.store(seed, Ordering::Relaxed);
                 let key = match check_long_function_seed(&target, seed) {
-                    Ok(EscapeChecked::Finished) => "finished".to_string(),
-                    Ok(EscapeChecked::Stopped(kind)) => format!("{kind:?}"),
-                    Ok(EscapeChecked::CompiledOnly) => "compile-only".to_string(),
+                    Ok(end) => end_key(end),
                     Err(m) => panic!("{label} long functions: {m}"),
                 };
                 *long_ends.entry(key).or_default() += 1;
