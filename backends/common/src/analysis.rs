@@ -5,7 +5,7 @@
 //! Every rule here is also what the reference evaluator implements, so a rule lives in one
 //! place and the differential tests compare like with like.
 
-use crate::{op_kind, Inst, Op, Operand, Program, Size, Width, R10, STACK_SIZE};
+use crate::{op_kind, BranchKind, Inst, Op, Operand, Program, Size, Width, R10, STACK_SIZE};
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
     PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
@@ -353,13 +353,12 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
 fn callees_first(prog: &Program) -> Vec<usize> {
     let n = prog.subprogs.len();
     let mut callees: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for &b in &prog.branches {
-        if prog.kind(b as usize) != op_kind::CALL_LOCAL {
-            continue;
-        }
-        if let Op::CallLocal { target } = prog.insts[b as usize].op {
-            callees[prog.subprog_of(b as usize)].push(prog.subprog_of(target as usize));
-        }
+    for b in prog
+        .branches
+        .iter()
+        .filter(|b| b.kind == BranchKind::CallLocal)
+    {
+        callees[prog.subprog_of(b.at as usize)].push(prog.subprog_of(b.target as usize));
     }
     let (mut order, mut seen) = (Vec::with_capacity(n), vec![false; n]);
     for root in 0..n {

@@ -28,7 +28,7 @@
 //! change only a bounded number of times more (base once, each bound once), so the iteration
 //! reaches a fixed point.
 
-use crate::{AluOp, AtomicOp, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE};
+use crate::{AluOp, AtomicOp, BranchKind, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE};
 
 /// What a value is relative to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -541,20 +541,18 @@ pub fn classify(v: Val, off: i16, size: Size) -> AccessCheck {
 fn block_starts(prog: &Program, start: usize, end: usize) -> Vec<bool> {
     let mut lead = prog.is_target[start..end].to_vec();
     lead[0] = true;
-    let first = prog.branches.partition_point(|&b| (b as usize) < start);
-    for &b in prog.branches[first..]
+    let first = prog.branches.partition_point(|b| (b.at as usize) < start);
+    for b in prog.branches[first..]
         .iter()
-        .take_while(|&&b| (b as usize) < end)
+        .take_while(|b| (b.at as usize) < end)
+        .filter(|b| b.kind != BranchKind::CallLocal)
     {
-        let i = b as usize;
-        if let Op::Ja { target } | Op::Jcond { target, .. } = prog.insts[i].op {
-            let target = target as usize;
-            if (start..end).contains(&target) {
-                lead[target - start] = true;
-            }
-            if i + 1 < end {
-                lead[i + 1 - start] = true;
-            }
+        let (i, target) = (b.at as usize, b.target as usize);
+        if (start..end).contains(&target) {
+            lead[target - start] = true;
+        }
+        if i + 1 < end {
+            lead[i + 1 - start] = true;
         }
     }
     lead

@@ -2,7 +2,7 @@
 //! here for all of them. The reference evaluator runs programs as [`decode`](crate::decode)
 //! returns them, without these rewrites, so the differential tests check each one.
 
-use crate::{op_kind, verify::decode_with, DecodeOptions, Op, Program};
+use crate::{op_kind, verify::decode_with, Branch, BranchKind, DecodeOptions, Op, Program};
 use packjit_plugin_api::{CompileError, CompileRequest};
 
 /// Decodes and verifies a request's code (with the encodings its flags opt into), then
@@ -27,26 +27,25 @@ pub fn decode_for_lowering(req: &CompileRequest<'_>) -> Result<Program, CompileE
 ///   charges (at back-edges, by pc distance) stay as they are;
 /// * `c` has a negation (`jset` has none).
 pub fn fold_branches_over_jumps(prog: &mut Program) {
-    // Only jumps are visited (the decoder lists them).
-    let branches = std::mem::take(&mut prog.branches);
+    // Only the branch list is read (see `Branch`); instructions are written where they
+    // change.
+    let mut branches = std::mem::take(&mut prog.branches);
+    let is_exit = |prog: &Program, i: usize| prog.exits.binary_search(&(i as u32)).is_ok();
     let last_exit_of = |prog: &Program, i: usize| {
         let end = prog.subprogs[prog.subprog_of(i)].end;
-        matches!(prog.insts[end - 1].op, Op::Exit).then_some(end - 1)
+        is_exit(prog, end - 1).then_some(end - 1)
     };
     let mut moved = false;
-    for &b in &branches {
-        let i = b as usize;
-        let (Op::Ja { target } | Op::Jcond { target, .. }) = prog.insts[i].op else {
-            continue;
-        };
-        let target = target as usize;
-        if target <= i || !matches!(prog.insts[target].op, Op::Exit) {
+    for b in branches.iter_mut() {
+        let (i, target) = (b.at as usize, b.target as usize);
+        if b.kind == BranchKind::CallLocal || target <= i || !is_exit(prog, target) {
             continue;
         }
         if let Some(last) = last_exit_of(prog, i).filter(|&last| target < last) {
             if let Op::Ja { target } | Op::Jcond { target, .. } = &mut prog.insts[i].op {
                 *target = last as u32;
             }
+            b.target = last as u32;
             moved = true;
         }
     }
@@ -54,22 +53,28 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
         recompute_targets(prog, &branches);
     }
     // The list stays complete: an `exit` that becomes a `goto` joins it (sorted in after).
+    // The exits list is brought up to date after the loop: an exit it converts is at an
+    // index the loop asks about no more (it only looks ahead by one, and never converts a
+    // function's last exit).
     let mut new_gotos = Vec::new();
-    for &b in &branches {
-        let i = b as usize;
-        let Op::Jcond { cond, target, .. } = prog.insts[i].op else {
-            continue;
-        };
-        if target as usize != i + 2 || prog.is_target[i + 1] {
+    for k in 0..branches.len() {
+        let b = branches[k];
+        let i = b.at as usize;
+        if b.kind != BranchKind::Jcond || b.target as usize != i + 2 || prog.is_target[i + 1] {
             continue;
         }
-        let (far, was_exit) = match prog.insts[i + 1].op {
-            Op::Ja { target } => (target as usize, false),
-            Op::Exit => match last_exit_of(prog, i) {
+        // A `goto` at i + 1 is the next branch listed; an `exit` is in the exits list.
+        let (far, was_exit) = match branches.get(k + 1).filter(|n| n.at as usize == i + 1) {
+            Some(next) if next.kind == BranchKind::Ja => (next.target as usize, false),
+            Some(_) => continue,
+            None if is_exit(prog, i + 1) => match last_exit_of(prog, i) {
                 Some(e) => (e, true),
                 None => continue,
             },
-            _ => continue,
+            None => continue,
+        };
+        let Op::Jcond { cond, .. } = prog.insts[i].op else {
+            unreachable!("listed as a conditional jump")
         };
         let Some(negated) = cond.negated() else {
             continue;
@@ -81,32 +86,37 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
             *cond = negated;
             *target = far as u32;
         }
-        prog.insts[i + 1].op = Op::Ja { target: b + 2 };
+        branches[k].target = far as u32;
+        prog.insts[i + 1].op = Op::Ja { target: b.at + 2 };
+        let goto = Branch {
+            at: b.at + 1,
+            target: b.at + 2,
+            kind: BranchKind::Ja,
+        };
         if was_exit {
-            new_gotos.push(b + 1);
+            new_gotos.push(goto);
             let k = prog.subprog_of(i);
             prog.subprogs[k].ops |= op_kind::JA;
+        } else {
+            branches[k + 1] = goto;
         }
         // `L` stays a target (of the new `goto`); `T` was one, or is a last `exit`.
         prog.is_target[far] = true;
     }
-    let mut branches = branches;
     if !new_gotos.is_empty() {
+        prog.exits
+            .retain(|&e| new_gotos.binary_search_by_key(&e, |g| g.at).is_err());
         branches.extend(new_gotos);
-        branches.sort_unstable();
+        branches.sort_unstable_by_key(|b| b.at);
     }
     prog.branches = branches;
 }
 
 /// `is_target` from the jumps and calls, as the verifier first computes it.
-fn recompute_targets(prog: &mut Program, branches: &[u32]) {
-    prog.is_target.iter_mut().for_each(|t| *t = false);
-    for &b in branches {
-        if let Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } =
-            prog.insts[b as usize].op
-        {
-            prog.is_target[target as usize] = true;
-        }
+fn recompute_targets(prog: &mut Program, branches: &[Branch]) {
+    prog.is_target.fill(false);
+    for b in branches {
+        prog.is_target[b.target as usize] = true;
     }
 }
 
@@ -156,7 +166,9 @@ mod tests {
         assert_eq!(p.insts[5].op, Op::Ja { target: 6 });
         assert!(!p.is_target[2] && p.is_target[3] && p.is_target[6] && p.is_target[7]);
         assert!(!p.is_target[5], "nothing jumps to the early exit any more");
-        assert_eq!(p.branches, [1, 2, 4, 5], "the new goto is listed");
+        let at: Vec<u32> = p.branches.iter().map(|b| b.at).collect();
+        assert_eq!(at, [1, 2, 4, 5], "the new goto is listed");
+        assert_eq!(p.exits, [7], "the early exit became a goto");
     }
 
     #[test]

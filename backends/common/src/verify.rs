@@ -9,7 +9,7 @@
 
 use crate::insn::{op::*, *};
 use crate::op_kind;
-use crate::{Program, Subprog};
+use crate::{Branch, BranchKind, Program, Subprog};
 use packjit_plugin_api::abi::{PJ_HELPER_PERCPU_OFFSET, PJ_MOV_OFF_PERCPU};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
@@ -84,11 +84,13 @@ pub fn decode_with(
     let mut acc = BlockEffects::default();
     // Slot of every `lddw`, ascending: maps a slot to its instruction index (see `resolve`).
     let mut lddw_slots: Vec<u32> = Vec::new();
-    // Instruction indices of every `ja`, conditional jump and local call, ascending.
-    // (Sized for about one branch per 8 instructions, as in typical code; more regrows.)
-    let mut branches: Vec<u32> = Vec::with_capacity(slots / 8 + 8);
+    // Every `ja`, conditional jump and local call, ascending, with its target still the
+    // raw offset (see `pending_target`). (Sized for about one branch per 8 instructions, as
+    // in typical code; more regrows.)
+    let mut branches: Vec<Branch> = crate::scratch::take_vec(slots / 8 + 8);
     // Instruction indices of the local calls among them (the call graph's edges).
     let mut local_calls: Vec<u32> = Vec::new();
+    let mut exits: Vec<u32> = Vec::new();
     let mut pc = 0;
     while pc < slots {
         let raw = u64::from_le_bytes(code[pc * 8..pc * 8 + 8].try_into().expect("8 bytes"));
@@ -103,12 +105,25 @@ pub fn decode_with(
         };
         let kind = 1u16 << (eff >> EFF_KIND_SHIFT);
         if kind & (op_kind::JA | op_kind::JCOND | op_kind::CALL_LOCAL) != 0 {
-            branches.push(index);
-            if kind == op_kind::CALL_LOCAL {
+            // Read back while its cache line is still at hand.
+            let (kind, target) = match insts[index as usize].op {
+                Op::Ja { target } => (BranchKind::Ja, target),
+                Op::Jcond { target, .. } => (BranchKind::Jcond, target),
+                Op::CallLocal { target } => (BranchKind::CallLocal, target),
+                _ => unreachable!("the effect word says a branch"),
+            };
+            branches.push(Branch {
+                at: index,
+                target,
+                kind,
+            });
+            if kind == BranchKind::CallLocal {
                 local_calls.push(index);
             }
         } else if kind == op_kind::LD_IMM64 {
             lddw_slots.push(pc as u32);
+        } else if kind == op_kind::EXIT {
+            exits.push(index);
         }
         acc.add(eff);
         if insts.len() % EFF_BLOCK == 0 {
@@ -141,12 +156,14 @@ pub fn decode_with(
         }
         Ok((slot - before) as u32)
     };
-    for &b in &branches {
-        let inst = &mut insts[b as usize];
+    // The only pass after the first that reads instructions: later ones read `branches`.
+    for b in branches.iter_mut() {
+        let inst = &mut insts[b.at as usize];
         let pc = inst.pc as usize;
+        b.target = resolve(pc, pc as i64 + 1 + pending_offset(b.target))?;
         match &mut inst.op {
             Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } => {
-                *target = resolve(pc, pc as i64 + 1 + pending_offset(*target))?;
+                *target = b.target;
             }
             _ => unreachable!("only branches are listed"),
         }
@@ -186,26 +203,20 @@ pub fn decode_with(
             reads,
             ops,
         };
-        while next_branch < branches.len() && (branches[next_branch] as usize) < end {
-            let inst = &insts[branches[next_branch] as usize];
+        while next_branch < branches.len() && (branches[next_branch].at as usize) < end {
+            let b = branches[next_branch];
             next_branch += 1;
-            match inst.op {
-                Op::Ja { target } | Op::Jcond { target, .. } => {
-                    let target = target as usize;
-                    if target < sp.start || target >= sp.end {
-                        return Err(verr(
-                            inst.pc as usize,
-                            format!(
-                                "jump to pc {} leaves the function starting at pc {}",
-                                insts[target].pc, insts[sp.start].pc
-                            ),
-                        ));
-                    }
-                    is_target[target] = true;
-                }
-                Op::CallLocal { target } => is_target[target as usize] = true,
-                _ => {}
+            let target = b.target as usize;
+            if b.kind != BranchKind::CallLocal && (target < sp.start || target >= sp.end) {
+                return Err(verr(
+                    insts[b.at as usize].pc as usize,
+                    format!(
+                        "jump to pc {} leaves the function starting at pc {}",
+                        insts[target].pc, insts[sp.start].pc
+                    ),
+                ));
             }
+            is_target[target] = true;
         }
         // The last instruction of each function must not fall through.
         let last = &insts[sp.end - 1];
@@ -234,6 +245,7 @@ pub fn decode_with(
         is_target,
         call_depth,
         branches,
+        exits,
     })
 }
 
