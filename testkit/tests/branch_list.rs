@@ -1,10 +1,11 @@
-//! The front end's branch and exit lists (`Program::branches`, `Program::exits`) are what
-//! the passes after decoding read instead of the instructions, so they must say exactly what
-//! the instructions say: after decoding, and after the rewrites for lowering (which retarget
-//! jumps and turn exits into gotos). Checked over the conformance corpus and the generators'
-//! programs (seeds printed on failure).
+//! What the passes after decoding read instead of the instructions must say exactly what the
+//! instructions say: the branch and exit lists (`Program::branches`, `Program::exits`) and
+//! each function's summary (`Subprog`: calls, registers written, stack use, instruction
+//! kinds), after decoding and after the rewrites for lowering (which retarget jumps and turn
+//! exits into gotos). Checked over the conformance corpus and the generators' programs (the
+//! failing program is named).
 
-use packjit_frontend::{Branch, BranchKind, Op, Program};
+use packjit_frontend::{op_kind, Branch, BranchKind, Op, Operand, Program, R10};
 use packjit_plugin_api::CompileRequest;
 use packjit_testkit::gen;
 
@@ -39,6 +40,42 @@ fn scanned(prog: &Program) -> (Vec<Branch>, Vec<u32>) {
 
 /// Checks the lists of `code` when it decodes (with the helpers generated programs call);
 /// returns whether it did.
+/// Whether `op` reads r10, from its operands (the test's own reading, not the front end's).
+fn reads_r10(op: &Op) -> bool {
+    let reg = |o: Operand| o == Operand::Reg(R10);
+    match *op {
+        Op::Alu { src, .. } => reg(src),
+        Op::MovSx { src, .. } | Op::MovPerCpu { src, .. } => src == R10,
+        Op::Load { base, .. } => base == R10,
+        Op::Store { base, src, .. } => base == R10 || reg(src),
+        Op::Atomic { base, src, .. } => base == R10 || src == R10,
+        Op::Jcond { dst, src, .. } => dst == R10 || reg(src),
+        Op::CallReg { reg } => reg == R10,
+        _ => false,
+    }
+}
+
+/// Each function's summary against a scan of its instructions.
+fn check_summaries(name: &str, prog: &Program) {
+    for (k, sp) in prog.subprogs.iter().enumerate() {
+        let insts = &prog.insts[sp.start..sp.end];
+        let ops = insts.iter().fold(0, |a, i| a | i.op.kind_bit());
+        assert_eq!(sp.ops, ops, "{name}: function {k}: instruction kinds");
+        let calls = ops & (op_kind::CALLS | op_kind::MOV_PERCPU) != 0;
+        assert_eq!(sp.calls, calls, "{name}: function {k}: calls");
+        let mut writes = insts
+            .iter()
+            .filter_map(|i| i.op.written_reg())
+            .fold(0u16, |a, r| a | 1 << r);
+        if ops & op_kind::CALLS != 0 {
+            writes |= 0b11_1111;
+        }
+        assert_eq!(sp.writes, writes, "{name}: function {k}: registers written");
+        let stack = insts.iter().any(|i| reads_r10(&i.op));
+        assert_eq!(sp.uses_stack, stack, "{name}: function {k}: stack use");
+    }
+}
+
 fn check(name: &str, code: &[u8]) -> bool {
     let helpers = packjit_testkit::fuzz::fuzz_helpers();
     let Ok(plain) = packjit_frontend::decode(code, &helpers) else {
@@ -47,6 +84,7 @@ fn check(name: &str, code: &[u8]) -> bool {
     let (branches, exits) = scanned(&plain);
     assert_eq!(plain.branches, branches, "{name}: branches after decoding");
     assert_eq!(plain.exits, exits, "{name}: exits after decoding");
+    check_summaries(name, &plain);
     let req = CompileRequest {
         code,
         helpers: &helpers,
@@ -61,6 +99,7 @@ fn check(name: &str, code: &[u8]) -> bool {
         "{name}: branches after the rewrites"
     );
     assert_eq!(lowered.exits, exits, "{name}: exits after the rewrites");
+    check_summaries(name, &lowered);
     // Every branch target is flagged, and nothing else is.
     let mut targets = vec![false; lowered.insts.len()];
     for b in &lowered.branches {

@@ -23,11 +23,9 @@
 //! which is why the entry saves every callee-saved register any function touches.
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
-use packjit_frontend::analysis::{
-    entry_zeroing, live_in, reads_r10, stack_block_size, LoweringReads,
-};
+use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, LoweringReads};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
-use packjit_frontend::{op_kind, Op, Program, STACK_SIZE};
+use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
     PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
@@ -65,10 +63,9 @@ pub(crate) struct Plan {
 }
 
 pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) -> Plan {
-    let has_callx = prog
-        .insts
-        .iter()
-        .any(|i| matches!(i.op, Op::CallReg { .. }));
+    // Everything here comes from the functions' summaries, never from a pass over the
+    // instructions (at 1 M instructions that is a trip through memory).
+    let has_callx = prog.subprogs.iter().any(|s| s.ops & op_kind::CALL_REG != 0);
     let can_stop = sandbox || budget || has_callx;
     let block = if sandbox {
         stack_block_size(prog) as u32
@@ -86,21 +83,10 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
         .iter()
         .enumerate()
         .map(|(k, sp)| {
-            let insts = &prog.insts[sp.start..sp.end];
-            let calls = insts.iter().any(|i| {
-                matches!(
-                    i.op,
-                    Op::CallHelper { .. }
-                        | Op::CallReg { .. }
-                        | Op::CallLocal { .. }
-                        | Op::MovPerCpu { .. }
-                )
-            });
-            let mut writes = insts
-                .iter()
-                .filter_map(|i| i.op.written_reg())
-                .fold(0u16, |a, r| a | 1 << r);
-            writes |= sp.writes;
+            // Helper, `callx` or local calls, or a per-CPU mov (which may call for the CPU id).
+            let calls = sp.calls;
+            // Every register an instruction writes, and r0-r5 where there are calls.
+            let mut writes = sp.writes;
             if k == 0 {
                 // The entry zeroes what may be read unwritten: x19..x22 among them are the
                 // host's and must be restored.
@@ -148,7 +134,7 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
                 // `bl` on the way: the entry of code that can stop keeps its return address.
                 save_lr: calls || (k == 0 && can_stop),
                 saved,
-                native_frame: !sandbox && insts.iter().any(|i| reads_r10(&i.op)),
+                native_frame: !sandbox && sp.uses_stack,
                 map,
             }
         })

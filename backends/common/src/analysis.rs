@@ -94,21 +94,6 @@ impl EmitCapacity {
     }
 }
 
-/// Does this instruction read r10 (the only way a program reaches its frame)?
-pub fn reads_r10(op: &Op) -> bool {
-    let reg = |o: Operand| o == Operand::Reg(R10);
-    match *op {
-        Op::Alu { src, .. } => reg(src),
-        Op::MovSx { src, .. } | Op::MovPerCpu { src, .. } => src == R10,
-        Op::Load { base, .. } => base == R10,
-        Op::Store { base, src, .. } => base == R10 || reg(src),
-        Op::Atomic { base, src, .. } => base == R10 || src == R10,
-        Op::Jcond { dst, src, .. } => dst == R10 || reg(src),
-        Op::CallReg { reg } => reg == R10,
-        _ => false,
-    }
-}
-
 /// r1–r5, the argument registers of helper and local calls (bit n = rn).
 pub const ARG_REGS: u16 = 0b11_1110;
 

@@ -27,7 +27,7 @@ use packjit_frontend::relax::{BranchCheck, Relaxation, Settled};
 use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_frontend::{
-    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
+    op_kind, AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
 };
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_ENTRY_SP,
@@ -217,13 +217,17 @@ impl<'a> Codegen<'a> {
         helpers: &'a [HelperEntry],
         opts: Options,
     ) -> Result<Self, CompileError> {
-        let has_callx = prog
-            .insts
-            .iter()
-            .any(|i| matches!(i.op, Op::CallReg { .. }));
+        // From the functions' summaries: at 1 M instructions a pass over them is a trip
+        // through memory.
+        let has_callx = prog.subprogs.iter().any(|s| s.ops & op_kind::CALL_REG != 0);
         // The verifier already refuses unknown helper ids; resolving them here as well keeps
-        // the lowering from ever emitting a call to a made-up address.
-        for inst in &prog.insts {
+        // the lowering from ever emitting a call to a made-up address. Only the functions
+        // that call helpers or have a per-CPU mov are looked at.
+        let calling = prog
+            .subprogs
+            .iter()
+            .filter(|s| s.ops & (op_kind::CALL_HELPER | op_kind::MOV_PERCPU) != 0);
+        for inst in calling.flat_map(|s| &prog.insts[s.start..s.end]) {
             let pc = inst.pc as usize;
             if let Op::CallHelper { id } = inst.op {
                 if !helpers.iter().any(|h| h.id == id) {
