@@ -193,6 +193,9 @@ pub struct Enc {
     /// The bytes, labels and relocations.
     ops: Asm,
     fixups: Reused<Fixup>,
+    /// Every fixup's displacement, kept by a [`Enc::branches_fit`] that found them all in
+    /// reach, so that [`Enc::finish`] need not resolve every label again.
+    disps: Option<Reused<i32>>,
     /// Per branch site, the form the relaxation driver chose in earlier passes.
     forms: Vec<Form>,
     sites: usize,
@@ -232,6 +235,7 @@ impl Enc {
             // `dynasm!` text's few label references need room there.
             ops: scratch::assembler(code, labels, 16),
             fixups: scratch::take(fixups),
+            disps: None,
             forms,
             sites: 0,
             insns: 0,
@@ -567,12 +571,17 @@ impl Enc {
     /// After a pass: does every branch reach its label in the form it was emitted in? Then
     /// the pass is final (the relaxation driver would change nothing). Errors as
     /// [`Enc::branch_checks`].
-    pub fn branches_fit(&self) -> Result<bool, String> {
+    pub fn branches_fit(&mut self) -> Result<bool, String> {
         let labels = self.ops.labels();
+        let mut disps = scratch::take(self.fixups.len());
         let mut fit = true;
-        for f in &self.fixups {
-            fit &= f.displacement(labels)?.1;
+        for f in self.fixups.iter() {
+            let (disp, fits) = f.displacement(labels)?;
+            fit &= fits;
+            // Kept only when all fit, where every displacement fits an i32.
+            disps.push(disp as i32);
         }
+        self.disps = fit.then_some(disps);
         Ok(fit)
     }
 
@@ -618,21 +627,28 @@ impl Enc {
     /// The final bytes: dynasm patches the relocations of the `dynasm!` text, this the
     /// displacement of every `jump`/`call_label` (all of which the relaxation found in
     /// range).
-    pub fn finish(self) -> Result<Reused<u8>, String> {
-        let labels = self.ops.labels();
+    pub fn finish(mut self) -> Result<Reused<u8>, String> {
         // Displacements first (the labels live in the assembler `finalize` consumes); 4 bytes
-        // per fixup, paired with the fixups again below.
-        let mut disps = scratch::take(self.fixups.len());
-        for f in &self.fixups {
-            let (disp, fits) = f.displacement(labels)?;
-            if !fits {
-                return Err(format!(
-                    "internal: branch at {} does not reach its label (displacement {disp})",
-                    f.end
-                ));
+        // per fixup, paired with the fixups again below. A `branches_fit` that found them all
+        // in reach kept them (nothing is emitted after it).
+        let disps = match self.disps.take() {
+            Some(kept) if kept.len() == self.fixups.len() => kept,
+            _ => {
+                let labels = self.ops.labels();
+                let mut disps = scratch::take(self.fixups.len());
+                for f in self.fixups.iter() {
+                    let (disp, fits) = f.displacement(labels)?;
+                    if !fits {
+                        return Err(format!(
+                            "internal: branch at {} does not reach its label (displacement {disp})",
+                            f.end
+                        ));
+                    }
+                    disps.push(disp as i32);
+                }
+                disps
             }
-            disps.push(disp as i32);
-        }
+        };
         let mut bytes = scratch::assembled(self.ops)
             .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))?;
         for (f, &disp) in self.fixups.iter().zip(disps.iter()) {
