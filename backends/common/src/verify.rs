@@ -84,10 +84,12 @@ pub fn decode_with(
     let mut acc = BlockEffects::default();
     // Slot of every `lddw`, ascending: maps a slot to its instruction index (see `resolve`).
     let mut lddw_slots: Vec<u32> = Vec::new();
-    // Every `ja`, conditional jump and local call, ascending, with its target still the
-    // raw offset (see `pending_target`). (Sized for about one branch per 8 instructions, as
-    // in typical code; more regrows.)
+    // Every `ja`, conditional jump and local call, ascending, with its target slot until
+    // pass 2 (`OUTSIDE` for a slot outside the program). (Sized for about one branch per 8
+    // instructions, as in typical code; more regrows.)
     let mut branches: Vec<Branch> = crate::scratch::take_vec(slots / 8 + 8);
+    // Instruction index of every `lddw`, ascending (pairs with `lddw_slots`).
+    let mut lddw_at: Vec<u32> = Vec::new();
     // Instruction indices of the local calls among them (the call graph's edges).
     let mut local_calls: Vec<u32> = Vec::new();
     let mut exits: Vec<u32> = Vec::new();
@@ -105,16 +107,32 @@ pub fn decode_with(
         };
         let kind = 1u16 << (eff >> EFF_KIND_SHIFT);
         if kind & (op_kind::JA | op_kind::JCOND | op_kind::CALL_LOCAL) != 0 {
-            // Read back while its cache line is still at hand.
-            let (kind, target) = match insts[index as usize].op {
+            // Resolved now, while the instruction's cache line is at hand, by the `lddw`s
+            // seen so far: exact for a target at or before this slot, and for a later one
+            // unless an `lddw` lies in between (pass 2 rewrites those few). A slot outside
+            // the program leaves the raw offset in place, for pass 2's error.
+            let (kind, target) = match &mut insts[index as usize].op {
                 Op::Ja { target } => (BranchKind::Ja, target),
                 Op::Jcond { target, .. } => (BranchKind::Jcond, target),
                 Op::CallLocal { target } => (BranchKind::CallLocal, target),
                 _ => unreachable!("the effect word says a branch"),
             };
+            let slot = pc as i64 + 1 + pending_offset(*target);
+            let slot = if (0..slots as i64).contains(&slot) {
+                let slot = slot as usize;
+                let before = if slot <= pc {
+                    lddw_slots.partition_point(|&l| (l as usize) < slot)
+                } else {
+                    lddw_slots.len()
+                };
+                *target = (slot - before) as u32;
+                slot as u32
+            } else {
+                OUTSIDE
+            };
             branches.push(Branch {
                 at: index,
-                target,
+                target: slot,
                 kind,
             });
             if kind == BranchKind::CallLocal {
@@ -122,6 +140,7 @@ pub fn decode_with(
             }
         } else if kind == op_kind::LD_IMM64 {
             lddw_slots.push(pc as u32);
+            lddw_at.push(index);
         } else if kind == op_kind::EXIT {
             exits.push(index);
         }
@@ -136,36 +155,43 @@ pub fn decode_with(
         blocks.push(acc);
     }
 
-    // Pass 2 (branches only): resolve slot targets to instruction indices. Every `lddw`
-    // before a slot makes its index one smaller than the slot; a slot right after an
-    // `lddw`'s first half is its second half.
-    let resolve = |from: usize, slot: i64| -> Result<u32, CompileError> {
-        if slot < 0 || slot as usize >= slots {
+    // Pass 2 (the branch list only): check every target slot and turn it into an
+    // instruction index. Every `lddw` before a slot makes its index one smaller than the
+    // slot; a slot right after an `lddw`'s first half is its second half. Instructions are
+    // read only for an error's pc, and written only where pass 1's count was short.
+    for b in branches.iter_mut() {
+        if b.target == OUTSIDE {
+            let inst = &insts[b.at as usize];
+            let (Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target }) = inst.op
+            else {
+                unreachable!("only branches are listed")
+            };
+            let slot = inst.pc as i64 + 1 + pending_offset(target);
             return Err(verr(
-                from,
+                inst.pc as usize,
                 format!("jump target {slot} is outside the program (0..{slots})"),
             ));
         }
-        let slot = slot as usize;
+        if lddw_slots.is_empty() {
+            continue; // every index is its slot
+        }
+        let slot = b.target as usize;
         let before = lddw_slots.partition_point(|&l| (l as usize) < slot);
         if before > 0 && lddw_slots[before - 1] as usize + 1 == slot {
             return Err(verr(
-                from,
+                insts[b.at as usize].pc as usize,
                 format!("jump target {slot} is the second half of LD_IMM64"),
             ));
         }
-        Ok((slot - before) as u32)
-    };
-    // The only pass after the first that reads instructions: later ones read `branches`.
-    for b in branches.iter_mut() {
-        let inst = &mut insts[b.at as usize];
-        let pc = inst.pc as usize;
-        b.target = resolve(pc, pc as i64 + 1 + pending_offset(b.target))?;
-        match &mut inst.op {
-            Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } => {
-                *target = b.target;
+        b.target = (slot - before) as u32;
+        // For a later target pass 1 counted the `lddw`s before the branch itself.
+        if b.target > b.at && before != lddw_at.partition_point(|&i| i < b.at) {
+            match &mut insts[b.at as usize].op {
+                Op::Ja { target } | Op::Jcond { target, .. } | Op::CallLocal { target } => {
+                    *target = b.target;
+                }
+                _ => unreachable!("only branches are listed"),
             }
-            _ => unreachable!("only branches are listed"),
         }
     }
 
@@ -249,9 +275,14 @@ pub fn decode_with(
     })
 }
 
-/// Between the passes a branch's `target` holds its raw offset (`off`, or `imm` for `gotol`
-/// and local calls) as the bits of an `i32`: the slot it names, `pc + 1 + offset`, may be
-/// outside the program, and is checked and resolved to an instruction index in pass 2.
+/// [`Branch::target`] between the passes for a slot outside the program (no slot is this
+/// large: see `MAX_INSNS`).
+const OUTSIDE: u32 = u32::MAX;
+
+/// As decoded, a branch's `target` holds its raw offset (`off`, or `imm` for `gotol` and
+/// local calls) as the bits of an `i32`: the slot it names, `pc + 1 + offset`, may be
+/// outside the program. Pass 1 resolves it at once when it is inside; otherwise it stays
+/// until pass 2 reports it.
 fn pending_target(offset: i32) -> u32 {
     offset as u32
 }
@@ -1511,6 +1542,49 @@ mod tests {
             err(&prog(&[ins(0x8e, 0, 0, 0, 0), EXIT])),
             "pc 0: unknown opcode 0x8e"
         );
+    }
+
+    #[test]
+    fn jump_targets_across_lddw_resolve_to_instruction_indices() {
+        let lddw = [ins(0x18, 1, 0, 0, 1), ins(0, 0, 0, 0, 0)];
+        // A forward target found to be the second half of an lddw only once that lddw is
+        // decoded: still refused.
+        let code = prog(&[
+            ins(0x15, 1, 0, 4, 0), // slot 0: if r1 == 0 goto slot 5
+            lddw[0],               // slots 1-2
+            lddw[1],
+            ins(0x05, 0, 0, 2, 0), // slot 3: goto slot 6
+            lddw[0],               // slots 4-5
+            lddw[1],
+            ins(0xb7, 0, 0, 0, 7), // slot 6
+            EXIT,                  // slot 7
+        ]);
+        assert_eq!(
+            err(&code),
+            "pc 0: jump target 5 is the second half of LD_IMM64"
+        );
+        let code = prog(&[
+            ins(0x15, 1, 0, 5, 0),  // 0 (slot 0): if r1 == 0 goto slot 6
+            lddw[0],                // 1 (slots 1-2)
+            lddw[1],                //
+            ins(0x05, 0, 0, 2, 0),  // 2 (slot 3): goto slot 6
+            lddw[0],                // 3 (slots 4-5)
+            lddw[1],                //
+            ins(0xb7, 0, 0, 0, 7),  // 4 (slot 6): r0 = 7
+            ins(0x15, 0, 0, -4, 0), // 5 (slot 7): if r0 == 0 goto slot 4 (the second lddw)
+            ins(0x05, 0, 0, -9, 0), // 6 (slot 8): goto slot 0
+            EXIT,                   // 7 (slot 9)
+        ]);
+        let p = decode(&code, &[]).unwrap();
+        let targets: Vec<(u32, u32)> = p.branches.iter().map(|b| (b.at, b.target)).collect();
+        assert_eq!(targets, [(0, 4), (2, 4), (5, 3), (6, 0)]);
+        for b in &p.branches {
+            let (Op::Ja { target } | Op::Jcond { target, .. }) = p.insts[b.at as usize].op else {
+                panic!("instruction {} is a jump", b.at);
+            };
+            assert_eq!(target, b.target, "instruction {}", b.at);
+        }
+        assert_eq!(p.exits, [7]);
     }
 
     #[test]
