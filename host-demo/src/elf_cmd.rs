@@ -326,7 +326,7 @@ fn static_emit(
         Arch::Riscv64 => return Ok(None),
     };
     let prog = packjit_frontend::decode(code, helpers).map_err(|e| e.to_string())?;
-    Ok(Some((bytes.into_vec(), prog.line_table(&inst_offsets))))
+    Ok(Some((bytes.into_vec(), prog.line_table(inst_offsets))))
 }
 
 fn print_native(cs: &Capstone, code: &[u8], start: usize, end: usize) -> Result<(), String> {

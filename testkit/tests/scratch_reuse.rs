@@ -8,7 +8,7 @@ use packjit_plugin_api::{CompileRequest, JitBackend};
 use packjit_testkit::gen::sized_program;
 
 /// (code, per-instruction offsets or line table) of one compile.
-type Output = (Vec<u8>, Vec<usize>);
+type Output = (Vec<u8>, Vec<u32>);
 
 fn emit(arch: &str, code: &[u8], flags: u32) -> Output {
     match arch {
@@ -43,7 +43,7 @@ fn emit(arch: &str, code: &[u8], flags: u32) -> Output {
                     blind_key: 0,
                 })
                 .unwrap();
-            (bytes.to_vec(), lines.iter().map(|&l| l as usize).collect())
+            (bytes.to_vec(), lines)
         }
         _ => unreachable!(),
     }

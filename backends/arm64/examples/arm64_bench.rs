@@ -133,6 +133,7 @@ fn compile_figures() {
                 .inst_offsets
                 .iter()
                 .map(|&o| {
+                    let o = o as usize;
                     let data: usize = out
                         .data
                         .iter()

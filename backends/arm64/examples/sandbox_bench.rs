@@ -69,7 +69,8 @@ mod bench {
                     map as *mut _,
                     (map as *mut libc::c_char).add(out.bytes.len()),
                 );
-                let mut offsets = out.inst_offsets.clone();
+                let mut offsets: Vec<usize> =
+                    out.inst_offsets.iter().map(|&o| o as usize).collect();
                 offsets.push(out.bytes.len());
                 Code {
                     map,

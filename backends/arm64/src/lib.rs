@@ -163,7 +163,7 @@ impl JitBackend for Arm64Backend {
         validate_inline_kinds(req.helpers, "arm64", INLINE_KINDS)?;
         let prog = packjit_frontend::decode_for_lowering(req)?;
         let out = emit_decoded(&prog, req.helpers, &mode)?;
-        let line_table = prog.line_table(&out.inst_offsets);
+        let line_table = prog.line_table(out.inst_offsets);
         install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
     }
 }

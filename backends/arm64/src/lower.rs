@@ -56,7 +56,7 @@ pub struct Emitted {
     /// Byte ranges of data in `bytes` (`callx` tables and their padding), ascending.
     pub data: Vec<std::ops::Range<usize>>,
     /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
-    pub inst_offsets: Reused<usize>,
+    pub inst_offsets: Reused<u32>,
     /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
     pub passes: usize,
     /// Cold code islands inside functions (`packjit_frontend::cold`).
@@ -206,7 +206,7 @@ pub(crate) struct Emitter<'a> {
     /// Which instructions have a label of their own.
     pub(crate) placement: LabelPlacement,
     /// Where each instruction's code starts, in emission order (= instruction order).
-    pub(crate) offsets: Reused<usize>,
+    pub(crate) offsets: Reused<u32>,
     /// Call entry of each subprogram (before its prologue).
     pub(crate) entries: Vec<DynamicLabel>,
     /// Epilogue of each subprogram.
@@ -345,7 +345,8 @@ impl<'a> Emitter<'a> {
                 // The instruction starts here (after a walk's clamp, which only the walk's
                 // back-edge reaches).
                 let here = self.off();
-                self.offsets.push(here);
+                // (Code is far below 4 GiB: at most `MAX_INSNS` instructions.)
+                self.offsets.push(here as u32);
                 if self.placement.own_label(self.prog.is_target[i]) {
                     let label = self.labels[i];
                     a64!(self.ops; =>label);

@@ -813,10 +813,10 @@ fn loops_clamp_what_they_no_longer_check() {
         .unwrap();
         let from = packjit_testkit::bench::loop_landing(
             p.hot.start,
-            out.inst_offsets[p.hot.start],
+            out.inst_offsets[p.hot.start] as usize,
             &out.landings,
         );
-        let to = out.inst_offsets[p.hot.end];
+        let to = out.inst_offsets[p.hot.end] as usize;
         (disasm(&out.bytes[from..to]), disasm(&out.bytes))
     };
     let want: [&[&str]; 2] = [

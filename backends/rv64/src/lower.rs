@@ -171,7 +171,7 @@ pub struct Codegen<'a> {
     /// trusted code (see `instruction_labels`).
     insn_labels: Reused<DynamicLabel>,
     /// Where each instruction's code starts, in emission order (= instruction order).
-    insn_offsets: Reused<usize>,
+    insn_offsets: Reused<u32>,
     entry_labels: Vec<DynamicLabel>,
     exit_labels: Vec<DynamicLabel>,
     dispatch: Option<DynamicLabel>,
@@ -343,7 +343,7 @@ impl<'a> Codegen<'a> {
             })?;
             if settled == Settled::Done {
                 let labels = self.e.asm.labels();
-                let table = self.prog.line_table(&self.insn_offsets);
+                let table = self.prog.line_table(std::mem::take(&mut self.insn_offsets));
                 let at = |l: DynamicLabel| labels.resolve_dynamic(l).ok().map(|o| o.0);
                 let groups = self.access.groups.iter().zip(&self.group_resume);
                 let walks = self.access.walks.iter().zip(&self.walk_clamps);
@@ -429,7 +429,8 @@ impl<'a> Codegen<'a> {
                 self.walk_clamp_at(i);
                 // The instruction starts here (after a walk's clamp, which only the walk's
                 // back-edge reaches).
-                self.insn_offsets.push(self.e.pos());
+                // (Code is far below 4 GiB: at most `MAX_INSNS` instructions.)
+                self.insn_offsets.push(self.e.pos() as u32);
                 if placement.own_label(self.prog.is_target[i]) {
                     let l = self.insn_labels[i];
                     self.e.bind(l);

@@ -61,7 +61,7 @@ impl Code {
             );
             map
         };
-        let mut offsets = out.inst_offsets.to_vec();
+        let mut offsets: Vec<usize> = out.inst_offsets.iter().map(|&o| o as usize).collect();
         offsets.push(out.bytes.len());
         Code {
             map,

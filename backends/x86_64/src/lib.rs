@@ -174,7 +174,7 @@ impl JitBackend for X86Backend {
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
         let (prog, out) = emit_decoded(req)?;
-        let line_table = prog.line_table(&out.inst_offsets);
+        let line_table = prog.line_table(out.inst_offsets);
         install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
     }
 }

@@ -56,7 +56,7 @@ pub struct Emitted {
     /// x86-64 instructions emitted.
     pub native_insns: usize,
     /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
-    pub inst_offsets: Reused<usize>,
+    pub inst_offsets: Reused<u32>,
     /// Emission passes needed to settle the branch forms.
     pub passes: usize,
     /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
@@ -243,7 +243,7 @@ pub struct Emitter<'a> {
     /// Which instructions have a label of their own.
     placement: LabelPlacement,
     /// Where each instruction's code starts, in emission order (= instruction order).
-    inst_offsets: Reused<usize>,
+    inst_offsets: Reused<u32>,
     /// Prologue label of each function.
     sub_entry: Vec<Label>,
     /// Epilogue label of each function.
@@ -373,7 +373,8 @@ impl<'a> Emitter<'a> {
                 }
                 // The instruction starts here (after a walk's clamp, which only the walk's
                 // back-edge reaches).
-                self.inst_offsets.push(self.e.pos());
+                // (Code is far below 4 GiB: at most `MAX_INSNS` instructions.)
+                self.inst_offsets.push(self.e.pos() as u32);
                 if self.placement.own_label(target) {
                     let l = self.inst_label[i];
                     self.e.bind(l);

@@ -611,11 +611,11 @@ fn far_branches_relax_to_rel32_and_near_ones_stay_rel8() {
     );
     let d = disasm(&out.bytes);
     // test rdi,rdi ; je rel32
-    let o = out.inst_offsets[0];
+    let o = out.inst_offsets[0] as usize;
     assert_eq!(&out.bytes[o..o + 3], &[0x48, 0x85, 0xff]);
     assert_eq!(&out.bytes[o + 3..o + 5], &[0x0f, 0x84], "{}", d.join("\n"));
     let jne = d.iter().position(|l| l.starts_with("jne")).unwrap();
-    let off = out.inst_offsets[2];
+    let off = out.inst_offsets[2] as usize;
     assert_eq!(out.bytes[off + 4], 0x75, "short jne: {}", d[jne]);
 }
 
@@ -635,7 +635,7 @@ fn far_backward_jumps_are_rel32_in_the_first_pass() {
         .iter()
         .find(|l| l.starts_with("jne"))
         .expect("the back-edge");
-    let back = out.inst_offsets[42] + 4; // after `cmp rax, 9` (4 bytes)
+    let back = out.inst_offsets[42] as usize + 4; // after `cmp rax, 9` (4 bytes)
     assert_eq!(
         &out.bytes[back..back + 2],
         &[0x0f, 0x85],
@@ -708,10 +708,10 @@ fn line_table_maps_every_slot_to_its_code() {
         c.pc_offsets,
         vec![
             4,
-            out.inst_offsets[1] as u32,
+            out.inst_offsets[1],
             packjit_plugin_api::NO_NATIVE_CODE,
-            out.inst_offsets[2] as u32,
-            out.inst_offsets[3] as u32,
+            out.inst_offsets[2],
+            out.inst_offsets[3],
         ]
     );
     assert!(out.inst_offsets.windows(2).all(|w| w[0] < w[1]));
@@ -842,10 +842,10 @@ fn loops_clamp_what_they_no_longer_check() {
         .unwrap();
         let from = packjit_testkit::bench::loop_landing(
             p.hot.start,
-            out.inst_offsets[p.hot.start],
+            out.inst_offsets[p.hot.start] as usize,
             &out.landings,
         );
-        let to = out.inst_offsets[p.hot.end];
+        let to = out.inst_offsets[p.hot.end] as usize;
         (disasm(&out.bytes[from..to]), disasm(&out.bytes))
     };
     let want: [&[&str]; 2] = [
