@@ -19,6 +19,12 @@
 //! first did: the relaxation numbers branch sites in emission order, and its pass bound
 //! assumes code only grows. So the first pass decides and records; later passes replay.
 //!
+//! An island never goes between a branch of the program and the instruction it jumps ahead
+//! to ([`ColdPlacement::note_instruction`]): such a branch is emitted in its short form before
+//! anyone knows an island will come, and jumping over a whole island it would not reach.
+//! The island waits for the target instead (a few instructions: short forward jumps are
+//! local).
+//!
 //! [`ColdPlacement::expected_distance`] estimates how far the cold side of a branch being
 //! emitted will land, so a backend whose shortest conditional branch reaches only a few KiB
 //! can start in the form that will reach it instead of finding out in a second pass. It is
@@ -27,6 +33,8 @@
 //!
 //! arm64 uses islands only (its `B.cond` reaches far past a span), RV64 all three, and
 //! x86-64, whose `jcc rel32` reaches ±2 GiB, the estimate only (a span of `usize::MAX`).
+
+use crate::Op;
 
 /// The island policy and the running state of one pass (see the module docs).
 #[derive(Clone, Debug)]
@@ -52,6 +60,8 @@ pub struct ColdPlacement {
     /// code queues, for the estimate.
     cold_bytes: usize,
     hot_bytes: usize,
+    /// No island before this instruction (the farthest target of a branch ahead so far).
+    hold_until: usize,
 }
 
 impl ColdPlacement {
@@ -74,6 +84,7 @@ impl ColdPlacement {
             replay: None,
             cold_bytes: 0,
             hot_bytes: 0,
+            hold_until: 0,
         }
     }
 
@@ -93,6 +104,7 @@ impl ColdPlacement {
     pub fn begin_pass(&mut self, pass: usize) {
         self.replay = (pass > 1).then_some((0, 0));
         (self.cold_bytes, self.hot_bytes) = (0, 0);
+        self.hold_until = 0;
     }
 
     /// A function's body (instructions `first..end` of a program of `program_end`) starts
@@ -117,11 +129,21 @@ impl ColdPlacement {
             *islands += usize::from(due);
             return due;
         }
-        let due = pos - self.pending_since >= self.span;
+        let due = pos - self.pending_since >= self.span && inst > self.hold_until;
         if due {
             self.islands.push(inst as u32);
         }
         due
+    }
+
+    /// Instruction `inst` (`op`) is being lowered: if it jumps ahead, no island goes before
+    /// its target (one would go between the jump and where it lands).
+    pub fn note_instruction(&mut self, inst: usize, op: &Op) {
+        if let Op::Ja { target } | Op::Jcond { target, .. } = *op {
+            if target as usize > inst {
+                self.hold_until = self.hold_until.max(target as usize);
+            }
+        }
     }
 
     /// The queued cold code was placed at code offsets `start..end` (in an island or after
@@ -195,6 +217,29 @@ mod tests {
         c.cold_placed(1114, 1300);
         assert!(!c.island_due(1399, 5, true));
         assert!(c.island_due(1400, 6, true));
+    }
+
+    #[test]
+    fn no_island_goes_between_a_jump_ahead_and_its_target() {
+        let mut c = ColdPlacement::new(100, 0);
+        c.begin_pass(1);
+        c.begin_function(1000, 0, 50, 50);
+        assert!(!c.island_due(1000, 0, false));
+        c.note_instruction(0, &Op::Ja { target: 7 });
+        // A jump back, or a plain instruction, holds nothing.
+        c.note_instruction(3, &Op::Ja { target: 1 });
+        c.note_instruction(4, &Op::Exit);
+        // Due by the span from instruction 5 on, but not before 7 (the jump's target)...
+        assert!(!c.island_due(1100, 5, true));
+        assert!(!c.island_due(1110, 7, true));
+        // ...then at once.
+        assert!(c.island_due(1120, 8, true));
+        c.cold_placed(1124, 1200);
+        // A new pass starts with nothing held.
+        c.begin_pass(1);
+        c.begin_function(1000, 0, 50, 50);
+        assert!(!c.island_due(1000, 0, false));
+        assert!(c.island_due(1100, 5, true));
     }
 
     #[test]

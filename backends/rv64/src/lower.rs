@@ -426,6 +426,7 @@ impl<'a> Codegen<'a> {
                     self.island(i);
                 }
                 self.cur = i;
+                self.islands.note_instruction(i, &self.prog.insts[i].op);
                 self.walk_clamp_at(i);
                 // The instruction starts here (after a walk's clamp, which only the walk's
                 // back-edge reaches).
