@@ -19,11 +19,10 @@
 //! first did: the relaxation numbers branch sites in emission order, and its pass bound
 //! assumes code only grows. So the first pass decides and records; later passes replay.
 //!
-//! An island never goes between a branch of the program and the instruction it jumps ahead
-//! to ([`ColdPlacement::note_instruction`]): such a branch is emitted in its short form before
-//! anyone knows an island will come, and jumping over a whole island it would not reach.
-//! The island waits for the target instead (a few instructions: short forward jumps are
-//! local).
+//! An island never goes between a jump of the program and the instruction it jumps ahead to,
+//! up to [`ColdPlacement::HOLD_INSTS`] ahead ([`ColdPlacement::note_instruction`]): such a
+//! jump is emitted in its short form before anyone knows an island will come, and jumping
+//! over a whole island it would not reach. The island waits for the target instead.
 //!
 //! [`ColdPlacement::expected_distance`] estimates how far the cold side of a branch being
 //! emitted will land, so a backend whose shortest conditional branch reaches only a few KiB
@@ -67,6 +66,12 @@ pub struct ColdPlacement {
 impl ColdPlacement {
     /// Instructions of a function measured before its own density replaces the typical one.
     pub const SAMPLE: usize = 16;
+
+    /// The farthest jump ahead, in instructions, that holds islands back. Farther jumps
+    /// start in a long form or need one whatever islands do (RV64's B-type spans some 500
+    /// instructions, arm64's TBZ a few thousand), and a `goto out` across a long function
+    /// must not keep all its cold code from islands.
+    pub const HOLD_INSTS: usize = 4096;
 
     /// Islands every `span` bytes of hot code at most (`usize::MAX`: none, the cold code of
     /// a function all goes after it); `typical` is the backend's usual bytes of hot code per
@@ -136,12 +141,14 @@ impl ColdPlacement {
         due
     }
 
-    /// Instruction `inst` (`op`) is being lowered: if it jumps ahead, no island goes before
-    /// its target (one would go between the jump and where it lands).
+    /// Instruction `inst` (`op`) is being lowered: if it jumps ahead by at most
+    /// [`Self::HOLD_INSTS`], no island goes before its target (one would go between the
+    /// jump and where it lands).
     pub fn note_instruction(&mut self, inst: usize, op: &Op) {
         if let Op::Ja { target } | Op::Jcond { target, .. } = *op {
-            if target as usize > inst {
-                self.hold_until = self.hold_until.max(target as usize);
+            let target = target as usize;
+            if target > inst && target - inst <= Self::HOLD_INSTS {
+                self.hold_until = self.hold_until.max(target);
             }
         }
     }
@@ -226,8 +233,10 @@ mod tests {
         c.begin_function(1000, 0, 50, 50);
         assert!(!c.island_due(1000, 0, false));
         c.note_instruction(0, &Op::Ja { target: 7 });
-        // A jump back, or a plain instruction, holds nothing.
+        // A jump back, a jump too far ahead, or a plain instruction, holds nothing.
         c.note_instruction(3, &Op::Ja { target: 1 });
+        let far = 4 + ColdPlacement::HOLD_INSTS as u32 + 1;
+        c.note_instruction(4, &Op::Ja { target: far });
         c.note_instruction(4, &Op::Exit);
         // Due by the span from instruction 5 on, but not before 7 (the jump's target)...
         assert!(!c.island_due(1100, 5, true));

@@ -82,7 +82,7 @@ pub fn decode_with(
     let mut insts = crate::inst_buffer(slots);
     let mut blocks: Vec<BlockEffects> = Vec::with_capacity(slots / EFF_BLOCK + 1);
     let mut acc = BlockEffects::default();
-    // Slot of every `lddw`, ascending: maps a slot to its instruction index (see `resolve`).
+    // Slot of every `lddw`, ascending: maps a slot to its instruction index (pass 2).
     let mut lddw_slots: Vec<u32> = Vec::new();
     // Every `ja`, conditional jump and local call, ascending, with its target slot until
     // pass 2 (`OUTSIDE` for a slot outside the program). (Sized for about one branch per 8
