@@ -153,16 +153,14 @@ pub fn emit_decoded_with(
 /// dense: the rare side of a sandbox check or a budget charge.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Cold {
-    /// The inline check failed: try the other of context and stack block, then the host
-    /// regions; resume at `resume` with x9 = the (clamped) address, or stop.
+    /// The inline check failed: the shared check (`region_scan`: context, stack block, host
+    /// regions); resume at `resume` with x9 = the (clamped) address, or stop.
     Access {
         inst: usize,
         label: DynamicLabel,
         resume: DynamicLabel,
         size: u32,
         write: bool,
-        /// The inline check was the stack block's (a stack-like base register).
-        stack_first: bool,
         /// Where the unclamped address is (x9 is set from it first).
         addr: u8,
     },
@@ -1506,7 +1504,6 @@ impl<'a> Emitter<'a> {
             resume,
             size: s,
             write,
-            stack_first,
             addr,
         });
         // The clamped address is in x9; without the clamp (measurement only) the access
@@ -1743,7 +1740,6 @@ impl<'a> Emitter<'a> {
                 resume,
                 size,
                 write,
-                stack_first,
                 addr,
             } => {
                 self.cur = inst;
@@ -1751,24 +1747,13 @@ impl<'a> Emitter<'a> {
                 if addr != T0 {
                     a64!(self.ops; mov X(T0), X(addr));
                 }
-                // The other of the two inline-able checks, then the region scan.
-                if stack_first {
-                    self.ctx_check(T0, size);
-                    a64!(self.ops; b.lo >regions ; csel X(T0), X(T0), xzr, hs);
-                    self.b(resume);
-                    a64!(self.ops; regions:);
-                } else if self.plan.block > 0 {
-                    self.stack_check(T0, size);
-                    a64!(self.ops; b.hi >regions ; csel X(T0), X(T0), xzr, ls);
-                    self.b(resume);
-                    a64!(self.ops; regions:);
-                }
+                // Everything else is the shared check's: a checked access's cold side is
+                // five to seven instructions.
                 let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
-                let word = PJ_STOP_OUT_OF_BOUNDS as u64 | (access as u64) << 32;
                 let pc = self.prog.insts[inst].pc as u64;
-                self.mov_imm(C1, word, W64);
+                a64!(self.ops; movz X(C1), access, lsl 32);
                 self.mov_imm(C2, pc, W64);
-                // The scan returns only on success (x9 clamped), so x30 is kept in x5 for
+                // The check returns only on success (x9 clamped), so x30 is kept in x5 for
                 // functions that did not save their link register.
                 let scan = self.region_scan;
                 a64!(self.ops; mov x5, x30);
@@ -1780,16 +1765,38 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    /// The per-program scan of `env.regions` for an access that is in neither the context
-    /// nor the stack block. In: x9 = address, C1 = stop word (size in bits 32..40, write in
-    /// bit 40), C2 = pc. Returns with x9 clamped on success; on failure it stops.
-    /// Uses x6, x8, x10, x12, x14, x17: none holds a value across a checked access.
+    /// The per-program check of an access whose inline test failed: the context, the stack
+    /// block (when the program has one), then `env.regions`. In: x9 = address, C1 = the
+    /// access in bits 32..41 (size in 32..40, write in bit 40), C2 = pc. Returns with x9
+    /// clamped on success; on failure it stops (out of bounds, C1 gets its kind). Uses x6,
+    /// x8, x10, x12, x14, x17: none holds a value across a checked access.
+    ///
+    /// Each region's test leaves `hs` exactly when `[x9, +size)` is inside
+    /// (`len - (x9 - start) >= size`, the subtraction's borrow folded in by `ccmp`), and
+    /// every way to `found` is a `b.hs` on those flags: a mispredicted one clamps to 0.
     pub(crate) fn region_scan(&mut self) {
         let (scan, stop) = (self.region_scan, self.stop);
         a64!(self.ops
             ; =>scan
-            ; ldp x6, x8, [X(ENV), PJ_ENV_REGIONS]
             ; ubfx x10, X(C1), 32, 8
+            ; sub x14, X(T0), X(CTX_LO)
+            ; subs x17, X(CTX_LEN), x14
+            ; ccmp x17, x10, 0, hs
+            ; b.hs >found
+        );
+        if self.plan.block > 0 {
+            // The block is at most a few KiB (movz's 16 bits).
+            let block = self.plan.block as u32;
+            a64!(self.ops
+                ; sub x14, X(T0), X(STACK_LO)
+                ; movz x17, block
+                ; subs x17, x17, x14
+                ; ccmp x17, x10, 0, hs
+                ; b.hs >found
+            );
+        }
+        a64!(self.ops
+            ; ldp x6, x8, [X(ENV), PJ_ENV_REGIONS]
             ; cbz x8, >fail
             ; next:
             ; ldp x14, x17, [x6]
@@ -1806,9 +1813,10 @@ impl<'a> Emitter<'a> {
             ; subs x8, x8, 1
             ; b.ne <next
             ; fail:
+            ; orr XSP(C1), X(C1), PJ_STOP_OUT_OF_BOUNDS as u64
             ; b =>stop
             ; found:
-            // Flags are still the ccmp's: a mispredicted b.lo clamps to 0.
+            // Flags are the deciding ccmp's: a mispredicted branch here clamps to 0.
             ; csel X(T0), X(T0), xzr, hs
             ; ret
         );

@@ -82,6 +82,13 @@ struct Check {
 
 // Displacement ranges of each form, as the ISA defines them: B- and J-type branches to
 // labels are encoded by `Emitter::finish` (dynasmrt 5.1 would accept only half their reach).
+/// Bits of a checked access's descriptor (t5 on its cold side) below its pc: the
+/// `PJ_ACCESS_*` word (size, write bit). `li` builds any descriptor in at most two
+/// instructions: pcs are below `MAX_INSNS`, so it stays under 2^31.
+const ACCESS_BITS: u32 = 9;
+const _: () = assert!(PJ_ACCESS_WRITE < 1 << ACCESS_BITS);
+const _: () = assert!((packjit_frontend::MAX_INSNS as u64) << ACCESS_BITS < 1 << 31);
+
 const CB_RANGE: (isize, isize) = (-256, 254);
 const CJ_RANGE: (isize, isize) = (-2048, 2046);
 const B_RANGE: (isize, isize) = (-4096, 4094);
@@ -109,8 +116,9 @@ pub struct Options {
 /// Out-of-line code a site needs, emitted after all functions (off the hot path).
 #[derive(Clone, Copy, Debug)]
 enum Cold {
-    /// The rest of a sandbox check whose inline test failed: the other of context and
-    /// stack block, then the host regions; returns to `resume` with t3 = 0 or stops.
+    /// The rest of a sandbox check whose inline test failed: the shared check
+    /// (`region_scan`: context, stack block, host regions); returns to `resume` with t3 = 0
+    /// or stops.
     Access {
         label: DynamicLabel,
         resume: DynamicLabel,
@@ -119,8 +127,6 @@ enum Cold {
         size: u32,
         pc: usize,
         write: bool,
-        /// The inline test was the stack block's (the base derives from r10).
-        stack_first: bool,
     },
     /// A check group's widened test failed: run the group's instructions again with a
     /// check per access, then continue after the group.
@@ -1432,7 +1438,6 @@ impl<'a> Codegen<'a> {
             size,
             pc,
             write,
-            stack_first,
         });
         operand
     }
@@ -1523,21 +1528,14 @@ impl<'a> Codegen<'a> {
                 size,
                 pc,
                 write,
-                stack_first,
             } => {
                 self.uses_stubs = true;
                 self.e.bind(label);
-                if stack_first {
-                    self.range_test(base, off, size, CTX_START, CTX_LEN);
-                    self.branch(Br::Eq, T3, ZERO, resume);
-                } else if self.layout.block > 0 {
-                    self.range_test(base, off, size, STACK_START, STACK_LEN);
-                    self.branch(Br::Eq, T3, ZERO, resume);
-                }
-                // Host regions: the stub wants the address in t0 and pc | access in t5.
+                // Everything else is the shared check's: it wants the address in t0 and
+                // the access descriptor in t5.
                 self.add_imm(T0, base, off as i64, T0);
                 let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
-                self.e.li(T5, ((pc as i64) << 16) | access as i64);
+                self.e.li(T5, ((pc as i64) << ACCESS_BITS) | access as i64);
                 let stub = self.region_stub;
                 self.call_link(T6, stub);
                 self.jump(resume);
@@ -1579,20 +1577,40 @@ impl<'a> Codegen<'a> {
         }
     }
 
-    /// Scans `env.regions` for one holding `[t0, t0 + size)` (and writable for a write);
-    /// t5 = pc << 16 | access, return address in t6. Returns t3 = 0 (the verdict the caller
-    /// masks with, so a mispredicted "found" still masks to 0), or stops.
+    /// The shared check of an access whose inline test failed: the context, the stack block
+    /// (when the program has one), then `env.regions`, for one holding `[t0, t0 + size)`
+    /// (and writable for a write); t5 = pc << ACCESS_BITS | access, return address in t6.
+    /// Returns t3 = 0 (the verdict the caller masks with, so a mispredicted "found" still
+    /// masks to 0), or stops.
     ///
     /// Its branches stay within the stub and the stop path right after it, so none grows to
     /// the far form (which would clobber t6).
     fn region_scan(&mut self) {
-        let (top, found, fail) = (self.e.new_label(), self.e.new_label(), self.e.new_label());
+        let (top, found, back, fail) = (
+            self.e.new_label(),
+            self.e.new_label(),
+            self.e.new_label(),
+            self.e.new_label(),
+        );
         self.e.bind(self.region_stub);
+        // t1 = size; per region, e = t0 - start + size is inside when size <= e <= len.
+        self.e.ri(RI::Andi, T1, T5, 0xff);
+        let mut regions = vec![(CTX_START, CTX_LEN)];
+        if self.layout.block > 0 {
+            regions.push((STACK_START, STACK_LEN));
+        }
+        for (start, len) in regions {
+            self.e.rrr(R3::Sub, T4, T0, start);
+            self.e.rrr(R3::Add, T4, T4, T1);
+            self.e.rrr(R3::Sltu, T3, T4, T1);
+            self.e.rrr(R3::Sltu, T4, len, T4);
+            self.e.rrr(R3::Or, T3, T3, T4);
+            self.branch(Br::Eq, T3, ZERO, back);
+        }
         self.e.load(Mem::D, T2, ENV, PJ_ENV_REGIONS);
         self.e.load(Mem::D, T3, ENV, PJ_ENV_REGION_COUNT);
         self.e.bind(top);
         self.branch(Br::Eq, T3, ZERO, fail);
-        // e = t0 - start + size; inside when size <= e <= len (see `check_access`).
         self.e.load(Mem::D, T4, T2, 0);
         self.e.rrr(R3::Sub, T4, T0, T4);
         self.e.ri(RI::Andi, T1, T5, 0xff);
@@ -1601,7 +1619,8 @@ impl<'a> Codegen<'a> {
         self.e.load(Mem::D, A6, T2, 8);
         self.e.rrr(R3::Sltu, A6, A6, T4);
         self.e.rrr(R3::Or, T1, T1, A6);
-        // A write needs PJ_REGION_WRITABLE (bit 0 of flags): bad |= write & !writable.
+        // A write needs PJ_REGION_WRITABLE (bit 0 of flags): bad |= write & !writable (a6 is
+        // 0 or 1, so the pc above the write bit in t4 does not matter).
         self.e.load(Mem::D, A6, T2, 16);
         self.e.ri(RI::Xori, A6, A6, 1);
         self.e.ri(RI::Andi, A6, A6, 1);
@@ -1614,11 +1633,12 @@ impl<'a> Codegen<'a> {
         self.jump(top);
         self.e.bind(found);
         self.e.mv(T3, T1);
+        self.e.bind(back);
         self.e.jump_reg(T6);
         self.e.bind(fail);
         self.e.li(A6, PJ_STOP_OUT_OF_BOUNDS as i64);
-        self.e.ri(RI::Srli, A7, T5, 16);
-        self.e.ri(RI::Andi, T1, T5, 0x1ff);
+        self.e.ri(RI::Srli, A7, T5, ACCESS_BITS as i32);
+        self.e.ri(RI::Andi, T1, T5, (1 << ACCESS_BITS) - 1);
         let stop = self.stop;
         self.jump(stop);
     }

@@ -20,7 +20,8 @@ use packjit_frontend::relax::{Relaxation, Settled};
 use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_frontend::{
-    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, STACK_SIZE,
+    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, MAX_INSNS,
+    STACK_SIZE,
 };
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
@@ -155,8 +156,6 @@ pub fn emit_with(
 /// Why the code stops (out-of-line stub contents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
-    /// Checked access failed: address in r11.
-    Oob { access: u32 },
     /// Budget exhausted.
     Budget,
     /// `callx` id with no helper: id in the given register.
@@ -187,28 +186,9 @@ enum CopyOf {
 /// Rarely taken code, kept out of the straight-line path.
 #[derive(Clone, Copy, Debug)]
 enum Cold {
-    /// A context-length test failed: the full check (context, stack block, host regions),
-    /// then back with r11 = the checked address.
-    Check {
-        at: Label,
-        back: Label,
-        pc: usize,
-        base: Gpr,
-        off: i32,
-        size: Size,
-        write: bool,
-    },
-    /// The inline region test of [`Emitter::check`] failed: the other region and the host
-    /// regions, back to `back` (the clamp) when one holds the access, else the stop.
-    Regions {
-        at: Label,
-        back: Label,
-        pc: usize,
-        n: i64,
-        write: bool,
-        /// The inline test was the stack block's.
-        stack_tried: bool,
-    },
+    /// An access's inline region test failed: the full check ([`Emitter::access_check_routine`],
+    /// shared by the whole program), back to `back` when some region holds the access.
+    Access { at: Label, back: Label, desc: u32 },
     /// A check group's widened test failed: the group's instructions again with a check
     /// per access, then on after the group.
     Group { at: Label, group: usize },
@@ -266,7 +246,8 @@ pub struct Emitter<'a> {
     /// Where the queued cold code is expected to land, for the first form of the jumps to
     /// it (`ColdPlacement`; on x86-64 always after the function).
     islands: ColdPlacement,
-    region_scan: Option<Label>,
+    /// The shared full access check ([`Self::access_check_routine`]), made at the first use.
+    access_check: Option<Label>,
     /// `callx` address tables (label, entries), placed after all code as data.
     callx_tables: Vec<(Label, Vec<u64>)>,
     /// Instruction index to skip (fused into the previous one).
@@ -329,7 +310,7 @@ impl<'a> Emitter<'a> {
             callx_tables: Vec::new(),
             cold: Vec::new(),
             islands,
-            region_scan: None,
+            access_check: None,
             skip: None,
             cur: 0,
             copy: false,
@@ -395,8 +376,8 @@ impl<'a> Emitter<'a> {
         }
         // Every stub was placed with its function's cold code (`cold_blocks`).
         debug_assert!(self.unplaced_stubs.is_empty());
-        if let Some(l) = self.region_scan {
-            self.region_scan_routine(l);
+        if let Some(l) = self.access_check {
+            self.access_check_routine(l);
         }
         for (l, table) in std::mem::take(&mut self.callx_tables) {
             self.e.data_u64(l, &table);
@@ -1138,7 +1119,7 @@ impl<'a> Emitter<'a> {
 
     /// The check of an access whose base is the context start plus a constant (rdi =
     /// env.ctx_start at entry), ending `end` bytes into the context: inside iff
-    /// `end <= len`. Otherwise the full check runs out of line ([`Cold::Check`]).
+    /// `end <= len`. Otherwise the full check runs out of line ([`Cold::Access`]).
     fn ctx_len_check(&mut self, pc: usize, base: Gpr, off: i32, size: Size, write: bool, end: u32) {
         let (at, back) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
@@ -1150,26 +1131,19 @@ impl<'a> Emitter<'a> {
                 .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmovb r11, r12));
         }
         self.e.bind(back);
-        self.cold.push(Cold::Check {
-            at,
-            back,
-            pc,
-            base,
-            off,
-            size,
-            write,
-        });
+        let desc = access_desc(pc, size, write);
+        self.cold.push(Cold::Access { at, back, desc });
     }
 
     /// Sandbox check of `[base + off, + size)`: leaves the address in r11 (clamped under
-    /// misspeculation) or jumps to a stop stub. `stack_first`: the base derives from r10, so
-    /// the stack block is tested inline instead of the context.
+    /// misspeculation) or stops. `stack_first`: the base derives from r10, so the stack
+    /// block is tested inline instead of the context.
     ///
-    /// One region is tested inline, falling through when the access is inside; the other
-    /// region and the host regions are tried out of line ([`Cold::Regions`]), which comes
-    /// back to `ok` with the same flag convention ("above" = outside). At `ok` the flags of
-    /// the deciding compare are still live, and `cmova` replaces the address with `env` (a
-    /// harmless, mapped address) should the branch have been mispredicted.
+    /// One region is tested inline, falling through when the access is inside; otherwise
+    /// the full check runs out of line ([`Cold::Access`]) and comes back to `ok` when some
+    /// region holds the access. At `ok` the flags of the deciding compare are still live,
+    /// and `cmova` replaces the address with `env` (a harmless, mapped address) should the
+    /// branch have been mispredicted.
     fn check(
         &mut self,
         pc: usize,
@@ -1182,8 +1156,7 @@ impl<'a> Emitter<'a> {
         let n = size.bytes() as i64;
         let (ok, at) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
-        let stack_inline = stack_first && self.plan.block > 0;
-        if stack_inline {
+        if stack_first && self.plan.block > 0 {
             self.stack_cmp(n);
         } else {
             self.ctx_cmp(n);
@@ -1194,46 +1167,26 @@ impl<'a> Emitter<'a> {
             self.e
                 .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
         }
-        self.cold.push(Cold::Regions {
-            at,
-            back: ok,
-            pc,
-            n,
-            write,
-            stack_tried: stack_inline,
-        });
+        let desc = access_desc(pc, size, write);
+        self.cold.push(Cold::Access { at, back: ok, desc });
     }
 
-    /// The out-of-line rest of [`Self::check`]: the region not tested inline, then the host
-    /// regions (the shared scan returns with the same flag convention), else the stop.
-    fn other_regions(&mut self, back: Label, pc: usize, n: i64, write: bool, stack_tried: bool) {
-        if stack_tried {
-            self.ctx_cmp(n);
-            self.e.jump(Some(Cc::Be), back);
-        } else if self.plan.block > 0 {
-            self.stack_cmp(n);
-            self.e.jump(Some(Cc::Be), back);
-        }
-        let scan = match self.region_scan {
+    /// The cold side of an access check, r11 = the address: the full check, then back.
+    /// Three instructions (13 to 16 bytes) per checked access; everything else is shared.
+    fn access_slow_path(&mut self, at: Label, back: Label, desc: u32) {
+        self.e.bind(at);
+        let routine = match self.access_check {
             Some(l) => l,
             None => {
                 let l = self.e.label();
-                self.region_scan = Some(l);
+                self.access_check = Some(l);
                 l
             }
         };
-        let access = n as u32 | if write { PJ_ACCESS_WRITE } else { 0 };
-        self.mov_ri(T10, access as i64);
-        self.e.call_label(scan);
-        self.e.jump(Some(Cc::Be), back);
-        // The stub follows unless an earlier copy of this access placed it.
-        let stub = self.stop_stub(Stop::Oob { access }, pc);
-        if self.stops[stub].placed {
-            let l = self.stops[stub].label;
-            self.e.jump(None, l);
-        } else {
-            self.place_stub(stub);
-        }
+        self.mov_ri(T10, desc as i64);
+        self.e.call_label(routine);
+        // The routine returns only when the access is allowed (else it stops the run).
+        self.e.jump(None, back);
     }
 
     /// Flags for "`[r11, r11 + n)` is inside the context": "below or equal" when it is.
@@ -1282,19 +1235,31 @@ impl<'a> Emitter<'a> {
         });
     }
 
-    /// The region-table scan, called with r11 = address, r10 = size | write bit. Returns
-    /// with "below or equal" set when `[r11, +size)` lies in one allowed region.
+    /// The full access check, one copy per program, called from every access's cold side
+    /// with r11 = address and r10d = the access descriptor ([`access_desc`]). Tries the
+    /// context, the stack block (when the program has one) and the host regions in turn;
+    /// returns when one holds `[r11, +size)` (any write needing `PJ_REGION_WRITABLE`),
+    /// otherwise records the stop and unwinds. Clobbers r9 and r10 only.
+    ///
+    /// Every way to `done` is a `jbe` on the deciding compare, with its flags still live
+    /// there, so the `cmova` replaces the address with `env` (a harmless, mapped address)
+    /// should that branch have been mispredicted; the context test is branch-free up to its
+    /// compare for the same reason (a below-start address becomes an all-ones end instead
+    /// of taking a branch that could be mispredicted too).
     ///
     /// Every register here is fixed, so the routine is written in `dynasm!` directly and
     /// dynasm picks REX, SIB and displacement sizes (env offsets: see [`env8`]; the regions
     /// pointer, at offset 0, is `[r12]`, which has no displacement at all).
-    fn region_scan_routine(&mut self, l: Label) {
+    fn access_check_routine(&mut self, l: Label) {
         const _: () = assert!(PJ_ENV_REGIONS == 0);
         const WRITE: i32 = PJ_ACCESS_WRITE as i32;
         const WRITABLE: i8 = {
             assert!(PJ_REGION_WRITABLE < 128);
             PJ_REGION_WRITABLE as i8
         };
+        const ACCESS_MASK: i32 = (1 << ACCESS_BITS) - 1;
+        const SHIFT: i8 = ACCESS_BITS as i8;
+        const OOB: i32 = PJ_STOP_OUT_OF_BOUNDS as i32;
         self.e.bind(l);
         let (top, next, fail, done, check) = (
             self.e.label(),
@@ -1303,11 +1268,42 @@ impl<'a> Emitter<'a> {
             self.e.label(),
             self.e.label(),
         );
-        self.e.asm(5, |ops| {
+        // rdx = size for the whole routine. Context: rax = addr - start + size, all-ones
+        // when that wraps, against rcx = the context's length.
+        self.e.asm(11, |ops| {
             dynasm!(ops ; .arch x64
                 ; push rax
                 ; push rcx
                 ; push rdx
+                ; movzx edx, r10b
+                ; mov rax, r11
+                ; sub rax, QWORD [BYTE r12 + CTX_START8]
+                ; add rax, rdx
+                ; sbb rcx, rcx
+                ; or rax, rcx
+                ; mov rcx, QWORD [BYTE r12 + CTX_END8]
+                ; sub rcx, QWORD [BYTE r12 + CTX_START8]
+            )
+        });
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp rax, rcx));
+        self.e.jump(Some(Cc::Be), done);
+        if self.plan.block > 0 {
+            // The stack block: inside iff `addr - stack_start <= block - size` (see
+            // `stack_cmp`; the block is at most a few KiB, so it fits the imm32).
+            let block = self.plan.block as i32;
+            self.e.asm(5, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov rax, r11
+                    ; sub rax, QWORD [BYTE r12 + STACK_START8]
+                    ; mov ecx, DWORD block
+                    ; sub rcx, rdx
+                    ; cmp rax, rcx
+                )
+            });
+            self.e.jump(Some(Cc::Be), done);
+        }
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
                 ; mov rcx, QWORD [BYTE r12 + REGION_COUNT8]
                 ; mov rax, QWORD [r12]
             )
@@ -1332,11 +1328,8 @@ impl<'a> Emitter<'a> {
             |ops| dynasm!(ops ; .arch x64 ; mov r9, r11 ; sub r9, QWORD [rax]),
         );
         self.e.jump(Some(Cc::B), next);
-        // edx = size (low byte); r9 += size, carry = wrapped
-        self.e.asm(
-            2,
-            |ops| dynasm!(ops ; .arch x64 ; movzx edx, r10b ; add r9, rdx),
-        );
+        // r9 += size, carry = wrapped
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; add r9, rdx));
         self.e.jump(Some(Cc::B), next);
         self.e
             .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r9, QWORD [rax + 8]));
@@ -1348,16 +1341,32 @@ impl<'a> Emitter<'a> {
             |ops| dynasm!(ops ; .arch x64 ; add rax, BYTE 24 ; dec rcx),
         );
         self.e.jump(None, top);
+        // No region holds it: stop with the address, the access and the pc (the pushes
+        // and the return address go with the unwind).
         self.e.bind(fail);
-        // or r9d, 1: "above" (ZF and CF clear).
-        self.e
-            .asm(1, |ops| dynasm!(ops ; .arch x64 ; or r9d, BYTE 1));
+        self.e.asm(7, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov QWORD [BYTE r12 + STOP_ADDR8], r11
+                ; mov r9d, r10d
+                ; shr r9d, SHIFT
+                ; mov QWORD [BYTE r12 + STOP_PC8], r9
+                ; and r10d, DWORD ACCESS_MASK
+                ; mov DWORD [BYTE r12 + STOP_ACCESS8], r10d
+                ; mov DWORD [BYTE r12 + STOP_KIND8], DWORD OOB
+            )
+        });
+        self.stop_tail();
         self.e.bind(done);
-        // None of the pops touches the flags the caller branches on.
-        self.e.asm(
-            4,
-            |ops| dynasm!(ops ; .arch x64 ; pop rdx ; pop rcx ; pop rax ; ret),
-        );
+        // None of the pops touches the flags of the deciding compare.
+        self.e.asm(5, |ops| {
+            dynasm!(ops ; .arch x64
+                ; pop rdx
+                ; pop rcx
+                ; pop rax
+                ; cmova r11, r12
+                ; ret
+            )
+        });
     }
 
     // ---- control flow -------------------------------------------------------------------
@@ -1972,30 +1981,7 @@ impl<'a> Emitter<'a> {
     fn cold_round(&mut self) -> Result<(), CompileError> {
         for c in std::mem::take(&mut self.cold) {
             match c {
-                Cold::Check {
-                    at,
-                    back,
-                    pc,
-                    base,
-                    off,
-                    size,
-                    write,
-                } => {
-                    self.e.bind(at);
-                    self.check(pc, base, off, size, write, false);
-                    self.e.jump(None, back);
-                }
-                Cold::Regions {
-                    at,
-                    back,
-                    pc,
-                    n,
-                    write,
-                    stack_tried,
-                } => {
-                    self.e.bind(at);
-                    self.other_regions(back, pc, n, write, stack_tried);
-                }
+                Cold::Access { at, back, desc } => self.access_slow_path(at, back, desc),
                 Cold::Group { at, group } => {
                     let g = &self.plan.access.groups[group];
                     let (range, reentered) = (g.first..=g.last, g.reentered);
@@ -2064,16 +2050,6 @@ impl<'a> Emitter<'a> {
         self.stops[k].placed = true;
         self.e.bind(label);
         let kind = match stop {
-            Stop::Oob { access } => {
-                let access = access as i32;
-                self.e.asm(2, |ops| {
-                    dynasm!(ops ; .arch x64
-                        ; mov QWORD [BYTE r12 + STOP_ADDR8], r11
-                        ; mov DWORD [BYTE r12 + STOP_ACCESS8], DWORD access
-                    )
-                });
-                PJ_STOP_OUT_OF_BOUNDS
-            }
             Stop::Budget => PJ_STOP_BUDGET,
             Stop::Callx { reg } => {
                 // The id's register is chosen at run time: the table-driven form
@@ -2091,6 +2067,12 @@ impl<'a> Emitter<'a> {
                 ; mov QWORD [BYTE r12 + STOP_PC8], DWORD pc
             )
         });
+        self.stop_tail();
+    }
+
+    /// The stops' shared tail, here the first time (every later stop jumps to it): unwind
+    /// to the entry's pops with the native sp saved at entry.
+    fn stop_tail(&mut self) {
         if let Some(tail) = self.stop_tail {
             self.e.jump(None, tail);
             return;
@@ -2123,6 +2105,19 @@ impl MapReg for Operand {
             i => i,
         }
     }
+}
+
+/// Bits of an access descriptor below its pc: the `PJ_ACCESS_*` word (size, write bit).
+const ACCESS_BITS: u32 = 9;
+const _: () = assert!(PJ_ACCESS_WRITE < 1 << ACCESS_BITS);
+// Every pc fits above the access bits of a positive imm32 (pcs are below `MAX_INSNS`).
+const _: () = assert!((MAX_INSNS as u64) << ACCESS_BITS < 1 << 31);
+
+/// What the shared access check gets in r10d: `pc << ACCESS_BITS | access`, one `mov` per
+/// checked access; the stop it may record names the pc and the access.
+fn access_desc(pc: usize, size: Size, write: bool) -> u32 {
+    let access = size.bytes() | if write { PJ_ACCESS_WRITE } else { 0 };
+    (pc as u32) << ACCESS_BITS | access
 }
 
 fn sz_of(w: Width) -> Sz {
