@@ -230,12 +230,13 @@ pub struct Emitter<'a> {
     sub_exit: Vec<Label>,
     /// Entry epilogue after the pad: where a stop lands with rsp = env.entry_sp.
     pub(crate) entry_pops: Label,
-    /// Stop stubs in emission order. They are shared by (kind, pc), the checked copies of
+    /// Stop stubs (budget, unknown `callx`; out-of-bounds stops are the shared access
+    /// check's) in emission order. They are shared by (kind, pc), the checked copies of
     /// groups and loops asking again for their instructions' stubs.
     stops: Vec<StopStub>,
     /// Per pc (a bytecode slot, as stops report), its last stop stub (`NO_STUB` if none),
-    /// the head of that pc's chain: a large sandboxed program asks for a stub per checked
-    /// access, so they are found by pc, not by a scan. Allocated at the first stub.
+    /// the head of that pc's chain: a large budgeted program asks for a stub per back-edge
+    /// and call, so they are found by pc, not by a scan. Allocated at the first stub.
     stop_by_pc: Vec<u32>,
     /// Stubs asked for but not placed yet, placed after the current function's cold code.
     unplaced_stubs: Vec<u32>,
