@@ -1342,6 +1342,18 @@ impl<'a> Emitter<'a> {
             |ops| dynasm!(ops ; .arch x64 ; add rax, BYTE 24 ; dec rcx),
         );
         self.e.jump(None, top);
+        // Found, ahead of the stop so that every jump here is short: the flags are the
+        // deciding compare's, which none of the pops touches.
+        self.e.bind(done);
+        self.e.asm(5, |ops| {
+            dynasm!(ops ; .arch x64
+                ; pop rdx
+                ; pop rcx
+                ; pop rax
+                ; cmova r11, r12
+                ; ret
+            )
+        });
         // No region holds it: stop with the address, the access and the pc (the pushes
         // and the return address go with the unwind).
         self.e.bind(fail);
@@ -1357,17 +1369,6 @@ impl<'a> Emitter<'a> {
             )
         });
         self.stop_tail();
-        self.e.bind(done);
-        // None of the pops touches the flags of the deciding compare.
-        self.e.asm(5, |ops| {
-            dynasm!(ops ; .arch x64
-                ; pop rdx
-                ; pop rcx
-                ; pop rax
-                ; cmova r11, r12
-                ; ret
-            )
-        });
     }
 
     // ---- control flow -------------------------------------------------------------------
