@@ -916,24 +916,22 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
 pub fn reentries(prog: &Program, groups: &[Group]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     for sp in &prog.subprogs {
+        // Jump targets from the branch list (no pass over the instructions): `is_target`
+        // marks jump and call targets, and the only call target inside a function is its
+        // start, which counts only when a jump goes there too.
         let range = sp.start..sp.end;
-        let mut targets: Vec<usize> = prog.insts[range.clone()]
+        let first = prog.branches.partition_point(|b| (b.at as usize) < sp.start);
+        let start_is_jump_target = prog.branches[first..]
             .iter()
-            .filter_map(|inst| match inst.op {
-                Op::Ja { target } | Op::Jcond { target, .. } => Some(target as usize),
-                _ => None,
-            })
-            .collect();
-        if targets.is_empty() {
-            continue;
-        }
-        targets.sort_unstable();
+            .take_while(|b| (b.at as usize) < sp.end)
+            .any(|b| b.kind != BranchKind::CallLocal && b.target as usize == sp.start);
+        let jump_target = |i: usize| prog.is_target[i] && (i != sp.start || start_is_jump_target);
         // Candidates of this function: (first member, group index), sorted by first.
         // Groups are sorted by first member: this function's are one slice of them.
         let lo = groups.partition_point(|g| g.first < sp.start);
         let hi = groups.partition_point(|g| g.first < sp.end);
         let cands: Vec<(usize, usize)> = (lo..hi)
-            .filter(|&k| targets.binary_search(&groups[k].first).is_ok())
+            .filter(|&k| jump_target(groups[k].first))
             .map(|k| (groups[k].first, k))
             .take(64)
             .collect();
