@@ -215,8 +215,11 @@ pub(crate) struct Emitter<'a> {
     pub(crate) stop: DynamicLabel,
     /// Shared budget stop path.
     pub(crate) stop_budget: DynamicLabel,
-    /// Shared scan of `env.regions` (sandbox).
+    /// The shared access check (sandbox; see [`Self::region_scan`]).
     pub(crate) region_scan: DynamicLabel,
+    /// Some access's cold side calls the shared check, so the program gets one (a program
+    /// whose accesses all pass their inline tests or need none has no use for it).
+    uses_region_scan: bool,
     pub(crate) colds: Vec<Cold>,
     /// Where the queued cold code goes: after the function, or in an island.
     islands: ColdPlacement,
@@ -298,6 +301,7 @@ impl<'a> Emitter<'a> {
             stop,
             stop_budget,
             region_scan,
+            uses_region_scan: false,
             colds: Vec::new(),
             islands,
             sites: scratch::take(cap.branch_sites),
@@ -357,7 +361,7 @@ impl<'a> Emitter<'a> {
             self.epilogue(k);
             self.emit_queued_cold()?;
         }
-        if self.mode.sandboxed() {
+        if self.uses_region_scan {
             self.region_scan();
         }
         self.stop_paths();
@@ -1756,6 +1760,7 @@ impl<'a> Emitter<'a> {
                 // The check returns only on success (x9 clamped), so x30 is kept in x5 for
                 // functions that did not save their link register.
                 let scan = self.region_scan;
+                self.uses_region_scan = true;
                 a64!(self.ops; mov x5, x30);
                 self.site(scan, Reach::Jump);
                 a64!(self.ops; bl =>scan ; mov x30, x5);

@@ -920,7 +920,9 @@ pub fn reentries(prog: &Program, groups: &[Group]) -> Vec<(usize, usize)> {
         // marks jump and call targets, and the only call target inside a function is its
         // start, which counts only when a jump goes there too.
         let range = sp.start..sp.end;
-        let first = prog.branches.partition_point(|b| (b.at as usize) < sp.start);
+        let first = prog
+            .branches
+            .partition_point(|b| (b.at as usize) < sp.start);
         let start_is_jump_target = prog.branches[first..]
             .iter()
             .take_while(|b| (b.at as usize) < sp.end)

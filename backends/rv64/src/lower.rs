@@ -191,6 +191,10 @@ pub struct Codegen<'a> {
     islands: ColdPlacement,
     /// Cold code placed since the last copy of the stubs branches to them.
     uses_stubs: bool,
+    /// ... and some of it to the shared access check (`region_scan`), which a copy of the
+    /// stubs then includes (a program whose accesses all pass their inline tests or need
+    /// none has no use for it).
+    uses_region_stub: bool,
     /// Shared stop path: a6 = kind, a7 = pc, t0 = address, t1 = access (see `emit_stops`).
     stop: DynamicLabel,
     stop_budget: DynamicLabel,
@@ -283,6 +287,7 @@ impl<'a> Codegen<'a> {
             cold: Vec::new(),
             islands: ColdPlacement::new(ISLAND_SPAN, TYPICAL_HOT_BYTES),
             uses_stubs: false,
+            uses_region_stub: false,
             stop: dummy,
             stop_budget: dummy,
             region_stub: dummy,
@@ -411,6 +416,7 @@ impl<'a> Codegen<'a> {
         };
         self.cold.clear();
         self.uses_stubs = false;
+        self.uses_region_stub = false;
         self.stop = self.e.new_label();
         self.stop_budget = self.e.new_label();
         self.region_stub = self.e.new_label();
@@ -1488,6 +1494,7 @@ impl<'a> Codegen<'a> {
             self.stop_budget = self.e.new_label();
             self.region_stub = self.e.new_label();
             self.uses_stubs = false;
+            self.uses_region_stub = false;
         }
         self.islands.cold_placed(start, self.e.pos());
     }
@@ -1530,6 +1537,7 @@ impl<'a> Codegen<'a> {
                 write,
             } => {
                 self.uses_stubs = true;
+                self.uses_region_stub = true;
                 self.e.bind(label);
                 // Everything else is the shared check's: it wants the address in t0 and
                 // the access descriptor in t5.
@@ -1548,7 +1556,7 @@ impl<'a> Codegen<'a> {
         if !self.layout.can_stop {
             return;
         }
-        if self.mode.sandboxed() {
+        if self.uses_region_stub {
             self.region_scan();
         }
         if self.mode.counts_budget() {
