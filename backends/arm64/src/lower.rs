@@ -1752,7 +1752,7 @@ impl<'a> Emitter<'a> {
                     a64!(self.ops; mov X(T0), X(addr));
                 }
                 // Everything else is the shared check's: a checked access's cold side is
-                // five to seven instructions.
+                // six to eight instructions.
                 let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
                 let pc = self.prog.insts[inst].pc as u64;
                 a64!(self.ops; movz X(C1), access, lsl 32);
