@@ -1791,7 +1791,7 @@ impl<'a> Emitter<'a> {
         );
         if self.plan.block > 0 {
             // The block is at most a few KiB (movz's 16 bits).
-            let block = self.plan.block as u32;
+            let block = self.plan.block;
             a64!(self.ops
                 ; sub x14, X(T0), X(STACK_LO)
                 ; movz x17, block

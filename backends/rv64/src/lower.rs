@@ -80,8 +80,6 @@ struct Check {
     grow: Form,
 }
 
-// Displacement ranges of each form, as the ISA defines them: B- and J-type branches to
-// labels are encoded by `Emitter::finish` (dynasmrt 5.1 would accept only half their reach).
 /// Bits of a checked access's descriptor (t5 on its cold side) below its pc: the
 /// `PJ_ACCESS_*` word (size, write bit). `li` builds any descriptor in at most two
 /// instructions: pcs are below `MAX_INSNS`, so it stays under 2^31.
@@ -89,6 +87,8 @@ const ACCESS_BITS: u32 = 9;
 const _: () = assert!(PJ_ACCESS_WRITE < 1 << ACCESS_BITS);
 const _: () = assert!((packjit_frontend::MAX_INSNS as u64) << ACCESS_BITS < 1 << 31);
 
+// Displacement ranges of each form, as the ISA defines them: B- and J-type branches to
+// labels are encoded by `Emitter::finish` (dynasmrt 5.1 would accept only half their reach).
 const CB_RANGE: (isize, isize) = (-256, 254);
 const CJ_RANGE: (isize, isize) = (-2048, 2046);
 const B_RANGE: (isize, isize) = (-4096, 4094);
@@ -1603,11 +1603,12 @@ impl<'a> Codegen<'a> {
         self.e.bind(self.region_stub);
         // t1 = size; per region, e = t0 - start + size is inside when size <= e <= len.
         self.e.ri(RI::Andi, T1, T5, 0xff);
-        let mut regions = vec![(CTX_START, CTX_LEN)];
-        if self.layout.block > 0 {
-            regions.push((STACK_START, STACK_LEN));
-        }
-        for (start, len) in regions {
+        let regions: &[(u8, u8)] = if self.layout.block > 0 {
+            &[(CTX_START, CTX_LEN), (STACK_START, STACK_LEN)]
+        } else {
+            &[(CTX_START, CTX_LEN)]
+        };
+        for &(start, len) in regions {
             self.e.rrr(R3::Sub, T4, T0, start);
             self.e.rrr(R3::Add, T4, T4, T1);
             self.e.rrr(R3::Sltu, T3, T4, T1);
