@@ -110,6 +110,9 @@ pub struct Subprog {
     pub calls: bool,
     /// `true` when the subprogram touches its stack frame through r10.
     pub uses_stack: bool,
+    /// `true` when an ALU instruction has r10 as its source (`r2 = r10`): only then can a
+    /// register other than r10 hold an address in this function's frame.
+    pub copies_r10: bool,
     /// Bit `n` set when BPF register `rn` is read in this subprogram, by
     /// [`analysis::regs_read`] with [`analysis::ARG_REGS`] for local calls (r10 included).
     pub reads: u16,

@@ -226,6 +226,7 @@ pub fn decode_with(
             // no clobbers): the frame must be call-ready (link register, alignment).
             calls: ops & (op_kind::CALLS | op_kind::MOV_PERCPU) != 0,
             uses_stack: reads & (1 << R10) != 0,
+            copies_r10: regs & EFF_COPIES_R10 != 0,
             reads,
             ops,
         };
@@ -369,10 +370,13 @@ fn check_call_depth(
 // ---- effect words -----------------------------------------------------------------------
 //
 // One `u32` per instruction: bits 0..=10 the registers it reads (`analysis::regs_read` with
-// `ARG_REGS` for local calls), bits 11..=20 the register it writes (`Op::written_reg`), bits
-// 24.. its `Op::kind_index`.
+// `ARG_REGS` for local calls), bits 11..=20 the register it writes (`Op::written_reg`), bit
+// 21 [`EFF_COPIES_R10`], bits 24.. its `Op::kind_index`.
 
 const EFF_WRITES_SHIFT: u32 = 11;
+/// An ALU instruction with r10 as its source (`r2 = r10`, `r2 += r10`): r10's value, the
+/// frame's address, flows into another register.
+const EFF_COPIES_R10: u32 = 1 << 21;
 const EFF_KIND_SHIFT: u32 = 24;
 
 /// Instructions per [`BlockEffects`]: small, so a function boundary inside a block costs
@@ -433,7 +437,14 @@ fn effects_of(op: &Op) -> u32 {
     let writes = op
         .written_reg()
         .map_or(0, |r| 1u32 << (EFF_WRITES_SHIFT + u32::from(r)));
-    reads | writes | (op.kind_index() << EFF_KIND_SHIFT)
+    let copies_r10 = match op {
+        Op::Alu {
+            src: Operand::Reg(R10),
+            ..
+        } => EFF_COPIES_R10,
+        _ => 0,
+    };
+    reads | writes | copies_r10 | (op.kind_index() << EFF_KIND_SHIFT)
 }
 
 // ---- the fast path: one table lookup per opcode ------------------------------------------
@@ -683,10 +694,11 @@ struct Hot {
 /// A [`REGS`] entry meaning "registers out of range (or not a fast encoding)".
 const REGS_INVALID: u32 = 1 << 31;
 /// The [`REGS`] row of encodings the table does not decode: every entry invalid.
-const REGS_SLOW: u8 = 16;
+const REGS_SLOW: u8 = 32;
 
 /// The [`REGS`] row of a table entry: bit 0 reads dst, bit 1 reads src, bit 2 writes dst,
-/// bit 3 dst may be r10 (else at most r9).
+/// bit 3 dst may be r10 (else at most r9), bit 4 an ALU operation on src (so src = r10 sets
+/// [`EFF_COPIES_R10`]).
 const fn regs_row(f: &Fast) -> u8 {
     if matches!(f.kind, FastKind::Slow) {
         return REGS_SLOW;
@@ -699,15 +711,16 @@ const fn regs_row(f: &Fast) -> u8 {
         | ((f.reads_src != 0) as u8) << 1
         | ((f.writes_dst != 0) as u8) << 2
         | ((f.dst_max == 10) as u8) << 3
+        | (matches!(f.kind, FastKind::AluX) as u8) << 4
 }
 
 /// `REGS[row][regs byte]`: the register part of the effect word for each dst/src pair, or
 /// [`REGS_INVALID`] when dst or src is out of range. One load replaces the range checks and
 /// the shifts. (An entry whose src must be 0 has `src` in its zero mask instead.)
-static REGS: [[u32; 256]; 17] = {
-    let mut t = [[REGS_INVALID; 256]; 17];
+static REGS: [[u32; 256]; 33] = {
+    let mut t = [[REGS_INVALID; 256]; 33];
     let mut row = 0;
-    while row < 16 {
+    while row < 32 {
         let dst_max = if row & 8 != 0 { 10 } else { 9 };
         let mut b = 0;
         while b < 256 {
@@ -722,6 +735,9 @@ static REGS: [[u32; 256]; 17] = {
                 }
                 if row & 4 != 0 {
                     e |= 1 << (EFF_WRITES_SHIFT + dst as u32);
+                }
+                if row & 16 != 0 && src == 10 {
+                    e |= EFF_COPIES_R10;
                 }
                 t[row][b] = e;
             }
@@ -1412,7 +1428,7 @@ mod tests {
             vec![1, 100],
         ] {
             // Entry: call each function, then exit; function k: a mix of writes and reads,
-            // a store through r10 in every third, exit.
+            // a store through r10 in every third, a copy of r10 in every third, exit.
             let mut code = Vec::new();
             let calls = lens.len() - 1;
             let mut at = calls + 1;
@@ -1428,7 +1444,8 @@ mod tests {
                         0 => ins(0xb7, r, 0, 0, 1),
                         1 => ins(0x0f, r, (r % 9) + 1, 0, 0),
                         2 if k % 3 == 0 => ins(0x7b, 10, r, -8, 0),
-                        _ => ins(0x65, r, 0, 0, 3), // jsgt r, 3, +0
+                        2 if k % 3 == 1 => ins(0xbf, r, 10, 0, 0), // r = r10
+                        _ => ins(0x65, r, 0, 0, 3),                // jsgt r, 3, +0
                     });
                 }
                 code.push(EXIT);
@@ -1451,6 +1468,16 @@ mod tests {
                     "{lens:?}"
                 );
                 assert_eq!(sp.uses_stack, reads & (1 << 10) != 0, "{lens:?}");
+                let copies_r10 = p.insts[sp.start..sp.end].iter().any(|inst| {
+                    matches!(
+                        inst.op,
+                        Op::Alu {
+                            src: Operand::Reg(10),
+                            ..
+                        }
+                    )
+                });
+                assert_eq!(sp.copies_r10, copies_r10, "{lens:?}");
             }
         }
     }
