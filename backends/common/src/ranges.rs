@@ -1011,7 +1011,12 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     } else {
         (Vec::new(), Vec::new())
     };
-    let mut group_of = vec![None; prog.insts.len()];
+    // No table without groups: at 1 M instructions it would be 8 MB of `None`.
+    let mut group_of = if groups.is_empty() {
+        Vec::new()
+    } else {
+        vec![None; prog.insts.len()]
+    };
     for (g, grp) in groups.iter().enumerate() {
         for &m in &grp.members {
             group_of[m] = Some(g as u32);

@@ -53,7 +53,7 @@
 //! per loop entry is about ten instructions; per iteration it is the clamp alone.
 
 use crate::ranges::{for_each_state, transfer, AccessCheck, Base, State, Val};
-use crate::{AluOp, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
+use crate::{AluOp, BranchKind, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
 
 /// Largest pointer step: from a clamped 0, a speculation window of a few hundred iterations
 /// stays inside the first 64 KiB, which Linux never maps (`vm.mmap_min_addr`).
@@ -182,8 +182,18 @@ impl Candidates {
             cands: Vec::new(),
             entry: Vec::new(),
         };
-        let back_edges = prog.insts.iter().enumerate().any(|(j, inst)| {
-            matches!(inst.op, Op::Jcond { width: Width::W64, src: Operand::Reg(_), target, .. } if (target as usize) < j)
+        // From the branch list: at 1 M instructions a pass over `insts` runs from memory.
+        let back_edges = prog.branches.iter().any(|b| {
+            b.kind == BranchKind::Jcond
+                && b.target < b.at
+                && matches!(
+                    prog.insts[b.at as usize].op,
+                    Op::Jcond {
+                        width: Width::W64,
+                        src: Operand::Reg(_),
+                        ..
+                    }
+                )
         });
         if !back_edges {
             return none;
