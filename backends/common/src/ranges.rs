@@ -432,6 +432,15 @@ pub struct AccessPlan {
     pub reentries: Vec<(usize, usize)>,
 }
 
+/// The per-instruction tables are megabytes for a large program: they go back to the
+/// thread's spares ([`crate::scratch`]) for the next compile instead of to the allocator.
+impl Drop for AccessPlan {
+    fn drop(&mut self) {
+        crate::scratch::give_back(std::mem::take(&mut self.checks));
+        crate::scratch::give_back(std::mem::take(&mut self.group_of));
+    }
+}
+
 impl AccessPlan {
     /// Is any access checked against the context start plus a constant? (Then the entry
     /// must make r1 exactly `env.ctx_start`.)
@@ -660,7 +669,7 @@ impl<'p> Dataflow<'p> {
             prog,
             start: sp.start,
             end: sp.end,
-            slot: vec![0; n],
+            slot: crate::scratch::filled(n, 0),
             states: vec![(entry_state(k), 0)],
             pending: vec![0; n.div_ceil(64)],
             next: 0,
@@ -711,6 +720,7 @@ impl<'p> Dataflow<'p> {
             }
         }
         self.replay_before(self.end, visit);
+        crate::scratch::give_back(self.slot);
     }
 
     /// The lowest pending join, taken off the list.
@@ -950,7 +960,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     // which is what the dataflow would find, so it is not run for them.
     let frame = entry_state(0)[R10 as usize];
     let mut accesses = Vec::new();
-    let mut checks: Vec<AccessCheck> = Vec::with_capacity(prog.insts.len());
+    let mut checks: Vec<AccessCheck> = crate::scratch::take_vec(prog.insts.len());
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let analysed = k == 0 || sp.copies_r10;
         checks.extend(
@@ -1015,7 +1025,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let mut group_of = if groups.is_empty() {
         Vec::new()
     } else {
-        vec![None; prog.insts.len()]
+        crate::scratch::filled(prog.insts.len(), None)
     };
     for (g, grp) in groups.iter().enumerate() {
         for &m in &grp.members {
