@@ -153,7 +153,8 @@ fn run(arch: Arch, features: u64) {
             for seed in base..base + escape_count {
                 current.store(seed, Ordering::Relaxed);
                 let prog = packjit_frontend::decode(&walk_program(seed), &[]).unwrap();
-                let walks = packjit_frontend::ranges::plan_accesses(&prog, true).walks;
+                let plan = packjit_frontend::ranges::plan_accesses(&prog, true);
+                let walks = &plan.walks;
                 proven += walks.iter().any(|w| w.guard.is_none()) as u64;
                 frame_guarded += walks.iter().any(|w| w.guard.is_some()) as u64;
                 shadowed += walks.iter().any(|w| w.shadow.is_some()) as u64;
@@ -187,7 +188,8 @@ fn run(arch: Arch, features: u64) {
                 current.store(seed, Ordering::Relaxed);
                 let (code, _) = ctx_walk_program(seed);
                 let prog = packjit_frontend::decode(&code, &[]).unwrap();
-                let walks = packjit_frontend::ranges::plan_accesses(&prog, true).walks;
+                let plan = packjit_frontend::ranges::plan_accesses(&prog, true);
+                let walks = &plan.walks;
                 guarded += walks.iter().any(|w| w.guard.is_some()) as u64;
                 let key = match check_ctx_walk_seed(&target, seed) {
                     Ok(end) => end_key(end),
