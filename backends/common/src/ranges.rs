@@ -631,9 +631,9 @@ struct Dataflow<'p> {
     /// Joins to run from, one bit per instruction of the function; none below `next`.
     pending: Vec<u64>,
     next: usize,
-    /// Loop spans `[target, jump]` of the backward jumps, merged where they overlap,
-    /// ascending.
-    loops: Vec<(usize, usize)>,
+    /// One bit per instruction of the function: set inside a loop span `[target, jump]` of
+    /// some backward jump.
+    in_loop: Vec<u64>,
     /// This function's wanted instructions; those before `done` are visited or unreachable.
     wanted: &'p [usize],
     done: usize,
@@ -665,6 +665,13 @@ impl<'p> Dataflow<'p> {
             }
             overlaps
         });
+        // Merged, the spans are disjoint: setting their bits is linear in the function.
+        let mut in_loop = vec![0u64; n.div_ceil(64)];
+        for &(head, jump) in &loops {
+            for i in head - sp.start..=jump - sp.start {
+                in_loop[i / 64] |= 1 << (i % 64);
+            }
+        }
         let mut flow = Dataflow {
             prog,
             start: sp.start,
@@ -673,7 +680,7 @@ impl<'p> Dataflow<'p> {
             states: vec![(entry_state(k), 0)],
             pending: vec![0; n.div_ceil(64)],
             next: 0,
-            loops,
+            in_loop,
             wanted,
             done: 0,
             replay_at: sp.start,
@@ -739,8 +746,8 @@ impl<'p> Dataflow<'p> {
 
     /// Whether instruction `i` lies in a loop span: a later pass may still change its state.
     fn in_loop(&self, i: usize) -> bool {
-        let k = self.loops.partition_point(|&(head, _)| head <= i);
-        k > 0 && i <= self.loops[k - 1].1
+        let i = i - self.start;
+        self.in_loop[i / 64] & (1 << (i % 64)) != 0
     }
 
     /// Whether instruction `i` is a join: the function's start or a jump target (the only
