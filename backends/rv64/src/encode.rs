@@ -183,8 +183,10 @@ fn pop(r: u8) -> bool {
 /// The emitter: a dynasm `VecAssembler` plus the optional-extension switches.
 pub struct Emitter {
     pub asm: VecAssembler<RiscvRelocation>,
-    /// B- and J-type branches to labels, whose displacement [`Emitter::finish`] writes.
-    patches: Vec<Patch>,
+    /// B- and J-type branches to labels, whose displacement [`Emitter::finish`] writes (a
+    /// thread's spare buffer for a large program: a fresh one would fault its pages in on
+    /// every compile).
+    patches: Reused<Patch>,
     /// Use Zbb (`rev8`, `sext.b/h`, `zext.h`).
     pub zbb: bool,
     /// Use Zba (`add.uw` as `zext.w`).
@@ -256,7 +258,7 @@ impl Emitter {
     pub fn with_capacity(zbb: bool, zba: bool, c: bool, capacity: EmitCapacity) -> Self {
         Self {
             asm: scratch::assembler(capacity.code, capacity.labels, 0),
-            patches: Vec::with_capacity(capacity.branch_sites),
+            patches: scratch::take(capacity.branch_sites),
             zbb,
             zba,
             c,
