@@ -1640,16 +1640,26 @@ mod tests {
         (seen, succs)
     }
 
+    /// 400 random programs from `seed` (printed), each with its reachable instructions and
+    /// successors.
+    fn random_programs(
+        mut seed: u64,
+        loops: bool,
+    ) -> impl Iterator<Item = (Program, Vec<bool>, Vec<Vec<usize>>)> {
+        println!("seed: {seed:#x}");
+        (0..400).map(move |_| {
+            let p = random_program(&mut seed, loops);
+            let (seen, succs) = reachable(&p);
+            (p, seen, succs)
+        })
+    }
+
     #[test]
     fn states_are_the_exact_join_over_paths_without_loops() {
         // Without a backward jump nothing is widened: the state before each reachable
         // instruction is the join over every path to it, which one pass in order over all
         // instructions (a state at each) computes directly.
-        let mut seed = 0x5eed_a11c_u64;
-        println!("seed: {seed:#x}");
-        for _ in 0..400 {
-            let p = random_program(&mut seed, false);
-            let (seen, succs) = reachable(&p);
+        for (p, seen, succs) in random_programs(0x5eed_a11c, false) {
             let mut naive: Vec<Option<State>> = vec![None; p.insts.len()];
             naive[0] = Some(entry_state(0));
             for i in 0..p.insts.len() {
@@ -1678,11 +1688,7 @@ mod tests {
         // state, carried through it, is covered by each successor's state, and the start's
         // covers the entry state. With that, induction over any run shows every concrete
         // value inside its abstract one.
-        let mut seed = 0x5eed_100b_u64;
-        println!("seed: {seed:#x}");
-        for _ in 0..400 {
-            let p = random_program(&mut seed, true);
-            let (seen, succs) = reachable(&p);
+        for (p, seen, succs) in random_programs(0x5eed_100b, true) {
             let st = states(&p);
             let covers = |a: &State, b: &State| a.iter().zip(b).all(|(x, y)| x.covers(y));
             assert!(covers(&st[0], &entry_state(0)));
