@@ -140,6 +140,14 @@ impl Program {
         self.insts[i].op.kind_bit()
     }
 
+    /// The branches (jumps and local calls) at instruction indices `start..end`: one slice
+    /// of [`Program::branches`], found by binary search.
+    pub fn branches_in(&self, start: usize, end: usize) -> &[Branch] {
+        let lo = self.branches.partition_point(|b| (b.at as usize) < start);
+        let hi = self.branches.partition_point(|b| (b.at as usize) < end);
+        &self.branches[lo..hi]
+    }
+
     /// The subprogram containing instruction index `i`.
     pub fn subprog_of(&self, i: usize) -> usize {
         self.subprogs.partition_point(|s| s.end <= i)

@@ -561,10 +561,9 @@ pub fn classify(v: Val, off: i16, size: Size) -> AccessCheck {
 fn block_starts(prog: &Program, start: usize, end: usize) -> Vec<bool> {
     let mut lead = prog.is_target[start..end].to_vec();
     lead[0] = true;
-    let first = prog.branches.partition_point(|b| (b.at as usize) < start);
-    for b in prog.branches[first..]
+    for b in prog
+        .branches_in(start, end)
         .iter()
-        .take_while(|b| (b.at as usize) < end)
         .filter(|b| b.kind != BranchKind::CallLocal)
     {
         let (i, target) = (b.at as usize, b.target as usize);
@@ -648,12 +647,9 @@ impl<'p> Dataflow<'p> {
     fn new(prog: &'p Program, k: usize, wanted: &'p [usize]) -> Self {
         let sp = &prog.subprogs[k];
         let n = sp.end - sp.start;
-        let first = prog
-            .branches
-            .partition_point(|b| (b.at as usize) < sp.start);
-        let mut loops: Vec<(usize, usize)> = prog.branches[first..]
+        let mut loops: Vec<(usize, usize)> = prog
+            .branches_in(sp.start, sp.end)
             .iter()
-            .take_while(|b| (b.at as usize) < sp.end)
             .filter(|b| b.kind != BranchKind::CallLocal && b.target <= b.at)
             .map(|b| (b.target as usize, b.at as usize))
             .collect();
@@ -1077,12 +1073,9 @@ pub fn reentries(prog: &Program, groups: &[Group]) -> Vec<(usize, usize)> {
         // marks jump and call targets, and the only call target inside a function is its
         // start, which counts only when a jump goes there too.
         let range = sp.start..sp.end;
-        let first = prog
-            .branches
-            .partition_point(|b| (b.at as usize) < sp.start);
-        let start_is_jump_target = prog.branches[first..]
+        let start_is_jump_target = prog
+            .branches_in(sp.start, sp.end)
             .iter()
-            .take_while(|b| (b.at as usize) < sp.end)
             .any(|b| b.kind != BranchKind::CallLocal && b.target as usize == sp.start);
         let jump_target = |i: usize| prog.is_target[i] && (i != sp.start || start_is_jump_target);
         // Candidates of this function: (first member, group index), sorted by first.
