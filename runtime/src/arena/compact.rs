@@ -20,7 +20,11 @@
 //! beyond it, a small program lying between holes that together would hold it moves into
 //! another hole first ("making room"): a move that gains nothing until its old copy is
 //! released, so there is at most one per step, and only while fragmentation is at least twice
-//! the threshold.
+//! the threshold. When no move gains at once, a program filling the gap between two holes
+//! moves into a third ("coalescing", at most once per release, the narrowest gap first): the
+//! two holes become one, which takes programs none of them could, whether new loads or the
+//! border programs that were blocked. Near a full arena, where holes are most of what is
+//! free, this is what keeps the split share down (the `churn` benchmark).
 
 use super::{mark_dirty, Alloc, Inner, Pack, State, CHUNK};
 use packjit_plugin_api::Region;
@@ -259,6 +263,42 @@ fn make_room(packs: &[Pack], n: usize, left: usize) -> Option<(At, At)> {
     best.map(|(_, src, dst)| (src, dst))
 }
 
+/// A move that merges two holes: the program filling a gap between two free runs (neither
+/// its pack's largest) into the smallest other hole that fits it. Like [`make_room`] it gains
+/// nothing at once; once its old copy is released the two runs and its chunks are one, and
+/// the destination hole shrinks or vanishes, so the pack has at least one run fewer (moves
+/// of this kind cannot cycle). The narrowest such gap goes first: the cheapest copy.
+fn coalesce(packs: &[Pack], left: usize) -> Option<(At, At)> {
+    // (gap chunks, pack, gap start, hole below, hole above), the narrowest so far. A gap is
+    // what lies between two consecutive free runs.
+    let mut best: Option<(usize, usize, usize, usize, usize)> = None;
+    for (qi, q) in packs.iter().enumerate().filter(|(_, q)| !q.sealed) {
+        let largest = q.free_by_len.last().map(|&(_, c)| c);
+        let mut runs = q.free_by_start.iter().peekable();
+        while let Some((&below, &below_len)) = runs.next() {
+            let Some((&above, _)) = runs.peek() else {
+                break;
+            };
+            let c = below + below_len;
+            let gap = above - c;
+            // Next to the largest run the program is a border program, which `pick` handles.
+            if best.is_some_and(|b| b.0 <= gap)
+                || gap * CHUNK > left
+                || largest == Some(below)
+                || largest == Some(above)
+                || !q.one_allocation(c, above)
+            {
+                continue;
+            }
+            best = Some((gap, qi, c, below, above));
+        }
+    }
+    let (gap, qi, c, below, above) = best?;
+    packs[qi].allocs.get(&c)?.movable.as_ref()?;
+    let dst = best_hole_except(packs, gap, &[(qi, below), (qi, above)])?;
+    Some(((qi, c), dst))
+}
+
 /// How many holes per pack [`make_room`] looks at (it runs inside loads).
 const ROOM_SEARCH: usize = 8;
 
@@ -288,28 +328,23 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
         // The first move of a step may exceed the budget (a program larger than the step
         // would otherwise never move); later ones must fit what is left.
         let room = if moves.is_empty() { usize::MAX } else { left };
-        let (src, dst, why) = match pick(&st.packs, room) {
-            Choice::Move(src, dst, why) => (src, dst, why),
-            // A move that makes room gains nothing until its old copy is released: worth its
-            // copy only when the split space is well above the threshold, and searched for
-            // at most once per release (what frees the room it looks for).
-            Choice::Blocked { smallest }
-                if frag > ROOM_GATE * cfg.threshold_permille
-                    && st.releases > st.room_searched_at =>
-            {
-                st.room_searched_at = st.releases;
-                match make_room(&st.packs, smallest, room) {
-                    Some((src, dst)) => (src, dst, Why::MakesRoom),
-                    None => break,
-                }
+        let found = match pick(&st.packs, room) {
+            Choice::Move(src, dst, why) => Some((src, dst, why)),
+            // Nothing gains at once. Moves that gain only once their old copy is released are
+            // worth their copy only when the split space is well above the threshold, and
+            // searched for at most once per release (what completes them).
+            _ if frag <= ROOM_GATE * cfg.threshold_permille => None,
+            Choice::Blocked { smallest } => {
+                make_room_once(st, smallest, room).or_else(|| coalesce_once(st, room))
             }
-            Choice::Blocked { .. } | Choice::Nothing => {
-                if moves.is_empty() {
-                    // Nothing movable at all (not merely nothing within what is left).
-                    st.fruitless = Some(st.releases);
-                }
-                break;
+            Choice::Nothing => coalesce_once(st, room),
+        };
+        let Some((src, dst, why)) = found else {
+            if moves.is_empty() {
+                // Nothing movable at all (not merely nothing within what is left).
+                st.fruitless = Some(st.releases);
             }
+            break;
         };
         let n = st.packs[src.0].allocs[&src.1].chunks;
         moves.push(relocate(inner, st, src, dst));
@@ -322,12 +357,33 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
     moves
 }
 
+/// [`make_room`] for a blocked border program of `n` chunks, unless it ran since the last
+/// release.
+fn make_room_once(st: &mut State, n: usize, left: usize) -> Option<(At, At, Why)> {
+    if st.releases == st.room_searched_at {
+        return None;
+    }
+    st.room_searched_at = st.releases;
+    make_room(&st.packs, n, left).map(|(src, dst)| (src, dst, Why::MakesRoom))
+}
+
+/// [`coalesce`], unless it ran since the last release: bigger holes take bigger programs,
+/// from new loads or from the largest runs' borders, so split space drains faster.
+fn coalesce_once(st: &mut State, left: usize) -> Option<(At, At, Why)> {
+    if st.releases == st.coalesced_at {
+        return None;
+    }
+    st.coalesced_at = st.releases;
+    coalesce(&st.packs, left).map(|(src, dst)| (src, dst, Why::Coalesces))
+}
+
 /// What a move is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Why {
     FillsHole,
     MergesFarSide,
     MakesRoom,
+    Coalesces,
 }
 
 /// A place in the arena: (pack index, first chunk).

@@ -192,6 +192,9 @@ struct Pack {
     fd: Option<libc::c_int>,
     /// One bit per chunk, set = in use.
     bitmap: Vec<u64>,
+    /// One bit per chunk, set = the first chunk of an allocation (with `bitmap`, where one
+    /// allocation ends and the next begins, without a lookup in `allocs`).
+    starts: Vec<u64>,
     used_chunks: usize,
     /// Live allocations by first chunk (including old copies of moved programs until their
     /// grace period ends).
@@ -216,6 +219,13 @@ impl Pack {
 
     fn bit(&self, i: usize) -> bool {
         self.bitmap[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Whether the used chunks `[start, end)` are exactly one allocation (no other begins
+    /// inside).
+    fn one_allocation(&self, start: usize, end: usize) -> bool {
+        let begins = |i: usize| self.starts[i / 64] & (1 << (i % 64)) != 0;
+        begins(start) && !(start + 1..end).any(begins)
     }
 
     fn set_range(&mut self, start: usize, n: usize, on: bool) {
@@ -361,6 +371,8 @@ struct State {
     fruitless: Option<u64>,
     /// Its value when compaction last searched for a move that makes room.
     room_searched_at: u64,
+    /// Its value when compaction last searched for holes to merge.
+    coalesced_at: u64,
     next_id: u64,
     /// Executable ranges written since the last commit: start → end.
     dirty: BTreeMap<usize, usize>,
@@ -443,6 +455,7 @@ impl PackedArena {
                 releases: 0,
                 fruitless: None,
                 room_searched_at: 0,
+                coalesced_at: 0,
                 next_id: 1,
                 dirty: BTreeMap::new(),
             }),
@@ -790,6 +803,7 @@ impl Inner {
             size,
             fd,
             bitmap: vec![0; chunks.div_ceil(64)],
+            starts: vec![0; chunks.div_ceil(64)],
             used_chunks: 0,
             allocs: BTreeMap::new(),
             sealed: false,
@@ -865,6 +879,7 @@ impl Inner {
             }
         }
         p.used_chunks += n;
+        p.starts[chunk / 64] |= 1 << (chunk % 64);
         p.allocs.insert(
             chunk,
             Alloc {
@@ -947,6 +962,7 @@ impl Inner {
         st.releases += 1;
         let p = &mut st.packs[pi];
         let n = p.allocs.remove(&chunk).expect("located").chunks;
+        p.starts[chunk / 64] &= !(1 << (chunk % 64));
         p.set_range(chunk, n, false);
         p.give_free(chunk, n);
         p.used_chunks -= n;

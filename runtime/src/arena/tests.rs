@@ -938,3 +938,43 @@ fn a_program_between_two_holes_moves_away_to_make_room_for_a_blocked_one() {
     assert_eq!(a.reclaim(), 0);
     assert_eq!(a.stats().packs, 0);
 }
+
+#[test]
+fn with_no_gaining_move_a_program_between_two_holes_moves_to_merge_them() {
+    let _s = serial();
+    let Some(a) = compacting_arena(1) else {
+        return;
+    };
+    // A (1) h1 (2) P (1) h2 (2) X (1) h3 (1) Y (1) B (8), then the free tail. Once the h's are
+    // freed, B borders the tail but fits no hole, and no hole with its neighbours makes room
+    // for it. P (the narrowest gap between two holes) moves into h3, so that h1, P and h2
+    // become one 5-chunk hole.
+    let m = install_movable(&a, &[1, 2, 1, 2, 1, 1, 1, 8]);
+    let base = m[0].entry();
+    let chunk = |i: u64| base + i * CHUNK as u64;
+    for x in [&m[1], &m[3], &m[5]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    let split_before = a.stats().fragmentation_permille;
+    assert_eq!(a.compact(1 << 20), CHUNK, "only P moves");
+    assert_eq!(m[2].entry(), chunk(7), "into h3");
+    assert_eq!(call(m[2].entry()), 3);
+    assert_eq!(a.compact(1 << 20), 0, "nothing more until a release");
+    assert_eq!(a.reclaim(), 0);
+    // The split share is unchanged (5 chunks of holes before and after), but they are one
+    // hole now: a 5-chunk program fits where none did.
+    assert_eq!(a.stats().fragmentation_permille, split_before);
+    let mut code = ret_code(9);
+    code.resize(5 * CHUNK, 0);
+    let r = install(&a, &code);
+    assert_eq!(r.exec_addr, chunk(1), "best fit: the merged hole");
+    a.commit();
+    assert_eq!(call(r.exec_addr), 9);
+    a.free_deferred(r);
+    for x in [&m[0], &m[2], &m[4], &m[6], &m[7]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
