@@ -294,7 +294,13 @@ fn coalesce(packs: &[Pack], left: usize) -> Option<(At, At)> {
         }
     }
     let (gap, qi, c, below, above) = best?;
-    packs[qi].allocs.get(&c)?.movable.as_ref()?;
+    let a = packs[qi].allocs.get(&c);
+    debug_assert_eq!(
+        a.map(|a| a.chunks),
+        Some(gap),
+        "start bits agree with allocs"
+    );
+    a?.movable.as_ref()?;
     let dst = best_hole_except(packs, gap, &[(qi, below), (qi, above)])?;
     Some(((qi, c), dst))
 }
