@@ -266,8 +266,8 @@ fn make_room(packs: &[Pack], n: usize, left: usize) -> Option<(At, At)> {
 /// A move that merges two holes: the program filling a gap between two free runs (neither
 /// its pack's largest) into the smallest other hole that fits it. Like [`make_room`] it gains
 /// nothing at once; once its old copy is released the two runs and its chunks are one, and
-/// the destination hole shrinks or vanishes, so the pack has at least one run fewer (moves
-/// of this kind cannot cycle). The narrowest such gap goes first: the cheapest copy.
+/// the destination hole shrinks or vanishes, so the arena has at least one free run fewer
+/// (moves of this kind cannot cycle). The narrowest such gap goes first: the cheapest copy.
 fn coalesce(packs: &[Pack], left: usize) -> Option<(At, At)> {
     // (gap chunks, pack, gap start, hole below, hole above), the narrowest so far. A gap is
     // what lies between two consecutive free runs.

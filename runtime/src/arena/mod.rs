@@ -224,8 +224,20 @@ impl Pack {
     /// Whether the used chunks `[start, end)` are exactly one allocation (no other begins
     /// inside).
     fn one_allocation(&self, start: usize, end: usize) -> bool {
-        let begins = |i: usize| self.starts[i / 64] & (1 << (i % 64)) != 0;
-        begins(start) && !(start + 1..end).any(begins)
+        if self.starts[start / 64] & (1 << (start % 64)) == 0 {
+            return false;
+        }
+        // A word at a time: gaps can be thousands of chunks.
+        let mut i = start + 1;
+        while i < end {
+            let span = (64 - i % 64).min(end - i);
+            let mask = if span == 64 { !0 } else { (1u64 << span) - 1 };
+            if (self.starts[i / 64] >> (i % 64)) & mask != 0 {
+                return false;
+            }
+            i += span;
+        }
+        true
     }
 
     fn set_range(&mut self, start: usize, n: usize, on: bool) {

@@ -978,3 +978,48 @@ fn with_no_gaining_move_a_program_between_two_holes_moves_to_merge_them() {
     assert_eq!(a.reclaim(), 0);
     assert_eq!(a.stats().packs, 0);
 }
+
+#[test]
+fn start_bits_tell_one_allocation_from_several_across_words() {
+    let _s = serial();
+    let a = PackedArena::new(ArenaConfig {
+        pack_size: 4 * sys::page_size(),
+        ..ArenaConfig::default()
+    })
+    .unwrap();
+    // Sizes that cross 64-chunk words: chunks [0, 3), [3, 73), [73, 74), [74, 204).
+    let sizes = [3, 70, 1, 130];
+    let regions: Vec<Region> = sizes.iter().map(|&n| a.alloc(n * CHUNK).unwrap()).collect();
+    let st = a.lock();
+    let p = &st.packs[0];
+    let mut start = 0;
+    for (k, &n) in sizes.iter().enumerate() {
+        assert!(p.one_allocation(start, start + n), "[{start}, +{n})");
+        // (The range is taken as used: past the last allocation there is no answer.)
+        if k + 1 < sizes.len() {
+            assert!(
+                !p.one_allocation(start, start + n + 1),
+                "past [{start}, +{n})"
+            );
+        }
+        if n > 1 {
+            assert!(
+                !p.one_allocation(start + 1, start + n),
+                "inside [{start}, +{n})"
+            );
+        }
+        start += n;
+    }
+    assert!(!p.one_allocation(3, 74), "two allocations");
+    drop(st);
+    a.free(&regions[1]);
+    let st = a.lock();
+    assert!(
+        !st.packs[0].one_allocation(3, 73),
+        "freed: no allocation begins at 3"
+    );
+    drop(st);
+    for r in [&regions[0], &regions[2], &regions[3]] {
+        a.free(r);
+    }
+}
