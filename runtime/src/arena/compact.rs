@@ -227,40 +227,139 @@ fn best_hole_except(packs: &[Pack], n: usize, except: &[At]) -> Option<At> {
         .map(|(_, at)| at)
 }
 
-/// A move that makes a hole for a border program of `n` chunks that fits none: the smallest
-/// program lying just above a hole whose chunks, with that hole and any hole above it, would
-/// hold `n`, into another hole that fits it. It gains nothing itself; once its old copy is
-/// released, the border program fits the merged hole.
-fn make_room(packs: &[Pack], n: usize, left: usize) -> Option<(At, At)> {
-    let mut best: Option<(usize, At, At)> = None;
-    for (qi, q) in packs.iter().enumerate().filter(|(_, q)| !q.sealed) {
-        // The largest holes first (a small program then makes enough room), and only a few:
-        // this search runs inside loads.
-        let mut runs = q.free_by_len.iter().rev();
-        let largest = runs.next().map(|&(_, c)| c);
-        for &(below_len, below) in runs.take(ROOM_SEARCH) {
-            if below_len >= n {
-                continue; // the program fits there already (a hole of its own pack's largest run)
-            }
-            let c = below + below_len;
-            let Some(a) = q.allocs.get(&c) else {
-                continue;
-            };
-            let p = a.chunks;
-            if a.movable.is_none() || p * CHUNK > left || best.is_some_and(|b| b.0 <= p) {
-                continue;
-            }
-            let above_len = q.free_by_start.get(&(c + p)).copied().unwrap_or(0);
-            // Next to the largest run the program is a border program, handled as such.
-            if below_len + p + above_len < n || largest == Some(c + p) {
-                continue;
-            }
-            if let Some(dst) = best_hole_except(packs, p, &[(qi, below), (qi, c + p)]) {
-                best = Some((p, (qi, c), dst));
-            }
+/// Moves that make a hole for a border program of `n` chunks that fits none: the programs in
+/// the cheapest stretch that would be one free run of at least `n` chunks without them, each
+/// into a hole outside the stretch (largest first, each into the smallest hole that fits, as a
+/// dry run before anything moves). They gain nothing themselves; once their old copies are
+/// released, the border program (or a new load) fits the stretch and the split space falls by
+/// its size. A stretch may cost at most `n` chunks (the eventual gain) and `left` bytes. Only
+/// the pack with the most split space is searched: its holes lie closest together, and the
+/// search runs inside loads. An empty plan: no stretch qualifies, or one is free already
+/// once old copies are released (a room made earlier, not yet taken).
+fn make_room(packs: &[Pack], n: usize, left: usize, segs: &mut Vec<Segment>) -> Vec<(At, At)> {
+    let Some((qi, q)) = packs
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| !q.sealed)
+        .max_by_key(|(_, q)| {
+            let (free, best) = q.free_runs();
+            free - best
+        })
+    else {
+        return Vec::new();
+    };
+    // A program larger than every hole cannot leave a stretch, so it bounds one.
+    let widest_hole = packs
+        .iter()
+        .filter(|p| !p.sealed)
+        .filter_map(|p| p.free_by_len.iter().rev().nth(1).map(|r| r.0))
+        .max()
+        .unwrap_or(0);
+    segments(q, widest_hole, segs);
+    let budget = n.min(left / CHUNK);
+    // (chunks to copy, first chunk, end chunk) of the cheapest stretch so far.
+    let mut best: Option<(usize, usize, usize)> = None;
+    // A window [i, j) over segments that may be part of a stretch.
+    let (mut j, mut len, mut cost) = (0, 0, 0);
+    for i in 0..segs.len() {
+        let Some(first_cost) = segs[i].cost else {
+            (j, len, cost) = (i + 1, 0, 0);
+            continue;
+        };
+        while len < n && j < segs.len() {
+            let Some(c) = segs[j].cost else { break };
+            len += segs[j].chunks;
+            cost += c;
+            j += 1;
+        }
+        if len >= n && cost <= budget && best.is_none_or(|b| cost < b.0) {
+            best = Some((cost, segs[i].start, segs[j - 1].start + segs[j - 1].chunks));
+        }
+        // Here j > i: segment i qualifies, and the window was shorter than `n` before it.
+        len -= segs[i].chunks;
+        cost -= first_cost;
+    }
+    let Some((_, lo, hi)) = best.filter(|b| b.0 > 0) else {
+        return Vec::new();
+    };
+    // Holes outside the stretch, smallest first: (length, pack, first chunk).
+    let mut holes: Vec<(usize, usize, usize)> = packs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !p.sealed)
+        .flat_map(|(pi, p)| {
+            let largest = p.free_by_len.last().copied();
+            p.free_by_len
+                .iter()
+                .filter(move |&&r| Some(r) != largest && !(pi == qi && (lo..hi).contains(&r.1)))
+                .map(move |&(len, c)| (len, pi, c))
+        })
+        .collect();
+    holes.sort_unstable();
+    let mut programs: Vec<(usize, usize)> = q
+        .allocs
+        .range(lo..hi)
+        .filter(|(_, a)| !a.leaving)
+        .map(|(&c, a)| (a.chunks, c))
+        .collect();
+    programs.sort_unstable_by(|a, b| b.cmp(a));
+    let mut plan = Vec::with_capacity(programs.len());
+    for (size, c) in programs {
+        let k = holes.partition_point(|h| h.0 < size);
+        if k == holes.len() {
+            return Vec::new();
+        }
+        let (len, pi, at) = holes.remove(k);
+        plan.push(((qi, c), (pi, at)));
+        if len > size {
+            let rest = (len - size, pi, at + size);
+            let k = holes.partition_point(|h| *h < rest);
+            holes.insert(k, rest);
         }
     }
-    best.map(|(_, src, dst)| (src, dst))
+    plan
+}
+
+/// A stretch of a pack in address order, for [`make_room`].
+#[derive(Clone, Copy)]
+pub(super) struct Segment {
+    start: usize,
+    chunks: usize,
+    /// Chunks copied to move it away: none for free runs and old copies (they are free or
+    /// will be), its size for a movable program; `None` for what cannot be part of a stretch
+    /// (the pack's largest run, where a border program goes anyway; programs that are pinned
+    /// or larger than every hole).
+    cost: Option<usize>,
+}
+
+/// Pack `q` as segments, into `segs` (a buffer kept across searches).
+fn segments(q: &Pack, widest_hole: usize, segs: &mut Vec<Segment>) {
+    let largest = q.free_by_len.last().map(|&(_, c)| c);
+    let free = |(&start, &chunks): (&usize, &usize)| Segment {
+        start,
+        chunks,
+        cost: (Some(start) != largest).then_some(0),
+    };
+    segs.clear();
+    let mut runs = q.free_by_start.iter().peekable();
+    for (&start, a) in &q.allocs {
+        while let Some(run) = runs.next_if(|(&r, _)| r < start) {
+            segs.push(free(run));
+        }
+        let cost = if a.leaving {
+            Some(0)
+        } else if a.movable.is_some() && a.chunks <= widest_hole {
+            Some(a.chunks)
+        } else {
+            None
+        };
+        segs.push(Segment {
+            start,
+            chunks: a.chunks,
+            cost,
+        });
+    }
+    segs.extend(runs.map(free));
 }
 
 /// A move that merges two holes: the program filling a gap between two free runs (neither
@@ -305,9 +404,6 @@ fn coalesce(packs: &[Pack], left: usize) -> Option<(At, At)> {
     Some(((qi, c), dst))
 }
 
-/// How many holes per pack [`make_room`] looks at (it runs inside loads).
-const ROOM_SEARCH: usize = 8;
-
 /// [`make_room`] runs only above this many times the compaction threshold.
 const ROOM_GATE: u32 = 2;
 
@@ -335,17 +431,25 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
         // would otherwise never move); later ones must fit what is left.
         let room = if moves.is_empty() { usize::MAX } else { left };
         let found = match pick(&st.packs, room) {
-            Choice::Move(src, dst, why) => Some((src, dst, why)),
+            Choice::Move(src, dst) => Some((src, dst)),
             // Nothing gains at once. Moves that gain only once their old copy is released are
             // worth their copy only when the split space is well above the threshold, and
             // searched for at most once per release (what completes them).
             _ if frag <= ROOM_GATE * cfg.threshold_permille => None,
             Choice::Blocked { smallest } => {
-                make_room_once(st, smallest, room).or_else(|| coalesce_once(st, room))
+                let plan = make_room_once(st, smallest, room);
+                if !plan.is_empty() {
+                    for (src, dst) in plan {
+                        moves.push(relocate(inner, st, src, dst));
+                    }
+                    // The room exists only once the old copies are released.
+                    break;
+                }
+                coalesce_once(st, room)
             }
             Choice::Nothing => coalesce_once(st, room),
         };
-        let Some((src, dst, why)) = found else {
+        let Some((src, dst)) = found else {
             if moves.is_empty() {
                 // Nothing movable at all (not merely nothing within what is left).
                 st.fruitless = Some(st.releases);
@@ -355,41 +459,28 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
         let n = st.packs[src.0].allocs[&src.1].chunks;
         moves.push(relocate(inner, st, src, dst));
         left = left.saturating_sub(n * CHUNK);
-        if why == Why::MakesRoom {
-            // The room exists only once the old copy is released.
-            break;
-        }
     }
     moves
 }
 
 /// [`make_room`] for a blocked border program of `n` chunks, unless it ran since the last
 /// release.
-fn make_room_once(st: &mut State, n: usize, left: usize) -> Option<(At, At, Why)> {
+fn make_room_once(st: &mut State, n: usize, left: usize) -> Vec<(At, At)> {
     if st.releases == st.room_searched_at {
-        return None;
+        return Vec::new();
     }
     st.room_searched_at = st.releases;
-    make_room(&st.packs, n, left).map(|(src, dst)| (src, dst, Why::MakesRoom))
+    make_room(&st.packs, n, left, &mut st.segments)
 }
 
 /// [`coalesce`], unless it ran since the last release: bigger holes take bigger programs,
 /// from new loads or from the largest runs' borders, so split space drains faster.
-fn coalesce_once(st: &mut State, left: usize) -> Option<(At, At, Why)> {
+fn coalesce_once(st: &mut State, left: usize) -> Option<(At, At)> {
     if st.releases == st.coalesced_at {
         return None;
     }
     st.coalesced_at = st.releases;
-    coalesce(&st.packs, left).map(|(src, dst)| (src, dst, Why::Coalesces))
-}
-
-/// What a move is for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Why {
-    FillsHole,
-    MergesFarSide,
-    MakesRoom,
-    Coalesces,
+    coalesce(&st.packs, left)
 }
 
 /// A place in the arena: (pack index, first chunk).
@@ -398,7 +489,7 @@ type At = (usize, usize);
 /// What [`pick`] found.
 enum Choice {
     /// Move the program at the first place to the second.
-    Move(At, At, Why),
+    Move(At, At),
     /// Programs border the largest runs but fit no hole; the smallest has this many chunks.
     Blocked {
         smallest: usize,
@@ -444,7 +535,7 @@ fn pick(packs: &[Pack], left: usize) -> Choice {
             // Into a hole first: such a move shrinks a hole and grows the largest run by the
             // same amount (once the old copy is released).
             if let Some(dst) = best_hole(packs, n) {
-                return Choice::Move((pi, c), dst, Why::FillsHole);
+                return Choice::Move((pi, c), dst);
             }
             smallest_blocked = Some(smallest_blocked.map_or(n, |b: usize| b.min(n)));
             // Free space on the program's far side joins the run once it leaves.
@@ -460,7 +551,7 @@ fn pick(packs: &[Pack], left: usize) -> Choice {
     }
     if let Some((pi, c, n, up)) = blocked {
         if let Some(dst) = largest_run_move(packs, pi, n, up) {
-            return Choice::Move((pi, c), dst, Why::MergesFarSide);
+            return Choice::Move((pi, c), dst);
         }
     }
     match smallest_blocked {

@@ -385,6 +385,8 @@ struct State {
     room_searched_at: u64,
     /// Its value when compaction last searched for holes to merge.
     coalesced_at: u64,
+    /// Scratch space for the search that makes room (kept: it runs inside loads).
+    segments: Vec<compact::Segment>,
     next_id: u64,
     /// Executable ranges written since the last commit: start → end.
     dirty: BTreeMap<usize, usize>,
@@ -468,6 +470,7 @@ impl PackedArena {
                 fruitless: None,
                 room_searched_at: 0,
                 coalesced_at: 0,
+                segments: Vec::new(),
                 next_id: 1,
                 dirty: BTreeMap::new(),
             }),
