@@ -940,6 +940,43 @@ fn a_program_between_two_holes_moves_away_to_make_room_for_a_blocked_one() {
 }
 
 #[test]
+fn the_programs_of_the_cheapest_stretch_move_away_together_to_make_room() {
+    let _s = serial();
+    let Some(a) = compacting_arena(1) else {
+        return;
+    };
+    // A (1) h1 (2) P (1) h2 (2) Q (1) h3 (2) X (1) h4 (3) Y (1) B (8), then the free tail.
+    // Once the h's are freed, B borders the tail but fits no hole, and no hole with one
+    // program next to it makes 8 chunks. h1 P h2 Q h3 does, for two chunks of copying: P and
+    // Q move into h4 in one step, and once their old copies are released B fits there.
+    let m = install_movable(&a, &[1, 2, 1, 2, 1, 2, 1, 3, 1, 8]);
+    let base = m[0].entry();
+    let chunk = |i: u64| base + i * CHUNK as u64;
+    for x in [&m[1], &m[3], &m[5], &m[7]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.compact(1 << 20), 2 * CHUNK, "P and Q move, nothing else");
+    let mut moved = [m[2].entry(), m[4].entry()];
+    moved.sort_unstable();
+    assert_eq!(moved, [chunk(10), chunk(11)], "both into h4");
+    assert_eq!((call(m[2].entry()), call(m[4].entry())), (3, 5));
+    assert_eq!(a.compact(1 << 20), 0, "the room needs a release");
+    assert_eq!(a.reclaim(), 0);
+    // B moves into the room; then Y borders the tail and fills what is left of h4.
+    assert_eq!(a.compact(1 << 20), 9 * CHUNK, "B and Y move");
+    assert_eq!((m[9].entry(), m[8].entry()), (chunk(1), chunk(12)));
+    assert_eq!((call(m[9].entry()), call(m[8].entry())), (10, 9));
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().fragmentation_permille, 0, "one free run");
+    for x in [&m[0], &m[2], &m[4], &m[6], &m[8], &m[9]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
+
+#[test]
 fn with_no_gaining_move_a_program_between_two_holes_moves_to_merge_them() {
     let _s = serial();
     let Some(a) = compacting_arena(1) else {
