@@ -17,14 +17,15 @@
 //! to the far end of its own run (or to another pack's much larger run): that far-side space
 //! then joins the run, and the next program in line may fit a hole. Each of these moves
 //! lowers the split space, so they cannot cycle. When a border program has no free space
-//! beyond it, a small program lying between holes that together would hold it moves into
-//! another hole first ("making room"): a move that gains nothing until its old copy is
-//! released, so there is at most one per step, and only while fragmentation is at least twice
-//! the threshold. When no move gains at once, a program filling the gap between two holes
-//! moves into a third ("coalescing", at most once per release, the narrowest gap first): the
-//! two holes become one, which takes programs none of them could, whether new loads or the
-//! border programs that were blocked. Near a full arena, where holes are most of what is
-//! free, this is what keeps the split share down (the `churn` benchmark).
+//! beyond it, the programs of the cheapest stretch that would be a free run large enough for
+//! it without them move into holes elsewhere, together ("making room"): moves that gain
+//! nothing until their old copies are released, so the search runs at most once per release,
+//! and only while fragmentation is at least twice the threshold. Near a full arena the holes
+//! are many and small and lie among small programs, so this is what keeps the split share
+//! down (the `churn` benchmark). When no move gains at once, a program filling the gap
+//! between two holes moves into a third ("coalescing", at most once per release, the
+//! narrowest gap first): the two holes become one, which takes programs none of them could,
+//! whether new loads or the border programs that were blocked.
 
 use super::{mark_dirty, Alloc, Inner, Pack, State, CHUNK};
 use packjit_plugin_api::Region;

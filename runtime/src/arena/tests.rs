@@ -977,6 +977,35 @@ fn the_programs_of_the_cheapest_stretch_move_away_together_to_make_room() {
 }
 
 #[test]
+fn a_pinned_program_bounds_a_stretch() {
+    let _s = serial();
+    let Some(a) = compacting_arena(1) else {
+        return;
+    };
+    // The layout of the test above, with Q pinned (a host holds its raw entry): no stretch
+    // of 8 chunks avoids it, so nothing makes room; coalescing moves P (the narrowest gap
+    // between two holes, the lower one of two) into h3 instead.
+    let m = install_movable(&a, &[1, 2, 1, 2, 1, 2, 1, 3, 1, 8]);
+    let base = m[0].entry();
+    let chunk = |i: u64| base + i * CHUNK as u64;
+    let q = a.pin_movable(&m[4]);
+    for x in [&m[1], &m[3], &m[5], &m[7]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.compact(1 << 20), CHUNK, "only P moves");
+    assert_eq!(m[2].entry(), chunk(7), "into h3");
+    assert_eq!(m[4].entry(), q, "Q stays");
+    assert_eq!(call(q), 5);
+    assert_eq!(a.reclaim(), 0);
+    for x in [&m[0], &m[2], &m[4], &m[6], &m[8], &m[9]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
+
+#[test]
 fn with_no_gaining_move_a_program_between_two_holes_moves_to_merge_them() {
     let _s = serial();
     let Some(a) = compacting_arena(1) else {
