@@ -1045,6 +1045,91 @@ fn with_no_gaining_move_a_program_between_two_holes_moves_to_merge_them() {
     assert_eq!(a.stats().packs, 0);
 }
 
+/// Random loads, frees and pins of movable programs, with compaction steps of random budgets
+/// between them: every live program keeps answering from wherever it was moved, no two
+/// overlap, and everything is released at the end. (Debug builds also check the start bits
+/// against the allocations at every coalescing search.)
+#[test]
+fn random_churn_with_compaction_keeps_every_program_running() {
+    let _s = serial();
+    let Some(a) = compacting_arena(16) else {
+        return;
+    };
+    let seed = std::env::var("ARENA_COMPACT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("random_churn_with_compaction_keeps_every_program_running: ARENA_COMPACT_SEED={seed}");
+    let mut rng = seed;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // (program, the value it returns, pinned entry if pinned)
+    let mut live: Vec<(Arc<Movable>, u16, Option<u64>)> = Vec::new();
+    let mut moved = 0;
+    for step in 0..3_000u32 {
+        let ctx = format!("seed {seed}, step {step}");
+        if live.len() < 8 || (live.len() < 150 && next() % 2 == 0) {
+            // Mostly a few chunks, sometimes a few hundred (a pack is 1,024 on 4 KiB pages).
+            let chunks = if next() % 16 == 0 {
+                1 + (next() % 300) as usize
+            } else {
+                1 + (next() % 24) as usize
+            };
+            let v = (step % 60_000) as u16 + 1;
+            let mut code = ret_code(v);
+            code.resize(chunks * CHUNK, 0);
+            let r = install(&a, &code);
+            a.commit();
+            live.push((a.make_movable(&r, r.exec_addr, None).unwrap(), v, None));
+        } else if next() % 64 == 0 {
+            let i = (next() % live.len() as u64) as usize;
+            if live[i].2.is_none() {
+                live[i].2 = Some(a.pin_movable(&live[i].0));
+            }
+        } else {
+            let i = (next() % live.len() as u64) as usize;
+            let (m, _, _) = live.swap_remove(i);
+            a.free_deferred(a.detach_movable(&m));
+        }
+        moved += a.compact(((next() % 16) as usize + 1) << 12);
+        if next() % 3 == 0 {
+            a.reclaim();
+        }
+        if step % 25 == 0 {
+            let mut regions: Vec<Region> = live.iter().map(|(m, _, _)| m.region()).collect();
+            regions.sort_by_key(|r| r.exec_addr);
+            for w in regions.windows(2) {
+                assert!(
+                    w[0].exec_addr + w[0].size <= w[1].exec_addr,
+                    "{ctx}: {w:?} overlap"
+                );
+            }
+            for (m, v, pinned) in &live {
+                assert_eq!(call(m.entry()), u64::from(*v), "{ctx}");
+                if let Some(at) = pinned {
+                    assert_eq!(m.entry(), *at, "{ctx}: a pinned program moved");
+                }
+            }
+        }
+    }
+    assert!(moved > 0, "seed {seed}: compaction moved nothing");
+    for (m, _, _) in live {
+        a.free_deferred(a.detach_movable(&m));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0, "seed {seed}: every pack released");
+}
+
 #[test]
 fn start_bits_tell_one_allocation_from_several_across_words() {
     let _s = serial();
