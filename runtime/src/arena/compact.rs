@@ -258,46 +258,86 @@ fn make_room(packs: &[Pack], n: usize, left: usize, segs: &mut Vec<Segment>) -> 
         .unwrap_or(0);
     segments(q, widest_hole, segs);
     let budget = n.min(left / CHUNK);
-    // (chunks to copy, first chunk, end chunk) of the cheapest stretch so far.
+    // A stretch whose programs do not all fit the holes outside it is tried again without
+    // programs as large as the one that did not fit (a few times: this runs inside loads).
+    let mut largest_movable = widest_hole;
+    for _ in 0..ROOM_TRIES {
+        let Some((lo, hi)) = cheapest_stretch(segs, n, budget, largest_movable) else {
+            return Vec::new();
+        };
+        match evacuate(packs, qi, lo, hi) {
+            Ok(plan) => return plan,
+            Err(unplaced) => largest_movable = unplaced - 1,
+        }
+    }
+    Vec::new()
+}
+
+/// How many stretches [`make_room`] tries.
+const ROOM_TRIES: usize = 3;
+
+/// The first and end chunk of the cheapest run of `segs` that spans at least `n` chunks and
+/// copies at most `budget`, holding no program over `largest_movable` chunks. `None` also when
+/// the cheapest copies nothing: that room is on its way (free once old copies are released).
+fn cheapest_stretch(
+    segs: &[Segment],
+    n: usize,
+    budget: usize,
+    largest_movable: usize,
+) -> Option<(usize, usize)> {
+    let cost = |s: &Segment| s.cost.filter(|&c| c <= largest_movable);
+    // (chunks to copy, first chunk, end chunk) of the cheapest so far.
     let mut best: Option<(usize, usize, usize)> = None;
-    // A window [i, j) over segments that may be part of a stretch.
-    let (mut j, mut len, mut cost) = (0, 0, 0);
+    // A window [i, j) over segments that may be part of a stretch: its chunks, its copy.
+    let (mut j, mut len, mut copy) = (0, 0, 0);
     for i in 0..segs.len() {
-        let Some(first_cost) = segs[i].cost else {
-            (j, len, cost) = (i + 1, 0, 0);
+        let Some(first_copy) = cost(&segs[i]) else {
+            (j, len, copy) = (i + 1, 0, 0);
             continue;
         };
         while len < n && j < segs.len() {
-            let Some(c) = segs[j].cost else { break };
+            let Some(c) = cost(&segs[j]) else { break };
             len += segs[j].chunks;
-            cost += c;
+            copy += c;
             j += 1;
         }
-        if len >= n && cost <= budget && best.is_none_or(|b| cost < b.0) {
-            best = Some((cost, segs[i].start, segs[j - 1].start + segs[j - 1].chunks));
+        if len >= n && copy <= budget && best.is_none_or(|b| copy < b.0) {
+            best = Some((copy, segs[i].start, segs[j - 1].start + segs[j - 1].chunks));
         }
         // Here j > i: segment i qualifies, and the window was shorter than `n` before it.
         len -= segs[i].chunks;
-        cost -= first_cost;
+        copy -= first_copy;
     }
-    let Some((_, lo, hi)) = best.filter(|b| b.0 > 0) else {
-        return Vec::new();
-    };
-    // Holes outside the stretch, smallest first: (length, pack, first chunk).
-    let mut holes: Vec<(usize, usize, usize)> = packs
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| !p.sealed)
-        .flat_map(|(pi, p)| {
-            let largest = p.free_by_len.last().copied();
-            p.free_by_len
-                .iter()
-                .filter(move |&&r| Some(r) != largest && !(pi == qi && (lo..hi).contains(&r.1)))
-                .map(move |&(len, c)| (len, pi, c))
-        })
-        .collect();
+    best.filter(|b| b.0 > 0).map(|(_, lo, hi)| (lo, hi))
+}
+
+/// Where each program in chunks `[lo, hi)` of pack `qi` goes: largest first, each into the
+/// smallest hole outside the stretch that fits it (a dry run: nothing moves). Failing every
+/// hole, the start of another pack's largest run, as far as it stays that pack's largest:
+/// such a move adds to the split space until the stretch is filled, but then the stretch's
+/// filling still gains its size less what went there. `Err` with the size of the first
+/// program nothing takes.
+fn evacuate(packs: &[Pack], qi: usize, lo: usize, hi: usize) -> Result<Vec<(At, At)>, usize> {
+    // Where programs may go, smallest first: (usable length, pack, first chunk).
+    let mut holes: Vec<(usize, usize, usize)> = Vec::new();
+    for (pi, p) in packs.iter().enumerate().filter(|(_, p)| !p.sealed) {
+        let mut runs = p.free_by_len.iter().rev();
+        let Some(&(largest, at)) = runs.next() else {
+            continue;
+        };
+        let mut others = runs.peekable();
+        let second = others.peek().map_or(0, |r| r.0);
+        if pi != qi && largest > second {
+            holes.push((largest - second, pi, at));
+        }
+        holes.extend(
+            others
+                .filter(|&&(_, c)| !(pi == qi && (lo..hi).contains(&c)))
+                .map(|&(len, c)| (len, pi, c)),
+        );
+    }
     holes.sort_unstable();
-    let mut programs: Vec<(usize, usize)> = q
+    let mut programs: Vec<(usize, usize)> = packs[qi]
         .allocs
         .range(lo..hi)
         .filter(|(_, a)| !a.leaving)
@@ -308,7 +348,7 @@ fn make_room(packs: &[Pack], n: usize, left: usize, segs: &mut Vec<Segment>) -> 
     for (size, c) in programs {
         let k = holes.partition_point(|h| h.0 < size);
         if k == holes.len() {
-            return Vec::new();
+            return Err(size);
         }
         let (len, pi, at) = holes.remove(k);
         plan.push(((qi, c), (pi, at)));
@@ -318,7 +358,7 @@ fn make_room(packs: &[Pack], n: usize, left: usize, segs: &mut Vec<Segment>) -> 
             holes.insert(k, rest);
         }
     }
-    plan
+    Ok(plan)
 }
 
 /// A stretch of a pack in address order, for [`make_room`].

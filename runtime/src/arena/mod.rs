@@ -286,9 +286,18 @@ impl Pack {
         (free, best)
     }
 
-    /// The smallest free run of at least `n` chunks: (its length, its first chunk).
-    fn best_fit(&self, n: usize) -> Option<(usize, usize)> {
-        self.free_by_len.range((n, 0)..).next().copied()
+    /// The smallest free run of at least `n` chunks that fits exactly or leaves at least
+    /// `usable` chunks, else the smallest of at least `n`: (its length, its first chunk).
+    fn best_fit(&self, n: usize, usable: usize) -> Option<(usize, usize)> {
+        let &smallest = self.free_by_len.range((n, 0)..).next()?;
+        if smallest.0 == n || smallest.0 >= n + usable {
+            return Some(smallest);
+        }
+        self.free_by_len
+            .range((n + usable, 0)..)
+            .next()
+            .or(Some(&smallest))
+            .copied()
     }
 
     fn add_free(&mut self, start: usize, n: usize) {
@@ -387,6 +396,8 @@ struct State {
     coalesced_at: u64,
     /// Scratch space for the search that makes room (kept: it runs inside loads).
     segments: Vec<compact::Segment>,
+    /// Chunks of the smallest allocation placed so far.
+    smallest_alloc: usize,
     next_id: u64,
     /// Executable ranges written since the last commit: start → end.
     dirty: BTreeMap<usize, usize>,
@@ -471,6 +482,7 @@ impl PackedArena {
                 room_searched_at: 0,
                 coalesced_at: 0,
                 segments: Vec::new(),
+                smallest_alloc: usize::MAX,
                 next_id: 1,
                 dirty: BTreeMap::new(),
             }),
@@ -842,6 +854,10 @@ impl Inner {
             _ => size.div_ceil(CHUNK),
         };
         let mut st = self.lock();
+        // A remainder smaller than every allocation so far would be a hole no program fills
+        // (on arm64, for one, no program is a single chunk).
+        st.smallest_alloc = st.smallest_alloc.min(n);
+        let smallest = st.smallest_alloc;
         let open = st.packs.iter().enumerate().filter(|(_, p)| !p.sealed);
         let found = match self.cfg.placement {
             Placement::FirstFit => open
@@ -853,7 +869,7 @@ impl Inner {
             | Placement::BestFitTwoEnded { .. }
             | Placement::SizeClasses { .. } => open
                 .filter_map(|(i, p)| {
-                    p.best_fit(n)
+                    p.best_fit(n, smallest)
                         .map(|(len, c)| ((len, p.chunks() - p.used_chunks, p.rx as usize), (i, c)))
                 })
                 .min_by_key(|&(key, _)| key)

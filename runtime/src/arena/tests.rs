@@ -368,6 +368,40 @@ fn best_fit_refills_the_smallest_hole_and_first_fit_the_lowest() {
 }
 
 #[test]
+fn best_fit_leaves_no_remainder_smaller_than_every_allocation() {
+    for smallest in [2, 1] {
+        let a = PackedArena::new(ArenaConfig {
+            remap: RemapPolicy::Never,
+            compaction: None,
+            ..Default::default()
+        })
+        .unwrap();
+        // [A 2][h1 3][B 2][h2 5][C 2], every allocation 2 chunks or more (then one of 1 chunk).
+        // A 2-chunk request in h1 would leave a chunk no such program can use, so it goes to
+        // h2 (leaving 3) unless a 1-chunk allocation has been seen.
+        let sizes = [2, 3, 2, 5, 2];
+        let r: Vec<Region> = sizes.iter().map(|&n| a.alloc(n * CHUNK).unwrap()).collect();
+        if smallest == 1 {
+            let one = a.alloc(CHUNK).unwrap();
+            a.free(&one);
+        }
+        a.free(&r[1]);
+        a.free(&r[3]);
+        let got = a.alloc(2 * CHUNK).unwrap();
+        let want = if smallest == 2 { &r[3] } else { &r[1] };
+        assert_eq!(
+            got.exec_addr, want.exec_addr,
+            "smallest allocation {smallest}"
+        );
+        if smallest == 2 {
+            // An exact fit leaves nothing: a 3-chunk request takes h1.
+            let exact = a.alloc(3 * CHUNK).unwrap();
+            assert_eq!(exact.exec_addr, r[1].exec_addr);
+        }
+    }
+}
+
+#[test]
 fn pages_left_without_code_are_released_and_refilled_on_reuse() {
     let _s = serial();
     let page = sys::page_size();
