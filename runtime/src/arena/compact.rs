@@ -28,7 +28,7 @@
 //! narrowest gap first): the two holes become one, which takes programs none of them could,
 //! whether new loads or the border programs that were blocked.
 
-use super::{mark_dirty, Alloc, Inner, Pack, State, CHUNK};
+use super::{leaves_unusable, mark_dirty, Alloc, Inner, Pack, State, CHUNK};
 use packjit_plugin_api::Region;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -206,24 +206,34 @@ fn boundary(p: &Pack, start: usize, len: usize, up: bool) -> Option<usize> {
     None
 }
 
-/// The smallest free run of at least `n` chunks that is not its pack's largest run:
-/// (pack index, first chunk).
-fn best_hole(packs: &[Pack], n: usize) -> Option<At> {
-    best_hole_except(packs, n, &[])
+/// The smallest free run of at least `n` chunks that is not its pack's largest run, of those
+/// that leave no remainder under `usable` chunks if there are any: (pack index, first chunk).
+fn best_hole(packs: &[Pack], n: usize, usable: usize) -> Option<At> {
+    best_hole_except(packs, n, usable, &[])
 }
 
 /// [`best_hole`], leaving out the runs at `except` (pack index, first chunk).
-fn best_hole_except(packs: &[Pack], n: usize, except: &[At]) -> Option<At> {
+fn best_hole_except(packs: &[Pack], n: usize, usable: usize, except: &[At]) -> Option<At> {
     packs
         .iter()
         .enumerate()
         .filter(|(_, p)| !p.sealed)
         .filter_map(|(i, p)| {
             let largest = p.free_by_len.last().copied();
-            p.free_by_len
+            let mut fits = p
+                .free_by_len
                 .range((n, 0)..)
-                .find(|&&r| Some(r) != largest && !except.contains(&(i, r.1)))
-                .map(|&(len, c)| ((len, p.chunks() - p.used_chunks), (i, c)))
+                .filter(|&&r| Some(r) != largest && !except.contains(&(i, r.1)));
+            let &first = fits.next()?;
+            let (len, c) = if leaves_unusable(first.0, n, usable) {
+                fits.find(|r| !leaves_unusable(r.0, n, usable))
+                    .copied()
+                    .unwrap_or(first)
+            } else {
+                first
+            };
+            let unusable = leaves_unusable(len, n, usable);
+            Some(((unusable, len, p.chunks() - p.used_chunks), (i, c)))
         })
         .min_by_key(|&(key, _)| key)
         .map(|(_, at)| at)
@@ -238,7 +248,13 @@ fn best_hole_except(packs: &[Pack], n: usize, except: &[At]) -> Option<At> {
 /// the pack with the most split space is searched: its holes lie closest together, and the
 /// search runs inside loads. An empty plan: no stretch qualifies, or one is free already
 /// once old copies are released (a room made earlier, not yet taken).
-fn make_room(packs: &[Pack], n: usize, left: usize, segs: &mut Vec<Segment>) -> Vec<(At, At)> {
+fn make_room(
+    packs: &[Pack],
+    n: usize,
+    left: usize,
+    usable: usize,
+    segs: &mut Vec<Segment>,
+) -> Vec<(At, At)> {
     let Some((qi, q)) = packs
         .iter()
         .enumerate()
@@ -266,7 +282,7 @@ fn make_room(packs: &[Pack], n: usize, left: usize, segs: &mut Vec<Segment>) -> 
         let Some((lo, hi)) = cheapest_stretch(segs, n, budget, largest_movable) else {
             return Vec::new();
         };
-        match evacuate(packs, qi, lo, hi) {
+        match evacuate(packs, qi, lo, hi, usable) {
             Ok(plan) => return plan,
             Err(unplaced) => largest_movable = unplaced - 1,
         }
@@ -318,7 +334,13 @@ fn cheapest_stretch(
 /// such a move adds to the split space until the stretch is filled, but then the stretch's
 /// filling still gains its size less what went there. `Err` with the size of the first
 /// program nothing takes.
-fn evacuate(packs: &[Pack], qi: usize, lo: usize, hi: usize) -> Result<Vec<(At, At)>, usize> {
+fn evacuate(
+    packs: &[Pack],
+    qi: usize,
+    lo: usize,
+    hi: usize,
+    usable: usize,
+) -> Result<Vec<(At, At)>, usize> {
     // Where programs may go, smallest first: (usable length, pack, first chunk).
     let mut holes: Vec<(usize, usize, usize)> = Vec::new();
     for (pi, p) in packs.iter().enumerate().filter(|(_, p)| !p.sealed) {
@@ -347,10 +369,13 @@ fn evacuate(packs: &[Pack], qi: usize, lo: usize, hi: usize) -> Result<Vec<(At, 
     programs.sort_unstable_by(|a, b| b.cmp(a));
     let mut plan = Vec::with_capacity(programs.len());
     for (size, c) in programs {
-        let k = holes.partition_point(|h| h.0 < size);
-        if k == holes.len() {
+        let first = holes.partition_point(|h| h.0 < size);
+        if first == holes.len() {
             return Err(size);
         }
+        let k = (first..holes.len())
+            .find(|&k| !leaves_unusable(holes[k].0, size, usable))
+            .unwrap_or(first);
         let (len, pi, at) = holes.remove(k);
         plan.push(((qi, c), (pi, at)));
         if len > size {
@@ -409,7 +434,7 @@ fn segments(q: &Pack, widest_hole: usize, segs: &mut Vec<Segment>) {
 /// nothing at once; once its old copy is released the two runs and its chunks are one, and
 /// the destination hole shrinks or vanishes, so the arena has at least one free run fewer
 /// (moves of this kind cannot cycle). The narrowest such gap goes first: the cheapest copy.
-fn coalesce(packs: &[Pack], left: usize) -> Option<(At, At)> {
+fn coalesce(packs: &[Pack], left: usize, usable: usize) -> Option<(At, At)> {
     // (gap chunks, pack, gap start, hole below, hole above), the narrowest so far. A gap is
     // what lies between two consecutive free runs.
     let mut best: Option<(usize, usize, usize, usize, usize)> = None;
@@ -442,7 +467,7 @@ fn coalesce(packs: &[Pack], left: usize) -> Option<(At, At)> {
         "start bits agree with allocs"
     );
     a?.movable.as_ref()?;
-    let dst = best_hole_except(packs, gap, &[(qi, below), (qi, above)])?;
+    let dst = best_hole_except(packs, gap, usable, &[(qi, below), (qi, above)])?;
     Some(((qi, c), dst))
 }
 
@@ -472,7 +497,7 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
         // The first move of a step may exceed the budget (a program larger than the step
         // would otherwise never move); later ones must fit what is left.
         let room = if moves.is_empty() { usize::MAX } else { left };
-        let found = match pick(&st.packs, room) {
+        let found = match pick(&st.packs, room, st.smallest_alloc) {
             Choice::Move(src, dst) => Some((src, dst)),
             // Nothing gains at once. Moves that gain only once their old copy is released are
             // worth their copy only when the split space is well above the threshold, and
@@ -512,7 +537,7 @@ fn make_room_once(st: &mut State, n: usize, left: usize) -> Vec<(At, At)> {
         return Vec::new();
     }
     st.room_searched_at = st.releases;
-    make_room(&st.packs, n, left, &mut st.segments)
+    make_room(&st.packs, n, left, st.smallest_alloc, &mut st.segments)
 }
 
 /// [`coalesce`], unless it ran since the last release: bigger holes take bigger programs,
@@ -522,7 +547,7 @@ fn coalesce_once(st: &mut State, left: usize) -> Option<(At, At)> {
         return None;
     }
     st.coalesced_at = st.releases;
-    coalesce(&st.packs, left)
+    coalesce(&st.packs, left, st.smallest_alloc)
 }
 
 /// A place in the arena: (pack index, first chunk).
@@ -540,7 +565,7 @@ enum Choice {
 }
 
 /// Chooses a move that gains at once: a border program into a hole, or past its run.
-fn pick(packs: &[Pack], left: usize) -> Choice {
+fn pick(packs: &[Pack], left: usize, usable: usize) -> Choice {
     // Packs with the most split space first: that is where a move gains most. (A handful of
     // packs: repeated maximum, no allocation.)
     let split = |i: usize| {
@@ -576,7 +601,7 @@ fn pick(packs: &[Pack], left: usize) -> Choice {
             }
             // Into a hole first: such a move shrinks a hole and grows the largest run by the
             // same amount (once the old copy is released).
-            if let Some(dst) = best_hole(packs, n) {
+            if let Some(dst) = best_hole(packs, n, usable) {
                 return Choice::Move((pi, c), dst);
             }
             smallest_blocked = Some(smallest_blocked.map_or(n, |b: usize| b.min(n)));

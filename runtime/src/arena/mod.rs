@@ -289,13 +289,12 @@ impl Pack {
     /// The smallest free run of at least `n` chunks that fits exactly or leaves at least
     /// `usable` chunks, else the smallest of at least `n`: (its length, its first chunk).
     fn best_fit(&self, n: usize, usable: usize) -> Option<(usize, usize)> {
-        let &smallest = self.free_by_len.range((n, 0)..).next()?;
-        if smallest.0 == n || smallest.0 >= n + usable {
+        let mut fits = self.free_by_len.range((n, 0)..);
+        let &smallest = fits.next()?;
+        if !leaves_unusable(smallest.0, n, usable) {
             return Some(smallest);
         }
-        self.free_by_len
-            .range((n + usable, 0)..)
-            .next()
+        fits.find(|r| !leaves_unusable(r.0, n, usable))
             .or(Some(&smallest))
             .copied()
     }
@@ -381,6 +380,12 @@ struct Alloc {
     movable: Option<Arc<Movable>>,
     /// The old copy of a moved program, or a freed program, waiting for its grace period.
     leaving: bool,
+}
+
+/// Whether `n` chunks placed in a free run of `len` leave a remainder smaller than `usable`
+/// (the smallest allocation so far): a hole no program fills until a neighbour goes.
+fn leaves_unusable(len: usize, n: usize, usable: usize) -> bool {
+    len > n && len - n < usable
 }
 
 struct State {
@@ -863,14 +868,18 @@ impl Inner {
             Placement::FirstFit => open
                 .clone()
                 .find_map(|(i, p)| p.find_free(n).map(|c| (i, c))),
-            // Smallest run first; among equal runs the fuller pack (so emptier packs drain
-            // and can be released), then the lower address.
+            // Smallest run first (of those that leave no unusable remainder); among equal runs
+            // the fuller pack (so emptier packs drain and can be released), then the lower
+            // address.
             Placement::BestFit
             | Placement::BestFitTwoEnded { .. }
             | Placement::SizeClasses { .. } => open
                 .filter_map(|(i, p)| {
-                    p.best_fit(n, smallest)
-                        .map(|(len, c)| ((len, p.chunks() - p.used_chunks, p.rx as usize), (i, c)))
+                    p.best_fit(n, smallest).map(|(len, c)| {
+                        let unusable = leaves_unusable(len, n, smallest);
+                        let free = p.chunks() - p.used_chunks;
+                        ((unusable, len, free, p.rx as usize), (i, c))
+                    })
                 })
                 .min_by_key(|&(key, _)| key)
                 .map(|(_, found)| found),
