@@ -19,9 +19,13 @@ pub(crate) fn return_imm(imm: u16) -> Option<Vec<u8>> {
         let movz = 0xd280_0000u32 | ((imm as u32) << 5);
         Some([movz.to_le_bytes(), 0xd65f_03c0u32.to_le_bytes()].concat())
     } else if cfg!(target_arch = "riscv64") {
-        // addi a0, zero, imm (imm < 2048) ; jalr zero, 0(ra)
-        let addi = ((imm as u32 & 0xfff) << 20) | (10 << 7) | 0x13;
-        Some([addi.to_le_bytes(), 0x0000_8067u32.to_le_bytes()].concat())
+        // lui a0, hi ; addiw a0, a0, lo ; jalr zero, 0(ra). The 12-bit immediate is signed,
+        // so `hi` rounds up where `lo` is negative (imm ≥ 2048 alone would come out negative).
+        let hi = (u32::from(imm) + 0x800) >> 12;
+        let lo = u32::from(imm).wrapping_sub(hi << 12) & 0xfff;
+        let lui = (hi << 12) | (10 << 7) | 0x37;
+        let addiw = (lo << 20) | (10 << 15) | (10 << 7) | 0x1b;
+        Some([lui, addiw, 0x0000_8067].map(u32::to_le_bytes).concat())
     } else {
         None
     }
