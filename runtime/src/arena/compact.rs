@@ -21,9 +21,10 @@
 //! it without them move elsewhere, together ("making room"): into holes, or failing those into
 //! another pack's largest run. Moves that gain nothing until their old copies are released,
 //! so the search runs at most once per release, and only while fragmentation is at least
-//! twice the threshold. Near a full arena the holes
-//! are many and small and lie among small programs, so this is what keeps the split share
-//! down (the `churn` benchmark). When no move gains at once, a program filling the gap
+//! twice the threshold. Near a full arena the holes are many and small and lie among small
+//! programs, so this is what keeps the split share down (the `churn` benchmark). Every
+//! destination, like placement, avoids leaving a remainder smaller than every allocation so
+//! far (a hole no program could fill). When no move gains at once, a program filling the gap
 //! between two holes moves into a third ("coalescing", at most once per release, the
 //! narrowest gap first): the two holes become one, which takes programs none of them could,
 //! whether new loads or the border programs that were blocked.
@@ -241,8 +242,8 @@ fn best_hole_except(packs: &[Pack], n: usize, usable: usize, except: &[At]) -> O
 
 /// Moves that make a hole for a border program of `n` chunks that fits none: the programs in
 /// the cheapest stretch that would be one free run of at least `n` chunks without them, each
-/// into a hole outside the stretch (largest first, each into the smallest hole that fits, as a
-/// dry run before anything moves). They gain nothing themselves; once their old copies are
+/// to where [`evacuate`]'s dry run puts it (a hole outside the stretch, or another pack's
+/// largest run). They gain nothing themselves; once their old copies are
 /// released, the border program (or a new load) fits the stretch and the split space falls by
 /// its size. A stretch may cost at most `n` chunks (the eventual gain) and `left` bytes. Only
 /// the pack with the most split space is searched: its holes lie closest together, and the
@@ -255,6 +256,9 @@ fn make_room(
     usable: usize,
     segs: &mut Vec<Segment>,
 ) -> Vec<(At, At)> {
+    if n == 0 {
+        return Vec::new();
+    }
     let Some((qi, q)) = packs
         .iter()
         .enumerate()
