@@ -973,23 +973,39 @@ fn a_program_between_two_holes_moves_away_to_make_room_for_a_blocked_one() {
     assert_eq!(a.stats().packs, 0);
 }
 
+/// Chunks of A h1 P h2 Q h3 X h4 Y B (the h's to be freed by [`free_holes`]), then the free
+/// tail.
+const STRETCH_LAYOUT: [usize; 10] = [1, 2, 1, 2, 1, 2, 1, 3, 1, 8];
+
+/// Frees and releases h1 to h4 of [`STRETCH_LAYOUT`].
+fn free_holes(a: &PackedArena, m: &[Arc<Movable>]) {
+    for i in [1, 3, 5, 7] {
+        a.free_deferred(a.detach_movable(&m[i]));
+    }
+    assert_eq!(a.reclaim(), 0);
+}
+
+/// Frees and releases the programs of [`STRETCH_LAYOUT`]; the arena gives its pack back.
+fn free_all_but_holes(a: &PackedArena, m: &[Arc<Movable>]) {
+    for i in [0, 2, 4, 6, 8, 9] {
+        a.free_deferred(a.detach_movable(&m[i]));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
+
 #[test]
 fn the_programs_of_the_cheapest_stretch_move_away_together_to_make_room() {
     let _s = serial();
     let Some(a) = compacting_arena(1) else {
         return;
     };
-    // A (1) h1 (2) P (1) h2 (2) Q (1) h3 (2) X (1) h4 (3) Y (1) B (8), then the free tail.
-    // Once the h's are freed, B borders the tail but fits no hole, and no hole with one
-    // program next to it makes 8 chunks. h1 P h2 Q h3 does, for two chunks of copying: P and
-    // Q move into h4 in one step, and once their old copies are released B fits there.
-    let m = install_movable(&a, &[1, 2, 1, 2, 1, 2, 1, 3, 1, 8]);
-    let base = m[0].entry();
-    let chunk = |i: u64| base + i * CHUNK as u64;
-    for x in [&m[1], &m[3], &m[5], &m[7]] {
-        a.free_deferred(a.detach_movable(x));
-    }
-    assert_eq!(a.reclaim(), 0);
+    // B borders the tail but fits no hole, and no hole with one program next to it makes 8
+    // chunks. h1 P h2 Q h3 does, for two chunks of copying: P and Q move into h4 in one step,
+    // and once their old copies are released B fits there.
+    let m = install_movable(&a, &STRETCH_LAYOUT);
+    let chunk = |i: u64| m[0].entry() + i * CHUNK as u64;
+    free_holes(&a, &m);
     assert_eq!(a.compact(1 << 20), 2 * CHUNK, "P and Q move, nothing else");
     let mut moved = [m[2].entry(), m[4].entry()];
     moved.sort_unstable();
@@ -1003,11 +1019,7 @@ fn the_programs_of_the_cheapest_stretch_move_away_together_to_make_room() {
     assert_eq!((call(m[9].entry()), call(m[8].entry())), (10, 9));
     assert_eq!(a.reclaim(), 0);
     assert_eq!(a.stats().fragmentation_permille, 0, "one free run");
-    for x in [&m[0], &m[2], &m[4], &m[6], &m[8], &m[9]] {
-        a.free_deferred(a.detach_movable(x));
-    }
-    assert_eq!(a.reclaim(), 0);
-    assert_eq!(a.stats().packs, 0);
+    free_all_but_holes(&a, &m);
 }
 
 #[test]
@@ -1016,27 +1028,19 @@ fn a_pinned_program_bounds_a_stretch() {
     let Some(a) = compacting_arena(1) else {
         return;
     };
-    // The layout of the test above, with Q pinned (a host holds its raw entry): no stretch
-    // of 8 chunks avoids it, so nothing makes room; coalescing moves P (the narrowest gap
-    // between two holes, the lower one of two) into h3 instead.
-    let m = install_movable(&a, &[1, 2, 1, 2, 1, 2, 1, 3, 1, 8]);
-    let base = m[0].entry();
-    let chunk = |i: u64| base + i * CHUNK as u64;
+    // Q pinned (a host holds its raw entry): no stretch of 8 chunks avoids it, so nothing
+    // makes room; coalescing moves P (the narrowest gap between two holes, the lower one of
+    // two) into h3 instead.
+    let m = install_movable(&a, &STRETCH_LAYOUT);
+    let chunk = |i: u64| m[0].entry() + i * CHUNK as u64;
     let q = a.pin_movable(&m[4]);
-    for x in [&m[1], &m[3], &m[5], &m[7]] {
-        a.free_deferred(a.detach_movable(x));
-    }
-    assert_eq!(a.reclaim(), 0);
+    free_holes(&a, &m);
     assert_eq!(a.compact(1 << 20), CHUNK, "only P moves");
     assert_eq!(m[2].entry(), chunk(7), "into h3");
     assert_eq!(m[4].entry(), q, "Q stays");
     assert_eq!(call(q), 5);
     assert_eq!(a.reclaim(), 0);
-    for x in [&m[0], &m[2], &m[4], &m[6], &m[8], &m[9]] {
-        a.free_deferred(a.detach_movable(x));
-    }
-    assert_eq!(a.reclaim(), 0);
-    assert_eq!(a.stats().packs, 0);
+    free_all_but_holes(&a, &m);
 }
 
 #[test]
