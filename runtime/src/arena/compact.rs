@@ -11,7 +11,9 @@
 //! together with whatever else the batch wrote, then the program's entry switches to the copy
 //! (a release store; callers load it with acquire after pinning the epoch), and the old copy
 //! is freed like any program: after the epoch grace period, so a thread already running it
-//! finishes there. Which programs move: the ones bordering their pack's largest free run
+//! finishes there. A step also runs in a free that finds chunks released since the last step
+//! (its flush releases earlier frees whose grace period ended): near a full arena one freed
+//! program's hole can be a fifth of all free space, and the next load is too late to fill it. Which programs move: the ones bordering their pack's largest free run
 //! (so the space they leave joins it), each into the smallest hole elsewhere that fits it.
 //! A border program too large for every hole, with free space on its far side, instead goes
 //! to the far end of its own run (or to another pack's much larger run): that far-side space
@@ -39,9 +41,10 @@ use std::sync::Arc;
 pub struct Compaction {
     /// Move code while fragmentation (`ArenaStats::fragmentation_permille`) is above this.
     pub threshold_permille: u32,
-    /// At most this many bytes of code are copied per commit (every load commits), so a
-    /// load never pays for more than a bounded copy (the first move of a step may exceed it
-    /// by one program). 0 = commits move nothing; only [`PackedArena::compact`] calls do
+    /// At most this many bytes of code are copied per commit (every load commits) and per
+    /// free that finds chunks released since the last step, so a load or a free never pays
+    /// for more than a bounded copy (the first move of a step may exceed it by one program).
+    /// 0 = commits and frees move nothing; only [`PackedArena::compact`] calls do
     /// (maintenance the host schedules off its load path).
     ///
     /// [`PackedArena::compact`]: super::PackedArena::compact

@@ -399,6 +399,8 @@ struct State {
     room_searched_at: u64,
     /// Its value when compaction last searched for holes to merge.
     coalesced_at: u64,
+    /// Its value when a compaction step last ran (in a commit or after releases).
+    settled_at: u64,
     /// Scratch space for the search that makes room (kept: it runs inside loads).
     segments: Vec<compact::Segment>,
     /// Chunks of the smallest allocation placed so far.
@@ -486,6 +488,7 @@ impl PackedArena {
                 fruitless: None,
                 room_searched_at: 0,
                 coalesced_at: 0,
+                settled_at: 0,
                 segments: Vec::new(),
                 smallest_alloc: usize::MAX,
                 next_id: 1,
@@ -529,8 +532,37 @@ impl PackedArena {
     fn commit_step(&self, budget: Option<usize>) -> usize {
         let mut st = self.lock();
         let moves = compact::step(&self.inner, &mut st, budget);
+        st.settled_at = st.releases;
         self.inner.commit_locked(&mut st);
-        // After the maintenance pass: the copies are coherent before anyone can branch there.
+        self.publish(st, moves)
+    }
+
+    /// After chunks were released: the compaction step a commit would take (same budget and
+    /// gates), at once, so that the holes a free leaves are filled from the largest runs'
+    /// borders now rather than at the next load (near a full arena one freed program can be
+    /// a fifth of all free space). Without moves nothing is committed: released chunks hold
+    /// trap fill, never executed, and wait for the next commit.
+    fn settle(&self) {
+        let mut st = self.lock();
+        if st.settled_at == st.releases {
+            return;
+        }
+        st.settled_at = st.releases;
+        // Maintenance mode (`step_bytes` 0): code moves only in `compact` calls.
+        if st.compaction.is_none_or(|c| c.step_bytes == 0) {
+            return;
+        }
+        let moves = compact::step(&self.inner, &mut st, None);
+        if moves.is_empty() {
+            return;
+        }
+        self.inner.commit_locked(&mut st);
+        self.publish(st, moves);
+    }
+
+    /// Switches each moved program to its copy (after the commit that made the copies
+    /// coherent) and frees the old copies after their grace period. Returns the bytes moved.
+    fn publish(&self, st: MutexGuard<'_, State>, moves: Vec<compact::Move>) -> usize {
         for m in &moves {
             m.publish();
         }
@@ -626,7 +658,9 @@ impl PackedArena {
         region
     }
 
-    /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]).
+    /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]). When
+    /// chunks were released since the last compaction step (earlier frees whose grace period
+    /// ended, often in this call's flush), takes one, as a commit would.
     pub fn free_deferred(&self, region: Region) {
         self.inner.pending.fetch_add(1, Relaxed);
         let inner = self.inner.clone();
@@ -636,6 +670,9 @@ impl PackedArena {
             inner.pending.fetch_sub(1, Relaxed);
         });
         guard.flush();
+        drop(guard);
+        // The flush may have released earlier frees.
+        self.settle();
     }
 
     /// Like [`free_deferred`](Self::free_deferred), running `before` (e.g. dropping the
@@ -651,6 +688,8 @@ impl PackedArena {
             inner.pending.fetch_sub(1, Relaxed);
         });
         guard.flush();
+        drop(guard);
+        self.settle();
     }
 
     /// Releases `region` at once. For committed code only when its grace period has already
@@ -1171,6 +1210,7 @@ impl CodeArena for PackedArena {
     fn free(&self, region: &Region) {
         // Never committed, so never executed: release at once.
         self.inner.release_now(region);
+        self.settle();
     }
 }
 

@@ -836,6 +836,48 @@ fn compaction_moves_the_program_bordering_free_space_into_a_hole() {
     assert_eq!(t.compaction(), None);
 }
 
+#[test]
+fn a_free_fills_the_hole_an_earlier_free_left_without_waiting_for_a_load() {
+    let _s = serial();
+    // Commits (and so frees) move code, or only `compact` calls do (maintenance).
+    for step_bytes in [32 << 10, 0] {
+        let Some(a) = compacting_arena_with_steps(1, step_bytes) else {
+            return;
+        };
+        // X (1) A (1) B (3) C (1) D (2), then the free tail. B goes first; its chunks are
+        // released (grace period over) with no load or free after.
+        let m = install_movable(&a, &[1, 1, 3, 1, 2]);
+        let (b_at, d_old) = (m[2].entry(), m[4].entry());
+        a.free_deferred(a.detach_movable(&m[2]));
+        assert_eq!(a.reclaim(), 0);
+        assert!(a.stats().fragmentation_permille > 0);
+        assert_eq!(a.stats().moves, 0, "releases alone move nothing");
+        // The next free finds B's chunks released: D, bordering the tail, fills B's hole.
+        a.free_deferred(a.detach_movable(&m[0]));
+        if step_bytes == 0 {
+            assert_eq!(a.stats().moves, 0, "maintenance mode: frees move nothing");
+            assert_eq!(m[4].entry(), d_old);
+            assert_eq!(a.compact(1 << 20), 3 * CHUNK, "D and C move when asked");
+        } else {
+            assert!(a.stats().moves >= 1, "the free moved code");
+        }
+        assert_eq!(m[4].entry(), b_at, "D into B's hole");
+        assert_eq!(call(m[4].entry()), 5);
+        assert_eq!(
+            call(d_old),
+            5,
+            "the old copy runs until its grace period ends"
+        );
+        assert_eq!(call(m[3].entry()), 4);
+        assert_eq!(a.reclaim(), 0);
+        for x in [&m[1], &m[3], &m[4]] {
+            a.free_deferred(a.detach_movable(x));
+        }
+        assert_eq!(a.reclaim(), 0);
+        assert_eq!(a.stats().packs, 0);
+    }
+}
+
 /// Installs programs of the given chunk counts in order (return values 1, 2, ...), commits
 /// them and makes each movable.
 fn install_movable(a: &PackedArena, chunks: &[usize]) -> Vec<Arc<Movable>> {
@@ -856,10 +898,16 @@ fn install_movable(a: &PackedArena, chunks: &[usize]) -> Vec<Arc<Movable>> {
 }
 
 fn compacting_arena(pack_pages: usize) -> Option<PackedArena> {
+    // Only explicit `compact` calls move code.
+    compacting_arena_with_steps(pack_pages, 0)
+}
+
+/// [`compacting_arena`] whose commits (and frees) move up to `step_bytes` of code.
+fn compacting_arena_with_steps(pack_pages: usize, step_bytes: usize) -> Option<PackedArena> {
     let a = PackedArena::new(ArenaConfig {
         compaction: Some(Compaction {
             threshold_permille: 0,
-            step_bytes: 0, // only explicit `compact` calls move code
+            step_bytes,
         }),
         pack_size: pack_pages * sys::page_size(),
         ..ArenaConfig::default()
@@ -1090,9 +1138,16 @@ fn with_no_gaining_move_a_program_between_two_holes_moves_to_merge_them() {
 #[test]
 fn random_churn_with_compaction_keeps_every_program_running() {
     let _s = serial();
-    let Some(a) = compacting_arena(16) else {
-        return;
-    };
+    // Moves only in `compact` calls (maintenance), and moves in every commit and free too.
+    for step_bytes in [0, 8 << 10] {
+        let Some(a) = compacting_arena_with_steps(16, step_bytes) else {
+            return;
+        };
+        churn_with_compaction(&a, step_bytes);
+    }
+}
+
+fn churn_with_compaction(a: &PackedArena, step_bytes: usize) {
     let seed = std::env::var("ARENA_COMPACT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -1113,9 +1168,9 @@ fn random_churn_with_compaction_keeps_every_program_running() {
     };
     // (program, the value it returns, pinned entry if pinned)
     let mut live: Vec<(Arc<Movable>, u16, Option<u64>)> = Vec::new();
-    let mut moved = 0;
+    let (mut moved, mut moved_by_frees) = (0, 0);
     for step in 0..3_000u32 {
-        let ctx = format!("seed {seed}, step {step}");
+        let ctx = format!("seed {seed}, step_bytes {step_bytes}, step {step}");
         if live.len() < 8 || (live.len() < 150 && next() % 2 == 0) {
             // Mostly a few chunks, sometimes a few hundred (a pack is 1,024 on 4 KiB pages).
             let chunks = if next() % 16 == 0 {
@@ -1126,7 +1181,7 @@ fn random_churn_with_compaction_keeps_every_program_running() {
             let v = (step % 60_000) as u16 + 1;
             let mut code = ret_code(v);
             code.resize(chunks * CHUNK, 0);
-            let r = install(&a, &code);
+            let r = install(a, &code);
             a.commit();
             live.push((a.make_movable(&r, r.exec_addr, None).unwrap(), v, None));
         } else if next() % 64 == 0 {
@@ -1137,7 +1192,9 @@ fn random_churn_with_compaction_keeps_every_program_running() {
         } else {
             let i = (next() % live.len() as u64) as usize;
             let (m, _, _) = live.swap_remove(i);
+            let before = a.stats().moves;
             a.free_deferred(a.detach_movable(&m));
+            moved_by_frees += a.stats().moves - before;
         }
         moved += a.compact(((next() % 16) as usize + 1) << 12);
         if next() % 3 == 0 {
@@ -1160,7 +1217,16 @@ fn random_churn_with_compaction_keeps_every_program_running() {
             }
         }
     }
-    assert!(moved > 0, "seed {seed}: compaction moved nothing");
+    assert!(moved > 0, "seed {seed}: compaction calls moved nothing");
+    if step_bytes == 0 {
+        assert_eq!(
+            moved_by_frees, 0,
+            "seed {seed}: frees moved code in maintenance mode"
+        );
+    } else {
+        // Frees release earlier frees' chunks (after their grace period) and fill the holes.
+        assert!(moved_by_frees > 0, "seed {seed}: no free moved code");
+    }
     for (m, _, _) in live {
         a.free_deferred(a.detach_movable(&m));
     }
