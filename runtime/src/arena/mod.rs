@@ -427,6 +427,21 @@ struct Inner {
     pending: AtomicUsize,
     moves: AtomicU64,
     bytes_moved: AtomicU64,
+    /// Regions whose grace period has ended, waiting for the arena's next call to release
+    /// them (see [`Graced`]).
+    graced: Mutex<Vec<Graced>>,
+}
+
+/// Regions an epoch callback found past their grace period. The callback runs inside
+/// whichever thread's pin or flush advanced the epoch (a program run, often), so it only
+/// queues them: the arena's own calls (alloc, commit, frees, reclaim) release them, under
+/// the arena lock, and then take the compaction step the new holes call for. Program runs
+/// never do trap fills, page releases or code moves.
+struct Graced {
+    regions: Vec<Region>,
+    /// Runs just before the regions are released (symbols of the old code go), so nothing
+    /// else can have been placed there yet.
+    before: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// The packed code arena. Cheap to clone (shared).
@@ -498,6 +513,7 @@ impl PackedArena {
             flushes: AtomicU64::new(0),
             remaps: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
+            graced: Mutex::new(Vec::new()),
             moves: AtomicU64::new(0),
             bytes_moved: AtomicU64::new(0),
         };
@@ -530,6 +546,7 @@ impl PackedArena {
     }
 
     fn commit_step(&self, budget: Option<usize>) -> usize {
+        self.inner.release_graced();
         let mut st = self.lock();
         let moves = compact::step(&self.inner, &mut st, budget);
         st.settled_at = st.releases;
@@ -537,12 +554,14 @@ impl PackedArena {
         self.publish(st, moves)
     }
 
-    /// After chunks were released: the compaction step a commit would take (same budget and
-    /// gates), at once, so that the holes a free leaves are filled from the largest runs'
-    /// borders now rather than at the next load (near a full arena one freed program can be
-    /// a fifth of all free space). Without moves nothing is committed: released chunks hold
-    /// trap fill, never executed, and wait for the next commit.
+    /// Releases what is past its grace period, then, if chunks were released since the last
+    /// compaction step, takes the step a commit would (same budget and gates) at once, so
+    /// that the holes a free leaves are filled from the largest runs' borders now rather than
+    /// at the next load (near a full arena one freed program can be a fifth of all free
+    /// space). Without moves nothing is committed: released chunks hold trap fill, never
+    /// executed, and wait for the next commit.
     fn settle(&self) {
+        self.inner.release_graced();
         let mut st = self.lock();
         if st.settled_at == st.releases {
             return;
@@ -575,17 +594,23 @@ impl PackedArena {
         // flush). A thread that loaded an old entry did so while pinned, before this
         // deferral: the old copy outlives its call.
         self.inner.pending.fetch_add(moves.len(), Relaxed);
+        let regions = moves.iter().map(|m| m.old).collect();
+        let before = move || {
+            for m in &moves {
+                compact::Move::released(&m.movable, &m.old);
+            }
+        };
+        self.defer_release(regions, Some(Box::new(before)));
+        bytes
+    }
+
+    /// Queues `regions` for release once no thread can still be executing them: one deferred
+    /// function, one flush (see [`Graced`]).
+    fn defer_release(&self, regions: Vec<Region>, before: Option<Box<dyn FnOnce() + Send>>) {
         let inner = self.inner.clone();
         let guard = epoch::pin();
-        guard.defer(move || {
-            for m in moves {
-                compact::Move::released(&m.movable, &m.old);
-                inner.release_now(&m.old);
-                inner.pending.fetch_sub(1, Relaxed);
-            }
-        });
+        guard.defer(move || inner.queue_graced(Graced { regions, before }));
         guard.flush();
-        bytes
     }
 
     /// Compaction settings in force (`None` in toggle mode, whatever was asked).
@@ -658,20 +683,14 @@ impl PackedArena {
         region
     }
 
-    /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]). When
-    /// chunks were released since the last compaction step (earlier frees whose grace period
-    /// ended, often in this call's flush), takes one, as a commit would.
+    /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]): at the
+    /// arena's first call after its grace period (see [`Graced`]). Releases what is past its
+    /// grace period now (earlier frees, often ended by this call's flush), and takes a
+    /// compaction step for the holes, as a commit would.
     pub fn free_deferred(&self, region: Region) {
         self.inner.pending.fetch_add(1, Relaxed);
-        let inner = self.inner.clone();
-        let guard = epoch::pin();
-        guard.defer(move || {
-            inner.release_now(&region);
-            inner.pending.fetch_sub(1, Relaxed);
-        });
-        guard.flush();
-        drop(guard);
-        // The flush may have released earlier frees.
+        self.defer_release(vec![region], None);
+        // The flush may have ended earlier frees' grace periods.
         self.settle();
     }
 
@@ -680,24 +699,19 @@ impl PackedArena {
     /// nothing else can have been placed there yet.
     pub fn free_deferred_then(&self, region: Region, before: impl FnOnce() + Send + 'static) {
         self.inner.pending.fetch_add(1, Relaxed);
-        let inner = self.inner.clone();
-        let guard = epoch::pin();
-        guard.defer(move || {
-            before();
-            inner.release_now(&region);
-            inner.pending.fetch_sub(1, Relaxed);
-        });
-        guard.flush();
-        drop(guard);
+        self.defer_release(vec![region], Some(Box::new(before)));
         self.settle();
     }
 
-    /// Releases `region` at once. For committed code only when its grace period has already
-    /// passed (a batch retirement that waited once for many programs).
-    /// Counts it in `pending_frees` from [`expect_release`](Self::expect_release) on.
+    /// Releases `region`, whose grace period has already passed (a batch retirement that
+    /// waited once for many programs), at the arena's next call: this runs inside the
+    /// retirement's epoch callback (see [`Graced`]). Counts it in `pending_frees` from
+    /// [`expect_release`](Self::expect_release) on.
     pub(crate) fn release_after_grace(&self, region: &Region) {
-        self.inner.release_now(region);
-        self.inner.pending.fetch_sub(1, Relaxed);
+        self.inner.queue_graced(Graced {
+            regions: vec![*region],
+            before: None,
+        });
     }
 
     /// Counts one region retired by a batch as pending until `release_after_grace`.
@@ -713,6 +727,7 @@ impl PackedArena {
         // older one; a deferred free runs two steps after it was queued. Spin briefly, then
         // back off for up to about a second so a busy machine still drains.
         for i in 0..2_000 {
+            self.inner.release_graced();
             if self.inner.pending.load(Relaxed) == 0 {
                 break;
             }
@@ -723,6 +738,7 @@ impl PackedArena {
                 std::thread::sleep(std::time::Duration::from_micros(500));
             }
         }
+        self.inner.release_graced();
         self.inner.pending.load(Relaxed)
     }
 
@@ -826,6 +842,32 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn graced(&self) -> MutexGuard<'_, Vec<Graced>> {
+        // A push or a take: nothing half-done to poison.
+        self.graced.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called from epoch callbacks: no arena lock, no work beyond a push.
+    fn queue_graced(&self, g: Graced) {
+        self.graced().push(g);
+    }
+
+    /// Releases every queued region (see [`Graced`]).
+    fn release_graced(&self) {
+        // Taken out first: `before` may drop symbols (their own lock), and `release_now` takes
+        // the arena lock; neither runs under the queue's.
+        let queued = std::mem::take(&mut *self.graced());
+        for g in queued {
+            if let Some(before) = g.before {
+                before();
+            }
+            for r in &g.regions {
+                self.release_now(r);
+                self.pending.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
     fn new_pack(&self, st: &mut State, min_size: usize) -> Result<usize, CompileError> {
         let page = sys::page_size();
         let size = min_size.div_ceil(self.cfg.pack_size) * self.cfg.pack_size;
@@ -897,6 +939,8 @@ impl Inner {
             Placement::SizeClasses { steps_log2 } => size_class(size.div_ceil(CHUNK), steps_log2),
             _ => size.div_ceil(CHUNK),
         };
+        // Chunks past their grace period first: they may take this program.
+        self.release_graced();
         let mut st = self.lock();
         // A remainder smaller than every allocation so far would be a hole no program fills
         // (on arm64, for one, no program is a single chunk).

@@ -311,6 +311,34 @@ fn deferred_free_waits_for_pinned_threads() {
 }
 
 #[test]
+fn chunks_past_their_grace_period_are_released_by_the_arenas_calls_not_by_pins() {
+    let _serial = serial();
+    let a = PackedArena::new(ArenaConfig::default()).unwrap();
+    let r = install(&a, &ret_code(5));
+    let _keep = install(&a, &ret_code(6));
+    a.commit();
+    a.free_deferred(r);
+    // Pins and flushes (what program runs do) end the grace period, but release nothing:
+    // no trap fill, page release or code move ever runs inside a program run's pin.
+    for _ in 0..64 {
+        epoch_pin().flush();
+    }
+    let s = a.stats();
+    assert_eq!((s.allocations, s.pending_frees), (2, 1));
+    assert_eq!(call(r.exec_addr), 5, "still there");
+    // The arena's next call releases it.
+    let next = install(&a, &ret_code(7));
+    let s = a.stats();
+    assert_eq!((s.allocations, s.pending_frees), (2, 0));
+    assert_eq!(
+        next.exec_addr, r.exec_addr,
+        "the load took the released chunks"
+    );
+    a.commit();
+    assert_eq!(call(next.exec_addr), 7);
+}
+
+#[test]
 fn toggle_mode_seals_committed_packs() {
     let a = PackedArena::new(ArenaConfig {
         map_mode: MapMode::Toggle,
