@@ -14,7 +14,10 @@ pub use compact::{Compaction, Movable, MoveListener};
 use crossbeam_epoch as epoch;
 use packjit_plugin_api::{Arch, CodeArena, CompileError, ErrorKind, Region};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Allocation granularity: programs start on 64-byte (cache-line) boundaries.
@@ -430,6 +433,8 @@ struct Inner {
     /// Regions whose grace period has ended, waiting for the arena's next call to release
     /// them (see [`Graced`]).
     graced: Mutex<Vec<Graced>>,
+    /// Set after a push to `graced`: lets the arena's calls skip its lock when nothing waits.
+    graced_waiting: AtomicBool,
 }
 
 /// Regions an epoch callback found past their grace period. The callback runs inside
@@ -514,6 +519,7 @@ impl PackedArena {
             remaps: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
             graced: Mutex::new(Vec::new()),
+            graced_waiting: AtomicBool::new(false),
             moves: AtomicU64::new(0),
             bytes_moved: AtomicU64::new(0),
         };
@@ -850,10 +856,16 @@ impl Inner {
     /// Called from epoch callbacks: no arena lock, no work beyond a push.
     fn queue_graced(&self, g: Graced) {
         self.graced().push(g);
+        // After the push: a caller that sees the flag finds the entry. One that clears it
+        // just before this store takes the entry anyway, or leaves it to the next call.
+        self.graced_waiting.store(true, Release);
     }
 
     /// Releases every queued region (see [`Graced`]).
     fn release_graced(&self) {
+        if !self.graced_waiting.swap(false, Acquire) {
+            return;
+        }
         // Taken out first: `before` may drop symbols (their own lock), and `release_now` takes
         // the arena lock; neither runs under the queue's.
         let queued = std::mem::take(&mut *self.graced());
