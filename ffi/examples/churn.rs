@@ -9,10 +9,10 @@
 //! right after its load and again just before its free, and both answers must be k * (n - 1).
 //! The same operation sequence (same seed) runs three times in one process, side by side:
 //! * compaction off (`packjit_runtime_set_compaction(rt, 1000, 0)`: code never moves);
-//! * the defaults: every load's commit moves up to a step of code into holes while
-//!   fragmentation is above the threshold;
-//! * maintenance only (`packjit_runtime_set_compaction(rt, threshold, 0)`): loads move
-//!   nothing; the host calls `packjit_runtime_compact(rt, --maint-bytes)` every
+//! * the defaults: every load's commit, and every free that releases chunks, moves up to a
+//!   step of code into holes while fragmentation is above the threshold;
+//! * maintenance only (`packjit_runtime_set_compaction(rt, threshold, 0)`): loads and frees
+//!   move nothing; the host calls `packjit_runtime_compact(rt, --maint-bytes)` every
 //!   `--maint-every` operations, timed apart from the loads (its cost is printed).
 //!
 //! Every 1% of the operations it samples `packjit_runtime_stats` (printing every 10%):

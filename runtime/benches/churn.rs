@@ -4,9 +4,10 @@
 //! instructions (the workload of issue 13), straight on the arena, the way `Runtime::load`
 //! uses it: every load allocates, writes the program's bytes, commits, and registers the
 //! code as relocatable; every free detaches it and releases its chunks at once (what an
-//! epoch-deferred free does once its grace period ends). With compaction on, commits move
+//! epoch-deferred free does once its grace period ends). With compaction on, commits and frees move
 //! programs into holes; their old copies are freed through the epoch like in the runtime
-//! (the loop flushes this thread's epoch once per operation so they drain). Program lengths are log-uniform over 1..=4,000 instructions
+//! (the loop flushes this thread's epoch once per operation, which ends their grace periods;
+//! the arena's next call releases them). Program lengths are log-uniform over 1..=4,000 instructions
 //! (most programs are small, a few are large); native size = arm64 bytes for that many
 //! instructions, calibrated at start-up with the real arm64 backend on ALU instructions.
 //!
