@@ -588,6 +588,7 @@ impl PackedArena {
     /// Switches each moved program to its copy (after the commit that made the copies
     /// coherent) and frees the old copies after their grace period. Returns the bytes moved.
     fn publish(&self, st: MutexGuard<'_, State>, moves: Vec<compact::Move>) -> usize {
+        // After the maintenance pass: the copies are coherent before anyone can branch there.
         for m in &moves {
             m.publish();
         }
