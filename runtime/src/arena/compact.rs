@@ -14,7 +14,8 @@
 //! finishes there. Chunks whose grace period ends are released by the arena's next call (a
 //! load's alloc or commit, a free, `reclaim`), never inside whichever thread's pin ended it,
 //! and a free that released chunks takes a step too: near a full arena one freed program's
-//! hole can be a fifth of all free space, and the next load is too late to fill it. Which programs move: the ones bordering their pack's largest free run
+//! hole can be a fifth of all free space, and the next load is too late to fill it. Which
+//! programs move: the ones bordering their pack's largest free run
 //! (so the space they leave joins it), each into the smallest hole elsewhere that fits it.
 //! A border program too large for every hole, with free space on its far side, instead goes
 //! to the far end of its own run (or to another pack's much larger run): that far-side space
