@@ -8,18 +8,13 @@
 
 mod host;
 
+use host::{assert_listed_once, eager, insn, sized};
+
 use packjit::{
     ArenaConfig, CodeArena, Compaction, Hook, LoadOptions, Program, Runtime, RuntimeConfig,
 };
 use packjit_plugin_api::abi;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-
-fn insn(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-    let o = off.to_le_bytes();
-    let i = imm.to_le_bytes();
-    [op, src << 4 | dst, o[0], o[1], i[0], i[1], i[2], i[3]]
-}
 
 unsafe extern "C" fn add(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
     a.wrapping_add(b)
@@ -153,24 +148,6 @@ fn a_compiled_image_runs_from_a_copy_elsewhere_in_the_arena() {
     }
 }
 
-/// `mov r0, k - (n - 2) ; (n - 2) x add r0, 1 ; exit`: returns k, n instructions long (an
-/// `add r0, 0` could be compiled to nothing).
-fn sized(n: usize, k: i32) -> Vec<u8> {
-    let mut v = insn(0xb7, 0, 0, 0, k - (n as i32 - 2).max(0)).to_vec();
-    for _ in 2..n {
-        v.extend_from_slice(&insn(0x07, 0, 0, 0, 1));
-    }
-    v.extend_from_slice(&insn(0x95, 0, 0, 0, 0));
-    v
-}
-
-fn eager() -> Option<Compaction> {
-    Some(Compaction {
-        threshold_permille: 0,
-        step_bytes: 1 << 20,
-    })
-}
-
 /// Compacts until nothing more moves (old copies reclaimed between steps).
 fn compact_fully(rt: &Runtime) -> usize {
     let mut moved = 0;
@@ -241,72 +218,6 @@ fn compaction_moves_programs_which_keep_their_answers_code_and_symbols() {
         assert!(s.is_none() || s.unwrap().start != *a || a == b);
     }
     assert_listed_once(&rt, progs.iter().map(|(p, ..)| p), &map);
-    drop(progs);
-    assert_eq!(rt.reclaim(), 0);
-    let end = rt.stats();
-    assert_eq!((end.packs, end.allocations, rt.live_programs()), (0, 0, 0));
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Every program of `live` is in the symbol index and the perf map at `map` exactly once, at
-/// its current address, and nothing else is.
-fn assert_listed_once<'a>(rt: &Runtime, live: impl Iterator<Item = &'a Program>, map: &Path) {
-    let live: Vec<&Program> = live.collect();
-    let listed: Vec<(u64, u64)> = rt.symbols().iter().map(|s| (s.id, s.start)).collect();
-    let mut want: Vec<(u64, u64)> = live.iter().map(|p| (p.id(), p.entry_addr())).collect();
-    want.sort_by_key(|&(_, a)| a);
-    assert_eq!(listed, want);
-    let text = std::fs::read_to_string(map).unwrap();
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    lines.sort();
-    let mut expect: Vec<String> = live
-        .iter()
-        .map(|p| format!("{:x} {:x} {}", p.entry_addr(), p.code_size(), p.name()))
-        .collect();
-    expect.sort();
-    assert_eq!(lines, expect);
-}
-
-#[test]
-fn frees_move_code_into_the_holes_they_release_and_symbols_follow() {
-    // Compaction steps in every commit and in frees that release chunks.
-    let rt = runtime(eager());
-    let dir = std::env::temp_dir().join(format!("packjit-reloc-free-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let map = dir.join("perf.map");
-    rt.enable_perf_map_at(&map).unwrap();
-    let mut progs: Vec<(Program, u64)> = (0..60)
-        .map(|i| {
-            let n = 2 + (i * 37) % 400;
-            let p = rt
-                .load(&sized(n, i as i32 + 1), &Default::default())
-                .unwrap();
-            (p, i as u64 + 1)
-        })
-        .collect();
-    let before = rt.stats().moves;
-    // Every other program goes, with no load after: whatever moves, moves in the frees. The
-    // flushes before each free end the earlier frees' grace periods (as program runs' pins
-    // would); the free releases those chunks and fills the holes.
-    let mut i = 0;
-    progs.retain(|_| {
-        i += 1;
-        if i % 2 == 1 {
-            for _ in 0..4 {
-                packjit::arena::epoch_pin().flush();
-            }
-        }
-        i % 2 == 0
-    });
-    let by_frees = rt.stats().moves - before;
-    assert!(by_frees > 0, "frees moved nothing: {:?}", rt.stats());
-    assert_eq!(rt.reclaim(), 0);
-    for (p, answer) in &progs {
-        assert_eq!(p.call(&mut []).unwrap(), *answer, "{p:?}");
-        let s = rt.symbolize(p.entry_addr() + 1).unwrap();
-        assert_eq!((s.id, s.start, s.offset), (p.id(), p.entry_addr(), 1));
-    }
-    assert_listed_once(&rt, progs.iter().map(|(p, _)| p), &map);
     drop(progs);
     assert_eq!(rt.reclaim(), 0);
     let end = rt.stats();

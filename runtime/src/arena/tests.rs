@@ -319,9 +319,16 @@ fn chunks_past_their_grace_period_are_released_by_the_arenas_calls_not_by_pins()
     a.commit();
     a.free_deferred(r);
     // Pins and flushes (what program runs do) end the grace period, but release nothing:
-    // no trap fill, page release or code move ever runs inside a program run's pin.
-    for _ in 0..64 {
+    // no trap fill, page release or code move ever runs inside a program run's pin. Flush
+    // until the grace period is over (other tests' threads may hold the epoch back a while).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !a.inner.graced_waiting.load(Acquire) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the grace period never ended"
+        );
         epoch_pin().flush();
+        std::thread::yield_now();
     }
     let s = a.stats();
     assert_eq!((s.allocations, s.pending_frees), (2, 1));

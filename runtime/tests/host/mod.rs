@@ -2,7 +2,8 @@
 //! qemu-user for arm64 and RV64). Each test file compiles this module on its own and uses
 //! part of it, hence the `dead_code` allowances.
 
-use packjit::{Runtime, RuntimeConfig};
+use packjit::{Compaction, Program, Runtime, RuntimeConfig};
+use std::path::Path;
 use std::sync::Arc;
 
 /// A runtime with the backend of the arch these tests run on, linked statically.
@@ -33,4 +34,53 @@ pub fn drop_every_other<T>(items: &mut Vec<T>) {
         i += 1;
         i % 2 == 0
     });
+}
+
+/// One eBPF instruction, encoded.
+#[allow(dead_code)]
+pub fn insn(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+    let o = off.to_le_bytes();
+    let i = imm.to_le_bytes();
+    [op, src << 4 | dst, o[0], o[1], i[0], i[1], i[2], i[3]]
+}
+
+/// `mov r0, k - (n - 2) ; (n - 2) x add r0, 1 ; exit`: returns k, n instructions long (an
+/// `add r0, 0` could be compiled to nothing).
+#[allow(dead_code)]
+pub fn sized(n: usize, k: i32) -> Vec<u8> {
+    let mut v = insn(0xb7, 0, 0, 0, k - (n as i32 - 2).max(0)).to_vec();
+    for _ in 2..n {
+        v.extend_from_slice(&insn(0x07, 0, 0, 0, 1));
+    }
+    v.extend_from_slice(&insn(0x95, 0, 0, 0, 0));
+    v
+}
+
+/// Compaction on every commit (and every free that releases chunks), with room to move all.
+#[allow(dead_code)]
+pub fn eager() -> Option<Compaction> {
+    Some(Compaction {
+        threshold_permille: 0,
+        step_bytes: 1 << 20,
+    })
+}
+
+/// Every program of `live` is in the symbol index and the perf map at `map` exactly once, at
+/// its current address, and nothing else is.
+#[allow(dead_code)]
+pub fn assert_listed_once<'a>(rt: &Runtime, live: impl Iterator<Item = &'a Program>, map: &Path) {
+    let live: Vec<&Program> = live.collect();
+    let listed: Vec<(u64, u64)> = rt.symbols().iter().map(|s| (s.id, s.start)).collect();
+    let mut want: Vec<(u64, u64)> = live.iter().map(|p| (p.id(), p.entry_addr())).collect();
+    want.sort_by_key(|&(_, a)| a);
+    assert_eq!(listed, want);
+    let text = std::fs::read_to_string(map).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    let mut expect: Vec<String> = live
+        .iter()
+        .map(|p| format!("{:x} {:x} {}", p.entry_addr(), p.code_size(), p.name()))
+        .collect();
+    expect.sort();
+    assert_eq!(lines, expect);
 }
