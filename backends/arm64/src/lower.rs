@@ -26,7 +26,7 @@ use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{
     back_edge_charge, callx_plan, checked_access, helper_lowering, instruction_labels,
-    EmitCapacity, HelperLowering, LabelPlacement, CALL_CHARGE,
+    EmitCapacity, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::ranges::AccessCheck;
@@ -199,10 +199,8 @@ pub(crate) struct Emitter<'a> {
     pub(crate) cond_sites: usize,
     pub(crate) ops: Asm,
     /// Start of each instruction's code (after the prologue for subprogram starts); only
-    /// branch and call targets have their own in trusted code (see `instruction_labels`).
+    /// instructions jumped to have their own (see `instruction_labels`).
     pub(crate) labels: Reused<DynamicLabel>,
-    /// Which instructions have a label of their own.
-    pub(crate) placement: LabelPlacement,
     /// Where each instruction's code starts, in emission order (= instruction order).
     pub(crate) offsets: Reused<u32>,
     /// Call entry of each subprogram (before its prologue).
@@ -258,9 +256,7 @@ impl<'a> Emitter<'a> {
         let n = prog.insts.len();
         let mut ops: Asm = scratch::assembler(cap.code, cap.labels, cap.branch_sites);
         let unbound = ops.new_dynamic_label();
-        let labels = instruction_labels(prog, mode.label_placement(), unbound, || {
-            ops.new_dynamic_label()
-        });
+        let labels = instruction_labels(prog, &plan.access, unbound, || ops.new_dynamic_label());
         let entries = (0..prog.subprogs.len())
             .map(|_| ops.new_dynamic_label())
             .collect();
@@ -293,7 +289,6 @@ impl<'a> Emitter<'a> {
             cond_sites: 0,
             ops,
             labels,
-            placement: mode.label_placement(),
             offsets: scratch::take(n),
             entries,
             epilogues,
@@ -350,7 +345,7 @@ impl<'a> Emitter<'a> {
                 let here = self.off();
                 // (Code is far below 4 GiB: at most `MAX_INSNS` instructions.)
                 self.offsets.push(here as u32);
-                if self.placement.own_label(self.prog.is_target[i]) {
+                if self.plan.access.jumped_to(self.prog, i) {
                     let label = self.labels[i];
                     a64!(self.ops; =>label);
                 }

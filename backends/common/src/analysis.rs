@@ -5,6 +5,7 @@
 //! Every rule here is also what the reference evaluator implements, so a rule lives in one
 //! place and the differential tests compare like with like.
 
+use crate::ranges::AccessPlan;
 use crate::{op_kind, BranchKind, Inst, Op, Operand, Program, Size, Width, R10, STACK_SIZE};
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
@@ -13,33 +14,17 @@ use packjit_plugin_api::{
     PJ_INLINE_RSEQ_CPU_ID,
 };
 
-/// Which instructions a lowering labels: whether the lowering may jump to any instruction,
-/// or only to branch and call targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LabelPlacement {
-    /// Trusted code jumps only to what the program's own branches and calls land on.
-    Targets,
-    /// Sandboxed code also jumps from a check group's checked copy to the instruction after
-    /// the group, which can be any instruction.
-    Every,
-}
-
-impl LabelPlacement {
-    /// Does an instruction (a branch or call target or not) get a label of its own?
-    pub fn own_label(self, is_target: bool) -> bool {
-        is_target || self == LabelPlacement::Every
-    }
-}
-
 /// One label per instruction for the lowering to jump to, made by `new_label`: a label of
-/// its own for each instruction `placement` may jump to, and for the others `unbound`, a
-/// label the lowering never binds (a jump to it fails the final patching loudly).
+/// its own for each instruction `access` says may be jumped to (the branch and call targets,
+/// and where sandboxed code's checked copies rejoin, see [`AccessPlan::jumped_to`]), and for
+/// the others `unbound`, a label the lowering never binds (a jump to it fails the final
+/// patching loudly).
 ///
-/// Labelling only targets matters at scale: an assembler label is a table slot, a bind and
-/// a lookup, and most instructions are no target.
+/// Labelling only those matters at scale: an assembler label is a table slot, a bind and a
+/// lookup, and most instructions are jumped to by nothing.
 pub fn instruction_labels<L: Copy + 'static>(
     prog: &Program,
-    placement: LabelPlacement,
+    access: &AccessPlan,
     unbound: L,
     mut new_label: impl FnMut() -> L,
 ) -> crate::scratch::Reused<L> {
@@ -47,8 +32,8 @@ pub fn instruction_labels<L: Copy + 'static>(
     // instruction.
     let mut labels = crate::scratch::take(prog.insts.len());
     labels.resize(prog.insts.len(), unbound);
-    for (label, &target) in labels.iter_mut().zip(&prog.is_target) {
-        if placement.own_label(target) {
+    for (i, label) in labels.iter_mut().enumerate() {
+        if access.jumped_to(prog, i) {
             *label = new_label();
         }
     }
@@ -64,9 +49,9 @@ pub fn instruction_labels<L: Copy + 'static>(
 pub struct EmitCapacity {
     /// Code bytes.
     pub code: usize,
-    /// Assembler labels: the branch and call targets (every instruction when sandboxed, see
-    /// [`instruction_labels`]), two per function, and the sandbox's and the budget's (at
-    /// most two per instruction).
+    /// Assembler labels: the instructions jumped to (branch and call targets, and when
+    /// sandboxed where checked copies rejoin, see [`instruction_labels`]), two per function,
+    /// and the sandbox's and the budget's (at most two per instruction).
     pub labels: usize,
     /// Label-relative branch and call sites: the program's branches (some lower to two),
     /// the calls and epilogue jumps per function, and the checks' branches.
@@ -466,15 +451,6 @@ impl CodegenMode {
         self.memory == MemoryChecks::Checked
     }
 
-    /// Which instructions the lowering may jump to (see [`instruction_labels`]).
-    pub fn label_placement(&self) -> LabelPlacement {
-        if self.sandboxed() {
-            LabelPlacement::Every
-        } else {
-            LabelPlacement::Targets
-        }
-    }
-
     /// Does the code count the budget?
     pub fn counts_budget(&self) -> bool {
         self.budget == Budget::Counted
@@ -639,25 +615,39 @@ mod tests {
     }
 
     #[test]
-    fn labels_go_on_targets_or_on_every_instruction() {
+    fn labels_go_on_targets_and_where_checked_copies_rejoin() {
         use crate::encode_insn as i;
         let prog = program(&[
             i(0xb7, 0, 0, 0, 0), // 0: r0 = 0
-            i(0x15, 1, 0, 1, 0), // 1: if r1 == 0 goto 3
-            i(0x07, 0, 0, 0, 1), // 2: r0 += 1
-            i(0x95, 0, 0, 0, 0), // 3: exit
+            i(0x61, 2, 1, 0, 0), // 1: r2 = *(u32 *)(r1 + 0)  } a check group
+            i(0x61, 3, 1, 4, 0), // 2: r3 = *(u32 *)(r1 + 4)  }
+            i(0x15, 2, 0, 1, 0), // 3: if r2 == 0 goto 5
+            i(0x07, 0, 0, 0, 1), // 4: r0 += 1
+            i(0x95, 0, 0, 0, 0), // 5: exit
         ]);
         let mut next = 0;
         let mut new_label = || {
             next += 1;
             next
         };
-        let labels = instruction_labels(&prog, LabelPlacement::Targets, 0, &mut new_label);
-        assert_eq!(*labels, [0, 0, 0, 1], "only the jump target has its own");
-        let labels = instruction_labels(&prog, LabelPlacement::Every, 0, &mut new_label);
-        assert_eq!(*labels, [2, 3, 4, 5]);
-        assert!(!LabelPlacement::Targets.own_label(false));
-        assert!(LabelPlacement::Targets.own_label(true) && LabelPlacement::Every.own_label(false));
+        // Trusted code (no access plan): only the jump target.
+        let trusted = AccessPlan::default();
+        let labels = instruction_labels(&prog, &trusted, 0, &mut new_label);
+        assert_eq!(*labels, [0, 0, 0, 0, 0, 1]);
+        // Sandboxed: the group's checked copy rejoins at 3, after its last member.
+        let sandboxed = crate::ranges::plan_accesses(&prog, true);
+        assert_eq!(
+            sandboxed
+                .groups
+                .iter()
+                .map(|g| (g.first, g.last))
+                .collect::<Vec<_>>(),
+            [(1, 2)]
+        );
+        let labels = instruction_labels(&prog, &sandboxed, 0, &mut new_label);
+        assert_eq!(*labels, [0, 0, 0, 2, 0, 3]);
+        let jumped_to: Vec<bool> = (0..6).map(|k| sandboxed.jumped_to(&prog, k)).collect();
+        assert_eq!(jumped_to, [false, false, false, true, false, true]);
     }
 
     #[test]

@@ -430,6 +430,12 @@ pub struct AccessPlan {
     /// base register unchanged since (see [`reentries`]). Such a jump goes past the group's
     /// check. This is what makes a loop-invariant check run once per loop entry.
     pub reentries: Vec<(usize, usize)>,
+    /// Per instruction index, whether the lowering may jump to it: a branch or call target,
+    /// or where a check group's or guarded walk's checked copy rejoins the straight-line
+    /// code (the instruction after the group or the loop, which can be any instruction).
+    /// Empty when there are no groups and walks, where the targets are all (read it through
+    /// [`AccessPlan::jumped_to`]).
+    pub jumped_to: Vec<bool>,
 }
 
 /// The per-instruction tables are megabytes for a large program: they go back to the
@@ -438,10 +444,23 @@ impl Drop for AccessPlan {
     fn drop(&mut self) {
         crate::scratch::give_back(std::mem::take(&mut self.checks));
         crate::scratch::give_back(std::mem::take(&mut self.group_of));
+        crate::scratch::give_back(std::mem::take(&mut self.jumped_to));
     }
 }
 
 impl AccessPlan {
+    /// May the lowering jump to instruction `i` of `prog` (the program the plan is for)?
+    /// Only those instructions get a label of their own (see
+    /// [`crate::analysis::instruction_labels`]).
+    #[inline]
+    pub fn jumped_to(&self, prog: &Program, i: usize) -> bool {
+        if self.jumped_to.is_empty() {
+            prog.is_target[i]
+        } else {
+            self.jumped_to[i]
+        }
+    }
+
     /// Is any access checked against the context start plus a constant? (Then the entry
     /// must make r1 exactly `env.ctx_start`.)
     pub fn uses_ctx_const(&self) -> bool {
@@ -1035,12 +1054,28 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
             group_of[m] = Some(g as u32);
         }
     }
+    // Checked copies rejoin after their group or loop (never past the function's end:
+    // neither ends a function).
+    let rejoins = groups
+        .iter()
+        .map(|g| g.last + 1)
+        .chain(walks.iter().map(|w| w.back_edge + 1))
+        .filter(|&i| i < prog.insts.len());
+    let mut jumped_to = Vec::new();
+    for i in rejoins {
+        if jumped_to.is_empty() {
+            jumped_to = crate::scratch::take_vec(prog.insts.len());
+            jumped_to.extend_from_slice(&prog.is_target);
+        }
+        jumped_to[i] = true;
+    }
     AccessPlan {
         checks,
         groups,
         group_of,
         walks,
         reentries,
+        jumped_to,
     }
 }
 

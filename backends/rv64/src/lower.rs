@@ -173,8 +173,8 @@ pub struct Codegen<'a> {
     pub(crate) e: Emitter,
     site: usize,
     checks: Reused<Check>,
-    /// Start of each instruction's code; only branch and call targets have their own in
-    /// trusted code (see `instruction_labels`).
+    /// Start of each instruction's code; only instructions jumped to have their own (see
+    /// `instruction_labels`).
     insn_labels: Reused<DynamicLabel>,
     /// Where each instruction's code starts, in emission order (= instruction order).
     insn_offsets: Reused<u32>,
@@ -394,8 +394,8 @@ impl<'a> Codegen<'a> {
         self.site = 0;
         self.checks = scratch::take(capacity.branch_sites);
         let unbound = self.e.new_label();
-        let placement = self.mode.label_placement();
-        self.insn_labels = instruction_labels(self.prog, placement, unbound, || self.e.new_label());
+        self.insn_labels =
+            instruction_labels(self.prog, &self.access, unbound, || self.e.new_label());
         self.insn_offsets = scratch::take(n);
         self.entry_labels = (0..self.prog.subprogs.len())
             .map(|_| self.e.new_label())
@@ -426,7 +426,6 @@ impl<'a> Codegen<'a> {
             let l = self.entry_labels[k];
             self.e.bind(l);
             self.prologue(k);
-            let placement = self.mode.label_placement();
             let program_end = self.prog.insts.len();
             self.islands
                 .begin_function(self.e.pos(), sp.start, sp.end, program_end);
@@ -444,7 +443,7 @@ impl<'a> Codegen<'a> {
                 // back-edge reaches).
                 // (Code is far below 4 GiB: at most `MAX_INSNS` instructions.)
                 self.insn_offsets.push(self.e.pos() as u32);
-                if placement.own_label(self.prog.is_target[i]) {
+                if self.access.jumped_to(self.prog, i) {
                     let l = self.insn_labels[i];
                     self.e.bind(l);
                 }

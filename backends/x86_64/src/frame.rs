@@ -108,13 +108,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         zero: entry_zeroing(prog, LOWERING_READS),
         subs,
         // Read only by sandboxed code, for which `lower::emit_with` fills it in.
-        access: AccessPlan {
-            checks: Vec::new(),
-            groups: Vec::new(),
-            group_of: Vec::new(),
-            walks: Vec::new(),
-            reentries: Vec::new(),
-        },
+        access: AccessPlan::default(),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::{FEATURE_BMI2, FEATURE_MOVBE};
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
     back_edge_charge, blinding_mask, callx_plan, checked_access, helper_lowering,
-    instruction_labels, CodegenMode, EmitCapacity, HelperLowering, LabelPlacement, CALL_CHARGE,
+    instruction_labels, CodegenMode, EmitCapacity, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::ranges::{plan_accesses, AccessCheck};
@@ -217,11 +217,9 @@ pub struct Emitter<'a> {
     pub(crate) mode: &'a CodegenMode,
     prog: &'a Program,
     helpers: &'a [HelperEntry],
-    /// Body label of each instruction (only branch and call targets have their own in
-    /// trusted code, see `new`).
+    /// Body label of each instruction (only those jumped to have their own, see
+    /// `instruction_labels`).
     inst_label: Reused<Label>,
-    /// Which instructions have a label of their own.
-    placement: LabelPlacement,
     /// Where each instruction's code starts, in emission order (= instruction order).
     inst_offsets: Reused<u32>,
     /// Prologue label of each function.
@@ -281,7 +279,7 @@ impl<'a> Emitter<'a> {
         let cap = EmitCapacity::for_program(prog, mode, (8, 32));
         let mut e = Enc::with_capacity(forms, cap.code, cap.labels, cap.branch_sites);
         let unbound = e.label();
-        let inst_label = instruction_labels(prog, mode.label_placement(), unbound, || e.label());
+        let inst_label = instruction_labels(prog, &plan.access, unbound, || e.label());
         let sub_entry = prog.subprogs.iter().map(|_| e.label()).collect();
         let sub_exit = prog.subprogs.iter().map(|_| e.label()).collect();
         let entry_pops = e.label();
@@ -299,7 +297,6 @@ impl<'a> Emitter<'a> {
             prog,
             helpers,
             inst_label,
-            placement: mode.label_placement(),
             inst_offsets: scratch::take(prog.insts.len()),
             sub_entry,
             sub_exit,
@@ -339,9 +336,8 @@ impl<'a> Emitter<'a> {
             let program_end = prog.insts.len();
             self.islands
                 .begin_function(self.e.pos(), start, end, program_end);
-            for (i, (inst, &target)) in prog.insts[start..end]
+            for (i, inst) in prog.insts[start..end]
                 .iter()
-                .zip(&prog.is_target[start..end])
                 .enumerate()
                 .map(|(n, x)| (start + n, x))
             {
@@ -357,7 +353,7 @@ impl<'a> Emitter<'a> {
                 // back-edge reaches).
                 // (Code is far below 4 GiB: at most `MAX_INSNS` instructions.)
                 self.inst_offsets.push(self.e.pos() as u32);
-                if self.placement.own_label(target) {
+                if self.plan.access.jumped_to(prog, i) {
                     let l = self.inst_label[i];
                     self.e.bind(l);
                 }
