@@ -4,10 +4,12 @@
 //! each row ends with the 1 M figure as a fraction of the 1 k one.
 //!
 //! ```text
-//! cargo run --release -p packjit-testkit --example compile_bench [ENGINE]
+//! cargo run --release -p packjit-testkit --example compile_bench [ENGINE] [--curve]
 //! ```
 //!
-//! (`ENGINE`: only the engines whose name contains it, e.g. `x86-64` or `front`.)
+//! (`ENGINE`: only the engines whose name contains it, e.g. `x86-64` or `front`.
+//! `--curve`: seven sizes from 1 k to 1 M instead of three, to see where throughput falls
+//! off: where a compile's working set outgrows the host's last-level cache.)
 //!
 //! Backends compile with all their optional CPU features, trusted and sandboxed (the
 //! runtime's default: the access analysis and the checks add to compile time).
@@ -24,6 +26,16 @@ use std::time::Instant;
 
 /// (eBPF slots, functions) of the three programs.
 const SIZES: [(usize, usize); 3] = [(1_000, 4), (100_000, 8), (1_000_000, 8)];
+/// The sizes of `--curve`.
+const CURVE: [(usize, usize); 7] = [
+    (1_000, 4),
+    (100_000, 8),
+    (300_000, 8),
+    (500_000, 8),
+    (700_000, 8),
+    (850_000, 8),
+    (1_000_000, 8),
+];
 const ROUNDS: usize = 5;
 /// Instructions compiled per round and size: enough that one round takes tens of ms.
 const WORK: usize = 2_000_000;
@@ -74,7 +86,10 @@ impl Engine {
 fn main() {
     // An optional argument keeps only the engines whose name contains it (e.g. `x86-64` or
     // `front`), for profiling one of them.
-    let only = std::env::args().nth(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let curve = args.iter().any(|a| a == "--curve");
+    let only = args.iter().find(|a| !a.starts_with("--"));
+    let sizes: &[(usize, usize)] = if curve { &CURVE } else { &SIZES };
     let mut engines = vec![Engine::FrontEnd];
     for flags in [0, PJ_COMPILE_SANDBOX] {
         engines.push(Engine::Backend(
@@ -90,13 +105,13 @@ fn main() {
             flags,
         ));
     }
-    if let Some(only) = &only {
+    if let Some(only) = only {
         engines.retain(|e| e.name().contains(only.as_str()));
     }
-    let programs: Vec<Vec<u8>> = SIZES.iter().map(|&(n, f)| sized_program(n, f)).collect();
+    let programs: Vec<Vec<u8>> = sizes.iter().map(|&(n, f)| sized_program(n, f)).collect();
     let arena = VecArena::default();
     // best[engine][size]: the fastest round, in eBPF instructions per second.
-    let mut best = vec![vec![0f64; SIZES.len()]; engines.len()];
+    let mut best = vec![vec![0f64; sizes.len()]; engines.len()];
     for _ in 0..ROUNDS {
         for (s, code) in programs.iter().enumerate() {
             let slots = code.len() / 8;
@@ -112,20 +127,17 @@ fn main() {
         }
     }
     println!("compile throughput, M eBPF insns/s (best of {ROUNDS} interleaved rounds):");
-    println!(
-        "{:<44} {:>8} {:>8} {:>8} {:>10}",
-        "engine", "1 k", "100 k", "1 M", "1 M / 1 k"
-    );
+    let label = |&(n, _): &(usize, usize)| match n {
+        1_000_000 => "1 M".to_string(),
+        n => format!("{} k", n / 1000),
+    };
+    let header: String = sizes.iter().map(|s| format!(" {:>8}", label(s))).collect();
+    println!("{:<44}{header} {:>10}", "engine", "1 M / 1 k");
     for (engine, rates) in engines.iter().zip(&best) {
-        println!(
-            "{:<44} {:>8.1} {:>8.1} {:>8.1} {:>10.2}",
-            engine.name(),
-            rates[0] / 1e6,
-            rates[1] / 1e6,
-            rates[2] / 1e6,
-            rates[2] / rates[0]
-        );
+        let figures: String = rates.iter().map(|r| format!(" {:>8.1}", r / 1e6)).collect();
+        let ratio = rates[rates.len() - 1] / rates[0];
+        println!("{:<44}{figures} {ratio:>10.2}", engine.name());
     }
-    let sizes: Vec<String> = programs.iter().map(|p| (p.len() / 8).to_string()).collect();
-    println!("(program sizes: {} slots)", sizes.join(" / "));
+    let slots: Vec<String> = programs.iter().map(|p| (p.len() / 8).to_string()).collect();
+    println!("(program sizes: {} slots)", slots.join(" / "));
 }
