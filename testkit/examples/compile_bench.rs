@@ -9,7 +9,8 @@
 //!
 //! (`ENGINE`: only the engines whose name contains it, e.g. `x86-64` or `front`.
 //! `--curve`: seven sizes from 1 k to 1 M instead of three, to see where throughput falls
-//! off: where a compile's working set outgrows the host's last-level cache.)
+//! off: where a compile's working set outgrows the host's last-level cache. It also prints
+//! the rate at which this host reads and writes memory at a few buffer sizes.)
 //!
 //! Backends compile with all their optional CPU features, trusted and sandboxed (the
 //! runtime's default: the access analysis and the checks add to compile time).
@@ -140,4 +141,34 @@ fn main() {
     }
     let slots: Vec<String> = programs.iter().map(|p| (p.len() / 8).to_string()).collect();
     println!("(program sizes: {} slots)", slots.join(" / "));
+    if curve {
+        memory_probe();
+    }
+}
+
+/// Reads and writes one word per 64-byte line over buffers of growing size: the rate falls
+/// where a buffer no longer fits the caches, which is where compile throughput falls too.
+fn memory_probe() {
+    let mut rates = Vec::new();
+    for mib in [4usize, 16, 32, 64, 128] {
+        let words = mib << 17;
+        let mut buf: Vec<u64> = (0..words as u64).collect();
+        let passes = (4usize << 30) / (words * 8);
+        let mut sum = 0u64;
+        let start = Instant::now();
+        for _ in 0..passes {
+            for w in buf.iter_mut().step_by(8) {
+                sum = sum.wrapping_add(*w);
+                *w = sum;
+            }
+            std::hint::black_box(&mut buf);
+        }
+        let rate = (passes * words * 8) as f64 / start.elapsed().as_secs_f64() / 1e9;
+        std::hint::black_box(sum);
+        rates.push(format!("{mib} MiB {rate:.0}"));
+    }
+    println!(
+        "memory, GB/s of lines read and written back: {}",
+        rates.join(", ")
+    );
 }
