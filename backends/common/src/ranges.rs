@@ -433,8 +433,8 @@ pub struct AccessPlan {
     /// Per instruction index, whether the lowering may jump to it: a branch or call target,
     /// or where a check group's or guarded walk's checked copy rejoins the straight-line
     /// code (the instruction after the group or the loop, which can be any instruction).
-    /// Empty when there are no groups and walks, where the targets are all (read it through
-    /// [`AccessPlan::jumped_to`]).
+    /// Empty when the plan has no groups or walks: then the targets are all, and
+    /// [`AccessPlan::jumped_to`] reads `Program::is_target`.
     pub jumped_to: Vec<bool>,
 }
 
@@ -1054,13 +1054,12 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
             group_of[m] = Some(g as u32);
         }
     }
-    // Checked copies rejoin after their group or loop (never past the function's end:
-    // neither ends a function).
+    // Checked copies rejoin after their group or loop, an instruction of the same function:
+    // neither a group nor a loop ends its function.
     let rejoins = groups
         .iter()
         .map(|g| g.last + 1)
-        .chain(walks.iter().map(|w| w.back_edge + 1))
-        .filter(|&i| i < prog.insts.len());
+        .chain(walks.iter().map(|w| w.back_edge + 1));
     let mut jumped_to = Vec::new();
     for i in rejoins {
         if jumped_to.is_empty() {
