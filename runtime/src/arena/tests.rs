@@ -887,7 +887,10 @@ fn a_free_fills_the_hole_an_earlier_free_left_without_waiting_for_a_load() {
         assert_eq!(a.reclaim(), 0);
         assert!(a.stats().fragmentation_permille > 0);
         assert_eq!(a.stats().moves, 0, "releases alone move nothing");
-        // The next free finds B's chunks released: D, bordering the tail, fills B's hole.
+        // The next free finds B's chunks released: D, bordering the tail, fills B's hole. X's
+        // chunk stays pending until `hold` goes (so another test's epoch traffic cannot free
+        // it early and give compaction more to move).
+        let hold = epoch_pin();
         a.free_deferred(a.detach_movable(&m[0]));
         if step_bytes == 0 {
             assert_eq!(a.stats().moves, 0, "maintenance mode: frees move nothing");
@@ -904,6 +907,7 @@ fn a_free_fills_the_hole_an_earlier_free_left_without_waiting_for_a_load() {
             "the old copy runs until its grace period ends"
         );
         assert_eq!(call(m[3].entry()), 4);
+        drop(hold);
         assert_eq!(a.reclaim(), 0);
         for x in [&m[1], &m[3], &m[4]] {
             a.free_deferred(a.detach_movable(x));
@@ -1089,12 +1093,16 @@ fn the_programs_of_the_cheapest_stretch_move_away_together_to_make_room() {
     let m = install_movable(&a, &STRETCH_LAYOUT);
     let chunk = |i: u64| m[0].entry() + i * CHUNK as u64;
     free_holes(&a, &m);
+    // Pinned until the room is checked: the old copies' grace period cannot end before,
+    // whatever other tests' threads do to the process-wide epoch meanwhile.
+    let hold = epoch_pin();
     assert_eq!(a.compact(1 << 20), 2 * CHUNK, "P and Q move, nothing else");
     let mut moved = [m[2].entry(), m[4].entry()];
     moved.sort_unstable();
     assert_eq!(moved, [chunk(10), chunk(11)], "both into h4");
     assert_eq!((call(m[2].entry()), call(m[4].entry())), (3, 5));
     assert_eq!(a.compact(1 << 20), 0, "the room needs a release");
+    drop(hold);
     assert_eq!(a.reclaim(), 0);
     // B moves into the room; then Y borders the tail and fills what is left of h4.
     assert_eq!(a.compact(1 << 20), 9 * CHUNK, "B and Y move");
@@ -1144,10 +1152,14 @@ fn with_no_gaining_move_a_program_between_two_holes_moves_to_merge_them() {
     }
     assert_eq!(a.reclaim(), 0);
     let split_before = a.stats().fragmentation_permille;
+    // Pinned until the second step: P's old copy stays unreleased until then (see
+    // `the_programs_of_the_cheapest_stretch_move_away_together_to_make_room`).
+    let hold = epoch_pin();
     assert_eq!(a.compact(1 << 20), CHUNK, "only P moves");
     assert_eq!(m[2].entry(), chunk(7), "into h3");
     assert_eq!(call(m[2].entry()), 3);
     assert_eq!(a.compact(1 << 20), 0, "nothing more until a release");
+    drop(hold);
     assert_eq!(a.reclaim(), 0);
     // The split share is unchanged (5 chunks of holes before and after), but they are one
     // hole now: a 5-chunk program fits where none did.
