@@ -7,6 +7,14 @@ source "$(dirname "$0")/env.sh"
 cd "$PACKJIT_ROOT"
 packjit_install
 
+# The build directories of the host and both cross targets need several GB; a full disk
+# shows up much later as an unrelated-looking link or archive error, so say it up front.
+free_kib=$(df -Pk "$PACKJIT_ROOT" | awk 'NR == 2 { print $4 }')
+if [ "${free_kib:-0}" -lt $((8 * 1024 * 1024)) ]; then
+    echo "packjit tests: warning: only $((free_kib / 1024)) MiB free under $PACKJIT_ROOT;" \
+        "the suite's build directories need about 8 GiB" >&2
+fi
+
 summary=()
 step() {
     local name=$1
