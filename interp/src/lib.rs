@@ -163,6 +163,14 @@ pub struct Outcome {
     pub budget_left: Option<u64>,
 }
 
+/// Words left unowned on each side of a run's stack block. The block is a heap allocation,
+/// so without them it could lie right after the context (or any buffer a host hands in),
+/// and a program's access a few bytes past the context's end would land in its own stack
+/// and pass, where the same program under the JIT, whose stack is the thread's, stops.
+/// 32 KiB covers any 16-bit offset from a pointer at a buffer's edge. The gaps are never
+/// initialised or touched, so they cost an allocation's address space, not its zeroing.
+const STACK_GAP_WORDS: usize = (32 << 10) / 8;
+
 /// The memory a run may touch besides its own stack block, and its budget.
 ///
 /// All addresses are host addresses: the interpreter reads and writes them directly once the
@@ -448,9 +456,14 @@ impl Interpreter {
         span_out: Option<&mut std::ops::Range<u64>>,
     ) -> Result<Outcome, Stop> {
         // Zeroed at entry: nothing of the host leaks in. Allocated as u64s so the block is
-        // 8-byte aligned like the native stack (atomics on it are then aligned too).
+        // 8-byte aligned like the native stack (atomics on it are then aligned too). It sits
+        // between two gaps nothing owns (see `STACK_GAP_WORDS`), left uninitialised: only
+        // the block is ever read.
         let size = stack_block_size(prog);
-        let mut block = vec![0u64; size / 8];
+        let words = size / 8;
+        let mut backing = Box::<[u64]>::new_uninit_slice(words + 2 * STACK_GAP_WORDS);
+        let block = &mut backing[STACK_GAP_WORDS..STACK_GAP_WORDS + words];
+        block.fill(std::mem::MaybeUninit::new(0));
         let stack_start = block.as_mut_ptr() as u64;
         let mut mem = Mem {
             ctx: (env.ctx_start, env.ctx_end),
@@ -472,7 +485,14 @@ impl Interpreter {
         }
         if let Some(out) = stack_out {
             out.clear();
-            out.extend(block.iter().flat_map(|w| w.to_le_bytes()));
+            let block = &backing[STACK_GAP_WORDS..STACK_GAP_WORDS + words];
+            // SAFETY: the block's words were all written (zeroed) before the run, and the
+            // run only stores initialised bytes into it.
+            out.extend(
+                block
+                    .iter()
+                    .flat_map(|w| unsafe { w.assume_init() }.to_le_bytes()),
+            );
         }
         r
     }
