@@ -171,6 +171,32 @@ pub struct Outcome {
 /// initialised or touched, so they cost an allocation's address space, not its zeroing.
 const STACK_GAP_WORDS: usize = (32 << 10) / 8;
 
+/// Uninitialised words for a run's stack block and its gaps.
+type StackBacking = Box<[std::mem::MaybeUninit<u64>]>;
+
+thread_local! {
+    /// The last run's stack backing on this thread, for the next run: the gapped block is
+    /// too large for the allocator's fast per-thread cache, and allocating it for every run
+    /// cost more than a short program's whole run. A nested run (from a helper) finds it
+    /// taken and allocates its own.
+    static SPARE_STACK: std::cell::Cell<Option<StackBacking>> = const { std::cell::Cell::new(None) };
+}
+
+/// A stack backing of at least `words`: this thread's spare when it is large enough.
+fn take_stack_backing(words: usize) -> StackBacking {
+    SPARE_STACK
+        .try_with(|s| s.take())
+        .ok()
+        .flatten()
+        .filter(|b| b.len() >= words)
+        .unwrap_or_else(|| Box::new_uninit_slice(words))
+}
+
+/// Keeps `backing` for this thread's next run (what it held is zeroed again before use).
+fn keep_stack_backing(backing: StackBacking) {
+    let _ = SPARE_STACK.try_with(|s| s.set(Some(backing)));
+}
+
 /// The memory a run may touch besides its own stack block, and its budget.
 ///
 /// All addresses are host addresses: the interpreter reads and writes them directly once the
@@ -461,7 +487,7 @@ impl Interpreter {
         // the block is ever read.
         let size = stack_block_size(prog);
         let words = size / 8;
-        let mut backing = Box::<[u64]>::new_uninit_slice(words + 2 * STACK_GAP_WORDS);
+        let mut backing = take_stack_backing(words + 2 * STACK_GAP_WORDS);
         let block = &mut backing[STACK_GAP_WORDS..STACK_GAP_WORDS + words];
         block.fill(std::mem::MaybeUninit::new(0));
         let stack_start = block.as_mut_ptr() as u64;
@@ -494,6 +520,7 @@ impl Interpreter {
                     .flat_map(|w| unsafe { w.assume_init() }.to_le_bytes()),
             );
         }
+        keep_stack_backing(backing);
         r
     }
 
