@@ -18,9 +18,11 @@
 //! programs move: the ones bordering their pack's largest free run
 //! (so the space they leave joins it), each into the smallest hole elsewhere that fits it.
 //! A border program too large for every hole, with free space on its far side, instead goes
-//! to the far end of its own run (or to another pack's much larger run): that far-side space
-//! then joins the run, and the next program in line may fit a hole. Each of these moves
-//! lowers the split space, so they cannot cycle. When a border program has no free space
+//! to the far end of its own run (or to another pack's largest run, if that run has twice the
+//! program to spare or the arena's longest run shrinks by no more than the split space
+//! falls): that far-side space then joins the run, and the next program in line may fit a
+//! hole. Of several such programs, the one with the most free space beyond it goes first.
+//! Each of these moves lowers the split space, so they cannot cycle. When a border program has no free space
 //! beyond it, the programs of the cheapest stretch that would be a free run large enough for
 //! it without them move elsewhere, together ("making room"): into holes, or failing those into
 //! another pack's largest run. Moves that gain nothing until their old copies are released,
@@ -582,9 +584,11 @@ fn pick(packs: &[Pack], left: usize, usable: usize) -> Choice {
         f - best
     };
     let count = packs.len().min(64);
-    let mut tried = 0u64; // one bit per pack
-                          // A border program that fits no hole but has free space on its far side.
-    let mut blocked = None;
+    // One bit per pack.
+    let mut tried = 0u64;
+    // Of the border programs that fit no hole but have free space on their far side, the one
+    // whose move past its run merges the most: (far side chunks, from, to).
+    let mut past_run: Option<(usize, At, At)> = None;
     let mut smallest_blocked = None;
     for _ in 0..count {
         let Some((_, pi)) = (0..count)
@@ -615,20 +619,16 @@ fn pick(packs: &[Pack], left: usize, usable: usize) -> Choice {
             }
             smallest_blocked = Some(smallest_blocked.map_or(n, |b: usize| b.min(n)));
             // Free space on the program's far side joins the run once it leaves.
-            let far_side_free = if up {
-                c + n < p.chunks() && !p.bit(c + n)
-            } else {
-                c > 0 && !p.bit(c - 1)
-            };
-            if far_side_free && blocked.is_none() {
-                blocked = Some((pi, c, n, up));
+            let far = far_side_free(p, c, n, up);
+            if far > past_run.map_or(0, |m| m.0) {
+                if let Some(dst) = largest_run_move(packs, pi, n, up, far) {
+                    past_run = Some((far, (pi, c), dst));
+                }
             }
         }
     }
-    if let Some((pi, c, n, up)) = blocked {
-        if let Some(dst) = largest_run_move(packs, pi, n, up) {
-            return Choice::Move((pi, c), dst);
-        }
+    if let Some((_, src, dst)) = past_run {
+        return Choice::Move(src, dst);
     }
     match smallest_blocked {
         Some(smallest) => Choice::Blocked { smallest },
@@ -636,19 +636,38 @@ fn pick(packs: &[Pack], left: usize, usable: usize) -> Choice {
     }
 }
 
+/// The free chunks right beyond the program at chunk `c` (`n` chunks) on the side away from
+/// its pack's largest run (above it when `up`): what joins that run once the program leaves.
+fn far_side_free(p: &Pack, c: usize, n: usize, up: bool) -> usize {
+    if up {
+        p.free_by_start.get(&(c + n)).copied().unwrap_or(0)
+    } else {
+        match p.free_by_start.range(..c).next_back() {
+            Some((&s, &len)) if s + len == c => len,
+            _ => 0,
+        }
+    }
+}
+
 /// Where a program of `n` chunks bordering pack `pi`'s largest run (above it when `up`) can go
-/// so that the free space on its far side merges with that run: the far end of the run
+/// so that the `far` free chunks on its far side merge with that run: the far end of the run
 /// itself, or else the start of another pack's largest run with room to spare. Neither
-/// shrinks a hole, but the merge lowers the split space by the far side's size, and it
-/// uncovers the next program in line, which may fit a hole.
-fn largest_run_move(packs: &[Pack], pi: usize, n: usize, up: bool) -> Option<At> {
+/// shrinks a hole, but once the old copy is released the split space is `far` chunks lower,
+/// and the next program in line is uncovered, which may fit a hole. Each such move lowers
+/// the split space, so they cannot cycle.
+fn largest_run_move(packs: &[Pack], pi: usize, n: usize, up: bool, far: usize) -> Option<At> {
     let &(len, start) = packs[pi].free_by_len.last()?;
     if len > n {
         // The far end, so that the run, the program's old chunks and its far side become one.
         return Some((pi, if up { start } else { start + len - n }));
     }
-    // Another pack's run must stay the larger of the two afterwards (and its pack's largest),
-    // so the program is never sent back and that pack's split space does not grow.
+    // Another pack's run must stay its pack's largest (else that pack's split space grows),
+    // with twice the program to spare; or, failing that, the arena's longest run may shrink
+    // by no more than the split space falls: the run the program leaves, once merged, is at
+    // least the destination's length less `far`. (Near a full arena the runs are short and
+    // alike, and only the second holds; it still keeps a large program from moving far for
+    // a small gain.)
+    let merged = len + n + far;
     packs
         .iter()
         .enumerate()
@@ -657,7 +676,8 @@ fn largest_run_move(packs: &[Pack], pi: usize, n: usize, up: bool) -> Option<At>
             let mut runs = p.free_by_len.iter().rev();
             let &(l, s) = runs.next()?;
             let second = runs.next().map_or(0, |r| r.0);
-            (l >= len + 2 * n && l - n >= second).then_some((l, q, s))
+            let spare = l >= len + 2 * n || (l >= n && merged + far >= l);
+            (spare && l - n >= second).then_some((l, q, s))
         })
         .max()
         .map(|(_, q, s)| (q, s))
