@@ -993,56 +993,41 @@ fn a_program_too_large_for_every_hole_moves_to_the_far_end_of_its_run() {
 
 #[test]
 fn a_program_larger_than_its_own_run_moves_to_a_roomier_pack() {
-    let _s = serial();
-    let Some(a) = compacting_arena(2) else {
-        return;
-    };
-    let pack_chunks = 2 * sys::page_size() / CHUNK;
     // Pack 1: A (1) B (2) C (30) F (20) D (rest). Pack 2: E (1) and free space. Freeing B and F
     // leaves F's run (20 chunks) as pack 1's largest: C, below it, is larger than that run and
     // than B's hole, and D above it has no free space beyond. C goes to pack 2, and B's hole,
     // C's chunks and F's run become one run.
-    let d = pack_chunks - 53;
-    let m = install_movable(&a, &[1, 2, 30, 20, d, 1]);
-    assert_eq!(a.stats().packs, 2);
-    let (c_old, e) = (m[2].entry(), m[5].entry());
-    for x in [&m[1], &m[3]] {
-        a.free_deferred(a.detach_movable(x));
-    }
-    assert_eq!(a.reclaim(), 0);
-    assert!(a.stats().fragmentation_permille > 0);
-    assert_eq!(a.compact(1 << 20), 30 * CHUNK, "C moves");
-    assert_eq!(m[2].entry(), e + CHUNK as u64, "next to E, in pack 2");
-    assert_eq!(call(m[2].entry()), 3);
-    assert_eq!(call(c_old), 3);
-    assert_eq!(a.reclaim(), 0);
-    assert_eq!(a.stats().fragmentation_permille, 0, "one run per pack");
-    for x in [&m[0], &m[2], &m[4], &m[5]] {
-        a.free_deferred(a.detach_movable(x));
-    }
-    assert_eq!(a.reclaim(), 0);
-    assert_eq!(a.stats().packs, 0);
+    let pack_chunks = 2 * sys::page_size() / CHUNK;
+    c_moves_next_to_e(&[1, 2, 30, 20, pack_chunks - 53, 1], false);
 }
 
 #[test]
 fn near_a_full_arena_a_program_moves_to_a_run_about_the_size_of_the_one_it_frees() {
-    let _s = serial();
-    let Some(a) = compacting_arena(2) else {
-        return;
-    };
-    let pack_chunks = 2 * sys::page_size() / CHUNK;
     // Pack 1: A (1, pinned) B (24) C (30) F (16) D (rest). Pack 2: E (all but 60 chunks) and
     // its free run of 60. Freeing B and F leaves B's run (24) as pack 1's largest, with C
     // above it: C fits no hole, has F's run on its far side, and its own run is smaller than
     // it. Pack 2's run has nowhere near twice C to spare (60 < 24 + 2 * 30), but once C's old
     // copy is released B's run, C's chunks and F's run make a run of 70, longer than the 60
     // C takes from: the arena's largest run grows, and the split space falls by F's 16.
-    let d = pack_chunks - 71;
-    let e = pack_chunks - 60;
-    let m = install_movable(&a, &[1, 24, 30, 16, d, e]);
+    let pack_chunks = 2 * sys::page_size() / CHUNK;
+    c_moves_next_to_e(&[1, 24, 30, 16, pack_chunks - 71, pack_chunks - 60], true);
+}
+
+/// Installs A B C F D E (`chunks`; E opens a second pack of two pages), pins A if asked, frees
+/// B and F, and checks that a compaction step moves C (30 chunks) and only C, to right after
+/// E; that both copies answer until the old one is released; and that each pack's free space
+/// is one run after that.
+fn c_moves_next_to_e(chunks: &[usize; 6], pin_a: bool) {
+    let _s = serial();
+    let Some(a) = compacting_arena(2) else {
+        return;
+    };
+    let m = install_movable(&a, chunks);
     assert_eq!(a.stats().packs, 2);
-    a.pin_movable(&m[0]);
-    let (c_old, e_entry) = (m[2].entry(), m[5].entry());
+    if pin_a {
+        a.pin_movable(&m[0]);
+    }
+    let (c_old, e) = (m[2].entry(), m[5].entry());
     for x in [&m[1], &m[3]] {
         a.free_deferred(a.detach_movable(x));
     }
@@ -1051,8 +1036,8 @@ fn near_a_full_arena_a_program_moves_to_a_run_about_the_size_of_the_one_it_frees
     assert_eq!(a.compact(1 << 20), 30 * CHUNK, "C moves");
     assert_eq!(
         m[2].entry(),
-        e_entry + (e * CHUNK) as u64,
-        "right after E, at the start of pack 2's run"
+        e + (chunks[5] * CHUNK) as u64,
+        "right after E, in pack 2"
     );
     assert_eq!(call(m[2].entry()), 3);
     assert_eq!(
