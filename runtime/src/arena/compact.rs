@@ -22,15 +22,15 @@
 //! program to spare or the arena's longest run shrinks by no more than the split space
 //! falls): that far-side space then joins the run, and the next program in line may fit a
 //! hole. Of several such programs, the one with the most free space beyond it goes first.
-//! Each of these moves lowers the split space, so they cannot cycle. When a border program has no free space
-//! beyond it, the programs of the cheapest stretch that would be a free run large enough for
-//! it without them move elsewhere, together ("making room"): into holes, or failing those into
-//! another pack's largest run. Moves that gain nothing until their old copies are released,
-//! so the search runs at most once per release, and only while fragmentation is at least
-//! twice the threshold. Near a full arena the holes are many and small and lie among small
-//! programs, so this is what keeps the split share down (the `churn` benchmark). Every
-//! destination, like placement, avoids leaving a remainder smaller than every allocation so
-//! far (a hole no program could fill). When no move gains at once, a program filling the gap
+//! Each of these moves lowers the split space, so they cannot cycle. When a border program
+//! has no free space beyond it, the programs of the cheapest stretch that would be a free run
+//! large enough for it without them move elsewhere, together ("making room"): into holes,
+//! or failing those into another pack's largest run. Moves that gain nothing until their old
+//! copies are released, so the search runs at most once per release, and only while
+//! fragmentation is at least twice the threshold. Near a full arena the holes are many and
+//! small and lie among small programs, so this is what keeps the split share down (the
+//! `churn` benchmark). Every destination, like placement, avoids leaving a remainder smaller
+//! than every allocation so far (a hole no program could fill). When no move gains at once, a program filling the gap
 //! between two holes moves into a third ("coalescing", at most once per release, the
 //! narrowest gap first): the two holes become one, which takes programs none of them could,
 //! whether new loads or the border programs that were blocked.
