@@ -562,6 +562,9 @@ impl Runtime {
         trust: Trust,
         with_builtins: bool,
     ) -> Result<Program, Error> {
+        if let Some(a) = &self.arena {
+            a.hasten_old_copies();
+        }
         let host = Arch::host();
         let arch = opts.arch.or(host).ok_or_else(|| {
             err(

@@ -435,6 +435,10 @@ struct Inner {
     graced: Mutex<Vec<Graced>>,
     /// Set after a push to `graced`: lets the arena's calls skip its lock when nothing waits.
     graced_waiting: AtomicBool,
+    /// Old copies of moved programs not released yet (see [`PackedArena::hasten_old_copies`]).
+    old_copies: AtomicUsize,
+    /// Loads since the arena last flushed the epoch (each free flushes).
+    loads_unflushed: AtomicUsize,
 }
 
 /// Regions an epoch callback found past their grace period. The callback runs inside
@@ -447,7 +451,13 @@ struct Graced {
     /// Runs just before the regions are released (symbols of the old code go), so nothing
     /// else can have been placed there yet.
     before: Option<Box<dyn FnOnce() + Send>>,
+    /// How many of `regions` are old copies of moved programs.
+    old_copies: usize,
 }
+
+/// Loads in a row that find old copies of moved programs waiting before one flushes the
+/// epoch (see [`PackedArena::hasten_old_copies`]).
+const LOADS_BEFORE_FLUSH: usize = 2;
 
 /// The packed code arena. Cheap to clone (shared).
 #[derive(Clone)]
@@ -520,6 +530,8 @@ impl PackedArena {
             pending: AtomicUsize::new(0),
             graced: Mutex::new(Vec::new()),
             graced_waiting: AtomicBool::new(false),
+            old_copies: AtomicUsize::new(0),
+            loads_unflushed: AtomicUsize::new(0),
             moves: AtomicU64::new(0),
             bytes_moved: AtomicU64::new(0),
         };
@@ -601,23 +613,55 @@ impl PackedArena {
         // flush). A thread that loaded an old entry did so while pinned, before this
         // deferral: the old copy outlives its call.
         self.inner.pending.fetch_add(moves.len(), Relaxed);
-        let regions = moves.iter().map(|m| m.old).collect();
+        self.inner.old_copies.fetch_add(moves.len(), Relaxed);
+        let regions: Vec<Region> = moves.iter().map(|m| m.old).collect();
+        let old_copies = regions.len();
         let before = move || {
             for m in &moves {
                 compact::Move::released(&m.movable, &m.old);
             }
         };
-        self.defer_release(regions, Some(Box::new(before)));
+        self.defer_release(regions, Some(Box::new(before)), old_copies);
         bytes
     }
 
     /// Queues `regions` for release once no thread can still be executing them: one deferred
     /// function, one flush (see [`Graced`]).
-    fn defer_release(&self, regions: Vec<Region>, before: Option<Box<dyn FnOnce() + Send>>) {
+    fn defer_release(
+        &self,
+        regions: Vec<Region>,
+        before: Option<Box<dyn FnOnce() + Send>>,
+        old_copies: usize,
+    ) {
         let inner = self.inner.clone();
         let guard = epoch::pin();
-        guard.defer(move || inner.queue_graced(Graced { regions, before }));
+        guard.defer(move || {
+            inner.queue_graced(Graced {
+                regions,
+                before,
+                old_copies,
+            })
+        });
         guard.flush();
+        self.inner.loads_unflushed.store(0, Relaxed);
+    }
+
+    /// Moves along the grace periods of compaction's old copies when they wait through a run
+    /// of loads: an epoch flush once `LOADS_BEFORE_FLUSH` (2) loads in a row found them waiting
+    /// (the runtime calls this as a load starts). Until an old copy is released, the free
+    /// runs on either side of where its program was stay apart, and only flushes end grace
+    /// periods; frees flush, loads did not. Not every load: the flush ends other frees' grace
+    /// periods too, and their release (trap fills, page releases) would move from frees into
+    /// loads.
+    pub fn hasten_old_copies(&self) {
+        let inner = &self.inner;
+        if inner.old_copies.load(Relaxed) == 0 {
+            return;
+        }
+        if inner.loads_unflushed.fetch_add(1, Relaxed) + 1 >= LOADS_BEFORE_FLUSH {
+            epoch::pin().flush();
+            inner.loads_unflushed.store(0, Relaxed);
+        }
     }
 
     /// Compaction settings in force (`None` in toggle mode, whatever was asked).
@@ -696,7 +740,7 @@ impl PackedArena {
     /// compaction step for the holes, as a commit would.
     pub fn free_deferred(&self, region: Region) {
         self.inner.pending.fetch_add(1, Relaxed);
-        self.defer_release(vec![region], None);
+        self.defer_release(vec![region], None, 0);
         // The flush may have ended earlier frees' grace periods.
         self.settle();
     }
@@ -706,7 +750,7 @@ impl PackedArena {
     /// nothing else can have been placed there yet.
     pub fn free_deferred_then(&self, region: Region, before: impl FnOnce() + Send + 'static) {
         self.inner.pending.fetch_add(1, Relaxed);
-        self.defer_release(vec![region], Some(Box::new(before)));
+        self.defer_release(vec![region], Some(Box::new(before)), 0);
         self.settle();
     }
 
@@ -718,6 +762,7 @@ impl PackedArena {
         self.inner.queue_graced(Graced {
             regions: vec![*region],
             before: None,
+            old_copies: 0,
         });
     }
 
@@ -878,6 +923,7 @@ impl Inner {
                 self.release_now(r);
                 self.pending.fetch_sub(1, Relaxed);
             }
+            self.old_copies.fetch_sub(g.old_copies, Relaxed);
         }
     }
 
