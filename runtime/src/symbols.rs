@@ -20,7 +20,7 @@ use crate::{Error, ErrorKind};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 /// What lies at a native address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,25 +46,50 @@ struct Entry {
     id: u64,
     name: Arc<str>,
     size: u64,
-    /// (native offset, pc) sorted by offset: the line table inverted once at load so a
-    /// lookup is two binary searches.
     /// Shared, so that a moved program's second entry (old and new copy, listed together
     /// until the old one is reclaimed) costs no copy of the table.
-    lines: Arc<[(u32, u32)]>,
+    lines: Arc<Lines>,
+}
+
+/// A program's line table, kept as the backend returned it and inverted on the first lookup
+/// that needs it rather than at load: every load lists its program, few programs are ever
+/// looked up, and inverting (a filtered copy, a sort) cost a tenth of a small program's load.
+struct Lines {
+    /// pc → native offset, `NO_NATIVE_CODE` for slots without code.
+    by_pc: Box<[u32]>,
+    /// (native offset, pc) sorted by offset, so a lookup is two binary searches.
+    by_offset: OnceLock<Box<[(u32, u32)]>>,
+}
+
+impl Lines {
+    fn new(pc_offsets: &[u32]) -> Self {
+        Lines {
+            by_pc: pc_offsets.into(),
+            by_offset: OnceLock::new(),
+        }
+    }
+
+    fn by_offset(&self) -> &[(u32, u32)] {
+        self.by_offset.get_or_init(|| invert(&self.by_pc))
+    }
 }
 
 /// Inverts a line table (pc → native offset, `NO_NATIVE_CODE` for slots without code).
-fn invert(pc_offsets: &[u32]) -> Arc<[(u32, u32)]> {
-    let mut v: Vec<(u32, u32)> = pc_offsets
-        .iter()
-        .enumerate()
-        .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE)
-        .map(|(pc, &o)| (o, pc as u32))
-        .collect();
+fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
+    let mut v = Vec::with_capacity(pc_offsets.len());
+    v.extend(
+        pc_offsets
+            .iter()
+            .enumerate()
+            .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE)
+            .map(|(pc, &o)| (o, pc as u32)),
+    );
     // Equal offsets (an instruction that emitted nothing): the later pc owns the code, as in
-    // `Program::pc_at`.
-    v.sort_unstable();
-    v.into()
+    // `Program::pc_at`. Backends emit in pc order, so this is usually sorted already.
+    if !v.is_sorted() {
+        v.sort_unstable();
+    }
+    v.into_boxed_slice()
 }
 
 fn pc_at(lines: &[(u32, u32)], off: u64) -> Option<usize> {
@@ -115,7 +140,7 @@ impl State {
         if let Some(g) = &mut self.gdb {
             g.insert(
                 start,
-                crate::gdb_jit::register(&e.name, start, e.size, &e.lines),
+                crate::gdb_jit::register(&e.name, start, e.size, e.lines.by_offset()),
             );
         }
     }
@@ -140,14 +165,13 @@ impl Symbols {
         size: u64,
         pc_offsets: &[u32],
     ) {
-        let lines = invert(pc_offsets);
-        let mut st = self.write();
         let e = Entry {
             id,
             name,
             size,
-            lines,
+            lines: Arc::new(Lines::new(pc_offsets)),
         };
+        let mut st = self.write();
         if let Some(path) = &st.perf_map {
             // Appending keeps a load O(1); perf takes the last line for an address anyway.
             // A failed append is not a load failure: the next rewrite repairs the file.
@@ -263,7 +287,7 @@ impl Symbols {
             start,
             size: e.size,
             offset: addr - start,
-            pc: pc_at(&e.lines, addr - start),
+            pc: pc_at(e.lines.by_offset(), addr - start),
         })
     }
 
