@@ -644,7 +644,7 @@ impl Runtime {
             .chain(&opts.regions)
             .map(|r| r.to_abi())
             .collect();
-        let (compiled, owner) = match (&self.arena, native) {
+        let (mut compiled, owner) = match (&self.arena, native) {
             // A statically linked backend gets the same panic policy as a plugin: a panic
             // while compiling becomes an `ErrorKind::Panic` error, never an unwind into
             // the caller of `load`.
@@ -663,6 +663,7 @@ impl Runtime {
             None => format!("prog_{id}").into(),
         };
         let executable = matches!(owner, ArenaRef::Packed(_));
+        let pc_offsets = Arc::new(std::mem::take(&mut compiled.pc_offsets));
         // Only code in the executable arena has addresses a profiler can sample.
         let symbols = executable.then(|| {
             self.symbols.insert(
@@ -670,7 +671,7 @@ impl Runtime {
                 name.clone(),
                 compiled.entry,
                 compiled.code_size as u64,
-                &compiled.pc_offsets,
+                pc_offsets.clone(),
             );
             self.symbols.clone()
         });
@@ -691,6 +692,7 @@ impl Runtime {
         Ok(Program {
             movable,
             compiled,
+            pc_offsets,
             arch,
             features,
             executable,
@@ -820,7 +822,10 @@ type Builtins = (
 
 /// A compiled program. Dropping it frees its code once no thread can be running it.
 pub struct Program {
+    /// What the backend returned, less its line table (in `pc_offsets`).
     compiled: Compiled,
+    /// The line table, shared with the symbol index rather than copied into it.
+    pc_offsets: Arc<Vec<u32>>,
     arch: Arch,
     features: u64,
     executable: bool,
@@ -940,7 +945,7 @@ impl Program {
     /// entry (`NO_NATIVE_CODE` for the second slot of `lddw`); empty when the backend keeps
     /// none.
     pub fn pc_offsets(&self) -> &[u32] {
-        &self.compiled.pc_offsets
+        &self.pc_offsets
     }
 
     /// The eBPF pc whose native code contains `addr` (an address inside this program's code),
@@ -951,8 +956,7 @@ impl Program {
         if off >= self.compiled.code_size as u64 {
             return None;
         }
-        self.compiled
-            .pc_offsets
+        self.pc_offsets
             .iter()
             .enumerate()
             .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE && u64::from(o) <= off)

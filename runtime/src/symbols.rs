@@ -55,16 +55,16 @@ struct Entry {
 /// that needs it rather than at load: every load lists its program, few programs are ever
 /// looked up, and inverting (a filtered copy, a sort) cost a tenth of a small program's load.
 struct Lines {
-    /// pc → native offset, `NO_NATIVE_CODE` for slots without code.
-    by_pc: Box<[u32]>,
+    /// pc → native offset, `NO_NATIVE_CODE` for slots without code (the program's own).
+    by_pc: Arc<Vec<u32>>,
     /// (native offset, pc) sorted by offset, so a lookup is two binary searches.
     by_offset: OnceLock<Box<[(u32, u32)]>>,
 }
 
 impl Lines {
-    fn new(pc_offsets: &[u32]) -> Self {
+    fn new(pc_offsets: Arc<Vec<u32>>) -> Self {
         Lines {
-            by_pc: pc_offsets.into(),
+            by_pc: pc_offsets,
             by_offset: OnceLock::new(),
         }
     }
@@ -163,7 +163,7 @@ impl Symbols {
         name: Arc<str>,
         start: u64,
         size: u64,
-        pc_offsets: &[u32],
+        pc_offsets: Arc<Vec<u32>>,
     ) {
         let e = Entry {
             id,
@@ -344,8 +344,14 @@ mod tests {
         let syms = Symbols::default();
         // pc 0 at 0, pc 1 (lddw) at 4, pc 2 its second slot, pc 3 emitted nothing (same
         // offset as pc 4), pc 4 at 20, code 32 bytes.
-        syms.insert(7, "p".into(), 0x1000, 32, &[0, 4, NO_NATIVE_CODE, 20, 20]);
-        syms.insert(8, "q".into(), 0x1040, 16, &[]);
+        syms.insert(
+            7,
+            "p".into(),
+            0x1000,
+            32,
+            Arc::new(vec![0, 4, NO_NATIVE_CODE, 20, 20]),
+        );
+        syms.insert(8, "q".into(), 0x1040, 16, Arc::default());
         let pc = |a| syms.lookup(a).map(|s| (s.id, s.offset, s.pc));
         assert_eq!(pc(0xfff), None);
         assert_eq!(pc(0x1000), Some((7, 0, Some(0))));
@@ -370,7 +376,7 @@ mod tests {
     #[test]
     fn a_moved_program_is_listed_at_both_copies_until_the_old_one_goes() {
         let syms = Symbols::default();
-        syms.insert(3, "p".into(), 0x2000, 64, &[0, 8]);
+        syms.insert(3, "p".into(), 0x2000, 64, Arc::new(vec![0, 8]));
         syms.relocate(3, 0x2000, 0x9000);
         syms.relocate(4, 0x9000, 0x5000); // wrong id: ignored
         assert_eq!(syms.len(), 1, "one program");
