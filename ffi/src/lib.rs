@@ -1776,6 +1776,7 @@ pub unsafe extern "C" fn packjit_program_free(prog: *mut PackjitProgram) {
         // only carries it to whichever thread runs the deferred drop.
         unsafe impl Send for Handle {}
         let handle = Handle(prog);
+        let rt = p._rt.clone();
         PENDING_HANDLES.fetch_add(1, Ordering::AcqRel);
         let guard = epoch::pin();
         guard.defer(move || {
@@ -1786,10 +1787,21 @@ pub unsafe extern "C" fn packjit_program_free(prog: *mut PackjitProgram) {
             // A stale pointer used after this point (a caller bug) is then refused as long
             // as the allocator leaves the word alone.
             b.magic.store(DEAD_MAGIC, Ordering::Release);
-            drop(b);
+            let PackjitProgram { prog, _rt, .. } = *b;
+            // SAFETY: runners pin before touching the handle and run its program only
+            // through it (or inside an epoch bracket), so the grace period that just ended
+            // covers the code too. Only queued here: this may run inside any thread's pin.
+            unsafe { prog.drop_after_own_grace() };
+            drop(_rt);
             PENDING_HANDLES.fetch_sub(1, Ordering::AcqRel);
         });
         guard.flush();
+        drop(guard);
+        // What this flush ended (earlier frees' code): released here, with the compaction
+        // step their holes call for, not left to the next load.
+        if let Some(a) = rt.arena() {
+            a.release_due();
+        }
         Ok(())
     });
 }

@@ -3,40 +3,13 @@
 //! program whose raw entry was taken stays where it is, and off means off. Runs natively and
 //! under qemu-user (no child processes).
 
+mod common;
 #[path = "../src/lib.rs"]
 #[allow(dead_code, unused_imports)]
 mod packjit;
+use common::{check, host_runtime, load, run, sized};
 use packjit::*;
-use std::ffi::{CStr, CString};
 use std::ptr::{null, null_mut};
-
-fn check(st: i32, what: &str) {
-    // SAFETY: never NULL, NUL-terminated.
-    let msg = unsafe { CStr::from_ptr(packjit_last_error()) }.to_string_lossy();
-    assert_eq!(st, PJ_OK, "{what}: {msg}");
-}
-
-/// `mov r0, k - (n - 2) ; (n - 2) x add r0, 1 ; exit`: returns k, n instructions long (an
-/// `add r0, 0` could be compiled to nothing).
-fn sized(n: usize, k: i32) -> Vec<u8> {
-    let mut v = vec![0xb7, 0, 0, 0];
-    v.extend_from_slice(&(k - (n as i32 - 2).max(0)).to_le_bytes());
-    for _ in 2..n {
-        v.extend_from_slice(&[0x07, 0, 0, 0, 1, 0, 0, 0]);
-    }
-    v.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
-    v
-}
-
-fn run(p: *mut PackjitProgram) -> u64 {
-    let mut r0 = 0;
-    // SAFETY: a live program; an empty context.
-    check(
-        unsafe { packjit_program_run(p, null_mut(), 0, &mut r0) },
-        "packjit_program_run",
-    );
-    r0
-}
 
 fn entry_addr(p: *mut PackjitProgram) -> u64 {
     let mut info = PackjitProgramInfo::default();
@@ -73,20 +46,7 @@ fn compact(rt: *mut PackjitRuntime) -> u64 {
 
 #[test]
 fn compaction_through_the_c_api() {
-    let mut rt = null_mut();
-    // SAFETY: NULL config; valid out pointer.
-    check(
-        unsafe { packjit_runtime_create(null(), &mut rt) },
-        "packjit_runtime_create",
-    );
-    // The backend cdylibs sit next to this test binary (dev-dependencies).
-    let exe = std::env::current_exe().unwrap();
-    let dir = CString::new(exe.parent().unwrap().as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: live runtime; NUL-terminated path; NULL info.
-    check(
-        unsafe { packjit_load_host_plugin(rt, dir.as_ptr(), null_mut()) },
-        "packjit_load_host_plugin",
-    );
+    let rt = host_runtime();
     // Off while the holes are made, so that only the explicit calls below move code.
     // SAFETY: live runtime.
     check(
@@ -95,13 +55,7 @@ fn compaction_through_the_c_api() {
     );
     let mut progs: Vec<(*mut PackjitProgram, u64)> = (0..40)
         .map(|i| {
-            let code = sized(2 + (i * 53) % 500, i as i32 + 1);
-            let mut p = null_mut();
-            // SAFETY: live runtime; code borrowed for the call; NULL options.
-            check(
-                unsafe { packjit_program_load(rt, code.as_ptr(), code.len(), null(), &mut p) },
-                "packjit_program_load",
-            );
+            let p = load(rt, &sized(2 + (i * 53) % 500, i as i32 + 1));
             (p, i as u64 + 1)
         })
         .collect();

@@ -1071,6 +1071,20 @@ impl Program {
         self.retired = matches!(self.owner, ArenaRef::Packed(_));
     }
 
+    /// Drops a program whose grace period the caller has already waited out, for hosts that
+    /// defer dropping their own handles through the epoch (the C API does): the code goes to
+    /// the arena's next call ([`PackedArena::release_due`], or any load or free) instead of
+    /// waiting a second grace period behind one more flush.
+    ///
+    /// # Safety
+    /// No thread may be executing the program's code or go on to: every thread that could
+    /// reach it did so pinned ([`arena::epoch_pin`]), and this runs in an epoch-deferred
+    /// function queued after the last such thread obtained the program.
+    pub unsafe fn drop_after_own_grace(self) {
+        self.note_retiring();
+        self.drop_after_grace();
+    }
+
     /// How the built-in helpers (`bpf_get_smp_processor_id`, `bpf_ktime_get_ns`) are carried
     /// out in this program: inlined or called (see [`builtins`]). `None` for programs loaded
     /// without them (the rbpf bridge). Code that cannot call helper 5 (no `call 5`, no

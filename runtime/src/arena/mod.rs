@@ -572,13 +572,15 @@ impl PackedArena {
         self.publish(st, moves)
     }
 
+    /// What a free does after queueing its region, for hosts that retire programs
+    /// themselves ([`Program::drop_after_own_grace`](crate::Program::drop_after_own_grace)).
     /// Releases what is past its grace period, then, if chunks were released since the last
     /// compaction step, takes the step a commit would (same budget and gates) at once, so
     /// that the holes a free leaves are filled from the largest runs' borders now rather than
     /// at the next load (near a full arena one freed program can be a fifth of all free
     /// space). Without moves nothing is committed: released chunks hold trap fill, never
     /// executed, and wait for the next commit.
-    fn settle(&self) {
+    pub fn release_due(&self) {
         self.inner.release_graced();
         let mut st = self.lock();
         if st.settled_at == st.releases {
@@ -742,7 +744,7 @@ impl PackedArena {
         self.inner.pending.fetch_add(1, Relaxed);
         self.defer_release(vec![region], None, 0);
         // The flush may have ended earlier frees' grace periods.
-        self.settle();
+        self.release_due();
     }
 
     /// Like [`free_deferred`](Self::free_deferred), running `before` (e.g. dropping the
@@ -751,7 +753,7 @@ impl PackedArena {
     pub fn free_deferred_then(&self, region: Region, before: impl FnOnce() + Send + 'static) {
         self.inner.pending.fetch_add(1, Relaxed);
         self.defer_release(vec![region], Some(Box::new(before)), 0);
-        self.settle();
+        self.release_due();
     }
 
     /// Releases `region`, whose grace period has already passed (a batch retirement that
@@ -1313,7 +1315,7 @@ impl CodeArena for PackedArena {
     fn free(&self, region: &Region) {
         // Never committed, so never executed: release at once.
         self.inner.release_now(region);
-        self.settle();
+        self.release_due();
     }
 }
 
