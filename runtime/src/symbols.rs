@@ -85,10 +85,8 @@ fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
             .map(|(pc, &o)| (o, pc as u32)),
     );
     // Equal offsets (an instruction that emitted nothing): the later pc owns the code, as in
-    // `Program::pc_at`. Backends emit in pc order, so this is usually sorted already.
-    if !v.is_sorted() {
-        v.sort_unstable();
-    }
+    // `Program::pc_at`. (Backends emit in pc order; the sort finds a sorted table in one pass.)
+    v.sort_unstable();
     v.into_boxed_slice()
 }
 
