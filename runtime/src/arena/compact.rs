@@ -30,10 +30,10 @@
 //! fragmentation is at least twice the threshold. Near a full arena the holes are many and
 //! small and lie among small programs, so this is what keeps the split share down (the
 //! `churn` benchmark). Every destination, like placement, avoids leaving a remainder smaller
-//! than every allocation so far (a hole no program could fill). When no move gains at once, a program filling the gap
-//! between two holes moves into a third ("coalescing", at most once per release, the
-//! narrowest gap first): the two holes become one, which takes programs none of them could,
-//! whether new loads or the border programs that were blocked.
+//! than every allocation so far (a hole no program could fill). When no move gains at once,
+//! a program filling the gap between two holes moves into a third ("coalescing", at most
+//! once per release, the narrowest gap first): the two holes become one, which takes
+//! programs none of them could, whether new loads or the border programs that were blocked.
 
 use super::{leaves_unusable, mark_dirty, Alloc, Inner, Pack, State, CHUNK};
 use packjit_plugin_api::Region;

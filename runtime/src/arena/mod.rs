@@ -614,10 +614,10 @@ impl PackedArena {
         // One deferred function for all old copies of the step (one grace period, one
         // flush). A thread that loaded an old entry did so while pinned, before this
         // deferral: the old copy outlives its call.
-        self.inner.pending.fetch_add(moves.len(), Relaxed);
-        self.inner.old_copies.fetch_add(moves.len(), Relaxed);
-        let regions: Vec<Region> = moves.iter().map(|m| m.old).collect();
-        let old_copies = regions.len();
+        let old_copies = moves.len();
+        self.inner.pending.fetch_add(old_copies, Relaxed);
+        self.inner.old_copies.fetch_add(old_copies, Relaxed);
+        let regions = moves.iter().map(|m| m.old).collect();
         let before = move || {
             for m in &moves {
                 compact::Move::released(&m.movable, &m.old);
