@@ -1,12 +1,13 @@
-//! The bpf_conformance suite against both backends.
+//! The bpf_conformance suite against every backend.
 //!
-//! * On a backend's native arch (aarch64 / riscv64, under qemu-user in the cross runs) every
-//!   test is compiled *and run*, and r0 compared; the `negative/unused-*` cases must be
-//!   rejected at load time.
-//! * On any other host (the x86-64 dev machine) every test is at least compiled by both
-//!   backends (and every must-reject case rejected): compile-only.
+//! * On a backend's native arch every test is compiled *and run*, and r0 compared: x86-64
+//!   on the host, aarch64 and riscv64 under qemu-user in the cross runs. The
+//!   `negative/unused-*` cases must be rejected at load time.
+//! * On any other host every test is at least compiled (and every must-reject case
+//!   rejected): compile-only.
 //!
-//! arm64 runs with LSE atomics off and on; RV64 with no extensions and with Zbb+Zba+C.
+//! x86-64 runs with no extensions, BMI2, MOVBE and all of them; arm64 with LSE atomics off
+//! and on; RV64 with no extensions and with Zbb+Zba+C.
 //! Each configuration prints `arch (features …): N passed, N failed, N skipped`.
 
 use packjit::Runtime;
