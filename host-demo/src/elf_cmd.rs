@@ -10,7 +10,7 @@
 
 use capstone::prelude::*;
 use packjit::elf::ElfLoadOptions;
-use packjit::{Arch, ErrorKind, LoadOptions, Program, Runtime};
+use packjit::{Arch, ErrorKind, LoadOptions, Program, Runtime, Trust};
 use packjit_frontend::RawInsn;
 use packjit_plugin_api::{HelperEntry, NO_NATIVE_CODE};
 use std::path::{Path, PathBuf};
@@ -80,7 +80,7 @@ pub fn run(
     sel: &Select,
     mem: Option<String>,
     mem_file: Option<PathBuf>,
-    sandbox: bool,
+    trust: Trust,
     budget: Option<u64>,
 ) -> Result<(), String> {
     let bytes = read(obj)?;
@@ -97,12 +97,11 @@ pub fn run(
         budget,
         ..Default::default()
     };
-    let prog = if sandbox {
-        rt.load_elf(&bytes, &elf, &opts)
-    } else {
-        // SAFETY: without --sandbox the demo runs the object as trusted code, like rbpf's
-        // JIT: the user vouches for it (the flag exists for untrusted objects).
-        unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) }
+    let prog = match trust {
+        Trust::Sandboxed => rt.load_elf(&bytes, &elf, &opts),
+        // SAFETY: only with --trusted, whose help says the user vouches for the object
+        // (as after the kernel's verifier); without it the object runs sandboxed.
+        Trust::Trusted => unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) },
     }
     .map_err(|e| format!("{}: {e}", obj.display()))?;
     if !prog.is_executable() {
@@ -117,7 +116,10 @@ pub fn run(
         prog.code_size(),
         prog.arch(),
         prog.backend_name(),
-        if sandbox { "sandboxed" } else { "trusted" }
+        match trust {
+            Trust::Sandboxed => "sandboxed",
+            Trust::Trusted => "trusted",
+        }
     );
     match prog.call(&mut ctx) {
         Ok(r0) => {
@@ -199,8 +201,8 @@ pub fn dump(
         features,
         ..Default::default()
     };
-    // Compiled trusted: the dump shows the code as the program's own logic, without the
-    // sandbox's checks (which not every backend emits yet). Nothing is run.
+    // Compiled trusted: the dump shows the program's own logic, without the sandbox's
+    // checks. Nothing is run.
     // SAFETY: the program is never called.
     let prog = unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) }
         .map_err(|e| format!("{}: {e}", obj.display()))?;

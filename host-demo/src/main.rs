@@ -2,9 +2,10 @@
 //!
 //! ```text
 //! packjit-demo [run]            load the plugins, compile the sample for every arch, run it natively
-//! packjit-demo run PROG.o --section S [--mem HEX | --mem-file F] [--sandbox] [--budget N]
-//!                               run a program from a clang object: prints `r0 = 0x…`; a
-//!                               sandbox stop prints the error and exits with status 3
+//! packjit-demo run PROG.o --section S [--mem HEX | --mem-file F] [--trusted] [--budget N]
+//!                               run a program from a clang object, sandboxed unless
+//!                               --trusted: prints `r0 = 0x…`; a stop prints the error and
+//!                               exits with status 3
 //! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
 //! packjit-demo dump PROG.o --section S --arch A
 //!                               capstone disassembly, each eBPF instruction's range marked
@@ -21,7 +22,7 @@ mod sample;
 mod stats;
 
 use clap::{Parser, Subcommand};
-use packjit::{Arch, LoadOptions, Program, Runtime};
+use packjit::{Arch, LoadOptions, Program, Runtime, Trust};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -58,9 +59,14 @@ enum Cmd {
         /// Context memory from a file (ELF programs).
         #[arg(long)]
         mem_file: Option<PathBuf>,
-        /// Run sandboxed: memory checks; a stop exits with status 3 (ELF programs).
+        /// Run sandboxed, the default: every memory access is checked, and a stop (access
+        /// out of bounds, budget, unknown callx) exits with status 3 (ELF programs).
         #[arg(long)]
         sandbox: bool,
+        /// Run as trusted code, without memory checks: only for an object you vouch for, as
+        /// after the kernel's verifier (ELF programs).
+        #[arg(long, conflicts_with = "sandbox")]
+        trusted: bool,
         /// Instruction budget per run (ELF programs).
         #[arg(long)]
         budget: Option<u64>,
@@ -123,6 +129,7 @@ fn main() -> ExitCode {
         mem: None,
         mem_file: None,
         sandbox: false,
+        trusted: false,
         budget: None,
         asm: None,
         n: 10,
@@ -180,10 +187,17 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             select,
             mem,
             mem_file,
-            sandbox,
+            trusted,
             budget,
             ..
-        } => elf_cmd::run(&rt, &obj, &select, mem, mem_file, sandbox, budget),
+        } => {
+            let trust = if trusted {
+                Trust::Trusted
+            } else {
+                Trust::Sandboxed
+            };
+            elf_cmd::run(&rt, &obj, &select, mem, mem_file, trust, budget)
+        }
         Cmd::Run { asm, n, .. } => run(&rt, asm, n),
         Cmd::Dump {
             object: Some(obj),

@@ -65,6 +65,28 @@ fn run_prints_r0_and_globals() {
     let stdout = text(&out.stdout);
     assert!(stdout.starts_with("r0 = 0x4b\n"), "{stdout}");
     assert!(stdout.contains("calls (.bss) = 0x1"), "{stdout}");
+    assert!(
+        text(&out.stderr).contains(", sandboxed"),
+        "an object runs sandboxed unless --trusted: {}",
+        text(&out.stderr)
+    );
+    // The same object as trusted code: same answer, no checks.
+    let out = demo(&[
+        "run",
+        o.to_str().unwrap(),
+        "--section",
+        "demo",
+        "--mem",
+        "05 06 07",
+        "--trusted",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("r0 = 0x4b\n"));
+    assert!(
+        text(&out.stderr).contains(", trusted"),
+        "{}",
+        text(&out.stderr)
+    );
     // Same by function name, memory from a file, sandboxed.
     let mem = std::env::temp_dir().join(format!("packjit-demo-{}-mem", std::process::id()));
     std::fs::write(&mem, [1u8]).unwrap();
@@ -120,10 +142,26 @@ fn sandbox_stops_exit_with_status_3_naming_pc_and_address() {
         "{}",
         text(&out.stderr)
     );
-    let out = demo(&["run", p, "--section", "pj/rodata_write", "--sandbox"]);
+    // Sandboxed is the default: no flag needed for the stop.
+    let out = demo(&["run", p, "--section", "pj/rodata_write"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("write at 0x"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Asking for both is a usage error, not a silent choice.
+    let out = demo(&[
+        "run",
+        p,
+        "--section",
+        "pj/oob_read",
+        "--sandbox",
+        "--trusted",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot be used with"),
         "{}",
         text(&out.stderr)
     );
