@@ -108,11 +108,21 @@ fn run_prints_r0_and_globals() {
     );
 }
 
+/// Runs the demo, expecting exit status `code` and an error naming everything in `needles`.
+fn expect_exit(args: &[&str], code: i32, needles: &[&str]) {
+    let out = demo(args);
+    let e = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {e}");
+    for n in needles {
+        assert!(e.contains(n), "{args:?}: `{n}` missing from: {e}");
+    }
+}
+
 #[test]
 fn sandbox_stops_exit_with_status_3_naming_pc_and_address() {
     let o = obj("sandbox");
     let p = o.to_str().unwrap();
-    let out = demo(&[
+    let oob = [
         "run",
         p,
         "--section",
@@ -120,14 +130,9 @@ fn sandbox_stops_exit_with_status_3_naming_pc_and_address() {
         "--mem",
         "0102",
         "--sandbox",
-    ]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    let e = text(&out.stderr);
-    assert!(
-        e.contains("out of bounds") && e.contains("pc 1") && e.contains("read at 0x"),
-        "{e}"
-    );
-    let out = demo(&[
+    ];
+    expect_exit(&oob, 3, &["out of bounds", "pc 1", "read at 0x"]);
+    let spin = [
         "run",
         p,
         "--section",
@@ -135,44 +140,26 @@ fn sandbox_stops_exit_with_status_3_naming_pc_and_address() {
         "--sandbox",
         "--budget",
         "1000",
-    ]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("budget"),
-        "{}",
-        text(&out.stderr)
-    );
+    ];
+    expect_exit(&spin, 3, &["budget"]);
     // Sandboxed is the default: no flag needed for the stop.
-    let out = demo(&["run", p, "--section", "pj/rodata_write"]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("write at 0x"),
-        "{}",
-        text(&out.stderr)
+    expect_exit(
+        &["run", p, "--section", "pj/rodata_write"],
+        3,
+        &["write at 0x"],
     );
     // Asking for both is a usage error, not a silent choice.
-    let out = demo(&[
+    let both = [
         "run",
         p,
         "--section",
         "pj/oob_read",
         "--sandbox",
         "--trusted",
-    ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("cannot be used with"),
-        "{}",
-        text(&out.stderr)
-    );
+    ];
+    expect_exit(&both, 2, &["cannot be used with"]);
     // A load error is not a stop: status 1, the error names the section.
-    let out = demo(&["run", p, "--section", "nope"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("no section `nope`"),
-        "{}",
-        text(&out.stderr)
-    );
+    expect_exit(&["run", p, "--section", "nope"], 1, &["no section `nope`"]);
 }
 
 #[test]
