@@ -49,63 +49,47 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Runs the demo, expecting success: (stdout, stderr).
+fn run_ok(args: &[&str]) -> (String, String) {
+    let out = demo(args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    (stdout, stderr)
+}
+
 #[test]
 fn run_prints_r0_and_globals() {
     let o = obj("demo");
-    let out = demo(&[
-        "run",
-        o.to_str().unwrap(),
-        "--section",
-        "demo",
-        "--mem",
-        "05 06 07",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    // len 3: sqrti(40 * 100) = 63, + mem[0] 5 + strlen("packjit") 7 = 75.
-    let stdout = text(&out.stdout);
-    assert!(stdout.starts_with("r0 = 0x4b\n"), "{stdout}");
-    assert!(stdout.contains("calls (.bss) = 0x1"), "{stdout}");
-    assert!(
-        text(&out.stderr).contains(", sandboxed"),
-        "an object runs sandboxed unless --trusted: {}",
-        text(&out.stderr)
-    );
-    // The same object as trusted code: same answer, no checks.
-    let out = demo(&[
-        "run",
-        o.to_str().unwrap(),
-        "--section",
-        "demo",
-        "--mem",
-        "05 06 07",
-        "--trusted",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).starts_with("r0 = 0x4b\n"));
-    assert!(
-        text(&out.stderr).contains(", trusted"),
-        "{}",
-        text(&out.stderr)
-    );
+    let p = o.to_str().unwrap();
+    let by_section = ["run", p, "--section", "demo", "--mem", "05 06 07"];
+    // An object runs sandboxed unless --trusted; either way the answer is the same.
+    for (extra, mode) in [(None, ", sandboxed"), (Some("--trusted"), ", trusted")] {
+        let args: Vec<&str> = by_section.iter().copied().chain(extra).collect();
+        let (stdout, stderr) = run_ok(&args);
+        // len 3: sqrti(40 * 100) = 63, + mem[0] 5 + strlen("packjit") 7 = 75.
+        assert!(stdout.starts_with("r0 = 0x4b\n"), "{args:?}: {stdout}");
+        assert!(stdout.contains("calls (.bss) = 0x1"), "{stdout}");
+        assert!(
+            stderr.contains(mode),
+            "{args:?}: `{mode}` missing from: {stderr}"
+        );
+    }
     // Same by function name, memory from a file, sandboxed.
     let mem = std::env::temp_dir().join(format!("packjit-demo-{}-mem", std::process::id()));
     std::fs::write(&mem, [1u8]).unwrap();
-    let out = demo(&[
+    let mem = mem.to_str().unwrap();
+    let by_function = [
         "run",
-        o.to_str().unwrap(),
+        p,
         "--function",
         "prog_demo",
         "--mem-file",
-        mem.to_str().unwrap(),
+        mem,
         "--sandbox",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    ];
+    let (stdout, _) = run_ok(&by_function);
     // len 1: sqrti(2000) = 44, + 1 + 7 = 52.
-    assert!(
-        text(&out.stdout).starts_with("r0 = 0x34\n"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert!(stdout.starts_with("r0 = 0x34\n"), "{stdout}");
 }
 
 /// Runs the demo, expecting exit status `code` and an error naming everything in `needles`.
