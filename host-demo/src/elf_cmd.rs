@@ -26,10 +26,10 @@ const RBPF_EXTRA_IDS: u32 = 0x100;
 #[derive(clap::Args, Clone, Debug)]
 pub struct Select {
     /// Code section holding the program (`SEC("...")`).
-    #[arg(long)]
+    #[arg(long, requires = "object")]
     pub section: Option<String>,
     /// Function symbol of the program (instead of --section).
-    #[arg(long, conflicts_with = "section")]
+    #[arg(long, conflicts_with = "section", requires = "object")]
     pub function: Option<String>,
 }
 

@@ -54,27 +54,27 @@ enum Cmd {
         #[command(flatten)]
         select: elf_cmd::Select,
         /// Context memory as hex bytes (ELF programs).
-        #[arg(long, conflicts_with = "mem_file")]
+        #[arg(long, conflicts_with = "mem_file", requires = "object")]
         mem: Option<String>,
         /// Context memory from a file (ELF programs).
-        #[arg(long)]
+        #[arg(long, requires = "object")]
         mem_file: Option<PathBuf>,
         /// Run sandboxed, the default: every memory access is checked, and a stop (access
         /// out of bounds, budget, unknown callx) exits with status 3 (ELF programs).
-        #[arg(long)]
+        #[arg(long, requires = "object")]
         sandbox: bool,
         /// Run as trusted code, without memory checks: only for an object you vouch for, as
         /// after the kernel's verifier (ELF programs).
-        #[arg(long, conflicts_with = "sandbox")]
+        #[arg(long, conflicts_with = "sandbox", requires = "object")]
         trusted: bool,
         /// Instruction budget per run (ELF programs).
-        #[arg(long)]
+        #[arg(long, requires = "object")]
         budget: Option<u64>,
         /// Program as bpf_conformance assembly (default: the built-in sample).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "object")]
         asm: Option<PathBuf>,
         /// Context value n for the sample (sum of squares below n).
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, conflicts_with = "object")]
         n: u64,
     },
     /// Print a program's native code for one architecture.
@@ -87,7 +87,7 @@ enum Cmd {
         #[arg(long)]
         arch: String,
         /// Program as bpf_conformance assembly (default: the built-in sample).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "object")]
         asm: Option<PathBuf>,
         /// Optional-feature bits to compile with (default: none on a foreign host).
         #[arg(long)]

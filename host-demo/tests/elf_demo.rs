@@ -142,6 +142,9 @@ fn sandbox_stops_exit_with_status_3_naming_pc_and_address() {
         "--trusted",
     ];
     expect_exit(&both, 2, &["cannot be used with"]);
+    // Options for an object without one are a usage error, not silently dropped.
+    expect_exit(&["run", "--trusted"], 2, &["<OBJECT>"]);
+    expect_exit(&["run", p, "--asm", p], 2, &["cannot be used with"]);
     // A load error is not a stop: status 1, the error names the section.
     expect_exit(&["run", p, "--section", "nope"], 1, &["no section `nope`"]);
 }
