@@ -443,9 +443,7 @@ pub fn link(
         let name = sym.name().unwrap_or("").to_string();
         l.funcs.entry(si.0).or_default().push((start, end, name));
     }
-    for v in l.funcs.values_mut() {
-        v.sort();
-    }
+    l.settle_funcs()?;
     let entry = l.entry_unit(&opts.program)?;
     l.place(entry.0, entry.1, entry.2, entry.3)?;
     // Units are appended while relocating earlier ones: iterate by index.
@@ -657,8 +655,47 @@ impl Linker<'_, '_> {
         }
     }
 
+    /// Sorts each section's functions and makes their ranges disjoint, the invariant
+    /// `slot_of` relies on: a byte of a section belongs to at most one placed unit, so each
+    /// is placed (and its code copied) once. Ranges are clamped to their section, as
+    /// `func_range` reads them; aliases (two symbols, one range) become one function; ranges
+    /// that overlap otherwise are refused, naming both. (A crafted object with overlapping
+    /// symbols used to place the same bytes again on every lookup, without bound.)
+    fn settle_funcs(&mut self) -> Result<(), Error> {
+        let file = self.file;
+        for (&si, v) in self.funcs.iter_mut() {
+            let sec_len = file
+                .section_by_index(SectionIndex(si))
+                .map_or(0, |s| s.size() as usize);
+            for f in v.iter_mut() {
+                f.1 = f.1.min(sec_len);
+            }
+            v.retain(|f| f.0 < f.1);
+            v.sort();
+            v.dedup_by(|later, first| (later.0, later.1) == (first.0, first.1));
+            if let Some(w) = v.windows(2).find(|w| w[1].0 < w[0].1) {
+                let (a, b) = (&w[0], &w[1]);
+                return Err(bad(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "section `{}`: functions `{}` [{:#x}, {:#x}) and `{}` [{:#x}, {:#x}) overlap",
+                        sec_name(file, SectionIndex(si)),
+                        a.2,
+                        a.0,
+                        a.1,
+                        b.2,
+                        b.0,
+                        b.1
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The `[start, end)` of the function covering byte `off` of code section `si`: the
-    /// `STT_FUNC` symbol whose range holds it, else the whole section.
+    /// `STT_FUNC` symbol whose range holds it, else the stretch between the functions around
+    /// it (the whole section when it has none), so that no two units share a byte.
     fn func_range(&self, si: SectionIndex, off: usize) -> Result<(usize, usize), Error> {
         let file = self.file;
         let sec = file
@@ -674,14 +711,18 @@ impl Linker<'_, '_> {
                 ),
             ));
         }
-        // The function whose range covers `off`: the last one starting at or before it.
-        if let Some(v) = self.funcs.get(&si.0) {
-            let i = v.partition_point(|f| f.0 <= off);
-            if i > 0 && off < v[i - 1].1 {
-                return Ok((v[i - 1].0, v[i - 1].1.min(sec_len)));
-            }
+        // The function whose range covers `off`: the last one starting at or before it
+        // (ranges are disjoint and clamped to the section: see `settle_funcs`).
+        let Some(v) = self.funcs.get(&si.0) else {
+            return Ok((0, sec_len));
+        };
+        let i = v.partition_point(|f| f.0 <= off);
+        if i > 0 && off < v[i - 1].1 {
+            return Ok((v[i - 1].0, v[i - 1].1));
         }
-        Ok((0, sec_len))
+        let start = if i > 0 { v[i - 1].1 } else { 0 };
+        let end = v.get(i).map_or(sec_len, |f| f.0);
+        Ok((start, end))
     }
 
     fn place(
@@ -708,6 +749,18 @@ impl Linker<'_, '_> {
                     ),
                 )
             })?;
+        // Units are disjoint (see `settle_funcs`), so the output is at most the object's code;
+        // past what the verifier accepts, stop here rather than copy more.
+        if (self.code.len() + bytes.len()).div_ceil(INSN) > packjit_frontend::MAX_INSNS {
+            return Err(bad(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "the linked program exceeds {} instructions (at section `{}`)",
+                    packjit_frontend::MAX_INSNS,
+                    sec_name(self.file, sec)
+                ),
+            ));
+        }
         self.code.extend_from_slice(bytes);
         // Sizes that are not a multiple of 8 would shift every later slot; pad the tail so the
         // verifier reports the broken instruction instead.

@@ -254,3 +254,26 @@ fn a_relocated_instruction_cut_by_its_function_end_is_refused() {
         &["offset 0x50", "`runs`", "runs past the end of its function"],
     );
 }
+
+#[test]
+fn overlapping_function_symbols_are_refused_naming_both() {
+    // Found by the `elf` fuzz target (2026-12-03): `mix_byte`'s size grown to cover
+    // `hash_str`, and `.text` grown past both. A call from the tail of `.text` fell in no
+    // placed unit, and the linker placed the whole section again on every lookup, until it
+    // ran out of memory (3.4 GB from a 2.4 KB object).
+    let mut obj = compile_bpf("globals");
+    let secs = sections(&obj);
+    let (symoff, ..) = secs.iter().find(|s| s.2 == ".symtab").unwrap().clone();
+    let st_size = symoff + symbol_index(&obj, "mix_byte") as usize * 24 + 16;
+    obj[st_size..st_size + 8].copy_from_slice(&0x4100_0000_0000_0070u64.to_le_bytes());
+    let text = secs.iter().position(|s| s.2 == ".text").unwrap();
+    let sh_size = rd(&obj, 0x28, 8) as usize + text * 64 + 0x20;
+    let grown = rd(&obj, sh_size, 8) + 0x200;
+    obj[sh_size..sh_size + 8].copy_from_slice(&grown.to_le_bytes());
+    let err = link_with_helper(&obj, &globals_sel()).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{err}");
+    assert_mentions(
+        &err,
+        &["section `.text`", "`mix_byte`", "`hash_str`", "overlap"],
+    );
+}
