@@ -277,3 +277,51 @@ fn overlapping_function_symbols_are_refused_naming_both() {
         &["section `.text`", "`mix_byte`", "`hash_str`", "overlap"],
     );
 }
+
+#[test]
+fn a_call_target_without_a_symbol_is_the_stretch_between_functions() {
+    // `mix_byte`'s symbol sized 0 (so it is not a function range): a call to it lands in no
+    // function, and the unit placed for it must be the bytes between the functions around
+    // it, not the whole section, which would copy `hash_str` a second time.
+    let obj = compile_bpf("globals");
+    let whole = link_with_helper(&obj, &globals_sel()).unwrap();
+    let mut patched = obj.clone();
+    let (symoff, ..) = sections(&obj)
+        .iter()
+        .find(|s| s.2 == ".symtab")
+        .unwrap()
+        .clone();
+    let st_size = symoff + symbol_index(&obj, "mix_byte") as usize * 24 + 16;
+    patched[st_size..st_size + 8].copy_from_slice(&0u64.to_le_bytes());
+    let linked = link_with_helper(&patched, &globals_sel()).unwrap();
+    // Each link has its own global data: compare the code without `lddw` immediates.
+    let no_addresses = |code: &[u8]| -> Vec<u8> {
+        let mut c = code.to_vec();
+        let mut i = 0;
+        while i + 16 <= c.len() {
+            if c[i] == 0x18 {
+                c[i + 4..i + 8].fill(0);
+                c[i + 12..i + 16].fill(0);
+                i += 8;
+            }
+            i += 8;
+        }
+        c
+    };
+    assert_eq!(
+        no_addresses(&linked.code),
+        no_addresses(&whole.code),
+        "the same code, nothing copied twice"
+    );
+    let names = |l: &Linked| -> Vec<String> { l.functions.iter().map(|f| f.0.clone()).collect() };
+    assert!(
+        names(&whole).contains(&"mix_byte".to_string()),
+        "{:?}",
+        names(&whole)
+    );
+    assert!(
+        names(&linked).contains(&".text+0x0".to_string()),
+        "the unnamed stretch is named by section and offset: {:?}",
+        names(&linked)
+    );
+}
