@@ -720,7 +720,11 @@ impl Linker<'_, '_> {
         if i > 0 && off < v[i - 1].1 {
             return Ok((v[i - 1].0, v[i - 1].1));
         }
-        let start = if i > 0 { v[i - 1].1 } else { 0 };
+        // From the first instruction after the previous function (`off` is one, so it lies
+        // at or after it even when that function's size is not a multiple of 8).
+        let start = i
+            .checked_sub(1)
+            .map_or(0, |p| v[p].1.next_multiple_of(INSN));
         let end = v.get(i).map_or(sec_len, |f| f.0);
         Ok((start, end))
     }
