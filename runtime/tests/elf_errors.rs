@@ -235,17 +235,28 @@ fn packjit_fuzz_entry(m: &[u8], sel: &ElfLoadOptions) -> bool {
     }
 }
 
+/// File offset of section `name`'s `sh_size` (ELF64 section header, `e_shoff` at 0x28).
+fn sh_size_at(obj: &[u8], name: &str) -> usize {
+    let i = sections(obj).iter().position(|s| s.2 == name).unwrap();
+    rd(obj, 0x28, 8) as usize + i * 64 + 0x20
+}
+
+/// File offset of symbol `name`'s `st_size` (ELF64 symbol entry of 24 bytes).
+fn st_size_at(obj: &[u8], name: &str) -> usize {
+    let (symtab, ..) = sections(obj)
+        .into_iter()
+        .find(|s| s.2 == ".symtab")
+        .unwrap();
+    symtab + symbol_index(obj, name) as usize * 24 + 16
+}
+
 #[test]
 fn a_relocated_instruction_cut_by_its_function_end_is_refused() {
     // Found by the `elf` fuzz target (seed 20261202): a function whose size is not a multiple
     // of 8 ends in a partial slot, and a relocation there indexed past the function. Shrink
     // the `pj/globals` section so it ends 4 bytes into the relocated `lddw` at +0x50.
     let mut obj = compile_bpf("globals");
-    let i = sections(&obj)
-        .iter()
-        .position(|s| s.2 == "pj/globals")
-        .unwrap();
-    let sh_size = rd(&obj, 0x28, 8) as usize + i * 64 + 0x20;
+    let sh_size = sh_size_at(&obj, "pj/globals");
     obj[sh_size..sh_size + 8].copy_from_slice(&0x54u64.to_le_bytes());
     let err = link_with_helper(&obj, &globals_sel()).unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument, "{err}");
@@ -262,12 +273,9 @@ fn overlapping_function_symbols_are_refused_naming_both() {
     // placed unit, and the linker placed the whole section again on every lookup, until it
     // ran out of memory (3.4 GB from a 2.4 KB object).
     let mut obj = compile_bpf("globals");
-    let secs = sections(&obj);
-    let (symoff, ..) = secs.iter().find(|s| s.2 == ".symtab").unwrap().clone();
-    let st_size = symoff + symbol_index(&obj, "mix_byte") as usize * 24 + 16;
+    let st_size = st_size_at(&obj, "mix_byte");
     obj[st_size..st_size + 8].copy_from_slice(&0x4100_0000_0000_0070u64.to_le_bytes());
-    let text = secs.iter().position(|s| s.2 == ".text").unwrap();
-    let sh_size = rd(&obj, 0x28, 8) as usize + text * 64 + 0x20;
+    let sh_size = sh_size_at(&obj, ".text");
     let grown = rd(&obj, sh_size, 8) + 0x200;
     obj[sh_size..sh_size + 8].copy_from_slice(&grown.to_le_bytes());
     let err = link_with_helper(&obj, &globals_sel()).unwrap_err();
@@ -286,12 +294,7 @@ fn a_call_target_without_a_symbol_is_the_stretch_between_functions() {
     let obj = compile_bpf("globals");
     let whole = link_with_helper(&obj, &globals_sel()).unwrap();
     let mut patched = obj.clone();
-    let (symoff, ..) = sections(&obj)
-        .iter()
-        .find(|s| s.2 == ".symtab")
-        .unwrap()
-        .clone();
-    let st_size = symoff + symbol_index(&obj, "mix_byte") as usize * 24 + 16;
+    let st_size = st_size_at(&obj, "mix_byte");
     patched[st_size..st_size + 8].copy_from_slice(&0u64.to_le_bytes());
     let linked = link_with_helper(&patched, &globals_sel()).unwrap();
     // Each link has its own global data: compare the code without `lddw` immediates.
