@@ -753,8 +753,9 @@ impl Linker<'_, '_> {
                     ),
                 )
             })?;
-        // Units are disjoint (see `settle_funcs`), so the output is at most the object's code;
-        // past what the verifier accepts, stop here rather than copy more.
+        // Units of a section are disjoint (see `settle_funcs`), so the output is at most the
+        // sum of the code sections' sizes (which, for sections that overlap in the file, can
+        // exceed the file); past what the verifier accepts, stop here rather than copy more.
         if (self.code.len() + bytes.len()).div_ceil(INSN) > packjit_frontend::MAX_INSNS {
             return Err(bad(
                 ErrorKind::InvalidArgument,
