@@ -30,7 +30,7 @@ use crate::{ErrorKind, MemRegion, Program, RegionAccess};
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, SectionHeader};
 use object::{
-    Endianness, Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget,
+    Endianness, Object, ObjectSection, ObjectSymbol, Relocation, RelocationFlags, RelocationTarget,
     SectionIndex, SectionKind, SymbolIndex, SymbolSection,
 };
 use std::collections::BTreeMap;
@@ -364,6 +364,10 @@ struct Linker<'d, 'f> {
     // Built once: a call's target is looked up by binary search, so a crafted object with
     // many calls and symbols links in n log n, not n².
     funcs: BTreeMap<usize, Vec<(usize, usize, String)>>,
+    // Section index → its relocations by offset, read once when its first unit is relocated:
+    // each unit takes its own range by binary search, so a section of many called functions
+    // and many relocations links in n log n, not units × relocations.
+    relocs: BTreeMap<usize, Vec<(u64, Relocation)>>,
     code: Vec<u8>,
     functions: Vec<(String, usize)>,
     externs: Vec<(String, u32)>,
@@ -426,6 +430,7 @@ pub fn link(
         units: Vec::new(),
         unit_at: BTreeMap::new(),
         funcs: BTreeMap::new(),
+        relocs: BTreeMap::new(),
         code: Vec::new(),
         functions: Vec::new(),
         externs: Vec::new(),
@@ -815,11 +820,22 @@ impl Linker<'_, '_> {
             .map_err(|e| bad(ErrorKind::InvalidArgument, e))?;
         let sname = sec_name(file, u.sec);
         let mut relocated = vec![false; (u.end - u.start) / INSN];
-        for (off, rel) in sec.relocations() {
-            let off = off as usize;
-            if off < u.start || off >= u.end {
-                continue;
+        // Taken out while this unit is relocated (placing callees needs `&mut self`) and put
+        // back after: nothing else relocates this section meanwhile. (After an error the link
+        // is over, so it need not go back.)
+        let relocs = match self.relocs.remove(&u.sec.0) {
+            Some(r) => r,
+            None => {
+                let mut r: Vec<(u64, Relocation)> = sec.relocations().collect();
+                // Stable: relocations at one offset keep their order in the file.
+                r.sort_by_key(|&(off, _)| off);
+                r
             }
+        };
+        let first = relocs.partition_point(|&(off, _)| (off as usize) < u.start);
+        let last = relocs.partition_point(|&(off, _)| (off as usize) < u.end);
+        for (off, rel) in &relocs[first..last] {
+            let off = *off as usize;
             let RelocationFlags::Elf { r_type } = rel.flags() else {
                 continue;
             };
@@ -944,6 +960,7 @@ impl Linker<'_, '_> {
                 }
             }
         }
+        self.relocs.insert(u.sec.0, relocs);
         // Calls with src = 1 and no relocation were resolved by the assembler: pc-relative
         // inside their own section. Follow them too (the callee may be another function).
         for (k, _) in relocated.iter().enumerate().filter(|(_, &r)| !r) {
