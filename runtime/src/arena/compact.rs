@@ -500,9 +500,19 @@ pub(super) fn step(inner: &Inner, st: &mut State, budget: Option<usize>) -> Vec<
     }
     let mut left = budget.unwrap_or(cfg.step_bytes);
     let mut moves = Vec::new();
+    // Maintenance mode (`step_bytes` 0): a commit has nothing to spend, nor leaves anything due.
+    st.step_due = false;
+    if left == 0 {
+        return moves;
+    }
     loop {
         let frag = fragmentation_permille(&st.packs);
-        if left == 0 || frag <= cfg.threshold_permille {
+        if frag <= cfg.threshold_permille {
+            break;
+        }
+        if left == 0 {
+            // Cut short: the next commit goes on without waiting for a release.
+            st.step_due = true;
             break;
         }
         // The first move of a step may exceed the budget (a program larger than the step

@@ -404,6 +404,10 @@ struct State {
     coalesced_at: u64,
     /// Its value when a compaction step last ran (in a commit or after releases).
     settled_at: u64,
+    /// The next commit steps even without a release since the last step: that step stopped
+    /// at its byte budget with fragmentation still above the threshold, or the compaction
+    /// settings changed.
+    step_due: bool,
     /// Scratch space for the search that makes room (kept: it runs inside loads).
     segments: Vec<compact::Segment>,
     /// Chunks of the smallest allocation placed so far.
@@ -519,6 +523,7 @@ impl PackedArena {
                 room_searched_at: 0,
                 coalesced_at: 0,
                 settled_at: 0,
+                step_due: false,
                 segments: Vec::new(),
                 smallest_alloc: usize::MAX,
                 next_id: 1,
@@ -548,8 +553,9 @@ impl PackedArena {
     /// cache maintenance (and, where needed, remapping) over all dirty ranges of the batch.
     ///
     /// With compaction on and fragmentation above its threshold, the commit first moves up
-    /// to [`Compaction::step_bytes`] of relocatable code (see [`make_movable`]) into holes;
-    /// the copies share the batch's maintenance pass, and callers switch to them after it.
+    /// to [`Compaction::step_bytes`] of relocatable code (see [`make_movable`]) into holes,
+    /// if chunks were released since the last step or that step stopped at its budget; the
+    /// copies share the batch's maintenance pass, and callers switch to them after it.
     ///
     /// [`make_movable`]: Self::make_movable
     pub fn commit(&self) {
@@ -566,7 +572,18 @@ impl PackedArena {
     fn commit_step(&self, budget: Option<usize>) -> usize {
         self.inner.release_graced();
         let mut st = self.lock();
-        let moves = compact::step(&self.inner, &mut st, budget);
+        // A load's commit steps only when something changed since the last step: chunks
+        // released (by this call, or retired in a batch with no free since), a step cut
+        // short by its budget, new settings. Otherwise the step after the last release already ran (frees
+        // take it at once, `release_due`), and most loads skip the search. A placement can
+        // lift fragmentation over the threshold (less free space in all); the moves that
+        // answer it wait for the next release, under churn at most a free or two away.
+        let changed = st.settled_at != st.releases || st.step_due;
+        let moves = if budget.is_some() || changed {
+            compact::step(&self.inner, &mut st, budget)
+        } else {
+            Vec::new()
+        };
         st.settled_at = st.releases;
         self.inner.commit_locked(&mut st);
         self.publish(st, moves)
@@ -586,11 +603,11 @@ impl PackedArena {
         if st.settled_at == st.releases {
             return;
         }
-        st.settled_at = st.releases;
         // Maintenance mode (`step_bytes` 0): code moves only in `compact` calls.
         if st.compaction.is_none_or(|c| c.step_bytes == 0) {
             return;
         }
+        st.settled_at = st.releases;
         let moves = compact::step(&self.inner, &mut st, None);
         if moves.is_empty() {
             return;
@@ -674,7 +691,9 @@ impl PackedArena {
     /// Turns compaction on (`Some`) or off from the next commit on; ignored in toggle mode.
     pub fn set_compaction(&self, c: Option<Compaction>) {
         let dual = self.inner.dual;
-        self.lock().compaction = c.filter(|_| dual);
+        let mut st = self.lock();
+        st.compaction = c.filter(|_| dual);
+        st.step_due = true;
     }
 
     /// Makes the program in `region` (entry point `entry`, its code completely written)

@@ -917,6 +917,50 @@ fn a_free_fills_the_hole_an_earlier_free_left_without_waiting_for_a_load() {
     }
 }
 
+#[test]
+fn a_commit_steps_after_a_release_a_step_cut_short_or_new_settings() {
+    let _s = serial();
+    // Maintenance mode first: releases alone move nothing.
+    let Some(a) = compacting_arena(1) else {
+        return;
+    };
+    // X (1) A (1) B (3) C (1) D (2), then the free tail; B goes and its chunks are released.
+    let m = install_movable(&a, &[1, 1, 3, 1, 2]);
+    let b_at = m[2].entry();
+    a.free_deferred(a.detach_movable(&m[2]));
+    assert_eq!(a.reclaim(), 0);
+    let hold = epoch_pin();
+    a.commit();
+    assert_eq!(a.stats().moves, 0, "maintenance mode: commits move nothing");
+    // Commits move from now on, a chunk per step: the settings changed, so the next commit
+    // steps with no release since. D (the first move may exceed the budget) fills most of
+    // B's hole.
+    a.set_compaction(Some(Compaction {
+        threshold_permille: 0,
+        step_bytes: CHUNK,
+    }));
+    a.commit();
+    assert_eq!(a.stats().moves, 1, "new settings: the commit stepped");
+    assert_eq!(m[4].entry(), b_at, "D into B's hole");
+    // That step stopped at its budget: the next commit goes on (still no release, `hold`
+    // keeps D's old copy) and C fills the rest of the hole.
+    a.commit();
+    assert_eq!(
+        a.stats().moves,
+        2,
+        "a step cut short goes on at the next commit"
+    );
+    assert_eq!(m[3].entry(), b_at + 2 * CHUNK as u64, "C after D");
+    assert_eq!((call(m[3].entry()), call(m[4].entry())), (4, 5));
+    drop(hold);
+    assert_eq!(a.reclaim(), 0);
+    for x in [&m[0], &m[1], &m[3], &m[4]] {
+        a.free_deferred(a.detach_movable(x));
+    }
+    assert_eq!(a.reclaim(), 0);
+    assert_eq!(a.stats().packs, 0);
+}
+
 /// Installs programs of the given chunk counts in order (return values 1, 2, ...), commits
 /// them and makes each movable.
 fn install_movable(a: &PackedArena, chunks: &[usize]) -> Vec<Arc<Movable>> {
