@@ -35,19 +35,28 @@ fn check_attachable(prog: &Program) -> Result<(), Error> {
 }
 
 /// Retires replaced programs with ONE deferred function for all of them: a single grace
-/// period, after which each is released at once (no second deferral per program).
-fn retire(old: Vec<Shared<'_, Program>>, guard: &Guard) {
+/// period, after which each is released at once (no second deferral per program). Returns
+/// their arenas, each once, for the compaction step (see [`settle`]).
+fn retire(old: Vec<Shared<'_, Program>>, guard: &Guard) -> Vec<PackedArena> {
+    // Their arenas, each once: see the end.
+    let mut arenas: Vec<PackedArena> = Vec::new();
     let old: Vec<usize> = old
         .into_iter()
         .filter(|s| !s.is_null())
         .map(|s| {
             // SAFETY: non-null and not yet destroyed: destruction is what we schedule below.
-            unsafe { s.deref() }.note_retiring();
+            let prog = unsafe { s.deref() };
+            prog.note_retiring();
+            if let Some(a) = prog.packed_arena() {
+                if !arenas.iter().any(|k| k.is_same(a)) {
+                    arenas.push(a.clone());
+                }
+            }
             s.as_raw() as usize
         })
         .collect();
     if old.is_empty() {
-        return;
+        return arenas;
     }
     // SAFETY: every pointer came out of a hook slot by a swap, so it is unreachable from the
     // slots now, and only this closure owns it. The closure runs after every thread pinned
@@ -64,6 +73,17 @@ fn retire(old: Vec<Shared<'_, Program>>, guard: &Guard) {
     // Hand the deferred function to the global queue now, so reclamation does not wait for
     // this thread's local bag to fill.
     guard.flush();
+    arenas
+}
+
+/// What a free does after its flush, for the arenas a swap retired code from: release what is
+/// past its grace period (earlier retirements, often ended by the swap's flush) and take the
+/// compaction step for the holes, so that a host retiring code only through hooks compacts
+/// too (loads do not step for releases).
+fn settle(arenas: Vec<PackedArena>) {
+    for a in arenas {
+        a.release_due();
+    }
 }
 
 impl Hook {
@@ -79,7 +99,9 @@ impl Hook {
         check_attachable(&prog)?;
         let guard = epoch::pin();
         let old = self.swap(Some(prog), &guard);
-        retire(vec![old], &guard);
+        let arenas = retire(vec![old], &guard);
+        drop(guard);
+        settle(arenas);
         Ok(())
     }
 
@@ -87,7 +109,9 @@ impl Hook {
     pub fn detach(&self) {
         let guard = epoch::pin();
         let old = self.swap(None, &guard);
-        retire(vec![old], &guard);
+        let arenas = retire(vec![old], &guard);
+        drop(guard);
+        settle(arenas);
     }
 
     fn swap<'g>(&self, new: Option<Program>, guard: &'g Guard) -> Shared<'g, Program> {
@@ -235,9 +259,11 @@ impl<'h> HookBatch<'h> {
     /// Commits the batch's code once, performs every swap, and retires all replaced
     /// programs with one deferred free. Returns how many programs were replaced or detached.
     pub fn apply(mut self) -> usize {
-        if let Some(a) = self.uncommitted.take() {
+        let committed = self.uncommitted.take();
+        if let Some(a) = &committed {
             // Before any swap: no thread may reach code that is not yet executable/coherent.
-            a.commit();
+            // The compaction step for what earlier swaps released shares this commit.
+            a.commit_settling_releases();
         }
         let guard = epoch::pin();
         let old: Vec<_> = std::mem::take(&mut self.ops)
@@ -246,7 +272,12 @@ impl<'h> HookBatch<'h> {
             .filter(|s| !s.is_null())
             .collect();
         let n = old.len();
-        retire(old, &guard);
+        let mut arenas = retire(old, &guard);
+        drop(guard);
+        // The arena this batch committed in steps at the next batch's commit (or free), so
+        // that each batch commits once; any other steps now, as after a single swap.
+        arenas.retain(|a| !committed.as_ref().is_some_and(|c| c.is_same(a)));
+        settle(arenas);
         n
     }
 }

@@ -874,7 +874,8 @@ impl Program {
             .map_or(self.compiled.entry, |m| m.entry())
     }
 
-    fn packed_arena(&self) -> Option<&PackedArena> {
+    /// The packed arena holding the code (`None` for foreign-arch code in the scratch arena).
+    pub(crate) fn packed_arena(&self) -> Option<&PackedArena> {
         match &self.owner {
             ArenaRef::Packed(a) => Some(a),
             ArenaRef::Scratch(_) => None,

@@ -1,17 +1,22 @@
-//! Frees take a compaction step: code moves into the holes the frees themselves release,
-//! with no load after them, and the symbol index and perf map follow the moves.
+//! Frees and hook swaps take a compaction step: code moves into the holes they themselves
+//! release, with no load after them, and the symbol index and perf map follow the moves.
 //!
-//! A binary of its own: the test ends grace periods by flushing the epoch, which only works
-//! when no other thread of the process holds a pin. In a shared test binary, another test's
-//! threads running programs can stay pinned across all the flushes.
+//! A binary of its own, its tests one at a time: they end grace periods by flushing the
+//! epoch, which only works when no other thread of the process holds a pin. In a shared test
+//! binary, another test's threads running programs can stay pinned across all the flushes.
 
 mod host;
 
 use host::{assert_listed_once, eager, sized};
-use packjit::{ArenaConfig, Program, RuntimeConfig};
+use packjit::{ArenaConfig, Hook, HookBatch, Program, RuntimeConfig};
+use std::sync::Mutex;
+
+/// Held by each test: one at a time (see above).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 #[test]
 fn frees_move_code_into_the_holes_they_release_and_symbols_follow() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Compaction steps in every commit and in frees that release chunks.
     let rt = host::host_runtime_with(RuntimeConfig {
         arena: ArenaConfig {
@@ -60,4 +65,113 @@ fn frees_move_code_into_the_holes_they_release_and_symbols_follow() {
     let end = rt.stats();
     assert_eq!((end.packs, end.allocations, rt.live_programs()), (0, 0, 0));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn hook_swaps_move_code_into_the_holes_they_release() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // A host that retires code only through hooks: nothing is freed through a `Program` drop
+    // and no load follows the detaches, so only the swaps can move code.
+    let rt = host::host_runtime_with(RuntimeConfig {
+        arena: ArenaConfig {
+            compaction: eager(),
+            ..ArenaConfig::default()
+        },
+    });
+    let hooks: Vec<(Hook, u64)> = (0..60)
+        .map(|i| {
+            let hook = Hook::new();
+            let n = 2 + (i * 37) % 400;
+            let prog = rt
+                .load(&sized(n, i as i32 + 1), &Default::default())
+                .unwrap();
+            hook.attach(prog).unwrap();
+            (hook, i as u64 + 1)
+        })
+        .collect();
+    let before = rt.stats().moves;
+    // Every other hook detaches; the flushes before each end the earlier detaches' grace
+    // periods (as program runs' pins would), and the detach releases those chunks.
+    for (hook, _) in hooks.iter().step_by(2) {
+        for _ in 0..4 {
+            packjit::arena::epoch_pin().flush();
+        }
+        hook.detach();
+    }
+    let by_swaps = rt.stats().moves - before;
+    assert!(by_swaps > 0, "hook swaps moved nothing: {:?}", rt.stats());
+    for (hook, answer) in hooks.iter().skip(1).step_by(2) {
+        assert_eq!(hook.run(&mut []).unwrap().unwrap(), *answer);
+    }
+    for (hook, _) in &hooks {
+        hook.detach();
+    }
+    assert_eq!(rt.reclaim(), 0);
+    let end = rt.stats();
+    assert_eq!((end.packs, end.allocations, rt.live_programs()), (0, 0, 0));
+}
+
+#[test]
+fn hook_batches_compact_within_their_one_commit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = host::host_runtime_with(RuntimeConfig {
+        arena: ArenaConfig {
+            compaction: eager(),
+            ..ArenaConfig::default()
+        },
+    });
+    let hooks: Vec<Hook> = (0..60).map(|_| Hook::new()).collect();
+    let mut batch = HookBatch::new();
+    for (i, hook) in hooks.iter().enumerate() {
+        let n = 2 + (i * 37) % 400;
+        batch
+            .load_attach(&rt, hook, &sized(n, i as i32 + 1), &Default::default())
+            .unwrap();
+    }
+    batch.apply();
+    let before = rt.stats();
+    // Each round replaces half the hooks' programs with 2-instruction ones: the old ones
+    // leave holes once their grace period ends (the flushes), and the next batch's commit
+    // moves code into them.
+    const ROUNDS: usize = 6;
+    for round in 0..ROUNDS {
+        for _ in 0..4 {
+            packjit::arena::epoch_pin().flush();
+        }
+        let mut batch = HookBatch::new();
+        for (i, hook) in hooks.iter().enumerate().skip(round % 2).step_by(2) {
+            let k = (1000 * (round + 1) + i) as i32;
+            batch
+                .load_attach(&rt, hook, &sized(2, k), &Default::default())
+                .unwrap();
+        }
+        assert_eq!(batch.apply(), 30);
+    }
+    let after = rt.stats();
+    assert_eq!(
+        after.commits - before.commits,
+        ROUNDS as u64,
+        "one commit per batch, moves included"
+    );
+    assert!(
+        after.moves > before.moves,
+        "batches moved nothing: {after:?}"
+    );
+    for (i, hook) in hooks.iter().enumerate() {
+        let round = if i % 2 == (ROUNDS - 1) % 2 {
+            ROUNDS
+        } else {
+            ROUNDS - 1
+        };
+        assert_eq!(
+            hook.run(&mut []).unwrap().unwrap(),
+            (1000 * round + i) as u64
+        );
+    }
+    for hook in &hooks {
+        hook.detach();
+    }
+    assert_eq!(rt.reclaim(), 0);
+    let end = rt.stats();
+    assert_eq!((end.packs, end.allocations, rt.live_programs()), (0, 0, 0));
 }

@@ -463,10 +463,28 @@ struct Graced {
 /// epoch (see [`PackedArena::hasten_old_copies`]).
 const LOADS_BEFORE_FLUSH: usize = 2;
 
+/// When a commit takes a compaction step.
+#[derive(Clone, Copy)]
+enum StepIf {
+    /// A maintenance call: always.
+    Always,
+    /// The last step stopped at its budget, or the settings changed.
+    Due,
+    /// That, or chunks were released since the last step.
+    DueOrReleased,
+}
+
 /// The packed code arena. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct PackedArena {
     inner: Arc<Inner>,
+}
+
+impl PackedArena {
+    /// Whether `self` and `other` are handles to the same arena.
+    pub(crate) fn is_same(&self, other: &PackedArena) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
 }
 
 impl std::fmt::Debug for PackedArena {
@@ -553,44 +571,55 @@ impl PackedArena {
     /// cache maintenance (and, where needed, remapping) over all dirty ranges of the batch.
     ///
     /// With compaction on and fragmentation above its threshold, the commit first moves up
-    /// to [`Compaction::step_bytes`] of relocatable code (see [`make_movable`]) into holes,
-    /// if chunks were released since the last step or that step stopped at its budget; the
-    /// copies share the batch's maintenance pass, and callers switch to them after it.
+    /// to [`Compaction::step_bytes`] of relocatable code (see [`make_movable`]) into holes
+    /// when the last step stopped at its budget or the settings changed (frees and hook swaps
+    /// take the step for what they release, [`release_due`](Self::release_due)); the copies
+    /// share the batch's maintenance pass, and callers switch to them after it.
     ///
     /// [`make_movable`]: Self::make_movable
     pub fn commit(&self) {
-        self.commit_step(None);
+        // A load's commit moves code only to finish a step cut short by its budget, or after
+        // new settings. The step that releases call for is taken by whoever retires code
+        // (`release_due`: frees, hook swaps), so chunks a load's own call released wait for
+        // the next of those, and loads keep their throughput. (Stepping here after every
+        // release cost loads 1% in the `churn` example, on top of what they gain from density.)
+        self.commit_stepping(None, StepIf::Due);
+    }
+
+    /// [`commit`](Self::commit), also taking the step for chunks released since the last
+    /// step, as [`release_due`](Self::release_due) would: a hook batch's commit, so that what
+    /// earlier batches retired is compacted within the batch's one commit.
+    pub(crate) fn commit_settling_releases(&self) {
+        self.commit_stepping(None, StepIf::DueOrReleased);
     }
 
     /// A maintenance step the host can schedule: commits, moving up to `max_bytes` of code
     /// while fragmentation is above the threshold. Returns the bytes moved (0 when
     /// compaction is off or nothing needs or can move).
     pub fn compact(&self, max_bytes: usize) -> usize {
-        self.commit_step(Some(max_bytes))
+        self.commit_stepping(Some(max_bytes), StepIf::Always)
     }
 
-    fn commit_step(&self, budget: Option<usize>) -> usize {
+    fn commit_stepping(&self, budget: Option<usize>, when: StepIf) -> usize {
         self.inner.release_graced();
         let mut st = self.lock();
-        // A load's commit steps only when something changed since the last step: chunks
-        // released (by this call, or retired in a batch with no free since), a step cut
-        // short by its budget, new settings. Otherwise the step after the last release already ran (frees
-        // take it at once, `release_due`), and most loads skip the search. A placement can
-        // lift fragmentation over the threshold (less free space in all); the moves that
-        // answer it wait for the next release, under churn at most a free or two away.
-        let changed = st.settled_at != st.releases || st.step_due;
-        let moves = if budget.is_some() || changed {
+        let step = match when {
+            StepIf::Always => true,
+            StepIf::Due => st.step_due,
+            StepIf::DueOrReleased => st.step_due || st.settled_at != st.releases,
+        };
+        let moves = if step {
+            st.settled_at = st.releases;
             compact::step(&self.inner, &mut st, budget)
         } else {
             Vec::new()
         };
-        st.settled_at = st.releases;
         self.inner.commit_locked(&mut st);
         self.publish(st, moves)
     }
 
-    /// What a free does after queueing its region, for hosts that retire programs
-    /// themselves ([`Program::drop_after_own_grace`](crate::Program::drop_after_own_grace)).
+    /// What a free (or a hook swap) does after queueing what it retires, for hosts that retire
+    /// programs themselves ([`Program::drop_after_own_grace`](crate::Program::drop_after_own_grace)).
     /// Releases what is past its grace period, then, if chunks were released since the last
     /// compaction step, takes the step a commit would (same budget and gates) at once, so
     /// that the holes a free leaves are filled from the largest runs' borders now rather than
