@@ -11,8 +11,8 @@
 //! (each operation on every runtime before the next, the first of them rotating), so the
 //! machine's noise weighs on all three alike:
 //! * compaction off (`packjit_runtime_set_compaction(rt, 1000, 0)`: code never moves);
-//! * the defaults: every load's commit, and every free that releases chunks, moves up to a
-//!   step of code into holes while fragmentation is above the threshold;
+//! * the defaults: every free that finds chunks released moves up to a step of code into
+//!   holes while fragmentation is above the threshold (loads leave that step to frees);
 //! * maintenance only (`packjit_runtime_set_compaction(rt, threshold, 0)`): loads and frees
 //!   move nothing; the host calls `packjit_runtime_compact(rt, --maint-bytes)` every
 //!   `--maint-every` operations, timed apart from the loads (its cost is printed).
@@ -519,7 +519,7 @@ fn main() {
         ("off", "compaction off", Mode::Off),
         (
             "on",
-            "on, per load (default)",
+            "on, in frees (default)",
             Mode::OnLoad(threshold, step),
         ),
         (

@@ -952,9 +952,10 @@ pub unsafe extern "C" fn packjit_reclaim(rt: *const PackjitRuntime, pending: *mu
 
 /// Sets the code arena's compaction (moving live programs into holes so free space stays
 /// in one run per pack; on by default): code moves while fragmentation is above
-/// `threshold_permille`, at most `step_bytes` per commit (every load commits) and per free
-/// that finds chunks released, and up to the limit given to `packjit_runtime_compact`.
-/// `step_bytes` 0 = loads and frees move nothing, only `packjit_runtime_compact` does;
+/// `threshold_permille`: at most `step_bytes` per free or hook swap that finds chunks
+/// released (loads leave that step to them), and up to the limit given to
+/// `packjit_runtime_compact`. `step_bytes` 0 = frees and swaps move nothing, only
+/// `packjit_runtime_compact` does;
 /// `threshold_permille` 1000 or more turns compaction off.
 /// Programs whose raw entry was taken (`packjit_program_entry`) never move. No effect when
 /// the arena is not dual-mapped.

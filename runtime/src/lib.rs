@@ -771,8 +771,8 @@ impl Runtime {
 
     /// A compaction step the host can schedule (e.g. when idle): moves up to `max_bytes` of
     /// program code into holes while fragmentation is above the configured threshold, in one
-    /// commit. Returns the bytes moved (0 with compaction off). Loads, and frees that find
-    /// chunks released, already move up to [`Compaction::step_bytes`] each.
+    /// commit. Returns the bytes moved (0 with compaction off). Frees and hook swaps that
+    /// find chunks released already move up to [`Compaction::step_bytes`] each.
     pub fn compact(&self, max_bytes: usize) -> usize {
         self.arena.as_ref().map_or(0, |a| a.compact(max_bytes))
     }

@@ -13,8 +13,9 @@
 //! is freed like any program: after the epoch grace period, so a thread already running it
 //! finishes there. Chunks whose grace period ends are released by the arena's next call (a
 //! load's alloc or commit, a free, `reclaim`), never inside whichever thread's pin ended it,
-//! and a free that released chunks takes a step too: near a full arena one freed program's
-//! hole can be a fifth of all free space, and the next load is too late to fill it. Which
+//! and what retires code (a free, a hook swap) takes the step for what it released at once:
+//! near a full arena one freed program's hole can be a fifth of all free space, and loads
+//! leave the step to them (it cost loads 1% in the `churn` example). Which
 //! programs move: the ones bordering their pack's largest free run
 //! (so the space they leave joins it), each into the smallest hole elsewhere that fits it.
 //! A border program too large for every hole, with free space on its far side, instead goes
@@ -45,10 +46,11 @@ use std::sync::Arc;
 pub struct Compaction {
     /// Move code while fragmentation (`ArenaStats::fragmentation_permille`) is above this.
     pub threshold_permille: u32,
-    /// At most this many bytes of code are copied per commit (every load commits) and per
-    /// free that finds chunks released since the last step, so a load or a free never pays
-    /// for more than a bounded copy (the first move of a step may exceed it by one program).
-    /// 0 = commits and frees move nothing; only [`PackedArena::compact`] calls do
+    /// At most this many bytes of code are copied per step: a free or hook swap that finds
+    /// chunks released since the last step takes one, and so does a hook batch's commit; a
+    /// load's commit only goes on with a step cut short by this budget. So no call pays for
+    /// more than a bounded copy (the first move of a step may exceed it by one program).
+    /// 0 = commits, frees and swaps move nothing; only [`PackedArena::compact`] calls do
     /// (maintenance the host schedules off its load path).
     ///
     /// [`PackedArena::compact`]: super::PackedArena::compact
