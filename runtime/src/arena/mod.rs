@@ -408,7 +408,7 @@ struct State {
     /// at its byte budget with fragmentation still above the threshold, or the compaction
     /// settings changed.
     step_due: bool,
-    /// Scratch space for the search that makes room (kept: it runs inside loads).
+    /// Scratch space for the search that makes room (kept: it runs inside frees and swaps).
     segments: Vec<compact::Segment>,
     /// Chunks of the smallest allocation placed so far.
     smallest_alloc: usize,
