@@ -8,22 +8,27 @@
 mod host;
 
 use host::{assert_listed_once, eager, sized};
-use packjit::{ArenaConfig, Hook, HookBatch, Program, RuntimeConfig};
+use packjit::{ArenaConfig, Hook, HookBatch, Program, Runtime, RuntimeConfig};
 use std::sync::Mutex;
 
 /// Held by each test: one at a time (see above).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-#[test]
-fn frees_move_code_into_the_holes_they_release_and_symbols_follow() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    // Compaction steps in every commit and in frees that release chunks.
-    let rt = host::host_runtime_with(RuntimeConfig {
+/// A runtime whose arena compacts at any fragmentation, with room for a whole step.
+fn eager_runtime() -> Runtime {
+    host::host_runtime_with(RuntimeConfig {
         arena: ArenaConfig {
             compaction: eager(),
             ..ArenaConfig::default()
         },
-    });
+    })
+}
+
+#[test]
+fn frees_move_code_into_the_holes_they_release_and_symbols_follow() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Frees that find chunks released take a compaction step, at any fragmentation.
+    let rt = eager_runtime();
     let dir = std::env::temp_dir().join(format!("packjit-reloc-free-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let map = dir.join("perf.map");
@@ -72,12 +77,7 @@ fn hook_swaps_move_code_into_the_holes_they_release() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // A host that retires code only through hooks: nothing is freed through a `Program` drop
     // and no load follows the detaches, so only the swaps can move code.
-    let rt = host::host_runtime_with(RuntimeConfig {
-        arena: ArenaConfig {
-            compaction: eager(),
-            ..ArenaConfig::default()
-        },
-    });
+    let rt = eager_runtime();
     let hooks: Vec<(Hook, u64)> = (0..60)
         .map(|i| {
             let hook = Hook::new();
@@ -114,12 +114,7 @@ fn hook_swaps_move_code_into_the_holes_they_release() {
 #[test]
 fn hook_batches_compact_within_their_one_commit() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let rt = host::host_runtime_with(RuntimeConfig {
-        arena: ArenaConfig {
-            compaction: eager(),
-            ..ArenaConfig::default()
-        },
-    });
+    let rt = eager_runtime();
     let hooks: Vec<Hook> = (0..60).map(|_| Hook::new()).collect();
     let mut batch = HookBatch::new();
     for (i, hook) in hooks.iter().enumerate() {

@@ -56,7 +56,8 @@ pub fn sized(n: usize, k: i32) -> Vec<u8> {
     v
 }
 
-/// Compaction on every commit (and every free that releases chunks), with room to move all.
+/// Compaction at any fragmentation, in every free or swap that releases chunks, with room to
+/// move all.
 #[allow(dead_code)]
 pub fn eager() -> Option<Compaction> {
     Some(Compaction {
