@@ -122,6 +122,7 @@ fn main() {
     // B''. Attach alone, as the kernel series measured it (bpftrace loads its programs, then
     //      attaches them): programs already loaded and committed, each one-by-one swap
     //      waiting for the release of what it replaced, the batch waiting once.
+    // Programs loaded and committed, with nothing left pending.
     let preload = || -> Vec<_> {
         let refs: Vec<&[u8]> = codes.iter().map(|c| c.as_slice()).collect();
         let progs: Vec<_> = rt
@@ -164,23 +165,14 @@ fn main() {
     let hooks = Arc::try_unwrap(hooks).ok().unwrap();
 
     // C. Swaps alone: programs already loaded and committed, replacing attached ones.
-    let load = |rt: &Runtime| -> Vec<_> {
-        let refs: Vec<&[u8]> = codes.iter().map(|c| c.as_slice()).collect();
-        rt.load_batch(&refs, &opts)
-            .into_iter()
-            .map(Result::unwrap)
-            .collect()
-    };
-    let mut progs = load(&rt);
-    drain(&rt);
+    let mut progs = preload();
     let one = time(&mut || {
         for (h, p) in hooks.iter().zip(progs.drain(..)) {
             h.attach(p).unwrap();
         }
     });
     drain(&rt);
-    let mut progs = Some(load(&rt));
-    drain(&rt);
+    let mut progs = Some(preload());
     let batched = time(&mut || {
         rt.attach_batch(hooks.iter().zip(progs.take().unwrap()))
             .unwrap();
