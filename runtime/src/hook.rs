@@ -64,10 +64,11 @@ fn retire(old: Vec<Shared<'_, Program>>, guard: &Guard) -> Vec<PackedArena> {
     // `Owned::from_raw` takes back the Box that `Owned::new` leaked into the slot.
     unsafe {
         guard.defer_unchecked(move || {
-            for raw in old {
-                let prog = *Owned::from_raw(raw as *mut Program).into_box();
-                prog.drop_after_grace();
-            }
+            let progs = old
+                .into_iter()
+                .map(|raw| Owned::from_raw(raw as *mut Program).into_box())
+                .collect();
+            Program::drop_many_after_grace(progs);
         });
     }
     // Hand the deferred function to the global queue now, so reclamation does not wait for
@@ -98,7 +99,7 @@ impl Hook {
     pub fn attach(&self, prog: Program) -> Result<(), Error> {
         check_attachable(&prog)?;
         let guard = epoch::pin();
-        let old = self.swap(Some(prog), &guard);
+        let old = self.swap(Some(Owned::new(prog)), &guard);
         let arenas = retire(vec![old], &guard);
         drop(guard);
         settle(arenas);
@@ -114,9 +115,9 @@ impl Hook {
         settle(arenas);
     }
 
-    fn swap<'g>(&self, new: Option<Program>, guard: &'g Guard) -> Shared<'g, Program> {
+    fn swap<'g>(&self, new: Option<Owned<Program>>, guard: &'g Guard) -> Shared<'g, Program> {
         let new = match new {
-            Some(p) => Owned::new(p).into_shared(guard),
+            Some(p) => p.into_shared(guard),
             None => Shared::null(),
         };
         self.slot.swap(new, AcqRel, guard)
@@ -175,7 +176,8 @@ impl Drop for Hook {
 /// ```
 #[derive(Default)]
 pub struct HookBatch<'h> {
-    ops: Vec<(&'h Hook, Option<Program>)>,
+    /// Programs are boxed as they are queued: the box is what the hook's slot holds.
+    ops: Vec<(&'h Hook, Option<Owned<Program>>)>,
     /// Set when the batch holds code that still needs its commit.
     uncommitted: Option<PackedArena>,
 }
@@ -190,7 +192,7 @@ impl<'h> HookBatch<'h> {
     /// `prog` cannot run here.
     pub fn attach(&mut self, hook: &'h Hook, prog: Program) -> Result<&mut Self, Error> {
         check_attachable(&prog)?;
-        self.ops.push((hook, Some(prog)));
+        self.ops.push((hook, Some(Owned::new(prog))));
         Ok(self)
     }
 
@@ -236,7 +238,7 @@ impl<'h> HookBatch<'h> {
         if let Some(a) = prog.packed_arena() {
             self.uncommitted = Some(a.clone());
         }
-        self.ops.push((hook, Some(prog)));
+        self.ops.push((hook, Some(Owned::new(prog))));
         Ok(self)
     }
 
@@ -289,7 +291,9 @@ impl Runtime {
         &self,
         items: impl IntoIterator<Item = (&'h Hook, Program)>,
     ) -> Result<usize, Error> {
+        let items = items.into_iter();
         let mut batch = HookBatch::new();
+        batch.ops.reserve(items.size_hint().0);
         for (hook, prog) in items {
             batch.attach(hook, prog)?;
         }

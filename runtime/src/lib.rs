@@ -704,7 +704,7 @@ impl Runtime {
             id,
             name,
             symbols,
-            retired: false,
+            code_release: CodeRelease::AfterOwnGrace,
             elf: None,
             builtins: (builtins.is_some() || percpu_insn_table.is_some())
                 .then(|| Box::new((builtins, percpu_table, percpu_insn_table))),
@@ -841,8 +841,8 @@ pub struct Program {
     movable: Option<Arc<arena::Movable>>,
     /// The index holding this program's symbol (executable programs only).
     symbols: Option<Arc<Symbols>>,
-    /// Its grace period has passed (set by a hook retiring it): release without waiting.
-    retired: bool,
+    /// What dropping it does with its code.
+    code_release: CodeRelease,
     // ELF programs own their .rodata/.data/.bss; the code holds their addresses, so the data
     // lives exactly as long as the code can run (see elf.rs).
     elf: Option<Box<elf::Linked>>,
@@ -1069,7 +1069,66 @@ impl Program {
     /// period, [`note_retiring`](Self::note_retiring) called): the code is released at once
     /// instead of waiting a second grace period.
     pub(crate) fn drop_after_grace(mut self) {
-        self.retired = matches!(self.owner, ArenaRef::Packed(_));
+        self.code_release = CodeRelease::Now;
+    }
+
+    /// [`drop_after_grace`](Self::drop_after_grace) for many programs at once (a hook batch
+    /// retiring them after its one grace period): per arena, one lock to stop compaction
+    /// moving them, one to unlist their symbols (one perf map rewrite) and one to release
+    /// their code, instead of one of each per program.
+    // Boxed: these are the hook slots' own allocations, dropped where they are rather than
+    // each program copied out first.
+    #[allow(clippy::vec_box)]
+    pub(crate) fn drop_many_after_grace(progs: Vec<Box<Program>>) {
+        /// (program id, entry address) pairs to unlist, per symbol index.
+        type Unlisting = Vec<(Arc<Symbols>, Vec<(u64, u64)>)>;
+        let mut by_arena: Vec<(PackedArena, Vec<Box<Program>>)> = Vec::new();
+        for p in progs {
+            let Some(a) = p.packed_arena().cloned() else {
+                p.drop_after_grace();
+                continue;
+            };
+            match by_arena.iter_mut().find(|(k, _)| k.is_same(&a)) {
+                Some((_, group)) => group.push(p),
+                None => by_arena.push((a, vec![p])),
+            }
+        }
+        for (arena, mut group) in by_arena {
+            let movables: Vec<&arena::Movable> =
+                group.iter().filter_map(|p| p.movable.as_deref()).collect();
+            let mut moved = arena.detach_movables(&movables).into_iter();
+            let regions: Vec<Region> = group
+                .iter()
+                .map(|p| match &p.movable {
+                    Some(_) => moved.next().expect("one region per movable"),
+                    None => p.compiled.region,
+                })
+                .collect();
+            // As in `drop`: the symbols go right before the chunks are released.
+            let mut unlist: Unlisting = Vec::new();
+            for (p, r) in group.iter_mut().zip(&regions) {
+                let Some(syms) = p.symbols.take() else {
+                    continue;
+                };
+                let entry = (p.id, p.entry_in(r));
+                match unlist.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &syms)) {
+                    Some((_, entries)) => entries.push(entry),
+                    None => unlist.push((syms, vec![entry])),
+                }
+            }
+            for (syms, entries) in unlist {
+                syms.remove_many(&entries);
+            }
+            arena.release_after_grace(regions);
+            for p in &mut group {
+                p.code_release = CodeRelease::Released;
+            }
+        }
+    }
+
+    /// The entry point of the code when it occupies `region`.
+    fn entry_in(&self, region: &Region) -> u64 {
+        region.exec_addr + (self.compiled.entry - self.compiled.region.exec_addr)
     }
 
     /// Drops a program whose grace period the caller has already waited out, for hosts that
@@ -1100,14 +1159,29 @@ impl Program {
     }
 }
 
+/// What dropping a [`Program`] does with its code.
+enum CodeRelease {
+    /// Free it after a grace period of its own: a handle the host drops may still be
+    /// running on other threads.
+    AfterOwnGrace,
+    /// Release it at once: a hook retired it and its grace period has passed.
+    Now,
+    /// Nothing: released already, with its batch (see
+    /// [`Program::drop_many_after_grace`]).
+    Released,
+}
+
 impl Drop for Program {
     fn drop(&mut self) {
+        if matches!(self.code_release, CodeRelease::Released) {
+            return;
+        }
         // Stop compaction from moving the code and learn where it is now.
         let region = match (&self.movable, &self.owner) {
             (Some(m), ArenaRef::Packed(a)) => a.detach_movable(m),
             _ => self.compiled.region,
         };
-        let entry = region.exec_addr + (self.compiled.entry - self.compiled.region.exec_addr);
+        let entry = self.entry_in(&region);
         let id = self.id;
         let syms = self.symbols.take();
         // The symbol goes right before the chunks are released, never earlier: a profiler
@@ -1118,9 +1192,9 @@ impl Drop for Program {
             }
         };
         match &self.owner {
-            ArenaRef::Packed(a) if self.retired => {
+            ArenaRef::Packed(a) if matches!(self.code_release, CodeRelease::Now) => {
                 unlist();
-                a.release_after_grace(&region);
+                a.release_after_grace(vec![region]);
             }
             ArenaRef::Packed(a) => a.free_deferred_then(region, unlist),
             ArenaRef::Scratch(s) => s.free(&self.compiled.region),

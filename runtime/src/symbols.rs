@@ -184,9 +184,19 @@ impl Symbols {
 
     /// Removes program `id` at `start` (its code is about to be reclaimed).
     pub(crate) fn remove(&self, id: u64, start: u64) {
+        self.remove_many(&[(id, start)]);
+    }
+
+    /// Removes each program `id` at `start` (their code is about to be reclaimed) under one
+    /// lock, rewriting the perf map once.
+    pub(crate) fn remove_many(&self, entries: &[(u64, u64)]) {
         let mut st = self.write();
-        // The id check keeps a stale removal from ever taking a newer program's entry.
-        if st.by_addr.get(&start).is_some_and(|e| e.id == id) {
+        let mut removed = false;
+        for &(id, start) in entries {
+            // The id check keeps a stale removal from ever taking a newer program's entry.
+            if st.by_addr.get(&start).is_none_or(|e| e.id != id) {
+                continue;
+            }
             st.by_addr.remove(&start);
             if let Some(g) = &mut st.gdb {
                 // Dropping the registration unregisters it.
@@ -198,6 +208,9 @@ impl Symbols {
                     st.copies.remove(&id);
                 }
             }
+            removed = true;
+        }
+        if removed {
             if let Some(path) = st.perf_map.clone() {
                 let _ = Self::rewrite(&st, &path);
             }

@@ -115,6 +115,10 @@ fn hook_swaps_move_code_into_the_holes_they_release() {
 fn hook_batches_compact_within_their_one_commit() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let rt = eager_runtime();
+    let dir = std::env::temp_dir().join(format!("packjit-reloc-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let map = dir.join("perf.map");
+    rt.enable_perf_map_at(&map).unwrap();
     let hooks: Vec<Hook> = (0..60).map(|_| Hook::new()).collect();
     let mut batch = HookBatch::new();
     for (i, hook) in hooks.iter().enumerate() {
@@ -163,10 +167,34 @@ fn hook_batches_compact_within_their_one_commit() {
             (1000 * round + i) as u64
         );
     }
+    // Once every replaced program (moved ones among them) is released, the index and the
+    // perf map list exactly the attached programs: each batch unlisted what it replaced, at
+    // the address it had then.
+    assert_eq!(rt.reclaim(), 0);
+    let mut attached: Vec<(u64, String)> = hooks.iter().map(|h| h.attached().unwrap()).collect();
+    attached.sort();
+    let mut listed: Vec<(u64, String)> = rt
+        .symbols()
+        .iter()
+        .map(|s| (s.id, s.name.to_string()))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, attached);
+    let mut mapped: Vec<String> = std::fs::read_to_string(&map)
+        .unwrap()
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().to_string())
+        .collect();
+    mapped.sort();
+    let mut names: Vec<String> = attached.into_iter().map(|(_, n)| n).collect();
+    names.sort();
+    assert_eq!(mapped, names);
     for hook in &hooks {
         hook.detach();
     }
     assert_eq!(rt.reclaim(), 0);
     let end = rt.stats();
     assert_eq!((end.packs, end.allocations, rt.live_programs()), (0, 0, 0));
+    assert_eq!(std::fs::read_to_string(&map).unwrap(), "");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -784,6 +784,23 @@ impl PackedArena {
         region
     }
 
+    /// [`detach_movable`](Self::detach_movable) for many programs under one lock (a hook
+    /// batch retiring them): their regions now, in the same order.
+    pub(crate) fn detach_movables(&self, ms: &[&Movable]) -> Vec<Region> {
+        let mut st = self.lock();
+        ms.iter()
+            .map(|m| {
+                let region = m.region();
+                if let Ok((pi, chunk)) = Inner::locate(&st, &region) {
+                    let a = st.packs[pi].allocs.get_mut(&chunk).expect("located");
+                    a.movable = None;
+                    a.leaving = true;
+                }
+                region
+            })
+            .collect()
+    }
+
     /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]): at the
     /// arena's first call after its grace period (see [`Graced`]). Releases what is past its
     /// grace period now (earlier frees, often ended by this call's flush), and takes a
@@ -804,13 +821,13 @@ impl PackedArena {
         self.release_due();
     }
 
-    /// Releases `region`, whose grace period has already passed (a batch retirement that
-    /// waited once for many programs), at the arena's next call: this runs inside the
-    /// retirement's epoch callback (see [`Graced`]). Counts it in `pending_frees` from
-    /// [`expect_release`](Self::expect_release) on.
-    pub(crate) fn release_after_grace(&self, region: &Region) {
+    /// Releases `regions`, whose grace period has already passed (a batch retirement that
+    /// waited once for many programs), at the arena's next call, all under one lock: this
+    /// runs inside the retirement's epoch callback (see [`Graced`]). Each counts in
+    /// `pending_frees` from [`expect_release`](Self::expect_release) on.
+    pub(crate) fn release_after_grace(&self, regions: Vec<Region>) {
         self.inner.queue_graced(Graced {
-            regions: vec![*region],
+            regions,
             before: None,
             old_copies: 0,
         });
@@ -969,10 +986,8 @@ impl Inner {
             if let Some(before) = g.before {
                 before();
             }
-            for r in &g.regions {
-                self.release_now(r);
-                self.pending.fetch_sub(1, Relaxed);
-            }
+            self.release_now(&g.regions);
+            self.pending.fetch_sub(g.regions.len(), Relaxed);
             self.old_copies.fetch_sub(g.old_copies, Relaxed);
         }
     }
@@ -1184,38 +1199,66 @@ impl Inner {
         Ok(())
     }
 
-    /// Returns a region's chunks: trap-fill (when the pack is writable), clear, and unmap the
-    /// pack if it became empty.
-    fn release_now(&self, region: &Region) {
+    /// Returns regions' chunks, all under one lock (a hook batch retires many at once):
+    /// clear, trap-fill where the pack is writable, and unmap packs left empty. Adjacent
+    /// regions are filled and marked dirty as one range, and idle pages are given back once
+    /// per pack, after the last region.
+    fn release_now(&self, regions: &[Region]) {
         let mut st = self.lock();
-        let Ok((pi, chunk)) = Self::locate(&st, region) else {
-            return;
-        };
-        st.releases += 1;
-        let p = &mut st.packs[pi];
-        let n = p.allocs.remove(&chunk).expect("located").chunks;
-        p.starts[chunk / 64] &= !(1 << (chunk % 64));
-        p.set_range(chunk, n, false);
-        p.give_free(chunk, n);
-        p.used_chunks -= n;
-        if p.used_chunks == 0 {
-            let p = st.packs.swap_remove(pi);
-            let (lo, hi) = (p.rx as usize, p.rx as usize + p.size);
-            st.dirty.retain(|&s, _| s < lo || s >= hi);
-            drop_pack(p);
-            return;
+        // (pack index, first chunk, chunks) of the regions that are ours, in address order so
+        // that neighbours merge.
+        let mut runs: Vec<(usize, usize, usize)> = Vec::with_capacity(regions.len());
+        for region in regions {
+            let Ok((pi, chunk)) = Self::locate(&st, region) else {
+                continue;
+            };
+            st.releases += 1;
+            let p = &mut st.packs[pi];
+            let n = p.allocs.remove(&chunk).expect("located").chunks;
+            p.starts[chunk / 64] &= !(1 << (chunk % 64));
+            p.set_range(chunk, n, false);
+            p.give_free(chunk, n);
+            p.used_chunks -= n;
+            runs.push((pi, chunk, n));
         }
-        if !p.sealed {
-            let off = chunk * CHUNK;
+        runs.sort_unstable();
+        let mut i = 0;
+        while i < runs.len() {
+            let (pi, start, mut n) = runs[i];
+            i += 1;
+            while i < runs.len() && runs[i].0 == pi && runs[i].1 == start + n {
+                n += runs[i].2;
+                i += 1;
+            }
+            let p = &mut st.packs[pi];
+            // An emptied pack is unmapped below; a sealed one is never written again.
+            if p.used_chunks == 0 || p.sealed {
+                continue;
+            }
+            let off = start * CHUNK;
             // SAFETY: the chunks are inside the RW view and no longer handed out.
             fill_trap(unsafe { p.rw.add(off) }, n * CHUNK, self.trap);
-            let start = p.rx as usize + off;
             // Idle pages are counted whatever the policy (placements count them back down).
-            p.count_idle_pages(chunk, n);
-            if self.cfg.release_free_pages && p.idle_pages * IDLE_SHARE > p.resident_pages() {
+            p.count_idle_pages(start, n);
+            let exec = p.rx as usize + off;
+            mark_dirty(&mut st.dirty, exec, exec + n * CHUNK);
+        }
+        let mut touched: Vec<usize> = runs.iter().map(|r| r.0).collect();
+        touched.dedup();
+        // Highest index first: `swap_remove` only moves packs from above the removed one.
+        for &pi in touched.iter().rev() {
+            let p = &mut st.packs[pi];
+            if p.used_chunks == 0 {
+                let p = st.packs.swap_remove(pi);
+                let (lo, hi) = (p.rx as usize, p.rx as usize + p.size);
+                st.dirty.retain(|&s, _| s < lo || s >= hi);
+                drop_pack(p);
+            } else if !p.sealed
+                && self.cfg.release_free_pages
+                && p.idle_pages * IDLE_SHARE > p.resident_pages()
+            {
                 Self::release_idle_pages(p);
             }
-            mark_dirty(&mut st.dirty, start, start + n * CHUNK);
         }
     }
 
@@ -1362,7 +1405,7 @@ impl CodeArena for PackedArena {
 
     fn free(&self, region: &Region) {
         // Never committed, so never executed: release at once.
-        self.inner.release_now(region);
+        self.inner.release_now(std::slice::from_ref(region));
         self.release_due();
     }
 }

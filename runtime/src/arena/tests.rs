@@ -154,6 +154,49 @@ fn oversized_requests_get_a_dedicated_pack_and_empty_packs_are_released() {
 }
 
 #[test]
+fn a_batch_release_takes_each_region_once_merges_neighbours_and_unmaps_emptied_packs() {
+    let _serial = serial();
+    let a = PackedArena::new(ArenaConfig {
+        pack_size: 64 << 10,
+        ..Default::default()
+    })
+    .unwrap();
+    // Oversized requests get packs of their own (filled exactly), which the batch empties:
+    // the first and the last pack, so that unmapping one moves the other in the pack list.
+    let big_first = a.alloc(128 << 10).unwrap();
+    let keep_first = install(&a, &ret_code(1));
+    let gone: Vec<Region> = (0..3).map(|_| install(&a, &[0x5a; 100])).collect();
+    let keep_last = install(&a, &ret_code(2));
+    let big_last = a.alloc(128 << 10).unwrap();
+    a.commit();
+    let s = a.stats();
+    assert_eq!(s.packs, 3);
+    // Out of address order, across all three packs, as a hook batch hands them over.
+    let batch = vec![gone[2], big_last, gone[0], big_first, gone[1]];
+    for _ in &batch {
+        a.expect_release();
+    }
+    a.release_after_grace(batch);
+    assert_eq!(a.reclaim(), 0, "every region released and counted once");
+    let s = a.stats();
+    assert_eq!(s.packs, 1, "the emptied packs are unmapped");
+    assert_eq!(s.bytes_used, 2 * CHUNK, "only the two kept programs remain");
+    let trap = a.trap_pattern();
+    let span = gone[2].exec_addr + gone[2].size - gone[0].exec_addr;
+    let bytes = a.read_code(gone[0].exec_addr, span as usize).unwrap();
+    assert!(
+        bytes.chunks(trap.len()).all(|c| c == trap),
+        "all three are traps"
+    );
+    // The three neighbours are one dirty range: one maintenance pass.
+    let flushes = s.icache_flushes;
+    a.commit();
+    assert_eq!(a.stats().icache_flushes, flushes + 1);
+    assert_eq!(call(keep_first.exec_addr), 1);
+    assert_eq!(call(keep_last.exec_addr), 2);
+}
+
+#[test]
 fn batch_commit_does_one_maintenance_pass_over_merged_ranges() {
     let a = PackedArena::new(ArenaConfig::default()).unwrap();
     let regions: Vec<Region> = (0..10).map(|i| install(&a, &ret_code(i))).collect();
