@@ -1216,8 +1216,6 @@ impl Inner {
             let p = &mut st.packs[pi];
             let n = p.allocs.remove(&chunk).expect("located").chunks;
             p.starts[chunk / 64] &= !(1 << (chunk % 64));
-            p.set_range(chunk, n, false);
-            p.give_free(chunk, n);
             p.used_chunks -= n;
             runs.push((pi, chunk, n));
         }
@@ -1231,6 +1229,9 @@ impl Inner {
                 i += 1;
             }
             let p = &mut st.packs[pi];
+            p.set_range(start, n, false);
+            // Once per run of neighbours: the free lists merge them anyway.
+            p.give_free(start, n);
             // An emptied pack is unmapped below; a sealed one is never written again.
             if p.used_chunks == 0 || p.sealed {
                 continue;
@@ -1362,8 +1363,9 @@ fn mark_dirty(dirty: &mut BTreeMap<usize, usize>, start: usize, end: usize) {
             e = e.max(pe);
         }
     }
-    let later: Vec<(usize, usize)> = dirty.range(s..=e).map(|(&a, &b)| (a, b)).collect();
-    for (a, b) in later {
+    // Ranges starting inside [s, e] are swallowed (none, mostly: then nothing is allocated).
+    use std::ops::Bound::{Excluded, Included};
+    while let Some((&a, &b)) = dirty.range((Excluded(s), Included(e))).next() {
         dirty.remove(&a);
         e = e.max(b);
     }
