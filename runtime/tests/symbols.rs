@@ -159,3 +159,46 @@ fn names_lookup_and_perf_map_follow_loads_and_frees() {
     assert_eq!(rt.write_perf_map().unwrap(), Some(path.clone()));
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn a_perf_map_enabled_after_loads_lists_them_and_follows_frees() {
+    let rt = runtime();
+    let mut progs: Vec<_> = (0..12)
+        .map(|i| {
+            rt.load(
+                &x86_stub::ret_prog(i, 2 + i as usize),
+                &LoadOptions::default(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let path = std::env::temp_dir().join(format!("packjit-test-late-{}.map", std::process::id()));
+    rt.enable_perf_map_at(&path).unwrap();
+    let expect = |progs: &[packjit::Program]| {
+        let mut v: Vec<_> = progs
+            .iter()
+            .map(|p| (p.entry_addr(), p.code_size() as u64, p.name().to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        perf_map(&path),
+        expect(&progs),
+        "programs loaded before are listed"
+    );
+    // Each free rewrites the map from the lines kept since it was enabled or since the load.
+    progs.truncate(5);
+    progs.push(
+        rt.load(&x86_stub::ret_prog(99, 7), &LoadOptions::default())
+            .unwrap(),
+    );
+    drain(&rt);
+    progs.remove(0);
+    drain(&rt);
+    assert_eq!(perf_map(&path), expect(&progs));
+    drop(progs);
+    drain(&rt);
+    assert_eq!(perf_map(&path), vec![]);
+    std::fs::remove_file(&path).unwrap();
+}
