@@ -605,7 +605,8 @@ const PLACEMENTS: [Placement; 5] = [
     Placement::SizeClasses { steps_log2: 3 },
 ];
 
-/// Random loads and frees on small packs (so several packs come and go), checking after
+/// Random loads and frees (alone, or in batches released together) on small packs (so
+/// several packs come and go), checking after
 /// every step what placement must never break: 64-byte alignment, regions inside a pack,
 /// no two live regions overlapping, space handed out reading as traps until written, freed
 /// space reading as traps (or zeroes once its page was given back), live code intact, and
@@ -692,28 +693,48 @@ fn random_churn_keeps_placement_invariants() {
                 a.write(&r, 0, &vec![fill; want]).unwrap();
                 live.insert(start, (r, want, fill));
             } else {
-                let nth = (next() % live.len() as u64) as usize;
-                let key = *live.keys().nth(nth).unwrap();
-                let (r, _, _) = live.remove(&key).unwrap();
-                a.free(&r);
-                // Whatever is left of its pack: trap-filled, or zero where the page went back.
+                // One free, or a batch of up to 8 in one release (as a hook batch retires
+                // them), in random order.
+                let batch = if next() % 4 == 0 { 1 + next() % 8 } else { 1 };
+                let mut freed = Vec::new();
+                for _ in 0..batch.min(live.len() as u64) {
+                    let nth = (next() % live.len() as u64) as usize;
+                    let key = *live.keys().nth(nth).unwrap();
+                    freed.push(live.remove(&key).unwrap().0);
+                }
+                if let [r] = freed[..] {
+                    a.free(&r);
+                } else {
+                    for _ in &freed {
+                        a.expect_release();
+                    }
+                    a.release_after_grace(freed.clone());
+                    assert_eq!(a.reclaim(), 0, "{ctx}: the batch is released");
+                }
+                // Whatever is left of their packs: trap-filled, or zero where the page went
+                // back.
                 let occ = a.occupancy();
-                if let Some(p) = occ.iter().find(|p| {
-                    p.base as u64 <= r.exec_addr
-                        && r.exec_addr < (p.base + p.chunks.len() * CHUNK) as u64
-                }) {
-                    let first = (r.exec_addr as usize - p.base) / CHUNK;
-                    for c in first..first + r.size as usize / CHUNK {
-                        let bytes = a.read_code((p.base + c * CHUNK) as u64, CHUNK).unwrap();
-                        match p.chunks[c] {
-                            ChunkState::TrapFilled => assert!(
-                                bytes.chunks(trap.len()).all(|t| t == trap),
-                                "{ctx}: freed chunk {c} is not trap-filled"
-                            ),
-                            ChunkState::Untouched => {
-                                assert!(bytes.iter().all(|&b| b == 0), "{ctx}: released chunk {c}")
+                for r in freed {
+                    if let Some(p) = occ.iter().find(|p| {
+                        p.base as u64 <= r.exec_addr
+                            && r.exec_addr < (p.base + p.chunks.len() * CHUNK) as u64
+                    }) {
+                        let first = (r.exec_addr as usize - p.base) / CHUNK;
+                        for c in first..first + r.size as usize / CHUNK {
+                            let bytes = a.read_code((p.base + c * CHUNK) as u64, CHUNK).unwrap();
+                            match p.chunks[c] {
+                                ChunkState::TrapFilled => assert!(
+                                    bytes.chunks(trap.len()).all(|t| t == trap),
+                                    "{ctx}: freed chunk {c} is not trap-filled"
+                                ),
+                                ChunkState::Untouched => {
+                                    assert!(
+                                        bytes.iter().all(|&b| b == 0),
+                                        "{ctx}: released chunk {c}"
+                                    )
+                                }
+                                ChunkState::Code => panic!("{ctx}: freed chunk {c} still in use"),
                             }
-                            ChunkState::Code => panic!("{ctx}: freed chunk {c} still in use"),
                         }
                     }
                 }
