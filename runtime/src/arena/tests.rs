@@ -606,11 +606,10 @@ const PLACEMENTS: [Placement; 5] = [
 ];
 
 /// Random loads and frees (alone, or in batches released together) on small packs (so
-/// several packs come and go), checking after
-/// every step what placement must never break: 64-byte alignment, regions inside a pack,
-/// no two live regions overlapping, space handed out reading as traps until written, freed
-/// space reading as traps (or zeroes once its page was given back), live code intact, and
-/// the statistics adding up.
+/// several packs come and go), checking after every step what placement must never break:
+/// 64-byte alignment, regions inside a pack, no two live regions overlapping, space handed
+/// out reading as traps until written, freed space reading as traps (or zeroes once its page
+/// was given back), live code intact, and the statistics adding up.
 #[test]
 fn random_churn_keeps_placement_invariants() {
     let seed = std::env::var("ARENA_CHURN_SEED")
