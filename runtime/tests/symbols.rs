@@ -65,6 +65,16 @@ fn drain(rt: &Runtime) {
     }
 }
 
+/// (start, size, name) of each program, as the perf map should list them, sorted.
+fn expect(progs: &[packjit::Program]) -> Vec<(u64, u64, String)> {
+    let mut v: Vec<_> = progs
+        .iter()
+        .map(|p| (p.entry_addr(), p.code_size() as u64, p.name().to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
 /// (start, size, name) per perf-map line.
 fn perf_map(path: &std::path::Path) -> Vec<(u64, u64, String)> {
     std::fs::read_to_string(path)
@@ -122,14 +132,6 @@ fn names_lookup_and_perf_map_follow_loads_and_frees() {
     }
     assert_eq!(rt.symbolize(0), None);
 
-    let expect = |progs: &[packjit::Program]| {
-        let mut v: Vec<_> = progs
-            .iter()
-            .map(|p| (p.entry_addr(), p.code_size() as u64, p.name().to_string()))
-            .collect();
-        v.sort();
-        v
-    };
     let mut listed = perf_map(&path);
     listed.sort();
     assert_eq!(listed, expect(&progs), "appended lines list every load");
@@ -174,14 +176,6 @@ fn a_perf_map_enabled_after_loads_lists_them_and_follows_frees() {
         .collect();
     let path = std::env::temp_dir().join(format!("packjit-test-late-{}.map", std::process::id()));
     rt.enable_perf_map_at(&path).unwrap();
-    let expect = |progs: &[packjit::Program]| {
-        let mut v: Vec<_> = progs
-            .iter()
-            .map(|p| (p.entry_addr(), p.code_size() as u64, p.name().to_string()))
-            .collect();
-        v.sort();
-        v
-    };
     assert_eq!(
         perf_map(&path),
         expect(&progs),

@@ -774,14 +774,7 @@ impl PackedArena {
     /// Stops moving a program that is being freed and returns the region it occupies now,
     /// which the caller frees (after its grace period).
     pub fn detach_movable(&self, m: &Movable) -> Region {
-        let mut st = self.lock();
-        let region = m.region();
-        if let Ok((pi, chunk)) = Inner::locate(&st, &region) {
-            let a = st.packs[pi].allocs.get_mut(&chunk).expect("located");
-            a.movable = None;
-            a.leaving = true;
-        }
-        region
+        Inner::detach_locked(&mut self.lock(), m)
     }
 
     /// [`detach_movable`](Self::detach_movable) for many programs under one lock (a hook
@@ -789,15 +782,7 @@ impl PackedArena {
     pub(crate) fn detach_movables(&self, ms: &[&Movable]) -> Vec<Region> {
         let mut st = self.lock();
         ms.iter()
-            .map(|m| {
-                let region = m.region();
-                if let Ok((pi, chunk)) = Inner::locate(&st, &region) {
-                    let a = st.packs[pi].allocs.get_mut(&chunk).expect("located");
-                    a.movable = None;
-                    a.leaving = true;
-                }
-                region
-            })
+            .map(|m| Inner::detach_locked(&mut st, m))
             .collect()
     }
 
@@ -1197,6 +1182,18 @@ impl Inner {
         let end_addr = (p.rx as usize + off + bytes.len()).div_ceil(CHUNK) * CHUNK;
         mark_dirty(&mut st.dirty, start, end_addr);
         Ok(())
+    }
+
+    /// See [`PackedArena::detach_movable`]. Moves happen under the same lock, so the region
+    /// read here is where the code stays.
+    fn detach_locked(st: &mut State, m: &Movable) -> Region {
+        let region = m.region();
+        if let Ok((pi, chunk)) = Self::locate(st, &region) {
+            let a = st.packs[pi].allocs.get_mut(&chunk).expect("located");
+            a.movable = None;
+            a.leaving = true;
+        }
+        region
     }
 
     /// Returns regions' chunks, all under one lock (a hook batch retires many at once):
