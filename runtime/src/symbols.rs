@@ -261,10 +261,10 @@ impl Symbols {
     /// Writes the perf map at `path` now and keeps it current from here on.
     pub(crate) fn enable_perf_map(&self, path: PathBuf) -> Result<(), Error> {
         let mut st = self.write();
+        Self::rewrite(&st, &path)?;
         for (&start, e) in st.by_addr.iter_mut() {
             e.perf_line = Some(perf_line(start, e).into());
         }
-        Self::rewrite(&st, &path)?;
         st.perf_map = Some(path);
         Ok(())
     }
