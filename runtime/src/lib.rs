@@ -37,8 +37,8 @@ mod scratch;
 mod symbols;
 
 pub use arena::{
-    ArenaConfig, ArenaStats, ChunkState, Compaction, MapMode, Movable, MoveListener, PackOccupancy,
-    PackedArena, Placement, RemapPolicy,
+    ArenaConfig, ArenaStats, ChunkState, Compaction, MapMode, Movable, MoveListener, MoveWatch,
+    PackOccupancy, PackedArena, Placement, RemapPolicy,
 };
 pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl, PerCpuLookupImpl};
 pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
@@ -122,6 +122,9 @@ pub struct BackendInfo {
 
 struct BackendSlot {
     backend: Arc<dyn JitBackend>,
+    /// The backend's name, shared by every program it compiles (a program may outlive the
+    /// plugin's vtable, and a shared name costs no allocation per load).
+    name: Arc<str>,
     origin: String,
     // Declared after `backend` so the library outlives the vtable wrapper that points into it.
     _library: Option<libloading::Library>,
@@ -144,7 +147,9 @@ pub struct Runtime {
     scratch: Arc<ScratchArena>,
     backends: RwLock<Vec<BackendSlot>>,
     helpers: RwLock<BTreeMap<u32, HelperInfo>>,
-    regions: RwLock<Vec<MemRegion>>,
+    /// Runtime-wide regions, as programs take them: shared by every program loaded without
+    /// regions of its own.
+    regions: RwLock<Arc<[abi::PjMemRegion]>>,
     symbols: Arc<Symbols>,
     next_program_id: AtomicU64,
     builtin_overrides: RwLock<BuiltinOverrides>,
@@ -196,7 +201,7 @@ impl Runtime {
             scratch: Arc::new(ScratchArena::default()),
             backends: RwLock::new(Vec::new()),
             helpers: RwLock::new(BTreeMap::new()),
-            regions: RwLock::new(Vec::new()),
+            regions: RwLock::new(Arc::from([])),
             symbols: Arc::new(Symbols::default()),
             next_program_id: AtomicU64::new(1),
             builtin_overrides: RwLock::new(BuiltinOverrides::default()),
@@ -225,6 +230,7 @@ impl Runtime {
     /// Adds a statically linked backend.
     pub fn add_backend(&self, backend: Arc<dyn JitBackend>) -> Result<BackendInfo, Error> {
         self.add_slot(BackendSlot {
+            name: backend.name().into(),
             backend,
             origin: "static".into(),
             _library: None,
@@ -244,6 +250,7 @@ impl Runtime {
     ) -> Result<BackendInfo, Error> {
         let plugin = loader::load(path.as_ref(), arch)?;
         self.add_slot(BackendSlot {
+            name: plugin.backend.name().into(),
             backend: Arc::new(plugin.backend),
             origin: path.as_ref().display().to_string(),
             _library: Some(plugin.library),
@@ -286,13 +293,14 @@ impl Runtime {
             .collect()
     }
 
-    fn backend_for(&self, arch: Arch) -> Result<Arc<dyn JitBackend>, Error> {
+    /// The backend for `arch`, with its name.
+    fn backend_for(&self, arch: Arch) -> Result<(Arc<dyn JitBackend>, Arc<str>), Error> {
         self.backends
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .find(|b| b.backend.arch() == arch)
-            .map(|b| b.backend.clone())
+            .map(|b| (b.backend.clone(), b.name.clone()))
             .ok_or_else(|| err(ErrorKind::Plugin, format!("no backend loaded for {arch}")))
     }
 
@@ -343,10 +351,10 @@ impl Runtime {
     /// (programs loaded earlier keep the regions they were loaded with). Safe: building a
     /// [`MemRegion`] is where the promise about the memory is made.
     pub fn add_region(&self, region: MemRegion) {
-        self.regions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(region);
+        let mut regions = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        let grown: Vec<abi::PjMemRegion> =
+            regions.iter().copied().chain([region.to_abi()]).collect();
+        *regions = grown.into();
     }
 
     /// Verifies, compiles (sandboxed) and commits one program. Its [`Program::call`] is safe:
@@ -446,7 +454,7 @@ impl Runtime {
     /// What a load for the host architecture gets for the built-in helpers (ids 5 and 8)
     /// now: inline or call, and why (see [`builtins`]). `None` without a host backend.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
-        let backend = self.backend_for(Arch::host()?).ok()?;
+        let (backend, _) = self.backend_for(Arch::host()?).ok()?;
         let (facts, inline) = self.builtin_facts(true);
         let mut table = self.helper_table();
         Some(builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline).0)
@@ -572,7 +580,7 @@ impl Runtime {
                 "unknown host architecture; pass an arch",
             )
         })?;
-        let backend = self.backend_for(arch)?;
+        let (backend, backend_name) = self.backend_for(arch)?;
         let native = Some(arch) == host;
         let supported = backend.supported_features();
         let features = match opts.features {
@@ -636,14 +644,17 @@ impl Runtime {
                 0
             },
         };
-        let regions: Vec<abi::PjMemRegion> = self
+        let shared_regions = self
             .regions
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .chain(&opts.regions)
-            .map(|r| r.to_abi())
-            .collect();
+            .clone();
+        let regions: Arc<[abi::PjMemRegion]> = if opts.regions.is_empty() {
+            shared_regions
+        } else {
+            let own = opts.regions.iter().map(|r| r.to_abi());
+            shared_regions.iter().copied().chain(own).collect()
+        };
         let (mut compiled, owner) = match (&self.arena, native) {
             // A statically linked backend gets the same panic policy as a plugin: a panic
             // while compiling becomes an `ErrorKind::Panic` error, never an unwind into
@@ -663,7 +674,9 @@ impl Runtime {
             None => format!("prog_{id}").into(),
         };
         let executable = matches!(owner, ArenaRef::Packed(_));
-        let pc_offsets = Arc::new(std::mem::take(&mut compiled.pc_offsets));
+        let lines = Arc::new(symbols::Lines::new(std::mem::take(
+            &mut compiled.pc_offsets,
+        )));
         // Only code in the executable arena has addresses a profiler can sample.
         let symbols = executable.then(|| {
             self.symbols.insert(
@@ -671,7 +684,7 @@ impl Runtime {
                 name.clone(),
                 compiled.entry,
                 compiled.code_size as u64,
-                pc_offsets.clone(),
+                lines.clone(),
             );
             self.symbols.clone()
         });
@@ -680,11 +693,11 @@ impl Runtime {
         // the arena contract, just stays where it is.)
         let movable = match (&owner, &symbols) {
             (ArenaRef::Packed(a), Some(syms)) => {
-                let mover = symbols::SymbolMover {
-                    symbols: syms.clone(),
-                    id,
+                let watch = arena::MoveWatch {
+                    listener: syms.clone(),
+                    key: id,
                 };
-                a.make_movable(&compiled.region, compiled.entry, Some(Box::new(mover)))
+                a.make_movable(&compiled.region, compiled.entry, Some(watch))
                     .ok()
             }
             _ => None,
@@ -692,15 +705,15 @@ impl Runtime {
         Ok(Program {
             movable,
             compiled,
-            pc_offsets,
+            lines,
             arch,
             features,
             executable,
             owner,
-            backend: backend.name().to_string(),
+            backend: backend_name,
             trust,
             budget: opts.budget,
-            regions: regions.into(),
+            regions,
             id,
             name,
             symbols,
@@ -822,15 +835,15 @@ type Builtins = (
 
 /// A compiled program. Dropping it frees its code once no thread can be running it.
 pub struct Program {
-    /// What the backend returned, less its line table (in `pc_offsets`).
+    /// What the backend returned, less its line table (in `lines`).
     compiled: Compiled,
     /// The line table, shared with the symbol index rather than copied into it.
-    pc_offsets: Arc<Vec<u32>>,
+    lines: Arc<symbols::Lines>,
     arch: Arch,
     features: u64,
     executable: bool,
     owner: ArenaRef,
-    backend: String,
+    backend: Arc<str>,
     trust: Trust,
     budget: Option<u64>,
     regions: Arc<[abi::PjMemRegion]>,
@@ -946,7 +959,7 @@ impl Program {
     /// entry (`NO_NATIVE_CODE` for the second slot of `lddw`); empty when the backend keeps
     /// none.
     pub fn pc_offsets(&self) -> &[u32] {
-        &self.pc_offsets
+        self.lines.by_pc()
     }
 
     /// The eBPF pc whose native code contains `addr` (an address inside this program's code),
@@ -957,12 +970,7 @@ impl Program {
         if off >= self.compiled.code_size as u64 {
             return None;
         }
-        self.pc_offsets
-            .iter()
-            .enumerate()
-            .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE && u64::from(o) <= off)
-            .max_by_key(|(pc, &o)| (o, *pc))
-            .map(|(pc, _)| pc)
+        self.lines.pc_at(off)
     }
 
     /// Sandboxed or trusted code.

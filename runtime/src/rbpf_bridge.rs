@@ -460,9 +460,7 @@ impl<'a> Core<'a> {
                     .regions
                     .read()
                     .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .map(|r| r.to_abi())
-                    .collect();
+                    .to_vec();
                 regions.extend_from_slice(extra);
                 let env = RawEnv {
                     r1: start,

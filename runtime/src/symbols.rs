@@ -17,7 +17,8 @@
 //! it, which unregisters them.
 
 use crate::{Error, ErrorKind};
-use std::collections::BTreeMap;
+use std::collections::{btree_map, BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
@@ -57,23 +58,33 @@ struct Entry {
 /// A program's line table, kept as the backend returned it and inverted on the first lookup
 /// that needs it rather than at load: every load lists its program, few programs are ever
 /// looked up, and inverting (a filtered copy, a sort) cost a tenth of a small program's load.
-struct Lines {
+/// One allocation shared by the program and its symbol entries.
+pub(crate) struct Lines {
     /// pc → native offset, `NO_NATIVE_CODE` for slots without code (the program's own).
-    by_pc: Arc<Vec<u32>>,
+    by_pc: Vec<u32>,
     /// (native offset, pc) sorted by offset, so a lookup is two binary searches.
     by_offset: OnceLock<Box<[(u32, u32)]>>,
 }
 
 impl Lines {
-    fn new(pc_offsets: Arc<Vec<u32>>) -> Self {
+    pub(crate) fn new(pc_offsets: Vec<u32>) -> Self {
         Lines {
             by_pc: pc_offsets,
             by_offset: OnceLock::new(),
         }
     }
 
+    pub(crate) fn by_pc(&self) -> &[u32] {
+        &self.by_pc
+    }
+
     fn by_offset(&self) -> &[(u32, u32)] {
         self.by_offset.get_or_init(|| invert(&self.by_pc))
+    }
+
+    /// The pc whose code holds native offset `off` (see [`pc_at`]).
+    pub(crate) fn pc_at(&self, off: u64) -> Option<usize> {
+        pc_at(self.by_offset(), off)
     }
 }
 
@@ -105,10 +116,34 @@ struct State {
     by_addr: BTreeMap<u64, Entry>,
     /// Entries per program id: 1, or 2 (rarely more) while the old copy of a moved program
     /// waits for its grace period. Its length is the number of live programs.
-    copies: std::collections::HashMap<u64, u32>,
+    copies: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
     perf_map: Option<PathBuf>,
     /// gdb registrations by entry address, once enabled (see [`crate::gdb_jit`]).
     gdb: Option<std::collections::HashMap<u64, crate::gdb_jit::Registration>>,
+}
+
+/// Hashes program ids, which the runtime hands out in sequence and nobody outside chooses:
+/// one multiply spreads them over the table (SipHash, the default, guards against chosen
+/// keys and was a tenth of a batch release's cost).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        // Fibonacci hashing: the odd constant (2^64 / golden ratio) moves every input bit
+        // into the high bits, which hashbrown reads for its control bytes.
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// The index. Lookups take the read lock; loads and reclamations the write lock.
@@ -172,19 +207,12 @@ impl Symbols {
     }
 
     /// Adds a program whose code starts at `start`.
-    pub(crate) fn insert(
-        &self,
-        id: u64,
-        name: Arc<str>,
-        start: u64,
-        size: u64,
-        pc_offsets: Arc<Vec<u32>>,
-    ) {
+    pub(crate) fn insert(&self, id: u64, name: Arc<str>, start: u64, size: u64, lines: Arc<Lines>) {
         let mut e = Entry {
             id,
             name,
             size,
-            lines: Arc::new(Lines::new(pc_offsets)),
+            lines,
             perf_line: None,
         };
         let mut st = self.write();
@@ -207,10 +235,10 @@ impl Symbols {
         let mut removed = false;
         for &(id, start) in entries {
             // The id check keeps a stale removal from ever taking a newer program's entry.
-            if st.by_addr.get(&start).is_none_or(|e| e.id != id) {
-                continue;
+            match st.by_addr.entry(start) {
+                btree_map::Entry::Occupied(e) if e.get().id == id => drop(e.remove()),
+                _ => continue,
             }
-            st.by_addr.remove(&start);
             if let Some(g) = &mut st.gdb {
                 // Dropping the registration unregisters it.
                 g.remove(&start);
@@ -339,19 +367,14 @@ impl Symbols {
     }
 }
 
-/// Keeps a program's symbol at its code when the arena moves it.
-pub(crate) struct SymbolMover {
-    pub symbols: Arc<Symbols>,
-    pub id: u64,
-}
-
-impl crate::arena::MoveListener for SymbolMover {
-    fn moved(&self, old: u64, new: u64) {
-        self.symbols.relocate(self.id, old, new);
+/// Keeps a program's symbol at its code when the arena moves it (the key is the program id).
+impl crate::arena::MoveListener for Symbols {
+    fn moved(&self, id: u64, old: u64, new: u64) {
+        self.relocate(id, old, new);
     }
 
-    fn released(&self, old: u64) {
-        self.symbols.remove(self.id, old);
+    fn released(&self, id: u64, old: u64) {
+        self.remove(id, old);
     }
 }
 
@@ -375,9 +398,9 @@ mod tests {
             "p".into(),
             0x1000,
             32,
-            Arc::new(vec![0, 4, NO_NATIVE_CODE, 20, 20]),
+            Arc::new(Lines::new(vec![0, 4, NO_NATIVE_CODE, 20, 20])),
         );
-        syms.insert(8, "q".into(), 0x1040, 16, Arc::default());
+        syms.insert(8, "q".into(), 0x1040, 16, Arc::new(Lines::new(Vec::new())));
         let pc = |a| syms.lookup(a).map(|s| (s.id, s.offset, s.pc));
         assert_eq!(pc(0xfff), None);
         assert_eq!(pc(0x1000), Some((7, 0, Some(0))));
@@ -402,7 +425,7 @@ mod tests {
     #[test]
     fn a_moved_program_is_listed_at_both_copies_until_the_old_one_goes() {
         let syms = Symbols::default();
-        syms.insert(3, "p".into(), 0x2000, 64, Arc::new(vec![0, 8]));
+        syms.insert(3, "p".into(), 0x2000, 64, Arc::new(Lines::new(vec![0, 8])));
         syms.relocate(3, 0x2000, 0x9000);
         syms.relocate(4, 0x9000, 0x5000); // wrong id: ignored
         assert_eq!(syms.len(), 1, "one program");

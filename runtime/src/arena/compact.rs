@@ -67,12 +67,26 @@ impl Default for Compaction {
 }
 
 /// Told when a program's code moves (the runtime keeps its symbol index current with it).
+/// One listener serves many programs; each call names the program by the key its
+/// [`MoveWatch`] was given.
 pub trait MoveListener: Send + Sync {
-    /// The code whose entry was at `old` now also runs at `new` (called under the arena lock,
-    /// after the copy is committed and just before callers switch to it).
-    fn moved(&self, old: u64, new: u64);
-    /// The old copy at `old` is about to be released (its grace period is over).
-    fn released(&self, old: u64);
+    /// The code of program `key` whose entry was at `old` now also runs at `new` (called
+    /// under the arena lock, after the copy is committed and just before callers switch to
+    /// it).
+    fn moved(&self, key: u64, old: u64, new: u64);
+    /// The old copy of program `key` at `old` is about to be released (its grace period is
+    /// over).
+    fn released(&self, key: u64, old: u64);
+}
+
+/// Who hears about one program's moves: a shared listener and the key naming the program to
+/// it (a shared listener costs no allocation per program, which a batch release would then
+/// have to free).
+pub struct MoveWatch {
+    /// Told of every move.
+    pub listener: Arc<dyn MoveListener>,
+    /// Passed back with each call.
+    pub key: u64,
 }
 
 /// Where a relocatable program's code is now. Shared by the program and the arena (which
@@ -86,7 +100,7 @@ pub struct Movable {
     /// Entry point offset from the region start.
     entry_off: u64,
     pinned: AtomicBool,
-    listener: Option<Box<dyn MoveListener>>,
+    watch: Option<MoveWatch>,
 }
 
 impl std::fmt::Debug for Movable {
@@ -99,18 +113,14 @@ impl std::fmt::Debug for Movable {
 }
 
 impl Movable {
-    pub(super) fn new(
-        region: &Region,
-        entry: u64,
-        listener: Option<Box<dyn MoveListener>>,
-    ) -> Self {
+    pub(super) fn new(region: &Region, entry: u64, watch: Option<MoveWatch>) -> Self {
         Self {
             exec: AtomicU64::new(region.exec_addr),
             cookie: AtomicU64::new(region.cookie),
             size: region.size,
             entry_off: entry - region.exec_addr,
             pinned: AtomicBool::new(false),
-            listener,
+            watch,
         }
     }
 
@@ -153,8 +163,9 @@ impl Move {
     /// Switches callers to the copy (under the arena lock, after the cache maintenance).
     pub fn publish(&self) {
         let m = &self.movable;
-        if let Some(l) = &m.listener {
-            l.moved(
+        if let Some(w) = &m.watch {
+            w.listener.moved(
+                w.key,
                 self.old.exec_addr + m.entry_off,
                 self.new.exec_addr + m.entry_off,
             );
@@ -165,8 +176,9 @@ impl Move {
 
     /// Tells the listener the old copy goes (run just before its chunks are released).
     pub fn released(movable: &Movable, old: &Region) {
-        if let Some(l) = &movable.listener {
-            l.released(old.exec_addr + movable.entry_off);
+        if let Some(w) = &movable.watch {
+            w.listener
+                .released(w.key, old.exec_addr + movable.entry_off);
         }
     }
 }

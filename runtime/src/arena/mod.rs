@@ -9,11 +9,11 @@ mod compact;
 mod probe;
 mod sys;
 
-pub use compact::{Compaction, Movable, MoveListener};
+pub use compact::{Compaction, Movable, MoveListener, MoveWatch};
 
 use crossbeam_epoch as epoch;
 use packjit_plugin_api::{Arch, CodeArena, CompileError, ErrorKind, Region};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{btree_map, BTreeMap, BTreeSet};
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
@@ -372,6 +372,11 @@ impl Pack {
         let a = addr as usize;
         a >= self.rx as usize && a < self.rx as usize + self.size
     }
+
+    /// Whether `region` claims to lie in this pack (its allocation is checked separately).
+    fn holds(&self, region: &Region) -> bool {
+        self.id == region.cookie && self.contains(region.exec_addr)
+    }
 }
 
 /// One live allocation.
@@ -383,6 +388,13 @@ struct Alloc {
     movable: Option<Arc<Movable>>,
     /// The old copy of a moved program, or a freed program, waiting for its grace period.
     leaving: bool,
+}
+
+impl Alloc {
+    /// Whether `region`, found starting at this allocation, is exactly it.
+    fn is(&self, region: &Region) -> bool {
+        (self.chunks * CHUNK) as u64 == region.size
+    }
 }
 
 /// Whether `n` chunks placed in a free run of `len` leave a remainder smaller than `usable`
@@ -729,7 +741,7 @@ impl PackedArena {
     /// relocatable: compaction may move it from now on (also before its first commit: a move
     /// copies it, and the commit that makes the copy executable covers the original's bytes
     /// too), and the returned handle always holds its current position.
-    /// `listener` is told of every move. Callers run the code only through
+    /// `watch` is told of every move. Callers run the code only through
     /// [`Movable::entry`], loaded after pinning the epoch (see [`epoch_pin`]), and free it
     /// with [`detach_movable`](Self::detach_movable) + a deferred free of the region that
     /// returns.
@@ -737,7 +749,7 @@ impl PackedArena {
         &self,
         region: &Region,
         entry: u64,
-        listener: Option<Box<dyn MoveListener>>,
+        watch: Option<MoveWatch>,
     ) -> Result<Arc<Movable>, CompileError> {
         if entry < region.exec_addr || entry >= region.exec_addr + region.size {
             return Err(arena_err(format!(
@@ -747,7 +759,7 @@ impl PackedArena {
         }
         let mut st = self.lock();
         let (pi, chunk) = Inner::locate(&st, region)?;
-        let m = Arc::new(Movable::new(region, entry, listener));
+        let m = Arc::new(Movable::new(region, entry, watch));
         st.packs[pi]
             .allocs
             .get_mut(&chunk)
@@ -1130,28 +1142,32 @@ impl Inner {
 
     /// Finds the pack and first chunk of a live region, validating it.
     fn locate(st: &State, region: &Region) -> Result<(usize, usize), CompileError> {
-        let pi = st
-            .packs
-            .iter()
-            .position(|p| p.id == region.cookie && p.contains(region.exec_addr))
-            .ok_or_else(|| {
-                arena_err(format!(
-                    "region at {:#x} is not from this arena",
-                    region.exec_addr
-                ))
-            })?;
-        let p = &st.packs[pi];
-        let off = (region.exec_addr - p.rx as u64) as usize;
-        match p.allocs.get(&(off / CHUNK)) {
-            Some(a) if off % CHUNK == 0 && (a.chunks * CHUNK) as u64 == region.size => {}
-            _ => {
-                return Err(arena_err(format!(
-                    "region at {:#x} ({} bytes) is not an allocation of this arena",
-                    region.exec_addr, region.size
-                )))
+        match Self::pack_and_chunk(st, region) {
+            Some((pi, chunk))
+                if st.packs[pi]
+                    .allocs
+                    .get(&chunk)
+                    .is_some_and(|a| a.is(region)) =>
+            {
+                Ok((pi, chunk))
             }
+            _ if !st.packs.iter().any(|p| p.holds(region)) => Err(arena_err(format!(
+                "region at {:#x} is not from this arena",
+                region.exec_addr
+            ))),
+            _ => Err(arena_err(format!(
+                "region at {:#x} ({} bytes) is not an allocation of this arena",
+                region.exec_addr, region.size
+            ))),
         }
-        Ok((pi, off / CHUNK))
+    }
+
+    /// The pack a region lies in and the chunk it starts at, for callers that check the
+    /// allocation in the same map operation that uses it (one search of the pack's map).
+    fn pack_and_chunk(st: &State, region: &Region) -> Option<(usize, usize)> {
+        let pi = st.packs.iter().position(|p| p.holds(region))?;
+        let off = (region.exec_addr - st.packs[pi].rx as u64) as usize;
+        (off % CHUNK == 0).then_some((pi, off / CHUNK))
     }
 
     fn write(&self, region: &Region, offset: usize, bytes: &[u8]) -> Result<(), CompileError> {
@@ -1188,10 +1204,15 @@ impl Inner {
     /// read here is where the code stays.
     fn detach_locked(st: &mut State, m: &Movable) -> Region {
         let region = m.region();
-        if let Ok((pi, chunk)) = Self::locate(st, &region) {
-            let a = st.packs[pi].allocs.get_mut(&chunk).expect("located");
-            a.movable = None;
-            a.leaving = true;
+        if let Some((pi, chunk)) = Self::pack_and_chunk(st, &region) {
+            if let Some(a) = st.packs[pi]
+                .allocs
+                .get_mut(&chunk)
+                .filter(|a| a.is(&region))
+            {
+                a.movable = None;
+                a.leaving = true;
+            }
         }
         region
     }
@@ -1206,14 +1227,17 @@ impl Inner {
         // that neighbours merge.
         let mut runs: Vec<(usize, usize, usize)> = Vec::with_capacity(regions.len());
         for region in regions {
-            let Ok((pi, chunk)) = Self::locate(&st, region) else {
+            let Some((pi, chunk)) = Self::pack_and_chunk(&st, region) else {
                 continue;
             };
-            st.releases += 1;
             let p = &mut st.packs[pi];
-            let n = p.allocs.remove(&chunk).expect("located").chunks;
+            let n = match p.allocs.entry(chunk) {
+                btree_map::Entry::Occupied(a) if a.get().is(region) => a.remove().chunks,
+                _ => continue,
+            };
             p.starts[chunk / 64] &= !(1 << (chunk % 64));
             p.used_chunks -= n;
+            st.releases += 1;
             runs.push((pi, chunk, n));
         }
         runs.sort_unstable();
