@@ -344,6 +344,16 @@ pub fn scale_for(hz: u64) -> PjClockScale {
 pub(crate) struct Facts {
     pub rseq_offset: Option<i64>,
     pub clock: Option<(&'static PjClockScale, u64, &'static str)>,
+    /// Whether the per-CPU lookup may be inlined (its table is built only then).
+    pub percpu_lookup: bool,
+}
+
+/// The built-ins a load's code can call (a `call` naming them, or any `callx`): only those
+/// are prepared for inlining.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Wanted {
+    pub clock: bool,
+    pub percpu_lookup: bool,
 }
 
 /// Adds the built-in entries (ids 5 and 8) the host did not register to `table`, inline
@@ -405,9 +415,11 @@ pub(crate) fn add_builtins(
     let percpu_lookup = if has(table, PJ_HELPER_PERCPU_LOOKUP) {
         PerCpuLookupImpl::Host
     } else {
-        let inline = facts
-            .rseq_offset
-            .filter(|_| allow_inline && inline_kinds & pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP) != 0);
+        let inline = facts.rseq_offset.filter(|_| {
+            facts.percpu_lookup
+                && allow_inline
+                && inline_kinds & pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP) != 0
+        });
         match inline {
             Some(offset) => {
                 let t = percpu_table(offset);

@@ -432,21 +432,23 @@ impl Runtime {
         out
     }
 
-    /// The facts a load decides by. `want_clock` false skips the counter clock (and its
-    /// one-time calibration, up to 20 ms on x86 without CPUID 0x15) for code that cannot
-    /// call it: such a load gets the `clock_gettime` entry, which it never uses.
-    fn builtin_facts(&self, want_clock: bool) -> (builtins::Facts, bool) {
+    /// The facts a load decides by. A built-in not `wanted` is not prepared for inlining: no
+    /// counter clock (and its one-time calibration, up to 20 ms on x86 without CPUID 0x15),
+    /// no per-CPU table (an allocation per program, freed with it). Code that cannot call it
+    /// gets the call entry instead, which it never uses.
+    fn builtin_facts(&self, wanted: builtins::Wanted) -> (builtins::Facts, bool) {
         let o = *self
             .builtin_overrides
             .read()
             .unwrap_or_else(|p| p.into_inner());
         let facts = builtins::Facts {
             rseq_offset: o.rseq.unwrap_or_else(builtins::glibc_rseq_cpu_id_offset),
-            clock: if want_clock {
+            clock: if wanted.clock {
                 o.clock.unwrap_or_else(builtins::counter_clock)
             } else {
                 None
             },
+            percpu_lookup: wanted.percpu_lookup,
         };
         (facts, o.inline)
     }
@@ -455,7 +457,10 @@ impl Runtime {
     /// now: inline or call, and why (see [`builtins`]). `None` without a host backend.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
         let (backend, _) = self.backend_for(Arch::host()?).ok()?;
-        let (facts, inline) = self.builtin_facts(true);
+        let (facts, inline) = self.builtin_facts(builtins::Wanted {
+            clock: true,
+            percpu_lookup: true,
+        });
         let mut table = self.helper_table();
         Some(builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline).0)
     }
@@ -625,8 +630,10 @@ impl Runtime {
         // Inline only native code: the facts (rseq offset, counter scale) are this
         // process's, meaningless in code compiled for another architecture.
         let builtins = with_builtins.then(|| {
-            let want_clock = native && may_call(code, abi::PJ_HELPER_KTIME_GET_NS);
-            let (facts, inline) = self.builtin_facts(want_clock);
+            let (facts, inline) = self.builtin_facts(builtins::Wanted {
+                clock: native && may_call(code, abi::PJ_HELPER_KTIME_GET_NS),
+                percpu_lookup: native && may_call(code, abi::PJ_HELPER_PERCPU_LOOKUP),
+            });
             builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline && native)
         });
         let (builtins, percpu_table) = match builtins {
@@ -719,8 +726,13 @@ impl Runtime {
             symbols,
             code_release: CodeRelease::AfterOwnGrace,
             elf: None,
-            builtins: (builtins.is_some() || percpu_insn_table.is_some())
-                .then(|| Box::new((builtins, percpu_table, percpu_insn_table))),
+            builtins,
+            _percpu_tables: (percpu_table.is_some() || percpu_insn_table.is_some()).then(|| {
+                Box::new(PerCpuTables {
+                    _lookup: percpu_table,
+                    _percpu_insn: percpu_insn_table,
+                })
+            }),
         })
     }
 
@@ -823,15 +835,14 @@ enum ArenaRef {
     Scratch(Arc<ScratchArena>),
 }
 
-/// A program's built-in helper choice and the per-CPU table its inlined lookup reads (as
-/// `PjPerCpuTable` + arrays in `u64` words; it lives exactly as long as the code).
-/// The built-in choice (`None`: loaded without built-ins), the lookup's per-CPU table and
-/// the per-CPU mov's table.
-type Builtins = (
-    Option<BuiltinChoice>,
-    Option<Box<[u64]>>,
-    Option<Box<[u64]>>,
-);
+/// The per-CPU tables a program's code reads (each a `PjPerCpuTable` + arrays, in `u64`
+/// words): they live exactly as long as the code.
+struct PerCpuTables {
+    /// The inlined per-CPU lookup's.
+    _lookup: Option<Box<[u64]>>,
+    /// The per-CPU mov's ([`LoadOptions::percpu_insn`]).
+    _percpu_insn: Option<Box<[u64]>>,
+}
 
 /// A compiled program. Dropping it frees its code once no thread can be running it.
 pub struct Program {
@@ -860,9 +871,11 @@ pub struct Program {
     // lives exactly as long as the code can run (see elf.rs).
     elf: Option<Box<elf::Linked>>,
     /// What the built-in helpers became in this program (`None`: loaded without them).
-    /// Boxed: most programs are small handles (the rbpf bridge keeps one inline in an enum).
-    /// With the per-CPU table the inlined lookup reads (it lives as long as the code).
-    builtins: Option<Box<Builtins>>,
+    /// Inline: boxing it cost an allocation per load and a free per release.
+    builtins: Option<BuiltinChoice>,
+    /// Boxed: only programs that can call the per-CPU lookup, or use the per-CPU mov, have
+    /// any.
+    _percpu_tables: Option<Box<PerCpuTables>>,
 }
 
 impl std::fmt::Debug for Program {
@@ -1156,9 +1169,10 @@ impl Program {
     /// How the built-in helpers (`bpf_get_smp_processor_id`, `bpf_ktime_get_ns`) are carried
     /// out in this program: inlined or called (see [`builtins`]). `None` for programs loaded
     /// without them (the rbpf bridge). Code that cannot call helper 5 (no `call 5`, no
-    /// `callx`) reports the clock as a call: the counter is not calibrated for it.
+    /// `callx`) reports the clock as a call: the counter is not calibrated for it. Likewise
+    /// the per-CPU lookup, whose table is not built for code that cannot call it.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
-        self.builtins.as_deref().and_then(|(b, _, _)| *b)
+        self.builtins
     }
 
     /// Name of the backend that compiled it.

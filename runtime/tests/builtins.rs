@@ -10,7 +10,9 @@
 mod host;
 
 use packjit::builtins::{glibc_rseq_cpu_id_offset, measure_counter_hz};
-use packjit::{ClockImpl, CpuIdImpl, LoadOptions, MemRegion, Program, RegionAccess, Runtime};
+use packjit::{
+    ClockImpl, CpuIdImpl, LoadOptions, MemRegion, PerCpuLookupImpl, Program, RegionAccess, Runtime,
+};
 use packjit_interp::hw;
 use packjit_plugin_api::{HelperEntry, PJ_INLINE_RSEQ_CPU_ID};
 use std::cell::UnsafeCell;
@@ -140,7 +142,13 @@ fn the_runtime_reports_its_choice_and_glibc_rseq_decides_it() {
     assert_eq!(p.builtins().unwrap().clock, ClockImpl::CallClockGettime);
     let clock = prog(&[insn(CALL, 0, 0, 5), EXIT]);
     let c = rt.load(&clock, &LoadOptions::default()).unwrap();
-    assert_eq!(c.builtins(), Some(choice));
+    let got = c.builtins().unwrap();
+    assert_eq!((got.cpu_id, got.clock), (choice.cpu_id, choice.clock));
+    // Neither can call the per-CPU lookup: no table is built for them, call entry.
+    for q in [&p, &c] {
+        let lookup = q.builtins().unwrap().percpu_lookup;
+        assert_eq!(lookup, PerCpuLookupImpl::CallSchedGetcpu);
+    }
     rt.set_inline_builtins(false);
     let q = rt.load(&cpu_id_prog(), &LoadOptions::default()).unwrap();
     assert_eq!(q.builtins().unwrap().cpu_id, CpuIdImpl::CallSchedGetcpu);
@@ -361,7 +369,6 @@ fn the_clock_is_monotonic_nanoseconds_on_clock_monotonic_time_line() {
 /// array is an ordinary region), inlined and called, and the interpreter agrees.
 #[test]
 fn per_cpu_array_lookup_inlined_and_called() {
-    use packjit::PerCpuLookupImpl;
     use packjit_plugin_api::PJ_HELPER_PERCPU_LOOKUP;
     let rt = runtime();
     const SLOT: usize = 64;
