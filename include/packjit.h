@@ -1317,7 +1317,9 @@ int32_t packjit_program_info(const struct PackjitProgram *prog, struct PackjitPr
 
 /**
  * What the built-in helpers (ids 5 and 8) became in `prog`: inlined, called, or the
- * host's own helper (`PACKJIT_BUILTIN_*`).
+ * host's own helper (`PACKJIT_BUILTIN_*`). Code that cannot call the clock or the per-CPU
+ * lookup (no `call` naming it, no `callx`) reports it as called: nothing was prepared to
+ * inline it.
  *
  * # Safety
  * `prog` NULL or live; `out` NULL or a `PackjitBuiltins` with `struct_size` set.
