@@ -82,7 +82,8 @@ impl Lines {
         self.by_offset.get_or_init(|| invert(&self.by_pc))
     }
 
-    /// The pc whose code holds native offset `off` (see [`pc_at`]).
+    /// The pc whose code holds native offset `off`: the instruction with the greatest start
+    /// at or below it (code after the last instruction, shared stubs, maps to the last).
     pub(crate) fn pc_at(&self, off: u64) -> Option<usize> {
         pc_at(self.by_offset(), off)
     }
@@ -98,8 +99,8 @@ fn invert(pc_offsets: &[u32]) -> Box<[(u32, u32)]> {
             .filter(|(_, &o)| o != packjit_plugin_api::NO_NATIVE_CODE)
             .map(|(pc, &o)| (o, pc as u32)),
     );
-    // Equal offsets (an instruction that emitted nothing): the later pc owns the code, as in
-    // `Program::pc_at`. (Backends emit in pc order; the sort finds a sorted table in one pass.)
+    // Equal offsets (an instruction that emitted nothing): the later pc owns the code.
+    // (Backends emit in pc order; the sort finds a sorted table in one pass.)
     v.sort_unstable();
     v.into_boxed_slice()
 }
@@ -124,7 +125,7 @@ struct State {
 
 /// Hashes program ids, which the runtime hands out in sequence and nobody outside chooses:
 /// one multiply spreads them over the table (SipHash, the default, guards against chosen
-/// keys and was a tenth of a batch release's cost).
+/// keys, and cost a batch release about 3% of its instructions).
 #[derive(Default)]
 struct IdHasher(u64);
 
@@ -134,6 +135,7 @@ impl std::hash::Hasher for IdHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
+        // Ids arrive through `write_u64`; anything else is folded in a byte at a time.
         for &b in bytes {
             self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
         }

@@ -392,7 +392,7 @@ struct Alloc {
 
 impl Alloc {
     /// Whether `region`, found starting at this allocation, is exactly it.
-    fn is(&self, region: &Region) -> bool {
+    fn matches(&self, region: &Region) -> bool {
         (self.chunks * CHUNK) as u64 == region.size
     }
 }
@@ -1147,7 +1147,7 @@ impl Inner {
                 if st.packs[pi]
                     .allocs
                     .get(&chunk)
-                    .is_some_and(|a| a.is(region)) =>
+                    .is_some_and(|a| a.matches(region)) =>
             {
                 Ok((pi, chunk))
             }
@@ -1208,7 +1208,7 @@ impl Inner {
             if let Some(a) = st.packs[pi]
                 .allocs
                 .get_mut(&chunk)
-                .filter(|a| a.is(&region))
+                .filter(|a| a.matches(&region))
             {
                 a.movable = None;
                 a.leaving = true;
@@ -1232,7 +1232,7 @@ impl Inner {
             };
             let p = &mut st.packs[pi];
             let n = match p.allocs.entry(chunk) {
-                btree_map::Entry::Occupied(a) if a.get().is(region) => a.remove().chunks,
+                btree_map::Entry::Occupied(a) if a.get().matches(region) => a.remove().chunks,
                 _ => continue,
             };
             p.starts[chunk / 64] &= !(1 << (chunk % 64));
