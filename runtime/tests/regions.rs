@@ -22,7 +22,7 @@ fn read_at(addr: *const u64) -> Vec<u8> {
 
 fn region(word: &u64) -> MemRegion {
     // SAFETY: the word is a live `Box` of the test, read-only to programs, and outlives
-    // every program given the region (they are dropped before it).
+    // every program given the region (declared after the boxes, they are dropped first).
     unsafe { MemRegion::new(word as *const u64 as *const u8, 8, RegionAccess::ReadOnly) }
 }
 
@@ -56,15 +56,22 @@ fn programs_keep_the_runtime_regions_of_their_load_and_add_their_own() {
     assert_eq!(reads(&before), Err(ErrorKind::OutOfBounds));
     assert_eq!(reads(&after), Ok(0x1111));
     assert_eq!(reads(&own_b_reads_b), Ok(0x2222));
-    assert_eq!(reads(&own_b_reads_a), Ok(0x1111), "the runtime's regions too");
+    assert_eq!(
+        reads(&own_b_reads_a),
+        Ok(0x1111),
+        "the runtime's regions too"
+    );
     assert_eq!(reads(&after_reads_b), Err(ErrorKind::OutOfBounds));
     assert_eq!(reads(&last_reads_b), Ok(0x2222));
-    let counts: Vec<usize> = [&before, &after, &own_b_reads_b, &after_reads_b, &last_reads_b]
-        .iter()
-        .map(|p| p.regions().len())
-        .collect();
+    let counts: Vec<usize> = [
+        &before,
+        &after,
+        &own_b_reads_b,
+        &after_reads_b,
+        &last_reads_b,
+    ]
+    .iter()
+    .map(|p| p.regions().len())
+    .collect();
     assert_eq!(counts, [0, 1, 2, 1, 2]);
-
-    drop((before, after, own_b_reads_b, own_b_reads_a, after_reads_b, last_reads_b));
-    drop(rt);
 }
