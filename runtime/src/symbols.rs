@@ -115,9 +115,12 @@ struct State {
     /// Entry address → program. Programs never overlap (each owns its arena chunks), so the
     /// greatest start ≤ addr is the only candidate: one O(log n) descent per lookup.
     by_addr: BTreeMap<u64, Entry>,
-    /// Entries per program id: 1, or 2 (rarely more) while the old copy of a moved program
-    /// waits for its grace period. Its length is the number of live programs.
-    copies: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
+    /// Programs listed, each once however many copies it has.
+    programs: usize,
+    /// Entries beyond the first, per program id: only a moved program whose old copy waits
+    /// for its grace period has any, so an unmoved program's load and release never touch
+    /// this map.
+    extra_copies: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
     perf_map: Option<PathBuf>,
     /// gdb registrations by entry address, once enabled (see [`crate::gdb_jit`]).
     gdb: Option<std::collections::HashMap<u64, crate::gdb_jit::Registration>>,
@@ -222,7 +225,7 @@ impl Symbols {
         st.append_perf_line(start, &mut e);
         st.gdb_register(start, &e);
         st.by_addr.insert(start, e);
-        *st.copies.entry(id).or_default() += 1;
+        st.programs += 1;
     }
 
     /// Removes program `id` at `start` (its code is about to be reclaimed).
@@ -245,11 +248,10 @@ impl Symbols {
                 // Dropping the registration unregisters it.
                 g.remove(&start);
             }
-            if let Some(n) = st.copies.get_mut(&id) {
-                *n -= 1;
-                if *n == 0 {
-                    st.copies.remove(&id);
-                }
+            match st.extra_copies.get_mut(&id) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => drop(st.extra_copies.remove(&id)),
+                None => st.programs -= 1,
             }
             removed = true;
         }
@@ -270,7 +272,7 @@ impl Symbols {
         st.append_perf_line(new, &mut e);
         st.gdb_register(new, &e);
         st.by_addr.insert(new, e);
-        *st.copies.entry(id).or_default() += 1;
+        *st.extra_copies.entry(id).or_default() += 1;
     }
 
     fn rewrite(st: &State, path: &Path) -> Result<(), Error> {
@@ -365,7 +367,7 @@ impl Symbols {
 
     /// Live programs (a moved program whose old copy is not reclaimed yet counts once).
     pub(crate) fn len(&self) -> usize {
-        self.read().copies.len()
+        self.read().programs
     }
 }
 
