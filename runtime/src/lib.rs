@@ -676,23 +676,16 @@ impl Runtime {
             ),
         };
         let id = self.next_program_id.fetch_add(1, Relaxed);
-        let name: Arc<str> = match &opts.name {
-            Some(n) => n.as_str().into(),
-            None => format!("prog_{id}").into(),
-        };
         let executable = matches!(owner, ArenaRef::Packed(_));
-        let lines = Arc::new(symbols::Lines::new(std::mem::take(
-            &mut compiled.pc_offsets,
-        )));
+        let symbol = Arc::new(symbols::ProgramSymbol::new(
+            id,
+            opts.name.as_deref(),
+            std::mem::take(&mut compiled.pc_offsets),
+        ));
         // Only code in the executable arena has addresses a profiler can sample.
         let symbols = executable.then(|| {
-            self.symbols.insert(
-                id,
-                name.clone(),
-                compiled.entry,
-                compiled.code_size as u64,
-                lines.clone(),
-            );
+            self.symbols
+                .insert(symbol.clone(), compiled.entry, compiled.code_size as u64);
             self.symbols.clone()
         });
         // Arena code may be moved by compaction (images are position-independent); its
@@ -712,7 +705,7 @@ impl Runtime {
         Ok(Program {
             movable,
             compiled,
-            lines,
+            symbol,
             arch,
             features,
             executable,
@@ -722,7 +715,6 @@ impl Runtime {
             budget: opts.budget,
             regions,
             id,
-            name,
             symbols,
             code_release: CodeRelease::AfterOwnGrace,
             elf: None,
@@ -846,10 +838,10 @@ struct PerCpuTables {
 
 /// A compiled program. Dropping it frees its code once no thread can be running it.
 pub struct Program {
-    /// What the backend returned, less its line table (in `lines`).
+    /// What the backend returned, less its line table (in `symbol`).
     compiled: Compiled,
-    /// The line table, shared with the symbol index rather than copied into it.
-    lines: Arc<symbols::Lines>,
+    /// Name and line table, shared with the symbol index rather than copied into it.
+    symbol: Arc<symbols::ProgramSymbol>,
     arch: Arch,
     features: u64,
     executable: bool,
@@ -859,7 +851,6 @@ pub struct Program {
     budget: Option<u64>,
     regions: Arc<[abi::PjMemRegion]>,
     id: u64,
-    name: Arc<str>,
     /// Where the code is now, for arena code (compaction may move it; see
     /// [`PackedArena::make_movable`]). `compiled.entry`/`region` are where it was placed.
     movable: Option<Arc<arena::Movable>>,
@@ -882,7 +873,7 @@ impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Program")
             .field("id", &self.id)
-            .field("name", &self.name)
+            .field("name", &self.name())
             .field("arch", &self.arch)
             .field("backend", &self.backend)
             .field("entry", &format_args!("{:#x}", self.entry_now()))
@@ -972,7 +963,7 @@ impl Program {
     /// entry (`NO_NATIVE_CODE` for the second slot of `lddw`); empty when the backend keeps
     /// none.
     pub fn pc_offsets(&self) -> &[u32] {
-        self.lines.by_pc()
+        self.symbol.by_pc()
     }
 
     /// The eBPF pc whose native code contains `addr` (an address inside this program's code),
@@ -983,7 +974,7 @@ impl Program {
         if off >= self.compiled.code_size as u64 {
             return None;
         }
-        self.lines.pc_at(off)
+        self.symbol.pc_at(off)
     }
 
     /// Sandboxed or trusted code.
@@ -1075,7 +1066,7 @@ impl Program {
 
     /// Name (for symbols and the perf map).
     pub fn name(&self) -> &str {
-        &self.name
+        self.symbol.name()
     }
 
     /// Counts the program as a pending free from the moment a hook retires it (so

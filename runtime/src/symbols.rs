@@ -44,34 +44,54 @@ pub struct SymbolInfo {
 
 #[derive(Clone)]
 struct Entry {
-    id: u64,
-    name: Arc<str>,
     size: u64,
-    /// Shared, so that a moved program's second entry (old and new copy, listed together
-    /// until the old one is reclaimed) costs no copy of the table.
-    lines: Arc<Lines>,
+    /// Shared with the program, so that listing it copies neither name nor line table, and a
+    /// moved program's second entry (old and new copy, listed together until the old one is
+    /// reclaimed) costs no copy either.
+    symbol: Arc<ProgramSymbol>,
     /// Its perf map line, while the map is on: formatted once, since every release rewrites
     /// the whole map (formatting was 80% of a rewrite's cost).
     perf_line: Option<Box<str>>,
 }
 
-/// A program's line table, kept as the backend returned it and inverted on the first lookup
-/// that needs it rather than at load: every load lists its program, few programs are ever
-/// looked up, and inverting (a filtered copy, a sort) cost a tenth of a small program's load.
-/// One allocation shared by the program and its symbol entries.
-pub(crate) struct Lines {
+impl Entry {
+    fn id(&self) -> u64 {
+        self.symbol.id
+    }
+}
+
+/// What a program and its symbol entries share, in one allocation: its id, its name and its
+/// line table.
+///
+/// A name the host did not give (`prog_<id>`) is formatted on first use, not at load: most
+/// programs are never named by anyone (no lookup, no perf map, no gdb), and formatting and
+/// allocating it cost a load and a release each about a twentieth of their instructions.
+///
+/// The line table is kept as the backend returned it and inverted on the first lookup that
+/// needs it rather than at load: every load lists its program, few programs are ever looked
+/// up, and inverting (a filtered copy, a sort) cost a tenth of a small program's load.
+pub(crate) struct ProgramSymbol {
+    id: u64,
+    name: OnceLock<Arc<str>>,
     /// pc → native offset, `NO_NATIVE_CODE` for slots without code (the program's own).
     by_pc: Vec<u32>,
     /// (native offset, pc) sorted by offset, so a lookup is two binary searches.
     by_offset: OnceLock<Box<[(u32, u32)]>>,
 }
 
-impl Lines {
-    pub(crate) fn new(pc_offsets: Vec<u32>) -> Self {
-        Lines {
+impl ProgramSymbol {
+    /// Program `id`, named `name` (`None`: the default name), with its line table.
+    pub(crate) fn new(id: u64, name: Option<&str>, pc_offsets: Vec<u32>) -> Self {
+        ProgramSymbol {
+            id,
+            name: name.map(Arc::from).map(OnceLock::from).unwrap_or_default(),
             by_pc: pc_offsets,
             by_offset: OnceLock::new(),
         }
+    }
+
+    pub(crate) fn name(&self) -> &Arc<str> {
+        self.name.get_or_init(|| format!("prog_{}", self.id).into())
     }
 
     pub(crate) fn by_pc(&self) -> &[u32] {
@@ -168,7 +188,8 @@ fn perf_line(start: u64, e: &Entry) -> String {
     // perf splits on the first two spaces only; names with spaces or newlines would still
     // corrupt the line structure, so replace the latter.
     let name: String = e
-        .name
+        .symbol
+        .name()
         .chars()
         .map(|c| if c == '\n' || c == '\r' { '_' } else { c })
         .collect();
@@ -195,7 +216,7 @@ impl State {
         if let Some(g) = &mut self.gdb {
             g.insert(
                 start,
-                crate::gdb_jit::register(&e.name, start, e.size, e.lines.by_offset()),
+                crate::gdb_jit::register(e.symbol.name(), start, e.size, e.symbol.by_offset()),
             );
         }
     }
@@ -212,12 +233,10 @@ impl Symbols {
     }
 
     /// Adds a program whose code starts at `start`.
-    pub(crate) fn insert(&self, id: u64, name: Arc<str>, start: u64, size: u64, lines: Arc<Lines>) {
+    pub(crate) fn insert(&self, symbol: Arc<ProgramSymbol>, start: u64, size: u64) {
         let mut e = Entry {
-            id,
-            name,
             size,
-            lines,
+            symbol,
             perf_line: None,
         };
         let mut st = self.write();
@@ -241,7 +260,7 @@ impl Symbols {
         for &(id, start) in entries {
             // The id check keeps a stale removal from ever taking a newer program's entry.
             match st.by_addr.entry(start) {
-                btree_map::Entry::Occupied(e) if e.get().id == id => drop(e.remove()),
+                btree_map::Entry::Occupied(e) if e.get().id() == id => drop(e.remove()),
                 _ => continue,
             }
             if let Some(g) = &mut st.gdb {
@@ -266,7 +285,7 @@ impl Symbols {
     /// listed until it is reclaimed, since threads may still be finishing there).
     pub(crate) fn relocate(&self, id: u64, old: u64, new: u64) {
         let mut st = self.write();
-        let Some(mut e) = st.by_addr.get(&old).filter(|e| e.id == id).cloned() else {
+        let Some(mut e) = st.by_addr.get(&old).filter(|e| e.id() == id).cloned() else {
             return;
         };
         st.append_perf_line(new, &mut e);
@@ -340,12 +359,12 @@ impl Symbols {
         let st = self.read();
         let (&start, e) = st.by_addr.range(..=addr).next_back()?;
         (addr - start < e.size).then(|| SymbolInfo {
-            id: e.id,
-            name: e.name.clone(),
+            id: e.id(),
+            name: e.symbol.name().clone(),
             start,
             size: e.size,
             offset: addr - start,
-            pc: pc_at(e.lines.by_offset(), addr - start),
+            pc: e.symbol.pc_at(addr - start),
         })
     }
 
@@ -355,8 +374,8 @@ impl Symbols {
             .by_addr
             .iter()
             .map(|(&start, e)| SymbolInfo {
-                id: e.id,
-                name: e.name.clone(),
+                id: e.id(),
+                name: e.symbol.name().clone(),
                 start,
                 size: e.size,
                 offset: 0,
@@ -392,19 +411,18 @@ mod tests {
     use super::*;
     use packjit_plugin_api::NO_NATIVE_CODE;
 
+    fn symbol(id: u64, name: Option<&str>, lines: Vec<u32>) -> Arc<ProgramSymbol> {
+        Arc::new(ProgramSymbol::new(id, name, lines))
+    }
+
     #[test]
     fn lookups_find_program_offset_and_pc() {
         let syms = Symbols::default();
         // pc 0 at 0, pc 1 (lddw) at 4, pc 2 its second slot, pc 3 emitted nothing (same
         // offset as pc 4), pc 4 at 20, code 32 bytes.
-        syms.insert(
-            7,
-            "p".into(),
-            0x1000,
-            32,
-            Arc::new(Lines::new(vec![0, 4, NO_NATIVE_CODE, 20, 20])),
-        );
-        syms.insert(8, "q".into(), 0x1040, 16, Arc::new(Lines::new(Vec::new())));
+        let lines = vec![0, 4, NO_NATIVE_CODE, 20, 20];
+        syms.insert(symbol(7, Some("p"), lines), 0x1000, 32);
+        syms.insert(symbol(8, None, Vec::new()), 0x1040, 16);
         let pc = |a| syms.lookup(a).map(|s| (s.id, s.offset, s.pc));
         assert_eq!(pc(0xfff), None);
         assert_eq!(pc(0x1000), Some((7, 0, Some(0))));
@@ -419,6 +437,9 @@ mod tests {
         assert_eq!(pc(0x101f), Some((7, 0x1f, Some(4))));
         assert_eq!(pc(0x1020), None, "padding after the code");
         assert_eq!(pc(0x1040), Some((8, 0, None)), "no line table");
+        let name = |a| syms.lookup(a).map(|s| s.name.to_string());
+        assert_eq!(name(0x1000).as_deref(), Some("p"), "the name given");
+        assert_eq!(name(0x1040).as_deref(), Some("prog_8"), "the default name");
         syms.remove(7, 0x1000);
         assert_eq!(pc(0x1000), None);
         syms.remove(7, 0x1040);
@@ -429,7 +450,7 @@ mod tests {
     #[test]
     fn a_moved_program_is_listed_at_both_copies_until_the_old_one_goes() {
         let syms = Symbols::default();
-        syms.insert(3, "p".into(), 0x2000, 64, Arc::new(Lines::new(vec![0, 8])));
+        syms.insert(symbol(3, Some("p"), vec![0, 8]), 0x2000, 64);
         syms.relocate(3, 0x2000, 0x9000);
         syms.relocate(4, 0x9000, 0x5000); // wrong id: ignored
         assert_eq!(syms.len(), 1, "one program");
