@@ -31,6 +31,7 @@ pub mod elf;
 mod exec;
 pub mod gdb_jit;
 mod hook;
+mod id_map;
 mod loader;
 pub mod rbpf_bridge;
 mod scratch;

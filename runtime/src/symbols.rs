@@ -16,9 +16,9 @@
 //! when the index itself goes (the runtime and all its programs are gone) are dropped with
 //! it, which unregisters them.
 
+use crate::id_map::IdMap;
 use crate::{Error, ErrorKind};
-use std::collections::{btree_map, BTreeMap, HashMap};
-use std::hash::BuildHasherDefault;
+use std::collections::{btree_map, BTreeMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
@@ -140,35 +140,10 @@ struct State {
     /// Entries beyond the first, per program id: only a moved program whose old copy waits
     /// for its grace period has any, so an unmoved program's load and release never touch
     /// this map.
-    extra_copies: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
+    extra_copies: IdMap<u64, u32>,
     perf_map: Option<PathBuf>,
     /// gdb registrations by entry address, once enabled (see [`crate::gdb_jit`]).
     gdb: Option<std::collections::HashMap<u64, crate::gdb_jit::Registration>>,
-}
-
-/// Hashes program ids, which the runtime hands out in sequence and nobody outside chooses:
-/// one multiply spreads them over the table (SipHash, the default, guards against chosen
-/// keys, and cost a batch release about 3% of its instructions).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Ids arrive through `write_u64`; anything else is folded in a byte at a time.
-        for &b in bytes {
-            self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
-        }
-    }
-
-    fn write_u64(&mut self, id: u64) {
-        // Fibonacci hashing: the odd constant (2^64 / golden ratio) moves every input bit
-        // into the high bits, which hashbrown reads for its control bytes.
-        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
 }
 
 /// The index. Lookups take the read lock; loads and reclamations the write lock.

@@ -204,11 +204,9 @@ fn boundary(p: &Pack, start: usize, len: usize, up: bool) -> Option<usize> {
     let mut at = if up { start + len } else { start };
     for _ in 0..WALK {
         let (c, a) = if up {
-            let (&c, a) = p.allocs.range(at..).next()?;
-            (c, a)
+            p.alloc_from(at)?
         } else {
-            let (&c, a) = p.allocs.range(..at).next_back()?;
-            (c, a)
+            p.alloc_below(at)?
         };
         // Only allocations touching the run (or a leaving one that touches it) count: past a
         // free run the walk would pick a program whose best hole could be that very run,
@@ -385,11 +383,12 @@ fn evacuate(
         );
     }
     holes.sort_unstable();
-    let mut programs: Vec<(usize, usize)> = packs[qi]
-        .allocs
-        .range(lo..hi)
+    let q = &packs[qi];
+    let mut programs: Vec<(usize, usize)> = q
+        .alloc_starts(lo, hi)
+        .map(|c| (c, &q.allocs[&c]))
         .filter(|(_, a)| !a.leaving)
-        .map(|(&c, a)| (a.chunks, c))
+        .map(|(c, a)| (a.chunks, c))
         .collect();
     programs.sort_unstable_by(|a, b| b.cmp(a));
     let mut plan = Vec::with_capacity(programs.len());
@@ -434,7 +433,8 @@ fn segments(q: &Pack, widest_hole: usize, segs: &mut Vec<Segment>) {
     };
     segs.clear();
     let mut runs = q.free_by_start.iter().peekable();
-    for (&start, a) in &q.allocs {
+    for start in q.alloc_starts(0, q.chunks()) {
+        let a = &q.allocs[&start];
         while let Some(run) = runs.next_if(|(&r, _)| r < start) {
             segs.push(free(run));
         }

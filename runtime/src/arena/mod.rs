@@ -11,9 +11,10 @@ mod sys;
 
 pub use compact::{Compaction, Movable, MoveListener, MoveWatch};
 
+use crate::id_map::IdMap;
 use crossbeam_epoch as epoch;
 use packjit_plugin_api::{Arch, CodeArena, CompileError, ErrorKind, Region};
-use std::collections::{btree_map, BTreeMap, BTreeSet};
+use std::collections::{hash_map, BTreeMap, BTreeSet};
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
@@ -200,8 +201,11 @@ struct Pack {
     starts: Vec<u64>,
     used_chunks: usize,
     /// Live allocations by first chunk (including old copies of moved programs until their
-    /// grace period ends).
-    allocs: BTreeMap<usize, Alloc>,
+    /// grace period ends). Hashed: a load and a release each find one allocation, which an
+    /// ordered map made a descent and, on removal, a shift of its leaf (a fifth of a batch
+    /// release's instructions). What needs them in order (compaction) walks `starts`,
+    /// which has a bit set exactly where this map has a key.
+    allocs: IdMap<usize, Alloc>,
     /// Toggle mode: the pack holds committed code and is RX; never written again.
     sealed: bool,
     /// Pages already trap-filled (and so resident), one flag per page.
@@ -241,6 +245,50 @@ impl Pack {
             i += span;
         }
         true
+    }
+
+    /// The allocations starting in chunks `[lo, hi)`, in address order: their first chunks,
+    /// read off `starts` a word at a time.
+    fn alloc_starts(&self, lo: usize, hi: usize) -> impl Iterator<Item = usize> + '_ {
+        let hi = hi.min(self.chunks());
+        let mut i = lo;
+        std::iter::from_fn(move || {
+            while i < hi {
+                let word = self.starts[i / 64] >> (i % 64);
+                if word == 0 {
+                    i = (i / 64 + 1) * 64;
+                    continue;
+                }
+                let c = i + word.trailing_zeros() as usize;
+                i = c + 1;
+                return (c < hi).then_some(c);
+            }
+            None
+        })
+    }
+
+    /// The first allocation starting at or above chunk `at`.
+    fn alloc_from(&self, at: usize) -> Option<(usize, &Alloc)> {
+        let c = self.alloc_starts(at, self.chunks()).next()?;
+        Some((c, &self.allocs[&c]))
+    }
+
+    /// The last allocation starting below chunk `at`.
+    fn alloc_below(&self, at: usize) -> Option<(usize, &Alloc)> {
+        let mut w = at / 64;
+        // Bits below `at` in its own word, then whole words downwards.
+        let mut word = self
+            .starts
+            .get(w)
+            .map_or(0, |&x| x & ((1u64 << (at % 64)) - 1));
+        loop {
+            if word != 0 {
+                let c = w * 64 + 63 - word.leading_zeros() as usize;
+                return Some((c, &self.allocs[&c]));
+            }
+            w = w.checked_sub(1)?;
+            word = self.starts[w];
+        }
     }
 
     fn set_range(&mut self, start: usize, n: usize, on: bool) {
@@ -1039,7 +1087,7 @@ impl Inner {
             bitmap: vec![0; chunks.div_ceil(64)],
             starts: vec![0; chunks.div_ceil(64)],
             used_chunks: 0,
-            allocs: BTreeMap::new(),
+            allocs: IdMap::default(),
             sealed: false,
             filled_pages: vec![false; size / page],
             idle_pages: 0,
@@ -1232,7 +1280,7 @@ impl Inner {
             };
             let p = &mut st.packs[pi];
             let n = match p.allocs.entry(chunk) {
-                btree_map::Entry::Occupied(a) if a.get().matches(region) => a.remove().chunks,
+                hash_map::Entry::Occupied(a) if a.get().matches(region) => a.remove().chunks,
                 _ => continue,
             };
             p.starts[chunk / 64] &= !(1 << (chunk % 64));

@@ -1462,3 +1462,43 @@ fn start_bits_tell_one_allocation_from_several_across_words() {
         a.free(r);
     }
 }
+
+#[test]
+fn allocations_are_walked_in_address_order_across_words() {
+    let _s = serial();
+    let a = PackedArena::new(ArenaConfig {
+        pack_size: 4 * sys::page_size(),
+        ..ArenaConfig::default()
+    })
+    .unwrap();
+    // 256 chunks: [0, 3), [3, 73), [73, 74), [74, 204), [204, 256); then [3, 73) and
+    // [204, 256) freed, so a walk must skip a whole empty word (64..128 holds no start) and
+    // the end.
+    let sizes = [3, 70, 1, 130, 52];
+    let regions: Vec<Region> = sizes.iter().map(|&n| a.alloc(n * CHUNK).unwrap()).collect();
+    a.free(&regions[1]);
+    a.free(&regions[4]);
+    let st = a.lock();
+    assert_eq!(st.packs.len(), 1, "all in one pack");
+    let p = &st.packs[0];
+    assert_eq!(p.chunks(), 256);
+    let all: Vec<usize> = p.alloc_starts(0, p.chunks()).collect();
+    assert_eq!(all, [0, 73, 74]);
+    assert_eq!(p.alloc_starts(1, 74).collect::<Vec<_>>(), [73]);
+    assert_eq!(p.alloc_starts(75, p.chunks()).count(), 0);
+    let from = |at| p.alloc_from(at).map(|(c, a)| (c, a.chunks));
+    let below = |at| p.alloc_below(at).map(|(c, a)| (c, a.chunks));
+    assert_eq!(from(0), Some((0, 3)));
+    assert_eq!(from(1), Some((73, 1)), "over the empty word");
+    assert_eq!(from(74), Some((74, 130)));
+    assert_eq!(from(75), None);
+    assert_eq!(below(0), None);
+    assert_eq!(below(1), Some((0, 3)));
+    assert_eq!(below(73), Some((0, 3)), "over the empty word");
+    assert_eq!(below(128), Some((74, 130)), "from a word boundary");
+    assert_eq!(below(p.chunks()), Some((74, 130)), "from the end");
+    drop(st);
+    for r in [0, 2, 3] {
+        a.free(&regions[r]);
+    }
+}
