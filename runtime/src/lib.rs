@@ -801,6 +801,17 @@ impl Runtime {
     }
 }
 
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Programs may outlive the runtime (each holds the arena), but nothing calls the
+        // arena for them any more: retired programs queued for that call are dropped now,
+        // and later ones at once.
+        if let Some(a) = &self.arena {
+            a.orphan();
+        }
+    }
+}
+
 /// Whether `code` may call helper `id`: a `call imm` naming it, or any `callx` (whose id is
 /// only known at run time).
 fn may_call(code: &[u8], id: u32) -> bool {
@@ -1086,15 +1097,12 @@ impl Program {
     }
 
     /// [`drop_after_grace`](Self::drop_after_grace) for many programs at once (a hook batch
-    /// retiring them after its one grace period): per arena, one lock to stop compaction
-    /// moving them, one to unlist their symbols (one perf map rewrite) and one to release
-    /// their code, instead of one of each per program.
+    /// retiring them after its one grace period), at their arena's next call (see
+    /// [`PackedArena::after_grace`]: this runs in an epoch callback).
     // Boxed: these are the hook slots' own allocations, dropped where they are rather than
     // each program copied out first.
     #[allow(clippy::vec_box)]
     pub(crate) fn drop_many_after_grace(progs: Vec<Box<Program>>) {
-        /// (program id, entry address) pairs to unlist, per symbol index.
-        type Unlisting = Vec<(Arc<Symbols>, Vec<(u64, u64)>)>;
         let mut by_arena: Vec<(PackedArena, Vec<Box<Program>>)> = Vec::new();
         for p in progs {
             let Some(a) = p.packed_arena().cloned() else {
@@ -1106,36 +1114,47 @@ impl Program {
                 None => by_arena.push((a, vec![p])),
             }
         }
-        for (arena, mut group) in by_arena {
-            let movables: Vec<&arena::Movable> =
-                group.iter().filter_map(|p| p.movable.as_deref()).collect();
-            let mut moved = arena.detach_movables(&movables).into_iter();
-            let regions: Vec<Region> = group
-                .iter()
-                .map(|p| match &p.movable {
-                    Some(_) => moved.next().expect("one region per movable"),
-                    None => p.compiled.region,
-                })
-                .collect();
-            // As in `drop`: the symbols go right before the chunks are released.
-            let mut unlist: Unlisting = Vec::new();
-            for (p, r) in group.iter_mut().zip(&regions) {
-                let Some(syms) = p.symbols.take() else {
-                    continue;
-                };
-                let entry = (p.id, p.entry_in(r));
-                match unlist.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &syms)) {
-                    Some((_, entries)) => entries.push(entry),
-                    None => unlist.push((syms, vec![entry])),
-                }
+        for (arena, group) in by_arena {
+            let queue = arena.clone();
+            queue.after_grace(Box::new(move || Program::drop_group(&arena, group)));
+        }
+    }
+
+    /// Drops programs of one arena whose grace period has passed: one lock to stop
+    /// compaction moving them, one to unlist their symbols (one perf map rewrite) and one to
+    /// release their code, instead of one of each per program.
+    #[allow(clippy::vec_box)]
+    fn drop_group(arena: &PackedArena, mut group: Vec<Box<Program>>) {
+        /// (program id, entry address) pairs to unlist, per symbol index.
+        type Unlisting = Vec<(Arc<Symbols>, Vec<(u64, u64)>)>;
+        let movables: Vec<&arena::Movable> =
+            group.iter().filter_map(|p| p.movable.as_deref()).collect();
+        let mut moved = arena.detach_movables(&movables).into_iter();
+        let regions: Vec<Region> = group
+            .iter()
+            .map(|p| match &p.movable {
+                Some(_) => moved.next().expect("one region per movable"),
+                None => p.compiled.region,
+            })
+            .collect();
+        // As in `drop`: the symbols go right before the chunks are released.
+        let mut unlist: Unlisting = Vec::new();
+        for (p, r) in group.iter_mut().zip(&regions) {
+            let Some(syms) = p.symbols.take() else {
+                continue;
+            };
+            let entry = (p.id, p.entry_in(r));
+            match unlist.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &syms)) {
+                Some((_, entries)) => entries.push(entry),
+                None => unlist.push((syms, vec![entry])),
             }
-            for (syms, entries) in unlist {
-                syms.remove_many(&entries);
-            }
-            arena.release_after_grace(regions);
-            for p in &mut group {
-                p.code_release = CodeRelease::Released;
-            }
+        }
+        for (syms, entries) in unlist {
+            syms.remove_many(&entries);
+        }
+        arena.release_after_grace(regions);
+        for p in &mut group {
+            p.code_release = CodeRelease::Released;
         }
     }
 

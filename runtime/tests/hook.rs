@@ -267,3 +267,77 @@ fn a_batch_with_a_foreign_program_attaches_nothing() {
     assert!(e.message.contains("arm"), "{}", e.message);
     assert!(hooks.iter().all(|h| !h.is_attached()));
 }
+
+/// Flushes the epoch from this thread, as a thread running hooks does with its pins, often
+/// enough to end any grace period (other tests' threads may hold it up for a while).
+#[cfg(target_arch = "x86_64")]
+fn end_grace_periods_without_the_arena() {
+    for _ in 0..200 {
+        packjit::arena::epoch_pin().flush();
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_retired_batch_is_dropped_by_the_arena_not_by_whoever_ends_its_grace_period() {
+    const HOOKS: usize = 8;
+    let rt = runtime();
+    let hooks: Vec<Hook> = (0..HOOKS).map(|_| Hook::new()).collect();
+    let progs = (0..HOOKS).map(|i| {
+        rt.load(&x86_stub::ret_prog(i as i32, 2), &LoadOptions::default())
+            .unwrap()
+    });
+    rt.attach_batch(hooks.iter().zip(progs)).unwrap();
+    assert_eq!(rt.detach_batch(hooks.iter()), HOOKS);
+    // The epoch callback that finds the grace period over runs in this thread's flushes; it
+    // only queues the programs (a hook run must not pay for dropping them).
+    end_grace_periods_without_the_arena();
+    assert_eq!(
+        rt.live_programs(),
+        HOOKS,
+        "dropped inside an epoch callback"
+    );
+    assert_eq!(rt.stats().allocations, HOOKS);
+    // The arena's next call drops them and releases their code.
+    assert_eq!(rt.reclaim(), 0);
+    assert_eq!(rt.live_programs(), 0);
+    assert_eq!(rt.stats().allocations, 0);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn programs_retired_after_their_runtime_is_dropped_are_still_dropped() {
+    const HOOKS: usize = 4;
+    let map = std::env::temp_dir().join(format!(
+        "packjit-hook-test-orphan-{}.map",
+        std::process::id()
+    ));
+    let lines = || std::fs::read_to_string(&map).unwrap().lines().count();
+    let hooks: Vec<Hook> = (0..HOOKS).map(|_| Hook::new()).collect();
+    {
+        let rt = runtime();
+        rt.enable_perf_map_at(&map).unwrap();
+        let progs = (0..HOOKS).map(|i| {
+            rt.load(&x86_stub::ret_prog(i as i32, 2), &LoadOptions::default())
+                .unwrap()
+        });
+        rt.attach_batch(hooks.iter().zip(progs)).unwrap();
+        assert_eq!(lines(), HOOKS);
+    }
+    // The hooks keep the programs (and their arena) alive and runnable.
+    assert_eq!(hooks[3].run(&mut []).map(Result::unwrap), Some(3));
+    let mut batch = packjit::HookBatch::new();
+    for h in &hooks {
+        batch.detach(h);
+    }
+    assert_eq!(batch.apply(), HOOKS);
+    // No arena call will come: the programs go in the epoch callback itself.
+    end_grace_periods_without_the_arena();
+    assert_eq!(
+        lines(),
+        0,
+        "programs retired after the runtime left are listed still"
+    );
+    std::fs::remove_file(&map).unwrap();
+}

@@ -496,7 +496,7 @@ struct Inner {
     bytes_moved: AtomicU64,
     /// Regions whose grace period has ended, waiting for the arena's next call to release
     /// them (see [`Graced`]).
-    graced: Mutex<Vec<Graced>>,
+    graced: Mutex<GracedQueue>,
     /// Set after a push to `graced`: lets the arena's calls skip its lock when nothing waits.
     graced_waiting: AtomicBool,
     /// Old copies of moved programs not released yet (see [`PackedArena::hasten_old_copies`]).
@@ -505,11 +505,12 @@ struct Inner {
     loads_unflushed: AtomicUsize,
 }
 
-/// Regions an epoch callback found past their grace period. The callback runs inside
-/// whichever thread's pin or flush advanced the epoch (a program run, often), so it only
-/// queues them: the arena's own calls (alloc, commit, frees, reclaim) release them, under
-/// the arena lock, and then take the compaction step the new holes call for. Program runs
-/// never do trap fills, page releases or code moves.
+/// Regions an epoch callback found past their grace period, or retired programs to drop
+/// (see [`PackedArena::after_grace`]). The callback runs inside whichever thread's pin or
+/// flush advanced the epoch (a program run, often), so it only queues them: the arena's own
+/// calls (alloc, commit, frees, reclaim) release them, under the arena lock, and then take
+/// the compaction step the new holes call for. Program runs never do trap fills, page
+/// releases, code moves or other threads' program drops.
 struct Graced {
     regions: Vec<Region>,
     /// Runs just before the regions are released (symbols of the old code go), so nothing
@@ -517,6 +518,15 @@ struct Graced {
     before: Option<Box<dyn FnOnce() + Send>>,
     /// How many of `regions` are old copies of moved programs.
     old_copies: usize,
+}
+
+/// What epoch callbacks leave for the arena's next call (see [`Graced`]).
+#[derive(Default)]
+struct GracedQueue {
+    entries: Vec<Graced>,
+    /// The runtime owning the arena is gone: nothing may call the arena again, so work that
+    /// would wait here for its next call (see [`PackedArena::after_grace`]) runs at once.
+    orphaned: bool,
 }
 
 /// Loads in a row that find old copies of moved programs waiting before one flushes the
@@ -611,7 +621,7 @@ impl PackedArena {
             flushes: AtomicU64::new(0),
             remaps: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
-            graced: Mutex::new(Vec::new()),
+            graced: Mutex::new(GracedQueue::default()),
             graced_waiting: AtomicBool::new(false),
             old_copies: AtomicUsize::new(0),
             loads_unflushed: AtomicUsize::new(0),
@@ -878,6 +888,39 @@ impl PackedArena {
         });
     }
 
+    /// Runs `drop_retired`, which drops programs whose grace period has passed, at the arena's
+    /// next call rather than inside the epoch callback that found the grace period over. That
+    /// callback runs in whichever thread's pin or flush advanced the epoch, often one running
+    /// a hook, and a hook run must not pay for dropping a batch of another thread's programs
+    /// (unlisting their symbols, freeing their allocations: a third of a millisecond for a
+    /// thousand). The queued programs hold this arena, so once its runtime is gone
+    /// ([`orphan`](Self::orphan)) this drops them at once instead.
+    pub(crate) fn after_grace(&self, drop_retired: Box<dyn FnOnce() + Send>) {
+        let mut queue = self.inner.graced();
+        if queue.orphaned {
+            drop(queue);
+            drop_retired();
+            self.inner.release_graced();
+            return;
+        }
+        queue.entries.push(Graced {
+            regions: Vec::new(),
+            before: Some(drop_retired),
+            old_copies: 0,
+        });
+        drop(queue);
+        self.inner.graced_waiting.store(true, Release);
+    }
+
+    /// The runtime owning the arena is dropping its handle: runs what waits for the arena's
+    /// next call, and from now on [`after_grace`](Self::after_grace) work at once (the
+    /// arena stays alive as long as a program holds it).
+    pub(crate) fn orphan(&self) {
+        self.inner.graced().orphaned = true;
+        self.inner.graced_waiting.store(true, Release);
+        self.inner.release_graced();
+    }
+
     /// Counts one region retired by a batch as pending until `release_after_grace`.
     pub(crate) fn expect_release(&self) {
         self.inner.pending.fetch_add(1, Relaxed);
@@ -888,18 +931,23 @@ impl PackedArena {
     /// still pending.
     pub fn reclaim(&self) -> usize {
         // Each flush can advance the global epoch by one step once no thread is pinned in an
-        // older one; a deferred free runs two steps after it was queued. Spin briefly, then
-        // back off for up to about a second so a busy machine still drains.
-        for i in 0..2_000 {
+        // older one; a deferred free runs two steps after it was queued. With threads pinned
+        // only for short program runs that takes microseconds, so yield for up to 2 ms (a
+        // 500 us sleep after a few yields used to double a batch attach's whole wait), then
+        // nap in doubling steps, for about a second in all, so a busy machine still drains.
+        let start = std::time::Instant::now();
+        let mut nap = std::time::Duration::from_micros(20);
+        while start.elapsed() < std::time::Duration::from_secs(1) {
             self.inner.release_graced();
             if self.inner.pending.load(Relaxed) == 0 {
                 break;
             }
             epoch::pin().flush();
-            if i < 64 {
+            if start.elapsed() < std::time::Duration::from_millis(2) {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(std::time::Duration::from_micros(500));
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(std::time::Duration::from_millis(1));
             }
         }
         self.inner.release_graced();
@@ -1006,14 +1054,14 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn graced(&self) -> MutexGuard<'_, Vec<Graced>> {
+    fn graced(&self) -> MutexGuard<'_, GracedQueue> {
         // A push or a take: nothing half-done to poison.
         self.graced.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Called from epoch callbacks: no arena lock, no work beyond a push.
     fn queue_graced(&self, g: Graced) {
-        self.graced().push(g);
+        self.graced().entries.push(g);
         // After the push: a caller that sees the flag finds the entry. One that clears it
         // just before this store takes the entry anyway, or leaves it to the next call.
         self.graced_waiting.store(true, Release);
@@ -1021,19 +1069,19 @@ impl Inner {
 
     /// Releases every queued region (see [`Graced`]).
     fn release_graced(&self) {
-        if !self.graced_waiting.swap(false, Acquire) {
-            return;
-        }
-        // Taken out first: `before` may drop symbols (their own lock), and `release_now` takes
-        // the arena lock; neither runs under the queue's.
-        let queued = std::mem::take(&mut *self.graced());
-        for g in queued {
-            if let Some(before) = g.before {
-                before();
+        // Again while the flag is set: dropping queued programs queues their regions.
+        while self.graced_waiting.swap(false, Acquire) {
+            // Taken out first: `before` may drop symbols (their own lock), and `release_now`
+            // takes the arena lock; neither runs under the queue's.
+            let queued = std::mem::take(&mut self.graced().entries);
+            for g in queued {
+                if let Some(before) = g.before {
+                    before();
+                }
+                self.release_now(&g.regions);
+                self.pending.fetch_sub(g.regions.len(), Relaxed);
+                self.old_copies.fetch_sub(g.old_copies, Relaxed);
             }
-            self.release_now(&g.regions);
-            self.pending.fetch_sub(g.regions.len(), Relaxed);
-            self.old_copies.fetch_sub(g.old_copies, Relaxed);
         }
     }
 
