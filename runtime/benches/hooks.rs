@@ -133,13 +133,19 @@ fn main() {
     let runner = {
         let (hooks, stop) = (hooks.clone(), stop.clone());
         std::thread::spawn(move || {
-            let mut runs = 0u64;
+            // Runs, runs over 100 us (a 16-instruction program takes well under one: those
+            // did someone else's work or were preempted), and the longest.
+            let (mut runs, mut slow, mut longest) = (0u64, 0u64, 0f64);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for h in hooks.iter() {
+                    let t = Instant::now();
                     runs += h.run(&mut []).map_or(0, |r| r.is_ok() as u64);
+                    let took = t.elapsed().as_secs_f64();
+                    slow += (took > 100e-6) as u64;
+                    longest = longest.max(took);
                 }
             }
-            runs
+            (runs, slow, longest)
         })
     };
     let live = replace_all(&hooks);
@@ -185,12 +191,16 @@ fn main() {
     drop(rt_mapped);
     std::fs::remove_file(&map).unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let runs = runner.join().unwrap();
+    let (runs, slow, longest) = runner.join().unwrap();
     live.print(&format!(
         "same, one thread running the hooks meanwhile ({runs} runs in all)"
     ));
     attach.print("attach alone (preloaded), release awaited, hooks running");
     attach_mapped.print("the same, perf map kept current");
+    println!(
+        "  hook runs over 100 us during these three: {slow} of {runs} (longest {:.0} us)",
+        longest * 1e6
+    );
 
     // C. Swaps alone: programs already loaded and committed, replacing attached ones. The
     //    batch's release comes after its timing and the one-by-one swaps release as they
