@@ -98,7 +98,7 @@ enum Cmd {
         /// Number of programs.
         #[arg(long, default_value_t = 200)]
         count: usize,
-        /// Write the perf map (/tmp/perf-<pid>.map) and report its entries after each step.
+        /// Write the perf map (/tmp/perf-PID.map) and report its entries after each step.
         #[arg(long)]
         perf_map: bool,
         /// Draw each pack's occupancy after each step.

@@ -15,7 +15,7 @@
 //!   their memory is an ordinary read-write sandbox region.
 //!
 //! The choice is made once per process (the facts do not change), applied at every load,
-//! and reported on each [`Program`](crate::Program) ([`Program::builtins`]) and by
+//! and reported on each [`Program`](crate::Program) ([`Program::builtins`](crate::Program::builtins)) and by
 //! [`Runtime::builtins`](crate::Runtime::builtins). A host that registers its own helper
 //! under id 5 or 8 keeps it: the built-in only fills an id nobody registered.
 //!

@@ -35,8 +35,9 @@ fn check_attachable(prog: &Program) -> Result<(), Error> {
 }
 
 /// Retires replaced programs with ONE deferred function for all of them: a single grace
-/// period, after which each is released at once (no second deferral per program). Returns
-/// their arenas, each once, for the compaction step (see [`settle`]).
+/// period, after which they go to their arena's next call to be released together (no
+/// second grace period; see [`PackedArena::after_grace`] for why not in the callback).
+/// Returns their arenas, each once, for the compaction step (see [`settle`]).
 fn retire(old: Vec<Shared<'_, Program>>, guard: &Guard) -> Vec<PackedArena> {
     // Their arenas, each once: see the end.
     let mut arenas: Vec<PackedArena> = Vec::new();

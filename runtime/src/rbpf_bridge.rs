@@ -252,7 +252,7 @@ pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
 }
 
 /// A packjit error as rbpf reports errors: `io::Error` of kind `Other`, with the
-/// [`Error`](crate::Error) inside (`e.get_ref()` → `downcast_ref::<packjit::Error>()` gives
+/// [`Error`] inside (`e.get_ref()` → `downcast_ref::<packjit::Error>()` gives
 /// its kind, pc and fault).
 pub fn to_io(e: Error) -> io::Error {
     io::Error::other(e)

@@ -5,7 +5,7 @@
 //! * [`data`]: reader for bpf_conformance `.data` files;
 //! * [`asm`] / [`disasm`]: the bpf_conformance assembly dialect, both ways (re-exported from
 //!   the `packjit-asm` crate);
-//! * [`reference`]: the RFC 9669 (cpu v4) reference, packjit's own interpreter (`packjit-interp`),
+//! * [`reference`](mod@reference): the RFC 9669 (cpu v4) reference, packjit's own interpreter (`packjit-interp`),
 //!   plus an adaptor over rbpf's interpreter as a second, independent reference;
 //! * [`conformance`]: runs the suite against a `packjit::Runtime` (or any [`conformance::Engine`]);
 //! * [`gen`]: random valid, terminating programs for differential testing, with a minimiser;

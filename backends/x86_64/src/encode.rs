@@ -331,7 +331,7 @@ impl Enc {
         self.insns += 1;
     }
 
-    /// `rep stosq`: stores rax to [rdi] rcx times (zeroing the stack block).
+    /// `rep stosq`: stores rax to `[rdi]` rcx times (zeroing the stack block).
     pub fn rep_stosq(&mut self) {
         dynasm!(self.ops ; .arch x64 ; rep stosq);
         self.insns += 1;

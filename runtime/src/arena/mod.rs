@@ -857,7 +857,7 @@ impl PackedArena {
     }
 
     /// Releases `region` once no thread can still be executing it (see [`epoch_pin`]): at the
-    /// arena's first call after its grace period (see [`Graced`]). Releases what is past its
+    /// arena's first call after its grace period. Releases what is past its
     /// grace period now (earlier frees, often ended by this call's flush), and takes a
     /// compaction step for the holes, as a commit would.
     pub fn free_deferred(&self, region: Region) {
