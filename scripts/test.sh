@@ -32,8 +32,16 @@ step() {
     fi
 }
 
+# Broken intra-doc links and stray HTML in doc comments fail like lints do. The C API's crate
+# is also named `packjit` (for libpackjit.so), so it is documented on its own.
+rustdoc_check() {
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --exclude packjit-ffi --no-deps -q &&
+        RUSTDOCFLAGS="-D warnings" cargo doc -p packjit-ffi --no-deps -q
+}
+
 step "format check" cargo fmt --all -- --check
 step "clippy (host, -D warnings)" cargo clippy --workspace --all-targets -q -- -D warnings
+step "rustdoc (-D warnings)" rustdoc_check
 step "host tests (x86-64)" cargo test --workspace
 step "aarch64 tests under qemu-aarch64" \
     packjit_cross_cargo aarch64-unknown-linux-gnu test --workspace --lib --bins --tests
