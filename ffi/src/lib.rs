@@ -848,17 +848,7 @@ static PENDING_HANDLES: AtomicUsize = AtomicUsize::new(0);
 /// Drives deferred frees (program handles and code regions) until none is pending or about
 /// a second has passed (another thread may be pinned); returns how many arena frees remain.
 fn drain(rt: &Runtime) -> usize {
-    for i in 0..2_000 {
-        if PENDING_HANDLES.load(Ordering::Acquire) == 0 {
-            break;
-        }
-        epoch::pin().flush();
-        if i < 64 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(500));
-        }
-    }
+    packjit_runtime::arena::flush_epoch_until(|| PENDING_HANDLES.load(Ordering::Acquire) == 0);
     rt.reclaim()
 }
 

@@ -1164,9 +1164,12 @@ impl Program {
     }
 
     /// Drops a program whose grace period the caller has already waited out, for hosts that
-    /// defer dropping their own handles through the epoch (the C API does): the code goes to
-    /// the arena's next call ([`PackedArena::release_due`], or any load or free) instead of
-    /// waiting a second grace period behind one more flush.
+    /// defer dropping their own handles through the epoch (the C API does): the program goes
+    /// to the arena's next call ([`PackedArena::release_due`], [`Runtime::reclaim`], or any
+    /// load or free), which drops it and releases its code, instead of waiting a second grace
+    /// period behind one more flush. Not dropped here: an epoch-deferred function runs in
+    /// whichever thread's pin ends the grace period, perhaps one running a hook (see
+    /// [`PackedArena::after_grace`]).
     ///
     /// # Safety
     /// No thread may be executing the program's code or go on to: every thread that could
@@ -1174,7 +1177,10 @@ impl Program {
     /// function queued after the last such thread obtained the program.
     pub unsafe fn drop_after_own_grace(self) {
         self.note_retiring();
-        self.drop_after_grace();
+        match self.packed_arena().cloned() {
+            Some(arena) => arena.after_grace(Box::new(move || self.drop_after_grace())),
+            None => self.drop_after_grace(),
+        }
     }
 
     /// How the built-in helpers (`bpf_get_smp_processor_id`, `bpf_ktime_get_ns`) are carried

@@ -341,3 +341,22 @@ fn programs_retired_after_their_runtime_is_dropped_are_still_dropped() {
     );
     std::fs::remove_file(&map).unwrap();
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_program_dropped_after_its_own_grace_waits_for_the_arenas_next_call() {
+    let rt = runtime();
+    let p = rt
+        .load(&x86_stub::ret_prog(7, 2), &LoadOptions::default())
+        .unwrap();
+    assert_eq!(rt.live_programs(), 1);
+    // SAFETY: nothing ever ran the program or can reach it.
+    unsafe { p.drop_after_own_grace() };
+    // Queued, not dropped: the C API calls this inside epoch callbacks, which may run in any
+    // thread's pin.
+    assert_eq!(rt.live_programs(), 1);
+    assert_eq!(rt.stats().allocations, 1);
+    assert_eq!(rt.reclaim(), 0);
+    assert_eq!(rt.live_programs(), 0);
+    assert_eq!(rt.stats().allocations, 0);
+}

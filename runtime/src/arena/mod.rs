@@ -891,10 +891,10 @@ impl PackedArena {
     /// Runs `drop_retired`, which drops programs whose grace period has passed, at the arena's
     /// next call rather than inside the epoch callback that found the grace period over. That
     /// callback runs in whichever thread's pin or flush advanced the epoch, often one running
-    /// a hook, and a hook run must not pay for dropping a batch of another thread's programs
-    /// (unlisting their symbols, freeing their allocations: a third of a millisecond for a
-    /// thousand). The queued programs hold this arena, so once its runtime is gone
-    /// ([`orphan`](Self::orphan)) this drops them at once instead.
+    /// a hook, and a hook run must not pay for dropping another thread's programs (unlisting
+    /// their symbols, perhaps rewriting the perf map, freeing their allocations: a third of a
+    /// millisecond for a batch of a thousand). The queued programs hold this arena, so once
+    /// its runtime is gone ([`orphan`](Self::orphan)) this drops them at once instead.
     pub(crate) fn after_grace(&self, drop_retired: Box<dyn FnOnce() + Send>) {
         let mut queue = self.inner.graced();
         if queue.orphaned {
@@ -930,26 +930,10 @@ impl PackedArena {
     /// bounded number of attempts, e.g. while another thread stays pinned). Returns the number
     /// still pending.
     pub fn reclaim(&self) -> usize {
-        // Each flush can advance the global epoch by one step once no thread is pinned in an
-        // older one; a deferred free runs two steps after it was queued. With threads pinned
-        // only for short program runs that takes microseconds, so yield for up to 2 ms (a
-        // 500 us sleep after a few yields used to double a batch attach's whole wait), then
-        // nap in doubling steps, for about a second in all, so a busy machine still drains.
-        let start = std::time::Instant::now();
-        let mut nap = std::time::Duration::from_micros(20);
-        while start.elapsed() < std::time::Duration::from_secs(1) {
+        flush_epoch_until(|| {
             self.inner.release_graced();
-            if self.inner.pending.load(Relaxed) == 0 {
-                break;
-            }
-            epoch::pin().flush();
-            if start.elapsed() < std::time::Duration::from_millis(2) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(std::time::Duration::from_millis(1));
-            }
-        }
+            self.inner.pending.load(Relaxed) == 0
+        });
         self.inner.release_graced();
         self.inner.pending.load(Relaxed)
     }
@@ -1526,6 +1510,35 @@ impl CodeArena for PackedArena {
         // Never committed, so never executed: release at once.
         self.inner.release_now(std::slice::from_ref(region));
         self.release_due();
+    }
+}
+
+/// Flushes the epoch until `done` holds (checked first) or about a second has passed, e.g.
+/// while another thread stays pinned; returns whether it held. Each flush can advance the
+/// global epoch by one step once no thread is pinned in an older one, and a deferred function
+/// runs two steps after it was queued. With threads pinned only for short program runs that
+/// takes microseconds, so this yields for the first 2 ms (a 500 us sleep after a few yields
+/// used to double a batch attach's whole wait), then naps in doubling steps up to 1 ms, so a
+/// busy machine still gets there.
+pub fn flush_epoch_until(mut done: impl FnMut() -> bool) -> bool {
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
+    let mut nap = Duration::from_micros(20);
+    loop {
+        if done() {
+            return true;
+        }
+        let waited = start.elapsed();
+        if waited >= Duration::from_secs(1) {
+            return false;
+        }
+        epoch::pin().flush();
+        if waited < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
     }
 }
 
