@@ -1168,8 +1168,8 @@ impl Program {
     /// to the arena's next call ([`PackedArena::release_due`], [`Runtime::reclaim`], or any
     /// load or free), which drops it and releases its code, instead of waiting a second grace
     /// period behind one more flush. Not dropped here: an epoch-deferred function runs in
-    /// whichever thread's pin ends the grace period, perhaps one running a hook (see
-    /// [`PackedArena::after_grace`]).
+    /// whichever thread's pin ends the grace period, perhaps one running a hook, which must
+    /// not pay for unlisting the program or rewriting the perf map.
     ///
     /// # Safety
     /// No thread may be executing the program's code or go on to: every thread that could
