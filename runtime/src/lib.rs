@@ -33,6 +33,7 @@ pub mod gdb_jit;
 mod hook;
 mod id_map;
 mod loader;
+mod perf_map;
 pub mod rbpf_bridge;
 mod scratch;
 mod symbols;
@@ -755,7 +756,12 @@ impl Runtime {
     }
 
     /// Writes the perf map at [`default_perf_map_path`] (`/tmp/perf-<pid>.map`) and keeps it
-    /// current as programs are loaded and reclaimed. Returns the path.
+    /// current as programs are loaded and reclaimed, at a cost per load and per release that
+    /// does not grow with the number of live programs. Returns the path.
+    ///
+    /// Lines are `START SIZE NAME` in hex, padded with leading zeros to one width so that a
+    /// release can move the last line into its place; names longer than the widest line
+    /// holds (about 230 bytes) are cut.
     pub fn enable_perf_map(&self) -> Result<std::path::PathBuf, Error> {
         let path = default_perf_map_path();
         self.enable_perf_map_at(&path)?;

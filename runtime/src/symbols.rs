@@ -8,8 +8,8 @@
 //!
 //! The perf map (`/tmp/perf-<pid>.map`, one `START SIZE NAME` line per program, hex without
 //! `0x`, the format `perf report` reads for JIT code) is written on request and then kept
-//! current: a load appends a line, a reclamation rewrites the file (write to a temporary file
-//! in the same directory, then `rename`, so a reader never sees a half-written map).
+//! current ([`crate::perf_map`]): a load writes its line at the end, a reclamation moves the
+//! last line into the freed one's place, each in O(1) however many programs are live.
 //!
 //! With gdb registration on ([`crate::gdb_jit`]), every listed copy of a program is also
 //! registered with gdb, at the same moments: listed = registered. Registrations still held
@@ -17,9 +17,9 @@
 //! it, which unregisters them.
 
 use crate::id_map::IdMap;
+use crate::perf_map::PerfMap;
 use crate::{Error, ErrorKind};
 use std::collections::{btree_map, BTreeMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -49,9 +49,8 @@ struct Entry {
     /// moved program's second entry (old and new copy, listed together until the old one is
     /// reclaimed) costs no copy either.
     symbol: Arc<ProgramSymbol>,
-    /// Its perf map line, while the map is on: formatted once, since every release rewrites
-    /// the whole map (formatting was 80% of a rewrite's cost).
-    perf_line: Option<Box<str>>,
+    /// Its line in the perf map, while the map is on.
+    perf_slot: u32,
 }
 
 impl Entry {
@@ -142,7 +141,7 @@ struct State {
     /// for its grace period has any, so an unmoved program's load and release never touch
     /// this map.
     extra_copies: IdMap<u64, u32>,
-    perf_map: Option<PathBuf>,
+    perf_map: Option<PerfMap>,
     /// gdb registrations by entry address, once enabled (see [`crate::gdb_jit`]).
     gdb: Option<std::collections::HashMap<u64, crate::gdb_jit::Registration>>,
 }
@@ -160,31 +159,60 @@ fn io_err(path: &Path, e: std::io::Error) -> Error {
     )
 }
 
-fn perf_line(start: u64, e: &Entry) -> String {
-    // perf splits on the first two spaces only; names with spaces or newlines would still
-    // corrupt the line structure, so replace the latter.
-    let name: String = e
-        .symbol
-        .name()
-        .chars()
-        .map(|c| if c == '\n' || c == '\r' { '_' } else { c })
-        .collect();
-    format!("{start:x} {:x} {name}\n", e.size)
+/// Sets each entry's perf map slot to its rank by address: where [`perf_lines`] put it.
+fn assign_slots(by_addr: &mut BTreeMap<u64, Entry>) {
+    for (slot, e) in by_addr.values_mut().enumerate() {
+        e.perf_slot = slot as u32;
+    }
+}
+
+/// The perf map's lines for the index, by address.
+fn perf_lines(by_addr: &BTreeMap<u64, Entry>) -> impl Iterator<Item = (u64, u64, &str)> + Clone {
+    by_addr
+        .iter()
+        .map(|(&start, e)| (start, e.size, &**e.symbol.name()))
 }
 
 impl State {
-    /// With the perf map on: formats the line of `e` at `start` into it and appends it to the
-    /// map. A failed append is not a load failure: the next rewrite repairs the file.
-    fn append_perf_line(&self, start: u64, e: &mut Entry) {
-        let Some(path) = &self.perf_map else {
-            e.perf_line = None;
+    /// With the perf map on, lists the copy at `start` (already in `by_addr`) in it.
+    fn perf_list(&mut self, start: u64) {
+        let State {
+            by_addr, perf_map, ..
+        } = self;
+        let (Some(map), Some(e)) = (perf_map.as_mut(), by_addr.get_mut(&start)) else {
             return;
         };
-        let line = perf_line(start, e);
-        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
-            let _ = f.write_all(line.as_bytes());
+        if map.fits(e.size, e.symbol.name()) {
+            e.perf_slot = map.push(start, e.size, e.symbol.name()) as u32;
+        } else {
+            // A name wider than every line so far: every line widens, in one rewrite.
+            let _ = map.relist(perf_lines(by_addr));
+            assign_slots(by_addr);
         }
-        e.perf_line = Some(line.into());
+    }
+
+    /// With the perf map on, unlists the copy `e` at `start` (just taken out of `by_addr`);
+    /// the file is brought up to date by [`PerfMap::sync`] once per batch.
+    fn perf_unlist(&mut self, start: u64, e: &Entry) {
+        let State {
+            by_addr, perf_map, ..
+        } = self;
+        let Some(map) = perf_map.as_mut() else {
+            return;
+        };
+        if map.start_at(e.perf_slot as usize) != Some(start) {
+            // Every listed copy's slot is kept exact, so this is a bug: list from the index
+            // again rather than take another program's line.
+            debug_assert!(false, "perf map slot {} is not {start:#x}'s", e.perf_slot);
+            let _ = map.relist(perf_lines(by_addr));
+            assign_slots(by_addr);
+            return;
+        }
+        if let Some(moved) = map.swap_remove(e.perf_slot as usize) {
+            if let Some(m) = by_addr.get_mut(&moved) {
+                m.perf_slot = e.perf_slot;
+            }
+        }
     }
 
     /// Registers the copy at `start` with gdb, when enabled.
@@ -210,16 +238,15 @@ impl Symbols {
 
     /// Adds a program whose code starts at `start`.
     pub(crate) fn insert(&self, symbol: Arc<ProgramSymbol>, start: u64, size: u64) {
-        let mut e = Entry {
+        let e = Entry {
             size,
             symbol,
-            perf_line: None,
+            perf_slot: 0,
         };
         let mut st = self.write();
-        // Appending keeps a load O(1); perf takes the last line for an address anyway.
-        st.append_perf_line(start, &mut e);
         st.gdb_register(start, &e);
         st.by_addr.insert(start, e);
+        st.perf_list(start);
         st.programs += 1;
     }
 
@@ -229,16 +256,17 @@ impl Symbols {
     }
 
     /// Removes each program `id` at `start` (their code is about to be reclaimed) under one
-    /// lock, rewriting the perf map once.
+    /// lock, bringing the perf map up to date once.
     pub(crate) fn remove_many(&self, entries: &[(u64, u64)]) {
         let mut st = self.write();
         let mut removed = false;
         for &(id, start) in entries {
             // The id check keeps a stale removal from ever taking a newer program's entry.
-            match st.by_addr.entry(start) {
-                btree_map::Entry::Occupied(e) if e.get().id() == id => drop(e.remove()),
+            let e = match st.by_addr.entry(start) {
+                btree_map::Entry::Occupied(e) if e.get().id() == id => e.remove(),
                 _ => continue,
-            }
+            };
+            st.perf_unlist(start, &e);
             if let Some(g) = &mut st.gdb {
                 // Dropping the registration unregisters it.
                 g.remove(&start);
@@ -250,10 +278,8 @@ impl Symbols {
             }
             removed = true;
         }
-        if removed {
-            if let Some(path) = st.perf_map.clone() {
-                let _ = Self::rewrite(&st, &path);
-            }
+        if let Some(map) = st.perf_map.as_mut().filter(|_| removed) {
+            map.sync();
         }
     }
 
@@ -261,52 +287,43 @@ impl Symbols {
     /// listed until it is reclaimed, since threads may still be finishing there).
     pub(crate) fn relocate(&self, id: u64, old: u64, new: u64) {
         let mut st = self.write();
-        let Some(mut e) = st.by_addr.get(&old).filter(|e| e.id() == id).cloned() else {
+        let Some(e) = st.by_addr.get(&old).filter(|e| e.id() == id).cloned() else {
             return;
         };
-        st.append_perf_line(new, &mut e);
         st.gdb_register(new, &e);
         st.by_addr.insert(new, e);
+        st.perf_list(new);
         *st.extra_copies.entry(id).or_default() += 1;
-    }
-
-    fn rewrite(st: &State, path: &Path) -> Result<(), Error> {
-        let mut text = String::with_capacity(st.by_addr.len() * 40);
-        for (&start, e) in &st.by_addr {
-            match &e.perf_line {
-                Some(line) => text.push_str(line),
-                None => text.push_str(&perf_line(start, e)),
-            }
-        }
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, text).map_err(|e| io_err(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
     }
 
     /// Writes the perf map at `path` now and keeps it current from here on.
     pub(crate) fn enable_perf_map(&self, path: PathBuf) -> Result<(), Error> {
         let mut st = self.write();
-        Self::rewrite(&st, &path)?;
-        for (&start, e) in st.by_addr.iter_mut() {
-            e.perf_line = Some(perf_line(start, e).into());
-        }
-        st.perf_map = Some(path);
+        let map =
+            PerfMap::create(path.clone(), perf_lines(&st.by_addr)).map_err(|e| io_err(&path, e))?;
+        assign_slots(&mut st.by_addr);
+        st.perf_map = Some(map);
         Ok(())
     }
 
     /// Rewrites the perf map (at its enabled path) from the index.
     pub(crate) fn write_perf_map(&self) -> Result<Option<PathBuf>, Error> {
-        let st = self.write();
-        match &st.perf_map {
-            Some(p) => Self::rewrite(&st, p).map(|()| Some(p.clone())),
-            None => Ok(None),
-        }
+        let mut st = self.write();
+        let State {
+            by_addr, perf_map, ..
+        } = &mut *st;
+        let Some(map) = perf_map else {
+            return Ok(None);
+        };
+        let written = map.relist(perf_lines(by_addr));
+        assign_slots(by_addr);
+        let path = map.path().to_owned();
+        written.map_err(|e| io_err(&path, e))?;
+        Ok(Some(path))
     }
 
     pub(crate) fn perf_map_path(&self) -> Option<PathBuf> {
-        self.read().perf_map.clone()
+        self.read().perf_map.as_ref().map(|m| m.path().to_owned())
     }
 
     /// Registers every listed program with gdb now, and every one listed from here on.

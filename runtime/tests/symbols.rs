@@ -75,9 +75,10 @@ fn expect(progs: &[packjit::Program]) -> Vec<(u64, u64, String)> {
     v
 }
 
-/// (start, size, name) per perf-map line.
+/// (start, size, name) per perf-map line, read as perf reads them (hex, one separator, the
+/// rest of the line is the name), sorted: the map's line order means nothing.
 fn perf_map(path: &std::path::Path) -> Vec<(u64, u64, String)> {
-    std::fs::read_to_string(path)
+    let mut lines: Vec<_> = std::fs::read_to_string(path)
         .unwrap()
         .lines()
         .map(|l| {
@@ -86,7 +87,9 @@ fn perf_map(path: &std::path::Path) -> Vec<(u64, u64, String)> {
             let n = u64::from_str_radix(it.next().unwrap(), 16).unwrap();
             (s, n, it.next().unwrap().to_string())
         })
-        .collect()
+        .collect();
+    lines.sort();
+    lines
 }
 
 #[test]
@@ -132,11 +135,9 @@ fn names_lookup_and_perf_map_follow_loads_and_frees() {
     }
     assert_eq!(rt.symbolize(0), None);
 
-    let mut listed = perf_map(&path);
-    listed.sort();
-    assert_eq!(listed, expect(&progs), "appended lines list every load");
+    assert_eq!(perf_map(&path), expect(&progs), "every load is listed");
 
-    // Free every third program: after reclamation the map is rewritten without them.
+    // Free every third program: after reclamation the map lists none of them.
     let mut i = 0;
     progs.retain(|_| {
         i += 1;
@@ -152,9 +153,7 @@ fn names_lookup_and_perf_map_follow_loads_and_frees() {
         rt.load(&x86_stub::ret_prog(i, 3), &LoadOptions::default())
             .unwrap()
     }));
-    let mut listed = perf_map(&path);
-    listed.sort();
-    assert_eq!(listed, expect(&progs));
+    assert_eq!(perf_map(&path), expect(&progs));
     drop(progs);
     drain(&rt);
     assert_eq!(perf_map(&path), vec![]);
@@ -181,7 +180,7 @@ fn a_perf_map_enabled_after_loads_lists_them_and_follows_frees() {
         expect(&progs),
         "programs loaded before are listed"
     );
-    // Each free rewrites the map from the lines kept since it was enabled or since the load.
+    // Frees after loads after enabling: lines listed at enabling and at loads both move.
     progs.truncate(5);
     progs.push(
         rt.load(&x86_stub::ret_prog(99, 7), &LoadOptions::default())
@@ -190,6 +189,68 @@ fn a_perf_map_enabled_after_loads_lists_them_and_follows_frees() {
     drain(&rt);
     progs.remove(0);
     drain(&rt);
+    assert_eq!(perf_map(&path), expect(&progs));
+    drop(progs);
+    drain(&rt);
+    assert_eq!(perf_map(&path), vec![]);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn the_perf_map_follows_long_names_and_large_batches() {
+    let rt = runtime();
+    let path = std::env::temp_dir().join(format!("packjit-test-batch-{}.map", std::process::id()));
+    rt.enable_perf_map_at(&path).unwrap();
+    let load = |i: usize, name: Option<String>| {
+        rt.load(
+            &x86_stub::ret_prog(i as i32, 2 + i % 9),
+            &LoadOptions {
+                name,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let mut progs: Vec<_> = (0..400).map(|i| load(i, None)).collect();
+    // Names too long for the lines so far, then one longer than a line can hold (cut to fit,
+    // as perf sees it, so the listing is compared by prefix below).
+    progs.push(load(400, Some("n".repeat(100))));
+    progs.push(load(401, Some(format!("π{}", "x".repeat(5000)))));
+    progs.push(load(402, None));
+    let cut_to_listing = |mut v: Vec<(u64, u64, String)>| {
+        for (_, _, name) in &mut v {
+            if name.len() > 1000 {
+                // A 2-byte character, then as many bytes as the widest line (256) leaves.
+                name.truncate(256 - (16 + 1 + 2 + 1 + 1));
+            }
+        }
+        v
+    };
+    assert_eq!(perf_map(&path), cut_to_listing(expect(&progs)));
+
+    // A batch that frees most programs (one rewrite), then single frees (in place).
+    let mut i = 0;
+    progs.retain(|_| {
+        i += 1;
+        i % 4 == 0 || i > 400
+    });
+    drain(&rt);
+    assert_eq!(perf_map(&path), cut_to_listing(expect(&progs)));
+    for k in [0, 50, 7, 90] {
+        progs.remove(k);
+        drain(&rt);
+        assert_eq!(
+            perf_map(&path),
+            cut_to_listing(expect(&progs)),
+            "after free {k}"
+        );
+    }
+    // Rewriting on request narrows the lines again once the long names are gone.
+    progs.retain(|p| p.name().len() < 50);
+    drain(&rt);
+    rt.write_perf_map().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.lines().all(|l| l.len() + 1 == 64), "64-byte lines");
     assert_eq!(perf_map(&path), expect(&progs));
     drop(progs);
     drain(&rt);

@@ -75,12 +75,24 @@ pub fn assert_listed_once<'a>(rt: &Runtime, live: impl Iterator<Item = &'a Progr
     let mut want: Vec<(u64, u64)> = live.iter().map(|p| (p.id(), p.entry_addr())).collect();
     want.sort_by_key(|&(_, a)| a);
     assert_eq!(listed, want);
+    // Read as perf reads a line: hex start, one separator, hex size, one separator, the name.
     let text = std::fs::read_to_string(map).unwrap();
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let mut lines: Vec<(u64, u64, String)> = text
+        .lines()
+        .map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let hex = |f: Option<&str>| u64::from_str_radix(f.unwrap(), 16).unwrap();
+            (
+                hex(it.next()),
+                hex(it.next()),
+                it.next().unwrap().to_string(),
+            )
+        })
+        .collect();
     lines.sort();
-    let mut expect: Vec<String> = live
+    let mut expect: Vec<(u64, u64, String)> = live
         .iter()
-        .map(|p| format!("{:x} {:x} {}", p.entry_addr(), p.code_size(), p.name()))
+        .map(|p| (p.entry_addr(), p.code_size() as u64, p.name().to_string()))
         .collect();
     expect.sort();
     assert_eq!(lines, expect);
