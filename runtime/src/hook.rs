@@ -1,7 +1,7 @@
 //! Attach points: a slot holding the program a host event runs, swappable while other
 //! threads are running through it, alone or in batches.
 
-use crate::{Error, ErrorKind, LoadOptions, PackedArena, Program, Runtime};
+use crate::{program_box, Error, ErrorKind, LoadOptions, PackedArena, Program, Runtime};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
@@ -62,7 +62,7 @@ fn retire(old: Vec<Shared<'_, Program>>, guard: &Guard) -> Vec<PackedArena> {
     // SAFETY: every pointer came out of a hook slot by a swap, so it is unreachable from the
     // slots now, and only this closure owns it. The closure runs after every thread pinned
     // before the swap has unpinned, i.e. when no `run` can still hold the program.
-    // `Owned::from_raw` takes back the Box that `Owned::new` leaked into the slot.
+    // `Owned::from_raw` takes back the Box that `Owned::from` leaked into the slot.
     unsafe {
         guard.defer_unchecked(move || {
             let progs = old
@@ -100,7 +100,7 @@ impl Hook {
     pub fn attach(&self, prog: Program) -> Result<(), Error> {
         check_attachable(&prog)?;
         let guard = epoch::pin();
-        let old = self.swap(Some(Owned::new(prog)), &guard);
+        let old = self.swap(Some(Owned::from(program_box::boxed(prog))), &guard);
         let arenas = retire(vec![old], &guard);
         drop(guard);
         settle(arenas);
@@ -193,7 +193,8 @@ impl<'h> HookBatch<'h> {
     /// `prog` cannot run here.
     pub fn attach(&mut self, hook: &'h Hook, prog: Program) -> Result<&mut Self, Error> {
         check_attachable(&prog)?;
-        self.ops.push((hook, Some(Owned::new(prog))));
+        self.ops
+            .push((hook, Some(Owned::from(program_box::boxed(prog)))));
         Ok(self)
     }
 
@@ -239,7 +240,8 @@ impl<'h> HookBatch<'h> {
         if let Some(a) = prog.packed_arena() {
             self.uncommitted = Some(a.clone());
         }
-        self.ops.push((hook, Some(Owned::new(prog))));
+        self.ops
+            .push((hook, Some(Owned::from(program_box::boxed(prog)))));
         Ok(self)
     }
 

@@ -34,6 +34,7 @@ mod hook;
 mod id_map;
 mod loader;
 mod perf_map;
+mod program_box;
 pub mod rbpf_bridge;
 mod scratch;
 mod symbols;
@@ -1162,6 +1163,7 @@ impl Program {
         for p in &mut group {
             p.code_release = CodeRelease::Released;
         }
+        program_box::drop_keeping_boxes(group);
     }
 
     /// The entry point of the code when it occupies `region`.
