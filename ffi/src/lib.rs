@@ -2456,7 +2456,10 @@ pub unsafe extern "C" fn packjit_program_symbol(
 }
 
 /// Writes the perf map (`path`, or `/tmp/perf-<pid>.map` when NULL) and keeps it current as
-/// programs are loaded and reclaimed, so `perf report` names JIT code.
+/// programs are loaded and reclaimed, so `perf report` names JIT code. Lines are padded to
+/// one width (leading zeros in the hex size) so that a release updates the file in place;
+/// names longer than about 230 bytes are cut. One runtime keeps a given path: another
+/// runtime of the process enabling it gets `PJ_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `rt` NULL or live; `path` NULL or a NUL-terminated string (copied).

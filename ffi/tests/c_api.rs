@@ -1032,3 +1032,67 @@ fn builtins_are_reported_and_an_older_plugin_gets_calls() {
         packjit_program_free(p);
     }
 }
+
+#[test]
+fn perf_map_through_the_c_api() {
+    // SAFETY: NULL must be refused, not dereferenced.
+    let st = unsafe { packjit_perf_map_enable(null(), null()) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    let path = std::env::temp_dir().join(format!("packjit-capi-{}.map", std::process::id()));
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    let rt = Rt::with_backend();
+    let before = rt.load(&mov_r0(3)).unwrap();
+    // SAFETY: live runtime, NUL-terminated path.
+    let st = unsafe { packjit_perf_map_enable(rt.0, c_path.as_ptr()) };
+    assert_eq!(st, PJ_OK, "{}", last_error());
+    let progs: Vec<*mut PackjitProgram> = std::iter::once(before)
+        .chain((0..5).map(|i| rt.load(&mov_r0(i)).unwrap()))
+        .collect();
+    // Read as perf reads a line: hex start, one separator, hex size, one separator, the name.
+    let listed = || {
+        let mut v: Vec<(u64, u64, String)> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut it = l.splitn(3, ' ');
+                let hex = |f: Option<&str>| u64::from_str_radix(f.unwrap(), 16).unwrap();
+                (
+                    hex(it.next()),
+                    hex(it.next()),
+                    it.next().unwrap().to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let want = |ps: &[*mut PackjitProgram]| {
+        let mut v: Vec<_> = ps.iter().map(|&p| symbol_of(p)).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed(), want(&progs), "programs loaded before and after");
+    // A second runtime cannot keep the same file.
+    let other = Rt::with_backend();
+    // SAFETY: live runtime, NUL-terminated path.
+    let st = unsafe { packjit_perf_map_enable(other.0, c_path.as_ptr()) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("another runtime"), "{}", last_error());
+    for &p in &progs[..3] {
+        // SAFETY: loaded above, freed once.
+        unsafe { packjit_program_free(p) };
+    }
+    let mut pending = 1;
+    // SAFETY: live runtime, valid out pointer.
+    assert_eq!(unsafe { packjit_reclaim(rt.0, &mut pending) }, PJ_OK);
+    assert_eq!(pending, 0);
+    assert_eq!(listed(), want(&progs[3..]), "freed programs are gone");
+    for &p in &progs[3..] {
+        // SAFETY: loaded above, freed once.
+        unsafe { packjit_program_free(p) };
+    }
+    // SAFETY: live runtime, valid out pointer.
+    assert_eq!(unsafe { packjit_reclaim(rt.0, &mut pending) }, PJ_OK);
+    assert_eq!(listed(), vec![]);
+    std::fs::remove_file(&path).unwrap();
+}

@@ -770,7 +770,10 @@ impl Runtime {
     }
 
     /// As [`enable_perf_map`](Self::enable_perf_map), at `path` (tests, several runtimes in
-    /// one process).
+    /// one process). A path has one keeper: enabling a path another runtime of this process
+    /// keeps a map at is an error (both would rewrite the same lines); the same runtime may
+    /// enable it again (the map is rewritten) or move to another path (the old one is freed
+    /// for others).
     pub fn enable_perf_map_at(&self, path: &Path) -> Result<(), Error> {
         self.symbols.enable_perf_map(path.to_path_buf())
     }

@@ -29,6 +29,38 @@ use std::fs::File;
 use std::io::Write as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Paths some runtime of this process keeps a map at. Two runtimes updating one file in
+/// place would overwrite each other's slots, so a path has one keeper at a time.
+static KEPT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// A path in [`KEPT`], until dropped.
+struct Keeper(PathBuf);
+
+impl Keeper {
+    fn claim(path: &Path) -> std::io::Result<Keeper> {
+        // Spelled the same way whatever the working directory and `.` segments.
+        let path = std::path::absolute(path)?;
+        let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.contains(&path) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "another runtime of this process keeps a perf map there (give each runtime \
+                 its own path)",
+            ));
+        }
+        kept.push(path.clone());
+        Ok(Keeper(path))
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+        kept.retain(|p| *p != self.0);
+    }
+}
 
 /// Narrowest line: a 16-digit start, a size and a default `prog_<id>` name fit.
 pub(crate) const MIN_WIDTH: usize = 64;
@@ -80,6 +112,7 @@ pub(crate) fn push_line(out: &mut Vec<u8>, start: u64, size: u64, name: &str, wi
 /// The map file and the image of its contents.
 pub(crate) struct PerfMap {
     path: PathBuf,
+    _keeper: Keeper,
     /// Open for writing while the file matches `image`; `None` after a failed write (the
     /// next change rewrites the whole file).
     file: Option<File>,
@@ -95,12 +128,13 @@ pub(crate) struct PerfMap {
 
 impl PerfMap {
     /// A map at `path` listing `lines` (start, size, name), written now; slot `i` holds
-    /// `lines[i]`.
+    /// `lines[i]`. Fails if another map of this process is kept at `path`.
     pub(crate) fn create<'a>(
         path: PathBuf,
         lines: impl Iterator<Item = (u64, u64, &'a str)> + Clone,
     ) -> std::io::Result<PerfMap> {
         let mut map = PerfMap {
+            _keeper: Keeper::claim(&path)?,
             path,
             file: None,
             width: MIN_WIDTH,

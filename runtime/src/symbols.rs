@@ -296,14 +296,26 @@ impl Symbols {
         *st.extra_copies.entry(id).or_default() += 1;
     }
 
-    /// Writes the perf map at `path` now and keeps it current from here on.
+    /// Writes the perf map at `path` now and keeps it current from here on (instead of the
+    /// one kept so far, if any).
     pub(crate) fn enable_perf_map(&self, path: PathBuf) -> Result<(), Error> {
         let mut st = self.write();
-        let map =
-            PerfMap::create(path.clone(), perf_lines(&st.by_addr)).map_err(|e| io_err(&path, e))?;
-        assign_slots(&mut st.by_addr);
-        st.perf_map = Some(map);
-        Ok(())
+        let State {
+            by_addr, perf_map, ..
+        } = &mut *st;
+        let written = match perf_map {
+            // The same path again: listed anew (slots by address), even if the write fails.
+            Some(map) if map.path() == path => map.relist(perf_lines(by_addr)),
+            _ => {
+                // Another path: on failure the map kept so far stays as it is.
+                let map = PerfMap::create(path.clone(), perf_lines(by_addr))
+                    .map_err(|e| io_err(&path, e))?;
+                *perf_map = Some(map);
+                Ok(())
+            }
+        };
+        assign_slots(by_addr);
+        written.map_err(|e| io_err(&path, e))
     }
 
     /// Rewrites the perf map (at its enabled path) from the index.

@@ -257,3 +257,41 @@ fn the_perf_map_follows_long_names_and_large_batches() {
     assert_eq!(perf_map(&path), vec![]);
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn a_perf_map_path_has_one_keeper_in_the_process() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("packjit-test-keeper-{}.map", std::process::id()));
+    let other = dir.join(format!("packjit-test-keeper2-{}.map", std::process::id()));
+    let (a, b) = (runtime(), runtime());
+    let pa = a
+        .load(&x86_stub::ret_prog(1, 3), &LoadOptions::default())
+        .unwrap();
+    a.enable_perf_map_at(&path).unwrap();
+    a.enable_perf_map_at(&path).unwrap(); // the same runtime again: rewritten
+    let e = b.enable_perf_map_at(&path).unwrap_err();
+    assert_eq!(e.kind, packjit::ErrorKind::InvalidArgument);
+    assert!(
+        e.message.contains(&*path.to_string_lossy()) && e.message.contains("another runtime"),
+        "{e}"
+    );
+    // Spelled differently, still the same file.
+    let dotted = dir.join(".").join(path.file_name().unwrap());
+    assert!(b.enable_perf_map_at(&dotted).is_err());
+    assert_eq!(perf_map(&path), expect(std::slice::from_ref(&pa)));
+    // `a` moves to another path: the first is free for `b`, which lists its own programs.
+    a.enable_perf_map_at(&other).unwrap();
+    b.enable_perf_map_at(&path).unwrap();
+    let pb = b
+        .load(&x86_stub::ret_prog(2, 4), &LoadOptions::default())
+        .unwrap();
+    assert_eq!(perf_map(&path), expect(std::slice::from_ref(&pb)));
+    assert_eq!(perf_map(&other), expect(std::slice::from_ref(&pa)));
+    drop((pa, pb));
+    drain(&a);
+    drain(&b);
+    assert_eq!(perf_map(&path), vec![]);
+    assert_eq!(perf_map(&other), vec![]);
+    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_file(&other).unwrap();
+}
