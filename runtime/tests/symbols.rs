@@ -295,3 +295,52 @@ fn a_perf_map_path_has_one_keeper_in_the_process() {
     std::fs::remove_file(&path).unwrap();
     std::fs::remove_file(&other).unwrap();
 }
+
+#[test]
+fn the_perf_map_stays_exact_under_threads_loading_and_freeing() {
+    let rt = Arc::new(runtime());
+    let path =
+        std::env::temp_dir().join(format!("packjit-test-threads-{}.map", std::process::id()));
+    rt.enable_perf_map_at(&path).unwrap();
+    // Each thread loads, keeps some, frees others (single frees and its own reclaims), with
+    // names of several widths so that lines widen while others move.
+    let kept: Vec<Vec<packjit::Program>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let rt = rt.clone();
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..300usize {
+                        let name = (i % 50 == 7).then(|| format!("t{t}_{}", "w".repeat(i / 3)));
+                        let p = rt
+                            .load(
+                                &x86_stub::ret_prog(i as i32, 2 + i % 5),
+                                &LoadOptions {
+                                    name,
+                                    ..Default::default()
+                                },
+                            )
+                            .unwrap();
+                        mine.push(p);
+                        if i % 3 == 2 {
+                            mine.swap_remove((i * 7) % mine.len());
+                        }
+                        if i % 40 == 0 {
+                            rt.reclaim();
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    drain(&rt);
+    let live: Vec<packjit::Program> = kept.into_iter().flatten().collect();
+    assert_eq!(live.len(), 4 * 200);
+    assert_eq!(perf_map(&path), expect(&live));
+    drop(live);
+    drain(&rt);
+    assert_eq!(perf_map(&path), vec![]);
+    std::fs::remove_file(&path).unwrap();
+}
