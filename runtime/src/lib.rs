@@ -783,7 +783,7 @@ impl Runtime {
         self.symbols.write_perf_map()
     }
 
-    /// Where the perf map is kept, once enabled.
+    /// Where the perf map is kept, once enabled (made absolute when it was enabled).
     pub fn perf_map_path(&self) -> Option<std::path::PathBuf> {
         self.symbols.perf_map_path()
     }

@@ -40,7 +40,8 @@ struct Keeper(PathBuf);
 
 impl Keeper {
     fn claim(path: &Path) -> std::io::Result<Keeper> {
-        // Spelled the same way whatever the working directory and `.` segments.
+        // Spelled the same way whatever the working directory and `.` segments (the runtime
+        // passes absolute paths; this keeps the rule true for any caller).
         let path = std::path::absolute(path)?;
         let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
         if kept.contains(&path) {

@@ -299,6 +299,9 @@ impl Symbols {
     /// Writes the perf map at `path` now and keeps it current from here on (instead of the
     /// one kept so far, if any).
     pub(crate) fn enable_perf_map(&self, path: PathBuf) -> Result<(), Error> {
+        // Absolute, so that the host changing its working directory later does not move the
+        // map, and the same file is recognised however it is spelled.
+        let path = std::path::absolute(&path).map_err(|e| io_err(&path, e))?;
         let mut st = self.write();
         let State {
             by_addr, perf_map, ..
