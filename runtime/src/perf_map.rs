@@ -218,16 +218,14 @@ impl PerfMap {
     /// Slots closer than [`RUN_GAP`] lines are written as one run, the lines between them
     /// rewritten unchanged, so a batch that freed most programs costs a few large writes
     /// rather than one per line. (Replacing the file instead, by `rename`, cost more than
-    /// all of that: on this ext4 the replaced file's blocks are freed and discarded.)
+    /// all of that on ext4 mounted with `discard`: the replaced file's blocks are freed.)
     pub(crate) fn sync(&mut self) {
         let mut dirty = std::mem::take(&mut self.dirty);
         let live = self.slots.len();
         dirty.retain(|&s| s < live);
         dirty.sort_unstable();
         dirty.dedup();
-        if self.file.is_none() {
-            let _ = self.write_whole();
-        } else {
+        if self.file.is_some() {
             let mut runs = dirty.iter().peekable();
             while let Some(&first) = runs.next() {
                 let mut last = first;
@@ -249,6 +247,11 @@ impl PerfMap {
             if !matches!(cut, Some(Ok(()))) {
                 self.file = None;
             }
+        }
+        if self.file.is_none() {
+            // A write failed, now or before: the file may still list removed programs, so
+            // try the whole file at once (again at the next change if this fails too).
+            let _ = self.write_whole();
         }
         dirty.clear();
         self.dirty = dirty;
