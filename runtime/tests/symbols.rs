@@ -92,6 +92,15 @@ fn perf_map(path: &std::path::Path) -> Vec<(u64, u64, String)> {
     lines
 }
 
+/// Frees `progs`, waits for their reclamation and checks that the map at `path` lists
+/// nothing any more; removes the file.
+fn free_all_and_check_empty(rt: &Runtime, progs: Vec<packjit::Program>, path: &std::path::Path) {
+    drop(progs);
+    drain(rt);
+    assert_eq!(perf_map(path), vec![], "every program freed, none listed");
+    std::fs::remove_file(path).unwrap();
+}
+
 #[test]
 fn names_lookup_and_perf_map_follow_loads_and_frees() {
     let rt = runtime();
@@ -154,11 +163,8 @@ fn names_lookup_and_perf_map_follow_loads_and_frees() {
             .unwrap()
     }));
     assert_eq!(perf_map(&path), expect(&progs));
-    drop(progs);
-    drain(&rt);
-    assert_eq!(perf_map(&path), vec![]);
     assert_eq!(rt.write_perf_map().unwrap(), Some(path.clone()));
-    std::fs::remove_file(&path).unwrap();
+    free_all_and_check_empty(&rt, progs, &path);
 }
 
 #[test]
@@ -190,10 +196,7 @@ fn a_perf_map_enabled_after_loads_lists_them_and_follows_frees() {
     progs.remove(0);
     drain(&rt);
     assert_eq!(perf_map(&path), expect(&progs));
-    drop(progs);
-    drain(&rt);
-    assert_eq!(perf_map(&path), vec![]);
-    std::fs::remove_file(&path).unwrap();
+    free_all_and_check_empty(&rt, progs, &path);
 }
 
 #[test]
@@ -252,10 +255,7 @@ fn the_perf_map_follows_long_names_and_large_batches() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.lines().all(|l| l.len() + 1 == 64), "64-byte lines");
     assert_eq!(perf_map(&path), expect(&progs));
-    drop(progs);
-    drain(&rt);
-    assert_eq!(perf_map(&path), vec![]);
-    std::fs::remove_file(&path).unwrap();
+    free_all_and_check_empty(&rt, progs, &path);
 }
 
 #[test]
@@ -287,13 +287,8 @@ fn a_perf_map_path_has_one_keeper_in_the_process() {
         .unwrap();
     assert_eq!(perf_map(&path), expect(std::slice::from_ref(&pb)));
     assert_eq!(perf_map(&other), expect(std::slice::from_ref(&pa)));
-    drop((pa, pb));
-    drain(&a);
-    drain(&b);
-    assert_eq!(perf_map(&path), vec![]);
-    assert_eq!(perf_map(&other), vec![]);
-    std::fs::remove_file(&path).unwrap();
-    std::fs::remove_file(&other).unwrap();
+    free_all_and_check_empty(&a, vec![pa], &other);
+    free_all_and_check_empty(&b, vec![pb], &path);
 }
 
 #[test]
@@ -339,8 +334,5 @@ fn the_perf_map_stays_exact_under_threads_loading_and_freeing() {
     let live: Vec<packjit::Program> = kept.into_iter().flatten().collect();
     assert_eq!(live.len(), 4 * 200);
     assert_eq!(perf_map(&path), expect(&live));
-    drop(live);
-    drain(&rt);
-    assert_eq!(perf_map(&path), vec![]);
-    std::fs::remove_file(&path).unwrap();
+    free_all_and_check_empty(&rt, live, &path);
 }
