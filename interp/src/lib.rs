@@ -650,7 +650,7 @@ impl Interpreter {
                 }
                 Op::Ja { target } => {
                     let target = target as usize;
-                    if let Some(c) = back_edge_charge(inst, &prog.insts[target]) {
+                    if let Some(c) = back_edge_charge(prog, i, target) {
                         charge(&mut budget, pc, c)?;
                     }
                     next = target;
@@ -670,7 +670,7 @@ impl Interpreter {
                     };
                     if cond.eval(width, a, b) {
                         let target = target as usize;
-                        if let Some(c) = back_edge_charge(inst, &prog.insts[target]) {
+                        if let Some(c) = back_edge_charge(prog, i, target) {
                             charge(&mut budget, pc, c)?;
                         }
                         next = target;

@@ -5,7 +5,7 @@
 //! exits into gotos). Checked over the conformance corpus and the generators' programs (the
 //! failing program is named).
 
-use packjit_frontend::{op_kind, Branch, BranchKind, Op, Operand, Program, R10};
+use packjit_frontend::{op_kind, Branch, BranchKind, Compared, Op, Operand, Program, R10};
 use packjit_plugin_api::CompileRequest;
 use packjit_testkit::gen;
 
@@ -20,16 +20,19 @@ fn scanned(prog: &Program) -> (Vec<Branch>, Vec<u32>) {
                 at,
                 target,
                 kind: BranchKind::Ja,
+                compared: Compared::of(&inst.op),
             }),
             Op::Jcond { target, .. } => branches.push(Branch {
                 at,
                 target,
                 kind: BranchKind::Jcond,
+                compared: Compared::of(&inst.op),
             }),
             Op::CallLocal { target } => branches.push(Branch {
                 at,
                 target,
                 kind: BranchKind::CallLocal,
+                compared: Compared::of(&inst.op),
             }),
             Op::Exit => exits.push(at),
             _ => {}

@@ -1412,7 +1412,7 @@ impl<'a> Emitter<'a> {
         if !self.mode.counts_budget() {
             return None;
         }
-        back_edge_charge(&self.prog.insts[from], &self.prog.insts[to])
+        back_edge_charge(self.prog, from, to)
     }
 
     /// Charges a taken back-edge from `from` to `to`, if it is one.

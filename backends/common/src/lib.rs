@@ -68,6 +68,36 @@ pub struct Branch {
     pub target: u32,
     /// Which of the three it is.
     pub kind: BranchKind,
+    /// What a conditional jump compares; [`Compared::Nothing`] for `ja` and calls. Passes
+    /// that look for loops of one shape (a walk's back-edge compares two registers at 64
+    /// bits, see [`walks`]) read it here instead of from the instruction.
+    pub compared: Compared,
+}
+
+/// The operands of a [`BranchKind::Jcond`], as its [`Op::Jcond`] has them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Compared {
+    /// Not a conditional jump.
+    Nothing,
+    /// A register against the immediate, at this width.
+    RegImm(Width),
+    /// Two registers, at this width.
+    RegReg(Width),
+}
+
+impl Compared {
+    /// What `op` compares.
+    pub fn of(op: &Op) -> Compared {
+        match *op {
+            Op::Jcond {
+                width,
+                src: Operand::Reg(_),
+                ..
+            } => Compared::RegReg(width),
+            Op::Jcond { width, .. } => Compared::RegImm(width),
+            _ => Compared::Nothing,
+        }
+    }
 }
 
 /// What a [`Branch`] is.

@@ -2,7 +2,9 @@
 //! here for all of them. The reference evaluator runs programs as [`decode`](crate::decode)
 //! returns them, without these rewrites, so the differential tests check each one.
 
-use crate::{op_kind, verify::decode_with, Branch, BranchKind, DecodeOptions, Op, Program};
+use crate::{
+    op_kind, verify::decode_with, Branch, BranchKind, Compared, DecodeOptions, Op, Program,
+};
 use packjit_plugin_api::{CompileError, CompileRequest};
 
 /// Decodes and verifies a request's code (with the encodings its flags opt into), then
@@ -92,6 +94,7 @@ pub fn fold_branches_over_jumps(prog: &mut Program) {
             at: b.at + 1,
             target: b.at + 2,
             kind: BranchKind::Ja,
+            compared: Compared::Nothing,
         };
         if was_exit {
             new_gotos.push(goto);

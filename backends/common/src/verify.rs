@@ -9,7 +9,7 @@
 
 use crate::insn::{op::*, *};
 use crate::op_kind;
-use crate::{Branch, BranchKind, Program, Subprog};
+use crate::{Branch, BranchKind, Compared, Program, Subprog};
 use packjit_plugin_api::abi::{PJ_HELPER_PERCPU_OFFSET, PJ_MOV_OFF_PERCPU};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
@@ -111,6 +111,7 @@ pub fn decode_with(
             // seen so far: exact for a target at or before this slot, and for a later one
             // unless an `lddw` lies in between (pass 2 rewrites those few). A slot outside
             // the program leaves the raw offset in place, for pass 2's error.
+            let compared = Compared::of(&insts[index as usize].op);
             let (kind, target) = match &mut insts[index as usize].op {
                 Op::Ja { target } => (BranchKind::Ja, target),
                 Op::Jcond { target, .. } => (BranchKind::Jcond, target),
@@ -134,6 +135,7 @@ pub fn decode_with(
                 at: index,
                 target: slot,
                 kind,
+                compared,
             });
             if kind == BranchKind::CallLocal {
                 local_calls.push(index);

@@ -53,7 +53,7 @@
 //! per loop entry is about ten instructions; per iteration it is the clamp alone.
 
 use crate::ranges::{for_each_state, transfer, AccessCheck, Base, State, Val};
-use crate::{AluOp, BranchKind, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
+use crate::{AluOp, Compared, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
 
 /// Largest pointer step: from a clamped 0, a speculation window of a few hundred iterations
 /// stays inside the first 64 KiB, which Linux never maps (`vm.mmap_min_addr`).
@@ -183,18 +183,12 @@ impl Candidates {
             entry: Vec::new(),
         };
         // From the branch list: at 1 M instructions a pass over `insts` runs from memory.
-        let back_edges = prog.branches.iter().any(|b| {
-            b.kind == BranchKind::Jcond
-                && b.target < b.at
-                && matches!(
-                    prog.insts[b.at as usize].op,
-                    Op::Jcond {
-                        width: Width::W64,
-                        src: Operand::Reg(_),
-                        ..
-                    }
-                )
-        });
+        // Not even the branch's own instruction: at the cost of one cache miss per backward
+        // jump, that alone was most of what a sandboxed compile lost to memory at 1 M.
+        let back_edges = prog
+            .branches
+            .iter()
+            .any(|b| b.compared == Compared::RegReg(Width::W64) && b.target < b.at);
         if !back_edges {
             return none;
         }

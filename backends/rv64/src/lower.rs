@@ -962,7 +962,7 @@ impl<'a> Codegen<'a> {
             }
             Op::Ja { target } => {
                 let target = target as usize;
-                if let Some(charge) = self.charge_of(inst, target) {
+                if let Some(charge) = self.charge_of(i, target) {
                     self.charge(pc, charge);
                     let l = self.jump_label(i, target);
                     self.jump(l);
@@ -981,7 +981,7 @@ impl<'a> Codegen<'a> {
             } => {
                 let target = target as usize;
                 let l = self.jump_label(i, target);
-                if let Some(charge) = self.charge_of(inst, target) {
+                if let Some(charge) = self.charge_of(i, target) {
                     // Taken back-edge: pay first, on the taken path only.
                     let skip = self.e.new_label();
                     self.jcond(width, cond, self.map(dst), src, skip, true);
@@ -1078,12 +1078,13 @@ impl<'a> Codegen<'a> {
 
     // ---- instruction budget --------------------------------------------------------------------
 
-    /// What the taken jump from `from` to instruction index `target` charges, when counting.
-    fn charge_of(&self, from: &Inst, target: usize) -> Option<u64> {
+    /// What the taken jump from instruction index `from` to index `target` charges, when
+    /// counting.
+    fn charge_of(&self, from: usize, target: usize) -> Option<u64> {
         if !self.mode.counts_budget() {
             return None;
         }
-        back_edge_charge(from, &self.prog.insts[target])
+        back_edge_charge(self.prog, from, target)
     }
 
     /// Pays `amount` from the budget, or stops at `pc` (budget untouched) if it cannot.

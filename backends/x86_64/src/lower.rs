@@ -1578,7 +1578,7 @@ impl<'a> Emitter<'a> {
         }
         let cc = cc_of(cond);
         let l = self.jump_label(target);
-        if self.mode.counts_budget() && back_edge_charge(inst, &self.prog.insts[target]).is_some() {
+        if self.mode.counts_budget() && back_edge_charge(self.prog, self.cur, target).is_some() {
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
             self.charge_back_edge(inst, target);
@@ -1593,7 +1593,7 @@ impl<'a> Emitter<'a> {
         if !self.mode.counts_budget() {
             return;
         }
-        if let Some(c) = back_edge_charge(inst, &self.prog.insts[target]) {
+        if let Some(c) = back_edge_charge(self.prog, self.cur, target) {
             self.charge(inst.pc as usize, c);
         }
     }
