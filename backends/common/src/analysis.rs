@@ -833,7 +833,8 @@ mod tests {
 
     #[test]
     fn charges() {
-        // 0: lddw (slots 0-1); 1: ja -2 (to 0); 2: ja -1 (to itself); 3: ja +0; 4: exit.
+        // Index (slot): 0 (0-1) lddw; 1 (2) ja -3, to 0; 2 (3) ja -1, to itself; 3 (4) ja +0;
+        // 4 (5) exit.
         use crate::encode_insn;
         let mut code = encode_insn(0x18, 0, 0, 0, 7).to_vec();
         code.extend(encode_insn(0, 0, 0, 0, 0));

@@ -182,9 +182,9 @@ impl Candidates {
             cands: Vec::new(),
             entry: Vec::new(),
         };
-        // From the branch list: at 1 M instructions a pass over `insts` runs from memory.
-        // Not even the branch's own instruction: at the cost of one cache miss per backward
-        // jump, that alone was most of what a sandboxed compile lost to memory at 1 M.
+        // From the branch list alone, without reading even the branches' instructions: at
+        // 1 M instructions that read missed the cache once per backward jump, most of what
+        // a sandboxed compile lost to memory there.
         let back_edges = prog
             .branches
             .iter()
