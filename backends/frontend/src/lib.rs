@@ -24,6 +24,7 @@
 pub mod analysis;
 pub mod cold;
 mod insn;
+pub mod lower;
 pub mod ranges;
 pub mod relax;
 pub mod scratch;

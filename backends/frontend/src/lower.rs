@@ -1,0 +1,677 @@
+//! The lowering contract: what a backend implements ([`Lowering`]) and the driver that does
+//! everything else once, for every backend ([`lower_program`], [`emit`]).
+//!
+//! A backend is its register table, its frame, the hooks of [`Lowering`] (named after what
+//! they emit, the same in every backend) and its encoders. The driver owns:
+//!
+//! * the pass loop with branch relaxation, and the result every backend returns
+//!   ([`Emitted`], landings included);
+//! * the function and instruction loop: entry and epilogue labels, instruction labels and
+//!   offsets, islands of cold code ([`ColdPlacement`]);
+//! * the sandbox's orchestration: where a check group's widened test goes and where a jump
+//!   re-entering it lands, a walk's entry and the clamp its back-edge lands on, checked
+//!   copies of groups and loops, and the answer to "how is this access lowered?"
+//!   ([`Driver::access`]), asked once per access;
+//! * the queue of cold code ([`Cold`]) and its placement.
+//!
+//! ```text
+//!   for each function k:      entries[k]: prologue(k)
+//!     for each instruction i: [island of queued cold code]
+//!                             [walk entry, jump to head, clamp: walk_* hooks]
+//!                             labels[i]: [group_check] instruction(k, i)
+//!                             epilogues[k]: epilogue(k)
+//!                             queued cold code: access_slow_path, budget_stop, isa_cold,
+//!                             checked copies (instruction(k, i) again, with copy set)
+//!   program_end()             shared checks, stop paths, tables, constant pools
+//! ```
+
+use dynasmrt::DynamicLabel;
+use packjit_plugin_api::{CompileError, ErrorKind};
+use std::ops::Range;
+
+use crate::analysis::{back_edge_charge, checked_access, instruction_labels, CodegenMode};
+use crate::cold::ColdPlacement;
+use crate::ranges::{AccessCheck, AccessPlan, Group};
+use crate::relax::{BranchCheck, Relaxation, Settled};
+use crate::scratch::{self, Reused};
+use crate::walks::Guard;
+use crate::{Inst, Op, Program, Reg};
+
+/// Out-of-line code of one instruction, emitted after its function (or in an island) so the
+/// hot path stays dense. `A` is where the backend keeps an access's address for its slow
+/// path; `F` is cold code only that ISA needs (x86-64's division fix-ups).
+#[derive(Clone, Copy, Debug)]
+pub enum Cold<A, F> {
+    /// An access's inline test failed: the program's shared full check, back to `resume`
+    /// when some region holds the access ([`Lowering::access_slow_path`]).
+    Access {
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        site: A,
+    },
+    /// A check group's widened test failed: the group's instructions again with a check per
+    /// access, then on after the group.
+    Group { group: usize, label: DynamicLabel },
+    /// A guarded walk's entry test failed: the loop's checked copy, then on after the loop.
+    Walk { walk: usize, label: DynamicLabel },
+    /// The budget cannot pay `charge` at `inst`: stop there ([`Lowering::budget_stop`]).
+    Budget {
+        inst: usize,
+        label: DynamicLabel,
+        charge: u64,
+    },
+    /// Cold code of the ISA's own ([`Lowering::isa_cold`]).
+    Isa(F),
+}
+
+/// What a checked copy copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyOf {
+    /// Check group `.0`'s members.
+    Group(usize),
+    /// Guarded walk `.0`'s loop, back-edge included.
+    Loop(usize),
+}
+
+/// How the current load, store or atomic reaches memory ([`Driver::access`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessLowering {
+    /// With no check: trusted code, an access proven inside the frame, a walk's access, or
+    /// a member of a check group whose widened test already ran. The address is
+    /// `base + off`, through a walk's shadow register where the walk clamps into one.
+    Direct { base: Reg, off: i16 },
+    /// With its own check, whose inline test tries this region first.
+    Checked(AccessCheck),
+}
+
+/// The driver's state of one emission pass, kept by the backend's lowering and read by its
+/// hooks (`cur`, `copy`, labels).
+pub struct Driver<'a, A, F> {
+    pub prog: &'a Program,
+    /// The sandbox's access analysis (empty in trusted code).
+    pub access: &'a AccessPlan,
+    pub mode: &'a CodegenMode,
+    /// Emit the Spectre clamps (off only for measurement, see `EmitOptions`).
+    pub clamp: bool,
+    /// Index of the instruction being lowered.
+    pub cur: usize,
+    /// Emitting a group's or a guarded walk's checked copy: every access checks itself.
+    pub copy: Option<CopyOf>,
+    /// In a guarded walk's checked copy: the copy's head, where its back-edge goes.
+    pub copy_head: Option<DynamicLabel>,
+    /// An instruction the lowering fused into the one before it: only its label and
+    /// offset are emitted.
+    pub skip: Option<usize>,
+    /// Start of each instruction's code; only instructions jumped to have their own (see
+    /// `instruction_labels`).
+    pub labels: Reused<DynamicLabel>,
+    /// Where each instruction's code starts, in emission order (= instruction order).
+    pub offsets: Reused<u32>,
+    /// Call entry of each function (before its prologue).
+    pub entries: Vec<DynamicLabel>,
+    /// Epilogue of each function.
+    pub epilogues: Vec<DynamicLabel>,
+    /// Per check group: the point right after its widened test and clamp, for the jumps
+    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
+    pub group_resume: Vec<Option<DynamicLabel>>,
+    /// Per check group: whether the backend encodes its widened test. The members of one
+    /// it does not are checked one by one.
+    pub group_encoded: Vec<bool>,
+    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
+    pub walk_clamps: Vec<DynamicLabel>,
+    /// Cold code queued for the current function.
+    pub colds: Vec<Cold<A, F>>,
+    /// Where the queued cold code goes: after the function, or in an island.
+    pub islands: ColdPlacement,
+}
+
+impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
+    /// The state of a new pass; `new_label` makes a label in the pass's assembler and
+    /// `encodes_group` says which check groups' widened tests the backend can encode.
+    pub fn new(
+        prog: &'a Program,
+        access: &'a AccessPlan,
+        mode: &'a CodegenMode,
+        islands: ColdPlacement,
+        mut new_label: impl FnMut() -> DynamicLabel,
+        encodes_group: impl Fn(&Group) -> bool,
+    ) -> Self {
+        let unbound = new_label();
+        let labels = instruction_labels(prog, access, unbound, &mut new_label);
+        let functions = prog.subprogs.len();
+        let entries = (0..functions).map(|_| new_label()).collect();
+        let epilogues = (0..functions).map(|_| new_label()).collect();
+        let group_encoded: Vec<bool> = access.groups.iter().map(encodes_group).collect();
+        let group_resume = (access.groups.iter().zip(&group_encoded))
+            .map(|(g, &encoded)| (g.reentered && encoded).then(&mut new_label))
+            .collect();
+        let walk_clamps = access.walks.iter().map(|_| new_label()).collect();
+        Driver {
+            prog,
+            access,
+            mode,
+            clamp: true,
+            cur: 0,
+            copy: None,
+            copy_head: None,
+            skip: None,
+            labels,
+            offsets: scratch::take(prog.insts.len()),
+            entries,
+            epilogues,
+            group_resume,
+            group_encoded,
+            walk_clamps,
+            colds: Vec::new(),
+            islands,
+        }
+    }
+
+    /// The current instruction's eBPF pc.
+    pub fn pc(&self) -> usize {
+        self.prog.insts[self.cur].pc as usize
+    }
+
+    /// A compile error at the current instruction.
+    pub fn error(&self, kind: ErrorKind, msg: impl Into<String>) -> CompileError {
+        CompileError::at(self.pc(), kind, msg)
+    }
+
+    /// In a checked copy (every access checks itself)?
+    pub fn in_copy(&self) -> bool {
+        self.copy.is_some()
+    }
+
+    /// How the current instruction's memory access (`op`: a load, store or atomic) is
+    /// lowered: the sandbox's whole decision, asked once per access.
+    pub fn access(&self, op: &Op) -> AccessLowering {
+        let Some((base, off, _)) = checked_access(op) else {
+            // Frame-constant: proven without the dataflow, in every mode.
+            let (base, off) = match *op {
+                Op::Load { base, off, .. }
+                | Op::Store { base, off, .. }
+                | Op::Atomic { base, off, .. } => (base, off),
+                _ => unreachable!("Driver::access is for memory instructions"),
+            };
+            return AccessLowering::Direct { base, off };
+        };
+        if !self.mode.sandboxed() || self.unchecked() {
+            let (base, off) = self.walked_address(base, off);
+            return AccessLowering::Direct { base, off };
+        }
+        AccessLowering::Checked(self.access.check(self.cur))
+    }
+
+    /// Whether the current (checked-class) access needs no check of its own: proven inside
+    /// the frame (by the data or by its walk), or a member of an encoded check group on the
+    /// hot path, whose widened test the driver emitted before the group.
+    fn unchecked(&self) -> bool {
+        match self.access.check(self.cur) {
+            AccessCheck::None | AccessCheck::Walked => return true,
+            AccessCheck::Guarded => return !self.in_copy(),
+            _ => {}
+        }
+        if self.in_copy() {
+            return false;
+        }
+        (self.access.group_of(self.cur)).is_some_and(|g| self.group_encoded[g])
+    }
+
+    /// Base and offset of an unchecked access: through its walk's shadow when the walk
+    /// clamps into one (`AccessPlan::walked_address`; without the clamp, measurement only,
+    /// the access uses the pointer itself).
+    pub fn walked_address(&self, base: Reg, off: i16) -> (Reg, i16) {
+        if self.clamp {
+            self.access.walked_address(self.cur, base, off)
+        } else {
+            (base, off)
+        }
+    }
+
+    /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
+    /// when there is one and clamping is on.
+    pub fn walk_shadow(&self, walk: usize) -> Option<Reg> {
+        self.access.walks[walk].shadow.filter(|_| self.clamp)
+    }
+
+    /// In a re-entered group's checked copy, with clamping on: the member's base must
+    /// itself be clamped from its checked address, so a jump that skips the group's test
+    /// later never sees an unchecked base, also under misspeculation.
+    pub fn clamps_reentered_base(&self) -> bool {
+        matches!(self.copy, Some(CopyOf::Group(_)))
+            && self.clamp
+            && (self.access.group_of(self.cur)).is_some_and(|g| self.access.groups[g].reentered)
+    }
+
+    /// Where the jump at the current instruction to `target` lands: on the pointer clamp
+    /// when it is a walk's back-edge (the copy's head inside a walk's checked copy), past
+    /// the target group's test when the front end found the group already validated on
+    /// every path to the jump, else at the target.
+    pub fn jump_label(&self, target: usize) -> DynamicLabel {
+        if let Some(k) = self.access.walk_of_back_edge(self.cur) {
+            return self.copy_head.unwrap_or(self.walk_clamps[k]);
+        }
+        match self
+            .access
+            .reentry(self.cur)
+            .and_then(|g| self.group_resume[g])
+        {
+            Some(resume) => resume,
+            None => self.labels[target],
+        }
+    }
+
+    /// What the budget charges for the current instruction's jump or call to `target`:
+    /// `None` when the program counts no budget or the jump is no back-edge.
+    pub fn charge(&self, target: usize) -> Option<u64> {
+        if !self.mode.counts_budget() {
+            return None;
+        }
+        back_edge_charge(self.prog, self.cur, target)
+    }
+
+    /// Queues a check's cold side.
+    pub fn queue(&mut self, cold: Cold<A, F>) {
+        self.colds.push(cold);
+    }
+}
+
+/// What every backend implements: the ISA hooks the driver calls. Names say what each
+/// emits; the state they share with the driver is [`Driver`], reached through
+/// [`Lowering::driver`].
+pub trait Lowering<'a> {
+    /// Where an access's address is for its slow path (a register, or base and offset).
+    type AccessSite: Copy;
+    /// Cold code only this ISA needs; `std::convert::Infallible` when there is none.
+    type IsaCold: Copy;
+
+    fn driver(&mut self) -> &mut Driver<'a, Self::AccessSite, Self::IsaCold>;
+
+    // -- the assembler ------------------------------------------------------------------
+    /// Bytes emitted so far.
+    fn position(&self) -> usize;
+    fn new_label(&mut self) -> DynamicLabel;
+    fn bind(&mut self, label: DynamicLabel);
+    /// An unconditional jump.
+    fn jump(&mut self, label: DynamicLabel);
+    /// The hot path's jump over an island of cold code (a form that reaches the island's
+    /// end from its first pass).
+    fn jump_over_island(&mut self, label: DynamicLabel) {
+        self.jump(label);
+    }
+
+    // -- functions and instructions -------------------------------------------------------
+    fn prologue(&mut self, func: usize);
+    /// The epilogue of `func`, after the driver bound `epilogues[func]`.
+    fn epilogue(&mut self, func: usize);
+    /// Before emitting code of `func` (its body, or cold code of its instructions): select
+    /// that function's register map, if the backend has one per function.
+    fn enter_function(&mut self, _func: usize) {}
+    /// One instruction (`driver().cur == i`), on the hot path or in a checked copy.
+    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError>;
+
+    // -- the sandbox ---------------------------------------------------------------------
+    /// Check group `group`'s widened test before its first member, then the base clamped in
+    /// place; branches to `fail` (the group's checked copy) when the test fails. The driver
+    /// then binds the group's resume label and queues the copy.
+    fn group_check(&mut self, group: usize, fail: DynamicLabel);
+    /// A guarded walk's entry test; branches to `fail` (the loop's checked copy) when the
+    /// walk may leave its region.
+    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel);
+    /// A walk's entry, before the jump to its head: copies the pointer into the walk's
+    /// shadow and loads loop-invariant limits.
+    fn walk_entry(&mut self, walk: usize);
+    /// The pointer clamp a walk's back-edge lands on (only with clamping on); falls into
+    /// the head.
+    fn walk_clamp(&mut self, walk: usize);
+    /// The slow path of a checked access whose inline test failed, at `label`: the shared
+    /// full check, then back to `resume`.
+    fn access_slow_path(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        site: Self::AccessSite,
+    ) -> Result<(), CompileError>;
+    /// At `label`: the budget could not pay `charge` at `inst`; stop there.
+    fn budget_stop(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        charge: u64,
+    ) -> Result<(), CompileError>;
+    /// Cold code of the ISA's own.
+    fn isa_cold(&mut self, cold: Self::IsaCold) -> Result<(), CompileError>;
+    /// After a checked copy's last instruction, before the driver's jump on past it.
+    fn checked_copy_done(&mut self, _copy: CopyOf) {}
+    /// After queued cold code was placed, before instruction `next`.
+    fn cold_placed(&mut self, _next: usize) {}
+    /// After every function: the shared check, stop paths, tables, constants.
+    fn program_end(&mut self) -> Result<(), CompileError>;
+}
+
+/// One emission pass over the whole program.
+pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError> {
+    let prog = l.driver().prog;
+    // Walks and check groups exist only in sandboxed code: trusted code skips the
+    // per-instruction lookups.
+    let walks = !l.driver().access.walks.is_empty();
+    let groups = !l.driver().access.groups.is_empty();
+    for (k, sp) in prog.subprogs.iter().enumerate() {
+        let entry = l.driver().entries[k];
+        l.bind(entry);
+        l.driver().cur = sp.start;
+        l.enter_function(k);
+        l.prologue(k);
+        let pos = l.position();
+        l.driver()
+            .islands
+            .begin_function(pos, sp.start, sp.end, prog.insts.len());
+        for i in sp.start..sp.end {
+            let pos = l.position();
+            let d = l.driver();
+            let queued = !d.colds.is_empty();
+            if d.islands.island_due(pos, i, queued) {
+                island(l, i)?;
+            }
+            let d = l.driver();
+            d.cur = i;
+            d.islands.note_instruction(i, &prog.insts[i].op);
+            if walks {
+                if let Some(w) = d.access.walk_at_head(i) {
+                    walk_head(l, w, i);
+                }
+            }
+            // The instruction starts here (after a walk's clamp, which only the walk's
+            // back-edge reaches). Code is far below 4 GiB: at most `MAX_INSNS` instructions.
+            let pos = l.position() as u32;
+            let d = l.driver();
+            d.offsets.push(pos);
+            if d.access.jumped_to(prog, i) {
+                let label = d.labels[i];
+                l.bind(label);
+            }
+            if l.driver().skip == Some(i) {
+                continue;
+            }
+            if groups {
+                group_check_at(l, i);
+            }
+            l.instruction(k, i, &prog.insts[i])?;
+        }
+        let epilogue = l.driver().epilogues[k];
+        l.bind(epilogue);
+        l.epilogue(k);
+        emit_queued_cold(l, sp.end)?;
+    }
+    l.program_end()
+}
+
+/// A group's widened test, where its first member's code starts: before anything of that
+/// instruction (an immediate to store, say), so a re-entering jump that lands right after
+/// the test skips nothing else.
+fn group_check_at<'a, L: Lowering<'a>>(l: &mut L, i: usize) {
+    let d = l.driver();
+    let Some(g) = d.access.group_of(i) else {
+        return;
+    };
+    if d.access.groups[g].first != i || !d.group_encoded[g] {
+        return;
+    }
+    let fail = l.new_label();
+    l.group_check(g, fail);
+    let d = l.driver();
+    if let Some(resume) = d.group_resume[g] {
+        l.bind(resume);
+    }
+    l.driver().queue(Cold::Group {
+        group: g,
+        label: fail,
+    });
+}
+
+/// Before a walk's head (`walks`): the entry (guarded walks test their extent first) jumps
+/// over the pointer clamp its back-edge lands on. The clamp redoes the loop's test and,
+/// with no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
+/// pointer itself) when the loop should have ended (a mispredicted back-edge).
+fn walk_head<'a, L: Lowering<'a>>(l: &mut L, k: usize, head: usize) {
+    let d = l.driver();
+    let (guard, head_label, clamp_label) =
+        (d.access.walks[k].guard, d.labels[head], d.walk_clamps[k]);
+    if let Some(guard) = guard {
+        let fail = l.new_label();
+        l.walk_guard(k, guard, fail);
+        l.driver().queue(Cold::Walk {
+            walk: k,
+            label: fail,
+        });
+    }
+    l.walk_entry(k);
+    l.jump(head_label);
+    l.bind(clamp_label);
+    if l.driver().clamp {
+        l.walk_clamp(k);
+    }
+}
+
+/// The queued cold code, here (before instruction `next`): after its function or in an
+/// island. A checked copy adds the cold sides of its own checks.
+fn emit_queued_cold<'a, L: Lowering<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
+    let start = l.position();
+    while !l.driver().colds.is_empty() {
+        for cold in std::mem::take(&mut l.driver().colds) {
+            emit_cold(l, cold)?;
+        }
+    }
+    l.cold_placed(next);
+    let end = l.position();
+    l.driver().islands.cold_placed(start, end);
+    Ok(())
+}
+
+/// The queued cold code between two instructions, jumped over by the hot path.
+fn island<'a, L: Lowering<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
+    let over = l.new_label();
+    l.jump_over_island(over);
+    emit_queued_cold(l, next)?;
+    l.bind(over);
+    Ok(())
+}
+
+fn emit_cold<'a, L: Lowering<'a>>(
+    l: &mut L,
+    cold: Cold<L::AccessSite, L::IsaCold>,
+) -> Result<(), CompileError> {
+    let d = l.driver();
+    let access = d.access;
+    let at = match cold {
+        Cold::Group { group, .. } => Some(d.access.groups[group].first),
+        Cold::Walk { walk, .. } => Some(d.access.walks[walk].head),
+        Cold::Budget { inst, .. } | Cold::Access { inst, .. } => Some(inst),
+        Cold::Isa(_) => None,
+    };
+    if let Some(at) = at {
+        let func = d.prog.subprog_of(at);
+        d.cur = at;
+        l.enter_function(func);
+    }
+    match cold {
+        Cold::Group { group, label } => {
+            let g = &access.groups[group];
+            checked_copy(l, label, g.first, g.last, CopyOf::Group(group))
+        }
+        Cold::Walk { walk, label } => {
+            let w = &access.walks[walk];
+            checked_copy(l, label, w.head, w.back_edge, CopyOf::Loop(walk))
+        }
+        Cold::Access {
+            inst,
+            label,
+            resume,
+            size,
+            write,
+            site,
+        } => l.access_slow_path(inst, label, resume, size, write, site),
+        Cold::Budget {
+            inst,
+            label,
+            charge,
+        } => l.budget_stop(inst, label, charge),
+        Cold::Isa(f) => l.isa_cold(f),
+    }
+}
+
+/// The checked copy of instructions `first..=last` at `label` (a loop's back-edge then goes
+/// to the copy's own head), then on after them: neither a group nor a loop ends its
+/// function.
+fn checked_copy<'a, L: Lowering<'a>>(
+    l: &mut L,
+    label: DynamicLabel,
+    first: usize,
+    last: usize,
+    of: CopyOf,
+) -> Result<(), CompileError> {
+    let prog = l.driver().prog;
+    let k = prog.subprog_of(first);
+    l.bind(label);
+    let d = l.driver();
+    d.copy = Some(of);
+    d.copy_head = matches!(of, CopyOf::Loop(_)).then_some(label);
+    d.skip = None;
+    for i in first..=last {
+        if l.driver().skip == Some(i) {
+            // Fused into the previous instruction (also in this copy).
+            continue;
+        }
+        l.driver().cur = i;
+        l.instruction(k, i, &prog.insts[i])?;
+    }
+    let d = l.driver();
+    (d.copy, d.copy_head, d.skip) = (None, None, None);
+    l.checked_copy_done(of);
+    // On after the copy; an instruction fused into the last one was done by it, and its
+    // label is where the one after it starts.
+    let next = l.driver().labels[last + 1];
+    l.jump(next);
+    Ok(())
+}
+
+/// A pass's code as the backend's assembler finished it.
+pub struct Assembled {
+    pub bytes: Reused<u8>,
+    /// Native instructions in `bytes`, data excluded.
+    pub native_insns: usize,
+    /// Byte ranges of data in `bytes` (tables, constant pools and their padding).
+    pub data: Vec<Range<usize>>,
+}
+
+/// One pass's lowering as [`emit`] drives it: a [`Lowering`] that can also report its
+/// branch sites and hand over its code.
+pub trait Pass<'a>: Lowering<'a> + Sized {
+    /// The branch forms the backend relaxes.
+    type Form: Copy + Ord + std::fmt::Debug;
+    /// `None` when every branch site reaches in the form it was emitted in (the usual
+    /// case, cheap to tell); else every site, for [`Relaxation::settle`].
+    fn branch_checks(&mut self) -> Result<Option<Vec<BranchCheck<Self::Form>>>, CompileError>;
+    /// The forms this pass emitted where they are longer than asked for (guessed far):
+    /// later passes start from them.
+    fn emitted_forms(&self) -> Vec<(usize, Self::Form)> {
+        Vec::new()
+    }
+    /// Resolved offset of a bound label.
+    fn resolve(&self, label: DynamicLabel) -> Option<usize>;
+    fn finish(self) -> Result<Assembled, CompileError>;
+    /// Says why a branch cannot reach at all (the program is too large for the ISA).
+    fn unreachable_branch(check: &BranchCheck<Self::Form>) -> CompileError;
+}
+
+/// The result of lowering a program: the same in every backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emitted {
+    /// Machine code; offset 0 is the entry.
+    pub bytes: Reused<u8>,
+    /// Native instructions (data excluded).
+    pub native_insns: usize,
+    /// Byte ranges of data in `bytes` (`callx` tables, constants, padding), ascending.
+    pub data: Vec<Range<usize>>,
+    /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
+    pub inst_offsets: Reused<u32>,
+    /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
+    pub passes: usize,
+    /// Cold code islands inside functions ([`ColdPlacement`]).
+    pub islands: usize,
+    /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
+    /// than its code's start. A back-edge that skips a re-entered check group's test
+    /// (`ranges::reentries`) lands past the test; a walk's back-edge (`walks`) lands on the
+    /// pointer clamp before the head. A loop runs from its back-edge's landing.
+    pub landings: Vec<(usize, usize)>,
+}
+
+/// Lowers a program: passes of `new_pass` (given the forms to emit and the cold placement)
+/// until every branch reaches, with `relax` growing the sites that do not.
+pub fn emit<'a, P: Pass<'a>>(
+    mut relax: Relaxation<P::Form>,
+    mut islands: ColdPlacement,
+    mut new_pass: impl FnMut(&[P::Form], ColdPlacement) -> Result<P, CompileError>,
+) -> Result<Emitted, CompileError> {
+    loop {
+        relax.begin_pass();
+        islands.begin_pass(relax.passes());
+        let mut pass = new_pass(relax.forms(), islands)?;
+        lower_program(&mut pass)?;
+        islands = pass.driver().islands.clone();
+        let settled = match pass.branch_checks()? {
+            None => Settled::Done,
+            Some(checks) => {
+                for (site, form) in pass.emitted_forms() {
+                    relax.form(site, form);
+                }
+                relax.settle(&checks, P::unreachable_branch)?
+            }
+        };
+        if settled == Settled::Again {
+            continue;
+        }
+        let d = pass.driver();
+        let (access, resumes, clamps) = (
+            d.access,
+            std::mem::take(&mut d.group_resume),
+            std::mem::take(&mut d.walk_clamps),
+        );
+        let landings = landings(access, &resumes, &clamps, |l| pass.resolve(l));
+        let inst_offsets = std::mem::take(&mut pass.driver().offsets);
+        let code = pass.finish()?;
+        return Ok(Emitted {
+            bytes: code.bytes,
+            native_insns: code.native_insns,
+            data: code.data,
+            inst_offsets,
+            passes: relax.passes(),
+            islands: islands.islands(),
+            landings,
+        });
+    }
+}
+
+/// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
+/// than its code's start (see [`Emitted::landings`]).
+fn landings(
+    access: &AccessPlan,
+    group_resume: &[Option<DynamicLabel>],
+    walk_clamps: &[DynamicLabel],
+    resolve: impl Fn(DynamicLabel) -> Option<usize>,
+) -> Vec<(usize, usize)> {
+    let groups = access.groups.iter().zip(group_resume);
+    let walks = access.walks.iter().zip(walk_clamps);
+    let mut landings: Vec<(usize, usize)> = groups
+        .filter_map(|(g, l)| Some((g.first, resolve((*l)?)?)))
+        .chain(walks.filter_map(|(w, &l)| Some((w.head, resolve(l)?))))
+        .collect();
+    landings.sort_unstable();
+    landings
+}
