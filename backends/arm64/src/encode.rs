@@ -12,7 +12,7 @@ use packjit_frontend::relax::BranchCheck;
 use packjit_frontend::{AluOp, Cond, Width, Width::W32, Width::W64};
 use packjit_plugin_api::{CompileError, ErrorKind};
 
-use crate::lower::Emitter;
+use crate::lower::Codegen;
 use crate::regs::*;
 
 pub(crate) type Asm = VecAssembler<Aarch64Relocation>;
@@ -72,7 +72,7 @@ pub(crate) struct Site {
     inst: u32,
     /// The conditional site number (emission order) of a short B.cond/CBZ/TBZ; `None` for
     /// B/BL, which have one form.
-    cond: Option<u32>,
+    pub(crate) cond: Option<u32>,
     /// Byte offset of the branch instruction.
     at: u32,
     target: DynamicLabel,
@@ -161,7 +161,7 @@ pub(crate) fn logical_ok(v: u64, width: Width) -> bool {
     }
 }
 
-impl Emitter<'_> {
+impl Codegen<'_> {
     /// After a pass: the displacement of every conditional branch site for the relaxation
     /// driver, or none at all when every site reaches in the form it was emitted in (the
     /// usual case, in which the relaxation driver would settle on this pass anyway). B/BL
@@ -198,7 +198,7 @@ impl Emitter<'_> {
                 }),
                 None if !(-range..range).contains(&dist) => {
                     return Err(CompileError::at(
-                        self.prog.insts[s.inst as usize].pc as usize,
+                        self.d.prog.insts[s.inst as usize].pc as usize,
                         ErrorKind::Encoding,
                         format!(
                             "branch spans {dist} bytes of arm64 code, beyond the ±128 MiB reach of B/BL"
@@ -351,7 +351,7 @@ impl Emitter<'_> {
     fn site_with_form(&mut self, target: DynamicLabel, reach: Reach, cond: Option<usize>) {
         let at = self.off();
         self.sites.push(Site {
-            inst: self.cur as u32,
+            inst: self.d.cur as u32,
             cond: cond.map(|c| c as u32),
             at: at as u32,
             target,
@@ -450,11 +450,11 @@ impl Emitter<'_> {
     /// (`(value ^ mask) ^ mask`, mask from this instruction's pc) so the value never appears
     /// in the code. Used for 64-bit `lddw` values and store immediates.
     pub(crate) fn imm(&mut self, rd: u8, value: u64, width: Width) {
-        let Some(key) = self.mode.blind_key else {
+        let Some(key) = self.d.mode.blind_key else {
             self.mov_imm(rd, value, width);
             return;
         };
-        let mask = blinding_mask(key, self.prog.insts[self.cur].pc as usize);
+        let mask = blinding_mask(key, self.d.prog.insts[self.d.cur].pc as usize);
         let mask = if width == W64 {
             mask
         } else {

@@ -31,7 +31,7 @@ use packjit_plugin_api::abi::{
     PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
 };
 
-use crate::lower::Emitter;
+use crate::lower::Codegen;
 use crate::regs::*;
 
 /// What a function's prologue saves and reserves.
@@ -152,8 +152,8 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
     }
 }
 
-impl Emitter<'_> {
-    pub(crate) fn prologue(&mut self, k: usize) {
+impl Codegen<'_> {
+    pub(crate) fn function_prologue(&mut self, k: usize) {
         let f = self.plan.frames[k].clone();
         if f.save_lr {
             // Frame record first so unwinders and debuggers can walk JIT frames.
@@ -186,7 +186,7 @@ impl Emitter<'_> {
                 ; str X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
             );
         }
-        if self.mode.sandboxed() {
+        if self.d.mode.sandboxed() {
             a64!(self.ops
                 ; ldp X(CTX_LO), X(CTX_LEN), [X(ENV), PJ_ENV_CTX_START]
                 ; sub X(CTX_LEN), X(CTX_LEN), X(CTX_LO)
@@ -224,16 +224,16 @@ impl Emitter<'_> {
                 a64!(self.ops; stp xzr, xzr, [X(ENV), PJ_ENV_STACK_START]);
             }
         }
-        let ctx_placed = self.mode.sandboxed() && self.plan.access.uses_ctx_const();
+        let ctx_placed = self.d.mode.sandboxed() && self.plan.access.uses_ctx_const();
         if self.map[1] != RET && !ctx_placed {
             // r1 does not live in x0 (see `RegMap`): move the context over, before r0 (now
             // x0) is zeroed, unless nothing reads it first.
-            let end = self.prog.subprogs[0].end;
-            if live_in(self.prog, 0, end)[0] & (1 << 1) != 0 {
+            let end = self.d.prog.subprogs[0].end;
+            if live_in(self.d.prog, 0, end)[0] & (1 << 1) != 0 {
                 a64!(self.ops; mov X(self.map[1]), X(RET));
             }
         }
-        if self.mode.counts_budget() {
+        if self.d.mode.counts_budget() {
             a64!(self.ops; ldr X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
         }
         for r in 0..10u8 {
@@ -243,10 +243,9 @@ impl Emitter<'_> {
         }
     }
 
-    pub(crate) fn epilogue(&mut self, k: usize) {
+    /// The epilogue of function `k`, after its label (bound by the driver).
+    pub(crate) fn function_epilogue(&mut self, k: usize) {
         let f = self.plan.frames[k].clone();
-        let epi = self.epilogues[k];
-        a64!(self.ops; =>epi);
         if f.native_frame {
             a64!(self.ops; add sp, sp, STACK_SIZE as u32);
         }
@@ -261,7 +260,7 @@ impl Emitter<'_> {
             }
             let restore = self.restore;
             a64!(self.ops; =>restore);
-            if self.mode.counts_budget() {
+            if self.d.mode.counts_budget() {
                 a64!(self.ops; str X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
             }
             // Only the entry returns to native code: r0 goes to x0. Functions return r0
@@ -290,7 +289,7 @@ impl Emitter<'_> {
             return;
         }
         let (stop, stop_budget, restore) = (self.stop, self.stop_budget, self.restore);
-        if self.mode.counts_budget() {
+        if self.d.mode.counts_budget() {
             a64!(self.ops
                 ; =>stop_budget
                 ; movz X(C1), PJ_STOP_BUDGET

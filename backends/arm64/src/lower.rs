@@ -17,7 +17,7 @@ use packjit_frontend::{
     Width::W64, R10, STACK_SIZE,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
-use std::ops::RangeInclusive;
+use std::convert::Infallible;
 
 use crate::encode::*;
 use crate::frame::{plan, Plan};
@@ -25,12 +25,12 @@ use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{
-    back_edge_charge, callx_plan, checked_access, helper_lowering, instruction_labels,
-    EmitCapacity, HelperLowering, CALL_CHARGE,
+    callx_plan, helper_lowering, EmitCapacity, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::cold::ColdPlacement;
+use packjit_frontend::lower::{self, AccessLowering, Assembled, Cold, Driver, Lowering, Pass};
 use packjit_frontend::ranges::AccessCheck;
-use packjit_frontend::relax::{Relaxation, Settled};
+use packjit_frontend::relax::{BranchCheck, Relaxation};
 use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_plugin_api::abi::{
@@ -46,29 +46,8 @@ const MRS_TPIDR_EL0: u32 = 0xd53b_d040;
 /// `mrs x0, cntvct_el0` (op0=3 op1=3 CRn=14 CRm=0 op2=2): the virtual counter.
 const MRS_CNTVCT_EL0: u32 = 0xd53b_e040;
 
-/// Result of [`crate::emit_program`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Emitted {
-    /// Machine code; offset 0 is the entry.
-    pub bytes: Reused<u8>,
-    /// Number of arm64 instructions (`bytes.len() / 4`, less the `data`).
-    pub native_insns: usize,
-    /// Byte ranges of data in `bytes` (`callx` tables and their padding), ascending.
-    pub data: Vec<std::ops::Range<usize>>,
-    /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
-    pub inst_offsets: Reused<u32>,
-    /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
-    pub passes: usize,
-    /// Cold code islands inside functions (`packjit_frontend::cold`).
-    pub islands: usize,
-    /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
-    /// than its code's start. A back-edge that skips a re-entered check group's check
-    /// (`ranges::reentries`) lands past the check; a walk's back-edge (`walks`) lands on the
-    /// pointer clamp before the head. A loop runs from its back-edge's landing.
-    pub landings: Vec<(usize, usize)>,
-}
-
 pub use packjit_frontend::analysis::EmitOptions;
+pub use packjit_frontend::lower::Emitted;
 
 /// Emits an already decoded program for `mode` (see [`crate::emit_program`]).
 pub fn emit_decoded(
@@ -96,101 +75,23 @@ pub fn emit_decoded_with(
     // Conditional branches start in their short form; the shared relaxation driver switches
     // those found out of range to the long form (inverted condition around a B), and the code
     // is emitted again. In practice one pass suffices.
-    let mut relax = Relaxation::new(Form::Long, LONG_FORM_GROWTH, GENTLE_PASSES);
+    let relax = Relaxation::new(Form::Long, LONG_FORM_GROWTH, GENTLE_PASSES);
     // B.cond reaches ±1 MiB: no cold side is guessed far, only islands keep them near.
-    let mut islands = ColdPlacement::new(ISLAND_SPAN, 0);
-    loop {
-        relax.begin_pass();
-        islands.begin_pass(relax.passes());
-        let forms = relax.forms().to_vec();
-        let mut e = Emitter::new(prog, helpers, mode, &plan, forms, islands);
-        e.clamp = opts.spectre_clamp;
-        e.program()?;
-        let checks = e.branch_checks()?;
-        islands = e.islands;
-        for c in &checks {
-            relax.form(c.site, Form::Short);
-        }
-        let settled = relax.settle(&checks, |c| {
-            CompileError::new(
-                ErrorKind::Encoding,
-                format!("conditional branch spans {} bytes of arm64 code", c.disp),
-            )
-        })?;
-        if settled == Settled::Done {
-            let passes = relax.passes();
-            let labels = e.ops.labels();
-            let at = |l: DynamicLabel| labels.resolve_dynamic(l).ok().map(|o| o.0);
-            let groups = e.plan.access.groups.iter().zip(&e.group_resume);
-            let walks = e.plan.access.walks.iter().zip(&e.walk_clamps);
-            let mut landings: Vec<(usize, usize)> = groups
-                .filter_map(|(g, l)| Some((g.first, at((*l)?)?)))
-                .chain(walks.filter_map(|(w, &l)| Some((w.head, at(l)?))))
-                .collect();
-            landings.sort_unstable();
-            let bytes = scratch::assembled(e.ops).map_err(|err| {
-                CompileError::new(
-                    ErrorKind::Encoding,
-                    format!("arm64 relocation failed: {err}"),
-                )
-            })?;
-            let data_bytes: usize = e.data.iter().map(|r| r.len()).sum();
-            let native_insns = (bytes.len() - data_bytes) / 4;
-            return Ok(Emitted {
-                bytes,
-                native_insns,
-                data: e.data,
-                inst_offsets: e.offsets,
-                passes,
-                islands: islands.islands(),
-                landings,
-            });
-        }
-    }
+    let islands = ColdPlacement::new(ISLAND_SPAN, 0);
+    lower::emit(relax, islands, |forms, islands| {
+        let mut cg = Codegen::new(prog, helpers, mode, &plan, forms.to_vec(), islands);
+        cg.d.clamp = opts.spectre_clamp;
+        Ok(cg)
+    })
 }
 
-/// Out-of-line code of one instruction, emitted after all functions so the hot path stays
-/// dense: the rare side of a sandbox check or a budget charge.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Cold {
-    /// The inline check failed: the shared check (`region_scan`: context, stack block, host
-    /// regions); resume at `resume` with x9 = the (clamped) address, or stop.
-    Access {
-        inst: usize,
-        label: DynamicLabel,
-        resume: DynamicLabel,
-        size: u32,
-        write: bool,
-        /// Where the unclamped address is (x9 is set from it first).
-        addr: u8,
-    },
-    /// A group's widened check failed: run the group's instructions again with a check per
-    /// access, then continue after the group.
-    Group { group: usize, label: DynamicLabel },
-    /// A guarded walk's entry test failed: run the loop's checked copy, then continue after
-    /// the loop.
-    Walk { walk: usize, label: DynamicLabel },
-    /// Not enough budget for `charge`: undo the subtraction and stop at the jump.
-    Budget {
-        inst: usize,
-        label: DynamicLabel,
-        charge: u64,
-    },
-}
-
-/// What a checked copy ([`Emitter::checked_copy`]) copies.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum CopyOf {
-    /// A check group's members.
-    Group,
-    /// A guarded walk's loop, back-edge included.
-    Loop,
-}
-
-pub(crate) struct Emitter<'a> {
-    pub(crate) prog: &'a Program,
+/// The arm64 lowering of one emission pass: the driver's state, the ISA's own labels and
+/// the assembler.
+pub(crate) struct Codegen<'a> {
+    /// The shared driver's state (`packjit_frontend::lower`). An access's slow path needs
+    /// the register holding its unclamped address.
+    pub(crate) d: Driver<'a, u8, Infallible>,
     pub(crate) helpers: &'a [HelperEntry],
-    pub(crate) mode: &'a CodegenMode,
     pub(crate) lse: bool,
     pub(crate) plan: &'a Plan,
     /// Form of each conditional branch site (by emission order), from the relaxation driver.
@@ -198,18 +99,9 @@ pub(crate) struct Emitter<'a> {
     /// Conditional branch sites emitted so far in this pass.
     pub(crate) cond_sites: usize,
     pub(crate) ops: Asm,
-    /// Start of each instruction's code (after the prologue for subprogram starts); only
-    /// instructions jumped to have their own (see `instruction_labels`).
-    pub(crate) labels: Reused<DynamicLabel>,
-    /// Where each instruction's code starts, in emission order (= instruction order).
-    pub(crate) offsets: Reused<u32>,
-    /// Call entry of each subprogram (before its prologue).
-    pub(crate) entries: Vec<DynamicLabel>,
-    /// Epilogue of each subprogram.
-    pub(crate) epilogues: Vec<DynamicLabel>,
     /// Entry epilogue past the stack release: where every stop lands.
     pub(crate) restore: DynamicLabel,
-    /// Shared stop path (see `Emitter::stop_paths`).
+    /// Shared stop path (see `Codegen::stop_paths`).
     pub(crate) stop: DynamicLabel,
     /// Shared budget stop path.
     pub(crate) stop_budget: DynamicLabel,
@@ -218,23 +110,7 @@ pub(crate) struct Emitter<'a> {
     /// Some access's cold side calls the shared check, so the program gets one (a program
     /// whose accesses all pass their inline tests or need none has no use for it).
     uses_region_scan: bool,
-    pub(crate) colds: Vec<Cold>,
-    /// Where the queued cold code goes: after the function, or in an island.
-    islands: ColdPlacement,
     pub(crate) sites: Reused<Site>,
-    pub(crate) cur: usize,
-    /// Emitting a group's or a guarded walk's checked copy (see [`Cold::Group`],
-    /// [`Cold::Walk`]): every access checks itself.
-    pub(crate) copy: bool,
-    /// Emitting a guarded walk's checked copy: the copy's head, where its back-edge goes.
-    pub(crate) copy_head: Option<DynamicLabel>,
-    /// Per check group: the point right after its widened check and clamp, for the jumps
-    /// that re-enter it validated (`AccessPlan::reentries`); `None` for other groups.
-    pub(crate) group_resume: Vec<Option<DynamicLabel>>,
-    /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
-    pub(crate) walk_clamps: Vec<DynamicLabel>,
-    /// Emit the Spectre clamp on hot paths (off only for measurement, see [`EmitOptions`]).
-    pub(crate) clamp: bool,
     /// The register map of the function being emitted (`Frame::map`).
     pub(crate) map: RegMap,
     /// Byte ranges of data in the code (`callx` tables and their padding): not
@@ -242,7 +118,7 @@ pub(crate) struct Emitter<'a> {
     pub(crate) data: Vec<std::ops::Range<usize>>,
 }
 
-impl<'a> Emitter<'a> {
+impl<'a> Codegen<'a> {
     pub(crate) fn new(
         prog: &'a Program,
         helpers: &'a [HelperEntry],
@@ -253,59 +129,33 @@ impl<'a> Emitter<'a> {
     ) -> Self {
         // Bytes per instruction, trusted / checked (arm64 averages 5.3 / 36).
         let cap = EmitCapacity::for_program(prog, mode, (8, 40));
-        let n = prog.insts.len();
         let mut ops: Asm = scratch::assembler(cap.code, cap.labels, cap.branch_sites);
-        let unbound = ops.new_dynamic_label();
-        let labels = instruction_labels(prog, &plan.access, unbound, || ops.new_dynamic_label());
-        let entries = (0..prog.subprogs.len())
-            .map(|_| ops.new_dynamic_label())
-            .collect();
-        let epilogues = (0..prog.subprogs.len())
-            .map(|_| ops.new_dynamic_label())
-            .collect();
+        let d = Driver::new(
+            prog,
+            &plan.access,
+            mode,
+            islands,
+            || ops.new_dynamic_label(),
+            |_| true,
+        );
         let restore = ops.new_dynamic_label();
         let stop = ops.new_dynamic_label();
         let stop_budget = ops.new_dynamic_label();
         let region_scan = ops.new_dynamic_label();
-        let group_resume = plan
-            .access
-            .groups
-            .iter()
-            .map(|g| g.reentered.then(|| ops.new_dynamic_label()))
-            .collect();
-        let walk_clamps = plan
-            .access
-            .walks
-            .iter()
-            .map(|_| ops.new_dynamic_label())
-            .collect();
-        Emitter {
-            prog,
+        Codegen {
+            d,
             helpers,
-            mode,
             lse: mode.features & FEATURE_LSE != 0,
             plan,
             forms,
             cond_sites: 0,
             ops,
-            labels,
-            offsets: scratch::take(n),
-            entries,
-            epilogues,
             restore,
             stop,
             stop_budget,
             region_scan,
             uses_region_scan: false,
-            colds: Vec::new(),
-            islands,
             sites: scratch::take(cap.branch_sites),
-            cur: 0,
-            copy: false,
-            copy_head: None,
-            group_resume,
-            walk_clamps,
-            clamp: true,
             map: plan.frames[0].map,
             data: Vec::new(),
         }
@@ -316,57 +166,13 @@ impl<'a> Emitter<'a> {
     }
 
     pub(crate) fn err(&self, kind: ErrorKind, msg: impl Into<String>) -> CompileError {
-        CompileError::at(self.prog.insts[self.cur].pc as usize, kind, msg)
-    }
-
-    pub(crate) fn program(&mut self) -> Result<(), CompileError> {
-        for k in 0..self.prog.subprogs.len() {
-            let sp = self.prog.subprogs[k].clone();
-            let entry = self.entries[k];
-            a64!(self.ops; =>entry);
-            self.cur = sp.start;
-            self.map = self.plan.frames[k].map;
-            self.prologue(k);
-            let program_end = self.prog.insts.len();
-            self.islands
-                .begin_function(self.off(), sp.start, sp.end, program_end);
-            for i in sp.start..sp.end {
-                if self
-                    .islands
-                    .island_due(self.off(), i, !self.colds.is_empty())
-                {
-                    self.island()?;
-                }
-                self.cur = i;
-                self.islands.note_instruction(i, &self.prog.insts[i].op);
-                self.walk_clamp_at(i);
-                // The instruction starts here (after a walk's clamp, which only the walk's
-                // back-edge reaches).
-                let here = self.off();
-                // (Code is far below 4 GiB: at most `MAX_INSNS` instructions.)
-                self.offsets.push(here as u32);
-                if self.plan.access.jumped_to(self.prog, i) {
-                    let label = self.labels[i];
-                    a64!(self.ops; =>label);
-                }
-                self.group_check_at(i);
-                let inst = self.prog.insts[i];
-                self.inst(k, i, &inst)?;
-            }
-            self.epilogue(k);
-            self.emit_queued_cold()?;
-        }
-        if self.uses_region_scan {
-            self.region_scan();
-        }
-        self.stop_paths();
-        Ok(())
+        self.d.error(kind, msg)
     }
 
     /// The register the frame is addressed from and r10's offset from it: sp in trusted
     /// code (r10 = sp + 512), x25 in the sandbox's stack block (r10 = x25 + 512).
     pub(crate) fn frame_base(&self) -> u8 {
-        if self.mode.sandboxed() {
+        if self.d.mode.sandboxed() {
             FP
         } else {
             ZR
@@ -482,8 +288,8 @@ impl<'a> Emitter<'a> {
                 let target = target as usize;
                 // A jump to the next instruction is a no-op.
                 if target != i + 1 {
-                    self.charge_back_edge(i, target);
-                    self.b(self.jump_label(i, target));
+                    self.charge_back_edge(target);
+                    self.b(self.d.jump_label(target));
                 }
             }
             Op::Jcond {
@@ -495,7 +301,7 @@ impl<'a> Emitter<'a> {
             } => {
                 let target = target as usize;
                 if target != i + 1 {
-                    self.jcond(width, cond, dst, src, i, target);
+                    self.jcond(width, cond, dst, src, target);
                 }
             }
             Op::CallHelper { id } => {
@@ -517,9 +323,9 @@ impl<'a> Emitter<'a> {
             Op::CallReg { reg } => self.callx(reg),
             Op::MovPerCpu { dst, src, array } => self.mov_percpu(dst, src, array)?,
             Op::CallLocal { target } => {
-                let sub = self.prog.subprog_of(target as usize);
-                let entry = self.entries[sub];
-                if self.mode.counts_budget() {
+                let sub = self.d.prog.subprog_of(target as usize);
+                let entry = self.d.entries[sub];
+                if self.d.mode.counts_budget() {
                     self.charge(CALL_CHARGE);
                 }
                 // Arguments in x0-x4, result in x7: the BPF calling convention is native.
@@ -536,8 +342,8 @@ impl<'a> Emitter<'a> {
             }
             Op::Exit => {
                 // The epilogue follows the last instruction of the subprogram.
-                if i + 1 != self.prog.subprogs[k].end {
-                    self.b(self.epilogues[k]);
+                if i + 1 != self.d.prog.subprogs[k].end {
+                    self.b(self.d.epilogues[k]);
                 }
             }
         }
@@ -558,7 +364,7 @@ impl<'a> Emitter<'a> {
                 self.alu_rrr(op, width, d, d, s);
                 return;
             }
-            Operand::Imm(imm) if self.mode.blind_key.is_some() => {
+            Operand::Imm(imm) if self.d.mode.blind_key.is_some() => {
                 // Blinded: the immediate only ever exists masked in the code, so every
                 // operation takes it from a register.
                 if op == AluOp::Mov {
@@ -660,21 +466,18 @@ impl<'a> Emitter<'a> {
     }
 
     pub(crate) fn mem(&mut self, op: MemOp, size: Size, rt: u8, base: Reg, off: i16) {
-        let inst = self.prog.insts[self.cur].op;
+        let inst = self.d.prog.insts[self.d.cur].op;
         // r10-based accesses address the frame directly off its base (r10 = base + 512).
-        let (b, o) = if self.mode.sandboxed() && checked_access(&inst).is_some() {
-            if self.unchecked_access(base) {
-                let (base, off) = self.walked_address(base, off);
-                (self.map[base as usize], off as i64)
-            } else {
+        let (b, o) = match self.d.access(&inst) {
+            AccessLowering::Checked(_) => {
                 let addr = self.check_access(size, op == MemOp::Store, base, off);
                 self.clamp_reentered_base(base, off);
                 (addr, 0)
             }
-        } else if base == R10 {
-            (self.frame_base(), off as i64 + STACK_SIZE as i64)
-        } else {
-            (self.map[base as usize], off as i64)
+            AccessLowering::Direct { base: R10, off } => {
+                (self.frame_base(), off as i64 + STACK_SIZE as i64)
+            }
+            AccessLowering::Direct { base, off } => (self.map[base as usize], off as i64),
         };
         let sz = size.bytes() as i64;
         let form = if o >= 0 && o % sz == 0 && o / sz < 4096 {
@@ -713,20 +516,20 @@ impl<'a> Emitter<'a> {
 
     /// Address of an atomic access in a register (LDXR/LDADD... take no offset).
     pub(crate) fn atomic_addr(&mut self, size: Size, base: Reg, off: i16) -> u8 {
-        let inst = self.prog.insts[self.cur].op;
-        if self.mode.sandboxed() && checked_access(&inst).is_some() && !self.unchecked_access(base)
-        {
+        let inst = self.d.prog.insts[self.d.cur].op;
+        match self.d.access(&inst) {
             // Atomics count as writes.
-            self.check_access(size, true, base, off)
-        } else if base == R10 {
-            let fb = self.frame_base();
-            self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
-            T0
-        } else if off == 0 {
-            self.map[base as usize]
-        } else {
-            self.add_imm(T0, self.map[base as usize], off as i64, W64);
-            T0
+            AccessLowering::Checked(_) => self.check_access(size, true, base, off),
+            AccessLowering::Direct { base: R10, off } => {
+                let fb = self.frame_base();
+                self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
+                T0
+            }
+            AccessLowering::Direct { base, off: 0 } => self.map[base as usize],
+            AccessLowering::Direct { base, off } => {
+                self.add_imm(T0, self.map[base as usize], off as i64, W64);
+                T0
+            }
         }
     }
 
@@ -904,17 +707,16 @@ impl<'a> Emitter<'a> {
         cond: Cond,
         dst: Reg,
         src: Operand,
-        i: usize,
         target: usize,
     ) {
         let Some(test) = self.jtest(width, cond, dst, src) else {
             return;
         };
-        let label = self.jump_label(i, target);
-        if self.back_edge_charge(i, target).is_some() {
+        let label = self.d.jump_label(target);
+        if self.d.charge(target).is_some() {
             let skip = self.ops.new_dynamic_label();
             self.branch_if(invert(test), skip);
-            self.charge_back_edge(i, target);
+            self.charge_back_edge(target);
             self.b(label);
             a64!(self.ops; =>skip);
         } else {
@@ -922,52 +724,26 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Where the jump at instruction `i` lands: on the pointer clamp when it is a walk's
-    /// back-edge, past the target group's check when the front end found the group already
-    /// validated on every path to the jump, else at the target.
-    fn jump_label(&self, i: usize, target: usize) -> DynamicLabel {
-        if let Some(k) = self.plan.access.walk_of_back_edge(i) {
-            return self.copy_head.unwrap_or(self.walk_clamps[k]);
-        }
-        match self
-            .plan
-            .access
-            .reentry(i)
-            .and_then(|g| self.group_resume[g])
-        {
-            Some(resume) => resume,
-            None => self.labels[target],
-        }
-    }
-
-    /// Before a walk's head (`packjit_frontend::walks`): the entry (which first copies the
-    /// pointer into the walk's shadow register, when it has one) jumps over the pointer
-    /// clamp its back-edge lands on. The clamp redoes the loop's test and, with no branch,
-    /// gives the shadow the pointer or 0 (or, without a shadow, zeroes the pointer itself)
-    /// when the loop should have ended (a mispredicted back-edge).
-    fn walk_clamp_at(&mut self, i: usize) {
-        let Some(k) = self.plan.access.walk_at_head(i) else {
-            return;
-        };
+    /// A walk's entry (`packjit_frontend::walks`): the pointer's first copy into the walk's
+    /// shadow (exact, it needs no clamp) and r10 into the walk's register.
+    pub(crate) fn walk_entry_code(&mut self, k: usize) {
         let w = self.plan.access.walks[k];
-        let (head, clamp) = (self.labels[i], self.walk_clamps[k]);
         let p = self.map[w.ptr as usize];
-        let shadow = self.walk_shadow(&w).map(|s| self.map[s as usize]);
-        if let Some(guard) = w.guard {
-            self.walk_guard(k, &w, guard);
-        }
-        if let Some(s) = shadow {
-            // The first iteration's pointer is exact: its copy needs no clamp.
+        if let Some(s) = self.d.walk_shadow(k).map(|s| self.map[s as usize]) {
             a64!(self.ops; mov X(s), X(p));
         }
         if let Some(l) = self.walk_r10(&w) {
             a64!(self.ops; add XSP(l), XSP(FP), STACK_SIZE as u32);
         }
-        self.b(head);
-        a64!(self.ops; =>clamp);
-        if !self.clamp {
-            return;
-        }
+    }
+
+    /// The pointer clamp a walk's back-edge lands on: it redoes the loop's test and, with
+    /// no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
+    /// pointer itself) when the loop should have ended (a mispredicted back-edge).
+    pub(crate) fn walk_clamp_code(&mut self, k: usize) {
+        let w = self.plan.access.walks[k];
+        let p = self.map[w.ptr as usize];
+        let shadow = self.d.walk_shadow(k).map(|s| self.map[s as usize]);
         if let Some(s) = shadow {
             // The copy from the sign of the pointer's distance to the bound, with no flags:
             // s = p & ((p - b) >> 63) is p while p < b and 0 from b on (`<=`: the complement
@@ -986,13 +762,13 @@ impl<'a> Emitter<'a> {
             }
             return;
         }
-        let Op::Jcond { dst, .. } = self.prog.insts[w.back_edge].op else {
+        let Op::Jcond { dst, .. } = self.d.prog.insts[w.back_edge].op else {
             unreachable!("a walk's back-edge is a conditional jump");
         };
         // The back-edge compares two registers (`cmp dst, src`, never a compare-and-branch
         // form), and only its taken side reaches here: without a budget charge in between,
         // its flags are still live, and its own condition is "the loop goes on".
-        let budget = self.mode.counts_budget();
+        let budget = self.d.mode.counts_budget();
         if budget {
             let b = match self.walk_r10(&w) {
                 Some(l) => l,
@@ -1016,7 +792,8 @@ impl<'a> Emitter<'a> {
     /// failure the loop's checked copy runs ([`Cold::Walk`]); on success the pointer is
     /// selected on the verdict's flags (itself architecturally, 0 under a mispredicted
     /// branch, from where a speculative walk stays in the unmapped first 64 KiB).
-    fn walk_guard(&mut self, k: usize, w: &Walk, g: Guard) {
+    pub(crate) fn walk_guard_code(&mut self, k: usize, g: Guard, fail: DynamicLabel) {
+        let w = self.plan.access.walks[k];
         let p = self.map[w.ptr as usize];
         let b = self.src(w.bound, T1);
         let (end, bias, shift) = (g.end as u32, g.bias as u32, g.shift);
@@ -1051,20 +828,18 @@ impl<'a> Emitter<'a> {
                 a64!(self.ops; lsr X(T0), X(T0), shift);
             }
         }
-        let label = self.ops.new_dynamic_label();
         a64!(self.ops; ccmp X(T0), X(C1), 2, ls);
-        self.branch_if(Test::Flags(Cc::Hi), label);
-        if self.clamp {
+        self.branch_if(Test::Flags(Cc::Hi), fail);
+        if self.d.clamp {
             a64!(self.ops; csel X(p), X(p), xzr, ls);
         }
-        self.colds.push(Cold::Walk { walk: k, label });
     }
 
     /// The register a walk bounded by r10 keeps r10 in (`Walk::limit`, set on entry), so
     /// its back-edge compares with no `add` per iteration; `None` elsewhere (and in a
     /// guarded walk's checked copy, which is entered before the entry sets it).
     fn walk_r10(&self, w: &Walk) -> Option<u8> {
-        (w.bound == R10 && !self.copy)
+        (w.bound == R10 && !self.d.in_copy())
             .then_some(w.limit)
             .flatten()
             .map(|l| self.map[l as usize])
@@ -1074,29 +849,12 @@ impl<'a> Emitter<'a> {
     /// walk's back-edge ([`Self::walk_r10`]).
     fn jump_src(&mut self, r: Reg, tmp: u8) -> u8 {
         if r == R10 {
-            let walk = self.plan.access.walk_of_back_edge(self.cur);
+            let walk = self.plan.access.walk_of_back_edge(self.d.cur);
             if let Some(l) = walk.and_then(|k| self.walk_r10(&self.plan.access.walks[k])) {
                 return l;
             }
         }
         self.src(r, tmp)
-    }
-
-    /// The register a walk's clamp writes its copy of the pointer to (`Walk::shadow`),
-    /// when there is one and clamping is on (without the clamp, measurement only, the
-    /// accesses use the pointer itself).
-    fn walk_shadow(&self, w: &Walk) -> Option<Reg> {
-        w.shadow.filter(|_| self.clamp)
-    }
-
-    /// Base and offset of the current (unchecked) access: through its walk's shadow when
-    /// the walk clamps into one (`AccessPlan::walked_address`).
-    fn walked_address(&self, base: Reg, off: i16) -> (Reg, i16) {
-        if self.clamp {
-            self.plan.access.walked_address(self.cur, base, off)
-        } else {
-            (base, off)
-        }
     }
 
     /// `dst = cc ? src : 0`.
@@ -1124,7 +882,7 @@ impl<'a> Emitter<'a> {
                 let s = self.jump_src(r, T1);
                 return Some(self.jcmp_reg(width, cond, d, s));
             }
-            Operand::Imm(imm) if self.mode.blind_key.is_some() => {
+            Operand::Imm(imm) if self.d.mode.blind_key.is_some() => {
                 self.imm32(T1, imm, width);
                 return Some(self.jcmp_reg(width, cond, d, T1));
             }
@@ -1224,7 +982,7 @@ impl<'a> Emitter<'a> {
         if r != T0 {
             a64!(self.ops; mov X(T0), X(r));
         }
-        let pc = self.prog.insts[self.cur].pc as u64;
+        let pc = self.d.prog.insts[self.d.cur].pc as u64;
         self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
         self.mov_imm(C2, pc, W64);
         self.b(self.stop);
@@ -1408,16 +1166,9 @@ impl<'a> Emitter<'a> {
 
     // ------------------------------------------------------------ budget
 
-    fn back_edge_charge(&self, from: usize, to: usize) -> Option<u64> {
-        if !self.mode.counts_budget() {
-            return None;
-        }
-        back_edge_charge(self.prog, from, to)
-    }
-
-    /// Charges a taken back-edge from `from` to `to`, if it is one.
-    pub(crate) fn charge_back_edge(&mut self, from: usize, to: usize) {
-        if let Some(c) = self.back_edge_charge(from, to) {
+    /// Charges the current instruction's taken back-edge to `target`, if it is one.
+    pub(crate) fn charge_back_edge(&mut self, target: usize) {
+        if let Some(c) = self.d.charge(target) {
             self.charge(c);
         }
     }
@@ -1433,8 +1184,8 @@ impl<'a> Emitter<'a> {
         }
         let label = self.ops.new_dynamic_label();
         self.branch_if(Test::Flags(Cc::Lo), label);
-        self.colds.push(Cold::Budget {
-            inst: self.cur,
+        self.d.queue(Cold::Budget {
+            inst: self.d.cur,
             label,
             charge: c,
         });
@@ -1475,7 +1226,7 @@ impl<'a> Emitter<'a> {
         let s = size.bytes();
         let label = self.ops.new_dynamic_label();
         let resume = self.ops.new_dynamic_label();
-        let check = self.plan.access.check(self.cur);
+        let check = self.plan.access.check(self.d.cur);
         let stack_first = self.plan.block > 0 && check == AccessCheck::Stack;
         match check {
             AccessCheck::CtxConst { end } if end < 4096 => {
@@ -1497,17 +1248,17 @@ impl<'a> Emitter<'a> {
             }
         }
         a64!(self.ops; =>resume);
-        self.colds.push(Cold::Access {
-            inst: self.cur,
+        self.d.queue(Cold::Access {
+            inst: self.d.cur,
             label,
             resume,
             size: s,
             write,
-            addr,
+            site: addr,
         });
         // The clamped address is in x9; without the clamp (measurement only) the access
         // goes to the checked register itself, as it would with no clamp to make.
-        if self.clamp {
+        if self.d.clamp {
             T0
         } else {
             addr
@@ -1517,7 +1268,7 @@ impl<'a> Emitter<'a> {
     /// `dst = ok ? src : 0` (the Spectre-v1 clamp); nothing when the clamp is off for
     /// measurement (the access then uses `src`, see `check_access`).
     fn clamp_to(&mut self, dst: u8, src: u8, ok: Cc) {
-        if !self.clamp {
+        if !self.d.clamp {
             return;
         }
         match ok {
@@ -1526,41 +1277,11 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Whether the current access goes to `base + off` with no check of its own: proven
-    /// inside the frame (by the data or by its walk), or a member of a check group on the
-    /// hot path (whose widened check `group_check_at` emitted, see [`Cold::Group`]).
-    fn unchecked_access(&mut self, base: Reg) -> bool {
-        match self.plan.access.check(self.cur) {
-            AccessCheck::None | AccessCheck::Walked => return true,
-            AccessCheck::Guarded => return !self.copy,
-            _ => {}
-        }
-        if self.copy {
-            return false;
-        }
-        let Some(gi) = self.plan.access.group_of(self.cur) else {
-            return false;
-        };
-        debug_assert_eq!(self.plan.access.groups[gi].base, base);
-        true
-    }
-
-    /// A group's widened check, where its first member's code starts: before anything of
-    /// that instruction (an immediate to store, say), so a re-entering jump that lands
-    /// right after the check skips nothing else.
-    fn group_check_at(&mut self, i: usize) {
-        if let Some(g) = self.plan.access.group_of(i) {
-            if self.plan.access.groups[g].first == i {
-                self.group_check(g);
-            }
-        }
-    }
-
     /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the
     /// base itself clamped in place: on the architectural path it keeps its value (the
     /// check passed), under a mispredicted branch it becomes 0, so no member can reach
     /// memory out of bounds. On failure the group's checked copy runs instead.
-    fn group_check(&mut self, gi: usize) {
+    pub(crate) fn group_check_code(&mut self, gi: usize, label: DynamicLabel) {
         let g = &self.plan.access.groups[gi];
         let (b, lo, span, check) = (
             self.map[g.base as usize],
@@ -1568,7 +1289,6 @@ impl<'a> Emitter<'a> {
             (g.hi - g.lo as i32) as u32,
             g.check,
         );
-        let label = self.ops.new_dynamic_label();
         // The group's first address (the length test of `CtxConst` needs none).
         let addr = if lo == 0 || matches!(check, AccessCheck::CtxConst { .. }) {
             b
@@ -1612,22 +1332,13 @@ impl<'a> Emitter<'a> {
                 self.clamp_to(b, b, Cc::Hs);
             }
         }
-        if let Some(resume) = self.group_resume[gi] {
-            a64!(self.ops; =>resume);
-        }
-        self.colds.push(Cold::Group { group: gi, label });
     }
 
     /// In a re-entered group's checked copy: the base itself from the member's clamped
     /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
     /// group's check later never sees an unchecked base, also under misspeculation.
     fn clamp_reentered_base(&mut self, base: Reg, off: i16) {
-        let reentered = self
-            .plan
-            .access
-            .group_of(self.cur)
-            .is_some_and(|g| self.plan.access.groups[g].reentered);
-        if !(self.copy && reentered && self.clamp) {
+        if !self.d.clamps_reentered_base() {
             return;
         }
         // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
@@ -1651,118 +1362,6 @@ impl<'a> Emitter<'a> {
             ; sub X(C0), X(addr), X(STACK_LO)
             ; cmp XSP(C0), block - size
         );
-    }
-
-    /// The checked copy of the instructions `range` at `label` (a loop's back-edge then goes
-    /// to the copy's own head), then on after them: neither a group nor a loop ends its
-    /// function.
-    fn checked_copy(
-        &mut self,
-        label: DynamicLabel,
-        range: RangeInclusive<usize>,
-        of: CopyOf,
-    ) -> Result<(), CompileError> {
-        let k = self.prog.subprog_of(*range.start());
-        let next = self.labels[range.end() + 1];
-        a64!(self.ops; =>label);
-        self.copy = true;
-        self.copy_head = (of == CopyOf::Loop).then_some(label);
-        for i in range {
-            self.cur = i;
-            let inst = self.prog.insts[i];
-            self.inst(k, i, &inst)?;
-        }
-        (self.copy, self.copy_head) = (false, None);
-        self.b(next);
-        Ok(())
-    }
-
-    /// The queued cold code, here: after its function or in an island (`ColdPlacement`).
-    fn emit_queued_cold(&mut self) -> Result<(), CompileError> {
-        let start = self.off();
-        // A group's checked copy adds the cold sides of its own checks.
-        while !self.colds.is_empty() {
-            for cold in std::mem::take(&mut self.colds) {
-                self.cold(cold)?;
-            }
-        }
-        self.islands.cold_placed(start, self.off());
-        Ok(())
-    }
-
-    /// The queued cold code between two instructions, jumped over by the hot path.
-    fn island(&mut self) -> Result<(), CompileError> {
-        let over = self.ops.new_dynamic_label();
-        self.b(over);
-        self.emit_queued_cold()?;
-        a64!(self.ops; =>over);
-        Ok(())
-    }
-
-    /// The out-of-line side of a check or a charge.
-    pub(crate) fn cold(&mut self, cold: Cold) -> Result<(), CompileError> {
-        let at = match cold {
-            Cold::Group { group, .. } => self.plan.access.groups[group].first,
-            Cold::Walk { walk, .. } => self.plan.access.walks[walk].head,
-            Cold::Budget { inst, .. } | Cold::Access { inst, .. } => inst,
-        };
-        self.map = self.plan.frames[self.prog.subprog_of(at)].map;
-        match cold {
-            Cold::Group { group, label } => {
-                let g = &self.plan.access.groups[group];
-                self.checked_copy(label, g.first..=g.last, CopyOf::Group)?;
-            }
-            Cold::Walk { walk, label } => {
-                let w = &self.plan.access.walks[walk];
-                self.checked_copy(label, w.head..=w.back_edge, CopyOf::Loop)?;
-            }
-            Cold::Budget {
-                inst,
-                label,
-                charge,
-            } => {
-                self.cur = inst;
-                a64!(self.ops; =>label);
-                if let Some((imm, false)) = fits_imm12(charge as i64) {
-                    a64!(self.ops; add XSP(BUDGET), XSP(BUDGET), imm);
-                } else {
-                    self.mov_imm(C0, charge, W64);
-                    a64!(self.ops; add X(BUDGET), X(BUDGET), X(C0));
-                }
-                let pc = self.prog.insts[inst].pc as u64;
-                self.mov_imm(C2, pc, W64);
-                self.b(self.stop_budget);
-            }
-            Cold::Access {
-                inst,
-                label,
-                resume,
-                size,
-                write,
-                addr,
-            } => {
-                self.cur = inst;
-                a64!(self.ops; =>label);
-                if addr != T0 {
-                    a64!(self.ops; mov X(T0), X(addr));
-                }
-                // Everything else is the shared check's: a checked access's cold side is
-                // six to eight instructions.
-                let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
-                let pc = self.prog.insts[inst].pc as u64;
-                a64!(self.ops; movz X(C1), access, lsl 32);
-                self.mov_imm(C2, pc, W64);
-                // The check returns only on success (x9 clamped), so x30 is kept in x5 for
-                // functions that did not save their link register.
-                let scan = self.region_scan;
-                self.uses_region_scan = true;
-                a64!(self.ops; mov x5, x30);
-                self.site(scan, Reach::Jump);
-                a64!(self.ops; bl =>scan ; mov x30, x5);
-                self.b(resume);
-            }
-        }
-        Ok(())
     }
 
     /// The per-program check of an access whose inline test failed: the context, the stack
@@ -1820,5 +1419,169 @@ impl<'a> Emitter<'a> {
             ; csel X(T0), X(T0), xzr, hs
             ; ret
         );
+    }
+}
+
+impl<'a> Lowering<'a> for Codegen<'a> {
+    type AccessSite = u8;
+    type IsaCold = Infallible;
+
+    fn driver(&mut self) -> &mut Driver<'a, u8, Infallible> {
+        &mut self.d
+    }
+
+    fn position(&self) -> usize {
+        self.off()
+    }
+
+    fn new_label(&mut self) -> DynamicLabel {
+        self.ops.new_dynamic_label()
+    }
+
+    fn bind(&mut self, label: DynamicLabel) {
+        a64!(self.ops; =>label);
+    }
+
+    fn jump(&mut self, label: DynamicLabel) {
+        self.b(label);
+    }
+
+    fn prologue(&mut self, func: usize) {
+        self.function_prologue(func);
+    }
+
+    fn epilogue(&mut self, func: usize) {
+        self.function_epilogue(func);
+    }
+
+    fn enter_function(&mut self, func: usize) {
+        self.map = self.plan.frames[func].map;
+    }
+
+    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
+        self.inst(func, i, inst)
+    }
+
+    fn group_check(&mut self, group: usize, fail: DynamicLabel) {
+        self.group_check_code(group, fail);
+    }
+
+    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel) {
+        self.walk_guard_code(walk, guard, fail);
+    }
+
+    fn walk_entry(&mut self, walk: usize) {
+        self.walk_entry_code(walk);
+    }
+
+    fn walk_clamp(&mut self, walk: usize) {
+        self.walk_clamp_code(walk);
+    }
+
+    /// Everything but the address and the descriptor is the shared check's: a checked
+    /// access's cold side is six to eight instructions.
+    fn access_slow_path(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        addr: u8,
+    ) -> Result<(), CompileError> {
+        a64!(self.ops; =>label);
+        if addr != T0 {
+            a64!(self.ops; mov X(T0), X(addr));
+        }
+        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+        let pc = self.d.prog.insts[inst].pc as u64;
+        a64!(self.ops; movz X(C1), access, lsl 32);
+        self.mov_imm(C2, pc, W64);
+        // The check returns only on success (x9 clamped), so x30 is kept in x5 for
+        // functions that did not save their link register.
+        let scan = self.region_scan;
+        self.uses_region_scan = true;
+        a64!(self.ops; mov x5, x30);
+        self.site(scan, Reach::Jump);
+        a64!(self.ops; bl =>scan ; mov x30, x5);
+        self.b(resume);
+        Ok(())
+    }
+
+    /// The charge is added back, so the budget a stop reports is what was left.
+    fn budget_stop(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        charge: u64,
+    ) -> Result<(), CompileError> {
+        a64!(self.ops; =>label);
+        if let Some((imm, false)) = fits_imm12(charge as i64) {
+            a64!(self.ops; add XSP(BUDGET), XSP(BUDGET), imm);
+        } else {
+            self.mov_imm(C0, charge, W64);
+            a64!(self.ops; add X(BUDGET), X(BUDGET), X(C0));
+        }
+        let pc = self.d.prog.insts[inst].pc as u64;
+        self.mov_imm(C2, pc, W64);
+        self.b(self.stop_budget);
+        Ok(())
+    }
+
+    fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
+        match cold {}
+    }
+
+    fn program_end(&mut self) -> Result<(), CompileError> {
+        if self.uses_region_scan {
+            self.region_scan();
+        }
+        self.stop_paths();
+        Ok(())
+    }
+}
+
+impl<'a> Pass<'a> for Codegen<'a> {
+    type Form = Form;
+
+    fn branch_checks(&mut self) -> Result<Option<Vec<BranchCheck<Form>>>, CompileError> {
+        let checks = Codegen::branch_checks(self)?;
+        Ok((!checks.is_empty()).then_some(checks))
+    }
+
+    /// Conditional sites are emitted short unless a previous pass made them long, and a
+    /// long one leaves no conditional site behind (its inverted test skips a plain B): every
+    /// site recorded here is a short one.
+    fn emitted_forms(&self) -> Vec<(usize, Form)> {
+        let short = self.sites.iter().filter_map(|s| s.cond);
+        short.map(|site| (site as usize, Form::Short)).collect()
+    }
+
+    fn resolve(&self, label: DynamicLabel) -> Option<usize> {
+        self.ops.labels().resolve_dynamic(label).ok().map(|o| o.0)
+    }
+
+    fn finish(self) -> Result<Assembled, CompileError> {
+        let data = self.data;
+        let bytes = scratch::assembled(self.ops).map_err(|err| {
+            CompileError::new(
+                ErrorKind::Encoding,
+                format!("arm64 relocation failed: {err}"),
+            )
+        })?;
+        let data_bytes: usize = data.iter().map(|r| r.len()).sum();
+        let native_insns = (bytes.len() - data_bytes) / 4;
+        Ok(Assembled {
+            bytes,
+            native_insns,
+            data,
+        })
+    }
+
+    fn unreachable_branch(c: &BranchCheck<Form>) -> CompileError {
+        CompileError::new(
+            ErrorKind::Encoding,
+            format!("conditional branch spans {} bytes of arm64 code", c.disp),
+        )
     }
 }

@@ -237,11 +237,11 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
         self.access.walks[walk].shadow.filter(|_| self.clamp)
     }
 
-    /// In a re-entered group's checked copy, with clamping on: the member's base must
+    /// In a checked copy, at a member of a re-entered group, with clamping on: the base must
     /// itself be clamped from its checked address, so a jump that skips the group's test
     /// later never sees an unchecked base, also under misspeculation.
     pub fn clamps_reentered_base(&self) -> bool {
-        matches!(self.copy, Some(CopyOf::Group(_)))
+        self.in_copy()
             && self.clamp
             && (self.access.group_of(self.cur)).is_some_and(|g| self.access.groups[g].reentered)
     }
