@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates include/packjit.h from ffi/src/lib.rs (+ the plugin ABI types of
+# Regenerates include/packjit.h from ffi/src (lib.rs and its modules, + the plugin ABI types of
 # packjit-plugin-api) with cbindgen, as a library call inside the header test, so no cbindgen
 # CLI is needed. Commit the result; ffi/tests/header.rs fails when it drifts.
 set -euo pipefail

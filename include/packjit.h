@@ -540,38 +540,6 @@ typedef struct PackjitProgramInfo {
 } PackjitProgramInfo;
 
 /**
- * How the built-in helpers `bpf_get_smp_processor_id` (id 8) and `bpf_ktime_get_ns`
- * (id 5) are carried out, filled by `packjit_runtime_builtins` (what a load gets now) and
- * `packjit_program_builtins` (what a program got).
- */
-typedef struct PackjitBuiltins {
-    /**
-     * `sizeof(PackjitBuiltins)`, set by the caller.
-     */
-    uint32_t struct_size;
-    /**
-     * `PACKJIT_BUILTIN_*` of helper 8 (inline = one load of the rseq `cpu_id`).
-     */
-    uint32_t cpu_id;
-    /**
-     * `PACKJIT_BUILTIN_*` of helper 5 (inline = the CPU counter, scaled).
-     */
-    uint32_t clock;
-    /**
-     * `PACKJIT_BUILTIN_*` of the per-CPU array lookup (`PJ_HELPER_PERCPU_LOOKUP`).
-     */
-    uint32_t percpu_lookup;
-    /**
-     * With `cpu_id == PACKJIT_BUILTIN_INLINE`: offset of `cpu_id` from the thread pointer.
-     */
-    int64_t rseq_offset;
-    /**
-     * With `clock == PACKJIT_BUILTIN_INLINE`: the counter frequency in Hz.
-     */
-    uint64_t clock_hz;
-} PackjitBuiltins;
-
-/**
  * Per-run environment, the third argument of every program entry.
  *
  * The host fills the input fields before each run and reads the stop fields after it; the
@@ -636,6 +604,38 @@ typedef struct PjExecEnv {
  * fields zero; after the call `stop_kind != PJ_STOP_NONE` means the program stopped.
  */
 typedef uint64_t (*PjProgramEntry)(uint8_t *ctx, uint64_t ctx_len, struct PjExecEnv *env);
+
+/**
+ * How the built-in helpers `bpf_get_smp_processor_id` (id 8) and `bpf_ktime_get_ns`
+ * (id 5) are carried out, filled by `packjit_runtime_builtins` (what a load gets now) and
+ * `packjit_program_builtins` (what a program got).
+ */
+typedef struct PackjitBuiltins {
+    /**
+     * `sizeof(PackjitBuiltins)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * `PACKJIT_BUILTIN_*` of helper 8 (inline = one load of the rseq `cpu_id`).
+     */
+    uint32_t cpu_id;
+    /**
+     * `PACKJIT_BUILTIN_*` of helper 5 (inline = the CPU counter, scaled).
+     */
+    uint32_t clock;
+    /**
+     * `PACKJIT_BUILTIN_*` of the per-CPU array lookup (`PJ_HELPER_PERCPU_LOOKUP`).
+     */
+    uint32_t percpu_lookup;
+    /**
+     * With `cpu_id == PACKJIT_BUILTIN_INLINE`: offset of `cpu_id` from the thread pointer.
+     */
+    int64_t rseq_offset;
+    /**
+     * With `clock == PACKJIT_BUILTIN_INLINE`: the counter frequency in Hz.
+     */
+    uint64_t clock_hz;
+} PackjitBuiltins;
 
 /**
  * What lies at a native address, filled by `packjit_symbolize` and `packjit_program_symbol`.
@@ -962,15 +962,6 @@ int64_t packjit_last_error_pc(void);
 uint64_t packjit_last_error_addr(void);
 
 /**
- * For helpers written in C: may the program running on the calling thread access
- * `[addr, addr + len)` (`write` non-zero for a write)? The same rule as the program's own
- * checks: its context, its stack, and the regions it was given. 0 when no program runs on
- * this thread. A helper that dereferences a pointer argument calls this first, so a
- * sandboxed program cannot use the helper to reach memory it could not reach itself.
- */
-int32_t packjit_helper_access_ok(uint64_t addr, uint64_t len, int32_t write);
-
-/**
  * Fills `*cfg` with the defaults (auto map mode, auto remap, 2 MiB packs, default plugin
  * directories) and sets `struct_size`.
  *
@@ -1128,6 +1119,15 @@ int32_t packjit_register_helper(const struct PackjitRuntime *rt,
                                 uint64_t (*fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t));
 
 /**
+ * For helpers written in C: may the program running on the calling thread access
+ * `[addr, addr + len)` (`write` non-zero for a write)? The same rule as the program's own
+ * checks: its context, its stack, and the regions it was given. 0 when no program runs on
+ * this thread. A helper that dereferences a pointer argument calls this first, so a
+ * sandboxed program cannot use the helper to reach memory it could not reach itself.
+ */
+int32_t packjit_helper_access_ok(uint64_t addr, uint64_t len, int32_t write);
+
+/**
  * Registers host memory every program loaded from now on may access under the sandbox
  * (read-only, or read-write with `PJ_REGION_WRITABLE`). Programs loaded earlier keep the
  * regions they were loaded with.
@@ -1164,76 +1164,6 @@ int32_t packjit_program_load(const struct PackjitRuntime *rt,
                              size_t code_len,
                              const struct PackjitLoadOptions *opts,
                              struct PackjitProgram **out);
-
-/**
- * Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`, `obj_len`
- * bytes, read during the call only). Select the program with exactly one of `section` (a
- * code section name, e.g. `"xdp"`; the entry is its first instruction) or `function` (a
- * function symbol); the other must be NULL. Functions it calls are linked in, `extern`
- * functions resolve to the helpers registered under their names, and the object's
- * `.rodata*` / `.data*` / `.bss*` are copied into memory the program owns (read-only /
- * read-write regions under the sandbox); read and write them with
- * `packjit_program_global_*`. `opts` as for `packjit_program_load`. Errors name the
- * section, symbol, relocation type and offset (e.g. `PJ_ERR_UNKNOWN_HELPER` for an
- * unresolved extern, `PJ_ERR_UNSUPPORTED` for maps or unknown relocations,
- * `PJ_ERR_INVALID_ARGUMENT` for malformed objects).
- *
- * # Safety
- * `rt` NULL or live; `obj` NULL or readable for `obj_len` bytes; `section` and `function`
- * NULL or NUL-terminated; `opts` NULL or a `PackjitLoadOptions` with `struct_size` set;
- * `out` NULL or writable.
- */
-int32_t packjit_program_load_elf(const struct PackjitRuntime *rt,
-                                 const uint8_t *obj,
-                                 size_t obj_len,
-                                 const char *section,
-                                 const char *function,
-                                 const struct PackjitLoadOptions *opts,
-                                 struct PackjitProgram **out);
-
-/**
- * Size in bytes of a program's global data `name`: a section (`".data"`, `".bss"`,
- * `".rodata"`, ...) or a data symbol (a global or static variable). Sections win when a
- * symbol has the same name.
- *
- * # Safety
- * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `size` NULL (refused) or
- * writable.
- */
-int32_t packjit_program_global_size(const struct PackjitProgram *prog,
-                                    const char *name,
-                                    size_t *size);
-
-/**
- * Copies `len` bytes at `offset` of global data `name` (section or symbol, as for
- * `packjit_program_global_size`) into `buf`. The range must lie inside it. Safe while other
- * threads run the program (bytes are copied one by one with relaxed atomics: a value the
- * program is writing at the same time may be torn).
- *
- * # Safety
- * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `buf` NULL (only with `len`
- * 0) or writable for `len` bytes.
- */
-int32_t packjit_program_global_read(const struct PackjitProgram *prog,
-                                    const char *name,
-                                    size_t offset,
-                                    uint8_t *buf,
-                                    size_t len);
-
-/**
- * Writes `len` bytes from `data` at `offset` of global data `name` (section or symbol). The
- * host may write `.rodata` too (it is read-only for the program only), e.g. to set a table
- * before the first run.
- *
- * # Safety
- * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `data` NULL (only with
- * `len` 0) or readable for `len` bytes.
- */
-int32_t packjit_program_global_write(const struct PackjitProgram *prog,
-                                     const char *name,
-                                     size_t offset,
-                                     const uint8_t *data,
-                                     size_t len);
 
 /**
  * Compiles `count` programs and commits them together (one protection/remap pass and one
@@ -1316,6 +1246,104 @@ void packjit_epoch_exit(void);
 int32_t packjit_program_info(const struct PackjitProgram *prog, struct PackjitProgramInfo *info);
 
 /**
+ * Copies a program's native code into a caller buffer (for disassemblers and tools).
+ * `*size` always receives the code size. With `buf` NULL (or `buf_len` 0) nothing is
+ * copied and the call succeeds: use it to query the size first. With a buffer smaller than
+ * the code nothing is copied and `PJ_ERR_INVALID_ARGUMENT` is returned.
+ *
+ * # Safety
+ * `prog` NULL or live; `buf` NULL or writable for `buf_len` bytes (borrowed for the call);
+ * `size` NULL (refused) or writable.
+ */
+int32_t packjit_program_code(const struct PackjitProgram *prog,
+                             uint8_t *buf,
+                             size_t buf_len,
+                             size_t *size);
+
+/**
+ * Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
+ * ctx_len)`) in `*entry`, for hosts that dispatch themselves. Fails with
+ * `PJ_ERR_NOT_EXECUTABLE` (and stores NULL) when the program cannot run here. The pointer
+ * is valid while the program lives (taking it pins the code: compaction never moves it);
+ * a caller racing with `packjit_program_free` must hold `packjit_epoch_enter` around
+ * fetching and calling it.
+ *
+ * # Safety
+ * `prog` NULL or live; `entry` NULL (refused) or writable.
+ */
+int32_t packjit_program_entry(const struct PackjitProgram *prog, PjProgramEntry *entry);
+
+/**
+ * Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`, `obj_len`
+ * bytes, read during the call only). Select the program with exactly one of `section` (a
+ * code section name, e.g. `"xdp"`; the entry is its first instruction) or `function` (a
+ * function symbol); the other must be NULL. Functions it calls are linked in, `extern`
+ * functions resolve to the helpers registered under their names, and the object's
+ * `.rodata*` / `.data*` / `.bss*` are copied into memory the program owns (read-only /
+ * read-write regions under the sandbox); read and write them with
+ * `packjit_program_global_*`. `opts` as for `packjit_program_load`. Errors name the
+ * section, symbol, relocation type and offset (e.g. `PJ_ERR_UNKNOWN_HELPER` for an
+ * unresolved extern, `PJ_ERR_UNSUPPORTED` for maps or unknown relocations,
+ * `PJ_ERR_INVALID_ARGUMENT` for malformed objects).
+ *
+ * # Safety
+ * `rt` NULL or live; `obj` NULL or readable for `obj_len` bytes; `section` and `function`
+ * NULL or NUL-terminated; `opts` NULL or a `PackjitLoadOptions` with `struct_size` set;
+ * `out` NULL or writable.
+ */
+int32_t packjit_program_load_elf(const struct PackjitRuntime *rt,
+                                 const uint8_t *obj,
+                                 size_t obj_len,
+                                 const char *section,
+                                 const char *function,
+                                 const struct PackjitLoadOptions *opts,
+                                 struct PackjitProgram **out);
+
+/**
+ * Size in bytes of a program's global data `name`: a section (`".data"`, `".bss"`,
+ * `".rodata"`, ...) or a data symbol (a global or static variable). Sections win when a
+ * symbol has the same name.
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `size` NULL (refused) or
+ * writable.
+ */
+int32_t packjit_program_global_size(const struct PackjitProgram *prog,
+                                    const char *name,
+                                    size_t *size);
+
+/**
+ * Copies `len` bytes at `offset` of global data `name` (section or symbol, as for
+ * `packjit_program_global_size`) into `buf`. The range must lie inside it. Safe while other
+ * threads run the program (bytes are copied one by one with relaxed atomics: a value the
+ * program is writing at the same time may be torn).
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `buf` NULL (only with `len`
+ * 0) or writable for `len` bytes.
+ */
+int32_t packjit_program_global_read(const struct PackjitProgram *prog,
+                                    const char *name,
+                                    size_t offset,
+                                    uint8_t *buf,
+                                    size_t len);
+
+/**
+ * Writes `len` bytes from `data` at `offset` of global data `name` (section or symbol). The
+ * host may write `.rodata` too (it is read-only for the program only), e.g. to set a table
+ * before the first run.
+ *
+ * # Safety
+ * `prog` NULL or live; `name` NULL (refused) or NUL-terminated; `data` NULL (only with
+ * `len` 0) or readable for `len` bytes.
+ */
+int32_t packjit_program_global_write(const struct PackjitProgram *prog,
+                                     const char *name,
+                                     size_t offset,
+                                     const uint8_t *data,
+                                     size_t len);
+
+/**
  * What the built-in helpers (ids 5 and 8) became in `prog`: inlined, called, or the
  * host's own helper (`PACKJIT_BUILTIN_*`). Code that cannot call the clock or the per-CPU
  * lookup (no `call` naming it, no `callx`) reports it as called: nothing was prepared to
@@ -1362,34 +1390,6 @@ int32_t packjit_runtime_add_percpu_array(const struct PackjitRuntime *rt,
  * `rt` NULL or live.
  */
 int32_t packjit_runtime_set_inline_builtins(const struct PackjitRuntime *rt, uint32_t on);
-
-/**
- * Copies a program's native code into a caller buffer (for disassemblers and tools).
- * `*size` always receives the code size. With `buf` NULL (or `buf_len` 0) nothing is
- * copied and the call succeeds: use it to query the size first. With a buffer smaller than
- * the code nothing is copied and `PJ_ERR_INVALID_ARGUMENT` is returned.
- *
- * # Safety
- * `prog` NULL or live; `buf` NULL or writable for `buf_len` bytes (borrowed for the call);
- * `size` NULL (refused) or writable.
- */
-int32_t packjit_program_code(const struct PackjitProgram *prog,
-                             uint8_t *buf,
-                             size_t buf_len,
-                             size_t *size);
-
-/**
- * Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
- * ctx_len)`) in `*entry`, for hosts that dispatch themselves. Fails with
- * `PJ_ERR_NOT_EXECUTABLE` (and stores NULL) when the program cannot run here. The pointer
- * is valid while the program lives (taking it pins the code: compaction never moves it);
- * a caller racing with `packjit_program_free` must hold `packjit_epoch_enter` around
- * fetching and calling it.
- *
- * # Safety
- * `prog` NULL or live; `entry` NULL (refused) or writable.
- */
-int32_t packjit_program_entry(const struct PackjitProgram *prog, PjProgramEntry *entry);
 
 /**
  * Creates an empty hook whose programs come from `rt`.

@@ -1,0 +1,177 @@
+//! Status strings, the thread-local last error and the boundary every exported function
+//! runs its body through (it records the error and catches panics).
+
+use super::{
+    PJ_ERR_ABI, PJ_ERR_ARENA, PJ_ERR_BUDGET, PJ_ERR_ENCODING, PJ_ERR_INTERNAL,
+    PJ_ERR_INVALID_ARGUMENT, PJ_ERR_NOT_EXECUTABLE, PJ_ERR_OUT_OF_BOUNDS, PJ_ERR_PANIC,
+    PJ_ERR_PLUGIN, PJ_ERR_UNKNOWN_CALLX, PJ_ERR_UNKNOWN_HELPER, PJ_ERR_UNSUPPORTED, PJ_ERR_VERIFY,
+    PJ_OK,
+};
+use core::ffi::{c_char, CStr};
+use packjit_runtime::{Error, ErrorKind};
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Message capacity of the thread-local last error (longer messages are cut on a UTF-8
+/// boundary).
+const LAST_ERROR_LEN: usize = 1024;
+
+struct LastError {
+    code: i32,
+    pc: i64,
+    /// Address of a refused access (`PJ_ERR_OUT_OF_BOUNDS`), else 0.
+    addr: u64,
+    msg: [c_char; LAST_ERROR_LEN],
+}
+
+thread_local! {
+    // A fixed buffer per thread, so the pointer packjit_last_error returns stays valid for
+    // the thread's life (only its contents change).
+    static LAST_ERROR: RefCell<LastError> = const {
+        RefCell::new(LastError { code: PJ_OK, pc: -1, addr: 0, msg: [0; LAST_ERROR_LEN] })
+    };
+}
+
+fn set_last(code: i32, pc: i64, msg: &str) {
+    set_last_fault(code, pc, 0, msg)
+}
+
+fn set_last_fault(code: i32, pc: i64, addr: u64, msg: &str) {
+    let _ = LAST_ERROR.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            l.code = code;
+            l.pc = pc;
+            l.addr = addr;
+            packjit_plugin_api::write_c_message(&mut l.msg, msg);
+        }
+    });
+}
+
+fn record(e: &Error) -> i32 {
+    let code = e.kind.code();
+    set_last_fault(
+        code,
+        e.pc.map_or(-1, |p| p as i64),
+        e.fault.map_or(0, |f| f.addr),
+        &e.to_string(),
+    );
+    code
+}
+
+pub(super) fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidArgument, msg)
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Runs an exported function's body: catches panics, records the error, returns the status.
+pub(super) fn boundary(what: &str, f: impl FnOnce() -> Result<(), Error>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => {
+            set_last(PJ_OK, -1, "");
+            PJ_OK
+        }
+        Ok(Err(e)) => record(&e),
+        Err(p) => {
+            set_last(
+                PJ_ERR_PANIC,
+                -1,
+                &format!(
+                    "{what}: panic caught at the C boundary: {}",
+                    panic_message(&*p)
+                ),
+            );
+            PJ_ERR_PANIC
+        }
+    }
+}
+
+/// A short description of a status code ("ok", "invalid argument", ...). Returns a static
+/// NUL-terminated string owned by the library (never NULL, never freed); unknown codes give
+/// "unknown status code".
+#[no_mangle]
+pub extern "C" fn packjit_status_str(code: i32) -> *const c_char {
+    let s: &'static CStr = match code {
+        PJ_OK => c"ok",
+        PJ_ERR_INVALID_ARGUMENT => c"invalid argument",
+        PJ_ERR_VERIFY => c"bytecode rejected by the verifier",
+        PJ_ERR_UNSUPPORTED => c"unsupported by the backend",
+        PJ_ERR_UNKNOWN_HELPER => c"unknown helper",
+        PJ_ERR_ENCODING => c"cannot be encoded for the target",
+        PJ_ERR_ARENA => c"code arena exhausted",
+        PJ_ERR_ABI => c"ABI mismatch",
+        PJ_ERR_PANIC => c"panic caught at the boundary",
+        PJ_ERR_PLUGIN => c"plugin could not be loaded",
+        PJ_ERR_NOT_EXECUTABLE => c"program cannot run here",
+        PJ_ERR_INTERNAL => c"internal error",
+        PJ_ERR_OUT_OF_BOUNDS => c"memory access out of bounds",
+        PJ_ERR_BUDGET => c"instruction budget exhausted",
+        PJ_ERR_UNKNOWN_CALLX => c"callx to an unregistered helper id",
+        _ => c"unknown status code",
+    };
+    s.as_ptr()
+}
+
+/// The message of the last failed packjit call on the calling thread ("" after a successful
+/// call), e.g. "pc 3: unknown helper id 9". Never NULL.
+///
+/// Ownership: the buffer belongs to the library and to the calling thread; it stays
+/// allocated for the thread's life, but its contents are overwritten by the next packjit
+/// call on that thread, so copy it if you need it later. Do not free it.
+#[no_mangle]
+pub extern "C" fn packjit_last_error() -> *const c_char {
+    LAST_ERROR
+        // SAFETY: only the field's address is taken; the thread-local outlives the thread's
+        // use of the pointer.
+        .try_with(|l| unsafe { core::ptr::addr_of!((*l.as_ptr()).msg) }.cast::<c_char>())
+        .unwrap_or(c"thread is exiting".as_ptr())
+}
+
+/// The status code of the last packjit call on the calling thread (`PJ_OK` after a success).
+#[no_mangle]
+pub extern "C" fn packjit_last_error_code() -> i32 {
+    LAST_ERROR
+        .try_with(|l| l.try_borrow().map_or(PJ_ERR_INTERNAL, |l| l.code))
+        .unwrap_or(PJ_ERR_INTERNAL)
+}
+
+/// The eBPF instruction index (in 8-byte slots) the last error on the calling thread is
+/// about, or -1 when it is not about one instruction.
+#[no_mangle]
+pub extern "C" fn packjit_last_error_pc() -> i64 {
+    LAST_ERROR
+        .try_with(|l| l.try_borrow().map_or(-1, |l| l.pc))
+        .unwrap_or(-1)
+}
+
+/// The address of the access refused by the last `PJ_ERR_OUT_OF_BOUNDS` on the calling
+/// thread (0 for other errors).
+#[no_mangle]
+pub extern "C" fn packjit_last_error_addr() -> u64 {
+    LAST_ERROR
+        .try_with(|l| l.try_borrow().map_or(0, |l| l.addr))
+        .unwrap_or(0)
+}
+
+/// Test-only: a C API entry whose body panics, to prove the boundary turns a panic into
+/// `PJ_ERR_PANIC` instead of unwinding into C (every exported function runs its body through
+/// the same `boundary`). Compiled only into the crate's own tests, never into the library.
+#[cfg(test)]
+#[no_mangle]
+pub extern "C" fn packjit_test_panic_inside() -> i32 {
+    boundary("packjit_test_panic_inside", || {
+        let v: Vec<u8> = Vec::new();
+        // A real out-of-bounds index, the kind of bug the boundary exists for.
+        let i = v.len() + 3;
+        let _ = v[i];
+        Ok(())
+    })
+}

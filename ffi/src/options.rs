@@ -1,0 +1,142 @@
+//! Per-load options (`PackjitLoadOptions`), as read by every load function.
+
+use super::args::{check_size, out_arg};
+use super::error::{boundary, invalid};
+use super::regions::region_from_c;
+use super::{
+    PjMemRegion, PACKJIT_LOAD_BLIND_CONSTANTS, PACKJIT_LOAD_BUDGET, PACKJIT_LOAD_FEATURES_EXACT,
+    PACKJIT_LOAD_PERCPU_INSN, PACKJIT_LOAD_TRUSTED,
+};
+use packjit_runtime::{Arch, Error, LoadOptions, Trust};
+
+const PACKJIT_LOAD_ALL_FLAGS: u32 = PACKJIT_LOAD_FEATURES_EXACT
+    | PACKJIT_LOAD_TRUSTED
+    | PACKJIT_LOAD_BUDGET
+    | PACKJIT_LOAD_BLIND_CONSTANTS
+    | PACKJIT_LOAD_PERCPU_INSN;
+
+/// Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PackjitLoadOptions {
+    /// `sizeof(PackjitLoadOptions)`.
+    pub struct_size: u32,
+    /// Target architecture, a `PJ_ARCH_*` code; 0 = the host's. Programs for another
+    /// architecture are compiled (for inspection and dumping) but cannot be run.
+    pub arch: u32,
+    /// `PACKJIT_LOAD_*` flags.
+    pub flags: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// With `PACKJIT_LOAD_FEATURES_EXACT`: the exact optional-feature bits to use. Otherwise
+    /// ignored (the CPU's features are used on the host arch, none for a foreign arch).
+    pub features: u64,
+    /// Feature bits to leave out (e.g. arm64 bit 0 forces the LSE-less atomics).
+    pub disabled_features: u64,
+    /// With `PACKJIT_LOAD_BUDGET`: instructions each run may execute.
+    pub budget: u64,
+    /// Host regions this program may access besides its context and stack (in addition to
+    /// those of `packjit_runtime_add_region`), `region_count` entries; NULL when 0. Copied
+    /// during the load; the memory they describe must stay valid while the program can run.
+    pub regions: *const PjMemRegion,
+    /// Number of entries in `regions`.
+    pub region_count: u64,
+}
+
+impl Default for PackjitLoadOptions {
+    fn default() -> Self {
+        Self {
+            struct_size: 0,
+            arch: 0,
+            flags: 0,
+            reserved: 0,
+            features: 0,
+            disabled_features: 0,
+            budget: 0,
+            regions: core::ptr::null(),
+            region_count: 0,
+        }
+    }
+}
+
+/// Fills `*opts` with the defaults (host arch, CPU features) and sets `struct_size`.
+///
+/// # Safety
+/// `opts` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn packjit_load_options_init(opts: *mut PackjitLoadOptions) -> i32 {
+    boundary("packjit_load_options_init", || {
+        // SAFETY: caller contract.
+        let o = unsafe { out_arg(opts, "opts") }?;
+        *o = PackjitLoadOptions {
+            struct_size: size_of::<PackjitLoadOptions>() as u32,
+            ..Default::default()
+        };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `opts` NULL or a `PackjitLoadOptions`.
+pub(super) unsafe fn load_options(
+    opts: *const PackjitLoadOptions,
+) -> Result<(LoadOptions, Trust), Error> {
+    if opts.is_null() {
+        return Ok((LoadOptions::default(), Trust::Sandboxed));
+    }
+    // SAFETY: caller contract.
+    unsafe { check_size(opts, "opts") }?;
+    // SAFETY: checked.
+    let o = unsafe { &*opts };
+    if o.flags & !PACKJIT_LOAD_ALL_FLAGS != 0 {
+        return Err(invalid(format!(
+            "opts->flags {:#x}: unknown bits {:#x}",
+            o.flags,
+            o.flags & !PACKJIT_LOAD_ALL_FLAGS
+        )));
+    }
+    if o.regions.is_null() && o.region_count != 0 {
+        return Err(invalid(format!(
+            "opts->regions is NULL but opts->region_count is {}",
+            o.region_count
+        )));
+    }
+    let regions = if o.region_count == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: caller contract: `region_count` readable entries.
+        let raw = unsafe { std::slice::from_raw_parts(o.regions, o.region_count as usize) };
+        raw.iter()
+            .enumerate()
+            .map(|(i, r)| region_from_c(r, &format!("opts->regions[{i}]")))
+            .collect::<Result<_, _>>()?
+    };
+    Ok((
+        LoadOptions {
+            arch: arch_from_code(o.arch, "opts->arch")?,
+            features: (o.flags & PACKJIT_LOAD_FEATURES_EXACT != 0).then_some(o.features),
+            disable_features: o.disabled_features,
+            budget: (o.flags & PACKJIT_LOAD_BUDGET != 0).then_some(o.budget),
+            blind_constants: o.flags & PACKJIT_LOAD_BLIND_CONSTANTS != 0,
+            percpu_insn: o.flags & PACKJIT_LOAD_PERCPU_INSN != 0,
+            regions,
+            ..Default::default()
+        },
+        if o.flags & PACKJIT_LOAD_TRUSTED != 0 {
+            Trust::Trusted
+        } else {
+            Trust::Sandboxed
+        },
+    ))
+}
+
+fn arch_from_code(code: u32, what: &str) -> Result<Option<Arch>, Error> {
+    if code == 0 {
+        return Ok(None);
+    }
+    Arch::from_code(code).map(Some).ok_or_else(|| {
+        invalid(format!(
+            "{what} {code} is not a PJ_ARCH_* code (1 = x86_64, 2 = aarch64, 3 = riscv64)"
+        ))
+    })
+}
