@@ -21,16 +21,31 @@ fn main() {
     let verbose = std::env::args().any(|a| a == "--verbose");
     let corpus = corpus();
     let backends: [(&str, &dyn JitBackend, u64); 3] = [
-        ("arm64", &packjit_arm64::Arm64Backend::new(), packjit_arm64::SUPPORTED_FEATURES),
-        ("rv64", &packjit_rv64::Rv64Backend::new(), packjit_rv64::SUPPORTED_FEATURES),
-        ("x86-64", &packjit_x86_64::X86Backend::new(), packjit_x86_64::SUPPORTED_FEATURES),
+        (
+            "arm64",
+            &packjit_arm64::Arm64Backend::new(),
+            packjit_arm64::SUPPORTED_FEATURES,
+        ),
+        (
+            "rv64",
+            &packjit_rv64::Rv64Backend::new(),
+            packjit_rv64::SUPPORTED_FEATURES,
+        ),
+        (
+            "x86-64",
+            &packjit_x86_64::X86Backend::new(),
+            packjit_x86_64::SUPPORTED_FEATURES,
+        ),
     ];
     let modes: [(&str, u32); 5] = [
         ("trusted", 0),
         ("sandbox", PJ_COMPILE_SANDBOX),
         ("sandbox+budget", PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET),
         ("blinded", PJ_COMPILE_BLIND_CONSTANTS),
-        ("sandbox+blinded", PJ_COMPILE_SANDBOX | PJ_COMPILE_BLIND_CONSTANTS),
+        (
+            "sandbox+blinded",
+            PJ_COMPILE_SANDBOX | PJ_COMPILE_BLIND_CONSTANTS,
+        ),
     ];
     for (arch, backend, all_features) in backends {
         for (mode, flags) in modes {
@@ -51,7 +66,8 @@ fn main() {
                         Ok(c) => {
                             compiled += 1;
                             arena.bytes(&c.region).hash(&mut h);
-                            (c.entry - c.region.exec_addr, c.code_size, c.native_insns).hash(&mut h);
+                            (c.entry - c.region.exec_addr, c.code_size, c.native_insns)
+                                .hash(&mut h);
                             c.pc_offsets.hash(&mut h);
                         }
                         Err(e) => {
@@ -77,12 +93,13 @@ fn main() {
 
 /// `(name, bytecode, helpers)` of every program in the corpus.
 fn corpus() -> Vec<(String, Vec<u8>, Vec<HelperEntry>)> {
+    // Fixed addresses: the code embeds them, and two builds place the real helpers apart.
     let gen_helpers: Vec<HelperEntry> = gen::helpers()
         .into_iter()
-        .map(|(id, f, _)| HelperEntry {
+        .map(|(id, _, _)| HelperEntry {
             id,
             inline_kind: 0,
-            addr: f as usize as u64,
+            addr: 0x7f00_0000_1000 + 16 * id as u64,
         })
         .collect();
     let mut corpus = Vec::new();
