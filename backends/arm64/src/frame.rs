@@ -27,8 +27,7 @@ use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, Lower
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
-    PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START, PJ_ENV_STOP_KIND,
-    PJ_ENV_STOP_PC, PJ_STOP_BUDGET,
+    PJ_ENV_BUDGET, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_START,
 };
 
 use crate::lower::Codegen;
@@ -280,29 +279,5 @@ impl Codegen<'_> {
             a64!(self.ops; ldp x29, x30, [sp], 16);
         }
         a64!(self.ops; ret);
-    }
-
-    /// The shared stop paths, after all functions. `stop`: C1 = kind | access << 32,
-    /// C2 = pc, x9 = address (or callx id); `stop_budget`: C2 = pc.
-    pub(crate) fn stop_paths(&mut self) {
-        if !self.plan.can_stop {
-            return;
-        }
-        let (stop, stop_budget, restore) = (self.stop, self.stop_budget, self.restore);
-        if self.d.mode.counts_budget() {
-            a64!(self.ops
-                ; =>stop_budget
-                ; movz X(C1), PJ_STOP_BUDGET
-                ; mov X(T0), xzr
-            );
-        }
-        a64!(self.ops
-            ; =>stop
-            ; str X(C1), [X(ENV), PJ_ENV_STOP_KIND as u32]
-            ; stp X(C2), X(T0), [X(ENV), PJ_ENV_STOP_PC]
-            ; ldr X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
-            ; mov sp, XSP(C0)
-            ; b =>restore
-        );
     }
 }

@@ -1,0 +1,412 @@
+//! Loads, stores and atomics, and the sandbox's inline checks of them.
+
+use super::*;
+
+impl Codegen<'_> {
+    pub(crate) fn mem(&mut self, op: MemOp, size: Size, rt: u8, base: Reg, off: i16) {
+        let inst = self.d.prog.insts[self.d.cur].op;
+        // r10-based accesses address the frame directly off its base (r10 = base + 512).
+        let (b, o) = match self.d.access(&inst) {
+            AccessLowering::Checked(_) => {
+                let addr = self.check_access(size, op == MemOp::Store, base, off);
+                self.clamp_reentered_base(base, off);
+                (addr, 0)
+            }
+            AccessLowering::Direct { base: R10, off } => {
+                (self.frame_base(), off as i64 + STACK_SIZE as i64)
+            }
+            AccessLowering::Direct { base, off } => (self.map[base as usize], off as i64),
+        };
+        let sz = size.bytes() as i64;
+        let form = if o >= 0 && o % sz == 0 && o / sz < 4096 {
+            AddrForm::Scaled
+        } else if (-256..256).contains(&o) {
+            AddrForm::Unscaled
+        } else {
+            // Out of both immediate forms: the offset goes in a register.
+            self.mov_imm(T0, o as u64, W64);
+            AddrForm::Index
+        };
+        let o = o as i32;
+        macro_rules! acc {
+            ($scaled:ident, $unscaled:ident, $fam:ident) => {
+                match form {
+                    AddrForm::Scaled => a64!(self.ops; $scaled $fam(rt), [XSP(b), o as u32]),
+                    AddrForm::Unscaled => a64!(self.ops; $unscaled $fam(rt), [XSP(b), o]),
+                    AddrForm::Index => a64!(self.ops; $scaled $fam(rt), [XSP(b), X(T0)]),
+                }
+            };
+        }
+        match (op, size) {
+            (MemOp::Load { sign_extend: false }, Size::B) => acc!(ldrb, ldurb, W),
+            (MemOp::Load { sign_extend: false }, Size::H) => acc!(ldrh, ldurh, W),
+            (MemOp::Load { sign_extend: false }, Size::W) => acc!(ldr, ldur, W),
+            (MemOp::Load { .. }, Size::DW) => acc!(ldr, ldur, X),
+            (MemOp::Load { sign_extend: true }, Size::B) => acc!(ldrsb, ldursb, X),
+            (MemOp::Load { sign_extend: true }, Size::H) => acc!(ldrsh, ldursh, X),
+            (MemOp::Load { sign_extend: true }, Size::W) => acc!(ldrsw, ldursw, X),
+            (MemOp::Store, Size::B) => acc!(strb, sturb, W),
+            (MemOp::Store, Size::H) => acc!(strh, sturh, W),
+            (MemOp::Store, Size::W) => acc!(str, stur, W),
+            (MemOp::Store, Size::DW) => acc!(str, stur, X),
+        }
+    }
+
+    /// Address of an atomic access in a register (LDXR/LDADD... take no offset).
+    pub(crate) fn atomic_addr(&mut self, size: Size, base: Reg, off: i16) -> u8 {
+        let inst = self.d.prog.insts[self.d.cur].op;
+        match self.d.access(&inst) {
+            // Atomics count as writes.
+            AccessLowering::Checked(_) => self.check_access(size, true, base, off),
+            AccessLowering::Direct { base: R10, off } => {
+                let fb = self.frame_base();
+                self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
+                T0
+            }
+            AccessLowering::Direct { base, off: 0 } => self.map[base as usize],
+            AccessLowering::Direct { base, off } => {
+                self.add_imm(T0, self.map[base as usize], off as i64, W64);
+                T0
+            }
+        }
+    }
+
+    pub(crate) fn atomic(
+        &mut self,
+        width: Width,
+        op: AtomicOp,
+        fetch: bool,
+        base: Reg,
+        off: i16,
+        src: Reg,
+    ) {
+        let a = self.atomic_addr(if width == W64 { Size::DW } else { Size::W }, base, off);
+        let s = self.src(src, T4);
+        let r0 = self.map[0];
+        if self.lse {
+            self.atomic_lse(width, op, fetch, a, s, r0);
+        } else {
+            self.atomic_llsc(width, op, fetch, a, s, r0);
+        }
+    }
+
+    /// ARMv8.1 LSE: one instruction. Fetching forms are fully ordered (`...AL`) as the
+    /// kernel's BPF atomics are; plain read-modify-write uses the relaxed `ST...` alias.
+    pub(crate) fn atomic_lse(
+        &mut self,
+        width: Width,
+        op: AtomicOp,
+        fetch: bool,
+        a: u8,
+        s: u8,
+        r0: u8,
+    ) {
+        // LSE has no AND: clear the complement instead.
+        let v = if op == AtomicOp::And {
+            a64!(self.ops; mvn X(T1), X(s));
+            T1
+        } else {
+            s
+        };
+        if !fetch {
+            match (op, width) {
+                (AtomicOp::Add, W64) => a64!(self.ops; stadd X(v), [X(a)]),
+                (AtomicOp::Add, W32) => a64!(self.ops; stadd W(v), [X(a)]),
+                (AtomicOp::Or, W64) => a64!(self.ops; stset X(v), [X(a)]),
+                (AtomicOp::Or, W32) => a64!(self.ops; stset W(v), [X(a)]),
+                (AtomicOp::And, W64) => a64!(self.ops; stclr X(v), [X(a)]),
+                (AtomicOp::And, W32) => a64!(self.ops; stclr W(v), [X(a)]),
+                (_, W64) => a64!(self.ops; steor X(v), [X(a)]),
+                (_, W32) => a64!(self.ops; steor W(v), [X(a)]),
+            }
+            return;
+        }
+        // The old value lands in the source register (r0 for cmpxchg); W forms zero-extend.
+        match (op, width) {
+            (AtomicOp::Add, W64) => a64!(self.ops; ldaddal X(v), X(s), [X(a)]),
+            (AtomicOp::Add, W32) => a64!(self.ops; ldaddal W(v), W(s), [X(a)]),
+            (AtomicOp::Or, W64) => a64!(self.ops; ldsetal X(v), X(s), [X(a)]),
+            (AtomicOp::Or, W32) => a64!(self.ops; ldsetal W(v), W(s), [X(a)]),
+            (AtomicOp::And, W64) => a64!(self.ops; ldclral X(v), X(s), [X(a)]),
+            (AtomicOp::And, W32) => a64!(self.ops; ldclral W(v), W(s), [X(a)]),
+            (AtomicOp::Xor, W64) => a64!(self.ops; ldeoral X(v), X(s), [X(a)]),
+            (AtomicOp::Xor, W32) => a64!(self.ops; ldeoral W(v), W(s), [X(a)]),
+            (AtomicOp::Xchg, W64) => a64!(self.ops; swpal X(v), X(s), [X(a)]),
+            (AtomicOp::Xchg, W32) => a64!(self.ops; swpal W(v), W(s), [X(a)]),
+            // CAS compares with and returns into its first operand: r0 itself.
+            (AtomicOp::Cmpxchg, W64) => a64!(self.ops; casal X(r0), X(s), [X(a)]),
+            (AtomicOp::Cmpxchg, W32) => a64!(self.ops; casal W(r0), W(s), [X(a)]),
+        }
+    }
+
+    /// Exclusive-monitor loops for CPUs without LSE. Fetching forms get release on the
+    /// store plus a full barrier after, matching the ordering of the LSE `...AL` forms.
+    pub(crate) fn atomic_llsc(
+        &mut self,
+        width: Width,
+        op: AtomicOp,
+        fetch: bool,
+        a: u8,
+        s: u8,
+        r0: u8,
+    ) {
+        let (old, new, status) = (T1, T2, T3);
+        if op == AtomicOp::Cmpxchg {
+            if width == W64 {
+                a64!(self.ops
+                    ; retry:
+                    ; ldxr X(old), [X(a)]
+                    ; cmp X(old), X(r0)
+                    ; b.ne >done
+                    ; stlxr W(status), X(s), [X(a)]
+                    ; cbnz W(status), <retry
+                    ; done:
+                    ; dmb ish
+                    ; mov X(r0), X(old)
+                );
+            } else {
+                a64!(self.ops
+                    ; retry:
+                    ; ldxr W(old), [X(a)]
+                    ; cmp W(old), W(r0)
+                    ; b.ne >done
+                    ; stlxr W(status), W(s), [X(a)]
+                    ; cbnz W(status), <retry
+                    ; done:
+                    ; dmb ish
+                    ; mov W(r0), W(old)
+                );
+            }
+            return;
+        }
+        a64!(self.ops; retry:);
+        if width == W64 {
+            a64!(self.ops; ldxr X(old), [X(a)]);
+        } else {
+            a64!(self.ops; ldxr W(old), [X(a)]);
+        }
+        let val = match (op, width) {
+            (AtomicOp::Xchg, _) => s,
+            (AtomicOp::Add, W64) => {
+                a64!(self.ops; add X(new), X(old), X(s));
+                new
+            }
+            (AtomicOp::Add, W32) => {
+                a64!(self.ops; add W(new), W(old), W(s));
+                new
+            }
+            (AtomicOp::Or, W64) => {
+                a64!(self.ops; orr X(new), X(old), X(s));
+                new
+            }
+            (AtomicOp::Or, W32) => {
+                a64!(self.ops; orr W(new), W(old), W(s));
+                new
+            }
+            (AtomicOp::And, W64) => {
+                a64!(self.ops; and X(new), X(old), X(s));
+                new
+            }
+            (AtomicOp::And, W32) => {
+                a64!(self.ops; and W(new), W(old), W(s));
+                new
+            }
+            (_, W64) => {
+                a64!(self.ops; eor X(new), X(old), X(s));
+                new
+            }
+            (_, W32) => {
+                a64!(self.ops; eor W(new), W(old), W(s));
+                new
+            }
+        };
+        match (fetch, width) {
+            (true, W64) => a64!(self.ops; stlxr W(status), X(val), [X(a)]),
+            (true, W32) => a64!(self.ops; stlxr W(status), W(val), [X(a)]),
+            (false, W64) => a64!(self.ops; stxr W(status), X(val), [X(a)]),
+            (false, W32) => a64!(self.ops; stxr W(status), W(val), [X(a)]),
+        }
+        a64!(self.ops; cbnz W(status), <retry);
+        if fetch {
+            a64!(self.ops; dmb ish);
+            if width == W64 {
+                a64!(self.ops; mov X(s), X(old));
+            } else {
+                a64!(self.ops; mov W(s), W(old));
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ sandbox checks
+
+    /// Leaves in x9 the address of a `size`-byte access at `base + off`, checked against the
+    /// context inline; other regions are tried out of line (see [`Cold::Access`]).
+    ///
+    /// ```text
+    ///   add  x9, xb, #off          ; address (none for off = 0: xb is used in place)
+    ///   sub  x14, x9, x23          ; t = addr - ctx_start (wraps when below)
+    ///   subs x14, x24, x14         ; len - t: carry iff t <= len
+    ///   ccmp x14, #size, #0, hs    ; carry iff len - t >= size (else flags = fail)
+    ///   b.lo cold                  ; not in the context
+    ///   csel x9, x9, xzr, hs       ; Spectre v1: a mispredicted b.lo sees address 0
+    /// resume:
+    /// ```
+    ///
+    /// The comparison is exact for every 64-bit address: `t <= len` rules out addresses
+    /// below the context (t wraps past any length) before `len - t >= size` is tested.
+    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) -> u8 {
+        let b = self.src(base, T0);
+        // The register holding the address: the base itself for offset 0 (the CSEL then
+        // writes x9, and the out-of-line side copies it first), else x9.
+        let addr = if off == 0 { b } else { T0 };
+        if off != 0 {
+            if let Some((imm, false)) = fits_imm12(off as i64) {
+                a64!(self.ops; add XSP(T0), XSP(b), imm);
+            } else if let Some((imm, false)) = fits_imm12(-(off as i64)) {
+                a64!(self.ops; sub XSP(T0), XSP(b), imm);
+            } else {
+                self.mov_imm(C0, off as i64 as u64, W64);
+                a64!(self.ops; add X(T0), X(b), X(C0));
+            }
+        }
+        let s = size.bytes();
+        let label = self.ops.new_dynamic_label();
+        let resume = self.ops.new_dynamic_label();
+        let check = self.plan.access.check(self.d.cur);
+        let stack_first = self.plan.block > 0 && check == AccessCheck::Stack;
+        match check {
+            AccessCheck::CtxConst { end } if end < 4096 => {
+                // The base is the context start plus a constant (r1 = env.ctx_start at
+                // entry): in the context iff end <= len.
+                a64!(self.ops; cmp XSP(CTX_LEN), end);
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(T0, addr, Cc::Hs);
+            }
+            _ if stack_first => {
+                self.stack_check(addr, s);
+                self.branch_if(Test::Flags(Cc::Hi), label);
+                self.clamp_to(T0, addr, Cc::Ls);
+            }
+            _ => {
+                self.ctx_check(addr, s);
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(T0, addr, Cc::Hs);
+            }
+        }
+        a64!(self.ops; =>resume);
+        self.d.queue(Cold::Access {
+            inst: self.d.cur,
+            label,
+            resume,
+            size: s,
+            write,
+            site: addr,
+        });
+        // The clamped address is in x9; without the clamp (measurement only) the access
+        // goes to the checked register itself, as it would with no clamp to make.
+        if self.d.clamp {
+            T0
+        } else {
+            addr
+        }
+    }
+
+    /// `dst = ok ? src : 0` (the Spectre-v1 clamp); nothing when the clamp is off for
+    /// measurement (the access then uses `src`, see `check_access`).
+    fn clamp_to(&mut self, dst: u8, src: u8, ok: Cc) {
+        if !self.d.clamp {
+            return;
+        }
+        match ok {
+            Cc::Hs => a64!(self.ops; csel X(dst), X(src), xzr, hs),
+            _ => a64!(self.ops; csel X(dst), X(src), xzr, ls),
+        }
+    }
+
+    /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the
+    /// base itself clamped in place: on the architectural path it keeps its value (the
+    /// check passed), under a mispredicted branch it becomes 0, so no member can reach
+    /// memory out of bounds. On failure the group's checked copy runs instead.
+    pub(crate) fn group_check_code(&mut self, gi: usize, label: DynamicLabel) {
+        let g = &self.plan.access.groups[gi];
+        let (b, lo, span, check) = (
+            self.map[g.base as usize],
+            g.lo,
+            (g.hi - g.lo as i32) as u32,
+            g.check,
+        );
+        // The group's first address (the length test of `CtxConst` needs none).
+        let addr = if lo == 0 || matches!(check, AccessCheck::CtxConst { .. }) {
+            b
+        } else {
+            a64!(self.ops; add XSP(T0), XSP(b), lo as u32);
+            T0
+        };
+        match check {
+            AccessCheck::CtxConst { end } => {
+                if end < 4096 {
+                    a64!(self.ops; cmp XSP(CTX_LEN), end);
+                } else {
+                    self.mov_imm(C1, end.into(), W64);
+                    a64!(self.ops; cmp X(CTX_LEN), X(C1));
+                }
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(b, b, Cc::Hs);
+            }
+            AccessCheck::Stack if span <= self.plan.block => {
+                let block = self.plan.block;
+                a64!(self.ops
+                    ; sub X(C0), X(addr), X(STACK_LO)
+                    ; cmp XSP(C0), block - span
+                );
+                self.branch_if(Test::Flags(Cc::Hi), label);
+                self.clamp_to(b, b, Cc::Ls);
+            }
+            _ => {
+                // The context (a sufficient test for any group: all members inside it pass).
+                if span < 32 {
+                    self.ctx_check(addr, span);
+                } else {
+                    self.mov_imm(C1, span as u64, W64);
+                    a64!(self.ops
+                        ; sub X(C0), X(addr), X(CTX_LO)
+                        ; subs X(C0), X(CTX_LEN), X(C0)
+                        ; ccmp X(C0), X(C1), 0, hs
+                    );
+                }
+                self.branch_if(Test::Flags(Cc::Lo), label);
+                self.clamp_to(b, b, Cc::Hs);
+            }
+        }
+    }
+
+    /// In a re-entered group's checked copy: the base itself from the member's clamped
+    /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
+    /// group's check later never sees an unchecked base, also under misspeculation.
+    fn clamp_reentered_base(&mut self, base: Reg, off: i16) {
+        if !self.d.clamps_reentered_base() {
+            return;
+        }
+        // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
+        a64!(self.ops; sub XSP(self.map[base as usize]), XSP(T0), off as u32);
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
+    fn ctx_check(&mut self, addr: u8, size: u32) {
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(CTX_LO)
+            ; subs X(C0), X(CTX_LEN), X(C0)
+            ; ccmp X(C0), size, 0, hs
+        );
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the stack block": `ls` when it is. `block - size`
+    /// fits CMP's imm12 (block <= 4096, size >= 1); an address below the block wraps past it.
+    fn stack_check(&mut self, addr: u8, size: u32) {
+        let block = self.plan.block;
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(STACK_LO)
+            ; cmp XSP(C0), block - size
+        );
+    }
+}

@@ -1,0 +1,522 @@
+//! eBPF → AArch64 lowering: one short function per instruction class.
+//!
+//! Layout of the emitted code: the subprograms in bytecode order, each as
+//! `prologue, body, epilogue`; then (only when the program uses `callx`) one shared stub that
+//! leaves the program with r0 = `u64::MAX`. The entry subprogram starts at offset 0. Every
+//! branch is PC-relative and helpers are reached through absolute addresses in a scratch
+//! register, so the bytes run at any address.
+//!
+//! Division needs no guard: AArch64 `UDIV`/`SDIV` already return 0 for a zero divisor and
+//! `SDIV` returns MIN for MIN / -1 (it never traps), and `MSUB` then yields `x % 0 = x` and
+//! `MIN % -1 = 0` — exactly RFC 9669. Register shifts (`LSLV`...) take the count modulo the
+//! width, which is eBPF's masking; 32-bit (`W`) results are zero-extended by the hardware.
+
+mod alu;
+mod call;
+mod cold;
+mod jump;
+mod mem;
+
+use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi};
+use packjit_frontend::{
+    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, Width::W32,
+    Width::W64, R10, STACK_SIZE,
+};
+use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+use std::convert::Infallible;
+
+use crate::encode::*;
+use crate::frame::{plan, Plan};
+use crate::regs::*;
+use crate::FEATURE_LSE;
+use packjit_frontend::analysis::CodegenMode;
+use packjit_frontend::analysis::{
+    callx_plan, helper_lowering, EmitCapacity, HelperLowering, CALL_CHARGE,
+};
+use packjit_frontend::cold::ColdPlacement;
+use packjit_frontend::lower::{self, AccessLowering, Assembled, Cold, Driver, Lowering, Pass};
+use packjit_frontend::ranges::AccessCheck;
+use packjit_frontend::relax::{BranchCheck, Relaxation};
+use packjit_frontend::scratch::{self, Reused};
+use packjit_frontend::walks::{Guard, GuardRegion, Walk};
+use packjit_plugin_api::abi::{
+    PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
+    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
+    PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET,
+    PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE, PJ_STOP_OUT_OF_BOUNDS,
+    PJ_STOP_UNKNOWN_CALLX,
+};
+
+/// `mrs x0, tpidr_el0` (op0=3 op1=3 CRn=13 CRm=0 op2=2): the EL0 thread pointer.
+const MRS_TPIDR_EL0: u32 = 0xd53b_d040;
+/// `mrs x0, cntvct_el0` (op0=3 op1=3 CRn=14 CRm=0 op2=2): the virtual counter.
+const MRS_CNTVCT_EL0: u32 = 0xd53b_e040;
+
+pub use packjit_frontend::analysis::EmitOptions;
+pub use packjit_frontend::lower::Emitted;
+
+/// Emits an already decoded program for `mode` (see [`crate::emit_program`]).
+pub fn emit_decoded(
+    prog: &Program,
+    helpers: &[HelperEntry],
+    mode: &CodegenMode,
+) -> Result<Emitted, CompileError> {
+    emit_decoded_with(prog, helpers, mode, EmitOptions::default())
+}
+
+/// [`emit_decoded`] with measurement switches (see [`EmitOptions`]; benches only).
+#[doc(hidden)]
+pub fn emit_decoded_with(
+    prog: &Program,
+    helpers: &[HelperEntry],
+    mode: &CodegenMode,
+    opts: EmitOptions,
+) -> Result<Emitted, CompileError> {
+    let plan = plan(
+        prog,
+        mode.sandboxed(),
+        mode.counts_budget(),
+        opts.group_checks,
+    );
+    // Conditional branches start in their short form; the shared relaxation driver switches
+    // those found out of range to the long form (inverted condition around a B), and the code
+    // is emitted again. In practice one pass suffices.
+    let relax = Relaxation::new(Form::Long, LONG_FORM_GROWTH, GENTLE_PASSES);
+    // B.cond reaches ±1 MiB: no cold side is guessed far, only islands keep them near.
+    let islands = ColdPlacement::new(ISLAND_SPAN, 0);
+    lower::emit(relax, islands, |forms, islands| {
+        let mut cg = Codegen::new(prog, helpers, mode, &plan, forms.to_vec(), islands);
+        cg.d.clamp = opts.spectre_clamp;
+        Ok(cg)
+    })
+}
+
+/// The arm64 lowering of one emission pass: the driver's state, the ISA's own labels and
+/// the assembler.
+pub(crate) struct Codegen<'a> {
+    /// The shared driver's state (`packjit_frontend::lower`). An access's slow path needs
+    /// the register holding its unclamped address.
+    pub(crate) d: Driver<'a, u8, Infallible>,
+    pub(crate) helpers: &'a [HelperEntry],
+    pub(crate) lse: bool,
+    pub(crate) plan: &'a Plan,
+    /// Form of each conditional branch site (by emission order), from the relaxation driver.
+    pub(crate) forms: Vec<Form>,
+    /// Conditional branch sites emitted so far in this pass.
+    pub(crate) cond_sites: usize,
+    pub(crate) ops: Asm,
+    /// Entry epilogue past the stack release: where every stop lands.
+    pub(crate) restore: DynamicLabel,
+    /// Shared stop path (see `Codegen::stop_paths`).
+    pub(crate) stop: DynamicLabel,
+    /// Shared budget stop path.
+    pub(crate) stop_budget: DynamicLabel,
+    /// The shared access check (sandbox; see [`Self::region_scan`]).
+    pub(crate) region_scan: DynamicLabel,
+    /// Some access's cold side calls the shared check, so the program gets one (a program
+    /// whose accesses all pass their inline tests or need none has no use for it).
+    uses_region_scan: bool,
+    pub(crate) sites: Reused<Site>,
+    /// The register map of the function being emitted (`Frame::map`).
+    pub(crate) map: RegMap,
+    /// Byte ranges of data in the code (`callx` tables and their padding): not
+    /// instructions.
+    pub(crate) data: Vec<std::ops::Range<usize>>,
+}
+
+impl<'a> Codegen<'a> {
+    pub(crate) fn new(
+        prog: &'a Program,
+        helpers: &'a [HelperEntry],
+        mode: &'a CodegenMode,
+        plan: &'a Plan,
+        forms: Vec<Form>,
+        islands: ColdPlacement,
+    ) -> Self {
+        // Bytes per instruction, trusted / checked (arm64 averages 5.3 / 36).
+        let cap = EmitCapacity::for_program(prog, mode, (8, 40));
+        let mut ops: Asm = scratch::assembler(cap.code, cap.labels, cap.branch_sites);
+        let d = Driver::new(
+            prog,
+            &plan.access,
+            mode,
+            islands,
+            || ops.new_dynamic_label(),
+            |_| true,
+        );
+        let restore = ops.new_dynamic_label();
+        let stop = ops.new_dynamic_label();
+        let stop_budget = ops.new_dynamic_label();
+        let region_scan = ops.new_dynamic_label();
+        Codegen {
+            d,
+            helpers,
+            lse: mode.features & FEATURE_LSE != 0,
+            plan,
+            forms,
+            cond_sites: 0,
+            ops,
+            restore,
+            stop,
+            stop_budget,
+            region_scan,
+            uses_region_scan: false,
+            sites: scratch::take(cap.branch_sites),
+            map: plan.frames[0].map,
+            data: Vec::new(),
+        }
+    }
+
+    pub(crate) fn off(&self) -> usize {
+        self.ops.offset().0
+    }
+
+    pub(crate) fn err(&self, kind: ErrorKind, msg: impl Into<String>) -> CompileError {
+        self.d.error(kind, msg)
+    }
+
+    /// The register the frame is addressed from and r10's offset from it: sp in trusted
+    /// code (r10 = sp + 512), x25 in the sandbox's stack block (r10 = x25 + 512).
+    pub(crate) fn frame_base(&self) -> u8 {
+        if self.d.mode.sandboxed() {
+            FP
+        } else {
+            ZR
+        }
+    }
+
+    /// The arm64 register holding BPF register `r`'s value; r10 is materialised in `tmp`.
+    pub(crate) fn src(&mut self, r: Reg, tmp: u8) -> u8 {
+        if r == R10 {
+            let fb = self.frame_base();
+            a64!(self.ops; add XSP(tmp), XSP(fb), STACK_SIZE as u32);
+            tmp
+        } else {
+            self.map[r as usize]
+        }
+    }
+
+    // ---------------------------------------------------------------- instructions
+
+    pub(crate) fn inst(&mut self, k: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
+        match inst.op {
+            Op::Alu {
+                width,
+                op,
+                dst,
+                src,
+            } => self.alu(width, op, dst, src),
+            Op::MovSx {
+                width,
+                dst,
+                src,
+                bits,
+            } => {
+                let d = self.map[dst as usize];
+                let s = self.src(src, T0);
+                match (width, bits) {
+                    (W64, 8) => a64!(self.ops; sxtb X(d), W(s)),
+                    (W64, 16) => a64!(self.ops; sxth X(d), W(s)),
+                    (W64, 32) => a64!(self.ops; sxtw X(d), W(s)),
+                    // 32-bit movsx: sign-extend into the low half, upper half zeroed by W.
+                    (W32, 8) => a64!(self.ops; sxtb W(d), W(s)),
+                    (W32, 16) => a64!(self.ops; sxth W(d), W(s)),
+                    _ => {
+                        return Err(self.err(
+                            ErrorKind::Unsupported,
+                            format!("movsx from {bits} bits at {width:?}"),
+                        ))
+                    }
+                }
+            }
+            Op::Neg { width, dst } => {
+                let d = self.map[dst as usize];
+                if width == W64 {
+                    a64!(self.ops; neg X(d), X(d));
+                } else {
+                    a64!(self.ops; neg W(d), W(d));
+                }
+            }
+            Op::End { kind, bits, dst } => self.end(kind, bits, self.map[dst as usize]),
+            Op::LdImm64 { dst, imm } => self.imm(self.map[dst as usize], imm.get(), W64),
+            Op::Load {
+                size,
+                sign_extend,
+                dst,
+                base,
+                off,
+            } => self.mem(
+                MemOp::Load { sign_extend },
+                size,
+                self.map[dst as usize],
+                base,
+                off,
+            ),
+            Op::Store {
+                size,
+                base,
+                off,
+                src,
+            } => {
+                let v = match src {
+                    Operand::Reg(r) => self.src(r, T2),
+                    Operand::Imm(0) => ZR,
+                    Operand::Imm(imm) => {
+                        // Only the stored bytes matter: materialise the narrowest value.
+                        let v = match size {
+                            Size::B => imm as u8 as u64,
+                            Size::H => imm as u16 as u64,
+                            Size::W => imm as u32 as u64,
+                            Size::DW => imm as i64 as u64,
+                        };
+                        self.imm(T2, v, if size == Size::DW { W64 } else { W32 });
+                        T2
+                    }
+                };
+                self.mem(MemOp::Store, size, v, base, off)
+            }
+            Op::Atomic {
+                size,
+                op,
+                fetch,
+                base,
+                off,
+                src,
+            } => self.atomic(
+                if size == Size::DW { W64 } else { W32 },
+                op,
+                fetch,
+                base,
+                off,
+                src,
+            ),
+            Op::Ja { target } => {
+                let target = target as usize;
+                // A jump to the next instruction is a no-op.
+                if target != i + 1 {
+                    self.charge_back_edge(target);
+                    self.b(self.d.jump_label(target));
+                }
+            }
+            Op::Jcond {
+                width,
+                cond,
+                dst,
+                src,
+                target,
+            } => {
+                let target = target as usize;
+                if target != i + 1 {
+                    self.jcond(width, cond, dst, src, target);
+                }
+            }
+            Op::CallHelper { id } => {
+                let Some(h) = self.helpers.iter().find(|h| h.id == id).copied() else {
+                    return Err(self.err(
+                        ErrorKind::UnknownHelper,
+                        format!("call to unknown helper id {id}"),
+                    ));
+                };
+                match helper_lowering(&h) {
+                    HelperLowering::Call(addr) => {
+                        // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
+                        self.mov_imm(T0, addr, W64);
+                        a64!(self.ops; blr X(T0) ; mov X(self.map[0]), X(RET));
+                    }
+                    inline => self.inline_helper(inline),
+                }
+            }
+            Op::CallReg { reg } => self.callx(reg),
+            Op::MovPerCpu { dst, src, array } => self.mov_percpu(dst, src, array)?,
+            Op::CallLocal { target } => {
+                let sub = self.d.prog.subprog_of(target as usize);
+                let entry = self.d.entries[sub];
+                if self.d.mode.counts_budget() {
+                    self.charge(CALL_CHARGE);
+                }
+                // Arguments in x0-x4, result in x7: the BPF calling convention is native.
+                // In the sandbox's stack block the callee's frame is the 512 bytes below.
+                let block = self.plan.block > 0;
+                if block {
+                    a64!(self.ops; sub XSP(FP), XSP(FP), STACK_SIZE as u32);
+                }
+                self.site(entry, Reach::Jump);
+                a64!(self.ops; bl =>entry);
+                if block {
+                    a64!(self.ops; add XSP(FP), XSP(FP), STACK_SIZE as u32);
+                }
+            }
+            Op::Exit => {
+                // The epilogue follows the last instruction of the subprogram.
+                if i + 1 != self.d.prog.subprogs[k].end {
+                    self.b(self.d.epilogues[k]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'a> Lowering<'a> for Codegen<'a> {
+    type AccessSite = u8;
+    type IsaCold = Infallible;
+
+    fn driver(&mut self) -> &mut Driver<'a, u8, Infallible> {
+        &mut self.d
+    }
+
+    fn position(&self) -> usize {
+        self.off()
+    }
+
+    fn new_label(&mut self) -> DynamicLabel {
+        self.ops.new_dynamic_label()
+    }
+
+    fn bind(&mut self, label: DynamicLabel) {
+        a64!(self.ops; =>label);
+    }
+
+    fn jump(&mut self, label: DynamicLabel) {
+        self.b(label);
+    }
+
+    fn prologue(&mut self, func: usize) {
+        self.function_prologue(func);
+    }
+
+    fn epilogue(&mut self, func: usize) {
+        self.function_epilogue(func);
+    }
+
+    fn enter_function(&mut self, func: usize) {
+        self.map = self.plan.frames[func].map;
+    }
+
+    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
+        self.inst(func, i, inst)
+    }
+
+    fn group_check(&mut self, group: usize, fail: DynamicLabel) {
+        self.group_check_code(group, fail);
+    }
+
+    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel) {
+        self.walk_guard_code(walk, guard, fail);
+    }
+
+    fn walk_entry(&mut self, walk: usize) {
+        self.walk_entry_code(walk);
+    }
+
+    fn walk_clamp(&mut self, walk: usize) {
+        self.walk_clamp_code(walk);
+    }
+
+    /// Everything but the address and the descriptor is the shared check's: a checked
+    /// access's cold side is six to eight instructions.
+    fn access_slow_path(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        addr: u8,
+    ) -> Result<(), CompileError> {
+        a64!(self.ops; =>label);
+        if addr != T0 {
+            a64!(self.ops; mov X(T0), X(addr));
+        }
+        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+        let pc = self.d.prog.insts[inst].pc as u64;
+        a64!(self.ops; movz X(C1), access, lsl 32);
+        self.mov_imm(C2, pc, W64);
+        // The check returns only on success (x9 clamped), so x30 is kept in x5 for
+        // functions that did not save their link register.
+        let scan = self.region_scan;
+        self.uses_region_scan = true;
+        a64!(self.ops; mov x5, x30);
+        self.site(scan, Reach::Jump);
+        a64!(self.ops; bl =>scan ; mov x30, x5);
+        self.b(resume);
+        Ok(())
+    }
+
+    /// The charge is added back, so the budget a stop reports is what was left.
+    fn budget_stop(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        charge: u64,
+    ) -> Result<(), CompileError> {
+        a64!(self.ops; =>label);
+        if let Some((imm, false)) = fits_imm12(charge as i64) {
+            a64!(self.ops; add XSP(BUDGET), XSP(BUDGET), imm);
+        } else {
+            self.mov_imm(C0, charge, W64);
+            a64!(self.ops; add X(BUDGET), X(BUDGET), X(C0));
+        }
+        let pc = self.d.prog.insts[inst].pc as u64;
+        self.mov_imm(C2, pc, W64);
+        self.b(self.stop_budget);
+        Ok(())
+    }
+
+    fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
+        match cold {}
+    }
+
+    fn program_end(&mut self) -> Result<(), CompileError> {
+        if self.uses_region_scan {
+            self.region_scan();
+        }
+        self.stop_paths();
+        Ok(())
+    }
+}
+
+impl<'a> Pass<'a> for Codegen<'a> {
+    type Form = Form;
+
+    fn branch_checks(&mut self) -> Result<Option<Vec<BranchCheck<Form>>>, CompileError> {
+        let checks = Codegen::branch_checks(self)?;
+        Ok((!checks.is_empty()).then_some(checks))
+    }
+
+    /// Conditional sites are emitted short unless a previous pass made them long, and a
+    /// long one leaves no conditional site behind (its inverted test skips a plain B): every
+    /// site recorded here is a short one.
+    fn emitted_forms(&self) -> Vec<(usize, Form)> {
+        let short = self.sites.iter().filter_map(|s| s.cond);
+        short.map(|site| (site as usize, Form::Short)).collect()
+    }
+
+    fn resolve(&self, label: DynamicLabel) -> Option<usize> {
+        self.ops.labels().resolve_dynamic(label).ok().map(|o| o.0)
+    }
+
+    fn finish(self) -> Result<Assembled, CompileError> {
+        let data = self.data;
+        let bytes = scratch::assembled(self.ops).map_err(|err| {
+            CompileError::new(
+                ErrorKind::Encoding,
+                format!("arm64 relocation failed: {err}"),
+            )
+        })?;
+        let data_bytes: usize = data.iter().map(|r| r.len()).sum();
+        let native_insns = (bytes.len() - data_bytes) / 4;
+        Ok(Assembled {
+            bytes,
+            native_insns,
+            data,
+        })
+    }
+
+    fn unreachable_branch(c: &BranchCheck<Form>) -> CompileError {
+        CompileError::new(
+            ErrorKind::Encoding,
+            format!("conditional branch spans {} bytes of arm64 code", c.disp),
+        )
+    }
+}
