@@ -22,6 +22,7 @@
 //! ```
 
 pub mod analysis;
+pub mod blind;
 pub mod cold;
 mod insn;
 pub mod lower;
