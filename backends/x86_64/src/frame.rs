@@ -24,7 +24,7 @@
 //! the SysV ABI requires at a helper call.
 
 use crate::encode::{Gpr, Sz};
-use crate::lower::{Emitter, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
+use crate::lower::{Codegen, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
@@ -112,9 +112,9 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
     }
 }
 
-impl Emitter<'_> {
+impl Codegen<'_> {
     /// Function `k`'s prologue (bound at its call label).
-    pub fn prologue(&mut self, k: usize) {
+    pub(crate) fn function_prologue(&mut self, k: usize) {
         let plan = self.plan;
         let f = &plan.subs[k];
         if k == 0 {
@@ -148,7 +148,7 @@ impl Emitter<'_> {
         if block > 0 {
             self.mov_rr(Sz::B64, RBP, RSP);
             self.alu_ri(5, Sz::B64, RSP, block as i64); // sub rsp, block
-            if self.mode.sandboxed() {
+            if self.d.mode.sandboxed() {
                 // Publish the block's bounds, then zero it (nothing of the host leaks in)
                 // with rep stosq, rdi (= r1, ctx) parked in r9.
                 self.e.asm(4, |ops| {
@@ -165,7 +165,7 @@ impl Emitter<'_> {
                 self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; mov rdi, r9));
             }
         }
-        if self.mode.sandboxed() && self.plan.access.uses_ctx_const() {
+        if self.d.mode.sandboxed() && self.plan.access.uses_ctx_const() {
             // Checks against the context start plus a constant assume r1 is exactly
             // env.ctx_start.
             self.e.asm(
@@ -182,7 +182,7 @@ impl Emitter<'_> {
     }
 
     /// Function `k`'s epilogue: undo the prologue and return r0 (already in rax).
-    pub fn epilogue(&mut self, k: usize) {
+    pub(crate) fn function_epilogue(&mut self, k: usize) {
         let plan = self.plan;
         let f = &plan.subs[k];
         if k == 0 && self.plan.block > 0 {
@@ -203,7 +203,7 @@ impl Emitter<'_> {
     }
 
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
-    pub fn bare_return(&self, k: usize) -> bool {
+    pub(crate) fn bare_return(&self, k: usize) -> bool {
         let f = &self.plan.subs[k];
         f.saved.is_empty() && !f.pad && (k != 0 || self.plan.block == 0)
     }

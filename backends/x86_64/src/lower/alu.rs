@@ -1,0 +1,314 @@
+//! ALU instructions: moves, arithmetic, shifts, division (with its out-of-line fix-ups for
+//! the divisors x86 traps on), sign extension, byte swaps, 64-bit immediates.
+
+use super::{sz_of, Codegen, MapReg};
+use crate::encode::{Cc, Gpr, Label, Sz};
+use crate::regs::*;
+use crate::FEATURE_BMI2;
+use packjit_frontend::lower::Cold;
+use packjit_frontend::{AluOp, EndKind, Operand, Reg, Width};
+
+/// x86-64's own cold code: the fix-ups of a register divisor x86 `div`/`idiv` trap on,
+/// placed after the function so the common path takes no jump.
+#[derive(Clone, Copy, Debug)]
+pub enum DivFix {
+    /// Divisor 0: r11 = 0 (div) or the dividend in rax (mod).
+    Zero {
+        at: Label,
+        back: Label,
+        sz: Sz,
+        rem: bool,
+    },
+    /// Signed divisor -1: r11 = -rax (MIN stays MIN, no trap) or 0 (mod).
+    Minus1 {
+        at: Label,
+        back: Label,
+        sz: Sz,
+        rem: bool,
+    },
+}
+
+impl Codegen<'_> {
+    #[inline(always)]
+    pub(super) fn alu(&mut self, pc: usize, width: Width, op: AluOp, dst: Reg, src: Operand) {
+        let sz = sz_of(width);
+        let d = host(dst);
+        // Blinded immediates go through r11 and use the register form.
+        let src = match (src, self.mask(pc)) {
+            (Operand::Imm(i), Some(_))
+                if !matches!(op, AluOp::Lsh | AluOp::Rsh | AluOp::Arsh | AluOp::Mov) =>
+            {
+                if matches!(op, AluOp::Div | AluOp::Sdiv | AluOp::Mod | AluOp::Smod)
+                    && (i == 0 || i == -1)
+                {
+                    Operand::Imm(i) // special-cased below without emitting the value
+                } else {
+                    self.imm_to(pc, T11, i);
+                    Operand::Reg(u8::MAX)
+                }
+            }
+            _ => src,
+        };
+        // u8::MAX marks "the blinded immediate in r11".
+        let reg = |r: Reg| if r == u8::MAX { T11 } else { host(r) };
+        match op {
+            AluOp::Mov => match src {
+                Operand::Reg(s) => self.mov_rr(sz, d, reg(s)),
+                Operand::Imm(i) => match self.mask(pc) {
+                    Some(_) => {
+                        self.imm_to(pc, d, i);
+                        if sz == Sz::B32 {
+                            self.mov_rr(Sz::B32, d, d);
+                        }
+                    }
+                    None if sz == Sz::B32 => self.mov_ri(d, i as u32 as i64),
+                    None => self.mov_ri(d, i as i64),
+                },
+            },
+            AluOp::Add | AluOp::Sub | AluOp::And | AluOp::Or | AluOp::Xor => {
+                let (opc, digit) = match op {
+                    AluOp::Add => (0x01, 0),
+                    AluOp::Or => (0x09, 1),
+                    AluOp::And => (0x21, 4),
+                    AluOp::Sub => (0x29, 5),
+                    _ => (0x31, 6),
+                };
+                match src {
+                    Operand::Reg(s) => self.e.rr(&[], sz, &[opc], reg(s), d),
+                    Operand::Imm(i) => self.alu_ri(digit, sz, d, i as i64),
+                }
+            }
+            AluOp::Mul => match src {
+                Operand::Reg(s) => self.e.rr(&[], sz, &[0x0f, 0xaf], d, reg(s)),
+                Operand::Imm(i) if i8::try_from(i).is_ok() => {
+                    self.e.rr(&[], sz, &[0x6b], d, d);
+                    self.e.imm_bytes(i as i64, 1);
+                }
+                Operand::Imm(i) => {
+                    self.e.rr(&[], sz, &[0x69], d, d);
+                    self.e.imm_bytes(i as i64, 4);
+                }
+            },
+            AluOp::Div | AluOp::Mod | AluOp::Sdiv | AluOp::Smod => {
+                let src = match src {
+                    Operand::Reg(s) => Operand::Reg(reg(s)),
+                    i => i,
+                };
+                self.div(sz, op, d, src)
+            }
+            AluOp::Lsh | AluOp::Rsh | AluOp::Arsh => {
+                let digit = match op {
+                    AluOp::Lsh => 4,
+                    AluOp::Rsh => 5,
+                    _ => 7,
+                };
+                self.shift(sz, digit, d, src.map_reg(reg))
+            }
+        }
+    }
+
+    /// Shifts. x86 masks the count to 31/63 itself, which is eBPF's rule.
+    #[inline(always)]
+    fn shift(&mut self, sz: Sz, digit: u8, d: Gpr, src: Operand) {
+        match src {
+            Operand::Imm(i) => {
+                let n = i & if sz == Sz::B64 { 63 } else { 31 };
+                if n == 0 {
+                    // No shift, but a 32-bit result is still zero-extended.
+                    if sz == Sz::B32 {
+                        self.mov_rr(Sz::B32, d, d);
+                    }
+                } else if n == 1 {
+                    self.e.rr(&[], sz, &[0xd1], digit, d);
+                } else {
+                    self.e.rr(&[], sz, &[0xc1], digit, d);
+                    self.e.imm_bytes(n as i64, 1);
+                }
+            }
+            Operand::Reg(s) => {
+                let s = s as Gpr; // already a host register here
+                if self.d.mode.features & FEATURE_BMI2 != 0 {
+                    // shlx/shrx/sarx d, d, s: any count register, flags untouched.
+                    let pp = match digit {
+                        4 => 1,
+                        5 => 3,
+                        _ => 2,
+                    };
+                    self.e.vex_0f38_rr(sz == Sz::B64, pp, 0xf7, d, d, s);
+                } else if s == RCX {
+                    self.e.rr(&[], sz, &[0xd3], digit, d);
+                } else {
+                    // The count must be in cl, which is BPF r4: park rcx in r11.
+                    self.mov_rr(Sz::B64, T11, RCX);
+                    self.mov_rr(Sz::B64, RCX, s);
+                    let target = if d == RCX { T11 } else { d };
+                    self.e.rr(&[], sz, &[0xd3], digit, target);
+                    self.mov_rr(if d == RCX { sz } else { Sz::B64 }, RCX, T11);
+                }
+            }
+        }
+    }
+
+    /// Division and remainder. x86 `div`/`idiv` trap on a zero divisor and `idiv` on
+    /// MIN / -1; eBPF wants x / 0 = 0, x % 0 = x, MIN / -1 = MIN, MIN % -1 = 0. Constant
+    /// divisors are decided at compile time (no branch); a register divisor is tested.
+    fn div(&mut self, sz: Sz, op: AluOp, d: Gpr, src: Operand) {
+        let signed = matches!(op, AluOp::Sdiv | AluOp::Smod);
+        let rem = matches!(op, AluOp::Mod | AluOp::Smod);
+        if let Operand::Imm(i) = src {
+            if i == 0 {
+                if rem {
+                    if sz == Sz::B32 {
+                        self.mov_rr(Sz::B32, d, d);
+                    }
+                } else {
+                    self.xor_zero(d);
+                }
+                return;
+            }
+            if i == -1 && signed {
+                if rem {
+                    self.xor_zero(d);
+                } else {
+                    self.e.rr(&[], sz, &[0xf7], 3, d); // neg: MIN stays MIN
+                }
+                return;
+            }
+            let v = if sz == Sz::B32 {
+                i as u32 as i64
+            } else {
+                i as i64
+            };
+            self.mov_ri(T11, v);
+        } else if let Operand::Reg(s) = src {
+            self.mov_rr(Sz::B64, T11, s as Gpr);
+        }
+        let checks = matches!(src, Operand::Reg(_));
+        if d != RAX {
+            self.mov_rr(Sz::B64, T10, RAX);
+        }
+        if d != RDX {
+            self.mov_rr(Sz::B64, T9, RDX);
+        }
+        self.mov_rr(Sz::B64, RAX, d);
+        let done = self.e.label();
+        if checks {
+            // The rare divisors branch to cold code after the function, so the common
+            // path takes no jump.
+            let zero = self.e.label();
+            self.e.rr(&[], sz, &[0x85], T11, T11);
+            self.cold_jump(Some(Cc::E), zero);
+            self.d.queue(Cold::Isa(DivFix::Zero {
+                at: zero,
+                back: done,
+                sz,
+                rem,
+            }));
+            if signed {
+                let minus1 = self.e.label();
+                self.alu_ri(7, sz, T11, -1);
+                self.cold_jump(Some(Cc::E), minus1);
+                self.d.queue(Cold::Isa(DivFix::Minus1 {
+                    at: minus1,
+                    back: done,
+                    sz,
+                    rem,
+                }));
+            }
+        }
+        if signed {
+            self.e.sign_extend_rax(sz);
+        } else {
+            self.xor_zero(RDX);
+        }
+        self.e.rr(&[], sz, &[0xf7], if signed { 7 } else { 6 }, T11);
+        self.mov_rr(sz, T11, if rem { RDX } else { RAX });
+        self.e.bind(done);
+        if d != RAX {
+            self.mov_rr(Sz::B64, RAX, T10);
+        }
+        if d != RDX {
+            self.mov_rr(Sz::B64, RDX, T9);
+        }
+        self.mov_rr(sz, d, T11);
+    }
+
+    pub(super) fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) {
+        let (d, s) = (host(dst), host(src));
+        let sz = sz_of(width);
+        match bits {
+            8 => {
+                // A byte source in 4–7 (sil, dil) needs a REX prefix.
+                let rex = (4..8).contains(&s) && sz != Sz::B64 && d < 8 && s < 8;
+                if rex {
+                    self.e
+                        .raw(&[0x40, 0x0f, 0xbe, 0xc0 | ((d & 7) << 3) | (s & 7)]);
+                } else {
+                    self.e.rr(&[], sz, &[0x0f, 0xbe], d, s);
+                }
+            }
+            16 => self.e.rr(&[], sz, &[0x0f, 0xbf], d, s),
+            _ if sz == Sz::B64 => self.e.rr(&[], Sz::B64, &[0x63], d, s),
+            _ => self.mov_rr(Sz::B32, d, s),
+        }
+    }
+
+    pub(super) fn end(&mut self, kind: EndKind, bits: u8, dst: Reg) {
+        let d = host(dst);
+        match (kind, bits) {
+            (EndKind::ToLe, 16) => self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d),
+            (EndKind::ToLe, 32) => self.mov_rr(Sz::B32, d, d),
+            (EndKind::ToLe, _) => {}
+            (_, 16) => {
+                // rol r16, 8 swaps the two low bytes; movzx clears the rest.
+                self.e.rr(&[], Sz::B16, &[0xc1], 0, d);
+                self.e.imm_bytes(8, 1);
+                self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d);
+            }
+            (_, 32) => self.e.op_plus_r(Sz::B32, &[0x0f, 0xc8], d),
+            _ => self.e.op_plus_r(Sz::B64, &[0x0f, 0xc8], d),
+        }
+    }
+
+    pub(super) fn ld_imm64(&mut self, pc: usize, dst: Reg, imm: u64) {
+        let d = host(dst);
+        match self.mask(pc) {
+            None => self.mov_ri(d, imm as i64),
+            Some(m) => {
+                // Both halves blinded: movabs d, imm ^ m ; movabs r11, m ; xor d, r11.
+                let m = m | 0x8000_0000_8000_0000;
+                self.e.op_plus_r(Sz::B64, &[0xb8], d);
+                self.e.imm_bytes((imm ^ m) as i64, 8);
+                self.e.op_plus_r(Sz::B64, &[0xb8], T11);
+                self.e.imm_bytes(m as i64, 8);
+                self.e.rr(&[], Sz::B64, &[0x31], T11, d);
+            }
+        }
+    }
+
+    /// A division's fix-up ([`DivFix`]): r11 = the eBPF result, then back to the division's
+    /// end.
+    pub(super) fn div_fix(&mut self, fix: DivFix) {
+        match fix {
+            DivFix::Zero { at, back, sz, rem } => {
+                self.e.bind(at);
+                if rem {
+                    self.mov_rr(sz, T11, RAX);
+                } else {
+                    self.xor_zero(T11);
+                }
+                self.e.jump(None, back);
+            }
+            DivFix::Minus1 { at, back, sz, rem } => {
+                self.e.bind(at);
+                if rem {
+                    self.xor_zero(T11);
+                } else {
+                    self.e.rr(&[], sz, &[0xf7], 3, RAX);
+                    self.mov_rr(sz, T11, RAX);
+                }
+                self.e.jump(None, back);
+            }
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Helper calls (`call imm`, `callx`), the inlined built-ins, the per-CPU address
+//! instruction, bpf-to-bpf calls and `exit`.
+
+use super::cold::Stop;
+use super::Codegen;
+use crate::encode::{Cc, Sz};
+use crate::regs::*;
+use dynasmrt::{dynasm, DynasmApi};
+use packjit_frontend::analysis::{callx_plan, helper_lowering, HelperLowering, CALL_CHARGE};
+use packjit_frontend::{Inst, Reg, STACK_SIZE};
+use packjit_plugin_api::abi::*;
+use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+
+impl Codegen<'_> {
+    pub(super) fn helper_entry(&self, inst: &Inst, id: u32) -> Result<HelperEntry, CompileError> {
+        self.helpers
+            .iter()
+            .find(|h| h.id == id)
+            .copied()
+            .ok_or_else(|| {
+                CompileError::at(
+                    inst.pc as usize,
+                    ErrorKind::UnknownHelper,
+                    format!("call to unregistered helper id {id}"),
+                )
+            })
+    }
+
+    /// One helper-table entry at a `call imm` or a `callx` match: a call, or the body of an
+    /// inlined helper (see [`HelperLowering`]).
+    pub(super) fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
+        match helper_lowering(h) {
+            HelperLowering::Call(addr) => self.call_abs(addr),
+            HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
+            HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
+        }
+        Ok(())
+    }
+
+    /// Per-CPU array lookup (r1 = array id, r2 = element index) against the host's table at
+    /// `table`: three unsigned bounds checks (id, index, CPU), each failing to r0 = 0, then
+    /// `base + cpu * slot_size + index * value_size`. The CPU is the rseq `cpu_id` read
+    /// through `fs`, like the inlined helper 8. r1–r5 may be clobbered (it is a call).
+    fn inline_percpu_lookup(&mut self, table: u64) {
+        let null = self.e.label();
+        let done = self.e.label();
+        let (arrays, size) = (PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE);
+        let (cpu_off, base, slot, vsz, ent, cpus) = (
+            PJ_PERCPU_CPU_ID_OFFSET as i8,
+            PJ_PERCPU_BASE as i8,
+            PJ_PERCPU_SLOT_SIZE as i8,
+            PJ_PERCPU_VALUE_SIZE as i8,
+            PJ_PERCPU_ENTRIES as i8,
+            PJ_PERCPU_CPUS as i8,
+        );
+        self.mov_ri(T11, table as i64);
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp rdi, QWORD [r11]));
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(3, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; imul r9, rdi, size
+                ; lea r9, [r11 + r9 + arrays]
+                ; cmp rsi, QWORD [BYTE r9 + ent]
+            )
+        });
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; mov r10, QWORD [BYTE r11 + cpu_off]),
+        );
+        // fs ; mov eax, [r10] (REX.B for r10): the rseq cpu_id, zero-extended.
+        self.e.raw(&[0x64, 0x41, 0x8b, 0x02]);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; cmp rax, QWORD [BYTE r9 + cpus]),
+        );
+        self.e.jump(Some(Cc::Ae), null);
+        self.e.asm(4, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; imul rax, QWORD [BYTE r9 + slot]
+                ; imul rsi, QWORD [BYTE r9 + vsz]
+                ; add rax, rsi
+                ; add rax, QWORD [BYTE r9 + base]
+            )
+        });
+        self.e.jump(None, done);
+        self.e.bind(null);
+        self.xor_zero(RAX);
+        self.e.bind(done);
+    }
+
+    /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
+    /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
+    /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
+    /// helper 8 does: `fs`-relative rseq load, or a call with every caller-saved BPF register
+    /// (r0–r5) pushed around it, so nothing but `dst` changes.
+    pub(super) fn mov_percpu(
+        &mut self,
+        inst: &Inst,
+        dst: Reg,
+        src: Reg,
+        array: u32,
+    ) -> Result<(), CompileError> {
+        let pc = inst.pc as usize;
+        let table = self.helper_entry(inst, PJ_HELPER_PERCPU_OFFSET)?.addr;
+        let cpu = self.helper_entry(inst, PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
+        match helper_lowering(&cpu) {
+            HelperLowering::RseqCpuId { offset } => {
+                let disp = i32::try_from(offset).map_err(|_| {
+                    CompileError::at(
+                        pc,
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "per-CPU mov: rseq offset {offset} does not fit a 32-bit displacement"
+                        ),
+                    )
+                })?;
+                // fs ; mov r10d, [disp32] (REX.R; ModRM reg=r10 rm=SIB; SIB no base/index).
+                let mut b = vec![0x64, 0x44, 0x8b, 0x14, 0x25];
+                b.extend_from_slice(&disp.to_le_bytes());
+                self.e.raw(&b);
+            }
+            HelperLowering::Call(addr) => {
+                // Six pushes keep rsp 16-byte aligned at the call, as at any helper call.
+                self.e.asm(6, |ops| {
+                    dynasm!(ops ; .arch x64 ; push rax ; push rdi ; push rsi ; push rdx ; push rcx ; push r8)
+                });
+                self.call_abs(addr);
+                self.e.asm(7, |ops| {
+                    dynasm!(ops ; .arch x64 ; mov r10, rax ; pop r8 ; pop rcx ; pop rdx ; pop rsi ; pop rdi ; pop rax)
+                });
+            }
+            _ => {
+                return Err(CompileError::at(
+                    pc,
+                    ErrorKind::Unsupported,
+                    "per-CPU mov: helper 8 must be a call or the inline rseq load",
+                ))
+            }
+        }
+        let zero = self.e.label();
+        let done = self.e.label();
+        // An id past i32 cannot be in the table (it would need 2^31 arrays): offset 0.
+        if let Ok(id) = i32::try_from(array) {
+            let (slot, cpus) = (
+                (PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE) as i8,
+                (PJ_PERCPU_ARRAYS + PJ_PERCPU_CPUS) as i8,
+            );
+            // The id is the program's constant: blinded like any immediate, and the array's
+            // address is computed at run time (no id-derived constant in the code).
+            self.imm_to(pc, T9, id);
+            self.mov_ri(T11, table as i64);
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp QWORD [r11], r9));
+            self.e.jump(Some(Cc::Be), zero);
+            self.e.asm(3, |ops| {
+                dynasm!(ops
+                    ; .arch x64
+                    ; imul r9, r9, PJ_PERCPU_ARRAY_SIZE
+                    ; add r11, r9
+                    ; cmp r10, QWORD [BYTE r11 + cpus]
+                )
+            });
+            self.e.jump(Some(Cc::Ae), zero);
+            self.e.asm(
+                2,
+                |ops| dynasm!(ops ; .arch x64 ; mov r9, r10 ; imul r9, QWORD [BYTE r11 + slot]),
+            );
+            self.e.jump(None, done);
+        }
+        self.e.bind(zero);
+        self.xor_zero(T9);
+        self.e.bind(done);
+        self.mov_rr(Sz::B64, host(dst), host(src));
+        // add dst, r9
+        self.e.rr(&[], Sz::B64, &[0x01], T9, host(dst));
+        Ok(())
+    }
+
+    /// `mov eax, fs:[offset]`: glibc keeps the thread's `struct rseq` at a fixed offset from
+    /// the thread pointer (`fs` base), and the kernel stores the current CPU in its `cpu_id`
+    /// on every return to user space after a migration. One load, zero-extending into r0.
+    fn inline_rseq_cpu_id(&mut self, id: u32, offset: i64) -> Result<(), CompileError> {
+        let disp = i32::try_from(offset).map_err(|_| {
+            CompileError::new(
+                ErrorKind::InvalidArgument,
+                format!("helper id {id}: rseq offset {offset} does not fit a 32-bit displacement"),
+            )
+        })?;
+        // fs ; mov r32, r/m32 ; ModRM mod=00 rm=100 (SIB) ; SIB no base, no index: [disp32].
+        let mut b = vec![0x64, 0x8b, 0x04, 0x25];
+        b.extend_from_slice(&disp.to_le_bytes());
+        self.e.raw(&b);
+        Ok(())
+    }
+
+    /// `rdtsc` scaled to nanoseconds with the host's `PjClockScale` at `scale`:
+    /// `ns = tsc * mult_int + hi64(tsc * mult_frac) + offset`. `rdtsc` and `mul` write rdx
+    /// (BPF r3), so it is kept in r10 and restored: the inlined helper leaves r1–r5 alone.
+    fn inline_tsc_clock(&mut self, scale: u64) {
+        let (int, frac, off) = (
+            PJ_CLOCK_MULT_INT as i8,
+            PJ_CLOCK_MULT_FRAC as i8,
+            PJ_CLOCK_OFFSET as i8,
+        );
+        self.mov_rr(Sz::B64, T10, RDX);
+        self.mov_ri(T11, scale as i64);
+        self.e.asm(9, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; rdtsc
+                ; shl rdx, 32
+                ; or rax, rdx
+                ; mov r9, rax
+                ; mul QWORD [BYTE r11 + frac]
+                ; imul r9, QWORD [BYTE r11 + int]
+                ; add r9, rdx
+                ; add r9, QWORD [BYTE r11 + off]
+                ; mov rax, r9
+            )
+        });
+        self.mov_rr(Sz::B64, RDX, T10);
+    }
+
+    /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
+    fn call_abs(&mut self, addr: u64) {
+        self.mov_ri(T11, addr as i64);
+        self.e.call_r11();
+    }
+
+    /// `callx reg`: the id in `reg` picks the helper (the table is fixed at compile time,
+    /// see `analysis::callx_plan`): inlined helpers are compared for first, then called
+    /// ones through a table of addresses in the code image, or compared for one by one when
+    /// their ids are too few or too sparse. No match stops the program with
+    /// PJ_STOP_UNKNOWN_CALLX.
+    pub(super) fn callx(&mut self, pc: usize, reg: Reg) {
+        let r = host(reg);
+        let done = self.e.label();
+        let plan = callx_plan(self.helpers);
+        let stop = self.stop_label(Stop::Callx { reg: r }, pc);
+        let cmp = |em: &mut Self, id: u32| {
+            if i32::try_from(id).is_ok() {
+                em.alu_ri(7, Sz::B64, r, id as i64);
+            } else {
+                em.mov_ri(T11, id as i64);
+                em.e.rr(&[], Sz::B64, &[0x39], T11, r);
+            }
+        };
+        // Kinds were checked when the table was validated (`call_helper` only fails on an
+        // unknown kind), so these cannot fail here.
+        if let Some(table) = plan.table {
+            for h in &plan.compared {
+                let next = self.e.label();
+                cmp(self, h.id);
+                self.e.jump(Some(Cc::Ne), next);
+                let _ = self.call_helper(h);
+                self.e.jump(None, done);
+                self.e.bind(next);
+            }
+            // Unsigned bound (a huge or "negative" id fails it), then the address, 0 for a
+            // hole.
+            let at = self.e.label();
+            cmp(self, table.len() as u32);
+            self.cold_jump(Some(Cc::Ae), stop);
+            self.e.load_table_entry(T11, at, r);
+            self.cold_jump(Some(Cc::E), stop);
+            self.e.call_r11();
+            self.callx_tables.push((at, table));
+            self.e.bind(done);
+            return;
+        }
+        // All but the last id branch to their call; the last one falls into its call and
+        // a miss goes to the stop.
+        let helpers = plan.compared;
+        let Some((last, rest)) = helpers.split_last() else {
+            self.cold_jump(None, stop);
+            return;
+        };
+        let mut hits = Vec::new();
+        for h in rest {
+            let l = self.e.label();
+            cmp(self, h.id);
+            self.e.jump(Some(Cc::E), l);
+            hits.push((l, *h));
+        }
+        cmp(self, last.id);
+        self.cold_jump(Some(Cc::Ne), stop);
+        let _ = self.call_helper(last);
+        for (l, h) in hits {
+            self.e.jump(None, done);
+            self.e.bind(l);
+            let _ = self.call_helper(&h);
+        }
+        self.e.bind(done);
+    }
+
+    pub(super) fn call_local(&mut self, pc: usize, target: usize) {
+        if self.d.mode.counts_budget() {
+            self.charge(pc, CALL_CHARGE);
+        }
+        let k = self.d.prog.subprog_of(target);
+        let l = self.d.entries[k];
+        if self.plan.block > 0 {
+            // The callee's r10 is ours minus one frame.
+            self.alu_ri(5, Sz::B64, RBP, STACK_SIZE as i64);
+        }
+        self.e.call_label(l);
+        if self.plan.block > 0 {
+            self.alu_ri(0, Sz::B64, RBP, STACK_SIZE as i64);
+        }
+    }
+
+    pub(super) fn exit(&mut self, i: usize, k: usize) {
+        if i + 1 == self.d.prog.subprogs[k].end {
+            return; // falls into the epilogue
+        }
+        if self.bare_return(k) {
+            self.e.ret();
+        } else {
+            let l = self.d.epilogues[k];
+            self.e.jump(None, l);
+        }
+    }
+}

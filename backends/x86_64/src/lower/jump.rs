@@ -1,0 +1,199 @@
+//! Jumps, the budget charge of back-edges, and the walks' entry tests and pointer clamps
+//! (`packjit_frontend::walks`; where they go is the driver's).
+
+use super::cold::Stop;
+use super::{cc_of, sz_of, Codegen, CTX_START8};
+use crate::encode::{Cc, Label, Sz};
+use crate::regs::*;
+use dynasmrt::{dynasm, DynasmApi};
+use packjit_frontend::walks::{Guard, GuardRegion};
+use packjit_frontend::{Cond, Inst, Op, Operand, Reg, Width, STACK_SIZE};
+use packjit_plugin_api::abi::PJ_ENV_BUDGET;
+
+impl Codegen<'_> {
+    pub(super) fn ja(&mut self, inst: &Inst, target: usize) {
+        if target == self.d.cur + 1 {
+            // A jump to the next instruction is a no-op.
+            return;
+        }
+        self.charge_back_edge(inst, target);
+        let l = self.d.jump_label(target);
+        self.e.jump(None, l);
+    }
+
+    /// The pointer clamp a walk's back-edge lands on. It redoes the loop's test and, with
+    /// no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
+    /// pointer itself) when the loop should have ended (a mispredicted back-edge).
+    pub(super) fn walk_pointer_clamp(&mut self, k: usize) {
+        let w = self.d.access.walks[k];
+        let (p, b) = (host(w.ptr), host(w.bound));
+        let shadow = self.d.walk_shadow(k).map(host);
+        let Op::Jcond { cond, dst, .. } = self.d.prog.insts[w.back_edge].op else {
+            unreachable!("a walk's back-edge is a conditional jump");
+        };
+        // The back-edge compares two registers (`cmp dst, src`) and only its taken side
+        // reaches here: without a budget charge in between, its flags are still live, and
+        // its own condition is "the loop goes on".
+        let budget = self.d.mode.counts_budget();
+        if budget {
+            // cmp p, b
+            self.e.rr(&[], Sz::B64, &[0x39], b, p);
+        }
+        let ptr_first = budget || dst == w.ptr;
+        if let Some(s) = shadow {
+            // The copy wants the order, `p < b` (`<=` for `Le`; see `Walk::shadow`), from
+            // the same flags: mov s32, 0 (leaves the flags) ; cmov<inside> s, p. Both off
+            // the pointer's own chain.
+            let inside = match (w.cont, ptr_first) {
+                (Cond::Le, true) => Cc::Be,
+                (Cond::Le, false) => Cc::Ae,
+                (_, true) => Cc::B,
+                (_, false) => Cc::A,
+            };
+            self.e.op_plus_r(Sz::B32, &[0xb8], s);
+            self.e.imm_bytes(0, 4);
+            self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | inside as u8], s, p);
+            return;
+        }
+        let ended = if budget {
+            match w.cont {
+                Cond::Ne => Cc::E,
+                Cond::Lt => Cc::Ae,
+                _ => Cc::A,
+            }
+        } else {
+            cc_of(cond).invert()
+        };
+        // mov r9d, 0 (leaves the flags) ; cmov<loop ended> p, r9
+        self.e.op_plus_r(Sz::B32, &[0xb8], T9);
+        self.e.imm_bytes(0, 4);
+        self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | ended as u8], p, T9);
+    }
+
+    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`): the context bounds,
+    /// then the walk's extent; any failure runs the loop's checked copy (at `at`, queued by
+    /// the driver). Then `lfence`, once per loop entry: nothing of the unchecked loop runs
+    /// before the test's branches have resolved, so a mispredicted one cannot run it on a
+    /// bad walk.
+    pub(super) fn walk_extent_test(&mut self, k: usize, g: Guard, at: Label) {
+        let w = self.d.access.walks[k];
+        let (p, b) = (host(w.ptr), host(w.bound));
+        let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i8);
+        // r9 = len - end, r11 = q = p - start; r9 = len - end - q.
+        self.mov_rr(Sz::B64, T11, p);
+        match g.region {
+            GuardRegion::Context => {
+                self.ctx_len();
+                self.e
+                    .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
+                self.cold_jump(Some(Cc::B), at);
+                self.e.asm(
+                    1,
+                    |ops| dynasm!(ops ; .arch x64 ; sub r11, QWORD [BYTE r12 + CTX_START8]),
+                );
+            }
+            GuardRegion::Frame => {
+                // The frame is [rbp - 512, rbp), and 512 >= end.
+                let room = STACK_SIZE as i32 - end;
+                self.e.asm(3, |ops| {
+                    dynasm!(ops ; .arch x64
+                        ; mov r9d, DWORD room
+                        ; sub r11, rbp
+                        ; add r11, DWORD STACK_SIZE as i32
+                    )
+                });
+            }
+        }
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, r11));
+        self.cold_jump(Some(Cc::B), at);
+        // r10 = b - p - bias: the last head value's offset from p, before rounding down.
+        self.mov_rr(Sz::B64, T10, b);
+        self.e.rr(&[], Sz::B64, &[0x29], p, T10);
+        if bias != 0 {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r10, DWORD bias));
+        }
+        if shift != 0 {
+            let ne = w.cont == Cond::Ne;
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64 ; shr r9, shift);
+                if ne {
+                    dynasm!(ops ; .arch x64 ; ror r10, shift);
+                } else {
+                    dynasm!(ops ; .arch x64 ; shr r10, shift);
+                }
+            });
+        }
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r10, r9));
+        self.cold_jump(Some(Cc::A), at);
+        if self.d.clamp {
+            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
+        }
+    }
+
+    pub(super) fn jcond(
+        &mut self,
+        inst: &Inst,
+        width: Width,
+        cond: Cond,
+        dst: Reg,
+        src: Operand,
+        target: usize,
+    ) {
+        let pc = inst.pc as usize;
+        let sz = sz_of(width);
+        let d = host(dst);
+        match src {
+            Operand::Reg(s) if cond == Cond::Set => self.e.rr(&[], sz, &[0x85], host(s), d),
+            Operand::Reg(s) => self.e.rr(&[], sz, &[0x39], host(s), d),
+            Operand::Imm(i) if self.mask(pc).is_some() => {
+                self.imm_to(pc, T11, i);
+                let op = if cond == Cond::Set { 0x85 } else { 0x39 };
+                self.e.rr(&[], sz, &[op], T11, d);
+            }
+            Operand::Imm(0) if matches!(cond, Cond::Eq | Cond::Ne) => {
+                // test d, d: two bytes shorter than cmp d, 0.
+                self.e.rr(&[], sz, &[0x85], d, d);
+            }
+            Operand::Imm(i) if cond == Cond::Set => {
+                if (0..=0xff).contains(&i) {
+                    // test r8, imm8 sees exactly the bits a small positive mask can hit.
+                    self.e.rr(&[], Sz::B8, &[0xf6], 0, d);
+                    self.e.imm_bytes(i as i64, 1);
+                } else {
+                    self.e.rr(&[], sz, &[0xf7], 0, d);
+                    self.e.imm_bytes(i as i64, 4);
+                }
+            }
+            Operand::Imm(i) => self.alu_ri(7, sz, d, i as i64),
+        }
+        let cc = cc_of(cond);
+        let l = self.d.jump_label(target);
+        if self.d.charge(target).is_some() {
+            let skip = self.e.label();
+            self.e.jump(Some(cc.invert()), skip);
+            self.charge_back_edge(inst, target);
+            self.e.jump(None, l);
+            self.e.bind(skip);
+        } else {
+            self.e.jump(Some(cc), l);
+        }
+    }
+
+    fn charge_back_edge(&mut self, inst: &Inst, target: usize) {
+        if let Some(c) = self.d.charge(target) {
+            self.charge(inst.pc as usize, c);
+        }
+    }
+
+    /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
+    pub(super) fn charge(&mut self, pc: usize, amount: u64) {
+        // `cmp/sub QWORD [r12 + disp8], imm8` stay table-driven: dynasm-rs 5.1 lists the
+        // imm32 form (0x81) of cmp and of memory-operand sub before the imm8 one (0x83), so
+        // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
+        self.alu_mi(7, ENV, PJ_ENV_BUDGET, amount as i64);
+        let stop = self.stop_label(Stop::Budget, pc);
+        self.cold_jump(Some(Cc::B), stop);
+        self.alu_mi(5, ENV, PJ_ENV_BUDGET, amount as i64);
+    }
+}

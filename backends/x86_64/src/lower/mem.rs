@@ -1,0 +1,355 @@
+//! Loads, stores and atomics, and their sandbox checks: a check group's widened test, an
+//! access's own inline test (the slow path is the shared routine of [`super::cold`]).
+
+use super::{mem_sz, Codegen, CTX_END8, CTX_START8, STACK_START8};
+use crate::encode::{Cc, Gpr, Label, Sz};
+use crate::regs::*;
+use crate::FEATURE_MOVBE;
+use dynasmrt::{dynasm, DynasmApi};
+use packjit_frontend::lower::{AccessLowering, Cold};
+use packjit_frontend::ranges::AccessCheck;
+use packjit_frontend::{AtomicOp, EndKind, Inst, Op, Operand, Reg, Size};
+
+impl Codegen<'_> {
+    /// The memory operand of an access: `[base + off]`, or `[r11]` after a sandbox check.
+    fn address(&mut self, inst: &Inst, write: bool) -> (Gpr, i32) {
+        let (base, off, size) = match inst.op {
+            Op::Load {
+                base, off, size, ..
+            }
+            | Op::Store {
+                base, off, size, ..
+            }
+            | Op::Atomic {
+                base, off, size, ..
+            } => (base, off, size),
+            _ => unreachable!("address of a non-memory instruction"),
+        };
+        let check = match self.d.access(&inst.op) {
+            AccessLowering::Direct { base, off } => return (host(base), off as i32),
+            AccessLowering::Checked(check) => check,
+        };
+        match check {
+            AccessCheck::CtxConst { end } if end <= i32::MAX as u32 => {
+                self.ctx_len_check(host(base), off as i32, size, write, end)
+            }
+            _ => self.check(
+                host(base),
+                off as i32,
+                size,
+                write,
+                check == AccessCheck::Stack,
+            ),
+        }
+        (T11, 0)
+    }
+
+    pub(super) fn load(&mut self, i: usize, inst: &Inst, size: Size, sx: bool, dst: Reg) {
+        let (b, off) = self.address(inst, false);
+        let d = host(dst);
+        // MOVBE: a load followed by a byte swap of the same width into the same register
+        // (the usual ntohs/ntohl/be64 pattern) becomes one swapping load.
+        if self.d.mode.features & FEATURE_MOVBE != 0 && !sx && size != Size::B {
+            if let Some(next) = self.d.prog.insts.get(i + 1) {
+                let bits = size.bytes() as u8 * 8;
+                if let Op::End {
+                    kind: EndKind::ToBe | EndKind::Swap,
+                    bits: nb,
+                    dst: nd,
+                } = next.op
+                {
+                    if nd == dst && nb == bits && !self.d.prog.is_target[i + 1] {
+                        let sz = match size {
+                            Size::H => Sz::B16,
+                            Size::W => Sz::B32,
+                            _ => Sz::B64,
+                        };
+                        self.e.rm(&[], sz, &[0x0f, 0x38, 0xf0], d, b, off);
+                        if size == Size::H {
+                            self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d);
+                        }
+                        self.d.skip = Some(i + 1);
+                        return;
+                    }
+                }
+            }
+        }
+        let (sz, op): (Sz, &[u8]) = match (size, sx) {
+            (Size::B, false) => (Sz::B32, &[0x0f, 0xb6]),
+            (Size::H, false) => (Sz::B32, &[0x0f, 0xb7]),
+            (Size::W, false) => (Sz::B32, &[0x8b]),
+            (Size::DW, _) => (Sz::B64, &[0x8b]),
+            (Size::B, true) => (Sz::B64, &[0x0f, 0xbe]),
+            (Size::H, true) => (Sz::B64, &[0x0f, 0xbf]),
+            (Size::W, true) => (Sz::B64, &[0x63]),
+        };
+        self.e.rm(&[], sz, op, d, b, off);
+    }
+
+    pub(super) fn store(&mut self, inst: &Inst, size: Size, src: Operand) {
+        let pc = inst.pc as usize;
+        let (b, off) = self.address(inst, true);
+        let sz = mem_sz(size);
+        match src {
+            Operand::Reg(s) => {
+                let op = if size == Size::B { 0x88 } else { 0x89 };
+                self.e.rm(&[], sz, &[op], host(s), b, off);
+            }
+            Operand::Imm(i) if self.mask(pc).is_some() => {
+                self.imm_to(pc, T10, i);
+                let op = if size == Size::B { 0x88 } else { 0x89 };
+                self.e.rm(&[], sz, &[op], T10, b, off);
+            }
+            Operand::Imm(i) => {
+                let op = if size == Size::B { 0xc6 } else { 0xc7 };
+                self.e.rm(&[], sz, &[op], 0, b, off);
+                let n = match size {
+                    Size::B => 1,
+                    Size::H => 2,
+                    _ => 4,
+                };
+                self.e.imm_bytes(i as i64, n);
+            }
+        }
+    }
+
+    /// Atomics. Every `lock`-prefixed read-modify-write (and `xchg` with memory, locked
+    /// implicitly) is a full barrier on x86, so all forms are sequentially consistent, as
+    /// the kernel documents for BPF's fetching atomics.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn atomic(
+        &mut self,
+        inst: &Inst,
+        size: Size,
+        op: AtomicOp,
+        fetch: bool,
+        base: Reg,
+        off: i16,
+        src: Reg,
+    ) {
+        let sz = mem_sz(size);
+        let s = host(src);
+        let needs_loop = fetch && matches!(op, AtomicOp::And | AtomicOp::Or | AtomicOp::Xor);
+        let (b, off) = if needs_loop && !self.d.mode.sandboxed() {
+            // The loop below uses rax: take the address first in case base is r0.
+            self.e
+                .rm(&[], Sz::B64, &[0x8d], T11, host(base), off as i32);
+            (T11, 0)
+        } else {
+            match self.address(inst, true) {
+                // Likewise for a sandboxed access the range analysis proved (no check, so
+                // the base register itself is the address).
+                (RAX, off) if needs_loop => {
+                    self.e.rm(&[], Sz::B64, &[0x8d], T11, RAX, off);
+                    (T11, 0)
+                }
+                a => a,
+            }
+        };
+        let lock: &[u8] = &[0xf0];
+        match (op, fetch) {
+            (AtomicOp::Add, false) => self.e.rm(lock, sz, &[0x01], s, b, off),
+            (AtomicOp::Or, false) => self.e.rm(lock, sz, &[0x09], s, b, off),
+            (AtomicOp::And, false) => self.e.rm(lock, sz, &[0x21], s, b, off),
+            (AtomicOp::Xor, false) => self.e.rm(lock, sz, &[0x31], s, b, off),
+            (AtomicOp::Add, true) => self.e.rm(lock, sz, &[0x0f, 0xc1], s, b, off), // xadd
+            (AtomicOp::Xchg, _) => self.e.rm(&[], sz, &[0x87], s, b, off),
+            (AtomicOp::Cmpxchg, _) => {
+                self.e.rm(lock, sz, &[0x0f, 0xb1], s, b, off);
+                if sz == Sz::B32 {
+                    // On success a 32-bit cmpxchg leaves rax's upper half alone; eBPF's r0
+                    // is the zero-extended old value either way.
+                    self.mov_rr(Sz::B32, RAX, RAX);
+                }
+            }
+            (_, true) => {
+                // fetch-and/or/xor: a cmpxchg loop. r10 keeps r0 (rax is cmpxchg's
+                // comparand); when src is r0 its value is read from there.
+                let opc = match op {
+                    AtomicOp::And => 0x21,
+                    AtomicOp::Or => 0x09,
+                    _ => 0x31,
+                };
+                let sv = if s == RAX { T10 } else { s };
+                self.mov_rr(Sz::B64, T10, RAX);
+                self.e.rm(&[], sz, &[0x8b], RAX, b, off);
+                let again = self.e.label();
+                self.e.bind(again);
+                self.mov_rr(Sz::B64, T9, RAX);
+                self.e.rr(&[], sz, &[opc], sv, T9);
+                self.e.rm(lock, sz, &[0x0f, 0xb1], T9, b, off);
+                self.e.jump(Some(Cc::Ne), again);
+                // src = old value (zero-extended for 32-bit); r0 restored unless it is src.
+                self.mov_rr(sz, s, RAX);
+                if s != RAX {
+                    self.mov_rr(Sz::B64, RAX, T10);
+                }
+            }
+        }
+    }
+
+    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
+    /// itself clamped in place to 0 under a mispredicted branch (architecturally it keeps
+    /// its value: the test passed), so no member reaches memory out of bounds. On failure
+    /// the group's checked copy runs (at `at`, queued by the driver).
+    pub(super) fn group_test(&mut self, g: usize, at: Label) {
+        let grp = &self.d.access.groups[g];
+        let (b, lo, span, check) = (
+            host(grp.base),
+            grp.lo as i32,
+            (grp.hi - grp.lo as i32) as i64,
+            grp.check,
+        );
+        let fail = match check {
+            AccessCheck::CtxConst { end } => {
+                self.ctx_len();
+                self.alu_ri(7, Sz::B64, T9, end as i64); // cmp len, end
+                Cc::B
+            }
+            AccessCheck::Stack if (span as usize) <= self.plan.block => {
+                self.lea(T11, b, lo);
+                self.stack_offset();
+                self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - span);
+                Cc::A
+            }
+            _ => {
+                // The context: a sufficient test for any group.
+                self.lea(T11, b, lo);
+                self.region_end(CTX_START8, span);
+                self.ctx_len();
+                self.e.rr(&[], Sz::B64, &[0x39], T9, T10); // cmp end, len
+                Cc::A
+            }
+        };
+        self.cold_jump(Some(fail), at);
+        if self.d.clamp {
+            // mov r9d, 0 (leaves the flags) ; cmov<fail> base, r9
+            self.e.op_plus_r(Sz::B32, &[0xb8], T9);
+            self.e.imm_bytes(0, 4);
+            self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | fail as u8], b, T9);
+        }
+    }
+
+    /// `r11 = base + off`.
+    pub(super) fn lea(&mut self, dst: Gpr, base: Gpr, off: i32) {
+        if off == 0 {
+            self.mov_rr(Sz::B64, dst, base);
+        } else {
+            self.e.rm(&[], Sz::B64, &[0x8d], dst, base, off);
+        }
+    }
+
+    /// `r9 = ctx_end - ctx_start`.
+    pub(super) fn ctx_len(&mut self) {
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r9, QWORD [BYTE r12 + CTX_END8]
+                ; sub r9, QWORD [BYTE r12 + CTX_START8]
+            )
+        });
+    }
+
+    /// The check of an access whose base is the context start plus a constant (rdi =
+    /// env.ctx_start at entry), ending `end` bytes into the context: inside iff
+    /// `end <= len`. Otherwise the full check runs out of line ([`Cold::Access`]).
+    fn ctx_len_check(&mut self, base: Gpr, off: i32, size: Size, write: bool, end: u32) {
+        let (at, back) = (self.e.label(), self.e.label());
+        self.lea(T11, base, off);
+        self.ctx_len();
+        self.alu_ri(7, Sz::B64, T9, end as i64); // cmp len, end
+        self.cold_jump(Some(Cc::B), at);
+        if self.d.clamp {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmovb r11, r12));
+        }
+        self.e.bind(back);
+        self.queue_slow_path(at, back, size, write);
+    }
+
+    /// Sandbox check of `[base + off, + size)`: leaves the address in r11 (clamped under
+    /// misspeculation) or stops. `stack_first`: the base derives from r10, so the stack
+    /// block is tested inline instead of the context.
+    ///
+    /// One region is tested inline, falling through when the access is inside; otherwise
+    /// the full check runs out of line ([`Cold::Access`]) and comes back to `ok` when some
+    /// region holds the access. At `ok` the flags of the deciding compare are still live,
+    /// and `cmova` replaces the address with `env` (a harmless, mapped address) should the
+    /// branch have been mispredicted.
+    fn check(&mut self, base: Gpr, off: i32, size: Size, write: bool, stack_first: bool) {
+        let n = size.bytes() as i64;
+        let (ok, at) = (self.e.label(), self.e.label());
+        self.lea(T11, base, off);
+        if stack_first && self.plan.block > 0 {
+            self.stack_cmp(n);
+        } else {
+            self.ctx_cmp(n);
+        }
+        self.cold_jump(Some(Cc::A), at);
+        self.e.bind(ok);
+        if self.d.clamp {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
+        }
+        self.queue_slow_path(at, ok, size, write);
+    }
+
+    /// Queues the slow path of the current access's check: the shared routine, from `at`
+    /// back to `resume` ([`Codegen::access_slow_path_at`]).
+    fn queue_slow_path(&mut self, at: Label, resume: Label, size: Size, write: bool) {
+        let inst = self.d.cur;
+        self.d.queue(Cold::Access {
+            inst,
+            label: at,
+            resume,
+            size: size.bytes(),
+            write,
+            site: (),
+        });
+    }
+
+    /// Flags for "`[r11, r11 + n)` is inside the context": "below or equal" when it is.
+    /// `end = addr - start + n` (forced to all-ones when it wraps) against the length.
+    fn ctx_cmp(&mut self, n: i64) {
+        self.region_end(CTX_START8, n);
+        self.ctx_len();
+        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
+        // the equally long RM form (0x3b) for register pairs.
+        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
+    }
+
+    /// Flags for "`[r11, r11 + n)` is inside the stack block": "below or equal" when it is.
+    ///
+    /// The block's length is a constant, so with `u = r11 - stack_start` (mod 2^64) the
+    /// access is inside exactly when `u <= block - n`: an address below the block wraps `u`
+    /// past 2^63 (user addresses are below 2^47), far above any block. No end to force to
+    /// all-ones, unlike the context's variable length ([`Self::region_end`]).
+    fn stack_cmp(&mut self, n: i64) {
+        self.stack_offset();
+        self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - n);
+    }
+
+    /// r10 = r11 - env.stack_start.
+    fn stack_offset(&mut self) {
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r10, r11
+                ; sub r10, QWORD [BYTE r12 + STACK_START8]
+            )
+        });
+    }
+
+    /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
+    fn region_end(&mut self, start: i8, n: i64) {
+        // n is an access size, 1..=8.
+        let n = n as i8;
+        self.e.asm(5, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r10, r11
+                ; sub r10, QWORD [BYTE r12 + start]
+                ; add r10, BYTE n
+                ; sbb r9, r9 // -carry
+                ; or r10, r9
+            )
+        });
+    }
+}
