@@ -31,10 +31,8 @@ fn long_functions_get_islands_and_compile_in_one_pass() {
             assert_eq!(e.passes, 1, "arm64 {features:#x} seed {seed}");
             assert!(e.islands >= 2, "arm64 {features:#x}: {} islands", e.islands);
         }
-        let rv = packjit_rv64::Rv64Backend::new();
-        for features in [0, rv.supported_features()] {
-            let m = rv
-                .emit_for_measurement(&request(&code, features), EmitOptions::default())
+        for features in [0, packjit_rv64::SUPPORTED_FEATURES] {
+            let m = packjit_rv64::emit_request_with(&request(&code, features), EmitOptions::default())
                 .unwrap();
             assert_eq!(m.passes, 1, "rv64 {features:#x} seed {seed}");
             assert!(m.islands >= 2, "rv64 {features:#x}: {} islands", m.islands);
@@ -58,14 +56,11 @@ fn sized_programs_compile_in_one_pass_on_every_backend() {
             };
             let e = packjit_arm64::emit_request_with(&req, EmitOptions::default()).unwrap();
             assert_eq!(e.passes, 1, "arm64, {n} instructions, flags {flags:#x}");
-            let rv = packjit_rv64::Rv64Backend::new();
             let req = CompileRequest {
                 flags,
-                ..request(&code, rv.supported_features())
+                ..request(&code, packjit_rv64::SUPPORTED_FEATURES)
             };
-            let m = rv
-                .emit_for_measurement(&req, EmitOptions::default())
-                .unwrap();
+            let m = packjit_rv64::emit_request_with(&req, EmitOptions::default()).unwrap();
             assert_eq!(m.passes, 1, "rv64, {n} instructions, flags {flags:#x}");
             let x = packjit_x86_64::emit_program(
                 &code,

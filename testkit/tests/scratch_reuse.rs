@@ -33,17 +33,15 @@ fn emit(arch: &str, code: &[u8], flags: u32) -> Output {
             (e.bytes.to_vec(), e.inst_offsets.to_vec())
         }
         "riscv64" => {
-            let b = packjit_rv64::Rv64Backend::new();
-            let (bytes, lines) = b
-                .emit_with_line_table(&CompileRequest {
-                    code,
-                    helpers: &[],
-                    features: b.supported_features(),
-                    flags,
-                    blind_key: 0,
-                })
-                .unwrap();
-            (bytes.to_vec(), lines)
+            let e = packjit_rv64::emit_request(&CompileRequest {
+                code,
+                helpers: &[],
+                features: packjit_rv64::Rv64Backend::new().supported_features(),
+                flags,
+                blind_key: 0,
+            })
+            .unwrap();
+            (e.bytes.to_vec(), e.inst_offsets.to_vec())
         }
         _ => unreachable!(),
     }

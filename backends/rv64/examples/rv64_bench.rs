@@ -13,7 +13,7 @@
 //!   through a walked pointer and through a masked index, header parsing) in every mode side
 //!   by side, with native instructions per eBPF instruction on the hot loop's path. The
 //!   "no clamp" and "no groups" rows use the measurement-only `EmitOptions` of
-//!   `Rv64Backend::emit_for_measurement` (not reachable from the plugin ABI or the runtime):
+//!   `packjit_rv64::emit_request_with` (not reachable from the plugin ABI or the runtime):
 //!   the first shows what the Spectre-v1 mask costs, the second one check per access.
 //!
 //! ```text
@@ -22,7 +22,7 @@
 //! ```
 
 use packjit_plugin_api::HelperEntry;
-use packjit_rv64::{native_insn_count, Rv64Backend, FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
+use packjit_rv64::{emit_program, native_insn_count, FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
 use std::time::Instant;
 
 use packjit_frontend::encode_insn as ins;
@@ -111,18 +111,14 @@ fn stats(code: &[u8], helpers: &[HelperEntry], features: u64) -> Option<Stats> {
 }
 
 fn stats_flags(code: &[u8], helpers: &[HelperEntry], features: u64, flags: u32) -> Option<Stats> {
-    let m = Rv64Backend::new()
-        .emit_for_measurement(
-            &packjit_plugin_api::CompileRequest {
-                code,
-                helpers,
-                features,
-                flags,
-                blind_key: 0,
-            },
-            Default::default(),
-        )
-        .ok()?;
+    let m = packjit_rv64::emit_request(&packjit_plugin_api::CompileRequest {
+        code,
+        helpers,
+        features,
+        flags,
+        blind_key: 0,
+    })
+    .ok()?;
     let ebpf = packjit_frontend::decode(code, helpers).ok()?.insts.len();
     // Instructions only: a `callx` table is data (its bytes count in `bytes`).
     Some(Stats {
@@ -145,7 +141,6 @@ fn main() {
         inline_kind: 0,
         addr: helper as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize as u64,
     }];
-    let backend = Rv64Backend::new();
     let prog = generated_program(1200);
     let n = packjit_frontend::decode(&prog, &helpers)
         .expect("valid")
@@ -154,12 +149,12 @@ fn main() {
     println!("generated program: {n} eBPF instructions");
     for (name, f) in CONFIGS {
         // Warm up, then time enough compiles for a stable figure.
-        backend.emit(&prog, &helpers, f).unwrap();
+        emit_program(&prog, &helpers, f).unwrap();
         let iters = 300;
         let t = Instant::now();
         let mut bytes = 0;
         for _ in 0..iters {
-            bytes = backend.emit(&prog, &helpers, f).unwrap().len();
+            bytes = emit_program(&prog, &helpers, f).unwrap().bytes.len();
         }
         let secs = t.elapsed().as_secs_f64();
         let s = stats(&prog, &helpers, f).unwrap();
@@ -235,11 +230,11 @@ fn corpus(dir: &std::path::Path) {
             flags: 0,
             blind_key: 0,
         };
-        let Ok(m) = Rv64Backend::new().emit_for_measurement(&req, Default::default()) else {
+        let Ok(m) = packjit_rv64::emit_request(&req) else {
             continue;
         };
-        let (bytes, table) = (m.bytes, m.line_table);
         let prog = packjit_frontend::decode(p, &helpers).expect("compiled, so it decodes");
+        let (bytes, table) = (m.bytes, prog.line_table(m.inst_offsets));
         let starts: Vec<usize> = prog
             .insts
             .iter()
@@ -278,12 +273,12 @@ fn sandbox_vs_trusted() {
     use packjit::{LoadOptions, Runtime};
     use packjit_plugin_api::JitBackend;
     use std::sync::Arc;
-    let features = match Rv64Backend::new().detect_features() {
+    let features = match packjit_rv64::Rv64Backend::new().detect_features() {
         0 => FEATURE_C | FEATURE_ZBB | FEATURE_ZBA,
         f => f,
     };
     let rt = Runtime::new().expect("runtime");
-    rt.add_backend(Arc::new(Rv64Backend::new()))
+    rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .expect("rv64 backend");
     // 2048 passes over a 4 KiB context: r0 += *(u64 *)p; *(u64 *)p ^= r0 (checked context
     // accesses through a walking pointer).
@@ -409,12 +404,12 @@ fn jit_vs_interpreter() {
     .concat();
     // qemu-user 7.2 offers neither hwprobe nor a RISC-V /proc/cpuinfo but executes
     // Zbb/Zba/C: use them all when detection finds nothing.
-    let features = match Rv64Backend::new().detect_features() {
+    let features = match packjit_rv64::Rv64Backend::new().detect_features() {
         0 => FEATURE_C | FEATURE_ZBB | FEATURE_ZBA,
         f => f,
     };
     let rt = Runtime::new().expect("runtime");
-    rt.add_backend(Arc::new(Rv64Backend::new()))
+    rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
         .expect("rv64 backend");
     let opts = LoadOptions {
         features: Some(features),
@@ -451,28 +446,27 @@ fn sandbox_programs() {
         bytes: Vec<u8>,
         /// Native offset of each bytecode slot.
         table: Vec<u32>,
-        /// Where back-edges land when not at their target's code (see `Measured::landings`).
+        /// Where back-edges land when not at their target's code (see `Emitted::landings`).
         landings: Vec<(usize, usize)>,
     }
     impl Code {
         fn new(code: &[u8], flags: u32, features: u64, opts: EmitOptions) -> Code {
-            let packjit_rv64::Measured {
+            let req = CompileRequest {
+                code,
+                helpers: &[],
+                features,
+                flags,
+                blind_key: 0,
+            };
+            let packjit_rv64::Emitted {
                 bytes,
-                line_table: table,
+                inst_offsets,
                 landings,
                 ..
-            } = Rv64Backend::new()
-                .emit_for_measurement(
-                    &CompileRequest {
-                        code,
-                        helpers: &[],
-                        features,
-                        flags,
-                        blind_key: 0,
-                    },
-                    opts,
-                )
-                .expect("compile");
+            } = packjit_rv64::emit_request_with(&req, opts).expect("compile");
+            let prog =
+                packjit_frontend::decode_for_lowering(&req).expect("compiled, so it decodes");
+            let table = prog.line_table(inst_offsets);
             let len = bytes.len().div_ceil(4096) * 4096;
             // SAFETY: a fresh private mapping, written while RW, then made RX and the
             // instruction cache flushed (riscv_flush_icache, all threads).
@@ -526,7 +520,7 @@ fn sandbox_programs() {
         }
     }
 
-    let features = match Rv64Backend::new().detect_features() {
+    let features = match packjit_rv64::Rv64Backend::new().detect_features() {
         0 => FEATURE_C | FEATURE_ZBB | FEATURE_ZBA,
         f => f,
     };

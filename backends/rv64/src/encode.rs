@@ -56,7 +56,7 @@ use reg::*;
 
 /// All instructions go through this macro so the target and the extension set the macro
 /// accepts are stated once. The extension set is what the *assembler* may encode; whether
-/// an optional instruction is used is decided at run time by [`Emitter`]'s feature flags.
+/// an optional instruction is used is decided at run time by [`Assembler`]'s feature flags.
 macro_rules! rv {
     ($asm:expr; $($t:tt)*) => {
         dynasm!($asm
@@ -68,7 +68,7 @@ macro_rules! rv {
 }
 
 /// A compressed (16-bit) instruction: counted as it is emitted, so the instruction count of
-/// the code needs no scan of the variable-length stream ([`Emitter::native_insns`]).
+/// the code needs no scan of the variable-length stream ([`Assembler::native_insns`]).
 macro_rules! rvc {
     ($emitter:expr; $($t:tt)*) => {{
         $emitter.compressed += 1;
@@ -180,10 +180,10 @@ fn pop(r: u8) -> bool {
     (8..16).contains(&r)
 }
 
-/// The emitter: a dynasm `VecAssembler` plus the optional-extension switches.
-pub struct Emitter {
+/// The assembler: a dynasm `VecAssembler` plus the optional-extension switches.
+pub struct Assembler {
     pub asm: VecAssembler<RiscvRelocation>,
-    /// B- and J-type branches to labels, whose displacement [`Emitter::finish`] writes (a
+    /// B- and J-type branches to labels, whose displacement [`Assembler::finish`] writes (a
     /// thread's spare buffer for a large program: a fresh one would fault its pages in on
     /// every compile).
     patches: Reused<Patch>,
@@ -244,7 +244,10 @@ pub fn j_type_imm(disp: i64) -> Option<u32> {
     )
 }
 
-impl Emitter {
+impl Assembler {
+    /// An assembler with buffers for `code_capacity` bytes (the lowering sizes all of its
+    /// buffers instead: [`Assembler::with_capacity`]).
+    #[cfg(test)]
     pub fn new(zbb: bool, zba: bool, c: bool, code_capacity: usize) -> Self {
         let capacity = EmitCapacity {
             code: code_capacity,
@@ -254,7 +257,7 @@ impl Emitter {
         Self::with_capacity(zbb, zba, c, capacity)
     }
 
-    /// An emitter whose buffers hold `capacity` (B/J-type patches: `branch_sites`).
+    /// An assembler whose buffers hold `capacity` (B/J-type patches: `branch_sites`).
     pub fn with_capacity(zbb: bool, zba: bool, c: bool, capacity: EmitCapacity) -> Self {
         Self {
             asm: scratch::assembler(capacity.code, capacity.labels, 0),
@@ -343,7 +346,7 @@ impl Emitter {
         }
     }
 
-    /// How many instructions [`Emitter::li`] emits for `val` (the same decomposition).
+    /// How many instructions [`Assembler::li`] emits for `val` (the same decomposition).
     pub fn li_len(val: i64) -> usize {
         if fits_signed(val, 12) {
             return 1;
@@ -728,7 +731,7 @@ impl Emitter {
     }
 
     /// 8-byte aligned data at label `l`, after code that never falls into it (the zero
-    /// padding parcels are illegal instructions); recorded in [`Emitter::data`].
+    /// padding parcels are illegal instructions); recorded in [`Assembler::data`].
     pub fn data_u64s(&mut self, l: DynamicLabel, words: &[u64]) {
         let start = self.pos();
         self.asm.align(8, 0);
@@ -904,10 +907,10 @@ mod tests {
             vals.extend([x as i64, (x >> (x % 64)) as i64, (x as i64) >> (x % 64)]);
         }
         for v in vals {
-            let mut e = Emitter::new(false, false, false, 64);
+            let mut e = Assembler::new(false, false, false, 64);
             e.li(T0, v);
             let code = e.finish().unwrap();
-            assert_eq!(Emitter::li_len(v), count_insns(&code), "{v:#x}");
+            assert_eq!(Assembler::li_len(v), count_insns(&code), "{v:#x}");
         }
     }
 
@@ -957,7 +960,7 @@ mod tests {
         for gap in [0usize, 8, 1000, 2032] {
             for forward in [true, false] {
                 let ours = {
-                    let mut e = Emitter::new(false, false, false, 0);
+                    let mut e = Assembler::new(false, false, false, 0);
                     let l = e.new_label();
                     if !forward {
                         e.bind(l);
@@ -993,7 +996,7 @@ mod tests {
     /// Beyond dynasmrt's reach (±2 KiB for B-type), up to the ISA's ±4 KiB.
     #[test]
     fn b_type_reaches_four_kib() {
-        let mut e = Emitter::new(false, false, false, 0);
+        let mut e = Assembler::new(false, false, false, 0);
         let l = e.new_label();
         e.b_label(Br::Eq, 5, 6, l);
         e.asm.extend(std::iter::repeat_n(0x13u8, 4090));

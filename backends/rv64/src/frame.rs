@@ -175,7 +175,7 @@ impl Codegen<'_> {
         }
     }
 
-    pub(crate) fn prologue(&mut self, k: usize) {
+    pub(crate) fn emit_prologue(&mut self, k: usize) {
         let f = self.layout.frames[k].clone();
         if f.size > 0 {
             self.add_imm(SP, SP, -(f.size as i64), T0);
@@ -201,7 +201,7 @@ impl Codegen<'_> {
         if block > 0 {
             self.add_imm(S5, SP, f.size as i64, T0);
         }
-        if self.mode.sandboxed() {
+        if self.d.mode.sandboxed() {
             self.e.load(Mem::D, CTX_START, ENV, PJ_ENV_CTX_START);
             self.e.load(Mem::D, CTX_LEN, ENV, PJ_ENV_CTX_END);
             self.e.rrr(R3::Sub, CTX_LEN, CTX_LEN, CTX_START);
@@ -212,7 +212,7 @@ impl Codegen<'_> {
                 self.e.ri(RI::Addi, T0, T0, -1);
                 self.e.rrr(R3::And, CTX_LIM8, CTX_LIM8, T0);
             }
-            if self.access_uses_ctx_const() {
+            if self.d.access.uses_ctx_const() {
                 // Checks against the context start plus a constant assume r1 is exactly
                 // env.ctx_start.
                 self.e.mv(self.map(1), CTX_START);
@@ -227,16 +227,16 @@ impl Codegen<'_> {
                 self.e.zero_fill(STACK_START, S5, T0);
             }
         }
-        let ctx_placed = self.mode.sandboxed() && self.access_uses_ctx_const();
+        let ctx_placed = self.d.mode.sandboxed() && self.d.access.uses_ctx_const();
         if self.map(1) != A0 && !ctx_placed {
             // r1 does not live in a0 (`call_free_map`): move the context over, before r0
             // (now a0) is zeroed, unless nothing reads it first.
-            let end = self.prog.subprogs[0].end;
-            if live_in(self.prog, 0, end)[0] & (1 << 1) != 0 {
+            let end = self.d.prog.subprogs[0].end;
+            if live_in(self.d.prog, 0, end)[0] & (1 << 1) != 0 {
                 self.e.mv(self.map(1), A0);
             }
         }
-        if self.mode.counts_budget() {
+        if self.d.mode.counts_budget() {
             self.e.load(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
         }
         for r in 0..10u8 {
@@ -246,10 +246,10 @@ impl Codegen<'_> {
         }
     }
 
-    pub(crate) fn epilogue(&mut self, k: usize) {
+    pub(crate) fn emit_epilogue(&mut self, k: usize) {
         let f = self.layout.frames[k].clone();
         if k == 0 {
-            if self.mode.counts_budget() {
+            if self.d.mode.counts_budget() {
                 // The host reads what is left (also after a stop, which lands here).
                 self.e.store(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
             }

@@ -15,7 +15,8 @@
 //! blinds every immediate. See the crate README for the code each one emits and its cost.
 //!
 //! Usable statically (`Rv64Backend` implements [`JitBackend`]) or as a plugin
-//! (`libpackjit_rv64.so`, entry symbol `packjit_rv64_plugin_v1`).
+//! (`libpackjit_rv64.so`, entry symbol `packjit_rv64_plugin_v1`); [`emit_program`] and
+//! [`emit_request`] give the code without an arena (tools, tests).
 //!
 //! ```
 //! use packjit_plugin_api::{Arch, JitBackend};
@@ -23,8 +24,8 @@
 //! assert_eq!(b.arch(), Arch::Riscv64);
 //! // mov r0, 7 ; exit  ->  li a0, 7 ; ret (a program that calls nothing keeps r0 in a0)
 //! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
-//! let native = b.emit(&code, &[], 0).unwrap();
-//! assert_eq!(native, [0x13, 0x05, 0x70, 0x00, 0x67, 0x80, 0x00, 0x00]);
+//! let out = packjit_rv64::emit_program(&code, &[], 0).unwrap();
+//! assert_eq!(out.bytes[..], [0x13, 0x05, 0x70, 0x00, 0x67, 0x80, 0x00, 0x00]);
 //! ```
 
 mod encode;
@@ -32,14 +33,20 @@ mod frame;
 mod lower;
 mod regs;
 
-use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
-use packjit_frontend::scratch::Reused;
+pub use lower::emit_decoded;
+#[doc(hidden)]
+pub use lower::emit_decoded_with;
+#[doc(hidden)]
+pub use packjit_frontend::analysis::EmitOptions;
+pub use packjit_frontend::lower::Emitted;
+
+use packjit_frontend::analysis::{validate_inline_kinds, validate_request, CodegenMode};
+use packjit_frontend::Program;
 use packjit_plugin_api::{
     install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
-    Compiled, ErrorKind, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
     PJ_INLINE_RSEQ_CPU_ID,
 };
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Zbb (basic bit manipulation) is available.
 pub const FEATURE_ZBB: u64 = 1 << 0;
@@ -56,6 +63,48 @@ pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
     | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
+/// Verifies `code` against `helpers` and emits trusted RV64 code (no compile flags) using
+/// the optional `features`.
+pub fn emit_program(
+    code: &[u8],
+    helpers: &[HelperEntry],
+    features: u64,
+) -> Result<Emitted, CompileError> {
+    emit_request(&CompileRequest {
+        code,
+        helpers,
+        features,
+        flags: 0,
+        blind_key: 0,
+    })
+}
+
+/// Validates the request's flags and features, verifies the code and emits it.
+pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
+    let (prog, mode) = decode(req)?;
+    emit_decoded(&prog, req.helpers, &mode)
+}
+
+/// [`emit_request`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
+/// benches, never used by the plugin or the runtime.
+#[doc(hidden)]
+pub fn emit_request_with(
+    req: &CompileRequest<'_>,
+    opts: EmitOptions,
+) -> Result<Emitted, CompileError> {
+    let (prog, mode) = decode(req)?;
+    emit_decoded_with(&prog, req.helpers, &mode, opts)
+}
+
+/// The request validated (flags and feature bits, with the front end's messages, and the
+/// inline helper kinds), its code verified and decoded.
+fn decode(req: &CompileRequest<'_>) -> Result<(Program, CodegenMode), CompileError> {
+    let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
+    validate_inline_kinds(req.helpers, "riscv64", INLINE_KINDS)?;
+    let prog = packjit_frontend::decode_for_lowering(req)?;
+    Ok((prog, mode))
+}
+
 /// The RV64 backend.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Rv64Backend;
@@ -65,100 +114,6 @@ impl Rv64Backend {
     pub fn new() -> Self {
         Self
     }
-
-    /// Verifies and emits `code` to native bytes without placing them anywhere (used by
-    /// [`JitBackend::compile`], tests and benchmarks).
-    pub fn emit(
-        &self,
-        code: &[u8],
-        helpers: &[HelperEntry],
-        features: u64,
-    ) -> Result<Reused<u8>, CompileError> {
-        self.emit_request(&CompileRequest {
-            code,
-            helpers,
-            features,
-            flags: 0,
-            blind_key: 0,
-        })
-    }
-
-    /// Validates `req` (flags and feature bits, with the front end's messages), verifies and
-    /// emits its code to native bytes without placing them anywhere.
-    pub fn emit_request(&self, req: &CompileRequest<'_>) -> Result<Reused<u8>, CompileError> {
-        self.emit_with_line_table(req).map(|(code, _)| code)
-    }
-
-    /// [`Rv64Backend::emit_request`], also returning the line table (one native offset per
-    /// bytecode slot, see `Compiled::pc_offsets`).
-    pub fn emit_with_line_table(
-        &self,
-        req: &CompileRequest<'_>,
-    ) -> Result<(Reused<u8>, Vec<u32>), CompileError> {
-        self.emit_for_measurement(req, EmitOptions::default())
-            .map(|m| (m.bytes, m.line_table))
-    }
-
-    /// [`Rv64Backend::emit_with_line_table`] with measurement-only switches (see
-    /// [`EmitOptions`]): for the sandbox benches, never used by the plugin or the runtime.
-    #[doc(hidden)]
-    pub fn emit_for_measurement(
-        &self,
-        req: &CompileRequest<'_>,
-        measure: EmitOptions,
-    ) -> Result<Measured, CompileError> {
-        let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
-        validate_inline_kinds(req.helpers, "riscv64", INLINE_KINDS)?;
-        let prog = packjit_frontend::decode_for_lowering(req)?;
-        let opts = lower::Options {
-            zbb: mode.features & FEATURE_ZBB != 0,
-            zba: mode.features & FEATURE_ZBA != 0,
-            c: mode.features & FEATURE_C != 0,
-            mode,
-            measure,
-        };
-        // The lowering guarantees every immediate's range before handing it to dynasm
-        // (which panics on a bad one); should that ever be wrong, report it rather than
-        // unwind into the host.
-        catch_unwind(AssertUnwindSafe(|| {
-            lower::Codegen::new(&prog, req.helpers, opts)?.run()
-        }))
-        .unwrap_or_else(|p| {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(CompileError::new(
-                ErrorKind::Internal,
-                format!("rv64 emitter failed: {what}"),
-            ))
-        })
-    }
-}
-
-pub use packjit_frontend::analysis::EmitOptions;
-
-/// What [`Rv64Backend::emit_for_measurement`] returns.
-#[doc(hidden)]
-#[derive(Clone, Debug)]
-pub struct Measured {
-    /// Machine code; offset 0 is the entry.
-    pub bytes: Reused<u8>,
-    /// Instructions in `bytes` (data, such as `callx` tables, excluded).
-    pub native_insns: usize,
-    /// Emission passes the branch relaxation took (1 when every branch reached in its
-    /// shortest form).
-    pub passes: usize,
-    /// Cold code islands inside functions (`packjit_frontend::cold`).
-    pub islands: usize,
-    /// One native offset per bytecode slot (see `Compiled::pc_offsets`).
-    pub line_table: Vec<u32>,
-    /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere
-    /// than its code's start. A back-edge that skips a re-entered check group's check
-    /// (`ranges::reentries`) lands past the check; a walk's back-edge (`walks`) lands on the
-    /// pointer clamp before the head. A loop runs from its back-edge's landing.
-    pub landings: Vec<(usize, usize)>,
 }
 
 /// Counts native instructions in RV64 code (16- and 32-bit parcels).
@@ -196,8 +151,10 @@ impl JitBackend for Rv64Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        let m = self.emit_for_measurement(req, EmitOptions::default())?;
-        install_code_with_line_table(arena, &m.bytes, m.native_insns, m.line_table)
+        let (prog, mode) = decode(req)?;
+        let out = emit_decoded(&prog, req.helpers, &mode)?;
+        let line_table = prog.line_table(out.inst_offsets);
+        install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
     }
 }
 

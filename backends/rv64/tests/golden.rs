@@ -570,25 +570,23 @@ fn loops_clamp_what_they_no_longer_check() {
     let programs = packjit_testkit::bench::sandbox_programs();
     let hot_loop = |name: &str, features: u64| -> (Vec<String>, Vec<String>) {
         let p = programs.iter().find(|p| p.name.starts_with(name)).unwrap();
-        let m = packjit_rv64::Rv64Backend::new()
-            .emit_for_measurement(
-                &packjit_plugin_api::CompileRequest {
-                    code: &p.code,
-                    helpers: &[],
-                    features,
-                    flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
-                    blind_key: 0,
-                },
-                Default::default(),
-            )
-            .unwrap();
+        let req = packjit_plugin_api::CompileRequest {
+            code: &p.code,
+            helpers: &[],
+            features,
+            flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
+            blind_key: 0,
+        };
+        let m = packjit_rv64::emit_request(&req).unwrap();
+        let prog = packjit_frontend::decode_for_lowering(&req).unwrap();
+        let line_table = prog.line_table(m.inst_offsets);
         let slots = p.hot_slots();
         let from = packjit_testkit::bench::loop_landing(
             p.hot.start,
-            m.line_table[slots.start] as usize,
+            line_table[slots.start] as usize,
             &m.landings,
         );
-        let to = m.line_table[slots.end] as usize;
+        let to = line_table[slots.end] as usize;
         (disasm(&m.bytes[from..to]), disasm(&m.bytes))
     };
     let want: [&[&str]; 2] = [

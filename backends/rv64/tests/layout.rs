@@ -55,7 +55,7 @@ fn generated_programs_compile_in_every_mode() {
 #[test]
 fn far_backward_branches_take_one_pass() {
     use packjit_plugin_api::CompileRequest;
-    use packjit_rv64::{EmitOptions, Rv64Backend};
+    use packjit_rv64::EmitOptions;
     let encode = |opc: u8, dst: u8, imm: i32, off: i16| {
         packjit_frontend::RawInsn {
             opc,
@@ -80,18 +80,17 @@ fn far_backward_branches_take_one_pass() {
     code.extend(encode(0x95, 0, 0, 0));
     for flags in [0, PJ_COMPILE_SANDBOX] {
         for features in [0, FEATURE_C] {
-            let m = Rv64Backend::new()
-                .emit_for_measurement(
-                    &CompileRequest {
-                        code: &code,
-                        helpers: &[],
-                        features,
-                        flags,
-                        blind_key: 0,
-                    },
-                    EmitOptions::default(),
-                )
-                .expect("compiles");
+            let m = packjit_rv64::emit_request_with(
+                &CompileRequest {
+                    code: &code,
+                    helpers: &[],
+                    features,
+                    flags,
+                    blind_key: 0,
+                },
+                EmitOptions::default(),
+            )
+            .expect("compiles");
             assert!(m.bytes.len() > 4096, "the loop is out of B-type reach");
             assert_eq!(m.passes, 1, "flags {flags:#x} features {features:#x}");
         }

@@ -83,7 +83,7 @@ pub fn compile_with(
     let bytes = arena.bytes.borrow().clone();
     assert_eq!(c.code_size, bytes.len());
     // Instructions only: data in the code (a `callx` table) is not counted.
-    let m = b.emit_for_measurement(&req, Default::default())?;
+    let m = packjit_rv64::emit_request(&req)?;
     assert_eq!((c.native_insns, &m.bytes[..]), (m.native_insns, &bytes[..]));
     Ok(bytes)
 }

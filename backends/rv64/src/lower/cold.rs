@@ -1,0 +1,165 @@
+//! Cold code and the per-program stubs it ends in: an access's slow path into the shared
+//! region scan, the budget's stop, the stop path every stop leaves by, and the local copies
+//! of the stubs a long function's cold code gets when the program's end is out of reach.
+
+use super::{AccessSite, Codegen, Form, ACCESS_BITS};
+use crate::encode::{reg::*, Br, Mem, R3, RI};
+use crate::regs::{CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
+use dynasmrt::DynamicLabel;
+use packjit_frontend::lower::Lowering;
+use packjit_plugin_api::abi::{
+    PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
+    PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
+};
+
+impl Codegen<'_> {
+    /// The rest of the check of instruction `inst`'s access, whose inline test failed: the
+    /// shared check (`region_scan`: context, stack block, host regions), which returns to
+    /// `resume` with t3 = 0 or stops.
+    pub(super) fn access_cold(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        site: AccessSite,
+    ) {
+        self.uses_stubs = true;
+        self.uses_region_stub = true;
+        self.e.bind(label);
+        // Everything else is the shared check's: it wants the address in t0 and the access
+        // descriptor in t5.
+        self.add_imm(T0, site.base, site.off as i64, T0);
+        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+        let pc = self.d.prog.insts[inst].pc as i64;
+        self.e.li(T5, (pc << ACCESS_BITS) | access as i64);
+        let stub = self.region_stub;
+        self.call_link(T6, stub);
+        self.jump(resume);
+    }
+
+    /// The budget cannot pay for the jump or call of instruction `inst`: stop there.
+    pub(super) fn budget_cold(&mut self, inst: usize, label: DynamicLabel) {
+        self.uses_stubs = true;
+        self.e.bind(label);
+        self.e.li(A7, self.d.prog.insts[inst].pc as i64);
+        let l = self.stop_budget;
+        self.jump(l);
+    }
+
+    /// After cold code placed before instruction `next`: when the program's stubs are
+    /// expected beyond `jal`'s reach, the cold code that uses them gets its own copy, here;
+    /// later cold code uses the next copy.
+    pub(super) fn stubs_if_far(&mut self, next: usize) {
+        if self.uses_stubs && self.d.islands.local_stubs_due(self.e.pos(), next) {
+            self.emit_stops();
+            self.stop = self.e.new_label();
+            self.stop_budget = self.e.new_label();
+            self.region_stub = self.e.new_label();
+            self.uses_stubs = false;
+            self.uses_region_stub = false;
+        }
+    }
+
+    /// The per-program stubs: the region scan, and the stop paths.
+    pub(super) fn emit_stops(&mut self) {
+        if !self.layout.can_stop {
+            return;
+        }
+        if self.uses_region_stub {
+            self.region_scan();
+        }
+        if self.d.mode.counts_budget() {
+            self.e.bind(self.stop_budget);
+            self.e.li(A6, PJ_STOP_BUDGET as i64);
+            self.e.li(T0, 0);
+            self.e.li(T1, 0);
+            // Falls through into the stop path.
+        }
+        // Stop: a6 = kind, a7 = pc, t0 = address (or callx id), t1 = access. Unwinds from any
+        // depth: sp back to the entry frame, then the entry's epilogue restores what the
+        // entry saved (which covers every callee-saved register any function changes).
+        self.e.bind(self.stop);
+        self.e.store(Mem::W, A6, ENV, PJ_ENV_STOP_KIND);
+        self.e.store(Mem::W, T1, ENV, PJ_ENV_STOP_ACCESS);
+        self.e.store(Mem::D, A7, ENV, PJ_ENV_STOP_PC);
+        self.e.store(Mem::D, T0, ENV, PJ_ENV_STOP_ADDR);
+        self.e.load(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
+        let exit = self.d.epilogues[0];
+        if self.e.asm.labels().resolve_dynamic(exit).is_ok() {
+            self.jump(exit);
+        } else {
+            // A copy of the stubs inside the entry function (see `stubs_if_far`), which is
+            // long enough to need one: its epilogue is ahead, likely beyond `jal`.
+            self.jump_from(exit, Form::Far);
+        }
+    }
+
+    /// The shared check of an access whose inline test failed: the context, the stack block
+    /// (when the program has one), then `env.regions`, for one holding `[t0, t0 + size)`
+    /// (and writable for a write); t5 = pc << ACCESS_BITS | access, return address in t6.
+    /// Returns t3 = 0 (the verdict the caller masks with, so a mispredicted "found" still
+    /// masks to 0), or stops.
+    ///
+    /// Its branches stay within the stub and the stop path right after it, so none grows to
+    /// the far form (which would clobber t6).
+    fn region_scan(&mut self) {
+        let (top, found, back, fail) = (
+            self.e.new_label(),
+            self.e.new_label(),
+            self.e.new_label(),
+            self.e.new_label(),
+        );
+        self.e.bind(self.region_stub);
+        // t1 = size; per region, e = t0 - start + size is inside when size <= e <= len.
+        self.e.ri(RI::Andi, T1, T5, 0xff);
+        let regions: &[(u8, u8)] = if self.layout.block > 0 {
+            &[(CTX_START, CTX_LEN), (STACK_START, STACK_LEN)]
+        } else {
+            &[(CTX_START, CTX_LEN)]
+        };
+        for &(start, len) in regions {
+            self.e.rrr(R3::Sub, T4, T0, start);
+            self.e.rrr(R3::Add, T4, T4, T1);
+            self.e.rrr(R3::Sltu, T3, T4, T1);
+            self.e.rrr(R3::Sltu, T4, len, T4);
+            self.e.rrr(R3::Or, T3, T3, T4);
+            self.branch(Br::Eq, T3, ZERO, back);
+        }
+        self.e.load(Mem::D, T2, ENV, PJ_ENV_REGIONS);
+        self.e.load(Mem::D, T3, ENV, PJ_ENV_REGION_COUNT);
+        self.e.bind(top);
+        self.branch(Br::Eq, T3, ZERO, fail);
+        self.e.load(Mem::D, T4, T2, 0);
+        self.e.rrr(R3::Sub, T4, T0, T4);
+        self.e.ri(RI::Andi, T1, T5, 0xff);
+        self.e.rrr(R3::Add, T4, T4, T1);
+        self.e.rrr(R3::Sltu, T1, T4, T1);
+        self.e.load(Mem::D, A6, T2, 8);
+        self.e.rrr(R3::Sltu, A6, A6, T4);
+        self.e.rrr(R3::Or, T1, T1, A6);
+        // A write needs PJ_REGION_WRITABLE (bit 0 of flags): bad |= write & !writable (a6 is
+        // 0 or 1, so the pc above the write bit in t4 does not matter).
+        self.e.load(Mem::D, A6, T2, 16);
+        self.e.ri(RI::Xori, A6, A6, 1);
+        self.e.ri(RI::Andi, A6, A6, 1);
+        self.e.ri(RI::Srli, T4, T5, 8);
+        self.e.rrr(R3::And, A6, A6, T4);
+        self.e.rrr(R3::Or, T1, T1, A6);
+        self.branch(Br::Eq, T1, ZERO, found);
+        self.e.ri(RI::Addi, T2, T2, 24);
+        self.e.ri(RI::Addi, T3, T3, -1);
+        self.jump(top);
+        self.e.bind(found);
+        self.e.mv(T3, T1);
+        self.e.bind(back);
+        self.e.jump_reg(T6);
+        self.e.bind(fail);
+        self.e.li(A6, PJ_STOP_OUT_OF_BOUNDS as i64);
+        self.e.ri(RI::Srli, A7, T5, ACCESS_BITS as i32);
+        self.e.ri(RI::Andi, T1, T5, (1 << ACCESS_BITS) - 1);
+        let stop = self.stop;
+        self.jump(stop);
+    }
+}

@@ -1,0 +1,326 @@
+//! Loads, stores and atomics, and the sandbox's checks of their addresses: a check group's
+//! widened test and each access's own inline test (its slow path is in [`super::cold`]).
+
+use super::{AccessSite, Codegen};
+use crate::encode::{fits_signed, reg::*, Amo, Br, Mem, R3, RI};
+use crate::frame::CTX_LIM8;
+use crate::regs::{CTX_LEN, CTX_START, STACK_LEN, STACK_START};
+use dynasmrt::DynamicLabel;
+use packjit_frontend::lower::{AccessLowering, Cold};
+use packjit_frontend::ranges::AccessCheck;
+use packjit_frontend::{AtomicOp, Op, Operand, Reg, Size, Width};
+use Width::{W32, W64};
+
+impl Codegen<'_> {
+    pub(super) fn load(&mut self, op: &Op) {
+        let Op::Load {
+            size,
+            sign_extend,
+            dst,
+            ..
+        } = *op
+        else {
+            unreachable!("load of a non-load");
+        };
+        let m = match (size, sign_extend) {
+            (Size::B, false) => Mem::Bu,
+            (Size::B, true) => Mem::B,
+            (Size::H, false) => Mem::Hu,
+            (Size::H, true) => Mem::H,
+            (Size::W, false) => Mem::Wu,
+            (Size::W, true) => Mem::W,
+            (Size::DW, _) => Mem::D,
+        };
+        let (b, o) = self.mem_operand(op, false);
+        self.e.load(m, self.map(dst), b, o);
+    }
+
+    pub(super) fn store(&mut self, op: &Op) {
+        let Op::Store { size, src, .. } = *op else {
+            unreachable!("store of a non-store");
+        };
+        // The address first: the sandbox check's out-of-line path uses t1.
+        let (b, o) = self.mem_operand(op, true);
+        let v = match src {
+            Operand::Reg(r) => self.map(r),
+            Operand::Imm(0) => ZERO,
+            Operand::Imm(imm) => {
+                self.e.li(T1, imm as i64);
+                T1
+            }
+        };
+        let m = match size {
+            Size::B => Mem::B,
+            Size::H => Mem::H,
+            Size::W => Mem::W,
+            Size::DW => Mem::D,
+        };
+        self.e.store(m, v, b, o);
+    }
+
+    pub(super) fn atomic_op(&mut self, op: &Op) {
+        let Op::Atomic {
+            size,
+            op: aop,
+            fetch,
+            base,
+            off,
+            src,
+        } = *op
+        else {
+            unreachable!("atomic_op of a non-atomic");
+        };
+        // AMOs take a bare register address.
+        let addr = match self.d.access(op) {
+            AccessLowering::Checked(check) => {
+                self.check_access(check, self.map(base), off, size.bytes(), true, true);
+                T0
+            }
+            AccessLowering::Direct { base, off: 0 } => self.map(base),
+            AccessLowering::Direct { base, off } => {
+                self.add_imm(T0, self.map(base), off as i64, T0);
+                T0
+            }
+        };
+        // The verifier allows only W and DW atomics.
+        let width = if size == Size::DW { W64 } else { W32 };
+        self.atomic(width, aop, fetch, addr, self.map(src))
+    }
+
+    /// The address operand of a load or store: checked (t0, 0) when the access needs its
+    /// own check ([`packjit_frontend::lower::Driver::access`]), else `base + off` directly.
+    fn mem_operand(&mut self, op: &Op, write: bool) -> (u8, i32) {
+        let (Op::Load {
+            base, off, size, ..
+        }
+        | Op::Store {
+            base, off, size, ..
+        }) = *op
+        else {
+            unreachable!("mem_operand is for loads and stores");
+        };
+        match self.d.access(op) {
+            AccessLowering::Checked(check) => {
+                let operand =
+                    self.check_access(check, self.map(base), off, size.bytes(), write, false);
+                self.mask_reentered_base(base);
+                operand
+            }
+            AccessLowering::Direct { base, off } => self.address(self.map(base), off, T0),
+        }
+    }
+
+    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
+    /// masked in place (`base &= t3 - 1`): unchanged when the test passed, 0 under a
+    /// mispredicted branch, so no member reaches memory out of bounds (Spectre v1). On
+    /// failure the group's checked copy runs (at `fail`).
+    pub(super) fn group_test(&mut self, g: usize, fail: DynamicLabel) {
+        let grp = &self.d.access.groups[g];
+        let (b, lo, span, check) = (
+            self.map(grp.base),
+            grp.lo,
+            (grp.hi - grp.lo as i32) as u32,
+            grp.check,
+        );
+        match check {
+            AccessCheck::CtxConst { end } => self.len_test(end),
+            AccessCheck::Stack if span < 2048 => {
+                self.range_test(b, lo, span, STACK_START, STACK_LEN)
+            }
+            // The context: a sufficient test for any group (spans stay below 2 KiB).
+            _ => self.range_test(b, lo, span, CTX_START, CTX_LEN),
+        }
+        self.cold_branch(Br::Ne, T3, ZERO, fail);
+        if self.d.clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+            self.e.rrr(R3::And, b, b, T3);
+        }
+    }
+
+    /// In a re-entered group's checked copy: the base itself masked with the member's
+    /// verdict (t3 = all ones inside, 0 under a mispredicted check), so a jump that skips
+    /// the group's check later never sees an unchecked base, also under misspeculation.
+    fn mask_reentered_base(&mut self, base: Reg) {
+        if self.d.clamps_reentered_base() {
+            self.e.rrr(R3::And, self.map(base), self.map(base), T3);
+        }
+    }
+
+    /// t3 = 1 unless `end <= ctx_len` (t3 = 0): the whole test for an access ending `end`
+    /// bytes past the context start.
+    fn len_test(&mut self, end: u32) {
+        if end < 2048 {
+            self.e.ri(RI::Sltiu, T3, CTX_LEN, end as i32);
+        } else {
+            self.e.li(T2, end as i64);
+            self.e.rrr(R3::Sltu, T3, CTX_LEN, T2);
+        }
+    }
+
+    /// Checks `[base + off, base + off + size)` (`check`: what the front end knows of it);
+    /// returns the (clamped) address as t0 plus an offset (a bare t0 when `bare`, for AMOs).
+    ///
+    /// For a region `[start, start + len)`, with `e = base + off + size - start` (mod 2^64),
+    /// the access is inside exactly when `size <= e <= len`: an address below `start` or one
+    /// whose end wraps past 2^64 gives `e < size`, one past the end `e > len`. So each
+    /// region costs sub, addi, sltiu, sltu, or: no branch until the combined verdict.
+    ///
+    /// The context is tested inline; the stack block and the host regions out of line
+    /// ([`Cold::Access`]). Spectre v1: the verdict `t3` (0 = inside) also masks the base,
+    /// `t0 = base & (t3 - 1)`, so if the branch on it is mispredicted the access goes to
+    /// `0 + off` (|off| < 2 KiB: the unmapped page 0, or the top of the address space, which
+    /// user code cannot map), never to the out-of-bounds address. Masking the base rather
+    /// than `base + off` keeps the offset in the access, as trusted code has it.
+    fn check_access(
+        &mut self,
+        check: AccessCheck,
+        base: u8,
+        off: i16,
+        size: u32,
+        write: bool,
+        bare: bool,
+    ) -> (u8, i32) {
+        let label = self.e.new_label();
+        let resume = self.e.new_label();
+        let stack_first = self.layout.block > 0 && check == AccessCheck::Stack;
+        let op = self.d.prog.insts[self.d.cur].op;
+        // The stack block's length is a constant: `t = addr - stack_start` is inside iff
+        // `t < block - size + 1`, an immediate when it fits SLTIU's 12 bits.
+        let stack_lim = self.layout.block as i64 - size as i64 + 1;
+        if stack_first && stack_lim < 2048 {
+            self.e.rrr(R3::Sub, T2, base, STACK_START);
+            if off != 0 {
+                self.add_imm(T2, T2, off as i64, T3);
+            }
+            self.e.ri(RI::Sltiu, T3, T2, stack_lim as i32);
+            self.cold_branch(Br::Eq, T3, ZERO, label);
+            // Back to t3 = 0 = inside (see the CTX_LIM8 case below).
+            self.e.ri(RI::Xori, T3, T3, 1);
+        } else if self.layout.lim8 && lim8_access(&op, check, self.layout.block > 0) {
+            // t = addr - start; inside iff t < CTX_LIM8 (t3 = 1). The verdict is flipped
+            // to the usual t3 = 0 = inside after the branch, so a mispredicted branch on an
+            // outside access (t3 = 0, flipped to 1) still masks the base to 0 below.
+            self.e.rrr(R3::Sub, T2, base, CTX_START);
+            if off != 0 {
+                self.add_imm(T2, T2, off as i64, T3);
+            }
+            self.e.rrr(R3::Sltu, T3, T2, CTX_LIM8);
+            self.cold_branch(Br::Eq, T3, ZERO, label);
+            self.e.ri(RI::Xori, T3, T3, 1);
+        } else {
+            match check {
+                // The base is the context start plus a constant (a0 = env.ctx_start at
+                // entry).
+                AccessCheck::CtxConst { end } => self.len_test(end),
+                _ if stack_first => self.range_test(base, off, size, STACK_START, STACK_LEN),
+                _ => self.range_test(base, off, size, CTX_START, CTX_LEN),
+            }
+            self.cold_branch(Br::Ne, T3, ZERO, label);
+        }
+        self.e.bind(resume);
+        let clamp = self.d.clamp;
+        if clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+        }
+        let operand = if !bare && fits_signed(off as i64, 12) {
+            if clamp {
+                self.e.rrr(R3::And, T0, base, T3);
+                (T0, off as i32)
+            } else {
+                (base, off as i32)
+            }
+        } else {
+            self.add_imm(T0, base, off as i64, T0);
+            if clamp {
+                self.e.rrr(R3::And, T0, T0, T3);
+            }
+            (T0, 0)
+        };
+        self.d.queue(Cold::Access {
+            inst: self.d.cur,
+            label,
+            resume,
+            size,
+            write,
+            site: AccessSite { base, off },
+        });
+        operand
+    }
+
+    /// t3 = 1 unless `[base + off, +size)` lies in `[start, start + len)` (t3 = 0); uses t2,
+    /// t4.
+    fn range_test(&mut self, base: u8, off: i16, size: u32, start: u8, len: u8) {
+        self.e.rrr(R3::Sub, T2, base, start);
+        self.add_imm(T2, T2, off as i64 + size as i64, T3);
+        self.e.ri(RI::Sltiu, T3, T2, size as i32);
+        self.e.rrr(R3::Sltu, T4, len, T2);
+        self.e.rrr(R3::Or, T3, T3, T4);
+    }
+
+    /// `base + off` as a (register, 12-bit offset) pair, using `tmp` when `off` is too wide.
+    fn address(&mut self, base: u8, off: i16, tmp: u8) -> (u8, i32) {
+        if fits_signed(off as i64, 12) {
+            (base, off as i32)
+        } else {
+            self.e.li(tmp, off as i64);
+            self.e.rrr(R3::Add, tmp, base, tmp);
+            (tmp, 0)
+        }
+    }
+
+    /// An atomic on the address in `addr` (already checked in sandbox mode).
+    fn atomic(&mut self, width: Width, op: AtomicOp, fetch: bool, addr: u8, s: u8) {
+        let amo = match op {
+            AtomicOp::Add => Amo::Add,
+            AtomicOp::And => Amo::And,
+            AtomicOp::Or => Amo::Or,
+            AtomicOp::Xor => Amo::Xor,
+            AtomicOp::Xchg => Amo::Swap,
+            AtomicOp::Cmpxchg => {
+                // r0 = cmpxchg(addr, r0, s). lr.w sign-extends, so compare against the
+                // sign-extended low half of r0.
+                let r0 = self.map(0);
+                let expect = if width == W64 {
+                    r0
+                } else {
+                    self.e.ri(RI::Addiw, T2, r0, 0);
+                    T2
+                };
+                self.e.cmpxchg_loop(width, addr, expect, s);
+                if width == W64 {
+                    self.e.mv(r0, T1);
+                } else {
+                    self.e.zext32(r0, T1);
+                }
+                return;
+            }
+        };
+        if !fetch {
+            self.e.amo_relaxed(amo, width, ZERO, s, addr);
+            return;
+        }
+        self.e.amo_aqrl(amo, width, s, s, addr);
+        if width == W32 {
+            // amo*.w sign-extends the old value; BPF's 32-bit fetch zero-extends it.
+            self.e.zext32(s, s);
+        }
+    }
+}
+
+/// Is `op` an 8-byte access whose inline test is the context's general one (so it uses
+/// [`CTX_LIM8`])? `block`: the program has a stack block (then `Stack` accesses test it
+/// first instead).
+pub(super) fn lim8_access(op: &Op, check: AccessCheck, block: bool) -> bool {
+    let size8 = matches!(
+        op,
+        Op::Load { size: Size::DW, .. }
+            | Op::Store { size: Size::DW, .. }
+            | Op::Atomic { size: Size::DW, .. }
+    );
+    size8
+        && match check {
+            AccessCheck::Ctx | AccessCheck::Unknown | AccessCheck::Guarded => true,
+            AccessCheck::Stack => !block,
+            _ => false,
+        }
+}
