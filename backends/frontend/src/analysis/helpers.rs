@@ -1,0 +1,141 @@
+//! Helper calls: how a backend lowers each helper-table entry (a call, or inline code), and
+//! how a `callx` site finds the helper its register names (compares, or a table by id).
+
+use packjit_plugin_api::{
+    HelperEntry, PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID,
+};
+
+/// How a backend emits `call imm` (and a `callx` match) for one helper-table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HelperLowering {
+    /// `call` the `extern "C"` function at this address.
+    Call(u64),
+    /// r0 = the `u32` at `thread pointer + offset` (this thread's rseq `cpu_id`), zero-extended.
+    RseqCpuId {
+        /// Signed byte offset from the thread pointer.
+        offset: i64,
+    },
+    /// r0 = monotonic nanoseconds from the CPU counter, scaled by the `PjClockScale` the code
+    /// reads at `scale` when it runs.
+    CounterClock {
+        /// Address of the host's `PjClockScale`.
+        scale: u64,
+    },
+    /// r0 = this CPU's element `r2` of per-CPU array `r1`, or 0 (see
+    /// `PJ_INLINE_PERCPU_LOOKUP`); the code reads the table at `table` when it runs.
+    PerCpuLookup {
+        /// Address of the host's `PjPerCpuTable` (arrays follow it).
+        table: u64,
+    },
+}
+
+/// The lowering of `h` (its kind already checked by
+/// [`validate_inline_kinds`](super::validate_inline_kinds)).
+pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
+    match h.inline_kind {
+        PJ_INLINE_RSEQ_CPU_ID => HelperLowering::RseqCpuId {
+            offset: h.addr as i64,
+        },
+        PJ_INLINE_COUNTER_CLOCK => HelperLowering::CounterClock { scale: h.addr },
+        PJ_INLINE_PERCPU_LOOKUP => HelperLowering::PerCpuLookup { table: h.addr },
+        _ => HelperLowering::Call(h.addr),
+    }
+}
+
+/// How a `callx` site finds the helper its register names (by id, as `call imm` does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallxPlan {
+    /// Helpers compared for one by one, first, in this order: the inlined ones, then the
+    /// called ones `table` does not hold (all of them when there is no table).
+    pub compared: Vec<HelperEntry>,
+    /// `table[id]`: the address of called helper `id`, or 0 where there is none. Present
+    /// when enough called ids are small and dense (see [`callx_plan`]): the site then
+    /// bounds-checks the id, loads the address and tests it for 0, a constant number of
+    /// instructions instead of a compare and an address per helper. A backend places the
+    /// table in the code image (it is data: never executed, and not counted as
+    /// instructions).
+    pub table: Option<Vec<u64>>,
+}
+
+/// Below this many tabled helpers a `callx` site compares ids; from here on a table is
+/// shorter and constant-time.
+pub const CALLX_TABLE_MIN: usize = 4;
+
+/// The largest `callx` table: 512 entries (4 KiB of code image per program). Ids from here
+/// up (packjit's own built-ins, say) are compared for.
+pub const CALLX_TABLE_MAX: usize = 512;
+
+/// The helpers a `callx` can reach, and which go in a table: the first entry for an id wins
+/// (as in `CompileRequest::helper`), and the per-CPU table entry is not callable. Called
+/// helpers with ids under [`CALLX_TABLE_MAX`] form a table when there are at least
+/// [`CALLX_TABLE_MIN`] of them and the largest id is under 4 × their count (holes stay a
+/// minority of the table's bytes); a helper at address 0 counts as none.
+pub fn callx_plan(helpers: &[HelperEntry]) -> CallxPlan {
+    let mut seen = std::collections::HashSet::new();
+    let (mut inlined, mut called) = (Vec::new(), Vec::new());
+    for h in helpers {
+        if h.id == PJ_HELPER_PERCPU_OFFSET || !seen.insert(h.id) {
+            continue;
+        }
+        match helper_lowering(h) {
+            HelperLowering::Call(_) => called.push(*h),
+            _ => inlined.push(*h),
+        }
+    }
+    let small: Vec<&HelperEntry> = called
+        .iter()
+        .filter(|h| (h.id as usize) < CALLX_TABLE_MAX)
+        .collect();
+    let max_id = small.iter().map(|h| h.id as usize).max().unwrap_or(0);
+    let table = (small.len() >= CALLX_TABLE_MIN && max_id < 4 * small.len()).then(|| {
+        let mut t = vec![0u64; max_id + 1];
+        for h in &small {
+            t[h.id as usize] = h.addr;
+        }
+        t
+    });
+    let tabled = |h: &HelperEntry| table.is_some() && (h.id as usize) < CALLX_TABLE_MAX;
+    let mut compared = inlined;
+    compared.extend(called.iter().filter(|h| !tabled(h)));
+    CallxPlan { compared, table }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use packjit_plugin_api::PJ_INLINE_NONE;
+
+    #[test]
+    fn callx_tables_need_enough_dense_called_helpers() {
+        let h = |id, inline_kind, addr| HelperEntry {
+            id,
+            inline_kind,
+            addr,
+        };
+        let called = |ids: &[u32]| -> Vec<HelperEntry> {
+            ids.iter()
+                .map(|&id| h(id, PJ_INLINE_NONE, 0x1000 + id as u64))
+                .collect()
+        };
+        // Dense: a table with 0 in the holes; an inlined helper, the per-CPU entry and a
+        // large id stay out of it; the first entry for an id wins.
+        let mut hs = called(&[1, 2, 3, 5]);
+        hs.push(h(8, PJ_INLINE_RSEQ_CPU_ID, 0x70));
+        hs.push(h(PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_NONE, 0x9999));
+        hs.push(h(2, PJ_INLINE_NONE, 0x7777));
+        hs.push(h(0x7043_0001, PJ_INLINE_NONE, 0x8888));
+        let plan = callx_plan(&hs);
+        assert_eq!(plan.table, Some(vec![0, 0x1001, 0x1002, 0x1003, 0, 0x1005]));
+        // Compared for: the inlined one, then the id too large for any table.
+        let compared: Vec<u32> = plan.compared.iter().map(|h| h.id).collect();
+        assert_eq!(compared, [8, 0x7043_0001]);
+        // Too few, too sparse (largest id ≥ 4 × count), or past the size limit: compares.
+        let few = callx_plan(&called(&[1, 2, 3]));
+        assert_eq!((few.table, few.compared.len()), (None, 3));
+        assert_eq!(callx_plan(&called(&[1, 2, 3, 16])).table, None);
+        assert!(callx_plan(&called(&[1, 2, 3, 15])).table.is_some());
+        let many: Vec<u32> = (400..600).collect();
+        assert_eq!(callx_plan(&called(&many)).table, None);
+    }
+}

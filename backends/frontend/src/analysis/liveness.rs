@@ -1,0 +1,454 @@
+//! Register dataflow: which registers an instruction reads, which are live where, which the
+//! entry must zero so that nothing of the host leaks in, and whose upper 32 bits some path
+//! may still read.
+
+use crate::{op_kind, BranchKind, Op, Operand, Program, Size, Width};
+
+/// r1–r5, the argument registers of helper and local calls (bit n = rn).
+pub const ARG_REGS: u16 = 0b11_1110;
+
+/// The BPF registers `op` reads (bit n = rn), by RFC 9669 semantics: what a register's value
+/// can influence. A local call reads what its callee may read before writing it
+/// (`local_call_reads`; [`ARG_REGS`] when unknown); a helper call may read all five
+/// arguments; `exit` reads r0. Backends decide from this which registers the entry must
+/// zero (nothing of the host may leak in) and which callee-saved registers to preserve; a
+/// backend whose lowering of an instruction also *preserves* a register around it (e.g. r0
+/// around a compare-exchange loop) adds that register itself.
+pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
+    let r = |x: u8| 1u16 << x;
+    let o = |x: Operand| match x {
+        Operand::Reg(x) => r(x),
+        Operand::Imm(_) => 0,
+    };
+    match *op {
+        Op::Alu {
+            op: crate::AluOp::Mov,
+            src,
+            ..
+        } => o(src),
+        Op::Alu { dst, src, .. } => r(dst) | o(src),
+        Op::MovSx { src, .. } | Op::MovPerCpu { src, .. } => r(src),
+        Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
+        Op::LdImm64 { .. } | Op::Ja { .. } => 0,
+        Op::Load { base, .. } => r(base),
+        Op::Store { base, src, .. } => r(base) | o(src),
+        Op::Atomic { base, src, op, .. } => {
+            r(base)
+                | r(src)
+                | if op == crate::AtomicOp::Cmpxchg {
+                    r(0)
+                } else {
+                    0
+                }
+        }
+        Op::Jcond { dst, src, .. } => r(dst) | o(src),
+        Op::CallHelper { .. } => ARG_REGS,
+        Op::CallReg { reg } => ARG_REGS | r(reg),
+        Op::CallLocal { .. } => local_call_reads,
+        Op::Exit => r(0),
+    }
+}
+
+/// The registers live on entry to each instruction of the function `start..end` (bit n =
+/// rn; entry `k` is instruction `start + k`, and the extra last entry, for falling off the
+/// end, is empty): read by some path from there before being written.
+///
+/// Conservative where a backend could otherwise be surprised: calls kill only r0 (what a
+/// caller-saved r1–r5 holds after a helper is not defined, but it may well be the value from
+/// before the call, so that value counts as live), a local call reads all of r1–r5, and the
+/// `exit` of a called function reads r0–r5 (its caller may read them after the call, which
+/// RFC 9669 leaves undefined but the registers are shared, so that value counts too).
+pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
+    let at_exit = if start == 0 { 1 } else { 1 | ARG_REGS };
+    backward(prog, start, end, |i| {
+        if prog.kind(i) == op_kind::EXIT {
+            (at_exit, 0)
+        } else {
+            (prog.reads(i), prog.writes(i))
+        }
+    })
+}
+
+/// Backward dataflow over the function `start..end` to its fixpoint, for transfers of the
+/// form `live before = reads | (live after & !kills)`: `gen_kill(i)` gives instruction `i`'s
+/// `(reads, kills)`, and what is live after it is the union over its successors (falling off
+/// the end has nothing live). A loop adds a pass per nesting level carrying a new bit
+/// backwards, plus one to confirm; without a back-edge one pass is final.
+fn backward(
+    prog: &Program,
+    start: usize,
+    end: usize,
+    gen_kill: impl Fn(usize) -> (u16, u16),
+) -> Vec<u16> {
+    use crate::op_kind::{EXIT, JA, JCOND};
+    let n = end - start;
+    let mut live = vec![0u16; n + 1];
+    let target = |k: usize| match prog.insts[start + k].op {
+        Op::Ja { target } | Op::Jcond { target, .. } => target as usize - start,
+        _ => unreachable!("only jumps have targets"),
+    };
+    let out = |live: &[u16], k: usize| {
+        let kind = prog.kind(start + k);
+        if kind & (EXIT | JA | JCOND) == 0 {
+            live[k + 1]
+        } else if kind == JA {
+            live[target(k)]
+        } else if kind == JCOND {
+            live[k + 1] | live[target(k)]
+        } else {
+            0
+        }
+    };
+    let mut back_edge = false;
+    for k in (0..n).rev() {
+        if prog.kind(start + k) & (JA | JCOND) != 0 {
+            back_edge |= target(k) <= k;
+        }
+        let (reads, kills) = gen_kill(start + k);
+        live[k] = reads | (out(&live, k) & !kills);
+    }
+    while back_edge {
+        let mut changed = false;
+        for k in (0..n).rev() {
+            let (reads, kills) = gen_kill(start + k);
+            let v = reads | (out(&live, k) & !kills);
+            changed |= v != live[k];
+            live[k] = v;
+        }
+        back_edge = changed;
+    }
+    live
+}
+
+/// r0 and r3–r9: the registers the host does not set at entry (r1 = context, r2 = its
+/// length, r10 = frame pointer).
+pub const FRESH_REGS: u16 = 0b11_1111_1001;
+
+/// The largest program whose entry zeroing is exact. Exactness saves at most eight
+/// instructions per program (one per register zeroed): worth a dataflow pass per loop level
+/// on small programs, where those instructions are a visible share of the code, and not on
+/// large ones, where they are not but the passes are a visible share of compile time.
+pub const EXACT_ZEROING_MAX: usize = 512;
+
+/// Registers a backend's lowering reads beyond RFC 9669: every instruction of the
+/// [`op_kind`] bits `kinds` also reads `regs` (a register it briefly uses as
+/// scratch and restores, say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoweringReads {
+    /// Instruction kinds (`op_kind` bits).
+    pub kinds: u16,
+    /// The registers (bit n = rn) they also read.
+    pub regs: u16,
+}
+
+impl LoweringReads {
+    /// A lowering that reads what RFC 9669 says and nothing more.
+    pub const NONE: LoweringReads = LoweringReads { kinds: 0, regs: 0 };
+
+    fn of(self, kind: u16) -> u16 {
+        if kind & self.kinds != 0 {
+            self.regs
+        } else {
+            0
+        }
+    }
+}
+
+/// The registers among [`FRESH_REGS`] the entry must zero, so that nothing of the host leaks
+/// in and every run sees them start at zero: those some path reads before any instruction
+/// writes them, through any depth of local calls. Exact up to paths (a branch the program
+/// can never take still counts), where a per-block scan would zero everything read anywhere
+/// past the first branch.
+///
+/// * A helper call or `callx` reads r1–r5 (its arity is not known) and leaves r0–r5 written:
+///   afterwards they hold the helper's values, not the host's entry values.
+/// * A local call reads what its callee reads before writing (computed per function, to a
+///   fixpoint over the call graph, so recursion terminates) and writes r0. That kill is
+///   exact: `exit` reads r0, so a callee with a path that leaves r0 unwritten reads it, and
+///   the call then reads it too.
+/// * `exit` reads r0.
+/// * `lowering` adds what the backend's lowering reads beyond RFC 9669.
+///
+/// Cheap in the usual case: the entry's first straight-line stretch runs first, whole, on
+/// every path, so what it reads before writing must be zeroed and what it writes first never
+/// is; once that settles every register read anywhere, the dataflow is skipped. Programs
+/// over [`EXACT_ZEROING_MAX`] instructions zero what the stretch leaves open instead.
+pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
+    const CALLER_SAVED: u16 = 1 | ARG_REGS;
+    let (reads, kinds) = prog
+        .subprogs
+        .iter()
+        .fold((0u16, 0u16), |(r, k), sp| (r | sp.reads, k | sp.ops));
+    let extra = if kinds & lowering.kinds != 0 {
+        lowering.regs
+    } else {
+        0
+    };
+    let open = FRESH_REGS & (reads | extra);
+    // The stretch runs to the first jump, exit or local call, through jump targets: any
+    // path that re-enters it at a target got there after running all of it once, so what it
+    // wrote first was written then.
+    let (mut early, mut written) = (0u16, 0u16);
+    for i in 0..prog.subprogs[0].end {
+        let kind = prog.kind(i);
+        if kind == op_kind::CALL_LOCAL {
+            break;
+        }
+        early |= (prog.reads(i) | lowering.of(kind)) & !written & open;
+        written |= if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
+            CALLER_SAVED
+        } else {
+            prog.writes(i)
+        };
+        if (early | written) & open == open {
+            return early;
+        }
+        if kind & (op_kind::JA | op_kind::JCOND | op_kind::EXIT) != 0 {
+            break;
+        }
+    }
+    if prog.insts.len() > EXACT_ZEROING_MAX {
+        // Whatever the stretch left open is zeroed: sound (a register some path reads
+        // unwritten is among them), and at most eight needless instructions.
+        return early | (open & !written);
+    }
+    // The verifier rejects recursion, so the call graph is acyclic: with callees first, one
+    // round settles every function.
+    let mut exposed = vec![0u16; prog.subprogs.len()];
+    let single = [0usize];
+    let order = if prog.subprogs.len() == 1 {
+        None
+    } else {
+        Some(callees_first(prog))
+    };
+    for &k in order.as_deref().unwrap_or(&single) {
+        let sp = &prog.subprogs[k];
+        let live = backward(prog, sp.start, sp.end, |i| {
+            let kind = prog.kind(i);
+            let reads = prog.reads(i) | lowering.of(kind);
+            if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
+                (reads, CALLER_SAVED)
+            } else if kind == op_kind::CALL_LOCAL {
+                let Op::CallLocal { target } = prog.insts[i].op else {
+                    unreachable!("the kind says local call")
+                };
+                (exposed[prog.subprog_of(target as usize)], 1)
+            } else {
+                (reads, prog.writes(i))
+            }
+        });
+        exposed[k] = live[0];
+    }
+    exposed[0] & FRESH_REGS
+}
+
+/// The functions of `prog` (indices into `subprogs`), every callee before its callers: a
+/// post-order walk of the call graph, whose edges are the local calls among the decoder's
+/// branch list. The verifier rejects recursion, so the graph is acyclic.
+fn callees_first(prog: &Program) -> Vec<usize> {
+    let n = prog.subprogs.len();
+    let mut callees: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for b in prog
+        .branches
+        .iter()
+        .filter(|b| b.kind == BranchKind::CallLocal)
+    {
+        callees[prog.subprog_of(b.at as usize)].push(prog.subprog_of(b.target as usize));
+    }
+    let (mut order, mut seen) = (Vec::with_capacity(n), vec![false; n]);
+    for root in 0..n {
+        if seen[root] {
+            continue;
+        }
+        seen[root] = true;
+        // (function, next callee to visit)
+        let mut stack = vec![(root, 0usize)];
+        while let Some(&mut (k, ref mut next)) = stack.last_mut() {
+            if let Some(&c) = callees[k].get(*next) {
+                *next += 1;
+                if !seen[c] {
+                    seen[c] = true;
+                    stack.push((c, 0));
+                }
+            } else {
+                order.push(k);
+                stack.pop();
+            }
+        }
+    }
+    order
+}
+
+/// For a backend whose 32-bit operations leave the upper half of their result undefined
+/// unless it clears it (RV64's `addw` sign-extends, say): the registers (bit n = rn) whose
+/// upper 32 bits some path may still read, on entry to each instruction (index as
+/// [`Program::insts`], plus one past the end). After a 32-bit ALU operation at `i` whose
+/// destination is not in entry `i + 1`, nothing ever looks at the upper half, and the
+/// zero-extension RFC 9669 asks for cannot be observed.
+///
+/// What reads only the low halves, by RFC 9669: every 32-bit ALU operation (`mov32`'s source;
+/// both operands of the others, division and modulo included), every 32-bit conditional
+/// jump and the value of a 1-, 2- or 4-byte store. A backend using this must lower exactly
+/// those reading nothing above bit 31 of their inputs. Everything else reads whole
+/// registers, conservatively: `exit` reads r0 (in a called function r0–r9, which its caller
+/// may go on to read), a local call reads r0–r9 (its callee may), helpers and `callx` read
+/// r1–r5 and leave r0–r5 written.
+pub fn upper_halves_live(prog: &Program) -> Vec<u16> {
+    const ALL: u16 = 0b11_1111_1111;
+    const CALLER_SAVED: u16 = 1 | ARG_REGS;
+    let mut all = Vec::with_capacity(prog.insts.len() + 1);
+    for (k, sp) in prog.subprogs.iter().enumerate() {
+        let at_exit = if k == 0 { 1 } else { ALL };
+        let live = backward(prog, sp.start, sp.end, |i| {
+            let op = &prog.insts[i].op;
+            let (reads, kills) = match *op {
+                Op::Alu {
+                    width: Width::W32, ..
+                } => (0, op.written_reg().map_or(0, |r| 1u16 << r)),
+                Op::Jcond {
+                    width: Width::W32, ..
+                } => (0, 0),
+                Op::Store {
+                    size: Size::B | Size::H | Size::W,
+                    base,
+                    ..
+                } => (1u16 << base, 0),
+                Op::Exit => (at_exit, 0),
+                Op::CallLocal { .. } => (ALL, 1),
+                Op::CallHelper { .. } | Op::CallReg { .. } => {
+                    (regs_read(op, ARG_REGS), CALLER_SAVED)
+                }
+                _ => (
+                    regs_read(op, ARG_REGS),
+                    op.written_reg().map_or(0, |r| 1u16 << r),
+                ),
+            };
+            (reads & ALL, kills)
+        });
+        all.extend_from_slice(&live[..sp.end - sp.start]);
+    }
+    all.push(0);
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::program;
+
+    #[test]
+    fn large_programs_zero_what_the_first_stretch_leaves_open() {
+        use crate::encode_insn as i;
+        // r6 is written on both arms before it is read: exact zeroing leaves it alone.
+        let code = |filler: usize| {
+            let mut p = vec![
+                i(0x15, 1, 0, 2, 0), // if r1 == 0 goto +2
+                i(0xb7, 6, 0, 0, 1),
+                i(0x05, 0, 0, 1, 0), // goto +1
+                i(0xb7, 6, 0, 0, 2),
+                i(0xbf, 0, 6, 0, 0), // r0 = r6
+            ];
+            p.extend(std::iter::repeat_n(i(0x07, 0, 0, 0, 1), filler));
+            p.push(i(0x95, 0, 0, 0, 0));
+            program(&p)
+        };
+        assert_eq!(entry_zeroing(&code(0), LoweringReads::NONE), 0);
+        // Past the limit, what the stretch up to the first branch did not decide is zeroed:
+        // a superset of the exact answer, never less.
+        let big = code(EXACT_ZEROING_MAX);
+        assert!(big.insts.len() > EXACT_ZEROING_MAX);
+        assert_eq!(entry_zeroing(&big, LoweringReads::NONE), 1 << 6 | 1);
+    }
+
+    #[test]
+    fn upper_halves_are_live_only_until_a_whole_register_read() {
+        use crate::encode_insn as i;
+        let p = program(&[
+            i(0xa4, 1, 0, 0, -1),  // 0: xor32 r1, -1
+            i(0x04, 1, 0, 0, 1),   // 1: add32 r1, 1     (reads r1's low half)
+            i(0x63, 10, 1, -4, 0), // 2: *(u32 *)(r10 - 4) = r1 (low half)
+            i(0x16, 1, 0, 1, 7),   // 3: if w1 == 7 goto 5 (low half)
+            i(0xbf, 0, 1, 0, 0),   // 4: r0 = r1          (all of r1)
+            i(0x85, 0, 0, 0, 1),   // 5: call helper 1   (all of r1–r5; r0–r5 written)
+            i(0x95, 0, 0, 0, 0),   // 6: exit            (all of r0)
+        ]);
+        let live = upper_halves_live(&p);
+        assert_eq!(live.len(), p.insts.len() + 1);
+        let r1 = |k: usize| live[k] & (1 << 1) != 0;
+        // r1's upper half is read at 4 (on one path) and 5: live up to 3, but 0's and 1's
+        // results are read only by 32-bit operations before 1 and 1 overwrites them.
+        assert!(!r1(1), "xor32's result is read only by add32");
+        assert!(r1(2) && r1(3) && r1(4) && r1(5));
+        assert!(!r1(6), "the call wrote r1");
+        assert_eq!(live[6], 1, "exit reads r0");
+    }
+
+    #[test]
+    fn the_entry_zeroes_exactly_what_some_path_reads_before_writing() {
+        use crate::encode_insn as i;
+        let mov = |d, imm| i(0xb7, d, 0, 0, imm);
+        let exit = i(0x95, 0, 0, 0, 0);
+        // r6 is written on both arms before the join reads it, r7 on one arm only; r4 is read
+        // by a move and r3 by the helper call (whose arity is unknown); r5 is written before
+        // the call reads it.
+        let p = program(&[
+            mov(0, 0),
+            i(0x15, 1, 0, 2, 0), // if r1 == 0 goto +2
+            mov(6, 1),
+            i(0x05, 0, 0, 2, 0), // goto +2
+            mov(6, 2),
+            mov(7, 3),
+            i(0x0f, 0, 6, 0, 0), // r0 += r6
+            i(0x0f, 0, 7, 0, 0), // r0 += r7
+            i(0xbf, 5, 4, 0, 0), // r5 = r4
+            i(0x85, 0, 0, 0, 1), // call helper 1
+            i(0x0f, 0, 3, 0, 0), // r0 += r3
+            exit,
+        ]);
+        assert_eq!(
+            entry_zeroing(&p, LoweringReads::NONE),
+            1 << 7 | 1 << 4 | 1 << 3
+        );
+        // r8 is read by a callee before anything writes it. The callee writes r0 and r9
+        // before its caller reads them: the call writes r0, but of the rest nothing counts
+        // as written for certain.
+        let p = program(&[
+            i(0x85, 0, 1, 0, 2), // call local +2
+            i(0x0f, 0, 9, 0, 0), // r0 += r9
+            exit,
+            i(0xbf, 0, 8, 0, 0), // r0 = r8
+            mov(9, 1),
+            exit,
+        ]);
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1 << 8 | 1 << 9);
+        // A loop whose head is inside the entry's first stretch: r7 is written before the
+        // head, r8 only after its read there (so the first pass reads it unwritten).
+        let p = program(&[
+            mov(0, 0),
+            mov(7, 1),
+            i(0x0f, 0, 7, 0, 0), // head: r0 += r7
+            i(0x0f, 0, 8, 0, 0), // r0 += r8
+            mov(8, 2),
+            i(0x55, 0, 0, -4, 9), // if r0 != 9 goto head
+            exit,
+        ]);
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1 << 8);
+        // A callee that may exit without writing r0 hands its caller's r0 back.
+        let p = program(&[
+            i(0x85, 0, 1, 0, 1), // call local +1
+            exit,
+            i(0x15, 1, 0, 1, 0), // if r1 == 0 goto +1
+            mov(0, 1),
+            exit,
+        ]);
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1);
+        // A backend's extra read counts like any other.
+        let p = program(&[mov(0, 0), exit]);
+        assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 0);
+        let exit_reads_r5 = LoweringReads {
+            kinds: crate::op_kind::EXIT,
+            regs: 1 << 5,
+        };
+        assert_eq!(entry_zeroing(&p, exit_reads_r5), 1 << 5);
+    }
+}
