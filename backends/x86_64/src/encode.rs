@@ -12,8 +12,9 @@
 //! and patched by [`Enc::finish`] itself from the fixups the relaxation checks anyway: a
 //! dynasm relocation per branch cost more compile time than the rest of the branch.
 //!
-//! The register-parameterised ModRM forms ([`Enc::rr`], [`Enc::rm`], [`Enc::op_plus_r`],
-//! [`Enc::vex_0f38_rr`]) stay table-driven on purpose. `dynasm!` can only take a register
+//! The register-parameterised ModRM forms (`Enc::rr`, `Enc::rm`, `Enc::op_plus_r`,
+//! `Enc::vex_0f38_rr`, private: the lowering writes the named instructions built on them,
+//! `mov_rr`, `cmp_ri`, `cmov`, `lock_cmpxchg`, ...) stay table-driven on purpose. `dynasm!` can only take a register
 //! chosen at run time as a dynamic register (`Rq(r)`), and for those dynasm-rs 5.1 gives up
 //! the short forms this backend relies on (measured with the x64 assembler):
 //! * a REX prefix is always emitted, since the register might be r8–r15: `mov Rd(0), Rd(1)`
@@ -36,7 +37,7 @@
 //! because dynasm-rs 5.1 chooses a different encoding:
 //! * `cmp`, and group-1 ops on a memory operand, list the imm32 form (`81 /r`) before the
 //!   imm8 one (`83 /r`), so even `cmp QWORD [r12 + 32], BYTE 1` comes out with an imm32
-//!   (the budget charge keeps `alu_mi`);
+//!   (the budget charge keeps `arith_mi`);
 //! * for a register pair `cmp r10, r9` is the RM form `4d 3b d1` where this backend emits
 //!   the MR form `4d 39 ca` (same length; kept so the bytes do not move);
 //! * there is no `endbr64` mnemonic.
@@ -271,7 +272,7 @@ impl Enc {
     }
 
     /// Raw bytes counted as one instruction.
-    pub fn raw(&mut self, x: &[u8]) {
+    fn raw(&mut self, x: &[u8]) {
         self.insns += 1;
         self.bs(x);
     }
@@ -391,7 +392,7 @@ impl Enc {
 
     /// `op reg, rm` with both operands registers (`mod = 11`).
     #[inline(always)]
-    pub fn rr(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
+    fn rr(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
         // Callers pass constant slices: after inlining this picks the common one-byte-opcode
         // form at compile time.
         match (pfx, op) {
@@ -400,7 +401,7 @@ impl Enc {
         }
     }
 
-    /// [`Enc::rr`] without prefixes, with a one-byte opcode, 8/32/64-bit (inlined: most
+    /// `Enc::rr` without prefixes, with a one-byte opcode, 8/32/64-bit (inlined: most
     /// eBPF instructions are one of these).
     #[inline(always)]
     fn rr1(&mut self, sz: Sz, op: u8, reg: Gpr, rm: Gpr) {
@@ -417,7 +418,7 @@ impl Enc {
         self.insns += 1;
     }
 
-    /// [`Enc::rr`], any prefixes and opcode length.
+    /// `Enc::rr`, any prefixes and opcode length.
     fn rr_any(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
         let byte_regs = sz == Sz::B8 && ((4..8).contains(&reg) || (4..8).contains(&rm));
         let mut b = Bytes::new();
@@ -429,7 +430,7 @@ impl Enc {
     }
 
     /// `op reg, [base + disp]`.
-    pub fn rm(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, base: Gpr, disp: i32) {
+    fn rm(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, base: Gpr, disp: i32) {
         let byte_regs = sz == Sz::B8 && (4..8).contains(&reg);
         let mut b = Bytes::new();
         Self::head(&mut b, pfx, sz, reg, 0, base, byte_regs);
@@ -462,15 +463,9 @@ impl Enc {
         }
     }
 
-    /// Appends an immediate of `bytes` bytes (after an `rr`/`rm` that takes one).
-    #[inline]
-    pub fn imm_bytes(&mut self, v: i64, bytes: usize) {
-        self.imm(v, bytes);
-    }
-
     /// `op reg` with the register in the opcode's low bits (`push`, `pop`, `bswap`,
     /// `mov r, imm`).
-    pub fn op_plus_r(&mut self, sz: Sz, op: &[u8], r: Gpr) {
+    fn op_plus_r(&mut self, sz: Sz, op: &[u8], r: Gpr) {
         let mut b = Bytes::new();
         Self::head(&mut b, &[], sz, 0, 0, r, false);
         let (last, rest) = op.split_last().expect("opcode");
@@ -482,7 +477,7 @@ impl Enc {
 
     /// A VEX-encoded (3-byte `C4`) `op reg, rm, vvvv` over map `0F38` with register
     /// operands; `pp`: 1 = 66, 2 = F3, 3 = F2.
-    pub fn vex_0f38_rr(&mut self, w: bool, pp: u8, op: u8, reg: Gpr, rm: Gpr, vvvv: Gpr) {
+    fn vex_0f38_rr(&mut self, w: bool, pp: u8, op: u8, reg: Gpr, rm: Gpr, vvvv: Gpr) {
         self.b(0xc4);
         // R̄ X̄ B̄ and the map select 0b00010 (0F38).
         self.b((((reg >> 3) ^ 1) << 7) | (1 << 6) | (((rm >> 3) ^ 1) << 5) | 0b00010);
@@ -658,6 +653,362 @@ impl Enc {
         Ok(bytes)
     }
 }
+
+/// Group-1 arithmetic (`add`, `or`, `and`, `sub`, `xor`, `cmp`): the ModRM `reg` digit of
+/// its immediate forms, and `digit << 3 | 1` its register form's opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Arith {
+    Add = 0,
+    Or = 1,
+    And = 4,
+    Sub = 5,
+    Xor = 6,
+    Cmp = 7,
+}
+
+impl Arith {
+    /// The `op r/m, reg` opcode (`01`, `09`, `21`, `29`, `31`, `39`).
+    #[inline(always)]
+    const fn mr(self) -> u8 {
+        (self as u8) << 3 | 1
+    }
+}
+
+/// Group-2 rotates and shifts: the ModRM `reg` digit of `C1`/`D1`/`D3`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Shift {
+    Rol = 0,
+    Shl = 4,
+    Shr = 5,
+    Sar = 7,
+}
+
+/// The named instructions the lowering writes, each in its shortest form (the generic forms
+/// above choose REX, ModRM, SIB and displacement). Operands are in assembly order,
+/// destination first.
+impl Enc {
+    /// `mov dst, src` (`89 /r`), emitted even when `dst == src` (a 32-bit one zero-extends).
+    #[inline(always)]
+    pub fn mov_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        self.rr(&[], sz, &[0x89], src, dst);
+    }
+
+    /// `mov r32, imm32` (`B8+r`): zero-extends, and leaves the flags alone.
+    pub fn mov_r32_imm(&mut self, r: Gpr, imm: u32) {
+        self.op_plus_r(Sz::B32, &[0xb8], r);
+        self.imm(imm.into(), 4);
+    }
+
+    /// `mov r64, simm32` (`REX.W C7 /0`).
+    pub fn mov_r64_simm32(&mut self, r: Gpr, imm: i32) {
+        self.rr(&[], Sz::B64, &[0xc7], 0, r);
+        self.imm(imm.into(), 4);
+    }
+
+    /// `movabs r64, imm64` (`REX.W B8+r`).
+    pub fn movabs(&mut self, r: Gpr, imm: i64) {
+        self.op_plus_r(Sz::B64, &[0xb8], r);
+        self.imm(imm, 8);
+    }
+
+    /// Group-1 `op dst, src` in the MR form (`dst` in ModRM's `rm`).
+    #[inline(always)]
+    pub fn arith_rr(&mut self, op: Arith, sz: Sz, dst: Gpr, src: Gpr) {
+        self.rr(&[], sz, &[op.mr()], src, dst);
+    }
+
+    /// `xor dst, src`.
+    #[inline(always)]
+    pub fn xor_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        self.arith_rr(Arith::Xor, sz, dst, src);
+    }
+
+    /// `add dst, src`.
+    #[inline(always)]
+    pub fn add_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        self.arith_rr(Arith::Add, sz, dst, src);
+    }
+
+    /// `sub dst, src`.
+    #[inline(always)]
+    pub fn sub_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        self.arith_rr(Arith::Sub, sz, dst, src);
+    }
+
+    /// `cmp a, b` in the MR form (`39 /r`), flags of `a - b`.
+    #[inline(always)]
+    pub fn cmp_rr(&mut self, sz: Sz, a: Gpr, b: Gpr) {
+        self.arith_rr(Arith::Cmp, sz, a, b);
+    }
+
+    /// Group-1 `op r, imm`: `imm8` when it fits, the one-byte-shorter rax form (`05+8·digit`)
+    /// for other `imm32`s.
+    pub fn arith_ri(&mut self, op: Arith, sz: Sz, r: Gpr, imm: i64) {
+        let digit = op as u8;
+        if i8::try_from(imm).is_ok() {
+            self.rr(&[], sz, &[0x83], digit, r);
+            self.imm(imm, 1);
+        } else if r == 0 {
+            let op = 0x05 | (digit << 3);
+            if sz == Sz::B64 {
+                self.raw(&[0x48, op]);
+            } else {
+                self.raw(&[op]);
+            }
+            self.imm(imm, 4);
+        } else {
+            self.rr(&[], sz, &[0x81], digit, r);
+            self.imm(imm, 4);
+        }
+    }
+
+    /// `add r, imm`.
+    pub fn add_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
+        self.arith_ri(Arith::Add, sz, r, imm);
+    }
+
+    /// `sub r, imm`.
+    pub fn sub_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
+        self.arith_ri(Arith::Sub, sz, r, imm);
+    }
+
+    /// `cmp r, imm`.
+    pub fn cmp_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
+        self.arith_ri(Arith::Cmp, sz, r, imm);
+    }
+
+    /// `xor r64, simm32`, always with the `imm32` (a blinding mask is a full 32-bit pattern).
+    pub fn xor_r64_imm32(&mut self, r: Gpr, imm: i32) {
+        self.rr(&[], Sz::B64, &[0x81], Arith::Xor as u8, r);
+        self.imm(imm.into(), 4);
+    }
+
+    /// Group-1 `op qword [base + disp], imm`, `imm8` when it fits.
+    pub fn arith_mi(&mut self, op: Arith, base: Gpr, disp: i32, imm: i64) {
+        if i8::try_from(imm).is_ok() {
+            self.rm(&[], Sz::B64, &[0x83], op as u8, base, disp);
+            self.imm(imm, 1);
+        } else {
+            self.rm(&[], Sz::B64, &[0x81], op as u8, base, disp);
+            self.imm(imm, 4);
+        }
+    }
+
+    /// `test a, b` (`85 /r`), flags of `a & b`.
+    #[inline(always)]
+    pub fn test_rr(&mut self, sz: Sz, a: Gpr, b: Gpr) {
+        self.rr(&[], sz, &[0x85], b, a);
+    }
+
+    /// `test r, imm`: `test r8, imm8` (`F6 /0`) for `Sz::B8`, else `test r, imm32` (`F7 /0`).
+    pub fn test_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
+        if sz == Sz::B8 {
+            self.rr(&[], sz, &[0xf6], 0, r);
+            self.imm(imm, 1);
+        } else {
+            self.rr(&[], sz, &[0xf7], 0, r);
+            self.imm(imm, 4);
+        }
+    }
+
+    /// `neg r` (`F7 /3`).
+    #[inline(always)]
+    pub fn neg(&mut self, sz: Sz, r: Gpr) {
+        self.rr(&[], sz, &[0xf7], 3, r);
+    }
+
+    /// `div r` (`F7 /6`): rdx:rax / r, unsigned.
+    pub fn div(&mut self, sz: Sz, r: Gpr) {
+        self.rr(&[], sz, &[0xf7], 6, r);
+    }
+
+    /// `idiv r` (`F7 /7`): rdx:rax / r, signed.
+    pub fn idiv(&mut self, sz: Sz, r: Gpr) {
+        self.rr(&[], sz, &[0xf7], 7, r);
+    }
+
+    /// `imul dst, src` (`0F AF /r`).
+    #[inline(always)]
+    pub fn imul_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        self.rr(&[], sz, &[0x0f, 0xaf], dst, src);
+    }
+
+    /// `imul dst, src, imm`: `6B ib` when the immediate fits a byte, else `69 id`.
+    pub fn imul_rri(&mut self, sz: Sz, dst: Gpr, src: Gpr, imm: i32) {
+        if i8::try_from(imm).is_ok() {
+            self.rr(&[], sz, &[0x6b], dst, src);
+            self.imm(imm.into(), 1);
+        } else {
+            self.rr(&[], sz, &[0x69], dst, src);
+            self.imm(imm.into(), 4);
+        }
+    }
+
+    /// `op r, n` (a rotate or shift by a constant): `D1` for 1, else `C1 ib`.
+    pub fn shift_ri(&mut self, op: Shift, sz: Sz, r: Gpr, n: u8) {
+        if n == 1 {
+            self.rr(&[], sz, &[0xd1], op as u8, r);
+        } else {
+            self.rr(&[], sz, &[0xc1], op as u8, r);
+            self.imm(n.into(), 1);
+        }
+    }
+
+    /// `op r, cl` (`D3`).
+    pub fn shift_cl(&mut self, op: Shift, sz: Sz, r: Gpr) {
+        self.rr(&[], sz, &[0xd3], op as u8, r);
+    }
+
+    /// BMI2 `shlx`/`shrx`/`sarx dst, src, count` (VEX `F7`, the shift picked by the
+    /// mandatory prefix): any count register, flags untouched.
+    pub fn shiftx(&mut self, op: Shift, sz: Sz, dst: Gpr, src: Gpr, count: Gpr) {
+        let pp = match op {
+            Shift::Shl => 1,
+            Shift::Shr => 3,
+            Shift::Sar => 2,
+            Shift::Rol => unreachable!("BMI2 has no rotate by a register"),
+        };
+        self.vex_0f38_rr(sz == Sz::B64, pp, 0xf7, dst, src, count);
+    }
+
+    /// `cmov<cc> dst, src` (`0F 40+cc`), 64-bit.
+    pub fn cmov(&mut self, cc: Cc, dst: Gpr, src: Gpr) {
+        self.rr(&[], Sz::B64, &[0x0f, 0x40 | cc as u8], dst, src);
+    }
+
+    /// `movzx dst32, src16` (`0F B7`).
+    pub fn movzx16(&mut self, dst: Gpr, src: Gpr) {
+        self.rr(&[], Sz::B32, &[0x0f, 0xb7], dst, src);
+    }
+
+    /// `movsx dst, src8` (`0F BE`). A byte source in 4–7 is `spl`…`dil` only with a REX
+    /// prefix, which a 32-bit form between low registers would otherwise lack.
+    pub fn movsx8(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        if (4..8).contains(&src) && sz != Sz::B64 && dst < 8 {
+            self.raw(&[0x40, 0x0f, 0xbe, 0xc0 | ((dst & 7) << 3) | (src & 7)]);
+        } else {
+            self.rr(&[], sz, &[0x0f, 0xbe], dst, src);
+        }
+    }
+
+    /// `movsx dst, src16` (`0F BF`).
+    pub fn movsx16(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
+        self.rr(&[], sz, &[0x0f, 0xbf], dst, src);
+    }
+
+    /// `movsxd dst64, src32` (`REX.W 63`).
+    pub fn movsxd(&mut self, dst: Gpr, src: Gpr) {
+        self.rr(&[], Sz::B64, &[0x63], dst, src);
+    }
+
+    /// `bswap r` (`0F C8+r`), 32- or 64-bit.
+    pub fn bswap(&mut self, sz: Sz, r: Gpr) {
+        self.op_plus_r(sz, &[0x0f, 0xc8], r);
+    }
+
+    /// `push r64` (`50+r`).
+    pub fn push(&mut self, r: Gpr) {
+        self.op_plus_r(Sz::B32, &[0x50], r);
+    }
+
+    /// `pop r64` (`58+r`).
+    pub fn pop(&mut self, r: Gpr) {
+        self.op_plus_r(Sz::B32, &[0x58], r);
+    }
+
+    /// `lea dst, [base + disp]` (`8D`).
+    pub fn lea(&mut self, dst: Gpr, base: Gpr, disp: i32) {
+        self.rm(&[], Sz::B64, &[0x8d], dst, base, disp);
+    }
+
+    /// `mov dst, [base + disp]` (`8B`), 32- or 64-bit.
+    pub fn load(&mut self, sz: Sz, dst: Gpr, base: Gpr, disp: i32) {
+        self.rm(&[], sz, &[0x8b], dst, base, disp);
+    }
+
+    /// `movzx dst32, byte/word [base + disp]` (`0F B6` / `0F B7`; `from` is the memory
+    /// operand's size).
+    pub fn load_zx(&mut self, from: Sz, dst: Gpr, base: Gpr, disp: i32) {
+        let op = if from == Sz::B8 { 0xb6 } else { 0xb7 };
+        self.rm(&[], Sz::B32, &[0x0f, op], dst, base, disp);
+    }
+
+    /// `movsx dst64, byte/word/dword [base + disp]` (`0F BE` / `0F BF` / `63`).
+    pub fn load_sx(&mut self, from: Sz, dst: Gpr, base: Gpr, disp: i32) {
+        let op: &[u8] = match from {
+            Sz::B8 => &[0x0f, 0xbe],
+            Sz::B16 => &[0x0f, 0xbf],
+            _ => &[0x63],
+        };
+        self.rm(&[], Sz::B64, op, dst, base, disp);
+    }
+
+    /// `movbe dst, [base + disp]` (`0F 38 F0`): a load that swaps its bytes.
+    pub fn movbe_load(&mut self, sz: Sz, dst: Gpr, base: Gpr, disp: i32) {
+        self.rm(&[], sz, &[0x0f, 0x38, 0xf0], dst, base, disp);
+    }
+
+    /// `mov [base + disp], src` (`88` for a byte, else `89`).
+    pub fn store(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
+        let op = if sz == Sz::B8 { 0x88 } else { 0x89 };
+        self.rm(&[], sz, &[op], src, base, disp);
+    }
+
+    /// `mov [base + disp], imm` (`C6 ib` for a byte, else `C7` with an `imm16`/`imm32`).
+    pub fn store_imm(&mut self, sz: Sz, base: Gpr, disp: i32, imm: i32) {
+        let (op, n) = match sz {
+            Sz::B8 => (0xc6, 1),
+            Sz::B16 => (0xc7, 2),
+            _ => (0xc7, 4),
+        };
+        self.rm(&[], sz, &[op], 0, base, disp);
+        self.imm(imm.into(), n);
+    }
+
+    /// `lock add/or/and/xor [base + disp], src`.
+    pub fn lock_arith(&mut self, op: Arith, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
+        self.rm(&[LOCK], sz, &[op.mr()], src, base, disp);
+    }
+
+    /// `lock xadd [base + disp], src` (`0F C1`): src = the old value.
+    pub fn lock_xadd(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
+        self.rm(&[LOCK], sz, &[0x0f, 0xc1], src, base, disp);
+    }
+
+    /// `xchg [base + disp], src` (`87`, locked implicitly).
+    pub fn xchg(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
+        self.rm(&[], sz, &[0x87], src, base, disp);
+    }
+
+    /// `lock cmpxchg [base + disp], src` (`0F B1`): compares with rax, which gets the old
+    /// value on a mismatch.
+    pub fn lock_cmpxchg(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
+        self.rm(&[LOCK], sz, &[0x0f, 0xb1], src, base, disp);
+    }
+
+    /// `mov dst32, fs:[base + disp]` (`64 8B`): a load relative to the thread pointer.
+    pub fn fs_load32(&mut self, dst: Gpr, base: Gpr, disp: i32) {
+        self.rm(&[FS], Sz::B32, &[0x8b], dst, base, disp);
+    }
+
+    /// `mov dst32, fs:[disp32]` (`64 8B`, SIB with no base and no index): a field at a fixed
+    /// offset from the thread pointer.
+    pub fn fs_load32_abs(&mut self, dst: Gpr, disp: i32) {
+        let mut b = Bytes::new();
+        Self::head(&mut b, &[FS], Sz::B32, dst, 0, 0, false);
+        b.extend(&[0x8b, 0x04 | ((dst & 7) << 3), 0x25]);
+        b.extend(&disp.to_le_bytes());
+        self.put(&b);
+        self.insns += 1;
+    }
+}
+
+/// The `lock` prefix.
+const LOCK: u8 = 0xf0;
+/// The `fs` segment override.
+const FS: u8 = 0x64;
 
 #[cfg(test)]
 mod tests {

@@ -123,7 +123,7 @@ impl Codegen<'_> {
             self.e.endbr64();
         }
         for &r in &f.saved {
-            self.e.op_plus_r(Sz::B32, &[0x50], r);
+            self.e.push(r);
         }
         if k != 0 {
             if f.pad {
@@ -147,7 +147,7 @@ impl Codegen<'_> {
         let block = self.plan.block;
         if block > 0 {
             self.mov_rr(Sz::B64, RBP, RSP);
-            self.alu_ri(5, Sz::B64, RSP, block as i64); // sub rsp, block
+            self.e.sub_ri(Sz::B64, RSP, block as i64);
             if self.d.mode.sandboxed() {
                 // Publish the block's bounds, then zero it (nothing of the host leaks in)
                 // with rep stosq, rdi (= r1, ctx) parked in r9.
@@ -197,7 +197,7 @@ impl Codegen<'_> {
             self.e.bind(l);
         }
         for &r in f.saved.iter().rev() {
-            self.e.op_plus_r(Sz::B32, &[0x58], r);
+            self.e.pop(r);
         }
         self.e.ret();
     }

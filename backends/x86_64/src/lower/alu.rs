@@ -2,7 +2,7 @@
 //! the divisors x86 traps on), sign extension, byte swaps, 64-bit immediates.
 
 use super::{sz_of, Codegen, MapReg};
-use crate::encode::{Cc, Gpr, Label, Sz};
+use crate::encode::{Arith, Cc, Gpr, Label, Shift, Sz};
 use crate::regs::*;
 use crate::FEATURE_BMI2;
 use packjit_frontend::lower::Cold;
@@ -66,28 +66,21 @@ impl Codegen<'_> {
                 },
             },
             AluOp::Add | AluOp::Sub | AluOp::And | AluOp::Or | AluOp::Xor => {
-                let (opc, digit) = match op {
-                    AluOp::Add => (0x01, 0),
-                    AluOp::Or => (0x09, 1),
-                    AluOp::And => (0x21, 4),
-                    AluOp::Sub => (0x29, 5),
-                    _ => (0x31, 6),
+                let op = match op {
+                    AluOp::Add => Arith::Add,
+                    AluOp::Or => Arith::Or,
+                    AluOp::And => Arith::And,
+                    AluOp::Sub => Arith::Sub,
+                    _ => Arith::Xor,
                 };
                 match src {
-                    Operand::Reg(s) => self.e.rr(&[], sz, &[opc], reg(s), d),
-                    Operand::Imm(i) => self.alu_ri(digit, sz, d, i as i64),
+                    Operand::Reg(s) => self.e.arith_rr(op, sz, d, reg(s)),
+                    Operand::Imm(i) => self.e.arith_ri(op, sz, d, i as i64),
                 }
             }
             AluOp::Mul => match src {
-                Operand::Reg(s) => self.e.rr(&[], sz, &[0x0f, 0xaf], d, reg(s)),
-                Operand::Imm(i) if i8::try_from(i).is_ok() => {
-                    self.e.rr(&[], sz, &[0x6b], d, d);
-                    self.e.imm_bytes(i as i64, 1);
-                }
-                Operand::Imm(i) => {
-                    self.e.rr(&[], sz, &[0x69], d, d);
-                    self.e.imm_bytes(i as i64, 4);
-                }
+                Operand::Reg(s) => self.e.imul_rr(sz, d, reg(s)),
+                Operand::Imm(i) => self.e.imul_rri(sz, d, d, i),
             },
             AluOp::Div | AluOp::Mod | AluOp::Sdiv | AluOp::Smod => {
                 let src = match src {
@@ -97,19 +90,19 @@ impl Codegen<'_> {
                 self.div(sz, op, d, src)
             }
             AluOp::Lsh | AluOp::Rsh | AluOp::Arsh => {
-                let digit = match op {
-                    AluOp::Lsh => 4,
-                    AluOp::Rsh => 5,
-                    _ => 7,
+                let op = match op {
+                    AluOp::Lsh => Shift::Shl,
+                    AluOp::Rsh => Shift::Shr,
+                    _ => Shift::Sar,
                 };
-                self.shift(sz, digit, d, src.map_reg(reg))
+                self.shift(op, sz, d, src.map_reg(reg))
             }
         }
     }
 
     /// Shifts. x86 masks the count to 31/63 itself, which is eBPF's rule.
     #[inline(always)]
-    fn shift(&mut self, sz: Sz, digit: u8, d: Gpr, src: Operand) {
+    fn shift(&mut self, op: Shift, sz: Sz, d: Gpr, src: Operand) {
         match src {
             Operand::Imm(i) => {
                 let n = i & if sz == Sz::B64 { 63 } else { 31 };
@@ -118,31 +111,22 @@ impl Codegen<'_> {
                     if sz == Sz::B32 {
                         self.mov_rr(Sz::B32, d, d);
                     }
-                } else if n == 1 {
-                    self.e.rr(&[], sz, &[0xd1], digit, d);
                 } else {
-                    self.e.rr(&[], sz, &[0xc1], digit, d);
-                    self.e.imm_bytes(n as i64, 1);
+                    self.e.shift_ri(op, sz, d, n as u8);
                 }
             }
             Operand::Reg(s) => {
                 let s = s as Gpr; // already a host register here
                 if self.d.mode.features & FEATURE_BMI2 != 0 {
-                    // shlx/shrx/sarx d, d, s: any count register, flags untouched.
-                    let pp = match digit {
-                        4 => 1,
-                        5 => 3,
-                        _ => 2,
-                    };
-                    self.e.vex_0f38_rr(sz == Sz::B64, pp, 0xf7, d, d, s);
+                    self.e.shiftx(op, sz, d, d, s);
                 } else if s == RCX {
-                    self.e.rr(&[], sz, &[0xd3], digit, d);
+                    self.e.shift_cl(op, sz, d);
                 } else {
                     // The count must be in cl, which is BPF r4: park rcx in r11.
                     self.mov_rr(Sz::B64, T11, RCX);
                     self.mov_rr(Sz::B64, RCX, s);
                     let target = if d == RCX { T11 } else { d };
-                    self.e.rr(&[], sz, &[0xd3], digit, target);
+                    self.e.shift_cl(op, sz, target);
                     self.mov_rr(if d == RCX { sz } else { Sz::B64 }, RCX, T11);
                 }
             }
@@ -170,7 +154,7 @@ impl Codegen<'_> {
                 if rem {
                     self.xor_zero(d);
                 } else {
-                    self.e.rr(&[], sz, &[0xf7], 3, d); // neg: MIN stays MIN
+                    self.e.neg(sz, d); // MIN stays MIN
                 }
                 return;
             }
@@ -196,7 +180,7 @@ impl Codegen<'_> {
             // The rare divisors branch to cold code after the function, so the common
             // path takes no jump.
             let zero = self.e.label();
-            self.e.rr(&[], sz, &[0x85], T11, T11);
+            self.e.test_rr(sz, T11, T11);
             self.cold_jump(Some(Cc::E), zero);
             self.d.queue(Cold::Isa(DivFix::Zero {
                 at: zero,
@@ -206,7 +190,7 @@ impl Codegen<'_> {
             }));
             if signed {
                 let minus1 = self.e.label();
-                self.alu_ri(7, sz, T11, -1);
+                self.e.cmp_ri(sz, T11, -1);
                 self.cold_jump(Some(Cc::E), minus1);
                 self.d.queue(Cold::Isa(DivFix::Minus1 {
                     at: minus1,
@@ -221,7 +205,11 @@ impl Codegen<'_> {
         } else {
             self.xor_zero(RDX);
         }
-        self.e.rr(&[], sz, &[0xf7], if signed { 7 } else { 6 }, T11);
+        if signed {
+            self.e.idiv(sz, T11);
+        } else {
+            self.e.div(sz, T11);
+        }
         self.mov_rr(sz, T11, if rem { RDX } else { RAX });
         self.e.bind(done);
         if d != RAX {
@@ -237,18 +225,9 @@ impl Codegen<'_> {
         let (d, s) = (host(dst), host(src));
         let sz = sz_of(width);
         match bits {
-            8 => {
-                // A byte source in 4–7 (sil, dil) needs a REX prefix.
-                let rex = (4..8).contains(&s) && sz != Sz::B64 && d < 8 && s < 8;
-                if rex {
-                    self.e
-                        .raw(&[0x40, 0x0f, 0xbe, 0xc0 | ((d & 7) << 3) | (s & 7)]);
-                } else {
-                    self.e.rr(&[], sz, &[0x0f, 0xbe], d, s);
-                }
-            }
-            16 => self.e.rr(&[], sz, &[0x0f, 0xbf], d, s),
-            _ if sz == Sz::B64 => self.e.rr(&[], Sz::B64, &[0x63], d, s),
+            8 => self.e.movsx8(sz, d, s),
+            16 => self.e.movsx16(sz, d, s),
+            _ if sz == Sz::B64 => self.e.movsxd(d, s),
             _ => self.mov_rr(Sz::B32, d, s),
         }
     }
@@ -256,17 +235,16 @@ impl Codegen<'_> {
     pub(super) fn end(&mut self, kind: EndKind, bits: u8, dst: Reg) {
         let d = host(dst);
         match (kind, bits) {
-            (EndKind::ToLe, 16) => self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d),
+            (EndKind::ToLe, 16) => self.e.movzx16(d, d),
             (EndKind::ToLe, 32) => self.mov_rr(Sz::B32, d, d),
             (EndKind::ToLe, _) => {}
             (_, 16) => {
                 // rol r16, 8 swaps the two low bytes; movzx clears the rest.
-                self.e.rr(&[], Sz::B16, &[0xc1], 0, d);
-                self.e.imm_bytes(8, 1);
-                self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d);
+                self.e.shift_ri(Shift::Rol, Sz::B16, d, 8);
+                self.e.movzx16(d, d);
             }
-            (_, 32) => self.e.op_plus_r(Sz::B32, &[0x0f, 0xc8], d),
-            _ => self.e.op_plus_r(Sz::B64, &[0x0f, 0xc8], d),
+            (_, 32) => self.e.bswap(Sz::B32, d),
+            _ => self.e.bswap(Sz::B64, d),
         }
     }
 
@@ -277,11 +255,9 @@ impl Codegen<'_> {
             Some(m) => {
                 // Both halves blinded: movabs d, imm ^ m ; movabs r11, m ; xor d, r11.
                 let m = m | 0x8000_0000_8000_0000;
-                self.e.op_plus_r(Sz::B64, &[0xb8], d);
-                self.e.imm_bytes((imm ^ m) as i64, 8);
-                self.e.op_plus_r(Sz::B64, &[0xb8], T11);
-                self.e.imm_bytes(m as i64, 8);
-                self.e.rr(&[], Sz::B64, &[0x31], T11, d);
+                self.e.movabs(d, (imm ^ m) as i64);
+                self.e.movabs(T11, m as i64);
+                self.e.xor_rr(Sz::B64, d, T11);
             }
         }
     }
@@ -304,7 +280,7 @@ impl Codegen<'_> {
                 if rem {
                     self.xor_zero(T11);
                 } else {
-                    self.e.rr(&[], sz, &[0xf7], 3, RAX);
+                    self.e.neg(sz, RAX);
                     self.mov_rr(sz, T11, RAX);
                 }
                 self.e.jump(None, back);

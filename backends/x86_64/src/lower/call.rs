@@ -71,8 +71,8 @@ impl Codegen<'_> {
             1,
             |ops| dynasm!(ops ; .arch x64 ; mov r10, QWORD [BYTE r11 + cpu_off]),
         );
-        // fs ; mov eax, [r10] (REX.B for r10): the rseq cpu_id, zero-extended.
-        self.e.raw(&[0x64, 0x41, 0x8b, 0x02]);
+        // The rseq cpu_id, zero-extended.
+        self.e.fs_load32(RAX, T10, 0);
         self.e.asm(
             1,
             |ops| dynasm!(ops ; .arch x64 ; cmp rax, QWORD [BYTE r9 + cpus]),
@@ -119,10 +119,7 @@ impl Codegen<'_> {
                         ),
                     )
                 })?;
-                // fs ; mov r10d, [disp32] (REX.R; ModRM reg=r10 rm=SIB; SIB no base/index).
-                let mut b = vec![0x64, 0x44, 0x8b, 0x14, 0x25];
-                b.extend_from_slice(&disp.to_le_bytes());
-                self.e.raw(&b);
+                self.e.fs_load32_abs(T10, disp);
             }
             HelperLowering::Call(addr) => {
                 // Six pushes keep rsp 16-byte aligned at the call, as at any helper call.
@@ -176,8 +173,7 @@ impl Codegen<'_> {
         self.xor_zero(T9);
         self.e.bind(done);
         self.mov_rr(Sz::B64, host(dst), host(src));
-        // add dst, r9
-        self.e.rr(&[], Sz::B64, &[0x01], T9, host(dst));
+        self.e.add_rr(Sz::B64, host(dst), T9);
         Ok(())
     }
 
@@ -191,10 +187,7 @@ impl Codegen<'_> {
                 format!("helper id {id}: rseq offset {offset} does not fit a 32-bit displacement"),
             )
         })?;
-        // fs ; mov r32, r/m32 ; ModRM mod=00 rm=100 (SIB) ; SIB no base, no index: [disp32].
-        let mut b = vec![0x64, 0x8b, 0x04, 0x25];
-        b.extend_from_slice(&disp.to_le_bytes());
-        self.e.raw(&b);
+        self.e.fs_load32_abs(RAX, disp);
         Ok(())
     }
 
@@ -244,10 +237,10 @@ impl Codegen<'_> {
         let stop = self.stop_label(Stop::Callx { reg: r }, pc);
         let cmp = |em: &mut Self, id: u32| {
             if i32::try_from(id).is_ok() {
-                em.alu_ri(7, Sz::B64, r, id as i64);
+                em.e.cmp_ri(Sz::B64, r, id as i64);
             } else {
                 em.mov_ri(T11, id as i64);
-                em.e.rr(&[], Sz::B64, &[0x39], T11, r);
+                em.e.cmp_rr(Sz::B64, r, T11);
             }
         };
         // Kinds were checked when the table was validated (`call_helper` only fails on an
@@ -306,11 +299,11 @@ impl Codegen<'_> {
         let l = self.d.entries[k];
         if self.plan.block > 0 {
             // The callee's r10 is ours minus one frame.
-            self.alu_ri(5, Sz::B64, RBP, STACK_SIZE as i64);
+            self.e.sub_ri(Sz::B64, RBP, STACK_SIZE as i64);
         }
         self.e.call_label(l);
         if self.plan.block > 0 {
-            self.alu_ri(0, Sz::B64, RBP, STACK_SIZE as i64);
+            self.e.add_ri(Sz::B64, RBP, STACK_SIZE as i64);
         }
     }
 

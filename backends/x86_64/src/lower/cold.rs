@@ -130,7 +130,7 @@ impl Codegen<'_> {
             Stop::Callx { reg } => {
                 // The id's register is chosen at run time: the table-driven form
                 // keeps it REX-free when it can be (see encode.rs).
-                self.e.rm(&[], Sz::B64, &[0x89], reg, ENV, PJ_ENV_STOP_ADDR);
+                self.e.store(Sz::B64, ENV, PJ_ENV_STOP_ADDR, reg);
                 PJ_STOP_UNKNOWN_CALLX
             }
         };

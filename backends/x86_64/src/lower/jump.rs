@@ -3,7 +3,7 @@
 
 use super::cold::Stop;
 use super::{cc_of, sz_of, Codegen, CTX_START8};
-use crate::encode::{Cc, Label, Sz};
+use crate::encode::{Arith, Cc, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::walks::{Guard, GuardRegion};
@@ -36,23 +36,21 @@ impl Codegen<'_> {
         // its own condition is "the loop goes on".
         let budget = self.d.mode.counts_budget();
         if budget {
-            // cmp p, b
-            self.e.rr(&[], Sz::B64, &[0x39], b, p);
+            self.e.cmp_rr(Sz::B64, p, b);
         }
         let ptr_first = budget || dst == w.ptr;
         if let Some(s) = shadow {
             // The copy wants the order, `p < b` (`<=` for `Le`; see `Walk::shadow`), from
-            // the same flags: mov s32, 0 (leaves the flags) ; cmov<inside> s, p. Both off
-            // the pointer's own chain.
+            // the same flags (`mov`, not `xor`, leaves them alone). Both off the pointer's own
+            // chain.
             let inside = match (w.cont, ptr_first) {
                 (Cond::Le, true) => Cc::Be,
                 (Cond::Le, false) => Cc::Ae,
                 (_, true) => Cc::B,
                 (_, false) => Cc::A,
             };
-            self.e.op_plus_r(Sz::B32, &[0xb8], s);
-            self.e.imm_bytes(0, 4);
-            self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | inside as u8], s, p);
+            self.e.mov_r32_imm(s, 0);
+            self.e.cmov(inside, s, p);
             return;
         }
         let ended = if budget {
@@ -64,10 +62,9 @@ impl Codegen<'_> {
         } else {
             cc_of(cond).invert()
         };
-        // mov r9d, 0 (leaves the flags) ; cmov<loop ended> p, r9
-        self.e.op_plus_r(Sz::B32, &[0xb8], T9);
-        self.e.imm_bytes(0, 4);
-        self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | ended as u8], p, T9);
+        // `mov`, not `xor`: it leaves the flags alone.
+        self.e.mov_r32_imm(T9, 0);
+        self.e.cmov(ended, p, T9);
     }
 
     /// A guarded walk's entry test (`packjit_frontend::walks::Guard`): the context bounds,
@@ -108,7 +105,7 @@ impl Codegen<'_> {
         self.cold_jump(Some(Cc::B), at);
         // r10 = b - p - bias: the last head value's offset from p, before rounding down.
         self.mov_rr(Sz::B64, T10, b);
-        self.e.rr(&[], Sz::B64, &[0x29], p, T10);
+        self.e.sub_rr(Sz::B64, T10, p);
         if bias != 0 {
             self.e
                 .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r10, DWORD bias));
@@ -144,28 +141,26 @@ impl Codegen<'_> {
         let sz = sz_of(width);
         let d = host(dst);
         match src {
-            Operand::Reg(s) if cond == Cond::Set => self.e.rr(&[], sz, &[0x85], host(s), d),
-            Operand::Reg(s) => self.e.rr(&[], sz, &[0x39], host(s), d),
+            Operand::Reg(s) if cond == Cond::Set => self.e.test_rr(sz, d, host(s)),
+            Operand::Reg(s) => self.e.cmp_rr(sz, d, host(s)),
             Operand::Imm(i) if self.mask(pc).is_some() => {
                 self.imm_to(pc, T11, i);
-                let op = if cond == Cond::Set { 0x85 } else { 0x39 };
-                self.e.rr(&[], sz, &[op], T11, d);
-            }
-            Operand::Imm(0) if matches!(cond, Cond::Eq | Cond::Ne) => {
-                // test d, d: two bytes shorter than cmp d, 0.
-                self.e.rr(&[], sz, &[0x85], d, d);
-            }
-            Operand::Imm(i) if cond == Cond::Set => {
-                if (0..=0xff).contains(&i) {
-                    // test r8, imm8 sees exactly the bits a small positive mask can hit.
-                    self.e.rr(&[], Sz::B8, &[0xf6], 0, d);
-                    self.e.imm_bytes(i as i64, 1);
+                if cond == Cond::Set {
+                    self.e.test_rr(sz, d, T11);
                 } else {
-                    self.e.rr(&[], sz, &[0xf7], 0, d);
-                    self.e.imm_bytes(i as i64, 4);
+                    self.e.cmp_rr(sz, d, T11);
                 }
             }
-            Operand::Imm(i) => self.alu_ri(7, sz, d, i as i64),
+            Operand::Imm(0) if matches!(cond, Cond::Eq | Cond::Ne) => {
+                // Two bytes shorter than `cmp d, 0`.
+                self.e.test_rr(sz, d, d);
+            }
+            Operand::Imm(i) if cond == Cond::Set => {
+                // `test r8, imm8` sees exactly the bits a small positive mask can hit.
+                let sz = if (0..=0xff).contains(&i) { Sz::B8 } else { sz };
+                self.e.test_ri(sz, d, i as i64);
+            }
+            Operand::Imm(i) => self.e.cmp_ri(sz, d, i as i64),
         }
         let cc = cc_of(cond);
         let l = self.d.jump_label(target);
@@ -191,9 +186,11 @@ impl Codegen<'_> {
         // `cmp/sub QWORD [r12 + disp8], imm8` stay table-driven: dynasm-rs 5.1 lists the
         // imm32 form (0x81) of cmp and of memory-operand sub before the imm8 one (0x83), so
         // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
-        self.alu_mi(7, ENV, PJ_ENV_BUDGET, amount as i64);
+        self.e
+            .arith_mi(Arith::Cmp, ENV, PJ_ENV_BUDGET, amount as i64);
         let stop = self.stop_label(Stop::Budget, pc);
         self.cold_jump(Some(Cc::B), stop);
-        self.alu_mi(5, ENV, PJ_ENV_BUDGET, amount as i64);
+        self.e
+            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
     }
 }

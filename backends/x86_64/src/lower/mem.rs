@@ -2,7 +2,7 @@
 //! access's own inline test (the slow path is the shared routine of [`super::cold`]).
 
 use super::{mem_sz, Codegen, CTX_END8, CTX_START8, STACK_START8};
-use crate::encode::{Cc, Gpr, Label, Sz};
+use crate::encode::{Arith, Cc, Gpr, Label, Sz};
 use crate::regs::*;
 use crate::FEATURE_MOVBE;
 use dynasmrt::{dynasm, DynasmApi};
@@ -64,9 +64,9 @@ impl Codegen<'_> {
                             Size::W => Sz::B32,
                             _ => Sz::B64,
                         };
-                        self.e.rm(&[], sz, &[0x0f, 0x38, 0xf0], d, b, off);
+                        self.e.movbe_load(sz, d, b, off);
                         if size == Size::H {
-                            self.e.rr(&[], Sz::B32, &[0x0f, 0xb7], d, d);
+                            self.e.movzx16(d, d);
                         }
                         self.d.skip = Some(i + 1);
                         return;
@@ -74,16 +74,12 @@ impl Codegen<'_> {
                 }
             }
         }
-        let (sz, op): (Sz, &[u8]) = match (size, sx) {
-            (Size::B, false) => (Sz::B32, &[0x0f, 0xb6]),
-            (Size::H, false) => (Sz::B32, &[0x0f, 0xb7]),
-            (Size::W, false) => (Sz::B32, &[0x8b]),
-            (Size::DW, _) => (Sz::B64, &[0x8b]),
-            (Size::B, true) => (Sz::B64, &[0x0f, 0xbe]),
-            (Size::H, true) => (Sz::B64, &[0x0f, 0xbf]),
-            (Size::W, true) => (Sz::B64, &[0x63]),
-        };
-        self.e.rm(&[], sz, op, d, b, off);
+        match (size, sx) {
+            (Size::B | Size::H, false) => self.e.load_zx(mem_sz(size), d, b, off),
+            (Size::W, false) => self.e.load(Sz::B32, d, b, off),
+            (Size::DW, _) => self.e.load(Sz::B64, d, b, off),
+            (_, true) => self.e.load_sx(mem_sz(size), d, b, off),
+        }
     }
 
     pub(super) fn store(&mut self, inst: &Inst, size: Size, src: Operand) {
@@ -91,25 +87,12 @@ impl Codegen<'_> {
         let (b, off) = self.address(inst, true);
         let sz = mem_sz(size);
         match src {
-            Operand::Reg(s) => {
-                let op = if size == Size::B { 0x88 } else { 0x89 };
-                self.e.rm(&[], sz, &[op], host(s), b, off);
-            }
+            Operand::Reg(s) => self.e.store(sz, b, off, host(s)),
             Operand::Imm(i) if self.mask(pc).is_some() => {
                 self.imm_to(pc, T10, i);
-                let op = if size == Size::B { 0x88 } else { 0x89 };
-                self.e.rm(&[], sz, &[op], T10, b, off);
+                self.e.store(sz, b, off, T10);
             }
-            Operand::Imm(i) => {
-                let op = if size == Size::B { 0xc6 } else { 0xc7 };
-                self.e.rm(&[], sz, &[op], 0, b, off);
-                let n = match size {
-                    Size::B => 1,
-                    Size::H => 2,
-                    _ => 4,
-                };
-                self.e.imm_bytes(i as i64, n);
-            }
+            Operand::Imm(i) => self.e.store_imm(sz, b, off, i),
         }
     }
 
@@ -132,30 +115,33 @@ impl Codegen<'_> {
         let needs_loop = fetch && matches!(op, AtomicOp::And | AtomicOp::Or | AtomicOp::Xor);
         let (b, off) = if needs_loop && !self.d.mode.sandboxed() {
             // The loop below uses rax: take the address first in case base is r0.
-            self.e
-                .rm(&[], Sz::B64, &[0x8d], T11, host(base), off as i32);
+            self.e.lea(T11, host(base), off as i32);
             (T11, 0)
         } else {
             match self.address(inst, true) {
                 // Likewise for a sandboxed access the range analysis proved (no check, so
                 // the base register itself is the address).
                 (RAX, off) if needs_loop => {
-                    self.e.rm(&[], Sz::B64, &[0x8d], T11, RAX, off);
+                    self.e.lea(T11, RAX, off);
                     (T11, 0)
                 }
                 a => a,
             }
         };
-        let lock: &[u8] = &[0xf0];
+        let arith = match op {
+            AtomicOp::Add => Arith::Add,
+            AtomicOp::Or => Arith::Or,
+            AtomicOp::And => Arith::And,
+            _ => Arith::Xor,
+        };
         match (op, fetch) {
-            (AtomicOp::Add, false) => self.e.rm(lock, sz, &[0x01], s, b, off),
-            (AtomicOp::Or, false) => self.e.rm(lock, sz, &[0x09], s, b, off),
-            (AtomicOp::And, false) => self.e.rm(lock, sz, &[0x21], s, b, off),
-            (AtomicOp::Xor, false) => self.e.rm(lock, sz, &[0x31], s, b, off),
-            (AtomicOp::Add, true) => self.e.rm(lock, sz, &[0x0f, 0xc1], s, b, off), // xadd
-            (AtomicOp::Xchg, _) => self.e.rm(&[], sz, &[0x87], s, b, off),
+            (AtomicOp::Add | AtomicOp::Or | AtomicOp::And | AtomicOp::Xor, false) => {
+                self.e.lock_arith(arith, sz, b, off, s)
+            }
+            (AtomicOp::Add, true) => self.e.lock_xadd(sz, b, off, s),
+            (AtomicOp::Xchg, _) => self.e.xchg(sz, b, off, s),
             (AtomicOp::Cmpxchg, _) => {
-                self.e.rm(lock, sz, &[0x0f, 0xb1], s, b, off);
+                self.e.lock_cmpxchg(sz, b, off, s);
                 if sz == Sz::B32 {
                     // On success a 32-bit cmpxchg leaves rax's upper half alone; eBPF's r0
                     // is the zero-extended old value either way.
@@ -165,19 +151,14 @@ impl Codegen<'_> {
             (_, true) => {
                 // fetch-and/or/xor: a cmpxchg loop. r10 keeps r0 (rax is cmpxchg's
                 // comparand); when src is r0 its value is read from there.
-                let opc = match op {
-                    AtomicOp::And => 0x21,
-                    AtomicOp::Or => 0x09,
-                    _ => 0x31,
-                };
                 let sv = if s == RAX { T10 } else { s };
                 self.mov_rr(Sz::B64, T10, RAX);
-                self.e.rm(&[], sz, &[0x8b], RAX, b, off);
+                self.e.load(sz, RAX, b, off);
                 let again = self.e.label();
                 self.e.bind(again);
                 self.mov_rr(Sz::B64, T9, RAX);
-                self.e.rr(&[], sz, &[opc], sv, T9);
-                self.e.rm(lock, sz, &[0x0f, 0xb1], T9, b, off);
+                self.e.arith_rr(arith, sz, T9, sv);
+                self.e.lock_cmpxchg(sz, b, off, T9);
                 self.e.jump(Some(Cc::Ne), again);
                 // src = old value (zero-extended for 32-bit); r0 restored unless it is src.
                 self.mov_rr(sz, s, RAX);
@@ -203,13 +184,13 @@ impl Codegen<'_> {
         let fail = match check {
             AccessCheck::CtxConst { end } => {
                 self.ctx_len();
-                self.alu_ri(7, Sz::B64, T9, end as i64); // cmp len, end
+                self.e.cmp_ri(Sz::B64, T9, end as i64); // len, end
                 Cc::B
             }
             AccessCheck::Stack if (span as usize) <= self.plan.block => {
                 self.lea(T11, b, lo);
                 self.stack_offset();
-                self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - span);
+                self.e.cmp_ri(Sz::B64, T10, self.plan.block as i64 - span);
                 Cc::A
             }
             _ => {
@@ -217,16 +198,15 @@ impl Codegen<'_> {
                 self.lea(T11, b, lo);
                 self.region_end(CTX_START8, span);
                 self.ctx_len();
-                self.e.rr(&[], Sz::B64, &[0x39], T9, T10); // cmp end, len
+                self.e.cmp_rr(Sz::B64, T10, T9); // end, len
                 Cc::A
             }
         };
         self.cold_jump(Some(fail), at);
         if self.d.clamp {
-            // mov r9d, 0 (leaves the flags) ; cmov<fail> base, r9
-            self.e.op_plus_r(Sz::B32, &[0xb8], T9);
-            self.e.imm_bytes(0, 4);
-            self.e.rr(&[], Sz::B64, &[0x0f, 0x40 | fail as u8], b, T9);
+            // `mov`, not `xor`: it leaves the flags alone.
+            self.e.mov_r32_imm(T9, 0);
+            self.e.cmov(fail, b, T9);
         }
     }
 
@@ -235,7 +215,7 @@ impl Codegen<'_> {
         if off == 0 {
             self.mov_rr(Sz::B64, dst, base);
         } else {
-            self.e.rm(&[], Sz::B64, &[0x8d], dst, base, off);
+            self.e.lea(dst, base, off);
         }
     }
 
@@ -256,7 +236,7 @@ impl Codegen<'_> {
         let (at, back) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
         self.ctx_len();
-        self.alu_ri(7, Sz::B64, T9, end as i64); // cmp len, end
+        self.e.cmp_ri(Sz::B64, T9, end as i64); // len, end
         self.cold_jump(Some(Cc::B), at);
         if self.d.clamp {
             self.e
@@ -314,7 +294,7 @@ impl Codegen<'_> {
         self.ctx_len();
         // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
         // the equally long RM form (0x3b) for register pairs.
-        self.e.rr(&[], Sz::B64, &[0x39], T9, T10);
+        self.e.cmp_rr(Sz::B64, T10, T9);
     }
 
     /// Flags for "`[r11, r11 + n)` is inside the stack block": "below or equal" when it is.
@@ -325,7 +305,7 @@ impl Codegen<'_> {
     /// all-ones, unlike the context's variable length ([`Self::region_end`]).
     fn stack_cmp(&mut self, n: i64) {
         self.stack_offset();
-        self.alu_ri(7, Sz::B64, T10, self.plan.block as i64 - n);
+        self.e.cmp_ri(Sz::B64, T10, self.plan.block as i64 - n);
     }
 
     /// r10 = r11 - env.stack_start.

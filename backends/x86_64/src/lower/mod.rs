@@ -6,9 +6,9 @@
 //! shared region-table scan, and the `callx` tables. All branches are PC-relative and
 //! helpers are called through absolute addresses in r11, so the bytes run at any address.
 //!
-//! Files: [`alu`] (arithmetic, division and its fix-ups), [`mem`] (loads, stores, atomics
-//! and their sandbox checks), [`jump`] (jumps, budget charges, walks), [`call`] (helpers,
-//! `callx`, per-CPU, inlined built-ins), [`cold`] (stop stubs, the shared access check).
+//! Files: `alu.rs` (arithmetic, division and its fix-ups), `mem.rs` (loads, stores, atomics
+//! and their sandbox checks), `jump.rs` (jumps, budget charges, walks), `call.rs` (helpers,
+//! `callx`, per-CPU, inlined built-ins), `cold.rs` (stop stubs, the shared access check).
 
 mod alu;
 mod call;
@@ -173,7 +173,7 @@ impl<'a> Codegen<'a> {
                 bits,
             } => self.movsx(width, dst, src, bits),
             Op::MovPerCpu { dst, src, array } => self.mov_percpu(inst, dst, src, array)?,
-            Op::Neg { width, dst } => self.e.rr(&[], sz_of(width), &[0xf7], 3, host(dst)),
+            Op::Neg { width, dst } => self.e.neg(sz_of(width), host(dst)),
             Op::End { kind, bits, dst } => self.end(kind, bits, dst),
             Op::LdImm64 { dst, imm } => self.ld_imm64(pc, dst, imm.get()),
             Op::Load {
@@ -212,16 +212,16 @@ impl<'a> Codegen<'a> {
 
     // ---- small emit helpers -------------------------------------------------------------
 
-    /// `mov dst, src` (a 32-bit move zero-extends, so it is never skipped).
+    /// `mov dst, src`, unless it is a 64-bit move to itself (a 32-bit one zero-extends).
     pub(crate) fn mov_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
         if dst != src || sz != Sz::B64 {
-            self.e.rr(&[], sz, &[0x89], src, dst);
+            self.e.mov_rr(sz, dst, src);
         }
     }
 
     /// `xor r32, r32`: the shortest zeroing idiom (and a dependency breaker).
     pub(crate) fn xor_zero(&mut self, r: Gpr) {
-        self.e.rr(&[], Sz::B32, &[0x31], r, r);
+        self.e.xor_rr(Sz::B32, r, r);
     }
 
     /// 64-bit `r = v`, shortest form: `xor` for 0, `mov r32, imm32` (zero-extends) for
@@ -229,46 +229,12 @@ impl<'a> Codegen<'a> {
     pub(crate) fn mov_ri(&mut self, r: Gpr, v: i64) {
         if v == 0 {
             self.xor_zero(r);
-        } else if u32::try_from(v).is_ok() {
-            self.e.op_plus_r(Sz::B32, &[0xb8], r);
-            self.e.imm_bytes(v, 4);
-        } else if i32::try_from(v).is_ok() {
-            self.e.rr(&[], Sz::B64, &[0xc7], 0, r);
-            self.e.imm_bytes(v, 4);
+        } else if let Ok(v) = u32::try_from(v) {
+            self.e.mov_r32_imm(r, v);
+        } else if let Ok(v) = i32::try_from(v) {
+            self.e.mov_r64_simm32(r, v);
         } else {
-            self.e.op_plus_r(Sz::B64, &[0xb8], r);
-            self.e.imm_bytes(v, 8);
-        }
-    }
-
-    /// Group-1 `op r, imm` (`digit`: 0 add, 1 or, 4 and, 5 sub, 6 xor, 7 cmp): `imm8` when it
-    /// fits, the one-byte-shorter rax form for other `imm32`s.
-    pub(crate) fn alu_ri(&mut self, digit: u8, sz: Sz, r: Gpr, imm: i64) {
-        if i8::try_from(imm).is_ok() {
-            self.e.rr(&[], sz, &[0x83], digit, r);
-            self.e.imm_bytes(imm, 1);
-        } else if r == RAX {
-            let op = 0x05 | (digit << 3);
-            if sz == Sz::B64 {
-                self.e.raw(&[0x48, op]);
-            } else {
-                self.e.raw(&[op]);
-            }
-            self.e.imm_bytes(imm, 4);
-        } else {
-            self.e.rr(&[], sz, &[0x81], digit, r);
-            self.e.imm_bytes(imm, 4);
-        }
-    }
-
-    /// Group-1 `op qword [base + disp], imm`.
-    fn alu_mi(&mut self, digit: u8, base: Gpr, disp: i32, imm: i64) {
-        if i8::try_from(imm).is_ok() {
-            self.e.rm(&[], Sz::B64, &[0x83], digit, base, disp);
-            self.e.imm_bytes(imm, 1);
-        } else {
-            self.e.rm(&[], Sz::B64, &[0x81], digit, base, disp);
-            self.e.imm_bytes(imm, 4);
+            self.e.movabs(r, v);
         }
     }
 
@@ -285,10 +251,8 @@ impl<'a> Codegen<'a> {
                 // The mask is forced to a full 32-bit pattern so both halves are imm32
                 // fields and neither equals the immediate.
                 let m = (m as u32 | 0x8000_0000) as i32;
-                self.e.rr(&[], Sz::B64, &[0xc7], 0, r);
-                self.e.imm_bytes((imm ^ m) as i64, 4);
-                self.e.rr(&[], Sz::B64, &[0x81], 6, r);
-                self.e.imm_bytes(m as i64, 4);
+                self.e.mov_r64_simm32(r, imm ^ m);
+                self.e.xor_r64_imm32(r, m);
             }
         }
     }
@@ -342,7 +306,7 @@ impl<'a> Lowering<'a> for Codegen<'a> {
         if let Some(s) = self.d.walk_shadow(walk) {
             // mov s, p: the first iteration's pointer is exact, its copy needs no clamp.
             let p = host(self.d.access.walks[walk].ptr);
-            self.e.rr(&[], Sz::B64, &[0x89], p, host(s));
+            self.e.mov_rr(Sz::B64, host(s), p);
         }
     }
 
