@@ -30,6 +30,7 @@ pub mod ranges;
 pub mod relax;
 pub mod scratch;
 pub mod simplify;
+pub mod target;
 mod verify;
 pub mod walks;
 
