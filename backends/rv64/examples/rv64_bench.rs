@@ -492,7 +492,7 @@ fn sandbox_programs() {
             Code {
                 map,
                 len,
-                bytes,
+                bytes: bytes.into_vec(),
                 table,
                 landings,
             }
