@@ -687,7 +687,8 @@ pub enum Shift {
 
 /// The named instructions the lowering writes, each in its shortest form (the generic forms
 /// above choose REX, ModRM, SIB and displacement). Operands are in assembly order,
-/// destination first.
+/// destination first. The short ones are `#[inline(always)]`: inlined, a constant opcode
+/// selects its form at compile time, as at the generic forms' call sites they replace.
 impl Enc {
     /// `mov dst, src` (`89 /r`), emitted even when `dst == src` (a 32-bit one zero-extends).
     #[inline(always)]
@@ -696,18 +697,21 @@ impl Enc {
     }
 
     /// `mov r32, imm32` (`B8+r`): zero-extends, and leaves the flags alone.
+    #[inline(always)]
     pub fn mov_r32_imm(&mut self, r: Gpr, imm: u32) {
         self.op_plus_r(Sz::B32, &[0xb8], r);
         self.imm(imm.into(), 4);
     }
 
     /// `mov r64, simm32` (`REX.W C7 /0`).
+    #[inline(always)]
     pub fn mov_r64_simm32(&mut self, r: Gpr, imm: i32) {
         self.rr(&[], Sz::B64, &[0xc7], 0, r);
         self.imm(imm.into(), 4);
     }
 
     /// `movabs r64, imm64` (`REX.W B8+r`).
+    #[inline(always)]
     pub fn movabs(&mut self, r: Gpr, imm: i64) {
         self.op_plus_r(Sz::B64, &[0xb8], r);
         self.imm(imm, 8);
@@ -765,21 +769,25 @@ impl Enc {
     }
 
     /// `add r, imm`.
+    #[inline(always)]
     pub fn add_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
         self.arith_ri(Arith::Add, sz, r, imm);
     }
 
     /// `sub r, imm`.
+    #[inline(always)]
     pub fn sub_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
         self.arith_ri(Arith::Sub, sz, r, imm);
     }
 
     /// `cmp r, imm`.
+    #[inline(always)]
     pub fn cmp_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
         self.arith_ri(Arith::Cmp, sz, r, imm);
     }
 
     /// `xor r64, simm32`, always with the `imm32` (a blinding mask is a full 32-bit pattern).
+    #[inline(always)]
     pub fn xor_r64_imm32(&mut self, r: Gpr, imm: i32) {
         self.rr(&[], Sz::B64, &[0x81], Arith::Xor as u8, r);
         self.imm(imm.into(), 4);
@@ -803,6 +811,7 @@ impl Enc {
     }
 
     /// `test r, imm`: `test r8, imm8` (`F6 /0`) for `Sz::B8`, else `test r, imm32` (`F7 /0`).
+    #[inline(always)]
     pub fn test_ri(&mut self, sz: Sz, r: Gpr, imm: i64) {
         if sz == Sz::B8 {
             self.rr(&[], sz, &[0xf6], 0, r);
@@ -820,11 +829,13 @@ impl Enc {
     }
 
     /// `div r` (`F7 /6`): rdx:rax / r, unsigned.
+    #[inline(always)]
     pub fn div(&mut self, sz: Sz, r: Gpr) {
         self.rr(&[], sz, &[0xf7], 6, r);
     }
 
     /// `idiv r` (`F7 /7`): rdx:rax / r, signed.
+    #[inline(always)]
     pub fn idiv(&mut self, sz: Sz, r: Gpr) {
         self.rr(&[], sz, &[0xf7], 7, r);
     }
@@ -836,6 +847,7 @@ impl Enc {
     }
 
     /// `imul dst, src, imm`: `6B ib` when the immediate fits a byte, else `69 id`.
+    #[inline(always)]
     pub fn imul_rri(&mut self, sz: Sz, dst: Gpr, src: Gpr, imm: i32) {
         if i8::try_from(imm).is_ok() {
             self.rr(&[], sz, &[0x6b], dst, src);
@@ -847,6 +859,7 @@ impl Enc {
     }
 
     /// `op r, n` (a rotate or shift by a constant): `D1` for 1, else `C1 ib`.
+    #[inline(always)]
     pub fn shift_ri(&mut self, op: Shift, sz: Sz, r: Gpr, n: u8) {
         if n == 1 {
             self.rr(&[], sz, &[0xd1], op as u8, r);
@@ -857,6 +870,7 @@ impl Enc {
     }
 
     /// `op r, cl` (`D3`).
+    #[inline(always)]
     pub fn shift_cl(&mut self, op: Shift, sz: Sz, r: Gpr) {
         self.rr(&[], sz, &[0xd3], op as u8, r);
     }
@@ -874,17 +888,20 @@ impl Enc {
     }
 
     /// `cmov<cc> dst, src` (`0F 40+cc`), 64-bit.
+    #[inline(always)]
     pub fn cmov(&mut self, cc: Cc, dst: Gpr, src: Gpr) {
         self.rr(&[], Sz::B64, &[0x0f, 0x40 | cc as u8], dst, src);
     }
 
     /// `movzx dst32, src16` (`0F B7`).
+    #[inline(always)]
     pub fn movzx16(&mut self, dst: Gpr, src: Gpr) {
         self.rr(&[], Sz::B32, &[0x0f, 0xb7], dst, src);
     }
 
     /// `movsx dst, src8` (`0F BE`). A byte source in 4–7 is `spl`…`dil` only with a REX
     /// prefix, which a 32-bit form between low registers would otherwise lack.
+    #[inline(always)]
     pub fn movsx8(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
         if (4..8).contains(&src) && sz != Sz::B64 && dst < 8 {
             self.raw(&[0x40, 0x0f, 0xbe, 0xc0 | ((dst & 7) << 3) | (src & 7)]);
@@ -894,48 +911,57 @@ impl Enc {
     }
 
     /// `movsx dst, src16` (`0F BF`).
+    #[inline(always)]
     pub fn movsx16(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
         self.rr(&[], sz, &[0x0f, 0xbf], dst, src);
     }
 
     /// `movsxd dst64, src32` (`REX.W 63`).
+    #[inline(always)]
     pub fn movsxd(&mut self, dst: Gpr, src: Gpr) {
         self.rr(&[], Sz::B64, &[0x63], dst, src);
     }
 
     /// `bswap r` (`0F C8+r`), 32- or 64-bit.
+    #[inline(always)]
     pub fn bswap(&mut self, sz: Sz, r: Gpr) {
         self.op_plus_r(sz, &[0x0f, 0xc8], r);
     }
 
     /// `push r64` (`50+r`).
+    #[inline(always)]
     pub fn push(&mut self, r: Gpr) {
         self.op_plus_r(Sz::B32, &[0x50], r);
     }
 
     /// `pop r64` (`58+r`).
+    #[inline(always)]
     pub fn pop(&mut self, r: Gpr) {
         self.op_plus_r(Sz::B32, &[0x58], r);
     }
 
     /// `lea dst, [base + disp]` (`8D`).
+    #[inline(always)]
     pub fn lea(&mut self, dst: Gpr, base: Gpr, disp: i32) {
         self.rm(&[], Sz::B64, &[0x8d], dst, base, disp);
     }
 
     /// `mov dst, [base + disp]` (`8B`), 32- or 64-bit.
+    #[inline(always)]
     pub fn load(&mut self, sz: Sz, dst: Gpr, base: Gpr, disp: i32) {
         self.rm(&[], sz, &[0x8b], dst, base, disp);
     }
 
     /// `movzx dst32, byte/word [base + disp]` (`0F B6` / `0F B7`; `from` is the memory
     /// operand's size).
+    #[inline(always)]
     pub fn load_zx(&mut self, from: Sz, dst: Gpr, base: Gpr, disp: i32) {
         let op = if from == Sz::B8 { 0xb6 } else { 0xb7 };
         self.rm(&[], Sz::B32, &[0x0f, op], dst, base, disp);
     }
 
     /// `movsx dst64, byte/word/dword [base + disp]` (`0F BE` / `0F BF` / `63`).
+    #[inline(always)]
     pub fn load_sx(&mut self, from: Sz, dst: Gpr, base: Gpr, disp: i32) {
         let op: &[u8] = match from {
             Sz::B8 => &[0x0f, 0xbe],
@@ -946,17 +972,20 @@ impl Enc {
     }
 
     /// `movbe dst, [base + disp]` (`0F 38 F0`): a load that swaps its bytes.
+    #[inline(always)]
     pub fn movbe_load(&mut self, sz: Sz, dst: Gpr, base: Gpr, disp: i32) {
         self.rm(&[], sz, &[0x0f, 0x38, 0xf0], dst, base, disp);
     }
 
     /// `mov [base + disp], src` (`88` for a byte, else `89`).
+    #[inline(always)]
     pub fn store(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
         let op = if sz == Sz::B8 { 0x88 } else { 0x89 };
         self.rm(&[], sz, &[op], src, base, disp);
     }
 
     /// `mov [base + disp], imm` (`C6 ib` for a byte, else `C7` with an `imm16`/`imm32`).
+    #[inline(always)]
     pub fn store_imm(&mut self, sz: Sz, base: Gpr, disp: i32, imm: i32) {
         let (op, n) = match sz {
             Sz::B8 => (0xc6, 1),
@@ -968,27 +997,32 @@ impl Enc {
     }
 
     /// `lock add/or/and/xor [base + disp], src`.
+    #[inline(always)]
     pub fn lock_arith(&mut self, op: Arith, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
         self.rm(&[LOCK], sz, &[op.mr()], src, base, disp);
     }
 
     /// `lock xadd [base + disp], src` (`0F C1`): src = the old value.
+    #[inline(always)]
     pub fn lock_xadd(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
         self.rm(&[LOCK], sz, &[0x0f, 0xc1], src, base, disp);
     }
 
     /// `xchg [base + disp], src` (`87`, locked implicitly).
+    #[inline(always)]
     pub fn xchg(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
         self.rm(&[], sz, &[0x87], src, base, disp);
     }
 
     /// `lock cmpxchg [base + disp], src` (`0F B1`): compares with rax, which gets the old
     /// value on a mismatch.
+    #[inline(always)]
     pub fn lock_cmpxchg(&mut self, sz: Sz, base: Gpr, disp: i32, src: Gpr) {
         self.rm(&[LOCK], sz, &[0x0f, 0xb1], src, base, disp);
     }
 
     /// `mov dst32, fs:[base + disp]` (`64 8B`): a load relative to the thread pointer.
+    #[inline(always)]
     pub fn fs_load32(&mut self, dst: Gpr, base: Gpr, disp: i32) {
         self.rm(&[FS], Sz::B32, &[0x8b], dst, base, disp);
     }
