@@ -40,12 +40,10 @@ pub use lower::emit_decoded_with;
 pub use packjit_frontend::analysis::EmitOptions;
 pub use packjit_frontend::lower::Emitted;
 
-use packjit_frontend::analysis::{validate_inline_kinds, validate_request, CodegenMode};
-use packjit_frontend::Program;
+use packjit_frontend::target::Target;
 use packjit_plugin_api::{
-    install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
-    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
-    PJ_INLINE_RSEQ_CPU_ID,
+    pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry,
+    JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// Zbb (basic bit manipulation) is available.
@@ -63,6 +61,14 @@ pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
     | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
 
+/// The RV64 backend as the front end's entry points see it.
+pub const TARGET: Target = Target {
+    name: "riscv64",
+    supported_features: SUPPORTED_FEATURES,
+    inline_kinds: INLINE_KINDS,
+    lower: emit_decoded_with,
+};
+
 /// Verifies `code` against `helpers` and emits trusted RV64 code (no compile flags) using
 /// the optional `features`.
 pub fn emit_program(
@@ -70,39 +76,22 @@ pub fn emit_program(
     helpers: &[HelperEntry],
     features: u64,
 ) -> Result<Emitted, CompileError> {
-    emit_request(&CompileRequest {
-        code,
-        helpers,
-        features,
-        flags: 0,
-        blind_key: 0,
-    })
+    TARGET.emit_program(code, helpers, features)
 }
 
 /// Validates the request's flags and features, verifies the code and emits it.
 pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
-    let (prog, mode) = decode(req)?;
-    emit_decoded(&prog, req.helpers, &mode)
+    TARGET.emit_request(req)
 }
 
 /// [`emit_request`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
-/// benches, never used by the plugin or the runtime.
+/// benches, never used by the plugin or the runtime; the same validation as production.
 #[doc(hidden)]
 pub fn emit_request_with(
     req: &CompileRequest<'_>,
     opts: EmitOptions,
 ) -> Result<Emitted, CompileError> {
-    let (prog, mode) = decode(req)?;
-    emit_decoded_with(&prog, req.helpers, &mode, opts)
-}
-
-/// The request validated (flags and feature bits, with the front end's messages, and the
-/// inline helper kinds), its code verified and decoded.
-fn decode(req: &CompileRequest<'_>) -> Result<(Program, CodegenMode), CompileError> {
-    let mode = validate_request(req, "riscv64", SUPPORTED_FEATURES)?;
-    validate_inline_kinds(req.helpers, "riscv64", INLINE_KINDS)?;
-    let prog = packjit_frontend::decode_for_lowering(req)?;
-    Ok((prog, mode))
+    TARGET.emit_request_with(req, opts)
 }
 
 /// The RV64 backend.
@@ -151,10 +140,7 @@ impl JitBackend for Rv64Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        let (prog, mode) = decode(req)?;
-        let out = emit_decoded(&prog, req.helpers, &mode)?;
-        let line_table = prog.line_table(out.inst_offsets);
-        install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
+        TARGET.compile(req, arena)
     }
 }
 
