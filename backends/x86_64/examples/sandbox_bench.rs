@@ -11,11 +11,12 @@
 //! `objdump` when it is installed).
 //!
 //! "sandbox,noclamp" and "sandbox,nogroup" are compiled with the measurement-only
-//! `EmitOptions` of `emit_program_for_measurement` (this crate's Rust API only, not reachable
+//! `EmitOptions` of `emit_request_with` (this crate's Rust API only, not reachable
 //! from the plugin ABI or the runtime): the first leaves out the Spectre-v1 CMOV (its cost),
 //! the second checks every access on its own.
 
-use packjit_x86_64::{emit_program_for_measurement, EmitOptions, Options};
+use packjit_plugin_api::CompileRequest;
+use packjit_x86_64::{emit_request_with, EmitOptions};
 use std::time::Instant;
 
 struct Code {
@@ -30,17 +31,14 @@ struct Code {
 
 impl Code {
     fn new(code: &[u8], flags: u32, opts: EmitOptions) -> Code {
-        let out = emit_program_for_measurement(
+        let req = CompileRequest {
             code,
-            &[],
-            &Options {
-                flags,
-                features: packjit_x86_64::detect_cpu_features(),
-                blind_key: 0,
-            },
-            opts,
-        )
-        .expect("compile");
+            helpers: &[],
+            features: packjit_x86_64::detect_cpu_features(),
+            flags,
+            blind_key: 0,
+        };
+        let out = emit_request_with(&req, opts).expect("compile");
         let len = out.bytes.len().div_ceil(4096) * 4096;
         // SAFETY: a fresh private mapping, written while RW, then made RX (x86 keeps
         // instruction fetch coherent with the stores).

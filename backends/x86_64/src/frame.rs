@@ -57,7 +57,7 @@ pub struct Plan {
     pub zero: u16,
     /// Per function (index as `Program::subprogs`).
     pub subs: Vec<SubFrame>,
-    /// The front end's access analysis (filled for sandboxed code by `lower::emit_with`).
+    /// The front end's access analysis (filled for sandboxed code by `lower::emit_decoded_with`).
     pub access: AccessPlan,
 }
 
@@ -107,7 +107,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         used,
         zero: entry_zeroing(prog, LOWERING_READS),
         subs,
-        // Read only by sandboxed code, for which `lower::emit_with` fills it in.
+        // Read only by sandboxed code, for which `lower::emit_decoded_with` fills it in.
         access: AccessPlan::default(),
     }
 }

@@ -30,15 +30,14 @@ pub mod frame;
 pub mod lower;
 pub mod regs;
 
+pub use lower::{emit_decoded, Emitted};
 #[doc(hidden)]
-pub use lower::EmitOptions;
-pub use lower::Emitted;
+pub use lower::{emit_decoded_with, EmitOptions};
 
-use packjit_frontend::analysis::{validate_inline_kinds, validate_request};
+use packjit_frontend::target::Target;
 use packjit_plugin_api::{
-    install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
-    Compiled, HelperEntry, JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
-    PJ_INLINE_RSEQ_CPU_ID,
+    pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry,
+    JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
@@ -53,6 +52,14 @@ pub const SUPPORTED_FEATURES: u64 = FEATURE_BMI2 | FEATURE_MOVBE;
 pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
     | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
+
+/// The x86-64 backend as the front end's entry points see it.
+pub const TARGET: Target = Target {
+    name: "x86-64",
+    supported_features: SUPPORTED_FEATURES,
+    inline_kinds: INLINE_KINDS,
+    lower: emit_decoded_with,
+};
 
 /// Compile options for [`emit_program`] (the request fields that shape the code).
 #[derive(Clone, Copy, Debug, Default)]
@@ -81,39 +88,19 @@ pub fn emit_program(
     emit_request(&req)
 }
 
-fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
-    emit_decoded(req).map(|(_, out)| out)
+/// Validates the request's flags and features, verifies the code and emits it.
+pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
+    TARGET.emit_request(req)
 }
 
-fn emit_decoded(
-    req: &CompileRequest<'_>,
-) -> Result<(packjit_frontend::Program, Emitted), CompileError> {
-    let mode = validate_request(req, "x86-64", SUPPORTED_FEATURES)?;
-    validate_inline_kinds(req.helpers, "x86-64", INLINE_KINDS)?;
-    let prog = packjit_frontend::decode_for_lowering(req)?;
-    let out = lower::emit(&prog, req.helpers, &mode)?;
-    Ok((prog, out))
-}
-
-/// [`emit_program`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
-/// benches, never used by the plugin or the runtime.
+/// [`emit_request`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
+/// benches, never used by the plugin or the runtime; the same validation as production.
 #[doc(hidden)]
-pub fn emit_program_for_measurement(
-    code: &[u8],
-    helpers: &[HelperEntry],
-    opts: &Options,
-    measure: EmitOptions,
+pub fn emit_request_with(
+    req: &CompileRequest<'_>,
+    opts: EmitOptions,
 ) -> Result<Emitted, CompileError> {
-    let req = CompileRequest {
-        code,
-        helpers,
-        features: opts.features,
-        flags: opts.flags,
-        blind_key: opts.blind_key,
-    };
-    let mode = validate_request(&req, "x86-64", SUPPORTED_FEATURES)?;
-    let prog = packjit_frontend::decode_for_lowering(&req)?;
-    lower::emit_with(&prog, req.helpers, &mode, measure)
+    TARGET.emit_request_with(req, opts)
 }
 
 /// The x86-64 JIT backend. Stateless: one instance compiles for any number of threads.
@@ -173,9 +160,7 @@ impl JitBackend for X86Backend {
         req: &CompileRequest<'_>,
         arena: &dyn CodeArena,
     ) -> Result<Compiled, CompileError> {
-        let (prog, out) = emit_decoded(req)?;
-        let line_table = prog.line_table(out.inst_offsets);
-        install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
+        TARGET.compile(req, arena)
     }
 }
 

@@ -60,16 +60,16 @@ pub(crate) const STACK_END8: i8 = env8(PJ_ENV_STACK_END);
 const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
 
 /// Emits a decoded program.
-pub fn emit(
+pub fn emit_decoded(
     prog: &Program,
     helpers: &[HelperEntry],
     mode: &CodegenMode,
 ) -> Result<Emitted, CompileError> {
-    emit_with(prog, helpers, mode, EmitOptions::default())
+    emit_decoded_with(prog, helpers, mode, EmitOptions::default())
 }
 
-/// [`emit`] with measurement switches (benches only, see [`EmitOptions`]).
-pub fn emit_with(
+/// [`emit_decoded`] with measurement switches (benches only, see [`EmitOptions`]).
+pub fn emit_decoded_with(
     prog: &Program,
     helpers: &[HelperEntry],
     mode: &CodegenMode,
