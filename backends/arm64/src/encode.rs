@@ -7,7 +7,6 @@ use dynasmrt::aarch64::{
     encode_logical_immediate_32bit, encode_logical_immediate_64bit, Aarch64Relocation,
 };
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
-use packjit_frontend::analysis::blinding_mask;
 use packjit_frontend::relax::BranchCheck;
 use packjit_frontend::{AluOp, Cond, Width, Width::W32, Width::W64};
 use packjit_plugin_api::{CompileError, ErrorKind};
@@ -446,39 +445,8 @@ impl Codegen<'_> {
         }
     }
 
-    /// `rd = value` for a constant taken from the program: plain, or blinded
-    /// (`(value ^ mask) ^ mask`, mask from this instruction's pc) so the value never appears
-    /// in the code. Used for 64-bit `lddw` values and store immediates.
-    pub(crate) fn imm(&mut self, rd: u8, value: u64, width: Width) {
-        let Some(key) = self.d.mode.blind_key else {
-            self.mov_imm(rd, value, width);
-            return;
-        };
-        let mask = blinding_mask(key, self.d.prog.insts[self.d.cur].pc as usize);
-        let mask = if width == W64 {
-            mask
-        } else {
-            mask & 0xffff_ffff
-        };
-        self.mov_imm(rd, value ^ mask, width);
-        self.mov_imm(T3, mask, width);
-        if width == W64 {
-            a64!(self.ops; eor X(rd), X(rd), X(T3));
-        } else {
-            a64!(self.ops; eor W(rd), W(rd), W(T3));
-        }
-    }
-
-    /// `rd = imm` as an ALU or jump operand at `width` (sign-extended for 64-bit), blinded
-    /// with a 32-bit mask: two halfwords per constant instead of four, then SXTW.
-    pub(crate) fn imm32(&mut self, rd: u8, imm: i32, width: Width) {
-        self.imm(rd, imm as u32 as u64, W32);
-        if width == W64 {
-            a64!(self.ops; sxtw X(rd), W(rd));
-        }
-    }
-
-    /// non-zero v), else through a register.
+    /// Flags from `rn - v` at `width`: CMP with an (optionally shifted) imm12, CMN with the
+    /// negated one for a small negative `v`, else through a register.
     pub(crate) fn cmp_imm(&mut self, rn: u8, v: i64, width: Width) {
         if let Some((imm, sh)) = fits_imm12(v) {
             match (width, sh) {

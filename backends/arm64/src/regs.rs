@@ -15,12 +15,13 @@
 //! | ctx start, ctx length | x23, x24 | sandbox: the context bounds the inline check compares against |
 //! | scratch | x9–x13 | caller-saved temporaries of the lowering, never live across eBPF instructions |
 //! | check scratch | x14–x17, x5, x6, x8 | the sandbox checks and stop paths only (x9 holds the checked address) |
+//! | AX (blinding) | x13 | the blinding rewrite's register for a masked constant (`packjit_frontend::blind`) |
 //!
 //! Every register in the callee-saved range x23–x28 is constant for a run (x25 is restored
 //! after each local call), so helpers — AAPCS64 functions — preserve them for free.
 
-/// BPF register → arm64 register number (r10 has no fixed register; see the module docs).
-pub(crate) const REG_MAP: [u8; 10] = [
+/// BPF register → arm64 register number, and the blinding register (see the module docs).
+pub(crate) const REG_MAP: RegMap = [
     7,  // r0: return value; x7 is caller-saved and outside the argument registers
     0,  // r1: first argument (ctx at entry), also the helper's first argument
     1,  // r2: second argument (ctx_len at entry)
@@ -31,6 +32,12 @@ pub(crate) const REG_MAP: [u8; 10] = [
     20, // r7: callee-saved
     21, // r8: callee-saved
     22, // r9: callee-saved
+    // r10 has no register (see the module docs): the lowering never reads this entry.
+    ZR,
+    // The blinding rewrite's AX (`packjit_frontend::blind`): x13 is lowering scratch that
+    // nothing lowering an instruction with a register operand writes (it holds a stored
+    // value across a failed inline check, whose shared check uses x6, x8, x10, x12, x14-x17).
+    T4,
 ];
 
 /// The lowest callee-saved register (x19–x28 are callee-saved in AAPCS64).
@@ -47,13 +54,13 @@ pub(crate) const CALLEE_SAVED_FIRST: u8 = 19;
 /// * r0 in x0 and r1 in x7, when the whole program calls nothing (so it is one function):
 ///   r0 is then already where the entry returns it, and the context moves to x7 only when
 ///   the program reads r1 before writing it.
-pub(crate) type RegMap = [u8; 10];
+pub(crate) type RegMap = [u8; 12];
 
 /// The map of a function that makes no calls: see [`RegMap`].
 pub(crate) fn leaf_map(scratch_free: bool, whole_program_leaf: bool) -> RegMap {
     let mut map = REG_MAP;
     if scratch_free {
-        map[6..].copy_from_slice(&[14, 15, 16, 17]);
+        map[6..10].copy_from_slice(&[14, 15, 16, 17]);
     }
     if whole_program_leaf {
         map[0] = RET;
@@ -64,7 +71,8 @@ pub(crate) fn leaf_map(scratch_free: bool, whole_program_leaf: bool) -> RegMap {
 
 /// Scratch registers: caller-saved, never live across eBPF instructions.
 /// T0 holds addresses and offsets, T1 materialised immediates, T2 stored values and helper
-/// addresses, T3 exclusive-monitor status and blinding masks, T4 a materialised r10 source.
+/// addresses, T3 exclusive-monitor status, T4 a materialised r10 source and the blinding
+/// rewrite's AX.
 pub(crate) const T0: u8 = 9;
 pub(crate) const T1: u8 = 10;
 pub(crate) const T2: u8 = 11;

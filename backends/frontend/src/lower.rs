@@ -12,7 +12,9 @@
 //!   re-entering it lands, a walk's entry and the clamp its back-edge lands on, checked
 //!   copies of groups and loops, and the answer to "how is this access lowered?"
 //!   ([`Driver::access`]), asked once per access;
-//! * the queue of cold code ([`Cold`]) and its placement.
+//! * the queue of cold code ([`Cold`]) and its placement;
+//! * constant blinding: the rewrite of [`crate::blind`], applied as each instruction is
+//!   lowered, so backends only map its register, [`crate::blind::AX`].
 //!
 //! ```text
 //!   for each function k:      entries[k]: prologue(k)
@@ -30,6 +32,7 @@ use packjit_plugin_api::{CompileError, ErrorKind};
 use std::ops::Range;
 
 use crate::analysis::{back_edge_charge, checked_access, instruction_labels, CodegenMode};
+use crate::blind::blind;
 use crate::cold::ColdPlacement;
 use crate::ranges::{AccessCheck, AccessPlan, Group};
 use crate::relax::{BranchCheck, Relaxation, Settled};
@@ -402,7 +405,7 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
             if groups {
                 group_check_at(l, i);
             }
-            l.instruction(k, i, &prog.insts[i])?;
+            lower_instruction(l, k, i)?;
         }
         let epilogue = l.driver().epilogues[k];
         l.bind(epilogue);
@@ -410,6 +413,25 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
         emit_queued_cold(l, sp.end)?;
     }
     l.program_end()
+}
+
+/// Instruction `i` of function `k`, through the blinding rewrite when the program's
+/// constants are blinded ([`blind`]): the backend lowers the rewritten instructions one by
+/// one, all at `i` (same pc, same labels), and never sees the key.
+fn lower_instruction<'a, L: Lowering<'a>>(
+    l: &mut L,
+    k: usize,
+    i: usize,
+) -> Result<(), CompileError> {
+    let d = l.driver();
+    let inst = &d.prog.insts[i];
+    let Some(blinded) = d.mode.blind_key.and_then(|key| blind(inst, key)) else {
+        return l.instruction(k, i, inst);
+    };
+    for &op in blinded.ops() {
+        l.instruction(k, i, &Inst { op, pc: inst.pc })?;
+    }
+    Ok(())
 }
 
 /// A group's widened test, where its first member's code starts: before anything of that
@@ -549,7 +571,7 @@ fn checked_copy<'a, L: Lowering<'a>>(
             continue;
         }
         l.driver().cur = i;
-        l.instruction(k, i, &prog.insts[i])?;
+        lower_instruction(l, k, i)?;
     }
     let d = l.driver();
     (d.copy, d.copy_head, d.skip) = (None, None, None);

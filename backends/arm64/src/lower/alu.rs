@@ -17,17 +17,6 @@ impl Codegen<'_> {
                 self.alu_rrr(op, width, d, d, s);
                 return;
             }
-            Operand::Imm(imm) if self.d.mode.blind_key.is_some() => {
-                // Blinded: the immediate only ever exists masked in the code, so every
-                // operation takes it from a register.
-                if op == AluOp::Mov {
-                    self.imm32(d, imm, width);
-                } else {
-                    self.imm32(T1, imm, width);
-                    self.alu_rrr(op, width, d, d, T1);
-                }
-                return;
-            }
             Operand::Imm(imm) => imm,
         };
         // The immediate is sign-extended to 64 bits for ALU64; ALU works on its low 32 bits.

@@ -199,10 +199,9 @@ impl Codegen<'_> {
                 ))
             }
         }
-        // cpu in T4; the id is the program's constant: blinded like any immediate (`imm`
-        // uses T3), and the array's address is computed at run time.
+        // cpu in T4; the array's address is computed at run time.
         let done = self.ops.new_dynamic_label();
-        self.imm(T2, array as u64, W32);
+        self.mov_imm(T2, array as u64, W32);
         self.mov_imm(T1, table, W64);
         a64!(self.ops
             ; mov X(T3), xzr

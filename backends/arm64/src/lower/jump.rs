@@ -186,10 +186,6 @@ impl Codegen<'_> {
                 let s = self.jump_src(r, T1);
                 return Some(self.jcmp_reg(width, cond, d, s));
             }
-            Operand::Imm(imm) if self.d.mode.blind_key.is_some() => {
-                self.imm32(T1, imm, width);
-                return Some(self.jcmp_reg(width, cond, d, T1));
-            }
             Operand::Imm(imm) => imm,
         };
         let v = imm as i64;

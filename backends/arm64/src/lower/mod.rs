@@ -238,7 +238,7 @@ impl<'a> Codegen<'a> {
                 }
             }
             Op::End { kind, bits, dst } => self.end(kind, bits, self.map[dst as usize]),
-            Op::LdImm64 { dst, imm } => self.imm(self.map[dst as usize], imm.get(), W64),
+            Op::LdImm64 { dst, imm } => self.mov_imm(self.map[dst as usize], imm.get(), W64),
             Op::Load {
                 size,
                 sign_extend,
@@ -269,7 +269,7 @@ impl<'a> Codegen<'a> {
                             Size::W => imm as u32 as u64,
                             Size::DW => imm as i64 as u64,
                         };
-                        self.imm(T2, v, if size == Size::DW { W64 } else { W32 });
+                        self.mov_imm(T2, v, if size == Size::DW { W64 } else { W32 });
                         T2
                     }
                 };
