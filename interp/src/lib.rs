@@ -348,7 +348,7 @@ impl Interpreter {
     /// `src + cpu * slot_size` of per-CPU array `array`, or `src` (see `Op::MovPerCpu`); the
     /// CPU comes from helper 8 as the backends' code gets it (an unset helper 8 counts as an
     /// out-of-range CPU).
-    fn percpu_address(&self, src: u64, array: u32) -> u64 {
+    fn percpu_address(&self, src: u64, array: u64) -> u64 {
         let Some(t) = self.helpers.get(&PJ_HELPER_PERCPU_OFFSET) else {
             return src;
         };
@@ -359,7 +359,7 @@ impl Interpreter {
         // `PjPerCpuTable` followed by `count` arrays; `array < count` is checked first.
         unsafe {
             let hdr = &*(t.addr as *const PjPerCpuTable);
-            if u64::from(array) >= hdr.count {
+            if array >= hdr.count {
                 return src;
             }
             let at = t.addr as usize
@@ -561,6 +561,10 @@ impl Interpreter {
                     };
                 }
                 Op::MovPerCpu { dst, src, array } => {
+                    let array = match array {
+                        Operand::Imm(id) => u64::from(id as u32),
+                        Operand::Reg(r) => reg[r as usize],
+                    };
                     reg[dst as usize] = self.percpu_address(reg[src as usize], array);
                 }
                 Op::Neg { width, dst } => {

@@ -13,12 +13,15 @@
 //! | instruction | rewritten to |
 //! |---|---|
 //! | `dst = imm` (`mov`, 32 or 64 bits) | `dst = imm ^ m ; dst ^= m` |
+//! | `dst <<= imm` (and the other shifts) | `dst <<= imm & 63` (31 at 32 bits): only the count reaches the code |
 //! | `dst op= imm` | `ax = imm ^ m ; ax ^= m ; dst op= ax` |
 //! | `if dst cond imm goto` | `ax = imm ^ m ; ax ^= m ; if dst cond ax goto` |
 //! | `*(size *)(base + off) = imm` | `ax = imm ^ m ; ax ^= m ; *(size *)(base + off) = ax` |
 //! | `dst = imm64` (`lddw`) | `dst = imm64 ^ m64 ; ax = m64 ; dst ^= ax` |
+//! | `dst = src` per-CPU of array `id` | `ax = id ^ m ; ax ^= m ; dst = src` per-CPU of array `ax` |
 //!
-//! A 32-bit immediate and its mask are both sign-extended by the 64-bit `mov`/`xor`: the xor
+//! A zero immediate is left as it is. Every half of a mask has its top bit set, so no masked
+//! value equals its constant. A 32-bit immediate and its mask are both sign-extended by the 64-bit `mov`/`xor`: the xor
 //! of two sign-extended words is the sign extension of their xor, so `ax` holds exactly the
 //! 64-bit value eBPF reads from `imm`, and 32-bit operations read its low half. Shifts,
 //! divisions and compares by a register have the same results as by the immediate (RFC
@@ -57,7 +60,9 @@ impl Blinded {
 
 /// `inst` blinded with the program's key, or `None` when it carries no constant to hide.
 pub fn blind(inst: &Inst, program_key: u64) -> Option<Blinded> {
-    let mask = blinding_mask(program_key, inst.pc as usize);
+    // The top bit of each 32-bit half is set: no half of the mask is zero, so no masked
+    // half equals the constant's.
+    let mask = blinding_mask(program_key, inst.pc as usize) | 0x8000_0000_8000_0000;
     // 32-bit masks for 32-bit immediates: each half costs one instruction pair at most.
     let m = mask as u32 as i32;
     let load_ax = |imm: i32| {
@@ -67,6 +72,34 @@ pub fn blind(inst: &Inst, program_key: u64) -> Option<Blinded> {
         ]
     };
     match inst.op {
+        // Zero hides nothing.
+        Op::Alu {
+            src: Operand::Imm(0),
+            ..
+        }
+        | Op::Jcond {
+            src: Operand::Imm(0),
+            ..
+        }
+        | Op::Store {
+            src: Operand::Imm(0),
+            ..
+        }
+        | Op::MovPerCpu {
+            array: Operand::Imm(0),
+            ..
+        } => None,
+        Op::LdImm64 { imm, .. } if imm.get() == 0 => None,
+        // A shift's count is masked to 5 or 6 bits (RFC 9669): only that reaches the code.
+        Op::Alu {
+            width,
+            op: op @ (AluOp::Lsh | AluOp::Rsh | AluOp::Arsh),
+            dst,
+            src: Operand::Imm(count),
+        } => {
+            let bits = if width == Width::W64 { 63 } else { 31 };
+            Some(Blinded::of(&[alu(width, op, dst, count & bits)]))
+        }
         Op::Alu {
             width,
             op: AluOp::Mov,
@@ -125,6 +158,19 @@ pub fn blind(inst: &Inst, program_key: u64) -> Option<Blinded> {
                 src: Operand::Reg(AX),
             };
             Some(Blinded::of(&[a, b, store]))
+        }
+        Op::MovPerCpu {
+            dst,
+            src,
+            array: Operand::Imm(id),
+        } => {
+            let [a, b] = load_ax(id);
+            let mov = Op::MovPerCpu {
+                dst,
+                src,
+                array: Operand::Reg(AX),
+            };
+            Some(Blinded::of(&[a, b, mov]))
         }
         Op::LdImm64 { dst, imm } => Some(Blinded::of(&[
             Op::LdImm64 {
@@ -205,7 +251,7 @@ mod tests {
     #[test]
     fn immediates_become_ax_with_the_same_value_and_never_appear() {
         for key in [1u64, 0xdead_beef_0042, u64::MAX] {
-            for imm in [0, 1, -1, 0x7fff_ffff, i32::MIN, 0x1234_5678] {
+            for imm in [1, -1, 0x7fff_ffff, i32::MIN, 0x1234_5678] {
                 let add = inst(alu(Width::W64, AluOp::Add, 3, imm));
                 let b = blind(&add, key).expect("an ALU immediate is blinded");
                 let ops = b.ops();
@@ -307,5 +353,37 @@ mod tests {
         };
         assert_eq!(blind(&inst(reg), 3), None);
         assert_eq!(blind(&inst(Op::Exit), 3), None);
+        assert_eq!(blind(&inst(alu(Width::W64, AluOp::Add, 1, 0)), 3), None);
+    }
+
+    #[test]
+    fn shift_counts_are_masked_not_blinded() {
+        let shl = inst(alu(Width::W32, AluOp::Lsh, 1, 0x7fff_fff3));
+        let ops = blind(&shl, 5).unwrap().ops().to_vec();
+        assert_eq!(ops, [alu(Width::W32, AluOp::Lsh, 1, 0x13)]);
+        let sar = inst(alu(Width::W64, AluOp::Arsh, 1, -1));
+        assert_eq!(
+            blind(&sar, 5).unwrap().ops(),
+            [alu(Width::W64, AluOp::Arsh, 1, 63)]
+        );
+    }
+
+    #[test]
+    fn per_cpu_ids_go_through_ax() {
+        let mov = Op::MovPerCpu {
+            dst: 2,
+            src: 3,
+            array: Operand::Imm(0x1234_5678),
+        };
+        let ops = blind(&inst(mov), 9).unwrap().ops().to_vec();
+        assert_eq!(value_of(&ops[..2], AX), 0x1234_5678);
+        assert!(matches!(
+            ops[2],
+            Op::MovPerCpu {
+                array: Operand::Reg(AX),
+                dst: 2,
+                src: 3
+            }
+        ));
     }
 }

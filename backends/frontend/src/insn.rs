@@ -341,8 +341,11 @@ pub enum Op {
     /// `BPF_MOV64_PERCPU_REG` encoding with `imm` = per-CPU array id):
     /// `dst = src + cpu * slot_size` of per-CPU array `array`, or `dst = src` when the array
     /// is not in the program's table or `cpu >= cpus`. The result is an ordinary pointer:
-    /// sandboxed accesses through it are checked like any other.
-    MovPerCpu { dst: Reg, src: Reg, array: u32 },
+    /// sandboxed accesses through it are checked like any other. `array` is the id: the
+    /// instruction's constant (`Operand::Imm`, read as a `u32`), or a register holding it
+    /// (the blinding rewrite's [`crate::blind::AX`]; an id that is not a `u32` is in no
+    /// table).
+    MovPerCpu { dst: Reg, src: Reg, array: Operand },
     /// `dst = -dst` at `width`.
     Neg { width: Width, dst: Reg },
     /// Byte-order conversion of the low `bits` (16, 32, 64) of `dst`.

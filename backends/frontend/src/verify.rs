@@ -1144,7 +1144,7 @@ fn decode_alu(pc: usize, i: &RawInsn, opts: DecodeOptions) -> Result<Op, Compile
                     return Ok(Op::MovPerCpu {
                         dst,
                         src,
-                        array: i.imm as u32,
+                        array: Operand::Imm(i.imm),
                     });
                 }
                 zero(pc, name, "imm", i.imm.into())?;
@@ -1746,7 +1746,7 @@ mod tests {
             Op::MovPerCpu {
                 dst: 2,
                 src: 1,
-                array: 7
+                array: Operand::Imm(7)
             }
         );
         assert!(p.subprogs[0].calls, "its CPU id may come from a call");

@@ -11,15 +11,15 @@
 //! | — | s7, s8 (x23, x24) | sandbox: context start and length (from `env`) |
 //! | — | s9, s10 (x25, x26) | sandbox: stack block start and length |
 //! | — | s11 (x27) | budget: instructions left (written back to `env` on return) |
-//! | — | a7 (x17) | blinding: the unmasked immediate of the current instruction |
+//! | AX | a7 (x17) | the blinding rewrite's register for a masked constant (`packjit_frontend::blind`) |
 //! | — | t0–t6, a6 | scratch (never live across an eBPF instruction) |
 //!
 //! s6–s11 are set by the entry and never changed by callees, so only the entry saves them.
 
 use crate::encode::reg::*;
 
-/// eBPF register → RV64 register, one row per eBPF register (and the blinding pseudo
-/// register).
+/// eBPF register → RV64 register, one row per eBPF register and one for the blinding
+/// rewrite's AX.
 pub type RegMap = [u8; 12];
 
 /// The map of programs that call something: helpers and local calls find their arguments
@@ -36,11 +36,8 @@ pub const REG_MAP: RegMap = [
     S3, // r8
     S4, // r9
     S5, // r10: frame pointer, read-only for the program
-    A7, // BLINDED: pseudo register for a blinded immediate (never a program register)
+    A7, // AX: the blinding rewrite's register (`packjit_frontend::blind::AX`); written only on a stop path otherwise
 ];
-
-/// Pseudo eBPF register the lowering substitutes for a blinded immediate operand.
-pub const BLINDED: u8 = 11;
 
 /// The run's `PjExecEnv *`: callee-saved, so helpers and local calls keep it.
 pub const ENV: u8 = S6;

@@ -23,7 +23,7 @@ pub const R14: Gpr = 14;
 pub const R15: Gpr = 15;
 
 /// BPF register `rN` lives in `REG_MAP[N]`.
-pub const REG_MAP: [Gpr; 11] = [
+pub const REG_MAP: [Gpr; 12] = [
     RAX, // r0: the helpers' return register, so a helper result needs no move
     RDI, // r1: 1st SysV argument (also the entry's ctx)
     RSI, // r2: 2nd SysV argument (also the entry's ctx_len)
@@ -35,6 +35,10 @@ pub const REG_MAP: [Gpr; 11] = [
     R14, // r8: callee-saved
     R15, // r9: callee-saved
     RBP, // r10: top of the current 512-byte frame (callee-saved; adjusted around calls)
+    // AX, the blinding rewrite's register (`packjit_frontend::blind`): r9 is scratch that
+    // no lowering writes before reading a register operand (shifts park rcx in r11,
+    // divisions copy the divisor to r11 first); a checked store saves it across the check.
+    R9,
 ];
 
 /// `PjExecEnv *`, kept for the whole run when the code can stop or is sandboxed.
@@ -43,12 +47,11 @@ pub const ENV: Gpr = R12;
 pub const T9: Gpr = R9;
 /// Second scratch (saved r0 across `div`/`cmpxchg` loops, check offsets).
 pub const T10: Gpr = R10;
-/// Third scratch (the kernel's AUX_REG: blinded immediates, checked addresses, helper
-/// addresses for `call r11`).
+/// Third scratch (checked addresses, divisors, helper addresses for `call r11`).
 pub const T11: Gpr = R11;
 
 /// [`REG_MAP`] padded to 16 entries, so [`host`] indexes it without a bounds check (the
-/// verifier admits r0–r10 only; the padding is never read).
+/// verifier admits r0–r10, the blinding rewrite adds r11; the padding is never read).
 const HOST: [Gpr; 16] = {
     let mut t = [0xff; 16];
     let mut r = 0;
@@ -62,7 +65,7 @@ const HOST: [Gpr; 16] = {
 /// Host register of BPF register `r`.
 #[inline]
 pub fn host(r: Reg) -> Gpr {
-    debug_assert!(r <= 10, "BPF register r{r}");
+    debug_assert!(r <= 11, "BPF register r{r} (11: the blinding AX)");
     HOST[(r & 15) as usize]
 }
 

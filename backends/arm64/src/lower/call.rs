@@ -149,7 +149,7 @@ impl Codegen<'_> {
         &mut self,
         dst: Reg,
         src: Reg,
-        array: u32,
+        array: Operand,
     ) -> Result<(), CompileError> {
         let entry = |s: &Self, id: u32| {
             s.helpers
@@ -165,6 +165,15 @@ impl Codegen<'_> {
         };
         let table = entry(self, PJ_HELPER_PERCPU_OFFSET)?.addr;
         let cpu = entry(self, PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
+        // An id in a register (the blinding rewrite's AX, x13, where the CPU id goes
+        // below) moves to T2 first, and is kept in the save area across a call.
+        let id_in_register = match array {
+            Operand::Reg(r) => {
+                a64!(self.ops; mov X(T2), X(self.map[r as usize]));
+                true
+            }
+            Operand::Imm(_) => false,
+        };
         match helper_lowering(&cpu) {
             HelperLowering::RseqCpuId { offset } => {
                 self.sysreg_read(T0, MRS_TPIDR_EL0);
@@ -178,8 +187,12 @@ impl Codegen<'_> {
             HelperLowering::Call(addr) => {
                 // 48 bytes keep sp 16-byte aligned, as AAPCS64 requires at the call.
                 let r0 = self.map[0];
+                if id_in_register {
+                    a64!(self.ops; stp x0, x1, [sp, -64]! ; str X(T2), [sp, 48]);
+                } else {
+                    a64!(self.ops; stp x0, x1, [sp, -48]!);
+                }
                 a64!(self.ops
-                    ; stp x0, x1, [sp, -48]!
                     ; stp x2, x3, [sp, 16]
                     ; stp x4, X(r0), [sp, 32]
                 );
@@ -189,8 +202,12 @@ impl Codegen<'_> {
                     ; mov X(T4), X(RET)
                     ; ldp x4, X(r0), [sp, 32]
                     ; ldp x2, x3, [sp, 16]
-                    ; ldp x0, x1, [sp], 48
                 );
+                if id_in_register {
+                    a64!(self.ops; ldr X(T2), [sp, 48] ; ldp x0, x1, [sp], 64);
+                } else {
+                    a64!(self.ops; ldp x0, x1, [sp], 48);
+                }
             }
             _ => {
                 return Err(self.err(
@@ -201,7 +218,9 @@ impl Codegen<'_> {
         }
         // cpu in T4; the array's address is computed at run time.
         let done = self.ops.new_dynamic_label();
-        self.mov_imm(T2, array as u64, W32);
+        if let Operand::Imm(id) = array {
+            self.mov_imm(T2, id as u32 as u64, W32);
+        }
         self.mov_imm(T1, table, W64);
         a64!(self.ops
             ; mov X(T3), xzr

@@ -27,7 +27,8 @@ pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
             ..
         } => o(src),
         Op::Alu { dst, src, .. } => r(dst) | o(src),
-        Op::MovSx { src, .. } | Op::MovPerCpu { src, .. } => r(src),
+        Op::MovSx { src, .. } => r(src),
+        Op::MovPerCpu { src, array, .. } => r(src) | o(array),
         Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
         Op::LdImm64 { .. } | Op::Ja { .. } => 0,
         Op::Load { base, .. } => r(base),

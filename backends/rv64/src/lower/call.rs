@@ -4,11 +4,9 @@
 use super::Codegen;
 use crate::encode::{fits_signed, reg::*, Br, Mem, R3, RI};
 use dynasmrt::DynamicLabel;
-use packjit_frontend::analysis::{
-    blinding_mask, callx_plan, helper_lowering, HelperLowering, CALL_CHARGE,
-};
+use packjit_frontend::analysis::{callx_plan, helper_lowering, HelperLowering, CALL_CHARGE};
 use packjit_frontend::lower::Lowering;
-use packjit_frontend::Reg;
+use packjit_frontend::{Operand, Reg};
 use packjit_plugin_api::abi::{
     PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_HELPER_GET_SMP_PROCESSOR_ID,
     PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE,
@@ -144,37 +142,37 @@ impl Codegen<'_> {
     /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
     /// helper 8 does: the rseq load off `tp`, or a call with the caller-saved eBPF registers
     /// (r0 = a5, r1–r5 = a0–a4) stored around it, so nothing but `dst` changes.
-    pub(super) fn mov_percpu(&mut self, pc: usize, dst: Reg, src: Reg, array: u32) {
+    pub(super) fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) {
         let (table, cpu) = percpu_parts(self.plan.helpers).expect("checked in Plan::new");
         match cpu {
             HelperLowering::Call(addr) => {
-                // 48 bytes keep sp 16-byte aligned, as the psABI requires at the call.
-                const SAVED: [u8; 6] = [A0, A1, A2, A3, A4, A5];
-                self.e.ri(RI::Addi, SP, SP, -48);
-                for (k, r) in SAVED.into_iter().enumerate() {
+                // 48 bytes keep sp 16-byte aligned, as the psABI requires at the call; an id
+                // in a register (the blinding rewrite's a7) is kept too, in 64.
+                const SAVED: [u8; 7] = [A0, A1, A2, A3, A4, A5, A7];
+                let (saved, frame) = match array {
+                    Operand::Reg(_) => (&SAVED[..], 64),
+                    Operand::Imm(_) => (&SAVED[..6], 48),
+                };
+                self.e.ri(RI::Addi, SP, SP, -frame);
+                for (k, &r) in saved.iter().enumerate() {
                     self.e.store(Mem::D, r, SP, 8 * k as i32);
                 }
                 self.e.li(T0, addr as i64);
                 self.e.call_reg(T0);
                 self.e.mv(T3, A0);
-                for (k, r) in SAVED.into_iter().enumerate() {
+                for (k, &r) in saved.iter().enumerate() {
                     self.e.load(Mem::D, r, SP, 8 * k as i32);
                 }
-                self.e.ri(RI::Addi, SP, SP, 48);
+                self.e.ri(RI::Addi, SP, SP, frame);
             }
             inline => self.inline_helper(inline, T3),
         }
-        // cpu in t3; the id is the program's constant: blinded like any immediate (a 32-bit
-        // mask, both words zero-extended), and the array's address is computed at run time.
+        // cpu in t3; the array's address is computed at run time.
         let done = self.e.new_label();
-        match self.d.mode.blind_key {
-            Some(key) => {
-                let m = blinding_mask(key, pc) & 0xffff_ffff;
-                self.e.li(T2, (array as u64 ^ m) as i64);
-                self.e.li(T1, m as i64);
-                self.e.rrr(R3::Xor, T2, T2, T1);
-            }
-            None => self.e.li(T2, array as i64),
+        match array {
+            Operand::Imm(id) => self.e.li(T2, id as u32 as i64),
+            // An id that is no `u32` (sign-extended by the rewrite) fails the count test.
+            Operand::Reg(r) => self.e.mv(T2, self.map(r)),
         }
         self.e.li(T4, 0);
         self.e.li(T1, table as i64);

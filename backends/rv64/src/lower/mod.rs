@@ -21,14 +21,11 @@ mod cold;
 mod jump;
 mod mem;
 
-use crate::encode::{count_insns_except, reg::*, Assembler, R3};
+use crate::encode::{count_insns_except, Assembler};
 use crate::frame::Layout;
-use crate::regs::BLINDED;
 use crate::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
 use dynasmrt::DynamicLabel;
-use packjit_frontend::analysis::{
-    blinding_mask, stack_block_size, CodegenMode, EmitCapacity, EmitOptions,
-};
+use packjit_frontend::analysis::{stack_block_size, CodegenMode, EmitCapacity, EmitOptions};
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{self, Assembled, Driver, Emitted, Lowering, Pass};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
@@ -36,7 +33,7 @@ use packjit_frontend::relax::{BranchCheck, Relaxation};
 use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::Guard;
 use packjit_frontend::Width::W32;
-use packjit_frontend::{op_kind, Inst, Op, Operand, Program};
+use packjit_frontend::{op_kind, Inst, Op, Program};
 use packjit_plugin_api::abi::PJ_ACCESS_WRITE;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::cell::Cell;
@@ -320,14 +317,8 @@ impl<'a> Codegen<'a> {
 
     /// One instruction, hot or in a checked copy.
     fn lower_inst(&mut self, k: usize, i: usize, inst: &Inst) {
-        let op = match self.d.mode.blind_key {
-            Some(key) => match self.blind(key, inst) {
-                Some(op) => op,
-                None => return,
-            },
-            None => inst.op,
-        };
         let pc = inst.pc as usize;
+        let op = inst.op;
         match op {
             Op::Alu {
                 width,
@@ -347,7 +338,7 @@ impl<'a> Codegen<'a> {
                     self.e.zext32(d, d);
                 }
             }
-            Op::MovPerCpu { dst, src, array } => self.mov_percpu(pc, dst, src, array),
+            Op::MovPerCpu { dst, src, array } => self.mov_percpu(dst, src, array),
             Op::Neg { width, dst } => {
                 let d = self.map(dst);
                 self.e.neg(width, d, d);
@@ -381,36 +372,6 @@ impl<'a> Codegen<'a> {
                 }
             }
         }
-    }
-
-    /// Blinds the immediate of `inst`: materialises `imm ^ mask` and the mask, xors them at
-    /// run time, and returns the op with the immediate replaced by the [`BLINDED`] register
-    /// (a7); `None` when the instruction is fully emitted here (`lddw`).
-    fn blind(&mut self, key: u64, inst: &Inst) -> Option<Op> {
-        let mask = blinding_mask(key, inst.pc as usize);
-        let mut op = inst.op;
-        let src = match &mut op {
-            Op::Alu { src, .. } | Op::Store { src, .. } | Op::Jcond { src, .. } => src,
-            Op::LdImm64 { dst, imm } => {
-                let d = self.map(*dst);
-                self.e.li(d, (imm.get() ^ mask) as i64);
-                self.e.li(T1, mask as i64);
-                self.e.rrr(R3::Xor, d, d, T1);
-                return None;
-            }
-            _ => return Some(op),
-        };
-        if let Operand::Imm(imm) = *src {
-            // 32-bit mask, sign-extended like the immediate: the xor of two sign-extended
-            // words is the sign extension of their xor, i.e. exactly eBPF's 64-bit view of
-            // `imm`, and each half costs at most lui + addiw.
-            let m = mask as u32 as i32;
-            self.e.li(A7, (imm ^ m) as i64);
-            self.e.li(T1, m as i64);
-            self.e.rrr(R3::Xor, A7, A7, T1);
-            *src = Operand::Reg(BLINDED);
-        }
-        Some(op)
     }
 
     /// `rd = imm`, the 64-bit constant of an `lddw`: from the constant pool when `li` would

@@ -30,40 +30,15 @@ pub enum DivFix {
 
 impl Codegen<'_> {
     #[inline(always)]
-    pub(super) fn alu(&mut self, pc: usize, width: Width, op: AluOp, dst: Reg, src: Operand) {
+    pub(super) fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
         let sz = sz_of(width);
         let d = host(dst);
-        // Blinded immediates go through r11 and use the register form.
-        let src = match (src, self.mask(pc)) {
-            (Operand::Imm(i), Some(_))
-                if !matches!(op, AluOp::Lsh | AluOp::Rsh | AluOp::Arsh | AluOp::Mov) =>
-            {
-                if matches!(op, AluOp::Div | AluOp::Sdiv | AluOp::Mod | AluOp::Smod)
-                    && (i == 0 || i == -1)
-                {
-                    Operand::Imm(i) // special-cased below without emitting the value
-                } else {
-                    self.imm_to(pc, T11, i);
-                    Operand::Reg(u8::MAX)
-                }
-            }
-            _ => src,
-        };
-        // u8::MAX marks "the blinded immediate in r11".
-        let reg = |r: Reg| if r == u8::MAX { T11 } else { host(r) };
+        let reg = host;
         match op {
             AluOp::Mov => match src {
                 Operand::Reg(s) => self.mov_rr(sz, d, reg(s)),
-                Operand::Imm(i) => match self.mask(pc) {
-                    Some(_) => {
-                        self.imm_to(pc, d, i);
-                        if sz == Sz::B32 {
-                            self.mov_rr(Sz::B32, d, d);
-                        }
-                    }
-                    None if sz == Sz::B32 => self.mov_ri(d, i as u32 as i64),
-                    None => self.mov_ri(d, i as i64),
-                },
+                Operand::Imm(i) if sz == Sz::B32 => self.mov_ri(d, i as u32 as i64),
+                Operand::Imm(i) => self.mov_ri(d, i as i64),
             },
             AluOp::Add | AluOp::Sub | AluOp::And | AluOp::Or | AluOp::Xor => {
                 let op = match op {
@@ -248,18 +223,8 @@ impl Codegen<'_> {
         }
     }
 
-    pub(super) fn ld_imm64(&mut self, pc: usize, dst: Reg, imm: u64) {
-        let d = host(dst);
-        match self.mask(pc) {
-            None => self.mov_ri(d, imm as i64),
-            Some(m) => {
-                // Both halves blinded: movabs d, imm ^ m ; movabs r11, m ; xor d, r11.
-                let m = m | 0x8000_0000_8000_0000;
-                self.e.movabs(d, (imm ^ m) as i64);
-                self.e.movabs(T11, m as i64);
-                self.e.xor_rr(Sz::B64, d, T11);
-            }
-        }
+    pub(super) fn ld_imm64(&mut self, dst: Reg, imm: u64) {
+        self.mov_ri(host(dst), imm as i64);
     }
 
     /// A division's fix-up ([`DivFix`]): r11 = the eBPF result, then back to the division's

@@ -7,7 +7,7 @@ use crate::encode::{Cc, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{callx_plan, helper_lowering, HelperLowering, CALL_CHARGE};
-use packjit_frontend::{Inst, Reg, STACK_SIZE};
+use packjit_frontend::{Inst, Operand, Reg, STACK_SIZE};
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
@@ -103,7 +103,7 @@ impl Codegen<'_> {
         inst: &Inst,
         dst: Reg,
         src: Reg,
-        array: u32,
+        array: Operand,
     ) -> Result<(), CompileError> {
         let pc = inst.pc as usize;
         let table = self.helper_entry(inst, PJ_HELPER_PERCPU_OFFSET)?.addr;
@@ -122,6 +122,13 @@ impl Codegen<'_> {
                 self.e.fs_load32_abs(T10, disp);
             }
             HelperLowering::Call(addr) => {
+                // An id in r9 (the blinding rewrite's AX) is kept across the call too, with
+                // 8 bytes of padding: rsp stays 16-byte aligned at the call.
+                let id_in_r9 = matches!(array, Operand::Reg(_));
+                if id_in_r9 {
+                    self.e
+                        .asm(2, |ops| dynasm!(ops ; .arch x64 ; push r9 ; sub rsp, 8));
+                }
                 // Six pushes keep rsp 16-byte aligned at the call, as at any helper call.
                 self.e.asm(6, |ops| {
                     dynasm!(ops ; .arch x64 ; push rax ; push rdi ; push rsi ; push rdx ; push rcx ; push r8)
@@ -130,6 +137,10 @@ impl Codegen<'_> {
                 self.e.asm(7, |ops| {
                     dynasm!(ops ; .arch x64 ; mov r10, rax ; pop r8 ; pop rcx ; pop rdx ; pop rsi ; pop rdi ; pop rax)
                 });
+                if id_in_r9 {
+                    self.e
+                        .asm(2, |ops| dynasm!(ops ; .arch x64 ; add rsp, 8 ; pop r9));
+                }
             }
             _ => {
                 return Err(CompileError::at(
@@ -141,15 +152,21 @@ impl Codegen<'_> {
         }
         let zero = self.e.label();
         let done = self.e.label();
-        // An id past i32 cannot be in the table (it would need 2^31 arrays): offset 0.
-        if let Ok(id) = i32::try_from(array) {
+        // An id past i32 cannot be in the table (it would need 2^31 arrays): offset 0. One
+        // in r9 (the blinding rewrite's AX) is sign-extended: past i32, it fails the count.
+        let id = match array {
+            Operand::Imm(id) => i32::try_from(id as u32).ok().map(Operand::Imm),
+            Operand::Reg(r) => Some(Operand::Reg(r)),
+        };
+        if let Some(id) = id {
             let (slot, cpus) = (
                 (PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE) as i8,
                 (PJ_PERCPU_ARRAYS + PJ_PERCPU_CPUS) as i8,
             );
-            // The id is the program's constant: blinded like any immediate, and the array's
-            // address is computed at run time (no id-derived constant in the code).
-            self.imm_to(pc, T9, id);
+            // The array's address is computed at run time.
+            if let Operand::Imm(id) = id {
+                self.mov_ri(T9, id as i64);
+            }
             self.mov_ri(T11, table as i64);
             self.e
                 .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp QWORD [r11], r9));

@@ -137,20 +137,11 @@ impl Codegen<'_> {
         src: Operand,
         target: usize,
     ) {
-        let pc = inst.pc as usize;
         let sz = sz_of(width);
         let d = host(dst);
         match src {
             Operand::Reg(s) if cond == Cond::Set => self.e.test_rr(sz, d, host(s)),
             Operand::Reg(s) => self.e.cmp_rr(sz, d, host(s)),
-            Operand::Imm(i) if self.mask(pc).is_some() => {
-                self.imm_to(pc, T11, i);
-                if cond == Cond::Set {
-                    self.e.test_rr(sz, d, T11);
-                } else {
-                    self.e.cmp_rr(sz, d, T11);
-                }
-            }
             Operand::Imm(0) if matches!(cond, Cond::Eq | Cond::Ne) => {
                 // Two bytes shorter than `cmp d, 0`.
                 self.e.test_rr(sz, d, d);

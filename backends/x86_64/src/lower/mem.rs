@@ -6,6 +6,7 @@ use crate::encode::{Arith, Cc, Gpr, Label, Sz};
 use crate::regs::*;
 use crate::FEATURE_MOVBE;
 use dynasmrt::{dynasm, DynasmApi};
+use packjit_frontend::blind::AX;
 use packjit_frontend::lower::{AccessLowering, Cold};
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::{AtomicOp, EndKind, Inst, Op, Operand, Reg, Size};
@@ -83,15 +84,20 @@ impl Codegen<'_> {
     }
 
     pub(super) fn store(&mut self, inst: &Inst, size: Size, src: Operand) {
-        let pc = inst.pc as usize;
-        let (b, off) = self.address(inst, true);
         let sz = mem_sz(size);
+        if src == Operand::Reg(AX) && matches!(self.d.access(&inst.op), AccessLowering::Checked(_))
+        {
+            // A blinded constant (in r9, the blinding rewrite's AX) waits on the native stack
+            // while the check, which uses r9-r11, runs; the address ends in r11.
+            self.e.push(host(AX));
+            let (b, off) = self.address(inst, true);
+            self.e.pop(T10);
+            self.e.store(sz, b, off, T10);
+            return;
+        }
+        let (b, off) = self.address(inst, true);
         match src {
             Operand::Reg(s) => self.e.store(sz, b, off, host(s)),
-            Operand::Imm(i) if self.mask(pc).is_some() => {
-                self.imm_to(pc, T10, i);
-                self.e.store(sz, b, off, T10);
-            }
             Operand::Imm(i) => self.e.store_imm(sz, b, off, i),
         }
     }

@@ -20,7 +20,7 @@ use crate::encode::{Cc, Enc, Form, Gpr, Label, Sz, REL32_GROWTH, TYPICAL_HOT_BYT
 use crate::frame::{plan, Plan};
 use crate::regs::*;
 use dynasmrt::dynasm;
-use packjit_frontend::analysis::{blinding_mask, CodegenMode, EmitCapacity};
+use packjit_frontend::analysis::{CodegenMode, EmitCapacity};
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{self, Assembled, CopyOf, Driver, Lowering, Pass};
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, Group};
@@ -165,7 +165,7 @@ impl<'a> Codegen<'a> {
                 op,
                 dst,
                 src,
-            } => self.alu(pc, width, op, dst, src),
+            } => self.alu(width, op, dst, src),
             Op::MovSx {
                 width,
                 dst,
@@ -175,7 +175,7 @@ impl<'a> Codegen<'a> {
             Op::MovPerCpu { dst, src, array } => self.mov_percpu(inst, dst, src, array)?,
             Op::Neg { width, dst } => self.e.neg(sz_of(width), host(dst)),
             Op::End { kind, bits, dst } => self.end(kind, bits, dst),
-            Op::LdImm64 { dst, imm } => self.ld_imm64(pc, dst, imm.get()),
+            Op::LdImm64 { dst, imm } => self.ld_imm64(dst, imm.get()),
             Op::Load {
                 size,
                 sign_extend,
@@ -235,25 +235,6 @@ impl<'a> Codegen<'a> {
             self.e.mov_r64_simm32(r, v);
         } else {
             self.e.movabs(r, v);
-        }
-    }
-
-    /// The blinding mask for the immediate at `pc`, or `None` when blinding is off.
-    fn mask(&self, pc: usize) -> Option<u64> {
-        self.d.mode.blind_key.map(|k| blinding_mask(k, pc))
-    }
-
-    /// `r = sign_extend(imm)`, blinded when asked: `mov r, imm ^ m ; xor r, m`.
-    fn imm_to(&mut self, pc: usize, r: Gpr, imm: i32) {
-        match self.mask(pc) {
-            None => self.mov_ri(r, imm as i64),
-            Some(m) => {
-                // The mask is forced to a full 32-bit pattern so both halves are imm32
-                // fields and neither equals the immediate.
-                let m = (m as u32 | 0x8000_0000) as i32;
-                self.e.mov_r64_simm32(r, imm ^ m);
-                self.e.xor_r64_imm32(r, m);
-            }
         }
     }
 }
