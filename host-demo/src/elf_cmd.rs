@@ -314,14 +314,13 @@ fn static_emit(
             (e.bytes, e.inst_offsets)
         }
         Arch::X86_64 => {
-            let e = packjit_x86_64::emit_program(
+            let e = packjit_x86_64::emit_request(&packjit_plugin_api::CompileRequest {
                 code,
                 helpers,
-                &packjit_x86_64::Options {
-                    features,
-                    ..Default::default()
-                },
-            )
+                features,
+                flags: 0,
+                blind_key: 0,
+            })
             .map_err(|e| e.to_string())?;
             (e.bytes, e.inst_offsets)
         }

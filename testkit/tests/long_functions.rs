@@ -32,8 +32,9 @@ fn long_functions_get_islands_and_compile_in_one_pass() {
             assert!(e.islands >= 2, "arm64 {features:#x}: {} islands", e.islands);
         }
         for features in [0, packjit_rv64::SUPPORTED_FEATURES] {
-            let m = packjit_rv64::emit_request_with(&request(&code, features), EmitOptions::default())
-                .unwrap();
+            let m =
+                packjit_rv64::emit_request_with(&request(&code, features), EmitOptions::default())
+                    .unwrap();
             assert_eq!(m.passes, 1, "rv64 {features:#x} seed {seed}");
             assert!(m.islands >= 2, "rv64 {features:#x}: {} islands", m.islands);
         }
@@ -62,15 +63,13 @@ fn sized_programs_compile_in_one_pass_on_every_backend() {
             };
             let m = packjit_rv64::emit_request_with(&req, EmitOptions::default()).unwrap();
             assert_eq!(m.passes, 1, "rv64, {n} instructions, flags {flags:#x}");
-            let x = packjit_x86_64::emit_program(
-                &code,
-                &[],
-                &packjit_x86_64::Options {
-                    flags,
-                    features: packjit_x86_64::SUPPORTED_FEATURES,
-                    blind_key: 0,
-                },
-            )
+            let x = packjit_x86_64::emit_request(&packjit_plugin_api::CompileRequest {
+                code: &code,
+                helpers: &[],
+                features: packjit_x86_64::SUPPORTED_FEATURES,
+                flags,
+                blind_key: 0,
+            })
             .unwrap();
             assert_eq!(x.passes, 1, "x86-64, {n} instructions, flags {flags:#x}");
         }

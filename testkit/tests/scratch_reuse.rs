@@ -13,12 +13,14 @@ type Output = (Vec<u8>, Vec<u32>);
 fn emit(arch: &str, code: &[u8], flags: u32) -> Output {
     match arch {
         "x86-64" => {
-            let opts = packjit_x86_64::Options {
-                flags,
+            let e = packjit_x86_64::emit_request(&CompileRequest {
+                code,
+                helpers: &[],
                 features: packjit_x86_64::X86Backend::new().supported_features(),
+                flags,
                 blind_key: 0,
-            };
-            let e = packjit_x86_64::emit_program(code, &[], &opts).unwrap();
+            })
+            .unwrap();
             (e.bytes.to_vec(), e.inst_offsets.to_vec())
         }
         "arm64" => {

@@ -51,8 +51,7 @@ pub use lower::{emit_decoded_with, EmitOptions};
 
 use packjit_frontend::target::Target;
 use packjit_plugin_api::{
-    pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry,
-    JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
+    pj_inline_bit, Arch, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
@@ -70,36 +69,14 @@ pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
 
 /// The arm64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {
-    name: "arm64",
+    arch: Arch::Aarch64,
+    isa: "arm64",
+    name: "packjit-arm64",
+    detect_features: detect_cpu_features,
     supported_features: SUPPORTED_FEATURES,
     inline_kinds: INLINE_KINDS,
     lower: emit_decoded_with,
 };
-
-/// Verifies `code` against `helpers` and emits trusted arm64 code (no compile flags) using
-/// the optional `features`.
-pub fn emit_program(
-    code: &[u8],
-    helpers: &[HelperEntry],
-    features: u64,
-) -> Result<Emitted, CompileError> {
-    TARGET.emit_program(code, helpers, features)
-}
-
-/// Validates the request's flags and features, verifies the code and emits it.
-pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
-    TARGET.emit_request(req)
-}
-
-/// [`emit_request`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
-/// benches, never used by the plugin or the runtime; the same validation as production.
-#[doc(hidden)]
-pub fn emit_request_with(
-    req: &CompileRequest<'_>,
-    opts: EmitOptions,
-) -> Result<Emitted, CompileError> {
-    TARGET.emit_request_with(req, opts)
-}
 
 /// The arm64 JIT backend. Stateless: one instance can compile for any number of threads.
 #[derive(Clone, Copy, Debug, Default)]
@@ -125,38 +102,6 @@ pub fn detect_cpu_features() -> u64 {
     0
 }
 
-impl JitBackend for Arm64Backend {
-    fn arch(&self) -> Arch {
-        Arch::Aarch64
-    }
-
-    fn name(&self) -> &str {
-        "packjit-arm64"
-    }
-
-    fn version(&self) -> &str {
-        env!("CARGO_PKG_VERSION")
-    }
-
-    fn supported_features(&self) -> u64 {
-        SUPPORTED_FEATURES
-    }
-
-    fn detect_features(&self) -> u64 {
-        detect_cpu_features()
-    }
-
-    fn inline_kinds(&self) -> u32 {
-        INLINE_KINDS
-    }
-
-    fn compile(
-        &self,
-        req: &CompileRequest<'_>,
-        arena: &dyn CodeArena,
-    ) -> Result<Compiled, CompileError> {
-        TARGET.compile(req, arena)
-    }
-}
+packjit_frontend::backend_crate!(Arm64Backend, TARGET);
 
 packjit_plugin_api::export_backend!("packjit_arm64_plugin_v1", Arm64Backend, Arm64Backend::new());

@@ -124,6 +124,7 @@ impl ColdPlacement {
     /// At the boundary before instruction `inst`, at code offset `pos`: whether the queued
     /// cold code (if `queued`) is due in an island here. After emitting it, call
     /// [`Self::cold_placed`].
+    #[inline]
     pub fn island_due(&mut self, pos: usize, inst: usize, queued: bool) -> bool {
         if !queued {
             self.pending_since = pos;
@@ -144,6 +145,7 @@ impl ColdPlacement {
     /// Instruction `inst` (`op`) is being lowered: if it jumps ahead by at most
     /// [`Self::HOLD_INSTS`], no island goes before its target (one would go between the
     /// jump and where it lands).
+    #[inline]
     pub fn note_instruction(&mut self, inst: usize, op: &Op) {
         if let Op::Ja { target } | Op::Jcond { target, .. } = *op {
             let target = target as usize;

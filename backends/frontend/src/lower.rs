@@ -365,6 +365,7 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
     // per-instruction lookups.
     let walks = !l.driver().access.walks.is_empty();
     let groups = !l.driver().access.groups.is_empty();
+    let blind_key = l.driver().mode.blind_key;
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let entry = l.driver().entries[k];
         l.bind(entry);
@@ -375,7 +376,8 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
         l.driver()
             .islands
             .begin_function(pos, sp.start, sp.end, prog.insts.len());
-        for i in sp.start..sp.end {
+        // Zipped with the instructions: no bounds check per instruction in the hot loop.
+        for (i, inst) in (sp.start..).zip(&prog.insts[sp.start..sp.end]) {
             let pos = l.position();
             let d = l.driver();
             let queued = !d.colds.is_empty();
@@ -384,7 +386,7 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
             }
             let d = l.driver();
             d.cur = i;
-            d.islands.note_instruction(i, &prog.insts[i].op);
+            d.islands.note_instruction(i, &inst.op);
             if walks {
                 if let Some(w) = d.access.walk_at_head(i) {
                     walk_head(l, w, i);
@@ -405,7 +407,7 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
             if groups {
                 group_check_at(l, i);
             }
-            lower_instruction(l, k, i)?;
+            lower_instruction(l, k, i, inst, blind_key)?;
         }
         let epilogue = l.driver().epilogues[k];
         l.bind(epilogue);
@@ -418,14 +420,15 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
 /// Instruction `i` of function `k`, through the blinding rewrite when the program's
 /// constants are blinded ([`blind`]): the backend lowers the rewritten instructions one by
 /// one, all at `i` (same pc, same labels), and never sees the key.
+#[inline(always)]
 fn lower_instruction<'a, L: Lowering<'a>>(
     l: &mut L,
     k: usize,
     i: usize,
+    inst: &Inst,
+    blind_key: Option<u64>,
 ) -> Result<(), CompileError> {
-    let d = l.driver();
-    let inst = &d.prog.insts[i];
-    let Some(blinded) = d.mode.blind_key.and_then(|key| blind(inst, key)) else {
+    let Some(blinded) = blind_key.and_then(|key| blind(inst, key)) else {
         return l.instruction(k, i, inst);
     };
     for &op in blinded.ops() {
@@ -571,7 +574,8 @@ fn checked_copy<'a, L: Lowering<'a>>(
             continue;
         }
         l.driver().cur = i;
-        lower_instruction(l, k, i)?;
+        let blind_key = l.driver().mode.blind_key;
+        lower_instruction(l, k, i, &prog.insts[i], blind_key)?;
     }
     let d = l.driver();
     (d.copy, d.copy_head, d.skip) = (None, None, None);

@@ -4,13 +4,18 @@
 //! the production path, the benches' measurement path and the plugin's `compile` are one
 //! path with one set of checks.
 //!
+//! A backend crate's `lib.rs` declares its `TARGET` and one line, [`backend_crate!`], which
+//! gives it the public entry points every backend crate has (`emit_program`,
+//! `emit_request`, `emit_request_with`) and its `JitBackend` impl:
+//!
 //! ```ignore
-//! pub const TARGET: Target = Target { name: "arm64", supported_features: .., inline_kinds: .., lower: lower::emit_decoded_with };
-//! pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> { TARGET.emit_request(req) }
+//! pub const TARGET: Target = Target { arch: Arch::Aarch64, isa: "arm64", name: "packjit-arm64", .. };
+//! packjit_frontend::backend_crate!(Arm64Backend, TARGET);
 //! ```
 
 use packjit_plugin_api::{
-    install_code_with_line_table, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry,
+    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
+    HelperEntry,
 };
 
 use crate::analysis::{validate_inline_kinds, validate_request, CodegenMode, EmitOptions};
@@ -25,8 +30,13 @@ pub type LowerFn =
 /// What the front end needs to know of a backend to serve its entry points.
 #[derive(Clone, Copy, Debug)]
 pub struct Target {
+    pub arch: Arch,
     /// The ISA's name in error messages (`"arm64"`, `"riscv64"`, `"x86-64"`).
+    pub isa: &'static str,
+    /// The backend's name as `JitBackend::name` reports it (`"packjit-arm64"`).
     pub name: &'static str,
+    /// The optional features the running CPU has (0 on another ISA).
+    pub detect_features: fn() -> u64,
     /// Every `features` bit the backend understands; a request with others is refused.
     pub supported_features: u64,
     /// The inlined helper kinds the backend emits (a bit per `PJ_INLINE_*`).
@@ -39,8 +49,8 @@ impl Target {
     /// The request validated (flags, feature bits, inline helper kinds) and its code
     /// verified and decoded for lowering.
     pub fn decode(&self, req: &CompileRequest<'_>) -> Result<(Program, CodegenMode), CompileError> {
-        let mode = validate_request(req, self.name, self.supported_features)?;
-        validate_inline_kinds(req.helpers, self.name, self.inline_kinds)?;
+        let mode = validate_request(req, self.isa, self.supported_features)?;
+        validate_inline_kinds(req.helpers, self.isa, self.inline_kinds)?;
         let prog = crate::decode_for_lowering(req)?;
         Ok((prog, mode))
     }
@@ -89,4 +99,91 @@ impl Target {
         let line_table = prog.line_table(out.inst_offsets);
         install_code_with_line_table(arena, &out.bytes, out.native_insns, line_table)
     }
+}
+
+/// What [`backend_crate!`] expands to refers to through here, so a backend crate needs no
+/// extra imports for it.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::analysis::EmitOptions;
+    pub use crate::lower::Emitted;
+    pub use packjit_plugin_api::{
+        Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry, JitBackend,
+    };
+}
+
+/// The entry points every backend crate has, and its `JitBackend` impl, from the unit
+/// struct `$backend` and the crate's `$target` ([`Target`]): one definition for every
+/// backend, so the crates cannot drift apart.
+#[macro_export]
+macro_rules! backend_crate {
+    ($backend:ident, $target:ident) => {
+        /// Verifies `code` against `helpers` and emits trusted code (no compile flags) with
+        /// the optional `features`, without placing it anywhere (tools, tests).
+        pub fn emit_program(
+            code: &[u8],
+            helpers: &[$crate::target::__private::HelperEntry],
+            features: u64,
+        ) -> Result<$crate::target::__private::Emitted, $crate::target::__private::CompileError>
+        {
+            $target.emit_program(code, helpers, features)
+        }
+
+        /// Validates the request's flags and features, verifies the code and emits it.
+        pub fn emit_request(
+            req: &$crate::target::__private::CompileRequest<'_>,
+        ) -> Result<$crate::target::__private::Emitted, $crate::target::__private::CompileError>
+        {
+            $target.emit_request(req)
+        }
+
+        /// [`emit_request`] with measurement-only switches (see `EmitOptions`): for the
+        /// benches, never used by the plugin or the runtime; the same validation as
+        /// production.
+        #[doc(hidden)]
+        pub fn emit_request_with(
+            req: &$crate::target::__private::CompileRequest<'_>,
+            opts: $crate::target::__private::EmitOptions,
+        ) -> Result<$crate::target::__private::Emitted, $crate::target::__private::CompileError>
+        {
+            $target.emit_request_with(req, opts)
+        }
+
+        impl $crate::target::__private::JitBackend for $backend {
+            fn arch(&self) -> $crate::target::__private::Arch {
+                $target.arch
+            }
+
+            fn name(&self) -> &str {
+                $target.name
+            }
+
+            fn version(&self) -> &str {
+                env!("CARGO_PKG_VERSION")
+            }
+
+            fn supported_features(&self) -> u64 {
+                $target.supported_features
+            }
+
+            fn detect_features(&self) -> u64 {
+                ($target.detect_features)()
+            }
+
+            fn inline_kinds(&self) -> u32 {
+                $target.inline_kinds
+            }
+
+            fn compile(
+                &self,
+                req: &$crate::target::__private::CompileRequest<'_>,
+                arena: &dyn $crate::target::__private::CodeArena,
+            ) -> Result<
+                $crate::target::__private::Compiled,
+                $crate::target::__private::CompileError,
+            > {
+                $target.compile(req, arena)
+            }
+        }
+    };
 }

@@ -42,8 +42,7 @@ pub use packjit_frontend::lower::Emitted;
 
 use packjit_frontend::target::Target;
 use packjit_plugin_api::{
-    pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry,
-    JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
+    pj_inline_bit, Arch, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// Zbb (basic bit manipulation) is available.
@@ -63,36 +62,14 @@ pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
 
 /// The RV64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {
-    name: "riscv64",
+    arch: Arch::Riscv64,
+    isa: "riscv64",
+    name: "packjit-rv64",
+    detect_features: detect::detect,
     supported_features: SUPPORTED_FEATURES,
     inline_kinds: INLINE_KINDS,
     lower: emit_decoded_with,
 };
-
-/// Verifies `code` against `helpers` and emits trusted RV64 code (no compile flags) using
-/// the optional `features`.
-pub fn emit_program(
-    code: &[u8],
-    helpers: &[HelperEntry],
-    features: u64,
-) -> Result<Emitted, CompileError> {
-    TARGET.emit_program(code, helpers, features)
-}
-
-/// Validates the request's flags and features, verifies the code and emits it.
-pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
-    TARGET.emit_request(req)
-}
-
-/// [`emit_request`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
-/// benches, never used by the plugin or the runtime; the same validation as production.
-#[doc(hidden)]
-pub fn emit_request_with(
-    req: &CompileRequest<'_>,
-    opts: EmitOptions,
-) -> Result<Emitted, CompileError> {
-    TARGET.emit_request_with(req, opts)
-}
 
 /// The RV64 backend.
 #[derive(Clone, Copy, Debug, Default)]
@@ -110,39 +87,7 @@ pub fn native_insn_count(code: &[u8]) -> usize {
     encode::count_insns(code)
 }
 
-impl JitBackend for Rv64Backend {
-    fn arch(&self) -> Arch {
-        Arch::Riscv64
-    }
-
-    fn name(&self) -> &str {
-        "packjit-rv64"
-    }
-
-    fn version(&self) -> &str {
-        env!("CARGO_PKG_VERSION")
-    }
-
-    fn supported_features(&self) -> u64 {
-        SUPPORTED_FEATURES
-    }
-
-    fn detect_features(&self) -> u64 {
-        detect::detect()
-    }
-
-    fn inline_kinds(&self) -> u32 {
-        INLINE_KINDS
-    }
-
-    fn compile(
-        &self,
-        req: &CompileRequest<'_>,
-        arena: &dyn CodeArena,
-    ) -> Result<Compiled, CompileError> {
-        TARGET.compile(req, arena)
-    }
-}
+packjit_frontend::backend_crate!(Rv64Backend, TARGET);
 
 /// Run-time CPU feature detection.
 pub mod detect {

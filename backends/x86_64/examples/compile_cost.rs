@@ -26,12 +26,13 @@
 //! callgrind_annotate --inclusive=yes cg.out | head -60
 //! ```
 //!
-//! Engines: `trusted` (`emit_program`, flags 0, no CPU features: the code `x86_bench`
+//! Engines: `trusted` (`emit_request`, flags 0, no CPU features: the code `x86_bench`
 //! times), `sandboxed` (`PJ_COMPILE_SANDBOX`), `rbpf` (`EbpfVmRaw::new` + `jit_compile`, then
 //! drop). packjit's figure stops at the emitted bytes (no arena install), like rbpf's.
 
 use packjit_plugin_api::abi::PJ_COMPILE_SANDBOX;
-use packjit_x86_64::{emit_program, Options};
+use packjit_plugin_api::CompileRequest;
+use packjit_x86_64::emit_request;
 use std::hint::black_box;
 use std::process::Command;
 
@@ -42,15 +43,18 @@ fn run(engine: &str, n: usize, code: &[u8]) {
     for _ in 0..n {
         match engine {
             "trusted" | "sandboxed" => {
-                let opts = Options {
+                let req = CompileRequest {
+                    code: black_box(code),
+                    helpers: &[],
+                    features: 0,
                     flags: if engine == "sandboxed" {
                         PJ_COMPILE_SANDBOX
                     } else {
                         0
                     },
-                    ..Options::default()
+                    blind_key: 0,
                 };
-                black_box(emit_program(black_box(code), &[], &opts).expect("compiles"));
+                black_box(emit_request(&req).expect("compiles"));
             }
             "rbpf" => {
                 let mut vm = rbpf::EbpfVmRaw::new(Some(black_box(code))).expect("rbpf accepts");

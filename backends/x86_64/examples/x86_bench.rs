@@ -11,7 +11,7 @@
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::abi::{PjExecEnv, PJ_COMPILE_SANDBOX, PJ_STOP_NONE};
 use packjit_plugin_api::{CodeArena, CompileRequest, HelperEntry, JitBackend, PjProgramEntry};
-use packjit_x86_64::{emit_program, Options, X86Backend};
+use packjit_x86_64::{emit_program, X86Backend};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -298,7 +298,7 @@ fn main() {
         let reps = (40_000 / n).max(20);
         let (t_pj, _) = time(5, || {
             for _ in 0..reps {
-                black_box(emit_program(&row.code, &helpers, &Options::default()).unwrap());
+                black_box(emit_program(&row.code, &helpers, 0).unwrap());
             }
             0
         });

@@ -21,7 +21,7 @@
 //! assert_eq!(be.arch(), Arch::X86_64);
 //! // mov r0, 7 ; exit  ->  endbr64 ; mov eax, 7 ; ret
 //! let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
-//! let out = packjit_x86_64::emit_program(&code, &[], &Default::default()).unwrap();
+//! let out = packjit_x86_64::emit_program(&code, &[], 0).unwrap();
 //! assert_eq!(out.bytes, [0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 7, 0, 0, 0, 0xc3]);
 //! ```
 
@@ -36,8 +36,7 @@ pub use lower::{emit_decoded_with, EmitOptions};
 
 use packjit_frontend::target::Target;
 use packjit_plugin_api::{
-    pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest, Compiled, HelperEntry,
-    JitBackend, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
+    pj_inline_bit, Arch, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
@@ -55,53 +54,14 @@ pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
 
 /// The x86-64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {
-    name: "x86-64",
+    arch: Arch::X86_64,
+    isa: "x86-64",
+    name: "packjit-x86-64",
+    detect_features: detect_cpu_features,
     supported_features: SUPPORTED_FEATURES,
     inline_kinds: INLINE_KINDS,
     lower: emit_decoded_with,
 };
-
-/// Compile options for [`emit_program`] (the request fields that shape the code).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Options {
-    /// `PJ_COMPILE_*` flags.
-    pub flags: u32,
-    /// Feature bits.
-    pub features: u64,
-    /// Blinding key (with `PJ_COMPILE_BLIND_CONSTANTS`).
-    pub blind_key: u64,
-}
-
-/// Verifies `code` and emits x86-64 bytes without placing them anywhere (tests, dumps).
-pub fn emit_program(
-    code: &[u8],
-    helpers: &[HelperEntry],
-    opts: &Options,
-) -> Result<Emitted, CompileError> {
-    let req = CompileRequest {
-        code,
-        helpers,
-        features: opts.features,
-        flags: opts.flags,
-        blind_key: opts.blind_key,
-    };
-    emit_request(&req)
-}
-
-/// Validates the request's flags and features, verifies the code and emits it.
-pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
-    TARGET.emit_request(req)
-}
-
-/// [`emit_request`] with measurement-only switches (see [`EmitOptions`]): for the sandbox
-/// benches, never used by the plugin or the runtime; the same validation as production.
-#[doc(hidden)]
-pub fn emit_request_with(
-    req: &CompileRequest<'_>,
-    opts: EmitOptions,
-) -> Result<Emitted, CompileError> {
-    TARGET.emit_request_with(req, opts)
-}
 
 /// The x86-64 JIT backend. Stateless: one instance compiles for any number of threads.
 #[derive(Clone, Copy, Debug, Default)]
@@ -130,38 +90,6 @@ pub fn detect_cpu_features() -> u64 {
     f
 }
 
-impl JitBackend for X86Backend {
-    fn arch(&self) -> Arch {
-        Arch::X86_64
-    }
-
-    fn name(&self) -> &str {
-        "packjit-x86-64"
-    }
-
-    fn version(&self) -> &str {
-        env!("CARGO_PKG_VERSION")
-    }
-
-    fn supported_features(&self) -> u64 {
-        SUPPORTED_FEATURES
-    }
-
-    fn detect_features(&self) -> u64 {
-        detect_cpu_features()
-    }
-
-    fn inline_kinds(&self) -> u32 {
-        INLINE_KINDS
-    }
-
-    fn compile(
-        &self,
-        req: &CompileRequest<'_>,
-        arena: &dyn CodeArena,
-    ) -> Result<Compiled, CompileError> {
-        TARGET.compile(req, arena)
-    }
-}
+packjit_frontend::backend_crate!(X86Backend, TARGET);
 
 packjit_plugin_api::export_backend!("packjit_x86_64_plugin_v1", X86Backend, X86Backend::new());

@@ -10,8 +10,9 @@ mod common;
 
 use common::asm;
 use packjit_plugin_api::abi::*;
+use packjit_plugin_api::CompileRequest;
 use packjit_plugin_api::HelperEntry;
-use packjit_x86_64::{emit_program, Options, FEATURE_BMI2, FEATURE_MOVBE};
+use packjit_x86_64::{emit_request, FEATURE_BMI2, FEATURE_MOVBE};
 
 const PROGRAMS: &[&str] = &[
     "ldxdw %r0, [%r1+8]\nstxdw [%r10-8], %r0\nexit",
@@ -47,13 +48,14 @@ fn render() -> String {
     for (i, src) in PROGRAMS.iter().enumerate() {
         for &flags in FLAGS {
             for features in [0, FEATURE_BMI2 | FEATURE_MOVBE] {
-                let opts = Options {
-                    flags,
+                let code = emit_request(&CompileRequest {
+                    code: &asm(src),
+                    helpers: &helpers,
                     features,
+                    flags,
                     blind_key: 1,
-                };
-                let code = emit_program(&asm(src), &helpers, &opts)
-                    .unwrap_or_else(|e| panic!("program {i} flags {flags:#x}: {e}"));
+                })
+                .unwrap_or_else(|e| panic!("program {i} flags {flags:#x}: {e}"));
                 let hex: String = code.bytes.iter().map(|b| format!("{b:02x}")).collect();
                 out += &format!(
                     "p{i} flags={flags:#x} features={features:#x} insns={} {hex}\n",

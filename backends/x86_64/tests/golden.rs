@@ -12,7 +12,7 @@ mod common;
 use common::asm;
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CodeArena, CompileRequest, ErrorKind, HelperEntry, JitBackend};
-use packjit_x86_64::{emit_program, Options, X86Backend, FEATURE_BMI2, FEATURE_MOVBE};
+use packjit_x86_64::{emit_program, emit_request, X86Backend, FEATURE_BMI2, FEATURE_MOVBE};
 use std::process::Command;
 
 /// Disassembles `bytes`: one `mnemonic operands` line per instruction.
@@ -66,15 +66,13 @@ fn helpers() -> Vec<HelperEntry> {
 }
 
 fn code(src: &str, flags: u32, features: u64) -> Vec<String> {
-    let out = emit_program(
-        &asm(src),
-        &helpers(),
-        &Options {
-            flags,
-            features,
-            blind_key: 1,
-        },
-    )
+    let out = emit_request(&packjit_plugin_api::CompileRequest {
+        code: &asm(src),
+        helpers: &helpers(),
+        features,
+        flags,
+        blind_key: 1,
+    })
     .unwrap_or_else(|e| panic!("{src}: {e}"));
     let d = disasm(&out.bytes);
     assert_eq!(
@@ -622,7 +620,7 @@ fn far_branches_relax_to_rel32_and_near_ones_stay_rel8() {
         src.push_str("add %r1, 100000\n");
     }
     src.push_str("far:\nmov %r0, %r1\nexit");
-    let out = emit_program(&asm(&src), &[], &Options::default()).unwrap();
+    let out = emit_program(&asm(&src), &[], 0).unwrap();
     assert_eq!(
         out.passes, 2,
         "one pass to find the far branch, one to settle"
@@ -646,7 +644,7 @@ fn far_backward_jumps_are_rel32_in_the_first_pass() {
         src.push_str("add %r1, 100000\n");
     }
     src.push_str("add %r0, 1\njne %r0, 9, l\nexit");
-    let out = emit_program(&asm(&src), &[], &Options::default()).unwrap();
+    let out = emit_program(&asm(&src), &[], 0).unwrap();
     assert_eq!(out.passes, 1);
     let d = disasm(&out.bytes);
     let jne = d
@@ -687,7 +685,7 @@ fn backend_identity_and_features() {
 #[test]
 fn bad_requests_are_errors_naming_pc_and_reason() {
     let code = asm("call 9\nexit");
-    let e = emit_program(&code, &helpers(), &Options::default()).unwrap_err();
+    let e = emit_program(&code, &helpers(), 0).unwrap_err();
     assert_eq!(e.pc, Some(0));
     assert!(e.message.contains('9'), "{e}");
     let ok = asm("mov %r0, 1\nexit");
@@ -705,7 +703,7 @@ fn bad_requests_are_errors_naming_pc_and_reason() {
         .compile(&req(&ok, &[], 0, 1 << 9), arena)
         .unwrap_err();
     assert!(e.message.starts_with("unknown compile flags 0x200"), "{e}");
-    let e = emit_program(&ok[..8], &[], &Options::default()).unwrap_err();
+    let e = emit_program(&ok[..8], &[], 0).unwrap_err();
     assert_eq!(
         e.to_string(),
         "pc 0: falls through past the end of the program"
@@ -720,7 +718,7 @@ fn line_table_maps_every_slot_to_its_code() {
     let c = X86Backend::new()
         .compile(&req(&code, &[], 0, 0), arena)
         .unwrap();
-    let out = emit_program(&code, &[], &Options::default()).unwrap();
+    let out = emit_program(&code, &[], 0).unwrap();
     // endbr64 (4 bytes), then one entry per slot; lddw's second slot has no code.
     assert_eq!(
         c.pc_offsets,
@@ -822,15 +820,13 @@ fn inlined_builtins_are_short_sequences() {
         .to_vec(),
     ];
     for ((name, code, flags), want) in packjit_testkit::inline_cases::programs().iter().zip(want) {
-        let out = emit_program(
+        let out = emit_request(&packjit_plugin_api::CompileRequest {
             code,
-            &helpers,
-            &Options {
-                flags: *flags,
-                features: 0,
-                blind_key: 1,
-            },
-        )
+            helpers: &helpers,
+            features: 0,
+            flags: *flags,
+            blind_key: 1,
+        })
         .unwrap();
         let got = disasm(&out.bytes);
         assert_eq!(got, want, "{name}:\n{}", got.join("\n"));
@@ -848,15 +844,13 @@ fn loops_clamp_what_they_no_longer_check() {
     let programs = packjit_testkit::bench::sandbox_programs();
     let hot_loop = |name: &str| -> (Vec<String>, Vec<String>) {
         let p = programs.iter().find(|p| p.name.starts_with(name)).unwrap();
-        let out = emit_program(
-            &p.code,
-            &[],
-            &Options {
-                flags: PJ_COMPILE_SANDBOX,
-                features: 0,
-                blind_key: 1,
-            },
-        )
+        let out = emit_request(&packjit_plugin_api::CompileRequest {
+            code: &p.code,
+            helpers: &[],
+            features: 0,
+            flags: PJ_COMPILE_SANDBOX,
+            blind_key: 1,
+        })
         .unwrap();
         let from = packjit_testkit::bench::loop_landing(
             p.hot.start,
@@ -933,16 +927,7 @@ fn loops_clamp_what_they_no_longer_check() {
 #[test]
 fn callx_dispatches_through_a_table_when_ids_are_dense() {
     let hs = packjit_testkit::inline_cases::dense_callx_helpers(HELPER_ADDR);
-    let out = emit_program(
-        &asm("mov %r0, 0\ncall %r0\nexit"),
-        &hs,
-        &Options {
-            flags: 0,
-            features: 0,
-            blind_key: 1,
-        },
-    )
-    .unwrap();
+    let out = emit_program(&asm("mov %r0, 0\ncall %r0\nexit"), &hs, 0).unwrap();
     let table = out.bytes.len() - 64;
     assert_eq!(table % 8, 0, "aligned");
     assert_eq!(

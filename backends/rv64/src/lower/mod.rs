@@ -438,6 +438,9 @@ impl<'a> Lowering<'a> for Codegen<'a> {
         self.emit_epilogue(func);
     }
 
+    // Inlined into the driver's instruction loop, as the lowering was into the loop it had
+    // before the driver (a call per instruction costs compile time: see x86-64's).
+    #[inline(always)]
     fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
         self.lower_inst(func, i, inst);
         Ok(())
