@@ -32,6 +32,7 @@ use packjit_plugin_api::abi::{
 
 use crate::lower::Codegen;
 use crate::regs::*;
+use packjit_frontend::lower::FrameHooks;
 
 /// What a function's prologue saves and reserves.
 #[derive(Clone, Debug)]
@@ -152,28 +153,6 @@ pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) ->
 }
 
 impl Codegen<'_> {
-    pub(crate) fn function_prologue(&mut self, k: usize) {
-        let f = self.plan.frames[k].clone();
-        if f.save_lr {
-            // Frame record first so unwinders and debuggers can walk JIT frames.
-            a64!(self.ops; stp x29, x30, [sp, -16]! ; mov x29, sp);
-        }
-        for pair in f.saved.chunks(2) {
-            match *pair {
-                [a, b] => a64!(self.ops; stp X(a), X(b), [sp, -16]!),
-                // sp must stay 16-byte aligned: a lone register still takes 16 bytes.
-                [a] => a64!(self.ops; str X(a), [sp, -16]!),
-                _ => unreachable!(),
-            }
-        }
-        if f.native_frame {
-            a64!(self.ops; sub sp, sp, STACK_SIZE as u32);
-        }
-        if k == 0 {
-            self.entry_state();
-        }
-    }
-
     /// The entry's run-time state: env, entry_sp, the sandbox's bounds and stack block, the
     /// budget, and zeroed registers. Runs after the pushes, so sp is what a stop restores.
     fn entry_state(&mut self) {
@@ -241,9 +220,33 @@ impl Codegen<'_> {
             }
         }
     }
+}
+
+impl<'a> FrameHooks<'a> for Codegen<'a> {
+    fn prologue(&mut self, k: usize) {
+        let f = self.plan.frames[k].clone();
+        if f.save_lr {
+            // Frame record first so unwinders and debuggers can walk JIT frames.
+            a64!(self.ops; stp x29, x30, [sp, -16]! ; mov x29, sp);
+        }
+        for pair in f.saved.chunks(2) {
+            match *pair {
+                [a, b] => a64!(self.ops; stp X(a), X(b), [sp, -16]!),
+                // sp must stay 16-byte aligned: a lone register still takes 16 bytes.
+                [a] => a64!(self.ops; str X(a), [sp, -16]!),
+                _ => unreachable!(),
+            }
+        }
+        if f.native_frame {
+            a64!(self.ops; sub sp, sp, STACK_SIZE as u32);
+        }
+        if k == 0 {
+            self.entry_state();
+        }
+    }
 
     /// The epilogue of function `k`, after its label (bound by the driver).
-    pub(crate) fn function_epilogue(&mut self, k: usize) {
+    fn epilogue(&mut self, k: usize) {
         let f = self.plan.frames[k].clone();
         if f.native_frame {
             a64!(self.ops; add sp, sp, STACK_SIZE as u32);
@@ -279,5 +282,8 @@ impl Codegen<'_> {
             a64!(self.ops; ldp x29, x30, [sp], 16);
         }
         a64!(self.ops; ret);
+    }
+    fn enter_function(&mut self, func: usize) {
+        self.map = self.plan.frames[func].map;
     }
 }

@@ -45,9 +45,8 @@ mod frame;
 mod lower;
 pub mod regs;
 
-pub use lower::{emit_decoded, Emitted};
 #[doc(hidden)]
-pub use lower::{emit_decoded_with, EmitOptions};
+pub use lower::emit_decoded_with;
 
 use packjit_frontend::target::Target;
 use packjit_plugin_api::{

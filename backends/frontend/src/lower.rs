@@ -282,9 +282,19 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
     }
 }
 
-/// What every backend implements: the ISA hooks the driver calls. Names say what each
-/// emits; the state they share with the driver is [`Driver`], reached through
-/// [`Lowering::driver`].
+/// What every backend implements: the ISA hooks the driver calls, named after what they
+/// emit, in five traits, each implemented in the backend's file of that concern:
+///
+/// | trait | backend file | hooks |
+/// |---|---|---|
+/// | [`Lowering`] | `lower/mod.rs` | the assembler's position, labels and jumps; one instruction |
+/// | [`FrameHooks`] | `frame.rs` | prologue, epilogue, a function's register map |
+/// | [`CheckHooks`] | `lower/mem.rs` | a check group's widened test, an access's slow path |
+/// | [`WalkHooks`] | `lower/jump.rs` | a walk's entry, extent test and pointer clamp |
+/// | [`StopHooks`] | `lower/cold.rs` | budget stops, the ISA's own cold code, the program's end |
+///
+/// [`Isa`] names all five. The state the hooks share with the driver is [`Driver`], reached
+/// through [`Lowering::driver`].
 pub trait Lowering<'a> {
     /// Where an access's address is for its slow path (a register, or base and offset).
     type AccessSite: Copy;
@@ -292,8 +302,6 @@ pub trait Lowering<'a> {
     type IsaCold: Copy;
 
     fn driver(&mut self) -> &mut Driver<'a, Self::AccessSite, Self::IsaCold>;
-
-    // -- the assembler ------------------------------------------------------------------
     /// Bytes emitted so far.
     fn position(&self) -> usize;
     fn new_label(&mut self) -> DynamicLabel;
@@ -305,31 +313,26 @@ pub trait Lowering<'a> {
     fn jump_over_island(&mut self, label: DynamicLabel) {
         self.jump(label);
     }
+    /// One instruction (`driver().cur == i`), on the hot path or in a checked copy.
+    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError>;
+}
 
-    // -- functions and instructions -------------------------------------------------------
+/// A function's frame.
+pub trait FrameHooks<'a>: Lowering<'a> {
     fn prologue(&mut self, func: usize);
     /// The epilogue of `func`, after the driver bound `epilogues[func]`.
     fn epilogue(&mut self, func: usize);
     /// Before emitting code of `func` (its body, or cold code of its instructions): select
     /// that function's register map, if the backend has one per function.
     fn enter_function(&mut self, _func: usize) {}
-    /// One instruction (`driver().cur == i`), on the hot path or in a checked copy.
-    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError>;
+}
 
-    // -- the sandbox ---------------------------------------------------------------------
+/// The sandbox's memory checks.
+pub trait CheckHooks<'a>: Lowering<'a> {
     /// Check group `group`'s widened test before its first member, then the base clamped in
     /// place; branches to `fail` (the group's checked copy) when the test fails. The driver
     /// then binds the group's resume label and queues the copy.
     fn group_check(&mut self, group: usize, fail: DynamicLabel);
-    /// A guarded walk's entry test; branches to `fail` (the loop's checked copy) when the
-    /// walk may leave its region.
-    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel);
-    /// A walk's entry, before the jump to its head: copies the pointer into the walk's
-    /// shadow and loads loop-invariant limits.
-    fn walk_entry(&mut self, walk: usize);
-    /// The pointer clamp a walk's back-edge lands on (only with clamping on); falls into
-    /// the head.
-    fn walk_clamp(&mut self, walk: usize);
     /// The slow path of a checked access whose inline test failed, at `label`: the shared
     /// full check, then back to `resume`.
     fn access_slow_path(
@@ -341,6 +344,25 @@ pub trait Lowering<'a> {
         write: bool,
         site: Self::AccessSite,
     ) -> Result<(), CompileError>;
+    /// After a checked copy's last instruction, before the driver's jump on past it.
+    fn checked_copy_done(&mut self, _copy: CopyOf) {}
+}
+
+/// Loops that walk a pointer (`walks`).
+pub trait WalkHooks<'a>: Lowering<'a> {
+    /// A guarded walk's entry test; branches to `fail` (the loop's checked copy) when the
+    /// walk may leave its region.
+    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel);
+    /// A walk's entry, before the jump to its head: copies the pointer into the walk's
+    /// shadow and loads loop-invariant limits.
+    fn walk_entry(&mut self, walk: usize);
+    /// The pointer clamp a walk's back-edge lands on (only with clamping on); falls into
+    /// the head.
+    fn walk_clamp(&mut self, walk: usize);
+}
+
+/// Cold code and the program's end.
+pub trait StopHooks<'a>: Lowering<'a> {
     /// At `label`: the budget could not pay `charge` at `inst`; stop there.
     fn budget_stop(
         &mut self,
@@ -350,16 +372,19 @@ pub trait Lowering<'a> {
     ) -> Result<(), CompileError>;
     /// Cold code of the ISA's own.
     fn isa_cold(&mut self, cold: Self::IsaCold) -> Result<(), CompileError>;
-    /// After a checked copy's last instruction, before the driver's jump on past it.
-    fn checked_copy_done(&mut self, _copy: CopyOf) {}
     /// After queued cold code was placed, before instruction `next`.
     fn cold_placed(&mut self, _next: usize) {}
     /// After every function: the shared check, stop paths, tables, constants.
     fn program_end(&mut self) -> Result<(), CompileError>;
 }
 
+/// Everything the driver needs of a backend's lowering: the five hook traits.
+pub trait Isa<'a>: FrameHooks<'a> + CheckHooks<'a> + WalkHooks<'a> + StopHooks<'a> {}
+
+impl<'a, T> Isa<'a> for T where T: FrameHooks<'a> + CheckHooks<'a> + WalkHooks<'a> + StopHooks<'a> {}
+
 /// One emission pass over the whole program.
-pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError> {
+pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
     let prog = l.driver().prog;
     // Walks and check groups exist only in sandboxed code: trusted code skips the
     // per-instruction lookups.
@@ -421,7 +446,7 @@ pub fn lower_program<'a, L: Lowering<'a>>(l: &mut L) -> Result<(), CompileError>
 /// constants are blinded ([`blind`]): the backend lowers the rewritten instructions one by
 /// one, all at `i` (same pc, same labels), and never sees the key.
 #[inline(always)]
-fn lower_instruction<'a, L: Lowering<'a>>(
+fn lower_instruction<'a, L: Isa<'a>>(
     l: &mut L,
     k: usize,
     i: usize,
@@ -440,7 +465,7 @@ fn lower_instruction<'a, L: Lowering<'a>>(
 /// A group's widened test, where its first member's code starts: before anything of that
 /// instruction (an immediate to store, say), so a re-entering jump that lands right after
 /// the test skips nothing else.
-fn group_check_at<'a, L: Lowering<'a>>(l: &mut L, i: usize) {
+fn group_check_at<'a, L: Isa<'a>>(l: &mut L, i: usize) {
     let d = l.driver();
     let Some(g) = d.access.group_of(i) else {
         return;
@@ -464,7 +489,7 @@ fn group_check_at<'a, L: Lowering<'a>>(l: &mut L, i: usize) {
 /// over the pointer clamp its back-edge lands on. The clamp redoes the loop's test and,
 /// with no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
 /// pointer itself) when the loop should have ended (a mispredicted back-edge).
-fn walk_head<'a, L: Lowering<'a>>(l: &mut L, k: usize, head: usize) {
+fn walk_head<'a, L: Isa<'a>>(l: &mut L, k: usize, head: usize) {
     let d = l.driver();
     let (guard, head_label, clamp_label) =
         (d.access.walks[k].guard, d.labels[head], d.walk_clamps[k]);
@@ -486,7 +511,7 @@ fn walk_head<'a, L: Lowering<'a>>(l: &mut L, k: usize, head: usize) {
 
 /// The queued cold code, here (before instruction `next`): after its function or in an
 /// island. A checked copy adds the cold sides of its own checks.
-fn emit_queued_cold<'a, L: Lowering<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
+fn emit_queued_cold<'a, L: Isa<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
     let start = l.position();
     while !l.driver().colds.is_empty() {
         for cold in std::mem::take(&mut l.driver().colds) {
@@ -500,7 +525,7 @@ fn emit_queued_cold<'a, L: Lowering<'a>>(l: &mut L, next: usize) -> Result<(), C
 }
 
 /// The queued cold code between two instructions, jumped over by the hot path.
-fn island<'a, L: Lowering<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
+fn island<'a, L: Isa<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
     let over = l.new_label();
     l.jump_over_island(over);
     emit_queued_cold(l, next)?;
@@ -508,7 +533,7 @@ fn island<'a, L: Lowering<'a>>(l: &mut L, next: usize) -> Result<(), CompileErro
     Ok(())
 }
 
-fn emit_cold<'a, L: Lowering<'a>>(
+fn emit_cold<'a, L: Isa<'a>>(
     l: &mut L,
     cold: Cold<L::AccessSite, L::IsaCold>,
 ) -> Result<(), CompileError> {
@@ -554,7 +579,7 @@ fn emit_cold<'a, L: Lowering<'a>>(
 /// The checked copy of instructions `first..=last` at `label` (a loop's back-edge then goes
 /// to the copy's own head), then on after them: neither a group nor a loop ends its
 /// function.
-fn checked_copy<'a, L: Lowering<'a>>(
+fn checked_copy<'a, L: Isa<'a>>(
     l: &mut L,
     label: DynamicLabel,
     first: usize,
@@ -596,9 +621,9 @@ pub struct Assembled {
     pub data: Vec<Range<usize>>,
 }
 
-/// One pass's lowering as [`emit`] drives it: a [`Lowering`] that can also report its
+/// One pass's lowering as [`emit`] drives it: an [`Isa`] that can also report its
 /// branch sites and hand over its code.
-pub trait Pass<'a>: Lowering<'a> + Sized {
+pub trait Pass<'a>: Isa<'a> + Sized {
     /// The branch forms the backend relaxes.
     type Form: Copy + Ord + std::fmt::Debug;
     /// `None` when every branch site reaches in the form it was emitted in (the usual

@@ -118,6 +118,21 @@ pub mod __private {
 #[macro_export]
 macro_rules! backend_crate {
     ($backend:ident, $target:ident) => {
+        pub use $crate::lower::Emitted;
+        #[doc(hidden)]
+        pub use $crate::analysis::EmitOptions;
+
+        /// Emits an already decoded program (`packjit_frontend::decode_for_lowering`) for
+        /// `mode` (`packjit_frontend::analysis::validate_request`).
+        pub fn emit_decoded(
+            prog: &$crate::Program,
+            helpers: &[$crate::target::__private::HelperEntry],
+            mode: &$crate::analysis::CodegenMode,
+        ) -> Result<$crate::target::__private::Emitted, $crate::target::__private::CompileError>
+        {
+            ($target.lower)(prog, helpers, mode, $crate::analysis::EmitOptions::default())
+        }
+
         /// Verifies `code` against `helpers` and emits trusted code (no compile flags) with
         /// the optional `features`, without placing it anywhere (tools, tests).
         pub fn emit_program(

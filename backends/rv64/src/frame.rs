@@ -38,6 +38,7 @@ use crate::regs::{
 use packjit_frontend::analysis::{
     entry_zeroing, live_in, stack_block_size, CodegenMode, LoweringReads,
 };
+use packjit_frontend::lower::FrameHooks;
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
@@ -174,8 +175,10 @@ impl Codegen<'_> {
             self.e.rrr(R3::Add, rd, rs, tmp);
         }
     }
+}
 
-    pub(crate) fn emit_prologue(&mut self, k: usize) {
+impl<'a> FrameHooks<'a> for Codegen<'a> {
+    fn prologue(&mut self, k: usize) {
         let f = self.layout.frames[k].clone();
         if f.size > 0 {
             self.add_imm(SP, SP, -(f.size as i64), T0);
@@ -246,7 +249,7 @@ impl Codegen<'_> {
         }
     }
 
-    pub(crate) fn emit_epilogue(&mut self, k: usize) {
+    fn epilogue(&mut self, k: usize) {
         let f = self.layout.frames[k].clone();
         if k == 0 {
             if self.d.mode.counts_budget() {

@@ -33,12 +33,8 @@ mod frame;
 mod lower;
 mod regs;
 
-pub use lower::emit_decoded;
 #[doc(hidden)]
 pub use lower::emit_decoded_with;
-#[doc(hidden)]
-pub use packjit_frontend::analysis::EmitOptions;
-pub use packjit_frontend::lower::Emitted;
 
 use packjit_frontend::target::Target;
 use packjit_plugin_api::{

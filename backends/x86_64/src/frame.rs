@@ -28,6 +28,7 @@ use crate::lower::{Codegen, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
+use packjit_frontend::lower::FrameHooks;
 use packjit_frontend::ranges::AccessPlan;
 use packjit_frontend::{op_kind, Program};
 
@@ -113,8 +114,16 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
 }
 
 impl Codegen<'_> {
+    /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
+    pub(crate) fn bare_return(&self, k: usize) -> bool {
+        let f = &self.plan.subs[k];
+        f.saved.is_empty() && !f.pad && (k != 0 || self.plan.block == 0)
+    }
+}
+
+impl<'a> FrameHooks<'a> for Codegen<'a> {
     /// Function `k`'s prologue (bound at its call label).
-    pub(crate) fn function_prologue(&mut self, k: usize) {
+    fn prologue(&mut self, k: usize) {
         let plan = self.plan;
         let f = &plan.subs[k];
         if k == 0 {
@@ -182,7 +191,7 @@ impl Codegen<'_> {
     }
 
     /// Function `k`'s epilogue: undo the prologue and return r0 (already in rax).
-    pub(crate) fn function_epilogue(&mut self, k: usize) {
+    fn epilogue(&mut self, k: usize) {
         let plan = self.plan;
         let f = &plan.subs[k];
         if k == 0 && self.plan.block > 0 {
@@ -200,11 +209,5 @@ impl Codegen<'_> {
             self.e.pop(r);
         }
         self.e.ret();
-    }
-
-    /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
-    pub(crate) fn bare_return(&self, k: usize) -> bool {
-        let f = &self.plan.subs[k];
-        f.saved.is_empty() && !f.pad && (k != 0 || self.plan.block == 0)
     }
 }

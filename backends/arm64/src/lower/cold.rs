@@ -86,3 +86,37 @@ impl Codegen<'_> {
         );
     }
 }
+
+impl<'a> StopHooks<'a> for Codegen<'a> {
+    /// The charge is added back, so the budget a stop reports is what was left.
+    fn budget_stop(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        charge: u64,
+    ) -> Result<(), CompileError> {
+        a64!(self.ops; =>label);
+        if let Some((imm, false)) = fits_imm12(charge as i64) {
+            a64!(self.ops; add XSP(BUDGET), XSP(BUDGET), imm);
+        } else {
+            self.mov_imm(C0, charge, W64);
+            a64!(self.ops; add X(BUDGET), X(BUDGET), X(C0));
+        }
+        let pc = self.d.prog.insts[inst].pc as u64;
+        self.mov_imm(C2, pc, W64);
+        self.b(self.stop_budget);
+        Ok(())
+    }
+
+    fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
+        match cold {}
+    }
+
+    fn program_end(&mut self) -> Result<(), CompileError> {
+        if self.uses_region_scan {
+            self.region_scan();
+        }
+        self.stop_paths();
+        Ok(())
+    }
+}

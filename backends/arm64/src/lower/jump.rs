@@ -28,117 +28,6 @@ impl Codegen<'_> {
         }
     }
 
-    /// A walk's entry (`packjit_frontend::walks`): the pointer's first copy into the walk's
-    /// shadow (exact, it needs no clamp) and r10 into the walk's register.
-    pub(crate) fn walk_entry_code(&mut self, k: usize) {
-        let w = self.plan.access.walks[k];
-        let p = self.map[w.ptr as usize];
-        if let Some(s) = self.d.walk_shadow(k).map(|s| self.map[s as usize]) {
-            a64!(self.ops; mov X(s), X(p));
-        }
-        if let Some(l) = self.walk_r10(&w) {
-            a64!(self.ops; add XSP(l), XSP(FP), STACK_SIZE as u32);
-        }
-    }
-
-    /// The pointer clamp a walk's back-edge lands on: it redoes the loop's test and, with
-    /// no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
-    /// pointer itself) when the loop should have ended (a mispredicted back-edge).
-    pub(crate) fn walk_clamp_code(&mut self, k: usize) {
-        let w = self.plan.access.walks[k];
-        let p = self.map[w.ptr as usize];
-        let shadow = self.d.walk_shadow(k).map(|s| self.map[s as usize]);
-        if let Some(s) = shadow {
-            // The copy from the sign of the pointer's distance to the bound, with no flags:
-            // s = p & ((p - b) >> 63) is p while p < b and 0 from b on (`<=`: the complement
-            // of the sign of b - p). Exact because walk pointers and bounds are user
-            // addresses, far closer than 2^63 apart. Two instructions instead of one `csel`,
-            // but still off the pointer's chain, free of the back-edge's flags (no compare
-            // to redo after a budget charge), and much cheaper under qemu's translation.
-            let b = match self.walk_r10(&w) {
-                Some(l) => l,
-                None => self.src(w.bound, T1),
-            };
-            if w.cont == Cond::Le {
-                a64!(self.ops; sub X(T0), X(b), X(p) ; bic X(s), X(p), X(T0), asr 63);
-            } else {
-                a64!(self.ops; sub X(T0), X(p), X(b) ; and X(s), X(p), X(T0), asr 63);
-            }
-            return;
-        }
-        let Op::Jcond { dst, .. } = self.d.prog.insts[w.back_edge].op else {
-            unreachable!("a walk's back-edge is a conditional jump");
-        };
-        // The back-edge compares two registers (`cmp dst, src`, never a compare-and-branch
-        // form), and only its taken side reaches here: without a budget charge in between,
-        // its flags are still live, and its own condition is "the loop goes on".
-        let budget = self.d.mode.counts_budget();
-        if budget {
-            let b = match self.walk_r10(&w) {
-                Some(l) => l,
-                None => self.src(w.bound, T1),
-            };
-            a64!(self.ops; cmp X(p), X(b));
-        }
-        let ptr_first = budget || dst == w.ptr;
-        let cc = match (w.cont, ptr_first) {
-            (Cond::Ne, _) => Cc::Ne,
-            (Cond::Lt, true) => Cc::Lo,
-            (Cond::Lt, false) => Cc::Hi,
-            (_, true) => Cc::Ls,
-            (_, false) => Cc::Hs,
-        };
-        self.csel_or_zero(p, p, cc);
-    }
-
-    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`), with no branch until
-    /// its combined verdict: the context bounds via `ccmp`, then the walk's extent. On
-    /// failure the loop's checked copy runs ([`Cold::Walk`]); on success the pointer is
-    /// selected on the verdict's flags (itself architecturally, 0 under a mispredicted
-    /// branch, from where a speculative walk stays in the unmapped first 64 KiB).
-    pub(crate) fn walk_guard_code(&mut self, k: usize, g: Guard, fail: DynamicLabel) {
-        let w = self.plan.access.walks[k];
-        let p = self.map[w.ptr as usize];
-        let b = self.src(w.bound, T1);
-        let (end, bias, shift) = (g.end as u32, g.bias as u32, g.shift);
-        match g.region {
-            // q = p - ctx_start; len - end (hs when len >= end); then q <= len - end.
-            GuardRegion::Context => a64!(self.ops
-                ; sub X(C0), X(p), X(CTX_LO)
-                ; subs X(C1), XSP(CTX_LEN), end
-                ; ccmp X(C0), X(C1), 2, hs
-            ),
-            // q = p - (r10 - 512); the frame's length is 512 >= end.
-            GuardRegion::Frame => {
-                self.mov_imm(C1, (STACK_SIZE as u32 - end) as u64, W64);
-                a64!(self.ops
-                    ; sub X(C0), X(p), X(FP)
-                    ; cmp X(C0), X(C1)
-                );
-            }
-        }
-        a64!(self.ops
-            ; sub X(C1), X(C1), X(C0)
-            ; sub X(T0), X(b), X(p)
-        );
-        if bias != 0 {
-            a64!(self.ops; sub XSP(T0), XSP(T0), bias);
-        }
-        if shift != 0 {
-            a64!(self.ops; lsr X(C1), X(C1), shift);
-            if w.cont == Cond::Ne {
-                a64!(self.ops; ror X(T0), X(T0), shift);
-            } else {
-                a64!(self.ops; lsr X(T0), X(T0), shift);
-            }
-        }
-        a64!(self.ops; ccmp X(T0), X(C1), 2, ls);
-        self.branch_if(Test::Flags(Cc::Hi), fail);
-        if self.d.clamp {
-            a64!(self.ops; csel X(p), X(p), xzr, ls);
-        }
-    }
-
     /// The register a walk bounded by r10 keeps r10 in (`Walk::limit`, set on entry), so
     /// its back-edge compares with no `add` per iteration; `None` elsewhere (and in a
     /// guarded walk's checked copy, which is entered before the entry sets it).
@@ -266,5 +155,118 @@ impl Codegen<'_> {
             label,
             charge: c,
         });
+    }
+}
+
+impl<'a> WalkHooks<'a> for Codegen<'a> {
+    /// A walk's entry (`packjit_frontend::walks`): the pointer's first copy into the walk's
+    /// shadow (exact, it needs no clamp) and r10 into the walk's register.
+    fn walk_entry(&mut self, k: usize) {
+        let w = self.plan.access.walks[k];
+        let p = self.map[w.ptr as usize];
+        if let Some(s) = self.d.walk_shadow(k).map(|s| self.map[s as usize]) {
+            a64!(self.ops; mov X(s), X(p));
+        }
+        if let Some(l) = self.walk_r10(&w) {
+            a64!(self.ops; add XSP(l), XSP(FP), STACK_SIZE as u32);
+        }
+    }
+
+    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`), with no branch until
+    /// its combined verdict: the context bounds via `ccmp`, then the walk's extent. On
+    /// failure the loop's checked copy runs ([`Cold::Walk`]); on success the pointer is
+    /// selected on the verdict's flags (itself architecturally, 0 under a mispredicted
+    /// branch, from where a speculative walk stays in the unmapped first 64 KiB).
+    fn walk_guard(&mut self, k: usize, g: Guard, fail: DynamicLabel) {
+        let w = self.plan.access.walks[k];
+        let p = self.map[w.ptr as usize];
+        let b = self.src(w.bound, T1);
+        let (end, bias, shift) = (g.end as u32, g.bias as u32, g.shift);
+        match g.region {
+            // q = p - ctx_start; len - end (hs when len >= end); then q <= len - end.
+            GuardRegion::Context => a64!(self.ops
+                ; sub X(C0), X(p), X(CTX_LO)
+                ; subs X(C1), XSP(CTX_LEN), end
+                ; ccmp X(C0), X(C1), 2, hs
+            ),
+            // q = p - (r10 - 512); the frame's length is 512 >= end.
+            GuardRegion::Frame => {
+                self.mov_imm(C1, (STACK_SIZE as u32 - end) as u64, W64);
+                a64!(self.ops
+                    ; sub X(C0), X(p), X(FP)
+                    ; cmp X(C0), X(C1)
+                );
+            }
+        }
+        a64!(self.ops
+            ; sub X(C1), X(C1), X(C0)
+            ; sub X(T0), X(b), X(p)
+        );
+        if bias != 0 {
+            a64!(self.ops; sub XSP(T0), XSP(T0), bias);
+        }
+        if shift != 0 {
+            a64!(self.ops; lsr X(C1), X(C1), shift);
+            if w.cont == Cond::Ne {
+                a64!(self.ops; ror X(T0), X(T0), shift);
+            } else {
+                a64!(self.ops; lsr X(T0), X(T0), shift);
+            }
+        }
+        a64!(self.ops; ccmp X(T0), X(C1), 2, ls);
+        self.branch_if(Test::Flags(Cc::Hi), fail);
+        if self.d.clamp {
+            a64!(self.ops; csel X(p), X(p), xzr, ls);
+        }
+    }
+
+    /// The pointer clamp a walk's back-edge lands on: it redoes the loop's test and, with
+    /// no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
+    /// pointer itself) when the loop should have ended (a mispredicted back-edge).
+    fn walk_clamp(&mut self, k: usize) {
+        let w = self.plan.access.walks[k];
+        let p = self.map[w.ptr as usize];
+        let shadow = self.d.walk_shadow(k).map(|s| self.map[s as usize]);
+        if let Some(s) = shadow {
+            // The copy from the sign of the pointer's distance to the bound, with no flags:
+            // s = p & ((p - b) >> 63) is p while p < b and 0 from b on (`<=`: the complement
+            // of the sign of b - p). Exact because walk pointers and bounds are user
+            // addresses, far closer than 2^63 apart. Two instructions instead of one `csel`,
+            // but still off the pointer's chain, free of the back-edge's flags (no compare
+            // to redo after a budget charge), and much cheaper under qemu's translation.
+            let b = match self.walk_r10(&w) {
+                Some(l) => l,
+                None => self.src(w.bound, T1),
+            };
+            if w.cont == Cond::Le {
+                a64!(self.ops; sub X(T0), X(b), X(p) ; bic X(s), X(p), X(T0), asr 63);
+            } else {
+                a64!(self.ops; sub X(T0), X(p), X(b) ; and X(s), X(p), X(T0), asr 63);
+            }
+            return;
+        }
+        let Op::Jcond { dst, .. } = self.d.prog.insts[w.back_edge].op else {
+            unreachable!("a walk's back-edge is a conditional jump");
+        };
+        // The back-edge compares two registers (`cmp dst, src`, never a compare-and-branch
+        // form), and only its taken side reaches here: without a budget charge in between,
+        // its flags are still live, and its own condition is "the loop goes on".
+        let budget = self.d.mode.counts_budget();
+        if budget {
+            let b = match self.walk_r10(&w) {
+                Some(l) => l,
+                None => self.src(w.bound, T1),
+            };
+            a64!(self.ops; cmp X(p), X(b));
+        }
+        let ptr_first = budget || dst == w.ptr;
+        let cc = match (w.cont, ptr_first) {
+            (Cond::Ne, _) => Cc::Ne,
+            (Cond::Lt, true) => Cc::Lo,
+            (Cond::Lt, false) => Cc::Hi,
+            (_, true) => Cc::Ls,
+            (_, false) => Cc::Hs,
+        };
+        self.csel_or_zero(p, p, cc);
     }
 }

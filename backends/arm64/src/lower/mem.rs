@@ -323,11 +323,43 @@ impl Codegen<'_> {
         }
     }
 
+    /// In a re-entered group's checked copy: the base itself from the member's clamped
+    /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
+    /// group's check later never sees an unchecked base, also under misspeculation.
+    fn clamp_reentered_base(&mut self, base: Reg, off: i16) {
+        if !self.d.clamps_reentered_base() {
+            return;
+        }
+        // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
+        a64!(self.ops; sub XSP(self.map[base as usize]), XSP(T0), off as u32);
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
+    fn ctx_check(&mut self, addr: u8, size: u32) {
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(CTX_LO)
+            ; subs X(C0), X(CTX_LEN), X(C0)
+            ; ccmp X(C0), size, 0, hs
+        );
+    }
+
+    /// Flags for "x9 .. x9 + size is inside the stack block": `ls` when it is. `block - size`
+    /// fits CMP's imm12 (block <= 4096, size >= 1); an address below the block wraps past it.
+    fn stack_check(&mut self, addr: u8, size: u32) {
+        let block = self.plan.block;
+        a64!(self.ops
+            ; sub X(C0), X(addr), X(STACK_LO)
+            ; cmp XSP(C0), block - size
+        );
+    }
+}
+
+impl<'a> CheckHooks<'a> for Codegen<'a> {
     /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the
     /// base itself clamped in place: on the architectural path it keeps its value (the
     /// check passed), under a mispredicted branch it becomes 0, so no member can reach
     /// memory out of bounds. On failure the group's checked copy runs instead.
-    pub(crate) fn group_check_code(&mut self, gi: usize, label: DynamicLabel) {
+    fn group_check(&mut self, gi: usize, label: DynamicLabel) {
         let g = &self.plan.access.groups[gi];
         let (b, lo, span, check) = (
             self.map[g.base as usize],
@@ -380,33 +412,33 @@ impl Codegen<'_> {
         }
     }
 
-    /// In a re-entered group's checked copy: the base itself from the member's clamped
-    /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
-    /// group's check later never sees an unchecked base, also under misspeculation.
-    fn clamp_reentered_base(&mut self, base: Reg, off: i16) {
-        if !self.d.clamps_reentered_base() {
-            return;
+    /// Everything but the address and the descriptor is the shared check's: a checked
+    /// access's cold side is six to eight instructions.
+    fn access_slow_path(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        addr: u8,
+    ) -> Result<(), CompileError> {
+        a64!(self.ops; =>label);
+        if addr != T0 {
+            a64!(self.ops; mov X(T0), X(addr));
         }
-        // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
-        a64!(self.ops; sub XSP(self.map[base as usize]), XSP(T0), off as u32);
-    }
-
-    /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
-    fn ctx_check(&mut self, addr: u8, size: u32) {
-        a64!(self.ops
-            ; sub X(C0), X(addr), X(CTX_LO)
-            ; subs X(C0), X(CTX_LEN), X(C0)
-            ; ccmp X(C0), size, 0, hs
-        );
-    }
-
-    /// Flags for "x9 .. x9 + size is inside the stack block": `ls` when it is. `block - size`
-    /// fits CMP's imm12 (block <= 4096, size >= 1); an address below the block wraps past it.
-    fn stack_check(&mut self, addr: u8, size: u32) {
-        let block = self.plan.block;
-        a64!(self.ops
-            ; sub X(C0), X(addr), X(STACK_LO)
-            ; cmp XSP(C0), block - size
-        );
+        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+        let pc = self.d.prog.insts[inst].pc as u64;
+        a64!(self.ops; movz X(C1), access, lsl 32);
+        self.mov_imm(C2, pc, W64);
+        // The check returns only on success (x9 clamped), so x30 is kept in x5 for
+        // functions that did not save their link register.
+        let scan = self.region_scan;
+        self.uses_region_scan = true;
+        a64!(self.ops; mov x5, x30);
+        self.site(scan, Reach::Jump);
+        a64!(self.ops; bl =>scan ; mov x30, x5);
+        self.b(resume);
+        Ok(())
     }
 }

@@ -34,7 +34,9 @@ use packjit_frontend::analysis::{
     callx_plan, helper_lowering, EmitCapacity, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::cold::ColdPlacement;
-use packjit_frontend::lower::{self, AccessLowering, Assembled, Cold, Driver, Lowering, Pass};
+use packjit_frontend::lower::{
+    self, AccessLowering, Assembled, CheckHooks, Cold, Driver, Lowering, Pass, StopHooks, WalkHooks,
+};
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{BranchCheck, Relaxation};
 use packjit_frontend::scratch::{self, Reused};
@@ -52,19 +54,10 @@ const MRS_TPIDR_EL0: u32 = 0xd53b_d040;
 /// `mrs x0, cntvct_el0` (op0=3 op1=3 CRn=14 CRm=0 op2=2): the virtual counter.
 const MRS_CNTVCT_EL0: u32 = 0xd53b_e040;
 
-pub use packjit_frontend::analysis::EmitOptions;
-pub use packjit_frontend::lower::Emitted;
+use packjit_frontend::analysis::EmitOptions;
+use packjit_frontend::lower::Emitted;
 
-/// Emits an already decoded program for `mode` (see [`crate::emit_program`]).
-pub fn emit_decoded(
-    prog: &Program,
-    helpers: &[HelperEntry],
-    mode: &CodegenMode,
-) -> Result<Emitted, CompileError> {
-    emit_decoded_with(prog, helpers, mode, EmitOptions::default())
-}
-
-/// [`emit_decoded`] with measurement switches (see [`EmitOptions`]; benches only).
+/// The lowering (`crate::emit_decoded`), with measurement switches (see [`EmitOptions`]; benches only).
 #[doc(hidden)]
 pub fn emit_decoded_with(
     prog: &Program,
@@ -381,101 +374,11 @@ impl<'a> Lowering<'a> for Codegen<'a> {
         self.b(label);
     }
 
-    fn prologue(&mut self, func: usize) {
-        self.function_prologue(func);
-    }
-
-    fn epilogue(&mut self, func: usize) {
-        self.function_epilogue(func);
-    }
-
-    fn enter_function(&mut self, func: usize) {
-        self.map = self.plan.frames[func].map;
-    }
-
     // Inlined into the driver's instruction loop, as the lowering was into the loop it had
     // before the driver (a call per instruction costs compile time: see x86-64's).
     #[inline(always)]
     fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
         self.inst(func, i, inst)
-    }
-
-    fn group_check(&mut self, group: usize, fail: DynamicLabel) {
-        self.group_check_code(group, fail);
-    }
-
-    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel) {
-        self.walk_guard_code(walk, guard, fail);
-    }
-
-    fn walk_entry(&mut self, walk: usize) {
-        self.walk_entry_code(walk);
-    }
-
-    fn walk_clamp(&mut self, walk: usize) {
-        self.walk_clamp_code(walk);
-    }
-
-    /// Everything but the address and the descriptor is the shared check's: a checked
-    /// access's cold side is six to eight instructions.
-    fn access_slow_path(
-        &mut self,
-        inst: usize,
-        label: DynamicLabel,
-        resume: DynamicLabel,
-        size: u32,
-        write: bool,
-        addr: u8,
-    ) -> Result<(), CompileError> {
-        a64!(self.ops; =>label);
-        if addr != T0 {
-            a64!(self.ops; mov X(T0), X(addr));
-        }
-        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
-        let pc = self.d.prog.insts[inst].pc as u64;
-        a64!(self.ops; movz X(C1), access, lsl 32);
-        self.mov_imm(C2, pc, W64);
-        // The check returns only on success (x9 clamped), so x30 is kept in x5 for
-        // functions that did not save their link register.
-        let scan = self.region_scan;
-        self.uses_region_scan = true;
-        a64!(self.ops; mov x5, x30);
-        self.site(scan, Reach::Jump);
-        a64!(self.ops; bl =>scan ; mov x30, x5);
-        self.b(resume);
-        Ok(())
-    }
-
-    /// The charge is added back, so the budget a stop reports is what was left.
-    fn budget_stop(
-        &mut self,
-        inst: usize,
-        label: DynamicLabel,
-        charge: u64,
-    ) -> Result<(), CompileError> {
-        a64!(self.ops; =>label);
-        if let Some((imm, false)) = fits_imm12(charge as i64) {
-            a64!(self.ops; add XSP(BUDGET), XSP(BUDGET), imm);
-        } else {
-            self.mov_imm(C0, charge, W64);
-            a64!(self.ops; add X(BUDGET), X(BUDGET), X(C0));
-        }
-        let pc = self.d.prog.insts[inst].pc as u64;
-        self.mov_imm(C2, pc, W64);
-        self.b(self.stop_budget);
-        Ok(())
-    }
-
-    fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
-        match cold {}
-    }
-
-    fn program_end(&mut self) -> Result<(), CompileError> {
-        if self.uses_region_scan {
-            self.region_scan();
-        }
-        self.stop_paths();
-        Ok(())
     }
 }
 

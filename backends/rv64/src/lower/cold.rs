@@ -2,66 +2,20 @@
 //! region scan, the budget's stop, the stop path every stop leaves by, and the local copies
 //! of the stubs a long function's cold code gets when the program's end is out of reach.
 
-use super::{AccessSite, Codegen, Form, ACCESS_BITS};
+use super::{Codegen, Form, ACCESS_BITS};
 use crate::encode::{reg::*, Br, Mem, R3, RI};
 use crate::regs::{CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::lower::Lowering;
+use packjit_frontend::lower::StopHooks;
 use packjit_plugin_api::abi::{
-    PJ_ACCESS_WRITE, PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS,
-    PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
+    PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS, PJ_ENV_STOP_ADDR,
+    PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
 };
+use packjit_plugin_api::CompileError;
+use std::convert::Infallible;
 
 impl Codegen<'_> {
-    /// The rest of the check of instruction `inst`'s access, whose inline test failed: the
-    /// shared check (`region_scan`: context, stack block, host regions), which returns to
-    /// `resume` with t3 = 0 or stops.
-    pub(super) fn access_cold(
-        &mut self,
-        inst: usize,
-        label: DynamicLabel,
-        resume: DynamicLabel,
-        size: u32,
-        write: bool,
-        site: AccessSite,
-    ) {
-        self.uses_stubs = true;
-        self.uses_region_stub = true;
-        self.e.bind(label);
-        // Everything else is the shared check's: it wants the address in t0 and the access
-        // descriptor in t5.
-        self.add_imm(T0, site.base, site.off as i64, T0);
-        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
-        let pc = self.d.prog.insts[inst].pc as i64;
-        self.e.li(T5, (pc << ACCESS_BITS) | access as i64);
-        let stub = self.region_stub;
-        self.call_link(T6, stub);
-        self.jump(resume);
-    }
-
-    /// The budget cannot pay for the jump or call of instruction `inst`: stop there.
-    pub(super) fn budget_cold(&mut self, inst: usize, label: DynamicLabel) {
-        self.uses_stubs = true;
-        self.e.bind(label);
-        self.e.li(A7, self.d.prog.insts[inst].pc as i64);
-        let l = self.stop_budget;
-        self.jump(l);
-    }
-
-    /// After cold code placed before instruction `next`: when the program's stubs are
-    /// expected beyond `jal`'s reach, the cold code that uses them gets its own copy, here;
-    /// later cold code uses the next copy.
-    pub(super) fn stubs_if_far(&mut self, next: usize) {
-        if self.uses_stubs && self.d.islands.local_stubs_due(self.e.pos(), next) {
-            self.emit_stops();
-            self.stop = self.e.new_label();
-            self.stop_budget = self.e.new_label();
-            self.region_stub = self.e.new_label();
-            self.uses_stubs = false;
-            self.uses_region_stub = false;
-        }
-    }
-
     /// The per-program stubs: the region scan, and the stop paths.
     pub(super) fn emit_stops(&mut self) {
         if !self.layout.can_stop {
@@ -161,5 +115,53 @@ impl Codegen<'_> {
         self.e.ri(RI::Andi, T1, T5, (1 << ACCESS_BITS) - 1);
         let stop = self.stop;
         self.jump(stop);
+    }
+}
+
+impl<'a> StopHooks<'a> for Codegen<'a> {
+    /// The budget cannot pay for the jump or call of instruction `inst`: stop there.
+    fn budget_stop(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        _charge: u64,
+    ) -> Result<(), CompileError> {
+        self.uses_stubs = true;
+        self.e.bind(label);
+        self.e.li(A7, self.d.prog.insts[inst].pc as i64);
+        let l = self.stop_budget;
+        self.jump(l);
+        Ok(())
+    }
+
+    fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
+        match cold {}
+    }
+
+    /// After cold code placed before instruction `next`: when the program's stubs are
+    /// expected beyond `jal`'s reach, the cold code that uses them gets its own copy, here;
+    /// later cold code uses the next copy.
+    fn cold_placed(&mut self, next: usize) {
+        if self.uses_stubs && self.d.islands.local_stubs_due(self.e.pos(), next) {
+            self.emit_stops();
+            self.stop = self.e.new_label();
+            self.stop_budget = self.e.new_label();
+            self.region_stub = self.e.new_label();
+            self.uses_stubs = false;
+            self.uses_region_stub = false;
+        }
+    }
+
+    fn program_end(&mut self) -> Result<(), CompileError> {
+        if let Some(d) = self.dispatch {
+            self.e.bind(d);
+            self.callx_dispatch();
+        }
+        self.emit_stops();
+        self.pooled.clear();
+        for (value, l) in std::mem::take(&mut self.pool) {
+            self.e.data_u64s(l, &[value]);
+        }
+        Ok(())
     }
 }

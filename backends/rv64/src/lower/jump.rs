@@ -5,6 +5,7 @@ use super::{Check, Codegen, Form, B_RANGE, CB_RANGE, CJ_RANGE, FAR_RANGE, J_RANG
 use crate::encode::{fits_signed, reg::*, Br, R3, RI};
 use crate::regs::{BUDGET, CTX_LEN, CTX_START};
 use dynasmrt::DynamicLabel;
+use packjit_frontend::lower::WalkHooks;
 use packjit_frontend::lower::{Cold, Lowering};
 use packjit_frontend::walks::{Guard, GuardRegion};
 use packjit_frontend::{Cond, Operand, Reg, Width};
@@ -330,13 +331,30 @@ impl Codegen<'_> {
         };
         (saturate, limit)
     }
+}
+
+impl<'a> WalkHooks<'a> for Codegen<'a> {
+    /// A walk's entry, before the jump to its head: the pointer copied into the walk's
+    /// shadow register, when it has one (the clamp writes the copy there, see
+    /// `Walk::shadow`, and the first iteration's copy is the exact entry value), and the
+    /// saturating clamp's limit.
+    fn walk_entry(&mut self, k: usize) {
+        let w = self.d.access.walks[k];
+        let p = self.map(w.ptr);
+        if let Some(s) = self.d.walk_shadow(k) {
+            self.e.mv(self.map(s), p);
+        }
+        if let (_, Some(l)) = self.walk_limit(k) {
+            self.add_imm(l, self.map(packjit_frontend::R10), w.last, T3);
+        }
+    }
 
     /// A guarded walk's entry test (`packjit_frontend::walks::Guard`), as one verdict with
     /// no branch until it is complete (t2 = 0 when the walk stays inside the context): on
     /// failure the loop's checked copy runs (at `fail`); on success the pointer is masked
     /// with the verdict (itself architecturally, 0 under a mispredicted branch, from where a
     /// speculative walk stays in the unmapped first 64 KiB).
-    pub(super) fn guard_walk(&mut self, k: usize, g: Guard, fail: DynamicLabel) {
+    fn walk_guard(&mut self, k: usize, g: Guard, fail: DynamicLabel) {
         let w = self.d.access.walks[k];
         let (p, b) = (self.map(w.ptr), self.map(w.bound));
         let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i32);
@@ -383,25 +401,10 @@ impl Codegen<'_> {
         }
     }
 
-    /// A walk's entry, before the jump to its head: the pointer copied into the walk's
-    /// shadow register, when it has one (the clamp writes the copy there, see
-    /// `Walk::shadow`, and the first iteration's copy is the exact entry value), and the
-    /// saturating clamp's limit.
-    pub(super) fn enter_walk(&mut self, k: usize) {
-        let w = self.d.access.walks[k];
-        let p = self.map(w.ptr);
-        if let Some(s) = self.d.walk_shadow(k) {
-            self.e.mv(self.map(s), p);
-        }
-        if let (_, Some(l)) = self.walk_limit(k) {
-            self.add_imm(l, self.map(packjit_frontend::R10), w.last, T3);
-        }
-    }
-
     /// The clamp a walk's back-edge lands on: redoes the loop's test and, with no branch,
     /// gives the shadow the pointer or 0 (or, without a shadow, zeroes the pointer itself)
     /// when the loop should have ended (a mispredicted back-edge).
-    pub(super) fn clamp_walk(&mut self, k: usize) {
+    fn walk_clamp(&mut self, k: usize) {
         let w = self.d.access.walks[k];
         let (p, b) = (self.map(w.ptr), self.map(w.bound));
         let dst = self.d.walk_shadow(k).map_or(p, |s| self.map(s));

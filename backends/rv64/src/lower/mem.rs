@@ -1,14 +1,17 @@
 //! Loads, stores and atomics, and the sandbox's checks of their addresses: a check group's
 //! widened test and each access's own inline test (its slow path is in [`super::cold`]).
 
-use super::{AccessSite, Codegen};
+use super::{AccessSite, Codegen, ACCESS_BITS};
 use crate::encode::{fits_signed, reg::*, Amo, Br, Mem, R3, RI};
 use crate::frame::CTX_LIM8;
 use crate::regs::{CTX_LEN, CTX_START, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::lower::{AccessLowering, Cold};
+use packjit_frontend::lower::{CheckHooks, Lowering};
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::{AtomicOp, Op, Operand, Reg, Size, Width};
+use packjit_plugin_api::abi::PJ_ACCESS_WRITE;
+use packjit_plugin_api::CompileError;
 use Width::{W32, W64};
 
 impl Codegen<'_> {
@@ -107,33 +110,6 @@ impl Codegen<'_> {
                 operand
             }
             AccessLowering::Direct { base, off } => self.address(self.map(base), off, T0),
-        }
-    }
-
-    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
-    /// masked in place (`base &= t3 - 1`): unchanged when the test passed, 0 under a
-    /// mispredicted branch, so no member reaches memory out of bounds (Spectre v1). On
-    /// failure the group's checked copy runs (at `fail`).
-    pub(super) fn group_test(&mut self, g: usize, fail: DynamicLabel) {
-        let grp = &self.d.access.groups[g];
-        let (b, lo, span, check) = (
-            self.map(grp.base),
-            grp.lo,
-            (grp.hi - grp.lo as i32) as u32,
-            grp.check,
-        );
-        match check {
-            AccessCheck::CtxConst { end } => self.len_test(end),
-            AccessCheck::Stack if span < 2048 => {
-                self.range_test(b, lo, span, STACK_START, STACK_LEN)
-            }
-            // The context: a sufficient test for any group (spans stay below 2 KiB).
-            _ => self.range_test(b, lo, span, CTX_START, CTX_LEN),
-        }
-        self.cold_branch(Br::Ne, T3, ZERO, fail);
-        if self.d.clamp {
-            self.e.ri(RI::Addi, T3, T3, -1);
-            self.e.rrr(R3::And, b, b, T3);
         }
     }
 
@@ -323,4 +299,60 @@ pub(super) fn lim8_access(op: &Op, check: AccessCheck, block: bool) -> bool {
             AccessCheck::Stack => !block,
             _ => false,
         }
+}
+
+impl<'a> CheckHooks<'a> for Codegen<'a> {
+    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
+    /// masked in place (`base &= t3 - 1`): unchanged when the test passed, 0 under a
+    /// mispredicted branch, so no member reaches memory out of bounds (Spectre v1). On
+    /// failure the group's checked copy runs (at `fail`).
+    fn group_check(&mut self, g: usize, fail: DynamicLabel) {
+        let grp = &self.d.access.groups[g];
+        let (b, lo, span, check) = (
+            self.map(grp.base),
+            grp.lo,
+            (grp.hi - grp.lo as i32) as u32,
+            grp.check,
+        );
+        match check {
+            AccessCheck::CtxConst { end } => self.len_test(end),
+            AccessCheck::Stack if span < 2048 => {
+                self.range_test(b, lo, span, STACK_START, STACK_LEN)
+            }
+            // The context: a sufficient test for any group (spans stay below 2 KiB).
+            _ => self.range_test(b, lo, span, CTX_START, CTX_LEN),
+        }
+        self.cold_branch(Br::Ne, T3, ZERO, fail);
+        if self.d.clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+            self.e.rrr(R3::And, b, b, T3);
+        }
+    }
+
+    /// The rest of the check of instruction `inst`'s access, whose inline test failed: the
+    /// shared check (`region_scan`: context, stack block, host regions), which returns to
+    /// `resume` with t3 = 0 or stops.
+    fn access_slow_path(
+        &mut self,
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
+        size: u32,
+        write: bool,
+        site: AccessSite,
+    ) -> Result<(), CompileError> {
+        self.uses_stubs = true;
+        self.uses_region_stub = true;
+        self.e.bind(label);
+        // Everything else is the shared check's: it wants the address in t0 and the access
+        // descriptor in t5.
+        self.add_imm(T0, site.base, site.off as i64, T0);
+        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+        let pc = self.d.prog.insts[inst].pc as i64;
+        self.e.li(T5, (pc << ACCESS_BITS) | access as i64);
+        let stub = self.region_stub;
+        self.call_link(T6, stub);
+        self.jump(resume);
+        Ok(())
+    }
 }

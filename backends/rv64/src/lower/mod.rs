@@ -31,7 +31,7 @@ use packjit_frontend::lower::{self, Assembled, Driver, Emitted, Lowering, Pass};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation};
 use packjit_frontend::scratch::{self, Reused};
-use packjit_frontend::walks::Guard;
+
 use packjit_frontend::Width::W32;
 use packjit_frontend::{op_kind, Inst, Op, Program};
 use packjit_plugin_api::abi::PJ_ACCESS_WRITE;
@@ -198,16 +198,7 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// Emits an already decoded program for `mode` (see [`crate::emit_request`]).
-pub fn emit_decoded(
-    prog: &Program,
-    helpers: &[HelperEntry],
-    mode: &CodegenMode,
-) -> Result<Emitted, CompileError> {
-    emit_decoded_with(prog, helpers, mode, EmitOptions::default())
-}
-
-/// [`emit_decoded`] with measurement switches (see [`EmitOptions`]; benches only).
+/// The lowering (`crate::emit_decoded`), with measurement switches (see [`EmitOptions`]; benches only).
 #[doc(hidden)]
 pub fn emit_decoded_with(
     prog: &Program,
@@ -430,79 +421,11 @@ impl<'a> Lowering<'a> for Codegen<'a> {
         self.jump_from(label, Form::Short);
     }
 
-    fn prologue(&mut self, func: usize) {
-        self.emit_prologue(func);
-    }
-
-    fn epilogue(&mut self, func: usize) {
-        self.emit_epilogue(func);
-    }
-
     // Inlined into the driver's instruction loop, as the lowering was into the loop it had
     // before the driver (a call per instruction costs compile time: see x86-64's).
     #[inline(always)]
     fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
         self.lower_inst(func, i, inst);
-        Ok(())
-    }
-
-    fn group_check(&mut self, group: usize, fail: DynamicLabel) {
-        self.group_test(group, fail);
-    }
-
-    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel) {
-        self.guard_walk(walk, guard, fail);
-    }
-
-    fn walk_entry(&mut self, walk: usize) {
-        self.enter_walk(walk);
-    }
-
-    fn walk_clamp(&mut self, walk: usize) {
-        self.clamp_walk(walk);
-    }
-
-    fn access_slow_path(
-        &mut self,
-        inst: usize,
-        label: DynamicLabel,
-        resume: DynamicLabel,
-        size: u32,
-        write: bool,
-        site: AccessSite,
-    ) -> Result<(), CompileError> {
-        self.access_cold(inst, label, resume, size, write, site);
-        Ok(())
-    }
-
-    fn budget_stop(
-        &mut self,
-        inst: usize,
-        label: DynamicLabel,
-        _charge: u64,
-    ) -> Result<(), CompileError> {
-        self.budget_cold(inst, label);
-        Ok(())
-    }
-
-    fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
-        match cold {}
-    }
-
-    fn cold_placed(&mut self, next: usize) {
-        self.stubs_if_far(next);
-    }
-
-    fn program_end(&mut self) -> Result<(), CompileError> {
-        if let Some(d) = self.dispatch {
-            self.e.bind(d);
-            self.callx_dispatch();
-        }
-        self.emit_stops();
-        self.pooled.clear();
-        for (value, l) in std::mem::take(&mut self.pool) {
-            self.e.data_u64s(l, &[value]);
-        }
         Ok(())
     }
 }

@@ -2,13 +2,16 @@
 //! unknown `callx`) shared by pc, the stops' common tail, and the program's one full access
 //! check that every checked access's slow path calls.
 
+use super::alu::DivFix;
 use super::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, REGION_COUNT8, STACK_START8};
 use super::{STOP_ACCESS8, STOP_ADDR8, STOP_KIND8, STOP_PC8};
 use crate::encode::{Cc, Form, Gpr, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
+use packjit_frontend::lower::StopHooks;
 use packjit_frontend::MAX_INSNS;
 use packjit_plugin_api::abi::*;
+use packjit_plugin_api::CompileError;
 
 /// Why the code stops (out-of-line stub contents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,15 +108,6 @@ impl Codegen<'_> {
         stops.by_pc[pc] = k as u32;
         stops.unplaced.push(k as u32);
         k
-    }
-
-    /// The stubs asked for and not placed by a cold block yet.
-    pub(super) fn place_unplaced_stubs(&mut self) {
-        for k in std::mem::take(&mut self.stops.unplaced) {
-            if !self.stops.stubs[k as usize].placed {
-                self.place_stub(k as usize);
-            }
-        }
     }
 
     /// A stop stub, here: record kind, pc (and address, access or id), then unwind to the
@@ -333,4 +327,41 @@ const _: () = assert!((MAX_INSNS as u64) << ACCESS_BITS < 1 << 31);
 pub(super) fn access_desc(pc: usize, size: u32, write: bool) -> u32 {
     let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
     (pc as u32) << ACCESS_BITS | access
+}
+
+impl<'a> StopHooks<'a> for Codegen<'a> {
+    fn budget_stop(&mut self, _: usize, _: Label, _: u64) -> Result<(), CompileError> {
+        unreachable!(
+            "x86-64 charges the budget against a stop stub shared by pc (`Stop::Budget`), \
+             never through the driver's Cold::Budget"
+        )
+    }
+
+    fn isa_cold(&mut self, cold: DivFix) -> Result<(), CompileError> {
+        self.div_fix(cold);
+        Ok(())
+    }
+
+    /// The stubs asked for and not placed by a cold block yet.
+    fn cold_placed(&mut self, _next: usize) {
+        for k in std::mem::take(&mut self.stops.unplaced) {
+            if !self.stops.stubs[k as usize].placed {
+                self.place_stub(k as usize);
+            }
+        }
+    }
+
+    fn program_end(&mut self) -> Result<(), CompileError> {
+        // Every stub was placed with its function's cold code (`cold_placed`).
+        debug_assert!(self.stops.all_placed());
+        if let Some(l) = self.access_check {
+            self.access_check_routine(l);
+        }
+        for (l, table) in std::mem::take(&mut self.callx_tables) {
+            let start = self.e.pos();
+            self.e.data_u64(l, &table);
+            self.data.push(start..self.e.pos());
+        }
+        Ok(())
+    }
 }

@@ -6,6 +6,7 @@ use super::{cc_of, sz_of, Codegen, CTX_START8};
 use crate::encode::{Arith, Cc, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
+use packjit_frontend::lower::WalkHooks;
 use packjit_frontend::walks::{Guard, GuardRegion};
 use packjit_frontend::{Cond, Inst, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
@@ -19,113 +20,6 @@ impl Codegen<'_> {
         self.charge_back_edge(inst, target);
         let l = self.d.jump_label(target);
         self.e.jump(None, l);
-    }
-
-    /// The pointer clamp a walk's back-edge lands on. It redoes the loop's test and, with
-    /// no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
-    /// pointer itself) when the loop should have ended (a mispredicted back-edge).
-    pub(super) fn walk_pointer_clamp(&mut self, k: usize) {
-        let w = self.d.access.walks[k];
-        let (p, b) = (host(w.ptr), host(w.bound));
-        let shadow = self.d.walk_shadow(k).map(host);
-        let Op::Jcond { cond, dst, .. } = self.d.prog.insts[w.back_edge].op else {
-            unreachable!("a walk's back-edge is a conditional jump");
-        };
-        // The back-edge compares two registers (`cmp dst, src`) and only its taken side
-        // reaches here: without a budget charge in between, its flags are still live, and
-        // its own condition is "the loop goes on".
-        let budget = self.d.mode.counts_budget();
-        if budget {
-            self.e.cmp_rr(Sz::B64, p, b);
-        }
-        let ptr_first = budget || dst == w.ptr;
-        if let Some(s) = shadow {
-            // The copy wants the order, `p < b` (`<=` for `Le`; see `Walk::shadow`), from
-            // the same flags (`mov`, not `xor`, leaves them alone). Both off the pointer's own
-            // chain.
-            let inside = match (w.cont, ptr_first) {
-                (Cond::Le, true) => Cc::Be,
-                (Cond::Le, false) => Cc::Ae,
-                (_, true) => Cc::B,
-                (_, false) => Cc::A,
-            };
-            self.e.mov_r32_imm(s, 0);
-            self.e.cmov(inside, s, p);
-            return;
-        }
-        let ended = if budget {
-            match w.cont {
-                Cond::Ne => Cc::E,
-                Cond::Lt => Cc::Ae,
-                _ => Cc::A,
-            }
-        } else {
-            cc_of(cond).invert()
-        };
-        // `mov`, not `xor`: it leaves the flags alone.
-        self.e.mov_r32_imm(T9, 0);
-        self.e.cmov(ended, p, T9);
-    }
-
-    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`): the context bounds,
-    /// then the walk's extent; any failure runs the loop's checked copy (at `at`, queued by
-    /// the driver). Then `lfence`, once per loop entry: nothing of the unchecked loop runs
-    /// before the test's branches have resolved, so a mispredicted one cannot run it on a
-    /// bad walk.
-    pub(super) fn walk_extent_test(&mut self, k: usize, g: Guard, at: Label) {
-        let w = self.d.access.walks[k];
-        let (p, b) = (host(w.ptr), host(w.bound));
-        let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i8);
-        // r9 = len - end, r11 = q = p - start; r9 = len - end - q.
-        self.mov_rr(Sz::B64, T11, p);
-        match g.region {
-            GuardRegion::Context => {
-                self.ctx_len();
-                self.e
-                    .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
-                self.cold_jump(Some(Cc::B), at);
-                self.e.asm(
-                    1,
-                    |ops| dynasm!(ops ; .arch x64 ; sub r11, QWORD [BYTE r12 + CTX_START8]),
-                );
-            }
-            GuardRegion::Frame => {
-                // The frame is [rbp - 512, rbp), and 512 >= end.
-                let room = STACK_SIZE as i32 - end;
-                self.e.asm(3, |ops| {
-                    dynasm!(ops ; .arch x64
-                        ; mov r9d, DWORD room
-                        ; sub r11, rbp
-                        ; add r11, DWORD STACK_SIZE as i32
-                    )
-                });
-            }
-        }
-        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, r11));
-        self.cold_jump(Some(Cc::B), at);
-        // r10 = b - p - bias: the last head value's offset from p, before rounding down.
-        self.mov_rr(Sz::B64, T10, b);
-        self.e.sub_rr(Sz::B64, T10, p);
-        if bias != 0 {
-            self.e
-                .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r10, DWORD bias));
-        }
-        if shift != 0 {
-            let ne = w.cont == Cond::Ne;
-            self.e.asm(2, |ops| {
-                dynasm!(ops ; .arch x64 ; shr r9, shift);
-                if ne {
-                    dynasm!(ops ; .arch x64 ; ror r10, shift);
-                } else {
-                    dynasm!(ops ; .arch x64 ; shr r10, shift);
-                }
-            });
-        }
-        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r10, r9));
-        self.cold_jump(Some(Cc::A), at);
-        if self.d.clamp {
-            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
-        }
     }
 
     pub(super) fn jcond(
@@ -183,5 +77,122 @@ impl Codegen<'_> {
         self.cold_jump(Some(Cc::B), stop);
         self.e
             .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
+    }
+}
+
+impl<'a> WalkHooks<'a> for Codegen<'a> {
+    fn walk_entry(&mut self, walk: usize) {
+        if let Some(s) = self.d.walk_shadow(walk) {
+            // mov s, p: the first iteration's pointer is exact, its copy needs no clamp.
+            let p = host(self.d.access.walks[walk].ptr);
+            self.e.mov_rr(Sz::B64, host(s), p);
+        }
+    }
+
+    /// A guarded walk's entry test (`packjit_frontend::walks::Guard`): the context bounds,
+    /// then the walk's extent; any failure runs the loop's checked copy (at `at`, queued by
+    /// the driver). Then `lfence`, once per loop entry: nothing of the unchecked loop runs
+    /// before the test's branches have resolved, so a mispredicted one cannot run it on a
+    /// bad walk.
+    fn walk_guard(&mut self, k: usize, g: Guard, at: Label) {
+        let w = self.d.access.walks[k];
+        let (p, b) = (host(w.ptr), host(w.bound));
+        let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i8);
+        // r9 = len - end, r11 = q = p - start; r9 = len - end - q.
+        self.mov_rr(Sz::B64, T11, p);
+        match g.region {
+            GuardRegion::Context => {
+                self.ctx_len();
+                self.e
+                    .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
+                self.cold_jump(Some(Cc::B), at);
+                self.e.asm(
+                    1,
+                    |ops| dynasm!(ops ; .arch x64 ; sub r11, QWORD [BYTE r12 + CTX_START8]),
+                );
+            }
+            GuardRegion::Frame => {
+                // The frame is [rbp - 512, rbp), and 512 >= end.
+                let room = STACK_SIZE as i32 - end;
+                self.e.asm(3, |ops| {
+                    dynasm!(ops ; .arch x64
+                        ; mov r9d, DWORD room
+                        ; sub r11, rbp
+                        ; add r11, DWORD STACK_SIZE as i32
+                    )
+                });
+            }
+        }
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, r11));
+        self.cold_jump(Some(Cc::B), at);
+        // r10 = b - p - bias: the last head value's offset from p, before rounding down.
+        self.mov_rr(Sz::B64, T10, b);
+        self.e.sub_rr(Sz::B64, T10, p);
+        if bias != 0 {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r10, DWORD bias));
+        }
+        if shift != 0 {
+            let ne = w.cont == Cond::Ne;
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64 ; shr r9, shift);
+                if ne {
+                    dynasm!(ops ; .arch x64 ; ror r10, shift);
+                } else {
+                    dynasm!(ops ; .arch x64 ; shr r10, shift);
+                }
+            });
+        }
+        self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; cmp r10, r9));
+        self.cold_jump(Some(Cc::A), at);
+        if self.d.clamp {
+            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
+        }
+    }
+
+    /// The pointer clamp a walk's back-edge lands on. It redoes the loop's test and, with
+    /// no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
+    /// pointer itself) when the loop should have ended (a mispredicted back-edge).
+    fn walk_clamp(&mut self, k: usize) {
+        let w = self.d.access.walks[k];
+        let (p, b) = (host(w.ptr), host(w.bound));
+        let shadow = self.d.walk_shadow(k).map(host);
+        let Op::Jcond { cond, dst, .. } = self.d.prog.insts[w.back_edge].op else {
+            unreachable!("a walk's back-edge is a conditional jump");
+        };
+        // The back-edge compares two registers (`cmp dst, src`) and only its taken side
+        // reaches here: without a budget charge in between, its flags are still live, and
+        // its own condition is "the loop goes on".
+        let budget = self.d.mode.counts_budget();
+        if budget {
+            self.e.cmp_rr(Sz::B64, p, b);
+        }
+        let ptr_first = budget || dst == w.ptr;
+        if let Some(s) = shadow {
+            // The copy wants the order, `p < b` (`<=` for `Le`; see `Walk::shadow`), from
+            // the same flags (`mov`, not `xor`, leaves them alone). Both off the pointer's own
+            // chain.
+            let inside = match (w.cont, ptr_first) {
+                (Cond::Le, true) => Cc::Be,
+                (Cond::Le, false) => Cc::Ae,
+                (_, true) => Cc::B,
+                (_, false) => Cc::A,
+            };
+            self.e.mov_r32_imm(s, 0);
+            self.e.cmov(inside, s, p);
+            return;
+        }
+        let ended = if budget {
+            match w.cont {
+                Cond::Ne => Cc::E,
+                Cond::Lt => Cc::Ae,
+                _ => Cc::A,
+            }
+        } else {
+            cc_of(cond).invert()
+        };
+        // `mov`, not `xor`: it leaves the flags alone.
+        self.e.mov_r32_imm(T9, 0);
+        self.e.cmov(ended, p, T9);
     }
 }

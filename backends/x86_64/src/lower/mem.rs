@@ -1,6 +1,7 @@
 //! Loads, stores and atomics, and their sandbox checks: a check group's widened test, an
 //! access's own inline test (the slow path is the shared routine of [`super::cold`]).
 
+use super::cold;
 use super::{mem_sz, Codegen, CTX_END8, CTX_START8, STACK_START8};
 use crate::encode::{Arith, Cc, Gpr, Label, Sz};
 use crate::regs::*;
@@ -8,8 +9,10 @@ use crate::FEATURE_MOVBE;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::blind::AX;
 use packjit_frontend::lower::{AccessLowering, Cold};
+use packjit_frontend::lower::{CheckHooks, CopyOf};
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::{AtomicOp, EndKind, Inst, Op, Operand, Reg, Size};
+use packjit_plugin_api::CompileError;
 
 impl Codegen<'_> {
     /// The memory operand of an access: `[base + off]`, or `[r11]` after a sandbox check.
@@ -175,47 +178,6 @@ impl Codegen<'_> {
         }
     }
 
-    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
-    /// itself clamped in place to 0 under a mispredicted branch (architecturally it keeps
-    /// its value: the test passed), so no member reaches memory out of bounds. On failure
-    /// the group's checked copy runs (at `at`, queued by the driver).
-    pub(super) fn group_test(&mut self, g: usize, at: Label) {
-        let grp = &self.d.access.groups[g];
-        let (b, lo, span, check) = (
-            host(grp.base),
-            grp.lo as i32,
-            (grp.hi - grp.lo as i32) as i64,
-            grp.check,
-        );
-        let fail = match check {
-            AccessCheck::CtxConst { end } => {
-                self.ctx_len();
-                self.e.cmp_ri(Sz::B64, T9, end as i64); // len, end
-                Cc::B
-            }
-            AccessCheck::Stack if (span as usize) <= self.plan.block => {
-                self.lea(T11, b, lo);
-                self.stack_offset();
-                self.e.cmp_ri(Sz::B64, T10, self.plan.block as i64 - span);
-                Cc::A
-            }
-            _ => {
-                // The context: a sufficient test for any group.
-                self.lea(T11, b, lo);
-                self.region_end(CTX_START8, span);
-                self.ctx_len();
-                self.e.cmp_rr(Sz::B64, T10, T9); // end, len
-                Cc::A
-            }
-        };
-        self.cold_jump(Some(fail), at);
-        if self.d.clamp {
-            // `mov`, not `xor`: it leaves the flags alone.
-            self.e.mov_r32_imm(T9, 0);
-            self.e.cmov(fail, b, T9);
-        }
-    }
-
     /// `r11 = base + off`.
     pub(super) fn lea(&mut self, dst: Gpr, base: Gpr, off: i32) {
         if off == 0 {
@@ -337,5 +299,73 @@ impl Codegen<'_> {
                 ; or r10, r9
             )
         });
+    }
+}
+
+impl<'a> CheckHooks<'a> for Codegen<'a> {
+    /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
+    /// itself clamped in place to 0 under a mispredicted branch (architecturally it keeps
+    /// its value: the test passed), so no member reaches memory out of bounds. On failure
+    /// the group's checked copy runs (at `at`, queued by the driver).
+    fn group_check(&mut self, g: usize, at: Label) {
+        let grp = &self.d.access.groups[g];
+        let (b, lo, span, check) = (
+            host(grp.base),
+            grp.lo as i32,
+            (grp.hi - grp.lo as i32) as i64,
+            grp.check,
+        );
+        let fail = match check {
+            AccessCheck::CtxConst { end } => {
+                self.ctx_len();
+                self.e.cmp_ri(Sz::B64, T9, end as i64); // len, end
+                Cc::B
+            }
+            AccessCheck::Stack if (span as usize) <= self.plan.block => {
+                self.lea(T11, b, lo);
+                self.stack_offset();
+                self.e.cmp_ri(Sz::B64, T10, self.plan.block as i64 - span);
+                Cc::A
+            }
+            _ => {
+                // The context: a sufficient test for any group.
+                self.lea(T11, b, lo);
+                self.region_end(CTX_START8, span);
+                self.ctx_len();
+                self.e.cmp_rr(Sz::B64, T10, T9); // end, len
+                Cc::A
+            }
+        };
+        self.cold_jump(Some(fail), at);
+        if self.d.clamp {
+            // `mov`, not `xor`: it leaves the flags alone.
+            self.e.mov_r32_imm(T9, 0);
+            self.e.cmov(fail, b, T9);
+        }
+    }
+
+    fn access_slow_path(
+        &mut self,
+        inst: usize,
+        label: Label,
+        resume: Label,
+        size: u32,
+        write: bool,
+        _site: (),
+    ) -> Result<(), CompileError> {
+        let pc = self.d.prog.insts[inst].pc as usize;
+        self.access_slow_path_at(label, resume, cold::access_desc(pc, size, write));
+        Ok(())
+    }
+
+    fn checked_copy_done(&mut self, copy: CopyOf) {
+        let CopyOf::Group(g) = copy else { return };
+        if self.d.access.groups[g].reentered && self.d.clamp {
+            // A jump may later skip this group's check, trusting the base: no instruction
+            // after this point runs before every member's check above has resolved, so a
+            // mispredicted one cannot carry an unchecked base past here (LFENCE, the x86
+            // speculation barrier).
+            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
+        }
     }
 }

@@ -19,20 +19,20 @@ mod mem;
 use crate::encode::{Cc, Enc, Form, Gpr, Label, Sz, REL32_GROWTH, TYPICAL_HOT_BYTES};
 use crate::frame::{plan, Plan};
 use crate::regs::*;
-use dynasmrt::dynasm;
+
 use packjit_frontend::analysis::{CodegenMode, EmitCapacity};
 use packjit_frontend::cold::ColdPlacement;
-use packjit_frontend::lower::{self, Assembled, CopyOf, Driver, Lowering, Pass};
+use packjit_frontend::lower::{self, Assembled, Driver, Lowering, Pass};
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, Group};
 use packjit_frontend::relax::{BranchCheck, Relaxation};
-use packjit_frontend::walks::Guard;
+
 use packjit_frontend::{Cond, Inst, Op, Operand, Program, Reg, Size, Width};
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::ops::Range;
 
-pub use packjit_frontend::analysis::EmitOptions;
-pub use packjit_frontend::lower::Emitted;
+use packjit_frontend::analysis::EmitOptions;
+use packjit_frontend::lower::Emitted;
 
 use alu::DivFix;
 use cold::StopStubs;
@@ -59,16 +59,7 @@ pub(crate) const STACK_END8: i8 = env8(PJ_ENV_STACK_END);
 // The `dynasm!` text names the register map's env (r12) and scratch registers (r9–r11).
 const _: () = assert!(ENV == 12 && T9 == 9 && T10 == 10 && T11 == 11);
 
-/// Emits a decoded program.
-pub fn emit_decoded(
-    prog: &Program,
-    helpers: &[HelperEntry],
-    mode: &CodegenMode,
-) -> Result<Emitted, CompileError> {
-    emit_decoded_with(prog, helpers, mode, EmitOptions::default())
-}
-
-/// [`emit_decoded`] with measurement switches (benches only, see [`EmitOptions`]).
+/// The lowering (`crate::emit_decoded`), with measurement switches (benches only, see [`EmitOptions`]).
 pub fn emit_decoded_with(
     prog: &Program,
     helpers: &[HelperEntry],
@@ -263,95 +254,12 @@ impl<'a> Lowering<'a> for Codegen<'a> {
         self.e.jump(None, label);
     }
 
-    fn prologue(&mut self, func: usize) {
-        self.function_prologue(func);
-    }
-
-    fn epilogue(&mut self, func: usize) {
-        self.function_epilogue(func);
-    }
-
     // Inlined into the driver's instruction loop, as the lowering was into its own loop
     // before the driver: called, it made a compile a fifth slower (callgrind, `compile_cost`:
     // 274 -> 339 Ir per instruction).
     #[inline(always)]
     fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
         self.inst(i, func, inst)
-    }
-
-    fn group_check(&mut self, group: usize, fail: Label) {
-        self.group_test(group, fail);
-    }
-
-    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: Label) {
-        self.walk_extent_test(walk, guard, fail);
-    }
-
-    fn walk_entry(&mut self, walk: usize) {
-        if let Some(s) = self.d.walk_shadow(walk) {
-            // mov s, p: the first iteration's pointer is exact, its copy needs no clamp.
-            let p = host(self.d.access.walks[walk].ptr);
-            self.e.mov_rr(Sz::B64, host(s), p);
-        }
-    }
-
-    fn walk_clamp(&mut self, walk: usize) {
-        self.walk_pointer_clamp(walk);
-    }
-
-    fn access_slow_path(
-        &mut self,
-        inst: usize,
-        label: Label,
-        resume: Label,
-        size: u32,
-        write: bool,
-        _site: (),
-    ) -> Result<(), CompileError> {
-        let pc = self.d.prog.insts[inst].pc as usize;
-        self.access_slow_path_at(label, resume, cold::access_desc(pc, size, write));
-        Ok(())
-    }
-
-    fn budget_stop(&mut self, _: usize, _: Label, _: u64) -> Result<(), CompileError> {
-        unreachable!(
-            "x86-64 charges the budget against a stop stub shared by pc (`Stop::Budget`), \
-             never through the driver's Cold::Budget"
-        )
-    }
-
-    fn isa_cold(&mut self, cold: DivFix) -> Result<(), CompileError> {
-        self.div_fix(cold);
-        Ok(())
-    }
-
-    fn checked_copy_done(&mut self, copy: CopyOf) {
-        let CopyOf::Group(g) = copy else { return };
-        if self.d.access.groups[g].reentered && self.d.clamp {
-            // A jump may later skip this group's check, trusting the base: no instruction
-            // after this point runs before every member's check above has resolved, so a
-            // mispredicted one cannot carry an unchecked base past here (LFENCE, the x86
-            // speculation barrier).
-            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; lfence));
-        }
-    }
-
-    fn cold_placed(&mut self, _next: usize) {
-        self.place_unplaced_stubs();
-    }
-
-    fn program_end(&mut self) -> Result<(), CompileError> {
-        // Every stub was placed with its function's cold code (`cold_placed`).
-        debug_assert!(self.stops.all_placed());
-        if let Some(l) = self.access_check {
-            self.access_check_routine(l);
-        }
-        for (l, table) in std::mem::take(&mut self.callx_tables) {
-            let start = self.e.pos();
-            self.e.data_u64(l, &table);
-            self.data.push(start..self.e.pos());
-        }
-        Ok(())
     }
 }
 
