@@ -159,6 +159,8 @@ pub unsafe extern "C" fn packjit_runtime_set_inline_builtins(
     boundary("packjit_runtime_set_inline_builtins", || {
         // SAFETY: caller contract.
         let h = unsafe { runtime(rt) }?;
+        // A switch on a live runtime in the C API; in Rust, one of the test knobs.
+        use packjit_runtime::testing::RuntimeTestExt as _;
         h.rt.set_inline_builtins(on != 0);
         Ok(())
     })

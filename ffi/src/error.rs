@@ -8,7 +8,7 @@ use super::{
     PJ_OK,
 };
 use core::ffi::{c_char, CStr};
-use packjit_runtime::{Error, ErrorKind};
+use packjit_runtime::{Error, ErrorKind, RunError, Stop};
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -47,14 +47,46 @@ fn set_last_fault(code: i32, pc: i64, addr: u64, msg: &str) {
     });
 }
 
-fn record(e: &Error) -> i32 {
-    let code = e.kind.code();
-    set_last_fault(
-        code,
-        e.pc.map_or(-1, |p| p as i64),
-        e.fault.map_or(0, |f| f.addr),
-        &e.to_string(),
-    );
+/// What an exported function's body fails with: an [`Error`] (arguments, loading,
+/// compiling, configuring) or, for the functions that run a program, a [`RunError`].
+pub(super) enum Failure {
+    Error(Error),
+    Run(RunError),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Error(e)
+    }
+}
+
+impl From<RunError> for Failure {
+    fn from(e: RunError) -> Self {
+        Failure::Run(e)
+    }
+}
+
+/// The status of a run that returned no result, and the address for
+/// `packjit_last_error_addr` (that of a refused access, else 0).
+fn run_status(e: &RunError) -> (i32, u64) {
+    match e {
+        RunError::Stop(Stop::OutOfBounds { addr, .. }) => (PJ_ERR_OUT_OF_BOUNDS, *addr),
+        RunError::Stop(Stop::Budget { .. }) => (PJ_ERR_BUDGET, 0),
+        RunError::Stop(Stop::UnknownCallx { .. }) => (PJ_ERR_UNKNOWN_CALLX, 0),
+        RunError::NotExecutable { .. } => (PJ_ERR_NOT_EXECUTABLE, 0),
+        RunError::UnknownStop { .. } => (PJ_ERR_INTERNAL, 0),
+    }
+}
+
+fn record(f: &Failure) -> i32 {
+    let (code, pc, addr, msg) = match f {
+        Failure::Error(e) => (e.kind.code(), e.pc, 0, e.to_string()),
+        Failure::Run(e) => {
+            let (code, addr) = run_status(e);
+            (code, e.pc(), addr, e.to_string())
+        }
+    };
+    set_last_fault(code, pc.map_or(-1, |p| p as i64), addr, &msg);
     code
 }
 
@@ -74,6 +106,12 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Runs an exported function's body: catches panics, records the error, returns the status.
 pub(super) fn boundary(what: &str, f: impl FnOnce() -> Result<(), Error>) -> i32 {
+    boundary_run(what, || f().map_err(Failure::Error))
+}
+
+/// [`boundary`] for the functions that run a program, whose body may also end in a
+/// [`RunError`].
+pub(super) fn boundary_run(what: &str, f: impl FnOnce() -> Result<(), Failure>) -> i32 {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => {
             set_last(PJ_OK, -1, "");

@@ -1,7 +1,7 @@
 //! Hooks (attach points) and batches of attach / detach operations.
 
 use super::args::{arg, bytes, out_arg};
-use super::error::{boundary, invalid};
+use super::error::{boundary, boundary_run, invalid};
 use super::options::{load_options, PackjitLoadOptions};
 use super::program::{program, PackjitProgram};
 use super::runtime::{runtime, PackjitRuntime};
@@ -129,14 +129,14 @@ pub unsafe extern "C" fn packjit_hook_run(
     ctx_len: usize,
     r0: *mut u64,
 ) -> i32 {
-    boundary("packjit_hook_run", || {
+    boundary_run("packjit_hook_run", || {
         let _guard = packjit_runtime::arena::epoch_pin();
         // SAFETY: caller contract.
         let h = unsafe { hook(hook_) }?;
         // SAFETY: caller contract.
         let r0 = unsafe { out_arg(r0, "r0") }?;
         if ctx.is_null() && ctx_len != 0 {
-            return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")));
+            return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")).into());
         }
         let mem: &mut [u8] = if ctx_len == 0 {
             &mut []
@@ -150,7 +150,8 @@ pub unsafe extern "C" fn packjit_hook_run(
                 return Err(Error::new(
                     ErrorKind::NotExecutable,
                     "no program is attached to the hook",
-                ))
+                )
+                .into())
             }
         }
         Ok(())

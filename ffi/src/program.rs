@@ -2,7 +2,7 @@
 //! native code and entry point.
 
 use super::args::{arg, bytes, check_size, fill_name, out_arg};
-use super::error::{boundary, invalid};
+use super::error::{boundary, boundary_run, invalid};
 use super::options::{load_options, PackjitLoadOptions};
 use super::runtime::{runtime, PackjitRuntime, PENDING_HANDLES};
 use super::{PjError, PjProgramEntry, DEAD_MAGIC, PACKJIT_NAME_LEN};
@@ -245,7 +245,7 @@ pub unsafe extern "C" fn packjit_program_run(
     ctx_len: usize,
     r0: *mut u64,
 ) -> i32 {
-    boundary("packjit_program_run", || {
+    boundary_run("packjit_program_run", || {
         // Pin before touching the handle: a concurrent packjit_program_free defers dropping
         // it (and its code) until this guard is gone.
         let _guard = packjit_runtime::arena::epoch_pin();
@@ -254,7 +254,7 @@ pub unsafe extern "C" fn packjit_program_run(
         // SAFETY: caller contract.
         let r0 = unsafe { out_arg(r0, "r0") }?;
         if ctx.is_null() && ctx_len != 0 {
-            return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")));
+            return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")).into());
         }
         // SAFETY: caller contract on ctx; the epoch is pinned (call_raw pins again, cheaply).
         *r0 = unsafe { p.prog.call_raw(ctx.cast(), ctx_len) }?;

@@ -10,7 +10,7 @@
 
 use capstone::prelude::*;
 use packjit::elf::ElfLoadOptions;
-use packjit::{Arch, ErrorKind, LoadOptions, Program, Runtime, Trust};
+use packjit::{Arch, LoadOptions, Program, RunError, Runtime, Trust};
 use packjit_frontend::RawInsn;
 use packjit_plugin_api::{HelperEntry, NO_NATIVE_CODE};
 use std::path::{Path, PathBuf};
@@ -127,14 +127,9 @@ pub fn run(
             print_globals(&prog);
             Ok(())
         }
-        Err(e)
-            if matches!(
-                e.kind,
-                ErrorKind::OutOfBounds | ErrorKind::Budget | ErrorKind::UnknownCallx
-            ) =>
-        {
-            // The error's text carries the pc and (for memory) the address and direction.
-            eprintln!("packjit-demo: program stopped: {e}");
+        Err(RunError::Stop(stop)) => {
+            // The stop's text carries the pc and (for memory) the address and direction.
+            eprintln!("packjit-demo: program stopped: {stop}");
             std::process::exit(EXIT_STOPPED);
         }
         Err(e) => Err(e.to_string()),

@@ -25,6 +25,9 @@
 //!   unchanged.
 //! * **`callx`** to an id with no helper stops with [`Stop::UnknownCallx`] (pc and id).
 //!
+//! [`Stop`] is `packjit_plugin_api::Stop`, re-exported: the type the runtime reports when JIT
+//! code stops, so the two are compared directly.
+//!
 //! ```
 //! use packjit_interp::{Interpreter, Stop};
 //! // r0 = *(u32 *)(r1 + 0); exit
@@ -43,10 +46,11 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
 use packjit_plugin_api::{
-    AccessDirection, CompileError, ErrorKind, HelperEntry, MemFault, PjClockScale, PjMemRegion,
-    PjPerCpuArray, PjPerCpuTable, PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET,
-    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
+    CompileError, HelperEntry, PjClockScale, PjMemRegion, PjPerCpuArray, PjPerCpuTable,
+    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
+    PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
 };
+pub use packjit_plugin_api::{Stop, StopKind};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -54,103 +58,6 @@ pub mod hw;
 
 /// A helper: the same `extern "C"` functions the JIT code calls.
 pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
-
-/// Why a run stopped without a result (the sandbox stops of the JIT backends).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
-    /// A load, store or atomic outside every allowed region; nothing was read or written.
-    OutOfBounds {
-        /// eBPF pc (slot index) of the access.
-        pc: usize,
-        /// First byte of the access.
-        addr: u64,
-        /// Bytes accessed.
-        size: u32,
-        /// Store or atomic (true), load (false).
-        write: bool,
-    },
-    /// The instruction budget could not pay for the jump or call at `pc`.
-    Budget {
-        /// eBPF pc of the jump or call.
-        pc: usize,
-    },
-    /// `callx` at `pc` named helper `id`, which is not registered.
-    UnknownCallx {
-        /// eBPF pc of the `callx`.
-        pc: usize,
-        /// The register's value.
-        id: u64,
-    },
-}
-
-impl Stop {
-    /// The pc the program stopped at.
-    pub fn pc(&self) -> usize {
-        match *self {
-            Stop::OutOfBounds { pc, .. } | Stop::Budget { pc } | Stop::UnknownCallx { pc, .. } => {
-                pc
-            }
-        }
-    }
-
-    /// The error kind the runtime reports for this stop.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Stop::OutOfBounds { .. } => ErrorKind::OutOfBounds,
-            Stop::Budget { .. } => ErrorKind::Budget,
-            Stop::UnknownCallx { .. } => ErrorKind::UnknownCallx,
-        }
-    }
-
-    /// The stop as the runtime's error: kind, pc and, for memory, the [`MemFault`].
-    pub fn to_error(&self) -> CompileError {
-        let mut e = CompileError::at(self.pc(), self.kind(), self.to_string());
-        if let Stop::OutOfBounds {
-            addr, size, write, ..
-        } = *self
-        {
-            e.fault = Some(MemFault {
-                addr,
-                size,
-                direction: if write {
-                    AccessDirection::Write
-                } else {
-                    AccessDirection::Read
-                },
-            });
-        }
-        e
-    }
-}
-
-impl fmt::Display for Stop {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Stop::OutOfBounds {
-                pc,
-                addr,
-                size,
-                write,
-            } => write!(
-                f,
-                "pc {pc}: out of bounds: {} of {size} bytes at {addr:#x}",
-                if write { "write" } else { "read" }
-            ),
-            Stop::Budget { pc } => write!(f, "pc {pc}: instruction budget exhausted"),
-            Stop::UnknownCallx { pc, id } => {
-                write!(f, "pc {pc}: callx to unregistered helper id {id}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for Stop {}
-
-impl From<Stop> for CompileError {
-    fn from(s: Stop) -> Self {
-        s.to_error()
-    }
-}
 
 /// The result of a run that reached its final `exit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -140,11 +140,12 @@ fn out_of_bounds_stops_with_pc_address_size_and_direction() {
         ),
         "{e}"
     );
-    // The stop converts into the runtime's error for the host.
-    let err = e.to_error();
-    assert_eq!(err.kind, ErrorKind::OutOfBounds);
-    assert_eq!(err.pc, Some(0));
-    assert_eq!(err.fault.unwrap().direction, AccessDirection::Write);
+    // The same stop type the runtime reports for JIT runs: kind, pc and direction.
+    assert_eq!((e.kind(), e.pc()), (StopKind::OutOfBounds, 0));
+    assert_eq!(
+        e.direction(),
+        Some(packjit_plugin_api::AccessDirection::Write)
+    );
     // A wrapped address range is never inside anything.
     let v = [
         ins(0x18, 2, 0, 0, -1),
@@ -265,9 +266,9 @@ fn unknown_callx_stops_with_pc_and_id() {
         run(&v, &mut [], None).unwrap_err(),
         Stop::UnknownCallx { pc: 4, id: 77 }
     );
-    let e = Stop::UnknownCallx { pc: 4, id: 77 }.to_error();
-    assert_eq!((e.kind, e.pc), (ErrorKind::UnknownCallx, Some(4)));
-    assert!(e.message.contains("77"), "{e}");
+    let e = Stop::UnknownCallx { pc: 4, id: 77 };
+    assert_eq!((e.kind(), e.pc()), (StopKind::UnknownCallx, 4));
+    assert!(e.to_string().contains("77"), "{e}");
     assert_eq!(run(&[v[0], v[1], v[2], EXIT], &mut [], None).unwrap().r0, 9);
 }
 

@@ -42,8 +42,11 @@ pub const PJ_ERR_NOT_EXECUTABLE: i32 = -10;
 /// Something that should not happen did; the message says what.
 pub const PJ_ERR_INTERNAL: i32 = -11;
 
-/// The program stopped at run time (out of bounds, budget, unknown `callx` id); see
-/// [`PjExecEnv`] for the kind, pc and address.
+// The C API's statuses of a run that stopped (a [`Stop`](crate::Stop), decoded from
+// [`PjExecEnv`]'s stop fields). No backend reports them: a compile that returned one would
+// be read as `PJ_ERR_INTERNAL`.
+
+/// A sandboxed program's memory access fell outside every region it may touch (run time).
 pub const PJ_ERR_OUT_OF_BOUNDS: i32 = -12;
 /// The program ran out of its instruction budget.
 pub const PJ_ERR_BUDGET: i32 = -13;

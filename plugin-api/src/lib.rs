@@ -8,6 +8,9 @@
 //! * [`export_backend!`] turns a `JitBackend` into an exported plugin vtable, catching panics
 //!   at the boundary; [`host::LoadedBackend`] wraps a vtable read from a plugin back into a
 //!   `JitBackend` for the host.
+//! * [`CompileError`] is what compiling can fail with; a run that ends early ends with a
+//!   [`Stop`] (out of bounds, budget, unknown `callx`), a different type: stops are decoded
+//!   from [`PjExecEnv`] after a run, never reported by a backend.
 //!
 //! A backend used statically (as an `rlib`) is just a `JitBackend`; the same code serves both
 //! paths.
@@ -22,8 +25,10 @@
 pub mod abi;
 pub mod export;
 pub mod host;
+mod stop;
 
 pub use abi::*;
+pub use stop::{Stop, StopKind};
 
 use std::fmt;
 
@@ -107,7 +112,10 @@ impl fmt::Display for Arch {
     }
 }
 
-/// What went wrong, mirroring the `PJ_ERR_*` codes.
+/// What went wrong compiling or installing a program, mirroring the `PJ_ERR_*` codes a
+/// backend or the host can report for that. (The C API's run-time statuses
+/// `PJ_ERR_OUT_OF_BOUNDS`, `PJ_ERR_BUDGET` and `PJ_ERR_UNKNOWN_CALLX` are not compile errors:
+/// they come from a [`Stop`].)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     /// Bad argument.
@@ -132,12 +140,6 @@ pub enum ErrorKind {
     NotExecutable,
     /// Internal error.
     Internal,
-    /// A sandboxed program's access fell outside every region it may touch (run time).
-    OutOfBounds,
-    /// The program ran out of its instruction budget (run time).
-    Budget,
-    /// A `callx` named a helper id with no registered helper (run time).
-    UnknownCallx,
 }
 
 impl ErrorKind {
@@ -155,13 +157,11 @@ impl ErrorKind {
             ErrorKind::Plugin => PJ_ERR_PLUGIN,
             ErrorKind::NotExecutable => PJ_ERR_NOT_EXECUTABLE,
             ErrorKind::Internal => PJ_ERR_INTERNAL,
-            ErrorKind::OutOfBounds => PJ_ERR_OUT_OF_BOUNDS,
-            ErrorKind::Budget => PJ_ERR_BUDGET,
-            ErrorKind::UnknownCallx => PJ_ERR_UNKNOWN_CALLX,
         }
     }
 
-    /// Decodes a `PJ_ERR_*` code; unknown codes map to `Internal`.
+    /// Decodes a `PJ_ERR_*` code; unknown codes (and the run-time statuses, which no compile
+    /// reports) map to `Internal`.
     pub const fn from_code(code: i32) -> ErrorKind {
         match code {
             PJ_ERR_INVALID_ARGUMENT => ErrorKind::InvalidArgument,
@@ -174,9 +174,6 @@ impl ErrorKind {
             PJ_ERR_PANIC => ErrorKind::Panic,
             PJ_ERR_PLUGIN => ErrorKind::Plugin,
             PJ_ERR_NOT_EXECUTABLE => ErrorKind::NotExecutable,
-            PJ_ERR_OUT_OF_BOUNDS => ErrorKind::OutOfBounds,
-            PJ_ERR_BUDGET => ErrorKind::Budget,
-            PJ_ERR_UNKNOWN_CALLX => ErrorKind::UnknownCallx,
             _ => ErrorKind::Internal,
         }
     }
@@ -195,9 +192,6 @@ impl ErrorKind {
             ErrorKind::Plugin => "plugin could not be loaded",
             ErrorKind::NotExecutable => "program cannot run here",
             ErrorKind::Internal => "internal error",
-            ErrorKind::OutOfBounds => "memory access out of bounds",
-            ErrorKind::Budget => "instruction budget exhausted",
-            ErrorKind::UnknownCallx => "callx to an unregistered helper id",
         }
     }
 }
@@ -211,19 +205,6 @@ pub struct CompileError {
     pub pc: Option<usize>,
     /// Human-readable detail.
     pub message: String,
-    /// For [`ErrorKind::OutOfBounds`]: the access that was refused.
-    pub fault: Option<MemFault>,
-}
-
-/// A refused memory access of a sandboxed program.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemFault {
-    /// Address of the first byte accessed.
-    pub addr: u64,
-    /// Access size in bytes.
-    pub size: u32,
-    /// Read or write.
-    pub direction: AccessDirection,
 }
 
 /// Whether an access reads or writes memory (atomics count as writes).
@@ -251,7 +232,6 @@ impl CompileError {
             kind,
             pc: None,
             message: message.into(),
-            fault: None,
         }
     }
 
@@ -261,7 +241,6 @@ impl CompileError {
             kind,
             pc: Some(pc),
             message: message.into(),
-            fault: None,
         }
     }
 
@@ -292,7 +271,6 @@ impl CompileError {
             kind: ErrorKind::from_code(err.code),
             pc: usize::try_from(err.pc).ok(),
             message,
-            fault: None,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! lookalike of `struct rseq` the bench keeps current itself (the same code path; see
 //! `runtime/tests/builtins.rs`); the output says so.
 
+use packjit::testing::RuntimeTestExt;
 use packjit::{LoadOptions, MemRegion, Program, RegionAccess, Runtime};
 use packjit_interp::hw;
 use std::cell::UnsafeCell;

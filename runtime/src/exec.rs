@@ -1,13 +1,93 @@
-//! Running compiled code: the per-run [`PjExecEnv`], turning a stop into an [`Error`], and
+//! Running compiled code: the per-run [`PjExecEnv`], turning a stop into a [`RunError`], and
 //! the pointer checks helpers use to honour the sandbox.
 //!
 //! The emitted code only ever sees the environment through its fixed `PJ_ENV_*` offsets; this
 //! module is the one place the host fills it and reads it back.
 
-use crate::{err, Error, ErrorKind};
 use packjit_plugin_api::abi::*;
-use packjit_plugin_api::{AccessDirection, MemFault, PjProgramEntry};
+use packjit_plugin_api::{AccessDirection, Arch, PjProgramEntry, Stop, StopKind};
 use std::cell::Cell;
+use std::fmt;
+
+/// Why a run returned no result: what [`Program::call`](crate::Program::call) and the other
+/// ways of running a program ([`Hook::run`](crate::Hook::run), the
+/// [`rbpf_bridge`](crate::rbpf_bridge)'s `execute_program*`) fail with. Loading and compiling
+/// fail with [`Error`](crate::Error) instead.
+///
+/// ```
+/// use packjit::{RunError, Stop, StopKind};
+/// let e = RunError::from(Stop::Budget { pc: 3 });
+/// assert_eq!(e.stop().map(|s| s.kind()), Some(StopKind::Budget));
+/// assert_eq!(e.to_string(), "pc 3: instruction budget exhausted");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunError {
+    /// The program stopped: a refused memory access, an exhausted budget or a `callx` to an
+    /// unregistered helper id, with the pc and the details.
+    Stop(Stop),
+    /// The program was compiled for another architecture: it cannot run on this host.
+    NotExecutable {
+        /// The architecture the code was compiled for.
+        arch: Arch,
+    },
+    /// The code reported a stop kind the runtime does not know (a backend bug).
+    UnknownStop {
+        /// The `PJ_STOP_*` value the code wrote.
+        kind: u32,
+        /// The pc it named.
+        pc: usize,
+    },
+}
+
+impl RunError {
+    /// The stop, when the program stopped.
+    pub fn stop(&self) -> Option<Stop> {
+        match self {
+            RunError::Stop(s) => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// The eBPF pc the run ended at, when it ended at one.
+    pub fn pc(&self) -> Option<usize> {
+        match self {
+            RunError::Stop(s) => Some(s.pc()),
+            RunError::UnknownStop { pc, .. } => Some(*pc),
+            RunError::NotExecutable { .. } => None,
+        }
+    }
+}
+
+impl From<Stop> for RunError {
+    fn from(s: Stop) -> Self {
+        RunError::Stop(s)
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Stop(s) => s.fmt(f),
+            RunError::NotExecutable { arch } => write!(
+                f,
+                "program was compiled for {arch}, this host is {}",
+                Arch::host().map_or("unknown", |a| a.name())
+            ),
+            RunError::UnknownStop { kind, pc } => {
+                write!(f, "pc {pc}: program stopped with unknown stop kind {kind}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Stop(s) => Some(s),
+            _ => None,
+        }
+    }
+}
 
 /// Who may write a host region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -102,7 +182,8 @@ pub(crate) fn without_jit_env<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Runs `entry` on `(ctx, len)` with `regions` and `budget`, and turns a stop into an error.
+/// Runs `entry` on `(ctx, len)` with `regions` and `budget`, and turns a stop into a
+/// [`RunError`].
 ///
 /// # Safety
 /// `entry` must be committed code with the [`PjProgramEntry`] signature that stays mapped
@@ -114,7 +195,7 @@ pub(crate) unsafe fn run(
     len: usize,
     regions: &[PjMemRegion],
     budget: u64,
-) -> Result<u64, Error> {
+) -> Result<u64, RunError> {
     // rbpf passes r1 = r2 = 0 for an empty context; a dangling slice pointer (0x1) would
     // otherwise reach the program as r1.
     let ctx = if len == 0 { std::ptr::null_mut() } else { ctx };
@@ -135,52 +216,32 @@ pub(crate) unsafe fn run(
     stop_to_result(&env, r0)
 }
 
-/// `Ok(r0)` for a normal return, the stop as an [`Error`] otherwise.
-pub(crate) fn stop_to_result(env: &PjExecEnv, r0: u64) -> Result<u64, Error> {
+/// `Ok(r0)` for a normal return, the stop recorded in `env` otherwise.
+pub(crate) fn stop_to_result(env: &PjExecEnv, r0: u64) -> Result<u64, RunError> {
     let pc = env.stop_pc as usize;
-    match env.stop_kind {
-        PJ_STOP_NONE => Ok(r0),
-        PJ_STOP_OUT_OF_BOUNDS => {
-            let size = env.stop_access & 0xff;
-            let direction = if env.stop_access & PJ_ACCESS_WRITE != 0 {
-                AccessDirection::Write
-            } else {
-                AccessDirection::Read
-            };
-            let mut e = Error::at(
-                pc,
-                ErrorKind::OutOfBounds,
-                format!(
-                    "out of bounds: {size}-byte {direction} at {:#x} is outside the context, \
-                     the stack and every registered region",
-                    env.stop_addr
-                ),
-            );
-            e.fault = Some(MemFault {
-                addr: env.stop_addr,
-                size,
-                direction,
-            });
-            Err(e)
-        }
-        PJ_STOP_BUDGET => Err(Error::at(
-            pc,
-            ErrorKind::Budget,
-            "instruction budget exhausted",
-        )),
-        PJ_STOP_UNKNOWN_CALLX => Err(Error::at(
-            pc,
-            ErrorKind::UnknownCallx,
-            format!(
-                "callx to helper id {} (no helper registered)",
-                env.stop_addr
-            ),
-        )),
-        other => Err(err(
-            ErrorKind::Internal,
-            format!("program stopped with unknown stop kind {other}"),
-        )),
+    if env.stop_kind == PJ_STOP_NONE {
+        return Ok(r0);
     }
+    let stop = match StopKind::from_code(env.stop_kind) {
+        Some(StopKind::OutOfBounds) => Stop::OutOfBounds {
+            pc,
+            addr: env.stop_addr,
+            size: env.stop_access & 0xff,
+            write: env.stop_access & PJ_ACCESS_WRITE != 0,
+        },
+        Some(StopKind::Budget) => Stop::Budget { pc },
+        Some(StopKind::UnknownCallx) => Stop::UnknownCallx {
+            pc,
+            id: env.stop_addr,
+        },
+        None => {
+            return Err(RunError::UnknownStop {
+                kind: env.stop_kind,
+                pc,
+            })
+        }
+    };
+    Err(RunError::Stop(stop))
 }
 
 /// For helpers: may the program running on this thread access `[addr, addr + len)` in
@@ -241,7 +302,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stops_become_errors_with_pc_and_fault() {
+    fn stops_become_run_errors_with_pc_and_access() {
         let env = PjExecEnv {
             stop_kind: PJ_STOP_OUT_OF_BOUNDS,
             stop_pc: 7,
@@ -250,16 +311,16 @@ mod tests {
             ..Default::default()
         };
         let e = stop_to_result(&env, 0).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::OutOfBounds);
-        assert_eq!(e.pc, Some(7));
         assert_eq!(
-            e.fault,
-            Some(MemFault {
+            e,
+            RunError::Stop(Stop::OutOfBounds {
+                pc: 7,
                 addr: 0x1000,
                 size: 8,
-                direction: AccessDirection::Write
+                write: true
             })
         );
+        assert_eq!(e.pc(), Some(7));
         assert!(e
             .to_string()
             .starts_with("pc 7: out of bounds: 8-byte write at 0x1000"));
@@ -270,7 +331,7 @@ mod tests {
             ..Default::default()
         };
         let e = stop_to_result(&env, 0).unwrap_err();
-        assert_eq!((e.kind, e.pc), (ErrorKind::Budget, Some(3)));
+        assert_eq!(e.stop(), Some(Stop::Budget { pc: 3 }));
 
         let env = PjExecEnv {
             stop_kind: PJ_STOP_UNKNOWN_CALLX,
@@ -279,10 +340,22 @@ mod tests {
             ..Default::default()
         };
         let e = stop_to_result(&env, 0).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::UnknownCallx);
+        assert_eq!(e.stop().map(|s| s.kind()), Some(StopKind::UnknownCallx));
         assert_eq!(
             e.to_string(),
             "pc 2: callx to helper id 99 (no helper registered)"
+        );
+
+        let env = PjExecEnv {
+            stop_kind: 42,
+            stop_pc: 5,
+            ..Default::default()
+        };
+        let e = stop_to_result(&env, 0).unwrap_err();
+        assert_eq!(e, RunError::UnknownStop { kind: 42, pc: 5 });
+        assert_eq!(
+            e.to_string(),
+            "pc 5: program stopped with unknown stop kind 42"
         );
         assert_eq!(stop_to_result(&PjExecEnv::default(), 42), Ok(42));
     }

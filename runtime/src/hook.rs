@@ -1,7 +1,7 @@
 //! Attach points: a slot holding the program a host event runs, swappable while other
 //! threads are running through it, alone or in batches.
 
-use crate::{program_box, Error, ErrorKind, LoadOptions, PackedArena, Program, Runtime};
+use crate::{program_box, Error, ErrorKind, LoadOptions, PackedArena, Program, RunError, Runtime};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
@@ -132,7 +132,7 @@ impl Hook {
 
     /// Runs the attached program on `mem`: `None` when nothing is attached, otherwise what
     /// the program returned (r0) or why it stopped.
-    pub fn run(&self, mem: &mut [u8]) -> Option<Result<u64, Error>> {
+    pub fn run(&self, mem: &mut [u8]) -> Option<Result<u64, RunError>> {
         let guard = epoch::pin();
         let shared = self.slot.load(Acquire, &guard);
         // SAFETY: non-null pointers in the slot are live Programs protected by our pin.

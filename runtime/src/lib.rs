@@ -16,9 +16,11 @@
 //! let code = std::fs::read("prog.bin").unwrap();
 //! let prog = rt.load(&code, &LoadOptions::default())?;
 //! let mut ctx = [0u8; 64];
+//! // A run fails with a `RunError` (a `Stop`: out of bounds, budget, unknown `callx`), not
+//! // with the `Error` of loading.
 //! println!("r0 = {}", prog.call(&mut ctx)?);
 //! println!("{:?}", rt.stats());
-//! # Ok::<(), packjit::Error>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Programs carry names that profilers and debuggers see: [`Runtime::enable_perf_map`] keeps
@@ -38,6 +40,7 @@ mod program_box;
 pub mod rbpf_bridge;
 mod scratch;
 mod symbols;
+pub mod testing;
 
 pub use arena::{
     ArenaConfig, ArenaStats, ChunkState, Compaction, MapMode, Movable, MoveListener, MoveWatch,
@@ -45,13 +48,17 @@ pub use arena::{
 };
 pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl, PerCpuLookupImpl};
 pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
-pub use exec::{helper_access_ok, MemRegion, RegionAccess};
+pub use exec::{helper_access_ok, MemRegion, RegionAccess, RunError};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
-pub use packjit_frontend::{decode as verify, Program as VerifiedProgram};
+// The front end's decoder (structural verification included) and what it returns: the
+// bytecode as typed instructions, the form every backend and the interpreter start from.
+pub use packjit_frontend::{decode, Program as DecodedProgram};
+// `Error` is what loading, compiling and configuring fail with; a run fails with a
+// `RunError`, whose stops are `Stop`s.
 pub use packjit_plugin_api::{
-    AccessDirection, Arch, CodeArena, CompileError as Error, ErrorKind, JitBackend, MemFault,
-    PjHelperFn, PjProgramEntry,
+    AccessDirection, Arch, CodeArena, CompileError as Error, ErrorKind, JitBackend, PjHelperFn,
+    PjProgramEntry, Stop, StopKind,
 };
 pub use symbols::{default_perf_map_path, SymbolInfo};
 
@@ -145,6 +152,9 @@ pub struct HelperInfo {
 }
 
 /// The packjit runtime: backends, helpers and the code arena.
+///
+/// Knobs for tests, benchmarks and emulators (forcing the built-in helpers' inline or call
+/// paths) are not methods here: see [`testing::RuntimeTestExt`].
 pub struct Runtime {
     arena: Option<PackedArena>,
     scratch: Arc<ScratchArena>,
@@ -159,7 +169,7 @@ pub struct Runtime {
 }
 
 /// Test and emulator overrides of the built-in helpers' facts (see
-/// [`Runtime::set_rseq_cpu_id_offset`]).
+/// [`testing::RuntimeTestExt`]).
 #[derive(Clone, Copy, Debug)]
 struct BuiltinOverrides {
     inline: bool,
@@ -362,7 +372,7 @@ impl Runtime {
 
     /// Verifies, compiles (sandboxed) and commits one program. Its [`Program::call`] is safe:
     /// the emitted code checks every access against the context, its stack and the regions
-    /// it was given, and stops with [`ErrorKind::OutOfBounds`] instead of touching anything
+    /// it was given, and stops with [`Stop::OutOfBounds`] instead of touching anything
     /// else.
     pub fn load(&self, code: &[u8], opts: &LoadOptions) -> Result<Program, Error> {
         let prog = self.compile(code, opts, &self.helper_table(), Trust::Sandboxed)?;
@@ -387,8 +397,6 @@ impl Runtime {
         Ok(prog)
     }
 
-    /// Compiles several programs (sandboxed) and commits them together: one protection/remap
-    /// pass and one instruction-cache maintenance pass for the whole batch.
     /// Compiles without committing: the caller commits the arena once for a whole batch
     /// (see [`HookBatch`]) before any of the code may run.
     pub(crate) fn load_uncommitted(
@@ -400,6 +408,8 @@ impl Runtime {
         self.compile(code, opts, &self.helper_table(), trust)
     }
 
+    /// Compiles several programs (sandboxed) and commits them together: one protection/remap
+    /// pass and one instruction-cache maintenance pass for the whole batch.
     pub fn load_batch(&self, codes: &[&[u8]], opts: &LoadOptions) -> Vec<Result<Program, Error>> {
         self.load_batch_as(codes, opts, Trust::Sandboxed)
     }
@@ -507,45 +517,6 @@ impl Runtime {
             entries: entries as u64,
             cpus: cpus as u64,
         }))
-    }
-
-    /// Turns inlining of the built-in helpers on (the default) or off (every load calls
-    /// `sched_getcpu` / `clock_gettime`; benchmarks compare the two).
-    pub fn set_inline_builtins(&self, on: bool) {
-        self.builtin_overrides
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .inline = on;
-    }
-
-    /// Overrides the rseq detection for later loads: `Some(offset)` inlines the CPU id as a
-    /// `u32` load at thread pointer + `offset`, `None` forces the `sched_getcpu` call.
-    /// For tests and emulators (qemu-user 7.2 has no rseq syscall, so glibc registers none):
-    /// a test can point `offset` at a thread-local `cpu_id` it keeps current itself.
-    ///
-    /// # Safety
-    /// With `Some(offset)`, thread pointer + `offset` must be a readable, aligned `u32` in
-    /// every thread that runs a program loaded afterwards, for as long as it can run.
-    pub unsafe fn set_rseq_cpu_id_offset(&self, offset: Option<i64>) {
-        self.builtin_overrides
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .rseq = Some(offset);
-    }
-
-    /// Overrides the counter-clock detection for later loads: `Some(hz)` inlines the clock
-    /// with a scale made for a counter at `hz` (e.g. [`builtins::measure_counter_hz`] where
-    /// the platform does not tell the frequency), `None` forces the `clock_gettime` call.
-    /// Each call with `Some` leaks one 24-byte scale (code reads it for its whole life).
-    pub fn set_counter_clock_hz(&self, hz: Option<u64>) {
-        let clock = hz.map(|hz| {
-            let scale: &'static abi::PjClockScale = Box::leak(Box::new(builtins::scale_for(hz)));
-            (scale, hz, "set by the host")
-        });
-        self.builtin_overrides
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .clock = Some(clock);
     }
 
     fn compile(
@@ -922,15 +893,16 @@ impl Program {
     }
 
     /// Runs the program with `mem` as its context (r1 = pointer, r2 = length; both 0 for an
-    /// empty slice); returns r0, or the stop (out of bounds, budget, unknown `callx`) as an
-    /// error naming the pc.
-    pub fn call(&self, mem: &mut [u8]) -> Result<u64, Error> {
+    /// empty slice); returns r0, or why there is none: [`RunError::Stop`] with the
+    /// [`Stop`] (out of bounds, budget, unknown `callx`) naming the pc, or
+    /// [`RunError::NotExecutable`] for code compiled for another architecture.
+    pub fn call(&self, mem: &mut [u8]) -> Result<u64, RunError> {
         self.call_with_budget(mem, self.budget.unwrap_or(u64::MAX))
     }
 
     /// [`Program::call`] with an instruction budget for this call (meaningful when the program
     /// was loaded with [`LoadOptions::budget`]; otherwise no counting is compiled in).
-    pub fn call_with_budget(&self, mem: &mut [u8], budget: u64) -> Result<u64, Error> {
+    pub fn call_with_budget(&self, mem: &mut [u8], budget: u64) -> Result<u64, RunError> {
         self.check_executable()?;
         let _guard = arena::epoch_pin();
         // SAFETY: committed code, kept alive by `self` and the epoch pin. For sandboxed code
@@ -952,7 +924,7 @@ impl Program {
     /// # Safety
     /// `ctx`/`len` must describe memory the program may read and write (for sandboxed code
     /// the checks then keep it inside; trusted code dereferences whatever it computes).
-    pub unsafe fn call_raw(&self, ctx: *mut u8, len: usize) -> Result<u64, Error> {
+    pub unsafe fn call_raw(&self, ctx: *mut u8, len: usize) -> Result<u64, RunError> {
         self.check_executable()?;
         let _guard = arena::epoch_pin();
         // SAFETY: as in call_with_budget; the caller vouches for ctx/len.
@@ -967,18 +939,11 @@ impl Program {
         }
     }
 
-    fn check_executable(&self) -> Result<(), Error> {
+    fn check_executable(&self) -> Result<(), RunError> {
         if self.executable {
             return Ok(());
         }
-        Err(err(
-            ErrorKind::NotExecutable,
-            format!(
-                "program was compiled for {}, this host is {}",
-                self.arch,
-                Arch::host().map_or("unknown", |a| a.name())
-            ),
-        ))
+        Err(RunError::NotExecutable { arch: self.arch })
     }
 
     /// The line table: for each bytecode slot, the byte offset of its native code from the
@@ -1254,3 +1219,9 @@ impl Drop for Program {
 
 #[cfg(test)]
 mod tests;
+
+/// The Rust example of the repository's README ("Using it from Rust"), compiled as a doctest
+/// so that it keeps up with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

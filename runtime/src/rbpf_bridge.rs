@@ -27,8 +27,9 @@
 //!   else packjit's own interpreter (`packjit-interp`, never rbpf's), which implements the
 //!   same contract. A program may touch only the memory it was given and its stack; anything
 //!   else stops it with an out-of-bounds error naming the pc, the address, the size and the
-//!   direction (`io::Error` wrapping the [`packjit::Error`](crate::Error); downcast
-//!   `get_ref()` for the kind, pc and fault).
+//!   direction (`io::Error` wrapping a [`packjit::RunError`](crate::RunError) whose
+//!   [`Stop`](crate::Stop) has them: downcast `get_ref()`; a program refused at load wraps a
+//!   [`packjit::Error`](crate::Error) instead).
 //! * `jit_compile` compiles **trusted** code and `unsafe execute_program_jit` runs it, as in
 //!   rbpf: the caller promises the program stays inside its memory.
 //! * Registers: r1 = the memory (as rbpf chooses it per flavour; 0 when empty), r2 = its
@@ -82,7 +83,9 @@
 //! at compile time; [`c_thunk_for`] binds one known only at run time to one of a fixed set of
 //! `extern "C"` thunks; [`register_rbpf_helpers`] registers rbpf's standard set on a runtime.
 
-use crate::{arena, exec, Error, ErrorKind, LoadOptions, PjHelperFn, Program, Runtime, Trust};
+use crate::{
+    arena, exec, Error, ErrorKind, LoadOptions, PjHelperFn, Program, RunError, Runtime, Trust,
+};
 use packjit_interp::{Interpreter, RawEnv};
 use packjit_plugin_api::{HelperEntry, PjMemRegion, PJ_REGION_WRITABLE};
 use std::collections::BTreeMap;
@@ -251,10 +254,11 @@ pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
         .map_err(to_io)
 }
 
-/// A packjit error as rbpf reports errors: `io::Error` of kind `Other`, with the
-/// [`Error`] inside (`e.get_ref()` → `downcast_ref::<packjit::Error>()` gives
-/// its kind, pc and fault).
-pub fn to_io(e: Error) -> io::Error {
+/// A packjit error as rbpf reports errors: `io::Error` of kind `Other`, with the packjit
+/// error inside: `e.get_ref()` → `downcast_ref::<packjit::Error>()` for a program refused at
+/// load (kind, pc), `downcast_ref::<packjit::RunError>()` for a run that stopped (its
+/// [`Stop`](crate::Stop): kind, pc, address, size, direction).
+pub fn to_io<E: std::error::Error + Send + Sync + 'static>(e: E) -> io::Error {
     io::Error::other(e)
 }
 
@@ -476,7 +480,7 @@ impl<'a> Core<'a> {
                     self.interpreter().run_raw(prog, &env, None)
                 })
                 .map(|o| o.r0)
-                .map_err(|s| to_io(s.to_error()))
+                .map_err(|s| to_io(RunError::Stop(s)))
             }
         }
     }

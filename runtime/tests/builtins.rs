@@ -10,6 +10,7 @@
 mod host;
 
 use packjit::builtins::{glibc_rseq_cpu_id_offset, measure_counter_hz};
+use packjit::testing::RuntimeTestExt;
 use packjit::{
     ClockImpl, CpuIdImpl, LoadOptions, MemRegion, PerCpuLookupImpl, Program, RegionAccess, Runtime,
 };
@@ -221,8 +222,8 @@ fn inline_rseq_path_runs_through_a_test_rseq_area_and_agrees_with_the_interprete
     let callx_bad = prog(&[insn(0xb7, 0x01, 0, 77), insn(0x8d, 0x01, 0, 0), EXIT]);
     let pb = rt.load(&callx_bad, &LoadOptions::default()).unwrap();
     assert_eq!(
-        pb.call(&mut []).unwrap_err().kind,
-        packjit::ErrorKind::UnknownCallx
+        pb.call(&mut []).unwrap_err().stop(),
+        Some(packjit::Stop::UnknownCallx { pc: 1, id: 77 })
     );
     // The interpreter evaluates the same inline entry the same way.
     let table = [HelperEntry {
@@ -683,8 +684,11 @@ fn per_cpu_mov_addresses_this_cpus_slot() {
     // every region (16 + cpu * SLOT), the write stops at its pc instead of landing.
     let stray = rt.load(&counter(id, 0), &opt_in).unwrap();
     let e = stray.call(&mut []).unwrap_err();
-    assert_eq!(e.kind, packjit::ErrorKind::OutOfBounds, "{e}");
-    assert_eq!(e.pc, Some(4), "{e}");
+    assert_eq!(
+        e.stop().map(|s| (s.kind(), s.pc())),
+        Some((packjit::StopKind::OutOfBounds, 4)),
+        "{e}"
+    );
 
     // The interpreter, with the same inline CPU id and a table of its own, agrees with the
     // JIT on this thread.

@@ -5,7 +5,7 @@
 
 mod host;
 
-use packjit::{ErrorKind, LoadOptions};
+use packjit::{LoadOptions, Stop};
 use packjit_frontend::encode_insn as insn;
 
 macro_rules! helpers {
@@ -68,8 +68,8 @@ fn callx_through_a_dense_table_calls_each_helper_and_stops_on_every_other_id() {
         let p = rt.load(&callx_program(id), &opts).unwrap();
         let e = p.call(&mut []).unwrap_err();
         assert_eq!(
-            (e.kind, e.pc),
-            (ErrorKind::UnknownCallx, Some(4)),
+            e.stop(),
+            Some(Stop::UnknownCallx { pc: 4, id }),
             "id {id:#x}: {e}"
         );
     }

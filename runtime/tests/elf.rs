@@ -10,7 +10,7 @@ mod elf_support;
 
 use elf_support::*;
 use packjit::elf::{link, ElfLoadOptions};
-use packjit::{Arch, ErrorKind, LoadOptions, Program, Runtime};
+use packjit::{Arch, ErrorKind, LoadOptions, Program, Runtime, Stop, StopKind};
 
 // Keep the rlibs linked so cargo builds the cdylibs this test loads.
 #[allow(unused_imports)]
@@ -167,7 +167,7 @@ fn linking_places_each_called_function_once_and_resolves_the_extern() {
             }
         }
     }
-    packjit::verify(&l.code, &[packjit_plugin_api_entry()]).unwrap();
+    packjit::decode(&l.code, &[packjit_plugin_api_entry()]).unwrap();
     // The sections the program may touch, with their access.
     let secs: Vec<(&str, bool)> = l
         .data
@@ -278,8 +278,10 @@ fn sandbox_stops_rodata_writes_and_context_overruns() {
         .unwrap()
         .addr();
     let e = w.call(&mut [0u8; 2]).unwrap_err();
-    assert_eq!(e.kind, ErrorKind::OutOfBounds, "{e}");
-    assert_eq!(e.fault.unwrap().addr, rodata + 16, "{e}");
+    let Some(Stop::OutOfBounds { addr, .. }) = e.stop() else {
+        panic!("{e}");
+    };
+    assert_eq!(addr, rodata + 16, "{e}");
     assert_eq!(w.globals().unwrap().read(".rodata").unwrap()[16], 3);
     let r = rt
         .load_elf(
@@ -289,7 +291,11 @@ fn sandbox_stops_rodata_writes_and_context_overruns() {
         )
         .unwrap();
     let e = r.call(&mut [0u8; 8]).unwrap_err();
-    assert_eq!(e.kind, ErrorKind::OutOfBounds, "{e}");
+    assert_eq!(
+        e.stop().map(|s| s.kind()),
+        Some(StopKind::OutOfBounds),
+        "{e}"
+    );
     let s = rt
         .load_elf(
             &obj,
@@ -300,5 +306,6 @@ fn sandbox_stops_rodata_writes_and_context_overruns() {
             },
         )
         .unwrap();
-    assert_eq!(s.call(&mut []).unwrap_err().kind, ErrorKind::Budget);
+    let e = s.call(&mut []).unwrap_err();
+    assert_eq!(e.stop().map(|s| s.kind()), Some(StopKind::Budget), "{e}");
 }

@@ -115,7 +115,7 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
 
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn hook_run_returns_the_programs_error() {
+fn hook_run_returns_the_programs_stop() {
     let rt = runtime();
     let hook = Hook::new();
     // ldxdw r0, [r1 + 100] ; exit — out of bounds for an 8-byte context.
@@ -123,8 +123,11 @@ fn hook_run_returns_the_programs_error() {
     hook.attach(rt.load(&code, &LoadOptions::default()).unwrap())
         .unwrap();
     let e = hook.run(&mut [0u8; 8]).unwrap().unwrap_err();
-    assert_eq!(e.kind, ErrorKind::OutOfBounds, "{e}");
-    assert_eq!(e.pc, Some(0));
+    assert_eq!(
+        e.stop().map(|s| (s.kind(), s.pc())),
+        Some((packjit::StopKind::OutOfBounds, 0)),
+        "{e}"
+    );
     assert_eq!(
         hook.run(&mut [7u8; 108]).map(Result::unwrap),
         Some(0x0707_0707_0707_0707)

@@ -2,7 +2,7 @@
 //! arena, run natively (x86-64 on the dev host; arm64 / riscv64 under qemu-user in CI), reuse
 //! freed chunks.
 
-use packjit::{Arch, ErrorKind, LoadOptions, Runtime};
+use packjit::{Arch, ErrorKind, LoadOptions, RunError, Runtime};
 
 // Keep the rlibs linked so cargo builds the cdylibs this test loads.
 #[allow(unused_imports)]
@@ -61,7 +61,7 @@ fn plugins_compile_for_their_arch_and_native_code_runs_from_the_arena() {
             );
         } else {
             let e = p.call(&mut []).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::NotExecutable);
+            assert!(matches!(e, RunError::NotExecutable { .. }), "{e}");
         }
     }
 }

@@ -4,7 +4,7 @@
 //! packjit's interpreter elsewhere (the x86-64 development host).
 
 use packjit::rbpf_bridge::{c_thunk_for, EbpfVmFixedMbuff, EbpfVmMbuff, EbpfVmNoData, EbpfVmRaw};
-use packjit::{AccessDirection, Arch, ErrorKind, Runtime};
+use packjit::{AccessDirection, Arch, Runtime, Stop, StopKind};
 use rbpf::assembler::assemble;
 use std::sync::Arc;
 
@@ -27,11 +27,19 @@ fn native_host() -> bool {
         .any(|b| Some(b.arch) == Arch::host())
 }
 
-/// The packjit error inside an rbpf-style `io::Error`.
+/// The packjit load error inside an rbpf-style `io::Error`.
 fn packjit_error(e: &std::io::Error) -> &packjit::Error {
     e.get_ref()
         .and_then(|i| i.downcast_ref::<packjit::Error>())
         .unwrap_or_else(|| panic!("not a packjit error: {e}"))
+}
+
+/// The stop inside an rbpf-style `io::Error` from a run.
+fn packjit_stop(e: &std::io::Error) -> Stop {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<packjit::RunError>())
+        .and_then(|r| r.stop())
+        .unwrap_or_else(|| panic!("not a packjit stop: {e}"))
 }
 
 #[test]
@@ -111,11 +119,17 @@ fn mbuff_flavour_runs_rbpfs_example() {
     let prog = assemble("ldxdw r2, [r1+0x40]\nstb [r2], 1\nstb [r1], 7\nmov r0, 1\nexit").unwrap();
     let vm = EbpfVmMbuff::new_with_runtime(Some(&prog), runtime()).unwrap();
     let e = vm.execute_program(&mem, &mbuff).unwrap_err();
-    let pe = packjit_error(&e);
-    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(1)));
-    let fault = pe.fault.unwrap();
-    assert_eq!((fault.addr, fault.size), (start, 1));
-    assert_eq!(fault.direction, AccessDirection::Write);
+    let stop = packjit_stop(&e);
+    assert_eq!(
+        stop,
+        Stop::OutOfBounds {
+            pc: 1,
+            addr: start,
+            size: 1,
+            write: true
+        }
+    );
+    assert_eq!(stop.direction(), Some(AccessDirection::Write));
     assert_eq!(mem, [0xaa, 0xbb, 0x11, 0x22, 0xcc, 0xdd]);
     let prog = assemble("stb [r1], 7\nldxb r0, [r1]\nexit").unwrap();
     let vm = EbpfVmMbuff::new_with_runtime(Some(&prog), runtime()).unwrap();
@@ -146,12 +160,15 @@ fn fixed_mbuff_flavour_runs_rbpfs_examples() {
     // rbpf reads a byte past the packet; the sandbox stops the read at pc 5.
     let end = mem.as_ptr() as u64 + 5;
     let e = vm.execute_program(&mut mem[..5]).unwrap_err();
-    let pe = packjit_error(&e);
-    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(5)), "{e}");
-    let f = pe.fault.unwrap();
     assert_eq!(
-        (f.addr, f.size, f.direction),
-        (end, 1, AccessDirection::Read)
+        packjit_stop(&e),
+        Stop::OutOfBounds {
+            pc: 5,
+            addr: end,
+            size: 1,
+            write: false
+        },
+        "{e}"
     );
     // misc.rs test_vm_mbuff-style program with a write through the data pointer: `mem` is
     // exclusively borrowed here, so it is a writable region.
@@ -167,9 +184,10 @@ fn fixed_mbuff_flavour_runs_rbpfs_examples() {
     ];
     let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 0x00, 0x10, runtime()).unwrap();
     let e = vm.execute_program(&mut mem).unwrap_err();
-    let pe = packjit_error(&e);
-    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(0)), "{e}");
-    assert_eq!(pe.fault.unwrap().addr, 0x17);
+    let Stop::OutOfBounds { pc: 0, addr, .. } = packjit_stop(&e) else {
+        panic!("{e}");
+    };
+    assert_eq!(addr, 0x17);
 }
 
 #[test]
@@ -254,17 +272,20 @@ fn err_stack_out_of_bound_stops_under_the_sandbox() {
     let vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
     let e = vm.execute_program().unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::Other);
-    let pe = packjit_error(&e);
-    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(0)), "{e}");
-    let f = pe.fault.unwrap();
-    assert_eq!((f.size, f.direction), (1, AccessDirection::Write));
+    let Stop::OutOfBounds {
+        pc: 0, size, write, ..
+    } = packjit_stop(&e)
+    else {
+        panic!("{e}");
+    };
+    assert_eq!((size, write), (1, true));
     assert!(e.to_string().contains("out of bounds"), "{e}");
     // And below the frame, through a walked pointer, reading.
     let prog = assemble("mov r1, r10\nadd r1, -520\nldxdw r0, [r1]\nexit").unwrap();
     let vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
-    let pe = packjit_error(&vm.execute_program().unwrap_err()).clone();
-    assert_eq!((pe.kind, pe.pc), (ErrorKind::OutOfBounds, Some(2)));
-    assert_eq!(pe.fault.unwrap().direction, AccessDirection::Read);
+    let stop = packjit_stop(&vm.execute_program().unwrap_err());
+    assert_eq!((stop.kind(), stop.pc()), (StopKind::OutOfBounds, 2));
+    assert_eq!(stop.direction(), Some(AccessDirection::Read));
 }
 
 fn double(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
@@ -325,7 +346,7 @@ fn api_shape_matches_rbpf() {
     let mut vm = EbpfVmNoData::new_with_runtime(Some(&spin), runtime()).unwrap();
     vm.set_instruction_budget(Some(1000));
     let e = vm.execute_program().unwrap_err();
-    assert_eq!(packjit_error(&e).kind, ErrorKind::Budget);
+    assert_eq!(packjit_stop(&e).kind(), StopKind::Budget);
     // Send + Sync, for every flavour.
     fn both<T: Send + Sync>() {}
     both::<EbpfVmRaw<'static>>();

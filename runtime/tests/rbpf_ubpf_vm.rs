@@ -10,7 +10,7 @@
 //! stops differing fails the test, so the list only shrinks).
 
 use packjit::rbpf_bridge::{EbpfVmFixedMbuff, EbpfVmNoData, EbpfVmRaw, Helper};
-use packjit::{ErrorKind, Runtime};
+use packjit::{Runtime, StopKind};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -363,14 +363,14 @@ fn run_suite(cases: &[Case], unparsed: &[String], rt: &Arc<Runtime>, label: &str
 }
 
 #[test]
-fn out_of_bounds_errors_are_packjit_errors() {
+fn out_of_bounds_errors_are_packjit_stops() {
     // The suite's should_panic cases only check that an error comes back; check the kind too.
     let prog = rbpf::assembler::assemble("stb [r10], 0\nexit").unwrap();
     let vm = EbpfVmNoData::new(Some(&prog)).unwrap();
     let e = vm.execute_program().unwrap_err();
-    let pe = e
+    let re = e
         .get_ref()
-        .and_then(|i| i.downcast_ref::<packjit::Error>())
+        .and_then(|i| i.downcast_ref::<packjit::RunError>())
         .unwrap();
-    assert_eq!(pe.kind, ErrorKind::OutOfBounds);
+    assert_eq!(re.stop().map(|s| s.kind()), Some(StopKind::OutOfBounds));
 }

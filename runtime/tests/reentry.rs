@@ -8,7 +8,7 @@
 
 mod host;
 
-use packjit::{AccessDirection, ErrorKind, LoadOptions, MemRegion, RegionAccess, Runtime};
+use packjit::{LoadOptions, MemRegion, RegionAccess, Runtime, Stop};
 use packjit_frontend::encode_insn as ins;
 
 fn runtime() -> Runtime {
@@ -118,10 +118,16 @@ fn a_refused_write_stops_on_the_first_iteration() {
         buf.region(RegionAccess::ReadOnly),
     );
     let e = p.call(buf.ctx()).unwrap_err();
-    assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(3)), "{e}");
-    let fault = e.fault.expect("out-of-bounds stops carry the access");
-    assert_eq!(fault.addr, buf.0 as u64 + 24);
-    assert_eq!((fault.size, fault.direction), (1, AccessDirection::Write));
+    assert_eq!(
+        e.stop(),
+        Some(Stop::OutOfBounds {
+            pc: 3,
+            addr: buf.0 as u64 + 24,
+            size: 1,
+            write: true
+        }),
+        "{e}"
+    );
     assert_eq!(buf.byte(24), before, "a refused write must not land");
 }
 

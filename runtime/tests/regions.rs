@@ -5,7 +5,7 @@
 
 mod host;
 
-use packjit::{ErrorKind, LoadOptions, MemRegion, Program, RegionAccess};
+use packjit::{LoadOptions, MemRegion, Program, RegionAccess, StopKind};
 use packjit_frontend::encode_insn as ins;
 
 /// `r0 = *(u64 *)addr; exit`.
@@ -33,8 +33,9 @@ fn own(regions: Vec<MemRegion>) -> LoadOptions {
     }
 }
 
-fn reads(p: &Program) -> Result<u64, ErrorKind> {
-    p.call(&mut []).map_err(|e| e.kind)
+fn reads(p: &Program) -> Result<u64, StopKind> {
+    p.call(&mut [])
+        .map_err(|e| e.stop().unwrap_or_else(|| panic!("not a stop: {e}")).kind())
 }
 
 #[test]
@@ -53,7 +54,7 @@ fn programs_keep_the_runtime_regions_of_their_load_and_add_their_own() {
     rt.add_region(region(&b));
     let last_reads_b = rt.load(&read_at(pb), &LoadOptions::default()).unwrap();
 
-    assert_eq!(reads(&before), Err(ErrorKind::OutOfBounds));
+    assert_eq!(reads(&before), Err(StopKind::OutOfBounds));
     assert_eq!(reads(&after), Ok(0x1111));
     assert_eq!(reads(&own_b_reads_b), Ok(0x2222));
     assert_eq!(
@@ -61,7 +62,7 @@ fn programs_keep_the_runtime_regions_of_their_load_and_add_their_own() {
         Ok(0x1111),
         "the runtime's regions too"
     );
-    assert_eq!(reads(&after_reads_b), Err(ErrorKind::OutOfBounds));
+    assert_eq!(reads(&after_reads_b), Err(StopKind::OutOfBounds));
     assert_eq!(reads(&last_reads_b), Ok(0x2222));
     let counts: Vec<usize> = [
         &before,

@@ -141,7 +141,7 @@ fn a_compiled_image_runs_from_a_copy_elsewhere_in_the_arena() {
         let (_, stop, pc) = unsafe { run_at(&p, entry, &mut short) };
         assert_eq!(
             (stop, Some(pc as usize)),
-            (abi::PJ_STOP_OUT_OF_BOUNDS, e.pc)
+            (abi::PJ_STOP_OUT_OF_BOUNDS, e.pc())
         );
         arena.free(&copy);
         arena.free(&spacer);

@@ -7,7 +7,7 @@
 
 mod host;
 
-use packjit::{AccessDirection, ErrorKind, LoadOptions, MemRegion, RegionAccess};
+use packjit::{LoadOptions, MemRegion, RegionAccess, Stop};
 use packjit_frontend::encode_insn as ins;
 
 /// Straight-line filler: the accesses after it sit at pcs past 16 bits.
@@ -37,11 +37,15 @@ fn a_context_overrun_at_a_far_pc_stops_with_its_pc_address_size_and_direction() 
     let p = rt.load(&code, &LoadOptions::default()).unwrap();
     let mut ctx = [0u8; 16];
     let e = p.call(&mut ctx).unwrap_err();
-    assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(pc)), "{e}");
-    let f = e.fault.expect("out-of-bounds stops carry the access");
     assert_eq!(
-        (f.addr, f.size, f.direction),
-        (ctx.as_ptr() as u64 + 14, 4, AccessDirection::Write)
+        e.stop(),
+        Some(Stop::OutOfBounds {
+            pc,
+            addr: ctx.as_ptr() as u64 + 14,
+            size: 4,
+            write: true
+        }),
+        "{e}"
     );
     assert_eq!(ctx, [0; 16], "a refused write must not land");
     // With room for it the same store lands.
@@ -91,14 +95,14 @@ fn a_pointer_the_analysis_cannot_bound_passes_through_regions_and_stops_exactly(
     let e = p.call(&mut ctx).unwrap_err();
     // The three accesses before it passed: the stop is the store's, four slots further.
     assert_eq!(
-        (e.kind, e.pc),
-        (ErrorKind::OutOfBounds, Some(pc + 4)),
+        e.stop(),
+        Some(Stop::OutOfBounds {
+            pc: pc + 4,
+            addr: table.as_ptr() as u64 + 6,
+            size: 2,
+            write: true
+        }),
         "{e}"
-    );
-    let f = e.fault.expect("out-of-bounds stops carry the access");
-    assert_eq!(
-        (f.addr, f.size, f.direction),
-        (table.as_ptr() as u64 + 6, 2, AccessDirection::Write)
     );
     assert_eq!(table[6], 31, "a refused write must not land");
     // Past the table's end by one byte: a read stop, same pc rules.
@@ -107,11 +111,15 @@ fn a_pointer_the_analysis_cannot_bound_passes_through_regions_and_stops_exactly(
         &[ins(0x69, 0, 2, 31, 0), EXIT], // r0 = *(u16 *)(r2 + 31)
     );
     let e = rt.load(&code, &opts).unwrap().call(&mut ctx).unwrap_err();
-    assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(pc)), "{e}");
-    let f = e.fault.expect("out-of-bounds stops carry the access");
     assert_eq!(
-        (f.addr, f.size, f.direction),
-        (table.as_ptr() as u64 + 31, 2, AccessDirection::Read)
+        e.stop(),
+        Some(Stop::OutOfBounds {
+            pc,
+            addr: table.as_ptr() as u64 + 31,
+            size: 2,
+            write: false
+        }),
+        "{e}"
     );
     drop(table);
 }

@@ -1074,14 +1074,13 @@ mod tests {
             });
             let key = match &r.end {
                 End::Exit(_) => "exit".to_string(),
-                End::Stop(e) => {
-                    if let Some(f) = e.fault {
-                        match f.direction {
-                            packjit_plugin_api::AccessDirection::Read => faults.0 += 1,
-                            packjit_plugin_api::AccessDirection::Write => faults.1 += 1,
-                        }
+                End::Stop(s) => {
+                    match s {
+                        Stop::OutOfBounds { write: false, .. } => faults.0 += 1,
+                        Stop::OutOfBounds { write: true, .. } => faults.1 += 1,
+                        _ => {}
                     }
-                    format!("{:?}", e.kind)
+                    format!("{:?}", s.kind())
                 }
             };
             *ends.entry(key).or_default() += 1;
@@ -1231,7 +1230,7 @@ pub fn check_seed(
 // ---------------------------------------------------------------------------------------
 // Sandboxed differential execution: escapes, budgets, stops
 
-use packjit::{Error as JitError, ErrorKind, LoadOptions, Runtime};
+use packjit::{Error as JitError, ErrorKind, LoadOptions, RunError, Runtime, Stop, StopKind};
 
 /// Bytes of unallocated-to-the-program slack on each side of the context in differential
 /// runs: addresses near the context (before it, just past it, a page away) then fall into
@@ -1249,7 +1248,7 @@ pub enum End {
     /// The program returned r0.
     Exit(u64),
     /// The program was stopped (out of bounds, budget, unknown `callx`).
-    Stop(JitError),
+    Stop(Stop),
 }
 
 /// What a sandboxed run leaves behind.
@@ -1297,7 +1296,7 @@ fn run_reference_code(code: &[u8], ctx: &[u8], budget: Option<u64>) -> Result<Sa
     Ok(SandboxRun {
         end: match res {
             Ok(o) => End::Exit(o.r0),
-            Err(stop) => End::Stop(stop.to_error()),
+            Err(stop) => End::Stop(stop),
         },
         ctx,
         ctx_addr,
@@ -1405,7 +1404,7 @@ pub enum EscapeChecked {
     Finished,
     /// Both stopped with this kind at the same pc (and address, where meaningful), with the
     /// same context.
-    Stopped(ErrorKind),
+    Stopped(StopKind),
     /// The target compiled it but cannot run it here (foreign arch).
     CompiledOnly,
 }
@@ -1416,43 +1415,57 @@ pub enum EscapeChecked {
 /// was), so when the reference's fault lies within 64 KiB of its own stack block (`want_stack`)
 /// and the JIT's is not a context-relative address, kind, pc, size and direction decide.
 fn stops_agree(
-    want: &JitError,
+    want: &Stop,
     want_ctx: u64,
     want_stack: Option<&std::ops::Range<u64>>,
-    got: &JitError,
+    got: &Stop,
     got_ctx: u64,
 ) -> Result<(), String> {
-    if (want.kind, want.pc) != (got.kind, got.pc) {
+    if (want.kind(), want.pc()) != (got.kind(), got.pc()) {
         return Err(format!(
-            "stop {:?} at pc {:?} vs {:?} at pc {:?} ({want} vs {got})",
-            want.kind, want.pc, got.kind, got.pc
+            "stop {:?} at pc {} vs {:?} at pc {} ({want} vs {got})",
+            want.kind(),
+            want.pc(),
+            got.kind(),
+            got.pc()
         ));
     }
-    if want.kind != ErrorKind::OutOfBounds {
+    let (
+        &Stop::OutOfBounds {
+            addr: want_addr,
+            size: want_size,
+            write: want_write,
+            ..
+        },
+        &Stop::OutOfBounds {
+            addr: got_addr,
+            size: got_size,
+            write: got_write,
+            ..
+        },
+    ) = (want, got)
+    else {
         return Ok(());
-    }
-    let (Some(w), Some(g)) = (want.fault, got.fault) else {
-        return Err(format!("out of bounds without a fault: {want} vs {got}"));
     };
-    if (w.size, w.direction) != (g.size, g.direction) {
-        return Err(format!("fault {w:?} vs {g:?}"));
+    if (want_size, want_write) != (got_size, got_write) {
+        return Err(format!("fault {want:?} vs {got:?}"));
     }
     const SLACK: u64 = 1 << 16;
     let near_ctx = |a: u64, ctx: u64| {
         a.wrapping_sub(ctx).wrapping_add(SLACK) < SLACK + (CTX_LEN as u64) + SLACK
     };
     let stack_relative = want_stack.is_some_and(|s| {
-        w.addr >= s.start.saturating_sub(SLACK) && w.addr < s.end.saturating_add(SLACK)
-    }) && !near_ctx(g.addr, got_ctx);
-    let same = w.addr == g.addr
-        || w.addr.wrapping_sub(want_ctx) == g.addr.wrapping_sub(got_ctx)
+        want_addr >= s.start.saturating_sub(SLACK) && want_addr < s.end.saturating_add(SLACK)
+    }) && !near_ctx(got_addr, got_ctx);
+    let same = want_addr == got_addr
+        || want_addr.wrapping_sub(want_ctx) == got_addr.wrapping_sub(got_ctx)
         || stack_relative;
     if same {
         Ok(())
     } else {
         Err(format!(
-            "fault address {:#x} (context {want_ctx:#x}) vs {:#x} (context {got_ctx:#x})",
-            w.addr, g.addr
+            "fault address {want_addr:#x} (context {want_ctx:#x}) vs {got_addr:#x} (context \
+             {got_ctx:#x})"
         ))
     }
 }
@@ -1481,7 +1494,8 @@ fn compare_sandboxed(
     let got = SandboxRun {
         end: match res {
             Ok(r0) => End::Exit(r0),
-            Err(e) => End::Stop(e),
+            Err(RunError::Stop(s)) => End::Stop(s),
+            Err(e) => return Err(format!("JIT run failed: {e}")),
         },
         ctx,
         ctx_addr,
@@ -1522,7 +1536,7 @@ fn compare_sandboxed(
             if want.ctx != got.ctx {
                 return Err(memory(&format!("both stopped ({a})")));
             }
-            Ok(EscapeChecked::Stopped(a.kind))
+            Ok(EscapeChecked::Stopped(a.kind()))
         }
         (End::Exit(r0), End::Stop(e)) => {
             Err(format!("reference returned r0 = {r0:#x}, JIT stopped: {e}"))
@@ -1573,27 +1587,21 @@ pub fn check_walk_seed(target: &JitTarget<'_>, seed: u64) -> Result<EscapeChecke
 #[cfg(test)]
 mod sandbox_tests {
     use super::*;
-    use packjit_plugin_api::{AccessDirection, MemFault};
 
-    fn oob(pc: usize, addr: u64, write: bool) -> JitError {
-        let mut e = JitError::at(pc, ErrorKind::OutOfBounds, "x");
-        e.fault = Some(MemFault {
+    fn oob(pc: usize, addr: u64, write: bool) -> Stop {
+        Stop::OutOfBounds {
+            pc,
             addr,
             size: 4,
-            direction: if write {
-                AccessDirection::Write
-            } else {
-                AccessDirection::Read
-            },
-        });
-        e
+            write,
+        }
     }
 
     #[test]
     fn stops_compare_kind_pc_fault_and_address_where_meaningful() {
         let (c1, c2) = (0x10_0000, 0x90_0000);
         let stack = 0x7000_0000..0x7000_1000;
-        let agree = |a: &JitError, b: &JitError| stops_agree(a, c1, Some(&stack), b, c2);
+        let agree = |a: &Stop, b: &Stop| stops_agree(a, c1, Some(&stack), b, c2);
         // Same absolute (wild) address; same offset from the context.
         assert!(agree(&oob(3, 0x1000, true), &oob(3, 0x1000, true)).is_ok());
         assert!(agree(&oob(3, c1 + 264, false), &oob(3, c2 + 264, false)).is_ok());
@@ -1605,7 +1613,7 @@ mod sandbox_tests {
         assert!(agree(&oob(3, 0x7000_1000, true), &oob(3, 1 << 45, true)).is_ok());
         // Elsewhere, a differing address is a mismatch.
         assert!(agree(&oob(3, 1 << 46, true), &oob(3, 1 << 45, true)).is_err());
-        let budget = |pc| JitError::at(pc, ErrorKind::Budget, "b");
+        let budget = |pc| Stop::Budget { pc };
         assert!(agree(&budget(9), &budget(9)).is_ok());
         assert!(agree(&budget(9), &budget(8)).is_err());
         assert!(agree(&budget(9), &oob(9, 0, false)).is_err());

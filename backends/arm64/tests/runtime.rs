@@ -142,11 +142,11 @@ fn the_cdylib_plugin_loads_and_runs() {
     assert_eq!(p.call(&mut []).unwrap(), 42);
 }
 
-/// The runtime's sandboxed default on arm64: a safe `call` whose escapes come back as errors
-/// with kind, pc and fault, the budget per load and per call, regions per program.
+/// The runtime's sandboxed default on arm64: a safe `call` whose escapes come back as stops
+/// with kind, pc and access, the budget per load and per call, regions per program.
 #[test]
 fn sandboxed_load_reports_stops_through_the_runtime() {
-    use packjit::{AccessDirection, MemRegion, RegionAccess};
+    use packjit::{MemRegion, RegionAccess, Stop};
     let rt = runtime();
     // r0 = *(u64 *)(r1 + 8): in bounds for 16 bytes, one past for 12.
     let read8 = prog(&[ins(0x79, 0, 1, 8, 0), EXIT]);
@@ -156,11 +156,15 @@ fn sandboxed_load_reports_stops_through_the_runtime() {
     assert_eq!(p.call(&mut mem).unwrap(), 0x2a);
     let mut short = [0u8; 12];
     let e = p.call(&mut short).unwrap_err();
-    assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(0)));
-    let f = e.fault.expect("fault");
     assert_eq!(
-        (f.addr, f.size, f.direction),
-        (short.as_ptr() as u64 + 8, 8, AccessDirection::Read)
+        e.stop(),
+        Some(Stop::OutOfBounds {
+            pc: 0,
+            addr: short.as_ptr() as u64 + 8,
+            size: 8,
+            write: false
+        }),
+        "{e}"
     );
     // A read-only per-program region: readable, not writable.
     let table = Box::new([9u8; 64]);
@@ -186,8 +190,17 @@ fn sandboxed_load_reports_stops_through_the_runtime() {
         .unwrap()
         .call(&mut mem)
         .unwrap_err();
-    assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(2)));
-    assert_eq!(e.fault.unwrap().direction, AccessDirection::Write);
+    assert!(
+        matches!(
+            e.stop(),
+            Some(Stop::OutOfBounds {
+                pc: 2,
+                write: true,
+                ..
+            })
+        ),
+        "{e}"
+    );
     // An infinite loop under a budget; an unknown callx id.
     let spin = prog(&[ins(0x05, 0, 0, -1, 0), EXIT]);
     let opts = LoadOptions {
@@ -195,10 +208,13 @@ fn sandboxed_load_reports_stops_through_the_runtime() {
         ..LoadOptions::default()
     };
     let p = rt.load(&spin, &opts).unwrap();
-    assert_eq!(p.call(&mut mem).unwrap_err().kind, ErrorKind::Budget);
     assert_eq!(
-        p.call_with_budget(&mut mem, 5).unwrap_err().pc,
-        Some(0),
+        p.call(&mut mem).unwrap_err().stop(),
+        Some(Stop::Budget { pc: 0 })
+    );
+    assert_eq!(
+        p.call_with_budget(&mut mem, 5).unwrap_err().stop(),
+        Some(Stop::Budget { pc: 0 }),
         "stops at the jump"
     );
     let callx = prog(&[ins(0xb7, 1, 0, 0, 99), ins(0x8d, 1, 0, 0, 0), EXIT]);
@@ -207,6 +223,6 @@ fn sandboxed_load_reports_stops_through_the_runtime() {
         .unwrap()
         .call(&mut mem)
         .unwrap_err();
-    assert_eq!((e.kind, e.pc), (ErrorKind::UnknownCallx, Some(1)));
+    assert_eq!(e.stop(), Some(Stop::UnknownCallx { pc: 1, id: 99 }));
     drop(table);
 }

@@ -410,11 +410,11 @@ fn helpers_callx_and_local_calls() {
     for f in FEATURE_SETS {
         let e = load(&p, f).call(&mut []).unwrap_err();
         assert_eq!(
-            (e.kind, e.pc),
-            (packjit::ErrorKind::UnknownCallx, Some(9)),
+            e.stop(),
+            Some(packjit::Stop::UnknownCallx { pc: 9, id: 99 }),
             "features {f:#x}: {e}"
         );
-        assert!(e.message.contains("helper id 99"), "{e}");
+        assert!(e.to_string().contains("helper id 99"), "{e}");
     }
     // Local calls: each function has its own frame; r6-r9 survive; r10 restored.
     let p = prog(&[

@@ -704,11 +704,11 @@ mod suite {
 
 // ---- through the runtime's public API ---------------------------------------------------------
 
-/// `Runtime::load` compiles RV64 code sandboxed; stops come back as errors with kind, pc and
-/// fault; `LoadOptions::regions` and `budget` reach the code.
+/// `Runtime::load` compiles RV64 code sandboxed; stops come back as `RunError::Stop`s with
+/// kind, pc and access; `LoadOptions::regions` and `budget` reach the code.
 #[test]
 fn runtime_api_reports_stops() {
-    use packjit::{AccessDirection, ErrorKind, MemRegion, RegionAccess};
+    use packjit::{MemRegion, RegionAccess, Stop, StopKind};
     let rt = Runtime::new().expect("runtime");
     rt.add_backend(Arc::new(Rv64Backend::new())).unwrap();
     let table: Box<[u8; 8]> = Box::new(*b"packjit!");
@@ -734,10 +734,16 @@ fn runtime_api_reports_stops() {
             assert_eq!(ctx, [0, 0, 0, 1]);
             let p = rt.load(&read_then_store(4), &opts).unwrap();
             let e = p.call(&mut ctx).unwrap_err();
-            assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(3)), "{e}");
-            let fault = e.fault.expect("memory stop carries the fault");
-            assert_eq!(fault.addr, ctx.as_ptr() as u64 + 4);
-            assert_eq!((fault.size, fault.direction), (1, AccessDirection::Write));
+            assert_eq!(
+                e.stop(),
+                Some(Stop::OutOfBounds {
+                    pc: 3,
+                    addr: ctx.as_ptr() as u64 + 4,
+                    size: 1,
+                    write: true
+                }),
+                "{e}"
+            );
             // Without the region the read itself stops.
             let no_region = LoadOptions {
                 regions: vec![],
@@ -748,15 +754,19 @@ fn runtime_api_reports_stops() {
                 .unwrap()
                 .call(&mut ctx)
                 .unwrap_err();
-            assert_eq!((e.kind, e.pc), (ErrorKind::OutOfBounds, Some(2)), "{e}");
+            assert_eq!(
+                e.stop().map(|s| (s.kind(), s.pc())),
+                Some((StopKind::OutOfBounds, 2)),
+                "{e}"
+            );
             // `ja -1` forever: the per-load budget, then a per-call one.
             let spin = rt
                 .load(&prog(&[ins(0x05, 0, 0, -1, 0), EXIT]), &opts)
                 .unwrap();
             let e = spin.call(&mut ctx).unwrap_err();
-            assert_eq!((e.kind, e.pc), (ErrorKind::Budget, Some(0)), "{e}");
+            assert_eq!(e.stop(), Some(Stop::Budget { pc: 0 }), "{e}");
             let e = spin.call_with_budget(&mut ctx, 5).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::Budget);
+            assert_eq!(e.stop().map(|s| s.kind()), Some(StopKind::Budget), "{e}");
         }
     }
 }
