@@ -1,13 +1,18 @@
-//! The lowering contract: what a backend implements ([`Lowering`]) and the driver that does
-//! everything else once, for every backend ([`lower_program`], [`emit`]).
+//! The lowering contract: what a backend implements (the hook traits, [`Isa`]) and the
+//! driver that does everything else once, for every backend ([`lower_program`], [`emit`]).
 //!
-//! A backend is its register table, its frame, the hooks of [`Lowering`] (named after what
-//! they emit, the same in every backend) and its encoders. The driver owns:
+//! A backend is its register table, its frame, the hooks (named after what they emit, the
+//! same in every backend, one trait per concern and file: see [`Lowering`]) and its
+//! encoders. The driver owns:
 //!
 //! * the pass loop with branch relaxation, and the result every backend returns
 //!   ([`Emitted`], landings included);
 //! * the function and instruction loop: entry and epilogue labels, instruction labels and
 //!   offsets, islands of cold code ([`ColdPlacement`]);
+//! * decoding each operation once and calling the hook of its class (`alu`, `load`,
+//!   `branch`, `call_helper`, ...), with what is the same everywhere done here: a `goto`
+//!   to the next instruction is nothing, a function's last `exit` falls into its
+//!   epilogue, a helper id is resolved to its table entry;
 //! * the sandbox's orchestration: where a check group's widened test goes and where a jump
 //!   re-entering it lands, a walk's entry and the clamp its back-edge lands on, checked
 //!   copies of groups and loops, and the answer to "how is this access lowered?"
@@ -19,26 +24,27 @@
 //! ```text
 //!   for each function k:      entries[k]: prologue(k)
 //!     for each instruction i: [island of queued cold code]
-//!                             [walk entry, jump to head, clamp: walk_* hooks]
-//!                             labels[i]: [group_check] instruction(k, i)
+//!                             [walk head: walk_guard, walk_entry, jump, walk_clamp]
+//!                             labels[i]: [group_check] the hook of i's class
+//!                                        (each operation of its blinding rewrite)
 //!                             epilogues[k]: epilogue(k)
 //!                             queued cold code: access_slow_path, budget_stop, isa_cold,
-//!                             checked copies (instruction(k, i) again, with copy set)
+//!                             checked copies (the hooks again, every access checked)
 //!   program_end()             shared checks, stop paths, tables, constant pools
 //! ```
 
 use dynasmrt::DynamicLabel;
-use packjit_plugin_api::{CompileError, ErrorKind};
+use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::ops::Range;
 
-use crate::analysis::{back_edge_charge, checked_access, instruction_labels, CodegenMode};
+use crate::analysis::{back_edge_charge, instruction_labels, is_frame_constant, CodegenMode};
 use crate::blind::blind;
 use crate::cold::ColdPlacement;
 use crate::ranges::{AccessCheck, AccessPlan, Group};
 use crate::relax::{BranchCheck, Relaxation, Settled};
 use crate::scratch::{self, Reused};
 use crate::walks::Guard;
-use crate::{Inst, Op, Program, Reg};
+use crate::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width};
 
 /// Out-of-line code of one instruction, emitted after its function (or in an island) so the
 /// hot path stays dense. `A` is where the backend keeps an access's address for its slow
@@ -94,6 +100,8 @@ pub enum AccessLowering {
 /// hooks (`cur`, `copy`, labels).
 pub struct Driver<'a, A, F> {
     pub prog: &'a Program,
+    /// The request's helper table.
+    pub helpers: &'a [HelperEntry],
     /// The sandbox's access analysis (empty in trusted code).
     pub access: &'a AccessPlan,
     pub mode: &'a CodegenMode,
@@ -136,6 +144,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
     /// `encodes_group` says which check groups' widened tests the backend can encode.
     pub fn new(
         prog: &'a Program,
+        helpers: &'a [HelperEntry],
         access: &'a AccessPlan,
         mode: &'a CodegenMode,
         islands: ColdPlacement,
@@ -154,6 +163,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
         let walk_clamps = access.walks.iter().map(|_| new_label()).collect();
         Driver {
             prog,
+            helpers,
             access,
             mode,
             clamp: true,
@@ -179,6 +189,19 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
         self.prog.insts[self.cur].pc as usize
     }
 
+    /// The helper-table entry of helper `id` (the verifier refused calls of unknown ids, so
+    /// an error here means a backend asked for one its lowering needs, like the per-CPU
+    /// table).
+    pub fn helper(&self, id: u32) -> Result<HelperEntry, CompileError> {
+        let found = self.helpers.iter().find(|h| h.id == id).copied();
+        found.ok_or_else(|| {
+            self.error(
+                ErrorKind::UnknownHelper,
+                format!("helper id {id} is not in the helper table"),
+            )
+        })
+    }
+
     /// A compile error at the current instruction.
     pub fn error(&self, kind: ErrorKind, msg: impl Into<String>) -> CompileError {
         CompileError::at(self.pc(), kind, msg)
@@ -190,21 +213,15 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
         self.copy.is_some()
     }
 
-    /// How the current instruction's memory access (`op`: a load, store or atomic) is
+    /// How the current instruction's memory access (`size` bytes at `base + off`) is
     /// lowered: the sandbox's whole decision, asked once per access.
     // Asked per memory instruction: inlined into each backend's access lowering (a call
     // here cost x86-64 compiles 2-3% in `compile_bench`).
     #[inline(always)]
-    pub fn access(&self, op: &Op) -> AccessLowering {
-        let (base, off) = match *op {
-            Op::Load { base, off, .. }
-            | Op::Store { base, off, .. }
-            | Op::Atomic { base, off, .. } => (base, off),
-            _ => unreachable!("Driver::access is for memory instructions"),
-        };
+    pub fn access(&self, base: Reg, off: i16, size: Size) -> AccessLowering {
         // Trusted code asks nothing more (and has no plan to ask); frame-constant accesses
         // are proven without the dataflow, in every mode.
-        if !self.mode.sandboxed() || checked_access(op).is_none() {
+        if !self.mode.sandboxed() || is_frame_constant(base, off, size) {
             return AccessLowering::Direct { base, off };
         }
         if self.unchecked() {
@@ -296,18 +313,21 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
 }
 
 /// What every backend implements: the ISA hooks the driver calls, named after what they
-/// emit, in five traits, each implemented in the backend's file of that concern:
+/// emit, in traits each implemented in the backend's file of that concern. The driver
+/// decodes each instruction's operation once and calls the hook of its class:
 ///
 /// | trait | backend file | hooks |
 /// |---|---|---|
-/// | [`Lowering`] | `lower/mod.rs` | the assembler's position, labels and jumps; one instruction |
+/// | [`Lowering`] | `lower/mod.rs` | the assembler's position, labels and jumps |
 /// | [`FrameHooks`] | `frame.rs` | prologue, epilogue, a function's register map |
-/// | [`CheckHooks`] | `lower/mem.rs` | a check group's widened test, an access's slow path |
-/// | [`WalkHooks`] | `lower/jump.rs` | a walk's entry, extent test and pointer clamp |
+/// | [`AluHooks`] | `lower/alu.rs` | ALU operations, sign extension, negation, byte order, 64-bit constants |
+/// | [`MemoryHooks`] | `lower/mem.rs` | loads, stores, atomics; a check group's widened test, an access's slow path |
+/// | [`JumpHooks`] | `lower/jump.rs` | jumps, conditional branches, `exit`; a walk's entry, extent test and pointer clamp |
+/// | [`CallHooks`] | `lower/call.rs` | helper calls, `callx`, local calls, the per-CPU address |
 /// | [`StopHooks`] | `lower/cold.rs` | budget stops, the ISA's own cold code, the program's end |
 ///
-/// [`Isa`] names all five. The state the hooks share with the driver is [`Driver`], reached
-/// through [`Lowering::driver`].
+/// [`Isa`] names them all. The state the hooks share with the driver is [`Driver`],
+/// reached through [`Lowering::driver`]; `driver().cur` is the instruction being lowered.
 pub trait Lowering<'a> {
     /// Where an access's address is for its slow path (a register, or base and offset).
     type AccessSite: Copy;
@@ -326,8 +346,6 @@ pub trait Lowering<'a> {
     fn jump_over_island(&mut self, label: DynamicLabel) {
         self.jump(label);
     }
-    /// One instruction (`driver().cur == i`), on the hot path or in a checked copy.
-    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError>;
 }
 
 /// A function's frame.
@@ -340,8 +358,25 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     fn enter_function(&mut self, _func: usize) {}
 }
 
-/// The sandbox's memory checks.
-pub trait CheckHooks<'a>: Lowering<'a> {
+/// Register arithmetic (RFC 9669 semantics: 32-bit results zero-extended, shift counts
+/// masked, division by zero and `MIN / -1` defined).
+pub trait AluHooks<'a>: Lowering<'a> {
+    /// `dst = dst op src` (`dst = src` for `mov`).
+    fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand);
+    /// `dst = sign_extend(low bits of src)`.
+    fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) -> Result<(), CompileError>;
+    fn neg(&mut self, width: Width, dst: Reg);
+    /// `le`/`be`/`bswap` of the low `bits` of `dst`, zero-extended.
+    fn byte_order(&mut self, kind: EndKind, bits: u8, dst: Reg);
+    /// `dst = imm` (`lddw`).
+    fn load_imm64(&mut self, dst: Reg, imm: u64);
+}
+
+/// Memory access, and the sandbox's checks of it (ask [`Driver::access`] how).
+pub trait MemoryHooks<'a>: Lowering<'a> {
+    fn load(&mut self, size: Size, sign_extend: bool, dst: Reg, base: Reg, off: i16);
+    fn store(&mut self, size: Size, base: Reg, off: i16, src: Operand);
+    fn atomic(&mut self, size: Size, op: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg);
     /// Check group `group`'s widened test before its first member, then the base clamped in
     /// place; branches to `fail` (the group's checked copy) when the test fails. The driver
     /// then binds the group's resume label and queues the copy.
@@ -361,17 +396,37 @@ pub trait CheckHooks<'a>: Lowering<'a> {
     fn checked_copy_done(&mut self, _copy: CopyOf) {}
 }
 
-/// Loops that walk a pointer (`walks`).
-pub trait WalkHooks<'a>: Lowering<'a> {
-    /// A guarded walk's entry test; branches to `fail` (the loop's checked copy) when the
-    /// walk may leave its region.
-    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel);
+/// Control flow inside a function, and loops that walk a pointer (`walks`). Jumps land on
+/// [`Driver::jump_label`] and back-edges pay [`Driver::charge`].
+pub trait JumpHooks<'a>: Lowering<'a> {
+    /// `goto target` (never the next instruction: the driver drops those).
+    fn goto(&mut self, target: usize);
+    /// `if dst cond src goto target`.
+    fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize);
+    /// `exit` of `func` anywhere but as its last instruction on the hot path, which falls
+    /// into the epilogue.
+    fn exit(&mut self, func: usize);
     /// A walk's entry, before the jump to its head: copies the pointer into the walk's
     /// shadow and loads loop-invariant limits.
     fn walk_entry(&mut self, walk: usize);
+    /// A guarded walk's entry test; branches to `fail` (the loop's checked copy) when the
+    /// walk may leave its region.
+    fn walk_guard(&mut self, walk: usize, guard: Guard, fail: DynamicLabel);
     /// The pointer clamp a walk's back-edge lands on (only with clamping on); falls into
     /// the head.
     fn walk_clamp(&mut self, walk: usize);
+}
+
+/// Calls.
+pub trait CallHooks<'a>: Lowering<'a> {
+    /// `call helper` (resolved by the driver; called, or inlined by its `inline_kind`).
+    fn call_helper(&mut self, helper: &HelperEntry) -> Result<(), CompileError>;
+    /// `callx reg`: the helper whose id is in `reg` (`analysis::callx_plan`).
+    fn callx(&mut self, reg: Reg);
+    /// A bpf-to-bpf call of the function starting at instruction `target`.
+    fn call_local(&mut self, target: usize);
+    /// The per-CPU address of `src` in array `array` (`Op::MovPerCpu`).
+    fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError>;
 }
 
 /// Cold code and the program's end.
@@ -391,10 +446,21 @@ pub trait StopHooks<'a>: Lowering<'a> {
     fn program_end(&mut self) -> Result<(), CompileError>;
 }
 
-/// Everything the driver needs of a backend's lowering: the five hook traits.
-pub trait Isa<'a>: FrameHooks<'a> + CheckHooks<'a> + WalkHooks<'a> + StopHooks<'a> {}
+/// Everything the driver needs of a backend's lowering: all the hook traits.
+pub trait Isa<'a>:
+    FrameHooks<'a> + AluHooks<'a> + MemoryHooks<'a> + JumpHooks<'a> + CallHooks<'a> + StopHooks<'a>
+{
+}
 
-impl<'a, T> Isa<'a> for T where T: FrameHooks<'a> + CheckHooks<'a> + WalkHooks<'a> + StopHooks<'a> {}
+impl<'a, T> Isa<'a> for T where
+    T: FrameHooks<'a>
+        + AluHooks<'a>
+        + MemoryHooks<'a>
+        + JumpHooks<'a>
+        + CallHooks<'a>
+        + StopHooks<'a>
+{
+}
 
 /// One emission pass over the whole program.
 pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
@@ -456,7 +522,7 @@ pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
 }
 
 /// Instruction `i` of function `k`, through the blinding rewrite when the program's
-/// constants are blinded ([`blind`]): the backend lowers the rewritten instructions one by
+/// constants are blinded ([`blind`]): the backend lowers the rewritten operations one by
 /// one, all at `i` (same pc, same labels), and never sees the key.
 #[inline(always)]
 fn lower_instruction<'a, L: Isa<'a>>(
@@ -467,10 +533,79 @@ fn lower_instruction<'a, L: Isa<'a>>(
     blind_key: Option<u64>,
 ) -> Result<(), CompileError> {
     let Some(blinded) = blind_key.and_then(|key| blind(inst, key)) else {
-        return l.instruction(k, i, inst);
+        return lower_op(l, k, i, inst.op);
     };
     for &op in blinded.ops() {
-        l.instruction(k, i, &Inst { op, pc: inst.pc })?;
+        lower_op(l, k, i, op)?;
+    }
+    Ok(())
+}
+
+/// One operation of instruction `i` of function `k`, through the hook of its class.
+#[inline(always)]
+fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(), CompileError> {
+    match op {
+        Op::Alu {
+            width,
+            op,
+            dst,
+            src,
+        } => l.alu(width, op, dst, src),
+        Op::MovSx {
+            width,
+            dst,
+            src,
+            bits,
+        } => l.movsx(width, dst, src, bits)?,
+        Op::MovPerCpu { dst, src, array } => l.mov_percpu(dst, src, array)?,
+        Op::Neg { width, dst } => l.neg(width, dst),
+        Op::End { kind, bits, dst } => l.byte_order(kind, bits, dst),
+        Op::LdImm64 { dst, imm } => l.load_imm64(dst, imm.get()),
+        Op::Load {
+            size,
+            sign_extend,
+            dst,
+            base,
+            off,
+        } => l.load(size, sign_extend, dst, base, off),
+        Op::Store {
+            size,
+            base,
+            off,
+            src,
+        } => l.store(size, base, off, src),
+        Op::Atomic {
+            size,
+            op,
+            fetch,
+            base,
+            off,
+            src,
+        } => l.atomic(size, op, fetch, base, off, src),
+        // A jump to the next instruction is a no-op.
+        Op::Ja { target } if target as usize == i + 1 => {}
+        Op::Ja { target } => l.goto(target as usize),
+        Op::Jcond {
+            width,
+            cond,
+            dst,
+            src,
+            target,
+        } => l.branch(width, cond, dst, src, target as usize),
+        Op::CallHelper { id } => {
+            let helper = l.driver().helper(id)?;
+            l.call_helper(&helper)?;
+        }
+        Op::CallReg { reg } => l.callx(reg),
+        Op::CallLocal { target } => l.call_local(target as usize),
+        Op::Exit => {
+            // The last instruction of a function falls into its epilogue (a checked copy
+            // never ends one).
+            let d = l.driver();
+            if d.in_copy() || i + 1 != d.prog.subprogs[k].end {
+                l.exit(k);
+            }
+        }
     }
     Ok(())
 }

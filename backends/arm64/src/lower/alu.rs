@@ -2,8 +2,9 @@
 
 use super::*;
 
-impl Codegen<'_> {
-    pub(crate) fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
+
+impl<'a> AluHooks<'a> for Codegen<'a> {
+    fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
         let d = self.map[dst as usize];
         let imm = match src {
             // r10 is sp + 512: one ADD, not a materialise-then-move.
@@ -95,7 +96,38 @@ impl Codegen<'_> {
         }
     }
 
-    pub(crate) fn end(&mut self, kind: EndKind, bits: u8, d: u8) {
+    fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) -> Result<(), CompileError> {
+        let d = self.map[dst as usize];
+        let s = self.src(src, T0);
+        match (width, bits) {
+            (W64, 8) => a64!(self.ops; sxtb X(d), W(s)),
+            (W64, 16) => a64!(self.ops; sxth X(d), W(s)),
+            (W64, 32) => a64!(self.ops; sxtw X(d), W(s)),
+            // 32-bit movsx: sign-extend into the low half, upper half zeroed by W.
+            (W32, 8) => a64!(self.ops; sxtb W(d), W(s)),
+            (W32, 16) => a64!(self.ops; sxth W(d), W(s)),
+            _ => {
+                return Err(self.err(
+                    ErrorKind::Unsupported,
+                    format!("movsx from {bits} bits at {width:?}"),
+                ))
+            }
+        }
+
+        Ok(())
+    }
+
+    fn neg(&mut self, width: Width, dst: Reg) {
+        let d = self.map[dst as usize];
+        if width == W64 {
+            a64!(self.ops; neg X(d), X(d));
+        } else {
+            a64!(self.ops; neg W(d), W(d));
+        }
+    }
+
+    fn byte_order(&mut self, kind: EndKind, bits: u8, dst: Reg) {
+        let d = self.map[dst as usize];
         match (kind, bits) {
             // Little-endian target: "to little-endian" only truncates.
             (EndKind::ToLe, 16) => a64!(self.ops; uxth W(d), W(d)),
@@ -105,5 +137,8 @@ impl Codegen<'_> {
             (_, 32) => a64!(self.ops; rev W(d), W(d)),
             (_, _) => a64!(self.ops; rev X(d), X(d)),
         }
+    }
+    fn load_imm64(&mut self, dst: Reg, imm: u64) {
+        self.mov_imm(self.map[dst as usize], imm, W64);
     }
 }

@@ -3,65 +3,6 @@
 use super::*;
 
 impl Codegen<'_> {
-    /// `callx reg`: compare the id in the register against each registered helper and call
-    /// the match; no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (stop_addr = id).
-    pub(crate) fn callx(&mut self, reg: Reg) {
-        let r = self.src(reg, T0);
-        let plan = callx_plan(self.helpers);
-        let call = self.ops.new_dynamic_label();
-        let done = self.ops.new_dynamic_label();
-        let unknown = self.ops.new_dynamic_label();
-        // Compares are on the full 64-bit register: 0x1_0000_0005 is not helper 5.
-        for h in &plan.compared {
-            self.cmp_imm_u64(r, h.id as u64);
-            a64!(self.ops; b.ne >next);
-            match helper_lowering(h) {
-                HelperLowering::Call(addr) => {
-                    self.mov_imm(T2, addr, W64);
-                    a64!(self.ops; b =>call);
-                }
-                inline => {
-                    self.inline_helper(inline);
-                    a64!(self.ops; b =>done);
-                }
-            }
-            a64!(self.ops; next:);
-        }
-        let table = self.ops.new_dynamic_label();
-        if let Some(t) = &plan.table {
-            // Unsigned bound (a huge or "negative" id fails it), then the address, 0 for a
-            // hole.
-            self.cmp_imm_u64(r, t.len() as u64);
-            a64!(self.ops
-                ; b.hs =>unknown
-                ; adr X(T2), =>table
-                ; ldr X(T2), [X(T2), X(r), lsl 3]
-                ; cbnz X(T2), =>call
-            );
-        }
-        // No helper has this id: stop at this pc with the id as the address.
-        a64!(self.ops; =>unknown);
-        if r != T0 {
-            a64!(self.ops; mov X(T0), X(r));
-        }
-        let pc = self.d.prog.insts[self.d.cur].pc as u64;
-        self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
-        self.mov_imm(C2, pc, W64);
-        self.b(self.stop);
-        if let Some(t) = &plan.table {
-            // Data after the unconditional branch, never executed: 8-byte aligned for the
-            // load (the padding is `udf #0`); counted as data, not instructions.
-            let start = self.off();
-            self.ops.align(8, 0);
-            a64!(self.ops; =>table);
-            for &addr in t {
-                self.ops.push_u64(addr);
-            }
-            self.data.push(start..self.off());
-        }
-        a64!(self.ops; =>call ; blr X(T2) ; mov X(self.map[0]), X(RET) ; =>done);
-    }
-
     /// The body of an inlined helper (never [`HelperLowering::Call`]); r1-r5 stay intact.
     pub(crate) fn inline_helper(&mut self, how: HelperLowering) {
         let r0 = self.map[0];
@@ -140,17 +81,109 @@ impl Codegen<'_> {
         );
     }
 
+    /// `mrs Xt, <sysreg>`: `base` is the MRS encoding with Rt = 0.
+    fn sysreg_read(&mut self, rt: u8, base: u32) {
+        a64!(self.ops; .u32 base | rt as u32);
+    }
+}
+
+impl<'a> CallHooks<'a> for Codegen<'a> {
+    fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
+        match helper_lowering(h) {
+            HelperLowering::Call(addr) => {
+                // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
+                self.mov_imm(T0, addr, W64);
+                a64!(self.ops; blr X(T0) ; mov X(self.map[0]), X(RET));
+            }
+            inline => self.inline_helper(inline),
+        }
+        Ok(())
+    }
+
+    /// `callx reg`: compare the id in the register against each registered helper and call
+    /// the match; no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (stop_addr = id).
+    fn callx(&mut self, reg: Reg) {
+        let r = self.src(reg, T0);
+        let plan = callx_plan(self.helpers);
+        let call = self.ops.new_dynamic_label();
+        let done = self.ops.new_dynamic_label();
+        let unknown = self.ops.new_dynamic_label();
+        // Compares are on the full 64-bit register: 0x1_0000_0005 is not helper 5.
+        for h in &plan.compared {
+            self.cmp_imm_u64(r, h.id as u64);
+            a64!(self.ops; b.ne >next);
+            match helper_lowering(h) {
+                HelperLowering::Call(addr) => {
+                    self.mov_imm(T2, addr, W64);
+                    a64!(self.ops; b =>call);
+                }
+                inline => {
+                    self.inline_helper(inline);
+                    a64!(self.ops; b =>done);
+                }
+            }
+            a64!(self.ops; next:);
+        }
+        let table = self.ops.new_dynamic_label();
+        if let Some(t) = &plan.table {
+            // Unsigned bound (a huge or "negative" id fails it), then the address, 0 for a
+            // hole.
+            self.cmp_imm_u64(r, t.len() as u64);
+            a64!(self.ops
+                ; b.hs =>unknown
+                ; adr X(T2), =>table
+                ; ldr X(T2), [X(T2), X(r), lsl 3]
+                ; cbnz X(T2), =>call
+            );
+        }
+        // No helper has this id: stop at this pc with the id as the address.
+        a64!(self.ops; =>unknown);
+        if r != T0 {
+            a64!(self.ops; mov X(T0), X(r));
+        }
+        let pc = self.d.prog.insts[self.d.cur].pc as u64;
+        self.mov_imm(C1, PJ_STOP_UNKNOWN_CALLX as u64, W64);
+        self.mov_imm(C2, pc, W64);
+        self.b(self.stop);
+        if let Some(t) = &plan.table {
+            // Data after the unconditional branch, never executed: 8-byte aligned for the
+            // load (the padding is `udf #0`); counted as data, not instructions.
+            let start = self.off();
+            self.ops.align(8, 0);
+            a64!(self.ops; =>table);
+            for &addr in t {
+                self.ops.push_u64(addr);
+            }
+            self.data.push(start..self.off());
+        }
+        a64!(self.ops; =>call ; blr X(T2) ; mov X(self.map[0]), X(RET) ; =>done);
+    }
+
+    fn call_local(&mut self, target: usize) {
+        let sub = self.d.prog.subprog_of(target);
+        let entry = self.d.entries[sub];
+        if self.d.mode.counts_budget() {
+            self.charge(CALL_CHARGE);
+        }
+        // Arguments in x0-x4, result in x7: the BPF calling convention is native.
+        // In the sandbox's stack block the callee's frame is the 512 bytes below.
+        let block = self.plan.block > 0;
+        if block {
+            a64!(self.ops; sub XSP(FP), XSP(FP), STACK_SIZE as u32);
+        }
+        self.site(entry, Reach::Jump);
+        a64!(self.ops; bl =>entry);
+        if block {
+            a64!(self.ops; add XSP(FP), XSP(FP), STACK_SIZE as u32);
+        }
+    }
+
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
     /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
     /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
     /// helper 8 does: the rseq load through `tpidr_el0`, or a call with the caller-saved BPF
     /// registers (r0 = x7, r1–r5 = x0–x4) stored around it, so nothing but `dst` changes.
-    pub(super) fn mov_percpu(
-        &mut self,
-        dst: Reg,
-        src: Reg,
-        array: Operand,
-    ) -> Result<(), CompileError> {
+    fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError> {
         let entry = |s: &Self, id: u32| {
             s.helpers
                 .iter()
@@ -242,10 +275,5 @@ impl Codegen<'_> {
         let d = self.map[dst as usize];
         a64!(self.ops; add X(d), X(s), X(T3));
         Ok(())
-    }
-
-    /// `mrs Xt, <sysreg>`: `base` is the MRS encoding with Rt = 0.
-    fn sysreg_read(&mut self, rt: u8, base: u32) {
-        a64!(self.ops; .u32 base | rt as u32);
     }
 }

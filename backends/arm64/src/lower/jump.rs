@@ -158,7 +158,23 @@ impl Codegen<'_> {
     }
 }
 
-impl<'a> WalkHooks<'a> for Codegen<'a> {
+impl<'a> JumpHooks<'a> for Codegen<'a> {
+    fn goto(&mut self, target: usize) {
+        self.charge_back_edge(target);
+        self.b(self.d.jump_label(target));
+    }
+
+    fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
+        // A branch to the next instruction is a no-op whichever way it goes.
+        if target != self.d.cur + 1 {
+            self.jcond(width, cond, dst, src, target);
+        }
+    }
+
+    fn exit(&mut self, func: usize) {
+        self.b(self.d.epilogues[func]);
+    }
+
     /// A walk's entry (`packjit_frontend::walks`): the pointer's first copy into the walk's
     /// shadow (exact, it needs no clamp) and r10 into the walk's register.
     fn walk_entry(&mut self, k: usize) {

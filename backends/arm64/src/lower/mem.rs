@@ -4,9 +4,8 @@ use super::*;
 
 impl Codegen<'_> {
     pub(crate) fn mem(&mut self, op: MemOp, size: Size, rt: u8, base: Reg, off: i16) {
-        let inst = self.d.prog.insts[self.d.cur].op;
         // r10-based accesses address the frame directly off its base (r10 = base + 512).
-        let (b, o) = match self.d.access(&inst) {
+        let (b, o) = match self.d.access(base, off, size) {
             AccessLowering::Checked(_) => {
                 let addr = self.check_access(size, op == MemOp::Store, base, off);
                 self.clamp_reentered_base(base, off);
@@ -54,8 +53,7 @@ impl Codegen<'_> {
 
     /// Address of an atomic access in a register (LDXR/LDADD... take no offset).
     pub(crate) fn atomic_addr(&mut self, size: Size, base: Reg, off: i16) -> u8 {
-        let inst = self.d.prog.insts[self.d.cur].op;
-        match self.d.access(&inst) {
+        match self.d.access(base, off, size) {
             // Atomics count as writes.
             AccessLowering::Checked(_) => self.check_access(size, true, base, off),
             AccessLowering::Direct { base: R10, off } => {
@@ -68,25 +66,6 @@ impl Codegen<'_> {
                 self.add_imm(T0, self.map[base as usize], off as i64, W64);
                 T0
             }
-        }
-    }
-
-    pub(crate) fn atomic(
-        &mut self,
-        width: Width,
-        op: AtomicOp,
-        fetch: bool,
-        base: Reg,
-        off: i16,
-        src: Reg,
-    ) {
-        let a = self.atomic_addr(if width == W64 { Size::DW } else { Size::W }, base, off);
-        let s = self.src(src, T4);
-        let r0 = self.map[0];
-        if self.lse {
-            self.atomic_lse(width, op, fetch, a, s, r0);
-        } else {
-            self.atomic_llsc(width, op, fetch, a, s, r0);
         }
     }
 
@@ -352,9 +331,62 @@ impl Codegen<'_> {
             ; cmp XSP(C0), block - size
         );
     }
+
+    fn atomic_rmw(
+        &mut self,
+        width: Width,
+        op: AtomicOp,
+        fetch: bool,
+        base: Reg,
+        off: i16,
+        src: Reg,
+    ) {
+        let a = self.atomic_addr(if width == W64 { Size::DW } else { Size::W }, base, off);
+        let s = self.src(src, T4);
+        let r0 = self.map[0];
+        if self.lse {
+            self.atomic_lse(width, op, fetch, a, s, r0);
+        } else {
+            self.atomic_llsc(width, op, fetch, a, s, r0);
+        }
+    }
 }
 
-impl<'a> CheckHooks<'a> for Codegen<'a> {
+impl<'a> MemoryHooks<'a> for Codegen<'a> {
+    fn load(&mut self, size: Size, sign_extend: bool, dst: Reg, base: Reg, off: i16) {
+        self.mem(
+            MemOp::Load { sign_extend },
+            size,
+            self.map[dst as usize],
+            base,
+            off,
+        );
+    }
+
+    fn store(&mut self, size: Size, base: Reg, off: i16, src: Operand) {
+        let v = match src {
+            Operand::Reg(r) => self.src(r, T2),
+            Operand::Imm(0) => ZR,
+            Operand::Imm(imm) => {
+                // Only the stored bytes matter: materialise the narrowest value.
+                let v = match size {
+                    Size::B => imm as u8 as u64,
+                    Size::H => imm as u16 as u64,
+                    Size::W => imm as u32 as u64,
+                    Size::DW => imm as i64 as u64,
+                };
+                self.mov_imm(T2, v, if size == Size::DW { W64 } else { W32 });
+                T2
+            }
+        };
+        self.mem(MemOp::Store, size, v, base, off);
+    }
+
+    fn atomic(&mut self, size: Size, op: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg) {
+        let width = if size == Size::DW { W64 } else { W32 };
+        self.atomic_rmw(width, op, fetch, base, off, src);
+    }
+
     /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the
     /// base itself clamped in place: on the architectural path it keeps its value (the
     /// check passed), under a mispredicted branch it becomes 0, so no member can reach

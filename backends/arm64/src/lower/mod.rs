@@ -19,8 +19,8 @@ mod mem;
 
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi};
 use packjit_frontend::{
-    AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width, Width::W32,
-    Width::W64, R10, STACK_SIZE,
+    AluOp, AtomicOp, Cond, EndKind, Op, Operand, Program, Reg, Size, Width, Width::W32, Width::W64,
+    R10, STACK_SIZE,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::convert::Infallible;
@@ -35,7 +35,8 @@ use packjit_frontend::analysis::{
 };
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{
-    self, AccessLowering, Assembled, CheckHooks, Cold, Driver, Lowering, Pass, StopHooks, WalkHooks,
+    self, AccessLowering, AluHooks, Assembled, CallHooks, Cold, Driver, JumpHooks, Lowering,
+    MemoryHooks, Pass, StopHooks,
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{BranchCheck, Relaxation};
@@ -131,6 +132,7 @@ impl<'a> Codegen<'a> {
         let mut ops: Asm = scratch::assembler(cap.code, cap.labels, cap.branch_sites);
         let d = Driver::new(
             prog,
+            helpers,
             &plan.access,
             mode,
             islands,
@@ -190,164 +192,6 @@ impl<'a> Codegen<'a> {
     }
 
     // ---------------------------------------------------------------- instructions
-
-    pub(crate) fn inst(&mut self, k: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
-        match inst.op {
-            Op::Alu {
-                width,
-                op,
-                dst,
-                src,
-            } => self.alu(width, op, dst, src),
-            Op::MovSx {
-                width,
-                dst,
-                src,
-                bits,
-            } => {
-                let d = self.map[dst as usize];
-                let s = self.src(src, T0);
-                match (width, bits) {
-                    (W64, 8) => a64!(self.ops; sxtb X(d), W(s)),
-                    (W64, 16) => a64!(self.ops; sxth X(d), W(s)),
-                    (W64, 32) => a64!(self.ops; sxtw X(d), W(s)),
-                    // 32-bit movsx: sign-extend into the low half, upper half zeroed by W.
-                    (W32, 8) => a64!(self.ops; sxtb W(d), W(s)),
-                    (W32, 16) => a64!(self.ops; sxth W(d), W(s)),
-                    _ => {
-                        return Err(self.err(
-                            ErrorKind::Unsupported,
-                            format!("movsx from {bits} bits at {width:?}"),
-                        ))
-                    }
-                }
-            }
-            Op::Neg { width, dst } => {
-                let d = self.map[dst as usize];
-                if width == W64 {
-                    a64!(self.ops; neg X(d), X(d));
-                } else {
-                    a64!(self.ops; neg W(d), W(d));
-                }
-            }
-            Op::End { kind, bits, dst } => self.end(kind, bits, self.map[dst as usize]),
-            Op::LdImm64 { dst, imm } => self.mov_imm(self.map[dst as usize], imm.get(), W64),
-            Op::Load {
-                size,
-                sign_extend,
-                dst,
-                base,
-                off,
-            } => self.mem(
-                MemOp::Load { sign_extend },
-                size,
-                self.map[dst as usize],
-                base,
-                off,
-            ),
-            Op::Store {
-                size,
-                base,
-                off,
-                src,
-            } => {
-                let v = match src {
-                    Operand::Reg(r) => self.src(r, T2),
-                    Operand::Imm(0) => ZR,
-                    Operand::Imm(imm) => {
-                        // Only the stored bytes matter: materialise the narrowest value.
-                        let v = match size {
-                            Size::B => imm as u8 as u64,
-                            Size::H => imm as u16 as u64,
-                            Size::W => imm as u32 as u64,
-                            Size::DW => imm as i64 as u64,
-                        };
-                        self.mov_imm(T2, v, if size == Size::DW { W64 } else { W32 });
-                        T2
-                    }
-                };
-                self.mem(MemOp::Store, size, v, base, off)
-            }
-            Op::Atomic {
-                size,
-                op,
-                fetch,
-                base,
-                off,
-                src,
-            } => self.atomic(
-                if size == Size::DW { W64 } else { W32 },
-                op,
-                fetch,
-                base,
-                off,
-                src,
-            ),
-            Op::Ja { target } => {
-                let target = target as usize;
-                // A jump to the next instruction is a no-op.
-                if target != i + 1 {
-                    self.charge_back_edge(target);
-                    self.b(self.d.jump_label(target));
-                }
-            }
-            Op::Jcond {
-                width,
-                cond,
-                dst,
-                src,
-                target,
-            } => {
-                let target = target as usize;
-                if target != i + 1 {
-                    self.jcond(width, cond, dst, src, target);
-                }
-            }
-            Op::CallHelper { id } => {
-                let Some(h) = self.helpers.iter().find(|h| h.id == id).copied() else {
-                    return Err(self.err(
-                        ErrorKind::UnknownHelper,
-                        format!("call to unknown helper id {id}"),
-                    ));
-                };
-                match helper_lowering(&h) {
-                    HelperLowering::Call(addr) => {
-                        // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
-                        self.mov_imm(T0, addr, W64);
-                        a64!(self.ops; blr X(T0) ; mov X(self.map[0]), X(RET));
-                    }
-                    inline => self.inline_helper(inline),
-                }
-            }
-            Op::CallReg { reg } => self.callx(reg),
-            Op::MovPerCpu { dst, src, array } => self.mov_percpu(dst, src, array)?,
-            Op::CallLocal { target } => {
-                let sub = self.d.prog.subprog_of(target as usize);
-                let entry = self.d.entries[sub];
-                if self.d.mode.counts_budget() {
-                    self.charge(CALL_CHARGE);
-                }
-                // Arguments in x0-x4, result in x7: the BPF calling convention is native.
-                // In the sandbox's stack block the callee's frame is the 512 bytes below.
-                let block = self.plan.block > 0;
-                if block {
-                    a64!(self.ops; sub XSP(FP), XSP(FP), STACK_SIZE as u32);
-                }
-                self.site(entry, Reach::Jump);
-                a64!(self.ops; bl =>entry);
-                if block {
-                    a64!(self.ops; add XSP(FP), XSP(FP), STACK_SIZE as u32);
-                }
-            }
-            Op::Exit => {
-                // The epilogue follows the last instruction of the subprogram.
-                if i + 1 != self.d.prog.subprogs[k].end {
-                    self.b(self.d.epilogues[k]);
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 impl<'a> Lowering<'a> for Codegen<'a> {
@@ -372,13 +216,6 @@ impl<'a> Lowering<'a> for Codegen<'a> {
 
     fn jump(&mut self, label: DynamicLabel) {
         self.b(label);
-    }
-
-    // Inlined into the driver's instruction loop, as the lowering was into the loop it had
-    // before the driver (a call per instruction costs compile time: see x86-64's).
-    #[inline(always)]
-    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
-        self.inst(func, i, inst)
     }
 }
 

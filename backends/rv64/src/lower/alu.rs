@@ -1,34 +1,16 @@
 //! ALU operations, division and remainder, byte swaps.
 
+use super::POOL_MIN_LI;
 use super::{Codegen, Upper};
+use crate::encode::Assembler;
 use crate::encode::{fits_signed, reg::*, R3, RI};
 use packjit_frontend::analysis::upper_halves_live;
+use packjit_frontend::lower::AluHooks;
 use packjit_frontend::{AluOp, EndKind, Operand, Reg, Width};
+use packjit_plugin_api::CompileError;
 use Width::{W32, W64};
 
 impl Codegen<'_> {
-    /// `dst <op>= src` at instruction `i`: a 32-bit result is zero-extended only where
-    /// something reads its upper half.
-    pub(super) fn alu_inst(&mut self, i: usize, width: Width, op: AluOp, dst: Reg, src: Operand) {
-        // (The analysis runs at the first 32-bit operation, if any.)
-        let upper = match width {
-            W64 => Upper::Zero,
-            W32 => {
-                let prog = self.d.prog;
-                let live = self
-                    .layout
-                    .upper_live
-                    .get_or_init(|| upper_halves_live(prog));
-                if live[i + 1] & (1 << dst) != 0 {
-                    Upper::Zero
-                } else {
-                    Upper::Unread
-                }
-            }
-        };
-        self.alu(width, op, self.map(dst), src, upper)
-    }
-
     fn alu(&mut self, width: Width, op: AluOp, d: u8, src: Operand, upper: Upper) {
         // Every 32-bit form below reads only bits 31:0 of its inputs (the `*w` instructions,
         // and/or/xor, whose low half depends on low halves only, `slli 32` tests): inputs
@@ -211,8 +193,51 @@ impl Codegen<'_> {
             }
         }
     }
+}
 
-    pub(super) fn end(&mut self, kind: EndKind, bits: u8, d: u8) {
+impl<'a> AluHooks<'a> for Codegen<'a> {
+    /// `dst <op>= src`: a 32-bit result is zero-extended only where
+    /// something reads its upper half.
+    fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
+        let i = self.d.cur;
+        // (The analysis runs at the first 32-bit operation, if any.)
+        let upper = match width {
+            W64 => Upper::Zero,
+            W32 => {
+                let prog = self.d.prog;
+                let live = self
+                    .layout
+                    .upper_live
+                    .get_or_init(|| upper_halves_live(prog));
+                if live[i + 1] & (1 << dst) != 0 {
+                    Upper::Zero
+                } else {
+                    Upper::Unread
+                }
+            }
+        };
+        self.alu(width, op, self.map(dst), src, upper)
+    }
+
+    fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) -> Result<(), CompileError> {
+        let (d, s) = (self.map(dst), self.map(src));
+        self.e.sext(d, s, bits);
+        if width == W32 {
+            self.e.zext32(d, d);
+        }
+        Ok(())
+    }
+
+    fn neg(&mut self, width: Width, dst: Reg) {
+        let d = self.map(dst);
+        self.e.neg(width, d, d);
+        if width == W32 {
+            self.e.zext32(d, d);
+        }
+    }
+
+    fn byte_order(&mut self, kind: EndKind, bits: u8, dst: Reg) {
+        let d = self.map(dst);
         if kind == EndKind::ToLe {
             // Little-endian target: truncate to `bits`, zero-extended.
             match bits {
@@ -254,5 +279,24 @@ impl Codegen<'_> {
             }
         }
         self.e.mv(d, T1);
+    }
+    /// `dst = imm`, the 64-bit constant of an `lddw`: from the constant pool when `li` would
+    /// take more than [`POOL_MIN_LI`] instructions (`auipc` + `ld`: two, whatever the value).
+    fn load_imm64(&mut self, dst: Reg, imm: u64) {
+        let rd = self.map(dst);
+        if Assembler::li_len(imm as i64) <= POOL_MIN_LI {
+            self.e.li(rd, imm as i64);
+            return;
+        }
+        let l = match self.pooled.get(&imm) {
+            Some(&l) => l,
+            None => {
+                let l = self.e.new_label();
+                self.pool.push((imm, l));
+                self.pooled.insert(imm, l);
+                l
+            }
+        };
+        self.e.ld_label(rd, l);
     }
 }

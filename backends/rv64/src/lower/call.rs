@@ -5,6 +5,7 @@ use super::Codegen;
 use crate::encode::{fits_signed, reg::*, Br, Mem, R3, RI};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{callx_plan, helper_lowering, HelperLowering, CALL_CHARGE};
+use packjit_frontend::lower::CallHooks;
 use packjit_frontend::lower::Lowering;
 use packjit_frontend::{Operand, Reg};
 use packjit_plugin_api::abi::{
@@ -13,6 +14,7 @@ use packjit_plugin_api::abi::{
     PJ_PERCPU_COUNT, PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES,
     PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE, PJ_STOP_UNKNOWN_CALLX,
 };
+use packjit_plugin_api::CompileError;
 use packjit_plugin_api::HelperEntry;
 
 /// The per-CPU mov's table address and how helper 8 (its CPU id) is lowered: a call or the
@@ -32,44 +34,6 @@ pub(super) fn percpu_parts(helpers: &[HelperEntry]) -> Result<(u64, HelperLoweri
 }
 
 impl Codegen<'_> {
-    pub(super) fn call_helper(&mut self, id: u32) {
-        let Some(h) = self.plan.helpers.iter().find(|h| h.id == id) else {
-            unreachable!("Plan::new resolved every helper id");
-        };
-        match helper_lowering(h) {
-            HelperLowering::Call(addr) => {
-                self.e.li(T0, addr as i64);
-                self.e.call_reg(T0);
-                self.e.mv(A5, A0);
-                self.after_helper();
-            }
-            // r1-r5 untouched: nothing of the host to hide.
-            inline => self.inline_helper(inline, A5),
-        }
-    }
-
-    /// `callx reg` at `pc`, through the shared dispatch.
-    pub(super) fn callx(&mut self, pc: usize, reg: Reg) {
-        self.e.mv(T2, self.map(reg));
-        // The dispatch names this pc if the id turns out unknown.
-        self.e.li(A7, pc as i64);
-        let d = self.dispatch.expect("dispatch exists when callx does");
-        self.call(d);
-        self.e.mv(A5, A0);
-        self.after_helper();
-    }
-
-    /// A call of the function starting at instruction `target`.
-    pub(super) fn call_local(&mut self, target: usize) {
-        if self.d.mode.counts_budget() {
-            self.charge(CALL_CHARGE);
-        }
-        // r1-r5 are already in a0-a4 and r0 comes back in a5: nothing to marshal.
-        let sub = self.d.prog.subprog_of(target);
-        let l = self.d.entries[sub];
-        self.call(l);
-    }
-
     /// A helper leaves whatever it likes in a0-a4 (eBPF r1-r5); sandboxed code must not see
     /// host values, so it gets zeros there (eBPF leaves r1-r5 undefined after a call).
     fn after_helper(&mut self) {
@@ -137,60 +101,6 @@ impl Codegen<'_> {
         }
     }
 
-    /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
-    /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
-    /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
-    /// helper 8 does: the rseq load off `tp`, or a call with the caller-saved eBPF registers
-    /// (r0 = a5, r1–r5 = a0–a4) stored around it, so nothing but `dst` changes.
-    pub(super) fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) {
-        let (table, cpu) = percpu_parts(self.plan.helpers).expect("checked in Plan::new");
-        match cpu {
-            HelperLowering::Call(addr) => {
-                // 48 bytes keep sp 16-byte aligned, as the psABI requires at the call; an id
-                // in a register (the blinding rewrite's a7) is kept too, in 64.
-                const SAVED: [u8; 7] = [A0, A1, A2, A3, A4, A5, A7];
-                let (saved, frame) = match array {
-                    Operand::Reg(_) => (&SAVED[..], 64),
-                    Operand::Imm(_) => (&SAVED[..6], 48),
-                };
-                self.e.ri(RI::Addi, SP, SP, -frame);
-                for (k, &r) in saved.iter().enumerate() {
-                    self.e.store(Mem::D, r, SP, 8 * k as i32);
-                }
-                self.e.li(T0, addr as i64);
-                self.e.call_reg(T0);
-                self.e.mv(T3, A0);
-                for (k, &r) in saved.iter().enumerate() {
-                    self.e.load(Mem::D, r, SP, 8 * k as i32);
-                }
-                self.e.ri(RI::Addi, SP, SP, frame);
-            }
-            inline => self.inline_helper(inline, T3),
-        }
-        // cpu in t3; the array's address is computed at run time.
-        let done = self.e.new_label();
-        match array {
-            Operand::Imm(id) => self.e.li(T2, id as u32 as i64),
-            // An id that is no `u32` (sign-extended by the rewrite) fails the count test.
-            Operand::Reg(r) => self.e.mv(T2, self.map(r)),
-        }
-        self.e.li(T4, 0);
-        self.e.li(T1, table as i64);
-        self.e.load(Mem::D, T0, T1, PJ_PERCPU_COUNT);
-        self.branch(Br::Geu, T2, T0, done);
-        self.e.li(T0, PJ_PERCPU_ARRAY_SIZE as i64);
-        self.e.rrr(R3::Mul, T2, T2, T0);
-        self.e.rrr(R3::Add, T1, T1, T2);
-        self.e
-            .load(Mem::D, T0, T1, PJ_PERCPU_ARRAYS + PJ_PERCPU_CPUS);
-        self.branch(Br::Geu, T3, T0, done);
-        self.e
-            .load(Mem::D, T0, T1, PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE);
-        self.e.rrr(R3::Mul, T4, T3, T0);
-        self.e.bind(done);
-        self.e.rrr(R3::Add, self.map(dst), self.map(src), T4);
-    }
-
     /// Per-CPU array lookup (r1 = a0 array id, r2 = a1 element index) against the host's
     /// table at `table`, result in `rd`: unsigned bounds checks on the id, the index and the
     /// CPU (each failing to 0), then `base + cpu * slot_size + index * value_size`. The CPU
@@ -255,5 +165,99 @@ impl Codegen<'_> {
                 self.e.rrr(R3::Add, rd, T0, T3);
             }
         }
+    }
+}
+
+impl<'a> CallHooks<'a> for Codegen<'a> {
+    fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
+        match helper_lowering(h) {
+            HelperLowering::Call(addr) => {
+                self.e.li(T0, addr as i64);
+                self.e.call_reg(T0);
+                self.e.mv(A5, A0);
+                self.after_helper();
+            }
+            // r1-r5 untouched: nothing of the host to hide.
+            inline => self.inline_helper(inline, A5),
+        }
+        Ok(())
+    }
+
+    /// `callx reg`, through the shared dispatch.
+    fn callx(&mut self, reg: Reg) {
+        let pc = self.d.pc();
+        self.e.mv(T2, self.map(reg));
+        // The dispatch names this pc if the id turns out unknown.
+        self.e.li(A7, pc as i64);
+        let d = self.dispatch.expect("dispatch exists when callx does");
+        self.call(d);
+        self.e.mv(A5, A0);
+        self.after_helper();
+    }
+
+    /// A call of the function starting at instruction `target`.
+    fn call_local(&mut self, target: usize) {
+        if self.d.mode.counts_budget() {
+            self.charge(CALL_CHARGE);
+        }
+        // r1-r5 are already in a0-a4 and r0 comes back in a5: nothing to marshal.
+        let sub = self.d.prog.subprog_of(target);
+        let l = self.d.entries[sub];
+        self.call(l);
+    }
+
+    /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
+    /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
+    /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
+    /// helper 8 does: the rseq load off `tp`, or a call with the caller-saved eBPF registers
+    /// (r0 = a5, r1–r5 = a0–a4) stored around it, so nothing but `dst` changes.
+    fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError> {
+        let (table, cpu) = percpu_parts(self.plan.helpers).expect("checked in Plan::new");
+        match cpu {
+            HelperLowering::Call(addr) => {
+                // 48 bytes keep sp 16-byte aligned, as the psABI requires at the call; an id
+                // in a register (the blinding rewrite's a7) is kept too, in 64.
+                const SAVED: [u8; 7] = [A0, A1, A2, A3, A4, A5, A7];
+                let (saved, frame) = match array {
+                    Operand::Reg(_) => (&SAVED[..], 64),
+                    Operand::Imm(_) => (&SAVED[..6], 48),
+                };
+                self.e.ri(RI::Addi, SP, SP, -frame);
+                for (k, &r) in saved.iter().enumerate() {
+                    self.e.store(Mem::D, r, SP, 8 * k as i32);
+                }
+                self.e.li(T0, addr as i64);
+                self.e.call_reg(T0);
+                self.e.mv(T3, A0);
+                for (k, &r) in saved.iter().enumerate() {
+                    self.e.load(Mem::D, r, SP, 8 * k as i32);
+                }
+                self.e.ri(RI::Addi, SP, SP, frame);
+            }
+            inline => self.inline_helper(inline, T3),
+        }
+        // cpu in t3; the array's address is computed at run time.
+        let done = self.e.new_label();
+        match array {
+            Operand::Imm(id) => self.e.li(T2, id as u32 as i64),
+            // An id that is no `u32` (sign-extended by the rewrite) fails the count test.
+            Operand::Reg(r) => self.e.mv(T2, self.map(r)),
+        }
+        self.e.li(T4, 0);
+        self.e.li(T1, table as i64);
+        self.e.load(Mem::D, T0, T1, PJ_PERCPU_COUNT);
+        self.branch(Br::Geu, T2, T0, done);
+        self.e.li(T0, PJ_PERCPU_ARRAY_SIZE as i64);
+        self.e.rrr(R3::Mul, T2, T2, T0);
+        self.e.rrr(R3::Add, T1, T1, T2);
+        self.e
+            .load(Mem::D, T0, T1, PJ_PERCPU_ARRAYS + PJ_PERCPU_CPUS);
+        self.branch(Br::Geu, T3, T0, done);
+        self.e
+            .load(Mem::D, T0, T1, PJ_PERCPU_ARRAYS + PJ_PERCPU_SLOT_SIZE);
+        self.e.rrr(R3::Mul, T4, T3, T0);
+        self.e.bind(done);
+        self.e.rrr(R3::Add, self.map(dst), self.map(src), T4);
+        Ok(())
     }
 }

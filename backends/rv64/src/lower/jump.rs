@@ -5,7 +5,7 @@ use super::{Check, Codegen, Form, B_RANGE, CB_RANGE, CJ_RANGE, FAR_RANGE, J_RANG
 use crate::encode::{fits_signed, reg::*, Br, R3, RI};
 use crate::regs::{BUDGET, CTX_LEN, CTX_START};
 use dynasmrt::DynamicLabel;
-use packjit_frontend::lower::WalkHooks;
+use packjit_frontend::lower::JumpHooks;
 use packjit_frontend::lower::{Cold, Lowering};
 use packjit_frontend::walks::{Guard, GuardRegion};
 use packjit_frontend::{Cond, Operand, Reg, Width};
@@ -191,41 +191,6 @@ impl Codegen<'_> {
 
     // ---- jumps and branches --------------------------------------------------------------------
 
-    /// `goto target` at instruction `i`: charged first when it is a back-edge; nothing for a
-    /// jump to the next instruction.
-    pub(super) fn ja(&mut self, i: usize, target: usize) {
-        if let Some(charge) = self.d.charge(target) {
-            self.charge(charge);
-            let l = self.d.jump_label(target);
-            self.jump(l);
-        } else if target != i + 1 {
-            let l = self.d.jump_label(target);
-            self.jump(l);
-        }
-    }
-
-    /// `if dst <cond> src goto target`.
-    pub(super) fn cond_jump(
-        &mut self,
-        width: Width,
-        cond: Cond,
-        dst: Reg,
-        src: Operand,
-        target: usize,
-    ) {
-        let l = self.d.jump_label(target);
-        if let Some(charge) = self.d.charge(target) {
-            // Taken back-edge: pay first, on the taken path only.
-            let skip = self.e.new_label();
-            self.jcond(width, cond, self.map(dst), src, skip, true);
-            self.charge(charge);
-            self.jump(l);
-            self.e.bind(skip);
-        } else {
-            self.jcond(width, cond, self.map(dst), src, l, false);
-        }
-    }
-
     /// `if a <cond> src goto target` (with `negate`: if not).
     fn jcond(
         &mut self,
@@ -333,7 +298,41 @@ impl Codegen<'_> {
     }
 }
 
-impl<'a> WalkHooks<'a> for Codegen<'a> {
+impl<'a> JumpHooks<'a> for Codegen<'a> {
+    /// `goto target`: charged first when it is a back-edge; nothing for a
+    /// jump to the next instruction.
+    fn goto(&mut self, target: usize) {
+        let i = self.d.cur;
+        if let Some(charge) = self.d.charge(target) {
+            self.charge(charge);
+            let l = self.d.jump_label(target);
+            self.jump(l);
+        } else if target != i + 1 {
+            let l = self.d.jump_label(target);
+            self.jump(l);
+        }
+    }
+
+    /// `if dst <cond> src goto target`.
+    fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
+        let l = self.d.jump_label(target);
+        if let Some(charge) = self.d.charge(target) {
+            // Taken back-edge: pay first, on the taken path only.
+            let skip = self.e.new_label();
+            self.jcond(width, cond, self.map(dst), src, skip, true);
+            self.charge(charge);
+            self.jump(l);
+            self.e.bind(skip);
+        } else {
+            self.jcond(width, cond, self.map(dst), src, l, false);
+        }
+    }
+
+    fn exit(&mut self, func: usize) {
+        let l = self.d.epilogues[func];
+        self.jump(l);
+    }
+
     /// A walk's entry, before the jump to its head: the pointer copied into the walk's
     /// shadow register, when it has one (the clamp writes the copy there, see
     /// `Walk::shadow`, and the first iteration's copy is the exact entry value), and the

@@ -7,7 +7,7 @@ use crate::frame::CTX_LIM8;
 use crate::regs::{CTX_LEN, CTX_START, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::lower::{AccessLowering, Cold};
-use packjit_frontend::lower::{CheckHooks, Lowering};
+use packjit_frontend::lower::{Lowering, MemoryHooks};
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::{AtomicOp, Op, Operand, Reg, Size, Width};
 use packjit_plugin_api::abi::PJ_ACCESS_WRITE;
@@ -15,94 +15,10 @@ use packjit_plugin_api::CompileError;
 use Width::{W32, W64};
 
 impl Codegen<'_> {
-    pub(super) fn load(&mut self, op: &Op) {
-        let Op::Load {
-            size,
-            sign_extend,
-            dst,
-            ..
-        } = *op
-        else {
-            unreachable!("load of a non-load");
-        };
-        let m = match (size, sign_extend) {
-            (Size::B, false) => Mem::Bu,
-            (Size::B, true) => Mem::B,
-            (Size::H, false) => Mem::Hu,
-            (Size::H, true) => Mem::H,
-            (Size::W, false) => Mem::Wu,
-            (Size::W, true) => Mem::W,
-            (Size::DW, _) => Mem::D,
-        };
-        let (b, o) = self.mem_operand(op, false);
-        self.e.load(m, self.map(dst), b, o);
-    }
-
-    pub(super) fn store(&mut self, op: &Op) {
-        let Op::Store { size, src, .. } = *op else {
-            unreachable!("store of a non-store");
-        };
-        // The address first: the sandbox check's out-of-line path uses t1.
-        let (b, o) = self.mem_operand(op, true);
-        let v = match src {
-            Operand::Reg(r) => self.map(r),
-            Operand::Imm(0) => ZERO,
-            Operand::Imm(imm) => {
-                self.e.li(T1, imm as i64);
-                T1
-            }
-        };
-        let m = match size {
-            Size::B => Mem::B,
-            Size::H => Mem::H,
-            Size::W => Mem::W,
-            Size::DW => Mem::D,
-        };
-        self.e.store(m, v, b, o);
-    }
-
-    pub(super) fn atomic_op(&mut self, op: &Op) {
-        let Op::Atomic {
-            size,
-            op: aop,
-            fetch,
-            base,
-            off,
-            src,
-        } = *op
-        else {
-            unreachable!("atomic_op of a non-atomic");
-        };
-        // AMOs take a bare register address.
-        let addr = match self.d.access(op) {
-            AccessLowering::Checked(check) => {
-                self.check_access(check, self.map(base), off, size.bytes(), true, true);
-                T0
-            }
-            AccessLowering::Direct { base, off: 0 } => self.map(base),
-            AccessLowering::Direct { base, off } => {
-                self.add_imm(T0, self.map(base), off as i64, T0);
-                T0
-            }
-        };
-        // The verifier allows only W and DW atomics.
-        let width = if size == Size::DW { W64 } else { W32 };
-        self.atomic(width, aop, fetch, addr, self.map(src))
-    }
-
     /// The address operand of a load or store: checked (t0, 0) when the access needs its
     /// own check ([`packjit_frontend::lower::Driver::access`]), else `base + off` directly.
-    fn mem_operand(&mut self, op: &Op, write: bool) -> (u8, i32) {
-        let (Op::Load {
-            base, off, size, ..
-        }
-        | Op::Store {
-            base, off, size, ..
-        }) = *op
-        else {
-            unreachable!("mem_operand is for loads and stores");
-        };
-        match self.d.access(op) {
+    fn mem_operand(&mut self, base: Reg, off: i16, size: Size, write: bool) -> (u8, i32) {
+        match self.d.access(base, off, size) {
             AccessLowering::Checked(check) => {
                 let operand =
                     self.check_access(check, self.map(base), off, size.bytes(), write, false);
@@ -245,7 +161,7 @@ impl Codegen<'_> {
     }
 
     /// An atomic on the address in `addr` (already checked in sandbox mode).
-    fn atomic(&mut self, width: Width, op: AtomicOp, fetch: bool, addr: u8, s: u8) {
+    fn atomic_amo(&mut self, width: Width, op: AtomicOp, fetch: bool, addr: u8, s: u8) {
         let amo = match op {
             AtomicOp::Add => Amo::Add,
             AtomicOp::And => Amo::And,
@@ -301,7 +217,59 @@ pub(super) fn lim8_access(op: &Op, check: AccessCheck, block: bool) -> bool {
         }
 }
 
-impl<'a> CheckHooks<'a> for Codegen<'a> {
+impl<'a> MemoryHooks<'a> for Codegen<'a> {
+    fn load(&mut self, size: Size, sign_extend: bool, dst: Reg, base: Reg, off: i16) {
+        let m = match (size, sign_extend) {
+            (Size::B, false) => Mem::Bu,
+            (Size::B, true) => Mem::B,
+            (Size::H, false) => Mem::Hu,
+            (Size::H, true) => Mem::H,
+            (Size::W, false) => Mem::Wu,
+            (Size::W, true) => Mem::W,
+            (Size::DW, _) => Mem::D,
+        };
+        let (b, o) = self.mem_operand(base, off, size, false);
+        self.e.load(m, self.map(dst), b, o);
+    }
+
+    fn store(&mut self, size: Size, base: Reg, off: i16, src: Operand) {
+        // The address first: the sandbox check's out-of-line path uses t1.
+        let (b, o) = self.mem_operand(base, off, size, true);
+        let v = match src {
+            Operand::Reg(r) => self.map(r),
+            Operand::Imm(0) => ZERO,
+            Operand::Imm(imm) => {
+                self.e.li(T1, imm as i64);
+                T1
+            }
+        };
+        let m = match size {
+            Size::B => Mem::B,
+            Size::H => Mem::H,
+            Size::W => Mem::W,
+            Size::DW => Mem::D,
+        };
+        self.e.store(m, v, b, o);
+    }
+
+    fn atomic(&mut self, size: Size, aop: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg) {
+        // AMOs take a bare register address.
+        let addr = match self.d.access(base, off, size) {
+            AccessLowering::Checked(check) => {
+                self.check_access(check, self.map(base), off, size.bytes(), true, true);
+                T0
+            }
+            AccessLowering::Direct { base, off: 0 } => self.map(base),
+            AccessLowering::Direct { base, off } => {
+                self.add_imm(T0, self.map(base), off as i64, T0);
+                T0
+            }
+        };
+        // The verifier allows only W and DW atomics.
+        let width = if size == Size::DW { W64 } else { W32 };
+        self.atomic_amo(width, aop, fetch, addr, self.map(src))
+    }
+
     /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
     /// masked in place (`base &= t3 - 1`): unchanged when the test passed, 0 under a
     /// mispredicted branch, so no member reaches memory out of bounds (Spectre v1). On

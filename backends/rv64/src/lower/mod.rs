@@ -32,8 +32,7 @@ use packjit_frontend::ranges::{plan_accesses, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation};
 use packjit_frontend::scratch::{self, Reused};
 
-use packjit_frontend::Width::W32;
-use packjit_frontend::{op_kind, Inst, Op, Program};
+use packjit_frontend::{op_kind, Op, Program};
 use packjit_plugin_api::abi::PJ_ACCESS_WRITE;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::cell::Cell;
@@ -104,7 +103,7 @@ const GROWTH_BOUND: isize = 10;
 /// Constants `li` builds in at most this many instructions stay inline; wider ones (three
 /// or more `li` steps past a 32-bit value: the two-slot constants of `lddw`) come from the
 /// constant pool in two, plus 8 bytes of data shared by equal constants.
-const POOL_MIN_LI: usize = 3;
+pub(super) const POOL_MIN_LI: usize = 3;
 
 /// What a 32-bit ALU result's upper half must hold (see `Layout::upper_live`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,6 +268,7 @@ impl<'a> Codegen<'a> {
         let mut e = Assembler::with_capacity(plan.zbb, plan.zba, plan.c, capacity);
         let mut d = Driver::new(
             plan.prog,
+            plan.helpers,
             &plan.access,
             plan.mode,
             islands,
@@ -304,84 +304,6 @@ impl<'a> Codegen<'a> {
     /// The native register holding eBPF register `r` in this program (`Layout::regs`).
     pub(crate) fn map(&self, r: u8) -> u8 {
         self.layout.regs[r as usize]
-    }
-
-    /// One instruction, hot or in a checked copy.
-    fn lower_inst(&mut self, k: usize, i: usize, inst: &Inst) {
-        let pc = inst.pc as usize;
-        let op = inst.op;
-        match op {
-            Op::Alu {
-                width,
-                op,
-                dst,
-                src,
-            } => self.alu_inst(i, width, op, dst, src),
-            Op::MovSx {
-                width,
-                dst,
-                src,
-                bits,
-            } => {
-                let (d, s) = (self.map(dst), self.map(src));
-                self.e.sext(d, s, bits);
-                if width == W32 {
-                    self.e.zext32(d, d);
-                }
-            }
-            Op::MovPerCpu { dst, src, array } => self.mov_percpu(dst, src, array),
-            Op::Neg { width, dst } => {
-                let d = self.map(dst);
-                self.e.neg(width, d, d);
-                if width == W32 {
-                    self.e.zext32(d, d);
-                }
-            }
-            Op::End { kind, bits, dst } => self.end(kind, bits, self.map(dst)),
-            Op::LdImm64 { dst, imm } => self.lddw(self.map(dst), imm.get()),
-            Op::Load { .. } => self.load(&op),
-            Op::Store { .. } => self.store(&op),
-            Op::Atomic { .. } => self.atomic_op(&op),
-            Op::Ja { target } => self.ja(i, target as usize),
-            Op::Jcond {
-                width,
-                cond,
-                dst,
-                src,
-                target,
-            } => self.cond_jump(width, cond, dst, src, target as usize),
-            Op::CallHelper { id } => self.call_helper(id),
-            Op::CallReg { reg } => self.callx(pc, reg),
-            Op::CallLocal { target } => self.call_local(target as usize),
-            Op::Exit => {
-                // The last instruction of a function falls into its epilogue (a checked copy
-                // never ends one).
-                let last = !self.d.in_copy() && i + 1 == self.d.prog.subprogs[k].end;
-                if !last {
-                    let l = self.d.epilogues[k];
-                    self.jump(l);
-                }
-            }
-        }
-    }
-
-    /// `rd = imm`, the 64-bit constant of an `lddw`: from the constant pool when `li` would
-    /// take more than [`POOL_MIN_LI`] instructions (`auipc` + `ld`: two, whatever the value).
-    fn lddw(&mut self, rd: u8, imm: u64) {
-        if Assembler::li_len(imm as i64) <= POOL_MIN_LI {
-            self.e.li(rd, imm as i64);
-            return;
-        }
-        let l = match self.pooled.get(&imm) {
-            Some(&l) => l,
-            None => {
-                let l = self.e.new_label();
-                self.pool.push((imm, l));
-                self.pooled.insert(imm, l);
-                l
-            }
-        };
-        self.e.ld_label(rd, l);
     }
 }
 
@@ -419,14 +341,6 @@ impl<'a> Lowering<'a> for Codegen<'a> {
     /// rarely reach and cost a pass to find out).
     fn jump_over_island(&mut self, label: DynamicLabel) {
         self.jump_from(label, Form::Short);
-    }
-
-    // Inlined into the driver's instruction loop, as the lowering was into the loop it had
-    // before the driver (a call per instruction costs compile time: see x86-64's).
-    #[inline(always)]
-    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
-        self.lower_inst(func, i, inst);
-        Ok(())
     }
 }
 

@@ -5,8 +5,10 @@ use super::{sz_of, Codegen, MapReg};
 use crate::encode::{Arith, Cc, Gpr, Label, Shift, Sz};
 use crate::regs::*;
 use crate::FEATURE_BMI2;
+use packjit_frontend::lower::AluHooks;
 use packjit_frontend::lower::Cold;
 use packjit_frontend::{AluOp, EndKind, Operand, Reg, Width};
+use packjit_plugin_api::CompileError;
 
 /// x86-64's own cold code: the fix-ups of a register divisor x86 `div`/`idiv` trap on,
 /// placed after the function so the common path takes no jump.
@@ -29,52 +31,6 @@ pub enum DivFix {
 }
 
 impl Codegen<'_> {
-    #[inline(always)]
-    pub(super) fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
-        let sz = sz_of(width);
-        let d = host(dst);
-        let reg = host;
-        match op {
-            AluOp::Mov => match src {
-                Operand::Reg(s) => self.mov_rr(sz, d, reg(s)),
-                Operand::Imm(i) if sz == Sz::B32 => self.mov_ri(d, i as u32 as i64),
-                Operand::Imm(i) => self.mov_ri(d, i as i64),
-            },
-            AluOp::Add | AluOp::Sub | AluOp::And | AluOp::Or | AluOp::Xor => {
-                let op = match op {
-                    AluOp::Add => Arith::Add,
-                    AluOp::Or => Arith::Or,
-                    AluOp::And => Arith::And,
-                    AluOp::Sub => Arith::Sub,
-                    _ => Arith::Xor,
-                };
-                match src {
-                    Operand::Reg(s) => self.e.arith_rr(op, sz, d, reg(s)),
-                    Operand::Imm(i) => self.e.arith_ri(op, sz, d, i as i64),
-                }
-            }
-            AluOp::Mul => match src {
-                Operand::Reg(s) => self.e.imul_rr(sz, d, reg(s)),
-                Operand::Imm(i) => self.e.imul_rri(sz, d, d, i),
-            },
-            AluOp::Div | AluOp::Mod | AluOp::Sdiv | AluOp::Smod => {
-                let src = match src {
-                    Operand::Reg(s) => Operand::Reg(reg(s)),
-                    i => i,
-                };
-                self.div(sz, op, d, src)
-            }
-            AluOp::Lsh | AluOp::Rsh | AluOp::Arsh => {
-                let op = match op {
-                    AluOp::Lsh => Shift::Shl,
-                    AluOp::Rsh => Shift::Shr,
-                    _ => Shift::Sar,
-                };
-                self.shift(op, sz, d, src.map_reg(reg))
-            }
-        }
-    }
-
     /// Shifts. x86 masks the count to 31/63 itself, which is eBPF's rule.
     #[inline(always)]
     fn shift(&mut self, op: Shift, sz: Sz, d: Gpr, src: Operand) {
@@ -196,37 +152,6 @@ impl Codegen<'_> {
         self.mov_rr(sz, d, T11);
     }
 
-    pub(super) fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) {
-        let (d, s) = (host(dst), host(src));
-        let sz = sz_of(width);
-        match bits {
-            8 => self.e.movsx8(sz, d, s),
-            16 => self.e.movsx16(sz, d, s),
-            _ if sz == Sz::B64 => self.e.movsxd(d, s),
-            _ => self.mov_rr(Sz::B32, d, s),
-        }
-    }
-
-    pub(super) fn end(&mut self, kind: EndKind, bits: u8, dst: Reg) {
-        let d = host(dst);
-        match (kind, bits) {
-            (EndKind::ToLe, 16) => self.e.movzx16(d, d),
-            (EndKind::ToLe, 32) => self.mov_rr(Sz::B32, d, d),
-            (EndKind::ToLe, _) => {}
-            (_, 16) => {
-                // rol r16, 8 swaps the two low bytes; movzx clears the rest.
-                self.e.shift_ri(Shift::Rol, Sz::B16, d, 8);
-                self.e.movzx16(d, d);
-            }
-            (_, 32) => self.e.bswap(Sz::B32, d),
-            _ => self.e.bswap(Sz::B64, d),
-        }
-    }
-
-    pub(super) fn ld_imm64(&mut self, dst: Reg, imm: u64) {
-        self.mov_ri(host(dst), imm as i64);
-    }
-
     /// A division's fix-up ([`DivFix`]): r11 = the eBPF result, then back to the division's
     /// end.
     pub(super) fn div_fix(&mut self, fix: DivFix) {
@@ -251,5 +176,89 @@ impl Codegen<'_> {
                 self.e.jump(None, back);
             }
         }
+    }
+}
+
+impl<'a> AluHooks<'a> for Codegen<'a> {
+    #[inline(always)]
+    fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
+        let sz = sz_of(width);
+        let d = host(dst);
+        let reg = host;
+        match op {
+            AluOp::Mov => match src {
+                Operand::Reg(s) => self.mov_rr(sz, d, reg(s)),
+                Operand::Imm(i) if sz == Sz::B32 => self.mov_ri(d, i as u32 as i64),
+                Operand::Imm(i) => self.mov_ri(d, i as i64),
+            },
+            AluOp::Add | AluOp::Sub | AluOp::And | AluOp::Or | AluOp::Xor => {
+                let op = match op {
+                    AluOp::Add => Arith::Add,
+                    AluOp::Or => Arith::Or,
+                    AluOp::And => Arith::And,
+                    AluOp::Sub => Arith::Sub,
+                    _ => Arith::Xor,
+                };
+                match src {
+                    Operand::Reg(s) => self.e.arith_rr(op, sz, d, reg(s)),
+                    Operand::Imm(i) => self.e.arith_ri(op, sz, d, i as i64),
+                }
+            }
+            AluOp::Mul => match src {
+                Operand::Reg(s) => self.e.imul_rr(sz, d, reg(s)),
+                Operand::Imm(i) => self.e.imul_rri(sz, d, d, i),
+            },
+            AluOp::Div | AluOp::Mod | AluOp::Sdiv | AluOp::Smod => {
+                let src = match src {
+                    Operand::Reg(s) => Operand::Reg(reg(s)),
+                    i => i,
+                };
+                self.div(sz, op, d, src)
+            }
+            AluOp::Lsh | AluOp::Rsh | AluOp::Arsh => {
+                let op = match op {
+                    AluOp::Lsh => Shift::Shl,
+                    AluOp::Rsh => Shift::Shr,
+                    _ => Shift::Sar,
+                };
+                self.shift(op, sz, d, src.map_reg(reg))
+            }
+        }
+    }
+
+    fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) -> Result<(), CompileError> {
+        let (d, s) = (host(dst), host(src));
+        let sz = sz_of(width);
+        match bits {
+            8 => self.e.movsx8(sz, d, s),
+            16 => self.e.movsx16(sz, d, s),
+            _ if sz == Sz::B64 => self.e.movsxd(d, s),
+            _ => self.mov_rr(Sz::B32, d, s),
+        }
+        Ok(())
+    }
+
+    fn neg(&mut self, width: Width, dst: Reg) {
+        self.e.neg(sz_of(width), host(dst));
+    }
+
+    fn byte_order(&mut self, kind: EndKind, bits: u8, dst: Reg) {
+        let d = host(dst);
+        match (kind, bits) {
+            (EndKind::ToLe, 16) => self.e.movzx16(d, d),
+            (EndKind::ToLe, 32) => self.mov_rr(Sz::B32, d, d),
+            (EndKind::ToLe, _) => {}
+            (_, 16) => {
+                // rol r16, 8 swaps the two low bytes; movzx clears the rest.
+                self.e.shift_ri(Shift::Rol, Sz::B16, d, 8);
+                self.e.movzx16(d, d);
+            }
+            (_, 32) => self.e.bswap(Sz::B32, d),
+            _ => self.e.bswap(Sz::B64, d),
+        }
+    }
+
+    fn load_imm64(&mut self, dst: Reg, imm: u64) {
+        self.mov_ri(host(dst), imm as i64);
     }
 }

@@ -7,37 +7,12 @@ use crate::encode::{Cc, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{callx_plan, helper_lowering, HelperLowering, CALL_CHARGE};
-use packjit_frontend::{Inst, Operand, Reg, STACK_SIZE};
+use packjit_frontend::lower::CallHooks;
+use packjit_frontend::{Operand, Reg, STACK_SIZE};
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
 impl Codegen<'_> {
-    pub(super) fn helper_entry(&self, inst: &Inst, id: u32) -> Result<HelperEntry, CompileError> {
-        self.helpers
-            .iter()
-            .find(|h| h.id == id)
-            .copied()
-            .ok_or_else(|| {
-                CompileError::at(
-                    inst.pc as usize,
-                    ErrorKind::UnknownHelper,
-                    format!("call to unregistered helper id {id}"),
-                )
-            })
-    }
-
-    /// One helper-table entry at a `call imm` or a `callx` match: a call, or the body of an
-    /// inlined helper (see [`HelperLowering`]).
-    pub(super) fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
-        match helper_lowering(h) {
-            HelperLowering::Call(addr) => self.call_abs(addr),
-            HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
-            HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
-            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
-        }
-        Ok(())
-    }
-
     /// Per-CPU array lookup (r1 = array id, r2 = element index) against the host's table at
     /// `table`: three unsigned bounds checks (id, index, CPU), each failing to r0 = 0, then
     /// `base + cpu * slot_size + index * value_size`. The CPU is the rseq `cpu_id` read
@@ -93,21 +68,161 @@ impl Codegen<'_> {
         self.e.bind(done);
     }
 
+    /// `mov eax, fs:[offset]`: glibc keeps the thread's `struct rseq` at a fixed offset from
+    /// the thread pointer (`fs` base), and the kernel stores the current CPU in its `cpu_id`
+    /// on every return to user space after a migration. One load, zero-extending into r0.
+    fn inline_rseq_cpu_id(&mut self, id: u32, offset: i64) -> Result<(), CompileError> {
+        let disp = i32::try_from(offset).map_err(|_| {
+            CompileError::new(
+                ErrorKind::InvalidArgument,
+                format!("helper id {id}: rseq offset {offset} does not fit a 32-bit displacement"),
+            )
+        })?;
+        self.e.fs_load32_abs(RAX, disp);
+        Ok(())
+    }
+
+    /// `rdtsc` scaled to nanoseconds with the host's `PjClockScale` at `scale`:
+    /// `ns = tsc * mult_int + hi64(tsc * mult_frac) + offset`. `rdtsc` and `mul` write rdx
+    /// (BPF r3), so it is kept in r10 and restored: the inlined helper leaves r1–r5 alone.
+    fn inline_tsc_clock(&mut self, scale: u64) {
+        let (int, frac, off) = (
+            PJ_CLOCK_MULT_INT as i8,
+            PJ_CLOCK_MULT_FRAC as i8,
+            PJ_CLOCK_OFFSET as i8,
+        );
+        self.mov_rr(Sz::B64, T10, RDX);
+        self.mov_ri(T11, scale as i64);
+        self.e.asm(9, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; rdtsc
+                ; shl rdx, 32
+                ; or rax, rdx
+                ; mov r9, rax
+                ; mul QWORD [BYTE r11 + frac]
+                ; imul r9, QWORD [BYTE r11 + int]
+                ; add r9, rdx
+                ; add r9, QWORD [BYTE r11 + off]
+                ; mov rax, r9
+            )
+        });
+        self.mov_rr(Sz::B64, RDX, T10);
+    }
+
+    /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
+    fn call_abs(&mut self, addr: u64) {
+        self.mov_ri(T11, addr as i64);
+        self.e.call_r11();
+    }
+}
+
+impl<'a> CallHooks<'a> for Codegen<'a> {
+    /// One helper-table entry at a `call imm` or a `callx` match: a call, or the body of an
+    /// inlined helper (see [`HelperLowering`]).
+    fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
+        match helper_lowering(h) {
+            HelperLowering::Call(addr) => self.call_abs(addr),
+            HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
+            HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
+            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
+        }
+        Ok(())
+    }
+
+    /// `callx reg`: the id in `reg` picks the helper (the table is fixed at compile time,
+    /// see `analysis::callx_plan`): inlined helpers are compared for first, then called
+    /// ones through a table of addresses in the code image, or compared for one by one when
+    /// their ids are too few or too sparse. No match stops the program with
+    /// PJ_STOP_UNKNOWN_CALLX.
+    fn callx(&mut self, reg: Reg) {
+        let pc = self.d.pc();
+        let r = host(reg);
+        let done = self.e.label();
+        let plan = callx_plan(self.helpers);
+        let stop = self.stop_label(Stop::Callx { reg: r }, pc);
+        let cmp = |em: &mut Self, id: u32| {
+            if i32::try_from(id).is_ok() {
+                em.e.cmp_ri(Sz::B64, r, id as i64);
+            } else {
+                em.mov_ri(T11, id as i64);
+                em.e.cmp_rr(Sz::B64, r, T11);
+            }
+        };
+        // Kinds were checked when the table was validated (`call_helper` only fails on an
+        // unknown kind), so these cannot fail here.
+        if let Some(table) = plan.table {
+            for h in &plan.compared {
+                let next = self.e.label();
+                cmp(self, h.id);
+                self.e.jump(Some(Cc::Ne), next);
+                let _ = self.call_helper(h);
+                self.e.jump(None, done);
+                self.e.bind(next);
+            }
+            // Unsigned bound (a huge or "negative" id fails it), then the address, 0 for a
+            // hole.
+            let at = self.e.label();
+            cmp(self, table.len() as u32);
+            self.cold_jump(Some(Cc::Ae), stop);
+            self.e.load_table_entry(T11, at, r);
+            self.cold_jump(Some(Cc::E), stop);
+            self.e.call_r11();
+            self.callx_tables.push((at, table));
+            self.e.bind(done);
+            return;
+        }
+        // All but the last id branch to their call; the last one falls into its call and
+        // a miss goes to the stop.
+        let helpers = plan.compared;
+        let Some((last, rest)) = helpers.split_last() else {
+            self.cold_jump(None, stop);
+            return;
+        };
+        let mut hits = Vec::new();
+        for h in rest {
+            let l = self.e.label();
+            cmp(self, h.id);
+            self.e.jump(Some(Cc::E), l);
+            hits.push((l, *h));
+        }
+        cmp(self, last.id);
+        self.cold_jump(Some(Cc::Ne), stop);
+        let _ = self.call_helper(last);
+        for (l, h) in hits {
+            self.e.jump(None, done);
+            self.e.bind(l);
+            let _ = self.call_helper(&h);
+        }
+        self.e.bind(done);
+    }
+
+    fn call_local(&mut self, target: usize) {
+        let pc = self.d.pc();
+        if self.d.mode.counts_budget() {
+            self.charge(pc, CALL_CHARGE);
+        }
+        let k = self.d.prog.subprog_of(target);
+        let l = self.d.entries[k];
+        if self.plan.block > 0 {
+            // The callee's r10 is ours minus one frame.
+            self.e.sub_ri(Sz::B64, RBP, STACK_SIZE as i64);
+        }
+        self.e.call_label(l);
+        if self.plan.block > 0 {
+            self.e.add_ri(Sz::B64, RBP, STACK_SIZE as i64);
+        }
+    }
+
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
     /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
     /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way
     /// helper 8 does: `fs`-relative rseq load, or a call with every caller-saved BPF register
     /// (r0–r5) pushed around it, so nothing but `dst` changes.
-    pub(super) fn mov_percpu(
-        &mut self,
-        inst: &Inst,
-        dst: Reg,
-        src: Reg,
-        array: Operand,
-    ) -> Result<(), CompileError> {
-        let pc = inst.pc as usize;
-        let table = self.helper_entry(inst, PJ_HELPER_PERCPU_OFFSET)?.addr;
-        let cpu = self.helper_entry(inst, PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
+    fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError> {
+        let pc = self.d.pc();
+        let table = self.d.helper(PJ_HELPER_PERCPU_OFFSET)?.addr;
+        let cpu = self.d.helper(PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
         match helper_lowering(&cpu) {
             HelperLowering::RseqCpuId { offset } => {
                 let disp = i32::try_from(offset).map_err(|_| {
@@ -192,147 +307,5 @@ impl Codegen<'_> {
         self.mov_rr(Sz::B64, host(dst), host(src));
         self.e.add_rr(Sz::B64, host(dst), T9);
         Ok(())
-    }
-
-    /// `mov eax, fs:[offset]`: glibc keeps the thread's `struct rseq` at a fixed offset from
-    /// the thread pointer (`fs` base), and the kernel stores the current CPU in its `cpu_id`
-    /// on every return to user space after a migration. One load, zero-extending into r0.
-    fn inline_rseq_cpu_id(&mut self, id: u32, offset: i64) -> Result<(), CompileError> {
-        let disp = i32::try_from(offset).map_err(|_| {
-            CompileError::new(
-                ErrorKind::InvalidArgument,
-                format!("helper id {id}: rseq offset {offset} does not fit a 32-bit displacement"),
-            )
-        })?;
-        self.e.fs_load32_abs(RAX, disp);
-        Ok(())
-    }
-
-    /// `rdtsc` scaled to nanoseconds with the host's `PjClockScale` at `scale`:
-    /// `ns = tsc * mult_int + hi64(tsc * mult_frac) + offset`. `rdtsc` and `mul` write rdx
-    /// (BPF r3), so it is kept in r10 and restored: the inlined helper leaves r1–r5 alone.
-    fn inline_tsc_clock(&mut self, scale: u64) {
-        let (int, frac, off) = (
-            PJ_CLOCK_MULT_INT as i8,
-            PJ_CLOCK_MULT_FRAC as i8,
-            PJ_CLOCK_OFFSET as i8,
-        );
-        self.mov_rr(Sz::B64, T10, RDX);
-        self.mov_ri(T11, scale as i64);
-        self.e.asm(9, |ops| {
-            dynasm!(ops
-                ; .arch x64
-                ; rdtsc
-                ; shl rdx, 32
-                ; or rax, rdx
-                ; mov r9, rax
-                ; mul QWORD [BYTE r11 + frac]
-                ; imul r9, QWORD [BYTE r11 + int]
-                ; add r9, rdx
-                ; add r9, QWORD [BYTE r11 + off]
-                ; mov rax, r9
-            )
-        });
-        self.mov_rr(Sz::B64, RDX, T10);
-    }
-
-    /// `movabs r11, addr ; call r11`: helpers live anywhere in the address space.
-    fn call_abs(&mut self, addr: u64) {
-        self.mov_ri(T11, addr as i64);
-        self.e.call_r11();
-    }
-
-    /// `callx reg`: the id in `reg` picks the helper (the table is fixed at compile time,
-    /// see `analysis::callx_plan`): inlined helpers are compared for first, then called
-    /// ones through a table of addresses in the code image, or compared for one by one when
-    /// their ids are too few or too sparse. No match stops the program with
-    /// PJ_STOP_UNKNOWN_CALLX.
-    pub(super) fn callx(&mut self, pc: usize, reg: Reg) {
-        let r = host(reg);
-        let done = self.e.label();
-        let plan = callx_plan(self.helpers);
-        let stop = self.stop_label(Stop::Callx { reg: r }, pc);
-        let cmp = |em: &mut Self, id: u32| {
-            if i32::try_from(id).is_ok() {
-                em.e.cmp_ri(Sz::B64, r, id as i64);
-            } else {
-                em.mov_ri(T11, id as i64);
-                em.e.cmp_rr(Sz::B64, r, T11);
-            }
-        };
-        // Kinds were checked when the table was validated (`call_helper` only fails on an
-        // unknown kind), so these cannot fail here.
-        if let Some(table) = plan.table {
-            for h in &plan.compared {
-                let next = self.e.label();
-                cmp(self, h.id);
-                self.e.jump(Some(Cc::Ne), next);
-                let _ = self.call_helper(h);
-                self.e.jump(None, done);
-                self.e.bind(next);
-            }
-            // Unsigned bound (a huge or "negative" id fails it), then the address, 0 for a
-            // hole.
-            let at = self.e.label();
-            cmp(self, table.len() as u32);
-            self.cold_jump(Some(Cc::Ae), stop);
-            self.e.load_table_entry(T11, at, r);
-            self.cold_jump(Some(Cc::E), stop);
-            self.e.call_r11();
-            self.callx_tables.push((at, table));
-            self.e.bind(done);
-            return;
-        }
-        // All but the last id branch to their call; the last one falls into its call and
-        // a miss goes to the stop.
-        let helpers = plan.compared;
-        let Some((last, rest)) = helpers.split_last() else {
-            self.cold_jump(None, stop);
-            return;
-        };
-        let mut hits = Vec::new();
-        for h in rest {
-            let l = self.e.label();
-            cmp(self, h.id);
-            self.e.jump(Some(Cc::E), l);
-            hits.push((l, *h));
-        }
-        cmp(self, last.id);
-        self.cold_jump(Some(Cc::Ne), stop);
-        let _ = self.call_helper(last);
-        for (l, h) in hits {
-            self.e.jump(None, done);
-            self.e.bind(l);
-            let _ = self.call_helper(&h);
-        }
-        self.e.bind(done);
-    }
-
-    pub(super) fn call_local(&mut self, pc: usize, target: usize) {
-        if self.d.mode.counts_budget() {
-            self.charge(pc, CALL_CHARGE);
-        }
-        let k = self.d.prog.subprog_of(target);
-        let l = self.d.entries[k];
-        if self.plan.block > 0 {
-            // The callee's r10 is ours minus one frame.
-            self.e.sub_ri(Sz::B64, RBP, STACK_SIZE as i64);
-        }
-        self.e.call_label(l);
-        if self.plan.block > 0 {
-            self.e.add_ri(Sz::B64, RBP, STACK_SIZE as i64);
-        }
-    }
-
-    pub(super) fn exit(&mut self, i: usize, k: usize) {
-        if i + 1 == self.d.prog.subprogs[k].end {
-            return; // falls into the epilogue
-        }
-        if self.bare_return(k) {
-            self.e.ret();
-        } else {
-            let l = self.d.epilogues[k];
-            self.e.jump(None, l);
-        }
     }
 }

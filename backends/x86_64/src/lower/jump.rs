@@ -6,31 +6,40 @@ use super::{cc_of, sz_of, Codegen, CTX_START8};
 use crate::encode::{Arith, Cc, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
-use packjit_frontend::lower::WalkHooks;
+use packjit_frontend::lower::JumpHooks;
 use packjit_frontend::walks::{Guard, GuardRegion};
-use packjit_frontend::{Cond, Inst, Op, Operand, Reg, Width, STACK_SIZE};
+use packjit_frontend::{Cond, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
 
 impl Codegen<'_> {
-    pub(super) fn ja(&mut self, inst: &Inst, target: usize) {
-        if target == self.d.cur + 1 {
-            // A jump to the next instruction is a no-op.
-            return;
+    fn charge_back_edge(&mut self, target: usize) {
+        if let Some(c) = self.d.charge(target) {
+            self.charge(self.d.pc(), c);
         }
-        self.charge_back_edge(inst, target);
+    }
+
+    /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
+    pub(super) fn charge(&mut self, pc: usize, amount: u64) {
+        // `cmp/sub QWORD [r12 + disp8], imm8` stay table-driven: dynasm-rs 5.1 lists the
+        // imm32 form (0x81) of cmp and of memory-operand sub before the imm8 one (0x83), so
+        // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
+        self.e
+            .arith_mi(Arith::Cmp, ENV, PJ_ENV_BUDGET, amount as i64);
+        let stop = self.stop_label(Stop::Budget, pc);
+        self.cold_jump(Some(Cc::B), stop);
+        self.e
+            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
+    }
+}
+
+impl<'a> JumpHooks<'a> for Codegen<'a> {
+    fn goto(&mut self, target: usize) {
+        self.charge_back_edge(target);
         let l = self.d.jump_label(target);
         self.e.jump(None, l);
     }
 
-    pub(super) fn jcond(
-        &mut self,
-        inst: &Inst,
-        width: Width,
-        cond: Cond,
-        dst: Reg,
-        src: Operand,
-        target: usize,
-    ) {
+    fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
         let sz = sz_of(width);
         let d = host(dst);
         match src {
@@ -52,7 +61,7 @@ impl Codegen<'_> {
         if self.d.charge(target).is_some() {
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
-            self.charge_back_edge(inst, target);
+            self.charge_back_edge(target);
             self.e.jump(None, l);
             self.e.bind(skip);
         } else {
@@ -60,27 +69,15 @@ impl Codegen<'_> {
         }
     }
 
-    fn charge_back_edge(&mut self, inst: &Inst, target: usize) {
-        if let Some(c) = self.d.charge(target) {
-            self.charge(inst.pc as usize, c);
+    fn exit(&mut self, k: usize) {
+        if self.bare_return(k) {
+            self.e.ret();
+        } else {
+            let l = self.d.epilogues[k];
+            self.e.jump(None, l);
         }
     }
 
-    /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
-    pub(super) fn charge(&mut self, pc: usize, amount: u64) {
-        // `cmp/sub QWORD [r12 + disp8], imm8` stay table-driven: dynasm-rs 5.1 lists the
-        // imm32 form (0x81) of cmp and of memory-operand sub before the imm8 one (0x83), so
-        // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
-        self.e
-            .arith_mi(Arith::Cmp, ENV, PJ_ENV_BUDGET, amount as i64);
-        let stop = self.stop_label(Stop::Budget, pc);
-        self.cold_jump(Some(Cc::B), stop);
-        self.e
-            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
-    }
-}
-
-impl<'a> WalkHooks<'a> for Codegen<'a> {
     fn walk_entry(&mut self, walk: usize) {
         if let Some(s) = self.d.walk_shadow(walk) {
             // mov s, p: the first iteration's pointer is exact, its copy needs no clamp.

@@ -9,27 +9,15 @@ use crate::FEATURE_MOVBE;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::blind::AX;
 use packjit_frontend::lower::{AccessLowering, Cold};
-use packjit_frontend::lower::{CheckHooks, CopyOf};
+use packjit_frontend::lower::{CopyOf, MemoryHooks};
 use packjit_frontend::ranges::AccessCheck;
-use packjit_frontend::{AtomicOp, EndKind, Inst, Op, Operand, Reg, Size};
+use packjit_frontend::{AtomicOp, EndKind, Op, Operand, Reg, Size};
 use packjit_plugin_api::CompileError;
 
 impl Codegen<'_> {
     /// The memory operand of an access: `[base + off]`, or `[r11]` after a sandbox check.
-    fn address(&mut self, inst: &Inst, write: bool) -> (Gpr, i32) {
-        let (base, off, size) = match inst.op {
-            Op::Load {
-                base, off, size, ..
-            }
-            | Op::Store {
-                base, off, size, ..
-            }
-            | Op::Atomic {
-                base, off, size, ..
-            } => (base, off, size),
-            _ => unreachable!("address of a non-memory instruction"),
-        };
-        let check = match self.d.access(&inst.op) {
+    fn address(&mut self, base: Reg, off: i16, size: Size, write: bool) -> (Gpr, i32) {
+        let check = match self.d.access(base, off, size) {
             AccessLowering::Direct { base, off } => return (host(base), off as i32),
             AccessLowering::Checked(check) => check,
         };
@@ -46,136 +34,6 @@ impl Codegen<'_> {
             ),
         }
         (T11, 0)
-    }
-
-    pub(super) fn load(&mut self, i: usize, inst: &Inst, size: Size, sx: bool, dst: Reg) {
-        let (b, off) = self.address(inst, false);
-        let d = host(dst);
-        // MOVBE: a load followed by a byte swap of the same width into the same register
-        // (the usual ntohs/ntohl/be64 pattern) becomes one swapping load.
-        if self.d.mode.features & FEATURE_MOVBE != 0 && !sx && size != Size::B {
-            if let Some(next) = self.d.prog.insts.get(i + 1) {
-                let bits = size.bytes() as u8 * 8;
-                if let Op::End {
-                    kind: EndKind::ToBe | EndKind::Swap,
-                    bits: nb,
-                    dst: nd,
-                } = next.op
-                {
-                    if nd == dst && nb == bits && !self.d.prog.is_target[i + 1] {
-                        let sz = match size {
-                            Size::H => Sz::B16,
-                            Size::W => Sz::B32,
-                            _ => Sz::B64,
-                        };
-                        self.e.movbe_load(sz, d, b, off);
-                        if size == Size::H {
-                            self.e.movzx16(d, d);
-                        }
-                        self.d.skip = Some(i + 1);
-                        return;
-                    }
-                }
-            }
-        }
-        match (size, sx) {
-            (Size::B | Size::H, false) => self.e.load_zx(mem_sz(size), d, b, off),
-            (Size::W, false) => self.e.load(Sz::B32, d, b, off),
-            (Size::DW, _) => self.e.load(Sz::B64, d, b, off),
-            (_, true) => self.e.load_sx(mem_sz(size), d, b, off),
-        }
-    }
-
-    pub(super) fn store(&mut self, inst: &Inst, size: Size, src: Operand) {
-        let sz = mem_sz(size);
-        if src == Operand::Reg(AX) && matches!(self.d.access(&inst.op), AccessLowering::Checked(_))
-        {
-            // A blinded constant (in r9, the blinding rewrite's AX) waits on the native stack
-            // while the check, which uses r9-r11, runs; the address ends in r11.
-            self.e.push(host(AX));
-            let (b, off) = self.address(inst, true);
-            self.e.pop(T10);
-            self.e.store(sz, b, off, T10);
-            return;
-        }
-        let (b, off) = self.address(inst, true);
-        match src {
-            Operand::Reg(s) => self.e.store(sz, b, off, host(s)),
-            Operand::Imm(i) => self.e.store_imm(sz, b, off, i),
-        }
-    }
-
-    /// Atomics. Every `lock`-prefixed read-modify-write (and `xchg` with memory, locked
-    /// implicitly) is a full barrier on x86, so all forms are sequentially consistent, as
-    /// the kernel documents for BPF's fetching atomics.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn atomic(
-        &mut self,
-        inst: &Inst,
-        size: Size,
-        op: AtomicOp,
-        fetch: bool,
-        base: Reg,
-        off: i16,
-        src: Reg,
-    ) {
-        let sz = mem_sz(size);
-        let s = host(src);
-        let needs_loop = fetch && matches!(op, AtomicOp::And | AtomicOp::Or | AtomicOp::Xor);
-        let (b, off) = if needs_loop && !self.d.mode.sandboxed() {
-            // The loop below uses rax: take the address first in case base is r0.
-            self.e.lea(T11, host(base), off as i32);
-            (T11, 0)
-        } else {
-            match self.address(inst, true) {
-                // Likewise for a sandboxed access the range analysis proved (no check, so
-                // the base register itself is the address).
-                (RAX, off) if needs_loop => {
-                    self.e.lea(T11, RAX, off);
-                    (T11, 0)
-                }
-                a => a,
-            }
-        };
-        let arith = match op {
-            AtomicOp::Add => Arith::Add,
-            AtomicOp::Or => Arith::Or,
-            AtomicOp::And => Arith::And,
-            _ => Arith::Xor,
-        };
-        match (op, fetch) {
-            (AtomicOp::Add | AtomicOp::Or | AtomicOp::And | AtomicOp::Xor, false) => {
-                self.e.lock_arith(arith, sz, b, off, s)
-            }
-            (AtomicOp::Add, true) => self.e.lock_xadd(sz, b, off, s),
-            (AtomicOp::Xchg, _) => self.e.xchg(sz, b, off, s),
-            (AtomicOp::Cmpxchg, _) => {
-                self.e.lock_cmpxchg(sz, b, off, s);
-                if sz == Sz::B32 {
-                    // On success a 32-bit cmpxchg leaves rax's upper half alone; eBPF's r0
-                    // is the zero-extended old value either way.
-                    self.mov_rr(Sz::B32, RAX, RAX);
-                }
-            }
-            (_, true) => {
-                // fetch-and/or/xor: a cmpxchg loop. r10 keeps r0 (rax is cmpxchg's
-                // comparand); when src is r0 its value is read from there.
-                let sv = if s == RAX { T10 } else { s };
-                self.mov_rr(Sz::B64, T10, RAX);
-                self.e.load(sz, RAX, b, off);
-                let again = self.e.label();
-                self.e.bind(again);
-                self.mov_rr(Sz::B64, T9, RAX);
-                self.e.arith_rr(arith, sz, T9, sv);
-                self.e.lock_cmpxchg(sz, b, off, T9);
-                self.e.jump(Some(Cc::Ne), again);
-                // src = old value (zero-extended for 32-bit); r0 restored unless it is src.
-                self.mov_rr(sz, s, RAX);
-                if s != RAX {
-                    self.mov_rr(Sz::B64, RAX, T10);
-                }
-            }
-        }
     }
 
     /// `r11 = base + off`.
@@ -302,7 +160,130 @@ impl Codegen<'_> {
     }
 }
 
-impl<'a> CheckHooks<'a> for Codegen<'a> {
+impl<'a> MemoryHooks<'a> for Codegen<'a> {
+    fn load(&mut self, size: Size, sx: bool, dst: Reg, base: Reg, off: i16) {
+        let i = self.d.cur;
+        let (b, off) = self.address(base, off, size, false);
+        let d = host(dst);
+        // MOVBE: a load followed by a byte swap of the same width into the same register
+        // (the usual ntohs/ntohl/be64 pattern) becomes one swapping load.
+        if self.d.mode.features & FEATURE_MOVBE != 0 && !sx && size != Size::B {
+            if let Some(next) = self.d.prog.insts.get(i + 1) {
+                let bits = size.bytes() as u8 * 8;
+                if let Op::End {
+                    kind: EndKind::ToBe | EndKind::Swap,
+                    bits: nb,
+                    dst: nd,
+                } = next.op
+                {
+                    if nd == dst && nb == bits && !self.d.prog.is_target[i + 1] {
+                        let sz = match size {
+                            Size::H => Sz::B16,
+                            Size::W => Sz::B32,
+                            _ => Sz::B64,
+                        };
+                        self.e.movbe_load(sz, d, b, off);
+                        if size == Size::H {
+                            self.e.movzx16(d, d);
+                        }
+                        self.d.skip = Some(i + 1);
+                        return;
+                    }
+                }
+            }
+        }
+        match (size, sx) {
+            (Size::B | Size::H, false) => self.e.load_zx(mem_sz(size), d, b, off),
+            (Size::W, false) => self.e.load(Sz::B32, d, b, off),
+            (Size::DW, _) => self.e.load(Sz::B64, d, b, off),
+            (_, true) => self.e.load_sx(mem_sz(size), d, b, off),
+        }
+    }
+
+    fn store(&mut self, size: Size, base: Reg, off: i16, src: Operand) {
+        let sz = mem_sz(size);
+        if src == Operand::Reg(AX)
+            && matches!(self.d.access(base, off, size), AccessLowering::Checked(_))
+        {
+            // A blinded constant (in r9, the blinding rewrite's AX) waits on the native stack
+            // while the check, which uses r9-r11, runs; the address ends in r11.
+            self.e.push(host(AX));
+            let (b, off) = self.address(base, off, size, true);
+            self.e.pop(T10);
+            self.e.store(sz, b, off, T10);
+            return;
+        }
+        let (b, off) = self.address(base, off, size, true);
+        match src {
+            Operand::Reg(s) => self.e.store(sz, b, off, host(s)),
+            Operand::Imm(i) => self.e.store_imm(sz, b, off, i),
+        }
+    }
+
+    /// Atomics. Every `lock`-prefixed read-modify-write (and `xchg` with memory, locked
+    /// implicitly) is a full barrier on x86, so all forms are sequentially consistent, as
+    /// the kernel documents for BPF's fetching atomics.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic(&mut self, size: Size, op: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg) {
+        let sz = mem_sz(size);
+        let s = host(src);
+        let needs_loop = fetch && matches!(op, AtomicOp::And | AtomicOp::Or | AtomicOp::Xor);
+        let (b, off) = if needs_loop && !self.d.mode.sandboxed() {
+            // The loop below uses rax: take the address first in case base is r0.
+            self.e.lea(T11, host(base), off as i32);
+            (T11, 0)
+        } else {
+            match self.address(base, off, size, true) {
+                // Likewise for a sandboxed access the range analysis proved (no check, so
+                // the base register itself is the address).
+                (RAX, off) if needs_loop => {
+                    self.e.lea(T11, RAX, off);
+                    (T11, 0)
+                }
+                a => a,
+            }
+        };
+        let arith = match op {
+            AtomicOp::Add => Arith::Add,
+            AtomicOp::Or => Arith::Or,
+            AtomicOp::And => Arith::And,
+            _ => Arith::Xor,
+        };
+        match (op, fetch) {
+            (AtomicOp::Add | AtomicOp::Or | AtomicOp::And | AtomicOp::Xor, false) => {
+                self.e.lock_arith(arith, sz, b, off, s)
+            }
+            (AtomicOp::Add, true) => self.e.lock_xadd(sz, b, off, s),
+            (AtomicOp::Xchg, _) => self.e.xchg(sz, b, off, s),
+            (AtomicOp::Cmpxchg, _) => {
+                self.e.lock_cmpxchg(sz, b, off, s);
+                if sz == Sz::B32 {
+                    // On success a 32-bit cmpxchg leaves rax's upper half alone; eBPF's r0
+                    // is the zero-extended old value either way.
+                    self.mov_rr(Sz::B32, RAX, RAX);
+                }
+            }
+            (_, true) => {
+                // fetch-and/or/xor: a cmpxchg loop. r10 keeps r0 (rax is cmpxchg's
+                // comparand); when src is r0 its value is read from there.
+                let sv = if s == RAX { T10 } else { s };
+                self.mov_rr(Sz::B64, T10, RAX);
+                self.e.load(sz, RAX, b, off);
+                let again = self.e.label();
+                self.e.bind(again);
+                self.mov_rr(Sz::B64, T9, RAX);
+                self.e.arith_rr(arith, sz, T9, sv);
+                self.e.lock_cmpxchg(sz, b, off, T9);
+                self.e.jump(Some(Cc::Ne), again);
+                // src = old value (zero-extended for 32-bit); r0 restored unless it is src.
+                self.mov_rr(sz, s, RAX);
+                if s != RAX {
+                    self.mov_rr(Sz::B64, RAX, T10);
+                }
+            }
+        }
+    }
+
     /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
     /// itself clamped in place to 0 under a mispredicted branch (architecturally it keeps
     /// its value: the test passed), so no member reaches memory out of bounds. On failure

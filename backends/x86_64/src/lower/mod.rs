@@ -26,7 +26,7 @@ use packjit_frontend::lower::{self, Assembled, Driver, Lowering, Pass};
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, Group};
 use packjit_frontend::relax::{BranchCheck, Relaxation};
 
-use packjit_frontend::{Cond, Inst, Op, Operand, Program, Reg, Size, Width};
+use packjit_frontend::{Cond, Operand, Program, Reg, Size, Width};
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::ops::Range;
@@ -127,6 +127,7 @@ impl<'a> Codegen<'a> {
         let mut e = Enc::with_capacity(forms, cap.code, cap.labels, cap.branch_sites);
         let d = Driver::new(
             prog,
+            helpers,
             &plan.access,
             mode,
             islands,
@@ -145,60 +146,6 @@ impl<'a> Codegen<'a> {
             callx_tables: Vec::new(),
             data: Vec::new(),
         }
-    }
-
-    #[inline(always)]
-    fn inst(&mut self, i: usize, k: usize, inst: &Inst) -> Result<(), CompileError> {
-        let pc = inst.pc as usize;
-        match inst.op {
-            Op::Alu {
-                width,
-                op,
-                dst,
-                src,
-            } => self.alu(width, op, dst, src),
-            Op::MovSx {
-                width,
-                dst,
-                src,
-                bits,
-            } => self.movsx(width, dst, src, bits),
-            Op::MovPerCpu { dst, src, array } => self.mov_percpu(inst, dst, src, array)?,
-            Op::Neg { width, dst } => self.e.neg(sz_of(width), host(dst)),
-            Op::End { kind, bits, dst } => self.end(kind, bits, dst),
-            Op::LdImm64 { dst, imm } => self.ld_imm64(dst, imm.get()),
-            Op::Load {
-                size,
-                sign_extend,
-                dst,
-                ..
-            } => self.load(i, inst, size, sign_extend, dst),
-            Op::Store { size, src, .. } => self.store(inst, size, src),
-            Op::Atomic {
-                size,
-                op,
-                fetch,
-                base,
-                off,
-                src,
-            } => self.atomic(inst, size, op, fetch, base, off, src),
-            Op::Ja { target } => self.ja(inst, target as usize),
-            Op::Jcond {
-                width,
-                cond,
-                dst,
-                src,
-                target,
-            } => self.jcond(inst, width, cond, dst, src, target as usize),
-            Op::CallHelper { id } => {
-                let h = self.helper_entry(inst, id)?;
-                self.call_helper(&h)?;
-            }
-            Op::CallReg { reg } => self.callx(pc, reg),
-            Op::CallLocal { target } => self.call_local(pc, target as usize),
-            Op::Exit => self.exit(i, k),
-        }
-        Ok(())
     }
 
     // ---- small emit helpers -------------------------------------------------------------
@@ -252,14 +199,6 @@ impl<'a> Lowering<'a> for Codegen<'a> {
 
     fn jump(&mut self, label: Label) {
         self.e.jump(None, label);
-    }
-
-    // Inlined into the driver's instruction loop, as the lowering was into its own loop
-    // before the driver: called, it made a compile a fifth slower (callgrind, `compile_cost`:
-    // 274 -> 339 Ir per instruction).
-    #[inline(always)]
-    fn instruction(&mut self, func: usize, i: usize, inst: &Inst) -> Result<(), CompileError> {
-        self.inst(i, func, inst)
     }
 }
 
