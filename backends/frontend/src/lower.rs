@@ -52,7 +52,7 @@ use crate::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Siz
 #[derive(Clone, Copy, Debug)]
 pub enum Cold<A, F> {
     /// An access's inline test failed: the program's shared full check, back to `resume`
-    /// when some region holds the access ([`Lowering::access_slow_path`]).
+    /// when some region holds the access ([`MemoryHooks::access_slow_path`]).
     Access {
         inst: usize,
         label: DynamicLabel,
@@ -66,13 +66,13 @@ pub enum Cold<A, F> {
     Group { group: usize, label: DynamicLabel },
     /// A guarded walk's entry test failed: the loop's checked copy, then on after the loop.
     Walk { walk: usize, label: DynamicLabel },
-    /// The budget cannot pay `charge` at `inst`: stop there ([`Lowering::budget_stop`]).
+    /// The budget cannot pay `charge` at `inst`: stop there ([`StopHooks::budget_stop`]).
     Budget {
         inst: usize,
         label: DynamicLabel,
         charge: u64,
     },
-    /// Cold code of the ISA's own ([`Lowering::isa_cold`]).
+    /// Cold code of the ISA's own ([`StopHooks::isa_cold`]).
     Isa(F),
 }
 

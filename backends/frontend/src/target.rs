@@ -4,7 +4,7 @@
 //! the production path, the benches' measurement path and the plugin's `compile` are one
 //! path with one set of checks.
 //!
-//! A backend crate's `lib.rs` declares its `TARGET` and one line, [`backend_crate!`], which
+//! A backend crate's `lib.rs` declares its `TARGET` and one line, [`backend_crate!`](crate::backend_crate), which
 //! gives it the public entry points every backend crate has (`emit_program`,
 //! `emit_request`, `emit_request_with`) and its `JitBackend` impl:
 //!
@@ -101,7 +101,7 @@ impl Target {
     }
 }
 
-/// What [`backend_crate!`] expands to refers to through here, so a backend crate needs no
+/// What [`backend_crate!`](crate::backend_crate) expands to refers to through here, so a backend crate needs no
 /// extra imports for it.
 #[doc(hidden)]
 pub mod __private {
