@@ -3,7 +3,7 @@
 //! The AArch64 backend of packjit: verified eBPF (RFC 9669, cpu v4) in, position-independent
 //! arm64 machine code out, written into the host's code arena.
 //!
-//! * [`Arm64Backend`] implements [`JitBackend`]; the crate is also a plugin
+//! * [`Arm64Backend`] implements [`JitBackend`](packjit_plugin_api::JitBackend); the crate is also a plugin
 //!   (`libpackjit_arm64.so`, symbol `packjit_arm64_plugin_v1`).
 //! * Optional CPU features: [`FEATURE_LSE`] (ARMv8.1 atomics). Without it, atomics are
 //!   LDXR/STXR loops; a host can force that path by passing `features = 0`.

@@ -14,7 +14,7 @@
 //! `PJ_COMPILE_BUDGET` charges taken back-edges and local calls; `PJ_COMPILE_BLIND_CONSTANTS`
 //! blinds every immediate. See the crate README for the code each one emits and its cost.
 //!
-//! Usable statically (`Rv64Backend` implements [`JitBackend`]) or as a plugin
+//! Usable statically (`Rv64Backend` implements [`JitBackend`](packjit_plugin_api::JitBackend)) or as a plugin
 //! (`libpackjit_rv64.so`, entry symbol `packjit_rv64_plugin_v1`); [`emit_program`] and
 //! [`emit_request`] give the code without an arena (tools, tests).
 //!

@@ -4,7 +4,7 @@
 //! x86-64 machine code out, written into the host's code arena. On an x86-64 host (where
 //! most users first try packjit) its code runs natively.
 //!
-//! * [`X86Backend`] implements [`JitBackend`]; the crate is also a plugin
+//! * [`X86Backend`] implements [`JitBackend`](packjit_plugin_api::JitBackend); the crate is also a plugin
 //!   (`libpackjit_x86_64.so`, symbol `packjit_x86_64_plugin_v1`).
 //! * Optional CPU features, detected at run time: [`FEATURE_BMI2`] (`shlx`/`shrx`/`sarx`:
 //!   register shifts without going through `cl`, which is BPF r4) and [`FEATURE_MOVBE`]

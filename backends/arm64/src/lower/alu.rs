@@ -2,7 +2,6 @@
 
 use super::*;
 
-
 impl<'a> AluHooks<'a> for Codegen<'a> {
     fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
         let d = self.map[dst as usize];
