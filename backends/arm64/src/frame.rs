@@ -1,4 +1,4 @@
-//! Prologue and epilogue, the shared stop paths, and what each function saves.
+//! Prologue and epilogue (`FrameHooks`), and what each function saves.
 //!
 //! ```text
 //!   higher addresses

@@ -1,10 +1,12 @@
-//! eBPF → AArch64 lowering: one short function per instruction class.
+//! eBPF → AArch64 lowering: the front end's hooks (`packjit_frontend::lower`), one short
+//! function per instruction class, each class in its file.
 //!
-//! Layout of the emitted code: the subprograms in bytecode order, each as
-//! `prologue, body, epilogue`; then (only when the program uses `callx`) one shared stub that
-//! leaves the program with r0 = `u64::MAX`. The entry subprogram starts at offset 0. Every
-//! branch is PC-relative and helpers are reached through absolute addresses in a scratch
-//! register, so the bytes run at any address.
+//! Layout of the emitted code: the functions in bytecode order, each as `prologue, body,
+//! epilogue, cold code`; then the program's shared access check (when some check's cold side
+//! calls it) and the stop paths (`lower/cold.rs`), which a failed check, an exhausted budget
+//! or an unknown `callx` id reach. The entry function starts at offset 0. Every branch is
+//! PC-relative and helpers are reached through absolute addresses in a scratch register, so
+//! the bytes run at any address.
 //!
 //! Division needs no guard: AArch64 `UDIV`/`SDIV` already return 0 for a zero divisor and
 //! `SDIV` returns MIN for MIN / -1 (it never traps), and `MSUB` then yields `x % 0 = x` and
