@@ -37,7 +37,9 @@ use dynasmrt::DynamicLabel;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::ops::Range;
 
-use crate::analysis::{back_edge_charge, instruction_labels, is_frame_constant, CodegenMode};
+use crate::analysis::{
+    back_edge_charge, instruction_labels, is_frame_constant, percpu_plan, CodegenMode, PerCpuPlan,
+};
 use crate::blind::blind;
 use crate::cold::ColdPlacement;
 use crate::ranges::{AccessCheck, AccessPlan, Group};
@@ -200,6 +202,12 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
                 format!("helper id {id} is not in the helper table"),
             )
         })
+    }
+
+    /// Where the current per-CPU address instruction finds its table and the CPU
+    /// ([`crate::analysis::percpu_plan`]).
+    pub fn percpu(&self) -> Result<PerCpuPlan, CompileError> {
+        percpu_plan(self.helpers).map_err(|(kind, msg)| self.error(kind, msg))
     }
 
     /// A compile error at the current instruction.

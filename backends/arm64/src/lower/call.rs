@@ -184,20 +184,7 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
     /// helper 8 does: the rseq load through `tpidr_el0`, or a call with the caller-saved BPF
     /// registers (r0 = x7, r1–r5 = x0–x4) stored around it, so nothing but `dst` changes.
     fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError> {
-        let entry = |s: &Self, id: u32| {
-            s.helpers
-                .iter()
-                .find(|h| h.id == id)
-                .copied()
-                .ok_or_else(|| {
-                    s.err(
-                        ErrorKind::UnknownHelper,
-                        format!("per-CPU mov needs helper id {id:#x} in the helper table"),
-                    )
-                })
-        };
-        let table = entry(self, PJ_HELPER_PERCPU_OFFSET)?.addr;
-        let cpu = entry(self, PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
+        let PerCpuPlan { table, cpu } = self.d.percpu()?;
         // An id in a register (the blinding rewrite's AX, x13, where the CPU id goes
         // below) moves to T2 first, and is kept in the save area across a call.
         let id_in_register = match array {
@@ -207,8 +194,8 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
             }
             Operand::Imm(_) => false,
         };
-        match helper_lowering(&cpu) {
-            HelperLowering::RseqCpuId { offset } => {
+        match cpu {
+            CpuId::Rseq { offset } => {
                 self.sysreg_read(T0, MRS_TPIDR_EL0);
                 if (-256..256).contains(&offset) {
                     a64!(self.ops; ldur W(T4), [X(T0), offset as i32]);
@@ -217,7 +204,7 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
                     a64!(self.ops; ldr W(T4), [X(T0), X(T1)]);
                 }
             }
-            HelperLowering::Call(addr) => {
+            CpuId::Call(addr) => {
                 // 48 bytes keep sp 16-byte aligned, as AAPCS64 requires at the call.
                 let r0 = self.map[0];
                 if id_in_register {
@@ -241,12 +228,6 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
                 } else {
                     a64!(self.ops; ldp x0, x1, [sp], 48);
                 }
-            }
-            _ => {
-                return Err(self.err(
-                    ErrorKind::Unsupported,
-                    "per-CPU mov: helper 8 must be a call or the inline rseq load",
-                ))
             }
         }
         // cpu in T4; the array's address is computed at run time.

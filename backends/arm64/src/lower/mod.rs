@@ -33,7 +33,7 @@ use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{
-    callx_plan, helper_lowering, EmitCapacity, HelperLowering, CALL_CHARGE,
+    callx_plan, helper_lowering, CpuId, EmitCapacity, HelperLowering, PerCpuPlan, CALL_CHARGE,
 };
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{
@@ -46,10 +46,9 @@ use packjit_frontend::scratch::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
-    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS,
-    PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET,
-    PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE, PJ_STOP_OUT_OF_BOUNDS,
-    PJ_STOP_UNKNOWN_CALLX,
+    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS,
+    PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES, PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE,
+    PJ_STOP_OUT_OF_BOUNDS, PJ_STOP_UNKNOWN_CALLX,
 };
 
 /// `mrs x0, tpidr_el0` (op0=3 op1=3 CRn=13 CRm=0 op2=2): the EL0 thread pointer.

@@ -2,8 +2,8 @@
 //! how a `callx` site finds the helper its register names (compares, or a table by id).
 
 use packjit_plugin_api::{
-    HelperEntry, PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
-    PJ_INLINE_RSEQ_CPU_ID,
+    ErrorKind, HelperEntry, PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET,
+    PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
 };
 
 /// How a backend emits `call imm` (and a `callx` match) for one helper-table entry.
@@ -44,6 +44,52 @@ pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
 }
 
 /// How a `callx` site finds the helper its register names (by id, as `call imm` does).
+/// Where a per-CPU address instruction (`Op::MovPerCpu`) finds its table and the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerCpuPlan {
+    /// Address of the host's `PjPerCpuTable` (the `PJ_HELPER_PERCPU_OFFSET` entry's).
+    pub table: u64,
+    /// How the CPU id is had (helper 8's entry).
+    pub cpu: CpuId,
+}
+
+/// Where a per-CPU address instruction gets the CPU id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuId {
+    /// Called: the helper at this address (the caller-saved eBPF registers kept around it).
+    Call(u64),
+    /// Loaded: the `u32` at `thread pointer + offset`, the rseq area's `cpu_id`.
+    Rseq { offset: i64 },
+}
+
+/// The per-CPU plan of a helper table, or why it has none: a missing entry
+/// (`UnknownHelper`) or a CPU id that is neither called nor the rseq load (`Unsupported`).
+pub fn percpu_plan(helpers: &[HelperEntry]) -> Result<PerCpuPlan, (ErrorKind, String)> {
+    let entry = |id: u32| {
+        helpers.iter().find(|h| h.id == id).ok_or_else(|| {
+            (
+                ErrorKind::UnknownHelper,
+                format!("per-CPU mov needs helper id {id:#x} in the helper table"),
+            )
+        })
+    };
+    let table = entry(PJ_HELPER_PERCPU_OFFSET)?.addr;
+    match helper_lowering(entry(PJ_HELPER_GET_SMP_PROCESSOR_ID)?) {
+        HelperLowering::Call(addr) => Ok(PerCpuPlan {
+            table,
+            cpu: CpuId::Call(addr),
+        }),
+        HelperLowering::RseqCpuId { offset } => Ok(PerCpuPlan {
+            table,
+            cpu: CpuId::Rseq { offset },
+        }),
+        _ => Err((
+            ErrorKind::Unsupported,
+            "per-CPU mov: helper 8 must be a call or the inline rseq load".into(),
+        )),
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallxPlan {
     /// Helpers compared for one by one, first, in this order: the inlined ones, then the

@@ -4,34 +4,19 @@
 use super::Codegen;
 use crate::encode::{fits_signed, reg::*, Br, Mem, R3, RI};
 use dynasmrt::DynamicLabel;
-use packjit_frontend::analysis::{callx_plan, helper_lowering, HelperLowering, CALL_CHARGE};
+use packjit_frontend::analysis::{
+    callx_plan, helper_lowering, CpuId, HelperLowering, PerCpuPlan, CALL_CHARGE,
+};
 use packjit_frontend::lower::CallHooks;
 use packjit_frontend::lower::Lowering;
 use packjit_frontend::{Operand, Reg};
 use packjit_plugin_api::abi::{
-    PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_HELPER_GET_SMP_PROCESSOR_ID,
-    PJ_HELPER_PERCPU_OFFSET, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_PERCPU_BASE,
-    PJ_PERCPU_COUNT, PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES,
+    PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE,
+    PJ_PERCPU_BASE, PJ_PERCPU_COUNT, PJ_PERCPU_CPUS, PJ_PERCPU_CPU_ID_OFFSET, PJ_PERCPU_ENTRIES,
     PJ_PERCPU_SLOT_SIZE, PJ_PERCPU_VALUE_SIZE, PJ_STOP_UNKNOWN_CALLX,
 };
 use packjit_plugin_api::CompileError;
 use packjit_plugin_api::HelperEntry;
-
-/// The per-CPU mov's table address and how helper 8 (its CPU id) is lowered: a call or the
-/// inline rseq load; anything else is refused (message without the pc).
-pub(super) fn percpu_parts(helpers: &[HelperEntry]) -> Result<(u64, HelperLowering), String> {
-    let entry = |id: u32| {
-        helpers
-            .iter()
-            .find(|h| h.id == id)
-            .ok_or_else(|| format!("per-CPU mov needs helper id {id:#x} in the helper table"))
-    };
-    let table = entry(PJ_HELPER_PERCPU_OFFSET)?.addr;
-    match helper_lowering(entry(PJ_HELPER_GET_SMP_PROCESSOR_ID)?) {
-        l @ (HelperLowering::Call(_) | HelperLowering::RseqCpuId { .. }) => Ok((table, l)),
-        _ => Err("per-CPU mov: helper 8 must be a call or the inline rseq load".into()),
-    }
-}
 
 impl Codegen<'_> {
     /// A helper leaves whatever it likes in a0-a4 (eBPF r1-r5); sandboxed code must not see
@@ -212,9 +197,9 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
     /// helper 8 does: the rseq load off `tp`, or a call with the caller-saved eBPF registers
     /// (r0 = a5, r1–r5 = a0–a4) stored around it, so nothing but `dst` changes.
     fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError> {
-        let (table, cpu) = percpu_parts(self.plan.helpers).expect("checked in Plan::new");
+        let PerCpuPlan { table, cpu } = self.d.percpu()?;
         match cpu {
-            HelperLowering::Call(addr) => {
+            CpuId::Call(addr) => {
                 // 48 bytes keep sp 16-byte aligned, as the psABI requires at the call; an id
                 // in a register (the blinding rewrite's a7) is kept too, in 64.
                 const SAVED: [u8; 7] = [A0, A1, A2, A3, A4, A5, A7];
@@ -234,7 +219,7 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
                 }
                 self.e.ri(RI::Addi, SP, SP, frame);
             }
-            inline => self.inline_helper(inline, T3),
+            CpuId::Rseq { offset } => self.inline_helper(HelperLowering::RseqCpuId { offset }, T3),
         }
         // cpu in t3; the array's address is computed at run time.
         let done = self.e.new_label();

@@ -32,7 +32,7 @@ use packjit_frontend::ranges::{plan_accesses, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation};
 use packjit_frontend::scratch::{self, Reused};
 
-use packjit_frontend::{op_kind, Op, Program};
+use packjit_frontend::{op_kind, Program};
 use packjit_plugin_api::abi::PJ_ACCESS_WRITE;
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::cell::Cell;
@@ -144,29 +144,6 @@ impl<'a> Plan<'a> {
         // From the functions' summaries: at 1 M instructions a pass over them is a trip
         // through memory.
         let has_callx = prog.subprogs.iter().any(|s| s.ops & op_kind::CALL_REG != 0);
-        // The verifier already refuses unknown helper ids; resolving them here as well keeps
-        // the lowering from ever emitting a call to a made-up address. Only the functions
-        // that call helpers or have a per-CPU mov are looked at.
-        let calling = prog
-            .subprogs
-            .iter()
-            .filter(|s| s.ops & (op_kind::CALL_HELPER | op_kind::MOV_PERCPU) != 0);
-        for inst in calling.flat_map(|s| &prog.insts[s.start..s.end]) {
-            let pc = inst.pc as usize;
-            if let Op::CallHelper { id } = inst.op {
-                if !helpers.iter().any(|h| h.id == id) {
-                    return Err(CompileError::at(
-                        pc,
-                        ErrorKind::UnknownHelper,
-                        format!("call to unknown helper id {id}"),
-                    ));
-                }
-            }
-            if let Op::MovPerCpu { .. } = inst.op {
-                call::percpu_parts(helpers)
-                    .map_err(|m| CompileError::at(pc, ErrorKind::UnknownHelper, m))?;
-            }
-        }
         let access = if mode.sandboxed() {
             plan_accesses(prog, opts.group_checks)
         } else {

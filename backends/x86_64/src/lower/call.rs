@@ -6,7 +6,9 @@ use super::Codegen;
 use crate::encode::{Cc, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
-use packjit_frontend::analysis::{callx_plan, helper_lowering, HelperLowering, CALL_CHARGE};
+use packjit_frontend::analysis::{
+    callx_plan, helper_lowering, CpuId, HelperLowering, PerCpuPlan, CALL_CHARGE,
+};
 use packjit_frontend::lower::CallHooks;
 use packjit_frontend::{Operand, Reg, STACK_SIZE};
 use packjit_plugin_api::abi::*;
@@ -221,10 +223,9 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
     /// (r0–r5) pushed around it, so nothing but `dst` changes.
     fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError> {
         let pc = self.d.pc();
-        let table = self.d.helper(PJ_HELPER_PERCPU_OFFSET)?.addr;
-        let cpu = self.d.helper(PJ_HELPER_GET_SMP_PROCESSOR_ID)?;
-        match helper_lowering(&cpu) {
-            HelperLowering::RseqCpuId { offset } => {
+        let PerCpuPlan { table, cpu } = self.d.percpu()?;
+        match cpu {
+            CpuId::Rseq { offset } => {
                 let disp = i32::try_from(offset).map_err(|_| {
                     CompileError::at(
                         pc,
@@ -236,7 +237,7 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
                 })?;
                 self.e.fs_load32_abs(T10, disp);
             }
-            HelperLowering::Call(addr) => {
+            CpuId::Call(addr) => {
                 // An id in r9 (the blinding rewrite's AX) is kept across the call too, with
                 // 8 bytes of padding: rsp stays 16-byte aligned at the call.
                 let id_in_r9 = matches!(array, Operand::Reg(_));
@@ -256,13 +257,6 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
                     self.e
                         .asm(2, |ops| dynasm!(ops ; .arch x64 ; add rsp, 8 ; pop r9));
                 }
-            }
-            _ => {
-                return Err(CompileError::at(
-                    pc,
-                    ErrorKind::Unsupported,
-                    "per-CPU mov: helper 8 must be a call or the inline rseq load",
-                ))
             }
         }
         let zero = self.e.label();
