@@ -32,13 +32,13 @@ pub mod builtins;
 pub mod elf;
 mod exec;
 pub mod gdb_jit;
+mod heap_arena;
 mod hook;
 mod id_map;
 mod loader;
 mod perf_map;
 mod program_box;
 pub mod rbpf_bridge;
-mod scratch;
 mod symbols;
 pub mod testing;
 
@@ -62,9 +62,9 @@ pub use packjit_plugin_api::{
 };
 pub use symbols::{default_perf_map_path, SymbolInfo};
 
+use heap_arena::HeapArena;
 use packjit_plugin_api::export::catch_panic;
 use packjit_plugin_api::{abi, CompileRequest, Compiled, HelperEntry, Region};
-use scratch::ScratchArena;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -157,7 +157,7 @@ pub struct HelperInfo {
 /// paths) are not methods here: see [`testing::RuntimeTestExt`].
 pub struct Runtime {
     arena: Option<PackedArena>,
-    scratch: Arc<ScratchArena>,
+    heap_arena: Arc<HeapArena>,
     backends: RwLock<Vec<BackendSlot>>,
     helpers: RwLock<BTreeMap<u32, HelperInfo>>,
     /// Runtime-wide regions, as programs take them: shared by every program loaded without
@@ -211,7 +211,7 @@ impl Runtime {
         };
         Ok(Self {
             arena,
-            scratch: Arc::new(ScratchArena::default()),
+            heap_arena: Arc::new(HeapArena::default()),
             backends: RwLock::new(Vec::new()),
             helpers: RwLock::new(BTreeMap::new()),
             regions: RwLock::new(Arc::from([])),
@@ -645,8 +645,8 @@ impl Runtime {
                 ArenaRef::Packed(a.clone()),
             ),
             _ => (
-                catch_panic(|| backend.compile(&req, &*self.scratch))?,
-                ArenaRef::Scratch(self.scratch.clone()),
+                catch_panic(|| backend.compile(&req, &*self.heap_arena))?,
+                ArenaRef::Heap(self.heap_arena.clone()),
             ),
         };
         let id = self.next_program_id.fetch_add(1, Relaxed);
@@ -817,7 +817,7 @@ fn info_of(slot: &BackendSlot) -> BackendInfo {
 
 enum ArenaRef {
     Packed(PackedArena),
-    Scratch(Arc<ScratchArena>),
+    Heap(Arc<HeapArena>),
 }
 
 /// The per-CPU tables a program's code reads (each a `PjPerCpuTable` + arrays, in `u64`
@@ -884,11 +884,11 @@ impl Program {
             .map_or(self.compiled.entry, |m| m.entry())
     }
 
-    /// The packed arena holding the code (`None` for foreign-arch code in the scratch arena).
+    /// The packed arena holding the code (`None` for foreign-arch code in the heap arena).
     pub(crate) fn packed_arena(&self) -> Option<&PackedArena> {
         match &self.owner {
             ArenaRef::Packed(a) => Some(a),
-            ArenaRef::Scratch(_) => None,
+            ArenaRef::Heap(_) => None,
         }
     }
 
@@ -997,7 +997,7 @@ impl Program {
                 None => a.read_code(c.entry, c.code_size),
             }
             .unwrap_or_default(),
-            ArenaRef::Scratch(s) => s.read(&c.region, c.code_size),
+            ArenaRef::Heap(s) => s.read(&c.region, c.code_size),
         }
     }
 
@@ -1212,7 +1212,7 @@ impl Drop for Program {
                 a.release_after_grace(vec![region]);
             }
             ArenaRef::Packed(a) => a.free_deferred_then(region, unlist),
-            ArenaRef::Scratch(s) => s.free(&self.compiled.region),
+            ArenaRef::Heap(s) => s.free(&self.compiled.region),
         }
     }
 }

@@ -28,7 +28,7 @@ mod insn;
 pub mod lower;
 pub mod ranges;
 pub mod relax;
-pub mod scratch;
+pub mod reuse;
 pub mod simplify;
 pub mod target;
 mod verify;
@@ -115,17 +115,17 @@ pub enum BranchKind {
 }
 
 /// An empty instruction buffer with room for `n` instructions (this thread's spare one for a
-/// large program; see [`scratch`]).
+/// large program; see [`reuse`]).
 pub(crate) fn inst_buffer(n: usize) -> Vec<Inst> {
-    scratch::take_vec(n)
+    reuse::take_vec(n)
 }
 
 impl Drop for Program {
     fn drop(&mut self) {
         // The per-instruction buffers go back to this thread's spares (when large).
-        scratch::give_back(std::mem::take(&mut self.insts));
-        scratch::give_back(std::mem::take(&mut self.is_target));
-        scratch::give_back(std::mem::take(&mut self.branches));
+        reuse::give_back(std::mem::take(&mut self.insts));
+        reuse::give_back(std::mem::take(&mut self.is_target));
+        reuse::give_back(std::mem::take(&mut self.branches));
     }
 }
 
@@ -191,7 +191,7 @@ impl Program {
     /// bytecode slot, with `NO_NATIVE_CODE` for the second slot of `lddw`. Without `lddw`
     /// instruction i is slot i and the offsets are the table: handed over, not copied (at
     /// 1 M instructions a copy is another 4 MB through memory).
-    pub fn line_table(&self, inst_offsets: scratch::Reused<u32>) -> Vec<u32> {
+    pub fn line_table(&self, inst_offsets: reuse::Reused<u32>) -> Vec<u32> {
         if self.slots == self.insts.len() && inst_offsets.len() == self.slots {
             return inst_offsets.into_vec();
         }

@@ -44,7 +44,7 @@ use crate::blind::blind;
 use crate::cold::ColdPlacement;
 use crate::ranges::{AccessCheck, AccessPlan, Group};
 use crate::relax::{BranchCheck, Relaxation, Settled};
-use crate::scratch::{self, Reused};
+use crate::reuse::{self, Reused};
 use crate::walks::Guard;
 use crate::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width};
 
@@ -174,7 +174,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             copy_head: None,
             skip: None,
             labels,
-            offsets: scratch::take(prog.insts.len()),
+            offsets: reuse::take(prog.insts.len()),
             entries,
             epilogues,
             group_resume,

@@ -439,12 +439,12 @@ pub struct AccessPlan {
 }
 
 /// The per-instruction tables are megabytes for a large program: they go back to the
-/// thread's spares ([`crate::scratch`]) for the next compile instead of to the allocator.
+/// thread's spares ([`crate::reuse`]) for the next compile instead of to the allocator.
 impl Drop for AccessPlan {
     fn drop(&mut self) {
-        crate::scratch::give_back(std::mem::take(&mut self.checks));
-        crate::scratch::give_back(std::mem::take(&mut self.group_of));
-        crate::scratch::give_back(std::mem::take(&mut self.jumped_to));
+        crate::reuse::give_back(std::mem::take(&mut self.checks));
+        crate::reuse::give_back(std::mem::take(&mut self.group_of));
+        crate::reuse::give_back(std::mem::take(&mut self.jumped_to));
     }
 }
 
@@ -691,7 +691,7 @@ impl<'p> Dataflow<'p> {
             prog,
             start: sp.start,
             end: sp.end,
-            slot: crate::scratch::filled(n, 0),
+            slot: crate::reuse::filled(n, 0),
             states: vec![(entry_state(k), 0)],
             pending: vec![0; n.div_ceil(64)],
             next: 0,
@@ -742,7 +742,7 @@ impl<'p> Dataflow<'p> {
             }
         }
         self.replay_before(self.end, visit);
-        crate::scratch::give_back(self.slot);
+        crate::reuse::give_back(self.slot);
     }
 
     /// The lowest pending join, taken off the list.
@@ -982,7 +982,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     // which is what the dataflow would find, so it is not run for them.
     let frame = entry_state(0)[R10 as usize];
     let mut accesses = Vec::new();
-    let mut checks: Vec<AccessCheck> = crate::scratch::take_vec(prog.insts.len());
+    let mut checks: Vec<AccessCheck> = crate::reuse::take_vec(prog.insts.len());
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let analysed = k == 0 || sp.copies_r10;
         checks.extend(
@@ -1047,7 +1047,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let mut group_of = if groups.is_empty() {
         Vec::new()
     } else {
-        crate::scratch::filled(prog.insts.len(), None)
+        crate::reuse::filled(prog.insts.len(), None)
     };
     for (g, grp) in groups.iter().enumerate() {
         for &m in &grp.members {
@@ -1063,7 +1063,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let mut jumped_to = Vec::new();
     for i in rejoins {
         if jumped_to.is_empty() {
-            jumped_to = crate::scratch::take_vec(prog.insts.len());
+            jumped_to = crate::reuse::take_vec(prog.insts.len());
             jumped_to.extend_from_slice(&prog.is_target);
         }
         jumped_to[i] = true;

@@ -87,7 +87,7 @@ pub fn decode_with(
     // Every `ja`, conditional jump and local call, ascending, with its target slot until
     // pass 2 (`OUTSIDE` for a slot outside the program). (Sized for about one branch per 8
     // instructions, as in typical code; more regrows.)
-    let mut branches: Vec<Branch> = crate::scratch::take_vec(slots / 8 + 8);
+    let mut branches: Vec<Branch> = crate::reuse::take_vec(slots / 8 + 8);
     // Instruction index of every `lddw`, ascending (pairs with `lddw_slots`).
     let mut lddw_at: Vec<u32> = Vec::new();
     // Instruction indices of the local calls among them (the call graph's edges).
@@ -209,7 +209,7 @@ pub fn decode_with(
         starts.dedup();
     }
     let mut subprogs: Vec<Subprog> = Vec::with_capacity(starts.len());
-    let mut is_target = crate::scratch::filled(insts.len(), false);
+    let mut is_target = crate::reuse::filled(insts.len(), false);
     let mut next_branch = 0;
     for (k, &start) in starts.iter().enumerate() {
         let end = starts.get(k + 1).copied().unwrap_or(insts.len());
@@ -1488,7 +1488,7 @@ mod tests {
     /// thread (no fresh pages), and the result is the same.
     #[test]
     fn large_programs_reuse_the_instruction_buffer() {
-        let n = crate::scratch::REUSE_MIN_BYTES / std::mem::size_of::<Inst>() + 10;
+        let n = crate::reuse::REUSE_MIN_BYTES / std::mem::size_of::<Inst>() + 10;
         let mut code = vec![ins(0xb7, 0, 0, 0, 1); n - 1];
         code.push(EXIT);
         let code = prog(&code);

@@ -14,7 +14,7 @@
 use dynasmrt::riscv::RiscvRelocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use packjit_frontend::analysis::EmitCapacity;
-use packjit_frontend::scratch::{self, Reused};
+use packjit_frontend::reuse::{self, Reused};
 use packjit_frontend::Width;
 
 /// RISC-V register numbers by ABI name (the whole integer file the backend may name; not
@@ -260,8 +260,8 @@ impl Assembler {
     /// An assembler whose buffers hold `capacity` (B/J-type patches: `branch_sites`).
     pub fn with_capacity(zbb: bool, zba: bool, c: bool, capacity: EmitCapacity) -> Self {
         Self {
-            asm: scratch::assembler(capacity.code, capacity.labels, 0),
-            patches: scratch::take(capacity.branch_sites),
+            asm: reuse::assembler(capacity.code, capacity.labels, 0),
+            patches: reuse::take(capacity.branch_sites),
             zbb,
             zba,
             c,
@@ -695,7 +695,7 @@ impl Assembler {
     /// B- and J-type branch to a label written in. Branch relaxation has sized every
     /// branch for its distance, so one out of reach here is an internal error.
     pub fn finish(self) -> Result<Reused<u8>, String> {
-        let mut targets = scratch::take(self.patches.len());
+        let mut targets = reuse::take(self.patches.len());
         for p in &self.patches {
             let t = self
                 .asm
@@ -705,7 +705,7 @@ impl Assembler {
             targets.push(t.0);
         }
         let mut code =
-            scratch::assembled(self.asm).map_err(|e| format!("cannot encode the program: {e}"))?;
+            reuse::assembled(self.asm).map_err(|e| format!("cannot encode the program: {e}"))?;
         for (p, &target) in self.patches.iter().zip(targets.iter()) {
             let disp = target as i64 - p.at as i64;
             let imm = match p.kind {

@@ -52,7 +52,7 @@
 use dynasmrt::x64::X64Relocation;
 use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 use packjit_frontend::relax::BranchCheck;
-use packjit_frontend::scratch::{self, Reused};
+use packjit_frontend::reuse::{self, Reused};
 
 /// A register number as the hardware encodes it (0 = rax … 15 = r15).
 pub type Gpr = u8;
@@ -234,8 +234,8 @@ impl Enc {
         Enc {
             // Branches are patched by `finish`, not by dynasm relocations: only the
             // `dynasm!` text's few label references need room there.
-            ops: scratch::assembler(code, labels, 16),
-            fixups: scratch::take(fixups),
+            ops: reuse::assembler(code, labels, 16),
+            fixups: reuse::take(fixups),
             disps: None,
             forms,
             sites: 0,
@@ -568,7 +568,7 @@ impl Enc {
     /// [`Enc::branch_checks`].
     pub fn branches_fit(&mut self) -> Result<bool, String> {
         let labels = self.ops.labels();
-        let mut disps = scratch::take(self.fixups.len());
+        let mut disps = reuse::take(self.fixups.len());
         let mut fit = true;
         for f in self.fixups.iter() {
             let (disp, fits) = f.displacement(labels)?;
@@ -630,7 +630,7 @@ impl Enc {
             Some(kept) if kept.len() == self.fixups.len() => kept,
             _ => {
                 let labels = self.ops.labels();
-                let mut disps = scratch::take(self.fixups.len());
+                let mut disps = reuse::take(self.fixups.len());
                 for f in self.fixups.iter() {
                     let (disp, fits) = f.displacement(labels)?;
                     if !fits {
@@ -644,7 +644,7 @@ impl Enc {
                 disps
             }
         };
-        let mut bytes = scratch::assembled(self.ops)
+        let mut bytes = reuse::assembled(self.ops)
             .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))?;
         for (f, &disp) in self.fixups.iter().zip(disps.iter()) {
             let (end, width) = (f.end as usize, usize::from(f.width));

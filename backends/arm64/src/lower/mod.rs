@@ -42,7 +42,7 @@ use packjit_frontend::lower::{
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{BranchCheck, Relaxation};
-use packjit_frontend::scratch::{self, Reused};
+use packjit_frontend::reuse::{self, Reused};
 use packjit_frontend::walks::{Guard, GuardRegion, Walk};
 use packjit_plugin_api::abi::{
     PJ_ACCESS_WRITE, PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_ENV_REGIONS,
@@ -130,7 +130,7 @@ impl<'a> Codegen<'a> {
     ) -> Self {
         // Bytes per instruction, trusted / checked (arm64 averages 5.3 / 36).
         let cap = EmitCapacity::for_program(prog, mode, (8, 40));
-        let mut ops: Asm = scratch::assembler(cap.code, cap.labels, cap.branch_sites);
+        let mut ops: Asm = reuse::assembler(cap.code, cap.labels, cap.branch_sites);
         let d = Driver::new(
             prog,
             helpers,
@@ -157,7 +157,7 @@ impl<'a> Codegen<'a> {
             stop_budget,
             region_scan,
             uses_region_scan: false,
-            sites: scratch::take(cap.branch_sites),
+            sites: reuse::take(cap.branch_sites),
             map: plan.frames[0].map,
             data: Vec::new(),
         }
@@ -242,7 +242,7 @@ impl<'a> Pass<'a> for Codegen<'a> {
 
     fn finish(self) -> Result<Assembled, CompileError> {
         let data = self.data;
-        let bytes = scratch::assembled(self.ops).map_err(|err| {
+        let bytes = reuse::assembled(self.ops).map_err(|err| {
             CompileError::new(
                 ErrorKind::Encoding,
                 format!("arm64 relocation failed: {err}"),

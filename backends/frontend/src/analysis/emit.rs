@@ -18,10 +18,10 @@ pub fn instruction_labels<L: Copy + 'static>(
     access: &AccessPlan,
     unbound: L,
     mut new_label: impl FnMut() -> L,
-) -> crate::scratch::Reused<L> {
+) -> crate::reuse::Reused<L> {
     // Filled first, then overwritten at the few targets: cheaper than a push per
     // instruction.
-    let mut labels = crate::scratch::take(prog.insts.len());
+    let mut labels = crate::reuse::take(prog.insts.len());
     labels.resize(prog.insts.len(), unbound);
     for (i, label) in labels.iter_mut().enumerate() {
         if access.jumped_to(prog, i) {

@@ -30,7 +30,7 @@ use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{self, Assembled, Driver, Emitted, Lowering, Pass};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
 use packjit_frontend::relax::{BranchCheck, Relaxation};
-use packjit_frontend::scratch::{self, Reused};
+use packjit_frontend::reuse::{self, Reused};
 
 use packjit_frontend::{op_kind, Program};
 use packjit_plugin_api::abi::PJ_ACCESS_WRITE;
@@ -266,7 +266,7 @@ impl<'a> Codegen<'a> {
             known: forms.len(),
             raised: Vec::new(),
             site: 0,
-            checks: scratch::take(capacity.branch_sites),
+            checks: reuse::take(capacity.branch_sites),
             dispatch,
             pool: Vec::new(),
             pooled: std::collections::HashMap::new(),

@@ -17,15 +17,15 @@
 //! loaded as a plugin library has its own copy, apart from the host's.
 //!
 //! ```
-//! use packjit_frontend::scratch;
-//! let mut offsets = scratch::take::<u64>(1 << 20);
+//! use packjit_frontend::reuse;
+//! let mut offsets = reuse::take::<u64>(1 << 20);
 //! offsets.extend(0..1 << 20);
 //! let first = offsets.as_ptr();
 //! drop(offsets);
 //! // The next buffer of that type on this thread is the same memory.
-//! let next = scratch::take::<u64>(1 << 17);
+//! let next = reuse::take::<u64>(1 << 17);
 //! assert_eq!(next.as_ptr(), first);
-//! scratch::release_thread_spares();
+//! reuse::release_thread_spares();
 //! ```
 
 use dynasmrt::relocations::Relocation;

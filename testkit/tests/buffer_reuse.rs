@@ -1,4 +1,4 @@
-//! Buffers a compile reuses from the one before on its thread (`packjit_frontend::scratch`)
+//! Buffers a compile reuses from the one before on its thread (`packjit_frontend::reuse`)
 //! must not change what it emits: a large program compiled with fresh buffers, then after a
 //! different large program has used and returned them, gives the same code and offsets, on
 //! every backend, trusted and sandboxed.

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 #[derive(Default)]
-pub(crate) struct ScratchArena {
+pub(crate) struct HeapArena {
     blocks: Mutex<HashMap<u64, Box<[u8]>>>,
     next: Mutex<u64>,
 }
 
-impl ScratchArena {
+impl HeapArena {
     fn blocks(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Box<[u8]>>> {
         self.blocks.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -24,7 +24,7 @@ impl ScratchArena {
     }
 }
 
-impl CodeArena for ScratchArena {
+impl CodeArena for HeapArena {
     fn alloc(&self, size: usize) -> Result<Region, CompileError> {
         if size == 0 {
             return Err(CompileError::new(
