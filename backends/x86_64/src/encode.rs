@@ -7,13 +7,13 @@
 //!
 //! The bytes go into a `dynasmrt` [`VecAssembler`]: labels are its dynamic labels, and the
 //! fixed-register instructions are written with the `dynasm!` macro, which records their
-//! relocations and patches them in [`Enc::finish`]. The label-relative branches of the
-//! lowering (`jmp`, `jcc`, `call`: [`Enc::jump`], [`Enc::call_label`]) are written as bytes
-//! and patched by [`Enc::finish`] itself from the fixups the relaxation checks anyway: a
+//! relocations and patches them in [`Assembler::finish`]. The label-relative branches of the
+//! lowering (`jmp`, `jcc`, `call`: [`Assembler::jump`], [`Assembler::call_label`]) are written as bytes
+//! and patched by [`Assembler::finish`] itself from the fixups the relaxation checks anyway: a
 //! dynasm relocation per branch cost more compile time than the rest of the branch.
 //!
-//! The register-parameterised ModRM forms (`Enc::rr`, `Enc::rm`, `Enc::op_plus_r`,
-//! `Enc::vex_0f38_rr`, private: the lowering writes the named instructions built on them,
+//! The register-parameterised ModRM forms (`Assembler::rr`, `Assembler::rm`, `Assembler::op_plus_r`,
+//! `Assembler::vex_0f38_rr`, private: the lowering writes the named instructions built on them,
 //! `mov_rr`, `cmp_ri`, `cmov`, `lock_cmpxchg`, ...) stay table-driven on purpose. `dynasm!` can only take a register
 //! chosen at run time as a dynamic register (`Rq(r)`), and for those dynasm-rs 5.1 gives up
 //! the short forms this backend relies on (measured with the x64 assembler):
@@ -32,7 +32,7 @@
 //!
 //! Code whose registers are fixed (the entry's env and stack-block setup, the sandbox
 //! check's region arithmetic, the region-table scan, the stop stubs) is written in
-//! `dynasm!` by its caller through [`Enc::asm`]; `tests/bytes.rs` checks the result byte
+//! `dynasm!` by its caller through [`Assembler::asm`]; `tests/bytes.rs` checks the result byte
 //! for byte against the pre-dynasm encoder. Three static forms stay table-driven there too,
 //! because dynasm-rs 5.1 chooses a different encoding:
 //! * `cmp`, and group-1 ops on a memory operand, list the imm32 form (`81 /r`) before the
@@ -43,7 +43,7 @@
 //! * there is no `endbr64` mnemonic.
 //!
 //! Branch relaxation: a branch starts as `rel8` (`EB`/`7x rel8`); after the pass,
-//! [`Enc::branch_checks`] computes every site's displacement from the label offsets dynasm
+//! [`Assembler::branch_checks`] computes every site's displacement from the label offsets dynasm
 //! recorded and marks each `rel8` that does not reach as `rel32`, asking for another pass.
 //! (dynasm would only report an out-of-range `rel8` as an error at `finalize`, without
 //! saying which site.) Forms only grow, so the passes terminate (the kernel's x86 JIT
@@ -110,7 +110,7 @@ pub type Label = DynamicLabel;
 pub type Asm = VecAssembler<X64Relocation>;
 
 /// A label-relative branch: its reach is checked after the pass and its displacement
-/// written by [`Enc::finish`].
+/// written by [`Assembler::finish`].
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
     /// Index of the branch site in emission order (key into the forms); [`CALL_SITE`] for
@@ -190,12 +190,12 @@ impl Bytes {
 }
 
 /// Code buffer with labels and branch fixups for one emission pass.
-pub struct Enc {
+pub struct Assembler {
     /// The bytes, labels and relocations.
     ops: Asm,
     fixups: Reused<Fixup>,
-    /// Every fixup's displacement, kept by a [`Enc::branches_fit`] that found them all in
-    /// reach, so that [`Enc::finish`] need not resolve every label again.
+    /// Every fixup's displacement, kept by a [`Assembler::branches_fit`] that found them all in
+    /// reach, so that [`Assembler::finish`] need not resolve every label again.
     disps: Option<Reused<i32>>,
     /// Per branch site, the form the relaxation driver chose in earlier passes.
     forms: Vec<Form>,
@@ -220,7 +220,7 @@ pub const REL32_GROWTH: isize = 4;
 /// instructions 3 to 7.
 pub const TYPICAL_HOT_BYTES: usize = 8;
 
-impl Enc {
+impl Assembler {
     /// A new buffer; `forms` holds the branch forms chosen by earlier passes (sites past
     /// its end start as `rel8`).
     pub fn new(forms: Vec<Form>) -> Self {
@@ -231,7 +231,7 @@ impl Enc {
     /// label-relative branches and calls: regrowing a buffer copies it, into fresh pages
     /// when it is large.
     pub fn with_capacity(forms: Vec<Form>, code: usize, labels: usize, fixups: usize) -> Self {
-        Enc {
+        Assembler {
             // Branches are patched by `finish`, not by dynasm relocations: only the
             // `dynasm!` text's few label references need room there.
             ops: reuse::assembler(code, labels, 16),
@@ -253,7 +253,7 @@ impl Enc {
         self.ops.new_dynamic_label()
     }
 
-    /// Binds `l` here (binding twice is reported by [`Enc::finish`]).
+    /// Binds `l` here (binding twice is reported by [`Assembler::finish`]).
     pub fn bind(&mut self, l: Label) {
         dynasm!(self.ops ; .arch x64 ; =>l);
     }
@@ -401,7 +401,7 @@ impl Enc {
         }
     }
 
-    /// `Enc::rr` without prefixes, with a one-byte opcode, 8/32/64-bit (inlined: most
+    /// `Assembler::rr` without prefixes, with a one-byte opcode, 8/32/64-bit (inlined: most
     /// eBPF instructions are one of these).
     #[inline(always)]
     fn rr1(&mut self, sz: Sz, op: u8, reg: Gpr, rm: Gpr) {
@@ -418,7 +418,7 @@ impl Enc {
         self.insns += 1;
     }
 
-    /// `Enc::rr`, any prefixes and opcode length.
+    /// `Assembler::rr`, any prefixes and opcode length.
     fn rr_any(&mut self, pfx: &[u8], sz: Sz, op: &[u8], reg: Gpr, rm: Gpr) {
         let byte_regs = sz == Sz::B8 && ((4..8).contains(&reg) || (4..8).contains(&rm));
         let mut b = Bytes::new();
@@ -494,7 +494,7 @@ impl Enc {
         self.jump_at_least(cc, l, Form::Rel8);
     }
 
-    /// [`Enc::jump`] in `at_least` or a longer form.
+    /// [`Assembler::jump`] in `at_least` or a longer form.
     pub fn jump_at_least(&mut self, cc: Option<Cc>, l: Label, at_least: Form) {
         let site = self.sites;
         self.sites += 1;
@@ -521,7 +521,7 @@ impl Enc {
     }
 
     /// `jmp/jcc rel8` (`EB` / `70+cc`): 2 bytes, reach −128..127 from the next instruction.
-    /// The displacement is written by [`Enc::finish`] from the fixup.
+    /// The displacement is written by [`Assembler::finish`] from the fixup.
     fn jump_rel8(&mut self, cc: Option<Cc>, _l: Label) {
         let op = match cc {
             None => 0xeb,
@@ -530,7 +530,7 @@ impl Enc {
         self.ops.extend(&[op, 0]);
     }
 
-    /// `jmp/jcc rel32` (`E9` / `0F 80+cc`, 5 / 6 bytes), patched like [`Enc::jump_rel8`].
+    /// `jmp/jcc rel32` (`E9` / `0F 80+cc`, 5 / 6 bytes), patched like [`Assembler::jump_rel8`].
     fn jump_rel32(&mut self, cc: Option<Cc>, _l: Label) {
         match cc {
             None => self.ops.extend(&[0xe9, 0, 0, 0, 0]),
@@ -565,7 +565,7 @@ impl Enc {
 
     /// After a pass: does every branch reach its label in the form it was emitted in? Then
     /// the pass is final (the relaxation driver would change nothing). Errors as
-    /// [`Enc::branch_checks`].
+    /// [`Assembler::branch_checks`].
     pub fn branches_fit(&mut self) -> Result<bool, String> {
         let labels = self.ops.labels();
         let mut disps = reuse::take(self.fixups.len());
@@ -689,7 +689,7 @@ pub enum Shift {
 /// above choose REX, ModRM, SIB and displacement). Operands are in assembly order,
 /// destination first. The short ones are `#[inline(always)]`: inlined, a constant opcode
 /// selects its form at compile time, as at the generic forms' call sites they replace.
-impl Enc {
+impl Assembler {
     /// `mov dst, src` (`89 /r`), emitted even when `dst == src` (a 32-bit one zero-extends).
     #[inline(always)]
     pub fn mov_rr(&mut self, sz: Sz, dst: Gpr, src: Gpr) {
@@ -1056,8 +1056,8 @@ mod tests {
 
     /// Emits `jmp l` (or `jcc`) over `gap` filler bytes (forward) or back over them, with
     /// the given site forms, and returns the pass outcome and the encoder.
-    fn pass(forms: Vec<Form>, cc: Option<Cc>, gap: usize, forward: bool) -> (Resolved, Enc) {
-        let mut e = Enc::new(forms);
+    fn pass(forms: Vec<Form>, cc: Option<Cc>, gap: usize, forward: bool) -> (Resolved, Assembler) {
+        let mut e = Assembler::new(forms);
         let l = e.label();
         if forward {
             e.jump(cc, l);
@@ -1144,7 +1144,7 @@ mod tests {
 
     #[test]
     fn calls_are_rel32_and_labels_must_be_bound_once() {
-        let mut e = Enc::new(vec![]);
+        let mut e = Assembler::new(vec![]);
         let f = e.label();
         e.call_label(f);
         e.ret();
@@ -1155,13 +1155,13 @@ mod tests {
         assert_eq!(e.insns, 3);
         assert_eq!(e.finish().unwrap(), vec![0xe8, 1, 0, 0, 0, 0xc3, 0xc3]);
 
-        let mut e = Enc::new(vec![]);
+        let mut e = Assembler::new(vec![]);
         let l = e.label();
         e.jump(None, l);
         let err = e.branch_checks().expect_err("unbound label");
         assert!(err.contains("never bound"), "{err}");
 
-        let mut e = Enc::new(vec![]);
+        let mut e = Assembler::new(vec![]);
         let l = e.label();
         e.bind(l);
         e.ret();

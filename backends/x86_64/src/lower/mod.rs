@@ -16,7 +16,7 @@ mod cold;
 mod jump;
 mod mem;
 
-use crate::encode::{Cc, Enc, Form, Gpr, Label, Sz, REL32_GROWTH, TYPICAL_HOT_BYTES};
+use crate::encode::{Assembler, Cc, Form, Gpr, Label, Sz, REL32_GROWTH, TYPICAL_HOT_BYTES};
 use crate::frame::{plan, Plan};
 use crate::regs::*;
 
@@ -98,7 +98,7 @@ pub struct Codegen<'a> {
     /// The driver's state of this pass (x86-64's slow path of an access finds its address
     /// in r11, so an access site needs nothing more).
     pub(crate) d: Driver<'a, (), DivFix>,
-    pub(crate) e: Enc,
+    pub(crate) e: Assembler,
     pub(crate) plan: &'a Plan,
     helpers: &'a [HelperEntry],
     /// Entry epilogue after the pad: where a stop lands with rsp = env.entry_sp.
@@ -124,7 +124,7 @@ impl<'a> Codegen<'a> {
     ) -> Self {
         // Bytes per instruction, trusted / checked (x86-64 averages under 6 / 25).
         let cap = EmitCapacity::for_program(prog, mode, (8, 32));
-        let mut e = Enc::with_capacity(forms, cap.code, cap.labels, cap.branch_sites);
+        let mut e = Assembler::with_capacity(forms, cap.code, cap.labels, cap.branch_sites);
         let d = Driver::new(
             prog,
             helpers,
