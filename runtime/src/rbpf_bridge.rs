@@ -705,6 +705,26 @@ pub struct EbpfVmFixedMbuff<'a> {
     data_end_offset: usize,
 }
 
+/// The metadata buffer a fixed-mbuff VM allocates: as rbpf, just large enough for both
+/// 8-byte fields. Offsets whose fields would end past [`MAX_METADATA_LEN`] are refused: the
+/// buffer is allocated whole, and an offset near `usize::MAX` would overflow or exhaust
+/// memory instead of failing.
+fn metadata_len(data_offset: usize, data_end_offset: usize) -> Result<usize, io::Error> {
+    data_offset
+        .max(data_end_offset)
+        .checked_add(8)
+        .filter(|&len| len <= MAX_METADATA_LEN)
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "Error: data offsets {data_offset:#x} and {data_end_offset:#x} put the metadata \
+                 fields past the {MAX_METADATA_LEN}-byte limit of the metadata buffer"
+            ))
+        })
+}
+
+/// The largest metadata buffer a fixed-mbuff VM allocates (1 MiB).
+pub const MAX_METADATA_LEN: usize = 1 << 20;
+
 impl<'a> EbpfVmFixedMbuff<'a> {
     /// A VM on [`default_runtime`] whose metadata buffer holds the memory's start at
     /// `data_offset` and end at `data_end_offset` (both u64).
@@ -723,11 +743,7 @@ impl<'a> EbpfVmFixedMbuff<'a> {
         data_end_offset: usize,
         rt: Arc<Runtime>,
     ) -> Result<Self, io::Error> {
-        // As rbpf: the buffer is just large enough for both fields.
-        let len = data_offset
-            .max(data_end_offset)
-            .checked_add(8)
-            .ok_or_else(|| io::Error::other("Error: data offsets overflow the metadata buffer"))?;
+        let len = metadata_len(data_offset, data_end_offset)?;
         Ok(Self {
             core: Core::new(prog, rt)?,
             mbuff: vec![0; len],
@@ -745,10 +761,12 @@ impl<'a> EbpfVmFixedMbuff<'a> {
         data_offset: usize,
         data_end_offset: usize,
     ) -> Result<(), io::Error> {
+        // Checked before anything changes: a refused call leaves the VM as it was.
+        let len = metadata_len(data_offset, data_end_offset)?;
         self.core.set_program(prog)?;
         self.data_offset = data_offset;
         self.data_end_offset = data_end_offset;
-        self.mbuff = vec![0; data_offset.max(data_end_offset) + 8];
+        self.mbuff = vec![0; len];
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 //! rbpf's answers, sandboxed by default: natively where a backend targets the host, in
 //! packjit's interpreter elsewhere (the x86-64 development host).
 
-use packjit::rbpf_bridge::{c_thunk_for, EbpfVmFixedMbuff, EbpfVmMbuff, EbpfVmNoData, EbpfVmRaw};
+use packjit::rbpf_bridge::{
+    c_thunk_for, EbpfVmFixedMbuff, EbpfVmMbuff, EbpfVmNoData, EbpfVmRaw, MAX_METADATA_LEN,
+};
 use packjit::{AccessDirection, Arch, Runtime, Stop, StopKind};
 use rbpf::assembler::assemble;
 use std::sync::Arc;
@@ -188,6 +190,32 @@ fn fixed_mbuff_flavour_runs_rbpfs_examples() {
         panic!("{e}");
     };
     assert_eq!(addr, 0x17);
+}
+
+#[test]
+fn fixed_mbuff_offsets_past_the_metadata_limit_are_refused() {
+    let prog = assemble("ldxdw r0, [r1+8]\nexit").unwrap();
+    for (data, end) in [(usize::MAX - 3, 0), (0, usize::MAX), (MAX_METADATA_LEN, 0)] {
+        let Err(e) = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), data, end, runtime()) else {
+            panic!("offsets {data:#x}, {end:#x} accepted");
+        };
+        assert!(e.to_string().contains("metadata"), "{e}");
+    }
+    // A refused change leaves the VM as it was: it still runs with its old program and
+    // offsets (r0 = the packet's start address, stored at offset 8).
+    let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 8, 16, runtime()).unwrap();
+    let other = assemble("mov r0, 1\nexit").unwrap();
+    let e = vm
+        .set_program_with_offsets(&other, usize::MAX - 3, 0)
+        .unwrap_err();
+    assert!(e.to_string().contains("metadata"), "{e}");
+    let mut mem = [1u8, 2, 3];
+    if native_host() {
+        assert_eq!(vm.execute_program(&mut mem).unwrap(), mem.as_ptr() as u64);
+    }
+    // The largest allowed fields still work.
+    let last = MAX_METADATA_LEN - 8;
+    assert!(EbpfVmFixedMbuff::new_with_runtime(Some(&prog), last, 0, runtime()).is_ok());
 }
 
 #[test]
