@@ -243,14 +243,13 @@ pub fn dump(
                 addr: h.addr,
             })
             .collect();
-        if let Some((bytes, lines)) = static_emit(arch, &linked.code, &table, prog.features())? {
-            println!(
-                "(no line table from the backend: listing the statically linked backend's emission, {} bytes)",
-                bytes.len()
-            );
-            code = bytes;
-            offsets = lines;
-        }
+        let (bytes, lines) = static_emit(arch, &linked.code, &table, prog.features())?;
+        println!(
+            "(no line table from the backend: listing the statically linked backend's emission, {} bytes)",
+            bytes.len()
+        );
+        code = bytes;
+        offsets = lines;
     }
     // (native start, pc) of every slot with code, in native order.
     let mut starts: Vec<(u32, usize)> = offsets
@@ -294,35 +293,24 @@ pub fn dump(
 /// Native code and its per-slot line table.
 type Listing = (Vec<u8>, Vec<u32>);
 
-/// Code and line table from the statically linked backend's emit function, where it reports
-/// per-instruction offsets.
+/// Code and line table from the statically linked backend of `arch` (every backend crate
+/// reports per-instruction offsets through the same entry points).
 fn static_emit(
     arch: Arch,
     code: &[u8],
     helpers: &[HelperEntry],
     features: u64,
-) -> Result<Option<Listing>, String> {
-    let (bytes, inst_offsets) = match arch {
-        Arch::Aarch64 => {
-            let e =
-                packjit_arm64::emit_program(code, helpers, features).map_err(|e| e.to_string())?;
-            (e.bytes, e.inst_offsets)
-        }
-        Arch::X86_64 => {
-            let e = packjit_x86_64::emit_request(&packjit_plugin_api::CompileRequest {
-                code,
-                helpers,
-                features,
-                flags: 0,
-                blind_key: 0,
-            })
-            .map_err(|e| e.to_string())?;
-            (e.bytes, e.inst_offsets)
-        }
-        Arch::Riscv64 => return Ok(None),
+) -> Result<Listing, String> {
+    let target = match arch {
+        Arch::Aarch64 => packjit_arm64::TARGET,
+        Arch::X86_64 => packjit_x86_64::TARGET,
+        Arch::Riscv64 => packjit_rv64::TARGET,
     };
+    let e = target
+        .emit_program(code, helpers, features)
+        .map_err(|e| e.to_string())?;
     let prog = packjit_frontend::decode(code, helpers).map_err(|e| e.to_string())?;
-    Ok(Some((bytes.into_vec(), prog.line_table(inst_offsets))))
+    Ok((e.bytes.into_vec(), prog.line_table(e.inst_offsets)))
 }
 
 fn print_native(cs: &Capstone, code: &[u8], start: usize, end: usize) -> Result<(), String> {
