@@ -72,17 +72,37 @@ fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
-/// `run PROG.o`: loads the program for the host, runs it once on the memory, prints r0 and
-/// the program's scalar globals.
+/// How `run PROG.o` runs the program.
+pub struct RunOptions {
+    pub trust: Trust,
+    pub budget: Option<u64>,
+    /// Runs (at least one); the last one's result is printed.
+    pub repeat: u64,
+    /// Keep the perf map, printing its path.
+    pub perf_map: bool,
+    /// Register the code with gdb's JIT interface.
+    pub gdb: bool,
+}
+
+/// `run PROG.o`: loads the program for the host, runs it on the memory (`repeat` times),
+/// prints r0 and the program's scalar globals.
 pub fn run(
     rt: &Runtime,
     obj: &Path,
     sel: &Select,
     mem: Option<String>,
     mem_file: Option<PathBuf>,
-    trust: Trust,
-    budget: Option<u64>,
+    run: &RunOptions,
 ) -> Result<(), String> {
+    let (trust, budget) = (run.trust, run.budget);
+    // Both before the load, so the program is named from its first instruction on.
+    if run.perf_map {
+        let path = rt.enable_perf_map().map_err(|e| e.to_string())?;
+        eprintln!("perf map: {}", path.display());
+    }
+    if run.gdb {
+        rt.enable_gdb_jit().map_err(|e| e.to_string())?;
+    }
     let bytes = read(obj)?;
     let elf = sel.options()?;
     let mut ctx = match (mem, mem_file) {
@@ -121,7 +141,17 @@ pub fn run(
             Trust::Trusted => "trusted",
         }
     );
-    match prog.call(&mut ctx) {
+    if run.perf_map || run.gdb {
+        eprintln!("program name: {}", prog.name());
+    }
+    let mut result = prog.call(&mut ctx);
+    for _ in 1..run.repeat {
+        if result.is_err() {
+            break;
+        }
+        result = prog.call(&mut ctx);
+    }
+    match result {
         Ok(r0) => {
             println!("r0 = {r0:#x}");
             print_globals(&prog);

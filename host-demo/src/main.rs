@@ -3,9 +3,11 @@
 //! ```text
 //! packjit-demo [run]            load the plugins, compile the sample for every arch, run it natively
 //! packjit-demo run PROG.o --section S [--mem HEX | --mem-file F] [--trusted] [--budget N]
+//!                   [--repeat N] [--perf-map] [--gdb]
 //!                               run a program from a clang object, sandboxed unless
 //!                               --trusted: prints `r0 = 0x…`; a stop prints the error and
-//!                               exits with status 3
+//!                               exits with status 3; --perf-map and --gdb name the program
+//!                               for `perf report` and gdb, --repeat N runs it N times
 //! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
 //! packjit-demo dump PROG.o --section S --arch A
 //!                               capstone disassembly, each eBPF instruction's range marked
@@ -70,6 +72,18 @@ enum Cmd {
         /// Instruction budget per run (ELF programs).
         #[arg(long, requires = "object")]
         budget: Option<u64>,
+        /// Run the program N times, each on the memory as the run before left it, and print
+        /// the last result: long enough for `perf record` to sample it (ELF programs).
+        #[arg(long, default_value_t = 1, requires = "object")]
+        repeat: u64,
+        /// Keep the perf map (/tmp/perf-PID.map), so `perf report` names the program
+        /// (ELF programs).
+        #[arg(long, requires = "object")]
+        perf_map: bool,
+        /// Register the program with gdb's JIT interface before it runs, so under gdb
+        /// `hbreak <program name>` stops in it (ELF programs).
+        #[arg(long, requires = "object")]
+        gdb: bool,
         /// Program as bpf_conformance assembly (default: the built-in sample).
         #[arg(long, conflicts_with = "object")]
         asm: Option<PathBuf>,
@@ -131,6 +145,9 @@ fn main() -> ExitCode {
         sandbox: false,
         trusted: false,
         budget: None,
+        repeat: 1,
+        perf_map: false,
+        gdb: false,
         asm: None,
         n: 10,
     });
@@ -189,6 +206,9 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             mem_file,
             trusted,
             budget,
+            repeat,
+            perf_map,
+            gdb,
             ..
         } => {
             let trust = if trusted {
@@ -196,7 +216,14 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             } else {
                 Trust::Sandboxed
             };
-            elf_cmd::run(&rt, &obj, &select, mem, mem_file, trust, budget)
+            let run = elf_cmd::RunOptions {
+                trust,
+                budget,
+                repeat,
+                perf_map,
+                gdb,
+            };
+            elf_cmd::run(&rt, &obj, &select, mem, mem_file, &run)
         }
         Cmd::Run { asm, n, .. } => run(&rt, asm, n),
         Cmd::Dump {

@@ -103,6 +103,45 @@ fn expect_exit(args: &[&str], code: i32, needles: &[&str]) {
 }
 
 #[test]
+fn run_names_the_program_for_perf_and_gdb() {
+    let o = obj("demo");
+    let p = o.to_str().unwrap();
+    let mut args = vec![
+        "run",
+        p,
+        "--section",
+        "demo",
+        "--mem",
+        "05 06 07",
+        "--perf-map",
+        "--repeat",
+        "3",
+    ];
+    // gdb's JIT interface describes x86-64 and arm64 code (the RV64 run is emulated anyway).
+    if !cfg!(target_arch = "riscv64") {
+        args.push("--gdb");
+    }
+    let (stdout, stderr) = run_ok(&args);
+    // Three runs over the same memory: the answer does not depend on the count.
+    assert!(stdout.starts_with("r0 = 0x4b\n"), "{args:?}: {stdout}");
+    let path = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("perf map: "))
+        .unwrap_or_else(|| panic!("no perf map path in: {stderr}"));
+    let name = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("program name: "))
+        .unwrap_or_else(|| panic!("no program name in: {stderr}"));
+    assert!(name.contains("demo"), "{name}");
+    let map = std::fs::read_to_string(path).unwrap_or_default();
+    let _ = std::fs::remove_file(path);
+    assert!(
+        map.lines().any(|l| l.ends_with(name)),
+        "{name} missing from the perf map {path}:\n{map}"
+    );
+}
+
+#[test]
 fn sandbox_stops_exit_with_status_3_naming_pc_and_address() {
     let o = obj("sandbox");
     let p = o.to_str().unwrap();

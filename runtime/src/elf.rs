@@ -1155,6 +1155,11 @@ impl crate::Runtime {
         })?;
         let mut o = opts.clone();
         o.regions.extend(linked.data.regions());
+        // Named after its entry (function or section) for the perf map, gdb and symbols,
+        // unless the host named it.
+        if o.name.is_none() {
+            o.name = linked.functions.first().map(|(name, _)| name.clone());
+        }
         let mut prog = self
             .compile(&linked.code, &o, &self.helper_table(), trust)
             .map_err(|mut e| {
