@@ -38,7 +38,8 @@ use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::ops::Range;
 
 use crate::analysis::{
-    back_edge_charge, instruction_labels, is_frame_constant, percpu_plan, CodegenMode, PerCpuPlan,
+    back_edge_charge, helper_lowering, instruction_labels, is_frame_constant, percpu_plan,
+    CodegenMode, HelperLowering, PerCpuPlan,
 };
 use crate::blind::blind;
 use crate::cold::ColdPlacement;
@@ -603,8 +604,14 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
         Op::CallHelper { id } => {
             let helper = l.driver().helper(id)?;
             l.call_helper(&helper)?;
+            if matches!(helper_lowering(&helper), HelperLowering::Call(_)) {
+                clear_helper_arguments(l);
+            }
         }
-        Op::CallReg { reg } => l.callx(reg),
+        Op::CallReg { reg } => {
+            l.callx(reg);
+            clear_helper_arguments(l);
+        }
         Op::CallLocal { target } => l.call_local(target as usize),
         Op::Exit => {
             // The last instruction of a function falls into its epilogue (a checked copy
@@ -616,6 +623,19 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// After a called helper (or a `callx`, which may call one), in sandboxed code: r1-r5 = 0.
+/// A helper leaves whatever it likes in the argument registers (eBPF leaves them undefined
+/// after a call), host stack and context addresses among them; the program must not see
+/// them. Inlined helpers touch none of r1-r5.
+fn clear_helper_arguments<'a, L: Isa<'a>>(l: &mut L) {
+    if !l.driver().mode.sandboxed() {
+        return;
+    }
+    for r in 1..=5 {
+        l.alu(Width::W64, AluOp::Mov, r, Operand::Imm(0));
+    }
 }
 
 /// A group's widened test, where its first member's code starts: before anything of that

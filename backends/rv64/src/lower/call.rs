@@ -19,16 +19,6 @@ use packjit_plugin_api::CompileError;
 use packjit_plugin_api::HelperEntry;
 
 impl Codegen<'_> {
-    /// A helper leaves whatever it likes in a0-a4 (eBPF r1-r5); sandboxed code must not see
-    /// host values, so it gets zeros there (eBPF leaves r1-r5 undefined after a call).
-    fn after_helper(&mut self) {
-        if self.d.mode.sandboxed() {
-            for r in [A0, A1, A2, A3, A4] {
-                self.e.li(r, 0);
-            }
-        }
-    }
-
     /// `callx` dispatch, shared by all `callx` sites: the helper id arrives in t2 and the
     /// site's pc in a7; a match tail-jumps to the helper (which returns straight to the call
     /// site); no match stops the program with `PJ_STOP_UNKNOWN_CALLX` (address = the id).
@@ -160,7 +150,6 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
                 self.e.li(T0, addr as i64);
                 self.e.call_reg(T0);
                 self.e.mv(A5, A0);
-                self.after_helper();
             }
             // r1-r5 untouched: nothing of the host to hide.
             inline => self.inline_helper(inline, A5),
@@ -177,7 +166,6 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         let d = self.dispatch.expect("dispatch exists when callx does");
         self.call(d);
         self.e.mv(A5, A0);
-        self.after_helper();
     }
 
     /// A call of the function starting at instruction `target`.
