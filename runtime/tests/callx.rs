@@ -91,3 +91,38 @@ fn callx_through_a_dense_table_calls_each_helper_and_stops_on_every_other_id() {
         q.native_insns()
     );
 }
+
+/// r1-r5 = distinct non-zero values; a call (helper 20, or `callx` of it); r0 = r1 | r2 |
+/// r3 | r4 | r5: what the program sees of the argument registers after the call.
+fn or_of_arguments_after(call: [u8; 8]) -> Vec<u8> {
+    let mut code: Vec<[u8; 8]> = (1..=5u8).map(|r| insn(0xb7, r, 0, 0, 0x100 << r)).collect();
+    code.push(insn(0xb7, 6, 0, 0, 20));
+    code.push(call);
+    code.push(insn(0xbf, 0, 1, 0, 0));
+    for r in 2..=5 {
+        code.push(insn(0x4f, 0, r, 0, 0));
+    }
+    code.push(insn(0x95, 0, 0, 0, 0));
+    code.concat()
+}
+
+#[test]
+fn sandboxed_code_sees_no_argument_register_a_helper_left() {
+    let rt = host::host_runtime();
+    rt.register_helper(20, "h20", h20).unwrap();
+    // call 20, then callx r6 (= 20).
+    for call in [insn(0x85, 0, 0, 0, 20), insn(0x8d, 6, 0, 0, 0)] {
+        let code = or_of_arguments_after(call);
+        let sandboxed = rt.load(&code, &LoadOptions::default()).unwrap();
+        if sandboxed.is_executable() {
+            assert_eq!(sandboxed.call(&mut []).unwrap(), 0, "{call:?}");
+        }
+        // Trusted code is left as the helper left the registers (RFC 9669: undefined); it
+        // still runs.
+        // SAFETY: the program touches no memory.
+        let trusted = unsafe { rt.load_trusted(&code, &LoadOptions::default()) }.unwrap();
+        if trusted.is_executable() {
+            trusted.call(&mut []).unwrap();
+        }
+    }
+}
