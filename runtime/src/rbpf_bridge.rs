@@ -235,10 +235,12 @@ pub fn c_thunk_for(f: Helper) -> Result<PjHelperFn, Error> {
 pub type Verifier = fn(prog: &[u8]) -> Result<(), io::Error>;
 
 /// The default verifier: packjit's front end (`packjit_frontend::decode`), which every
-/// backend and the interpreter run too. Helper ids are checked later, against the helpers
+/// backend and the interpreter run too, and rbpf's own refusal of a jump to itself (an
+/// infinite loop), with rbpf's words. Helper ids are checked later, against the helpers
 /// registered when the program first runs or is compiled (rbpf registers them after
 /// `set_program` as well).
 pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
+    refuse_self_jumps(prog)?;
     // Accept every id a `call imm` names, for now.
     let helpers: Vec<HelperEntry> = prog
         .chunks_exact(8)
@@ -252,6 +254,28 @@ pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
     packjit_frontend::decode(prog, &helpers)
         .map(|_| ())
         .map_err(to_io)
+}
+
+/// rbpf's verifier refuses every jump whose offset is -1 (it lands on itself: a loop that
+/// never ends), naming the slot; so does the bridge, so an rbpf host does not trade that
+/// refusal for a run that never returns.
+fn refuse_self_jumps(prog: &[u8]) -> Result<(), io::Error> {
+    let mut slot = 0;
+    while let Some(insn) = prog.get(slot * 8..slot * 8 + 8) {
+        let (opc, off) = (insn[0], i16::from_le_bytes([insn[2], insn[3]]));
+        let class = opc & 0x07;
+        let op = opc & 0xf0;
+        // JMP and JMP32, but not `call` (0x80) and `exit` (0x90).
+        let jump = (class == 0x05 || class == 0x06) && op != 0x80 && op != 0x90;
+        if jump && off == -1 {
+            return Err(io::Error::other(format!(
+                "[Verifier] Error: infinite loop (insn #{slot})"
+            )));
+        }
+        // `lddw` takes two slots.
+        slot += if opc == 0x18 { 2 } else { 1 };
+    }
+    Ok(())
 }
 
 /// A packjit error as rbpf reports errors: `io::Error` of kind `Other`, with the packjit

@@ -369,8 +369,8 @@ fn api_shape_matches_rbpf() {
         "the loaded program must pass"
     );
     assert_eq!(vm.execute_program(&mut []).unwrap(), 5);
-    // Budget extension: a spin stops.
-    let spin = assemble("ja -1\nexit").unwrap();
+    // Budget extension: a spin stops (one rbpf's verifier accepts: it refuses `ja -1`).
+    let spin = assemble("add r0, 1\nja -2\nexit").unwrap();
     let mut vm = EbpfVmNoData::new_with_runtime(Some(&spin), runtime()).unwrap();
     vm.set_instruction_budget(Some(1000));
     let e = vm.execute_program().unwrap_err();
@@ -551,4 +551,24 @@ fn interpreted_runs_answer_helper_pointer_checks() {
         1,
         AccessDirection::Read
     ));
+}
+
+#[test]
+fn a_jump_to_itself_is_refused_with_rbpfs_words() {
+    // rbpf's ubpf_verifier.rs test_verifier_err_infinite_loop.
+    let prog = assemble("ja -1\nexit").unwrap();
+    let Err(e) = EbpfVmNoData::new(Some(&prog)) else {
+        panic!("ja -1 accepted: its run would never return");
+    };
+    assert_eq!(e.to_string(), "[Verifier] Error: infinite loop (insn #0)");
+    // A conditional one too, after an `lddw` (two slots), and through set_program.
+    let prog = assemble("lddw r1, 0x100000000\njeq r1, 0, -1\nmov r0, 0\nexit").unwrap();
+    let first = assemble("mov r0, 1\nexit").unwrap();
+    let mut vm = EbpfVmNoData::new(Some(&first)).unwrap();
+    let e = vm.set_program(&prog).unwrap_err();
+    assert_eq!(e.to_string(), "[Verifier] Error: infinite loop (insn #2)");
+    // A loop that ends is not refused.
+    let ok = assemble("mov r1, 3\nsub r1, 1\njne r1, 0, -2\nmov r0, r1\nexit").unwrap();
+    let vm = EbpfVmNoData::new(Some(&ok)).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 0);
 }
