@@ -260,7 +260,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
     /// clamps into one (`AccessPlan::walked_address`; without the clamp, measurement only,
     /// the access uses the pointer itself).
     #[inline]
-    pub fn walked_address(&self, base: Reg, off: i16) -> (Reg, i16) {
+    fn walked_address(&self, base: Reg, off: i16) -> (Reg, i16) {
         if self.clamp {
             self.access.walked_address(self.cur, base, off)
         } else {
