@@ -8,7 +8,8 @@ cd "$PACKJIT_ROOT"
 packjit_install
 
 echo "== host ($(uname -m)): build and run"
-cargo build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64 -p packjit-x86-64
+packjit_timed "building the demo and the plugins" \
+    cargo build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64 -p packjit-x86-64
 target/debug/packjit-demo run
 
 # C compiled by clang into a relocatable eBPF object, loaded as it is: .rodata table, .bss
@@ -41,7 +42,8 @@ echo "-- stopped by the sandbox (exit 3), as it should be"
 for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
     echo
     echo "== $triple: cross-build, then run under qemu-user"
-    packjit_cross_cargo "$triple" build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64
+    packjit_timed "cross-building the demo and the plugins for $triple" \
+        packjit_cross_cargo "$triple" build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64
     dir="$PACKJIT_CROSS_TARGET_DIR/$triple/debug"
     case "$triple" in
         aarch64-*) runner=($CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER) ;;

@@ -31,7 +31,8 @@ packjit_install() {
     if ! packjit_need_install; then
         return 0
     fi
-    echo "== installing cross toolchains and qemu-user (Debian packages)" >&2
+    local start=$SECONDS
+    echo "== installing cross toolchains and qemu-user (Debian packages, a few minutes)" >&2
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo dpkg --add-architecture arm64
@@ -40,6 +41,19 @@ packjit_install() {
         qemu-user gcc-aarch64-linux-gnu gcc-riscv64-linux-gnu libc6-dev-riscv64-cross \
         libc6-dev-arm64-cross binutils-aarch64-linux-gnu binutils-riscv64-linux-gnu \
         rustc-web cargo-web libstd-rust-web-dev:arm64 rust-web-src gcc g++ valgrind clang-19 gdb
+    echo "-- packages installed in $((SECONDS - start)) s" >&2
+}
+
+# Runs a long step of the README's commands, saying what it does before and how long it took
+# after (a cross build can take minutes and prints nothing meanwhile):
+# packjit_timed <what> <command...>
+packjit_timed() {
+    local what=$1
+    shift
+    local start=$SECONDS
+    echo "   ($what ...)" >&2
+    "$@"
+    echo "   ($what: $((SECONDS - start)) s)" >&2
 }
 
 # Cross settings (exported for the cargo invocations below).
