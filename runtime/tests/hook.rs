@@ -56,7 +56,7 @@ fn a_program_for_another_arch_cannot_be_attached() {
 #[cfg(any(target_arch = "aarch64", target_arch = "riscv64"))]
 #[test]
 fn programs_are_swapped_under_running_threads_and_retired_safely() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     let rt = Arc::new(runtime());
     let hook = Arc::new(Hook::new());
@@ -65,9 +65,10 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
         .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
+    let running = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..3)
         .map(|_| {
-            let (hook, stop) = (hook.clone(), stop.clone());
+            let (hook, stop, running) = (hook.clone(), stop.clone(), running.clone());
             std::thread::spawn(move || {
                 // Versions only move forward: a reader never sees an older program after a
                 // newer one, and never a value no program returns.
@@ -80,11 +81,19 @@ fn programs_are_swapped_under_running_threads_and_retired_safely() {
                     assert!(v >= last && v <= 200, "saw {v} after {last}");
                     last = v;
                     runs += 1;
+                    if runs == 1 {
+                        running.fetch_add(1, Ordering::Release);
+                    }
                 }
                 runs
             })
         })
         .collect();
+    // The swaps start once every reader is running programs, so they race with the swaps
+    // even on a loaded machine where threads start late.
+    while running.load(Ordering::Acquire) < 3 {
+        std::thread::yield_now();
+    }
 
     for version in 1..=200 {
         hook.attach(rt.load(&ret(version), &LoadOptions::default()).unwrap())
@@ -150,7 +159,7 @@ fn drain(rt: &Runtime) {
 #[test]
 fn batch_attach_under_running_threads_loses_no_run_and_frees_every_replaced_program() {
     use packjit::HookBatch;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     const HOOKS: usize = 64;
     const ROUNDS: i32 = 40;
 
@@ -171,9 +180,10 @@ fn batch_attach_under_running_threads_loses_no_run_and_frees_every_replaced_prog
     let commits_before = rt.stats().commits;
 
     let stop = Arc::new(AtomicBool::new(false));
+    let running = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..2)
         .map(|_| {
-            let (hooks, stop) = (hooks.clone(), stop.clone());
+            let (hooks, stop, running) = (hooks.clone(), stop.clone(), running.clone());
             std::thread::spawn(move || {
                 // Per hook, versions only move forward and every run finds a program.
                 let mut last = vec![0i64; HOOKS];
@@ -192,11 +202,18 @@ fn batch_attach_under_running_threads_loses_no_run_and_frees_every_replaced_prog
                             ran += 1;
                         }
                     }
+                    if attempted == HOOKS as u64 {
+                        running.fetch_add(1, Ordering::Release);
+                    }
                 }
                 (attempted, ran)
             })
         })
         .collect();
+    // The batches start once both readers are running the hooks (see above).
+    while running.load(Ordering::Acquire) < 2 {
+        std::thread::yield_now();
+    }
 
     let mut replaced = 0;
     for round in 1..=ROUNDS {

@@ -302,6 +302,10 @@ fn moves_under_threads_running_the_programs_lose_no_run() {
                 }
             });
         }
+        // The moves start once the runners are running (a loaded machine may start them late).
+        while runs.load(Relaxed) < 3 {
+            std::thread::yield_now();
+        }
         let mut spare: Vec<Program> = Vec::new();
         for round in 0..300 {
             let h = (next() % hooks.len() as u64) as usize;
