@@ -233,23 +233,54 @@ impl Interpreter {
                 let scale = unsafe { &*(scale as *const PjClockScale) };
                 scale.apply(hw::read_counter())
             }
+            // Array lookups read their key as a program load (`run_inner`); `load` refused
+            // tail calls.
+            HelperLowering::ArrayLookup(_) | HelperLowering::TailCall { .. } => return None,
         })
+    }
+
+    /// The layout of helper `id` when it is an inlined array lookup.
+    fn array_lookup(&self, id: u32) -> Option<packjit_frontend::analysis::ArrayLookup> {
+        match helper_lowering(self.helpers.get(&id)?) {
+            HelperLowering::ArrayLookup(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Refuses what the interpreter cannot run: a tail call continues in another program's
+    /// JIT code, which an interpreted run does not have.
+    fn refuse_tail_calls(&self, prog: Program) -> Result<Program, CompileError> {
+        for inst in &prog.insts {
+            if let Op::CallHelper { id } = inst.op {
+                let lowering = self.helpers.get(&id).map(helper_lowering);
+                if let Some(HelperLowering::TailCall { .. }) = lowering {
+                    return Err(CompileError::new(
+                        packjit_plugin_api::ErrorKind::Unsupported,
+                        format!(
+                            "pc {}: tail call (helper {id}): the interpreter runs no tail calls (they continue in JIT code)",
+                            inst.pc
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(prog)
     }
 
     /// Verifies `code` against this helper table (`packjit_frontend::decode`): the same
     /// rejections, with the same messages, as every JIT backend.
     pub fn load(&self, code: &[u8]) -> Result<Program, CompileError> {
-        packjit_frontend::decode(code, &self.helper_table())
+        self.refuse_tail_calls(packjit_frontend::decode(code, &self.helper_table())?)
     }
 
     /// [`load`](Self::load) with the encodings a request's `PJ_COMPILE_*` `flags` opt into
     /// (`PJ_COMPILE_PERCPU_INSN`: the per-CPU mov).
     pub fn load_with_flags(&self, code: &[u8], flags: u32) -> Result<Program, CompileError> {
-        packjit_frontend::decode_with(
+        self.refuse_tail_calls(packjit_frontend::decode_with(
             code,
             &self.helper_table(),
             packjit_frontend::DecodeOptions::from_flags(flags),
-        )
+        )?)
     }
 
     /// `src + cpu * slot_size` of per-CPU array `array`, or `src` (see `Op::MovPerCpu`); the
@@ -588,6 +619,27 @@ impl Interpreter {
                     }
                 }
                 Op::CallHelper { id } => {
+                    if let Some(array) = self.array_lookup(id) {
+                        // The backends' expansion: the key is a checked program load.
+                        let p = mem.check(reg[2], Size::W, false, pc)?;
+                        // SAFETY: `check` proved the 4 key bytes inside an allowed region.
+                        let key = unsafe { read(p, Size::W) };
+                        if let Some(id) = array.percpu_id {
+                            let lookup = packjit_plugin_api::PJ_HELPER_PERCPU_LOOKUP.into();
+                            reg[0] = self
+                                .call_helper(lookup, [id.into(), key, 0, 0, 0])
+                                .ok_or(Stop::UnknownCallx { pc, id: lookup })?;
+                            continue;
+                        }
+                        reg[0] = if key < u64::from(array.max_entries) {
+                            array
+                                .base
+                                .wrapping_add(key.wrapping_mul(array.value_stride))
+                        } else {
+                            0
+                        };
+                        continue;
+                    }
                     // The verifier checked `id` against the same table `load` used; a program
                     // decoded against another table gets a clear stop instead of a panic.
                     let args = [reg[1], reg[2], reg[3], reg[4], reg[5]];

@@ -302,6 +302,46 @@ pub const PJ_INLINE_COUNTER_CLOCK: u32 = 2;
 /// `index >= entries` or `cpu >= cpus`. r1–r5 are clobbered, as by a call.
 pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
 
+/// [`PjHelper::inline_kind`]: a tail call (the kernel's `bpf_tail_call`, helper id 12).
+/// `addr` is an `extern "C" fn(ctx, prog_array, index, 0, 0) -> u64` the code calls like a
+/// helper; it returns the entry address of the program to continue in, or 0 when the slot
+/// is empty, the index out of range or the chain too long (then the code falls through to
+/// the next instruction with r0 = 0, as the kernel's tail call does). On a non-zero answer
+/// the code leaves its frame as its `exit` would (budget written back, callee-saved
+/// registers restored) and jumps to that entry with the arguments of the current run: the
+/// context `env.ctx_start`, its length `env.ctx_end - env.ctx_start`, and `env`. The
+/// function at `addr` updates `env` for the program it chose (its regions), so the program
+/// reached runs exactly as if the host had called it, on the same native stack. A backend
+/// refuses a tail call inside a bpf-to-bpf callee (the frame to leave is the entry's).
+pub const PJ_INLINE_TAIL_CALL: u32 = 4;
+
+/// [`PjHelper::inline_kind`]: an array map lookup, inlined (the kernel's `map_gen_lookup`).
+/// `addr` points to a [`PjArrayMap`] the backend reads while it compiles (its values become
+/// immediates). With r2 = pointer to the `u32` key: r0 = `base + key * value_stride`, or 0
+/// when `key >= max_entries`; the key is read like any program load (checked in sandboxed
+/// code). Branch-free: the NULL comes from a mask, so a mispredicted bound cannot index
+/// past the array. For a per-CPU array (`percpu_id != PJ_ARRAY_NOT_PERCPU`) the key is
+/// passed to the [`PJ_HELPER_PERCPU_LOOKUP`] entry of the same table with r1 = `percpu_id`.
+/// r1–r5 are clobbered, as by a call.
+pub const PJ_INLINE_ARRAY_LOOKUP: u32 = 5;
+
+/// [`PjArrayMap::percpu_id`] of an array that is not per-CPU.
+pub const PJ_ARRAY_NOT_PERCPU: u32 = u32::MAX;
+
+/// The layout of one array map, for [`PJ_INLINE_ARRAY_LOOKUP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjArrayMap {
+    /// Element 0.
+    pub base: u64,
+    /// Bytes from one element to the next.
+    pub value_stride: u64,
+    /// Elements; a key at or above it finds nothing.
+    pub max_entries: u32,
+    /// The array's id in the [`PJ_HELPER_PERCPU_LOOKUP`] table, or [`PJ_ARRAY_NOT_PERCPU`].
+    pub percpu_id: u32,
+}
+
 /// packjit's per-CPU array lookup helper id (outside the kernel's helper ids):
 /// `void *lookup(u64 array_id, u64 index)`, this CPU's element or NULL. Inlinable as
 /// [`PJ_INLINE_PERCPU_LOOKUP`].

@@ -23,7 +23,9 @@
 //! which is why the entry saves every callee-saved register any function touches.
 
 use dynasmrt::{dynasm, DynasmApi, DynasmLabelApi};
-use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, LoweringReads};
+use packjit_frontend::analysis::{
+    entry_zeroing, live_in, stack_block_size, CodegenMode, LoweringReads,
+};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
@@ -62,11 +64,14 @@ pub(crate) struct Plan {
     pub(crate) access: AccessPlan,
 }
 
-pub(crate) fn plan(prog: &Program, sandbox: bool, budget: bool, groups: bool) -> Plan {
+pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
+    let (sandbox, budget) = (mode.sandboxed(), mode.counts_budget());
     // Everything here comes from the functions' summaries, never from a pass over the
     // instructions (at 1 M instructions that is a trip through memory).
     let has_callx = prog.subprogs.iter().any(|s| s.ops & op_kind::CALL_REG != 0);
-    let can_stop = sandbox || budget || has_callx;
+    // A tail call passes the run's context on from env: its entry keeps env like one that
+    // can stop.
+    let can_stop = sandbox || budget || has_callx || mode.tail_calls;
     let block = if sandbox {
         stack_block_size(prog) as u32
     } else {
@@ -222,6 +227,59 @@ impl Codegen<'_> {
     }
 }
 
+/// What leaving the entry's frame does with r0.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReturnValue {
+    /// Returned to the host: r0 moves to x0.
+    Returned,
+    /// Left for another program's entry: r0 is not the result (and the restore label, a
+    /// stop's landing, is the epilogue's).
+    TailCall,
+}
+
+impl Codegen<'_> {
+    /// Function `k`'s frame undone, up to its return: frames released, the budget written
+    /// back, the saved registers and the frame record restored.
+    fn leave_frame(&mut self, k: usize, r0: ReturnValue) {
+        let f = self.plan.frames[k].clone();
+        if f.native_frame {
+            a64!(self.ops; add sp, sp, STACK_SIZE as u32);
+        }
+        if k == 0 {
+            let block = self.plan.block;
+            if block > 0 {
+                if block < 4096 {
+                    a64!(self.ops; add sp, sp, block);
+                } else {
+                    a64!(self.ops; add sp, sp, block >> 12, lsl 12);
+                }
+            }
+            if r0 == ReturnValue::Returned {
+                let restore = self.restore;
+                a64!(self.ops; =>restore);
+            }
+            if self.d.mode.counts_budget() {
+                a64!(self.ops; str X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
+            }
+            // Only the entry returns to native code: r0 goes to x0. Functions return r0
+            // in x7 where their caller expects it.
+            if r0 == ReturnValue::Returned && self.map[0] != RET {
+                a64!(self.ops; mov X(RET), X(self.map[0]));
+            }
+        }
+        for pair in f.saved.chunks(2).rev() {
+            match *pair {
+                [a, b] => a64!(self.ops; ldp X(a), X(b), [sp], 16),
+                [a] => a64!(self.ops; ldr X(a), [sp], 16),
+                _ => unreachable!(),
+            }
+        }
+        if f.save_lr {
+            a64!(self.ops; ldp x29, x30, [sp], 16);
+        }
+    }
+}
+
 impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn prologue(&mut self, k: usize) {
         let f = self.plan.frames[k].clone();
@@ -247,42 +305,28 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
 
     /// The epilogue of function `k`, after its label (bound by the driver).
     fn epilogue(&mut self, k: usize) {
-        let f = self.plan.frames[k].clone();
-        if f.native_frame {
-            a64!(self.ops; add sp, sp, STACK_SIZE as u32);
-        }
-        if k == 0 {
-            let block = self.plan.block;
-            if block > 0 {
-                if block < 4096 {
-                    a64!(self.ops; add sp, sp, block);
-                } else {
-                    a64!(self.ops; add sp, sp, block >> 12, lsl 12);
-                }
-            }
-            let restore = self.restore;
-            a64!(self.ops; =>restore);
-            if self.d.mode.counts_budget() {
-                a64!(self.ops; str X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
-            }
-            // Only the entry returns to native code: r0 goes to x0. Functions return r0
-            // in x7 where their caller expects it.
-            if self.map[0] != RET {
-                a64!(self.ops; mov X(RET), X(self.map[0]));
-            }
-        }
-        for pair in f.saved.chunks(2).rev() {
-            match *pair {
-                [a, b] => a64!(self.ops; ldp X(a), X(b), [sp], 16),
-                [a] => a64!(self.ops; ldr X(a), [sp], 16),
-                _ => unreachable!(),
-            }
-        }
-        if f.save_lr {
-            a64!(self.ops; ldp x29, x30, [sp], 16);
-        }
+        self.leave_frame(k, ReturnValue::Returned);
         a64!(self.ops; ret);
     }
+
+    fn tail_jump(&mut self) {
+        let r0 = self.map[0];
+        // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,
+        // and a `br x16` may land on a `bti c`. x2 (r3, dead after the call) holds env.
+        a64!(self.ops
+            ; cbz X(r0), >stay
+            ; mov x16, X(r0)
+            ; mov x2, X(ENV)
+        );
+        self.leave_frame(0, ReturnValue::TailCall);
+        a64!(self.ops
+            ; ldp x0, x1, [x2, PJ_ENV_CTX_START]
+            ; sub x1, x1, x0
+            ; br x16
+            ; stay:
+        );
+    }
+
     fn enter_function(&mut self, func: usize) {
         self.map = self.plan.frames[func].map;
     }

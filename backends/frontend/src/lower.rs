@@ -116,6 +116,10 @@ pub struct Driver<'a, A, F> {
     pub copy: Option<CopyOf>,
     /// In a guarded walk's checked copy: the copy's head, where its back-edge goes.
     pub copy_head: Option<DynamicLabel>,
+    /// Lowering an expansion of the current instruction (an inlined array lookup): its
+    /// operations are the driver's, not the program's, so the access among them is checked
+    /// as one of unknown origin, and no backend fuses them with the next instruction.
+    pub expanding: bool,
     /// An instruction the lowering fused into the one before it: only its label and
     /// offset are emitted.
     pub skip: Option<usize>,
@@ -173,6 +177,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             cur: 0,
             copy: None,
             copy_head: None,
+            expanding: false,
             skip: None,
             labels,
             offsets: reuse::take(prog.insts.len()),
@@ -232,6 +237,9 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
         // are proven without the dataflow, in every mode.
         if !self.mode.sandboxed() || is_frame_constant(base, off, size) {
             return AccessLowering::Direct { base, off };
+        }
+        if self.expanding {
+            return AccessLowering::Checked(AccessCheck::Unknown);
         }
         if self.unchecked() {
             let (base, off) = self.walked_address(base, off);
@@ -365,6 +373,12 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// Before emitting code of `func` (its body, or cold code of its instructions): select
     /// that function's register map, if the backend has one per function.
     fn enter_function(&mut self, _func: usize) {}
+    /// A tail call's jump, in the entry function, after the driver called the chooser
+    /// (`PJ_INLINE_TAIL_CALL`): when r0 is non-zero, leave the entry's frame as its epilogue
+    /// does (budget written back, saved registers restored) and jump to r0 with the run's
+    /// arguments (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`);
+    /// when r0 is 0, fall through.
+    fn tail_jump(&mut self);
 }
 
 /// Register arithmetic (RFC 9669 semantics: 32-bit results zero-extended, shift counts
@@ -603,9 +617,14 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
         } => l.branch(width, cond, dst, src, target as usize),
         Op::CallHelper { id } => {
             let helper = l.driver().helper(id)?;
-            l.call_helper(&helper)?;
-            if matches!(helper_lowering(&helper), HelperLowering::Call(_)) {
-                clear_helper_arguments(l);
+            match helper_lowering(&helper) {
+                HelperLowering::TailCall { chooser } => tail_call(l, k, helper, chooser)?,
+                HelperLowering::ArrayLookup(array) => array_lookup(l, array)?,
+                HelperLowering::Call(_) => {
+                    l.call_helper(&helper)?;
+                    clear_helper_arguments(l);
+                }
+                _ => l.call_helper(&helper)?,
             }
         }
         Op::CallReg { reg } => {
@@ -622,6 +641,98 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
             }
         }
     }
+    Ok(())
+}
+
+/// A tail call (`PJ_INLINE_TAIL_CALL`): the chooser is called like a helper with the
+/// program's r1-r3 (context, prog array, index) and answers the entry to continue in, or 0;
+/// the backend's `tail_jump` leaves the frame and jumps there. Only the entry function can
+/// leave its frame for another program's: a callee's caller frames would be left behind.
+fn tail_call<'a, L: Isa<'a>>(
+    l: &mut L,
+    k: usize,
+    helper: HelperEntry,
+    chooser: u64,
+) -> Result<(), CompileError> {
+    if k != 0 {
+        let d = l.driver();
+        return Err(d.error(
+            ErrorKind::Unsupported,
+            format!(
+                "tail call (helper {}) inside a bpf-to-bpf function: only the entry function can tail call",
+                helper.id
+            ),
+        ));
+    }
+    let call = HelperEntry {
+        inline_kind: packjit_plugin_api::PJ_INLINE_NONE,
+        addr: chooser,
+        ..helper
+    };
+    l.call_helper(&call)?;
+    l.tail_jump();
+    // Falling through: the tail call failed, and r0 = 0 says so.
+    clear_helper_arguments(l);
+    Ok(())
+}
+
+/// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), as ordinary operations every backend
+/// already lowers, at the call's pc: r2 points to the `u32` key.
+///
+/// ```text
+/// r1 = *(u32 *)(r2 + 0)          the key (checked like any load of unknown origin)
+/// r0 = r1 ; r0 -= max ; r0 s>>= 63   all ones when key < max, else 0 (key, max < 2^32)
+/// r1 *= stride ; r2 = base ; r1 += r2
+/// r0 &= r1                       the element, or NULL
+/// ```
+///
+/// Branch-free, so a mispredicted bound cannot speculatively index past the array (the
+/// kernel masks its array indices for the same reason). A per-CPU array passes the key
+/// to the per-CPU lookup, which picks this CPU's copy.
+fn array_lookup<'a, L: Isa<'a>>(
+    l: &mut L,
+    array: crate::analysis::ArrayLookup,
+) -> Result<(), CompileError> {
+    use AluOp::*;
+    use Width::W64;
+    let d = l.driver();
+    let percpu = match array.percpu_id {
+        Some(id) => Some((id, d.helper(packjit_plugin_api::PJ_HELPER_PERCPU_LOOKUP)?)),
+        None => None,
+    };
+    d.expanding = true;
+    let key = if percpu.is_some() { 2 } else { 1 };
+    l.load(Size::W, false, key, 2, 0);
+    l.driver().expanding = false;
+    if let Some((id, lookup)) = percpu {
+        l.alu(W64, Mov, 1, Operand::Imm(id as i32));
+        l.call_helper(&lookup)?;
+        if matches!(helper_lowering(&lookup), HelperLowering::Call(_)) {
+            clear_helper_arguments(l);
+        }
+        return Ok(());
+    }
+    l.alu(W64, Mov, 0, Operand::Reg(1));
+    match i32::try_from(array.max_entries) {
+        Ok(max) => l.alu(W64, Sub, 0, Operand::Imm(max)),
+        Err(_) => {
+            l.load_imm64(3, array.max_entries as u64);
+            l.alu(W64, Sub, 0, Operand::Reg(3));
+        }
+    }
+    l.alu(W64, Arsh, 0, Operand::Imm(63));
+    match array.value_stride {
+        s if s.is_power_of_two() => {
+            l.alu(W64, Lsh, 1, Operand::Imm(s.trailing_zeros() as i32));
+        }
+        s => {
+            l.load_imm64(2, s);
+            l.alu(W64, Mul, 1, Operand::Reg(2));
+        }
+    }
+    l.load_imm64(2, array.base);
+    l.alu(W64, Add, 1, Operand::Reg(2));
+    l.alu(W64, And, 0, Operand::Reg(1));
     Ok(())
 }
 

@@ -30,7 +30,7 @@
 //! frame). The entry zeroes only those a run could read before writing (see
 //! `analysis::entry_zeroing`); zeroing the rest could not be observed.
 
-use crate::encode::{fits_signed, reg::*, Mem, R3, RI};
+use crate::encode::{fits_signed, reg::*, Br, Mem, R3, RI};
 use crate::lower::Codegen;
 use crate::regs::{
     call_free_map, map, RegMap, BUDGET, CTX_LEN, CTX_START, ENV, REG_MAP, STACK_LEN, STACK_START,
@@ -89,7 +89,9 @@ pub(crate) const CTX_LIM8: u8 = 8;
 pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> Layout {
     let lim8 = lim8 && mode.sandboxed();
     let block = stack_block_size(prog) as i32;
-    let can_stop = mode.sandboxed() || mode.counts_budget() || has_callx;
+    // A tail call passes the run's context on from env: its entry keeps env like one that
+    // can stop.
+    let can_stop = mode.sandboxed() || mode.counts_budget() || has_callx || mode.tail_calls;
     let zero = entry_zeroing(prog, LOWERING_READS);
     let written_anywhere = prog.subprogs.iter().fold(0, |m, s| m | s.writes);
     let frames = prog
@@ -250,6 +252,39 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     }
 
     fn epilogue(&mut self, k: usize) {
+        self.leave_frame(k, ReturnValue::Returned);
+        self.e.ret();
+    }
+
+    fn tail_jump(&mut self) {
+        let stay = self.e.new_label();
+        // t1 holds the target through the restores (caller-saved, no eBPF register, not the
+        // t0 the frame's release may use); a2 (r3, dead after the call) holds env.
+        self.e.b_label(Br::Eq, self.map(0), ZERO, stay);
+        self.e.mv(T1, self.map(0));
+        self.e.mv(A2, ENV);
+        self.leave_frame(0, ReturnValue::TailCall);
+        self.e.load(Mem::D, A0, A2, PJ_ENV_CTX_START);
+        self.e.load(Mem::D, A1, A2, PJ_ENV_CTX_END);
+        self.e.rrr(R3::Sub, A1, A1, A0);
+        self.e.jump_reg(T1);
+        self.e.bind(stay);
+    }
+}
+
+/// What leaving the entry's frame does with r0.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReturnValue {
+    /// Returned to the host: r0 moves to a0.
+    Returned,
+    /// Left for another program's entry: r0 is not the result.
+    TailCall,
+}
+
+impl Codegen<'_> {
+    /// Function `k`'s frame undone, up to its return: the budget written back, the saved
+    /// registers restored, the frame released.
+    fn leave_frame(&mut self, k: usize, r0: ReturnValue) {
         let f = self.layout.frames[k].clone();
         if k == 0 {
             if self.d.mode.counts_budget() {
@@ -257,7 +292,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 self.e.store(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
             }
             // The entry returns eBPF r0 in a0.
-            if self.map(0) != A0 {
+            if r0 == ReturnValue::Returned && self.map(0) != A0 {
                 self.e.mv(A0, self.map(0));
             }
         }
@@ -267,6 +302,5 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         if f.size > 0 {
             self.add_imm(SP, SP, f.size as i64, T0);
         }
-        self.e.ret();
     }
 }

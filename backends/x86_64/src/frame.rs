@@ -23,8 +23,8 @@
 //! reserve nothing. Every function body runs with rsp ≡ 0 (mod 16) when it makes calls, as
 //! the SysV ABI requires at a helper call.
 
-use crate::encode::{Gpr, Sz};
-use crate::lower::{Codegen, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
+use crate::encode::{Cc, Gpr, Sz};
+use crate::lower::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
@@ -49,7 +49,8 @@ pub struct SubFrame {
 pub struct Plan {
     /// Stack block bytes (0: no frame at all).
     pub block: usize,
-    /// r12 holds `env`: the code is sandboxed, counts a budget, or may stop at a `callx`.
+    /// r12 holds `env`: the code is sandboxed, counts a budget, may stop at a `callx`, or
+    /// passes the run's context on in a tail call.
     pub needs_env: bool,
     /// BPF registers (bits) read or written anywhere.
     pub used: u16,
@@ -68,7 +69,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
     // The front end's per-function summaries: no pass over the instructions here.
     let ops = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.ops);
     let has_callx = ops & op_kind::CALL_REG != 0;
-    let needs_env = mode.sandboxed() || mode.counts_budget() || has_callx;
+    let needs_env = mode.sandboxed() || mode.counts_budget() || has_callx || mode.tail_calls;
     // Registers read or written anywhere: `writes` adds r1-r5 at calls, which read them
     // anyway (`reads` has ARG_REGS there); see `regs::lowering_reads` for the atomics' r0.
     let used = prog
@@ -192,6 +193,41 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
 
     /// Function `k`'s epilogue: undo the prologue and return r0 (already in rax).
     fn epilogue(&mut self, k: usize) {
+        if k == 0 {
+            let l = self.entry_pops;
+            self.leave_frame(k, Some(l));
+        } else {
+            self.leave_frame(k, None);
+        }
+        self.e.ret();
+    }
+
+    fn tail_jump(&mut self) {
+        let stay = self.e.label();
+        self.e.test_rr(Sz::B64, RAX, RAX);
+        self.e.jump(Some(Cc::E), stay);
+        // rdx (r3, dead: a call clobbered it) carries env past the restores of r12.
+        self.mov_rr(Sz::B64, RDX, ENV);
+        self.leave_frame(0, None);
+        // The entry's arguments again: the run's context and env. rax (the target) and
+        // rdx are caller-saved, so the restores above left them alone.
+        self.e.asm(4, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov rdi, QWORD [BYTE rdx + CTX_START8]
+                ; mov rsi, QWORD [BYTE rdx + CTX_END8]
+                ; sub rsi, rdi
+                ; jmp rax
+            )
+        });
+        self.e.bind(stay);
+    }
+}
+
+impl Codegen<'_> {
+    /// Function `k`'s frame undone, up to its return: the stack block released, the pad
+    /// popped, the saved registers restored (`pops`: the label the entry's stop path jumps
+    /// to, bound before the restores).
+    fn leave_frame(&mut self, k: usize, pops: Option<dynasmrt::DynamicLabel>) {
         let plan = self.plan;
         let f = &plan.subs[k];
         if k == 0 && self.plan.block > 0 {
@@ -201,13 +237,11 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         if f.pad {
             self.e.pop_rcx(); // rcx (r4) is dead at a return
         }
-        if k == 0 {
-            let l = self.entry_pops;
+        if let Some(l) = pops {
             self.e.bind(l);
         }
         for &r in f.saved.iter().rev() {
             self.e.pop(r);
         }
-        self.e.ret();
     }
 }

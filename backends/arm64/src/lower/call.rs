@@ -8,6 +8,9 @@ impl Codegen<'_> {
         let r0 = self.map[0];
         match how {
             HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
+            HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_) => {
+                unreachable!("expanded by the driver, never a call_helper or callx entry")
+            }
             HelperLowering::RseqCpuId { offset } => {
                 // mrs x9, tpidr_el0: glibc's thread pointer; the rseq area sits at a fixed
                 // offset from it, and the kernel rewrites its cpu_id after every migration.

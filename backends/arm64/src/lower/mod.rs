@@ -67,12 +67,7 @@ pub fn emit_decoded_with(
     mode: &CodegenMode,
     opts: EmitOptions,
 ) -> Result<Emitted, CompileError> {
-    let plan = plan(
-        prog,
-        mode.sandboxed(),
-        mode.counts_budget(),
-        opts.group_checks,
-    );
+    let plan = plan(prog, mode, opts.group_checks);
     // Conditional branches start in their short form; the shared relaxation driver switches
     // those found out of range to the long form (inverted condition around a B), and the code
     // is emitted again. In practice one pass suffices.

@@ -2,8 +2,9 @@
 //! how a `callx` site finds the helper its register names (compares, or a table by id).
 
 use packjit_plugin_api::{
-    ErrorKind, HelperEntry, PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET,
-    PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
+    ErrorKind, HelperEntry, PjArrayMap, PJ_ARRAY_NOT_PERCPU, PJ_HELPER_GET_SMP_PROCESSOR_ID,
+    PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK,
+    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
 };
 
 /// How a backend emits `call imm` (and a `callx` match) for one helper-table entry.
@@ -28,6 +29,29 @@ pub enum HelperLowering {
         /// Address of the host's `PjPerCpuTable` (arrays follow it).
         table: u64,
     },
+    /// A tail call (`PJ_INLINE_TAIL_CALL`): call the chooser at `chooser`, then leave the
+    /// frame and jump to the entry it returned, if any. The driver lowers it
+    /// ([`crate::lower`]) with the backend's `call_helper` and `tail_jump`.
+    TailCall {
+        /// The host's `fn(ctx, prog_array, index) -> entry or 0`.
+        chooser: u64,
+    },
+    /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), expanded by the driver into
+    /// ordinary operations ([`crate::lower`]): no backend code of its own.
+    ArrayLookup(ArrayLookup),
+}
+
+/// An array map's layout, as the inlined lookup uses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrayLookup {
+    /// Element 0.
+    pub base: u64,
+    /// Bytes from one element to the next.
+    pub value_stride: u64,
+    /// Elements.
+    pub max_entries: u32,
+    /// Per-CPU arrays: the id in the per-CPU lookup table.
+    pub percpu_id: Option<u32>,
 }
 
 /// The lowering of `h` (its kind already checked by
@@ -39,8 +63,31 @@ pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
         },
         PJ_INLINE_COUNTER_CLOCK => HelperLowering::CounterClock { scale: h.addr },
         PJ_INLINE_PERCPU_LOOKUP => HelperLowering::PerCpuLookup { table: h.addr },
+        PJ_INLINE_TAIL_CALL => HelperLowering::TailCall { chooser: h.addr },
+        PJ_INLINE_ARRAY_LOOKUP => {
+            // SAFETY: the kind's contract (`PJ_INLINE_ARRAY_LOOKUP`): `addr` points to a
+            // `PjArrayMap` the host keeps alive and unchanged while it compiles, and
+            // `validate_inline_kinds` refused a NULL one.
+            let map = unsafe { std::ptr::read_unaligned(h.addr as *const PjArrayMap) };
+            HelperLowering::ArrayLookup(ArrayLookup {
+                base: map.base,
+                value_stride: map.value_stride,
+                max_entries: map.max_entries,
+                percpu_id: (map.percpu_id != PJ_ARRAY_NOT_PERCPU).then_some(map.percpu_id),
+            })
+        }
         _ => HelperLowering::Call(h.addr),
     }
+}
+
+/// Does `h` run in place of a call at a `callx` match (an inline body a backend emits, or
+/// a call)? Tail calls and array lookups are driver expansions tied to `call imm` (their
+/// arguments are the program's map references): a `callx` never reaches them.
+pub fn callx_reachable(h: &HelperEntry) -> bool {
+    !matches!(
+        helper_lowering(h),
+        HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_)
+    )
 }
 
 /// How a `callx` site finds the helper its register names (by id, as `call imm` does).
@@ -121,7 +168,7 @@ pub fn callx_plan(helpers: &[HelperEntry]) -> CallxPlan {
     let mut seen = std::collections::HashSet::new();
     let (mut inlined, mut called) = (Vec::new(), Vec::new());
     for h in helpers {
-        if h.id == PJ_HELPER_PERCPU_OFFSET || !seen.insert(h.id) {
+        if h.id == PJ_HELPER_PERCPU_OFFSET || !seen.insert(h.id) || !callx_reachable(h) {
             continue;
         }
         match helper_lowering(h) {

@@ -4,7 +4,8 @@
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
     PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
-    PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_NONE, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_NONE,
+    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_TAIL_CALL,
 };
 
 /// Whether the memory checks of the sandbox are emitted.
@@ -37,6 +38,9 @@ pub struct CodegenMode {
     pub blind_key: Option<u64>,
     /// Optional CPU features the backend may use.
     pub features: u64,
+    /// The helper table has a tail call (`PJ_INLINE_TAIL_CALL`): the entry keeps `env`,
+    /// whose context a tail call passes on.
+    pub tail_calls: bool,
 }
 
 impl CodegenMode {
@@ -46,6 +50,7 @@ impl CodegenMode {
         budget: Budget::Unlimited,
         blind_key: None,
         features: 0,
+        tail_calls: false,
     };
 
     /// Is this sandboxed code?
@@ -105,6 +110,10 @@ pub fn validate_request(
         },
         blind_key: (req.flags & PJ_COMPILE_BLIND_CONSTANTS != 0).then_some(req.blind_key),
         features: req.features,
+        tail_calls: req
+            .helpers
+            .iter()
+            .any(|h| h.inline_kind == PJ_INLINE_TAIL_CALL),
     })
 }
 
@@ -139,7 +148,13 @@ pub fn validate_inline_kinds(
                 ),
             ));
         }
-        if (k == PJ_INLINE_COUNTER_CLOCK || k == PJ_INLINE_PERCPU_LOOKUP) && h.addr == 0 {
+        let with_block = [
+            PJ_INLINE_COUNTER_CLOCK,
+            PJ_INLINE_PERCPU_LOOKUP,
+            PJ_INLINE_TAIL_CALL,
+            PJ_INLINE_ARRAY_LOOKUP,
+        ];
+        if with_block.contains(&k) && h.addr == 0 {
             return Err(CompileError::new(
                 ErrorKind::InvalidArgument,
                 format!(

@@ -115,6 +115,9 @@ impl Codegen<'_> {
     fn inline_helper(&mut self, how: HelperLowering, rd: u8) {
         match how {
             HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
+            HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_) => {
+                unreachable!("expanded by the driver, never a call_helper or callx entry")
+            }
             HelperLowering::RseqCpuId { offset } => {
                 // glibc's rseq area sits at a fixed offset from tp in every thread; the
                 // kernel rewrites its cpu_id after each migration.

@@ -128,6 +128,9 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
             HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
             HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
             HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
+            HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_) => {
+                unreachable!("expanded by the driver, never a call_helper or callx entry")
+            }
         }
         Ok(())
     }

@@ -167,7 +167,9 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         let d = host(dst);
         // MOVBE: a load followed by a byte swap of the same width into the same register
         // (the usual ntohs/ntohl/be64 pattern) becomes one swapping load.
-        if self.d.mode.features & FEATURE_MOVBE != 0 && !sx && size != Size::B {
+        // Not in a driver expansion: its next operation is not the program's next instruction.
+        if self.d.mode.features & FEATURE_MOVBE != 0 && !sx && size != Size::B && !self.d.expanding
+        {
             if let Some(next) = self.d.prog.insts.get(i + 1) {
                 let bits = size.bytes() as u8 * 8;
                 if let Op::End {
