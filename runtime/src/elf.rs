@@ -20,10 +20,27 @@
 //!   symbol, usually 0 for a named one). `R_BPF_64_ABS64` / `ABS32` inside data sections (a
 //!   pointer table in `.rodata`) are patched the same way.
 //!
+//! * **Maps**: [`elf_maps`] describes every map of the object ([`ElfMapDef`], in symbol
+//!   order): libbpf's BTF-defined maps in `.maps` (each variable a struct whose members
+//!   encode the attributes: `__uint(type, N)` is `int (*type)[N]`, `__type(key, T)` is
+//!   `T *key`, `__array(values, ...)` a flexible array of pointers whose `R_BPF_64_ABS64`
+//!   relocations statically initialise a PROG_ARRAY) and legacy `struct bpf_map_def`s in
+//!   `maps` / `maps/*`. An `lddw` with `R_BPF_64_64` against a map symbol (or the `.maps`
+//!   section symbol plus an addend landing exactly on a map's start) is rewritten as the
+//!   kernel's loader expects: `src = BPF_PSEUDO_MAP_FD` (1), `imm` = the map's index in
+//!   [`elf_maps`], second immediate 0; [`Linked::maps_used`] lists the indices. Creating the
+//!   maps is the host's business; [`crate::Runtime::load_elf`] refuses programs that use any.
+//!   BTF is read by our own small reader ([`btf`]) over `object`'s sections rather
+//!   than through aya-obj, which pulls in a large dependency tree and its own object model:
+//!   we need only type sizes, struct members, pointers / arrays / typedefs / modifiers and
+//!   `DATASEC` / `VAR` for `.maps`.
+//!
 //! Everything else is refused with an error naming the section, symbol, relocation type and
-//! offset: unknown relocation types, references into `.maps` (BTF-defined maps), unresolved
-//! externs, calls into sections that are not code, `lddw` of a function address, and
-//! malformed objects. Relocations in sections that are neither linked code nor data (`.BTF`,
+//! offset: unknown relocation types, malformed map definitions (naming the map and member),
+//! map references from data or into the middle of a map, relocations in `.maps` other than
+//! a PROG_ARRAY's `values`, unresolved externs, calls into sections that are not code,
+//! `lddw` of a function address, and malformed objects. A malformed map definition fails
+//! only the programs that reference a map (objects without map references link as before). Relocations in sections that are neither linked code nor data (`.BTF`,
 //! `.BTF.ext`, DWARF) are ignored: they do not affect execution.
 
 use crate::{ErrorKind, MemRegion, Program, RegionAccess};
@@ -38,6 +55,11 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use crate::Error;
 
+// The BTF reader lives with its only user (re-exported as `packjit::btf`).
+#[path = "btf.rs"]
+pub mod btf;
+use btf::{Btf, BtfType};
+
 /// `R_BPF_*` relocation types (LLVM's `BPF.def`).
 pub const R_BPF_NONE: u32 = 0;
 /// `lddw` of a symbol's address (64-bit immediate split over the two slots).
@@ -50,6 +72,9 @@ pub const R_BPF_64_ABS32: u32 = 3;
 pub const R_BPF_64_NODYLD32: u32 = 4;
 /// `call` immediate (pc-relative in slots, after linking).
 pub const R_BPF_64_32: u32 = 10;
+
+/// `lddw` source register of a map reference: `imm` is the map's index in [`elf_maps`].
+pub const BPF_PSEUDO_MAP_FD: u8 = 1;
 
 const INSN: usize = 8;
 const OP_CALL: u8 = 0x85;
@@ -339,6 +364,10 @@ pub struct Linked {
     pub functions: Vec<(String, usize)>,
     /// Extern names resolved to helper ids.
     pub externs: Vec<(String, u32)>,
+    /// Indices into [`elf_maps`] of the maps the code references (ascending, each once).
+    /// Each reference is an `lddw dst, imm` with `src = BPF_PSEUDO_MAP_FD` and `imm` = the
+    /// index (second slot's immediate 0): the host replaces it with its map's handle.
+    pub maps_used: Vec<usize>,
 }
 
 /// A piece of code placed in the output: `[start, end)` bytes of section `sec` at slot `base`.
@@ -371,6 +400,10 @@ struct Linker<'d, 'f> {
     code: Vec<u8>,
     functions: Vec<(String, usize)>,
     externs: Vec<(String, u32)>,
+    // The object's maps, parsed at the first map reference (an object whose code references
+    // none links whatever its map sections hold).
+    maps: Option<Result<Vec<MapEntry>, Error>>,
+    maps_used: Vec<usize>,
 }
 
 fn sec_name(file: &File<'_>, idx: SectionIndex) -> String {
@@ -434,6 +467,8 @@ pub fn link(
         code: Vec::new(),
         functions: Vec::new(),
         externs: Vec::new(),
+        maps: None,
+        maps_used: Vec::new(),
     };
     l.layout_data()?;
     for sym in file.symbols() {
@@ -458,11 +493,14 @@ pub fn link(
         i += 1;
     }
     l.relocate_data()?;
+    l.maps_used.sort_unstable();
+    l.maps_used.dedup();
     Ok(Linked {
         code: l.code,
         data: l.data,
         functions: l.functions,
         externs: l.externs,
+        maps_used: l.maps_used,
     })
 }
 
@@ -940,10 +978,22 @@ impl Linker<'_, '_> {
                             at(&format!("instruction {opcode:#04x} is not an lddw")),
                         ));
                     }
-                    let addr = self.symbol_addr(&sym, &at)?;
                     let addend = i64::from(i32::from_le_bytes(
                         self.code[p + 4..p + 8].try_into().unwrap(),
                     ));
+                    if let SymbolSection::Section(ts) = sym.section() {
+                        if is_maps(&sec_name(file, ts)) {
+                            let idx = self.map_ref(ts, sym.address(), addend, &at)?;
+                            // The kernel loader's form: src = BPF_PSEUDO_MAP_FD, imm = map
+                            // index (libbpf: the map's fd), second immediate 0.
+                            self.code[p + 1] = (self.code[p + 1] & 0x0f) | (BPF_PSEUDO_MAP_FD << 4);
+                            self.code[p + 4..p + 8].copy_from_slice(&(idx as u32).to_le_bytes());
+                            self.code[p + 12..p + 16].copy_from_slice(&0u32.to_le_bytes());
+                            self.maps_used.push(idx);
+                            continue;
+                        }
+                    }
+                    let addr = self.symbol_addr(&sym, &at)?;
                     let v = addr.wrapping_add(addend as u64);
                     self.code[p + 4..p + 8].copy_from_slice(&(v as u32).to_le_bytes());
                     self.code[p + 12..p + 16].copy_from_slice(&((v >> 32) as u32).to_le_bytes());
@@ -1017,9 +1067,11 @@ impl Linker<'_, '_> {
             SymbolSection::Section(ts) => {
                 let tname = sec_name(self.file, ts);
                 if is_maps(&tname) {
+                    // Code's references are rewritten before this; what reaches here is a
+                    // pointer stored in data.
                     return Err(bad(
                         ErrorKind::Unsupported,
-                        at(&format!("maps (section `{tname}`, BTF-defined maps) are not supported; pass data through the context or globals")),
+                        at(&format!("a pointer to a map (section `{tname}`) in data is not supported: only code references maps (lddw)")),
                     ));
                 }
                 if is_code(self.file, ts) {
@@ -1047,6 +1099,53 @@ impl Linker<'_, '_> {
                 at("symbol is neither in a section nor extern"),
             )),
         }
+    }
+
+    /// Index of the map an `lddw` in code refers to: symbol value + addend must be a map's
+    /// first byte.
+    fn map_ref(
+        &mut self,
+        sec: SectionIndex,
+        sym_value: u64,
+        addend: i64,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<usize, Error> {
+        let file = self.file;
+        let maps = self
+            .maps
+            .get_or_insert_with(|| parse_maps(file))
+            .as_ref()
+            .map_err(|e| {
+                let m = e.message.strip_prefix("ELF: ").unwrap_or(&e.message);
+                bad(e.kind, at(m))
+            })?;
+        let tname = sec_name(file, sec);
+        let off = (sym_value as i64).checked_add(addend).filter(|&o| o >= 0);
+        let Some(off) = off.map(|o| o as u64) else {
+            return Err(bad(
+                ErrorKind::InvalidArgument,
+                at(&format!(
+                    "offset {sym_value:#x}{addend:+#x} is before section `{tname}`"
+                )),
+            ));
+        };
+        if let Some(i) = maps.iter().position(|m| m.sec == sec && m.start == off) {
+            return Ok(i);
+        }
+        let inside = maps
+            .iter()
+            .find(|m| m.sec == sec && off > m.start && off - m.start < m.size.max(1));
+        Err(bad(
+            ErrorKind::InvalidArgument,
+            at(&match inside {
+                Some(m) => format!(
+                    "offset {off:#x} of section `{tname}` is {:#x} bytes into map `{}`: a map reference must point at a map's start",
+                    off - m.start,
+                    m.def.name
+                ),
+                None => format!("no map starts at offset {off:#x} of section `{tname}`"),
+            }),
+        ))
     }
 
     /// Pointers stored in data (`const char *names[] = {...}` in `.rodata`).
@@ -1113,6 +1212,407 @@ impl Linker<'_, '_> {
     }
 }
 
+/// `BPF_MAP_TYPE_PROG_ARRAY`, the only map type whose `values` the loader initialises.
+const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
+/// `struct bpf_map_def` of legacy `maps` sections: five u32s.
+const LEGACY_MAP_DEF: usize = 20;
+
+/// A map defined by an eBPF object, as [`elf_maps`] reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ElfMapDef {
+    /// The map's symbol name.
+    pub name: String,
+    /// `BPF_MAP_TYPE_*` as written (not validated here).
+    pub map_type: u32,
+    /// Key size in bytes (0 without a key, e.g. QUEUE, RINGBUF).
+    pub key_size: u32,
+    /// Value size in bytes.
+    pub value_size: u32,
+    /// `max_entries`.
+    pub max_entries: u32,
+    /// `map_flags`.
+    pub flags: u32,
+    /// PROG_ARRAY static initialisation: (slot index, program name: the function symbol's
+    /// name, or the section name when the symbol is a section).
+    pub initial_programs: Vec<(u32, String)>,
+}
+
+/// A map and where it lives in the object.
+#[derive(Clone, Debug)]
+struct MapEntry {
+    def: ElfMapDef,
+    sec: SectionIndex,
+    start: u64,
+    size: u64,
+    /// Byte offset of a BTF map's `values` member.
+    values: Option<u64>,
+}
+
+/// Every map the object defines, in symbol order: BTF-defined maps in `.maps` and legacy
+/// `struct bpf_map_def`s in `maps` / `maps/*`. The index of a map in this list is the `imm`
+/// of the `lddw`s [`link`] rewrites to reference it.
+pub fn elf_maps(obj: &[u8]) -> Result<Vec<ElfMapDef>, Error> {
+    let file = parse(obj)?;
+    Ok(parse_maps(&file)?.into_iter().map(|m| m.def).collect())
+}
+
+fn parse_maps(file: &File<'_>) -> Result<Vec<MapEntry>, Error> {
+    let map_secs: Vec<SectionIndex> = file
+        .sections()
+        .filter(|s| s.name().is_ok_and(is_maps))
+        .map(|s| s.index())
+        .collect();
+    if map_secs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut btf: Option<Btf> = None;
+    let mut out = Vec::new();
+    for sym in file.symbols() {
+        let SymbolSection::Section(si) = sym.section() else {
+            continue;
+        };
+        if !map_secs.contains(&si) || sym.kind() == object::SymbolKind::Section {
+            continue;
+        }
+        let name = match sym.name() {
+            Ok(n) if !n.is_empty() => n.to_string(),
+            _ => continue,
+        };
+        let sname = sec_name(file, si);
+        let sec = file
+            .section_by_index(si)
+            .map_err(|e| bad(ErrorKind::InvalidArgument, e))?;
+        let (start, size) = (sym.address(), sym.size());
+        if start.checked_add(size).is_none_or(|e| e > sec.size()) {
+            return Err(bad(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "map `{name}`: [{start:#x}, +{size:#x}) is outside section `{sname}` ({:#x} bytes)",
+                    sec.size()
+                ),
+            ));
+        }
+        let entry = if sname == ".maps" {
+            if btf.is_none() {
+                btf = Some(load_btf(file)?);
+            }
+            let btf = btf.as_ref().unwrap();
+            let (def, values) = btf_map(btf, &name)?;
+            MapEntry {
+                def,
+                sec: si,
+                start,
+                size,
+                values,
+            }
+        } else {
+            let def = legacy_map(&sec, &sname, &name, start, size)?;
+            MapEntry {
+                def,
+                sec: si,
+                start,
+                size,
+                values: None,
+            }
+        };
+        out.push(entry);
+    }
+    for &si in &map_secs {
+        map_relocations(file, si, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn load_btf(file: &File<'_>) -> Result<Btf, Error> {
+    let s = file.section_by_name(".BTF").ok_or_else(|| {
+        bad(
+            ErrorKind::InvalidArgument,
+            "section `.maps` (BTF-defined maps) without a `.BTF` section (compile with -g)",
+        )
+    })?;
+    let data = s
+        .data()
+        .map_err(|e| bad(ErrorKind::InvalidArgument, format!("section `.BTF`: {e}")))?;
+    Btf::parse(data, ".BTF").map_err(|e| bad(e.kind, e.message))
+}
+
+/// A BTF-defined map: the `VAR` named `name` in the `.maps` DATASEC, a struct whose members
+/// encode the attributes. Returns the definition and the byte offset of `values`.
+fn btf_map(btf: &Btf, name: &str) -> Result<(ElfMapDef, Option<u64>), Error> {
+    let ctx = |msg: String| format!("map `{name}` (section `.maps`): {msg}");
+    let invalid = |msg: String| bad(ErrorKind::InvalidArgument, ctx(msg));
+    let unsupported = |msg: String| bad(ErrorKind::Unsupported, ctx(msg));
+    let wrap = |e: Error| bad(e.kind, ctx(e.message));
+    let var_type = btf
+        .types()
+        .iter()
+        .find_map(|t| match t {
+            BtfType::Datasec { name: n, vars, .. } if n == ".maps" => Some(vars),
+            _ => None,
+        })
+        .ok_or_else(|| invalid("`.BTF` has no DATASEC `.maps`".into()))?
+        .iter()
+        .find_map(|v| match btf.get(v.type_id) {
+            Ok(BtfType::Var {
+                name: n, type_id, ..
+            }) if n == name => Some(*type_id),
+            _ => None,
+        })
+        .ok_or_else(|| invalid("no VAR of that name in the `.maps` DATASEC".into()))?;
+    let members = btf.members(var_type).map_err(wrap)?;
+    let mut def = ElfMapDef {
+        name: name.into(),
+        ..ElfMapDef::default()
+    };
+    let (mut key_size, mut value_size) = (None::<u32>, None::<u32>);
+    let mut key_type_size = None::<u32>;
+    let mut value_type_size = None::<u32>;
+    let mut values = None;
+    let kind_of = |id: u32| -> Result<&BtfType, Error> {
+        btf.get(btf.resolve(id).map_err(wrap)?).map_err(wrap)
+    };
+    for m in members {
+        let mname = m.name.as_str();
+        // `int (*name)[N]`: the value is N.
+        let uint = || -> Result<u32, Error> {
+            let BtfType::Ptr { type_id } = kind_of(m.type_id)? else {
+                return Err(unsupported(format!(
+                    "member `{mname}` is {}, not libbpf's `__uint` encoding `int (*{mname})[N]`",
+                    kind_of(m.type_id)?.kind_name()
+                )));
+            };
+            match kind_of(*type_id)? {
+                BtfType::Array { nelems, .. } => Ok(*nelems),
+                other => Err(unsupported(format!(
+                    "member `{mname}` points to {}, not to an array (`int (*{mname})[N]`)",
+                    other.kind_name()
+                ))),
+            }
+        };
+        // `T *name`: the size of T.
+        let pointee_size = || -> Result<u32, Error> {
+            let BtfType::Ptr { type_id } = kind_of(m.type_id)? else {
+                return Err(unsupported(format!(
+                    "member `{mname}` is {}, not libbpf's `__type` encoding `T *{mname}`",
+                    kind_of(m.type_id)?.kind_name()
+                )));
+            };
+            let sz = btf.size_of(*type_id).map_err(wrap)?;
+            u32::try_from(sz)
+                .map_err(|_| invalid(format!("member `{mname}`: type size {sz} exceeds u32")))
+        };
+        match mname {
+            "type" => def.map_type = uint()?,
+            "max_entries" => def.max_entries = uint()?,
+            "map_flags" => def.flags = uint()?,
+            "key_size" => key_size = Some(uint()?),
+            "value_size" => value_size = Some(uint()?),
+            "key" => key_type_size = Some(pointee_size()?),
+            "value" => value_type_size = Some(pointee_size()?),
+            "pinning" => {
+                let v = uint()?;
+                if v != 0 {
+                    return Err(unsupported(format!(
+                        "member `pinning` = {v}: only LIBBPF_PIN_NONE (0) is supported (packjit has no bpffs to pin to)"
+                    )));
+                }
+            }
+            "values" => {
+                let BtfType::Array { elem, .. } = kind_of(m.type_id)? else {
+                    return Err(unsupported(format!(
+                        "member `values` is {}, not libbpf's `__array(values, ...)` (an array of pointers)",
+                        kind_of(m.type_id)?.kind_name()
+                    )));
+                };
+                let BtfType::Ptr { type_id } = kind_of(*elem)? else {
+                    return Err(unsupported(format!(
+                        "member `values`: elements are {}, not pointers",
+                        kind_of(*elem)?.kind_name()
+                    )));
+                };
+                match kind_of(*type_id)? {
+                    BtfType::FuncProto { .. } => {}
+                    BtfType::Struct { .. } => {
+                        return Err(unsupported(
+                            "member `values` holds map definitions (map-in-map), which are not supported".into(),
+                        ))
+                    }
+                    other => {
+                        return Err(unsupported(format!(
+                            "member `values`: elements point to {}, not to a function (PROG_ARRAY) ",
+                            other.kind_name()
+                        )))
+                    }
+                }
+                if m.bit_offset % 8 != 0 || m.bitfield_size != 0 {
+                    return Err(invalid(format!(
+                        "member `values` at bit offset {} is not byte aligned",
+                        m.bit_offset
+                    )));
+                }
+                values = Some(u64::from(m.bit_offset / 8));
+            }
+            other => {
+                return Err(unsupported(format!(
+                    "unknown attribute member `{other}` (known: type, max_entries, map_flags, key_size, value_size, key, value, pinning, values)"
+                )))
+            }
+        }
+    }
+    for (what, explicit, typed) in [
+        ("key", key_size, key_type_size),
+        ("value", value_size, value_type_size),
+    ] {
+        if let (Some(a), Some(b)) = (explicit, typed) {
+            if a != b {
+                return Err(invalid(format!(
+                    "`{what}_size` = {a} but `{what}` has a type of {b} bytes"
+                )));
+            }
+        }
+    }
+    def.key_size = key_size.or(key_type_size).unwrap_or(0);
+    def.value_size = value_size.or(value_type_size).unwrap_or(0);
+    Ok((def, values))
+}
+
+/// A legacy `struct bpf_map_def { u32 type, key_size, value_size, max_entries, map_flags }`
+/// of `st_size` bytes (at least 20; bytes past the five fields must be zero).
+fn legacy_map(
+    sec: &object::read::elf::ElfSection64<'_, '_, Endianness>,
+    sname: &str,
+    name: &str,
+    start: u64,
+    size: u64,
+) -> Result<ElfMapDef, Error> {
+    let ctx = |msg: String| {
+        bad(
+            ErrorKind::InvalidArgument,
+            format!("legacy map `{name}` (section `{sname}`, offset {start:#x}): {msg}"),
+        )
+    };
+    if size < LEGACY_MAP_DEF as u64 {
+        return Err(ctx(format!(
+            "{size} bytes, a struct bpf_map_def (type, key_size, value_size, max_entries, map_flags) is at least {LEGACY_MAP_DEF}"
+        )));
+    }
+    let data = sec
+        .data()
+        .ok()
+        .and_then(|d| d.get(start as usize..(start + size) as usize))
+        .ok_or_else(|| ctx("no contents (SHT_NOBITS or truncated)".into()))?;
+    if let Some(i) = data[LEGACY_MAP_DEF..].iter().position(|&b| b != 0) {
+        return Err(ctx(format!(
+            "byte {} is not zero: fields past map_flags (inner_map_idx, numa_node, ...) are not supported",
+            LEGACY_MAP_DEF + i
+        )));
+    }
+    let f = |i: usize| u32::from_le_bytes(data[4 * i..4 * i + 4].try_into().unwrap());
+    Ok(ElfMapDef {
+        name: name.into(),
+        map_type: f(0),
+        key_size: f(1),
+        value_size: f(2),
+        max_entries: f(3),
+        flags: f(4),
+        initial_programs: Vec::new(),
+    })
+}
+
+/// Relocations in a map section: only a PROG_ARRAY's `values` (`R_BPF_64_ABS64` against a
+/// function or code section, one per 8-byte slot) are accepted.
+fn map_relocations(file: &File<'_>, si: SectionIndex, maps: &mut [MapEntry]) -> Result<(), Error> {
+    let sec = file
+        .section_by_index(si)
+        .map_err(|e| bad(ErrorKind::InvalidArgument, e))?;
+    let sname = sec_name(file, si);
+    let data = sec.data().unwrap_or(&[]);
+    for (off, rel) in sec.relocations() {
+        let RelocationFlags::Elf { r_type } = rel.flags() else {
+            continue;
+        };
+        if r_type == R_BPF_NONE {
+            continue;
+        }
+        let target = match rel.target() {
+            RelocationTarget::Symbol(t) => sym_name(file, t),
+            _ => "?".into(),
+        };
+        let Some(m) = maps
+            .iter_mut()
+            .find(|m| m.sec == si && off >= m.start && off < m.start + m.size)
+        else {
+            return Err(bad(
+                ErrorKind::Unsupported,
+                format!(
+                    "section `{sname}`, offset {off:#x}: {} against `{target}` outside every map",
+                    reloc_name(r_type)
+                ),
+            ));
+        };
+        let rel_off = off - m.start;
+        let name = m.def.name.clone();
+        let refuse = |what: &str| {
+            bad(
+                ErrorKind::Unsupported,
+                format!(
+                    "map `{name}` (section `{sname}`), offset {rel_off:#x}: {} against `{target}`: {what}",
+                    reloc_name(r_type)
+                ),
+            )
+        };
+        let Some(vo) = m.values.filter(|&vo| rel_off >= vo) else {
+            return Err(refuse(
+                "only a PROG_ARRAY's `values` may be relocated in a map definition",
+            ));
+        };
+        if r_type != R_BPF_64_ABS64 || (rel_off - vo) % 8 != 0 {
+            return Err(refuse("not an 8-byte R_BPF_64_ABS64 slot of `values`"));
+        }
+        if m.def.map_type != BPF_MAP_TYPE_PROG_ARRAY {
+            return Err(refuse(&format!(
+                "`values` initialises programs, but the map type is {}, not PROG_ARRAY ({BPF_MAP_TYPE_PROG_ARRAY})",
+                m.def.map_type
+            )));
+        }
+        let RelocationTarget::Symbol(tsi) = rel.target() else {
+            return Err(refuse("no symbol"));
+        };
+        let sym = file
+            .symbol_by_index(tsi)
+            .map_err(|e| refuse(&e.to_string()))?;
+        let SymbolSection::Section(ts) = sym.section() else {
+            return Err(refuse("the program is not defined in this object"));
+        };
+        if !is_code(file, ts) {
+            return Err(refuse(&format!(
+                "section `{}` is not code",
+                sec_name(file, ts)
+            )));
+        }
+        // The implicit addend (REL): the 8 bytes at the slot; a program is a function's or a
+        // section's start.
+        let addend = data
+            .get(off as usize..off as usize + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
+        if addend != 0 {
+            return Err(refuse(&format!(
+                "addend {addend:#x}: a program slot must name a function or section start"
+            )));
+        }
+        let prog = match sym.kind() {
+            object::SymbolKind::Section => sec_name(file, ts),
+            _ => sym_name(file, tsi),
+        };
+        let slot = u32::try_from((rel_off - vo) / 8).map_err(|_| refuse("slot out of range"))?;
+        m.def.initial_programs.push((slot, prog));
+    }
+    for m in maps.iter_mut() {
+        m.def.initial_programs.sort();
+    }
+    Ok(())
+}
+
 impl crate::Runtime {
     /// Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`): links
     /// it (see [`crate::elf`]), resolves extern functions to the helpers registered under
@@ -1153,6 +1653,15 @@ impl crate::Runtime {
         let linked = link(bytes, elf_opts, &|name| {
             helpers.iter().find(|h| h.name == name).map(|h| h.id)
         })?;
+        if !linked.maps_used.is_empty() {
+            return Err(bad(
+                ErrorKind::Unsupported,
+                format!(
+                    "{:?} uses maps {:?} (indices into elf_maps): this runtime does not create maps; link it with elf::link and bind its maps first",
+                    elf_opts.program, linked.maps_used
+                ),
+            ));
+        }
         let mut o = opts.clone();
         o.regions.extend(linked.data.regions());
         // Named after its entry (function or section) for the perf map, gdb and symbols,

@@ -1,0 +1,290 @@
+//! Maps from clang objects: BTF-defined maps in `.maps` (libbpf's convention, written out in
+//! `tests/bpf/maps_defs.c` without libbpf's headers) and legacy `maps`-section maps are
+//! described by `elf_maps`; `link` rewrites each `lddw` of a map to `src = 1`
+//! (BPF_PSEUDO_MAP_FD), `imm` = the map's index. Malformed definitions and references get
+//! named errors.
+
+mod elf_support;
+
+use elf_support::*;
+use packjit::elf::{elf_maps, link, ElfLoadOptions, ElfMapDef, Linked, BPF_PSEUDO_MAP_FD};
+use packjit::{Error, ErrorKind};
+
+fn link_sec(obj: &[u8], sec: &str) -> Result<Linked, Error> {
+    link(obj, &ElfLoadOptions::section(sec), &|_| None)
+}
+
+fn assert_mentions(e: &Error, parts: &[&str]) {
+    for p in parts {
+        assert!(
+            e.message.contains(p),
+            "error {:?} does not mention {p:?}",
+            e.message
+        );
+    }
+}
+
+fn def(name: &str, t: u32, k: u32, v: u32, max: u32, flags: u32) -> ElfMapDef {
+    ElfMapDef {
+        name: name.into(),
+        map_type: t,
+        key_size: k,
+        value_size: v,
+        max_entries: max,
+        flags,
+        initial_programs: Vec::new(),
+    }
+}
+
+/// `(slot, dst, src, imm, second imm)` of every lddw.
+fn lddws(code: &[u8]) -> Vec<(usize, u8, u8, u32, u32)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + 16 <= code.len() {
+        if code[i] == 0x18 {
+            out.push((
+                i / 8,
+                code[i + 1] & 0x0f,
+                code[i + 1] >> 4,
+                rd(code, i + 4, 4) as u32,
+                rd(code, i + 12, 4) as u32,
+            ));
+            i += 16;
+        } else {
+            i += 8;
+        }
+    }
+    out
+}
+
+#[test]
+fn btf_and_legacy_map_definitions_are_parsed_field_by_field() {
+    let obj = compile_bpf("maps_defs");
+    let maps = elf_maps(&obj).unwrap();
+    let names: Vec<&str> = maps.iter().map(|m| m.name.as_str()).collect();
+    // Symbol order: the static map (a local symbol) first, then the globals as clang emits them.
+    assert_eq!(
+        names,
+        [
+            "hidden",
+            "hash",
+            "array",
+            "legacy",
+            "queue",
+            "jmp_table",
+            "percpu_array",
+            "percpu_hash",
+            "lru",
+            "ringbuf"
+        ]
+    );
+    let by = |n: &str| maps.iter().find(|m| m.name == n).unwrap().clone();
+    assert_eq!(by("hidden"), def("hidden", 2, 4, 4, 2, 0));
+    // HASH, u32 key, u64 value, BPF_F_NO_PREALLOC.
+    assert_eq!(by("hash"), def("hash", 1, 4, 8, 128, 1));
+    // ARRAY of struct pair { u64; u32 } (16 bytes with padding).
+    assert_eq!(by("array"), def("array", 2, 4, 16, 16, 0));
+    assert_eq!(by("legacy"), def("legacy", 1, 8, 16, 32, 0));
+    // QUEUE: no key.
+    assert_eq!(by("queue"), def("queue", 22, 0, 4, 8, 0));
+    // PERCPU_ARRAY with explicit key_size / value_size.
+    assert_eq!(by("percpu_array"), def("percpu_array", 6, 4, 32, 4, 0));
+    // PERCPU_HASH with pinning = LIBBPF_PIN_NONE (accepted).
+    assert_eq!(by("percpu_hash"), def("percpu_hash", 5, 8, 4, 64, 0));
+    // LRU_HASH: const struct key, typedef'd value.
+    assert_eq!(by("lru"), def("lru", 9, 16, 16, 1000, 0));
+    assert_eq!(by("ringbuf"), def("ringbuf", 27, 0, 0, 4096 * 4, 0));
+    // PROG_ARRAY with `.values = { [1] = &prog_b }`.
+    let mut jt = def("jmp_table", 3, 4, 4, 4, 0);
+    jt.initial_programs = vec![(1, "prog_b".into())];
+    assert_eq!(by("jmp_table"), jt);
+}
+
+#[test]
+fn map_lddws_are_rewritten_to_pseudo_map_fd_with_the_map_index() {
+    let obj = compile_bpf("maps_defs");
+    let maps = elf_maps(&obj).unwrap();
+    let idx = |n: &str| maps.iter().position(|m| m.name == n).unwrap() as u32;
+    let l = link_sec(&obj, "pj/a").unwrap();
+    let refs: Vec<(u8, u8, u32, u32)> = lddws(&l.code)
+        .into_iter()
+        .map(|(_, dst, src, imm, imm2)| (dst, src, imm, imm2))
+        .collect();
+    // Source order: hash, array, hidden (section symbol + addend), legacy, queue; all in r1.
+    let want: Vec<(u8, u8, u32, u32)> = ["hash", "array", "hidden", "legacy", "queue"]
+        .iter()
+        .map(|n| (1, BPF_PSEUDO_MAP_FD, idx(n), 0))
+        .collect();
+    assert_eq!(refs, want);
+    let mut used: Vec<usize> = want.iter().map(|w| w.2 as usize).collect();
+    used.sort();
+    assert_eq!(l.maps_used, used);
+    // The bytecode decodes (lddw with src = 1 is a well-formed instruction).
+    assert!(l.code.len() % 8 == 0 && !l.code.is_empty());
+}
+
+#[test]
+fn programs_without_maps_link_as_before() {
+    let obj = compile_bpf("maps_defs");
+    let secs = sections(&obj);
+    for sec in ["pj/plain", "pj/b"] {
+        let l = link_sec(&obj, sec).unwrap();
+        let (off, size, _, _) = secs.iter().find(|s| s.2 == sec).unwrap().clone();
+        // No relocations: the section's bytes exactly.
+        assert_eq!(l.code, obj[off..off + size], "{sec}");
+        assert!(l.maps_used.is_empty());
+    }
+    // An object without map sections has no maps.
+    assert!(elf_maps(&compile_bpf("globals")).unwrap().is_empty());
+}
+
+#[test]
+fn the_runtime_refuses_programs_that_use_maps() {
+    let obj = compile_bpf("maps_defs");
+    let rt = packjit::Runtime::new().unwrap();
+    let e = rt
+        .load_elf(&obj, &ElfLoadOptions::section("pj/a"), &Default::default())
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported, "{e}");
+    assert_mentions(&e, &["uses maps", "pj/a"]);
+}
+
+#[test]
+fn unknown_map_member_is_refused_naming_map_and_member() {
+    let obj = compile_bpf("maps_bad_member");
+    let e = elf_maps(&obj).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert_mentions(
+        &e,
+        &[
+            "map `painted`",
+            ".maps",
+            "unknown attribute member `colour`",
+        ],
+    );
+    // Through link: the reference site is named too.
+    let e = link_sec(&obj, "pj/m").unwrap_err();
+    assert_mentions(
+        &e,
+        &[
+            "section `pj/m`",
+            "R_BPF_64_64",
+            "`painted`",
+            "unknown attribute member `colour`",
+        ],
+    );
+}
+
+#[test]
+fn pinning_other_than_none_is_refused() {
+    let obj = compile_bpf("maps_bad_pinning");
+    let e = elf_maps(&obj).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert_mentions(&e, &["map `pinned`", "`pinning` = 1", "LIBBPF_PIN_NONE"]);
+}
+
+#[test]
+fn legacy_map_shorter_than_bpf_map_def_is_refused() {
+    let obj = compile_bpf("maps_bad_legacy");
+    let e = elf_maps(&obj).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert_mentions(
+        &e,
+        &[
+            "legacy map `stubby`",
+            "section `maps`",
+            "16 bytes",
+            "at least 20",
+        ],
+    );
+    let e = link_sec(&obj, "pj/m").unwrap_err();
+    assert_mentions(&e, &["section `pj/m`", "`stubby`", "16 bytes"]);
+}
+
+#[test]
+fn legacy_map_with_non_zero_extra_bytes_is_refused() {
+    let obj = compile_bpf("maps_legacy_extra");
+    let e = elf_maps(&obj).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert_mentions(
+        &e,
+        &[
+            "legacy map `longer`",
+            "section `maps`",
+            "byte 20 is not zero",
+        ],
+    );
+}
+
+#[test]
+fn pointer_to_a_map_in_data_is_refused() {
+    let obj = compile_bpf("maps_bad_data_ref");
+    // The map itself is fine.
+    assert_eq!(elf_maps(&obj).unwrap(), [def("table", 2, 4, 8, 4, 0)]);
+    let e = link_sec(&obj, "pj/m").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert_mentions(
+        &e,
+        &[
+            "section `.data`",
+            "R_BPF_64_ABS64",
+            "`table`",
+            "pointer to a map",
+            "in data",
+        ],
+    );
+}
+
+#[test]
+fn reference_into_the_middle_of_a_map_is_refused() {
+    let mut obj = compile_bpf("maps_defs");
+    // The lddw of `hash` at pj/a+0x20: its first immediate is the implicit addend; 8 points
+    // at hash's second attribute.
+    let secs = sections(&obj);
+    let (code, _, _, _) = secs.iter().find(|s| s.2 == "pj/a").unwrap().clone();
+    assert_eq!(obj[code + 0x20], 0x18);
+    obj[code + 0x24..code + 0x28].copy_from_slice(&8u32.to_le_bytes());
+    let e = link_sec(&obj, "pj/a").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert_mentions(
+        &e,
+        &[
+            "section `pj/a`",
+            "offset 0x20",
+            "`hash`",
+            "0x8 bytes into map `hash`",
+            "map's start",
+        ],
+    );
+    // The static map through the section symbol: `.maps` + 0x78 is `hidden`; + 0x7c is not.
+    let mut obj = compile_bpf("maps_defs");
+    let at = code + 0xa8 + 4;
+    assert_eq!(rd(&obj, at, 4), 0x78);
+    obj[at..at + 4].copy_from_slice(&0x7cu32.to_le_bytes());
+    let e = link_sec(&obj, "pj/a").unwrap_err();
+    assert_mentions(
+        &e,
+        &["offset 0xa8", "`.maps`", "0x4 bytes into map `hidden`"],
+    );
+}
+
+#[test]
+fn relocation_in_maps_outside_values_is_refused() {
+    let mut obj = compile_bpf("maps_defs");
+    // Move the `values` relocation of jmp_table (at .maps+0x28, slot 1) onto its
+    // `max_entries` member (offset 8).
+    let e = rel_entry(&obj, ".rel.maps", 0x28);
+    obj[e..e + 8].copy_from_slice(&0x8u64.to_le_bytes());
+    let err = elf_maps(&obj).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Unsupported);
+    assert_mentions(
+        &err,
+        &[
+            "map `jmp_table`",
+            "offset 0x8",
+            "R_BPF_64_ABS64",
+            "`prog_b`",
+            "values",
+        ],
+    );
+}

@@ -1,0 +1,23 @@
+/* A map pinned by name (LIBBPF_PIN_BY_NAME = 1): packjit has no bpffs, refused. */
+#include "pj.h"
+
+#define __uint(name, val) int (*name)[val]
+#define __type(name, val) typeof(val) *name
+
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *) 1;
+
+struct {
+    __uint(type, 2);
+    __uint(max_entries, 4);
+    __type(key, u32);
+    __type(value, u64);
+    __uint(pinning, 1);
+} pinned SEC(".maps");
+
+SEC("pj/m")
+u64 prog_m(u8 *mem, u64 len)
+{
+    u32 k = len;
+    u64 *v = bpf_map_lookup_elem(&pinned, &k);
+    return v ? *v : 0;
+}
