@@ -288,3 +288,48 @@ fn relocation_in_maps_outside_values_is_refused() {
         ],
     );
 }
+
+/// Random corruption of an object with maps (bit flips, byte stores, truncation):
+/// `elf_maps` and `link` return, never panic, and their errors say where they come from.
+#[test]
+fn corrupted_map_objects_never_panic() {
+    let seed = std::env::var("PACKJIT_ELF_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x3a95_u64);
+    eprintln!("PACKJIT_ELF_SEED={seed}");
+    let objs = [compile_bpf("maps_defs"), compile_bpf("maps_bad_data_ref")];
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let (mut ok, mut err) = (0, 0);
+    for _ in 0..3000 {
+        let mut m = objs[(next() % 2) as usize].clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() as usize) % m.len();
+            match next() % 3 {
+                0 => m[at] ^= 1 << (next() % 8),
+                1 => m[at] = next() as u8,
+                _ => m.truncate(at.max(1)),
+            }
+        }
+        match elf_maps(&m) {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert!(e.message.starts_with("ELF: "), "{e}");
+                err += 1;
+            }
+        }
+        for sec in ["pj/a", "pj/m"] {
+            if let Err(e) = link_sec(&m, sec) {
+                assert!(e.message.starts_with("ELF: "), "{e}");
+            }
+        }
+    }
+    eprintln!("corrupted map objects: {ok} parsed, {err} refused");
+    assert!(err > 0 && ok > 0);
+}
