@@ -161,11 +161,11 @@ impl MemRegion {
 thread_local! {
     /// The environment of the program this thread is running (innermost, if a helper runs
     /// another program), for [`helper_access_ok`].
-    static CURRENT_ENV: Cell<*const PjExecEnv> = const { Cell::new(std::ptr::null()) };
+    static CURRENT_ENV: Cell<*mut PjExecEnv> = const { Cell::new(std::ptr::null_mut()) };
 }
 
 /// Restores the previous current environment when a run ends, even by unwinding.
-struct CurrentEnvGuard(*const PjExecEnv);
+struct CurrentEnvGuard(*mut PjExecEnv);
 
 impl Drop for CurrentEnvGuard {
     fn drop(&mut self) {
@@ -177,7 +177,7 @@ impl Drop for CurrentEnvGuard {
 /// [`helper_access_ok`] answers about the innermost run (the interpreter's) even when a
 /// JIT-compiled program's helper started it.
 pub(crate) fn without_jit_env<T>(f: impl FnOnce() -> T) -> T {
-    let previous = CURRENT_ENV.with(|c| c.replace(std::ptr::null()));
+    let previous = CURRENT_ENV.with(|c| c.replace(std::ptr::null_mut()));
     let _restore = CurrentEnvGuard(previous);
     f()
 }
@@ -207,13 +207,17 @@ pub(crate) unsafe fn run(
         budget,
         ..Default::default()
     };
-    let previous = CURRENT_ENV.with(|c| c.replace(&env));
+    // One pointer for the code and for the helpers it calls (a tail call's chooser writes
+    // the regions through it while the code runs).
+    let env_ptr: *mut PjExecEnv = &mut env;
+    let previous = CURRENT_ENV.with(|c| c.replace(env_ptr));
     let _restore = CurrentEnvGuard(previous);
     // SAFETY: the caller guarantees `entry` is live code with this signature.
     let f: PjProgramEntry = unsafe { std::mem::transmute(entry as usize) };
     // SAFETY: as above; `env` outlives the call.
-    let r0 = unsafe { f(ctx, len as u64, &mut env) };
-    stop_to_result(&env, r0)
+    let r0 = unsafe { f(ctx, len as u64, env_ptr) };
+    // SAFETY: the call is over; `env_ptr` is `env`, no longer shared.
+    stop_to_result(unsafe { &*env_ptr }, r0)
 }
 
 /// `Ok(r0)` for a normal return, the stop recorded in `env` otherwise.
@@ -279,6 +283,24 @@ pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool
         inside(r.start, r.start.saturating_add(r.len))
             && (direction == AccessDirection::Read || r.flags & PJ_REGION_WRITABLE != 0)
     })
+}
+
+/// Points the current run's `env` at `regions` (a tail call continues in a program with
+/// its own regions; its code reads them from `env`). `false` when no JIT run is current.
+/// The caller keeps `regions` alive until the run ends.
+pub(crate) fn switch_regions(regions: &[PjMemRegion]) -> bool {
+    let env = CURRENT_ENV.with(|c| c.get());
+    if env.is_null() {
+        return false;
+    }
+    // SAFETY: set by `run` to its own `env` for the duration of the call that
+    // (transitively) invoked the helper on this thread; the code reads the fields only
+    // after the helper returns.
+    unsafe {
+        (*env).regions = regions.as_ptr() as u64;
+        (*env).region_count = regions.len() as u64;
+    }
+    true
 }
 
 /// A fresh key for constant blinding, from the kernel's random source.
@@ -387,7 +409,7 @@ mod tests {
             stack_end: 0x8200,
             ..Default::default()
         };
-        let previous = CURRENT_ENV.with(|c| c.replace(&env));
+        let previous = CURRENT_ENV.with(|c| c.replace(&env as *const PjExecEnv as *mut PjExecEnv));
         let _restore = CurrentEnvGuard(previous);
         let ok = |a, l, d| helper_access_ok(a, l, d);
         use AccessDirection::{Read, Write};

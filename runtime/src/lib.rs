@@ -36,6 +36,7 @@ mod heap_arena;
 mod hook;
 mod id_map;
 mod loader;
+pub mod maps;
 mod perf_map;
 mod program_box;
 pub mod rbpf_bridge;
@@ -47,7 +48,7 @@ pub use arena::{
     PackOccupancy, PackedArena, Placement, RemapPolicy,
 };
 pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl, PerCpuLookupImpl};
-pub use elf::{ElfLoadOptions, ElfProgramSelector, GlobalData};
+pub use elf::{btf, elf_maps, ElfLoadOptions, ElfMapDef, ElfProgramSelector, GlobalData};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess, RunError};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
@@ -83,7 +84,7 @@ pub struct RuntimeConfig {
 }
 
 /// Per-load options.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     /// Instruction budget: `Some(n)` compiles budget counting in and gives every call `n`
     /// instructions (see [`Program::call_with_budget`]); `None` = no counting.
@@ -111,6 +112,10 @@ pub struct LoadOptions {
     /// array is unknown to this load or the CPU is out of its range. Without it the encoding
     /// is refused (a reserved `off`).
     pub percpu_insn: bool,
+    /// The maps the program names: `lddw` with `src = 1` (`BPF_PSEUDO_MAP_FD`) and
+    /// `imm = k` is `maps[k]` (see [`maps`]). Shared: several programs and the host may
+    /// use one map at once.
+    pub maps: Vec<Arc<maps::Map>>,
 }
 
 /// What a loaded backend is.
@@ -519,6 +524,22 @@ impl Runtime {
         }))
     }
 
+    /// Puts `program` in slot `index` of prog array `map` (`None` empties it), atomically
+    /// for running programs: a tail call sees the old or the new program, never a torn or
+    /// freed one; the replaced program is released once no run can still be in it. A tail
+    /// call only continues in a program of the caller's trust.
+    ///
+    /// A program in a slot keeps the maps it names alive, the prog array among them: empty
+    /// the slots (or drop the programs' last other owners after emptying) to release them.
+    pub fn set_prog_array(
+        &self,
+        map: &Arc<maps::Map>,
+        index: u32,
+        program: Option<Arc<Program>>,
+    ) -> Result<(), Error> {
+        maps::set_prog_array_slot(map, index, program)
+    }
+
     fn compile(
         &self,
         code: &[u8],
@@ -588,6 +609,42 @@ impl Runtime {
             flags |= abi::PJ_COMPILE_BLIND_CONSTANTS;
         }
         let mut table = helpers.to_vec();
+        // Maps: references rewritten to handles and value addresses, array lookups inlined,
+        // tail calls made real jumps (see `maps`).
+        let mut inlined_percpu_arrays = false;
+        let bound = if opts.maps.is_empty() && !names_maps(code) {
+            None
+        } else {
+            let tail_calls = native
+                && backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_TAIL_CALL) != 0;
+            let inline_arrays = native
+                && backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_ARRAY_LOOKUP) != 0;
+            let inlining = maps::Inlining {
+                tail_calls,
+                array_lookups: inline_arrays,
+            };
+            let b = maps::bind(code, &opts.maps, trust, inlining, |a| {
+                // The per-CPU lookup is a built-in: without built-ins it is not there.
+                if !with_builtins {
+                    return None;
+                }
+                let id = builtins::register_percpu_array(abi::PjPerCpuArray {
+                    base: a.base as u64,
+                    slot_size: a.cpu_stride,
+                    value_size: a.value_stride,
+                    entries: a.max_entries.into(),
+                    cpus: a.cpus.into(),
+                });
+                inlined_percpu_arrays = true;
+                Some(id)
+            })?;
+            table.extend_from_slice(&b.helpers);
+            Some(b)
+        };
+        let code = bound.as_ref().map_or(code, |b| &b.code[..]);
+        if with_builtins {
+            maps::add_kernel_helpers(&mut table, code);
+        }
         // The per-CPU mov reads a snapshot of the arrays registered so far (owned by the
         // program, like the lookup's); its CPU comes from helper 8's entry, so the table's
         // rseq offset is unused (0).
@@ -606,7 +663,8 @@ impl Runtime {
         let builtins = with_builtins.then(|| {
             let (facts, inline) = self.builtin_facts(builtins::Wanted {
                 clock: native && may_call(code, abi::PJ_HELPER_KTIME_GET_NS),
-                percpu_lookup: native && may_call(code, abi::PJ_HELPER_PERCPU_LOOKUP),
+                percpu_lookup: native
+                    && (inlined_percpu_arrays || may_call(code, abi::PJ_HELPER_PERCPU_LOOKUP)),
             });
             builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline && native)
         });
@@ -630,11 +688,15 @@ impl Runtime {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let regions: Arc<[abi::PjMemRegion]> = if opts.regions.is_empty() {
+        let map_regions = bound.as_ref().map_or(&[][..], |b| &b.regions[..]);
+        let regions: Arc<[abi::PjMemRegion]> = if opts.regions.is_empty() && map_regions.is_empty()
+        {
             shared_regions
         } else {
             let own = opts.regions.iter().map(|r| r.to_abi());
-            shared_regions.iter().copied().chain(own).collect()
+            (shared_regions.iter().copied().chain(own))
+                .chain(map_regions.iter().copied())
+                .collect()
         };
         let (mut compiled, owner) = match (&self.arena, native) {
             // A statically linked backend gets the same panic policy as a plugin: a panic
@@ -699,6 +761,7 @@ impl Runtime {
                     _percpu_insn: percpu_insn_table,
                 })
             }),
+            maps: bound.map(|b| b.run),
         })
     }
 
@@ -795,7 +858,13 @@ impl Drop for Runtime {
 
 /// Whether `code` may call helper `id`: a `call imm` naming it, or any `callx` (whose id is
 /// only known at run time).
-fn may_call(code: &[u8], id: u32) -> bool {
+/// Does `code` name a map (`lddw` with a map source)? Such code needs [`LoadOptions::maps`].
+fn names_maps(code: &[u8]) -> bool {
+    code.chunks_exact(8)
+        .any(|c| c[0] == 0x18 && matches!(c[1] >> 4, 1 | 2))
+}
+
+pub(crate) fn may_call(code: &[u8], id: u32) -> bool {
     code.chunks_exact(8).any(|c| {
         let imm = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
         (c[0] == 0x85 && c[1] >> 4 == 0 && imm == id) || c[0] == 0x8d
@@ -860,6 +929,8 @@ pub struct Program {
     /// Boxed: only programs that can call the per-CPU lookup, or use the per-CPU mov, have
     /// any.
     _percpu_tables: Option<Box<PerCpuTables>>,
+    /// The maps the program names, for its helpers while it runs (`None`: no maps).
+    maps: Option<Arc<maps::RunMaps>>,
 }
 
 impl std::fmt::Debug for Program {
@@ -905,6 +976,7 @@ impl Program {
     pub fn call_with_budget(&self, mem: &mut [u8], budget: u64) -> Result<u64, RunError> {
         self.check_executable()?;
         let _guard = arena::epoch_pin();
+        let _maps = self.maps.as_ref().map(|m| maps::enter(Some(m)));
         // SAFETY: committed code, kept alive by `self` and the epoch pin. For sandboxed code
         // the emitted checks confine it to `mem`, its stack and its regions; for trusted code
         // the caller of `load_trusted` promised it stays within memory it may touch.
@@ -927,6 +999,7 @@ impl Program {
     pub unsafe fn call_raw(&self, ctx: *mut u8, len: usize) -> Result<u64, RunError> {
         self.check_executable()?;
         let _guard = arena::epoch_pin();
+        let _maps = self.maps.as_ref().map(|m| maps::enter(Some(m)));
         // SAFETY: as in call_with_budget; the caller vouches for ctx/len.
         unsafe {
             exec::run(

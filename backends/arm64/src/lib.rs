@@ -50,7 +50,8 @@ pub use lower::emit_decoded_with;
 
 use packjit_frontend::target::Target;
 use packjit_plugin_api::{
-    pj_inline_bit, Arch, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
+    pj_inline_bit, Arch, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
 };
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
@@ -64,7 +65,9 @@ pub const SUPPORTED_FEATURES: u64 = FEATURE_LSE;
 /// `cntvct_el0` clock and the per-CPU array lookup.
 pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
-    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)
+    | pj_inline_bit(PJ_INLINE_TAIL_CALL)
+    | pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP);
 
 /// The arm64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {

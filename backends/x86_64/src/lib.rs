@@ -35,7 +35,8 @@ pub use lower::emit_decoded_with;
 
 use packjit_frontend::target::Target;
 use packjit_plugin_api::{
-    pj_inline_bit, Arch, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID,
+    pj_inline_bit, Arch, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
 };
 
 /// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
@@ -49,7 +50,9 @@ pub const SUPPORTED_FEATURES: u64 = FEATURE_BMI2 | FEATURE_MOVBE;
 /// clock (`rdtsc`, scaled) and the per-CPU array lookup.
 pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
-    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP);
+    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)
+    | pj_inline_bit(PJ_INLINE_TAIL_CALL)
+    | pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP);
 
 /// The x86-64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {

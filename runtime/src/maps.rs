@@ -1,0 +1,680 @@
+//! Maps in programs: how a load's maps reach its code, the kernel's map helpers by id, and
+//! tail calls.
+//!
+//! A program names its maps as the kernel's loader expects: `lddw rX, map` with
+//! `src = BPF_PSEUDO_MAP_FD` (1) and `imm` = the map's index in [`LoadOptions::maps`]
+//! (crate::LoadOptions::maps), or `src = BPF_PSEUDO_MAP_VALUE` (2) with the second slot's
+//! `imm` = an offset into an array map's first value (libbpf's global-data references).
+//! [`bind`] rewrites those into plain `lddw`s before the backend sees the code:
+//!
+//! * a map reference becomes the map's **handle**, the address of its [`Map`]. Programs
+//!   cannot read through it (it is in none of their regions); helpers take it back only
+//!   after finding it among the maps of the program that is running ([`current_map`]), so
+//!   a forged handle gets the helper's failure value, never a host access;
+//! * a value reference becomes the address of the value;
+//! * `call 1` (`bpf_map_lookup_elem`) whose `r1` is, within its basic block, an array or
+//!   per-CPU array map becomes a call of a per-load id the backend inlines
+//!   ([`PJ_INLINE_ARRAY_LOOKUP`]): a bounds test and `base + key * stride`, as the kernel's
+//!   `map_gen_lookup`;
+//! * `call 12` (`bpf_tail_call`) becomes a real tail call ([`PJ_INLINE_TAIL_CALL`]) when the
+//!   backend has them.
+//!
+//! Every map's value memory is a region of the program (read-only with
+//! `BPF_F_RDONLY_PROG`), so values are checked like any other memory in sandboxed code; a
+//! lookup's NULL is in no region. Map bookkeeping (hash links, keys, free lists) is never
+//! in a region: a program that overruns a value reaches at most another value of the same
+//! map, never the map's structure or the host.
+
+use crate::exec;
+use crate::{err, Error, ErrorKind, Program, Trust};
+use packjit_plugin_api::abi::{
+    PjArrayMap, PjMemRegion, PJ_ARRAY_NOT_PERCPU, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE,
+    PJ_INLINE_TAIL_CALL, PJ_REGION_WRITABLE,
+};
+use packjit_plugin_api::AccessDirection;
+use packjit_plugin_api::HelperEntry;
+use std::cell::Cell;
+use std::sync::Arc;
+
+pub use packjit_maps::{
+    ArrayLayout, Map, MapError, MapSpec, MapType, BPF_ANY, BPF_EXIST, BPF_F_LOCK,
+    BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, BPF_NOEXIST,
+};
+
+/// Kernel helper ids the runtime provides when the host registered nothing under them.
+pub mod helper_ids {
+    /// `void *bpf_map_lookup_elem(map, key)`.
+    pub const MAP_LOOKUP_ELEM: u32 = 1;
+    /// `long bpf_map_update_elem(map, key, value, flags)`.
+    pub const MAP_UPDATE_ELEM: u32 = 2;
+    /// `long bpf_map_delete_elem(map, key)`.
+    pub const MAP_DELETE_ELEM: u32 = 3;
+    /// `u32 bpf_get_prandom_u32(void)`.
+    pub const GET_PRANDOM_U32: u32 = 7;
+    /// `long bpf_tail_call(ctx, prog_array, index)`.
+    pub const TAIL_CALL: u32 = 12;
+    /// `long bpf_map_push_elem(map, value, flags)`.
+    pub const MAP_PUSH_ELEM: u32 = 87;
+    /// `long bpf_map_pop_elem(map, value)`.
+    pub const MAP_POP_ELEM: u32 = 88;
+    /// `long bpf_map_peek_elem(map, value)`.
+    pub const MAP_PEEK_ELEM: u32 = 89;
+    /// `long bpf_ringbuf_output(ringbuf, data, size, flags)`.
+    pub const RINGBUF_OUTPUT: u32 = 130;
+    /// `void *bpf_ringbuf_reserve(ringbuf, size, flags)`.
+    pub const RINGBUF_RESERVE: u32 = 131;
+    /// `void bpf_ringbuf_submit(data, flags)`.
+    pub const RINGBUF_SUBMIT: u32 = 132;
+    /// `void bpf_ringbuf_discard(data, flags)`.
+    pub const RINGBUF_DISCARD: u32 = 133;
+    /// `u64 bpf_ringbuf_query(ringbuf, flags)`.
+    pub const RINGBUF_QUERY: u32 = 134;
+    /// `void *bpf_map_lookup_percpu_elem(map, key, cpu)`.
+    pub const MAP_LOOKUP_PERCPU_ELEM: u32 = 195;
+}
+use helper_ids::*;
+
+/// The longest chain of tail calls one run may make, as in the kernel
+/// (`MAX_TAIL_CALL_CNT`).
+pub const MAX_TAIL_CALLS: u32 = 33;
+
+/// The first of the per-load ids of inlined array lookups (one per array map of the load).
+const ARRAY_LOOKUP_IDS: u32 = 0x7043_1000;
+
+/// `BPF_PSEUDO_MAP_FD` / `BPF_PSEUDO_MAP_VALUE` in an `lddw`'s source field.
+const PSEUDO_MAP_FD: u8 = 1;
+const PSEUDO_MAP_VALUE: u8 = 2;
+
+/// What the helpers of a running program know about its maps and its mode.
+pub(crate) struct RunMaps {
+    maps: Vec<Arc<Map>>,
+    trust: Trust,
+}
+
+impl RunMaps {
+    fn find(&self, handle: u64) -> Option<&Map> {
+        self.maps
+            .iter()
+            .find(|m| Arc::as_ptr(m) as u64 == handle)
+            .map(|m| &**m)
+    }
+}
+
+/// A load's maps bound to its code (see the module doc).
+pub(crate) struct Bound {
+    /// The code with its map references rewritten.
+    pub code: Vec<u8>,
+    /// Helper entries the rewritten code calls (array lookups, the tail call).
+    pub helpers: Vec<HelperEntry>,
+    /// The maps' value memory.
+    pub regions: Vec<PjMemRegion>,
+    /// For the helpers while the program runs.
+    pub run: Arc<RunMaps>,
+    /// The array layouts the inlined lookups were compiled from (read while compiling).
+    _arrays: Box<[PjArrayMap]>,
+}
+
+/// The handle programs use for `map` (see the module doc).
+pub fn handle_of(map: &Arc<Map>) -> u64 {
+    Arc::as_ptr(map) as u64
+}
+
+/// What the backend of a load emits in place of helper calls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Inlining {
+    /// Real tail calls ([`PJ_INLINE_TAIL_CALL`]).
+    pub tail_calls: bool,
+    /// Inlined array lookups ([`PJ_INLINE_ARRAY_LOOKUP`]).
+    pub array_lookups: bool,
+}
+
+/// Binds `maps` to `code` for a load in `trust` mode (see the module doc).
+/// `percpu_id(map)` registers a per-CPU array for the inlined per-CPU lookup and returns its
+/// id (`None`: that array's lookups stay calls).
+pub(crate) fn bind(
+    code: &[u8],
+    maps: &[Arc<Map>],
+    trust: Trust,
+    inlining: Inlining,
+    mut percpu_id: impl FnMut(&ArrayLayout) -> Option<u32>,
+) -> Result<Bound, Error> {
+    let mut out = code.to_vec();
+    let slots = out.len() / 8;
+    let at = |pc: usize| 8 * pc;
+    let targets = jump_targets(code);
+    // Per map: the id of its inlined lookup, when it is an array.
+    let mut arrays: Vec<PjArrayMap> = Vec::new();
+    let mut lookup_ids: Vec<Option<u32>> = vec![None; maps.len()];
+    // Per register: the map whose handle it holds in the current basic block.
+    let mut holds: [Option<usize>; 11] = [None; 11];
+    let mut pc = 0;
+    while pc < slots {
+        let s = &code[at(pc)..at(pc) + 8];
+        let (op, dst, src) = (s[0], s[1] & 0xf, s[1] >> 4);
+        if targets.get(pc).copied().unwrap_or(false) {
+            holds = [None; 11];
+        }
+        let imm = i32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+        if op == 0x18 && pc + 1 < slots {
+            let index = usize::try_from(imm).ok().filter(|&i| i < maps.len());
+            let value = match src {
+                PSEUDO_MAP_FD | PSEUDO_MAP_VALUE => {
+                    let Some(k) = index else {
+                        return Err(err(
+                            ErrorKind::Verify,
+                            format!(
+                                "pc {pc}: lddw names map {imm}, but the load has {} maps",
+                                maps.len()
+                            ),
+                        ));
+                    };
+                    Some((k, src))
+                }
+                _ => None,
+            };
+            holds[dst as usize] = None;
+            if let Some((k, src)) = value {
+                let addr = if src == PSEUDO_MAP_FD {
+                    holds[dst as usize] = Some(k);
+                    handle_of(&maps[k])
+                } else {
+                    value_address(pc, &maps[k], &code[at(pc + 1)..at(pc + 1) + 8])?
+                };
+                out[at(pc) + 1] = dst;
+                out[at(pc) + 4..at(pc) + 8].copy_from_slice(&(addr as u32).to_le_bytes());
+                out[at(pc + 1) + 4..at(pc + 1) + 8]
+                    .copy_from_slice(&((addr >> 32) as u32).to_le_bytes());
+            }
+            pc += 2;
+            continue;
+        }
+        match op & 7 {
+            // A call clobbers r0-r5 and a jump ends the basic block: forget everything.
+            5 | 6 => {
+                let lookup = inlining.array_lookups
+                    && op == 0x85
+                    && src == 0
+                    && imm == MAP_LOOKUP_ELEM as i32;
+                if let Some(k) = holds[1].filter(|_| lookup) {
+                    let id =
+                        array_lookup_id(&maps[k], k, &mut arrays, &mut lookup_ids, &mut percpu_id);
+                    if let Some(id) = id {
+                        out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
+                    }
+                }
+                holds = [None; 11];
+            }
+            // Register loads and ALU operations write dst.
+            1 | 4 | 7 => holds[dst as usize] = None,
+            // Plain stores write no register.
+            2 => {}
+            // Atomics with fetch write src or r0; legacy packet loads write r0 and more.
+            _ => holds = [None; 11],
+        }
+        pc += 1;
+    }
+    let mut helpers: Vec<HelperEntry> = Vec::new();
+    let arrays = arrays.into_boxed_slice();
+    for id in lookup_ids.iter().flatten().copied() {
+        {
+            let slot = (id - ARRAY_LOOKUP_IDS) as usize;
+            helpers.push(HelperEntry {
+                id,
+                inline_kind: PJ_INLINE_ARRAY_LOOKUP,
+                addr: &arrays[slot] as *const PjArrayMap as u64,
+            });
+        }
+    }
+    if inlining.tail_calls && crate::may_call(code, TAIL_CALL) {
+        helpers.push(HelperEntry {
+            id: TAIL_CALL,
+            inline_kind: PJ_INLINE_TAIL_CALL,
+            addr: tail_call_chooser as *const () as u64,
+        });
+    }
+    let regions = maps
+        .iter()
+        .flat_map(|m| m.value_regions())
+        .map(|(start, len, writable)| PjMemRegion {
+            start: start as u64,
+            len: len as u64,
+            flags: if writable { PJ_REGION_WRITABLE } else { 0 },
+        })
+        .collect();
+    Ok(Bound {
+        code: out,
+        helpers,
+        regions,
+        run: Arc::new(RunMaps {
+            maps: maps.to_vec(),
+            trust,
+        }),
+        _arrays: arrays,
+    })
+}
+
+/// The address a `BPF_PSEUDO_MAP_VALUE` reference names: `off` bytes into the first value
+/// of an array map (the only maps with a fixed value address).
+fn value_address(pc: usize, map: &Map, second: &[u8]) -> Result<u64, Error> {
+    let off = u32::from_le_bytes([second[4], second[5], second[6], second[7]]);
+    let spec = map.spec();
+    match map.array_layout() {
+        Some(a) if a.cpu_stride == 0 && off < spec.value_size => Ok(a.base as u64 + off as u64),
+        _ => Err(err(
+            ErrorKind::Verify,
+            format!(
+                "pc {pc}: lddw of a value of map `{}` at offset {off}: only array maps have value addresses, inside their value ({} bytes)",
+                spec.name, spec.value_size
+            ),
+        )),
+    }
+}
+
+/// The id of `map`'s inlined lookup (`k`: its index in the load), registering it on first
+/// use; `None` when the map is not an array or its per-CPU copy cannot be inlined.
+fn array_lookup_id(
+    map: &Map,
+    k: usize,
+    arrays: &mut Vec<PjArrayMap>,
+    ids: &mut [Option<u32>],
+    percpu_id: &mut impl FnMut(&ArrayLayout) -> Option<u32>,
+) -> Option<u32> {
+    if let Some(id) = ids[k] {
+        return Some(id);
+    }
+    let layout = map.array_layout()?;
+    let percpu = if layout.cpu_stride == 0 {
+        PJ_ARRAY_NOT_PERCPU
+    } else {
+        percpu_id(&layout)?
+    };
+    let id = ARRAY_LOOKUP_IDS + arrays.len() as u32;
+    arrays.push(PjArrayMap {
+        base: layout.base as u64,
+        value_stride: layout.value_stride,
+        max_entries: layout.max_entries,
+        percpu_id: percpu,
+    });
+    ids[k] = Some(id);
+    Some(id)
+}
+
+/// Which slots are jump targets (a basic block starts there): the scan above forgets what
+/// registers hold at each.
+fn jump_targets(code: &[u8]) -> Vec<bool> {
+    let slots = code.len() / 8;
+    let mut t = vec![false; slots + 1];
+    for pc in 0..slots {
+        let s = &code[8 * pc..8 * pc + 8];
+        let class = s[0] & 7;
+        let off = i16::from_le_bytes([s[2], s[3]]) as i64;
+        let imm = i32::from_le_bytes([s[4], s[5], s[6], s[7]]) as i64;
+        let target = match (class, s[0] >> 4) {
+            // ja32 (gotol) takes its offset from imm.
+            (6, 0) => Some(pc as i64 + 1 + imm),
+            (5 | 6, 0x8 | 0x9) => None, // call, exit
+            (5 | 6, _) => Some(pc as i64 + 1 + off),
+            _ => None,
+        };
+        if let Some(t2) = target.and_then(|t2| usize::try_from(t2).ok()) {
+            if t2 < t.len() {
+                t[t2] = true;
+            }
+        }
+    }
+    t
+}
+
+thread_local! {
+    /// The maps of the program this thread runs (innermost), for the helpers.
+    static CURRENT: Cell<*const RunMaps> = const { Cell::new(std::ptr::null()) };
+    /// Tail calls made by the current run.
+    static TAIL_CALLS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Restores what [`enter`] replaced when a run ends, even by unwinding.
+pub(crate) struct RunGuard {
+    maps: *const RunMaps,
+    tail_calls: u32,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.maps));
+        TAIL_CALLS.with(|c| c.set(self.tail_calls));
+    }
+}
+
+/// Makes `maps` the current program's for a run on this thread (nested runs restore the
+/// outer one's when their guard drops). The caller keeps `maps` alive for the run.
+pub(crate) fn enter(maps: Option<&Arc<RunMaps>>) -> RunGuard {
+    let now = maps.map_or(std::ptr::null(), Arc::as_ptr);
+    RunGuard {
+        maps: CURRENT.with(|c| c.replace(now)),
+        tail_calls: TAIL_CALLS.with(|c| c.replace(0)),
+    }
+}
+
+/// The running program's map with this handle, if it has one.
+fn current_map<'a>(handle: u64) -> Option<(&'a Map, Trust)> {
+    let run = CURRENT.with(|c| c.get());
+    if run.is_null() {
+        return None;
+    }
+    // SAFETY: set by `enter` for the duration of the run that (transitively) called this
+    // helper, from an `Arc` the running program holds; reset before the run returns.
+    let run: &'a RunMaps = unsafe { &*run };
+    run.find(handle).map(|m| (m, run.trust))
+}
+
+/// May the running program (in `trust` mode) read or write `len` bytes at `addr`? Trusted
+/// programs vouch for their own pointers (their loader promised they stay in bounds).
+fn may_access(trust: Trust, addr: u64, len: u64, direction: AccessDirection) -> bool {
+    trust == Trust::Trusted || exec::helper_access_ok(addr, len, direction)
+}
+
+/// The CPU this thread runs on, for per-CPU maps (a hint, as in the kernel).
+fn this_cpu() -> u32 {
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).unwrap_or(0)
+}
+
+const ENOENT: u64 = (-2i64) as u64;
+const EINVAL: u64 = (-22i64) as u64;
+
+extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return 0;
+    };
+    if !may_access(trust, key, m.spec().key_size.into(), AccessDirection::Read) {
+        return 0;
+    }
+    // SAFETY: `key_size` readable bytes at `key` (checked above, or vouched for).
+    unsafe { m.lookup_raw(key as *const u8, this_cpu()) as u64 }
+}
+
+extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64, _: u64) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return 0;
+    };
+    if !may_access(trust, key, m.spec().key_size.into(), AccessDirection::Read) {
+        return 0;
+    }
+    let Ok(cpu) = u32::try_from(cpu) else {
+        return 0;
+    };
+    // SAFETY: as in `map_lookup_elem`.
+    unsafe { m.lookup_percpu_raw(key as *const u8, cpu) as u64 }
+}
+
+extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return EINVAL;
+    };
+    let spec = m.spec();
+    if !may_access(trust, key, spec.key_size.into(), AccessDirection::Read)
+        || !may_access(trust, value, spec.value_size.into(), AccessDirection::Read)
+    {
+        return EINVAL;
+    }
+    // SAFETY: key and value bytes readable (checked above, or vouched for).
+    unsafe { m.update_raw(key as *const u8, value as *const u8, flags, this_cpu()) as u64 }
+}
+
+extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return EINVAL;
+    };
+    if !may_access(trust, key, m.spec().key_size.into(), AccessDirection::Read) {
+        return EINVAL;
+    }
+    // SAFETY: as in `map_lookup_elem`.
+    unsafe { m.delete_raw(key as *const u8) as u64 }
+}
+
+extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: u64) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return EINVAL;
+    };
+    if !may_access(
+        trust,
+        value,
+        m.spec().value_size.into(),
+        AccessDirection::Read,
+    ) {
+        return EINVAL;
+    }
+    // SAFETY: `value_size` readable bytes at `value`.
+    unsafe { m.push_raw(value as *const u8, flags) as u64 }
+}
+
+/// `pop` and `peek`: write the element to `value`.
+fn take_elem(map: u64, value: u64, pop: bool) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return EINVAL;
+    };
+    if !may_access(
+        trust,
+        value,
+        m.spec().value_size.into(),
+        AccessDirection::Write,
+    ) {
+        return EINVAL;
+    }
+    // SAFETY: `value_size` writable bytes at `value`.
+    unsafe {
+        if pop {
+            m.pop_raw(value as *mut u8) as u64
+        } else {
+            m.peek_raw(value as *mut u8) as u64
+        }
+    }
+}
+
+extern "C" fn map_pop_elem(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
+    take_elem(map, value, true)
+}
+
+extern "C" fn map_peek_elem(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
+    take_elem(map, value, false)
+}
+
+extern "C" fn ringbuf_output(map: u64, data: u64, size: u64, flags: u64, _: u64) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return EINVAL;
+    };
+    if !may_access(trust, data, size, AccessDirection::Read) {
+        return EINVAL;
+    }
+    // SAFETY: `size` readable bytes at `data`.
+    unsafe { m.ringbuf_output_raw(data as *const u8, size, flags) as u64 }
+}
+
+extern "C" fn ringbuf_reserve(map: u64, size: u64, flags: u64, _: u64, _: u64) -> u64 {
+    let Some((m, _)) = current_map(map) else {
+        return 0;
+    };
+    // SAFETY: the map checks size and flags; the record is its own memory.
+    unsafe { m.ringbuf_reserve_raw(size, flags) as u64 }
+}
+
+/// The ring buffer holding the record at `data`: one of the running program's.
+fn ringbuf_of<'a>(data: u64) -> Option<&'a Map> {
+    let run = CURRENT.with(|c| c.get());
+    if run.is_null() {
+        return None;
+    }
+    // SAFETY: as in `current_map`.
+    let run: &'a RunMaps = unsafe { &*run };
+    run.maps
+        .iter()
+        .find(|m| {
+            m.spec().map_type == MapType::RingBuf
+                && m.value_regions().iter().any(|&(start, len, _)| {
+                    (start as u64..start as u64 + len as u64).contains(&data)
+                })
+        })
+        .map(|m| &**m)
+}
+
+extern "C" fn ringbuf_submit(data: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+    if let Some(m) = ringbuf_of(data) {
+        // SAFETY: `data` is inside this ring buffer; the map validates it is a reservation.
+        unsafe { m.ringbuf_submit_raw(data as *mut u8, flags) };
+    }
+    0
+}
+
+extern "C" fn ringbuf_discard(data: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+    if let Some(m) = ringbuf_of(data) {
+        // SAFETY: as in `ringbuf_submit`.
+        unsafe { m.ringbuf_discard_raw(data as *mut u8, flags) };
+    }
+    0
+}
+
+extern "C" fn ringbuf_query(map: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+    current_map(map).map_or(0, |(m, _)| m.ringbuf_query(flags))
+}
+
+extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(exec::random_key() | 1);
+    }
+    // xorshift64*: not cryptographic, as the kernel's prandom is not.
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32
+    })
+}
+
+/// Called by the code of a tail call ([`PJ_INLINE_TAIL_CALL`]): the entry of the program
+/// in slot `index` of prog array `map`, with the run switched over to it (its regions in
+/// `env`, its maps for the helpers), or 0: a map that is not the program's prog array, an
+/// empty slot or one out of range, a program of another trust, or the 34th tail call.
+extern "C" fn tail_call_chooser(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
+    let Some((m, trust)) = current_map(map) else {
+        return 0;
+    };
+    let made = TAIL_CALLS.with(|c| c.get());
+    if made >= MAX_TAIL_CALLS || m.spec().map_type != MapType::ProgArray {
+        return 0;
+    }
+    let Ok(index) = u32::try_from(index) else {
+        return 0;
+    };
+    let token = m.prog_slot(index);
+    if token == 0 {
+        return 0;
+    }
+    // SAFETY: a non-zero slot holds `Arc::into_raw` of a `TailTarget` (set by
+    // `set_prog_array_slot`), released only after an epoch grace period, and the run that
+    // calls us is pinned.
+    let target = unsafe { &*(token as *const TailTarget) };
+    if target.program.trust() != trust || !target.program.is_executable() {
+        return 0;
+    }
+    if !exec::switch_regions(&target.program.regions) {
+        return 0;
+    }
+    TAIL_CALLS.with(|c| c.set(made + 1));
+    let maps = (target.program.maps.as_ref()).map_or(std::ptr::null(), Arc::as_ptr);
+    CURRENT.with(|c| c.set(maps));
+    target.program.entry_now()
+}
+
+/// What a prog-array slot holds: a program kept alive by the slot.
+pub(crate) struct TailTarget {
+    program: Arc<Program>,
+}
+
+/// Puts `program` (or nothing) in slot `index` of prog array `map`; the program it
+/// replaces is released once no run can still be in it.
+pub(crate) fn set_prog_array_slot(
+    map: &Map,
+    index: u32,
+    program: Option<Arc<Program>>,
+) -> Result<(), Error> {
+    if map.spec().map_type != MapType::ProgArray {
+        return Err(err(
+            ErrorKind::InvalidArgument,
+            format!("map `{}` is not a prog array", map.spec().name),
+        ));
+    }
+    let token = program.map_or(0, |program| {
+        Arc::into_raw(Arc::new(TailTarget { program })) as u64
+    });
+    let old = match map.set_prog_slot(index, token) {
+        Ok(old) => old,
+        Err(e) => {
+            if token != 0 {
+                // SAFETY: made by `Arc::into_raw` just above and never published.
+                drop(unsafe { Arc::from_raw(token as *const TailTarget) });
+            }
+            return Err(map_error(e));
+        }
+    };
+    if old != 0 {
+        let guard = crate::arena::epoch_pin();
+        let old = old as usize;
+        // SAFETY: `old` came from `Arc::into_raw` above; runs that may still be using it are
+        // pinned, and the closure runs after all of them unpinned.
+        unsafe {
+            guard.defer_unchecked(move || drop(Arc::from_raw(old as *const TailTarget)));
+        }
+    }
+    Ok(())
+}
+
+/// A map error as a runtime error.
+pub(crate) fn map_error(e: MapError) -> Error {
+    err(ErrorKind::InvalidArgument, e.to_string())
+}
+
+/// The kernel helpers the runtime provides: (id, name, function).
+pub(crate) fn kernel_helpers() -> [(u32, &'static str, u64); 14] {
+    let f = |h: extern "C" fn(u64, u64, u64, u64, u64) -> u64| h as *const () as u64;
+    [
+        (MAP_LOOKUP_ELEM, "bpf_map_lookup_elem", f(map_lookup_elem)),
+        (MAP_UPDATE_ELEM, "bpf_map_update_elem", f(map_update_elem)),
+        (MAP_DELETE_ELEM, "bpf_map_delete_elem", f(map_delete_elem)),
+        (GET_PRANDOM_U32, "bpf_get_prandom_u32", f(get_prandom_u32)),
+        (MAP_PUSH_ELEM, "bpf_map_push_elem", f(map_push_elem)),
+        (MAP_POP_ELEM, "bpf_map_pop_elem", f(map_pop_elem)),
+        (MAP_PEEK_ELEM, "bpf_map_peek_elem", f(map_peek_elem)),
+        (RINGBUF_OUTPUT, "bpf_ringbuf_output", f(ringbuf_output)),
+        (RINGBUF_RESERVE, "bpf_ringbuf_reserve", f(ringbuf_reserve)),
+        (RINGBUF_SUBMIT, "bpf_ringbuf_submit", f(ringbuf_submit)),
+        (RINGBUF_DISCARD, "bpf_ringbuf_discard", f(ringbuf_discard)),
+        (RINGBUF_QUERY, "bpf_ringbuf_query", f(ringbuf_query)),
+        (
+            MAP_LOOKUP_PERCPU_ELEM,
+            "bpf_map_lookup_percpu_elem",
+            f(map_lookup_percpu_elem),
+        ),
+        // A tail call the backend cannot emit as a jump fails, as an empty slot does.
+        (TAIL_CALL, "bpf_tail_call", f(no_tail_call)),
+    ]
+}
+
+extern "C" fn no_tail_call(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    ENOENT
+}
+
+/// The entries of `kernel_helpers` that `code` may call and `table` has no entry for.
+pub(crate) fn add_kernel_helpers(table: &mut Vec<HelperEntry>, code: &[u8]) {
+    for (id, _, addr) in kernel_helpers() {
+        if !table.iter().any(|h| h.id == id) && crate::may_call(code, id) {
+            table.push(HelperEntry {
+                id,
+                inline_kind: PJ_INLINE_NONE,
+                addr,
+            });
+        }
+    }
+}

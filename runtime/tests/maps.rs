@@ -1,0 +1,312 @@
+//! Maps and tail calls on the host's backend (natively on x86-64, under qemu-user in the
+//! cross runs), sandboxed and trusted: the kernel's map helpers by id, inlined array
+//! lookups, and tail calls as jumps, each checked against what the kernel's semantics give.
+
+mod host;
+
+use packjit::maps::{Map, MapSpec, MapType};
+use packjit::{LoadOptions, Program, RunError, Stop, Trust};
+use packjit_frontend::encode_insn;
+use std::sync::Arc;
+
+fn spec(name: &str, map_type: MapType, key: u32, value: u32, entries: u32) -> MapSpec {
+    MapSpec {
+        name: name.into(),
+        map_type,
+        key_size: key,
+        value_size: value,
+        max_entries: entries,
+        flags: 0,
+    }
+}
+
+/// One instruction.
+fn i(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> Vec<u8> {
+    encode_insn(op, dst, src, off, imm).to_vec()
+}
+
+/// `lddw dst, map k` (`BPF_PSEUDO_MAP_FD`).
+fn map_ref(dst: u8, k: i32) -> Vec<u8> {
+    [i(0x18, dst, 1, 0, k), i(0, 0, 0, 0, 0)].concat()
+}
+
+const EXIT: u8 = 0x95;
+const CALL: u8 = 0x85;
+
+/// Both modes: the sandboxed load, and the trusted one.
+fn load_both(rt: &packjit::Runtime, code: &[u8], opts: &LoadOptions) -> Vec<Program> {
+    let sandboxed = rt.load(code, opts).expect("sandboxed load");
+    // SAFETY: the test programs only touch their stack and the maps' values, through the
+    // pointers the helpers hand out, within the values' sizes.
+    let trusted = unsafe { rt.load_trusted(code, opts) }.expect("trusted load");
+    assert_eq!(sandboxed.trust(), Trust::Sandboxed);
+    assert_eq!(trusted.trust(), Trust::Trusted);
+    vec![sandboxed, trusted]
+}
+
+/// key = mem[0] (u32 on the stack at r10-4); v = lookup(map, &key); if v: *v += 1,
+/// r0 = *v; else update(map, &key, &one, BPF_NOEXIST), r0 = 100 + its result.
+fn counter_program() -> Vec<u8> {
+    [
+        i(0x71, 6, 1, 0, 0),   // r6 = *(u8 *)(r1 + 0)
+        i(0x63, 10, 6, -4, 0), // *(u32 *)(r10 - 4) = r6
+        map_ref(1, 0),         // r1 = map 0
+        i(0xbf, 2, 10, 0, 0),  // r2 = r10
+        i(0x07, 2, 0, 0, -4),  // r2 += -4
+        i(CALL, 0, 0, 0, 1),   // call bpf_map_lookup_elem
+        i(0x15, 0, 0, 5, 0),   // if r0 == 0 goto +5
+        i(0x79, 1, 0, 0, 0),   // r1 = *(u64 *)(r0 + 0)
+        i(0x07, 1, 0, 0, 1),   // r1 += 1
+        i(0x7b, 0, 1, 0, 0),   // *(u64 *)(r0 + 0) = r1
+        i(0xbf, 0, 1, 0, 0),   // r0 = r1; exit
+        i(EXIT, 0, 0, 0, 0),
+        i(0x7a, 10, 0, -16, 1), // *(u64 *)(r10 - 16) = 1
+        map_ref(1, 0),          // r1 = map 0
+        i(0xbf, 2, 10, 0, 0),   // r2 = r10 - 4
+        i(0x07, 2, 0, 0, -4),
+        i(0xbf, 3, 10, 0, 0), // r3 = r10 - 16
+        i(0x07, 3, 0, 0, -16),
+        i(0xb7, 4, 0, 0, 1),   // r4 = BPF_NOEXIST
+        i(CALL, 0, 0, 0, 2),   // call bpf_map_update_elem
+        i(0x07, 0, 0, 0, 100), // r0 += 100
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn hash_counters_follow_the_kernels_semantics_in_both_modes() {
+    let rt = host::host_runtime();
+    for flavour in [MapType::Hash, MapType::LruHash] {
+        let map = Map::new(spec("counts", flavour, 4, 8, 16)).unwrap();
+        let opts = LoadOptions {
+            maps: vec![map.clone()],
+            ..Default::default()
+        };
+        let programs = load_both(&rt, &counter_program(), &opts);
+        let mut model = std::collections::BTreeMap::<u32, u64>::new();
+        for (round, key) in [3u8, 3, 9, 3, 200, 9].into_iter().enumerate() {
+            let p = &programs[round % 2];
+            let r0 = p.call(&mut [key, 0, 0, 0]).unwrap();
+            let expected = match model.get_mut(&(key as u32)) {
+                Some(v) => {
+                    *v += 1;
+                    *v
+                }
+                None => {
+                    model.insert(key as u32, 1);
+                    100
+                }
+            };
+            assert_eq!(r0, expected, "{flavour:?} round {round}, key {key}");
+        }
+        for (k, v) in &model {
+            assert_eq!(
+                map.lookup(&k.to_le_bytes()).unwrap(),
+                v.to_le_bytes().to_vec(),
+                "{flavour:?}: host sees key {k}"
+            );
+        }
+    }
+}
+
+/// r0 = lookup(array, &mem[0..4]); if r0: r0 = *(u64 *)(r0 + off); else r0 = 777.
+fn array_program(off: i16) -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0), // r6 = ctx
+        map_ref(1, 0),
+        i(0xbf, 2, 6, 0, 0), // r2 = ctx: the key
+        i(CALL, 0, 0, 0, 1),
+        i(0x15, 0, 0, 2, 0), // if r0 == 0 goto +2
+        i(0x79, 0, 0, off, 0),
+        i(EXIT, 0, 0, 0, 0),
+        i(0xb7, 0, 0, 0, 777),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn array_lookups_are_inlined_bounded_and_checked() {
+    let rt = host::host_runtime();
+    let map = Map::new(spec("table", MapType::Array, 4, 16, 5)).unwrap();
+    for i in 0..5u32 {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&(1000 + i as u64).to_le_bytes());
+        v[8..].copy_from_slice(&(2000 + i as u64).to_le_bytes());
+        map.update(&i.to_le_bytes(), &v, 0).unwrap();
+    }
+    let opts = LoadOptions {
+        maps: vec![map.clone()],
+        ..Default::default()
+    };
+    for p in load_both(&rt, &array_program(8), &opts) {
+        for i in 0..5u32 {
+            assert_eq!(p.call(&mut i.to_le_bytes()).unwrap(), 2000 + i as u64);
+        }
+        for key in [5u32, 6, 1 << 31, u32::MAX] {
+            assert_eq!(p.call(&mut key.to_le_bytes()).unwrap(), 777, "key {key}");
+        }
+    }
+    // Sandboxed: reading past the value's memory stops cleanly (the last element's value
+    // ends where the map's value memory ends).
+    let past = rt.load(&array_program(16), &opts).unwrap();
+    match past.call(&mut 4u32.to_le_bytes()) {
+        Err(RunError::Stop(Stop::OutOfBounds { .. })) => {}
+        other => panic!("a read past the array: {other:?}"),
+    }
+    // The key pointer is checked like any other access: a key outside the program's memory.
+    let wild = [
+        map_ref(1, 0),
+        i(0xb7, 2, 0, 0, 0x1000), // r2 = 0x1000
+        i(CALL, 0, 0, 0, 1),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat();
+    match rt.load(&wild, &opts).unwrap().call(&mut []) {
+        Err(RunError::Stop(Stop::OutOfBounds { addr: 0x1000, .. })) => {}
+        other => panic!("a wild key pointer: {other:?}"),
+    }
+}
+
+#[test]
+fn a_lookups_null_is_in_no_region() {
+    let rt = host::host_runtime();
+    let map = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+    let opts = LoadOptions {
+        maps: vec![map],
+        ..Default::default()
+    };
+    // No NULL test: the sandbox must stop the load through NULL.
+    let code = [
+        i(0x62, 10, 0, -4, 42), // *(u32 *)(r10 - 4) = 42
+        map_ref(1, 0),
+        i(0xbf, 2, 10, 0, 0),
+        i(0x07, 2, 0, 0, -4),
+        i(CALL, 0, 0, 0, 1),
+        i(0x79, 0, 0, 0, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat();
+    match rt.load(&code, &opts).unwrap().call(&mut []) {
+        Err(RunError::Stop(Stop::OutOfBounds { addr: 0, .. })) => {}
+        other => panic!("a load through NULL: {other:?}"),
+    }
+}
+
+#[test]
+fn a_forged_map_handle_gets_the_helpers_failure_value() {
+    let rt = host::host_runtime();
+    let map = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+    let opts = LoadOptions {
+        maps: vec![map],
+        ..Default::default()
+    };
+    // r1 = a stack address instead of a map: lookup gives NULL, update -EINVAL.
+    let code = [
+        i(0x62, 10, 0, -8, 1),
+        i(0xbf, 1, 10, 0, 0),
+        i(0x07, 1, 0, 0, -8),
+        i(0xbf, 2, 1, 0, 0),
+        i(0xbf, 3, 1, 0, 0),
+        i(0xb7, 4, 0, 0, 0),
+        i(CALL, 0, 0, 0, 2),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat();
+    let r0 = rt.load(&code, &opts).unwrap().call(&mut []).unwrap();
+    assert_eq!(r0 as i64, -22);
+}
+
+#[test]
+fn a_map_reference_past_the_loads_maps_is_refused_naming_the_pc() {
+    let rt = host::host_runtime();
+    let code = [i(0xb7, 0, 0, 0, 0), map_ref(1, 3), i(EXIT, 0, 0, 0, 0)].concat();
+    let e = rt.load(&code, &LoadOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("pc 1") && e.to_string().contains("map 3"),
+        "{e}"
+    );
+}
+
+/// A program that tail calls slot `mem[0]` of prog array map 0, and returns `fallback`
+/// when the tail call fails.
+fn tail_caller(fallback: i32) -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0),  // r6 = ctx
+        i(0x71, 3, 1, 0, 0),  // r3 = mem[0]
+        map_ref(2, 0),        // r2 = prog array
+        i(CALL, 0, 0, 0, 12), // bpf_tail_call(ctx, map, index)
+        i(0xb7, 0, 0, 0, fallback),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+/// Bumps mem[1] and tail calls slot mem[0] again (a loop of tail calls the kernel's limit
+/// of 33 ends); returns `base` + mem[1] as it found it.
+fn tail_target(base: i32) -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0),
+        i(0x71, 7, 6, 1, 0), // r7 = mem[1]
+        i(0xbf, 8, 7, 0, 0),
+        i(0x07, 8, 0, 0, 1),
+        i(0x73, 6, 8, 1, 0),   // mem[1] = r7 + 1
+        i(0x71, 3, 6, 0, 0),   // r3 = mem[0]
+        i(0x25, 7, 0, 3, 200), // if mem[1] > 200 (never) skip the tail call
+        map_ref(2, 0),
+        i(CALL, 0, 0, 0, 12),
+        i(0xbf, 0, 7, 0, 0), // r0 = base + old mem[1]
+        i(0x07, 0, 0, 0, base),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn tail_calls_jump_to_the_slot_fall_through_when_empty_and_stop_after_33() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let jumps = Map::new(spec("jumps", MapType::ProgArray, 4, 4, 4)).unwrap();
+        let opts = LoadOptions {
+            maps: vec![jumps.clone()],
+            ..Default::default()
+        };
+        let load = |code: &[u8]| -> Arc<Program> {
+            Arc::new(match trust {
+                Trust::Sandboxed => rt.load(code, &opts).unwrap(),
+                // SAFETY: the programs touch only their context and stack.
+                Trust::Trusted => unsafe { rt.load_trusted(code, &opts) }.unwrap(),
+            })
+        };
+        let caller = load(&tail_caller(-1));
+        // Empty slot and out of range: the tail call falls through.
+        for index in [1u8, 9] {
+            let mut mem = [index, 0];
+            assert_eq!(caller.call(&mut mem).unwrap() as i64, -1, "{trust:?}");
+        }
+        // Slot 1: a target that tail calls slot 2 (empty) and returns 50 + mem[1].
+        rt.set_prog_array(&jumps, 1, Some(load(&tail_target(50))))
+            .unwrap();
+        let mut mem = [1u8, 7];
+        // Slot 1 loops into slot 1: 1 tail call from the caller, then 32 more from the
+        // target, then the 34th fails and the innermost returns.
+        let r0 = caller.call(&mut mem).unwrap();
+        assert_eq!(
+            mem[1],
+            7 + 33,
+            "{trust:?}: 33 tail calls ran the target 33 times"
+        );
+        assert_eq!(r0, 50 + 7 + 32, "{trust:?}: the last target's result");
+        // A target of the other trust is not jumped to.
+        let other = match trust {
+            Trust::Sandboxed => {
+                Arc::new(unsafe { rt.load_trusted(&tail_target(60), &opts) }.unwrap())
+            }
+            Trust::Trusted => Arc::new(rt.load(&tail_target(60), &opts).unwrap()),
+        };
+        rt.set_prog_array(&jumps, 1, Some(other)).unwrap();
+        assert_eq!(caller.call(&mut [1, 0]).unwrap() as i64, -1, "{trust:?}");
+        rt.set_prog_array(&jumps, 1, None).unwrap();
+    }
+}
