@@ -1,0 +1,783 @@
+//! `BPF_MAP_TYPE_HASH`, `PERCPU_HASH`, `LRU_HASH` and `LRU_PERCPU_HASH`.
+//!
+//! Layout (all preallocated, as the kernel's default):
+//! * `heads`: one `AtomicU32` per bucket (a power of two >= `max_entries`), the index of the
+//!   first element of its chain or `NIL`.
+//! * `nodes`: per element `[next: u32 | hash: u32 | key, padded to 8]` — the chain link
+//!   next to the key, so a lookup of a small key touches one line per element.
+//! * `values`: the value slab, per CPU for per-CPU maps (`[cpu][element]`), apart from all
+//!   bookkeeping: it is the only memory a program reaches through a value pointer.
+//! * a lock-free free list (Treiber stack with a generation tag against ABA) of element
+//!   indices; `pool = max_entries + spare` elements, so an update that replaces an element
+//!   finds a free one while the old copies wait out their grace period.
+//!
+//! Lookups take no lock: an element is filled while free, then published by a Release store
+//! of the link that points to it; lookups load links with Acquire. Writers serialise per
+//! bucket on striped spin locks. An element leaves a chain by a Release store of the link
+//! that pointed to it, and returns to the free list only after a crossbeam-epoch grace
+//! period, so a reader pinned on the default collector never sees an element reused under
+//! it; a value pointer a program got stays valid (and unchanged, except by programs) until
+//! the program's pin ends.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+
+use crate::error::errno::{E2BIG, EEXIST, EINVAL, ENOENT, ENOMEM};
+use crate::mem::{atomic_u32s, bytes, round8, AllocError, Slab, SpinLock};
+use crate::{BPF_EXIST, BPF_F_LOCK, BPF_NOEXIST};
+
+const NIL: u32 = u32::MAX;
+
+// Element states. Only LIVE is relied on (as a hint) by the LRU sweep; the chain itself,
+// walked under the bucket lock, is the truth.
+const FREE: u8 = 0;
+const FILLING: u8 = 1;
+const LIVE: u8 = 2;
+const RETIRED: u8 = 3;
+
+/// Unlinked elements are handed to the epoch collector in batches of this size (one
+/// deferred closure and one flush per batch instead of per element).
+const RETIRE_BATCH: usize = 8;
+
+/// How long a host update waits for elements to come back from their grace period before
+/// it reports the map full.
+const HOST_RECLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Fibonacci-hashing multiplier (2^64 / golden ratio), odd.
+const K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// One multiply and a fold of the high half into the low one: the product's high bits
+/// depend on every input bit, and the fold brings them to the low bits the bucket mask
+/// keeps. Two instructions on top of the load for the 4- and 8-byte keys that dominate
+/// eBPF maps (pids, addresses, ifindexes). Not collision-resistant against chosen keys
+/// (the kernel's jhash with a random seed is not either); a per-map random seed keeps
+/// bucket choice different between maps and runs.
+#[inline(always)]
+fn mix(x: u64) -> u64 {
+    let h = x.wrapping_mul(K);
+    h ^ (h >> 32)
+}
+
+pub(crate) struct HashTable {
+    key_size: usize,
+    value_size: usize,
+    /// Bytes per node: 8 (next, hash) + key rounded up to 8.
+    nstride: usize,
+    vstride: usize,
+    max_entries: usize,
+    pool: usize,
+    cpus: usize,
+    percpu: bool,
+    lru: bool,
+    seed: u64,
+    mask: usize,
+    heads: Box<[AtomicU32]>,
+    locks: Box<[SpinLock]>,
+    nodes: Slab,
+    values: Slab,
+    state: Box<[AtomicU8]>,
+    /// LRU "referenced" bits (empty for non-LRU maps), set by lookups, cleared by the sweep.
+    refbit: Box<[AtomicU8]>,
+    /// Free-list head: generation tag << 32 | index.
+    free_head: AtomicU64,
+    free_next: Box<[AtomicU32]>,
+    count: AtomicUsize,
+    retired: Mutex<Vec<u32>>,
+    /// The LRU CLOCK hand; its mutex is the eviction lock.
+    clock: Mutex<usize>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl HashTable {
+    pub fn new(
+        name: &str,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        percpu: bool,
+        lru: bool,
+        cpus: usize,
+    ) -> Result<HashTable, AllocError> {
+        let max = max_entries as usize;
+        let cpus = if percpu { cpus } else { 1 };
+        // Spares for replacements while old copies wait out their grace period: a few per
+        // CPU plus the retire batch, as the kernel keeps an extra element per CPU.
+        let spare = (4 * crate::Map::possible_cpus()).max(32) + RETIRE_BATCH;
+        let pool = max + spare;
+        let nbuckets = max.next_power_of_two();
+        let nlocks = nbuckets.min(1024);
+        let nstride = 8 + round8(key_size as usize);
+        let vstride = round8(value_size as usize);
+        let nodes = Slab::zeroed(bytes(pool, nstride)?)?;
+        let values = Slab::zeroed(bytes(bytes(pool, vstride)?, cpus)?)?;
+        let free_next = atomic_u32s(pool, NIL)?;
+        for (i, n) in free_next.iter().enumerate() {
+            n.store(if i + 1 < pool { i as u32 + 1 } else { NIL }, Relaxed);
+        }
+        let mut state = Vec::new();
+        state
+            .try_reserve_exact(pool)
+            .map_err(|_| AllocError { bytes: pool as u64 })?;
+        state.resize_with(pool, || AtomicU8::new(FREE));
+        let mut refbit = Vec::new();
+        if lru {
+            refbit
+                .try_reserve_exact(pool)
+                .map_err(|_| AllocError { bytes: pool as u64 })?;
+            refbit.resize_with(pool, || AtomicU8::new(0));
+        }
+        let seed = {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(name)
+        };
+        Ok(HashTable {
+            key_size: key_size as usize,
+            value_size: value_size as usize,
+            nstride,
+            vstride,
+            max_entries: max,
+            pool,
+            cpus,
+            percpu,
+            lru,
+            seed,
+            mask: nbuckets - 1,
+            heads: atomic_u32s(nbuckets, NIL)?,
+            locks: (0..nlocks).map(|_| SpinLock::new()).collect(),
+            nodes,
+            values,
+            state: state.into_boxed_slice(),
+            refbit: refbit.into_boxed_slice(),
+            free_head: AtomicU64::new(0),
+            free_next,
+            count: AtomicUsize::new(0),
+            retired: Mutex::new(Vec::new()),
+            clock: Mutex::new(0),
+        })
+    }
+
+    pub fn values_region(&self) -> (*mut u8, usize) {
+        (self.values.ptr(), self.values.len())
+    }
+
+    pub fn len(&self) -> usize {
+        self.count.load(Relaxed)
+    }
+
+    // ---- element access -------------------------------------------------------------
+
+    #[inline(always)]
+    fn node(&self, i: u32) -> *mut u8 {
+        debug_assert!((i as usize) < self.pool);
+        // SAFETY: every index stored in a link or the free list is < pool.
+        unsafe { self.nodes.ptr().add(i as usize * self.nstride) }
+    }
+
+    #[inline(always)]
+    fn next(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: the node's first 4 bytes are 8-aligned, live as long as self, and are only
+        // ever accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.node(i).cast()) }
+    }
+
+    #[inline(always)]
+    fn hash_of(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: as in `next`, for bytes 4..8 of the node.
+        unsafe { AtomicU32::from_ptr(self.node(i).add(4).cast()) }
+    }
+
+    #[inline(always)]
+    fn key_ptr(&self, i: u32) -> *mut u8 {
+        // SAFETY: the key follows the 8-byte link header inside the node.
+        unsafe { self.node(i).add(8) }
+    }
+
+    #[inline(always)]
+    fn value_ptr(&self, i: u32, cpu: usize) -> *mut u8 {
+        debug_assert!(cpu < self.cpus);
+        // SAFETY: (cpu, i) < (cpus, pool): inside the value slab.
+        unsafe {
+            self.values
+                .ptr()
+                .add((cpu * self.pool + i as usize) * self.vstride)
+        }
+    }
+
+    #[inline(always)]
+    fn bucket_of(&self, h: u64) -> usize {
+        h as u32 as usize & self.mask
+    }
+
+    /// # Safety
+    /// `key` points to key_size readable bytes.
+    #[inline(always)]
+    unsafe fn hash_key(&self, key: *const u8) -> u64 {
+        // SAFETY: (all reads) the caller guarantees key_size readable bytes.
+        unsafe {
+            match self.key_size {
+                4 => mix(key.cast::<u32>().read_unaligned() as u64 ^ self.seed),
+                8 => mix(key.cast::<u64>().read_unaligned() ^ self.seed),
+                n => {
+                    let mut h = self.seed ^ n as u64;
+                    let mut off = 0;
+                    while off + 8 <= n {
+                        h = mix(h ^ key.add(off).cast::<u64>().read_unaligned());
+                        off += 8;
+                    }
+                    if off < n {
+                        let mut tail = [0u8; 8];
+                        std::ptr::copy_nonoverlapping(key.add(off), tail.as_mut_ptr(), n - off);
+                        h = mix(h ^ u64::from_le_bytes(tail));
+                    }
+                    h
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// `key` points to key_size readable bytes; element `i` is reachable from a chain the
+    /// caller walks under an epoch pin or the bucket lock (so its key is not being written).
+    #[inline(always)]
+    unsafe fn key_eq(&self, i: u32, key: *const u8, h: u64) -> bool {
+        let k = self.key_ptr(i);
+        // SAFETY: both point to key_size readable bytes (the node's key is 8-aligned).
+        unsafe {
+            match self.key_size {
+                4 => k.cast::<u32>().read() == key.cast::<u32>().read_unaligned(),
+                8 => k.cast::<u64>().read() == key.cast::<u64>().read_unaligned(),
+                n => {
+                    self.hash_of(i).load(Relaxed) == h as u32
+                        && std::slice::from_raw_parts(k, n) == std::slice::from_raw_parts(key, n)
+                }
+            }
+        }
+    }
+
+    /// Lock-free chain walk.
+    ///
+    /// # Safety
+    /// As `key_eq`; the caller is pinned on the default epoch collector.
+    #[inline(always)]
+    unsafe fn find(&self, key: *const u8, h: u64) -> u32 {
+        // SAFETY: bucket_of masks into heads' power-of-two length.
+        let mut i = unsafe { self.heads.get_unchecked(self.bucket_of(h)) }.load(Acquire);
+        while i != NIL {
+            // SAFETY: forwarded from the caller; i was published by a Release link store.
+            if unsafe { self.key_eq(i, key, h) } {
+                return i;
+            }
+            i = self.next(i).load(Acquire);
+        }
+        NIL
+    }
+
+    /// Under the bucket lock: the link pointing at the key's element (or at NIL) and the
+    /// element.
+    ///
+    /// # Safety
+    /// As `key_eq`; the caller holds the bucket's lock.
+    unsafe fn find_locked(&self, key: *const u8, h: u64) -> (&AtomicU32, u32) {
+        let mut link = &self.heads[self.bucket_of(h)];
+        loop {
+            // Relaxed: every writer of these links holds the lock we hold.
+            let i = link.load(Relaxed);
+            // SAFETY: forwarded from the caller.
+            if i == NIL || unsafe { self.key_eq(i, key, h) } {
+                return (link, i);
+            }
+            link = self.next(i);
+        }
+    }
+
+    fn lock_bucket(&self, h: u64) -> crate::mem::SpinGuard<'_> {
+        self.locks[self.bucket_of(h) & (self.locks.len() - 1)].lock()
+    }
+
+    // ---- program and host operations ---------------------------------------------------
+
+    /// `bpf_map_lookup_elem`: CPU `cpu`'s value of the key, or null.
+    ///
+    /// # Safety
+    /// `key` points to key_size readable bytes; the caller is pinned on the default epoch
+    /// collector for as long as it uses the returned pointer; `cpu < cpus`.
+    #[inline]
+    pub unsafe fn lookup(&self, key: *const u8, cpu: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        let i = unsafe { self.find(key, self.hash_key(key)) };
+        if i == NIL {
+            return std::ptr::null_mut();
+        }
+        if self.lru {
+            // Test before set: a hot key's bit stays set, so lookups do not keep dirtying
+            // its cache line. Relaxed: the bit is a hint for the sweep, nothing hangs on it.
+            let r = &self.refbit[i as usize];
+            if r.load(Relaxed) == 0 {
+                r.store(1, Relaxed);
+            }
+        }
+        self.value_ptr(i, cpu)
+    }
+
+    /// Writes the value(s) into element `i`: CPU c's only (`Some(c)`), or every CPU's from
+    /// `cpus` values at vstride (`None`).
+    ///
+    /// # Safety
+    /// `value` as described; nobody else writes element `i`'s values concurrently except
+    /// programs through their pointers.
+    unsafe fn write_value(&self, i: u32, value: *const u8, cpu: Option<usize>) {
+        match cpu {
+            // SAFETY: value_size readable bytes; the destination slot has vstride.
+            Some(c) => unsafe { std::ptr::copy(value, self.value_ptr(i, c), self.value_size) },
+            None => {
+                for c in 0..self.cpus {
+                    // SAFETY: the host passes cpus values at vstride.
+                    unsafe {
+                        std::ptr::copy(
+                            value.add(c * self.vstride),
+                            self.value_ptr(i, c),
+                            self.value_size,
+                        )
+                    };
+                }
+            }
+        }
+    }
+
+    /// Fills a free (unpublished) element: key, hash, and value(s). For per-CPU maps a new
+    /// element written from one CPU gets zeroes on every other CPU, as the kernel does.
+    ///
+    /// # Safety
+    /// `i` came from `pop_free` and is not yet published; key/value as for `update`.
+    unsafe fn fill(&self, i: u32, key: *const u8, h: u64, value: *const u8, cpu: Option<usize>) {
+        let k = self.key_ptr(i);
+        // SAFETY: the element is ours alone until published; the node has round8(key_size)
+        // key bytes and every CPU's slot has vstride bytes.
+        unsafe {
+            std::ptr::write_bytes(k, 0, self.nstride - 8);
+            std::ptr::copy_nonoverlapping(key, k, self.key_size);
+            for c in 0..self.cpus {
+                std::ptr::write_bytes(self.value_ptr(i, c), 0, self.vstride);
+            }
+            self.write_value(i, value, cpu);
+        }
+        self.hash_of(i).store(h as u32, Relaxed);
+    }
+
+    fn pop_free(&self) -> u32 {
+        // Acquire pairs with push_free's Release: the element's last owner (the deferred
+        // release after its grace period) is done with it before we write into it.
+        let mut head = self.free_head.load(Acquire);
+        loop {
+            let i = head as u32;
+            if i == NIL {
+                return NIL;
+            }
+            // A stale `next` (the element popped and pushed meanwhile) is caught by the tag.
+            let next = self.free_next[i as usize].load(Relaxed);
+            let new = ((head >> 32).wrapping_add(1) << 32) | next as u64;
+            match self
+                .free_head
+                .compare_exchange_weak(head, new, Acquire, Acquire)
+            {
+                Ok(_) => {
+                    self.state[i as usize].store(FILLING, Relaxed);
+                    return i;
+                }
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    fn push_free(&self, i: u32) {
+        self.state[i as usize].store(FREE, Relaxed);
+        let mut head = self.free_head.load(Relaxed);
+        loop {
+            self.free_next[i as usize].store(head as u32, Relaxed);
+            let new = ((head >> 32).wrapping_add(1) << 32) | i as u64;
+            match self
+                .free_head
+                .compare_exchange_weak(head, new, Release, Relaxed)
+            {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// An unlinked element: free it after a grace period (batched).
+    fn retire(self: &Arc<Self>, i: u32) {
+        let batch = {
+            let mut r = lock(&self.retired);
+            r.push(i);
+            if r.len() < RETIRE_BATCH {
+                return;
+            }
+            std::mem::take(&mut *r)
+        };
+        self.defer_release(batch);
+    }
+
+    fn defer_release(self: &Arc<Self>, batch: Vec<u32>) {
+        if batch.is_empty() {
+            return;
+        }
+        let table = Arc::clone(self);
+        let guard = crossbeam_epoch::pin();
+        // Every reader that could still hold one of these elements was pinned before this
+        // point; the collector runs the closure only once all of them have unpinned.
+        guard.defer(move || {
+            for i in batch {
+                table.push_free(i);
+            }
+        });
+        // Push the bag to the global queue now: left in this thread's local bag, the
+        // elements could stay unavailable for as long as the thread stays idle.
+        guard.flush();
+    }
+
+    /// Out of free elements: hand over the retired batch and let the collector advance.
+    /// A host caller (not inside a program's pin) waits, like `synchronize_rcu`, for the
+    /// threads pinned meanwhile to move on (bounded: [`HOST_RECLAIM_WAIT`]); a program's
+    /// call cannot wait (its own pin holds the epoch back), so it tries twice and gives up.
+    fn reclaim(self: &Arc<Self>, host: bool) {
+        let batch = std::mem::take(&mut *lock(&self.retired));
+        self.defer_release(batch);
+        let start = std::time::Instant::now();
+        for r in 0u32.. {
+            if self.free_head.load(Relaxed) as u32 != NIL {
+                return;
+            }
+            crossbeam_epoch::pin().flush();
+            if !host && r >= 1 || host && start.elapsed() > HOST_RECLAIM_WAIT {
+                return;
+            }
+            if r >= 3 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn reserve_count(&self) -> bool {
+        self.count
+            .fetch_update(Relaxed, Relaxed, |c| {
+                if c < self.max_entries {
+                    Some(c + 1)
+                } else {
+                    None
+                }
+            })
+            .is_ok()
+    }
+
+    /// `bpf_map_update_elem` with the kernel's return codes. `cpu`: `Some(c)` from a
+    /// program (per-CPU maps: only CPU c's value), `None` from the host (every CPU's value).
+    ///
+    /// # Safety
+    /// `key` points to key_size readable bytes, `value` to value_size (host, per-CPU:
+    /// cpus * vstride) readable bytes; program callers are pinned.
+    pub unsafe fn update(
+        self: &Arc<Self>,
+        key: *const u8,
+        value: *const u8,
+        flags: u64,
+        cpu: Option<usize>,
+    ) -> i64 {
+        // Kernel order: flag validity first (per-CPU and LRU maps have no BPF_F_LOCK), then
+        // BPF_F_LOCK needs a bpf_spin_lock in the value, which BTF-less values never have.
+        if (self.percpu || self.lru) && flags > BPF_EXIST
+            || flags & !BPF_F_LOCK > BPF_EXIST
+            || flags & BPF_F_LOCK != 0
+        {
+            return -(EINVAL as i64);
+        }
+        let host = cpu.is_none();
+        let cpu = cpu.map(|c| if self.percpu { c } else { 0 });
+        // SAFETY: key_size readable bytes.
+        let h = unsafe { self.hash_key(key) };
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            // A non-per-CPU update always publishes a fresh copy (readers never see a value
+            // half written), prepared before taking the lock.
+            let mut fresh = NIL;
+            if !self.percpu {
+                fresh = self.pop_free();
+                if fresh != NIL {
+                    // SAFETY: fresh is unpublished; key/value per the contract.
+                    unsafe { self.fill(fresh, key, h, value, cpu) };
+                }
+            }
+            let guard = self.lock_bucket(h);
+            // SAFETY: bucket lock held; key readable.
+            let (link, old) = unsafe { self.find_locked(key, h) };
+            let err = if old != NIL && flags & BPF_NOEXIST != 0 {
+                -(EEXIST as i64)
+            } else if old == NIL && flags & BPF_EXIST != 0 {
+                -(ENOENT as i64)
+            } else {
+                0
+            };
+            if err != 0 {
+                drop(guard);
+                if fresh != NIL {
+                    self.push_free(fresh);
+                }
+                return err;
+            }
+            if old != NIL {
+                if self.percpu || fresh == NIL {
+                    // Per-CPU maps update in place, as the kernel. A non-per-CPU map lands
+                    // here only when every spare element waits for a grace period (a
+                    // program replacing keys in a loop under one pin): an in-place copy,
+                    // what the kernel does for arrays, rather than failing a replacement.
+                    // SAFETY: old is linked and we hold its bucket's lock.
+                    unsafe { self.write_value(old, value, cpu) };
+                    if self.lru {
+                        // The kernel marks an LRU element updated in place as referenced.
+                        self.refbit[old as usize].store(1, Relaxed);
+                    }
+                    return 0;
+                }
+                self.next(fresh)
+                    .store(self.next(old).load(Relaxed), Relaxed);
+                self.state[fresh as usize].store(LIVE, Relaxed);
+                if self.lru {
+                    // A new element starts unreferenced, as the kernel's LRU node: only a
+                    // lookup marks it.
+                    self.refbit[fresh as usize].store(0, Relaxed);
+                }
+                // Release: the fresh element's key and value are visible to any reader that
+                // loads this link. Readers already on `old` continue down its intact chain.
+                link.store(fresh, Release);
+                self.state[old as usize].store(RETIRED, Relaxed);
+                drop(guard);
+                self.retire(old);
+                return 0;
+            }
+            if !self.reserve_count() {
+                drop(guard);
+                if fresh != NIL {
+                    self.push_free(fresh);
+                }
+                if self.lru && attempts < 8 {
+                    // Evict with no bucket lock held: the eviction lock is always taken
+                    // before a bucket lock, never after.
+                    self.evict_one();
+                    continue;
+                }
+                return if self.lru {
+                    -(ENOMEM as i64)
+                } else {
+                    -(E2BIG as i64)
+                };
+            }
+            let elem = if self.percpu {
+                let e = self.pop_free();
+                if e != NIL {
+                    // SAFETY: e is unpublished; key/value per the contract.
+                    unsafe { self.fill(e, key, h, value, cpu) };
+                }
+                e
+            } else {
+                fresh
+            };
+            if elem == NIL {
+                self.count.fetch_sub(1, Relaxed);
+                drop(guard);
+                if attempts < 4 {
+                    self.reclaim(host);
+                    continue;
+                }
+                return if self.lru {
+                    -(ENOMEM as i64)
+                } else {
+                    -(E2BIG as i64)
+                };
+            }
+            let head = &self.heads[self.bucket_of(h)];
+            self.next(elem).store(head.load(Relaxed), Relaxed);
+            self.state[elem as usize].store(LIVE, Relaxed);
+            if self.lru {
+                self.refbit[elem as usize].store(0, Relaxed);
+            }
+            // Release publishes key, hash, value and next together.
+            head.store(elem, Release);
+            return 0;
+        }
+    }
+
+    /// `bpf_map_delete_elem`: 0 or -ENOENT.
+    ///
+    /// # Safety
+    /// `key` points to key_size readable bytes.
+    pub unsafe fn delete(self: &Arc<Self>, key: *const u8) -> i64 {
+        // SAFETY: forwarded.
+        let h = unsafe { self.hash_key(key) };
+        let guard = self.lock_bucket(h);
+        // SAFETY: lock held.
+        let (link, i) = unsafe { self.find_locked(key, h) };
+        if i == NIL {
+            return -(ENOENT as i64);
+        }
+        // Release: readers that load the link see a consistent successor chain.
+        link.store(self.next(i).load(Relaxed), Release);
+        self.state[i as usize].store(RETIRED, Relaxed);
+        self.count.fetch_sub(1, Relaxed);
+        drop(guard);
+        self.retire(i);
+        0
+    }
+
+    /// CLOCK sweep over the element pool under the eviction lock: a LIVE element whose
+    /// referenced bit is set gets it cleared and survives this pass; the first one found
+    /// clear is evicted. This approximates the kernel's active/inactive LRU lists: a key
+    /// looked up (or updated) since the hand last passed survives; among the others the
+    /// victim is whichever the hand reaches first, not necessarily the oldest. New elements
+    /// start unreferenced (as kernel LRU nodes); when every element is referenced, one sweep
+    /// clears them all and the element after the hand goes.
+    fn evict_one(self: &Arc<Self>) -> bool {
+        let mut hand = lock(&self.clock);
+        for _ in 0..2 * self.pool + 1 {
+            let i = *hand as u32;
+            *hand = if *hand + 1 == self.pool { 0 } else { *hand + 1 };
+            if self.state[i as usize].load(Relaxed) != LIVE {
+                continue;
+            }
+            if self.refbit[i as usize].load(Relaxed) != 0 {
+                self.refbit[i as usize].store(0, Relaxed);
+                continue;
+            }
+            // The stored hash may be stale if the element was recycled since the state
+            // load; finding `i` itself in the chain under the lock is what decides.
+            let h = self.hash_of(i).load(Relaxed) as u64;
+            let guard = self.lock_bucket(h);
+            let mut link = &self.heads[self.bucket_of(h)];
+            loop {
+                let j = link.load(Relaxed);
+                if j == NIL {
+                    break;
+                }
+                if j == i {
+                    link.store(self.next(i).load(Relaxed), Release);
+                    self.state[i as usize].store(RETIRED, Relaxed);
+                    self.count.fetch_sub(1, Relaxed);
+                    drop(guard);
+                    drop(hand);
+                    self.retire(i);
+                    return true;
+                }
+                link = self.next(j);
+            }
+        }
+        false
+    }
+
+    // ---- host side ---------------------------------------------------------------------
+
+    /// Copies the key's value(s) out (per-CPU: every CPU's at vstride).
+    pub fn read(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let _pin = crossbeam_epoch::pin();
+        // SAFETY: the caller checked key.len() == key_size; pinned.
+        let i = unsafe { self.find(key.as_ptr(), self.hash_key(key.as_ptr())) };
+        if i == NIL {
+            return None;
+        }
+        let mut out = vec![
+            0u8;
+            if self.percpu {
+                self.cpus * self.vstride
+            } else {
+                self.value_size
+            }
+        ];
+        for c in 0..self.cpus {
+            // SAFETY: the element stays allocated while pinned; out has room.
+            unsafe {
+                std::ptr::copy(
+                    self.value_ptr(i, c),
+                    out.as_mut_ptr().add(c * self.vstride),
+                    self.value_size,
+                )
+            };
+        }
+        Some(out)
+    }
+
+    fn key_vec(&self, i: u32) -> Vec<u8> {
+        // SAFETY: i is linked (reached from a chain under a pin); its key is not written.
+        unsafe { std::slice::from_raw_parts(self.key_ptr(i), self.key_size) }.to_vec()
+    }
+
+    fn first_from(&self, bucket: usize) -> Option<Vec<u8>> {
+        for b in bucket..self.heads.len() {
+            let i = self.heads[b].load(Acquire);
+            if i != NIL {
+                return Some(self.key_vec(i));
+            }
+        }
+        None
+    }
+
+    /// Kernel `htab_map_get_next_key`: the element after `key` in bucket order; no key or a
+    /// missing one restarts at the first element.
+    pub fn next_key(&self, key: Option<&[u8]>) -> Option<Vec<u8>> {
+        let _pin = crossbeam_epoch::pin();
+        let Some(key) = key else {
+            return self.first_from(0);
+        };
+        // SAFETY: the caller checked the length; pinned.
+        let h = unsafe { self.hash_key(key.as_ptr()) };
+        // SAFETY: as above.
+        let i = unsafe { self.find(key.as_ptr(), h) };
+        if i == NIL {
+            return self.first_from(0);
+        }
+        let n = self.next(i).load(Acquire);
+        if n != NIL {
+            return Some(self.key_vec(n));
+        }
+        self.first_from(self.bucket_of(h) + 1)
+    }
+
+    /// Every key, in bucket order, each once.
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        let _pin = crossbeam_epoch::pin();
+        let mut out = Vec::new();
+        for head in self.heads.iter() {
+            let mut i = head.load(Acquire);
+            while i != NIL {
+                out.push(self.key_vec(i));
+                i = self.next(i).load(Acquire);
+            }
+        }
+        out
+    }
+
+    /// `bpf_for_each_map_elem`: f(key copy, CPU `cpu`'s value) per element until it returns
+    /// false; counts the element that stopped it. The key pointer is to a copy (the nodes
+    /// are bookkeeping no program may reach), valid during the call.
+    pub fn for_each(&self, cpu: usize, f: &mut dyn FnMut(*const u8, *mut u8) -> bool) -> u64 {
+        let _pin = crossbeam_epoch::pin();
+        let mut key = vec![0u8; self.key_size];
+        let mut n = 0;
+        for head in self.heads.iter() {
+            let mut i = head.load(Acquire);
+            while i != NIL {
+                // SAFETY: i is reachable under our pin, so its key is not rewritten.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.key_ptr(i), key.as_mut_ptr(), self.key_size)
+                };
+                n += 1;
+                if !f(key.as_ptr(), self.value_ptr(i, cpu)) {
+                    return n;
+                }
+                i = self.next(i).load(Acquire);
+            }
+        }
+        n
+    }
+}
