@@ -1653,16 +1653,12 @@ impl crate::Runtime {
         let linked = link(bytes, elf_opts, &|name| {
             helpers.iter().find(|h| h.name == name).map(|h| h.id)
         })?;
-        if !linked.maps_used.is_empty() {
-            return Err(bad(
-                ErrorKind::Unsupported,
-                format!(
-                    "{:?} uses maps {:?} (indices into elf_maps): this runtime does not create maps; link it with elf::link and bind its maps first",
-                    elf_opts.program, linked.maps_used
-                ),
-            ));
-        }
         let mut o = opts.clone();
+        if !linked.maps_used.is_empty() && o.maps.is_empty() {
+            // A program of its own: the object's maps, made for this load alone (programs
+            // that share maps load through an `ElfObject`).
+            o.maps = create_maps(&elf_maps(bytes)?)?;
+        }
         o.regions.extend(linked.data.regions());
         // Named after its entry (function or section) for the perf map, gdb and symbols,
         // unless the host named it.
@@ -1693,5 +1689,154 @@ impl Program {
     /// programs loaded from ELF.
     pub fn elf_linked(&self) -> Option<&Linked> {
         self.elf.as_deref()
+    }
+}
+
+/// The maps `defs` describe, created (see [`crate::maps`]); a type packjit does not have, or
+/// a definition the kernel would refuse, is an error naming the map.
+pub fn create_maps(defs: &[ElfMapDef]) -> Result<Vec<std::sync::Arc<crate::maps::Map>>, Error> {
+    use crate::maps::{Map, MapSpec, MapType};
+    defs.iter()
+        .map(|d| {
+            let map_type = MapType::from_raw(d.map_type).ok_or_else(|| {
+                bad(
+                    ErrorKind::Unsupported,
+                    format!("map `{}`: map type {} is not supported", d.name, d.map_type),
+                )
+            })?;
+            // libbpf's convention: a prog array declared with `__array(values, ...)` has no
+            // value type; its values are 4-byte program fds.
+            let value_size = match (map_type, d.value_size) {
+                (MapType::ProgArray, 0) => 4,
+                (_, v) => v,
+            };
+            Map::new(MapSpec {
+                name: d.name.clone(),
+                map_type,
+                key_size: d.key_size,
+                value_size,
+                max_entries: d.max_entries,
+                flags: d.flags,
+            })
+            .map_err(|e| bad(ErrorKind::InvalidArgument, e))
+        })
+        .collect()
+}
+
+/// A clang object opened with its maps: the programs loaded from it share them (as the
+/// programs of one libbpf object do), and the host reads and writes them by name.
+pub struct ElfObject {
+    bytes: Vec<u8>,
+    defs: Vec<ElfMapDef>,
+    maps: Vec<std::sync::Arc<crate::maps::Map>>,
+}
+
+impl ElfObject {
+    /// Opens `bytes`: parses its maps and creates them, except those `host_maps` gives by
+    /// name (a host map must have the object's type and sizes).
+    pub fn open(
+        bytes: &[u8],
+        host_maps: &[(&str, std::sync::Arc<crate::maps::Map>)],
+    ) -> Result<ElfObject, Error> {
+        let defs = elf_maps(bytes)?;
+        let mut maps = Vec::with_capacity(defs.len());
+        for d in &defs {
+            match host_maps.iter().find(|(name, _)| *name == d.name) {
+                Some((_, m)) => {
+                    let s = m.spec();
+                    let same = s.map_type as u32 == d.map_type
+                        && s.key_size == d.key_size
+                        && s.value_size == d.value_size;
+                    if !same {
+                        return Err(bad(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "map `{}`: the host's map is {} key {} value {}, the object's type {} key {} value {}",
+                                d.name, s.map_type.name(), s.key_size, s.value_size, d.map_type, d.key_size, d.value_size
+                            ),
+                        ));
+                    }
+                    maps.push(m.clone());
+                }
+                None => maps.extend(create_maps(std::slice::from_ref(d))?),
+            }
+        }
+        Ok(ElfObject {
+            bytes: bytes.to_vec(),
+            defs,
+            maps,
+        })
+    }
+
+    /// The object's maps with their names, in the object's order.
+    pub fn maps(&self) -> impl Iterator<Item = (&str, &std::sync::Arc<crate::maps::Map>)> {
+        self.defs.iter().map(|d| d.name.as_str()).zip(&self.maps)
+    }
+
+    /// The map named `name`.
+    pub fn map(&self, name: &str) -> Option<&std::sync::Arc<crate::maps::Map>> {
+        self.maps().find(|(n, _)| *n == name).map(|(_, m)| m)
+    }
+
+    /// Loads one program, sandboxed, with the object's maps.
+    pub fn load(
+        &self,
+        rt: &crate::Runtime,
+        elf_opts: &ElfLoadOptions,
+        opts: &crate::LoadOptions,
+    ) -> Result<Program, Error> {
+        let o = crate::LoadOptions {
+            maps: self.maps.clone(),
+            ..opts.clone()
+        };
+        rt.load_elf(&self.bytes, elf_opts, &o)
+    }
+
+    /// [`ElfObject::load`], trusted.
+    ///
+    /// # Safety
+    /// As [`crate::Runtime::load_trusted`].
+    pub unsafe fn load_trusted(
+        &self,
+        rt: &crate::Runtime,
+        elf_opts: &ElfLoadOptions,
+        opts: &crate::LoadOptions,
+    ) -> Result<Program, Error> {
+        let o = crate::LoadOptions {
+            maps: self.maps.clone(),
+            ..opts.clone()
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { rt.load_elf_trusted(&self.bytes, elf_opts, &o) }
+    }
+
+    /// Fills the prog arrays the object initialises statically (`.values = { [i] = &prog }`)
+    /// with `programs` (by function or section name), as libbpf does after loading. A slot
+    /// naming a program not in `programs` is an error naming map, slot and program, and
+    /// then no slot is filled.
+    pub fn init_prog_arrays(
+        &self,
+        rt: &crate::Runtime,
+        programs: &[(&str, std::sync::Arc<Program>)],
+    ) -> Result<(), Error> {
+        let mut fills = Vec::new();
+        for (d, m) in self.defs.iter().zip(&self.maps) {
+            for (slot, name) in &d.initial_programs {
+                let p = programs.iter().find(|(n, _)| n == name).ok_or_else(|| {
+                    bad(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "prog array `{}` slot {slot} names program `{name}`, which was not loaded",
+                            d.name
+                        ),
+                    )
+                })?;
+                fills.push((m, *slot, p.1.clone()));
+            }
+        }
+        for (m, slot, p) in fills {
+            rt.set_prog_array(m, slot, Some(p))?;
+        }
+        Ok(())
     }
 }

@@ -48,7 +48,9 @@ pub use arena::{
     PackOccupancy, PackedArena, Placement, RemapPolicy,
 };
 pub use builtins::{BuiltinChoice, ClockImpl, CpuIdImpl, PerCpuLookupImpl};
-pub use elf::{btf, elf_maps, ElfLoadOptions, ElfMapDef, ElfProgramSelector, GlobalData};
+pub use elf::{
+    btf, elf_maps, ElfLoadOptions, ElfMapDef, ElfObject, ElfProgramSelector, GlobalData,
+};
 pub use exec::{helper_access_ok, MemRegion, RegionAccess, RunError};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};

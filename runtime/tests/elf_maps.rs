@@ -5,6 +5,7 @@
 //! named errors.
 
 mod elf_support;
+mod host;
 
 use elf_support::*;
 use packjit::elf::{elf_maps, link, ElfLoadOptions, ElfMapDef, Linked, BPF_PSEUDO_MAP_FD};
@@ -139,14 +140,16 @@ fn programs_without_maps_link_as_before() {
 }
 
 #[test]
-fn the_runtime_refuses_programs_that_use_maps() {
+fn a_program_loaded_alone_gets_its_own_maps() {
     let obj = compile_bpf("maps_defs");
-    let rt = packjit::Runtime::new().unwrap();
-    let e = rt
+    let rt = host::host_runtime();
+    let p = rt
         .load_elf(&obj, &ElfLoadOptions::section("pj/a"), &Default::default())
-        .unwrap_err();
-    assert_eq!(e.kind, ErrorKind::Unsupported, "{e}");
-    assert_mentions(&e, &["uses maps", "pj/a"]);
+        .unwrap();
+    // Every map empty (arrays zeroed): the lookups find nothing, or zeros.
+    for len in [0usize, 2, 15] {
+        assert_eq!(p.call(&mut vec![0u8; len]).unwrap(), 0, "len {len}");
+    }
 }
 
 #[test]
@@ -332,4 +335,97 @@ fn corrupted_map_objects_never_panic() {
     }
     eprintln!("corrupted map objects: {ok} parsed, {err} refused");
     assert!(err > 0 && ok > 0);
+}
+
+/// The model of `maps_run.c` after one packet: (proto, len) → r0; counts, bytes, events.
+#[derive(Default)]
+struct CounterModel {
+    counts: std::collections::BTreeMap<u32, u64>,
+    bytes: [u64; 4],
+    events: Vec<(u32, u32, u64)>,
+}
+
+impl CounterModel {
+    fn packet(&mut self, proto: u32, len: u32) -> u64 {
+        let seen = {
+            let c = self.counts.entry(proto).or_insert(0);
+            *c += 1;
+            *c
+        };
+        self.bytes[(proto & 3) as usize] += len as u64;
+        self.events.push((proto, len, seen));
+        if proto & 1 == 1 {
+            self.bytes[3] += 1000;
+            2
+        } else {
+            1
+        }
+    }
+}
+
+#[test]
+fn a_libbpf_style_counter_with_a_ring_buffer_and_a_tail_call_runs_from_the_object() {
+    use packjit::ElfObject;
+    use std::sync::Arc;
+    let obj = compile_bpf("maps_run");
+    let rt = host::host_runtime();
+    for trusted in [false, true] {
+        let object = ElfObject::open(&obj, &[]).unwrap();
+        let load = |section: &str| -> Arc<packjit::Program> {
+            let sel = ElfLoadOptions::section(section);
+            Arc::new(if trusted {
+                // SAFETY: the program touches its packet, its stack and map values only.
+                unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap()
+            } else {
+                object.load(&rt, &sel, &Default::default()).unwrap()
+            })
+        };
+        let count = load("pj/count");
+        let stage2 = load("pj/stage2");
+        object
+            .init_prog_arrays(&rt, &[("stage2", stage2.clone())])
+            .unwrap();
+        let mut model = CounterModel::default();
+        for (n, proto) in [6u8, 17, 6, 1, 17, 17, 58, 6].into_iter().enumerate() {
+            let mut pkt = vec![proto; 20 + n];
+            let r0 = count.call(&mut pkt).unwrap();
+            let want = model.packet(proto as u32, pkt.len() as u32);
+            assert_eq!(r0, want, "trusted {trusted}, packet {n} (proto {proto})");
+        }
+        let counts = object.map("counts").unwrap();
+        for (k, v) in &model.counts {
+            assert_eq!(counts.lookup(&k.to_le_bytes()).unwrap(), v.to_le_bytes());
+        }
+        assert_eq!(counts.len(), model.counts.len());
+        let bytes = object.map("bytes").unwrap();
+        for (k, v) in model.bytes.iter().enumerate() {
+            assert_eq!(
+                bytes.lookup(&(k as u32).to_le_bytes()).unwrap(),
+                v.to_le_bytes(),
+                "bytes[{k}]"
+            );
+        }
+        let mut events = Vec::new();
+        object
+            .map("events")
+            .unwrap()
+            .ringbuf_consume(&mut |rec: &[u8]| {
+                let u32_at = |o: usize| u32::from_le_bytes(rec[o..o + 4].try_into().unwrap());
+                let seen = u64::from_le_bytes(rec[8..16].try_into().unwrap());
+                events.push((u32_at(0), u32_at(4), seen));
+            });
+        assert_eq!(events, model.events, "trusted {trusted}");
+        // The slots keep their programs (and so the maps) alive: empty them.
+        rt.set_prog_array(object.map("stages").unwrap(), 1, None)
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_prog_array_naming_a_program_not_loaded_is_refused_and_fills_nothing() {
+    let obj = compile_bpf("maps_run");
+    let rt = host::host_runtime();
+    let object = packjit::ElfObject::open(&obj, &[]).unwrap();
+    let e = object.init_prog_arrays(&rt, &[]).unwrap_err();
+    assert_mentions(&e, &["`stages`", "slot 1", "`stage2`"]);
 }
