@@ -120,6 +120,25 @@ pub struct LoadOptions {
     pub maps: Vec<Arc<maps::Map>>,
 }
 
+/// Options are equal when they ask for the same load: the same maps are the same map
+/// objects (not maps with equal contents).
+impl PartialEq for LoadOptions {
+    fn eq(&self, other: &Self) -> bool {
+        self.budget == other.budget
+            && self.blind_constants == other.blind_constants
+            && self.regions == other.regions
+            && self.name == other.name
+            && self.arch == other.arch
+            && self.features == other.features
+            && self.disable_features == other.disable_features
+            && self.percpu_insn == other.percpu_insn
+            && self.maps.len() == other.maps.len()
+            && (self.maps.iter().zip(&other.maps)).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
+impl Eq for LoadOptions {}
+
 /// What a loaded backend is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendInfo {

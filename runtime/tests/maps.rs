@@ -301,6 +301,7 @@ fn tail_calls_jump_to_the_slot_fall_through_when_empty_and_stop_after_33() {
         // A target of the other trust is not jumped to.
         let other = match trust {
             Trust::Sandboxed => {
+                // SAFETY: the program touches only its context and stack.
                 Arc::new(unsafe { rt.load_trusted(&tail_target(60), &opts) }.unwrap())
             }
             Trust::Trusted => Arc::new(rt.load(&tail_target(60), &opts).unwrap()),
