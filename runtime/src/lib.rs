@@ -885,7 +885,7 @@ fn names_maps(code: &[u8]) -> bool {
         .any(|c| c[0] == 0x18 && matches!(c[1] >> 4, 1 | 2))
 }
 
-pub(crate) fn may_call(code: &[u8], id: u32) -> bool {
+fn may_call(code: &[u8], id: u32) -> bool {
     code.chunks_exact(8).any(|c| {
         let imm = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
         (c[0] == 0x85 && c[1] >> 4 == 0 && imm == id) || c[0] == 0x8d

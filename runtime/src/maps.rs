@@ -225,7 +225,7 @@ pub(crate) fn bind(
             });
         }
     }
-    if inlining.tail_calls && crate::may_call(code, TAIL_CALL) {
+    if inlining.tail_calls && calls(code, TAIL_CALL) {
         helpers.push(HelperEntry {
             id: TAIL_CALL,
             inline_kind: PJ_INLINE_TAIL_CALL,
@@ -666,10 +666,13 @@ extern "C" fn no_tail_call(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     ENOENT
 }
 
-/// The entries of `kernel_helpers` that `code` may call and `table` has no entry for.
+/// The entries of `kernel_helpers` that `code` calls by id (`call imm`) and `table` has no
+/// entry for. A `callx` does not reach them: their arguments are the program's map
+/// references, which a `call` site names; and a table that grew with every `callx`
+/// program would change how each `callx` site dispatches.
 pub(crate) fn add_kernel_helpers(table: &mut Vec<HelperEntry>, code: &[u8]) {
     for (id, _, addr) in kernel_helpers() {
-        if !table.iter().any(|h| h.id == id) && crate::may_call(code, id) {
+        if !table.iter().any(|h| h.id == id) && calls(code, id) {
             table.push(HelperEntry {
                 id,
                 inline_kind: PJ_INLINE_NONE,
@@ -677,4 +680,11 @@ pub(crate) fn add_kernel_helpers(table: &mut Vec<HelperEntry>, code: &[u8]) {
             });
         }
     }
+}
+
+/// Does `code` have a `call imm` of helper `id`?
+fn calls(code: &[u8], id: u32) -> bool {
+    code.chunks_exact(8).any(|c| {
+        c[0] == 0x85 && c[1] >> 4 == 0 && u32::from_le_bytes([c[4], c[5], c[6], c[7]]) == id
+    })
 }
