@@ -103,9 +103,17 @@ impl HashTable {
     ) -> Result<HashTable, AllocError> {
         let max = max_entries as usize;
         let cpus = if percpu { cpus } else { 1 };
-        // Spares for replacements while old copies wait out their grace period: a few per
-        // CPU plus the retire batch, as the kernel keeps an extra element per CPU.
-        let spare = (4 * crate::Map::possible_cpus()).max(32) + RETIRE_BATCH;
+        // Spares for the elements that wait out their grace period after a replacement, a
+        // delete or an eviction (the kernel, which reuses elements at once, keeps one extra
+        // per CPU). Churn from several CPUs can retire many elements per epoch, so small
+        // values get a generous pool; large ones (>= 64 KiB per element) a few per CPU.
+        let ncpu = crate::Map::possible_cpus();
+        let elem_bytes = round8(value_size as usize) * cpus;
+        let spare = if elem_bytes >= 64 << 10 {
+            (2 * ncpu).max(8)
+        } else {
+            (16 * ncpu).max(256)
+        } + RETIRE_BATCH;
         let pool = max + spare;
         let nbuckets = max.next_power_of_two();
         let nlocks = nbuckets.min(1024);
@@ -442,7 +450,8 @@ impl HashTable {
     /// Out of free elements: hand over the retired batch and let the collector advance.
     /// A host caller (not inside a program's pin) waits, like `synchronize_rcu`, for the
     /// threads pinned meanwhile to move on (bounded: [`HOST_RECLAIM_WAIT`]); a program's
-    /// call cannot wait (its own pin holds the epoch back), so it tries twice and gives up.
+    /// call cannot wait long (its own pin holds the epoch back: only garbage older than its
+    /// pin can come back), so it gives the collector a few rounds and gives up.
     fn reclaim(self: &Arc<Self>, host: bool) {
         let batch = std::mem::take(&mut *lock(&self.retired));
         self.defer_release(batch);
@@ -452,11 +461,13 @@ impl HashTable {
                 return;
             }
             crossbeam_epoch::pin().flush();
-            if !host && r >= 1 || host && start.elapsed() > HOST_RECLAIM_WAIT {
+            if !host && r >= 32 || host && start.elapsed() > HOST_RECLAIM_WAIT {
                 return;
             }
-            if r >= 3 {
+            if host && r >= 3 {
                 std::thread::sleep(std::time::Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
             }
         }
     }
@@ -499,6 +510,14 @@ impl HashTable {
         // SAFETY: key_size readable bytes.
         let h = unsafe { self.hash_key(key) };
         let mut attempts = 0;
+        // A count slot this update holds (reserved, or inherited from an LRU eviction),
+        // carried across retries and given back if the key turns out to exist.
+        let mut reserved = false;
+        let give_back = |reserved: &mut bool| {
+            if std::mem::take(reserved) {
+                self.count.fetch_sub(1, Relaxed);
+            }
+        };
         loop {
             attempts += 1;
             // A non-per-CPU update always publishes a fresh copy (readers never see a value
@@ -523,12 +542,14 @@ impl HashTable {
             };
             if err != 0 {
                 drop(guard);
+                give_back(&mut reserved);
                 if fresh != NIL {
                     self.push_free(fresh);
                 }
                 return err;
             }
             if old != NIL {
+                give_back(&mut reserved);
                 if self.percpu || fresh == NIL {
                     // Per-CPU maps update in place, as the kernel. A non-per-CPU map lands
                     // here only when every spare element waits for a grace period (a
@@ -558,15 +579,19 @@ impl HashTable {
                 self.retire(old);
                 return 0;
             }
-            if !self.reserve_count() {
+            if !reserved {
+                reserved = self.reserve_count();
+            }
+            if !reserved {
                 drop(guard);
                 if fresh != NIL {
                     self.push_free(fresh);
                 }
-                if self.lru && attempts < 8 {
-                    // Evict with no bucket lock held: the eviction lock is always taken
-                    // before a bucket lock, never after.
-                    self.evict_one();
+                // Evict with no bucket lock held (the eviction lock is always taken before a
+                // bucket lock, never after). The victim's count slot passes to this update,
+                // so concurrent inserters cannot take it and starve us.
+                if self.lru && self.evict_one() {
+                    reserved = true;
                     continue;
                 }
                 return if self.lru {
@@ -586,12 +611,12 @@ impl HashTable {
                 fresh
             };
             if elem == NIL {
-                self.count.fetch_sub(1, Relaxed);
                 drop(guard);
                 if attempts < 4 {
                     self.reclaim(host);
                     continue;
                 }
+                give_back(&mut reserved);
                 return if self.lru {
                     -(ENOMEM as i64)
                 } else {
@@ -639,6 +664,8 @@ impl HashTable {
     /// victim is whichever the hand reaches first, not necessarily the oldest. New elements
     /// start unreferenced (as kernel LRU nodes); when every element is referenced, one sweep
     /// clears them all and the element after the hand goes.
+    ///
+    /// The victim's count slot passes to the caller (the count is not decremented).
     fn evict_one(self: &Arc<Self>) -> bool {
         let mut hand = lock(&self.clock);
         for _ in 0..2 * self.pool + 1 {
@@ -664,7 +691,6 @@ impl HashTable {
                 if j == i {
                     link.store(self.next(i).load(Relaxed), Release);
                     self.state[i as usize].store(RETIRED, Relaxed);
-                    self.count.fetch_sub(1, Relaxed);
                     drop(guard);
                     drop(hand);
                     self.retire(i);

@@ -39,6 +39,12 @@
 //!   earlier. Only the kernel itself reads `pg_off`.
 //! * Values carry no `bpf_spin_lock` (no BTF), so `BPF_F_LOCK` is refused with `-EINVAL`,
 //!   as the kernel refuses it for such values.
+//! * Hash elements are preallocated (`max_entries` plus spares), but a replaced, deleted or
+//!   evicted element is reused only after its grace period, where the kernel reuses it at
+//!   once. While threads stay pinned (long or preempted program runs), churn can use up the
+//!   spares: a program's insert of a new key then fails with `-E2BIG` (LRU: `-ENOMEM`)
+//!   although the map holds fewer than `max_entries` keys. Host-side updates wait (up to 2
+//!   s) for the grace period instead.
 //! * A non-per-CPU hash update of an existing key publishes a new element (no torn reads);
 //!   only when every spare element is still waiting for its grace period (a program
 //!   replacing keys in a loop under one pin) does it copy in place, as the kernel does for
