@@ -81,6 +81,10 @@ pub(crate) struct HashTable {
     /// Free-list head: generation tag << 32 | index.
     free_head: AtomicU64,
     free_next: Box<[AtomicU32]>,
+    /// Elements never used yet are `[unused, pool)`: handed out by bumping this, after the
+    /// free list, so the slabs' pages (zeroed lazily by the allocator's mmap) are touched
+    /// only as far as the map ever needed.
+    unused: AtomicUsize,
     count: AtomicUsize,
     retired: Mutex<Vec<u32>>,
     /// The LRU CLOCK hand; its mutex is the eviction lock.
@@ -122,9 +126,6 @@ impl HashTable {
         let nodes = Slab::zeroed(bytes(pool, nstride)?)?;
         let values = Slab::zeroed(bytes(bytes(pool, vstride)?, cpus)?)?;
         let free_next = atomic_u32s(pool, NIL)?;
-        for (i, n) in free_next.iter().enumerate() {
-            n.store(if i + 1 < pool { i as u32 + 1 } else { NIL }, Relaxed);
-        }
         let mut state = Vec::new();
         state
             .try_reserve_exact(pool)
@@ -159,8 +160,9 @@ impl HashTable {
             values,
             state: state.into_boxed_slice(),
             refbit: refbit.into_boxed_slice(),
-            free_head: AtomicU64::new(0),
+            free_head: AtomicU64::new(NIL as u64),
             free_next,
+            unused: AtomicUsize::new(0),
             count: AtomicUsize::new(0),
             retired: Mutex::new(Vec::new()),
             clock: Mutex::new(0),
@@ -283,6 +285,28 @@ impl HashTable {
         NIL
     }
 
+    /// `find` for the 4- and 8-byte keys that dominate eBPF maps, monomorphised: one load
+    /// of the key, and one compare per element, with nothing decided per element.
+    ///
+    /// # Safety
+    /// As `find`, with `size_of::<W>() == key_size`.
+    #[inline(always)]
+    unsafe fn find_word<W: Copy + Eq + Into<u64>>(&self, key: *const u8) -> u32 {
+        // SAFETY: key_size == size_of::<W>() readable bytes.
+        let k = unsafe { key.cast::<W>().read_unaligned() };
+        let h = mix(k.into() ^ self.seed);
+        // SAFETY: bucket_of masks into heads' power-of-two length.
+        let mut i = unsafe { self.heads.get_unchecked(self.bucket_of(h)) }.load(Acquire);
+        while i != NIL {
+            // SAFETY: the node's key is 8-aligned and published (Acquire link load above).
+            if unsafe { self.key_ptr(i).cast::<W>().read() } == k {
+                return i;
+            }
+            i = self.next(i).load(Acquire);
+        }
+        NIL
+    }
+
     /// Under the bucket lock: the link pointing at the key's element (or at NIL) and the
     /// element.
     ///
@@ -312,10 +336,16 @@ impl HashTable {
     /// # Safety
     /// `key` points to key_size readable bytes; the caller is pinned on the default epoch
     /// collector for as long as it uses the returned pointer; `cpu < cpus`.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn lookup(&self, key: *const u8, cpu: usize) -> *mut u8 {
         // SAFETY: forwarded from the caller.
-        let i = unsafe { self.find(key, self.hash_key(key)) };
+        let i = unsafe {
+            match self.key_size {
+                4 => self.find_word::<u32>(key),
+                8 => self.find_word::<u64>(key),
+                _ => self.find(key, self.hash_key(key)),
+            }
+        };
         if i == NIL {
             return std::ptr::null_mut();
         }
@@ -382,7 +412,16 @@ impl HashTable {
         loop {
             let i = head as u32;
             if i == NIL {
-                return NIL;
+                return match self
+                    .unused
+                    .fetch_update(Relaxed, Relaxed, |u| (u < self.pool).then_some(u + 1))
+                {
+                    Ok(u) => {
+                        self.state[u].store(FILLING, Relaxed);
+                        u as u32
+                    }
+                    Err(_) => NIL,
+                };
             }
             // A stale `next` (the element popped and pushed meanwhile) is caught by the tag.
             let next = self.free_next[i as usize].load(Relaxed);
@@ -453,11 +492,14 @@ impl HashTable {
     /// call cannot wait long (its own pin holds the epoch back: only garbage older than its
     /// pin can come back), so it gives the collector a few rounds and gives up.
     fn reclaim(self: &Arc<Self>, host: bool) {
+        // A host thread that is itself pinned would wait for its own pin: treat it as a
+        // program.
+        let host = host && !crossbeam_epoch::is_pinned();
         let batch = std::mem::take(&mut *lock(&self.retired));
         self.defer_release(batch);
         let start = std::time::Instant::now();
         for r in 0u32.. {
-            if self.free_head.load(Relaxed) as u32 != NIL {
+            if self.free_head.load(Relaxed) as u32 != NIL || self.unused.load(Relaxed) < self.pool {
                 return;
             }
             crossbeam_epoch::pin().flush();

@@ -43,8 +43,11 @@
 //!   evicted element is reused only after its grace period, where the kernel reuses it at
 //!   once. While threads stay pinned (long or preempted program runs), churn can use up the
 //!   spares: a program's insert of a new key then fails with `-E2BIG` (LRU: `-ENOMEM`)
-//!   although the map holds fewer than `max_entries` keys. Host-side updates wait (up to 2
-//!   s) for the grace period instead.
+//!   although the map holds fewer than `max_entries` keys. Host-side updates from a thread
+//!   that is not pinned wait (up to 2 s) for the grace period instead.
+//! * Ring-buffer space: a reservation fails when the producer would get `size` or more bytes
+//!   ahead of the consumer (or of the oldest busy record), as the kernel's `> mask` test,
+//!   so a ring never fills completely (at most `size - 8` bytes of records).
 //! * A non-per-CPU hash update of an existing key publishes a new element (no torn reads);
 //!   only when every spare element is still waiting for its grace period (a program
 //!   replacing keys in a loop under one pin) does it copy in place, as the kernel does for
@@ -433,12 +436,14 @@ impl Map {
     }
 
     /// This CPU's copy: `cpu` folded into range for per-CPU maps, 0 otherwise. The common
-    /// in-range case costs a compare, not a division.
+    /// cases (in range, or a shared map) cost a compare, not a division.
     #[inline(always)]
     fn cpu_index(&self, cpu: u32) -> usize {
         let c = cpu as usize;
         if c < self.cpus {
             c
+        } else if self.cpus == 1 {
+            0
         } else {
             c % self.cpus
         }
@@ -452,7 +457,7 @@ impl Map {
     /// # Safety
     /// `key` points to `key_size` readable bytes. For hash maps the caller is pinned on the
     /// default `crossbeam_epoch` collector while it uses the returned pointer.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn lookup_raw(&self, key: *const u8, cpu: u32) -> *mut u8 {
         match &self.kind {
             // SAFETY: forwarded from the caller.
