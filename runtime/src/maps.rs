@@ -191,6 +191,9 @@ pub(crate) fn bind(
         match op & 7 {
             // A call clobbers r0-r5 and a jump ends the basic block: forget everything.
             5 | 6 => {
+                if op == 0x85 && src == 0 {
+                    check_map_argument(pc, imm as u32, &holds, maps)?;
+                }
                 let lookup = inlining.array_lookups
                     && op == 0x85
                     && src == 0
@@ -251,6 +254,48 @@ pub(crate) fn bind(
         }),
         _arrays: arrays,
     })
+}
+
+/// Refuses a helper call whose map argument (a map the register holds at the call, as far
+/// as the basic block shows) is of a type the helper does not take, as the kernel's
+/// verifier does: a lookup in a ring buffer, a tail call through a hash map, ...
+fn check_map_argument(
+    pc: usize,
+    helper: u32,
+    holds: &[Option<usize>; 11],
+    maps: &[Arc<Map>],
+) -> Result<(), Error> {
+    use MapType::*;
+    let (reg, takes): (usize, &[MapType]) = match helper {
+        MAP_LOOKUP_ELEM | MAP_UPDATE_ELEM | MAP_DELETE_ELEM => (
+            1,
+            &[Array, PercpuArray, Hash, PercpuHash, LruHash, LruPercpuHash],
+        ),
+        MAP_LOOKUP_PERCPU_ELEM => (1, &[PercpuArray, PercpuHash, LruPercpuHash]),
+        MAP_PUSH_ELEM | MAP_POP_ELEM | MAP_PEEK_ELEM => (1, &[Queue, Stack]),
+        RINGBUF_OUTPUT | RINGBUF_RESERVE | RINGBUF_QUERY => (1, &[RingBuf]),
+        TAIL_CALL => (2, &[ProgArray]),
+        _ => return Ok(()),
+    };
+    let Some(k) = holds[reg] else {
+        return Ok(());
+    };
+    let spec = maps[k].spec();
+    if takes.contains(&spec.map_type) {
+        return Ok(());
+    }
+    let name = kernel_helpers()
+        .iter()
+        .find(|(id, _, _)| *id == helper)
+        .map_or("helper", |(_, name, _)| *name);
+    Err(err(
+        ErrorKind::Verify,
+        format!(
+            "pc {pc}: {name} ({helper}) cannot take map `{}` (r{reg}) of type {}",
+            spec.name,
+            spec.map_type.name()
+        ),
+    ))
 }
 
 /// The address a `BPF_PSEUDO_MAP_VALUE` reference names: `off` bytes into the first value

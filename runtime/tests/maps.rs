@@ -311,3 +311,69 @@ fn tail_calls_jump_to_the_slot_fall_through_when_empty_and_stop_after_33() {
         rt.set_prog_array(&jumps, 1, None).unwrap();
     }
 }
+
+#[test]
+fn a_map_passed_to_a_helper_that_does_not_take_its_type_is_refused_naming_pc_helper_and_map() {
+    let rt = host::host_runtime();
+    let events = Map::new(spec("events", MapType::RingBuf, 0, 0, 4096 * 4)).unwrap();
+    let counts = Map::new(spec("counts", MapType::Hash, 4, 8, 4)).unwrap();
+    let opts = LoadOptions {
+        maps: vec![events, counts],
+        ..Default::default()
+    };
+    // A lookup in a ring buffer.
+    let lookup = [
+        i(0x62, 10, 0, -4, 0),
+        map_ref(1, 0),
+        i(0xbf, 2, 10, 0, 0),
+        i(0x07, 2, 0, 0, -4),
+        i(CALL, 0, 0, 0, 1),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat();
+    let e = rt.load(&lookup, &opts).unwrap_err().to_string();
+    for want in [
+        "pc 5",
+        "bpf_map_lookup_elem",
+        "`events`",
+        "BPF_MAP_TYPE_RINGBUF",
+    ] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    // A tail call through a hash map.
+    let tail = [
+        map_ref(2, 1),
+        i(0xb7, 3, 0, 0, 0),
+        i(CALL, 0, 0, 0, 12),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat();
+    let e = rt.load(&tail, &opts).unwrap_err().to_string();
+    for want in ["pc 3", "bpf_tail_call", "`counts`", "BPF_MAP_TYPE_HASH"] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}
+
+#[test]
+fn a_tail_call_inside_a_bpf_to_bpf_function_is_refused_naming_the_pc() {
+    let rt = host::host_runtime();
+    let jumps = Map::new(spec("jumps", MapType::ProgArray, 4, 4, 2)).unwrap();
+    let opts = LoadOptions {
+        maps: vec![jumps],
+        ..Default::default()
+    };
+    let code = [
+        i(CALL, 0, 1, 0, 1), // call the function at pc 2
+        i(EXIT, 0, 0, 0, 0),
+        map_ref(2, 0), // pc 2: the function tail calls
+        i(0xb7, 3, 0, 0, 0),
+        i(CALL, 0, 0, 0, 12),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat();
+    let e = rt.load(&code, &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("pc 5") && e.contains("bpf-to-bpf function"),
+        "{e}"
+    );
+}
