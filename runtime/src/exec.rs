@@ -4,6 +4,7 @@
 //! The emitted code only ever sees the environment through its fixed `PJ_ENV_*` offsets; this
 //! module is the one place the host fills it and reads it back.
 
+use crate::Trust;
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{AccessDirection, Arch, PjProgramEntry, Stop, StopKind};
 use std::cell::Cell;
@@ -162,14 +163,17 @@ thread_local! {
     /// The environment of the program this thread is running (innermost, if a helper runs
     /// another program), for [`helper_access_ok`].
     static CURRENT_ENV: Cell<*mut PjExecEnv> = const { Cell::new(std::ptr::null_mut()) };
+    /// Whether that program is trusted (its helpers then take its pointers as they are).
+    static CURRENT_TRUSTED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Restores the previous current environment when a run ends, even by unwinding.
-struct CurrentEnvGuard(*mut PjExecEnv);
+struct CurrentEnvGuard(*mut PjExecEnv, bool);
 
 impl Drop for CurrentEnvGuard {
     fn drop(&mut self) {
         CURRENT_ENV.with(|c| c.set(self.0));
+        CURRENT_TRUSTED.with(|c| c.set(self.1));
     }
 }
 
@@ -178,12 +182,13 @@ impl Drop for CurrentEnvGuard {
 /// JIT-compiled program's helper started it.
 pub(crate) fn without_jit_env<T>(f: impl FnOnce() -> T) -> T {
     let previous = CURRENT_ENV.with(|c| c.replace(std::ptr::null_mut()));
-    let _restore = CurrentEnvGuard(previous);
+    let trusted = CURRENT_TRUSTED.with(|c| c.replace(false));
+    let _restore = CurrentEnvGuard(previous, trusted);
     f()
 }
 
-/// Runs `entry` on `(ctx, len)` with `regions` and `budget`, and turns a stop into a
-/// [`RunError`].
+/// Runs `entry` (code loaded as `trust`) on `(ctx, len)` with `regions` and `budget`, and
+/// turns a stop into a [`RunError`].
 ///
 /// # Safety
 /// `entry` must be committed code with the [`PjProgramEntry`] signature that stays mapped
@@ -195,6 +200,7 @@ pub(crate) unsafe fn run(
     len: usize,
     regions: &[PjMemRegion],
     budget: u64,
+    trust: Trust,
 ) -> Result<u64, RunError> {
     // rbpf passes r1 = r2 = 0 for an empty context; a dangling slice pointer (0x1) would
     // otherwise reach the program as r1.
@@ -211,7 +217,8 @@ pub(crate) unsafe fn run(
     // the regions through it while the code runs).
     let env_ptr: *mut PjExecEnv = &mut env;
     let previous = CURRENT_ENV.with(|c| c.replace(env_ptr));
-    let _restore = CurrentEnvGuard(previous);
+    let trusted = CURRENT_TRUSTED.with(|c| c.replace(trust == Trust::Trusted));
+    let _restore = CurrentEnvGuard(previous, trusted);
     // SAFETY: the caller guarantees `entry` is live code with this signature.
     let f: PjProgramEntry = unsafe { std::mem::transmute(entry as usize) };
     // SAFETY: as above; `env` outlives the call.
@@ -283,6 +290,11 @@ pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool
         inside(r.start, r.start.saturating_add(r.len))
             && (direction == AccessDirection::Read || r.flags & PJ_REGION_WRITABLE != 0)
     })
+}
+
+/// Is the program this thread runs (innermost JIT run) trusted? `false` outside runs.
+pub(crate) fn trusted_run() -> bool {
+    CURRENT_TRUSTED.with(|c| c.get())
 }
 
 /// Points the current run's `env` at `regions` (a tail call continues in a program with
@@ -410,7 +422,7 @@ mod tests {
             ..Default::default()
         };
         let previous = CURRENT_ENV.with(|c| c.replace(&env as *const PjExecEnv as *mut PjExecEnv));
-        let _restore = CurrentEnvGuard(previous);
+        let _restore = CurrentEnvGuard(previous, false);
         let ok = |a, l, d| helper_access_ok(a, l, d);
         use AccessDirection::{Read, Write};
         assert!(ok(0x1000, 16, Write));

@@ -42,6 +42,7 @@ mod program_box;
 pub mod rbpf_bridge;
 mod symbols;
 pub mod testing;
+mod trace_printk;
 
 pub use arena::{
     ArenaConfig, ArenaStats, ChunkState, Compaction, MapMode, Movable, MoveListener, MoveWatch,
@@ -64,6 +65,7 @@ pub use packjit_plugin_api::{
     PjProgramEntry, Stop, StopKind,
 };
 pub use symbols::{default_perf_map_path, SymbolInfo};
+pub use trace_printk::{set_trace_sink, TraceSink};
 
 use heap_arena::HeapArena;
 use packjit_plugin_api::export::catch_panic;
@@ -1008,6 +1010,7 @@ impl Program {
                 mem.len(),
                 &self.regions,
                 budget,
+                self.trust,
             )
         }
     }
@@ -1029,6 +1032,7 @@ impl Program {
                 len,
                 &self.regions,
                 self.budget.unwrap_or(u64::MAX),
+                self.trust,
             )
         }
     }

@@ -49,6 +49,8 @@ pub mod helper_ids {
     pub const MAP_UPDATE_ELEM: u32 = 2;
     /// `long bpf_map_delete_elem(map, key)`.
     pub const MAP_DELETE_ELEM: u32 = 3;
+    /// `long bpf_trace_printk(fmt, fmt_size, ...)`.
+    pub const TRACE_PRINTK: u32 = 6;
     /// `u32 bpf_get_prandom_u32(void)`.
     pub const GET_PRANDOM_U32: u32 = 7;
     /// `long bpf_tail_call(ctx, prog_array, index)`.
@@ -682,13 +684,18 @@ pub(crate) fn map_error(e: MapError) -> Error {
 }
 
 /// The kernel helpers the runtime provides: (id, name, function).
-pub(crate) fn kernel_helpers() -> [(u32, &'static str, u64); 14] {
+pub(crate) fn kernel_helpers() -> [(u32, &'static str, u64); 15] {
     let f = |h: extern "C" fn(u64, u64, u64, u64, u64) -> u64| h as *const () as u64;
     [
         (MAP_LOOKUP_ELEM, "bpf_map_lookup_elem", f(map_lookup_elem)),
         (MAP_UPDATE_ELEM, "bpf_map_update_elem", f(map_update_elem)),
         (MAP_DELETE_ELEM, "bpf_map_delete_elem", f(map_delete_elem)),
         (GET_PRANDOM_U32, "bpf_get_prandom_u32", f(get_prandom_u32)),
+        (
+            TRACE_PRINTK,
+            "bpf_trace_printk",
+            f(crate::trace_printk::trace_printk),
+        ),
         (MAP_PUSH_ELEM, "bpf_map_push_elem", f(map_push_elem)),
         (MAP_POP_ELEM, "bpf_map_pop_elem", f(map_pop_elem)),
         (MAP_PEEK_ELEM, "bpf_map_peek_elem", f(map_peek_elem)),

@@ -569,6 +569,7 @@ impl Program {
                 len,
                 &regions,
                 budget.unwrap_or(u64::MAX),
+                self.trust(),
             )
         }
         .map_err(to_io)
