@@ -26,8 +26,11 @@ fn assert_mentions(e: &Error, parts: &[&str]) {
     }
 }
 
+/// `counters` has plain `int` members, not libbpf's encoding (`int (*type)[N]`): a map
+/// definition packjit cannot read is refused at its reference, naming section, relocation
+/// and map.
 #[test]
-fn btf_defined_maps_are_refused_naming_the_map() {
+fn a_map_definition_not_in_libbpfs_encoding_is_refused_naming_the_map() {
     let obj = compile_bpf("bad_maps");
     let e = link_with_helper(&obj, &ElfLoadOptions::section("pj/maps")).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unsupported);

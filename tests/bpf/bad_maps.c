@@ -1,4 +1,5 @@
-/* A BTF-defined map: packjit has no maps, so loading must fail naming `.maps`. */
+/* A `.maps` entry not in libbpf's encoding (plain `int` members instead of
+ * `int (*type)[N]`): loading must fail naming the map and `.maps`. */
 #include "pj.h"
 
 struct {
