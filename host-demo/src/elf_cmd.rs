@@ -8,12 +8,14 @@
 //! (arm64, x86-64), and that code is listed instead; the RV64 backend's static API returns no
 //! offsets, so without its line table the listing is unmarked.
 
+use crate::maps_print;
 use capstone::prelude::*;
 use packjit::elf::ElfLoadOptions;
-use packjit::{Arch, LoadOptions, Program, RunError, Runtime, Trust};
+use packjit::{Arch, ElfObject, LoadOptions, Program, RunError, Runtime, Trust};
 use packjit_frontend::RawInsn;
 use packjit_plugin_api::{HelperEntry, NO_NATIVE_CODE};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Exit status of `run` when the program was stopped (sandbox fault, budget, unknown callx).
 pub const EXIT_STOPPED: i32 = 3;
@@ -76,21 +78,158 @@ fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
 pub struct RunOptions {
     pub trust: Trust,
     pub budget: Option<u64>,
-    /// Runs (at least one); the last one's result is printed.
+    /// Rounds over the packets (at least one); each packet's last result is printed.
     pub repeat: u64,
     /// Keep the perf map, printing its path.
     pub perf_map: bool,
     /// Register the code with gdb's JIT interface.
     pub gdb: bool,
+    /// Print every map of the object after the runs.
+    pub maps: bool,
 }
 
-/// `run PROG.o`: loads the program for the host, runs it on the memory (`repeat` times),
-/// prints r0 and the program's scalar globals.
+/// The programs of one `run`: the selected one, then every program a prog array of the
+/// object names statically (so its tail calls land), each once.
+struct Loaded {
+    entry: Arc<Program>,
+    /// (name as the prog array gives it, program).
+    targets: Vec<(String, Arc<Program>)>,
+    /// (map name, slot, program name) of every statically filled prog-array slot.
+    slots: Vec<(String, u32, String)>,
+}
+
+fn load_one(
+    object: &ElfObject,
+    rt: &Runtime,
+    sel: &ElfLoadOptions,
+    trust: Trust,
+    opts: &LoadOptions,
+) -> Result<Program, packjit::Error> {
+    match trust {
+        Trust::Sandboxed => object.load(rt, sel, opts),
+        // SAFETY: only with --trusted, whose help says the user vouches for the object
+        // (as after the kernel's verifier); without it the object runs sandboxed. Tail
+        // call targets are loaded with the same trust (a tail call only continues in a
+        // program of the caller's trust).
+        Trust::Trusted => unsafe { object.load_trusted(rt, sel, opts) },
+    }
+}
+
+/// Loads the selected program and every program the object's prog arrays name, then fills
+/// the prog arrays as libbpf does. Errors name the object, and for a tail call target the
+/// prog array and slot that name it.
+fn load_all(
+    rt: &Runtime,
+    obj: &Path,
+    bytes: &[u8],
+    object: &ElfObject,
+    sel: &Select,
+    trust: Trust,
+    opts: &LoadOptions,
+) -> Result<Loaded, String> {
+    let elf = sel.options()?;
+    let entry = Arc::new(
+        load_one(object, rt, &elf, trust, opts).map_err(|e| format!("{}: {e}", obj.display()))?,
+    );
+    // `ElfObject::open` already parsed these; read again for the static prog-array slots.
+    let defs = packjit::elf_maps(bytes).map_err(|e| format!("{}: {e}", obj.display()))?;
+    let mut slots = Vec::new();
+    let mut targets: Vec<(String, Arc<Program>)> = Vec::new();
+    for d in &defs {
+        for (slot, name) in &d.initial_programs {
+            slots.push((d.name.clone(), *slot, name.clone()));
+            if targets.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            // The selected program itself (a program may tail call itself).
+            let selected = sel.function.as_deref() == Some(name.as_str())
+                || sel.section.as_deref() == Some(name.as_str())
+                || entry.name() == name;
+            let prog = if selected {
+                entry.clone()
+            } else {
+                // The name is a function symbol's, or a section's when clang referred to
+                // the section symbol (static functions).
+                let by_function =
+                    load_one(object, rt, &ElfLoadOptions::function(name), trust, opts);
+                let prog = match by_function {
+                    Err(e) if e.to_string().contains("no function symbol") => {
+                        load_one(object, rt, &ElfLoadOptions::section(name), trust, opts)
+                    }
+                    r => r,
+                };
+                Arc::new(prog.map_err(|e| {
+                    format!(
+                        "{}: program `{name}` (tail call target in prog array `{}` slot {slot}): {e}",
+                        obj.display(),
+                        d.name
+                    )
+                })?)
+            };
+            targets.push((name.clone(), prog));
+        }
+    }
+    let programs: Vec<(&str, Arc<Program>)> = targets
+        .iter()
+        .map(|(n, p)| (n.as_str(), p.clone()))
+        .collect();
+    object
+        .init_prog_arrays(rt, &programs)
+        .map_err(|e| format!("{}: {e}", obj.display()))?;
+    Ok(Loaded {
+        entry,
+        targets,
+        slots,
+    })
+}
+
+/// Empties the prog-array slots `load_all` filled: a program in a slot keeps the maps it
+/// names alive, its own prog array among them.
+fn release_slots(rt: &Runtime, object: &ElfObject, loaded: &Loaded) {
+    for (map, slot, _) in &loaded.slots {
+        if let Some(m) = object.map(map) {
+            let _ = rt.set_prog_array(m, *slot, None);
+        }
+    }
+}
+
+fn print_maps(object: &ElfObject, loaded: &Loaded) {
+    let mut any = false;
+    for (name, map) in object.maps() {
+        let slot_name = |i: u32| {
+            loaded
+                .slots
+                .iter()
+                .find(|(m, s, _)| m == name && *s == i)
+                .map(|(_, _, p)| p.clone())
+        };
+        print!("{}", maps_print::format_map(name, map, &slot_name));
+        any = true;
+    }
+    if !any {
+        println!("(the object has no maps)");
+    }
+}
+
+/// At most 16 bytes of a packet, for its result line.
+fn packet_text(p: &[u8]) -> String {
+    let head = maps_print::hex(&p[..p.len().min(16)]);
+    if p.len() > 16 {
+        format!("{head} ... ({} bytes)", p.len())
+    } else {
+        head
+    }
+}
+
+/// `run PROG.o`: opens the object (creating its maps), loads the program for the host with
+/// every program its prog arrays name, runs it on each packet (`repeat` rounds; maps
+/// accumulate), prints r0 (one line per packet when there are several), the program's
+/// scalar globals and, with `--maps`, every map.
 pub fn run(
     rt: &Runtime,
     obj: &Path,
     sel: &Select,
-    mem: Option<String>,
+    mem: Vec<String>,
     mem_file: Option<PathBuf>,
     run: &RunOptions,
 ) -> Result<(), String> {
@@ -105,11 +244,11 @@ pub fn run(
     }
     let bytes = read(obj)?;
     let elf = sel.options()?;
-    let mut ctx = match (mem, mem_file) {
-        (Some(h), None) => parse_hex(&h)?,
-        (None, Some(f)) => read(&f)?,
-        (None, None) => Vec::new(),
-        (Some(_), Some(_)) => return Err("give --mem or --mem-file, not both".into()),
+    let mut packets = match (mem.is_empty(), mem_file) {
+        (false, None) => mem.iter().map(|h| parse_hex(h)).collect::<Result<_, _>>()?,
+        (true, Some(f)) => vec![read(&f)?],
+        (true, None) => vec![Vec::new()],
+        (false, Some(_)) => return Err("give --mem or --mem-file, not both".into()),
     };
     let host = Arch::host().ok_or("unknown host architecture")?;
     let opts = LoadOptions {
@@ -117,52 +256,93 @@ pub fn run(
         budget,
         ..Default::default()
     };
-    let prog = match trust {
-        Trust::Sandboxed => rt.load_elf(&bytes, &elf, &opts),
-        // SAFETY: only with --trusted, whose help says the user vouches for the object
-        // (as after the kernel's verifier); without it the object runs sandboxed.
-        Trust::Trusted => unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) },
-    }
-    .map_err(|e| format!("{}: {e}", obj.display()))?;
+    // The maps are created here, once: every program of the object shares them.
+    let object = ElfObject::open(&bytes, &[]).map_err(|e| format!("{}: {e}", obj.display()))?;
+    let loaded = load_all(rt, obj, &bytes, &object, sel, trust, &opts)?;
+    let prog = &loaded.entry;
     if !prog.is_executable() {
         return Err(format!(
             "no backend targets {host}; compiled but cannot run here"
         ));
     }
+    let mode = match trust {
+        Trust::Sandboxed => "sandboxed",
+        Trust::Trusted => "trusted",
+    };
     eprintln!(
-        "{} ({}): {} bytes of {} code by {}, {}",
+        "{} ({}): {} bytes of {} code by {}, {mode}",
         obj.display(),
         elf.program,
         prog.code_size(),
         prog.arch(),
         prog.backend_name(),
-        match trust {
-            Trust::Sandboxed => "sandboxed",
-            Trust::Trusted => "trusted",
-        }
     );
+    for (name, p) in loaded.targets.iter().filter(|(_, p)| !Arc::ptr_eq(p, prog)) {
+        eprintln!(
+            "  tail call target {name}: {} bytes of {} code, {mode}",
+            p.code_size(),
+            p.arch()
+        );
+    }
     if run.perf_map || run.gdb {
         eprintln!("program name: {}", prog.name());
     }
-    let mut result = prog.call(&mut ctx);
-    for _ in 1..run.repeat {
-        if result.is_err() {
-            break;
+    let several = packets.len() > 1;
+    let mut results = vec![None; packets.len()];
+    let mut stopped = None;
+    'rounds: for _ in 0..run.repeat.max(1) {
+        for (i, p) in packets.iter_mut().enumerate() {
+            match prog.call(p) {
+                Ok(r0) => results[i] = Some(r0),
+                Err(e) => {
+                    stopped = Some((i, e));
+                    break 'rounds;
+                }
+            }
         }
-        result = prog.call(&mut ctx);
     }
-    match result {
-        Ok(r0) => {
-            println!("r0 = {r0:#x}");
-            print_globals(&prog);
+    let outcome = match stopped {
+        None => {
+            for (i, r0) in results.iter().enumerate() {
+                let r0 = r0.expect("every packet ran");
+                if several {
+                    println!(
+                        "packet {} ({}): r0 = {r0:#x}",
+                        i + 1,
+                        packet_text(&packets[i])
+                    );
+                } else {
+                    println!("r0 = {r0:#x}");
+                }
+            }
+            print_globals(prog);
             Ok(())
         }
-        Err(RunError::Stop(stop)) => {
-            // The stop's text carries the pc and (for memory) the address and direction.
-            eprintln!("packjit-demo: program stopped: {stop}");
-            std::process::exit(EXIT_STOPPED);
+        Some((i, e)) => {
+            let which = if several {
+                format!(" on packet {}", i + 1)
+            } else {
+                String::new()
+            };
+            match e {
+                // The stop's text carries the pc and (for memory) the address and direction.
+                RunError::Stop(stop) => {
+                    eprintln!("packjit-demo: program stopped{which}: {stop}");
+                    Err(None)
+                }
+                e => Err(Some(format!("run{which}: {e}"))),
+            }
         }
-        Err(e) => Err(e.to_string()),
+    };
+    if run.maps {
+        // Also after a stop: the maps show how far the runs got.
+        print_maps(&object, &loaded);
+    }
+    release_slots(rt, &object, &loaded);
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(None) => std::process::exit(EXIT_STOPPED),
+        Err(Some(e)) => Err(e),
     }
 }
 

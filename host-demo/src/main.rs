@@ -3,11 +3,14 @@
 //! ```text
 //! packjit-demo [run]            load the plugins, compile the sample for every arch, run it natively
 //! packjit-demo run PROG.o --section S [--mem HEX | --mem-file F] [--trusted] [--budget N]
-//!                   [--repeat N] [--perf-map] [--gdb]
+//!                   [--repeat N] [--perf-map] [--gdb] [--maps]
 //!                               run a program from a clang object, sandboxed unless
 //!                               --trusted: prints `r0 = 0x…`; a stop prints the error and
 //!                               exits with status 3; --perf-map and --gdb name the program
-//!                               for `perf report` and gdb, --repeat N runs it N times
+//!                               for `perf report` and gdb, --repeat N runs it N times;
+//!                               maps are created, programs named by prog arrays loaded
+//!                               for tail calls; --mem several times: one run per packet;
+//!                               --maps prints every map after the runs
 //! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
 //! packjit-demo dump PROG.o --section S --arch A
 //!                               capstone disassembly, each eBPF instruction's range marked
@@ -20,6 +23,7 @@
 mod bench;
 mod conformance_plugin;
 mod elf_cmd;
+mod maps_print;
 mod sample;
 mod stats;
 
@@ -55,9 +59,10 @@ enum Cmd {
         object: Option<PathBuf>,
         #[command(flatten)]
         select: elf_cmd::Select,
-        /// Context memory as hex bytes (ELF programs).
+        /// Context memory as hex bytes (ELF programs). Give it several times for several
+        /// packets: one run each, in order, sharing the object's maps; a line of r0 per packet.
         #[arg(long, conflicts_with = "mem_file", requires = "object")]
-        mem: Option<String>,
+        mem: Vec<String>,
         /// Context memory from a file (ELF programs).
         #[arg(long, requires = "object")]
         mem_file: Option<PathBuf>,
@@ -73,7 +78,8 @@ enum Cmd {
         #[arg(long, requires = "object")]
         budget: Option<u64>,
         /// Run the program N times, each on the memory as the run before left it, and print
-        /// the last result: long enough for `perf record` to sample it (ELF programs).
+        /// the last result: long enough for `perf record` to sample it (ELF programs). With
+        /// several --mem, N rounds over the packets. Maps accumulate over all runs.
         #[arg(long, default_value_t = 1, requires = "object")]
         repeat: u64,
         /// Keep the perf map (/tmp/perf-PID.map), so `perf report` names the program
@@ -84,6 +90,11 @@ enum Cmd {
         /// `hbreak <program name>` stops in it (ELF programs).
         #[arg(long, requires = "object")]
         gdb: bool,
+        /// After the runs, print every map of the object: hash and array entries (key ->
+        /// value in hex, per-CPU maps one value per CPU), the ring buffers' records (consumed),
+        /// queue/stack values, and each prog-array slot's program (ELF programs).
+        #[arg(long, requires = "object")]
+        maps: bool,
         /// Program as bpf_conformance assembly (default: the built-in sample).
         #[arg(long, conflicts_with = "object")]
         asm: Option<PathBuf>,
@@ -140,7 +151,7 @@ fn main() -> ExitCode {
             section: None,
             function: None,
         },
-        mem: None,
+        mem: Vec::new(),
         mem_file: None,
         sandbox: false,
         trusted: false,
@@ -148,6 +159,7 @@ fn main() -> ExitCode {
         repeat: 1,
         perf_map: false,
         gdb: false,
+        maps: false,
         asm: None,
         n: 10,
     });
@@ -196,7 +208,13 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             }
         }
     }
-    sample::register_helpers(&rt)?;
+    // An object's `call 1` is bpf_map_lookup_elem: the sample's helper 1 moves out of the way.
+    let mix_id = if quiet {
+        sample::MIX_ID_FOR_OBJECTS
+    } else {
+        sample::MIX_ID
+    };
+    sample::register_helpers(&rt, mix_id)?;
     elf_cmd::register_rbpf_helpers(&rt)?;
     match cmd {
         Cmd::Run {
@@ -209,6 +227,7 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             repeat,
             perf_map,
             gdb,
+            maps,
             ..
         } => {
             let trust = if trusted {
@@ -222,6 +241,7 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
                 repeat,
                 perf_map,
                 gdb,
+                maps,
             };
             elf_cmd::run(&rt, &obj, &select, mem, mem_file, &run)
         }

@@ -32,8 +32,18 @@ pub unsafe extern "C" fn mix(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
     a.wrapping_mul(31).wrapping_add(b)
 }
 
-pub fn register_helpers(rt: &Runtime) -> Result<(), String> {
-    rt.register_helper(1, "mix", mix).map_err(|e| e.to_string())
+/// The sample's helper id: the sample's bytecode calls it by number.
+pub const MIX_ID: u32 = 1;
+
+/// Where clang objects find `mix` (they call it by name): kernel helper 1 is
+/// `bpf_map_lookup_elem`, which a helper registered under id 1 would replace.
+pub const MIX_ID_FOR_OBJECTS: u32 = 0x200;
+
+/// Registers `mix` under `id` ([`MIX_ID`] for the built-in sample, [`MIX_ID_FOR_OBJECTS`]
+/// when running clang objects, whose map helpers must stay the runtime's).
+pub fn register_helpers(rt: &Runtime, id: u32) -> Result<(), String> {
+    rt.register_helper(id, "mix", mix)
+        .map_err(|e| e.to_string())
 }
 
 /// The sample's context: n, then a slot the program writes.
