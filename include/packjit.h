@@ -251,6 +251,99 @@
 #define PACKJIT_BUILTIN_NONE 0
 
 /**
+ * `packjit_map_create`: `BPF_MAP_TYPE_HASH` (the kernel's map type numbers throughout, so
+ * `linux/bpf.h`'s `BPF_MAP_TYPE_*` work as well).
+ */
+#define PACKJIT_MAP_TYPE_HASH 1
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_ARRAY` (4-byte keys, every index exists).
+ */
+#define PACKJIT_MAP_TYPE_ARRAY 2
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_PROG_ARRAY` (4-byte keys and values; slots are set
+ * with `packjit_prog_array_set`).
+ */
+#define PACKJIT_MAP_TYPE_PROG_ARRAY 3
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_PERCPU_HASH`.
+ */
+#define PACKJIT_MAP_TYPE_PERCPU_HASH 5
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_PERCPU_ARRAY`.
+ */
+#define PACKJIT_MAP_TYPE_PERCPU_ARRAY 6
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_LRU_HASH`.
+ */
+#define PACKJIT_MAP_TYPE_LRU_HASH 9
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_LRU_PERCPU_HASH`.
+ */
+#define PACKJIT_MAP_TYPE_LRU_PERCPU_HASH 10
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_QUEUE` (key_size 0).
+ */
+#define PACKJIT_MAP_TYPE_QUEUE 22
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_STACK` (key_size 0).
+ */
+#define PACKJIT_MAP_TYPE_STACK 23
+
+/**
+ * `packjit_map_create`: `BPF_MAP_TYPE_RINGBUF` (key_size and value_size 0; max_entries is
+ * the data size, a power of two and a multiple of the page size).
+ */
+#define PACKJIT_MAP_TYPE_RINGBUF 27
+
+/**
+ * `packjit_map_update` / `packjit_map_push` flag: create or replace.
+ */
+#define PACKJIT_BPF_ANY 0
+
+/**
+ * `packjit_map_update` flag: create only (`-EEXIST` when the key is present).
+ */
+#define PACKJIT_BPF_NOEXIST 1
+
+/**
+ * `packjit_map_update` flag: replace only (`-ENOENT` when absent); `packjit_map_push` on a
+ * full queue/stack: drop the oldest value.
+ */
+#define PACKJIT_BPF_EXIST 2
+
+/**
+ * `packjit_map_create` flag: hash maps allocate on demand (accepted for HASH and
+ * PERCPU_HASH; elements are preallocated anyway).
+ */
+#define PACKJIT_BPF_F_NO_PREALLOC 1
+
+/**
+ * `packjit_map_create` flag: programs may only read the values (the host may write).
+ */
+#define PACKJIT_BPF_F_RDONLY_PROG (1 << 7)
+
+/**
+ * The kernel's internal `ENOTSUPP` (524; not in `errno.h`), which `bpf(2)` passes to user
+ * space unchanged: map operations return `-PACKJIT_ENOTSUPP` for an operation the map
+ * type does not have (e.g. `packjit_map_lookup` on a ring buffer).
+ */
+#define PACKJIT_ENOTSUPP 524
+
+#define EFAULT 14
+
+#define EBUSY 16
+
+#define EINVAL 22
+
+/**
  * An opaque attach point: `packjit_hook_run` runs whatever program is attached at that
  * moment. Thread-safe: any number of threads may run it while another attaches or detaches
  * (alone or in a batch); replaced programs are freed once no running thread can be in them.
@@ -263,6 +356,23 @@ typedef struct PackjitHook PackjitHook;
  * thread builds and applies it.
  */
 typedef struct PackjitHookBatch PackjitHookBatch;
+
+/**
+ * An opaque reference to an eBPF map. The map itself is shared: every handle to it
+ * (`packjit_map_create`, `packjit_map_ref`, `packjit_object_map`), every program loaded
+ * with it and every object that has it keeps it alive; `packjit_map_free` releases this
+ * handle's reference only. The map operations may run on any number of threads at once,
+ * and concurrently with programs using the map; freeing a handle while another thread
+ * uses that same handle is a caller bug (give each thread its own with `packjit_map_ref`).
+ */
+typedef struct PackjitMap PackjitMap;
+
+/**
+ * An opaque eBPF object: a relocatable clang object (copied) and its maps. Every program
+ * loaded from it uses the same maps. Its functions may be called from several threads at
+ * once; freeing it while another thread uses it is a caller bug.
+ */
+typedef struct PackjitObject PackjitObject;
 
 /**
  * An opaque compiled program. Thread-safe: any number of threads may run it at once, and
@@ -425,6 +535,55 @@ typedef struct PjMemRegion {
 } PjMemRegion;
 
 /**
+ * What a map is, filled by `packjit_map_info`.
+ */
+typedef struct PackjitMapInfo {
+    /**
+     * `sizeof(PackjitMapInfo)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * `PACKJIT_MAP_TYPE_*` (the kernel's map type number).
+     */
+    uint32_t map_type;
+    /**
+     * Key bytes.
+     */
+    uint32_t key_size;
+    /**
+     * Value bytes as programs see them (one CPU's, for per-CPU maps).
+     */
+    uint32_t value_size;
+    /**
+     * Capacity (ring buffer: data size in bytes).
+     */
+    uint32_t max_entries;
+    /**
+     * `PACKJIT_BPF_F_*` map flags.
+     */
+    uint32_t flags;
+    /**
+     * Value bytes as the host exchanges them (`packjit_map_value_size`).
+     */
+    uint64_t host_value_size;
+    /**
+     * Elements now: hashes their count, arrays and prog arrays `max_entries`, queues and
+     * stacks the values held, ring buffers 0.
+     */
+    uint64_t entries;
+    /**
+     * NUL-terminated map name (truncated to fit).
+     */
+    char name[PACKJIT_NAME_LEN];
+} PackjitMapInfo;
+
+/**
+ * Ring-buffer consumer callback of `packjit_ringbuf_consume`: `user` as given, the record's
+ * `len` bytes at `data` (readable during the call only).
+ */
+typedef void (*PackjitRingbufCallback)(void *user, const uint8_t *data, size_t len);
+
+/**
  * Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
  */
 typedef struct PackjitLoadOptions {
@@ -468,6 +627,19 @@ typedef struct PackjitLoadOptions {
      * Number of entries in `regions`.
      */
     uint64_t region_count;
+    /**
+     * The maps the bytecode names, `map_count` handles; NULL when 0. Map `k` is
+     * `maps[k]`: `lddw rX, map` with `src = 1` (`BPF_PSEUDO_MAP_FD`) and `imm = k`, as the
+     * kernel's loader expects (`src = 2`, `BPF_PSEUDO_MAP_VALUE`: a value of array map
+     * `k`). The program takes its own reference to each map during the load: the handles
+     * stay the caller's. Refused by `packjit_object_load` (an object's programs use the
+     * object's maps).
+     */
+    const struct PackjitMap *const *maps;
+    /**
+     * Number of entries in `maps`.
+     */
+    uint64_t map_count;
 } PackjitLoadOptions;
 
 /**
@@ -1141,6 +1313,219 @@ int32_t packjit_runtime_add_region(const struct PackjitRuntime *rt,
                                    const struct PjMemRegion *region);
 
 /**
+ * Creates a map, as `BPF_MAP_CREATE`: `map_type` a `PACKJIT_MAP_TYPE_*` (the kernel's
+ * number), `key_size` / `value_size` in bytes (value: one CPU's for per-CPU maps),
+ * `max_entries` its capacity (ring buffer: data size), `flags` `PACKJIT_BPF_F_*`, `name`
+ * for errors and `packjit_map_info` (NULL = "map"; copied). Limits: key_size 4 for arrays
+ * and prog arrays, 1..512 for hashes, 0 for queue/stack/ring buffer; value_size
+ * 1..1 MiB (per-CPU: 1..32 KiB), 4 for prog arrays, 0 for ring buffers; max_entries >= 1
+ * (a ring buffer's a power-of-two multiple of the page size). A refused spec fails with
+ * `PJ_ERR_INVALID_ARGUMENT` naming the map and the field (e.g. "map `m`: invalid key_size:
+ * ..."). On success `*out` receives a new handle (the caller's reference, released with
+ * `packjit_map_free`); on failure NULL.
+ *
+ * # Safety
+ * `name` NULL or NUL-terminated; `out` NULL (refused) or writable.
+ */
+int32_t packjit_map_create(uint32_t map_type,
+                           uint32_t key_size,
+                           uint32_t value_size,
+                           uint32_t max_entries,
+                           uint32_t flags,
+                           const char *name,
+                           struct PackjitMap **out);
+
+/**
+ * A new handle to the same map as `map` (another reference: each is released with its
+ * own `packjit_map_free`).
+ *
+ * # Safety
+ * `map` NULL or live; `out` NULL (refused) or writable.
+ */
+int32_t packjit_map_ref(const struct PackjitMap *map, struct PackjitMap **out);
+
+/**
+ * Releases a map handle. NULL is ignored. The map itself lives on while other handles,
+ * programs loaded with it, prog-array slots holding such programs, or objects have it;
+ * its memory goes with the last of them. A second free of the same handle is refused
+ * (recorded as the last error) while the memory is not reused, but is a caller bug.
+ *
+ * # Safety
+ * `map` NULL or a handle from `packjit_map_create` / `_ref` / `packjit_object_map` that no
+ * other thread is using.
+ */
+void packjit_map_free(struct PackjitMap *map);
+
+/**
+ * Describes a map.
+ *
+ * # Safety
+ * `map` NULL or live; `info` NULL or a `PackjitMapInfo` with `struct_size` set.
+ */
+int32_t packjit_map_info(const struct PackjitMap *map, struct PackjitMapInfo *info);
+
+/**
+ * `*size` receives the bytes of a value as the host exchanges it (`value_len` of
+ * `packjit_map_lookup` / `_update`): `value_size`, except for per-CPU maps, whose values
+ * come as one copy per possible CPU (`sysconf(_SC_NPROCESSORS_CONF)`), each rounded up to
+ * 8 bytes, as with the kernel's `bpf(2)`.
+ *
+ * # Safety
+ * `map` NULL or live; `size` NULL (refused) or writable.
+ */
+int32_t packjit_map_value_size(const struct PackjitMap *map, size_t *size);
+
+/**
+ * `BPF_MAP_LOOKUP_ELEM`: copies the value of `key` into `value` (`value_len` must be
+ * `packjit_map_value_size`; per-CPU maps give every CPU's copy). Queue/stack: peek (key
+ * NULL, key_len 0).
+ *
+ * Like every map operation (`packjit_map_*`, `packjit_ringbuf_consume`) it returns 0 (or
+ * a count) on success and the kernel's NEGATIVE ERRNO on failure, not a `PJ_ERR_*` code,
+ * so results compare with `errno.h`: `-ENOENT` no such key / empty queue, `-EEXIST` key
+ * present with `PACKJIT_BPF_NOEXIST`, `-E2BIG` map full or index out of range, `-ENOMEM`,
+ * `-EINVAL` a bad argument (NULL, wrong length, stale handle, flags) or operation,
+ * `-PACKJIT_ENOTSUPP` (-524) an operation the map type does not have, `-EFAULT` a panic
+ * caught at the boundary. The last error names the map, the operation and the errno
+ * (`packjit_last_error_code()`: `PJ_ERR_PANIC` for -EFAULT, `PJ_ERR_UNSUPPORTED` for
+ * -ENOTSUPP, `PJ_ERR_INVALID_ARGUMENT` otherwise).
+ *
+ * # Safety
+ * `map` NULL or live; `key` NULL or readable for `key_len` bytes; `value` NULL or writable
+ * for `value_len` bytes.
+ */
+int32_t packjit_map_lookup(const struct PackjitMap *map,
+                           const uint8_t *key,
+                           size_t key_len,
+                           uint8_t *value,
+                           size_t value_len);
+
+/**
+ * `BPF_MAP_UPDATE_ELEM`: sets `key` to `value` (`value_len` = `packjit_map_value_size`;
+ * per-CPU maps take every CPU's copy) with `flags` `PACKJIT_BPF_ANY` / `_NOEXIST` /
+ * `_EXIST`. Queue/stack: push (key NULL, key_len 0). Returns 0 or a negative errno (see
+ * `packjit_map_lookup`). Prog-array slots are set with `packjit_prog_array_set` (-EINVAL
+ * here).
+ *
+ * # Safety
+ * `map` NULL or live; `key` NULL or readable for `key_len` bytes; `value` NULL or readable
+ * for `value_len` bytes.
+ */
+int32_t packjit_map_update(const struct PackjitMap *map,
+                           const uint8_t *key,
+                           size_t key_len,
+                           const uint8_t *value,
+                           size_t value_len,
+                           uint64_t flags);
+
+/**
+ * `BPF_MAP_DELETE_ELEM`: removes `key`. Returns 0 or a negative errno (see
+ * `packjit_map_lookup`; `-ENOENT` when absent, `-EINVAL` for arrays, whose elements always
+ * exist).
+ *
+ * # Safety
+ * `map` NULL or live; `key` NULL or readable for `key_len` bytes.
+ */
+int32_t packjit_map_delete(const struct PackjitMap *map, const uint8_t *key, size_t key_len);
+
+/**
+ * `BPF_MAP_GET_NEXT_KEY`: writes the key after `key` into `next` (`next_len` = the key
+ * size). `key` NULL (its `key_len` is then ignored), or a key not in the map, gives the
+ * first key; after the last key it returns `-ENOENT`. Arrays go in index order, hashes in
+ * bucket order. Returns 0 or a negative errno (see `packjit_map_lookup`).
+ *
+ * ```c
+ * uint32_t k, next;
+ * for (int rc = packjit_map_next_key(m, NULL, 0, &next, 4); rc == 0;
+ *      k = next, rc = packjit_map_next_key(m, &k, 4, &next, 4))
+ *     use(next);
+ * ```
+ *
+ * # Safety
+ * `map` NULL or live; `key` NULL or readable for `key_len` bytes; `next` NULL or writable
+ * for `next_len` bytes.
+ */
+int32_t packjit_map_next_key(const struct PackjitMap *map,
+                             const uint8_t *key,
+                             size_t key_len,
+                             uint8_t *next,
+                             size_t next_len);
+
+/**
+ * Queue/stack push (`bpf_map_push_elem`): `value_len` = the map's value_size; `flags`
+ * `PACKJIT_BPF_EXIST` drops the oldest value when full (else `-E2BIG`). Returns 0 or a
+ * negative errno (see `packjit_map_lookup`; `-PACKJIT_ENOTSUPP` for other map types).
+ *
+ * # Safety
+ * `map` NULL or live; `value` NULL or readable for `value_len` bytes.
+ */
+int32_t packjit_map_push(const struct PackjitMap *map,
+                         const uint8_t *value,
+                         size_t value_len,
+                         uint64_t flags);
+
+/**
+ * Queue: removes the oldest value into `value`; stack: the newest (`value_len` = the
+ * map's value_size). Returns 0, `-ENOENT` when empty, or another negative errno (see
+ * `packjit_map_lookup`; `-PACKJIT_ENOTSUPP` for other map types).
+ *
+ * # Safety
+ * `map` NULL or live; `value` NULL or writable for `value_len` bytes.
+ */
+int32_t packjit_map_pop(const struct PackjitMap *map, uint8_t *value, size_t value_len);
+
+/**
+ * As `packjit_map_pop` without removing the value.
+ *
+ * # Safety
+ * As `packjit_map_pop`.
+ */
+int32_t packjit_map_peek(const struct PackjitMap *map, uint8_t *value, size_t value_len);
+
+/**
+ * Ring-buffer consumer (libbpf's `ring_buffer__consume`): calls `callback(user, data,
+ * len)` for every record submitted so far, in order; discarded records are skipped, and
+ * consumption stops at the first record a program has reserved but not yet submitted.
+ * Returns the number of records delivered (>= 0) or a negative errno: `-EINVAL` for a
+ * NULL callback or a map that is not a ring buffer, `-EBUSY` when called from a callback
+ * consuming the same ring (see `packjit_map_lookup` for the rest). Every available record
+ * is delivered: there is no early stop (each record's space goes back to the producers as
+ * soon as its callback returns, so a record not delivered would be lost). One consumer
+ * at a time: concurrent calls on one ring take turns. Programs may keep producing during
+ * the call; records submitted meanwhile may be delivered too.
+ *
+ * # Safety
+ * `map` NULL or live; `callback` NULL (refused) or a function that may read `len` bytes at
+ * `data` during the call only; `user` is passed through untouched.
+ */
+int64_t packjit_ringbuf_consume(const struct PackjitMap *map,
+                                PackjitRingbufCallback callback,
+                                void *user);
+
+/**
+ * Puts `prog` in slot `index` of prog array `map` (`prog` NULL empties the slot),
+ * atomically for running programs: a tail call sees the old or the new program, never a
+ * freed one; the replaced program is released once no run can still be in it. A tail
+ * call only continues in a program of the caller's trust (sandboxed or
+ * `PACKJIT_LOAD_TRUSTED`) that can run here; otherwise it falls through, as into an empty
+ * slot.
+ *
+ * Ownership: the slot takes its own reference to the program; `prog`'s handle stays the
+ * caller's (free it whenever: the program lives on in the slot until the slot is emptied
+ * or replaced). A program in a slot keeps the maps it was loaded with alive, the prog
+ * array among them: empty the slots to release them. Fails with
+ * `PJ_ERR_INVALID_ARGUMENT` when `map` is not a prog array, `index` >= its max_entries,
+ * or `prog` is freed or from another runtime.
+ *
+ * # Safety
+ * `rt`, `map` NULL or live; `prog` NULL or a live program handle.
+ */
+int32_t packjit_prog_array_set(const struct PackjitRuntime *rt,
+                               const struct PackjitMap *map,
+                               uint32_t index,
+                               const struct PackjitProgram *prog);
+
+/**
  * Fills `*opts` with the defaults (host arch, CPU features) and sets `struct_size`.
  *
  * # Safety
@@ -1344,6 +1729,109 @@ int32_t packjit_program_global_write(const struct PackjitProgram *prog,
                                      size_t len);
 
 /**
+ * Opens a relocatable eBPF object (`clang -O2 -target bpf -c`, `obj_len` bytes, copied):
+ * reads its BTF-defined (`.maps`) and legacy (`maps`) map definitions and creates its maps,
+ * except those the host supplies: `host_map_names[i]` is served by `host_maps[i]`
+ * (`host_map_count` pairs; both NULL when 0), which must have the object's type, key and
+ * value sizes (the object takes its own reference; the handles stay the caller's). Errors
+ * name the map and the field (`PJ_ERR_INVALID_ARGUMENT`, `PJ_ERR_UNSUPPORTED`). On success
+ * `*out` receives a new object (the caller's, released with `packjit_object_free`); on
+ * failure NULL.
+ *
+ * # Safety
+ * `obj` NULL or readable for `obj_len` bytes; `host_map_names` / `host_maps` NULL or
+ * `host_map_count` NUL-terminated names / live map handles; `out` NULL (refused) or
+ * writable.
+ */
+int32_t packjit_object_open(const uint8_t *obj,
+                            size_t obj_len,
+                            const char *const *host_map_names,
+                            const struct PackjitMap *const *host_maps,
+                            size_t host_map_count,
+                            struct PackjitObject **out);
+
+/**
+ * Releases an object. NULL is ignored. Its maps live on while programs loaded from it,
+ * prog-array slots holding them, or map handles (`packjit_object_map`) have them.
+ *
+ * # Safety
+ * `obj` NULL or a handle from `packjit_object_open` no other thread is using.
+ */
+void packjit_object_free(struct PackjitObject *obj);
+
+/**
+ * `*count` receives the number of the object's maps (`packjit_object_map_name` names
+ * them, in the object's order).
+ *
+ * # Safety
+ * `obj` NULL or live; `count` NULL (refused) or writable.
+ */
+int32_t packjit_object_map_count(const struct PackjitObject *obj, size_t *count);
+
+/**
+ * Copies the name of the object's map `index` (NUL-terminated) into `buf` (`buf_len`
+ * bytes); a buffer too small is refused (nothing copied) naming the size needed.
+ *
+ * # Safety
+ * `obj` NULL or live; `buf` NULL (refused) or writable for `buf_len` bytes.
+ */
+int32_t packjit_object_map_name(const struct PackjitObject *obj,
+                                size_t index,
+                                char *buf,
+                                size_t buf_len);
+
+/**
+ * The object's map `name` (its symbol, e.g. `"counts"`): `*out` receives a NEW handle
+ * (a reference of the caller's, released with `packjit_map_free`, independent of the
+ * object: it stays valid after `packjit_object_free`). An unknown name is refused naming
+ * it; `*out` is then NULL.
+ *
+ * # Safety
+ * `obj` NULL or live; `name` NULL (refused) or NUL-terminated; `out` NULL (refused) or
+ * writable.
+ */
+int32_t packjit_object_map(const struct PackjitObject *obj,
+                           const char *name,
+                           struct PackjitMap **out);
+
+/**
+ * Loads one program of the object with the object's maps, as `packjit_program_load_elf`
+ * (exactly one of `section` / `function`, the other NULL; sandboxed unless `opts` has
+ * `PACKJIT_LOAD_TRUSTED`; `opts` NULL for the defaults, `opts->maps` must be empty). Every
+ * program loaded from one object shares its maps. On success `*out` receives a new
+ * program (the caller's, released with `packjit_program_free`); on failure NULL and the
+ * error names the section, symbol or relocation.
+ *
+ * # Safety
+ * `obj`, `rt` NULL or live; `section`, `function` NULL or NUL-terminated; `opts` NULL or a
+ * `PackjitLoadOptions` with `struct_size` set; `out` NULL (refused) or writable.
+ */
+int32_t packjit_object_load(const struct PackjitObject *obj,
+                            const struct PackjitRuntime *rt,
+                            const char *section,
+                            const char *function,
+                            const struct PackjitLoadOptions *opts,
+                            struct PackjitProgram **out);
+
+/**
+ * Fills the prog arrays the object initialises statically (`.values = { [i] = &prog }`),
+ * as libbpf does after loading: `names[i]` (a function or section name) is `programs[i]`
+ * (`count` pairs, programs of `rt`). A slot naming a program not given is refused naming
+ * the map, the slot and the program, and then no slot is filled. The slots take their own
+ * references (see `packjit_prog_array_set`: the handles stay the caller's, and the slots
+ * keep the programs, and through them the maps, alive until emptied).
+ *
+ * # Safety
+ * `obj`, `rt` NULL or live; `names` / `programs` NULL or `count` NUL-terminated names /
+ * live program handles.
+ */
+int32_t packjit_object_init_prog_arrays(const struct PackjitObject *obj,
+                                        const struct PackjitRuntime *rt,
+                                        const char *const *names,
+                                        const struct PackjitProgram *const *programs,
+                                        size_t count);
+
+/**
  * What the built-in helpers (ids 5 and 8) became in `prog`: inlined, called, or the
  * host's own helper (`PACKJIT_BUILTIN_*`). Code that cannot call the clock or the per-CPU
  * lookup (no `call` naming it, no `callx`) reports it as called: nothing was prepared to
@@ -1430,7 +1918,9 @@ int32_t packjit_hook_batch_create(struct PackjitHookBatch **out);
 /**
  * Queues attaching `prog` to `hook` and TAKES OVER the program handle: on success and on
  * failure alike (unless an argument is invalid) `prog` is consumed and must not be used or
- * freed again; it may not be in use by other threads at the time of the call. Fails with
+ * freed again; it may not be in use by other threads at the time of the call. A program in
+ * a prog-array slot (`packjit_prog_array_set`) is refused (`PJ_ERR_INVALID_ARGUMENT`,
+ * handle kept): a hook owns its program alone. Fails with
  * `PJ_ERR_NOT_EXECUTABLE` for a program that cannot run here and `PJ_ERR_INVALID_ARGUMENT`
  * for a program from another runtime than the hook's.
  *

@@ -8,6 +8,7 @@ use super::{
     PJ_OK,
 };
 use core::ffi::{c_char, CStr};
+use packjit_runtime::maps::MapError;
 use packjit_runtime::{Error, ErrorKind, RunError, Stop};
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -128,6 +129,70 @@ pub(super) fn boundary_run(what: &str, f: impl FnOnce() -> Result<(), Failure>) 
                 ),
             );
             PJ_ERR_PANIC
+        }
+    }
+}
+
+/// What a map operation (the functions that return a negative errno) fails with: a bad C
+/// argument (`-EINVAL`) or the map's own error (its errno).
+pub(super) enum MapFailure {
+    Arg(Error),
+    Map(MapError),
+}
+
+impl From<Error> for MapFailure {
+    fn from(e: Error) -> Self {
+        MapFailure::Arg(e)
+    }
+}
+
+impl From<MapError> for MapFailure {
+    fn from(e: MapError) -> Self {
+        MapFailure::Map(e)
+    }
+}
+
+/// Linux errno values the map functions return negated (the same on every Linux arch).
+pub(super) mod errno {
+    pub const EFAULT: i64 = 14;
+    pub const EBUSY: i64 = 16;
+    pub const EINVAL: i64 = 22;
+}
+
+/// [`boundary`] for the map operations, which return a count (>= 0) or a negative errno as
+/// the kernel's `bpf(2)` and libbpf do. A bad argument gives `-EINVAL` (last error
+/// `PJ_ERR_INVALID_ARGUMENT`, or `PJ_ERR_ABI`), a map error its errno (last error
+/// `PJ_ERR_UNSUPPORTED` for `ENOTSUPP`, else `PJ_ERR_INVALID_ARGUMENT`), a panic `-EFAULT`
+/// (last error `PJ_ERR_PANIC`).
+pub(super) fn boundary_errno(what: &str, f: impl FnOnce() -> Result<i64, MapFailure>) -> i64 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(n)) => {
+            set_last(PJ_OK, -1, "");
+            n
+        }
+        Ok(Err(MapFailure::Arg(e))) => {
+            record(&Failure::Error(e));
+            -errno::EINVAL
+        }
+        Ok(Err(MapFailure::Map(e))) => {
+            let code = if e.errno() == super::PACKJIT_ENOTSUPP {
+                PJ_ERR_UNSUPPORTED
+            } else {
+                PJ_ERR_INVALID_ARGUMENT
+            };
+            set_last(code, -1, &format!("{what}: {e}"));
+            -i64::from(e.errno())
+        }
+        Err(p) => {
+            set_last(
+                PJ_ERR_PANIC,
+                -1,
+                &format!(
+                    "{what}: panic caught at the C boundary: {}",
+                    panic_message(&*p)
+                ),
+            );
+            -errno::EFAULT
         }
     }
 }

@@ -177,7 +177,9 @@ pub unsafe extern "C" fn packjit_hook_batch_create(out: *mut *mut PackjitHookBat
 
 /// Queues attaching `prog` to `hook` and TAKES OVER the program handle: on success and on
 /// failure alike (unless an argument is invalid) `prog` is consumed and must not be used or
-/// freed again; it may not be in use by other threads at the time of the call. Fails with
+/// freed again; it may not be in use by other threads at the time of the call. A program in
+/// a prog-array slot (`packjit_prog_array_set`) is refused (`PJ_ERR_INVALID_ARGUMENT`,
+/// handle kept): a hook owns its program alone. Fails with
 /// `PJ_ERR_NOT_EXECUTABLE` for a program that cannot run here and `PJ_ERR_INVALID_ARGUMENT`
 /// for a program from another runtime than the hook's.
 ///
@@ -200,6 +202,11 @@ pub unsafe extern "C" fn packjit_hook_batch_attach(
         if !Arc::ptr_eq(&p._rt, &h.rt) {
             return Err(invalid("program and hook belong to different runtimes"));
         }
+        if Arc::strong_count(&p.prog) != 1 {
+            return Err(invalid(
+                "program is in a prog array (or was emptied from one less than a grace period ago): a hook cannot take it over",
+            ));
+        }
         if p.freed.swap(true, Ordering::AcqRel) {
             return Err(invalid("program was already freed"));
         }
@@ -207,7 +214,10 @@ pub unsafe extern "C" fn packjit_hook_batch_attach(
         // SAFETY: from Box::into_raw; the `freed` swap made this the only owner, and the
         // caller guarantees no other thread uses the handle.
         let owned = unsafe { Box::from_raw(prog) };
-        b.batch.attach(&h.hook, owned.prog)?;
+        // The count was 1 and only the handle (now ours) could have cloned it.
+        let prog = Arc::try_unwrap(owned.prog)
+            .map_err(|_| Error::new(ErrorKind::Internal, "program was shared after the check"))?;
+        b.batch.attach(&h.hook, prog)?;
         Ok(())
     })
 }

@@ -45,6 +45,9 @@ mod helpers;
 // Host memory regions programs may access.
 mod regions;
 
+// eBPF maps: create, the host's map operations, ring-buffer consumer, prog-array slots.
+mod maps;
+
 // Per-load options.
 mod options;
 
@@ -53,6 +56,9 @@ mod program;
 
 // Programs from relocatable eBPF objects (clang), and their global data.
 mod elf;
+
+// eBPF objects with maps: open, their maps, load programs, fill prog arrays.
+mod object;
 
 // The built-in helpers and per-CPU arrays.
 mod builtins;
@@ -74,6 +80,8 @@ pub use elf::*;
 pub use error::*;
 pub use helpers::*;
 pub use hooks::*;
+pub use maps::*;
+pub use object::*;
 pub use options::*;
 pub use plugins::*;
 pub use program::*;
@@ -234,6 +242,73 @@ pub const PACKJIT_BUILTIN_CALL: u32 = 2;
 pub const PACKJIT_BUILTIN_HOST: u32 = 3;
 /// [`PackjitBuiltins`]: the program was loaded without the built-ins.
 pub const PACKJIT_BUILTIN_NONE: u32 = 0;
+
+/// `packjit_map_create`: `BPF_MAP_TYPE_HASH` (the kernel's map type numbers throughout, so
+/// `linux/bpf.h`'s `BPF_MAP_TYPE_*` work as well).
+pub const PACKJIT_MAP_TYPE_HASH: u32 = 1;
+/// `packjit_map_create`: `BPF_MAP_TYPE_ARRAY` (4-byte keys, every index exists).
+pub const PACKJIT_MAP_TYPE_ARRAY: u32 = 2;
+/// `packjit_map_create`: `BPF_MAP_TYPE_PROG_ARRAY` (4-byte keys and values; slots are set
+/// with `packjit_prog_array_set`).
+pub const PACKJIT_MAP_TYPE_PROG_ARRAY: u32 = 3;
+/// `packjit_map_create`: `BPF_MAP_TYPE_PERCPU_HASH`.
+pub const PACKJIT_MAP_TYPE_PERCPU_HASH: u32 = 5;
+/// `packjit_map_create`: `BPF_MAP_TYPE_PERCPU_ARRAY`.
+pub const PACKJIT_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+/// `packjit_map_create`: `BPF_MAP_TYPE_LRU_HASH`.
+pub const PACKJIT_MAP_TYPE_LRU_HASH: u32 = 9;
+/// `packjit_map_create`: `BPF_MAP_TYPE_LRU_PERCPU_HASH`.
+pub const PACKJIT_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
+/// `packjit_map_create`: `BPF_MAP_TYPE_QUEUE` (key_size 0).
+pub const PACKJIT_MAP_TYPE_QUEUE: u32 = 22;
+/// `packjit_map_create`: `BPF_MAP_TYPE_STACK` (key_size 0).
+pub const PACKJIT_MAP_TYPE_STACK: u32 = 23;
+/// `packjit_map_create`: `BPF_MAP_TYPE_RINGBUF` (key_size and value_size 0; max_entries is
+/// the data size, a power of two and a multiple of the page size).
+pub const PACKJIT_MAP_TYPE_RINGBUF: u32 = 27;
+/// `packjit_map_update` / `packjit_map_push` flag: create or replace.
+pub const PACKJIT_BPF_ANY: u64 = 0;
+/// `packjit_map_update` flag: create only (`-EEXIST` when the key is present).
+pub const PACKJIT_BPF_NOEXIST: u64 = 1;
+/// `packjit_map_update` flag: replace only (`-ENOENT` when absent); `packjit_map_push` on a
+/// full queue/stack: drop the oldest value.
+pub const PACKJIT_BPF_EXIST: u64 = 2;
+/// `packjit_map_create` flag: hash maps allocate on demand (accepted for HASH and
+/// PERCPU_HASH; elements are preallocated anyway).
+pub const PACKJIT_BPF_F_NO_PREALLOC: u32 = 1;
+/// `packjit_map_create` flag: programs may only read the values (the host may write).
+pub const PACKJIT_BPF_F_RDONLY_PROG: u32 = 1 << 7;
+/// The kernel's internal `ENOTSUPP` (524; not in `errno.h`), which `bpf(2)` passes to user
+/// space unchanged: map operations return `-PACKJIT_ENOTSUPP` for an operation the map
+/// type does not have (e.g. `packjit_map_lookup` on a ring buffer).
+pub const PACKJIT_ENOTSUPP: i32 = 524;
+
+mod map_mirror {
+    use packjit_runtime::maps as m;
+    use packjit_runtime::maps::MapType as T;
+    macro_rules! same {
+        ($($a:ident == $b:expr),* $(,)?) => {
+            $(const _: () = assert!(super::$a == $b);)*
+        };
+    }
+    same!(
+        PACKJIT_MAP_TYPE_HASH == T::Hash as u32,
+        PACKJIT_MAP_TYPE_ARRAY == T::Array as u32,
+        PACKJIT_MAP_TYPE_PROG_ARRAY == T::ProgArray as u32,
+        PACKJIT_MAP_TYPE_PERCPU_HASH == T::PercpuHash as u32,
+        PACKJIT_MAP_TYPE_PERCPU_ARRAY == T::PercpuArray as u32,
+        PACKJIT_MAP_TYPE_LRU_HASH == T::LruHash as u32,
+        PACKJIT_MAP_TYPE_LRU_PERCPU_HASH == T::LruPercpuHash as u32,
+        PACKJIT_MAP_TYPE_QUEUE == T::Queue as u32,
+        PACKJIT_MAP_TYPE_STACK == T::Stack as u32,
+        PACKJIT_MAP_TYPE_RINGBUF == T::RingBuf as u32,
+        PACKJIT_BPF_ANY == m::BPF_ANY,
+        PACKJIT_BPF_NOEXIST == m::BPF_NOEXIST,
+        PACKJIT_BPF_EXIST == m::BPF_EXIST,
+        PACKJIT_BPF_F_NO_PREALLOC == m::BPF_F_NO_PREALLOC,
+        PACKJIT_BPF_F_RDONLY_PROG == m::BPF_F_RDONLY_PROG,
+    );
+}
 
 // The magic word of a destroyed or freed handle (runtime, program, hook); the live handles'
 // words are next to their types.

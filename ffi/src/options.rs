@@ -2,6 +2,7 @@
 
 use super::args::{check_size, out_arg};
 use super::error::{boundary, invalid};
+use super::maps::{map_handle, PackjitMap};
 use super::regions::region_from_c;
 use super::{
     PjMemRegion, PACKJIT_LOAD_BLIND_CONSTANTS, PACKJIT_LOAD_BUDGET, PACKJIT_LOAD_FEATURES_EXACT,
@@ -41,6 +42,15 @@ pub struct PackjitLoadOptions {
     pub regions: *const PjMemRegion,
     /// Number of entries in `regions`.
     pub region_count: u64,
+    /// The maps the bytecode names, `map_count` handles; NULL when 0. Map `k` is
+    /// `maps[k]`: `lddw rX, map` with `src = 1` (`BPF_PSEUDO_MAP_FD`) and `imm = k`, as the
+    /// kernel's loader expects (`src = 2`, `BPF_PSEUDO_MAP_VALUE`: a value of array map
+    /// `k`). The program takes its own reference to each map during the load: the handles
+    /// stay the caller's. Refused by `packjit_object_load` (an object's programs use the
+    /// object's maps).
+    pub maps: *const *const PackjitMap,
+    /// Number of entries in `maps`.
+    pub map_count: u64,
 }
 
 impl Default for PackjitLoadOptions {
@@ -55,6 +65,8 @@ impl Default for PackjitLoadOptions {
             budget: 0,
             regions: core::ptr::null(),
             region_count: 0,
+            maps: core::ptr::null(),
+            map_count: 0,
         }
     }
 }
@@ -111,6 +123,25 @@ pub(super) unsafe fn load_options(
             .map(|(i, r)| region_from_c(r, &format!("opts->regions[{i}]")))
             .collect::<Result<_, _>>()?
     };
+    if o.maps.is_null() && o.map_count != 0 {
+        return Err(invalid(format!(
+            "opts->maps is NULL but opts->map_count is {}",
+            o.map_count
+        )));
+    }
+    let maps = if o.map_count == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: caller contract: `map_count` readable entries.
+        let raw = unsafe { std::slice::from_raw_parts(o.maps, o.map_count as usize) };
+        raw.iter()
+            .enumerate()
+            // SAFETY: caller contract: each entry NULL or a live map handle.
+            .map(|(i, &m)| {
+                unsafe { map_handle(m, &format!("opts->maps[{i}]")) }.map(|m| m.map.clone())
+            })
+            .collect::<Result<_, _>>()?
+    };
     Ok((
         LoadOptions {
             arch: arch_from_code(o.arch, "opts->arch")?,
@@ -120,6 +151,7 @@ pub(super) unsafe fn load_options(
             blind_constants: o.flags & PACKJIT_LOAD_BLIND_CONSTANTS != 0,
             percpu_insn: o.flags & PACKJIT_LOAD_PERCPU_INSN != 0,
             regions,
+            maps,
             ..Default::default()
         },
         if o.flags & PACKJIT_LOAD_TRUSTED != 0 {

@@ -68,7 +68,10 @@ pub struct PackjitProgram {
     /// Set by the first `packjit_program_free`; the handle stays usable (RCU-style) until
     /// the deferred drop, so only a second free is refused.
     pub(super) freed: AtomicBool,
-    pub(super) prog: Program,
+    /// Shared with the prog-array slots the program was put in (`packjit_prog_array_set`,
+    /// `packjit_object_init_prog_arrays`): a slot keeps the program alive after the handle
+    /// is freed.
+    pub(super) prog: Arc<Program>,
     // Keeps the backends and helpers the code refers to alive even after
     // packjit_runtime_destroy.
     pub(super) _rt: Arc<Runtime>,
@@ -95,7 +98,7 @@ pub(super) fn new_program(rt: &Arc<Runtime>, prog: Program) -> *mut PackjitProgr
     Box::into_raw(Box::new(PackjitProgram {
         magic: AtomicU64::new(PROGRAM_MAGIC),
         freed: AtomicBool::new(false),
-        prog,
+        prog: Arc::new(prog),
         _rt: rt.clone(),
     }))
 }
@@ -301,10 +304,16 @@ pub unsafe extern "C" fn packjit_program_free(prog: *mut PackjitProgram) {
             // as the allocator leaves the word alone.
             b.magic.store(DEAD_MAGIC, Ordering::Release);
             let PackjitProgram { prog, _rt, .. } = *b;
-            // SAFETY: runners pin before touching the handle and run its program only
-            // through it (or inside an epoch bracket), so the grace period that just ended
-            // covers the code too. Only queued here: this may run inside any thread's pin.
-            unsafe { prog.drop_after_own_grace() };
+            match Arc::try_unwrap(prog) {
+                // SAFETY: runners pin before touching the handle and run its program only
+                // through it (or inside an epoch bracket), so the grace period that just
+                // ended covers the code too. Only queued here: this may run inside any
+                // thread's pin.
+                Ok(prog) => unsafe { prog.drop_after_own_grace() },
+                // A prog-array slot still holds it: the last owner's drop releases the code
+                // after a grace period of its own (tail calls reach it without the handle).
+                Err(shared) => drop(shared),
+            }
             drop(_rt);
             PENDING_HANDLES.fetch_sub(1, Ordering::AcqRel);
         });
