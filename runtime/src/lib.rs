@@ -29,6 +29,7 @@
 
 pub mod arena;
 pub mod builtins;
+mod callbacks;
 pub mod elf;
 mod exec;
 pub mod gdb_jit;
@@ -635,7 +636,7 @@ impl Runtime {
         // Maps: references rewritten to handles and value addresses, array lookups inlined,
         // tail calls made real jumps (see `maps`).
         let mut inlined_percpu_arrays = false;
-        let bound = if opts.maps.is_empty() && !names_maps(code) {
+        let bound = if opts.maps.is_empty() && !needs_binding(code) {
             None
         } else {
             let tail_calls = native
@@ -881,10 +882,15 @@ impl Drop for Runtime {
 
 /// Whether `code` may call helper `id`: a `call imm` naming it, or any `callx` (whose id is
 /// only known at run time).
-/// Does `code` name a map (`lddw` with a map source)? Such code needs [`LoadOptions::maps`].
-fn names_maps(code: &[u8]) -> bool {
-    code.chunks_exact(8)
-        .any(|c| c[0] == 0x18 && matches!(c[1] >> 4, 1 | 2))
+/// Does `code` need `maps::bind`: does it name a map or a function (`lddw` with a map or
+/// function source), or call a helper that calls back into it (`bpf_loop`,
+/// `bpf_for_each_map_elem`)?
+fn needs_binding(code: &[u8]) -> bool {
+    code.chunks_exact(8).any(|c| {
+        let imm = i32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+        (c[0] == 0x18 && matches!(c[1] >> 4, 1 | 2 | 4))
+            || (c[0] == 0x85 && c[1] >> 4 == 0 && (imm == 164 || imm == 181))
+    })
 }
 
 fn may_call(code: &[u8], id: u32) -> bool {

@@ -140,6 +140,10 @@ pub(crate) fn bind(
     inlining: Inlining,
     mut percpu_id: impl FnMut(&ArrayLayout) -> Option<u32>,
 ) -> Result<Bound, Error> {
+    // Callback helpers first: the functions they append name maps and call helpers too.
+    let mut expanded = code.to_vec();
+    crate::callbacks::expand(&mut expanded, maps)?;
+    let code = &expanded[..];
     let mut out = code.to_vec();
     let slots = out.len() / 8;
     let at = |pc: usize| 8 * pc;
@@ -348,7 +352,7 @@ fn array_lookup_id(
 
 /// Which slots are jump targets (a basic block starts there): the scan above forgets what
 /// registers hold at each.
-fn jump_targets(code: &[u8]) -> Vec<bool> {
+pub(crate) fn jump_targets(code: &[u8]) -> Vec<bool> {
     let slots = code.len() / 8;
     let mut t = vec![false; slots + 1];
     for pc in 0..slots {

@@ -76,3 +76,57 @@ fn prandom_gives_32_bit_values_that_vary() {
     assert!(values.iter().all(|&v| v <= u32::MAX as u64));
     assert!(values.len() > 60, "{} distinct of 64", values.len());
 }
+
+/// `r0 = bpf_loop(mem[0] as nr_loops, sum, ctx = &mem[8..16] accumulator, flags = mem[1])`;
+/// the callback adds its index to the u64 at ctx and stops (returns 1) at index mem[2].
+fn loop_program() -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0), // r6 = mem
+        i(0x71, 1, 6, 0, 0), // r1 = nr_loops
+        i(0x18, 2, 4, 0, 5), // r2 = the callback (pc 2 + 1 + 5 = 8)
+        i(0, 0, 0, 0, 0),
+        i(0xbf, 3, 6, 0, 0),   // r3 = ctx = mem
+        i(0x71, 4, 6, 1, 0),   // r4 = flags
+        i(0x85, 0, 0, 0, 181), // bpf_loop
+        i(0x95, 0, 0, 0, 0),
+        // pc 8, the callback: r1 = index, r2 = ctx.
+        i(0x79, 3, 2, 8, 0), // r3 = *(u64 *)(ctx + 8)
+        i(0x0f, 3, 1, 0, 0), // r3 += index
+        i(0x7b, 2, 3, 8, 0),
+        i(0x71, 4, 2, 2, 0), // r4 = stop index
+        i(0xb7, 0, 0, 0, 0),
+        i(0x5d, 1, 4, 1, 0), // if index != stop skip
+        i(0xb7, 0, 0, 0, 1), // stop
+        i(0x95, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn bpf_loop_calls_back_as_the_kernel_does() {
+    let rt = host::host_runtime();
+    let opts = LoadOptions::default();
+    let sandboxed = rt.load(&loop_program(), &opts).unwrap();
+    // SAFETY: the program touches only its context and stack.
+    let trusted = unsafe { rt.load_trusted(&loop_program(), &opts) }.unwrap();
+    for p in [&sandboxed, &trusted] {
+        // (nr_loops, flags, stop) → (r0, sum)
+        for (n, flags, stop, r0, sum) in [
+            (10u8, 0u8, 255u8, 10i64, 45u64),
+            (10, 0, 3, 4, 6),
+            (0, 0, 0, 0, 0),
+            (5, 1, 255, -22, 0),
+        ] {
+            let mut mem = [0u8; 16];
+            mem[..3].copy_from_slice(&[n, flags, stop]);
+            let got = p.call(&mut mem).unwrap() as i64;
+            assert_eq!(got, r0, "n {n} flags {flags} stop {stop}");
+            assert_eq!(u64::from_le_bytes(mem[8..].try_into().unwrap()), sum);
+        }
+    }
+    // A callback that is not a function address in the block is refused naming the pc.
+    let mut bad = loop_program();
+    bad[16..32].copy_from_slice(&[i(0xb7, 2, 0, 0, 10), i(0x05, 0, 0, 0, 0)].concat());
+    let e = rt.load(&bad, &opts).unwrap_err().to_string();
+    assert!(e.contains("pc 6") && e.contains("bpf_loop"), "{e}");
+}

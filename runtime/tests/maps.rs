@@ -377,3 +377,74 @@ fn a_tail_call_inside_a_bpf_to_bpf_function_is_refused_naming_the_pc() {
         "{e}"
     );
 }
+
+/// `r0 = bpf_for_each_map_elem(map 0, cb, ctx = mem, 0)`; the callback adds key * 1000 +
+/// *value to the u64 at ctx and stops (returns 1) when the key equals mem[8].
+fn for_each_program() -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0),
+        map_ref(1, 0),
+        i(0x18, 2, 4, 0, 5), // r2 = the callback at pc 3 + 1 + 5 = 9
+        i(0, 0, 0, 0, 0),
+        i(0xbf, 3, 6, 0, 0),
+        i(0xb7, 4, 0, 0, 0),
+        i(CALL, 0, 0, 0, 164),
+        i(EXIT, 0, 0, 0, 0),
+        // pc 9: r1 = map, r2 = &key, r3 = value, r4 = ctx.
+        i(0x61, 5, 2, 0, 0), // r5 = key
+        i(0xbf, 0, 5, 0, 0),
+        i(0x27, 0, 0, 0, 1000), // r0 = key * 1000
+        i(0x79, 1, 3, 0, 0),    // + *value
+        i(0x0f, 0, 1, 0, 0),
+        i(0x79, 1, 4, 0, 0), // *ctx += r0
+        i(0x0f, 1, 0, 0, 0),
+        i(0x7b, 4, 1, 0, 0),
+        i(0x71, 1, 4, 8, 0), // stop key
+        i(0xb7, 0, 0, 0, 0),
+        i(0x5d, 5, 1, 1, 0),
+        i(0xb7, 0, 0, 0, 1),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn for_each_map_elem_visits_an_arrays_elements_in_order_until_stopped() {
+    let rt = host::host_runtime();
+    for map_type in [MapType::Array, MapType::PercpuArray] {
+        let map = Map::new(spec("vals", map_type, 4, 8, 5)).unwrap();
+        if map_type == MapType::Array {
+            for k in 0..5u32 {
+                map.update(&k.to_le_bytes(), &(k as u64 + 1).to_le_bytes(), 0)
+                    .unwrap();
+            }
+        }
+        let opts = LoadOptions {
+            maps: vec![map],
+            ..Default::default()
+        };
+        for p in load_both(&rt, &for_each_program(), &opts) {
+            let values = |k: u64| if map_type == MapType::Array { k + 1 } else { 0 };
+            for stop in [255u8, 2] {
+                let mut mem = [0u8; 9];
+                mem[8] = stop;
+                let visited = p.call(&mut mem).unwrap();
+                let last = (stop as u64).min(4);
+                assert_eq!(visited, last + 1, "{map_type:?} stop {stop}");
+                let sum: u64 = (0..=last).map(|k| k * 1000 + values(k)).sum();
+                assert_eq!(u64::from_le_bytes(mem[..8].try_into().unwrap()), sum);
+            }
+        }
+    }
+    // Hash maps are not iterated in programs: a named refusal.
+    let hash = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+    let opts = LoadOptions {
+        maps: vec![hash],
+        ..Default::default()
+    };
+    let e = rt.load(&for_each_program(), &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("pc 7") && e.contains("`h`") && e.contains("BPF_MAP_TYPE_HASH"),
+        "{e}"
+    );
+}
