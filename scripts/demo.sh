@@ -16,7 +16,7 @@ target/debug/packjit-demo run
 # counter, string literal, a local call and rbpf's `sqrti` helper resolved by name.
 objs="$PACKJIT_ROOT/target/demo-objs"
 mkdir -p "$objs"
-for src in demo sandbox; do
+for src in demo sandbox demo_maps; do
     clang-19 -O2 -g -target bpf -mcpu=v4 -c "tests/bpf/$src.c" -o "$objs/$src.o"
 done
 echo
@@ -39,6 +39,15 @@ if [ $rc -ne 3 ]; then
 fi
 echo "-- stopped by the sandbox (exit 3), as it should be"
 
+echo
+echo "== maps and a tail call: tests/bpf/demo_maps.c, four packets (TCP, UDP, ICMP, TCP)"
+# A hash map of packets per protocol, a ring buffer of (protocol, length, count) events and
+# a prog array through which ICMP packets tail call the `icmp` stage (its result, 2, is the
+# run's). The maps live across the runs; --maps prints each one afterwards.
+maps_run=(run "$objs/demo_maps.o" --section pj/count --mem "06 00 00 00" --mem "11 00 00 00 00 00"
+    --mem "01 00 00 00 00 00 00 00" --mem "06 00" --maps)
+target/debug/packjit-demo "${maps_run[@]}"
+
 for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
     echo
     echo "== $triple: cross-build, then run under qemu-user"
@@ -53,6 +62,8 @@ for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
     echo "-- the clang-built object, sandboxed, native $triple code"
     "${runner[@]}" "$dir/packjit-demo" run "$objs/demo.o" --section demo --mem "07 00 00" \
         --sandbox --budget 100000
+    echo "-- maps and a tail call (tests/bpf/demo_maps.c), native $triple code"
+    "${runner[@]}" "$dir/packjit-demo" "${maps_run[@]}"
     echo "-- arena statistics for a batch of programs"
     "${runner[@]}" "$dir/packjit-demo" stats --count 300
 done
