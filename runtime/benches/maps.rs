@@ -358,10 +358,21 @@ fn main() {
     println!(
         "figures: ns per operation, median of {REPS} rounds, every case of a section once per round"
     );
-    array_lookups(&rt);
-    hash_lookups(&rt);
-    helper_ops(&rt);
-    tail_calls(&rt);
+    // `PACKJIT_MAPS_BENCH=array,hash,ops,tail` picks sections (all by default).
+    let only = std::env::var("PACKJIT_MAPS_BENCH").ok();
+    let wanted = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w == s));
+    type Section = fn(&Runtime);
+    let sections: [(&str, Section); 4] = [
+        ("array", array_lookups),
+        ("hash", hash_lookups),
+        ("ops", helper_ops),
+        ("tail", tail_calls),
+    ];
+    for (name, f) in sections {
+        if wanted(name) {
+            f(&rt);
+        }
+    }
     while rt.reclaim() != 0 {}
 }
 
