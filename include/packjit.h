@@ -9,14 +9,17 @@
  *  - Every fallible function returns an int32_t status: PJ_OK (0) or a negative PJ_ERR_*
  *    code. The message of the last failure on the calling thread is packjit_last_error();
  *    a successful call clears it. packjit_status_str() describes a code.
- *  - NULL or bad arguments yield PJ_ERR_INVALID_ARGUMENT, never a crash; no panic crosses
- *    the boundary (PJ_ERR_PANIC).
+ *  - Exception: the map operations (packjit_map_lookup/_update/_delete/_next_key/_push/
+ *    _pop/_peek, packjit_ringbuf_consume) return 0 (or a count) or the kernel's negative
+ *    errno (-ENOENT, -EEXIST, -E2BIG, -EINVAL, -PACKJIT_ENOTSUPP, ...), as bpf(2) does.
+ *  - NULL or bad arguments yield PJ_ERR_INVALID_ARGUMENT (map operations: -EINVAL), never a
+ *    crash; no panic crosses the boundary (PJ_ERR_PANIC; map operations: -EFAULT).
  *  - Structs that start with struct_size are versioned: set it to sizeof the struct (the
  *    *_init functions do) before passing one in, for input and output structs alike.
- *  - Ownership: handles (PackjitRuntime *, PackjitProgram *) are created by the library and
- *    released by the caller with the matching destroy/free function. Every other pointer
- *    argument is borrowed for the duration of the call only, unless its documentation says
- *    otherwise. Strings returned by the library are static or thread-local and never freed.
+ *  - Ownership: handles (PackjitRuntime *, PackjitProgram *, PackjitMap *, ...) are created
+ *    by the library and released by the caller with the matching destroy/free function.
+ *    Every other pointer argument is borrowed for the duration of the call only, unless its
+ *    documentation says otherwise. Strings returned by the library are static or thread-local and never freed.
  */
 
 #ifndef PACKJIT_H

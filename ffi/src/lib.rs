@@ -15,6 +15,11 @@
 //!   pointer to unmapped memory cannot be detected, of course).
 //! * No Rust panic crosses the boundary: every exported function catches it and returns
 //!   `PJ_ERR_PANIC`.
+//! * Exception: the map operations (`packjit_map_lookup` / `_update` / `_delete` /
+//!   `_next_key` / `_push` / `_pop` / `_peek`, `packjit_ringbuf_consume`) return 0 (or a
+//!   count) or the kernel's NEGATIVE ERRNO (`-ENOENT`, `-EEXIST`, `-E2BIG`, `-EINVAL`,
+//!   `-PACKJIT_ENOTSUPP`, ...), as `bpf(2)` / libbpf do, with the message in the last error
+//!   as usual; bad arguments there are `-EINVAL`, a caught panic `-EFAULT`.
 //! * Versioned structs start with `struct_size`; the caller sets it to `sizeof` the struct
 //!   (the `*_init` functions do) and the library refuses other sizes with `PJ_ERR_ABI`.
 

@@ -136,8 +136,8 @@ pub(super) unsafe fn load_options(
         let raw = unsafe { std::slice::from_raw_parts(o.maps, o.map_count as usize) };
         raw.iter()
             .enumerate()
-            // SAFETY: caller contract: each entry NULL or a live map handle.
             .map(|(i, &m)| {
+                // SAFETY: caller contract: each entry NULL or a live map handle.
                 unsafe { map_handle(m, &format!("opts->maps[{i}]")) }.map(|m| m.map.clone())
             })
             .collect::<Result<_, _>>()?
