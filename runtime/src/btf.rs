@@ -146,8 +146,10 @@ pub enum BtfType {
         name: String,
         /// Size in bytes.
         size: u32,
-        /// `(name, value)`.
+        /// `(name, value)` (sign-extended when `signed`).
         values: Vec<(String, i64)>,
+        /// `kind_flag`: the values are signed.
+        signed: bool,
     },
     /// Forward declaration.
     Fwd {
@@ -243,6 +245,8 @@ pub enum BtfType {
         size: u32,
         /// `(name, value)` (the bits; signedness is the type's).
         values: Vec<(String, u64)>,
+        /// `kind_flag`: the values are signed.
+        signed: bool,
     },
 }
 
@@ -326,6 +330,9 @@ impl BtfType {
 pub struct Btf {
     section: String,
     types: Vec<BtfType>,
+    // The string section, for names other types refer to by offset (`.BTF.ext`'s section
+    // names and CO-RE access strings).
+    strings: Vec<u8>,
 }
 
 fn err(section: &str, msg: impl std::fmt::Display) -> Error {
@@ -525,6 +532,7 @@ impl Btf {
                         name: nm()?,
                         size: size_or_type,
                         values,
+                        signed: kflag,
                     }
                 }
                 kind::FWD => BtfType::Fwd {
@@ -621,6 +629,7 @@ impl Btf {
                         name: nm()?,
                         size: size_or_type,
                         values,
+                        signed: kflag,
                     }
                 }
                 other => {
@@ -650,6 +659,7 @@ impl Btf {
         Ok(Btf {
             section: section.into(),
             types: out,
+            strings: strings.to_vec(),
         })
     }
 
@@ -764,6 +774,28 @@ impl Btf {
                 ),
             )),
         }
+    }
+
+    /// The NUL-terminated string at `off` of the string section (`.BTF.ext` refers to names
+    /// and CO-RE access strings this way). Outside the section or unterminated: an error
+    /// naming `what` (the referring field).
+    pub fn str_at(&self, off: u32, what: &str) -> Result<String, Error> {
+        let s = self.strings.get(off as usize..).ok_or_else(|| {
+            err(
+                &self.section,
+                format!(
+                    "{what}: string offset {off:#x} outside the string section ({} bytes)",
+                    self.strings.len()
+                ),
+            )
+        })?;
+        let end = s.iter().position(|&c| c == 0).ok_or_else(|| {
+            err(
+                &self.section,
+                format!("{what}: string at {off:#x} is not terminated"),
+            )
+        })?;
+        Ok(String::from_utf8_lossy(&s[..end]).into_owned())
     }
 
     /// The section name this was parsed from, for messages.

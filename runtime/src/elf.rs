@@ -60,6 +60,10 @@ use crate::Error;
 pub mod btf;
 use btf::{Btf, BtfType};
 
+// CO-RE relocations (`.BTF.ext` core_relo records), applied by `link`.
+#[path = "core_relo.rs"]
+mod core_relo;
+
 /// `R_BPF_*` relocation types (LLVM's `BPF.def`).
 pub const R_BPF_NONE: u32 = 0;
 /// `lddw` of a symbol's address (64-bit immediate split over the two slots).
@@ -103,6 +107,11 @@ impl std::fmt::Display for ElfProgramSelector {
 pub struct ElfLoadOptions {
     /// The program.
     pub program: ElfProgramSelector,
+    /// The BTF CO-RE relocations resolve against: the raw contents of a `.BTF` section (e.g.
+    /// from `clang -g -target bpf -c` of the host's context types) describing the layout the
+    /// program will really see. `None`: the object's own `.BTF`, so every relocation keeps
+    /// its local value (the program's context types are the host's).
+    pub target_btf: Option<Vec<u8>>,
 }
 
 impl ElfLoadOptions {
@@ -110,6 +119,7 @@ impl ElfLoadOptions {
     pub fn section(name: &str) -> Self {
         Self {
             program: ElfProgramSelector::Section(name.into()),
+            target_btf: None,
         }
     }
 
@@ -117,7 +127,15 @@ impl ElfLoadOptions {
     pub fn function(name: &str) -> Self {
         Self {
             program: ElfProgramSelector::Function(name.into()),
+            target_btf: None,
         }
+    }
+
+    /// Resolves CO-RE relocations against `btf` (raw `.BTF` bytes) instead of the object's
+    /// own BTF.
+    pub fn with_target_btf(mut self, btf: Vec<u8>) -> Self {
+        self.target_btf = Some(btf);
+        self
     }
 }
 
@@ -368,6 +386,9 @@ pub struct Linked {
     /// Each reference is an `lddw dst, imm` with `src = BPF_PSEUDO_MAP_FD` and `imm` = the
     /// index (second slot's immediate 0): the host replaces it with its map's handle.
     pub maps_used: Vec<usize>,
+    /// CO-RE relocations applied: `(slot, value the object was compiled with, value patched
+    /// in)`, in slot order.
+    pub core_relocations: Vec<(usize, u64, u64)>,
 }
 
 /// A piece of code placed in the output: `[start, end)` bytes of section `sec` at slot `base`.
@@ -493,6 +514,7 @@ pub fn link(
         i += 1;
     }
     l.relocate_data()?;
+    let core_relocations = l.relocate_core(opts.target_btf.as_deref())?;
     l.maps_used.sort_unstable();
     l.maps_used.dedup();
     Ok(Linked {
@@ -501,6 +523,7 @@ pub fn link(
         functions: l.functions,
         externs: l.externs,
         maps_used: l.maps_used,
+        core_relocations,
     })
 }
 
@@ -1148,6 +1171,78 @@ impl Linker<'_, '_> {
         ))
     }
 
+    /// CO-RE relocations (`.BTF.ext` core_relo records) of every placed unit, resolved
+    /// against `target` (raw `.BTF`; `None`: the object's own). Records are per ELF section
+    /// with section-relative instruction offsets, mapped to the linked slots as calls are.
+    fn relocate_core(&mut self, target: Option<&[u8]>) -> Result<Vec<(usize, u64, u64)>, Error> {
+        let file = self.file;
+        let inval = |m: String| bad(ErrorKind::InvalidArgument, m);
+        let Some(ext) = file.section_by_name(".BTF.ext") else {
+            return Ok(Vec::new());
+        };
+        let data = ext
+            .data()
+            .map_err(|e| inval(format!("section `.BTF.ext`: {e}")))?;
+        let secs = core_relo::parse_btf_ext(data)
+            .map_err(|e| inval(format!("section `.BTF.ext`: {e}")))?;
+        if secs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let local = load_btf(file, "CO-RE relocations in `.BTF.ext`")?;
+        let target = target
+            .map(|b| Btf::parse(b, "target BTF"))
+            .transpose()
+            .map_err(|e| bad(e.kind, e.message))?;
+        // Units by section name: records name their section.
+        let mut units: BTreeMap<String, Vec<Unit>> = BTreeMap::new();
+        for u in &self.units {
+            units.entry(sec_name(file, u.sec)).or_default().push(*u);
+        }
+        let mut out = Vec::new();
+        for (si, s) in secs.iter().enumerate() {
+            let name = local
+                .str_at(
+                    s.name_off,
+                    &format!("`.BTF.ext` core_relo info #{si} field `sec_name_off`"),
+                )
+                .map_err(|e| bad(e.kind, e.message))?;
+            for r in &s.relos {
+                core_relo::check_record(r).map_err(|(field, why)| {
+                    inval(format!(
+                        "section `.BTF.ext`: CO-RE relocations of section `{name}`, record {} field `{field}`: {why}",
+                        r.index
+                    ))
+                })?;
+            }
+            let Some(us) = units.get(&name) else { continue };
+            let mut relos = s.relos.clone();
+            relos.sort_by_key(|r| r.insn_off);
+            for u in us {
+                // The unit's bytes in the output (`place` pads only a partial last slot).
+                let lo = u.base * INSN;
+                let hi = (lo + (u.end - u.start)).min(self.code.len());
+                let first = relos.partition_point(|r| (r.insn_off as usize) < u.start);
+                let last = relos.partition_point(|r| (r.insn_off as usize) < u.end);
+                for r in &relos[first..last] {
+                    let off = r.insn_off as usize;
+                    let p = lo + (off - u.start);
+                    let applied =
+                        core_relo::apply(&local, target.as_ref(), r, &mut self.code[p..hi])
+                            .map_err(|e| {
+                                inval(format!(
+                                    "section `{name}` insn {} (CO-RE record {}): {e}",
+                                    off / INSN,
+                                    r.index
+                                ))
+                            })?;
+                    out.push((p / INSN, applied.local, applied.target));
+                }
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
     /// Pointers stored in data (`const char *names[] = {...}` in `.rodata`).
     fn relocate_data(&mut self) -> Result<(), Error> {
         let file = self.file;
@@ -1294,7 +1389,7 @@ fn parse_maps(file: &File<'_>) -> Result<Vec<MapEntry>, Error> {
         }
         let entry = if sname == ".maps" {
             if btf.is_none() {
-                btf = Some(load_btf(file)?);
+                btf = Some(load_btf(file, "section `.maps` (BTF-defined maps)")?);
             }
             let btf = btf.as_ref().unwrap();
             let (def, values) = btf_map(btf, &name)?;
@@ -1323,11 +1418,11 @@ fn parse_maps(file: &File<'_>) -> Result<Vec<MapEntry>, Error> {
     Ok(out)
 }
 
-fn load_btf(file: &File<'_>) -> Result<Btf, Error> {
+fn load_btf(file: &File<'_>, user: &str) -> Result<Btf, Error> {
     let s = file.section_by_name(".BTF").ok_or_else(|| {
         bad(
             ErrorKind::InvalidArgument,
-            "section `.maps` (BTF-defined maps) without a `.BTF` section (compile with -g)",
+            format!("{user} without a `.BTF` section (compile with -g)"),
         )
     })?;
     let data = s
