@@ -52,6 +52,10 @@ impl Target {
         let mode = validate_request(req, self.isa, self.supported_features)?;
         validate_inline_kinds(req.helpers, self.isa, self.inline_kinds)?;
         let prog = crate::decode_for_lowering(req)?;
+        // The sandbox contract: no host address a call left in r1-r5 reaches the program.
+        if mode.sandboxed() {
+            crate::analysis::refuse_reads_after_calls(&prog)?;
+        }
         Ok((prog, mode))
     }
 

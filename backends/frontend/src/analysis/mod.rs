@@ -38,8 +38,8 @@ pub use helpers::{
     HelperLowering, PerCpuPlan, CALLX_TABLE_MAX, CALLX_TABLE_MIN,
 };
 pub use liveness::{
-    entry_zeroing, live_in, regs_read, upper_halves_live, LoweringReads, ARG_REGS,
-    EXACT_ZEROING_MAX, FRESH_REGS,
+    entry_zeroing, live_in, refuse_reads_after_calls, regs_read, upper_halves_live, LoweringReads,
+    ARG_REGS, EXACT_ZEROING_MAX, FRESH_REGS,
 };
 pub use memory::{checked_access, is_frame_constant, stack_block_size};
 pub use mode::{validate_inline_kinds, validate_request, Budget, CodegenMode, MemoryChecks};
