@@ -497,7 +497,7 @@ pub fn refuse_reads_after_calls(prog: &Program) -> Result<(), CompileError> {
                 break;
             }
         }
-        for k in 0..n {
+        for (k, &dead_here) in dead[..n].iter().enumerate() {
             let i = start + k;
             let kind = prog.kind(i);
             let reads = match prog.insts[i].op {
@@ -505,7 +505,7 @@ pub fn refuse_reads_after_calls(prog: &Program) -> Result<(), CompileError> {
                 _ if kind & CALLS != 0 => 0,
                 _ => prog.reads(i),
             };
-            let bad = reads & dead[k] & ARG_REGS;
+            let bad = reads & dead_here & ARG_REGS;
             if bad != 0 {
                 let reg = bad.trailing_zeros();
                 return Err(CompileError::at(
