@@ -333,6 +333,72 @@ pub fn upper_halves_live(prog: &Program) -> Vec<u16> {
     all
 }
 
+/// Refuses a program that reads one of r1–r5 after a call, before writing it, on some path
+/// (the kernel's verifier rule): after a call those registers hold whatever the helper or
+/// callee left, host addresses among them. The call's own arguments are not such reads
+/// (which of r1–r5 a helper takes is the helper's business; sandboxed code zeroes them after
+/// each helper call, see `lower`). The error names the pc and the register.
+pub fn refuse_reads_after_calls(prog: &Program) -> Result<(), CompileError> {
+    use crate::op_kind::{CALLS, EXIT, JA, JCOND};
+    for sp in &prog.subprogs {
+        let (start, n) = (sp.start, sp.end - sp.start);
+        // Per instruction: registers a call may have left undefined on some path to it.
+        let mut dead = vec![0u16; n + 1];
+        let target = |k: usize| match prog.insts[start + k].op {
+            Op::Ja { target } | Op::Jcond { target, .. } => target as usize - start,
+            _ => unreachable!("only jumps have targets"),
+        };
+        let mut back_edge = false;
+        loop {
+            let mut changed = false;
+            for k in 0..n {
+                let kind = prog.kind(start + k);
+                let mut out = dead[k] & !prog.writes(start + k);
+                if kind & CALLS != 0 {
+                    out |= ARG_REGS;
+                }
+                let mut flow = |to: usize, out: u16| {
+                    let v = dead[to] | out;
+                    changed |= v != dead[to];
+                    dead[to] = v;
+                };
+                if kind & (JA | JCOND) != 0 {
+                    let t = target(k);
+                    back_edge |= t <= k;
+                    flow(t, out);
+                }
+                if kind & (JA | EXIT) == 0 {
+                    flow(k + 1, out);
+                }
+            }
+            if !(back_edge && changed) {
+                break;
+            }
+        }
+        for (k, &dead_here) in dead[..n].iter().enumerate() {
+            let i = start + k;
+            let kind = prog.kind(i);
+            let reads = match prog.insts[i].op {
+                Op::CallReg { reg } => 1 << reg,
+                _ if kind & CALLS != 0 => 0,
+                _ => prog.reads(i),
+            };
+            let bad = reads & dead_here & ARG_REGS;
+            if bad != 0 {
+                let reg = bad.trailing_zeros();
+                return Err(CompileError::at(
+                    prog.insts[i].pc as usize,
+                    ErrorKind::Verify,
+                    format!(
+                        "r{reg} is read after a call before it is written (r1-r5 are undefined after a call)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,70 +519,4 @@ mod tests {
         };
         assert_eq!(entry_zeroing(&p, exit_reads_r5), 1 << 5);
     }
-}
-
-/// Refuses a program that reads one of r1–r5 after a call, before writing it, on some path
-/// (the kernel's verifier rule): after a call those registers hold whatever the helper or
-/// callee left, host addresses among them. The call's own arguments are not such reads
-/// (which of r1–r5 a helper takes is the helper's business; sandboxed code zeroes them after
-/// each helper call, see `lower`). The error names the pc and the register.
-pub fn refuse_reads_after_calls(prog: &Program) -> Result<(), CompileError> {
-    use crate::op_kind::{CALLS, EXIT, JA, JCOND};
-    for sp in &prog.subprogs {
-        let (start, n) = (sp.start, sp.end - sp.start);
-        // Per instruction: registers a call may have left undefined on some path to it.
-        let mut dead = vec![0u16; n + 1];
-        let target = |k: usize| match prog.insts[start + k].op {
-            Op::Ja { target } | Op::Jcond { target, .. } => target as usize - start,
-            _ => unreachable!("only jumps have targets"),
-        };
-        let mut back_edge = false;
-        loop {
-            let mut changed = false;
-            for k in 0..n {
-                let kind = prog.kind(start + k);
-                let mut out = dead[k] & !prog.writes(start + k);
-                if kind & CALLS != 0 {
-                    out |= ARG_REGS;
-                }
-                let mut flow = |to: usize, out: u16| {
-                    let v = dead[to] | out;
-                    changed |= v != dead[to];
-                    dead[to] = v;
-                };
-                if kind & (JA | JCOND) != 0 {
-                    let t = target(k);
-                    back_edge |= t <= k;
-                    flow(t, out);
-                }
-                if kind & (JA | EXIT) == 0 {
-                    flow(k + 1, out);
-                }
-            }
-            if !(back_edge && changed) {
-                break;
-            }
-        }
-        for (k, &dead_here) in dead[..n].iter().enumerate() {
-            let i = start + k;
-            let kind = prog.kind(i);
-            let reads = match prog.insts[i].op {
-                Op::CallReg { reg } => 1 << reg,
-                _ if kind & CALLS != 0 => 0,
-                _ => prog.reads(i),
-            };
-            let bad = reads & dead_here & ARG_REGS;
-            if bad != 0 {
-                let reg = bad.trailing_zeros();
-                return Err(CompileError::at(
-                    prog.insts[i].pc as usize,
-                    ErrorKind::Verify,
-                    format!(
-                        "r{reg} is read after a call before it is written (r1-r5 are undefined after a call)"
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
 }
