@@ -405,6 +405,52 @@ mod tests {
     use crate::analysis::program;
 
     #[test]
+    fn reads_of_r1_to_r5_after_a_call_are_refused_on_every_path_and_nowhere_else() {
+        use crate::encode_insn as i;
+        let check = |p: &[[u8; 8]]| refuse_reads_after_calls(&program(p)).map_err(|e| (e.pc, e.message));
+        // Written after the call: accepted. The callee at pc 4 reads its argument r1.
+        let ok = [
+            i(0x85, 0, 1, 0, 3), // call pc 4
+            i(0xb7, 1, 0, 0, 5),
+            i(0xbf, 0, 1, 0, 0),
+            i(0x95, 0, 0, 0, 0),
+            i(0xbf, 0, 1, 0, 0), // pc 4: r0 = r1 (an argument, not a read after a call)
+            i(0x95, 0, 0, 0, 0),
+        ];
+        assert_eq!(check(&ok), Ok(()));
+        // Written on one arm only: the other path reads r2 after the call.
+        let one_arm = [
+            i(0x85, 0, 1, 0, 5), // call pc 6
+            i(0x15, 0, 0, 1, 0), // if r0 == 0 goto +1
+            i(0xb7, 2, 0, 0, 1),
+            i(0xbf, 0, 2, 0, 0), // pc 3 reads r2
+            i(0x95, 0, 0, 0, 0),
+            i(0x95, 0, 0, 0, 0),
+            i(0xb7, 0, 0, 0, 0), // pc 6
+            i(0x95, 0, 0, 0, 0),
+        ];
+        let (pc, msg) = check(&one_arm).unwrap_err();
+        assert_eq!(pc, Some(3));
+        assert!(msg.contains("r2"), "{msg}");
+        // Around a loop: the call at the end of the body leaves r3 undefined at the head,
+        // which reads it (reached only through the back-edge).
+        let around_loop = [
+            i(0xb7, 3, 0, 0, 1),
+            i(0xb7, 6, 0, 0, 4),
+            i(0xbf, 0, 3, 0, 0),  // pc 2: the loop head reads r3
+            i(0x85, 0, 1, 0, 3),  // call pc 7
+            i(0x07, 6, 0, 0, -1),
+            i(0x55, 6, 0, -4, 0), // if r6 != 0 goto pc 2
+            i(0x95, 0, 0, 0, 0),
+            i(0xb7, 0, 0, 0, 0), // pc 7
+            i(0x95, 0, 0, 0, 0),
+        ];
+        let (pc, msg) = check(&around_loop).unwrap_err();
+        assert_eq!(pc, Some(2));
+        assert!(msg.contains("r3"), "{msg}");
+    }
+
+    #[test]
     fn large_programs_zero_what_the_first_stretch_leaves_open() {
         use crate::encode_insn as i;
         // r6 is written on both arms before it is read: exact zeroing leaves it alone.
