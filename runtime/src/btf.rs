@@ -2,7 +2,8 @@
 //!
 //! Only what the ELF loader needs: the type table (every kind up to `ENUM64`), names,
 //! [`Btf::resolve`] through typedefs and modifiers, [`Btf::size_of`], struct members with
-//! their bit offsets, and `DATASEC` / `VAR` (libbpf's BTF-defined maps in `.maps`). We read
+//! their bit offsets, `DATASEC` / `VAR` (libbpf's BTF-defined maps in `.maps`), and strings by
+//! offset ([`Btf::str_at`]: `.BTF.ext`'s section names and CO-RE access strings). We read
 //! BTF ourselves rather than depend on aya-obj: that crate brings a large dependency tree and
 //! its own object model, and we need a few hundred lines of it.
 //!

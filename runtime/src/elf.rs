@@ -34,6 +34,15 @@
 //!   than through aya-obj, which pulls in a large dependency tree and its own object model:
 //!   we need only type sizes, struct members, pointers / arrays / typedefs / modifiers and
 //!   `DATASEC` / `VAR` for `.maps`.
+//! * **CO-RE**: the `core_relo` records of `.BTF.ext` (accesses through
+//!   `preserve_access_index` types, `__builtin_preserve_field_info` / `_type_info` /
+//!   `_enum_value`) are resolved as libbpf resolves them (`core_relo.rs`) against
+//!   [`ElfLoadOptions::target_btf`], by default the object's own `.BTF` (every relocation
+//!   keeps its local value), and patched into each linked unit's instructions (records are
+//!   per section, so they follow their instructions wherever the unit is placed);
+//!   [`Linked::core_relocations`] lists them. One nothing in the target satisfies is a load
+//!   error naming section, instruction, kind, access and why (libbpf would poison the
+//!   instruction and let the verifier refuse it if reachable); existence checks give 0.
 //!
 //! Everything else is refused with an error naming the section, symbol, relocation type and
 //! offset: unknown relocation types, malformed map definitions (naming the map and member),

@@ -336,3 +336,38 @@ fn corrupted_core_objects_never_panic() {
     eprintln!("corrupted CO-RE objects: {ok} linked, {err} refused");
     assert!(ok > 0 && err > 0);
 }
+
+/// A flavoured target (`struct pj_task___v9` matches `pj_task`) whose fields do not fit:
+/// a signed field that grew cannot have its load widened, a member of another kind does
+/// not match; both are named errors. What does fit still links.
+#[test]
+fn incompatible_target_fields_are_named_errors() {
+    let obj = compile_bpf("core_ctx");
+    let bad = compile_bpf("core_target_bad");
+    let (off, size, _, _) = sections(&bad).into_iter().find(|s| s.2 == ".BTF").unwrap();
+    let btf = &bad[off..off + size];
+    let e = link_sec(&obj, "pj/core_read", Some(btf)).unwrap_err();
+    assert_mentions(
+        &e,
+        &[
+            "section `pj/core_read`",
+            "FIELD_BYTE_OFFSET (0) for `struct pj_task.prio`",
+            "8 bytes in the target, 4 locally",
+        ],
+    );
+    let e = link_sec(&obj, "pj/core_legacy", Some(btf)).unwrap_err();
+    assert_mentions(
+        &e,
+        &[
+            "`struct pj_task.legacy`",
+            "cannot be satisfied: member `legacy` of target struct pj_task___v9 is struct pj_legacy",
+        ],
+    );
+    // The flavours matched: `PJ_SLEEPING` is 3 in `enum pj_state___v9`.
+    let l = link_sec(&obj, "pj/core_info", Some(btf)).unwrap();
+    assert!(
+        l.core_relocations.iter().any(|&(_, a, b)| (a, b) == (2, 3)),
+        "{:?}",
+        l.core_relocations
+    );
+}
