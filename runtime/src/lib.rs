@@ -639,10 +639,12 @@ impl Runtime {
         let bound = if opts.maps.is_empty() && !needs_binding(code) {
             None
         } else {
-            let tail_calls = native
-                && backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_TAIL_CALL) != 0;
-            let inline_arrays = native
-                && backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_ARRAY_LOOKUP) != 0;
+            // Code for another architecture gets them too (it is never run: the host
+            // addresses in it are only for inspection).
+            let tail_calls =
+                backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_TAIL_CALL) != 0;
+            let inline_arrays =
+                backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_ARRAY_LOOKUP) != 0;
             let inlining = maps::Inlining {
                 tail_calls,
                 array_lookups: inline_arrays,

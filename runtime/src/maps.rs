@@ -199,6 +199,14 @@ pub(crate) fn bind(
             5 | 6 => {
                 if op == 0x85 && src == 0 {
                     check_map_argument(pc, imm as u32, &holds, maps)?;
+                    if imm == TAIL_CALL as i32 && !inlining.tail_calls {
+                        // A tail call that could only ever fail is a program that silently
+                        // does something else: say so at load.
+                        return Err(err(
+                            ErrorKind::Unsupported,
+                            format!("pc {pc}: bpf_tail_call: the backend emits no tail calls (inline kind {PJ_INLINE_TAIL_CALL}; a plugin built before them?)"),
+                        ));
+                    }
                 }
                 let lookup = inlining.array_lookups
                     && op == 0x85
