@@ -584,7 +584,7 @@ typedef struct PackjitMapInfo {
  * Ring-buffer consumer callback of `packjit_ringbuf_consume`: `user` as given, the record's
  * `len` bytes at `data` (readable during the call only).
  */
-typedef void (*PackjitRingbufCallback)(void *user, const uint8_t *data, size_t len);
+typedef void (*PackjitRingbufCallback)(void *user, const void *data, size_t len);
 
 /**
  * Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
@@ -1398,9 +1398,9 @@ int32_t packjit_map_value_size(const struct PackjitMap *map, size_t *size);
  * for `value_len` bytes.
  */
 int32_t packjit_map_lookup(const struct PackjitMap *map,
-                           const uint8_t *key,
+                           const void *key,
                            size_t key_len,
-                           uint8_t *value,
+                           void *value,
                            size_t value_len);
 
 /**
@@ -1415,9 +1415,9 @@ int32_t packjit_map_lookup(const struct PackjitMap *map,
  * for `value_len` bytes.
  */
 int32_t packjit_map_update(const struct PackjitMap *map,
-                           const uint8_t *key,
+                           const void *key,
                            size_t key_len,
-                           const uint8_t *value,
+                           const void *value,
                            size_t value_len,
                            uint64_t flags);
 
@@ -1429,7 +1429,7 @@ int32_t packjit_map_update(const struct PackjitMap *map,
  * # Safety
  * `map` NULL or live; `key` NULL or readable for `key_len` bytes.
  */
-int32_t packjit_map_delete(const struct PackjitMap *map, const uint8_t *key, size_t key_len);
+int32_t packjit_map_delete(const struct PackjitMap *map, const void *key, size_t key_len);
 
 /**
  * `BPF_MAP_GET_NEXT_KEY`: writes the key after `key` into `next` (`next_len` = the key
@@ -1449,9 +1449,9 @@ int32_t packjit_map_delete(const struct PackjitMap *map, const uint8_t *key, siz
  * for `next_len` bytes.
  */
 int32_t packjit_map_next_key(const struct PackjitMap *map,
-                             const uint8_t *key,
+                             const void *key,
                              size_t key_len,
-                             uint8_t *next,
+                             void *next,
                              size_t next_len);
 
 /**
@@ -1463,7 +1463,7 @@ int32_t packjit_map_next_key(const struct PackjitMap *map,
  * `map` NULL or live; `value` NULL or readable for `value_len` bytes.
  */
 int32_t packjit_map_push(const struct PackjitMap *map,
-                         const uint8_t *value,
+                         const void *value,
                          size_t value_len,
                          uint64_t flags);
 
@@ -1475,7 +1475,7 @@ int32_t packjit_map_push(const struct PackjitMap *map,
  * # Safety
  * `map` NULL or live; `value` NULL or writable for `value_len` bytes.
  */
-int32_t packjit_map_pop(const struct PackjitMap *map, uint8_t *value, size_t value_len);
+int32_t packjit_map_pop(const struct PackjitMap *map, void *value, size_t value_len);
 
 /**
  * As `packjit_map_pop` without removing the value.
@@ -1483,7 +1483,7 @@ int32_t packjit_map_pop(const struct PackjitMap *map, uint8_t *value, size_t val
  * # Safety
  * As `packjit_map_pop`.
  */
-int32_t packjit_map_peek(const struct PackjitMap *map, uint8_t *value, size_t value_len);
+int32_t packjit_map_peek(const struct PackjitMap *map, void *value, size_t value_len);
 
 /**
  * Ring-buffer consumer (libbpf's `ring_buffer__consume`): calls `callback(user, data,

@@ -71,7 +71,7 @@ impl Default for PackjitMapInfo {
 /// Ring-buffer consumer callback of `packjit_ringbuf_consume`: `user` as given, the record's
 /// `len` bytes at `data` (readable during the call only).
 pub type PackjitRingbufCallback =
-    Option<unsafe extern "C" fn(user: *mut c_void, data: *const u8, len: usize)>;
+    Option<unsafe extern "C" fn(user: *mut c_void, data: *const c_void, len: usize)>;
 
 /// # Safety
 /// `p` NULL, or a pointer to a live (or freed, not yet reused) map handle.
@@ -316,11 +316,12 @@ fn check_out_len(
 #[no_mangle]
 pub unsafe extern "C" fn packjit_map_lookup(
     map: *const PackjitMap,
-    key: *const u8,
+    key: *const c_void,
     key_len: usize,
-    value: *mut u8,
+    value: *mut c_void,
     value_len: usize,
 ) -> i32 {
+    let (key, value) = (key.cast::<u8>(), value.cast::<u8>());
     boundary_errno("packjit_map_lookup", || {
         // SAFETY: caller contract.
         let m = &unsafe { map_handle(map, "map") }?.map;
@@ -351,12 +352,13 @@ pub unsafe extern "C" fn packjit_map_lookup(
 #[no_mangle]
 pub unsafe extern "C" fn packjit_map_update(
     map: *const PackjitMap,
-    key: *const u8,
+    key: *const c_void,
     key_len: usize,
-    value: *const u8,
+    value: *const c_void,
     value_len: usize,
     flags: u64,
 ) -> i32 {
+    let (key, value) = (key.cast::<u8>(), value.cast::<u8>());
     boundary_errno("packjit_map_update", || {
         // SAFETY: caller contract.
         let m = &unsafe { map_handle(map, "map") }?.map;
@@ -378,9 +380,10 @@ pub unsafe extern "C" fn packjit_map_update(
 #[no_mangle]
 pub unsafe extern "C" fn packjit_map_delete(
     map: *const PackjitMap,
-    key: *const u8,
+    key: *const c_void,
     key_len: usize,
 ) -> i32 {
+    let key = key.cast::<u8>();
     boundary_errno("packjit_map_delete", || {
         // SAFETY: caller contract.
         let m = &unsafe { map_handle(map, "map") }?.map;
@@ -409,11 +412,12 @@ pub unsafe extern "C" fn packjit_map_delete(
 #[no_mangle]
 pub unsafe extern "C" fn packjit_map_next_key(
     map: *const PackjitMap,
-    key: *const u8,
+    key: *const c_void,
     key_len: usize,
-    next: *mut u8,
+    next: *mut c_void,
     next_len: usize,
 ) -> i32 {
+    let (key, next) = (key.cast::<u8>(), next.cast::<u8>());
     boundary_errno("packjit_map_next_key", || {
         // SAFETY: caller contract.
         let m = &unsafe { map_handle(map, "map") }?.map;
@@ -440,10 +444,11 @@ pub unsafe extern "C" fn packjit_map_next_key(
 #[no_mangle]
 pub unsafe extern "C" fn packjit_map_push(
     map: *const PackjitMap,
-    value: *const u8,
+    value: *const c_void,
     value_len: usize,
     flags: u64,
 ) -> i32 {
+    let value = value.cast::<u8>();
     boundary_errno("packjit_map_push", || {
         // SAFETY: caller contract.
         let m = &unsafe { map_handle(map, "map") }?.map;
@@ -459,10 +464,11 @@ pub unsafe extern "C" fn packjit_map_push(
 unsafe fn take(
     what: &str,
     map: *const PackjitMap,
-    value: *mut u8,
+    value: *mut c_void,
     value_len: usize,
     remove: bool,
 ) -> i32 {
+    let value = value.cast::<u8>();
     boundary_errno(what, || {
         // SAFETY: caller contract.
         let m = &unsafe { map_handle(map, "map") }?.map;
@@ -490,7 +496,7 @@ unsafe fn take(
 #[no_mangle]
 pub unsafe extern "C" fn packjit_map_pop(
     map: *const PackjitMap,
-    value: *mut u8,
+    value: *mut c_void,
     value_len: usize,
 ) -> i32 {
     // SAFETY: forwarded.
@@ -504,7 +510,7 @@ pub unsafe extern "C" fn packjit_map_pop(
 #[no_mangle]
 pub unsafe extern "C" fn packjit_map_peek(
     map: *const PackjitMap,
-    value: *mut u8,
+    value: *mut c_void,
     value_len: usize,
 ) -> i32 {
     // SAFETY: forwarded.
@@ -572,7 +578,7 @@ pub unsafe extern "C" fn packjit_ringbuf_consume(
         let _done = Done(key);
         let n = m.ringbuf_consume(&mut |rec: &[u8]| {
             // SAFETY: caller contract on the callback; the record is readable for the call.
-            unsafe { cb(user, rec.as_ptr(), rec.len()) }
+            unsafe { cb(user, rec.as_ptr().cast(), rec.len()) }
         });
         Ok(n as i64)
     })

@@ -57,7 +57,15 @@ fn create(
 fn lookup(m: *const PackjitMap, key: &[u8], len: usize) -> Result<Vec<u8>, i32> {
     let mut v = vec![0u8; len];
     // SAFETY: buffers of the given lengths.
-    let rc = unsafe { packjit_map_lookup(m, key.as_ptr(), key.len(), v.as_mut_ptr(), len) };
+    let rc = unsafe {
+        packjit_map_lookup(
+            m,
+            key.as_ptr().cast(),
+            key.len(),
+            v.as_mut_ptr().cast(),
+            len,
+        )
+    };
     if rc == 0 {
         Ok(v)
     } else {
@@ -70,9 +78,9 @@ fn update(m: *const PackjitMap, key: &[u8], value: &[u8], flags: u64) -> i32 {
     unsafe {
         packjit_map_update(
             m,
-            key.as_ptr(),
+            key.as_ptr().cast(),
             key.len(),
-            value.as_ptr(),
+            value.as_ptr().cast(),
             value.len(),
             flags,
         )
@@ -90,12 +98,20 @@ fn keys(m: *const PackjitMap, key_size: usize) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut next = vec![0u8; key_size];
     // SAFETY: buffers of key_size bytes.
-    let mut rc = unsafe { packjit_map_next_key(m, null(), 0, next.as_mut_ptr(), key_size) };
+    let mut rc = unsafe { packjit_map_next_key(m, null(), 0, next.as_mut_ptr().cast(), key_size) };
     while rc == 0 {
         out.push(next.clone());
         let k = next.clone();
         // SAFETY: as above.
-        rc = unsafe { packjit_map_next_key(m, k.as_ptr(), key_size, next.as_mut_ptr(), key_size) };
+        rc = unsafe {
+            packjit_map_next_key(
+                m,
+                k.as_ptr().cast(),
+                key_size,
+                next.as_mut_ptr().cast(),
+                key_size,
+            )
+        };
     }
     assert_eq!(rc, -ENOENT, "the walk ends with -ENOENT");
     out
@@ -124,9 +140,10 @@ fn hash_map_operations_return_the_kernels_negative_errno() {
     assert_eq!(got, vec![k(1).to_vec(), k(2).to_vec(), k(3).to_vec()]);
     assert_eq!(info(m).entries, 3);
     // SAFETY: live map; 4-byte key.
-    assert_eq!(unsafe { packjit_map_delete(m, k(2).as_ptr(), 4) }, 0);
+    assert_eq!(unsafe { packjit_map_delete(m, k(2).as_ptr().cast(), 4) }, 0);
     // SAFETY: as above.
-    assert_eq!(unsafe { packjit_map_delete(m, k(2).as_ptr(), 4) }, -ENOENT);
+    let rc = unsafe { packjit_map_delete(m, k(2).as_ptr().cast(), 4) };
+    assert_eq!(rc, -ENOENT);
     // Wrong lengths are -EINVAL naming the map and the length.
     assert_eq!(lookup(m, &[1, 2, 3], 8), Err(-EINVAL));
     assert!(last_error().contains("`flows`"), "{}", last_error());
@@ -174,13 +191,13 @@ fn arrays_ring_buffers_and_prog_arrays_refuse_what_they_do_not_have() {
         -EEXIST
     );
     // SAFETY: live map; 4-byte key.
-    let rc = unsafe { packjit_map_delete(a, 1u32.to_ne_bytes().as_ptr(), 4) };
+    let rc = unsafe { packjit_map_delete(a, 1u32.to_ne_bytes().as_ptr().cast(), 4) };
     assert_eq!(rc, -EINVAL, "array elements cannot be deleted");
     assert_eq!(keys(a, 4).len(), 4);
     let rb = create(PACKJIT_MAP_TYPE_RINGBUF, 0, 0, 1 << 16, 0, "rb").unwrap();
     let mut byte = 0u8;
     // SAFETY: a non-NULL zero-length buffer.
-    let rc = unsafe { packjit_map_lookup(rb, null(), 0, &mut byte, 0) };
+    let rc = unsafe { packjit_map_lookup(rb, null(), 0, (&mut byte as *mut u8).cast(), 0) };
     assert_eq!(rc, -PACKJIT_ENOTSUPP);
     assert_eq!(packjit_last_error_code(), PJ_ERR_UNSUPPORTED);
     assert!(last_error().contains("lookup"), "{}", last_error());
@@ -272,26 +289,29 @@ fn queues_and_stacks_push_pop_and_peek() {
         let vp = (&mut v as *mut u32).cast::<u8>();
         // SAFETY: live map; 4-byte buffers throughout.
         unsafe {
-            assert_eq!(packjit_map_pop(m, vp, 4), -ENOENT, "empty");
+            assert_eq!(packjit_map_pop(m, vp.cast(), 4), -ENOENT, "empty");
             for x in 1u32..=3 {
-                assert_eq!(packjit_map_push(m, x.to_ne_bytes().as_ptr(), 4, 0), 0);
+                assert_eq!(
+                    packjit_map_push(m, x.to_ne_bytes().as_ptr().cast(), 4, 0),
+                    0
+                );
             }
             assert_eq!(
-                packjit_map_push(m, 9u32.to_ne_bytes().as_ptr(), 4, 0),
+                packjit_map_push(m, 9u32.to_ne_bytes().as_ptr().cast(), 4, 0),
                 -E2BIG,
                 "full"
             );
-            assert_eq!(packjit_map_pop(m, vp, 8), -EINVAL, "wrong length");
+            assert_eq!(packjit_map_pop(m, vp.cast(), 8), -EINVAL, "wrong length");
             assert_eq!(info(m).entries, 3, "a refused pop removes nothing");
-            assert_eq!(packjit_map_peek(m, vp, 4), 0);
+            assert_eq!(packjit_map_peek(m, vp.cast(), 4), 0);
             assert_eq!(v, order[0]);
             // Lookup on a queue/stack is peek.
             assert_eq!(lookup(m, &[], 4), Ok(order[0].to_ne_bytes().to_vec()));
             for want in order {
-                assert_eq!(packjit_map_pop(m, vp, 4), 0);
+                assert_eq!(packjit_map_pop(m, vp.cast(), 4), 0);
                 assert_eq!(v, want);
             }
-            assert_eq!(packjit_map_peek(m, vp, 4), -ENOENT);
+            assert_eq!(packjit_map_peek(m, vp.cast(), 4), -ENOENT);
             packjit_map_free(m);
         }
     }
@@ -439,12 +459,12 @@ impl CounterModel {
     }
 }
 
-unsafe extern "C" fn collect(user: *mut c_void, data: *const u8, len: usize) {
+unsafe extern "C" fn collect(user: *mut c_void, data: *const c_void, len: usize) {
     // SAFETY: `user` is the test's Vec; the record is readable for `len` bytes.
     let (events, rec) = unsafe {
         (
             &mut *user.cast::<Vec<(u32, u32, u64)>>(),
-            std::slice::from_raw_parts(data, len),
+            std::slice::from_raw_parts(data.cast::<u8>(), len),
         )
     };
     assert_eq!(len, 16);
@@ -764,7 +784,7 @@ fn host_maps_serve_an_objects_maps_by_name() {
     }
 }
 
-unsafe extern "C" fn reenter(user: *mut c_void, _: *const u8, _: usize) {
+unsafe extern "C" fn reenter(user: *mut c_void, _: *const c_void, _: usize) {
     // SAFETY: `user` is (the ring, the result slot).
     let (rb, out) = unsafe { &mut *user.cast::<(*const PackjitMap, i64)>() };
     // SAFETY: a live map; the callback is never called (the ring is busy).
@@ -823,21 +843,33 @@ fn null_and_garbage_arguments_are_refused_never_a_crash() {
     unsafe {
         for map in [null(), gm] {
             errno_is_einval(
-                packjit_map_lookup(map, k.as_ptr(), 4, v.as_mut_ptr(), 8).into(),
+                packjit_map_lookup(map, k.as_ptr().cast(), 4, v.as_mut_ptr().cast(), 8).into(),
                 "lookup map",
             );
             errno_is_einval(
-                packjit_map_update(map, k.as_ptr(), 4, v.as_ptr(), 8, 0).into(),
+                packjit_map_update(map, k.as_ptr().cast(), 4, v.as_ptr().cast(), 8, 0).into(),
                 "update map",
             );
-            errno_is_einval(packjit_map_delete(map, k.as_ptr(), 4).into(), "delete map");
             errno_is_einval(
-                packjit_map_next_key(map, null(), 0, v.as_mut_ptr(), 4).into(),
+                packjit_map_delete(map, k.as_ptr().cast(), 4).into(),
+                "delete map",
+            );
+            errno_is_einval(
+                packjit_map_next_key(map, null(), 0, v.as_mut_ptr().cast(), 4).into(),
                 "next_key map",
             );
-            errno_is_einval(packjit_map_push(map, v.as_ptr(), 8, 0).into(), "push map");
-            errno_is_einval(packjit_map_pop(map, v.as_mut_ptr(), 8).into(), "pop map");
-            errno_is_einval(packjit_map_peek(map, v.as_mut_ptr(), 8).into(), "peek map");
+            errno_is_einval(
+                packjit_map_push(map, v.as_ptr().cast(), 8, 0).into(),
+                "push map",
+            );
+            errno_is_einval(
+                packjit_map_pop(map, v.as_mut_ptr().cast(), 8).into(),
+                "pop map",
+            );
+            errno_is_einval(
+                packjit_map_peek(map, v.as_mut_ptr().cast(), 8).into(),
+                "peek map",
+            );
             errno_is_einval(
                 packjit_ringbuf_consume(map, Some(collect), null_mut()),
                 "consume map",
@@ -862,15 +894,15 @@ fn null_and_garbage_arguments_are_refused_never_a_crash() {
         packjit_map_free(null_mut());
         // NULL buffers and lengths with a live map.
         errno_is_einval(
-            packjit_map_lookup(m, null(), 4, v.as_mut_ptr(), 8).into(),
+            packjit_map_lookup(m, null(), 4, v.as_mut_ptr().cast(), 8).into(),
             "NULL key",
         );
         errno_is_einval(
-            packjit_map_lookup(m, k.as_ptr(), 4, null_mut(), 8).into(),
+            packjit_map_lookup(m, k.as_ptr().cast(), 4, null_mut(), 8).into(),
             "NULL value",
         );
         errno_is_einval(
-            packjit_map_update(m, k.as_ptr(), 4, null(), 8, 0).into(),
+            packjit_map_update(m, k.as_ptr().cast(), 4, null(), 8, 0).into(),
             "NULL value",
         );
         errno_is_einval(packjit_map_delete(m, null(), 4).into(), "NULL key");
@@ -879,7 +911,7 @@ fn null_and_garbage_arguments_are_refused_never_a_crash() {
             "NULL next",
         );
         errno_is_einval(
-            packjit_map_next_key(m, k.as_ptr(), 4, v.as_mut_ptr(), 8).into(),
+            packjit_map_next_key(m, k.as_ptr().cast(), 4, v.as_mut_ptr().cast(), 8).into(),
             "next_len",
         );
         errno_is_einval(packjit_map_push(m, null(), 8, 0).into(), "NULL push");

@@ -2,7 +2,8 @@
  * The C API's executing paths, for valgrind memcheck on the x86-64 host (run by
  * ffi/check.sh): JIT-compiled code from the x86-64 plugin really runs — sandboxed and
  * trusted, with a host region, a helper, an out-of-bounds stop, a budget stop and an unknown
- * callx stop — then everything is freed. Memcheck must see no invalid access and no leak.
+ * callx stop, maps (host operations, a ring buffer a program writes and the host consumes,
+ * a tail call through a prog-array slot set from C) — then everything is freed. Memcheck must see no invalid access and no leak.
  *
  *   run X86_64_PLUGIN
  *
@@ -59,6 +60,98 @@ static const uint8_t p_spin[] = {INSN(0x05, 0, 0, -1, 0), INSN(0x95, 0, 0, 0, 0)
 /* r1 = 77; callx r1 */
 static const uint8_t p_callx[] = {INSN(0xb7, 1, 0, 0, 77), INSN(0x8d, 1, 0, 0, 0),
                                   INSN(0x95, 0, 0, 0, 0)};
+
+/* bpf_ringbuf_output(map 0, ctx, 16, 0) */
+static const uint8_t p_ring[] = {INSN(0xbf, 2, 1, 0, 0),
+                                 INSN(0x18, 1, 1, 0, 0), INSN(0, 0, 0, 0, 0), /* lddw r1, map 0 */
+                                 INSN(0xb7, 3, 0, 0, 16), INSN(0xb7, 4, 0, 0, 0),
+                                 INSN(0x85, 0, 0, 0, 130), INSN(0x95, 0, 0, 0, 0)};
+/* bpf_tail_call(ctx, map 1, 0); return 7 */
+static const uint8_t p_tail[] = {INSN(0x18, 2, 1, 0, 1), INSN(0, 0, 0, 0, 0), /* lddw r2, map 1 */
+                                 INSN(0xb7, 3, 0, 0, 0), INSN(0x85, 0, 0, 0, 12),
+                                 INSN(0xb7, 0, 0, 0, 7), INSN(0x95, 0, 0, 0, 0)};
+
+static void on_record(void *user, const void *data, size_t len)
+{
+    uint64_t *sum = user, w;
+    if (len != 16)
+        return;
+    memcpy(&w, data, 8);
+    *sum += w;
+    memcpy(&w, (const uint8_t *)data + 8, 8);
+    *sum += w;
+}
+
+/* Maps from C: host operations with their errnos, a ring buffer a program writes, a tail call
+ * through a slot set from C; the handles are freed in an order that leaves the maps to the
+ * programs for a while. */
+static void maps(PackjitRuntime *rt)
+{
+    PackjitMap *h = NULL, *rb = NULL, *pa = NULL, *h2 = NULL;
+    PackjitProgram *ring = NULL, *tail = NULL;
+    PackjitLoadOptions opts;
+    const PackjitMap *ring_maps[1], *tail_maps[2];
+    uint32_t k = 1, next;
+    uint64_t v = 42, got = 0, sum = 0, r0 = 0, ctx[2] = {5, 6};
+    size_t size = 0;
+
+    EXPECT(packjit_map_create(PACKJIT_MAP_TYPE_HASH, 4, 8, 8, 0, "h", &h) == PJ_OK);
+    EXPECT(packjit_map_lookup(h, &k, 4, &got, 8) == -2 /* ENOENT */);
+    EXPECT(packjit_map_update(h, &k, 4, &v, 8, PACKJIT_BPF_NOEXIST) == 0);
+    EXPECT(packjit_map_update(h, &k, 4, &v, 8, PACKJIT_BPF_NOEXIST) == -17 /* EEXIST */);
+    EXPECT(packjit_map_lookup(h, &k, 4, &got, 8) == 0 && got == 42);
+    EXPECT(packjit_map_next_key(h, NULL, 0, &next, 4) == 0 && next == 1);
+    EXPECT(packjit_map_next_key(h, &next, 4, &next, 4) == -2);
+    EXPECT(packjit_map_value_size(h, &size) == PJ_OK && size == 8);
+    EXPECT(packjit_map_ref(h, &h2) == PJ_OK);
+    packjit_map_free(h);
+    EXPECT(packjit_map_delete(h2, &k, 4) == 0);
+    EXPECT(packjit_map_lookup(h2, NULL, 4, &got, 8) == -22 /* EINVAL */);
+    packjit_map_free(h2);
+    EXPECT(packjit_map_create(PACKJIT_MAP_TYPE_HASH, 0, 8, 8, 0, "bad", &h) ==
+               PJ_ERR_INVALID_ARGUMENT &&
+           h == NULL);
+
+    EXPECT(packjit_map_create(PACKJIT_MAP_TYPE_RINGBUF, 0, 0, 1 << 16, 0, "rb", &rb) == PJ_OK);
+    EXPECT(packjit_map_create(PACKJIT_MAP_TYPE_PROG_ARRAY, 4, 4, 2, 0, "pa", &pa) == PJ_OK);
+    EXPECT(packjit_load_options_init(&opts) == PJ_OK);
+    ring_maps[0] = rb;
+    opts.maps = ring_maps;
+    opts.map_count = 1;
+    EXPECT(packjit_program_load(rt, p_ring, sizeof p_ring, &opts, &ring) == PJ_OK);
+    tail_maps[0] = rb;
+    tail_maps[1] = pa;
+    opts.maps = tail_maps;
+    opts.map_count = 2;
+    EXPECT(packjit_program_load(rt, p_tail, sizeof p_tail, &opts, &tail) == PJ_OK);
+    EXPECT(packjit_program_run(tail, ctx, sizeof ctx, &r0) == PJ_OK && r0 == 7);
+    EXPECT(packjit_prog_array_set(rt, pa, 0, ring) == PJ_OK);
+    packjit_program_free(ring); /* the slot keeps it */
+    EXPECT(packjit_program_run(tail, ctx, sizeof ctx, &r0) == PJ_OK && r0 == 0);
+    ctx[0] = 100;
+    EXPECT(packjit_program_run(tail, ctx, sizeof ctx, &r0) == PJ_OK && r0 == 0);
+    EXPECT(packjit_prog_array_set(rt, pa, 2, NULL) == PJ_ERR_INVALID_ARGUMENT);
+    {
+        PackjitMap *rb2 = NULL;
+        PackjitMapInfo info;
+        EXPECT(packjit_map_create(PACKJIT_MAP_TYPE_RINGBUF, 0, 0, 1 << 16, 0, "x", &rb2) ==
+               PJ_OK);
+        EXPECT(packjit_ringbuf_consume(rb2, on_record, &sum) == 0);
+        EXPECT(packjit_ringbuf_consume(pa, on_record, &sum) == -22);
+        memset(&info, 0, sizeof info);
+        info.struct_size = sizeof info;
+        EXPECT(packjit_map_info(pa, &info) == PJ_OK && info.map_type == 3 &&
+               strcmp(info.name, "pa") == 0);
+        packjit_map_free(rb2);
+    }
+    /* Two records, written by the program the tail calls landed in. */
+    EXPECT(packjit_ringbuf_consume(rb, on_record, &sum) == 2 && sum == 5 + 6 + 100 + 6);
+    EXPECT(packjit_ringbuf_consume(rb, on_record, &sum) == 0);
+    packjit_map_free(rb); /* the programs keep it */
+    EXPECT(packjit_prog_array_set(rt, pa, 0, NULL) == PJ_OK);
+    packjit_program_free(tail);
+    packjit_map_free(pa);
+}
 
 int main(int argc, char **argv)
 {
@@ -140,6 +233,8 @@ int main(int argc, char **argv)
            packjit_last_error_pc() == 1);
     EXPECT(strstr(packjit_last_error(), "77") != NULL);
     packjit_program_free(p);
+
+    maps(rt);
 
     EXPECT(packjit_reclaim(rt, &pending) == PJ_OK && pending == 0);
     packjit_runtime_destroy(rt);
