@@ -4,7 +4,8 @@
 # the C test backend (ffi/tests/c_api.rs) are cargo tests, run by `cargo test` on every arch.
 #   1. valgrind: ffi/tests/valgrind/smoke.c (create, load plugins, compile, stats, errors,
 #      free; no JIT code runs) and ffi/tests/valgrind/run.c (x86-64 JIT code runs: sandboxed,
-#      trusted, stops, regions, a checking helper) under memcheck --leak-check=full
+#      trusted, stops, regions, a checking helper, maps, a ring buffer, a tail call through a
+#      prog-array slot set from C) under memcheck --leak-check=full
 #      --error-exitcode=1
 #   2. c-host: examples/c-host natively on x86-64 and under qemu-user for aarch64 / riscv64
 #      (examples/c-host/run.sh)
