@@ -2,14 +2,14 @@
 //! tail calls.
 //!
 //! A program names its maps as the kernel's loader expects: `lddw rX, map` with
-//! `src = BPF_PSEUDO_MAP_FD` (1) and `imm` = the map's index in [`LoadOptions::maps`]
-//! (crate::LoadOptions::maps), or `src = BPF_PSEUDO_MAP_VALUE` (2) with the second slot's
+//! `src = BPF_PSEUDO_MAP_FD` (1) and `imm` = the map's index in
+//! [`LoadOptions::maps`](crate::LoadOptions::maps), or `src = BPF_PSEUDO_MAP_VALUE` (2) with the second slot's
 //! `imm` = an offset into an array map's first value (libbpf's global-data references).
-//! [`bind`] rewrites those into plain `lddw`s before the backend sees the code:
+//! The runtime rewrites those into plain `lddw`s before the backend sees the code:
 //!
 //! * a map reference becomes the map's **handle**, the address of its [`Map`]. Programs
 //!   cannot read through it (it is in none of their regions); helpers take it back only
-//!   after finding it among the maps of the program that is running ([`current_map`]), so
+//!   after finding it among the maps of the program that is running, so
 //!   a forged handle gets the helper's failure value, never a host access;
 //! * a value reference becomes the address of the value;
 //! * `call 1` (`bpf_map_lookup_elem`) whose `r1` is, within its basic block, an array or

@@ -118,7 +118,8 @@ pub struct Driver<'a, A, F> {
     pub copy_head: Option<DynamicLabel>,
     /// Lowering an expansion of the current instruction (an inlined array lookup): its
     /// operations are the driver's, not the program's, so the access among them is checked
-    /// as one of unknown origin, and no backend fuses them with the next instruction.
+    /// with no proof (stack test first), and no backend fuses them with the next
+    /// instruction.
     pub expanding: bool,
     /// An instruction the lowering fused into the one before it: only its label and
     /// offset are emitted.
@@ -239,7 +240,10 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             return AccessLowering::Direct { base, off };
         }
         if self.expanding {
-            return AccessLowering::Checked(AccessCheck::Unknown);
+            // The expansion's one access is an array lookup's key, which programs keep on
+            // their stack: test the stack block inline first (any other address still gets
+            // the full check, out of line).
+            return AccessLowering::Checked(AccessCheck::Stack);
         }
         if self.unchecked() {
             let (base, off) = self.walked_address(base, off);

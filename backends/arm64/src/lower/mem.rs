@@ -6,8 +6,8 @@ impl Codegen<'_> {
     pub(crate) fn mem(&mut self, op: MemOp, size: Size, rt: u8, base: Reg, off: i16) {
         // r10-based accesses address the frame directly off its base (r10 = base + 512).
         let (b, o) = match self.d.access(base, off, size) {
-            AccessLowering::Checked(_) => {
-                let addr = self.check_access(size, op == MemOp::Store, base, off);
+            AccessLowering::Checked(check) => {
+                let addr = self.check_access(check, size, op == MemOp::Store, base, off);
                 self.clamp_reentered_base(base, off);
                 (addr, 0)
             }
@@ -55,7 +55,7 @@ impl Codegen<'_> {
     pub(crate) fn atomic_addr(&mut self, size: Size, base: Reg, off: i16) -> u8 {
         match self.d.access(base, off, size) {
             // Atomics count as writes.
-            AccessLowering::Checked(_) => self.check_access(size, true, base, off),
+            AccessLowering::Checked(check) => self.check_access(check, size, true, base, off),
             AccessLowering::Direct { base: R10, off } => {
                 let fb = self.frame_base();
                 self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
@@ -233,7 +233,14 @@ impl Codegen<'_> {
     ///
     /// The comparison is exact for every 64-bit address: `t <= len` rules out addresses
     /// below the context (t wraps past any length) before `len - t >= size` is tested.
-    pub(crate) fn check_access(&mut self, size: Size, write: bool, base: Reg, off: i16) -> u8 {
+    pub(crate) fn check_access(
+        &mut self,
+        check: AccessCheck,
+        size: Size,
+        write: bool,
+        base: Reg,
+        off: i16,
+    ) -> u8 {
         let b = self.src(base, T0);
         // The register holding the address: the base itself for offset 0 (the CSEL then
         // writes x9, and the out-of-line side copies it first), else x9.
@@ -251,7 +258,6 @@ impl Codegen<'_> {
         let s = size.bytes();
         let label = self.ops.new_dynamic_label();
         let resume = self.ops.new_dynamic_label();
-        let check = self.plan.access.check(self.d.cur);
         let stack_first = self.plan.block > 0 && check == AccessCheck::Stack;
         match check {
             AccessCheck::CtxConst { end } if end < 4096 => {
