@@ -407,7 +407,8 @@ mod tests {
     #[test]
     fn reads_of_r1_to_r5_after_a_call_are_refused_on_every_path_and_nowhere_else() {
         use crate::encode_insn as i;
-        let check = |p: &[[u8; 8]]| refuse_reads_after_calls(&program(p)).map_err(|e| (e.pc, e.message));
+        let check =
+            |p: &[[u8; 8]]| refuse_reads_after_calls(&program(p)).map_err(|e| (e.pc, e.message));
         // Written after the call: accepted. The callee at pc 4 reads its argument r1.
         let ok = [
             i(0x85, 0, 1, 0, 3), // call pc 4
@@ -437,8 +438,8 @@ mod tests {
         let around_loop = [
             i(0xb7, 3, 0, 0, 1),
             i(0xb7, 6, 0, 0, 4),
-            i(0xbf, 0, 3, 0, 0),  // pc 2: the loop head reads r3
-            i(0x85, 0, 1, 0, 3),  // call pc 7
+            i(0xbf, 0, 3, 0, 0), // pc 2: the loop head reads r3
+            i(0x85, 0, 1, 0, 3), // call pc 7
             i(0x07, 6, 0, 0, -1),
             i(0x55, 6, 0, -4, 0), // if r6 != 0 goto pc 2
             i(0x95, 0, 0, 0, 0),
