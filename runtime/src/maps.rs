@@ -83,6 +83,17 @@ pub const MAX_TAIL_CALLS: u32 = 33;
 /// The first of the per-load ids of inlined array lookups (one per array map of the load).
 const ARRAY_LOOKUP_IDS: u32 = 0x7043_1000;
 
+/// packjit's ids for lookup, update and delete (and the tail call) at call sites whose map
+/// argument `bind` proved (the map loaded into the register in the same basic block, never
+/// overwritten): direct calls of the map's operation, as the kernel's JITs call
+/// `map->ops` directly, with no search for the map among the program's.
+const KNOWN_MAP_IDS: [(u32, u32); 4] = [
+    (MAP_LOOKUP_ELEM, 0x7043_2001),
+    (MAP_UPDATE_ELEM, 0x7043_2002),
+    (MAP_DELETE_ELEM, 0x7043_2003),
+    (TAIL_CALL, 0x7043_2012),
+];
+
 /// `BPF_PSEUDO_MAP_FD` / `BPF_PSEUDO_MAP_VALUE` in an `lddw`'s source field.
 const PSEUDO_MAP_FD: u8 = 1;
 const PSEUDO_MAP_VALUE: u8 = 2;
@@ -151,6 +162,8 @@ pub(crate) fn bind(
     // Per map: the id of its inlined lookup, when it is an array.
     let mut arrays: Vec<PjArrayMap> = Vec::new();
     let mut lookup_ids: Vec<Option<u32>> = vec![None; maps.len()];
+    // The direct-call ids the code now calls.
+    let mut known_used: Vec<u32> = Vec::new();
     // Per register: the map whose handle it holds in the current basic block.
     let mut holds: [Option<usize>; 11] = [None; 11];
     let mut pc = 0;
@@ -208,15 +221,22 @@ pub(crate) fn bind(
                         ));
                     }
                 }
-                let lookup = inlining.array_lookups
-                    && op == 0x85
-                    && src == 0
-                    && imm == MAP_LOOKUP_ELEM as i32;
-                if let Some(k) = holds[1].filter(|_| lookup) {
-                    let id =
-                        array_lookup_id(&maps[k], k, &mut arrays, &mut lookup_ids, &mut percpu_id);
-                    if let Some(id) = id {
-                        out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
+                let helper = (op == 0x85 && src == 0).then_some(imm as u32);
+                let lookup = inlining.array_lookups && helper == Some(MAP_LOOKUP_ELEM);
+                let inlined = holds[1].filter(|_| lookup).and_then(|k| {
+                    array_lookup_id(&maps[k], k, &mut arrays, &mut lookup_ids, &mut percpu_id)
+                });
+                // The map argument's register: r2 for a tail call, r1 for the others.
+                let proven = |id: u32| if id == TAIL_CALL { holds[2] } else { holds[1] };
+                let known = helper.and_then(|h| {
+                    let (_, id) = KNOWN_MAP_IDS.iter().find(|(kernel, _)| *kernel == h)?;
+                    let usable = h != TAIL_CALL || inlining.tail_calls;
+                    (usable && proven(h).is_some()).then_some(*id)
+                });
+                if let Some(id) = inlined.or(known) {
+                    out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
+                    if known.is_some() && !known_used.contains(&id) {
+                        known_used.push(id);
                     }
                 }
                 holds = [None; 11];
@@ -242,11 +262,25 @@ pub(crate) fn bind(
             });
         }
     }
-    if inlining.tail_calls && calls(code, TAIL_CALL) {
+    if inlining.tail_calls && calls(&out, TAIL_CALL) {
         helpers.push(HelperEntry {
             id: TAIL_CALL,
             inline_kind: PJ_INLINE_TAIL_CALL,
             addr: tail_call_chooser as *const () as u64,
+        });
+    }
+    let f = |h: extern "C" fn(u64, u64, u64, u64, u64) -> u64| h as *const () as u64;
+    for id in known_used {
+        let (inline_kind, addr) = match id {
+            0x7043_2001 => (PJ_INLINE_NONE, f(known_map_lookup_elem)),
+            0x7043_2002 => (PJ_INLINE_NONE, f(known_map_update_elem)),
+            0x7043_2003 => (PJ_INLINE_NONE, f(known_map_delete_elem)),
+            _ => (PJ_INLINE_TAIL_CALL, f(known_tail_call_chooser)),
+        };
+        helpers.push(HelperEntry {
+            id,
+            inline_kind,
+            addr,
         });
     }
     let regions = maps
@@ -432,15 +466,84 @@ fn may_access(trust: Trust, addr: u64, len: u64, direction: AccessDirection) -> 
     trust == Trust::Trusted || exec::helper_access_ok(addr, len, direction)
 }
 
-/// The CPU this thread runs on, for per-CPU maps (a hint, as in the kernel).
+/// The CPU this thread runs on, for per-CPU maps (a hint, as in the kernel): the rseq
+/// `cpu_id` glibc registers (one load), else `sched_getcpu`.
 fn this_cpu() -> u32 {
-    // SAFETY: sched_getcpu has no preconditions.
-    let cpu = unsafe { libc::sched_getcpu() };
-    u32::try_from(cpu).unwrap_or(0)
+    match crate::builtins::glibc_rseq_cpu_id_offset() {
+        // SAFETY: the offset glibc registered for every thread's rseq area.
+        Some(offset) => unsafe { packjit_interp::hw::rseq_cpu_id(offset) },
+        None => {
+            // SAFETY: sched_getcpu has no preconditions.
+            let cpu = unsafe { libc::sched_getcpu() };
+            u32::try_from(cpu).unwrap_or(0)
+        }
+    }
+}
+
+/// The CPU a map operation on `m` needs: this one for per-CPU maps, and none (0) for the
+/// others, which spares them the lookup.
+fn cpu_for(m: &Map) -> u32 {
+    if m.spec().map_type.is_per_cpu() {
+        this_cpu()
+    } else {
+        0
+    }
 }
 
 const ENOENT: u64 = (-2i64) as u64;
 const EINVAL: u64 = (-22i64) as u64;
+
+/// The map at `handle` where `bind` proved the call site's `r1` is map `k` of the load (see
+/// `KNOWN_MAP_IDS`): the program holds it for as long as it can run.
+///
+/// # Safety
+/// `handle` must be such a proven handle.
+unsafe fn known_map<'a>(handle: u64) -> &'a Map {
+    // SAFETY: promised by the caller: `Arc::as_ptr` of a map the running program's
+    // `RunMaps` keeps alive.
+    unsafe { &*(handle as *const Map) }
+}
+
+/// May the running program read (or write) `len` bytes at `addr`?
+fn run_may_access(addr: u64, len: u64, direction: AccessDirection) -> bool {
+    exec::trusted_run() || exec::helper_access_ok(addr, len, direction)
+}
+
+/// `bpf_map_lookup_elem` where the map is proven: a direct call, no search for the map.
+extern "C" fn known_map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: this id is only given to call sites whose r1 `bind` proved.
+    let m = unsafe { known_map(map) };
+    if !run_may_access(key, m.spec().key_size.into(), AccessDirection::Read) {
+        return 0;
+    }
+    // SAFETY: `key_size` readable bytes at `key`.
+    unsafe { m.lookup_raw(key as *const u8, cpu_for(m)) as u64 }
+}
+
+/// `bpf_map_update_elem` where the map is proven.
+extern "C" fn known_map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
+    // SAFETY: as in `known_map_lookup_elem`.
+    let m = unsafe { known_map(map) };
+    let spec = m.spec();
+    if !run_may_access(key, spec.key_size.into(), AccessDirection::Read)
+        || !run_may_access(value, spec.value_size.into(), AccessDirection::Read)
+    {
+        return EINVAL;
+    }
+    // SAFETY: key and value bytes readable.
+    unsafe { m.update_raw(key as *const u8, value as *const u8, flags, cpu_for(m)) as u64 }
+}
+
+/// `bpf_map_delete_elem` where the map is proven.
+extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as in `known_map_lookup_elem`.
+    let m = unsafe { known_map(map) };
+    if !run_may_access(key, m.spec().key_size.into(), AccessDirection::Read) {
+        return EINVAL;
+    }
+    // SAFETY: `key_size` readable bytes at `key`.
+    unsafe { m.delete_raw(key as *const u8) as u64 }
+}
 
 extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     let Some((m, trust)) = current_map(map) else {
@@ -450,7 +553,7 @@ extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64
         return 0;
     }
     // SAFETY: `key_size` readable bytes at `key` (checked above, or vouched for).
-    unsafe { m.lookup_raw(key as *const u8, this_cpu()) as u64 }
+    unsafe { m.lookup_raw(key as *const u8, cpu_for(m)) as u64 }
 }
 
 extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64, _: u64) -> u64 {
@@ -478,7 +581,7 @@ extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64
         return EINVAL;
     }
     // SAFETY: key and value bytes readable (checked above, or vouched for).
-    unsafe { m.update_raw(key as *const u8, value as *const u8, flags, this_cpu()) as u64 }
+    unsafe { m.update_raw(key as *const u8, value as *const u8, flags, cpu_for(m)) as u64 }
 }
 
 extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
@@ -617,39 +720,60 @@ extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
 /// `env`, its maps for the helpers), or 0: a map that is not the program's prog array, an
 /// empty slot or one out of range, a program of another trust, or the 34th tail call.
 extern "C" fn tail_call_chooser(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
-        return 0;
-    };
-    let made = TAIL_CALLS.with(|c| c.get());
-    if made >= MAX_TAIL_CALLS || m.spec().map_type != MapType::ProgArray {
-        return 0;
+    match current_map(map) {
+        Some((m, _)) if m.spec().map_type == MapType::ProgArray => choose(m, index),
+        _ => 0,
     }
+}
+
+/// [`tail_call_chooser`] where `bind` proved the prog array (see `KNOWN_MAP_IDS`).
+extern "C" fn known_tail_call_chooser(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: this id is only given to call sites whose r2 `bind` proved, and
+    // `check_map_argument` made sure it is a prog array.
+    choose(unsafe { known_map(map) }, index)
+}
+
+/// The tail call through prog array `m`: the entry to continue in, with the run switched
+/// over to its program, or 0.
+fn choose(m: &Map, index: u64) -> u64 {
+    let made = TAIL_CALLS.with(|c| c.get());
     let Ok(index) = u32::try_from(index) else {
         return 0;
     };
     let token = m.prog_slot(index);
-    if token == 0 {
+    if token == 0 || made >= MAX_TAIL_CALLS {
         return 0;
     }
-    // SAFETY: a non-zero slot holds `Arc::into_raw` of a `TailTarget` (set by
+    // SAFETY: a non-zero slot holds `Box::into_raw` of a `TailTarget` (set by
     // `set_prog_array_slot`), released only after an epoch grace period, and the run that
     // calls us is pinned.
     let target = unsafe { &*(token as *const TailTarget) };
-    if target.program.trust() != trust || !target.program.is_executable() {
-        return 0;
-    }
-    if !exec::switch_regions(&target.program.regions) {
+    let trusted = target.trust == Trust::Trusted;
+    if trusted != exec::trusted_run() || !exec::switch_regions(target.regions()) {
         return 0;
     }
     TAIL_CALLS.with(|c| c.set(made + 1));
-    let maps = (target.program.maps.as_ref()).map_or(std::ptr::null(), Arc::as_ptr);
-    CURRENT.with(|c| c.set(maps));
+    CURRENT.with(|c| c.set(target.maps));
     target.program.entry_now()
 }
 
-/// What a prog-array slot holds: a program kept alive by the slot.
+/// What a prog-array slot holds: a program kept alive by the slot, and what a tail call
+/// into it needs, read once when the slot is set rather than through the program at each
+/// call.
 pub(crate) struct TailTarget {
     program: Arc<Program>,
+    trust: Trust,
+    /// The program's regions (alive with `program`).
+    regions: (*const PjMemRegion, usize),
+    /// The program's maps, or null (alive with `program`).
+    maps: *const RunMaps,
+}
+
+impl TailTarget {
+    fn regions(&self) -> &[PjMemRegion] {
+        // SAFETY: the program's own region slice, which `program` keeps alive.
+        unsafe { std::slice::from_raw_parts(self.regions.0, self.regions.1) }
+    }
 }
 
 /// Puts `program` (or nothing) in slot `index` of prog array `map`; the program it
@@ -665,15 +789,32 @@ pub(crate) fn set_prog_array_slot(
             format!("map `{}` is not a prog array", map.spec().name),
         ));
     }
+    if let Some(p) = program.as_ref().filter(|p| !p.is_executable()) {
+        return Err(err(
+            ErrorKind::InvalidArgument,
+            format!(
+                "program `{}` cannot go in prog array `{}`: its code is not executable here ({:?})",
+                p.name(),
+                map.spec().name,
+                p.arch()
+            ),
+        ));
+    }
     let token = program.map_or(0, |program| {
-        Arc::into_raw(Arc::new(TailTarget { program })) as u64
+        let target = TailTarget {
+            trust: program.trust(),
+            regions: (program.regions.as_ptr(), program.regions.len()),
+            maps: (program.maps.as_ref()).map_or(std::ptr::null(), Arc::as_ptr),
+            program,
+        };
+        Box::into_raw(Box::new(target)) as u64
     });
     let old = match map.set_prog_slot(index, token) {
         Ok(old) => old,
         Err(e) => {
             if token != 0 {
-                // SAFETY: made by `Arc::into_raw` just above and never published.
-                drop(unsafe { Arc::from_raw(token as *const TailTarget) });
+                // SAFETY: made by `Box::into_raw` just above and never published.
+                drop(unsafe { Box::from_raw(token as *mut TailTarget) });
             }
             return Err(map_error(e));
         }
@@ -681,10 +822,10 @@ pub(crate) fn set_prog_array_slot(
     if old != 0 {
         let guard = crate::arena::epoch_pin();
         let old = old as usize;
-        // SAFETY: `old` came from `Arc::into_raw` above; runs that may still be using it are
+        // SAFETY: `old` came from `Box::into_raw` above; runs that may still be using it are
         // pinned, and the closure runs after all of them unpinned.
         unsafe {
-            guard.defer_unchecked(move || drop(Arc::from_raw(old as *const TailTarget)));
+            guard.defer_unchecked(move || drop(Box::from_raw(old as *mut TailTarget)));
         }
     }
     Ok(())
