@@ -48,9 +48,12 @@
 //! offset: unknown relocation types, malformed map definitions (naming the map and member),
 //! map references from data or into the middle of a map, relocations in `.maps` other than
 //! a PROG_ARRAY's `values`, unresolved externs, calls into sections that are not code,
-//! `lddw` of a function address, and malformed objects. A malformed map definition fails
-//! only the programs that reference a map (objects without map references link as before). Relocations in sections that are neither linked code nor data (`.BTF`,
-//! `.BTF.ext`, DWARF) are ignored: they do not affect execution.
+//! and malformed objects. A malformed map definition fails only the programs that
+//! reference a map (objects without map references link as before). An `lddw` of a
+//! function's address (a callback for `bpf_loop`) links the function like a callee and
+//! takes the kernel loader's form (`BPF_PSEUDO_FUNC`). Relocations in sections that are
+//! neither linked code nor data (`.BTF`, `.BTF.ext`, DWARF) are ignored: they do not affect
+//! execution.
 
 use crate::{ErrorKind, MemRegion, Program, RegionAccess};
 use object::elf;
@@ -88,6 +91,10 @@ pub const R_BPF_64_32: u32 = 10;
 
 /// `lddw` source register of a map reference: `imm` is the map's index in [`elf_maps`].
 pub const BPF_PSEUDO_MAP_FD: u8 = 1;
+
+/// `lddw` source register of a function's address (a callback): `imm` is the function's
+/// slot relative to the next one.
+pub const BPF_PSEUDO_FUNC: u8 = 4;
 
 const INSN: usize = 8;
 const OP_CALL: u8 = 0x85;
@@ -1022,6 +1029,35 @@ impl Linker<'_, '_> {
                             self.code[p + 4..p + 8].copy_from_slice(&(idx as u32).to_le_bytes());
                             self.code[p + 12..p + 16].copy_from_slice(&0u32.to_le_bytes());
                             self.maps_used.push(idx);
+                            continue;
+                        }
+                        if is_code(file, ts) {
+                            // A function's address (a callback for bpf_loop and friends):
+                            // the function is linked like a callee, and the lddw takes the
+                            // kernel loader's form, src = BPF_PSEUDO_FUNC with imm = the
+                            // function's slot relative to the next one.
+                            let byte = (sym.address() as i64).checked_add(addend);
+                            let byte = byte
+                                .filter(|&b| b >= 0 && b % INSN as i64 == 0)
+                                .ok_or_else(|| {
+                                    bad(
+                                        ErrorKind::InvalidArgument,
+                                        at("function address not on an instruction"),
+                                    )
+                                })?;
+                            let tslot = self
+                                .slot_of(ts, byte as usize)
+                                .map_err(|e| bad(ErrorKind::InvalidArgument, at(&e.message)))?;
+                            let rel =
+                                i32::try_from(tslot as i64 - slot as i64 - 1).map_err(|_| {
+                                    bad(
+                                        ErrorKind::InvalidArgument,
+                                        at("function distance out of range"),
+                                    )
+                                })?;
+                            self.code[p + 1] = (self.code[p + 1] & 0x0f) | (BPF_PSEUDO_FUNC << 4);
+                            self.code[p + 4..p + 8].copy_from_slice(&rel.to_le_bytes());
+                            self.code[p + 12..p + 16].copy_from_slice(&0u32.to_le_bytes());
                             continue;
                         }
                     }

@@ -429,3 +429,60 @@ fn a_prog_array_naming_a_program_not_loaded_is_refused_and_fills_nothing() {
     let e = object.init_prog_arrays(&rt, &[]).unwrap_err();
     assert_mentions(&e, &["`stages`", "slot 1", "`stage2`"]);
 }
+
+#[test]
+fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
+    use packjit::ElfObject;
+    let obj = compile_bpf("maps_kinds");
+    let rt = host::host_runtime();
+    let input = |key: u32, n: u32| [key.to_le_bytes(), n.to_le_bytes()].concat();
+    for trusted in [false, true] {
+        let object = ElfObject::open(&obj, &[]).unwrap();
+        let load = |section: &str| {
+            let sel = ElfLoadOptions::section(section);
+            if trusted {
+                // SAFETY: the programs touch their input, their stack and map values only.
+                unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap()
+            } else {
+                object.load(&rt, &sel, &Default::default()).unwrap()
+            }
+        };
+        // Per-CPU: whichever CPUs the runs landed on, the copies add up.
+        let percpu = load("pj/percpu");
+        for (k, n) in [(1u32, 5u32), (1, 7), (2, 1), (5, 10)] {
+            percpu.call(&mut input(k, n)).unwrap();
+        }
+        let sum_over_cpus = |map: &str, key: u32| -> u64 {
+            let v = object.map(map).unwrap().lookup(&key.to_le_bytes()).unwrap();
+            v.chunks(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .sum()
+        };
+        assert_eq!(sum_over_cpus("pcpu", 1), 5 + 7 + 10, "trusted {trusted}");
+        assert_eq!(sum_over_cpus("pcpu", 2), 1);
+        assert_eq!(sum_over_cpus("pcpu_hash", 1), 3);
+        // LRU of 4: every insert succeeds, at most 4 stay, the newest among them.
+        let lru = load("pj/lru");
+        for k in 0..8u32 {
+            let present = lru.call(&mut input(k, 100 + k)).unwrap();
+            assert_eq!(present, (k as u64 + 1).min(4), "after inserting {k}");
+            let newest = object.map("lru").unwrap().lookup(&k.to_le_bytes()).unwrap();
+            assert_eq!(newest, (100 + k as u64).to_le_bytes());
+        }
+        assert_eq!(load("pj/queues").call(&mut input(0, 3)).unwrap(), 123_321);
+        // bpf_loop with a static callback.
+        let lp = load("pj/loop");
+        assert_eq!(lp.call(&mut input(255, 10)).unwrap(), 285 * 1000 + 10);
+        assert_eq!(lp.call(&mut input(3, 10)).unwrap(), 14 * 1000 + 4);
+        // bpf_for_each_map_elem over the array the host filled.
+        let table = object.map("table").unwrap();
+        for k in 0..8u32 {
+            table
+                .update(&k.to_le_bytes(), &(k as u64 + 1).to_le_bytes(), 0)
+                .unwrap();
+        }
+        let each = load("pj/each");
+        assert_eq!(each.call(&mut input(255, 0)).unwrap(), 3628 * 100 + 8);
+        assert_eq!(each.call(&mut input(2, 0)).unwrap(), 603 * 100 + 3);
+    }
+}
