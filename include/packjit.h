@@ -204,8 +204,18 @@
  * `PackjitLoadOptions::flags`: count an instruction budget; every run gets
  * `PackjitLoadOptions::budget` instructions and stops with `PJ_ERR_BUDGET` when they run out
  * (a taken backward jump from pc s to pc t charges s - t + 1, a bpf-to-bpf call 1).
+ * Without it (and without `PACKJIT_LOAD_NO_BUDGET`) sandboxed programs get
+ * `PACKJIT_DEFAULT_BUDGET` instructions per run and trusted ones count none.
  */
 #define PACKJIT_LOAD_BUDGET 4
+
+/**
+ * `PackjitLoadOptions::flags`: no instruction budget, also for a sandboxed program: it may
+ * run for ever (the host opts out of termination explicitly).
+ */
+#define PACKJIT_LOAD_NO_BUDGET 32
+
+
 
 /**
  * `PackjitLoadOptions::flags`: blind immediates with a random per-program key, so constants

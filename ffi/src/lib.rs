@@ -222,7 +222,14 @@ pub const PACKJIT_LOAD_TRUSTED: u32 = 2;
 /// `PackjitLoadOptions::flags`: count an instruction budget; every run gets
 /// `PackjitLoadOptions::budget` instructions and stops with `PJ_ERR_BUDGET` when they run out
 /// (a taken backward jump from pc s to pc t charges s - t + 1, a bpf-to-bpf call 1).
+/// Without it (and without `PACKJIT_LOAD_NO_BUDGET`) sandboxed programs get
+/// `PACKJIT_DEFAULT_BUDGET` instructions per run and trusted ones count none.
 pub const PACKJIT_LOAD_BUDGET: u32 = 4;
+/// `PackjitLoadOptions::flags`: no instruction budget, also for a sandboxed program: it may
+/// run for ever (the host opts out of termination explicitly).
+pub const PACKJIT_LOAD_NO_BUDGET: u32 = 32;
+/// Instructions per run a sandboxed program gets unless its load says otherwise.
+pub const PACKJIT_DEFAULT_BUDGET: u64 = packjit_runtime::DEFAULT_BUDGET;
 /// `PackjitLoadOptions::flags`: blind immediates with a random per-program key, so constants
 /// chosen by whoever wrote the program never appear verbatim in executable memory.
 pub const PACKJIT_LOAD_BLIND_CONSTANTS: u32 = 8;

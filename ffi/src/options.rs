@@ -6,13 +6,14 @@ use super::maps::{map_handle, PackjitMap};
 use super::regions::region_from_c;
 use super::{
     PjMemRegion, PACKJIT_LOAD_BLIND_CONSTANTS, PACKJIT_LOAD_BUDGET, PACKJIT_LOAD_FEATURES_EXACT,
-    PACKJIT_LOAD_PERCPU_INSN, PACKJIT_LOAD_TRUSTED,
+    PACKJIT_LOAD_NO_BUDGET, PACKJIT_LOAD_PERCPU_INSN, PACKJIT_LOAD_TRUSTED,
 };
-use packjit_runtime::{Arch, Error, LoadOptions, Trust};
+use packjit_runtime::{Arch, Budget, Error, LoadOptions, Trust};
 
 const PACKJIT_LOAD_ALL_FLAGS: u32 = PACKJIT_LOAD_FEATURES_EXACT
     | PACKJIT_LOAD_TRUSTED
     | PACKJIT_LOAD_BUDGET
+    | PACKJIT_LOAD_NO_BUDGET
     | PACKJIT_LOAD_BLIND_CONSTANTS
     | PACKJIT_LOAD_PERCPU_INSN;
 
@@ -123,6 +124,12 @@ pub(super) unsafe fn load_options(
             .map(|(i, r)| region_from_c(r, &format!("opts->regions[{i}]")))
             .collect::<Result<_, _>>()?
     };
+    let both = PACKJIT_LOAD_BUDGET | PACKJIT_LOAD_NO_BUDGET;
+    if o.flags & both == both {
+        return Err(invalid(
+            "opts->flags: PACKJIT_LOAD_BUDGET and PACKJIT_LOAD_NO_BUDGET together".to_string(),
+        ));
+    }
     if o.maps.is_null() && o.map_count != 0 {
         return Err(invalid(format!(
             "opts->maps is NULL but opts->map_count is {}",
@@ -147,7 +154,13 @@ pub(super) unsafe fn load_options(
             arch: arch_from_code(o.arch, "opts->arch")?,
             features: (o.flags & PACKJIT_LOAD_FEATURES_EXACT != 0).then_some(o.features),
             disable_features: o.disabled_features,
-            budget: (o.flags & PACKJIT_LOAD_BUDGET != 0).then_some(o.budget),
+            budget: if o.flags & PACKJIT_LOAD_BUDGET != 0 {
+                Budget::Limit(o.budget)
+            } else if o.flags & PACKJIT_LOAD_NO_BUDGET != 0 {
+                Budget::Unlimited
+            } else {
+                Budget::Default
+            },
             blind_constants: o.flags & PACKJIT_LOAD_BLIND_CONSTANTS != 0,
             percpu_insn: o.flags & PACKJIT_LOAD_PERCPU_INSN != 0,
             regions,

@@ -737,11 +737,12 @@ fn sandbox_is_the_default_and_options_are_checked() {
     let rt = Rt::with_backend();
     let code = mov_r0(1);
     let mut p = null_mut();
-    // SAFETY: valid runtime and buffers; NULL options = defaults (sandboxed).
+    // SAFETY: valid runtime and buffers; NULL options = defaults (sandboxed, with the
+    // default budget: PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET).
     let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), null(), &mut p) };
     assert_eq!(st, PJ_ERR_UNSUPPORTED);
     assert!(
-        last_error().contains("unknown compile flags 0x1"),
+        last_error().contains("unknown compile flags 0x3"),
         "{}",
         last_error()
     );

@@ -253,7 +253,7 @@ pub fn run(
     let host = Arch::host().ok_or("unknown host architecture")?;
     let opts = LoadOptions {
         arch: Some(host),
-        budget,
+        budget: budget.map_or(packjit::Budget::Default, packjit::Budget::Limit),
         ..Default::default()
     };
     // The maps are created here, once: every program of the object shares them.

@@ -88,12 +88,42 @@ pub struct RuntimeConfig {
     pub arena: ArenaConfig,
 }
 
+/// Instructions a sandboxed call may execute unless its load says otherwise
+/// ([`Budget::Default`]): about a second of work natively, so a program that loops forever
+/// stops with a budget error naming its pc instead of holding its thread.
+pub const DEFAULT_BUDGET: u64 = 1 << 30;
+
+/// How many instructions each call of a program may execute (charged at back-edges and
+/// calls; running out stops the program with [`Stop::Budget`] naming the pc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Budget {
+    /// Sandboxed loads: [`DEFAULT_BUDGET`]; trusted loads: no counting.
+    #[default]
+    Default,
+    /// Counting compiled in, this many instructions per call (see
+    /// [`Program::call_with_budget`]).
+    Limit(u64),
+    /// No counting: a program may run for ever. The host opts out explicitly.
+    Unlimited,
+}
+
+impl Budget {
+    /// The instructions per call a load in `trust` mode gets, or `None` for no counting.
+    pub fn per_call(self, trust: Trust) -> Option<u64> {
+        match (self, trust) {
+            (Budget::Limit(n), _) => Some(n),
+            (Budget::Default, Trust::Sandboxed) => Some(DEFAULT_BUDGET),
+            (Budget::Default, Trust::Trusted) | (Budget::Unlimited, _) => None,
+        }
+    }
+}
+
 /// Per-load options.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
-    /// Instruction budget: `Some(n)` compiles budget counting in and gives every call `n`
-    /// instructions (see [`Program::call_with_budget`]); `None` = no counting.
-    pub budget: Option<u64>,
+    /// Instruction budget (see [`Budget`]): by default sandboxed code ends on its own after
+    /// [`DEFAULT_BUDGET`] instructions per call.
+    pub budget: Budget,
     /// Blind the program's immediates with a fresh random key (attacker-chosen constants
     /// never appear verbatim in executable memory).
     pub blind_constants: bool,
@@ -626,7 +656,8 @@ impl Runtime {
         if trust == Trust::Sandboxed {
             flags |= abi::PJ_COMPILE_SANDBOX;
         }
-        if opts.budget.is_some() {
+        let budget = opts.budget.per_call(trust);
+        if budget.is_some() {
             flags |= abi::PJ_COMPILE_BUDGET;
         }
         if opts.blind_constants {
@@ -774,7 +805,7 @@ impl Runtime {
             owner,
             backend: backend_name,
             trust,
-            budget: opts.budget,
+            budget,
             regions,
             id,
             symbols,

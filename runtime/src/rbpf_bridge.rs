@@ -71,8 +71,9 @@
 //!   (a write through a shared reference); here the metadata buffer r1 points to is a private
 //!   copy the program may write, and `mem` is read-only: a store to it stops with an
 //!   out-of-bounds error.
-//! * **Instruction budget**: rbpf has none; here [`EbpfVmRaw::set_instruction_budget`]
-//!   (and the same on every flavour) stops long runs with a budget error.
+//! * **Instruction budget**: rbpf has none; here sandboxed and interpreted runs end after
+//!   [`DEFAULT_BUDGET`](crate::DEFAULT_BUDGET) instructions with a budget error, and
+//!   [`EbpfVmRaw::set_instruction_budget`] (the same on every flavour) sets another limit.
 //! * rbpf's own helpers `memfrob` and `strcmp` dereference their pointer arguments without
 //!   any check (and `bpf_trace_printf` only prints values): a program can reach any address
 //!   through them, sandbox or not. Register only helpers that validate pointers (with
@@ -400,7 +401,9 @@ impl<'a> Core<'a> {
 
     fn load_opts(&self) -> LoadOptions {
         LoadOptions {
-            budget: self.budget,
+            budget: self
+                .budget
+                .map_or(crate::Budget::Default, crate::Budget::Limit),
             ..LoadOptions::default()
         }
     }
@@ -496,7 +499,8 @@ impl<'a> Core<'a> {
                     ctx_start: start,
                     ctx_end: start + len,
                     regions: &regions,
-                    budget: self.budget,
+                    // Interpreted runs check like sandboxed code, and end like it too.
+                    budget: Some(self.budget.unwrap_or(crate::DEFAULT_BUDGET)),
                 };
                 // SAFETY: the caller vouches for ctx and `extra`; runtime regions were
                 // registered under `MemRegion::new`'s promise.
@@ -568,7 +572,7 @@ impl Program {
                 ctx,
                 len,
                 &regions,
-                budget.unwrap_or(u64::MAX),
+                budget.or(self.budget).unwrap_or(u64::MAX),
                 self.trust(),
             )
         }
@@ -602,8 +606,10 @@ macro_rules! common_methods {
             self.core.register_helper(key, function)
         }
 
-        /// packjit extension: an instruction budget for every run (`None`: unlimited), charged
-        /// at back-edges and calls; running out stops the program with a budget error.
+        /// packjit extension: an instruction budget for every run, charged at back-edges and
+        /// calls; running out stops the program with a budget error. `None` (the default):
+        /// [`DEFAULT_BUDGET`](crate::DEFAULT_BUDGET) for sandboxed and interpreted runs, no
+        /// counting in trusted JIT code; `Some(u64::MAX)` is as good as no limit.
         pub fn set_instruction_budget(&mut self, budget: Option<u64>) {
             self.core.set_budget(budget)
         }

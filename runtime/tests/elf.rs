@@ -301,7 +301,7 @@ fn sandbox_stops_rodata_writes_and_context_overruns() {
             &obj,
             &ElfLoadOptions::section("pj/spin"),
             &LoadOptions {
-                budget: Some(10_000),
+                budget: packjit::Budget::Limit(10_000),
                 ..Default::default()
             },
         )

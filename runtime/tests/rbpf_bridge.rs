@@ -375,6 +375,10 @@ fn api_shape_matches_rbpf() {
     vm.set_instruction_budget(Some(1000));
     let e = vm.execute_program().unwrap_err();
     assert_eq!(packjit_stop(&e).kind(), StopKind::Budget);
+    // With no budget set, the spin ends too: the default budget of sandboxed runs.
+    let vm = EbpfVmNoData::new_with_runtime(Some(&spin), runtime()).unwrap();
+    let e = vm.execute_program().unwrap_err();
+    assert_eq!(packjit_stop(&e).kind(), StopKind::Budget, "{e}");
     // Send + Sync, for every flavour.
     fn both<T: Send + Sync>() {}
     both::<EbpfVmRaw<'static>>();

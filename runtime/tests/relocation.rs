@@ -99,7 +99,8 @@ unsafe fn run_at(p: &Program, entry: u64, ctx: &mut [u8]) -> (u64, u32, u64) {
 fn a_compiled_image_runs_from_a_copy_elsewhere_in_the_arena() {
     let rt = runtime(None);
     let arena = rt.arena().unwrap().clone();
-    for (skip, budget) in [(0, None), (3000, None), (10, Some(1_000_000))] {
+    use packjit::Budget::{Limit, Unlimited};
+    for (skip, budget) in [(0, Unlimited), (3000, Unlimited), (10, Limit(1_000_000))] {
         let opts = LoadOptions {
             budget,
             ..Default::default()

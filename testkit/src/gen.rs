@@ -1345,8 +1345,10 @@ impl JitTarget<'_> {
         sandboxed: bool,
         budget: Option<u64>,
     ) -> Result<packjit::Program, JitError> {
+        // `None`: no counting at all (the reference runs without a budget too), not the
+        // runtime's default budget for sandboxed loads.
         let opts = LoadOptions {
-            budget,
+            budget: budget.map_or(packjit::Budget::Unlimited, packjit::Budget::Limit),
             ..self.opts.clone()
         };
         if sandboxed {

@@ -204,7 +204,7 @@ fn sandboxed_load_reports_stops_through_the_runtime() {
     // An infinite loop under a budget; an unknown callx id.
     let spin = prog(&[ins(0x05, 0, 0, -1, 0), EXIT]);
     let opts = LoadOptions {
-        budget: Some(1000),
+        budget: packjit::Budget::Limit(1000),
         ..LoadOptions::default()
     };
     let p = rt.load(&spin, &opts).unwrap();

@@ -337,7 +337,7 @@ fn sandbox_vs_trusted() {
             .load(
                 code,
                 &LoadOptions {
-                    budget: Some(u64::MAX / 2),
+                    budget: packjit::Budget::Limit(u64::MAX / 2),
                     ..opts.clone()
                 },
             )

@@ -737,7 +737,7 @@ fn runtime_api_reports_stops() {
                 features: Some(f),
                 regions: vec![region.clone()],
                 blind_constants,
-                budget: Some(100),
+                budget: packjit::Budget::Limit(100),
                 ..LoadOptions::default()
             };
             let p = rt.load(&read_then_store(3), &opts).unwrap();
