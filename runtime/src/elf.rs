@@ -1925,11 +1925,15 @@ impl ElfObject {
         elf_opts: &ElfLoadOptions,
         opts: &crate::LoadOptions,
     ) -> Result<Program, Error> {
-        let o = crate::LoadOptions {
+        rt.load_elf(&self.bytes, elf_opts, &self.with_maps(opts))
+    }
+
+    /// `opts` with the object's maps.
+    fn with_maps(&self, opts: &crate::LoadOptions) -> crate::LoadOptions {
+        crate::LoadOptions {
             maps: self.maps.clone(),
             ..opts.clone()
-        };
-        rt.load_elf(&self.bytes, elf_opts, &o)
+        }
     }
 
     /// [`ElfObject::load`], trusted.
@@ -1942,12 +1946,8 @@ impl ElfObject {
         elf_opts: &ElfLoadOptions,
         opts: &crate::LoadOptions,
     ) -> Result<Program, Error> {
-        let o = crate::LoadOptions {
-            maps: self.maps.clone(),
-            ..opts.clone()
-        };
         // SAFETY: forwarded from the caller.
-        unsafe { rt.load_elf_trusted(&self.bytes, elf_opts, &o) }
+        unsafe { rt.load_elf_trusted(&self.bytes, elf_opts, &self.with_maps(opts)) }
     }
 
     /// Fills the prog arrays the object initialises statically (`.values = { [i] = &prog }`)

@@ -680,7 +680,7 @@ impl Runtime {
                 tail_calls,
                 array_lookups: inline_arrays,
             };
-            let b = maps::bind(code, &opts.maps, trust, inlining, |a| {
+            let b = maps::bind(code, &opts.maps, inlining, |a| {
                 // The per-CPU lookup is a built-in: without built-ins it is not there.
                 if !with_builtins {
                     return None;

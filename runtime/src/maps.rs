@@ -98,10 +98,9 @@ const KNOWN_MAP_IDS: [(u32, u32); 4] = [
 const PSEUDO_MAP_FD: u8 = 1;
 const PSEUDO_MAP_VALUE: u8 = 2;
 
-/// What the helpers of a running program know about its maps and its mode.
+/// The maps of a running program, for its helpers.
 pub(crate) struct RunMaps {
     maps: Vec<Arc<Map>>,
-    trust: Trust,
 }
 
 impl RunMaps {
@@ -141,13 +140,12 @@ pub(crate) struct Inlining {
     pub array_lookups: bool,
 }
 
-/// Binds `maps` to `code` for a load in `trust` mode (see the module doc).
+/// Binds `maps` to `code` (see the module doc).
 /// `percpu_id(map)` registers a per-CPU array for the inlined per-CPU lookup and returns its
 /// id (`None`: that array's lookups stay calls).
 pub(crate) fn bind(
     code: &[u8],
     maps: &[Arc<Map>],
-    trust: Trust,
     inlining: Inlining,
     mut percpu_id: impl FnMut(&ArrayLayout) -> Option<u32>,
 ) -> Result<Bound, Error> {
@@ -298,7 +296,6 @@ pub(crate) fn bind(
         regions,
         run: Arc::new(RunMaps {
             maps: maps.to_vec(),
-            trust,
         }),
         _arrays: arrays,
     })
@@ -449,7 +446,7 @@ pub(crate) fn enter(maps: Option<&Arc<RunMaps>>) -> RunGuard {
 }
 
 /// The running program's map with this handle, if it has one.
-fn current_map<'a>(handle: u64) -> Option<(&'a Map, Trust)> {
+fn current_map<'a>(handle: u64) -> Option<&'a Map> {
     let run = CURRENT.with(|c| c.get());
     if run.is_null() {
         return None;
@@ -457,13 +454,13 @@ fn current_map<'a>(handle: u64) -> Option<(&'a Map, Trust)> {
     // SAFETY: set by `enter` for the duration of the run that (transitively) called this
     // helper, from an `Arc` the running program holds; reset before the run returns.
     let run: &'a RunMaps = unsafe { &*run };
-    run.find(handle).map(|m| (m, run.trust))
+    run.find(handle)
 }
 
-/// May the running program (in `trust` mode) read or write `len` bytes at `addr`? Trusted
-/// programs vouch for their own pointers (their loader promised they stay in bounds).
-fn may_access(trust: Trust, addr: u64, len: u64, direction: AccessDirection) -> bool {
-    trust == Trust::Trusted || exec::helper_access_ok(addr, len, direction)
+/// May the running program read (or write) `len` bytes at `addr`? Trusted programs vouch
+/// for their own pointers (their loader promised they stay in bounds).
+fn run_may_access(addr: u64, len: u64, direction: AccessDirection) -> bool {
+    exec::trusted_run() || exec::helper_access_ok(addr, len, direction)
 }
 
 /// The CPU this thread runs on, for per-CPU maps (a hint, as in the kernel): the rseq
@@ -504,40 +501,29 @@ unsafe fn known_map<'a>(handle: u64) -> &'a Map {
     unsafe { &*(handle as *const Map) }
 }
 
-/// May the running program read (or write) `len` bytes at `addr`?
-fn run_may_access(addr: u64, len: u64, direction: AccessDirection) -> bool {
-    exec::trusted_run() || exec::helper_access_ok(addr, len, direction)
-}
+// The map operations, each once; the helpers below find the map (among the running
+// program's, or proven by `bind` at the call site) and call them.
 
-/// `bpf_map_lookup_elem` where the map is proven: a direct call, no search for the map.
-extern "C" fn known_map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
-    // SAFETY: this id is only given to call sites whose r1 `bind` proved.
-    let m = unsafe { known_map(map) };
+fn lookup(m: &Map, key: u64) -> u64 {
     if !run_may_access(key, m.spec().key_size.into(), AccessDirection::Read) {
         return 0;
     }
-    // SAFETY: `key_size` readable bytes at `key`.
+    // SAFETY: `key_size` readable bytes at `key` (checked above, or vouched for).
     unsafe { m.lookup_raw(key as *const u8, cpu_for(m)) as u64 }
 }
 
-/// `bpf_map_update_elem` where the map is proven.
-extern "C" fn known_map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
-    // SAFETY: as in `known_map_lookup_elem`.
-    let m = unsafe { known_map(map) };
+fn update(m: &Map, key: u64, value: u64, flags: u64) -> u64 {
     let spec = m.spec();
     if !run_may_access(key, spec.key_size.into(), AccessDirection::Read)
         || !run_may_access(value, spec.value_size.into(), AccessDirection::Read)
     {
         return EINVAL;
     }
-    // SAFETY: key and value bytes readable.
+    // SAFETY: key and value bytes readable (checked above, or vouched for).
     unsafe { m.update_raw(key as *const u8, value as *const u8, flags, cpu_for(m)) as u64 }
 }
 
-/// `bpf_map_delete_elem` where the map is proven.
-extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
-    // SAFETY: as in `known_map_lookup_elem`.
-    let m = unsafe { known_map(map) };
+fn delete(m: &Map, key: u64) -> u64 {
     if !run_may_access(key, m.spec().key_size.into(), AccessDirection::Read) {
         return EINVAL;
     }
@@ -546,65 +532,51 @@ extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) 
 }
 
 extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
-        return 0;
-    };
-    if !may_access(trust, key, m.spec().key_size.into(), AccessDirection::Read) {
-        return 0;
-    }
-    // SAFETY: `key_size` readable bytes at `key` (checked above, or vouched for).
-    unsafe { m.lookup_raw(key as *const u8, cpu_for(m)) as u64 }
-}
-
-extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64, _: u64) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
-        return 0;
-    };
-    if !may_access(trust, key, m.spec().key_size.into(), AccessDirection::Read) {
-        return 0;
-    }
-    let Ok(cpu) = u32::try_from(cpu) else {
-        return 0;
-    };
-    // SAFETY: as in `map_lookup_elem`.
-    unsafe { m.lookup_percpu_raw(key as *const u8, cpu) as u64 }
+    current_map(map).map_or(0, |m| lookup(m, key))
 }
 
 extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
-        return EINVAL;
-    };
-    let spec = m.spec();
-    if !may_access(trust, key, spec.key_size.into(), AccessDirection::Read)
-        || !may_access(trust, value, spec.value_size.into(), AccessDirection::Read)
-    {
-        return EINVAL;
-    }
-    // SAFETY: key and value bytes readable (checked above, or vouched for).
-    unsafe { m.update_raw(key as *const u8, value as *const u8, flags, cpu_for(m)) as u64 }
+    current_map(map).map_or(EINVAL, |m| update(m, key, value, flags))
 }
 
 extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
-        return EINVAL;
+    current_map(map).map_or(EINVAL, |m| delete(m, key))
+}
+
+/// `bpf_map_lookup_elem` where the map is proven: a direct call, no search for the map.
+extern "C" fn known_map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: this id is only given to call sites whose r1 `bind` proved.
+    lookup(unsafe { known_map(map) }, key)
+}
+
+/// `bpf_map_update_elem` where the map is proven.
+extern "C" fn known_map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
+    // SAFETY: as in `known_map_lookup_elem`.
+    update(unsafe { known_map(map) }, key, value, flags)
+}
+
+/// `bpf_map_delete_elem` where the map is proven.
+extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as in `known_map_lookup_elem`.
+    delete(unsafe { known_map(map) }, key)
+}
+
+extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64, _: u64) -> u64 {
+    let (Some(m), Ok(cpu)) = (current_map(map), u32::try_from(cpu)) else {
+        return 0;
     };
-    if !may_access(trust, key, m.spec().key_size.into(), AccessDirection::Read) {
-        return EINVAL;
+    if !run_may_access(key, m.spec().key_size.into(), AccessDirection::Read) {
+        return 0;
     }
-    // SAFETY: as in `map_lookup_elem`.
-    unsafe { m.delete_raw(key as *const u8) as u64 }
+    // SAFETY: `key_size` readable bytes at `key`.
+    unsafe { m.lookup_percpu_raw(key as *const u8, cpu) as u64 }
 }
 
 extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: u64) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
+    let Some(m) = current_map(map) else {
         return EINVAL;
     };
-    if !may_access(
-        trust,
-        value,
-        m.spec().value_size.into(),
-        AccessDirection::Read,
-    ) {
+    if !run_may_access(value, m.spec().value_size.into(), AccessDirection::Read) {
         return EINVAL;
     }
     // SAFETY: `value_size` readable bytes at `value`.
@@ -613,15 +585,10 @@ extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: u64) ->
 
 /// `pop` and `peek`: write the element to `value`.
 fn take_elem(map: u64, value: u64, pop: bool) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
+    let Some(m) = current_map(map) else {
         return EINVAL;
     };
-    if !may_access(
-        trust,
-        value,
-        m.spec().value_size.into(),
-        AccessDirection::Write,
-    ) {
+    if !run_may_access(value, m.spec().value_size.into(), AccessDirection::Write) {
         return EINVAL;
     }
     // SAFETY: `value_size` writable bytes at `value`.
@@ -643,10 +610,10 @@ extern "C" fn map_peek_elem(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64
 }
 
 extern "C" fn ringbuf_output(map: u64, data: u64, size: u64, flags: u64, _: u64) -> u64 {
-    let Some((m, trust)) = current_map(map) else {
+    let Some(m) = current_map(map) else {
         return EINVAL;
     };
-    if !may_access(trust, data, size, AccessDirection::Read) {
+    if !run_may_access(data, size, AccessDirection::Read) {
         return EINVAL;
     }
     // SAFETY: `size` readable bytes at `data`.
@@ -654,7 +621,7 @@ extern "C" fn ringbuf_output(map: u64, data: u64, size: u64, flags: u64, _: u64)
 }
 
 extern "C" fn ringbuf_reserve(map: u64, size: u64, flags: u64, _: u64, _: u64) -> u64 {
-    let Some((m, _)) = current_map(map) else {
+    let Some(m) = current_map(map) else {
         return 0;
     };
     // SAFETY: the map checks size and flags; the record is its own memory.
@@ -697,7 +664,7 @@ extern "C" fn ringbuf_discard(data: u64, flags: u64, _: u64, _: u64, _: u64) -> 
 }
 
 extern "C" fn ringbuf_query(map: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
-    current_map(map).map_or(0, |(m, _)| m.ringbuf_query(flags))
+    current_map(map).map_or(0, |m| m.ringbuf_query(flags))
 }
 
 extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
@@ -721,7 +688,7 @@ extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
 /// empty slot or one out of range, a program of another trust, or the 34th tail call.
 extern "C" fn tail_call_chooser(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
     match current_map(map) {
-        Some((m, _)) if m.spec().map_type == MapType::ProgArray => choose(m, index),
+        Some(m) if m.spec().map_type == MapType::ProgArray => choose(m, index),
         _ => 0,
     }
 }

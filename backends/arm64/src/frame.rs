@@ -34,7 +34,7 @@ use packjit_plugin_api::abi::{
 
 use crate::lower::Codegen;
 use crate::regs::*;
-use packjit_frontend::lower::FrameHooks;
+use packjit_frontend::lower::{FrameExit, FrameHooks};
 
 /// What a function's prologue saves and reserves.
 #[derive(Clone, Debug)]
@@ -227,20 +227,10 @@ impl Codegen<'_> {
     }
 }
 
-/// What leaving the entry's frame does with r0.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ReturnValue {
-    /// Returned to the host: r0 moves to x0.
-    Returned,
-    /// Left for another program's entry: r0 is not the result (and the restore label, a
-    /// stop's landing, is the epilogue's).
-    TailCall,
-}
-
 impl Codegen<'_> {
     /// Function `k`'s frame undone, up to its return: frames released, the budget written
     /// back, the saved registers and the frame record restored.
-    fn leave_frame(&mut self, k: usize, r0: ReturnValue) {
+    fn leave_frame(&mut self, k: usize, exit: FrameExit) {
         let f = self.plan.frames[k].clone();
         if f.native_frame {
             a64!(self.ops; add sp, sp, STACK_SIZE as u32);
@@ -254,7 +244,7 @@ impl Codegen<'_> {
                     a64!(self.ops; add sp, sp, block >> 12, lsl 12);
                 }
             }
-            if r0 == ReturnValue::Returned {
+            if exit == FrameExit::Return {
                 let restore = self.restore;
                 a64!(self.ops; =>restore);
             }
@@ -263,7 +253,7 @@ impl Codegen<'_> {
             }
             // Only the entry returns to native code: r0 goes to x0. Functions return r0
             // in x7 where their caller expects it.
-            if r0 == ReturnValue::Returned && self.map[0] != RET {
+            if exit == FrameExit::Return && self.map[0] != RET {
                 a64!(self.ops; mov X(RET), X(self.map[0]));
             }
         }
@@ -305,7 +295,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
 
     /// The epilogue of function `k`, after its label (bound by the driver).
     fn epilogue(&mut self, k: usize) {
-        self.leave_frame(k, ReturnValue::Returned);
+        self.leave_frame(k, FrameExit::Return);
         a64!(self.ops; ret);
     }
 
@@ -318,7 +308,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
             ; mov x16, X(r0)
             ; mov x2, X(ENV)
         );
-        self.leave_frame(0, ReturnValue::TailCall);
+        self.leave_frame(0, FrameExit::TailCall);
         a64!(self.ops
             ; ldp x0, x1, [x2, PJ_ENV_CTX_START]
             ; sub x1, x1, x0

@@ -385,6 +385,16 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     fn tail_jump(&mut self);
 }
 
+/// How a backend leaves the entry's frame (its `epilogue`, or its `tail_jump`): the frame
+/// is undone the same way, but only a return hands r0 to the host and is where a stop lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameExit {
+    /// Back to the host: r0 is the result; a stop unwinds to here.
+    Return,
+    /// On to another program's entry: r0 is not the result.
+    TailCall,
+}
+
 /// Register arithmetic (RFC 9669 semantics: 32-bit results zero-extended, shift counts
 /// masked, division by zero and `MIN / -1` defined).
 pub trait AluHooks<'a>: Lowering<'a> {

@@ -38,7 +38,7 @@ use crate::regs::{
 use packjit_frontend::analysis::{
     entry_zeroing, live_in, stack_block_size, CodegenMode, LoweringReads,
 };
-use packjit_frontend::lower::FrameHooks;
+use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
@@ -252,7 +252,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     }
 
     fn epilogue(&mut self, k: usize) {
-        self.leave_frame(k, ReturnValue::Returned);
+        self.leave_frame(k, FrameExit::Return);
         self.e.ret();
     }
 
@@ -263,7 +263,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         self.e.b_label(Br::Eq, self.map(0), ZERO, stay);
         self.e.mv(T1, self.map(0));
         self.e.mv(A2, ENV);
-        self.leave_frame(0, ReturnValue::TailCall);
+        self.leave_frame(0, FrameExit::TailCall);
         self.e.load(Mem::D, A0, A2, PJ_ENV_CTX_START);
         self.e.load(Mem::D, A1, A2, PJ_ENV_CTX_END);
         self.e.rrr(R3::Sub, A1, A1, A0);
@@ -272,19 +272,10 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     }
 }
 
-/// What leaving the entry's frame does with r0.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ReturnValue {
-    /// Returned to the host: r0 moves to a0.
-    Returned,
-    /// Left for another program's entry: r0 is not the result.
-    TailCall,
-}
-
 impl Codegen<'_> {
     /// Function `k`'s frame undone, up to its return: the budget written back, the saved
     /// registers restored, the frame released.
-    fn leave_frame(&mut self, k: usize, r0: ReturnValue) {
+    fn leave_frame(&mut self, k: usize, exit: FrameExit) {
         let f = self.layout.frames[k].clone();
         if k == 0 {
             if self.d.mode.counts_budget() {
@@ -292,7 +283,7 @@ impl Codegen<'_> {
                 self.e.store(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
             }
             // The entry returns eBPF r0 in a0.
-            if r0 == ReturnValue::Returned && self.map(0) != A0 {
+            if exit == FrameExit::Return && self.map(0) != A0 {
                 self.e.mv(A0, self.map(0));
             }
         }

@@ -28,7 +28,7 @@ use crate::lower::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, STACK_END8, STACK_S
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
-use packjit_frontend::lower::FrameHooks;
+use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::ranges::AccessPlan;
 use packjit_frontend::{op_kind, Program};
 
@@ -193,12 +193,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
 
     /// Function `k`'s epilogue: undo the prologue and return r0 (already in rax).
     fn epilogue(&mut self, k: usize) {
-        if k == 0 {
-            let l = self.entry_pops;
-            self.leave_frame(k, Some(l));
-        } else {
-            self.leave_frame(k, None);
-        }
+        self.leave_frame(k, FrameExit::Return);
         self.e.ret();
     }
 
@@ -208,7 +203,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         self.e.jump(Some(Cc::E), stay);
         // rdx (r3, dead: a call clobbered it) carries env past the restores of r12.
         self.mov_rr(Sz::B64, RDX, ENV);
-        self.leave_frame(0, None);
+        self.leave_frame(0, FrameExit::TailCall);
         // The entry's arguments again: the run's context and env. rax (the target) and
         // rdx are caller-saved, so the restores above left them alone.
         self.e.asm(4, |ops| {
@@ -225,9 +220,9 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
 
 impl Codegen<'_> {
     /// Function `k`'s frame undone, up to its return: the stack block released, the pad
-    /// popped, the saved registers restored (`pops`: the label the entry's stop path jumps
-    /// to, bound before the restores).
-    fn leave_frame(&mut self, k: usize, pops: Option<dynasmrt::DynamicLabel>) {
+    /// popped, the saved registers restored (the entry's return binds, before the restores,
+    /// the label its stop path jumps to).
+    fn leave_frame(&mut self, k: usize, exit: FrameExit) {
         let plan = self.plan;
         let f = &plan.subs[k];
         if k == 0 && self.plan.block > 0 {
@@ -237,7 +232,8 @@ impl Codegen<'_> {
         if f.pad {
             self.e.pop_rcx(); // rcx (r4) is dead at a return
         }
-        if let Some(l) = pops {
+        if k == 0 && exit == FrameExit::Return {
+            let l = self.entry_pops;
             self.e.bind(l);
         }
         for &r in f.saved.iter().rev() {
