@@ -89,6 +89,7 @@ use crate::{
 };
 use packjit_interp::{Interpreter, RawEnv};
 use packjit_plugin_api::{HelperEntry, PjMemRegion, PJ_REGION_WRITABLE};
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -235,11 +236,25 @@ pub fn c_thunk_for(f: Helper) -> Result<PjHelperFn, Error> {
 /// rbpf's verifier type: checks a program before it is accepted.
 pub type Verifier = fn(prog: &[u8]) -> Result<(), io::Error>;
 
-/// The default verifier: packjit's front end (`packjit_frontend::decode`), which every
-/// backend and the interpreter run too, and rbpf's own refusal of a jump to itself (an
-/// infinite loop), with rbpf's words. Helper ids are checked later, against the helpers
-/// registered when the program first runs or is compiled (rbpf registers them after
-/// `set_program` as well).
+/// The default verifier: rbpf's own ([`rbpf_verifier`]: the same refusals in the same
+/// words as before the switch), then packjit's front end ([`packjit_verifier`]), which every
+/// backend and the interpreter run too.
+pub fn default_verifier(prog: &[u8]) -> Result<(), io::Error> {
+    rbpf_verifier(prog)?;
+    packjit_verifier(prog)
+}
+
+/// rbpf 0.4.1's verifier itself (its constructor runs it): what rbpf refused, refused with
+/// rbpf's message (`[Verifier] Error: ...`).
+pub fn rbpf_verifier(prog: &[u8]) -> Result<(), io::Error> {
+    rbpf::EbpfVmRaw::new(Some(prog)).map(|_| ())
+}
+
+/// packjit's front end (`packjit_frontend::decode`), which every backend and the interpreter
+/// run too, and rbpf's own refusal of a jump to itself (an infinite loop), with rbpf's
+/// words; it accepts the cpu v4 instructions rbpf's verifier lets through but its
+/// interpreter refuses. Helper ids are checked later, against the helpers registered when
+/// the program first runs or is compiled (rbpf registers them after `set_program` as well).
 pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
     refuse_self_jumps(prog)?;
     // Accept every id a `call imm` names, for now.
@@ -279,12 +294,158 @@ fn refuse_self_jumps(prog: &[u8]) -> Result<(), io::Error> {
     Ok(())
 }
 
+/// rbpf's stack usage calculator: the bytes of stack the function starting at slot `pc`
+/// uses (rbpf's `StackUsageCalculator`).
+pub type StackUsageCalculator = fn(prog: &[u8], pc: usize, data: &mut dyn Any) -> u16;
+
+/// Asks `calculator` for the stack of every function of `prog` (the entry and each target of
+/// a bpf-to-bpf call), as rbpf does when a program or a calculator is set. packjit gives
+/// every function a 512-byte frame of its own, so a function whose calculated usage fits in
+/// one runs as in rbpf (its r10-relative accesses land in its own frame either way); one
+/// that claims more is refused, naming it: its frame could not hold what it says it uses.
+fn stack_usage(
+    prog: &[u8],
+    calculator: StackUsageCalculator,
+    data: &mut dyn Any,
+) -> Result<(), io::Error> {
+    let mut functions = vec![0usize];
+    for (pc, c) in prog.chunks_exact(8).enumerate() {
+        if c[0] == 0x85 && c[1] >> 4 == 1 {
+            let imm = i32::from_le_bytes([c[4], c[5], c[6], c[7]]) as i64;
+            if let Ok(target) = usize::try_from(pc as i64 + 1 + imm) {
+                functions.push(target);
+            }
+        }
+    }
+    for pc in functions {
+        let usage = calculator(prog, pc, data);
+        if usize::from(usage) > packjit_frontend::STACK_SIZE {
+            return Err(io::Error::other(format!(
+                "Error: the function at insn #{pc} uses {usage} bytes of stack: packjit's frames are {} bytes",
+                packjit_frontend::STACK_SIZE
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A packjit error as rbpf reports errors: `io::Error` of kind `Other`, with the packjit
 /// error inside: `e.get_ref()` → `downcast_ref::<packjit::Error>()` for a program refused at
 /// load (kind, pc), `downcast_ref::<packjit::RunError>()` for a run that stopped (its
 /// [`Stop`](crate::Stop): kind, pc, address, size, direction).
 pub fn to_io<E: std::error::Error + Send + Sync + 'static>(e: E) -> io::Error {
     io::Error::other(e)
+}
+
+/// A failure in rbpf's words (its `Display`), with packjit's account inside
+/// ([`RbpfError::run_error`] for a run that stopped, [`RbpfError::load_error`] for a program
+/// refused when it was compiled; also `source()`). An out-of-bounds stop reads as rbpf's
+/// "Error: out of bounds memory store (insn #N), addr 0x..., size S" (rbpf numbers the
+/// instruction after the faulting one) and keeps the packjit pc, address, size and
+/// direction; a call of an unregistered helper reads as rbpf's "Error: unknown helper
+/// function (id: 0x3f)" (and `[JIT] Error: ...` from `jit_compile`).
+#[derive(Debug)]
+pub struct RbpfError {
+    message: String,
+    cause: Cause,
+}
+
+#[derive(Debug)]
+enum Cause {
+    Run(RunError),
+    Load(Error),
+}
+
+impl RbpfError {
+    /// packjit's account of a run that stopped (kind, pc, address, size, direction).
+    pub fn run_error(&self) -> Option<&RunError> {
+        match &self.cause {
+            Cause::Run(e) => Some(e),
+            Cause::Load(_) => None,
+        }
+    }
+
+    /// packjit's account of a program refused when it was compiled (kind, pc).
+    pub fn load_error(&self) -> Option<&Error> {
+        match &self.cause {
+            Cause::Load(e) => Some(e),
+            Cause::Run(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RbpfError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RbpfError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.cause {
+            Cause::Run(e) => Some(e),
+            Cause::Load(e) => Some(e),
+        }
+    }
+}
+
+/// A run's failure as rbpf reports it (see [`RbpfError`]).
+fn run_to_io(error: RunError) -> io::Error {
+    let message = match error.stop() {
+        Some(crate::Stop::OutOfBounds {
+            pc,
+            addr,
+            size,
+            write,
+        }) => format!(
+            "Error: out of bounds memory {} (insn #{}), addr {addr:#x}, size {size}",
+            if write { "store" } else { "load" },
+            pc + 1
+        ),
+        _ => format!("Error: {error}"),
+    };
+    io::Error::other(RbpfError {
+        message,
+        cause: Cause::Run(error),
+    })
+}
+
+/// A program refused when it was compiled for a run, in rbpf's words where rbpf refuses the
+/// same program (`prefix`: "" where rbpf's interpreter refuses it when the call runs,
+/// "[JIT] " for `jit_compile`, where rbpf's JIT refuses it while compiling).
+fn compile_to_io(
+    error: &Error,
+    code: &[u8],
+    helpers: &BTreeMap<u32, (Helper, PjHelperFn)>,
+    prefix: &str,
+) -> io::Error {
+    let mut message = format!("{prefix}Error: {error}");
+    for (pc, c) in code.chunks_exact(8).enumerate() {
+        let imm = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+        if c[0] != 0x85 {
+            continue;
+        }
+        match c[1] >> 4 {
+            0 if !helpers.contains_key(&imm) => {
+                message = format!("{prefix}Error: unknown helper function (id: {imm:#x})");
+                break;
+            }
+            0 | 1 => {}
+            src => {
+                let what = if prefix.is_empty() {
+                    "unsupported"
+                } else {
+                    "unexpected"
+                };
+                message = format!("{prefix}Error: {what} call type #{src} (insn #{pc})");
+                break;
+            }
+        }
+    }
+    io::Error::other(RbpfError {
+        message,
+        cause: Cause::Load(error.clone()),
+    })
 }
 
 /// The runtime [`EbpfVmRaw::new`] and the other `new` constructors use: created on first use,
@@ -320,6 +481,8 @@ struct Core<'a> {
     verifier: Verifier,
     helpers: BTreeMap<u32, (Helper, PjHelperFn)>,
     budget: Option<u64>,
+    /// rbpf's stack usage calculator and its data (see `set_stack_usage_calculator`).
+    stack_usage: Option<(StackUsageCalculator, Box<dyn Any + Send + Sync>)>,
     /// Sandboxed code (compiled on the first `execute_program`).
     sandboxed: OnceLock<Result<Native, Error>>,
     /// The decoded program for the interpreter (on first use).
@@ -329,20 +492,22 @@ struct Core<'a> {
 }
 
 fn no_program() -> io::Error {
-    io::Error::other("Error: No program set, call set_program() to load one")
+    // rbpf 0.4.1's words (naming its old `prog_set`).
+    io::Error::other("Error: No program set, call prog_set() to load one")
 }
 
 impl<'a> Core<'a> {
     fn new(prog: Option<&'a [u8]>, rt: Arc<Runtime>) -> Result<Self, io::Error> {
         if let Some(p) = prog {
-            packjit_verifier(p)?;
+            default_verifier(p)?;
         }
         Ok(Self {
             rt,
             prog,
-            verifier: packjit_verifier,
+            verifier: default_verifier,
             helpers: BTreeMap::new(),
             budget: None,
+            stack_usage: None,
             sandboxed: OnceLock::new(),
             decoded: OnceLock::new(),
             trusted: None,
@@ -358,6 +523,9 @@ impl<'a> Core<'a> {
 
     fn set_program(&mut self, prog: &'a [u8]) -> Result<(), io::Error> {
         (self.verifier)(prog)?;
+        if let Some((calculator, data)) = self.stack_usage.as_mut() {
+            stack_usage(prog, *calculator, &mut **data)?;
+        }
         self.prog = Some(prog);
         self.invalidate();
         Ok(())
@@ -369,6 +537,18 @@ impl<'a> Core<'a> {
             verifier(p)?;
         }
         self.verifier = verifier;
+        Ok(())
+    }
+
+    fn set_stack_usage_calculator(
+        &mut self,
+        calculator: StackUsageCalculator,
+        mut data: Box<dyn Any + Send + Sync>,
+    ) -> Result<(), io::Error> {
+        if let Some(p) = self.prog {
+            stack_usage(p, calculator, &mut *data)?;
+        }
+        self.stack_usage = Some((calculator, data));
         Ok(())
     }
 
@@ -445,7 +625,8 @@ impl<'a> Core<'a> {
                 }
                 Err(e) => Err(e),
             });
-        r.as_ref().map_err(|e| to_io(e.clone()))
+        r.as_ref()
+            .map_err(|e| compile_to_io(e, self.prog.unwrap_or_default(), &self.helpers, ""))
     }
 
     fn decoded(&self) -> Result<&packjit_frontend::Program, io::Error> {
@@ -453,7 +634,7 @@ impl<'a> Core<'a> {
         self.decoded
             .get_or_init(|| packjit_frontend::decode(code, &self.helper_table()))
             .as_ref()
-            .map_err(|e| to_io(e.clone()))
+            .map_err(|e| compile_to_io(e, code, &self.helpers, ""))
     }
 
     fn interpreter(&self) -> Interpreter {
@@ -508,14 +689,15 @@ impl<'a> Core<'a> {
                     self.interpreter().run_raw(prog, &env, None)
                 })
                 .map(|o| o.r0)
-                .map_err(|s| to_io(RunError::Stop(s)))
+                .map_err(|s| run_to_io(RunError::Stop(s)))
             }
         }
     }
 
     fn jit_compile(&mut self) -> Result<(), io::Error> {
-        self.code()?;
-        let p = self.compile(Trust::Trusted).map_err(to_io)?;
+        let code = self.code()?;
+        let p = (self.compile(Trust::Trusted))
+            .map_err(|e| compile_to_io(&e, code, &self.helpers, "[JIT] "))?;
         if !p.is_executable() {
             return Err(io::Error::other(format!(
                 "Error: no packjit backend targets this host (code compiled for {})",
@@ -557,7 +739,7 @@ impl Program {
         extra: &[PjMemRegion],
         budget: Option<u64>,
     ) -> Result<u64, io::Error> {
-        self.check_executable().map_err(to_io)?;
+        self.check_executable().map_err(run_to_io)?;
         let _guard = arena::epoch_pin();
         let regions: Vec<PjMemRegion> = if extra.is_empty() {
             self.regions.to_vec()
@@ -576,7 +758,7 @@ impl Program {
                 self.trust(),
             )
         }
-        .map_err(to_io)
+        .map_err(run_to_io)
     }
 }
 
@@ -598,6 +780,17 @@ macro_rules! common_methods {
         /// Replaces the verifier; the program already loaded must pass it.
         pub fn set_verifier(&mut self, verifier: Verifier) -> Result<(), io::Error> {
             self.core.set_verifier(verifier)
+        }
+
+        /// rbpf's stack usage calculator: called for the entry and every bpf-to-bpf callee, as
+        /// rbpf does; packjit gives each function a 512-byte frame, so a usage up to that runs
+        /// as in rbpf and a larger one is refused (see [`StackUsageCalculator`]).
+        pub fn set_stack_usage_calculator(
+            &mut self,
+            calculator: StackUsageCalculator,
+            data: Box<dyn Any + Send + Sync>,
+        ) -> Result<(), io::Error> {
+            self.core.set_stack_usage_calculator(calculator, data)
         }
 
         /// Registers helper `key` for this VM only (another VM may bind the same id to another

@@ -319,10 +319,8 @@ fn run_suite(cases: &[Case], unparsed: &[String], rt: &Arc<Runtime>, label: &str
         let got = run_case(c, rt);
         let ok = match (&c.expect, &got) {
             (Expect::Value(v), Ok(g)) => v == g,
-            // rbpf's bounds errors must be packjit's out-of-bounds stops.
-            (Expect::Error(m), Err(g)) => {
-                !m.contains("out of bounds") || g.contains("out of bounds")
-            }
+            // As rbpf's `should_panic(expected = ...)`: the error carries rbpf's words.
+            (Expect::Error(m), Err(g)) => g.contains(m.as_str()),
             (Expect::Runs, Ok(_)) => true,
             _ => false,
         };
@@ -370,7 +368,13 @@ fn out_of_bounds_errors_are_packjit_stops() {
     let e = vm.execute_program().unwrap_err();
     let re = e
         .get_ref()
-        .and_then(|i| i.downcast_ref::<packjit::RunError>())
+        .and_then(|i| i.downcast_ref::<packjit::rbpf_bridge::RbpfError>())
+        .and_then(|e| e.run_error())
         .unwrap();
+    assert!(
+        e.to_string()
+            .starts_with("Error: out of bounds memory store (insn #1), addr 0x"),
+        "{e}"
+    );
     assert_eq!(re.stop().map(|s| s.kind()), Some(StopKind::OutOfBounds));
 }
