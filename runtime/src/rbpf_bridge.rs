@@ -793,6 +793,14 @@ macro_rules! common_methods {
             self.core.set_stack_usage_calculator(calculator, data)
         }
 
+        /// rbpf's custom executable memory for its JIT (for `no_std` hosts): accepted and not
+        /// used. packjit places code in its own packed W^X arena, never in memory the host
+        /// hands over writable.
+        pub fn set_jit_exec_memory(&mut self, memory: &'a mut [u8]) -> Result<(), io::Error> {
+            let _ = memory;
+            Ok(())
+        }
+
         /// Registers helper `key` for this VM only (another VM may bind the same id to another
         /// function). Code compiled earlier is dropped (it was linked to the old table).
         pub fn register_helper(&mut self, key: u32, function: Helper) -> Result<(), io::Error> {
