@@ -59,11 +59,28 @@
 //!   `bswap`, `ja32` (`gotol`), every atomic (rbpf: "XADD instructions are not supported"),
 //!   `callx`.
 //! * **bpf-to-bpf calls**: rbpf's frames share one 512-byte stack (each callee's r10 is the
-//!   caller's minus the caller's stack usage); here each frame has its own 512 bytes.
+//!   caller's minus the caller's stack usage, `set_stack_usage_calculator`); here each frame
+//!   has its own 512 bytes, so a call chain whose usages add up past 512 bytes (rbpf's
+//!   `test_stack_overflow`) runs instead of failing. The calculator is still called for every
+//!   function, and a usage above 512 bytes is refused.
 //! * **r2 at entry**: rbpf's interpreter sets only r1 (r2 = 0); here r2 is the length of the
 //!   memory r1 points to (0 when empty, as before).
 //! * **Unknown helpers**: rbpf fails when the `call` executes; here the program is refused
-//!   before it runs (pc and id named). A `callx` to an unregistered id stops the program.
+//!   before it runs, in rbpf's words (`Error: unknown helper function (id: 0x3f)`, with the
+//!   packjit error, naming the pc, inside [`RbpfError`]). A `callx` to an unregistered id
+//!   stops the program.
+//! * **Verifier**: rbpf's own runs first by default ([`default_verifier`]), so a program rbpf
+//!   refused is refused with rbpf's message; packjit's front end then refuses what it cannot
+//!   run. Not supported: legacy packet access (`LD_ABS`/`LD_IND`, refused at load), and
+//!   register-mode `div`/`mod` with a non-zero immediate (a reserved field, refused).
+//! * **Run-time failures** read as rbpf's ([`RbpfError`]: `Error: out of bounds memory store
+//!   (insn #N), addr 0x..., size S`, rbpf numbering the instruction after the faulting one).
+//! * **JIT memory**: `set_jit_exec_memory` is accepted and unused: code goes to packjit's
+//!   packed W^X arena.
+//!
+//! `scripts/rbpf-dropin.sh` runs rbpf 0.4.1's own test files (misc.rs, ubpf_verifier.rs,
+//! ubpf_jit_x86_64.rs, ubpf_vm.rs) with only the type path changed; what fails there is
+//! what this list names.
 //! * **Bounds**: rbpf's interpreter checks accesses against mbuff, mem, its stack and
 //!   `register_allowed_memory` ranges (its JIT checks nothing); here the sandbox checks
 //!   against the memory given and the runtime's regions. In [`EbpfVmMbuff`], whose
