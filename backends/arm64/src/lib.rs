@@ -62,7 +62,8 @@ pub const FEATURE_LSE: u64 = 1 << 0;
 pub const SUPPORTED_FEATURES: u64 = FEATURE_LSE;
 
 /// Helpers this backend emits inline: the rseq CPU id (`mrs tpidr_el0` + one load), the
-/// `cntvct_el0` clock and the per-CPU array lookup.
+/// `cntvct_el0` clock, the per-CPU array lookup, tail calls (`FrameHooks::tail_jump`) and
+/// array map lookups (the driver's expansion).
 pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
     | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)

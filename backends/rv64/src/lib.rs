@@ -52,7 +52,8 @@ pub const FEATURE_C: u64 = 1 << 2;
 pub const SUPPORTED_FEATURES: u64 = FEATURE_ZBB | FEATURE_ZBA | FEATURE_C;
 
 /// Helpers this backend emits inline: the rseq CPU id (`lwu` off `tp`), the `rdtime`
-/// clock and the per-CPU array lookup.
+/// clock, the per-CPU array lookup, tail calls (`FrameHooks::tail_jump`) and array map
+/// lookups (the driver's expansion).
 pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
     | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)

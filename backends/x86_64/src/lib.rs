@@ -47,7 +47,8 @@ pub const FEATURE_MOVBE: u64 = 1 << 1;
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BMI2 | FEATURE_MOVBE;
 
 /// Helpers this backend emits inline: the rseq CPU id (`mov eax, fs:[off]`), the TSC
-/// clock (`rdtsc`, scaled) and the per-CPU array lookup.
+/// clock (`rdtsc`, scaled), the per-CPU array lookup, tail calls (`FrameHooks::tail_jump`)
+/// and array map lookups (the driver's expansion).
 pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
     | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)
