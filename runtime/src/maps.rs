@@ -162,14 +162,16 @@ pub(crate) fn bind(
     let mut lookup_ids: Vec<Option<u32>> = vec![None; maps.len()];
     // The direct-call ids the code now calls.
     let mut known_used: Vec<u32> = Vec::new();
-    // Per register: the map whose handle it holds in the current basic block.
-    let mut holds: [Option<usize>; 11] = [None; 11];
+    // Per register field (all 16 values of the 4 bits: the verifier refuses r11-r15 after
+    // this scan, which must not fail on them first): the map whose handle it holds in the
+    // current basic block.
+    let mut holds: [Option<usize>; 16] = [None; 16];
     let mut pc = 0;
     while pc < slots {
         let s = &code[at(pc)..at(pc) + 8];
         let (op, dst, src) = (s[0], s[1] & 0xf, s[1] >> 4);
         if targets.get(pc).copied().unwrap_or(false) {
-            holds = [None; 11];
+            holds = [None; 16];
         }
         let imm = i32::from_le_bytes([s[4], s[5], s[6], s[7]]);
         if op == 0x18 && pc + 1 < slots {
@@ -237,14 +239,14 @@ pub(crate) fn bind(
                         known_used.push(id);
                     }
                 }
-                holds = [None; 11];
+                holds = [None; 16];
             }
             // Register loads and ALU operations write dst.
             1 | 4 | 7 => holds[dst as usize] = None,
             // Plain stores write no register.
             2 => {}
             // Atomics with fetch write src or r0; legacy packet loads write r0 and more.
-            _ => holds = [None; 11],
+            _ => holds = [None; 16],
         }
         pc += 1;
     }
@@ -307,7 +309,7 @@ pub(crate) fn bind(
 fn check_map_argument(
     pc: usize,
     helper: u32,
-    holds: &[Option<usize>; 11],
+    holds: &[Option<usize>; 16],
     maps: &[Arc<Map>],
 ) -> Result<(), Error> {
     use MapType::*;

@@ -448,3 +448,17 @@ fn for_each_map_elem_visits_an_arrays_elements_in_order_until_stopped() {
         "{e}"
     );
 }
+
+#[test]
+fn a_map_reference_into_a_register_that_does_not_exist_is_a_verifier_error() {
+    let rt = host::host_runtime();
+    let map = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+    let opts = LoadOptions {
+        maps: vec![map],
+        ..Default::default()
+    };
+    // lddw r12, map 0 (register field 12): refused with a named error, no panic.
+    let code = [map_ref(12, 0), i(0xb7, 0, 0, 0, 0), i(EXIT, 0, 0, 0, 0)].concat();
+    let e = rt.load(&code, &opts).unwrap_err();
+    assert!(e.to_string().contains("pc 0"), "{e}");
+}
