@@ -495,6 +495,22 @@ fn rbpf_pointer_helpers_are_checked() {
     assert_eq!(p.call(&mut strings), Ok(0));
     let mut unterminated = [b'x'; 16];
     assert_eq!(p.call(&mut unterminated), Ok(u64::MAX));
+
+    // Trusted code vouches for its own pointers (as with rbpf): memfrob on its stack, which
+    // trusted code does not publish to the sandbox, works.
+    let on_stack = [
+        packjit_frontend::encode_insn(0x7a, 10, 0, -8, 0), // *(u64 *)(r10 - 8) = 0
+        packjit_frontend::encode_insn(0xbf, 1, 10, 0, 0),
+        packjit_frontend::encode_insn(0x07, 1, 0, 0, -8),
+        packjit_frontend::encode_insn(0xb7, 2, 0, 0, 2),
+        packjit_frontend::encode_insn(0x85, 0, 0, 0, memfrob as i32),
+        packjit_frontend::encode_insn(0x79, 0, 10, -8, 0), // r0 = the frobbed word
+        packjit_frontend::encode_insn(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    // SAFETY: the program touches only its own stack, through memfrob.
+    let t = unsafe { rt.load_trusted(&on_stack, &Default::default()) }.unwrap();
+    assert_eq!(t.call(&mut []), Ok(0x2a2a));
 }
 
 /// A VM helper that dereferences a pointer argument the way a careful host writes one: it
