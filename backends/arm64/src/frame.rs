@@ -69,9 +69,7 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
     // Everything here comes from the functions' summaries, never from a pass over the
     // instructions (at 1 M instructions that is a trip through memory).
     let has_callx = prog.subprogs.iter().any(|s| s.ops & op_kind::CALL_REG != 0);
-    // A tail call passes the run's context on from env: its entry keeps env like one that
-    // can stop.
-    let can_stop = sandbox || budget || has_callx || mode.tail_calls;
+    let can_stop = mode.keeps_env(has_callx);
     let block = if sandbox {
         stack_block_size(prog) as u32
     } else {

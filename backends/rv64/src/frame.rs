@@ -89,9 +89,7 @@ pub(crate) const CTX_LIM8: u8 = 8;
 pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> Layout {
     let lim8 = lim8 && mode.sandboxed();
     let block = stack_block_size(prog) as i32;
-    // A tail call passes the run's context on from env: its entry keeps env like one that
-    // can stop.
-    let can_stop = mode.sandboxed() || mode.counts_budget() || has_callx || mode.tail_calls;
+    let can_stop = mode.keeps_env(has_callx);
     let zero = entry_zeroing(prog, LOWERING_READS);
     let written_anywhere = prog.subprogs.iter().fold(0, |m, s| m | s.writes);
     let frames = prog

@@ -62,6 +62,14 @@ impl CodegenMode {
     pub fn counts_budget(&self) -> bool {
         self.budget == Budget::Counted
     }
+
+    /// Must the entry keep `env` for the whole run? When the code can stop (sandbox checks,
+    /// the budget, a `callx` to an unknown id: the stop is written there and unwinds from
+    /// there) or tail calls (which pass the run's context on from it). `has_callx`: the
+    /// program has a `callx`.
+    pub fn keeps_env(&self, has_callx: bool) -> bool {
+        self.sandboxed() || self.counts_budget() || has_callx || self.tail_calls
+    }
 }
 
 /// Validates the request's flags and feature bits against what `arch` (a backend name such as
