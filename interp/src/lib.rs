@@ -42,7 +42,8 @@
 //! ```
 
 use packjit_frontend::analysis::{
-    back_edge_charge, helper_lowering, stack_block_size, HelperLowering, CALL_CHARGE,
+    back_edge_charge, helper_lowering, stack_block_size, HelperCode, HelperLowering, InlineHelper,
+    CALL_CHARGE,
 };
 use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
 use packjit_plugin_api::{
@@ -201,8 +202,14 @@ impl Interpreter {
             return None;
         }
         let h = self.helpers.get(&u32::try_from(id).ok()?)?;
-        Some(match helper_lowering(h) {
-            HelperLowering::Call(addr) => {
+        let code = match helper_lowering(h) {
+            HelperLowering::Code(code) => code,
+            // Array lookups read their key as a program load (`run_inner`); `load` refused
+            // tail calls.
+            HelperLowering::ArrayLookup(_) | HelperLowering::TailCall { .. } => return None,
+        };
+        Some(match code {
+            HelperCode::Call(addr) => {
                 // SAFETY: `set_helper` stores real functions; `from_helper_table`'s caller
                 // promised every plain address is one. What they do with their arguments is
                 // the host's business, as in the JIT.
@@ -210,9 +217,12 @@ impl Interpreter {
                 // SAFETY: as above.
                 unsafe { f(args[0], args[1], args[2], args[3], args[4]) }
             }
-            // SAFETY: `from_helper_table`'s caller promised the offset names a live rseq area.
-            HelperLowering::RseqCpuId { offset } => u64::from(unsafe { hw::rseq_cpu_id(offset) }),
-            HelperLowering::PerCpuLookup { table } => {
+            HelperCode::Inline(InlineHelper::RseqCpuId { offset }) => {
+                // SAFETY: `from_helper_table`'s caller promised the offset names a live rseq
+                // area.
+                u64::from(unsafe { hw::rseq_cpu_id(offset) })
+            }
+            HelperCode::Inline(InlineHelper::PerCpuLookup { table }) => {
                 // SAFETY: promised by `from_helper_table`'s caller: a live table whose
                 // `count` arrays follow the header, and a live rseq area at its offset.
                 unsafe {
@@ -228,14 +238,11 @@ impl Interpreter {
                     }
                 }
             }
-            HelperLowering::CounterClock { scale } => {
+            HelperCode::Inline(InlineHelper::CounterClock { scale }) => {
                 // SAFETY: promised by `from_helper_table`'s caller: a live PjClockScale.
                 let scale = unsafe { &*(scale as *const PjClockScale) };
                 scale.apply(hw::read_counter())
             }
-            // Array lookups read their key as a program load (`run_inner`); `load` refused
-            // tail calls.
-            HelperLowering::ArrayLookup(_) | HelperLowering::TailCall { .. } => return None,
         })
     }
 

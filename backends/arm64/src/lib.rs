@@ -48,11 +48,8 @@ pub mod regs;
 #[doc(hidden)]
 pub use lower::emit_decoded_with;
 
-use packjit_frontend::target::Target;
-use packjit_plugin_api::{
-    pj_inline_bit, Arch, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
-    PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
-};
+use packjit_frontend::target::{Target, EVERY_INLINE_KIND};
+use packjit_plugin_api::Arch;
 
 /// LSE atomics (ARMv8.1 `LDADD`/`SWP`/`CAS`...): one instruction per eBPF atomic instead of
 /// an exclusive-monitor loop.
@@ -61,15 +58,6 @@ pub const FEATURE_LSE: u64 = 1 << 0;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_LSE;
 
-/// Helpers this backend emits inline: the rseq CPU id (`mrs tpidr_el0` + one load), the
-/// `cntvct_el0` clock, the per-CPU array lookup, tail calls (`FrameHooks::tail_jump`) and
-/// array map lookups (the driver's expansion).
-pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
-    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
-    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)
-    | pj_inline_bit(PJ_INLINE_TAIL_CALL)
-    | pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP);
-
 /// The arm64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {
     arch: Arch::Aarch64,
@@ -77,7 +65,7 @@ pub const TARGET: Target = Target {
     name: "packjit-arm64",
     detect_features: detect_cpu_features,
     supported_features: SUPPORTED_FEATURES,
-    inline_kinds: INLINE_KINDS,
+    inline_kinds: EVERY_INLINE_KIND,
     lower: emit_decoded_with,
 };
 

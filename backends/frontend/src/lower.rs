@@ -38,8 +38,8 @@ use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 use std::ops::Range;
 
 use crate::analysis::{
-    back_edge_charge, helper_lowering, instruction_labels, is_frame_constant, percpu_plan,
-    CodegenMode, HelperLowering, PerCpuPlan,
+    back_edge_charge, helper_code, helper_lowering, instruction_labels, is_frame_constant,
+    percpu_plan, CodegenMode, HelperCode, HelperLowering, PerCpuPlan,
 };
 use crate::blind::blind;
 use crate::cold::ColdPlacement;
@@ -634,11 +634,11 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
             match helper_lowering(&helper) {
                 HelperLowering::TailCall { chooser } => tail_call(l, k, helper, chooser)?,
                 HelperLowering::ArrayLookup(array) => array_lookup(l, array)?,
-                HelperLowering::Call(_) => {
+                HelperLowering::Code(HelperCode::Call(_)) => {
                     l.call_helper(&helper)?;
                     clear_helper_arguments(l);
                 }
-                _ => l.call_helper(&helper)?,
+                HelperLowering::Code(HelperCode::Inline(_)) => l.call_helper(&helper)?,
             }
         }
         Op::CallReg { reg } => {
@@ -721,7 +721,7 @@ fn array_lookup<'a, L: Isa<'a>>(
     if let Some((id, lookup)) = percpu {
         l.alu(W64, Mov, 1, Operand::Imm(id as i32));
         l.call_helper(&lookup)?;
-        if matches!(helper_lowering(&lookup), HelperLowering::Call(_)) {
+        if matches!(helper_code(&lookup), HelperCode::Call(_)) {
             clear_helper_arguments(l);
         }
         return Ok(());

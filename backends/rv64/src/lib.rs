@@ -36,11 +36,8 @@ mod regs;
 #[doc(hidden)]
 pub use lower::emit_decoded_with;
 
-use packjit_frontend::target::Target;
-use packjit_plugin_api::{
-    pj_inline_bit, Arch, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
-    PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
-};
+use packjit_frontend::target::{Target, EVERY_INLINE_KIND};
+use packjit_plugin_api::Arch;
 
 /// Zbb (basic bit manipulation) is available.
 pub const FEATURE_ZBB: u64 = 1 << 0;
@@ -51,15 +48,6 @@ pub const FEATURE_C: u64 = 1 << 2;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_ZBB | FEATURE_ZBA | FEATURE_C;
 
-/// Helpers this backend emits inline: the rseq CPU id (`lwu` off `tp`), the `rdtime`
-/// clock, the per-CPU array lookup, tail calls (`FrameHooks::tail_jump`) and array map
-/// lookups (the driver's expansion).
-pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
-    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
-    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)
-    | pj_inline_bit(PJ_INLINE_TAIL_CALL)
-    | pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP);
-
 /// The RV64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {
     arch: Arch::Riscv64,
@@ -67,7 +55,7 @@ pub const TARGET: Target = Target {
     name: "packjit-rv64",
     detect_features: detect::detect,
     supported_features: SUPPORTED_FEATURES,
-    inline_kinds: INLINE_KINDS,
+    inline_kinds: EVERY_INLINE_KIND,
     lower: emit_decoded_with,
 };
 

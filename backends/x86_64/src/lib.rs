@@ -33,11 +33,8 @@ pub mod regs;
 #[doc(hidden)]
 pub use lower::emit_decoded_with;
 
-use packjit_frontend::target::Target;
-use packjit_plugin_api::{
-    pj_inline_bit, Arch, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
-    PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
-};
+use packjit_frontend::target::{Target, EVERY_INLINE_KIND};
+use packjit_plugin_api::Arch;
 
 /// BMI2: `shlx`/`shrx`/`sarx` take the count in any register and leave flags alone.
 pub const FEATURE_BMI2: u64 = 1 << 0;
@@ -46,15 +43,6 @@ pub const FEATURE_MOVBE: u64 = 1 << 1;
 /// Every feature bit this backend understands.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BMI2 | FEATURE_MOVBE;
 
-/// Helpers this backend emits inline: the rseq CPU id (`mov eax, fs:[off]`), the TSC
-/// clock (`rdtsc`, scaled), the per-CPU array lookup, tail calls (`FrameHooks::tail_jump`)
-/// and array map lookups (the driver's expansion).
-pub const INLINE_KINDS: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
-    | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
-    | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)
-    | pj_inline_bit(PJ_INLINE_TAIL_CALL)
-    | pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP);
-
 /// The x86-64 backend as the front end's entry points see it.
 pub const TARGET: Target = Target {
     arch: Arch::X86_64,
@@ -62,7 +50,7 @@ pub const TARGET: Target = Target {
     name: "packjit-x86-64",
     detect_features: detect_cpu_features,
     supported_features: SUPPORTED_FEATURES,
-    inline_kinds: INLINE_KINDS,
+    inline_kinds: EVERY_INLINE_KIND,
     lower: emit_decoded_with,
 };
 

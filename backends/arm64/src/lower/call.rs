@@ -3,15 +3,11 @@
 use super::*;
 
 impl Codegen<'_> {
-    /// The body of an inlined helper (never [`HelperLowering::Call`]); r1-r5 stay intact.
-    pub(crate) fn inline_helper(&mut self, how: HelperLowering) {
+    /// The body of an inlined helper ; r1-r5 stay intact.
+    pub(crate) fn inline_helper(&mut self, how: InlineHelper) {
         let r0 = self.map[0];
         match how {
-            HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
-            HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_) => {
-                unreachable!("expanded by the driver, never a call_helper or callx entry")
-            }
-            HelperLowering::RseqCpuId { offset } => {
+            InlineHelper::RseqCpuId { offset } => {
                 // mrs x9, tpidr_el0: glibc's thread pointer; the rseq area sits at a fixed
                 // offset from it, and the kernel rewrites its cpu_id after every migration.
                 self.sysreg_read(T0, MRS_TPIDR_EL0);
@@ -24,8 +20,8 @@ impl Codegen<'_> {
                     a64!(self.ops; ldr W(r0), [X(T0), X(T1)]);
                 }
             }
-            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
-            HelperLowering::CounterClock { scale } => {
+            InlineHelper::PerCpuLookup { table } => self.inline_percpu_lookup(table),
+            InlineHelper::CounterClock { scale } => {
                 // isb first, as the kernel's counter read: without it the counter may be
                 // sampled before earlier instructions (a time stamp taken "too early").
                 a64!(self.ops; isb);
@@ -92,13 +88,13 @@ impl Codegen<'_> {
 
 impl<'a> CallHooks<'a> for Codegen<'a> {
     fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
-        match helper_lowering(h) {
-            HelperLowering::Call(addr) => {
+        match helper_code(h) {
+            HelperCode::Call(addr) => {
                 // BPF r1-r5 already sit in x0-x4; the helper's x0 result becomes r0.
                 self.mov_imm(T0, addr, W64);
                 a64!(self.ops; blr X(T0) ; mov X(self.map[0]), X(RET));
             }
-            inline => self.inline_helper(inline),
+            HelperCode::Inline(inline) => self.inline_helper(inline),
         }
         Ok(())
     }
@@ -115,12 +111,12 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         for h in &plan.compared {
             self.cmp_imm_u64(r, h.id as u64);
             a64!(self.ops; b.ne >next);
-            match helper_lowering(h) {
-                HelperLowering::Call(addr) => {
+            match helper_code(h) {
+                HelperCode::Call(addr) => {
                     self.mov_imm(T2, addr, W64);
                     a64!(self.ops; b =>call);
                 }
-                inline => {
+                HelperCode::Inline(inline) => {
                     self.inline_helper(inline);
                     a64!(self.ops; b =>done);
                 }

@@ -33,7 +33,7 @@ use crate::regs::*;
 use crate::FEATURE_LSE;
 use packjit_frontend::analysis::CodegenMode;
 use packjit_frontend::analysis::{
-    callx_plan, helper_lowering, CpuId, EmitCapacity, HelperLowering, PerCpuPlan, CALL_CHARGE,
+    callx_plan, helper_code, CpuId, EmitCapacity, HelperCode, InlineHelper, PerCpuPlan, CALL_CHARGE,
 };
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{

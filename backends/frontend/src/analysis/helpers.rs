@@ -7,11 +7,35 @@ use packjit_plugin_api::{
     PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
 };
 
-/// How a backend emits `call imm` (and a `callx` match) for one helper-table entry.
+/// What `call imm` to one helper-table entry becomes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HelperLowering {
+    /// Code the backend emits in place (`CallHooks::call_helper`; also a `callx` match).
+    Code(HelperCode),
+    /// A tail call (`PJ_INLINE_TAIL_CALL`): call the chooser at `chooser`, then leave the
+    /// frame and jump to the entry it returned, if any. The driver lowers it
+    /// ([`crate::lower`]) with the backend's `call_helper` and `tail_jump`.
+    TailCall {
+        /// The host's `fn(ctx, prog_array, index) -> entry or 0`.
+        chooser: u64,
+    },
+    /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), expanded by the driver into
+    /// ordinary operations ([`crate::lower`]): no backend code of its own.
+    ArrayLookup(ArrayLookup),
+}
+
+/// The code a backend emits for a helper-table entry at a `call imm` or a `callx` match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HelperCode {
     /// `call` the `extern "C"` function at this address.
     Call(u64),
+    /// The helper's body, inline; r1-r5 stay intact.
+    Inline(InlineHelper),
+}
+
+/// The helpers a backend emits inline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InlineHelper {
     /// r0 = the `u32` at `thread pointer + offset` (this thread's rseq `cpu_id`), zero-extended.
     RseqCpuId {
         /// Signed byte offset from the thread pointer.
@@ -29,16 +53,6 @@ pub enum HelperLowering {
         /// Address of the host's `PjPerCpuTable` (arrays follow it).
         table: u64,
     },
-    /// A tail call (`PJ_INLINE_TAIL_CALL`): call the chooser at `chooser`, then leave the
-    /// frame and jump to the entry it returned, if any. The driver lowers it
-    /// ([`crate::lower`]) with the backend's `call_helper` and `tail_jump`.
-    TailCall {
-        /// The host's `fn(ctx, prog_array, index) -> entry or 0`.
-        chooser: u64,
-    },
-    /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), expanded by the driver into
-    /// ordinary operations ([`crate::lower`]): no backend code of its own.
-    ArrayLookup(ArrayLookup),
 }
 
 /// An array map's layout, as the inlined lookup uses it.
@@ -58,11 +72,11 @@ pub struct ArrayLookup {
 /// [`validate_inline_kinds`](super::validate_inline_kinds)).
 pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
     match h.inline_kind {
-        PJ_INLINE_RSEQ_CPU_ID => HelperLowering::RseqCpuId {
+        PJ_INLINE_RSEQ_CPU_ID => inline(InlineHelper::RseqCpuId {
             offset: h.addr as i64,
-        },
-        PJ_INLINE_COUNTER_CLOCK => HelperLowering::CounterClock { scale: h.addr },
-        PJ_INLINE_PERCPU_LOOKUP => HelperLowering::PerCpuLookup { table: h.addr },
+        }),
+        PJ_INLINE_COUNTER_CLOCK => inline(InlineHelper::CounterClock { scale: h.addr }),
+        PJ_INLINE_PERCPU_LOOKUP => inline(InlineHelper::PerCpuLookup { table: h.addr }),
         PJ_INLINE_TAIL_CALL => HelperLowering::TailCall { chooser: h.addr },
         PJ_INLINE_ARRAY_LOOKUP => {
             // SAFETY: the kind's contract (`PJ_INLINE_ARRAY_LOOKUP`): `addr` points to a
@@ -76,7 +90,23 @@ pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
                 percpu_id: (map.percpu_id != PJ_ARRAY_NOT_PERCPU).then_some(map.percpu_id),
             })
         }
-        _ => HelperLowering::Call(h.addr),
+        _ => HelperLowering::Code(HelperCode::Call(h.addr)),
+    }
+}
+
+fn inline(helper: InlineHelper) -> HelperLowering {
+    HelperLowering::Code(HelperCode::Inline(helper))
+}
+
+/// The code for an entry the driver hands a backend (`CallHooks::call_helper`, a `callx`
+/// match): never a tail call or an array lookup, which the driver expands itself and
+/// [`callx_reachable`] keeps out of `callx` plans.
+pub fn helper_code(h: &HelperEntry) -> HelperCode {
+    match helper_lowering(h) {
+        HelperLowering::Code(code) => code,
+        expansion => {
+            unreachable!("{expansion:?} is the driver's expansion, never emitted by a backend")
+        }
     }
 }
 
@@ -84,10 +114,7 @@ pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
 /// a call)? Tail calls and array lookups are driver expansions tied to `call imm` (their
 /// arguments are the program's map references): a `callx` never reaches them.
 pub fn callx_reachable(h: &HelperEntry) -> bool {
-    !matches!(
-        helper_lowering(h),
-        HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_)
-    )
+    matches!(helper_lowering(h), HelperLowering::Code(_))
 }
 
 /// How a `callx` site finds the helper its register names (by id, as `call imm` does).
@@ -122,14 +149,16 @@ pub fn percpu_plan(helpers: &[HelperEntry]) -> Result<PerCpuPlan, (ErrorKind, St
     };
     let table = entry(PJ_HELPER_PERCPU_OFFSET)?.addr;
     match helper_lowering(entry(PJ_HELPER_GET_SMP_PROCESSOR_ID)?) {
-        HelperLowering::Call(addr) => Ok(PerCpuPlan {
+        HelperLowering::Code(HelperCode::Call(addr)) => Ok(PerCpuPlan {
             table,
             cpu: CpuId::Call(addr),
         }),
-        HelperLowering::RseqCpuId { offset } => Ok(PerCpuPlan {
-            table,
-            cpu: CpuId::Rseq { offset },
-        }),
+        HelperLowering::Code(HelperCode::Inline(InlineHelper::RseqCpuId { offset })) => {
+            Ok(PerCpuPlan {
+                table,
+                cpu: CpuId::Rseq { offset },
+            })
+        }
         _ => Err((
             ErrorKind::Unsupported,
             "per-CPU mov: helper 8 must be a call or the inline rseq load".into(),
@@ -171,9 +200,9 @@ pub fn callx_plan(helpers: &[HelperEntry]) -> CallxPlan {
         if h.id == PJ_HELPER_PERCPU_OFFSET || !seen.insert(h.id) || !callx_reachable(h) {
             continue;
         }
-        match helper_lowering(h) {
-            HelperLowering::Call(_) => called.push(*h),
-            _ => inlined.push(*h),
+        match helper_code(h) {
+            HelperCode::Call(_) => called.push(*h),
+            HelperCode::Inline(_) => inlined.push(*h),
         }
     }
     let small: Vec<&HelperEntry> = called

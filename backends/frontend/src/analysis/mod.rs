@@ -34,8 +34,8 @@ pub use blinding::blinding_mask;
 pub use budget::{back_edge_charge, CALL_CHARGE};
 pub use emit::{instruction_labels, EmitCapacity, EmitOptions};
 pub use helpers::{
-    callx_plan, callx_reachable, helper_lowering, percpu_plan, ArrayLookup, CallxPlan, CpuId,
-    HelperLowering, PerCpuPlan, CALLX_TABLE_MAX, CALLX_TABLE_MIN,
+    callx_plan, callx_reachable, helper_code, helper_lowering, percpu_plan, ArrayLookup, CallxPlan,
+    CpuId, HelperCode, HelperLowering, InlineHelper, PerCpuPlan, CALLX_TABLE_MAX, CALLX_TABLE_MIN,
 };
 pub use liveness::{
     entry_zeroing, live_in, refuse_reads_after_calls, regs_read, upper_halves_live, LoweringReads,

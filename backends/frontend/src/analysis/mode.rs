@@ -178,7 +178,7 @@ pub fn validate_inline_kinds(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::{helper_lowering, HelperLowering};
+    use crate::analysis::{helper_code, HelperCode, InlineHelper};
     use packjit_plugin_api::PJ_INLINE_RSEQ_CPU_ID;
 
     #[test]
@@ -221,14 +221,14 @@ mod tests {
             ErrorKind::InvalidArgument
         );
         assert_eq!(
-            helper_lowering(&cpu),
-            HelperLowering::RseqCpuId { offset: -0x70 }
+            helper_code(&cpu),
+            HelperCode::Inline(InlineHelper::RseqCpuId { offset: -0x70 })
         );
         assert_eq!(
-            helper_lowering(&clock),
-            HelperLowering::CounterClock { scale: 0x1000 }
+            helper_code(&clock),
+            HelperCode::Inline(InlineHelper::CounterClock { scale: 0x1000 })
         );
-        assert_eq!(helper_lowering(&call), HelperLowering::Call(0x2000));
+        assert_eq!(helper_code(&call), HelperCode::Call(0x2000));
     }
 
     #[test]

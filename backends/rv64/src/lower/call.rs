@@ -5,7 +5,7 @@ use super::Codegen;
 use crate::encode::{fits_signed, reg::*, Br, Mem, R3, RI};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
-    callx_plan, helper_lowering, CpuId, HelperLowering, PerCpuPlan, CALL_CHARGE,
+    callx_plan, helper_code, CpuId, HelperCode, InlineHelper, PerCpuPlan, CALL_CHARGE,
 };
 use packjit_frontend::lower::CallHooks;
 use packjit_frontend::lower::Lowering;
@@ -57,12 +57,12 @@ impl Codegen<'_> {
         self.jump(stop);
         for (h, &l) in plan.compared.iter().zip(&cases) {
             self.e.bind(l);
-            match helper_lowering(h) {
-                HelperLowering::Call(addr) => {
+            match helper_code(h) {
+                HelperCode::Call(addr) => {
                     self.e.li(T0, addr as i64);
                     self.e.jump_reg(T0);
                 }
-                inline => {
+                HelperCode::Inline(inline) => {
                     // The site expects the result in a0, like a helper's (a0-a4 are dead
                     // after a call).
                     self.inline_helper(inline, A0);
@@ -110,15 +110,11 @@ impl Codegen<'_> {
         self.e.bind(done);
     }
 
-    /// The body of an inlined helper (never [`HelperLowering::Call`]), result in `rd`; uses
+    /// The body of an inlined helper , result in `rd`; uses
     /// t0-t3 only.
-    fn inline_helper(&mut self, how: HelperLowering, rd: u8) {
+    fn inline_helper(&mut self, how: InlineHelper, rd: u8) {
         match how {
-            HelperLowering::Call(_) => unreachable!("calls are emitted by the caller"),
-            HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_) => {
-                unreachable!("expanded by the driver, never a call_helper or callx entry")
-            }
-            HelperLowering::RseqCpuId { offset } => {
+            InlineHelper::RseqCpuId { offset } => {
                 // glibc's rseq area sits at a fixed offset from tp in every thread; the
                 // kernel rewrites its cpu_id after each migration.
                 if fits_signed(offset, 12) {
@@ -129,8 +125,8 @@ impl Codegen<'_> {
                     self.e.load(Mem::Wu, rd, T0, 0);
                 }
             }
-            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table, rd),
-            HelperLowering::CounterClock { scale } => {
+            InlineHelper::PerCpuLookup { table } => self.inline_percpu_lookup(table, rd),
+            InlineHelper::CounterClock { scale } => {
                 // ns = t * mult_int + hi64(t * mult_frac) + offset, scale read from the host.
                 self.e.rdtime(T0);
                 self.e.li(T1, scale as i64);
@@ -148,14 +144,14 @@ impl Codegen<'_> {
 
 impl<'a> CallHooks<'a> for Codegen<'a> {
     fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
-        match helper_lowering(h) {
-            HelperLowering::Call(addr) => {
+        match helper_code(h) {
+            HelperCode::Call(addr) => {
                 self.e.li(T0, addr as i64);
                 self.e.call_reg(T0);
                 self.e.mv(A5, A0);
             }
             // r1-r5 untouched: nothing of the host to hide.
-            inline => self.inline_helper(inline, A5),
+            HelperCode::Inline(inline) => self.inline_helper(inline, A5),
         }
         Ok(())
     }
@@ -210,7 +206,7 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
                 }
                 self.e.ri(RI::Addi, SP, SP, frame);
             }
-            CpuId::Rseq { offset } => self.inline_helper(HelperLowering::RseqCpuId { offset }, T3),
+            CpuId::Rseq { offset } => self.inline_helper(InlineHelper::RseqCpuId { offset }, T3),
         }
         // cpu in t3; the array's address is computed at run time.
         let done = self.e.new_label();

@@ -7,7 +7,7 @@ use crate::encode::{Cc, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{
-    callx_plan, helper_lowering, CpuId, HelperLowering, PerCpuPlan, CALL_CHARGE,
+    callx_plan, helper_code, CpuId, HelperCode, InlineHelper, PerCpuPlan, CALL_CHARGE,
 };
 use packjit_frontend::lower::CallHooks;
 use packjit_frontend::{Operand, Reg, STACK_SIZE};
@@ -121,15 +121,18 @@ impl Codegen<'_> {
 
 impl<'a> CallHooks<'a> for Codegen<'a> {
     /// One helper-table entry at a `call imm` or a `callx` match: a call, or the body of an
-    /// inlined helper (see [`HelperLowering`]).
+    /// inlined helper (see [`HelperCode`]).
     fn call_helper(&mut self, h: &HelperEntry) -> Result<(), CompileError> {
-        match helper_lowering(h) {
-            HelperLowering::Call(addr) => self.call_abs(addr),
-            HelperLowering::RseqCpuId { offset } => self.inline_rseq_cpu_id(h.id, offset)?,
-            HelperLowering::CounterClock { scale } => self.inline_tsc_clock(scale),
-            HelperLowering::PerCpuLookup { table } => self.inline_percpu_lookup(table),
-            HelperLowering::TailCall { .. } | HelperLowering::ArrayLookup(_) => {
-                unreachable!("expanded by the driver, never a call_helper or callx entry")
+        match helper_code(h) {
+            HelperCode::Call(addr) => self.call_abs(addr),
+            HelperCode::Inline(InlineHelper::RseqCpuId { offset }) => {
+                self.inline_rseq_cpu_id(h.id, offset)?
+            }
+            HelperCode::Inline(InlineHelper::CounterClock { scale }) => {
+                self.inline_tsc_clock(scale)
+            }
+            HelperCode::Inline(InlineHelper::PerCpuLookup { table }) => {
+                self.inline_percpu_lookup(table)
             }
         }
         Ok(())
