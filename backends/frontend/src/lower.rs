@@ -938,8 +938,9 @@ pub trait Pass<'a>: Isa<'a> + Sized {
     /// Resolved offset of a bound label.
     fn resolve(&self, label: DynamicLabel) -> Option<usize>;
     fn finish(self) -> Result<Assembled, CompileError>;
-    /// Says why a branch cannot reach at all (the program is too large for the ISA).
-    fn unreachable_branch(check: &BranchCheck<Self::Form>) -> CompileError;
+    /// The reach of the longest branch form, for the error that says a program is too
+    /// large for the ISA (`"the ±2 GiB of rel32"`).
+    const LONGEST_BRANCH: &'static str;
 }
 
 /// The result of lowering a program: the same in every backend.
@@ -983,7 +984,18 @@ pub fn emit<'a, P: Pass<'a>>(
                 for (site, form) in pass.emitted_forms() {
                     relax.form(site, form);
                 }
-                relax.settle(&checks, P::unreachable_branch)?
+                relax.settle(&checks, |c| {
+                    CompileError::new(
+                        ErrorKind::Encoding,
+                        format!(
+                            "program too large: the branch at code offset {} spans {} bytes, \
+                             beyond {}",
+                            c.at,
+                            c.disp,
+                            P::LONGEST_BRANCH
+                        ),
+                    )
+                })?
             }
         };
         if settled == Settled::Again {

@@ -252,10 +252,5 @@ impl<'a> Pass<'a> for Codegen<'a> {
         })
     }
 
-    fn unreachable_branch(c: &BranchCheck<Form>) -> CompileError {
-        CompileError::new(
-            ErrorKind::Encoding,
-            format!("conditional branch spans {} bytes of arm64 code", c.disp),
-        )
-    }
+    const LONGEST_BRANCH: &'static str = "the ±128 MiB of an arm64 B";
 }

@@ -394,16 +394,7 @@ impl<'a> Pass<'a> for Codegen<'a> {
         })
     }
 
-    fn unreachable_branch(c: &BranchCheck<Form>) -> CompileError {
-        CompileError::new(
-            ErrorKind::Encoding,
-            format!(
-                "program too large: a branch spans {} bytes, beyond the ±2 GiB reach of \
-                 auipc+jalr",
-                c.disp
-            ),
-        )
-    }
+    const LONGEST_BRANCH: &'static str = "the ±2 GiB of auipc+jalr";
 }
 
 fn internal(msg: String) -> CompileError {

@@ -238,12 +238,7 @@ impl<'a> Pass<'a> for Codegen<'a> {
         })
     }
 
-    fn unreachable_branch(check: &BranchCheck<Form>) -> CompileError {
-        CompileError::new(
-            ErrorKind::Encoding,
-            format!("branch displacement {} exceeds rel32", check.disp),
-        )
-    }
+    const LONGEST_BRANCH: &'static str = "the ±2 GiB of rel32";
 }
 
 trait MapReg {
