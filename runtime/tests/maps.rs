@@ -169,6 +169,94 @@ fn array_lookups_are_inlined_bounded_and_checked() {
     }
 }
 
+/// `*(u32 *)(r10 - 4) = key; r0 = lookup(map 0, r10 - 4); r0 = r0 ? *(u64 *)(r0 + off) : 777`:
+/// the key is a constant the front end folds into the element's address.
+fn constant_key_program(key: i32, off: i16) -> Vec<u8> {
+    [
+        i(0xb7, 1, 0, 0, key), // r1 = key
+        i(0x63, 10, 1, -4, 0), // *(u32 *)(r10 - 4) = r1
+        i(0xbf, 2, 10, 0, 0),
+        i(0x07, 2, 0, 0, -4),
+        map_ref(1, 0),
+        i(CALL, 0, 0, 0, 1),
+        i(0x15, 0, 0, 2, 0),
+        i(0x79, 0, 0, off, 0),
+        i(EXIT, 0, 0, 0, 0),
+        i(0xb7, 0, 0, 0, 777),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn constant_keys_fold_to_the_element_or_null_and_stay_checked() {
+    let rt = host::host_runtime();
+    let map = Map::new(spec("table", MapType::Array, 4, 16, 5)).unwrap();
+    for i in 0..5u32 {
+        let mut v = [0u8; 16];
+        v[8..].copy_from_slice(&(3000 + i as u64).to_le_bytes());
+        map.update(&i.to_le_bytes(), &v, 0).unwrap();
+    }
+    let opts = LoadOptions {
+        maps: vec![map.clone()],
+        ..Default::default()
+    };
+    for key in [0, 4, 5, -1, i32::MIN] {
+        let want = if (0..5).contains(&key) {
+            3000 + key as u64
+        } else {
+            777
+        };
+        for p in load_both(&rt, &constant_key_program(key, 8), &opts) {
+            assert_eq!(p.call(&mut []).unwrap(), want, "key {key}, {:?}", p.trust());
+        }
+    }
+    // The folded lookup is shorter than the one that reads its key: no load, bound or
+    // scaling is left.
+    let mut read_key = constant_key_program(2, 8);
+    // The same program with a jump landing between the key's store and the call: another
+    // path could arrive there, so the key is read.
+    read_key.splice(16..16, i(0x05, 0, 0, 0, 0)); // pc 2: ja +0
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let load = |code: &[u8]| match trust {
+            Trust::Sandboxed => rt.load(code, &opts).unwrap(),
+            // SAFETY: the program touches its stack and an element of the map.
+            Trust::Trusted => unsafe { rt.load_trusted(code, &opts) }.unwrap(),
+        };
+        let folded = load(&constant_key_program(2, 8));
+        let unfolded = load(&read_key);
+        assert_eq!(unfolded.call(&mut []).unwrap(), 3002);
+        assert!(
+            folded.native_insns() < unfolded.native_insns(),
+            "{trust:?}: folded {} vs read {}",
+            folded.native_insns(),
+            unfolded.native_insns()
+        );
+    }
+    // Sandboxed: a constant element's address is still checked; reading past the last
+    // value stops.
+    let past = rt.load(&constant_key_program(4, 16), &opts).unwrap();
+    match past.call(&mut []) {
+        Err(RunError::Stop(Stop::OutOfBounds { .. })) => {}
+        other => panic!("a read past the array: {other:?}"),
+    }
+    // Per-CPU arrays take the constant key too (this CPU's copy).
+    let percpu = Map::new(spec("pc", MapType::PercpuArray, 4, 8, 3)).unwrap();
+    let cpus = Map::possible_cpus();
+    let values: Vec<u8> = (0..cpus as u64).flat_map(|_| 41u64.to_le_bytes()).collect();
+    percpu.update(&2u32.to_le_bytes(), &values, 0).unwrap();
+    let opts = LoadOptions {
+        maps: vec![percpu],
+        ..Default::default()
+    };
+    for p in load_both(&rt, &constant_key_program(2, 0), &opts) {
+        assert_eq!(p.call(&mut []).unwrap(), 41, "{:?}", p.trust());
+    }
+    for p in load_both(&rt, &constant_key_program(3, 0), &opts) {
+        assert_eq!(p.call(&mut []).unwrap(), 777, "{:?}", p.trust());
+    }
+}
+
 #[test]
 fn a_lookups_null_is_in_no_region() {
     let rt = host::host_runtime();

@@ -124,6 +124,9 @@ pub struct Driver<'a, A, F> {
     /// An instruction the lowering fused into the one before it: only its label and
     /// offset are emitted.
     pub skip: Option<usize>,
+    /// Array lookups whose key is known, ascending by instruction index
+    /// ([`crate::analysis::constant_array_keys`]).
+    pub constant_keys: Vec<(usize, u32)>,
     /// Start of each instruction's code; only instructions jumped to have their own (see
     /// `instruction_labels`).
     pub labels: Reused<DynamicLabel>,
@@ -169,6 +172,19 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             .map(|(g, &encoded)| (g.reentered && encoded).then(&mut new_label))
             .collect();
         let walk_clamps = access.walks.iter().map(|_| new_label()).collect();
+        let constant_keys = if helpers
+            .iter()
+            .any(|h| matches!(helper_lowering(h), HelperLowering::ArrayLookup(_)))
+        {
+            crate::analysis::constant_array_keys(prog, |id| {
+                helpers
+                    .iter()
+                    .find(|h| h.id == id)
+                    .is_some_and(|h| matches!(helper_lowering(h), HelperLowering::ArrayLookup(_)))
+            })
+        } else {
+            Vec::new()
+        };
         Driver {
             prog,
             helpers,
@@ -180,6 +196,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             copy_head: None,
             expanding: false,
             skip: None,
+            constant_keys,
             labels,
             offsets: reuse::take(prog.insts.len()),
             entries,
@@ -703,6 +720,10 @@ fn tail_call<'a, L: Isa<'a>>(
 /// Branch-free, so a mispredicted bound cannot speculatively index past the array (the
 /// kernel masks its array indices for the same reason). A per-CPU array passes the key
 /// to the per-CPU lookup, which picks this CPU's copy.
+///
+/// A key known at compile time (`Driver::constant_keys`) is not read: r0 = the element's
+/// address, or NULL past the end, as one constant; a per-CPU lookup gets the key as an
+/// immediate.
 fn array_lookup<'a, L: Isa<'a>>(
     l: &mut L,
     array: crate::analysis::ArrayLookup,
@@ -714,10 +735,30 @@ fn array_lookup<'a, L: Isa<'a>>(
         Some(id) => Some((id, d.helper(packjit_plugin_api::PJ_HELPER_PERCPU_LOOKUP)?)),
         None => None,
     };
-    d.expanding = true;
+    let cur = d.cur;
+    let known = d
+        .constant_keys
+        .binary_search_by_key(&cur, |&(at, _)| at)
+        .ok()
+        .map(|k| d.constant_keys[k].1);
     let key = if percpu.is_some() { 2 } else { 1 };
-    l.load(Size::W, false, key, 2, 0);
-    l.driver().expanding = false;
+    match known {
+        Some(k) if percpu.is_none() => {
+            let element = (u64::from(k) < u64::from(array.max_entries))
+                .then(|| array.base.wrapping_add(u64::from(k) * array.value_stride));
+            match element {
+                Some(addr) => l.load_imm64(0, addr),
+                None => l.alu(W64, Mov, 0, Operand::Imm(0)),
+            }
+            return Ok(());
+        }
+        Some(k) => l.load_imm64(key, u64::from(k)),
+        None => {
+            d.expanding = true;
+            l.load(Size::W, false, key, 2, 0);
+            l.driver().expanding = false;
+        }
+    }
     if let Some((id, lookup)) = percpu {
         l.alu(W64, Mov, 1, Operand::Imm(id as i32));
         l.call_helper(&lookup)?;

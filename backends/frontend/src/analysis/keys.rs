@@ -1,0 +1,311 @@
+//! Map keys known at compile time: the `u32` an array lookup's key pointer (r2) points to
+//! when straight-line code just stored a constant there, as clang emits for
+//! `u32 key = 0; bpf_map_lookup_elem(&map, &key)`:
+//!
+//! ```text
+//! r1 = 0 ; *(u32 *)(r10 - 4) = r1 ; r2 = r10 ; r2 += -4 ; r1 = map ll ; call 1
+//! ```
+//!
+//! The driver then emits the element's address (or NULL) as a constant instead of loading,
+//! bounding and scaling the key: the lookup costs what a load of a global costs.
+//!
+//! One forward pass over basic blocks. The facts are kept only while nothing can have
+//! changed them: they are dropped at every instruction a branch or call lands on (another
+//! path may arrive there), after `ja` and `exit`, at every call (a helper or callee may
+//! write the stack through a pointer it was given) and at every store or atomic whose
+//! address is not a known stack offset (it may be a stack pointer the pass lost track of).
+//! The stack is little-endian on every target packjit emits for, so the key is the low four
+//! bytes at its offset.
+
+use crate::{AluOp, Op, Operand, Program, Reg, Size, Width};
+
+/// What the pass knows of a register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Known {
+    Unknown,
+    Const(u64),
+    /// r10 + this many bytes.
+    Stack(i64),
+}
+
+/// A constant the frame holds at `off..off + len` (from r10).
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    off: i64,
+    len: i64,
+    value: u64,
+}
+
+struct Facts {
+    regs: [Known; 11],
+    slots: Vec<Slot>,
+}
+
+impl Facts {
+    fn new() -> Self {
+        let mut regs = [Known::Unknown; 11];
+        regs[10] = Known::Stack(0);
+        Facts {
+            regs,
+            slots: Vec::new(),
+        }
+    }
+
+    fn set(&mut self, r: Reg, k: Known) {
+        // r10 is read-only (the verifier refuses writes); r11+ is never a key pointer.
+        if (r as usize) < 10 {
+            self.regs[r as usize] = k;
+        }
+    }
+
+    fn get(&self, r: Reg) -> Known {
+        self.regs.get(r as usize).copied().unwrap_or(Known::Unknown)
+    }
+
+    /// A write of `len` bytes at stack offset `off` (or anywhere, `None`), of `value` when
+    /// known.
+    fn write(&mut self, at: Option<i64>, len: i64, value: Option<u64>) {
+        let Some(off) = at else {
+            self.slots.clear();
+            return;
+        };
+        self.slots
+            .retain(|s| s.off + s.len <= off || off + len <= s.off);
+        if let Some(value) = value {
+            self.slots.push(Slot { off, len, value });
+        }
+    }
+
+    /// The `u32` at stack offset `off`, if one slot holds all four bytes.
+    fn key_at(&self, off: i64) -> Option<u32> {
+        let s = self
+            .slots
+            .iter()
+            .find(|s| s.off <= off && off + 4 <= s.off + s.len)?;
+        Some((s.value >> (8 * (off - s.off))) as u32)
+    }
+
+    fn clobber_call(&mut self) {
+        self.slots.clear();
+        for r in 0..=5 {
+            self.regs[r] = Known::Unknown;
+        }
+    }
+}
+
+fn alu(facts: &mut Facts, width: Width, op: AluOp, dst: Reg, src: Operand) {
+    let value = match src {
+        Operand::Imm(imm) => Known::Const(imm as i64 as u64),
+        Operand::Reg(r) => facts.get(r),
+    };
+    let result = match (width, op, facts.get(dst), value) {
+        (Width::W64, AluOp::Mov, _, v) => v,
+        (Width::W32, AluOp::Mov, _, Known::Const(c)) => Known::Const(c as u32 as u64),
+        (Width::W64, AluOp::Add, Known::Stack(o), Known::Const(c)) => {
+            Known::Stack(o.wrapping_add(c as i64))
+        }
+        (Width::W64, AluOp::Sub, Known::Stack(o), Known::Const(c)) => {
+            Known::Stack(o.wrapping_sub(c as i64))
+        }
+        (Width::W64, AluOp::Add, Known::Const(a), Known::Const(b)) => {
+            Known::Const(a.wrapping_add(b))
+        }
+        _ => Known::Unknown,
+    };
+    facts.set(dst, result);
+}
+
+/// For each instruction index, in ascending order, that calls a helper `is_array_lookup`
+/// accepts with r2 pointing to a stack `u32` the pass knows: the index and the key.
+pub fn constant_array_keys(
+    prog: &Program,
+    is_array_lookup: impl Fn(u32) -> bool,
+) -> Vec<(usize, u32)> {
+    let mut keys = Vec::new();
+    let mut facts = Facts::new();
+    for (i, inst) in prog.insts.iter().enumerate() {
+        if prog.is_target[i] {
+            facts = Facts::new();
+        }
+        match inst.op {
+            Op::Alu {
+                width,
+                op,
+                dst,
+                src,
+            } => alu(&mut facts, width, op, dst, src),
+            Op::LdImm64 { dst, imm } => facts.set(dst, Known::Const(imm.get())),
+            Op::MovSx { dst, .. }
+            | Op::MovPerCpu { dst, .. }
+            | Op::Neg { dst, .. }
+            | Op::End { dst, .. }
+            | Op::Load { dst, .. } => facts.set(dst, Known::Unknown),
+            Op::Store {
+                size,
+                base,
+                off,
+                src,
+            } => {
+                let at = match facts.get(base) {
+                    Known::Stack(o) => Some(o.wrapping_add(off as i64)),
+                    _ => None,
+                };
+                let value = match src {
+                    Operand::Imm(imm) => Some(imm as i64 as u64),
+                    Operand::Reg(r) => match facts.get(r) {
+                        Known::Const(c) => Some(c),
+                        _ => None,
+                    },
+                };
+                let len = size.bytes() as i64;
+                let value = value.filter(|_| matches!(size, Size::W | Size::DW));
+                facts.write(at, len, value);
+            }
+            Op::Atomic {
+                size,
+                fetch,
+                base,
+                off,
+                src,
+                ..
+            } => {
+                let at = match facts.get(base) {
+                    Known::Stack(o) => Some(o.wrapping_add(off as i64)),
+                    _ => None,
+                };
+                facts.write(at, size.bytes() as i64, None);
+                // A fetch returns the old value in `src` (r0 for cmpxchg).
+                if fetch {
+                    facts.set(src, Known::Unknown);
+                }
+                facts.set(0, Known::Unknown);
+            }
+            Op::CallHelper { id } => {
+                if is_array_lookup(id) {
+                    if let Known::Stack(off) = facts.get(2) {
+                        if let Some(key) = facts.key_at(off) {
+                            keys.push((i, key));
+                        }
+                    }
+                }
+                facts.clobber_call();
+            }
+            Op::CallReg { .. } | Op::CallLocal { .. } => facts.clobber_call(),
+            Op::Ja { .. } | Op::Exit => facts = Facts::new(),
+            Op::Jcond { .. } => {}
+        }
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encode_insn as i;
+
+    const LOOKUP: u32 = 1;
+
+    fn keys(p: &[[u8; 8]]) -> Vec<(usize, u32)> {
+        constant_array_keys(&crate::analysis::program(p), |id| id == LOOKUP)
+    }
+
+    const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn clangs_constant_key_is_found() {
+        // r1 = 7 ; *(u32 *)(r10 - 4) = r1 ; r2 = r10 ; r2 += -4 ; call 1 ; exit
+        let p = [
+            i(0xb7, 1, 0, 0, 7),
+            i(0x63, 10, 1, -4, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        assert_eq!(keys(&p), vec![(4, 7)]);
+        // The same through `st` with an immediate and a key inside a 64-bit store.
+        let st = [
+            i(0x62, 10, 0, -8, 9),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -8),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        assert_eq!(keys(&st), vec![(3, 9)]);
+        let dw = [
+            i(0x18, 1, 0, 0, 5),
+            i(0, 0, 0, 0, 6), // r1 = 6 << 32 | 5
+            i(0x7b, 10, 1, -8, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4), // the high half
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        assert_eq!(keys(&dw), vec![(4, 6)]);
+    }
+
+    #[test]
+    fn a_key_that_may_have_changed_is_not_known() {
+        let call = i(0x85, 0, 0, 0, LOOKUP as i32);
+        let prefix = [
+            i(0x62, 10, 0, -4, 3),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+        ];
+        let with = |middle: &[[u8; 8]]| {
+            let mut p = prefix.to_vec();
+            p.extend_from_slice(middle);
+            p.push(call);
+            p.push(EXIT);
+            keys(&p)
+        };
+        assert_eq!(with(&[]), vec![(3, 3)]);
+        // A byte of the key overwritten through r10, or through a copy of a stack pointer.
+        assert!(with(&[i(0x72, 10, 0, -2, 1)]).is_empty());
+        assert!(with(&[i(0xbf, 3, 10, 0, 0), i(0x72, 3, 0, -1, 1)]).is_empty());
+        // A store through a pointer the pass does not know (it may point to the stack).
+        assert!(with(&[i(0x79, 3, 1, 0, 0), i(0x62, 3, 0, 0, 1)]).is_empty());
+        // An atomic on the key.
+        assert!(with(&[i(0xc3, 10, 1, -4, 0)]).is_empty());
+        // A call in between (a helper may write through the r2 it was given): the first
+        // lookup knows its key, the second does not.
+        assert_eq!(
+            with(&[call, i(0xbf, 2, 10, 0, 0), i(0x07, 2, 0, 0, -4)]),
+            vec![(3, 3)]
+        );
+        // r2 pointing elsewhere, or loaded.
+        assert!(with(&[i(0x07, 2, 0, 0, 4)]).is_empty());
+        assert!(with(&[i(0x79, 2, 1, 0, 0)]).is_empty());
+        // A store elsewhere leaves the key alone.
+        assert_eq!(with(&[i(0x62, 10, 0, -8, 1)]), vec![(4, 3)]);
+        // A half-word store is not remembered, but still overwrites.
+        assert!(with(&[i(0x6a, 10, 0, -4, 1)]).is_empty());
+    }
+
+    #[test]
+    fn facts_end_where_another_path_joins() {
+        // if r1 == 0 goto +1 ; *(u32 *)(r10 - 4) = 1 ; pc 2: r2 = r10 ; r2 += -4 ; call
+        // The store is skipped on one path into pc 2.
+        let p = [
+            i(0x62, 10, 0, -4, 2),
+            i(0x15, 1, 0, 1, 0),
+            i(0x62, 10, 0, -4, 1),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        assert!(keys(&p).is_empty());
+        // A conditional branch that does not land inside keeps the facts on its fall-through.
+        let fall = [
+            i(0x62, 10, 0, -4, 2),
+            i(0x15, 1, 0, 4, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+            EXIT,
+        ];
+        assert_eq!(keys(&fall), vec![(4, 2)]);
+    }
+}
