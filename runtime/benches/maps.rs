@@ -542,35 +542,76 @@ fn array_lookups(rt: &Runtime) {
     );
     assert_eq!(total(&counts), runs * LONG as u64, "array increments exact");
 
-    // Native instructions: one lookup + load against one plain load.
-    let one = |lookup: bool| {
+    // Native instructions per use, the frame left out: a program doing it twice minus one
+    // doing it once. A use is what C writes: store the key, look up, test for NULL, load
+    // the value (and add it up); against it, a load of a global at a fixed address.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Use {
+        ConstantKey,
+        KeyFromContext,
+        Global,
+    }
+    let program = |how: Use, uses: usize| {
+        const SKIP: [&str; 2] = ["skip0", "skip1"];
         let mut a = Asm::default();
-        a.mov(R6, 5).stx32(R10, -4, R6).st64(R10, -16, 0);
-        if lookup {
-            a.map(R1, 0)
-                .stack_ptr(R2, -4)
-                .call(1)
-                .jump(JEQ, R0, 0, "out");
-            a.ldx64(R0, R0, 0).exit().label("out").exit();
-        } else {
-            a.ldx64(R0, R10, -16).exit();
+        a.mov(R7, 0).movr(R8, R1);
+        for (u, skip) in SKIP.iter().enumerate().take(uses) {
+            let key = 3 + u as i32;
+            match how {
+                Use::Global => {
+                    a.map_value(R1, 0, 0).ldx64(R1, R1, 0).addr(R7, R1);
+                    continue;
+                }
+                Use::ConstantKey => a.mov(R6, key),
+                Use::KeyFromContext => a.ldx32(R6, R8, 4 * u as i16),
+            };
+            a.stx32(R10, -4, R6).map(R1, 0).stack_ptr(R2, -4).call(1);
+            a.jump(JEQ, R0, 0, skip)
+                .ldx64(R1, R0, 0)
+                .addr(R7, R1)
+                .label(skip);
         }
+        a.movr(R0, R7).exit();
         a.finish()
     };
-    let with = both(rt, "one_lookup", &one(true), &o);
-    let without = both(rt, "one_load", &one(false), &o);
-    for (k, trust) in [(0, Trust::Sandboxed), (1, Trust::Trusted)] {
-        let (a, b) = (with[k].native_insns(), without[k].native_insns());
-        assert_eq!(with[k].call(&mut []).unwrap(), 1);
+    let mut ctx = [0u8; 8];
+    ctx[..4].copy_from_slice(&3u32.to_le_bytes());
+    ctx[4..].copy_from_slice(&4u32.to_le_bytes());
+    let mut per_use = Vec::new();
+    let mut with = None;
+    for how in [Use::ConstantKey, Use::KeyFromContext, Use::Global] {
+        let once = both(rt, "once", &program(how, 1), &o);
+        let twice = both(rt, "twice", &program(how, 2), &o);
+        for p in &twice {
+            assert_eq!(p.call(&mut ctx).unwrap(), 2, "every element holds 1");
+        }
+        per_use
+            .push([0, 1].map(|k| twice[k].native_insns() as i64 - once[k].native_insns() as i64));
+        if how == Use::ConstantKey {
+            with = Some(twice);
+        }
+    }
+    let without = both(rt, "global_twice", &program(Use::Global, 2), &o);
+    println!();
+    println!("**Native instructions per use (twice − once), sandboxed / trusted**");
+    println!();
+    println!("| use | sandboxed | trusted | over the global load |");
+    println!("|---|---|---|---|");
+    for (name, n) in [
+        ("constant key: store, lookup, NULL test, load", per_use[0]),
+        ("key from the context: the same", per_use[1]),
+        ("load of a global (`lddw` + load)", per_use[2]),
+    ] {
         println!(
-            "\n{trust:?}: native instructions, one inlined lookup + null test + load {a}, one \
-             plain load {b}: {} more (`lddw r1, map`, `r2 = r10 - 4`, the expansion, the null \
-             test)",
-            a as i64 - b as i64
+            "| {name} | {} | {} | {} / {} |",
+            n[0],
+            n[1],
+            n[0] - per_use[2][0],
+            n[1] - per_use[2][1]
         );
     }
     if std::env::var_os("PACKJIT_BENCH_DISASM").is_some() {
-        for p in with.iter().chain(&without) {
+        for p in with.iter().flatten().chain(&without) {
             if let Some(d) = disassemble(p) {
                 println!("\n{} ({:?}):\n{d}", p.name(), p.trust());
             }

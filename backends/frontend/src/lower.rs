@@ -127,6 +127,9 @@ pub struct Driver<'a, A, F> {
     /// Array lookups whose key is known, ascending by instruction index
     /// ([`crate::analysis::constant_array_keys`]).
     pub constant_keys: Vec<(usize, u32)>,
+    /// Instructions that only passed arguments to a lookup folded to a constant, ascending
+    /// ([`crate::analysis::dead_key_arguments`]): only their label and offset are emitted.
+    pub dead_arguments: Vec<usize>,
     /// Start of each instruction's code; only instructions jumped to have their own (see
     /// `instruction_labels`).
     pub labels: Reused<DynamicLabel>,
@@ -172,18 +175,31 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             .map(|(g, &encoded)| (g.reentered && encoded).then(&mut new_label))
             .collect();
         let walk_clamps = access.walks.iter().map(|_| new_label()).collect();
-        let constant_keys = if helpers
+        let lookup = |id: u32| {
+            let h = helpers.iter().find(|h| h.id == id)?;
+            match helper_lowering(h) {
+                HelperLowering::ArrayLookup(array) => Some(array),
+                _ => None,
+            }
+        };
+        let (constant_keys, dead_arguments) = if helpers
             .iter()
             .any(|h| matches!(helper_lowering(h), HelperLowering::ArrayLookup(_)))
         {
-            crate::analysis::constant_array_keys(prog, |id| {
-                helpers
-                    .iter()
-                    .find(|h| h.id == id)
-                    .is_some_and(|h| matches!(helper_lowering(h), HelperLowering::ArrayLookup(_)))
-            })
+            let keys = crate::analysis::constant_array_keys(prog, |id| lookup(id).is_some());
+            let mut dead: Vec<usize> = keys
+                .iter()
+                .filter(|&&(at, _)| match prog.insts[at].op {
+                    Op::CallHelper { id } => lookup(id).is_some_and(|a| a.percpu_id.is_none()),
+                    _ => false,
+                })
+                .flat_map(|&(at, _)| crate::analysis::dead_key_arguments(prog, at))
+                .collect();
+            dead.sort_unstable();
+            dead.dedup();
+            (keys, dead)
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         Driver {
             prog,
@@ -197,6 +213,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             expanding: false,
             skip: None,
             constant_keys,
+            dead_arguments,
             labels,
             offsets: reuse::take(prog.insts.len()),
             entries,
@@ -226,6 +243,13 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
                 format!("helper id {id} is not in the helper table"),
             )
         })
+    }
+
+    /// Is instruction `i` emitted by another (fused into the one before it) or not at all
+    /// (a folded lookup's dead argument)?
+    pub fn skipped(&self, i: usize) -> bool {
+        self.skip == Some(i)
+            || (!self.dead_arguments.is_empty() && self.dead_arguments.binary_search(&i).is_ok())
     }
 
     /// Where the current per-CPU address instruction finds its table and the CPU
@@ -559,7 +583,7 @@ pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
                 let label = d.labels[i];
                 l.bind(label);
             }
-            if l.driver().skip == Some(i) {
+            if l.driver().skipped(i) {
                 continue;
             }
             if groups {
@@ -936,8 +960,9 @@ fn checked_copy<'a, L: Isa<'a>>(
     d.copy_head = matches!(of, CopyOf::Loop(_)).then_some(label);
     d.skip = None;
     for i in first..=last {
-        if l.driver().skip == Some(i) {
-            // Fused into the previous instruction (also in this copy).
+        if l.driver().skipped(i) {
+            // Fused into the previous instruction, or a folded lookup's argument (also in
+            // this copy).
             continue;
         }
         l.driver().cur = i;

@@ -17,6 +17,7 @@
 //! The stack is little-endian on every target packjit emits for, so the key is the low four
 //! bytes at its offset.
 
+use super::liveness::regs_read;
 use crate::{AluOp, Op, Operand, Program, Reg, Size, Width};
 
 /// What the pass knows of a register.
@@ -198,6 +199,50 @@ pub fn constant_array_keys(
     keys
 }
 
+/// The instructions before a folded lookup at `call` whose only use was to pass it
+/// arguments: register writes (no memory access, so nothing that could stop) to r1-r5 that
+/// nothing reads before the call, which reads none of them once folded and leaves them
+/// undefined after. The scan goes back through straight-line code only: it stops at a
+/// branch, a call or an `exit` (a path leaving there may read the register), and after an
+/// instruction another path lands on (from there on, every path runs into the call).
+pub fn dead_key_arguments(prog: &Program, call: usize) -> Vec<usize> {
+    const ARGS: u16 = 0b11_1110;
+    let sub = &prog.subprogs[prog.subprog_of(call)];
+    // r1-r5 whose value at this point the call and what follows may still read.
+    let mut live: u16 = 0;
+    let mut dead = Vec::new();
+    for j in (sub.start..call).rev() {
+        let op = prog.insts[j].op;
+        let pure_write = match op {
+            Op::Alu { dst, .. }
+            | Op::MovSx { dst, .. }
+            | Op::Neg { dst, .. }
+            | Op::End { dst, .. }
+            | Op::LdImm64 { dst, .. } => Some(dst),
+            // Memory accesses stay (a sandboxed one may stop the program); what they write
+            // is kept live, which only keeps more.
+            Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::MovPerCpu { .. } => None,
+            Op::Ja { .. }
+            | Op::Jcond { .. }
+            | Op::CallHelper { .. }
+            | Op::CallReg { .. }
+            | Op::CallLocal { .. }
+            | Op::Exit => break,
+        };
+        let reads = regs_read(&op, 0) & ARGS;
+        match pure_write {
+            Some(dst) if ARGS & (1 << dst) != 0 && live & (1 << dst) == 0 => dead.push(j),
+            Some(dst) => live = (live & !(1u16 << dst)) | reads,
+            None => live |= reads,
+        }
+        if prog.is_target[j] {
+            break;
+        }
+    }
+    dead.reverse();
+    dead
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,5 +352,47 @@ mod tests {
             EXIT,
         ];
         assert_eq!(keys(&fall), vec![(4, 2)]);
+    }
+
+    #[test]
+    fn only_argument_setup_nothing_else_reads_is_dead() {
+        let dead =
+            |p: &[[u8; 8]], call: usize| dead_key_arguments(&crate::analysis::program(p), call);
+        // r1 = 7 ; *(u32 *)(r10 - 4) = r1 ; r2 = r10 ; r2 += -4 ; r1 = map ; call
+        let p = [
+            i(0xb7, 1, 0, 0, 7),
+            i(0x63, 10, 1, -4, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            i(0x18, 1, 0, 0, 0x1234),
+            i(0, 0, 0, 0, 0),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        // The store reads r1 = 7: that write stays; r2 and the map's r1 go.
+        assert_eq!(dead(&p, 5), vec![2, 3, 4]);
+        // r3 = r2 before the call keeps nothing alive (r3 is dead too); r6 = r2 does.
+        let mut copy3 = p.to_vec();
+        copy3.insert(6, i(0xbf, 3, 2, 0, 0));
+        assert_eq!(dead(&copy3, 6), vec![2, 3, 4, 5]);
+        let mut copy6 = p.to_vec();
+        copy6.insert(6, i(0xbf, 6, 2, 0, 0));
+        assert_eq!(dead(&copy6, 6), vec![4]);
+        // A load through r2 keeps it (and its setup) alive.
+        let mut load = p.to_vec();
+        load.insert(6, i(0x61, 6, 2, 0, 0));
+        assert_eq!(dead(&load, 6), vec![4]);
+        // A branch between ends the scan: the write before it stays, since its target
+        // reads r2.
+        let branch = [
+            i(0xbf, 2, 10, 0, 0),
+            i(0x15, 6, 0, 3, 0), // if r6 == 0 goto pc 5
+            i(0x07, 2, 0, 0, -4),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+            i(0xbf, 0, 2, 0, 0), // pc 5: r0 = r2
+            EXIT,
+        ];
+        assert_eq!(dead(&branch, 3), vec![2]);
     }
 }
