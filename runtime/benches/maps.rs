@@ -20,7 +20,7 @@
 mod host;
 
 use packjit::maps::{Map, MapSpec, MapType};
-use packjit::{LoadOptions, Program, Runtime, Trust};
+use packjit::{LoadOptions, Program, Runtime};
 use packjit_frontend::encode_insn;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
