@@ -355,6 +355,28 @@ pub const PJ_HELPER_PERCPU_LOOKUP: u32 = 0x7043_0001;
 /// of this id is refused at decode time and `callx` never matches it.
 pub const PJ_HELPER_PERCPU_OFFSET: u32 = 0x7043_0002;
 
+/// Not a callable helper: the helper-table entry naming the program's static regions, for
+/// sandboxed code. `addr` points to a [`PjStaticRegions`] header followed by `count`
+/// [`PjMemRegion`]s, read while compiling only. The host promises what a region passed to a
+/// run promises, for as long as the code can run: each region's memory stays valid, and
+/// writable where it has [`PJ_REGION_WRITABLE`]. The code then needs no run-time test for an
+/// access the front end proves inside one of them (a global or map value at a constant, or
+/// masked, offset); every other access is checked as before, against the regions of the run.
+/// A `call` of this id is refused at decode time and `callx` never matches it.
+pub const PJ_HELPER_STATIC_REGIONS: u32 = 0x7043_0003;
+
+/// The most static regions a request may name (more is refused; a program needs one per
+/// map value block and ELF data section).
+pub const PJ_STATIC_REGIONS_MAX: u64 = 4096;
+
+/// Header of the [`PJ_HELPER_STATIC_REGIONS`] table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjStaticRegions {
+    /// Regions following the header.
+    pub count: u64,
+}
+
 /// `off` of the per-CPU address instruction (the kernel's `BPF_ADDR_PERCPU`).
 pub const PJ_MOV_OFF_PERCPU: i16 = -1;
 

@@ -729,17 +729,6 @@ impl Runtime {
             Some((b, t)) => (Some(b), t),
             None => (None, None),
         };
-        let req = CompileRequest {
-            code,
-            helpers: &table,
-            features,
-            flags,
-            blind_key: if opts.blind_constants {
-                exec::random_key()
-            } else {
-                0
-            },
-        };
         let shared_regions = self
             .regions
             .read()
@@ -754,6 +743,35 @@ impl Runtime {
             (shared_regions.iter().copied().chain(own))
                 .chain(map_regions.iter().copied())
                 .collect()
+        };
+        // Sandboxed code may skip the test of an access proven inside one of its regions:
+        // each is memory the host promised valid for as long as the program can run
+        // (`MemRegion::new`), and the list is the program's for its whole life. The table
+        // (a `PjStaticRegions` header, then `PjMemRegion`s as three `u64`s each) lives until
+        // the compile is done, at the end of this function.
+        let _static_region_table = (trust == Trust::Sandboxed && !regions.is_empty()).then(|| {
+            let mut t: Vec<u64> = Vec::with_capacity(1 + 3 * regions.len());
+            t.push(regions.len() as u64);
+            for r in regions.iter() {
+                t.extend([r.start, r.len, r.flags]);
+            }
+            table.push(HelperEntry {
+                id: abi::PJ_HELPER_STATIC_REGIONS,
+                inline_kind: abi::PJ_INLINE_NONE,
+                addr: t.as_ptr() as u64,
+            });
+            t
+        });
+        let req = CompileRequest {
+            code,
+            helpers: &table,
+            features,
+            flags,
+            blind_key: if opts.blind_constants {
+                exec::random_key()
+            } else {
+                0
+            },
         };
         let (mut compiled, owner) = match (&self.arena, native) {
             // A statically linked backend gets the same panic policy as a plugin: a panic

@@ -57,6 +57,10 @@ pub struct Program {
     pub branches: Vec<Branch>,
     /// Indices of every `exit`, ascending.
     pub exits: Vec<u32>,
+    /// Memory the code may access unchecked where an access is proven inside it
+    /// ([`packjit_plugin_api::PJ_HELPER_STATIC_REGIONS`]; filled by
+    /// [`decode_for_lowering`] for sandboxed requests, empty otherwise).
+    pub static_regions: Vec<packjit_plugin_api::PjMemRegion>,
 }
 
 /// A jump or local call as a pass over control flow sees it, without reading its

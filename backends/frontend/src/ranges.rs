@@ -30,6 +30,7 @@
 //! and every cycle passes a jump target, so the iteration reaches a fixed point.
 
 use crate::{AluOp, AtomicOp, BranchKind, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE};
+use packjit_plugin_api::{PjMemRegion, PJ_REGION_WRITABLE};
 
 /// What a value is relative to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -359,7 +360,8 @@ pub fn entry_state(k: usize) -> State {
 pub enum AccessCheck {
     /// Not an access.
     NotAccess,
-    /// Proven inside the current 512-byte frame from data-derived facts on every path: no
+    /// Proven inside the current 512-byte frame, or inside one of the program's static
+    /// regions ([`Program::static_regions`]), from data-derived facts on every path: no
     /// check and no clamp.
     None,
     /// The base is this function's r10 plus something: test the stack block inline first.
@@ -570,6 +572,26 @@ pub fn classify(v: Val, off: i16, size: Size) -> AccessCheck {
         Base::Ctx => AccessCheck::Ctx,
         Base::Scalar => AccessCheck::Unknown,
     }
+}
+
+/// Is an access of `size` bytes at `base + off`, with `base` abstractly the scalar `v`,
+/// inside one static region on every path (and that region writable, for a write)? The
+/// interval is data-derived (constants, masks, narrow loads; never a branch condition), so
+/// the proof holds on mispredicted paths too and the access needs no clamp.
+fn in_static_region(v: Val, off: i16, size: Size, writes: bool, regions: &[PjMemRegion]) -> bool {
+    if v.base != Base::Scalar || v.is_full() || regions.is_empty() {
+        return false;
+    }
+    // Exact integers: a `Val` interval never stands for wrapped values (see the module
+    // docs), and an address at or above 2^63 reads as negative, below every region.
+    let lo = v.lo as i128 + off as i128;
+    let end = v.hi as i128 + off as i128 + size.bytes() as i128;
+    regions.iter().any(|r| {
+        let start = r.start as i128;
+        (writes <= (r.flags & PJ_REGION_WRITABLE != 0))
+            && lo >= start
+            && end <= start + r.len as i128
+    })
 }
 
 /// Leaders of basic blocks in `[start, end)`: the first instruction, every jump target and
@@ -983,8 +1005,11 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let frame = entry_state(0)[R10 as usize];
     let mut accesses = Vec::new();
     let mut checks: Vec<AccessCheck> = crate::reuse::take_vec(prog.insts.len());
+    // With static regions, a constant address (an ELF global, a map value) may be proven
+    // in any function.
+    let statics = !prog.static_regions.is_empty();
     for (k, sp) in prog.subprogs.iter().enumerate() {
-        let analysed = k == 0 || sp.copies_r10;
+        let analysed = k == 0 || sp.copies_r10 || statics;
         checks.extend(
             prog.insts[sp.start..sp.end]
                 .iter()
@@ -1011,9 +1036,18 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         wanted.sort_unstable();
         wanted.dedup();
     }
+    let regions = &prog.static_regions[..];
     for_each_state(prog, &wanted, |i, st| {
-        if let Some((base, off, size)) = access_of(&prog.insts[i].op) {
-            checks[i] = classify(st[base as usize], off, size);
+        let op = &prog.insts[i].op;
+        if let Some((base, off, size)) = access_of(op) {
+            let v = st[base as usize];
+            let writes = !matches!(op, Op::Load { .. });
+            checks[i] = match classify(v, off, size) {
+                AccessCheck::Unknown if in_static_region(v, off, size, writes, regions) => {
+                    AccessCheck::None
+                }
+                check => check,
+            };
         }
         walk_candidates.observe(prog, i, st);
     });

@@ -5,14 +5,59 @@
 use crate::{
     op_kind, verify::decode_with, Branch, BranchKind, Compared, DecodeOptions, Op, Program,
 };
-use packjit_plugin_api::{CompileError, CompileRequest};
+use packjit_plugin_api::{
+    CompileError, CompileRequest, ErrorKind, HelperEntry, PjMemRegion, PjStaticRegions,
+    PJ_COMPILE_SANDBOX, PJ_HELPER_STATIC_REGIONS, PJ_STATIC_REGIONS_MAX,
+};
 
 /// Decodes and verifies a request's code (with the encodings its flags opt into), then
-/// applies the rewrites below: the program a backend lowers.
+/// applies the rewrites below: the program a backend lowers. A sandboxed request's static
+/// regions come along ([`Program::static_regions`]).
 pub fn decode_for_lowering(req: &CompileRequest<'_>) -> Result<Program, CompileError> {
     let mut prog = decode_with(req.code, req.helpers, DecodeOptions::from_flags(req.flags))?;
     fold_branches_over_jumps(&mut prog);
+    if req.flags & PJ_COMPILE_SANDBOX != 0 {
+        prog.static_regions = static_regions(req.helpers)?;
+    }
     Ok(prog)
+}
+
+/// The regions of the request's [`PJ_HELPER_STATIC_REGIONS`] entry, if it has one.
+fn static_regions(helpers: &[HelperEntry]) -> Result<Vec<PjMemRegion>, CompileError> {
+    let Some(entry) = helpers.iter().find(|h| h.id == PJ_HELPER_STATIC_REGIONS) else {
+        return Ok(Vec::new());
+    };
+    let bad = |what: String| {
+        CompileError::new(
+            ErrorKind::InvalidArgument,
+            format!("static-region table (helper id {PJ_HELPER_STATIC_REGIONS:#x}): {what}"),
+        )
+    };
+    if entry.addr == 0 || entry.addr % 8 != 0 {
+        return Err(bad(format!("address {:#x} is not a table", entry.addr)));
+    }
+    // SAFETY: the entry's contract (`PJ_HELPER_STATIC_REGIONS`): `addr` points to a live
+    // `PjStaticRegions` header followed by `count` regions, unchanged while this compiles;
+    // the address was checked for NULL and alignment above.
+    let count = unsafe { (entry.addr as *const PjStaticRegions).read() }.count;
+    if count > PJ_STATIC_REGIONS_MAX {
+        return Err(bad(format!(
+            "{count} regions, more than {PJ_STATIC_REGIONS_MAX}"
+        )));
+    }
+    let first =
+        (entry.addr as usize + std::mem::size_of::<PjStaticRegions>()) as *const PjMemRegion;
+    // SAFETY: as above: `count` regions follow the header, and `count` is bounded.
+    let regions = unsafe { std::slice::from_raw_parts(first, count as usize) }.to_vec();
+    for (k, r) in regions.iter().enumerate() {
+        if r.start.checked_add(r.len).is_none() {
+            return Err(bad(format!(
+                "region {k} ({:#x}, {} bytes) wraps the address space",
+                r.start, r.len
+            )));
+        }
+    }
+    Ok(regions)
 }
 
 /// `if c goto L; goto T; L:` becomes `if !c goto T; goto L`, and a jump to the next

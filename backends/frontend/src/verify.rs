@@ -10,7 +10,9 @@
 use crate::insn::{op::*, *};
 use crate::op_kind;
 use crate::{Branch, BranchKind, Compared, Program, Subprog};
-use packjit_plugin_api::abi::{PJ_HELPER_PERCPU_OFFSET, PJ_MOV_OFF_PERCPU};
+use packjit_plugin_api::abi::{
+    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_MOV_OFF_PERCPU,
+};
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
 /// Bytes of stack per (sub)program frame; r10 points at its top.
@@ -275,6 +277,7 @@ pub fn decode_with(
         call_depth,
         branches,
         exits,
+        static_regions: Vec::new(),
     })
 }
 
@@ -1247,6 +1250,15 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                             pc,
                             ErrorKind::UnknownHelper,
                             format!("call to helper id {id:#x}: reserved for the per-CPU mov, not callable"),
+                        ));
+                    }
+                    if id == PJ_HELPER_STATIC_REGIONS {
+                        return Err(CompileError::at(
+                            pc,
+                            ErrorKind::UnknownHelper,
+                            format!(
+                                "call to helper id {id:#x}: the static-region table, not callable"
+                            ),
                         ));
                     }
                     if !helpers.iter().any(|h| h.id == id) {

@@ -3,8 +3,8 @@
 
 use packjit_plugin_api::{
     ErrorKind, HelperEntry, PjArrayMap, PJ_ARRAY_NOT_PERCPU, PJ_HELPER_GET_SMP_PROCESSOR_ID,
-    PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK,
-    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
+    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_ARRAY_LOOKUP,
+    PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
 };
 
 /// What `call imm` to one helper-table entry becomes.
@@ -197,7 +197,11 @@ pub fn callx_plan(helpers: &[HelperEntry]) -> CallxPlan {
     let mut seen = std::collections::HashSet::new();
     let (mut inlined, mut called) = (Vec::new(), Vec::new());
     for h in helpers {
-        if h.id == PJ_HELPER_PERCPU_OFFSET || !seen.insert(h.id) || !callx_reachable(h) {
+        if h.id == PJ_HELPER_PERCPU_OFFSET
+            || h.id == PJ_HELPER_STATIC_REGIONS
+            || !seen.insert(h.id)
+            || !callx_reachable(h)
+        {
             continue;
         }
         match helper_code(h) {
