@@ -533,6 +533,16 @@ impl Interpreter {
                         v
                     };
                 }
+                Op::PacketLoad { size, index, off } => {
+                    // Legacy LD_ABS / LD_IND (`packjit_frontend::packet`): the context start
+                    // (r1 at entry), plus the index register, plus the u32 offset; checked
+                    // like any load, never byte-swapped.
+                    let x = index.map_or(0, |r| reg[r as usize]);
+                    let addr = env.ctx_start.wrapping_add(x).wrapping_add(u64::from(off));
+                    let p = mem.check(addr, size, false, pc)?;
+                    // SAFETY: `check` proved [addr, addr + size) inside an allowed region.
+                    reg[0] = unsafe { read(p, size) };
+                }
                 Op::Store {
                     size,
                     base,
