@@ -281,6 +281,7 @@ pub fn rbpf_verifier(prog: &[u8]) -> Result<(), io::Error> {
 /// the program first runs or is compiled (rbpf registers them after `set_program` as well).
 pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
     refuse_self_jumps(prog)?;
+    let prog = &*rbpf_packet_fields(prog);
     // Accept every id a `call imm` names, for now.
     let helpers: Vec<HelperEntry> = prog
         .chunks_exact(8)
@@ -294,6 +295,30 @@ pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
     packjit_frontend::decode(prog, &helpers)
         .map(|_| ())
         .map_err(to_io)
+}
+
+/// The program as packjit reads it: the fields of legacy packet loads (`LD_ABS`, `LD_IND`)
+/// that rbpf ignores cleared. rbpf reads only the opcode, the immediate and (`LD_IND`) the
+/// source register; packjit's front end refuses a non-zero `dst` or `off` (and `src` of
+/// `LD_ABS`) as reserved, as the kernel does. rbpf's own test `test_vm_err_ldindb_oob` has
+/// `ldabsdw` with `src = 1`. Borrowed unchanged when there is nothing to clear.
+fn rbpf_packet_fields(prog: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let mut out = std::borrow::Cow::Borrowed(prog);
+    let mut slot = 0;
+    while let Some(insn) = prog.get(slot * 8..slot * 8 + 8) {
+        let opc = insn[0];
+        // Class LD (0), mode ABS (0x20) or IND (0x40).
+        let (abs, ind) = (opc & 0xe7 == 0x20, opc & 0xe7 == 0x40);
+        let keep = if ind { 0xf0 } else { 0x00 };
+        if (abs || ind) && (insn[1] & !keep != 0 || insn[2] != 0 || insn[3] != 0) {
+            let bytes = out.to_mut();
+            bytes[slot * 8 + 1] &= keep;
+            bytes[slot * 8 + 2] = 0;
+            bytes[slot * 8 + 3] = 0;
+        }
+        slot += if opc == 0x18 { 2 } else { 1 };
+    }
+    out
 }
 
 /// rbpf's verifier refuses every jump whose offset is -1 (it lands on itself: a loop that
@@ -502,6 +527,9 @@ enum Native {
 struct Core<'a> {
     rt: Arc<Runtime>,
     prog: Option<&'a [u8]>,
+    /// `prog` with the fields rbpf ignores cleared ([`rbpf_packet_fields`]), when that
+    /// changed it: what packjit compiles and interprets.
+    cleared: Option<Vec<u8>>,
     verifier: Verifier,
     helpers: BTreeMap<u32, (Helper, PjHelperFn)>,
     budget: Option<u64>,
@@ -513,6 +541,37 @@ struct Core<'a> {
     decoded: OnceLock<Result<packjit_frontend::Program, Error>>,
     /// Trusted code from `jit_compile`.
     trusted: Option<Program>,
+}
+
+/// Does `prog` have a legacy packet load (`LD_ABS`/`LD_IND`)?
+fn has_packet_loads(prog: &[u8]) -> bool {
+    let mut slot = 0;
+    while let Some(insn) = prog.get(slot * 8..slot * 8 + 8) {
+        let opc = insn[0];
+        if matches!(opc & 0xe7, 0x20 | 0x40) {
+            return true;
+        }
+        slot += if opc == 0x18 { 2 } else { 1 };
+    }
+    false
+}
+
+/// The refusal of a metadata-buffer flavour's run of a program with legacy packet loads:
+/// packjit reads them from the context r1 points to (the metadata buffer there), rbpf from
+/// `mem`, so the program would read other bytes.
+fn packet_loads_need_mem_in_r1(flavour: &str) -> io::Error {
+    io::Error::other(format!(
+        "Error: LD_ABS/LD_IND read the memory r1 points to at entry, which in {flavour} is the \
+         metadata buffer (rbpf reads them from mem): not supported; use EbpfVmRaw"
+    ))
+}
+
+/// An owned copy of `prog` when [`rbpf_packet_fields`] changes it.
+fn cleared(prog: &[u8]) -> Option<Vec<u8>> {
+    match rbpf_packet_fields(prog) {
+        std::borrow::Cow::Owned(v) => Some(v),
+        std::borrow::Cow::Borrowed(_) => None,
+    }
 }
 
 fn no_program() -> io::Error {
@@ -528,6 +587,7 @@ impl<'a> Core<'a> {
         Ok(Self {
             rt,
             prog,
+            cleared: prog.and_then(cleared),
             verifier: default_verifier,
             helpers: BTreeMap::new(),
             budget: None,
@@ -551,6 +611,7 @@ impl<'a> Core<'a> {
             stack_usage(prog, *calculator, &mut **data)?;
         }
         self.prog = Some(prog);
+        self.cleared = cleared(prog);
         self.invalidate();
         Ok(())
     }
@@ -599,8 +660,21 @@ impl<'a> Core<'a> {
             .collect()
     }
 
-    fn code(&self) -> Result<&'a [u8], io::Error> {
-        self.prog.ok_or_else(no_program)
+    /// The program packjit runs (see `cleared`).
+    /// Refuses a run whose r1 is not `mem` when the program has legacy packet loads
+    /// ([`packet_loads_need_mem_in_r1`]).
+    fn packet_loads_read_mem(&self, r1_is_mem: bool, flavour: &str) -> Result<(), io::Error> {
+        match self.prog {
+            Some(p) if !r1_is_mem && has_packet_loads(p) => {
+                Err(packet_loads_need_mem_in_r1(flavour))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn code(&self) -> Result<&[u8], io::Error> {
+        let prog = self.prog.ok_or_else(no_program)?;
+        Ok(self.cleared.as_deref().unwrap_or(prog))
     }
 
     fn load_opts(&self) -> LoadOptions {
@@ -916,6 +990,7 @@ impl<'a> EbpfVmMbuff<'a> {
     /// and `mem` (and `mbuff`) are read-only regions, so pointers stored in the metadata
     /// reach them; a store into `mem` stops with an out-of-bounds error.
     pub fn execute_program(&self, mem: &[u8], mbuff: &[u8]) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(mbuff.is_empty(), "EbpfVmMbuff")?;
         let r1_buf = if mbuff.is_empty() { mem } else { mbuff };
         let mut copy = r1_buf.to_vec();
         let extra = [
@@ -941,6 +1016,7 @@ impl<'a> EbpfVmMbuff<'a> {
         mem: &mut [u8],
         mbuff: &mut [u8],
     ) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(mbuff.is_empty(), "EbpfVmMbuff")?;
         let (p, len) = if mbuff.is_empty() {
             (mem.as_mut_ptr(), mem.len())
         } else {
@@ -1040,6 +1116,7 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     /// Runs the program sandboxed: r1 = the metadata buffer (read-write), `mem` a read-write
     /// region reached through the addresses stored in it.
     pub fn execute_program(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(false, "EbpfVmFixedMbuff")?;
         self.fill(mem);
         let extra = [region(mem.as_ptr(), mem.len(), true)];
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
@@ -1053,6 +1130,7 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     /// The program's accesses are not checked: it must only touch `mem`, the metadata buffer
     /// and its stack.
     pub unsafe fn execute_program_jit(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(false, "EbpfVmFixedMbuff")?;
         self.fill(mem);
         let extra = [region(mem.as_ptr(), mem.len(), true)];
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
