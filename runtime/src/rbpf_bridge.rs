@@ -71,8 +71,21 @@
 //!   stops the program.
 //! * **Verifier**: rbpf's own runs first by default ([`default_verifier`]), so a program rbpf
 //!   refused is refused with rbpf's message; packjit's front end then refuses what it cannot
-//!   run. Not supported: legacy packet access (`LD_ABS`/`LD_IND`, refused at load), and
-//!   register-mode `div`/`mod` with a non-zero immediate (a reserved field, refused).
+//!   run. Not supported: register-mode `div`/`mod` with a non-zero immediate (a reserved
+//!   field, refused).
+//! * **Legacy packet access** (`LD_ABS`/`LD_IND`, opcodes 0x20/0x28/0x30/0x38 and
+//!   0x40/0x48/0x50/0x58; `packjit_frontend::packet`): as rbpf, `r0 = *(size *)(mem + imm)`
+//!   or `(mem + src + imm)`, `imm` read as a `u32`, the host's byte order, r1-r5 kept, the
+//!   8-byte forms included; the fields rbpf ignores (`dst`, `off`, `src` of `LD_ABS`) are
+//!   cleared before packjit reads the program. `mem` is the memory r1 points to at entry,
+//!   which is rbpf's `mem` in [`EbpfVmRaw`] and [`EbpfVmNoData`] (none: every such load is
+//!   out of bounds) and in [`EbpfVmMbuff`] with an empty metadata buffer; [`EbpfVmMbuff`]
+//!   with a metadata buffer and [`EbpfVmFixedMbuff`] refuse to run such a program (r1 is the
+//!   metadata buffer there, and the program would read it instead of `mem`). Bounds:
+//!   `execute_program` checks the load's own size (rbpf's interpreter checks 8 bytes
+//!   whatever the size, refusing e.g. `ldabsb` of the last byte); trusted code
+//!   (`execute_program_jit`) reads unchecked, as rbpf's JIT (which reads `imm` as a signed
+//!   displacement: the two agree for `imm < 2^31`).
 //! * **Run-time failures** read as rbpf's ([`RbpfError`]: `Error: out of bounds memory store
 //!   (insn #N), addr 0x..., size S`, rbpf numbering the instruction after the faulting one).
 //! * **JIT memory**: `set_jit_exec_memory` is accepted and unused: code goes to packjit's
