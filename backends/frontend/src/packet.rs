@@ -119,3 +119,87 @@ pub(crate) fn lower_packet_load<'a, L: Isa<'a>>(
     l.load(size, false, 0, 0, disp);
     l.driver().expanding = false;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::CodegenMode;
+    use crate::{decode, encode_insn as ins, op_kind, Op};
+
+    const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn every_packet_opcode_decodes_with_its_size_index_and_u32_offset() {
+        for (opc, size) in [
+            (0x30, Size::B),
+            (0x28, Size::H),
+            (0x20, Size::W),
+            (0x38, Size::DW),
+        ] {
+            let code = [ins(opc, 0, 0, 0, -2), ins(opc + 0x20, 0, 7, 0, 9), EXIT].concat();
+            let p = decode(&code, &[]).unwrap();
+            assert_eq!(
+                p.insts[0].op,
+                Op::PacketLoad {
+                    size,
+                    index: None,
+                    off: 0xffff_fffe
+                }
+            );
+            assert_eq!(
+                p.insts[1].op,
+                Op::PacketLoad {
+                    size,
+                    index: Some(7),
+                    off: 9
+                }
+            );
+            // The summaries: r0 written, the index read, the kind recorded.
+            assert_eq!(p.writes(1), 1);
+            assert_eq!(p.reads(1), 1 << 7);
+            assert_eq!(p.reads(0), 0);
+            assert_ne!(p.subprogs[0].ops & op_kind::PACKET_LOAD, 0);
+            // Trusted code keeps env for them, and only for them.
+            assert!(CodegenMode::TRUSTED.keeps_env(&p));
+            let plain = decode(&[ins(0xb7, 0, 0, 0, 1), EXIT].concat(), &[]).unwrap();
+            assert!(!CodegenMode::TRUSTED.keeps_env(&plain));
+        }
+    }
+
+    #[test]
+    fn reserved_fields_and_other_ld_modes_are_named() {
+        let bad = |i: [u8; 8]| decode(&[i, EXIT].concat(), &[]).unwrap_err().to_string();
+        assert_eq!(
+            bad(ins(0x38, 2, 0, 0, 0)),
+            "pc 0: ldabsdw (opcode 0x38): reserved field dst must be 0, is 2"
+        );
+        assert_eq!(
+            bad(ins(0x50, 0, 1, -1, 0)),
+            "pc 0: ldindb (opcode 0x50): reserved field offset must be 0, is -1"
+        );
+        assert_eq!(
+            bad(ins(0x28, 0, 3, 0, 0)),
+            "pc 0: ldabsh (opcode 0x28): reserved field src must be 0, is 3"
+        );
+        assert_eq!(
+            bad(ins(0x40, 0, 12, 0, 0)),
+            "pc 0: invalid index (source) register r12"
+        );
+        for opc in [0x00, 0x08, 0x10, 0x60, 0x80, 0xa0, 0xc0, 0xe0] {
+            assert_eq!(
+                bad(ins(opc, 0, 0, 0, 0)),
+                format!("pc 0: unknown opcode 0x{opc:02x}")
+            );
+        }
+    }
+
+    #[test]
+    fn the_access_check_tries_the_context() {
+        assert_eq!(
+            packet_check(Size::W, None, 60),
+            AccessCheck::CtxConst { end: 64 }
+        );
+        assert_eq!(packet_check(Size::DW, None, u32::MAX - 3), AccessCheck::Ctx);
+        assert_eq!(packet_check(Size::B, Some(1), 0), AccessCheck::Ctx);
+    }
+}

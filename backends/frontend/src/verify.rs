@@ -1440,7 +1440,9 @@ mod tests {
                             && matches!(code4, ALU_NEG | ALU_END))
                         || (matches!(class, CLASS_JMP | CLASS_JMP32)
                             && matches!(code4, JMP_JA | JMP_CALL))
-                        || (class == CLASS_STX && opc & 0xe0 == MODE_ATOMIC),
+                        || (class == CLASS_STX && opc & 0xe0 == MODE_ATOMIC)
+                        // Legacy packet loads (rare: rbpf's programs only).
+                        || (class == CLASS_LD && matches!(opc & 0xe0, MODE_ABS | MODE_IND)),
                     "opcode {opc:#04x} is valid but not on the fast path"
                 );
             }
