@@ -71,8 +71,8 @@
 //!   stops the program.
 //! * **Verifier**: rbpf's own runs first by default ([`default_verifier`]), so a program rbpf
 //!   refused is refused with rbpf's message; packjit's front end then refuses what it cannot
-//!   run. Not supported: register-mode `div`/`mod` with a non-zero immediate (a reserved
-//!   field, refused).
+//!   run. Fields rbpf ignores and packjit refuses as reserved are cleared first: the
+//!   immediate of register-mode `div`/`mod`, and those of the legacy packet loads below.
 //! * **Legacy packet access** (`LD_ABS`/`LD_IND`, opcodes 0x20/0x28/0x30/0x38 and
 //!   0x40/0x48/0x50/0x58; `packjit_frontend::packet`): as rbpf, `r0 = *(size *)(mem + imm)`
 //!   or `(mem + src + imm)`, `imm` read as a `u32`, the host's byte order, r1-r5 kept, the
@@ -294,7 +294,7 @@ pub fn rbpf_verifier(prog: &[u8]) -> Result<(), io::Error> {
 /// the program first runs or is compiled (rbpf registers them after `set_program` as well).
 pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
     refuse_self_jumps(prog)?;
-    let prog = &*rbpf_packet_fields(prog);
+    let prog = &*rbpf_ignored_fields(prog);
     // Accept every id a `call imm` names, for now.
     let helpers: Vec<HelperEntry> = prog
         .chunks_exact(8)
@@ -310,12 +310,18 @@ pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
         .map_err(to_io)
 }
 
-/// The program as packjit reads it: the fields of legacy packet loads (`LD_ABS`, `LD_IND`)
-/// that rbpf ignores cleared. rbpf reads only the opcode, the immediate and (`LD_IND`) the
-/// source register; packjit's front end refuses a non-zero `dst` or `off` (and `src` of
-/// `LD_ABS`) as reserved, as the kernel does. rbpf's own test `test_vm_err_ldindb_oob` has
-/// `ldabsdw` with `src = 1`. Borrowed unchanged when there is nothing to clear.
-fn rbpf_packet_fields(prog: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+/// The program as packjit reads it: fields rbpf ignores cleared, which packjit's front end
+/// refuses as reserved (as the kernel does, and as the bpf_conformance suite's negative
+/// tests want; those never pass through here):
+///
+/// * legacy packet loads (`LD_ABS`, `LD_IND`): rbpf reads only the opcode, the immediate
+///   and (`LD_IND`) the source register, so `dst`, `off` and `src` of `LD_ABS` are cleared
+///   (rbpf's own `test_vm_err_ldindb_oob` has `ldabsdw` with `src = 1`);
+/// * register-mode `div` and `mod` (32 and 64 bits): rbpf ignores the immediate (its tests
+///   `test_jit_div_reg_with_nonzero_imm` / `..._mod_...`), so it is cleared.
+///
+/// Borrowed unchanged when there is nothing to clear.
+fn rbpf_ignored_fields(prog: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     let mut out = std::borrow::Cow::Borrowed(prog);
     let mut slot = 0;
     while let Some(insn) = prog.get(slot * 8..slot * 8 + 8) {
@@ -328,6 +334,13 @@ fn rbpf_packet_fields(prog: &[u8]) -> std::borrow::Cow<'_, [u8]> {
             bytes[slot * 8 + 1] &= keep;
             bytes[slot * 8 + 2] = 0;
             bytes[slot * 8 + 3] = 0;
+        }
+        // ALU or ALU64, register source (0x08), div (0x30) or mod (0x90).
+        let div_mod_reg = matches!(opc & 0x07, 0x04 | 0x07)
+            && opc & 0x08 != 0
+            && matches!(opc & 0xf0, 0x30 | 0x90);
+        if div_mod_reg && insn[4..8] != [0; 4] {
+            out.to_mut()[slot * 8 + 4..slot * 8 + 8].fill(0);
         }
         slot += if opc == 0x18 { 2 } else { 1 };
     }
@@ -540,7 +553,7 @@ enum Native {
 struct Core<'a> {
     rt: Arc<Runtime>,
     prog: Option<&'a [u8]>,
-    /// `prog` with the fields rbpf ignores cleared ([`rbpf_packet_fields`]), when that
+    /// `prog` with the fields rbpf ignores cleared ([`rbpf_ignored_fields`]), when that
     /// changed it: what packjit compiles and interprets.
     cleared: Option<Vec<u8>>,
     verifier: Verifier,
@@ -579,9 +592,9 @@ fn packet_loads_need_mem_in_r1(flavour: &str) -> io::Error {
     ))
 }
 
-/// An owned copy of `prog` when [`rbpf_packet_fields`] changes it.
+/// An owned copy of `prog` when [`rbpf_ignored_fields`] changes it.
 fn cleared(prog: &[u8]) -> Option<Vec<u8>> {
-    match rbpf_packet_fields(prog) {
+    match rbpf_ignored_fields(prog) {
         std::borrow::Cow::Owned(v) => Some(v),
         std::borrow::Cow::Borrowed(_) => None,
     }

@@ -699,3 +699,31 @@ fn legacy_packet_loads_follow_rbpf() {
         "pc 0: ldabsb (opcode 0x30): reserved field dst must be 0, is 1"
     );
 }
+
+#[test]
+fn register_div_and_mod_ignore_the_immediate_as_in_rbpf() {
+    // rbpf's ubpf_jit_x86_64.rs test_jit_{div,mod}_reg_with_nonzero_imm, 32 and 64 bits.
+    for (opc, want) in [(0x3f, 20), (0x9f, 2), (0x3c, 20), (0x9c, 2)] {
+        let prog = [
+            0xb7, 0, 0, 0, 102, 0, 0, 0, // mov r0, 102
+            0xb7, 1, 0, 0, 5, 0, 0, 0, // mov r1, 5
+            opc, 0x10, 0, 0, 0x99, 0x99, 0x99, 0x99, // div/mod r0, r1 (imm 0x99999999)
+            0x95, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+        assert_eq!(vm.execute_program().unwrap(), want, "{opc:#x}");
+        if native_host() {
+            vm.jit_compile().unwrap();
+            // SAFETY: no memory access.
+            assert_eq!(unsafe { vm.execute_program_jit() }.unwrap(), want);
+        }
+    }
+    // The front end itself still refuses the reserved field (bpf_conformance's negative
+    // tests).
+    let e = packjit_frontend::decode(
+        &[0x3f, 0x10, 0, 0, 1, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0],
+        &[],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("imm"), "{e}");
+}
