@@ -24,6 +24,9 @@
 //!   what is left stops at the jump's (or call's) pc with [`Stop::Budget`], the budget
 //!   unchanged.
 //! * **`callx`** to an id with no helper stops with [`Stop::UnknownCallx`] (pc and id).
+//! * **Legacy packet loads** (`LD_ABS`/`LD_IND`, `packjit_frontend::packet`): r0 = the
+//!   `size` bytes at `RawEnv::ctx_start` + the index register + the `u32` offset, in the
+//!   host's byte order, zero-extended, checked like any load; r1-r5 are kept.
 //!
 //! [`Stop`] is `packjit_plugin_api::Stop`, re-exported: the type the runtime reports when JIT
 //! code stops, so the two are compared directly.
