@@ -24,6 +24,9 @@
 //!   what is left stops at the jump's (or call's) pc with [`Stop::Budget`], the budget
 //!   unchanged.
 //! * **`callx`** to an id with no helper stops with [`Stop::UnknownCallx`] (pc and id).
+//! * **Legacy packet loads** (`LD_ABS`/`LD_IND`, `packjit_frontend::packet`): r0 = the
+//!   `size` bytes at `RawEnv::ctx_start` + the index register + the `u32` offset, in the
+//!   host's byte order, zero-extended, checked like any load; r1-r5 are kept.
 //!
 //! [`Stop`] is `packjit_plugin_api::Stop`, re-exported: the type the runtime reports when JIT
 //! code stops, so the two are compared directly.
@@ -539,6 +542,16 @@ impl Interpreter {
                     } else {
                         v
                     };
+                }
+                Op::PacketLoad { size, index, off } => {
+                    // Legacy LD_ABS / LD_IND (`packjit_frontend::packet`): the context start
+                    // (r1 at entry), plus the index register, plus the u32 offset; checked
+                    // like any load, never byte-swapped.
+                    let x = index.map_or(0, |r| reg[r as usize]);
+                    let addr = env.ctx_start.wrapping_add(x).wrapping_add(u64::from(off));
+                    let p = mem.check(addr, size, false, pc)?;
+                    // SAFETY: `check` proved [addr, addr + size) inside an allowed region.
+                    reg[0] = unsafe { read(p, size) };
                 }
                 Op::Store {
                     size,

@@ -71,8 +71,21 @@
 //!   stops the program.
 //! * **Verifier**: rbpf's own runs first by default ([`default_verifier`]), so a program rbpf
 //!   refused is refused with rbpf's message; packjit's front end then refuses what it cannot
-//!   run. Not supported: legacy packet access (`LD_ABS`/`LD_IND`, refused at load), and
-//!   register-mode `div`/`mod` with a non-zero immediate (a reserved field, refused).
+//!   run. Fields rbpf ignores and packjit refuses as reserved are cleared first: the
+//!   immediate of register-mode `div`/`mod`, and those of the legacy packet loads below.
+//! * **Legacy packet access** (`LD_ABS`/`LD_IND`, opcodes 0x20/0x28/0x30/0x38 and
+//!   0x40/0x48/0x50/0x58; `packjit_frontend::packet`): as rbpf, `r0 = *(size *)(mem + imm)`
+//!   or `(mem + src + imm)`, `imm` read as a `u32`, the host's byte order, r1-r5 kept, the
+//!   8-byte forms included; the fields rbpf ignores (`dst`, `off`, `src` of `LD_ABS`) are
+//!   cleared before packjit reads the program. `mem` is the memory r1 points to at entry,
+//!   which is rbpf's `mem` in [`EbpfVmRaw`] and [`EbpfVmNoData`] (none: every such load is
+//!   out of bounds) and in [`EbpfVmMbuff`] with an empty metadata buffer; [`EbpfVmMbuff`]
+//!   with a metadata buffer and [`EbpfVmFixedMbuff`] refuse to run such a program (r1 is the
+//!   metadata buffer there, and the program would read it instead of `mem`). Bounds:
+//!   `execute_program` checks the load's own size (rbpf's interpreter checks 8 bytes
+//!   whatever the size, refusing e.g. `ldabsb` of the last byte); trusted code
+//!   (`execute_program_jit`) reads unchecked, as rbpf's JIT (which reads `imm` as a signed
+//!   displacement: the two agree for `imm < 2^31`).
 //! * **Run-time failures** read as rbpf's ([`RbpfError`]: `Error: out of bounds memory store
 //!   (insn #N), addr 0x..., size S`, rbpf numbering the instruction after the faulting one).
 //! * **JIT memory**: `set_jit_exec_memory` is accepted and unused: code goes to packjit's
@@ -281,6 +294,7 @@ pub fn rbpf_verifier(prog: &[u8]) -> Result<(), io::Error> {
 /// the program first runs or is compiled (rbpf registers them after `set_program` as well).
 pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
     refuse_self_jumps(prog)?;
+    let prog = &*rbpf_ignored_fields(prog);
     // Accept every id a `call imm` names, for now.
     let helpers: Vec<HelperEntry> = prog
         .chunks_exact(8)
@@ -294,6 +308,43 @@ pub fn packjit_verifier(prog: &[u8]) -> Result<(), io::Error> {
     packjit_frontend::decode(prog, &helpers)
         .map(|_| ())
         .map_err(to_io)
+}
+
+/// The program as packjit reads it: fields rbpf ignores cleared, which packjit's front end
+/// refuses as reserved (as the kernel does, and as the bpf_conformance suite's negative
+/// tests want; those never pass through here):
+///
+/// * legacy packet loads (`LD_ABS`, `LD_IND`): rbpf reads only the opcode, the immediate
+///   and (`LD_IND`) the source register, so `dst`, `off` and `src` of `LD_ABS` are cleared
+///   (rbpf's own `test_vm_err_ldindb_oob` has `ldabsdw` with `src = 1`);
+/// * register-mode `div` and `mod` (32 and 64 bits): rbpf ignores the immediate (its tests
+///   `test_jit_div_reg_with_nonzero_imm` / `..._mod_...`), so it is cleared.
+///
+/// Borrowed unchanged when there is nothing to clear.
+fn rbpf_ignored_fields(prog: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let mut out = std::borrow::Cow::Borrowed(prog);
+    let mut slot = 0;
+    while let Some(insn) = prog.get(slot * 8..slot * 8 + 8) {
+        let opc = insn[0];
+        // Class LD (0), mode ABS (0x20) or IND (0x40).
+        let (abs, ind) = (opc & 0xe7 == 0x20, opc & 0xe7 == 0x40);
+        let keep = if ind { 0xf0 } else { 0x00 };
+        if (abs || ind) && (insn[1] & !keep != 0 || insn[2] != 0 || insn[3] != 0) {
+            let bytes = out.to_mut();
+            bytes[slot * 8 + 1] &= keep;
+            bytes[slot * 8 + 2] = 0;
+            bytes[slot * 8 + 3] = 0;
+        }
+        // ALU or ALU64, register source (0x08), div (0x30) or mod (0x90).
+        let div_mod_reg = matches!(opc & 0x07, 0x04 | 0x07)
+            && opc & 0x08 != 0
+            && matches!(opc & 0xf0, 0x30 | 0x90);
+        if div_mod_reg && insn[4..8] != [0; 4] {
+            out.to_mut()[slot * 8 + 4..slot * 8 + 8].fill(0);
+        }
+        slot += if opc == 0x18 { 2 } else { 1 };
+    }
+    out
 }
 
 /// rbpf's verifier refuses every jump whose offset is -1 (it lands on itself: a loop that
@@ -502,6 +553,9 @@ enum Native {
 struct Core<'a> {
     rt: Arc<Runtime>,
     prog: Option<&'a [u8]>,
+    /// `prog` with the fields rbpf ignores cleared ([`rbpf_ignored_fields`]), when that
+    /// changed it: what packjit compiles and interprets.
+    cleared: Option<Vec<u8>>,
     verifier: Verifier,
     helpers: BTreeMap<u32, (Helper, PjHelperFn)>,
     budget: Option<u64>,
@@ -513,6 +567,37 @@ struct Core<'a> {
     decoded: OnceLock<Result<packjit_frontend::Program, Error>>,
     /// Trusted code from `jit_compile`.
     trusted: Option<Program>,
+}
+
+/// Does `prog` have a legacy packet load (`LD_ABS`/`LD_IND`)?
+fn has_packet_loads(prog: &[u8]) -> bool {
+    let mut slot = 0;
+    while let Some(insn) = prog.get(slot * 8..slot * 8 + 8) {
+        let opc = insn[0];
+        if matches!(opc & 0xe7, 0x20 | 0x40) {
+            return true;
+        }
+        slot += if opc == 0x18 { 2 } else { 1 };
+    }
+    false
+}
+
+/// The refusal of a metadata-buffer flavour's run of a program with legacy packet loads:
+/// packjit reads them from the context r1 points to (the metadata buffer there), rbpf from
+/// `mem`, so the program would read other bytes.
+fn packet_loads_need_mem_in_r1(flavour: &str) -> io::Error {
+    io::Error::other(format!(
+        "Error: LD_ABS/LD_IND read the memory r1 points to at entry, which in {flavour} is the \
+         metadata buffer (rbpf reads them from mem): not supported; use EbpfVmRaw"
+    ))
+}
+
+/// An owned copy of `prog` when [`rbpf_ignored_fields`] changes it.
+fn cleared(prog: &[u8]) -> Option<Vec<u8>> {
+    match rbpf_ignored_fields(prog) {
+        std::borrow::Cow::Owned(v) => Some(v),
+        std::borrow::Cow::Borrowed(_) => None,
+    }
 }
 
 fn no_program() -> io::Error {
@@ -528,6 +613,7 @@ impl<'a> Core<'a> {
         Ok(Self {
             rt,
             prog,
+            cleared: prog.and_then(cleared),
             verifier: default_verifier,
             helpers: BTreeMap::new(),
             budget: None,
@@ -551,6 +637,7 @@ impl<'a> Core<'a> {
             stack_usage(prog, *calculator, &mut **data)?;
         }
         self.prog = Some(prog);
+        self.cleared = cleared(prog);
         self.invalidate();
         Ok(())
     }
@@ -599,8 +686,21 @@ impl<'a> Core<'a> {
             .collect()
     }
 
-    fn code(&self) -> Result<&'a [u8], io::Error> {
-        self.prog.ok_or_else(no_program)
+    /// The program packjit runs (see `cleared`).
+    /// Refuses a run whose r1 is not `mem` when the program has legacy packet loads
+    /// ([`packet_loads_need_mem_in_r1`]).
+    fn packet_loads_read_mem(&self, r1_is_mem: bool, flavour: &str) -> Result<(), io::Error> {
+        match self.prog {
+            Some(p) if !r1_is_mem && has_packet_loads(p) => {
+                Err(packet_loads_need_mem_in_r1(flavour))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn code(&self) -> Result<&[u8], io::Error> {
+        let prog = self.prog.ok_or_else(no_program)?;
+        Ok(self.cleared.as_deref().unwrap_or(prog))
     }
 
     fn load_opts(&self) -> LoadOptions {
@@ -916,6 +1016,7 @@ impl<'a> EbpfVmMbuff<'a> {
     /// and `mem` (and `mbuff`) are read-only regions, so pointers stored in the metadata
     /// reach them; a store into `mem` stops with an out-of-bounds error.
     pub fn execute_program(&self, mem: &[u8], mbuff: &[u8]) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(mbuff.is_empty(), "EbpfVmMbuff")?;
         let r1_buf = if mbuff.is_empty() { mem } else { mbuff };
         let mut copy = r1_buf.to_vec();
         let extra = [
@@ -941,6 +1042,7 @@ impl<'a> EbpfVmMbuff<'a> {
         mem: &mut [u8],
         mbuff: &mut [u8],
     ) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(mbuff.is_empty(), "EbpfVmMbuff")?;
         let (p, len) = if mbuff.is_empty() {
             (mem.as_mut_ptr(), mem.len())
         } else {
@@ -1040,6 +1142,7 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     /// Runs the program sandboxed: r1 = the metadata buffer (read-write), `mem` a read-write
     /// region reached through the addresses stored in it.
     pub fn execute_program(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(false, "EbpfVmFixedMbuff")?;
         self.fill(mem);
         let extra = [region(mem.as_ptr(), mem.len(), true)];
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
@@ -1053,6 +1156,7 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     /// The program's accesses are not checked: it must only touch `mem`, the metadata buffer
     /// and its stack.
     pub unsafe fn execute_program_jit(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        (self.core).packet_loads_read_mem(false, "EbpfVmFixedMbuff")?;
         self.fill(mem);
         let extra = [region(mem.as_ptr(), mem.len(), true)];
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());

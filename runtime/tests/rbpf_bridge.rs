@@ -599,3 +599,131 @@ fn a_jump_to_itself_is_refused_with_rbpfs_words() {
     let vm = EbpfVmNoData::new(Some(&ok)).unwrap();
     assert_eq!(vm.execute_program().unwrap(), 0);
 }
+
+#[test]
+fn legacy_packet_loads_follow_rbpf() {
+    // rbpf's misc.rs test_vm_jit_ldabs*/ldind*: the 16-byte packet, no byte swap.
+    let mem = || {
+        [
+            0x00u8, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd,
+            0xee, 0xff,
+        ]
+    };
+    let exit = [0x95, 0, 0, 0, 0, 0, 0, 0];
+    let cases: [(&[u8], u64); 8] = [
+        (&[0x30, 0, 0, 0, 3, 0, 0, 0], 0x33),
+        (&[0x28, 0, 0, 0, 3, 0, 0, 0], 0x4433),
+        (&[0x20, 0, 0, 0, 3, 0, 0, 0], 0x66554433),
+        (&[0x38, 0, 0, 0, 3, 0, 0, 0], 0xaa99887766554433),
+        // r1 = 5 first: LD_IND adds the index; r1 itself is no longer the memory.
+        (
+            &[0xb7, 1, 0, 0, 5, 0, 0, 0, 0x50, 0x10, 0, 0, 3, 0, 0, 0],
+            0x88,
+        ),
+        (
+            &[0xb7, 1, 0, 0, 5, 0, 0, 0, 0x48, 0x10, 0, 0, 3, 0, 0, 0],
+            0x9988,
+        ),
+        (
+            &[0xb7, 1, 0, 0, 4, 0, 0, 0, 0x40, 0x10, 0, 0, 1, 0, 0, 0],
+            0x88776655,
+        ),
+        (
+            &[0xb7, 1, 0, 0, 2, 0, 0, 0, 0x58, 0x10, 0, 0, 3, 0, 0, 0],
+            0xccbbaa9988776655,
+        ),
+    ];
+    for (body, want) in cases {
+        let prog = [body, &exit].concat();
+        let mut vm = EbpfVmRaw::new_with_runtime(Some(&prog), runtime()).unwrap();
+        assert_eq!(vm.execute_program(&mut mem()).unwrap(), want, "{body:02x?}");
+        if native_host() {
+            vm.jit_compile().unwrap();
+            // SAFETY: the loads stay inside the 16 bytes.
+            assert_eq!(unsafe { vm.execute_program_jit(&mut mem()) }.unwrap(), want);
+        }
+        // EbpfVmMbuff with no metadata: r1 is mem, as in rbpf.
+        let vm = EbpfVmMbuff::new_with_runtime(Some(&prog), runtime()).unwrap();
+        assert_eq!(vm.execute_program(&mem(), &[]).unwrap(), want);
+        // With a metadata buffer r1 is not mem: refused, not a read of the metadata.
+        let e = vm.execute_program(&mem(), &[0; 16]).unwrap_err();
+        assert!(e.to_string().contains("LD_ABS/LD_IND"), "{e}");
+        let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 0, 8, runtime()).unwrap();
+        let e = vm.execute_program(&mut mem()).unwrap_err();
+        assert!(e.to_string().contains("EbpfVmFixedMbuff"), "{e}");
+    }
+    // rbpf's test_vm_err_ldindb_oob: `ldabsdw 0x33` with src = 1 (rbpf ignores it), pc 1,
+    // out of bounds: rbpf's words and numbering, packjit's stop inside.
+    let prog = [
+        &[0xb7, 1, 0, 0, 5, 0, 0, 0][..],
+        &[0x38, 0x10, 0, 0, 0x33, 0, 0, 0],
+        &exit,
+    ]
+    .concat();
+    let vm = EbpfVmRaw::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let mut m = mem();
+    let e = vm.execute_program(&mut m).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("Error: out of bounds memory load (insn #2),"),
+        "{e}"
+    );
+    assert_eq!(
+        packjit_stop(&e),
+        Stop::OutOfBounds {
+            pc: 1,
+            addr: m.as_ptr() as u64 + 0x33,
+            size: 8,
+            write: false
+        }
+    );
+    // No memory at all (EbpfVmNoData): address = imm, stopped.
+    let vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let e = vm.execute_program().unwrap_err();
+    assert_eq!(packjit_stop(&e).kind(), StopKind::OutOfBounds);
+    // packjit's own verifier, without the bridge's clearing, names the reserved field.
+    let e = packjit::rbpf_bridge::packjit_verifier(&[
+        0x30, 0x01, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    assert!(
+        e.is_ok(),
+        "the bridge clears dst of LD_ABS as rbpf ignores it: {e:?}"
+    );
+    let e = packjit_frontend::decode(
+        &[0x30, 0x01, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0],
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "pc 0: ldabsb (opcode 0x30): reserved field dst must be 0, is 1"
+    );
+}
+
+#[test]
+fn register_div_and_mod_ignore_the_immediate_as_in_rbpf() {
+    // rbpf's ubpf_jit_x86_64.rs test_jit_{div,mod}_reg_with_nonzero_imm, 32 and 64 bits.
+    for (opc, want) in [(0x3f, 20), (0x9f, 2), (0x3c, 20), (0x9c, 2)] {
+        let prog = [
+            0xb7, 0, 0, 0, 102, 0, 0, 0, // mov r0, 102
+            0xb7, 1, 0, 0, 5, 0, 0, 0, // mov r1, 5
+            opc, 0x10, 0, 0, 0x99, 0x99, 0x99, 0x99, // div/mod r0, r1 (imm 0x99999999)
+            0x95, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+        assert_eq!(vm.execute_program().unwrap(), want, "{opc:#x}");
+        if native_host() {
+            vm.jit_compile().unwrap();
+            // SAFETY: no memory access.
+            assert_eq!(unsafe { vm.execute_program_jit() }.unwrap(), want);
+        }
+    }
+    // The front end itself still refuses the reserved field (bpf_conformance's negative
+    // tests).
+    let e = packjit_frontend::decode(
+        &[0x3f, 0x10, 0, 0, 1, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0],
+        &[],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("imm"), "{e}");
+}

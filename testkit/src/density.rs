@@ -28,6 +28,7 @@ pub fn class_of(op: &Op) -> &'static str {
         Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => "call",
         Op::Exit => "exit",
         Op::MovPerCpu { .. } => "per-CPU mov",
+        Op::PacketLoad { .. } => "packet load",
     }
 }
 

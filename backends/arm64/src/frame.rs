@@ -68,8 +68,7 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
     let (sandbox, budget) = (mode.sandboxed(), mode.counts_budget());
     // Everything here comes from the functions' summaries, never from a pass over the
     // instructions (at 1 M instructions that is a trip through memory).
-    let has_callx = prog.subprogs.iter().any(|s| s.ops & op_kind::CALL_REG != 0);
-    let can_stop = mode.keeps_env(has_callx);
+    let can_stop = mode.keeps_env(prog);
     let block = if sandbox {
         stack_block_size(prog) as u32
     } else {

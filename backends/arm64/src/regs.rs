@@ -16,6 +16,7 @@
 //! | scratch | x9–x13 | caller-saved temporaries of the lowering, never live across eBPF instructions |
 //! | check scratch | x14–x17, x5, x6, x8 | the sandbox checks and stop paths only (x9 holds the checked address) |
 //! | AX (blinding) | x13 | the blinding rewrite's register for a masked constant (`packjit_frontend::blind`) |
+//! | ENV (packet loads) | x28 | the env register again, as the base the legacy packet loads' rewrite reads the context start through (`packjit_frontend::packet`) |
 //!
 //! Every register in the callee-saved range x23–x28 is constant for a run (x25 is restored
 //! after each local call), so helpers — AAPCS64 functions — preserve them for free.
@@ -38,6 +39,9 @@ pub(crate) const REG_MAP: RegMap = [
     // nothing lowering an instruction with a register operand writes (it holds a stored
     // value across a failed inline check, whose shared check uses x6, x8, x10, x12, x14-x17).
     T4,
+    // ENV, the legacy packet loads' base for the context start (`packjit_frontend::packet`):
+    // x28, which holds `env` (kept for such programs: `CodegenMode::keeps_env`).
+    ENV,
 ];
 
 /// The lowest callee-saved register (x19–x28 are callee-saved in AAPCS64).
@@ -54,7 +58,7 @@ pub(crate) const CALLEE_SAVED_FIRST: u8 = 19;
 /// * r0 in x0 and r1 in x7, when the whole program calls nothing (so it is one function):
 ///   r0 is then already where the entry returns it, and the context moves to x7 only when
 ///   the program reads r1 before writing it.
-pub(crate) type RegMap = [u8; 12];
+pub(crate) type RegMap = [u8; 13];
 
 /// The map of a function that makes no calls: see [`RegMap`].
 pub(crate) fn leaf_map(scratch_free: bool, whole_program_leaf: bool) -> RegMap {

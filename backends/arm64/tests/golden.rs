@@ -621,7 +621,8 @@ fn malformed_programs_are_refused_with_a_pc() {
         ("fall off", prog(&[ins(0xb7, 0, 0, 0, 0)])),
         ("bad atomic", prog(&[ins(0xdb, 1, 2, 0, 0x02), EXIT])),
         ("bad end width", prog(&[ins(0xd4, 0, 0, 0, 8), EXIT])),
-        ("legacy ld_abs", prog(&[ins(0x20, 0, 0, 0, 0), EXIT])),
+        ("ld_abs with a dst", prog(&[ins(0x20, 1, 0, 0, 0), EXIT])),
+        ("ld class, mem mode", prog(&[ins(0x60, 0, 0, 0, 0), EXIT])),
     ] {
         let e = be.compile(&req(&p, &[]), &arena).unwrap_err();
         assert!(e.pc.is_some(), "{what}: {e}");

@@ -24,6 +24,9 @@ pub mod op {
 
     /// Mode field of load/store classes.
     pub const MODE_IMM: u8 = 0x00;
+    /// Legacy packet access (class LD only): `LD_ABS` and `LD_IND`.
+    pub const MODE_ABS: u8 = 0x20;
+    pub const MODE_IND: u8 = 0x40;
     pub const MODE_MEM: u8 = 0x60;
     pub const MODE_MEMSX: u8 = 0x80;
     pub const MODE_ATOMIC: u8 = 0xc0;
@@ -394,6 +397,18 @@ pub enum Op {
     CallLocal { target: u32 },
     /// Return r0 from the current (sub)program.
     Exit,
+    /// Legacy packet access (`LD_ABS` / `LD_IND`, class LD, modes 0x20 / 0x40), with rbpf
+    /// 0.4.1's semantics: `r0 = *(size *)(ctx + index + off)`, zero-extended, in the
+    /// target's byte order (no swap), where `ctx` is r1's value at the program's entry (the
+    /// context start, `PjExecEnv::ctx_start`), `index` the register of `LD_IND` (none for
+    /// `LD_ABS`) and `off` the immediate read as a `u32`. r1-r5 are preserved. The access is
+    /// an ordinary load: sandboxed code checks it. Lowered by the front end's rewrite
+    /// ([`crate::packet`]); see there for where this differs from the kernel.
+    PacketLoad {
+        size: Size,
+        index: Option<Reg>,
+        off: u32,
+    },
 }
 
 /// One verified instruction: where it sits and what it does.
@@ -468,6 +483,7 @@ impl Op {
             | Op::End { dst, .. }
             | Op::LdImm64 { dst, .. }
             | Op::Load { dst, .. } => Some(dst),
+            Op::PacketLoad { .. } => Some(0),
             Op::Atomic {
                 op: AtomicOp::Cmpxchg,
                 ..
@@ -515,6 +531,8 @@ pub mod op_kind {
     pub const CALL_LOCAL: u16 = 1 << 13;
     /// [`Op::Exit`](super::Op::Exit).
     pub const EXIT: u16 = 1 << 14;
+    /// [`Op::PacketLoad`](super::Op::PacketLoad) (legacy `LD_ABS` / `LD_IND`).
+    pub const PACKET_LOAD: u16 = 1 << 15;
     /// The calls of every kind (helper, `callx`, local): they clobber r1–r5.
     pub const CALLS: u16 = CALL_HELPER | CALL_REG | CALL_LOCAL;
 }
@@ -525,7 +543,7 @@ impl Op {
         1 << self.kind_index()
     }
 
-    /// The bit number of [`Op::kind_bit`] (0..=14).
+    /// The bit number of [`Op::kind_bit`] (0..=15).
     pub(crate) fn kind_index(&self) -> u32 {
         match self {
             Op::Alu { .. } => 0,
@@ -543,6 +561,7 @@ impl Op {
             Op::CallReg { .. } => 12,
             Op::CallLocal { .. } => 13,
             Op::Exit => 14,
+            Op::PacketLoad { .. } => 15,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod blind;
 pub mod cold;
 mod insn;
 pub mod lower;
+pub mod packet;
 pub mod ranges;
 pub mod relax;
 pub mod reuse;

@@ -43,6 +43,7 @@ use crate::analysis::{
 };
 use crate::blind::blind;
 use crate::cold::ColdPlacement;
+use crate::packet::{lower_packet_load, ENV};
 use crate::ranges::{AccessCheck, AccessPlan, Group};
 use crate::relax::{BranchCheck, Relaxation, Settled};
 use crate::reuse::{self, Reused};
@@ -116,10 +117,10 @@ pub struct Driver<'a, A, F> {
     pub copy: Option<CopyOf>,
     /// In a guarded walk's checked copy: the copy's head, where its back-edge goes.
     pub copy_head: Option<DynamicLabel>,
-    /// Lowering an expansion of the current instruction (an inlined array lookup): its
-    /// operations are the driver's, not the program's, so the access among them is checked
-    /// with no proof (stack test first), and no backend fuses them with the next
-    /// instruction.
+    /// Lowering an expansion of the current instruction (an inlined array lookup, a legacy
+    /// packet load): its operations are the driver's, not the program's, so its accesses
+    /// are checked with no proof (`expansion_access`), and no backend fuses them with the
+    /// next instruction.
     pub expanding: bool,
     /// An instruction the lowering fused into the one before it: only its label and
     /// offset are emitted.
@@ -281,16 +282,35 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             return AccessLowering::Direct { base, off };
         }
         if self.expanding {
-            // The expansion's one access is an array lookup's key, which programs keep on
-            // their stack: test the stack block inline first (any other address still gets
-            // the full check, out of line).
-            return AccessLowering::Checked(AccessCheck::Stack);
+            return self.expansion_access(base, off, size);
         }
         if self.unchecked() {
             let (base, off) = self.walked_address(base, off);
             return AccessLowering::Direct { base, off };
         }
         AccessLowering::Checked(self.access.check(self.cur))
+    }
+
+    /// An access of an expansion of the current instruction (sandboxed code). A packet
+    /// load's ([`crate::packet`]) first load reads the run's own environment ([`ENV`]):
+    /// no check; its second is checked, trying the context first. An array lookup's one
+    /// access is its key, which programs keep on their stack: the stack block is tested
+    /// inline first. Any address the inline test misses still gets the full check, out of
+    /// line.
+    #[cold]
+    fn expansion_access(&self, base: Reg, off: i16, size: Size) -> AccessLowering {
+        match self.prog.insts[self.cur].op {
+            Op::PacketLoad { .. } if base == ENV => AccessLowering::Direct { base, off },
+            Op::PacketLoad {
+                size: s,
+                index,
+                off: imm,
+            } => {
+                debug_assert_eq!(size, s);
+                AccessLowering::Checked(crate::packet::packet_check(s, index, imm))
+            }
+            _ => AccessLowering::Checked(AccessCheck::Stack),
+        }
     }
 
     /// Whether the current (checked-class) access needs no check of its own: proven inside
@@ -687,6 +707,7 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
             clear_helper_arguments(l);
         }
         Op::CallLocal { target } => l.call_local(target as usize),
+        Op::PacketLoad { size, index, off } => lower_packet_load(l, size, index, off),
         Op::Exit => {
             // The last instruction of a function falls into its epilogue (a checked copy
             // never ends one).

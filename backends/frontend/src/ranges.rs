@@ -308,6 +308,12 @@ pub fn transfer(st: &mut State, op: &Op) {
                 (_, true) => Val::scalar(-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1),
             };
         }
+        Op::PacketLoad { size, .. } => {
+            st[0] = match size {
+                Size::DW => Val::TOP,
+                _ => Val::scalar(0, umax(size.bytes() * 8)),
+            };
+        }
         Op::Store { .. } => {}
         Op::Atomic { op, fetch, src, .. } => {
             if op == AtomicOp::Cmpxchg {

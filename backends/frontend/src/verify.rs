@@ -915,15 +915,12 @@ fn decode_one(
             Ok((op, 1))
         }
         CLASS_JMP | CLASS_JMP32 => decode_jmp(pc, &i, helpers).map(|op| (op, 1)),
+        CLASS_LD if matches!(i.opc & 0xe0, MODE_ABS | MODE_IND) => {
+            decode_packet_load(pc, &i).map(|op| (op, 1))
+        }
         CLASS_LD => {
             if i.opc != LD_IMM64 {
-                return Err(verr(
-                    pc,
-                    format!(
-                        "opcode 0x{:02x}: legacy packet access (LD_ABS/LD_IND) is not supported",
-                        i.opc
-                    ),
-                ));
+                return Err(unknown(pc, &i));
             }
             if i.src != 0 {
                 return Err(verr(
@@ -1054,6 +1051,39 @@ fn decode_one(
         }
         _ => unreachable!("3-bit class"),
     }
+}
+
+/// Legacy packet access, `LD_ABS` (mode 0x20) and `LD_IND` (0x40), in the four sizes (rbpf
+/// has the 8-byte forms 0x38 and 0x58, the kernel does not): `dst` and `off` are reserved
+/// (0), as is `src` for `LD_ABS`; `LD_IND` reads its index from `src` (r0-r10). The
+/// immediate is the offset, read as a `u32` ([`Op::PacketLoad`]).
+fn decode_packet_load(pc: usize, i: &RawInsn) -> Result<Op, CompileError> {
+    let size = size_of_opc(i.opc);
+    let abs = i.opc & 0xe0 == MODE_ABS;
+    let name = format!(
+        "{}{} (opcode 0x{:02x})",
+        if abs { "ldabs" } else { "ldind" },
+        match size {
+            Size::B => "b",
+            Size::H => "h",
+            Size::W => "w",
+            Size::DW => "dw",
+        },
+        i.opc
+    );
+    zero(pc, &name, "dst", i.dst.into())?;
+    zero(pc, &name, "offset", i.off.into())?;
+    let index = if abs {
+        zero(pc, &name, "src", i.src.into())?;
+        None
+    } else {
+        Some(check_reg(pc, "index (source)", i.src)?)
+    };
+    Ok(Op::PacketLoad {
+        size,
+        index,
+        off: i.imm as u32,
+    })
 }
 
 fn size_of_opc(opc: u8) -> Size {
@@ -1422,7 +1452,9 @@ mod tests {
                             && matches!(code4, ALU_NEG | ALU_END))
                         || (matches!(class, CLASS_JMP | CLASS_JMP32)
                             && matches!(code4, JMP_JA | JMP_CALL))
-                        || (class == CLASS_STX && opc & 0xe0 == MODE_ATOMIC),
+                        || (class == CLASS_STX && opc & 0xe0 == MODE_ATOMIC)
+                        // Legacy packet loads (rare: rbpf's programs only).
+                        || (class == CLASS_LD && matches!(opc & 0xe0, MODE_ABS | MODE_IND)),
                     "opcode {opc:#04x} is valid but not on the fast path"
                 );
             }

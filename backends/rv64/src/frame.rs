@@ -86,10 +86,10 @@ pub struct Layout {
 pub(crate) const CTX_LIM8: u8 = 8;
 
 /// Plans every function's frame for `mode`.
-pub fn plan(prog: &Program, mode: &CodegenMode, has_callx: bool, lim8: bool) -> Layout {
+pub fn plan(prog: &Program, mode: &CodegenMode, lim8: bool) -> Layout {
     let lim8 = lim8 && mode.sandboxed();
     let block = stack_block_size(prog) as i32;
-    let can_stop = mode.keeps_env(has_callx);
+    let can_stop = mode.keeps_env(prog);
     let zero = entry_zeroing(prog, LOWERING_READS);
     let written_anywhere = prog.subprogs.iter().fold(0, |m, s| m | s.writes);
     let frames = prog

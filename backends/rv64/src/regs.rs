@@ -12,15 +12,16 @@
 //! | — | s9, s10 (x25, x26) | sandbox: stack block start and length |
 //! | — | s11 (x27) | budget: instructions left (written back to `env` on return) |
 //! | AX | a7 (x17) | the blinding rewrite's register for a masked constant (`packjit_frontend::blind`) |
+//! | ENV | s6 (x22) | the env register, as the legacy packet loads' base for the context start (`packjit_frontend::packet`) |
 //! | — | t0–t6, a6 | scratch (never live across an eBPF instruction) |
 //!
 //! s6–s11 are set by the entry and never changed by callees, so only the entry saves them.
 
 use crate::encode::reg::*;
 
-/// eBPF register → RV64 register, one row per eBPF register and one for the blinding
-/// rewrite's AX.
-pub type RegMap = [u8; 12];
+/// eBPF register → RV64 register, one row per eBPF register, one for the blinding
+/// rewrite's AX and one for the packet loads' ENV.
+pub type RegMap = [u8; 13];
 
 /// The map of programs that call something: helpers and local calls find their arguments
 /// in place and return in a5.
@@ -37,6 +38,7 @@ pub const REG_MAP: RegMap = [
     S4, // r9
     S5, // r10: frame pointer, read-only for the program
     A7, // AX: the blinding rewrite's register (`packjit_frontend::blind::AX`); written only on a stop path otherwise
+    S6, // ENV: the legacy packet loads' base for the context start (`packjit_frontend::packet::ENV`): the env register
 ];
 
 /// The run's `PjExecEnv *`: callee-saved, so helpers and local calls keep it.

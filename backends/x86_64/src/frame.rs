@@ -68,8 +68,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
     let block = stack_block_size(prog);
     // The front end's per-function summaries: no pass over the instructions here.
     let ops = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.ops);
-    let has_callx = ops & op_kind::CALL_REG != 0;
-    let needs_env = mode.keeps_env(has_callx);
+    let needs_env = mode.keeps_env(prog);
     // Registers read or written anywhere: `writes` adds r1-r5 at calls, which read them
     // anyway (`reads` has ARG_REGS there); see `regs::lowering_reads` for the atomics' r0.
     let used = prog

@@ -23,7 +23,7 @@ pub const R14: Gpr = 14;
 pub const R15: Gpr = 15;
 
 /// BPF register `rN` lives in `REG_MAP[N]`.
-pub const REG_MAP: [Gpr; 12] = [
+pub const REG_MAP: [Gpr; 13] = [
     RAX, // r0: the helpers' return register, so a helper result needs no move
     RDI, // r1: 1st SysV argument (also the entry's ctx)
     RSI, // r2: 2nd SysV argument (also the entry's ctx_len)
@@ -39,6 +39,9 @@ pub const REG_MAP: [Gpr; 12] = [
     // no lowering writes before reading a register operand (shifts park rcx in r11,
     // divisions copy the divisor to r11 first); a checked store saves it across the check.
     R9,
+    // ENV, the legacy packet loads' base for the context start (`packjit_frontend::packet`):
+    // the register holding `env` (kept for such programs: `CodegenMode::keeps_env`).
+    R12,
 ];
 
 /// `PjExecEnv *`, kept for the whole run when the code can stop or is sandboxed.
@@ -51,7 +54,8 @@ pub const T10: Gpr = R10;
 pub const T11: Gpr = R11;
 
 /// [`REG_MAP`] padded to 16 entries, so [`host`] indexes it without a bounds check (the
-/// verifier admits r0–r10, the blinding rewrite adds r11; the padding is never read).
+/// verifier admits r0–r10, the blinding rewrite adds r11, the packet loads r12; the padding
+/// is never read).
 const HOST: [Gpr; 16] = {
     let mut t = [0xff; 16];
     let mut r = 0;
@@ -65,7 +69,7 @@ const HOST: [Gpr; 16] = {
 /// Host register of BPF register `r`.
 #[inline]
 pub fn host(r: Reg) -> Gpr {
-    debug_assert!(r <= 11, "BPF register r{r} (11: the blinding AX)");
+    debug_assert!(r <= 12, "BPF register r{r} (11: the blinding AX, 12: ENV)");
     HOST[(r & 15) as usize]
 }
 

@@ -33,6 +33,7 @@ pub fn regs_read(op: &Op, local_call_reads: u16) -> u16 {
         Op::Neg { dst, .. } | Op::End { dst, .. } => r(dst),
         Op::LdImm64 { .. } | Op::Ja { .. } => 0,
         Op::Load { base, .. } => r(base),
+        Op::PacketLoad { index, .. } => index.map_or(0, r),
         Op::Store { base, src, .. } => r(base) | o(src),
         Op::Atomic { base, src, op, .. } => {
             r(base)

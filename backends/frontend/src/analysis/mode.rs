@@ -1,6 +1,7 @@
 //! How a request asks the code to be generated ([`CodegenMode`]), and the checks of the
 //! request and of its helper table that every backend shares, with the same messages.
 
+use crate::{op_kind, Program};
 use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
     PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
@@ -65,10 +66,15 @@ impl CodegenMode {
 
     /// Must the entry keep `env` for the whole run? When the code can stop (sandbox checks,
     /// the budget, a `callx` to an unknown id: the stop is written there and unwinds from
-    /// there) or tail calls (which pass the run's context on from it). `has_callx`: the
-    /// program has a `callx`.
-    pub fn keeps_env(&self, has_callx: bool) -> bool {
-        self.sandboxed() || self.counts_budget() || has_callx || self.tail_calls
+    /// there), tail calls (which pass the run's context on from it) or reads the context
+    /// start from it (legacy packet loads, [`crate::packet`]). From the functions'
+    /// summaries (`Subprog::ops`), not the instructions.
+    pub fn keeps_env(&self, prog: &Program) -> bool {
+        let ops = prog.subprogs.iter().fold(0u16, |m, s| m | s.ops);
+        self.sandboxed()
+            || self.counts_budget()
+            || self.tail_calls
+            || ops & (op_kind::CALL_REG | op_kind::PACKET_LOAD) != 0
     }
 }
 

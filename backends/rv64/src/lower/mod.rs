@@ -154,7 +154,7 @@ impl<'a> Plan<'a> {
         let lim8 = mode.sandboxed()
             && (prog.insts.iter().enumerate())
                 .any(|(i, inst)| mem::lim8_access(&inst.op, access.check(i), block));
-        let layout = crate::frame::plan(prog, mode, has_callx, lim8);
+        let layout = crate::frame::plan(prog, mode, lim8);
         // Bytes per instruction, trusted / checked (RV64 averages 5.3 / 35 with C): a first
         // guess; later passes know the code size.
         let capacity = EmitCapacity::for_program(prog, mode, (8, 40));
