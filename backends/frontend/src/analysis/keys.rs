@@ -141,6 +141,8 @@ pub fn constant_array_keys(
             | Op::Neg { dst, .. }
             | Op::End { dst, .. }
             | Op::Load { dst, .. } => facts.set(dst, Known::Unknown),
+            // A load from the context into r0: no memory written.
+            Op::PacketLoad { .. } => facts.set(0, Known::Unknown),
             Op::Store {
                 size,
                 base,
@@ -221,7 +223,11 @@ pub fn dead_key_arguments(prog: &Program, call: usize) -> Vec<usize> {
             | Op::LdImm64 { dst, .. } => Some(dst),
             // Memory accesses stay (a sandboxed one may stop the program); what they write
             // is kept live, which only keeps more.
-            Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. } | Op::MovPerCpu { .. } => None,
+            Op::Load { .. }
+            | Op::Store { .. }
+            | Op::Atomic { .. }
+            | Op::MovPerCpu { .. }
+            | Op::PacketLoad { .. } => None,
             Op::Ja { .. }
             | Op::Jcond { .. }
             | Op::CallHelper { .. }
