@@ -290,9 +290,8 @@ mod x86 {
                 time(|| {
                     let mut r0 = 0;
                     // SAFETY: live program; ctx is CTX_LEN writable bytes.
-                    let st = unsafe {
-                        packjit_program_run(black_box(prog), p.cast(), CTX_LEN, &mut r0)
-                    };
+                    let st =
+                        unsafe { packjit_program_run(black_box(prog), p.cast(), CTX_LEN, &mut r0) };
                     assert!(st == PJ_OK && r0 == want);
                 })
             }

@@ -1,7 +1,9 @@
 //! Attach points: a slot holding the program a host event runs, swappable while other
 //! threads are running through it, alone or in batches.
 
-use crate::{program_box, Error, ErrorKind, LoadOptions, PackedArena, Program, RunError, Runtime};
+use crate::{
+    program_box, run_pin, Error, ErrorKind, LoadOptions, PackedArena, Program, RunError, Runtime,
+};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
@@ -133,9 +135,14 @@ impl Hook {
     /// Runs the attached program on `mem`: `None` when nothing is attached, otherwise what
     /// the program returned (r0) or why it stopped.
     pub fn run(&self, mem: &mut [u8]) -> Option<Result<u64, RunError>> {
-        let guard = epoch::pin();
-        let shared = self.slot.load(Acquire, &guard);
-        // SAFETY: non-null pointers in the slot are live Programs protected by our pin.
+        // A run pin, not the epoch: a retired program is dropped at its arena's first call
+        // after the epoch's grace period AND the end of the runs in progress then (see
+        // `retire` and `run_pin`), so the program this load returns outlives the run.
+        let _pin = run_pin::enter();
+        // SAFETY: `unprotected` only lends the load a guard; what keeps the program alive is
+        // the run pin taken before the load (see above), not the guard.
+        let shared = self.slot.load(Acquire, unsafe { epoch::unprotected() });
+        // SAFETY: non-null pointers in the slot are live Programs (see above).
         let prog = unsafe { shared.as_ref() }?;
         Some(prog.call(mem))
     }
