@@ -135,7 +135,7 @@ pub unsafe extern "C" fn packjit_hook_run(
 ) -> i32 {
     boundary_run("packjit_hook_run", || {
         // A run pin, as in packjit_program_run: the handle's deferred drop waits for it.
-        let _pin = packjit_runtime::run_pin::enter();
+        let pin = packjit_runtime::run_pin::enter();
         // SAFETY: caller contract.
         let h = unsafe { hook(hook_) }?;
         // SAFETY: caller contract.
@@ -149,7 +149,7 @@ pub unsafe extern "C" fn packjit_hook_run(
             // SAFETY: caller contract: ctx is readable and writable for ctx_len bytes.
             unsafe { std::slice::from_raw_parts_mut(ctx.cast(), ctx_len) }
         };
-        match h.hook.run(mem) {
+        match h.hook.run_pinned(mem, &pin) {
             Some(r) => *r0 = r?,
             None => {
                 return Err(Error::new(

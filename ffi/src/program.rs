@@ -252,7 +252,7 @@ pub unsafe extern "C" fn packjit_program_run(
         // Pin before touching the handle: a concurrent packjit_program_free defers dropping
         // it (and its code) until this run pin is gone (see the deferred drop there). A run
         // pin, not the epoch: two plain stores instead of a fenced read-modify-write.
-        let _pin = packjit_runtime::run_pin::enter();
+        let pin = packjit_runtime::run_pin::enter();
         // SAFETY: caller contract.
         let p = unsafe { program(prog) }?;
         // SAFETY: caller contract.
@@ -260,8 +260,8 @@ pub unsafe extern "C" fn packjit_program_run(
         if ctx.is_null() && ctx_len != 0 {
             return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")).into());
         }
-        // SAFETY: caller contract on ctx; the run is pinned (call_raw pins again, cheaply).
-        *r0 = unsafe { p.prog.call_raw(ctx.cast(), ctx_len) }?;
+        // SAFETY: caller contract on ctx; the run is pinned since before the handle was read.
+        *r0 = unsafe { p.prog.call_raw_pinned(ctx.cast(), ctx_len, &pin) }?;
         Ok(())
     })
 }
