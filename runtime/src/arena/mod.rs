@@ -914,9 +914,9 @@ impl PackedArena {
         drop(queue);
         self.inner.graced_waiting.store(true, Release);
         if orphaned {
-            // Still not inside this callback's epoch grace alone: runs hold run pins, so
-            // the programs go once the runs in progress now have ended (at once if none is).
-            self.inner.release_graced();
+            // Not on the epoch's grace alone: runs hold run pins, so the programs go once the
+            // runs in progress now have ended (at once if none is).
+            Inner::release_orphaned(&self.inner);
         }
     }
 
@@ -926,7 +926,7 @@ impl PackedArena {
     pub(crate) fn orphan(&self) {
         self.inner.graced().orphaned = true;
         self.inner.graced_waiting.store(true, Release);
-        self.inner.release_graced();
+        Inner::release_orphaned(&self.inner);
     }
 
     /// Counts one region retired by a batch as pending until `release_after_grace`.
@@ -1057,6 +1057,19 @@ impl Inner {
         // After the push: a caller that sees the flag finds the entry. One that clears it
         // just before this store takes the entry anyway, or leaves it to the next call.
         self.graced_waiting.store(true, Release);
+    }
+
+    /// [`release_graced`](Self::release_graced) for an arena no runtime calls any more:
+    /// what waits for runs to end is retried from an epoch callback (the next flush, as a
+    /// hook swap or a free does) until it is gone, since no arena call will come for it.
+    fn release_orphaned(inner: &Arc<Inner>) {
+        inner.release_graced();
+        if inner.runs_waiting.load(Acquire) {
+            let again = inner.clone();
+            let guard = epoch::pin();
+            guard.defer(move || Inner::release_orphaned(&again));
+            guard.flush();
+        }
     }
 
     /// Releases every queued region (see [`Graced`]) that no run can still be executing:
