@@ -37,6 +37,21 @@ fn set_last(code: i32, pc: i64, msg: &str) {
     set_last_fault(code, pc, 0, msg)
 }
 
+/// A successful call clears the last error; a run path calls this each time, so it writes
+/// only when there is something to clear.
+fn set_last_ok() {
+    let _ = LAST_ERROR.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            if l.code != PJ_OK || l.pc != -1 || l.addr != 0 || l.msg[0] != 0 {
+                l.code = PJ_OK;
+                l.pc = -1;
+                l.addr = 0;
+                l.msg[0] = 0;
+            }
+        }
+    });
+}
+
 fn set_last_fault(code: i32, pc: i64, addr: u64, msg: &str) {
     let _ = LAST_ERROR.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
@@ -113,12 +128,19 @@ pub(super) fn boundary(what: &str, f: impl FnOnce() -> Result<(), Error>) -> i32
 /// [`boundary`] for the functions that run a program, whose body may also end in a
 /// [`RunError`].
 pub(super) fn boundary_run(what: &str, f: impl FnOnce() -> Result<(), Failure>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => {
-            set_last(PJ_OK, -1, "");
+    // The status is settled inside the closure, so what crosses `catch_unwind` is an `i32`:
+    // a `Result<Result<(), Failure>, _>` was copied out of it in pieces that the next load
+    // read back across two stores, a failed store-forward of ~5 ns on every
+    // `packjit_program_run` (perf, issue 43).
+    let status = catch_unwind(AssertUnwindSafe(|| match f() {
+        Ok(()) => {
+            set_last_ok();
             PJ_OK
         }
-        Ok(Err(e)) => record(&e),
+        Err(e) => record(&e),
+    }));
+    match status {
+        Ok(code) => code,
         Err(p) => {
             set_last(
                 PJ_ERR_PANIC,
@@ -167,7 +189,7 @@ pub(super) mod errno {
 pub(super) fn boundary_errno(what: &str, f: impl FnOnce() -> Result<i64, MapFailure>) -> i64 {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(n)) => {
-            set_last(PJ_OK, -1, "");
+            set_last_ok();
             n
         }
         Ok(Err(MapFailure::Arg(e))) => {

@@ -107,9 +107,13 @@ pub unsafe extern "C" fn packjit_hook_destroy(hook_: *mut PackjitHook) {
         let guard = epoch::pin();
         guard.defer(move || {
             let h = handle;
-            // SAFETY: from Box::into_raw; the magic swap made this the only destroy, and
-            // runners pinned before it have left by the time this runs.
-            drop(unsafe { Box::from_raw(h.0) });
+            // Then the runs in progress (packjit_hook_run holds a run pin, not the epoch).
+            packjit_runtime::run_pin::defer(Box::new(move || {
+                let h = h;
+                // SAFETY: from Box::into_raw; the magic swap made this the only destroy, and
+                // runners pinned before it (epoch or run pin) have left by the time this runs.
+                drop(unsafe { Box::from_raw(h.0) });
+            }));
         });
         guard.flush();
         Ok(())
@@ -130,7 +134,8 @@ pub unsafe extern "C" fn packjit_hook_run(
     r0: *mut u64,
 ) -> i32 {
     boundary_run("packjit_hook_run", || {
-        let _guard = packjit_runtime::arena::epoch_pin();
+        // A run pin, as in packjit_program_run: the handle's deferred drop waits for it.
+        let pin = packjit_runtime::run_pin::enter();
         // SAFETY: caller contract.
         let h = unsafe { hook(hook_) }?;
         // SAFETY: caller contract.
@@ -144,7 +149,7 @@ pub unsafe extern "C" fn packjit_hook_run(
             // SAFETY: caller contract: ctx is readable and writable for ctx_len bytes.
             unsafe { std::slice::from_raw_parts_mut(ctx.cast(), ctx_len) }
         };
-        match h.hook.run(mem) {
+        match h.hook.run_pinned(mem, &pin) {
             Some(r) => *r0 = r?,
             None => {
                 return Err(Error::new(

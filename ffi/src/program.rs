@@ -250,8 +250,9 @@ pub unsafe extern "C" fn packjit_program_run(
 ) -> i32 {
     boundary_run("packjit_program_run", || {
         // Pin before touching the handle: a concurrent packjit_program_free defers dropping
-        // it (and its code) until this guard is gone.
-        let _guard = packjit_runtime::arena::epoch_pin();
+        // it (and its code) until this run pin is gone (see the deferred drop there). A run
+        // pin, not the epoch: two plain stores instead of a fenced read-modify-write.
+        let pin = packjit_runtime::run_pin::enter();
         // SAFETY: caller contract.
         let p = unsafe { program(prog) }?;
         // SAFETY: caller contract.
@@ -259,8 +260,8 @@ pub unsafe extern "C" fn packjit_program_run(
         if ctx.is_null() && ctx_len != 0 {
             return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")).into());
         }
-        // SAFETY: caller contract on ctx; the epoch is pinned (call_raw pins again, cheaply).
-        *r0 = unsafe { p.prog.call_raw(ctx.cast(), ctx_len) }?;
+        // SAFETY: caller contract on ctx; the run is pinned since before the handle was read.
+        *r0 = unsafe { p.prog.call_raw_pinned(ctx.cast(), ctx_len, &pin) }?;
         Ok(())
     })
 }
@@ -295,37 +296,55 @@ pub unsafe extern "C" fn packjit_program_free(prog: *mut PackjitProgram) {
         let rt = p._rt.clone();
         PENDING_HANDLES.fetch_add(1, Ordering::AcqRel);
         let guard = epoch::pin();
+        // Two waits: the epoch's grace period (for threads inside `packjit_epoch_enter`
+        // brackets), then the end of the runs in progress after it (`packjit_program_run`
+        // holds a run pin, not the epoch; see `run_pin`).
         guard.defer(move || {
             let h = handle;
-            // SAFETY: from Box::into_raw; the `freed` swap made this the only free, and the
-            // epoch guarantees no pinned runner still holds it.
-            let b = unsafe { Box::from_raw(h.0) };
-            // A stale pointer used after this point (a caller bug) is then refused as long
-            // as the allocator leaves the word alone.
-            b.magic.store(DEAD_MAGIC, Ordering::Release);
-            let PackjitProgram { prog, _rt, .. } = *b;
-            match Arc::try_unwrap(prog) {
-                // SAFETY: runners pin before touching the handle and run its program only
-                // through it (or inside an epoch bracket), so the grace period that just
-                // ended covers the code too. Only queued here: this may run inside any
-                // thread's pin.
-                Ok(prog) => unsafe { prog.drop_after_own_grace() },
-                // A prog-array slot still holds it: the last owner's drop releases the code
-                // after a grace period of its own (tail calls reach it without the handle).
-                Err(shared) => drop(shared),
-            }
-            drop(_rt);
-            PENDING_HANDLES.fetch_sub(1, Ordering::AcqRel);
+            packjit_runtime::run_pin::defer(Box::new(move || {
+                let h = h;
+                // SAFETY: from Box::into_raw; the `freed` swap made this the only free, and
+                // the epoch and the run pins guarantee no runner still holds it.
+                unsafe { drop_handle(h.0) }
+            }));
         });
         guard.flush();
         drop(guard);
-        // What this flush ended (earlier frees' code): released here, with the compaction
-        // step their holes call for, not left to the next load.
+        // What this flush ended (earlier frees' handles and code): released here, with the
+        // compaction step their holes call for, not left to the next load.
         if let Some(a) = rt.arena() {
             a.release_due();
+        } else {
+            packjit_runtime::run_pin::collect();
         }
         Ok(())
     });
+}
+
+/// The deferred end of `packjit_program_free`.
+///
+/// # Safety
+/// `prog` came from `Box::into_raw` in `new_program`, is dropped only here, and no thread can
+/// still be using it.
+unsafe fn drop_handle(prog: *mut PackjitProgram) {
+    // SAFETY: caller contract.
+    let b = unsafe { Box::from_raw(prog) };
+    // A stale pointer used after this point (a caller bug) is then refused as long
+    // as the allocator leaves the word alone.
+    b.magic.store(DEAD_MAGIC, Ordering::Release);
+    let PackjitProgram { prog, _rt, .. } = *b;
+    match Arc::try_unwrap(prog) {
+        // SAFETY: runners pin before touching the handle and run its program only
+        // through it (or inside an epoch bracket), so the grace period that just
+        // ended covers the code too. Only queued here: this may run inside any
+        // thread's pin.
+        Ok(prog) => unsafe { prog.drop_after_own_grace() },
+        // A prog-array slot still holds it: the last owner's drop releases the code
+        // after a grace period of its own (tail calls reach it without the handle).
+        Err(shared) => drop(shared),
+    }
+    drop(_rt);
+    PENDING_HANDLES.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// Pins the calling thread's epoch: programs freed from now on (code and handles) stay

@@ -1,7 +1,9 @@
 //! Attach points: a slot holding the program a host event runs, swappable while other
 //! threads are running through it, alone or in batches.
 
-use crate::{program_box, Error, ErrorKind, LoadOptions, PackedArena, Program, RunError, Runtime};
+use crate::{
+    program_box, run_pin, Error, ErrorKind, LoadOptions, PackedArena, Program, RunError, Runtime,
+};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
@@ -133,11 +135,28 @@ impl Hook {
     /// Runs the attached program on `mem`: `None` when nothing is attached, otherwise what
     /// the program returned (r0) or why it stopped.
     pub fn run(&self, mem: &mut [u8]) -> Option<Result<u64, RunError>> {
-        let guard = epoch::pin();
-        let shared = self.slot.load(Acquire, &guard);
-        // SAFETY: non-null pointers in the slot are live Programs protected by our pin.
+        self.run_pinned(mem, &run_pin::enter())
+    }
+
+    /// [`run`](Self::run) for a caller that already holds a run pin (the C API, which takes
+    /// it before reading its hook handle).
+    #[inline]
+    pub fn run_pinned(
+        &self,
+        mem: &mut [u8],
+        pin: &run_pin::RunPin,
+    ) -> Option<Result<u64, RunError>> {
+        // A run pin, not the epoch: a retired program is dropped at its arena's first call
+        // after the epoch's grace period AND the end of the runs in progress then (see
+        // `retire` and `run_pin`), so the program this load returns outlives the run.
+        // SAFETY: `unprotected` only lends the load a guard; what keeps the program alive is
+        // the run pin taken before the load (see above), not the guard.
+        let shared = self.slot.load(Acquire, unsafe { epoch::unprotected() });
+        // SAFETY: non-null pointers in the slot are live Programs (see above).
         let prog = unsafe { shared.as_ref() }?;
-        Some(prog.call(mem))
+        let budget = prog.budget.unwrap_or(u64::MAX);
+        // SAFETY: `mem` is memory the program may read and write (a safe borrow).
+        Some(unsafe { prog.run_pinned(mem.as_mut_ptr(), mem.len(), budget, pin) })
     }
 
     /// Id and name of the attached program.

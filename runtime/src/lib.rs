@@ -41,6 +41,7 @@ pub mod maps;
 mod perf_map;
 mod program_box;
 pub mod rbpf_bridge;
+pub mod run_pin;
 mod symbols;
 pub mod testing;
 mod trace_printk;
@@ -1047,29 +1048,20 @@ impl Program {
     /// empty slice); returns r0, or why there is none: [`RunError::Stop`] with the
     /// [`Stop`] (out of bounds, budget, unknown `callx`) naming the pc, or
     /// [`RunError::NotExecutable`] for code compiled for another architecture.
+    #[inline]
     pub fn call(&self, mem: &mut [u8]) -> Result<u64, RunError> {
         self.call_with_budget(mem, self.budget.unwrap_or(u64::MAX))
     }
 
     /// [`Program::call`] with an instruction budget for this call (meaningful when the program
     /// was loaded with [`LoadOptions::budget`]; otherwise no counting is compiled in).
+    #[inline]
     pub fn call_with_budget(&self, mem: &mut [u8], budget: u64) -> Result<u64, RunError> {
-        self.check_executable()?;
-        let _guard = arena::epoch_pin();
-        let _maps = self.maps.as_ref().map(|m| maps::enter(Some(m)));
-        // SAFETY: committed code, kept alive by `self` and the epoch pin. For sandboxed code
-        // the emitted checks confine it to `mem`, its stack and its regions; for trusted code
-        // the caller of `load_trusted` promised it stays within memory it may touch.
-        unsafe {
-            exec::run(
-                self.entry_now(),
-                mem.as_mut_ptr(),
-                mem.len(),
-                &self.regions,
-                budget,
-                self.trust,
-            )
-        }
+        let pin = run_pin::enter();
+        // SAFETY: `mem` is memory the program may read and write. For sandboxed code the
+        // emitted checks confine it to `mem`, its stack and its regions; for trusted code the
+        // caller of `load_trusted` promised it stays within memory it may touch.
+        unsafe { self.run_pinned(mem.as_mut_ptr(), mem.len(), budget, &pin) }
     }
 
     /// Runs the program on a raw context.
@@ -1077,18 +1069,67 @@ impl Program {
     /// # Safety
     /// `ctx`/`len` must describe memory the program may read and write (for sandboxed code
     /// the checks then keep it inside; trusted code dereferences whatever it computes).
+    #[inline]
     pub unsafe fn call_raw(&self, ctx: *mut u8, len: usize) -> Result<u64, RunError> {
+        let pin = run_pin::enter();
+        // SAFETY: the caller vouches for ctx/len.
+        unsafe { self.call_raw_pinned(ctx, len, &pin) }
+    }
+
+    /// [`call_raw`](Self::call_raw) for a caller that already holds a run pin (taken before
+    /// it reached `self`, e.g. through a handle another thread may retire): no second pin.
+    ///
+    /// # Safety
+    /// As [`call_raw`](Self::call_raw).
+    #[inline]
+    pub unsafe fn call_raw_pinned(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        pin: &run_pin::RunPin,
+    ) -> Result<u64, RunError> {
+        // SAFETY: forwarded.
+        unsafe { self.run_pinned(ctx, len, self.budget.unwrap_or(u64::MAX), pin) }
+    }
+
+    /// A run under the caller's run pin (which `&RunPin`, neither `Send` nor `Sync`, proves
+    /// is held on this thread, taken before the caller loaded `self` or its entry).
+    ///
+    /// Inlined into its callers (a hook, the C API): a `Result` returned through memory and
+    /// copied on as one 16-byte block failed to forward from the callee's narrower stores,
+    /// ~5 ns per run (perf, issue 43).
+    ///
+    /// What a run holds besides the run pin ([`run_pin`]; code, hook slots' programs and C
+    /// handles are released only after the runs in progress at their retirement have
+    /// ended): the epoch pin too, for programs that name maps. A map lookup hands the
+    /// program a pointer into an element that a concurrent update or delete retires through
+    /// the epoch, and a tail call continues in a prog-array target whose slot is released
+    /// through it; both stay valid for the whole run only while it is pinned.
+    ///
+    /// # Safety
+    /// `ctx`/`len` as for [`call_raw`](Self::call_raw).
+    // Always: with a plain hint, whole-program optimisation outlined it (four callers).
+    #[inline(always)]
+    pub(crate) unsafe fn run_pinned(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        budget: u64,
+        _pin: &run_pin::RunPin,
+    ) -> Result<u64, RunError> {
         self.check_executable()?;
-        let _guard = arena::epoch_pin();
+        let _epoch = self.maps.is_some().then(arena::epoch_pin);
         let _maps = self.maps.as_ref().map(|m| maps::enter(Some(m)));
-        // SAFETY: as in call_with_budget; the caller vouches for ctx/len.
+        // SAFETY: committed code, kept alive by `self` and the run pin (its entry loaded
+        // after the pin: compaction releases an old copy only after the runs in progress at
+        // the move have ended); the caller vouches for ctx/len.
         unsafe {
             exec::run(
                 self.entry_now(),
                 ctx,
                 len,
                 &self.regions,
-                self.budget.unwrap_or(u64::MAX),
+                budget,
                 self.trust,
             )
         }

@@ -124,8 +124,9 @@ impl Movable {
         }
     }
 
-    /// The entry point now. A caller that runs it must have pinned the epoch BEFORE this
-    /// load: then a move after the load frees the old copy only once the caller unpins.
+    /// The entry point now. A caller that runs it must have pinned the epoch or taken a run
+    /// pin ([`run_pin`](crate::run_pin)) BEFORE this load: then a move after the load frees
+    /// the old copy only once the caller unpins (the arena waits for both).
     pub fn entry(&self) -> u64 {
         // Acquire pairs with the release store in `publish`: the copy's bytes and its cache
         // maintenance happen before any thread can see the new address.

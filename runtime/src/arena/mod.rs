@@ -12,6 +12,7 @@ mod sys;
 pub use compact::{Compaction, Movable, MoveListener, MoveWatch};
 
 use crate::id_map::IdMap;
+use crate::run_pin;
 use crossbeam_epoch as epoch;
 use packjit_plugin_api::{Arch, CodeArena, CompileError, ErrorKind, Region};
 use std::collections::{hash_map, BTreeMap, BTreeSet};
@@ -499,6 +500,8 @@ struct Inner {
     graced: Mutex<GracedQueue>,
     /// Set after a push to `graced`: lets the arena's calls skip its lock when nothing waits.
     graced_waiting: AtomicBool,
+    /// Set while `graced` holds batches waiting for runs to end.
+    runs_waiting: AtomicBool,
     /// Old copies of moved programs not released yet (see [`PackedArena::hasten_old_copies`]).
     old_copies: AtomicUsize,
     /// Loads since the arena last flushed the epoch (each free flushes).
@@ -527,6 +530,10 @@ struct GracedQueue {
     /// The runtime owning the arena is gone: nothing may call the arena again, so work that
     /// would wait here for its next call (see [`PackedArena::after_grace`]) runs at once.
     orphaned: bool,
+    /// Entries past the epoch's grace period, each batch waiting for the runs in progress
+    /// when it was taken off `entries` to end (runs hold a run pin, not the epoch: see
+    /// [`run_pin`](crate::run_pin)).
+    waiting_runs: Vec<(run_pin::Snapshot, Vec<Graced>)>,
 }
 
 /// Loads in a row that find old copies of moved programs waiting before one flushes the
@@ -623,6 +630,7 @@ impl PackedArena {
             pending: AtomicUsize::new(0),
             graced: Mutex::new(GracedQueue::default()),
             graced_waiting: AtomicBool::new(false),
+            runs_waiting: AtomicBool::new(false),
             old_copies: AtomicUsize::new(0),
             loads_unflushed: AtomicUsize::new(0),
             moves: AtomicU64::new(0),
@@ -897,12 +905,7 @@ impl PackedArena {
     /// its runtime is gone ([`orphan`](Self::orphan)) this drops them at once instead.
     pub(crate) fn after_grace(&self, drop_retired: Box<dyn FnOnce() + Send>) {
         let mut queue = self.inner.graced();
-        if queue.orphaned {
-            drop(queue);
-            drop_retired();
-            self.inner.release_graced();
-            return;
-        }
+        let orphaned = queue.orphaned;
         queue.entries.push(Graced {
             regions: Vec::new(),
             before: Some(drop_retired),
@@ -910,6 +913,11 @@ impl PackedArena {
         });
         drop(queue);
         self.inner.graced_waiting.store(true, Release);
+        if orphaned {
+            // Not on the epoch's grace alone: runs hold run pins, so the programs go once the
+            // runs in progress now have ended (at once if none is).
+            Inner::release_orphaned(&self.inner);
+        }
     }
 
     /// The runtime owning the arena is dropping its handle: runs what waits for the arena's
@@ -918,7 +926,7 @@ impl PackedArena {
     pub(crate) fn orphan(&self) {
         self.inner.graced().orphaned = true;
         self.inner.graced_waiting.store(true, Release);
-        self.inner.release_graced();
+        Inner::release_orphaned(&self.inner);
     }
 
     /// Counts one region retired by a batch as pending until `release_after_grace`.
@@ -1051,13 +1059,62 @@ impl Inner {
         self.graced_waiting.store(true, Release);
     }
 
-    /// Releases every queued region (see [`Graced`]).
+    /// [`release_graced`](Self::release_graced) for an arena no runtime calls any more:
+    /// what waits for runs to end is retried from an epoch callback (the next flush, as a
+    /// hook swap or a free does) until it is gone, since no arena call will come for it.
+    fn release_orphaned(inner: &Arc<Inner>) {
+        inner.release_graced();
+        if inner.runs_waiting.load(Acquire) {
+            let again = inner.clone();
+            let guard = epoch::pin();
+            guard.defer(move || Inner::release_orphaned(&again));
+            guard.flush();
+        }
+    }
+
+    /// Releases every queued region (see [`Graced`]) that no run can still be executing:
+    /// past the epoch's grace period (they were queued by its callback) and past the runs in
+    /// progress when they were taken off the queue (see [`run_pin`](crate::run_pin)). Never
+    /// waits: a batch whose runs are still going stays for a later call.
     fn release_graced(&self) {
-        // Again while the flag is set: dropping queued programs queues their regions.
-        while self.graced_waiting.swap(false, Acquire) {
+        // What the C API's handles wait for (they hold programs, whose release queues here).
+        run_pin::collect();
+        // Again while there is something new: dropping queued programs queues their regions.
+        loop {
+            let fresh = self.graced_waiting.swap(false, Acquire);
+            if !fresh && !self.runs_waiting.load(Acquire) {
+                return;
+            }
             // Taken out first: `before` may drop symbols (their own lock), and `release_now`
             // takes the arena lock; neither runs under the queue's.
-            let queued = std::mem::take(&mut self.graced().entries);
+            let taken = if fresh {
+                std::mem::take(&mut self.graced().entries)
+            } else {
+                Vec::new()
+            };
+            // Taken after the entries were retired (they were unpublished before their
+            // epoch grace period began), outside the queue's lock (a system call).
+            let snap = (!taken.is_empty()).then(run_pin::Snapshot::take);
+            let queued: Vec<Graced> = {
+                let mut q = self.graced();
+                if let Some(snap) = snap {
+                    q.waiting_runs.push((snap, taken));
+                }
+                let mut ready = Vec::new();
+                q.waiting_runs.retain_mut(|(snap, batch)| {
+                    if snap.passed() {
+                        ready.append(batch);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                self.runs_waiting.store(!q.waiting_runs.is_empty(), Release);
+                ready
+            };
+            if queued.is_empty() && !fresh {
+                return;
+            }
             for g in queued {
                 if let Some(before) = g.before {
                     before();
@@ -1525,6 +1582,8 @@ pub fn flush_epoch_until(mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     let mut nap = Duration::from_micros(20);
     loop {
+        // What waits for runs rather than for the epoch (the C API's freed handles).
+        crate::run_pin::collect();
         if done() {
             return true;
         }
