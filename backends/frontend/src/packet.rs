@@ -1,6 +1,6 @@
 //! Legacy packet access (`LD_ABS` / `LD_IND`), once for every backend: the driver rewrites
 //! each [`Op::PacketLoad`](crate::Op::PacketLoad) into ordinary operations the backends
-//! already lower ([`lower_packet_load`]), so a backend only maps the pseudo-register [`ENV`]
+//! already lower (`lower_packet_load`), so a backend only maps the pseudo-register [`ENV`]
 //! (and keeps `env` in it for programs with such loads: `CodegenMode::keeps_env`).
 //!
 //! ## Semantics (rbpf 0.4.1's)
