@@ -82,10 +82,39 @@ fn err(kind: ErrorKind, msg: impl Into<String>) -> Error {
 }
 
 /// Runtime configuration.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RuntimeConfig {
     /// Code arena settings.
     pub arena: ArenaConfig,
+    /// Start with the backend linked into this build for the host's architecture (see
+    /// [`linked_backend`]); `true` by default. `false` gives a runtime without backends, for
+    /// hosts that choose theirs with [`Runtime::load_plugins`] or [`Runtime::add_backend`]
+    /// and for tests of the interpreter fallback.
+    pub linked_backend: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            arena: ArenaConfig::default(),
+            linked_backend: true,
+        }
+    }
+}
+
+/// The JIT backend for the host's architecture that this build links in (cargo features
+/// `backend-x86_64`, `backend-arm64`, `backend-rv64`, all on by default; each only links on
+/// a target of its arch), or `None` when the feature for the host is off or the host has no
+/// packjit backend. [`Runtime::new`] starts with it.
+pub fn linked_backend() -> Option<Arc<dyn JitBackend>> {
+    #[cfg(all(feature = "backend-x86_64", target_arch = "x86_64"))]
+    return Some(Arc::new(packjit_x86_64::X86Backend::new()));
+    #[cfg(all(feature = "backend-arm64", target_arch = "aarch64"))]
+    return Some(Arc::new(packjit_arm64::Arm64Backend::new()));
+    #[cfg(all(feature = "backend-rv64", target_arch = "riscv64"))]
+    return Some(Arc::new(packjit_rv64::Rv64Backend::new()));
+    #[allow(unreachable_code)]
+    None
 }
 
 /// Instructions a sandboxed call may execute unless its load says otherwise
@@ -185,9 +214,13 @@ pub struct BackendInfo {
     pub supported_features: u64,
     /// Feature bits the running CPU offers (0 when `arch` is not the host's).
     pub detected_features: u64,
-    /// Where it came from (plugin path or "static").
+    /// Where it came from: the plugin's path, `"static"` ([`Runtime::add_backend`]) or
+    /// `"linked"` ([`linked_backend`], which [`Runtime::new`] starts with).
     pub origin: String,
 }
+
+/// [`BackendInfo::origin`] of the backend a runtime starts with ([`linked_backend`]).
+pub const LINKED_ORIGIN: &str = "linked";
 
 struct BackendSlot {
     backend: Arc<dyn JitBackend>,
@@ -195,6 +228,9 @@ struct BackendSlot {
     /// plugin's vtable, and a shared name costs no allocation per load).
     name: Arc<str>,
     origin: String,
+    /// The runtime's starting backend ([`linked_backend`]): a backend loaded for its arch
+    /// replaces it instead of being refused.
+    linked: bool,
     // Declared after `backend` so the library outlives the vtable wrapper that points into it.
     _library: Option<libloading::Library>,
 }
@@ -256,22 +292,41 @@ pub enum Trust {
 }
 
 impl Runtime {
-    /// A runtime with the default configuration.
+    /// A runtime with the default configuration: the host's backend linked into this build
+    /// (see [`linked_backend`]) is loaded, so programs compile and run natively without any
+    /// plugin.
+    ///
+    /// A backend loaded later for the same architecture ([`Runtime::load_plugins`],
+    /// [`Runtime::load_plugin`], [`Runtime::add_backend`]) replaces the linked one (programs
+    /// already compiled keep their code), so a host that ships its own plugins gets them. A
+    /// second backend for an arch whose backend was loaded explicitly is refused.
     pub fn new() -> Result<Self, Error> {
         Self::with_config(RuntimeConfig::default())
     }
 
-    /// A runtime with `cfg`.
+    /// A runtime with `cfg` (no backend at all with
+    /// [`linked_backend: false`](RuntimeConfig::linked_backend)).
     pub fn with_config(cfg: RuntimeConfig) -> Result<Self, Error> {
         // An unknown host arch has no executable arena; foreign-arch compilation still works.
         let arena = match Arch::host() {
             Some(_) => Some(PackedArena::new(cfg.arena)?),
             None => None,
         };
+        let linked = cfg.linked_backend.then(linked_backend).flatten();
+        let backends = linked
+            .map(|backend| BackendSlot {
+                name: backend.name().into(),
+                backend,
+                origin: LINKED_ORIGIN.into(),
+                linked: true,
+                _library: None,
+            })
+            .into_iter()
+            .collect();
         Ok(Self {
             arena,
             heap_arena: Arc::new(HeapArena::default()),
-            backends: RwLock::new(Vec::new()),
+            backends: RwLock::new(backends),
             helpers: RwLock::new(BTreeMap::new()),
             regions: RwLock::new(Arc::from([])),
             symbols: Arc::new(Symbols::default()),
@@ -283,6 +338,9 @@ impl Runtime {
     fn add_slot(&self, slot: BackendSlot) -> Result<BackendInfo, Error> {
         let mut backends = self.backends.write().unwrap_or_else(|p| p.into_inner());
         let arch = slot.backend.arch();
+        // The linked-in default gives way to a backend the host chose; it is linked code, so
+        // programs it compiled stay valid after its slot is dropped.
+        backends.retain(|b| !(b.linked && b.backend.arch() == arch));
         if let Some(existing) = backends.iter().find(|b| b.backend.arch() == arch) {
             return Err(err(
                 ErrorKind::Plugin,
@@ -305,6 +363,7 @@ impl Runtime {
             name: backend.name().into(),
             backend,
             origin: "static".into(),
+            linked: false,
             _library: None,
         })
     }
@@ -325,6 +384,7 @@ impl Runtime {
             name: plugin.backend.name().into(),
             backend: Arc::new(plugin.backend),
             origin: path.as_ref().display().to_string(),
+            linked: false,
             _library: Some(plugin.library),
         })
     }
