@@ -13,7 +13,7 @@ typedef unsigned char u8;
 
 /* How many bytes after the first one equal it. */
 SEC("pj/count")
-u64 count(const u8 *pkt, u64 len)
+u64 count_bytes(const u8 *pkt, u64 len)
 {
     u64 n = 0;
     for (u64 i = 1; i < len; i++)
