@@ -1161,6 +1161,10 @@ int32_t packjit_config_init(struct PackjitConfig *cfg);
  * runtime (ownership passes to the caller, who releases it with
  * `packjit_runtime_destroy`); on failure `*out` is set to NULL.
  *
+ * The runtime starts without a backend (unlike the Rust `Runtime::new`, which links the
+ * host's in): load one with `packjit_load_host_plugin` or `packjit_load_plugins` before
+ * `packjit_program_load`.
+ *
  * # Safety
  * `cfg` must be NULL or point to a `PackjitConfig` (borrowed for the call; `plugin_dir` is
  * copied). `out` must be NULL or point to writable storage for one pointer.
@@ -1660,7 +1664,14 @@ int32_t packjit_program_code(const struct PackjitProgram *prog,
 
 /**
  * Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
- * ctx_len)`) in `*entry`, for hosts that dispatch themselves. Fails with
+ * ctx_len, PjExecEnv *env)`) in `*entry`, for hosts that dispatch themselves. `env` must
+ * point to a `PjExecEnv` for this call: `ctx_start`/`ctx_end` bracketing the context,
+ * `budget` (code loaded with a budget counts it down), `regions`/`region_count` the host
+ * regions the program may touch besides its context and stack (the runtime's and the
+ * load's), the stop fields zero. After the call, `stop_kind != PJ_STOP_NONE` means the
+ * program stopped at `stop_pc` (r0 is then meaningless). Helpers that check pointer
+ * arguments (`packjit_helper_access_ok`, the map helpers) see only runs started by
+ * `packjit_program_run`, so prefer it unless the dispatch cost matters. Fails with
  * `PJ_ERR_NOT_EXECUTABLE` (and stores NULL) when the program cannot run here. The pointer
  * is valid while the program lives (taking it pins the code: compaction never moves it);
  * a caller racing with `packjit_program_free` must hold `packjit_epoch_enter` around

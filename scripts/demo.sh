@@ -10,15 +10,19 @@ packjit_install
 echo "== host ($(uname -m)): build and run"
 packjit_timed "building the demo and the plugins" \
     cargo build -q -p packjit-demo -p packjit-arm64 -p packjit-rv64 -p packjit-x86-64
-target/debug/packjit-demo run
+packjit_timed "running the sample natively" target/debug/packjit-demo run
 
 # C compiled by clang into a relocatable eBPF object, loaded as it is: .rodata table, .bss
 # counter, string literal, a local call and rbpf's `sqrti` helper resolved by name.
 objs="$PACKJIT_ROOT/target/demo-objs"
 mkdir -p "$objs"
-for src in demo sandbox demo_maps; do
-    clang-19 -O2 -g -target bpf -mcpu=v4 -c "tests/bpf/$src.c" -o "$objs/$src.o"
-done
+compile_objects() {
+    local src
+    for src in demo sandbox demo_maps; do
+        clang-19 -O2 -g -target bpf -mcpu=v4 -c "tests/bpf/$src.c" -o "$objs/$src.o"
+    done
+}
+packjit_timed "compiling tests/bpf/{demo,sandbox,demo_maps}.c with clang-19" compile_objects
 echo
 echo "== clang-built ELF object, sandboxed with a budget: tests/bpf/demo.c"
 target/debug/packjit-demo run "$objs/demo.o" --section demo --mem "07 00 00" --sandbox --budget 100000
@@ -58,6 +62,8 @@ for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
         aarch64-*) runner=($CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER) ;;
         *) runner=($CARGO_TARGET_RISCV64GC_UNKNOWN_LINUX_GNU_RUNNER) ;;
     esac
+    emulated_start=$SECONDS
+    echo "   (running the demo under ${runner[*]##*/} ...)" >&2
     "${runner[@]}" "$dir/packjit-demo" run
     echo "-- the clang-built object, sandboxed, native $triple code"
     "${runner[@]}" "$dir/packjit-demo" run "$objs/demo.o" --section demo --mem "07 00 00" \
@@ -66,4 +72,7 @@ for triple in aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
     "${runner[@]}" "$dir/packjit-demo" "${maps_run[@]}"
     echo "-- arena statistics for a batch of programs"
     "${runner[@]}" "$dir/packjit-demo" stats --count 300
+    echo "   (the $triple runs under qemu-user: $((SECONDS - emulated_start)) s)" >&2
 done
+echo
+echo "packjit demo: done in $SECONDS s"

@@ -23,6 +23,7 @@ step() {
     echo "== $name"
     local start=$SECONDS
     if "$@"; then
+        echo "-- $name: ok in $((SECONDS - start)) s"
         summary+=("ok      $name ($((SECONDS - start)) s)")
     else
         summary+=("FAILED  $name ($((SECONDS - start)) s)")
@@ -39,12 +40,60 @@ rustdoc_check() {
         RUSTDOCFLAGS="-D warnings" cargo doc -p packjit-ffi --no-deps -q
 }
 
+# Every published crate packages without a warning (metadata complete, path dependencies
+# versioned); the test kit is not published. --no-verify: the builds below cover the code.
+package_check() {
+    local out
+    out=$(cargo package --workspace --exclude packjit-testkit --no-verify --allow-dirty 2>&1) || {
+        echo "$out"
+        return 1
+    }
+    grep -c '^ *Packaged' <<<"$out" | sed 's/$/ crates packaged/'
+    if grep -i 'warning' <<<"$out"; then
+        return 1
+    fi
+}
+
+# The runtime's examples, as a user runs them (each asserts what it prints).
+objs="$PACKJIT_ROOT/target/examples-objs"
+examples_run() {
+    mkdir -p "$objs" &&
+        clang-19 -O2 -g -target bpf -mcpu=v4 -c examples/bpf/count.c -o "$objs/count.o" &&
+        cargo build -q -p packjit --examples || return 1
+    local ex
+    for ex in sandboxed_elf rbpf_switch hooks percpu maps ringbuf; do
+        echo "-- cargo run -p packjit --example $ex"
+        case $ex in
+            sandboxed_elf) cargo run -q -p packjit --example "$ex" -- "$objs/count.o" ;;
+            *) cargo run -q -p packjit --example "$ex" ;;
+        esac || return 1
+    done
+}
+
+# A crate outside the workspace depending on `packjit` by path, default features, no plugin
+# directory: the first thing a new user tries. The workspace's lock file pins the same
+# dependency versions (cargo trims what the crate does not use).
+standalone_run() {
+    mkdir -p "$objs" && cp Cargo.lock examples/standalone/Cargo.lock &&
+        clang-19 -O2 -g -target bpf -mcpu=v4 -c examples/bpf/count.c -o "$objs/count.o" &&
+        env -u PACKJIT_PLUGIN_DIR cargo run -q --manifest-path examples/standalone/Cargo.toml \
+            --target-dir target/standalone -- "$objs/count.o"
+}
+
 step "format check" cargo fmt --all -- --check
 step "clippy (host, -D warnings)" cargo clippy --workspace --all-targets -q -- -D warnings
 step "rustdoc (-D warnings)" rustdoc_check
+step "cargo package (no warnings)" package_check
 step "host tests (x86-64)" cargo test --workspace
+step "examples (cargo run -p packjit --example ...)" examples_run
+step "a new crate on packjit's defaults (examples/standalone)" standalone_run
+# Each cross target in two steps, so the build time and the emulated run time show apart.
+step "aarch64: cross-build the tests" \
+    packjit_cross_cargo aarch64-unknown-linux-gnu test --workspace --lib --bins --tests --no-run
 step "aarch64 tests under qemu-aarch64" \
     packjit_cross_cargo aarch64-unknown-linux-gnu test --workspace --lib --bins --tests
+step "riscv64: cross-build the tests (std built from source)" \
+    packjit_cross_cargo riscv64gc-unknown-linux-gnu test --workspace --lib --bins --tests --no-run
 step "riscv64 tests under qemu-riscv64" \
     packjit_cross_cargo riscv64gc-unknown-linux-gnu test --workspace --lib --bins --tests
 if [ -x ffi/check.sh ]; then

@@ -452,7 +452,14 @@ pub unsafe extern "C" fn packjit_program_code(
 }
 
 /// Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
-/// ctx_len)`) in `*entry`, for hosts that dispatch themselves. Fails with
+/// ctx_len, PjExecEnv *env)`) in `*entry`, for hosts that dispatch themselves. `env` must
+/// point to a `PjExecEnv` for this call: `ctx_start`/`ctx_end` bracketing the context,
+/// `budget` (code loaded with a budget counts it down), `regions`/`region_count` the host
+/// regions the program may touch besides its context and stack (the runtime's and the
+/// load's), the stop fields zero. After the call, `stop_kind != PJ_STOP_NONE` means the
+/// program stopped at `stop_pc` (r0 is then meaningless). Helpers that check pointer
+/// arguments (`packjit_helper_access_ok`, the map helpers) see only runs started by
+/// `packjit_program_run`, so prefer it unless the dispatch cost matters. Fails with
 /// `PJ_ERR_NOT_EXECUTABLE` (and stores NULL) when the program cannot run here. The pointer
 /// is valid while the program lives (taking it pins the code: compaction never moves it);
 /// a caller racing with `packjit_program_free` must hold `packjit_epoch_enter` around

@@ -119,6 +119,10 @@ pub unsafe extern "C" fn packjit_config_init(cfg: *mut PackjitConfig) -> i32 {
 /// runtime (ownership passes to the caller, who releases it with
 /// `packjit_runtime_destroy`); on failure `*out` is set to NULL.
 ///
+/// The runtime starts without a backend (unlike the Rust `Runtime::new`, which links the
+/// host's in): load one with `packjit_load_host_plugin` or `packjit_load_plugins` before
+/// `packjit_program_load`.
+///
 /// # Safety
 /// `cfg` must be NULL or point to a `PackjitConfig` (borrowed for the call; `plugin_dir` is
 /// copied). `out` must be NULL or point to writable storage for one pointer.
@@ -174,7 +178,13 @@ pub unsafe extern "C" fn packjit_runtime_create(
                 plugin_dir = Some(unsafe { c_path(c.plugin_dir, "cfg->plugin_dir") }?);
             }
         }
-        let rt = Runtime::with_config(RuntimeConfig { arena })?;
+        // A C host chooses its backends (packjit_load_host_plugin, packjit_load_plugins): the
+        // library starts without one whatever cargo features built it, so the same calls
+        // behave the same with every libpackjit.so.
+        let rt = Runtime::with_config(RuntimeConfig {
+            arena,
+            linked_backend: false,
+        })?;
         *out = Box::into_raw(Box::new(PackjitRuntime {
             magic: AtomicU64::new(RUNTIME_MAGIC),
             rt: Arc::new(rt),

@@ -28,7 +28,7 @@ mod sample;
 mod stats;
 
 use clap::{Parser, Subcommand};
-use packjit::{Arch, LoadOptions, Program, Runtime, Trust};
+use packjit::{Arch, ArenaConfig, LoadOptions, MapMode, Program, Runtime, RuntimeConfig, Trust};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -40,7 +40,8 @@ use std::sync::Arc;
     about = "packjit: eBPF JIT backends for x86-64, arm64 and RV64 in one packed code arena"
 )]
 struct Cli {
-    /// Directory holding libpackjit_*.so plugins (default: PACKJIT_PLUGIN_DIR, then next to the executable).
+    /// Directory holding libpackjit_*.so plugins (default: PACKJIT_PLUGIN_DIR, then next to the
+    /// executable, and the backends linked into this binary when neither holds any).
     #[arg(long, global = true)]
     plugin_dir: Option<PathBuf>,
     /// Link the backends statically instead of loading plugins.
@@ -176,7 +177,27 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Result<(), String> {
-    let rt = Runtime::new().map_err(|e| e.to_string())?;
+    // For gdb and perf the arena is toggle-mapped (anonymous private pages). gdb can then
+    // write a software breakpoint into a program (`break <name>`): the default dual
+    // mapping's executable view is shared and read-only, leaving only hardware breakpoints,
+    // which not every machine (a VM, qemu-user) offers. And perf reads /tmp/perf-PID.map
+    // only for anonymous memory: samples in the dual mapping's memfd are attributed to the
+    // file (`memfd:...` + offset), never to the program's name.
+    let config = RuntimeConfig {
+        arena: ArenaConfig {
+            map_mode: if matches!(
+                cmd,
+                Cmd::Run { gdb: true, .. } | Cmd::Run { perf_map: true, .. }
+            ) {
+                MapMode::Toggle
+            } else {
+                MapMode::Auto
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let rt = Runtime::with_config(config).map_err(|e| e.to_string())?;
     // The ELF modes print only their result on stdout.
     let quiet = matches!(
         cmd,
@@ -201,6 +222,14 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
                         "backend {} {} for {} loaded from {} (features supported {:#x}, detected {:#x})",
                         b.name, b.version, b.arch, b.origin, b.supported_features, b.detected_features
                     );
+                }
+            }
+            // No plugin directory asked for and none found (an installed `packjit-demo` has
+            // no plugins beside it): the backends this binary links serve instead.
+            Err(e) if plugin_dir.is_none() => {
+                add_static_backends(&rt)?;
+                if !quiet {
+                    println!("backends: linked statically ({e})");
                 }
             }
             Err(e) => {

@@ -1,7 +1,7 @@
 //! Maps from Rust: create an array and a hash map, hand them to a program, run it on a few
 //! packets, read the maps back.
 //!
-//! `cargo run -p packjit --example maps`
+//! `cargo run -p packjit --example maps` (and `--example ringbuf` for events to the host)
 //!
 //! The program (hand-assembled below; from C it would be a libbpf-style object, see
 //! `tests/bpf/demo_maps.c` and `packjit-demo run ... --maps`) does, for a packet whose first
@@ -19,9 +19,8 @@
 //! ```
 
 use packjit::maps::{Map, MapSpec, MapType, BPF_ANY};
-use packjit::{Arch, LoadOptions, Runtime};
+use packjit::{LoadOptions, Runtime};
 use packjit_frontend::encode_insn as i;
-use std::sync::Arc;
 
 /// `lddw dst, map k`: the kernel loader's encoding (`src = BPF_PSEUDO_MAP_FD`, `imm = k`),
 /// `k` indexing `LoadOptions::maps`.
@@ -97,14 +96,9 @@ fn u64_of(v: &[u8]) -> u64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // A runtime with the host's backend linked in (a host could `load_plugins` instead).
+    // A runtime with the host's backend linked in (cargo feature `backend-<arch>`, on by
+    // default; a host could `load_plugins` instead).
     let rt = Runtime::new()?;
-    match Arch::host() {
-        Some(Arch::X86_64) => rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))?,
-        Some(Arch::Aarch64) => rt.add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))?,
-        Some(Arch::Riscv64) => rt.add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))?,
-        None => return Err("no packjit backend for this host".into()),
-    };
 
     // The maps, created by the host. Both may be shared by several programs and threads.
     let bytes = Map::new(spec("bytes", MapType::Array, 4))?;

@@ -1,31 +1,87 @@
 //! # packjit
 //!
-//! The host side of packjit: load JIT backends (plugins or statically linked), register
-//! helpers, compile eBPF programs into one shared packed code arena, run them, and free them
-//! safely while other threads may still be running them.
+//! The host side of packjit: compile eBPF programs (RFC 9669, cpu v4) to native code for
+//! x86-64, arm64 and RV64, pack them into one shared W^X code arena, run them sandboxed or
+//! trusted, and free them safely while other threads may still be running them.
 //!
-//! ```no_run
-//! use std::sync::Arc;
-//! use packjit::{LoadOptions, Runtime};
+//! ## Quickstart
 //!
-//! unsafe extern "C" fn add(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 { a + b }
+//! The backend for the host's architecture is linked in by default, so a runtime compiles
+//! and runs code as soon as it exists:
+//!
+//! ```
+//! use packjit::{LoadOptions, RunError, Runtime, Stop};
 //!
 //! let rt = Runtime::new()?;
-//! rt.load_plugins(None)?; // libpackjit_*.so next to the executable or in PACKJIT_PLUGIN_DIR
-//! rt.register_helper(1, "add", add)?;
-//! let code = std::fs::read("prog.bin").unwrap();
-//! let prog = rt.load(&code, &LoadOptions::default())?;
-//! let mut ctx = [0u8; 64];
-//! // A run fails with a `RunError` (a `Stop`: out of bounds, budget, unknown `callx`), not
-//! // with the `Error` of loading.
-//! println!("r0 = {}", prog.call(&mut ctx)?);
-//! println!("{:?}", rt.stats());
+//! // r0 = the context's first byte + 1 (eBPF bytecode; `ElfLoadOptions` loads clang objects).
+//! let code = [
+//!     0x71, 0x10, 0, 0, 0, 0, 0, 0, // ldxb r0, [r1 + 0]
+//!     0x07, 0x00, 0, 0, 1, 0, 0, 0, // add r0, 1
+//!     0x95, 0x00, 0, 0, 0, 0, 0, 0, // exit
+//! ];
+//! let prog = rt.load(&code, &LoadOptions::default())?; // sandboxed
+//! # if packjit::linked_backend().is_some() {
+//! assert_eq!(prog.call(&mut [41])?, 42);
+//! // An empty context: the read is refused and the run stops, naming the pc.
+//! let stop = prog.call(&mut []).unwrap_err();
+//! assert!(matches!(stop, RunError::Stop(Stop::OutOfBounds { pc: 0, size: 1, .. })));
+//! # }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! More, each a short program: `cargo run -p packjit --example <name>` with `sandboxed_elf`
+//! (a clang-built object), `rbpf_switch`, `hooks`, `percpu`, `maps`, `ringbuf`.
+//!
+//! ## The sandbox contract
+//!
+//! A program loaded with [`Runtime::load`] (or [`Runtime::load_elf`], [`HookBatch`], the
+//! [`rbpf_bridge`] VMs' `execute_program`) is **sandboxed**:
+//!
+//! * It may read and write its context (`r1`, `r2` bytes; the slice given to
+//!   [`Program::call`]), its own 512-byte stack frame per call level, and host regions
+//!   ([`Runtime::add_region`], [`LoadOptions::regions`], an ELF object's globals, map
+//!   values), each read-only or read-write. Every other load, store or atomic stops the
+//!   program before the access: [`Program::call`] returns [`RunError::Stop`] with a
+//!   [`Stop::OutOfBounds`] naming the pc, the address, the size and the direction. No
+//!   signal reaches the host, and the checks are Spectre-safe (the failing side clamps the
+//!   address).
+//! * It runs at most its budget: [`DEFAULT_BUDGET`] instructions per call unless
+//!   [`LoadOptions::budget`] says otherwise, then [`Stop::Budget`].
+//! * It calls only helpers registered before it was loaded ([`Runtime::register_helper`],
+//!   the built-in map and kernel helpers); an unknown `call` fails the load, an unknown
+//!   `callx` stops the run ([`Stop::UnknownCallx`]). Helpers check pointer arguments with
+//!   [`helper_access_ok`].
+//! * Registers r0, r3–r9 and the stack start at zero, so nothing of the host leaks in.
+//!
+//! **Trusted** code ([`Runtime::load_trusted`], `unsafe`) has no checks: the host vouches
+//! for it, as after the kernel's verifier. Both are verified structurally at load (valid
+//! opcodes and registers, jumps and calls inside the program). Details:
+//! `docs/ARCHITECTURE.md`, "Sandbox contract".
+//!
+//! ## What runs where
+//!
+//! | host | native code | backend in `Runtime::new()` | as a plugin |
+//! |---|---|---|---|
+//! | x86-64 | sandboxed and trusted | `packjit-x86-64` (feature `backend-x86_64`) | `libpackjit_x86_64.so` |
+//! | arm64 (aarch64) | sandboxed and trusted | `packjit-arm64` (feature `backend-arm64`) | `libpackjit_arm64.so` |
+//! | RV64 (riscv64gc) | sandboxed and trusted | `packjit-rv64` (feature `backend-rv64`) | `libpackjit_rv64.so` |
+//! | other | none: the [`rbpf_bridge`] interprets (`packjit-interp`, same contract) | none | none |
+//!
+//! Any host can compile for every architecture it has a backend for
+//! ([`LoadOptions::arch`]; add foreign ones with [`Runtime::add_backend`] or
+//! [`Runtime::load_plugin`]); such code is for inspection and cannot be called. A backend
+//! loaded for the host's architecture replaces the linked one; `default-features = false`
+//! or [`RuntimeConfig::linked_backend`] `= false` starts without it. The C API
+//! (`packjit-ffi`, `libpackjit.so`) always starts without a backend and loads plugins.
+//!
+//! ## Profilers and debuggers
+//!
 //! Programs carry names that profilers and debuggers see: [`Runtime::enable_perf_map`] keeps
 //! the perf map current, and [`Runtime::enable_gdb_jit`] registers them with gdb (see
-//! [`gdb_jit`]; under gdb, `hbreak <program name>` stops in one).
+//! [`gdb_jit`]; under gdb, `hbreak <program name>` stops in one). perf reads the map for
+//! anonymous memory only, and gdb plants software breakpoints only in private mappings:
+//! with [`MapMode::Toggle`] ([`ArenaConfig::map_mode`]) both work; the default dual
+//! mapping needs hardware breakpoints and shows perf samples as `memfd` offsets.
 
 pub mod arena;
 pub mod builtins;
@@ -83,10 +139,39 @@ fn err(kind: ErrorKind, msg: impl Into<String>) -> Error {
 }
 
 /// Runtime configuration.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RuntimeConfig {
     /// Code arena settings.
     pub arena: ArenaConfig,
+    /// Start with the backend linked into this build for the host's architecture (see
+    /// [`linked_backend`]); `true` by default. `false` gives a runtime without backends, for
+    /// hosts that choose theirs with [`Runtime::load_plugins`] or [`Runtime::add_backend`]
+    /// and for tests of the interpreter fallback.
+    pub linked_backend: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            arena: ArenaConfig::default(),
+            linked_backend: true,
+        }
+    }
+}
+
+/// The JIT backend for the host's architecture that this build links in (cargo features
+/// `backend-x86_64`, `backend-arm64`, `backend-rv64`, all on by default; each only links on
+/// a target of its arch), or `None` when the feature for the host is off or the host has no
+/// packjit backend. [`Runtime::new`] starts with it.
+pub fn linked_backend() -> Option<Arc<dyn JitBackend>> {
+    #[cfg(all(feature = "backend-x86_64", target_arch = "x86_64"))]
+    return Some(Arc::new(packjit_x86_64::X86Backend::new()));
+    #[cfg(all(feature = "backend-arm64", target_arch = "aarch64"))]
+    return Some(Arc::new(packjit_arm64::Arm64Backend::new()));
+    #[cfg(all(feature = "backend-rv64", target_arch = "riscv64"))]
+    return Some(Arc::new(packjit_rv64::Rv64Backend::new()));
+    #[allow(unreachable_code)]
+    None
 }
 
 /// Instructions a sandboxed call may execute unless its load says otherwise
@@ -186,9 +271,13 @@ pub struct BackendInfo {
     pub supported_features: u64,
     /// Feature bits the running CPU offers (0 when `arch` is not the host's).
     pub detected_features: u64,
-    /// Where it came from (plugin path or "static").
+    /// Where it came from: the plugin's path, `"static"` ([`Runtime::add_backend`]) or
+    /// `"linked"` ([`linked_backend`], which [`Runtime::new`] starts with).
     pub origin: String,
 }
+
+/// [`BackendInfo::origin`] of the backend a runtime starts with ([`linked_backend`]).
+pub const LINKED_ORIGIN: &str = "linked";
 
 struct BackendSlot {
     backend: Arc<dyn JitBackend>,
@@ -196,6 +285,9 @@ struct BackendSlot {
     /// plugin's vtable, and a shared name costs no allocation per load).
     name: Arc<str>,
     origin: String,
+    /// The runtime's starting backend ([`linked_backend`]): a backend loaded for its arch
+    /// replaces it instead of being refused.
+    linked: bool,
     // Declared after `backend` so the library outlives the vtable wrapper that points into it.
     _library: Option<libloading::Library>,
 }
@@ -257,22 +349,41 @@ pub enum Trust {
 }
 
 impl Runtime {
-    /// A runtime with the default configuration.
+    /// A runtime with the default configuration: the host's backend linked into this build
+    /// (see [`linked_backend`]) is loaded, so programs compile and run natively without any
+    /// plugin.
+    ///
+    /// A backend loaded later for the same architecture ([`Runtime::load_plugins`],
+    /// [`Runtime::load_plugin`], [`Runtime::add_backend`]) replaces the linked one (programs
+    /// already compiled keep their code), so a host that ships its own plugins gets them. A
+    /// second backend for an arch whose backend was loaded explicitly is refused.
     pub fn new() -> Result<Self, Error> {
         Self::with_config(RuntimeConfig::default())
     }
 
-    /// A runtime with `cfg`.
+    /// A runtime with `cfg` (no backend at all with
+    /// [`linked_backend: false`](RuntimeConfig::linked_backend)).
     pub fn with_config(cfg: RuntimeConfig) -> Result<Self, Error> {
         // An unknown host arch has no executable arena; foreign-arch compilation still works.
         let arena = match Arch::host() {
             Some(_) => Some(PackedArena::new(cfg.arena)?),
             None => None,
         };
+        let linked = cfg.linked_backend.then(linked_backend).flatten();
+        let backends = linked
+            .map(|backend| BackendSlot {
+                name: backend.name().into(),
+                backend,
+                origin: LINKED_ORIGIN.into(),
+                linked: true,
+                _library: None,
+            })
+            .into_iter()
+            .collect();
         Ok(Self {
             arena,
             heap_arena: Arc::new(HeapArena::default()),
-            backends: RwLock::new(Vec::new()),
+            backends: RwLock::new(backends),
             helpers: RwLock::new(BTreeMap::new()),
             regions: RwLock::new(Arc::from([])),
             symbols: Arc::new(Symbols::default()),
@@ -284,6 +395,9 @@ impl Runtime {
     fn add_slot(&self, slot: BackendSlot) -> Result<BackendInfo, Error> {
         let mut backends = self.backends.write().unwrap_or_else(|p| p.into_inner());
         let arch = slot.backend.arch();
+        // The linked-in default gives way to a backend the host chose; it is linked code, so
+        // programs it compiled stay valid after its slot is dropped.
+        backends.retain(|b| !(b.linked && b.backend.arch() == arch));
         if let Some(existing) = backends.iter().find(|b| b.backend.arch() == arch) {
             return Err(err(
                 ErrorKind::Plugin,
@@ -306,6 +420,7 @@ impl Runtime {
             name: backend.name().into(),
             backend,
             origin: "static".into(),
+            linked: false,
             _library: None,
         })
     }
@@ -326,6 +441,7 @@ impl Runtime {
             name: plugin.backend.name().into(),
             backend: Arc::new(plugin.backend),
             origin: path.as_ref().display().to_string(),
+            linked: false,
             _library: Some(plugin.library),
         })
     }

@@ -39,7 +39,8 @@
 //!   ([`c_thunk_for`]); code is compiled with the VM's own helper table (not the runtime's).
 //!   Registering a helper drops code compiled before.
 //! * The VMs are `Send + Sync`. `new` uses one process-wide runtime ([`default_runtime`]:
-//!   plugins from the default directories, if any); `new_with_runtime` takes yours.
+//!   the host's linked-in backend, or plugins from the default directories); `new_with_runtime`
+//!   takes yours.
 //!
 //! ## Where rbpf 0.4.1 differs, and packjit follows RFC 9669
 //!
@@ -524,8 +525,10 @@ fn compile_to_io(
 }
 
 /// The runtime [`EbpfVmRaw::new`] and the other `new` constructors use: created on first use,
-/// with the plugins of the default directories (`PACKJIT_PLUGIN_DIR`, or next to the
-/// executable) when there are any. Without a backend for the host, programs are interpreted.
+/// with the backend linked into this build for the host ([`crate::linked_backend`]) and the
+/// plugins of the default directories (`PACKJIT_PLUGIN_DIR`, or next to the executable) when
+/// there are any (a plugin for the host replaces the linked backend). Without a backend for
+/// the host, programs are interpreted.
 pub fn default_runtime() -> Arc<Runtime> {
     static RT: OnceLock<Option<Arc<Runtime>>> = OnceLock::new();
     RT.get_or_init(|| {

@@ -12,6 +12,46 @@ fn helpers_are_unique_and_listed() {
     assert_eq!(rt.helpers()[0].name, "id");
 }
 
+/// `Runtime::new()` compiles for the host with the backend this build links in; a backend
+/// the host loads for that arch replaces it, and only then is a second one refused.
+#[test]
+fn the_linked_backend_serves_until_the_host_loads_its_own() {
+    let Some(linked) = linked_backend() else {
+        return; // the host's backend feature is off or the host has no backend
+    };
+    let host = Arch::host().unwrap();
+    assert_eq!(linked.arch(), host);
+    let rt = Runtime::new().unwrap();
+    let info = rt.backends();
+    assert_eq!(info.len(), 1);
+    assert_eq!(
+        (info[0].arch, info[0].origin.as_str()),
+        (host, LINKED_ORIGIN)
+    );
+    // mov r0, 7 ; exit
+    let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    let p = rt.load(&code, &LoadOptions::default()).unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 7);
+
+    rt.add_backend(linked_backend().unwrap()).unwrap();
+    let info = rt.backends();
+    assert_eq!(info.len(), 1);
+    assert_eq!(info[0].origin, "static");
+    // Compiled by the replaced backend, still runnable.
+    assert_eq!(p.call(&mut []).unwrap(), 7);
+    let e = rt.add_backend(linked_backend().unwrap()).unwrap_err();
+    assert!(e.message.contains("is already loaded"), "{e}");
+
+    let empty = Runtime::with_config(RuntimeConfig {
+        linked_backend: false,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(empty.backends().is_empty());
+    let e = empty.load(&code, &LoadOptions::default()).unwrap_err();
+    assert_eq!(e.message, format!("no backend loaded for {host}"));
+}
+
 #[test]
 fn loading_without_a_backend_names_the_arch() {
     let rt = Runtime::new().unwrap();

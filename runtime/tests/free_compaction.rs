@@ -21,6 +21,7 @@ fn eager_runtime() -> Runtime {
             compaction: eager(),
             ..ArenaConfig::default()
         },
+        ..Default::default()
     })
 }
 

@@ -25,6 +25,7 @@ mod x86 {
                 map_mode,
                 ..Default::default()
             },
+            ..Default::default()
         })
         .unwrap();
         rt.add_backend(Arc::new(packjit_x86_64::X86Backend::new()))

@@ -28,6 +28,7 @@ fn runtime(compaction: Option<Compaction>) -> Runtime {
             compaction,
             ..ArenaConfig::default()
         },
+        ..Default::default()
     })
 }
 

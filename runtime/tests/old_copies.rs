@@ -23,6 +23,7 @@ fn loads_alone_release_the_old_copies_of_moved_programs() {
             }),
             ..ArenaConfig::default()
         },
+        ..Default::default()
     });
     let mut progs: Vec<_> = (0..40)
         .map(|i| {

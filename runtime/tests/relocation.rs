@@ -27,6 +27,7 @@ fn runtime(compaction: Option<Compaction>) -> Runtime {
             compaction,
             ..ArenaConfig::default()
         },
+        ..Default::default()
     });
     rt.register_helper(1, "add", add).unwrap();
     rt
