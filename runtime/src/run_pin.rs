@@ -9,10 +9,10 @@
 //! * a run bumps its thread's sequence word to odd on entry and back to even on exit, with
 //!   only a compiler fence on entry (no atomic read-modify-write, no lock, no allocation);
 //! * whoever releases something a run may hold first unpublishes it, then takes a
-//!   [`Snapshot`]: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` runs a full barrier on
+//!   `Snapshot`: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` runs a full barrier on
 //!   every CPU running one of the process's threads, so each thread either had its odd word
 //!   visible to the snapshot or reads the pointer after the barrier and sees it unpublished.
-//!   Then it releases once every word that was odd has changed ([`Snapshot::passed`]).
+//!   Then it releases once every word that was odd has changed (`Snapshot::passed`).
 //!
 //! Where `membarrier` is refused (old kernels, seccomp, emulators that lack it) runs use a
 //! real `SeqCst` fence after the store and snapshots a `SeqCst` fence before reading: the
