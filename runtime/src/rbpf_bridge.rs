@@ -118,16 +118,23 @@
 //! * **Instruction budget**: rbpf has none; here sandboxed and interpreted runs end after
 //!   [`DEFAULT_BUDGET`](crate::DEFAULT_BUDGET) instructions with a budget error, and
 //!   [`EbpfVmRaw::set_instruction_budget`] (the same on every flavour) sets another limit.
-//! * rbpf's own helpers `memfrob` and `strcmp` dereference their pointer arguments without
-//!   any check (and `bpf_trace_printf` only prints values): a program can reach any address
-//!   through them, sandbox or not. Register only helpers that validate pointers (with
-//!   [`helper_access_ok`](crate::helper_access_ok)) for untrusted programs.
+//! * **rbpf's own `memfrob` and `strcmp`** dereference their pointer arguments unchecked.
+//!   A VM given one of them (`vm.register_helper(id, rbpf::helpers::memfrob)`, the line a
+//!   host keeps when switching) binds the checked version instead, which asks
+//!   [`helper_access_ok`](crate::helper_access_ok) first and returns `u64::MAX` for memory
+//!   the program may not touch. They are recognised by their symbol (an address compare
+//!   cannot tell: each crate may hold its own copy); in a binary without a symbol table the
+//!   function registered is bound as it is. Any other helper is called as registered: one
+//!   that dereferences a pointer argument must validate it with `helper_access_ok` for the
+//!   sandbox to hold (`bpf_trace_printf`, `gather_bytes`, `sqrti` and `rand` take no
+//!   pointers).
 //!
 //! rbpf helpers are Rust-ABI `fn(u64, u64, u64, u64, u64) -> u64`; JIT code calls
 //! `extern "C"` functions. [`extern_c_helper!`](crate::extern_c_helper) wraps a helper known
 //! at compile time; [`c_thunk_for`] binds one known only at run time to one of a fixed set of
 //! `extern "C"` thunks; [`register_rbpf_helpers`] registers rbpf's standard set on a runtime.
 
+use crate::fn_names::RbpfHelper;
 use crate::{
     arena, exec, Error, ErrorKind, LoadOptions, PjHelperFn, Program, RunError, Runtime, Trust,
 };
@@ -679,7 +686,14 @@ impl<'a> Core<'a> {
     }
 
     fn register_helper(&mut self, key: u32, f: Helper) -> Result<(), io::Error> {
-        let thunk = c_thunk_for(f).map_err(to_io)?;
+        // rbpf's own memfrob and strcmp dereference what the program passes them: bound in
+        // their place, the checked versions keep a sandboxed program inside its memory (and
+        // behave the same in trusted runs).
+        let thunk = match crate::fn_names::rbpf_helper_at(f as usize) {
+            Some(RbpfHelper::Memfrob) => memfrob_checked as PjHelperFn,
+            Some(RbpfHelper::Strcmp) => strcmp_checked as PjHelperFn,
+            None => c_thunk_for(f).map_err(to_io)?,
+        };
         self.helpers.insert(key, (f, thunk));
         self.invalidate();
         Ok(())

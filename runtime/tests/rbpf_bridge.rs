@@ -785,3 +785,54 @@ fn allowed_memory_is_reachable_and_nothing_else() {
         assert_eq!(unsafe { vm.execute_program_jit() }.unwrap(), 0x1234_5678);
     }
 }
+
+/// The line a host keeps when switching from rbpf, `vm.register_helper(id,
+/// rbpf::helpers::memfrob)`, binds the checked memfrob: a sandboxed program aiming it at host
+/// memory is refused (`u64::MAX`) and the memory stays as it was; on the program's own memory
+/// it frobs as rbpf's does. The same for `strcmp`.
+#[test]
+fn registering_rbpfs_own_pointer_helpers_binds_their_checked_versions() {
+    let secret = Box::new([0x11u8; 8]);
+    let target = secret.as_ptr() as u64;
+    // r1 = target (lddw), r2 = 8, call 1 (memfrob), exit
+    let at = |addr: u64| {
+        [
+            &[0x18, 1, 0, 0][..],
+            &(addr as u32).to_le_bytes(),
+            &[0, 0, 0, 0],
+            &((addr >> 32) as u32).to_le_bytes(),
+            &[0xb7, 2, 0, 0, 8, 0, 0, 0],
+            &[0x85, 0, 0, 0, 1, 0, 0, 0],
+            &[0x95, 0, 0, 0, 0, 0, 0, 0],
+        ]
+        .concat()
+    };
+    let prog = at(target);
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    vm.register_helper(1, rbpf::helpers::memfrob).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), u64::MAX, "refused");
+    assert_eq!(*secret, [0x11u8; 8], "host memory untouched");
+    // Its own memory: frobbed as rbpf frobs (xor 42), through r1 = mem.
+    let own = [
+        &[0xb7, 2, 0, 0, 4, 0, 0, 0][..],
+        &[0x85, 0, 0, 0, 1, 0, 0, 0],
+        &[0x95, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    .concat();
+    let mut vm = EbpfVmRaw::new_with_runtime(Some(&own), runtime()).unwrap();
+    vm.register_helper(1, rbpf::helpers::memfrob).unwrap();
+    let mut mem = [0u8, 1, 2, 3, 4];
+    assert_eq!(vm.execute_program(&mut mem).unwrap(), 0);
+    assert_eq!(mem, [42, 43, 40, 41, 4]);
+    // strcmp of a host string is refused too.
+    let cmp = [
+        &at(target)[..16],
+        &[0xbf, 0x12, 0, 0, 0, 0, 0, 0], // r2 = r1
+        &[0x85, 0, 0, 0, 2, 0, 0, 0],
+        &[0x95, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    .concat();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&cmp), runtime()).unwrap();
+    vm.register_helper(2, rbpf::helpers::strcmp).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), u64::MAX, "refused");
+}
