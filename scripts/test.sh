@@ -87,11 +87,15 @@ step "cargo package (no warnings)" package_check
 step "host tests (x86-64)" cargo test --workspace
 step "examples (cargo run -p packjit --example ...)" examples_run
 step "a new crate on packjit's defaults (examples/standalone)" standalone_run
+step "rbpf 0.4.1's own tests and examples on the bridge (type path changed only)" \
+    scripts/rbpf-dropin.sh --check
 # Each cross target in two steps, so the build time and the emulated run time show apart.
 step "aarch64: cross-build the tests" \
     packjit_cross_cargo aarch64-unknown-linux-gnu test --workspace --lib --bins --tests --no-run
 step "aarch64 tests under qemu-aarch64" \
     packjit_cross_cargo aarch64-unknown-linux-gnu test --workspace --lib --bins --tests
+step "aarch64: rbpf 0.4.1's own tests and examples on the bridge, under qemu-aarch64" \
+    scripts/rbpf-dropin.sh --check --cross aarch64-unknown-linux-gnu
 step "riscv64: cross-build the tests (std built from source)" \
     packjit_cross_cargo riscv64gc-unknown-linux-gnu test --workspace --lib --bins --tests --no-run
 step "riscv64 tests under qemu-riscv64" \

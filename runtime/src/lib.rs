@@ -88,6 +88,7 @@ pub mod builtins;
 mod callbacks;
 pub mod elf;
 mod exec;
+mod fn_names;
 pub mod gdb_jit;
 mod heap_arena;
 mod hook;

@@ -80,9 +80,12 @@
 //!   8-byte forms included; the fields rbpf ignores (`dst`, `off`, `src` of `LD_ABS`) are
 //!   cleared before packjit reads the program. `mem` is the memory r1 points to at entry,
 //!   which is rbpf's `mem` in [`EbpfVmRaw`] and [`EbpfVmNoData`] (none: every such load is
-//!   out of bounds) and in [`EbpfVmMbuff`] with an empty metadata buffer; [`EbpfVmMbuff`]
-//!   with a metadata buffer and [`EbpfVmFixedMbuff`] refuse to run such a program (r1 is the
-//!   metadata buffer there, and the program would read it instead of `mem`). Bounds:
+//!   out of bounds) and in [`EbpfVmMbuff`] with an empty metadata buffer. In
+//!   [`EbpfVmMbuff`] with a metadata buffer and in [`EbpfVmFixedMbuff`], r1 is the metadata
+//!   buffer while rbpf's loads read `mem`; compiled code reads the memory r1 points to at
+//!   entry, so those runs go to the interpreter (r1 = the buffer, the loads from `mem`,
+//!   both reachable), under the sandbox's contract whichever `execute_*` was called.
+//!   Bounds:
 //!   `execute_program` checks the load's own size (rbpf's interpreter checks 8 bytes
 //!   whatever the size, refusing e.g. `ldabsb` of the last byte); trusted code
 //!   (`execute_program_jit`) reads unchecked, as rbpf's JIT (which reads `imm` as a signed
@@ -91,10 +94,20 @@
 //!   (insn #N), addr 0x..., size S`, rbpf numbering the instruction after the faulting one).
 //! * **JIT memory**: `set_jit_exec_memory` is accepted and unused: code goes to packjit's
 //!   packed W^X arena.
+//! * **Cranelift** (feature `cranelift`, named as rbpf's): `cranelift_compile` and
+//!   `execute_program_cranelift` exist on every flavour and run packjit's sandboxed code
+//!   (rbpf's Cranelift code checks its accesses too), with rbpf's `[CRANELIFT] ` prefix on
+//!   compile failures and its refusal of a run before `cranelift_compile`. No Cranelift is
+//!   linked.
+//! * **`register_allowed_memory`**: each range is a read-write region of every run, checked
+//!   like the run's memory (in trusted code, reachable like any address). Like rbpf's, the
+//!   method is safe and takes the host's word that the range stays valid.
 //!
 //! `scripts/rbpf-dropin.sh` runs rbpf 0.4.1's own test files (misc.rs, ubpf_verifier.rs,
-//! ubpf_jit_x86_64.rs, ubpf_vm.rs) with only the type path changed; what fails there is
-//! what this list names.
+//! ubpf_jit_x86_64.rs, ubpf_vm.rs, and cranelift.rs with the `cranelift` feature) and its
+//! examples with only the type path changed, natively and (`--cross`) under qemu; what fails
+//! there is what this list names: `test_stack_overflow` (bpf-to-bpf frames, above) and
+//! `test_vm_jmp_unsigned_extend` (the 64-bit jump immediate, above).
 //! * **Bounds**: rbpf's interpreter checks accesses against mbuff, mem, its stack and
 //!   `register_allowed_memory` ranges (its JIT checks nothing); here the sandbox checks
 //!   against the memory given and the runtime's regions. In [`EbpfVmMbuff`], whose
@@ -105,16 +118,23 @@
 //! * **Instruction budget**: rbpf has none; here sandboxed and interpreted runs end after
 //!   [`DEFAULT_BUDGET`](crate::DEFAULT_BUDGET) instructions with a budget error, and
 //!   [`EbpfVmRaw::set_instruction_budget`] (the same on every flavour) sets another limit.
-//! * rbpf's own helpers `memfrob` and `strcmp` dereference their pointer arguments without
-//!   any check (and `bpf_trace_printf` only prints values): a program can reach any address
-//!   through them, sandbox or not. Register only helpers that validate pointers (with
-//!   [`helper_access_ok`](crate::helper_access_ok)) for untrusted programs.
+//! * **rbpf's own `memfrob` and `strcmp`** dereference their pointer arguments unchecked.
+//!   A VM given one of them (`vm.register_helper(id, rbpf::helpers::memfrob)`, the line a
+//!   host keeps when switching) binds the checked version instead, which asks
+//!   [`helper_access_ok`](crate::helper_access_ok) first and returns `u64::MAX` for memory
+//!   the program may not touch. They are recognised by their symbol (an address compare
+//!   cannot tell: each crate may hold its own copy); in a binary without a symbol table the
+//!   function registered is bound as it is. Any other helper is called as registered: one
+//!   that dereferences a pointer argument must validate it with `helper_access_ok` for the
+//!   sandbox to hold (`bpf_trace_printf`, `gather_bytes`, `sqrti` and `rand` take no
+//!   pointers).
 //!
 //! rbpf helpers are Rust-ABI `fn(u64, u64, u64, u64, u64) -> u64`; JIT code calls
 //! `extern "C"` functions. [`extern_c_helper!`](crate::extern_c_helper) wraps a helper known
 //! at compile time; [`c_thunk_for`] binds one known only at run time to one of a fixed set of
 //! `extern "C"` thunks; [`register_rbpf_helpers`] registers rbpf's standard set on a runtime.
 
+use crate::fn_names::RbpfHelper;
 use crate::{
     arena, exec, Error, ErrorKind, LoadOptions, PjHelperFn, Program, RunError, Runtime, Trust,
 };
@@ -570,6 +590,12 @@ struct Core<'a> {
     decoded: OnceLock<Result<packjit_frontend::Program, Error>>,
     /// Trusted code from `jit_compile`.
     trusted: Option<Program>,
+    /// `register_allowed_memory` ranges: read-write regions of every run.
+    allowed: Vec<PjMemRegion>,
+    /// `cranelift_compile` was called (kept across program changes: from then on the VM's
+    /// Cranelift runs are packjit's sandboxed code for whatever program it holds).
+    #[cfg(feature = "cranelift")]
+    cranelift: bool,
 }
 
 /// Does `prog` have a legacy packet load (`LD_ABS`/`LD_IND`)?
@@ -583,16 +609,6 @@ fn has_packet_loads(prog: &[u8]) -> bool {
         slot += if opc == 0x18 { 2 } else { 1 };
     }
     false
-}
-
-/// The refusal of a metadata-buffer flavour's run of a program with legacy packet loads:
-/// packjit reads them from the context r1 points to (the metadata buffer there), rbpf from
-/// `mem`, so the program would read other bytes.
-fn packet_loads_need_mem_in_r1(flavour: &str) -> io::Error {
-    io::Error::other(format!(
-        "Error: LD_ABS/LD_IND read the memory r1 points to at entry, which in {flavour} is the \
-         metadata buffer (rbpf reads them from mem): not supported; use EbpfVmRaw"
-    ))
 }
 
 /// An owned copy of `prog` when [`rbpf_ignored_fields`] changes it.
@@ -624,6 +640,9 @@ impl<'a> Core<'a> {
             sandboxed: OnceLock::new(),
             decoded: OnceLock::new(),
             trusted: None,
+            allowed: Vec::new(),
+            #[cfg(feature = "cranelift")]
+            cranelift: false,
         })
     }
 
@@ -667,7 +686,14 @@ impl<'a> Core<'a> {
     }
 
     fn register_helper(&mut self, key: u32, f: Helper) -> Result<(), io::Error> {
-        let thunk = c_thunk_for(f).map_err(to_io)?;
+        // rbpf's own memfrob and strcmp dereference what the program passes them: bound in
+        // their place, the checked versions keep a sandboxed program inside its memory (and
+        // behave the same in trusted runs).
+        let thunk = match crate::fn_names::rbpf_helper_at(f as usize) {
+            Some(RbpfHelper::Memfrob) => memfrob_checked as PjHelperFn,
+            Some(RbpfHelper::Strcmp) => strcmp_checked as PjHelperFn,
+            None => c_thunk_for(f).map_err(to_io)?,
+        };
         self.helpers.insert(key, (f, thunk));
         self.invalidate();
         Ok(())
@@ -690,17 +716,6 @@ impl<'a> Core<'a> {
     }
 
     /// The program packjit runs (see `cleared`).
-    /// Refuses a run whose r1 is not `mem` when the program has legacy packet loads
-    /// ([`packet_loads_need_mem_in_r1`]).
-    fn packet_loads_read_mem(&self, r1_is_mem: bool, flavour: &str) -> Result<(), io::Error> {
-        match self.prog {
-            Some(p) if !r1_is_mem && has_packet_loads(p) => {
-                Err(packet_loads_need_mem_in_r1(flavour))
-            }
-            _ => Ok(()),
-        }
-    }
-
     fn code(&self) -> Result<&[u8], io::Error> {
         let prog = self.prog.ok_or_else(no_program)?;
         Ok(self.cleared.as_deref().unwrap_or(prog))
@@ -733,6 +748,12 @@ impl<'a> Core<'a> {
     }
 
     fn sandboxed(&self) -> Result<&Native, io::Error> {
+        self.sandboxed_reported_as("")
+    }
+
+    /// [`Core::sandboxed`], a failure in rbpf's words for the entry point that compiled
+    /// (`prefix`: `""` for the interpreter's, `"[CRANELIFT] "` for `cranelift_compile`).
+    fn sandboxed_reported_as(&self, prefix: &str) -> Result<&Native, io::Error> {
         self.code()?;
         let r = self
             .sandboxed
@@ -753,7 +774,7 @@ impl<'a> Core<'a> {
                 Err(e) => Err(e),
             });
         r.as_ref()
-            .map_err(|e| compile_to_io(e, self.prog.unwrap_or_default(), &self.helpers, ""))
+            .map_err(|e| compile_to_io(e, self.prog.unwrap_or_default(), &self.helpers, prefix))
     }
 
     fn decoded(&self) -> Result<&packjit_frontend::Program, io::Error> {
@@ -784,40 +805,115 @@ impl<'a> Core<'a> {
         len: usize,
         extra: &[PjMemRegion],
     ) -> Result<u64, io::Error> {
+        let with_allowed;
+        let extra = if self.allowed.is_empty() {
+            extra
+        } else {
+            with_allowed = [extra, &self.allowed].concat();
+            &with_allowed[..]
+        };
         match self.sandboxed()? {
             // SAFETY: forwarded from the caller; the code is sandboxed.
             Native::Code(p) => unsafe { p.call_with_regions(ctx, len, extra, self.budget) },
             Native::Interpret => {
-                let prog = self.decoded()?;
                 let (start, len) = if len == 0 {
                     (0, 0)
                 } else {
                     (ctx as u64, len as u64)
                 };
-                let mut regions: Vec<PjMemRegion> = self
-                    .rt
-                    .regions
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .to_vec();
-                regions.extend_from_slice(extra);
-                let env = RawEnv {
-                    r1: start,
-                    r2: len,
-                    ctx_start: start,
-                    ctx_end: start + len,
-                    regions: &regions,
-                    // Interpreted runs check like sandboxed code, and end like it too.
-                    budget: Some(self.budget.unwrap_or(crate::DEFAULT_BUDGET)),
-                };
-                // SAFETY: the caller vouches for ctx and `extra`; runtime regions were
-                // registered under `MemRegion::new`'s promise.
-                crate::exec::without_jit_env(|| unsafe {
-                    self.interpreter().run_raw(prog, &env, None)
-                })
-                .map(|o| o.r0)
-                .map_err(|s| run_to_io(RunError::Stop(s)))
+                // SAFETY: forwarded from the caller.
+                unsafe { self.interpret(start, len, (start, len), extra) }
             }
+        }
+    }
+
+    /// An interpreted run under the sandbox's contract: r1, r2 and the context (`(start,
+    /// len)`, what packet loads read) given apart, the runtime's regions and `extra`.
+    ///
+    /// # Safety
+    /// The context and `extra` must be valid memory for the call.
+    unsafe fn interpret(
+        &self,
+        r1: u64,
+        r2: u64,
+        (ctx_start, ctx_len): (u64, u64),
+        extra: &[PjMemRegion],
+    ) -> Result<u64, io::Error> {
+        let prog = self.decoded()?;
+        let mut regions: Vec<PjMemRegion> = self
+            .rt
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .to_vec();
+        regions.extend_from_slice(extra);
+        let env = RawEnv {
+            r1,
+            r2,
+            ctx_start,
+            ctx_end: ctx_start + ctx_len,
+            regions: &regions,
+            // Interpreted runs check like sandboxed code, and end like it too.
+            budget: Some(self.budget.unwrap_or(crate::DEFAULT_BUDGET)),
+        };
+        // SAFETY: the caller vouches for the context and `extra`; runtime regions were
+        // registered under `MemRegion::new`'s promise.
+        crate::exec::without_jit_env(|| unsafe { self.interpreter().run_raw(prog, &env, None) })
+            .map(|o| o.r0)
+            .map_err(|s| run_to_io(RunError::Stop(s)))
+    }
+
+    /// Does a metadata-buffer flavour's run (r1 = the buffer, not `mem`) have to be
+    /// interpreted? With legacy packet loads it does: rbpf reads them from `mem`, packjit's
+    /// compiled code from the memory r1 points to at entry, and only the interpreter takes
+    /// the two apart ([`Core::run_split`]).
+    fn split_run(&self, r1_is_mem: bool) -> bool {
+        !r1_is_mem && self.prog.is_some_and(has_packet_loads)
+    }
+
+    /// A run of a metadata-buffer flavour with packet loads (see [`Core::split_run`]):
+    /// interpreted, r1 = `buf`, packet loads from `mem`; `extra` must make both reachable.
+    ///
+    /// # Safety
+    /// Both buffers and `extra` must be valid memory for the call.
+    unsafe fn run_split(
+        &self,
+        (buf, buf_len): (*mut u8, usize),
+        (mem, mem_len): (*const u8, usize),
+        extra: &[PjMemRegion],
+    ) -> Result<u64, io::Error> {
+        self.code()?;
+        let with_allowed = [extra, &self.allowed].concat();
+        let mem = if mem_len == 0 { 0 } else { mem as u64 };
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.interpret(
+                buf as u64,
+                buf_len as u64,
+                (mem, mem_len as u64),
+                &with_allowed,
+            )
+        }
+    }
+
+    /// rbpf's `cranelift_compile`: the sandboxed code, compiled now (rbpf's Cranelift code
+    /// checks every access, as packjit's sandboxed code does).
+    #[cfg(feature = "cranelift")]
+    fn cranelift_compile(&mut self) -> Result<(), io::Error> {
+        self.sandboxed_reported_as("[CRANELIFT] ")?;
+        self.cranelift = true;
+        Ok(())
+    }
+
+    /// rbpf's refusal of a Cranelift run before `cranelift_compile`.
+    #[cfg(feature = "cranelift")]
+    fn cranelift_compiled(&self) -> Result<(), io::Error> {
+        if self.cranelift {
+            Ok(())
+        } else {
+            Err(io::Error::other(
+                "Error: program has not been compiled with cranelift",
+            ))
         }
     }
 
@@ -848,8 +944,21 @@ impl<'a> Core<'a> {
             .trusted
             .as_ref()
             .ok_or_else(|| io::Error::other("Error: program has not been JIT-compiled"))?;
-        // SAFETY: forwarded from the caller.
-        unsafe { p.call_with_regions(ctx, len, extra, self.budget) }
+        let with_allowed = [extra, &self.allowed].concat();
+        // SAFETY: forwarded from the caller; the allowed ranges were vouched for when
+        // registered (`register_allowed_memory`).
+        unsafe { p.call_with_regions(ctx, len, &with_allowed, self.budget) }
+    }
+
+    fn register_allowed_memory(&mut self, range: std::ops::Range<u64>) {
+        // An empty or reversed range allows nothing (rbpf's check would never match it).
+        if range.end > range.start {
+            self.allowed.push(region(
+                range.start as *const u8,
+                (range.end - range.start) as usize,
+                true,
+            ));
+        }
     }
 }
 
@@ -934,6 +1043,16 @@ macro_rules! common_methods {
             self.core.register_helper(key, function)
         }
 
+        /// rbpf's `register_allowed_memory`: the program may also load from and store to
+        /// `addrs_range` (each call adds one), in packjit's terms a read-write region of
+        /// every run, checked like the memory the run is given. As in rbpf this safe method
+        /// takes the host's word: the range must be valid memory whenever the VM runs a
+        /// program (packjit's own API asks for that promise through the `unsafe`
+        /// `MemRegion::new`).
+        pub fn register_allowed_memory(&mut self, addrs_range: std::ops::Range<u64>) {
+            self.core.register_allowed_memory(addrs_range)
+        }
+
         /// packjit extension: an instruction budget for every run, charged at back-edges and
         /// calls; running out stops the program with a budget error. `None` (the default):
         /// [`DEFAULT_BUDGET`](crate::DEFAULT_BUDGET) for sandboxed and interpreted runs, no
@@ -947,6 +1066,15 @@ macro_rules! common_methods {
         /// targets the host.
         pub fn jit_compile(&mut self) -> Result<(), io::Error> {
             self.core.jit_compile()
+        }
+
+        /// rbpf's Cranelift compile (feature `cranelift`, as in rbpf): compiles the sandboxed
+        /// code `execute_program_cranelift` (and `execute_program`) runs. packjit has no
+        /// Cranelift inside; its JIT checks every access the way rbpf's Cranelift code does,
+        /// so the Cranelift runs stay safe functions.
+        #[cfg(feature = "cranelift")]
+        pub fn cranelift_compile(&mut self) -> Result<(), io::Error> {
+            self.core.cranelift_compile()
         }
 
         /// Whether `execute_program` runs native (sandboxed) code rather than the interpreter.
@@ -991,6 +1119,14 @@ impl<'a> EbpfVmRaw<'a> {
         // SAFETY: forwarded from the caller.
         unsafe { self.core.run_trusted(mem.as_mut_ptr(), mem.len(), &[]) }
     }
+
+    /// rbpf's Cranelift run (feature `cranelift`): the sandboxed code, after
+    /// `cranelift_compile`.
+    #[cfg(feature = "cranelift")]
+    pub fn execute_program_cranelift(&self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        self.core.cranelift_compiled()?;
+        self.execute_program(mem)
+    }
 }
 
 /// rbpf's `EbpfVmMbuff`: r1 = the metadata buffer (or `mem` when the buffer is empty), which
@@ -1019,13 +1155,24 @@ impl<'a> EbpfVmMbuff<'a> {
     /// and `mem` (and `mbuff`) are read-only regions, so pointers stored in the metadata
     /// reach them; a store into `mem` stops with an out-of-bounds error.
     pub fn execute_program(&self, mem: &[u8], mbuff: &[u8]) -> Result<u64, io::Error> {
-        (self.core).packet_loads_read_mem(mbuff.is_empty(), "EbpfVmMbuff")?;
         let r1_buf = if mbuff.is_empty() { mem } else { mbuff };
         let mut copy = r1_buf.to_vec();
-        let extra = [
+        let mut extra = vec![
             region(mem.as_ptr(), mem.len(), false),
             region(mbuff.as_ptr(), mbuff.len(), false),
         ];
+        if self.core.split_run(mbuff.is_empty()) {
+            extra.push(region(copy.as_ptr(), copy.len(), true));
+            // SAFETY: `copy` is ours for the call; `mem` and `mbuff` are live shared borrows
+            // the interpreter never writes (read-only regions).
+            return unsafe {
+                (self.core).run_split(
+                    (copy.as_mut_ptr(), copy.len()),
+                    (mem.as_ptr(), mem.len()),
+                    &extra,
+                )
+            };
+        }
         // SAFETY: `copy` is ours for the call; `mem` and `mbuff` are live shared borrows that
         // the sandbox never writes (read-only regions).
         unsafe {
@@ -1045,7 +1192,15 @@ impl<'a> EbpfVmMbuff<'a> {
         mem: &mut [u8],
         mbuff: &mut [u8],
     ) -> Result<u64, io::Error> {
-        (self.core).packet_loads_read_mem(mbuff.is_empty(), "EbpfVmMbuff")?;
+        if self.core.split_run(mbuff.is_empty()) {
+            let extra = [
+                region(mem.as_ptr(), mem.len(), true),
+                region(mbuff.as_ptr(), mbuff.len(), true),
+            ];
+            let r1 = (mbuff.as_mut_ptr(), mbuff.len());
+            // SAFETY: both buffers are exclusively borrowed for the call.
+            return unsafe { (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra) };
+        }
         let (p, len) = if mbuff.is_empty() {
             (mem.as_mut_ptr(), mem.len())
         } else {
@@ -1053,6 +1208,34 @@ impl<'a> EbpfVmMbuff<'a> {
         };
         // SAFETY: forwarded from the caller.
         unsafe { self.core.run_trusted(p, len, &[]) }
+    }
+
+    /// rbpf's Cranelift run (feature `cranelift`), after `cranelift_compile`: sandboxed, r1 =
+    /// `mbuff` (or `mem` when `mbuff` is empty); both buffers are exclusively borrowed here,
+    /// so both are read-write regions (pointers stored in the metadata reach `mem`).
+    #[cfg(feature = "cranelift")]
+    pub fn execute_program_cranelift(
+        &self,
+        mem: &mut [u8],
+        mbuff: &mut [u8],
+    ) -> Result<u64, io::Error> {
+        self.core.cranelift_compiled()?;
+        let extra = [
+            region(mem.as_ptr(), mem.len(), true),
+            region(mbuff.as_ptr(), mbuff.len(), true),
+        ];
+        if self.core.split_run(mbuff.is_empty()) {
+            let r1 = (mbuff.as_mut_ptr(), mbuff.len());
+            // SAFETY: both buffers are exclusively borrowed for the call.
+            return unsafe { (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra) };
+        }
+        let (p, len) = if mbuff.is_empty() {
+            (mem.as_mut_ptr(), mem.len())
+        } else {
+            (mbuff.as_mut_ptr(), mbuff.len())
+        };
+        // SAFETY: both buffers are exclusively borrowed for the call; the code is sandboxed.
+        unsafe { self.core.run_sandboxed(p, len, &extra) }
     }
 }
 
@@ -1145,10 +1328,14 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     /// Runs the program sandboxed: r1 = the metadata buffer (read-write), `mem` a read-write
     /// region reached through the addresses stored in it.
     pub fn execute_program(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
-        (self.core).packet_loads_read_mem(false, "EbpfVmFixedMbuff")?;
         self.fill(mem);
-        let extra = [region(mem.as_ptr(), mem.len(), true)];
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
+        if self.core.split_run(false) {
+            let extra = [region(mem.as_ptr(), mem.len(), true), region(p, len, true)];
+            // SAFETY: the buffer and `mem` are exclusively borrowed for the call.
+            return unsafe { (self.core).run_split((p, len), (mem.as_ptr(), mem.len()), &extra) };
+        }
+        let extra = [region(mem.as_ptr(), mem.len(), true)];
         // SAFETY: the buffer and `mem` are exclusively borrowed for the call.
         unsafe { self.core.run_sandboxed(p, len, &extra) }
     }
@@ -1159,12 +1346,24 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     /// The program's accesses are not checked: it must only touch `mem`, the metadata buffer
     /// and its stack.
     pub unsafe fn execute_program_jit(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
-        (self.core).packet_loads_read_mem(false, "EbpfVmFixedMbuff")?;
         self.fill(mem);
-        let extra = [region(mem.as_ptr(), mem.len(), true)];
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
+        if self.core.split_run(false) {
+            let extra = [region(mem.as_ptr(), mem.len(), true), region(p, len, true)];
+            // SAFETY: the buffer and `mem` are exclusively borrowed for the call.
+            return unsafe { (self.core).run_split((p, len), (mem.as_ptr(), mem.len()), &extra) };
+        }
+        let extra = [region(mem.as_ptr(), mem.len(), true)];
         // SAFETY: forwarded from the caller.
         unsafe { self.core.run_trusted(p, len, &extra) }
+    }
+
+    /// rbpf's Cranelift run (feature `cranelift`): [`execute_program`](Self::execute_program)
+    /// after `cranelift_compile`.
+    #[cfg(feature = "cranelift")]
+    pub fn execute_program_cranelift(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        self.core.cranelift_compiled()?;
+        self.execute_program(mem)
     }
 }
 
@@ -1201,5 +1400,13 @@ impl<'a> EbpfVmNoData<'a> {
     pub unsafe fn execute_program_jit(&self) -> Result<u64, io::Error> {
         // SAFETY: forwarded from the caller.
         unsafe { self.core.run_trusted(std::ptr::null_mut(), 0, &[]) }
+    }
+
+    /// rbpf's Cranelift run (feature `cranelift`): [`execute_program`](Self::execute_program)
+    /// after `cranelift_compile`.
+    #[cfg(feature = "cranelift")]
+    pub fn execute_program_cranelift(&self) -> Result<u64, io::Error> {
+        self.core.cranelift_compiled()?;
+        self.execute_program()
     }
 }

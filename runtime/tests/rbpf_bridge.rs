@@ -650,13 +650,34 @@ fn legacy_packet_loads_follow_rbpf() {
         // EbpfVmMbuff with no metadata: r1 is mem, as in rbpf.
         let vm = EbpfVmMbuff::new_with_runtime(Some(&prog), runtime()).unwrap();
         assert_eq!(vm.execute_program(&mem(), &[]).unwrap(), want);
-        // With a metadata buffer r1 is not mem: refused, not a read of the metadata.
-        let e = vm.execute_program(&mem(), &[0; 16]).unwrap_err();
-        assert!(e.to_string().contains("LD_ABS/LD_IND"), "{e}");
+        // With a metadata buffer r1 is not mem, and the loads still read mem, as rbpf's do
+        // (the bridge interprets such runs: r1 = the buffer, packet loads from mem).
+        let mut meta = [0xeeu8; 16];
+        assert_eq!(vm.execute_program(&mem(), &meta).unwrap(), want);
+        // SAFETY: the loads stay inside the 16 bytes of mem.
+        let jit = unsafe { vm.execute_program_jit(&mut mem(), &mut meta) };
+        assert_eq!(jit.unwrap(), want);
         let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 0, 8, runtime()).unwrap();
-        let e = vm.execute_program(&mut mem()).unwrap_err();
-        assert!(e.to_string().contains("EbpfVmFixedMbuff"), "{e}");
+        assert_eq!(vm.execute_program(&mut mem()).unwrap(), want);
+        // SAFETY: as above.
+        assert_eq!(unsafe { vm.execute_program_jit(&mut mem()) }.unwrap(), want);
     }
+    // The metadata buffer is reachable too in such a run (the program reads the packet's
+    // start rbpf stored at offset 0 and loads through it), and a packet load past mem stops.
+    let prog = [
+        &[0x79, 0x12, 0, 0, 0, 0, 0, 0][..], // r2 = *(u64 *)(r1 + 0): data
+        &[0x71, 0x23, 1, 0, 0, 0, 0, 0],     // r3 = *(u8 *)(r2 + 1)
+        &[0x30, 0, 0, 0, 2, 0, 0, 0],        // r0 = ldabsb 2
+        &[0x0f, 0x30, 0, 0, 0, 0, 0, 0],     // r0 += r3
+        &exit,
+    ]
+    .concat();
+    let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&prog), 0, 8, runtime()).unwrap();
+    assert_eq!(vm.execute_program(&mut mem()).unwrap(), 0x22 + 0x11);
+    let past = [&[0x30u8, 0, 0, 0, 16, 0, 0, 0][..], &exit].concat();
+    let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&past), 0, 8, runtime()).unwrap();
+    let e = vm.execute_program(&mut mem()).unwrap_err();
+    assert!(e.to_string().contains("out of bounds memory load"), "{e}");
     // rbpf's test_vm_err_ldindb_oob: `ldabsdw 0x33` with src = 1 (rbpf ignores it), pc 1,
     // out of bounds: rbpf's words and numbering, packjit's stop inside.
     let prog = [
@@ -731,4 +752,87 @@ fn register_div_and_mod_ignore_the_immediate_as_in_rbpf() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("imm"), "{e}");
+}
+
+#[test]
+fn allowed_memory_is_reachable_and_nothing_else() {
+    // rbpf's allowed_memory example, by hand: a value outside the program's memory, reached
+    // only once the host allows its range.
+    static VALUE: u64 = 0x1234_5678;
+    let addr = std::ptr::addr_of!(VALUE) as u64;
+    let prog = [
+        &[0x18, 1, 0, 0][..],
+        &(addr as u32).to_le_bytes(),
+        &[0, 0, 0, 0],
+        &((addr >> 32) as u32).to_le_bytes(),
+        &[0x79, 0x10, 0, 0, 0, 0, 0, 0], // r0 = *(u64 *)(r1 + 0)
+        &[0x95, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    .concat();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let e = vm.execute_program().unwrap_err();
+    assert!(e.to_string().contains("out of bounds memory load"), "{e}");
+    // One byte short of the value still stops; the whole value is read.
+    vm.register_allowed_memory(addr..addr + 7);
+    assert!(vm.execute_program().is_err());
+    vm.register_allowed_memory(addr..addr + 8);
+    assert_eq!(vm.execute_program().unwrap(), 0x1234_5678);
+    // An empty or reversed range allows nothing more.
+    vm.register_allowed_memory(addr + 8..addr);
+    if native_host() {
+        vm.jit_compile().unwrap();
+        // SAFETY: the program reads only the allowed value.
+        assert_eq!(unsafe { vm.execute_program_jit() }.unwrap(), 0x1234_5678);
+    }
+}
+
+/// The line a host keeps when switching from rbpf, `vm.register_helper(id,
+/// rbpf::helpers::memfrob)`, binds the checked memfrob: a sandboxed program aiming it at host
+/// memory is refused (`u64::MAX`) and the memory stays as it was; on the program's own memory
+/// it frobs as rbpf's does. The same for `strcmp`.
+#[test]
+fn registering_rbpfs_own_pointer_helpers_binds_their_checked_versions() {
+    let secret = Box::new([0x11u8; 8]);
+    let target = secret.as_ptr() as u64;
+    // r1 = target (lddw), r2 = 8, call 1 (memfrob), exit
+    let at = |addr: u64| {
+        [
+            &[0x18, 1, 0, 0][..],
+            &(addr as u32).to_le_bytes(),
+            &[0, 0, 0, 0],
+            &((addr >> 32) as u32).to_le_bytes(),
+            &[0xb7, 2, 0, 0, 8, 0, 0, 0],
+            &[0x85, 0, 0, 0, 1, 0, 0, 0],
+            &[0x95, 0, 0, 0, 0, 0, 0, 0],
+        ]
+        .concat()
+    };
+    let prog = at(target);
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    vm.register_helper(1, rbpf::helpers::memfrob).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), u64::MAX, "refused");
+    assert_eq!(*secret, [0x11u8; 8], "host memory untouched");
+    // Its own memory: frobbed as rbpf frobs (xor 42), through r1 = mem.
+    let own = [
+        &[0xb7, 2, 0, 0, 4, 0, 0, 0][..],
+        &[0x85, 0, 0, 0, 1, 0, 0, 0],
+        &[0x95, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    .concat();
+    let mut vm = EbpfVmRaw::new_with_runtime(Some(&own), runtime()).unwrap();
+    vm.register_helper(1, rbpf::helpers::memfrob).unwrap();
+    let mut mem = [0u8, 1, 2, 3, 4];
+    assert_eq!(vm.execute_program(&mut mem).unwrap(), 0);
+    assert_eq!(mem, [42, 43, 40, 41, 4]);
+    // strcmp of a host string is refused too.
+    let cmp = [
+        &at(target)[..16],
+        &[0xbf, 0x12, 0, 0, 0, 0, 0, 0], // r2 = r1
+        &[0x85, 0, 0, 0, 2, 0, 0, 0],
+        &[0x95, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    .concat();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&cmp), runtime()).unwrap();
+    vm.register_helper(2, rbpf::helpers::strcmp).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), u64::MAX, "refused");
 }
