@@ -289,6 +289,32 @@ fn main() {
         });
     }
 
+    // `--load-loop trusted|sandboxed [passes]`: only loads, every program in turn, 100 loads
+    // each per pass (by default passes for ~3 s), for a profiler (`perf record -e cpu-clock
+    // target/release/deps/peers-* --load-loop trusted`, or callgrind with a pass count).
+    if let Some(i) = std::env::args().position(|a| a == "--load-loop") {
+        let args: Vec<String> = std::env::args().collect();
+        let trusted = args.get(i + 1).map(String::as_str) == Some("trusted");
+        let passes: Option<u32> = args.get(i + 2).and_then(|n| n.parse().ok());
+        let t = Instant::now();
+        let mut done = 0;
+        while passes.map_or(t.elapsed().as_secs() < 3, |n| done < n) {
+            done += 1;
+            for c in &cases {
+                for _ in 0..100 {
+                    let p = if trusted {
+                        // SAFETY: compiled only, never run.
+                        unsafe { rt.load_trusted(&c.linked.code, &c.opts) }
+                    } else {
+                        rt.load(&c.linked.code, &c.opts)
+                    };
+                    drop(black_box(p.unwrap()));
+                }
+            }
+        }
+        return;
+    }
+
     for round in 0..rounds {
         for k in 0..cases.len() {
             let n = cases.len();
