@@ -300,7 +300,12 @@ fn main() {
         let mut done = 0;
         while passes.map_or(t.elapsed().as_secs() < 3, |n| done < n) {
             done += 1;
-            for c in &cases {
+            // `PEERS_ONLY=name` profiles one program's loads.
+            let only = std::env::var("PEERS_ONLY").ok();
+            for c in cases
+                .iter()
+                .filter(|c| only.as_deref().is_none_or(|o| o == c.name))
+            {
                 for _ in 0..100 {
                     let p = if trusted {
                         // SAFETY: compiled only, never run.
