@@ -900,18 +900,10 @@ fn walk_head<'a, L: Isa<'a>>(l: &mut L, k: usize, head: usize) {
 /// island. A checked copy adds the cold sides of its own checks.
 fn emit_queued_cold<'a, L: Isa<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
     let start = l.position();
-    // The queue's buffer goes back to the driver once emptied: taking it for good made every
-    // function and island regrow a fresh one from nothing, the largest share of a sandboxed
-    // load's allocator work on small programs.
-    let mut batch = Vec::new();
     while !l.driver().colds.is_empty() {
-        std::mem::swap(&mut batch, &mut l.driver().colds);
-        for cold in batch.drain(..) {
+        for cold in std::mem::take(&mut l.driver().colds) {
             emit_cold(l, cold)?;
         }
-    }
-    if batch.capacity() > l.driver().colds.capacity() {
-        l.driver().colds = batch;
     }
     l.cold_placed(next);
     let end = l.position();
