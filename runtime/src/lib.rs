@@ -785,7 +785,8 @@ impl Runtime {
         // Maps: references rewritten to handles and value addresses, array lookups inlined,
         // tail calls made real jumps (see `maps`).
         let mut inlined_percpu_arrays = false;
-        let bound = if opts.maps.is_empty() && !needs_binding(code) {
+        let scan = CallScan::of(code);
+        let bound = if opts.maps.is_empty() && !scan.needs_binding(code) {
             None
         } else {
             // Code for another architecture gets them too (it is never run: the host
@@ -816,9 +817,14 @@ impl Runtime {
             table.extend_from_slice(&b.helpers);
             Some(b)
         };
-        let code = bound.as_ref().map_or(code, |b| &b.code[..]);
+        let (code, scan) = match &bound {
+            // Binding rewrites map references and tail calls: what is called is asked of the
+            // code compiled.
+            Some(b) => (&b.code[..], CallScan::of(&b.code)),
+            None => (code, scan),
+        };
         if with_builtins {
-            maps::add_kernel_helpers(&mut table, code);
+            maps::add_kernel_helpers(&mut table, |id| scan.calls(code, id));
         }
         // The per-CPU mov reads a snapshot of the arrays registered so far (owned by the
         // program, like the lookup's); its CPU comes from helper 8's entry, so the table's
@@ -837,9 +843,9 @@ impl Runtime {
         // process's, meaningless in code compiled for another architecture.
         let builtins = with_builtins.then(|| {
             let (facts, inline) = self.builtin_facts(builtins::Wanted {
-                clock: native && may_call(code, abi::PJ_HELPER_KTIME_GET_NS),
+                clock: native && scan.may_call(code, abi::PJ_HELPER_KTIME_GET_NS),
                 percpu_lookup: native
-                    && (inlined_percpu_arrays || may_call(code, abi::PJ_HELPER_PERCPU_LOOKUP)),
+                    && (inlined_percpu_arrays || scan.may_call(code, abi::PJ_HELPER_PERCPU_LOOKUP)),
             });
             builtins::add_builtins(&mut table, facts, backend.inline_kinds(), inline && native)
         });
@@ -1049,24 +1055,71 @@ impl Drop for Runtime {
     }
 }
 
-/// Whether `code` may call helper `id`: a `call imm` naming it, or any `callx` (whose id is
-/// only known at run time).
-/// Does `code` need `maps::bind`: does it name a map or a function (`lddw` with a map or
-/// function source), or call a helper that calls back into it (`bpf_loop`,
-/// `bpf_for_each_map_elem`)?
-fn needs_binding(code: &[u8]) -> bool {
-    code.chunks_exact(8).any(|c| {
-        let imm = i32::from_le_bytes([c[4], c[5], c[6], c[7]]);
-        (c[0] == 0x18 && matches!(c[1] >> 4, 1 | 2 | 4))
-            || (c[0] == 0x85 && c[1] >> 4 == 0 && (imm == 164 || imm == 181))
-    })
+/// The helpers a program's bytecode calls, from one pass over it. A load asks about the
+/// fifteen kernel helpers, two built-ins and the map binding: one pass each before, about 3%
+/// of a small program's load.
+struct CallScan {
+    /// `call imm` ids below 256, one bit each.
+    low: [u64; 4],
+    /// Whether some `call imm` names an id of 256 or more (searched for when asked).
+    high: bool,
+    /// Whether there is a `callx` (whose id is only known at run time).
+    callx: bool,
+    /// Whether an `lddw` names a map or a function (`src` 1, 2 or 4).
+    names_map_or_function: bool,
 }
 
-fn may_call(code: &[u8], id: u32) -> bool {
-    code.chunks_exact(8).any(|c| {
-        let imm = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
-        (c[0] == 0x85 && c[1] >> 4 == 0 && imm == id) || c[0] == 0x8d
-    })
+impl CallScan {
+    fn of(code: &[u8]) -> Self {
+        let mut s = CallScan {
+            low: [0; 4],
+            high: false,
+            callx: false,
+            names_map_or_function: false,
+        };
+        for c in code.chunks_exact(8) {
+            match c[0] {
+                0x85 if c[1] >> 4 == 0 => {
+                    let id = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+                    if id < 256 {
+                        s.low[id as usize / 64] |= 1 << (id % 64);
+                    } else {
+                        s.high = true;
+                    }
+                }
+                0x8d => s.callx = true,
+                0x18 if matches!(c[1] >> 4, 1 | 2 | 4) => s.names_map_or_function = true,
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// Whether `code` (the code scanned) has a `call imm` of helper `id`.
+    fn calls(&self, code: &[u8], id: u32) -> bool {
+        if id < 256 {
+            self.low[id as usize / 64] >> (id % 64) & 1 != 0
+        } else {
+            self.high
+                && code.chunks_exact(8).any(|c| {
+                    c[0] == 0x85
+                        && c[1] >> 4 == 0
+                        && u32::from_le_bytes([c[4], c[5], c[6], c[7]]) == id
+                })
+        }
+    }
+
+    /// Whether `code` may call helper `id`: a `call imm` naming it, or any `callx`.
+    fn may_call(&self, code: &[u8], id: u32) -> bool {
+        self.callx || self.calls(code, id)
+    }
+
+    /// Whether `code` needs `maps::bind`: does it name a map or a function (`lddw` with a
+    /// map or function source), or call a helper that calls back into it (`bpf_loop`,
+    /// `bpf_for_each_map_elem`)?
+    fn needs_binding(&self, code: &[u8]) -> bool {
+        self.names_map_or_function || self.calls(code, 164) || self.calls(code, 181)
+    }
 }
 
 fn info_of(slot: &BackendSlot) -> BackendInfo {

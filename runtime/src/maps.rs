@@ -840,13 +840,13 @@ extern "C" fn no_tail_call(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     ENOENT
 }
 
-/// The entries of `kernel_helpers` that `code` calls by id (`call imm`) and `table` has no
-/// entry for. A `callx` does not reach them: their arguments are the program's map
-/// references, which a `call` site names; and a table that grew with every `callx`
-/// program would change how each `callx` site dispatches.
-pub(crate) fn add_kernel_helpers(table: &mut Vec<HelperEntry>, code: &[u8]) {
+/// The entries of `kernel_helpers` that the code calls by id (`calls(id)`: a `call imm` of
+/// `id`) and `table` has no entry for. A `callx` does not reach them: their arguments are the
+/// program's map references, which a `call` site names; and a table that grew with every
+/// `callx` program would change how each `callx` site dispatches.
+pub(crate) fn add_kernel_helpers(table: &mut Vec<HelperEntry>, calls: impl Fn(u32) -> bool) {
     for (id, _, addr) in kernel_helpers() {
-        if !table.iter().any(|h| h.id == id) && calls(code, id) {
+        if !table.iter().any(|h| h.id == id) && calls(id) {
             table.push(HelperEntry {
                 id,
                 inline_kind: PJ_INLINE_NONE,

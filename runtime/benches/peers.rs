@@ -1,0 +1,451 @@
+//! Side by side in one process: packjit (trusted and sandboxed, default budget) against
+//! rbpf 0.4.1's x86-64 JIT on clang-built C programs nobody tuned for packjit
+//! (`tests/bpf/peers/*.c`: hashes, CRC-32 with a `.rodata` table, a sort and a sieve on the
+//! stack, a packet parser, signed arithmetic, bpf-to-bpf calls with stack and context
+//! pointers, a helper loop, a text scan, a key=value parser).
+//!
+//! The objects are compiled at bench time with the clang the ELF tests use (`-O2 -g -target
+//! bpf`, `-mcpu=v3` so rbpf runs the same bytecode; the signed program needs cpu v4's `sdiv`
+//! and `smod`, so it is built with `-mcpu=v4` and rbpf's columns are "—" for it).
+//!
+//! Every engine gets the same linked bytecode (`packjit::elf::link`: calls into `.text` placed
+//! after the entry, `.rodata` addresses patched into the `lddw`s, the extern `pj_mix` resolved
+//! to helper 77) and the same context: r1 = pointer, r2 = length (rbpf: `EbpfVmMbuff` with
+//! the context as its mbuff). Results are asserted equal between engines before anything is
+//! timed.
+//!
+//! * run time: ns per run, the median over `ROUNDS` rounds of a batch of runs sized to about
+//!   `BATCH_NS`; engines and programs are interleaved round by round.
+//! * compile time: µs per compile, the median of `COMPILES` single compiles per round, then
+//!   the median over rounds. packjit: `Runtime::load_trusted` / `Runtime::load` of the linked
+//!   bytecode (verify, analyses, emit, install into the arena, commit: everything a load
+//!   does); rbpf: `EbpfVmMbuff::new` (its verifier) + `jit_compile`.
+//! * code size: bytes of native code, sandboxed ÷ trusted.
+//!
+//! `cargo bench -p packjit --bench peers` (`-- --quick` for one round, for a smoke run).
+
+#[path = "../tests/host/mod.rs"]
+mod host;
+
+use packjit::elf::{link, ElfLoadOptions, Linked};
+use packjit::{LoadOptions, Program, Runtime};
+use std::hint::black_box;
+use std::path::Path;
+use std::time::Instant;
+
+/// The clang the ELF tests use: `$PACKJIT_CLANG`, else the newest `clang-N` on PATH, else
+/// `clang` (`scripts/env.sh` installs clang-19). Not shared with `tests/elf_support`: that
+/// module pulls in a test-only module a `harness = false` bench would warn about.
+fn clang() -> String {
+    let mut candidates: Vec<String> = std::env::var("PACKJIT_CLANG").into_iter().collect();
+    candidates.extend((14..=21).rev().map(|v| format!("clang-{v}")));
+    candidates.push("clang".into());
+    candidates
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("clang not found: `source scripts/env.sh && packjit_install`")
+}
+
+/// The helper the programs call as `pj_mix` (id 77 for both engines), for packjit.
+unsafe extern "C" fn pj_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+    mix_rust(a, b, c, d, e)
+}
+
+/// The same helper for rbpf.
+fn mix_rust(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
+    a.rotate_left(13) ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The context each program gets, deterministic.
+fn input(name: &str) -> Vec<u8> {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let mut rnd = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    match name {
+        "sort" => (0..256).map(|_| rnd() as u8).collect(),
+        "sieve" => 2000u16.to_le_bytes().to_vec(),
+        "parse" => {
+            let mut p = vec![0u8; 14 + 20 + 20 + 16];
+            p[12] = 0x08; // IPv4
+            let ip = &mut p[14..34];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&56u16.to_be_bytes());
+            ip[8] = 64;
+            ip[9] = 6; // TCP
+            ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+            ip[16..20].copy_from_slice(&[192, 168, 1, 20]);
+            let tcp = &mut p[34..54];
+            tcp[0..2].copy_from_slice(&44321u16.to_be_bytes());
+            tcp[2..4].copy_from_slice(&443u16.to_be_bytes());
+            tcp[12] = 5 << 4;
+            tcp[13] = 0x18;
+            p
+        }
+        "words" => b"the quick brown fox jumps over the lazy dog\n\tand then  it naps\r\n"
+            .iter()
+            .copied()
+            .cycle()
+            .take(1024)
+            .collect(),
+        "kv" => b"len=1500;ttl=64;host=example.org;port=8080;proto=tcp;flags=;mss=1460;"
+            .iter()
+            .copied()
+            .cycle()
+            .take(280)
+            .collect(),
+        _ => (0..512).map(|_| rnd() as u8).collect(),
+    }
+}
+
+/// What rbpf 0.4.1 does with a program.
+#[derive(Clone, Copy, PartialEq)]
+enum Rbpf {
+    /// Compiles and runs it, with packjit's result.
+    Runs,
+    /// Compiles it but computes a wrong result. Compile time is shown, run time is not.
+    /// `calls`: rbpf's JIT gives a bpf-to-bpf callee no stack frame of its own (r10 stays the
+    /// caller's), so the callee's spills overwrite the caller's locals. `signed`: rbpf
+    /// predates cpu v4 and reads `sdiv`/`smod` (`off` = 1) as `div`/`mod` and `movsx` as
+    /// `mov`.
+    WrongResult,
+    /// Refuses it.
+    #[allow(dead_code)]
+    Refuses,
+}
+
+/// Programs: (section, object, what rbpf does with it).
+const PROGRAMS: &[(&str, &str, Rbpf)] = &[
+    ("fnv", "peers", Rbpf::Runs),
+    ("xxh", "peers", Rbpf::Runs),
+    ("crc32", "peers", Rbpf::Runs),
+    ("sort", "peers", Rbpf::Runs),
+    ("sieve", "peers", Rbpf::Runs),
+    ("parse", "peers", Rbpf::Runs),
+    ("signed", "peers_v4", Rbpf::WrongResult),
+    ("calls", "peers", Rbpf::WrongResult),
+    ("helper", "peers", Rbpf::Runs),
+    ("words", "peers", Rbpf::Runs),
+    ("kv", "peers", Rbpf::Runs),
+];
+
+fn compile_object(name: &str, cpu: &str) -> Vec<u8> {
+    let cc = clang();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/bpf/peers")
+        .join(format!("{name}.c"));
+    let dir = std::env::temp_dir().join(format!("packjit-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let obj = dir.join(format!("{name}.o"));
+    let out = std::process::Command::new(&cc)
+        .args(["-O2", "-g", "-target", "bpf", cpu, "-c"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&obj)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cc} failed on {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&obj).unwrap();
+    let _ = std::fs::remove_dir_all(Path::new(&dir));
+    bytes
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn geomean(v: &[f64]) -> f64 {
+    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
+}
+
+struct Case {
+    name: &'static str,
+    linked: Linked,
+    opts: LoadOptions,
+    ctx: Vec<u8>,
+    trusted: Program,
+    sandboxed: Program,
+    /// rbpf's JIT of the program, when it runs it correctly.
+    rbpf: Option<rbpf::EbpfVmMbuff<'static>>,
+    /// Whether rbpf compiles it (timed even when its result is wrong).
+    rbpf_compiles: bool,
+    /// Runs per timed batch.
+    batch: usize,
+    run: [Vec<f64>; 3],
+    compile: [Vec<f64>; 3],
+}
+
+/// ns per run of `f` over `n` runs.
+fn time_runs(n: usize, mut f: impl FnMut() -> u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        black_box(f());
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+const HELPER_ID: u32 = 77;
+
+/// One rbpf JIT run with `ctx` as the mbuff (r1 = pointer, r2 = length).
+fn rbpf_run(vm: &rbpf::EbpfVmMbuff<'static>, ctx: &mut [u8]) -> u64 {
+    // SAFETY: the VM's lifetime parameter is the bytecode's ('static, leaked); the mbuff
+    // only has to outlive this call, which is all rbpf uses it for (it keeps no reference).
+    // The programs stay inside the context, their stack and `.rodata` (checked by the
+    // sandboxed run made before any rbpf run).
+    unsafe {
+        let mbuff: &'static mut [u8] = std::slice::from_raw_parts_mut(ctx.as_mut_ptr(), ctx.len());
+        vm.execute_program_jit(&mut [], mbuff).unwrap()
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rounds = if quick { 1 } else { 7 };
+    let compiles = if quick { 20 } else { 200 };
+    const BATCH_NS: f64 = 2e6;
+
+    let rt: Runtime = host::host_runtime();
+    rt.register_helper(HELPER_ID, "pj_mix", pj_mix).unwrap();
+    let v3 = compile_object("peers", "-mcpu=v3");
+    let v4 = compile_object("peers_v4", "-mcpu=v4");
+
+    let mut cases: Vec<Case> = Vec::new();
+    for &(name, obj, rbpf_does) in PROGRAMS {
+        let bytes = if obj == "peers" { &v3 } else { &v4 };
+        let linked = link(
+            bytes,
+            &ElfLoadOptions::section(&format!("peers/{name}")),
+            &|n| (n == "pj_mix").then_some(HELPER_ID),
+        )
+        .unwrap_or_else(|e| panic!("link {name}: {e}"));
+        let opts = LoadOptions {
+            regions: linked.data.regions(),
+            name: Some(name.into()),
+            ..LoadOptions::default()
+        };
+        // SAFETY: the programs only touch their context, stack and `.rodata` (the regions);
+        // the sandboxed copy of each, run first below, would stop on anything else.
+        let trusted = unsafe { rt.load_trusted(&linked.code, &opts) }
+            .unwrap_or_else(|e| panic!("packjit trusted {name}: {e}"));
+        let sandboxed = rt
+            .load(&linked.code, &opts)
+            .unwrap_or_else(|e| panic!("packjit sandboxed {name}: {e}"));
+        let mut ctx = input(name);
+        let want = sandboxed.call(&mut ctx).unwrap();
+        assert_eq!(trusted.call(&mut ctx).unwrap(), want, "{name}: trusted");
+        let rbpf_compiles = rbpf_does != Rbpf::Refuses;
+        if !rbpf_compiles {
+            assert!(
+                rbpf::EbpfVmMbuff::new(Some(&linked.code)).is_err(),
+                "rbpf now accepts {name}: time it"
+            );
+        }
+        let rbpf = rbpf_compiles.then(|| {
+            // The bytecode lives as long as the bench (rbpf's VM borrows it).
+            let code: &'static [u8] = Box::leak(linked.code.clone().into_boxed_slice());
+            let mut vm = rbpf::EbpfVmMbuff::new(Some(code))
+                .unwrap_or_else(|e| panic!("rbpf new {name}: {e}"));
+            vm.register_helper(HELPER_ID, mix_rust).unwrap();
+            vm.jit_compile()
+                .unwrap_or_else(|e| panic!("rbpf jit {name}: {e}"));
+            let got = rbpf_run(&vm, &mut ctx);
+            if rbpf_does == Rbpf::WrongResult {
+                assert_ne!(got, want, "rbpf now runs {name} right: time it");
+                None
+            } else {
+                assert_eq!(got, want, "{name}: rbpf JIT");
+                Some(vm)
+            }
+        });
+        let rbpf = rbpf.flatten();
+        let per_run = time_runs(200, || sandboxed.call(&mut ctx).unwrap());
+        let batch = ((BATCH_NS / per_run.max(1.0)) as usize).clamp(10, 1_000_000);
+        cases.push(Case {
+            name,
+            linked,
+            opts,
+            ctx,
+            trusted,
+            sandboxed,
+            rbpf,
+            rbpf_compiles,
+            batch,
+            run: Default::default(),
+            compile: Default::default(),
+        });
+    }
+
+    // `--load-loop trusted|sandboxed [passes]`: only loads, every program in turn, 100 loads
+    // each per pass (by default passes for ~3 s), for a profiler (`perf record -e cpu-clock
+    // target/release/deps/peers-* --load-loop trusted`, or callgrind with a pass count).
+    if let Some(i) = std::env::args().position(|a| a == "--load-loop") {
+        let args: Vec<String> = std::env::args().collect();
+        let trusted = args.get(i + 1).map(String::as_str) == Some("trusted");
+        let passes: Option<u32> = args.get(i + 2).and_then(|n| n.parse().ok());
+        let t = Instant::now();
+        let mut done = 0;
+        while passes.map_or(t.elapsed().as_secs() < 3, |n| done < n) {
+            done += 1;
+            // `PEERS_ONLY=name` profiles one program's loads.
+            let only = std::env::var("PEERS_ONLY").ok();
+            for c in cases
+                .iter()
+                .filter(|c| only.as_deref().is_none_or(|o| o == c.name))
+            {
+                for _ in 0..100 {
+                    let p = if trusted {
+                        // SAFETY: compiled only, never run.
+                        unsafe { rt.load_trusted(&c.linked.code, &c.opts) }
+                    } else {
+                        rt.load(&c.linked.code, &c.opts)
+                    };
+                    drop(black_box(p.unwrap()));
+                }
+            }
+        }
+        return;
+    }
+
+    for round in 0..rounds {
+        for k in 0..cases.len() {
+            let n = cases.len();
+            let c = &mut cases[(k + round) % n];
+            let ctx = &mut c.ctx;
+            for e in 0..3 {
+                let ns = match (e + round) % 3 {
+                    0 => (0, time_runs(c.batch, || c.trusted.call(ctx).unwrap())),
+                    1 => (1, time_runs(c.batch, || c.sandboxed.call(ctx).unwrap())),
+                    _ => match &c.rbpf {
+                        Some(vm) => (2, time_runs(c.batch, || rbpf_run(vm, ctx))),
+                        None => continue,
+                    },
+                };
+                c.run[ns.0].push(ns.1);
+            }
+            for e in 0..3 {
+                let which = (e + round) % 3;
+                let mut samples = Vec::with_capacity(compiles);
+                for _ in 0..compiles {
+                    let t = Instant::now();
+                    match which {
+                        0 => {
+                            // SAFETY: compiled only, never run.
+                            let p = unsafe { rt.load_trusted(&c.linked.code, &c.opts) }.unwrap();
+                            samples.push(t.elapsed().as_nanos() as f64);
+                            drop(p);
+                        }
+                        1 => {
+                            let p = rt.load(&c.linked.code, &c.opts).unwrap();
+                            samples.push(t.elapsed().as_nanos() as f64);
+                            drop(p);
+                        }
+                        _ => {
+                            if !c.rbpf_compiles {
+                                break;
+                            }
+                            let mut vm = rbpf::EbpfVmMbuff::new(Some(&c.linked.code)).unwrap();
+                            vm.register_helper(HELPER_ID, mix_rust).unwrap();
+                            vm.jit_compile().unwrap();
+                            samples.push(t.elapsed().as_nanos() as f64);
+                            drop(black_box(vm));
+                        }
+                    }
+                }
+                if !samples.is_empty() {
+                    c.compile[which].push(median(samples) / 1e3);
+                }
+            }
+        }
+    }
+
+    let dash = || "—".to_string();
+    let f2 = |x: f64| format!("{x:.2}");
+    let mut g_sbx = Vec::new();
+    let mut g_rb = Vec::new();
+    let mut g_rb_sbx = Vec::new();
+    println!(
+        "\nrun time, ns per run (median of {rounds} rounds); ratios: sandboxed ÷ trusted, \
+         packjit ÷ rbpf JIT\n"
+    );
+    println!("| program | insns | ctx bytes | packjit trusted | packjit sandboxed | sbx ÷ tr | rbpf JIT | tr ÷ rbpf | sbx ÷ rbpf |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for c in &cases {
+        let tr = median(c.run[0].clone());
+        let sb = median(c.run[1].clone());
+        g_sbx.push(sb / tr);
+        let (rb, r1, r2) = if c.run[2].is_empty() {
+            (dash(), dash(), dash())
+        } else {
+            let rb = median(c.run[2].clone());
+            g_rb.push(tr / rb);
+            g_rb_sbx.push(sb / rb);
+            (format!("{rb:.1}"), f2(tr / rb), f2(sb / rb))
+        };
+        println!(
+            "| {} | {} | {} | {tr:.1} | {sb:.1} | {} | {rb} | {r1} | {r2} |",
+            c.name,
+            c.linked.code.len() / 8,
+            c.ctx.len(),
+            f2(sb / tr)
+        );
+    }
+    println!(
+        "| geometric mean | | | | | {} | | {} | {} |",
+        f2(geomean(&g_sbx)),
+        f2(geomean(&g_rb)),
+        f2(geomean(&g_rb_sbx))
+    );
+    let worst = g_sbx.iter().copied().fold(0.0, f64::max);
+    println!("\nworst sandboxed ÷ trusted: {worst:.2}");
+
+    let (mut c_sbx, mut c_rb, mut c_rb_sbx, mut size) = (vec![], vec![], vec![], vec![]);
+    println!(
+        "\ncompile time, µs per program (median of {compiles} compiles, median over rounds); \
+         code size, bytes\n"
+    );
+    println!("| program | insns | packjit trusted | packjit sandboxed | sbx ÷ tr | rbpf JIT | tr ÷ rbpf | sbx ÷ rbpf | code trusted | code sandboxed | size sbx ÷ tr |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for c in &cases {
+        let tr = median(c.compile[0].clone());
+        let sb = median(c.compile[1].clone());
+        c_sbx.push(sb / tr);
+        let (rb, r1, r2) = if c.compile[2].is_empty() {
+            (dash(), dash(), dash())
+        } else {
+            let rb = median(c.compile[2].clone());
+            c_rb.push(tr / rb);
+            c_rb_sbx.push(sb / rb);
+            (format!("{rb:.2}"), f2(tr / rb), f2(sb / rb))
+        };
+        let (ct, cs) = (c.trusted.code_size(), c.sandboxed.code_size());
+        size.push(cs as f64 / ct as f64);
+        println!(
+            "| {} | {} | {tr:.2} | {sb:.2} | {} | {rb} | {r1} | {r2} | {ct} | {cs} | {} |",
+            c.name,
+            c.linked.code.len() / 8,
+            f2(sb / tr),
+            f2(cs as f64 / ct as f64)
+        );
+    }
+    println!(
+        "| geometric mean | | | | {} | | {} | {} | | | {} |",
+        f2(geomean(&c_sbx)),
+        f2(geomean(&c_rb)),
+        f2(geomean(&c_rb_sbx)),
+        f2(geomean(&size))
+    );
+}
