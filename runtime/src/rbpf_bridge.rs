@@ -998,6 +998,16 @@ impl Program {
     }
 }
 
+/// What r1 points to in [`EbpfVmMbuff`]'s runs, as in rbpf: the metadata buffer, or `mem`
+/// when the buffer is empty.
+fn r1_buffer(mem: &mut [u8], mbuff: &mut [u8]) -> (*mut u8, usize) {
+    if mbuff.is_empty() {
+        (mem.as_mut_ptr(), mem.len())
+    } else {
+        (mbuff.as_mut_ptr(), mbuff.len())
+    }
+}
+
 fn region(p: *const u8, len: usize, writable: bool) -> PjMemRegion {
     PjMemRegion {
         start: p as u64,
@@ -1201,11 +1211,7 @@ impl<'a> EbpfVmMbuff<'a> {
             // SAFETY: both buffers are exclusively borrowed for the call.
             return unsafe { (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra) };
         }
-        let (p, len) = if mbuff.is_empty() {
-            (mem.as_mut_ptr(), mem.len())
-        } else {
-            (mbuff.as_mut_ptr(), mbuff.len())
-        };
+        let (p, len) = r1_buffer(mem, mbuff);
         // SAFETY: forwarded from the caller.
         unsafe { self.core.run_trusted(p, len, &[]) }
     }
@@ -1229,11 +1235,7 @@ impl<'a> EbpfVmMbuff<'a> {
             // SAFETY: both buffers are exclusively borrowed for the call.
             return unsafe { (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra) };
         }
-        let (p, len) = if mbuff.is_empty() {
-            (mem.as_mut_ptr(), mem.len())
-        } else {
-            (mbuff.as_mut_ptr(), mbuff.len())
-        };
+        let (p, len) = r1_buffer(mem, mbuff);
         // SAFETY: both buffers are exclusively borrowed for the call; the code is sandboxed.
         unsafe { self.core.run_sandboxed(p, len, &extra) }
     }
