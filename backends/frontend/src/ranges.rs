@@ -682,7 +682,7 @@ pub fn states(prog: &Program) -> Vec<State> {
 pub fn for_each_state(prog: &Program, wanted: &[usize], mut visit: impl FnMut(usize, &State)) {
     debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "ascending");
     let calls = CallFacts::new(prog);
-    calls.run(prog, wanted, &[], |_, i, st| visit(i, st));
+    calls.run(prog, wanted, |_, _| {}, |_, i, st| visit(i, st));
 }
 
 /// The call graph as the dataflow uses it: bpf-to-bpf calls pass their r1–r5 into the
@@ -721,10 +721,12 @@ impl CallFacts {
             };
         }
         let sites: Vec<(usize, usize)> = prog
-            .branches
+            .local_calls
             .iter()
-            .filter(|b| b.kind == BranchKind::CallLocal)
-            .map(|b| (b.at as usize, prog.subprog_of(b.target as usize)))
+            .map(|&at| match prog.insts[at as usize].op {
+                Op::CallLocal { target } => (at as usize, prog.subprog_of(target as usize)),
+                _ => unreachable!("a local call"),
+            })
             .collect();
         let mut callers = vec![0u32; n];
         for &(_, c) in &sites {
@@ -767,22 +769,24 @@ impl CallFacts {
     }
 
     /// The dataflow of every function in [`CallFacts::order`], calling `visit(function,
-    /// instruction, state)` for the wanted instructions. `extra` are instructions wanted
-    /// only in a function that receives an address in r1–r5 (a `Stack` or `Ctx` base): a
-    /// function without one, that is not the entry and copies no r10, can hold no address
-    /// of known base, so its accesses stay `Unknown` without a run (see [`plan_accesses`]).
-    /// A function with something to pass on (the entry, a copier of r10, a receiver of an
-    /// address) also runs for its call sites alone.
+    /// instruction, state)` for the wanted instructions. `more(k, list)` appends, ascending,
+    /// instructions wanted only when function `k` receives an address in r1–r5 (a `Stack`
+    /// or `Ctx` base): a function without one, that is not the entry and copies no r10, can
+    /// hold no address of known base, so its accesses stay `Unknown` without a run (see
+    /// [`plan_accesses`]); they are listed only for the few functions that do receive one.
+    /// A function that can pass an address on (the entry, a copier of r10, a receiver of
+    /// one) also runs for its call sites alone; any other passes nothing known (its call
+    /// sites give their callees unknown arguments, without a look).
     fn run(
         &self,
         prog: &Program,
         wanted: &[usize],
-        extra: &[usize],
+        mut more: impl FnMut(usize, &mut Vec<usize>),
         mut visit: impl FnMut(usize, usize, &State),
     ) {
         // Per function: the join of its call sites' r1–r5 so far (`None`: no site reached).
         let mut args: Vec<Option<[Val; 5]>> = vec![None; prog.subprogs.len()];
-        let mut merged = Vec::new();
+        let (mut extra, mut at, mut merged) = (Vec::new(), Vec::new(), Vec::new());
         for &k in &self.order {
             let sp = &prog.subprogs[k];
             let mut entry = entry_state(k);
@@ -792,39 +796,48 @@ impl CallFacts {
             }
             let receives = entry[1..=5].iter().any(|v| v.base != Base::Scalar);
             let w = &wanted[slice(wanted, sp.start, sp.end)];
-            let x = if receives {
-                &extra[slice(extra, sp.start, sp.end)]
-            } else {
-                &[][..]
-            };
-            let s = &self.sites[slice_sites(&self.sites, sp.start, sp.end)];
-            let passes = !s.is_empty() && (k == 0 || sp.copies_r10 || receives);
-            if w.is_empty() && x.is_empty() && !passes {
+            extra.clear();
+            if receives {
+                more(k, &mut extra);
+            }
+            let mut s = &self.sites[slice_sites(&self.sites, sp.start, sp.end)];
+            if !(k == 0 || sp.copies_r10 || receives) {
                 // Nothing known flows to the callees from here.
                 for &(_, c) in s {
                     join_args(&mut args[c], [Val::TOP; 5]);
                 }
+                s = &[];
+            }
+            if w.is_empty() && extra.is_empty() && s.is_empty() {
                 continue;
             }
-            let list: &[usize] = if x.is_empty() && s.is_empty() {
+            // The wanted list with the extra instructions and the call sites merged in
+            // (linear: the entry's list can be most of a large program).
+            let list: &[usize] = if extra.is_empty() && s.is_empty() {
                 w
             } else {
+                at.clear();
+                at.extend(s.iter().map(|&(i, _)| i));
                 merged.clear();
-                merged.extend_from_slice(w);
-                merged.extend_from_slice(x);
-                merged.extend(s.iter().map(|&(at, _)| at));
-                merged.sort_unstable();
-                merged.dedup();
+                merge_into(&mut merged, w, &extra);
+                std::mem::swap(&mut merged, &mut extra);
+                merged.clear();
+                merge_into(&mut merged, &extra, &at);
                 &merged
             };
+            let mut sites = s.iter().peekable();
             Dataflow::new(prog, k, entry, list).run(&mut |i, st: &State| {
-                if let Ok(j) = s.binary_search_by_key(&i, |&(at, _)| at) {
+                // Visits come ascending: the call sites are passed in order (one not
+                // visited is unreachable and passes nothing).
+                while sites.next_if(|&&(j, _)| j < i).is_some() {}
+                if let Some(&(_, c)) = sites.next_if(|&&(j, _)| j == i) {
                     let mut passed = [Val::TOP; 5];
                     for (p, v) in passed.iter_mut().zip(&st[1..=5]) {
                         *p = into_callee(*v);
                     }
-                    join_args(&mut args[s[j].1], passed);
-                    if w.binary_search(&i).is_err() && x.binary_search(&i).is_err() {
+                    join_args(&mut args[c], passed);
+                    if w.binary_search(&i).is_err() {
+                        // (Extra instructions are accesses, never calls.)
                         return;
                     }
                 }
@@ -832,6 +845,19 @@ impl CallFacts {
             });
         }
     }
+}
+
+/// Appends the ascending union of the ascending lists `a` and `b` to `out`.
+fn merge_into(out: &mut Vec<usize>, a: &[usize], b: &[usize]) {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        out.push(x.min(y));
+        i += (x <= y) as usize;
+        j += (y <= x) as usize;
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
 }
 
 /// The entries of the ascending `list` in `lo..hi`.
@@ -1215,12 +1241,11 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     // Outside the entry function, a register holds an address of known base only after an
     // ALU instruction copies r10, or when a caller passes one in r1-r5 ([`CallFacts`]; the
     // context start arrives in r1 of the entry alone). Without either, every other access
-    // there is `Unknown`, which is what the dataflow would find, so it is not run for them:
-    // their accesses are `extra`, wanted only if the dataflow finds an address passed in.
+    // there is `Unknown`, which is what the dataflow would find, so it is not run for them
+    // (their accesses are wanted only if the dataflow finds an address passed in: `more`).
     let frame = entry_state(0)[R10 as usize];
     let calls = CallFacts::new(prog);
     let mut accesses = Vec::new();
-    let mut extra = Vec::new();
     let mut checks: Vec<AccessCheck> = crate::reuse::take_vec(prog.insts.len());
     // With static regions, a constant address (an ELF global, a map value) may be proven
     // in any function.
@@ -1237,8 +1262,6 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
                     Some(_) => {
                         if analysed {
                             accesses.push(sp.start + j);
-                        } else {
-                            extra.push(sp.start + j);
                         }
                         AccessCheck::Unknown
                     }
@@ -1257,7 +1280,17 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         wanted.dedup();
     }
     let regions = &prog.static_regions[..];
-    calls.run(prog, &wanted, &extra, |k, i, st| {
+    // A function not analysed above that receives an address: its accesses, listed then.
+    let more = |k: usize, list: &mut Vec<usize>| {
+        let sp = &prog.subprogs[k];
+        if k == 0 || sp.copies_r10 || statics {
+            return;
+        }
+        list.extend((sp.start..sp.end).filter(
+            |&i| matches!(access_of(&prog.insts[i].op), Some((base, _, _)) if base != R10),
+        ));
+    };
+    calls.run(prog, &wanted, more, |k, i, st| {
         let op = &prog.insts[i].op;
         if let Some((base, off, size)) = access_of(op) {
             let v = st[base as usize];
