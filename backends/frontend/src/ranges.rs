@@ -698,7 +698,9 @@ pub fn for_each_state(prog: &Program, wanted: &[usize], mut visit: impl FnMut(us
 ///
 /// Spectre: the arguments are the caller's data-derived facts at the call, which hold on
 /// every path into it, mispredicted branches included; a callee is entered only by a
-/// direct call.
+/// direct call. (Not by straight-line speculation past the previous function's last `ret`
+/// or `jmp`, which would bring that function's registers: a backend that has to stop SLS
+/// must do it there; none emits a barrier after those today.)
 pub struct CallFacts {
     /// Function indices, every caller before its callees (the entry first).
     order: Vec<usize>,
@@ -754,6 +756,9 @@ impl CallFacts {
             }
         }
         debug_assert_eq!(order.len(), n, "the verifier refuses recursion");
+        // The entry runs at the top of the block. (No call reaches it: the verifier refuses
+        // a call to it even from a function no call reaches; kept 0 whatever it allows.)
+        frames_above[0] = 0;
         CallFacts {
             order,
             frames_above,
@@ -2442,6 +2447,14 @@ mod tests {
         assert_eq!(a.checks[6], AccessCheck::None);
         // r1 + 8 = g's r10 + 1024: the block's end.
         assert_eq!(a.checks[7], AccessCheck::Stack);
+    }
+
+    #[test]
+    fn the_entry_is_never_a_callee() {
+        // `frames_above[0] = 0` relies on it: a call to the entry is refused even from a
+        // function no call reaches.
+        let code = [ins(0xb7, 0, 0, 0, 0), EXIT, call(-3), EXIT].concat();
+        assert!(crate::decode(&code, &[]).is_err());
     }
 
     #[test]
