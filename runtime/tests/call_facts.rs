@@ -122,3 +122,109 @@ fn a_callee_indexing_past_the_context_stops() {
     ctx[16] = 9;
     assert_eq!(p.call(&mut ctx).unwrap(), 5);
 }
+
+/// Every combination of a frame pointer `r10 - k` passed to a callee and an access
+/// `*(size *)(r1 + off)` there, inside the block or past either end of it, and a context
+/// pointer `ctx + c` with an access at `off` from it: the result is the byte or word in
+/// memory (the block is zeroed at entry, the entry's slot at -8 holds 42; the context holds
+/// `i + 1` at byte i), or a stop at the access exactly when it leaves its region.
+#[test]
+fn callee_accesses_through_passed_pointers_match_the_regions() {
+    let rt = runtime();
+    const LEN: usize = 24;
+    let size_bits = |size: i64| match size {
+        1 => 0x10u8,
+        4 => 0x00,
+        _ => 0x18,
+    };
+    let (mut ran, mut proven, mut inside_n) = (0, 0, 0);
+    for k in [0i64, 8, 16, 256, 504, 512, 520] {
+        for off in [-1024i64, -1016, -520, -512, -8, -1, 0, 8, 504, 512, 520] {
+            for size in [1i64, 8] {
+                // entry: *(u64 *)(r10 - 8) = 42 ; r1 = r10 - k ; call f ; exit
+                // f: r0 = *(size *)(r1 + off) ; exit
+                let code = [
+                    ins(0x7a, 10, 0, -8, 42),
+                    ins(0xbf, 1, 10, 0, 0),
+                    ins(0x07, 1, 0, 0, -k as i32),
+                    ins(0x85, 0, 1, 0, 1),
+                    EXIT,
+                    ins(0x61 | size_bits(size), 0, 1, off as i16, 0),
+                    EXIT,
+                ]
+                .concat();
+                let p = rt.load(&code, &LoadOptions::default()).unwrap();
+                let mut ctx = [0u8; LEN];
+                // The address as an offset from the entry's r10 (the block's end); the block
+                // is two frames.
+                let at = off - k;
+                let r = p.call(&mut ctx);
+                let inside = at >= -1024 && at + size <= 0;
+                inside_n += inside as usize;
+                if checks(&code)[5] == AccessCheck::None {
+                    assert!(inside, "proven but outside: k {k} off {off} size {size}");
+                    proven += 1;
+                }
+                if inside {
+                    // Little-endian: 42 is the byte at -8, the rest of the block is 0.
+                    let want = (0..size)
+                        .filter(|b| at + b == -8)
+                        .map(|b| 42u64 << (8 * b))
+                        .sum::<u64>();
+                    assert_eq!(r.unwrap(), want, "k {k} off {off} size {size}");
+                } else {
+                    let e = r.unwrap_err();
+                    assert!(
+                        matches!(e.stop(), Some(Stop::OutOfBounds { pc: 5, .. })),
+                        "k {k} off {off} size {size}: {e}"
+                    );
+                }
+                ran += 1;
+            }
+        }
+    }
+    for c in [0i64, 4, 16, 23, 24] {
+        for off in [-8i64, -1, 0, 3, 16, 20, 23] {
+            for size in [1i64, 4, 8] {
+                // entry: r2 = r1 + c ; call f ; exit.  f: r0 = *(size *)(r2 + off) ; exit
+                let code = [
+                    ins(0xbf, 2, 1, 0, 0),
+                    ins(0x07, 2, 0, 0, c as i32),
+                    ins(0x85, 0, 1, 0, 1),
+                    EXIT,
+                    ins(0x61 | size_bits(size), 0, 2, off as i16, 0),
+                    EXIT,
+                ]
+                .concat();
+                let p = rt.load(&code, &LoadOptions::default()).unwrap();
+                let mut ctx: [u8; LEN] = std::array::from_fn(|i| i as u8 + 1);
+                let at = c + off;
+                let r = p.call(&mut ctx);
+                if at >= 0 && at + size <= LEN as i64 {
+                    let mut want = 0u64;
+                    for b in (0..size).rev() {
+                        want = want << 8 | ctx[(at + b) as usize] as u64;
+                    }
+                    assert_eq!(r.unwrap(), want, "c {c} off {off} size {size}");
+                } else {
+                    let e = r.unwrap_err();
+                    assert_eq!(
+                        e.stop(),
+                        Some(Stop::OutOfBounds {
+                            pc: 4,
+                            addr: (ctx.as_ptr() as u64).wrapping_add(at as u64),
+                            size: size as u32,
+                            write: false
+                        }),
+                        "c {c} off {off} size {size}: {e}"
+                    );
+                }
+                ran += 1;
+            }
+        }
+    }
+    assert_eq!(ran, 7 * 11 * 2 + 5 * 7 * 3);
+    // f's [r10 - 512, r10 + 512) (its frame and its caller's, above it on every path) is
+    // the whole block: every access inside it through the exact pointer is proven.
+    assert_eq!(proven, inside_n);
+}
