@@ -698,9 +698,10 @@ pub fn for_each_state(prog: &Program, wanted: &[usize], mut visit: impl FnMut(us
 ///
 /// Spectre: the arguments are the caller's data-derived facts at the call, which hold on
 /// every path into it, mispredicted branches included; a callee is entered only by a
-/// direct call. (Not by straight-line speculation past the previous function's last `ret`
-/// or `jmp`, which would bring that function's registers: a backend that has to stop SLS
-/// must do it there; none emits a barrier after those today.)
+/// direct call. Straight-line speculation past the code before a callee (the previous
+/// function's last `ret`, a cold stub's `jmp`) would bring another function's registers:
+/// sandboxed code puts a barrier there (`FrameHooks::speculation_barrier`: `int3` on
+/// x86-64, `dsb nsh; isb` on arm64).
 pub struct CallFacts {
     /// Function indices, every caller before its callees (the entry first).
     order: Vec<usize>,
