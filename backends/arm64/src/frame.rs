@@ -296,6 +296,12 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         a64!(self.ops; ret);
     }
 
+    /// `dsb nsh; isb`, the barrier compilers put after `ret` and `br` against straight-line
+    /// speculation on Arm cores (`sb` needs FEAT_SB).
+    fn speculation_barrier(&mut self) {
+        a64!(self.ops; dsb nsh; isb);
+    }
+
     fn tail_jump(&mut self) {
         let r0 = self.map[0];
         // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,

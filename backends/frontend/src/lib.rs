@@ -58,6 +58,9 @@ pub struct Program {
     pub branches: Vec<Branch>,
     /// Indices of every `exit`, ascending.
     pub exits: Vec<u32>,
+    /// Indices of every local call, ascending: the call graph without a pass over
+    /// [`Program::branches`] (a third of a branchy program's instructions).
+    pub local_calls: Vec<u32>,
     /// Memory the code may access unchecked where an access is proven inside it
     /// ([`packjit_plugin_api::PJ_HELPER_STATIC_REGIONS`]; filled by
     /// [`decode_for_lowering`] for sandboxed requests, empty otherwise).

@@ -438,6 +438,12 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// Before emitting code of `func` (its body, or cold code of its instructions): select
     /// that function's register map, if the backend has one per function.
     fn enter_function(&mut self, _func: usize) {}
+    /// Before a callee's entry in sandboxed code, where no path falls through: a barrier
+    /// against straight-line speculation past the code before it (the previous function's
+    /// `ret`, a cold stub's `jmp`), which would run the callee with another function's
+    /// registers while its proofs rest on what its callers pass
+    /// ([`crate::ranges::CallFacts`]). Never executed.
+    fn speculation_barrier(&mut self);
     /// A tail call's jump, in the entry function, after the driver called the chooser
     /// (`PJ_INLINE_TAIL_CALL`): when r0 is non-zero, leave the entry's frame as its epilogue
     /// does (budget written back, saved registers restored) and jump to r0 with the run's
@@ -569,6 +575,9 @@ pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
     let groups = !l.driver().access.groups.is_empty();
     let blind_key = l.driver().mode.blind_key;
     for (k, sp) in prog.subprogs.iter().enumerate() {
+        if k > 0 && l.driver().mode.sandboxed() {
+            l.speculation_barrier();
+        }
         let entry = l.driver().entries[k];
         l.bind(entry);
         l.driver().cur = sp.start;

@@ -12,6 +12,18 @@
 //! needs neither a check nor a clamp ([`AccessCheck::None`]). Everything else keeps an exact
 //! run-time check; the analysis then only picks which region to test inline.
 //!
+//! # Across bpf-to-bpf calls
+//!
+//! A callee starts from what its callers pass: r1–r5 are the join over its call sites of the
+//! callers' values there, a frame offset moved up by 512 (the callee's r10 is its caller's
+//! minus one frame), the context start and scalars as they are ([`CallFacts`]). Functions
+//! are analysed callers first (eBPF has no recursion), so one pass sees every call site.
+//! In a function that always runs with at least `d` callers' frames above its own (the
+//! shortest call path to it), a stack access is proven anywhere in
+//! `[r10 - 512, r10 + 512·d)`: those frames are inside the stack block whenever it runs.
+//! Both facts are data-derived (the caller's facts hold on every path into the call, and a
+//! function is entered only by a direct call), so they hold under misspeculation too.
+//!
 //! # Lattice and termination
 //!
 //! A register's abstract value is a [`Val`]: a [`Base`] (`Scalar`, `Stack` = this function's
@@ -37,9 +49,11 @@ use packjit_plugin_api::{PjMemRegion, PJ_REGION_WRITABLE};
 pub enum Base {
     /// A number (or a pointer of unknown origin when the interval is full).
     Scalar,
-    /// The current function's r10 plus the offset.
+    /// The current function's r10 plus the offset (a caller's frame is at a positive
+    /// offset: 512 above r10 is the caller's r10).
     Stack,
-    /// The context start (entry function only) plus the offset.
+    /// The context start plus the offset: r1 on entry to the program, or passed to a callee
+    /// (the same address in every function).
     Ctx,
 }
 
@@ -333,9 +347,10 @@ pub fn transfer(st: &mut State, op: &Op) {
     }
 }
 
-/// The registers on entry to function `k`: the entry gets r1 = the context start, r2 = its
-/// length, r0 and r3-r9 zero; a callee knows nothing of its arguments. r10 is the function's
-/// own frame pointer either way.
+/// The registers on entry to function `k` before its call sites are known: the entry gets
+/// r1 = the context start, r2 = its length, r0 and r3-r9 zero; a callee knows nothing of
+/// its arguments (the dataflow then fills in r1-r5 from its callers, see [`CallFacts`]).
+/// r10 is the function's own frame pointer either way.
 pub fn entry_state(k: usize) -> State {
     let mut st = [Val::TOP; 11];
     if k == 0 {
@@ -366,7 +381,8 @@ pub fn entry_state(k: usize) -> State {
 pub enum AccessCheck {
     /// Not an access.
     NotAccess,
-    /// Proven inside the current 512-byte frame, or inside one of the program's static
+    /// Proven inside the current 512-byte frame (or a caller's frame that is above it on
+    /// every call path, see [`classify_in`]), or inside one of the program's static
     /// regions ([`Program::static_regions`]), from data-derived facts on every path: no
     /// check and no clamp.
     None,
@@ -560,15 +576,25 @@ fn access_of(op: &Op) -> Option<(Reg, i16, Size)> {
     }
 }
 
-/// Classifies an access of `size` bytes at `base + off` with `base` abstractly `v`.
+/// Classifies an access of `size` bytes at `base + off` with `base` abstractly `v`, in a
+/// function with no frames above it known (the entry's view: only its own frame is proven).
 pub fn classify(v: Val, off: i16, size: Size) -> AccessCheck {
+    classify_in(v, off, size, 0)
+}
+
+/// [`classify`] in a function that runs with at least `above` bytes of its callers' frames
+/// above its r10 on every call path ([`CallFacts::above`]): a stack access is proven inside
+/// `[r10 - 512, r10 + above)`, which lies in the stack block whenever the function runs.
+pub fn classify_in(v: Val, off: i16, size: Size, above: i64) -> AccessCheck {
     let (off, n) = (off as i128, size.bytes() as i128);
     let lo = v.lo as i128 + off;
     let hi = v.hi as i128 + off + n;
     match v.base {
         // The address is r10 + (offset) exactly (no wrap: the offset range is in i64 and
         // the stack block is far from both ends of the address space).
-        Base::Stack if !v.is_full() && lo >= -(STACK_SIZE as i128) && hi <= 0 => AccessCheck::None,
+        Base::Stack if !v.is_full() && lo >= -(STACK_SIZE as i128) && hi <= above as i128 => {
+            AccessCheck::None
+        }
         Base::Stack => AccessCheck::Stack,
         // (addr - ctx_start) mod 2^64 = c + off exactly when c + off >= 0: the comparison
         // with the length is then the whole region test.
@@ -635,8 +661,8 @@ pub fn states(prog: &Program) -> Vec<State> {
 }
 
 /// Runs the dataflow over every function to its fixed point and calls `visit` with each
-/// reachable instruction index in `wanted` (ascending) and the state before it, in that
-/// order.
+/// reachable instruction index in `wanted` and the state before it: ascending within each
+/// function, the functions callers first ([`CallFacts::order`]).
 ///
 /// States are stored only where paths meet: at the function's start and at jump targets.
 /// Everywhere else the state follows from the previous instruction's, because a
@@ -651,16 +677,230 @@ pub fn states(prog: &Program) -> Vec<State> {
 /// only a backward jump across it could bring it or anything before it back. There the
 /// wanted instructions are visited during the pass itself, while it is in cache. Wanted
 /// instructions inside loop spans are replayed from the stored states once the iteration
-/// has left the loop. Functions are analysed on their own (calls only clobber, see
-/// [`transfer`]), and one with nothing wanted is skipped.
+/// has left the loop. A callee starts from its call sites' arguments ([`CallFacts`]); a
+/// function with nothing wanted and nothing to pass on is skipped.
 pub fn for_each_state(prog: &Program, wanted: &[usize], mut visit: impl FnMut(usize, &State)) {
     debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "ascending");
-    for (k, sp) in prog.subprogs.iter().enumerate() {
-        let lo = wanted.partition_point(|&w| w < sp.start);
-        let hi = wanted.partition_point(|&w| w < sp.end);
-        if lo != hi {
-            Dataflow::new(prog, k, &wanted[lo..hi]).run(&mut visit);
+    let calls = CallFacts::new(prog);
+    calls.run(prog, wanted, |_, _| {}, |_, i, st| visit(i, st));
+}
+
+/// The call graph as the dataflow uses it: bpf-to-bpf calls pass their r1–r5 into the
+/// callee's entry state.
+///
+/// A callee's r10 is its caller's r10 − 512 (one contiguous stack block, see
+/// [`crate::analysis::stack_block_size`]): a caller's `Stack + [lo, hi]` is
+/// `Stack + [lo + 512, hi + 512]` to the callee. `Ctx` is the context start, the same
+/// address in every function, and scalars are scalars. A callee's r1–r5 are the join over
+/// its call sites of those translations; r0 and r6–r9 are unknown. eBPF has no recursion
+/// (`verify::check_call_depth` refuses cycles), so processing callers before callees sees
+/// every call site before the callee starts: one pass, no fixed point over functions.
+///
+/// Spectre: the arguments are the caller's data-derived facts at the call, which hold on
+/// every path into it, mispredicted branches included; a callee is entered only by a
+/// direct call. Straight-line speculation past the code before a callee (the previous
+/// function's last `ret`, a cold stub's `jmp`) would bring another function's registers:
+/// sandboxed code puts a barrier there (`FrameHooks::speculation_barrier`: `int3` on
+/// x86-64, `dsb nsh; isb` on arm64).
+pub struct CallFacts {
+    /// Function indices, every caller before its callees (the entry first).
+    order: Vec<usize>,
+    /// Per function: the fewest frames above its own over all call paths (0 for the entry
+    /// and for a function no call reaches).
+    frames_above: Vec<u32>,
+    /// `(call instruction, callee)`, sorted by instruction.
+    sites: Vec<(usize, usize)>,
+}
+
+impl CallFacts {
+    /// The call graph of `prog` (linear in the functions and calls).
+    pub fn new(prog: &Program) -> Self {
+        let n = prog.subprogs.len();
+        if n == 1 {
+            return CallFacts {
+                order: vec![0],
+                frames_above: vec![0],
+                sites: Vec::new(),
+            };
         }
+        let sites: Vec<(usize, usize)> = prog
+            .local_calls
+            .iter()
+            .map(|&at| match prog.insts[at as usize].op {
+                Op::CallLocal { target } => (at as usize, prog.subprog_of(target as usize)),
+                _ => unreachable!("a local call"),
+            })
+            .collect();
+        let mut callers = vec![0u32; n];
+        for &(_, c) in &sites {
+            callers[c] += 1;
+        }
+        // Kahn's order: a function goes once all its callers have. The entry first, then
+        // the other roots (functions no call reaches: compiled, never run).
+        let mut ready: Vec<usize> = (0..n).rev().filter(|&k| callers[k] == 0).collect();
+        let mut frames_above = vec![u32::MAX; n];
+        let mut order = Vec::with_capacity(n);
+        while let Some(k) = ready.pop() {
+            if frames_above[k] == u32::MAX {
+                frames_above[k] = 0;
+            }
+            order.push(k);
+            let sp = &prog.subprogs[k];
+            let lo = sites.partition_point(|&(at, _)| at < sp.start);
+            let hi = sites.partition_point(|&(at, _)| at < sp.end);
+            for &(_, c) in &sites[lo..hi] {
+                frames_above[c] = frames_above[c].min(frames_above[k] + 1);
+                callers[c] -= 1;
+                if callers[c] == 0 {
+                    ready.push(c);
+                }
+            }
+        }
+        debug_assert_eq!(order.len(), n, "the verifier refuses recursion");
+        // The entry runs at the top of the block. (No call reaches it: the verifier refuses
+        // a call to it even from a function no call reaches; kept 0 whatever it allows.)
+        frames_above[0] = 0;
+        CallFacts {
+            order,
+            frames_above,
+            sites,
+        }
+    }
+
+    /// Bytes of callers' frames above function `k`'s r10 whenever it runs: 512 per frame
+    /// on the shortest call path to it. Those frames are inside the stack block (the block
+    /// holds the deepest chain), so `[r10 - 512, r10 + above)` is too.
+    pub fn above(&self, k: usize) -> i64 {
+        self.frames_above[k] as i64 * STACK_SIZE as i64
+    }
+
+    /// The dataflow of every function in [`CallFacts::order`], calling `visit(function,
+    /// instruction, state)` for the wanted instructions. `more(k, list)` appends, ascending,
+    /// instructions wanted only when function `k` receives an address in r1–r5 (a `Stack`
+    /// or `Ctx` base): a function without one, that is not the entry and copies no r10, can
+    /// hold no address of known base, so its accesses stay `Unknown` without a run (see
+    /// [`plan_accesses`]); they are listed only for the few functions that do receive one.
+    /// A function that can pass an address on (the entry, a copier of r10, a receiver of
+    /// one) also runs for its call sites alone; any other passes nothing known (its call
+    /// sites give their callees unknown arguments, without a look).
+    fn run(
+        &self,
+        prog: &Program,
+        wanted: &[usize],
+        mut more: impl FnMut(usize, &mut Vec<usize>),
+        mut visit: impl FnMut(usize, usize, &State),
+    ) {
+        // Per function: the join of its call sites' r1–r5 so far (`None`: no site reached).
+        let mut args: Vec<Option<[Val; 5]>> = vec![None; prog.subprogs.len()];
+        let (mut extra, mut at, mut merged) = (Vec::new(), Vec::new(), Vec::new());
+        for &k in &self.order {
+            let sp = &prog.subprogs[k];
+            let mut entry = entry_state(k);
+            if k != 0 {
+                // No reached call site: never called, the arguments are anything.
+                entry[1..=5].copy_from_slice(&args[k].unwrap_or([Val::TOP; 5]));
+            }
+            let receives = entry[1..=5].iter().any(|v| v.base != Base::Scalar);
+            let w = &wanted[slice(wanted, sp.start, sp.end)];
+            extra.clear();
+            if receives {
+                more(k, &mut extra);
+            }
+            let mut s = &self.sites[slice_sites(&self.sites, sp.start, sp.end)];
+            if !(k == 0 || sp.copies_r10 || receives) {
+                // Nothing known flows to the callees from here.
+                for &(_, c) in s {
+                    join_args(&mut args[c], [Val::TOP; 5]);
+                }
+                s = &[];
+            }
+            if w.is_empty() && extra.is_empty() && s.is_empty() {
+                continue;
+            }
+            // The wanted list with the extra instructions and the call sites merged in
+            // (linear: the entry's list can be most of a large program).
+            let list: &[usize] = if extra.is_empty() && s.is_empty() {
+                w
+            } else {
+                at.clear();
+                at.extend(s.iter().map(|&(i, _)| i));
+                merged.clear();
+                merge_into(&mut merged, w, &extra);
+                std::mem::swap(&mut merged, &mut extra);
+                merged.clear();
+                merge_into(&mut merged, &extra, &at);
+                &merged
+            };
+            let mut sites = s.iter().peekable();
+            Dataflow::new(prog, k, entry, list).run(&mut |i, st: &State| {
+                // Visits come ascending: the call sites are passed in order (one not
+                // visited is unreachable and passes nothing).
+                while sites.next_if(|&&(j, _)| j < i).is_some() {}
+                if let Some(&(_, c)) = sites.next_if(|&&(j, _)| j == i) {
+                    let mut passed = [Val::TOP; 5];
+                    for (p, v) in passed.iter_mut().zip(&st[1..=5]) {
+                        *p = into_callee(*v);
+                    }
+                    join_args(&mut args[c], passed);
+                    if w.binary_search(&i).is_err() {
+                        // (Extra instructions are accesses, never calls.)
+                        return;
+                    }
+                }
+                visit(k, i, st);
+            });
+        }
+    }
+}
+
+/// Appends the ascending union of the ascending lists `a` and `b` to `out`.
+fn merge_into(out: &mut Vec<usize>, a: &[usize], b: &[usize]) {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        out.push(x.min(y));
+        i += (x <= y) as usize;
+        j += (y <= x) as usize;
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+}
+
+/// The entries of the ascending `list` in `lo..hi`.
+fn slice(list: &[usize], lo: usize, hi: usize) -> std::ops::Range<usize> {
+    list.partition_point(|&w| w < lo)..list.partition_point(|&w| w < hi)
+}
+
+/// The call sites among `sites` at instructions `lo..hi`.
+fn slice_sites(sites: &[(usize, usize)], lo: usize, hi: usize) -> std::ops::Range<usize> {
+    sites.partition_point(|&(at, _)| at < lo)..sites.partition_point(|&(at, _)| at < hi)
+}
+
+/// Joins one call site's arguments into a callee's.
+fn join_args(into: &mut Option<[Val; 5]>, passed: [Val; 5]) {
+    *into = Some(match *into {
+        None => passed,
+        Some(old) => {
+            let mut joined = old;
+            for (j, p) in joined.iter_mut().zip(passed) {
+                *j = j.join(p);
+            }
+            joined
+        }
+    });
+}
+
+/// A caller's value as the callee sees it: the callee's r10 is one frame (512 bytes) below
+/// the caller's, so a frame offset grows by 512; the context start and scalars are the same
+/// everywhere. (Exact integers: an offset range that would leave `i64` goes full.)
+fn into_callee(v: Val) -> Val {
+    match v.base {
+        Base::Stack => Val::range(
+            Base::Stack,
+            v.lo as i128 + STACK_SIZE as i128,
+            v.hi as i128 + STACK_SIZE as i128,
+        ),
+        _ => v,
     }
 }
 
@@ -691,7 +931,7 @@ struct Dataflow<'p> {
 }
 
 impl<'p> Dataflow<'p> {
-    fn new(prog: &'p Program, k: usize, wanted: &'p [usize]) -> Self {
+    fn new(prog: &'p Program, k: usize, entry: State, wanted: &'p [usize]) -> Self {
         let sp = &prog.subprogs[k];
         let n = sp.end - sp.start;
         let mut loops: Vec<(usize, usize)> = prog
@@ -720,7 +960,7 @@ impl<'p> Dataflow<'p> {
             start: sp.start,
             end: sp.end,
             slot: crate::reuse::filled(n, 0),
-            states: vec![(entry_state(k), 0)],
+            states: vec![(entry, 0)],
             pending: vec![0; n.div_ceil(64)],
             next: 0,
             in_loop,
@@ -1005,10 +1245,12 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     // base (checked).
     //
     // Outside the entry function, a register holds an address of known base only after an
-    // ALU instruction copies r10 (the context start arrives in r1 of the entry alone, and
-    // calls leave r1-r5 unknown): without one, every other access there is `Unknown`,
-    // which is what the dataflow would find, so it is not run for them.
+    // ALU instruction copies r10, or when a caller passes one in r1-r5 ([`CallFacts`]; the
+    // context start arrives in r1 of the entry alone). Without either, every other access
+    // there is `Unknown`, which is what the dataflow would find, so it is not run for them
+    // (their accesses are wanted only if the dataflow finds an address passed in: `more`).
     let frame = entry_state(0)[R10 as usize];
+    let calls = CallFacts::new(prog);
     let mut accesses = Vec::new();
     let mut checks: Vec<AccessCheck> = crate::reuse::take_vec(prog.insts.len());
     // With static regions, a constant address (an ELF global, a map value) may be proven
@@ -1016,12 +1258,13 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let statics = !prog.static_regions.is_empty();
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let analysed = k == 0 || sp.copies_r10 || statics;
+        let above = calls.above(k);
         checks.extend(
             prog.insts[sp.start..sp.end]
                 .iter()
                 .enumerate()
                 .map(|(j, inst)| match access_of(&inst.op) {
-                    Some((R10, off, size)) => classify(frame, off, size),
+                    Some((R10, off, size)) => classify_in(frame, off, size, above),
                     Some(_) => {
                         if analysed {
                             accesses.push(sp.start + j);
@@ -1043,12 +1286,22 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         wanted.dedup();
     }
     let regions = &prog.static_regions[..];
-    for_each_state(prog, &wanted, |i, st| {
+    // A function not analysed above that receives an address: its accesses, listed then.
+    let more = |k: usize, list: &mut Vec<usize>| {
+        let sp = &prog.subprogs[k];
+        if k == 0 || sp.copies_r10 || statics {
+            return;
+        }
+        list.extend((sp.start..sp.end).filter(
+            |&i| matches!(access_of(&prog.insts[i].op), Some((base, _, _)) if base != R10),
+        ));
+    };
+    calls.run(prog, &wanted, more, |k, i, st| {
         let op = &prog.insts[i].op;
         if let Some((base, off, size)) = access_of(op) {
             let v = st[base as usize];
             let writes = !matches!(op, Op::Load { .. });
-            checks[i] = match classify(v, off, size) {
+            checks[i] = match classify_in(v, off, size, calls.above(k)) {
                 AccessCheck::Unknown if in_static_region(v, off, size, writes, regions) => {
                     AccessCheck::None
                 }
@@ -1491,9 +1744,10 @@ mod tests {
 
     #[test]
     fn subprograms_have_their_own_frames() {
-        // entry: r1 = r10 - 8 ; call f ; exit.  f: r0 = *(u64 *)(r1 + 0) ; (caller's frame:
-        // unknown to f) r0 = *(u64 *)(r10 - 8) (own frame: proven) ; r3 = r10 + 8 (caller's
-        // frame, outside f's own) ; r0 = *(u8 *)(r3 - 1) ; exit
+        // entry: r1 = r10 - 8 ; call f ; exit.  f: r0 = *(u64 *)(r1 + 0) (the caller's
+        // slot, passed in: f's r10 + 504) ; r0 = *(u64 *)(r10 - 8) (own frame: proven) ;
+        // r3 = r10 + 8 (caller's frame, one frame above f on every path) ;
+        // r0 = *(u8 *)(r3 - 1) ; r0 = *(u8 *)(r3 + 504) (past the block's end) ; exit
         let (_, a) = plan(&[
             ins(0xbf, 1, 10, 0, 0),
             ins(0x07, 1, 0, 0, -8),
@@ -1504,11 +1758,13 @@ mod tests {
             ins(0xbf, 3, 10, 0, 0),
             ins(0x07, 3, 0, 0, 8),
             ins(0x71, 0, 3, -1, 0),
+            ins(0x71, 0, 3, 504, 0),
             EXIT,
         ]);
-        assert_eq!(a.checks[4], AccessCheck::Unknown);
+        assert_eq!(a.checks[4], AccessCheck::None);
         assert_eq!(a.checks[5], AccessCheck::None);
-        assert_eq!(a.checks[8], AccessCheck::Stack);
+        assert_eq!(a.checks[8], AccessCheck::None);
+        assert_eq!(a.checks[9], AccessCheck::Stack);
         // r1 is not the context in a callee.
         assert!(!a.uses_ctx_const() || a.checks[4] != AccessCheck::CtxConst { end: 8 });
     }
@@ -1771,10 +2027,11 @@ mod tests {
 
     #[test]
     fn callees_are_analysed_only_when_they_copy_r10() {
-        // Function 1 gets r1 from its caller (unknown: checked either way) and never copies
+        // Function 1 gets r1 from its caller (a scalar: checked either way) and never copies
         // r10: not analysed. Function 2 builds a frame pointer from r10: analysed, and its
         // access is proven.
         let (p, a) = plan(&[
+            ins(0xb7, 1, 0, 0, 0), // r1 = 0: no address passed in
             ins(0x85, 0, 1, 0, 2), // call function 1
             ins(0x85, 0, 1, 0, 3), // call function 2
             EXIT,
@@ -1788,15 +2045,16 @@ mod tests {
         ]);
         let copies: Vec<bool> = p.subprogs.iter().map(|sp| sp.copies_r10).collect();
         assert_eq!(copies, [false, false, true]);
-        assert_eq!(a.checks[3], AccessCheck::Unknown);
-        assert_eq!(a.checks[7], AccessCheck::None);
-        assert_eq!(a.checks[8], AccessCheck::Unknown);
+        assert_eq!(a.checks[4], AccessCheck::Unknown);
+        assert_eq!(a.checks[8], AccessCheck::None);
+        assert_eq!(a.checks[9], AccessCheck::Unknown);
     }
 
     #[test]
     fn frame_accesses_are_decided_without_the_dataflow() {
-        // Function 1 only spills and fills through r10 (one in bounds, one past the frame's
-        // top): it is not analysed, yet its verdicts are those of the frame pointer's state.
+        // Function 1 only spills and fills through r10 (one in its frame, one above it, in
+        // its caller's: proven too, see `CallFacts::above`; past the block's end checked):
+        // it is not analysed, yet its verdicts are those of the frame pointer's state.
         // An unreachable r10 access gets the same verdict: it never runs.
         let (p, a) = plan(&[
             ins(0x71, 0, 1, 0, 0), // ctx byte: the dataflow decides it
@@ -1804,14 +2062,16 @@ mod tests {
             EXIT,
             ins(0x7b, 10, 1, -8, 0),
             ins(0x79, 0, 10, 0, 0),
+            ins(0x79, 0, 10, 512, 0),
             EXIT,
             ins(0x79, 0, 10, -16, 0), // unreachable
             EXIT,
         ]);
         assert_eq!(a.checks[0], AccessCheck::CtxConst { end: 1 });
         assert_eq!(a.checks[3], AccessCheck::None);
-        assert_eq!(a.checks[4], AccessCheck::Stack);
-        assert_eq!(a.checks[6], AccessCheck::None);
+        assert_eq!(a.checks[4], AccessCheck::None);
+        assert_eq!(a.checks[5], AccessCheck::Stack);
+        assert_eq!(a.checks[7], AccessCheck::None);
         let mut visited = Vec::new();
         for_each_state(&p, &[0, 4], |i, _| visited.push(i));
         assert_eq!(visited, [0, 4], "function 1 is analysed when asked for");
@@ -2039,5 +2299,176 @@ mod tests {
             EXIT,
         ]);
         assert_eq!(a.reentries, vec![(5, 0)]);
+    }
+
+    // Call facts: a callee starts from its call sites' r1-r5.
+
+    /// `call` of the function `imm` instructions after the next one.
+    fn call(imm: i32) -> [u8; 8] {
+        ins(0x85, 0, 1, 0, imm)
+    }
+
+    #[test]
+    fn callee_reads_its_callers_slot_through_r1() {
+        // 0: r1 = r10 ; 1: r1 += -8 ; 2: call f ; 3: r0 = 0 ; 4: exit
+        // f (5): r0 = *(u64 *)(r1 + 0) ; *(u32 *)(r1 + 4) = 0 ; exit
+        let (p, a) = plan(&[
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -8),
+            call(2),
+            ins(0xb7, 0, 0, 0, 0),
+            EXIT,
+            ins(0x79, 0, 1, 0, 0),
+            ins(0x62, 1, 0, 4, 0),
+            EXIT,
+        ]);
+        // r1 is the callee's r10 + 504: the caller's slot at -8, inside the block whenever
+        // f runs (one frame above it).
+        assert_eq!(CallFacts::new(&p).above(1), 512);
+        assert_eq!(a.checks[5], AccessCheck::None);
+        assert_eq!(a.checks[6], AccessCheck::None);
+        let st = states(&p);
+        assert_eq!(
+            st[5][1],
+            Val {
+                base: Base::Stack,
+                lo: 504,
+                hi: 504
+            }
+        );
+    }
+
+    #[test]
+    fn callee_indexing_past_the_block_is_not_proven() {
+        // r1 = r10 (the callee's r10 + 512: the block's end) ; call f
+        // f: *(u8 *)(r1 + 0) past the end; *(u64 *)(r1 - 1032) below the callee's frame;
+        //    *(u64 *)(r1 - 8) the caller's last slot (proven).
+        let (_, a) = plan(&[
+            ins(0xbf, 1, 10, 0, 0),
+            call(2),
+            ins(0xb7, 0, 0, 0, 0),
+            EXIT,
+            ins(0x71, 0, 1, 0, 0),
+            ins(0x79, 0, 1, -1032, 0),
+            ins(0x79, 0, 1, -8, 0),
+            EXIT,
+        ]);
+        assert_eq!(a.checks[4], AccessCheck::Stack);
+        assert_eq!(a.checks[5], AccessCheck::Stack);
+        assert_eq!(a.checks[6], AccessCheck::None);
+    }
+
+    #[test]
+    fn two_call_sites_with_different_bases_prove_nothing() {
+        // 0: r6 = r1 (ctx) ; 1: r1 = r10 ; 2: r1 += -8 ; 3: call f ; 4: r1 = r6 ; 5: call f ;
+        // 6: r0 = 0 ; 7: exit ; f (8): r0 = *(u64 *)(r1 + 0) ; exit
+        let (p, a) = plan(&[
+            ins(0xbf, 6, 1, 0, 0),
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -8),
+            call(4),
+            ins(0xbf, 1, 6, 0, 0),
+            call(2),
+            ins(0xb7, 0, 0, 0, 0),
+            EXIT,
+            ins(0x79, 0, 1, 0, 0),
+            EXIT,
+        ]);
+        assert_eq!(a.checks[8], AccessCheck::Unknown);
+        assert_eq!(states(&p)[8][1], Val::TOP);
+        // Two frame offsets of one base join to their hull: still proven.
+        let (_, a) = plan(&[
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -8),
+            call(4),
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -16),
+            call(1),
+            EXIT,
+            ins(0x79, 0, 1, 0, 0),
+            EXIT,
+        ]);
+        assert_eq!(a.checks[7], AccessCheck::None);
+    }
+
+    #[test]
+    fn context_passed_to_a_callee_keeps_ctx_checks() {
+        // r1 (the context start) passed as is, and with an unknown offset in r2.
+        // f: *(u32 *)(r1 + 4) ; *(u8 *)(r2 + 0)
+        let (_, a) = plan(&[
+            ins(0xbf, 2, 1, 0, 0),
+            ins(0x79, 3, 1, 0, 0),
+            ins(0x0f, 2, 3, 0, 0),
+            call(1),
+            EXIT,
+            ins(0x61, 0, 1, 4, 0),
+            ins(0x71, 0, 2, 0, 0),
+            EXIT,
+        ]);
+        assert_eq!(a.checks[5], AccessCheck::CtxConst { end: 8 });
+        assert_eq!(a.checks[6], AccessCheck::Ctx);
+        // The entry must then make r1 exactly the context start.
+        assert!(a.uses_ctx_const());
+    }
+
+    #[test]
+    fn facts_pass_down_a_chain_and_frames_above_take_the_shortest_path() {
+        // entry: r1 = r10 - 8 ; call f ; call g ; exit
+        // f: call g ; exit   (g at depth 2 through f, depth 1 directly)
+        // g: r0 = *(u64 *)(r1 + 0)
+        let (p, a) = plan(&[
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -8),
+            call(2), // f at 5
+            call(3), // g at 7
+            EXIT,
+            call(1), // f: g
+            EXIT,
+            ins(0x79, 0, 1, 0, 0),
+            EXIT,
+        ]);
+        let calls = CallFacts::new(&p);
+        assert_eq!((calls.above(1), calls.above(2)), (512, 512));
+        // From the entry r1 is g's r10 + 504; through f it is g's r10 + 1016; r1 after the
+        // first call is unknown anyway: g's r1 joins to top.
+        assert_eq!(a.checks[7], AccessCheck::Unknown);
+        // Only through f: g's r1 = r10 + 1016, proven with two frames above.
+        let (p, a) = plan(&[
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -8),
+            call(1), // f at 4
+            EXIT,
+            call(1), // f: g at 6
+            EXIT,
+            ins(0x79, 0, 1, 0, 0),
+            ins(0x79, 0, 1, 8, 0),
+            EXIT,
+        ]);
+        assert_eq!(CallFacts::new(&p).above(2), 1024);
+        assert_eq!(a.checks[6], AccessCheck::None);
+        // r1 + 8 = g's r10 + 1024: the block's end.
+        assert_eq!(a.checks[7], AccessCheck::Stack);
+    }
+
+    #[test]
+    fn the_entry_is_never_a_callee() {
+        // `frames_above[0] = 0` relies on it: a call to the entry is refused even from a
+        // function no call reaches.
+        let code = [ins(0xb7, 0, 0, 0, 0), EXIT, call(-3), EXIT].concat();
+        assert!(crate::decode(&code, &[]).is_err());
+    }
+
+    #[test]
+    fn callee_with_nothing_passed_in_is_not_analysed() {
+        // r1 = 7 (a scalar) ; call f ; f: r0 = *(u64 *)(r1 + 0), no r10 copy: Unknown
+        // without a dataflow run.
+        let (_, a) = plan(&[
+            ins(0xb7, 1, 0, 0, 7),
+            call(1),
+            EXIT,
+            ins(0x79, 0, 1, 0, 0),
+            EXIT,
+        ]);
+        assert_eq!(a.checks[3], AccessCheck::Unknown);
     }
 }

@@ -277,6 +277,7 @@ pub fn decode_with(
         call_depth,
         branches,
         exits,
+        local_calls,
         static_regions: Vec::new(),
     })
 }

@@ -254,6 +254,10 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         self.e.ret();
     }
 
+    /// RISC-V defines no speculation barrier, and no RV64 core is known to speculate past an
+    /// unconditional `jal`/`jalr`: nothing is emitted.
+    fn speculation_barrier(&mut self) {}
+
     fn tail_jump(&mut self) {
         let stay = self.e.new_label();
         // t1 holds the target through the restores (caller-saved, no eBPF register, not the

@@ -290,6 +290,13 @@ impl Assembler {
         self.insns += 1;
     }
 
+    /// `int3`: stops straight-line speculation (AMD CPUs may run on past a `ret` or `jmp`);
+    /// placed where nothing falls through, so it never executes.
+    pub fn int3(&mut self) {
+        dynasm!(self.ops ; .arch x64 ; int3);
+        self.insns += 1;
+    }
+
     /// `dst = [rip + table + 8 * index]; test dst, dst`: a `callx` table entry (0 for no
     /// helper, so the flags answer "is there one").
     // dynasm expands each dynamic register `Rq(r)` to `r.into()`, an identity on `Gpr`.

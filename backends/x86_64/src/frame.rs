@@ -196,6 +196,10 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         self.e.ret();
     }
 
+    fn speculation_barrier(&mut self) {
+        self.e.int3();
+    }
+
     fn tail_jump(&mut self) {
         let stay = self.e.label();
         self.e.test_rr(Sz::B64, RAX, RAX);

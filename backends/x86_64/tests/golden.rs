@@ -947,3 +947,31 @@ fn callx_dispatches_through_a_table_when_ids_are_dense() {
     assert!(d[at + 5].starts_with("je "), "{d:#?}");
     assert_eq!(d[at + 6], "call r11");
 }
+
+/// Sandboxed code whose callee may rest its proofs on what its caller passes puts an `int3`
+/// before the callee, where straight-line speculation past the caller's last `ret` or `jmp`
+/// would otherwise run on into it; trusted code has none.
+#[test]
+fn sandboxed_callees_sit_behind_a_speculation_barrier() {
+    let src = "mov %r1, %r10\nadd %r1, -8\nstxdw [%r10-8], %r1\ncall local f\nexit\nf:\nldxdw %r0, [%r1]\nexit";
+    let disasm_of = |flags: u32| {
+        let out = emit_request(&packjit_plugin_api::CompileRequest {
+            code: &asm(src),
+            helpers: &helpers(),
+            features: 0,
+            flags,
+            blind_key: 1,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        // The callee's first instruction is the program's sixth.
+        let callee = out.inst_offsets[5] as usize;
+        let before = disasm(&out.bytes[..callee]);
+        assert_eq!(disasm(&out.bytes).len(), out.native_insns);
+        before
+    };
+    let sandboxed = disasm_of(PJ_COMPILE_SANDBOX);
+    let barriers = sandboxed.iter().filter(|l| *l == "int3").count();
+    assert_eq!(barriers, 1, "{sandboxed:#?}");
+    let trusted = disasm_of(0);
+    assert!(!trusted.iter().any(|l| l == "int3"), "{trusted:#?}");
+}
