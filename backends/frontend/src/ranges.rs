@@ -662,7 +662,7 @@ pub fn states(prog: &Program) -> Vec<State> {
 
 /// Runs the dataflow over every function to its fixed point and calls `visit` with each
 /// reachable instruction index in `wanted` and the state before it: ascending within each
-/// function, the functions callers first ([`CallFacts::order`]).
+/// function, the functions callers first (`CallFacts::order`).
 ///
 /// States are stored only where paths meet: at the function's start and at jump targets.
 /// Everywhere else the state follows from the previous instruction's, because a
