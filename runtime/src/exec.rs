@@ -307,24 +307,6 @@ pub(crate) fn trusted_run() -> bool {
     CURRENT_TRUSTED.with(|c| c.get())
 }
 
-/// Points the current run's `env` at `regions` (a tail call continues in a program with
-/// its own regions; its code reads them from `env`). `false` when no JIT run is current.
-/// The caller keeps `regions` alive until the run ends.
-pub(crate) fn switch_regions(regions: &[PjMemRegion]) -> bool {
-    let env = CURRENT_ENV.with(|c| c.get());
-    if env.is_null() {
-        return false;
-    }
-    // SAFETY: set by `run` to its own `env` for the duration of the call that
-    // (transitively) invoked the helper on this thread; the code reads the fields only
-    // after the helper returns.
-    unsafe {
-        (*env).regions = regions.as_ptr() as u64;
-        (*env).region_count = regions.len() as u64;
-    }
-    true
-}
-
 /// A fresh key for constant blinding, from the kernel's random source.
 pub(crate) fn random_key() -> u64 {
     let mut key = 0u64;

@@ -462,11 +462,11 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// registers while its proofs rest on what its callers pass
     /// ([`crate::ranges::CallFacts`]). Never executed.
     fn speculation_barrier(&mut self);
-    /// A tail call's jump, in the entry function, after the driver called the chooser
-    /// (`PJ_INLINE_TAIL_CALL`): when r0 is non-zero, leave the entry's frame as its epilogue
-    /// does (budget written back, saved registers restored) and jump to r0 with the run's
-    /// arguments (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`);
-    /// when r0 is 0, fall through.
+    /// A tail call's jump, in the entry function, once the driver found the entry to
+    /// continue in (r0, never 0: the driver branches around a failed tail call): leave the
+    /// entry's frame as its epilogue does (budget written back, saved registers restored)
+    /// and jump to r0 with the run's arguments (context `env.ctx_start`, length
+    /// `env.ctx_end - env.ctx_start`, `env`).
     fn tail_jump(&mut self);
 }
 
@@ -770,8 +770,11 @@ fn tail_call<'a, L: Isa<'a>>(
         ..helper
     };
     l.call_helper(&call)?;
+    let failed = l.new_label();
+    l.branch_to(Width::W64, Cond::Eq, 0, Operand::Imm(0), failed);
     l.tail_jump();
     // Falling through: the tail call failed, and r0 = 0 says so.
+    l.bind(failed);
     clear_helper_arguments(l);
     Ok(())
 }
@@ -808,7 +811,7 @@ fn refuse_tail_call_in_callee<'a, L: Isa<'a>>(
 /// r0 = *target->code_base[mode] ; if r0 == 0 goto out   none for the other mode's code
 /// r0 += target->entry_offset
 /// env->tail_calls = r4 + 1
-/// env->regions, env->region_count, env->maps = the target's
+/// env->maps = the target's, and in sandboxed code env->regions, env->region_count
 /// tail_jump (r0)
 /// out:                                      r0 = 0
 /// ```
@@ -872,11 +875,17 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     l.alu(W64, Add, 0, Operand::Reg(5));
     l.alu(W64, Add, 4, Operand::Imm(1));
     l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
-    for (from, to) in [
-        (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
-        (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
-        (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
-    ] {
+    // Trusted code and its helpers never read the regions (nothing is checked).
+    let switched: &[(i32, i32)] = if sandboxed {
+        &[
+            (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
+            (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
+            (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
+        ]
+    } else {
+        &[(PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS)]
+    };
+    for &(from, to) in switched {
         l.load(Size::DW, false, 5, 3, from as i16);
         l.store(Size::DW, ENV, to as i16, Operand::Reg(5));
     }
