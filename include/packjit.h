@@ -781,6 +781,17 @@ typedef struct PjExecEnv {
      * Native stack pointer at entry, kept by the code to unwind on a stop.
      */
     uint64_t entry_sp;
+    /**
+     * Tail calls this run has made (0 at entry); a tail call is refused at
+     * [`PJ_MAX_TAIL_CALLS`]. Read and written by the code of [`PJ_INLINE_PROG_ARRAY_TAIL_CALL`]
+     * and by the host's [`PJ_INLINE_TAIL_CALL`] chooser.
+     */
+    uint64_t tail_calls;
+    /**
+     * The host's description of the running program's maps, for its helpers (opaque to the
+     * code, which only copies a tail call target's [`PjTailTarget::maps`] here).
+     */
+    uint64_t maps;
 } PjExecEnv;
 
 /**

@@ -209,7 +209,9 @@ impl Interpreter {
             HelperLowering::Code(code) => code,
             // Array lookups read their key as a program load (`run_inner`); `load` refused
             // tail calls.
-            HelperLowering::ArrayLookup(_) | HelperLowering::TailCall { .. } => return None,
+            HelperLowering::ArrayLookup(_)
+            | HelperLowering::TailCall { .. }
+            | HelperLowering::ProgArrayTailCall(_) => return None,
         };
         Some(match code {
             HelperCode::Call(addr) => {
@@ -263,7 +265,10 @@ impl Interpreter {
         for inst in &prog.insts {
             if let Op::CallHelper { id } = inst.op {
                 let lowering = self.helpers.get(&id).map(helper_lowering);
-                if let Some(HelperLowering::TailCall { .. }) = lowering {
+                if let Some(
+                    HelperLowering::TailCall { .. } | HelperLowering::ProgArrayTailCall(_),
+                ) = lowering
+                {
                     return Err(CompileError::new(
                         packjit_plugin_api::ErrorKind::Unsupported,
                         format!(

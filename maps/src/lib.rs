@@ -881,6 +881,16 @@ impl Map {
         }
     }
 
+    /// A prog array's slots, for code that reads them itself (an inlined tail call): the
+    /// first slot and their number. The slots live as long as the map; each is written
+    /// with release ordering ([`Self::set_prog_slot`]). `None` for other map types.
+    pub fn prog_slots(&self) -> Option<(*const AtomicU64, u32)> {
+        match &self.kind {
+            Kind::Prog(s) => Some((s.as_ptr(), s.len() as u32)),
+            _ => None,
+        }
+    }
+
     /// The token in prog-array slot `index` (Acquire), 0 if empty or out of range.
     pub fn prog_slot(&self, index: u32) -> u64 {
         match &self.kind {

@@ -134,6 +134,13 @@ pub struct PjExecEnv {
     pub stack_end: u64,
     /// Native stack pointer at entry, kept by the code to unwind on a stop.
     pub entry_sp: u64,
+    /// Tail calls this run has made (0 at entry); a tail call is refused at
+    /// [`PJ_MAX_TAIL_CALLS`]. Read and written by the code of [`PJ_INLINE_PROG_ARRAY_TAIL_CALL`]
+    /// and by the host's [`PJ_INLINE_TAIL_CALL`] chooser.
+    pub tail_calls: u64,
+    /// The host's description of the running program's maps, for its helpers (opaque to the
+    /// code, which only copies a tail call target's [`PjTailTarget::maps`] here).
+    pub maps: u64,
 }
 
 /// Field offsets of [`PjExecEnv`] for emitted code.
@@ -160,6 +167,10 @@ pub const PJ_ENV_STACK_START: i32 = 64;
 pub const PJ_ENV_STACK_END: i32 = 72;
 /// Offset of [`PjExecEnv::entry_sp`].
 pub const PJ_ENV_ENTRY_SP: i32 = 80;
+/// Offset of [`PjExecEnv::tail_calls`].
+pub const PJ_ENV_TAIL_CALLS: i32 = 88;
+/// Offset of [`PjExecEnv::maps`].
+pub const PJ_ENV_MAPS: i32 = 96;
 /// Bit of [`PjExecEnv::stop_access`] marking a write.
 pub const PJ_ACCESS_WRITE: u32 = 1 << 8;
 
@@ -176,6 +187,17 @@ const _: () = {
     assert!(core::mem::offset_of!(PjExecEnv, stack_start) == PJ_ENV_STACK_START as usize);
     assert!(core::mem::offset_of!(PjExecEnv, stack_end) == PJ_ENV_STACK_END as usize);
     assert!(core::mem::offset_of!(PjExecEnv, entry_sp) == PJ_ENV_ENTRY_SP as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, tail_calls) == PJ_ENV_TAIL_CALLS as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, maps) == PJ_ENV_MAPS as usize);
+    assert!(core::mem::offset_of!(PjTailTarget, code_base) == PJ_TAIL_TARGET_CODE_BASE as usize);
+    assert!(
+        core::mem::offset_of!(PjTailTarget, entry_offset) == PJ_TAIL_TARGET_ENTRY_OFFSET as usize
+    );
+    assert!(core::mem::offset_of!(PjTailTarget, regions) == PJ_TAIL_TARGET_REGIONS as usize);
+    assert!(
+        core::mem::offset_of!(PjTailTarget, region_count) == PJ_TAIL_TARGET_REGION_COUNT as usize
+    );
+    assert!(core::mem::offset_of!(PjTailTarget, maps) == PJ_TAIL_TARGET_MAPS as usize);
     assert!(core::mem::size_of::<PjMemRegion>() == 24);
 };
 
@@ -324,6 +346,66 @@ pub const PJ_INLINE_TAIL_CALL: u32 = 4;
 /// passed to the [`PJ_HELPER_PERCPU_LOOKUP`] entry of the same table with r1 = `percpu_id`.
 /// r1–r5 are clobbered, as by a call.
 pub const PJ_INLINE_ARRAY_LOOKUP: u32 = 5;
+
+/// [`PjHelper::inline_kind`]: a tail call through a prog array known at compile time (the
+/// kernel's JITs emit the same sequence). `addr` points to a [`PjProgArray`] the backend
+/// reads while it compiles. With r3 = the index: when `(u32)r3 < max_entries`,
+/// `env.tail_calls < PJ_MAX_TAIL_CALLS`, the slot holds a [`PjTailTarget`] and that target's
+/// `code_base[mode]` word (mode: 0 trusted code, 1 sandboxed) is non-zero, the code counts the
+/// tail call in `env`, copies the target's regions and maps into `env`, and leaves its frame
+/// and jumps to the entry as for [`PJ_INLINE_TAIL_CALL`]; otherwise it falls through with
+/// r0 = 0. The slot's index is masked branch-free before it addresses the slots, so a
+/// mispredicted bound cannot read past them. r1–r5 are clobbered, as by a call.
+pub const PJ_INLINE_PROG_ARRAY_TAIL_CALL: u32 = 6;
+
+/// The longest chain of tail calls one run may make, as in the kernel (`MAX_TAIL_CALL_CNT`).
+pub const PJ_MAX_TAIL_CALLS: u32 = 33;
+
+/// A prog array's slots, for [`PJ_INLINE_PROG_ARRAY_TAIL_CALL`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjProgArray {
+    /// `max_entries` words, each 0 or the address of a [`PjTailTarget`] (published with
+    /// release ordering; the code reads the target's fields through the loaded address, an
+    /// address dependency every supported ISA orders).
+    pub slots: u64,
+    /// Slots; an index at or above it finds nothing.
+    pub max_entries: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// What a prog-array slot points to: what a tail call into the program needs, read by the
+/// code of [`PJ_INLINE_PROG_ARRAY_TAIL_CALL`]. The host keeps it alive until no run can be in
+/// a tail call that read it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjTailTarget {
+    /// By the caller's mode (0: trusted code, 1: sandboxed code): the address of a word
+    /// holding the base of the target's code now (code can move, see compaction), or of a
+    /// zero word when the target's code is of the other mode (a tail call never crosses the
+    /// sandbox's boundary).
+    pub code_base: [u64; 2],
+    /// The target's entry, from that base.
+    pub entry_offset: u64,
+    /// The target's regions ([`PjExecEnv::regions`]).
+    pub regions: u64,
+    /// [`PjExecEnv::region_count`] for them.
+    pub region_count: u64,
+    /// [`PjExecEnv::maps`] for the target.
+    pub maps: u64,
+}
+
+/// Offset of [`PjTailTarget::code_base`] (trusted code's word; sandboxed code's is 8 further).
+pub const PJ_TAIL_TARGET_CODE_BASE: i32 = 0;
+/// Offset of [`PjTailTarget::entry_offset`].
+pub const PJ_TAIL_TARGET_ENTRY_OFFSET: i32 = 16;
+/// Offset of [`PjTailTarget::regions`].
+pub const PJ_TAIL_TARGET_REGIONS: i32 = 24;
+/// Offset of [`PjTailTarget::region_count`].
+pub const PJ_TAIL_TARGET_REGION_COUNT: i32 = 32;
+/// Offset of [`PjTailTarget::maps`].
+pub const PJ_TAIL_TARGET_MAPS: i32 = 40;
 
 /// [`PjArrayMap::percpu_id`] of an array that is not per-CPU.
 pub const PJ_ARRAY_NOT_PERCPU: u32 = u32::MAX;

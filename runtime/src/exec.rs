@@ -187,8 +187,9 @@ pub(crate) fn without_jit_env<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Runs `entry` (code loaded as `trust`) on `(ctx, len)` with `regions` and `budget`, and
-/// turns a stop into a [`RunError`].
+/// Runs `entry` (code loaded as `trust`) on `(ctx, len)` with `regions`, `budget` and
+/// `maps` (the program's `RunMaps`, or 0; see `PjExecEnv::maps`), and turns a stop into a
+/// [`RunError`].
 ///
 /// # Safety
 /// `entry` must be committed code with the [`PjProgramEntry`] signature that stays mapped
@@ -201,6 +202,7 @@ pub(crate) unsafe fn run(
     regions: &[PjMemRegion],
     budget: u64,
     trust: Trust,
+    maps: u64,
 ) -> Result<u64, RunError> {
     // rbpf passes r1 = r2 = 0 for an empty context; a dangling slice pointer (0x1) would
     // otherwise reach the program as r1.
@@ -211,10 +213,11 @@ pub(crate) unsafe fn run(
         ctx_start: ctx as u64,
         ctx_end: (ctx as u64).wrapping_add(len as u64),
         budget,
+        maps,
         ..Default::default()
     };
-    // One pointer for the code and for the helpers it calls (a tail call's chooser writes
-    // the regions through it while the code runs).
+    // One pointer for the code and for the helpers it calls (a tail call writes the
+    // regions, the maps and its count through it while the code runs).
     let env_ptr: *mut PjExecEnv = &mut env;
     let previous = CURRENT_ENV.with(|c| c.replace(env_ptr));
     let trusted = CURRENT_TRUSTED.with(|c| c.replace(trust == Trust::Trusted));
@@ -292,27 +295,16 @@ pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool
     })
 }
 
+/// The environment of the program this thread runs (innermost JIT run), or null outside
+/// runs. Valid until that run returns; the code reads and writes it too, but only while no
+/// helper it called runs.
+pub(crate) fn current_env() -> *mut PjExecEnv {
+    CURRENT_ENV.with(|c| c.get())
+}
+
 /// Is the program this thread runs (innermost JIT run) trusted? `false` outside runs.
 pub(crate) fn trusted_run() -> bool {
     CURRENT_TRUSTED.with(|c| c.get())
-}
-
-/// Points the current run's `env` at `regions` (a tail call continues in a program with
-/// its own regions; its code reads them from `env`). `false` when no JIT run is current.
-/// The caller keeps `regions` alive until the run ends.
-pub(crate) fn switch_regions(regions: &[PjMemRegion]) -> bool {
-    let env = CURRENT_ENV.with(|c| c.get());
-    if env.is_null() {
-        return false;
-    }
-    // SAFETY: set by `run` to its own `env` for the duration of the call that
-    // (transitively) invoked the helper on this thread; the code reads the fields only
-    // after the helper returns.
-    unsafe {
-        (*env).regions = regions.as_ptr() as u64;
-        (*env).region_count = regions.len() as u64;
-    }
-    true
 }
 
 /// A fresh key for constant blinding, from the kernel's random source.

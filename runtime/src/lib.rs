@@ -795,8 +795,12 @@ impl Runtime {
                 backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_TAIL_CALL) != 0;
             let inline_arrays =
                 backend.inline_kinds() & abi::pj_inline_bit(abi::PJ_INLINE_ARRAY_LOOKUP) != 0;
+            let prog_array_tail_calls = backend.inline_kinds()
+                & abi::pj_inline_bit(abi::PJ_INLINE_PROG_ARRAY_TAIL_CALL)
+                != 0;
             let inlining = maps::Inlining {
                 tail_calls,
+                prog_array_tail_calls,
                 array_lookups: inline_arrays,
             };
             let b = maps::bind(code, &opts.maps, inlining, |a| {
@@ -1199,8 +1203,16 @@ impl std::fmt::Debug for Program {
 }
 
 impl Program {
+    /// For code that reads this program's entry itself (an inlined tail call): the word
+    /// holding its code's base and the entry's offset from it, when compaction may move the
+    /// code; `None` when it never moves (its entry is [`Self::entry_now`] for good).
+    pub(crate) fn moving_entry(&self) -> Option<(*const u64, u64)> {
+        let (word, offset) = self.movable.as_ref()?.entry_parts();
+        Some((word.cast(), offset))
+    }
+
     /// The entry point now. Callers that run it load it AFTER pinning the epoch.
-    fn entry_now(&self) -> u64 {
+    pub(crate) fn entry_now(&self) -> u64 {
         self.movable
             .as_ref()
             .map_or(self.compiled.entry, |m| m.entry())
@@ -1289,7 +1301,6 @@ impl Program {
     ) -> Result<u64, RunError> {
         self.check_executable()?;
         let _epoch = self.maps.is_some().then(arena::epoch_pin);
-        let _maps = self.maps.as_ref().map(|m| maps::enter(Some(m)));
         // SAFETY: committed code, kept alive by `self` and the run pin (its entry loaded
         // after the pin: compaction releases an old copy only after the runs in progress at
         // the move have ended); the caller vouches for ctx/len.
@@ -1301,6 +1312,7 @@ impl Program {
                 &self.regions,
                 budget,
                 self.trust,
+                self.maps.as_ref().map_or(0, |m| Arc::as_ptr(m) as u64),
             )
         }
     }

@@ -28,12 +28,13 @@
 use crate::exec;
 use crate::{err, Error, ErrorKind, Program, Trust};
 use packjit_plugin_api::abi::{
-    PjArrayMap, PjMemRegion, PJ_ARRAY_NOT_PERCPU, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE,
-    PJ_INLINE_TAIL_CALL, PJ_REGION_WRITABLE,
+    PjArrayMap, PjMemRegion, PjProgArray, PjTailTarget, PJ_ARRAY_NOT_PERCPU,
+    PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE, PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_TAIL_CALL,
+    PJ_MAX_TAIL_CALLS, PJ_REGION_WRITABLE,
 };
 use packjit_plugin_api::AccessDirection;
 use packjit_plugin_api::HelperEntry;
-use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use packjit_maps::{
@@ -78,10 +79,13 @@ use helper_ids::*;
 
 /// The longest chain of tail calls one run may make, as in the kernel
 /// (`MAX_TAIL_CALL_CNT`).
-pub const MAX_TAIL_CALLS: u32 = 33;
+pub const MAX_TAIL_CALLS: u32 = PJ_MAX_TAIL_CALLS;
 
 /// The first of the per-load ids of inlined array lookups (one per array map of the load).
 const ARRAY_LOOKUP_IDS: u32 = 0x7043_1000;
+
+/// The first of the per-load ids of inlined tail calls (one per prog array of the load).
+const PROG_ARRAY_IDS: u32 = 0x7043_1800;
 
 /// packjit's ids for lookup, update and delete (and the tail call) at call sites whose map
 /// argument `bind` proved (the map loaded into the register in the same basic block, never
@@ -124,6 +128,8 @@ pub(crate) struct Bound {
     pub run: Arc<RunMaps>,
     /// The array layouts the inlined lookups were compiled from (read while compiling).
     _arrays: Box<[PjArrayMap]>,
+    /// The prog arrays the inlined tail calls were compiled from (read while compiling).
+    _prog_arrays: Box<[PjProgArray]>,
 }
 
 /// The handle programs use for `map` (see the module doc).
@@ -136,6 +142,9 @@ pub fn handle_of(map: &Arc<Map>) -> u64 {
 pub(crate) struct Inlining {
     /// Real tail calls ([`PJ_INLINE_TAIL_CALL`]).
     pub tail_calls: bool,
+    /// Tail calls through a proven prog array emitted inline
+    /// ([`PJ_INLINE_PROG_ARRAY_TAIL_CALL`]).
+    pub prog_array_tail_calls: bool,
     /// Inlined array lookups ([`PJ_INLINE_ARRAY_LOOKUP`]).
     pub array_lookups: bool,
 }
@@ -160,6 +169,9 @@ pub(crate) fn bind(
     // Per map: the id of its inlined lookup, when it is an array.
     let mut arrays: Vec<PjArrayMap> = Vec::new();
     let mut lookup_ids: Vec<Option<u32>> = vec![None; maps.len()];
+    // Per map: the id of its inlined tail call, when it is a prog array.
+    let mut prog_arrays: Vec<PjProgArray> = Vec::new();
+    let mut tail_ids: Vec<Option<u32>> = vec![None; maps.len()];
     // The direct-call ids the code now calls.
     let mut known_used: Vec<u32> = Vec::new();
     // Per register field (all 16 values of the 4 bits: the verifier refuses r11-r15 after
@@ -226,6 +238,11 @@ pub(crate) fn bind(
                 let inlined = holds[1].filter(|_| lookup).and_then(|k| {
                     array_lookup_id(&maps[k], k, &mut arrays, &mut lookup_ids, &mut percpu_id)
                 });
+                let jump = inlining.prog_array_tail_calls && helper == Some(TAIL_CALL);
+                let inlined = inlined.or_else(|| {
+                    let k = holds[2].filter(|_| jump)?;
+                    prog_array_id(&maps[k], k, &mut prog_arrays, &mut tail_ids)
+                });
                 // The map argument's register: r2 for a tail call, r1 for the others.
                 let proven = |id: u32| if id == TAIL_CALL { holds[2] } else { holds[1] };
                 let known = helper.and_then(|h| {
@@ -235,7 +252,8 @@ pub(crate) fn bind(
                 });
                 if let Some(id) = inlined.or(known) {
                     out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
-                    if known.is_some() && !known_used.contains(&id) {
+                    // An inlined lookup or tail call is no direct call.
+                    if known == Some(id) && !known_used.contains(&id) {
                         known_used.push(id);
                     }
                 }
@@ -261,6 +279,15 @@ pub(crate) fn bind(
                 addr: &arrays[slot] as *const PjArrayMap as u64,
             });
         }
+    }
+    let prog_arrays = prog_arrays.into_boxed_slice();
+    for id in tail_ids.iter().flatten().copied() {
+        let slot = (id - PROG_ARRAY_IDS) as usize;
+        helpers.push(HelperEntry {
+            id,
+            inline_kind: PJ_INLINE_PROG_ARRAY_TAIL_CALL,
+            addr: &prog_arrays[slot] as *const PjProgArray as u64,
+        });
     }
     if inlining.tail_calls && calls(&out, TAIL_CALL) {
         helpers.push(HelperEntry {
@@ -300,6 +327,7 @@ pub(crate) fn bind(
             maps: maps.to_vec(),
         }),
         _arrays: arrays,
+        _prog_arrays: prog_arrays,
     })
 }
 
@@ -391,6 +419,28 @@ fn array_lookup_id(
     Some(id)
 }
 
+/// The id of the inlined tail call through prog array `map` (map `k` of the load), made on
+/// its first use; `None` for other map types.
+fn prog_array_id(
+    map: &Map,
+    k: usize,
+    prog_arrays: &mut Vec<PjProgArray>,
+    ids: &mut [Option<u32>],
+) -> Option<u32> {
+    if let Some(id) = ids[k] {
+        return Some(id);
+    }
+    let (slots, max_entries) = map.prog_slots()?;
+    let id = PROG_ARRAY_IDS + prog_arrays.len() as u32;
+    prog_arrays.push(PjProgArray {
+        slots: slots as u64,
+        max_entries,
+        reserved: 0,
+    });
+    ids[k] = Some(id);
+    Some(id)
+}
+
 /// Which slots are jump targets (a basic block starts there): the scan above forgets what
 /// registers hold at each.
 pub(crate) fn jump_targets(code: &[u8]) -> Vec<bool> {
@@ -417,46 +467,24 @@ pub(crate) fn jump_targets(code: &[u8]) -> Vec<bool> {
     t
 }
 
-thread_local! {
-    /// The maps of the program this thread runs (innermost), for the helpers.
-    static CURRENT: Cell<*const RunMaps> = const { Cell::new(std::ptr::null()) };
-    /// Tail calls made by the current run.
-    static TAIL_CALLS: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Restores what [`enter`] replaced when a run ends, even by unwinding.
-pub(crate) struct RunGuard {
-    maps: *const RunMaps,
-    tail_calls: u32,
-}
-
-impl Drop for RunGuard {
-    fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.maps));
-        TAIL_CALLS.with(|c| c.set(self.tail_calls));
+/// The maps of the program this thread runs (innermost JIT run), for its helpers: its
+/// `env`'s (`PjExecEnv::maps`, set by the run and switched by tail calls).
+fn current_run_maps<'a>() -> Option<&'a RunMaps> {
+    let env = exec::current_env();
+    if env.is_null() {
+        return None;
     }
-}
-
-/// Makes `maps` the current program's for a run on this thread (nested runs restore the
-/// outer one's when their guard drops). The caller keeps `maps` alive for the run.
-pub(crate) fn enter(maps: Option<&Arc<RunMaps>>) -> RunGuard {
-    let now = maps.map_or(std::ptr::null(), Arc::as_ptr);
-    RunGuard {
-        maps: CURRENT.with(|c| c.replace(now)),
-        tail_calls: TAIL_CALLS.with(|c| c.replace(0)),
-    }
+    // SAFETY: the running program's env (see `current_env`); the code does not touch it
+    // while its helper runs.
+    let maps = unsafe { (*env).maps } as *const RunMaps;
+    // SAFETY: 0 or an `Arc<RunMaps>` the running program (or the tail call target now
+    // running, kept alive by its slot's epoch-deferred release) holds for the run.
+    (!maps.is_null()).then(|| unsafe { &*maps })
 }
 
 /// The running program's map with this handle, if it has one.
 fn current_map<'a>(handle: u64) -> Option<&'a Map> {
-    let run = CURRENT.with(|c| c.get());
-    if run.is_null() {
-        return None;
-    }
-    // SAFETY: set by `enter` for the duration of the run that (transitively) called this
-    // helper, from an `Arc` the running program holds; reset before the run returns.
-    let run: &'a RunMaps = unsafe { &*run };
-    run.find(handle)
+    current_run_maps()?.find(handle)
 }
 
 /// May the running program read (or write) `len` bytes at `addr`? Trusted programs vouch
@@ -632,12 +660,7 @@ extern "C" fn ringbuf_reserve(map: u64, size: u64, flags: u64, _: u64, _: u64) -
 
 /// The ring buffer holding the record at `data`: one of the running program's.
 fn ringbuf_of<'a>(data: u64) -> Option<&'a Map> {
-    let run = CURRENT.with(|c| c.get());
-    if run.is_null() {
-        return None;
-    }
-    // SAFETY: as in `current_map`.
-    let run: &'a RunMaps = unsafe { &*run };
+    let run = current_run_maps()?;
     run.maps
         .iter()
         .find(|m| {
@@ -671,7 +694,7 @@ extern "C" fn ringbuf_query(map: u64, flags: u64, _: u64, _: u64, _: u64) -> u64
 
 extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     thread_local! {
-        static STATE: Cell<u64> = Cell::new(exec::random_key() | 1);
+        static STATE: std::cell::Cell<u64> = std::cell::Cell::new(exec::random_key() | 1);
     }
     // xorshift64*: not cryptographic, as the kernel's prandom is not.
     STATE.with(|s| {
@@ -703,45 +726,70 @@ extern "C" fn known_tail_call_chooser(_ctx: u64, map: u64, index: u64, _: u64, _
 }
 
 /// The tail call through prog array `m`: the entry to continue in, with the run switched
-/// over to its program, or 0.
+/// over to its program, or 0. The same steps, in the same order, as the inlined tail call
+/// (`PJ_INLINE_PROG_ARRAY_TAIL_CALL`), so both count against one limit.
 fn choose(m: &Map, index: u64) -> u64 {
-    let made = TAIL_CALLS.with(|c| c.get());
-    let Ok(index) = u32::try_from(index) else {
-        return 0;
-    };
-    let token = m.prog_slot(index);
-    if token == 0 || made >= MAX_TAIL_CALLS {
+    let env = exec::current_env();
+    if env.is_null() {
         return 0;
     }
-    // SAFETY: a non-zero slot holds `Box::into_raw` of a `TailTarget` (set by
-    // `set_prog_array_slot`), released only after an epoch grace period, and the run that
-    // calls us is pinned.
-    let target = unsafe { &*(token as *const TailTarget) };
-    let trusted = target.trust == Trust::Trusted;
-    if trusted != exec::trusted_run() || !exec::switch_regions(target.regions()) {
+    // SAFETY: the running program's env (see `current_env`), not touched by its code while
+    // this helper runs.
+    let env = unsafe { &mut *env };
+    // The kernel's index is a u32: the upper half is ignored, as the inlined code does.
+    let token = m.prog_slot(index as u32);
+    if token == 0 || env.tail_calls >= u64::from(MAX_TAIL_CALLS) {
         return 0;
     }
-    TAIL_CALLS.with(|c| c.set(made + 1));
-    CURRENT.with(|c| c.set(target.maps));
-    target.program.entry_now()
+    // SAFETY: a non-zero slot holds a `TailTarget` made by `set_prog_array_slot`, released
+    // only after an epoch grace period, and the run that calls us is pinned.
+    let target = unsafe { &(*(token as *const TailTarget)).abi };
+    let mode = usize::from(!exec::trusted_run());
+    // SAFETY: the word is the target program's code base (alive with the `TailTarget`) or
+    // the static zero; the base is read as `Movable::entry` reads it.
+    let base = unsafe { (*(target.code_base[mode] as *const AtomicU64)).load(Ordering::Acquire) };
+    if base == 0 {
+        return 0;
+    }
+    env.tail_calls += 1;
+    env.regions = target.regions;
+    env.region_count = target.region_count;
+    env.maps = target.maps;
+    base + target.entry_offset
 }
 
-/// What a prog-array slot holds: a program kept alive by the slot, and what a tail call
-/// into it needs, read once when the slot is set rather than through the program at each
-/// call.
+/// What a prog-array slot points to: the description an inlined tail call reads (first, so
+/// the slot's token is its address), and the program it keeps alive.
+#[repr(C)]
 pub(crate) struct TailTarget {
+    abi: PjTailTarget,
+    /// The base word of code that never moves (its entry; `abi.entry_offset` is then 0).
+    fixed_base: u64,
     program: Arc<Program>,
-    trust: Trust,
-    /// The program's regions (alive with `program`).
-    regions: (*const PjMemRegion, usize),
-    /// The program's maps, or null (alive with `program`).
-    maps: *const RunMaps,
 }
+
+/// The code base a tail call from code of the other mode finds: none.
+static NO_CODE: AtomicU64 = AtomicU64::new(0);
 
 impl TailTarget {
-    fn regions(&self) -> &[PjMemRegion] {
-        // SAFETY: the program's own region slice, which `program` keeps alive.
-        unsafe { std::slice::from_raw_parts(self.regions.0, self.regions.1) }
+    /// Boxed first: `abi.code_base` may point into the box.
+    fn new(program: Arc<Program>) -> Box<Self> {
+        let mut t = Box::new(TailTarget {
+            abi: PjTailTarget {
+                regions: program.regions.as_ptr() as u64,
+                region_count: program.regions.len() as u64,
+                maps: (program.maps.as_ref()).map_or(0, |m| Arc::as_ptr(m) as u64),
+                ..PjTailTarget::default()
+            },
+            fixed_base: program.entry_now(),
+            program,
+        });
+        let (word, offset) = (t.program.moving_entry()).unwrap_or((&t.fixed_base, 0));
+        let mode = usize::from(t.program.trust() == Trust::Sandboxed);
+        t.abi.code_base = [NO_CODE.as_ptr() as u64; 2];
+        t.abi.code_base[mode] = word as u64;
+        t.abi.entry_offset = offset;
+        t
     }
 }
 
@@ -769,15 +817,7 @@ pub(crate) fn set_prog_array_slot(
             ),
         ));
     }
-    let token = program.map_or(0, |program| {
-        let target = TailTarget {
-            trust: program.trust(),
-            regions: (program.regions.as_ptr(), program.regions.len()),
-            maps: (program.maps.as_ref()).map_or(std::ptr::null(), Arc::as_ptr),
-            program,
-        };
-        Box::into_raw(Box::new(target)) as u64
-    });
+    let token = program.map_or(0, |program| Box::into_raw(TailTarget::new(program)) as u64);
     let old = match map.set_prog_slot(index, token) {
         Ok(old) => old,
         Err(e) => {

@@ -992,6 +992,7 @@ impl Program {
                 &regions,
                 budget.or(self.budget).unwrap_or(u64::MAX),
                 self.trust(),
+                0,
             )
         }
         .map_err(run_to_io)

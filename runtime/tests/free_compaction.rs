@@ -199,3 +199,78 @@ fn hook_batches_compact_within_their_one_commit() {
     assert_eq!(std::fs::read_to_string(&map).unwrap(), "");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn tail_calls_follow_targets_that_compaction_moved() {
+    use packjit::maps::{Map, MapSpec, MapType};
+    use packjit::LoadOptions;
+    use std::sync::Arc;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = eager_runtime();
+    let jumps = Map::new(MapSpec {
+        name: "jumps".into(),
+        map_type: MapType::ProgArray,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 40,
+        flags: 0,
+    })
+    .unwrap();
+    let opts = LoadOptions {
+        maps: vec![jumps.clone()],
+        ..Default::default()
+    };
+    let i = |op, dst, src, off, imm| packjit_frontend::encode_insn(op, dst, src, off, imm).to_vec();
+    let map_ref = |dst| [i(0x18, dst, 1, 0, 0), i(0, 0, 0, 0, 0)].concat();
+    // Tail calls slot mem[0]: inline (the prog array proven at the call), or through the
+    // host's chooser (a jump lands between the `lddw` and the call).
+    let caller = |form: usize| {
+        let mut code = [i(0x71, 3, 1, 0, 0), map_ref(2)].concat();
+        if form == 1 {
+            code.extend(i(0x05, 0, 0, 0, 0));
+        }
+        [
+            code,
+            i(0x85, 0, 0, 0, 12),
+            i(0xb7, 0, 0, 0, -1),
+            i(0x95, 0, 0, 0, 0),
+        ]
+        .concat()
+    };
+    let callers = [
+        rt.load(&caller(0), &opts).unwrap(),
+        rt.load(&caller(1), &opts).unwrap(),
+    ];
+    // Fillers and targets interleaved; freeing the fillers moves the targets down.
+    let mut fillers = Vec::new();
+    let mut targets = Vec::new();
+    for k in 0..40u32 {
+        fillers.push(rt.load(&sized(2 + (k as usize * 37) % 300, 1), &Default::default()));
+        let t = Arc::new(
+            rt.load(&sized(3 + k as usize, 1000 + k as i32), &opts)
+                .unwrap(),
+        );
+        rt.set_prog_array(&jumps, k, Some(t.clone())).unwrap();
+        targets.push(t);
+    }
+    let before: Vec<u64> = targets.iter().map(|t| t.entry_addr()).collect();
+    for f in fillers {
+        for _ in 0..4 {
+            packjit::arena::epoch_pin().flush();
+        }
+        drop(f);
+    }
+    let moved = (targets.iter().zip(&before)).filter(|(t, &b)| t.entry_addr() != b);
+    assert!(moved.count() > 0, "nothing moved: {:?}", rt.stats());
+    // The old copies are released; each tail call must reach the copy where it is now.
+    for _ in 0..4 {
+        packjit::arena::epoch_pin().flush();
+    }
+    rt.reclaim();
+    for (how, c) in callers.iter().enumerate() {
+        for k in 0..40u8 {
+            let r0 = c.call(&mut [k]).unwrap();
+            assert_eq!(r0, 1000 + u64::from(k), "caller {how}, slot {k}");
+        }
+    }
+}

@@ -331,6 +331,34 @@ fn tail_caller(fallback: i32) -> Vec<u8> {
     .concat()
 }
 
+/// [`tail_caller`] with the prog array not proven at the call (a jump lands between the
+/// `lddw` and the call), so the host's chooser makes the tail call instead of inline code.
+fn tail_caller_through_chooser(fallback: i32) -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0),  // r6 = ctx
+        i(0x79, 3, 1, 0, 0),  // r3 = mem[0..8] (all 64 bits)
+        map_ref(2, 0),        // r2 = prog array
+        i(0x05, 0, 0, 0, 0),  // ja +0: the call starts a basic block
+        i(CALL, 0, 0, 0, 12), // bpf_tail_call(ctx, map, index)
+        i(0xb7, 0, 0, 0, fallback),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+/// [`tail_caller`] reading all 64 bits of mem[0..8] as the index (inline code).
+fn tail_caller_wide(fallback: i32) -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0),
+        i(0x79, 3, 1, 0, 0), // r3 = mem[0..8]
+        map_ref(2, 0),
+        i(CALL, 0, 0, 0, 12),
+        i(0xb7, 0, 0, 0, fallback),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
 /// Bumps mem[1] and tail calls slot mem[0] again (a loop of tail calls the kernel's limit
 /// of 33 ends); returns `base` + mem[1] as it found it.
 fn tail_target(base: i32) -> Vec<u8> {
@@ -396,6 +424,54 @@ fn tail_calls_jump_to_the_slot_fall_through_when_empty_and_stop_after_33() {
         };
         rt.set_prog_array(&jumps, 1, Some(other)).unwrap();
         assert_eq!(caller.call(&mut [1, 0]).unwrap() as i64, -1, "{trust:?}");
+        rt.set_prog_array(&jumps, 1, None).unwrap();
+    }
+}
+
+#[test]
+fn inlined_and_chosen_tail_calls_share_one_limit_and_read_the_index_as_a_u32() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let jumps = Map::new(spec("jumps", MapType::ProgArray, 4, 4, 4)).unwrap();
+        let opts = LoadOptions {
+            maps: vec![jumps.clone()],
+            ..Default::default()
+        };
+        let load = |code: &[u8]| -> Arc<Program> {
+            Arc::new(match trust {
+                Trust::Sandboxed => rt.load(code, &opts).unwrap(),
+                // SAFETY: the programs touch only their context and stack.
+                Trust::Trusted => unsafe { rt.load_trusted(code, &opts) }.unwrap(),
+            })
+        };
+        // The target (inline tail calls) loops into its own slot, 1.
+        rt.set_prog_array(&jumps, 1, Some(load(&tail_target(50))))
+            .unwrap();
+        for (how, caller) in [
+            ("inline", load(&tail_caller_wide(-1))),
+            ("chooser", load(&tail_caller_through_chooser(-1))),
+        ] {
+            // mem[0..8] = the index, mem[1] doubles as the target's counter: index 1 with
+            // mem[1] = 0 is slot 1; 1 + 2^32 is slot 1 too (the kernel's index is a u32).
+            for index in [1u64, 1 + (1 << 32), 1 + (7 << 40)] {
+                let mut mem = index.to_le_bytes();
+                let r0 = caller.call(&mut mem).unwrap();
+                assert_eq!(
+                    mem[1], 33,
+                    "{trust:?} {how} {index:#x}: one limit of 33 over both kinds"
+                );
+                assert_eq!(r0, 50 + 32, "{trust:?} {how} {index:#x}");
+            }
+            // Out of range in the low 32 bits: falls through.
+            for index in [4u64, 0xffff_ffff, 4 + (1 << 32)] {
+                let mut mem = index.to_le_bytes();
+                assert_eq!(
+                    caller.call(&mut mem).unwrap() as i64,
+                    -1,
+                    "{trust:?} {how} {index:#x}"
+                );
+            }
+        }
         rt.set_prog_array(&jumps, 1, None).unwrap();
     }
 }

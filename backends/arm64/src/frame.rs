@@ -307,7 +307,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,
         // and a `br x16` may land on a `bti c`. x2 (r3, dead after the call) holds env.
         a64!(self.ops
-            ; cbz X(r0), >stay
             ; mov x16, X(r0)
             ; mov x2, X(ENV)
         );
@@ -316,7 +315,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
             ; ldp x0, x1, [x2, PJ_ENV_CTX_START]
             ; sub x1, x1, x0
             ; br x16
-            ; stay:
         );
     }
 

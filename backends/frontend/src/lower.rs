@@ -118,10 +118,10 @@ pub struct Driver<'a, A, F> {
     /// In a guarded walk's checked copy: the copy's head, where its back-edge goes.
     pub copy_head: Option<DynamicLabel>,
     /// Lowering an expansion of the current instruction (an inlined array lookup, a legacy
-    /// packet load): its operations are the driver's, not the program's, so its accesses
-    /// are checked with no proof (`expansion_access`), and no backend fuses them with the
-    /// next instruction.
-    pub expanding: bool,
+    /// packet load, an inlined tail call): its operations are the driver's, not the
+    /// program's, so its accesses get no proof of the program's (`expansion_access`), and
+    /// no backend fuses them with the next instruction.
+    pub expansion: Expansion,
     /// An instruction the lowering fused into the one before it: only its label and
     /// offset are emitted.
     pub skip: Option<usize>,
@@ -211,7 +211,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             cur: 0,
             copy: None,
             copy_head: None,
-            expanding: false,
+            expansion: Expansion::None,
             skip: None,
             constant_keys,
             dead_arguments,
@@ -281,7 +281,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
         if !self.mode.sandboxed() || is_frame_constant(base, off, size) {
             return AccessLowering::Direct { base, off };
         }
-        if self.expanding {
+        if self.expansion != Expansion::None {
             return self.expansion_access(base, off, size);
         }
         if self.unchecked() {
@@ -299,6 +299,9 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
     /// line.
     #[cold]
     fn expansion_access(&self, base: Reg, off: i16, size: Size) -> AccessLowering {
+        if self.expansion == Expansion::RuntimeMemory {
+            return AccessLowering::Direct { base, off };
+        }
         match self.prog.insts[self.cur].op {
             Op::PacketLoad { .. } if base == ENV => AccessLowering::Direct { base, off },
             Op::PacketLoad {
@@ -394,6 +397,21 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
     }
 }
 
+/// What the driver lowers at the current instruction besides its own operation
+/// ([`Driver::expansion`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expansion {
+    /// The instruction's own operation.
+    None,
+    /// Operations whose accesses reach the program's memory (a lookup's key, a packet load's
+    /// data) or the run's `env` ([`ENV`]): checked as `expansion_access` says.
+    ProgramMemory,
+    /// Operations whose accesses all read or write the runtime's own structures (the run's
+    /// `env`, a prog array's slots, a tail call target's description) at addresses the
+    /// program cannot choose: an inlined tail call's. No check.
+    RuntimeMemory,
+}
+
 /// What every backend implements: the ISA hooks the driver calls, named after what they
 /// emit, in traits each implemented in the backend's file of that concern. The driver
 /// decodes each instruction's operation once and calls the hook of its class:
@@ -444,11 +462,11 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// registers while its proofs rest on what its callers pass
     /// ([`crate::ranges::CallFacts`]). Never executed.
     fn speculation_barrier(&mut self);
-    /// A tail call's jump, in the entry function, after the driver called the chooser
-    /// (`PJ_INLINE_TAIL_CALL`): when r0 is non-zero, leave the entry's frame as its epilogue
-    /// does (budget written back, saved registers restored) and jump to r0 with the run's
-    /// arguments (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`);
-    /// when r0 is 0, fall through.
+    /// A tail call's jump, in the entry function, once the driver found the entry to
+    /// continue in (r0, never 0: the driver branches around a failed tail call): leave the
+    /// entry's frame as its epilogue does (budget written back, saved registers restored)
+    /// and jump to r0 with the run's arguments (context `env.ctx_start`, length
+    /// `env.ctx_end - env.ctx_start`, `env`).
     fn tail_jump(&mut self);
 }
 
@@ -507,6 +525,9 @@ pub trait JumpHooks<'a>: Lowering<'a> {
     fn goto(&mut self, target: usize);
     /// `if dst cond src goto target`.
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize);
+    /// `if dst cond src goto label`, in a driver's expansion: `label` is the driver's own,
+    /// bound later in the same instruction (never a back-edge, never charged).
+    fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: DynamicLabel);
     /// `exit` of `func` anywhere but as its last instruction on the hot path, which falls
     /// into the epilogue.
     fn exit(&mut self, func: usize);
@@ -703,6 +724,9 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
             let helper = l.driver().helper(id)?;
             match helper_lowering(&helper) {
                 HelperLowering::TailCall { chooser } => tail_call(l, k, helper, chooser)?,
+                HelperLowering::ProgArrayTailCall(array) => {
+                    prog_array_tail_call(l, k, helper.id, array)?
+                }
                 HelperLowering::ArrayLookup(array) => array_lookup(l, array)?,
                 HelperLowering::Code(HelperCode::Call(_)) => {
                     l.call_helper(&helper)?;
@@ -739,24 +763,135 @@ fn tail_call<'a, L: Isa<'a>>(
     helper: HelperEntry,
     chooser: u64,
 ) -> Result<(), CompileError> {
-    if k != 0 {
-        let d = l.driver();
-        return Err(d.error(
-            ErrorKind::Unsupported,
-            format!(
-                "tail call (helper {}) inside a bpf-to-bpf function: only the entry function can tail call",
-                helper.id
-            ),
-        ));
-    }
+    refuse_tail_call_in_callee(l, k, helper.id)?;
     let call = HelperEntry {
         inline_kind: packjit_plugin_api::PJ_INLINE_NONE,
         addr: chooser,
         ..helper
     };
     l.call_helper(&call)?;
+    let failed = l.new_label();
+    l.branch_to(Width::W64, Cond::Eq, 0, Operand::Imm(0), failed);
     l.tail_jump();
     // Falling through: the tail call failed, and r0 = 0 says so.
+    l.bind(failed);
+    clear_helper_arguments(l);
+    Ok(())
+}
+
+/// Only the entry function can leave its frame for another program's: a callee's caller
+/// frames would be left behind.
+fn refuse_tail_call_in_callee<'a, L: Isa<'a>>(
+    l: &mut L,
+    k: usize,
+    id: u32,
+) -> Result<(), CompileError> {
+    if k == 0 {
+        return Ok(());
+    }
+    let d = l.driver();
+    Err(d.error(
+        ErrorKind::Unsupported,
+        format!(
+            "tail call (helper {id}) inside a bpf-to-bpf function: only the entry function can tail call"
+        ),
+    ))
+}
+
+/// A tail call through a prog array known at compile time
+/// (`PJ_INLINE_PROG_ARRAY_TAIL_CALL`), as the kernel's JITs emit it, in ordinary operations
+/// and the backend's `tail_jump`; r3 is the index, r2 (the array) is not read:
+///
+/// ```text
+/// r0 = 0 ; w3 = w3                          the index is a u32
+/// if r3 >= max goto out
+/// r4 = env->tail_calls ; if r4 >= 33 goto out
+/// r5 = r3 ; r5 -= max ; r5 s>>= 63 ; r3 &= r5   index 0 past the bound, also speculatively
+/// r3 = slots[r3] ; if r3 == 0 goto out      the target, or an empty slot
+/// r0 = *target->code_base[mode] ; if r0 == 0 goto out   none for the other mode's code
+/// r0 += target->entry_offset
+/// env->tail_calls = r4 + 1
+/// env->maps = the target's, and in sandboxed code env->regions, env->region_count
+/// tail_jump (r0)
+/// out:                                      r0 = 0
+/// ```
+///
+/// Every access reads the runtime's structures at addresses the program does not choose
+/// (the slot's index is masked first), so none is checked ([`Expansion::RuntimeMemory`]).
+/// The slot is read without a fence: the runtime publishes a target with release ordering,
+/// and every later load goes through the loaded address (an address dependency, which
+/// x86-64's TSO, arm64 and RVWMO all order).
+fn prog_array_tail_call<'a, L: Isa<'a>>(
+    l: &mut L,
+    k: usize,
+    id: u32,
+    array: crate::analysis::ProgArray,
+) -> Result<(), CompileError> {
+    use packjit_plugin_api::abi::{
+        PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS, PJ_MAX_TAIL_CALLS,
+        PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
+        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT,
+    };
+    use AluOp::*;
+    use Width::{W32, W64};
+    refuse_tail_call_in_callee(l, k, id)?;
+    let sandboxed = l.driver().mode.sandboxed();
+    l.driver().expansion = Expansion::RuntimeMemory;
+    let out = l.new_label();
+    l.alu(W64, Mov, 0, Operand::Imm(0));
+    l.alu(W32, Mov, 3, Operand::Reg(3));
+    // The bound, as an immediate when it fits one (the compare and the subtraction
+    // sign-extend it).
+    let max = match i32::try_from(array.max_entries) {
+        Ok(max) => Operand::Imm(max),
+        Err(_) => {
+            l.load_imm64(1, u64::from(array.max_entries));
+            Operand::Reg(1)
+        }
+    };
+    l.branch_to(W64, Cond::Ge, 3, max, out);
+    l.load(Size::DW, false, 4, ENV, PJ_ENV_TAIL_CALLS as i16);
+    l.branch_to(
+        W64,
+        Cond::Ge,
+        4,
+        Operand::Imm(PJ_MAX_TAIL_CALLS as i32),
+        out,
+    );
+    l.alu(W64, Mov, 5, Operand::Reg(3));
+    l.alu(W64, Sub, 5, max);
+    l.alu(W64, Arsh, 5, Operand::Imm(63));
+    l.alu(W64, And, 3, Operand::Reg(5));
+    l.alu(W64, Lsh, 3, Operand::Imm(3));
+    l.load_imm64(5, array.slots);
+    l.alu(W64, Add, 3, Operand::Reg(5));
+    l.load(Size::DW, false, 3, 3, 0);
+    l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
+    let code_base = PJ_TAIL_TARGET_CODE_BASE + if sandboxed { 8 } else { 0 };
+    l.load(Size::DW, false, 0, 3, code_base as i16);
+    l.load(Size::DW, false, 0, 0, 0);
+    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), out);
+    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
+    l.alu(W64, Add, 0, Operand::Reg(5));
+    l.alu(W64, Add, 4, Operand::Imm(1));
+    l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
+    // Trusted code and its helpers never read the regions (nothing is checked).
+    let switched: &[(i32, i32)] = if sandboxed {
+        &[
+            (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
+            (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
+            (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
+        ]
+    } else {
+        &[(PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS)]
+    };
+    for &(from, to) in switched {
+        l.load(Size::DW, false, 5, 3, from as i16);
+        l.store(Size::DW, ENV, to as i16, Operand::Reg(5));
+    }
+    l.tail_jump();
+    l.bind(out);
+    l.driver().expansion = Expansion::None;
     clear_helper_arguments(l);
     Ok(())
 }
@@ -808,9 +943,9 @@ fn array_lookup<'a, L: Isa<'a>>(
         }
         Some(k) => l.load_imm64(key, u64::from(k)),
         None => {
-            d.expanding = true;
+            d.expansion = Expansion::ProgramMemory;
             l.load(Size::W, false, key, 2, 0);
-            l.driver().expanding = false;
+            l.driver().expansion = Expansion::None;
         }
     }
     if let Some((id, lookup)) = percpu {

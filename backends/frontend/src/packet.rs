@@ -49,7 +49,7 @@
 //! context first (for `LD_ABS`, `CtxConst`: its address is the context start plus a
 //! constant, so the whole test is `end <= ctx_len`). Every operation is 64-bit (no 32-bit
 //! result whose upper half a backend might leave unextended), only r0 and [`AX`] are
-//! written, and the driver marks them as an expansion (`Driver::expanding`), so no backend
+//! written, and the driver marks them as an expansion (`Driver::expansion`), so no backend
 //! fuses the load with the next instruction.
 
 use crate::analysis::blinding_mask;
@@ -86,7 +86,7 @@ pub(crate) fn lower_packet_load<'a, L: Isa<'a>>(
     let d = l.driver();
     let blind_key = d.mode.blind_key;
     let pc = d.pc();
-    d.expanding = true;
+    d.expansion = crate::lower::Expansion::ProgramMemory;
     if let Some(x) = index {
         l.alu(W64, Mov, AX, Operand::Reg(x));
     }
@@ -117,7 +117,7 @@ pub(crate) fn lower_packet_load<'a, L: Isa<'a>>(
         }
     };
     l.load(size, false, 0, 0, disp);
-    l.driver().expanding = false;
+    l.driver().expansion = crate::lower::Expansion::None;
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@
 use packjit_plugin_api::{
     install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
     Compiled, HelperEntry, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK,
-    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
+    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_RSEQ_CPU_ID,
+    PJ_INLINE_TAIL_CALL,
 };
 
 use crate::analysis::{validate_inline_kinds, validate_request, CodegenMode, EmitOptions};
@@ -25,14 +26,16 @@ use crate::Program;
 
 /// Every inlined helper kind the lowering contract emits: the rseq CPU id, the cycle
 /// counter (`CallHooks::call_helper`), the per-CPU array lookup (`CallHooks::mov_percpu`), tail calls
-/// (`FrameHooks::tail_jump`) and array map lookups (the driver's eBPF expansion). A backend
+/// (`FrameHooks::tail_jump`, after the host's chooser or the driver's prog-array expansion)
+/// and array map lookups (the driver's eBPF expansion). A backend
 /// that implements the contract emits them all, so each announces this set; the bits stay
 /// per backend in the plugin ABI because a plugin built outside this tree may not.
 pub const EVERY_INLINE_KIND: u32 = pj_inline_bit(PJ_INLINE_RSEQ_CPU_ID)
     | pj_inline_bit(PJ_INLINE_COUNTER_CLOCK)
     | pj_inline_bit(PJ_INLINE_PERCPU_LOOKUP)
     | pj_inline_bit(PJ_INLINE_TAIL_CALL)
-    | pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP);
+    | pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP)
+    | pj_inline_bit(PJ_INLINE_PROG_ARRAY_TAIL_CALL);
 
 /// A backend's lowering of a decoded program: the same signature in every backend crate
 /// (`emit_decoded_with`).

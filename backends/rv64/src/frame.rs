@@ -30,7 +30,7 @@
 //! frame). The entry zeroes only those a run could read before writing (see
 //! `analysis::entry_zeroing`); zeroing the rest could not be observed.
 
-use crate::encode::{fits_signed, reg::*, Br, Mem, R3, RI};
+use crate::encode::{fits_signed, reg::*, Mem, R3, RI};
 use crate::lower::Codegen;
 use crate::regs::{
     call_free_map, map, RegMap, BUDGET, CTX_LEN, CTX_START, ENV, REG_MAP, STACK_LEN, STACK_START,
@@ -259,10 +259,8 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn speculation_barrier(&mut self) {}
 
     fn tail_jump(&mut self) {
-        let stay = self.e.new_label();
         // t1 holds the target through the restores (caller-saved, no eBPF register, not the
         // t0 the frame's release may use); a2 (r3, dead after the call) holds env.
-        self.e.b_label(Br::Eq, self.map(0), ZERO, stay);
         self.e.mv(T1, self.map(0));
         self.e.mv(A2, ENV);
         self.leave_frame(0, FrameExit::TailCall);
@@ -270,7 +268,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         self.e.load(Mem::D, A1, A2, PJ_ENV_CTX_END);
         self.e.rrr(R3::Sub, A1, A1, A0);
         self.e.jump_reg(T1);
-        self.e.bind(stay);
     }
 }
 

@@ -23,7 +23,7 @@
 //! reserve nothing. Every function body runs with rsp ≡ 0 (mod 16) when it makes calls, as
 //! the SysV ABI requires at a helper call.
 
-use crate::encode::{Cc, Gpr, Sz};
+use crate::encode::{Gpr, Sz};
 use crate::lower::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
@@ -201,9 +201,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     }
 
     fn tail_jump(&mut self) {
-        let stay = self.e.label();
-        self.e.test_rr(Sz::B64, RAX, RAX);
-        self.e.jump(Some(Cc::E), stay);
         // rdx (r3, dead: a call clobbered it) carries env past the restores of r12.
         self.mov_rr(Sz::B64, RDX, ENV);
         self.leave_frame(0, FrameExit::TailCall);
@@ -217,7 +214,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 ; jmp rax
             )
         });
-        self.e.bind(stay);
     }
 }
 

@@ -124,6 +124,13 @@ impl Movable {
         }
     }
 
+    /// The word holding the code's base now and the entry's offset from it, for code that
+    /// reads the entry itself (an inlined tail call, `PjTailTarget`): it must load the word
+    /// under the same pin [`entry`](Self::entry) asks for.
+    pub fn entry_parts(&self) -> (*const AtomicU64, u64) {
+        (&self.exec, self.entry_off)
+    }
+
     /// The entry point now. A caller that runs it must have pinned the epoch or taken a run
     /// pin ([`run_pin`](crate::run_pin)) BEFORE this load: then a move after the load frees
     /// the old copy only once the caller unpins (the arena waits for both).

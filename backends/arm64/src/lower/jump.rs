@@ -171,6 +171,12 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
         }
     }
 
+    fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: DynamicLabel) {
+        if let Some(test) = self.jtest(width, cond, dst, src) {
+            self.branch_if(test, label);
+        }
+    }
+
     fn exit(&mut self, func: usize) {
         self.b(self.d.epilogues[func]);
     }

@@ -2,9 +2,10 @@
 //! how a `callx` site finds the helper its register names (compares, or a table by id).
 
 use packjit_plugin_api::{
-    ErrorKind, HelperEntry, PjArrayMap, PJ_ARRAY_NOT_PERCPU, PJ_HELPER_GET_SMP_PROCESSOR_ID,
-    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_ARRAY_LOOKUP,
-    PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
+    ErrorKind, HelperEntry, PjArrayMap, PjProgArray, PJ_ARRAY_NOT_PERCPU,
+    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS,
+    PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP,
+    PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
 };
 
 /// What `call imm` to one helper-table entry becomes.
@@ -22,6 +23,19 @@ pub enum HelperLowering {
     /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), expanded by the driver into
     /// ordinary operations ([`crate::lower`]): no backend code of its own.
     ArrayLookup(ArrayLookup),
+    /// A tail call through a prog array known at compile time
+    /// (`PJ_INLINE_PROG_ARRAY_TAIL_CALL`): the driver expands the kernel's sequence into
+    /// ordinary operations ([`crate::lower`]), then the backend's `tail_jump`.
+    ProgArrayTailCall(ProgArray),
+}
+
+/// A prog array's slots, as an inlined tail call indexes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgArray {
+    /// Slot 0: `max_entries` words, each 0 or a `PjTailTarget`'s address.
+    pub slots: u64,
+    /// Slots.
+    pub max_entries: u32,
 }
 
 /// The code a backend emits for a helper-table entry at a `call imm` or a `callx` match.
@@ -78,6 +92,15 @@ pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
         PJ_INLINE_COUNTER_CLOCK => inline(InlineHelper::CounterClock { scale: h.addr }),
         PJ_INLINE_PERCPU_LOOKUP => inline(InlineHelper::PerCpuLookup { table: h.addr }),
         PJ_INLINE_TAIL_CALL => HelperLowering::TailCall { chooser: h.addr },
+        PJ_INLINE_PROG_ARRAY_TAIL_CALL => {
+            // SAFETY: the kind's contract: `addr` points to a `PjProgArray` the host keeps
+            // alive and unchanged while it compiles (`validate_inline_kinds` refused NULL).
+            let array = unsafe { std::ptr::read_unaligned(h.addr as *const PjProgArray) };
+            HelperLowering::ProgArrayTailCall(ProgArray {
+                slots: array.slots,
+                max_entries: array.max_entries,
+            })
+        }
         PJ_INLINE_ARRAY_LOOKUP => {
             // SAFETY: the kind's contract (`PJ_INLINE_ARRAY_LOOKUP`): `addr` points to a
             // `PjArrayMap` the host keeps alive and unchanged while it compiles, and

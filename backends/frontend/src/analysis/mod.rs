@@ -38,7 +38,8 @@ pub use budget::{back_edge_charge, CALL_CHARGE};
 pub use emit::{instruction_labels, EmitCapacity, EmitOptions};
 pub use helpers::{
     callx_plan, callx_reachable, helper_code, helper_lowering, percpu_plan, ArrayLookup, CallxPlan,
-    CpuId, HelperCode, HelperLowering, InlineHelper, PerCpuPlan, CALLX_TABLE_MAX, CALLX_TABLE_MIN,
+    CpuId, HelperCode, HelperLowering, InlineHelper, PerCpuPlan, ProgArray, CALLX_TABLE_MAX,
+    CALLX_TABLE_MIN,
 };
 pub use keys::{constant_array_keys, dead_key_arguments};
 pub use liveness::{

@@ -6,7 +6,7 @@ use packjit_plugin_api::{
     pj_inline_bit, CompileError, CompileRequest, ErrorKind, HelperEntry, PJ_COMPILE_ALL_FLAGS,
     PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
     PJ_HELPER_PERCPU_OFFSET, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_NONE,
-    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_TAIL_CALL,
+    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_TAIL_CALL,
 };
 
 /// Whether the memory checks of the sandbox are emitted.
@@ -124,10 +124,9 @@ pub fn validate_request(
         },
         blind_key: (req.flags & PJ_COMPILE_BLIND_CONSTANTS != 0).then_some(req.blind_key),
         features: req.features,
-        tail_calls: req
-            .helpers
-            .iter()
-            .any(|h| h.inline_kind == PJ_INLINE_TAIL_CALL),
+        tail_calls: req.helpers.iter().any(|h| {
+            [PJ_INLINE_TAIL_CALL, PJ_INLINE_PROG_ARRAY_TAIL_CALL].contains(&h.inline_kind)
+        }),
     })
 }
 
@@ -167,6 +166,7 @@ pub fn validate_inline_kinds(
             PJ_INLINE_PERCPU_LOOKUP,
             PJ_INLINE_TAIL_CALL,
             PJ_INLINE_ARRAY_LOOKUP,
+            PJ_INLINE_PROG_ARRAY_TAIL_CALL,
         ];
         if with_block.contains(&k) && h.addr == 0 {
             return Err(CompileError::new(

@@ -5,7 +5,7 @@ use super::{Codegen, Upper};
 use crate::encode::Assembler;
 use crate::encode::{fits_signed, reg::*, R3, RI};
 use packjit_frontend::analysis::upper_halves_live;
-use packjit_frontend::lower::AluHooks;
+use packjit_frontend::lower::{AluHooks, Expansion};
 use packjit_frontend::{AluOp, EndKind, Operand, Reg, Width};
 use packjit_plugin_api::CompileError;
 use Width::{W32, W64};
@@ -203,6 +203,9 @@ impl<'a> AluHooks<'a> for Codegen<'a> {
         // (The analysis runs at the first 32-bit operation, if any.)
         let upper = match width {
             W64 => Upper::Zero,
+            // A driver's expansion reads its own results within the instruction, where the
+            // liveness (of the program's instructions) does not look.
+            W32 if self.d.expansion != Expansion::None => Upper::Zero,
             W32 => {
                 let prog = self.d.prog;
                 let live = self

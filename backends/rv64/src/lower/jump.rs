@@ -328,6 +328,10 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
         }
     }
 
+    fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: DynamicLabel) {
+        self.jcond(width, cond, self.map(dst), src, label, false);
+    }
+
     fn exit(&mut self, func: usize) {
         let l = self.d.epilogues[func];
         self.jump(l);

@@ -18,6 +18,26 @@ impl Codegen<'_> {
         }
     }
 
+    /// The flags a conditional jump `dst cond src` tests.
+    fn compare(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) {
+        let sz = sz_of(width);
+        let d = host(dst);
+        match src {
+            Operand::Reg(s) if cond == Cond::Set => self.e.test_rr(sz, d, host(s)),
+            Operand::Reg(s) => self.e.cmp_rr(sz, d, host(s)),
+            Operand::Imm(0) if matches!(cond, Cond::Eq | Cond::Ne) => {
+                // Two bytes shorter than `cmp d, 0`.
+                self.e.test_rr(sz, d, d);
+            }
+            Operand::Imm(i) if cond == Cond::Set => {
+                // `test r8, imm8` sees exactly the bits a small positive mask can hit.
+                let sz = if (0..=0xff).contains(&i) { Sz::B8 } else { sz };
+                self.e.test_ri(sz, d, i as i64);
+            }
+            Operand::Imm(i) => self.e.cmp_ri(sz, d, i as i64),
+        }
+    }
+
     /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
     pub(super) fn charge(&mut self, pc: usize, amount: u64) {
         // `cmp/sub QWORD [r12 + disp8], imm8` stay table-driven: dynasm-rs 5.1 lists the
@@ -40,22 +60,7 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     }
 
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
-        let sz = sz_of(width);
-        let d = host(dst);
-        match src {
-            Operand::Reg(s) if cond == Cond::Set => self.e.test_rr(sz, d, host(s)),
-            Operand::Reg(s) => self.e.cmp_rr(sz, d, host(s)),
-            Operand::Imm(0) if matches!(cond, Cond::Eq | Cond::Ne) => {
-                // Two bytes shorter than `cmp d, 0`.
-                self.e.test_rr(sz, d, d);
-            }
-            Operand::Imm(i) if cond == Cond::Set => {
-                // `test r8, imm8` sees exactly the bits a small positive mask can hit.
-                let sz = if (0..=0xff).contains(&i) { Sz::B8 } else { sz };
-                self.e.test_ri(sz, d, i as i64);
-            }
-            Operand::Imm(i) => self.e.cmp_ri(sz, d, i as i64),
-        }
+        self.compare(width, cond, dst, src);
         let cc = cc_of(cond);
         let l = self.d.jump_label(target);
         if self.d.charge(target).is_some() {
@@ -67,6 +72,11 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
         } else {
             self.e.jump(Some(cc), l);
         }
+    }
+
+    fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: Label) {
+        self.compare(width, cond, dst, src);
+        self.e.jump(Some(cc_of(cond)), label);
     }
 
     fn exit(&mut self, k: usize) {

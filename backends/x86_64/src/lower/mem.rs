@@ -8,7 +8,7 @@ use crate::regs::*;
 use crate::FEATURE_MOVBE;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::blind::AX;
-use packjit_frontend::lower::{AccessLowering, Cold};
+use packjit_frontend::lower::{AccessLowering, Cold, Expansion};
 use packjit_frontend::lower::{CopyOf, MemoryHooks};
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::{AtomicOp, EndKind, Op, Operand, Reg, Size};
@@ -168,7 +168,10 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         // MOVBE: a load followed by a byte swap of the same width into the same register
         // (the usual ntohs/ntohl/be64 pattern) becomes one swapping load.
         // Not in a driver expansion: its next operation is not the program's next instruction.
-        if self.d.mode.features & FEATURE_MOVBE != 0 && !sx && size != Size::B && !self.d.expanding
+        if self.d.mode.features & FEATURE_MOVBE != 0
+            && !sx
+            && size != Size::B
+            && self.d.expansion == Expansion::None
         {
             if let Some(next) = self.d.prog.insts.get(i + 1) {
                 let bits = size.bytes() as u8 * 8;
