@@ -90,6 +90,11 @@
 //!     questions in the same order, and uses the answers for the slots where functions
 //!     start; rbpf would also switch a frame's usage when its run passes another slot it
 //!     asked about, which only a helper id pointing into the calling function does.
+//!   * The calculator's `data` reaches it as rbpf hands it over: a `dyn Any` of the
+//!     `Box<dyn Any>` holding the host's value (so `data.downcast_mut::<Box<dyn Any>>()`
+//!     comes first, in rbpf and here). The value must be `Send + Sync` (the VMs are) and
+//!     keep its type: a calculator that puts a value of another type in the box is refused
+//!     with an error from the call that asked it.
 //!   * Depth: rbpf allows 8 nested calls (9 frames) and stops a run that makes a ninth;
 //!     packjit refuses at load a program whose call graph is deeper than 8 frames.
 //! * **r2 at entry**: rbpf's interpreter sets only r1 (r2 = 0); here r2 is the length of the
@@ -168,7 +173,7 @@ use crate::{
 };
 use packjit_interp::{FrameLayout, Interpreter, RawEnv};
 use packjit_plugin_api::{HelperEntry, PjMemRegion, PJ_REGION_WRITABLE};
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -419,12 +424,63 @@ fn refuse_self_jumps(prog: &[u8]) -> Result<(), io::Error> {
 }
 
 /// rbpf's stack usage calculator: the bytes of stack the function starting at slot `pc`
-/// uses (rbpf's `StackUsageCalculator`).
+/// uses (rbpf's `StackUsageCalculator`). `data` is, as in rbpf, the `Box<dyn Any>` holding
+/// the value given to `set_stack_usage_calculator`.
 pub type StackUsageCalculator = fn(prog: &[u8], pc: usize, data: &mut dyn Any) -> u16;
 
 /// rbpf's stack usage for a function the calculator was not asked about
 /// (`ebpf::LOCAL_FUNCTION_STACK_SIZE`; never read here: every function is asked about).
 const RBPF_DEFAULT_USAGE: u32 = 256;
+
+/// A stack usage calculator's data, handed to the calculator as rbpf hands it: rbpf keeps
+/// a `Box<dyn Any>` and passes `&mut` that box, which becomes a `dyn Any` *of the box*, so a
+/// calculator written for rbpf reaches its value through `downcast_mut::<Box<dyn Any>>()`
+/// first. Kept here as such a box too, so the same calculator finds it.
+struct CalculatorData {
+    value: Box<dyn Any>,
+    /// The type of the value in `value`: one that is `Send + Sync`, since
+    /// `set_stack_usage_calculator` took it as a `Box<dyn Any + Send + Sync>`.
+    ty: TypeId,
+}
+
+// SAFETY: `value` always holds a value of type `ty`, which is `Send` (see `ty`). The
+// calculator, given `&mut` the box, is the only code that could put another value there;
+// `CalculatorData::ask` checks the type after every call and drops a value of another type on
+// the thread that made it, before anything can move it elsewhere.
+unsafe impl Send for CalculatorData {}
+// SAFETY: as for `Send` (`ty` is `Sync`); besides, nothing reads `value` through a shared
+// reference.
+unsafe impl Sync for CalculatorData {}
+
+impl CalculatorData {
+    fn new(value: Box<dyn Any + Send + Sync>) -> Self {
+        // `(*value)`: the type of the value inside, not of the box.
+        let ty = (*value).type_id();
+        Self { value, ty }
+    }
+
+    /// `calculator`'s answer for the function at slot `pc` of `prog`.
+    fn ask(
+        &mut self,
+        calculator: StackUsageCalculator,
+        prog: &[u8],
+        pc: usize,
+    ) -> Result<u16, io::Error> {
+        // The box itself as the `dyn Any`, as rbpf passes it (see the type's docs).
+        let data: &mut dyn Any = &mut self.value;
+        let usage = calculator(prog, pc, data);
+        if (*self.value).type_id() != self.ty {
+            self.value = Box::new(());
+            self.ty = TypeId::of::<()>();
+            return Err(io::Error::other(format!(
+                "Error: the stack usage calculator put data of another type in place of its \
+                 own (asked about insn #{pc}): packjit's VMs are Send + Sync, and so must the \
+                 data stay"
+            )));
+        }
+        Ok(usage)
+    }
+}
 
 /// Asks `calculator` what rbpf's `StackVerifier` asks it, in the same order: the entry (slot
 /// 0), then `slot + 1 + imm` for every `call` opcode (0x85) in slot order, helper calls
@@ -433,26 +489,47 @@ const RBPF_DEFAULT_USAGE: u32 = 256;
 /// answers become the frames of `execute_program` when `prog` has a bpf-to-bpf call (see
 /// the module docs): a later answer for the same slot replaces an earlier one, as in rbpf's
 /// map, and an answer for a slot that starts no function is never read.
-fn stack_usage(prog: &[u8], calculator: StackUsageCalculator, data: &mut dyn Any) -> FrameLayout {
+fn stack_usage(
+    prog: &[u8],
+    calculator: StackUsageCalculator,
+    data: &mut CalculatorData,
+) -> Result<FrameLayout, io::Error> {
     let mut usage = BTreeMap::new();
-    usage.insert(0, u32::from(calculator(prog, 0, data)));
+    usage.insert(0, u32::from(data.ask(calculator, prog, 0)?));
     for (slot, c) in prog.chunks_exact(8).enumerate() {
         if c[0] == 0x85 {
             let imm = i32::from_le_bytes([c[4], c[5], c[6], c[7]]) as isize;
             let target = (slot as isize).wrapping_add(1).wrapping_add(imm) as usize;
-            usage.insert(target, u32::from(calculator(prog, target, data)));
+            usage.insert(target, u32::from(data.ask(calculator, prog, target)?));
         }
     }
-    FrameLayout::Packed {
+    Ok(FrameLayout::Packed {
         usage,
         default: RBPF_DEFAULT_USAGE,
-    }
+    })
 }
 
 /// Does `prog` have a bpf-to-bpf call (`call` with `src = 1`)? Only then can the frame
 /// layout change what a run does.
 fn has_local_calls(prog: &[u8]) -> bool {
     prog.chunks_exact(8).any(|c| c[0] == 0x85 && c[1] >> 4 == 1)
+}
+
+/// The frames `execute_program` gives `prog` once a calculator is set: the calculator is
+/// asked (as rbpf asks it when a program or a calculator is set), and its answers pack the
+/// frames when `prog` has a bpf-to-bpf call; without one, every layout is the same single
+/// 512-byte frame, and separate frames keep the program's native code.
+fn frames_of(
+    prog: &[u8],
+    calculator: StackUsageCalculator,
+    data: &mut CalculatorData,
+) -> Result<FrameLayout, io::Error> {
+    let frames = stack_usage(prog, calculator, data)?;
+    Ok(if has_local_calls(prog) {
+        frames
+    } else {
+        FrameLayout::Separate
+    })
 }
 
 /// Which of rbpf's ways to run a program a run stands for: only rbpf's interpreter
@@ -624,7 +701,7 @@ struct Core<'a> {
     helpers: BTreeMap<u32, (Helper, PjHelperFn)>,
     budget: Option<u64>,
     /// rbpf's stack usage calculator and its data (see `set_stack_usage_calculator`).
-    stack_usage: Option<(StackUsageCalculator, Box<dyn Any + Send + Sync>)>,
+    stack_usage: Option<(StackUsageCalculator, CalculatorData)>,
     /// The frames `execute_program` gives the program: packed by the calculator's answers
     /// when a calculator is set and the program has a bpf-to-bpf call, else separate.
     frames: FrameLayout,
@@ -700,29 +777,17 @@ impl<'a> Core<'a> {
 
     fn set_program(&mut self, prog: &'a [u8]) -> Result<(), io::Error> {
         (self.verifier)(prog)?;
+        // As rbpf: the calculator is asked before the program is taken, and a failure leaves
+        // the VM as it was.
+        let frames = match self.stack_usage.as_mut() {
+            Some((calculator, data)) => frames_of(prog, *calculator, data)?,
+            None => FrameLayout::Separate,
+        };
         self.prog = Some(prog);
         self.cleared = cleared(prog);
-        self.frames = self.ask_calculator();
+        self.frames = frames;
         self.invalidate();
         Ok(())
-    }
-
-    /// The frames `execute_program` uses for the program held: the calculator's, asked now
-    /// (as rbpf asks it when a program or a calculator is set), when there are both a
-    /// calculator and a bpf-to-bpf call; else separate (without a calculator, see the
-    /// module docs; without a call, every layout is the same one 512-byte frame).
-    fn ask_calculator(&mut self) -> FrameLayout {
-        match (self.prog, self.stack_usage.as_mut()) {
-            (Some(prog), Some((calculator, data))) => {
-                let frames = stack_usage(prog, *calculator, &mut **data);
-                if has_local_calls(prog) {
-                    frames
-                } else {
-                    FrameLayout::Separate
-                }
-            }
-            _ => FrameLayout::Separate,
-        }
     }
 
     /// The frames a run on `path` gives the program.
@@ -747,8 +812,14 @@ impl<'a> Core<'a> {
         calculator: StackUsageCalculator,
         data: Box<dyn Any + Send + Sync>,
     ) -> Result<(), io::Error> {
+        let mut data = CalculatorData::new(data);
+        // As rbpf: asked now about the program held; a failure keeps the old calculator.
+        let frames = match self.prog {
+            Some(prog) => frames_of(prog, calculator, &mut data)?,
+            None => FrameLayout::Separate,
+        };
         self.stack_usage = Some((calculator, data));
-        self.frames = self.ask_calculator();
+        self.frames = frames;
         Ok(())
     }
 
@@ -938,9 +1009,9 @@ impl<'a> Core<'a> {
             // Interpreted runs check like sandboxed code, and end like it too.
             budget: Some(self.budget.unwrap_or(crate::DEFAULT_BUDGET)),
         };
+        let interpreter = self.interpreter(frames);
         // SAFETY: the caller vouches for the context and `extra`; runtime regions were
         // registered under `MemRegion::new`'s promise.
-        let interpreter = self.interpreter(frames);
         crate::exec::without_jit_env(|| unsafe { interpreter.run_raw(prog, &env, None) })
             .map(|o| o.r0)
             .map_err(|s| run_to_io(RunError::Stop(s)))

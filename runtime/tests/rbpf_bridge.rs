@@ -939,7 +939,10 @@ fn a_packed_callee_reaches_the_stacks_first_byte_and_stops_below_it() {
 type Asked = std::sync::Arc<std::sync::Mutex<Vec<usize>>>;
 
 fn recording_usage(_: &[u8], pc: usize, data: &mut dyn std::any::Any) -> u16 {
-    data.downcast_mut::<Asked>()
+    // As in rbpf, `data` is the box holding the host's value.
+    let boxed = data.downcast_mut::<Box<dyn std::any::Any>>().unwrap();
+    boxed
+        .downcast_mut::<Asked>()
         .unwrap()
         .lock()
         .unwrap()
@@ -1006,4 +1009,35 @@ fn packed_usages_of_zero_or_past_the_stack_run_as_in_rbpf() {
     .unwrap();
     vm.set_program(&no_stack).unwrap();
     assert_eq!(vm.execute_program().unwrap(), 5);
+}
+
+#[test]
+fn a_calculator_that_swaps_its_data_for_another_type_is_refused() {
+    // The data reaches the calculator as rbpf hands it (`&mut Box<dyn Any>`), so it could
+    // put a value of any type there, one that is not Send among them; the VM is Send + Sync,
+    // so that is refused, and the VM keeps what it had.
+    fn swapping(_: &[u8], _: usize, data: &mut dyn std::any::Any) -> u16 {
+        let boxed = data.downcast_mut::<Box<dyn std::any::Any>>().unwrap();
+        *boxed = Box::new(std::rc::Rc::new(1u8));
+        512
+    }
+    let prog = assemble(STACK_OVERFLOW).unwrap();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let e = vm
+        .set_stack_usage_calculator(swapping, Box::new(0u32))
+        .unwrap_err();
+    assert!(e.to_string().contains("data of another type"), "{e}");
+    assert!(e.to_string().contains("insn #0"), "{e}");
+    assert_eq!(vm.execute_program().unwrap(), 0x10, "no calculator was set");
+    // Set before the program, it is asked (and refused) when the program is set; the VM
+    // keeps no program.
+    let mut vm = EbpfVmNoData::new_with_runtime(None, runtime()).unwrap();
+    vm.set_stack_usage_calculator(swapping, Box::new(0u32))
+        .unwrap();
+    assert!(vm.set_program(&prog).is_err());
+    assert!(vm
+        .execute_program()
+        .unwrap_err()
+        .to_string()
+        .contains("No program set"));
 }
