@@ -76,11 +76,12 @@
 //!   * Without a calculator, rbpf's interpreter steps 256 bytes per call; here each frame has
 //!     512 bytes of its own (the layout of packjit's code, which then stays native). The
 //!     256 is rbpf's guess, not the program's need, and rbpf's own paths disagree on it
-//!     (below): a program whose functions each stay within 256 bytes gets rbpf's answers
-//!     either way, while one whose caller uses more would have its frame overwritten by its
-//!     callee in rbpf's interpreter and does not here, and a chain of three stack-using
-//!     functions, whose third has no stack left in rbpf, runs. A host that wants rbpf's
-//!     exact default sets a calculator answering 256 (`|_, _, _| 256`).
+//!     (below): a program that rbpf's interpreter runs to its end, each function using at
+//!     most 256 bytes below its own r10, gets the same answers here, while one whose caller
+//!     uses more would have its frame overwritten by its callee in rbpf's interpreter and
+//!     does not here, and a chain of three stack-using functions, whose third has no stack
+//!     left in rbpf, runs. A host that wants rbpf's exact default sets a calculator
+//!     answering 256 (`|_, _, _| 256`).
 //!   * `execute_program_jit` and the Cranelift runs keep separate 512-byte frames and ignore
 //!     the calculator, as rbpf's compiled paths ignore it: its x86-64 JIT gives every
 //!     function the entry's r10 (its frames coincide) and its Cranelift code has no
