@@ -12,11 +12,17 @@
 //!   with [`Stop::OutOfBounds`] before any byte is touched. An interpreter has no reason to
 //!   skip the check, so there is no unchecked mode: trusted callers get the same answers,
 //!   and an access a trusted JIT would have made at a wild address is reported instead.
-//! * **Stack block.** One host allocation of `analysis::stack_block_size(prog)` bytes, zeroed
-//!   at entry; the entry's r10 is its end, a callee's r10 is its caller's minus 512, so frame
-//!   `k` is `[end - 512 (k + 1), end - 512 k)`, as in the emitted code. Addresses are real
-//!   host addresses, so pointer arithmetic, comparisons and round trips through memory behave
-//!   as they do natively (only the absolute values differ from run to run).
+//! * **Stack block.** One host allocation, zeroed at entry; the entry's r10 is its end.
+//!   Addresses are real host addresses, so pointer arithmetic, comparisons and round trips
+//!   through memory behave as they do natively (only the absolute values differ from run to
+//!   run). Its layout is the interpreter's [`FrameLayout`]:
+//!   * [`FrameLayout::Separate`] (the default): `analysis::stack_block_size(prog)` bytes; a
+//!     callee's r10 is its caller's minus 512, so frame `k` is `[end - 512 (k + 1), end -
+//!     512 k)`, as in the emitted code.
+//!   * [`FrameLayout::Packed`]: rbpf's interpreter's layout, [`STACK_SIZE`] bytes shared by
+//!     every frame; a callee's r10 is its caller's minus the *caller's* stack usage, so
+//!     frames that use little nest deeply and a chain that uses too much runs off the bottom
+//!     of the block, where its accesses stop like any other out-of-bounds access.
 //! * **Registers.** r1 = context address (0 for an empty context), r2 = its length,
 //!   r10 = stack block end, r0 and r3–r9 zero.
 //! * **Budget.** With a budget, a taken jump charges `analysis::back_edge_charge` and a
@@ -129,17 +135,73 @@ pub struct RawEnv<'a> {
     pub budget: Option<u64>,
 }
 
-/// The interpreter: a helper table. Cheap to clone, `Send + Sync`.
+/// How a run lays out the frames of bpf-to-bpf calls in its stack block.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FrameLayout {
+    /// Every frame has [`STACK_SIZE`] bytes of its own: a callee's r10 is its caller's minus
+    /// [`STACK_SIZE`], and the block holds the deepest call chain
+    /// (`analysis::stack_block_size`). The layout of the JIT backends' code, so an
+    /// interpreted run and a native one agree.
+    #[default]
+    Separate,
+    /// rbpf's interpreter's layout: one block of [`STACK_SIZE`] bytes for every frame. A
+    /// callee's r10 is its caller's minus the stack usage of the function making the call,
+    /// and goes back up when the callee exits. Nothing checks the usages at a call: a chain
+    /// whose usages add up past [`STACK_SIZE`] gives its callee an r10 at or below the
+    /// block's start, and the callee's stack accesses then stop out of bounds (unless they
+    /// land in another region the run may touch, as in rbpf). A usage of zero gives the
+    /// callee its caller's r10 (the frames overlap), and one that is not a multiple of 8
+    /// leaves r10 unaligned (accesses may be unaligned): both run, as in rbpf.
+    Packed {
+        /// Bytes of stack the function whose first instruction is at slot `pc` (the key)
+        /// uses. Keys that start no function are not read.
+        usage: BTreeMap<usize, u32>,
+        /// Bytes for a function `usage` does not name (rbpf's default is 256).
+        default: u32,
+    },
+}
+
+impl FrameLayout {
+    /// How far below its caller's r10 a callee's r10 lies, for a call made from instruction
+    /// index `at` of `prog`.
+    fn call_step(&self, prog: &Program, at: usize) -> u64 {
+        match self {
+            FrameLayout::Separate => STACK_SIZE as u64,
+            FrameLayout::Packed { usage, default } => {
+                // The function containing the call: the last subprogram starting at or
+                // before it (the verifier keeps every branch inside its subprogram, so this
+                // is also the function whose entry the run last passed at this depth).
+                let f = prog.subprogs.partition_point(|s| s.start <= at);
+                let start = prog.subprogs[f.saturating_sub(1)].start;
+                let pc = prog.insts[start].pc as usize;
+                u64::from(usage.get(&pc).copied().unwrap_or(*default))
+            }
+        }
+    }
+
+    /// Bytes of the stack block a run of `prog` gets.
+    fn block_size(&self, prog: &Program) -> usize {
+        match self {
+            FrameLayout::Separate => stack_block_size(prog),
+            FrameLayout::Packed { .. } => STACK_SIZE,
+        }
+    }
+}
+
+/// The interpreter: a helper table and a [`FrameLayout`]. Cheap to clone, `Send + Sync`.
 #[derive(Clone, Default)]
 pub struct Interpreter {
     /// Entries as a compile request carries them: plain calls and inlined helpers alike.
     helpers: BTreeMap<u32, HelperEntry>,
+    /// How calls lay out their frames.
+    frames: FrameLayout,
 }
 
 impl fmt::Debug for Interpreter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Interpreter")
             .field("helpers", &self.helpers.keys().collect::<Vec<_>>())
+            .field("frames", &self.frames)
             .finish()
     }
 }
@@ -160,6 +222,18 @@ impl Interpreter {
     pub fn with_helper(mut self, id: u32, f: HelperFn) -> Self {
         self.set_helper(id, f);
         self
+    }
+
+    /// This interpreter with frames laid out as `frames` (the default is
+    /// [`FrameLayout::Separate`]).
+    pub fn with_frame_layout(mut self, frames: FrameLayout) -> Self {
+        self.frames = frames;
+        self
+    }
+
+    /// The frame layout runs use.
+    pub fn frame_layout(&self) -> &FrameLayout {
+        &self.frames
     }
 
     /// Registers (or replaces) helper `id` in place.
@@ -189,7 +263,10 @@ impl Interpreter {
         for h in table {
             helpers.entry(h.id).or_insert(*h);
         }
-        Self { helpers }
+        Self {
+            helpers,
+            frames: FrameLayout::Separate,
+        }
     }
 
     /// The helper table in the form `packjit_frontend::decode` and a compile request take
@@ -361,7 +438,8 @@ impl Interpreter {
     }
 
     /// [`Interpreter::run`], and copies the final stack block into `stack_out` (resized to
-    /// `analysis::stack_block_size(prog)`; the entry frame is its last 512 bytes).
+    /// the block's size: `analysis::stack_block_size(prog)` with [`FrameLayout::Separate`],
+    /// [`STACK_SIZE`] with [`FrameLayout::Packed`]; the entry frame is at its end).
     pub fn run_with_stack(
         &self,
         prog: &Program,
@@ -438,7 +516,7 @@ impl Interpreter {
         // 8-byte aligned like the native stack (atomics on it are then aligned too). It sits
         // between two gaps nothing owns (see `STACK_GAP_WORDS`), left uninitialised: only
         // the block is ever read.
-        let size = stack_block_size(prog);
+        let size = self.frames.block_size(prog);
         let words = size / 8;
         let mut backing = take_stack_backing(words + 2 * STACK_GAP_WORDS);
         let block = &mut backing[STACK_GAP_WORDS..STACK_GAP_WORDS + words];
@@ -686,9 +764,11 @@ impl Interpreter {
                         saved: [reg[6], reg[7], reg[8], reg[9]],
                         r10: reg[10],
                     });
-                    // The verifier bounds the depth by `prog.call_depth`, so the callee's
-                    // frame is inside the block; no re-zeroing (the block is zeroed once).
-                    reg[10] = reg[10].wrapping_sub(STACK_SIZE as u64);
+                    // Separate frames: the verifier bounds the depth by `prog.call_depth`,
+                    // so the callee's frame is inside the block. Packed frames: it may not
+                    // be, and its accesses are checked like any. No re-zeroing either way
+                    // (the block is zeroed once, as rbpf's stack is).
+                    reg[10] = reg[10].wrapping_sub(self.frames.call_step(prog, i));
                     next = target as usize;
                 }
                 Op::Exit => match frames.pop() {

@@ -278,3 +278,187 @@ fn interpreter_is_send_and_sync() {
     both::<Interpreter>();
     both::<Stop>();
 }
+
+/// An interpreter with rbpf's packed frames: `usage` per function's first pc, else `default`.
+fn packed(usage: &[(usize, u32)], default: u32) -> Interpreter {
+    Interpreter::new().with_frame_layout(FrameLayout::Packed {
+        usage: usage.iter().copied().collect(),
+        default,
+    })
+}
+
+/// Each function stores its r10 into the context, then calls the next; the entry stores its
+/// r10 again after the call returns. Functions at pcs 0, 4 and 7.
+fn r10_chain() -> Vec<u8> {
+    code(&[
+        ins(0x7b, 1, 10, 0, 0),  // 0: stxdw [r1+0], r10
+        ins(0x85, 0, 1, 0, 2),   // 1: call local +2 (pc 4)
+        ins(0x7b, 1, 10, 24, 0), // 2: stxdw [r1+24], r10
+        EXIT,                    // 3
+        ins(0x7b, 1, 10, 8, 0),  // 4: f: stxdw [r1+8], r10
+        ins(0x85, 0, 1, 0, 1),   // 5: call local +1 (pc 7)
+        EXIT,                    // 6
+        ins(0x7b, 1, 10, 16, 0), // 7: g: stxdw [r1+16], r10
+        EXIT,                    // 8
+    ])
+}
+
+fn words(ctx: &[u8]) -> Vec<u64> {
+    ctx.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn packed_frames_lower_r10_by_the_callers_usage_in_one_512_byte_block() {
+    // The entry (pc 0) uses 64 bytes and f (pc 4) 136, so f's r10 is 64 below the entry's
+    // and g's 136 below f's; g's own usage (8) is never used (g calls nothing). The block is
+    // 512 bytes whatever the depth, and r10 comes back when a callee exits.
+    let vm = packed(&[(0, 64), (4, 136), (7, 8)], 256);
+    let prog = vm.load(&r10_chain()).unwrap();
+    let mut ctx = [0u8; 32];
+    let (r, span) = vm.run_traced(&prog, &mut ctx, None);
+    r.unwrap();
+    assert_eq!(span.end - span.start, 512);
+    let top = span.end;
+    assert_eq!(words(&ctx), [top, top - 64, top - 64 - 136, top]);
+    // A function the map does not name takes the default: here f.
+    let vm = packed(&[(0, 16)], 40);
+    let prog = vm.load(&r10_chain()).unwrap();
+    let (r, span) = vm.run_traced(&prog, &mut ctx, None);
+    r.unwrap();
+    assert_eq!(
+        words(&ctx),
+        [span.end, span.end - 16, span.end - 56, span.end]
+    );
+    // Separate frames (the default layout): 512 bytes each, whatever a calculator said.
+    let vm = Interpreter::new();
+    let prog = vm.load(&r10_chain()).unwrap();
+    let (r, span) = vm.run_traced(&prog, &mut ctx, None);
+    r.unwrap();
+    assert_eq!(span.end - span.start, 3 * 512);
+    assert_eq!(
+        words(&ctx),
+        [span.end, span.end - 512, span.end - 1024, span.end]
+    );
+}
+
+/// The entry calls f (pc 2), which stores 8 bytes at `[r10 + off]`.
+fn callee_store(off: i16) -> Vec<u8> {
+    code(&[
+        ins(0x85, 0, 1, 0, 1),       // 0: call local +1 (pc 2)
+        EXIT,                        // 1
+        ins(0x7a, 10, 0, off, 0xcd), // 2: stdw [r10+off], 0xcd
+        EXIT,                        // 3
+    ])
+}
+
+#[test]
+fn a_packed_callee_may_touch_the_block_and_nothing_below_it() {
+    // The entry uses 504 bytes: f's r10 is 8 bytes above the block's start, so its frame
+    // holds exactly one u64.
+    let vm = packed(&[(0, 504)], 256);
+    let prog = vm.load(&callee_store(-8)).unwrap();
+    let mut stack = Vec::new();
+    vm.run_with_stack(&prog, &mut [], None, Some(&mut stack))
+        .unwrap();
+    assert_eq!(stack.len(), 512);
+    assert_eq!(stack[..8], 0xcdu64.to_le_bytes());
+    // Eight bytes lower is below the block: a stop at f's store, with the address, nothing
+    // written.
+    let prog = vm.load(&callee_store(-16)).unwrap();
+    let (r, span2) = vm.run_traced(&prog, &mut [], None);
+    assert_eq!(
+        r.unwrap_err(),
+        Stop::OutOfBounds {
+            pc: 2,
+            addr: span2.start - 8,
+            size: 8,
+            write: true
+        }
+    );
+    // rbpf's test_stack_overflow: an entry using the whole stack leaves its callee none.
+    let vm = packed(&[(0, 512)], 256);
+    let prog = vm.load(&callee_store(-8)).unwrap();
+    let (r, span3) = vm.run_traced(&prog, &mut [], None);
+    assert_eq!(
+        r.unwrap_err(),
+        Stop::OutOfBounds {
+            pc: 2,
+            addr: span3.start - 8,
+            size: 8,
+            write: true
+        }
+    );
+    // The same program with separate frames runs.
+    let vm = Interpreter::new();
+    let prog = vm.load(&callee_store(-16)).unwrap();
+    vm.run(&prog, &mut [], None).unwrap();
+}
+
+#[test]
+fn packed_usages_of_zero_unaligned_or_past_the_block_run_as_in_rbpf() {
+    // The entry stores 5 at [r10-8], f stores at [r10-8] too, the entry reads its slot back.
+    let v = code(&[
+        ins(0x7a, 10, 0, -8, 5),                   // 0: stdw [r10-8], 5
+        ins(0x85, 0, 1, 0, 2),                     // 1: call local +2 (pc 4)
+        ins(0x79, 0, 10, -8, 0),                   // 2: ldxdw r0, [r10-8]
+        EXIT,                                      // 3
+        ins(0x18, 1, 0, 0, 0x5566_7788u32 as i32), // 4: lddw r1, 0x11223344_55667788
+        ins(0, 0, 0, 0, 0x1122_3344),
+        ins(0x7b, 10, 1, -8, 0), // 6: stxdw [r10-8], r1
+        EXIT,                    // 7
+    ]);
+    // Zero: f's frame is the entry's, so f overwrites the entry's slot.
+    let vm = packed(&[(0, 0)], 256);
+    let prog = vm.load(&v).unwrap();
+    assert_eq!(
+        vm.run(&prog, &mut [], None).unwrap().r0,
+        0x1122_3344_5566_7788
+    );
+    // 4 (not a multiple of 8): f's r10 is unaligned and its slot straddles the entry's. The
+    // entry's u64 reads back f's value's high half (its bytes 4..8, at top-8..top-4) under
+    // the zero high bytes of its own 5 (top-4..top).
+    let vm = packed(&[(0, 4)], 256);
+    let prog = vm.load(&v).unwrap();
+    assert_eq!(vm.run(&prog, &mut [], None).unwrap().r0, 0x1122_3344);
+    // Far past the block: f's r10 lies below it and f's store stops; a callee that touches
+    // no stack runs, and the entry's r10 comes back whole.
+    let vm = packed(&[(0, 40_000)], 256);
+    let prog = vm.load(&v).unwrap();
+    let (r, span) = vm.run_traced(&prog, &mut [], None);
+    assert_eq!(
+        r.unwrap_err(),
+        Stop::OutOfBounds {
+            pc: 6,
+            addr: span.end - 40_000 - 8,
+            size: 8,
+            write: true
+        }
+    );
+    let v = code(&[
+        ins(0x7a, 10, 0, -8, 5), // stdw [r10-8], 5
+        ins(0x85, 0, 1, 0, 2),   // call local +2
+        ins(0x79, 0, 10, -8, 0), // ldxdw r0, [r10-8]
+        EXIT,
+        ins(0xb7, 0, 0, 0, 1), // f: mov r0, 1
+        EXIT,
+    ]);
+    let prog = vm.load(&v).unwrap();
+    assert_eq!(vm.run(&prog, &mut [], None).unwrap().r0, 5);
+}
+
+#[test]
+fn packed_usage_keys_that_start_no_function_are_not_read() {
+    // pc 1 (the call itself) and pc 9 (past the end) are keys, but the entry starts at pc 0
+    // and f at pc 4: both take the default.
+    let vm = packed(&[(1, 8), (9, 8)], 32);
+    let prog = vm.load(&r10_chain()).unwrap();
+    let mut ctx = [0u8; 32];
+    let (r, span) = vm.run_traced(&prog, &mut ctx, None);
+    r.unwrap();
+    assert_eq!(
+        words(&ctx),
+        [span.end, span.end - 32, span.end - 64, span.end]
+    );
+}

@@ -25,7 +25,7 @@
 //! * `execute_program` is safe because it is **sandboxed**: native code compiled with
 //!   `PJ_COMPILE_SANDBOX` (on first use) where the VM's runtime has a backend for the host,
 //!   else packjit's own interpreter (`packjit-interp`, never rbpf's), which implements the
-//!   same contract. A program may touch only the memory it was given and its stack; anything
+//!   same contract (and also serves rbpf's packed frames: see bpf-to-bpf frames below). A program may touch only the memory it was given and its stack; anything
 //!   else stops it with an out-of-bounds error naming the pc, the address, the size and the
 //!   direction (`io::Error` wrapping a [`packjit::RunError`](crate::RunError) whose
 //!   [`Stop`](crate::Stop) has them: downcast `get_ref()`; a program refused at load wraps a
@@ -59,11 +59,45 @@
 //! * **cpu v4 instructions rbpf 0.4.1 rejects at run time**: `movsx`, sign-extending loads,
 //!   `bswap`, `ja32` (`gotol`), every atomic (rbpf: "XADD instructions are not supported"),
 //!   `callx`.
-//! * **bpf-to-bpf calls**: rbpf's frames share one 512-byte stack (each callee's r10 is the
-//!   caller's minus the caller's stack usage, `set_stack_usage_calculator`); here each frame
-//!   has its own 512 bytes, so a call chain whose usages add up past 512 bytes (rbpf's
-//!   `test_stack_overflow`) runs instead of failing. The calculator is still called for every
-//!   function, and a usage above 512 bytes is refused.
+//! * **bpf-to-bpf frames** (`set_stack_usage_calculator`): rbpf lays them out differently on
+//!   each of its paths, and packjit follows the path:
+//!   * `execute_program` is rbpf's interpreter, whose frames share one zeroed 512-byte stack:
+//!     a callee's r10 is its caller's minus the stack usage of the function making the call
+//!     (the calculator's answer for the slot where that function starts), restored at its
+//!     `exit`. With a calculator set, a program with a bpf-to-bpf call runs in packjit's
+//!     interpreter with these packed frames (`packjit_interp::FrameLayout::Packed`): every
+//!     function gets rbpf's r10, so a chain whose usages reach past 512 bytes stops when a
+//!     callee touches the stack below it, with rbpf's words and instruction number (rbpf's
+//!     `test_stack_overflow`: `Error: out of bounds memory store (insn #8)`). Usages are
+//!     taken as rbpf takes them, unchecked: 0 (the callee's frame is its caller's), one not a
+//!     multiple of 8 (r10 unaligned; unaligned accesses work) and one above 512 (r10 below
+//!     the stack: the callee's stack accesses stop) all run as in rbpf. A program without a
+//!     bpf-to-bpf call has one frame whatever the layout, and keeps native sandboxed code.
+//!   * Without a calculator, rbpf's interpreter steps 256 bytes per call; here each frame has
+//!     512 bytes of its own (the layout of packjit's code, which then stays native). The
+//!     256 is rbpf's guess, not the program's need, and rbpf's own paths disagree on it
+//!     (below): a program that rbpf's interpreter runs to its end, each function using at
+//!     most 256 bytes below its own r10, gets the same answers here, while one whose caller
+//!     uses more would have its frame overwritten by its callee in rbpf's interpreter and
+//!     does not here, and a chain of three stack-using functions, whose third has no stack
+//!     left in rbpf, runs. A host that wants rbpf's exact default sets a calculator
+//!     answering 256 (`|_, _, _| 256`).
+//!   * `execute_program_jit` and the Cranelift runs keep separate 512-byte frames and ignore
+//!     the calculator, as rbpf's compiled paths ignore it: its x86-64 JIT gives every
+//!     function the entry's r10 (its frames coincide) and its Cranelift code has no
+//!     bpf-to-bpf calls (it compiles one as a call of the helper its `imm` names).
+//!   * rbpf asks the calculator about the entry and about `slot + 1 + imm` of every `call`,
+//!     helper calls included (a helper id read as an offset). packjit asks the same
+//!     questions in the same order, and uses the answers for the slots where functions
+//!     start; rbpf would also switch a frame's usage when its run passes another slot it
+//!     asked about, which only a helper id pointing into the calling function does.
+//!   * The calculator's `data` reaches it as rbpf hands it over: a `dyn Any` of the
+//!     `Box<dyn Any>` holding the host's value (so `data.downcast_mut::<Box<dyn Any>>()`
+//!     comes first, in rbpf and here). The value must be `Send + Sync` (the VMs are) and
+//!     keep its type: a calculator that puts a value of another type in the box is refused
+//!     with an error from the call that asked it.
+//!   * Depth: rbpf allows 8 nested calls (9 frames) and stops a run that makes a ninth;
+//!     packjit refuses at load a program whose call graph is deeper than 8 frames.
 //! * **r2 at entry**: rbpf's interpreter sets only r1 (r2 = 0); here r2 is the length of the
 //!   memory r1 points to (0 when empty, as before).
 //! * **Unknown helpers**: rbpf fails when the `call` executes; here the program is refused
@@ -106,8 +140,8 @@
 //! `scripts/rbpf-dropin.sh` runs rbpf 0.4.1's own test files (misc.rs, ubpf_verifier.rs,
 //! ubpf_jit_x86_64.rs, ubpf_vm.rs, and cranelift.rs with the `cranelift` feature) and its
 //! examples with only the type path changed, natively and (`--cross`) under qemu; what fails
-//! there is what this list names: `test_stack_overflow` (bpf-to-bpf frames, above) and
-//! `test_vm_jmp_unsigned_extend` (the 64-bit jump immediate, above).
+//! there is what this list names: `test_vm_jmp_unsigned_extend` (the 64-bit jump immediate,
+//! above). `test_stack_overflow` passes: packed frames, above.
 //! * **Bounds**: rbpf's interpreter checks accesses against mbuff, mem, its stack and
 //!   `register_allowed_memory` ranges (its JIT checks nothing); here the sandbox checks
 //!   against the memory given and the runtime's regions. In [`EbpfVmMbuff`], whose
@@ -138,9 +172,9 @@ use crate::fn_names::RbpfHelper;
 use crate::{
     arena, exec, Error, ErrorKind, LoadOptions, PjHelperFn, Program, RunError, Runtime, Trust,
 };
-use packjit_interp::{Interpreter, RawEnv};
+use packjit_interp::{FrameLayout, Interpreter, RawEnv};
 use packjit_plugin_api::{HelperEntry, PjMemRegion, PJ_REGION_WRITABLE};
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -391,38 +425,123 @@ fn refuse_self_jumps(prog: &[u8]) -> Result<(), io::Error> {
 }
 
 /// rbpf's stack usage calculator: the bytes of stack the function starting at slot `pc`
-/// uses (rbpf's `StackUsageCalculator`).
+/// uses (rbpf's `StackUsageCalculator`). `data` is, as in rbpf, the `Box<dyn Any>` holding
+/// the value given to `set_stack_usage_calculator`.
 pub type StackUsageCalculator = fn(prog: &[u8], pc: usize, data: &mut dyn Any) -> u16;
 
-/// Asks `calculator` for the stack of every function of `prog` (the entry and each target of
-/// a bpf-to-bpf call), as rbpf does when a program or a calculator is set. packjit gives
-/// every function a 512-byte frame of its own, so a function whose calculated usage fits in
-/// one runs as in rbpf (its r10-relative accesses land in its own frame either way); one
-/// that claims more is refused, naming it: its frame could not hold what it says it uses.
+/// rbpf's stack usage for a function the calculator was not asked about
+/// (`ebpf::LOCAL_FUNCTION_STACK_SIZE`; never read here: every function is asked about).
+const RBPF_DEFAULT_USAGE: u32 = 256;
+
+/// A stack usage calculator's data, handed to the calculator as rbpf hands it: rbpf keeps
+/// a `Box<dyn Any>` and passes `&mut` that box, which becomes a `dyn Any` *of the box*, so a
+/// calculator written for rbpf reaches its value through `downcast_mut::<Box<dyn Any>>()`
+/// first. Kept here as such a box too, so the same calculator finds it.
+struct CalculatorData {
+    value: Box<dyn Any>,
+    /// The type of the value in `value`: one that is `Send + Sync`, since
+    /// `set_stack_usage_calculator` took it as a `Box<dyn Any + Send + Sync>`.
+    ty: TypeId,
+}
+
+// SAFETY: `value` always holds a value of type `ty`, which is `Send` (see `ty`). The
+// calculator, given `&mut` the box, is the only code that could put another value there;
+// `CalculatorData::ask` checks the type after every call and drops a value of another type on
+// the thread that made it, before anything can move it elsewhere.
+unsafe impl Send for CalculatorData {}
+// SAFETY: as for `Send` (`ty` is `Sync`); besides, nothing reads `value` through a shared
+// reference.
+unsafe impl Sync for CalculatorData {}
+
+impl CalculatorData {
+    fn new(value: Box<dyn Any + Send + Sync>) -> Self {
+        // `(*value)`: the type of the value inside, not of the box.
+        let ty = (*value).type_id();
+        Self { value, ty }
+    }
+
+    /// `calculator`'s answer for the function at slot `pc` of `prog`.
+    fn ask(
+        &mut self,
+        calculator: StackUsageCalculator,
+        prog: &[u8],
+        pc: usize,
+    ) -> Result<u16, io::Error> {
+        // The box itself as the `dyn Any`, as rbpf passes it (see the type's docs).
+        let data: &mut dyn Any = &mut self.value;
+        let usage = calculator(prog, pc, data);
+        if (*self.value).type_id() != self.ty {
+            self.value = Box::new(());
+            self.ty = TypeId::of::<()>();
+            return Err(io::Error::other(format!(
+                "Error: the stack usage calculator put data of another type in place of its \
+                 own (asked about insn #{pc}): packjit's VMs are Send + Sync, and so must the \
+                 data stay"
+            )));
+        }
+        Ok(usage)
+    }
+}
+
+/// Asks `calculator` what rbpf's `StackVerifier` asks it, in the same order: the entry (slot
+/// 0), then `slot + 1 + imm` for every `call` opcode (0x85) in slot order, helper calls
+/// included (rbpf does not tell them apart, so a helper call's id is asked about as if it
+/// were an offset; a negative target is asked about as rbpf's `as usize` wraps it). The
+/// answers become the frames of `execute_program` when `prog` has a bpf-to-bpf call (see
+/// the module docs): a later answer for the same slot replaces an earlier one, as in rbpf's
+/// map, and an answer for a slot that starts no function is never read.
 fn stack_usage(
     prog: &[u8],
     calculator: StackUsageCalculator,
-    data: &mut dyn Any,
-) -> Result<(), io::Error> {
-    let mut functions = vec![0usize];
-    for (pc, c) in prog.chunks_exact(8).enumerate() {
-        if c[0] == 0x85 && c[1] >> 4 == 1 {
-            let imm = i32::from_le_bytes([c[4], c[5], c[6], c[7]]) as i64;
-            if let Ok(target) = usize::try_from(pc as i64 + 1 + imm) {
-                functions.push(target);
-            }
+    data: &mut CalculatorData,
+) -> Result<FrameLayout, io::Error> {
+    let mut usage = BTreeMap::new();
+    usage.insert(0, u32::from(data.ask(calculator, prog, 0)?));
+    for (slot, c) in prog.chunks_exact(8).enumerate() {
+        if c[0] == 0x85 {
+            let imm = i32::from_le_bytes([c[4], c[5], c[6], c[7]]) as isize;
+            let target = (slot as isize).wrapping_add(1).wrapping_add(imm) as usize;
+            usage.insert(target, u32::from(data.ask(calculator, prog, target)?));
         }
     }
-    for pc in functions {
-        let usage = calculator(prog, pc, data);
-        if usize::from(usage) > packjit_frontend::STACK_SIZE {
-            return Err(io::Error::other(format!(
-                "Error: the function at insn #{pc} uses {usage} bytes of stack: packjit's frames are {} bytes",
-                packjit_frontend::STACK_SIZE
-            )));
-        }
-    }
-    Ok(())
+    Ok(FrameLayout::Packed {
+        usage,
+        default: RBPF_DEFAULT_USAGE,
+    })
+}
+
+/// Does `prog` have a bpf-to-bpf call (`call` with `src = 1`)? Only then can the frame
+/// layout change what a run does.
+fn has_local_calls(prog: &[u8]) -> bool {
+    prog.chunks_exact(8).any(|c| c[0] == 0x85 && c[1] >> 4 == 1)
+}
+
+/// The frames `execute_program` gives `prog` once a calculator is set: the calculator is
+/// asked (as rbpf asks it when a program or a calculator is set), and its answers pack the
+/// frames when `prog` has a bpf-to-bpf call; without one, every layout is the same single
+/// 512-byte frame, and separate frames keep the program's native code.
+fn frames_of(
+    prog: &[u8],
+    calculator: StackUsageCalculator,
+    data: &mut CalculatorData,
+) -> Result<FrameLayout, io::Error> {
+    let frames = stack_usage(prog, calculator, data)?;
+    Ok(if has_local_calls(prog) {
+        frames
+    } else {
+        FrameLayout::Separate
+    })
+}
+
+/// Which of rbpf's ways to run a program a run stands for: only rbpf's interpreter
+/// (`execute_program`) reads the stack usage calculator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RbpfPath {
+    /// `execute_program`: rbpf's interpreter, frames packed by the calculator's answers.
+    Interpreter,
+    /// `execute_program_jit` and `execute_program_cranelift`: compiled code, whose frames
+    /// rbpf lays out without the calculator (packjit: separate frames).
+    Compiled,
 }
 
 /// A packjit error as rbpf reports errors: `io::Error` of kind `Other`, with the packjit
@@ -583,7 +702,10 @@ struct Core<'a> {
     helpers: BTreeMap<u32, (Helper, PjHelperFn)>,
     budget: Option<u64>,
     /// rbpf's stack usage calculator and its data (see `set_stack_usage_calculator`).
-    stack_usage: Option<(StackUsageCalculator, Box<dyn Any + Send + Sync>)>,
+    stack_usage: Option<(StackUsageCalculator, CalculatorData)>,
+    /// The frames `execute_program` gives the program: packed by the calculator's answers
+    /// when a calculator is set and the program has a bpf-to-bpf call, else separate.
+    frames: FrameLayout,
     /// Sandboxed code (compiled on the first `execute_program`).
     sandboxed: OnceLock<Result<Native, Error>>,
     /// The decoded program for the interpreter (on first use).
@@ -637,6 +759,7 @@ impl<'a> Core<'a> {
             helpers: BTreeMap::new(),
             budget: None,
             stack_usage: None,
+            frames: FrameLayout::Separate,
             sandboxed: OnceLock::new(),
             decoded: OnceLock::new(),
             trusted: None,
@@ -655,13 +778,25 @@ impl<'a> Core<'a> {
 
     fn set_program(&mut self, prog: &'a [u8]) -> Result<(), io::Error> {
         (self.verifier)(prog)?;
-        if let Some((calculator, data)) = self.stack_usage.as_mut() {
-            stack_usage(prog, *calculator, &mut **data)?;
-        }
+        // As rbpf: the calculator is asked before the program is taken, and a failure leaves
+        // the VM as it was.
+        let frames = match self.stack_usage.as_mut() {
+            Some((calculator, data)) => frames_of(prog, *calculator, data)?,
+            None => FrameLayout::Separate,
+        };
         self.prog = Some(prog);
         self.cleared = cleared(prog);
+        self.frames = frames;
         self.invalidate();
         Ok(())
+    }
+
+    /// The frames a run on `path` gives the program.
+    fn frames_for(&self, path: RbpfPath) -> &FrameLayout {
+        match path {
+            RbpfPath::Interpreter => &self.frames,
+            RbpfPath::Compiled => &FrameLayout::Separate,
+        }
     }
 
     fn set_verifier(&mut self, verifier: Verifier) -> Result<(), io::Error> {
@@ -676,12 +811,16 @@ impl<'a> Core<'a> {
     fn set_stack_usage_calculator(
         &mut self,
         calculator: StackUsageCalculator,
-        mut data: Box<dyn Any + Send + Sync>,
+        data: Box<dyn Any + Send + Sync>,
     ) -> Result<(), io::Error> {
-        if let Some(p) = self.prog {
-            stack_usage(p, calculator, &mut *data)?;
-        }
+        let mut data = CalculatorData::new(data);
+        // As rbpf: asked now about the program held; a failure keeps the old calculator.
+        let frames = match self.prog {
+            Some(prog) => frames_of(prog, calculator, &mut data)?,
+            None => FrameLayout::Separate,
+        };
         self.stack_usage = Some((calculator, data));
+        self.frames = frames;
         Ok(())
     }
 
@@ -785,15 +924,22 @@ impl<'a> Core<'a> {
             .map_err(|e| compile_to_io(e, code, &self.helpers, ""))
     }
 
-    fn interpreter(&self) -> Interpreter {
-        let mut i = Interpreter::new();
+    fn interpreter(&self, frames: &FrameLayout) -> Interpreter {
+        let mut i = Interpreter::new().with_frame_layout(frames.clone());
         for (&id, &(_, thunk)) in &self.helpers {
             i.set_helper(id, thunk);
         }
         i
     }
 
-    /// Runs sandboxed: r1/r2 = `ctx` (read-write, the program's own), plus `extra` regions.
+    /// Does `execute_program` run native code? Not with packed frames (only the
+    /// interpreter packs them), nor where there is no sandboxed code for the host.
+    fn is_native(&self) -> bool {
+        self.frames == FrameLayout::Separate && matches!(self.sandboxed(), Ok(Native::Code(_)))
+    }
+
+    /// Runs sandboxed: r1/r2 = `ctx` (read-write, the program's own), plus `extra` regions,
+    /// with the frames of `path` (packed ones only in the interpreter).
     ///
     /// # Safety
     /// `ctx`/`len` is memory the program may read and write and `extra` regions are live
@@ -804,6 +950,7 @@ impl<'a> Core<'a> {
         ctx: *mut u8,
         len: usize,
         extra: &[PjMemRegion],
+        path: RbpfPath,
     ) -> Result<u64, io::Error> {
         let with_allowed;
         let extra = if self.allowed.is_empty() {
@@ -812,23 +959,29 @@ impl<'a> Core<'a> {
             with_allowed = [extra, &self.allowed].concat();
             &with_allowed[..]
         };
+        let (start, ctx_len) = if len == 0 {
+            (0, 0)
+        } else {
+            (ctx as u64, len as u64)
+        };
+        let frames = self.frames_for(path);
+        if *frames != FrameLayout::Separate {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.interpret(start, ctx_len, (start, ctx_len), extra, frames) };
+        }
         match self.sandboxed()? {
             // SAFETY: forwarded from the caller; the code is sandboxed.
             Native::Code(p) => unsafe { p.call_with_regions(ctx, len, extra, self.budget) },
             Native::Interpret => {
-                let (start, len) = if len == 0 {
-                    (0, 0)
-                } else {
-                    (ctx as u64, len as u64)
-                };
                 // SAFETY: forwarded from the caller.
-                unsafe { self.interpret(start, len, (start, len), extra) }
+                unsafe { self.interpret(start, ctx_len, (start, ctx_len), extra, frames) }
             }
         }
     }
 
     /// An interpreted run under the sandbox's contract: r1, r2 and the context (`(start,
-    /// len)`, what packet loads read) given apart, the runtime's regions and `extra`.
+    /// len)`, what packet loads read) given apart, the runtime's regions and `extra`, with
+    /// `frames`.
     ///
     /// # Safety
     /// The context and `extra` must be valid memory for the call.
@@ -838,6 +991,7 @@ impl<'a> Core<'a> {
         r2: u64,
         (ctx_start, ctx_len): (u64, u64),
         extra: &[PjMemRegion],
+        frames: &FrameLayout,
     ) -> Result<u64, io::Error> {
         let prog = self.decoded()?;
         let mut regions: Vec<PjMemRegion> = self
@@ -856,9 +1010,10 @@ impl<'a> Core<'a> {
             // Interpreted runs check like sandboxed code, and end like it too.
             budget: Some(self.budget.unwrap_or(crate::DEFAULT_BUDGET)),
         };
+        let interpreter = self.interpreter(frames);
         // SAFETY: the caller vouches for the context and `extra`; runtime regions were
         // registered under `MemRegion::new`'s promise.
-        crate::exec::without_jit_env(|| unsafe { self.interpreter().run_raw(prog, &env, None) })
+        crate::exec::without_jit_env(|| unsafe { interpreter.run_raw(prog, &env, None) })
             .map(|o| o.r0)
             .map_err(|s| run_to_io(RunError::Stop(s)))
     }
@@ -872,7 +1027,8 @@ impl<'a> Core<'a> {
     }
 
     /// A run of a metadata-buffer flavour with packet loads (see [`Core::split_run`]):
-    /// interpreted, r1 = `buf`, packet loads from `mem`; `extra` must make both reachable.
+    /// interpreted, r1 = `buf`, packet loads from `mem`; `extra` must make both reachable;
+    /// the frames of `path`.
     ///
     /// # Safety
     /// Both buffers and `extra` must be valid memory for the call.
@@ -881,6 +1037,7 @@ impl<'a> Core<'a> {
         (buf, buf_len): (*mut u8, usize),
         (mem, mem_len): (*const u8, usize),
         extra: &[PjMemRegion],
+        path: RbpfPath,
     ) -> Result<u64, io::Error> {
         self.code()?;
         let with_allowed = [extra, &self.allowed].concat();
@@ -892,6 +1049,7 @@ impl<'a> Core<'a> {
                 buf_len as u64,
                 (mem, mem_len as u64),
                 &with_allowed,
+                self.frames_for(path),
             )
         }
     }
@@ -1029,9 +1187,11 @@ macro_rules! common_methods {
             self.core.set_verifier(verifier)
         }
 
-        /// rbpf's stack usage calculator: called for the entry and every bpf-to-bpf callee, as
-        /// rbpf does; packjit gives each function a 512-byte frame, so a usage up to that runs
-        /// as in rbpf and a larger one is refused (see [`StackUsageCalculator`]).
+        /// rbpf's stack usage calculator, asked now if a program is set (and for each program
+        /// set later) what rbpf asks it. From then on `execute_program` gives a program with
+        /// bpf-to-bpf calls rbpf's packed frames: one 512-byte stack, a callee's r10 its
+        /// caller's minus the calling function's usage (see the module docs; the JIT and
+        /// Cranelift runs keep separate frames, as rbpf's do not read the calculator).
         pub fn set_stack_usage_calculator(
             &mut self,
             calculator: StackUsageCalculator,
@@ -1088,9 +1248,11 @@ macro_rules! common_methods {
             self.core.cranelift_compile()
         }
 
-        /// Whether `execute_program` runs native (sandboxed) code rather than the interpreter.
+        /// Whether `execute_program` runs native (sandboxed) code rather than the interpreter
+        /// (which it needs for rbpf's packed frames: a stack usage calculator and a
+        /// bpf-to-bpf call).
         pub fn is_native(&self) -> bool {
-            matches!(self.core.sandboxed(), Ok(Native::Code(_)))
+            self.core.is_native()
         }
     };
 }
@@ -1115,10 +1277,15 @@ impl<'a> EbpfVmRaw<'a> {
 
     common_methods!();
 
-    /// Runs the program sandboxed on `mem`.
+    /// Runs the program sandboxed on `mem` (rbpf's interpreter run: packed frames when a
+    /// stack usage calculator is set).
     pub fn execute_program(&self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        self.run(mem, RbpfPath::Interpreter)
+    }
+
+    fn run(&self, mem: &mut [u8], path: RbpfPath) -> Result<u64, io::Error> {
         // SAFETY: `mem` is exclusively borrowed for the call.
-        unsafe { self.core.run_sandboxed(mem.as_mut_ptr(), mem.len(), &[]) }
+        unsafe { (self.core).run_sandboxed(mem.as_mut_ptr(), mem.len(), &[], path) }
     }
 
     /// Runs the trusted code of [`jit_compile`](Self::jit_compile) on `mem`.
@@ -1132,11 +1299,11 @@ impl<'a> EbpfVmRaw<'a> {
     }
 
     /// rbpf's Cranelift run (feature `cranelift`): the sandboxed code, after
-    /// `cranelift_compile`.
+    /// `cranelift_compile` (separate frames: rbpf's Cranelift code reads no calculator).
     #[cfg(feature = "cranelift")]
     pub fn execute_program_cranelift(&self, mem: &mut [u8]) -> Result<u64, io::Error> {
         self.core.cranelift_compiled()?;
-        self.execute_program(mem)
+        self.run(mem, RbpfPath::Compiled)
     }
 }
 
@@ -1181,14 +1348,14 @@ impl<'a> EbpfVmMbuff<'a> {
                     (copy.as_mut_ptr(), copy.len()),
                     (mem.as_ptr(), mem.len()),
                     &extra,
+                    RbpfPath::Interpreter,
                 )
             };
         }
         // SAFETY: `copy` is ours for the call; `mem` and `mbuff` are live shared borrows that
         // the sandbox never writes (read-only regions).
         unsafe {
-            self.core
-                .run_sandboxed(copy.as_mut_ptr(), copy.len(), &extra)
+            (self.core).run_sandboxed(copy.as_mut_ptr(), copy.len(), &extra, RbpfPath::Interpreter)
         }
     }
 
@@ -1210,7 +1377,9 @@ impl<'a> EbpfVmMbuff<'a> {
             ];
             let r1 = (mbuff.as_mut_ptr(), mbuff.len());
             // SAFETY: both buffers are exclusively borrowed for the call.
-            return unsafe { (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra) };
+            return unsafe {
+                (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra, RbpfPath::Compiled)
+            };
         }
         let (p, len) = r1_buffer(mem, mbuff);
         // SAFETY: forwarded from the caller.
@@ -1234,11 +1403,13 @@ impl<'a> EbpfVmMbuff<'a> {
         if self.core.split_run(mbuff.is_empty()) {
             let r1 = (mbuff.as_mut_ptr(), mbuff.len());
             // SAFETY: both buffers are exclusively borrowed for the call.
-            return unsafe { (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra) };
+            return unsafe {
+                (self.core).run_split(r1, (mem.as_ptr(), mem.len()), &extra, RbpfPath::Compiled)
+            };
         }
         let (p, len) = r1_buffer(mem, mbuff);
         // SAFETY: both buffers are exclusively borrowed for the call; the code is sandboxed.
-        unsafe { self.core.run_sandboxed(p, len, &extra) }
+        unsafe { (self.core).run_sandboxed(p, len, &extra, RbpfPath::Compiled) }
     }
 }
 
@@ -1329,18 +1500,24 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     }
 
     /// Runs the program sandboxed: r1 = the metadata buffer (read-write), `mem` a read-write
-    /// region reached through the addresses stored in it.
+    /// region reached through the addresses stored in it (rbpf's interpreter run: packed
+    /// frames when a stack usage calculator is set).
     pub fn execute_program(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
+        self.run(mem, RbpfPath::Interpreter)
+    }
+
+    fn run(&mut self, mem: &mut [u8], path: RbpfPath) -> Result<u64, io::Error> {
         self.fill(mem);
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
+        let mem_span = (mem.as_ptr(), mem.len());
         if self.core.split_run(false) {
             let extra = [region(mem.as_ptr(), mem.len(), true), region(p, len, true)];
             // SAFETY: the buffer and `mem` are exclusively borrowed for the call.
-            return unsafe { (self.core).run_split((p, len), (mem.as_ptr(), mem.len()), &extra) };
+            return unsafe { (self.core).run_split((p, len), mem_span, &extra, path) };
         }
         let extra = [region(mem.as_ptr(), mem.len(), true)];
         // SAFETY: the buffer and `mem` are exclusively borrowed for the call.
-        unsafe { self.core.run_sandboxed(p, len, &extra) }
+        unsafe { (self.core).run_sandboxed(p, len, &extra, path) }
     }
 
     /// Runs the trusted code of [`jit_compile`](Self::jit_compile).
@@ -1353,8 +1530,11 @@ impl<'a> EbpfVmFixedMbuff<'a> {
         let (p, len) = (self.mbuff.as_mut_ptr(), self.mbuff.len());
         if self.core.split_run(false) {
             let extra = [region(mem.as_ptr(), mem.len(), true), region(p, len, true)];
+            let mem_span = (mem.as_ptr(), mem.len());
             // SAFETY: the buffer and `mem` are exclusively borrowed for the call.
-            return unsafe { (self.core).run_split((p, len), (mem.as_ptr(), mem.len()), &extra) };
+            return unsafe {
+                (self.core).run_split((p, len), mem_span, &extra, RbpfPath::Compiled)
+            };
         }
         let extra = [region(mem.as_ptr(), mem.len(), true)];
         // SAFETY: forwarded from the caller.
@@ -1362,11 +1542,12 @@ impl<'a> EbpfVmFixedMbuff<'a> {
     }
 
     /// rbpf's Cranelift run (feature `cranelift`): [`execute_program`](Self::execute_program)
-    /// after `cranelift_compile`.
+    /// after `cranelift_compile`, with separate frames (rbpf's Cranelift code reads no
+    /// calculator).
     #[cfg(feature = "cranelift")]
     pub fn execute_program_cranelift(&mut self, mem: &mut [u8]) -> Result<u64, io::Error> {
         self.core.cranelift_compiled()?;
-        self.execute_program(mem)
+        self.run(mem, RbpfPath::Compiled)
     }
 }
 
@@ -1390,10 +1571,15 @@ impl<'a> EbpfVmNoData<'a> {
 
     common_methods!();
 
-    /// Runs the program sandboxed, without memory.
+    /// Runs the program sandboxed, without memory (rbpf's interpreter run: packed frames
+    /// when a stack usage calculator is set).
     pub fn execute_program(&self) -> Result<u64, io::Error> {
+        self.run(RbpfPath::Interpreter)
+    }
+
+    fn run(&self, path: RbpfPath) -> Result<u64, io::Error> {
         // SAFETY: an empty context: nothing but the stack is reachable.
-        unsafe { self.core.run_sandboxed(std::ptr::null_mut(), 0, &[]) }
+        unsafe { (self.core).run_sandboxed(std::ptr::null_mut(), 0, &[], path) }
     }
 
     /// Runs the trusted code of [`jit_compile`](Self::jit_compile).
@@ -1406,10 +1592,11 @@ impl<'a> EbpfVmNoData<'a> {
     }
 
     /// rbpf's Cranelift run (feature `cranelift`): [`execute_program`](Self::execute_program)
-    /// after `cranelift_compile`.
+    /// after `cranelift_compile`, with separate frames (rbpf's Cranelift code reads no
+    /// calculator).
     #[cfg(feature = "cranelift")]
     pub fn execute_program_cranelift(&self) -> Result<u64, io::Error> {
         self.core.cranelift_compiled()?;
-        self.execute_program()
+        self.run(RbpfPath::Compiled)
     }
 }

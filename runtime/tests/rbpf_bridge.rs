@@ -836,3 +836,208 @@ fn registering_rbpfs_own_pointer_helpers_binds_their_checked_versions() {
     vm.register_helper(2, rbpf::helpers::strcmp).unwrap();
     assert_eq!(vm.execute_program().unwrap(), u64::MAX, "refused");
 }
+
+/// rbpf's `tests/misc.rs` `test_stack_overflow` program: two bpf-to-bpf calls, the first
+/// callee storing at `[r10-8]`; 0x10 when its store succeeds.
+const STACK_OVERFLOW: &str = "mov64 r1, 0x10\nmov64 r2, 0x1\ncallx 0x4\nmov64 r1, 0x1\n\
+    mov64 r2, r0\ncallx 0x5\nexit\nstdw [r10-8], 0xcd\nmov64 r0, r1\nsub64 r0, r2\nexit\n\
+    mov64 r0, r2\nadd64 r0, r1\nexit";
+
+/// Checks `e` is an out-of-bounds 8-byte store stopped at `pc`, in rbpf's words (rbpf
+/// numbers the instruction after the faulting one).
+fn assert_stack_store_stopped(e: &std::io::Error, pc: usize) {
+    let want = format!("Error: out of bounds memory store (insn #{})", pc + 1);
+    assert!(e.to_string().starts_with(&want), "{e}");
+    let Stop::OutOfBounds {
+        pc: at,
+        size,
+        write,
+        ..
+    } = packjit_stop(e)
+    else {
+        panic!("{e}");
+    };
+    assert_eq!((at, size, write), (pc, 8, true), "{e}");
+}
+
+#[test]
+fn a_stack_usage_calculator_packs_execute_programs_frames_as_rbpf() {
+    let prog = assemble(STACK_OVERFLOW).unwrap();
+    let rt = runtime();
+    // Without a calculator: separate frames, the store succeeds, native code where the host
+    // has the sandbox.
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), rt.clone()).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 0x10);
+    let native = vm.is_native();
+    // rbpf's test: the entry uses the whole 512-byte stack, so its callee's r10 is the
+    // stack's start and the callee's `stdw [r10-8]` (insn 7) stops, in rbpf's words.
+    vm.set_stack_usage_calculator(|_, _, _| 512, Box::new(()))
+        .unwrap();
+    assert!(!vm.is_native(), "packed frames are the interpreter's");
+    assert_stack_store_stopped(&vm.execute_program().unwrap_err(), 7);
+    // rbpf's JIT reads no calculator; packjit's trusted code keeps separate frames.
+    if vm.jit_compile().is_ok() {
+        // SAFETY: the program touches only its stack, inside its frames.
+        assert_eq!(unsafe { vm.execute_program_jit() }.unwrap(), 0x10);
+    }
+    // A calculator set before the program applies to it (rbpf asks it at `set_program`).
+    let mut vm = EbpfVmNoData::new_with_runtime(None, rt.clone()).unwrap();
+    vm.set_stack_usage_calculator(|_, _, _| 512, Box::new(()))
+        .unwrap();
+    vm.set_program(&prog).unwrap();
+    assert_stack_store_stopped(&vm.execute_program().unwrap_err(), 7);
+    // A program without bpf-to-bpf calls has one frame whatever the layout: it keeps its
+    // native code.
+    let plain = assemble("stdw [r10-8], 7\nldxdw r0, [r10-8]\nexit").unwrap();
+    vm.set_program(&plain).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 7);
+    assert_eq!(vm.is_native(), native);
+}
+
+#[test]
+fn a_packed_callee_reaches_the_stacks_first_byte_and_stops_below_it() {
+    // The entry uses 504 bytes, so its callee's r10 is 8 bytes above the stack's start: the
+    // callee's `stdw [r10-8]` lands on the stack's first 8 bytes, which the entry reads back
+    // at `[r10-512]`; `[r10-16]` is below the stack and stops at the callee's store (insn 3).
+    let inside = assemble(
+        "callx 0x2\nldxdw r0, [r10-512]\nexit\n\
+         stdw [r10-8], 0xcd\nexit",
+    )
+    .unwrap();
+    let outside = assemble(
+        "callx 0x2\nldxdw r0, [r10-512]\nexit\n\
+         stdw [r10-16], 0xcd\nexit",
+    )
+    .unwrap();
+    let usage = |_: &[u8], pc: usize, _: &mut dyn std::any::Any| -> u16 {
+        if pc == 0 {
+            504
+        } else {
+            256
+        }
+    };
+    let rt = runtime();
+    let mut vm = EbpfVmRaw::new_with_runtime(Some(&inside), rt.clone()).unwrap();
+    vm.set_stack_usage_calculator(usage, Box::new(())).unwrap();
+    assert_eq!(vm.execute_program(&mut [0; 4]).unwrap(), 0xcd);
+    vm.set_program(&outside).unwrap();
+    assert_stack_store_stopped(&vm.execute_program(&mut [0; 4]).unwrap_err(), 3);
+    // The other flavours' `execute_program` pack the same way.
+    let mut vm = EbpfVmMbuff::new_with_runtime(Some(&outside), rt.clone()).unwrap();
+    vm.set_stack_usage_calculator(usage, Box::new(())).unwrap();
+    assert_stack_store_stopped(&vm.execute_program(&[0; 4], &[0; 8]).unwrap_err(), 3);
+    let mut vm = EbpfVmFixedMbuff::new_with_runtime(Some(&outside), 0, 8, rt.clone()).unwrap();
+    vm.set_stack_usage_calculator(usage, Box::new(())).unwrap();
+    assert_stack_store_stopped(&vm.execute_program(&mut [0; 4]).unwrap_err(), 3);
+    // Separate frames (no calculator): the callee's slot is in its own frame, and the
+    // entry's `[r10-512]` is its own zeroed bottom slot.
+    let vm = EbpfVmRaw::new_with_runtime(Some(&outside), rt).unwrap();
+    assert_eq!(vm.execute_program(&mut [0; 4]).unwrap(), 0);
+}
+
+/// The pcs a calculator was asked about, in order, through its data.
+type Asked = std::sync::Arc<std::sync::Mutex<Vec<usize>>>;
+
+fn recording_usage(_: &[u8], pc: usize, data: &mut dyn std::any::Any) -> u16 {
+    // As in rbpf, `data` is the box holding the host's value.
+    let boxed = data.downcast_mut::<Box<dyn std::any::Any>>().unwrap();
+    boxed
+        .downcast_mut::<Asked>()
+        .unwrap()
+        .lock()
+        .unwrap()
+        .push(pc);
+    match pc {
+        0 => 64,
+        3 => 128,
+        _ => 8,
+    }
+}
+
+#[test]
+fn each_call_lowers_r10_by_the_calling_functions_own_usage() {
+    // entry (pc 0, 64 bytes) calls f (pc 3, 128 bytes), which calls g (pc 5, 8 bytes). g's
+    // slot at its [r10-8] is the entry's [r10-200] only if each call steps down by its
+    // caller's usage (64 + 128 + 8); stepping by the callee's usage would put it elsewhere.
+    let prog = assemble(
+        "callx 0x2\nldxdw r0, [r10-200]\nexit\n\
+         callx 0x1\nexit\n\
+         stdw [r10-8], 0x77\nexit",
+    )
+    .unwrap();
+    let asked = Asked::default();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    vm.set_stack_usage_calculator(recording_usage, Box::new(asked.clone()))
+        .unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 0x77);
+    // Asked as rbpf asks: the entry, then each call's target in slot order.
+    assert_eq!(*asked.lock().unwrap(), [0, 3, 5]);
+    // Asked again for each program set, helper calls' `slot + 1 + imm` included (rbpf reads
+    // every `call` opcode so); a program without bpf-to-bpf calls is unaffected.
+    asked.lock().unwrap().clear();
+    let helper_call = assemble("mov r1, 9\ncall 1\nexit").unwrap();
+    vm.register_helper(1, double).unwrap();
+    vm.set_program(&helper_call).unwrap();
+    assert_eq!(*asked.lock().unwrap(), [0, 3]);
+    assert_eq!(vm.execute_program().unwrap(), 18);
+}
+
+#[test]
+fn packed_usages_of_zero_or_past_the_stack_run_as_in_rbpf() {
+    // The entry stores 5 in its slot, its callee 7 in its own, the entry reads its slot.
+    let overlap = assemble(
+        "stdw [r10-8], 5\ncallx 0x2\nldxdw r0, [r10-8]\nexit\n\
+         stdw [r10-8], 7\nexit",
+    )
+    .unwrap();
+    let rt = runtime();
+    // Usage 0: the callee's frame is its caller's, so it overwrites the entry's slot.
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&overlap), rt.clone()).unwrap();
+    vm.set_stack_usage_calculator(|_, _, _| 0, Box::new(()))
+        .unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 7);
+    // Past the stack (600 > 512): the callee's r10 is below it, so its store stops (insn 4)
+    // ...
+    vm.set_stack_usage_calculator(|_, _, _| 600, Box::new(()))
+        .unwrap();
+    assert_stack_store_stopped(&vm.execute_program().unwrap_err(), 4);
+    // ... while a callee that touches no stack runs, and the entry's r10 comes back whole.
+    let no_stack = assemble(
+        "stdw [r10-8], 5\ncallx 0x2\nldxdw r0, [r10-8]\nexit\n\
+         mov r0, 1\nexit",
+    )
+    .unwrap();
+    vm.set_program(&no_stack).unwrap();
+    assert_eq!(vm.execute_program().unwrap(), 5);
+}
+
+#[test]
+fn a_calculator_that_swaps_its_data_for_another_type_is_refused() {
+    // The data reaches the calculator as rbpf hands it (`&mut Box<dyn Any>`), so it could
+    // put a value of any type there, one that is not Send among them; the VM is Send + Sync,
+    // so that is refused, and the VM keeps what it had.
+    fn swapping(_: &[u8], _: usize, data: &mut dyn std::any::Any) -> u16 {
+        let boxed = data.downcast_mut::<Box<dyn std::any::Any>>().unwrap();
+        *boxed = Box::new(std::rc::Rc::new(1u8));
+        512
+    }
+    let prog = assemble(STACK_OVERFLOW).unwrap();
+    let mut vm = EbpfVmNoData::new_with_runtime(Some(&prog), runtime()).unwrap();
+    let e = vm
+        .set_stack_usage_calculator(swapping, Box::new(0u32))
+        .unwrap_err();
+    assert!(e.to_string().contains("data of another type"), "{e}");
+    assert!(e.to_string().contains("insn #0"), "{e}");
+    assert_eq!(vm.execute_program().unwrap(), 0x10, "no calculator was set");
+    // Set before the program, it is asked (and refused) when the program is set; the VM
+    // keeps no program.
+    let mut vm = EbpfVmNoData::new_with_runtime(None, runtime()).unwrap();
+    vm.set_stack_usage_calculator(swapping, Box::new(0u32))
+        .unwrap();
+    assert!(vm.set_program(&prog).is_err());
+    assert!(vm
+        .execute_program()
+        .unwrap_err()
+        .to_string()
+        .contains("No program set"));
+}
