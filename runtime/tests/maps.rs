@@ -233,6 +233,47 @@ fn constant_keys_fold_to_the_element_or_null_and_stay_checked() {
             unfolded.native_insns()
         );
     }
+    // Sandboxed: the load through a folded element inside the array is proven (the access
+    // analysis knows r0 after the folded call, and map values are static regions), so a use
+    // costs no more native instructions than trusted; past the last value it is checked.
+    let uses = |n: usize| {
+        let one = [
+            i(0xb7, 1, 0, 0, 2),
+            i(0x63, 10, 1, -4, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            map_ref(1, 0),
+            i(CALL, 0, 0, 0, 1),
+            i(0x15, 0, 0, 2, 0), // if r0 == 0 skip the load and the add
+            i(0x79, 7, 0, 8, 0),
+            i(0x0f, 6, 7, 0, 0),
+        ]
+        .concat();
+        let mut code = [one.repeat(n), i(0xbf, 0, 6, 0, 0), i(EXIT, 0, 0, 0, 0)].concat();
+        code.splice(0..0, i(0xb7, 6, 0, 0, 0));
+        code
+    };
+    let per_use: Vec<i64> = [Trust::Sandboxed, Trust::Trusted]
+        .into_iter()
+        .map(|trust| {
+            let insns = |n| {
+                let p = match trust {
+                    Trust::Sandboxed => rt.load(&uses(n), &opts).unwrap(),
+                    // SAFETY: the program touches its stack and an element of the map.
+                    Trust::Trusted => unsafe { rt.load_trusted(&uses(n), &opts) }.unwrap(),
+                };
+                assert_eq!(p.call(&mut []).unwrap(), 3002 * n as u64, "{trust:?}");
+                p.native_insns() as i64
+            };
+            insns(2) - insns(1)
+        })
+        .collect();
+    assert!(
+        per_use[0] <= per_use[1],
+        "native instructions per use, sandboxed {} vs trusted {}",
+        per_use[0],
+        per_use[1]
+    );
     // Sandboxed: a constant element's address is still checked; reading past the last
     // value stops.
     let past = rt.load(&constant_key_program(4, 16), &opts).unwrap();

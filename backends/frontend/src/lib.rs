@@ -65,6 +65,11 @@ pub struct Program {
     /// ([`packjit_plugin_api::PJ_HELPER_STATIC_REGIONS`]; filled by
     /// [`decode_for_lowering`] for sandboxed requests, empty otherwise).
     pub static_regions: Vec<packjit_plugin_api::PjMemRegion>,
+    /// Helper calls whose result is known at compile time, ascending by index: array
+    /// lookups with a constant key (the element's address, or 0 past the end), which the
+    /// driver folds to that constant. Filled by [`decode_for_lowering`], so the access
+    /// analysis knows r0 after them ([`ranges::transfer_at`]).
+    pub call_results: Vec<(usize, u64)>,
 }
 
 /// A jump or local call as a pass over control flow sees it, without reading its

@@ -933,11 +933,9 @@ fn array_lookup<'a, L: Isa<'a>>(
     let key = if percpu.is_some() { 2 } else { 1 };
     match known {
         Some(k) if percpu.is_none() => {
-            let element = (u64::from(k) < u64::from(array.max_entries))
-                .then(|| array.base.wrapping_add(u64::from(k) * array.value_stride));
-            match element {
-                Some(addr) => l.load_imm64(0, addr),
-                None => l.alu(W64, Mov, 0, Operand::Imm(0)),
+            match array.element(k) {
+                0 => l.alu(W64, Mov, 0, Operand::Imm(0)),
+                addr => l.load_imm64(0, addr),
             }
             return Ok(());
         }

@@ -255,6 +255,19 @@ fn alu32(op: AluOp, d: Val, s: Val) -> Val {
     }
 }
 
+/// [`transfer`] at instruction `i` of `prog`, with what the program knows of a helper call's
+/// result at compile time ([`Program::call_results`]: a folded array lookup's element).
+pub fn transfer_at(prog: &Program, i: usize, st: &mut State) {
+    let op = &prog.insts[i].op;
+    transfer(st, op);
+    if matches!(op, Op::CallHelper { .. }) && !prog.call_results.is_empty() {
+        if let Ok(k) = prog.call_results.binary_search_by_key(&i, |&(at, _)| at) {
+            // Host addresses are below 2^63: exact as an i64.
+            st[0] = Val::konst(prog.call_results[k].1 as i64);
+        }
+    }
+}
+
 /// Applies one instruction to `st` (the state before it, afterwards the state after it).
 /// Calls are not followed: a call only clobbers what the calling convention lets it.
 #[inline]
@@ -989,7 +1002,7 @@ impl<'p> Dataflow<'p> {
                     self.done += 1;
                 }
                 let op = self.prog.insts[i].op;
-                transfer(&mut st, &op);
+                transfer_at(self.prog, i, &mut st);
                 match op {
                     Op::Ja { target } => {
                         self.hand_over(target as usize, &st);
@@ -1088,7 +1101,7 @@ impl<'p> Dataflow<'p> {
             }
             while self.replay_live && self.replay_at < w {
                 let op = self.prog.insts[self.replay_at].op;
-                transfer(&mut self.replay_state, &op);
+                transfer_at(self.prog, self.replay_at, &mut self.replay_state);
                 self.replay_live = !matches!(op, Op::Ja { .. } | Op::Exit);
                 self.replay_at += 1;
             }

@@ -2,6 +2,7 @@
 //! here for all of them. The reference evaluator runs programs as [`decode`](crate::decode)
 //! returns them, without these rewrites, so the differential tests check each one.
 
+use crate::analysis::{constant_array_keys, helper_lowering, HelperLowering};
 use crate::{
     op_kind, verify::decode_with, Branch, BranchKind, Compared, DecodeOptions, Op, Program,
 };
@@ -19,7 +20,31 @@ pub fn decode_for_lowering(req: &CompileRequest<'_>) -> Result<Program, CompileE
     if req.flags & PJ_COMPILE_SANDBOX != 0 {
         prog.static_regions = static_regions(req.helpers)?;
     }
+    prog.call_results = folded_lookups(&prog, req.helpers);
     Ok(prog)
+}
+
+/// The array lookups whose key the program stores as a constant (the driver folds them,
+/// `lower::array_lookup`), with their results: per-CPU arrays excluded (the element
+/// depends on the CPU).
+fn folded_lookups(prog: &Program, helpers: &[HelperEntry]) -> Vec<(usize, u64)> {
+    let lookup = |id: u32| {
+        let h = helpers.iter().find(|h| h.id == id)?;
+        match helper_lowering(h) {
+            HelperLowering::ArrayLookup(a) if a.percpu_id.is_none() => Some(a),
+            _ => None,
+        }
+    };
+    if !helpers.iter().any(|h| lookup(h.id).is_some()) {
+        return Vec::new();
+    }
+    constant_array_keys(prog, |id| lookup(id).is_some())
+        .into_iter()
+        .filter_map(|(at, key)| match prog.insts[at].op {
+            Op::CallHelper { id } => Some((at, lookup(id)?.element(key))),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The regions of the request's [`PJ_HELPER_STATIC_REGIONS`] entry, if it has one.

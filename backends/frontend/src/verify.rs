@@ -279,6 +279,7 @@ pub fn decode_with(
         exits,
         local_calls,
         static_regions: Vec::new(),
+        call_results: Vec::new(),
     })
 }
 

@@ -52,7 +52,7 @@
 //! `lfence` there), so the hot copy is never entered speculatively on a bad walk. The cost
 //! per loop entry is about ten instructions; per iteration it is the clamp alone.
 
-use crate::ranges::{for_each_state, transfer, AccessCheck, Base, State, Val};
+use crate::ranges::{for_each_state, transfer_at, AccessCheck, Base, State, Val};
 use crate::{AluOp, Compared, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
 
 /// Largest pointer step: from a clamped 0, a speculation window of a few hundred iterations
@@ -293,7 +293,7 @@ impl Candidates {
         };
         let c = &self.cands[k];
         let mut after = *st;
-        transfer(&mut after, &prog.insts[i].op);
+        transfer_at(prog, i, &mut after);
         self.entry[k] = Some((after[c.walk.ptr as usize], after[c.walk.bound as usize]));
     }
 

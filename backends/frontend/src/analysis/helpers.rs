@@ -82,6 +82,18 @@ pub struct ArrayLookup {
     pub percpu_id: Option<u32>,
 }
 
+impl ArrayLookup {
+    /// What a lookup of `key` answers: element `key`'s address, or 0 (NULL) past the end.
+    /// Not for per-CPU arrays, whose element depends on the CPU.
+    pub fn element(&self, key: u32) -> u64 {
+        if key < self.max_entries {
+            self.base.wrapping_add(u64::from(key) * self.value_stride)
+        } else {
+            0
+        }
+    }
+}
+
 /// The lowering of `h` (its kind already checked by
 /// [`validate_inline_kinds`](super::validate_inline_kinds)).
 pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
