@@ -268,27 +268,21 @@ pub(crate) fn bind(
         }
         pc += 1;
     }
-    let mut helpers: Vec<HelperEntry> = Vec::new();
     let arrays = arrays.into_boxed_slice();
-    for id in lookup_ids.iter().flatten().copied() {
-        {
-            let slot = (id - ARRAY_LOOKUP_IDS) as usize;
-            helpers.push(HelperEntry {
-                id,
-                inline_kind: PJ_INLINE_ARRAY_LOOKUP,
-                addr: &arrays[slot] as *const PjArrayMap as u64,
-            });
-        }
-    }
     let prog_arrays = prog_arrays.into_boxed_slice();
-    for id in tail_ids.iter().flatten().copied() {
-        let slot = (id - PROG_ARRAY_IDS) as usize;
-        helpers.push(HelperEntry {
-            id,
-            inline_kind: PJ_INLINE_PROG_ARRAY_TAIL_CALL,
-            addr: &prog_arrays[slot] as *const PjProgArray as u64,
-        });
-    }
+    let mut helpers: Vec<HelperEntry> = Vec::new();
+    helpers.extend(per_map_entries(
+        &lookup_ids,
+        ARRAY_LOOKUP_IDS,
+        PJ_INLINE_ARRAY_LOOKUP,
+        &arrays,
+    ));
+    helpers.extend(per_map_entries(
+        &tail_ids,
+        PROG_ARRAY_IDS,
+        PJ_INLINE_PROG_ARRAY_TAIL_CALL,
+        &prog_arrays,
+    ));
     if inlining.tail_calls && calls(&out, TAIL_CALL) {
         helpers.push(HelperEntry {
             id: TAIL_CALL,
@@ -417,6 +411,21 @@ fn array_lookup_id(
     });
     ids[k] = Some(id);
     Some(id)
+}
+
+/// The helper entries of per-map inline kinds: for each id made (`first + k`), its `kind`
+/// with `tables[k]` as the parameter block (kept alive by the caller while it compiles).
+fn per_map_entries<'a, T>(
+    ids: &'a [Option<u32>],
+    first: u32,
+    kind: u32,
+    tables: &'a [T],
+) -> impl Iterator<Item = HelperEntry> + 'a {
+    ids.iter().flatten().map(move |&id| HelperEntry {
+        id,
+        inline_kind: kind,
+        addr: &tables[(id - first) as usize] as *const T as u64,
+    })
 }
 
 /// The id of the inlined tail call through prog array `map` (map `k` of the load), made on

@@ -420,22 +420,32 @@ fn tail_target(base: i32) -> Vec<u8> {
     .concat()
 }
 
+/// A prog array of 4 slots, and load options naming it as map 0.
+fn prog_array_of_4() -> (Arc<Map>, LoadOptions) {
+    let jumps = Map::new(spec("jumps", MapType::ProgArray, 4, 4, 4)).unwrap();
+    let opts = LoadOptions {
+        maps: vec![jumps.clone()],
+        ..Default::default()
+    };
+    (jumps, opts)
+}
+
+/// `code` loaded as `trust` (tail-call tests: the programs touch only their context and
+/// stack).
+fn load_as(rt: &packjit::Runtime, trust: Trust, code: &[u8], opts: &LoadOptions) -> Arc<Program> {
+    Arc::new(match trust {
+        Trust::Sandboxed => rt.load(code, opts).unwrap(),
+        // SAFETY: see above.
+        Trust::Trusted => unsafe { rt.load_trusted(code, opts) }.unwrap(),
+    })
+}
+
 #[test]
 fn tail_calls_jump_to_the_slot_fall_through_when_empty_and_stop_after_33() {
     let rt = host::host_runtime();
     for trust in [Trust::Sandboxed, Trust::Trusted] {
-        let jumps = Map::new(spec("jumps", MapType::ProgArray, 4, 4, 4)).unwrap();
-        let opts = LoadOptions {
-            maps: vec![jumps.clone()],
-            ..Default::default()
-        };
-        let load = |code: &[u8]| -> Arc<Program> {
-            Arc::new(match trust {
-                Trust::Sandboxed => rt.load(code, &opts).unwrap(),
-                // SAFETY: the programs touch only their context and stack.
-                Trust::Trusted => unsafe { rt.load_trusted(code, &opts) }.unwrap(),
-            })
-        };
+        let (jumps, opts) = prog_array_of_4();
+        let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
         let caller = load(&tail_caller(-1));
         // Empty slot and out of range: the tail call falls through.
         for index in [1u8, 9] {
@@ -473,18 +483,8 @@ fn tail_calls_jump_to_the_slot_fall_through_when_empty_and_stop_after_33() {
 fn inlined_and_chosen_tail_calls_share_one_limit_and_read_the_index_as_a_u32() {
     let rt = host::host_runtime();
     for trust in [Trust::Sandboxed, Trust::Trusted] {
-        let jumps = Map::new(spec("jumps", MapType::ProgArray, 4, 4, 4)).unwrap();
-        let opts = LoadOptions {
-            maps: vec![jumps.clone()],
-            ..Default::default()
-        };
-        let load = |code: &[u8]| -> Arc<Program> {
-            Arc::new(match trust {
-                Trust::Sandboxed => rt.load(code, &opts).unwrap(),
-                // SAFETY: the programs touch only their context and stack.
-                Trust::Trusted => unsafe { rt.load_trusted(code, &opts) }.unwrap(),
-            })
-        };
+        let (jumps, opts) = prog_array_of_4();
+        let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
         // The target (inline tail calls) loops into its own slot, 1.
         rt.set_prog_array(&jumps, 1, Some(load(&tail_target(50))))
             .unwrap();
