@@ -1717,6 +1717,14 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
         }
     };
     let looped = rnd(2) == 0;
+    // For a third of the bases past the context start, offsets in [-16, 24): groups that
+    // reach below their base (`ranges::GROUP_BELOW`), out of bounds below the context
+    // for some seeds. Taken from the seed, not `rnd`, so the other choices stay as they were.
+    let below = if base == 6 && (seed >> 3) % 3 == 0 {
+        16
+    } else {
+        0
+    };
     if looped {
         p.push(ins(0xb7, 4, 0, 0, 1 + rnd(3) as i32)); // r4 = iterations
     }
@@ -1724,7 +1732,7 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
     let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
     for _ in 0..2 + rnd(6) {
         let size = sizes[rnd(4) as usize];
-        let off = rnd(40) as i16;
+        let off = rnd(40) as i16 - below;
         match rnd(7) {
             0 => p.push(ins(0x63 | size, base, 0, off, 0)),
             1 => p.push(ins(0x62 | size, base, 0, off, rnd(1000) as i32)),

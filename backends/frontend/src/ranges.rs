@@ -419,7 +419,8 @@ pub struct Group {
     pub first: usize,
     /// Instruction index of the last member.
     pub last: usize,
-    /// Smallest `off` of the members.
+    /// Smallest `off` of the members: at least [`GROUP_BELOW`]; when negative, `hi` is at
+    /// most [`GROUP_BELOW_END`] and a mispredicted widened test clamps the base to `-lo`.
     pub lo: i16,
     /// Largest `off + size` of the members.
     pub hi: i32,
@@ -1100,9 +1101,25 @@ impl<'p> Dataflow<'p> {
     }
 }
 
+/// Lowest member offset of a check group. Clang addresses a run of bytes off a pointer
+/// it advanced past their first (`r5 = r1 + 3; *(u8 *)(r5 - 3) … *(u8 *)(r5 + 4)`), so
+/// groups take members below their base too. The widened test's clamp then sets the base
+/// to `-lo` (not 0) under a mispredicted test, so every member's address stays in
+/// `[0, hi - lo)`, below 2 KiB, in the never-mapped first page, as for groups at
+/// non-negative offsets; for that a group with `lo < 0` keeps `hi <= GROUP_BELOW_END`.
+/// Such groups are never re-entered ([`reentries`] candidates keep `lo >= 0`): a checked
+/// copy's per-member clamps of the base would not keep that window.
+pub const GROUP_BELOW: i16 = -1024;
+
+/// Largest member end (`off + size`) of a check group reaching below its base (see
+/// [`GROUP_BELOW`]): its span is then at most 2047 bytes, within every backend's short
+/// immediates.
+pub const GROUP_BELOW_END: i32 = 1023;
+
 /// Loads and stores that can share one check: in one basic block, off one base register
 /// that no instruction in between writes (calls end a group anyway), with offsets in
-/// `[0, 2048)` (so the widened range's bounds suit the backends' short immediates), every
+/// `[GROUP_BELOW, 2048)` (so the widened range's bounds suit the backends' short
+/// immediates; a group below its base spans at most `[GROUP_BELOW, GROUP_BELOW_END)`), every
 /// member checked against the same region (all `Ctx`/`CtxConst`, all `Stack` or all
 /// `Unknown`), and only straight-line ALU and memory instructions in between (atomics keep
 /// their own checks).
@@ -1175,13 +1192,19 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                         | AccessCheck::Ctx
                         | AccessCheck::CtxConst { .. }
                         | AccessCheck::Unknown
-                ) && (0..2048).contains(&off)
+                ) && (GROUP_BELOW..2048).contains(&off)
                     && base != R10
                     && matches!(op, Op::Load { .. } | Op::Store { .. });
                 let end = off as i32 + size.bytes() as i32;
-                let fits = open
-                    .as_ref()
-                    .is_some_and(|g| g.base == base && class(g.check) == class(c) && groupable);
+                // A group reaching below its base keeps its whole span in
+                // `[GROUP_BELOW, GROUP_BELOW_END)`: see `GROUP_BELOW`.
+                let window = |lo: i16, hi: i32| lo >= 0 || hi <= GROUP_BELOW_END;
+                let fits = open.as_ref().is_some_and(|g| {
+                    g.base == base
+                        && class(g.check) == class(c)
+                        && groupable
+                        && window(g.lo.min(off), g.hi.max(end))
+                });
                 if fits {
                     let g = open.as_mut().expect("checked above");
                     members.push(i);
@@ -1316,6 +1339,8 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         // otherwise they keep their own check.
         let candidates = form_groups(prog, &checks, 1);
         let mut found = reentries(prog, &candidates);
+        // A group reaching below its base is never re-entered (see `GROUP_BELOW`).
+        found.retain(|&(_, k)| candidates[k].lo >= 0);
         // A walk's back-edge lands on its clamp.
         found.retain(|&(j, _)| walks.binary_search_by_key(&j, |w| w.back_edge).is_err());
         let mut reentered = vec![false; candidates.len()];
@@ -1810,6 +1835,62 @@ mod tests {
         assert_eq!(g.check, AccessCheck::CtxConst { end: 30 });
         assert_eq!(a.group_of[6], None);
         assert_eq!(a.checks[6], AccessCheck::Unknown);
+    }
+
+    #[test]
+    fn groups_take_members_below_their_base() {
+        // clang's byte run: r5 = r1 + 3 ; loads off r5 at -3, -2, +4 (one group), +1023,
+        // +1000 (a group above its base may end past GROUP_BELOW_END), -1 (would end the
+        // window past GROUP_BELOW_END: a new group), -2, -1025 (below GROUP_BELOW) ; exit
+        let (_, a) = plan(&[
+            ins(0xbf, 5, 1, 0, 0),
+            ins(0x07, 5, 0, 0, 3),
+            ins(0x71, 6, 5, -3, 0),
+            ins(0x71, 7, 5, -2, 0),
+            ins(0x71, 8, 5, 4, 0),
+            ins(0x71, 9, 5, 1023, 0),
+            ins(0x71, 9, 5, 1000, 0),
+            ins(0x71, 9, 5, -1, 0),
+            ins(0x71, 9, 5, -2, 0),
+            ins(0x71, 0, 5, -1025, 0),
+            EXIT,
+        ]);
+        let spans: Vec<_> = (a.groups.iter())
+            .map(|g| (g.first, g.last, g.lo, g.hi, g.check))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                (2, 4, -3, 5, AccessCheck::CtxConst { end: 8 }),
+                (5, 6, 1000, 1024, AccessCheck::CtxConst { end: 1027 }),
+                (7, 8, -2, 0, AccessCheck::CtxConst { end: 3 }),
+            ]
+        );
+        assert_eq!(a.group_of[9], None);
+        assert_eq!(a.checks[9], AccessCheck::Ctx);
+        for g in &a.groups {
+            assert!(g.lo >= GROUP_BELOW && (g.lo >= 0 || g.hi <= GROUP_BELOW_END));
+        }
+    }
+
+    #[test]
+    fn a_group_below_its_base_is_not_reentered() {
+        // The header loop with its loads at -12 and -1 off r1 + 16.
+        let mut p = vec![ins(0x07, 1, 0, 0, 16)];
+        p.extend(header_loop(&[]).into_iter().map(|i| match i[0] {
+            0x69 | 0x71 => {
+                let mut i = i;
+                let off = i16::from_le_bytes([i[2], i[3]]) - 24;
+                i[2..4].copy_from_slice(&off.to_le_bytes());
+                i
+            }
+            _ => i,
+        }));
+        let (_, a) = plan(&p);
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert_eq!((a.groups[0].lo, a.groups[0].hi), (-12, 0));
+        assert!(!a.groups[0].reentered);
+        assert!(a.reentries.is_empty(), "{:?}", a.reentries);
     }
 
     #[test]
