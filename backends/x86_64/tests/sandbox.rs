@@ -212,6 +212,12 @@ fn budget_stops_an_infinite_loop_at_its_back_edge() {
     assert_eq!(stop(&o).0, PJ_STOP_BUDGET);
     assert_eq!(stop(&o).1, 1);
     assert_eq!(o.env.budget, 0);
+    // The failing charge is taken back: with one more, the stop leaves it.
+    jit.budget = 1001;
+    let o = run_with(&jit, "add %r0, 1\nja -2\nexit", &mut mem);
+    assert_eq!((stop(&o).0, stop(&o).1), (PJ_STOP_BUDGET, 1));
+    assert_eq!(o.env.budget, 1);
+    jit.budget = 1000;
     // A bounded loop within budget returns normally with the rest of the budget left.
     let o = run_with(
         &jit,
@@ -226,6 +232,7 @@ fn budget_stops_an_infinite_loop_at_its_back_edge() {
     let o = run_with(&jit, calls, &mut mem);
     assert_eq!(stop(&o).0, PJ_STOP_BUDGET);
     assert_eq!(stop(&o).1, 2);
+    assert_eq!(o.env.budget, 0);
 }
 
 #[test]
