@@ -311,8 +311,9 @@ impl Codegen<'_> {
     /// A group's base clamped in place after its widened test: unchanged when `ok` holds,
     /// else `max(0, -lo)`, so every member's address is in `[0, hi - lo)`, the never-mapped
     /// first page (`ranges::GROUP_BELOW`). For `lo < 0` the select runs on `base + lo`
-    /// (`add`/`sub` leave the flags alone).
-    fn clamp_group_base(&mut self, b: u8, lo: i16, ok: Cc) {
+    /// (`start`, when the test computed it there, else made in place; `add`/`sub` leave
+    /// the flags alone), and `-lo` is added back.
+    fn clamp_group_base(&mut self, b: u8, lo: i16, start: u8, ok: Cc) {
         if !self.d.clamp {
             return;
         }
@@ -321,8 +322,10 @@ impl Codegen<'_> {
             return;
         }
         let below = (-(lo as i32)) as u32;
-        a64!(self.ops; sub XSP(b), XSP(b), below);
-        self.clamp_to(b, b, ok);
+        if start == b {
+            a64!(self.ops; sub XSP(b), XSP(b), below);
+        }
+        self.clamp_to(b, start, ok);
         a64!(self.ops; add XSP(b), XSP(b), below);
     }
 
@@ -443,7 +446,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                     a64!(self.ops; cmp X(CTX_LEN), X(C1));
                 }
                 self.branch_if(Test::Flags(Cc::Lo), label);
-                self.clamp_group_base(b, lo, Cc::Hs);
+                self.clamp_group_base(b, lo, addr, Cc::Hs);
             }
             AccessCheck::Stack if span <= self.plan.block => {
                 let block = self.plan.block;
@@ -452,7 +455,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                     ; cmp XSP(C0), block - span
                 );
                 self.branch_if(Test::Flags(Cc::Hi), label);
-                self.clamp_group_base(b, lo, Cc::Ls);
+                self.clamp_group_base(b, lo, addr, Cc::Ls);
             }
             _ => {
                 // The context (a sufficient test for any group: all members inside it pass).
@@ -467,7 +470,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                     );
                 }
                 self.branch_if(Test::Flags(Cc::Lo), label);
-                self.clamp_group_base(b, lo, Cc::Hs);
+                self.clamp_group_base(b, lo, addr, Cc::Hs);
             }
         }
     }
