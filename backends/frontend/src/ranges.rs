@@ -410,7 +410,8 @@ pub enum AccessCheck {
     Unknown,
 }
 
-/// Checks widened over several accesses off one base register in one basic block.
+/// Checks widened over several accesses off one base register in one extended basic block
+/// (see [`group_accesses`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Group {
     /// Base register, unmodified from the first member through the last.
@@ -1116,7 +1117,15 @@ pub const GROUP_BELOW: i16 = -1024;
 /// immediates.
 pub const GROUP_BELOW_END: i32 = 1023;
 
-/// Loads and stores that can share one check: in one basic block, off one base register
+/// Whether a forward conditional jump between a group's first and last members can leave
+/// it early (`first` and `last` are accesses, so only the instructions between them).
+pub fn exits_early(prog: &Program, g: &Group) -> bool {
+    // A group of one has nothing between.
+    (g.first + 1..g.last).any(|i| matches!(prog.insts[i].op, Op::Jcond { .. }))
+}
+
+/// Loads and stores that can share one check: in one extended basic block (forward
+/// conditional jumps may leave it, nothing jumps into it), off one base register
 /// that no instruction in between writes (calls end a group anyway), with offsets in
 /// `[GROUP_BELOW, 2048)` (so the widened range's bounds suit the backends' short
 /// immediates; a group below its base spans at most `[GROUP_BELOW, GROUP_BELOW_END)`), every
@@ -1126,10 +1135,13 @@ pub const GROUP_BELOW_END: i32 = 1023;
 ///
 /// A backend tests `[base + lo, base + hi)` once, before the first member. If that passes,
 /// every member's access passes (each is inside that range of one region, and the base is
-/// unchanged), so the members run unchecked off the base clamped once (Spectre v1). If it
-/// fails, nothing of the group has run yet: the backend runs a copy of instructions
-/// `first..=last` with per-access checks instead, which stops exactly where the reference
-/// does (pc, address, and the stores before it done).
+/// unchanged), so the members run unchecked off the base clamped once (Spectre v1); a
+/// jump that leaves the group early skips members it tested for nothing. If it fails,
+/// nothing of the group has run yet: the backend runs a copy of instructions
+/// `first..=last` with per-access checks instead (its jumps leave to where the originals
+/// go), which stops exactly where the reference does (pc, address, and the stores before
+/// it done), also when the reference would have left the group before the member the
+/// widened test failed for.
 pub fn group_accesses(prog: &Program, checks: &[AccessCheck]) -> Vec<Group> {
     form_groups(prog, checks, 2)
 }
@@ -1166,6 +1178,9 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                 close(&mut open, &mut members, &mut groups);
             }
             let op = prog.insts[i].op;
+            // A forward conditional jump only leaves the group early: the members after it
+            // run on its fall-through alone (no jump lands inside a group), so the group is
+            // an extended basic block (see `exits_early`).
             let simple = matches!(
                 op,
                 Op::Alu { .. }
@@ -1176,7 +1191,7 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                     | Op::Load { .. }
                     | Op::Store { .. }
                     | Op::Atomic { .. }
-            );
+            ) || matches!(op, Op::Jcond { target, .. } if target as usize > i);
             if !simple {
                 close(&mut open, &mut members, &mut groups);
                 continue;
@@ -1339,8 +1354,10 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         // otherwise they keep their own check.
         let candidates = form_groups(prog, &checks, 1);
         let mut found = reentries(prog, &candidates);
-        // A group reaching below its base is never re-entered (see `GROUP_BELOW`).
-        found.retain(|&(_, k)| candidates[k].lo >= 0);
+        // A group reaching below its base is never re-entered (see `GROUP_BELOW`), nor one
+        // that a jump can leave early (`exits_early`): re-entry rests on the whole group
+        // having run validated.
+        found.retain(|&(_, k)| candidates[k].lo >= 0 && !exits_early(prog, &candidates[k]));
         // A walk's back-edge lands on its clamp.
         found.retain(|&(j, _)| walks.binary_search_by_key(&j, |w| w.back_edge).is_err());
         let mut reentered = vec![false; candidates.len()];
@@ -1871,6 +1888,43 @@ mod tests {
         for g in &a.groups {
             assert!(g.lo >= GROUP_BELOW && (g.lo >= 0 || g.hi <= GROUP_BELOW_END));
         }
+    }
+
+    #[test]
+    fn groups_extend_past_forward_exits() {
+        // r6 = r2 & 15 ; r6 += r1 ; r2 = *(u8 *)(r6 - 4) ; if r2 > 9 goto exit ;
+        // r3 = *(u8 *)(r6 + 0) ; if r3 == 0 goto +0 (lands on the next: a target) ;
+        // r4 = *(u8 *)(r6 + 8) ; r5 = *(u8 *)(r6 + 9) ; exit
+        let (p, a) = plan(&[
+            ins(0xbf, 6, 2, 0, 0),
+            ins(0x57, 6, 0, 0, 15),
+            ins(0x0f, 6, 1, 0, 0),
+            ins(0x71, 2, 6, -4, 0),
+            ins(0x25, 2, 0, 4, 9),
+            ins(0x71, 3, 6, 0, 0),
+            ins(0x15, 3, 0, 0, 0),
+            ins(0x71, 4, 6, 8, 0),
+            ins(0x71, 5, 6, 9, 0),
+            EXIT,
+        ]);
+        let spans: Vec<_> = (a.groups.iter())
+            .map(|g| (g.first, g.last, g.lo, g.hi, exits_early(&p, g)))
+            .collect();
+        assert_eq!(spans, vec![(3, 5, -4, 1, true), (7, 8, 8, 10, false)]);
+    }
+
+    #[test]
+    fn a_group_left_early_is_not_reentered() {
+        // The header loop with `if r2 > 9 goto exit` between its two loads.
+        let mut p = header_loop(&[]);
+        p.insert(3, ins(0x25, 2, 0, 5, 9));
+        let back = p.len() - 2;
+        p[back] = ins(0xa5, 6, 0, -(back as i16 + 1 - 2), 100);
+        let (prog, a) = plan(&p);
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert!(exits_early(&prog, &a.groups[0]));
+        assert!(!a.groups[0].reentered);
+        assert!(a.reentries.is_empty(), "{:?}", a.reentries);
     }
 
     #[test]
