@@ -645,9 +645,9 @@ fn grouped_and_proven_accesses_match_the_reference() {
             .contains(&packjit_frontend::ranges::AccessCheck::None) as u32;
         reentered += !plan.reentries.is_empty() as u32;
         below += plan.groups.iter().any(|g| g.lo < 0) as u32;
-        let prog = packjit_frontend::decode(&code, &[]).unwrap();
+        let decoded = packjit_frontend::decode(&code, &[]).unwrap();
         early +=
-            (plan.groups.iter()).any(|g| packjit_frontend::ranges::exits_early(&prog, g)) as u32;
+            (plan.groups.iter()).any(|g| packjit_frontend::ranges::exits_early(&decoded, g)) as u32;
         let reference = packjit_testkit::reference::Reference::new();
         let mut want_mem: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
         let want_base = want_mem.as_ptr() as u64;
