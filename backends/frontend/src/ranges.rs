@@ -1133,6 +1133,11 @@ pub fn exits_early(prog: &Program, g: &Group) -> bool {
 /// two checks. So groups of the kinds that rest on this rule (below their base, or left
 /// early) keep two members only when the base is not carried; three or more win anyway.
 fn carried(prog: &Program, g: &Group) -> bool {
+    // A last member that loads into the base ends the base's life (`r4 = *(u8 *)(r4 + 4)`):
+    // what follows updates the loaded byte, not the base.
+    if prog.insts[g.last].op.written_reg() == Some(g.base) {
+        return false;
+    }
     let end = prog.subprogs[prog.subprog_of(g.first)].end;
     for i in g.last + 1..end {
         if prog.is_target[i] {
@@ -1975,6 +1980,12 @@ mod tests {
         assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
         assert!(carried(&prog, &a.groups[0]) && exits_early(&prog, &a.groups[0]));
         assert_eq!(a.groups[0].members, vec![2, 4, 5]);
+        // A last member loading into the base ends it: `r6 += -4` then updates the load.
+        let mut p = body(true);
+        p[5] = ins(0x61, 6, 6, 4, 0);
+        let (prog, a) = plan(&p);
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert!(!carried(&prog, &a.groups[0]));
     }
 
     #[test]
