@@ -398,6 +398,7 @@ pub fn dump(
     sel: &Select,
     arch: Arch,
     features: Option<u64>,
+    sandboxed: bool,
 ) -> Result<(), String> {
     let bytes = read(obj)?;
     let elf = sel.options()?;
@@ -406,11 +407,15 @@ pub fn dump(
         features,
         ..Default::default()
     };
-    // Compiled trusted: the dump shows the program's own logic, without the sandbox's
-    // checks. Nothing is run.
-    // SAFETY: the program is never called.
-    let prog = unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) }
-        .map_err(|e| format!("{}: {e}", obj.display()))?;
+    // Compiled trusted unless asked otherwise: the dump shows the program's own logic,
+    // without the sandbox's checks. Nothing is run.
+    let prog = if sandboxed {
+        rt.load_elf(&bytes, &elf, &opts)
+    } else {
+        // SAFETY: the program is never called.
+        unsafe { rt.load_elf_trusted(&bytes, &elf, &opts) }
+    }
+    .map_err(|e| format!("{}: {e}", obj.display()))?;
     let helpers = rt.helpers();
     let linked = prog
         .elf_linked()

@@ -12,7 +12,7 @@
 //!                               for tail calls; --mem several times: one run per packet;
 //!                               --maps prints every map after the runs
 //! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
-//! packjit-demo dump PROG.o --section S --arch A
+//! packjit-demo dump PROG.o --section S --arch A [--sandboxed]
 //!                               capstone disassembly, each eBPF instruction's range marked
 //! packjit-demo stats            batch-load programs, free some, print the arena statistics
 //!                               (--perf-map: keep /tmp/perf-<pid>.map; --map: draw the packs)
@@ -118,6 +118,10 @@ enum Cmd {
         /// Optional-feature bits to compile with (default: none on a foreign host).
         #[arg(long)]
         features: Option<u64>,
+        /// Compile the object sandboxed (default budget), to see what its checks cost; the
+        /// default dump is trusted, the program's own logic alone.
+        #[arg(long, requires = "object")]
+        sandboxed: bool,
     },
     /// Batch-load programs, free a third of them, and print the arena statistics.
     Stats {
@@ -280,11 +284,12 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             select,
             arch,
             features,
+            sandboxed,
             ..
         } => {
             let arch = Arch::parse(&arch)
                 .ok_or_else(|| format!("unknown arch {arch:?} (aarch64 | riscv64 | x86_64)"))?;
-            elf_cmd::dump(&rt, &obj, &select, arch, features)
+            elf_cmd::dump(&rt, &obj, &select, arch, features, sandboxed)
         }
         Cmd::Dump {
             arch,

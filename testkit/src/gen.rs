@@ -1717,14 +1717,31 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
         }
     };
     let looped = rnd(2) == 0;
+    // For a third of the bases past the context start, offsets in [-16, 24): groups that
+    // reach below their base (`ranges::GROUP_BELOW`), out of bounds below the context
+    // for some seeds. Taken from the seed, not `rnd`, so the other choices stay as they were.
+    let below = if base == 6 && (seed >> 3) % 3 == 0 {
+        16
+    } else {
+        0
+    };
     if looped {
         p.push(ins(0xb7, 4, 0, 0, 1 + rnd(3) as i32)); // r4 = iterations
     }
     let head = p.len();
     let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
-    for _ in 0..2 + rnd(6) {
+                                            // In a third of the programs, after some members, `if r0 > k goto exit`: groups that a
+                                            // jump may leave early (`ranges::exits_early`), taken or not depending on the bytes
+                                            // read. Also from the seed, not `rnd`. The jumps' offsets are set once `exit` is placed.
+    let branchy = (seed >> 5) % 3 == 0;
+    let mut exits = Vec::new();
+    for k in 0..2 + rnd(6) {
+        if branchy && k > 0 && (seed >> (8 + k)) & 1 != 0 {
+            exits.push(p.len());
+            p.push(ins(0x25, 0, 0, 0, ((seed >> (16 + 8 * k)) & 0x3ff) as i32));
+        }
         let size = sizes[rnd(4) as usize];
-        let off = rnd(40) as i16;
+        let off = rnd(40) as i16 - below;
         match rnd(7) {
             0 => p.push(ins(0x63 | size, base, 0, off, 0)),
             1 => p.push(ins(0x62 | size, base, 0, off, rnd(1000) as i32)),
@@ -1764,6 +1781,10 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
         p.push(ins(0x17, 4, 0, 0, 1)); // r4 -= 1
         let back = head as i64 - (p.len() as i64 + 1);
         p.push(ins(0x55, 4, 0, back as i16, 0)); // if r4 != 0 goto head
+    }
+    for &j in &exits {
+        let off = (p.len() - j - 1) as i16;
+        p[j][2..4].copy_from_slice(&off.to_le_bytes());
     }
     p.push(ins(0x95, 0, 0, 0, 0));
     (p.concat(), 1 + rnd(56) as usize)

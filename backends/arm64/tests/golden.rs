@@ -927,3 +927,51 @@ fn callx_dispatches_through_a_table_when_ids_are_dense() {
     assert_eq!(disasm(&out.bytes[0x88..0x90]), ["blr x11", "mov x7, x0"]);
     assert_eq!(out.native_insns * 4, out.bytes.len() - 64);
 }
+
+/// A check group reaching below its base (clang's byte run off an advanced pointer,
+/// `ranges::GROUP_BELOW`): one widened test of `[r5 - 3, r5 + 5)` against the context, then
+/// the Spectre clamp selects on `r5 - 3`, so a mispredicted test leaves the base at 3 (not
+/// 0) and both members in the never-mapped first page; the members load unchecked.
+#[test]
+fn group_below_its_base_clamps_the_base_to_minus_lo() {
+    let code = prog(&[
+        ins(0xbf, 5, 2, 0, 0),
+        ins(0x57, 5, 0, 0, 15),
+        ins(0x0f, 5, 1, 0, 0),
+        ins(0x07, 5, 0, 0, 3),
+        ins(0x71, 6, 5, -3, 0),
+        ins(0x71, 7, 5, 4, 0),
+        ins(0x0f, 6, 7, 0, 0),
+        ins(0xbf, 0, 6, 0, 0),
+        EXIT,
+    ]);
+    let out = packjit_arm64::emit_request(&CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
+        blind_key: 0,
+    })
+    .unwrap();
+    let d = disasm(&out.bytes);
+    let at = d.iter().position(|l| l.starts_with("sub x9, ")).unwrap();
+    let mut got: Vec<&str> = d[at..at + 10].iter().map(|s| s.as_str()).collect();
+    assert!(got[4].starts_with("b.cc "), "{d:#?}");
+    got[4] = "b.cc cold";
+    assert_eq!(
+        got,
+        [
+            "sub x9, x4, #0x3",
+            "sub x14, x9, x23",
+            "subs x14, x24, x14",
+            "ccmp x14, #0x8, #0x0, cs",
+            "b.cc cold",
+            "csel x4, x9, xzr, cs",
+            "add x4, x4, #0x3",
+            "ldurb w19, [x4, #-3]",
+            "ldrb w20, [x4, #4]",
+            "add x19, x19, x20",
+        ],
+        "{d:#?}"
+    );
+}

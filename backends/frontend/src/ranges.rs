@@ -423,7 +423,8 @@ pub enum AccessCheck {
     Unknown,
 }
 
-/// Checks widened over several accesses off one base register in one basic block.
+/// Checks widened over several accesses off one base register in one extended basic block
+/// (see [`group_accesses`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Group {
     /// Base register, unmodified from the first member through the last.
@@ -432,7 +433,8 @@ pub struct Group {
     pub first: usize,
     /// Instruction index of the last member.
     pub last: usize,
-    /// Smallest `off` of the members.
+    /// Smallest `off` of the members: at least [`GROUP_BELOW`]; when negative, `hi` is at
+    /// most [`GROUP_BELOW_END`] and a mispredicted widened test clamps the base to `-lo`.
     pub lo: i16,
     /// Largest `off + size` of the members.
     pub hi: i32,
@@ -1113,19 +1115,80 @@ impl<'p> Dataflow<'p> {
     }
 }
 
-/// Loads and stores that can share one check: in one basic block, off one base register
+/// Lowest member offset of a check group. Clang addresses a run of bytes off a pointer
+/// it advanced past their first (`r5 = r1 + 3; *(u8 *)(r5 - 3) … *(u8 *)(r5 + 4)`), so
+/// groups take members below their base too. The widened test's clamp then sets the base
+/// to `-lo` (not 0) under a mispredicted test, so every member's address stays in
+/// `[0, hi - lo)`, below 2 KiB, in the never-mapped first page, as for groups at
+/// non-negative offsets; for that a group with `lo < 0` keeps `hi <= GROUP_BELOW_END`.
+/// Such groups are never re-entered ([`reentries`] candidates keep `lo >= 0`): a checked
+/// copy's per-member clamps of the base would not keep that window.
+pub const GROUP_BELOW: i16 = -1024;
+
+/// Largest member end (`off + size`) of a check group reaching below its base (see
+/// [`GROUP_BELOW`]): its span is then at most 2047 bytes, within every backend's short
+/// immediates.
+pub const GROUP_BELOW_END: i32 = 1023;
+
+/// Whether a forward conditional jump between a group's first and last members can leave
+/// it early (`first` and `last` are accesses, so only the instructions between them).
+pub fn exits_early(prog: &Program, g: &Group) -> bool {
+    // A group of one has nothing between.
+    (g.first + 1..g.last).any(|i| matches!(prog.insts[i].op, Op::Jcond { .. }))
+}
+
+/// Whether the code after group `g` updates its base from itself (`base += 4`, say) before
+/// any jump lands or the code leaves for good: the base is then carried from one loop
+/// iteration to the next, and a group's clamp of the base in place puts a compare and a
+/// select on that chain every iteration, where the members' own checks (each on a copy of
+/// the address) stay off it. Measured on the peers bench's insertion sort (`a[j] = a[j - 1]`
+/// through a pointer stepped by -4): a two-member group there made the loop ~15% slower than
+/// two checks. So groups of the kinds that rest on this rule (below their base, or left
+/// early) keep two members only when the base is not carried; three or more win anyway.
+fn carried(prog: &Program, g: &Group) -> bool {
+    // A last member that loads into the base ends the base's life (`r4 = *(u8 *)(r4 + 4)`):
+    // what follows updates the loaded byte, not the base.
+    if prog.insts[g.last].op.written_reg() == Some(g.base) {
+        return false;
+    }
+    let end = prog.subprogs[prog.subprog_of(g.first)].end;
+    for i in g.last + 1..end {
+        if prog.is_target[i] {
+            return false;
+        }
+        let op = prog.insts[i].op;
+        match op {
+            Op::Alu { op: alu, dst, .. } if dst == g.base => return alu != AluOp::Mov,
+            Op::Ja { .. }
+            | Op::Exit
+            | Op::CallHelper { .. }
+            | Op::CallReg { .. }
+            | Op::CallLocal { .. } => return false,
+            _ if op.written_reg() == Some(g.base) => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Loads and stores that can share one check: in one extended basic block (forward
+/// conditional jumps may leave it, nothing jumps into it), off one base register
 /// that no instruction in between writes (calls end a group anyway), with offsets in
-/// `[0, 2048)` (so the widened range's bounds suit the backends' short immediates), every
+/// `[GROUP_BELOW, 2048)` (so the widened range's bounds suit the backends' short
+/// immediates; a group below its base spans at most `[GROUP_BELOW, GROUP_BELOW_END)`), every
 /// member checked against the same region (all `Ctx`/`CtxConst`, all `Stack` or all
 /// `Unknown`), and only straight-line ALU and memory instructions in between (atomics keep
 /// their own checks).
 ///
 /// A backend tests `[base + lo, base + hi)` once, before the first member. If that passes,
 /// every member's access passes (each is inside that range of one region, and the base is
-/// unchanged), so the members run unchecked off the base clamped once (Spectre v1). If it
-/// fails, nothing of the group has run yet: the backend runs a copy of instructions
-/// `first..=last` with per-access checks instead, which stops exactly where the reference
-/// does (pc, address, and the stores before it done).
+/// unchanged), so the members run unchecked off the base clamped once (Spectre v1); a
+/// jump that leaves the group early skips members it tested for nothing. If it fails,
+/// nothing of the group has run yet: the backend runs a copy of instructions
+/// `first..=last` with per-access checks instead (its jumps leave to where the originals
+/// go), which stops exactly where the reference does (pc, address, and the stores before
+/// it done), also when the reference would have left the group before the member the
+/// widened test failed for.
 pub fn group_accesses(prog: &Program, checks: &[AccessCheck]) -> Vec<Group> {
     form_groups(prog, checks, 2)
 }
@@ -1143,7 +1206,10 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
             |open: &mut Option<Group>, members: &mut Vec<usize>, groups: &mut Vec<Group>| {
                 if let Some(mut g) = open.take() {
                     let n = members.len();
-                    if n >= min_members && (n > 1 || prog.is_target[g.first]) {
+                    if n >= min_members
+                        && (n > 1 || prog.is_target[g.first])
+                        && !(n < 3 && (g.lo < 0 || exits_early(prog, &g)) && carried(prog, &g))
+                    {
                         g.members = members.clone();
                         groups.push(g);
                     }
@@ -1162,6 +1228,9 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                 close(&mut open, &mut members, &mut groups);
             }
             let op = prog.insts[i].op;
+            // A forward conditional jump only leaves the group early: the members after it
+            // run on its fall-through alone (no jump lands inside a group), so the group is
+            // an extended basic block (see `exits_early`).
             let simple = matches!(
                 op,
                 Op::Alu { .. }
@@ -1172,7 +1241,7 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                     | Op::Load { .. }
                     | Op::Store { .. }
                     | Op::Atomic { .. }
-            );
+            ) || matches!(op, Op::Jcond { target, .. } if target as usize > i);
             if !simple {
                 close(&mut open, &mut members, &mut groups);
                 continue;
@@ -1188,13 +1257,19 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                         | AccessCheck::Ctx
                         | AccessCheck::CtxConst { .. }
                         | AccessCheck::Unknown
-                ) && (0..2048).contains(&off)
+                ) && (GROUP_BELOW..2048).contains(&off)
                     && base != R10
                     && matches!(op, Op::Load { .. } | Op::Store { .. });
                 let end = off as i32 + size.bytes() as i32;
-                let fits = open
-                    .as_ref()
-                    .is_some_and(|g| g.base == base && class(g.check) == class(c) && groupable);
+                // A group reaching below its base keeps its whole span in
+                // `[GROUP_BELOW, GROUP_BELOW_END)`: see `GROUP_BELOW`.
+                let window = |lo: i16, hi: i32| lo >= 0 || hi <= GROUP_BELOW_END;
+                let fits = open.as_ref().is_some_and(|g| {
+                    g.base == base
+                        && class(g.check) == class(c)
+                        && groupable
+                        && window(g.lo.min(off), g.hi.max(end))
+                });
                 if fits {
                     let g = open.as_mut().expect("checked above");
                     members.push(i);
@@ -1329,6 +1404,10 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         // otherwise they keep their own check.
         let candidates = form_groups(prog, &checks, 1);
         let mut found = reentries(prog, &candidates);
+        // A group reaching below its base is never re-entered (see `GROUP_BELOW`), nor one
+        // that a jump can leave early (`exits_early`): re-entry rests on the whole group
+        // having run validated.
+        found.retain(|&(_, k)| candidates[k].lo >= 0 && !exits_early(prog, &candidates[k]));
         // A walk's back-edge lands on its clamp.
         found.retain(|&(j, _)| walks.binary_search_by_key(&j, |w| w.back_edge).is_err());
         let mut reentered = vec![false; candidates.len()];
@@ -1823,6 +1902,137 @@ mod tests {
         assert_eq!(g.check, AccessCheck::CtxConst { end: 30 });
         assert_eq!(a.group_of[6], None);
         assert_eq!(a.checks[6], AccessCheck::Unknown);
+    }
+
+    #[test]
+    fn groups_take_members_below_their_base() {
+        // clang's byte run: r5 = r1 + 3 ; loads off r5 at -3, -2, +4 (one group), +1023,
+        // +1000 (a group above its base may end past GROUP_BELOW_END), -1 (would end the
+        // window past GROUP_BELOW_END: a new group), -2, -1025 (below GROUP_BELOW) ; exit
+        let (_, a) = plan(&[
+            ins(0xbf, 5, 1, 0, 0),
+            ins(0x07, 5, 0, 0, 3),
+            ins(0x71, 6, 5, -3, 0),
+            ins(0x71, 7, 5, -2, 0),
+            ins(0x71, 8, 5, 4, 0),
+            ins(0x71, 9, 5, 1023, 0),
+            ins(0x71, 9, 5, 1000, 0),
+            ins(0x71, 9, 5, -1, 0),
+            ins(0x71, 9, 5, -2, 0),
+            ins(0x71, 0, 5, -1025, 0),
+            EXIT,
+        ]);
+        let spans: Vec<_> = (a.groups.iter())
+            .map(|g| (g.first, g.last, g.lo, g.hi, g.check))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                (2, 4, -3, 5, AccessCheck::CtxConst { end: 8 }),
+                (5, 6, 1000, 1024, AccessCheck::CtxConst { end: 1027 }),
+                (7, 8, -2, 0, AccessCheck::CtxConst { end: 3 }),
+            ]
+        );
+        assert_eq!(a.group_of[9], None);
+        assert_eq!(a.checks[9], AccessCheck::Ctx);
+        for g in &a.groups {
+            assert!(g.lo >= GROUP_BELOW && (g.lo >= 0 || g.hi <= GROUP_BELOW_END));
+        }
+    }
+
+    #[test]
+    fn groups_extend_past_forward_exits() {
+        // r6 = r2 & 15 ; r6 += r1 ; r2 = *(u8 *)(r6 - 4) ; if r2 > 9 goto exit ;
+        // r3 = *(u8 *)(r6 + 0) ; if r3 == 0 goto +0 (lands on the next: a target) ;
+        // r4 = *(u8 *)(r6 + 8) ; r5 = *(u8 *)(r6 + 9) ; exit
+        let (p, a) = plan(&[
+            ins(0xbf, 6, 2, 0, 0),
+            ins(0x57, 6, 0, 0, 15),
+            ins(0x0f, 6, 1, 0, 0),
+            ins(0x71, 2, 6, -4, 0),
+            ins(0x25, 2, 0, 4, 9),
+            ins(0x71, 3, 6, 0, 0),
+            ins(0x15, 3, 0, 0, 0),
+            ins(0x71, 4, 6, 8, 0),
+            ins(0x71, 5, 6, 9, 0),
+            EXIT,
+        ]);
+        let spans: Vec<_> = (a.groups.iter())
+            .map(|g| (g.first, g.last, g.lo, g.hi, exits_early(&p, g)))
+            .collect();
+        assert_eq!(spans, vec![(3, 5, -4, 1, true), (7, 8, 8, 10, false)]);
+    }
+
+    #[test]
+    fn two_member_groups_on_a_carried_base_are_not_formed() {
+        // The peers bench's insertion sort: loop: r9 = *(u32 *)(r6 - 4) ; if r9 <= r5
+        // goto out ; *(u32 *)(r6 + 0) = r9 ; r6 += -4 ; if r7 != 0 goto loop ; out: exit.
+        // A third member keeps the group.
+        let body = |third: bool| {
+            let mut p = vec![
+                ins(0xbf, 6, 10, 0, 0),
+                ins(0x07, 6, 0, 0, -200),
+                ins(0x61, 9, 6, -4, 0),
+                ins(0xbd, 9, 5, 0, 0),
+                ins(0x63, 6, 9, 0, 0),
+            ];
+            if third {
+                p.push(ins(0x63, 6, 9, 4, 0));
+            }
+            p.push(ins(0x07, 6, 0, 0, -4));
+            let back = 2 - (p.len() as i16 + 1);
+            p.push(ins(0x55, 7, 0, back, 0));
+            p.push(EXIT);
+            let out = p.len() - 1;
+            p[3] = ins(0xbd, 9, 5, (out - 4) as i16, 0);
+            p
+        };
+        let (_, a) = plan(&body(false));
+        assert!(a.groups.is_empty(), "{:?}", a.groups);
+        let (prog, a) = plan(&body(true));
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert!(carried(&prog, &a.groups[0]) && exits_early(&prog, &a.groups[0]));
+        assert_eq!(a.groups[0].members, vec![2, 4, 5]);
+        // A last member loading into the base ends it: `r6 += -4` then updates the load.
+        let mut p = body(true);
+        p[5] = ins(0x61, 6, 6, 4, 0);
+        let (prog, a) = plan(&p);
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert!(!carried(&prog, &a.groups[0]));
+    }
+
+    #[test]
+    fn a_group_left_early_is_not_reentered() {
+        // The header loop with `if r2 > 9 goto exit` between its two loads.
+        let mut p = header_loop(&[]);
+        p.insert(3, ins(0x25, 2, 0, 5, 9));
+        let back = p.len() - 2;
+        p[back] = ins(0xa5, 6, 0, -(back as i16 + 1 - 2), 100);
+        let (prog, a) = plan(&p);
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert!(exits_early(&prog, &a.groups[0]));
+        assert!(!a.groups[0].reentered);
+        assert!(a.reentries.is_empty(), "{:?}", a.reentries);
+    }
+
+    #[test]
+    fn a_group_below_its_base_is_not_reentered() {
+        // The header loop with its loads at -12 and -1 off r1 + 16.
+        let mut p = vec![ins(0x07, 1, 0, 0, 16)];
+        p.extend(header_loop(&[]).into_iter().map(|i| match i[0] {
+            0x69 | 0x71 => {
+                let mut i = i;
+                let off = i16::from_le_bytes([i[2], i[3]]) - 24;
+                i[2..4].copy_from_slice(&off.to_le_bytes());
+                i
+            }
+            _ => i,
+        }));
+        let (_, a) = plan(&p);
+        assert_eq!(a.groups.len(), 1, "{:?}", a.groups);
+        assert_eq!((a.groups[0].lo, a.groups[0].hi), (-12, 0));
+        assert!(!a.groups[0].reentered);
+        assert!(a.reentries.is_empty(), "{:?}", a.reentries);
     }
 
     #[test]

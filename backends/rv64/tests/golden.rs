@@ -685,3 +685,46 @@ fn callx_dispatches_through_a_table_when_ids_are_dense() {
         .expect("the table is in the code");
     assert_eq!(pos % 8, 0, "aligned");
 }
+
+/// A check group reaching below its base (clang's byte run off an advanced pointer,
+/// `ranges::GROUP_BELOW`): one widened test of `[r5 - 3, r5 + 5)` against the context, then
+/// the verdict mask goes on `r5 - 3`, so a mispredicted test leaves the base at 3 (not 0)
+/// and both members in the never-mapped first page; the members load unchecked.
+#[test]
+fn group_below_its_base_clamps_the_base_to_minus_lo() {
+    let code = prog(&[
+        ins(0xbf, 5, 2, 0, 0),
+        ins(0x57, 5, 0, 0, 15),
+        ins(0x0f, 5, 1, 0, 0),
+        ins(0x07, 5, 0, 0, 3),
+        ins(0x71, 6, 5, -3, 0),
+        ins(0x71, 7, 5, 4, 0),
+        ins(0x0f, 6, 7, 0, 0),
+        ins(0xbf, 0, 6, 0, 0),
+        EXIT,
+    ]);
+    let d =
+        disasm(&compile_with(&code, &[], 0, packjit_plugin_api::PJ_COMPILE_SANDBOX, 0).unwrap());
+    let at = d.iter().position(|l| l.starts_with("sub x7,x14,")).unwrap();
+    let mut got: Vec<&str> = d[at..at + 12].iter().map(|s| s.as_str()).collect();
+    assert!(got[5].starts_with("bnez x28,"), "{d:#?}");
+    got[5] = "bnez x28,cold";
+    assert_eq!(
+        got,
+        [
+            "sub x7,x14,x23",
+            "add x7,x7,5",
+            "sltiu x28,x7,8",
+            "sltu x29,x24,x7",
+            "or x28,x28,x29",
+            "bnez x28,cold",
+            "add x28,x28,-1",
+            "add x14,x14,-3",
+            "and x14,x14,x28",
+            "add x14,x14,3",
+            "lbu x9,-3(x14)",
+            "lbu x18,4(x14)",
+        ],
+        "{d:#?}"
+    );
+}

@@ -212,6 +212,12 @@ fn budget_stops_an_infinite_loop_at_its_back_edge() {
     assert_eq!(stop(&o).0, PJ_STOP_BUDGET);
     assert_eq!(stop(&o).1, 1);
     assert_eq!(o.env.budget, 0);
+    // The failing charge is taken back: with one more, the stop leaves it.
+    jit.budget = 1001;
+    let o = run_with(&jit, "add %r0, 1\nja -2\nexit", &mut mem);
+    assert_eq!((stop(&o).0, stop(&o).1), (PJ_STOP_BUDGET, 1));
+    assert_eq!(o.env.budget, 1);
+    jit.budget = 1000;
     // A bounded loop within budget returns normally with the rest of the budget left.
     let o = run_with(
         &jit,
@@ -226,6 +232,7 @@ fn budget_stops_an_infinite_loop_at_its_back_edge() {
     let o = run_with(&jit, calls, &mut mem);
     assert_eq!(stop(&o).0, PJ_STOP_BUDGET);
     assert_eq!(stop(&o).1, 2);
+    assert_eq!(o.env.budget, 0);
 }
 
 #[test]
@@ -337,6 +344,10 @@ fn grouped_and_proven_accesses_match_the_reference() {
     let (mut grouped, mut grouped_stops, mut proven) = (0u32, 0u32, 0u32);
     // Programs whose loop re-enters a group past its check.
     let mut reentered = 0u32;
+    // Programs with a group reaching below its base (`ranges::GROUP_BELOW`).
+    let mut below = 0u32;
+    // Programs with a group a jump may leave early (`ranges::exits_early`).
+    let mut early = 0u32;
     for s in seed..seed + count {
         let (code, len) = packjit_testkit::gen::group_program(s);
         let plan = packjit_frontend::ranges::plan_accesses(
@@ -348,6 +359,10 @@ fn grouped_and_proven_accesses_match_the_reference() {
             .checks
             .contains(&packjit_frontend::ranges::AccessCheck::None) as u32;
         reentered += !plan.reentries.is_empty() as u32;
+        below += plan.groups.iter().any(|g| g.lo < 0) as u32;
+        let decoded = packjit_frontend::decode(&code, &[]).unwrap();
+        early +=
+            (plan.groups.iter()).any(|g| packjit_frontend::ranges::exits_early(&decoded, g)) as u32;
         let init: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
         let mut want_mem = init.clone();
         let want_base = want_mem.as_ptr() as u64;
@@ -386,11 +401,13 @@ fn grouped_and_proven_accesses_match_the_reference() {
             assert_eq!(m, want_mem, "context differs: {label}");
         }
     }
-    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop), {proven} with proven accesses");
+    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop, {below} reach below their base, {early} may be left early), {proven} with proven accesses");
     // The generator must exercise what it is for.
     assert!(
         grouped > count as u32 / 3
             && reentered > count as u32 / 10
+            && below > count as u32 / 20
+            && early > count as u32 / 20
             && grouped_stops > 100
             && proven > 100
     );
@@ -410,4 +427,33 @@ fn proven_fetch_or_through_r0_keeps_its_address() {
         &mut mem,
     );
     assert_eq!(o.result(), Ok(7 + 5));
+}
+
+/// A group of context accesses whose span is past the `imm8` of x86-64's widened test is
+/// checked member by member (`encodes_group`): the member past the end still stops at its
+/// pc with its address, and the members inside pass.
+#[test]
+fn a_group_wider_than_a_byte_tests_its_whole_span() {
+    let jit = Jit::new(SANDBOX, 0);
+    for (span_off, len) in [(256i32, 64usize), (200, 64), (127, 128), (300, 400)] {
+        let mut mem = vec![7u8; len];
+        let base = mem.as_ptr() as u64;
+        let src = format!(
+            "mov %r6, %r2\nand %r6, 15\nadd %r6, %r1\nldxb %r0, [%r6+0]\nldxb %r3, [%r6+{span_off}]\nadd %r0, %r3\nexit"
+        );
+        let o = run_with(&jit, &src, &mut mem);
+        if (span_off as usize) < len {
+            assert_eq!(
+                o.result(),
+                Ok(14),
+                "member at +{span_off}, {len}-byte context"
+            );
+        } else {
+            assert_eq!(
+                stop(&o),
+                (PJ_STOP_OUT_OF_BOUNDS, 4, base + span_off as u64, 1),
+                "member at +{span_off}, {len}-byte context"
+            );
+        }
+    }
 }

@@ -308,6 +308,27 @@ impl Codegen<'_> {
         }
     }
 
+    /// A group's base clamped in place after its widened test: unchanged when `ok` holds,
+    /// else `max(0, -lo)`, so every member's address is in `[0, hi - lo)`, the never-mapped
+    /// first page (`ranges::GROUP_BELOW`). For `lo < 0` the select runs on `base + lo`
+    /// (`start`, when the test computed it there, else made in place; `add`/`sub` leave
+    /// the flags alone), and `-lo` is added back.
+    fn clamp_group_base(&mut self, b: u8, lo: i16, start: u8, ok: Cc) {
+        if !self.d.clamp {
+            return;
+        }
+        if lo >= 0 {
+            self.clamp_to(b, b, ok);
+            return;
+        }
+        let below = (-(lo as i32)) as u32;
+        if start == b {
+            a64!(self.ops; sub XSP(b), XSP(b), below);
+        }
+        self.clamp_to(b, start, ok);
+        a64!(self.ops; add XSP(b), XSP(b), below);
+    }
+
     /// In a re-entered group's checked copy: the base itself from the member's clamped
     /// address (x9 = base + off, or 0 under a mispredicted check), so a jump that skips the
     /// group's check later never sees an unchecked base, also under misspeculation.
@@ -395,8 +416,8 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
 
     /// The widened check of group `gi`, `[base + lo, base + hi)` in one region, then the
     /// base itself clamped in place: on the architectural path it keeps its value (the
-    /// check passed), under a mispredicted branch it becomes 0, so no member can reach
-    /// memory out of bounds. On failure the group's checked copy runs instead.
+    /// check passed), under a mispredicted branch it becomes `max(0, -lo)`, so no member
+    /// can reach memory out of bounds. On failure the group's checked copy runs instead.
     fn group_check(&mut self, gi: usize, label: DynamicLabel) {
         let g = &self.plan.access.groups[gi];
         let (b, lo, span, check) = (
@@ -408,6 +429,10 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         // The group's first address (the length test of `CtxConst` needs none).
         let addr = if lo == 0 || matches!(check, AccessCheck::CtxConst { .. }) {
             b
+        } else if lo < 0 {
+            // Members below the base (`ranges::GROUP_BELOW`): lo >= -1024, an imm12.
+            a64!(self.ops; sub XSP(T0), XSP(b), (-(lo as i32)) as u32);
+            T0
         } else {
             a64!(self.ops; add XSP(T0), XSP(b), lo as u32);
             T0
@@ -421,7 +446,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                     a64!(self.ops; cmp X(CTX_LEN), X(C1));
                 }
                 self.branch_if(Test::Flags(Cc::Lo), label);
-                self.clamp_to(b, b, Cc::Hs);
+                self.clamp_group_base(b, lo, addr, Cc::Hs);
             }
             AccessCheck::Stack if span <= self.plan.block => {
                 let block = self.plan.block;
@@ -430,7 +455,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                     ; cmp XSP(C0), block - span
                 );
                 self.branch_if(Test::Flags(Cc::Hi), label);
-                self.clamp_to(b, b, Cc::Ls);
+                self.clamp_group_base(b, lo, addr, Cc::Ls);
             }
             _ => {
                 // The context (a sufficient test for any group: all members inside it pass).
@@ -445,7 +470,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                     );
                 }
                 self.branch_if(Test::Flags(Cc::Lo), label);
-                self.clamp_to(b, b, Cc::Hs);
+                self.clamp_group_base(b, lo, addr, Cc::Hs);
             }
         }
     }

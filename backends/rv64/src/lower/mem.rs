@@ -271,9 +271,9 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
     }
 
     /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
-    /// masked in place (`base &= t3 - 1`): unchanged when the test passed, 0 under a
-    /// mispredicted branch, so no member reaches memory out of bounds (Spectre v1). On
-    /// failure the group's checked copy runs (at `fail`).
+    /// masked in place (`base &= t3 - 1`): unchanged when the test passed, `max(0, -lo)`
+    /// under a mispredicted branch, so no member reaches memory out of bounds (Spectre v1).
+    /// On failure the group's checked copy runs (at `fail`).
     fn group_check(&mut self, g: usize, fail: DynamicLabel) {
         let grp = &self.d.access.groups[g];
         let (b, lo, span, check) = (
@@ -293,7 +293,16 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         self.cold_branch(Br::Ne, T3, ZERO, fail);
         if self.d.clamp {
             self.e.ri(RI::Addi, T3, T3, -1);
-            self.e.rrr(R3::And, b, b, T3);
+            if lo < 0 {
+                // Members below the base (`ranges::GROUP_BELOW`, lo >= -1024): the mask goes
+                // on `base + lo`, so a mispredicted test leaves base = -lo and every member
+                // in `[0, hi - lo)`.
+                self.e.ri(RI::Addi, b, b, lo as i32);
+                self.e.rrr(R3::And, b, b, T3);
+                self.e.ri(RI::Addi, b, b, -(lo as i32));
+            } else {
+                self.e.rrr(R3::And, b, b, T3);
+            }
         }
     }
 

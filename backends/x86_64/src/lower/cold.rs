@@ -5,7 +5,7 @@
 use super::alu::DivFix;
 use super::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, REGION_COUNT8, STACK_START8};
 use super::{STOP_ACCESS8, STOP_ADDR8, STOP_KIND8, STOP_PC8};
-use crate::encode::{Cc, Form, Gpr, Label, Sz};
+use crate::encode::{Arith, Cc, Form, Gpr, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::lower::StopHooks;
@@ -16,8 +16,11 @@ use packjit_plugin_api::CompileError;
 /// Why the code stops (out-of-line stub contents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Stop {
-    /// Budget exhausted.
-    Budget,
+    /// Budget exhausted: the charge already subtracted (wrapping), added back by the stub.
+    Budget {
+        /// The back-edge's or call's charge at this pc.
+        charge: u32,
+    },
     /// `callx` id with no helper: id in the given register.
     Callx { reg: Gpr },
 }
@@ -120,7 +123,11 @@ impl Codegen<'_> {
         self.stops.stubs[k].placed = true;
         self.e.bind(label);
         let kind = match stop {
-            Stop::Budget => PJ_STOP_BUDGET,
+            Stop::Budget { charge } => {
+                self.e
+                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+                PJ_STOP_BUDGET
+            }
             Stop::Callx { reg } => {
                 // The id's register is chosen at run time: the table-driven form
                 // keeps it REX-free when it can be (see encode.rs).

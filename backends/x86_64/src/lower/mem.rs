@@ -290,9 +290,10 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
     }
 
     /// Group `g`'s widened test of `[base + lo, base + hi)` in one region, then the base
-    /// itself clamped in place to 0 under a mispredicted branch (architecturally it keeps
-    /// its value: the test passed), so no member reaches memory out of bounds. On failure
-    /// the group's checked copy runs (at `at`, queued by the driver).
+    /// itself clamped in place to `max(0, -lo)` under a mispredicted branch (architecturally
+    /// it keeps its value: the test passed), so every member's address falls in the
+    /// never-mapped first page, `[0, hi - lo)` ([`packjit_frontend::ranges::GROUP_BELOW`]).
+    /// On failure the group's checked copy runs (at `at`, queued by the driver).
     fn group_check(&mut self, g: usize, at: Label) {
         let grp = &self.d.access.groups[g];
         let (b, lo, span, check) = (
@@ -325,7 +326,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         self.cold_jump(Some(fail), at);
         if self.d.clamp {
             // `mov`, not `xor`: it leaves the flags alone.
-            self.e.mov_r32_imm(T9, 0);
+            self.e.mov_r32_imm(T9, (-lo).max(0) as u32);
             self.e.cmov(fail, b, T9);
         }
     }
