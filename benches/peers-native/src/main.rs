@@ -278,10 +278,10 @@ fn time_runs(n: usize, mut f: impl FnMut() -> u64) -> f64 {
     t.elapsed().as_nanos() as f64 / n as f64
 }
 
-/// A ratio with at least two decimals and three significant digits (compile-time ratios
+/// A ratio with two decimals, or two significant digits below 0.1 (compile-time ratios
 /// against llvmbpf are in the ten-thousandths).
 fn ratio(x: f64) -> String {
-    let decimals = (2 - x.log10().floor() as i32).max(2) as usize;
+    let decimals = (1 - x.log10().floor() as i32).max(2) as usize;
     format!("{x:.decimals$}")
 }
 
