@@ -39,11 +39,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-cd "$PACKJIT_ROOT/benches/peers-native"
+cd "$PACKJIT_ROOT"
+# The workspace's lock file, so packjit's dependencies and rbpf are the versions it tests.
+cp Cargo.lock benches/peers-native/Cargo.lock
 export UBPF_SRC=$ubpf
 if [ "$llvmbpf" != - ]; then
     export LLVMBPF_SRC=$llvmbpf LLVM_CONFIG=${LLVM_CONFIG:-llvm-config-19}
 else
     unset LLVMBPF_SRC
 fi
-exec cargo bench --bench peers-native -- "$@"
+exec cargo bench --manifest-path benches/peers-native/Cargo.toml --target-dir target/peers-native \
+    --bench peers-native -- "$@"
