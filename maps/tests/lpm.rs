@@ -491,7 +491,7 @@ fn lookups_race_host_updates_and_deletes() {
         .map(|t| {
             let (m, stop, looked) = (Arc::clone(&m), Arc::clone(&stop), Arc::clone(&looked));
             std::thread::spawn(move || {
-                let mut rng = Rng(s ^ (t + 1) * 0x1234_5678);
+                let mut rng = Rng(s ^ ((t + 1) * 0x1234_5678));
                 while !stop.load(Relaxed) {
                     let a = [
                         10,
@@ -551,7 +551,6 @@ fn lookups_race_host_updates_and_deletes() {
     assert!(looked.load(Relaxed) > 0);
     assert_eq!(m.len(), model.entries.len() + 1);
     // After the race, every lookup agrees with the model (plus the /8).
-    let mut model = model;
     model
         .entries
         .push((8, vec![10, 0, 0, 0], value(8, [10, 0, 0, 0])));

@@ -344,7 +344,15 @@ fn check_map_argument(
     let (reg, takes): (usize, &[MapType]) = match helper {
         MAP_LOOKUP_ELEM | MAP_UPDATE_ELEM | MAP_DELETE_ELEM => (
             1,
-            &[Array, PercpuArray, Hash, PercpuHash, LruHash, LruPercpuHash],
+            &[
+                Array,
+                PercpuArray,
+                Hash,
+                PercpuHash,
+                LruHash,
+                LruPercpuHash,
+                LpmTrie,
+            ],
         ),
         MAP_LOOKUP_PERCPU_ELEM => (1, &[PercpuArray, PercpuHash, LruPercpuHash]),
         MAP_PUSH_ELEM | MAP_POP_ELEM | MAP_PEEK_ELEM => (1, &[Queue, Stack]),

@@ -486,3 +486,150 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
         assert_eq!(each.call(&mut input(2, 0)).unwrap(), 603 * 100 + 3);
     }
 }
+
+/// `tests/bpf/lpm_trie.c`: a BTF-defined LPM trie routing IPv4 addresses, filled by the host
+/// and by the program, checked against a brute-force longest-prefix model, sandboxed and
+/// trusted.
+#[test]
+fn lpm_trie_routes_from_clang_match_the_longest_prefix_model() {
+    use packjit::maps::BPF_NOEXIST;
+    use packjit::ElfObject;
+    let obj = compile_bpf("lpm_trie");
+    let maps = elf_maps(&obj).unwrap();
+    // LPM_TRIE, struct { u32 prefixlen; u8 addr[4]; } key, struct route value,
+    // BPF_F_NO_PREALLOC.
+    assert_eq!(maps, [def("routes", 11, 8, 8, 64, 1)]);
+    let rt = host::host_runtime();
+    let seed = std::env::var("PACKJIT_LPM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x1b_4a11_u64);
+    println!("lpm_trie.c: seed {seed:#x}");
+    let req = |a: [u8; 4], plen: u32, id: u32, flags: u32| {
+        [
+            a.to_vec(),
+            plen.to_le_bytes().to_vec(),
+            id.to_le_bytes().to_vec(),
+            flags.to_le_bytes().to_vec(),
+        ]
+        .concat()
+    };
+    let lpm_key = |a: [u8; 4], plen: u32| [plen.to_ne_bytes().to_vec(), a.to_vec()].concat();
+    let masked = |a: [u8; 4], plen: u32| {
+        let m = if plen == 0 {
+            0
+        } else {
+            u32::MAX << (32 - plen)
+        };
+        u32::from_be_bytes(a) & m
+    };
+    for trusted in [false, true] {
+        let object = ElfObject::open(&obj, &[]).unwrap();
+        let load = |section: &str| {
+            let sel = ElfLoadOptions::section(section);
+            if trusted {
+                // SAFETY: the programs touch their input, their stack and map values only.
+                unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap()
+            } else {
+                object.load(&rt, &sel, &Default::default()).unwrap()
+            }
+        };
+        let (matcher, add, del) = (load("pj/match"), load("pj/add"), load("pj/del"));
+        let routes = object.map("routes").unwrap();
+        // The host's table: a default route and the kernel documentation's example.
+        let mut model: Vec<(u32, u32, u32)> = Vec::new(); // (network, prefixlen, id)
+        for (a, plen, id) in [
+            ([0, 0, 0, 0], 0u32, 1u32),
+            ([192, 168, 0, 0], 16, 2),
+            ([192, 168, 0, 0], 24, 3),
+            ([192, 168, 1, 0], 24, 4),
+            ([192, 168, 128, 0], 24, 5),
+        ] {
+            let v = [id.to_le_bytes(), 0u32.to_le_bytes()].concat();
+            routes.update(&lpm_key(a, plen), &v, 0).unwrap();
+            model.push((masked(a, plen), plen, id));
+        }
+        let mut rng = seed | 1;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut hits = std::collections::HashMap::<u32, u32>::new();
+        for step in 0..400 {
+            let r = next();
+            let a = [
+                [10, 192, 172][(r % 3) as usize],
+                [168, 0, 16, 1][(r >> 8) as usize % 4],
+                (r >> 16) as u8 & 0x83,
+                (r >> 24) as u8,
+            ];
+            let plen = (r >> 32) as u32 % 33;
+            let ctx = format!("trusted {trusted} seed {seed:#x} step {step}");
+            match (r >> 40) % 4 {
+                0 => {
+                    // Add with BPF_NOEXIST from the program: 0 or -EEXIST, as the model says.
+                    let id = 100 + step as u32;
+                    let exists = model
+                        .iter()
+                        .any(|&(n, p, _)| p == plen && n == masked(a, plen));
+                    let got = add.call(&mut req(a, plen, id, BPF_NOEXIST as u32)).unwrap() as i64;
+                    if exists {
+                        assert_eq!(got, -17, "{ctx}");
+                    } else if model.len() == 64 {
+                        assert_eq!(got, -28, "{ctx}");
+                    } else {
+                        assert_eq!(got, 0, "{ctx}");
+                        model.push((masked(a, plen), plen, id));
+                    }
+                }
+                1 => {
+                    let at = model
+                        .iter()
+                        .position(|&(n, p, _)| p == plen && n == masked(a, plen));
+                    let got = del.call(&mut req(a, plen, 0, 0)).unwrap() as i64;
+                    match at {
+                        Some(i) => {
+                            assert_eq!(got, 0, "{ctx}");
+                            let (_, _, id) = model.remove(i);
+                            hits.remove(&id);
+                        }
+                        None => assert_eq!(got, -2, "{ctx}"),
+                    }
+                }
+                _ => {
+                    let addr = u32::from_be_bytes(a);
+                    let want = model
+                        .iter()
+                        .filter(|&&(n, p, _)| masked(addr.to_be_bytes(), p) == n)
+                        .max_by_key(|&&(_, p, _)| p)
+                        .map_or(0xffff_ffff, |&(_, _, id)| id);
+                    let got = matcher.call(&mut req(a, 0, 0, 0)).unwrap();
+                    assert_eq!(got, u64::from(want), "route {a:?}: {ctx}");
+                    if want != 0xffff_ffff {
+                        *hits.entry(want).or_default() += 1;
+                    }
+                }
+            }
+        }
+        // The run exercised the trie: routes the program added, matches beyond the default.
+        assert!(
+            model.len() > 20 && hits.len() > 3,
+            "{} routes, {} hit",
+            model.len(),
+            hits.len()
+        );
+        // The hit counts the program incremented in place, read by the host.
+        assert_eq!(routes.len(), model.len());
+        for &(n, p, id) in &model {
+            let v = routes.lookup(&lpm_key(n.to_be_bytes(), p)).unwrap();
+            let got = u32::from_le_bytes(v[4..8].try_into().unwrap());
+            assert_eq!(
+                got,
+                hits.get(&id).copied().unwrap_or(0),
+                "hits of /{p} id {id}"
+            );
+        }
+    }
+}

@@ -626,3 +626,43 @@ fn a_map_reference_into_a_register_that_does_not_exist_is_a_verifier_error() {
     let e = rt.load(&code, &opts).unwrap_err();
     assert!(e.to_string().contains("pc 0"), "{e}");
 }
+
+#[test]
+fn helpers_an_lpm_trie_does_not_take_are_refused_naming_pc_helper_and_map() {
+    let rt = host::host_runtime();
+    let trie = Map::new(MapSpec {
+        flags: packjit::maps::BPF_F_NO_PREALLOC,
+        ..spec("routes", MapType::LpmTrie, 8, 8, 4)
+    })
+    .unwrap();
+    let opts = LoadOptions {
+        maps: vec![trie],
+        ..Default::default()
+    };
+    // r1 = the trie, r2 = a key on the stack, r3 = 0: lookup_percpu (195), push (87).
+    for (helper, name) in [
+        (195, "bpf_map_lookup_percpu_elem"),
+        (87, "bpf_map_push_elem"),
+    ] {
+        let code = [
+            i(0x7a, 10, 0, -8, 0),
+            map_ref(1, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -8),
+            i(0xb7, 3, 0, 0, 0),
+            i(CALL, 0, 0, 0, helper),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        let e = rt.load(&code, &opts).unwrap_err().to_string();
+        for want in ["pc 6", name, "`routes`", "BPF_MAP_TYPE_LPM_TRIE"] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+    // bpf_for_each_map_elem: the kernel's trie has no iteration callback.
+    let e = rt.load(&for_each_program(), &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("pc 7") && e.contains("`routes`") && e.contains("BPF_MAP_TYPE_LPM_TRIE"),
+        "{e}"
+    );
+}
