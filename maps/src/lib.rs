@@ -905,6 +905,23 @@ impl Map {
         }
     }
 
+    /// One step of `bpf_for_each_map_elem` over a hash map (HASH, PERCPU_HASH and the LRU
+    /// flavours) run in a program: the element after `cursor` (0 starts), its key copied
+    /// to `key_out`, this CPU's value returned with the cursor to pass next; null at the
+    /// end and for other map types. An element the callback deletes does not end or skip
+    /// the walk (it goes on from the deleted element's link, as the kernel's RCU walk).
+    ///
+    /// # Safety
+    /// `key_out` has `key_size` writable bytes; the caller is pinned on the default
+    /// `crossbeam_epoch` collector from the first step until it no longer uses any value.
+    pub unsafe fn iter_next_raw(&self, cursor: u64, key_out: *mut u8, cpu: u32) -> (*mut u8, u64) {
+        match &self.kind {
+            // SAFETY: forwarded from the caller.
+            Kind::Hash(h) => unsafe { h.iter_next(cursor, key_out, self.cpu_index(cpu)) },
+            _ => (ptr::null_mut(), cursor),
+        }
+    }
+
     /// Safe [`Map::for_each_raw`] on CPU 0's values: `f(key, value pointer)`.
     pub fn for_each(&self, mut f: impl FnMut(&[u8], *mut u8) -> bool) -> u64 {
         let ks = self.spec.key_size as usize;
