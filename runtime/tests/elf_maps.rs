@@ -484,6 +484,36 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
         let each = load("pj/each");
         assert_eq!(each.call(&mut input(255, 0)).unwrap(), 3628 * 100 + 8);
         assert_eq!(each.call(&mut input(2, 0)).unwrap(), 603 * 100 + 3);
+        // bpf_for_each_map_elem over hash maps: the host sets every CPU's copy of the
+        // per-CPU hash (keys 1, 2 from pj/percpu) so the walk's CPU does not matter; the LRU
+        // holds 4 keys. The walk goes in bucket order, as `keys` lists them.
+        let pcpu_hash = object.map("pcpu_hash").unwrap();
+        let order: Vec<u64> = pcpu_hash
+            .keys()
+            .iter()
+            .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()) as u64)
+            .collect();
+        for &k in &order {
+            let v: Vec<u8> = (0..packjit::maps::Map::possible_cpus())
+                .flat_map(|_| (k * 10).to_le_bytes())
+                .collect();
+            pcpu_hash.update(&(k as u32).to_le_bytes(), &v, 0).unwrap();
+        }
+        let each_hash = load("pj/each_hash");
+        for stop in [255u32, order[0] as u32] {
+            let n = order
+                .iter()
+                .position(|&k| k == stop as u64)
+                .map_or(order.len(), |i| i + 1);
+            let total: u64 = order[..n].iter().map(|k| k * 10 * 100 + k).sum();
+            let r = each_hash.call(&mut input(stop, 0)).unwrap();
+            assert_eq!(
+                r & 0xffff_ffff,
+                total * 100 + n as u64,
+                "stop {stop}, order {order:?}"
+            );
+            assert_eq!(r >> 32, 4, "the LRU's 4 keys");
+        }
     }
 }
 
