@@ -663,3 +663,107 @@ fn lpm_trie_routes_from_clang_match_the_longest_prefix_model() {
         }
     }
 }
+
+/// `lpm_trie.c`'s router on four threads (two sandboxed, two trusted) while the host adds,
+/// replaces and deletes routes below a permanent 10.0.0.0/8: every address finds a route
+/// (the /8 at worst), and the route found covers the address. Route ids index a table of
+/// candidate routes fixed before the race.
+#[test]
+fn lpm_trie_lookups_from_programs_race_host_updates_and_deletes() {
+    use packjit::ElfObject;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let obj = compile_bpf("lpm_trie");
+    let rt = host::host_runtime();
+    let object = ElfObject::open(&obj, &[]).unwrap();
+    let sel = ElfLoadOptions::section("pj/match");
+    let sandboxed = Arc::new(object.load(&rt, &sel, &Default::default()).unwrap());
+    // SAFETY: the program touches its input, its stack and the map's values only.
+    let trusted = Arc::new(unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap());
+    let routes = object.map("routes").unwrap();
+    let seed = std::env::var("PACKJIT_LPM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x57_2e55_u64);
+    println!("lpm_trie.c race: seed {seed:#x}");
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // Candidate routes: id 0 is 10.0.0.0/8, the others /9../32 networks inside it.
+    let mut cand: Vec<(u32, u32)> = vec![(0x0a00_0000, 8)];
+    for _ in 1..48 {
+        let r = next();
+        let plen = 9 + (r % 24) as u32;
+        let addr = 0x0a00_0000 | ((r >> 8) as u32 & 0x0003_ffff) << 6;
+        cand.push((addr & (u32::MAX << (32 - plen)), plen));
+    }
+    let cand = Arc::new(cand);
+    let key = |(net, plen): (u32, u32)| [plen.to_ne_bytes(), net.to_be_bytes()].concat();
+    let value = |id: u32| [id.to_le_bytes(), 0u32.to_le_bytes()].concat();
+    routes.update(&key(cand[0]), &value(0), 0).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let p = if t % 2 == 0 {
+                sandboxed.clone()
+            } else {
+                trusted.clone()
+            };
+            let (cand, stop) = (cand.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut x = seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut runs = 0u64;
+                while !stop.load(Ordering::Relaxed) || runs < 100 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Mostly addresses inside some candidate route, so matches go deep.
+                    let (net, plen) = cand[(x % cand.len() as u64) as usize];
+                    let host_bits = if plen == 32 {
+                        0
+                    } else {
+                        (x >> 32) as u32 >> plen
+                    };
+                    let addr = net | host_bits;
+                    let mut ctx = [0u8; 16];
+                    ctx[..4].copy_from_slice(&addr.to_be_bytes());
+                    let id = p.call(&mut ctx).unwrap();
+                    let &(rnet, rplen) = cand.get(id as usize).unwrap_or_else(|| {
+                        panic!("thread {t}: {addr:#x} got route id {id:#x} (seed {seed:#x})")
+                    });
+                    let mask = u32::MAX << (32 - rplen);
+                    assert_eq!(
+                        addr & mask,
+                        rnet,
+                        "thread {t}: {addr:#x} routed by {rnet:#x}/{rplen} (seed {seed:#x})"
+                    );
+                    runs += 1;
+                }
+                runs
+            })
+        })
+        .collect();
+    for _ in 0..4000 {
+        let r = next();
+        let id = 1 + (r % (cand.len() as u64 - 1)) as u32;
+        if r >> 40 & 3 == 0 {
+            let _ = routes.delete(&key(cand[id as usize]));
+        } else {
+            routes
+                .update(&key(cand[id as usize]), &value(id), 0)
+                .unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let runs: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(runs >= 400, "{runs} runs");
+    // Afterwards the trie holds the /8 and whatever the host left, each with its own id.
+    for k in routes.keys() {
+        let id = u32::from_le_bytes(routes.lookup(&k).unwrap()[..4].try_into().unwrap());
+        assert_eq!(key(cand[id as usize]), k);
+    }
+}
