@@ -54,6 +54,11 @@
 //! * Ring-buffer space: a reservation fails when the producer would get `size` or more bytes
 //!   ahead of the consumer (or of the oldest busy record), as the kernel's `> mask` test,
 //!   so a ring never fills completely (at most `size - 8` bytes of records).
+//! * LPM trie nodes are allocated per update, as the kernel's, but values live in a
+//!   preallocated slab of `max_entries` plus spare slots, reused after a grace period. While
+//!   threads stay pinned, churn can use up the spares: a program's update of a new prefix
+//!   then fails with `-ENOMEM` (the kernel's answer when its node allocation fails), and a
+//!   replacement writes the old value in place; host updates wait (up to 2 s) instead.
 //! * A non-per-CPU hash update of an existing key publishes a new element (no torn reads);
 //!   only when every spare element is still waiting for its grace period (a program
 //!   replacing keys in a loop under one pin) does it copy in place, as the kernel does for
