@@ -527,8 +527,11 @@ fn lpm_trie_routes_from_clang_match_the_longest_prefix_model() {
     let obj = compile_bpf("lpm_trie");
     let maps = elf_maps(&obj).unwrap();
     // LPM_TRIE, struct { u32 prefixlen; u8 addr[4]; } key, struct route value,
-    // BPF_F_NO_PREALLOC.
-    assert_eq!(maps, [def("routes", 11, 8, 8, 64, 1)]);
+    // BPF_F_NO_PREALLOC; and the legacy `maps` section's one with u32 values.
+    let by = |n: &str| maps.iter().find(|m| m.name == n).unwrap().clone();
+    assert_eq!(maps.len(), 2);
+    assert_eq!(by("routes"), def("routes", 11, 8, 8, 64, 1));
+    assert_eq!(by("legacy_routes"), def("legacy_routes", 11, 8, 4, 16, 1));
     let rt = host::host_runtime();
     let seed = std::env::var("PACKJIT_LPM_SEED")
         .ok()
@@ -565,6 +568,24 @@ fn lpm_trie_routes_from_clang_match_the_longest_prefix_model() {
             }
         };
         let (matcher, add, del) = (load("pj/match"), load("pj/add"), load("pj/del"));
+        // The legacy map: stores from the program, longest match from the program.
+        let legacy = load("pj/legacy");
+        let mut route = |a: [u8; 4], plen: u32, id: u32, store: bool| {
+            legacy.call(&mut req(a, plen, id, store as u32)).unwrap()
+        };
+        assert_eq!(route([10, 1, 2, 3], 0, 0, false), 0xffff_ffff);
+        assert_eq!(route([10, 0, 0, 0], 8, 7, true), 7);
+        assert_eq!(route([10, 1, 2, 3], 0, 0, false), 7);
+        assert_eq!(route([10, 1, 0, 0], 16, 9, true), 9);
+        assert_eq!(route([10, 1, 2, 3], 0, 0, false), 9);
+        assert_eq!(route([10, 2, 2, 3], 0, 0, false), 7);
+        assert_eq!(route([11, 1, 2, 3], 0, 0, false), 0xffff_ffff);
+        assert_eq!(
+            route([10, 1, 0, 0], 33, 9, true) as i64,
+            -22,
+            "prefixlen 33"
+        );
+        assert_eq!(object.map("legacy_routes").unwrap().len(), 2);
         let routes = object.map("routes").unwrap();
         // The host's table: a default route and the kernel documentation's example.
         let mut model: Vec<(u32, u32, u32)> = Vec::new(); // (network, prefixlen, id)

@@ -72,3 +72,38 @@ u64 del(struct req *r, u64 len)
     __builtin_memcpy(k.addr, r->addr, 4);
     return bpf_map_delete_elem(&routes, &k);
 }
+
+/* The same kind of map from the legacy `maps` section, as older loaders declare it. */
+struct bpf_map_def {
+    unsigned int type;
+    unsigned int key_size;
+    unsigned int value_size;
+    unsigned int max_entries;
+    unsigned int map_flags;
+};
+
+struct bpf_map_def legacy_routes SEC("maps") = {
+    .type = BPF_MAP_TYPE_LPM_TRIE,
+    .key_size = sizeof(struct lpm_v4),
+    .value_size = sizeof(u32),
+    .max_entries = 16,
+    .map_flags = BPF_F_NO_PREALLOC,
+};
+
+/* With req->flags != 0: store req->addr/req->prefixlen -> req->id first (a failure is the
+ * result). Then route req->addr: the id, or 0xffffffff. */
+SEC("pj/legacy")
+u64 legacy(struct req *r, u64 len)
+{
+    struct lpm_v4 k = { .prefixlen = r->prefixlen };
+    __builtin_memcpy(k.addr, r->addr, 4);
+    u32 id = r->id;
+    if (r->flags) {
+        long e = bpf_map_update_elem(&legacy_routes, &k, &id, 0);
+        if (e)
+            return e;
+    }
+    k.prefixlen = 32;
+    u32 *v = bpf_map_lookup_elem(&legacy_routes, &k);
+    return v ? *v : 0xffffffff;
+}
