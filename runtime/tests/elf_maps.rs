@@ -570,7 +570,7 @@ fn lpm_trie_routes_from_clang_match_the_longest_prefix_model() {
         let (matcher, add, del) = (load("pj/match"), load("pj/add"), load("pj/del"));
         // The legacy map: stores from the program, longest match from the program.
         let legacy = load("pj/legacy");
-        let mut route = |a: [u8; 4], plen: u32, id: u32, store: bool| {
+        let route = |a: [u8; 4], plen: u32, id: u32, store: bool| {
             legacy.call(&mut req(a, plen, id, store as u32)).unwrap()
         };
         assert_eq!(route([10, 1, 2, 3], 0, 0, false), 0xffff_ffff);
