@@ -301,6 +301,13 @@
 #define PACKJIT_MAP_TYPE_LRU_PERCPU_HASH 10
 
 /**
+ * `packjit_map_create`: `BPF_MAP_TYPE_LPM_TRIE` (key: a host-order `u32` prefix length,
+ * then 1..=256 data bytes compared most significant bit first; flags must include
+ * `PACKJIT_BPF_F_NO_PREALLOC`, as in the kernel).
+ */
+#define PACKJIT_MAP_TYPE_LPM_TRIE 11
+
+/**
  * `packjit_map_create`: `BPF_MAP_TYPE_QUEUE` (key_size 0).
  */
 #define PACKJIT_MAP_TYPE_QUEUE 22
@@ -334,7 +341,7 @@
 
 /**
  * `packjit_map_create` flag: hash maps allocate on demand (accepted for HASH and
- * PERCPU_HASH; elements are preallocated anyway).
+ * PERCPU_HASH; elements are preallocated anyway); required for LPM_TRIE.
  */
 #define PACKJIT_BPF_F_NO_PREALLOC 1
 
@@ -1345,7 +1352,7 @@ int32_t packjit_runtime_add_region(const struct PackjitRuntime *rt,
  * number), `key_size` / `value_size` in bytes (value: one CPU's for per-CPU maps),
  * `max_entries` its capacity (ring buffer: data size), `flags` `PACKJIT_BPF_F_*`, `name`
  * for errors and `packjit_map_info` (NULL = "map"; copied). Limits: key_size 4 for arrays
- * and prog arrays, 1..512 for hashes, 0 for queue/stack/ring buffer; value_size
+ * and prog arrays, 1..512 for hashes, 5..260 for LPM tries, 0 for queue/stack/ring buffer; value_size
  * 1..1 MiB (per-CPU: 1..32 KiB), 4 for prog arrays, 0 for ring buffers; max_entries >= 1
  * (a ring buffer's a power-of-two multiple of the page size). A refused spec fails with
  * `PJ_ERR_INVALID_ARGUMENT` naming the map and the field (e.g. "map `m`: invalid key_size:

@@ -271,6 +271,10 @@ pub const PACKJIT_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const PACKJIT_MAP_TYPE_LRU_HASH: u32 = 9;
 /// `packjit_map_create`: `BPF_MAP_TYPE_LRU_PERCPU_HASH`.
 pub const PACKJIT_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
+/// `packjit_map_create`: `BPF_MAP_TYPE_LPM_TRIE` (key: a host-order `u32` prefix length,
+/// then 1..=256 data bytes compared most significant bit first; flags must include
+/// `PACKJIT_BPF_F_NO_PREALLOC`, as in the kernel).
+pub const PACKJIT_MAP_TYPE_LPM_TRIE: u32 = 11;
 /// `packjit_map_create`: `BPF_MAP_TYPE_QUEUE` (key_size 0).
 pub const PACKJIT_MAP_TYPE_QUEUE: u32 = 22;
 /// `packjit_map_create`: `BPF_MAP_TYPE_STACK` (key_size 0).
@@ -286,7 +290,7 @@ pub const PACKJIT_BPF_NOEXIST: u64 = 1;
 /// full queue/stack: drop the oldest value.
 pub const PACKJIT_BPF_EXIST: u64 = 2;
 /// `packjit_map_create` flag: hash maps allocate on demand (accepted for HASH and
-/// PERCPU_HASH; elements are preallocated anyway).
+/// PERCPU_HASH; elements are preallocated anyway); required for LPM_TRIE.
 pub const PACKJIT_BPF_F_NO_PREALLOC: u32 = 1;
 /// `packjit_map_create` flag: programs may only read the values (the host may write).
 pub const PACKJIT_BPF_F_RDONLY_PROG: u32 = 1 << 7;
@@ -311,6 +315,7 @@ mod map_mirror {
         PACKJIT_MAP_TYPE_PERCPU_ARRAY == T::PercpuArray as u32,
         PACKJIT_MAP_TYPE_LRU_HASH == T::LruHash as u32,
         PACKJIT_MAP_TYPE_LRU_PERCPU_HASH == T::LruPercpuHash as u32,
+        PACKJIT_MAP_TYPE_LPM_TRIE == T::LpmTrie as u32,
         PACKJIT_MAP_TYPE_QUEUE == T::Queue as u32,
         PACKJIT_MAP_TYPE_STACK == T::Stack as u32,
         PACKJIT_MAP_TYPE_RINGBUF == T::RingBuf as u32,

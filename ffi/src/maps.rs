@@ -110,7 +110,7 @@ pub(super) fn create_error(e: MapError) -> Error {
 /// number), `key_size` / `value_size` in bytes (value: one CPU's for per-CPU maps),
 /// `max_entries` its capacity (ring buffer: data size), `flags` `PACKJIT_BPF_F_*`, `name`
 /// for errors and `packjit_map_info` (NULL = "map"; copied). Limits: key_size 4 for arrays
-/// and prog arrays, 1..512 for hashes, 0 for queue/stack/ring buffer; value_size
+/// and prog arrays, 1..512 for hashes, 5..260 for LPM tries, 0 for queue/stack/ring buffer; value_size
 /// 1..1 MiB (per-CPU: 1..32 KiB), 4 for prog arrays, 0 for ring buffers; max_entries >= 1
 /// (a ring buffer's a power-of-two multiple of the page size). A refused spec fails with
 /// `PJ_ERR_INVALID_ARGUMENT` naming the map and the field (e.g. "map `m`: invalid key_size:
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn packjit_map_create(
         let name = unsafe { c_name(name, "name") }?.unwrap_or_else(|| "map".to_string());
         let t = MapType::from_raw(map_type).ok_or_else(|| {
             invalid(format!(
-                "map `{name}`: invalid map_type: {map_type} is not a PACKJIT_MAP_TYPE_* value (1, 2, 3, 5, 6, 9, 10, 22, 23, 27)"
+                "map `{name}`: invalid map_type: {map_type} is not a PACKJIT_MAP_TYPE_* value (1, 2, 3, 5, 6, 9, 10, 11, 22, 23, 27)"
             ))
         })?;
         let map = Map::new(MapSpec {

@@ -1136,3 +1136,77 @@ fn null_and_garbage_arguments_are_refused_never_a_crash() {
         packjit_runtime_destroy(rt);
     }
 }
+
+#[test]
+fn lpm_tries_match_the_longest_prefix_with_the_kernels_errno() {
+    const ENOSPC: i32 = 28;
+    let key = |plen: u32, a: [u8; 4]| [plen.to_ne_bytes(), a].concat();
+    let v = |x: u64| x.to_ne_bytes();
+    // The kernel refuses a trie without BPF_F_NO_PREALLOC, and data sizes past 256 bytes.
+    let e = create(PACKJIT_MAP_TYPE_LPM_TRIE, 8, 8, 4, 0, "pre").unwrap_err();
+    assert!(
+        e.contains("`pre`") && e.contains("BPF_F_NO_PREALLOC"),
+        "{e}"
+    );
+    let flags = PACKJIT_BPF_F_NO_PREALLOC;
+    let e = create(PACKJIT_MAP_TYPE_LPM_TRIE, 261, 8, 4, flags, "wide").unwrap_err();
+    assert!(e.contains("`wide`") && e.contains("key_size"), "{e}");
+    let m = create(PACKJIT_MAP_TYPE_LPM_TRIE, 8, 8, 3, flags, "routes").unwrap();
+    assert_eq!(
+        update(m, &key(8, [10, 0, 0, 0]), &v(8), PACKJIT_BPF_NOEXIST),
+        0
+    );
+    assert_eq!(
+        update(m, &key(24, [10, 1, 2, 0]), &v(24), PACKJIT_BPF_ANY),
+        0
+    );
+    assert_eq!(
+        update(m, &key(8, [10, 9, 9, 9]), &v(9), PACKJIT_BPF_NOEXIST),
+        -EEXIST
+    );
+    assert_eq!(
+        update(m, &key(16, [10, 1, 0, 0]), &v(16), PACKJIT_BPF_EXIST),
+        -ENOENT
+    );
+    assert_eq!(
+        update(m, &key(33, [10, 1, 0, 0]), &v(16), PACKJIT_BPF_ANY),
+        -EINVAL
+    );
+    assert_eq!(
+        update(m, &key(16, [10, 1, 0, 0]), &v(16), PACKJIT_BPF_ANY),
+        0
+    );
+    assert_eq!(
+        update(m, &key(0, [0; 4]), &v(0), PACKJIT_BPF_ANY),
+        -ENOSPC,
+        "full"
+    );
+    assert!(last_error().contains("`routes`"), "{}", last_error());
+    // Longest prefix within the key's own length.
+    assert_eq!(lookup(m, &key(32, [10, 1, 2, 3]), 8), Ok(v(24).to_vec()));
+    assert_eq!(lookup(m, &key(23, [10, 1, 2, 3]), 8), Ok(v(16).to_vec()));
+    assert_eq!(lookup(m, &key(32, [10, 7, 0, 0]), 8), Ok(v(8).to_vec()));
+    assert_eq!(lookup(m, &key(32, [11, 0, 0, 0]), 8), Err(-ENOENT));
+    // next_key: the kernel's postorder, longer prefixes first.
+    assert_eq!(
+        keys(m, 8),
+        [
+            key(24, [10, 1, 2, 0]),
+            key(16, [10, 1, 0, 0]),
+            key(8, [10, 0, 0, 0])
+        ]
+    );
+    // Exact deletes only.
+    // SAFETY: live map; 8-byte keys.
+    let del = |k: &[u8]| unsafe { packjit_map_delete(m, k.as_ptr().cast(), 8) };
+    assert_eq!(del(&key(12, [10, 0, 0, 0])), -ENOENT);
+    assert_eq!(del(&key(16, [10, 1, 0, 0])), 0);
+    assert_eq!(lookup(m, &key(23, [10, 1, 2, 3]), 8), Ok(v(8).to_vec()));
+    let i = info(m);
+    assert_eq!(
+        (i.map_type, i.key_size, i.entries, i.flags),
+        (PACKJIT_MAP_TYPE_LPM_TRIE, 8, 2, flags)
+    );
+    // SAFETY: from create, freed once.
+    unsafe { packjit_map_free(m) };
+}

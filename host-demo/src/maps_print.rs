@@ -14,7 +14,8 @@
 //! little-endian value in decimal when they are 1, 2, 4 or 8 bytes. Hash entries are sorted
 //! by key (numerically for keys up to 8 bytes), so the output does not depend on hashing.
 //! Arrays of up to [`ARRAY_SHOW_ALL`] entries are printed whole; longer ones only their
-//! non-zero entries. Per-CPU values are printed one line per CPU. Ring buffers print the
+//! non-zero entries. LPM tries print `address/prefixlen` (dotted for IPv4 keys) in the trie's
+//! `next_key` order. Per-CPU values are printed one line per CPU. Ring buffers print the
 //! records they hold (consuming them), queues and stacks their values (popping them), prog
 //! arrays each slot's program.
 
@@ -49,6 +50,18 @@ fn key_order(k: &[u8]) -> (u64, Vec<u8>) {
         (u64::from_le_bytes(v), Vec::new())
     } else {
         (0, k.to_vec())
+    }
+}
+
+/// An LPM trie key as `address/prefixlen`: dotted quad for 4 data bytes (IPv4), hex bytes
+/// otherwise; the data's bits past the prefix are printed as stored.
+fn prefix(k: &[u8]) -> String {
+    let plen = u32::from_ne_bytes(k[..4].try_into().expect("LPM keys have 5..=260 bytes"));
+    let data = &k[4..];
+    if let [a, b, c, d] = data {
+        format!("{a}.{b}.{c}.{d}/{plen}")
+    } else {
+        format!("{}/{plen}", hex(data))
     }
 }
 
@@ -153,6 +166,24 @@ pub fn format_map(name: &str, map: &Map, slot_name: &dyn Fn(u32) -> Option<Strin
                 let _ = writeln!(out, "  ({zeros} all-zero entries not shown)");
             }
         }
+        MapType::LpmTrie => {
+            // The trie's own order (next_key's postorder): each prefix after the longer
+            // prefixes it covers, which is how a reader checks the longest-match picture.
+            let keys = map.keys();
+            let _ = writeln!(
+                out,
+                ", key {} B, value {} B, max_entries {}: {} prefixes",
+                spec.key_size,
+                spec.value_size,
+                spec.max_entries,
+                keys.len()
+            );
+            for k in keys {
+                if let Ok(v) = map.lookup(&k) {
+                    entry(&mut out, map, &prefix(&k), &v);
+                }
+            }
+        }
         MapType::Hash | MapType::PercpuHash | MapType::LruHash | MapType::LruPercpuHash => {
             let mut keys = map.keys();
             keys.sort_by_key(|k| key_order(k));
@@ -204,6 +235,24 @@ mod tests {
              \x20 02 00 00 00 (2) -> 07 00 00 00 00 00 00 00 (7)\n\
              \x20 11 00 00 00 (17) -> 03 00 00 00 00 00 00 00 (3)\n\
              \x20 00 01 00 00 (256) -> 01 00 00 00 00 00 00 00 (1)\n"
+        );
+    }
+
+    #[test]
+    fn lpm_tries_print_their_prefixes_in_trie_order() {
+        let mut sp = spec("routes", MapType::LpmTrie, 8, 4, 8);
+        sp.flags = packjit::maps::BPF_F_NO_PREALLOC;
+        let m = Map::new(sp).unwrap();
+        for (plen, a, v) in [(8u32, [10u8, 0, 0, 0], 1u32), (24, [10, 1, 2, 0], 2)] {
+            let k = [plen.to_ne_bytes(), a].concat();
+            m.update(&k, &v.to_le_bytes(), 0).unwrap();
+        }
+        let s = format_map("routes", &m, &|_| None);
+        assert_eq!(
+            s,
+            "map routes: BPF_MAP_TYPE_LPM_TRIE, key 8 B, value 4 B, max_entries 8: 2 prefixes\n\
+             \x20 10.1.2.0/24 -> 02 00 00 00 (2)\n\
+             \x20 10.0.0.0/8 -> 01 00 00 00 (1)\n"
         );
     }
 

@@ -12,6 +12,8 @@ pub mod errno {
     pub const EAGAIN: i32 = 11;
     /// Out of memory (also: an LRU map that found nothing to evict).
     pub const ENOMEM: i32 = 12;
+    /// LPM trie full (`bpf_map_update_elem` of a new prefix at `max_entries`).
+    pub const ENOSPC: i32 = 28;
     /// Key already present (`BPF_NOEXIST`).
     pub const EEXIST: i32 = 17;
     /// Invalid argument: flags, sizes, operation on the wrong map type.
@@ -78,6 +80,12 @@ pub enum MapError {
         /// What had no room.
         reason: &'static str,
     },
+    /// No room for a new prefix in an LPM trie (`ENOSPC`, as the kernel's trie returns
+    /// where the hash maps return `E2BIG`).
+    NoSpace {
+        /// Map name.
+        map: String,
+    },
     /// Flags, key or value length not accepted (`EINVAL`).
     InvalidArgument {
         /// Map name.
@@ -103,6 +111,7 @@ impl MapError {
             MapError::NoMemory { .. } => errno::ENOMEM,
             MapError::Os { errno, .. } => *errno,
             MapError::NotFound { .. } => errno::ENOENT,
+            MapError::NoSpace { .. } => errno::ENOSPC,
             MapError::Exists { .. } => errno::EEXIST,
             MapError::NotSupported { .. } => errno::ENOTSUPP,
         }
@@ -116,6 +125,7 @@ impl MapError {
             | MapError::NoMemory { map, .. }
             | MapError::Os { map, .. }
             | MapError::NotFound { map }
+            | MapError::NoSpace { map }
             | MapError::Exists { map }
             | MapError::Full { map, .. }
             | MapError::InvalidArgument { map, .. }
@@ -152,6 +162,12 @@ impl fmt::Display for MapError {
                 )
             }
             MapError::Full { map, reason } => write!(f, "map `{map}`: {reason} (E2BIG)"),
+            MapError::NoSpace { map } => {
+                write!(
+                    f,
+                    "map `{map}`: max_entries prefixes stored, no room for a new one (ENOSPC)"
+                )
+            }
             MapError::InvalidArgument { map, reason } => {
                 write!(f, "map `{map}`: {reason} (EINVAL)")
             }

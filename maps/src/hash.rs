@@ -825,6 +825,47 @@ impl HashTable {
         out
     }
 
+    /// One step of `bpf_for_each_map_elem` run by a program: the element after `cursor`
+    /// (0: the first), its key copied to `key_out` and CPU `cpu`'s value returned, with the
+    /// cursor to continue from; null at the end. The cursor is `bucket << 32 | (element +
+    /// 1)` of the element just visited, and the walk goes on from that element's link, as
+    /// the kernel's RCU walk does: an element deleted (by the callback, say) since it was
+    /// visited still links to the rest of its chain until its grace period ends, which the
+    /// caller's pin holds back. A forged cursor gives some other walk, never an access
+    /// outside the table (indices are bounded).
+    ///
+    /// # Safety
+    /// `key_out` has key_size writable bytes; the caller is pinned on the default epoch
+    /// collector from the first step to its use of the last value; `cpu < cpus`.
+    pub unsafe fn iter_next(&self, cursor: u64, key_out: *mut u8, cpu: usize) -> (*mut u8, u64) {
+        let mut bucket = (cursor >> 32) as usize;
+        let after = cursor as u32;
+        let mut i = if after == 0 || after as usize > self.pool {
+            NIL
+        } else {
+            self.next(after - 1).load(Acquire)
+        };
+        if after == 0 && bucket < self.heads.len() {
+            i = self.heads[bucket].load(Acquire);
+        }
+        loop {
+            if i != NIL {
+                // SAFETY: i was reached through Acquire link loads under the caller's pin, so
+                // its key is not rewritten; key_out has key_size bytes.
+                unsafe { std::ptr::copy_nonoverlapping(self.key_ptr(i), key_out, self.key_size) };
+                return (
+                    self.value_ptr(i, cpu),
+                    (bucket as u64) << 32 | (i as u64 + 1),
+                );
+            }
+            bucket += 1;
+            if bucket >= self.heads.len() {
+                return (std::ptr::null_mut(), cursor);
+            }
+            i = self.heads[bucket].load(Acquire);
+        }
+    }
+
     /// `bpf_for_each_map_elem`: f(key copy, CPU `cpu`'s value) per element until it returns
     /// false; counts the element that stopped it. The key pointer is to a copy (the nodes
     /// are bookkeeping no program may reach), valid during the call.

@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `ARRAY`, `PERCPU_ARRAY` | lookup (inlined by the JIT via [`Map::array_layout`]), update | values at `round_up(value_size, 8)`; per CPU one copy of the array |
 //! | `HASH`, `PERCPU_HASH`, `LRU_HASH`, `LRU_PERCPU_HASH` | lookup (lock-free), update, delete | preallocated elements; values in their own slab |
+//! | `LPM_TRIE` | lookup (lock-free, longest prefix), update, delete | the kernel's trie of nodes; values in their own slab |
 //! | `QUEUE`, `STACK` | push, pop, peek | a ring under a mutex; values copied |
 //! | `RINGBUF` | reserve, submit, discard, output, query | kernel record layout, data area mapped twice |
 //! | `PROG_ARRAY` | (tail calls, via [`Map::prog_slot`]) | `u64` tokens the runtime owns |
@@ -14,15 +15,20 @@
 //!
 //! * `max_entries >= 1` for every type; hash maps: `max_entries <= 2^31`.
 //! * `key_size`: 4 for arrays and prog arrays, 1..=[`MAX_KEY_SIZE`] (512, the kernel's
-//!   `MAX_BPF_STACK`) for hashes, 0 for queue/stack/ring buffer.
+//!   `MAX_BPF_STACK`) for hashes, 5..=260 for LPM tries (a `u32` prefix length and 1..=256
+//!   data bytes, the kernel's `LPM_KEY_SIZE_MIN/MAX`), 0 for queue/stack/ring buffer.
 //! * `value_size`: 1..=[`MAX_VALUE_SIZE`] (1 MiB) for arrays, hashes, queues and stacks;
 //!   1..=[`MAX_PERCPU_VALUE_SIZE`] (32 KiB, the kernel's `PCPU_MIN_UNIT_SIZE`) for per-CPU maps;
-//!   4 for prog arrays; 0 for ring buffers.
+//!   4 for prog arrays; 0 for ring buffers. LPM tries refuse key and value sizes out of
+//!   range with `EINVAL`, as the kernel's `trie_alloc` (other types: `E2BIG` above a limit).
+//! * LPM tries: `max_entries <= 2^31`, as hashes.
 //! * ring buffer: `max_entries` is the data size, a power of two and a multiple of the page
 //!   size (`sysconf(_SC_PAGESIZE)`).
 //! * flags: [`BPF_F_RDONLY_PROG`] for arrays, hashes, queues and stacks;
-//!   [`BPF_F_NO_PREALLOC`] for HASH and PERCPU_HASH only (the kernel refuses it for arrays,
-//!   queues and LRU maps; elements are preallocated regardless — the semantics are the same);
+//!   [`BPF_F_NO_PREALLOC`] for HASH and PERCPU_HASH (the kernel refuses it for arrays,
+//!   queues and LRU maps; elements are preallocated regardless — the semantics are the same),
+//!   and required for LPM_TRIE, as the kernel requires it (value slots are preallocated
+//!   there too; nodes are allocated on update);
 //!   nothing for ring buffers and prog arrays. Any other bit is refused, naming the field.
 //!
 //! # Epochs
@@ -48,6 +54,11 @@
 //! * Ring-buffer space: a reservation fails when the producer would get `size` or more bytes
 //!   ahead of the consumer (or of the oldest busy record), as the kernel's `> mask` test,
 //!   so a ring never fills completely (at most `size - 8` bytes of records).
+//! * LPM trie nodes are allocated per update, as the kernel's, but values live in a
+//!   preallocated slab of `max_entries` plus spare slots, reused after a grace period. While
+//!   threads stay pinned, churn can use up the spares: a program's update of a new prefix
+//!   then fails with `-ENOMEM` (the kernel's answer when its node allocation fails), and a
+//!   replacement writes the old value in place; host updates wait (up to 2 s) instead.
 //! * A non-per-CPU hash update of an existing key publishes a new element (no torn reads);
 //!   only when every spare element is still waiting for its grace period (a program
 //!   replacing keys in a loop under one pin) does it copy in place, as the kernel does for
@@ -58,6 +69,7 @@
 mod array;
 mod error;
 mod hash;
+mod lpm;
 mod mem;
 mod queue;
 mod ringbuf;
@@ -69,7 +81,7 @@ use std::sync::{Arc, OnceLock};
 pub use error::{errno, MapError};
 pub use ringbuf::{BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ};
 
-use error::errno::{E2BIG, EEXIST, EINVAL, ENOENT, ENOMEM, ENOTSUPP};
+use error::errno::{E2BIG, EEXIST, EINVAL, ENOENT, ENOMEM, ENOSPC, ENOTSUPP};
 
 /// Update flag: create or replace.
 pub const BPF_ANY: u64 = 0;
@@ -80,6 +92,7 @@ pub const BPF_EXIST: u64 = 2;
 /// Update flag: take the value's `bpf_spin_lock` (refused here: values have none).
 pub const BPF_F_LOCK: u64 = 4;
 /// Map flag: hash maps allocate on demand (accepted; elements are preallocated anyway).
+/// Required by LPM tries, as in the kernel.
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 /// Map flag: programs may only read the values (regions are reported read-only).
 pub const BPF_F_RDONLY_PROG: u32 = 1 << 7;
@@ -123,6 +136,8 @@ pub enum MapType {
     LruHash = 9,
     /// `BPF_MAP_TYPE_LRU_PERCPU_HASH`
     LruPercpuHash = 10,
+    /// `BPF_MAP_TYPE_LPM_TRIE`
+    LpmTrie = 11,
     /// `BPF_MAP_TYPE_QUEUE`
     Queue = 22,
     /// `BPF_MAP_TYPE_STACK`
@@ -143,6 +158,7 @@ impl MapType {
             6 => PercpuArray,
             9 => LruHash,
             10 => LruPercpuHash,
+            11 => LpmTrie,
             22 => Queue,
             23 => Stack,
             27 => RingBuf,
@@ -160,6 +176,7 @@ impl MapType {
             MapType::PercpuArray => "BPF_MAP_TYPE_PERCPU_ARRAY",
             MapType::LruHash => "BPF_MAP_TYPE_LRU_HASH",
             MapType::LruPercpuHash => "BPF_MAP_TYPE_LRU_PERCPU_HASH",
+            MapType::LpmTrie => "BPF_MAP_TYPE_LPM_TRIE",
             MapType::Queue => "BPF_MAP_TYPE_QUEUE",
             MapType::Stack => "BPF_MAP_TYPE_STACK",
             MapType::RingBuf => "BPF_MAP_TYPE_RINGBUF",
@@ -177,7 +194,9 @@ impl MapType {
     /// Map flags the kernel accepts for this type (of those packjit knows).
     fn allowed_flags(self) -> u32 {
         match self {
-            MapType::Hash | MapType::PercpuHash => BPF_F_RDONLY_PROG | BPF_F_NO_PREALLOC,
+            MapType::Hash | MapType::PercpuHash | MapType::LpmTrie => {
+                BPF_F_RDONLY_PROG | BPF_F_NO_PREALLOC
+            }
             MapType::Array
             | MapType::PercpuArray
             | MapType::LruHash
@@ -225,6 +244,7 @@ pub struct ArrayLayout {
 enum Kind {
     Array(array::ArrayMap),
     Hash(Arc<hash::HashTable>),
+    Lpm(Box<lpm::LpmTrie>),
     Queue(queue::QueueMap),
     RingBuf(Box<ringbuf::RingBuf>),
     Prog(Box<[AtomicU64]>),
@@ -332,6 +352,44 @@ fn validate(spec: &MapSpec) -> Result<(), MapError> {
                 return Err(too_big("max_entries", spec.max_entries, MAX_HASH_ENTRIES));
             }
         }
+        MapType::LpmTrie => {
+            // The kernel's trie_alloc: every refusal is EINVAL.
+            if spec.flags & BPF_F_NO_PREALLOC == 0 {
+                return Err(invalid(
+                    "flags",
+                    format!(
+                        "{} requires BPF_F_NO_PREALLOC ({BPF_F_NO_PREALLOC:#x})",
+                        t.name()
+                    ),
+                ));
+            }
+            let keys = 4 + lpm::DATA_SIZE_MIN..=4 + lpm::DATA_SIZE_MAX;
+            if !keys.contains(&spec.key_size) {
+                return Err(invalid(
+                    "key_size",
+                    format!(
+                        "must be {}..={} for {} (a u32 prefixlen and 1..=256 data bytes), got {}",
+                        keys.start(),
+                        keys.end(),
+                        t.name(),
+                        spec.key_size
+                    ),
+                ));
+            }
+            if !(1..=MAX_VALUE_SIZE).contains(&spec.value_size) {
+                return Err(invalid(
+                    "value_size",
+                    format!(
+                        "must be 1..={MAX_VALUE_SIZE} for {}, got {}",
+                        t.name(),
+                        spec.value_size
+                    ),
+                ));
+            }
+            if spec.max_entries > MAX_HASH_ENTRIES {
+                return Err(too_big("max_entries", spec.max_entries, MAX_HASH_ENTRIES));
+            }
+        }
         MapType::Queue | MapType::Stack => {
             need_key(0)?;
             need_value()?;
@@ -407,6 +465,9 @@ impl Map {
                     ringbuf::RingBuf::new(spec.max_entries as usize).map_err(os)?,
                 ))
             }
+            MapType::LpmTrie => Kind::Lpm(Box::new(
+                lpm::LpmTrie::new(spec.key_size, spec.value_size, spec.max_entries).map_err(oom)?,
+            )),
             MapType::ProgArray => {
                 let mut v = Vec::new();
                 v.try_reserve_exact(spec.max_entries as usize)
@@ -464,6 +525,8 @@ impl Map {
             Kind::Hash(h) => unsafe { h.lookup(key, self.cpu_index(cpu)) },
             // SAFETY: forwarded from the caller.
             Kind::Array(a) => unsafe { a.lookup(key, self.cpu_index(cpu)) },
+            // SAFETY: forwarded from the caller.
+            Kind::Lpm(t) => unsafe { t.lookup(key) },
             _ => ptr::null_mut(),
         }
     }
@@ -494,6 +557,8 @@ impl Map {
             Kind::Hash(h) => unsafe { h.update(key, value, flags, Some(cpu)) },
             // SAFETY: forwarded from the caller.
             Kind::Array(a) => unsafe { a.update(key, value, flags, Some(cpu)) },
+            // SAFETY: forwarded from the caller.
+            Kind::Lpm(t) => unsafe { t.update(key, value, flags, false) },
             Kind::RingBuf(_) => rc(ENOTSUPP),
             // Queues take push_elem; prog arrays are updated by the host only.
             Kind::Queue(_) | Kind::Prog(_) => rc(EINVAL),
@@ -509,6 +574,8 @@ impl Map {
         match &self.kind {
             // SAFETY: forwarded from the caller.
             Kind::Hash(h) => unsafe { h.delete(key) },
+            // SAFETY: forwarded from the caller.
+            Kind::Lpm(t) => unsafe { t.delete(key) },
             Kind::Array(_) | Kind::Queue(_) => rc(EINVAL),
             Kind::RingBuf(_) => rc(ENOTSUPP),
             Kind::Prog(slots) => {
@@ -629,6 +696,10 @@ impl Map {
                 let (p, n) = h.values_region();
                 vec![(p, n, writable)]
             }
+            Kind::Lpm(t) => {
+                let (p, n) = t.values_region();
+                vec![(p, n, writable)]
+            }
             Kind::RingBuf(r) => {
                 let (p, n) = r.region();
                 vec![(p, n, true)]
@@ -659,6 +730,7 @@ impl Map {
             ENOENT => MapError::NotFound { map },
             EEXIST => MapError::Exists { map },
             E2BIG => MapError::Full { map, reason: what },
+            ENOSPC => MapError::NoSpace { map },
             ENOMEM => MapError::NoMemory { map, bytes: 0 },
             ENOTSUPP => MapError::NotSupported { map, op: what },
             _ => MapError::InvalidArgument {
@@ -709,6 +781,7 @@ impl Map {
         self.check_len("key", key.len(), self.spec.key_size as usize)?;
         match &self.kind {
             Kind::Hash(h) => h.read(key).ok_or_else(|| self.err(rc(ENOENT), "lookup")),
+            Kind::Lpm(t) => t.read(key).ok_or_else(|| self.err(rc(ENOENT), "lookup")),
             Kind::Array(a) => {
                 let i = u32::from_ne_bytes(key.try_into().expect("length checked"));
                 if i >= a.max_entries() {
@@ -731,6 +804,8 @@ impl Map {
             Kind::Hash(h) => unsafe { h.update(key.as_ptr(), value.as_ptr(), flags, None) },
             // SAFETY: lengths checked above.
             Kind::Array(a) => unsafe { a.update(key.as_ptr(), value.as_ptr(), flags, None) },
+            // SAFETY: lengths checked above.
+            Kind::Lpm(t) => unsafe { t.update(key.as_ptr(), value.as_ptr(), flags, true) },
             Kind::Queue(_) => return self.push(value, flags),
             Kind::RingBuf(_) => return Err(self.unsupported("update")),
             Kind::Prog(_) => {
@@ -752,13 +827,16 @@ impl Map {
     }
 
     /// `BPF_MAP_GET_NEXT_KEY`: `None` or a missing key gives the first key; after the last,
-    /// `NotFound`. Arrays go in index order, hashes in bucket order.
+    /// `NotFound`. Arrays go in index order, hashes in bucket order, LPM tries in the
+    /// kernel's postorder (a prefix after every longer prefix it covers; otherwise the 0 bit
+    /// before the 1 bit where two prefixes first differ).
     pub fn next_key(&self, key: Option<&[u8]>) -> Result<Vec<u8>, MapError> {
         if let Some(k) = key {
             self.check_len("key", k.len(), self.spec.key_size as usize)?;
         }
         let next = match &self.kind {
             Kind::Hash(h) => h.next_key(key),
+            Kind::Lpm(t) => t.next_key(key),
             Kind::Array(a) => a
                 .next_key(key.map(|k| u32::from_ne_bytes(k.try_into().expect("length checked"))))
                 .map(|i| i.to_ne_bytes().to_vec()),
@@ -776,11 +854,13 @@ impl Map {
         next.ok_or_else(|| self.err(rc(ENOENT), "next_key"))
     }
 
-    /// Every key, each once (hashes: bucket order, as `next_key` walks them; arrays and
-    /// prog arrays: every index). Empty for queues, stacks and ring buffers.
+    /// Every key, each once (hashes: bucket order, LPM tries: postorder, as `next_key`
+    /// walks them; arrays and prog arrays: every index). Empty for queues, stacks and ring
+    /// buffers.
     pub fn keys(&self) -> Vec<Vec<u8>> {
         match &self.kind {
             Kind::Hash(h) => h.keys(),
+            Kind::Lpm(t) => t.keys(),
             Kind::Array(a) => (0..a.max_entries())
                 .map(|i| i.to_ne_bytes().to_vec())
                 .collect(),
@@ -791,11 +871,12 @@ impl Map {
         }
     }
 
-    /// Elements: hashes their count, arrays and prog arrays `max_entries` (every index
+    /// Elements: hashes and LPM tries their count, arrays and prog arrays `max_entries` (every index
     /// exists), queues/stacks the values held, ring buffers 0.
     pub fn len(&self) -> usize {
         match &self.kind {
             Kind::Hash(h) => h.len(),
+            Kind::Lpm(t) => t.len(),
             Kind::Array(a) => a.max_entries() as usize,
             Kind::Prog(s) => s.len(),
             Kind::Queue(q) => q.len(),
@@ -811,7 +892,7 @@ impl Map {
     /// `bpf_for_each_map_elem` for arrays and hashes: calls `f(key, CPU cpu's value)` until
     /// it returns false; returns the elements visited, the stopping one included (as the
     /// kernel). Hash keys are passed as a pointer to a copy, valid during the call. 0 for
-    /// other map types.
+    /// other map types (LPM tries included: the kernel's trie has no `for_each` either).
     ///
     /// # Safety
     /// The callback gets raw pointers: it may read `key_size` bytes at the key and read or
@@ -826,6 +907,23 @@ impl Map {
             Kind::Hash(h) => h.for_each(cpu, f),
             Kind::Array(a) => a.for_each(cpu, f),
             _ => 0,
+        }
+    }
+
+    /// One step of `bpf_for_each_map_elem` over a hash map (HASH, PERCPU_HASH and the LRU
+    /// flavours) run in a program: the element after `cursor` (0 starts), its key copied
+    /// to `key_out`, this CPU's value returned with the cursor to pass next; null at the
+    /// end and for other map types. An element the callback deletes does not end or skip
+    /// the walk (it goes on from the deleted element's link, as the kernel's RCU walk).
+    ///
+    /// # Safety
+    /// `key_out` has `key_size` writable bytes; the caller is pinned on the default
+    /// `crossbeam_epoch` collector from the first step until it no longer uses any value.
+    pub unsafe fn iter_next_raw(&self, cursor: u64, key_out: *mut u8, cpu: u32) -> (*mut u8, u64) {
+        match &self.kind {
+            // SAFETY: forwarded from the caller.
+            Kind::Hash(h) => unsafe { h.iter_next(cursor, key_out, self.cpu_index(cpu)) },
+            _ => (ptr::null_mut(), cursor),
         }
     }
 

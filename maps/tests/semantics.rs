@@ -673,3 +673,55 @@ fn prog_array_slots() {
     .unwrap();
     assert!(ro.value_regions().iter().all(|r| !r.2));
 }
+
+/// `iter_next_raw`, the step of a program's `bpf_for_each_map_elem` over a hash map: every
+/// key once in `keys` order with its value, and a walk that deletes each element as it goes
+/// still reaches them all (it continues from the deleted element's link, under one pin).
+#[test]
+fn hash_iteration_steps_visit_every_key_once_even_while_deleting() {
+    for t in [
+        MapType::Hash,
+        MapType::PercpuHash,
+        MapType::LruHash,
+        MapType::LruPercpuHash,
+    ] {
+        // 40 keys in 64 buckets: some chains of two or more.
+        let m = map("walk", t, 4, 8, 64);
+        for k in 0..40u32 {
+            let mut v = vec![0u8; m.host_value_size()];
+            for c in v.chunks_mut(8) {
+                c.copy_from_slice(&(u64::from(k) * 3).to_ne_bytes());
+            }
+            m.update(&k.to_ne_bytes(), &v, 0).unwrap();
+        }
+        let walk = |delete: bool| {
+            let _pin = crossbeam_epoch::pin();
+            let (mut cursor, mut key, mut seen) = (0u64, [0u8; 4], Vec::new());
+            loop {
+                // SAFETY: 4 writable key bytes; pinned for the whole walk.
+                let (v, next) = unsafe { m.iter_next_raw(cursor, key.as_mut_ptr(), 0) };
+                if v.is_null() {
+                    break;
+                }
+                let k = u32::from_ne_bytes(key);
+                // SAFETY: a value of 8 bytes, valid while pinned.
+                assert_eq!(unsafe { v.cast::<u64>().read() }, u64::from(k) * 3, "{t:?}");
+                seen.push(key.to_vec());
+                if delete {
+                    m.delete(&key).unwrap();
+                }
+                cursor = next;
+            }
+            seen
+        };
+        assert_eq!(walk(false), m.keys(), "{t:?}");
+        let keys = m.keys();
+        assert_eq!(walk(true), keys, "{t:?}: deleting while walking");
+        assert!(m.is_empty(), "{t:?}");
+        // Other map types have no such walk.
+        let a = map("a", MapType::Array, 4, 8, 4);
+        // SAFETY: 4 writable bytes.
+        let (v, _) = unsafe { a.iter_next_raw(0, [0u8; 4].as_mut_ptr(), 0) };
+        assert!(v.is_null());
+    }
+}

@@ -11,7 +11,9 @@
 //! 3. Hash lookups, 4- and 8-byte keys, 1 Ki and 1 Mi entries, keys computed in the
 //!    program, against the same loop over `std::collections::HashMap` with the maps' hash.
 //! 4. update (existing key) and update+delete pairs for HASH, LRU_HASH, PERCPU_HASH and
-//!    ARRAY; queue push+pop; ring buffer reserve+submit (drained by the host between rounds).
+//!    ARRAY; LPM_TRIE lookup (a /32 key in 1 Ki /24 routes), update (existing /24) and
+//!    update+delete of a new /32; queue push+pop; ring buffer reserve+submit (drained by the
+//!    host between rounds).
 //! 5. A chain of 33 tail calls against 34 bpf-to-bpf calls doing the same work.
 //!
 //! `cargo bench -p packjit --bench maps`
@@ -806,6 +808,87 @@ fn helper_ops(rt: &Runtime) {
         }
         keep.push(map);
     }
+    // LPM_TRIE: 1024 /24 routes (the first three bytes of (j * KEY_MUL) in memory order)
+    // under a /0, as a router's table; keys are `{ u32 prefixlen; u8 addr[4]; }` at r10 - 8.
+    let lpm = Map::new(MapSpec {
+        name: "LPM_TRIE".into(),
+        map_type: MapType::LpmTrie,
+        key_size: 8,
+        value_size: 8,
+        max_entries: 2048,
+        flags: packjit::maps::BPF_F_NO_PREALLOC,
+    })
+    .unwrap();
+    let lpm_key = |plen: u32, a: u32| [plen.to_ne_bytes(), a.to_le_bytes()].concat();
+    lpm.update(&lpm_key(0, 0), &[0; 8], 0).unwrap();
+    for j in 0..1024u64 {
+        lpm.update(&lpm_key(24, host_key4(j, KEY_MUL)), &[0; 8], 0)
+            .unwrap();
+    }
+    // *(u32 *)(r10 - 8) = plen; *(u32 *)(r10 - 4) = address.
+    let lpm_key_body = |a: &mut Asm, plen: i32, mask: i32, base: i32| {
+        a.movr(R1, R8)
+            .and(R1, mask)
+            .add(R1, base)
+            .op(0x24, R1, 0, 0, KEY_MUL);
+        a.stx32(R10, -4, R1).op(0x62, R10, 0, -8, plen);
+    };
+    let lpm_lookup = looped(
+        SHORT,
+        |_| {},
+        |a| {
+            lpm_key_body(a, 32, 1023, 0);
+            a.map(R1, 0).stack_ptr(R2, -8).call(1);
+            a.jump(JNE, R0, 0, "found").add(R7, 1).label("found");
+        },
+    );
+    let lpm_update = looped(
+        SHORT,
+        |_| {},
+        |a| {
+            lpm_key_body(a, 24, 1023, 0);
+            a.stx64(R10, -16, R8);
+            a.map(R1, 0)
+                .stack_ptr(R2, -8)
+                .stack_ptr(R3, -16)
+                .mov(R4, 0)
+                .call(2);
+            fail_if_nonzero(a, "u");
+        },
+    );
+    let lpm_pair = looped(
+        SHORT,
+        |_| {},
+        |a| {
+            lpm_key_body(a, 32, 255, 1024);
+            a.stx64(R10, -16, R8);
+            a.map(R1, 0)
+                .stack_ptr(R2, -8)
+                .stack_ptr(R3, -16)
+                .mov(R4, 0)
+                .call(2);
+            fail_if_nonzero(a, "u");
+            a.map(R1, 0).stack_ptr(R2, -8).call(3);
+            fail_if_nonzero(a, "d");
+        },
+    );
+    let o = opts(&[&lpm]);
+    rows.push((
+        "LPM_TRIE lookup (/32 key, 1 Ki /24 routes)".into(),
+        both(rt, "lpm_lookup", &lpm_lookup, &o),
+        "longest match: a /24".into(),
+    ));
+    rows.push((
+        "LPM_TRIE update (existing /24)".into(),
+        both(rt, "lpm_update", &lpm_update, &o),
+        String::new(),
+    ));
+    rows.push((
+        "LPM_TRIE update + delete (new /32)".into(),
+        both(rt, "lpm_pair", &lpm_pair, &o),
+        "per pair".into(),
+    ));
+    keep.push(lpm);
     let queue = spec("queue", MapType::Queue, 0, 8, 1024);
     let push_pop = looped(
         SHORT,

@@ -10,8 +10,9 @@
 //!
 //! The callback must be known where the helper is called: `r2` loaded in the same basic
 //! block with the function's address (`lddw` with `src = BPF_PSEUDO_FUNC`, as clang and
-//! libbpf emit it); for `bpf_for_each_map_elem`, `r1` an array map the same way. Anything
-//! else is refused at load naming the pc. Loops are ordinary eBPF: budgets, call depth and
+//! libbpf emit it); for `bpf_for_each_map_elem`, `r1` an array or hash map (HASH,
+//! PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH) the same way. Anything else is refused at load
+//! naming the pc. Loops are ordinary eBPF: budgets, call depth and
 //! the sandbox's checks apply to them as to any other code.
 
 use crate::{err, Error, ErrorKind};
@@ -248,15 +249,23 @@ fn for_each_function(
         ));
     };
     let spec = m.spec();
-    if !matches!(spec.map_type, MapType::Array | MapType::PercpuArray) {
+    let hash = matches!(
+        spec.map_type,
+        MapType::Hash | MapType::PercpuHash | MapType::LruHash | MapType::LruPercpuHash
+    );
+    if !hash && !matches!(spec.map_type, MapType::Array | MapType::PercpuArray) {
         return Err(err(
             ErrorKind::Unsupported,
             format!(
-                "pc {pc}: bpf_for_each_map_elem over map `{}` of type {}: only array maps are iterated in programs",
+                "pc {pc}: bpf_for_each_map_elem over map `{}` of type {}: only array and hash maps are iterated in programs (the kernel's {} has no for_each callback)",
                 spec.name,
+                spec.map_type.name(),
                 spec.map_type.name()
             ),
         ));
+    }
+    if hash {
+        return hash_for_each_function(pc, at, callback, k, m);
     }
     let mut b = Builder::new(at);
     let (einval, top, done) = (b.label(), b.label(), b.label());
@@ -281,6 +290,72 @@ fn for_each_function(
     map_ref(&mut b, 1);
     b.i(0xbf, 2, R10, 0, 0);
     b.i(0x07, 2, 0, 0, -32);
+    b.i(0xbf, 4, 8, 0, 0);
+    b.call(callback);
+    b.i(0x07, 7, 0, 0, 1);
+    b.jump(0x15, R0, 0, 0, top);
+    b.bind(done);
+    b.i(0xbf, R0, 7, 0, 0);
+    restore_and_exit(&mut b);
+    b.bind(einval);
+    b.i(0xb7, R0, 0, 0, -22);
+    b.i(0x95, 0, 0, 0, 0);
+    Ok(b.finish())
+}
+
+/// Where [`hash_for_each_function`] keeps the walk's cursor: below the saved r6-r8.
+const CURSOR: i16 = -32;
+
+/// `bpf_for_each_map_elem` over a hash map: `callback(map, &key, value, ctx)` for each
+/// element until it returns non-zero; the number visited, `-EINVAL` for non-zero flags.
+/// Each step is a call of the runtime's [`HASH_ITER_NEXT`](crate::maps::HASH_ITER_NEXT),
+/// which copies the element's key into this function's frame (keys live with the map's
+/// bookkeeping, which programs never reach) and returns this CPU's value.
+fn hash_for_each_function(
+    pc: usize,
+    at: usize,
+    callback: usize,
+    k: usize,
+    m: &Map,
+) -> Result<Vec<u8>, Error> {
+    let spec = m.spec();
+    // The key buffer sits below the cursor in this function's 512-byte frame.
+    let key_bytes = (spec.key_size as i32 + 7) & !7;
+    let key_at = CURSOR as i32 - key_bytes;
+    if key_at < -512 {
+        return Err(err(
+            ErrorKind::Unsupported,
+            format!(
+                "pc {pc}: bpf_for_each_map_elem over map `{}`: its {}-byte keys do not fit the iterating function's frame (at most {} bytes)",
+                spec.name,
+                spec.key_size,
+                512 + CURSOR as i32
+            ),
+        ));
+    }
+    let mut b = Builder::new(at);
+    let (einval, top, done) = (b.label(), b.label(), b.label());
+    let map_ref = |b: &mut Builder, dst: u8| {
+        b.i(0x18, dst, PSEUDO_MAP_FD, 0, k as i32);
+        b.i(0, 0, 0, 0, 0);
+    };
+    b.jump(0x55, 4, 0, 0, einval); // if flags != 0
+    save(&mut b);
+    b.i(0xb7, 7, 0, 0, 0); // r7 = visited
+    b.i(0xbf, 8, 3, 0, 0); // r8 = ctx
+    b.i(0x7a, R10, 0, CURSOR, 0); // cursor = 0
+    b.bind(top);
+    map_ref(&mut b, 1);
+    b.i(0xbf, 2, R10, 0, 0);
+    b.i(0x07, 2, 0, 0, CURSOR as i32);
+    b.i(0xbf, 3, R10, 0, 0);
+    b.i(0x07, 3, 0, 0, key_at);
+    b.i(0x85, 0, 0, 0, crate::maps::HASH_ITER_NEXT as i32);
+    b.jump(0x15, R0, 0, 0, done); // no element left
+    b.i(0xbf, 3, R0, 0, 0);
+    map_ref(&mut b, 1);
+    b.i(0xbf, 2, R10, 0, 0);
+    b.i(0x07, 2, 0, 0, key_at);
     b.i(0xbf, 4, 8, 0, 0);
     b.call(callback);
     b.i(0x07, 7, 0, 0, 1);

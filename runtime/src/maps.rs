@@ -98,6 +98,10 @@ const KNOWN_MAP_IDS: [(u32, u32); 4] = [
     (TAIL_CALL, 0x7043_2012),
 ];
 
+/// packjit's id for one step of `bpf_for_each_map_elem` over a hash map, called by the
+/// function `callbacks.rs` appends: `(map, &cursor, key buffer) -> value or 0`.
+pub(crate) const HASH_ITER_NEXT: u32 = 0x7043_2164;
+
 /// `BPF_PSEUDO_MAP_FD` / `BPF_PSEUDO_MAP_VALUE` in an `lddw`'s source field.
 const PSEUDO_MAP_FD: u8 = 1;
 const PSEUDO_MAP_VALUE: u8 = 2;
@@ -283,6 +287,13 @@ pub(crate) fn bind(
         PJ_INLINE_PROG_ARRAY_TAIL_CALL,
         &prog_arrays,
     ));
+    if calls(&out, HASH_ITER_NEXT) {
+        helpers.push(HelperEntry {
+            id: HASH_ITER_NEXT,
+            inline_kind: PJ_INLINE_NONE,
+            addr: hash_iter_next as *const () as u64,
+        });
+    }
     if inlining.tail_calls && calls(&out, TAIL_CALL) {
         helpers.push(HelperEntry {
             id: TAIL_CALL,
@@ -338,7 +349,15 @@ fn check_map_argument(
     let (reg, takes): (usize, &[MapType]) = match helper {
         MAP_LOOKUP_ELEM | MAP_UPDATE_ELEM | MAP_DELETE_ELEM => (
             1,
-            &[Array, PercpuArray, Hash, PercpuHash, LruHash, LruPercpuHash],
+            &[
+                Array,
+                PercpuArray,
+                Hash,
+                PercpuHash,
+                LruHash,
+                LruPercpuHash,
+                LpmTrie,
+            ],
         ),
         MAP_LOOKUP_PERCPU_ELEM => (1, &[PercpuArray, PercpuHash, LruPercpuHash]),
         MAP_PUSH_ELEM | MAP_POP_ELEM | MAP_PEEK_ELEM => (1, &[Queue, Stack]),
@@ -598,6 +617,29 @@ extern "C" fn known_map_update_elem(map: u64, key: u64, value: u64, flags: u64, 
 extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as in `known_map_lookup_elem`.
     delete(unsafe { known_map(map) }, key)
+}
+
+/// One step of `bpf_for_each_map_elem` over a hash map ([`HASH_ITER_NEXT`]): the element
+/// after the cursor at `cursor` (a `u64` in the calling function's frame, 0 to start), its
+/// key copied to `key` (`key_size` bytes in that frame), the cursor advanced; the value
+/// (this CPU's) or 0 at the end. The run is pinned from before the first step to its end,
+/// so the walk and the values stay valid (see [`Map::iter_next_raw`]).
+extern "C" fn hash_iter_next(map: u64, cursor: u64, key: u64, _: u64, _: u64) -> u64 {
+    let Some(m) = current_map(map) else {
+        return 0;
+    };
+    if !run_may_access(cursor, 8, AccessDirection::Write)
+        || !run_may_access(key, m.spec().key_size.into(), AccessDirection::Write)
+    {
+        return 0;
+    }
+    // SAFETY: 8 writable bytes at `cursor` (checked above, or vouched for by a trusted run).
+    let at = unsafe { (cursor as *const u64).read_unaligned() };
+    // SAFETY: `key_size` writable bytes at `key`; the run is pinned.
+    let (value, next) = unsafe { m.iter_next_raw(at, key as *mut u8, cpu_for(m)) };
+    // SAFETY: as the read above.
+    unsafe { (cursor as *mut u64).write_unaligned(next) };
+    value as u64
 }
 
 extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64, _: u64) -> u64 {

@@ -484,5 +484,307 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
         let each = load("pj/each");
         assert_eq!(each.call(&mut input(255, 0)).unwrap(), 3628 * 100 + 8);
         assert_eq!(each.call(&mut input(2, 0)).unwrap(), 603 * 100 + 3);
+        // bpf_for_each_map_elem over hash maps: the host sets every CPU's copy of the
+        // per-CPU hash (keys 1, 2 from pj/percpu) so the walk's CPU does not matter; the LRU
+        // holds 4 keys. The walk goes in bucket order, as `keys` lists them.
+        let pcpu_hash = object.map("pcpu_hash").unwrap();
+        let order: Vec<u64> = pcpu_hash
+            .keys()
+            .iter()
+            .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()) as u64)
+            .collect();
+        for &k in &order {
+            let v: Vec<u8> = (0..packjit::maps::Map::possible_cpus())
+                .flat_map(|_| (k * 10).to_le_bytes())
+                .collect();
+            pcpu_hash.update(&(k as u32).to_le_bytes(), &v, 0).unwrap();
+        }
+        let each_hash = load("pj/each_hash");
+        for stop in [255u32, order[0] as u32] {
+            let n = order
+                .iter()
+                .position(|&k| k == stop as u64)
+                .map_or(order.len(), |i| i + 1);
+            let total: u64 = order[..n].iter().map(|k| k * 10 * 100 + k).sum();
+            let r = each_hash.call(&mut input(stop, 0)).unwrap();
+            assert_eq!(
+                r & 0xffff_ffff,
+                total * 100 + n as u64,
+                "stop {stop}, order {order:?}"
+            );
+            assert_eq!(r >> 32, 4, "the LRU's 4 keys");
+        }
+    }
+}
+
+/// `tests/bpf/lpm_trie.c`: a BTF-defined LPM trie routing IPv4 addresses, filled by the host
+/// and by the program, checked against a brute-force longest-prefix model, sandboxed and
+/// trusted.
+#[test]
+fn lpm_trie_routes_from_clang_match_the_longest_prefix_model() {
+    use packjit::maps::BPF_NOEXIST;
+    use packjit::ElfObject;
+    let obj = compile_bpf("lpm_trie");
+    let maps = elf_maps(&obj).unwrap();
+    // LPM_TRIE, struct { u32 prefixlen; u8 addr[4]; } key, struct route value,
+    // BPF_F_NO_PREALLOC; and the legacy `maps` section's one with u32 values.
+    let by = |n: &str| maps.iter().find(|m| m.name == n).unwrap().clone();
+    assert_eq!(maps.len(), 2);
+    assert_eq!(by("routes"), def("routes", 11, 8, 8, 64, 1));
+    assert_eq!(by("legacy_routes"), def("legacy_routes", 11, 8, 4, 16, 1));
+    let rt = host::host_runtime();
+    let seed = std::env::var("PACKJIT_LPM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x1b_4a11_u64);
+    println!("lpm_trie.c: seed {seed:#x}");
+    let req = |a: [u8; 4], plen: u32, id: u32, flags: u32| {
+        [
+            a.to_vec(),
+            plen.to_le_bytes().to_vec(),
+            id.to_le_bytes().to_vec(),
+            flags.to_le_bytes().to_vec(),
+        ]
+        .concat()
+    };
+    let lpm_key = |a: [u8; 4], plen: u32| [plen.to_ne_bytes().to_vec(), a.to_vec()].concat();
+    let masked = |a: [u8; 4], plen: u32| {
+        let m = if plen == 0 {
+            0
+        } else {
+            u32::MAX << (32 - plen)
+        };
+        u32::from_be_bytes(a) & m
+    };
+    for trusted in [false, true] {
+        let object = ElfObject::open(&obj, &[]).unwrap();
+        let load = |section: &str| {
+            let sel = ElfLoadOptions::section(section);
+            if trusted {
+                // SAFETY: the programs touch their input, their stack and map values only.
+                unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap()
+            } else {
+                object.load(&rt, &sel, &Default::default()).unwrap()
+            }
+        };
+        let (matcher, add, del) = (load("pj/match"), load("pj/add"), load("pj/del"));
+        // The legacy map: stores from the program, longest match from the program.
+        let legacy = load("pj/legacy");
+        let route = |a: [u8; 4], plen: u32, id: u32, store: bool| {
+            legacy.call(&mut req(a, plen, id, store as u32)).unwrap()
+        };
+        assert_eq!(route([10, 1, 2, 3], 0, 0, false), 0xffff_ffff);
+        assert_eq!(route([10, 0, 0, 0], 8, 7, true), 7);
+        assert_eq!(route([10, 1, 2, 3], 0, 0, false), 7);
+        assert_eq!(route([10, 1, 0, 0], 16, 9, true), 9);
+        assert_eq!(route([10, 1, 2, 3], 0, 0, false), 9);
+        assert_eq!(route([10, 2, 2, 3], 0, 0, false), 7);
+        assert_eq!(route([11, 1, 2, 3], 0, 0, false), 0xffff_ffff);
+        assert_eq!(
+            route([10, 1, 0, 0], 33, 9, true) as i64,
+            -22,
+            "prefixlen 33"
+        );
+        assert_eq!(object.map("legacy_routes").unwrap().len(), 2);
+        let routes = object.map("routes").unwrap();
+        // The host's table: a default route and the kernel documentation's example.
+        let mut model: Vec<(u32, u32, u32)> = Vec::new(); // (network, prefixlen, id)
+        for (a, plen, id) in [
+            ([0, 0, 0, 0], 0u32, 1u32),
+            ([192, 168, 0, 0], 16, 2),
+            ([192, 168, 0, 0], 24, 3),
+            ([192, 168, 1, 0], 24, 4),
+            ([192, 168, 128, 0], 24, 5),
+        ] {
+            let v = [id.to_le_bytes(), 0u32.to_le_bytes()].concat();
+            routes.update(&lpm_key(a, plen), &v, 0).unwrap();
+            model.push((masked(a, plen), plen, id));
+        }
+        let mut rng = seed | 1;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut hits = std::collections::HashMap::<u32, u32>::new();
+        for step in 0..400 {
+            let r = next();
+            let a = [
+                [10, 192, 172][(r % 3) as usize],
+                [168, 0, 16, 1][(r >> 8) as usize % 4],
+                (r >> 16) as u8 & 0x83,
+                (r >> 24) as u8,
+            ];
+            let plen = (r >> 32) as u32 % 33;
+            let ctx = format!("trusted {trusted} seed {seed:#x} step {step}");
+            match (r >> 40) % 4 {
+                0 => {
+                    // Add with BPF_NOEXIST from the program: 0 or -EEXIST, as the model says.
+                    let id = 100 + step as u32;
+                    let exists = model
+                        .iter()
+                        .any(|&(n, p, _)| p == plen && n == masked(a, plen));
+                    let got = add.call(&mut req(a, plen, id, BPF_NOEXIST as u32)).unwrap() as i64;
+                    if exists {
+                        assert_eq!(got, -17, "{ctx}");
+                    } else if model.len() == 64 {
+                        assert_eq!(got, -28, "{ctx}");
+                    } else {
+                        assert_eq!(got, 0, "{ctx}");
+                        model.push((masked(a, plen), plen, id));
+                    }
+                }
+                1 => {
+                    let at = model
+                        .iter()
+                        .position(|&(n, p, _)| p == plen && n == masked(a, plen));
+                    let got = del.call(&mut req(a, plen, 0, 0)).unwrap() as i64;
+                    match at {
+                        Some(i) => {
+                            assert_eq!(got, 0, "{ctx}");
+                            let (_, _, id) = model.remove(i);
+                            hits.remove(&id);
+                        }
+                        None => assert_eq!(got, -2, "{ctx}"),
+                    }
+                }
+                _ => {
+                    let addr = u32::from_be_bytes(a);
+                    let want = model
+                        .iter()
+                        .filter(|&&(n, p, _)| masked(addr.to_be_bytes(), p) == n)
+                        .max_by_key(|&&(_, p, _)| p)
+                        .map_or(0xffff_ffff, |&(_, _, id)| id);
+                    let got = matcher.call(&mut req(a, 0, 0, 0)).unwrap();
+                    assert_eq!(got, u64::from(want), "route {a:?}: {ctx}");
+                    if want != 0xffff_ffff {
+                        *hits.entry(want).or_default() += 1;
+                    }
+                }
+            }
+        }
+        // The run exercised the trie: routes the program added, matches beyond the default.
+        assert!(
+            model.len() > 20 && hits.len() > 3,
+            "{} routes, {} hit",
+            model.len(),
+            hits.len()
+        );
+        // The hit counts the program incremented in place, read by the host.
+        assert_eq!(routes.len(), model.len());
+        for &(n, p, id) in &model {
+            let v = routes.lookup(&lpm_key(n.to_be_bytes(), p)).unwrap();
+            let got = u32::from_le_bytes(v[4..8].try_into().unwrap());
+            assert_eq!(
+                got,
+                hits.get(&id).copied().unwrap_or(0),
+                "hits of /{p} id {id}"
+            );
+        }
+    }
+}
+
+/// `lpm_trie.c`'s router on four threads (two sandboxed, two trusted) while the host adds,
+/// replaces and deletes routes below a permanent 10.0.0.0/8: every address finds a route
+/// (the /8 at worst), and the route found covers the address. Route ids index a table of
+/// candidate routes fixed before the race.
+#[test]
+fn lpm_trie_lookups_from_programs_race_host_updates_and_deletes() {
+    use packjit::ElfObject;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let obj = compile_bpf("lpm_trie");
+    let rt = host::host_runtime();
+    let object = ElfObject::open(&obj, &[]).unwrap();
+    let sel = ElfLoadOptions::section("pj/match");
+    let sandboxed = Arc::new(object.load(&rt, &sel, &Default::default()).unwrap());
+    // SAFETY: the program touches its input, its stack and the map's values only.
+    let trusted = Arc::new(unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap());
+    let routes = object.map("routes").unwrap();
+    let seed = std::env::var("PACKJIT_LPM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x57_2e55_u64);
+    println!("lpm_trie.c race: seed {seed:#x}");
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // Candidate routes: id 0 is 10.0.0.0/8, the others /9../32 networks inside it.
+    let mut cand: Vec<(u32, u32)> = vec![(0x0a00_0000, 8)];
+    for _ in 1..48 {
+        let r = next();
+        let plen = 9 + (r % 24) as u32;
+        let addr = 0x0a00_0000 | ((r >> 8) as u32 & 0x0003_ffff) << 6;
+        cand.push((addr & (u32::MAX << (32 - plen)), plen));
+    }
+    let cand = Arc::new(cand);
+    let key = |(net, plen): (u32, u32)| [plen.to_ne_bytes(), net.to_be_bytes()].concat();
+    let value = |id: u32| [id.to_le_bytes(), 0u32.to_le_bytes()].concat();
+    routes.update(&key(cand[0]), &value(0), 0).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let p = if t % 2 == 0 {
+                sandboxed.clone()
+            } else {
+                trusted.clone()
+            };
+            let (cand, stop) = (cand.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut x = seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut runs = 0u64;
+                while !stop.load(Ordering::Relaxed) || runs < 100 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Mostly addresses inside some candidate route, so matches go deep.
+                    let (net, plen) = cand[(x % cand.len() as u64) as usize];
+                    let host_bits = if plen == 32 {
+                        0
+                    } else {
+                        (x >> 32) as u32 >> plen
+                    };
+                    let addr = net | host_bits;
+                    let mut ctx = [0u8; 16];
+                    ctx[..4].copy_from_slice(&addr.to_be_bytes());
+                    let id = p.call(&mut ctx).unwrap();
+                    let &(rnet, rplen) = cand.get(id as usize).unwrap_or_else(|| {
+                        panic!("thread {t}: {addr:#x} got route id {id:#x} (seed {seed:#x})")
+                    });
+                    let mask = u32::MAX << (32 - rplen);
+                    assert_eq!(
+                        addr & mask,
+                        rnet,
+                        "thread {t}: {addr:#x} routed by {rnet:#x}/{rplen} (seed {seed:#x})"
+                    );
+                    runs += 1;
+                }
+                runs
+            })
+        })
+        .collect();
+    for _ in 0..4000 {
+        let r = next();
+        let id = 1 + (r % (cand.len() as u64 - 1)) as u32;
+        if r >> 40 & 3 == 0 {
+            let _ = routes.delete(&key(cand[id as usize]));
+        } else {
+            routes
+                .update(&key(cand[id as usize]), &value(id), 0)
+                .unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let runs: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(runs >= 400, "{runs} runs");
+    // Afterwards the trie holds the /8 and whatever the host left, each with its own id.
+    for k in routes.keys() {
+        let id = u32::from_le_bytes(routes.lookup(&k).unwrap()[..4].try_into().unwrap());
+        assert_eq!(key(cand[id as usize]), k);
     }
 }

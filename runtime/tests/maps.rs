@@ -641,17 +641,131 @@ fn for_each_map_elem_visits_an_arrays_elements_in_order_until_stopped() {
             }
         }
     }
-    // Hash maps are not iterated in programs: a named refusal.
-    let hash = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+}
+
+/// The hash flavours' keys 0..n with value k + 1 (every CPU's copy, for per-CPU maps).
+fn filled_hash(map_type: MapType, n: u32) -> Arc<Map> {
+    let map = Map::new(spec("vals", map_type, 4, 8, 16)).unwrap();
+    for k in 0..n {
+        let mut v = vec![0u8; map.host_value_size()];
+        for c in v.chunks_mut(8) {
+            c.copy_from_slice(&(k as u64 + 1).to_le_bytes());
+        }
+        map.update(&k.to_le_bytes(), &v, 0).unwrap();
+    }
+    map
+}
+
+#[test]
+fn for_each_map_elem_visits_a_hash_maps_elements_in_bucket_order_until_stopped() {
+    let rt = host::host_runtime();
+    for map_type in [
+        MapType::Hash,
+        MapType::PercpuHash,
+        MapType::LruHash,
+        MapType::LruPercpuHash,
+    ] {
+        let map = filled_hash(map_type, 5);
+        // The kernel's walk goes bucket by bucket, as `keys` lists them.
+        let order: Vec<u64> = map
+            .keys()
+            .iter()
+            .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()) as u64)
+            .collect();
+        assert_eq!(order.len(), 5);
+        let opts = LoadOptions {
+            maps: vec![map.clone()],
+            ..Default::default()
+        };
+        for p in load_both(&rt, &for_each_program(), &opts) {
+            for stop in [255u8, 2, order[0] as u8] {
+                let mut mem = [0u8; 9];
+                mem[8] = stop;
+                let visited = p.call(&mut mem).unwrap();
+                let n = order
+                    .iter()
+                    .position(|&k| k == stop as u64)
+                    .map_or(5, |i| i + 1);
+                assert_eq!(
+                    visited, n as u64,
+                    "{map_type:?} stop {stop}, order {order:?}"
+                );
+                let sum: u64 = order[..n].iter().map(|k| k * 1000 + k + 1).sum();
+                assert_eq!(u64::from_le_bytes(mem[..8].try_into().unwrap()), sum);
+            }
+        }
+    }
+}
+
+/// `bpf_for_each_map_elem(map 0, cb, ctx, 0)` where the callback deletes the element it is
+/// given (`bpf_map_delete_elem(map, key)`) and goes on.
+fn for_each_delete_program() -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0),
+        map_ref(1, 0),
+        i(0x18, 2, 4, 0, 5), // r2 = the callback at pc 3 + 1 + 5 = 9
+        i(0, 0, 0, 0, 0),
+        i(0xbf, 3, 6, 0, 0),
+        i(0xb7, 4, 0, 0, 0),
+        i(CALL, 0, 0, 0, 164),
+        i(EXIT, 0, 0, 0, 0),
+        // pc 9: r1 = map, r2 = &key: delete it, continue.
+        i(CALL, 0, 0, 0, 3),
+        i(0xb7, 0, 0, 0, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn a_for_each_callback_that_deletes_each_element_still_visits_them_all() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        for map_type in [MapType::Hash, MapType::LruPercpuHash] {
+            let map = filled_hash(map_type, 12);
+            let opts = LoadOptions {
+                maps: vec![map.clone()],
+                ..Default::default()
+            };
+            let p = load_both(&rt, &for_each_delete_program(), &opts)
+                .into_iter()
+                .find(|p| p.trust() == trust)
+                .unwrap();
+            let visited = p.call(&mut [0u8; 8]).unwrap();
+            assert_eq!(visited, 12, "{map_type:?} {trust:?}");
+            assert!(map.is_empty(), "{map_type:?} {trust:?}: {} left", map.len());
+            // An empty map: no call, 0 visited.
+            assert_eq!(p.call(&mut [0u8; 8]).unwrap(), 0);
+        }
+    }
+}
+
+#[test]
+fn for_each_map_elem_refuses_keys_that_do_not_fit_its_frame_and_non_zero_flags() {
+    let rt = host::host_runtime();
+    let wide = Map::new(spec("wide", MapType::Hash, 481, 8, 4)).unwrap();
     let opts = LoadOptions {
-        maps: vec![hash],
+        maps: vec![wide],
         ..Default::default()
     };
     let e = rt.load(&for_each_program(), &opts).unwrap_err().to_string();
     assert!(
-        e.contains("pc 7") && e.contains("`h`") && e.contains("BPF_MAP_TYPE_HASH"),
+        e.contains("pc 7") && e.contains("`wide`") && e.contains("481"),
         "{e}"
     );
+    // flags != 0: -EINVAL, no element visited.
+    let map = filled_hash(MapType::Hash, 3);
+    let opts = LoadOptions {
+        maps: vec![map],
+        ..Default::default()
+    };
+    let mut code = for_each_program();
+    code[8 * 6..8 * 7].copy_from_slice(&i(0xb7, 4, 0, 0, 1)); // r4 = 1
+    for p in load_both(&rt, &code, &opts) {
+        let mut mem = [0u8; 9];
+        assert_eq!(p.call(&mut mem).unwrap() as i64, -22);
+        assert_eq!(mem, [0; 9]);
+    }
 }
 
 #[test]
@@ -666,4 +780,44 @@ fn a_map_reference_into_a_register_that_does_not_exist_is_a_verifier_error() {
     let code = [map_ref(12, 0), i(0xb7, 0, 0, 0, 0), i(EXIT, 0, 0, 0, 0)].concat();
     let e = rt.load(&code, &opts).unwrap_err();
     assert!(e.to_string().contains("pc 0"), "{e}");
+}
+
+#[test]
+fn helpers_an_lpm_trie_does_not_take_are_refused_naming_pc_helper_and_map() {
+    let rt = host::host_runtime();
+    let trie = Map::new(MapSpec {
+        flags: packjit::maps::BPF_F_NO_PREALLOC,
+        ..spec("routes", MapType::LpmTrie, 8, 8, 4)
+    })
+    .unwrap();
+    let opts = LoadOptions {
+        maps: vec![trie],
+        ..Default::default()
+    };
+    // r1 = the trie, r2 = a key on the stack, r3 = 0: lookup_percpu (195), push (87).
+    for (helper, name) in [
+        (195, "bpf_map_lookup_percpu_elem"),
+        (87, "bpf_map_push_elem"),
+    ] {
+        let code = [
+            i(0x7a, 10, 0, -8, 0),
+            map_ref(1, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -8),
+            i(0xb7, 3, 0, 0, 0),
+            i(CALL, 0, 0, 0, helper),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        let e = rt.load(&code, &opts).unwrap_err().to_string();
+        for want in ["pc 6", name, "`routes`", "BPF_MAP_TYPE_LPM_TRIE"] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+    // bpf_for_each_map_elem: the kernel's trie has no iteration callback.
+    let e = rt.load(&for_each_program(), &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("pc 7") && e.contains("`routes`") && e.contains("BPF_MAP_TYPE_LPM_TRIE"),
+        "{e}"
+    );
 }

@@ -119,3 +119,16 @@ u64 each(struct in *in, u64 len)
     long r = bpf_for_each_map_elem(&table, add_value, &s, 0);
     return s.total * 100 + r;
 }
+
+/* bpf_for_each_map_elem over the per-CPU hash pj/percpu fills (this CPU's values) and over
+ * the LRU hash pj/lru fills, with the same callback; returns the per-CPU walk's
+ * total * 100 + visited in the low 32 bits, the LRU walk's visited count above. */
+SEC("pj/each_hash")
+u64 each_hash(struct in *in, u64 len)
+{
+    struct sum s = { 0, in->key };
+    long r = bpf_for_each_map_elem(&pcpu_hash, add_value, &s, 0);
+    struct sum l = { 0, 0xffffffff };
+    long n = bpf_for_each_map_elem(&lru, add_value, &l, 0);
+    return ((u64)n << 32) | (s.total * 100 + r);
+}
