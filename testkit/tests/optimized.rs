@@ -124,3 +124,26 @@ fn what_the_tier_cannot_take_is_refused_by_name() {
     let p = unsafe { rt.load_trusted(&exit0, &optimized()) }.unwrap();
     assert_eq!(p.call(&mut []).unwrap(), 0);
 }
+
+#[test]
+fn an_unknown_callx_id_in_a_callee_stops_the_whole_run() {
+    use packjit_frontend::encode_insn as i;
+    let rt = Runtime::new().unwrap();
+    let code: Vec<u8> = [
+        i(0xb7, 0, 0, 0, 1),   // 0: r0 = 1
+        i(0x85, 0, 1, 0, 2),   // 1: call pc 4
+        i(0xb7, 0, 0, 0, 2),   // 2: r0 = 2 (never reached: the callee stopped the run)
+        i(0x95, 0, 0, 0, 0),   // 3: exit
+        i(0xb7, 1, 0, 0, 999), // 4: r1 = 999, no such helper
+        i(0x8d, 1, 0, 0, 0),   // 5: callx r1
+        i(0x95, 0, 0, 0, 0),   // 6: exit
+    ]
+    .concat();
+    // SAFETY: the program touches no memory.
+    let p = unsafe { rt.load_trusted(&code, &optimized()) }.unwrap();
+    let e = p.call(&mut []).unwrap_err();
+    match e.stop() {
+        Some(packjit::Stop::UnknownCallx { pc, id }) => assert_eq!((pc, id), (5, 999), "{e}"),
+        other => panic!("expected an unknown-callx stop, got {other:?} ({e})"),
+    }
+}
