@@ -17,12 +17,25 @@ use packjit_frontend::{Inst, Op, Operand, Size, R10, STACK_SIZE};
 /// A stack slot: offset from r10 and access size.
 pub(crate) type Slot = (i16, Size);
 
-/// The slots of `insts` (one function) that can live in SSA variables, ascending by offset.
-pub(crate) fn promotable_slots(insts: &[Inst]) -> Vec<Slot> {
+/// How one function's frame is kept.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct FramePlan {
+    /// The slots that live in SSA variables, ascending by offset.
+    pub slots: Vec<Slot>,
+    /// Whether the frame needs memory at all: some access stays in memory, or r10 escapes.
+    /// Without it the function reserves no stack (Cranelift keeps an unused slot).
+    pub memory: bool,
+}
+
+/// The plan for `insts` (one function).
+pub(crate) fn plan(insts: &[Inst]) -> FramePlan {
     let mut accesses: Vec<(Slot, bool)> = Vec::new();
     for inst in insts {
         if frame_escapes(&inst.op) {
-            return Vec::new();
+            return FramePlan {
+                slots: Vec::new(),
+                memory: true,
+            };
         }
         match inst.op {
             Op::Load {
@@ -67,7 +80,8 @@ pub(crate) fn promotable_slots(insts: &[Inst]) -> Vec<Slot> {
             out.push(slot);
         }
     }
-    out
+    let memory = accesses.len() > out.len();
+    FramePlan { slots: out, memory }
 }
 
 /// `true` when `op` reads r10 other than as the base address of a memory access: a copy of
@@ -112,7 +126,25 @@ mod tests {
             i(0x71, 2, 10, -14, 0), // r2 = *(u8 *)(r10 - 14): overlaps the u32
             i(0x95, 0, 0, 0, 0),
         ]);
-        assert_eq!(promotable_slots(&insts), vec![(-8, Size::DW)]);
+        let p = plan(&insts);
+        assert_eq!(p.slots, vec![(-8, Size::DW)]);
+        assert!(p.memory);
+    }
+
+    #[test]
+    fn a_frame_of_promoted_slots_needs_no_memory() {
+        let insts = decode(&[
+            i(0x7b, 10, 1, -8, 0), // *(u64 *)(r10 - 8) = r1
+            i(0x79, 0, 10, -8, 0), // r0 = *(u64 *)(r10 - 8)
+            i(0x95, 0, 0, 0, 0),
+        ]);
+        assert_eq!(
+            plan(&insts),
+            FramePlan {
+                slots: vec![(-8, Size::DW)],
+                memory: false
+            }
+        );
     }
 
     #[test]
@@ -123,7 +155,13 @@ mod tests {
             i(0x79, 0, 10, -8, 0), // r0 = *(u64 *)(r10 - 8)
             i(0x95, 0, 0, 0, 0),
         ]);
-        assert!(promotable_slots(&insts).is_empty());
+        assert_eq!(
+            plan(&insts),
+            FramePlan {
+                slots: vec![],
+                memory: true
+            }
+        );
     }
 
     #[test]
@@ -134,6 +172,6 @@ mod tests {
             i(0x7b, 10, 1, -16, 0), // *(u64 *)(r10 - 16) = r1
             i(0x95, 0, 0, 0, 0),
         ]);
-        assert_eq!(promotable_slots(&insts), vec![(-16, Size::DW)]);
+        assert_eq!(plan(&insts).slots, vec![(-16, Size::DW)]);
     }
 }

@@ -14,8 +14,8 @@
 //!   budget, blinding, the per-CPU instruction), an inlined helper kind, a legacy packet
 //!   load or the per-CPU instruction is refused with [`ErrorKind::Unsupported`] naming what.
 //!
-//! Files: [`lift`](crate) (one eBPF function to one Cranelift function, one method per
-//! instruction class), `frame` (which stack slots become SSA variables), `link` (the
+//! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
+//! instruction class), `frame.rs` (which stack slots become SSA variables), `link.rs` (the
 //! functions placed in one image, calls patched).
 //!
 //! ```

@@ -3,7 +3,7 @@
 //!
 //! BPF registers r0–r9 are Cranelift variables (`cranelift-frontend` builds the SSA form);
 //! r10 is the top of a 512-byte stack slot of the function's own; the stack slots
-//! [`frame::promotable_slots`] picks are variables too. Semantics are the interpreter's:
+//! [`frame::plan`] picks are variables too. Semantics are the interpreter's:
 //! division by zero gives 0, modulo by zero the dividend, `MIN / -1` does not trap, shift
 //! counts are masked (Cranelift's shifts mask by definition), 32-bit results are
 //! zero-extended.
@@ -119,15 +119,22 @@ pub(crate) fn lift_function(
         b.def_var(var, v);
     }
     let env = *params.last().expect("every signature ends with env");
-    let frame = b.create_sized_stack_slot(StackSlotData::new(
-        StackSlotKind::ExplicitSlot,
-        STACK_SIZE as u32,
-        4,
-    ));
-    let r10 = b.ins().stack_addr(I64, frame, STACK_SIZE as i32);
     let insts = &shared.prog.insts[sub.start..sub.end];
+    let plan = frame::plan(insts);
+    let r10 = if plan.memory {
+        let frame = b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            STACK_SIZE as u32,
+            4,
+        ));
+        b.ins().stack_addr(I64, frame, STACK_SIZE as i32)
+    } else {
+        // Every r10 access is a variable: no stack to reserve, and no use of r10's value
+        // (the plan found none outside promoted accesses).
+        zero
+    };
     let mut slots = HashMap::new();
-    for slot in frame::promotable_slots(insts) {
+    for slot in plan.slots {
         let var = b.declare_var(I64);
         b.def_var(var, zero);
         slots.insert(slot, var);
