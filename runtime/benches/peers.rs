@@ -239,6 +239,11 @@ fn main() {
             &|n| (n == "pj_mix").then_some(HELPER_ID),
         )
         .unwrap_or_else(|e| panic!("link {name}: {e}"));
+        // `PEERS_DUMP=dir`: the linked bytecode of each program as `dir/<name>.bin`, for a
+        // disassembler or `cargo run -p packjit-tier2 --example dump`.
+        if let Some(dir) = std::env::var_os("PEERS_DUMP") {
+            std::fs::write(Path::new(&dir).join(format!("{name}.bin")), &linked.code).unwrap();
+        }
         let opts = LoadOptions {
             regions: linked.data.regions(),
             name: Some(name.into()),
