@@ -147,3 +147,39 @@ fn an_unknown_callx_id_in_a_callee_stops_the_whole_run() {
         other => panic!("expected an unknown-callx stop, got {other:?} ({e})"),
     }
 }
+
+#[test]
+fn optimized_code_runs_behind_a_hook_and_has_symbols() {
+    use packjit_frontend::encode_insn as i;
+    let rt = Runtime::new().unwrap();
+    // r0 = ctx_len * 3 + 1, with the product spilled to the stack and read back.
+    let code: Vec<u8> = [
+        i(0xbf, 0, 2, 0, 0),   // 0: r0 = r2
+        i(0x27, 0, 0, 0, 3),   // 1: r0 *= 3
+        i(0x7b, 10, 0, -8, 0), // 2: *(u64 *)(r10 - 8) = r0
+        i(0x79, 0, 10, -8, 0), // 3: r0 = *(u64 *)(r10 - 8)
+        i(0x07, 0, 0, 0, 1),   // 4: r0 += 1
+        i(0x95, 0, 0, 0, 0),   // 5: exit
+    ]
+    .concat();
+    let opts = LoadOptions {
+        name: Some("tier2_hooked".into()),
+        ..optimized()
+    };
+    // SAFETY: the program touches only its own stack.
+    let p = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
+    // The symbol index knows the code by name, and the line table maps its entry to pc 0.
+    let entry = p.entry_addr();
+    let sym = rt
+        .symbolize(entry)
+        .expect("optimized code is in the symbol index");
+    assert_eq!(&*sym.name, "tier2_hooked");
+    assert_eq!(p.pc_at(entry), Some(0));
+    assert_eq!(p.pc_offsets().len(), 6);
+    let hook = packjit::Hook::new();
+    hook.attach(p).unwrap();
+    let mut ctx = [0u8; 5];
+    assert_eq!(hook.run(&mut ctx).unwrap().unwrap(), 16);
+    hook.detach();
+    assert!(hook.run(&mut ctx).is_none());
+}

@@ -215,6 +215,7 @@ pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
             bytes,
             calls,
             srclocs,
+            first_slot: prog.insts[prog.subprogs[index].start].pc,
         });
     }
     let arch = Arch::host().expect("host_isa succeeded");

@@ -14,6 +14,8 @@ pub(crate) struct FuncCode {
     pub calls: Vec<(u32, Reloc, usize, i64)>,
     /// `(start, end, eBPF slot)` of each run of code with a source location.
     pub srclocs: Vec<(u32, u32, u32)>,
+    /// The slot of the function's first instruction: its prologue's line.
+    pub first_slot: u32,
 }
 
 /// The image and its line table (one entry per bytecode slot).
@@ -42,8 +44,13 @@ pub(crate) fn link(arch: Arch, funcs: &[FuncCode], slots: usize) -> Result<Image
     }
     // The line table: where each slot's code starts (its lowest address; optimised code
     // interleaves instructions, so this is where a debugger's breakpoint on the line goes).
+    // A function's prologue is its first instruction's, as in the baseline's table: an
+    // address in it (a profiler's sample, a debugger's stop at the entry) maps to that pc.
     let mut line_table = vec![NO_NATIVE_CODE; slots];
     for (f, &start) in funcs.iter().zip(&starts) {
+        if let Some(e) = line_table.get_mut(f.first_slot as usize) {
+            *e = start as u32;
+        }
         for &(lo, hi, slot) in &f.srclocs {
             if let Some(e) = line_table.get_mut(slot as usize) {
                 if hi > lo {
