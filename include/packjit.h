@@ -233,6 +233,15 @@
 #define PACKJIT_LOAD_PERCPU_INSN 16
 
 /**
+ * `PackjitLoadOptions::flags`: compile with the optimizing tier (Cranelift) instead of the
+ * baseline JIT: slower to compile, faster to run. Host architecture only, trusted programs
+ * only (with `PACKJIT_LOAD_TRUSTED`), no maps, tail calls, budget, blinding or per-CPU
+ * instruction yet: anything else fails with `PJ_ERR_UNSUPPORTED` naming what. A library
+ * built without the `optimizer` cargo feature refuses it the same way.
+ */
+#define PACKJIT_LOAD_OPTIMIZE 64
+
+/**
  * Capacity, including the NUL, of the name fields of the info structs.
  */
 #define PACKJIT_NAME_LEN 64

@@ -782,15 +782,43 @@ fn sandbox_is_the_default_and_options_are_checked() {
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("wraps around"), "{}", last_error());
     opts.region_count = 0;
-    opts.flags = PACKJIT_LOAD_TRUSTED | 64;
+    opts.flags = PACKJIT_LOAD_TRUSTED | 128;
     // SAFETY: as above.
     let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(
-        last_error().contains("unknown bits 0x40"),
+        last_error().contains("unknown bits 0x80"),
         "{}",
         last_error()
     );
+}
+
+/// `PACKJIT_LOAD_OPTIMIZE`: the optimizing tier with the library's `optimizer` feature (no
+/// backend plugin needed), a named refusal without it, and for sandboxed code always.
+#[test]
+fn load_optimize_compiles_with_the_tier_or_is_refused_by_name() {
+    let rt = Rt::new();
+    let code = mov_r0(42);
+    let mut p = null_mut();
+    let mut opts = trusted_opts();
+    opts.flags |= PACKJIT_LOAD_OPTIMIZE;
+    // SAFETY: valid runtime, code, options and out pointer; `mov r0, 42; exit` touches no
+    // memory.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    if cfg!(feature = "optimizer") {
+        assert_eq!(st, PJ_OK, "{}", last_error());
+        assert_eq!(run(p), Ok(42));
+        // SAFETY: p came from packjit_program_load.
+        unsafe { packjit_program_free(p) };
+    } else {
+        assert_eq!(st, PJ_ERR_UNSUPPORTED);
+        assert!(last_error().contains("`optimizer`"), "{}", last_error());
+    }
+    opts.flags = PACKJIT_LOAD_OPTIMIZE;
+    // SAFETY: as above.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_UNSUPPORTED);
+    assert!(last_error().contains("optimized tier"), "{}", last_error());
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Side by side in one process: packjit (trusted and sandboxed, default budget) against
-//! rbpf 0.4.1's x86-64 JIT on clang-built C programs nobody tuned for packjit
+//! Side by side in one process: packjit (trusted and sandboxed, default budget; and the
+//! optimizing tier, trusted, with the `optimizer` feature) against rbpf 0.4.1's x86-64 JIT on clang-built C programs nobody tuned for packjit
 //! (`tests/bpf/peers/*.c`: hashes, CRC-32 with a `.rodata` table, a sort and a sieve on the
 //! stack, a packet parser, signed arithmetic, bpf-to-bpf calls with stack and context
 //! pointers, a helper loop, a text scan, a key=value parser).
@@ -22,7 +22,8 @@
 //!   does); rbpf: `EbpfVmMbuff::new` (its verifier) + `jit_compile`.
 //! * code size: bytes of native code, sandboxed ÷ trusted.
 //!
-//! `cargo bench -p packjit --bench peers` (`-- --quick` for one round, for a smoke run).
+//! `cargo bench -p packjit --features optimizer --bench peers` (`-- --quick` for one round,
+//! for a smoke run). Without the feature the optimized columns are "—".
 //! `PEERS_SANDBOX_BUDGET=unlimited` loads the sandboxed programs without an instruction
 //! budget (the budget's share of the cost).
 
@@ -30,7 +31,7 @@
 mod host;
 
 use packjit::elf::{link, ElfLoadOptions, Linked};
-use packjit::{LoadOptions, Program, Runtime};
+use packjit::{LoadOptions, Program, Runtime, Tier};
 use std::hint::black_box;
 use std::path::Path;
 use std::time::Instant;
@@ -181,14 +182,20 @@ struct Case {
     ctx: Vec<u8>,
     trusted: Program,
     sandboxed: Program,
+    /// The optimizing tier's code (trusted), when this build has the tier and it takes the
+    /// program.
+    optimized: Option<Program>,
+    /// The options of an optimized load.
+    opt_opts: LoadOptions,
     /// rbpf's JIT of the program, when it runs it correctly.
     rbpf: Option<rbpf::EbpfVmMbuff<'static>>,
     /// Whether rbpf compiles it (timed even when its result is wrong).
     rbpf_compiles: bool,
     /// Runs per timed batch.
     batch: usize,
-    run: [Vec<f64>; 3],
-    compile: [Vec<f64>; 3],
+    /// Samples per engine: trusted, sandboxed, rbpf, optimized.
+    run: [Vec<f64>; 4],
+    compile: [Vec<f64>; 4],
 }
 
 /// ns per run of `f` over `n` runs.
@@ -234,6 +241,11 @@ fn main() {
             &|n| (n == "pj_mix").then_some(HELPER_ID),
         )
         .unwrap_or_else(|e| panic!("link {name}: {e}"));
+        // `PEERS_DUMP=dir`: the linked bytecode of each program as `dir/<name>.bin`, for a
+        // disassembler or `cargo run -p packjit-tier2 --example dump`.
+        if let Some(dir) = std::env::var_os("PEERS_DUMP") {
+            std::fs::write(Path::new(&dir).join(format!("{name}.bin")), &linked.code).unwrap();
+        }
         let opts = LoadOptions {
             regions: linked.data.regions(),
             name: Some(name.into()),
@@ -255,9 +267,25 @@ fn main() {
         let sandboxed = rt
             .load(&linked.code, &sbx_opts)
             .unwrap_or_else(|e| panic!("packjit sandboxed {name}: {e}"));
+        let opt_opts = LoadOptions {
+            tier: Tier::Optimized,
+            ..opts.clone()
+        };
+        // SAFETY: as the trusted load above.
+        let optimized = match unsafe { rt.load_trusted(&linked.code, &opt_opts) } {
+            Ok(p) => Some(p),
+            Err(e) if e.kind == packjit::ErrorKind::Unsupported => {
+                eprintln!("{name}: no optimized column ({e})");
+                None
+            }
+            Err(e) => panic!("packjit optimized {name}: {e}"),
+        };
         let mut ctx = input(name);
         let want = sandboxed.call(&mut ctx).unwrap();
         assert_eq!(trusted.call(&mut ctx).unwrap(), want, "{name}: trusted");
+        if let Some(o) = &optimized {
+            assert_eq!(o.call(&mut ctx).unwrap(), want, "{name}: optimized");
+        }
         let rbpf_compiles = rbpf_does != Rbpf::Refuses;
         if !rbpf_compiles {
             assert!(
@@ -292,6 +320,8 @@ fn main() {
             ctx,
             trusted,
             sandboxed,
+            optimized,
+            opt_opts,
             rbpf,
             rbpf_compiles,
             batch,
@@ -336,19 +366,23 @@ fn main() {
             let n = cases.len();
             let c = &mut cases[(k + round) % n];
             let ctx = &mut c.ctx;
-            for e in 0..3 {
-                let ns = match (e + round) % 3 {
+            for e in 0..4 {
+                let ns = match (e + round) % 4 {
                     0 => (0, time_runs(c.batch, || c.trusted.call(ctx).unwrap())),
                     1 => (1, time_runs(c.batch, || c.sandboxed.call(ctx).unwrap())),
-                    _ => match &c.rbpf {
+                    2 => match &c.rbpf {
                         Some(vm) => (2, time_runs(c.batch, || rbpf_run(vm, ctx))),
+                        None => continue,
+                    },
+                    _ => match &c.optimized {
+                        Some(p) => (3, time_runs(c.batch, || p.call(ctx).unwrap())),
                         None => continue,
                     },
                 };
                 c.run[ns.0].push(ns.1);
             }
-            for e in 0..3 {
-                let which = (e + round) % 3;
+            for e in 0..4 {
+                let which = (e + round) % 4;
                 let mut samples = Vec::with_capacity(compiles);
                 for _ in 0..compiles {
                     let t = Instant::now();
@@ -361,6 +395,16 @@ fn main() {
                         }
                         1 => {
                             let p = rt.load(&c.linked.code, &c.opts).unwrap();
+                            samples.push(t.elapsed().as_nanos() as f64);
+                            drop(p);
+                        }
+                        3 => {
+                            if c.optimized.is_none() {
+                                break;
+                            }
+                            // SAFETY: compiled only, never run.
+                            let p = unsafe { rt.load_trusted(&c.linked.code, &c.opt_opts) };
+                            let p = p.unwrap();
                             samples.push(t.elapsed().as_nanos() as f64);
                             drop(p);
                         }
@@ -388,12 +432,13 @@ fn main() {
     let mut g_sbx = Vec::new();
     let mut g_rb = Vec::new();
     let mut g_rb_sbx = Vec::new();
+    let (mut g_opt, mut g_opt_rb) = (Vec::new(), Vec::new());
     println!(
         "\nrun time, ns per run (median of {rounds} rounds); ratios: sandboxed ÷ trusted, \
-         packjit ÷ rbpf JIT\n"
+         packjit ÷ rbpf JIT, optimized tier ÷ baseline trusted and ÷ rbpf JIT\n"
     );
-    println!("| program | insns | ctx bytes | packjit trusted | packjit sandboxed | sbx ÷ tr | rbpf JIT | tr ÷ rbpf | sbx ÷ rbpf |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| program | insns | ctx bytes | packjit trusted | packjit sandboxed | sbx ÷ tr | rbpf JIT | tr ÷ rbpf | sbx ÷ rbpf | optimized | opt ÷ tr | opt ÷ rbpf |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for c in &cases {
         let tr = median(c.run[0].clone());
         let sb = median(c.run[1].clone());
@@ -406,30 +451,48 @@ fn main() {
             g_rb_sbx.push(sb / rb);
             (format!("{rb:.1}"), f2(tr / rb), f2(sb / rb))
         };
+        let (op, o1, o2) = if c.run[3].is_empty() {
+            (dash(), dash(), dash())
+        } else {
+            let op = median(c.run[3].clone());
+            g_opt.push(op / tr);
+            let o2 = if c.run[2].is_empty() {
+                dash()
+            } else {
+                let rb = median(c.run[2].clone());
+                g_opt_rb.push(op / rb);
+                f2(op / rb)
+            };
+            (format!("{op:.1}"), f2(op / tr), o2)
+        };
         println!(
-            "| {} | {} | {} | {tr:.1} | {sb:.1} | {} | {rb} | {r1} | {r2} |",
+            "| {} | {} | {} | {tr:.1} | {sb:.1} | {} | {rb} | {r1} | {r2} | {op} | {o1} | {o2} |",
             c.name,
             c.linked.code.len() / 8,
             c.ctx.len(),
             f2(sb / tr)
         );
     }
+    let gm = |v: &[f64]| if v.is_empty() { dash() } else { f2(geomean(v)) };
     println!(
-        "| geometric mean | | | | | {} | | {} | {} |",
+        "| geometric mean | | | | | {} | | {} | {} | | {} | {} |",
         f2(geomean(&g_sbx)),
         f2(geomean(&g_rb)),
-        f2(geomean(&g_rb_sbx))
+        f2(geomean(&g_rb_sbx)),
+        gm(&g_opt),
+        gm(&g_opt_rb)
     );
     let worst = g_sbx.iter().copied().fold(0.0, f64::max);
     println!("\nworst sandboxed ÷ trusted: {worst:.2}");
 
     let (mut c_sbx, mut c_rb, mut c_rb_sbx, mut size) = (vec![], vec![], vec![], vec![]);
+    let mut c_opt = vec![];
     println!(
         "\ncompile time, µs per program (median of {compiles} compiles, median over rounds); \
          code size, bytes\n"
     );
-    println!("| program | insns | packjit trusted | packjit sandboxed | sbx ÷ tr | rbpf JIT | tr ÷ rbpf | sbx ÷ rbpf | code trusted | code sandboxed | size sbx ÷ tr |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| program | insns | packjit trusted | packjit sandboxed | sbx ÷ tr | rbpf JIT | tr ÷ rbpf | sbx ÷ rbpf | code trusted | code sandboxed | size sbx ÷ tr | optimized | opt ÷ tr | code optimized |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for c in &cases {
         let tr = median(c.compile[0].clone());
         let sb = median(c.compile[1].clone());
@@ -444,8 +507,16 @@ fn main() {
         };
         let (ct, cs) = (c.trusted.code_size(), c.sandboxed.code_size());
         size.push(cs as f64 / ct as f64);
+        let (op, o1, oc) = match (&c.optimized, c.compile[3].is_empty()) {
+            (Some(p), false) => {
+                let op = median(c.compile[3].clone());
+                c_opt.push(op / tr);
+                (format!("{op:.2}"), f2(op / tr), p.code_size().to_string())
+            }
+            _ => (dash(), dash(), dash()),
+        };
         println!(
-            "| {} | {} | {tr:.2} | {sb:.2} | {} | {rb} | {r1} | {r2} | {ct} | {cs} | {} |",
+            "| {} | {} | {tr:.2} | {sb:.2} | {} | {rb} | {r1} | {r2} | {ct} | {cs} | {} | {op} | {o1} | {oc} |",
             c.name,
             c.linked.code.len() / 8,
             f2(sb / tr),
@@ -453,10 +524,11 @@ fn main() {
         );
     }
     println!(
-        "| geometric mean | | | | {} | | {} | {} | | | {} |",
+        "| geometric mean | | | | {} | | {} | {} | | | {} | | {} | |",
         f2(geomean(&c_sbx)),
         f2(geomean(&c_rb)),
         f2(geomean(&c_rb_sbx)),
-        f2(geomean(&size))
+        f2(geomean(&size)),
+        gm(&c_opt)
     );
 }

@@ -101,6 +101,7 @@ pub mod rbpf_bridge;
 pub mod run_pin;
 mod symbols;
 pub mod testing;
+mod tier;
 mod trace_printk;
 
 pub use arena::{
@@ -114,6 +115,7 @@ pub use elf::{
 pub use exec::{helper_access_ok, MemRegion, RegionAccess, RunError};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
+pub use tier::Tier;
 // The front end's decoder (structural verification included) and what it returns: the
 // bytecode as typed instructions, the form every backend and the interpreter start from.
 pub use packjit_frontend::{decode, Program as DecodedProgram};
@@ -238,6 +240,12 @@ pub struct LoadOptions {
     /// `imm = k` is `maps[k]` (see [`maps`]). Shared: several programs and the host may
     /// use one map at once.
     pub maps: Vec<Arc<maps::Map>>,
+    /// The compiler (see [`Tier`]): the baseline backend by default. With
+    /// [`Tier::Optimized`] the optimizing tier compiles the program (host arch only, cargo
+    /// feature `optimizer`), or the load fails with [`ErrorKind::Unsupported`] naming what
+    /// it cannot take yet; `features` and `disable_features` are the baseline's (Cranelift
+    /// detects the CPU itself), so only `Some(0)` or `None` is accepted there.
+    pub tier: Tier,
 }
 
 /// Options are equal when they ask for the same load: the same maps are the same map
@@ -252,6 +260,7 @@ impl PartialEq for LoadOptions {
             && self.features == other.features
             && self.disable_features == other.disable_features
             && self.percpu_insn == other.percpu_insn
+            && self.tier == other.tier
             && self.maps.len() == other.maps.len()
             && (self.maps.iter().zip(&other.maps)).all(|(a, b)| Arc::ptr_eq(a, b))
     }
@@ -752,7 +761,10 @@ impl Runtime {
                 "unknown host architecture; pass an arch",
             )
         })?;
-        let (backend, backend_name) = self.backend_for(arch)?;
+        let (backend, backend_name) = match opts.tier {
+            Tier::Baseline => self.backend_for(arch)?,
+            Tier::Optimized => tier::optimizer(arch)?,
+        };
         let native = Some(arch) == host;
         let supported = backend.supported_features();
         let features = match opts.features {
@@ -786,6 +798,10 @@ impl Runtime {
         // tail calls made real jumps (see `maps`).
         let mut inlined_percpu_arrays = false;
         let scan = CallScan::of(code);
+        if opts.tier == Tier::Optimized {
+            let binding = scan.needs_binding(code);
+            tier::refuse_unsupported(trust, opts, budget, binding)?;
+        }
         let bound = if opts.maps.is_empty() && !scan.needs_binding(code) {
             None
         } else {

@@ -1,0 +1,83 @@
+//! Which compiler a load uses: the baseline backend (one pass, microseconds) or the
+//! optimizing tier (`packjit-tier2`: Cranelift, for hot trusted programs; cargo feature
+//! `optimizer`).
+
+use crate::{err, Error, ErrorKind, LoadOptions, Trust};
+use packjit_plugin_api::{Arch, JitBackend};
+use std::sync::Arc;
+
+/// The compiler a load asks for ([`LoadOptions::tier`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// The one-pass baseline backend of the target arch (the default).
+    #[default]
+    Baseline,
+    /// The optimizing tier (Cranelift; cargo feature `optimizer`), native code only.
+    /// Compiles 10-100x slower than the baseline and runs faster where a one-pass JIT
+    /// cannot: stack slots kept in registers, constants folded, redundant extensions
+    /// dropped. Takes trusted programs without maps, tail calls, budget, blinding, legacy
+    /// packet loads or the per-CPU instruction for now: anything else is refused with
+    /// [`ErrorKind::Unsupported`] naming what, never compiled differently.
+    Optimized,
+}
+
+/// The optimizing tier's backend for `arch`, or why there is none.
+pub(crate) fn optimizer(arch: Arch) -> Result<(Arc<dyn JitBackend>, Arc<str>), Error> {
+    if Arch::host() != Some(arch) {
+        return Err(err(
+            ErrorKind::Unsupported,
+            format!("optimized tier: compiles for the host only, not for {arch}"),
+        ));
+    }
+    optimizer_for_host()
+}
+
+#[cfg(feature = "optimizer")]
+fn optimizer_for_host() -> Result<(Arc<dyn JitBackend>, Arc<str>), Error> {
+    use std::sync::OnceLock;
+    static BACKEND: OnceLock<Option<Arc<dyn JitBackend>>> = OnceLock::new();
+    let be = BACKEND.get_or_init(|| {
+        packjit_tier2::OptimizingBackend::host().map(|b| Arc::new(b) as Arc<dyn JitBackend>)
+    });
+    match be {
+        Some(b) => Ok((b.clone(), packjit_tier2::NAME.into())),
+        None => Err(err(
+            ErrorKind::Unsupported,
+            "optimized tier: Cranelift has no backend for this host",
+        )),
+    }
+}
+
+#[cfg(not(feature = "optimizer"))]
+fn optimizer_for_host() -> Result<(Arc<dyn JitBackend>, Arc<str>), Error> {
+    Err(err(
+        ErrorKind::Unsupported,
+        "optimized tier: packjit was built without its `optimizer` cargo feature",
+    ))
+}
+
+/// Refuses, by name, a load the optimizing tier cannot compile faithfully yet.
+pub(crate) fn refuse_unsupported(
+    trust: Trust,
+    opts: &LoadOptions,
+    budget: Option<u64>,
+    needs_binding: bool,
+) -> Result<(), Error> {
+    let what = if trust == Trust::Sandboxed {
+        "sandboxed programs (load them with `load_trusted`, or use Tier::Baseline)"
+    } else if !opts.maps.is_empty() || needs_binding {
+        "maps, bpf_tail_call and bpf_for_each_map_elem / bpf_loop callbacks"
+    } else if budget.is_some() {
+        "an instruction budget"
+    } else if opts.blind_constants {
+        "constant blinding"
+    } else if opts.percpu_insn {
+        "the per-CPU address instruction"
+    } else {
+        return Ok(());
+    };
+    Err(err(
+        ErrorKind::Unsupported,
+        format!("optimized tier: {what} not supported yet"),
+    ))
+}

@@ -1,0 +1,260 @@
+//! # packjit-tier2
+//!
+//! packjit's optimizing tier: a verified eBPF program (the front end's decode and rewrites,
+//! exactly what the baseline backends lower) lifted to Cranelift IR, optimised by
+//! Cranelift (e-graph rewrites, register allocation, stack slots kept in registers) and
+//! returned as machine code for packjit's own code arena, with the baseline's entry ABI
+//! (`u64 entry(ctx, ctx_len, env)`), so `Program::call` and hooks run it unchanged. One
+//! lifting serves x86-64, aarch64 and riscv64: the ISA is the host's (Cranelift's
+//! `host-arch` feature; the tier compiles only for the machine it runs on).
+//!
+//! * [`OptimizingBackend`] implements [`JitBackend`]: the runtime hands it the same
+//!   requests as a baseline backend.
+//! * Trusted programs only, for now: a request with any `PJ_COMPILE_*` flag (sandbox,
+//!   budget, blinding, the per-CPU instruction), an inlined helper kind, a legacy packet
+//!   load or the per-CPU instruction is refused with [`ErrorKind::Unsupported`] naming what.
+//!
+//! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
+//! instruction class), `frame.rs` (which stack slots become SSA variables), `link.rs` (the
+//! functions placed in one image, calls patched).
+//!
+//! ```
+//! # if let Some(be) = packjit_tier2::OptimizingBackend::host() {
+//! // r0 = 6 * 7 ; exit
+//! let code = [0xb7, 0, 0, 0, 6, 0, 0, 0, 0x27, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+//! let out = packjit_tier2::emit_program(&code, &[]).unwrap();
+//! assert!(!out.bytes.is_empty());
+//! assert_eq!(out.line_table.len(), 3);
+//! # let _ = be;
+//! # }
+//! ```
+
+mod frame;
+mod lift;
+mod link;
+
+use cranelift_codegen::control::ControlPlane;
+use cranelift_codegen::ir::ExternalName;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::{Context, FinalizedRelocTarget};
+use cranelift_frontend::FunctionBuilderContext;
+use packjit_plugin_api::{
+    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
+    ErrorKind, HelperEntry, JitBackend, PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET,
+    PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
+};
+use std::sync::OnceLock;
+
+/// The backend name programs compiled by this tier report.
+pub const NAME: &str = "packjit-tier2-cranelift";
+
+/// Machine code for one program, not yet placed anywhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emitted {
+    /// The image: the entry function at offset 0, its callees after it.
+    pub bytes: Vec<u8>,
+    /// Per bytecode slot, the offset of its first native instruction
+    /// ([`packjit_plugin_api::NO_NATIVE_CODE`] where the optimiser left it none).
+    pub line_table: Vec<u32>,
+}
+
+/// The optimizing tier as a [`JitBackend`] for the host's architecture.
+#[derive(Clone, Copy, Debug)]
+pub struct OptimizingBackend {
+    arch: Arch,
+}
+
+impl OptimizingBackend {
+    /// The tier for this machine, or `None` when Cranelift has no backend for it (or the
+    /// host is not one of packjit's architectures).
+    pub fn host() -> Option<Self> {
+        let arch = Arch::host()?;
+        host_isa().ok()?;
+        Some(Self { arch })
+    }
+}
+
+impl JitBackend for OptimizingBackend {
+    fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    /// Cranelift detects the CPU's features itself (`cranelift-native`).
+    fn supported_features(&self) -> u64 {
+        0
+    }
+
+    fn detect_features(&self) -> u64 {
+        0
+    }
+
+    fn compile(
+        &self,
+        req: &CompileRequest<'_>,
+        arena: &dyn CodeArena,
+    ) -> Result<Compiled, CompileError> {
+        let out = emit_request(req)?;
+        // Cranelift does not count instructions; 0 says "not counted".
+        install_code_with_line_table(arena, &out.bytes, 0, out.line_table)
+    }
+}
+
+/// The host's Cranelift ISA with its native features, built once per process.
+fn host_isa() -> Result<&'static OwnedTargetIsa, CompileError> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| {
+        let mut flags = settings::builder();
+        let set = |f: &mut settings::Builder, k: &str, v: &str| {
+            f.set(k, v)
+                .map_err(|e| format!("Cranelift setting {k}={v}: {e}"))
+        };
+        set(&mut flags, "opt_level", "speed")?;
+        // The IR comes from verified bytecode through one small lifter; the verifier costs
+        // a fifth of a compile. Debug builds (the tests) keep it.
+        let verify = if cfg!(debug_assertions) {
+            "true"
+        } else {
+            "false"
+        };
+        set(&mut flags, "enable_verifier", verify)?;
+        // perf and gdb walk frame pointers through JIT code, as with the baseline.
+        set(&mut flags, "preserve_frame_pointers", "true")?;
+        set(&mut flags, "unwind_info", "false")?;
+        let isa = cranelift_native::builder()
+            .map_err(|e| format!("no Cranelift backend for this host: {e}"))?;
+        isa.finish(settings::Flags::new(flags))
+            .map_err(|e| format!("Cranelift ISA: {e}"))
+    })
+    .as_ref()
+    .map_err(|e| CompileError::new(ErrorKind::Unsupported, format!("optimized tier: {e}")))
+}
+
+/// Verifies `code` against `helpers` and emits trusted code, without placing it.
+pub fn emit_program(code: &[u8], helpers: &[HelperEntry]) -> Result<Emitted, CompileError> {
+    emit_request(&CompileRequest {
+        code,
+        helpers,
+        features: 0,
+        flags: 0,
+        blind_key: 0,
+    })
+}
+
+/// Checks the request is one this tier takes, decodes it as the baseline's front end does,
+/// and compiles every function.
+pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
+    refuse_flags(req.flags)?;
+    if req.features != 0 {
+        return Err(CompileError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "optimized tier: feature bits {:#x} requested; Cranelift picks the CPU's features itself",
+                req.features
+            ),
+        ));
+    }
+    let isa = host_isa()?;
+    let prog = packjit_frontend::decode_for_lowering(req)?;
+    let shared = lift::Shared::new(&prog, req.helpers, &**isa)?;
+    let mut ctx = Context::new();
+    let mut fctx = FunctionBuilderContext::new();
+    let mut funcs = Vec::with_capacity(prog.subprogs.len());
+    for index in 0..prog.subprogs.len() {
+        ctx.clear();
+        lift::lift_function(&shared, index, &mut ctx.func, &mut fctx)?;
+        let (bytes, relocs, srclocs) = {
+            let code = ctx
+                .compile(&**isa, &mut ControlPlane::default())
+                .map_err(|e| {
+                    CompileError::new(
+                        ErrorKind::Internal,
+                        format!(
+                            "optimized tier: Cranelift failed on function {index}: {:?}",
+                            e.inner
+                        ),
+                    )
+                })?;
+            let srclocs: Vec<(u32, u32, u32)> = code
+                .buffer
+                .get_srclocs_sorted()
+                .iter()
+                .filter(|s| !s.loc.is_default())
+                .map(|s| (s.start, s.end, s.loc.bits()))
+                .collect();
+            (
+                code.code_buffer().to_vec(),
+                code.buffer.relocs().to_vec(),
+                srclocs,
+            )
+        };
+        let mut calls = Vec::with_capacity(relocs.len());
+        for r in relocs {
+            let callee = match &r.target {
+                FinalizedRelocTarget::ExternalName(ExternalName::User(name)) => {
+                    ctx.func.params.user_named_funcs()[*name].index as usize
+                }
+                other => {
+                    return Err(CompileError::new(
+                        ErrorKind::Internal,
+                        format!("optimized tier: function {index} relocates against {other:?}"),
+                    ))
+                }
+            };
+            calls.push((r.offset, r.kind, callee, r.addend));
+        }
+        funcs.push(link::FuncCode {
+            bytes,
+            calls,
+            srclocs,
+            first_slot: prog.insts[prog.subprogs[index].start].pc,
+        });
+    }
+    let arch = Arch::host().expect("host_isa succeeded");
+    let image = link::link(arch, &funcs, prog.slots)?;
+    Ok(Emitted {
+        bytes: image.bytes,
+        line_table: image.line_table,
+    })
+}
+
+/// Every compile flag names a contract this tier does not implement yet.
+fn refuse_flags(flags: u32) -> Result<(), CompileError> {
+    for (bit, what) in [
+        (PJ_COMPILE_SANDBOX, "sandboxed code (PJ_COMPILE_SANDBOX)"),
+        (
+            PJ_COMPILE_BUDGET,
+            "an instruction budget (PJ_COMPILE_BUDGET)",
+        ),
+        (
+            PJ_COMPILE_BLIND_CONSTANTS,
+            "constant blinding (PJ_COMPILE_BLIND_CONSTANTS)",
+        ),
+        (
+            PJ_COMPILE_PERCPU_INSN,
+            "the per-CPU address instruction (PJ_COMPILE_PERCPU_INSN)",
+        ),
+    ] {
+        if flags & bit != 0 {
+            return Err(CompileError::new(
+                ErrorKind::Unsupported,
+                format!("optimized tier: {what} is not supported yet"),
+            ));
+        }
+    }
+    if flags & !packjit_plugin_api::PJ_COMPILE_ALL_FLAGS != 0 {
+        return Err(CompileError::new(
+            ErrorKind::InvalidArgument,
+            format!("unknown compile flags {flags:#x}"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,682 @@
+//! One eBPF function lifted to one Cranelift function: one short method per instruction
+//! class, as the baseline backends lower them.
+//!
+//! BPF registers r0–r9 are Cranelift variables (`cranelift-frontend` builds the SSA form);
+//! r10 is the top of a 512-byte stack slot of the function's own; the stack slots
+//! [`frame::plan`] picks are variables too. Semantics are the interpreter's:
+//! division by zero gives 0, modulo by zero the dividend, `MIN / -1` does not trap, shift
+//! counts are masked (Cranelift's shifts mask by definition), 32-bit results are
+//! zero-extended.
+
+use crate::frame::{self, Slot};
+use cranelift_codegen::ir::{
+    self, condcodes::IntCC, types, AbiParam, AtomicRmwOp, Block, BlockArg, ExtFuncData,
+    ExternalName, FuncRef, InstBuilder, MemFlagsData, SigRef, Signature, SourceLoc, StackSlotData,
+    StackSlotKind, Type, UserExternalName, UserFuncName, Value,
+};
+use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use packjit_frontend::{
+    AluOp, AtomicOp, Cond, EndKind, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE,
+};
+use packjit_plugin_api::{
+    CompileError, ErrorKind, HelperEntry, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC,
+    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_NONE, PJ_STOP_UNKNOWN_CALLX,
+};
+use std::collections::HashMap;
+
+const I64: Type = types::I64;
+const I32: Type = types::I32;
+const NO_ARGS: &[BlockArg] = &[];
+
+/// What every function of one program shares while it is lifted.
+pub(crate) struct Shared<'p> {
+    pub prog: &'p Program,
+    /// Helpers a `call` or `callx` can reach: `(id, address)`.
+    pub helpers: Vec<(u32, u64)>,
+    /// The program has a `callx`, so a callee may stop the run (unknown id): callers test
+    /// the stop field after each local call and return at once when it is set.
+    pub may_stop: bool,
+    pub call_conv: CallConv,
+    pub frontend: TargetFrontendConfig,
+}
+
+impl<'p> Shared<'p> {
+    /// Helpers callable from code: every entry of the table but the descriptive ones.
+    /// An inlined kind is refused (this tier announces none, so a host never sends one).
+    pub fn new(
+        prog: &'p Program,
+        table: &[HelperEntry],
+        isa: &dyn cranelift_codegen::isa::TargetIsa,
+    ) -> Result<Self, CompileError> {
+        let mut helpers = Vec::new();
+        for h in table {
+            if h.id == PJ_HELPER_PERCPU_OFFSET || h.id == PJ_HELPER_STATIC_REGIONS {
+                continue;
+            }
+            if h.inline_kind != PJ_INLINE_NONE {
+                return Err(CompileError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "optimized tier: helper id {} asks for inline kind {}, which this tier does not emit",
+                        h.id, h.inline_kind
+                    ),
+                ));
+            }
+            helpers.push((h.id, h.addr));
+        }
+        let may_stop = prog
+            .insts
+            .iter()
+            .any(|i| matches!(i.op, Op::CallReg { .. }));
+        Ok(Self {
+            prog,
+            helpers,
+            may_stop,
+            call_conv: isa.default_call_conv(),
+            frontend: isa.frontend_config(),
+        })
+    }
+
+    /// The signature of function `index`: the entry takes `(ctx, ctx_len, env)`, every other
+    /// function `(r1, .., r5, env)`; all return r0.
+    pub fn signature(&self, index: usize) -> Signature {
+        let mut sig = Signature::new(self.call_conv);
+        let params = if index == 0 { 3 } else { 6 };
+        sig.params.extend((0..params).map(|_| AbiParam::new(I64)));
+        sig.returns.push(AbiParam::new(I64));
+        sig
+    }
+}
+
+/// Lifts function `index` of the program into `func`.
+pub(crate) fn lift_function(
+    shared: &Shared<'_>,
+    index: usize,
+    func: &mut ir::Function,
+    fctx: &mut FunctionBuilderContext,
+) -> Result<(), CompileError> {
+    func.signature = shared.signature(index);
+    func.name = UserFuncName::user(0, index as u32);
+    let sub = &shared.prog.subprogs[index];
+    let mut b = FunctionBuilder::new(func, fctx);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+
+    let regs: [Variable; 10] = std::array::from_fn(|_| b.declare_var(I64));
+    let params = b.block_params(entry).to_vec();
+    let zero = b.ins().iconst(I64, 0);
+    for (r, &var) in regs.iter().enumerate() {
+        // The entry gets r1 = ctx and r2 = ctx_len; a callee r1-r5. The rest start at zero
+        // (the interpreter's value; trusted code must not read them anyway).
+        let v = match (index, r) {
+            (0, 1 | 2) => params[r - 1],
+            (0, _) => zero,
+            (_, 1..=5) => params[r - 1],
+            _ => zero,
+        };
+        b.def_var(var, v);
+    }
+    let env = *params.last().expect("every signature ends with env");
+    let insts = &shared.prog.insts[sub.start..sub.end];
+    let plan = frame::plan(insts);
+    let r10 = if plan.memory {
+        let frame = b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            STACK_SIZE as u32,
+            4,
+        ));
+        b.ins().stack_addr(I64, frame, STACK_SIZE as i32)
+    } else {
+        // Every r10 access is a variable: no stack to reserve, and no use of r10's value
+        // (the plan found none outside promoted accesses).
+        zero
+    };
+    let mut slots = HashMap::new();
+    for slot in plan.slots {
+        let var = b.declare_var(I64);
+        b.def_var(var, zero);
+        slots.insert(slot, var);
+    }
+
+    // A block where a branch lands or a conditional jump falls through.
+    let mut blocks: Vec<Option<Block>> = vec![None; sub.end - sub.start];
+    blocks[0] = Some(b.create_block());
+    for k in 1..insts.len() {
+        let after_jcond = matches!(insts[k - 1].op, Op::Jcond { .. });
+        if shared.prog.is_target[sub.start + k] || after_jcond {
+            blocks[k].get_or_insert_with(|| b.create_block());
+        }
+    }
+
+    let mut l = Lifter {
+        b,
+        shared,
+        regs,
+        r10,
+        env,
+        slots,
+        blocks,
+        start: sub.start,
+        helper_sig: None,
+        locals: HashMap::new(),
+    };
+    let first = l.blocks[0].expect("created above");
+    l.b.ins().jump(first, NO_ARGS);
+    let mut open = false;
+    for (k, inst) in insts.iter().enumerate() {
+        match l.blocks[k] {
+            Some(block) => {
+                if open {
+                    l.b.ins().jump(block, NO_ARGS);
+                }
+                l.b.switch_to_block(block);
+            }
+            // Code nothing reaches: still lifted (Cranelift drops it), in a block of its own.
+            None if !open => {
+                let block = l.b.create_block();
+                l.b.switch_to_block(block);
+            }
+            None => {}
+        }
+        l.b.set_srcloc(SourceLoc::new(inst.pc));
+        l.inst(sub.start + k, inst.pc, &inst.op)?;
+        open = !matches!(inst.op, Op::Ja { .. } | Op::Exit | Op::Jcond { .. });
+    }
+    if open {
+        return Err(CompileError::new(
+            ErrorKind::Internal,
+            format!("optimized tier: function {index} falls off its end after verification"),
+        ));
+    }
+    l.b.seal_all_blocks();
+    l.b.finalize(shared.frontend);
+    Ok(())
+}
+
+struct Lifter<'a, 'f> {
+    b: FunctionBuilder<'f>,
+    shared: &'a Shared<'a>,
+    regs: [Variable; 10],
+    /// The frame's top (`stack_addr` of the function's slot + 512): defined in the entry
+    /// block, so it dominates every use.
+    r10: Value,
+    env: Value,
+    slots: HashMap<Slot, Variable>,
+    /// Per instruction of the function (index from `start`).
+    blocks: Vec<Option<Block>>,
+    start: usize,
+    helper_sig: Option<SigRef>,
+    locals: HashMap<usize, FuncRef>,
+}
+
+impl Lifter<'_, '_> {
+    fn get(&mut self, r: Reg) -> Value {
+        if r == R10 {
+            return self.r10;
+        }
+        self.b.use_var(self.regs[r as usize])
+    }
+
+    fn set(&mut self, r: Reg, v: Value) {
+        self.b.def_var(self.regs[r as usize], v);
+    }
+
+    /// `src` at `width`: a 32-bit operand is the low half, an immediate its constant.
+    fn operand(&mut self, src: Operand, width: Width) -> Value {
+        match (src, width) {
+            (Operand::Reg(r), Width::W64) => self.get(r),
+            (Operand::Reg(r), Width::W32) => {
+                let v = self.get(r);
+                self.b.ins().ireduce(I32, v)
+            }
+            (Operand::Imm(i), Width::W64) => self.b.ins().iconst(I64, i as i64),
+            (Operand::Imm(i), Width::W32) => self.b.ins().iconst(I32, i as u32 as i64),
+        }
+    }
+
+    /// Register `r` at `width`.
+    fn reg_at(&mut self, r: Reg, width: Width) -> Value {
+        self.operand(Operand::Reg(r), width)
+    }
+
+    /// Writes a result computed at `width` (a 32-bit one zero-extended).
+    fn set_at(&mut self, r: Reg, v: Value, width: Width) {
+        let v = match width {
+            Width::W64 => v,
+            Width::W32 => self.b.ins().uextend(I64, v),
+        };
+        self.set(r, v);
+    }
+
+    fn block_at(&self, i: usize) -> Block {
+        self.blocks[i - self.start].expect("every branch target and fall-through has a block")
+    }
+
+    fn inst(&mut self, i: usize, pc: u32, op: &Op) -> Result<(), CompileError> {
+        match *op {
+            Op::Alu {
+                width,
+                op,
+                dst,
+                src,
+            } => self.alu(width, op, dst, src),
+            Op::MovSx {
+                width,
+                dst,
+                src,
+                bits,
+            } => self.movsx(width, dst, src, bits),
+            Op::Neg { width, dst } => {
+                let v = self.reg_at(dst, width);
+                let n = self.b.ins().ineg(v);
+                self.set_at(dst, n, width);
+            }
+            Op::End { kind, bits, dst } => self.end(kind, bits, dst),
+            Op::LdImm64 { dst, imm } => {
+                let v = self.b.ins().iconst(I64, imm.get() as i64);
+                self.set(dst, v);
+            }
+            Op::Load {
+                size,
+                sign_extend,
+                dst,
+                base,
+                off,
+            } => self.load(size, sign_extend, dst, base, off),
+            Op::Store {
+                size,
+                base,
+                off,
+                src,
+            } => self.store(size, base, off, src),
+            Op::Atomic {
+                size,
+                op,
+                fetch,
+                base,
+                off,
+                src,
+            } => self.atomic(size, op, fetch, base, off, src),
+            Op::Ja { target } => {
+                let t = self.block_at(target as usize);
+                self.b.ins().jump(t, NO_ARGS);
+            }
+            Op::Jcond {
+                width,
+                cond,
+                dst,
+                src,
+                target,
+            } => self.jcond(i, width, cond, dst, src, target as usize),
+            Op::CallHelper { id } => self.call_helper(pc, id)?,
+            Op::CallReg { reg } => self.call_reg(pc, reg),
+            Op::CallLocal { target } => self.call_local(target as usize),
+            Op::Exit => {
+                let r0 = self.get(0);
+                self.b.ins().return_(&[r0]);
+            }
+            Op::MovPerCpu { .. } => return Err(unsupported(pc, "the per-CPU address instruction")),
+            Op::PacketLoad { .. } => {
+                return Err(unsupported(pc, "legacy packet loads (LD_ABS / LD_IND)"))
+            }
+        }
+        Ok(())
+    }
+
+    fn alu(&mut self, width: Width, op: AluOp, dst: Reg, src: Operand) {
+        let b = self.operand(src, width);
+        let r = if op == AluOp::Mov {
+            b
+        } else {
+            let a = self.reg_at(dst, width);
+            self.binop(op, a, b)
+        };
+        self.set_at(dst, r, width);
+    }
+
+    /// `a op b` on values of one type (i32 or i64), with eBPF's division rules made explicit
+    /// (Cranelift's divisions trap on zero and on `MIN / -1`): the divisor is replaced by 1
+    /// where the result is fixed anyway, then the fixed result selected. With a constant
+    /// divisor the selects fold away.
+    fn binop(&mut self, op: AluOp, a: Value, b: Value) -> Value {
+        let fb = &mut self.b;
+        let ty = fb.func.dfg.value_type(a);
+        match op {
+            AluOp::Add => fb.ins().iadd(a, b),
+            AluOp::Sub => fb.ins().isub(a, b),
+            AluOp::Mul => fb.ins().imul(a, b),
+            AluOp::Or => fb.ins().bor(a, b),
+            AluOp::And => fb.ins().band(a, b),
+            AluOp::Xor => fb.ins().bxor(a, b),
+            AluOp::Lsh => fb.ins().ishl(a, b),
+            AluOp::Rsh => fb.ins().ushr(a, b),
+            AluOp::Arsh => fb.ins().sshr(a, b),
+            AluOp::Mov => b,
+            AluOp::Div | AluOp::Mod => {
+                let zero = fb.ins().icmp_imm_s(IntCC::Equal, b, 0);
+                let one = fb.ins().iconst(ty, 1);
+                let safe = fb.ins().select(zero, one, b);
+                if op == AluOp::Div {
+                    let q = fb.ins().udiv(a, safe);
+                    let z = fb.ins().iconst(ty, 0);
+                    fb.ins().select(zero, z, q)
+                } else {
+                    let r = fb.ins().urem(a, safe);
+                    fb.ins().select(zero, a, r)
+                }
+            }
+            AluOp::Sdiv | AluOp::Smod => {
+                let zero = fb.ins().icmp_imm_s(IntCC::Equal, b, 0);
+                let minus_one = fb.ins().icmp_imm_s(IntCC::Equal, b, -1);
+                let fixed = fb.ins().bor(zero, minus_one);
+                let one = fb.ins().iconst(ty, 1);
+                let safe = fb.ins().select(fixed, one, b);
+                let z = fb.ins().iconst(ty, 0);
+                if op == AluOp::Sdiv {
+                    // x / -1 = -x (wrapping: MIN / -1 = MIN).
+                    let q = fb.ins().sdiv(a, safe);
+                    let neg = fb.ins().ineg(a);
+                    let q = fb.ins().select(minus_one, neg, q);
+                    fb.ins().select(zero, z, q)
+                } else {
+                    // x % -1 = 0; x % 0 = x.
+                    let r = fb.ins().srem(a, safe);
+                    let r = fb.ins().select(minus_one, z, r);
+                    fb.ins().select(zero, a, r)
+                }
+            }
+        }
+    }
+
+    fn movsx(&mut self, width: Width, dst: Reg, src: Reg, bits: u8) {
+        let v = self.get(src);
+        let narrow = match bits {
+            8 => types::I8,
+            16 => types::I16,
+            _ => I32,
+        };
+        let n = self.b.ins().ireduce(narrow, v);
+        let r = match width {
+            Width::W64 => self.b.ins().sextend(I64, n),
+            Width::W32 if narrow == I32 => n,
+            Width::W32 => self.b.ins().sextend(I32, n),
+        };
+        self.set_at(dst, r, width);
+    }
+
+    fn end(&mut self, kind: EndKind, bits: u8, dst: Reg) {
+        let v = self.get(dst);
+        let ty = match bits {
+            16 => types::I16,
+            32 => I32,
+            _ => I64,
+        };
+        let n = if ty == I64 {
+            v
+        } else {
+            self.b.ins().ireduce(ty, v)
+        };
+        // Every packjit target is little-endian: `le` only truncates.
+        let n = match kind {
+            EndKind::ToLe => n,
+            EndKind::ToBe | EndKind::Swap => self.b.ins().bswap(n),
+        };
+        let r = if ty == I64 {
+            n
+        } else {
+            self.b.ins().uextend(I64, n)
+        };
+        self.set(dst, r);
+    }
+
+    fn flags() -> MemFlagsData {
+        // Trusted code: the host vouches for every address, so no trap metadata; no
+        // alignment is promised (eBPF allows unaligned accesses).
+        MemFlagsData::new().with_notrap()
+    }
+
+    /// The variable of a promoted stack slot, if `base + off` with `size` is one.
+    fn slot(&self, base: Reg, off: i16, size: Size) -> Option<Variable> {
+        (base == R10).then(|| self.slots.get(&(off, size)).copied())?
+    }
+
+    fn load(&mut self, size: Size, sign_extend: bool, dst: Reg, base: Reg, off: i16) {
+        let v = match self.slot(base, off, size) {
+            // A promoted slot holds its value zero-extended (as `store` leaves it).
+            Some(var) => {
+                let v = self.b.use_var(var);
+                if sign_extend && size != Size::DW {
+                    let n = self.b.ins().ireduce(narrow(size), v);
+                    self.b.ins().sextend(I64, n)
+                } else {
+                    v
+                }
+            }
+            None => {
+                let p = self.get(base);
+                let (f, o) = (Self::flags(), off as i32);
+                let ins = self.b.ins();
+                match (size, sign_extend) {
+                    (Size::B, false) => ins.uload8(I64, f, p, o),
+                    (Size::B, true) => ins.sload8(I64, f, p, o),
+                    (Size::H, false) => ins.uload16(I64, f, p, o),
+                    (Size::H, true) => ins.sload16(I64, f, p, o),
+                    (Size::W, false) => ins.uload32(f, p, o),
+                    (Size::W, true) => ins.sload32(f, p, o),
+                    (Size::DW, _) => ins.load(I64, f, p, o),
+                }
+            }
+        };
+        self.set(dst, v);
+    }
+
+    fn store(&mut self, size: Size, base: Reg, off: i16, src: Operand) {
+        let v = self.operand(src, Width::W64);
+        match self.slot(base, off, size) {
+            Some(var) => {
+                let v = if size == Size::DW {
+                    v
+                } else {
+                    let n = self.b.ins().ireduce(narrow(size), v);
+                    self.b.ins().uextend(I64, n)
+                };
+                self.b.def_var(var, v);
+            }
+            None => {
+                let p = self.get(base);
+                let (f, o) = (Self::flags(), off as i32);
+                let ins = self.b.ins();
+                match size {
+                    Size::B => ins.istore8(f, v, p, o),
+                    Size::H => ins.istore16(f, v, p, o),
+                    Size::W => ins.istore32(f, v, p, o),
+                    Size::DW => ins.store(f, v, p, o),
+                };
+            }
+        }
+    }
+
+    fn atomic(&mut self, size: Size, op: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg) {
+        let ty = if size == Size::W { I32 } else { I64 };
+        let width = if size == Size::W {
+            Width::W32
+        } else {
+            Width::W64
+        };
+        let p = self.get(base);
+        let p = self.b.ins().iadd_imm_s(p, off as i64);
+        let x = self.reg_at(src, width);
+        let f = MemFlagsData::new();
+        if op == AtomicOp::Cmpxchg {
+            let expected = self.reg_at(0, width);
+            let old = self.b.ins().atomic_cas(f, p, expected, x);
+            self.set_at(0, old, width);
+            return;
+        }
+        let rmw = match op {
+            AtomicOp::Add => AtomicRmwOp::Add,
+            AtomicOp::Or => AtomicRmwOp::Or,
+            AtomicOp::And => AtomicRmwOp::And,
+            AtomicOp::Xor => AtomicRmwOp::Xor,
+            AtomicOp::Xchg | AtomicOp::Cmpxchg => AtomicRmwOp::Xchg,
+        };
+        let old = self.b.ins().atomic_rmw(ty, f, rmw, p, x);
+        if fetch || op == AtomicOp::Xchg {
+            self.set_at(src, old, width);
+        }
+    }
+
+    fn jcond(&mut self, i: usize, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
+        let a = self.reg_at(dst, width);
+        let b = self.operand(src, width);
+        let c = match cond {
+            Cond::Set => {
+                let m = self.b.ins().band(a, b);
+                self.b.ins().icmp_imm_s(IntCC::NotEqual, m, 0)
+            }
+            _ => self.b.ins().icmp(int_cc(cond), a, b),
+        };
+        let (t, f) = (self.block_at(target), self.block_at(i + 1));
+        self.b.ins().brif(c, t, NO_ARGS, f, NO_ARGS);
+    }
+
+    fn helper_sig(&mut self) -> SigRef {
+        if let Some(s) = self.helper_sig {
+            return s;
+        }
+        let mut sig = Signature::new(self.shared.call_conv);
+        sig.params.extend((0..5).map(|_| AbiParam::new(I64)));
+        sig.returns.push(AbiParam::new(I64));
+        let s = self.b.import_signature(sig);
+        self.helper_sig = Some(s);
+        s
+    }
+
+    /// r0 = the helper at `addr`(r1, .., r5). r1–r5 keep their values (the interpreter's
+    /// choice; the ABI says they are clobbered, so programs do not read them).
+    fn call_at(&mut self, addr: Value) {
+        let sig = self.helper_sig();
+        let args: Vec<Value> = (1..=5).map(|r| self.get(r)).collect();
+        let call = self.b.ins().call_indirect(sig, addr, &args);
+        let r0 = self.b.inst_results(call)[0];
+        self.set(0, r0);
+    }
+
+    fn call_helper(&mut self, pc: u32, id: u32) -> Result<(), CompileError> {
+        let Some(&(_, addr)) = self.shared.helpers.iter().find(|h| h.0 == id) else {
+            return Err(CompileError::at(
+                pc as usize,
+                ErrorKind::UnknownHelper,
+                format!("unknown helper id {id}"),
+            ));
+        };
+        let addr = self.b.ins().iconst(I64, addr as i64);
+        self.call_at(addr);
+        Ok(())
+    }
+
+    /// `callx`: the address chosen among the registered helpers by a chain of selects (one
+    /// call site); an id none has stops the run with `PJ_STOP_UNKNOWN_CALLX`, as the
+    /// baseline does: the stop fields are written and every frame returns.
+    fn call_reg(&mut self, pc: u32, reg: Reg) {
+        let id = self.get(reg);
+        let mut addr = self.b.ins().iconst(I64, 0);
+        for k in 0..self.shared.helpers.len() {
+            let (hid, haddr) = self.shared.helpers[k];
+            let hit = self.b.ins().icmp_imm_s(IntCC::Equal, id, hid as i64);
+            let a = self.b.ins().iconst(I64, haddr as i64);
+            addr = self.b.ins().select(hit, a, addr);
+        }
+        let (call, stop) = (self.b.create_block(), self.b.create_block());
+        self.b.ins().brif(addr, call, NO_ARGS, stop, NO_ARGS);
+        self.b.switch_to_block(stop);
+        let f = Self::flags();
+        let kind = self.b.ins().iconst(I32, PJ_STOP_UNKNOWN_CALLX as i64);
+        self.b.ins().store(f, kind, self.env, PJ_ENV_STOP_KIND);
+        let pcv = self.b.ins().iconst(I64, pc as i64);
+        self.b.ins().store(f, pcv, self.env, PJ_ENV_STOP_PC);
+        self.b.ins().store(f, id, self.env, PJ_ENV_STOP_ADDR);
+        let z = self.b.ins().iconst(I64, 0);
+        self.b.ins().return_(&[z]);
+        self.b.switch_to_block(call);
+        self.call_at(addr);
+    }
+
+    /// A bpf-to-bpf call: a direct call of the callee's own Cranelift function (its own
+    /// frame); r6–r9 are the caller's variables, so they survive by construction.
+    fn call_local(&mut self, target: usize) {
+        let callee = self.shared.prog.subprog_of(target);
+        let func = match self.locals.get(&callee) {
+            Some(&f) => f,
+            None => {
+                let sig = self.shared.signature(callee);
+                let sig = self.b.import_signature(sig);
+                let name = self
+                    .b
+                    .func
+                    .declare_imported_user_function(UserExternalName::new(0, callee as u32));
+                let f = self.b.import_function(ExtFuncData {
+                    name: ExternalName::user(name),
+                    signature: sig,
+                    colocated: true,
+                    patchable: false,
+                });
+                self.locals.insert(callee, f);
+                f
+            }
+        };
+        let mut args: Vec<Value> = (1..=5).map(|r| self.get(r)).collect();
+        args.push(self.env);
+        let call = self.b.ins().call(func, &args);
+        let r0 = self.b.inst_results(call)[0];
+        self.set(0, r0);
+        if self.shared.may_stop {
+            // The callee stopped the run: leave this frame too.
+            let kind = self
+                .b
+                .ins()
+                .uload32(Self::flags(), self.env, PJ_ENV_STOP_KIND);
+            let (ret, cont) = (self.b.create_block(), self.b.create_block());
+            self.b.ins().brif(kind, ret, NO_ARGS, cont, NO_ARGS);
+            self.b.switch_to_block(ret);
+            let z = self.b.ins().iconst(I64, 0);
+            self.b.ins().return_(&[z]);
+            self.b.switch_to_block(cont);
+        }
+    }
+}
+
+fn narrow(size: Size) -> Type {
+    match size {
+        Size::B => types::I8,
+        Size::H => types::I16,
+        Size::W => I32,
+        Size::DW => I64,
+    }
+}
+
+fn int_cc(cond: Cond) -> IntCC {
+    match cond {
+        Cond::Eq => IntCC::Equal,
+        Cond::Ne => IntCC::NotEqual,
+        Cond::Gt => IntCC::UnsignedGreaterThan,
+        Cond::Ge => IntCC::UnsignedGreaterThanOrEqual,
+        Cond::Lt => IntCC::UnsignedLessThan,
+        Cond::Le => IntCC::UnsignedLessThanOrEqual,
+        Cond::Sgt => IntCC::SignedGreaterThan,
+        Cond::Sge => IntCC::SignedGreaterThanOrEqual,
+        Cond::Slt => IntCC::SignedLessThan,
+        Cond::Sle => IntCC::SignedLessThanOrEqual,
+        Cond::Set => unreachable!("jset is a band and a test"),
+    }
+}
+
+fn unsupported(pc: u32, what: &str) -> CompileError {
+    CompileError::at(
+        pc as usize,
+        ErrorKind::Unsupported,
+        format!("optimized tier: {what} not supported yet"),
+    )
+}
