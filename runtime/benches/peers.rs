@@ -29,85 +29,15 @@
 
 #[path = "../tests/host/mod.rs"]
 mod host;
+#[path = "common/peers_inputs.rs"]
+mod peers_inputs;
 
 use packjit::elf::{link, ElfLoadOptions, Linked};
 use packjit::{LoadOptions, Program, Runtime, Tier};
+use peers_inputs::{input, pj_mix, rbpf_mix, HELPER_ID};
 use std::hint::black_box;
 use std::path::Path;
 use std::time::Instant;
-
-/// The clang the ELF tests use: `$PACKJIT_CLANG`, else the newest `clang-N` on PATH, else
-/// `clang` (`scripts/env.sh` installs clang-19). Not shared with `tests/elf_support`: that
-/// module pulls in a test-only module a `harness = false` bench would warn about.
-fn clang() -> String {
-    let mut candidates: Vec<String> = std::env::var("PACKJIT_CLANG").into_iter().collect();
-    candidates.extend((14..=21).rev().map(|v| format!("clang-{v}")));
-    candidates.push("clang".into());
-    candidates
-        .into_iter()
-        .find(|c| {
-            std::process::Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect("clang not found: `source scripts/env.sh && packjit_install`")
-}
-
-/// The helper the programs call as `pj_mix` (id 77 for both engines), for packjit.
-unsafe extern "C" fn pj_mix(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
-    mix_rust(a, b, c, d, e)
-}
-
-/// The same helper for rbpf.
-fn mix_rust(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
-    a.rotate_left(13) ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-/// The context each program gets, deterministic.
-fn input(name: &str) -> Vec<u8> {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    let mut rnd = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    match name {
-        "sort" => (0..256).map(|_| rnd() as u8).collect(),
-        "sieve" => 2000u16.to_le_bytes().to_vec(),
-        "parse" => {
-            let mut p = vec![0u8; 14 + 20 + 20 + 16];
-            p[12] = 0x08; // IPv4
-            let ip = &mut p[14..34];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&56u16.to_be_bytes());
-            ip[8] = 64;
-            ip[9] = 6; // TCP
-            ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
-            ip[16..20].copy_from_slice(&[192, 168, 1, 20]);
-            let tcp = &mut p[34..54];
-            tcp[0..2].copy_from_slice(&44321u16.to_be_bytes());
-            tcp[2..4].copy_from_slice(&443u16.to_be_bytes());
-            tcp[12] = 5 << 4;
-            tcp[13] = 0x18;
-            p
-        }
-        "words" => b"the quick brown fox jumps over the lazy dog\n\tand then  it naps\r\n"
-            .iter()
-            .copied()
-            .cycle()
-            .take(1024)
-            .collect(),
-        "kv" => b"len=1500;ttl=64;host=example.org;port=8080;proto=tcp;flags=;mss=1460;"
-            .iter()
-            .copied()
-            .cycle()
-            .take(280)
-            .collect(),
-        _ => (0..512).map(|_| rnd() as u8).collect(),
-    }
-}
 
 /// What rbpf 0.4.1 does with a program.
 #[derive(Clone, Copy, PartialEq)]
@@ -140,30 +70,10 @@ const PROGRAMS: &[(&str, &str, Rbpf)] = &[
     ("kv", "peers", Rbpf::Runs),
 ];
 
+/// `tests/bpf/peers/<name>.c` compiled with `-O2 -g -target bpf <cpu>`.
 fn compile_object(name: &str, cpu: &str) -> Vec<u8> {
-    let cc = clang();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/bpf/peers")
-        .join(format!("{name}.c"));
-    let dir = std::env::temp_dir().join(format!("packjit-peers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let obj = dir.join(format!("{name}.o"));
-    let out = std::process::Command::new(&cc)
-        .args(["-O2", "-g", "-target", "bpf", cpu, "-c"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&obj)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{cc} failed on {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bytes = std::fs::read(&obj).unwrap();
-    let _ = std::fs::remove_dir_all(Path::new(&dir));
-    bytes
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/bpf/peers");
+    peers_inputs::compile_object(&sources, name, cpu)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -206,8 +116,6 @@ fn time_runs(n: usize, mut f: impl FnMut() -> u64) -> f64 {
     }
     t.elapsed().as_nanos() as f64 / n as f64
 }
-
-const HELPER_ID: u32 = 77;
 
 /// One rbpf JIT run with `ctx` as the mbuff (r1 = pointer, r2 = length).
 fn rbpf_run(vm: &rbpf::EbpfVmMbuff<'static>, ctx: &mut [u8]) -> u64 {
@@ -298,7 +206,7 @@ fn main() {
             let code: &'static [u8] = Box::leak(linked.code.clone().into_boxed_slice());
             let mut vm = rbpf::EbpfVmMbuff::new(Some(code))
                 .unwrap_or_else(|e| panic!("rbpf new {name}: {e}"));
-            vm.register_helper(HELPER_ID, mix_rust).unwrap();
+            vm.register_helper(HELPER_ID, rbpf_mix).unwrap();
             vm.jit_compile()
                 .unwrap_or_else(|e| panic!("rbpf jit {name}: {e}"));
             let got = rbpf_run(&vm, &mut ctx);
@@ -413,7 +321,7 @@ fn main() {
                                 break;
                             }
                             let mut vm = rbpf::EbpfVmMbuff::new(Some(&c.linked.code)).unwrap();
-                            vm.register_helper(HELPER_ID, mix_rust).unwrap();
+                            vm.register_helper(HELPER_ID, rbpf_mix).unwrap();
                             vm.jit_compile().unwrap();
                             samples.push(t.elapsed().as_nanos() as f64);
                             drop(black_box(vm));
