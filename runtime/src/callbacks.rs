@@ -267,40 +267,71 @@ fn for_each_function(
     if hash {
         return hash_for_each_function(pc, at, callback, k, m);
     }
-    let mut b = Builder::new(at);
-    let (einval, top, done) = (b.label(), b.label(), b.label());
-    let map_ref = |b: &mut Builder, dst: u8| {
-        b.i(0x18, dst, PSEUDO_MAP_FD, 0, k as i32);
-        b.i(0, 0, 0, 0, 0);
-    };
-    b.jump(0x55, 4, 0, 0, einval); // if flags != 0
-    save(&mut b);
+    let (mut b, l) = EachLoop::start(at, k);
     b.i(0x18, 6, 0, 0, spec.max_entries as i32); // r6 = entries (as u32 bits)
     b.i(0, 0, 0, 0, 0);
     b.i(0xb7, 7, 0, 0, 0); // r7 = index
     b.i(0xbf, 8, 3, 0, 0); // r8 = ctx
-    b.bind(top);
-    b.jump(0x3d, 7, 6, 0, done);
+    b.bind(l.top);
+    b.jump(0x3d, 7, 6, 0, l.done);
     b.i(0x63, R10, 7, -32, 0); // key = index
-    map_ref(&mut b, 1);
+    l.map_ref(&mut b, 1);
     b.i(0xbf, 2, R10, 0, 0);
     b.i(0x07, 2, 0, 0, -32);
     b.i(0x85, 0, 0, 0, 1); // the element (inlined for arrays)
     b.i(0xbf, 3, R0, 0, 0);
-    map_ref(&mut b, 1);
+    Ok(call_and_finish(b, &l, -32, callback))
+}
+
+/// The labels and the map of a `bpf_for_each_map_elem` loop function.
+struct EachLoop {
+    /// Map `k` of the load.
+    k: usize,
+    einval: usize,
+    top: usize,
+    done: usize,
+}
+
+impl EachLoop {
+    /// The function's start: `-EINVAL` for non-zero flags (r4), r6-r8 saved.
+    fn start(at: usize, k: usize) -> (Builder, EachLoop) {
+        let mut b = Builder::new(at);
+        let l = EachLoop {
+            k,
+            einval: b.label(),
+            top: b.label(),
+            done: b.label(),
+        };
+        b.jump(0x55, 4, 0, 0, l.einval); // if flags != 0
+        save(&mut b);
+        (b, l)
+    }
+
+    /// `lddw dst, map k`.
+    fn map_ref(&self, b: &mut Builder, dst: u8) {
+        b.i(0x18, dst, PSEUDO_MAP_FD, 0, self.k as i32);
+        b.i(0, 0, 0, 0, 0);
+    }
+}
+
+/// The end of a for_each loop, with r3 = the element's value and its key at `r10 + key_at`:
+/// `callback(map, &key, value, ctx = r8)`, counted in r7, back to the top while it returns
+/// 0; then the count, or `-EINVAL`.
+fn call_and_finish(mut b: Builder, l: &EachLoop, key_at: i32, callback: usize) -> Vec<u8> {
+    l.map_ref(&mut b, 1);
     b.i(0xbf, 2, R10, 0, 0);
-    b.i(0x07, 2, 0, 0, -32);
+    b.i(0x07, 2, 0, 0, key_at);
     b.i(0xbf, 4, 8, 0, 0);
     b.call(callback);
     b.i(0x07, 7, 0, 0, 1);
-    b.jump(0x15, R0, 0, 0, top);
-    b.bind(done);
+    b.jump(0x15, R0, 0, 0, l.top);
+    b.bind(l.done);
     b.i(0xbf, R0, 7, 0, 0);
     restore_and_exit(&mut b);
-    b.bind(einval);
+    b.bind(l.einval);
     b.i(0xb7, R0, 0, 0, -22);
     b.i(0x95, 0, 0, 0, 0);
-    Ok(b.finish())
+    b.finish()
 }
 
 /// Where [`hash_for_each_function`] keeps the walk's cursor: below the saved r6-r8.
@@ -333,38 +364,18 @@ fn hash_for_each_function(
             ),
         ));
     }
-    let mut b = Builder::new(at);
-    let (einval, top, done) = (b.label(), b.label(), b.label());
-    let map_ref = |b: &mut Builder, dst: u8| {
-        b.i(0x18, dst, PSEUDO_MAP_FD, 0, k as i32);
-        b.i(0, 0, 0, 0, 0);
-    };
-    b.jump(0x55, 4, 0, 0, einval); // if flags != 0
-    save(&mut b);
+    let (mut b, l) = EachLoop::start(at, k);
     b.i(0xb7, 7, 0, 0, 0); // r7 = visited
     b.i(0xbf, 8, 3, 0, 0); // r8 = ctx
     b.i(0x7a, R10, 0, CURSOR, 0); // cursor = 0
-    b.bind(top);
-    map_ref(&mut b, 1);
+    b.bind(l.top);
+    l.map_ref(&mut b, 1);
     b.i(0xbf, 2, R10, 0, 0);
     b.i(0x07, 2, 0, 0, CURSOR as i32);
     b.i(0xbf, 3, R10, 0, 0);
     b.i(0x07, 3, 0, 0, key_at);
     b.i(0x85, 0, 0, 0, crate::maps::HASH_ITER_NEXT as i32);
-    b.jump(0x15, R0, 0, 0, done); // no element left
+    b.jump(0x15, R0, 0, 0, l.done); // no element left
     b.i(0xbf, 3, R0, 0, 0);
-    map_ref(&mut b, 1);
-    b.i(0xbf, 2, R10, 0, 0);
-    b.i(0x07, 2, 0, 0, key_at);
-    b.i(0xbf, 4, 8, 0, 0);
-    b.call(callback);
-    b.i(0x07, 7, 0, 0, 1);
-    b.jump(0x15, R0, 0, 0, top);
-    b.bind(done);
-    b.i(0xbf, R0, 7, 0, 0);
-    restore_and_exit(&mut b);
-    b.bind(einval);
-    b.i(0xb7, R0, 0, 0, -22);
-    b.i(0x95, 0, 0, 0, 0);
-    Ok(b.finish())
+    Ok(call_and_finish(b, &l, key_at, callback))
 }
