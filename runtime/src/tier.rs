@@ -21,6 +21,18 @@ pub enum Tier {
     Optimized,
 }
 
+impl Tier {
+    /// Whether this build of packjit has the tier: the optimizing tier needs the cargo
+    /// feature `optimizer`, which any crate of the build may turn on (cargo unifies
+    /// features), so a host asks here rather than testing its own feature.
+    pub const fn is_built(self) -> bool {
+        match self {
+            Tier::Baseline => true,
+            Tier::Optimized => cfg!(feature = "optimizer"),
+        }
+    }
+}
+
 /// The optimizing tier's backend for `arch`, or why there is none.
 pub(crate) fn optimizer(arch: Arch) -> Result<(Arc<dyn JitBackend>, Arc<str>), Error> {
     if Arch::host() != Some(arch) {

@@ -28,7 +28,7 @@
 mod peers;
 
 use packjit::elf::{link, ElfLoadOptions, Linked};
-use packjit::{LoadOptions, Program, Runtime};
+use packjit::{LoadOptions, Program, Runtime, Tier};
 use peers::{compile_object, input, pj_mix, rbpf_mix, Known, HELPER_ID};
 use std::ffi::{c_char, c_void, CStr};
 use std::hint::black_box;
@@ -165,6 +165,8 @@ fn rbpf_compile(code: &'static [u8]) -> rbpf::EbpfVmMbuff<'static> {
 enum Engine {
     Trusted,
     Sandboxed,
+    /// packjit's optimizing tier (trusted; `Tier::Optimized`).
+    Optimized,
     Rbpf,
     Ubpf,
     #[cfg(llvmbpf)]
@@ -174,6 +176,7 @@ enum Engine {
 const ENGINES: &[Engine] = &[
     Engine::Trusted,
     Engine::Sandboxed,
+    Engine::Optimized,
     Engine::Rbpf,
     Engine::Ubpf,
     #[cfg(llvmbpf)]
@@ -185,6 +188,7 @@ impl Engine {
         match self {
             Engine::Trusted => "packjit trusted",
             Engine::Sandboxed => "packjit sandboxed",
+            Engine::Optimized => "packjit optimized",
             Engine::Rbpf => "rbpf JIT",
             Engine::Ubpf => "ubpf JIT",
             #[cfg(llvmbpf)]
@@ -243,6 +247,13 @@ fn time_compile(rt: &Runtime, c: &Case, e: Engine) -> f64 {
         }
         Engine::Sandboxed => {
             let p = rt.load(c.code, &c.opts).unwrap();
+            let ns = t.elapsed().as_nanos() as f64;
+            drop(p);
+            ns
+        }
+        Engine::Optimized => {
+            // SAFETY: compiled only, never run.
+            let p = unsafe { rt.load_trusted(c.code, &optimized(&c.opts)) }.unwrap();
             let ns = t.elapsed().as_nanos() as f64;
             drop(p);
             ns
@@ -326,6 +337,14 @@ fn machine_note(quick: bool, rounds: usize, compiles: usize) {
     );
 }
 
+/// `opts` asking for the optimizing tier.
+fn optimized(opts: &LoadOptions) -> LoadOptions {
+    LoadOptions {
+        tier: Tier::Optimized,
+        ..opts.clone()
+    }
+}
+
 /// Compiles timed per program and round: llvmbpf takes milliseconds a compile, so it gets a
 /// tenth as many.
 fn compiles_for(e: Engine, compiles: usize) -> usize {
@@ -381,6 +400,11 @@ fn main() {
                         .unwrap_or_else(|e| panic!("packjit trusted {name}: {e}")),
                 )),
                 Engine::Sandboxed => Ok(Compiled::Packjit(rt.load(code, &opts).unwrap())),
+                // SAFETY: as for the trusted load.
+                Engine::Optimized => Ok(Compiled::Packjit(
+                    unsafe { rt.load_trusted(code, &optimized(&opts)) }
+                        .unwrap_or_else(|e| panic!("packjit optimized {name}: {e}")),
+                )),
                 Engine::Rbpf => Ok(Compiled::Rbpf(rbpf_compile(code))),
                 Engine::Ubpf => Native::new(UBPF, code).map(Compiled::Native),
                 #[cfg(llvmbpf)]
@@ -470,11 +494,11 @@ fn main() {
     }
 
     let cols: Vec<String> = ENGINES.iter().map(|e| e.title().to_string()).collect();
-    // Ratios: packjit trusted and sandboxed over each peer.
+    // Ratios: packjit trusted, sandboxed and optimized over each peer.
     let peers: Vec<Engine> = ENGINES
         .iter()
         .copied()
-        .filter(|e| !matches!(e, Engine::Trusted | Engine::Sandboxed))
+        .filter(|e| !matches!(e, Engine::Trusted | Engine::Sandboxed | Engine::Optimized))
         .rev()
         .collect();
     let table = |title: &str, data: &dyn Fn(&Case, usize) -> Option<f64>, prec: usize| {
@@ -482,13 +506,13 @@ fn main() {
         let mut head = format!("| program | insns | {} |", cols.join(" | "));
         let mut rule = "|---|---|".to_string() + &"---|".repeat(n_eng);
         for p in &peers {
-            for who in ["tr", "sbx"] {
+            for who in ["tr", "sbx", "opt"] {
                 head += &format!(" {who} ÷ {} |", p.title());
                 rule += "---|";
             }
         }
         println!("{head}\n{rule}");
-        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); peers.len() * 2];
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); peers.len() * 3];
         for c in &cases {
             let v: Vec<Option<f64>> = (0..n_eng).map(|e| data(c, e)).collect();
             let mut row = format!("| {} | {} |", c.name, c.linked.code.len() / 8);
@@ -499,10 +523,13 @@ fn main() {
                 };
             }
             for (i, p) in peers.iter().enumerate() {
-                for (j, ours) in [Engine::Trusted, Engine::Sandboxed].iter().enumerate() {
+                for (j, ours) in [Engine::Trusted, Engine::Sandboxed, Engine::Optimized]
+                    .iter()
+                    .enumerate()
+                {
                     row += &match (v[ours.index()], v[p.index()]) {
                         (Some(a), Some(b)) => {
-                            ratios[i * 2 + j].push(a / b);
+                            ratios[i * 3 + j].push(a / b);
                             format!(" {} |", ratio(a / b))
                         }
                         _ => " — |".into(),
