@@ -1251,6 +1251,16 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                 c => c,
             };
             if let (Some((base, off, size)), c) = (access_of(&op), check) {
+                // A load or store proven in bounds (no check on either copy) off another
+                // base stays out of the open group and leaves it open: clang interleaves a
+                // loop's context reads with stores through a stack pointer
+                // (`absorb(&a, p, n)` in the peers bench: `p[i]` read three times around
+                // `a->sum` and `a->xor` stored), and closing there cost each read its own
+                // test. The group's checked copy lowers it unchecked too (see
+                // `Driver::unchecked`).
+                if keeps_group_open(&op, c, open.as_ref().map(|g| g.base)) {
+                    continue;
+                }
                 let groupable = matches!(
                     c,
                     AccessCheck::Stack
@@ -1312,6 +1322,21 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
         close(&mut open, &mut members, &mut groups);
     }
     groups
+}
+
+/// Whether access `op` (checked `check`) passes through an open check group on `open_base`
+/// without ending it: a plain load or store proven in bounds ([`AccessCheck::None`]: no code
+/// of its own on the hot path or in the group's checked copy) off another base, writing
+/// neither that base nor anything the group tests (a load's destination is not the base).
+/// Atomics and walked or guarded accesses (their checks depend on which copy runs) end it as
+/// before.
+fn keeps_group_open(op: &Op, check: AccessCheck, open_base: Option<Reg>) -> bool {
+    let Some(g) = open_base else {
+        return false;
+    };
+    check == AccessCheck::None
+        && matches!(op, Op::Load { base, .. } | Op::Store { base, .. } if *base != g)
+        && op.written_reg() != Some(g)
 }
 
 /// The full analysis: every access's check and the check groups. `with_groups = false`
