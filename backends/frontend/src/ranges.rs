@@ -1930,6 +1930,38 @@ mod tests {
     }
 
     #[test]
+    fn proven_accesses_off_another_base_leave_a_group_open() {
+        // Off r2 (the length: of unknown origin, so the reloaded r2 is of the same class):
+        // r3 = *(u8 *)(r2 + 0) ; r6 = r2 ; r6 += 64 ; *(u64 *)(r10 - 8) = r6 (proven) ;
+        // r4 = *(u8 *)(r2 + 1) ; r5 = *(u64 *)(r10 - 8) (proven) ; r5 = *(u8 *)(r2 + 2) ;
+        // r2 = *(u64 *)(r10 - 8) (proven, but writes the base: ends the group) ;
+        // r0 = *(u8 *)(r2 + 0) ; r0 = *(u8 *)(r2 + 1) ; exit
+        let (_, a) = plan(&[
+            ins(0x71, 3, 2, 0, 0),
+            ins(0xbf, 6, 2, 0, 0),
+            ins(0x07, 6, 0, 0, 64),
+            ins(0x7b, 10, 6, -8, 0),
+            ins(0x71, 4, 2, 1, 0),
+            ins(0x79, 5, 10, -8, 0),
+            ins(0x71, 5, 2, 2, 0),
+            ins(0x79, 2, 10, -8, 0),
+            ins(0x71, 0, 2, 0, 0),
+            ins(0x71, 0, 2, 1, 0),
+            EXIT,
+        ]);
+        for i in [3, 5, 7] {
+            assert_eq!(a.checks[i], AccessCheck::None, "pc {i}");
+        }
+        assert_eq!(a.checks[8], AccessCheck::Unknown);
+        assert_eq!(a.groups.len(), 2, "{:?}", a.groups);
+        assert_eq!(a.groups[0].members, vec![0, 4, 6]);
+        assert_eq!((a.groups[0].lo, a.groups[0].hi), (0, 3));
+        assert_eq!(a.group_of(3), None);
+        // The reloaded base starts a group of its own.
+        assert_eq!(a.groups[1].members, vec![8, 9]);
+    }
+
+    #[test]
     fn groups_take_members_below_their_base() {
         // clang's byte run: r5 = r1 + 3 ; loads off r5 at -3, -2, +4 (one group), +1023,
         // +1000 (a group above its base may end past GROUP_BELOW_END), -1 (would end the
