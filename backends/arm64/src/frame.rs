@@ -143,7 +143,10 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
         .collect();
     Plan {
         access: if sandbox {
-            plan_accesses(prog, groups)
+            let mut access = plan_accesses(prog, groups);
+            // This backend's guard has no speculation barrier: see `GuardRegion::ContextIndex`.
+            access.drop_index_walks();
+            access
         } else {
             AccessPlan::default()
         },
