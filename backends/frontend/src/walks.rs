@@ -981,4 +981,56 @@ mod tests {
         let a = plan_accesses(&crate::decode(&code, &[]).unwrap(), true);
         assert_ne!(a.checks[5], AccessCheck::Walked);
     }
+
+    /// `r3 = 0 ; [r6 = r1 + 8] ; head: r5 = B ; r5 += r3 ; r4 = *(u8 *)(r5 + 0) ; r0 += r4 ;
+    /// r3 += 1 ; if r3 < r2 goto head ; exit` (fnv's loop), with `B` r1 or r6.
+    fn index_walk(base: u8) -> crate::ranges::AccessPlan {
+        let mut code = vec![ins(0xb7, 0, 0, 0, 0), ins(0xb7, 3, 0, 0, 0)];
+        if base == 6 {
+            code.push(ins(0xbf, 6, 1, 0, 0));
+            code.push(ins(0x07, 6, 0, 0, 8));
+        }
+        let head = code.len();
+        code.extend([
+            ins(0xbf, 5, base, 0, 0),
+            ins(0x0f, 5, 3, 0, 0),
+            ins(0x71, 4, 5, 0, 0),
+            ins(0x0f, 0, 4, 0, 0),
+            ins(0x07, 3, 0, 0, 1),
+        ]);
+        let back = -(code.len() as i16 + 1 - head as i16);
+        code.push(ins(JLT, 3, 2, back, 0));
+        code.push(EXIT);
+        plan_accesses(&crate::decode(&code.concat(), &[]).unwrap(), true)
+    }
+
+    #[test]
+    fn an_index_from_the_context_start_is_a_guarded_walk() {
+        let mut a = index_walk(1);
+        assert_eq!(a.checks[4], AccessCheck::Guarded);
+        assert_eq!(a.walks.len(), 1);
+        let w = a.walks[0];
+        assert_eq!((w.head, w.ptr, w.bound, w.cont, w.step), (2, 3, 2, Cond::Lt, 1));
+        assert_eq!(
+            w.guard,
+            Some(Guard {
+                region: GuardRegion::ContextIndex,
+                shift: 0,
+                bias: 1,
+                end: 1,
+            })
+        );
+        // The accesses go through r5, not the index: no shadow, the clamp is in place.
+        assert_eq!((w.shadow, w.limit), (None, None));
+        // r1 must be exactly the context start on entry.
+        assert!(a.uses_ctx_const());
+        // A backend without the walk checks the access as a context access.
+        a.drop_index_walks();
+        assert_eq!(a.checks[4], AccessCheck::Ctx);
+        assert!(a.walks.is_empty() && !a.uses_ctx_const());
+        // An index off r1 + 8 is not an offset into the context.
+        let a = index_walk(6);
+        assert_eq!(a.checks[6], AccessCheck::Ctx);
+        assert!(a.walks.is_empty());
+    }
 }
