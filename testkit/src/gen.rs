@@ -1812,11 +1812,6 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
 /// and fails for many (the checked copy then runs, and must stop exactly where the reference
 /// does).
 pub fn ctx_walk_program(seed: u64) -> (Vec<u8>, usize) {
-    // Every third seed (from the seed, so the pointer walks of the others stay as they
-    // were) walks an index instead.
-    if (seed >> 1) % 3 == 0 {
-        return ctx_index_walk_program(seed);
-    }
     use packjit_frontend::encode_insn as ins;
     let mut rnd = seeded_choices(seed, 0x9e37_79b9_7f4a_7c15);
     let len = [0, 1, 7, 8, 16, 24, 64, 64, 100, 256, 256, 300][rnd(12) as usize];
@@ -1861,66 +1856,6 @@ pub fn ctx_walk_program(seed: u64) -> (Vec<u8>, usize) {
     }
     if rnd(3) == 0 {
         p.push(ins(0xbf, 5, 4, 0, 0)); // r5 = r4 (one caller-saved register less)
-    }
-    close_walk(&mut p, &mut rnd, &access, head, bound, step, 1 << 30);
-    p.push(ins(0xb7, 0, 0, 0, 7)); // out: r0 = 7
-    p.push(ins(0x95, 0, 0, 0, 0));
-    (p.concat(), len)
-}
-
-/// A random loop walking an **index** through the context
-/// (`packjit_frontend::walks::GuardRegion::ContextIndex`): `r3` counts from a small start to
-/// a bound (the context's length from r2, that length less a little, or a constant), and
-/// each access is `r5 = B; r5 += r3; *(r5 + off)`, as clang leaves `p[i]`. `B` is the
-/// context start (r1) for most seeds and `r1 + 8` for some (then the walk must not be
-/// guarded as an index from the start: the accesses reach 8 bytes further). Loads and stores
-/// at small offsets (some negative), steps of every kind, sometimes an access after the step
-/// and an early exit ([`close_walk`]). Context lengths as for [`ctx_walk_program`].
-fn ctx_index_walk_program(seed: u64) -> (Vec<u8>, usize) {
-    use packjit_frontend::encode_insn as ins;
-    let mut rnd = seeded_choices(seed, 0x51ed_270b_27d4_eb4f);
-    let len = [0, 1, 7, 8, 16, 24, 64, 64, 100, 256, 256, 300][rnd(12) as usize];
-    let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
-    let base = if rnd(4) == 0 {
-        p.push(ins(0xbf, 6, 1, 0, 0)); // r6 = r1 + 8
-        p.push(ins(0x07, 6, 0, 0, 8));
-        6
-    } else {
-        1
-    };
-    let start = [0, 0, 0, 8, 3, 16, 64][rnd(7) as usize];
-    p.push(ins(0xb7, 3, 0, 0, start)); // r3 = start
-    let bound = match rnd(3) {
-        0 => 2, // the context's length
-        1 => {
-            p.push(ins(0x07, 2, 0, 0, -(rnd(9) as i32))); // r2 = len - tail
-            2
-        }
-        _ => {
-            p.push(ins(0xb7, 7, 0, 0, [8, 64, 256, 512][rnd(4) as usize])); // r7 = constant
-            7
-        }
-    };
-    let step = [1, 1, 2, 4, 8, 8, 16, 3, 64][rnd(9) as usize];
-    let head = p.len();
-    let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
-    let access = move |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
-        let size = sizes[rnd(4) as usize];
-        let off = [0, 0, 0, 1, 4, -1, -8, 8, 12][rnd(9) as usize];
-        p.push(ins(0xbf, 5, base, 0, 0)); // r5 = B
-        p.push(ins(0x0f, 5, 3, 0, 0)); // r5 += r3
-        match rnd(4) {
-            0 => p.push(ins(0x62 | size, 5, 0, off, rnd(100) as i32)), // *(r5 + off) = imm
-            1 => p.push(ins(0x63 | size, 5, 0, off, 0)),               // *(r5 + off) = r0
-            _ => {
-                p.push(ins(0x61 | size, 4, 5, off, 0)); // r4 = *(r5 + off)
-                p.push(ins(0xaf, 0, 4, 0, 0)); // r0 ^= r4
-                p.push(ins(0x27, 0, 0, 0, 0x1b3)); // r0 *= 0x1b3
-            }
-        }
-    };
-    for _ in 0..1 + rnd(2) {
-        access(&mut p, &mut rnd);
     }
     close_walk(&mut p, &mut rnd, &access, head, bound, step, 1 << 30);
     p.push(ins(0xb7, 0, 0, 0, 7)); // out: r0 = 7

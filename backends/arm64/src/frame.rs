@@ -143,10 +143,7 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
         .collect();
     Plan {
         access: if sandbox {
-            let mut access = plan_accesses(prog, groups);
-            // This backend's guard has no speculation barrier: see `GuardRegion::ContextIndex`.
-            access.drop_index_walks();
-            access
+            plan_accesses(prog, groups)
         } else {
             AccessPlan::default()
         },

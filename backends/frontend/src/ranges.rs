@@ -477,12 +477,6 @@ pub struct AccessPlan {
     pub jumped_to: Vec<bool>,
 }
 
-/// Whether `w` walks the context by an index ([`crate::walks::GuardRegion::ContextIndex`]).
-fn is_index_walk(w: &crate::walks::Walk) -> bool {
-    w.guard
-        .is_some_and(|g| g.region == crate::walks::GuardRegion::ContextIndex)
-}
-
 /// The per-instruction tables are megabytes for a large program: they go back to the
 /// thread's spares ([`crate::reuse`]) for the next compile instead of to the allocator.
 impl Drop for AccessPlan {
@@ -516,23 +510,6 @@ impl AccessPlan {
                 .groups
                 .iter()
                 .any(|g| matches!(g.check, AccessCheck::CtxConst { .. }))
-            || self.walks.iter().any(is_index_walk)
-    }
-
-    /// Drops the walks by an index into the context
-    /// ([`crate::walks::GuardRegion::ContextIndex`]) for a backend that does not take them
-    /// (see there): their accesses are checked one by one again, as context accesses (what
-    /// the walk's checked copy would have done; a pointer of unknown origin gets the same
-    /// check's slow path).
-    pub fn drop_index_walks(&mut self) {
-        for w in self.walks.iter().filter(|w| is_index_walk(w)) {
-            for c in &mut self.checks[w.head..w.back_edge] {
-                if *c == AccessCheck::Guarded {
-                    *c = AccessCheck::Ctx;
-                }
-            }
-        }
-        self.walks.retain(|w| !is_index_walk(w));
     }
 
     /// The check of instruction `i` (`NotAccess` for non-memory instructions, and for every

@@ -114,17 +114,6 @@ pub enum GuardRegion {
     /// The current function's frame, `[r10 - 512, r10)` (a pointer into the frame whose
     /// bound is only known at run time: a buffer filled up to a length).
     Frame,
-    /// The context, walked by an **index** rather than a pointer (`for (i = k; i < n; i++)
-    /// … p[i] …` as clang leaves it: `d = p; d += i; *(u8 *)(d + 0)` in the body, with `p`
-    /// exactly the context start and not written in the loop; see [`index_accesses`]). The
-    /// walked register is the index, so the guard's `q` is the index itself (no start to
-    /// subtract), and a clamped index of 0 puts the accesses at the context start, inside
-    /// it whenever the guard passed (`end <= len`). Only a backend whose guard cannot be
-    /// bypassed speculatively (x86-64: `lfence` after it) takes these walks; the others drop
-    /// them ([`crate::ranges::AccessPlan::drop_index_walks`]), because their guard clamps
-    /// the walked register to 0, which for an index is the context start, not the unmapped
-    /// first page, and a mispredicted guard may have failed on `len < end`.
-    ContextIndex,
 }
 
 /// The entry test of a guarded walk: with `p` and `b` the pointer and the bound on entry,
@@ -180,7 +169,7 @@ pub fn find(prog: &Program, checks: &mut [AccessCheck]) -> Vec<Walk> {
 pub struct Candidates {
     cands: Vec<Candidate>,
     /// Per candidate: the pointer's and the bound's values falling into the head.
-    entry: Vec<Option<State>>,
+    entry: Vec<Option<(Val, Val)>>,
 }
 
 impl Candidates {
@@ -302,9 +291,10 @@ impl Candidates {
         let Ok(k) = self.cands.binary_search_by_key(&(i + 1), |c| c.walk.head) else {
             return;
         };
+        let c = &self.cands[k];
         let mut after = *st;
         transfer_at(prog, i, &mut after);
-        self.entry[k] = Some(after);
+        self.entry[k] = Some((after[c.walk.ptr as usize], after[c.walk.bound as usize]));
     }
 
     /// Proves what the entry values allow: marks the walked accesses in `checks` and
@@ -313,12 +303,10 @@ impl Candidates {
         let mut walks = Vec::new();
         // Liveness per function, computed for the first walk that needs it.
         let mut live: Option<(usize, Vec<u16>)> = None;
-        for (c, st) in self.cands.iter().zip(self.entry) {
-            let Some(st) = st else { continue };
-            let (p, b) = (st[c.walk.ptr as usize], st[c.walk.bound as usize]);
+        for (c, vals) in self.cands.iter().zip(self.entry) {
+            let Some((p, b)) = vals else { continue };
             let found = prove_in_frame(prog, c, p, b, checks)
-                .or_else(|| guard_at_run_time(prog, c, p, checks))
-                .or_else(|| guard_index_walk(prog, c, &st, checks));
+                .or_else(|| guard_at_run_time(prog, c, p, checks));
             let Some((last, guard)) = found else {
                 continue;
             };
@@ -327,14 +315,7 @@ impl Candidates {
                 live = Some((sp.start, crate::analysis::live_in(prog, sp.start, sp.end)));
             }
             let (start, live) = live.as_ref().expect("computed above");
-            // An index walk's accesses go through registers derived from the index in the
-            // body, not through the index: a shadow of the index would not reach them, so
-            // the clamp is in place.
-            let indexed = guard.is_some_and(|g| g.region == GuardRegion::ContextIndex);
-            let free = match indexed {
-                true => 0,
-                false => free_registers(prog, &c.walk, |i| live[i - start]),
-            };
+            let free = free_registers(prog, &c.walk, |i| live[i - start]);
             let mut free = (0..=5).filter(|&r| free & (1 << r) != 0);
             walks.push(Walk {
                 last,
@@ -435,7 +416,7 @@ fn guard_at_run_time(
             && off + size < 2048
             && match region {
                 GuardRegion::Frame => checks[m] == AccessCheck::Stack,
-                GuardRegion::Context | GuardRegion::ContextIndex => {
+                GuardRegion::Context => {
                     matches!(checks[m], AccessCheck::Ctx | AccessCheck::Unknown)
                 }
             }
@@ -460,112 +441,6 @@ fn guard_at_run_time(
         0,
         Some(Guard {
             region,
-            shift: step.trailing_zeros(),
-            bias,
-            end: end as u64,
-        }),
-    ))
-}
-
-/// The loads and stores of the body through a register derived from the walked index:
-/// `(index, offset from ctx-start-plus-the-index's-head-value, size, base)` for each access
-/// `*(d + off)` whose `d` was last written, in the body, by `d += idx` (64-bit) right after
-/// `d = base` (64-bit, `base` neither `d` nor the index). The add reads the index's head
-/// value, plus the step past the loop's one step. Whether `base` is the context start is
-/// the caller's to check.
-pub fn index_accesses(prog: &Program, c_walk: &Walk) -> Vec<(usize, i64, i64, Reg)> {
-    let idx = c_walk.ptr;
-    // derived[d]: `d = base + idx` with the add at the given instruction, while nothing
-    // else has written d.
-    let mut derived: [Option<(Reg, usize)>; 11] = [None; 11];
-    let mut out = Vec::new();
-    for m in c_walk.head..c_walk.back_edge {
-        let op = prog.insts[m].op;
-        if let Op::Load {
-            base, off, size, ..
-        }
-        | Op::Store {
-            base, off, size, ..
-        } = op
-        {
-            if let Some((b, at)) = derived[base as usize] {
-                let moved = if at > c_walk.step_at { c_walk.step } else { 0 };
-                out.push((m, moved + off as i64, size.bytes() as i64, b));
-            }
-        }
-        let Some(w) = op.written_reg() else { continue };
-        derived[w as usize] = None;
-        if let Op::Alu {
-            width: Width::W64,
-            op: AluOp::Add,
-            dst,
-            src: Operand::Reg(src),
-        } = op
-        {
-            let set_from = (m > c_walk.head).then(|| prog.insts[m - 1].op);
-            if let Some(Op::Alu {
-                width: Width::W64,
-                op: AluOp::Mov,
-                dst: d0,
-                src: Operand::Reg(b),
-            }) = set_from
-            {
-                if src == idx && d0 == dst && b != dst && b != idx {
-                    derived[dst as usize] = Some((b, m));
-                }
-            }
-        }
-        // (The index itself is written only by its step: the candidate checked that.)
-    }
-    out
-}
-
-/// A walk by an index into the context ([`GuardRegion::ContextIndex`]): the accesses through
-/// `ctx_start + index` (see [`index_accesses`]) at non-negative offsets become
-/// [`AccessCheck::Guarded`], with the base exactly the context start on entry (data-derived,
-/// so also under misspeculation) and not written in the loop. The guard is the context
-/// walk's, with the index as the offset into the context.
-fn guard_index_walk(
-    prog: &Program,
-    c: &Candidate,
-    st: &State,
-    checks: &mut [AccessCheck],
-) -> Option<(i64, Option<Guard>)> {
-    let step = c.walk.step;
-    if !(step as u64).is_power_of_two() {
-        return None;
-    }
-    let body = &prog.insts[c.walk.head..=c.walk.back_edge];
-    let written = |r: Reg| body.iter().any(|i| i.op.written_reg() == Some(r));
-    let ctx_start = Val {
-        base: Base::Ctx,
-        lo: 0,
-        hi: 0,
-    };
-    let guarded: Vec<(usize, i64)> = index_accesses(prog, &c.walk)
-        .into_iter()
-        .filter(|&(m, off, size, b)| {
-            off >= 0
-                && off + size < 2048
-                && matches!(checks[m], AccessCheck::Ctx | AccessCheck::Unknown)
-                && st[b as usize] == ctx_start
-                && !written(b)
-        })
-        .map(|(m, off, size, _)| (m, off + size))
-        .collect();
-    let end = guarded.iter().map(|&(_, end)| end).max()?;
-    for &(m, _) in &guarded {
-        checks[m] = AccessCheck::Guarded;
-    }
-    let bias = match c.walk.cont {
-        Cond::Lt => 1,
-        Cond::Ne => step as u64,
-        _ => 0,
-    };
-    Some((
-        0,
-        Some(Guard {
-            region: GuardRegion::ContextIndex,
             shift: step.trailing_zeros(),
             bias,
             end: end as u64,

@@ -212,9 +212,6 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
                 ; ccmp X(C0), X(C1), 2, hs
             ),
             // q = p - (r10 - 512); the frame's length is 512 >= end.
-            GuardRegion::ContextIndex => {
-                unreachable!("index walks are dropped for this backend (AccessPlan::drop_index_walks)")
-            }
             GuardRegion::Frame => {
                 self.mov_imm(C1, (STACK_SIZE as u32 - end) as u64, W64);
                 a64!(self.ops

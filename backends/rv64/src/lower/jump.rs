@@ -370,9 +370,6 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
                 self.e.rrr(R3::Sltu, T3, T1, T0);
                 self.e.rrr(R3::Or, T2, T2, T3);
             }
-            GuardRegion::ContextIndex => {
-                unreachable!("index walks are dropped for this backend (AccessPlan::drop_index_walks)")
-            }
             GuardRegion::Frame => {
                 // The frame is [r10 - 512, r10), and 512 >= end.
                 let size = packjit_frontend::STACK_SIZE as i32;

@@ -117,18 +117,15 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
         // r9 = len - end, r11 = q = p - start; r9 = len - end - q.
         self.mov_rr(Sz::B64, T11, p);
         match g.region {
-            GuardRegion::Context | GuardRegion::ContextIndex => {
+            GuardRegion::Context => {
                 self.ctx_len();
                 self.e
                     .asm(1, |ops| dynasm!(ops ; .arch x64 ; sub r9, DWORD end));
                 self.cold_jump(Some(Cc::B), at);
-                // An index is its own offset into the context (`GuardRegion::ContextIndex`).
-                if g.region == GuardRegion::Context {
-                    self.e.asm(
-                        1,
-                        |ops| dynasm!(ops ; .arch x64 ; sub r11, QWORD [BYTE r12 + CTX_START8]),
-                    );
-                }
+                self.e.asm(
+                    1,
+                    |ops| dynasm!(ops ; .arch x64 ; sub r11, QWORD [BYTE r12 + CTX_START8]),
+                );
             }
             GuardRegion::Frame => {
                 // The frame is [rbp - 512, rbp), and 512 >= end.
