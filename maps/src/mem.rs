@@ -11,11 +11,13 @@ pub(crate) struct AllocError {
     pub bytes: u64,
 }
 
-/// A zeroed block of `len` bytes, 8-byte aligned, owned by a map. Programs reach it through
-/// raw pointers, so it is never borrowed as a Rust slice while the map is shared.
+/// A zeroed block of `len` bytes, 8-byte aligned (or more: [`Slab::zeroed_aligned`]), owned
+/// by a map. Programs reach it through raw pointers, so it is never borrowed as a Rust slice
+/// while the map is shared.
 pub(crate) struct Slab {
     ptr: NonNull<u8>,
     len: usize,
+    align: usize,
 }
 
 // SAFETY: a Slab is plain memory; every concurrent access to it goes through raw pointers
@@ -28,18 +30,26 @@ unsafe impl Sync for Slab {}
 impl Slab {
     /// `len` zero bytes (a dangling, never dereferenced pointer for `len == 0`).
     pub fn zeroed(len: usize) -> Result<Slab, AllocError> {
+        Slab::zeroed_aligned(len, 8)
+    }
+
+    /// `len` zero bytes aligned to `align` (a power of two, at least 8): a cache line, for
+    /// blocks read a line at a time.
+    pub fn zeroed_aligned(len: usize, align: usize) -> Result<Slab, AllocError> {
+        debug_assert!(align.is_power_of_two() && align >= 8);
         if len == 0 {
             return Ok(Slab {
                 ptr: NonNull::<u64>::dangling().cast(),
                 len,
+                align,
             });
         }
         let layout =
-            Layout::from_size_align(len, 8).map_err(|_| AllocError { bytes: len as u64 })?;
+            Layout::from_size_align(len, align).map_err(|_| AllocError { bytes: len as u64 })?;
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { alloc::alloc_zeroed(layout) };
         NonNull::new(p)
-            .map(|ptr| Slab { ptr, len })
+            .map(|ptr| Slab { ptr, len, align })
             .ok_or(AllocError { bytes: len as u64 })
     }
 
@@ -57,11 +67,11 @@ impl Slab {
 impl Drop for Slab {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: allocated in `zeroed` with exactly this layout.
+            // SAFETY: allocated in `zeroed_aligned` with exactly this layout.
             unsafe {
                 alloc::dealloc(
                     self.ptr.as_ptr(),
-                    Layout::from_size_align_unchecked(self.len, 8),
+                    Layout::from_size_align_unchecked(self.len, self.align),
                 )
             };
         }
