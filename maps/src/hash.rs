@@ -502,6 +502,37 @@ impl HashTable {
         if i == NIL {
             return std::ptr::null_mut();
         }
+        self.referenced(i);
+        self.value_ptr(i, cpu)
+    }
+
+    /// `lookup` for a map whose values are shared (not per-CPU) with `W`-sized keys, for
+    /// callers that checked both once (a program's call site bound to this map): no
+    /// dispatch on the key size, no CPU.
+    ///
+    /// # Safety
+    /// As `lookup`, with `size_of::<W>() == key_size` and `!percpu`.
+    #[inline(always)]
+    pub unsafe fn lookup_shared_word<W: Copy + Eq + Into<u64>>(&self, key: *const u8) -> *mut u8 {
+        debug_assert!(std::mem::size_of::<W>() == self.key_size && !self.percpu);
+        // SAFETY: forwarded from the caller.
+        let i = unsafe { self.find_word::<W>(key) };
+        if i == NIL {
+            return std::ptr::null_mut();
+        }
+        self.referenced(i);
+        // SAFETY: i < pool: inside the (one CPU's) value slab.
+        unsafe { self.values.ptr().add(i as usize * self.vstride) }
+    }
+
+    /// Whether `lookup_shared_word::<W>` serves this table.
+    pub fn is_shared_word<W>(&self) -> bool {
+        !self.percpu && self.key_size == std::mem::size_of::<W>()
+    }
+
+    /// An LRU lookup marks the element referenced.
+    #[inline(always)]
+    fn referenced(&self, i: u32) {
         if self.lru {
             // Test before set: a hot key's bit stays set, so lookups do not keep dirtying
             // its cache line. Relaxed: the bit is a hint for the sweep, nothing hangs on it.
@@ -510,7 +541,6 @@ impl HashTable {
                 r.store(1, Relaxed);
             }
         }
-        self.value_ptr(i, cpu)
     }
 
     /// Writes the value(s) into element `i`: CPU c's only (`Some(c)`), or every CPU's from

@@ -118,6 +118,17 @@ pub const MAX_PERCPU_VALUE_SIZE: u32 = 32 << 10;
 /// Largest hash `max_entries` (bucket count stays a power of two in `u32`).
 pub const MAX_HASH_ENTRIES: u32 = 1 << 31;
 
+/// The key widths of [`Map::lookup_hash_word`]: `u32` and `u64`.
+pub trait KeyWord: Copy + Eq + Into<u64> + sealed::Sealed {}
+impl KeyWord for u32 {}
+impl KeyWord for u64 {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+}
+
 /// Kernel map type numbers (`enum bpf_map_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -527,6 +538,27 @@ impl Map {
             Kind::Array(a) => unsafe { a.lookup(key, self.cpu_index(cpu)) },
             // SAFETY: forwarded from the caller.
             Kind::Lpm(t) => unsafe { t.lookup(key) },
+            _ => ptr::null_mut(),
+        }
+    }
+
+    /// Whether [`Map::lookup_hash_word`] serves this map with `W`-sized keys: a `HASH` or
+    /// `LRU_HASH` (values shared by all CPUs) whose keys are `size_of::<W>()` bytes.
+    pub fn is_hash_word<W: KeyWord>(&self) -> bool {
+        matches!(&self.kind, Kind::Hash(h) if h.is_shared_word::<W>())
+    }
+
+    /// `bpf_map_lookup_elem` for a map [`Map::is_hash_word`] accepted, for callers that
+    /// checked that once (a program's call site bound to this map): the value pointer or
+    /// null, with no dispatch on the key size and no CPU id.
+    ///
+    /// # Safety
+    /// As [`Map::lookup_raw`]; `self.is_hash_word::<W>()`.
+    #[inline(always)]
+    pub unsafe fn lookup_hash_word<W: KeyWord>(&self, key: *const u8) -> *mut u8 {
+        match &self.kind {
+            // SAFETY: forwarded from the caller.
+            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W>(key) },
             _ => ptr::null_mut(),
         }
     }
