@@ -345,7 +345,14 @@ impl HashTable {
     /// # Safety
     /// As `find`.
     #[inline(always)]
-    unsafe fn slot_match(&self, b: &Bucket, s: usize, word: u64, key: *const u8, h: u64) -> Option<u32> {
+    unsafe fn slot_match(
+        &self,
+        b: &Bucket,
+        s: usize,
+        word: u64,
+        key: *const u8,
+        h: u64,
+    ) -> Option<u32> {
         loop {
             // Acquire: the element's node and value, and the word stored before the link.
             let l = b.slots[s].load(Acquire);
@@ -451,10 +458,12 @@ impl HashTable {
                 free = free.or(Some(s));
                 continue;
             }
-            // SAFETY: forwarded from the caller.
-            if b.words[s].load(Relaxed) == word
-                && (self.key_size <= 8 || unsafe { self.key_eq(l - 1, key, h) })
-            {
+            // Long keys: the word is the hash; the node has the key.
+            let same = b.words[s].load(Relaxed) == word
+                && (self.key_size <= 8 ||
+                    // SAFETY: forwarded from the caller; the element is linked.
+                    unsafe { self.key_eq(l - 1, key, h) });
+            if same {
                 return (Loc::Slot(s), l - 1, free);
             }
         }

@@ -794,7 +794,11 @@ fn hash_lookup_row(
     if std::env::var_os("PACKJIT_BENCH_DISASM").is_some() && entries == 1 << 10 {
         for p in &progs {
             if let Some(d) = disassemble(p) {
-                println!("\n{} ({:?}, {key_size}-byte keys):\n{d}", p.name(), p.trust());
+                println!(
+                    "\n{} ({:?}, {key_size}-byte keys):\n{d}",
+                    p.name(),
+                    p.trust()
+                );
             }
         }
     }
