@@ -160,8 +160,9 @@ impl HashTable {
         let nlocks = nbuckets.min(1024);
         let nstride = 8 + round8(key_size as usize);
         let vstride = round8(value_size as usize);
-        let nodes = Slab::zeroed(bytes(pool, nstride)?)?;
-        let values = Slab::zeroed(bytes(bytes(pool, vstride)?, cpus)?)?;
+        // Large tables in huge pages (see `Slab::zeroed_huge`): lookups read them at random.
+        let nodes = Slab::zeroed_huge(bytes(pool, nstride)?, 8)?;
+        let values = Slab::zeroed_huge(bytes(bytes(pool, vstride)?, cpus)?, 8)?;
         let free_next = atomic_u32s(pool, NIL)?;
         let mut state = Vec::new();
         state
@@ -191,7 +192,7 @@ impl HashTable {
             lru,
             seed,
             mask: nbuckets - 1,
-            buckets: Slab::zeroed_aligned(
+            buckets: Slab::zeroed_huge(
                 bytes(nbuckets, std::mem::size_of::<Bucket>())?,
                 std::mem::align_of::<Bucket>(),
             )?,
@@ -1138,5 +1139,152 @@ impl HashTable {
             f(key.as_ptr(), self.value_ptr(i, cpu))
         });
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// A table whose keys all land in bucket 0 (mask 0): SLOTS inline, the rest chained, so
+    /// every operation meets both kinds of link.
+    fn one_bucket(key_size: u32, max: u32) -> Arc<HashTable> {
+        let mut t = HashTable::new("one", key_size, 8, max, false, false, 1).unwrap();
+        t.mask = 0;
+        Arc::new(t)
+    }
+
+    fn key(k: u64, size: u32) -> Vec<u8> {
+        let mut v = k.to_le_bytes().to_vec();
+        v.resize(size as usize, 0x5a);
+        v
+    }
+
+    fn get(t: &HashTable, k: &[u8]) -> Option<u64> {
+        t.read(k)
+            .map(|v| u64::from_le_bytes(v[..8].try_into().unwrap()))
+    }
+
+    #[test]
+    fn slots_and_overflow_chain_follow_a_model() {
+        // 4, 8 (word keys), 3 (a short word key) and 12 (hashed: the word is the hash).
+        for key_size in [4u32, 8, 3, 12] {
+            let t = one_bucket(key_size, 24);
+            let mut model = BTreeMap::new();
+            let mut x = 0x2545_F491_4F6C_DD1Du64 ^ key_size as u64;
+            let mut chained_seen = false;
+            for step in 0..4000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = key(x % 40, key_size);
+                let v = step.to_le_bytes();
+                let _pin = crossbeam_epoch::pin();
+                match x % 3 {
+                    0 | 1 => {
+                        // SAFETY: key_size and 8 readable bytes.
+                        let rc = unsafe { t.update(k.as_ptr(), v.as_ptr(), 0, Some(0)) };
+                        if model.len() < 24 || model.contains_key(&k) {
+                            assert_eq!(rc, 0, "size {key_size} step {step}");
+                            model.insert(k.clone(), step);
+                        } else {
+                            assert_eq!(rc, -(E2BIG as i64), "size {key_size} step {step}");
+                        }
+                    }
+                    _ => {
+                        // SAFETY: key_size readable bytes.
+                        let rc = unsafe { t.delete(k.as_ptr()) };
+                        let want = if model.remove(&k).is_some() {
+                            0
+                        } else {
+                            -(ENOENT as i64)
+                        };
+                        assert_eq!(rc, want, "size {key_size} step {step}");
+                    }
+                }
+                assert_eq!(
+                    get(&t, &k),
+                    model.get(&k).copied(),
+                    "size {key_size} step {step}"
+                );
+                chained_seen |= t.bucket(0).chain.load(Relaxed) != 0;
+                if step % 97 == 0 {
+                    for (mk, mv) in &model {
+                        assert_eq!(get(&t, mk), Some(*mv));
+                        // SAFETY: key_size readable bytes; pinned.
+                        let p = unsafe { t.lookup(mk.as_ptr(), 0) };
+                        // SAFETY: a value has 8 bytes.
+                        assert_eq!(unsafe { p.cast::<u64>().read() }, *mv);
+                    }
+                    // next_key walks every key once, in the order keys() and for_each give.
+                    let mut walked = Vec::new();
+                    let mut cur: Option<Vec<u8>> = None;
+                    while let Some(n) = t.next_key(cur.as_deref()) {
+                        walked.push(n.clone());
+                        assert!(walked.len() <= model.len(), "next_key loops");
+                        cur = Some(n);
+                    }
+                    assert_eq!(walked, t.keys());
+                    let mut each = Vec::new();
+                    t.for_each(0, &mut |k, _| {
+                        // SAFETY: the key copy has key_size bytes during the call.
+                        each.push(
+                            unsafe { std::slice::from_raw_parts(k, key_size as usize) }.to_vec(),
+                        );
+                        true
+                    });
+                    assert_eq!(walked, each);
+                    let mut sorted = walked.clone();
+                    sorted.sort();
+                    assert_eq!(sorted, model.keys().cloned().collect::<Vec<_>>());
+                }
+            }
+            assert!(chained_seen, "size {key_size}: the overflow chain was used");
+        }
+    }
+
+    #[test]
+    fn iteration_steps_survive_deleting_the_current_element() {
+        let t = one_bucket(8, 16);
+        let _pin = crossbeam_epoch::pin();
+        for k in 0..16u64 {
+            let (k, v) = (k.to_le_bytes(), [1u8; 8]);
+            // SAFETY: 8 readable bytes each.
+            assert_eq!(unsafe { t.update(k.as_ptr(), v.as_ptr(), 0, None) }, 0);
+        }
+        let (mut cursor, mut seen) = (0, Vec::new());
+        let mut key = [0u8; 8];
+        loop {
+            // SAFETY: 8 writable bytes; pinned.
+            let (v, next) = unsafe { t.iter_next(cursor, key.as_mut_ptr(), 0) };
+            if v.is_null() {
+                break;
+            }
+            seen.push(u64::from_le_bytes(key));
+            // SAFETY: 8 readable bytes.
+            assert_eq!(unsafe { t.delete(key.as_ptr()) }, 0);
+            cursor = next;
+        }
+        seen.sort();
+        assert_eq!(seen, (0..16).collect::<Vec<_>>());
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn huge_tables_are_zeroed_and_usable() {
+        // 1 Mi entries: buckets, nodes and values are huge-page mappings.
+        let t = Arc::new(HashTable::new("big", 8, 8, 1 << 20, false, false, 1).unwrap());
+        assert!(t.buckets.len() >= 2 << 20);
+        let _pin = crossbeam_epoch::pin();
+        for k in (0..1u64 << 20).step_by(4099) {
+            let (kb, v) = (k.to_le_bytes(), (k * 3).to_le_bytes());
+            // SAFETY: 8 readable bytes each.
+            assert_eq!(unsafe { t.update(kb.as_ptr(), v.as_ptr(), 0, Some(0)) }, 0);
+        }
+        for k in (0..1u64 << 20).step_by(4099) {
+            assert_eq!(get(&t, &k.to_le_bytes()), Some(k * 3));
+            assert_eq!(get(&t, &(k + 1).to_le_bytes()), None);
+        }
     }
 }
