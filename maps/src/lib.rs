@@ -5,7 +5,7 @@
 //! | type | program side | layout |
 //! |---|---|---|
 //! | `ARRAY`, `PERCPU_ARRAY` | lookup (inlined by the JIT via [`Map::array_layout`]), update | values at `round_up(value_size, 8)`; per CPU one copy of the array |
-//! | `HASH`, `PERCPU_HASH`, `LRU_HASH`, `LRU_PERCPU_HASH` | lookup (lock-free), update, delete | preallocated elements; values in their own slab |
+//! | `HASH`, `PERCPU_HASH`, `LRU_HASH`, `LRU_PERCPU_HASH` | lookup (lock-free), update, delete | 64-byte bucket lines with 5 elements inline (key word + link) and an overflow chain; preallocated elements; values in their own slab |
 //! | `LPM_TRIE` | lookup (lock-free, longest prefix), update, delete | the kernel's trie of nodes; values in their own slab |
 //! | `QUEUE`, `STACK` | push, pop, peek | a ring under a mutex; values copied |
 //! | `RINGBUF` | reserve, submit, discard, output, query | kernel record layout, data area mapped twice |
