@@ -828,6 +828,7 @@ impl Runtime {
                 tail_calls,
                 prog_array_tail_calls,
                 array_lookups: inline_arrays,
+                trust,
             };
             let b = maps::bind(code, &opts.maps, inlining, |a| {
                 // The per-CPU lookup is a built-in: without built-ins it is not there.
