@@ -102,7 +102,11 @@ pub unsafe extern "C" fn packjit_program_tier_status(
     status: *mut u32,
 ) -> i32 {
     // SAFETY: forwarded.
-    unsafe { with_status("packjit_program_tier_status", prog, status, |p| p.tier_status()) }
+    unsafe {
+        with_status("packjit_program_tier_status", prog, status, |p| {
+            p.tier_status()
+        })
+    }
 }
 
 /// Asks for an adaptive program's tier-up now, whatever its run count (how a program tiers
@@ -135,5 +139,9 @@ pub unsafe extern "C" fn packjit_program_wait_tier_up(
     status: *mut u32,
 ) -> i32 {
     // SAFETY: forwarded.
-    unsafe { with_status("packjit_program_wait_tier_up", prog, status, |p| p.wait_tier_up()) }
+    unsafe {
+        with_status("packjit_program_wait_tier_up", prog, status, |p| {
+            p.wait_tier_up()
+        })
+    }
 }

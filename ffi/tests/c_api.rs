@@ -895,7 +895,10 @@ fn load_adaptive_tiers_up_by_the_runtime_policy() {
         // SAFETY: live program, valid out pointer.
         assert_eq!(unsafe { packjit_program_request_tier_up(p, &mut s) }, PJ_OK);
         assert!(
-            matches!(s, PACKJIT_TIER_STATUS_PENDING | PACKJIT_TIER_STATUS_OPTIMIZED),
+            matches!(
+                s,
+                PACKJIT_TIER_STATUS_PENDING | PACKJIT_TIER_STATUS_OPTIMIZED
+            ),
             "{s}"
         );
         // SAFETY: as above.
@@ -918,7 +921,11 @@ fn load_adaptive_tiers_up_by_the_runtime_policy() {
     // SAFETY: as above.
     let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
-    assert!(last_error().contains("PACKJIT_LOAD_ADAPTIVE"), "{}", last_error());
+    assert!(
+        last_error().contains("PACKJIT_LOAD_ADAPTIVE"),
+        "{}",
+        last_error()
+    );
 }
 
 #[test]

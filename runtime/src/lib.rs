@@ -780,13 +780,29 @@ impl Runtime {
                 .unwrap_or_else(|p| p.into_inner()),
         };
         let id = self.next_program_id.fetch_add(1, Relaxed);
-        let base = env.compile(code, opts, helpers, trust, with_builtins, (backend, backend_name), arch, id)?;
+        let base = env.compile(
+            code,
+            opts,
+            helpers,
+            trust,
+            with_builtins,
+            (backend, backend_name),
+            arch,
+            id,
+        )?;
         if opts.tier != Tier::Adaptive {
             return Ok(base);
         }
-        Ok(tiering::adapt(base, &env, code, opts, helpers, trust, &self.tiering))
+        Ok(tiering::adapt(
+            base,
+            &env,
+            code,
+            opts,
+            helpers,
+            trust,
+            &self.tiering,
+        ))
     }
-
 }
 
 /// What a compile reads of its runtime: borrowed by a load, owned (see
@@ -1043,7 +1059,6 @@ impl CompileEnv<'_> {
 }
 
 impl Runtime {
-
     /// Statistics of the executable arena (zeroes when the host has none).
     pub fn stats(&self) -> ArenaStats {
         self.arena.as_ref().map(|a| a.stats()).unwrap_or_default()
@@ -1426,6 +1441,23 @@ impl Program {
             // SAFETY: forwarded.
             return unsafe { t.run_pinned(ctx, len, budget, pin) };
         }
+        // SAFETY: forwarded.
+        unsafe { self.run_own_code(ctx, len, budget, pin) }
+    }
+
+    /// [`run_pinned`](Self::run_pinned) of a program that owns its code (not adaptive: an
+    /// adaptive program's current code is one).
+    ///
+    /// # Safety
+    /// As [`run_pinned`](Self::run_pinned).
+    #[inline(always)]
+    pub(crate) unsafe fn run_own_code(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        budget: u64,
+        _pin: &run_pin::RunPin,
+    ) -> Result<u64, RunError> {
         self.check_executable()?;
         let _epoch = self.maps.is_some().then(arena::epoch_pin);
         // SAFETY: committed code, kept alive by `self` and the run pin (its entry loaded

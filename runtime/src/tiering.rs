@@ -425,7 +425,9 @@ impl Tiering {
                 None
             }
             Ok(prog) => {
-                let _ = self.optimized.set((prog.symbol.clone(), prog.backend.clone()));
+                let _ = self
+                    .optimized
+                    .set((prog.symbol.clone(), prog.backend.clone()));
                 let new = Box::into_raw(program_box::boxed(prog));
                 st.status = TierStatus::Optimized;
                 Some(self.current.swap(new, AcqRel))
@@ -572,7 +574,8 @@ impl Pool {
     /// Stops the threads: queued jobs are abandoned (their programs settle on the
     /// baseline), a compile under way finishes first.
     pub(crate) fn shut_down(&self) {
-        self.stopping.store(true, std::sync::atomic::Ordering::Release);
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
         let (threads, rx) = {
             let mut ch = self.channel();
             ch.tx = None;
@@ -640,7 +643,7 @@ impl Tiering {
     ) -> Result<u64, RunError> {
         self.count();
         // SAFETY: forwarded; `pin` is held, so `current` outlives the run.
-        unsafe { self.current().run_pinned(ctx, len, budget, pin) }
+        unsafe { self.current().run_own_code(ctx, len, budget, pin) }
     }
 }
 

@@ -153,7 +153,9 @@ fn a_hot_program_tiers_up_on_its_own_and_what_the_tier_refuses_stays_baseline() 
     assert_ne!(p.backend_name(), baseline_backend);
     assert_eq!(p.call(&mut [41]).unwrap(), 42);
     // The symbol index names the optimized code, under the program's name.
-    let sym = rt.symbolize(p.entry_addr()).expect("optimized code is listed");
+    let sym = rt
+        .symbolize(p.entry_addr())
+        .expect("optimized code is listed");
     assert_eq!(&*sym.name, p.name());
 
     // Sandboxed: the optimizing tier does not take it; it loads and stays on the baseline.
@@ -194,16 +196,16 @@ fn stress_program(k: u32, v: u32) -> Vec<u8> {
         b
     };
     [
-        insn(0x79, 0x12, 0, 0), // ldxdw r2, [r1 + 0]
-        insn(0xb7, 0x00, 0, v), // mov r0, v
-        insn(0x17, 0x00, 0, v), // sub r0, v
-        insn(0xb7, 0x03, 0, n), // mov r3, n
-        insn(0xbf, 0x24, 0, 0), // loop: mov r4, r2
-        insn(0x07, 0x04, 0, k), // add r4, k
-        insn(0x0f, 0x40, 0, 0), // add r0, r4
+        insn(0x79, 0x12, 0, 0),        // ldxdw r2, [r1 + 0]
+        insn(0xb7, 0x00, 0, v),        // mov r0, v
+        insn(0x17, 0x00, 0, v),        // sub r0, v
+        insn(0xb7, 0x03, 0, n),        // mov r3, n
+        insn(0xbf, 0x24, 0, 0),        // loop: mov r4, r2
+        insn(0x07, 0x04, 0, k),        // add r4, k
+        insn(0x0f, 0x40, 0, 0),        // add r0, r4
         insn(0x07, 0x03, 0, u32::MAX), // add r3, -1
-        insn(0x55, 0x03, -5, 0), // jne r3, 0, loop
-        insn(0x95, 0, 0, 0),    // exit
+        insn(0x55, 0x03, -5, 0),       // jne r3, 0, loop
+        insn(0x95, 0, 0, 0),           // exit
     ]
     .concat()
 }
