@@ -303,15 +303,9 @@ pub(crate) fn adapt(
 fn refusal(base: &Program, code: &[u8], opts: &LoadOptions, trust: Trust) -> Result<(), Error> {
     tier::optimizer(base.arch)?;
     let needs_binding = CallScan::of(code).needs_binding(code);
-    tier::refuse_unsupported(trust, opts, base.budget, needs_binding)?;
-    if base.elf.is_some() {
-        // Its data sections are the baseline program's, freed with its code.
-        return Err(err(
-            ErrorKind::Unsupported,
-            "optimized tier: ELF programs with data sections not supported yet",
-        ));
-    }
-    Ok(())
+    // An ELF program's data sections are given to the adaptive program after this (see
+    // `elf.rs`), so they live as long as either tier's code, which names their addresses.
+    tier::refuse_unsupported(trust, opts, base.budget, needs_binding)
 }
 
 impl Tiering {
