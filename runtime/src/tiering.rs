@@ -424,14 +424,18 @@ impl Tiering {
                     .set((prog.symbol.clone(), prog.backend.clone()));
                 let new = Box::into_raw(program_box::boxed(prog));
                 st.status = TierStatus::Optimized;
-                Some(self.current.swap(new, AcqRel))
+                // SAFETY: the box the swap unpublished, owned here alone.
+                let old = unsafe { Box::from_raw(self.current.swap(new, AcqRel)) };
+                // Pending before anyone learns of the tier-up: a waiter's `reclaim` then
+                // waits for the baseline's release.
+                old.note_retiring();
+                Some(old)
             }
         };
         self.settled.notify_all();
         drop(st);
         if let Some(old) = old {
-            // SAFETY: the box the swap unpublished, owned here alone.
-            retire(unsafe { Box::from_raw(old) });
+            retire(old);
         }
     }
 
@@ -465,10 +469,10 @@ pub(crate) enum Release {
     AfterOwnGrace,
 }
 
-/// Retires a program a swap replaced: released once the epoch's grace period and the run
-/// pins in progress now have ended, as a hook retires its old program.
+/// Retires a program a swap replaced (counted as pending already): released once the
+/// epoch's grace period and the run pins in progress now have ended, as a hook retires its
+/// old program.
 fn retire(old: Box<Program>) {
-    old.note_retiring();
     let Some(arena) = old.packed_arena().cloned() else {
         (*old).drop_after_grace();
         return;

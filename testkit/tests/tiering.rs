@@ -140,9 +140,12 @@ fn a_hot_program_tiers_up_on_its_own_and_what_the_tier_refuses_stays_baseline() 
     let code = [
         0x71, 0x10, 0, 0, 0, 0, 0, 0, 0x07, 0, 0, 0, 1, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0,
     ];
+    let perf_map = std::env::temp_dir().join(format!("packjit-tiering-{}.map", std::process::id()));
+    rt.enable_perf_map_at(&perf_map).unwrap();
     // SAFETY: reads one byte of its context; every call passes one.
     let p = unsafe { rt.load_trusted(&code, &adaptive()) }.unwrap();
     let baseline_backend = p.backend_name().to_string();
+    let baseline_entry = p.entry_addr();
     for i in 0..49u8 {
         assert_eq!(p.call(&mut [i]).unwrap(), u64::from(i) + 1);
         assert_eq!(p.tier_status(), TierStatus::Baseline, "call {i}");
@@ -157,6 +160,18 @@ fn a_hot_program_tiers_up_on_its_own_and_what_the_tier_refuses_stays_baseline() 
         .symbolize(p.entry_addr())
         .expect("optimized code is listed");
     assert_eq!(&*sym.name, p.name());
+    // The baseline code is released after its grace period, and unlisted with it: the perf
+    // map names the optimized code alone.
+    assert_ne!(p.entry_addr(), baseline_entry);
+    assert_eq!(rt.reclaim(), 0);
+    assert_eq!(rt.live_programs(), 1);
+    assert!(rt.symbolize(baseline_entry).is_none());
+    let map = std::fs::read_to_string(&perf_map).unwrap();
+    let lines: Vec<&str> = map.lines().filter(|l| l.ends_with(p.name())).collect();
+    assert_eq!(lines.len(), 1, "{map}");
+    let start = u64::from_str_radix(lines[0].split(' ').next().unwrap(), 16).unwrap();
+    assert_eq!(start, p.entry_addr(), "{map}");
+    let _ = std::fs::remove_file(&perf_map);
 
     // Sandboxed: the optimizing tier does not take it; it loads and stays on the baseline.
     let s = rt.load(&code, &adaptive()).unwrap();
