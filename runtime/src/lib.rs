@@ -250,7 +250,10 @@ pub struct LoadOptions {
     /// [`Tier::Optimized`] the optimizing tier compiles the program (host arch only, cargo
     /// feature `optimizer`), or the load fails with [`ErrorKind::Unsupported`] naming what
     /// it cannot take yet; `features` and `disable_features` are the baseline's (Cranelift
-    /// detects the CPU itself), so only `Some(0)` or `None` is accepted there.
+    /// detects the CPU itself), so only `Some(0)` or `None` is accepted there. With
+    /// [`Tier::Adaptive`] the baseline compiles it and the optimizing tier takes over in the
+    /// background when it runs hot ([`TierPolicy`]); the load never fails for want of the
+    /// optimizing tier (see [`Program::tier_status`]).
     pub tier: Tier,
 }
 
