@@ -356,3 +356,53 @@ fn four_threads_call_programs_and_hooks_while_they_tier_up_and_are_freed() {
     assert_eq!(end.allocations, start.allocations, "code left allocated");
     assert_eq!(end.bytes_used, start.bytes_used, "code left allocated");
 }
+
+/// A runtime dropped with tier-ups queued: its compile threads are joined, the queued
+/// requests abandoned, and the programs, which outlive it, keep running whichever code they
+/// had (settled on the baseline, or optimized by a compile that was under way).
+#[test]
+fn a_runtime_dropped_with_tier_ups_queued_leaves_its_programs_running() {
+    let rt = Runtime::with_config(RuntimeConfig {
+        tiering: TieringConfig {
+            policy: TierPolicy::Calls(0),
+            threads: 1,
+            queue: 64,
+        },
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let arena = rt.arena().expect("host arena").clone();
+    let progs: Vec<Program> = (0..32u32)
+        .map(|k| {
+            let code = stress_program(k % 4, k);
+            // SAFETY: reads 8 bytes of its context; every call passes 8.
+            unsafe { rt.load_trusted(&code, &adaptive()) }.unwrap()
+        })
+        .collect();
+    drop(rt);
+    let (mut settled, mut optimized) = (0, 0);
+    for (k, p) in progs.iter().enumerate() {
+        match p.wait_tier_up() {
+            TierStatus::Settled => settled += 1,
+            TierStatus::Optimized => optimized += 1,
+            other => panic!("program {k}: {other:?}"),
+        }
+        let x = 1000 + k as u64;
+        assert_eq!(
+            p.call(&mut x.to_le_bytes()),
+            Ok(stress_want(k as u32 % 4, x))
+        );
+        // Settled for good: no request is queued any more.
+        assert!(matches!(
+            p.request_tier_up(),
+            TierStatus::Settled | TierStatus::Optimized
+        ));
+    }
+    packjit_testkit::report(&format!(
+        "runtime dropped with 32 tier-ups queued: {optimized} optimized, {settled} settled"
+    ));
+    assert_eq!(settled + optimized, 32);
+    drop(progs);
+    assert_eq!(arena.reclaim(), 0);
+    assert_eq!(arena.stats().allocations, 0);
+}
