@@ -255,6 +255,9 @@ pub struct LoadOptions {
     /// background when it runs hot ([`TierPolicy`]); the load never fails for want of the
     /// optimizing tier (see [`Program::tier_status`]).
     pub tier: Tier,
+    /// When this load tiers up, with [`Tier::Adaptive`]; `None`: the runtime's policy
+    /// ([`RuntimeConfig::tiering`], [`Runtime::set_tier_policy`]). Ignored by the other tiers.
+    pub tier_policy: Option<TierPolicy>,
 }
 
 /// Options are equal when they ask for the same load: the same maps are the same map
@@ -270,6 +273,7 @@ impl PartialEq for LoadOptions {
             && self.disable_features == other.disable_features
             && self.percpu_insn == other.percpu_insn
             && self.tier == other.tier
+            && self.tier_policy == other.tier_policy
             && self.maps.len() == other.maps.len()
             && (self.maps.iter().zip(&other.maps)).all(|(a, b)| Arc::ptr_eq(a, b))
     }

@@ -216,7 +216,7 @@ pub(crate) fn adapt(
         base.tiering = Tiered::Refused(Box::new(why));
         return base;
     };
-    let policy = pool.policy();
+    let policy = opts.tier_policy.unwrap_or_else(|| pool.policy());
     let threshold = match policy {
         TierPolicy::Calls(n) => n,
         TierPolicy::Manual => 0,

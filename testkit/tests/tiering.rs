@@ -406,3 +406,24 @@ fn a_runtime_dropped_with_tier_ups_queued_leaves_its_programs_running() {
     assert_eq!(arena.reclaim(), 0);
     assert_eq!(arena.stats().allocations, 0);
 }
+
+/// A load's own policy wins over the runtime's.
+#[test]
+fn a_load_may_bring_its_own_policy() {
+    let rt = runtime(TierPolicy::Manual);
+    let code = [0xb7, 0, 0, 0, 5, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    let opts = LoadOptions {
+        tier_policy: Some(TierPolicy::Calls(3)),
+        ..adaptive()
+    };
+    // SAFETY: touches no memory.
+    let p = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
+    // SAFETY: as above.
+    let q = unsafe { rt.load_trusted(&code, &adaptive()) }.unwrap();
+    for _ in 0..3 {
+        assert_eq!(p.call(&mut []), Ok(5));
+        assert_eq!(q.call(&mut []), Ok(5));
+    }
+    assert_eq!(p.wait_tier_up(), TierStatus::Optimized);
+    assert_eq!(q.wait_tier_up(), TierStatus::Baseline);
+}
