@@ -326,6 +326,16 @@ fn four_threads_call_programs_and_hooks_while_they_tier_up_and_are_freed() {
         // test's assertions do not depend on how long).
         std::thread::yield_now();
     }
+    // At least one tier-up under the callers for certain, however slow the compiles (qemu):
+    // a program they run, tiered up while they run it.
+    // SAFETY: as in the rounds.
+    let last = Arc::new(unsafe { rt.load_trusted(&stress_program(0, 1), &adaptive()) }.unwrap());
+    if let Some(old) = programs[0].write().unwrap().replace(last.clone()) {
+        tally(&old);
+    }
+    last.request_tier_up();
+    assert_eq!(last.wait_tier_up(), TierStatus::Optimized);
+    drop(last);
     stop.store(true, Relaxed);
     for t in threads {
         t.join().unwrap();
@@ -351,7 +361,8 @@ fn four_threads_call_programs_and_hooks_while_they_tier_up_and_are_freed() {
     assert_eq!(wrong, 0, "seed {seed:#x}");
     assert!(runs > 0);
     assert!(optimized > 0, "no program tiered up");
-    assert!(refused > 0, "no sandboxed program was tried");
+    // One load in eight is sandboxed: 40 loads or more try one for all but 1 in 200 seeds.
+    assert!(refused > 0 || rounds < 10, "no sandboxed program was tried");
     assert_eq!(pending, 0, "frees still pending");
     assert_eq!(end.allocations, start.allocations, "code left allocated");
     assert_eq!(end.bytes_used, start.bytes_used, "code left allocated");
