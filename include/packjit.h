@@ -242,6 +242,66 @@
 #define PACKJIT_LOAD_OPTIMIZE 64
 
 /**
+ * `PackjitLoadOptions::flags`: adaptive tiering. The program loads on the baseline JIT (as
+ * fast as without the flag) and is recompiled by the optimizing tier on a background thread
+ * of the runtime once it has run as often as the runtime's policy says
+ * (`packjit_runtime_set_tier_policy`); new runs then take the optimized code, runs already
+ * inside finish on the old one, which is freed after them. A program the optimizing tier
+ * cannot take (sandboxed, maps, a budget, ..., or a library built without the `optimizer`
+ * cargo feature) loads the same and stays on the baseline: `packjit_program_tier_status`
+ * reports `PACKJIT_TIER_STATUS_REFUSED`. Not with `PACKJIT_LOAD_OPTIMIZE`.
+ */
+#define PACKJIT_LOAD_ADAPTIVE 128
+
+/**
+ * `packjit_runtime_set_tier_policy`: no tier-up on a call count; only
+ * `packjit_program_request_tier_up` asks for one.
+ */
+#define PACKJIT_TIER_MANUAL UINT64_MAX
+
+/**
+ * `packjit_program_tier`: the baseline JIT's code runs.
+ */
+#define PACKJIT_TIER_BASELINE 1
+
+/**
+ * `packjit_program_tier`: the optimizing tier's code runs.
+ */
+#define PACKJIT_TIER_OPTIMIZED 2
+
+/**
+ * `packjit_program_tier_status`: not adaptive; the tier it was loaded with stays.
+ */
+#define PACKJIT_TIER_STATUS_FIXED 1
+
+/**
+ * `packjit_program_tier_status`: adaptive, on the baseline, tier-up not asked for yet.
+ */
+#define PACKJIT_TIER_STATUS_BASELINE 2
+
+/**
+ * `packjit_program_tier_status`: adaptive, queued or compiling in the background.
+ */
+#define PACKJIT_TIER_STATUS_PENDING 3
+
+/**
+ * `packjit_program_tier_status`: adaptive, the optimized code runs new calls.
+ */
+#define PACKJIT_TIER_STATUS_OPTIMIZED 4
+
+/**
+ * `packjit_program_tier_status`: adaptive, on the baseline for good: the optimizing tier
+ * cannot take it.
+ */
+#define PACKJIT_TIER_STATUS_REFUSED 5
+
+/**
+ * `packjit_program_tier_status`: adaptive, on the baseline for good: its entry was taken
+ * (`packjit_program_entry`, a prog array) or its runtime shut down first.
+ */
+#define PACKJIT_TIER_STATUS_SETTLED 6
+
+/**
  * Capacity, including the NUL, of the name fields of the info structs.
  */
 #define PACKJIT_NAME_LEN 64
@@ -371,6 +431,8 @@
 #define EBUSY 16
 
 #define EINVAL 22
+
+
 
 /**
  * An opaque attach point: `packjit_hook_run` runs whatever program is attached at that
@@ -1708,6 +1770,53 @@ int32_t packjit_program_code(const struct PackjitProgram *prog,
  * `prog` NULL or live; `entry` NULL (refused) or writable.
  */
 int32_t packjit_program_entry(const struct PackjitProgram *prog, PjProgramEntry *entry);
+
+/**
+ * Sets when adaptive programs loaded from now on tier up: after `calls` runs (0: at load,
+ * in the background), or never on their own with `PACKJIT_TIER_MANUAL`. The default is
+ * `PACKJIT_DEFAULT_TIER_UP_CALLS`. Runs are counted without atomic read-modify-writes, so
+ * concurrent runs may miss a few.
+ *
+ * # Safety
+ * `rt` must be NULL or a live runtime.
+ */
+int32_t packjit_runtime_set_tier_policy(const struct PackjitRuntime *rt, uint64_t calls);
+
+/**
+ * `*tier` receives which code new runs of `prog` take: `PACKJIT_TIER_BASELINE` or
+ * `PACKJIT_TIER_OPTIMIZED`.
+ *
+ * # Safety
+ * `prog` NULL or live; `tier` NULL (refused) or writable.
+ */
+int32_t packjit_program_tier(const struct PackjitProgram *prog, uint32_t *tier);
+
+/**
+ * `*status` receives where `prog` stands with tiering, a `PACKJIT_TIER_STATUS_*` code.
+ *
+ * # Safety
+ * `prog` NULL or live; `status` NULL (refused) or writable.
+ */
+int32_t packjit_program_tier_status(const struct PackjitProgram *prog, uint32_t *status);
+
+/**
+ * Asks for an adaptive program's tier-up now, whatever its run count (how a program tiers
+ * up under `PACKJIT_TIER_MANUAL`); `*status` receives the status after the request
+ * (`PACKJIT_TIER_STATUS_PENDING` when queued). Nothing happens for other programs.
+ *
+ * # Safety
+ * `prog` NULL or live; `status` NULL (refused) or writable.
+ */
+int32_t packjit_program_request_tier_up(const struct PackjitProgram *prog, uint32_t *status);
+
+/**
+ * Waits while `prog`'s tier-up is queued or compiling, then stores its status in
+ * `*status`. Returns at once when nothing is pending.
+ *
+ * # Safety
+ * `prog` NULL or live; `status` NULL (refused) or writable.
+ */
+int32_t packjit_program_wait_tier_up(const struct PackjitProgram *prog, uint32_t *status);
 
 /**
  * Loads one program from a relocatable eBPF object (`clang -O2 -target bpf -c`, `obj_len`

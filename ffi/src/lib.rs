@@ -59,6 +59,9 @@ mod options;
 // Programs: load, batch load, run, free, epoch brackets, info, code, entry.
 mod program;
 
+// Adaptive tiering: the runtime's policy, a program's tier.
+mod tiering;
+
 // Programs from relocatable eBPF objects (clang), and their global data.
 mod elf;
 
@@ -93,6 +96,7 @@ pub use program::*;
 pub use regions::*;
 pub use runtime::*;
 pub use symbols::*;
+pub use tiering::*;
 pub use version::*;
 
 // The plugin ABI's constants, mirrored here because cbindgen only emits constants of the
@@ -245,6 +249,37 @@ pub const PACKJIT_LOAD_PERCPU_INSN: u32 = 16;
 /// instruction yet: anything else fails with `PJ_ERR_UNSUPPORTED` naming what. A library
 /// built without the `optimizer` cargo feature refuses it the same way.
 pub const PACKJIT_LOAD_OPTIMIZE: u32 = 64;
+/// `PackjitLoadOptions::flags`: adaptive tiering. The program loads on the baseline JIT (as
+/// fast as without the flag) and is recompiled by the optimizing tier on a background thread
+/// of the runtime once it has run as often as the runtime's policy says
+/// (`packjit_runtime_set_tier_policy`); new runs then take the optimized code, runs already
+/// inside finish on the old one, which is freed after them. A program the optimizing tier
+/// cannot take (sandboxed, maps, a budget, ..., or a library built without the `optimizer`
+/// cargo feature) loads the same and stays on the baseline: `packjit_program_tier_status`
+/// reports `PACKJIT_TIER_STATUS_REFUSED`. Not with `PACKJIT_LOAD_OPTIMIZE`.
+pub const PACKJIT_LOAD_ADAPTIVE: u32 = 128;
+
+/// `packjit_runtime_set_tier_policy`: no tier-up on a call count; only
+/// `packjit_program_request_tier_up` asks for one.
+pub const PACKJIT_TIER_MANUAL: u64 = u64::MAX;
+/// `packjit_program_tier`: the baseline JIT's code runs.
+pub const PACKJIT_TIER_BASELINE: u32 = 1;
+/// `packjit_program_tier`: the optimizing tier's code runs.
+pub const PACKJIT_TIER_OPTIMIZED: u32 = 2;
+/// `packjit_program_tier_status`: not adaptive; the tier it was loaded with stays.
+pub const PACKJIT_TIER_STATUS_FIXED: u32 = 1;
+/// `packjit_program_tier_status`: adaptive, on the baseline, tier-up not asked for yet.
+pub const PACKJIT_TIER_STATUS_BASELINE: u32 = 2;
+/// `packjit_program_tier_status`: adaptive, queued or compiling in the background.
+pub const PACKJIT_TIER_STATUS_PENDING: u32 = 3;
+/// `packjit_program_tier_status`: adaptive, the optimized code runs new calls.
+pub const PACKJIT_TIER_STATUS_OPTIMIZED: u32 = 4;
+/// `packjit_program_tier_status`: adaptive, on the baseline for good: the optimizing tier
+/// cannot take it.
+pub const PACKJIT_TIER_STATUS_REFUSED: u32 = 5;
+/// `packjit_program_tier_status`: adaptive, on the baseline for good: its entry was taken
+/// (`packjit_program_entry`, a prog array) or its runtime shut down first.
+pub const PACKJIT_TIER_STATUS_SETTLED: u32 = 6;
 
 /// Capacity, including the NUL, of the name fields of the info structs.
 pub const PACKJIT_NAME_LEN: usize = 64;

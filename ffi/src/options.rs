@@ -5,8 +5,9 @@ use super::error::{boundary, invalid};
 use super::maps::{map_handle, PackjitMap};
 use super::regions::region_from_c;
 use super::{
-    PjMemRegion, PACKJIT_LOAD_BLIND_CONSTANTS, PACKJIT_LOAD_BUDGET, PACKJIT_LOAD_FEATURES_EXACT,
-    PACKJIT_LOAD_NO_BUDGET, PACKJIT_LOAD_OPTIMIZE, PACKJIT_LOAD_PERCPU_INSN, PACKJIT_LOAD_TRUSTED,
+    PjMemRegion, PACKJIT_LOAD_ADAPTIVE, PACKJIT_LOAD_BLIND_CONSTANTS, PACKJIT_LOAD_BUDGET,
+    PACKJIT_LOAD_FEATURES_EXACT, PACKJIT_LOAD_NO_BUDGET, PACKJIT_LOAD_OPTIMIZE,
+    PACKJIT_LOAD_PERCPU_INSN, PACKJIT_LOAD_TRUSTED,
 };
 use packjit_runtime::{Arch, Budget, Error, LoadOptions, Tier, Trust};
 
@@ -16,7 +17,8 @@ const PACKJIT_LOAD_ALL_FLAGS: u32 = PACKJIT_LOAD_FEATURES_EXACT
     | PACKJIT_LOAD_NO_BUDGET
     | PACKJIT_LOAD_BLIND_CONSTANTS
     | PACKJIT_LOAD_PERCPU_INSN
-    | PACKJIT_LOAD_OPTIMIZE;
+    | PACKJIT_LOAD_OPTIMIZE
+    | PACKJIT_LOAD_ADAPTIVE;
 
 /// Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
 #[repr(C)]
@@ -164,10 +166,19 @@ pub(super) unsafe fn load_options(
             },
             blind_constants: o.flags & PACKJIT_LOAD_BLIND_CONSTANTS != 0,
             percpu_insn: o.flags & PACKJIT_LOAD_PERCPU_INSN != 0,
-            tier: if o.flags & PACKJIT_LOAD_OPTIMIZE != 0 {
-                Tier::Optimized
-            } else {
-                Tier::Baseline
+            tier: match (
+                o.flags & PACKJIT_LOAD_OPTIMIZE != 0,
+                o.flags & PACKJIT_LOAD_ADAPTIVE != 0,
+            ) {
+                (true, true) => {
+                    return Err(invalid(
+                        "opts->flags: PACKJIT_LOAD_OPTIMIZE and PACKJIT_LOAD_ADAPTIVE together"
+                            .to_string(),
+                    ))
+                }
+                (true, false) => Tier::Optimized,
+                (false, true) => Tier::Adaptive,
+                (false, false) => Tier::Baseline,
             },
             regions,
             maps,

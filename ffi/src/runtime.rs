@@ -184,6 +184,7 @@ pub unsafe extern "C" fn packjit_runtime_create(
         let rt = Runtime::with_config(RuntimeConfig {
             arena,
             linked_backend: false,
+            ..RuntimeConfig::default()
         })?;
         *out = Box::into_raw(Box::new(PackjitRuntime {
             magic: AtomicU64::new(RUNTIME_MAGIC),

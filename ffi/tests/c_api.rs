@@ -782,12 +782,12 @@ fn sandbox_is_the_default_and_options_are_checked() {
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("wraps around"), "{}", last_error());
     opts.region_count = 0;
-    opts.flags = PACKJIT_LOAD_TRUSTED | 128;
+    opts.flags = PACKJIT_LOAD_TRUSTED | 256;
     // SAFETY: as above.
     let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(
-        last_error().contains("unknown bits 0x80"),
+        last_error().contains("unknown bits 0x100"),
         "{}",
         last_error()
     );
@@ -821,6 +821,111 @@ fn load_optimize_compiles_with_the_tier_or_is_refused_by_name() {
     let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
     assert_eq!(st, PJ_ERR_UNSUPPORTED);
     assert!(last_error().contains("optimized tier"), "{}", last_error());
+}
+
+/// `PACKJIT_LOAD_ADAPTIVE` and the runtime's tier policy: a trusted program loads on the
+/// baseline (the C test backend), counts its runs and moves to the optimizing tier with the
+/// library's `optimizer` feature; without it (and for sandboxed code) it stays on the
+/// baseline, refused by name, and the load succeeds either way.
+#[test]
+fn load_adaptive_tiers_up_by_the_runtime_policy() {
+    let rt = Rt::with_backend();
+    let code = mov_r0(42);
+    let status = |p: *const PackjitProgram| {
+        let mut s = 0;
+        // SAFETY: live program, valid out pointer.
+        assert_eq!(unsafe { packjit_program_tier_status(p, &mut s) }, PJ_OK);
+        s
+    };
+    let tier = |p: *const PackjitProgram| {
+        let mut t = 0;
+        // SAFETY: live program, valid out pointer.
+        assert_eq!(unsafe { packjit_program_tier(p, &mut t) }, PJ_OK);
+        t
+    };
+    let built = packjit_runtime::Tier::Optimized.is_built();
+    let mut opts = trusted_opts();
+    opts.flags |= PACKJIT_LOAD_ADAPTIVE;
+    let load = |opts: &PackjitLoadOptions| {
+        let mut p = null_mut();
+        // SAFETY: valid runtime, code, options and out pointer; `mov r0, 42; exit` touches
+        // no memory.
+        let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), opts, &mut p) };
+        assert_eq!(st, PJ_OK, "{}", last_error());
+        p
+    };
+
+    // After 3 runs.
+    // SAFETY: live runtime.
+    assert_eq!(unsafe { packjit_runtime_set_tier_policy(rt.0, 3) }, PJ_OK);
+    let p = load(&opts);
+    assert_eq!(tier(p), PACKJIT_TIER_BASELINE);
+    if built {
+        assert_eq!(status(p), PACKJIT_TIER_STATUS_BASELINE);
+    } else {
+        assert_eq!(status(p), PACKJIT_TIER_STATUS_REFUSED);
+    }
+    for _ in 0..3 {
+        assert_eq!(run(p), Ok(42));
+    }
+    let mut s = 0;
+    // SAFETY: live program, valid out pointer.
+    assert_eq!(unsafe { packjit_program_wait_tier_up(p, &mut s) }, PJ_OK);
+    if built {
+        assert_eq!(s, PACKJIT_TIER_STATUS_OPTIMIZED);
+        assert_eq!(tier(p), PACKJIT_TIER_OPTIMIZED);
+    } else {
+        assert_eq!(s, PACKJIT_TIER_STATUS_REFUSED);
+        assert_eq!(tier(p), PACKJIT_TIER_BASELINE);
+    }
+    assert_eq!(run(p), Ok(42));
+    // SAFETY: p came from packjit_program_load.
+    unsafe { packjit_program_free(p) };
+
+    // Manual: runs do not tier up; a request does.
+    // SAFETY: live runtime.
+    let st = unsafe { packjit_runtime_set_tier_policy(rt.0, PACKJIT_TIER_MANUAL) };
+    assert_eq!(st, PJ_OK);
+    let p = load(&opts);
+    for _ in 0..100 {
+        assert_eq!(run(p), Ok(42));
+    }
+    if built {
+        assert_eq!(status(p), PACKJIT_TIER_STATUS_BASELINE);
+        // SAFETY: live program, valid out pointer.
+        assert_eq!(unsafe { packjit_program_request_tier_up(p, &mut s) }, PJ_OK);
+        assert!(
+            matches!(
+                s,
+                PACKJIT_TIER_STATUS_PENDING | PACKJIT_TIER_STATUS_OPTIMIZED
+            ),
+            "{s}"
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { packjit_program_wait_tier_up(p, &mut s) }, PJ_OK);
+        assert_eq!(s, PACKJIT_TIER_STATUS_OPTIMIZED);
+    }
+    assert_eq!(run(p), Ok(42));
+    // SAFETY: p came from packjit_program_load.
+    unsafe { packjit_program_free(p) };
+
+    // A program loaded without the flag is fixed.
+    let p = load(&trusted_opts());
+    assert_eq!(status(p), PACKJIT_TIER_STATUS_FIXED);
+    // SAFETY: p came from packjit_program_load.
+    unsafe { packjit_program_free(p) };
+
+    // Both tier flags: refused by name.
+    opts.flags |= PACKJIT_LOAD_OPTIMIZE;
+    let mut p = null_mut();
+    // SAFETY: as above.
+    let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
+    assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("PACKJIT_LOAD_ADAPTIVE"),
+        "{}",
+        last_error()
+    );
 }
 
 #[test]

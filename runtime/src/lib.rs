@@ -103,6 +103,7 @@ pub mod run_pin;
 mod symbols;
 pub mod testing;
 mod tier;
+mod tiering;
 mod trace_printk;
 
 pub use arena::{
@@ -117,6 +118,7 @@ pub use exec::{helper_access_ok, MemRegion, RegionAccess, RunError};
 pub use hook::{Hook, HookBatch};
 pub use loader::{default_plugin_dirs, plugin_files};
 pub use tier::Tier;
+pub use tiering::{TierPolicy, TierStatus, TieringConfig, DEFAULT_TIER_UP_CALLS};
 // The front end's decoder (structural verification included) and what it returns: the
 // bytecode as typed instructions, the form every backend and the interpreter start from.
 pub use packjit_frontend::{decode, Program as DecodedProgram};
@@ -152,6 +154,9 @@ pub struct RuntimeConfig {
     /// hosts that choose theirs with [`Runtime::load_plugins`] or [`Runtime::add_backend`]
     /// and for tests of the interpreter fallback.
     pub linked_backend: bool,
+    /// Adaptive programs' tier-up ([`Tier::Adaptive`]): the policy and the background
+    /// compile threads.
+    pub tiering: TieringConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -159,6 +164,7 @@ impl Default for RuntimeConfig {
         Self {
             arena: ArenaConfig::default(),
             linked_backend: true,
+            tiering: TieringConfig::default(),
         }
     }
 }
@@ -245,8 +251,14 @@ pub struct LoadOptions {
     /// [`Tier::Optimized`] the optimizing tier compiles the program (host arch only, cargo
     /// feature `optimizer`), or the load fails with [`ErrorKind::Unsupported`] naming what
     /// it cannot take yet; `features` and `disable_features` are the baseline's (Cranelift
-    /// detects the CPU itself), so only `Some(0)` or `None` is accepted there.
+    /// detects the CPU itself), so only `Some(0)` or `None` is accepted there. With
+    /// [`Tier::Adaptive`] the baseline compiles it and the optimizing tier takes over in the
+    /// background when it runs hot ([`TierPolicy`]); the load never fails for want of the
+    /// optimizing tier (see [`Program::tier_status`]).
     pub tier: Tier,
+    /// When this load tiers up, with [`Tier::Adaptive`]; `None`: the runtime's policy
+    /// ([`RuntimeConfig::tiering`], [`Runtime::set_tier_policy`]). Ignored by the other tiers.
+    pub tier_policy: Option<TierPolicy>,
 }
 
 /// Options are equal when they ask for the same load: the same maps are the same map
@@ -262,6 +274,7 @@ impl PartialEq for LoadOptions {
             && self.disable_features == other.disable_features
             && self.percpu_insn == other.percpu_insn
             && self.tier == other.tier
+            && self.tier_policy == other.tier_policy
             && self.maps.len() == other.maps.len()
             && (self.maps.iter().zip(&other.maps)).all(|(a, b)| Arc::ptr_eq(a, b))
     }
@@ -329,6 +342,8 @@ pub struct Runtime {
     symbols: Arc<Symbols>,
     next_program_id: AtomicU64,
     builtin_overrides: RwLock<BuiltinOverrides>,
+    /// Background compiles for adaptive programs (threads started at the first request).
+    tiering: Arc<tiering::Pool>,
 }
 
 /// Test and emulator overrides of the built-in helpers' facts (see
@@ -400,6 +415,7 @@ impl Runtime {
             symbols: Arc::new(Symbols::default()),
             next_program_id: AtomicU64::new(1),
             builtin_overrides: RwLock::new(BuiltinOverrides::default()),
+            tiering: tiering::Pool::new(cfg.tiering),
         })
     }
 
@@ -650,16 +666,7 @@ impl Runtime {
             .builtin_overrides
             .read()
             .unwrap_or_else(|p| p.into_inner());
-        let facts = builtins::Facts {
-            rseq_offset: o.rseq.unwrap_or_else(builtins::glibc_rseq_cpu_id_offset),
-            clock: if wanted.clock {
-                o.clock.unwrap_or_else(builtins::counter_clock)
-            } else {
-                None
-            },
-            percpu_lookup: wanted.percpu_lookup,
-        };
-        (facts, o.inline)
+        builtin_facts(o, wanted)
     }
 
     /// What a load for the host architecture gets for the built-in helpers (ids 5 and 8)
@@ -772,9 +779,83 @@ impl Runtime {
             )
         })?;
         let (backend, backend_name) = match opts.tier {
-            Tier::Baseline => self.backend_for(arch)?,
+            Tier::Baseline | Tier::Adaptive => self.backend_for(arch)?,
             Tier::Optimized => tier::optimizer(arch)?,
         };
+        let env = CompileEnv {
+            arena: self.arena.as_ref(),
+            heap_arena: &self.heap_arena,
+            symbols: &self.symbols,
+            regions: self
+                .regions
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            overrides: *self
+                .builtin_overrides
+                .read()
+                .unwrap_or_else(|p| p.into_inner()),
+        };
+        let id = self.next_program_id.fetch_add(1, Relaxed);
+        let base = env.compile(
+            code,
+            opts,
+            helpers,
+            trust,
+            with_builtins,
+            (backend, backend_name),
+            arch,
+            id,
+        )?;
+        if opts.tier != Tier::Adaptive {
+            return Ok(base);
+        }
+        Ok(tiering::adapt(
+            base,
+            &env,
+            code,
+            opts,
+            helpers,
+            trust,
+            &self.tiering,
+        ))
+    }
+}
+
+/// What a compile reads of its runtime: borrowed by a load, owned (see
+/// [`tiering::OwnedEnv`]) by a background tier-up that outlives the load.
+pub(crate) struct CompileEnv<'a> {
+    arena: Option<&'a PackedArena>,
+    heap_arena: &'a Arc<HeapArena>,
+    symbols: &'a Arc<Symbols>,
+    /// The runtime-wide regions when the load started.
+    regions: Arc<[abi::PjMemRegion]>,
+    overrides: BuiltinOverrides,
+}
+
+impl CompileEnv<'_> {
+    /// The facts a load decides by. A built-in not `wanted` is not prepared for inlining: no
+    /// counter clock (and its one-time calibration, up to 20 ms on x86 without CPUID 0x15),
+    /// no per-CPU table (an allocation per program, freed with it). Code that cannot call it
+    /// gets the call entry instead, which it never uses.
+    fn builtin_facts(&self, wanted: builtins::Wanted) -> (builtins::Facts, bool) {
+        builtin_facts(self.overrides, wanted)
+    }
+
+    /// Compiles `code` for `arch` with `backend` into a program numbered `id`.
+    #[allow(clippy::too_many_arguments)]
+    fn compile(
+        &self,
+        code: &[u8],
+        opts: &LoadOptions,
+        helpers: &[HelperEntry],
+        trust: Trust,
+        with_builtins: bool,
+        (backend, backend_name): (Arc<dyn JitBackend>, Arc<str>),
+        arch: Arch,
+        id: u64,
+    ) -> Result<Program, Error> {
+        let host = Arch::host();
         let native = Some(arch) == host;
         let supported = backend.supported_features();
         let features = match opts.features {
@@ -884,11 +965,7 @@ impl Runtime {
             Some((b, t)) => (Some(b), t),
             None => (None, None),
         };
-        let shared_regions = self
-            .regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let shared_regions = self.regions.clone();
         let map_regions = bound.as_ref().map_or(&[][..], |b| &b.regions[..]);
         let regions: Arc<[abi::PjMemRegion]> = if opts.regions.is_empty() && map_regions.is_empty()
         {
@@ -935,7 +1012,7 @@ impl Runtime {
                 0
             },
         };
-        let (mut compiled, owner) = match (&self.arena, native) {
+        let (mut compiled, owner) = match (self.arena, native) {
             // A statically linked backend gets the same panic policy as a plugin: a panic
             // while compiling becomes an `ErrorKind::Panic` error, never an unwind into
             // the caller of `load`.
@@ -944,11 +1021,10 @@ impl Runtime {
                 ArenaRef::Packed(a.clone()),
             ),
             _ => (
-                catch_panic(|| backend.compile(&req, &*self.heap_arena))?,
+                catch_panic(|| backend.compile(&req, &**self.heap_arena))?,
                 ArenaRef::Heap(self.heap_arena.clone()),
             ),
         };
-        let id = self.next_program_id.fetch_add(1, Relaxed);
         let executable = matches!(owner, ArenaRef::Packed(_));
         let symbol = Arc::new(symbols::ProgramSymbol::new(
             id,
@@ -999,9 +1075,15 @@ impl Runtime {
                 })
             }),
             maps: bound.map(|b| b.run),
+            tiering: match opts.tier {
+                Tier::Optimized => Tiered::Fixed(Tier::Optimized),
+                _ => Tiered::Fixed(Tier::Baseline),
+            },
         })
     }
+}
 
+impl Runtime {
     /// Statistics of the executable arena (zeroes when the host has none).
     pub fn stats(&self) -> ArenaStats {
         self.arena.as_ref().map(|a| a.stats()).unwrap_or_default()
@@ -1076,6 +1158,17 @@ impl Runtime {
         self.arena.as_ref().map_or(0, |a| a.compact(max_bytes))
     }
 
+    /// When adaptive programs loaded from now on tier up ([`Tier::Adaptive`]; programs
+    /// loaded earlier keep the policy they were loaded with).
+    pub fn set_tier_policy(&self, policy: TierPolicy) {
+        self.tiering.set_policy(policy);
+    }
+
+    /// The policy adaptive programs loaded now get.
+    pub fn tier_policy(&self) -> TierPolicy {
+        self.tiering.policy()
+    }
+
     /// Runs deferred frees whose epoch has ended; returns how many are still pending.
     pub fn reclaim(&self) -> usize {
         self.arena.as_ref().map_or(0, |a| a.reclaim())
@@ -1084,6 +1177,9 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        // No compile may place code after the arena is orphaned: the threads are joined
+        // first (a compile under way finishes; queued requests are abandoned).
+        self.tiering.shut_down();
         // Programs may outlive the runtime (each holds the arena), but nothing calls the
         // arena for them any more: retired programs queued for that call are dropped now,
         // and later ones at once.
@@ -1091,6 +1187,20 @@ impl Drop for Runtime {
             a.orphan();
         }
     }
+}
+
+/// The facts a load decides by, under the overrides `o`.
+fn builtin_facts(o: BuiltinOverrides, wanted: builtins::Wanted) -> (builtins::Facts, bool) {
+    let facts = builtins::Facts {
+        rseq_offset: o.rseq.unwrap_or_else(builtins::glibc_rseq_cpu_id_offset),
+        clock: if wanted.clock {
+            o.clock.unwrap_or_else(builtins::counter_clock)
+        } else {
+            None
+        },
+        percpu_lookup: wanted.percpu_lookup,
+    };
+    (facts, o.inline)
 }
 
 /// The helpers a program's bytecode calls, from one pass over it. A load asks about the
@@ -1220,6 +1330,19 @@ pub struct Program {
     _percpu_tables: Option<Box<PerCpuTables>>,
     /// The maps the program names, for its helpers while it runs (`None`: no maps).
     maps: Option<Arc<maps::RunMaps>>,
+    /// Its tier; for an adaptive program, the code it forwards to (see [`tiering`]).
+    tiering: Tiered,
+}
+
+/// A program's tier (see [`Program::tier_status`]).
+enum Tiered {
+    /// Loaded with this tier, for good.
+    Fixed(Tier),
+    /// Loaded adaptive, on the baseline for good: the optimizing tier cannot take it.
+    Refused(Box<Error>),
+    /// Adaptive: owns no code; every run and code accessor goes to the program current in
+    /// the [`tiering::Tiering`] (the baseline, then the optimized one).
+    Adaptive(Arc<tiering::Tiering>),
 }
 
 impl std::fmt::Debug for Program {
@@ -1241,12 +1364,18 @@ impl Program {
     /// holding its code's base and the entry's offset from it, when compaction may move the
     /// code; `None` when it never moves (its entry is [`Self::entry_now`] for good).
     pub(crate) fn moving_entry(&self) -> Option<(*const u64, u64)> {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.settle().moving_entry();
+        }
         let (word, offset) = self.movable.as_ref()?.entry_parts();
         Some((word.cast(), offset))
     }
 
     /// The entry point now. Callers that run it load it AFTER pinning the epoch.
     pub(crate) fn entry_now(&self) -> u64 {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::entry_now);
+        }
         self.movable
             .as_ref()
             .map_or(self.compiled.entry, |m| m.entry())
@@ -1331,6 +1460,27 @@ impl Program {
         ctx: *mut u8,
         len: usize,
         budget: u64,
+        pin: &run_pin::RunPin,
+    ) -> Result<u64, RunError> {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            // SAFETY: forwarded.
+            return unsafe { t.run_pinned(ctx, len, budget, pin) };
+        }
+        // SAFETY: forwarded.
+        unsafe { self.run_own_code(ctx, len, budget, pin) }
+    }
+
+    /// [`run_pinned`](Self::run_pinned) of a program that owns its code (not adaptive: an
+    /// adaptive program's current code is one).
+    ///
+    /// # Safety
+    /// As [`run_pinned`](Self::run_pinned).
+    #[inline(always)]
+    pub(crate) unsafe fn run_own_code(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        budget: u64,
         _pin: &run_pin::RunPin,
     ) -> Result<u64, RunError> {
         self.check_executable()?;
@@ -1362,13 +1512,16 @@ impl Program {
     /// entry (`NO_NATIVE_CODE` for the second slot of `lddw`); empty when the backend keeps
     /// none.
     pub fn pc_offsets(&self) -> &[u32] {
-        self.symbol.by_pc()
+        self.current_symbol().by_pc()
     }
 
     /// The eBPF pc whose native code contains `addr` (an address inside this program's code),
     /// from the line table: the slot with the greatest start at or below `addr`. Code after
     /// the last instruction (shared stubs) maps to the last instruction.
     pub fn pc_at(&self, addr: u64) -> Option<usize> {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(|p| p.pc_at(addr));
+        }
         let off = addr.checked_sub(self.entry_now())?;
         if off >= self.compiled.code_size as u64 {
             return None;
@@ -1389,6 +1542,10 @@ impl Program {
     /// The entry point, for callers that dispatch themselves (valid while `self` lives).
     /// Pins the code: compaction never moves it again, since the caller may keep the address.
     pub fn entry(&self) -> Option<PjProgramEntry> {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            // Fixed from here on: the host may keep the address as long as `self` lives.
+            return t.settle().entry();
+        }
         if !self.executable {
             return None;
         }
@@ -1402,6 +1559,9 @@ impl Program {
 
     /// A copy of the native code.
     pub fn code(&self) -> Vec<u8> {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::code);
+        }
         let c = &self.compiled;
         match &self.owner {
             ArenaRef::Packed(a) => match &self.movable {
@@ -1415,11 +1575,17 @@ impl Program {
 
     /// Bytes of native code.
     pub fn code_size(&self) -> usize {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::code_size);
+        }
         self.compiled.code_size
     }
 
     /// Native instructions emitted.
     pub fn native_insns(&self) -> usize {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::native_insns);
+        }
         self.compiled.native_insns
     }
 
@@ -1432,6 +1598,9 @@ impl Program {
 
     /// The arena region holding the code now.
     pub fn region(&self) -> Region {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::region);
+        }
         self.movable
             .as_ref()
             .map_or(self.compiled.region, |m| m.region())
@@ -1440,6 +1609,9 @@ impl Program {
     /// Whether compaction may still move the code (arena code whose raw entry was never
     /// handed out).
     pub fn is_movable(&self) -> bool {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::is_movable);
+        }
         self.movable.as_ref().is_some_and(|m| !m.is_pinned())
     }
 
@@ -1450,6 +1622,9 @@ impl Program {
 
     /// Optional features the code uses.
     pub fn features(&self) -> u64 {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::features);
+        }
         self.features
     }
 
@@ -1511,9 +1686,15 @@ impl Program {
     /// compaction moving them, one to unlist their symbols (one perf map rewrite) and one to
     /// release their code, instead of one of each per program.
     #[allow(clippy::vec_box)]
-    fn drop_group(arena: &PackedArena, mut group: Vec<Box<Program>>) {
+    fn drop_group(arena: &PackedArena, group: Vec<Box<Program>>) {
         /// (program id, entry address) pairs to unlist, per symbol index.
         type Unlisting = Vec<(Arc<Symbols>, Vec<(u64, u64)>)>;
+        // Adaptive programs own no code: each hands its current code on (see `Drop`).
+        let (adaptive, mut group): (Vec<_>, Vec<_>) =
+            group.into_iter().partition(|p| p.is_adaptive());
+        for p in adaptive {
+            (*p).drop_after_grace();
+        }
         let movables: Vec<&arena::Movable> =
             group.iter().filter_map(|p| p.movable.as_deref()).collect();
         let mut moved = arena.detach_movables(&movables).into_iter();
@@ -1577,12 +1758,86 @@ impl Program {
     /// `callx`) reports the clock as a call: the counter is not calibrated for it. Likewise
     /// the per-CPU lookup, whose table is not built for code that cannot call it.
     pub fn builtins(&self) -> Option<BuiltinChoice> {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.with_current(Program::builtins);
+        }
         self.builtins
     }
 
-    /// Name of the backend that compiled it.
+    /// Name of the backend that compiled the code new calls run (for an adaptive program,
+    /// the optimizing tier's once it has tiered up).
     pub fn backend_name(&self) -> &str {
-        &self.backend
+        match &self.tiering {
+            Tiered::Adaptive(t) if self.tier() == Tier::Optimized => {
+                t.optimized().map_or(&self.backend, |(_, b)| b)
+            }
+            _ => &self.backend,
+        }
+    }
+
+    /// The line table of the code new calls run.
+    fn current_symbol(&self) -> &symbols::ProgramSymbol {
+        match &self.tiering {
+            Tiered::Adaptive(t) if self.tier() == Tier::Optimized => {
+                t.optimized().map_or(&self.symbol, |(s, _)| s)
+            }
+            _ => &self.symbol,
+        }
+    }
+
+    /// The tier whose code new calls run: the one it was loaded with, or for an adaptive
+    /// program ([`Tier::Adaptive`]) the baseline until its tier-up, the optimized after.
+    pub fn tier(&self) -> Tier {
+        match &self.tiering {
+            Tiered::Fixed(t) => *t,
+            Tiered::Refused(_) => Tier::Baseline,
+            Tiered::Adaptive(t) => match t.status() {
+                TierStatus::Optimized => Tier::Optimized,
+                _ => Tier::Baseline,
+            },
+        }
+    }
+
+    /// Where the program stands with tiering (see [`TierStatus`]).
+    pub fn tier_status(&self) -> TierStatus {
+        match &self.tiering {
+            Tiered::Fixed(t) => TierStatus::Fixed(*t),
+            Tiered::Refused(e) => TierStatus::Refused((**e).clone()),
+            Tiered::Adaptive(t) => t.status(),
+        }
+    }
+
+    /// Asks for an adaptive program's tier-up now, whatever its call count (the way to
+    /// tier up under [`TierPolicy::Manual`]); returns the status after the request
+    /// ([`TierStatus::Pending`] when queued). Nothing for other programs.
+    pub fn request_tier_up(&self) -> TierStatus {
+        match &self.tiering {
+            Tiered::Adaptive(t) => t.request(),
+            _ => self.tier_status(),
+        }
+    }
+
+    /// Waits while an adaptive program's tier-up is queued or compiling
+    /// ([`TierStatus::Pending`]) and returns the status then; returns at once otherwise.
+    /// For tests and hosts that want the optimized code before going on.
+    pub fn wait_tier_up(&self) -> TierStatus {
+        match &self.tiering {
+            Tiered::Adaptive(t) => t.wait(),
+            _ => self.tier_status(),
+        }
+    }
+
+    /// The program whose code runs, fixed for good (for code that keeps its address: a prog
+    /// array slot): `self`, or an adaptive program's current code, settled.
+    pub(crate) fn settled_code(&self) -> &Program {
+        match &self.tiering {
+            Tiered::Adaptive(t) => t.settle(),
+            _ => self,
+        }
+    }
+
+    fn is_adaptive(&self) -> bool {
+        matches!(self.tiering, Tiered::Adaptive(_))
     }
 }
 
@@ -1600,6 +1855,15 @@ enum CodeRelease {
 
 impl Drop for Program {
     fn drop(&mut self) {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            t.release(match self.code_release {
+                CodeRelease::Now => tiering::Release::GracePassed,
+                CodeRelease::AfterOwnGrace | CodeRelease::Released => {
+                    tiering::Release::AfterOwnGrace
+                }
+            });
+            return;
+        }
         if matches!(self.code_release, CodeRelease::Released) {
             return;
         }

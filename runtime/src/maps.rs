@@ -887,6 +887,8 @@ static NO_CODE: AtomicU64 = AtomicU64::new(0);
 impl TailTarget {
     /// Boxed first: `abi.code_base` may point into the box.
     fn new(program: Arc<Program>) -> Box<Self> {
+        // An adaptive program's code stops tiering here: the slot keeps its address.
+        let fixed_base = program.settled_code().entry_now();
         let mut t = Box::new(TailTarget {
             abi: PjTailTarget {
                 regions: program.regions.as_ptr() as u64,
@@ -894,10 +896,11 @@ impl TailTarget {
                 maps: (program.maps.as_ref()).map_or(0, |m| Arc::as_ptr(m) as u64),
                 ..PjTailTarget::default()
             },
-            fixed_base: program.entry_now(),
+            fixed_base,
             program,
         });
-        let (word, offset) = (t.program.moving_entry()).unwrap_or((&t.fixed_base, 0));
+        let (word, offset) =
+            (t.program.settled_code().moving_entry()).unwrap_or((&t.fixed_base, 0));
         let mode = usize::from(t.program.trust() == Trust::Sandboxed);
         t.abi.code_base = [NO_CODE.as_ptr() as u64; 2];
         t.abi.code_base[mode] = word as u64;

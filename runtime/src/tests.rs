@@ -90,3 +90,55 @@ fn rbpf_helpers_register_under_rbpf_ids() {
     // SAFETY: sqrti takes plain integers.
     assert_eq!(unsafe { f(81, 0, 0, 0, 0) }, 9);
 }
+
+/// `Tier::Adaptive` as this build has it: with the `optimizer` feature, a trusted program
+/// tiers up when asked; without it, every adaptive load runs on the baseline for good,
+/// refused by name. Either way a sandboxed one stays on the baseline, and the load never
+/// fails for want of the optimizing tier.
+#[test]
+fn adaptive_loads_behave_as_documented_in_this_build() {
+    if linked_backend().is_none() {
+        return;
+    }
+    let rt = Runtime::with_config(RuntimeConfig {
+        tiering: TieringConfig {
+            policy: TierPolicy::Manual,
+            ..TieringConfig::default()
+        },
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    assert_eq!(rt.tier_policy(), TierPolicy::Manual);
+    let opts = LoadOptions {
+        tier: Tier::Adaptive,
+        budget: Budget::Unlimited,
+        ..LoadOptions::default()
+    };
+    // mov r0, 7 ; exit
+    let code = [0xb7, 0, 0, 0, 7, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    // SAFETY: touches no memory.
+    let p = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 7);
+    if Tier::Optimized.is_built() {
+        assert_eq!(p.tier_status(), TierStatus::Baseline);
+        p.request_tier_up();
+        assert_eq!(p.wait_tier_up(), TierStatus::Optimized);
+        assert_eq!(p.tier(), Tier::Optimized);
+    } else {
+        match p.tier_status() {
+            TierStatus::Refused(e) => {
+                assert_eq!(e.kind, ErrorKind::Unsupported);
+                assert!(e.message.contains("`optimizer` cargo feature"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.request_tier_up(), p.tier_status());
+        assert_eq!(p.tier(), Tier::Baseline);
+    }
+    assert_eq!(p.call(&mut []).unwrap(), 7);
+    let s = rt.load(&code, &opts).unwrap();
+    assert!(matches!(s.tier_status(), TierStatus::Refused(_)));
+    assert_eq!(s.call(&mut []).unwrap(), 7);
+    let b = rt.load(&code, &LoadOptions::default()).unwrap();
+    assert_eq!(b.tier_status(), TierStatus::Fixed(Tier::Baseline));
+}

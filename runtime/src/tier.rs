@@ -19,6 +19,13 @@ pub enum Tier {
     /// packet loads or the per-CPU instruction for now: anything else is refused with
     /// [`ErrorKind::Unsupported`] naming what, never compiled differently.
     Optimized,
+    /// Loads on the baseline and moves to the optimizing tier in the background once it
+    /// runs hot, as the runtime's [`crate::TierPolicy`] says (see [`crate::TierStatus`],
+    /// `docs/ARCHITECTURE.md`, "Adaptive tiering"). A program the optimizing tier cannot
+    /// take (sandboxed, maps, a budget, ..., or a build without the `optimizer` feature)
+    /// loads the same and stays on the baseline, [`crate::TierStatus::Refused`] saying why:
+    /// never an error at load.
+    Adaptive,
 }
 
 impl Tier {
@@ -27,7 +34,7 @@ impl Tier {
     /// features), so a host asks here rather than testing its own feature.
     pub const fn is_built(self) -> bool {
         match self {
-            Tier::Baseline => true,
+            Tier::Baseline | Tier::Adaptive => true,
             Tier::Optimized => cfg!(feature = "optimizer"),
         }
     }
