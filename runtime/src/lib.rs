@@ -906,6 +906,17 @@ impl Runtime {
             });
             t
         });
+        // packjit's own backends give every program whose table has a tail call the
+        // uniform tail-call frame, which other such programs' tail calls jump into past its
+        // saves (`PjTailTarget::uniform_frame`).
+        let uniform_tail_frame = UNIFORM_TAIL_FRAME_BACKENDS.contains(&backend.name())
+            && table.iter().any(|h| {
+                [
+                    abi::PJ_INLINE_TAIL_CALL,
+                    abi::PJ_INLINE_PROG_ARRAY_TAIL_CALL,
+                ]
+                .contains(&h.inline_kind)
+            });
         let req = CompileRequest {
             code,
             helpers: &table,
@@ -981,6 +992,7 @@ impl Runtime {
                 })
             }),
             maps: bound.map(|b| b.run),
+            uniform_tail_frame,
         })
     }
 
@@ -1202,7 +1214,13 @@ pub struct Program {
     _percpu_tables: Option<Box<PerCpuTables>>,
     /// The maps the program names, for its helpers while it runs (`None`: no maps).
     maps: Option<Arc<maps::RunMaps>>,
+    /// Its entry has the uniform tail-call frame (see `PjTailTarget::uniform_frame`).
+    pub(crate) uniform_tail_frame: bool,
 }
+
+/// The backends whose programs with tail calls have the uniform tail-call frame (the
+/// lowering contract's `FrameHooks::tail_entry_skip`): packjit's own.
+const UNIFORM_TAIL_FRAME_BACKENDS: [&str; 3] = ["packjit-x86-64", "packjit-arm64", "packjit-rv64"];
 
 impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -830,6 +830,7 @@ impl TailTarget {
                 regions: program.regions.as_ptr() as u64,
                 region_count: program.regions.len() as u64,
                 maps: (program.maps.as_ref()).map_or(0, |m| Arc::as_ptr(m) as u64),
+                uniform_frame: u64::from(program.uniform_tail_frame),
                 ..PjTailTarget::default()
             },
             fixed_base: program.entry_now(),

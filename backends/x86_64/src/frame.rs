@@ -82,7 +82,10 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         .enumerate()
         .map(|(k, sp)| {
             let mut saved;
-            if k == 0 {
+            if k == 0 && mode.tail_calls {
+                // The uniform tail-call frame: see `TAIL_ENTRY_SKIP`.
+                saved = UNIFORM_SAVES.to_vec();
+            } else if k == 0 {
                 // A stop unwinds from any depth straight to the entry's pops, skipping the
                 // callees' restores: the entry saves every callee-saved register any
                 // function touches (and the rest of the time this costs only the pushes).
@@ -113,6 +116,19 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
     }
 }
 
+/// The entry saves of a program that makes tail calls (`CodegenMode::tail_calls`): every
+/// callee-saved register the code can use, always in this order, whatever the program uses.
+/// With them, a tail call between two such programs leaves the saves in place for the
+/// target (its epilogue restores the host's registers from them) and jumps past its pushes,
+/// as the kernel's JITs jump past the prologue of programs that all share one frame.
+const UNIFORM_SAVES: [Gpr; 6] = [RBP, RBX, R13, R14, R15, ENV];
+
+/// Bytes from the entry of a program with the uniform frame to its tail entry: `endbr64`
+/// (4) and the pushes of [`UNIFORM_SAVES`] (1 each for rbp and rbx, 2 each for r12–r15).
+/// The tail entry sets `env` and `entry_sp` again (the same values) and the pad, stack block
+/// and registers as the program's own prologue does.
+pub(crate) const TAIL_ENTRY_SKIP: u32 = 14;
+
 impl Codegen<'_> {
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
     pub(crate) fn bare_return(&self, k: usize) -> bool {
@@ -126,6 +142,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn prologue(&mut self, k: usize) {
         let plan = self.plan;
         let f = &plan.subs[k];
+        let start = self.e.pos();
         if k == 0 {
             // endbr64: the entry is reached by an indirect call from the host, which must
             // work under CET/IBT. Callees are reached only by direct `call`s.
@@ -133,6 +150,17 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         }
         for &r in &f.saved {
             self.e.push(r);
+        }
+        if k == 0 && self.d.mode.tail_calls {
+            // Other programs' tail calls land here: the saves above must be the same bytes
+            // in every program with the uniform frame.
+            assert_eq!(
+                self.e.pos() - start,
+                TAIL_ENTRY_SKIP as usize,
+                "the uniform frame's saves changed size: update TAIL_ENTRY_SKIP"
+            );
+            // They land with an indirect `jmp`, which CET/IBT checks like the host's call.
+            self.e.endbr64();
         }
         if k != 0 {
             if f.pad {
@@ -200,10 +228,14 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         self.e.int3();
     }
 
-    fn tail_jump(&mut self) {
+    fn tail_entry_skip(&self) -> u32 {
+        TAIL_ENTRY_SKIP
+    }
+
+    fn tail_jump(&mut self, exit: FrameExit) {
         // rdx (r3, dead: a call clobbered it) carries env past the restores of r12.
         self.mov_rr(Sz::B64, RDX, ENV);
-        self.leave_frame(0, FrameExit::TailCall);
+        self.leave_frame(0, exit);
         // The entry's arguments again: the run's context and env. rax (the target) and
         // rdx are caller-saved, so the restores above left them alone.
         self.e.asm(4, |ops| {
@@ -234,6 +266,10 @@ impl Codegen<'_> {
         if k == 0 && exit == FrameExit::Return {
             let l = self.entry_pops;
             self.e.bind(l);
+        }
+        if exit == FrameExit::TailEntry {
+            // The saves stay for the target, whose epilogue restores them.
+            return;
         }
         for &r in f.saved.iter().rev() {
             self.e.pop(r);
