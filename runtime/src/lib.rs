@@ -718,7 +718,21 @@ impl Runtime {
         index: u32,
         program: Option<Arc<Program>>,
     ) -> Result<(), Error> {
-        maps::set_prog_array_slot(map, index, program)
+        maps::set_prog_array_slot(map, index, program, maps::TailEntry::AfterSaves)
+    }
+
+    /// [`Runtime::set_prog_array`], but tail calls into `program` leave the caller's whole
+    /// frame and run the target's whole entry even when both have the uniform tail-call frame
+    /// (`PjTailTarget::uniform_frame` cleared): for the maps benchmark, which times both ways
+    /// side by side, and for tests of that path.
+    #[doc(hidden)]
+    pub fn set_prog_array_full_entry(
+        &self,
+        map: &Arc<maps::Map>,
+        index: u32,
+        program: Option<Arc<Program>>,
+    ) -> Result<(), Error> {
+        maps::set_prog_array_slot(map, index, program, maps::TailEntry::Full)
     }
 
     fn compile(

@@ -822,15 +822,26 @@ pub(crate) struct TailTarget {
 /// The code base a tail call from code of the other mode finds: none.
 static NO_CODE: AtomicU64 = AtomicU64::new(0);
 
+/// Where a tail call enters a target whose entry has the uniform tail-call frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TailEntry {
+    /// Past its saves, the caller's serving it (`PjTailTarget::uniform_frame`).
+    AfterSaves,
+    /// At its entry, after the caller left its whole frame (as for any other target).
+    Full,
+}
+
 impl TailTarget {
     /// Boxed first: `abi.code_base` may point into the box.
-    fn new(program: Arc<Program>) -> Box<Self> {
+    fn new(program: Arc<Program>, entry: TailEntry) -> Box<Self> {
         let mut t = Box::new(TailTarget {
             abi: PjTailTarget {
                 regions: program.regions.as_ptr() as u64,
                 region_count: program.regions.len() as u64,
                 maps: (program.maps.as_ref()).map_or(0, |m| Arc::as_ptr(m) as u64),
-                uniform_frame: u64::from(program.uniform_tail_frame),
+                uniform_frame: u64::from(
+                    program.uniform_tail_frame && entry == TailEntry::AfterSaves,
+                ),
                 ..PjTailTarget::default()
             },
             fixed_base: program.entry_now(),
@@ -851,6 +862,7 @@ pub(crate) fn set_prog_array_slot(
     map: &Map,
     index: u32,
     program: Option<Arc<Program>>,
+    entry: TailEntry,
 ) -> Result<(), Error> {
     if map.spec().map_type != MapType::ProgArray {
         return Err(err(
@@ -869,7 +881,7 @@ pub(crate) fn set_prog_array_slot(
             ),
         ));
     }
-    let token = program.map_or(0, |program| Box::into_raw(TailTarget::new(program)) as u64);
+    let token = program.map_or(0, |program| Box::into_raw(TailTarget::new(program, entry)) as u64);
     let old = match map.set_prog_slot(index, token) {
         Ok(old) => old,
         Err(e) => {

@@ -167,15 +167,17 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
 const UNIFORM_SAVES: [u8; 10] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
 
 /// Bytes from the entry of a program with the uniform frame to its tail entry: the frame
-/// record (`stp x29, x30` and `mov x29, sp`) and five `stp` of [`UNIFORM_SAVES`]. The tail
-/// entry sets `env` and `entry_sp` again (the same values), then the program's own frame.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 28;
+/// record (`stp x29, x30` and `mov x29, sp`), five `stp` of [`UNIFORM_SAVES`], then `env`
+/// (`mov x28, x2`) and `entry_sp` (`mov`, `str`): what the caller's frame already holds. The
+/// tail entry reserves the program's own frame and sets its registers.
+pub(crate) const TAIL_ENTRY_SKIP: u32 = 40;
 
 impl Codegen<'_> {
     /// The entry's run-time state: env, entry_sp, the sandbox's bounds and stack block, the
     /// budget, and zeroed registers. Runs after the pushes, so sp is what a stop restores.
     fn entry_state(&mut self) {
-        if self.plan.can_stop {
+        // The uniform frame set env and entry_sp before its tail entry (see `prologue`).
+        if self.plan.can_stop && !self.d.mode.tail_calls {
             // env arrives in x2, which is r3: keep it before r3 is zeroed.
             a64!(self.ops
                 ; mov X(ENV), x2
@@ -306,7 +308,14 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
             }
         }
         if k == 0 && self.d.mode.tail_calls {
-            // Other programs' tail calls land here: the saves above must be the same
+            // env arrives in x2; a stop unwinds to here (the `restore` label follows the
+            // release of the native frame and the block).
+            a64!(self.ops
+                ; mov X(ENV), x2
+                ; mov XSP(C0), sp
+                ; str X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
+            );
+            // Other programs' tail calls land here: the code above must be the same
             // instructions in every program with the uniform frame.
             assert_eq!(
                 self.ops.offset().0 - start,
@@ -340,6 +349,18 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
 
     fn tail_jump(&mut self, exit: FrameExit) {
         let r0 = self.map[0];
+        if exit == FrameExit::TailEntry {
+            // env stays in x28, and entry_sp and the saves stay: only the frames go, then
+            // the entry's arguments again (x2, env, is not read there).
+            a64!(self.ops; mov x16, X(r0));
+            self.leave_frame(0, exit);
+            a64!(self.ops
+                ; ldp x0, x1, [X(ENV), PJ_ENV_CTX_START]
+                ; sub x1, x1, x0
+                ; br x16
+            );
+            return;
+        }
         // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,
         // and a `br x16` may land on a `bti c`. x2 (r3, dead after the call) holds env.
         a64!(self.ops

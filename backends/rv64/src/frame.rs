@@ -177,10 +177,10 @@ pub fn plan(prog: &Program, mode: &CodegenMode, lim8: bool) -> Layout {
 const UNIFORM_SAVES: [u8; 13] = [RA, CTX_LIM8, S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11];
 
 /// Bytes from the entry of a program with the uniform frame to its tail entry: the save
-/// area's `addi sp` and one `sd` per [`UNIFORM_SAVES`], 4 bytes each (14 instructions). The
-/// prologue checks it. The tail entry reserves the block and sets
+/// area's `addi sp`, one `sd` per [`UNIFORM_SAVES`] and `mv s6, a2` (env), 4 bytes each (15
+/// instructions). The prologue checks it. The tail entry reserves the block and sets
 /// `env` and `entry_sp` again (the same values), then the rest of the program's own entry.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 56;
+pub(crate) const TAIL_ENTRY_SKIP: u32 = 60;
 
 /// What the lowering reads beyond RFC 9669, for the entry's zeroing: r0 for every atomic
 /// (conservative: the fetch-and/or/xor loops keep r0's register live across them).
@@ -205,6 +205,11 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn prologue(&mut self, k: usize) {
         let f = self.layout.frames[k].clone();
         let start = self.e.pos();
+        let uniform = k == 0 && self.d.mode.tail_calls;
+        // The uniform frame's code up to its tail entry is the same bytes in every program,
+        // with or without the C extension: no compressed forms there.
+        let compressed = self.e.c;
+        self.e.c = compressed && !uniform;
         let above = f.size - f.below_saves;
         if above > 0 {
             self.add_imm(SP, SP, -(above as i64), T0);
@@ -213,8 +218,11 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         for (slot, &r) in f.saves.iter().enumerate() {
             self.e.store(Mem::D, r, SP, slot as i32 * 8);
         }
-        if k == 0 && self.d.mode.tail_calls {
-            // Other programs' tail calls land here: the saves above must be the same
+        if uniform {
+            // env arrives in a2 (eBPF r3, zeroed below); a tail call keeps it.
+            self.e.mv(ENV, A2);
+            self.e.c = compressed;
+            // Other programs' tail calls land here: the code above must be the same
             // instructions in every program with the uniform frame.
             assert_eq!(
                 self.e.pos() - start,
@@ -235,8 +243,10 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         }
         if self.layout.can_stop {
             // env arrives in a2 (eBPF r3, zeroed below); keep it for the run, and record
-            // where a stop unwinds to.
-            self.e.mv(ENV, A2);
+            // where a stop unwinds to (below the block, which the epilogue releases first).
+            if !uniform {
+                self.e.mv(ENV, A2);
+            }
             self.e.store(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
         }
         // The block: above the saves, or (uniform frame) below them.
@@ -303,6 +313,17 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     }
 
     fn tail_jump(&mut self, exit: FrameExit) {
+        if exit == FrameExit::TailEntry {
+            // env stays in s6 and the saves stay: only the block goes, then the entry's
+            // arguments again (a2, env, is not read there).
+            self.e.mv(T1, self.map(0));
+            self.leave_frame(0, exit);
+            self.e.load(Mem::D, A0, ENV, PJ_ENV_CTX_START);
+            self.e.load(Mem::D, A1, ENV, PJ_ENV_CTX_END);
+            self.e.rrr(R3::Sub, A1, A1, A0);
+            self.e.jump_reg(T1);
+            return;
+        }
         // t1 holds the target through the restores (caller-saved, no eBPF register, not the
         // t0 the frame's release may use); a2 (r3, dead after the call) holds env.
         self.e.mv(T1, self.map(0));

@@ -101,7 +101,8 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
                 saved = callee_saved_of(sp.writes);
             }
             // rsp ≡ 8 at every function entry; after n pushes it is 8 + 8n: odd n aligns.
-            let pad = sp.calls && saved.len() % 2 == 0;
+            // The uniform frame always has its pad (it is part of what tail calls skip).
+            let pad = (sp.calls || (k == 0 && mode.tail_calls)) && saved.len() % 2 == 0;
             SubFrame { saved, pad }
         })
         .collect();
@@ -124,10 +125,11 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
 const UNIFORM_SAVES: [Gpr; 6] = [RBP, RBX, R13, R14, R15, ENV];
 
 /// Bytes from the entry of a program with the uniform frame to its tail entry: `endbr64`
-/// (4) and the pushes of [`UNIFORM_SAVES`] (1 each for rbp and rbx, 2 each for r12–r15).
-/// The tail entry sets `env` and `entry_sp` again (the same values) and the pad, stack block
-/// and registers as the program's own prologue does.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 14;
+/// (4), the pushes of [`UNIFORM_SAVES`] (1 each for rbp and rbx, 2 each for r12–r15), the
+/// pad (`push rax`, 1), `mov r12, rdx` (3) and `mov [r12 + entry_sp], rsp` (5): what the
+/// caller's frame already holds (the same registers saved, `env`, `entry_sp`). The tail
+/// entry reserves the stack block and sets the registers as the program's own entry does.
+pub(crate) const TAIL_ENTRY_SKIP: u32 = 23;
 
 impl Codegen<'_> {
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
@@ -151,8 +153,17 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         for &r in &f.saved {
             self.e.push(r);
         }
-        if k == 0 && self.d.mode.tail_calls {
-            // Other programs' tail calls land here: the saves above must be the same bytes
+        let uniform = k == 0 && self.d.mode.tail_calls;
+        if uniform {
+            // The pad first, then env and entry_sp (a stop unwinds to below the pad).
+            self.e.push_rax();
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov r12, rdx
+                    ; mov QWORD [BYTE r12 + ENTRY_SP8], rsp
+                )
+            });
+            // Other programs' tail calls land here: the code above must be the same bytes
             // in every program with the uniform frame.
             assert_eq!(
                 self.e.pos() - start,
@@ -168,7 +179,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
             }
             return;
         }
-        if self.plan.needs_env {
+        if self.plan.needs_env && !uniform {
             // env = the third argument; where a stop unwinds to: just above the pad and
             // the stack block.
             self.e.asm(2, |ops| {
@@ -178,7 +189,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 )
             });
         }
-        if f.pad {
+        if f.pad && !uniform {
             self.e.push_rax();
         }
         let block = self.plan.block;
@@ -233,6 +244,20 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     }
 
     fn tail_jump(&mut self, exit: FrameExit) {
+        if exit == FrameExit::TailEntry {
+            // env stays in r12 and the pad, entry_sp and the saves stay: only the stack
+            // block goes, then the entry's arguments again (rdx, env, is not read there).
+            self.leave_frame(0, exit);
+            self.e.asm(4, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov rdi, QWORD [BYTE r12 + CTX_START8]
+                    ; mov rsi, QWORD [BYTE r12 + CTX_END8]
+                    ; sub rsi, rdi
+                    ; jmp rax
+                )
+            });
+            return;
+        }
         // rdx (r3, dead: a call clobbered it) carries env past the restores of r12.
         self.mov_rr(Sz::B64, RDX, ENV);
         self.leave_frame(0, exit);
@@ -260,16 +285,22 @@ impl Codegen<'_> {
             // rbp = r10 is the entry's rsp before the block was reserved.
             self.mov_rr(Sz::B64, RSP, RBP);
         }
-        if f.pad {
-            self.e.pop_rcx(); // rcx (r4) is dead at a return
+        if exit == FrameExit::TailEntry {
+            // The pad and the saves stay for the target, whose epilogue restores them.
+            return;
         }
-        if k == 0 && exit == FrameExit::Return {
+        // The uniform frame's entry_sp is below its pad: a stop lands before its pop.
+        let uniform = k == 0 && self.d.mode.tail_calls;
+        if uniform && exit == FrameExit::Return {
             let l = self.entry_pops;
             self.e.bind(l);
         }
-        if exit == FrameExit::TailEntry {
-            // The saves stay for the target, whose epilogue restores them.
-            return;
+        if f.pad {
+            self.e.pop_rcx(); // rcx (r4) is dead at a return
+        }
+        if k == 0 && !uniform && exit == FrameExit::Return {
+            let l = self.entry_pops;
+            self.e.bind(l);
         }
         for &r in f.saved.iter().rev() {
             self.e.pop(r);
