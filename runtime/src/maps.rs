@@ -881,7 +881,9 @@ pub(crate) fn set_prog_array_slot(
             ),
         ));
     }
-    let token = program.map_or(0, |program| Box::into_raw(TailTarget::new(program, entry)) as u64);
+    let token = program.map_or(0, |program| {
+        Box::into_raw(TailTarget::new(program, entry)) as u64
+    });
     let old = match map.set_prog_slot(index, token) {
         Ok(old) => old,
         Err(e) => {

@@ -834,26 +834,26 @@ mod frames {
     /// that writes its own frame, then the tail call through slot mem[0]; -1 if it fails.
     pub fn deep() -> Vec<u8> {
         [
-            i(0xbf, 6, 1, 0, 0),       // r6 = ctx
-            i(0xb7, 7, 0, 0, 0x11),    // r7 = 0x11
-            i(0xb7, 8, 0, 0, 0x22),    // r8 = 0x22
-            i(0xb7, 9, 0, 0, 0x33),    // r9 = 0x33
-            i(0x7b, 10, 7, -8, 0),     // *(u64 *)(r10 - 8) = r7
-            i(CALL, 0, 1, 0, 13),      // r0 = f() (pc 19)
-            i(0x79, 1, 10, -8, 0),     // r1 = *(u64 *)(r10 - 8): 0x11, f's frame is its own
-            i(0x0f, 7, 0, 0, 0),       // r7 += r0 (5)
-            i(0x0f, 7, 1, 0, 0),       // r7 += r1 (0x11)
-            i(0x0f, 7, 8, 0, 0),       // r7 += r8
-            i(0x0f, 7, 9, 0, 0),       // r7 += r9: 0x11 + 5 + 0x11 + 0x22 + 0x33
-            i(0x7b, 6, 7, 8, 0),       // mem[8..16] = r7
-            i(0xbf, 1, 6, 0, 0),       // r1 = ctx
-            map_ref(2, 0),             // r2 = the prog array
-            i(0x71, 3, 6, 0, 0),       // r3 = mem[0]
-            i(CALL, 0, 0, 0, 12),      // bpf_tail_call
-            i(0xb7, 0, 0, 0, -1),      // r0 = -1
+            i(0xbf, 6, 1, 0, 0),    // r6 = ctx
+            i(0xb7, 7, 0, 0, 0x11), // r7 = 0x11
+            i(0xb7, 8, 0, 0, 0x22), // r8 = 0x22
+            i(0xb7, 9, 0, 0, 0x33), // r9 = 0x33
+            i(0x7b, 10, 7, -8, 0),  // *(u64 *)(r10 - 8) = r7
+            i(CALL, 0, 1, 0, 13),   // r0 = f() (pc 19)
+            i(0x79, 1, 10, -8, 0),  // r1 = *(u64 *)(r10 - 8): 0x11, f's frame is its own
+            i(0x0f, 7, 0, 0, 0),    // r7 += r0 (5)
+            i(0x0f, 7, 1, 0, 0),    // r7 += r1 (0x11)
+            i(0x0f, 7, 8, 0, 0),    // r7 += r8
+            i(0x0f, 7, 9, 0, 0),    // r7 += r9: 0x11 + 5 + 0x11 + 0x22 + 0x33
+            i(0x7b, 6, 7, 8, 0),    // mem[8..16] = r7
+            i(0xbf, 1, 6, 0, 0),    // r1 = ctx
+            map_ref(2, 0),          // r2 = the prog array
+            i(0x71, 3, 6, 0, 0),    // r3 = mem[0]
+            i(CALL, 0, 0, 0, 12),   // bpf_tail_call
+            i(0xb7, 0, 0, 0, -1),   // r0 = -1
             i(EXIT, 0, 0, 0, 0),
             // pc 19, f: its own frame, then r0 = 5.
-            i(0x7a, 10, 0, -8, 99),    // *(u64 *)(r10 - 8) = 99
+            i(0x7a, 10, 0, -8, 99), // *(u64 *)(r10 - 8) = 99
             i(0xb7, 0, 0, 0, 5),
             i(EXIT, 0, 0, 0, 0),
         ]
@@ -883,12 +883,12 @@ mod frames {
     /// mem[8..16] + 2003.
     pub fn plain() -> Vec<u8> {
         [
-            i(0xbf, 6, 1, 0, 0),  // r6 = ctx
-            i(0x79, 7, 6, 8, 0),  // r7 = mem[8..16]
+            i(0xbf, 6, 1, 0, 0),   // r6 = ctx
+            i(0x79, 7, 6, 8, 0),   // r7 = mem[8..16]
             i(0x7b, 10, 7, -8, 0), // *(u64 *)(r10 - 8) = r7
-            i(CALL, 0, 1, 0, 4),  // r0 = g() (pc 8)
+            i(CALL, 0, 1, 0, 4),   // r0 = g() (pc 8)
             i(0x79, 1, 10, -8, 0), // r1 = *(u64 *)(r10 - 8)
-            i(0x0f, 0, 1, 0, 0),  // r0 += r1
+            i(0x0f, 0, 1, 0, 0),   // r0 += r1
             i(0x07, 0, 0, 0, 2000),
             i(EXIT, 0, 0, 0, 0),
             // pc 8, g: r0 = 3 through its own frame.
@@ -946,10 +946,17 @@ fn tail_calls_past_the_saves_and_at_the_full_entry_mix_frames_and_keep_the_limit
                     let got = deep.call(&mut mem).unwrap() as i64;
                     assert_eq!(got, r0, "{what}, round {round}, ({first}, {next})");
                     assert_eq!(mem[1], runs, "{what}, round {round}, ({first}, {next})");
-                    assert_eq!(u64::from_le_bytes(mem[8..].try_into().unwrap()), frames::DEEP);
+                    assert_eq!(
+                        u64::from_le_bytes(mem[8..].try_into().unwrap()),
+                        frames::DEEP
+                    );
                 }
                 let mut mem = [3u8; 16];
-                assert_eq!(deep.call(&mut mem).unwrap() as i64, -1, "{what}: slot 3 is empty");
+                assert_eq!(
+                    deep.call(&mut mem).unwrap() as i64,
+                    -1,
+                    "{what}: slot 3 is empty"
+                );
             }
             for slot in 0..3 {
                 rt.set_prog_array(&jumps, slot, None).unwrap();
@@ -984,15 +991,28 @@ fn a_stop_after_a_tail_call_past_the_saves_unwinds_to_the_host_and_the_next_run_
             i(EXIT, 0, 0, 0, 0),
         ]
         .concat();
+        // Slot 3: no tail call (so no uniform frame: entered at its full entry), a stack
+        // frame, and the same endless loop at pc 1.
+        let spin_on_stack = [
+            i(0x7a, 10, 0, -8, 1), // *(u64 *)(r10 - 8) = 1
+            i(0x05, 0, 0, -1, 0),  // pc 1: goto pc 1
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
         rt.set_prog_array(&jumps, 0, Some(load(&spin))).unwrap();
         rt.set_prog_array(&jumps, 1, Some(load(&wild))).unwrap();
         rt.set_prog_array(&jumps, 2, Some(load(&frames::leaf())))
             .unwrap();
+        rt.set_prog_array(&jumps, 3, Some(load(&spin_on_stack)))
+            .unwrap();
         for round in 0..20 {
-            let mut mem = [0u8; 16];
-            match deep.call(&mut mem) {
-                Err(RunError::Stop(Stop::Budget { pc: 1 })) => {}
-                other => panic!("{trust:?} round {round}: {other:?}"),
+            for first in [0u8, 3] {
+                let mut mem = [0u8; 16];
+                mem[0] = first;
+                match deep.call(&mut mem) {
+                    Err(RunError::Stop(Stop::Budget { pc: 1 })) => {}
+                    other => panic!("{trust:?} round {round}, slot {first}: {other:?}"),
+                }
             }
             if trust == Trust::Sandboxed {
                 let mut mem = [1u8; 16];
@@ -1001,10 +1021,10 @@ fn a_stop_after_a_tail_call_past_the_saves_unwinds_to_the_host_and_the_next_run_
                     other => panic!("{trust:?} round {round}: {other:?}"),
                 }
             }
-            // deep → leaf → (slot 3, empty): a whole run after the stops.
+            // deep → leaf → (slot 4, out of range): a whole run after the stops.
             let mut mem = [0u8; 16];
             mem[0] = 2;
-            mem[2] = 3;
+            mem[2] = 4;
             assert_eq!(
                 deep.call(&mut mem).unwrap(),
                 frames::DEEP + 1000,
@@ -1012,7 +1032,7 @@ fn a_stop_after_a_tail_call_past_the_saves_unwinds_to_the_host_and_the_next_run_
             );
             assert_eq!(mem[1], 1);
         }
-        for slot in 0..3 {
+        for slot in 0..4 {
             rt.set_prog_array(&jumps, slot, None).unwrap();
         }
     }

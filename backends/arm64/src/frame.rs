@@ -173,18 +173,9 @@ const UNIFORM_SAVES: [u8; 10] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
 pub(crate) const TAIL_ENTRY_SKIP: u32 = 40;
 
 impl Codegen<'_> {
-    /// The entry's run-time state: env, entry_sp, the sandbox's bounds and stack block, the
-    /// budget, and zeroed registers. Runs after the pushes, so sp is what a stop restores.
+    /// The entry's run-time state after env and entry_sp (set by `prologue` right after the
+    /// saves): the sandbox's bounds and stack block, the budget, and zeroed registers.
     fn entry_state(&mut self) {
-        // The uniform frame set env and entry_sp before its tail entry (see `prologue`).
-        if self.plan.can_stop && !self.d.mode.tail_calls {
-            // env arrives in x2, which is r3: keep it before r3 is zeroed.
-            a64!(self.ops
-                ; mov X(ENV), x2
-                ; mov XSP(C0), sp
-                ; str X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
-            );
-        }
         if self.d.mode.sandboxed() {
             a64!(self.ops
                 ; ldp X(CTX_LO), X(CTX_LEN), [X(ENV), PJ_ENV_CTX_START]
@@ -307,14 +298,17 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 _ => unreachable!(),
             }
         }
-        if k == 0 && self.d.mode.tail_calls {
-            // env arrives in x2; a stop unwinds to here (the `restore` label follows the
-            // release of the native frame and the block).
+        if k == 0 && self.plan.can_stop {
+            // env arrives in x2, which is r3: keep it before r3 is zeroed. A stop unwinds
+            // to here, right after the saves: the `restore` label follows the release of
+            // the entry's native frame and block, so entry_sp is taken before either.
             a64!(self.ops
                 ; mov X(ENV), x2
                 ; mov XSP(C0), sp
                 ; str X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
             );
+        }
+        if k == 0 && self.d.mode.tail_calls {
             // Other programs' tail calls land here: the code above must be the same
             // instructions in every program with the uniform frame.
             assert_eq!(
