@@ -14,7 +14,8 @@
 //!    ARRAY; LPM_TRIE lookup (a /32 key in 1 Ki /24 routes), update (existing /24) and
 //!    update+delete of a new /32; queue push+pop; ring buffer reserve+submit (drained by the
 //!    host between rounds).
-//! 5. A chain of 33 tail calls against 34 bpf-to-bpf calls doing the same work.
+//! 5. A chain of 33 tail calls against 34 bpf-to-bpf calls doing the same work; the chain
+//!    twice: past the target's saves (the uniform tail-call frame) and at its full entry.
 //!
 //! `cargo bench -p packjit --bench maps`
 

@@ -17,6 +17,11 @@
 //!   lower addresses
 //! ```
 //!
+//! The entry of a program that makes tail calls has the uniform tail-call frame: the frame
+//! record and all of x19–x28 saved, then env and entry_sp (`TAIL_ENTRY_SKIP` bytes, the same
+//! in every such program), so another such program's tail call jumps past them
+//! (`FrameExit::TailEntry`).
+//!
 //! A stop (failed check, budget, unknown `callx` id) stores the stop fields of `env`, loads
 //! `env.entry_sp` into sp and branches to the entry's `restore` label, which writes the
 //! budget back, restores the entry's saved registers and returns: no callee epilogue runs,

@@ -21,6 +21,11 @@
 //!   lower addresses
 //! ```
 //!
+//! **Uniform tail-call frame.** The entry of a program that makes tail calls saves ra and
+//! s0–s11 in a save area *above* its stack block, then sets env (`TAIL_ENTRY_SKIP` bytes,
+//! uncompressed, the same in every such program); another such program's tail call releases
+//! its block and jumps past them (`FrameExit::TailEntry`).
+//!
 //! **Stops.** A failed check, an exhausted budget or an unknown `callx` id leaves from any
 //! depth: the stop path reloads sp from `env.entry_sp` and jumps to the entry's epilogue,
 //! skipping callee epilogues. So when the code can stop, the entry saves every callee-saved

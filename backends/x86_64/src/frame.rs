@@ -17,6 +17,11 @@
 //!  └──────────────────────────┘
 //! ```
 //!
+//! The entry of a program that makes tail calls has the uniform tail-call frame instead:
+//! all of rbp, rbx, r13–r15, r12 pushed, the pad, then env and entry_sp (`TAIL_ENTRY_SKIP`
+//! bytes, the same in every such program), so another such program's tail call jumps past
+//! them (`FrameExit::TailEntry`); there entry_sp is below the pad.
+//!
 //! The whole stack block is reserved once by the entry (none when no function reads r10), so
 //! the block is one contiguous region for the sandbox checks and zeroing it is one
 //! `rep stosq`. A bpf-to-bpf call is `sub rbp, 512 ; call f ; add rbp, 512`; callees
