@@ -1228,7 +1228,9 @@ pub struct Program {
     _percpu_tables: Option<Box<PerCpuTables>>,
     /// The maps the program names, for its helpers while it runs (`None`: no maps).
     maps: Option<Arc<maps::RunMaps>>,
-    /// Its entry has the uniform tail-call frame (see `PjTailTarget::uniform_frame`).
+    /// Its entry has the uniform tail-call frame (see `PjTailTarget::uniform_frame`). For
+    /// the program's life: compaction moves its bytes unchanged, and the optimizing tier,
+    /// whose frames are its own, refuses programs with tail calls.
     pub(crate) uniform_tail_frame: bool,
 }
 
