@@ -198,6 +198,9 @@ const _: () = {
         core::mem::offset_of!(PjTailTarget, region_count) == PJ_TAIL_TARGET_REGION_COUNT as usize
     );
     assert!(core::mem::offset_of!(PjTailTarget, maps) == PJ_TAIL_TARGET_MAPS as usize);
+    assert!(
+        core::mem::offset_of!(PjTailTarget, uniform_frame) == PJ_TAIL_TARGET_UNIFORM_FRAME as usize
+    );
     assert!(core::mem::size_of::<PjMemRegion>() == 24);
 };
 
@@ -355,7 +358,10 @@ pub const PJ_INLINE_ARRAY_LOOKUP: u32 = 5;
 /// tail call in `env`, copies the target's regions and maps into `env`, and leaves its frame
 /// and jumps to the entry as for [`PJ_INLINE_TAIL_CALL`]; otherwise it falls through with
 /// r0 = 0. The slot's index is masked branch-free before it addresses the slots, so a
-/// mispredicted bound cannot read past them. r1–r5 are clobbered, as by a call.
+/// mispredicted bound cannot read past them. r1–r5 are clobbered, as by a call. When the
+/// target's [`PjTailTarget::uniform_frame`] is set, a backend whose tail-calling programs
+/// all have its uniform entry frame (packjit's own) leaves only its stack block, keeps the
+/// saved registers for the target and jumps past the target's saves.
 pub const PJ_INLINE_PROG_ARRAY_TAIL_CALL: u32 = 6;
 
 /// The longest chain of tail calls one run may make, as in the kernel (`MAX_TAIL_CALL_CNT`).
@@ -394,6 +400,12 @@ pub struct PjTailTarget {
     pub region_count: u64,
     /// [`PjExecEnv::maps`] for the target.
     pub maps: u64,
+    /// 1 when the target's entry has its backend's uniform tail-call frame (the frame of every
+    /// program that makes tail calls, see [`PJ_INLINE_PROG_ARRAY_TAIL_CALL`]); else 0. A
+    /// caller of the same backend then leaves its saved registers in place and jumps past the
+    /// target's saves (the backend's fixed `tail_entry_skip` bytes after the entry), as the
+    /// kernel's JITs jump past the prologue of a program with the same frame.
+    pub uniform_frame: u64,
 }
 
 /// Offset of [`PjTailTarget::code_base`] (trusted code's word; sandboxed code's is 8 further).
@@ -406,6 +418,8 @@ pub const PJ_TAIL_TARGET_REGIONS: i32 = 24;
 pub const PJ_TAIL_TARGET_REGION_COUNT: i32 = 32;
 /// Offset of [`PjTailTarget::maps`].
 pub const PJ_TAIL_TARGET_MAPS: i32 = 40;
+/// Offset of [`PjTailTarget::uniform_frame`].
+pub const PJ_TAIL_TARGET_UNIFORM_FRAME: i32 = 48;
 
 /// [`PjArrayMap::percpu_id`] of an array that is not per-CPU.
 pub const PJ_ARRAY_NOT_PERCPU: u32 = u32::MAX;

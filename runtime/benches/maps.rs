@@ -17,7 +17,8 @@
 //!    ARRAY; LPM_TRIE lookup (a /32 key in 1 Ki /24 routes), update (existing /24) and
 //!    update+delete of a new /32; queue push+pop; ring buffer reserve+submit (drained by the
 //!    host between rounds).
-//! 5. A chain of 33 tail calls against 34 bpf-to-bpf calls doing the same work.
+//! 5. A chain of 33 tail calls against 34 bpf-to-bpf calls doing the same work; the chain
+//!    twice: past the target's saves (the uniform tail-call frame) and at its full entry.
 //!
 //! `cargo bench -p packjit --bench maps`
 
@@ -1073,17 +1074,22 @@ fn tail_calls(rt: &Runtime) {
         a.add(R8, -1).jump(JNE, R8, 0, "loop").movr(R0, R2).exit();
         a.finish()
     };
+    // Sandboxed and trusted, then the same two entered at their full entry (the caller's
+    // whole frame left, the target's whole prologue run: how every tail call went before
+    // the uniform frame).
     let jumps = [
         spec("jumps_s", MapType::ProgArray, 4, 4, 1),
         spec("jumps_t", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_s_full", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_t_full", MapType::ProgArray, 4, 4, 1),
     ];
-    let chain: Vec<Arc<Program>> = (0..2)
+    let chain: Vec<Arc<Program>> = (0..4)
         .map(|k| {
             let o = LoadOptions {
                 name: Some("tail_link".into()),
                 ..opts(&[&jumps[k]])
             };
-            Arc::new(if k == 0 {
+            Arc::new(if k % 2 == 0 {
                 rt.load(&link, &o).unwrap()
             } else {
                 // SAFETY: the link touches only its 4-byte context.
@@ -1091,9 +1097,20 @@ fn tail_calls(rt: &Runtime) {
             })
         })
         .collect();
-    for k in 0..2 {
-        rt.set_prog_array(&jumps[k], 0, Some(chain[k].clone()))
-            .unwrap();
+    for k in 0..4 {
+        let p = Some(chain[k].clone());
+        if k < 2 {
+            rt.set_prog_array(&jumps[k], 0, p).unwrap();
+        } else {
+            rt.set_prog_array_full_entry(&jumps[k], 0, p).unwrap();
+        }
+    }
+    if std::env::var_os("PACKJIT_BENCH_DISASM").is_some() {
+        for (p, trust) in chain[..2].iter().zip(["sandboxed", "trusted"]) {
+            if let Some(d) = disassemble(p) {
+                println!("\n```text\n# the tail link, {trust}\n{d}```\n");
+            }
+        }
     }
     let local = both(rt, "bpf_to_bpf", &local, &LoadOptions::default());
     let inline = both(rt, "inline", &inline, &LoadOptions::default());
@@ -1116,12 +1133,26 @@ fn tail_calls(rt: &Runtime) {
     let m = side_by_side(&mut cases);
     drop(cases);
     header("Tail calls against bpf-to-bpf calls, ns (34 links of `ctx[0] += 1` per run)");
+    // m: the chains (uniform entry, then full entry), bpf-to-bpf calls, inline.
     row("run: entry + 33 tail calls", m[0], m[1], "");
-    row("run: 34 bpf-to-bpf calls", m[2], m[3], "");
-    row("run: the 34 links inline", m[4], m[5], "");
-    let tail = [(m[0] - m[4]) / 33.0, (m[1] - m[5]) / 33.0];
-    let call = [(m[2] - m[4]) / 34.0, (m[3] - m[5]) / 34.0];
+    row(
+        "run: the same, full entry",
+        m[2],
+        m[3],
+        "the caller's frame left, the target's prologue run",
+    );
+    row("run: 34 bpf-to-bpf calls", m[4], m[5], "");
+    row("run: the 34 links inline", m[6], m[7], "");
+    let tail = [(m[0] - m[6]) / 33.0, (m[1] - m[7]) / 33.0];
+    let full = [(m[2] - m[6]) / 33.0, (m[3] - m[7]) / 33.0];
+    let call = [(m[4] - m[6]) / 34.0, (m[5] - m[7]) / 34.0];
     row("per tail call (minus inline, ÷ 33)", tail[0], tail[1], "");
+    row(
+        "per tail call, full entry (minus inline, ÷ 33)",
+        full[0],
+        full[1],
+        "",
+    );
     row(
         "per bpf-to-bpf call (minus inline, ÷ 34)",
         call[0],
@@ -1133,6 +1164,12 @@ fn tail_calls(rt: &Runtime) {
         tail[0] / call[0],
         tail[1] / call[1],
         "goal ≤ 1",
+    );
+    row(
+        "tail call, full entry ÷ bpf-to-bpf call",
+        full[0] / call[0],
+        full[1] / call[1],
+        "",
     );
     for j in &jumps {
         rt.set_prog_array(j, 0, None).unwrap();

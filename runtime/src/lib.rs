@@ -735,7 +735,21 @@ impl Runtime {
         index: u32,
         program: Option<Arc<Program>>,
     ) -> Result<(), Error> {
-        maps::set_prog_array_slot(map, index, program)
+        maps::set_prog_array_slot(map, index, program, maps::TailEntry::AfterSaves)
+    }
+
+    /// [`Runtime::set_prog_array`], but tail calls into `program` leave the caller's whole
+    /// frame and run the target's whole entry even when both have the uniform tail-call frame
+    /// (`PjTailTarget::uniform_frame` cleared): for the maps benchmark, which times both ways
+    /// side by side, and for tests of that path.
+    #[doc(hidden)]
+    pub fn set_prog_array_full_entry(
+        &self,
+        map: &Arc<maps::Map>,
+        index: u32,
+        program: Option<Arc<Program>>,
+    ) -> Result<(), Error> {
+        maps::set_prog_array_slot(map, index, program, maps::TailEntry::Full)
     }
 
     fn compile(
@@ -1001,6 +1015,17 @@ impl CompileEnv<'_> {
             .then(|| poison::unpoison(code, &table, opts.percpu_insn))
             .transpose()?;
         let code = unpoisoned.as_deref().unwrap_or(code);
+        // packjit's own backends give every program whose table has a tail call the
+        // uniform tail-call frame, which other such programs' tail calls jump into past its
+        // saves (`PjTailTarget::uniform_frame`).
+        let uniform_tail_frame = UNIFORM_TAIL_FRAME_BACKENDS.contains(&backend.name())
+            && table.iter().any(|h| {
+                [
+                    abi::PJ_INLINE_TAIL_CALL,
+                    abi::PJ_INLINE_PROG_ARRAY_TAIL_CALL,
+                ]
+                .contains(&h.inline_kind)
+            });
         let req = CompileRequest {
             code,
             helpers: &table,
@@ -1079,6 +1104,7 @@ impl CompileEnv<'_> {
                 Tier::Optimized => Tiered::Fixed(Tier::Optimized),
                 _ => Tiered::Fixed(Tier::Baseline),
             },
+            uniform_tail_frame,
         })
     }
 }
@@ -1332,6 +1358,10 @@ pub struct Program {
     maps: Option<Arc<maps::RunMaps>>,
     /// Its tier; for an adaptive program, the code it forwards to (see [`tiering`]).
     tiering: Tiered,
+    /// Its entry has the uniform tail-call frame (see `PjTailTarget::uniform_frame`). For
+    /// the program's life: compaction moves its bytes unchanged, and the optimizing tier,
+    /// whose frames are its own, refuses programs with tail calls.
+    pub(crate) uniform_tail_frame: bool,
 }
 
 /// A program's tier (see [`Program::tier_status`]).
@@ -1344,6 +1374,10 @@ enum Tiered {
     /// the [`tiering::Tiering`] (the baseline, then the optimized one).
     Adaptive(Arc<tiering::Tiering>),
 }
+
+/// The backends whose programs with tail calls have the uniform tail-call frame (the
+/// lowering contract's `FrameHooks::tail_entry_skip`): packjit's own.
+const UNIFORM_TAIL_FRAME_BACKENDS: [&str; 3] = ["packjit-x86-64", "packjit-arm64", "packjit-rv64"];
 
 impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

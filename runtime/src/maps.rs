@@ -884,9 +884,18 @@ pub(crate) struct TailTarget {
 /// The code base a tail call from code of the other mode finds: none.
 static NO_CODE: AtomicU64 = AtomicU64::new(0);
 
+/// Where a tail call enters a target whose entry has the uniform tail-call frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TailEntry {
+    /// Past its saves, the caller's serving it (`PjTailTarget::uniform_frame`).
+    AfterSaves,
+    /// At its entry, after the caller left its whole frame (as for any other target).
+    Full,
+}
+
 impl TailTarget {
     /// Boxed first: `abi.code_base` may point into the box.
-    fn new(program: Arc<Program>) -> Box<Self> {
+    fn new(program: Arc<Program>, entry: TailEntry) -> Box<Self> {
         // An adaptive program's code stops tiering here: the slot keeps its address.
         let fixed_base = program.settled_code().entry_now();
         let mut t = Box::new(TailTarget {
@@ -894,6 +903,9 @@ impl TailTarget {
                 regions: program.regions.as_ptr() as u64,
                 region_count: program.regions.len() as u64,
                 maps: (program.maps.as_ref()).map_or(0, |m| Arc::as_ptr(m) as u64),
+                uniform_frame: u64::from(
+                    program.settled_code().uniform_tail_frame && entry == TailEntry::AfterSaves,
+                ),
                 ..PjTailTarget::default()
             },
             fixed_base,
@@ -915,6 +927,7 @@ pub(crate) fn set_prog_array_slot(
     map: &Map,
     index: u32,
     program: Option<Arc<Program>>,
+    entry: TailEntry,
 ) -> Result<(), Error> {
     if map.spec().map_type != MapType::ProgArray {
         return Err(err(
@@ -933,7 +946,9 @@ pub(crate) fn set_prog_array_slot(
             ),
         ));
     }
-    let token = program.map_or(0, |program| Box::into_raw(TailTarget::new(program)) as u64);
+    let token = program.map_or(0, |program| {
+        Box::into_raw(TailTarget::new(program, entry)) as u64
+    });
     let old = match map.set_prog_slot(index, token) {
         Ok(old) => old,
         Err(e) => {

@@ -296,6 +296,9 @@ pub(crate) fn adapt(
         _percpu_tables: None,
         maps: None,
         tiering: Tiered::Adaptive(t),
+        // Only programs without maps tier (`tier::refuse_unsupported`): no tail calls here;
+        // a prog-array slot asks the code it settles on (`Program::settled_code`).
+        uniform_tail_frame: false,
     }
 }
 

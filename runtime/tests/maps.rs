@@ -821,3 +821,219 @@ fn helpers_an_lpm_trie_does_not_take_are_refused_naming_pc_helper_and_map() {
         "{e}"
     );
 }
+
+/// Tail calls between programs of every frame shape, entered past the target's saves (both
+/// have the uniform tail-call frame) or at its full entry (the target has none: it makes no
+/// tail calls; or the slot was set with `set_prog_array_full_entry`). The chain is steered
+/// by the context: mem[0] is the slot `deep` tail calls, mem[2] the one `leaf` does, mem[1]
+/// counts `leaf`'s runs, mem[8..16] is what `deep` computed.
+mod frames {
+    use super::*;
+
+    /// The uniform frame with a stack block of two levels: r6-r9 in use, a bpf-to-bpf call
+    /// that writes its own frame, then the tail call through slot mem[0]; -1 if it fails.
+    pub fn deep() -> Vec<u8> {
+        [
+            i(0xbf, 6, 1, 0, 0),    // r6 = ctx
+            i(0xb7, 7, 0, 0, 0x11), // r7 = 0x11
+            i(0xb7, 8, 0, 0, 0x22), // r8 = 0x22
+            i(0xb7, 9, 0, 0, 0x33), // r9 = 0x33
+            i(0x7b, 10, 7, -8, 0),  // *(u64 *)(r10 - 8) = r7
+            i(CALL, 0, 1, 0, 13),   // r0 = f() (pc 19)
+            i(0x79, 1, 10, -8, 0),  // r1 = *(u64 *)(r10 - 8): 0x11, f's frame is its own
+            i(0x0f, 7, 0, 0, 0),    // r7 += r0 (5)
+            i(0x0f, 7, 1, 0, 0),    // r7 += r1 (0x11)
+            i(0x0f, 7, 8, 0, 0),    // r7 += r8
+            i(0x0f, 7, 9, 0, 0),    // r7 += r9: 0x11 + 5 + 0x11 + 0x22 + 0x33
+            i(0x7b, 6, 7, 8, 0),    // mem[8..16] = r7
+            i(0xbf, 1, 6, 0, 0),    // r1 = ctx
+            map_ref(2, 0),          // r2 = the prog array
+            i(0x71, 3, 6, 0, 0),    // r3 = mem[0]
+            i(CALL, 0, 0, 0, 12),   // bpf_tail_call
+            i(0xb7, 0, 0, 0, -1),   // r0 = -1
+            i(EXIT, 0, 0, 0, 0),
+            // pc 19, f: its own frame, then r0 = 5.
+            i(0x7a, 10, 0, -8, 99), // *(u64 *)(r10 - 8) = 99
+            i(0xb7, 0, 0, 0, 5),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat()
+    }
+
+    /// The uniform frame without a stack block: counts itself in mem[1], tail calls slot
+    /// mem[2]; when that fails, r0 = mem[8..16] + 1000.
+    pub fn leaf() -> Vec<u8> {
+        [
+            i(0xbf, 6, 1, 0, 0),  // r6 = ctx
+            i(0x71, 7, 6, 1, 0),  // r7 = mem[1]
+            i(0x07, 7, 0, 0, 1),  // r7 += 1
+            i(0x73, 6, 7, 1, 0),  // mem[1] = r7
+            i(0xbf, 1, 6, 0, 0),  // r1 = ctx
+            map_ref(2, 0),        // r2 = the prog array
+            i(0x71, 3, 6, 2, 0),  // r3 = mem[2]
+            i(CALL, 0, 0, 0, 12), // bpf_tail_call
+            i(0x79, 0, 6, 8, 0),  // r0 = mem[8..16]
+            i(0x07, 0, 0, 0, 1000),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat()
+    }
+
+    /// No tail call, so no uniform frame: a stack block of two levels and r6-r7; r0 =
+    /// mem[8..16] + 2003.
+    pub fn plain() -> Vec<u8> {
+        [
+            i(0xbf, 6, 1, 0, 0),   // r6 = ctx
+            i(0x79, 7, 6, 8, 0),   // r7 = mem[8..16]
+            i(0x7b, 10, 7, -8, 0), // *(u64 *)(r10 - 8) = r7
+            i(CALL, 0, 1, 0, 4),   // r0 = g() (pc 8)
+            i(0x79, 1, 10, -8, 0), // r1 = *(u64 *)(r10 - 8)
+            i(0x0f, 0, 1, 0, 0),   // r0 += r1
+            i(0x07, 0, 0, 0, 2000),
+            i(EXIT, 0, 0, 0, 0),
+            // pc 8, g: r0 = 3 through its own frame.
+            i(0x7a, 10, 0, -8, 3),
+            i(0x79, 0, 10, -8, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat()
+    }
+
+    /// What `deep` leaves in mem[8..16].
+    pub const DEEP: u64 = 0x11 + 5 + 0x11 + 0x22 + 0x33;
+}
+
+#[test]
+fn tail_calls_past_the_saves_and_at_the_full_entry_mix_frames_and_keep_the_limit() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        for full_entry in [false, true] {
+            let (jumps, opts) = prog_array_of_4();
+            let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
+            let deep = load(&frames::deep());
+            let set = |slot: u32, p: &Arc<Program>| {
+                if full_entry {
+                    rt.set_prog_array_full_entry(&jumps, slot, Some(p.clone()))
+                } else {
+                    rt.set_prog_array(&jumps, slot, Some(p.clone()))
+                }
+                .unwrap()
+            };
+            set(0, &load(&frames::leaf()));
+            set(1, &load(&frames::plain()));
+            set(2, &deep);
+            let what = format!("{trust:?}, full entry {full_entry}");
+            // (mem[0], mem[2]) → (r0, leaf's runs).
+            let cases: [((u8, u8), (i64, u8)); 5] = [
+                // deep → leaf → plain (no uniform frame: always the full entry).
+                ((0, 1), (frames::DEEP as i64 + 2003, 1)),
+                // deep → leaf → leaf … : 33 tail calls, the 34th fails in leaf.
+                ((0, 0), (frames::DEEP as i64 + 1000, 33)),
+                // deep → deep … : the 34th fails in deep.
+                ((2, 3), (-1, 0)),
+                // deep → leaf → deep → leaf …: tail call 33 reaches leaf, whose fails.
+                ((0, 2), (frames::DEEP as i64 + 1000, 17)),
+                // deep → plain directly, and an empty slot.
+                ((1, 0), (frames::DEEP as i64 + 2003, 0)),
+            ];
+            // Many runs: a frame left wrong (a saved register, the stack pointer) shows as a
+            // wrong value or a crash of the loop around the calls.
+            for round in 0..50 {
+                for ((first, next), (r0, runs)) in cases {
+                    let mut mem = [0u8; 16];
+                    mem[0] = first;
+                    mem[2] = next;
+                    let got = deep.call(&mut mem).unwrap() as i64;
+                    assert_eq!(got, r0, "{what}, round {round}, ({first}, {next})");
+                    assert_eq!(mem[1], runs, "{what}, round {round}, ({first}, {next})");
+                    assert_eq!(
+                        u64::from_le_bytes(mem[8..].try_into().unwrap()),
+                        frames::DEEP
+                    );
+                }
+                let mut mem = [3u8; 16];
+                assert_eq!(
+                    deep.call(&mut mem).unwrap() as i64,
+                    -1,
+                    "{what}: slot 3 is empty"
+                );
+            }
+            for slot in 0..3 {
+                rt.set_prog_array(&jumps, slot, None).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stop_after_a_tail_call_past_the_saves_unwinds_to_the_host_and_the_next_run_is_whole() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let (jumps, mut opts) = prog_array_of_4();
+        opts.budget = packjit::Budget::Limit(10_000);
+        let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
+        let deep = load(&frames::deep());
+        // Slot 0: a program with the uniform frame (it has a tail call it never reaches)
+        // that loops for ever, so the budget stops it at pc 1; slot 1 (sandboxed only): one
+        // that reads past its context, stopped at pc 0.
+        let spin = [
+            i(0xb7, 0, 0, 0, 0),
+            i(0x05, 0, 0, -1, 0), // pc 1: goto pc 1
+            map_ref(2, 0),
+            i(CALL, 0, 0, 0, 12),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        let wild = [
+            i(0x79, 0, 1, 4000, 0), // r0 = *(u64 *)(ctx + 4000)
+            map_ref(2, 0),
+            i(CALL, 0, 0, 0, 12),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        // Slot 3: no tail call (so no uniform frame: entered at its full entry), a stack
+        // frame, and the same endless loop at pc 1.
+        let spin_on_stack = [
+            i(0x7a, 10, 0, -8, 1), // *(u64 *)(r10 - 8) = 1
+            i(0x05, 0, 0, -1, 0),  // pc 1: goto pc 1
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        rt.set_prog_array(&jumps, 0, Some(load(&spin))).unwrap();
+        rt.set_prog_array(&jumps, 1, Some(load(&wild))).unwrap();
+        rt.set_prog_array(&jumps, 2, Some(load(&frames::leaf())))
+            .unwrap();
+        rt.set_prog_array(&jumps, 3, Some(load(&spin_on_stack)))
+            .unwrap();
+        for round in 0..20 {
+            for first in [0u8, 3] {
+                let mut mem = [0u8; 16];
+                mem[0] = first;
+                match deep.call(&mut mem) {
+                    Err(RunError::Stop(Stop::Budget { pc: 1 })) => {}
+                    other => panic!("{trust:?} round {round}, slot {first}: {other:?}"),
+                }
+            }
+            if trust == Trust::Sandboxed {
+                let mut mem = [1u8; 16];
+                match deep.call(&mut mem) {
+                    Err(RunError::Stop(Stop::OutOfBounds { pc: 0, .. })) => {}
+                    other => panic!("{trust:?} round {round}: {other:?}"),
+                }
+            }
+            // deep → leaf → (slot 4, out of range): a whole run after the stops.
+            let mut mem = [0u8; 16];
+            mem[0] = 2;
+            mem[2] = 4;
+            assert_eq!(
+                deep.call(&mut mem).unwrap(),
+                frames::DEEP + 1000,
+                "{trust:?} round {round}"
+            );
+            assert_eq!(mem[1], 1);
+        }
+        for slot in 0..4 {
+            rt.set_prog_array(&jumps, slot, None).unwrap();
+        }
+    }
+}

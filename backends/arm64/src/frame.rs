@@ -17,6 +17,11 @@
 //!   lower addresses
 //! ```
 //!
+//! The entry of a program that makes tail calls has the uniform tail-call frame: the frame
+//! record and all of x19–x28 saved, then env and entry_sp (`TAIL_ENTRY_SKIP` bytes, the same
+//! in every such program), so another such program's tail call jumps past them
+//! (`FrameExit::TailEntry`).
+//!
 //! A stop (failed check, budget, unknown `callx` id) stores the stop fields of `env`, loads
 //! `env.entry_sp` into sp and branches to the entry's `restore` label, which writes the
 //! budget back, restores the entry's saved registers and returns: no callee epilogue runs,
@@ -131,6 +136,10 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
                     saved.push(ENV);
                 }
             }
+            if k == 0 && mode.tail_calls {
+                // The uniform tail-call frame: see `TAIL_ENTRY_SKIP`.
+                saved = UNIFORM_SAVES.to_vec();
+            }
             Frame {
                 // A stop reaches the entry's restore from anywhere, x30 clobbered by some
                 // `bl` on the way: the entry of code that can stop keeps its return address.
@@ -154,18 +163,24 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
     }
 }
 
+/// The entry saves of a program that makes tail calls (`CodegenMode::tail_calls`, which
+/// also keeps `env`, so the frame record is saved too): every callee-saved register the
+/// code can use, always in this order, whatever the program uses. With them, a tail call
+/// between two such programs leaves the saves in place for the target (its epilogue restores
+/// the host's registers from them) and jumps past its saves, as the kernel's arm64 JIT
+/// jumps to `PROLOGUE_OFFSET` of programs that all share one frame.
+const UNIFORM_SAVES: [u8; 10] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
+
+/// Bytes from the entry of a program with the uniform frame to its tail entry: the frame
+/// record (`stp x29, x30` and `mov x29, sp`), five `stp` of [`UNIFORM_SAVES`], then `env`
+/// (`mov x28, x2`) and `entry_sp` (`mov`, `str`): what the caller's frame already holds. The
+/// tail entry reserves the program's own frame and sets its registers.
+pub(crate) const TAIL_ENTRY_SKIP: u32 = 40;
+
 impl Codegen<'_> {
-    /// The entry's run-time state: env, entry_sp, the sandbox's bounds and stack block, the
-    /// budget, and zeroed registers. Runs after the pushes, so sp is what a stop restores.
+    /// The entry's run-time state after env and entry_sp (set by `prologue` right after the
+    /// saves): the sandbox's bounds and stack block, the budget, and zeroed registers.
     fn entry_state(&mut self) {
-        if self.plan.can_stop {
-            // env arrives in x2, which is r3: keep it before r3 is zeroed.
-            a64!(self.ops
-                ; mov X(ENV), x2
-                ; mov XSP(C0), sp
-                ; str X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
-            );
-        }
         if self.d.mode.sandboxed() {
             a64!(self.ops
                 ; ldp X(CTX_LO), X(CTX_LEN), [X(ENV), PJ_ENV_CTX_START]
@@ -253,6 +268,11 @@ impl Codegen<'_> {
             if exit == FrameExit::Return && self.map[0] != RET {
                 a64!(self.ops; mov X(RET), X(self.map[0]));
             }
+            if exit == FrameExit::TailEntry {
+                // The saves and the frame record stay for the target, whose epilogue
+                // restores them.
+                return;
+            }
         }
         for pair in f.saved.chunks(2).rev() {
             match *pair {
@@ -270,6 +290,7 @@ impl Codegen<'_> {
 impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn prologue(&mut self, k: usize) {
         let f = self.plan.frames[k].clone();
+        let start = self.ops.offset().0;
         if f.save_lr {
             // Frame record first so unwinders and debuggers can walk JIT frames.
             a64!(self.ops; stp x29, x30, [sp, -16]! ; mov x29, sp);
@@ -281,6 +302,25 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 [a] => a64!(self.ops; str X(a), [sp, -16]!),
                 _ => unreachable!(),
             }
+        }
+        if k == 0 && self.plan.can_stop {
+            // env arrives in x2, which is r3: keep it before r3 is zeroed. A stop unwinds
+            // to here, right after the saves: the `restore` label follows the release of
+            // the entry's native frame and block, so entry_sp is taken before either.
+            a64!(self.ops
+                ; mov X(ENV), x2
+                ; mov XSP(C0), sp
+                ; str X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
+            );
+        }
+        if k == 0 && self.d.mode.tail_calls {
+            // Other programs' tail calls land here: the code above must be the same
+            // instructions in every program with the uniform frame.
+            assert_eq!(
+                self.ops.offset().0 - start,
+                TAIL_ENTRY_SKIP as usize,
+                "the uniform frame's saves changed size: update TAIL_ENTRY_SKIP"
+            );
         }
         if f.native_frame {
             a64!(self.ops; sub sp, sp, STACK_SIZE as u32);
@@ -302,15 +342,31 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         a64!(self.ops; dsb nsh; isb);
     }
 
-    fn tail_jump(&mut self) {
+    fn tail_entry_skip(&self) -> u32 {
+        TAIL_ENTRY_SKIP
+    }
+
+    fn tail_jump(&mut self, exit: FrameExit) {
         let r0 = self.map[0];
+        if exit == FrameExit::TailEntry {
+            // env stays in x28, and entry_sp and the saves stay: only the frames go, then
+            // the entry's arguments again (x2, env, is not read there).
+            a64!(self.ops; mov x16, X(r0));
+            self.leave_frame(0, exit);
+            a64!(self.ops
+                ; ldp x0, x1, [X(ENV), PJ_ENV_CTX_START]
+                ; sub x1, x1, x0
+                ; br x16
+            );
+            return;
+        }
         // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,
         // and a `br x16` may land on a `bti c`. x2 (r3, dead after the call) holds env.
         a64!(self.ops
             ; mov x16, X(r0)
             ; mov x2, X(ENV)
         );
-        self.leave_frame(0, FrameExit::TailCall);
+        self.leave_frame(0, exit);
         a64!(self.ops
             ; ldp x0, x1, [x2, PJ_ENV_CTX_START]
             ; sub x1, x1, x0

@@ -464,10 +464,17 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     fn speculation_barrier(&mut self);
     /// A tail call's jump, in the entry function, once the driver found the entry to
     /// continue in (r0, never 0: the driver branches around a failed tail call): leave the
-    /// entry's frame as its epilogue does (budget written back, saved registers restored)
-    /// and jump to r0 with the run's arguments (context `env.ctx_start`, length
-    /// `env.ctx_end - env.ctx_start`, `env`).
-    fn tail_jump(&mut self);
+    /// entry's frame as `exit` says ([`FrameExit::TailCall`]: as its epilogue does, budget
+    /// written back, saved registers restored; [`FrameExit::TailEntry`]: the same but the
+    /// saved registers and the return address stay) and jump to r0 with the run's
+    /// arguments (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`).
+    fn tail_jump(&mut self, exit: FrameExit);
+    /// Bytes from a program's entry to its tail entry when the entry has the uniform
+    /// tail-call frame (`CodegenMode::tail_calls`): every callee-saved register the backend
+    /// ever uses (and the return address, where it is a register) saved in one fixed order
+    /// by a fixed sequence, so the same for every such program of the backend. A
+    /// [`FrameExit::TailEntry`] jump lands there, the caller's saves serving the target.
+    fn tail_entry_skip(&self) -> u32;
 }
 
 /// How a backend leaves the entry's frame (its `epilogue`, or its `tail_jump`): the frame
@@ -478,6 +485,9 @@ pub enum FrameExit {
     Return,
     /// On to another program's entry: r0 is not the result.
     TailCall,
+    /// On to another program's tail entry (both entries have the uniform tail-call frame):
+    /// only the stack block is released; the saved registers stay, now the target's.
+    TailEntry,
 }
 
 /// Register arithmetic (RFC 9669 semantics: 32-bit results zero-extended, shift counts
@@ -772,7 +782,7 @@ fn tail_call<'a, L: Isa<'a>>(
     l.call_helper(&call)?;
     let failed = l.new_label();
     l.branch_to(Width::W64, Cond::Eq, 0, Operand::Imm(0), failed);
-    l.tail_jump();
+    l.tail_jump(FrameExit::TailCall);
     // Falling through: the tail call failed, and r0 = 0 says so.
     l.bind(failed);
     clear_helper_arguments(l);
@@ -812,9 +822,16 @@ fn refuse_tail_call_in_callee<'a, L: Isa<'a>>(
 /// r0 += target->entry_offset
 /// env->tail_calls = r4 + 1
 /// env->maps = the target's, and in sandboxed code env->regions, env->region_count
-/// tail_jump (r0)
+/// r5 = target->uniform_frame ; if r5 == 0 goto full
+/// r0 += tail_entry_skip ; tail_jump (r0, TailEntry)   saves kept, the target's skipped
+/// full: tail_jump (r0, TailCall)            the whole frame left, the whole entry run
 /// out:                                      r0 = 0
 /// ```
+///
+/// The caller's own entry has the uniform frame: it makes tail calls
+/// (`CodegenMode::tail_calls`), and the runtime marks a target uniform only when its code
+/// came from a backend of this contract with the same mode, so the saves the target's
+/// epilogue restores are exactly the caller's.
 ///
 /// Every access reads the runtime's structures at addresses the program does not choose
 /// (the slot's index is masked first), so none is checked ([`Expansion::RuntimeMemory`]).
@@ -830,7 +847,7 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     use packjit_plugin_api::abi::{
         PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS, PJ_MAX_TAIL_CALLS,
         PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
-        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT,
+        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT, PJ_TAIL_TARGET_UNIFORM_FRAME,
     };
     use AluOp::*;
     use Width::{W32, W64};
@@ -889,7 +906,14 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
         l.load(Size::DW, false, 5, 3, from as i16);
         l.store(Size::DW, ENV, to as i16, Operand::Reg(5));
     }
-    l.tail_jump();
+    let full = l.new_label();
+    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_UNIFORM_FRAME as i16);
+    l.branch_to(W64, Cond::Eq, 5, Operand::Imm(0), full);
+    let skip = l.tail_entry_skip();
+    l.alu(W64, Add, 0, Operand::Imm(skip as i32));
+    l.tail_jump(FrameExit::TailEntry);
+    l.bind(full);
+    l.tail_jump(FrameExit::TailCall);
     l.bind(out);
     l.driver().expansion = Expansion::None;
     clear_helper_arguments(l);

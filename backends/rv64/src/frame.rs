@@ -21,6 +21,11 @@
 //!   lower addresses
 //! ```
 //!
+//! **Uniform tail-call frame.** The entry of a program that makes tail calls saves ra and
+//! s0–s11 in a save area *above* its stack block, then sets env (`TAIL_ENTRY_SKIP` bytes,
+//! uncompressed, the same in every such program); another such program's tail call releases
+//! its block and jumps past them (`FrameExit::TailEntry`).
+//!
 //! **Stops.** A failed check, an exhausted budget or an unknown `callx` id leaves from any
 //! depth: the stop path reloads sp from `env.entry_sp` and jumps to the entry's epilogue,
 //! skipping callee epilogues. So when the code can stop, the entry saves every callee-saved
@@ -54,6 +59,9 @@ pub struct Frame {
     pub save_bytes: i32,
     /// Total bytes subtracted from sp: the save area, plus the stack block for the entry.
     pub size: i32,
+    /// Bytes of `size` subtracted after the saves: 0, or the stack block of an entry with
+    /// the uniform tail-call frame (saves on top, then the block below them).
+    pub below_saves: i32,
 }
 
 /// The whole program's frame plan.
@@ -130,12 +138,18 @@ pub fn plan(prog: &Program, mode: &CodegenMode, lim8: bool) -> Layout {
             if entry && mode.counts_budget() {
                 saves.push(BUDGET);
             }
+            let uniform = entry && mode.tail_calls;
+            if uniform {
+                // The uniform tail-call frame: see `TAIL_ENTRY_SKIP`.
+                saves = UNIFORM_SAVES.to_vec();
+            }
             let save_bytes = (saves.len() as i32 * 8 + 15) & !15;
             let size = save_bytes + if entry { block } else { 0 };
             Frame {
                 saves,
                 save_bytes,
                 size,
+                below_saves: if uniform { block } else { 0 },
             }
         })
         .collect();
@@ -157,6 +171,21 @@ pub fn plan(prog: &Program, mode: &CodegenMode, lim8: bool) -> Layout {
         },
     }
 }
+
+/// The entry saves of a program that makes tail calls (`CodegenMode::tail_calls`): the
+/// return address and every callee-saved register the code can use, always in this order,
+/// whatever the program uses, and above the stack block (which the other entries keep
+/// above their saves). With them, a tail call between two such programs releases only its
+/// block, leaves the saves in place for the target (its epilogue restores the host's
+/// registers from them) and jumps past its saves, as the kernel's JITs jump past the
+/// prologue of programs that all share one frame.
+const UNIFORM_SAVES: [u8; 13] = [RA, CTX_LIM8, S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11];
+
+/// Bytes from the entry of a program with the uniform frame to its tail entry: the save
+/// area's `addi sp`, one `sd` per [`UNIFORM_SAVES`] and `mv s6, a2` (env), 4 bytes each (15
+/// instructions). The prologue checks it. The tail entry reserves the block and sets
+/// `env` and `entry_sp` again (the same values), then the rest of the program's own entry.
+pub(crate) const TAIL_ENTRY_SKIP: u32 = 60;
 
 /// What the lowering reads beyond RFC 9669, for the entry's zeroing: r0 for every atomic
 /// (conservative: the fetch-and/or/xor loops keep r0's register live across them).
@@ -180,12 +209,34 @@ impl Codegen<'_> {
 impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn prologue(&mut self, k: usize) {
         let f = self.layout.frames[k].clone();
-        if f.size > 0 {
-            self.add_imm(SP, SP, -(f.size as i64), T0);
+        let start = self.e.pos();
+        let uniform = k == 0 && self.d.mode.tail_calls;
+        // The uniform frame's code up to its tail entry is the same bytes in every program,
+        // with or without the C extension: no compressed forms there.
+        let compressed = self.e.c;
+        self.e.c = compressed && !uniform;
+        let above = f.size - f.below_saves;
+        if above > 0 {
+            self.add_imm(SP, SP, -(above as i64), T0);
         }
-        // Saves sit at the bottom of the frame (small sp offsets: c.sdsp/c.ldsp reach them).
+        // Saves sit at the bottom of their area (small sp offsets: c.sdsp/c.ldsp reach them).
         for (slot, &r) in f.saves.iter().enumerate() {
             self.e.store(Mem::D, r, SP, slot as i32 * 8);
+        }
+        if uniform {
+            // env arrives in a2 (eBPF r3, zeroed below); a tail call keeps it.
+            self.e.mv(ENV, A2);
+            self.e.c = compressed;
+            // Other programs' tail calls land here: the code above must be the same
+            // instructions in every program with the uniform frame.
+            assert_eq!(
+                self.e.pos() - start,
+                TAIL_ENTRY_SKIP as usize,
+                "the uniform frame's saves changed size: update TAIL_ENTRY_SKIP"
+            );
+        }
+        if f.below_saves > 0 {
+            self.add_imm(SP, SP, -(f.below_saves as i64), T0);
         }
         let block = self.layout.block;
         if k != 0 {
@@ -197,12 +248,16 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         }
         if self.layout.can_stop {
             // env arrives in a2 (eBPF r3, zeroed below); keep it for the run, and record
-            // where a stop unwinds to.
-            self.e.mv(ENV, A2);
+            // where a stop unwinds to (below the block, which the epilogue releases first).
+            if !uniform {
+                self.e.mv(ENV, A2);
+            }
             self.e.store(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
         }
+        // The block: above the saves, or (uniform frame) below them.
+        let block_start = if f.below_saves > 0 { 0 } else { f.save_bytes };
         if block > 0 {
-            self.add_imm(S5, SP, f.size as i64, T0);
+            self.add_imm(S5, SP, (block_start + block) as i64, T0);
         }
         if self.d.mode.sandboxed() {
             self.e.load(Mem::D, CTX_START, ENV, PJ_ENV_CTX_START);
@@ -220,7 +275,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 // env.ctx_start.
                 self.e.mv(self.map(1), CTX_START);
             }
-            self.add_imm(STACK_START, SP, f.save_bytes as i64, T0);
+            self.add_imm(STACK_START, SP, block_start as i64, T0);
             self.e.li(STACK_LEN, block as i64);
             self.e.store(Mem::D, STACK_START, ENV, PJ_ENV_STACK_START);
             let end = if block > 0 { S5 } else { STACK_START };
@@ -258,12 +313,27 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     /// unconditional `jal`/`jalr`: nothing is emitted.
     fn speculation_barrier(&mut self) {}
 
-    fn tail_jump(&mut self) {
+    fn tail_entry_skip(&self) -> u32 {
+        TAIL_ENTRY_SKIP
+    }
+
+    fn tail_jump(&mut self, exit: FrameExit) {
+        if exit == FrameExit::TailEntry {
+            // env stays in s6 and the saves stay: only the block goes, then the entry's
+            // arguments again (a2, env, is not read there).
+            self.e.mv(T1, self.map(0));
+            self.leave_frame(0, exit);
+            self.e.load(Mem::D, A0, ENV, PJ_ENV_CTX_START);
+            self.e.load(Mem::D, A1, ENV, PJ_ENV_CTX_END);
+            self.e.rrr(R3::Sub, A1, A1, A0);
+            self.e.jump_reg(T1);
+            return;
+        }
         // t1 holds the target through the restores (caller-saved, no eBPF register, not the
         // t0 the frame's release may use); a2 (r3, dead after the call) holds env.
         self.e.mv(T1, self.map(0));
         self.e.mv(A2, ENV);
-        self.leave_frame(0, FrameExit::TailCall);
+        self.leave_frame(0, exit);
         self.e.load(Mem::D, A0, A2, PJ_ENV_CTX_START);
         self.e.load(Mem::D, A1, A2, PJ_ENV_CTX_END);
         self.e.rrr(R3::Sub, A1, A1, A0);
@@ -286,11 +356,19 @@ impl Codegen<'_> {
                 self.e.mv(A0, self.map(0));
             }
         }
+        if f.below_saves > 0 {
+            self.add_imm(SP, SP, f.below_saves as i64, T0);
+        }
+        if exit == FrameExit::TailEntry {
+            // The saves stay for the target, whose epilogue restores them.
+            return;
+        }
         for (slot, &r) in f.saves.iter().enumerate() {
             self.e.load(Mem::D, r, SP, slot as i32 * 8);
         }
-        if f.size > 0 {
-            self.add_imm(SP, SP, f.size as i64, T0);
+        let above = f.size - f.below_saves;
+        if above > 0 {
+            self.add_imm(SP, SP, above as i64, T0);
         }
     }
 }

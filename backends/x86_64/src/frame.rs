@@ -17,6 +17,11 @@
 //!  └──────────────────────────┘
 //! ```
 //!
+//! The entry of a program that makes tail calls has the uniform tail-call frame instead:
+//! all of rbp, rbx, r13–r15, r12 pushed, the pad, then env and entry_sp (`TAIL_ENTRY_SKIP`
+//! bytes, the same in every such program), so another such program's tail call jumps past
+//! them (`FrameExit::TailEntry`); there entry_sp is below the pad.
+//!
 //! The whole stack block is reserved once by the entry (none when no function reads r10), so
 //! the block is one contiguous region for the sandbox checks and zeroing it is one
 //! `rep stosq`. A bpf-to-bpf call is `sub rbp, 512 ; call f ; add rbp, 512`; callees
@@ -82,7 +87,10 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         .enumerate()
         .map(|(k, sp)| {
             let mut saved;
-            if k == 0 {
+            if k == 0 && mode.tail_calls {
+                // The uniform tail-call frame: see `TAIL_ENTRY_SKIP`.
+                saved = UNIFORM_SAVES.to_vec();
+            } else if k == 0 {
                 // A stop unwinds from any depth straight to the entry's pops, skipping the
                 // callees' restores: the entry saves every callee-saved register any
                 // function touches (and the rest of the time this costs only the pushes).
@@ -98,7 +106,8 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
                 saved = callee_saved_of(sp.writes);
             }
             // rsp ≡ 8 at every function entry; after n pushes it is 8 + 8n: odd n aligns.
-            let pad = sp.calls && saved.len() % 2 == 0;
+            // The uniform frame always has its pad (it is part of what tail calls skip).
+            let pad = (sp.calls || (k == 0 && mode.tail_calls)) && saved.len() % 2 == 0;
             SubFrame { saved, pad }
         })
         .collect();
@@ -113,6 +122,20 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
     }
 }
 
+/// The entry saves of a program that makes tail calls (`CodegenMode::tail_calls`): every
+/// callee-saved register the code can use, always in this order, whatever the program uses.
+/// With them, a tail call between two such programs leaves the saves in place for the
+/// target (its epilogue restores the host's registers from them) and jumps past its pushes,
+/// as the kernel's JITs jump past the prologue of programs that all share one frame.
+const UNIFORM_SAVES: [Gpr; 6] = [RBP, RBX, R13, R14, R15, ENV];
+
+/// Bytes from the entry of a program with the uniform frame to its tail entry: `endbr64`
+/// (4), the pushes of [`UNIFORM_SAVES`] (1 each for rbp and rbx, 2 each for r12–r15), the
+/// pad (`push rax`, 1), `mov r12, rdx` (3) and `mov [r12 + entry_sp], rsp` (5): what the
+/// caller's frame already holds (the same registers saved, `env`, `entry_sp`). The tail
+/// entry reserves the stack block and sets the registers as the program's own entry does.
+pub(crate) const TAIL_ENTRY_SKIP: u32 = 23;
+
 impl Codegen<'_> {
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
     pub(crate) fn bare_return(&self, k: usize) -> bool {
@@ -126,6 +149,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn prologue(&mut self, k: usize) {
         let plan = self.plan;
         let f = &plan.subs[k];
+        let start = self.e.pos();
         if k == 0 {
             // endbr64: the entry is reached by an indirect call from the host, which must
             // work under CET/IBT. Callees are reached only by direct `call`s.
@@ -134,13 +158,33 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         for &r in &f.saved {
             self.e.push(r);
         }
+        let uniform = k == 0 && self.d.mode.tail_calls;
+        if uniform {
+            // The pad first, then env and entry_sp (a stop unwinds to below the pad).
+            self.e.push_rax();
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov r12, rdx
+                    ; mov QWORD [BYTE r12 + ENTRY_SP8], rsp
+                )
+            });
+            // Other programs' tail calls land here: the code above must be the same bytes
+            // in every program with the uniform frame.
+            assert_eq!(
+                self.e.pos() - start,
+                TAIL_ENTRY_SKIP as usize,
+                "the uniform frame's saves changed size: update TAIL_ENTRY_SKIP"
+            );
+            // They land with an indirect `jmp`, which CET/IBT checks like the host's call.
+            self.e.endbr64();
+        }
         if k != 0 {
             if f.pad {
                 self.e.push_rax();
             }
             return;
         }
-        if self.plan.needs_env {
+        if self.plan.needs_env && !uniform {
             // env = the third argument; where a stop unwinds to: just above the pad and
             // the stack block.
             self.e.asm(2, |ops| {
@@ -150,7 +194,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 )
             });
         }
-        if f.pad {
+        if f.pad && !uniform {
             self.e.push_rax();
         }
         let block = self.plan.block;
@@ -200,10 +244,28 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         self.e.int3();
     }
 
-    fn tail_jump(&mut self) {
+    fn tail_entry_skip(&self) -> u32 {
+        TAIL_ENTRY_SKIP
+    }
+
+    fn tail_jump(&mut self, exit: FrameExit) {
+        if exit == FrameExit::TailEntry {
+            // env stays in r12 and the pad, entry_sp and the saves stay: only the stack
+            // block goes, then the entry's arguments again (rdx, env, is not read there).
+            self.leave_frame(0, exit);
+            self.e.asm(4, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov rdi, QWORD [BYTE r12 + CTX_START8]
+                    ; mov rsi, QWORD [BYTE r12 + CTX_END8]
+                    ; sub rsi, rdi
+                    ; jmp rax
+                )
+            });
+            return;
+        }
         // rdx (r3, dead: a call clobbered it) carries env past the restores of r12.
         self.mov_rr(Sz::B64, RDX, ENV);
-        self.leave_frame(0, FrameExit::TailCall);
+        self.leave_frame(0, exit);
         // The entry's arguments again: the run's context and env. rax (the target) and
         // rdx are caller-saved, so the restores above left them alone.
         self.e.asm(4, |ops| {
@@ -228,10 +290,20 @@ impl Codegen<'_> {
             // rbp = r10 is the entry's rsp before the block was reserved.
             self.mov_rr(Sz::B64, RSP, RBP);
         }
+        if exit == FrameExit::TailEntry {
+            // The pad and the saves stay for the target, whose epilogue restores them.
+            return;
+        }
+        // The uniform frame's entry_sp is below its pad: a stop lands before its pop.
+        let uniform = k == 0 && self.d.mode.tail_calls;
+        if uniform && exit == FrameExit::Return {
+            let l = self.entry_pops;
+            self.e.bind(l);
+        }
         if f.pad {
             self.e.pop_rcx(); // rcx (r4) is dead at a return
         }
-        if k == 0 && exit == FrameExit::Return {
+        if k == 0 && !uniform && exit == FrameExit::Return {
             let l = self.entry_pops;
             self.e.bind(l);
         }
