@@ -7,16 +7,39 @@ use packjit_runtime::{Error, ErrorKind};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
+/// The error for a NULL argument: out of line, so the checks every run makes stay a test
+/// and a branch.
+#[cold]
+#[inline(never)]
+fn null_arg(what: &str) -> Error {
+    invalid(format!("{what} is NULL"))
+}
+
+/// The error for a misaligned argument (out of line, as [`null_arg`]).
+#[cold]
+#[inline(never)]
+fn misaligned_arg(what: &str) -> Error {
+    invalid(format!("{what} is misaligned"))
+}
+
+/// The error for a run given a NULL context with a length (out of line, as [`null_arg`]).
+#[cold]
+#[inline(never)]
+pub(super) fn null_ctx(len: usize) -> Error {
+    invalid(format!("ctx is NULL but ctx_len is {len}"))
+}
+
 /// Checks a caller-provided pointer.
 ///
 /// # Safety
 /// `p` must be NULL or valid for reads of `T` for `'a`.
+#[inline]
 pub(super) unsafe fn arg<'a, T>(p: *const T, what: &str) -> Result<&'a T, Error> {
     if p.is_null() {
-        return Err(invalid(format!("{what} is NULL")));
+        return Err(null_arg(what));
     }
-    if p.cast::<u8>().align_offset(align_of::<T>()) != 0 {
-        return Err(invalid(format!("{what} is misaligned")));
+    if !p.is_aligned() {
+        return Err(misaligned_arg(what));
     }
     // SAFETY: non-null and aligned; validity is the caller's contract.
     Ok(unsafe { &*p })
@@ -26,12 +49,13 @@ pub(super) unsafe fn arg<'a, T>(p: *const T, what: &str) -> Result<&'a T, Error>
 ///
 /// # Safety
 /// `p` must be NULL or valid for writes of `T` for `'a`.
+#[inline]
 pub(super) unsafe fn out_arg<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, Error> {
     if p.is_null() {
-        return Err(invalid(format!("{what} is NULL")));
+        return Err(null_arg(what));
     }
-    if p.cast::<u8>().align_offset(align_of::<T>()) != 0 {
-        return Err(invalid(format!("{what} is misaligned")));
+    if !p.is_aligned() {
+        return Err(misaligned_arg(what));
     }
     // SAFETY: as above.
     Ok(unsafe { &mut *p })
@@ -43,10 +67,10 @@ pub(super) unsafe fn out_arg<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, 
 /// `p` must be NULL or point to at least 4 readable bytes.
 pub(super) unsafe fn check_size<T>(p: *const T, what: &str) -> Result<(), Error> {
     if p.is_null() {
-        return Err(invalid(format!("{what} is NULL")));
+        return Err(null_arg(what));
     }
-    if p.cast::<u8>().align_offset(align_of::<T>()) != 0 {
-        return Err(invalid(format!("{what} is misaligned")));
+    if !p.is_aligned() {
+        return Err(misaligned_arg(what));
     }
     // SAFETY: every versioned struct starts with a u32 struct_size.
     let size = unsafe { p.cast::<u32>().read() } as usize;

@@ -10,7 +10,7 @@ use super::{
 use core::ffi::{c_char, CStr};
 use packjit_runtime::maps::MapError;
 use packjit_runtime::{Error, ErrorKind, RunError, Stop};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Message capacity of the thread-local last error (longer messages are cut on a UTF-8
@@ -31,28 +31,46 @@ thread_local! {
     static LAST_ERROR: RefCell<LastError> = const {
         RefCell::new(LastError { code: PJ_OK, pc: -1, addr: 0, msg: [0; LAST_ERROR_LEN] })
     };
+    // Whether LAST_ERROR may hold anything but the cleared state: set before every write
+    // to it, cleared once it is cleared. A successful call (every run) then reads one flag
+    // instead of borrowing the 1 KiB buffer and comparing four fields (issue 43). A plain
+    // `Cell<bool>` with a const initialiser and no destructor: its access is a bare
+    // thread-pointer-relative load, with no lazy-registration check.
+    static LAST_ERROR_SET: Cell<bool> = const { Cell::new(false) };
 }
 
 fn set_last(code: i32, pc: i64, msg: &str) {
     set_last_fault(code, pc, 0, msg)
 }
 
-/// A successful call clears the last error; a run path calls this each time, so it writes
-/// only when there is something to clear.
+/// A successful call clears the last error; a run path calls this each time, so it reads
+/// one flag and writes only when there is something to clear.
+#[inline]
 fn set_last_ok() {
+    if LAST_ERROR_SET.get() {
+        clear_last();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn clear_last() {
     let _ = LAST_ERROR.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
-            if l.code != PJ_OK || l.pc != -1 || l.addr != 0 || l.msg[0] != 0 {
-                l.code = PJ_OK;
-                l.pc = -1;
-                l.addr = 0;
-                l.msg[0] = 0;
-            }
+            l.code = PJ_OK;
+            l.pc = -1;
+            l.addr = 0;
+            l.msg[0] = 0;
+            LAST_ERROR_SET.set(false);
         }
     });
 }
 
+#[cold]
+#[inline(never)]
 fn set_last_fault(code: i32, pc: i64, addr: u64, msg: &str) {
+    // Before the write: a flag that says "clear" must never hide a recorded error.
+    LAST_ERROR_SET.set(true);
     let _ = LAST_ERROR.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
             l.code = code;
@@ -94,6 +112,8 @@ fn run_status(e: &RunError) -> (i32, u64) {
     }
 }
 
+#[cold]
+#[inline(never)]
 fn record(f: &Failure) -> i32 {
     let (code, pc, addr, msg) = match f {
         Failure::Error(e) => (e.kind.code(), e.pc, 0, e.to_string()),
@@ -137,22 +157,35 @@ pub(super) fn boundary_run(what: &str, f: impl FnOnce() -> Result<(), Failure>) 
             set_last_ok();
             PJ_OK
         }
-        Err(e) => record(&e),
+        Err(e) => fail(e),
     }));
     match status {
         Ok(code) => code,
-        Err(p) => {
-            set_last(
-                PJ_ERR_PANIC,
-                -1,
-                &format!(
-                    "{what}: panic caught at the C boundary: {}",
-                    panic_message(&*p)
-                ),
-            );
-            PJ_ERR_PANIC
-        }
+        Err(p) => panicked(what, p),
     }
+}
+
+/// Records a failure and gives its status; out of line, so that the failure's construction,
+/// message and drop stay out of the success path every run takes.
+#[cold]
+#[inline(never)]
+fn fail(e: Failure) -> i32 {
+    record(&e)
+}
+
+/// Records a panic caught at the boundary.
+#[cold]
+#[inline(never)]
+fn panicked(what: &str, p: Box<dyn std::any::Any + Send>) -> i32 {
+    set_last(
+        PJ_ERR_PANIC,
+        -1,
+        &format!(
+            "{what}: panic caught at the C boundary: {}",
+            panic_message(&*p)
+        ),
+    );
+    PJ_ERR_PANIC
 }
 
 /// What a map operation (the functions that return a negative errno) fails with: a bad C

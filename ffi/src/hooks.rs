@@ -1,6 +1,6 @@
 //! Hooks (attach points) and batches of attach / detach operations.
 
-use super::args::{arg, bytes, out_arg};
+use super::args::{arg, bytes, null_ctx, out_arg};
 use super::error::{boundary, boundary_run, invalid};
 use super::options::{load_options, PackjitLoadOptions};
 use super::program::{program, PackjitProgram};
@@ -37,13 +37,24 @@ pub struct PackjitHookBatch {
 
 /// # Safety
 /// As `runtime`, for hooks.
+#[inline]
 unsafe fn hook<'a>(p: *const PackjitHook) -> Result<&'a PackjitHook, Error> {
     // SAFETY: forwarded.
     let h = unsafe { arg(p, "hook") }?;
     match h.magic.load(Ordering::Acquire) {
         HOOK_MAGIC => Ok(h),
-        DEAD_MAGIC => Err(invalid("hook was already destroyed")),
-        _ => Err(invalid("hook is not a PackjitHook handle")),
+        m => Err(bad_hook(m)),
+    }
+}
+
+/// Why a handle with the wrong magic is refused (out of line: runs check every handle).
+#[cold]
+#[inline(never)]
+fn bad_hook(magic: u64) -> Error {
+    if magic == DEAD_MAGIC {
+        invalid("hook was already destroyed")
+    } else {
+        invalid("hook is not a PackjitHook handle")
     }
 }
 
@@ -141,26 +152,26 @@ pub unsafe extern "C" fn packjit_hook_run(
         // SAFETY: caller contract.
         let r0 = unsafe { out_arg(r0, "r0") }?;
         if ctx.is_null() && ctx_len != 0 {
-            return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")).into());
+            return Err(null_ctx(ctx_len).into());
         }
-        let mem: &mut [u8] = if ctx_len == 0 {
-            &mut []
-        } else {
-            // SAFETY: caller contract: ctx is readable and writable for ctx_len bytes.
-            unsafe { std::slice::from_raw_parts_mut(ctx.cast(), ctx_len) }
-        };
-        match h.hook.run_pinned(mem, &pin) {
-            Some(r) => *r0 = r?,
-            None => {
-                return Err(Error::new(
-                    ErrorKind::NotExecutable,
-                    "no program is attached to the hook",
-                )
-                .into())
-            }
-        }
+        let prog = h.hook.attached_pinned(&pin).ok_or_else(nothing_attached)?;
+        // The program's own `Result`, as packjit_program_run gets it: `Hook::run_pinned`'s
+        // `Option<Result<..>>` failed a store-forward on every run (perf, issue 43).
+        // SAFETY: caller contract on ctx; the program is held by the pin taken before the
+        // handle was read.
+        *r0 = unsafe { prog.call_raw_pinned(ctx.cast(), ctx_len, &pin) }?;
         Ok(())
     })
+}
+
+/// The error for a run of an empty hook (out of line, as `bad_hook`).
+#[cold]
+#[inline(never)]
+fn nothing_attached() -> Error {
+    Error::new(
+        ErrorKind::NotExecutable,
+        "no program is attached to the hook",
+    )
 }
 
 /// Creates an empty batch.

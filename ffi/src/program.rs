@@ -1,7 +1,7 @@
 //! Programs: load, batch load, run, free (deferred, RCU-style), epoch brackets, info,
 //! native code and entry point.
 
-use super::args::{arg, bytes, check_size, fill_name, out_arg};
+use super::args::{arg, bytes, check_size, fill_name, null_ctx, out_arg};
 use super::error::{boundary, boundary_run, invalid};
 use super::options::{load_options, PackjitLoadOptions};
 use super::runtime::{runtime, PackjitRuntime, PENDING_HANDLES};
@@ -84,13 +84,25 @@ thread_local! {
 
 /// # Safety
 /// As `runtime`, for programs.
+// Inline: out of line, its `Result` came back through memory on every run (perf, issue 43).
+#[inline]
 pub(super) unsafe fn program<'a>(p: *const PackjitProgram) -> Result<&'a PackjitProgram, Error> {
     // SAFETY: forwarded.
     let prog = unsafe { arg(p, "program") }?;
     match prog.magic.load(Ordering::Acquire) {
         PROGRAM_MAGIC => Ok(prog),
-        DEAD_MAGIC => Err(invalid("program was already freed")),
-        _ => Err(invalid("program is not a PackjitProgram handle")),
+        m => Err(bad_program(m)),
+    }
+}
+
+/// Why a handle with the wrong magic is refused (out of line: runs check every handle).
+#[cold]
+#[inline(never)]
+fn bad_program(magic: u64) -> Error {
+    if magic == DEAD_MAGIC {
+        invalid("program was already freed")
+    } else {
+        invalid("program is not a PackjitProgram handle")
     }
 }
 
@@ -258,7 +270,7 @@ pub unsafe extern "C" fn packjit_program_run(
         // SAFETY: caller contract.
         let r0 = unsafe { out_arg(r0, "r0") }?;
         if ctx.is_null() && ctx_len != 0 {
-            return Err(invalid(format!("ctx is NULL but ctx_len is {ctx_len}")).into());
+            return Err(null_ctx(ctx_len).into());
         }
         // SAFETY: caller contract on ctx; the run is pinned since before the handle was read.
         *r0 = unsafe { p.prog.call_raw_pinned(ctx.cast(), ctx_len, &pin) }?;

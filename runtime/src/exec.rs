@@ -161,19 +161,23 @@ impl MemRegion {
 
 thread_local! {
     /// The environment of the program this thread is running (innermost, if a helper runs
-    /// another program), for [`helper_access_ok`].
-    static CURRENT_ENV: Cell<*mut PjExecEnv> = const { Cell::new(std::ptr::null_mut()) };
-    /// Whether that program is trusted (its helpers then take its pointers as they are).
-    static CURRENT_TRUSTED: Cell<bool> = const { Cell::new(false) };
+    /// another program), for [`helper_access_ok`], with [`TRUSTED_BIT`] set when that
+    /// program is trusted (its helpers then take its pointers as they are). One word, so a
+    /// run saves, sets and restores one thread-local instead of two (issue 43).
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
+/// Set in [`CURRENT`] for a trusted run; free because a `PjExecEnv` is 8-byte aligned.
+const TRUSTED_BIT: usize = 1;
+const _: () = assert!(std::mem::align_of::<PjExecEnv>() > TRUSTED_BIT);
+
 /// Restores the previous current environment when a run ends, even by unwinding.
-struct CurrentEnvGuard(*mut PjExecEnv, bool);
+struct CurrentEnvGuard(usize);
 
 impl Drop for CurrentEnvGuard {
+    #[inline]
     fn drop(&mut self) {
-        CURRENT_ENV.with(|c| c.set(self.0));
-        CURRENT_TRUSTED.with(|c| c.set(self.1));
+        CURRENT.set(self.0);
     }
 }
 
@@ -181,9 +185,7 @@ impl Drop for CurrentEnvGuard {
 /// [`helper_access_ok`] answers about the innermost run (the interpreter's) even when a
 /// JIT-compiled program's helper started it.
 pub(crate) fn without_jit_env<T>(f: impl FnOnce() -> T) -> T {
-    let previous = CURRENT_ENV.with(|c| c.replace(std::ptr::null_mut()));
-    let trusted = CURRENT_TRUSTED.with(|c| c.replace(false));
-    let _restore = CurrentEnvGuard(previous, trusted);
+    let _restore = CurrentEnvGuard(CURRENT.replace(0));
     f()
 }
 
@@ -219,9 +221,13 @@ pub(crate) unsafe fn run(
     // One pointer for the code and for the helpers it calls (a tail call writes the
     // regions, the maps and its count through it while the code runs).
     let env_ptr: *mut PjExecEnv = &mut env;
-    let previous = CURRENT_ENV.with(|c| c.replace(env_ptr));
-    let trusted = CURRENT_TRUSTED.with(|c| c.replace(trust == Trust::Trusted));
-    let _restore = CurrentEnvGuard(previous, trusted);
+    let current = env_ptr as usize
+        | if trust == Trust::Trusted {
+            TRUSTED_BIT
+        } else {
+            0
+        };
+    let _restore = CurrentEnvGuard(CURRENT.replace(current));
     // SAFETY: the caller guarantees `entry` is live code with this signature.
     let f: PjProgramEntry = unsafe { std::mem::transmute(entry as usize) };
     // SAFETY: as above; `env` outlives the call.
@@ -230,12 +236,26 @@ pub(crate) unsafe fn run(
     stop_to_result(unsafe { &*env_ptr }, r0)
 }
 
+/// Marks the branch that calls it unlikely, without moving the branch's own work out of
+/// line.
+///
+/// The runs' error paths are built in place (a `RunError` made by an out-of-line function
+/// comes back through memory, and the `Result` then stayed in memory on the success path
+/// too: a `Hook::run` read it back wider than it was written, a failed store-forward per
+/// run), but they must not shape the success path: inlined unmarked, the stop kinds became
+/// a jump table every run went through (perf, issue 43).
+#[cold]
+#[inline(never)]
+pub(crate) fn cold_path() {}
+
 /// `Ok(r0)` for a normal return, the stop recorded in `env` otherwise.
+#[inline]
 pub(crate) fn stop_to_result(env: &PjExecEnv, r0: u64) -> Result<u64, RunError> {
-    let pc = env.stop_pc as usize;
     if env.stop_kind == PJ_STOP_NONE {
         return Ok(r0);
     }
+    cold_path();
+    let pc = env.stop_pc as usize;
     let stop = match StopKind::from_code(env.stop_kind) {
         Some(StopKind::OutOfBounds) => Stop::OutOfBounds {
             pc,
@@ -265,7 +285,7 @@ pub(crate) fn stop_to_result(env: &PjExecEnv, r0: u64) -> Result<u64, RunError> 
 /// A helper that dereferences a pointer argument calls this first, so a sandboxed program
 /// cannot use the helper to reach memory it could not reach itself.
 pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool {
-    let env = CURRENT_ENV.with(|c| c.get());
+    let env = current_env();
     if env.is_null() {
         // No JIT run on this thread (an interpreted one clears the JIT's env for its
         // duration): ask the interpreter about its run, if one called us.
@@ -299,12 +319,12 @@ pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool
 /// runs. Valid until that run returns; the code reads and writes it too, but only while no
 /// helper it called runs.
 pub(crate) fn current_env() -> *mut PjExecEnv {
-    CURRENT_ENV.with(|c| c.get())
+    (CURRENT.get() & !TRUSTED_BIT) as *mut PjExecEnv
 }
 
 /// Is the program this thread runs (innermost JIT run) trusted? `false` outside runs.
 pub(crate) fn trusted_run() -> bool {
-    CURRENT_TRUSTED.with(|c| c.get())
+    CURRENT.get() & TRUSTED_BIT != 0
 }
 
 /// A fresh key for constant blinding, from the kernel's random source.
@@ -413,8 +433,7 @@ mod tests {
             stack_end: 0x8200,
             ..Default::default()
         };
-        let previous = CURRENT_ENV.with(|c| c.replace(&env as *const PjExecEnv as *mut PjExecEnv));
-        let _restore = CurrentEnvGuard(previous, false);
+        let _restore = CurrentEnvGuard(CURRENT.replace(&env as *const PjExecEnv as usize));
         let ok = |a, l, d| helper_access_ok(a, l, d);
         use AccessDirection::{Read, Write};
         assert!(ok(0x1000, 16, Write));

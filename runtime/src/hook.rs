@@ -149,6 +149,9 @@ impl Hook {
         // A run pin, not the epoch: a retired program is dropped at its arena's first call
         // after the epoch's grace period AND the end of the runs in progress then (see
         // `retire` and `run_pin`), so the program this load returns outlives the run.
+        // Not through `attached_pinned`: that shape made the optimiser copy the `Result`
+        // into the `Option` in pieces a wider load read back (a failed store-forward per
+        // run, perf).
         // SAFETY: `unprotected` only lends the load a guard; what keeps the program alive is
         // the run pin taken before the load (see above), not the guard.
         let shared = self.slot.load(Acquire, unsafe { epoch::unprotected() });
@@ -157,6 +160,24 @@ impl Hook {
         let budget = prog.budget.unwrap_or(u64::MAX);
         // SAFETY: `mem` is memory the program may read and write (a safe borrow).
         Some(unsafe { prog.run_pinned(mem.as_mut_ptr(), mem.len(), budget, pin) })
+    }
+
+    /// The attached program, for a run under `pin`: valid while both the hook and the pin
+    /// live. For a caller that wants the program's own `Result` rather than
+    /// [`run_pinned`](Self::run_pinned)'s `Option` of it (the C API: that `Option` was
+    /// written in 8-byte pieces and read back as one 16-byte block, a failed store-forward
+    /// on every `packjit_hook_run`; perf, issue 43).
+    #[inline]
+    pub fn attached_pinned<'a>(&'a self, _pin: &'a run_pin::RunPin) -> Option<&'a Program> {
+        // A run pin, not the epoch: a retired program is dropped at its arena's first call
+        // after the epoch's grace period AND the end of the runs in progress then (see
+        // `retire` and `run_pin`), so the program this load returns outlives the pin.
+        // SAFETY: `unprotected` only lends the load a guard; what keeps the program alive is
+        // the run pin taken before the load (see above), not the guard.
+        let shared = self.slot.load(Acquire, unsafe { epoch::unprotected() });
+        // SAFETY: non-null pointers in the slot are live Programs (see above), for as long
+        // as the pin is held.
+        unsafe { shared.as_ref() }
     }
 
     /// Id and name of the attached program.

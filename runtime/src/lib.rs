@@ -1535,10 +1535,12 @@ impl Program {
         }
     }
 
+    #[inline]
     fn check_executable(&self) -> Result<(), RunError> {
         if self.executable {
             return Ok(());
         }
+        exec::cold_path();
         Err(RunError::NotExecutable { arch: self.arch })
     }
 
