@@ -1227,6 +1227,7 @@ pub fn emit<'a, P: Pass<'a>>(
             let settled = match pass.branch_checks()? {
                 None => Settled::Done,
                 Some(checks) => {
+                    relax.reserve(checks.len());
                     for (site, form) in pass.emitted_forms() {
                         relax.form(site, form);
                     }

@@ -172,6 +172,7 @@ impl Placed {
 
 /// Where `f` is, and its displacement to its bound label, in the code after the widening
 /// that `forms` and `grown` describe.
+#[inline]
 fn place(
     labels: &dynasmrt::components::LabelRegistry,
     forms: &[Form],
@@ -182,6 +183,14 @@ fn place(
         .resolve_dynamic(f.label)
         .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
         .0;
+    if grown.is_empty() {
+        // The code as emitted (every pass's first check, and most programs' only one).
+        return Ok(Placed {
+            end: f.end as usize,
+            width: usize::from(f.width),
+            disp: target as i64 - i64::from(f.end),
+        });
+    }
     let end = moved(grown, f.end as usize);
     let width = if widened(forms, f) { 4 } else { f.width };
     Ok(Placed {
@@ -295,6 +304,11 @@ impl Assembler {
             anchored: false,
             grown: Vec::new(),
         }
+    }
+
+    /// Branch sites emitted so far (calls excluded).
+    pub fn sites(&self) -> usize {
+        self.sites
     }
 
     /// Current offset.

@@ -221,8 +221,10 @@ impl<'a> Pass<'a> for Codegen<'a> {
 
     fn emitted_forms(&self) -> Vec<(usize, Form)> {
         // Later passes start from the forms this one emitted (a guessed or far backward
-        // rel32 stays one).
-        self.e.emitted_forms().collect()
+        // rel32 stays one). Sized up front: a collected filter would regrow from empty.
+        let mut forms = Vec::with_capacity(self.e.sites());
+        forms.extend(self.e.emitted_forms());
+        forms
     }
 
     fn regrow(&mut self, forms: &[Form]) -> bool {
