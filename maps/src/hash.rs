@@ -1,23 +1,33 @@
 //! `BPF_MAP_TYPE_HASH`, `PERCPU_HASH`, `LRU_HASH` and `LRU_PERCPU_HASH`.
 //!
 //! Layout (all preallocated, as the kernel's default):
-//! * `heads`: one `AtomicU32` per bucket (a power of two >= `max_entries`), the index of the
-//!   first element of its chain or `NIL`.
-//! * `nodes`: per element `[next: u32 | hash: u32 | key, padded to 8]` — the chain link
-//!   next to the key, so a lookup of a small key touches one line per element.
+//! * `buckets`: one 64-byte line per bucket (a power of two >= `max_entries / 2`), holding
+//!   [`SLOTS`] elements inline as a key word and a link each, and the head of an overflow
+//!   chain for the rare bucket that holds more. The key word is the key itself for keys of
+//!   up to 8 bytes (zero-extended), so a lookup of such a key reads one bucket line, then
+//!   the value: one cache miss before the value's, as a Swiss table's group and entry.
+//!   Longer keys store their 64-bit hash there and compare the key in the element's node.
+//! * `nodes`: per element `[next: u32 | hash: u32 | key, padded to 8]`: the overflow chain's
+//!   link, the hash (the LRU sweep finds an element's bucket from it) and the key (for
+//!   iteration, and the compare of long keys and chained elements).
 //! * `values`: the value slab, per CPU for per-CPU maps (`[cpu][element]`), apart from all
 //!   bookkeeping: it is the only memory a program reaches through a value pointer.
 //! * a lock-free free list (Treiber stack with a generation tag against ABA) of element
 //!   indices; `pool = max_entries + spare` elements, so an update that replaces an element
 //!   finds a free one while the old copies wait out their grace period.
 //!
-//! Lookups take no lock: an element is filled while free, then published by a Release store
-//! of the link that points to it; lookups load links with Acquire. Writers serialise per
-//! bucket on striped spin locks. An element leaves a chain by a Release store of the link
-//! that pointed to it, and returns to the free list only after a crossbeam-epoch grace
-//! period, so a reader pinned on the default collector never sees an element reused under
-//! it; a value pointer a program got stays valid (and unchanged, except by programs) until
-//! the program's pin ends.
+//! Links (slots, chain heads, `next`) hold element index + 1, 0 for none, so zeroed memory
+//! is an empty table.
+//!
+//! Lookups take no lock. Writers serialise per bucket on striped spin locks. An element is
+//! filled while free, then published by a Release store of the link that points to it;
+//! lookups load links with Acquire. A slot's key word changes only while its link is 0, and
+//! an element leaves its slot or chain for good (it returns to the free list only after a
+//! crossbeam-epoch grace period, which a pinned reader holds back), so a reader that loads
+//! a slot's link, then its key word, then the same link again knows the word belongs to that
+//! element; a changed link (a replacement) makes it read the slot again. A reader pinned on
+//! the default collector never sees an element reused under it; a value pointer a program
+//! got stays valid (and unchanged, except by programs) until the program's pin ends.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -26,7 +36,30 @@ use crate::error::errno::{E2BIG, EEXIST, EINVAL, ENOENT, ENOMEM};
 use crate::mem::{atomic_u32s, bytes, round8, AllocError, Slab, SpinLock};
 use crate::{BPF_EXIST, BPF_F_LOCK, BPF_NOEXIST};
 
+/// "No element", as `find` returns it and in the free list.
 const NIL: u32 = u32::MAX;
+
+/// Elements held inline in a bucket line.
+pub(crate) const SLOTS: usize = 5;
+
+/// One bucket: a cache line. Slot `s` holds the link `slots[s]` (element + 1, 0 when the
+/// slot is empty) and, while the link is not 0, that element's key word `words[s]`; `chain`
+/// links the overflow elements through their nodes' `next`.
+#[repr(C, align(64))]
+struct Bucket {
+    words: [AtomicU64; SLOTS],
+    slots: [AtomicU32; SLOTS],
+    chain: AtomicU32,
+}
+
+/// Where a key's element is linked, found under its bucket's lock.
+enum Loc<'a> {
+    /// Inline, in this slot of the bucket.
+    Slot(usize),
+    /// In the overflow chain: this link (the bucket's `chain` or a node's `next`) points at
+    /// it; for a key not found, the link at the end of the chain.
+    Chain(&'a AtomicU32),
+}
 
 // Element states. Only LIVE is relied on (as a hint) by the LRU sweep; the chain itself,
 // walked under the bucket lock, is the truth.
@@ -71,7 +104,9 @@ pub(crate) struct HashTable {
     lru: bool,
     seed: u64,
     mask: usize,
-    heads: Box<[AtomicU32]>,
+    /// `nbuckets` [`Bucket`]s, 64-byte aligned.
+    buckets: Slab,
+    nbuckets: usize,
     locks: Box<[SpinLock]>,
     nodes: Slab,
     values: Slab,
@@ -119,12 +154,15 @@ impl HashTable {
             (16 * ncpu).max(256)
         } + RETIRE_BATCH;
         let pool = max + spare;
-        let nbuckets = max.next_power_of_two();
+        // Two elements per bucket on average when full: a bucket overflows its SLOTS
+        // inline elements rarely (about 1% of elements end up in chains).
+        let nbuckets = max.div_ceil(2).next_power_of_two();
         let nlocks = nbuckets.min(1024);
         let nstride = 8 + round8(key_size as usize);
         let vstride = round8(value_size as usize);
-        let nodes = Slab::zeroed(bytes(pool, nstride)?)?;
-        let values = Slab::zeroed(bytes(bytes(pool, vstride)?, cpus)?)?;
+        // Large tables in huge pages (see `Slab::zeroed_huge`): lookups read them at random.
+        let nodes = Slab::zeroed_huge(bytes(pool, nstride)?, 8)?;
+        let values = Slab::zeroed_huge(bytes(bytes(pool, vstride)?, cpus)?, 8)?;
         let free_next = atomic_u32s(pool, NIL)?;
         let mut state = Vec::new();
         state
@@ -154,7 +192,11 @@ impl HashTable {
             lru,
             seed,
             mask: nbuckets - 1,
-            heads: atomic_u32s(nbuckets, NIL)?,
+            buckets: Slab::zeroed_huge(
+                bytes(nbuckets, std::mem::size_of::<Bucket>())?,
+                std::mem::align_of::<Bucket>(),
+            )?,
+            nbuckets,
             locks: (0..nlocks).map(|_| SpinLock::new()).collect(),
             nodes,
             values,
@@ -267,61 +309,182 @@ impl HashTable {
         }
     }
 
-    /// Lock-free chain walk.
+    #[inline(always)]
+    fn bucket(&self, b: usize) -> &Bucket {
+        debug_assert!(b < self.nbuckets);
+        // SAFETY: b < nbuckets (callers mask or bound it); the slab holds nbuckets zeroed,
+        // 64-aligned Buckets (all-zero atomics are valid), alive as long as self.
+        unsafe { &*self.buckets.ptr().cast::<Bucket>().add(b) }
+    }
+
+    /// The word a bucket slot holds for this key: the key zero-extended (keys of up to 8
+    /// bytes), else its hash.
+    ///
+    /// # Safety
+    /// `key` points to key_size readable bytes.
+    #[inline(always)]
+    unsafe fn key_word(&self, key: *const u8, h: u64) -> u64 {
+        // SAFETY: key_size readable bytes.
+        unsafe {
+            match self.key_size {
+                4 => key.cast::<u32>().read_unaligned() as u64,
+                8 => key.cast::<u64>().read_unaligned(),
+                n if n < 8 => {
+                    let mut w = [0u8; 8];
+                    std::ptr::copy_nonoverlapping(key, w.as_mut_ptr(), n);
+                    u64::from_ne_bytes(w)
+                }
+                _ => h,
+            }
+        }
+    }
+
+    /// Slot `s` of `b`, whose word was seen equal to `word`: its element if it holds the
+    /// key, validated as the module doc says (link, word, same link again); `None` if the
+    /// slot is empty or holds another key.
+    ///
+    /// # Safety
+    /// As `find`.
+    #[inline(always)]
+    unsafe fn slot_match(
+        &self,
+        b: &Bucket,
+        s: usize,
+        word: u64,
+        key: *const u8,
+        h: u64,
+    ) -> Option<u32> {
+        loop {
+            // Acquire: the element's node and value, and the word stored before the link.
+            let l = b.slots[s].load(Acquire);
+            // Acquire: orders the link's second load after the word's.
+            if l == 0 || b.words[s].load(Acquire) != word {
+                return None;
+            }
+            if b.slots[s].load(Relaxed) == l {
+                let i = l - 1;
+                // Long keys: the word is the hash; the node has the key (immutable while
+                // the pin holds the element).
+                // SAFETY: forwarded from the caller; i is published.
+                let same = self.key_size <= 8 || unsafe { self.key_eq(i, key, h) };
+                return same.then_some(i);
+            }
+            // Replaced meanwhile (same key, a fresh element): read the slot again.
+        }
+    }
+
+    /// The overflow chain of `b`: the element with the key, or NIL.
+    ///
+    /// # Safety
+    /// As `find`.
+    #[inline(never)]
+    unsafe fn find_chained(&self, b: &Bucket, key: *const u8, h: u64) -> u32 {
+        let mut l = b.chain.load(Acquire);
+        while l != 0 {
+            let i = l - 1;
+            // SAFETY: forwarded from the caller; i was published by a Release link store.
+            if unsafe { self.key_eq(i, key, h) } {
+                return i;
+            }
+            l = self.next(i).load(Acquire);
+        }
+        NIL
+    }
+
+    /// Lock-free lookup: the bucket's slots, then its overflow chain.
     ///
     /// # Safety
     /// As `key_eq`; the caller is pinned on the default epoch collector.
     #[inline(always)]
     unsafe fn find(&self, key: *const u8, h: u64) -> u32 {
-        // SAFETY: bucket_of masks into heads' power-of-two length.
-        let mut i = unsafe { self.heads.get_unchecked(self.bucket_of(h)) }.load(Acquire);
-        while i != NIL {
-            // SAFETY: forwarded from the caller; i was published by a Release link store.
-            if unsafe { self.key_eq(i, key, h) } {
-                return i;
+        let b = self.bucket(self.bucket_of(h));
+        // SAFETY: forwarded from the caller.
+        let word = unsafe { self.key_word(key, h) };
+        for s in 0..SLOTS {
+            if b.words[s].load(Relaxed) == word {
+                // SAFETY: forwarded from the caller.
+                if let Some(i) = unsafe { self.slot_match(b, s, word, key, h) } {
+                    return i;
+                }
             }
-            i = self.next(i).load(Acquire);
         }
-        NIL
+        if b.chain.load(Relaxed) == 0 {
+            return NIL;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.find_chained(b, key, h) }
     }
 
     /// `find` for the 4- and 8-byte keys that dominate eBPF maps, monomorphised: one load
-    /// of the key, and one compare per element, with nothing decided per element.
+    /// of the key, the hash, and compares of the bucket's words, with nothing decided per
+    /// slot but the compare.
     ///
     /// # Safety
     /// As `find`, with `size_of::<W>() == key_size`.
     #[inline(always)]
     unsafe fn find_word<W: Copy + Eq + Into<u64>>(&self, key: *const u8) -> u32 {
         // SAFETY: key_size == size_of::<W>() readable bytes.
-        let k = unsafe { key.cast::<W>().read_unaligned() };
-        let h = mix(k.into() ^ self.seed);
-        // SAFETY: bucket_of masks into heads' power-of-two length.
-        let mut i = unsafe { self.heads.get_unchecked(self.bucket_of(h)) }.load(Acquire);
-        while i != NIL {
-            // SAFETY: the node's key is 8-aligned and published (Acquire link load above).
-            if unsafe { self.key_ptr(i).cast::<W>().read() } == k {
-                return i;
+        let word: u64 = unsafe { key.cast::<W>().read_unaligned() }.into();
+        let h = mix(word ^ self.seed);
+        let b = self.bucket(self.bucket_of(h));
+        for s in 0..SLOTS {
+            if b.words[s].load(Relaxed) == word {
+                // SAFETY: forwarded from the caller.
+                if let Some(i) = unsafe { self.slot_match(b, s, word, key, h) } {
+                    return i;
+                }
             }
-            i = self.next(i).load(Acquire);
         }
-        NIL
+        if b.chain.load(Relaxed) == 0 {
+            return NIL;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.find_chained(b, key, h) }
     }
 
-    /// Under the bucket lock: the link pointing at the key's element (or at NIL) and the
-    /// element.
+    /// Under the bucket lock: where the key's element is linked and the element, or, for a
+    /// key not found, NIL with the end of the chain; and a free slot of the bucket, if any.
     ///
     /// # Safety
     /// As `key_eq`; the caller holds the bucket's lock.
-    unsafe fn find_locked(&self, key: *const u8, h: u64) -> (&AtomicU32, u32) {
-        let mut link = &self.heads[self.bucket_of(h)];
-        loop {
-            // Relaxed: every writer of these links holds the lock we hold.
-            let i = link.load(Relaxed);
-            // SAFETY: forwarded from the caller.
-            if i == NIL || unsafe { self.key_eq(i, key, h) } {
-                return (link, i);
+    unsafe fn find_locked(&self, key: *const u8, h: u64) -> (Loc<'_>, u32, Option<usize>) {
+        let b = self.bucket(self.bucket_of(h));
+        // SAFETY: forwarded from the caller.
+        let word = unsafe { self.key_word(key, h) };
+        let mut free = None;
+        for s in 0..SLOTS {
+            // Relaxed: every writer of the bucket holds the lock we hold.
+            let l = b.slots[s].load(Relaxed);
+            if l == 0 {
+                free = free.or(Some(s));
+                continue;
             }
-            link = self.next(i);
+            // Long keys: the word is the hash; the node has the key.
+            let same = b.words[s].load(Relaxed) == word
+                && (self.key_size <= 8 ||
+                    // SAFETY: forwarded from the caller; the element is linked.
+                    unsafe { self.key_eq(l - 1, key, h) });
+            if same {
+                return (Loc::Slot(s), l - 1, free);
+            }
+        }
+        let mut link = &b.chain;
+        loop {
+            let l = link.load(Relaxed);
+            // SAFETY: forwarded from the caller.
+            if l == 0 || unsafe { self.key_eq(l - 1, key, h) } {
+                return (Loc::Chain(link), l.wrapping_sub(1), free);
+            }
+            link = self.next(l - 1);
+        }
+    }
+
+    /// Unlinks element `i` from `loc` (bucket `b`, lock held). Release: a reader that
+    /// loads the changed link sees a consistent successor chain.
+    fn unlink(&self, b: &Bucket, loc: Loc<'_>, i: u32) {
+        match loc {
+            Loc::Slot(s) => b.slots[s].store(0, Release),
+            Loc::Chain(link) => link.store(self.next(i).load(Relaxed), Release),
         }
     }
 
@@ -349,6 +512,37 @@ impl HashTable {
         if i == NIL {
             return std::ptr::null_mut();
         }
+        self.referenced(i);
+        self.value_ptr(i, cpu)
+    }
+
+    /// `lookup` for a map whose values are shared (not per-CPU) with `W`-sized keys, for
+    /// callers that checked both once (a program's call site bound to this map): no
+    /// dispatch on the key size, no CPU.
+    ///
+    /// # Safety
+    /// As `lookup`, with `size_of::<W>() == key_size` and `!percpu`.
+    #[inline(always)]
+    pub unsafe fn lookup_shared_word<W: Copy + Eq + Into<u64>>(&self, key: *const u8) -> *mut u8 {
+        debug_assert!(std::mem::size_of::<W>() == self.key_size && !self.percpu);
+        // SAFETY: forwarded from the caller.
+        let i = unsafe { self.find_word::<W>(key) };
+        if i == NIL {
+            return std::ptr::null_mut();
+        }
+        self.referenced(i);
+        // SAFETY: i < pool: inside the (one CPU's) value slab.
+        unsafe { self.values.ptr().add(i as usize * self.vstride) }
+    }
+
+    /// Whether `lookup_shared_word::<W>` serves this table.
+    pub fn is_shared_word<W>(&self) -> bool {
+        !self.percpu && self.key_size == std::mem::size_of::<W>()
+    }
+
+    /// An LRU lookup marks the element referenced.
+    #[inline(always)]
+    fn referenced(&self, i: u32) {
         if self.lru {
             // Test before set: a hot key's bit stays set, so lookups do not keep dirtying
             // its cache line. Relaxed: the bit is a hint for the sweep, nothing hangs on it.
@@ -357,7 +551,6 @@ impl HashTable {
                 r.store(1, Relaxed);
             }
         }
-        self.value_ptr(i, cpu)
     }
 
     /// Writes the value(s) into element `i`: CPU c's only (`Some(c)`), or every CPU's from
@@ -574,7 +767,8 @@ impl HashTable {
             }
             let guard = self.lock_bucket(h);
             // SAFETY: bucket lock held; key readable.
-            let (link, old) = unsafe { self.find_locked(key, h) };
+            let (loc, old, free) = unsafe { self.find_locked(key, h) };
+            let b = self.bucket(self.bucket_of(h));
             let err = if old != NIL && flags & BPF_NOEXIST != 0 {
                 -(EEXIST as i64)
             } else if old == NIL && flags & BPF_EXIST != 0 {
@@ -605,8 +799,6 @@ impl HashTable {
                     }
                     return 0;
                 }
-                self.next(fresh)
-                    .store(self.next(old).load(Relaxed), Relaxed);
                 self.state[fresh as usize].store(LIVE, Relaxed);
                 if self.lru {
                     // A new element starts unreferenced, as the kernel's LRU node: only a
@@ -614,8 +806,16 @@ impl HashTable {
                     self.refbit[fresh as usize].store(0, Relaxed);
                 }
                 // Release: the fresh element's key and value are visible to any reader that
-                // loads this link. Readers already on `old` continue down its intact chain.
-                link.store(fresh, Release);
+                // loads this link. Readers already on `old` continue down its intact chain;
+                // readers of a slot see the same word with a changed link and read it again.
+                match loc {
+                    Loc::Slot(s) => b.slots[s].store(fresh + 1, Release),
+                    Loc::Chain(link) => {
+                        self.next(fresh)
+                            .store(self.next(old).load(Relaxed), Relaxed);
+                        link.store(fresh + 1, Release);
+                    }
+                }
                 self.state[old as usize].store(RETIRED, Relaxed);
                 drop(guard);
                 self.retire(old);
@@ -665,14 +865,25 @@ impl HashTable {
                     -(E2BIG as i64)
                 };
             }
-            let head = &self.heads[self.bucket_of(h)];
-            self.next(elem).store(head.load(Relaxed), Relaxed);
             self.state[elem as usize].store(LIVE, Relaxed);
             if self.lru {
                 self.refbit[elem as usize].store(0, Relaxed);
             }
-            // Release publishes key, hash, value and next together.
-            head.store(elem, Release);
+            match free {
+                Some(s) => {
+                    // The word first (Release: after the slot's clearing, for a reader
+                    // that validates against the link), then the link that publishes key,
+                    // hash and value.
+                    // SAFETY: key_size readable bytes.
+                    b.words[s].store(unsafe { self.key_word(key, h) }, Release);
+                    b.slots[s].store(elem + 1, Release);
+                }
+                None => {
+                    self.next(elem).store(b.chain.load(Relaxed), Relaxed);
+                    // Release publishes key, hash, value and next together.
+                    b.chain.store(elem + 1, Release);
+                }
+            }
             return 0;
         }
     }
@@ -686,12 +897,11 @@ impl HashTable {
         let h = unsafe { self.hash_key(key) };
         let guard = self.lock_bucket(h);
         // SAFETY: lock held.
-        let (link, i) = unsafe { self.find_locked(key, h) };
+        let (loc, i, _) = unsafe { self.find_locked(key, h) };
         if i == NIL {
             return -(ENOENT as i64);
         }
-        // Release: readers that load the link see a consistent successor chain.
-        link.store(self.next(i).load(Relaxed), Release);
+        self.unlink(self.bucket(self.bucket_of(h)), loc, i);
         self.state[i as usize].store(RETIRED, Relaxed);
         self.count.fetch_sub(1, Relaxed);
         drop(guard);
@@ -721,24 +931,34 @@ impl HashTable {
                 continue;
             }
             // The stored hash may be stale if the element was recycled since the state
-            // load; finding `i` itself in the chain under the lock is what decides.
+            // load; finding `i` itself in the bucket under the lock is what decides.
             let h = self.hash_of(i).load(Relaxed) as u64;
             let guard = self.lock_bucket(h);
-            let mut link = &self.heads[self.bucket_of(h)];
-            loop {
-                let j = link.load(Relaxed);
-                if j == NIL {
-                    break;
+            let b = self.bucket(self.bucket_of(h));
+            let slot = (0..SLOTS).find(|&s| b.slots[s].load(Relaxed) == i + 1);
+            let loc = match slot {
+                Some(s) => Some(Loc::Slot(s)),
+                None => {
+                    let mut link = &b.chain;
+                    loop {
+                        let l = link.load(Relaxed);
+                        if l == 0 {
+                            break None;
+                        }
+                        if l == i + 1 {
+                            break Some(Loc::Chain(link));
+                        }
+                        link = self.next(l - 1);
+                    }
                 }
-                if j == i {
-                    link.store(self.next(i).load(Relaxed), Release);
-                    self.state[i as usize].store(RETIRED, Relaxed);
-                    drop(guard);
-                    drop(hand);
-                    self.retire(i);
-                    return true;
-                }
-                link = self.next(j);
+            };
+            if let Some(loc) = loc {
+                self.unlink(b, loc, i);
+                self.state[i as usize].store(RETIRED, Relaxed);
+                drop(guard);
+                drop(hand);
+                self.retire(i);
+                return true;
             }
         }
         false
@@ -776,18 +996,55 @@ impl HashTable {
     }
 
     fn key_vec(&self, i: u32) -> Vec<u8> {
-        // SAFETY: i is linked (reached from a chain under a pin); its key is not written.
+        // SAFETY: i is linked (reached from a bucket under a pin); its key is not written.
         unsafe { std::slice::from_raw_parts(self.key_ptr(i), self.key_size) }.to_vec()
     }
 
-    fn first_from(&self, bucket: usize) -> Option<Vec<u8>> {
-        for b in bucket..self.heads.len() {
-            let i = self.heads[b].load(Acquire);
-            if i != NIL {
-                return Some(self.key_vec(i));
+    /// The first element of bucket `b` after position `after`, with its own position.
+    /// Positions: 0 is the bucket's start; `s + 1` slot `s`; `SLOTS + 1 + i` chained
+    /// element `i` (the walk goes on from its `next`, which a deleted element keeps until
+    /// its grace period ends). Bucket order: the slots, then the chain. A forged position
+    /// gives some other walk, never an access outside the table (indices are bounded).
+    fn next_in_bucket(&self, b: usize, after: u32) -> Option<(u32, u32)> {
+        let bk = self.bucket(b);
+        let l = if after as usize <= SLOTS {
+            for s in after as usize..SLOTS {
+                let l = bk.slots[s].load(Acquire);
+                if l != 0 {
+                    return Some((l - 1, s as u32 + 1));
+                }
             }
+            bk.chain.load(Acquire)
+        } else {
+            let i = after - SLOTS as u32 - 1;
+            if i as usize >= self.pool {
+                return None;
+            }
+            self.next(i).load(Acquire)
+        };
+        (l != 0).then(|| (l - 1, SLOTS as u32 + l))
+    }
+
+    /// The position (as `next_in_bucket`'s) of element `i` in bucket `b`, if it is there.
+    fn position_of(&self, b: usize, i: u32) -> Option<u32> {
+        let bk = self.bucket(b);
+        if let Some(s) = (0..SLOTS).find(|&s| bk.slots[s].load(Acquire) == i + 1) {
+            return Some(s as u32 + 1);
+        }
+        let mut l = bk.chain.load(Acquire);
+        while l != 0 {
+            if l == i + 1 {
+                return Some(SLOTS as u32 + l);
+            }
+            l = self.next(l - 1).load(Acquire);
         }
         None
+    }
+
+    fn first_from(&self, bucket: usize) -> Option<Vec<u8>> {
+        (bucket..self.nbuckets)
+            .find_map(|b| self.next_in_bucket(b, 0))
+            .map(|(i, _)| self.key_vec(i))
     }
 
     /// Kernel `htab_map_get_next_key`: the element after `key` in bucket order; no key or a
@@ -804,66 +1061,66 @@ impl HashTable {
         if i == NIL {
             return self.first_from(0);
         }
-        let n = self.next(i).load(Acquire);
-        if n != NIL {
+        let b = self.bucket_of(h);
+        // Gone meanwhile (a concurrent delete): go on with the next bucket.
+        if let Some((n, _)) = self
+            .position_of(b, i)
+            .and_then(|at| self.next_in_bucket(b, at))
+        {
             return Some(self.key_vec(n));
         }
-        self.first_from(self.bucket_of(h) + 1)
+        self.first_from(b + 1)
+    }
+
+    /// Visits every element in bucket order until `f` returns false.
+    fn walk(&self, mut f: impl FnMut(u32) -> bool) {
+        for b in 0..self.nbuckets {
+            let mut at = 0;
+            while let Some((i, next)) = self.next_in_bucket(b, at) {
+                if !f(i) {
+                    return;
+                }
+                at = next;
+            }
+        }
     }
 
     /// Every key, in bucket order, each once.
     pub fn keys(&self) -> Vec<Vec<u8>> {
         let _pin = crossbeam_epoch::pin();
         let mut out = Vec::new();
-        for head in self.heads.iter() {
-            let mut i = head.load(Acquire);
-            while i != NIL {
-                out.push(self.key_vec(i));
-                i = self.next(i).load(Acquire);
-            }
-        }
+        self.walk(|i| {
+            out.push(self.key_vec(i));
+            true
+        });
         out
     }
 
     /// One step of `bpf_for_each_map_elem` run by a program: the element after `cursor`
     /// (0: the first), its key copied to `key_out` and CPU `cpu`'s value returned, with the
-    /// cursor to continue from; null at the end. The cursor is `bucket << 32 | (element +
-    /// 1)` of the element just visited, and the walk goes on from that element's link, as
-    /// the kernel's RCU walk does: an element deleted (by the callback, say) since it was
-    /// visited still links to the rest of its chain until its grace period ends, which the
-    /// caller's pin holds back. A forged cursor gives some other walk, never an access
-    /// outside the table (indices are bounded).
+    /// cursor to continue from; null at the end. The cursor is `bucket << 32 | position` of
+    /// the element just visited (see `next_in_bucket`), so an element deleted (by the
+    /// callback, say) since it was visited does not end or skip the walk, as the kernel's
+    /// RCU walk; the caller's pin holds back the grace period a chained element's link
+    /// needs.
     ///
     /// # Safety
     /// `key_out` has key_size writable bytes; the caller is pinned on the default epoch
     /// collector from the first step to its use of the last value; `cpu < cpus`.
     pub unsafe fn iter_next(&self, cursor: u64, key_out: *mut u8, cpu: usize) -> (*mut u8, u64) {
         let mut bucket = (cursor >> 32) as usize;
-        let after = cursor as u32;
-        let mut i = if after == 0 || after as usize > self.pool {
-            NIL
-        } else {
-            self.next(after - 1).load(Acquire)
-        };
-        if after == 0 && bucket < self.heads.len() {
-            i = self.heads[bucket].load(Acquire);
-        }
-        loop {
-            if i != NIL {
+        let mut after = cursor as u32;
+        while bucket < self.nbuckets {
+            if let Some((i, at)) = self.next_in_bucket(bucket, after) {
                 // SAFETY: i was reached through Acquire link loads under the caller's pin, so
                 // its key is not rewritten; key_out has key_size bytes.
                 unsafe { std::ptr::copy_nonoverlapping(self.key_ptr(i), key_out, self.key_size) };
-                return (
-                    self.value_ptr(i, cpu),
-                    (bucket as u64) << 32 | (i as u64 + 1),
-                );
+                return (self.value_ptr(i, cpu), (bucket as u64) << 32 | at as u64);
             }
             bucket += 1;
-            if bucket >= self.heads.len() {
-                return (std::ptr::null_mut(), cursor);
-            }
-            i = self.heads[bucket].load(Acquire);
+            after = 0;
         }
+        (std::ptr::null_mut(), cursor)
     }
 
     /// `bpf_for_each_map_elem`: f(key copy, CPU `cpu`'s value) per element until it returns
@@ -873,20 +1130,163 @@ impl HashTable {
         let _pin = crossbeam_epoch::pin();
         let mut key = vec![0u8; self.key_size];
         let mut n = 0;
-        for head in self.heads.iter() {
-            let mut i = head.load(Acquire);
-            while i != NIL {
-                // SAFETY: i is reachable under our pin, so its key is not rewritten.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(self.key_ptr(i), key.as_mut_ptr(), self.key_size)
-                };
-                n += 1;
-                if !f(key.as_ptr(), self.value_ptr(i, cpu)) {
-                    return n;
-                }
-                i = self.next(i).load(Acquire);
-            }
-        }
+        self.walk(|i| {
+            // SAFETY: i is reachable under our pin, so its key is not rewritten.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.key_ptr(i), key.as_mut_ptr(), self.key_size)
+            };
+            n += 1;
+            f(key.as_ptr(), self.value_ptr(i, cpu))
+        });
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// A table whose keys all land in bucket 0 (mask 0): SLOTS inline, the rest chained, so
+    /// every operation meets both kinds of link.
+    fn one_bucket(key_size: u32, max: u32) -> Arc<HashTable> {
+        let mut t = HashTable::new("one", key_size, 8, max, false, false, 1).unwrap();
+        t.mask = 0;
+        Arc::new(t)
+    }
+
+    fn key(k: u64, size: u32) -> Vec<u8> {
+        let mut v = k.to_le_bytes().to_vec();
+        v.resize(size as usize, 0x5a);
+        v
+    }
+
+    fn get(t: &HashTable, k: &[u8]) -> Option<u64> {
+        t.read(k)
+            .map(|v| u64::from_le_bytes(v[..8].try_into().unwrap()))
+    }
+
+    #[test]
+    fn slots_and_overflow_chain_follow_a_model() {
+        // 4, 8 (word keys), 3 (a short word key) and 12 (hashed: the word is the hash).
+        for key_size in [4u32, 8, 3, 12] {
+            let t = one_bucket(key_size, 24);
+            let mut model = BTreeMap::new();
+            let mut x = 0x2545_F491_4F6C_DD1Du64 ^ key_size as u64;
+            let mut chained_seen = false;
+            for step in 0..4000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = key(x % 40, key_size);
+                let v = step.to_le_bytes();
+                // Host updates, unpinned: they wait for replaced elements' grace periods
+                // instead of failing when churn has used up the spares.
+                match x % 3 {
+                    0 | 1 => {
+                        // SAFETY: key_size and 8 readable bytes.
+                        let rc = unsafe { t.update(k.as_ptr(), v.as_ptr(), 0, None) };
+                        if model.len() < 24 || model.contains_key(&k) {
+                            assert_eq!(rc, 0, "size {key_size} step {step}");
+                            model.insert(k.clone(), step);
+                        } else {
+                            assert_eq!(rc, -(E2BIG as i64), "size {key_size} step {step}");
+                        }
+                    }
+                    _ => {
+                        // SAFETY: key_size readable bytes.
+                        let rc = unsafe { t.delete(k.as_ptr()) };
+                        let want = if model.remove(&k).is_some() {
+                            0
+                        } else {
+                            -(ENOENT as i64)
+                        };
+                        assert_eq!(rc, want, "size {key_size} step {step}");
+                    }
+                }
+                assert_eq!(
+                    get(&t, &k),
+                    model.get(&k).copied(),
+                    "size {key_size} step {step}"
+                );
+                chained_seen |= t.bucket(0).chain.load(Relaxed) != 0;
+                if step % 97 == 0 {
+                    let _pin = crossbeam_epoch::pin();
+                    for (mk, mv) in &model {
+                        assert_eq!(get(&t, mk), Some(*mv));
+                        // SAFETY: key_size readable bytes; pinned.
+                        let p = unsafe { t.lookup(mk.as_ptr(), 0) };
+                        // SAFETY: a value has 8 bytes.
+                        assert_eq!(unsafe { p.cast::<u64>().read() }, *mv);
+                    }
+                    // next_key walks every key once, in the order keys() and for_each give.
+                    let mut walked = Vec::new();
+                    let mut cur: Option<Vec<u8>> = None;
+                    while let Some(n) = t.next_key(cur.as_deref()) {
+                        walked.push(n.clone());
+                        assert!(walked.len() <= model.len(), "next_key loops");
+                        cur = Some(n);
+                    }
+                    assert_eq!(walked, t.keys());
+                    let mut each = Vec::new();
+                    t.for_each(0, &mut |k, _| {
+                        // SAFETY: the key copy has key_size bytes during the call.
+                        each.push(
+                            unsafe { std::slice::from_raw_parts(k, key_size as usize) }.to_vec(),
+                        );
+                        true
+                    });
+                    assert_eq!(walked, each);
+                    let mut sorted = walked.clone();
+                    sorted.sort();
+                    assert_eq!(sorted, model.keys().cloned().collect::<Vec<_>>());
+                }
+            }
+            assert!(chained_seen, "size {key_size}: the overflow chain was used");
+        }
+    }
+
+    #[test]
+    fn iteration_steps_survive_deleting_the_current_element() {
+        let t = one_bucket(8, 16);
+        let _pin = crossbeam_epoch::pin();
+        for k in 0..16u64 {
+            let (k, v) = (k.to_le_bytes(), [1u8; 8]);
+            // SAFETY: 8 readable bytes each.
+            assert_eq!(unsafe { t.update(k.as_ptr(), v.as_ptr(), 0, None) }, 0);
+        }
+        let (mut cursor, mut seen) = (0, Vec::new());
+        let mut key = [0u8; 8];
+        loop {
+            // SAFETY: 8 writable bytes; pinned.
+            let (v, next) = unsafe { t.iter_next(cursor, key.as_mut_ptr(), 0) };
+            if v.is_null() {
+                break;
+            }
+            seen.push(u64::from_le_bytes(key));
+            // SAFETY: 8 readable bytes.
+            assert_eq!(unsafe { t.delete(key.as_ptr()) }, 0);
+            cursor = next;
+        }
+        seen.sort();
+        assert_eq!(seen, (0..16).collect::<Vec<_>>());
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn huge_tables_are_zeroed_and_usable() {
+        // 1 Mi entries: buckets, nodes and values are huge-page mappings.
+        let t = Arc::new(HashTable::new("big", 8, 8, 1 << 20, false, false, 1).unwrap());
+        assert!(t.buckets.len() >= 2 << 20);
+        let _pin = crossbeam_epoch::pin();
+        for k in (0..1u64 << 20).step_by(4099) {
+            let (kb, v) = (k.to_le_bytes(), (k * 3).to_le_bytes());
+            // SAFETY: 8 readable bytes each.
+            assert_eq!(unsafe { t.update(kb.as_ptr(), v.as_ptr(), 0, Some(0)) }, 0);
+        }
+        for k in (0..1u64 << 20).step_by(4099) {
+            assert_eq!(get(&t, &k.to_le_bytes()), Some(k * 3));
+            assert_eq!(get(&t, &(k + 1).to_le_bytes()), None);
+        }
     }
 }

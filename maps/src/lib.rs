@@ -5,7 +5,7 @@
 //! | type | program side | layout |
 //! |---|---|---|
 //! | `ARRAY`, `PERCPU_ARRAY` | lookup (inlined by the JIT via [`Map::array_layout`]), update | values at `round_up(value_size, 8)`; per CPU one copy of the array |
-//! | `HASH`, `PERCPU_HASH`, `LRU_HASH`, `LRU_PERCPU_HASH` | lookup (lock-free), update, delete | preallocated elements; values in their own slab |
+//! | `HASH`, `PERCPU_HASH`, `LRU_HASH`, `LRU_PERCPU_HASH` | lookup (lock-free), update, delete | 64-byte bucket lines with 5 elements inline (key word + link) and an overflow chain; preallocated elements; values in their own slab |
 //! | `LPM_TRIE` | lookup (lock-free, longest prefix), update, delete | the kernel's trie of nodes; values in their own slab |
 //! | `QUEUE`, `STACK` | push, pop, peek | a ring under a mutex; values copied |
 //! | `RINGBUF` | reserve, submit, discard, output, query | kernel record layout, data area mapped twice |
@@ -117,6 +117,17 @@ pub const MAX_VALUE_SIZE: u32 = 1 << 20;
 pub const MAX_PERCPU_VALUE_SIZE: u32 = 32 << 10;
 /// Largest hash `max_entries` (bucket count stays a power of two in `u32`).
 pub const MAX_HASH_ENTRIES: u32 = 1 << 31;
+
+/// The key widths of [`Map::lookup_hash_word`]: `u32` and `u64`.
+pub trait KeyWord: Copy + Eq + Into<u64> + sealed::Sealed {}
+impl KeyWord for u32 {}
+impl KeyWord for u64 {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+}
 
 /// Kernel map type numbers (`enum bpf_map_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -527,6 +538,27 @@ impl Map {
             Kind::Array(a) => unsafe { a.lookup(key, self.cpu_index(cpu)) },
             // SAFETY: forwarded from the caller.
             Kind::Lpm(t) => unsafe { t.lookup(key) },
+            _ => ptr::null_mut(),
+        }
+    }
+
+    /// Whether [`Map::lookup_hash_word`] serves this map with `W`-sized keys: a `HASH` or
+    /// `LRU_HASH` (values shared by all CPUs) whose keys are `size_of::<W>()` bytes.
+    pub fn is_hash_word<W: KeyWord>(&self) -> bool {
+        matches!(&self.kind, Kind::Hash(h) if h.is_shared_word::<W>())
+    }
+
+    /// `bpf_map_lookup_elem` for a map [`Map::is_hash_word`] accepted, for callers that
+    /// checked that once (a program's call site bound to this map): the value pointer or
+    /// null, with no dispatch on the key size and no CPU id.
+    ///
+    /// # Safety
+    /// As [`Map::lookup_raw`]; `self.is_hash_word::<W>()`.
+    #[inline(always)]
+    pub unsafe fn lookup_hash_word<W: KeyWord>(&self, key: *const u8) -> *mut u8 {
+        match &self.kind {
+            // SAFETY: forwarded from the caller.
+            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W>(key) },
             _ => ptr::null_mut(),
         }
     }

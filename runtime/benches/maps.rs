@@ -9,7 +9,10 @@
 //!    a helper call (a jump target between `lddw r1, map` and `call 1` stops the inlining).
 //! 2. Per-CPU array increment (lookup + add) against the ARRAY one.
 //! 3. Hash lookups, 4- and 8-byte keys, 1 Ki and 1 Mi entries, keys computed in the
-//!    program, against the same loop over `std::collections::HashMap` with the maps' hash.
+//!    program, against the same loop over `std::collections::HashMap` with the maps' hash,
+//!    in two orders: the keys' insertion order, and scattered (a permutation unrelated to
+//!    it, as real lookups: elements allocated in insertion order are not visited in turn).
+//!    `PACKJIT_BENCH_DISASM=1` adds the 1 Ki programs' code.
 //! 4. update (existing key) and update+delete pairs for HASH, LRU_HASH, PERCPU_HASH and
 //!    ARRAY; LPM_TRIE lookup (a /32 key in 1 Ki /24 routes), update (existing /24) and
 //!    update+delete of a new /32; queue push+pop; ring buffer reserve+submit (drained by the
@@ -168,18 +171,57 @@ fn looped(n: i32, prologue: impl FnOnce(&mut Asm), body: impl FnOnce(&mut Asm)) 
     a.finish()
 }
 
+/// Multiplier of the scattered lookup order (odd: `(j * SCATTER) & mask` visits every
+/// index once per `mask + 1` iterations, far from the order the keys went in).
+const SCATTER: i32 = 0x2545_F491;
+
+/// The order a loop looks its keys up in.
+#[derive(Clone, Copy, PartialEq)]
+enum Order {
+    /// Index `j` at iteration `j`: the order the keys were inserted in, which elements
+    /// allocated in insertion order follow.
+    Insertion,
+    /// Index `(j * SCATTER) & mask`: unrelated to the insertion order, as real lookups.
+    Scattered,
+}
+
+impl Order {
+    /// `r1 = r8`, scattered if asked.
+    fn index(self, a: &mut Asm) {
+        a.movr(R1, R8);
+        if self == Order::Scattered {
+            a.op(0x27, R1, 0, 0, SCATTER); // r1 *= SCATTER
+        }
+    }
+
+    fn host(self, j: u64) -> u64 {
+        match self {
+            Order::Insertion => j,
+            Order::Scattered => j.wrapping_mul(SCATTER as u64),
+        }
+    }
+}
+
 /// `*(u32 *)(r10 - 4) = (r8 & mask) * mul` (32-bit multiply; mul = 1 leaves it out).
 fn key4(a: &mut Asm, mask: i32, mul: i32) {
-    a.movr(R1, R8).and(R1, mask);
+    key4_in(a, Order::Insertion, mask, mul);
+}
+
+/// `key4` with the index in `order`.
+fn key4_in(a: &mut Asm, order: Order, mask: i32, mul: i32) {
+    order.index(a);
+    a.and(R1, mask);
     if mul != 1 {
         a.op(0x24, R1, 0, 0, mul); // w1 *= mul
     }
     a.stx32(R10, -4, R1);
 }
 
-/// `*(u64 *)(r10 - 8) = (r8 & mask) * mul` (64-bit multiply, mul sign-extended).
-fn key8(a: &mut Asm, mask: i32, mul: i32) {
-    a.movr(R1, R8).and(R1, mask).op(0x27, R1, 0, 0, mul);
+/// `*(u64 *)(r10 - 8) = (index & mask) * mul` (64-bit multiply, mul sign-extended), the
+/// index in `order`.
+fn key8_in(a: &mut Asm, order: Order, mask: i32, mul: i32) {
+    order.index(a);
+    a.and(R1, mask).op(0x27, R1, 0, 0, mul);
     a.stx64(R10, -8, R1);
 }
 
@@ -635,7 +677,6 @@ fn hash_lookups(rt: &Runtime) {
     for entries in [1u32 << 10, 1 << 20] {
         for key_size in [4u32, 8] {
             let map = spec("h", MapType::Hash, key_size, 8, entries);
-            let mask = entries as i32 - 1;
             let seed = 0x5eed_u64;
             let mut std4: HashMap<u32, u64, MixState> = HashMap::with_hasher(MixState(seed));
             let mut std8: HashMap<u64, u64, MixState> = HashMap::with_hasher(MixState(seed));
@@ -652,83 +693,113 @@ fn hash_lookups(rt: &Runtime) {
                     std8.insert(k, 1);
                 }
             }
-            let koff = if key_size == 4 { -4 } else { -8 };
-            let code = looped(
-                LONG,
-                |_| {},
-                |a| {
-                    if key_size == 4 {
-                        key4(a, mask, KEY_MUL);
-                    } else {
-                        key8(a, mask, KEY_MUL);
-                    }
-                    a.map(R1, 0)
-                        .stack_ptr(R2, koff)
-                        .call(1)
-                        .jump(JEQ, R0, 0, "next");
-                    a.ldx64(R1, R0, 0).addr(R7, R1);
-                },
-            );
-            let progs = both(rt, "hash_lookup", &code, &opts(&[&map]));
-            let long = LONG as f64;
-            let sum_is_n = |r0: u64| assert_eq!(r0, LONG as u64, "every key hits");
-            let mut cases: Vec<Box<dyn FnMut() -> f64 + '_>> = Vec::new();
-            for p in &progs {
-                cases.push(Box::new(move || per_op(p, &mut [0; 8], long, sum_is_n)));
+            for order in [Order::Insertion, Order::Scattered] {
+                hash_lookup_row(rt, &map, &std4, &std8, key_size, entries, order);
             }
-            let (std4, std8) = (&std4, &std8);
-            cases.push(Box::new(move || {
-                let t = Instant::now();
-                let mut sum = 0u64;
-                for j in 0..LONG as u64 {
-                    let j = j & mask as u64;
-                    sum += if key_size == 4 {
-                        std4.get(&black_box(host_key4(j, KEY_MUL))).copied()
-                    } else {
-                        std8.get(&black_box(host_key8(j, KEY_MUL))).copied()
-                    }
-                    .unwrap_or(0);
-                }
-                let ns = t.elapsed().as_nanos() as f64;
-                assert_eq!(sum, LONG as u64);
-                ns / long
-            }));
-            // The map's own lookup, called from Rust under one pin (no helper, no program).
-            let map = &map;
-            cases.push(Box::new(move || {
-                let _pin = packjit::arena::epoch_pin();
-                let t = Instant::now();
-                let mut sum = 0u64;
-                for j in 0..LONG as u64 {
-                    let j = j & mask as u64;
-                    let (k4, k8) = (host_key4(j, KEY_MUL), host_key8(j, KEY_MUL));
-                    let key: *const u8 = if key_size == 4 {
-                        black_box(&k4 as *const u32).cast()
-                    } else {
-                        black_box(&k8 as *const u64).cast()
-                    };
-                    // SAFETY: key_size bytes at `key`; pinned while the value is read.
-                    let p = unsafe { map.lookup_raw(key, 0) };
-                    if !p.is_null() {
-                        // SAFETY: a value has 8 bytes (8-aligned in the value slab).
-                        sum += unsafe { p.cast::<u64>().read() };
-                    }
-                }
-                let ns = t.elapsed().as_nanos() as f64;
-                assert_eq!(sum, LONG as u64);
-                ns / long
-            }));
-            let m = side_by_side(&mut cases);
-            println!(
-                "| {key_size}-byte keys, {} entries | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× / {:.2}× |",
-                if entries == 1 << 10 { "1 Ki" } else { "1 Mi" },
-                m[0],
-                m[1],
-                m[3],
-                m[2],
-                m[0] / m[2],
-                m[1] / m[2]
-            );
+        }
+    }
+}
+
+/// One row of the hash lookups: the program (sandboxed, trusted), the map's lookup from
+/// Rust and std's HashMap, each looking up every key of `map` in `order`.
+fn hash_lookup_row(
+    rt: &Runtime,
+    map: &Arc<Map>,
+    std4: &HashMap<u32, u64, MixState>,
+    std8: &HashMap<u64, u64, MixState>,
+    key_size: u32,
+    entries: u32,
+    order: Order,
+) {
+    let mask = entries as i32 - 1;
+    let koff = if key_size == 4 { -4 } else { -8 };
+    let code = looped(
+        LONG,
+        |_| {},
+        |a| {
+            if key_size == 4 {
+                key4_in(a, order, mask, KEY_MUL);
+            } else {
+                key8_in(a, order, mask, KEY_MUL);
+            }
+            a.map(R1, 0)
+                .stack_ptr(R2, koff)
+                .call(1)
+                .jump(JEQ, R0, 0, "next");
+            a.ldx64(R1, R0, 0).addr(R7, R1);
+        },
+    );
+    let progs = both(rt, "hash_lookup", &code, &opts(&[map]));
+    let long = LONG as f64;
+    let sum_is_n = |r0: u64| assert_eq!(r0, LONG as u64, "every key hits");
+    let mut cases: Vec<Box<dyn FnMut() -> f64 + '_>> = Vec::new();
+    for p in &progs {
+        cases.push(Box::new(move || per_op(p, &mut [0; 8], long, sum_is_n)));
+    }
+    cases.push(Box::new(move || {
+        let t = Instant::now();
+        let mut sum = 0u64;
+        for j in 0..LONG as u64 {
+            let j = order.host(j) & mask as u64;
+            sum += if key_size == 4 {
+                std4.get(&black_box(host_key4(j, KEY_MUL))).copied()
+            } else {
+                std8.get(&black_box(host_key8(j, KEY_MUL))).copied()
+            }
+            .unwrap_or(0);
+        }
+        let ns = t.elapsed().as_nanos() as f64;
+        assert_eq!(sum, LONG as u64);
+        ns / long
+    }));
+    // The map's own lookup, called from Rust under one pin (no helper, no program).
+    cases.push(Box::new(move || {
+        let _pin = packjit::arena::epoch_pin();
+        let t = Instant::now();
+        let mut sum = 0u64;
+        for j in 0..LONG as u64 {
+            let j = order.host(j) & mask as u64;
+            let (k4, k8) = (host_key4(j, KEY_MUL), host_key8(j, KEY_MUL));
+            let key: *const u8 = if key_size == 4 {
+                black_box(&k4 as *const u32).cast()
+            } else {
+                black_box(&k8 as *const u64).cast()
+            };
+            // SAFETY: key_size bytes at `key`; pinned while the value is read.
+            let p = unsafe { map.lookup_raw(key, 0) };
+            if !p.is_null() {
+                // SAFETY: a value has 8 bytes (8-aligned in the value slab).
+                sum += unsafe { p.cast::<u64>().read() };
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64;
+        assert_eq!(sum, LONG as u64);
+        ns / long
+    }));
+    let m = side_by_side(&mut cases);
+    println!(
+        "| {key_size}-byte keys, {} entries, {} order | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× / {:.2}× |",
+        if entries == 1 << 10 { "1 Ki" } else { "1 Mi" },
+        match order {
+            Order::Insertion => "insertion",
+            Order::Scattered => "scattered",
+        },
+        m[0],
+        m[1],
+        m[3],
+        m[2],
+        m[0] / m[2],
+        m[1] / m[2]
+    );
+    if std::env::var_os("PACKJIT_BENCH_DISASM").is_some() && entries == 1 << 10 {
+        for p in &progs {
+            if let Some(d) = disassemble(p) {
+                println!(
+                    "\n{} ({:?}, {key_size}-byte keys):\n{d}",
+                    p.name(),
+                    p.trust()
+                );
+            }
         }
     }
 }

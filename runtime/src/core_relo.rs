@@ -16,9 +16,12 @@
 //!
 //! Without a target BTF the target is the local type itself: every relocation resolves to
 //! its local value. A relocation nothing in the target satisfies gives 0 for the
-//! `*_EXISTS` kinds and for the type kinds (as libbpf); for the others libbpf poisons the
-//! instruction, and we refuse the load with an error naming section, instruction, kind, the
-//! access and why.
+//! `*_EXISTS` kinds and for the type kinds (as libbpf); for the others the instruction is
+//! *poisoned* as libbpf poisons it: replaced by `call 0xbad2310` ([`POISON_HELPER`], both
+//! slots of an `lddw`). A program whose code can reach a poisoned instruction is refused
+//! when it is loaded, with an error naming section, instruction, kind, access and why; one
+//! that guards the access (`if (bpf_core_field_exists(...))`, a constant after relocation)
+//! loads and runs, as under libbpf and the kernel's verifier (the runtime's `poison` module).
 //!
 //! Every malformed input (records, access strings, type ids, loops in either BTF) is an
 //! error; the recursive matches are bounded by a step budget, so no input panics or runs away.
@@ -1087,19 +1090,47 @@ fn calc_relo(
     Ok(Some(r))
 }
 
-/// A relocation applied: what the instruction was patched to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Applied {
-    /// The value the local BTF gives.
-    pub local: u64,
-    /// The value patched in.
-    pub target: u64,
+/// The helper id libbpf calls in place of an instruction whose relocation cannot be
+/// satisfied (`0xbad2310`, "bad relo"): no helper has it, so the kernel's verifier refuses
+/// the program if the call is reachable. packjit does the same (the runtime's `poison`
+/// module); a host cannot register this id.
+pub const POISON_HELPER: u32 = 0xbad_2310;
+
+/// What a relocation did to its instruction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Patched.
+    Patched {
+        /// The value the local BTF gives.
+        local: u64,
+        /// The value patched in.
+        target: u64,
+    },
+    /// Nothing in the target satisfies it: the instruction is now `call POISON_HELPER`
+    /// (both slots of an `lddw`), and this says which access and why.
+    Poisoned(String),
+}
+
+/// Overwrites the instruction at the start of `insns` with `call POISON_HELPER` (both
+/// slots of an `lddw`, so no half instruction is left for a decoder to trip on).
+fn poison(insns: &mut [u8]) {
+    let slots = if insns[0] == OP_LDDW && insns.len() >= 16 {
+        2
+    } else {
+        1
+    };
+    let mut call = [0u8; 8];
+    call[0] = 0x85;
+    call[4..].copy_from_slice(&POISON_HELPER.to_le_bytes());
+    for s in insns[..8 * slots].chunks_exact_mut(8) {
+        s.copy_from_slice(&call);
+    }
 }
 
 /// Resolves relocation `r` (with its access string) and patches the instruction at the start
 /// of `insns` (which runs to the end of its function, for an `lddw`'s second slot).
-/// `Err((unsatisfiable, message))`; messages are prefixed by the caller with the section and
-/// instruction.
+/// An unsatisfiable relocation poisons the instruction ([`Applied::Poisoned`]); `Err` is
+/// malformed input. Messages are prefixed by the caller with the section and instruction.
 pub fn apply(
     local: &Btf,
     target: Option<&Btf>,
@@ -1118,10 +1149,18 @@ pub fn apply(
     let res = resolve(local, target, r.kind, &local_spec).map_err(|e| ctx(e.clone()))?;
     let res = match res {
         Ok(res) => res,
-        Err(why) => return Err(ctx(format!("cannot be satisfied: {why}"))),
+        Err(why) => {
+            if insns.len() < 8 {
+                return Err(ctx("the instruction is outside its function".into()));
+            }
+            poison(insns);
+            return Ok(Applied::Poisoned(ctx(format!(
+                "cannot be satisfied: {why}"
+            ))));
+        }
     };
     patch(insns, &res).map_err(ctx)?;
-    Ok(Applied {
+    Ok(Applied::Patched {
         local: res.orig,
         target: res.new,
     })

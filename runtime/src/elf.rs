@@ -40,9 +40,10 @@
 //!   [`ElfLoadOptions::target_btf`], by default the object's own `.BTF` (every relocation
 //!   keeps its local value), and patched into each linked unit's instructions (records are
 //!   per section, so they follow their instructions wherever the unit is placed);
-//!   [`Linked::core_relocations`] lists them. One nothing in the target satisfies is a load
-//!   error naming section, instruction, kind, access and why (libbpf would poison the
-//!   instruction and let the verifier refuse it if reachable); existence checks give 0.
+//!   [`Linked::core_relocations`] lists them. One nothing in the target satisfies poisons its
+//!   instruction as libbpf does ([`Linked::core_poisoned`]): the load refuses the program,
+//!   naming section, instruction, kind, access and why, only if the code can reach it, so an
+//!   access guarded by an existence check (which gives 0) loads and runs.
 //!
 //! Everything else is refused with an error naming the section, symbol, relocation type and
 //! offset: unknown relocation types, malformed map definitions (naming the map and member),
@@ -75,6 +76,7 @@ use btf::{Btf, BtfType};
 // CO-RE relocations (`.BTF.ext` core_relo records), applied by `link`.
 #[path = "core_relo.rs"]
 mod core_relo;
+pub use core_relo::POISON_HELPER;
 
 /// `R_BPF_*` relocation types (LLVM's `BPF.def`).
 pub const R_BPF_NONE: u32 = 0;
@@ -405,6 +407,11 @@ pub struct Linked {
     /// CO-RE relocations applied: `(slot, value the object was compiled with, value patched
     /// in)`, in slot order.
     pub core_relocations: Vec<(usize, u64, u64)>,
+    /// CO-RE relocations nothing in the target satisfies, in slot order. Each instruction is
+    /// now `call 0xbad2310` (libbpf's poison, [`POISON_HELPER`]): loading the code refuses
+    /// it if a path can reach one, with this reason; a guarded access
+    /// (`bpf_core_field_exists()` false after relocation) loads and runs.
+    pub core_poisoned: Vec<PoisonedRelocation>,
 }
 
 /// A piece of code placed in the output: `[start, end)` bytes of section `sec` at slot `base`.
@@ -530,7 +537,7 @@ pub fn link(
         i += 1;
     }
     l.relocate_data()?;
-    let core_relocations = l.relocate_core(opts.target_btf.as_deref())?;
+    let core = l.relocate_core(opts.target_btf.as_deref())?;
     l.maps_used.sort_unstable();
     l.maps_used.dedup();
     Ok(Linked {
@@ -539,8 +546,26 @@ pub fn link(
         functions: l.functions,
         externs: l.externs,
         maps_used: l.maps_used,
-        core_relocations,
+        core_relocations: core.applied,
+        core_poisoned: core.poisoned,
     })
+}
+
+/// What [`Linker::relocate_core`] did.
+#[derive(Default)]
+struct CoreOutcome {
+    applied: Vec<(usize, u64, u64)>,
+    poisoned: Vec<PoisonedRelocation>,
+}
+
+/// A CO-RE relocation nothing in the target satisfies: its instruction is poisoned (see
+/// [`Linked::core_poisoned`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoisonedRelocation {
+    /// The instruction's slot in [`Linked::code`].
+    pub slot: usize,
+    /// Section, instruction, CO-RE record, kind, access, and why nothing satisfies it.
+    pub why: String,
 }
 
 fn parse(bytes: &[u8]) -> Result<File<'_>, Error> {
@@ -1219,11 +1244,13 @@ impl Linker<'_, '_> {
     /// CO-RE relocations (`.BTF.ext` core_relo records) of every placed unit, resolved
     /// against `target` (raw `.BTF`; `None`: the object's own). Records are per ELF section
     /// with section-relative instruction offsets, mapped to the linked slots as calls are.
-    fn relocate_core(&mut self, target: Option<&[u8]>) -> Result<Vec<(usize, u64, u64)>, Error> {
+    /// Those nothing in the target satisfies poison their instruction (see `core_relo`) and
+    /// are listed with why, in slot order.
+    fn relocate_core(&mut self, target: Option<&[u8]>) -> Result<CoreOutcome, Error> {
         let file = self.file;
         let inval = |m: String| bad(ErrorKind::InvalidArgument, m);
         let Some(ext) = file.section_by_name(".BTF.ext") else {
-            return Ok(Vec::new());
+            return Ok(CoreOutcome::default());
         };
         let data = ext
             .data()
@@ -1231,7 +1258,7 @@ impl Linker<'_, '_> {
         let secs = core_relo::parse_btf_ext(data)
             .map_err(|e| inval(format!("section `.BTF.ext`: {e}")))?;
         if secs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(CoreOutcome::default());
         }
         let local = load_btf(file, "CO-RE relocations in `.BTF.ext`")?;
         let target = target
@@ -1243,7 +1270,7 @@ impl Linker<'_, '_> {
         for u in &self.units {
             units.entry(sec_name(file, u.sec)).or_default().push(*u);
         }
-        let mut out = Vec::new();
+        let mut out = CoreOutcome::default();
         for (si, s) in secs.iter().enumerate() {
             let name = local
                 .str_at(
@@ -1271,20 +1298,31 @@ impl Linker<'_, '_> {
                 for r in &relos[first..last] {
                     let off = r.insn_off as usize;
                     let p = lo + (off - u.start);
-                    let applied =
-                        core_relo::apply(&local, target.as_ref(), r, &mut self.code[p..hi])
-                            .map_err(|e| {
-                                inval(format!(
-                                    "section `{name}` insn {} (CO-RE record {}): {e}",
-                                    off / INSN,
-                                    r.index
-                                ))
-                            })?;
-                    out.push((p / INSN, applied.local, applied.target));
+                    let at = |e: String| {
+                        format!(
+                            "section `{name}` insn {} (CO-RE record {}): {e}",
+                            off / INSN,
+                            r.index
+                        )
+                    };
+                    match core_relo::apply(&local, target.as_ref(), r, &mut self.code[p..hi])
+                        .map_err(|e| inval(at(e)))?
+                    {
+                        core_relo::Applied::Patched { local, target } => {
+                            out.applied.push((p / INSN, local, target))
+                        }
+                        core_relo::Applied::Poisoned(why) => {
+                            out.poisoned.push(PoisonedRelocation {
+                                slot: p / INSN,
+                                why: at(why),
+                            })
+                        }
+                    }
                 }
             }
         }
-        out.sort_unstable();
+        out.applied.sort_unstable();
+        out.poisoned.sort_by_key(|p| p.slot);
         Ok(out)
     }
 
@@ -1808,6 +1846,13 @@ impl crate::Runtime {
         let mut prog = self
             .compile(&linked.code, &o, &self.helper_table(), trust)
             .map_err(|mut e| {
+                // A reachable poisoned relocation: say which one and why it is poisoned.
+                let poisoned = (e.message == crate::poison::REACHABLE)
+                    .then(|| linked.core_poisoned.iter().find(|p| Some(p.slot) == e.pc))
+                    .flatten();
+                if let Some(p) = poisoned {
+                    e.message = format!("{}; {}", e.message, p.why);
+                }
                 e.message = format!("{} (program linked from {:?})", e.message, elf_opts.program);
                 e
             })?;

@@ -96,6 +96,7 @@ mod id_map;
 mod loader;
 pub mod maps;
 mod perf_map;
+mod poison;
 mod program_box;
 pub mod rbpf_bridge;
 pub mod run_pin;
@@ -505,6 +506,15 @@ impl Runtime {
 
     /// Registers helper `id`. Ids are unique; programs compiled later can call it.
     pub fn register_helper(&self, id: u32, name: &str, f: PjHelperFn) -> Result<(), Error> {
+        if id == elf::POISON_HELPER {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "helper id {id:#x} is libbpf's poison for unsatisfiable CO-RE relocations: \
+                     a call to it must never reach a helper"
+                ),
+            ));
+        }
         let mut helpers = self.helpers.write().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = helpers.get(&id) {
             return Err(err(
@@ -818,6 +828,7 @@ impl Runtime {
                 tail_calls,
                 prog_array_tail_calls,
                 array_lookups: inline_arrays,
+                trust,
             };
             let b = maps::bind(code, &opts.maps, inlining, |a| {
                 // The per-CPU lookup is a built-in: without built-ins it is not there.
@@ -906,6 +917,13 @@ impl Runtime {
             });
             t
         });
+        // Poisoned CO-RE relocations (libbpf's `call 0xbad2310`): refused where the code can
+        // reach one, no-ops where it cannot (`poison`).
+        let unpoisoned = scan
+            .calls(code, elf::POISON_HELPER)
+            .then(|| poison::unpoison(code, &table, opts.percpu_insn))
+            .transpose()?;
+        let code = unpoisoned.as_deref().unwrap_or(code);
         let req = CompileRequest {
             code,
             helpers: &table,

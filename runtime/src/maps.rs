@@ -37,6 +37,7 @@ use packjit_plugin_api::HelperEntry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use packjit_maps::KeyWord;
 pub use packjit_maps::{
     ArrayLayout, Map, MapError, MapSpec, MapType, BPF_ANY, BPF_EXIST, BPF_F_LOCK,
     BPF_F_NO_PREALLOC, BPF_F_RDONLY_PROG, BPF_NOEXIST,
@@ -98,6 +99,17 @@ const KNOWN_MAP_IDS: [(u32, u32); 4] = [
     (TAIL_CALL, 0x7043_2012),
 ];
 
+/// packjit's ids for `bpf_map_lookup_elem` at call sites whose map `bind` proved to be a
+/// HASH or LRU_HASH (values shared by all CPUs) with 4- or 8-byte keys: the map's own word
+/// lookup ([`Map::lookup_hash_word`]), the key pointer checked for sandboxed loads only.
+/// Indexed by [`hash_word_lookup_id`]'s `(trust, key width)`.
+const HASH_WORD_LOOKUP_IDS: [(u32, Trust, u32); 4] = [
+    (0x7043_2101, Trust::Sandboxed, 4),
+    (0x7043_2102, Trust::Sandboxed, 8),
+    (0x7043_2103, Trust::Trusted, 4),
+    (0x7043_2104, Trust::Trusted, 8),
+];
+
 /// packjit's id for one step of `bpf_for_each_map_elem` over a hash map, called by the
 /// function `callbacks.rs` appends: `(map, &cursor, key buffer) -> value or 0`.
 pub(crate) const HASH_ITER_NEXT: u32 = 0x7043_2164;
@@ -151,6 +163,9 @@ pub(crate) struct Inlining {
     pub prog_array_tail_calls: bool,
     /// Inlined array lookups ([`PJ_INLINE_ARRAY_LOOKUP`]).
     pub array_lookups: bool,
+    /// The load's trust: a trusted load's proven hash lookups skip the key pointer check
+    /// (its loader vouched for its pointers).
+    pub trust: Trust,
 }
 
 /// Binds `maps` to `code` (see the module doc).
@@ -254,6 +269,13 @@ pub(crate) fn bind(
                     let usable = h != TAIL_CALL || inlining.tail_calls;
                     (usable && proven(h).is_some()).then_some(*id)
                 });
+                // A proven hash lookup with word keys: the map's own word lookup.
+                let known = match (helper, holds[1]) {
+                    (Some(MAP_LOOKUP_ELEM), Some(k)) if known.is_some() => {
+                        hash_word_lookup_id(&maps[k], inlining.trust).or(known)
+                    }
+                    _ => known,
+                };
                 if let Some(id) = inlined.or(known) {
                     out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
                     // An inlined lookup or tail call is no direct call.
@@ -307,6 +329,10 @@ pub(crate) fn bind(
             0x7043_2001 => (PJ_INLINE_NONE, f(known_map_lookup_elem)),
             0x7043_2002 => (PJ_INLINE_NONE, f(known_map_update_elem)),
             0x7043_2003 => (PJ_INLINE_NONE, f(known_map_delete_elem)),
+            0x7043_2101 => (PJ_INLINE_NONE, f(sandboxed_hash_lookup::<u32>)),
+            0x7043_2102 => (PJ_INLINE_NONE, f(sandboxed_hash_lookup::<u64>)),
+            0x7043_2103 => (PJ_INLINE_NONE, f(trusted_hash_lookup::<u32>)),
+            0x7043_2104 => (PJ_INLINE_NONE, f(trusted_hash_lookup::<u64>)),
             _ => (PJ_INLINE_TAIL_CALL, f(known_tail_call_chooser)),
         };
         helpers.push(HelperEntry {
@@ -334,6 +360,22 @@ pub(crate) fn bind(
         _arrays: arrays,
         _prog_arrays: prog_arrays,
     })
+}
+
+/// The id of the word lookup for `map` in a load of this trust (see
+/// [`HASH_WORD_LOOKUP_IDS`]), if the map is a HASH or LRU_HASH with 4- or 8-byte keys.
+fn hash_word_lookup_id(map: &Map, trust: Trust) -> Option<u32> {
+    let width = if map.is_hash_word::<u32>() {
+        4
+    } else if map.is_hash_word::<u64>() {
+        8
+    } else {
+        return None;
+    };
+    HASH_WORD_LOOKUP_IDS
+        .iter()
+        .find(|&&(_, t, w)| t == trust && w == width)
+        .map(|&(id, _, _)| id)
 }
 
 /// Refuses a helper call whose map argument (a map the register holds at the call, as far
@@ -617,6 +659,26 @@ extern "C" fn known_map_update_elem(map: u64, key: u64, value: u64, flags: u64, 
 extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as in `known_map_lookup_elem`.
     delete(unsafe { known_map(map) }, key)
+}
+
+/// `bpf_map_lookup_elem` at a call site of a trusted load whose map `bind` proved to be a
+/// word-keyed HASH or LRU_HASH ([`HASH_WORD_LOOKUP_IDS`]): the map's word lookup and
+/// nothing else, as the kernel's JITs call the map's lookup directly.
+extern "C" fn trusted_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: `bind` gives this id only to call sites whose r1 it proved to be a map that
+    // `is_hash_word::<W>()`, in trusted loads, whose loader vouched for their pointers (the
+    // key has size_of::<W>() readable bytes); the run is pinned.
+    unsafe { known_map(map).lookup_hash_word::<W>(key as *const u8) as u64 }
+}
+
+/// As [`trusted_hash_lookup`] for sandboxed loads: the key pointer is checked first.
+extern "C" fn sandboxed_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    let width = std::mem::size_of::<W>() as u64;
+    if !exec::helper_access_ok(key, width, AccessDirection::Read) {
+        return 0;
+    }
+    // SAFETY: as in `trusted_hash_lookup`, the key's bytes checked above.
+    unsafe { known_map(map).lookup_hash_word::<W>(key as *const u8) as u64 }
 }
 
 /// One step of `bpf_for_each_map_elem` over a hash map ([`HASH_ITER_NEXT`]): the element

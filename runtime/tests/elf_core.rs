@@ -1,8 +1,9 @@
 //! CO-RE relocations: `tests/bpf/core_ctx.c` reads a `preserve_access_index` context struct;
 //! loaded as compiled (target = the object's own BTF) it reads the local layout, loaded with
 //! `tests/bpf/core_target.c`'s `.BTF` as the target it reads the target layout (fields
-//! reordered and resized, one removed, an enum renumbered); what cannot be satisfied is a
-//! named error, and corrupted objects never panic.
+//! reordered and resized, one removed, an enum renumbered); what cannot be satisfied is
+//! poisoned as libbpf poisons it (a named load error where the code reaches it, nothing where
+//! an existence check guards it), and corrupted objects never panic.
 
 mod elf_support;
 
@@ -200,23 +201,27 @@ fn core_reads_follow_the_target_btf() {
     }
 }
 
-/// A field the target does not have, read unconditionally: libbpf would poison the load;
-/// we refuse it, naming section, instruction, kind, access and why.
+/// A field the target does not have, read unconditionally: the link poisons the read as
+/// libbpf does (`call 0xbad2310`, listed with why), and the load refuses the program because
+/// the code reaches it, naming pc, section, instruction, kind, access and why.
 #[test]
 fn unsatisfiable_field_offset_is_a_named_error() {
     let obj = compile_bpf("core_ctx");
     let btf = target_btf();
-    let e = link_sec(&obj, "pj/core_legacy", Some(&btf)).unwrap_err();
-    assert_eq!(e.kind, ErrorKind::InvalidArgument);
-    assert_mentions(
-        &e,
-        &[
-            "section `pj/core_legacy` insn 0",
-            "CO-RE relocation kind FIELD_BYTE_OFFSET (0)",
-            "`struct pj_task.legacy` (access 0:3)",
-            "cannot be satisfied: no member `legacy` in target struct pj_task",
-        ],
-    );
+    let l = link_sec(&obj, "pj/core_legacy", Some(&btf)).unwrap();
+    assert_eq!(l.core_poisoned.len(), 1, "{:?}", l.core_poisoned);
+    let poisoned = &l.core_poisoned[0];
+    assert_eq!(poisoned.slot, 0);
+    let call = [0x85, 0, 0, 0, 0x10, 0x23, 0xad, 0x0b];
+    assert_eq!(l.code[..8], call, "libbpf's poison call");
+    for part in [
+        "section `pj/core_legacy` insn 0",
+        "CO-RE relocation kind FIELD_BYTE_OFFSET (0)",
+        "`struct pj_task.legacy` (access 0:3)",
+        "cannot be satisfied: no member `legacy` in target struct pj_task",
+    ] {
+        assert!(poisoned.why.contains(part), "{poisoned:?} lacks {part:?}");
+    }
     let rt = runtime();
     let e = rt
         .load_elf(
@@ -225,7 +230,28 @@ fn unsatisfiable_field_offset_is_a_named_error() {
             &LoadOptions::default(),
         )
         .unwrap_err();
-    assert_mentions(&e, &["no member `legacy`"]);
+    assert_eq!((e.kind, e.pc), (ErrorKind::Verify, Some(0)));
+    assert_mentions(
+        &e,
+        &[
+            "poisoned this instruction",
+            "the code can reach it",
+            "section `pj/core_legacy` insn 0",
+            "no member `legacy`",
+        ],
+    );
+    // The linked code alone, through `load`, names the poisoned pc too.
+    let e = rt.load(&l.code, &LoadOptions::default()).unwrap_err();
+    assert_eq!((e.kind, e.pc), (ErrorKind::Verify, Some(0)));
+    assert_mentions(&e, &["poisoned this instruction"]);
+    // A host cannot make the poison a helper.
+    extern "C" fn any(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+        0
+    }
+    let e = rt
+        .register_helper(packjit::elf::POISON_HELPER, "bad_relo", any)
+        .unwrap_err();
+    assert_mentions(&e, &["poison"]);
     // A target without the struct at all.
     let empty = {
         let mut v = btf.clone();
@@ -233,12 +259,52 @@ fn unsatisfiable_field_offset_is_a_named_error() {
         v[12..16].copy_from_slice(&0u32.to_le_bytes());
         v
     };
-    let e = link_sec(&obj, "pj/core_legacy", Some(&empty)).unwrap_err();
-    assert_mentions(&e, &["no struct pj_task in the target BTF"]);
+    let l = link_sec(&obj, "pj/core_legacy", Some(&empty)).unwrap();
+    assert!(
+        l.core_poisoned[0]
+            .why
+            .contains("no struct pj_task in the target BTF"),
+        "{:?}",
+        l.core_poisoned
+    );
     // The existence checks resolve to 0 there instead.
     link_sec(&obj, "pj/core_info", Some(&btf)).unwrap();
     let e = link_sec(&obj, "pj/core_info", Some(&[1, 2, 3])).unwrap_err();
     assert_mentions(&e, &["target BTF"]);
+}
+
+/// A read guarded by `bpf_core_field_exists()`: against a target without the field the read
+/// is poisoned and dead (the guard relocates to 0), so the program loads and takes the
+/// other branch, as under libbpf; with the local layout it reads the field.
+#[test]
+fn a_guarded_poisoned_read_loads_and_is_never_taken() {
+    let rt = runtime();
+    let obj = compile_bpf("core_ctx");
+    let btf = target_btf();
+    let sel = ElfLoadOptions::section("pj/core_guarded").with_target_btf(btf);
+    let l = link(&obj, &sel, &|_| None).unwrap();
+    assert_eq!(l.core_poisoned.len(), 1, "{:?}", l.core_poisoned);
+    let mut ctx = vec![0xeeu8; 48];
+    let p = load(&rt, &obj, &sel);
+    if let Some(r0) = run(&p, &mut ctx) {
+        assert_eq!(r0, 7);
+    }
+    // SAFETY: the program reads only its 48-byte context.
+    let trusted = unsafe { rt.load_elf_trusted(&obj, &sel, &LoadOptions::default()) };
+    if let Ok(t) = trusted {
+        if let Some(r0) = run(&t, &mut ctx) {
+            assert_eq!(r0, 7);
+        }
+    }
+    // The local layout has the field: the guard holds and the read runs.
+    let l = link_sec(&obj, "pj/core_guarded", None).unwrap();
+    assert!(l.core_poisoned.is_empty());
+    let mut ctx = vec![0u8; 40];
+    put(&mut ctx, 20, &0xdead_u32.to_le_bytes());
+    let p = load(&rt, &obj, &ElfLoadOptions::section("pj/core_guarded"));
+    if let Some(r0) = run(&p, &mut ctx) {
+        assert_eq!(r0, 0xdead);
+    }
 }
 
 /// File offset of the first core_relo record of the object.
@@ -355,14 +421,14 @@ fn incompatible_target_fields_are_named_errors() {
             "8 bytes in the target, 4 locally",
         ],
     );
-    let e = link_sec(&obj, "pj/core_legacy", Some(btf)).unwrap_err();
-    assert_mentions(
-        &e,
-        &[
-            "`struct pj_task.legacy`",
-            "cannot be satisfied: member `legacy` of target struct pj_task___v9 is struct pj_legacy",
-        ],
-    );
+    let l = link_sec(&obj, "pj/core_legacy", Some(btf)).unwrap();
+    let why = &l.core_poisoned[0].why;
+    for part in [
+        "`struct pj_task.legacy`",
+        "cannot be satisfied: member `legacy` of target struct pj_task___v9 is struct pj_legacy",
+    ] {
+        assert!(why.contains(part), "{why:?} lacks {part:?}");
+    }
     // The flavours matched: `PJ_SLEEPING` is 3 in `enum pj_state___v9`.
     let l = link_sec(&obj, "pj/core_info", Some(btf)).unwrap();
     assert!(

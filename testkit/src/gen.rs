@@ -1746,15 +1746,27 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
             0 => p.push(ins(0x63 | size, base, 0, off, 0)),
             1 => p.push(ins(0x62 | size, base, 0, off, rnd(1000) as i32)),
             2 => {
-                // A masked index into the frame: proven, no check.
+                // A masked index into the frame: proven, no check, and off another base, so
+                // an open group stays open across it (`ranges::keeps_group_open`).
                 p.push(mov(8, 0));
                 p.push(ins(0x57, 8, 0, 0, 0x1f8));
                 p.push(mov(9, 10));
                 p.push(addi(9, -512));
                 p.push(ins(0x0f, 9, 8, 0, 0));
                 p.push(ins(0x7b, 9, 0, 0, 0));
-                p.push(ins(0x79, 3, 9, 0, 0));
-                p.push(ins(0x0f, 0, 3, 0, 0));
+                if (seed >> 2) % 5 == 0 {
+                    // In a fifth of the programs (from the seed), the proven load reloads
+                    // the group's base moved 128 bytes on, past the context's end: that
+                    // must end the group, and the later members stop out of bounds (a
+                    // group kept open would read them unchecked off the moved base).
+                    p.push(mov(3, base));
+                    p.push(addi(3, 128));
+                    p.push(ins(0x7b, 9, 3, 0, 0));
+                    p.push(ins(0x79, base, 9, 0, 0));
+                } else {
+                    p.push(ins(0x79, 3, 9, 0, 0));
+                    p.push(ins(0x0f, 0, 3, 0, 0));
+                }
             }
             3 if size != 0x10 => {
                 // A load and its byte swap (fused into one MOVBE load when available).

@@ -59,3 +59,11 @@ SEC("pj/core_info") u64 core_info(struct pj_task *t, u64 len) {
 SEC("pj/core_legacy") u64 core_legacy(struct pj_task *t, u64 len) {
     return t->legacy;
 }
+
+/* Reads the old field only where the target has it, as CO-RE programs guard version
+ * differences: against the target the read is poisoned, and dead. */
+SEC("pj/core_guarded") u64 core_guarded(struct pj_task *t, u64 len) {
+    if (__builtin_preserve_field_info(t->legacy, FIELD_EXISTS))
+        return t->legacy;
+    return 7;
+}

@@ -1251,6 +1251,16 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                 c => c,
             };
             if let (Some((base, off, size)), c) = (access_of(&op), check) {
+                // A load or store proven in bounds (no check on either copy) off another
+                // base stays out of the open group and leaves it open: clang interleaves a
+                // loop's context reads with stores through a stack pointer
+                // (`absorb(&a, p, n)` in the peers bench: `p[i]` read three times around
+                // `a->sum` and `a->xor` stored), and closing there cost each read its own
+                // test. The group's checked copy lowers it unchecked too (see
+                // `Driver::unchecked`).
+                if keeps_group_open(&op, c, open.as_ref().map(|g| g.base)) {
+                    continue;
+                }
                 let groupable = matches!(
                     c,
                     AccessCheck::Stack
@@ -1312,6 +1322,21 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
         close(&mut open, &mut members, &mut groups);
     }
     groups
+}
+
+/// Whether access `op` (checked `check`) passes through an open check group on `open_base`
+/// without ending it: a plain load or store proven in bounds ([`AccessCheck::None`]: no code
+/// of its own on the hot path or in the group's checked copy) off another base, writing
+/// neither that base nor anything the group tests (a load's destination is not the base).
+/// Atomics and walked or guarded accesses (their checks depend on which copy runs) end it as
+/// before.
+fn keeps_group_open(op: &Op, check: AccessCheck, open_base: Option<Reg>) -> bool {
+    let Some(g) = open_base else {
+        return false;
+    };
+    check == AccessCheck::None
+        && matches!(op, Op::Load { base, .. } | Op::Store { base, .. } if *base != g)
+        && op.written_reg() != Some(g)
 }
 
 /// The full analysis: every access's check and the check groups. `with_groups = false`
@@ -1902,6 +1927,38 @@ mod tests {
         assert_eq!(g.check, AccessCheck::CtxConst { end: 30 });
         assert_eq!(a.group_of[6], None);
         assert_eq!(a.checks[6], AccessCheck::Unknown);
+    }
+
+    #[test]
+    fn proven_accesses_off_another_base_leave_a_group_open() {
+        // Off r2 (the length: of unknown origin, so the reloaded r2 is of the same class):
+        // r3 = *(u8 *)(r2 + 0) ; r6 = r2 ; r6 += 64 ; *(u64 *)(r10 - 8) = r6 (proven) ;
+        // r4 = *(u8 *)(r2 + 1) ; r5 = *(u64 *)(r10 - 8) (proven) ; r5 = *(u8 *)(r2 + 2) ;
+        // r2 = *(u64 *)(r10 - 8) (proven, but writes the base: ends the group) ;
+        // r0 = *(u8 *)(r2 + 0) ; r0 = *(u8 *)(r2 + 1) ; exit
+        let (_, a) = plan(&[
+            ins(0x71, 3, 2, 0, 0),
+            ins(0xbf, 6, 2, 0, 0),
+            ins(0x07, 6, 0, 0, 64),
+            ins(0x7b, 10, 6, -8, 0),
+            ins(0x71, 4, 2, 1, 0),
+            ins(0x79, 5, 10, -8, 0),
+            ins(0x71, 5, 2, 2, 0),
+            ins(0x79, 2, 10, -8, 0),
+            ins(0x71, 0, 2, 0, 0),
+            ins(0x71, 0, 2, 1, 0),
+            EXIT,
+        ]);
+        for i in [3, 5, 7] {
+            assert_eq!(a.checks[i], AccessCheck::None, "pc {i}");
+        }
+        assert_eq!(a.checks[8], AccessCheck::Unknown);
+        assert_eq!(a.groups.len(), 2, "{:?}", a.groups);
+        assert_eq!(a.groups[0].members, vec![0, 4, 6]);
+        assert_eq!((a.groups[0].lo, a.groups[0].hi), (0, 3));
+        assert_eq!(a.group_of(3), None);
+        // The reloaded base starts a group of its own.
+        assert_eq!(a.groups[1].members, vec![8, 9]);
     }
 
     #[test]

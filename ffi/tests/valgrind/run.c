@@ -3,7 +3,8 @@
  * ffi/check.sh): JIT-compiled code from the x86-64 plugin really runs — sandboxed and
  * trusted, with a host region, a helper, an out-of-bounds stop, a budget stop and an unknown
  * callx stop, maps (host operations, a ring buffer a program writes and the host consumes,
- * a tail call through a prog-array slot set from C) — then everything is freed. Memcheck must see no invalid access and no leak.
+ * a tail call through a prog-array slot set from C, an LPM trie from the host and from a
+ * program) — then everything is freed. Memcheck must see no invalid access and no leak.
  *
  *   run X86_64_PLUGIN
  *
@@ -70,6 +71,106 @@ static const uint8_t p_ring[] = {INSN(0xbf, 2, 1, 0, 0),
 static const uint8_t p_tail[] = {INSN(0x18, 2, 1, 0, 1), INSN(0, 0, 0, 0, 0), /* lddw r2, map 1 */
                                  INSN(0xb7, 3, 0, 0, 0), INSN(0x85, 0, 0, 0, 12),
                                  INSN(0xb7, 0, 0, 0, 7), INSN(0x95, 0, 0, 0, 0)};
+
+/* r0 = bpf_map_lookup_elem(map 0, ctx) ? *(u32 *)r0 : 0 — a longest-prefix match on the key
+ * the context holds (sandboxed: the value pointer is checked like any other). */
+static const uint8_t p_lpm[] = {INSN(0xbf, 2, 1, 0, 0),
+                                INSN(0x18, 1, 1, 0, 0), INSN(0, 0, 0, 0, 0), /* lddw r1, map 0 */
+                                INSN(0x85, 0, 0, 0, 1), INSN(0x15, 0, 0, 1, 0),
+                                INSN(0x61, 0, 0, 0, 0), INSN(0x95, 0, 0, 0, 0)};
+
+/* An LPM trie key for IPv4: the prefix length in host order, then the address bytes. */
+struct lpm_v4 {
+    uint32_t prefixlen;
+    uint8_t addr[4];
+};
+
+static struct lpm_v4 v4(uint32_t prefixlen, uint8_t a, uint8_t b, uint8_t c, uint8_t d)
+{
+    struct lpm_v4 k;
+    k.prefixlen = prefixlen;
+    k.addr[0] = a;
+    k.addr[1] = b;
+    k.addr[2] = c;
+    k.addr[3] = d;
+    return k;
+}
+
+/* An LPM trie from C: nested prefixes, longest-prefix lookups from the host and from a
+ * program, iteration, a delete that splices an inner node out, the errnos, then frees (the
+ * program keeps the trie until it is freed itself). */
+static void lpm(PackjitRuntime *rt)
+{
+    PackjitMap *t = NULL;
+    PackjitProgram *p = NULL;
+    PackjitLoadOptions opts;
+    const PackjitMap *maps_of_p[1];
+    struct lpm_v4 k, next;
+    uint32_t v, got = 0, seen = 0;
+    uint64_t r0 = 0;
+    int steps = 0, rc;
+
+    EXPECT(packjit_map_create(PACKJIT_MAP_TYPE_LPM_TRIE, sizeof k, 4, 16, 0, "nopre", &t) ==
+               PJ_ERR_INVALID_ARGUMENT &&
+           t == NULL);
+    EXPECT(packjit_map_create(PACKJIT_MAP_TYPE_LPM_TRIE, sizeof k, 4, 16,
+                              PACKJIT_BPF_F_NO_PREALLOC, "routes", &t) == PJ_OK);
+    if (t == NULL)
+        return;
+    k = v4(8, 10, 0, 0, 0), v = 8;
+    EXPECT(packjit_map_update(t, &k, sizeof k, &v, 4, PACKJIT_BPF_ANY) == 0);
+    k = v4(16, 10, 1, 0, 0), v = 16;
+    EXPECT(packjit_map_update(t, &k, sizeof k, &v, 4, PACKJIT_BPF_NOEXIST) == 0);
+    EXPECT(packjit_map_update(t, &k, sizeof k, &v, 4, PACKJIT_BPF_NOEXIST) == -17 /* EEXIST */);
+    k = v4(24, 10, 1, 2, 0), v = 24;
+    EXPECT(packjit_map_update(t, &k, sizeof k, &v, 4, PACKJIT_BPF_ANY) == 0);
+    k = v4(33, 10, 1, 2, 3);
+    EXPECT(packjit_map_update(t, &k, sizeof k, &v, 4, PACKJIT_BPF_ANY) == -22 /* EINVAL */);
+
+    k = v4(32, 10, 1, 2, 3);
+    EXPECT(packjit_map_lookup(t, &k, sizeof k, &got, 4) == 0 && got == 24);
+    k = v4(32, 10, 1, 9, 9);
+    EXPECT(packjit_map_lookup(t, &k, sizeof k, &got, 4) == 0 && got == 16);
+    k = v4(32, 11, 0, 0, 0);
+    EXPECT(packjit_map_lookup(t, &k, sizeof k, &got, 4) == -2 /* ENOENT */);
+
+    EXPECT(packjit_load_options_init(&opts) == PJ_OK);
+    maps_of_p[0] = t;
+    opts.maps = maps_of_p;
+    opts.map_count = 1;
+    EXPECT(packjit_program_load(rt, p_lpm, sizeof p_lpm, &opts, &p) == PJ_OK);
+    k = v4(32, 10, 1, 2, 200);
+    EXPECT(packjit_program_run(p, &k, sizeof k, &r0) == PJ_OK && r0 == 24);
+    k = v4(32, 10, 200, 0, 0);
+    EXPECT(packjit_program_run(p, &k, sizeof k, &r0) == PJ_OK && r0 == 8);
+    k = v4(32, 192, 168, 0, 1);
+    EXPECT(packjit_program_run(p, &k, sizeof k, &r0) == PJ_OK && r0 == 0);
+
+    /* Every prefix once, then the end. */
+    rc = packjit_map_next_key(t, NULL, 0, &next, sizeof next);
+    while (rc == 0 && steps < 8) {
+        EXPECT(packjit_map_lookup(t, &next, sizeof next, &got, 4) == 0 &&
+               got == next.prefixlen);
+        seen |= 1u << (next.prefixlen / 8);
+        k = next;
+        rc = packjit_map_next_key(t, &k, sizeof k, &next, sizeof next);
+        steps++;
+    }
+    EXPECT(rc == -2 && steps == 3 && seen == ((1u << 1) | (1u << 2) | (1u << 3)));
+
+    /* Deleting the /16 leaves 10.1.2.0/24 and 10.0.0.0/8 reachable through the trie. */
+    k = v4(16, 10, 1, 0, 0);
+    EXPECT(packjit_map_delete(t, &k, sizeof k) == 0);
+    EXPECT(packjit_map_delete(t, &k, sizeof k) == -2);
+    k = v4(32, 10, 1, 9, 9);
+    EXPECT(packjit_program_run(p, &k, sizeof k, &r0) == PJ_OK && r0 == 8);
+    k = v4(32, 10, 1, 2, 3);
+    EXPECT(packjit_program_run(p, &k, sizeof k, &r0) == PJ_OK && r0 == 24);
+    packjit_map_free(t); /* the program keeps the trie */
+    k = v4(32, 10, 1, 2, 3);
+    EXPECT(packjit_program_run(p, &k, sizeof k, &r0) == PJ_OK && r0 == 24);
+    packjit_program_free(p);
+}
 
 static void on_record(void *user, const void *data, size_t len)
 {
@@ -235,6 +336,7 @@ int main(int argc, char **argv)
     packjit_program_free(p);
 
     maps(rt);
+    lpm(rt);
 
     EXPECT(packjit_reclaim(rt, &pending) == PJ_OK && pending == 0);
     packjit_runtime_destroy(rt);

@@ -23,6 +23,8 @@
 //! * `emit.rs`: per-program emission setup ([`instruction_labels`], [`EmitCapacity`],
 //!   `EmitOptions`).
 //! * `blinding.rs`: the constant-blinding mask ([`blinding_mask`]).
+//! * `reach.rs`: which instructions can run given the constants the code computes
+//!   ([`reachable`]; the runtime's test for poisoned CO-RE relocations).
 
 mod blinding;
 mod budget;
@@ -32,6 +34,7 @@ mod keys;
 mod liveness;
 mod memory;
 mod mode;
+mod reach;
 
 pub use blinding::blinding_mask;
 pub use budget::{back_edge_charge, CALL_CHARGE};
@@ -48,6 +51,7 @@ pub use liveness::{
 };
 pub use memory::{checked_access, is_frame_constant, stack_block_size};
 pub use mode::{validate_inline_kinds, validate_request, Budget, CodegenMode, MemoryChecks};
+pub use reach::reachable;
 
 /// `insns` decoded and verified with helper 1 in the table: the test programs of the
 /// submodules.
