@@ -1188,6 +1188,19 @@ pub trait Pass<'a>: Isa<'a> + Sized {
     fn emitted_forms(&self) -> Vec<(usize, Self::Form)> {
         Vec::new()
     }
+    /// Makes this pass's code the code the next pass would emit with `forms` (the
+    /// relaxation's forms after it settled this pass), without emitting again: possible
+    /// where a later pass's code is this one's with some branches in longer forms
+    /// (`ColdPlacement` replays the first pass's position-dependent choices) and the backend
+    /// can widen them in place. Returns false, changing nothing, where it cannot; then a new
+    /// pass is emitted. After it, [`Pass::resolve`], [`Pass::relocate`], the branch checks
+    /// and [`Pass::finish`] describe the widened code.
+    fn regrow(&mut self, _forms: &[Self::Form]) -> bool {
+        false
+    }
+    /// Moves offsets recorded while emitting (the driver's instruction offsets) to where the
+    /// code after [`Pass::regrow`] has them.
+    fn relocate(&self, _offsets: &mut [u32]) {}
     /// Resolved offset of a bound label.
     fn resolve(&self, label: DynamicLabel) -> Option<usize>;
     fn finish(self) -> Result<Assembled, CompileError>;
@@ -1207,7 +1220,8 @@ pub struct Emitted {
     pub data: Vec<Range<usize>>,
     /// Byte offset of each eBPF instruction's code (indexed like `Program::insts`).
     pub inst_offsets: Reused<u32>,
-    /// Emission passes needed to settle branch forms (1 unless some branch was out of range).
+    /// Relaxation passes needed to settle branch forms (1 unless some branch was out of
+    /// range), emitted or made by widening the previous pass's code ([`Pass::regrow`]).
     pub passes: usize,
     /// Cold code islands inside functions ([`ColdPlacement`]).
     pub islands: usize,
@@ -1219,60 +1233,70 @@ pub struct Emitted {
 }
 
 /// Lowers a program: passes of `new_pass` (given the forms to emit and the cold placement)
-/// until every branch reaches, with `relax` growing the sites that do not.
+/// until every branch reaches, with `relax` growing the sites that do not. Where the backend
+/// can widen a pass's branches in place ([`Pass::regrow`]), that replaces emitting the pass
+/// again (it counts as a pass all the same: the relaxation's bounds are per pass).
 pub fn emit<'a, P: Pass<'a>>(
     mut relax: Relaxation<P::Form>,
     mut islands: ColdPlacement,
     mut new_pass: impl FnMut(&[P::Form], ColdPlacement) -> Result<P, CompileError>,
 ) -> Result<Emitted, CompileError> {
-    loop {
+    let mut pass = 'passes: loop {
         relax.begin_pass();
         islands.begin_pass(relax.passes());
         let mut pass = new_pass(relax.forms(), islands)?;
         lower_program(&mut pass)?;
         islands = pass.driver().islands.clone();
-        let settled = match pass.branch_checks()? {
-            None => Settled::Done,
-            Some(checks) => {
-                for (site, form) in pass.emitted_forms() {
-                    relax.form(site, form);
+        loop {
+            let settled = match pass.branch_checks()? {
+                None => Settled::Done,
+                Some(checks) => {
+                    relax.reserve(checks.len());
+                    for (site, form) in pass.emitted_forms() {
+                        relax.form(site, form);
+                    }
+                    relax.settle(&checks, |c| {
+                        CompileError::new(
+                            ErrorKind::Encoding,
+                            format!(
+                                "program too large: the branch at code offset {} spans {} \
+                                 bytes, beyond {}",
+                                c.at,
+                                c.disp,
+                                P::LONGEST_BRANCH
+                            ),
+                        )
+                    })?
                 }
-                relax.settle(&checks, |c| {
-                    CompileError::new(
-                        ErrorKind::Encoding,
-                        format!(
-                            "program too large: the branch at code offset {} spans {} bytes, \
-                             beyond {}",
-                            c.at,
-                            c.disp,
-                            P::LONGEST_BRANCH
-                        ),
-                    )
-                })?
+            };
+            if settled == Settled::Done {
+                break 'passes pass;
             }
-        };
-        if settled == Settled::Again {
-            continue;
+            if !pass.regrow(relax.forms()) {
+                continue 'passes;
+            }
+            relax.begin_pass();
         }
-        let d = pass.driver();
-        let (access, resumes, clamps) = (
-            d.access,
-            std::mem::take(&mut d.group_resume),
-            std::mem::take(&mut d.walk_clamps),
-        );
-        let landings = landings(access, &resumes, &clamps, |l| pass.resolve(l));
-        let inst_offsets = std::mem::take(&mut pass.driver().offsets);
-        let code = pass.finish()?;
-        return Ok(Emitted {
-            bytes: code.bytes,
-            native_insns: code.native_insns,
-            data: code.data,
-            inst_offsets,
-            passes: relax.passes(),
-            islands: islands.islands(),
-            landings,
-        });
-    }
+    };
+    let d = pass.driver();
+    let (access, resumes, clamps) = (
+        d.access,
+        std::mem::take(&mut d.group_resume),
+        std::mem::take(&mut d.walk_clamps),
+    );
+    let landings = landings(access, &resumes, &clamps, |l| pass.resolve(l));
+    let mut inst_offsets = std::mem::take(&mut pass.driver().offsets);
+    pass.relocate(&mut inst_offsets);
+    let code = pass.finish()?;
+    Ok(Emitted {
+        bytes: code.bytes,
+        native_insns: code.native_insns,
+        data: code.data,
+        inst_offsets,
+        passes: relax.passes(),
+        islands: islands.islands(),
+        landings,
+    })
 }
 
 /// `(instruction, native offset)`, sorted: jumps to that instruction that land elsewhere

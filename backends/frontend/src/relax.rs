@@ -92,6 +92,12 @@ impl<F: Copy + Ord + std::fmt::Debug> Relaxation<F> {
         self.passes
     }
 
+    /// Room for `sites` sites' forms, so that recording them ([`Relaxation::form`], in site
+    /// order) does not regrow the list one doubling at a time.
+    pub fn reserve(&mut self, sites: usize) {
+        self.forms.reserve(sites.saturating_sub(self.forms.len()));
+    }
+
     /// The form of `site`, at least `smallest` (the shortest form the site's kind has).
     pub fn form(&mut self, site: usize, smallest: F) -> F {
         if site >= self.forms.len() {

@@ -120,31 +120,84 @@ struct Fixup {
     /// fields: a program has at most 1 M instructions and its code is far below 4 GiB; a
     /// 1 M-instruction program has hundreds of thousands of fixups, 24 bytes each.)
     end: u32,
-    /// Field width: 1 or 4.
+    /// Field width as emitted: 1 or 4.
     width: u8,
+    /// A `jcc`'s condition code (`Cc as u8`); [`UNCONDITIONAL`] for `jmp` and calls. What
+    /// [`Assembler::regrow`] rewrites a widened site to.
+    cc: u8,
     label: Label,
 }
 
 /// [`Fixup::site`] of a call.
 const CALL_SITE: u32 = u32::MAX;
 
-impl Fixup {
-    /// The displacement to the bound label, and whether it fits the field's width.
-    fn displacement(
-        &self,
-        labels: &dynasmrt::components::LabelRegistry,
-    ) -> Result<(i64, bool), String> {
-        let target = labels
-            .resolve_dynamic(self.label)
-            .map_err(|_| format!("internal: label {} never bound", self.label.get_id()))?
-            .0;
-        let disp = target as i64 - i64::from(self.end);
-        let fits = match self.width {
-            1 => i8::try_from(disp).is_ok(),
-            _ => i32::try_from(disp).is_ok(),
-        };
-        Ok((disp, fits))
+/// [`Fixup::cc`] of a `jmp` or call.
+const UNCONDITIONAL: u8 = 0xff;
+
+/// Whether `f` was emitted `rel8` and `forms` (the forms after [`Assembler::regrow`]) widen
+/// it to `rel32`.
+fn widened(forms: &[Form], f: &Fixup) -> bool {
+    f.width == 1 && forms.get(f.site as usize) == Some(&Form::Rel32)
+}
+
+/// Offset `p` of the code as emitted, in the code after [`Assembler::regrow`]: moved by the
+/// bytes its widened sites before `p` added (`grown`: each widened site's end as emitted and
+/// the bytes added up to and including it, ascending). A site's end counts as after it: a
+/// label bound there moves with the code that follows; one at its start does not.
+fn moved(grown: &[(u32, u32)], p: usize) -> usize {
+    match grown.partition_point(|&(end, _)| end as usize <= p) {
+        0 => p,
+        k => p + grown[k - 1].1 as usize,
     }
+}
+
+/// A fixup in the code as it stands (after any [`Assembler::regrow`]).
+struct Placed {
+    /// Offset just past the instruction.
+    end: usize,
+    /// Field width: 1 or 4.
+    width: usize,
+    /// Target minus `end`.
+    disp: i64,
+}
+
+impl Placed {
+    fn fits(&self) -> bool {
+        match self.width {
+            1 => i8::try_from(self.disp).is_ok(),
+            _ => i32::try_from(self.disp).is_ok(),
+        }
+    }
+}
+
+/// Where `f` is, and its displacement to its bound label, in the code after the widening
+/// that `forms` and `grown` describe.
+#[inline]
+fn place(
+    labels: &dynasmrt::components::LabelRegistry,
+    forms: &[Form],
+    grown: &[(u32, u32)],
+    f: &Fixup,
+) -> Result<Placed, String> {
+    let target = labels
+        .resolve_dynamic(f.label)
+        .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
+        .0;
+    if grown.is_empty() {
+        // The code as emitted (every pass's first check, and most programs' only one).
+        return Ok(Placed {
+            end: f.end as usize,
+            width: usize::from(f.width),
+            disp: target as i64 - i64::from(f.end),
+        });
+    }
+    let end = moved(grown, f.end as usize);
+    let width = if widened(forms, f) { 4 } else { f.width };
+    Ok(Placed {
+        end,
+        width: usize::from(width),
+        disp: moved(grown, target) as i64 - end as i64,
+    })
 }
 
 /// Operand size of a general-purpose operation.
@@ -197,11 +250,19 @@ pub struct Assembler {
     /// Every fixup's displacement, kept by a [`Assembler::branches_fit`] that found them all in
     /// reach, so that [`Assembler::finish`] need not resolve every label again.
     disps: Option<Reused<i32>>,
-    /// Per branch site, the form the relaxation driver chose in earlier passes.
+    /// Per branch site, the form the relaxation driver chose in earlier passes (after a
+    /// [`Assembler::regrow`], the forms it widened the code to).
     forms: Vec<Form>,
     sites: usize,
     /// Instructions emitted (for the compile result's native instruction count).
     pub insns: usize,
+    /// The code holds bytes that depend on where they land other than through a fixup (a
+    /// `dynasm!` label reference, whose displacement dynasm resolves from the offsets as
+    /// emitted, or alignment padding): [`Assembler::regrow`] cannot move it.
+    anchored: bool,
+    /// The sites [`Assembler::regrow`] widened: each one's end as emitted and the bytes added
+    /// up to and including it, ascending (empty until then).
+    grown: Vec<(u32, u32)>,
 }
 
 /// Forms of a `jmp`/`jcc`, shortest first.
@@ -240,7 +301,14 @@ impl Assembler {
             forms,
             sites: 0,
             insns: 0,
+            anchored: false,
+            grown: Vec::new(),
         }
+    }
+
+    /// Branch sites emitted so far (calls excluded).
+    pub fn sites(&self) -> usize {
+        self.sites
     }
 
     /// Current offset.
@@ -258,9 +326,15 @@ impl Assembler {
         dynasm!(self.ops ; .arch x64 ; =>l);
     }
 
-    /// Offset of a bound label.
+    /// Offset of a bound label (in the code after any [`Assembler::regrow`]).
     pub fn offset_of(&self, l: Label) -> Option<usize> {
-        self.ops.labels().resolve_dynamic(l).ok().map(|o| o.0)
+        let o = self.ops.labels().resolve_dynamic(l).ok()?.0;
+        Some(self.moved(o))
+    }
+
+    /// Offset `p` of the code as emitted, in the code after any [`Assembler::regrow`].
+    pub fn moved(&self, p: usize) -> usize {
+        moved(&self.grown, p)
     }
 
     fn b(&mut self, x: u8) {
@@ -302,6 +376,7 @@ impl Assembler {
     // dynasm expands each dynamic register `Rq(r)` to `r.into()`, an identity on `Gpr`.
     #[allow(clippy::useless_conversion)]
     pub fn load_table_entry(&mut self, dst: Gpr, table: Label, index: Gpr) {
+        self.anchored = true;
         dynasm!(self.ops
             ; .arch x64
             ; lea Rq(dst), [=>table]
@@ -313,6 +388,7 @@ impl Assembler {
 
     /// 8-byte aligned data at label `l` (`int3` padding: never executed); not instructions.
     pub fn data_u64(&mut self, l: Label, words: &[u64]) {
+        self.anchored = true;
         self.ops.align(8, 0xcc);
         self.bind(l);
         for &w in words {
@@ -522,6 +598,7 @@ impl Assembler {
             site: site as u32,
             end,
             width: if long { 4 } else { 1 },
+            cc: cc.map_or(UNCONDITIONAL, |cc| cc as u8),
             label: l,
         });
         self.insns += 1;
@@ -553,6 +630,7 @@ impl Assembler {
             site: CALL_SITE,
             end,
             width: 4,
+            cc: UNCONDITIONAL,
             label: l,
         });
         self.insns += 1;
@@ -561,7 +639,7 @@ impl Assembler {
     /// Each branch site's number and the form it was emitted in this pass.
     pub fn emitted_forms(&self) -> impl Iterator<Item = (usize, Form)> + '_ {
         self.fixups.iter().filter(|f| f.site != CALL_SITE).map(|f| {
-            let form = if f.width == 1 {
+            let form = if f.width == 1 && !widened(&self.forms, f) {
                 Form::Rel8
             } else {
                 Form::Rel32
@@ -578,10 +656,10 @@ impl Assembler {
         let mut disps = reuse::take(self.fixups.len());
         let mut fit = true;
         for f in self.fixups.iter() {
-            let (disp, fits) = f.displacement(labels)?;
-            fit &= fits;
+            let p = place(labels, &self.forms, &self.grown, f)?;
+            fit &= p.fits();
             // Kept only when all fit, where every displacement fits an i32.
-            disps.push(disp as i32);
+            disps.push(p.disp as i32);
         }
         self.disps = fit.then_some(disps);
         Ok(fit)
@@ -591,18 +669,16 @@ impl Assembler {
     /// have only the `rel32` form; one beyond it is an error here.
     pub fn branch_checks(&self) -> Result<Vec<BranchCheck<Form>>, String> {
         let mut checks = Vec::with_capacity(self.sites);
+        let labels = self.ops.labels();
         for f in &self.fixups {
-            let target = self
-                .offset_of(f.label)
-                .ok_or_else(|| format!("internal: label {} never bound", f.label.get_id()))?;
-            let disp = target as i64 - i64::from(f.end);
+            let Placed { end, width, disp } = place(labels, &self.forms, &self.grown, f)?;
             if f.site == CALL_SITE {
                 if i32::try_from(disp).is_err() {
                     return Err(format!("call displacement {disp} exceeds rel32"));
                 }
                 continue;
             }
-            let (form, range) = if f.width == 1 {
+            let (form, range) = if width == 1 {
                 (Form::Rel8, (i8::MIN as isize, i8::MAX as isize))
             } else {
                 (Form::Rel32, (i32::MIN as isize, i32::MAX as isize))
@@ -617,7 +693,7 @@ impl Assembler {
             );
             checks.push(BranchCheck {
                 site: f.site as usize,
-                at: f.end as usize,
+                at: end,
                 disp: disp as isize,
                 range,
                 grow: Form::Rel32,
@@ -639,26 +715,96 @@ impl Assembler {
                 let labels = self.ops.labels();
                 let mut disps = reuse::take(self.fixups.len());
                 for f in self.fixups.iter() {
-                    let (disp, fits) = f.displacement(labels)?;
-                    if !fits {
+                    let p = place(labels, &self.forms, &self.grown, f)?;
+                    if !p.fits() {
                         return Err(format!(
-                            "internal: branch at {} does not reach its label (displacement {disp})",
-                            f.end
+                            "internal: branch at {} does not reach its label (displacement {})",
+                            p.end, p.disp
                         ));
                     }
-                    disps.push(disp as i32);
+                    disps.push(p.disp as i32);
                 }
                 disps
             }
         };
-        let mut bytes = reuse::assembled(self.ops)
+        let emitted = reuse::assembled(self.ops)
             .map_err(|e| format!("internal: x86-64 assembly failed: {e}"))?;
+        let mut bytes = match self.grown.last() {
+            None => emitted,
+            Some(&(_, added)) => widen(&emitted, &self.fixups, &self.forms, added as usize)?,
+        };
         for (f, &disp) in self.fixups.iter().zip(disps.iter()) {
-            let (end, width) = (f.end as usize, usize::from(f.width));
+            let end = moved(&self.grown, f.end as usize);
+            let width = if widened(&self.forms, f) {
+                4
+            } else {
+                usize::from(f.width)
+            };
             bytes[end - width..end].copy_from_slice(&disp.to_le_bytes()[..width]);
         }
         Ok(bytes)
     }
+
+    /// Turns this pass's code into the code the next pass would emit with `forms` (the
+    /// relaxation's forms after it settled this pass), without emitting it again: every site
+    /// emitted `rel8` whose form grew to `rel32` is widened in place (`jmp`: 3 more bytes,
+    /// `jcc`: 4), and everything after it moves. Offsets asked for afterwards
+    /// ([`Assembler::offset_of`], [`Assembler::moved`], the branch checks) and the bytes of
+    /// [`Assembler::finish`] are those of the widened code.
+    ///
+    /// That is the next pass's code because a later pass repeats the first's code except for
+    /// branch forms: the choices that depend on positions are the first pass's, replayed
+    /// (`ColdPlacement`'s guesses, carried to later passes as forms), and a backward branch
+    /// left `rel8` by the relaxation stays in reach, as its bound on the growth between
+    /// guarantees. Returns false, changing nothing, when the code is anchored (it has a `callx`
+    /// table: a `dynasm!` label reference and alignment padding); then only a new pass gets
+    /// the next code right.
+    pub fn regrow(&mut self, forms: &[Form]) -> bool {
+        if self.anchored {
+            return false;
+        }
+        self.forms.clear();
+        self.forms.extend_from_slice(forms);
+        self.grown.clear();
+        let mut added = 0;
+        for f in self.fixups.iter().filter(|f| widened(&self.forms, f)) {
+            added += if f.cc == UNCONDITIONAL { 3 } else { 4 };
+            self.grown.push((f.end, added));
+        }
+        self.disps = None;
+        true
+    }
+}
+
+/// `code` (as emitted) with each site `forms` widen rewritten from its `rel8` form to its
+/// `rel32` one (`EB` → `E9`, `70+cc` → `0F 80+cc`; the displacement is written by
+/// [`Assembler::finish`]), `added` bytes longer.
+fn widen(
+    code: &[u8],
+    fixups: &[Fixup],
+    forms: &[Form],
+    added: usize,
+) -> Result<Reused<u8>, String> {
+    let mut out = reuse::take(code.len() + added);
+    let mut from = 0;
+    for f in fixups.iter().filter(|f| widened(forms, f)) {
+        let start = f.end as usize - 2;
+        let (was, long): (u8, &[u8]) = match f.cc {
+            UNCONDITIONAL => (0xeb, &[0xe9, 0, 0, 0, 0]),
+            cc => (0x70 | cc, &[0x0f, 0x80 | cc, 0, 0, 0, 0]),
+        };
+        if code[start] != was {
+            return Err(format!(
+                "internal: no rel8 jump at code offset {start} to widen (found {:#04x})",
+                code[start]
+            ));
+        }
+        out.extend_from_slice(&code[from..start]);
+        out.extend_from_slice(long);
+        from = f.end as usize;
+    }
+    out.extend_from_slice(&code[from..]);
+    Ok(out)
 }
 
 /// Group-1 arithmetic (`add`, `or`, `and`, `sub`, `xor`, `cmp`): the ModRM `reg` digit of

@@ -601,7 +601,7 @@ impl PackedArena {
             RemapPolicy::Never => false,
             RemapPolicy::Auto => dual && probe::stale_code_after_rewrite(),
         };
-        let membarrier = sys::membarrier_register();
+        let membarrier = sys::CORES_NEED_SYNC && sys::membarrier_register();
         let inner = Inner {
             cfg,
             trap,

@@ -116,6 +116,21 @@ pub(crate) fn close(fd: libc::c_int) {
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 5;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 6;
 
+/// Whether other threads must be made to serialise their instruction stream after a commit
+/// (`membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`), on the host's arch.
+///
+/// arm64 needs it: another core may hold stale instructions for a reused address until it
+/// executes an ISB, which only the kernel can make it do (wasmtime's icache-coherence crate
+/// issues the same call there). RV64 keeps it too, on top of `riscv_flush_icache`'s
+/// all-harts flush. x86-64 does not: its instruction fetch is coherent with stores from any
+/// core (snooped by physical address, so the RW alias of a dual mapping is covered), and a
+/// commit only writes chunks no thread can be executing (fresh, or freed after their grace
+/// period), reached only through pointers published after the commit. That is how Linux
+/// installs x86 BPF programs (`bpf_prog_pack` + `text_poke_copy`, no cross-CPU sync: the
+/// sync is for patching live instructions, which packjit never does). The syscall cost a
+/// load 0.6 µs there, a third of a small program's compile (issue 45).
+pub(crate) const CORES_NEED_SYNC: bool = !cfg!(target_arch = "x86_64");
+
 /// Registers for `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`; false where unavailable.
 pub(crate) fn membarrier_register() -> bool {
     // SAFETY: plain syscall without pointers.

@@ -81,6 +81,10 @@ pub struct EmitOptions {
     pub spectre_clamp: bool,
     /// Share one widened check among grouped accesses (`ranges::group_accesses`).
     pub group_checks: bool,
+    /// Widen a pass's out-of-reach branches in place where the backend can
+    /// (`lower::Pass::regrow`) instead of emitting the code again. Off only to check that
+    /// both give the same code.
+    pub regrow: bool,
 }
 
 impl Default for EmitOptions {
@@ -88,6 +92,7 @@ impl Default for EmitOptions {
         EmitOptions {
             spectre_clamp: true,
             group_checks: true,
+            regrow: true,
         }
     }
 }

@@ -271,7 +271,9 @@ fn exposed_reads(
     let mut unwritten = vec![0u16; n];
     unwritten[0] = mask;
     let mut exposed = 0u16;
-    let mut work = vec![0usize];
+    // Room for a branchy function's pending targets without regrowing from one.
+    let mut work = Vec::with_capacity(n.min(64));
+    work.push(0usize);
     while let Some(mut k) = work.pop() {
         // Runs along the fall-through edge without the worklist: straight-line code is
         // one visit per instruction.

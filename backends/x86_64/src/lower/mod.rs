@@ -79,6 +79,7 @@ pub fn emit_decoded_with(
     lower::emit(relax, islands, |forms: &[Form], islands| {
         let mut cg = Codegen::new(prog, helpers, mode, plan, forms.to_vec(), islands);
         cg.d.clamp = opts.spectre_clamp;
+        cg.regrow = opts.regrow;
         Ok(cg)
     })
 }
@@ -111,6 +112,8 @@ pub struct Codegen<'a> {
     callx_tables: Vec<(Label, Vec<u64>)>,
     /// Where the tables went (`Emitted::data`).
     data: Vec<Range<usize>>,
+    /// Widen out-of-reach branches in place (`Pass::regrow`; `EmitOptions::regrow`).
+    regrow: bool,
 }
 
 impl<'a> Codegen<'a> {
@@ -145,6 +148,7 @@ impl<'a> Codegen<'a> {
             access_check: None,
             callx_tables: Vec::new(),
             data: Vec::new(),
+            regrow: true,
         }
     }
 
@@ -217,8 +221,23 @@ impl<'a> Pass<'a> for Codegen<'a> {
 
     fn emitted_forms(&self) -> Vec<(usize, Form)> {
         // Later passes start from the forms this one emitted (a guessed or far backward
-        // rel32 stays one).
-        self.e.emitted_forms().collect()
+        // rel32 stays one). Sized up front: a collected filter would regrow from empty.
+        let mut forms = Vec::with_capacity(self.e.sites());
+        forms.extend(self.e.emitted_forms());
+        forms
+    }
+
+    fn regrow(&mut self, forms: &[Form]) -> bool {
+        // Branch forms are the only thing a later pass changes, and the encoder widens them
+        // in place (`Assembler::regrow`): the second pass most checked or 100-instruction
+        // programs needed was half their lowering (issue 45).
+        self.regrow && self.e.regrow(forms)
+    }
+
+    fn relocate(&self, offsets: &mut [u32]) {
+        for o in offsets {
+            *o = self.e.moved(*o as usize) as u32;
+        }
     }
 
     fn resolve(&self, label: Label) -> Option<usize> {
