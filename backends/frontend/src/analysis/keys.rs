@@ -7,7 +7,10 @@
 //! ```
 //!
 //! The driver then emits the element's address (or NULL) as a constant instead of loading,
-//! bounding and scaling the key: the lookup costs what a load of a global costs.
+//! bounding and scaling the key: the lookup costs what a load of a global costs. A key the
+//! program computes at run time (`u32 key = ctx->key`) is still found in the frame: the
+//! lookup reads it from there (r10 + offset, never checked) instead of through r2, so the
+//! argument setup is dead for it too.
 //!
 //! One forward pass over basic blocks. The facts are kept only while nothing can have
 //! changed them: they are dropped at every instruction a branch or call lands on (another
@@ -122,6 +125,31 @@ pub fn constant_array_keys(
     prog: &Program,
     is_array_lookup: impl Fn(u32) -> bool,
 ) -> Vec<(usize, u32)> {
+    array_keys(prog, is_array_lookup)
+        .into_iter()
+        .filter_map(|(at, key)| match key {
+            ArrayKey::Const(k) => Some((at, k)),
+            ArrayKey::Frame(_) => None,
+        })
+        .collect()
+}
+
+/// Where an array lookup's key is, when the pass knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArrayKey {
+    /// This constant.
+    Const(u32),
+    /// The `u32` at r10 + this offset, inside the frame (a frame-constant read, proven in
+    /// every mode), whose value is known only when the program runs.
+    Frame(i16),
+}
+
+/// For each instruction index, in ascending order, that calls a helper `is_array_lookup`
+/// accepts with r2 pointing into the frame: the index and the key, a constant where
+/// straight-line code just stored one, else its place in the frame. A frame key needs its
+/// four bytes inside the frame (`is_frame_constant`): r2 anywhere else is left to the
+/// lookup's own read through r2.
+pub fn array_keys(prog: &Program, is_array_lookup: impl Fn(u32) -> bool) -> Vec<(usize, ArrayKey)> {
     let mut keys = Vec::new();
     let mut facts = Facts::new();
     for (i, inst) in prog.insts.iter().enumerate() {
@@ -187,7 +215,12 @@ pub fn constant_array_keys(
                 if is_array_lookup(id) {
                     if let Known::Stack(off) = facts.get(2) {
                         if let Some(key) = facts.key_at(off) {
-                            keys.push((i, key));
+                            keys.push((i, ArrayKey::Const(key)));
+                        } else if let Some(off) = i16::try_from(off)
+                            .ok()
+                            .filter(|&o| super::is_frame_constant(crate::R10, o, Size::W))
+                        {
+                            keys.push((i, ArrayKey::Frame(off)));
                         }
                     }
                 }
@@ -331,6 +364,47 @@ mod tests {
         assert_eq!(with(&[i(0x62, 10, 0, -8, 1)]), vec![(4, 3)]);
         // A half-word store is not remembered, but still overwrites.
         assert!(with(&[i(0x6a, 10, 0, -4, 1)]).is_empty());
+    }
+
+    #[test]
+    fn a_run_time_key_is_found_at_its_place_in_the_frame() {
+        let frame = |p: &[[u8; 8]]| array_keys(&crate::analysis::program(p), |id| id == LOOKUP);
+        let call = i(0x85, 0, 0, 0, LOOKUP as i32);
+        // clang's `u32 key = ctx->key`: r1 = *(u32 *)(r1 + 0) ; *(u32 *)(r10 - 4) = r1 ;
+        // r2 = r10 ; r2 += -4 ; call
+        let key_setup = |r2_off: i32| {
+            vec![
+                i(0x61, 1, 1, 0, 0),
+                i(0x63, 10, 1, -4, 0),
+                i(0xbf, 2, 10, 0, 0),
+                i(0x07, 2, 0, 0, r2_off),
+                call,
+                EXIT,
+            ]
+        };
+        assert_eq!(frame(&key_setup(-4)), vec![(4, ArrayKey::Frame(-4))]);
+        // Any four bytes inside the frame, written or not (the lookup reads what is there).
+        assert_eq!(frame(&key_setup(-512)), vec![(4, ArrayKey::Frame(-512))]);
+        // Not wholly inside the frame: its last bytes, above r10, below the frame.
+        for off in [-3, 0, 4, -513, -600] {
+            assert!(frame(&key_setup(off)).is_empty(), "r10 {off:+}");
+        }
+        // A constant key is still a constant, and the constant-key list has only those.
+        let mut konst = key_setup(-4);
+        konst[0] = i(0xb7, 1, 0, 0, 3);
+        assert_eq!(frame(&konst), vec![(4, ArrayKey::Const(3))]);
+        let p = crate::analysis::program(&key_setup(-4));
+        assert!(constant_array_keys(&p, |id| id == LOOKUP).is_empty());
+        // r2 forgotten (a joining path, a load, another call before): no place.
+        let mut joined = key_setup(-4);
+        joined.insert(0, i(0x15, 1, 0, 4, 0)); // if r1 == 0 goto the call
+        assert!(frame(&joined).is_empty());
+        let mut loaded = key_setup(-4);
+        loaded.insert(4, i(0x79, 2, 10, -8, 0));
+        assert!(frame(&loaded).is_empty());
+        let mut called = key_setup(-4);
+        called.insert(4, call);
+        assert_eq!(frame(&called), vec![(4, ArrayKey::Frame(-4))]);
     }
 
     #[test]
