@@ -242,9 +242,9 @@ fn frame_keys_are_read_from_the_frame_bounded_and_scaled_for_every_stride() {
         ..Default::default()
     };
     let mut through_r2 = frame_key_program(0);
-    // `ja +0` before the call (pc 6, byte 48) makes the call a jump target: the pass
-    // forgets r2 there.
-    through_r2.splice(48..48, i(0x05, 0, 0, 0, 0));
+    // `ja +0` before the map reference (pc 4, byte 32) makes it a jump target: the pass
+    // forgets r2 there (the lookup, in the map reference's block, is still inlined).
+    through_r2.splice(32..32, i(0x05, 0, 0, 0, 0));
     for (frame, read) in load_both(&rt, &frame_key_program(0), &opts)
         .into_iter()
         .zip(load_both(&rt, &through_r2, &opts))

@@ -29,6 +29,7 @@
 //!                                        (each operation of its blinding rewrite)
 //!                             epilogues[k]: epilogue(k)
 //!                             queued cold code: access_slow_path, budget_stop, isa_cold,
+//!                             an array lookup's NULL,
 //!                             checked copies (the hooks again, every access checked)
 //!   program_end()             shared checks, stop paths, tables, constant pools
 //! ```
