@@ -211,7 +211,7 @@ fn frame_keys_are_read_from_the_frame_bounded_and_scaled_for_every_stride() {
         let last = (value_size - 8) as i16;
         for p in load_both(&rt, &frame_key_program(last), &opts) {
             let run = |key: u32, high: u32| {
-                let mut mem = (u64::from(high) << 32 | u64::from(key)).to_le_bytes();
+                let mut mem = ((u64::from(high) << 32) | u64::from(key)).to_le_bytes();
                 p.call(&mut mem).unwrap()
             };
             for &k in &probe {
