@@ -189,6 +189,26 @@ fn frame_key_program(off: i16) -> Vec<u8> {
     .concat()
 }
 
+/// clang's form for `u32 key = ctx->key`: the key loaded as a `u32` (zero-extended) and
+/// stored from that register, which trusted code's lookup then uses without reading the
+/// key back (`analysis::forwarded_key`, for strides up to 8).
+fn stored_key_program(off: i16) -> Vec<u8> {
+    [
+        i(0x61, 1, 1, 0, 0),   // r1 = *(u32 *)(r1 + 0)
+        i(0x63, 10, 1, -4, 0), // *(u32 *)(r10 - 4) = r1
+        i(0xbf, 2, 10, 0, 0),  // r2 = r10
+        i(0x07, 2, 0, 0, -4),  // r2 += -4
+        map_ref(1, 0),
+        i(CALL, 0, 0, 0, 1),
+        i(0x15, 0, 0, 2, 0), // if r0 == 0 goto +2
+        i(0x79, 0, 0, off, 0),
+        i(EXIT, 0, 0, 0, 0),
+        i(0xb7, 0, 0, 0, 777),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
 #[test]
 fn frame_keys_are_read_from_the_frame_bounded_and_scaled_for_every_stride() {
     let rt = host::host_runtime();
@@ -209,7 +229,8 @@ fn frame_keys_are_read_from_the_frame_bounded_and_scaled_for_every_stride() {
             ..Default::default()
         };
         let last = (value_size - 8) as i16;
-        for p in load_both(&rt, &frame_key_program(last), &opts) {
+        let programs = [frame_key_program(last), stored_key_program(last)];
+        for p in programs.iter().flat_map(|code| load_both(&rt, code, &opts)) {
             let run = |key: u32, high: u32| {
                 let mut mem = ((u64::from(high) << 32) | u64::from(key)).to_le_bytes();
                 p.call(&mut mem).unwrap()
@@ -245,6 +266,29 @@ fn frame_keys_are_read_from_the_frame_bounded_and_scaled_for_every_stride() {
     // `ja +0` before the map reference (pc 4, byte 32) makes it a jump target: the pass
     // forgets r2 there (the lookup, in the map reference's block, is still inlined).
     through_r2.splice(32..32, i(0x05, 0, 0, 0, 0));
+    // Trusted, the key stored from a register still holding it is not read back: shorter
+    // than the same program with a jump landing between the store and the call (the key is
+    // then read from the frame).
+    let mut read_back = stored_key_program(0);
+    read_back.splice(16..16, i(0x05, 0, 0, 0, 0)); // pc 2: ja +0
+                                                   // SAFETY: the programs touch their stack and an element of the map.
+    let (forwarded, from_frame) = unsafe {
+        (
+            rt.load_trusted(&stored_key_program(0), &opts).unwrap(),
+            rt.load_trusted(&read_back, &opts).unwrap(),
+        )
+    };
+    for key in [3u32, 4] {
+        let want = if key == 3 { 9 } else { 777 };
+        assert_eq!(forwarded.call(&mut key.to_le_bytes()).unwrap(), want);
+        assert_eq!(from_frame.call(&mut key.to_le_bytes()).unwrap(), want);
+    }
+    assert!(
+        forwarded.native_insns() < from_frame.native_insns(),
+        "forwarded {} vs read back {}",
+        forwarded.native_insns(),
+        from_frame.native_insns()
+    );
     for (frame, read) in load_both(&rt, &frame_key_program(0), &opts)
         .into_iter()
         .zip(load_both(&rt, &through_r2, &opts))

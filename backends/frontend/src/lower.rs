@@ -196,7 +196,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             .iter()
             .any(|h| matches!(helper_lowering(h), HelperLowering::ArrayLookup(_)))
         {
-            let keys = crate::analysis::array_keys(prog, |id| lookup(id).is_some());
+            let mut keys = crate::analysis::array_keys(prog, |id| lookup(id).is_some());
             let mut dead: Vec<usize> = keys
                 .iter()
                 .filter(|&&(at, _)| match prog.insts[at].op {
@@ -207,6 +207,30 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
                 .collect();
             dead.sort_unstable();
             dead.dedup();
+            // Trusted code's bounded form takes the key in the register the program stored
+            // it from, where that register still holds it and the form needs no scratch
+            // write to it (no shift before the add, no multiply, the bound an immediate).
+            if !mode.sandboxed() {
+                for (at, key) in &mut keys {
+                    let ArrayKey::Frame(off) = *key else { continue };
+                    let Op::CallHelper { id } = prog.insts[*at].op else {
+                        continue;
+                    };
+                    let fits = lookup(id).is_some_and(|a| {
+                        a.percpu_id.is_none()
+                            && a.value_stride.is_power_of_two()
+                            && a.value_stride <= 8
+                            && i32::try_from(a.max_entries).is_ok()
+                    });
+                    let skipped = |j: usize| dead.binary_search(&j).is_ok();
+                    if let Some(r) = fits
+                        .then(|| crate::analysis::forwarded_key(prog, *at, off, skipped))
+                        .flatten()
+                    {
+                        *key = ArrayKey::Register(r);
+                    }
+                }
+            }
             (keys, dead)
         } else {
             (Vec::new(), Vec::new())
@@ -963,6 +987,14 @@ fn array_lookup<'a, L: Isa<'a>>(
         Some(ArrayKey::Const(k)) => l.load_imm64(key, u64::from(k)),
         // Frame-constant: proven in every mode (`Driver::access`).
         Some(ArrayKey::Frame(off)) => l.load(Size::W, false, key, crate::R10, off),
+        // Trusted, in the register it was stored from (`Driver::new` checked the form
+        // needs no write to it): bound and scale it there.
+        Some(ArrayKey::Register(r)) => {
+            let max = Operand::Imm(array.max_entries as i32);
+            let shift = array.value_stride.trailing_zeros() as u8;
+            bounded_element(l, array.base, r, max, |_| shift);
+            return Ok(());
+        }
         None => {
             d.expansion = Expansion::ProgramMemory;
             l.load(Size::W, false, key, 2, 0);
@@ -986,28 +1018,20 @@ fn array_lookup<'a, L: Isa<'a>>(
         }
     };
     if !l.driver().mode.sandboxed() {
-        let (null, resume) = (l.new_label(), l.new_label());
-        l.branch_to(W64, Cond::Ge, 1, max, null);
         let stride = array.value_stride;
-        let shift = if stride.is_power_of_two() {
-            let log = stride.trailing_zeros() as u8;
-            // `scaled_add` shifts by up to 3; a larger power of two shifts the key first.
-            if log > 3 {
-                l.alu(W64, Lsh, 1, Operand::Imm(i32::from(log - 3)));
+        bounded_element(l, array.base, 1, max, |l| {
+            if stride.is_power_of_two() {
+                let log = stride.trailing_zeros() as u8;
+                // `scaled_add` shifts by up to 3; a larger power of two shifts the key first.
+                if log > 3 {
+                    l.alu(W64, Lsh, 1, Operand::Imm(i32::from(log - 3)));
+                }
+                log.min(3)
+            } else {
+                l.load_imm64(2, stride);
+                l.alu(W64, Mul, 1, Operand::Reg(2));
+                0
             }
-            log.min(3)
-        } else {
-            l.load_imm64(2, stride);
-            l.alu(W64, Mul, 1, Operand::Reg(2));
-            0
-        };
-        l.load_imm64(0, array.base);
-        l.scaled_add(0, 0, 1, shift);
-        l.bind(resume);
-        l.driver().queue(Cold::NullResult {
-            inst: cur,
-            label: null,
-            resume,
         });
         return Ok(());
     }
@@ -1027,6 +1051,31 @@ fn array_lookup<'a, L: Isa<'a>>(
     l.alu(W64, Add, 1, Operand::Reg(2));
     l.alu(W64, And, 0, Operand::Reg(1));
     Ok(())
+}
+
+/// Trusted code's bounded lookup: `if index >= max goto null`, then `scale` (which scales
+/// the index in place as far as needed and answers the shift left for the add), `r0 =
+/// base ; r0 += index << shift`, with `null` out of line (`Cold::NullResult`: r0 = 0, then
+/// back here).
+fn bounded_element<'a, L: Isa<'a>>(
+    l: &mut L,
+    base: u64,
+    index: Reg,
+    max: Operand,
+    scale: impl FnOnce(&mut L) -> u8,
+) {
+    let (null, resume) = (l.new_label(), l.new_label());
+    l.branch_to(Width::W64, Cond::Ge, index, max, null);
+    let shift = scale(l);
+    l.load_imm64(0, base);
+    l.scaled_add(0, 0, index, shift);
+    l.bind(resume);
+    let inst = l.driver().cur;
+    l.driver().queue(Cold::NullResult {
+        inst,
+        label: null,
+        resume,
+    });
 }
 
 /// After a called helper (or a `callx`, which may call one), in sandboxed code: r1-r5 = 0.

@@ -129,7 +129,7 @@ pub fn constant_array_keys(
         .into_iter()
         .filter_map(|(at, key)| match key {
             ArrayKey::Const(k) => Some((at, k)),
-            ArrayKey::Frame(_) => None,
+            ArrayKey::Frame(_) | ArrayKey::Register(_) => None,
         })
         .collect()
 }
@@ -142,6 +142,9 @@ pub enum ArrayKey {
     /// The `u32` at r10 + this offset, inside the frame (a frame-constant read, proven in
     /// every mode), whose value is known only when the program runs.
     Frame(i16),
+    /// A frame key still in this register, zero-extended ([`forwarded_key`]; the driver's
+    /// choice, never [`array_keys`]' answer).
+    Register(Reg),
 }
 
 /// For each instruction index, in ascending order, that calls a helper `is_array_lookup`
@@ -232,6 +235,140 @@ pub fn array_keys(prog: &Program, is_array_lookup: impl Fn(u32) -> bool) -> Vec<
         }
     }
     keys
+}
+
+/// The register that still holds the frame key at `off` when the lookup at `call` runs, if
+/// straight-line code right before stored it there from a register (`*(u32 *)(r10 + off) =
+/// rS`, or the 8-byte store) that no emitted instruction wrote since (`skipped` are the
+/// instructions not emitted: a dead argument's write never reaches the native register),
+/// and whose upper half is zero: its last write before the store is an unsigned load of at
+/// most four bytes, which zero-extends natively on every target (unlike 32-bit ALU results
+/// on RV64, whose upper half may be left unread and unwritten). The lookup then uses the
+/// register and does not read the key back. Not r0, which the lookup writes first.
+pub fn forwarded_key(
+    prog: &Program,
+    call: usize,
+    off: i16,
+    skipped: impl Fn(usize) -> bool,
+) -> Option<Reg> {
+    let sub = &prog.subprogs[prog.subprog_of(call)];
+    if prog.is_target[call] {
+        return None;
+    }
+    let overlaps = |o: i16, size: Size| {
+        let (a, b) = (i64::from(o), i64::from(o) + size.bytes() as i64);
+        a < i64::from(off) + 4 && i64::from(off) < b
+    };
+    // Registers the emitted code wrote between the store and the call.
+    let mut written: u16 = 0;
+    let mut found = None;
+    let mut j = call;
+    while j > sub.start {
+        j -= 1;
+        let op = prog.insts[j].op;
+        if !skipped(j) {
+            match op {
+                Op::Store {
+                    size: Size::W | Size::DW,
+                    base: crate::R10,
+                    off: o,
+                    src: Operand::Reg(r),
+                } if o == off => {
+                    found = Some(r);
+                }
+                Op::Store {
+                    base, off: o, size, ..
+                } => {
+                    if base != crate::R10 || overlaps(o, size) {
+                        return None;
+                    }
+                }
+                Op::Atomic {
+                    base,
+                    off: o,
+                    size,
+                    fetch,
+                    src,
+                    ..
+                } => {
+                    if base != crate::R10 || overlaps(o, size) {
+                        return None;
+                    }
+                    written |= 1;
+                    if fetch {
+                        written |= 1 << src;
+                    }
+                }
+                Op::Alu { dst, .. }
+                | Op::MovSx { dst, .. }
+                | Op::MovPerCpu { dst, .. }
+                | Op::Neg { dst, .. }
+                | Op::End { dst, .. }
+                | Op::LdImm64 { dst, .. }
+                | Op::Load { dst, .. } => written |= 1 << dst,
+                Op::PacketLoad { .. }
+                | Op::Ja { .. }
+                | Op::Jcond { .. }
+                | Op::CallHelper { .. }
+                | Op::CallReg { .. }
+                | Op::CallLocal { .. }
+                | Op::Exit => return None,
+            }
+        }
+        if found.is_some() || prog.is_target[j] {
+            break;
+        }
+    }
+    let reg = found?;
+    if reg == 0 || reg >= 10 || written & (1 << reg) != 0 {
+        return None;
+    }
+    // The register's last write before the store: an unsigned load of at most four bytes.
+    while j > sub.start && !prog.is_target[j] {
+        j -= 1;
+        if skipped(j) {
+            continue;
+        }
+        match prog.insts[j].op {
+            Op::Load {
+                size: Size::B | Size::H | Size::W,
+                sign_extend: false,
+                dst,
+                ..
+            } if dst == reg => return Some(reg),
+            Op::Alu { dst, .. }
+            | Op::MovSx { dst, .. }
+            | Op::MovPerCpu { dst, .. }
+            | Op::Neg { dst, .. }
+            | Op::End { dst, .. }
+            | Op::LdImm64 { dst, .. }
+            | Op::Load { dst, .. }
+                if dst == reg =>
+            {
+                return None
+            }
+            Op::Atomic {
+                fetch: true, src, ..
+            } if src == reg => return None,
+            Op::Alu { .. }
+            | Op::MovSx { .. }
+            | Op::MovPerCpu { .. }
+            | Op::Neg { .. }
+            | Op::End { .. }
+            | Op::LdImm64 { .. }
+            | Op::Load { .. }
+            | Op::Store { .. }
+            | Op::Atomic { .. } => {}
+            Op::PacketLoad { .. }
+            | Op::Ja { .. }
+            | Op::Jcond { .. }
+            | Op::CallHelper { .. }
+            | Op::CallReg { .. }
+            | Op::CallLocal { .. }
+            | Op::Exit => return None,
+        }
+    }
+    None
 }
 
 /// The instructions before a folded lookup at `call` whose only use was to pass it
@@ -405,6 +542,70 @@ mod tests {
         let mut called = key_setup(-4);
         called.insert(4, call);
         assert_eq!(frame(&called), vec![(4, ArrayKey::Frame(-4))]);
+    }
+
+    #[test]
+    fn a_stored_key_is_forwarded_only_from_a_zero_extended_untouched_register() {
+        // clang: r1 = *(u32 *)(r1 + 0) ; *(u32 *)(r10 - 4) = r1 ; r2 = r10 ; r2 += -4 ;
+        // r1 = map ll ; call. The lddw is a dead argument, not emitted: r1 still holds the key.
+        let clang = vec![
+            i(0x61, 1, 1, 0, 0),
+            i(0x63, 10, 1, -4, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            i(0x18, 1, 0, 0, 0x1234),
+            i(0, 0, 0, 0, 0),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        let fwd = |p: &[[u8; 8]], off: i16| {
+            let prog = crate::analysis::program(p);
+            let call = prog
+                .insts
+                .iter()
+                .position(|x| matches!(x.op, Op::CallHelper { .. }))
+                .unwrap();
+            let dead = dead_key_arguments(&prog, call);
+            forwarded_key(&prog, call, off, |j| dead.contains(&j))
+        };
+        assert_eq!(fwd(&clang, -4), Some(1));
+        // Another offset than the one stored.
+        assert_eq!(fwd(&clang, -8), None);
+        // The lddw emitted (not skipped): r1 is the map.
+        let prog = crate::analysis::program(&clang);
+        assert_eq!(forwarded_key(&prog, 5, -4, |_| false), None);
+        let with = |k: usize, x: [u8; 8]| {
+            let mut p = clang.clone();
+            p[k] = x;
+            fwd(&p, -4)
+        };
+        // An 8-byte store of the same register serves (the key is its low half).
+        assert_eq!(with(1, i(0x7b, 10, 1, -4, 0)), Some(1));
+        // The upper half not known zero: an 8-byte or sign-extending load, a 32-bit ALU
+        // result (RV64 may leave its upper half unwritten), a constant.
+        assert_eq!(with(0, i(0x79, 1, 1, 0, 0)), None);
+        assert_eq!(with(0, i(0x81, 1, 1, 0, 0)), None);
+        assert_eq!(with(0, i(0xbc, 1, 1, 0, 0)), None);
+        assert_eq!(with(0, i(0xb7, 1, 0, 0, 3)), None);
+        // Narrower unsigned loads zero-extend too; a byte store is not the key.
+        assert_eq!(with(0, i(0x71, 1, 1, 0, 0)), Some(1));
+        assert_eq!(with(1, i(0x73, 10, 1, -4, 0)), None);
+        // Between the store and the call: an emitted write to the register (a load; a dead
+        // ALU write is not emitted and leaves it), a store over a byte of the key, a store
+        // through another pointer (it may point here), a join.
+        assert_eq!(with(2, i(0x61, 1, 10, -8, 0)), None);
+        assert_eq!(with(2, i(0x07, 1, 0, 0, 1)), Some(1));
+        assert_eq!(with(2, i(0x72, 10, 0, -1, 7)), None);
+        assert_eq!(with(2, i(0x72, 3, 0, 0, 7)), None);
+        assert_eq!(with(2, i(0x72, 10, 0, -5, 7)), Some(1));
+        let mut joined = clang.clone();
+        joined.insert(0, i(0x15, 3, 0, 2, 0)); // if r3 == 0 goto pc 3 (r2 = r10)
+        assert_eq!(fwd(&joined, -4), None);
+        // r0 is the lookup's own result register.
+        let mut r0 = clang.clone();
+        r0[0] = i(0x61, 0, 1, 0, 0);
+        r0[1] = i(0x63, 10, 0, -4, 0);
+        assert_eq!(fwd(&r0, -4), None);
     }
 
     #[test]
