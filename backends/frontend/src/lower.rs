@@ -945,6 +945,10 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
 /// r0 = base ; r0 += r1 << log2(stride)   one `scaled_add`
 /// ```
 ///
+/// Where the program stored the key from a register that still holds it, zero-extended
+/// (`ArrayKey::Register`, [`crate::analysis::forwarded_key`]), the bound and the add use
+/// that register and the key is not read back.
+///
 /// Sandboxed code stays branch-free, so a mispredicted bound cannot speculatively index
 /// past the array (the kernel masks its array indices for the same reason):
 ///
