@@ -169,6 +169,143 @@ fn array_lookups_are_inlined_bounded_and_checked() {
     }
 }
 
+/// `*(u64 *)(r10 - 8) = *(u64 *)ctx; r0 = lookup(map 0, r10 - 8); r0 = r0 ? *(u64 *)(r0 +
+/// off) : 777`, as clang emits it: the key is the low four bytes of the context's first
+/// eight, in the frame at a known place, its value known only at run time.
+fn frame_key_program(off: i16) -> Vec<u8> {
+    [
+        i(0x79, 1, 1, 0, 0),   // r1 = *(u64 *)(r1 + 0)
+        i(0x7b, 10, 1, -8, 0), // *(u64 *)(r10 - 8) = r1
+        i(0xbf, 2, 10, 0, 0),  // r2 = r10
+        i(0x07, 2, 0, 0, -8),  // r2 += -8
+        map_ref(1, 0),
+        i(CALL, 0, 0, 0, 1),
+        i(0x15, 0, 0, 2, 0), // if r0 == 0 goto +2
+        i(0x79, 0, 0, off, 0),
+        i(EXIT, 0, 0, 0, 0),
+        i(0xb7, 0, 0, 0, 777),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+/// clang's form for `u32 key = ctx->key`: the key loaded as a `u32` (zero-extended) and
+/// stored from that register, which trusted code's lookup then uses without reading the
+/// key back (`analysis::forwarded_key`, for strides up to 8).
+fn stored_key_program(off: i16) -> Vec<u8> {
+    [
+        i(0x61, 1, 1, 0, 0),   // r1 = *(u32 *)(r1 + 0)
+        i(0x63, 10, 1, -4, 0), // *(u32 *)(r10 - 4) = r1
+        i(0xbf, 2, 10, 0, 0),  // r2 = r10
+        i(0x07, 2, 0, 0, -4),  // r2 += -4
+        map_ref(1, 0),
+        i(CALL, 0, 0, 0, 1),
+        i(0x15, 0, 0, 2, 0), // if r0 == 0 goto +2
+        i(0x79, 0, 0, off, 0),
+        i(EXIT, 0, 0, 0, 0),
+        i(0xb7, 0, 0, 0, 777),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn frame_keys_are_read_from_the_frame_bounded_and_scaled_for_every_stride() {
+    let rt = host::host_runtime();
+    // Value sizes whose element strides (8-byte rounded) take each scaling: a shifted add
+    // (8), a shift first (16, 64), a multiply (24); one element, and a million.
+    for (value_size, entries) in [(8u32, 7u32), (16, 3), (24, 5), (64, 1), (8, 1 << 20)] {
+        let map = Map::new(spec("table", MapType::Array, 4, value_size, entries)).unwrap();
+        let mut probe = vec![0, 1, entries / 2, entries - 1];
+        probe.retain(|&k| k < entries);
+        for &k in &probe {
+            let mut v = vec![0u8; value_size as usize];
+            let at = value_size as usize - 8;
+            v[at..].copy_from_slice(&(5000 + u64::from(k)).to_le_bytes());
+            map.update(&k.to_le_bytes(), &v, 0).unwrap();
+        }
+        let opts = LoadOptions {
+            maps: vec![map.clone()],
+            ..Default::default()
+        };
+        let last = (value_size - 8) as i16;
+        let programs = [frame_key_program(last), stored_key_program(last)];
+        for p in programs.iter().flat_map(|code| load_both(&rt, code, &opts)) {
+            let run = |key: u32, high: u32| {
+                let mut mem = ((u64::from(high) << 32) | u64::from(key)).to_le_bytes();
+                p.call(&mut mem).unwrap()
+            };
+            for &k in &probe {
+                // The upper half of the stored word is not part of the key.
+                for high in [0, 0xdead_beef] {
+                    let got = run(k, high);
+                    assert_eq!(
+                        got,
+                        5000 + u64::from(k),
+                        "{:?} size {value_size} key {k}",
+                        p.trust()
+                    );
+                }
+            }
+            for k in [entries, entries + 1, 1 << 31, u32::MAX] {
+                assert_eq!(run(k, 0), 777, "{:?} size {value_size} key {k}", p.trust());
+            }
+        }
+    }
+    // Reading the key from the frame drops the argument setup and, sandboxed, the key's
+    // check: shorter than the same program with a jump landing on the call, where the key
+    // is read through r2.
+    let map = Map::new(spec("table", MapType::Array, 4, 8, 4)).unwrap();
+    map.update(&3u32.to_le_bytes(), &9u64.to_le_bytes(), 0)
+        .unwrap();
+    let opts = LoadOptions {
+        maps: vec![map],
+        ..Default::default()
+    };
+    let mut through_r2 = frame_key_program(0);
+    // `ja +0` before the map reference (pc 4, byte 32) makes it a jump target: the pass
+    // forgets r2 there (the lookup, in the map reference's block, is still inlined).
+    through_r2.splice(32..32, i(0x05, 0, 0, 0, 0));
+    // Trusted, the key stored from a register still holding it is not read back: shorter
+    // than the same program with a jump landing between the store and the call (the key is
+    // then read from the frame).
+    let mut read_back = stored_key_program(0);
+    read_back.splice(16..16, i(0x05, 0, 0, 0, 0)); // pc 2: ja +0
+                                                   // SAFETY: the programs touch their stack and an element of the map.
+    let (forwarded, from_frame) = unsafe {
+        (
+            rt.load_trusted(&stored_key_program(0), &opts).unwrap(),
+            rt.load_trusted(&read_back, &opts).unwrap(),
+        )
+    };
+    for key in [3u32, 4] {
+        let want = if key == 3 { 9 } else { 777 };
+        assert_eq!(forwarded.call(&mut key.to_le_bytes()).unwrap(), want);
+        assert_eq!(from_frame.call(&mut key.to_le_bytes()).unwrap(), want);
+    }
+    assert!(
+        forwarded.native_insns() < from_frame.native_insns(),
+        "forwarded {} vs read back {}",
+        forwarded.native_insns(),
+        from_frame.native_insns()
+    );
+    for (frame, read) in load_both(&rt, &frame_key_program(0), &opts)
+        .into_iter()
+        .zip(load_both(&rt, &through_r2, &opts))
+    {
+        let mut key = 3u64.to_le_bytes();
+        assert_eq!(frame.call(&mut key).unwrap(), 9);
+        assert_eq!(read.call(&mut key).unwrap(), 9);
+        assert!(
+            frame.native_insns() < read.native_insns(),
+            "{:?}: frame key {} vs read through r2 {}",
+            frame.trust(),
+            frame.native_insns(),
+            read.native_insns()
+        );
+    }
+}
+
 /// `*(u32 *)(r10 - 4) = key; r0 = lookup(map 0, r10 - 4); r0 = r0 ? *(u64 *)(r0 + off) : 777`:
 /// the key is a constant the front end folds into the element's address.
 fn constant_key_program(key: i32, off: i16) -> Vec<u8> {

@@ -29,6 +29,7 @@
 //!                                        (each operation of its blinding rewrite)
 //!                             epilogues[k]: epilogue(k)
 //!                             queued cold code: access_slow_path, budget_stop, isa_cold,
+//!                             an array lookup's NULL,
 //!                             checked copies (the hooks again, every access checked)
 //!   program_end()             shared checks, stop paths, tables, constant pools
 //! ```
@@ -39,7 +40,7 @@ use std::ops::Range;
 
 use crate::analysis::{
     back_edge_charge, helper_code, helper_lowering, instruction_labels, is_frame_constant,
-    percpu_plan, CodegenMode, HelperCode, HelperLowering, PerCpuPlan,
+    percpu_plan, ArrayKey, CodegenMode, HelperCode, HelperLowering, PerCpuPlan,
 };
 use crate::blind::blind;
 use crate::cold::ColdPlacement;
@@ -75,6 +76,13 @@ pub enum Cold<A, F> {
         inst: usize,
         label: DynamicLabel,
         charge: u64,
+    },
+    /// An inlined array lookup's key is past the end (trusted code's bounded form, see
+    /// `array_lookup`): r0 = NULL, then back to `resume`.
+    NullResult {
+        inst: usize,
+        label: DynamicLabel,
+        resume: DynamicLabel,
     },
     /// Cold code of the ISA's own ([`StopHooks::isa_cold`]).
     Isa(F),
@@ -125,10 +133,11 @@ pub struct Driver<'a, A, F> {
     /// An instruction the lowering fused into the one before it: only its label and
     /// offset are emitted.
     pub skip: Option<usize>,
-    /// Array lookups whose key is known, ascending by instruction index
-    /// ([`crate::analysis::constant_array_keys`]).
-    pub constant_keys: Vec<(usize, u32)>,
-    /// Instructions that only passed arguments to a lookup folded to a constant, ascending
+    /// Array lookups whose key is a constant or has a known place in the frame, ascending
+    /// by instruction index ([`crate::analysis::array_keys`]).
+    pub array_keys: Vec<(usize, ArrayKey)>,
+    /// Instructions that only passed arguments to a lookup that no longer reads them (its
+    /// key folded, or read from the frame), ascending
     /// ([`crate::analysis::dead_key_arguments`]): only their label and offset are emitted.
     pub dead_arguments: Vec<usize>,
     /// Start of each instruction's code; only instructions jumped to have their own (see
@@ -183,11 +192,11 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
                 _ => None,
             }
         };
-        let (constant_keys, dead_arguments) = if helpers
+        let (array_keys, dead_arguments) = if helpers
             .iter()
             .any(|h| matches!(helper_lowering(h), HelperLowering::ArrayLookup(_)))
         {
-            let keys = crate::analysis::constant_array_keys(prog, |id| lookup(id).is_some());
+            let mut keys = crate::analysis::array_keys(prog, |id| lookup(id).is_some());
             let mut dead: Vec<usize> = keys
                 .iter()
                 .filter(|&&(at, _)| match prog.insts[at].op {
@@ -198,6 +207,30 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
                 .collect();
             dead.sort_unstable();
             dead.dedup();
+            // Trusted code's bounded form takes the key in the register the program stored
+            // it from, where that register still holds it and the form needs no scratch
+            // write to it (no shift before the add, no multiply, the bound an immediate).
+            if !mode.sandboxed() {
+                for (at, key) in &mut keys {
+                    let ArrayKey::Frame(off) = *key else { continue };
+                    let Op::CallHelper { id } = prog.insts[*at].op else {
+                        continue;
+                    };
+                    let fits = lookup(id).is_some_and(|a| {
+                        a.percpu_id.is_none()
+                            && a.value_stride.is_power_of_two()
+                            && a.value_stride <= 8
+                            && i32::try_from(a.max_entries).is_ok()
+                    });
+                    let skipped = |j: usize| dead.binary_search(&j).is_ok();
+                    if let Some(r) = fits
+                        .then(|| crate::analysis::forwarded_key(prog, *at, off, skipped))
+                        .flatten()
+                    {
+                        *key = ArrayKey::Register(r);
+                    }
+                }
+            }
             (keys, dead)
         } else {
             (Vec::new(), Vec::new())
@@ -213,7 +246,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             copy_head: None,
             expansion: Expansion::None,
             skip: None,
-            constant_keys,
+            array_keys,
             dead_arguments,
             labels,
             offsets: reuse::take(prog.insts.len()),
@@ -502,6 +535,10 @@ pub trait AluHooks<'a>: Lowering<'a> {
     fn byte_order(&mut self, kind: EndKind, bits: u8, dst: Reg);
     /// `dst = imm` (`lddw`).
     fn load_imm64(&mut self, dst: Reg, imm: u64);
+    /// `dst = base + (index << shift)`, 64-bit, with `shift` ≤ 3: an element's address in
+    /// one instruction where the ISA has one (x86-64 `lea`, arm64 `add … lsl`, RV64
+    /// `shNadd` with Zba). Only the driver's expansions use it (never r10, never blinded).
+    fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8);
 }
 
 /// Memory access, and the sandbox's checks of it (ask [`Driver::access`] how).
@@ -921,22 +958,34 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
 }
 
 /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), as ordinary operations every backend
-/// already lowers, at the call's pc: r2 points to the `u32` key.
+/// already lowers, at the call's pc: r2 points to the `u32` key. The key is read from the
+/// frame at its known place when the key analysis found one (`Driver::array_keys`: the
+/// argument setup is then not emitted), else through r2 (checked like any load of unknown
+/// origin). Trusted code bounds it with a branch to an out-of-line NULL:
 ///
 /// ```text
-/// r1 = *(u32 *)(r2 + 0)          the key (checked like any load of unknown origin)
+/// r1 = *(u32 *)(r10 + off)       the key
+/// if r1 >= max goto null         (cold: r0 = 0, back after the lookup)
+/// r0 = base ; r0 += r1 << log2(stride)   one `scaled_add`
+/// ```
+///
+/// Where the program stored the key from a register that still holds it, zero-extended
+/// (`ArrayKey::Register`, [`crate::analysis::forwarded_key`]), the bound and the add use
+/// that register and the key is not read back.
+///
+/// Sandboxed code stays branch-free, so a mispredicted bound cannot speculatively index
+/// past the array (the kernel masks its array indices for the same reason):
+///
+/// ```text
 /// r0 = r1 ; r0 -= max ; r0 s>>= 63   all ones when key < max, else 0 (key, max < 2^32)
 /// r1 *= stride ; r2 = base ; r1 += r2
 /// r0 &= r1                       the element, or NULL
 /// ```
 ///
-/// Branch-free, so a mispredicted bound cannot speculatively index past the array (the
-/// kernel masks its array indices for the same reason). A per-CPU array passes the key
-/// to the per-CPU lookup, which picks this CPU's copy.
+/// A per-CPU array passes the key to the per-CPU lookup, which picks this CPU's copy.
 ///
-/// A key known at compile time (`Driver::constant_keys`) is not read: r0 = the element's
-/// address, or NULL past the end, as one constant; a per-CPU lookup gets the key as an
-/// immediate.
+/// A key known at compile time is not read: r0 = the element's address, or NULL past the
+/// end, as one constant; a per-CPU lookup gets the key as an immediate.
 fn array_lookup<'a, L: Isa<'a>>(
     l: &mut L,
     array: crate::analysis::ArrayLookup,
@@ -950,20 +999,30 @@ fn array_lookup<'a, L: Isa<'a>>(
     };
     let cur = d.cur;
     let known = d
-        .constant_keys
+        .array_keys
         .binary_search_by_key(&cur, |&(at, _)| at)
         .ok()
-        .map(|k| d.constant_keys[k].1);
+        .map(|k| d.array_keys[k].1);
     let key = if percpu.is_some() { 2 } else { 1 };
     match known {
-        Some(k) if percpu.is_none() => {
+        Some(ArrayKey::Const(k)) if percpu.is_none() => {
             match array.element(k) {
                 0 => l.alu(W64, Mov, 0, Operand::Imm(0)),
                 addr => l.load_imm64(0, addr),
             }
             return Ok(());
         }
-        Some(k) => l.load_imm64(key, u64::from(k)),
+        Some(ArrayKey::Const(k)) => l.load_imm64(key, u64::from(k)),
+        // Frame-constant: proven in every mode (`Driver::access`).
+        Some(ArrayKey::Frame(off)) => l.load(Size::W, false, key, crate::R10, off),
+        // Trusted, in the register it was stored from (`Driver::new` checked the form
+        // needs no write to it): bound and scale it there.
+        Some(ArrayKey::Register(r)) => {
+            let max = Operand::Imm(array.max_entries as i32);
+            let shift = array.value_stride.trailing_zeros() as u8;
+            bounded_element(l, array.base, r, max, |_| shift);
+            return Ok(());
+        }
         None => {
             d.expansion = Expansion::ProgramMemory;
             l.load(Size::W, false, key, 2, 0);
@@ -978,14 +1037,34 @@ fn array_lookup<'a, L: Isa<'a>>(
         }
         return Ok(());
     }
-    l.alu(W64, Mov, 0, Operand::Reg(1));
-    match i32::try_from(array.max_entries) {
-        Ok(max) => l.alu(W64, Sub, 0, Operand::Imm(max)),
+    // The bound as an immediate when it fits one (compares and subtractions sign-extend it).
+    let max = match i32::try_from(array.max_entries) {
+        Ok(max) => Operand::Imm(max),
         Err(_) => {
-            l.load_imm64(3, array.max_entries as u64);
-            l.alu(W64, Sub, 0, Operand::Reg(3));
+            l.load_imm64(3, u64::from(array.max_entries));
+            Operand::Reg(3)
         }
+    };
+    if !l.driver().mode.sandboxed() {
+        let stride = array.value_stride;
+        bounded_element(l, array.base, 1, max, |l| {
+            if stride.is_power_of_two() {
+                let log = stride.trailing_zeros() as u8;
+                // `scaled_add` shifts by up to 3; a larger power of two shifts the key first.
+                if log > 3 {
+                    l.alu(W64, Lsh, 1, Operand::Imm(i32::from(log - 3)));
+                }
+                log.min(3)
+            } else {
+                l.load_imm64(2, stride);
+                l.alu(W64, Mul, 1, Operand::Reg(2));
+                0
+            }
+        });
+        return Ok(());
     }
+    l.alu(W64, Mov, 0, Operand::Reg(1));
+    l.alu(W64, Sub, 0, max);
     l.alu(W64, Arsh, 0, Operand::Imm(63));
     match array.value_stride {
         s if s.is_power_of_two() => {
@@ -1000,6 +1079,31 @@ fn array_lookup<'a, L: Isa<'a>>(
     l.alu(W64, Add, 1, Operand::Reg(2));
     l.alu(W64, And, 0, Operand::Reg(1));
     Ok(())
+}
+
+/// Trusted code's bounded lookup: `if index >= max goto null`, then `scale` (which scales
+/// the index in place as far as needed and answers the shift left for the add), `r0 =
+/// base ; r0 += index << shift`, with `null` out of line (`Cold::NullResult`: r0 = 0, then
+/// back here).
+fn bounded_element<'a, L: Isa<'a>>(
+    l: &mut L,
+    base: u64,
+    index: Reg,
+    max: Operand,
+    scale: impl FnOnce(&mut L) -> u8,
+) {
+    let (null, resume) = (l.new_label(), l.new_label());
+    l.branch_to(Width::W64, Cond::Ge, index, max, null);
+    let shift = scale(l);
+    l.load_imm64(0, base);
+    l.scaled_add(0, 0, index, shift);
+    l.bind(resume);
+    let inst = l.driver().cur;
+    l.driver().queue(Cold::NullResult {
+        inst,
+        label: null,
+        resume,
+    });
 }
 
 /// After a called helper (or a `callx`, which may call one), in sandboxed code: r1-r5 = 0.
@@ -1095,7 +1199,9 @@ fn emit_cold<'a, L: Isa<'a>>(
     let at = match cold {
         Cold::Group { group, .. } => Some(d.access.groups[group].first),
         Cold::Walk { walk, .. } => Some(d.access.walks[walk].head),
-        Cold::Budget { inst, .. } | Cold::Access { inst, .. } => Some(inst),
+        Cold::Budget { inst, .. } | Cold::Access { inst, .. } | Cold::NullResult { inst, .. } => {
+            Some(inst)
+        }
         Cold::Isa(_) => None,
     };
     if let Some(at) = at {
@@ -1125,6 +1231,12 @@ fn emit_cold<'a, L: Isa<'a>>(
             label,
             charge,
         } => l.budget_stop(inst, label, charge),
+        Cold::NullResult { label, resume, .. } => {
+            l.bind(label);
+            l.alu(Width::W64, AluOp::Mov, 0, Operand::Imm(0));
+            l.jump(resume);
+            Ok(())
+        }
         Cold::Isa(f) => l.isa_cold(f),
     }
 }

@@ -365,6 +365,22 @@ impl Assembler {
         rv!(self.asm; ld X(rd), =>l);
     }
 
+    /// `rd = base + (index << shift)`, `shift` ≤ 3: `shNadd` with Zba, else `slli` into
+    /// `tmp` and `add` (one `add` for shift 0).
+    pub fn scaled_add(&mut self, rd: u8, base: u8, index: u8, shift: u8, tmp: u8) {
+        match (shift, self.zba) {
+            (0, _) => self.rrr(R3::Add, rd, base, index),
+            (1, true) => rv!(self.asm; sh1add X(rd), X(index), X(base)),
+            (2, true) => rv!(self.asm; sh2add X(rd), X(index), X(base)),
+            (3, true) => rv!(self.asm; sh3add X(rd), X(index), X(base)),
+            (s, _) => {
+                debug_assert!(s <= 3, "scaled_add shift {s}");
+                self.ri(RI::Slli, tmp, index, i32::from(s));
+                self.rrr(R3::Add, rd, base, tmp);
+            }
+        }
+    }
+
     /// `rd = zero_extend(rs[31:0])`: `add.uw rd, rs, zero` with Zba, else a shift pair.
     pub fn zext32(&mut self, rd: u8, rs: u8) {
         if self.zba {

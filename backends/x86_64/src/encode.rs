@@ -1099,6 +1099,25 @@ impl Assembler {
         self.rm(&[], Sz::B64, &[0x8d], dst, base, disp);
     }
 
+    /// `lea dst, [base + index * 2^scale]` (`8D` with a SIB byte), 64-bit; `scale` ≤ 3 and
+    /// `index` never rsp (its SIB encoding means no index).
+    #[inline(always)]
+    pub fn lea_index(&mut self, dst: Gpr, base: Gpr, index: Gpr, scale: u8) {
+        debug_assert!(scale <= 3 && index != 4, "lea scale {scale}, index {index}");
+        let mut b = Bytes::new();
+        Self::head(&mut b, &[], Sz::B64, dst, index, base, false);
+        b.push(0x8d);
+        // rbp/r13 as base with mod = 00 means no base: they take a zero disp8.
+        let md = if base & 7 == 5 { 0x40 } else { 0x00 };
+        b.push(md | ((dst & 7) << 3) | 0b100);
+        b.push((scale << 6) | ((index & 7) << 3) | (base & 7));
+        if md == 0x40 {
+            b.push(0);
+        }
+        self.put(&b);
+        self.insns += 1;
+    }
+
     /// `mov dst, [base + disp]` (`8B`), 32- or 64-bit.
     #[inline(always)]
     pub fn load(&mut self, sz: Sz, dst: Gpr, base: Gpr, disp: i32) {

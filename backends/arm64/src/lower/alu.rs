@@ -140,4 +140,14 @@ impl<'a> AluHooks<'a> for Codegen<'a> {
     fn load_imm64(&mut self, dst: Reg, imm: u64) {
         self.mov_imm(self.map[dst as usize], imm, W64);
     }
+
+    fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8) {
+        debug_assert!(shift <= 3 && base != R10 && index != R10);
+        let (d, b, i) = (
+            self.map[dst as usize],
+            self.map[base as usize],
+            self.map[index as usize],
+        );
+        a64!(self.ops; add X(d), X(b), X(i), lsl shift as u32);
+    }
 }

@@ -7,7 +7,10 @@
 //! ```
 //!
 //! The driver then emits the element's address (or NULL) as a constant instead of loading,
-//! bounding and scaling the key: the lookup costs what a load of a global costs.
+//! bounding and scaling the key: the lookup costs what a load of a global costs. A key the
+//! program computes at run time (`u32 key = ctx->key`) is still found in the frame: the
+//! lookup reads it from there (r10 + offset, never checked) instead of through r2, so the
+//! argument setup is dead for it too.
 //!
 //! One forward pass over basic blocks. The facts are kept only while nothing can have
 //! changed them: they are dropped at every instruction a branch or call lands on (another
@@ -122,6 +125,34 @@ pub fn constant_array_keys(
     prog: &Program,
     is_array_lookup: impl Fn(u32) -> bool,
 ) -> Vec<(usize, u32)> {
+    array_keys(prog, is_array_lookup)
+        .into_iter()
+        .filter_map(|(at, key)| match key {
+            ArrayKey::Const(k) => Some((at, k)),
+            ArrayKey::Frame(_) | ArrayKey::Register(_) => None,
+        })
+        .collect()
+}
+
+/// Where an array lookup's key is, when the pass knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArrayKey {
+    /// This constant.
+    Const(u32),
+    /// The `u32` at r10 + this offset, inside the frame (a frame-constant read, proven in
+    /// every mode), whose value is known only when the program runs.
+    Frame(i16),
+    /// A frame key still in this register, zero-extended ([`forwarded_key`]; the driver's
+    /// choice, never [`array_keys`]' answer).
+    Register(Reg),
+}
+
+/// For each instruction index, in ascending order, that calls a helper `is_array_lookup`
+/// accepts with r2 pointing into the frame: the index and the key, a constant where
+/// straight-line code just stored one, else its place in the frame. A frame key needs its
+/// four bytes inside the frame (`is_frame_constant`): r2 anywhere else is left to the
+/// lookup's own read through r2.
+pub fn array_keys(prog: &Program, is_array_lookup: impl Fn(u32) -> bool) -> Vec<(usize, ArrayKey)> {
     let mut keys = Vec::new();
     let mut facts = Facts::new();
     for (i, inst) in prog.insts.iter().enumerate() {
@@ -187,7 +218,12 @@ pub fn constant_array_keys(
                 if is_array_lookup(id) {
                     if let Known::Stack(off) = facts.get(2) {
                         if let Some(key) = facts.key_at(off) {
-                            keys.push((i, key));
+                            keys.push((i, ArrayKey::Const(key)));
+                        } else if let Some(off) = i16::try_from(off)
+                            .ok()
+                            .filter(|&o| super::is_frame_constant(crate::R10, o, Size::W))
+                        {
+                            keys.push((i, ArrayKey::Frame(off)));
                         }
                     }
                 }
@@ -199,6 +235,140 @@ pub fn constant_array_keys(
         }
     }
     keys
+}
+
+/// The register that still holds the frame key at `off` when the lookup at `call` runs, if
+/// straight-line code right before stored it there from a register (`*(u32 *)(r10 + off) =
+/// rS`, or the 8-byte store) that no emitted instruction wrote since (`skipped` are the
+/// instructions not emitted: a dead argument's write never reaches the native register),
+/// and whose upper half is zero: its last write before the store is an unsigned load of at
+/// most four bytes, which zero-extends natively on every target (unlike 32-bit ALU results
+/// on RV64, whose upper half may be left unread and unwritten). The lookup then uses the
+/// register and does not read the key back. Not r0, which the lookup writes first.
+pub fn forwarded_key(
+    prog: &Program,
+    call: usize,
+    off: i16,
+    skipped: impl Fn(usize) -> bool,
+) -> Option<Reg> {
+    let sub = &prog.subprogs[prog.subprog_of(call)];
+    if prog.is_target[call] {
+        return None;
+    }
+    let overlaps = |o: i16, size: Size| {
+        let (a, b) = (i64::from(o), i64::from(o) + size.bytes() as i64);
+        a < i64::from(off) + 4 && i64::from(off) < b
+    };
+    // Registers the emitted code wrote between the store and the call.
+    let mut written: u16 = 0;
+    let mut found = None;
+    let mut j = call;
+    while j > sub.start {
+        j -= 1;
+        let op = prog.insts[j].op;
+        if !skipped(j) {
+            match op {
+                Op::Store {
+                    size: Size::W | Size::DW,
+                    base: crate::R10,
+                    off: o,
+                    src: Operand::Reg(r),
+                } if o == off => {
+                    found = Some(r);
+                }
+                Op::Store {
+                    base, off: o, size, ..
+                } => {
+                    if base != crate::R10 || overlaps(o, size) {
+                        return None;
+                    }
+                }
+                Op::Atomic {
+                    base,
+                    off: o,
+                    size,
+                    fetch,
+                    src,
+                    ..
+                } => {
+                    if base != crate::R10 || overlaps(o, size) {
+                        return None;
+                    }
+                    written |= 1;
+                    if fetch {
+                        written |= 1 << src;
+                    }
+                }
+                Op::Alu { dst, .. }
+                | Op::MovSx { dst, .. }
+                | Op::MovPerCpu { dst, .. }
+                | Op::Neg { dst, .. }
+                | Op::End { dst, .. }
+                | Op::LdImm64 { dst, .. }
+                | Op::Load { dst, .. } => written |= 1 << dst,
+                Op::PacketLoad { .. }
+                | Op::Ja { .. }
+                | Op::Jcond { .. }
+                | Op::CallHelper { .. }
+                | Op::CallReg { .. }
+                | Op::CallLocal { .. }
+                | Op::Exit => return None,
+            }
+        }
+        if found.is_some() || prog.is_target[j] {
+            break;
+        }
+    }
+    let reg = found?;
+    if reg == 0 || reg >= 10 || written & (1 << reg) != 0 {
+        return None;
+    }
+    // The register's last write before the store: an unsigned load of at most four bytes.
+    while j > sub.start && !prog.is_target[j] {
+        j -= 1;
+        if skipped(j) {
+            continue;
+        }
+        match prog.insts[j].op {
+            Op::Load {
+                size: Size::B | Size::H | Size::W,
+                sign_extend: false,
+                dst,
+                ..
+            } if dst == reg => return Some(reg),
+            Op::Alu { dst, .. }
+            | Op::MovSx { dst, .. }
+            | Op::MovPerCpu { dst, .. }
+            | Op::Neg { dst, .. }
+            | Op::End { dst, .. }
+            | Op::LdImm64 { dst, .. }
+            | Op::Load { dst, .. }
+                if dst == reg =>
+            {
+                return None
+            }
+            Op::Atomic {
+                fetch: true, src, ..
+            } if src == reg => return None,
+            Op::Alu { .. }
+            | Op::MovSx { .. }
+            | Op::MovPerCpu { .. }
+            | Op::Neg { .. }
+            | Op::End { .. }
+            | Op::LdImm64 { .. }
+            | Op::Load { .. }
+            | Op::Store { .. }
+            | Op::Atomic { .. } => {}
+            Op::PacketLoad { .. }
+            | Op::Ja { .. }
+            | Op::Jcond { .. }
+            | Op::CallHelper { .. }
+            | Op::CallReg { .. }
+            | Op::CallLocal { .. }
+            | Op::Exit => return None,
+        }
+    }
+    None
 }
 
 /// The instructions before a folded lookup at `call` whose only use was to pass it
@@ -331,6 +501,111 @@ mod tests {
         assert_eq!(with(&[i(0x62, 10, 0, -8, 1)]), vec![(4, 3)]);
         // A half-word store is not remembered, but still overwrites.
         assert!(with(&[i(0x6a, 10, 0, -4, 1)]).is_empty());
+    }
+
+    #[test]
+    fn a_run_time_key_is_found_at_its_place_in_the_frame() {
+        let frame = |p: &[[u8; 8]]| array_keys(&crate::analysis::program(p), |id| id == LOOKUP);
+        let call = i(0x85, 0, 0, 0, LOOKUP as i32);
+        // clang's `u32 key = ctx->key`: r1 = *(u32 *)(r1 + 0) ; *(u32 *)(r10 - 4) = r1 ;
+        // r2 = r10 ; r2 += -4 ; call
+        let key_setup = |r2_off: i32| {
+            vec![
+                i(0x61, 1, 1, 0, 0),
+                i(0x63, 10, 1, -4, 0),
+                i(0xbf, 2, 10, 0, 0),
+                i(0x07, 2, 0, 0, r2_off),
+                call,
+                EXIT,
+            ]
+        };
+        assert_eq!(frame(&key_setup(-4)), vec![(4, ArrayKey::Frame(-4))]);
+        // Any four bytes inside the frame, written or not (the lookup reads what is there).
+        assert_eq!(frame(&key_setup(-512)), vec![(4, ArrayKey::Frame(-512))]);
+        // Not wholly inside the frame: its last bytes, above r10, below the frame.
+        for off in [-3, 0, 4, -513, -600] {
+            assert!(frame(&key_setup(off)).is_empty(), "r10 {off:+}");
+        }
+        // A constant key is still a constant, and the constant-key list has only those.
+        let mut konst = key_setup(-4);
+        konst[0] = i(0xb7, 1, 0, 0, 3);
+        assert_eq!(frame(&konst), vec![(4, ArrayKey::Const(3))]);
+        let p = crate::analysis::program(&key_setup(-4));
+        assert!(constant_array_keys(&p, |id| id == LOOKUP).is_empty());
+        // r2 forgotten (a joining path, a load, another call before): no place.
+        let mut joined = key_setup(-4);
+        joined.insert(0, i(0x15, 1, 0, 4, 0)); // if r1 == 0 goto the call
+        assert!(frame(&joined).is_empty());
+        let mut loaded = key_setup(-4);
+        loaded.insert(4, i(0x79, 2, 10, -8, 0));
+        assert!(frame(&loaded).is_empty());
+        let mut called = key_setup(-4);
+        called.insert(4, call);
+        assert_eq!(frame(&called), vec![(4, ArrayKey::Frame(-4))]);
+    }
+
+    #[test]
+    fn a_stored_key_is_forwarded_only_from_a_zero_extended_untouched_register() {
+        // clang: r1 = *(u32 *)(r1 + 0) ; *(u32 *)(r10 - 4) = r1 ; r2 = r10 ; r2 += -4 ;
+        // r1 = map ll ; call. The lddw is a dead argument, not emitted: r1 still holds the key.
+        let clang = vec![
+            i(0x61, 1, 1, 0, 0),
+            i(0x63, 10, 1, -4, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            i(0x18, 1, 0, 0, 0x1234),
+            i(0, 0, 0, 0, 0),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        let fwd = |p: &[[u8; 8]], off: i16| {
+            let prog = crate::analysis::program(p);
+            let call = prog
+                .insts
+                .iter()
+                .position(|x| matches!(x.op, Op::CallHelper { .. }))
+                .unwrap();
+            let dead = dead_key_arguments(&prog, call);
+            forwarded_key(&prog, call, off, |j| dead.contains(&j))
+        };
+        assert_eq!(fwd(&clang, -4), Some(1));
+        // Another offset than the one stored.
+        assert_eq!(fwd(&clang, -8), None);
+        // The lddw emitted (not skipped): r1 is the map.
+        let prog = crate::analysis::program(&clang);
+        assert_eq!(forwarded_key(&prog, 5, -4, |_| false), None);
+        let with = |k: usize, x: [u8; 8]| {
+            let mut p = clang.clone();
+            p[k] = x;
+            fwd(&p, -4)
+        };
+        // An 8-byte store of the same register serves (the key is its low half).
+        assert_eq!(with(1, i(0x7b, 10, 1, -4, 0)), Some(1));
+        // The upper half not known zero: an 8-byte or sign-extending load, a 32-bit ALU
+        // result (RV64 may leave its upper half unwritten), a constant.
+        assert_eq!(with(0, i(0x79, 1, 1, 0, 0)), None);
+        assert_eq!(with(0, i(0x81, 1, 1, 0, 0)), None);
+        assert_eq!(with(0, i(0xbc, 1, 1, 0, 0)), None);
+        assert_eq!(with(0, i(0xb7, 1, 0, 0, 3)), None);
+        // Narrower unsigned loads zero-extend too; a byte store is not the key.
+        assert_eq!(with(0, i(0x71, 1, 1, 0, 0)), Some(1));
+        assert_eq!(with(1, i(0x73, 10, 1, -4, 0)), None);
+        // Between the store and the call: an emitted write to the register (a load; a dead
+        // ALU write is not emitted and leaves it), a store over a byte of the key, a store
+        // through another pointer (it may point here), a join.
+        assert_eq!(with(2, i(0x61, 1, 10, -8, 0)), None);
+        assert_eq!(with(2, i(0x07, 1, 0, 0, 1)), Some(1));
+        assert_eq!(with(2, i(0x72, 10, 0, -1, 7)), None);
+        assert_eq!(with(2, i(0x72, 3, 0, 0, 7)), None);
+        assert_eq!(with(2, i(0x72, 10, 0, -5, 7)), Some(1));
+        let mut joined = clang.clone();
+        joined.insert(0, i(0x15, 3, 0, 2, 0)); // if r3 == 0 goto pc 3 (r2 = r10)
+        assert_eq!(fwd(&joined, -4), None);
+        // r0 is the lookup's own result register.
+        let mut r0 = clang.clone();
+        r0[0] = i(0x61, 0, 1, 0, 0);
+        r0[1] = i(0x63, 10, 0, -4, 0);
+        assert_eq!(fwd(&r0, -4), None);
     }
 
     #[test]

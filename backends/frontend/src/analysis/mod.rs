@@ -18,8 +18,9 @@
 //! * `budget.rs`: what back-edges and calls charge ([`back_edge_charge`], [`CALL_CHARGE`]).
 //! * `helpers.rs`: how helpers are lowered and `callx` finds them ([`helper_lowering`],
 //!   [`callx_plan`]).
-//! * `keys.rs`: array map keys known at compile time ([`constant_array_keys`]) and the
-//!   argument setup a folded lookup no longer needs ([`dead_key_arguments`]).
+//! * `keys.rs`: array map keys known at compile time ([`constant_array_keys`]) or found in
+//!   the frame ([`array_keys`]), and the argument setup an inlined lookup that knows its
+//!   key's place no longer needs ([`dead_key_arguments`]).
 //! * `emit.rs`: per-program emission setup ([`instruction_labels`], [`EmitCapacity`],
 //!   `EmitOptions`).
 //! * `blinding.rs`: the constant-blinding mask ([`blinding_mask`]).
@@ -44,7 +45,7 @@ pub use helpers::{
     CpuId, HelperCode, HelperLowering, InlineHelper, PerCpuPlan, ProgArray, CALLX_TABLE_MAX,
     CALLX_TABLE_MIN,
 };
-pub use keys::{constant_array_keys, dead_key_arguments};
+pub use keys::{array_keys, constant_array_keys, dead_key_arguments, forwarded_key, ArrayKey};
 pub use liveness::{
     entry_zeroing, live_in, refuse_reads_after_calls, regs_read, upper_halves_live, LoweringReads,
     ARG_REGS, EXACT_ZEROING_MAX, FRESH_REGS,

@@ -285,6 +285,11 @@ impl<'a> AluHooks<'a> for Codegen<'a> {
     }
     /// `dst = imm`, the 64-bit constant of an `lddw`: from the constant pool when `li` would
     /// take more than [`POOL_MIN_LI`] instructions (`auipc` + `ld`: two, whatever the value).
+    fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8) {
+        let (d, b, i) = (self.map(dst), self.map(base), self.map(index));
+        self.e.scaled_add(d, b, i, shift, T0);
+    }
+
     fn load_imm64(&mut self, dst: Reg, imm: u64) {
         let rd = self.map(dst);
         if Assembler::li_len(imm as i64) <= POOL_MIN_LI {

@@ -261,4 +261,8 @@ impl<'a> AluHooks<'a> for Codegen<'a> {
     fn load_imm64(&mut self, dst: Reg, imm: u64) {
         self.mov_ri(host(dst), imm as i64);
     }
+
+    fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8) {
+        self.e.lea_index(host(dst), host(base), host(index), shift);
+    }
 }
