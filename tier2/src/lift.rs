@@ -579,7 +579,7 @@ impl Lifter<'_, '_> {
     /// the checked address with offset 0.
     ///
     /// The check: `[addr, addr + size)` inside the context or the stack block, tested inline;
-    /// otherwise [`crate::sandbox::region_check`] scans the host regions and, when none
+    /// otherwise [`crate::sandbox::region_check`] tries those and the host regions and, when none
     /// allows it, records the stop, and the function returns (its callers follow, see
     /// `call_local`). Nothing of the instruction has run then. On both paths the address is
     /// then clamped to 0 unless the verdict allowed it, by a `select_spectre_guard` on a
@@ -607,9 +607,17 @@ impl Lifter<'_, '_> {
         };
         let addr = self.b.ins().iadd_imm_s(p, off as i64);
         let bytes = size.bytes() as i64;
-        let in_ctx = self.inside(addr, bounds.ctx, bytes);
-        let in_stack = self.inside(addr, bounds.stack, bytes);
-        let ok = self.b.ins().bor(in_ctx, in_stack);
+        // The inline test covers the region the access plan expects (both for an unknown
+        // base); the out-of-line scan tries every region, so the verdict is exact either way.
+        let ok = match self.shared.access.check(i) {
+            AccessCheck::Stack => self.inside(addr, bounds.stack, bytes),
+            AccessCheck::Ctx | AccessCheck::CtxConst { .. } => self.inside(addr, bounds.ctx, bytes),
+            _ => {
+                let in_ctx = self.inside(addr, bounds.ctx, bytes);
+                let in_stack = self.inside(addr, bounds.stack, bytes);
+                self.b.ins().bor(in_ctx, in_stack)
+            }
+        };
         let (slow, stop, cont) = (
             self.b.create_block(),
             self.b.create_block(),

@@ -10,11 +10,12 @@ use packjit_plugin_api::{
     PjExecEnv, PjMemRegion, PJ_ACCESS_WRITE, PJ_REGION_WRITABLE, PJ_STOP_OUT_OF_BOUNDS,
 };
 
-/// Is `[addr, addr + (access & 0xff))` inside one of `env`'s host regions (writable ones
-/// only when `access` has [`PJ_ACCESS_WRITE`])? Returns 1 when it is; otherwise records the
-/// out-of-bounds stop (`stop_kind`, `stop_pc` = `pc`, `stop_addr`, `stop_access`) and
-/// returns 0, and the code unwinds. The context and the stack block were tested inline
-/// already (the same rule: `start <= addr && addr + size <= end`).
+/// Is `[addr, addr + (access & 0xff))` inside the context, the stack block or one of
+/// `env`'s host regions (writable ones only when `access` has [`PJ_ACCESS_WRITE`])? Returns
+/// 1 when it is; otherwise records the out-of-bounds stop (`stop_kind`, `stop_pc` = `pc`,
+/// `stop_addr`, `stop_access`) and returns 0, and the code unwinds. The inline test tried
+/// one or both of the first two already; trying them again keeps this verdict exact
+/// whatever the inline test covered.
 ///
 /// # Safety
 /// `env` is the environment the running program was entered with: `regions` points at
@@ -41,11 +42,13 @@ pub(crate) unsafe extern "C" fn region_check(
                 )
             }
         };
-        let allowed = regions.iter().any(|r| {
-            r.start <= addr
-                && end <= r.start.saturating_add(r.len)
-                && (!write || r.flags & PJ_REGION_WRITABLE != 0)
-        });
+        let inside = |start: u64, stop: u64| start <= addr && end <= stop;
+        let allowed = inside(env.ctx_start, env.ctx_end)
+            || inside(env.stack_start, env.stack_end)
+            || regions.iter().any(|r| {
+                inside(r.start, r.start.saturating_add(r.len))
+                    && (!write || r.flags & PJ_REGION_WRITABLE != 0)
+            });
         if allowed {
             return 1;
         }
@@ -106,6 +109,15 @@ mod tests {
             assert_eq!(env.stop_access, 4 | PJ_ACCESS_WRITE);
             // An access whose end wraps.
             assert_eq!(region_check(&mut env, u64::MAX - 2, 4, 1), 0);
+            // The context and the stack block, whichever the inline test tried.
+            env.ctx_start = 0x3000;
+            env.ctx_end = 0x3010;
+            env.stack_start = 0x4000;
+            env.stack_end = 0x4200;
+            assert_eq!(region_check(&mut env, 0x300c, 4 | write, 2), 1);
+            assert_eq!(region_check(&mut env, 0x41f8, 8 | write, 2), 1);
+            assert_eq!(region_check(&mut env, 0x41f9, 8, 5), 0);
+            assert_eq!((env.stop_pc, env.stop_addr), (5, 0x41f9));
         }
     }
 }
