@@ -258,12 +258,41 @@ pub(crate) fn lift_function(
     Ok(())
 }
 
-/// The regions a sandboxed function tests inline, as `(start, length)` values defined in
-/// its entry block: the context and the stack block.
+/// The regions a sandboxed function tests inline: the context and the stack block.
 #[derive(Clone, Copy)]
 struct Bounds {
-    ctx: (Value, Value),
-    stack: (Value, Value),
+    ctx: Limits,
+    stack: Limits,
+}
+
+/// One region as values defined in the function's entry block: its start, and per access
+/// size `k` (1, 2, 4, 8) the number of offsets an access of `k` bytes may start at,
+/// `len - k + 1` or 0 when the region is shorter than `k`. An access is then inside iff
+/// `addr - start < limit[k]` (unsigned, one compare: an address below the start wraps to a
+/// huge offset), and the limits are loop invariant, computed once per call.
+#[derive(Clone, Copy)]
+struct Limits {
+    start: Value,
+    limit: [Value; 4],
+}
+
+impl Limits {
+    fn new(b: &mut FunctionBuilder<'_>, start: Value, len: Value) -> Self {
+        let limit = [1i64, 2, 4, 8].map(|k| {
+            if k == 1 {
+                return len;
+            }
+            let short = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, len, k);
+            let count = b.ins().iadd_imm_s(len, 1 - k);
+            let zero = b.ins().iconst(I64, 0);
+            b.ins().select(short, zero, count)
+        });
+        Self { start, limit }
+    }
+
+    fn limit(&self, bytes: i64) -> Value {
+        self.limit[bytes.trailing_zeros() as usize]
+    }
 }
 
 /// Sandboxed frames: the entry reserves the whole stack block as one Cranelift slot (no
@@ -311,8 +340,8 @@ fn sandbox_frame(
         b.ins().store(f, end, env, PJ_ENV_STACK_END);
         let len = b.ins().iconst(I64, block);
         let bounds = Bounds {
-            ctx: (ctx_start, ctx_len),
-            stack: (start, len),
+            ctx: Limits::new(b, ctx_start, ctx_len),
+            stack: Limits::new(b, start, len),
         };
         (end, bounds)
     } else {
@@ -320,8 +349,8 @@ fn sandbox_frame(
         let end = b.ins().load(I64, fixed, env, PJ_ENV_STACK_END);
         let len = b.ins().isub(end, start);
         let bounds = Bounds {
-            ctx: (ctx_start, ctx_len),
-            stack: (start, len),
+            ctx: Limits::new(b, ctx_start, ctx_len),
+            stack: Limits::new(b, start, len),
         };
         (params[5], bounds)
     }
@@ -663,17 +692,13 @@ impl Lifter<'_, '_> {
         (safe, 0)
     }
 
-    /// `[addr, addr + bytes)` inside `[start, start + len)`, as an `i8` truth value:
-    /// `addr - start < len` and `len - (addr - start) >= bytes` (no sum that could wrap).
-    fn inside(&mut self, addr: Value, (start, len): (Value, Value), bytes: i64) -> Value {
-        let off = self.b.ins().isub(addr, start);
-        let within = self.b.ins().icmp(IntCC::UnsignedLessThan, off, len);
-        let room = self.b.ins().isub(len, off);
-        let fits = self
-            .b
+    /// `[addr, addr + bytes)` inside the region of `limits`, as an `i8` truth value (see
+    /// [`Limits`]).
+    fn inside(&mut self, addr: Value, limits: Limits, bytes: i64) -> Value {
+        let off = self.b.ins().isub(addr, limits.start);
+        self.b
             .ins()
-            .icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, room, bytes);
-        self.b.ins().band(within, fits)
+            .icmp(IntCC::UnsignedLessThan, off, limits.limit(bytes))
     }
 
     /// Charges `charge` to the budget before a back-edge or a call at `pc`: when it exceeds
