@@ -1,12 +1,16 @@
 //! The optimizing tier (`Tier::Optimized`, `packjit-tier2`) on the machine the test runs on:
 //! natively on x86-64, under qemu-user in the aarch64 and riscv64 cross runs.
 //!
-//! * The bpf_conformance suite, trusted (the tier takes trusted programs only): every case
-//!   compiled by Cranelift and run, r0 compared; must-reject cases rejected.
+//! * The bpf_conformance suite, trusted and sandboxed: every case compiled by Cranelift and
+//!   run, r0 compared; must-reject cases rejected.
 //! * Differential: random in-bounds programs ([`packjit_testkit::gen::generate`]) run by the
-//!   optimized code and by the interpreter (and rbpf's where it can): r0, context and dumped
-//!   stack must match. `PACKJIT_DIFF_COUNT` programs (default 5000 natively on x86-64, 1000
-//!   under qemu), seeds from `PACKJIT_DIFF_SEED` (default 0x7e1e0000); the range is printed.
+//!   optimized code, trusted and sandboxed, and by the interpreter (and rbpf's where it
+//!   can): r0, context and dumped stack must match. `PACKJIT_DIFF_COUNT` programs (default
+//!   5000 natively on x86-64, 1000 under qemu), seeds from `PACKJIT_DIFF_SEED` (default
+//!   0x7e1e0000); the range is printed.
+//! * Sandbox escapes: the escape programs, frame and context walks and long functions,
+//!   sandboxed with budgets, must end as the interpreter's runs do, stops included (kind, pc,
+//!   address, size, direction); host regions behave as on the baseline.
 //! * What the tier does not take yet is refused by name, never compiled differently.
 
 use packjit::{Budget, ErrorKind, LoadOptions, Runtime, Tier};
