@@ -244,8 +244,8 @@ pub const PACKJIT_LOAD_BLIND_CONSTANTS: u32 = 8;
 /// Without this flag the encoding is refused (a reserved `off`).
 pub const PACKJIT_LOAD_PERCPU_INSN: u32 = 16;
 /// `PackjitLoadOptions::flags`: compile with the optimizing tier (Cranelift) instead of the
-/// baseline JIT: slower to compile, faster to run. Host architecture only, trusted programs
-/// only (with `PACKJIT_LOAD_TRUSTED`), no maps, tail calls, budget, blinding or per-CPU
+/// baseline JIT: slower to compile, faster to run. Host architecture only; trusted or
+/// sandboxed, with or without a budget; no maps, tail calls, blinding or per-CPU
 /// instruction yet: anything else fails with `PJ_ERR_UNSUPPORTED` naming what. A library
 /// built without the `optimizer` cargo feature refuses it the same way.
 pub const PACKJIT_LOAD_OPTIMIZE: u32 = 64;

@@ -794,7 +794,7 @@ fn sandbox_is_the_default_and_options_are_checked() {
 }
 
 /// `PACKJIT_LOAD_OPTIMIZE`: the optimizing tier with the library's `optimizer` feature (no
-/// backend plugin needed), a named refusal without it, and for sandboxed code always.
+/// backend plugin needed), trusted and sandboxed; a named refusal without it.
 #[test]
 fn load_optimize_compiles_with_the_tier_or_is_refused_by_name() {
     let rt = Rt::new();
@@ -816,11 +816,19 @@ fn load_optimize_compiles_with_the_tier_or_is_refused_by_name() {
         assert_eq!(st, PJ_ERR_UNSUPPORTED);
         assert!(last_error().contains("`optimizer`"), "{}", last_error());
     }
+    // Sandboxed: the tier compiles it with the checks and the budget.
     opts.flags = PACKJIT_LOAD_OPTIMIZE;
     // SAFETY: as above.
     let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
-    assert_eq!(st, PJ_ERR_UNSUPPORTED);
-    assert!(last_error().contains("optimized tier"), "{}", last_error());
+    if packjit_runtime::Tier::Optimized.is_built() {
+        assert_eq!(st, PJ_OK, "{}", last_error());
+        assert_eq!(run(p), Ok(42));
+        // SAFETY: p came from packjit_program_load.
+        unsafe { packjit_program_free(p) };
+    } else {
+        assert_eq!(st, PJ_ERR_UNSUPPORTED);
+        assert!(last_error().contains("optimized tier"), "{}", last_error());
+    }
 }
 
 /// `PACKJIT_LOAD_ADAPTIVE` and the runtime's tier policy: a trusted program loads on the

@@ -1,5 +1,5 @@
 //! Side by side in one process: packjit (trusted and sandboxed, default budget; and the
-//! optimizing tier, trusted, with the `optimizer` feature) against rbpf 0.4.1's x86-64 JIT on clang-built C programs nobody tuned for packjit
+//! optimizing tier, trusted and sandboxed, with the `optimizer` feature) against rbpf 0.4.1's x86-64 JIT on clang-built C programs nobody tuned for packjit
 //! (`tests/bpf/peers/*.c`: hashes, CRC-32 with a `.rodata` table, a sort and a sieve on the
 //! stack, a packet parser, signed arithmetic, bpf-to-bpf calls with stack and context
 //! pointers, a helper loop, a text scan, a key=value parser).
@@ -21,6 +21,9 @@
 //!   bytecode (verify, analyses, emit, install into the arena, commit: everything a load
 //!   does); rbpf: `EbpfVmMbuff::new` (its verifier) + `jit_compile`.
 //! * code size: bytes of native code, sandboxed ÷ trusted.
+//! * the optimizing tier sandboxed (same options as the sandboxed baseline load: default
+//!   budget): run and compile time ÷ the tier trusted and ÷ the baseline sandboxed, side by
+//!   side, and its code size.
 //!
 //! `cargo bench -p packjit --features optimizer --bench peers` (`-- --quick` for one round,
 //! for a smoke run). Without the feature the optimized columns are "—".
@@ -95,18 +98,25 @@ struct Case {
     /// The optimizing tier's code (trusted), when this build has the tier and it takes the
     /// program.
     optimized: Option<Program>,
+    /// The optimizing tier's sandboxed code (the baseline sandboxed load's options).
+    opt_sandboxed: Option<Program>,
     /// The options of an optimized load.
     opt_opts: LoadOptions,
+    /// The options of an optimized sandboxed load.
+    opt_sbx_opts: LoadOptions,
     /// rbpf's JIT of the program, when it runs it correctly.
     rbpf: Option<rbpf::EbpfVmMbuff<'static>>,
     /// Whether rbpf compiles it (timed even when its result is wrong).
     rbpf_compiles: bool,
     /// Runs per timed batch.
     batch: usize,
-    /// Samples per engine: trusted, sandboxed, rbpf, optimized.
-    run: [Vec<f64>; 4],
-    compile: [Vec<f64>; 4],
+    /// Samples per engine: trusted, sandboxed, rbpf, optimized, optimized sandboxed.
+    run: [Vec<f64>; ENGINES],
+    compile: [Vec<f64>; ENGINES],
 }
+
+/// Engines timed per program (see `Case::run`).
+const ENGINES: usize = 5;
 
 /// ns per run of `f` over `n` runs.
 fn time_runs(n: usize, mut f: impl FnMut() -> u64) -> f64 {
@@ -188,11 +198,30 @@ fn main() {
             }
             Err(e) => panic!("packjit optimized {name}: {e}"),
         };
+        let opt_sbx_opts = LoadOptions {
+            tier: Tier::Optimized,
+            ..sbx_opts.clone()
+        };
+        let opt_sandboxed = match rt.load(&linked.code, &opt_sbx_opts) {
+            Ok(p) => Some(p),
+            Err(e) if e.kind == packjit::ErrorKind::Unsupported => {
+                eprintln!("{name}: no optimized sandboxed column ({e})");
+                None
+            }
+            Err(e) => panic!("packjit optimized sandboxed {name}: {e}"),
+        };
         let mut ctx = input(name);
         let want = sandboxed.call(&mut ctx).unwrap();
         assert_eq!(trusted.call(&mut ctx).unwrap(), want, "{name}: trusted");
         if let Some(o) = &optimized {
             assert_eq!(o.call(&mut ctx).unwrap(), want, "{name}: optimized");
+        }
+        if let Some(o) = &opt_sandboxed {
+            assert_eq!(
+                o.call(&mut ctx).unwrap(),
+                want,
+                "{name}: optimized sandboxed"
+            );
         }
         let rbpf_compiles = rbpf_does != Rbpf::Refuses;
         if !rbpf_compiles {
@@ -229,7 +258,9 @@ fn main() {
             trusted,
             sandboxed,
             optimized,
+            opt_sandboxed,
             opt_opts,
+            opt_sbx_opts,
             rbpf,
             rbpf_compiles,
             batch,
@@ -274,23 +305,27 @@ fn main() {
             let n = cases.len();
             let c = &mut cases[(k + round) % n];
             let ctx = &mut c.ctx;
-            for e in 0..4 {
-                let ns = match (e + round) % 4 {
+            for e in 0..ENGINES {
+                let ns = match (e + round) % ENGINES {
                     0 => (0, time_runs(c.batch, || c.trusted.call(ctx).unwrap())),
                     1 => (1, time_runs(c.batch, || c.sandboxed.call(ctx).unwrap())),
                     2 => match &c.rbpf {
                         Some(vm) => (2, time_runs(c.batch, || rbpf_run(vm, ctx))),
                         None => continue,
                     },
-                    _ => match &c.optimized {
+                    3 => match &c.optimized {
                         Some(p) => (3, time_runs(c.batch, || p.call(ctx).unwrap())),
+                        None => continue,
+                    },
+                    _ => match &c.opt_sandboxed {
+                        Some(p) => (4, time_runs(c.batch, || p.call(ctx).unwrap())),
                         None => continue,
                     },
                 };
                 c.run[ns.0].push(ns.1);
             }
-            for e in 0..4 {
-                let which = (e + round) % 4;
+            for e in 0..ENGINES {
+                let which = (e + round) % ENGINES;
                 let mut samples = Vec::with_capacity(compiles);
                 for _ in 0..compiles {
                     let t = Instant::now();
@@ -313,6 +348,14 @@ fn main() {
                             // SAFETY: compiled only, never run.
                             let p = unsafe { rt.load_trusted(&c.linked.code, &c.opt_opts) };
                             let p = p.unwrap();
+                            samples.push(t.elapsed().as_nanos() as f64);
+                            drop(p);
+                        }
+                        4 => {
+                            if c.opt_sandboxed.is_none() {
+                                break;
+                            }
+                            let p = rt.load(&c.linked.code, &c.opt_sbx_opts).unwrap();
                             samples.push(t.elapsed().as_nanos() as f64);
                             drop(p);
                         }
@@ -439,4 +482,62 @@ fn main() {
         f2(geomean(&size)),
         gm(&c_opt)
     );
+
+    optimized_sandboxed_table(&cases);
+}
+
+/// The optimizing tier sandboxed against the tier trusted and the baseline sandboxed, side
+/// by side: run time (ns), compile time (µs) and code size (bytes).
+fn optimized_sandboxed_table(cases: &[Case]) {
+    let f2 = |x: f64| format!("{x:.2}");
+    println!(
+        "\noptimized sandboxed: run time (ns per run) and compile time (µs), ÷ optimized \
+         trusted and ÷ baseline sandboxed; code size (bytes)\n"
+    );
+    println!("| program | opt sbx run | ÷ opt tr | ÷ base sbx | opt sbx compile | ÷ opt tr | ÷ base sbx | code opt sbx | code opt tr | code base sbx |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let (mut g_run_tr, mut g_run_sbx, mut g_c_tr, mut g_c_sbx) = (vec![], vec![], vec![], vec![]);
+    for c in cases {
+        let (Some(os), Some(ot)) = (&c.opt_sandboxed, &c.optimized) else {
+            println!("| {} | — | — | — | — | — | — | — | — | — |", c.name);
+            continue;
+        };
+        if c.run[3].is_empty() || c.run[4].is_empty() {
+            continue;
+        }
+        let (run, run_tr, run_sbx) = (
+            median(c.run[4].clone()),
+            median(c.run[3].clone()),
+            median(c.run[1].clone()),
+        );
+        let (comp, comp_tr, comp_sbx) = (
+            median(c.compile[4].clone()),
+            median(c.compile[3].clone()),
+            median(c.compile[1].clone()),
+        );
+        g_run_tr.push(run / run_tr);
+        g_run_sbx.push(run / run_sbx);
+        g_c_tr.push(comp / comp_tr);
+        g_c_sbx.push(comp / comp_sbx);
+        println!(
+            "| {} | {run:.1} | {} | {} | {comp:.2} | {} | {} | {} | {} | {} |",
+            c.name,
+            f2(run / run_tr),
+            f2(run / run_sbx),
+            f2(comp / comp_tr),
+            f2(comp / comp_sbx),
+            os.code_size(),
+            ot.code_size(),
+            c.sandboxed.code_size()
+        );
+    }
+    if !g_run_tr.is_empty() {
+        println!(
+            "| geometric mean | | {} | {} | | {} | {} | | | |",
+            f2(geomean(&g_run_tr)),
+            f2(geomean(&g_run_sbx)),
+            f2(geomean(&g_c_tr)),
+            f2(geomean(&g_c_sbx))
+        );
+    }
 }

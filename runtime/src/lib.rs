@@ -905,7 +905,7 @@ impl CompileEnv<'_> {
         let scan = CallScan::of(code);
         if opts.tier == Tier::Optimized {
             let binding = scan.needs_binding(code);
-            tier::refuse_unsupported(trust, opts, budget, binding)?;
+            tier::refuse_unsupported(opts, binding)?;
         }
         let bound = if opts.maps.is_empty() && !scan.needs_binding(code) {
             None

@@ -1,8 +1,8 @@
 //! Which compiler a load uses: the baseline backend (one pass, microseconds) or the
-//! optimizing tier (`packjit-tier2`: Cranelift, for hot trusted programs; cargo feature
+//! optimizing tier (`packjit-tier2`: Cranelift, for hot programs, trusted or sandboxed; cargo feature
 //! `optimizer`).
 
-use crate::{err, Error, ErrorKind, LoadOptions, Trust};
+use crate::{err, Error, ErrorKind, LoadOptions};
 use packjit_plugin_api::{Arch, JitBackend};
 use std::sync::Arc;
 
@@ -15,9 +15,10 @@ pub enum Tier {
     /// The optimizing tier (Cranelift; cargo feature `optimizer`), native code only.
     /// Compiles 10-100x slower than the baseline and runs faster where a one-pass JIT
     /// cannot: stack slots kept in registers, constants folded, redundant extensions
-    /// dropped. Takes trusted programs without maps, tail calls, budget, blinding, legacy
-    /// packet loads or the per-CPU instruction for now: anything else is refused with
-    /// [`ErrorKind::Unsupported`] naming what, never compiled differently.
+    /// dropped. Takes trusted and sandboxed programs, with or without a budget, without
+    /// maps, tail calls, blinding, legacy packet loads or the per-CPU instruction for now:
+    /// anything else is refused with [`ErrorKind::Unsupported`] naming what, never
+    /// compiled differently.
     Optimized,
     /// Loads on the baseline and moves to the optimizing tier in the background once it
     /// runs hot, as the runtime's [`crate::TierPolicy`] says (see [`crate::TierStatus`],
@@ -76,18 +77,10 @@ fn optimizer_for_host() -> Result<(Arc<dyn JitBackend>, Arc<str>), Error> {
 }
 
 /// Refuses, by name, a load the optimizing tier cannot compile faithfully yet.
-pub(crate) fn refuse_unsupported(
-    trust: Trust,
-    opts: &LoadOptions,
-    budget: Option<u64>,
-    needs_binding: bool,
-) -> Result<(), Error> {
-    let what = if trust == Trust::Sandboxed {
-        "sandboxed programs (load them with `load_trusted`, or use Tier::Baseline)"
-    } else if !opts.maps.is_empty() || needs_binding {
+/// Sandboxed loads and instruction budgets the tier compiles under the baseline's contracts.
+pub(crate) fn refuse_unsupported(opts: &LoadOptions, needs_binding: bool) -> Result<(), Error> {
+    let what = if !opts.maps.is_empty() || needs_binding {
         "maps, bpf_tail_call and bpf_for_each_map_elem / bpf_loop callbacks"
-    } else if budget.is_some() {
-        "an instruction budget"
     } else if opts.blind_constants {
         "constant blinding"
     } else if opts.percpu_insn {

@@ -308,7 +308,19 @@ fn refusal(base: &Program, code: &[u8], opts: &LoadOptions, trust: Trust) -> Res
     let needs_binding = CallScan::of(code).needs_binding(code);
     // An ELF program's data sections are given to the adaptive program after this (see
     // `elf.rs`), so they live as long as either tier's code, which names their addresses.
-    tier::refuse_unsupported(trust, opts, base.budget, needs_binding)
+    tier::refuse_unsupported(opts, needs_binding)?;
+    // The tier compiles sandboxed programs when asked (`Tier::Optimized`), but without the
+    // baseline's check groups and walk proofs its code is slower than the sandboxed
+    // baseline's (BENCHMARKS.md, "The optimizing tier sandboxed, side by side"): tiering one up would
+    // make it slower, so an adaptive sandboxed program stays where it is.
+    if trust == Trust::Sandboxed {
+        return Err(crate::err(
+            ErrorKind::Unsupported,
+            "adaptive tiering: sandboxed programs stay on the baseline, whose checked code \
+             is faster than the optimizing tier's for now",
+        ));
+    }
+    Ok(())
 }
 
 impl Tiering {

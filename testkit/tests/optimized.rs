@@ -1,12 +1,16 @@
 //! The optimizing tier (`Tier::Optimized`, `packjit-tier2`) on the machine the test runs on:
 //! natively on x86-64, under qemu-user in the aarch64 and riscv64 cross runs.
 //!
-//! * The bpf_conformance suite, trusted (the tier takes trusted programs only): every case
-//!   compiled by Cranelift and run, r0 compared; must-reject cases rejected.
+//! * The bpf_conformance suite, trusted and sandboxed: every case compiled by Cranelift and
+//!   run, r0 compared; must-reject cases rejected.
 //! * Differential: random in-bounds programs ([`packjit_testkit::gen::generate`]) run by the
-//!   optimized code and by the interpreter (and rbpf's where it can): r0, context and dumped
-//!   stack must match. `PACKJIT_DIFF_COUNT` programs (default 5000 natively on x86-64, 1000
-//!   under qemu), seeds from `PACKJIT_DIFF_SEED` (default 0x7e1e0000); the range is printed.
+//!   optimized code, trusted and sandboxed, and by the interpreter (and rbpf's where it
+//!   can): r0, context and dumped stack must match. `PACKJIT_DIFF_COUNT` programs (default
+//!   5000 natively on x86-64; under qemu 1000 trusted, 300 sandboxed), seeds from
+//!   `PACKJIT_DIFF_SEED` (default 0x7e1e0000); the range is printed.
+//! * Host regions behave as on the baseline, sandboxed (the escape programs are in
+//!   `optimized_escapes.rs`, a binary of their own: under qemu each test binary has its own
+//!   time limit).
 //! * What the tier does not take yet is refused by name, never compiled differently.
 
 use packjit::{Budget, ErrorKind, LoadOptions, Runtime, Tier};
@@ -24,28 +28,38 @@ fn optimized() -> LoadOptions {
     }
 }
 
-/// Trusted loads through the optimized tier, as a conformance engine.
-struct Optimized<'r>(&'r Runtime);
+/// How a test loads: `Runtime::load_trusted` or `Runtime::load`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Trusted,
+    Sandboxed,
+}
+
+/// Loads through the optimized tier, as a conformance engine.
+struct Optimized<'r>(&'r Runtime, Mode);
 
 impl Engine for Optimized<'_> {
     fn label(&self) -> String {
-        format!("{} optimized tier, trusted", Arch::host().unwrap())
+        format!("{} optimized tier, {:?}", Arch::host().unwrap(), self.1)
     }
 
     fn load<'a>(&'a self, code: &[u8]) -> Result<Box<dyn Loaded + 'a>, String> {
-        // SAFETY: the suite's programs access only their context and their stack (the
-        // reference runs every one of them in bounds: `whole_suite_passes_on_the_reference`).
-        let p = unsafe { self.0.load_trusted(code, &optimized()) }.map_err(|e| e.to_string())?;
+        let p = match self.1 {
+            // SAFETY: the suite's programs access only their context and their stack (the
+            // reference runs every one of them in bounds: `whole_suite_passes_on_the_reference`).
+            Mode::Trusted => unsafe { self.0.load_trusted(code, &optimized()) },
+            Mode::Sandboxed => self.0.load(code, &optimized()),
+        }
+        .map_err(|e| e.to_string())?;
         Ok(Box::new(p))
     }
 }
 
-#[test]
-fn conformance_suite_through_the_optimized_tier() {
+fn conformance(mode: Mode) {
     let rt = Runtime::new().unwrap();
     ensure_suite_helper(&rt).unwrap();
     let cases = load_suite(&suite_dir()).expect("conformance suite");
-    let s = run_cases(&Optimized(&rt), &cases, &[]);
+    let s = run_cases(&Optimized(&rt, mode), &cases, &[]);
     packjit_testkit::report(&s.to_string());
     assert_eq!(s.failed, 0, "{}", s.report());
     assert_eq!(s.compile_only, 0, "every case must run natively");
@@ -53,14 +67,39 @@ fn conformance_suite_through_the_optimized_tier() {
 }
 
 #[test]
+fn conformance_suite_through_the_optimized_tier() {
+    conformance(Mode::Trusted);
+}
+
+#[test]
+fn conformance_suite_sandboxed_through_the_optimized_tier() {
+    conformance(Mode::Sandboxed);
+}
+
+#[test]
 fn random_programs_match_the_interpreter() {
+    random_programs(Mode::Trusted);
+}
+
+#[test]
+fn random_programs_sandboxed_match_the_interpreter() {
+    random_programs(Mode::Sandboxed);
+}
+
+fn random_programs(mode: Mode) {
     let rt = Runtime::new().unwrap();
     for (id, f, _) in helpers() {
         rt.register_helper(id, "gen", f).unwrap();
     }
     let emulated = !cfg!(target_arch = "x86_64");
+    // Under qemu the sandboxed run costs more (every access checked): fewer of those, so
+    // the binary stays inside the emulated run's time limit.
+    let emulated_count = match mode {
+        Mode::Trusted => 1000,
+        Mode::Sandboxed => 300,
+    };
     let count = packjit_testkit::env_u64("PACKJIT_DIFF_COUNT").unwrap_or(if emulated {
-        1000
+        emulated_count
     } else {
         5000
     });
@@ -69,7 +108,7 @@ fn random_programs_match_the_interpreter() {
         rt: &rt,
         opts: optimized(),
     };
-    let engine = target.engine(false);
+    let engine = target.engine(mode == Mode::Sandboxed);
     let (mut ran, mut with_rbpf) = (0u64, 0u64);
     for seed in base..base + count {
         match check_seed(&engine, seed) {
@@ -78,11 +117,11 @@ fn random_programs_match_the_interpreter() {
                 with_rbpf += rbpf as u64;
             }
             Ok(Checked::CompiledOnly { .. }) => panic!("seed {seed:#x}: native code did not run"),
-            Err(m) => panic!("optimized tier, trusted: {m}"),
+            Err(m) => panic!("optimized tier, {mode:?}: {m}"),
         }
     }
     packjit_testkit::report(&format!(
-        "optimized tier differential ({}): seeds {base:#x}..{:#x}: {ran} run and matched the interpreter, {with_rbpf} also rbpf",
+        "optimized tier differential ({}, {mode:?}): seeds {base:#x}..{:#x}: {ran} run and matched the interpreter, {with_rbpf} also rbpf",
         Arch::host().unwrap(),
         base + count
     ));
@@ -93,34 +132,43 @@ fn random_programs_match_the_interpreter() {
 fn what_the_tier_cannot_take_is_refused_by_name() {
     let rt = Runtime::new().unwrap();
     let exit0 = [0xb7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
-    let e = rt.load(&exit0, &optimized()).unwrap_err();
+    // Sandboxed and budgeted loads are the tier's now.
+    let p = rt
+        .load(
+            &exit0,
+            &LoadOptions {
+                budget: Budget::Limit(100),
+                ..optimized()
+            },
+        )
+        .unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 0);
+    let e = rt
+        .load(
+            &exit0,
+            &LoadOptions {
+                blind_constants: true,
+                ..optimized()
+            },
+        )
+        .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unsupported);
-    assert!(e.to_string().contains("sandboxed programs"), "{e}");
-    let with = |o: LoadOptions| {
-        // SAFETY: `mov r0, 0; exit` touches no memory.
-        unsafe { rt.load_trusted(&exit0, &o) }.unwrap_err()
-    };
-    let e = with(LoadOptions {
-        budget: Budget::Limit(100),
-        ..optimized()
-    });
-    assert!(e.to_string().contains("instruction budget"), "{e}");
-    let e = with(LoadOptions {
-        blind_constants: true,
-        ..optimized()
-    });
     assert!(e.to_string().contains("constant blinding"), "{e}");
     // LD_ABS: r0 = *(u8 *)(ctx + 0).
     let ld_abs = [0x30, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
-    // SAFETY: refused before it could run.
-    let e = unsafe { rt.load_trusted(&ld_abs, &optimized()) }.unwrap_err();
-    assert_eq!(e.kind, ErrorKind::Unsupported);
-    assert!(
-        e.to_string().contains("pc 0") && e.to_string().contains("LD_ABS"),
-        "{e}"
-    );
+    for e in [
+        // SAFETY: refused before it could run.
+        unsafe { rt.load_trusted(&ld_abs, &optimized()) }.unwrap_err(),
+        rt.load(&ld_abs, &optimized()).unwrap_err(),
+    ] {
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        assert!(
+            e.to_string().contains("pc 0") && e.to_string().contains("LD_ABS"),
+            "{e}"
+        );
+    }
     // And the same program loads trusted on the tier and runs.
-    // SAFETY: as above.
+    // SAFETY: `mov r0, 0; exit` touches no memory.
     let p = unsafe { rt.load_trusted(&exit0, &optimized()) }.unwrap();
     assert_eq!(p.call(&mut []).unwrap(), 0);
 }
@@ -182,4 +230,81 @@ fn optimized_code_runs_behind_a_hook_and_has_symbols() {
     assert_eq!(hook.run(&mut ctx).unwrap().unwrap(), 16);
     hook.detach();
     assert!(hook.run(&mut ctx).is_none());
+}
+
+/// `r0 = *(u64 *)(addr + off)` (or, with `store`, `*(u64 *)(addr + off) = 7; r0 = 0`); exit.
+fn access_at(addr: u64, off: i16, store: bool) -> Vec<u8> {
+    use packjit_frontend::encode_insn as i;
+    [
+        i(0x18, 1, 0, 0, addr as i32),
+        i(0, 0, 0, 0, (addr >> 32) as i32),
+        if store {
+            i(0x7a, 1, 0, off, 7) // *(u64 *)(r1 + off) = 7
+        } else {
+            i(0x79, 0, 1, off, 0)
+        },
+        if store {
+            i(0xb7, 0, 0, 0, 0)
+        } else {
+            i(0x05, 0, 0, 0, 0) // ja +0
+        },
+        i(0x95, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+/// Host regions (the checks' out-of-line scan): reads and writes inside them run, one byte
+/// out or a write to a read-only one stops with the baseline's record; an access the
+/// front end proves inside a static region runs unchecked and right.
+#[test]
+fn host_regions_allow_and_stop_as_on_the_baseline() {
+    use packjit::{MemRegion, RegionAccess};
+    let rt = Runtime::new().unwrap();
+    let table: Box<[u64; 16]> = Box::new(std::array::from_fn(|k| 100 + k as u64));
+    let cells: Box<[std::cell::UnsafeCell<u64>; 4]> = Box::default();
+    let (t, c) = (table.as_ptr() as u64, cells.as_ptr() as u64);
+    // SAFETY: both boxes outlive every program given the regions (declared before them);
+    // the cells are only written by programs, through raw pointers (`UnsafeCell`).
+    let (ro, rw) = unsafe {
+        (
+            MemRegion::new(t as *const u8, 16 * 8, RegionAccess::ReadOnly),
+            MemRegion::new(c as *const u8, 4 * 8, RegionAccess::ReadWrite),
+        )
+    };
+    // Runtime-wide regions reach the run's env only (not the static regions of the load):
+    // every access to them goes through the out-of-line scan.
+    rt.add_region(ro);
+    rt.add_region(rw);
+    let cases = [
+        (t, 15 * 8, false, "last table entry"),
+        (t, 15 * 8 + 1, false, "one byte past the table"),
+        (t, -8, false, "before the table"),
+        (c, 8, true, "a writable cell"),
+        (c, 25, true, "past the cells"),
+        (t, 0, true, "a write to the read-only table"),
+    ];
+    for (addr, off, store, what) in cases {
+        // The load's own regions (static: proven accesses run unchecked) and none but the
+        // runtime's.
+        for regions in [vec![ro, rw], vec![]] {
+            let code = access_at(addr, off, store);
+            let run = |tier| {
+                let opts = LoadOptions {
+                    regions: regions.clone(),
+                    tier,
+                    ..LoadOptions::default()
+                };
+                let p = rt.load(&code, &opts).unwrap();
+                let cell = cells[1].get();
+                // SAFETY: no program runs while the test reads or writes the cell.
+                unsafe { *cell = 0 };
+                let r = p.call(&mut []).map_err(|e| e.stop().expect("a stop"));
+                // SAFETY: as above.
+                (r, unsafe { *cell })
+            };
+            let (want, got) = (run(Tier::Baseline), run(Tier::Optimized));
+            assert_eq!(got, want, "{what}");
+        }
+    }
+    assert_eq!(table[0], 100, "the read-only table is unchanged");
 }

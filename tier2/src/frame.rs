@@ -86,7 +86,7 @@ pub(crate) fn plan(insts: &[Inst]) -> FramePlan {
 
 /// `true` when `op` reads r10 other than as the base address of a memory access: a copy of
 /// the frame pointer may then reach memory, a helper or a callee.
-fn frame_escapes(op: &Op) -> bool {
+pub(crate) fn frame_escapes(op: &Op) -> bool {
     let reg = |o: Operand| o == Operand::Reg(R10);
     match *op {
         Op::Alu { src, .. } => reg(src),

@@ -10,13 +10,18 @@
 //!
 //! * [`OptimizingBackend`] implements [`JitBackend`]: the runtime hands it the same
 //!   requests as a baseline backend.
-//! * Trusted programs only, for now: a request with any `PJ_COMPILE_*` flag (sandbox,
-//!   budget, blinding, the per-CPU instruction), an inlined helper kind, a legacy packet
-//!   load or the per-CPU instruction is refused with [`ErrorKind::Unsupported`] naming what.
+//! * Trusted and sandboxed programs, with or without an instruction budget, under the
+//!   baseline's contracts (ARCHITECTURE.md, "Sandbox contract"): every access the front
+//!   end's access plan does not prove is checked against the context, the one stack block
+//!   and the host regions, its address clamped by `select_spectre_guard`; back-edges and
+//!   calls charge the budget; a stop writes the same record at the same pc. A request for
+//!   constant blinding or the per-CPU instruction, an inlined helper kind or a legacy packet
+//!   load is refused with [`ErrorKind::Unsupported`] naming what.
 //!
 //! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
-//! instruction class), `frame.rs` (which stack slots become SSA variables), `link.rs` (the
-//! functions placed in one image, calls patched).
+//! instruction class, with the sandbox's checks and the budget's charges), `frame.rs`
+//! (which stack slots become SSA variables), `link.rs` (the functions placed in one image,
+//! calls patched), `sandbox.rs` (the functions sandboxed code calls on its rare paths).
 //!
 //! ```
 //! # if let Some(be) = packjit_tier2::OptimizingBackend::host() {
@@ -32,6 +37,7 @@
 mod frame;
 mod lift;
 mod link;
+mod sandbox;
 
 use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::ExternalName;
@@ -41,8 +47,7 @@ use cranelift_codegen::{Context, FinalizedRelocTarget};
 use cranelift_frontend::FunctionBuilderContext;
 use packjit_plugin_api::{
     install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
-    ErrorKind, HelperEntry, JitBackend, PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET,
-    PJ_COMPILE_PERCPU_INSN, PJ_COMPILE_SANDBOX,
+    ErrorKind, HelperEntry, JitBackend, PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_PERCPU_INSN,
 };
 use std::sync::OnceLock;
 
@@ -163,8 +168,9 @@ pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
         ));
     }
     let isa = host_isa()?;
+    let mode = packjit_frontend::analysis::validate_request(req, NAME, 0)?;
     let prog = packjit_frontend::decode_for_lowering(req)?;
-    let shared = lift::Shared::new(&prog, req.helpers, &**isa)?;
+    let shared = lift::Shared::new(&prog, req.helpers, mode, &**isa)?;
     let mut ctx = Context::new();
     let mut fctx = FunctionBuilderContext::new();
     let mut funcs = Vec::with_capacity(prog.subprogs.len());
@@ -226,14 +232,10 @@ pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
     })
 }
 
-/// Every compile flag names a contract this tier does not implement yet.
+/// The compile flags naming a contract this tier does not implement yet are refused by
+/// name; the sandbox and the budget it implements.
 fn refuse_flags(flags: u32) -> Result<(), CompileError> {
     for (bit, what) in [
-        (PJ_COMPILE_SANDBOX, "sandboxed code (PJ_COMPILE_SANDBOX)"),
-        (
-            PJ_COMPILE_BUDGET,
-            "an instruction budget (PJ_COMPILE_BUDGET)",
-        ),
         (
             PJ_COMPILE_BLIND_CONSTANTS,
             "constant blinding (PJ_COMPILE_BLIND_CONSTANTS)",

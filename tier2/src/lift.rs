@@ -16,12 +16,18 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use packjit_frontend::analysis::{
+    back_edge_charge, is_frame_constant, stack_block_size, CodegenMode, CALL_CHARGE,
+};
+use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE,
 };
 use packjit_plugin_api::{
-    CompileError, ErrorKind, HelperEntry, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC,
-    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_NONE, PJ_STOP_UNKNOWN_CALLX,
+    CompileError, ErrorKind, HelperEntry, PJ_ACCESS_WRITE, PJ_ENV_BUDGET, PJ_ENV_CTX_END,
+    PJ_ENV_CTX_START, PJ_ENV_STACK_END, PJ_ENV_STACK_START, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
+    PJ_ENV_STOP_PC, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_NONE,
+    PJ_STOP_BUDGET, PJ_STOP_UNKNOWN_CALLX,
 };
 use std::collections::HashMap;
 
@@ -34,9 +40,22 @@ pub(crate) struct Shared<'p> {
     pub prog: &'p Program,
     /// Helpers a `call` or `callx` can reach: `(id, address)`.
     pub helpers: Vec<(u32, u64)>,
-    /// The program has a `callx`, so a callee may stop the run (unknown id): callers test
-    /// the stop field after each local call and return at once when it is set.
+    /// A callee may stop the run (an unknown `callx` id, a failed check, the budget):
+    /// callers test the stop field after each local call and return at once when it is set.
     pub may_stop: bool,
+    /// Sandboxed (memory checks) and/or budgeted, from the request's flags.
+    pub mode: CodegenMode,
+    /// Sandboxed: which accesses the front end proves safe (`AccessCheck::None`); every
+    /// other one is checked. Empty for trusted code.
+    pub access: AccessPlan,
+    /// Sandboxed: bytes of the one stack block all frames live in
+    /// ([`stack_block_size`]); the entry reserves it and passes each callee its r10.
+    pub block: usize,
+    /// Whether stack slots may become variables ([`frame::plan`]). Sandboxed code can reach
+    /// another function's frame through its own r10 (`*(r10 + 8)` in a callee reads its
+    /// caller's frame, allowed because the block is one region): promotion there is exact
+    /// only when no function copies r10 or addresses outside its own frame through it.
+    pub promote: bool,
     pub call_conv: CallConv,
     pub frontend: TargetFrontendConfig,
 }
@@ -47,6 +66,7 @@ impl<'p> Shared<'p> {
     pub fn new(
         prog: &'p Program,
         table: &[HelperEntry],
+        mode: CodegenMode,
         isa: &dyn cranelift_codegen::isa::TargetIsa,
     ) -> Result<Self, CompileError> {
         let mut helpers = Vec::new();
@@ -65,24 +85,54 @@ impl<'p> Shared<'p> {
             }
             helpers.push((h.id, h.addr));
         }
-        let may_stop = prog
-            .insts
-            .iter()
-            .any(|i| matches!(i.op, Op::CallReg { .. }));
+        let may_stop = mode.sandboxed()
+            || mode.counts_budget()
+            || prog
+                .insts
+                .iter()
+                .any(|i| matches!(i.op, Op::CallReg { .. }));
+        let (access, block, promote) = if mode.sandboxed() {
+            let promote = !prog.insts.iter().any(|i| {
+                frame::frame_escapes(&i.op)
+                    || match i.op {
+                        Op::Load {
+                            base, off, size, ..
+                        }
+                        | Op::Store {
+                            base, off, size, ..
+                        }
+                        | Op::Atomic {
+                            base, off, size, ..
+                        } => base == R10 && !is_frame_constant(base, off, size),
+                        _ => false,
+                    }
+            });
+            (plan_accesses(prog, false), stack_block_size(prog), promote)
+        } else {
+            (AccessPlan::default(), 0, true)
+        };
         Ok(Self {
             prog,
             helpers,
             may_stop,
+            mode,
+            access,
+            block,
+            promote,
             call_conv: isa.default_call_conv(),
             frontend: isa.frontend_config(),
         })
     }
 
     /// The signature of function `index`: the entry takes `(ctx, ctx_len, env)`, every other
-    /// function `(r1, .., r5, env)`; all return r0.
+    /// function `(r1, .., r5, env)`, sandboxed `(r1, .., r5, r10, env)`; all return r0.
     pub fn signature(&self, index: usize) -> Signature {
         let mut sig = Signature::new(self.call_conv);
-        let params = if index == 0 { 3 } else { 6 };
+        let params = match index {
+            0 => 3,
+            _ if self.mode.sandboxed() => 7,
+            _ => 6,
+        };
         sig.params.extend((0..params).map(|_| AbiParam::new(I64)));
         sig.returns.push(AbiParam::new(I64));
         sig
@@ -120,8 +170,20 @@ pub(crate) fn lift_function(
     }
     let env = *params.last().expect("every signature ends with env");
     let insts = &shared.prog.insts[sub.start..sub.end];
-    let plan = frame::plan(insts);
-    let r10 = if plan.memory {
+    let plan = if shared.promote {
+        frame::plan(insts)
+    } else {
+        frame::FramePlan {
+            slots: Vec::new(),
+            memory: true,
+        }
+    };
+    let mut bounds = None;
+    let r10 = if shared.mode.sandboxed() {
+        let (r10, b) = sandbox_frame(&mut b, shared, index, &params, env);
+        bounds = Some(b);
+        r10
+    } else if plan.memory {
         let frame = b.create_sized_stack_slot(StackSlotData::new(
             StackSlotKind::ExplicitSlot,
             STACK_SIZE as u32,
@@ -156,6 +218,7 @@ pub(crate) fn lift_function(
         regs,
         r10,
         env,
+        bounds,
         slots,
         blocks,
         start: sub.start,
@@ -195,6 +258,104 @@ pub(crate) fn lift_function(
     Ok(())
 }
 
+/// The regions a sandboxed function tests inline: the context and the stack block.
+#[derive(Clone, Copy)]
+struct Bounds {
+    ctx: Limits,
+    stack: Limits,
+}
+
+/// One region as values defined in the function's entry block: its start, and per access
+/// size `k` (1, 2, 4, 8) the number of offsets an access of `k` bytes may start at,
+/// `len - k + 1` or 0 when the region is shorter than `k`. An access is then inside iff
+/// `addr - start < limit[k]` (unsigned, one compare: an address below the start wraps to a
+/// huge offset), and the limits are loop invariant, computed once per call.
+#[derive(Clone, Copy)]
+struct Limits {
+    start: Value,
+    limit: [Value; 4],
+}
+
+impl Limits {
+    fn new(b: &mut FunctionBuilder<'_>, start: Value, len: Value) -> Self {
+        let limit = [1i64, 2, 4, 8].map(|k| {
+            if k == 1 {
+                return len;
+            }
+            let short = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, len, k);
+            let count = b.ins().iadd_imm_s(len, 1 - k);
+            let zero = b.ins().iconst(I64, 0);
+            b.ins().select(short, zero, count)
+        });
+        Self { start, limit }
+    }
+
+    fn limit(&self, bytes: i64) -> Value {
+        self.limit[bytes.trailing_zeros() as usize]
+    }
+}
+
+/// Sandboxed frames: the entry reserves the whole stack block as one Cranelift slot (no
+/// spill or saved register lands inside it: Cranelift's own slots are separate), zeroes
+/// it, publishes it in `env.stack_start` / `env.stack_end` (helpers check pointers against
+/// them) and starts with r10 at its end; a callee gets its r10 as a parameter (the caller's
+/// minus 512). Returns r10 and the inline regions.
+fn sandbox_frame(
+    b: &mut FunctionBuilder<'_>,
+    shared: &Shared<'_>,
+    index: usize,
+    params: &[Value],
+    env: Value,
+) -> (Value, Bounds) {
+    let f = MemFlagsData::new().with_notrap();
+    // Fields the run never changes once the entry wrote them: free to reuse or drop.
+    let fixed = f.with_readonly();
+    let ctx_start = b.ins().load(I64, fixed, env, PJ_ENV_CTX_START);
+    let ctx_end = b.ins().load(I64, fixed, env, PJ_ENV_CTX_END);
+    let ctx_len = b.ins().isub(ctx_end, ctx_start);
+    if index == 0 {
+        let block = shared.block as i64;
+        let start = if block > 0 {
+            let slot = b.create_sized_stack_slot(StackSlotData::new(
+                StackSlotKind::ExplicitSlot,
+                shared.block as u32,
+                4,
+            ));
+            let start = b.ins().stack_addr(I64, slot, 0);
+            let len = b.ins().iconst(I64, block);
+            let mut sig = Signature::new(shared.call_conv);
+            sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
+            let sig = b.import_signature(sig);
+            let zero = b
+                .ins()
+                .iconst(I64, crate::sandbox::zero_block as *const () as usize as i64);
+            b.ins().call_indirect(sig, zero, &[start, len]);
+            start
+        } else {
+            // No function reads r10: an empty block no access lies in.
+            b.ins().iconst(I64, 0)
+        };
+        let end = b.ins().iadd_imm_s(start, block);
+        b.ins().store(f, start, env, PJ_ENV_STACK_START);
+        b.ins().store(f, end, env, PJ_ENV_STACK_END);
+        let len = b.ins().iconst(I64, block);
+        let bounds = Bounds {
+            ctx: Limits::new(b, ctx_start, ctx_len),
+            stack: Limits::new(b, start, len),
+        };
+        (end, bounds)
+    } else {
+        let start = b.ins().load(I64, fixed, env, PJ_ENV_STACK_START);
+        let end = b.ins().load(I64, fixed, env, PJ_ENV_STACK_END);
+        let len = b.ins().isub(end, start);
+        let bounds = Bounds {
+            ctx: Limits::new(b, ctx_start, ctx_len),
+            stack: Limits::new(b, start, len),
+        };
+        (params[5], bounds)
+    }
+}
+
 struct Lifter<'a, 'f> {
     b: FunctionBuilder<'f>,
     shared: &'a Shared<'a>,
@@ -203,6 +364,8 @@ struct Lifter<'a, 'f> {
     /// block, so it dominates every use.
     r10: Value,
     env: Value,
+    /// Sandboxed code: the regions the inline test covers.
+    bounds: Option<Bounds>,
     slots: HashMap<Slot, Variable>,
     /// Per instruction of the function (index from `start`).
     blocks: Vec<Option<Block>>,
@@ -284,13 +447,13 @@ impl Lifter<'_, '_> {
                 dst,
                 base,
                 off,
-            } => self.load(size, sign_extend, dst, base, off),
+            } => self.load(i, pc, size, sign_extend, dst, base, off),
             Op::Store {
                 size,
                 base,
                 off,
                 src,
-            } => self.store(size, base, off, src),
+            } => self.store(i, pc, size, base, off, src),
             Op::Atomic {
                 size,
                 op,
@@ -298,8 +461,11 @@ impl Lifter<'_, '_> {
                 base,
                 off,
                 src,
-            } => self.atomic(size, op, fetch, base, off, src),
+            } => self.atomic(i, pc, size, op, fetch, base, off, src),
             Op::Ja { target } => {
+                if let Some(charge) = self.back_edge(i, target as usize) {
+                    self.charge(pc, charge);
+                }
                 let t = self.block_at(target as usize);
                 self.b.ins().jump(t, NO_ARGS);
             }
@@ -309,10 +475,15 @@ impl Lifter<'_, '_> {
                 dst,
                 src,
                 target,
-            } => self.jcond(i, width, cond, dst, src, target as usize),
+            } => self.jcond(i, pc, width, cond, dst, src, target as usize),
             Op::CallHelper { id } => self.call_helper(pc, id)?,
             Op::CallReg { reg } => self.call_reg(pc, reg),
-            Op::CallLocal { target } => self.call_local(target as usize),
+            Op::CallLocal { target } => {
+                if self.shared.mode.counts_budget() {
+                    self.charge(pc, CALL_CHARGE);
+                }
+                self.call_local(target as usize)
+            }
             Op::Exit => {
                 let r0 = self.get(0);
                 self.b.ins().return_(&[r0]);
@@ -431,6 +602,139 @@ impl Lifter<'_, '_> {
         self.set(dst, r);
     }
 
+    /// Where an access of `size` at `base + off` (instruction `i`, at `pc`) goes: the base
+    /// register and the offset when the access needs no check (trusted code, a constant
+    /// offset inside the current frame, or what the front end's access plan proves), else
+    /// the checked address with offset 0.
+    ///
+    /// The check: `[addr, addr + size)` inside the context or the stack block, tested inline;
+    /// otherwise [`crate::sandbox::region_check`] tries those and the host regions and, when none
+    /// allows it, records the stop, and the function returns (its callers follow, see
+    /// `call_local`). Nothing of the instruction has run then. On both paths the address is
+    /// then clamped to 0 unless the verdict allowed it, by a `select_spectre_guard` on a
+    /// value (never a branch), so a mispredicted check cannot reach memory: 0 plus an
+    /// access of at most 8 bytes is in the never-mapped first page.
+    fn address(
+        &mut self,
+        i: usize,
+        pc: u32,
+        base: Reg,
+        off: i16,
+        size: Size,
+        access: Access,
+    ) -> (Value, i32) {
+        let unchecked = match self.bounds {
+            None => true,
+            Some(_) => {
+                is_frame_constant(base, off, size)
+                    || self.shared.access.check(i) == AccessCheck::None
+            }
+        };
+        let p = self.get(base);
+        let Some(bounds) = self.bounds.filter(|_| !unchecked) else {
+            return (p, off as i32);
+        };
+        let addr = self.b.ins().iadd_imm_s(p, off as i64);
+        let bytes = size.bytes() as i64;
+        // The inline test covers the region the access plan expects (both for an unknown
+        // base); the out-of-line scan tries every region, so the verdict is exact either way.
+        let ok = match self.shared.access.check(i) {
+            AccessCheck::Stack => self.inside(addr, bounds.stack, bytes),
+            AccessCheck::Ctx | AccessCheck::CtxConst { .. } => self.inside(addr, bounds.ctx, bytes),
+            _ => {
+                let in_ctx = self.inside(addr, bounds.ctx, bytes);
+                let in_stack = self.inside(addr, bounds.stack, bytes);
+                self.b.ins().bor(in_ctx, in_stack)
+            }
+        };
+        let (slow, stop, cont) = (
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+        );
+        let verdict = self.b.append_block_param(cont, types::I8);
+        self.b
+            .ins()
+            .brif(ok, cont, &[BlockArg::Value(ok)], slow, NO_ARGS);
+        // The slow path: a call, out of the hot code.
+        self.b.set_cold_block(slow);
+        self.b.switch_to_block(slow);
+        let mut sig = Signature::new(self.shared.call_conv);
+        sig.params.extend((0..4).map(|_| AbiParam::new(I64)));
+        sig.returns.push(AbiParam::new(I64));
+        let sig = self.b.import_signature(sig);
+        let scan = self.b.ins().iconst(
+            I64,
+            crate::sandbox::region_check as *const () as usize as i64,
+        );
+        let write = match access {
+            Access::Read => 0,
+            Access::Write => PJ_ACCESS_WRITE as i64,
+        };
+        let desc = self.b.ins().iconst(I64, bytes | write);
+        let pcv = self.b.ins().iconst(I64, pc as i64);
+        let call = self
+            .b
+            .ins()
+            .call_indirect(sig, scan, &[self.env, addr, desc, pcv]);
+        let allowed = self.b.inst_results(call)[0];
+        let allowed = self.b.ins().icmp_imm_s(IntCC::NotEqual, allowed, 0);
+        self.b
+            .ins()
+            .brif(allowed, cont, &[BlockArg::Value(allowed)], stop, NO_ARGS);
+        self.b.set_cold_block(stop);
+        self.b.switch_to_block(stop);
+        let z = self.b.ins().iconst(I64, 0);
+        self.b.ins().return_(&[z]);
+        self.b.switch_to_block(cont);
+        let zero = self.b.ins().iconst(I64, 0);
+        let safe = self.b.ins().select_spectre_guard(verdict, addr, zero);
+        (safe, 0)
+    }
+
+    /// `[addr, addr + bytes)` inside the region of `limits`, as an `i8` truth value (see
+    /// [`Limits`]).
+    fn inside(&mut self, addr: Value, limits: Limits, bytes: i64) -> Value {
+        let off = self.b.ins().isub(addr, limits.start);
+        self.b
+            .ins()
+            .icmp(IntCC::UnsignedLessThan, off, limits.limit(bytes))
+    }
+
+    /// Charges `charge` to the budget before a back-edge or a call at `pc`: when it exceeds
+    /// what is left, the run stops there with `PJ_STOP_BUDGET` and the budget untouched,
+    /// as the baseline does. The budget is counted in `env.budget`, so callees and the host
+    /// see one count.
+    fn charge(&mut self, pc: u32, charge: u64) {
+        let f = Self::flags();
+        let left = self.b.ins().load(I64, f, self.env, PJ_ENV_BUDGET);
+        let short = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThan, left, charge as i64);
+        let (stop, cont) = (self.b.create_block(), self.b.create_block());
+        self.b.ins().brif(short, stop, NO_ARGS, cont, NO_ARGS);
+        self.b.set_cold_block(stop);
+        self.b.switch_to_block(stop);
+        let kind = self.b.ins().iconst(I32, PJ_STOP_BUDGET as i64);
+        self.b.ins().store(f, kind, self.env, PJ_ENV_STOP_KIND);
+        let pcv = self.b.ins().iconst(I64, pc as i64);
+        self.b.ins().store(f, pcv, self.env, PJ_ENV_STOP_PC);
+        let z = self.b.ins().iconst(I64, 0);
+        self.b.ins().return_(&[z]);
+        self.b.switch_to_block(cont);
+        let rest = self.b.ins().iadd_imm_s(left, -(charge as i64));
+        self.b.ins().store(f, rest, self.env, PJ_ENV_BUDGET);
+    }
+
+    /// The budget charge of a taken jump from instruction `from` to `to`, when counted.
+    fn back_edge(&self, from: usize, to: usize) -> Option<u64> {
+        if !self.shared.mode.counts_budget() {
+            return None;
+        }
+        back_edge_charge(self.shared.prog, from, to)
+    }
+
     fn flags() -> MemFlagsData {
         // Trusted code: the host vouches for every address, so no trap metadata; no
         // alignment is promised (eBPF allows unaligned accesses).
@@ -442,7 +746,17 @@ impl Lifter<'_, '_> {
         (base == R10).then(|| self.slots.get(&(off, size)).copied())?
     }
 
-    fn load(&mut self, size: Size, sign_extend: bool, dst: Reg, base: Reg, off: i16) {
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        &mut self,
+        i: usize,
+        pc: u32,
+        size: Size,
+        sign_extend: bool,
+        dst: Reg,
+        base: Reg,
+        off: i16,
+    ) {
         let v = match self.slot(base, off, size) {
             // A promoted slot holds its value zero-extended (as `store` leaves it).
             Some(var) => {
@@ -455,8 +769,8 @@ impl Lifter<'_, '_> {
                 }
             }
             None => {
-                let p = self.get(base);
-                let (f, o) = (Self::flags(), off as i32);
+                let (p, o) = self.address(i, pc, base, off, size, Access::Read);
+                let f = Self::flags();
                 let ins = self.b.ins();
                 match (size, sign_extend) {
                     (Size::B, false) => ins.uload8(I64, f, p, o),
@@ -472,7 +786,7 @@ impl Lifter<'_, '_> {
         self.set(dst, v);
     }
 
-    fn store(&mut self, size: Size, base: Reg, off: i16, src: Operand) {
+    fn store(&mut self, i: usize, pc: u32, size: Size, base: Reg, off: i16, src: Operand) {
         let v = self.operand(src, Width::W64);
         match self.slot(base, off, size) {
             Some(var) => {
@@ -485,8 +799,8 @@ impl Lifter<'_, '_> {
                 self.b.def_var(var, v);
             }
             None => {
-                let p = self.get(base);
-                let (f, o) = (Self::flags(), off as i32);
+                let (p, o) = self.address(i, pc, base, off, size, Access::Write);
+                let f = Self::flags();
                 let ins = self.b.ins();
                 match size {
                     Size::B => ins.istore8(f, v, p, o),
@@ -498,15 +812,27 @@ impl Lifter<'_, '_> {
         }
     }
 
-    fn atomic(&mut self, size: Size, op: AtomicOp, fetch: bool, base: Reg, off: i16, src: Reg) {
+    #[allow(clippy::too_many_arguments)]
+    fn atomic(
+        &mut self,
+        i: usize,
+        pc: u32,
+        size: Size,
+        op: AtomicOp,
+        fetch: bool,
+        base: Reg,
+        off: i16,
+        src: Reg,
+    ) {
         let ty = if size == Size::W { I32 } else { I64 };
         let width = if size == Size::W {
             Width::W32
         } else {
             Width::W64
         };
-        let p = self.get(base);
-        let p = self.b.ins().iadd_imm_s(p, off as i64);
+        // Atomics count as writes.
+        let (p, o) = self.address(i, pc, base, off, size, Access::Write);
+        let p = self.b.ins().iadd_imm_s(p, o as i64);
         let x = self.reg_at(src, width);
         let f = MemFlagsData::new();
         if op == AtomicOp::Cmpxchg {
@@ -528,7 +854,17 @@ impl Lifter<'_, '_> {
         }
     }
 
-    fn jcond(&mut self, i: usize, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
+    #[allow(clippy::too_many_arguments)]
+    fn jcond(
+        &mut self,
+        i: usize,
+        pc: u32,
+        width: Width,
+        cond: Cond,
+        dst: Reg,
+        src: Operand,
+        target: usize,
+    ) {
         let a = self.reg_at(dst, width);
         let b = self.operand(src, width);
         let c = match cond {
@@ -539,7 +875,19 @@ impl Lifter<'_, '_> {
             _ => self.b.ins().icmp(int_cc(cond), a, b),
         };
         let (t, f) = (self.block_at(target), self.block_at(i + 1));
-        self.b.ins().brif(c, t, NO_ARGS, f, NO_ARGS);
+        match self.back_edge(i, target) {
+            None => {
+                self.b.ins().brif(c, t, NO_ARGS, f, NO_ARGS);
+            }
+            // Taken, the back-edge pays first.
+            Some(charge) => {
+                let pay = self.b.create_block();
+                self.b.ins().brif(c, pay, NO_ARGS, f, NO_ARGS);
+                self.b.switch_to_block(pay);
+                self.charge(pc, charge);
+                self.b.ins().jump(t, NO_ARGS);
+            }
+        }
     }
 
     fn helper_sig(&mut self) -> SigRef {
@@ -562,6 +910,14 @@ impl Lifter<'_, '_> {
         let call = self.b.ins().call_indirect(sig, addr, &args);
         let r0 = self.b.inst_results(call)[0];
         self.set(0, r0);
+        if self.shared.mode.sandboxed() {
+            // As the baseline: a helper may leave host addresses in r1-r5, and eBPF leaves
+            // them undefined, so sandboxed code sees zeroes.
+            let z = self.b.ins().iconst(I64, 0);
+            for r in 1..=5 {
+                self.set(r, z);
+            }
+        }
     }
 
     fn call_helper(&mut self, pc: u32, id: u32) -> Result<(), CompileError> {
@@ -628,6 +984,11 @@ impl Lifter<'_, '_> {
             }
         };
         let mut args: Vec<Value> = (1..=5).map(|r| self.get(r)).collect();
+        if self.shared.mode.sandboxed() {
+            // The callee's frame is the next one down the block.
+            let r10 = self.b.ins().iadd_imm_s(self.r10, -(STACK_SIZE as i64));
+            args.push(r10);
+        }
         args.push(self.env);
         let call = self.b.ins().call(func, &args);
         let r0 = self.b.inst_results(call)[0];
@@ -646,6 +1007,13 @@ impl Lifter<'_, '_> {
             self.b.switch_to_block(cont);
         }
     }
+}
+
+/// The direction of a checked access (an atomic is a write).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
 }
 
 fn narrow(size: Size) -> Type {

@@ -28,7 +28,14 @@ pub(crate) fn link(arch: Arch, funcs: &[FuncCode], slots: usize) -> Result<Image
     let trap = arch.trap_pattern();
     let mut bytes = Vec::new();
     let mut starts = Vec::with_capacity(funcs.len());
-    for f in funcs {
+    for (k, f) in funcs.iter().enumerate() {
+        if k > 0 {
+            // Nothing falls into a callee, but a core may speculate straight on past the
+            // code before it (a `ret`): a barrier there stops it, as the baseline's
+            // sandboxed code has before each callee (the access plan's facts about a
+            // callee hold only on its call paths).
+            bytes.extend_from_slice(speculation_barrier(arch));
+        }
         while bytes.len() % 16 != 0 {
             bytes.push(trap[bytes.len() % trap.len()]);
         }
@@ -60,6 +67,17 @@ pub(crate) fn link(arch: Arch, funcs: &[FuncCode], slots: usize) -> Result<Image
         }
     }
     Ok(Image { bytes, line_table })
+}
+
+/// An instruction no core speculates past: `int3` on x86-64, `dsb nsh; isb` on arm64;
+/// RV64 defines none (no core is known to speculate past `jal`/`jalr`), so an `ebreak`
+/// only keeps the padding recognisable.
+fn speculation_barrier(arch: Arch) -> &'static [u8] {
+    match arch {
+        Arch::X86_64 => &[0xcc],
+        Arch::Aarch64 => &[0x9f, 0x37, 0x03, 0xd5, 0xdf, 0x3f, 0x03, 0xd5],
+        Arch::Riscv64 => &[0x73, 0x00, 0x10, 0x00],
+    }
 }
 
 /// Writes a PC-relative call displacement `delta` (target minus the relocated address).
