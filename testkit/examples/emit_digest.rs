@@ -11,7 +11,7 @@
 use packjit_plugin_api::abi::{PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX};
 use packjit_plugin_api::{CompileRequest, HelperEntry, JitBackend};
 use packjit_testkit::fuzz::VecArena;
-use packjit_testkit::{bench, conformance, gen, inline_cases};
+use packjit_testkit::inline_cases;
 use std::hash::{Hash, Hasher};
 
 /// Generated programs of each kind (the same seeds every run).
@@ -93,39 +93,13 @@ fn main() {
 
 /// `(name, bytecode, helpers)` of every program in the corpus.
 fn corpus() -> Vec<(String, Vec<u8>, Vec<HelperEntry>)> {
-    // Fixed addresses: the code embeds them, and two builds place the real helpers apart.
-    let gen_helpers: Vec<HelperEntry> = gen::helpers()
-        .into_iter()
-        .map(|(id, _, _)| HelperEntry {
-            id,
-            inline_kind: 0,
-            addr: 0x7f00_0000_1000 + 16 * id as u64,
-        })
-        .collect();
-    let mut corpus = Vec::new();
-    let suite = conformance::load_suite(&conformance::suite_dir()).expect("conformance suite");
-    for case in suite {
-        if let Ok(code) = case.program {
-            corpus.push((case.name, code, gen_helpers.clone()));
-        }
-    }
-    for p in bench::sandbox_programs() {
-        corpus.push((p.name.to_string(), p.code, gen_helpers.clone()));
-    }
-    for (name, code, _) in inline_cases::programs() {
-        corpus.push((name.to_string(), code, inline_cases::helpers()));
-    }
+    let mut corpus = packjit_testkit::corpus::fixed_programs();
     let dense = 0x7f00_0000_0000;
     corpus.push((
         "dense callx".into(),
         inline_cases::dense_callx_table(dense),
         inline_cases::dense_callx_helpers(dense),
     ));
-    for seed in 0..GENERATED {
-        let p = gen::generate(seed);
-        corpus.push((format!("gen {seed}"), p.encode(), gen_helpers.clone()));
-        let p = gen::generate_escapes(seed);
-        corpus.push((format!("escape {seed}"), p.encode(), gen_helpers.clone()));
-    }
+    corpus.extend(packjit_testkit::corpus::generated_programs(GENERATED));
     corpus
 }

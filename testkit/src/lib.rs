@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod conformance;
+pub mod corpus;
 pub mod data;
 pub mod density;
 pub mod fuzz;

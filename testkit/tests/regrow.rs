@@ -8,47 +8,19 @@
 use packjit_frontend::analysis::EmitOptions;
 use packjit_plugin_api::abi::{PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_BUDGET, PJ_COMPILE_SANDBOX};
 use packjit_plugin_api::{CompileRequest, HelperEntry};
-use packjit_testkit::{bench, conformance, gen, inline_cases};
+use packjit_testkit::inline_cases;
 
 /// Generated programs of each kind.
 const SEEDS: u64 = 400;
 
 fn corpus() -> Vec<(String, Vec<u8>, Vec<HelperEntry>)> {
-    let helpers: Vec<HelperEntry> = gen::helpers()
-        .into_iter()
-        .map(|(id, _, _)| HelperEntry {
-            id,
-            inline_kind: 0,
-            addr: 0x7f00_0000_1000 + 16 * id as u64,
-        })
-        .collect();
-    let mut corpus = Vec::new();
-    let suite = conformance::load_suite(&conformance::suite_dir()).expect("conformance suite");
-    for case in suite {
-        if let Ok(code) = case.program {
-            corpus.push((case.name, code, helpers.clone()));
-        }
-    }
-    for p in bench::sandbox_programs() {
-        corpus.push((p.name.to_string(), p.code, helpers.clone()));
-    }
-    for (name, code, _) in inline_cases::programs() {
-        corpus.push((name.to_string(), code, inline_cases::helpers()));
-    }
+    let mut corpus = packjit_testkit::corpus::fixed_programs();
     corpus.push((
         "callx table after a far branch".into(),
         callx_after_far_branch(),
         inline_cases::dense_callx_helpers(0x7f00_0000_0000),
     ));
-    for seed in 0..SEEDS {
-        corpus.push((
-            format!("gen seed {seed}"),
-            gen::generate(seed).encode(),
-            helpers.clone(),
-        ));
-        let escapes = gen::generate_escapes(seed).encode();
-        corpus.push((format!("escape seed {seed}"), escapes, helpers.clone()));
-    }
+    corpus.extend(packjit_testkit::corpus::generated_programs(SEEDS));
     corpus
 }
 
