@@ -201,6 +201,7 @@ const _: () = {
     assert!(
         core::mem::offset_of!(PjTailTarget, uniform_frame) == PJ_TAIL_TARGET_UNIFORM_FRAME as usize
     );
+    assert!(core::mem::offset_of!(PjTailTarget, tail_entry) == PJ_TAIL_TARGET_TAIL_ENTRY as usize);
     assert!(core::mem::size_of::<PjMemRegion>() == 24);
 };
 
@@ -406,6 +407,14 @@ pub struct PjTailTarget {
     /// target's saves (the backend's fixed `tail_entry_skip` bytes after the entry), as the
     /// kernel's JITs jump past the prologue of a program with the same frame.
     pub uniform_frame: u64,
+    /// By the caller's mode, as `code_base`: for a caller of packjit's own backends, whose
+    /// tail-calling programs all have the uniform frame, the address to jump to with only its
+    /// stack block left: past the target's saves (its backend's fixed `tail_entry_skip`
+    /// bytes after the entry), the frame decision taken once, when the slot was set. 0 when
+    /// the target's entry has no uniform frame or its code is of the other mode (the caller
+    /// then goes through `code_base`). The host rewrites it (atomically, before the old
+    /// code is released) when the code moves.
+    pub tail_entry: [u64; 2],
 }
 
 /// Offset of [`PjTailTarget::code_base`] (trusted code's word; sandboxed code's is 8 further).
@@ -420,6 +429,9 @@ pub const PJ_TAIL_TARGET_REGION_COUNT: i32 = 32;
 pub const PJ_TAIL_TARGET_MAPS: i32 = 40;
 /// Offset of [`PjTailTarget::uniform_frame`].
 pub const PJ_TAIL_TARGET_UNIFORM_FRAME: i32 = 48;
+/// Offset of [`PjTailTarget::tail_entry`] (trusted code's word; sandboxed code's is 8
+/// further).
+pub const PJ_TAIL_TARGET_TAIL_ENTRY: i32 = 56;
 
 /// [`PjArrayMap::percpu_id`] of an array that is not per-CPU.
 pub const PJ_ARRAY_NOT_PERCPU: u32 = u32::MAX;

@@ -850,28 +850,37 @@ fn refuse_tail_call_in_callee<'a, L: Isa<'a>>(
 /// and the backend's `tail_jump`; r3 is the index, r2 (the array) is not read:
 ///
 /// ```text
-/// r0 = 0 ; w3 = w3                          the index is a u32
+/// w3 = w3                                   the index is a u32
 /// if r3 >= max goto out
 /// r4 = env->tail_calls ; if r4 >= 33 goto out
-/// r5 = r3 ; r5 -= max ; r5 s>>= 63 ; r3 &= r5   index 0 past the bound, also speculatively
-/// r3 = slots[r3] ; if r3 == 0 goto out      the target, or an empty slot
-/// r0 = *target->code_base[mode] ; if r0 == 0 goto out   none for the other mode's code
-/// r0 += target->entry_offset
+/// r5 = r3 ; r5 -= max ; r5 s>>= 63 ; r3 &= r5   sandboxed: index 0 past the bound, also
+///                                           speculatively
+/// r5 = slots ; r5 += r3 << 3 ; r3 = *r5 ; if r3 == 0 goto out   the target, or an empty slot
+/// r0 = target->tail_entry[mode] ; if r0 == 0 goto full
 /// env->tail_calls = r4 + 1
 /// env->maps = the target's, and in sandboxed code env->regions, env->region_count
-/// r5 = target->uniform_frame ; if r5 == 0 goto full
-/// r0 += tail_entry_skip ; tail_jump (r0, TailEntry)   saves kept, the target's skipped
-/// full: tail_jump (r0, TailCall)            the whole frame left, the whole entry run
-/// out:                                      r0 = 0
+/// tail_jump (r0, TailEntry)                 saves kept, the target's skipped
+/// full:                                     a target without the uniform frame
+/// r0 = *target->code_base[mode] ; if r0 == 0 goto out   none for the other mode's code
+/// r5 = target->entry_offset ; r0 += r5
+/// env->tail_calls = r4 + 1 ; env->maps, regions as above
+/// tail_jump (r0, TailCall)                  the whole frame left, the whole entry run
+/// out: r0 = 0
 /// ```
 ///
-/// The caller's own entry has the uniform frame: it makes tail calls
-/// (`CodegenMode::tail_calls`), and the runtime marks a target uniform only when its code
-/// came from a backend of this contract with the same mode, so the saves the target's
-/// epilogue restores are exactly the caller's.
+/// The common case is the first jump: the runtime keeps in `tail_entry[mode]` the address
+/// past the target's saves when the target's entry has the uniform frame of the caller's
+/// backend and mode (it moves it with the code), so the frame decision, the code base and
+/// the entry offset cost the caller one load. The caller's own entry has the uniform frame:
+/// it makes tail calls (`CodegenMode::tail_calls`), and the runtime sets `tail_entry` only
+/// when the target's code came from a backend of this contract with the same mode, so the
+/// saves the target's epilogue restores are exactly the caller's.
+///
+/// Trusted code does not mask the index: like the kernel, which masks it only for
+/// unprivileged programs, it leaves Spectre v1 to the host that vouched for the program.
 ///
 /// Every access reads the runtime's structures at addresses the program does not choose
-/// (the slot's index is masked first), so none is checked ([`Expansion::RuntimeMemory`]).
+/// (the slot's index is bounded first), so none is checked ([`Expansion::RuntimeMemory`]).
 /// The slot is read without a fence: the runtime publishes a target with release ordering,
 /// and every later load goes through the loaded address (an address dependency, which
 /// x86-64's TSO, arm64 and RVWMO all order).
@@ -884,15 +893,16 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     use packjit_plugin_api::abi::{
         PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS, PJ_MAX_TAIL_CALLS,
         PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
-        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT, PJ_TAIL_TARGET_UNIFORM_FRAME,
+        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT, PJ_TAIL_TARGET_TAIL_ENTRY,
     };
     use AluOp::*;
     use Width::{W32, W64};
     refuse_tail_call_in_callee(l, k, id)?;
     let sandboxed = l.driver().mode.sandboxed();
+    // The other mode's word is 8 further in both per-mode pairs.
+    let mode_off = if sandboxed { 8 } else { 0 };
     l.driver().expansion = Expansion::RuntimeMemory;
     let out = l.new_label();
-    l.alu(W64, Mov, 0, Operand::Imm(0));
     l.alu(W32, Mov, 3, Operand::Reg(3));
     // The bound, as an immediate when it fits one (the compare and the subtraction
     // sign-extend it).
@@ -912,46 +922,62 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
         Operand::Imm(PJ_MAX_TAIL_CALLS as i32),
         out,
     );
-    l.alu(W64, Mov, 5, Operand::Reg(3));
-    l.alu(W64, Sub, 5, max);
-    l.alu(W64, Arsh, 5, Operand::Imm(63));
-    l.alu(W64, And, 3, Operand::Reg(5));
-    l.alu(W64, Lsh, 3, Operand::Imm(3));
+    if sandboxed {
+        l.alu(W64, Mov, 5, Operand::Reg(3));
+        l.alu(W64, Sub, 5, max);
+        l.alu(W64, Arsh, 5, Operand::Imm(63));
+        l.alu(W64, And, 3, Operand::Reg(5));
+    }
     l.load_imm64(5, array.slots);
-    l.alu(W64, Add, 3, Operand::Reg(5));
-    l.load(Size::DW, false, 3, 3, 0);
+    l.scaled_add(5, 5, 3, 3);
+    l.load(Size::DW, false, 3, 5, 0);
     l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
-    let code_base = PJ_TAIL_TARGET_CODE_BASE + if sandboxed { 8 } else { 0 };
-    l.load(Size::DW, false, 0, 3, code_base as i16);
+    // The run switched over to the target: counted, its maps (and regions) in env.
+    // Trusted code and its helpers never read the regions (nothing is checked).
+    let switch = |l: &mut L| {
+        l.alu(W64, Add, 4, Operand::Imm(1));
+        l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
+        let switched: &[(i32, i32)] = if sandboxed {
+            &[
+                (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
+                (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
+                (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
+            ]
+        } else {
+            &[(PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS)]
+        };
+        for &(from, to) in switched {
+            l.load(Size::DW, false, 5, 3, from as i16);
+            l.store(Size::DW, ENV, to as i16, Operand::Reg(5));
+        }
+    };
+    let full = l.new_label();
+    l.load(
+        Size::DW,
+        false,
+        0,
+        3,
+        (PJ_TAIL_TARGET_TAIL_ENTRY + mode_off) as i16,
+    );
+    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), full);
+    switch(l);
+    l.tail_jump(FrameExit::TailEntry);
+    l.bind(full);
+    l.load(
+        Size::DW,
+        false,
+        0,
+        3,
+        (PJ_TAIL_TARGET_CODE_BASE + mode_off) as i16,
+    );
     l.load(Size::DW, false, 0, 0, 0);
     l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), out);
     l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
     l.alu(W64, Add, 0, Operand::Reg(5));
-    l.alu(W64, Add, 4, Operand::Imm(1));
-    l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
-    // Trusted code and its helpers never read the regions (nothing is checked).
-    let switched: &[(i32, i32)] = if sandboxed {
-        &[
-            (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
-            (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
-            (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
-        ]
-    } else {
-        &[(PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS)]
-    };
-    for &(from, to) in switched {
-        l.load(Size::DW, false, 5, 3, from as i16);
-        l.store(Size::DW, ENV, to as i16, Operand::Reg(5));
-    }
-    let full = l.new_label();
-    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_UNIFORM_FRAME as i16);
-    l.branch_to(W64, Cond::Eq, 5, Operand::Imm(0), full);
-    let skip = l.tail_entry_skip();
-    l.alu(W64, Add, 0, Operand::Imm(skip as i32));
-    l.tail_jump(FrameExit::TailEntry);
-    l.bind(full);
+    switch(l);
     l.tail_jump(FrameExit::TailCall);
     l.bind(out);
+    l.alu(W64, Mov, 0, Operand::Imm(0));
     l.driver().expansion = Expansion::None;
     clear_helper_arguments(l);
     Ok(())
