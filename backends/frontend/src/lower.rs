@@ -891,7 +891,7 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     array: crate::analysis::ProgArray,
 ) -> Result<(), CompileError> {
     use packjit_plugin_api::abi::{
-        PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS, PJ_MAX_TAIL_CALLS,
+        PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS,
         PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
         PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT, PJ_TAIL_TARGET_TAIL_ENTRY,
     };
@@ -901,35 +901,48 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     let sandboxed = l.driver().mode.sandboxed();
     // The other mode's word is 8 further in both per-mode pairs.
     let mode_off = if sandboxed { 8 } else { 0 };
+    let known = {
+        let d = l.driver();
+        known_index(d.prog, k, d.cur)
+    };
+    if known.is_some_and(|index| index >= array.max_entries) {
+        // Past the end: the tail call always falls through.
+        l.alu(W64, Mov, 0, Operand::Imm(0));
+        clear_helper_arguments(l);
+        return Ok(());
+    }
     l.driver().expansion = Expansion::RuntimeMemory;
     let out = l.new_label();
-    l.alu(W32, Mov, 3, Operand::Reg(3));
-    // The bound, as an immediate when it fits one (the compare and the subtraction
-    // sign-extend it).
-    let max = match i32::try_from(array.max_entries) {
-        Ok(max) => Operand::Imm(max),
-        Err(_) => {
-            l.load_imm64(1, u64::from(array.max_entries));
-            Operand::Reg(1)
+    match known {
+        // The slot's address is a constant: nothing to bound or mask (the kernel's JITs
+        // patch a direct jump for a constant index).
+        Some(index) => {
+            tail_call_count(l, out);
+            l.load_imm64(5, array.slots + 8 * u64::from(index));
         }
-    };
-    l.branch_to(W64, Cond::Ge, 3, max, out);
-    l.load(Size::DW, false, 4, ENV, PJ_ENV_TAIL_CALLS as i16);
-    l.branch_to(
-        W64,
-        Cond::Ge,
-        4,
-        Operand::Imm(PJ_MAX_TAIL_CALLS as i32),
-        out,
-    );
-    if sandboxed {
-        l.alu(W64, Mov, 5, Operand::Reg(3));
-        l.alu(W64, Sub, 5, max);
-        l.alu(W64, Arsh, 5, Operand::Imm(63));
-        l.alu(W64, And, 3, Operand::Reg(5));
+        None => {
+            l.alu(W32, Mov, 3, Operand::Reg(3));
+            // The bound, as an immediate when it fits one (the compare and the subtraction
+            // sign-extend it).
+            let max = match i32::try_from(array.max_entries) {
+                Ok(max) => Operand::Imm(max),
+                Err(_) => {
+                    l.load_imm64(1, u64::from(array.max_entries));
+                    Operand::Reg(1)
+                }
+            };
+            l.branch_to(W64, Cond::Ge, 3, max, out);
+            tail_call_count(l, out);
+            if sandboxed {
+                l.alu(W64, Mov, 5, Operand::Reg(3));
+                l.alu(W64, Sub, 5, max);
+                l.alu(W64, Arsh, 5, Operand::Imm(63));
+                l.alu(W64, And, 3, Operand::Reg(5));
+            }
+            l.load_imm64(5, array.slots);
+            l.scaled_add(5, 5, 3, 3);
+        }
     }
-    l.load_imm64(5, array.slots);
-    l.scaled_add(5, 5, 3, 3);
     l.load(Size::DW, false, 3, 5, 0);
     l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
     // The run switched over to the target: counted, its maps (and regions) in env.
@@ -981,6 +994,51 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     l.driver().expansion = Expansion::None;
     clear_helper_arguments(l);
     Ok(())
+}
+
+/// `r4 = env->tail_calls ; if r4 >= 33 goto out`: the chain's count, stored back (plus one)
+/// only by a tail call that goes.
+fn tail_call_count<'a, L: Isa<'a>>(l: &mut L, out: DynamicLabel) {
+    use packjit_plugin_api::abi::{PJ_ENV_TAIL_CALLS, PJ_MAX_TAIL_CALLS};
+    l.load(Size::DW, false, 4, ENV, PJ_ENV_TAIL_CALLS as i16);
+    l.branch_to(
+        Width::W64,
+        Cond::Ge,
+        4,
+        Operand::Imm(PJ_MAX_TAIL_CALLS as i32),
+        out,
+    );
+}
+
+/// The tail call's index (r3) at instruction `at` of function `k`, when straight-line code
+/// just before it set r3 to a constant (`mov r3, imm`, the usual form: a program picks its
+/// next stage by number). The scan stops at a jump target, a jump, a call or anything else
+/// that writes r3, so the value holds on every path to `at`.
+fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
+    let start = prog.subprogs[k].start;
+    let mut j = at;
+    while j > start && !prog.is_target[j] {
+        j -= 1;
+        match prog.insts[j].op {
+            // A 64-bit mov sign-extends the immediate; the index is its low 32 bits either way.
+            Op::Alu {
+                op: AluOp::Mov,
+                dst: 3,
+                src: Operand::Imm(imm),
+                ..
+            } => return Some(imm as u32),
+            Op::Ja { .. }
+            | Op::Jcond { .. }
+            | Op::Exit
+            | Op::CallHelper { .. }
+            | Op::CallReg { .. }
+            | Op::CallLocal { .. }
+            | Op::PacketLoad { .. } => return None,
+            _ if prog.writes(j) & (1 << 3) != 0 => return None,
+            _ => {}
+        }
+    }
+    None
 }
 
 /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), as ordinary operations every backend
