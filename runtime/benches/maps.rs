@@ -380,10 +380,21 @@ fn disassemble(p: &Program) -> Option<String> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
+    disassemble_as(p, packjit::Arch::X86_64)
+}
+
+/// `p`'s code (compiled for `arch`) through binutils' objdump for that arch, if installed.
+fn disassemble_as(p: &Program, arch: packjit::Arch) -> Option<String> {
+    let (objdump, machine, options): (_, _, &[&str]) = match arch {
+        packjit::Arch::X86_64 => ("objdump", "i386:x86-64", &["-M", "intel"]),
+        packjit::Arch::Aarch64 => ("aarch64-linux-gnu-objdump", "aarch64", &[]),
+        packjit::Arch::Riscv64 => ("riscv64-linux-gnu-objdump", "riscv:rv64", &[]),
+    };
     let path = std::env::temp_dir().join(format!("packjit-maps-bench-{}.bin", std::process::id()));
     std::fs::write(&path, p.code()).ok()?;
-    let out = std::process::Command::new("objdump")
-        .args(["-D", "-b", "binary", "-m", "i386:x86-64", "-M", "intel"])
+    let out = std::process::Command::new(objdump)
+        .args(["-D", "-b", "binary", "-m", machine])
+        .args(options)
         .arg(&path)
         .output()
         .ok();
@@ -1109,6 +1120,33 @@ fn tail_calls(rt: &Runtime) {
         for (p, trust) in chain[..2].iter().zip(["sandboxed", "trusted"]) {
             if let Some(d) = disassemble(p) {
                 println!("\n```text\n# the tail link, {trust}\n{d}```\n");
+            }
+        }
+        // The other backends' code for the same link (compiled, not run).
+        let foreign = Runtime::with_config(Default::default()).unwrap();
+        foreign
+            .add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+            .unwrap();
+        foreign
+            .add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+            .unwrap();
+        for arch in [packjit::Arch::Aarch64, packjit::Arch::Riscv64] {
+            for sandboxed in [true, false] {
+                let o = LoadOptions {
+                    arch: Some(arch),
+                    ..opts(&[&jumps[0]])
+                };
+                let p = if sandboxed {
+                    foreign.load(&link, &o)
+                } else {
+                    // SAFETY: compiled for another arch, never run here.
+                    unsafe { foreign.load_trusted(&link, &o) }
+                };
+                let trust = if sandboxed { "sandboxed" } else { "trusted" };
+                let p = p.map_err(|e| eprintln!("{arch:?} {trust}: {e}")).ok();
+                if let Some(d) = p.and_then(|p| disassemble_as(&p, arch)) {
+                    println!("\n```text\n# the tail link, {arch:?}, {trust}\n{d}```\n");
+                }
             }
         }
     }

@@ -175,7 +175,7 @@ const UNIFORM_SAVES: [u8; 10] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
 /// record (`stp x29, x30` and `mov x29, sp`), five `stp` of [`UNIFORM_SAVES`], then `env`
 /// (`mov x28, x2`) and `entry_sp` (`mov`, `str`): what the caller's frame already holds. The
 /// tail entry reserves the program's own frame and sets its registers.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 40;
+pub const TAIL_ENTRY_SKIP: u32 = 40;
 
 impl Codegen<'_> {
     /// The entry's run-time state after env and entry_sp (set by `prologue` right after the

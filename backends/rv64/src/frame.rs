@@ -185,7 +185,7 @@ const UNIFORM_SAVES: [u8; 13] = [RA, CTX_LIM8, S1, S2, S3, S4, S5, S6, S7, S8, S
 /// area's `addi sp`, one `sd` per [`UNIFORM_SAVES`] and `mv s6, a2` (env), 4 bytes each (15
 /// instructions). The prologue checks it. The tail entry reserves the block and sets
 /// `env` and `entry_sp` again (the same values), then the rest of the program's own entry.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 60;
+pub const TAIL_ENTRY_SKIP: u32 = 60;
 
 /// What the lowering reads beyond RFC 9669, for the entry's zeroing: r0 for every atomic
 /// (conservative: the fetch-and/or/xor loops keep r0's register live across them).

@@ -134,7 +134,7 @@ const UNIFORM_SAVES: [Gpr; 6] = [RBP, RBX, R13, R14, R15, ENV];
 /// pad (`push rax`, 1), `mov r12, rdx` (3) and `mov [r12 + entry_sp], rsp` (5): what the
 /// caller's frame already holds (the same registers saved, `env`, `entry_sp`). The tail
 /// entry reserves the stack block and sets the registers as the program's own entry does.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 23;
+pub const TAIL_ENTRY_SKIP: u32 = 23;
 
 impl Codegen<'_> {
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
