@@ -861,7 +861,8 @@ fn choose(m: &Map, index: u64) -> u64 {
     let mode = usize::from(!exec::trusted_run());
     // SAFETY: the word is the target program's code base (alive with the `TailTarget`) or
     // the static zero; the base is read as `Movable::entry` reads it.
-    let base = unsafe { (*((*target).code_base[mode] as *const AtomicU64)).load(Ordering::Acquire) };
+    let base =
+        unsafe { (*((*target).code_base[mode] as *const AtomicU64)).load(Ordering::Acquire) };
     if base == 0 {
         return 0;
     }

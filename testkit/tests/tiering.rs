@@ -468,7 +468,12 @@ fn adaptive_programs_in_a_prog_array_are_reached_on_the_code_they_settled_on() {
     ]
     .concat();
     // r0 = ctx[1] + 1; no maps, so the optimizing tier takes it.
-    let target = [i(0x71, 0, 1, 1, 0), i(0x07, 0, 0, 0, 1), i(0x95, 0, 0, 0, 0)].concat();
+    let target = [
+        i(0x71, 0, 1, 1, 0),
+        i(0x07, 0, 0, 0, 1),
+        i(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
     // SAFETY: they read two bytes of their context; every call passes two.
     let (caller, early, late) = unsafe {
         (

@@ -138,7 +138,10 @@ impl Movable {
     pub unsafe fn track_tail_entry(&self, word: *const AtomicU64, offset: u64) {
         let mut t = self.tail_entries.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: valid (the caller's promise).
-        unsafe { &*word }.store(self.exec.load(Ordering::Acquire) + offset, Ordering::Release);
+        unsafe { &*word }.store(
+            self.exec.load(Ordering::Acquire) + offset,
+            Ordering::Release,
+        );
         t.push((word as usize, offset));
     }
 
