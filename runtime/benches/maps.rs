@@ -1060,6 +1060,15 @@ fn tail_calls(rt: &Runtime) {
         a.ldx32(R0, R6, 0).exit();
         a.finish()
     };
+    // The same link with an index the compiler does not know (0 again, from an add): the
+    // bound and, sandboxed, the index mask are run.
+    let link_var = {
+        let mut a = Asm::default();
+        a.movr(R6, R1).ldx32(R2, R6, 0).add(R2, 1).stx32(R6, 0, R2);
+        a.map(R2, 0).movr(R1, R6).mov(R3, 0).add(R3, 0).call(12);
+        a.ldx32(R0, R6, 0).exit();
+        a.finish()
+    };
     // 34 bpf-to-bpf calls of a function doing the link's work.
     let local = {
         let mut a = Asm::default();
@@ -1093,24 +1102,27 @@ fn tail_calls(rt: &Runtime) {
         spec("jumps_t", MapType::ProgArray, 4, 4, 1),
         spec("jumps_s_full", MapType::ProgArray, 4, 4, 1),
         spec("jumps_t_full", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_s_var", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_t_var", MapType::ProgArray, 4, 4, 1),
     ];
-    let chain: Vec<Arc<Program>> = (0..4)
+    let chain: Vec<Arc<Program>> = (0..6)
         .map(|k| {
             let o = LoadOptions {
                 name: Some("tail_link".into()),
                 ..opts(&[&jumps[k]])
             };
+            let code = if k < 4 { &link } else { &link_var };
             Arc::new(if k % 2 == 0 {
-                rt.load(&link, &o).unwrap()
+                rt.load(code, &o).unwrap()
             } else {
                 // SAFETY: the link touches only its 4-byte context.
-                unsafe { rt.load_trusted(&link, &o) }.unwrap()
+                unsafe { rt.load_trusted(code, &o) }.unwrap()
             })
         })
         .collect();
-    for k in 0..4 {
+    for k in 0..6 {
         let p = Some(chain[k].clone());
-        if k < 2 {
+        if k < 2 || k >= 4 {
             rt.set_prog_array(&jumps[k], 0, p).unwrap();
         } else {
             rt.set_prog_array_full_entry(&jumps[k], 0, p).unwrap();
@@ -1171,7 +1183,8 @@ fn tail_calls(rt: &Runtime) {
     let m = side_by_side(&mut cases);
     drop(cases);
     header("Tail calls against bpf-to-bpf calls, ns (34 links of `ctx[0] += 1` per run)");
-    // m: the chains (uniform entry, then full entry), bpf-to-bpf calls, inline.
+    // m: the chains (uniform entry, full entry, index not known), bpf-to-bpf calls, inline.
+    let m = [m[0], m[1], m[2], m[3], m[6], m[7], m[8], m[9], m[4], m[5]];
     row("run: entry + 33 tail calls", m[0], m[1], "");
     row(
         "run: the same, full entry",
@@ -1181,10 +1194,23 @@ fn tail_calls(rt: &Runtime) {
     );
     row("run: 34 bpf-to-bpf calls", m[4], m[5], "");
     row("run: the 34 links inline", m[6], m[7], "");
+    row(
+        "run: the same, index not known",
+        m[8],
+        m[9],
+        "bound (and sandboxed, mask) run",
+    );
     let tail = [(m[0] - m[6]) / 33.0, (m[1] - m[7]) / 33.0];
     let full = [(m[2] - m[6]) / 33.0, (m[3] - m[7]) / 33.0];
     let call = [(m[4] - m[6]) / 34.0, (m[5] - m[7]) / 34.0];
+    let var = [(m[8] - m[6]) / 33.0, (m[9] - m[7]) / 33.0];
     row("per tail call (minus inline, ÷ 33)", tail[0], tail[1], "");
+    row(
+        "per tail call, index not known (minus inline, ÷ 33)",
+        var[0],
+        var[1],
+        "",
+    );
     row(
         "per tail call, full entry (minus inline, ÷ 33)",
         full[0],
@@ -1207,6 +1233,12 @@ fn tail_calls(rt: &Runtime) {
         "tail call, full entry ÷ bpf-to-bpf call",
         full[0] / call[0],
         full[1] / call[1],
+        "",
+    );
+    row(
+        "tail call, index not known ÷ bpf-to-bpf call",
+        var[0] / call[0],
+        var[1] / call[1],
         "",
     );
     for j in &jumps {
