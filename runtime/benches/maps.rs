@@ -1122,7 +1122,7 @@ fn tail_calls(rt: &Runtime) {
         .collect();
     for k in 0..6 {
         let p = Some(chain[k].clone());
-        if k < 2 || k >= 4 {
+        if !(2..4).contains(&k) {
             rt.set_prog_array(&jumps[k], 0, p).unwrap();
         } else {
             rt.set_prog_array_full_entry(&jumps[k], 0, p).unwrap();
