@@ -359,10 +359,13 @@ pub const PJ_INLINE_ARRAY_LOOKUP: u32 = 5;
 /// tail call in `env`, copies the target's regions and maps into `env`, and leaves its frame
 /// and jumps to the entry as for [`PJ_INLINE_TAIL_CALL`]; otherwise it falls through with
 /// r0 = 0. The slot's index is masked branch-free before it addresses the slots, so a
-/// mispredicted bound cannot read past them. r1–r5 are clobbered, as by a call. When the
-/// target's [`PjTailTarget::uniform_frame`] is set, a backend whose tail-calling programs
-/// all have its uniform entry frame (packjit's own) leaves only its stack block, keeps the
-/// saved registers for the target and jumps past the target's saves.
+/// mispredicted bound cannot read past them (packjit's own backends mask it in sandboxed
+/// code only, as the kernel masks it for unprivileged programs only). r1–r5 are clobbered, as
+/// by a call. When the target's [`PjTailTarget::uniform_frame`] is set, a backend whose
+/// tail-calling programs all have its uniform entry frame (packjit's own) leaves only its
+/// stack block, keeps the saved registers for the target and jumps past the target's saves,
+/// to [`PjTailTarget::tail_entry`]; the target's tail entry reloads the context and its
+/// length from `env` where its program reads them.
 pub const PJ_INLINE_PROG_ARRAY_TAIL_CALL: u32 = 6;
 
 /// The longest chain of tail calls one run may make, as in the kernel (`MAX_TAIL_CALL_CNT`).

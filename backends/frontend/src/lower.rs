@@ -499,14 +499,19 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// continue in (r0, never 0: the driver branches around a failed tail call): leave the
     /// entry's frame as `exit` says ([`FrameExit::TailCall`]: as its epilogue does, budget
     /// written back, saved registers restored; [`FrameExit::TailEntry`]: the same but the
-    /// saved registers and the return address stay) and jump to r0 with the run's
-    /// arguments (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`).
+    /// saved registers and the return address stay) and jump to r0. A
+    /// [`FrameExit::TailCall`] passes the run's arguments (context `env.ctx_start`, length
+    /// `env.ctx_end - env.ctx_start`, `env`); a [`FrameExit::TailEntry`] passes only `env`
+    /// (in its register): the uniform frame's tail entry reloads the context and its length
+    /// from `env` itself, only where its program reads them before writing.
     fn tail_jump(&mut self, exit: FrameExit);
     /// Bytes from a program's entry to its tail entry when the entry has the uniform
     /// tail-call frame (`CodegenMode::tail_calls`): every callee-saved register the backend
     /// ever uses (and the return address, where it is a register) saved in one fixed order
     /// by a fixed sequence, so the same for every such program of the backend. A
     /// [`FrameExit::TailEntry`] jump lands there, the caller's saves serving the target.
+    /// The runtime adds it to the target's entry when it sets a prog-array slot
+    /// (`PjTailTarget::tail_entry`; its table of skips is tested against the backends').
     fn tail_entry_skip(&self) -> u32;
 }
 
