@@ -381,8 +381,10 @@ pub struct PjProgArray {
     pub slots: u64,
     /// Slots; an index at or above it finds nothing.
     pub max_entries: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// 0, or the slots readable at `slots`: a power of two at least `max_entries`, those
+    /// from `max_entries` on always 0, so an index masked by `index_slots - 1` reads a slot
+    /// even under a mispredicted bound (one `and` instead of a computed mask).
+    pub index_slots: u32,
 }
 
 /// What a prog-array slot points to: what a tail call into the program needs, read by the

@@ -505,7 +505,7 @@ fn prog_array_id(
     prog_arrays.push(PjProgArray {
         slots: slots as u64,
         max_entries,
-        reserved: 0,
+        index_slots: map.prog_index_slots(),
     });
     ids[k] = Some(id);
     Some(id)

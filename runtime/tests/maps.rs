@@ -1272,3 +1272,52 @@ fn constant_index_tail_calls_reach_their_slot_keep_the_limit_and_targets_read_r1
         }
     }
 }
+
+#[test]
+fn a_prog_array_of_3_padded_to_4_hides_its_padding_and_bounds_every_index() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let jumps = Map::new(spec("jumps3", MapType::ProgArray, 4, 4, 3)).unwrap();
+        let opts = LoadOptions {
+            maps: vec![jumps.clone()],
+            ..Default::default()
+        };
+        // The padding is not a slot: 3 keys, slot 3 cannot be set.
+        assert_eq!((jumps.len(), jumps.keys().len()), (3, 3));
+        assert!(rt
+            .set_prog_array(&jumps, 3, Some(load_as(&rt, trust, &tail_target(0), &opts)))
+            .is_err());
+        // Slot k returns 100 k (+ mem[1]: 0): each a program with the uniform frame.
+        for k in 0..3u32 {
+            let target = [
+                i(0xb7, 6, 0, 0, 100 * k as i32),
+                map_ref(2, 0),
+                i(0xb7, 3, 0, 0, 7), // a tail call never made (constant past the end)
+                i(CALL, 0, 0, 0, 12),
+                i(0xbf, 0, 6, 0, 0),
+                i(EXIT, 0, 0, 0, 0),
+            ]
+            .concat();
+            rt.set_prog_array(&jumps, k, Some(load_as(&rt, trust, &target, &opts)))
+                .unwrap();
+        }
+        // The index read from mem[0..8], all 64 bits: only the low 32 count.
+        let caller = load_as(&rt, trust, &tail_caller_wide(-1), &opts);
+        for index in [0u64, 1, 2, 3, 4, 5, 7, 8, 0x1_0000_0001, 0xffff_ffff, u64::MAX] {
+            let mut mem = [0u8; 16];
+            mem[..8].copy_from_slice(&index.to_le_bytes());
+            let want = match index as u32 {
+                k @ 0..=2 => u64::from(k) * 100,
+                _ => u64::MAX,
+            };
+            assert_eq!(
+                caller.call(&mut mem).unwrap(),
+                want,
+                "{trust:?}, index {index:#x}"
+            );
+        }
+        for k in 0..3 {
+            rt.set_prog_array(&jumps, k, None).unwrap();
+        }
+    }
+}

@@ -859,7 +859,8 @@ fn refuse_tail_call_in_callee<'a, L: Isa<'a>>(
 /// if r3 >= max goto out
 /// r4 = env->tail_calls ; if r4 >= 33 goto out
 /// r5 = r3 ; r5 -= max ; r5 s>>= 63 ; r3 &= r5   sandboxed: index 0 past the bound, also
-///                                           speculatively
+///                                           speculatively (`r3 &= index_slots - 1` where
+///                                           the runtime padded the slots)
 /// r5 = slots ; r5 += r3 << 3 ; r3 = *r5 ; if r3 == 0 goto out   the target, or an empty slot
 /// r0 = target->tail_entry[mode] ; if r0 == 0 goto full
 /// env->tail_calls = r4 + 1
@@ -938,11 +939,18 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
             };
             l.branch_to(W64, Cond::Ge, 3, max, out);
             tail_call_count(l, out);
-            if sandboxed {
-                l.alu(W64, Mov, 5, Operand::Reg(3));
-                l.alu(W64, Sub, 5, max);
-                l.alu(W64, Arsh, 5, Operand::Imm(63));
-                l.alu(W64, And, 3, Operand::Reg(5));
+            // Sandboxed: the index bounded also under a mispredicted branch. Where the
+            // runtime padded the slots to a power of two (empty past the end), one `and`
+            // keeps the read among them; else index 0 past the bound, by a computed mask.
+            match array.index_slots {
+                _ if !sandboxed => {}
+                0 => {
+                    l.alu(W64, Mov, 5, Operand::Reg(3));
+                    l.alu(W64, Sub, 5, max);
+                    l.alu(W64, Arsh, 5, Operand::Imm(63));
+                    l.alu(W64, And, 3, Operand::Reg(5));
+                }
+                n => l.alu(W64, And, 3, Operand::Imm((n - 1) as i32)),
             }
             l.load_imm64(5, array.slots);
             l.scaled_add(5, 5, 3, 3);
