@@ -1303,7 +1303,8 @@ fn a_prog_array_of_3_padded_to_4_hides_its_padding_and_bounds_every_index() {
         }
         // The index read from mem[0..8], all 64 bits: only the low 32 count.
         let caller = load_as(&rt, trust, &tail_caller_wide(-1), &opts);
-        for index in [0u64, 1, 2, 3, 4, 5, 7, 8, 0x1_0000_0001, 0xffff_ffff, u64::MAX] {
+        let indices: [u64; 11] = [0, 1, 2, 3, 4, 5, 7, 8, 0x1_0000_0001, 0xffff_ffff, u64::MAX];
+        for index in indices {
             let mut mem = [0u8; 16];
             mem[..8].copy_from_slice(&index.to_le_bytes());
             let want = match index as u32 {
