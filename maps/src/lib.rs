@@ -258,7 +258,26 @@ enum Kind {
     Lpm(Box<lpm::LpmTrie>),
     Queue(queue::QueueMap),
     RingBuf(Box<ringbuf::RingBuf>),
-    Prog(Box<[AtomicU64]>),
+    Prog(ProgSlots),
+}
+
+/// A prog array's `max_entries` slots (what it derefs to), padded with slots that stay empty
+/// up to a power of two when that is at most [`PROG_PAD_MAX`]: an inlined tail call in
+/// sandboxed code then bounds its index against speculation with one `and`
+/// ([`Map::prog_index_slots`]), as the kernel pads its arrays for unprivileged programs.
+struct ProgSlots {
+    all: Box<[AtomicU64]>,
+    len: usize,
+}
+
+/// The largest padded prog array (slots).
+const PROG_PAD_MAX: u32 = 1 << 16;
+
+impl std::ops::Deref for ProgSlots {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        &self.all[..self.len]
+    }
 }
 
 /// One eBPF map. Created behind an `Arc`; `Send + Sync`; every operation may run
@@ -480,15 +499,21 @@ impl Map {
                 lpm::LpmTrie::new(spec.key_size, spec.value_size, spec.max_entries).map_err(oom)?,
             )),
             MapType::ProgArray => {
+                let all = match spec.max_entries {
+                    n @ 1..=PROG_PAD_MAX => n.next_power_of_two(),
+                    n => n,
+                } as usize;
                 let mut v = Vec::new();
-                v.try_reserve_exact(spec.max_entries as usize)
-                    .map_err(|_| {
-                        oom(mem::AllocError {
-                            bytes: spec.max_entries as u64 * 8,
-                        })
-                    })?;
-                v.resize_with(spec.max_entries as usize, || AtomicU64::new(0));
-                Kind::Prog(v.into_boxed_slice())
+                v.try_reserve_exact(all).map_err(|_| {
+                    oom(mem::AllocError {
+                        bytes: all as u64 * 8,
+                    })
+                })?;
+                v.resize_with(all, || AtomicU64::new(0));
+                Kind::Prog(ProgSlots {
+                    all: v.into_boxed_slice(),
+                    len: spec.max_entries as usize,
+                })
             }
         };
         Ok(Arc::new(Map { spec, kind, cpus }))
@@ -1018,6 +1043,16 @@ impl Map {
         match &self.kind {
             Kind::Prog(s) => Some((s.as_ptr(), s.len() as u32)),
             _ => None,
+        }
+    }
+
+    /// For a prog array whose slots are padded: the slots readable from
+    /// [`prog_slots`](Self::prog_slots), a power of two (those from `max_entries` on stay
+    /// empty), so an index masked by it minus one reads a slot, maybe empty. 0 otherwise.
+    pub fn prog_index_slots(&self) -> u32 {
+        match &self.kind {
+            Kind::Prog(s) if s.all.len().is_power_of_two() => s.all.len() as u32,
+            _ => 0,
         }
     }
 

@@ -201,6 +201,7 @@ const _: () = {
     assert!(
         core::mem::offset_of!(PjTailTarget, uniform_frame) == PJ_TAIL_TARGET_UNIFORM_FRAME as usize
     );
+    assert!(core::mem::offset_of!(PjTailTarget, tail_entry) == PJ_TAIL_TARGET_TAIL_ENTRY as usize);
     assert!(core::mem::size_of::<PjMemRegion>() == 24);
 };
 
@@ -358,10 +359,13 @@ pub const PJ_INLINE_ARRAY_LOOKUP: u32 = 5;
 /// tail call in `env`, copies the target's regions and maps into `env`, and leaves its frame
 /// and jumps to the entry as for [`PJ_INLINE_TAIL_CALL`]; otherwise it falls through with
 /// r0 = 0. The slot's index is masked branch-free before it addresses the slots, so a
-/// mispredicted bound cannot read past them. r1–r5 are clobbered, as by a call. When the
-/// target's [`PjTailTarget::uniform_frame`] is set, a backend whose tail-calling programs
-/// all have its uniform entry frame (packjit's own) leaves only its stack block, keeps the
-/// saved registers for the target and jumps past the target's saves.
+/// mispredicted bound cannot read past them (packjit's own backends mask it in sandboxed
+/// code only, as the kernel masks it for unprivileged programs only). r1–r5 are clobbered, as
+/// by a call. When the target's [`PjTailTarget::uniform_frame`] is set, a backend whose
+/// tail-calling programs all have its uniform entry frame (packjit's own) leaves only its
+/// stack block, keeps the saved registers for the target and jumps past the target's saves,
+/// to [`PjTailTarget::tail_entry`]; the target's tail entry reloads the context and its
+/// length from `env` where its program reads them.
 pub const PJ_INLINE_PROG_ARRAY_TAIL_CALL: u32 = 6;
 
 /// The longest chain of tail calls one run may make, as in the kernel (`MAX_TAIL_CALL_CNT`).
@@ -377,8 +381,10 @@ pub struct PjProgArray {
     pub slots: u64,
     /// Slots; an index at or above it finds nothing.
     pub max_entries: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// 0, or the slots readable at `slots`: a power of two at least `max_entries`, those
+    /// from `max_entries` on always 0, so an index masked by `index_slots - 1` reads a slot
+    /// even under a mispredicted bound (one `and` instead of a computed mask).
+    pub index_slots: u32,
 }
 
 /// What a prog-array slot points to: what a tail call into the program needs, read by the
@@ -406,6 +412,14 @@ pub struct PjTailTarget {
     /// target's saves (the backend's fixed `tail_entry_skip` bytes after the entry), as the
     /// kernel's JITs jump past the prologue of a program with the same frame.
     pub uniform_frame: u64,
+    /// By the caller's mode, as `code_base`: for a caller of packjit's own backends, whose
+    /// tail-calling programs all have the uniform frame, the address to jump to with only its
+    /// stack block left: past the target's saves (its backend's fixed `tail_entry_skip`
+    /// bytes after the entry), the frame decision taken once, when the slot was set. 0 when
+    /// the target's entry has no uniform frame or its code is of the other mode (the caller
+    /// then goes through `code_base`). The host rewrites it (atomically, before the old
+    /// code is released) when the code moves.
+    pub tail_entry: [u64; 2],
 }
 
 /// Offset of [`PjTailTarget::code_base`] (trusted code's word; sandboxed code's is 8 further).
@@ -420,6 +434,9 @@ pub const PJ_TAIL_TARGET_REGION_COUNT: i32 = 32;
 pub const PJ_TAIL_TARGET_MAPS: i32 = 40;
 /// Offset of [`PjTailTarget::uniform_frame`].
 pub const PJ_TAIL_TARGET_UNIFORM_FRAME: i32 = 48;
+/// Offset of [`PjTailTarget::tail_entry`] (trusted code's word; sandboxed code's is 8
+/// further).
+pub const PJ_TAIL_TARGET_TAIL_ENTRY: i32 = 56;
 
 /// [`PjArrayMap::percpu_id`] of an array that is not per-CPU.
 pub const PJ_ARRAY_NOT_PERCPU: u32 = u32::MAX;

@@ -380,10 +380,21 @@ fn disassemble(p: &Program) -> Option<String> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
+    disassemble_as(p, packjit::Arch::X86_64)
+}
+
+/// `p`'s code (compiled for `arch`) through binutils' objdump for that arch, if installed.
+fn disassemble_as(p: &Program, arch: packjit::Arch) -> Option<String> {
+    let (objdump, machine, options): (_, _, &[&str]) = match arch {
+        packjit::Arch::X86_64 => ("objdump", "i386:x86-64", &["-M", "intel"]),
+        packjit::Arch::Aarch64 => ("aarch64-linux-gnu-objdump", "aarch64", &[]),
+        packjit::Arch::Riscv64 => ("riscv64-linux-gnu-objdump", "riscv:rv64", &[]),
+    };
     let path = std::env::temp_dir().join(format!("packjit-maps-bench-{}.bin", std::process::id()));
     std::fs::write(&path, p.code()).ok()?;
-    let out = std::process::Command::new("objdump")
-        .args(["-D", "-b", "binary", "-m", "i386:x86-64", "-M", "intel"])
+    let out = std::process::Command::new(objdump)
+        .args(["-D", "-b", "binary", "-m", machine])
+        .args(options)
         .arg(&path)
         .output()
         .ok();
@@ -1049,6 +1060,15 @@ fn tail_calls(rt: &Runtime) {
         a.ldx32(R0, R6, 0).exit();
         a.finish()
     };
+    // The same link with an index the compiler does not know (0 again, from an add): the
+    // bound and, sandboxed, the index mask are run.
+    let link_var = {
+        let mut a = Asm::default();
+        a.movr(R6, R1).ldx32(R2, R6, 0).add(R2, 1).stx32(R6, 0, R2);
+        a.map(R2, 0).movr(R1, R6).mov(R3, 0).add(R3, 0).call(12);
+        a.ldx32(R0, R6, 0).exit();
+        a.finish()
+    };
     // 34 bpf-to-bpf calls of a function doing the link's work.
     let local = {
         let mut a = Asm::default();
@@ -1082,24 +1102,27 @@ fn tail_calls(rt: &Runtime) {
         spec("jumps_t", MapType::ProgArray, 4, 4, 1),
         spec("jumps_s_full", MapType::ProgArray, 4, 4, 1),
         spec("jumps_t_full", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_s_var", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_t_var", MapType::ProgArray, 4, 4, 1),
     ];
-    let chain: Vec<Arc<Program>> = (0..4)
+    let chain: Vec<Arc<Program>> = (0..6)
         .map(|k| {
             let o = LoadOptions {
                 name: Some("tail_link".into()),
                 ..opts(&[&jumps[k]])
             };
+            let code = if k < 4 { &link } else { &link_var };
             Arc::new(if k % 2 == 0 {
-                rt.load(&link, &o).unwrap()
+                rt.load(code, &o).unwrap()
             } else {
                 // SAFETY: the link touches only its 4-byte context.
-                unsafe { rt.load_trusted(&link, &o) }.unwrap()
+                unsafe { rt.load_trusted(code, &o) }.unwrap()
             })
         })
         .collect();
-    for k in 0..4 {
+    for k in 0..6 {
         let p = Some(chain[k].clone());
-        if k < 2 {
+        if !(2..4).contains(&k) {
             rt.set_prog_array(&jumps[k], 0, p).unwrap();
         } else {
             rt.set_prog_array_full_entry(&jumps[k], 0, p).unwrap();
@@ -1109,6 +1132,33 @@ fn tail_calls(rt: &Runtime) {
         for (p, trust) in chain[..2].iter().zip(["sandboxed", "trusted"]) {
             if let Some(d) = disassemble(p) {
                 println!("\n```text\n# the tail link, {trust}\n{d}```\n");
+            }
+        }
+        // The other backends' code for the same link (compiled, not run).
+        let foreign = Runtime::with_config(Default::default()).unwrap();
+        foreign
+            .add_backend(Arc::new(packjit_arm64::Arm64Backend::new()))
+            .unwrap();
+        foreign
+            .add_backend(Arc::new(packjit_rv64::Rv64Backend::new()))
+            .unwrap();
+        for arch in [packjit::Arch::Aarch64, packjit::Arch::Riscv64] {
+            for sandboxed in [true, false] {
+                let o = LoadOptions {
+                    arch: Some(arch),
+                    ..opts(&[&jumps[0]])
+                };
+                let p = if sandboxed {
+                    foreign.load(&link, &o)
+                } else {
+                    // SAFETY: compiled for another arch, never run here.
+                    unsafe { foreign.load_trusted(&link, &o) }
+                };
+                let trust = if sandboxed { "sandboxed" } else { "trusted" };
+                let p = p.map_err(|e| eprintln!("{arch:?} {trust}: {e}")).ok();
+                if let Some(d) = p.and_then(|p| disassemble_as(&p, arch)) {
+                    println!("\n```text\n# the tail link, {arch:?}, {trust}\n{d}```\n");
+                }
             }
         }
     }
@@ -1133,7 +1183,8 @@ fn tail_calls(rt: &Runtime) {
     let m = side_by_side(&mut cases);
     drop(cases);
     header("Tail calls against bpf-to-bpf calls, ns (34 links of `ctx[0] += 1` per run)");
-    // m: the chains (uniform entry, then full entry), bpf-to-bpf calls, inline.
+    // m: the chains (uniform entry, full entry, index not known), bpf-to-bpf calls, inline.
+    let m = [m[0], m[1], m[2], m[3], m[6], m[7], m[8], m[9], m[4], m[5]];
     row("run: entry + 33 tail calls", m[0], m[1], "");
     row(
         "run: the same, full entry",
@@ -1143,10 +1194,23 @@ fn tail_calls(rt: &Runtime) {
     );
     row("run: 34 bpf-to-bpf calls", m[4], m[5], "");
     row("run: the 34 links inline", m[6], m[7], "");
+    row(
+        "run: the same, index not known",
+        m[8],
+        m[9],
+        "bound (and sandboxed, mask) run",
+    );
     let tail = [(m[0] - m[6]) / 33.0, (m[1] - m[7]) / 33.0];
     let full = [(m[2] - m[6]) / 33.0, (m[3] - m[7]) / 33.0];
     let call = [(m[4] - m[6]) / 34.0, (m[5] - m[7]) / 34.0];
+    let var = [(m[8] - m[6]) / 33.0, (m[9] - m[7]) / 33.0];
     row("per tail call (minus inline, ÷ 33)", tail[0], tail[1], "");
+    row(
+        "per tail call, index not known (minus inline, ÷ 33)",
+        var[0],
+        var[1],
+        "",
+    );
     row(
         "per tail call, full entry (minus inline, ÷ 33)",
         full[0],
@@ -1169,6 +1233,12 @@ fn tail_calls(rt: &Runtime) {
         "tail call, full entry ÷ bpf-to-bpf call",
         full[0] / call[0],
         full[1] / call[1],
+        "",
+    );
+    row(
+        "tail call, index not known ÷ bpf-to-bpf call",
+        var[0] / call[0],
+        var[1] / call[1],
         "",
     );
     for j in &jumps {

@@ -1379,6 +1379,15 @@ enum Tiered {
 /// lowering contract's `FrameHooks::tail_entry_skip`): packjit's own.
 const UNIFORM_TAIL_FRAME_BACKENDS: [&str; 3] = ["packjit-x86-64", "packjit-arm64", "packjit-rv64"];
 
+/// Per backend of [`UNIFORM_TAIL_FRAME_BACKENDS`]: bytes from the entry of a program with the
+/// uniform tail-call frame to its tail entry (the backend's `FrameHooks::tail_entry_skip`,
+/// its `TAIL_ENTRY_SKIP`; the `tail_entry_skip` unit test holds them equal).
+pub(crate) const TAIL_ENTRY_SKIPS: [(&str, u32); 3] = [
+    ("packjit-x86-64", 23),
+    ("packjit-arm64", 40),
+    ("packjit-rv64", 60),
+];
+
 impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Program")
@@ -1403,6 +1412,25 @@ impl Program {
         }
         let (word, offset) = self.movable.as_ref()?.entry_parts();
         Some((word.cast(), offset))
+    }
+
+    /// The code's position when compaction may move it (an adaptive program's settled
+    /// code's; see [`Self::settled_code`]).
+    pub(crate) fn movable(&self) -> Option<&arena::Movable> {
+        if let Tiered::Adaptive(t) = &self.tiering {
+            return t.settle().movable();
+        }
+        self.movable.as_deref()
+    }
+
+    /// Bytes from the entry to the tail entry past the saves, when the entry has the uniform
+    /// tail-call frame (`PjTailTarget::tail_entry`).
+    pub(crate) fn tail_entry_skip(&self) -> Option<u32> {
+        if !self.uniform_tail_frame {
+            return None;
+        }
+        let skip = TAIL_ENTRY_SKIPS.iter().find(|(b, _)| **b == *self.backend);
+        skip.map(|&(_, s)| s)
     }
 
     /// The entry point now. Callers that run it load it AFTER pinning the epoch.

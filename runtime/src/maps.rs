@@ -505,7 +505,7 @@ fn prog_array_id(
     prog_arrays.push(PjProgArray {
         slots: slots as u64,
         max_entries,
-        reserved: 0,
+        index_slots: map.prog_index_slots(),
     });
     ids[k] = Some(id);
     Some(id)
@@ -856,19 +856,24 @@ fn choose(m: &Map, index: u64) -> u64 {
     }
     // SAFETY: a non-zero slot holds a `TailTarget` made by `set_prog_array_slot`, released
     // only after an epoch grace period, and the run that calls us is pinned.
-    let target = unsafe { &(*(token as *const TailTarget)).abi };
+    // Its fields are read in place: compaction writes `tail_entry` while runs read.
+    let target = token as *const PjTailTarget;
     let mode = usize::from(!exec::trusted_run());
     // SAFETY: the word is the target program's code base (alive with the `TailTarget`) or
     // the static zero; the base is read as `Movable::entry` reads it.
-    let base = unsafe { (*(target.code_base[mode] as *const AtomicU64)).load(Ordering::Acquire) };
+    let base =
+        unsafe { (*((*target).code_base[mode] as *const AtomicU64)).load(Ordering::Acquire) };
     if base == 0 {
         return 0;
     }
     env.tail_calls += 1;
-    env.regions = target.regions;
-    env.region_count = target.region_count;
-    env.maps = target.maps;
-    base + target.entry_offset
+    // SAFETY: as above; these fields are never written after the slot was published.
+    unsafe {
+        env.regions = (*target).regions;
+        env.region_count = (*target).region_count;
+        env.maps = (*target).maps;
+        base + (*target).entry_offset
+    }
 }
 
 /// What a prog-array slot points to: the description an inlined tail call reads (first, so
@@ -879,6 +884,8 @@ pub(crate) struct TailTarget {
     /// The base word of code that never moves (its entry; `abi.entry_offset` is then 0).
     fixed_base: u64,
     program: Arc<Program>,
+    /// `abi.tail_entry[mode]` moves with the code (`Movable::track_tail_entry`).
+    tracked: Option<usize>,
 }
 
 /// The code base a tail call from code of the other mode finds: none.
@@ -910,6 +917,7 @@ impl TailTarget {
             },
             fixed_base,
             program,
+            tracked: None,
         });
         let (word, offset) =
             (t.program.settled_code().moving_entry()).unwrap_or((&t.fixed_base, 0));
@@ -917,7 +925,34 @@ impl TailTarget {
         t.abi.code_base = [NO_CODE.as_ptr() as u64; 2];
         t.abi.code_base[mode] = word as u64;
         t.abi.entry_offset = offset;
+        // The tail entry past the saves, for callers with the uniform frame: the frame
+        // decision taken here, once, so their tail call jumps after one load.
+        let skip = (t.abi.uniform_frame != 0)
+            .then(|| t.program.settled_code().tail_entry_skip())
+            .flatten();
+        if let Some(skip) = skip {
+            let word = std::ptr::addr_of_mut!(t.abi.tail_entry[mode]).cast::<AtomicU64>();
+            match t.program.settled_code().movable() {
+                Some(m) => {
+                    let (_, entry_off) = m.entry_parts();
+                    // SAFETY: the word lives in the box, untracked by its `Drop`.
+                    unsafe { m.track_tail_entry(word, entry_off + u64::from(skip)) };
+                    t.tracked = Some(mode);
+                }
+                None => t.abi.tail_entry[mode] = t.fixed_base + u64::from(skip),
+            }
+        }
         t
+    }
+}
+
+impl Drop for TailTarget {
+    fn drop(&mut self) {
+        if let Some(mode) = self.tracked {
+            if let Some(m) = self.program.settled_code().movable() {
+                m.untrack_tail_entry(std::ptr::addr_of!(self.abi.tail_entry[mode]).cast());
+            }
+        }
     }
 }
 

@@ -142,3 +142,18 @@ fn adaptive_loads_behave_as_documented_in_this_build() {
     let b = rt.load(&code, &LoadOptions::default()).unwrap();
     assert_eq!(b.tier_status(), TierStatus::Fixed(Tier::Baseline));
 }
+
+#[test]
+fn tail_entry_skip_is_each_backends() {
+    // The runtime's copy of each backend's `TAIL_ENTRY_SKIP` (the address a prog-array slot
+    // stores for callers with the uniform frame).
+    let skips = [
+        ("packjit-x86-64", packjit_x86_64::frame::TAIL_ENTRY_SKIP),
+        ("packjit-arm64", packjit_arm64::TAIL_ENTRY_SKIP),
+        ("packjit-rv64", packjit_rv64::TAIL_ENTRY_SKIP),
+    ];
+    assert_eq!(TAIL_ENTRY_SKIPS, skips);
+    for (name, _) in skips {
+        assert!(UNIFORM_TAIL_FRAME_BACKENDS.contains(&name), "{name}");
+    }
+}

@@ -1174,3 +1174,151 @@ fn a_stop_after_a_tail_call_past_the_saves_unwinds_to_the_host_and_the_next_run_
         }
     }
 }
+
+#[test]
+fn constant_index_tail_calls_reach_their_slot_keep_the_limit_and_targets_read_r1_and_r2() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let (jumps, opts) = prog_array_of_4();
+        let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
+        // `r3 = index` right before the call: the inline code addresses the slot directly.
+        let caller = |index: i32| {
+            [
+                i(0xbf, 6, 1, 0, 0),
+                map_ref(2, 0),
+                i(0xb7, 3, 0, 0, index),
+                i(CALL, 0, 0, 0, 12),
+                i(0xb7, 0, 0, 0, -1),
+                i(EXIT, 0, 0, 0, 0),
+            ]
+            .concat()
+        };
+        // The constant on one path only (a jump lands after it): the index is read at run
+        // time, mem[0] when it is not 0, else 3.
+        let mixed = [
+            i(0x71, 3, 1, 0, 0),  // r3 = mem[0]
+            i(0x55, 3, 0, 1, 0),  // if r3 != 0 goto +1
+            i(0xb7, 3, 0, 0, 3),  // r3 = 3
+            map_ref(2, 0),        // (a jump target)
+            i(CALL, 0, 0, 0, 12), // bpf_tail_call
+            i(0xb7, 0, 0, 0, -2),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        // Slot 0: reads r2 (the context's length) and r1 at its entry; it has the uniform
+        // frame (a tail call, with a constant index past the end: never made).
+        let reads_args = [
+            i(0xbf, 6, 2, 0, 0), // r6 = r2 (length)
+            i(0x71, 7, 1, 1, 0), // r7 = mem[1]
+            i(0x0f, 6, 7, 0, 0), // r6 += r7
+            map_ref(2, 0),
+            i(0xb7, 3, 0, 0, 9),
+            i(CALL, 0, 0, 0, 12),
+            i(0xbf, 0, 6, 0, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        // Slot 2: mem[2] += 1, then tail calls slot 2 again (a constant index).
+        let link = [
+            i(0xbf, 6, 1, 0, 0),
+            i(0x71, 7, 6, 2, 0),
+            i(0x07, 7, 0, 0, 1),
+            i(0x73, 6, 7, 2, 0), // mem[2] += 1
+            map_ref(2, 0),
+            i(0xbf, 1, 6, 0, 0),
+            i(0xb7, 3, 0, 0, 2),
+            i(CALL, 0, 0, 0, 12),
+            i(0x71, 0, 6, 2, 0), // r0 = mem[2]
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        let reads_args = load(&reads_args);
+        let link = load(&link);
+        rt.set_prog_array(&jumps, 0, Some(reads_args.clone()))
+            .unwrap();
+        rt.set_prog_array(&jumps, 2, Some(link.clone())).unwrap();
+        for round in 0..20 {
+            let what = format!("{trust:?}, round {round}");
+            // Entered by the host and by a tail call: the same r1 and r2.
+            let mut mem = [0u8; 16];
+            mem[1] = 5;
+            assert_eq!(reads_args.call(&mut mem).unwrap(), 21, "{what}");
+            assert_eq!(load(&caller(0)).call(&mut mem).unwrap(), 21, "{what}");
+            let mut short = [0u8, 7, 0];
+            assert_eq!(load(&caller(0)).call(&mut short).unwrap(), 10, "{what}");
+            // Empty, past the end (no tail call emitted), and far past it.
+            for index in [1, 3, 4, 9, -1] {
+                assert_eq!(
+                    load(&caller(index)).call(&mut mem).unwrap() as i64,
+                    -1,
+                    "{what}, index {index}"
+                );
+            }
+            // The limit: the host's run and 33 tail calls run the link 34 times.
+            let mut mem = [0u8; 16];
+            assert_eq!(link.call(&mut mem).unwrap(), 34, "{what}");
+            let mut mem = [0u8; 16];
+            assert_eq!(load(&caller(2)).call(&mut mem).unwrap(), 33, "{what}");
+            // The index read at run time where the constant holds on one path only.
+            let mixed = load(&mixed);
+            let mut mem = [2u8; 16];
+            mem[2] = 0;
+            assert_eq!(mixed.call(&mut mem).unwrap(), 33, "{what}");
+            let mut mem = [0u8; 16];
+            assert_eq!(mixed.call(&mut mem).unwrap() as i64, -2, "{what}: slot 3");
+        }
+        for slot in [0, 2] {
+            rt.set_prog_array(&jumps, slot, None).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_prog_array_of_3_padded_to_4_hides_its_padding_and_bounds_every_index() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let jumps = Map::new(spec("jumps3", MapType::ProgArray, 4, 4, 3)).unwrap();
+        let opts = LoadOptions {
+            maps: vec![jumps.clone()],
+            ..Default::default()
+        };
+        // The padding is not a slot: 3 keys, slot 3 cannot be set.
+        assert_eq!((jumps.len(), jumps.keys().len()), (3, 3));
+        assert!(rt
+            .set_prog_array(&jumps, 3, Some(load_as(&rt, trust, &tail_target(0), &opts)))
+            .is_err());
+        // Slot k returns 100 k (+ mem[1]: 0): each a program with the uniform frame.
+        for k in 0..3u32 {
+            let target = [
+                i(0xb7, 6, 0, 0, 100 * k as i32),
+                map_ref(2, 0),
+                i(0xb7, 3, 0, 0, 7), // a tail call never made (constant past the end)
+                i(CALL, 0, 0, 0, 12),
+                i(0xbf, 0, 6, 0, 0),
+                i(EXIT, 0, 0, 0, 0),
+            ]
+            .concat();
+            rt.set_prog_array(&jumps, k, Some(load_as(&rt, trust, &target, &opts)))
+                .unwrap();
+        }
+        // The index read from mem[0..8], all 64 bits: only the low 32 count.
+        let caller = load_as(&rt, trust, &tail_caller_wide(-1), &opts);
+        let indices: [u64; 11] = [0, 1, 2, 3, 4, 5, 7, 8, 0x1_0000_0001, 0xffff_ffff, u64::MAX];
+        for index in indices {
+            let mut mem = [0u8; 16];
+            mem[..8].copy_from_slice(&index.to_le_bytes());
+            let want = match index as u32 {
+                k @ 0..=2 => u64::from(k) * 100,
+                _ => u64::MAX,
+            };
+            assert_eq!(
+                caller.call(&mut mem).unwrap(),
+                want,
+                "{trust:?}, index {index:#x}"
+            );
+        }
+        for k in 0..3 {
+            rt.set_prog_array(&jumps, k, None).unwrap();
+        }
+    }
+}

@@ -438,3 +438,66 @@ fn a_load_may_bring_its_own_policy() {
     assert_eq!(p.wait_tier_up(), TierStatus::Optimized);
     assert_eq!(q.wait_tier_up(), TierStatus::Baseline);
 }
+
+#[test]
+fn adaptive_programs_in_a_prog_array_are_reached_on_the_code_they_settled_on() {
+    use packjit::maps::{Map, MapSpec, MapType};
+    use packjit_frontend::encode_insn as i;
+    let rt = runtime(TierPolicy::Manual);
+    let jumps = Map::new(MapSpec {
+        name: "jumps".into(),
+        map_type: MapType::ProgArray,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 2,
+        flags: 0,
+    })
+    .unwrap();
+    let opts = LoadOptions {
+        maps: vec![jumps.clone()],
+        ..LoadOptions::default()
+    };
+    // Tail calls slot ctx[0]; -1 when that fails.
+    let caller = [
+        i(0x71, 3, 1, 0, 0),
+        i(0x18, 2, 1, 0, 0),
+        i(0, 0, 0, 0, 0),
+        i(0x85, 0, 0, 0, 12),
+        i(0xb7, 0, 0, 0, -1),
+        i(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    // r0 = ctx[1] + 1; no maps, so the optimizing tier takes it.
+    let target = [
+        i(0x71, 0, 1, 1, 0),
+        i(0x07, 0, 0, 0, 1),
+        i(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    // SAFETY: they read two bytes of their context; every call passes two.
+    let (caller, early, late) = unsafe {
+        (
+            rt.load_trusted(&caller, &opts).unwrap(),
+            Arc::new(rt.load_trusted(&target, &adaptive()).unwrap()),
+            Arc::new(rt.load_trusted(&target, &adaptive()).unwrap()),
+        )
+    };
+    // Optimized before it goes in a slot: its code (no uniform frame) is entered whole.
+    late.request_tier_up();
+    assert_eq!(late.wait_tier_up(), TierStatus::Optimized);
+    rt.set_prog_array(&jumps, 1, Some(late.clone())).unwrap();
+    // In a slot on the baseline: it stays there, so the slot's address stays good.
+    rt.set_prog_array(&jumps, 0, Some(early.clone())).unwrap();
+    early.request_tier_up();
+    assert_eq!(early.wait_tier_up(), TierStatus::Settled);
+    for round in 0..100u8 {
+        for slot in 0..2u8 {
+            let r0 = caller.call(&mut [slot, round]).unwrap();
+            assert_eq!(r0, u64::from(round) + 1, "slot {slot}, round {round}");
+        }
+        assert_eq!(caller.call(&mut [2, round]).unwrap() as i64, -1);
+    }
+    for slot in 0..2 {
+        rt.set_prog_array(&jumps, slot, None).unwrap();
+    }
+}

@@ -175,7 +175,7 @@ const UNIFORM_SAVES: [u8; 10] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
 /// record (`stp x29, x30` and `mov x29, sp`), five `stp` of [`UNIFORM_SAVES`], then `env`
 /// (`mov x28, x2`) and `entry_sp` (`mov`, `str`): what the caller's frame already holds. The
 /// tail entry reserves the program's own frame and sets its registers.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 40;
+pub const TAIL_ENTRY_SKIP: u32 = 40;
 
 impl Codegen<'_> {
     /// The entry's run-time state after env and entry_sp (set by `prologue` right after the
@@ -321,6 +321,20 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 TAIL_ENTRY_SKIP as usize,
                 "the uniform frame's saves changed size: update TAIL_ENTRY_SKIP"
             );
+            // A tail call arrives with the caller's r1 and r2: the entry's arguments are set
+            // here again from env, and only those the program reads before writing, rather
+            // than by every caller (at the host's entry they already hold these values).
+            let end = self.d.prog.subprogs[0].end;
+            let live = live_in(self.d.prog, 0, end)[0];
+            let ctx_placed = self.d.mode.sandboxed() && self.plan.access.uses_ctx_const();
+            if live & (1 << 2) != 0 {
+                a64!(self.ops
+                    ; ldp x0, x1, [X(ENV), PJ_ENV_CTX_START]
+                    ; sub x1, x1, x0
+                );
+            } else if live & (1 << 1) != 0 && !ctx_placed {
+                a64!(self.ops; ldr x0, [X(ENV), PJ_ENV_CTX_START as u32]);
+            }
         }
         if f.native_frame {
             a64!(self.ops; sub sp, sp, STACK_SIZE as u32);
@@ -349,15 +363,11 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn tail_jump(&mut self, exit: FrameExit) {
         let r0 = self.map[0];
         if exit == FrameExit::TailEntry {
-            // env stays in x28, and entry_sp and the saves stay: only the frames go, then
-            // the entry's arguments again (x2, env, is not read there).
+            // env stays in x28, and entry_sp and the saves stay: only the frames go. The
+            // target's tail entry sets the arguments it reads (`prologue`).
             a64!(self.ops; mov x16, X(r0));
             self.leave_frame(0, exit);
-            a64!(self.ops
-                ; ldp x0, x1, [X(ENV), PJ_ENV_CTX_START]
-                ; sub x1, x1, x0
-                ; br x16
-            );
+            a64!(self.ops; br x16);
             return;
         }
         // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,

@@ -499,14 +499,19 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// continue in (r0, never 0: the driver branches around a failed tail call): leave the
     /// entry's frame as `exit` says ([`FrameExit::TailCall`]: as its epilogue does, budget
     /// written back, saved registers restored; [`FrameExit::TailEntry`]: the same but the
-    /// saved registers and the return address stay) and jump to r0 with the run's
-    /// arguments (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`).
+    /// saved registers and the return address stay) and jump to r0. A
+    /// [`FrameExit::TailCall`] passes the run's arguments (context `env.ctx_start`, length
+    /// `env.ctx_end - env.ctx_start`, `env`); a [`FrameExit::TailEntry`] passes only `env`
+    /// (in its register): the uniform frame's tail entry reloads the context and its length
+    /// from `env` itself, only where its program reads them before writing.
     fn tail_jump(&mut self, exit: FrameExit);
     /// Bytes from a program's entry to its tail entry when the entry has the uniform
     /// tail-call frame (`CodegenMode::tail_calls`): every callee-saved register the backend
     /// ever uses (and the return address, where it is a register) saved in one fixed order
     /// by a fixed sequence, so the same for every such program of the backend. A
     /// [`FrameExit::TailEntry`] jump lands there, the caller's saves serving the target.
+    /// The runtime adds it to the target's entry when it sets a prog-array slot
+    /// (`PjTailTarget::tail_entry`; its table of skips is tested against the backends').
     fn tail_entry_skip(&self) -> u32;
 }
 
@@ -850,28 +855,38 @@ fn refuse_tail_call_in_callee<'a, L: Isa<'a>>(
 /// and the backend's `tail_jump`; r3 is the index, r2 (the array) is not read:
 ///
 /// ```text
-/// r0 = 0 ; w3 = w3                          the index is a u32
+/// w3 = w3                                   the index is a u32
 /// if r3 >= max goto out
 /// r4 = env->tail_calls ; if r4 >= 33 goto out
-/// r5 = r3 ; r5 -= max ; r5 s>>= 63 ; r3 &= r5   index 0 past the bound, also speculatively
-/// r3 = slots[r3] ; if r3 == 0 goto out      the target, or an empty slot
-/// r0 = *target->code_base[mode] ; if r0 == 0 goto out   none for the other mode's code
-/// r0 += target->entry_offset
+/// r5 = r3 ; r5 -= max ; r5 s>>= 63 ; r3 &= r5   sandboxed: index 0 past the bound, also
+///                                           speculatively (`r3 &= index_slots - 1` where
+///                                           the runtime padded the slots)
+/// r5 = slots ; r5 += r3 << 3 ; r3 = *r5 ; if r3 == 0 goto out   the target, or an empty slot
+/// r0 = target->tail_entry[mode] ; if r0 == 0 goto full
 /// env->tail_calls = r4 + 1
 /// env->maps = the target's, and in sandboxed code env->regions, env->region_count
-/// r5 = target->uniform_frame ; if r5 == 0 goto full
-/// r0 += tail_entry_skip ; tail_jump (r0, TailEntry)   saves kept, the target's skipped
-/// full: tail_jump (r0, TailCall)            the whole frame left, the whole entry run
-/// out:                                      r0 = 0
+/// tail_jump (r0, TailEntry)                 saves kept, the target's skipped
+/// full:                                     a target without the uniform frame
+/// r0 = *target->code_base[mode] ; if r0 == 0 goto out   none for the other mode's code
+/// r5 = target->entry_offset ; r0 += r5
+/// env->tail_calls = r4 + 1 ; env->maps, regions as above
+/// tail_jump (r0, TailCall)                  the whole frame left, the whole entry run
+/// out: r0 = 0
 /// ```
 ///
-/// The caller's own entry has the uniform frame: it makes tail calls
-/// (`CodegenMode::tail_calls`), and the runtime marks a target uniform only when its code
-/// came from a backend of this contract with the same mode, so the saves the target's
-/// epilogue restores are exactly the caller's.
+/// The common case is the first jump: the runtime keeps in `tail_entry[mode]` the address
+/// past the target's saves when the target's entry has the uniform frame of the caller's
+/// backend and mode (it moves it with the code), so the frame decision, the code base and
+/// the entry offset cost the caller one load. The caller's own entry has the uniform frame:
+/// it makes tail calls (`CodegenMode::tail_calls`), and the runtime sets `tail_entry` only
+/// when the target's code came from a backend of this contract with the same mode, so the
+/// saves the target's epilogue restores are exactly the caller's.
+///
+/// Trusted code does not mask the index: like the kernel, which masks it only for
+/// unprivileged programs, it leaves Spectre v1 to the host that vouched for the program.
 ///
 /// Every access reads the runtime's structures at addresses the program does not choose
-/// (the slot's index is masked first), so none is checked ([`Expansion::RuntimeMemory`]).
+/// (the slot's index is bounded first), so none is checked ([`Expansion::RuntimeMemory`]).
 /// The slot is read without a fence: the runtime publishes a target with release ordering,
 /// and every later load goes through the loaded address (an address dependency, which
 /// x86-64's TSO, arm64 and RVWMO all order).
@@ -882,79 +897,161 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     array: crate::analysis::ProgArray,
 ) -> Result<(), CompileError> {
     use packjit_plugin_api::abi::{
-        PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS, PJ_MAX_TAIL_CALLS,
+        PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS,
         PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
-        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT, PJ_TAIL_TARGET_UNIFORM_FRAME,
+        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT, PJ_TAIL_TARGET_TAIL_ENTRY,
     };
     use AluOp::*;
     use Width::{W32, W64};
     refuse_tail_call_in_callee(l, k, id)?;
     let sandboxed = l.driver().mode.sandboxed();
+    // The other mode's word is 8 further in both per-mode pairs.
+    let mode_off = if sandboxed { 8 } else { 0 };
+    let known = {
+        let d = l.driver();
+        known_index(d.prog, k, d.cur)
+    };
+    if known.is_some_and(|index| index >= array.max_entries) {
+        // Past the end: the tail call always falls through.
+        l.alu(W64, Mov, 0, Operand::Imm(0));
+        clear_helper_arguments(l);
+        return Ok(());
+    }
     l.driver().expansion = Expansion::RuntimeMemory;
     let out = l.new_label();
-    l.alu(W64, Mov, 0, Operand::Imm(0));
-    l.alu(W32, Mov, 3, Operand::Reg(3));
-    // The bound, as an immediate when it fits one (the compare and the subtraction
-    // sign-extend it).
-    let max = match i32::try_from(array.max_entries) {
-        Ok(max) => Operand::Imm(max),
-        Err(_) => {
-            l.load_imm64(1, u64::from(array.max_entries));
-            Operand::Reg(1)
+    match known {
+        // The slot's address is a constant: nothing to bound or mask (the kernel's JITs
+        // patch a direct jump for a constant index).
+        Some(index) => {
+            tail_call_count(l, out);
+            l.load_imm64(5, array.slots + 8 * u64::from(index));
+        }
+        None => {
+            l.alu(W32, Mov, 3, Operand::Reg(3));
+            // The bound, as an immediate when it fits one (the compare and the subtraction
+            // sign-extend it).
+            let max = match i32::try_from(array.max_entries) {
+                Ok(max) => Operand::Imm(max),
+                Err(_) => {
+                    l.load_imm64(1, u64::from(array.max_entries));
+                    Operand::Reg(1)
+                }
+            };
+            l.branch_to(W64, Cond::Ge, 3, max, out);
+            tail_call_count(l, out);
+            // Sandboxed: the index bounded also under a mispredicted branch. Where the
+            // runtime padded the slots to a power of two (empty past the end), one `and`
+            // keeps the read among them; else index 0 past the bound, by a computed mask.
+            match array.index_slots {
+                _ if !sandboxed => {}
+                0 => {
+                    l.alu(W64, Mov, 5, Operand::Reg(3));
+                    l.alu(W64, Sub, 5, max);
+                    l.alu(W64, Arsh, 5, Operand::Imm(63));
+                    l.alu(W64, And, 3, Operand::Reg(5));
+                }
+                n => l.alu(W64, And, 3, Operand::Imm((n - 1) as i32)),
+            }
+            l.load_imm64(5, array.slots);
+            l.scaled_add(5, 5, 3, 3);
+        }
+    }
+    l.load(Size::DW, false, 3, 5, 0);
+    l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
+    // The run switched over to the target: counted, its maps (and regions) in env.
+    // Trusted code and its helpers never read the regions (nothing is checked).
+    let switch = |l: &mut L| {
+        l.alu(W64, Add, 4, Operand::Imm(1));
+        l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
+        let switched: &[(i32, i32)] = if sandboxed {
+            &[
+                (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
+                (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
+                (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
+            ]
+        } else {
+            &[(PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS)]
+        };
+        for &(from, to) in switched {
+            l.load(Size::DW, false, 5, 3, from as i16);
+            l.store(Size::DW, ENV, to as i16, Operand::Reg(5));
         }
     };
-    l.branch_to(W64, Cond::Ge, 3, max, out);
+    let full = l.new_label();
+    l.load(
+        Size::DW,
+        false,
+        0,
+        3,
+        (PJ_TAIL_TARGET_TAIL_ENTRY + mode_off) as i16,
+    );
+    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), full);
+    switch(l);
+    l.tail_jump(FrameExit::TailEntry);
+    l.bind(full);
+    l.load(
+        Size::DW,
+        false,
+        0,
+        3,
+        (PJ_TAIL_TARGET_CODE_BASE + mode_off) as i16,
+    );
+    l.load(Size::DW, false, 0, 0, 0);
+    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), out);
+    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
+    l.alu(W64, Add, 0, Operand::Reg(5));
+    switch(l);
+    l.tail_jump(FrameExit::TailCall);
+    l.bind(out);
+    l.alu(W64, Mov, 0, Operand::Imm(0));
+    l.driver().expansion = Expansion::None;
+    clear_helper_arguments(l);
+    Ok(())
+}
+
+/// `r4 = env->tail_calls ; if r4 >= 33 goto out`: the chain's count, stored back (plus one)
+/// only by a tail call that goes.
+fn tail_call_count<'a, L: Isa<'a>>(l: &mut L, out: DynamicLabel) {
+    use packjit_plugin_api::abi::{PJ_ENV_TAIL_CALLS, PJ_MAX_TAIL_CALLS};
     l.load(Size::DW, false, 4, ENV, PJ_ENV_TAIL_CALLS as i16);
     l.branch_to(
-        W64,
+        Width::W64,
         Cond::Ge,
         4,
         Operand::Imm(PJ_MAX_TAIL_CALLS as i32),
         out,
     );
-    l.alu(W64, Mov, 5, Operand::Reg(3));
-    l.alu(W64, Sub, 5, max);
-    l.alu(W64, Arsh, 5, Operand::Imm(63));
-    l.alu(W64, And, 3, Operand::Reg(5));
-    l.alu(W64, Lsh, 3, Operand::Imm(3));
-    l.load_imm64(5, array.slots);
-    l.alu(W64, Add, 3, Operand::Reg(5));
-    l.load(Size::DW, false, 3, 3, 0);
-    l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
-    let code_base = PJ_TAIL_TARGET_CODE_BASE + if sandboxed { 8 } else { 0 };
-    l.load(Size::DW, false, 0, 3, code_base as i16);
-    l.load(Size::DW, false, 0, 0, 0);
-    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), out);
-    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
-    l.alu(W64, Add, 0, Operand::Reg(5));
-    l.alu(W64, Add, 4, Operand::Imm(1));
-    l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
-    // Trusted code and its helpers never read the regions (nothing is checked).
-    let switched: &[(i32, i32)] = if sandboxed {
-        &[
-            (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
-            (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
-            (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
-        ]
-    } else {
-        &[(PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS)]
-    };
-    for &(from, to) in switched {
-        l.load(Size::DW, false, 5, 3, from as i16);
-        l.store(Size::DW, ENV, to as i16, Operand::Reg(5));
+}
+
+/// The tail call's index (r3) at instruction `at` of function `k`, when straight-line code
+/// just before it set r3 to a constant (`mov r3, imm`, the usual form: a program picks its
+/// next stage by number). The scan stops at a jump target, a jump, a call or anything else
+/// that writes r3, so the value holds on every path to `at`.
+fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
+    let start = prog.subprogs[k].start;
+    let mut j = at;
+    while j > start && !prog.is_target[j] {
+        j -= 1;
+        match prog.insts[j].op {
+            // A 64-bit mov sign-extends the immediate; the index is its low 32 bits either way.
+            Op::Alu {
+                op: AluOp::Mov,
+                dst: 3,
+                src: Operand::Imm(imm),
+                ..
+            } => return Some(imm as u32),
+            Op::Ja { .. }
+            | Op::Jcond { .. }
+            | Op::Exit
+            | Op::CallHelper { .. }
+            | Op::CallReg { .. }
+            | Op::CallLocal { .. }
+            | Op::PacketLoad { .. } => return None,
+            _ if prog.writes(j) & (1 << 3) != 0 => return None,
+            _ => {}
+        }
     }
-    let full = l.new_label();
-    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_UNIFORM_FRAME as i16);
-    l.branch_to(W64, Cond::Eq, 5, Operand::Imm(0), full);
-    let skip = l.tail_entry_skip();
-    l.alu(W64, Add, 0, Operand::Imm(skip as i32));
-    l.tail_jump(FrameExit::TailEntry);
-    l.bind(full);
-    l.tail_jump(FrameExit::TailCall);
-    l.bind(out);
-    l.driver().expansion = Expansion::None;
-    clear_helper_arguments(l);
-    Ok(())
+    None
 }
 
 /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), as ordinary operations every backend

@@ -185,7 +185,7 @@ const UNIFORM_SAVES: [u8; 13] = [RA, CTX_LIM8, S1, S2, S3, S4, S5, S6, S7, S8, S
 /// area's `addi sp`, one `sd` per [`UNIFORM_SAVES`] and `mv s6, a2` (env), 4 bytes each (15
 /// instructions). The prologue checks it. The tail entry reserves the block and sets
 /// `env` and `entry_sp` again (the same values), then the rest of the program's own entry.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 60;
+pub const TAIL_ENTRY_SKIP: u32 = 60;
 
 /// What the lowering reads beyond RFC 9669, for the entry's zeroing: r0 for every atomic
 /// (conservative: the fetch-and/or/xor loops keep r0's register live across them).
@@ -234,6 +234,19 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 TAIL_ENTRY_SKIP as usize,
                 "the uniform frame's saves changed size: update TAIL_ENTRY_SKIP"
             );
+            // A tail call arrives with the caller's r1 and r2: the entry's arguments are set
+            // here again from env, and only those the program reads before writing, rather
+            // than by every caller (at the host's entry they already hold these values).
+            let end = self.d.prog.subprogs[0].end;
+            let live = live_in(self.d.prog, 0, end)[0];
+            let ctx_placed = self.d.mode.sandboxed() && self.d.access.uses_ctx_const();
+            if live & (1 << 2) != 0 {
+                self.e.load(Mem::D, A0, ENV, PJ_ENV_CTX_START);
+                self.e.load(Mem::D, A1, ENV, PJ_ENV_CTX_END);
+                self.e.rrr(R3::Sub, A1, A1, A0);
+            } else if live & (1 << 1) != 0 && !ctx_placed {
+                self.e.load(Mem::D, A0, ENV, PJ_ENV_CTX_START);
+            }
         }
         if f.below_saves > 0 {
             self.add_imm(SP, SP, -(f.below_saves as i64), T0);
@@ -319,13 +332,10 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
 
     fn tail_jump(&mut self, exit: FrameExit) {
         if exit == FrameExit::TailEntry {
-            // env stays in s6 and the saves stay: only the block goes, then the entry's
-            // arguments again (a2, env, is not read there).
+            // env stays in s6 and the saves stay: only the block goes. The target's tail
+            // entry sets the arguments it reads (`prologue`).
             self.e.mv(T1, self.map(0));
             self.leave_frame(0, exit);
-            self.e.load(Mem::D, A0, ENV, PJ_ENV_CTX_START);
-            self.e.load(Mem::D, A1, ENV, PJ_ENV_CTX_END);
-            self.e.rrr(R3::Sub, A1, A1, A0);
             self.e.jump_reg(T1);
             return;
         }

@@ -30,6 +30,9 @@
 
 mod encode;
 mod frame;
+/// Bytes from the entry of a program with the uniform tail-call frame to its tail entry
+/// (the runtime keeps the same figure for the address it stores in a prog-array slot).
+pub use frame::TAIL_ENTRY_SKIP;
 mod lower;
 mod regs;
 

@@ -32,13 +32,13 @@ use crate::encode::{Gpr, Sz};
 use crate::lower::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
-use packjit_frontend::analysis::{entry_zeroing, stack_block_size, CodegenMode};
+use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, CodegenMode};
 use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::ranges::AccessPlan;
 use packjit_frontend::{op_kind, Program};
 
 // The prologue's `dynasm!` text names r10's home (rbp) and r1's (rdi).
-const _: () = assert!(REG_MAP[10] == RBP && REG_MAP[1] == RDI);
+const _: () = assert!(REG_MAP[10] == RBP && REG_MAP[1] == RDI && REG_MAP[2] == RSI);
 
 /// What one function saves.
 #[derive(Clone, Debug)]
@@ -134,7 +134,7 @@ const UNIFORM_SAVES: [Gpr; 6] = [RBP, RBX, R13, R14, R15, ENV];
 /// pad (`push rax`, 1), `mov r12, rdx` (3) and `mov [r12 + entry_sp], rsp` (5): what the
 /// caller's frame already holds (the same registers saved, `env`, `entry_sp`). The tail
 /// entry reserves the stack block and sets the registers as the program's own entry does.
-pub(crate) const TAIL_ENTRY_SKIP: u32 = 23;
+pub const TAIL_ENTRY_SKIP: u32 = 23;
 
 impl Codegen<'_> {
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
@@ -177,6 +177,26 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
             );
             // They land with an indirect `jmp`, which CET/IBT checks like the host's call.
             self.e.endbr64();
+            // A tail call arrives with the caller's r1 and r2: the entry's arguments are set
+            // here again from env, and only those the program reads before writing, rather
+            // than by every caller (at the host's entry they already hold these values).
+            let end = self.d.prog.subprogs[0].end;
+            let live = live_in(self.d.prog, 0, end)[0];
+            let ctx_later = self.d.mode.sandboxed() && self.plan.access.uses_ctx_const();
+            if live & (1 << 2) != 0 {
+                self.e.asm(3, |ops| {
+                    dynasm!(ops ; .arch x64
+                        ; mov rdi, QWORD [BYTE r12 + CTX_START8]
+                        ; mov rsi, QWORD [BYTE r12 + CTX_END8]
+                        ; sub rsi, rdi
+                    )
+                });
+            } else if live & (1 << 1) != 0 && !ctx_later {
+                self.e.asm(
+                    1,
+                    |ops| dynasm!(ops ; .arch x64 ; mov rdi, QWORD [BYTE r12 + CTX_START8]),
+                );
+            }
         }
         if k != 0 {
             if f.pad {
@@ -251,16 +271,9 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
     fn tail_jump(&mut self, exit: FrameExit) {
         if exit == FrameExit::TailEntry {
             // env stays in r12 and the pad, entry_sp and the saves stay: only the stack
-            // block goes, then the entry's arguments again (rdx, env, is not read there).
+            // block goes. The target's tail entry sets the arguments it reads (`prologue`).
             self.leave_frame(0, exit);
-            self.e.asm(4, |ops| {
-                dynasm!(ops ; .arch x64
-                    ; mov rdi, QWORD [BYTE r12 + CTX_START8]
-                    ; mov rsi, QWORD [BYTE r12 + CTX_END8]
-                    ; sub rsi, rdi
-                    ; jmp rax
-                )
-            });
+            self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; jmp rax));
             return;
         }
         // rdx (r3, dead: a call clobbered it) carries env past the restores of r12.

@@ -39,7 +39,7 @@
 use super::{leaves_unusable, mark_dirty, Alloc, Inner, Pack, State, CHUNK};
 use packjit_plugin_api::Region;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// When and how much code the arena moves (see the module docs of `arena`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +101,10 @@ pub struct Movable {
     entry_off: u64,
     pinned: AtomicBool,
     watch: Option<MoveWatch>,
+    /// Words outside that hold an address in the code (prog-array slots' tail entries,
+    /// `PjTailTarget::tail_entry`), with its offset from the region start: rewritten by
+    /// each move, so their readers jump in one load. Locked after the arena lock.
+    tail_entries: Mutex<Vec<(usize, u64)>>,
 }
 
 impl std::fmt::Debug for Movable {
@@ -121,7 +125,30 @@ impl Movable {
             entry_off: entry - region.exec_addr,
             pinned: AtomicBool::new(false),
             watch,
+            tail_entries: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Sets `word` to the address `offset` bytes into the code now and keeps it there as the
+    /// code moves, until [`untrack_tail_entry`](Self::untrack_tail_entry). The same lock
+    /// serializes this with a move's rewrite, so no move is missed.
+    ///
+    /// # Safety
+    /// `word` stays valid until it is untracked.
+    pub unsafe fn track_tail_entry(&self, word: *const AtomicU64, offset: u64) {
+        let mut t = self.tail_entries.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: valid (the caller's promise).
+        unsafe { &*word }.store(
+            self.exec.load(Ordering::Acquire) + offset,
+            Ordering::Release,
+        );
+        t.push((word as usize, offset));
+    }
+
+    /// Stops moving `word` with the code.
+    pub fn untrack_tail_entry(&self, word: *const AtomicU64) {
+        let mut t = self.tail_entries.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|&(w, _)| w != word as usize);
     }
 
     /// The word holding the code's base now and the entry's offset from it, for code that
@@ -179,7 +206,14 @@ impl Move {
             );
         }
         m.cookie.store(self.new.cookie, Ordering::Release);
+        let t = m.tail_entries.lock().unwrap_or_else(|e| e.into_inner());
         m.exec.store(self.new.exec_addr, Ordering::Release);
+        for &(word, offset) in t.iter() {
+            // SAFETY: tracked words stay valid until untracked, which takes this lock. The
+            // release store orders the copy's bytes before the new address, as for `exec`.
+            unsafe { &*(word as *const AtomicU64) }
+                .store(self.new.exec_addr + offset, Ordering::Release);
+        }
     }
 
     /// Tells the listener the old copy goes (run just before its chunks are released).

@@ -36,6 +36,8 @@ pub struct ProgArray {
     pub slots: u64,
     /// Slots.
     pub max_entries: u32,
+    /// `PjProgArray::index_slots`: 0, or a power of two of readable slots.
+    pub index_slots: u32,
 }
 
 /// The code a backend emits for a helper-table entry at a `call imm` or a `callx` match.
@@ -108,9 +110,15 @@ pub fn helper_lowering(h: &HelperEntry) -> HelperLowering {
             // SAFETY: the kind's contract: `addr` points to a `PjProgArray` the host keeps
             // alive and unchanged while it compiles (`validate_inline_kinds` refused NULL).
             let array = unsafe { std::ptr::read_unaligned(h.addr as *const PjProgArray) };
+            // A padding the mask could not use (not a power of two covering the slots, or
+            // too wide for an immediate) counts as none.
+            let padded = array.index_slots.is_power_of_two()
+                && array.index_slots >= array.max_entries
+                && array.index_slots <= 1 << 30;
             HelperLowering::ProgArrayTailCall(ProgArray {
                 slots: array.slots,
                 max_entries: array.max_entries,
+                index_slots: if padded { array.index_slots } else { 0 },
             })
         }
         PJ_INLINE_ARRAY_LOOKUP => {
