@@ -1408,8 +1408,16 @@ impl Program {
     /// The entry point now. Callers that run it load it AFTER pinning the epoch.
     pub(crate) fn entry_now(&self) -> u64 {
         if let Tiered::Adaptive(t) = &self.tiering {
-            return t.with_current(Program::entry_now);
+            return t.with_current(Program::own_entry_now);
         }
+        self.own_entry_now()
+    }
+
+    /// [`Self::entry_now`] of a program that owns its code (not adaptive). Inlined into the
+    /// run path: an out-of-line call here cost a run about as much as the rest of
+    /// `packjit_program_run` (perf, issue 43).
+    #[inline(always)]
+    fn own_entry_now(&self) -> u64 {
         self.movable
             .as_ref()
             .map_or(self.compiled.entry, |m| m.entry())
@@ -1524,7 +1532,7 @@ impl Program {
         // the move have ended); the caller vouches for ctx/len.
         unsafe {
             exec::run(
-                self.entry_now(),
+                self.own_entry_now(),
                 ctx,
                 len,
                 &self.regions,
