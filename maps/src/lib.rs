@@ -34,9 +34,11 @@
 //! # Epochs
 //!
 //! Hash elements that are replaced or deleted are reused only after a grace period of the
-//! default `crossbeam_epoch` collector. The raw lookups take no pin of their own: the
-//! caller (the runtime, around a program run) must be pinned while it uses a pointer a
-//! lookup returned. The host-side API pins by itself.
+//! default `crossbeam_epoch` collector, and then after the runs in progress at its end when
+//! the embedder registered its runs ([`set_run_grace`]; the packjit runtime does). The raw
+//! lookups take no pin of their own: the caller (the runtime, around a program run) must be
+//! pinned, or inside a registered run, while it uses a pointer a lookup returned. The
+//! host-side API pins by itself.
 //!
 //! # Differences from the kernel
 //!
@@ -68,6 +70,7 @@
 
 mod array;
 mod error;
+mod grace;
 mod hash;
 mod lpm;
 mod mem;
@@ -79,6 +82,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 pub use error::{errno, MapError};
+pub use grace::{set_run_grace, RunGrace};
 pub use ringbuf::{BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ};
 
 use error::errno::{E2BIG, EEXIST, EINVAL, ENOENT, ENOMEM, ENOSPC, ENOTSUPP};
