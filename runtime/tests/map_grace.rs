@@ -20,7 +20,10 @@ extern "C" fn hold(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     PHASE.store(1, Ordering::SeqCst);
     let start = Instant::now();
     while PHASE.load(Ordering::SeqCst) != 2 {
-        assert!(start.elapsed() < Duration::from_secs(60), "the host never finished");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the host never finished"
+        );
         std::thread::yield_now();
     }
     0
@@ -39,8 +42,8 @@ fn holder() -> Vec<u8> {
         i(0, 0, 0, 0, 0),
         i(0xbf, 2, 10, 0, 0), // r2 = r10 - 4
         i(0x07, 2, 0, 0, -4),
-        i(0x85, 0, 0, 0, 1),  // r0 = lookup
-        i(0x55, 0, 0, 2, 0),  // if r0 != 0 goto +2
+        i(0x85, 0, 0, 0, 1), // r0 = lookup
+        i(0x55, 0, 0, 2, 0), // if r0 != 0 goto +2
         i(0xb7, 0, 0, 0, MISSED as i32),
         i(0x95, 0, 0, 0, 0),
         i(0xbf, 6, 0, 0, 0), // r6 = value pointer
@@ -70,7 +73,8 @@ fn a_value_held_by_a_run_is_not_reused_while_the_host_deletes_and_churns() {
             flags: 0,
         })
         .unwrap();
-        map.update(&1u32.to_le_bytes(), &OLD.to_le_bytes(), 0).unwrap();
+        map.update(&1u32.to_le_bytes(), &OLD.to_le_bytes(), 0)
+            .unwrap();
         let opts = LoadOptions {
             maps: vec![map.clone()],
             ..Default::default()
@@ -85,7 +89,10 @@ fn a_value_held_by_a_run_is_not_reused_while_the_host_deletes_and_churns() {
             let run = s.spawn(|| prog.call(&mut []).unwrap());
             let start = Instant::now();
             while PHASE.load(Ordering::SeqCst) != 1 {
-                assert!(start.elapsed() < Duration::from_secs(60), "the run never held");
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "the run never held"
+                );
                 std::thread::yield_now();
             }
             map.delete(&1u32.to_le_bytes()).unwrap();
@@ -116,8 +123,10 @@ fn a_value_held_by_a_run_is_not_reused_while_the_host_deletes_and_churns() {
         );
         // Once the run is over, the elements come back: the map takes both keys again.
         let start = Instant::now();
-        map.update(&1u32.to_le_bytes(), &OLD.to_le_bytes(), 0).unwrap();
-        map.update(&2u32.to_le_bytes(), &OLD.to_le_bytes(), 0).unwrap();
+        map.update(&1u32.to_le_bytes(), &OLD.to_le_bytes(), 0)
+            .unwrap();
+        map.update(&2u32.to_le_bytes(), &OLD.to_le_bytes(), 0)
+            .unwrap();
         println!("{trust:?}: reinserted in {:?}", start.elapsed());
     }
 }
