@@ -49,7 +49,7 @@
 //!   as the kernel refuses it for such values.
 //! * Hash elements are preallocated (`max_entries` plus spares), but a replaced, deleted or
 //!   evicted element is reused only after its grace period, where the kernel reuses it at
-//!   once. While threads stay pinned (long or preempted program runs), churn can use up the
+//!   once. While threads stay pinned or runs last (long or preempted program runs), churn can use up the
 //!   spares: a program's insert of a new key then fails with `-E2BIG` (LRU: `-ENOMEM`)
 //!   although the map holds fewer than `max_entries` keys. Host-side updates from a thread
 //!   that is not pinned wait (up to 2 s) for the grace period instead.
