@@ -254,6 +254,13 @@
 #define PACKJIT_LOAD_ADAPTIVE 128
 
 /**
+ * `PackjitLoadOptions::flags`, with `PACKJIT_LOAD_ADAPTIVE` only: this program's tier-up
+ * policy is `PackjitLoadOptions::tier_up_calls` (a run count, or `PACKJIT_TIER_MANUAL`)
+ * instead of the runtime's (`packjit_runtime_set_tier_policy`).
+ */
+#define PACKJIT_LOAD_TIER_POLICY 256
+
+/**
  * `packjit_runtime_set_tier_policy`: no tier-up on a call count; only
  * `packjit_program_request_tier_up` asks for one.
  */
@@ -731,6 +738,13 @@ typedef struct PackjitLoadOptions {
      * Number of entries in `maps`.
      */
     uint64_t map_count;
+    /**
+     * With `PACKJIT_LOAD_TIER_POLICY` (and `PACKJIT_LOAD_ADAPTIVE`): runs before this
+     * program's tier-up (0: ask at load), or `PACKJIT_TIER_MANUAL`. Added after the first
+     * release of this struct: a host built against the older, shorter struct (its
+     * `struct_size` ends at `map_count`) still loads, with the runtime's policy.
+     */
+    uint64_t tier_up_calls;
 } PackjitLoadOptions;
 
 /**

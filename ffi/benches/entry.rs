@@ -1,6 +1,8 @@
 //! What a run costs over calling the program's native entry directly (issue 43, item 2), in
-//! one process, side by side, for two short programs (`mov r0, 1; exit` and a
-//! 10-instruction one), each loaded trusted and sandboxed (the default budget counted):
+//! one process, side by side, for three short programs (`mov r0, 1; exit`, a 10-instruction
+//! one, and a lookup of a constant key in an array map, which compiles to a load of the
+//! element: a program that names a map), each loaded trusted and sandboxed (the default
+//! budget counted):
 //!
 //! * `raw entry`: the entry called as a function pointer with the arguments the runtime
 //!   passes (context pointer and length, a prebuilt `PjExecEnv` filled as a run fills it);
@@ -34,6 +36,7 @@ fn main() {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::packjit::*;
+    use packjit_runtime::maps::{Map, MapSpec, MapType};
     use packjit_runtime::{Hook, LoadOptions, Program, Runtime, DEFAULT_BUDGET};
     use std::ffi::CStr;
     use std::hint::black_box;
@@ -90,6 +93,26 @@ mod x86 {
         .concat()
     }
 
+    /// `v = lookup(map 0, &0); return v ? *v : 0` over a one-element array of u64 holding
+    /// `ARRAY_VALUE`: the constant key folds to the element's address, so the code needs no
+    /// helper and no env, and the raw entry can run it too.
+    fn array_lookup() -> Vec<u8> {
+        [
+            insn(0x62, 10, 0, -4, 0), // *(u32 *)(r10 - 4) = 0
+            insn(0x18, 1, 1, 0, 0),   // r1 = map 0
+            insn(0, 0, 0, 0, 0),
+            insn(0xbf, 2, 10, 0, 0),
+            insn(0x07, 2, 0, 0, -4),
+            insn(0x85, 0, 0, 0, 1), // r0 = bpf_map_lookup_elem(r1, r2)
+            insn(0x15, 0, 0, 1, 0), // if r0 == 0 goto exit
+            insn(0x79, 0, 0, 0, 0), // r0 = *(u64 *)(r0 + 0)
+            insn(0x95, 0, 0, 0, 0),
+        ]
+        .concat()
+    }
+
+    const ARRAY_VALUE: u64 = 5;
+
     fn median(mut v: Vec<f64>) -> f64 {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
@@ -108,8 +131,11 @@ mod x86 {
         chook: *mut PackjitHook,
     }
 
-    fn load_rust(rt: &Runtime, code: &[u8], trusted: bool) -> Program {
-        let opts = LoadOptions::default();
+    fn load_rust(rt: &Runtime, code: &[u8], trusted: bool, maps: &[Arc<Map>]) -> Program {
+        let opts = LoadOptions {
+            maps: maps.to_vec(),
+            ..Default::default()
+        };
         if trusted {
             // SAFETY: the programs only read their 16-byte context.
             unsafe { rt.load_trusted(code, &opts) }.unwrap()
@@ -118,13 +144,28 @@ mod x86 {
         }
     }
 
-    fn load_c(crt: *mut PackjitRuntime, code: &[u8], trusted: bool) -> *mut PackjitProgram {
+    /// C load options: trusted or not, with the maps `cmaps` (live handles).
+    fn c_opts(trusted: bool, cmaps: &[*const PackjitMap]) -> PackjitLoadOptions {
         let mut opts = PackjitLoadOptions::default();
         // SAFETY: valid out pointer.
         check(unsafe { packjit_load_options_init(&mut opts) }, "options");
         if trusted {
             opts.flags = PACKJIT_LOAD_TRUSTED;
         }
+        if !cmaps.is_empty() {
+            opts.maps = cmaps.as_ptr();
+            opts.map_count = cmaps.len() as u64;
+        }
+        opts
+    }
+
+    fn load_c(
+        crt: *mut PackjitRuntime,
+        code: &[u8],
+        trusted: bool,
+        cmaps: &[*const PackjitMap],
+    ) -> *mut PackjitProgram {
+        let opts = c_opts(trusted, cmaps);
         let mut p = null_mut();
         // SAFETY: live runtime, borrowed code and options, valid out pointer.
         check(
@@ -163,12 +204,54 @@ mod x86 {
             "packjit_load_host_plugin",
         );
 
-        let progs: [(&str, Vec<u8>, u64); 2] =
-            [("mov r0, 1; exit", tiny(), 1), ("10 insns", ten(), 11)];
+        // The array map, once for Rust and once through the C API.
+        let key = 0u32.to_le_bytes();
+        let value = ARRAY_VALUE.to_le_bytes();
+        let map = Map::new(MapSpec {
+            name: "one".into(),
+            map_type: MapType::Array,
+            key_size: 4,
+            value_size: 8,
+            max_entries: 1,
+            flags: 0,
+        })
+        .unwrap();
+        map.update(&key, &value, 0).unwrap();
+        let mut cmap = null_mut();
+        // SAFETY: NUL-terminated name; valid out pointer; then a live map, key and value of
+        // their sizes.
+        unsafe {
+            check(
+                packjit_map_create(
+                    PACKJIT_MAP_TYPE_ARRAY,
+                    4,
+                    8,
+                    1,
+                    0,
+                    c"one".as_ptr(),
+                    &mut cmap,
+                ),
+                "packjit_map_create",
+            );
+            let st = packjit_map_update(cmap, key.as_ptr().cast(), 4, value.as_ptr().cast(), 8, 0);
+            assert_eq!(st, 0, "packjit_map_update: {}", last_error());
+        }
+        let cmaps = [cmap.cast_const()];
+
+        let progs: [(&str, Vec<u8>, u64, bool); 3] = [
+            ("mov r0, 1; exit", tiny(), 1, false),
+            ("10 insns", ten(), 11, false),
+            ("array lookup", array_lookup(), ARRAY_VALUE, true),
+        ];
         let mut cases = Vec::new();
-        for (name, code, want) in &progs {
+        for (name, code, want, with_map) in &progs {
+            let (maps, cmaps): (&[Arc<Map>], &[*const PackjitMap]) = if *with_map {
+                (std::slice::from_ref(&map), &cmaps)
+            } else {
+                (&[], &[])
+            };
             for trusted in [true, false] {
-                let prog = load_rust(&rt, code, trusted);
+                let prog = load_rust(&rt, code, trusted, maps);
                 let raw = prog.entry().unwrap();
                 let env = PjExecEnv {
                     regions: prog.regions().as_ptr() as u64,
@@ -177,8 +260,8 @@ mod x86 {
                     ..Default::default()
                 };
                 let hook = Hook::new();
-                hook.attach(load_rust(&rt, code, trusted)).unwrap();
-                let cprog = load_c(crt, code, trusted);
+                hook.attach(load_rust(&rt, code, trusted, maps)).unwrap();
+                let cprog = load_c(crt, code, trusted, cmaps);
                 let mut chook = null_mut();
                 // SAFETY: live runtime; valid out pointer.
                 check(
@@ -190,11 +273,7 @@ mod x86 {
                 // for the load above.
                 unsafe {
                     check(packjit_hook_batch_create(&mut batch), "batch");
-                    let mut opts = PackjitLoadOptions::default();
-                    check(packjit_load_options_init(&mut opts), "options");
-                    if trusted {
-                        opts.flags = PACKJIT_LOAD_TRUSTED;
-                    }
+                    let opts = c_opts(trusted, cmaps);
                     check(
                         packjit_hook_batch_load_attach(
                             batch,
@@ -255,8 +334,11 @@ mod x86 {
                 packjit_program_free(c.cprog);
             }
         }
-        // SAFETY: live runtime, not used after this.
-        unsafe { packjit_runtime_destroy(crt) };
+        // SAFETY: live map and runtime, not used after this.
+        unsafe {
+            packjit_map_free(cmap);
+            packjit_runtime_destroy(crt)
+        };
     }
 
     fn leak(s: String) -> &'static str {

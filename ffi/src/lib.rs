@@ -22,6 +22,8 @@
 //!   as usual; bad arguments there are `-EINVAL`, a caught panic `-EFAULT`.
 //! * Versioned structs start with `struct_size`; the caller sets it to `sizeof` the struct
 //!   (the `*_init` functions do) and the library refuses other sizes with `PJ_ERR_ABI`.
+//!   A struct that grew by appended fields also takes the size it had before they were
+//!   added (`PackjitLoadOptions` without `tier_up_calls`), with the new fields' defaults.
 
 // The C API, one module per object. cbindgen reads this file's items, then each module in
 // the order of these declarations: that order is the order of the functions (and of the
@@ -258,6 +260,10 @@ pub const PACKJIT_LOAD_OPTIMIZE: u32 = 64;
 /// cargo feature) loads the same and stays on the baseline: `packjit_program_tier_status`
 /// reports `PACKJIT_TIER_STATUS_REFUSED`. Not with `PACKJIT_LOAD_OPTIMIZE`.
 pub const PACKJIT_LOAD_ADAPTIVE: u32 = 128;
+/// `PackjitLoadOptions::flags`, with `PACKJIT_LOAD_ADAPTIVE` only: this program's tier-up
+/// policy is `PackjitLoadOptions::tier_up_calls` (a run count, or `PACKJIT_TIER_MANUAL`)
+/// instead of the runtime's (`packjit_runtime_set_tier_policy`).
+pub const PACKJIT_LOAD_TIER_POLICY: u32 = 256;
 
 /// `packjit_runtime_set_tier_policy`: no tier-up on a call count; only
 /// `packjit_program_request_tier_up` asks for one.

@@ -7,9 +7,9 @@ use super::regions::region_from_c;
 use super::{
     PjMemRegion, PACKJIT_LOAD_ADAPTIVE, PACKJIT_LOAD_BLIND_CONSTANTS, PACKJIT_LOAD_BUDGET,
     PACKJIT_LOAD_FEATURES_EXACT, PACKJIT_LOAD_NO_BUDGET, PACKJIT_LOAD_OPTIMIZE,
-    PACKJIT_LOAD_PERCPU_INSN, PACKJIT_LOAD_TRUSTED,
+    PACKJIT_LOAD_PERCPU_INSN, PACKJIT_LOAD_TIER_POLICY, PACKJIT_LOAD_TRUSTED, PACKJIT_TIER_MANUAL,
 };
-use packjit_runtime::{Arch, Budget, Error, LoadOptions, Tier, Trust};
+use packjit_runtime::{Arch, Budget, Error, ErrorKind, LoadOptions, Tier, TierPolicy, Trust};
 
 const PACKJIT_LOAD_ALL_FLAGS: u32 = PACKJIT_LOAD_FEATURES_EXACT
     | PACKJIT_LOAD_TRUSTED
@@ -18,7 +18,8 @@ const PACKJIT_LOAD_ALL_FLAGS: u32 = PACKJIT_LOAD_FEATURES_EXACT
     | PACKJIT_LOAD_BLIND_CONSTANTS
     | PACKJIT_LOAD_PERCPU_INSN
     | PACKJIT_LOAD_OPTIMIZE
-    | PACKJIT_LOAD_ADAPTIVE;
+    | PACKJIT_LOAD_ADAPTIVE
+    | PACKJIT_LOAD_TIER_POLICY;
 
 /// Per-load options, read by `packjit_program_load` and `packjit_program_load_batch`.
 #[repr(C)]
@@ -55,7 +56,15 @@ pub struct PackjitLoadOptions {
     pub maps: *const *const PackjitMap,
     /// Number of entries in `maps`.
     pub map_count: u64,
+    /// With `PACKJIT_LOAD_TIER_POLICY` (and `PACKJIT_LOAD_ADAPTIVE`): runs before this
+    /// program's tier-up (0: ask at load), or `PACKJIT_TIER_MANUAL`. Added after the first
+    /// release of this struct: a host built against the older, shorter struct (its
+    /// `struct_size` ends at `map_count`) still loads, with the runtime's policy.
+    pub tier_up_calls: u64,
 }
+
+/// `struct_size` of the struct before `tier_up_calls` was appended: still accepted.
+const LOAD_OPTIONS_V1_SIZE: usize = std::mem::offset_of!(PackjitLoadOptions, tier_up_calls);
 
 impl Default for PackjitLoadOptions {
     fn default() -> Self {
@@ -71,6 +80,7 @@ impl Default for PackjitLoadOptions {
             region_count: 0,
             maps: core::ptr::null(),
             map_count: 0,
+            tier_up_calls: 0,
         }
     }
 }
@@ -101,9 +111,8 @@ pub(super) unsafe fn load_options(
         return Ok((LoadOptions::default(), Trust::Sandboxed));
     }
     // SAFETY: caller contract.
-    unsafe { check_size(opts, "opts") }?;
-    // SAFETY: checked.
-    let o = unsafe { &*opts };
+    let o = unsafe { versioned_load_options(opts) }?;
+    let o = &o;
     if o.flags & !PACKJIT_LOAD_ALL_FLAGS != 0 {
         return Err(invalid(format!(
             "opts->flags {:#x}: unknown bits {:#x}",
@@ -180,6 +189,7 @@ pub(super) unsafe fn load_options(
                 (false, true) => Tier::Adaptive,
                 (false, false) => Tier::Baseline,
             },
+            tier_policy: tier_policy(o)?,
             regions,
             maps,
             ..Default::default()
@@ -190,6 +200,65 @@ pub(super) unsafe fn load_options(
             Trust::Sandboxed
         },
     ))
+}
+
+/// The caller's options, as this library's struct: a host built against the first version
+/// (no `tier_up_calls`) gets that field's default.
+///
+/// # Safety
+/// `opts` non-NULL and readable for the `struct_size` it declares.
+unsafe fn versioned_load_options(
+    opts: *const PackjitLoadOptions,
+) -> Result<PackjitLoadOptions, Error> {
+    if !opts.is_aligned() {
+        // SAFETY: forwarded; check_size names the misalignment.
+        unsafe { check_size(opts, "opts") }?;
+    }
+    // SAFETY: every versioned struct starts with a u32 struct_size.
+    let size = unsafe { opts.cast::<u32>().read() } as usize;
+    if size != LOAD_OPTIONS_V1_SIZE {
+        // SAFETY: forwarded.
+        unsafe { check_size(opts, "opts") }?;
+        // SAFETY: checked: a whole struct of this version.
+        return Ok(unsafe { opts.read() });
+    }
+    let mut o = PackjitLoadOptions::default();
+    // SAFETY: the caller's struct is readable for its `struct_size` bytes, the prefix this
+    // version shares with the older one (`#[repr(C)]`, fields only appended).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            opts.cast::<u8>(),
+            (&mut o as *mut PackjitLoadOptions).cast::<u8>(),
+            LOAD_OPTIONS_V1_SIZE,
+        )
+    };
+    if o.flags & PACKJIT_LOAD_TIER_POLICY != 0 {
+        return Err(Error::new(
+            ErrorKind::Abi,
+            format!(
+                "opts->flags: PACKJIT_LOAD_TIER_POLICY needs opts->tier_up_calls, which a struct_size of {size} does not reach (this library's is {})",
+                size_of::<PackjitLoadOptions>()
+            ),
+        ));
+    }
+    Ok(o)
+}
+
+/// The per-load tier-up policy `PACKJIT_LOAD_TIER_POLICY` asks for.
+fn tier_policy(o: &PackjitLoadOptions) -> Result<Option<TierPolicy>, Error> {
+    if o.flags & PACKJIT_LOAD_TIER_POLICY == 0 {
+        return Ok(None);
+    }
+    if o.flags & PACKJIT_LOAD_ADAPTIVE == 0 {
+        return Err(invalid(
+            "opts->flags: PACKJIT_LOAD_TIER_POLICY without PACKJIT_LOAD_ADAPTIVE (only adaptive programs tier up)"
+                .to_string(),
+        ));
+    }
+    Ok(Some(match o.tier_up_calls {
+        PACKJIT_TIER_MANUAL => TierPolicy::Manual,
+        n => TierPolicy::Calls(n),
+    }))
 }
 
 fn arch_from_code(code: u32, what: &str) -> Result<Option<Arch>, Error> {

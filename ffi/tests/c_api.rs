@@ -936,6 +936,102 @@ fn load_adaptive_tiers_up_by_the_runtime_policy() {
     );
 }
 
+/// `PACKJIT_LOAD_TIER_POLICY`: one adaptive program's own policy over the runtime's, the
+/// older struct without the field still loading, and the flag refused where it cannot apply.
+#[test]
+fn load_adaptive_takes_a_per_load_tier_policy() {
+    let rt = Rt::with_backend();
+    let code = mov_r0(7);
+    let status = |p: *const PackjitProgram| {
+        let mut s = 0;
+        // SAFETY: live program, valid out pointer.
+        assert_eq!(unsafe { packjit_program_tier_status(p, &mut s) }, PJ_OK);
+        s
+    };
+    let try_load = |opts: &PackjitLoadOptions| {
+        let mut p = null_mut();
+        // SAFETY: valid runtime, code, options (readable for their struct_size) and out
+        // pointer; `mov r0, 7; exit` touches no memory.
+        let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), opts, &mut p) };
+        (st, p)
+    };
+    let built = packjit_runtime::Tier::Optimized.is_built();
+    // The runtime never tiers up on its own; this program after 2 runs.
+    // SAFETY: live runtime.
+    let st = unsafe { packjit_runtime_set_tier_policy(rt.0, PACKJIT_TIER_MANUAL) };
+    assert_eq!(st, PJ_OK);
+    let mut opts = trusted_opts();
+    opts.flags |= PACKJIT_LOAD_ADAPTIVE | PACKJIT_LOAD_TIER_POLICY;
+    opts.tier_up_calls = 2;
+    let (st, p) = try_load(&opts);
+    assert_eq!(st, PJ_OK, "{}", last_error());
+    for _ in 0..2 {
+        assert_eq!(run(p), Ok(7));
+    }
+    let mut s = 0;
+    // SAFETY: live program, valid out pointer.
+    assert_eq!(unsafe { packjit_program_wait_tier_up(p, &mut s) }, PJ_OK);
+    if built {
+        assert_eq!(s, PACKJIT_TIER_STATUS_OPTIMIZED);
+    } else {
+        assert_eq!(s, PACKJIT_TIER_STATUS_REFUSED);
+    }
+    assert_eq!(run(p), Ok(7));
+    // SAFETY: p came from packjit_program_load.
+    unsafe { packjit_program_free(p) };
+
+    // The other way round: the runtime tiers up after 1 run, this program only on request.
+    // SAFETY: live runtime.
+    assert_eq!(unsafe { packjit_runtime_set_tier_policy(rt.0, 1) }, PJ_OK);
+    opts.tier_up_calls = PACKJIT_TIER_MANUAL;
+    let (st, p) = try_load(&opts);
+    assert_eq!(st, PJ_OK, "{}", last_error());
+    for _ in 0..50 {
+        assert_eq!(run(p), Ok(7));
+    }
+    if built {
+        assert_eq!(status(p), PACKJIT_TIER_STATUS_BASELINE);
+    }
+    // SAFETY: p came from packjit_program_load.
+    unsafe { packjit_program_free(p) };
+
+    // A host built against the struct before `tier_up_calls`: it loads with the runtime's
+    // policy (1 run), and the flag that needs the missing field is refused by name.
+    let v1_size = std::mem::offset_of!(PackjitLoadOptions, tier_up_calls) as u32;
+    let mut old = trusted_opts();
+    old.struct_size = v1_size;
+    old.flags |= PACKJIT_LOAD_ADAPTIVE;
+    old.tier_up_calls = 0xdead; // beyond the old struct: never read
+    let (st, p) = try_load(&old);
+    assert_eq!(st, PJ_OK, "{}", last_error());
+    assert_eq!(run(p), Ok(7));
+    // SAFETY: live program, valid out pointer.
+    assert_eq!(unsafe { packjit_program_wait_tier_up(p, &mut s) }, PJ_OK);
+    if built {
+        assert_eq!(s, PACKJIT_TIER_STATUS_OPTIMIZED);
+    }
+    // SAFETY: p came from packjit_program_load.
+    unsafe { packjit_program_free(p) };
+    old.flags |= PACKJIT_LOAD_TIER_POLICY;
+    let (st, p) = try_load(&old);
+    assert_eq!((st, p), (PJ_ERR_ABI, null_mut()));
+    assert!(last_error().contains("tier_up_calls"), "{}", last_error());
+    // Any other size is still refused.
+    old.struct_size = v1_size + 4;
+    assert_eq!(try_load(&old).0, PJ_ERR_ABI);
+
+    // The policy without adaptive tiering: refused by name, not ignored.
+    let mut fixed = trusted_opts();
+    fixed.flags |= PACKJIT_LOAD_TIER_POLICY;
+    let (st, p) = try_load(&fixed);
+    assert_eq!((st, p), (PJ_ERR_INVALID_ARGUMENT, null_mut()));
+    assert!(
+        last_error().contains("PACKJIT_LOAD_TIER_POLICY without PACKJIT_LOAD_ADAPTIVE"),
+        "{}",
+        last_error()
+    );
+}
+
 #[test]
 fn hooks_batch_attach_and_symbols_through_the_c_api() {
     let rt = Rt::with_backend();

@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*
 use std::sync::{Arc, Mutex};
 
 use crate::error::errno::{E2BIG, EEXIST, EINVAL, ENOENT, ENOMEM};
+use crate::grace;
 use crate::mem::{atomic_u32s, bytes, round8, AllocError, Slab, SpinLock};
 use crate::{BPF_EXIST, BPF_F_LOCK, BPF_NOEXIST};
 
@@ -666,17 +667,13 @@ impl HashTable {
             return;
         }
         let table = Arc::clone(self);
-        let guard = crossbeam_epoch::pin();
-        // Every reader that could still hold one of these elements was pinned before this
-        // point; the collector runs the closure only once all of them have unpinned.
-        guard.defer(move || {
+        // Every reader that could still hold one of these elements was pinned (or inside a
+        // run) before this point; the release waits for all of them.
+        grace::defer_release(move || {
             for i in batch {
                 table.push_free(i);
             }
         });
-        // Push the bag to the global queue now: left in this thread's local bag, the
-        // elements could stay unavailable for as long as the thread stays idle.
-        guard.flush();
     }
 
     /// Out of free elements: hand over the retired batch and let the collector advance.
@@ -687,7 +684,7 @@ impl HashTable {
     fn reclaim(self: &Arc<Self>, host: bool) {
         // A host thread that is itself pinned would wait for its own pin: treat it as a
         // program.
-        let host = host && !crossbeam_epoch::is_pinned();
+        let host = host && grace::may_wait();
         let batch = std::mem::take(&mut *lock(&self.retired));
         self.defer_release(batch);
         let start = std::time::Instant::now();
@@ -695,7 +692,7 @@ impl HashTable {
             if self.free_head.load(Relaxed) as u32 != NIL || self.unused.load(Relaxed) < self.pool {
                 return;
             }
-            crossbeam_epoch::pin().flush();
+            grace::advance();
             if !host && r >= 32 || host && start.elapsed() > HOST_RECLAIM_WAIT {
                 return;
             }

@@ -34,9 +34,11 @@
 //! # Epochs
 //!
 //! Hash elements that are replaced or deleted are reused only after a grace period of the
-//! default `crossbeam_epoch` collector. The raw lookups take no pin of their own: the
-//! caller (the runtime, around a program run) must be pinned while it uses a pointer a
-//! lookup returned. The host-side API pins by itself.
+//! default `crossbeam_epoch` collector, and then after the runs in progress at its end when
+//! the embedder registered its runs ([`set_run_grace`]; the packjit runtime does). The raw
+//! lookups take no pin of their own: the caller (the runtime, around a program run) must be
+//! pinned, or inside a registered run, while it uses a pointer a lookup returned. The
+//! host-side API pins by itself.
 //!
 //! # Differences from the kernel
 //!
@@ -47,7 +49,7 @@
 //!   as the kernel refuses it for such values.
 //! * Hash elements are preallocated (`max_entries` plus spares), but a replaced, deleted or
 //!   evicted element is reused only after its grace period, where the kernel reuses it at
-//!   once. While threads stay pinned (long or preempted program runs), churn can use up the
+//!   once. While threads stay pinned or runs last (long or preempted program runs), churn can use up the
 //!   spares: a program's insert of a new key then fails with `-E2BIG` (LRU: `-ENOMEM`)
 //!   although the map holds fewer than `max_entries` keys. Host-side updates from a thread
 //!   that is not pinned wait (up to 2 s) for the grace period instead.
@@ -68,6 +70,7 @@
 
 mod array;
 mod error;
+mod grace;
 mod hash;
 mod lpm;
 mod mem;
@@ -79,6 +82,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 pub use error::{errno, MapError};
+pub use grace::{set_run_grace, RunGrace};
 pub use ringbuf::{BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ};
 
 use error::errno::{E2BIG, EEXIST, EINVAL, ENOENT, ENOMEM, ENOSPC, ENOTSUPP};

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::errno::{EEXIST, EINVAL, ENOENT, ENOMEM, ENOSPC};
+use crate::grace;
 use crate::mem::{bytes, round8, AllocError, Slab};
 use crate::{BPF_EXIST, BPF_NOEXIST};
 
@@ -298,7 +299,7 @@ impl LpmTrie {
     /// (bounded by [`HOST_RECLAIM_WAIT`]); a program's own pin holds the epoch back, so it
     /// tries a few rounds only. `IM` when none came.
     fn take_slot(&self, host: bool) -> u32 {
-        let host = host && !crossbeam_epoch::is_pinned();
+        let host = host && grace::may_wait();
         let start = std::time::Instant::now();
         for r in 0u32.. {
             if let Some(s) = lock(&self.free).pop() {
@@ -313,7 +314,7 @@ impl LpmTrie {
             if r == 0 {
                 self.hand_over_batch();
             }
-            crossbeam_epoch::pin().flush();
+            grace::advance();
             if !host && r >= 32 || host && start.elapsed() > HOST_RECLAIM_WAIT {
                 return IM;
             }
@@ -338,13 +339,10 @@ impl LpmTrie {
             slots,
             free: Arc::clone(&self.free),
         };
-        let guard = crossbeam_epoch::pin();
         // Every reader that could still be on one of these nodes, or hold one of these
-        // values, was pinned before they left the trie, hence before this point; the
-        // collector drops the batch only once all of them have unpinned.
-        guard.defer(move || drop(batch));
-        // To the global queue now, or an idle thread's local bag could keep them forever.
-        guard.flush();
+        // values, was pinned (or inside a run) before they left the trie, hence before this
+        // point; the batch is dropped only once all of them are done.
+        grace::defer_release(move || drop(batch));
     }
 
     /// Retires a node that left the trie and/or a slot no node refers to any more.

@@ -390,6 +390,8 @@ impl Runtime {
     /// A runtime with `cfg` (no backend at all with
     /// [`linked_backend: false`](RuntimeConfig::linked_backend)).
     pub fn with_config(cfg: RuntimeConfig) -> Result<Self, Error> {
+        // Before any run: runs hold map values under their run pin, not the epoch.
+        run_pin::register_with_maps();
         // An unknown host arch has no executable arena; foreign-arch compilation still works.
         let arena = match Arch::host() {
             Some(_) => Some(PackedArena::new(cfg.arena)?),
@@ -1436,8 +1438,16 @@ impl Program {
     /// The entry point now. Callers that run it load it AFTER pinning the epoch.
     pub(crate) fn entry_now(&self) -> u64 {
         if let Tiered::Adaptive(t) = &self.tiering {
-            return t.with_current(Program::entry_now);
+            return t.with_current(Program::own_entry_now);
         }
+        self.own_entry_now()
+    }
+
+    /// [`Self::entry_now`] of a program that owns its code (not adaptive). Inlined into the
+    /// run path: an out-of-line call here cost a run about as much as the rest of
+    /// `packjit_program_run` (perf, issue 43).
+    #[inline(always)]
+    fn own_entry_now(&self) -> u64 {
         self.movable
             .as_ref()
             .map_or(self.compiled.entry, |m| m.entry())
@@ -1506,12 +1516,12 @@ impl Program {
     /// copied on as one 16-byte block failed to forward from the callee's narrower stores,
     /// ~5 ns per run (perf, issue 43).
     ///
-    /// What a run holds besides the run pin ([`run_pin`]; code, hook slots' programs and C
-    /// handles are released only after the runs in progress at their retirement have
-    /// ended): the epoch pin too, for programs that name maps. A map lookup hands the
-    /// program a pointer into an element that a concurrent update or delete retires through
-    /// the epoch, and a tail call continues in a prog-array target whose slot is released
-    /// through it; both stay valid for the whole run only while it is pinned.
+    /// A run holds only its run pin ([`run_pin`]), no epoch pin, also for programs that name
+    /// maps. What it may use is released only after the runs in progress at its retirement
+    /// have ended: code, hook slots' programs and C handles; map elements a lookup handed
+    /// out, which a concurrent update or delete retires (the maps wait for the epoch, then
+    /// for the runs: [`packjit_maps::set_run_grace`]); and the prog-array targets a tail
+    /// call continues in, whose slots are released the same way.
     ///
     /// # Safety
     /// `ctx`/`len` as for [`call_raw`](Self::call_raw).
@@ -1546,13 +1556,12 @@ impl Program {
         _pin: &run_pin::RunPin,
     ) -> Result<u64, RunError> {
         self.check_executable()?;
-        let _epoch = self.maps.is_some().then(arena::epoch_pin);
         // SAFETY: committed code, kept alive by `self` and the run pin (its entry loaded
         // after the pin: compaction releases an old copy only after the runs in progress at
         // the move have ended); the caller vouches for ctx/len.
         unsafe {
             exec::run(
-                self.entry_now(),
+                self.own_entry_now(),
                 ctx,
                 len,
                 &self.regions,

@@ -548,7 +548,7 @@ fn current_run_maps<'a>() -> Option<&'a RunMaps> {
     // while its helper runs.
     let maps = unsafe { (*env).maps } as *const RunMaps;
     // SAFETY: 0 or an `Arc<RunMaps>` the running program (or the tail call target now
-    // running, kept alive by its slot's epoch-deferred release) holds for the run.
+    // running, kept alive by its slot's deferred release) holds for the run.
     (!maps.is_null()).then(|| unsafe { &*maps })
 }
 
@@ -855,7 +855,7 @@ fn choose(m: &Map, index: u64) -> u64 {
         return 0;
     }
     // SAFETY: a non-zero slot holds a `TailTarget` made by `set_prog_array_slot`, released
-    // only after an epoch grace period, and the run that calls us is pinned.
+    // only after the runs in progress at its retirement (this one among them) have ended.
     // Its fields are read in place: compaction writes `tail_entry` while runs read.
     let target = token as *const PjTailTarget;
     let mode = usize::from(!exec::trusted_run());
@@ -995,15 +995,34 @@ pub(crate) fn set_prog_array_slot(
         }
     };
     if old != 0 {
-        let guard = crate::arena::epoch_pin();
-        let old = old as usize;
-        // SAFETY: `old` came from `Box::into_raw` above; runs that may still be using it are
-        // pinned, and the closure runs after all of them unpinned.
-        unsafe {
-            guard.defer_unchecked(move || drop(Box::from_raw(old as *mut TailTarget)));
-        }
+        release_tail_target(old as usize);
     }
     Ok(())
+}
+
+/// Frees a prog-array target its slot no longer names, once no run can be using it: after
+/// the epoch's grace period (the tail-call chooser's readers may be epoch-pinned), then after
+/// the runs in progress then (runs hold a run pin only).
+fn release_tail_target(old: usize) {
+    struct Target(usize);
+    // SAFETY: a `TailTarget` is Send (its program is); the address only carries it to
+    // whichever thread performs the release.
+    unsafe impl Send for Target {}
+    let target = Target(old);
+    let guard = crate::arena::epoch_pin();
+    guard.defer(move || {
+        let target = target;
+        crate::run_pin::defer(Box::new(move || {
+            let target = target;
+            // SAFETY: `target.0` came from `Box::into_raw` in `set_prog_array_slot`; its
+            // slot no longer names it, and every run that could have read the slot before
+            // has ended (both waits).
+            drop(unsafe { Box::from_raw(target.0 as *mut TailTarget) });
+        }));
+    });
+    guard.flush();
+    drop(guard);
+    crate::run_pin::collect();
 }
 
 /// A map error as a runtime error.

@@ -149,6 +149,22 @@ pub struct RunPin {
     slot: *const Slot,
 }
 
+/// Whether the calling thread is inside a run (holds a run pin).
+pub fn inside() -> bool {
+    DEPTH.with(Cell::get) > 0
+}
+
+/// Registers run pins with the maps crate, so that a map element retired while a run may
+/// hold a pointer into it is reused only after that run ([`packjit_maps::set_run_grace`]):
+/// runs of programs with maps then need no epoch pin. Idempotent.
+pub(crate) fn register_with_maps() {
+    packjit_maps::set_run_grace(packjit_maps::RunGrace {
+        defer,
+        collect,
+        inside_run: inside,
+    });
+}
+
 /// Pins the calling thread for a run. Nested pins (a helper running another program) only
 /// count.
 #[inline]

@@ -177,6 +177,10 @@ const UNIFORM_SAVES: [u8; 10] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
 /// tail entry reserves the program's own frame and sets its registers.
 pub const TAIL_ENTRY_SKIP: u32 = 40;
 
+/// The largest stack block the entry zeroes with straight-line stores (8 `stp`s) rather
+/// than a loop.
+const STORED_ZEROING_MAX: usize = 128;
+
 impl Codegen<'_> {
     /// The entry's run-time state after env and entry_sp (set by `prologue` right after the
     /// saves): the sandbox's bounds and stack block, the budget, and zeroed registers.
@@ -205,16 +209,26 @@ impl Codegen<'_> {
                     ; add XSP(C3), XSP(C3), 1
                     ; stp X(STACK_LO), X(C3), [X(ENV), PJ_ENV_STACK_START]
                     ; sub XSP(FP), XSP(C3), STACK_SIZE as u32
-                    // Zero the block, 64 bytes per round (block is a multiple of 512).
-                    ; mov X(C0), X(STACK_LO)
-                    ; zero:
-                    ; stp xzr, xzr, [X(C0)], 16
-                    ; stp xzr, xzr, [X(C0)], 16
-                    ; stp xzr, xzr, [X(C0)], 16
-                    ; stp xzr, xzr, [X(C0)], 16
-                    ; cmp X(C0), X(C3)
-                    ; b.ne <zero
                 );
+                if block as usize <= STORED_ZEROING_MAX {
+                    // A few lines: plain stores, no loop to predict.
+                    for at in (0..block).step_by(16) {
+                        a64!(self.ops; stp xzr, xzr, [X(STACK_LO), at as i32]);
+                    }
+                } else {
+                    // Zero the block, 64 bytes per round (block is a multiple of 64,
+                    // `analysis::FRAME_LINE`).
+                    a64!(self.ops
+                        ; mov X(C0), X(STACK_LO)
+                        ; zero:
+                        ; stp xzr, xzr, [X(C0)], 16
+                        ; stp xzr, xzr, [X(C0)], 16
+                        ; stp xzr, xzr, [X(C0)], 16
+                        ; stp xzr, xzr, [X(C0)], 16
+                        ; cmp X(C0), X(C3)
+                        ; b.ne <zero
+                    );
+                }
             } else {
                 a64!(self.ops; stp xzr, xzr, [X(ENV), PJ_ENV_STACK_START]);
             }

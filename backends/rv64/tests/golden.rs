@@ -93,9 +93,9 @@ fn alu32_results_are_zero_extended_only_where_read_whole() {
             EXIT,
         ],
         0,
-        "add x2,x2,-528
+        "add x2,x2,-80
          sd x21,0(x2)
-         add x21,x2,528
+         add x21,x2,80
          mv x15,x10
          not x15,x15
          sll x15,x15,0x20
@@ -108,7 +108,7 @@ fn alu32_results_are_zero_extended_only_where_read_whole() {
          beq x5,x6,0x38
          li x12,-1
          ld x21,0(x2)
-         add x2,x2,528
+         add x2,x2,80
          ret",
     );
 }
@@ -248,9 +248,9 @@ fn atomics() {
             EXIT,
         ],
         0,
-        "add x2,x2,-528
+        "add x2,x2,-80
          sd x21,0(x2)
-         add x21,x2,528
+         add x21,x2,80
          mv x15,x10
          li x10,0
          add x5,x21,-8
@@ -266,7 +266,7 @@ fn atomics() {
          srl x10,x10,0x20
          amoor.w x0,x11,(x15)
          ld x21,0(x2)
-         add x2,x2,528
+         add x2,x2,80
          ret",
     );
 }

@@ -37,6 +37,10 @@ use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::ranges::AccessPlan;
 use packjit_frontend::{op_kind, Program};
 
+/// The largest stack block the entry zeroes with plain stores (16 of them) rather than
+/// `rep stosq`.
+const STORED_ZEROING_MAX: usize = 128;
+
 // The prologue's `dynasm!` text names r10's home (rbp) and r1's (rdi).
 const _: () = assert!(REG_MAP[10] == RBP && REG_MAP[1] == RDI && REG_MAP[2] == RSI);
 
@@ -222,20 +226,32 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
             self.mov_rr(Sz::B64, RBP, RSP);
             self.e.sub_ri(Sz::B64, RSP, block as i64);
             if self.d.mode.sandboxed() {
-                // Publish the block's bounds, then zero it (nothing of the host leaks in)
-                // with rep stosq, rdi (= r1, ctx) parked in r9.
-                self.e.asm(4, |ops| {
+                // Publish the block's bounds, then zero it (nothing of the host leaks in).
+                self.e.asm(2, |ops| {
                     dynasm!(ops ; .arch x64
                         ; mov QWORD [BYTE r12 + STACK_END8], rbp
                         ; mov QWORD [BYTE r12 + STACK_START8], rsp
-                        ; mov r9, rdi
-                        ; mov rdi, rsp
                     )
                 });
-                self.mov_ri(RCX, (block / 8) as i64);
                 self.xor_zero(RAX);
-                self.e.rep_stosq();
-                self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; mov rdi, r9));
+                if block <= STORED_ZEROING_MAX {
+                    // A few lines: plain stores. `rep stosq` costs tens of cycles to start,
+                    // more than a short run's whole body.
+                    for at in (0..block).step_by(8) {
+                        self.e.store(Sz::B64, RSP, at as i32, RAX);
+                    }
+                } else {
+                    // rdi (= r1, ctx) parked in r9 across rep stosq.
+                    self.e.asm(2, |ops| {
+                        dynasm!(ops ; .arch x64
+                            ; mov r9, rdi
+                            ; mov rdi, rsp
+                        )
+                    });
+                    self.mov_ri(RCX, (block / 8) as i64);
+                    self.e.rep_stosq();
+                    self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; mov rdi, r9));
+                }
             }
         }
         if self.d.mode.sandboxed() && self.plan.access.uses_ctx_const() {
