@@ -28,7 +28,7 @@
 use crate::exec;
 use crate::{err, Error, ErrorKind, Program, Trust};
 use packjit_plugin_api::abi::{
-    PjArrayMap, PjMemRegion, PjProgArray, PjTailTarget, PJ_ARRAY_NOT_PERCPU,
+    PjArrayMap, PjLookupValue, PjMemRegion, PjProgArray, PjTailTarget, PJ_ARRAY_NOT_PERCPU,
     PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE, PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_TAIL_CALL,
     PJ_MAX_TAIL_CALLS, PJ_REGION_WRITABLE,
 };
@@ -140,6 +140,10 @@ pub(crate) struct Bound {
     pub helpers: Vec<HelperEntry>,
     /// The maps' value memory.
     pub regions: Vec<PjMemRegion>,
+    /// The lookups whose map `bind` proved, with the value each non-NULL result points to
+    /// (`PJ_HELPER_LOOKUP_VALUES`: sandboxed code proves accesses into it after the
+    /// program's NULL test), ascending by pc.
+    pub lookups: Vec<PjLookupValue>,
     /// For the helpers while the program runs.
     pub run: Arc<RunMaps>,
     /// The array layouts the inlined lookups were compiled from (read while compiling).
@@ -193,6 +197,7 @@ pub(crate) fn bind(
     let mut tail_ids: Vec<Option<u32>> = vec![None; maps.len()];
     // The direct-call ids the code now calls.
     let mut known_used: Vec<u32> = Vec::new();
+    let mut lookups: Vec<PjLookupValue> = Vec::new();
     // Per register field (all 16 values of the 4 bits: the verifier refuses r11-r15 after
     // this scan, which must not fail on them first): the map whose handle it holds in the
     // current basic block.
@@ -278,6 +283,22 @@ pub(crate) fn bind(
                 };
                 if let Some(id) = inlined.or(known) {
                     out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
+                    // A lookup of a proven map now calls the runtime's own code for it
+                    // (inlined, or the map's lookup called directly), whose result is NULL
+                    // or one of the map's values: this CPU's copy for per-CPU maps,
+                    // `value_size` bytes, in the map's value memory, pinned for the run.
+                    if let (Some(MAP_LOOKUP_ELEM), Some(k)) = (helper, holds[1]) {
+                        let spec = maps[k].spec();
+                        lookups.push(PjLookupValue {
+                            pc: pc as u32,
+                            value_size: spec.value_size,
+                            flags: if spec.flags & BPF_F_RDONLY_PROG == 0 {
+                                PJ_REGION_WRITABLE
+                            } else {
+                                0
+                            },
+                        });
+                    }
                     // An inlined lookup or tail call is no direct call.
                     if known == Some(id) && !known_used.contains(&id) {
                         known_used.push(id);
@@ -354,6 +375,7 @@ pub(crate) fn bind(
         code: out,
         helpers,
         regions,
+        lookups,
         run: Arc::new(RunMaps {
             maps: maps.to_vec(),
         }),

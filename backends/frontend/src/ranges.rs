@@ -7,10 +7,31 @@
 //! # What is proven, and why it is Spectre-safe
 //!
 //! Only *data-derived* facts are used: constants, `and` masks, shifts, loads of narrow sizes,
-//! r10 and the context start. Branch conditions are never used to narrow a value, so every
-//! fact holds on every (also mispredicted) path: an access proven inside the current frame
+//! r10 and the context start. Branch conditions are never used to narrow a value (except a
+//! map lookup's NULL test, see below), so every such fact holds on every (also mispredicted) path: an access proven inside the current frame
 //! needs neither a check nor a clamp ([`AccessCheck::None`]). Everything else keeps an exact
 //! run-time check; the analysis then only picks which region to test inline.
+//!
+//! # Map values: the one fact a branch teaches
+//!
+//! A map lookup the host vouches for ([`Program::lookup_values`]) leaves in r0 either 0 or
+//! the address of a value of `value_size` bytes. Right after the call r0 is
+//! [`Base::Lookup`] (that call's result, not yet tested); a conditional jump that compares
+//! exactly that result with 0 at 64 bits ([`narrow`]) makes it, and every copy or constant
+//! offset of it, [`Base::Value`] on the edge where it is not 0. An access inside
+//! `[0, value_size)` of a `Value` needs no check (a write only into a writable map's value).
+//! Everything else keeps its check: a result used without the test (a NULL dereference
+//! stops as out of bounds at run time), a pointer stored and reloaded (loads of 8 bytes
+//! are unknown), one passed through a helper (calls clobber r0-r5).
+//!
+//! This is the only fact that rests on a branch, so it is the one that needs an argument
+//! under misspeculation: when the NULL test is mispredicted, the register holds 0, and the
+//! proven access reads or writes `0 + [0, value_size)`. Proofs are limited to the first
+//! [`NULL_GUARD`] bytes of a value, the never-mapped first page (the same premise as the
+//! check groups' clamp), so such an access faults architecturally-invisibly and can bring
+//! no host data into the cache. Every other path's facts are data-derived as before. A
+//! lookup's result registers are forgotten when the same call runs again (a loop), so a
+//! later test of the new result never vouches for an older, untested one.
 //!
 //! # Across bpf-to-bpf calls
 //!
@@ -41,7 +62,9 @@
 //! value can then change only a bounded number of times more (base once, each bound once),
 //! and every cycle passes a jump target, so the iteration reaches a fixed point.
 
-use crate::{AluOp, AtomicOp, BranchKind, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE};
+use crate::{
+    AluOp, AtomicOp, BranchKind, Cond, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE,
+};
 use packjit_plugin_api::{PjMemRegion, PJ_REGION_WRITABLE};
 
 /// What a value is relative to.
@@ -55,7 +78,30 @@ pub enum Base {
     /// The context start plus the offset: r1 on entry to the program, or passed to a callee
     /// (the same address in every function).
     Ctx,
+    /// The result of the map lookup at this instruction index ([`Program::lookup_values`])
+    /// plus the offset, not yet tested: 0 or a value's address.
+    Lookup(u32),
+    /// The same result on a path where the program tested it non-zero ([`narrow`]): the
+    /// address of a value of that lookup's `value_size` bytes, plus the offset.
+    Value(u32),
 }
+
+/// A map lookup whose non-NULL result the host vouches for
+/// ([`packjit_plugin_api::PJ_HELPER_LOOKUP_VALUES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LookupValue {
+    /// Instruction index of the `call`.
+    pub at: u32,
+    /// Bytes of the value a non-NULL result points to.
+    pub value_size: u32,
+    /// Whether the program may write it.
+    pub writable: bool,
+}
+
+/// Proofs into a map value stay inside its first this many bytes: a mispredicted NULL test
+/// leaves 0 in the pointer, and `[0, 4096)` is the first page, which is never mapped (see
+/// the module docs).
+pub const NULL_GUARD: u32 = 4096;
 
 /// An abstract register value: `base + [lo, hi]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -260,10 +306,65 @@ fn alu32(op: AluOp, d: Val, s: Val) -> Val {
 pub fn transfer_at(prog: &Program, i: usize, st: &mut State) {
     let op = &prog.insts[i].op;
     transfer(st, op);
+    if matches!(op, Op::CallHelper { .. }) && !prog.lookup_values.is_empty() {
+        if prog
+            .lookup_values
+            .binary_search_by_key(&(i as u32), |l| l.at)
+            .is_ok()
+        {
+            // The call runs again: an untested result of its previous run (kept in r6-r9)
+            // is no longer the result a test of r0 would tell about.
+            for r in st.iter_mut().take(10) {
+                if r.base == Base::Lookup(i as u32) {
+                    *r = Val::TOP;
+                }
+            }
+            st[0] = Val {
+                base: Base::Lookup(i as u32),
+                lo: 0,
+                hi: 0,
+            };
+        }
+    }
     if matches!(op, Op::CallHelper { .. }) && !prog.call_results.is_empty() {
         if let Ok(k) = prog.call_results.binary_search_by_key(&i, |&(at, _)| at) {
             // Host addresses are below 2^63: exact as an i64.
             st[0] = Val::konst(prog.call_results[k].1 as i64);
+        }
+    }
+}
+
+/// What the conditional jump `op` teaches on one edge (`taken`, or the fall-through) about
+/// a map lookup's result: compared with 0 at 64 bits and not 0 on this edge, that result and
+/// every register holding it plus an offset become [`Base::Value`]. Only the exact result
+/// (offset 0) is tested: `r0 + 8 != 0` says nothing about r0. The states of both edges are
+/// applied after [`transfer_at`] (a jump changes no register).
+pub fn narrow(op: &Op, st: &mut State, taken: bool) {
+    let Op::Jcond {
+        width: Width::W64,
+        cond,
+        dst,
+        src: Operand::Imm(0),
+        ..
+    } = *op
+    else {
+        return;
+    };
+    let v = st[dst as usize];
+    let Base::Lookup(at) = v.base else {
+        return;
+    };
+    let nonzero = match cond {
+        Cond::Eq | Cond::Le => !taken,
+        Cond::Ne | Cond::Gt => taken,
+        _ => false,
+    };
+    if !nonzero || v.lo != 0 || v.hi != 0 {
+        return;
+    }
+    for r in st.iter_mut().take(10) {
+        if r.base == Base::Lookup(at) {
+            r.base = Base::Value(at);
         }
     }
 }
@@ -617,8 +718,26 @@ pub fn classify_in(v: Val, off: i16, size: Size, above: i64) -> AccessCheck {
             AccessCheck::CtxConst { end: hi as u32 }
         }
         Base::Ctx => AccessCheck::Ctx,
-        Base::Scalar => AccessCheck::Unknown,
+        // Proven by `in_lookup_value` when inside the value, else checked.
+        Base::Scalar | Base::Lookup(_) | Base::Value(_) => AccessCheck::Unknown,
     }
+}
+
+/// Is an access of `size` bytes at `base + off`, with `base` abstractly `v`, inside the map
+/// value a tested lookup result points to (and that value writable, for a write), within its
+/// first [`NULL_GUARD`] bytes? See the module docs for why the test's branch is enough.
+fn in_lookup_value(v: Val, off: i16, size: Size, writes: bool, lookups: &[LookupValue]) -> bool {
+    let Base::Value(at) = v.base else {
+        return false;
+    };
+    let Ok(k) = lookups.binary_search_by_key(&at, |l| l.at) else {
+        return false;
+    };
+    let l = lookups[k];
+    // Exact integers: a bounded interval never stands for wrapped values.
+    let lo = v.lo as i128 + off as i128;
+    let end = v.hi as i128 + off as i128 + size.bytes() as i128;
+    (writes <= l.writable) && lo >= 0 && end <= l.value_size.min(NULL_GUARD) as i128
 }
 
 /// Is an access of `size` bytes at `base + off`, with `base` abstractly the scalar `v`,
@@ -681,8 +800,8 @@ pub fn states(prog: &Program) -> Vec<State> {
 ///
 /// States are stored only where paths meet: at the function's start and at jump targets.
 /// Everywhere else the state follows from the previous instruction's, because a
-/// conditional branch's fall-through has that one predecessor and [`transfer`] never
-/// narrows on a condition. So a pass starts at a stored state and runs straight down through
+/// conditional branch's fall-through has that one predecessor (its state is the branch's,
+/// [`narrow`]ed for the fall-through: a lookup result tested non-zero there). So a pass starts at a stored state and runs straight down through
 /// conditional branches (handing the state to each target on the way) until an `exit`, a
 /// `ja`, or the next jump target. Every cycle of the control-flow graph holds a backward
 /// jump, and so a jump target, which is where widening applies: the iteration ends.
@@ -1010,6 +1129,12 @@ impl<'p> Dataflow<'p> {
                         self.hand_over(target as usize, &st);
                         break;
                     }
+                    Op::Jcond { target, .. } if !self.prog.lookup_values.is_empty() => {
+                        let mut taken = st;
+                        narrow(&op, &mut taken, true);
+                        self.hand_over(target as usize, &taken);
+                        narrow(&op, &mut st, false);
+                    }
                     Op::Jcond { target, .. } => self.hand_over(target as usize, &st),
                     Op::Exit => break,
                     _ => {}
@@ -1104,6 +1229,7 @@ impl<'p> Dataflow<'p> {
             while self.replay_live && self.replay_at < w {
                 let op = self.prog.insts[self.replay_at].op;
                 transfer_at(self.prog, self.replay_at, &mut self.replay_state);
+                narrow(&op, &mut self.replay_state, false);
                 self.replay_live = !matches!(op, Op::Ja { .. } | Op::Exit);
                 self.replay_at += 1;
             }
@@ -1368,7 +1494,8 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let mut checks: Vec<AccessCheck> = crate::reuse::take_vec(prog.insts.len());
     // With static regions, a constant address (an ELF global, a map value) may be proven
     // in any function.
-    let statics = !prog.static_regions.is_empty();
+    // So may a map value through a tested lookup result.
+    let statics = !prog.static_regions.is_empty() || !prog.lookup_values.is_empty();
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let analysed = k == 0 || sp.copies_r10 || statics;
         let above = calls.above(k);
@@ -1416,6 +1543,11 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
             let writes = !matches!(op, Op::Load { .. });
             checks[i] = match classify_in(v, off, size, calls.above(k)) {
                 AccessCheck::Unknown if in_static_region(v, off, size, writes, regions) => {
+                    AccessCheck::None
+                }
+                AccessCheck::Unknown
+                    if in_lookup_value(v, off, size, writes, &prog.lookup_values) =>
+                {
                     AccessCheck::None
                 }
                 check => check,
