@@ -58,8 +58,7 @@ use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Wid
 use packjit_plugin_api::{
     CompileError, HelperEntry, PjClockScale, PjMemRegion, PjPerCpuArray, PjPerCpuTable,
     PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET,
-    PJ_HELPER_STATIC_REGIONS,
-    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
+    PJ_HELPER_STATIC_REGIONS, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
 };
 pub use packjit_plugin_api::{Stop, StopKind};
 use std::collections::BTreeMap;

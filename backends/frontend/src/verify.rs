@@ -1298,7 +1298,9 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                         return Err(CompileError::at(
                             pc,
                             ErrorKind::UnknownHelper,
-                            format!("call to helper id {id:#x}: the lookup-value table, not callable"),
+                            format!(
+                                "call to helper id {id:#x}: the lookup-value table, not callable"
+                            ),
                         ));
                     }
                     if !helpers.iter().any(|h| h.id == id) {
