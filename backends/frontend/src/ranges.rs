@@ -7,9 +7,10 @@
 //! # What is proven, and why it is Spectre-safe
 //!
 //! Only *data-derived* facts are used: constants, `and` masks, shifts, loads of narrow sizes,
-//! r10 and the context start. Branch conditions are never used to narrow a value (except a
-//! map lookup's NULL test, see below), so every such fact holds on every (also mispredicted) path: an access proven inside the current frame
-//! needs neither a check nor a clamp ([`AccessCheck::None`]). Everything else keeps an exact
+//! r10 and the context start. Branch conditions are never used to narrow a value (but for a
+//! map lookup's NULL test, see below), so every such fact holds on every (also mispredicted)
+//! path: an access proven inside the current frame needs neither a check nor a clamp
+//! ([`AccessCheck::None`]). Everything else keeps an exact
 //! run-time check; the analysis then only picks which region to test inline.
 //!
 //! # Map values: the one fact a branch teaches
@@ -28,8 +29,8 @@
 //! under misspeculation: when the NULL test is mispredicted, the register holds 0, and the
 //! proven access reads or writes `0 + [0, value_size)`. Proofs are limited to the first
 //! [`NULL_GUARD`] bytes of a value, the never-mapped first page (the same premise as the
-//! check groups' clamp), so such an access faults architecturally-invisibly and can bring
-//! no host data into the cache. Every other path's facts are data-derived as before. A
+//! check groups' clamp): such an access faults, the fault is squashed with the wrong path,
+//! and no host data reaches the cache. Every other path's facts are data-derived as before. A
 //! lookup's result registers are forgotten when the same call runs again (a loop), so a
 //! later test of the new result never vouches for an older, untested one.
 //!
