@@ -202,12 +202,16 @@ pub(crate) fn bind(
     // this scan, which must not fail on them first): the map whose handle it holds in the
     // current basic block.
     let mut holds: [Option<usize>; 16] = [None; 16];
+    // Per register field, in the current basic block: `r10 + this` when straight-line code
+    // set it so (`rX = r10`, then `rX += imm` / `rX -= imm`), as clang passes a key.
+    let mut frame_at: [Option<i64>; 16] = [None; 16];
     let mut pc = 0;
     while pc < slots {
         let s = &code[at(pc)..at(pc) + 8];
         let (op, dst, src) = (s[0], s[1] & 0xf, s[1] >> 4);
         if targets.get(pc).copied().unwrap_or(false) {
             holds = [None; 16];
+            frame_at = [None; 16];
         }
         let imm = i32::from_le_bytes([s[4], s[5], s[6], s[7]]);
         if op == 0x18 && pc + 1 < slots {
@@ -228,6 +232,7 @@ pub(crate) fn bind(
                 _ => None,
             };
             holds[dst as usize] = None;
+            frame_at[dst as usize] = None;
             if let Some((k, src)) = value {
                 let addr = if src == PSEUDO_MAP_FD {
                     holds[dst as usize] = Some(k);
@@ -274,10 +279,22 @@ pub(crate) fn bind(
                     let usable = h != TAIL_CALL || inlining.tail_calls;
                     (usable && proven(h).is_some()).then_some(*id)
                 });
-                // A proven hash lookup with word keys: the map's own word lookup.
+                // A proven hash lookup with word keys: the map's own word lookup. In a
+                // sandboxed load too without the key pointer's check when the key is in
+                // the current frame (`r2 = r10 + off`, all its bytes in `[r10 - 512, r10)`):
+                // every function's frame lies inside the run's stack block, so those bytes
+                // are the program's own memory on every path (data-derived: no branch).
                 let known = match (helper, holds[1]) {
                     (Some(MAP_LOOKUP_ELEM), Some(k)) if known.is_some() => {
-                        hash_word_lookup_id(&maps[k], inlining.trust).or(known)
+                        let width = if maps[k].is_hash_word::<u64>() { 8 } else { 4 };
+                        let in_frame =
+                            frame_at[2].is_some_and(|off| off >= -512 && off + width <= 0);
+                        let trust = if in_frame {
+                            Trust::Trusted
+                        } else {
+                            inlining.trust
+                        };
+                        hash_word_lookup_id(&maps[k], trust).or(known)
                     }
                     _ => known,
                 };
@@ -305,13 +322,27 @@ pub(crate) fn bind(
                     }
                 }
                 holds = [None; 16];
+                frame_at = [None; 16];
             }
-            // Register loads and ALU operations write dst.
-            1 | 4 | 7 => holds[dst as usize] = None,
+            // Register loads and ALU operations write dst; `rX = r10` and a constant added
+            // to or subtracted from it keep a frame address.
+            1 | 4 | 7 => {
+                holds[dst as usize] = None;
+                let d = dst as usize;
+                frame_at[d] = match op {
+                    0xbf if src == 10 && s[2] == 0 && s[3] == 0 => Some(0),
+                    0x07 => frame_at[d].map(|f| f + i64::from(imm)),
+                    0x17 => frame_at[d].map(|f| f - i64::from(imm)),
+                    _ => None,
+                };
+            }
             // Plain stores write no register.
             2 => {}
             // Atomics with fetch write src or r0; legacy packet loads write r0 and more.
-            _ => holds = [None; 16],
+            _ => {
+                holds = [None; 16];
+                frame_at = [None; 16];
+            }
         }
         pc += 1;
     }
@@ -685,11 +716,13 @@ extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) 
 
 /// `bpf_map_lookup_elem` at a call site of a trusted load whose map `bind` proved to be a
 /// word-keyed HASH or LRU_HASH ([`HASH_WORD_LOOKUP_IDS`]): the map's word lookup and
-/// nothing else, as the kernel's JITs call the map's lookup directly.
+/// nothing else, as the kernel's JITs call the map's lookup directly. Also at such a call
+/// site of a sandboxed load whose key pointer `bind` proved inside the current frame.
 extern "C" fn trusted_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: `bind` gives this id only to call sites whose r1 it proved to be a map that
-    // `is_hash_word::<W>()`, in trusted loads, whose loader vouched for their pointers (the
-    // key has size_of::<W>() readable bytes); the run is pinned.
+    // `is_hash_word::<W>()`, in trusted loads, whose loader vouched for their pointers, or
+    // whose r2 it proved to be `r10 + off` with the key's bytes inside the frame (memory of
+    // the run's stack block): the key has size_of::<W>() readable bytes; the run is pinned.
     unsafe { known_map(map).lookup_hash_word::<W>(key as *const u8) as u64 }
 }
 

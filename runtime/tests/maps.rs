@@ -1351,3 +1351,37 @@ fn a_value_pointer_stored_to_the_stack_and_reloaded_is_checked_again() {
     let (_, size, write) = out_of_bounds(past.call(&mut 4u32.to_le_bytes())).expect("checked");
     assert_eq!((size, write), (1, false));
 }
+
+#[test]
+fn a_sandboxed_hash_lookup_skips_the_key_check_only_for_a_key_inside_the_frame() {
+    let rt = host::host_runtime();
+    let hash = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+    hash.update(&7u32.to_le_bytes(), &42u64.to_le_bytes(), 0)
+        .unwrap();
+    let opts = LoadOptions {
+        maps: vec![hash],
+        ..Default::default()
+    };
+    // *(u32 *)(r10 - 4) = 7 ; r2 = r10 + off ; r0 = lookup ; r0 = r0 ? *(u64 *)r0 : 777
+    let code = |off: i32| {
+        [
+            i(0x62, 10, 0, -4, 7),
+            map_ref(1, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, off),
+            i(CALL, 0, 0, 0, 1),
+            i(0x15, 0, 0, 2, 0),
+            i(0x79, 0, 0, 0, 0),
+            i(EXIT, 0, 0, 0, 0),
+            i(0xb7, 0, 0, 0, 777),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat()
+    };
+    let p = rt.load(&code(-4), &opts).unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 42);
+    // Its last byte past r10 (the stack block's end): the helper checks the key and
+    // refuses it (NULL), as before.
+    let p = rt.load(&code(-3), &opts).unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 777);
+}
