@@ -307,32 +307,40 @@ fn alu32(op: AluOp, d: Val, s: Val) -> Val {
 pub fn transfer_at(prog: &Program, i: usize, st: &mut State) {
     let op = &prog.insts[i].op;
     transfer(st, op);
-    if matches!(op, Op::CallHelper { .. }) && !prog.lookup_values.is_empty() {
-        if prog
-            .lookup_values
-            .binary_search_by_key(&(i as u32), |l| l.at)
-            .is_ok()
-        {
-            // The call runs again: an untested result of its previous run (kept in r6-r9)
-            // is no longer the result a test of r0 would tell about.
-            for r in st.iter_mut().take(10) {
-                if r.base == Base::Lookup(i as u32) {
-                    *r = Val::TOP;
-                }
+    if matches!(op, Op::CallHelper { .. }) {
+        if !prog.lookup_values.is_empty() {
+            lookup_result(prog, i, st);
+        }
+        if !prog.call_results.is_empty() {
+            if let Ok(k) = prog.call_results.binary_search_by_key(&i, |&(at, _)| at) {
+                // Host addresses are below 2^63: exact as an i64.
+                st[0] = Val::konst(prog.call_results[k].1 as i64);
             }
-            st[0] = Val {
-                base: Base::Lookup(i as u32),
-                lo: 0,
-                hi: 0,
-            };
         }
     }
-    if matches!(op, Op::CallHelper { .. }) && !prog.call_results.is_empty() {
-        if let Ok(k) = prog.call_results.binary_search_by_key(&i, |&(at, _)| at) {
-            // Host addresses are below 2^63: exact as an i64.
-            st[0] = Val::konst(prog.call_results[k].1 as i64);
+}
+
+/// r0 after the helper call at `i`, when it is a lookup the host vouches for: that call's
+/// untested result ([`Base::Lookup`]). Out of line: most programs have none.
+#[cold]
+#[inline(never)]
+fn lookup_result(prog: &Program, i: usize, st: &mut State) {
+    let at = i as u32;
+    if prog.lookup_values.binary_search_by_key(&at, |l| l.at).is_err() {
+        return;
+    }
+    // The call runs again: an untested result of its previous run (kept in r6-r9) is no
+    // longer the result a test of r0 would tell about.
+    for r in st.iter_mut().take(10) {
+        if r.base == Base::Lookup(at) {
+            *r = Val::TOP;
         }
     }
+    st[0] = Val {
+        base: Base::Lookup(at),
+        lo: 0,
+        hi: 0,
+    };
 }
 
 /// What the conditional jump `op` teaches on one edge (`taken`, or the fall-through) about
@@ -1230,7 +1238,9 @@ impl<'p> Dataflow<'p> {
             while self.replay_live && self.replay_at < w {
                 let op = self.prog.insts[self.replay_at].op;
                 transfer_at(self.prog, self.replay_at, &mut self.replay_state);
-                narrow(&op, &mut self.replay_state, false);
+                if !self.prog.lookup_values.is_empty() {
+                    narrow(&op, &mut self.replay_state, false);
+                }
                 self.replay_live = !matches!(op, Op::Ja { .. } | Op::Exit);
                 self.replay_at += 1;
             }
