@@ -79,12 +79,12 @@ pub enum Base {
     /// The context start plus the offset: r1 on entry to the program, or passed to a callee
     /// (the same address in every function).
     Ctx,
-    /// The result of the map lookup at this instruction index ([`Program::lookup_values`])
-    /// plus the offset, not yet tested: 0 or a value's address.
-    Lookup(u32),
+    /// The result of the map lookup at instruction [`Val::site`]
+    /// ([`Program::lookup_values`]) plus the offset, not yet tested: 0 or a value's address.
+    Lookup,
     /// The same result on a path where the program tested it non-zero ([`narrow`]): the
     /// address of a value of that lookup's `value_size` bytes, plus the offset.
-    Value(u32),
+    Value,
 }
 
 /// A map lookup whose non-NULL result the host vouches for
@@ -109,6 +109,11 @@ pub const NULL_GUARD: u32 = 4096;
 pub struct Val {
     /// Origin of the value.
     pub base: Base,
+    /// For [`Base::Lookup`] and [`Base::Value`]: the instruction index of the lookup whose
+    /// result this is; 0 for every other base. Kept apart from [`Base`] (in the padding
+    /// after it), so that `Base` stays one byte and compares as one: the dataflow compares
+    /// bases at every join.
+    pub site: u32,
     /// Smallest offset (or value).
     pub lo: i64,
     /// Largest offset (or value).
@@ -119,6 +124,7 @@ impl Val {
     /// Anything at all.
     pub const TOP: Val = Val {
         base: Base::Scalar,
+        site: 0,
         lo: i64::MIN,
         hi: i64::MAX,
     };
@@ -127,6 +133,7 @@ impl Val {
     pub const fn konst(c: i64) -> Val {
         Val {
             base: Base::Scalar,
+            site: 0,
             lo: c,
             hi: c,
         }
@@ -137,12 +144,14 @@ impl Val {
             // May wrap modulo 2^64: every value is possible.
             Val {
                 base,
+                site: 0,
                 lo: i64::MIN,
                 hi: i64::MAX,
             }
         } else {
             Val {
                 base,
+                site: 0,
                 lo: lo as i64,
                 hi: hi as i64,
             }
@@ -162,12 +171,26 @@ impl Val {
         (self.base == Base::Scalar && self.lo >= 0).then_some(self.hi)
     }
 
+    /// The same origin: the same base and, for a lookup's result, the same lookup.
+    fn same_origin(&self, o: &Val) -> bool {
+        self.base == o.base && self.site == o.site
+    }
+
+    /// This origin with offsets `[lo, hi]` (all values when they may wrap).
+    fn moved(self, lo: i128, hi: i128) -> Val {
+        Val {
+            site: self.site,
+            ..Val::range(self.base, lo, hi)
+        }
+    }
+
     fn join(self, o: Val) -> Val {
-        if self.base != o.base {
+        if !self.same_origin(&o) {
             return Val::TOP;
         }
         Val {
             base: self.base,
+            site: self.site,
             lo: self.lo.min(o.lo),
             hi: self.hi.max(o.hi),
         }
@@ -175,7 +198,7 @@ impl Val {
 
     /// Whether joining `v` leaves this value as it is.
     fn covers(&self, v: &Val) -> bool {
-        if self.base == v.base {
+        if self.same_origin(v) {
             self.lo <= v.lo && v.hi <= self.hi
         } else {
             *self == Val::TOP
@@ -183,11 +206,12 @@ impl Val {
     }
 
     fn widen(self, new: Val) -> Val {
-        if self.base != new.base {
+        if !self.same_origin(&new) {
             return Val::TOP;
         }
         Val {
             base: self.base,
+            site: self.site,
             lo: if new.lo < self.lo { i64::MIN } else { self.lo },
             hi: if new.hi > self.hi { i64::MAX } else { self.hi },
         }
@@ -212,14 +236,14 @@ fn alu64(op: AluOp, d: Val, s: Val) -> Val {
     match op {
         AluOp::Mov => s,
         AluOp::Add => match (d.base, s.base) {
-            (b, Base::Scalar) => Val::range(b, dl + sl, dh + sh),
-            (Base::Scalar, b) => Val::range(b, dl + sl, dh + sh),
+            (_, Base::Scalar) => d.moved(dl + sl, dh + sh),
+            (Base::Scalar, _) => s.moved(dl + sl, dh + sh),
             _ => Val::TOP,
         },
         AluOp::Sub => match (d.base, s.base) {
-            (b, Base::Scalar) => Val::range(b, dl - sh, dh - sl),
+            (_, Base::Scalar) => d.moved(dl - sh, dh - sl),
             // Two pointers of one origin: the difference of their offsets.
-            (a, b) if a == b => Val::scalar(dl - sh, dh - sl),
+            _ if d.same_origin(&s) => Val::scalar(dl - sh, dh - sl),
             _ => Val::TOP,
         },
         // Masking with a non-negative value bounds the result by that value, whatever the
@@ -326,18 +350,23 @@ pub fn transfer_at(prog: &Program, i: usize, st: &mut State) {
 #[inline(never)]
 fn lookup_result(prog: &Program, i: usize, st: &mut State) {
     let at = i as u32;
-    if prog.lookup_values.binary_search_by_key(&at, |l| l.at).is_err() {
+    if prog
+        .lookup_values
+        .binary_search_by_key(&at, |l| l.at)
+        .is_err()
+    {
         return;
     }
     // The call runs again: an untested result of its previous run (kept in r6-r9) is no
     // longer the result a test of r0 would tell about.
     for r in st.iter_mut().take(10) {
-        if r.base == Base::Lookup(at) {
+        if r.base == Base::Lookup && r.site == at {
             *r = Val::TOP;
         }
     }
     st[0] = Val {
-        base: Base::Lookup(at),
+        base: Base::Lookup,
+        site: at,
         lo: 0,
         hi: 0,
     };
@@ -360,9 +389,10 @@ pub fn narrow(op: &Op, st: &mut State, taken: bool) {
         return;
     };
     let v = st[dst as usize];
-    let Base::Lookup(at) = v.base else {
+    if v.base != Base::Lookup {
         return;
-    };
+    }
+    let at = v.site;
     let nonzero = match cond {
         Cond::Eq | Cond::Le => !taken,
         Cond::Ne | Cond::Gt => taken,
@@ -372,8 +402,8 @@ pub fn narrow(op: &Op, st: &mut State, taken: bool) {
         return;
     }
     for r in st.iter_mut().take(10) {
-        if r.base == Base::Lookup(at) {
-            r.base = Base::Value(at);
+        if r.base == Base::Lookup && r.site == at {
+            r.base = Base::Value;
         }
     }
 }
@@ -482,6 +512,7 @@ pub fn entry_state(k: usize) -> State {
             if r == 1 {
                 *v = Val {
                     base: Base::Ctx,
+                    site: 0,
                     lo: 0,
                     hi: 0,
                 };
@@ -493,6 +524,7 @@ pub fn entry_state(k: usize) -> State {
     }
     st[R10 as usize] = Val {
         base: Base::Stack,
+        site: 0,
         lo: 0,
         hi: 0,
     };
@@ -728,7 +760,7 @@ pub fn classify_in(v: Val, off: i16, size: Size, above: i64) -> AccessCheck {
         }
         Base::Ctx => AccessCheck::Ctx,
         // Proven by `in_lookup_value` when inside the value, else checked.
-        Base::Scalar | Base::Lookup(_) | Base::Value(_) => AccessCheck::Unknown,
+        Base::Scalar | Base::Lookup | Base::Value => AccessCheck::Unknown,
     }
 }
 
@@ -736,9 +768,10 @@ pub fn classify_in(v: Val, off: i16, size: Size, above: i64) -> AccessCheck {
 /// value a tested lookup result points to (and that value writable, for a write), within its
 /// first [`NULL_GUARD`] bytes? See the module docs for why the test's branch is enough.
 fn in_lookup_value(v: Val, off: i16, size: Size, writes: bool, lookups: &[LookupValue]) -> bool {
-    let Base::Value(at) = v.base else {
+    if v.base != Base::Value {
         return false;
-    };
+    }
+    let at = v.site;
     let Ok(k) = lookups.binary_search_by_key(&at, |l| l.at) else {
         return false;
     };
@@ -2755,6 +2788,7 @@ mod tests {
             st[5][1],
             Val {
                 base: Base::Stack,
+                site: 0,
                 lo: 504,
                 hi: 504
             }

@@ -230,3 +230,23 @@ fn proofs_stay_inside_the_never_mapped_first_page() {
     assert_eq!(checks[AT + 2], AccessCheck::None);
     assert_eq!(checks[AT + 3], AccessCheck::Unknown);
 }
+
+#[test]
+fn a_test_of_one_lookups_result_says_nothing_of_anothers() {
+    // r6 = lookup A's result ; lookup B ; if r0 == 0 goto exit ; *(r6 + 0) ; *(r0 + 0)
+    let code = program(&[
+        ins(0xbf, 6, 0, 0, 0),      // 4: r6 = r0 (lookup A, untested)
+        ins(0x18, 1, 0, 0, 0x1000), // 5
+        ins(0, 0, 0, 0, 0),
+        ins(0xbf, 2, 10, 0, 0), // 6
+        ins(0x07, 2, 0, 0, -4), // 7
+        ins(CALL, 0, 0, 0, 1),  // 8: lookup B
+        ins(0x15, 0, 0, 2, 0),  // 9
+        ins(0x79, 3, 6, 0, 0),  // 10: A's, never tested
+        ins(0x79, 3, 0, 0, 0),  // 11: B's, tested
+        EXIT,
+    ]);
+    let checks = plan_with(&code, &[AT, 8], 8, true);
+    assert_eq!(checks[10], AccessCheck::Unknown);
+    assert_eq!(checks[11], AccessCheck::None);
+}
