@@ -527,12 +527,22 @@ impl HashTable {
         debug_assert!(std::mem::size_of::<W>() == self.key_size && !self.percpu);
         // SAFETY: forwarded from the caller.
         let i = unsafe { self.find_word::<W>(key) };
+        // The address before the test, from the index clamped into the pool (`min`, a
+        // conditional select): a caller that mispredicts the NULL test below (or a
+        // mispredicted key compare that hands over NIL) still gets an address inside the
+        // value slab, never past it. Sandboxed code accesses the value through the result
+        // without a check once the program tested it (`PJ_HELPER_LOOKUP_VALUES`).
+        // SAFETY: min(i, pool - 1) < pool: inside the (one CPU's) value slab.
+        let value = unsafe {
+            self.values
+                .ptr()
+                .add((i as usize).min(self.pool - 1) * self.vstride)
+        };
         if i == NIL {
             return std::ptr::null_mut();
         }
         self.referenced(i);
-        // SAFETY: i < pool: inside the (one CPU's) value slab.
-        unsafe { self.values.ptr().add(i as usize * self.vstride) }
+        value
     }
 
     /// Whether `lookup_shared_word::<W>` serves this table.

@@ -550,7 +550,9 @@ impl Map {
 
     /// `bpf_map_lookup_elem` for a map [`Map::is_hash_word`] accepted, for callers that
     /// checked that once (a program's call site bound to this map): the value pointer or
-    /// null, with no dispatch on the key size and no CPU id.
+    /// null, with no dispatch on the key size and no CPU id. The address is computed from the
+    /// element index clamped into the pool before the NULL test, so a caller's mispredicted
+    /// NULL test (or a mispredicted compare in here) still sees an address in the value slab.
     ///
     /// # Safety
     /// As [`Map::lookup_raw`]; `self.is_hash_word::<W>()`.

@@ -300,11 +300,25 @@ pub(crate) fn bind(
                 };
                 if let Some(id) = inlined.or(known) {
                     out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
-                    // A lookup of a proven map now calls the runtime's own code for it
-                    // (inlined, or the map's lookup called directly), whose result is NULL
-                    // or one of the map's values: this CPU's copy for per-CPU maps,
-                    // `value_size` bytes, in the map's value memory, pinned for the run.
-                    if let (Some(MAP_LOOKUP_ELEM), Some(k)) = (helper, holds[1]) {
+                    // A lookup of a proven map now calls the runtime's own code for it,
+                    // whose result is NULL or one of the map's values (`value_size` bytes
+                    // in the map's value memory, pinned for the run). Vouched for where
+                    // that code keeps even a mispredicted path's address inside the value
+                    // memory: the inlined (not per-CPU) array lookup masks its index after
+                    // the bound, and the word lookup of a hash map clamps its element
+                    // index into the pool (`lookup_hash_word`). The per-CPU lookups, the
+                    // LPM trie and the generic lookups branch around their bounds: their
+                    // results stay checked.
+                    let masked = inlined.is_some()
+                        && holds[1].is_some_and(|k| {
+                            maps[k].array_layout().is_some_and(|a| a.cpu_stride == 0)
+                        });
+                    let word = HASH_WORD_LOOKUP_IDS
+                        .iter()
+                        .any(|&(w, _, _)| Some(w) == known);
+                    if let (Some(MAP_LOOKUP_ELEM), Some(k), true) =
+                        (helper, holds[1], masked || word)
+                    {
                         let spec = maps[k].spec();
                         lookups.push(PjLookupValue {
                             pc: pc as u32,

@@ -1236,6 +1236,13 @@ fn a_tested_lookup_result_reads_its_last_byte_and_stops_one_past_the_arrays_end(
     // One byte past the last element's value is past the map's value memory: not proven, so
     // its check stops the run there (the byte before it ran unchecked, above).
     let past = rt.load(&tested_byte(16), &opts).unwrap();
+    let proven = rt.load(&tested_byte(15), &opts).unwrap();
+    assert!(
+        proven.native_insns() + 4 <= past.native_insns(),
+        "the last byte's load carries no check: {} against {} native instructions",
+        proven.native_insns(),
+        past.native_insns()
+    );
     assert_eq!(
         past.call(&mut 3u32.to_le_bytes()).unwrap(),
         64,
@@ -1261,6 +1268,16 @@ fn a_tested_lookup_result_reads_its_last_byte_and_stops_one_past_the_arrays_end(
         assert_eq!(p.call(&mut 7u32.to_le_bytes()).unwrap(), 0x11);
         assert_eq!(p.call(&mut 8u32.to_le_bytes()).unwrap(), 0);
     }
+    let (proven, past) = (
+        rt.load(&tested_byte(7), &opts).unwrap(),
+        rt.load(&tested_byte(8), &opts).unwrap(),
+    );
+    assert!(
+        proven.native_insns() + 4 <= past.native_insns(),
+        "the hash value's last byte carries no check: {} against {}",
+        proven.native_insns(),
+        past.native_insns()
+    );
 }
 
 #[test]
