@@ -306,9 +306,10 @@ pub(crate) fn bind(
                     // that code keeps even a mispredicted path's address inside the value
                     // memory: the inlined (not per-CPU) array lookup masks its index after
                     // the bound, and the word lookup of a hash map clamps its element
-                    // index into the pool (`lookup_hash_word`). The per-CPU lookups, the
-                    // LPM trie and the generic lookups branch around their bounds: their
-                    // results stay checked.
+                    // index into the pool (`lookup_hash_word`: a `min`, `cmov` on x86-64,
+                    // `csel` on arm64; RV64 without Zicond or Zbb may branch there, so not
+                    // on RV64). The per-CPU lookups, the LPM trie and the generic lookups
+                    // branch around their bounds: their results stay checked.
                     let masked = inlined.is_some()
                         && holds[1].is_some_and(|k| {
                             maps[k].array_layout().is_some_and(|a| a.cpu_stride == 0)
