@@ -314,9 +314,10 @@ pub(crate) fn bind(
                         && holds[1].is_some_and(|k| {
                             maps[k].array_layout().is_some_and(|a| a.cpu_stride == 0)
                         });
-                    let word = HASH_WORD_LOOKUP_IDS
-                        .iter()
-                        .any(|&(w, _, _)| Some(w) == known);
+                    let word = cfg!(not(target_arch = "riscv64"))
+                        && HASH_WORD_LOOKUP_IDS
+                            .iter()
+                            .any(|&(w, _, _)| Some(w) == known);
                     if let (Some(MAP_LOOKUP_ELEM), Some(k), true) =
                         (helper, holds[1], masked || word)
                     {
