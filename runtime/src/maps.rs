@@ -110,6 +110,10 @@ const HASH_WORD_LOOKUP_IDS: [(u32, Trust, u32); 4] = [
     (0x7043_2104, Trust::Trusted, 8),
 ];
 
+/// packjit's ids for the word lookup of a sandboxed load's call site whose key pointer
+/// `bind` proved inside the current frame (`r2 = r10 + off`): no key check; by key width.
+const FRAME_KEY_HASH_LOOKUP_IDS: [(u32, u32); 2] = [(0x7043_2105, 4), (0x7043_2106, 8)];
+
 /// packjit's id for one step of `bpf_for_each_map_elem` over a hash map, called by the
 /// function `callbacks.rs` appends: `(map, &cursor, key buffer) -> value or 0`.
 pub(crate) const HASH_ITER_NEXT: u32 = 0x7043_2164;
@@ -289,12 +293,16 @@ pub(crate) fn bind(
                         let width = if maps[k].is_hash_word::<u64>() { 8 } else { 4 };
                         let in_frame =
                             frame_at[2].is_some_and(|off| off >= -512 && off + width <= 0);
-                        let trust = if in_frame {
-                            Trust::Trusted
-                        } else {
-                            inlining.trust
+                        let id = match hash_word_lookup_id(&maps[k], inlining.trust) {
+                            Some(_) if in_frame && inlining.trust == Trust::Sandboxed => {
+                                FRAME_KEY_HASH_LOOKUP_IDS
+                                    .iter()
+                                    .find(|&&(_, w)| i64::from(w) == width)
+                                    .map(|&(id, _)| id)
+                            }
+                            id => id,
                         };
-                        hash_word_lookup_id(&maps[k], trust).or(known)
+                        id.or(known)
                     }
                     _ => known,
                 };
@@ -306,7 +314,8 @@ pub(crate) fn bind(
                     // that code keeps even a mispredicted path's address inside the value
                     // memory: the inlined (not per-CPU) array lookup masks its index after
                     // the bound, and the word lookup of a hash map clamps its element
-                    // index into the pool (`lookup_hash_word`: a `min`, `cmov` on x86-64,
+                    // index into the pool (`lookup_hash_word_in_pool`, the sandboxed ids'
+                    // lookup: a `min`, `cmov` on x86-64,
                     // `csel` on arm64; RV64 without Zicond or Zbb may branch there, so not
                     // on RV64). The per-CPU lookups, the LPM trie and the generic lookups
                     // branch around their bounds: their results stay checked.
@@ -314,10 +323,13 @@ pub(crate) fn bind(
                         && holds[1].is_some_and(|k| {
                             maps[k].array_layout().is_some_and(|a| a.cpu_stride == 0)
                         });
-                    let word = cfg!(not(target_arch = "riscv64"))
-                        && HASH_WORD_LOOKUP_IDS
+                    let clamped = |id: u32| {
+                        HASH_WORD_LOOKUP_IDS
                             .iter()
-                            .any(|&(w, _, _)| Some(w) == known);
+                            .any(|&(w, t, _)| t == Trust::Sandboxed && w == id)
+                            || FRAME_KEY_HASH_LOOKUP_IDS.iter().any(|&(w, _)| w == id)
+                    };
+                    let word = cfg!(not(target_arch = "riscv64")) && known.is_some_and(clamped);
                     if let (Some(MAP_LOOKUP_ELEM), Some(k), true) =
                         (helper, holds[1], masked || word)
                     {
@@ -401,6 +413,8 @@ pub(crate) fn bind(
             0x7043_2102 => (PJ_INLINE_NONE, f(sandboxed_hash_lookup::<u64>)),
             0x7043_2103 => (PJ_INLINE_NONE, f(trusted_hash_lookup::<u32>)),
             0x7043_2104 => (PJ_INLINE_NONE, f(trusted_hash_lookup::<u64>)),
+            0x7043_2105 => (PJ_INLINE_NONE, f(frame_key_hash_lookup::<u32>)),
+            0x7043_2106 => (PJ_INLINE_NONE, f(frame_key_hash_lookup::<u64>)),
             _ => (PJ_INLINE_TAIL_CALL, f(known_tail_call_chooser)),
         };
         helpers.push(HelperEntry {
@@ -732,24 +746,33 @@ extern "C" fn known_map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) 
 
 /// `bpf_map_lookup_elem` at a call site of a trusted load whose map `bind` proved to be a
 /// word-keyed HASH or LRU_HASH ([`HASH_WORD_LOOKUP_IDS`]): the map's word lookup and
-/// nothing else, as the kernel's JITs call the map's lookup directly. Also at such a call
-/// site of a sandboxed load whose key pointer `bind` proved inside the current frame.
+/// nothing else, as the kernel's JITs call the map's lookup directly.
 extern "C" fn trusted_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: `bind` gives this id only to call sites whose r1 it proved to be a map that
-    // `is_hash_word::<W>()`, in trusted loads, whose loader vouched for their pointers, or
-    // whose r2 it proved to be `r10 + off` with the key's bytes inside the frame (memory of
-    // the run's stack block): the key has size_of::<W>() readable bytes; the run is pinned.
+    // `is_hash_word::<W>()`, in trusted loads, whose loader vouched for their pointers (the
+    // key has size_of::<W>() readable bytes); the run is pinned.
     unsafe { known_map(map).lookup_hash_word::<W>(key as *const u8) as u64 }
 }
 
-/// As [`trusted_hash_lookup`] for sandboxed loads: the key pointer is checked first.
+/// As [`trusted_hash_lookup`] for sandboxed loads: the key pointer is checked first, and
+/// the result's address stays in the value memory under misspeculation
+/// ([`Map::lookup_hash_word_in_pool`]).
 extern "C" fn sandboxed_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     let width = std::mem::size_of::<W>() as u64;
     if !exec::helper_access_ok(key, width, AccessDirection::Read) {
         return 0;
     }
     // SAFETY: as in `trusted_hash_lookup`, the key's bytes checked above.
-    unsafe { known_map(map).lookup_hash_word::<W>(key as *const u8) as u64 }
+    unsafe { known_map(map).lookup_hash_word_in_pool::<W>(key as *const u8) as u64 }
+}
+
+/// As [`sandboxed_hash_lookup`] at a call site whose key pointer `bind` proved inside the
+/// current frame ([`FRAME_KEY_HASH_LOOKUP_IDS`]): no key check.
+extern "C" fn frame_key_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as in `trusted_hash_lookup`, with the key's bytes at `r10 + off` inside the
+    // current frame, which lies in the run's stack block (`bind` proved it from the code:
+    // `r2 = r10; r2 += off` in the call's basic block).
+    unsafe { known_map(map).lookup_hash_word_in_pool::<W>(key as *const u8) as u64 }
 }
 
 /// One step of `bpf_for_each_map_elem` over a hash map ([`HASH_ITER_NEXT`]): the element
