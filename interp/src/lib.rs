@@ -57,8 +57,8 @@ use packjit_frontend::analysis::{
 use packjit_frontend::{AluOp, AtomicOp, EndKind, Op, Operand, Program, Size, Width, STACK_SIZE};
 use packjit_plugin_api::{
     CompileError, HelperEntry, PjClockScale, PjMemRegion, PjPerCpuArray, PjPerCpuTable,
-    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS,
-    PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
+    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET,
+    PJ_HELPER_STATIC_REGIONS, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE, PJ_REGION_WRITABLE,
 };
 pub use packjit_plugin_api::{Stop, StopKind};
 use std::collections::BTreeMap;
@@ -278,7 +278,10 @@ impl Interpreter {
     /// Calls (or evaluates, when inlined) helper `id`; `None` when none is registered.
     fn call_helper(&self, id: u64, args: [u64; 5]) -> Option<u64> {
         // The per-CPU table entry describes the per-CPU mov; it is not callable.
-        if id == u64::from(PJ_HELPER_PERCPU_OFFSET) || id == u64::from(PJ_HELPER_STATIC_REGIONS) {
+        if id == u64::from(PJ_HELPER_PERCPU_OFFSET)
+            || id == u64::from(PJ_HELPER_STATIC_REGIONS)
+            || id == u64::from(PJ_HELPER_LOOKUP_VALUES)
+        {
             return None;
         }
         let h = self.helpers.get(&u32::try_from(id).ok()?)?;

@@ -524,16 +524,29 @@ impl HashTable {
     /// # Safety
     /// As `lookup`, with `size_of::<W>() == key_size` and `!percpu`.
     #[inline(always)]
-    pub unsafe fn lookup_shared_word<W: Copy + Eq + Into<u64>>(&self, key: *const u8) -> *mut u8 {
+    pub unsafe fn lookup_shared_word<W: Copy + Eq + Into<u64>, const CLAMP: bool>(
+        &self,
+        key: *const u8,
+    ) -> *mut u8 {
         debug_assert!(std::mem::size_of::<W>() == self.key_size && !self.percpu);
         // SAFETY: forwarded from the caller.
         let i = unsafe { self.find_word::<W>(key) };
+        // With CLAMP, the address comes before the test, from the index clamped into the
+        // pool (`min`, a conditional select): a caller that mispredicts the NULL test below
+        // (or a mispredicted key compare that hands over NIL) still gets an address inside
+        // the value slab, never past it. Sandboxed code accesses the value through the
+        // result without a check once the program tested it (`PJ_HELPER_LOOKUP_VALUES`).
+        let slot = if CLAMP {
+            (i as usize).min(self.pool - 1)
+        } else {
+            i as usize
+        };
         if i == NIL {
             return std::ptr::null_mut();
         }
         self.referenced(i);
-        // SAFETY: i < pool: inside the (one CPU's) value slab.
-        unsafe { self.values.ptr().add(i as usize * self.vstride) }
+        // SAFETY: slot < pool: inside the (one CPU's) value slab (i < pool when not NIL).
+        unsafe { self.values.ptr().add(slot * self.vstride) }
     }
 
     /// Whether `lookup_shared_word::<W>` serves this table.

@@ -587,7 +587,23 @@ impl Map {
     pub unsafe fn lookup_hash_word<W: KeyWord>(&self, key: *const u8) -> *mut u8 {
         match &self.kind {
             // SAFETY: forwarded from the caller.
-            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W>(key) },
+            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W, false>(key) },
+            _ => ptr::null_mut(),
+        }
+    }
+
+    /// [`Map::lookup_hash_word`] whose address stays in the value memory under
+    /// misspeculation: computed from the element index clamped into the pool before the NULL
+    /// test (a `min`: `cmov` on x86-64, `csel` on arm64), for sandboxed code that accesses
+    /// the value unchecked after its own NULL test.
+    ///
+    /// # Safety
+    /// As [`Map::lookup_hash_word`].
+    #[inline(always)]
+    pub unsafe fn lookup_hash_word_in_pool<W: KeyWord>(&self, key: *const u8) -> *mut u8 {
+        match &self.kind {
+            // SAFETY: forwarded from the caller.
+            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W, true>(key) },
             _ => ptr::null_mut(),
         }
     }

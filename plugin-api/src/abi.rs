@@ -490,6 +490,39 @@ pub struct PjStaticRegions {
     pub count: u64,
 }
 
+/// Not a callable helper: the helper-table entry naming the program's map lookups whose
+/// result the host vouches for, for sandboxed code. `addr` points to a [`PjLookupValues`]
+/// header followed by `count` [`PjLookupValue`]s, read while compiling only. Each record
+/// promises: the `call` at eBPF slot `pc` (as the request's code has it) returns in r0
+/// either 0 or the address of a value of exactly `value_size` bytes of a map's value memory,
+/// which stays valid for as long as the code can run (as a static region does), and which
+/// the program may write when `flags` has [`PJ_REGION_WRITABLE`]. The front end then proves
+/// accesses inside `[r0, r0 + value_size)` on the path where the program tested r0 against
+/// 0 (`packjit_frontend::ranges`); a NULL dereferenced without the test, an access past the
+/// value or a write to a read-only value stays checked against the run's regions.
+/// A `call` of this id is refused at decode time and `callx` never matches it.
+pub const PJ_HELPER_LOOKUP_VALUES: u32 = 0x7043_0004;
+
+/// Header of the [`PJ_HELPER_LOOKUP_VALUES`] table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjLookupValues {
+    /// Records following the header.
+    pub count: u64,
+}
+
+/// One map lookup site of the [`PJ_HELPER_LOOKUP_VALUES`] table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PjLookupValue {
+    /// The eBPF slot of the `call`.
+    pub pc: u32,
+    /// Bytes of the value its non-NULL result points to.
+    pub value_size: u32,
+    /// [`PJ_REGION_WRITABLE`] when the program may write the value.
+    pub flags: u64,
+}
+
 /// `off` of the per-CPU address instruction (the kernel's `BPF_ADDR_PERCPU`).
 pub const PJ_MOV_OFF_PERCPU: i16 = -1;
 

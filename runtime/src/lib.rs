@@ -1010,6 +1010,28 @@ impl CompileEnv<'_> {
             });
             t
         });
+        // Sandboxed code may also skip the test of an access proven inside the value a
+        // tested lookup result points to: `bind` names each lookup whose map it proved and
+        // that now calls the runtime's own lookup (a `PjLookupValues` header, then
+        // `PjLookupValue`s as two `u64`s each), alive until the compile is done.
+        let lookups = bound.as_ref().map_or(&[][..], |b| &b.lookups[..]);
+        let _lookup_value_table = (trust == Trust::Sandboxed && !lookups.is_empty()).then(|| {
+            let mut t: Vec<u64> = Vec::with_capacity(1 + 2 * lookups.len());
+            t.push(lookups.len() as u64);
+            for l in lookups {
+                // `pc` and `value_size` share the first word, in memory order.
+                let mut first = [0u8; 8];
+                first[..4].copy_from_slice(&l.pc.to_ne_bytes());
+                first[4..].copy_from_slice(&l.value_size.to_ne_bytes());
+                t.extend([u64::from_ne_bytes(first), l.flags]);
+            }
+            table.push(HelperEntry {
+                id: abi::PJ_HELPER_LOOKUP_VALUES,
+                inline_kind: abi::PJ_INLINE_NONE,
+                addr: t.as_ptr() as u64,
+            });
+            t
+        });
         // Poisoned CO-RE relocations (libbpf's `call 0xbad2310`): refused where the code can
         // reach one, no-ops where it cannot (`poison`).
         let unpoisoned = scan

@@ -28,7 +28,7 @@
 use crate::exec;
 use crate::{err, Error, ErrorKind, Program, Trust};
 use packjit_plugin_api::abi::{
-    PjArrayMap, PjMemRegion, PjProgArray, PjTailTarget, PJ_ARRAY_NOT_PERCPU,
+    PjArrayMap, PjLookupValue, PjMemRegion, PjProgArray, PjTailTarget, PJ_ARRAY_NOT_PERCPU,
     PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE, PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_TAIL_CALL,
     PJ_MAX_TAIL_CALLS, PJ_REGION_WRITABLE,
 };
@@ -110,6 +110,10 @@ const HASH_WORD_LOOKUP_IDS: [(u32, Trust, u32); 4] = [
     (0x7043_2104, Trust::Trusted, 8),
 ];
 
+/// packjit's ids for the word lookup of a sandboxed load's call site whose key pointer
+/// `bind` proved inside the current frame (`r2 = r10 + off`): no key check; by key width.
+const FRAME_KEY_HASH_LOOKUP_IDS: [(u32, u32); 2] = [(0x7043_2105, 4), (0x7043_2106, 8)];
+
 /// packjit's id for one step of `bpf_for_each_map_elem` over a hash map, called by the
 /// function `callbacks.rs` appends: `(map, &cursor, key buffer) -> value or 0`.
 pub(crate) const HASH_ITER_NEXT: u32 = 0x7043_2164;
@@ -140,6 +144,10 @@ pub(crate) struct Bound {
     pub helpers: Vec<HelperEntry>,
     /// The maps' value memory.
     pub regions: Vec<PjMemRegion>,
+    /// The lookups whose map `bind` proved, with the value each non-NULL result points to
+    /// (`PJ_HELPER_LOOKUP_VALUES`: sandboxed code proves accesses into it after the
+    /// program's NULL test), ascending by pc.
+    pub lookups: Vec<PjLookupValue>,
     /// For the helpers while the program runs.
     pub run: Arc<RunMaps>,
     /// The array layouts the inlined lookups were compiled from (read while compiling).
@@ -193,16 +201,21 @@ pub(crate) fn bind(
     let mut tail_ids: Vec<Option<u32>> = vec![None; maps.len()];
     // The direct-call ids the code now calls.
     let mut known_used: Vec<u32> = Vec::new();
+    let mut lookups: Vec<PjLookupValue> = Vec::new();
     // Per register field (all 16 values of the 4 bits: the verifier refuses r11-r15 after
     // this scan, which must not fail on them first): the map whose handle it holds in the
     // current basic block.
     let mut holds: [Option<usize>; 16] = [None; 16];
+    // Per register field, in the current basic block: `r10 + this` when straight-line code
+    // set it so (`rX = r10`, then `rX += imm` / `rX -= imm`), as clang passes a key.
+    let mut frame_at: [Option<i64>; 16] = [None; 16];
     let mut pc = 0;
     while pc < slots {
         let s = &code[at(pc)..at(pc) + 8];
         let (op, dst, src) = (s[0], s[1] & 0xf, s[1] >> 4);
         if targets.get(pc).copied().unwrap_or(false) {
             holds = [None; 16];
+            frame_at = [None; 16];
         }
         let imm = i32::from_le_bytes([s[4], s[5], s[6], s[7]]);
         if op == 0x18 && pc + 1 < slots {
@@ -223,6 +236,7 @@ pub(crate) fn bind(
                 _ => None,
             };
             holds[dst as usize] = None;
+            frame_at[dst as usize] = None;
             if let Some((k, src)) = value {
                 let addr = if src == PSEUDO_MAP_FD {
                     holds[dst as usize] = Some(k);
@@ -269,28 +283,94 @@ pub(crate) fn bind(
                     let usable = h != TAIL_CALL || inlining.tail_calls;
                     (usable && proven(h).is_some()).then_some(*id)
                 });
-                // A proven hash lookup with word keys: the map's own word lookup.
+                // A proven hash lookup with word keys: the map's own word lookup. In a
+                // sandboxed load too without the key pointer's check when the key is in
+                // the current frame (`r2 = r10 + off`, all its bytes in `[r10 - 512, r10)`):
+                // every function's frame lies inside the run's stack block, so those bytes
+                // are the program's own memory on every path (data-derived: no branch).
                 let known = match (helper, holds[1]) {
                     (Some(MAP_LOOKUP_ELEM), Some(k)) if known.is_some() => {
-                        hash_word_lookup_id(&maps[k], inlining.trust).or(known)
+                        let width = if maps[k].is_hash_word::<u64>() { 8 } else { 4 };
+                        let in_frame =
+                            frame_at[2].is_some_and(|off| off >= -512 && off + width <= 0);
+                        let id = match hash_word_lookup_id(&maps[k], inlining.trust) {
+                            Some(_) if in_frame && inlining.trust == Trust::Sandboxed => {
+                                FRAME_KEY_HASH_LOOKUP_IDS
+                                    .iter()
+                                    .find(|&&(_, w)| i64::from(w) == width)
+                                    .map(|&(id, _)| id)
+                            }
+                            id => id,
+                        };
+                        id.or(known)
                     }
                     _ => known,
                 };
                 if let Some(id) = inlined.or(known) {
                     out[at(pc) + 4..at(pc) + 8].copy_from_slice(&id.to_le_bytes());
+                    // A lookup of a proven map now calls the runtime's own code for it,
+                    // whose result is NULL or one of the map's values (`value_size` bytes
+                    // in the map's value memory, pinned for the run). Vouched for where
+                    // that code keeps even a mispredicted path's address inside the value
+                    // memory: the inlined (not per-CPU) array lookup masks its index after
+                    // the bound, and the sandboxed ids' word lookup of a hash map clamps its
+                    // element index into the pool (`lookup_hash_word_in_pool`: a `min`,
+                    // `cmov` on x86-64, `csel` on arm64; RV64 without Zicond or Zbb may
+                    // branch there, so not on RV64). The per-CPU lookups, the LPM trie and
+                    // the generic lookups branch around their bounds: their results stay
+                    // checked.
+                    let masked = inlined.is_some()
+                        && holds[1].is_some_and(|k| {
+                            maps[k].array_layout().is_some_and(|a| a.cpu_stride == 0)
+                        });
+                    let clamped = |id: u32| {
+                        HASH_WORD_LOOKUP_IDS
+                            .iter()
+                            .any(|&(w, t, _)| t == Trust::Sandboxed && w == id)
+                            || FRAME_KEY_HASH_LOOKUP_IDS.iter().any(|&(w, _)| w == id)
+                    };
+                    let word = cfg!(not(target_arch = "riscv64")) && known.is_some_and(clamped);
+                    if let (Some(MAP_LOOKUP_ELEM), Some(k), true) =
+                        (helper, holds[1], masked || word)
+                    {
+                        let spec = maps[k].spec();
+                        lookups.push(PjLookupValue {
+                            pc: pc as u32,
+                            value_size: spec.value_size,
+                            flags: if spec.flags & BPF_F_RDONLY_PROG == 0 {
+                                PJ_REGION_WRITABLE
+                            } else {
+                                0
+                            },
+                        });
+                    }
                     // An inlined lookup or tail call is no direct call.
                     if known == Some(id) && !known_used.contains(&id) {
                         known_used.push(id);
                     }
                 }
                 holds = [None; 16];
+                frame_at = [None; 16];
             }
-            // Register loads and ALU operations write dst.
-            1 | 4 | 7 => holds[dst as usize] = None,
+            // Register loads and ALU operations write dst; `rX = r10` and a constant added
+            // to or subtracted from it keep a frame address.
+            1 | 4 | 7 => {
+                holds[dst as usize] = None;
+                let d = dst as usize;
+                frame_at[d] = match op {
+                    0xbf if src == 10 && s[2] == 0 && s[3] == 0 => Some(0),
+                    0x07 => frame_at[d].map(|f| f + i64::from(imm)),
+                    0x17 => frame_at[d].map(|f| f - i64::from(imm)),
+                    _ => None,
+                };
+            }
             // Plain stores write no register.
             2 => {}
             // Atomics with fetch write src or r0; legacy packet loads write r0 and more.
-            _ => holds = [None; 16],
+            _ => {
+                holds = [None; 16];
+                frame_at = [None; 16];
+            }
         }
         pc += 1;
     }
@@ -333,6 +413,8 @@ pub(crate) fn bind(
             0x7043_2102 => (PJ_INLINE_NONE, f(sandboxed_hash_lookup::<u64>)),
             0x7043_2103 => (PJ_INLINE_NONE, f(trusted_hash_lookup::<u32>)),
             0x7043_2104 => (PJ_INLINE_NONE, f(trusted_hash_lookup::<u64>)),
+            0x7043_2105 => (PJ_INLINE_NONE, f(frame_key_hash_lookup::<u32>)),
+            0x7043_2106 => (PJ_INLINE_NONE, f(frame_key_hash_lookup::<u64>)),
             _ => (PJ_INLINE_TAIL_CALL, f(known_tail_call_chooser)),
         };
         helpers.push(HelperEntry {
@@ -354,6 +436,7 @@ pub(crate) fn bind(
         code: out,
         helpers,
         regions,
+        lookups,
         run: Arc::new(RunMaps {
             maps: maps.to_vec(),
         }),
@@ -671,14 +754,25 @@ extern "C" fn trusted_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64
     unsafe { known_map(map).lookup_hash_word::<W>(key as *const u8) as u64 }
 }
 
-/// As [`trusted_hash_lookup`] for sandboxed loads: the key pointer is checked first.
+/// As [`trusted_hash_lookup`] for sandboxed loads: the key pointer is checked first, and
+/// the result's address stays in the value memory under misspeculation
+/// ([`Map::lookup_hash_word_in_pool`]).
 extern "C" fn sandboxed_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     let width = std::mem::size_of::<W>() as u64;
     if !exec::helper_access_ok(key, width, AccessDirection::Read) {
         return 0;
     }
     // SAFETY: as in `trusted_hash_lookup`, the key's bytes checked above.
-    unsafe { known_map(map).lookup_hash_word::<W>(key as *const u8) as u64 }
+    unsafe { known_map(map).lookup_hash_word_in_pool::<W>(key as *const u8) as u64 }
+}
+
+/// As [`sandboxed_hash_lookup`] at a call site whose key pointer `bind` proved inside the
+/// current frame ([`FRAME_KEY_HASH_LOOKUP_IDS`]): no key check.
+extern "C" fn frame_key_hash_lookup<W: KeyWord>(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as in `trusted_hash_lookup`, with the key's bytes at `r10 + off` inside the
+    // current frame, which lies in the run's stack block (`bind` proved it from the code:
+    // `r2 = r10; r2 += off` in the call's basic block).
+    unsafe { known_map(map).lookup_hash_word_in_pool::<W>(key as *const u8) as u64 }
 }
 
 /// One step of `bpf_for_each_map_elem` over a hash map ([`HASH_ITER_NEXT`]): the element

@@ -1322,3 +1322,232 @@ fn a_prog_array_of_3_padded_to_4_hides_its_padding_and_bounds_every_index() {
         }
     }
 }
+
+/// `key = *(u32 *)ctx ; r0 = lookup(map 0, &key)`, then `tail` (which ends in `exit`), as
+/// clang emits a lookup with a run-time key.
+fn lookup_then(tail: &[Vec<u8>]) -> Vec<u8> {
+    let head = [
+        i(0x61, 1, 1, 0, 0),   // r1 = *(u32 *)(r1 + 0)
+        i(0x63, 10, 1, -4, 0), // *(u32 *)(r10 - 4) = r1
+        i(0xbf, 2, 10, 0, 0),  // r2 = r10
+        i(0x07, 2, 0, 0, -4),  // r2 += -4
+        map_ref(1, 0),
+        i(CALL, 0, 0, 0, 1),
+    ];
+    head.iter().chain(tail).flatten().copied().collect()
+}
+
+/// `if r0 == 0 goto +1 (r0 = 0, exit) ; r0 = *(u8 *)(r0 + off) ; exit`.
+fn tested_byte(off: i16) -> Vec<u8> {
+    lookup_then(&[
+        i(0x15, 0, 0, 1, 0),
+        i(0x71, 0, 0, off, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ])
+}
+
+fn array_of_5x16(flags: u32) -> (Arc<Map>, LoadOptions) {
+    let mut s = spec("values", MapType::Array, 4, 16, 5);
+    s.flags = flags;
+    let map = Map::new(s).unwrap();
+    for k in 0..5u32 {
+        let v: Vec<u8> = (0..16).map(|b| (16 * k + b) as u8).collect();
+        map.update(&k.to_le_bytes(), &v, 0).unwrap();
+    }
+    let opts = LoadOptions {
+        maps: vec![map.clone()],
+        ..Default::default()
+    };
+    (map, opts)
+}
+
+fn out_of_bounds(r: Result<u64, RunError>) -> Option<(u64, u32, bool)> {
+    match r {
+        Err(RunError::Stop(Stop::OutOfBounds {
+            addr, size, write, ..
+        })) => Some((addr, size, write)),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_tested_lookup_result_reads_its_last_byte_and_stops_one_past_the_arrays_end() {
+    let rt = host::host_runtime();
+    let (_, opts) = array_of_5x16(0);
+    // The value's last byte: proven (no check) sandboxed, and right in both modes.
+    for p in load_both(&rt, &tested_byte(15), &opts) {
+        for k in 0..5u32 {
+            assert_eq!(p.call(&mut k.to_le_bytes()).unwrap(), (16 * k + 15) as u64);
+        }
+        assert_eq!(p.call(&mut 5u32.to_le_bytes()).unwrap(), 0, "NULL, tested");
+    }
+    // One byte past the last element's value is past the map's value memory: not proven, so
+    // its check stops the run there (the byte before it ran unchecked, above).
+    let past = rt.load(&tested_byte(16), &opts).unwrap();
+    let proven = rt.load(&tested_byte(15), &opts).unwrap();
+    assert!(
+        proven.native_insns() + 4 <= past.native_insns(),
+        "the last byte's load carries no check: {} against {} native instructions",
+        proven.native_insns(),
+        past.native_insns()
+    );
+    assert_eq!(
+        past.call(&mut 3u32.to_le_bytes()).unwrap(),
+        64,
+        "key 4's first byte"
+    );
+    let (addr, size, write) =
+        out_of_bounds(past.call(&mut 4u32.to_le_bytes())).expect("one past the array stops");
+    assert_eq!((size, write), (1, false));
+    assert_eq!(addr % 16, 0, "the address past element 4: {addr:#x}");
+    // The same for a hash map's value: its last byte reads right in both modes.
+    let hash = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+    hash.update(
+        &7u32.to_le_bytes(),
+        &0x1122_3344_5566_7788u64.to_le_bytes(),
+        0,
+    )
+    .unwrap();
+    let opts = LoadOptions {
+        maps: vec![hash],
+        ..Default::default()
+    };
+    for p in load_both(&rt, &tested_byte(7), &opts) {
+        assert_eq!(p.call(&mut 7u32.to_le_bytes()).unwrap(), 0x11);
+        assert_eq!(p.call(&mut 8u32.to_le_bytes()).unwrap(), 0);
+    }
+    let (proven, past) = (
+        rt.load(&tested_byte(7), &opts).unwrap(),
+        rt.load(&tested_byte(8), &opts).unwrap(),
+    );
+    // Not vouched for on RV64 hosts (the pool clamp in Rust may be a branch there).
+    assert!(
+        cfg!(target_arch = "riscv64") || proven.native_insns() + 4 <= past.native_insns(),
+        "the hash value's last byte carries no check: {} against {}",
+        proven.native_insns(),
+        past.native_insns()
+    );
+}
+
+#[test]
+fn an_untested_lookup_result_stops_cleanly_on_null() {
+    let rt = host::host_runtime();
+    let (_, opts) = array_of_5x16(0);
+    // No test at all; a test of r0 + 8 (which says nothing of r0); the wrong edge.
+    let untested = [
+        lookup_then(&[i(0x71, 0, 0, 0, 0), i(EXIT, 0, 0, 0, 0)]),
+        lookup_then(&[
+            i(0xbf, 6, 0, 0, 0),
+            i(0x07, 6, 0, 0, 8),
+            i(0x15, 6, 0, 1, 0),
+            i(0x71, 0, 0, 0, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ]),
+        // The load on the NULL edge of the test: `if r0 != 0 goto +2`.
+        lookup_then(&[
+            i(0x55, 0, 0, 2, 0),
+            i(0x71, 0, 0, 0, 0),
+            i(EXIT, 0, 0, 0, 0),
+            i(0x71, 0, 0, 0, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ]),
+    ];
+    for (n, code) in untested.iter().enumerate() {
+        let p = rt.load(code, &opts).unwrap();
+        assert_eq!(p.call(&mut 2u32.to_le_bytes()).unwrap(), 32, "program {n}");
+        assert_eq!(
+            out_of_bounds(p.call(&mut 5u32.to_le_bytes())),
+            Some((0, 1, false)),
+            "program {n}: NULL dereferenced"
+        );
+    }
+}
+
+#[test]
+fn writes_through_a_read_only_maps_value_stay_refused() {
+    let rt = host::host_runtime();
+    let (map, opts) = array_of_5x16(packjit::maps::BPF_F_RDONLY_PROG);
+    // if r0 == 0 goto exit ; r1 = *(u8 *)(r0 + 3) ; *(u8 *)(r0 + 3) = 99 ; r0 = r1
+    let code = lookup_then(&[
+        i(0x15, 0, 0, 3, 0),
+        i(0x71, 1, 0, 3, 0),
+        i(0x72, 0, 0, 3, 99),
+        i(0xbf, 0, 1, 0, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ]);
+    let p = rt.load(&code, &opts).unwrap();
+    let (_, size, write) = out_of_bounds(p.call(&mut 1u32.to_le_bytes())).expect("refused");
+    assert_eq!((size, write), (1, true));
+    assert_eq!(map.lookup(&1u32.to_le_bytes()).unwrap()[3], 19, "unchanged");
+    // The read alone is fine.
+    let read = lookup_then(&[
+        i(0x15, 0, 0, 1, 0),
+        i(0x71, 0, 0, 3, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ]);
+    assert_eq!(
+        rt.load(&read, &opts)
+            .unwrap()
+            .call(&mut 1u32.to_le_bytes())
+            .unwrap(),
+        19
+    );
+}
+
+#[test]
+fn a_value_pointer_stored_to_the_stack_and_reloaded_is_checked_again() {
+    let rt = host::host_runtime();
+    let (_, opts) = array_of_5x16(0);
+    // if r0 == 0 goto exit ; *(u64 *)(r10 - 16) = r0 ; r6 = *(u64 *)(r10 - 16) ;
+    // r6 += 8 ; r0 = *(u8 *)(r6 + off - 8)
+    let code = |off: i16| {
+        lookup_then(&[
+            i(0x15, 0, 0, 4, 0),
+            i(0x7b, 10, 0, -16, 0),
+            i(0x79, 6, 10, -16, 0),
+            i(0x07, 6, 0, 0, 8),
+            i(0x71, 0, 6, off - 8, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ])
+    };
+    let inside = rt.load(&code(15), &opts).unwrap();
+    assert_eq!(inside.call(&mut 4u32.to_le_bytes()).unwrap(), 79);
+    let past = rt.load(&code(16), &opts).unwrap();
+    assert_eq!(past.call(&mut 3u32.to_le_bytes()).unwrap(), 64);
+    let (_, size, write) = out_of_bounds(past.call(&mut 4u32.to_le_bytes())).expect("checked");
+    assert_eq!((size, write), (1, false));
+}
+
+#[test]
+fn a_sandboxed_hash_lookup_skips_the_key_check_only_for_a_key_inside_the_frame() {
+    let rt = host::host_runtime();
+    let hash = Map::new(spec("h", MapType::Hash, 4, 8, 4)).unwrap();
+    hash.update(&7u32.to_le_bytes(), &42u64.to_le_bytes(), 0)
+        .unwrap();
+    let opts = LoadOptions {
+        maps: vec![hash],
+        ..Default::default()
+    };
+    // *(u32 *)(r10 - 4) = 7 ; r2 = r10 + off ; r0 = lookup ; r0 = r0 ? *(u64 *)r0 : 777
+    let code = |off: i32| {
+        [
+            i(0x62, 10, 0, -4, 7),
+            map_ref(1, 0),
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, off),
+            i(CALL, 0, 0, 0, 1),
+            i(0x15, 0, 0, 2, 0),
+            i(0x79, 0, 0, 0, 0),
+            i(EXIT, 0, 0, 0, 0),
+            i(0xb7, 0, 0, 0, 777),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat()
+    };
+    let p = rt.load(&code(-4), &opts).unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 42);
+    // Its last byte past r10 (the stack block's end): the helper checks the key and
+    // refuses it (NULL), as before.
+    let p = rt.load(&code(-3), &opts).unwrap();
+    assert_eq!(p.call(&mut []).unwrap(), 777);
+}

@@ -26,8 +26,8 @@ use packjit_frontend::{
 use packjit_plugin_api::{
     CompileError, ErrorKind, HelperEntry, PJ_ACCESS_WRITE, PJ_ENV_BUDGET, PJ_ENV_CTX_END,
     PJ_ENV_CTX_START, PJ_ENV_STACK_END, PJ_ENV_STACK_START, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
-    PJ_ENV_STOP_PC, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_NONE,
-    PJ_STOP_BUDGET, PJ_STOP_UNKNOWN_CALLX,
+    PJ_ENV_STOP_PC, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS,
+    PJ_INLINE_NONE, PJ_STOP_BUDGET, PJ_STOP_UNKNOWN_CALLX,
 };
 use std::collections::HashMap;
 
@@ -71,7 +71,10 @@ impl<'p> Shared<'p> {
     ) -> Result<Self, CompileError> {
         let mut helpers = Vec::new();
         for h in table {
-            if h.id == PJ_HELPER_PERCPU_OFFSET || h.id == PJ_HELPER_STATIC_REGIONS {
+            if h.id == PJ_HELPER_PERCPU_OFFSET
+                || h.id == PJ_HELPER_STATIC_REGIONS
+                || h.id == PJ_HELPER_LOOKUP_VALUES
+            {
                 continue;
             }
             if h.inline_kind != PJ_INLINE_NONE {

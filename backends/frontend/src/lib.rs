@@ -70,6 +70,13 @@ pub struct Program {
     /// driver folds to that constant. Filled by [`decode_for_lowering`], so the access
     /// analysis knows r0 after them ([`ranges::transfer_at`]).
     pub call_results: Vec<(usize, u64)>,
+    /// Map lookups whose non-NULL result the host vouches for
+    /// ([`packjit_plugin_api::PJ_HELPER_LOOKUP_VALUES`]), ascending by instruction index:
+    /// r0 after the call is 0 or points to a value of this many bytes, writable or not.
+    /// Filled by [`decode_for_lowering`] for sandboxed requests (empty otherwise), so the
+    /// access analysis proves accesses into the value after the program's NULL test
+    /// ([`ranges::LookupValue`]).
+    pub lookup_values: Vec<ranges::LookupValue>,
 }
 
 /// A jump or local call as a pass over control flow sees it, without reading its

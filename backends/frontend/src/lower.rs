@@ -207,10 +207,13 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
                 .collect();
             dead.sort_unstable();
             dead.dedup();
-            // Trusted code's bounded form takes the key in the register the program stored
-            // it from, where that register still holds it and the form needs no scratch
-            // write to it (no shift before the add, no multiply, the bound an immediate).
-            if !mode.sandboxed() {
+            // The bounded form takes the key in the register the program stored it from,
+            // where that register still holds it and the form needs no scratch write to it
+            // (no shift before the add, no multiply, the bound an immediate). Sandboxed code
+            // masks the key in place (its Spectre-v1 `and`), so only a register the call
+            // clobbers anyway (r1-r5) will do there.
+            {
+                let sandboxed = mode.sandboxed();
                 for (at, key) in &mut keys {
                     let ArrayKey::Frame(off) = *key else { continue };
                     let Op::CallHelper { id } = prog.insts[*at].op else {
@@ -226,6 +229,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
                     if let Some(r) = fits
                         .then(|| crate::analysis::forwarded_key(prog, *at, off, skipped))
                         .flatten()
+                        .filter(|r| !sandboxed || (1..=5).contains(r))
                     {
                         *key = ArrayKey::Register(r);
                     }
@@ -1058,26 +1062,25 @@ fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
 /// already lowers, at the call's pc: r2 points to the `u32` key. The key is read from the
 /// frame at its known place when the key analysis found one (`Driver::array_keys`: the
 /// argument setup is then not emitted), else through r2 (checked like any load of unknown
-/// origin). Trusted code bounds it with a branch to an out-of-line NULL:
+/// origin). It is bounded with a branch to an out-of-line NULL, as the kernel's
+/// `map_gen_lookup` does:
 ///
 /// ```text
 /// r1 = *(u32 *)(r10 + off)       the key
 /// if r1 >= max goto null         (cold: r0 = 0, back after the lookup)
+/// r1 &= max - 1                  sandboxed only: the Spectre-v1 mask (`spectre_mask`)
 /// r0 = base ; r0 += r1 << log2(stride)   one `scaled_add`
 /// ```
 ///
 /// Where the program stored the key from a register that still holds it, zero-extended
 /// (`ArrayKey::Register`, [`crate::analysis::forwarded_key`]), the bound and the add use
-/// that register and the key is not read back.
+/// that register and the key is not read back (sandboxed: only a register in r1-r5, which
+/// the mask may write).
 ///
-/// Sandboxed code stays branch-free, so a mispredicted bound cannot speculatively index
-/// past the array (the kernel masks its array indices for the same reason):
-///
-/// ```text
-/// r0 = r1 ; r0 -= max ; r0 s>>= 63   all ones when key < max, else 0 (key, max < 2^32)
-/// r1 *= stride ; r2 = base ; r1 += r2
-/// r0 &= r1                       the element, or NULL
-/// ```
+/// The mask keeps a mispredicted bound inside the array: every index the branch lets
+/// through is below `max` on every path. The program's own NULL test on the result then
+/// makes it a map value to the access analysis (`ranges::Base::Value`, from the runtime's
+/// `PJ_HELPER_LOOKUP_VALUES` record of the call), so the value load needs no check.
 ///
 /// A per-CPU array passes the key to the per-CPU lookup, which picks this CPU's copy.
 ///
@@ -1117,7 +1120,13 @@ fn array_lookup<'a, L: Isa<'a>>(
         Some(ArrayKey::Register(r)) => {
             let max = Operand::Imm(array.max_entries as i32);
             let shift = array.value_stride.trailing_zeros() as u8;
-            bounded_element(l, array.base, r, max, |_| shift);
+            let sandboxed = l.driver().mode.sandboxed();
+            bounded_element(l, array.base, r, max, |l| {
+                if sandboxed {
+                    spectre_mask(l, r, array.max_entries, max);
+                }
+                shift
+            });
             return Ok(());
         }
         None => {
@@ -1142,40 +1151,48 @@ fn array_lookup<'a, L: Isa<'a>>(
             Operand::Reg(3)
         }
     };
-    if !l.driver().mode.sandboxed() {
-        let stride = array.value_stride;
-        bounded_element(l, array.base, 1, max, |l| {
-            if stride.is_power_of_two() {
-                let log = stride.trailing_zeros() as u8;
-                // `scaled_add` shifts by up to 3; a larger power of two shifts the key first.
-                if log > 3 {
-                    l.alu(W64, Lsh, 1, Operand::Imm(i32::from(log - 3)));
-                }
-                log.min(3)
-            } else {
-                l.load_imm64(2, stride);
-                l.alu(W64, Mul, 1, Operand::Reg(2));
-                0
+    let sandboxed = l.driver().mode.sandboxed();
+    let stride = array.value_stride;
+    bounded_element(l, array.base, 1, max, |l| {
+        if sandboxed {
+            spectre_mask(l, 1, array.max_entries, max);
+        }
+        if stride.is_power_of_two() {
+            let log = stride.trailing_zeros() as u8;
+            // `scaled_add` shifts by up to 3; a larger power of two shifts the key first.
+            if log > 3 {
+                l.alu(W64, Lsh, 1, Operand::Imm(i32::from(log - 3)));
             }
-        });
-        return Ok(());
-    }
-    l.alu(W64, Mov, 0, Operand::Reg(1));
-    l.alu(W64, Sub, 0, max);
-    l.alu(W64, Arsh, 0, Operand::Imm(63));
-    match array.value_stride {
-        s if s.is_power_of_two() => {
-            l.alu(W64, Lsh, 1, Operand::Imm(s.trailing_zeros() as i32));
-        }
-        s => {
-            l.load_imm64(2, s);
+            log.min(3)
+        } else {
+            l.load_imm64(2, stride);
             l.alu(W64, Mul, 1, Operand::Reg(2));
+            0
         }
-    }
-    l.load_imm64(2, array.base);
-    l.alu(W64, Add, 1, Operand::Reg(2));
-    l.alu(W64, And, 0, Operand::Reg(1));
+    });
     Ok(())
+}
+
+/// Sandboxed code's Spectre-v1 mask on an array index the bound test (`index < max`, a
+/// branch) let through, so that a mispredicted bound cannot index past the array: with
+/// `max` a power of two, `index &= max - 1` (the kernel's `index_mask`; exact for every
+/// index the branch admits, and inside the array for any other); else the branch-free
+/// `index &= (index - max) s>> 63` (all ones below the bound, 0 at or above it: element 0).
+/// `index` is in r1-r5 (the call clobbers them); the scratch is another of them, never
+/// r3, where a bound that fits no immediate is.
+fn spectre_mask<'a, L: Isa<'a>>(l: &mut L, index: Reg, max_entries: u32, max: Operand) {
+    use AluOp::*;
+    use Width::W64;
+    if max_entries.is_power_of_two() {
+        // max_entries <= 2^31: the mask fits an immediate.
+        l.alu(W64, And, index, Operand::Imm((max_entries - 1) as i32));
+        return;
+    }
+    let scratch = if index == 2 { 4 } else { 2 };
+    l.alu(W64, Mov, scratch, Operand::Reg(index));
+    l.alu(W64, Sub, scratch, max);
+    l.alu(W64, Arsh, scratch, Operand::Imm(63));
+    l.alu(W64, And, index, Operand::Reg(scratch));
 }
 
 /// Trusted code's bounded lookup: `if index >= max goto null`, then `scale` (which scales

@@ -7,10 +7,32 @@
 //! # What is proven, and why it is Spectre-safe
 //!
 //! Only *data-derived* facts are used: constants, `and` masks, shifts, loads of narrow sizes,
-//! r10 and the context start. Branch conditions are never used to narrow a value, so every
-//! fact holds on every (also mispredicted) path: an access proven inside the current frame
-//! needs neither a check nor a clamp ([`AccessCheck::None`]). Everything else keeps an exact
+//! r10 and the context start. Branch conditions are never used to narrow a value (but for a
+//! map lookup's NULL test, see below), so every such fact holds on every (also mispredicted)
+//! path: an access proven inside the current frame needs neither a check nor a clamp
+//! ([`AccessCheck::None`]). Everything else keeps an exact
 //! run-time check; the analysis then only picks which region to test inline.
+//!
+//! # Map values: the one fact a branch teaches
+//!
+//! A map lookup the host vouches for ([`Program::lookup_values`]) leaves in r0 either 0 or
+//! the address of a value of `value_size` bytes. Right after the call r0 is
+//! [`Base::Lookup`] (that call's result, not yet tested); a conditional jump that compares
+//! exactly that result with 0 at 64 bits ([`narrow`]) makes it, and every copy or constant
+//! offset of it, [`Base::Value`] on the edge where it is not 0. An access inside
+//! `[0, value_size)` of a `Value` needs no check (a write only into a writable map's value).
+//! Everything else keeps its check: a result used without the test (a NULL dereference
+//! stops as out of bounds at run time), a pointer stored and reloaded (loads of 8 bytes
+//! are unknown), one passed through a helper (calls clobber r0-r5).
+//!
+//! This is the only fact that rests on a branch, so it is the one that needs an argument
+//! under misspeculation: when the NULL test is mispredicted, the register holds 0, and the
+//! proven access reads or writes `0 + [0, value_size)`. Proofs are limited to the first
+//! [`NULL_GUARD`] bytes of a value, the never-mapped first page (the same premise as the
+//! check groups' clamp): such an access faults, the fault is squashed with the wrong path,
+//! and no host data reaches the cache. Every other path's facts are data-derived as before. A
+//! lookup's result registers are forgotten when the same call runs again (a loop), so a
+//! later test of the new result never vouches for an older, untested one.
 //!
 //! # Across bpf-to-bpf calls
 //!
@@ -41,7 +63,9 @@
 //! value can then change only a bounded number of times more (base once, each bound once),
 //! and every cycle passes a jump target, so the iteration reaches a fixed point.
 
-use crate::{AluOp, AtomicOp, BranchKind, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE};
+use crate::{
+    AluOp, AtomicOp, BranchKind, Cond, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE,
+};
 use packjit_plugin_api::{PjMemRegion, PJ_REGION_WRITABLE};
 
 /// What a value is relative to.
@@ -55,13 +79,41 @@ pub enum Base {
     /// The context start plus the offset: r1 on entry to the program, or passed to a callee
     /// (the same address in every function).
     Ctx,
+    /// The result of the map lookup at instruction [`Val::site`]
+    /// ([`Program::lookup_values`]) plus the offset, not yet tested: 0 or a value's address.
+    Lookup,
+    /// The same result on a path where the program tested it non-zero ([`narrow`]): the
+    /// address of a value of that lookup's `value_size` bytes, plus the offset.
+    Value,
 }
+
+/// A map lookup whose non-NULL result the host vouches for
+/// ([`packjit_plugin_api::PJ_HELPER_LOOKUP_VALUES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LookupValue {
+    /// Instruction index of the `call`.
+    pub at: u32,
+    /// Bytes of the value a non-NULL result points to.
+    pub value_size: u32,
+    /// Whether the program may write it.
+    pub writable: bool,
+}
+
+/// Proofs into a map value stay inside its first this many bytes: a mispredicted NULL test
+/// leaves 0 in the pointer, and `[0, 4096)` is the first page, which is never mapped (see
+/// the module docs).
+pub const NULL_GUARD: u32 = 4096;
 
 /// An abstract register value: `base + [lo, hi]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Val {
     /// Origin of the value.
     pub base: Base,
+    /// For [`Base::Lookup`] and [`Base::Value`]: the instruction index of the lookup whose
+    /// result this is; 0 for every other base. Kept apart from [`Base`] (in the padding
+    /// after it), so that `Base` stays one byte and compares as one: the dataflow compares
+    /// bases at every join.
+    pub site: u32,
     /// Smallest offset (or value).
     pub lo: i64,
     /// Largest offset (or value).
@@ -72,6 +124,7 @@ impl Val {
     /// Anything at all.
     pub const TOP: Val = Val {
         base: Base::Scalar,
+        site: 0,
         lo: i64::MIN,
         hi: i64::MAX,
     };
@@ -80,6 +133,7 @@ impl Val {
     pub const fn konst(c: i64) -> Val {
         Val {
             base: Base::Scalar,
+            site: 0,
             lo: c,
             hi: c,
         }
@@ -90,12 +144,14 @@ impl Val {
             // May wrap modulo 2^64: every value is possible.
             Val {
                 base,
+                site: 0,
                 lo: i64::MIN,
                 hi: i64::MAX,
             }
         } else {
             Val {
                 base,
+                site: 0,
                 lo: lo as i64,
                 hi: hi as i64,
             }
@@ -115,12 +171,26 @@ impl Val {
         (self.base == Base::Scalar && self.lo >= 0).then_some(self.hi)
     }
 
+    /// The same origin: the same base and, for a lookup's result, the same lookup.
+    fn same_origin(&self, o: &Val) -> bool {
+        self.base == o.base && self.site == o.site
+    }
+
+    /// This origin with offsets `[lo, hi]` (all values when they may wrap).
+    fn moved(self, lo: i128, hi: i128) -> Val {
+        Val {
+            site: self.site,
+            ..Val::range(self.base, lo, hi)
+        }
+    }
+
     fn join(self, o: Val) -> Val {
-        if self.base != o.base {
+        if !self.same_origin(&o) {
             return Val::TOP;
         }
         Val {
             base: self.base,
+            site: self.site,
             lo: self.lo.min(o.lo),
             hi: self.hi.max(o.hi),
         }
@@ -128,7 +198,7 @@ impl Val {
 
     /// Whether joining `v` leaves this value as it is.
     fn covers(&self, v: &Val) -> bool {
-        if self.base == v.base {
+        if self.same_origin(v) {
             self.lo <= v.lo && v.hi <= self.hi
         } else {
             *self == Val::TOP
@@ -136,11 +206,12 @@ impl Val {
     }
 
     fn widen(self, new: Val) -> Val {
-        if self.base != new.base {
+        if !self.same_origin(&new) {
             return Val::TOP;
         }
         Val {
             base: self.base,
+            site: self.site,
             lo: if new.lo < self.lo { i64::MIN } else { self.lo },
             hi: if new.hi > self.hi { i64::MAX } else { self.hi },
         }
@@ -165,14 +236,14 @@ fn alu64(op: AluOp, d: Val, s: Val) -> Val {
     match op {
         AluOp::Mov => s,
         AluOp::Add => match (d.base, s.base) {
-            (b, Base::Scalar) => Val::range(b, dl + sl, dh + sh),
-            (Base::Scalar, b) => Val::range(b, dl + sl, dh + sh),
+            (_, Base::Scalar) => d.moved(dl + sl, dh + sh),
+            (Base::Scalar, _) => s.moved(dl + sl, dh + sh),
             _ => Val::TOP,
         },
         AluOp::Sub => match (d.base, s.base) {
-            (b, Base::Scalar) => Val::range(b, dl - sh, dh - sl),
+            (_, Base::Scalar) => d.moved(dl - sh, dh - sl),
             // Two pointers of one origin: the difference of their offsets.
-            (a, b) if a == b => Val::scalar(dl - sh, dh - sl),
+            _ if d.same_origin(&s) => Val::scalar(dl - sh, dh - sl),
             _ => Val::TOP,
         },
         // Masking with a non-negative value bounds the result by that value, whatever the
@@ -260,10 +331,79 @@ fn alu32(op: AluOp, d: Val, s: Val) -> Val {
 pub fn transfer_at(prog: &Program, i: usize, st: &mut State) {
     let op = &prog.insts[i].op;
     transfer(st, op);
-    if matches!(op, Op::CallHelper { .. }) && !prog.call_results.is_empty() {
-        if let Ok(k) = prog.call_results.binary_search_by_key(&i, |&(at, _)| at) {
-            // Host addresses are below 2^63: exact as an i64.
-            st[0] = Val::konst(prog.call_results[k].1 as i64);
+    if matches!(op, Op::CallHelper { .. }) {
+        if !prog.lookup_values.is_empty() {
+            lookup_result(prog, i, st);
+        }
+        if !prog.call_results.is_empty() {
+            if let Ok(k) = prog.call_results.binary_search_by_key(&i, |&(at, _)| at) {
+                // Host addresses are below 2^63: exact as an i64.
+                st[0] = Val::konst(prog.call_results[k].1 as i64);
+            }
+        }
+    }
+}
+
+/// r0 after the helper call at `i`, when it is a lookup the host vouches for: that call's
+/// untested result ([`Base::Lookup`]). Out of line: most programs have none.
+#[cold]
+#[inline(never)]
+fn lookup_result(prog: &Program, i: usize, st: &mut State) {
+    let at = i as u32;
+    if prog
+        .lookup_values
+        .binary_search_by_key(&at, |l| l.at)
+        .is_err()
+    {
+        return;
+    }
+    // The call runs again: an untested result of its previous run (kept in r6-r9) is no
+    // longer the result a test of r0 would tell about.
+    for r in st.iter_mut().take(10) {
+        if r.base == Base::Lookup && r.site == at {
+            *r = Val::TOP;
+        }
+    }
+    st[0] = Val {
+        base: Base::Lookup,
+        site: at,
+        lo: 0,
+        hi: 0,
+    };
+}
+
+/// What the conditional jump `op` teaches on one edge (`taken`, or the fall-through) about
+/// a map lookup's result: compared with 0 at 64 bits and not 0 on this edge, that result and
+/// every register holding it plus an offset become [`Base::Value`]. Only the exact result
+/// (offset 0) is tested: `r0 + 8 != 0` says nothing about r0. The states of both edges are
+/// applied after [`transfer_at`] (a jump changes no register).
+pub fn narrow(op: &Op, st: &mut State, taken: bool) {
+    let Op::Jcond {
+        width: Width::W64,
+        cond,
+        dst,
+        src: Operand::Imm(0),
+        ..
+    } = *op
+    else {
+        return;
+    };
+    let v = st[dst as usize];
+    if v.base != Base::Lookup {
+        return;
+    }
+    let at = v.site;
+    let nonzero = match cond {
+        Cond::Eq | Cond::Le => !taken,
+        Cond::Ne | Cond::Gt => taken,
+        _ => false,
+    };
+    if !nonzero || v.lo != 0 || v.hi != 0 {
+        return;
+    }
+    for r in st.iter_mut().take(10) {
+        if r.base == Base::Lookup && r.site == at {
+            r.base = Base::Value;
         }
     }
 }
@@ -372,6 +512,7 @@ pub fn entry_state(k: usize) -> State {
             if r == 1 {
                 *v = Val {
                     base: Base::Ctx,
+                    site: 0,
                     lo: 0,
                     hi: 0,
                 };
@@ -383,6 +524,7 @@ pub fn entry_state(k: usize) -> State {
     }
     st[R10 as usize] = Val {
         base: Base::Stack,
+        site: 0,
         lo: 0,
         hi: 0,
     };
@@ -617,8 +759,27 @@ pub fn classify_in(v: Val, off: i16, size: Size, above: i64) -> AccessCheck {
             AccessCheck::CtxConst { end: hi as u32 }
         }
         Base::Ctx => AccessCheck::Ctx,
-        Base::Scalar => AccessCheck::Unknown,
+        // Proven by `in_lookup_value` when inside the value, else checked.
+        Base::Scalar | Base::Lookup | Base::Value => AccessCheck::Unknown,
     }
+}
+
+/// Is an access of `size` bytes at `base + off`, with `base` abstractly `v`, inside the map
+/// value a tested lookup result points to (and that value writable, for a write), within its
+/// first [`NULL_GUARD`] bytes? See the module docs for why the test's branch is enough.
+fn in_lookup_value(v: Val, off: i16, size: Size, writes: bool, lookups: &[LookupValue]) -> bool {
+    if v.base != Base::Value {
+        return false;
+    }
+    let at = v.site;
+    let Ok(k) = lookups.binary_search_by_key(&at, |l| l.at) else {
+        return false;
+    };
+    let l = lookups[k];
+    // Exact integers: a bounded interval never stands for wrapped values.
+    let lo = v.lo as i128 + off as i128;
+    let end = v.hi as i128 + off as i128 + size.bytes() as i128;
+    (writes <= l.writable) && lo >= 0 && end <= l.value_size.min(NULL_GUARD) as i128
 }
 
 /// Is an access of `size` bytes at `base + off`, with `base` abstractly the scalar `v`,
@@ -681,8 +842,8 @@ pub fn states(prog: &Program) -> Vec<State> {
 ///
 /// States are stored only where paths meet: at the function's start and at jump targets.
 /// Everywhere else the state follows from the previous instruction's, because a
-/// conditional branch's fall-through has that one predecessor and [`transfer`] never
-/// narrows on a condition. So a pass starts at a stored state and runs straight down through
+/// conditional branch's fall-through has that one predecessor (its state is the branch's,
+/// [`narrow`]ed for the fall-through: a lookup result tested non-zero there). So a pass starts at a stored state and runs straight down through
 /// conditional branches (handing the state to each target on the way) until an `exit`, a
 /// `ja`, or the next jump target. Every cycle of the control-flow graph holds a backward
 /// jump, and so a jump target, which is where widening applies: the iteration ends.
@@ -1010,6 +1171,12 @@ impl<'p> Dataflow<'p> {
                         self.hand_over(target as usize, &st);
                         break;
                     }
+                    Op::Jcond { target, .. } if !self.prog.lookup_values.is_empty() => {
+                        let mut taken = st;
+                        narrow(&op, &mut taken, true);
+                        self.hand_over(target as usize, &taken);
+                        narrow(&op, &mut st, false);
+                    }
                     Op::Jcond { target, .. } => self.hand_over(target as usize, &st),
                     Op::Exit => break,
                     _ => {}
@@ -1104,6 +1271,9 @@ impl<'p> Dataflow<'p> {
             while self.replay_live && self.replay_at < w {
                 let op = self.prog.insts[self.replay_at].op;
                 transfer_at(self.prog, self.replay_at, &mut self.replay_state);
+                if !self.prog.lookup_values.is_empty() {
+                    narrow(&op, &mut self.replay_state, false);
+                }
                 self.replay_live = !matches!(op, Op::Ja { .. } | Op::Exit);
                 self.replay_at += 1;
             }
@@ -1368,7 +1538,8 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     let mut checks: Vec<AccessCheck> = crate::reuse::take_vec(prog.insts.len());
     // With static regions, a constant address (an ELF global, a map value) may be proven
     // in any function.
-    let statics = !prog.static_regions.is_empty();
+    // So may a map value through a tested lookup result.
+    let statics = !prog.static_regions.is_empty() || !prog.lookup_values.is_empty();
     for (k, sp) in prog.subprogs.iter().enumerate() {
         let analysed = k == 0 || sp.copies_r10 || statics;
         let above = calls.above(k);
@@ -1416,6 +1587,11 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
             let writes = !matches!(op, Op::Load { .. });
             checks[i] = match classify_in(v, off, size, calls.above(k)) {
                 AccessCheck::Unknown if in_static_region(v, off, size, writes, regions) => {
+                    AccessCheck::None
+                }
+                AccessCheck::Unknown
+                    if in_lookup_value(v, off, size, writes, &prog.lookup_values) =>
+                {
                     AccessCheck::None
                 }
                 check => check,
@@ -2612,6 +2788,7 @@ mod tests {
             st[5][1],
             Val {
                 base: Base::Stack,
+                site: 0,
                 lo: 504,
                 hi: 504
             }

@@ -7,8 +7,9 @@ use crate::{
     op_kind, verify::decode_with, Branch, BranchKind, Compared, DecodeOptions, Op, Program,
 };
 use packjit_plugin_api::{
-    CompileError, CompileRequest, ErrorKind, HelperEntry, PjMemRegion, PjStaticRegions,
-    PJ_COMPILE_SANDBOX, PJ_HELPER_STATIC_REGIONS, PJ_STATIC_REGIONS_MAX,
+    CompileError, CompileRequest, ErrorKind, HelperEntry, PjLookupValue, PjLookupValues,
+    PjMemRegion, PjStaticRegions, PJ_COMPILE_SANDBOX, PJ_HELPER_LOOKUP_VALUES,
+    PJ_HELPER_STATIC_REGIONS, PJ_REGION_WRITABLE, PJ_STATIC_REGIONS_MAX,
 };
 
 /// Decodes and verifies a request's code (with the encodings its flags opt into), then
@@ -19,6 +20,7 @@ pub fn decode_for_lowering(req: &CompileRequest<'_>) -> Result<Program, CompileE
     fold_branches_over_jumps(&mut prog);
     if req.flags & PJ_COMPILE_SANDBOX != 0 {
         prog.static_regions = static_regions(req.helpers)?;
+        prog.lookup_values = lookup_values(&prog, req.helpers)?;
     }
     prog.call_results = folded_lookups(&prog, req.helpers);
     Ok(prog)
@@ -83,6 +85,57 @@ fn static_regions(helpers: &[HelperEntry]) -> Result<Vec<PjMemRegion>, CompileEr
         }
     }
     Ok(regions)
+}
+
+/// The lookup sites of the request's [`PJ_HELPER_LOOKUP_VALUES`] entry, if it has one, by
+/// instruction index. A record must name a helper call: anything else is a host error.
+fn lookup_values(
+    prog: &Program,
+    helpers: &[HelperEntry],
+) -> Result<Vec<crate::ranges::LookupValue>, CompileError> {
+    let Some(entry) = helpers.iter().find(|h| h.id == PJ_HELPER_LOOKUP_VALUES) else {
+        return Ok(Vec::new());
+    };
+    let bad = |what: String| {
+        CompileError::new(
+            ErrorKind::InvalidArgument,
+            format!("lookup-value table (helper id {PJ_HELPER_LOOKUP_VALUES:#x}): {what}"),
+        )
+    };
+    if entry.addr == 0 || entry.addr % 8 != 0 {
+        return Err(bad(format!("address {:#x} is not a table", entry.addr)));
+    }
+    // SAFETY: the entry's contract (`PJ_HELPER_LOOKUP_VALUES`): `addr` points to a live
+    // `PjLookupValues` header followed by `count` records, unchanged while this compiles;
+    // the address was checked for NULL and alignment above.
+    let count = unsafe { (entry.addr as *const PjLookupValues).read() }.count;
+    if count > prog.insts.len() as u64 {
+        return Err(bad(format!(
+            "{count} records, more than the program's {} instructions",
+            prog.insts.len()
+        )));
+    }
+    let first =
+        (entry.addr as usize + std::mem::size_of::<PjLookupValues>()) as *const PjLookupValue;
+    // SAFETY: as above: `count` records follow the header, and `count` is bounded.
+    let records = unsafe { std::slice::from_raw_parts(first, count as usize) };
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        let at = prog
+            .insts
+            .binary_search_by_key(&(r.pc as usize), |inst| inst.pc as usize)
+            .ok()
+            .filter(|&i| matches!(prog.insts[i].op, Op::CallHelper { .. }))
+            .ok_or_else(|| bad(format!("pc {} is not a helper call", r.pc)))?;
+        out.push(crate::ranges::LookupValue {
+            at: at as u32,
+            value_size: r.value_size,
+            writable: r.flags & PJ_REGION_WRITABLE != 0,
+        });
+    }
+    out.sort_unstable_by_key(|v| v.at);
+    out.dedup_by_key(|v| v.at);
+    Ok(out)
 }
 
 /// `if c goto L; goto T; L:` becomes `if !c goto T; goto L`, and a jump to the next

@@ -11,7 +11,7 @@ use crate::insn::{op::*, *};
 use crate::op_kind;
 use crate::{Branch, BranchKind, Compared, Program, Subprog};
 use packjit_plugin_api::abi::{
-    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_MOV_OFF_PERCPU,
+    PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_MOV_OFF_PERCPU,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
@@ -280,6 +280,7 @@ pub fn decode_with(
         local_calls,
         static_regions: Vec::new(),
         call_results: Vec::new(),
+        lookup_values: Vec::new(),
     })
 }
 
@@ -1290,6 +1291,15 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                             ErrorKind::UnknownHelper,
                             format!(
                                 "call to helper id {id:#x}: the static-region table, not callable"
+                            ),
+                        ));
+                    }
+                    if id == PJ_HELPER_LOOKUP_VALUES {
+                        return Err(CompileError::at(
+                            pc,
+                            ErrorKind::UnknownHelper,
+                            format!(
+                                "call to helper id {id:#x}: the lookup-value table, not callable"
                             ),
                         ));
                     }
