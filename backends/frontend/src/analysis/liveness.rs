@@ -219,7 +219,16 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     // round settles every function. Each register's question (is it read before written on
     // some path?) is independent of the others', and only `open`'s can have a yes (nothing
     // reads the rest anywhere), so every function is asked about `open` alone.
-    let mut exposed = vec![0u16; prog.subprogs.len()];
+    // Plain `malloc` and a fill, not `vec![0; n]`: a zeroed allocation is glibc's `calloc`,
+    // which skips the per-thread cache and cost more than the analysis of a small program.
+    let mut exposed = Vec::with_capacity(prog.subprogs.len());
+    exposed.resize(prog.subprogs.len(), 0u16);
+    // One scratch for every function's walk (the program is at most EXACT_ZEROING_MAX
+    // instructions, so the largest function's fits).
+    let mut scratch = Scratch {
+        unwritten: Vec::with_capacity(prog.insts.len()),
+        work: Vec::with_capacity(prog.insts.len().min(64)),
+    };
     let single = [0usize];
     let order = if prog.subprogs.len() == 1 {
         None
@@ -228,7 +237,7 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     };
     for &k in order.as_deref().unwrap_or(&single) {
         let sp = &prog.subprogs[k];
-        exposed[k] = exposed_reads(prog, sp.start, sp.end, open, |i| {
+        exposed[k] = exposed_reads(prog, sp.start, sp.end, open, &mut scratch, |i| {
             let kind = prog.kind(i);
             let reads = prog.reads(i) | lowering.of(kind);
             if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
@@ -260,6 +269,7 @@ fn exposed_reads(
     start: usize,
     end: usize,
     mask: u16,
+    scratch: &mut Scratch,
     gen_kill: impl Fn(usize) -> (u16, u16),
 ) -> u16 {
     use crate::op_kind::{EXIT, JA, JCOND};
@@ -268,11 +278,12 @@ fn exposed_reads(
         return 0;
     }
     // unwritten[k]: registers of `mask` unwritten on some path to instruction start + k.
-    let mut unwritten = vec![0u16; n];
+    let Scratch { unwritten, work } = scratch;
+    unwritten.clear();
+    unwritten.resize(n, 0);
     unwritten[0] = mask;
     let mut exposed = 0u16;
-    // Room for a branchy function's pending targets without regrowing from one.
-    let mut work = Vec::with_capacity(n.min(64));
+    work.clear();
     work.push(0usize);
     while let Some(mut k) = work.pop() {
         // Runs along the fall-through edge without the worklist: straight-line code is
@@ -305,6 +316,15 @@ fn exposed_reads(
         }
     }
     exposed
+}
+
+/// The buffers of [`exposed_reads`], made once per program and reused for each of its
+/// functions (a fresh pair per function was a visible share of a small program's load).
+struct Scratch {
+    /// Per instruction of the function walked: registers still unwritten on some path.
+    unwritten: Vec<u16>,
+    /// Jump targets whose `unwritten` grew and are still to be walked from.
+    work: Vec<usize>,
 }
 
 /// The functions of `prog` (indices into `subprogs`), every callee before its callers: a
