@@ -238,17 +238,12 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     for &k in order.as_deref().unwrap_or(&single) {
         let sp = &prog.subprogs[k];
         exposed[k] = exposed_reads(prog, sp.start, sp.end, open, &mut scratch, |i| {
-            let kind = prog.kind(i);
-            let reads = prog.reads(i) | lowering.of(kind);
-            if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
-                (reads, CALLER_SAVED)
-            } else if kind == op_kind::CALL_LOCAL {
-                let Op::CallLocal { target } = prog.insts[i].op else {
-                    unreachable!("the kind says local call")
-                };
-                (exposed[prog.subprog_of(target as usize)], 1)
-            } else {
-                (reads, prog.writes(i))
+            let op = &prog.insts[i].op;
+            let reads = regs_read(op, ARG_REGS) | lowering.of(op.kind_bit());
+            match *op {
+                Op::CallHelper { .. } | Op::CallReg { .. } => (reads, CALLER_SAVED),
+                Op::CallLocal { target } => (exposed[prog.subprog_of(target as usize)], 1),
+                _ => (reads, op.written_reg().map_or(0, |r| 1 << r)),
             }
         });
     }
@@ -272,7 +267,6 @@ fn exposed_reads(
     scratch: &mut Scratch,
     gen_kill: impl Fn(usize) -> (u16, u16),
 ) -> u16 {
-    use crate::op_kind::{EXIT, JA, JCOND};
     let n = end - start;
     if n == 0 || mask == 0 {
         return 0;
@@ -296,19 +290,21 @@ fn exposed_reads(
                 return exposed;
             }
             let out = u & !kills;
-            let kind = prog.kind(start + k);
-            if kind & (JA | JCOND) != 0 {
-                let (Op::Ja { target } | Op::Jcond { target, .. }) = prog.insts[start + k].op
-                else {
-                    unreachable!("the kind says jump")
-                };
+            // One look at the instruction for its successors (this loop is the analysis).
+            let (jump, ends) = match prog.insts[start + k].op {
+                Op::Ja { target } => (Some(target), true),
+                Op::Jcond { target, .. } => (Some(target), false),
+                Op::Exit => (None, true),
+                _ => (None, false),
+            };
+            if let Some(target) = jump {
                 let t = target as usize - start;
                 if out & !unwritten[t] != 0 {
                     unwritten[t] |= out;
                     work.push(t);
                 }
             }
-            if kind & (EXIT | JA) != 0 || k + 1 == n || out & !unwritten[k + 1] == 0 {
+            if ends || k + 1 == n || out & !unwritten[k + 1] == 0 {
                 break;
             }
             k += 1;

@@ -235,9 +235,7 @@ impl<'a> Pass<'a> for Codegen<'a> {
     }
 
     fn relocate(&self, offsets: &mut [u32]) {
-        for o in offsets {
-            *o = self.e.moved(*o as usize) as u32;
-        }
+        self.e.move_all(offsets);
     }
 
     fn resolve(&self, label: Label) -> Option<usize> {
