@@ -4,6 +4,7 @@
 
 use crate::{op_kind, BranchKind, Op, Operand, Program, Size, Width};
 use packjit_plugin_api::{CompileError, ErrorKind};
+use std::cell::Cell;
 
 /// r1–r5, the argument registers of helper and local calls (bit n = rn).
 pub const ARG_REGS: u16 = 0b11_1110;
@@ -219,16 +220,12 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     // round settles every function. Each register's question (is it read before written on
     // some path?) is independent of the others', and only `open`'s can have a yes (nothing
     // reads the rest anywhere), so every function is asked about `open` alone.
-    // Plain `malloc` and a fill, not `vec![0; n]`: a zeroed allocation is glibc's `calloc`,
-    // which skips the per-thread cache and cost more than the analysis of a small program.
-    let mut exposed = Vec::with_capacity(prog.subprogs.len());
+    // This thread's buffers from its last load (see `SCRATCH`), taken out so that nothing
+    // here can find them borrowed.
+    let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
+    let mut exposed = std::mem::take(&mut scratch.exposed);
+    exposed.clear();
     exposed.resize(prog.subprogs.len(), 0u16);
-    // One scratch for every function's walk (the program is at most EXACT_ZEROING_MAX
-    // instructions, so the largest function's fits).
-    let mut scratch = Scratch {
-        unwritten: Vec::with_capacity(prog.insts.len()),
-        work: Vec::with_capacity(prog.insts.len().min(64)),
-    };
     let single = [0usize];
     let order = if prog.subprogs.len() == 1 {
         None
@@ -247,7 +244,18 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
             }
         });
     }
-    exposed[0] & FRESH_REGS
+    let zeroed = exposed[0] & FRESH_REGS;
+    scratch.exposed = exposed;
+    // Kept for the next load on this thread (nothing is kept during thread teardown).
+    let _ = SCRATCH.try_with(|s| s.set(scratch));
+    zeroed
+}
+
+thread_local! {
+    /// [`entry_zeroing`]'s buffers, kept per thread between loads: at most
+    /// [`EXACT_ZEROING_MAX`] entries each but for the worklist, and for a small program their
+    /// allocation and release cost more than its walk.
+    static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
 /// The registers among `mask` that some path from the function's first instruction reads
@@ -272,7 +280,9 @@ fn exposed_reads(
         return 0;
     }
     // unwritten[k]: registers of `mask` unwritten on some path to instruction start + k.
-    let Scratch { unwritten, work } = scratch;
+    let Scratch {
+        unwritten, work, ..
+    } = scratch;
     unwritten.clear();
     unwritten.resize(n, 0);
     unwritten[0] = mask;
@@ -314,13 +324,16 @@ fn exposed_reads(
     exposed
 }
 
-/// The buffers of [`exposed_reads`], made once per program and reused for each of its
-/// functions (a fresh pair per function was a visible share of a small program's load).
+/// The buffers of [`entry_zeroing`] and its [`exposed_reads`] walks, reused for every
+/// function and, through `SCRATCH`, every load on a thread.
+#[derive(Default)]
 struct Scratch {
     /// Per instruction of the function walked: registers still unwritten on some path.
     unwritten: Vec<u16>,
     /// Jump targets whose `unwritten` grew and are still to be walked from.
     work: Vec<usize>,
+    /// Per function: the registers it reads before writing.
+    exposed: Vec<u16>,
 }
 
 /// The functions of `prog` (indices into `subprogs`), every callee before its callers: a
