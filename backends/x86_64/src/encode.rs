@@ -151,48 +151,6 @@ fn moved(grown: &[(u32, u32)], p: usize) -> usize {
     }
 }
 
-/// [`moved`] for a run of offsets that mostly ascend (fixup ends, instruction starts: both
-/// in emission order): a cursor into `grown` that steps forward instead of searching it for
-/// each offset. After a regrow of checked code, with hundreds of fixups and widened sites,
-/// the searches were a fifth of the lowering's own time. Exact for any order: an offset
-/// below the previous one searches afresh.
-struct Mover<'g> {
-    grown: &'g [(u32, u32)],
-    /// Widened sites ending at or before `last`.
-    k: usize,
-    last: usize,
-}
-
-impl<'g> Mover<'g> {
-    fn new(grown: &'g [(u32, u32)]) -> Self {
-        Mover {
-            grown,
-            k: 0,
-            last: 0,
-        }
-    }
-
-    #[inline]
-    fn moved(&mut self, p: usize) -> usize {
-        if p < self.last {
-            self.k = self.grown.partition_point(|&(end, _)| end as usize <= p);
-        } else {
-            while self
-                .grown
-                .get(self.k)
-                .is_some_and(|&(end, _)| end as usize <= p)
-            {
-                self.k += 1;
-            }
-        }
-        self.last = p;
-        match self.k {
-            0 => p,
-            k => p + self.grown[k - 1].1 as usize,
-        }
-    }
-}
-
 /// A fixup in the code as it stands (after any [`Assembler::regrow`]).
 struct Placed {
     /// Offset just past the instruction.
@@ -218,10 +176,9 @@ impl Placed {
 fn place(
     labels: &dynasmrt::components::LabelRegistry,
     forms: &[Form],
-    ends: &mut Mover,
+    grown: &[(u32, u32)],
     f: &Fixup,
 ) -> Result<Placed, String> {
-    let grown = ends.grown;
     let target = labels
         .resolve_dynamic(f.label)
         .map_err(|_| format!("internal: label {} never bound", f.label.get_id()))?
@@ -234,7 +191,7 @@ fn place(
             disp: target as i64 - i64::from(f.end),
         });
     }
-    let end = ends.moved(f.end as usize);
+    let end = moved(grown, f.end as usize);
     let width = if widened(forms, f) { 4 } else { f.width };
     Ok(Placed {
         end,
@@ -379,18 +336,6 @@ impl Assembler {
     /// Offset `p` of the code as emitted, in the code after any [`Assembler::regrow`].
     pub fn moved(&self, p: usize) -> usize {
         moved(&self.grown, p)
-    }
-
-    /// [`Assembler::moved`] in place for each of `offsets`, quickest when they ascend (a
-    /// lowering's instruction offsets do).
-    pub fn move_all(&self, offsets: &mut [u32]) {
-        if self.grown.is_empty() {
-            return;
-        }
-        let mut m = Mover::new(&self.grown);
-        for o in offsets {
-            *o = m.moved(*o as usize) as u32;
-        }
     }
 
     fn b(&mut self, x: u8) {
@@ -711,9 +656,8 @@ impl Assembler {
         let labels = self.ops.labels();
         let mut disps = reuse::take(self.fixups.len());
         let mut fit = true;
-        let mut ends = Mover::new(&self.grown);
         for f in self.fixups.iter() {
-            let p = place(labels, &self.forms, &mut ends, f)?;
+            let p = place(labels, &self.forms, &self.grown, f)?;
             fit &= p.fits();
             // Kept only when all fit, where every displacement fits an i32.
             disps.push(p.disp as i32);
@@ -727,9 +671,8 @@ impl Assembler {
     pub fn branch_checks(&self) -> Result<Vec<BranchCheck<Form>>, String> {
         let mut checks = Vec::with_capacity(self.sites);
         let labels = self.ops.labels();
-        let mut ends = Mover::new(&self.grown);
         for f in &self.fixups {
-            let Placed { end, width, disp } = place(labels, &self.forms, &mut ends, f)?;
+            let Placed { end, width, disp } = place(labels, &self.forms, &self.grown, f)?;
             if f.site == CALL_SITE {
                 if i32::try_from(disp).is_err() {
                     return Err(format!("call displacement {disp} exceeds rel32"));
@@ -772,9 +715,8 @@ impl Assembler {
             _ => {
                 let labels = self.ops.labels();
                 let mut disps = reuse::take(self.fixups.len());
-                let mut ends = Mover::new(&self.grown);
                 for f in self.fixups.iter() {
-                    let p = place(labels, &self.forms, &mut ends, f)?;
+                    let p = place(labels, &self.forms, &self.grown, f)?;
                     if !p.fits() {
                         return Err(format!(
                             "internal: branch at {} does not reach its label (displacement {})",
@@ -792,9 +734,8 @@ impl Assembler {
             None => emitted,
             Some(&(_, added)) => widen(&emitted, &self.fixups, &self.forms, added as usize)?,
         };
-        let mut ends = Mover::new(&self.grown);
         for (f, &disp) in self.fixups.iter().zip(disps.iter()) {
-            let end = ends.moved(f.end as usize);
+            let end = moved(&self.grown, f.end as usize);
             let width = if widened(&self.forms, f) {
                 4
             } else {
@@ -1279,26 +1220,6 @@ const FS: u8 = 0x64;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The cursor gives what the search gives, whatever the order of the offsets asked
-    /// (ascending, repeated, going back), at and around every widened site's end.
-    #[test]
-    fn the_cursor_moves_offsets_as_the_search_does() {
-        let grown: Vec<(u32, u32)> = vec![(10, 4), (11, 7), (30, 11), (31, 15), (90, 18)];
-        let mut asked: Vec<usize> = (0..100).collect();
-        asked.extend([95, 95, 31, 30, 29, 0, 11, 10, 9, 90, 89, 200]);
-        let mut m = Mover::new(&grown);
-        for &p in &asked {
-            assert_eq!(m.moved(p), moved(&grown, p), "offset {p}");
-        }
-        let mut e = Assembler::new(Vec::new());
-        e.grown = grown.clone();
-        let mut offsets: Vec<u32> = asked.iter().map(|&p| p as u32).collect();
-        e.move_all(&mut offsets);
-        for (&p, &o) in asked.iter().zip(&offsets) {
-            assert_eq!(o as usize, moved(&grown, p), "offset {p}");
-        }
-    }
 
     /// How a pass ended, for these tests: final, or the forms the next pass needs.
     enum Resolved {

@@ -235,7 +235,9 @@ impl<'a> Pass<'a> for Codegen<'a> {
     }
 
     fn relocate(&self, offsets: &mut [u32]) {
-        self.e.move_all(offsets);
+        for o in offsets {
+            *o = self.e.moved(*o as usize) as u32;
+        }
     }
 
     fn resolve(&self, label: Label) -> Option<usize> {
