@@ -26,7 +26,8 @@
 //!   side, and its code size.
 //!
 //! `cargo bench -p packjit --features optimizer --bench peers` (`-- --quick` for one round,
-//! for a smoke run). Without the feature the optimized columns are "—".
+//! for a smoke run; `-- --compile-only` times only the baseline compiles and rbpf's, the
+//! compile table alone, for before/after comparisons of compile time). Without the feature the optimized columns are "—".
 //! `PEERS_SANDBOX_BUDGET=unlimited` loads the sandboxed programs without an instruction
 //! budget (the budget's share of the cost).
 
@@ -141,6 +142,9 @@ fn rbpf_run(vm: &rbpf::EbpfVmMbuff<'static>, ctx: &mut [u8]) -> u64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // Only the baseline's compiles (trusted, sandboxed) and rbpf's: no run timing and no
+    // optimizing tier in the timed rounds, so that a compile comparison takes seconds.
+    let compile_only = std::env::args().any(|a| a == "--compile-only");
     let rounds = if quick { 1 } else { 7 };
     let compiles = if quick { 20 } else { 200 };
     const BATCH_NS: f64 = 2e6;
@@ -306,6 +310,9 @@ fn main() {
             let c = &mut cases[(k + round) % n];
             let ctx = &mut c.ctx;
             for e in 0..ENGINES {
+                if compile_only {
+                    break;
+                }
                 let ns = match (e + round) % ENGINES {
                     0 => (0, time_runs(c.batch, || c.trusted.call(ctx).unwrap())),
                     1 => (1, time_runs(c.batch, || c.sandboxed.call(ctx).unwrap())),
@@ -326,6 +333,9 @@ fn main() {
             }
             for e in 0..ENGINES {
                 let which = (e + round) % ENGINES;
+                if compile_only && (which == 3 || which == 4) {
+                    continue;
+                }
                 let mut samples = Vec::with_capacity(compiles);
                 for _ in 0..compiles {
                     let t = Instant::now();
@@ -380,6 +390,10 @@ fn main() {
 
     let dash = || "—".to_string();
     let f2 = |x: f64| format!("{x:.2}");
+    if compile_only {
+        compile_table(&cases, compiles);
+        return;
+    }
     let mut g_sbx = Vec::new();
     let mut g_rb = Vec::new();
     let mut g_rb_sbx = Vec::new();
@@ -436,6 +450,16 @@ fn main() {
     let worst = g_sbx.iter().copied().fold(0.0, f64::max);
     println!("\nworst sandboxed ÷ trusted: {worst:.2}");
 
+    compile_table(&cases, compiles);
+    optimized_sandboxed_table(&cases);
+}
+
+/// Compile time per program (trusted, sandboxed, rbpf's JIT; the optimizing tier's when it
+/// was timed) and code size.
+fn compile_table(cases: &[Case], compiles: usize) {
+    let dash = || "—".to_string();
+    let f2 = |x: f64| format!("{x:.2}");
+    let gm = |v: &[f64]| if v.is_empty() { dash() } else { f2(geomean(v)) };
     let (mut c_sbx, mut c_rb, mut c_rb_sbx, mut size) = (vec![], vec![], vec![], vec![]);
     let mut c_opt = vec![];
     println!(
@@ -444,7 +468,7 @@ fn main() {
     );
     println!("| program | insns | packjit trusted | packjit sandboxed | sbx ÷ tr | rbpf JIT | tr ÷ rbpf | sbx ÷ rbpf | code trusted | code sandboxed | size sbx ÷ tr | optimized | opt ÷ tr | code optimized |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for c in &cases {
+    for c in cases {
         let tr = median(c.compile[0].clone());
         let sb = median(c.compile[1].clone());
         c_sbx.push(sb / tr);
@@ -482,8 +506,6 @@ fn main() {
         f2(geomean(&size)),
         gm(&c_opt)
     );
-
-    optimized_sandboxed_table(&cases);
 }
 
 /// The optimizing tier sandboxed against the tier trusted and the baseline sandboxed, side

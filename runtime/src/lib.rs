@@ -900,7 +900,11 @@ impl CompileEnv<'_> {
         if opts.blind_constants {
             flags |= abi::PJ_COMPILE_BLIND_CONSTANTS;
         }
-        let mut table = helpers.to_vec();
+        // Room for what a load adds to the host's helpers (bound maps' lookups, kernel
+        // helpers the code calls, the built-ins, the per-CPU and static-region tables):
+        // growing from an exact copy reallocated it on most loads.
+        let mut table = Vec::with_capacity(helpers.len() + 8);
+        table.extend_from_slice(helpers);
         // Maps: references rewritten to handles and value addresses, array lookups inlined,
         // tail calls made real jumps (see `maps`).
         let mut inlined_percpu_arrays = false;

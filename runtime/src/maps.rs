@@ -1165,7 +1165,9 @@ extern "C" fn no_tail_call(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
 /// `callx` program would change how each `callx` site dispatches.
 pub(crate) fn add_kernel_helpers(table: &mut Vec<HelperEntry>, calls: impl Fn(u32) -> bool) {
     for (id, _, addr) in kernel_helpers() {
-        if !table.iter().any(|h| h.id == id) && calls(id) {
+        // The call scan's bit first: most programs call none of these, and then the table
+        // is not searched at all.
+        if calls(id) && !table.iter().any(|h| h.id == id) {
             table.push(HelperEntry {
                 id,
                 inline_kind: PJ_INLINE_NONE,

@@ -176,6 +176,10 @@ fn perf_lines(by_addr: &BTreeMap<u64, Entry>) -> impl Iterator<Item = (u64, u64,
 impl State {
     /// With the perf map on, lists the copy at `start` (already in `by_addr`) in it.
     fn perf_list(&mut self, start: u64) {
+        // Off (the usual case): no lookup of the entry just inserted.
+        if self.perf_map.is_none() {
+            return;
+        }
         let State {
             by_addr, perf_map, ..
         } = self;

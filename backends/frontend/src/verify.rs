@@ -199,17 +199,20 @@ pub fn decode_with(
         }
     }
 
-    // Subprograms start at 0 and at every local-call target.
-    let mut starts: Vec<usize> = Vec::with_capacity(local_calls.len() + 1);
-    starts.push(0);
+    // Subprograms start at 0 and at every local-call target (a list made only when there
+    // are calls: most programs are one function, and every allocation shows in their load).
+    let mut called: Vec<usize> = Vec::new();
     if !local_calls.is_empty() {
-        starts.extend(local_calls.iter().map(|&b| match insts[b as usize].op {
+        called.reserve(local_calls.len() + 1);
+        called.push(0);
+        called.extend(local_calls.iter().map(|&b| match insts[b as usize].op {
             Op::CallLocal { target } => target as usize,
             _ => unreachable!("only local calls are listed"),
         }));
-        starts.sort_unstable();
-        starts.dedup();
+        called.sort_unstable();
+        called.dedup();
     }
+    let starts: &[usize] = if called.is_empty() { &[0] } else { &called };
     let mut subprogs: Vec<Subprog> = Vec::with_capacity(starts.len());
     let mut is_target = crate::reuse::filled(insts.len(), false);
     let mut next_branch = 0;

@@ -294,8 +294,9 @@ impl Assembler {
     pub fn with_capacity(forms: Vec<Form>, code: usize, labels: usize, fixups: usize) -> Self {
         Assembler {
             // Branches are patched by `finish`, not by dynasm relocations: only the
-            // `dynasm!` text's few label references need room there.
-            ops: reuse::assembler(code, labels, 16),
+            // `dynasm!` text's label references (a `callx` table's address) use that list,
+            // so it starts empty (most programs have none: no allocation).
+            ops: reuse::assembler(code, labels, 0),
             fixups: reuse::take(fixups),
             disps: None,
             forms,

@@ -4,6 +4,7 @@
 
 use crate::{op_kind, BranchKind, Op, Operand, Program, Size, Width};
 use packjit_plugin_api::{CompileError, ErrorKind};
+use std::cell::Cell;
 
 /// r1–r5, the argument registers of helper and local calls (bit n = rn).
 pub const ARG_REGS: u16 = 0b11_1110;
@@ -219,7 +220,12 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     // round settles every function. Each register's question (is it read before written on
     // some path?) is independent of the others', and only `open`'s can have a yes (nothing
     // reads the rest anywhere), so every function is asked about `open` alone.
-    let mut exposed = vec![0u16; prog.subprogs.len()];
+    // This thread's buffers from its last load (see `SCRATCH`), taken out so that nothing
+    // here can find them borrowed.
+    let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
+    let mut exposed = std::mem::take(&mut scratch.exposed);
+    exposed.clear();
+    exposed.resize(prog.subprogs.len(), 0u16);
     let single = [0usize];
     let order = if prog.subprogs.len() == 1 {
         None
@@ -228,22 +234,28 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     };
     for &k in order.as_deref().unwrap_or(&single) {
         let sp = &prog.subprogs[k];
-        exposed[k] = exposed_reads(prog, sp.start, sp.end, open, |i| {
-            let kind = prog.kind(i);
-            let reads = prog.reads(i) | lowering.of(kind);
-            if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
-                (reads, CALLER_SAVED)
-            } else if kind == op_kind::CALL_LOCAL {
-                let Op::CallLocal { target } = prog.insts[i].op else {
-                    unreachable!("the kind says local call")
-                };
-                (exposed[prog.subprog_of(target as usize)], 1)
-            } else {
-                (reads, prog.writes(i))
+        exposed[k] = exposed_reads(prog, sp.start, sp.end, open, &mut scratch, |i| {
+            let op = &prog.insts[i].op;
+            let reads = regs_read(op, ARG_REGS) | lowering.of(op.kind_bit());
+            match *op {
+                Op::CallHelper { .. } | Op::CallReg { .. } => (reads, CALLER_SAVED),
+                Op::CallLocal { target } => (exposed[prog.subprog_of(target as usize)], 1),
+                _ => (reads, op.written_reg().map_or(0, |r| 1 << r)),
             }
         });
     }
-    exposed[0] & FRESH_REGS
+    let zeroed = exposed[0] & FRESH_REGS;
+    scratch.exposed = exposed;
+    // Kept for the next load on this thread (nothing is kept during thread teardown).
+    let _ = SCRATCH.try_with(|s| s.set(scratch));
+    zeroed
+}
+
+thread_local! {
+    /// [`entry_zeroing`]'s buffers, kept per thread between loads: at most
+    /// [`EXACT_ZEROING_MAX`] entries each but for the worklist, and for a small program their
+    /// allocation and release cost more than its walk.
+    static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
 /// The registers among `mask` that some path from the function's first instruction reads
@@ -260,19 +272,22 @@ fn exposed_reads(
     start: usize,
     end: usize,
     mask: u16,
+    scratch: &mut Scratch,
     gen_kill: impl Fn(usize) -> (u16, u16),
 ) -> u16 {
-    use crate::op_kind::{EXIT, JA, JCOND};
     let n = end - start;
     if n == 0 || mask == 0 {
         return 0;
     }
     // unwritten[k]: registers of `mask` unwritten on some path to instruction start + k.
-    let mut unwritten = vec![0u16; n];
+    let Scratch {
+        unwritten, work, ..
+    } = scratch;
+    unwritten.clear();
+    unwritten.resize(n, 0);
     unwritten[0] = mask;
     let mut exposed = 0u16;
-    // Room for a branchy function's pending targets without regrowing from one.
-    let mut work = Vec::with_capacity(n.min(64));
+    work.clear();
     work.push(0usize);
     while let Some(mut k) = work.pop() {
         // Runs along the fall-through edge without the worklist: straight-line code is
@@ -285,19 +300,21 @@ fn exposed_reads(
                 return exposed;
             }
             let out = u & !kills;
-            let kind = prog.kind(start + k);
-            if kind & (JA | JCOND) != 0 {
-                let (Op::Ja { target } | Op::Jcond { target, .. }) = prog.insts[start + k].op
-                else {
-                    unreachable!("the kind says jump")
-                };
+            // One look at the instruction for its successors (this loop is the analysis).
+            let (jump, ends) = match prog.insts[start + k].op {
+                Op::Ja { target } => (Some(target), true),
+                Op::Jcond { target, .. } => (Some(target), false),
+                Op::Exit => (None, true),
+                _ => (None, false),
+            };
+            if let Some(target) = jump {
                 let t = target as usize - start;
                 if out & !unwritten[t] != 0 {
                     unwritten[t] |= out;
                     work.push(t);
                 }
             }
-            if kind & (EXIT | JA) != 0 || k + 1 == n || out & !unwritten[k + 1] == 0 {
+            if ends || k + 1 == n || out & !unwritten[k + 1] == 0 {
                 break;
             }
             k += 1;
@@ -305,6 +322,18 @@ fn exposed_reads(
         }
     }
     exposed
+}
+
+/// The buffers of [`entry_zeroing`] and its [`exposed_reads`] walks, reused for every
+/// function and, through `SCRATCH`, every load on a thread.
+#[derive(Default)]
+struct Scratch {
+    /// Per instruction of the function walked: registers still unwritten on some path.
+    unwritten: Vec<u16>,
+    /// Jump targets whose `unwritten` grew and are still to be walked from.
+    work: Vec<usize>,
+    /// Per function: the registers it reads before writing.
+    exposed: Vec<u16>,
 }
 
 /// The functions of `prog` (indices into `subprogs`), every callee before its callers: a
