@@ -131,7 +131,13 @@ pub fn frame_reach(prog: &Program) -> Option<usize> {
             }
         }
     };
-    let get = |st: &State, r: u8| if r == 10 { FrameVal::At(0) } else { st[r as usize] };
+    let get = |st: &State, r: u8| {
+        if r == 10 {
+            FrameVal::At(0)
+        } else {
+            st[r as usize]
+        }
+    };
     while let Some(b) = work.pop() {
         let mut st = states[b].expect("queued with a state");
         let mut i = starts[b];
@@ -146,7 +152,12 @@ pub fn frame_reach(prog: &Program) -> Option<usize> {
             };
             let op = insts[i].op;
             match op {
-                Op::Alu { width, op, dst, src } => {
+                Op::Alu {
+                    width,
+                    op,
+                    dst,
+                    src,
+                } => {
                     let a = get(&st, dst);
                     let v = match (width, op, src) {
                         (Width::W64, AluOp::Mov, Reg(r)) => get(&st, r),
@@ -201,7 +212,12 @@ pub fn frame_reach(prog: &Program) -> Option<usize> {
                     }
                 }
                 Op::Atomic {
-                    base, off, src, op, fetch, ..
+                    base,
+                    off,
+                    src,
+                    op,
+                    fetch,
+                    ..
                 } => {
                     reach(get(&st, base), i64::from(off))?;
                     if get(&st, src).is_frame() {
@@ -217,8 +233,8 @@ pub fn frame_reach(prog: &Program) -> Option<usize> {
                 Op::CallHelper { .. } | Op::CallReg { .. } => {
                     // A helper may use [ptr, r10) of a frame pointer it gets, in any argument
                     // (its arity is not known here).
-                    for r in 1..=5 {
-                        reach(st[r], 0)?;
+                    for &arg in &st[1..=5] {
+                        reach(arg, 0)?;
                     }
                     st[..=5].fill(FrameVal::NotFrame);
                 }
@@ -346,7 +362,11 @@ mod tests {
             insn(0x71, 0, 2, 0, 0), // r0 = *(u8 *)(r2 + 0): r10 - 200 or r10 - 8
             EXIT,
         ];
-        assert_eq!(block_of(&branches), 512, "two offsets joined are any offset");
+        assert_eq!(
+            block_of(&branches),
+            512,
+            "two offsets joined are any offset"
+        );
         let one_side = [
             insn(0xbf, 2, 10, 0, 0),
             insn(0x15, 1, 0, 1, 0), // if r1 == 0 goto +1
