@@ -782,12 +782,12 @@ fn sandbox_is_the_default_and_options_are_checked() {
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("wraps around"), "{}", last_error());
     opts.region_count = 0;
-    opts.flags = PACKJIT_LOAD_TRUSTED | 256;
+    opts.flags = PACKJIT_LOAD_TRUSTED | 512;
     // SAFETY: as above.
     let st = unsafe { packjit_program_load(rt.0, code.as_ptr(), code.len(), &opts, &mut p) };
     assert_eq!(st, PJ_ERR_INVALID_ARGUMENT);
     assert!(
-        last_error().contains("unknown bits 0x100"),
+        last_error().contains("unknown bits 0x200"),
         "{}",
         last_error()
     );
