@@ -293,7 +293,7 @@ impl HashTable {
 
     /// # Safety
     /// `key` points to key_size readable bytes; element `i` is reachable from a chain the
-    /// caller walks under an epoch pin or the bucket lock (so its key is not being written).
+    /// caller walks under an epoch pin, inside a registered run, or under the bucket lock (so its key is not being written).
     #[inline(always)]
     unsafe fn key_eq(&self, i: u32, key: *const u8, h: u64) -> bool {
         let k = self.key_ptr(i);

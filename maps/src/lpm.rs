@@ -179,7 +179,7 @@ pub(crate) struct LpmTrie {
 }
 
 // SAFETY: the raw node pointers are shared the way the module doc describes (published by
-// Release, read under epoch pins, written only under `writer`); the batch vectors are behind
+// Release, read under epoch pins or inside registered runs, written only under `writer`); the batch vectors are behind
 // mutexes.
 unsafe impl Send for LpmTrie {}
 // SAFETY: as for Send.
@@ -249,7 +249,7 @@ impl LpmTrie {
     }
 
     /// # Safety
-    /// `n` is reachable: read under an epoch pin, or under `writer`.
+    /// `n` is reachable: read under an epoch pin or inside a registered run, or under `writer`.
     #[inline(always)]
     unsafe fn node<'a>(n: *mut Node) -> &'a Node {
         // SAFETY: forwarded from the caller; retired nodes are freed after a grace period.
