@@ -172,7 +172,7 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
 const UNIFORM_SAVES: [u8; 10] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
 
 /// Bytes from the entry of a program with the uniform frame to its tail entry: the frame
-/// record (`stp x29, x30` and `mov x29, sp`), five `stp` of [`UNIFORM_SAVES`], then `env`
+/// record (`stp x29, x30` and `mov x29, sp`), five `stp` of `UNIFORM_SAVES`, then `env`
 /// (`mov x28, x2`) and `entry_sp` (`mov`, `str`): what the caller's frame already holds. The
 /// tail entry reserves the program's own frame and sets its registers.
 pub const TAIL_ENTRY_SKIP: u32 = 40;

@@ -186,7 +186,7 @@ const STORED_ZEROING_MAX: usize = 128;
 const UNIFORM_SAVES: [u8; 13] = [RA, CTX_LIM8, S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11];
 
 /// Bytes from the entry of a program with the uniform frame to its tail entry: the save
-/// area's `addi sp`, one `sd` per [`UNIFORM_SAVES`] and `mv s6, a2` (env), 4 bytes each (15
+/// area's `addi sp`, one `sd` per `UNIFORM_SAVES` and `mv s6, a2` (env), 4 bytes each (15
 /// instructions). The prologue checks it. The tail entry reserves the block and sets
 /// `env` and `entry_sp` again (the same values), then the rest of the program's own entry.
 pub const TAIL_ENTRY_SKIP: u32 = 60;

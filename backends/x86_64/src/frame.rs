@@ -134,7 +134,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
 const UNIFORM_SAVES: [Gpr; 6] = [RBP, RBX, R13, R14, R15, ENV];
 
 /// Bytes from the entry of a program with the uniform frame to its tail entry: `endbr64`
-/// (4), the pushes of [`UNIFORM_SAVES`] (1 each for rbp and rbx, 2 each for r12–r15), the
+/// (4), the pushes of `UNIFORM_SAVES` (1 each for rbp and rbx, 2 each for r12–r15), the
 /// pad (`push rax`, 1), `mov r12, rdx` (3) and `mov [r12 + entry_sp], rsp` (5): what the
 /// caller's frame already holds (the same registers saved, `env`, `entry_sp`). The tail
 /// entry reserves the stack block and sets the registers as the program's own entry does.

@@ -50,7 +50,7 @@ pub use liveness::{
     entry_zeroing, live_in, refuse_reads_after_calls, regs_read, upper_halves_live, LoweringReads,
     ARG_REGS, EXACT_ZEROING_MAX, FRESH_REGS,
 };
-pub use memory::{checked_access, is_frame_constant, stack_block_size};
+pub use memory::{checked_access, frame_reach, is_frame_constant, stack_block_size, FRAME_LINE};
 pub use mode::{validate_inline_kinds, validate_request, Budget, CodegenMode, MemoryChecks};
 pub use reach::reachable;
 
