@@ -25,7 +25,7 @@ use crate::encode::{count_insns_except, Assembler};
 use crate::frame::Layout;
 use crate::{FEATURE_C, FEATURE_ZBA, FEATURE_ZBB};
 use dynasmrt::DynamicLabel;
-use packjit_frontend::analysis::{stack_block_size, CodegenMode, EmitCapacity, EmitOptions};
+use packjit_frontend::analysis::{CodegenMode, EmitCapacity, EmitOptions};
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{self, Assembled, Driver, Emitted, Lowering, Pass};
 use packjit_frontend::ranges::{plan_accesses, AccessPlan};
@@ -150,7 +150,9 @@ impl<'a> Plan<'a> {
             AccessPlan::default()
         };
         // Any 8-byte access whose inline test is the context's general one?
-        let block = stack_block_size(prog) > 0;
+        // Whether there is a stack block at all (`stack_block_size(prog) > 0`), without
+        // running its frame analysis a second time (`frame::plan` sizes the block).
+        let block = prog.subprogs.iter().any(|s| s.uses_stack);
         let lim8 = mode.sandboxed()
             && (prog.insts.iter().enumerate())
                 .any(|(i, inst)| mem::lim8_access(&inst.op, access.check(i), block));
