@@ -35,6 +35,7 @@
 //! ```
 
 mod frame;
+mod fuse;
 mod lift;
 mod link;
 mod sandbox;

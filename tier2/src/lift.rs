@@ -9,6 +9,7 @@
 //! zero-extended.
 
 use crate::frame::{self, Slot};
+use crate::fuse::{self, Action, ByteOrder, WideLoad};
 use cranelift_codegen::ir::{
     self, condcodes::IntCC, types, AbiParam, AtomicRmwOp, Block, BlockArg, ExtFuncData,
     ExternalName, FuncRef, InstBuilder, MemFlagsData, SigRef, Signature, SourceLoc, StackSlotData,
@@ -17,7 +18,7 @@ use cranelift_codegen::ir::{
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use packjit_frontend::analysis::{
-    back_edge_charge, is_frame_constant, stack_block_size, CodegenMode, CALL_CHARGE,
+    back_edge_charge, is_frame_constant, live_in, stack_block_size, CodegenMode, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::{
@@ -56,6 +57,9 @@ pub(crate) struct Shared<'p> {
     /// caller's frame, allowed because the block is one region): promotion there is exact
     /// only when no function copies r10 or addresses outside its own frame through it.
     pub promote: bool,
+    /// Whether byte assembly may become one wide load ([`crate::fuse`]): hosts where an
+    /// unaligned load is an ordinary load.
+    pub combine_loads: bool,
     pub call_conv: CallConv,
     pub frontend: TargetFrontendConfig,
 }
@@ -122,6 +126,10 @@ impl<'p> Shared<'p> {
             access,
             block,
             promote,
+            combine_loads: matches!(
+                isa.triple().architecture,
+                target_lexicon::Architecture::X86_64 | target_lexicon::Architecture::Aarch64(_)
+            ),
             call_conv: isa.default_call_conv(),
             frontend: isa.frontend_config(),
         })
@@ -230,6 +238,21 @@ pub(crate) fn lift_function(
     };
     let first = l.blocks[0].expect("created above");
     l.b.ins().jump(first, NO_ARGS);
+    let plan = shared.combine_loads.then(|| {
+        let proven = |k: usize| {
+            !shared.mode.sandboxed() || shared.access.check(sub.start + k) == AccessCheck::None
+        };
+        let live_in = live_in(shared.prog, sub.start, sub.end);
+        let function = fuse::Function {
+            insts,
+            start: sub.start,
+            is_target: &shared.prog.is_target[sub.start..sub.end],
+            live_in: &live_in,
+        };
+        fuse::plan(&function, proven)
+    });
+    // Base registers as the loads read them, for the wide loads after them (`fuse`).
+    let mut bases: Vec<Option<Value>> = vec![None; insts.len()];
     let mut open = false;
     for (k, inst) in insts.iter().enumerate() {
         match l.blocks[k] {
@@ -247,7 +270,37 @@ pub(crate) fn lift_function(
             None => {}
         }
         l.b.set_srcloc(SourceLoc::new(inst.pc));
-        l.inst(sub.start + k, inst.pc, &inst.op)?;
+        let action = plan.as_ref().map_or(Action::Lift, |p| {
+            if let (true, Op::Load { base, .. }) = (p.capture[k], inst.op) {
+                bases[k] = Some(l.get(base));
+            }
+            p.actions[k]
+        });
+        match (action, inst.op) {
+            (Action::Lift, _) => l.inst(sub.start + k, inst.pc, &inst.op)?,
+            (Action::Skip, _) => {}
+            (Action::Wide(w), Op::Alu { dst, .. }) => {
+                let base = bases[w.base_at].ok_or_else(|| {
+                    CompileError::new(
+                        ErrorKind::Internal,
+                        format!(
+                            "optimized tier: pc {}: a combined load without its base",
+                            inst.pc
+                        ),
+                    )
+                })?;
+                l.wide_load(dst, base, w);
+            }
+            (Action::Wide(_), _) => {
+                return Err(CompileError::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "optimized tier: pc {}: a combined load at an instruction that is no `or`",
+                        inst.pc
+                    ),
+                ))
+            }
+        }
         open = !matches!(inst.op, Op::Ja { .. } | Op::Exit | Op::Jcond { .. });
     }
     if open {
@@ -736,6 +789,31 @@ impl Lifter<'_, '_> {
             return None;
         }
         back_edge_charge(self.shared.prog, from, to)
+    }
+
+    /// `dst` = the bytes an `or` assembled, as one load (byte-swapped when they were
+    /// assembled in network order), zero-extended as the `or`'s result is.
+    fn wide_load(&mut self, dst: Reg, base: Value, w: WideLoad) {
+        let f = Self::flags();
+        let off = i32::from(w.off);
+        let ins = self.b.ins();
+        let v = match (w.size, w.order) {
+            (Size::DW, ByteOrder::Little) => ins.load(I64, f, base, off),
+            (Size::DW, ByteOrder::Big) => {
+                let v = ins.load(I64, f, base, off);
+                self.b.ins().bswap(v)
+            }
+            (Size::W, ByteOrder::Little) => ins.uload32(f, base, off),
+            (Size::H, ByteOrder::Little) => ins.uload16(I64, f, base, off),
+            (size @ (Size::W | Size::H), ByteOrder::Big) => {
+                let v = ins.load(narrow(size), f, base, off);
+                let v = self.b.ins().bswap(v);
+                self.b.ins().uextend(I64, v)
+            }
+            // One byte has no order (an assembly is at least two; this keeps the match whole).
+            (Size::B, _) => ins.uload8(I64, f, base, off),
+        };
+        self.set(dst, v);
     }
 
     fn flags() -> MemFlagsData {
