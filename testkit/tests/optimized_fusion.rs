@@ -5,7 +5,7 @@
 //!   and big-endian, 32- and 64-bit, with stores into the bytes, a base overwritten by its
 //!   own load, a base moved within a chain, block boundaries and partial values used later: r0 and the context must match
 //!   the interpreter, trusted and sandboxed. `PACKJIT_FUSION_COUNT` programs (default 2000,
-//!   300 under qemu) from `PACKJIT_FUSION_SEED` (default 0xf05e0000); the range is printed.
+//!   1000 under qemu) from `PACKJIT_FUSION_SEED` (default 0xf05e0000); the range is printed.
 //! * That combining happens: an 8-byte little-endian chain compiles to far less code than
 //!   the same chain with a store in the middle (which must keep the bytes apart).
 
@@ -137,7 +137,7 @@ fn random_chains(sandboxed: bool) {
     let rt = Runtime::new().unwrap();
     let emulated = !cfg!(target_arch = "x86_64");
     let count = packjit_testkit::env_u64("PACKJIT_FUSION_COUNT").unwrap_or(if emulated {
-        300
+        1000
     } else {
         2000
     });
