@@ -3,6 +3,7 @@
 //! returns to the function's caller with the target's r0, the count of 33 is the run's,
 //! and a stop in the target ends the whole run.
 
+mod elf_support;
 mod host;
 
 use packjit::maps::{Map, MapSpec, MapType};
@@ -424,5 +425,51 @@ fn a_function_tail_call_in_a_program_with_deeper_call_chains_than_4_frames_is_re
         for want in ["pc 5", "bpf-to-bpf function", "5 frames deep", "at most 4"] {
             assert!(e.contains(want), "{trust:?} {want}: {e}");
         }
+    }
+}
+
+#[test]
+fn a_clang_built_tail_call_from_a_static_noinline_function_runs_from_the_object() {
+    use packjit::elf::ElfLoadOptions;
+    use packjit::ElfObject;
+    let obj = elf_support::compile_bpf("tail_callee");
+    let rt = host::host_runtime();
+    for trusted in [false, true] {
+        let object = ElfObject::open(&obj, &[]).unwrap();
+        let load = |section: &str| -> Arc<Program> {
+            let sel = ElfLoadOptions::section(section);
+            Arc::new(if trusted {
+                // SAFETY: the programs touch their packet and their stack only.
+                unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap()
+            } else {
+                object.load(&rt, &sel, &Default::default()).unwrap()
+            })
+        };
+        let entry = load("pj/entry");
+        let stage = load("pj/stage");
+        object
+            .init_prog_arrays(&rt, &[("stage", stage.clone())])
+            .unwrap();
+        // Slot 1 (set statically): the stage's result is dispatch's; the entry adds its
+        // own 3 * pkt[2] (a register across the call) and 7 (its frame).
+        let mut pkt = [1u8, 20, 5, 0];
+        assert_eq!(
+            entry.call(&mut pkt).unwrap(),
+            1000 + 20 + 15 + 7,
+            "{trusted}"
+        );
+        assert_eq!(pkt[3], 1, "trusted {trusted}: the stage ran once");
+        // Empty slot, out of range: dispatch goes on.
+        for slot in [0u8, 2, 3, 4, 255] {
+            let mut pkt = [slot, 20, 5, 0];
+            assert_eq!(
+                entry.call(&mut pkt).unwrap(),
+                100 + 20 + 15 + 7,
+                "trusted {trusted}, slot {slot}"
+            );
+            assert_eq!(pkt[3], 0);
+        }
+        rt.set_prog_array(object.map("stages").unwrap(), 1, None)
+            .unwrap();
     }
 }
