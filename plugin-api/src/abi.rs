@@ -344,8 +344,10 @@ pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
 /// registers restored) and jumps to that entry with the arguments of the current run: the
 /// context `env.ctx_start`, its length `env.ctx_end - env.ctx_start`, and `env`. The
 /// function at `addr` updates `env` for the program it chose (its regions), so the program
-/// reached runs exactly as if the host had called it, on the same native stack. A backend
-/// refuses a tail call inside a bpf-to-bpf callee (the frame to leave is the entry's).
+/// reached runs exactly as if the host had called it, on the same native stack. Inside a
+/// bpf-to-bpf function (whose callers' frames stay) packjit's backends call the table's
+/// [`PJ_HELPER_CALLEE_TAIL_CALL`] entry instead, for both forms of tail call, and refuse
+/// the tail call when the table has none.
 pub const PJ_INLINE_TAIL_CALL: u32 = 4;
 
 /// [`PjHelper::inline_kind`]: an array map lookup, inlined (the kernel's `map_gen_lookup`).
