@@ -473,3 +473,90 @@ fn a_clang_built_tail_call_from_a_static_noinline_function_runs_from_the_object(
             .unwrap();
     }
 }
+
+/// `r7 = *(u16 *)(r6 + off)`, then that many rounds of a two-instruction loop (none at 0):
+/// four instructions, one back-edge per round after the first.
+fn spin_rounds(base: u8, off: i16) -> Vec<u8> {
+    [
+        i(0x69, 7, base, off, 0), // r7 = *(u16 *)(base + off)
+        i(0x15, 7, 0, 2, 0),      // if r7 == 0 goto +2
+        i(0x17, 7, 0, 0, 1),      // r7 -= 1
+        i(0x55, 7, 0, -2, 0),     // if r7 != 0 goto -2
+    ]
+    .concat()
+}
+
+/// Spins mem[4..6] rounds, calls f (which tail calls slot mem[2]), spins mem[8..10] rounds
+/// and returns f's r0.
+fn budget_caller() -> Vec<u8> {
+    [
+        i(0xbf, 6, 1, 0, 0),  // 0
+        spin_rounds(6, 4),    // 1-4
+        i(0xbf, 1, 6, 0, 0),  // 5
+        i(CALL, 0, 1, 0, 5),  // 6: call f (pc 12)
+        spin_rounds(6, 8),    // 7-10
+        i(EXIT, 0, 0, 0, 0),  // 11
+        i(0x71, 3, 1, 2, 0),  // 12: f: r3 = mem[2]
+        map_ref(2, 0),        // 13
+        i(CALL, 0, 0, 0, 12), // 15
+        i(0xb7, 0, 0, 0, -1), // 16
+        i(EXIT, 0, 0, 0, 0),  // 17
+    ]
+    .concat()
+}
+
+#[test]
+fn a_target_entered_from_a_function_counts_on_the_runs_budget_and_gives_back_the_rest() {
+    let rt = host::host_runtime();
+    for trust in TRUSTS {
+        let (jumps, mut opts) = prog_array(4);
+        opts.budget = Budget::Limit(1 << 20);
+        let c = load_as(&rt, trust, &budget_caller(), &opts);
+        // The target spins mem[6..8] rounds (back-edge at pc 3).
+        let target = [spin_rounds(1, 6), i(0xb7, 0, 0, 0, 9), i(EXIT, 0, 0, 0, 0)].concat();
+        rt.set_prog_array(&jumps, 2, Some(load_as(&rt, trust, &target, &opts)))
+            .unwrap();
+        let mem = |before: u16, inside: u16, after: u16| {
+            let mut m = [0u8; 16];
+            m[2] = 2;
+            m[4..6].copy_from_slice(&before.to_le_bytes());
+            m[6..8].copy_from_slice(&inside.to_le_bytes());
+            m[8..10].copy_from_slice(&after.to_le_bytes());
+            m
+        };
+        // The least budget a run needs (the runs are deterministic).
+        let least = |m: [u8; 16]| {
+            let (mut lo, mut hi) = (1u64, 1u64 << 20);
+            assert_eq!(c.call_with_budget(&mut m.clone(), hi).unwrap(), 9);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if c.call_with_budget(&mut m.clone(), mid).is_ok() {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            lo
+        };
+        // One budget for the run: the same 3000 rounds cost the same wherever they run,
+        // before the call, in the target, after it, or split over the three.
+        let all_before = least(mem(3000, 0, 0));
+        for (before, inside, after) in [(0, 3000, 0), (0, 0, 3000), (1000, 1000, 1000)] {
+            let need = least(mem(before, inside, after));
+            assert!(
+                need.abs_diff(all_before) <= 8,
+                "{trust:?} ({before}, {inside}, {after}): {need} vs {all_before}"
+            );
+        }
+        // One short: the stop is where the budget ran out.
+        for (m, pc) in [(mem(1000, 2000, 0), 3), (mem(1000, 1000, 1000), 10)] {
+            let need = least(m);
+            assert_eq!(
+                c.call_with_budget(&mut m.clone(), need - 1).unwrap_err(),
+                RunError::Stop(Stop::Budget { pc }),
+                "{trust:?}"
+            );
+        }
+        rt.set_prog_array(&jumps, 2, None).unwrap();
+    }
+}
