@@ -1003,10 +1003,12 @@ extern "C" fn callee_tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) 
         return PJ_CALLEE_TAIL_FELL_THROUGH;
     };
     let token = m.prog_slot(index as u32);
-    // SAFETY (all reads and writes of `*env` below): the running program's env, which its
-    // code does not touch while this helper runs; no reference to it is held across the
-    // target's run, which reads and writes it too.
-    if token == 0 || unsafe { (*env).tail_calls } >= u64::from(MAX_TAIL_CALLS) {
+    // The reads and writes of `*env` here: the running program's env, which its code does
+    // not touch while this helper runs; no reference to it is held across the target's
+    // run, which reads and writes it too.
+    // SAFETY: as just said.
+    let count = unsafe { (*env).tail_calls };
+    if token == 0 || count >= u64::from(MAX_TAIL_CALLS) {
         return PJ_CALLEE_TAIL_FELL_THROUGH;
     }
     let target = token as *const PjTailTarget;
@@ -1027,9 +1029,9 @@ extern "C" fn callee_tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) 
             (*target).maps,
         )
     };
-    // SAFETY: see above (`*env`).
+    // SAFETY: `*env` as said above.
     let caller = unsafe { *env };
-    // SAFETY: see above (`*env`).
+    // SAFETY: `*env` as said above.
     unsafe {
         (*env).tail_calls += 1;
         (*env).regions = regions;
@@ -1044,7 +1046,7 @@ extern "C" fn callee_tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) 
         let ctx = caller.ctx_start as *mut u8;
         f(ctx, caller.ctx_end.wrapping_sub(caller.ctx_start), env)
     };
-    // SAFETY: see above (`*env`); the target's run is over.
+    // SAFETY: `*env` as said above; the target's run is over.
     unsafe {
         (*env).entry_sp = caller.entry_sp;
         (*env).stack_start = caller.stack_start;
