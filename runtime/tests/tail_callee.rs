@@ -560,3 +560,33 @@ fn a_target_entered_from_a_function_counts_on_the_runs_budget_and_gives_back_the
         rt.set_prog_array(&jumps, 2, None).unwrap();
     }
 }
+
+#[test]
+fn a_program_cannot_call_the_runner_itself() {
+    use packjit_plugin_api::PJ_HELPER_CALLEE_TAIL_CALL;
+    let rt = host::host_runtime();
+    let (_jumps, opts) = prog_array(2);
+    // A tail call puts the runner in the load's helper table; a direct call of its id at
+    // pc 5 is still refused.
+    let code = [
+        map_ref(2, 0),
+        i(0xb7, 3, 0, 0, 0),
+        i(CALL, 0, 0, 0, 12),
+        i(0xb7, 1, 0, 0, 0),
+        i(CALL, 0, 0, 0, PJ_HELPER_CALLEE_TAIL_CALL as i32),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat();
+    for trust in TRUSTS {
+        let e = match trust {
+            Trust::Sandboxed => rt.load(&code, &opts).unwrap_err(),
+            // SAFETY: refused at load, never run.
+            Trust::Trusted => unsafe { rt.load_trusted(&code, &opts) }.unwrap_err(),
+        }
+        .to_string();
+        assert!(
+            e.contains("pc 5") && e.contains("not callable"),
+            "{trust:?}: {e}"
+        );
+    }
+}

@@ -858,7 +858,7 @@ fn tail_call<'a, L: Isa<'a>>(
 /// subprogram (`check_max_stack_depth`); packjit's frames are fixed at 512 bytes.
 pub const MAX_TAIL_CALLING_DEPTH: usize = 4;
 
-/// A tail call inside bpf-to-bpf function (helper `id`, either form): the target is entered
+/// A tail call inside a bpf-to-bpf function (helper `id`, either form): the target is entered
 /// as a callee. The runner ([`packjit_plugin_api::PJ_HELPER_CALLEE_TAIL_CALL`]) gets the
 /// program's r1-r3, makes the tail call's tests on the run's count, and runs the target's
 /// whole entry on `env` (what the entry overwrites for this run saved and restored around
