@@ -884,6 +884,12 @@ typedef struct PjExecEnv {
      * code, which only copies a tail call target's [`PjTailTarget::maps`] here).
      */
     uint64_t maps;
+    /**
+     * The result (r0) of a tail call target entered from a bpf-to-bpf function, written by
+     * the [`PJ_HELPER_CALLEE_TAIL_CALL`] helper when it answers
+     * [`PJ_CALLEE_TAIL_RETURNED`], read by the calling code right after.
+     */
+    uint64_t callee_tail_r0;
 } PjExecEnv;
 
 /**

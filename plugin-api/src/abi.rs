@@ -141,6 +141,10 @@ pub struct PjExecEnv {
     /// The host's description of the running program's maps, for its helpers (opaque to the
     /// code, which only copies a tail call target's [`PjTailTarget::maps`] here).
     pub maps: u64,
+    /// The result (r0) of a tail call target entered from a bpf-to-bpf function, written by
+    /// the [`PJ_HELPER_CALLEE_TAIL_CALL`] helper when it answers
+    /// [`PJ_CALLEE_TAIL_RETURNED`], read by the calling code right after.
+    pub callee_tail_r0: u64,
 }
 
 /// Field offsets of [`PjExecEnv`] for emitted code.
@@ -171,6 +175,8 @@ pub const PJ_ENV_ENTRY_SP: i32 = 80;
 pub const PJ_ENV_TAIL_CALLS: i32 = 88;
 /// Offset of [`PjExecEnv::maps`].
 pub const PJ_ENV_MAPS: i32 = 96;
+/// Offset of [`PjExecEnv::callee_tail_r0`].
+pub const PJ_ENV_CALLEE_TAIL_R0: i32 = 104;
 /// Bit of [`PjExecEnv::stop_access`] marking a write.
 pub const PJ_ACCESS_WRITE: u32 = 1 << 8;
 
@@ -189,6 +195,7 @@ const _: () = {
     assert!(core::mem::offset_of!(PjExecEnv, entry_sp) == PJ_ENV_ENTRY_SP as usize);
     assert!(core::mem::offset_of!(PjExecEnv, tail_calls) == PJ_ENV_TAIL_CALLS as usize);
     assert!(core::mem::offset_of!(PjExecEnv, maps) == PJ_ENV_MAPS as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, callee_tail_r0) == PJ_ENV_CALLEE_TAIL_R0 as usize);
     assert!(core::mem::offset_of!(PjTailTarget, code_base) == PJ_TAIL_TARGET_CODE_BASE as usize);
     assert!(
         core::mem::offset_of!(PjTailTarget, entry_offset) == PJ_TAIL_TARGET_ENTRY_OFFSET as usize
@@ -337,8 +344,10 @@ pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
 /// registers restored) and jumps to that entry with the arguments of the current run: the
 /// context `env.ctx_start`, its length `env.ctx_end - env.ctx_start`, and `env`. The
 /// function at `addr` updates `env` for the program it chose (its regions), so the program
-/// reached runs exactly as if the host had called it, on the same native stack. A backend
-/// refuses a tail call inside a bpf-to-bpf callee (the frame to leave is the entry's).
+/// reached runs exactly as if the host had called it, on the same native stack. Inside a
+/// bpf-to-bpf function (whose callers' frames stay) packjit's backends call the table's
+/// [`PJ_HELPER_CALLEE_TAIL_CALL`] entry instead, for both forms of tail call, and refuse
+/// the tail call when the table has none.
 pub const PJ_INLINE_TAIL_CALL: u32 = 4;
 
 /// [`PjHelper::inline_kind`]: an array map lookup, inlined (the kernel's `map_gen_lookup`).
@@ -502,6 +511,30 @@ pub struct PjStaticRegions {
 /// value or a write to a read-only value stays checked against the run's regions.
 /// A `call` of this id is refused at decode time and `callx` never matches it.
 pub const PJ_HELPER_LOOKUP_VALUES: u32 = 0x7043_0004;
+
+/// packjit's runner of a tail call made inside a bpf-to-bpf function (not callable by
+/// programs: a `call` of this id is refused at decode time and `callx` never matches it).
+/// The code of such a tail call calls it like a helper with the program's r1-r3 (context,
+/// prog array, index). It makes the tail call's tests on the run's count
+/// ([`PjExecEnv::tail_calls`], shared with the whole chain), and when the call goes, runs
+/// the target's whole entry on the same `env`, as a native call: what the entry overwrites
+/// for the caller (`entry_sp`, the stack bounds, the regions, the maps) is saved before and
+/// restored after, the count and a stop are not. It answers [`PJ_CALLEE_TAIL_FELL_THROUGH`],
+/// [`PJ_CALLEE_TAIL_RETURNED`] (the target's r0 in [`PjExecEnv::callee_tail_r0`]) or
+/// [`PJ_CALLEE_TAIL_STOPPED`] (the target's stop recorded in `env`). The code keeps the
+/// budget in `env` across the call (the target counts on from it). A host that has no such
+/// entry gets such tail calls refused at load.
+pub const PJ_HELPER_CALLEE_TAIL_CALL: u32 = 0x7043_0005;
+
+/// [`PJ_HELPER_CALLEE_TAIL_CALL`]'s answer: no tail call (empty slot, index out of range,
+/// count exhausted, a program of the other trust); the code goes on with r0 = 0.
+pub const PJ_CALLEE_TAIL_FELL_THROUGH: u64 = 0;
+/// [`PJ_HELPER_CALLEE_TAIL_CALL`]'s answer: the target ran and returned; the calling
+/// function returns its r0 ([`PjExecEnv::callee_tail_r0`]) to its own caller.
+pub const PJ_CALLEE_TAIL_RETURNED: u64 = 1;
+/// [`PJ_HELPER_CALLEE_TAIL_CALL`]'s answer: the target stopped, as `env` records; the run
+/// stops there.
+pub const PJ_CALLEE_TAIL_STOPPED: u64 = 2;
 
 /// Header of the [`PJ_HELPER_LOOKUP_VALUES`] table.
 #[repr(C)]

@@ -18,7 +18,9 @@
 //!    update+delete of a new /32; queue push+pop; ring buffer reserve+submit (drained by the
 //!    host between rounds).
 //! 5. A chain of 33 tail calls against 34 bpf-to-bpf calls doing the same work; the chain
-//!    twice: past the target's saves (the uniform tail-call frame) and at its full entry.
+//!    twice: past the target's saves (the uniform tail-call frame) and at its full entry;
+//!    and the chain with its tail calls inside a bpf-to-bpf function (each target entered
+//!    as a callee).
 //!
 //! `cargo bench -p packjit --bench maps`
 
@@ -1069,6 +1071,41 @@ fn tail_calls(rt: &Runtime) {
         a.ldx32(R0, R6, 0).exit();
         a.finish()
     };
+    // The same link, its tail call made inside a bpf-to-bpf function: each target is
+    // entered as a callee (the runner, the target's whole entry), 33 deep.
+    let link_callee = {
+        let mut a = Asm::default();
+        a.movr(R6, R1).ldx32(R2, R6, 0).add(R2, 1).stx32(R6, 0, R2);
+        a.movr(R1, R6).call_local("f").exit();
+        a.label("f").movr(R6, R1);
+        a.map(R2, 0).mov(R3, 0).call(12);
+        a.ldx32(R0, R6, 0).exit();
+        a.finish()
+    };
+    // One tail call inside a function per run, into a leaf that does the other 33 links'
+    // work: the typical use (a dispatcher function), no nesting.
+    let leaf = {
+        let mut a = Asm::default();
+        a.ldx32(R2, R1, 0)
+            .add(R2, 33)
+            .stx32(R1, 0, R2)
+            .movr(R0, R2)
+            .exit();
+        a.finish()
+    };
+    // Its baseline: the dispatcher's function does the leaf's work itself.
+    let local_leaf = {
+        let mut a = Asm::default();
+        a.movr(R6, R1).ldx32(R2, R6, 0).add(R2, 1).stx32(R6, 0, R2);
+        a.movr(R1, R6).call_local("f").exit();
+        a.label("f").movr(R6, R1);
+        a.ldx32(R2, R6, 0)
+            .add(R2, 33)
+            .stx32(R6, 0, R2)
+            .movr(R0, R2)
+            .exit();
+        a.finish()
+    };
     // 34 bpf-to-bpf calls of a function doing the link's work.
     let local = {
         let mut a = Asm::default();
@@ -1104,14 +1141,22 @@ fn tail_calls(rt: &Runtime) {
         spec("jumps_t_full", MapType::ProgArray, 4, 4, 1),
         spec("jumps_s_var", MapType::ProgArray, 4, 4, 1),
         spec("jumps_t_var", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_s_callee", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_t_callee", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_s_leaf", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_t_leaf", MapType::ProgArray, 4, 4, 1),
     ];
-    let chain: Vec<Arc<Program>> = (0..6)
+    let chain: Vec<Arc<Program>> = (0..10)
         .map(|k| {
             let o = LoadOptions {
                 name: Some("tail_link".into()),
                 ..opts(&[&jumps[k]])
             };
-            let code = if k < 4 { &link } else { &link_var };
+            let code = match k {
+                0..4 => &link,
+                4..6 => &link_var,
+                _ => &link_callee,
+            };
             Arc::new(if k % 2 == 0 {
                 rt.load(code, &o).unwrap()
             } else {
@@ -1120,8 +1165,26 @@ fn tail_calls(rt: &Runtime) {
             })
         })
         .collect();
-    for k in 0..6 {
-        let p = Some(chain[k].clone());
+    // The leaves, in the last two arrays: the links of those two read them.
+    let leaves: Vec<Arc<Program>> = (8..10)
+        .map(|k| {
+            let o = LoadOptions {
+                name: Some("tail_leaf".into()),
+                ..opts(&[&jumps[k]])
+            };
+            Arc::new(if k % 2 == 0 {
+                rt.load(&leaf, &o).unwrap()
+            } else {
+                // SAFETY: the leaf touches only its 4-byte context.
+                unsafe { rt.load_trusted(&leaf, &o) }.unwrap()
+            })
+        })
+        .collect();
+    for k in 0..10 {
+        let p = Some(match k {
+            8 | 9 => leaves[k - 8].clone(),
+            _ => chain[k].clone(),
+        });
         if !(2..4).contains(&k) {
             rt.set_prog_array(&jumps[k], 0, p).unwrap();
         } else {
@@ -1164,6 +1227,7 @@ fn tail_calls(rt: &Runtime) {
     }
     let local = both(rt, "bpf_to_bpf", &local, &LoadOptions::default());
     let inline = both(rt, "inline", &inline, &LoadOptions::default());
+    let local_leaf = both(rt, "local_leaf", &local_leaf, &LoadOptions::default());
     const RUNS_T: usize = 20_000;
     let time = |p: &Program| {
         let mut ctx = [0u8; 4];
@@ -1177,14 +1241,21 @@ fn tail_calls(rt: &Runtime) {
         ns
     };
     let mut cases: Vec<Box<dyn FnMut() -> f64 + '_>> = Vec::new();
-    for p in chain.iter().map(|p| &**p).chain(&local).chain(&inline) {
+    for p in chain[..6].iter().map(|p| &**p).chain(&local).chain(&inline) {
+        cases.push(Box::new(move || time(p)));
+    }
+    for p in chain[6..].iter().map(|p| &**p).chain(&local_leaf) {
         cases.push(Box::new(move || time(p)));
     }
     let m = side_by_side(&mut cases);
     drop(cases);
     header("Tail calls against bpf-to-bpf calls, ns (34 links of `ctx[0] += 1` per run)");
-    // m: the chains (uniform entry, full entry, index not known), bpf-to-bpf calls, inline.
-    let m = [m[0], m[1], m[2], m[3], m[6], m[7], m[8], m[9], m[4], m[5]];
+    // m: the chains (uniform entry, full entry, index not known), bpf-to-bpf calls, inline,
+    // the chain from functions.
+    let m = [
+        m[0], m[1], m[2], m[3], m[6], m[7], m[8], m[9], m[4], m[5], m[10], m[11], m[12], m[13],
+        m[14], m[15],
+    ];
     row("run: entry + 33 tail calls", m[0], m[1], "");
     row(
         "run: the same, full entry",
@@ -1204,6 +1275,13 @@ fn tail_calls(rt: &Runtime) {
     let full = [(m[2] - m[6]) / 33.0, (m[3] - m[7]) / 33.0];
     let call = [(m[4] - m[6]) / 34.0, (m[5] - m[7]) / 34.0];
     let var = [(m[8] - m[6]) / 33.0, (m[9] - m[7]) / 33.0];
+    let callee = [(m[10] - m[6]) / 33.0, (m[11] - m[7]) / 33.0];
+    row(
+        "run: the same, tail calls inside a bpf-to-bpf function",
+        m[10],
+        m[11],
+        "each target entered as a callee, 33 deep",
+    );
     row("per tail call (minus inline, ÷ 33)", tail[0], tail[1], "");
     row(
         "per tail call, index not known (minus inline, ÷ 33)",
@@ -1240,6 +1318,36 @@ fn tail_calls(rt: &Runtime) {
         var[0] / call[0],
         var[1] / call[1],
         "",
+    );
+    row(
+        "per tail call inside a function (minus inline, ÷ 33)",
+        callee[0],
+        callee[1],
+        "the link's own bpf-to-bpf call included",
+    );
+    row(
+        "tail call inside a function ÷ bpf-to-bpf call",
+        callee[0] / call[0],
+        callee[1] / call[1],
+        "",
+    );
+    row(
+        "run: one tail call inside a function, into a leaf",
+        m[12],
+        m[13],
+        "the leaf does 33 links' work",
+    );
+    row(
+        "run: the same work in the function, no tail call",
+        m[14],
+        m[15],
+        "",
+    );
+    row(
+        "one tail call inside a function, into a leaf (difference)",
+        m[12] - m[14],
+        m[13] - m[15],
+        "the runner and the leaf's whole entry",
     );
     for j in &jumps {
         rt.set_prog_array(j, 0, None).unwrap();

@@ -29,11 +29,13 @@ use crate::exec;
 use crate::{err, Error, ErrorKind, Program, Trust};
 use packjit_plugin_api::abi::{
     PjArrayMap, PjLookupValue, PjMemRegion, PjProgArray, PjTailTarget, PJ_ARRAY_NOT_PERCPU,
-    PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE, PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_TAIL_CALL,
-    PJ_MAX_TAIL_CALLS, PJ_REGION_WRITABLE,
+    PJ_CALLEE_TAIL_FELL_THROUGH, PJ_CALLEE_TAIL_RETURNED, PJ_CALLEE_TAIL_STOPPED,
+    PJ_HELPER_CALLEE_TAIL_CALL, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE,
+    PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_TAIL_CALL, PJ_MAX_TAIL_CALLS, PJ_REGION_WRITABLE,
+    PJ_STOP_NONE,
 };
-use packjit_plugin_api::AccessDirection;
 use packjit_plugin_api::HelperEntry;
+use packjit_plugin_api::{AccessDirection, PjProgramEntry};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -394,6 +396,15 @@ pub(crate) fn bind(
             id: HASH_ITER_NEXT,
             inline_kind: PJ_INLINE_NONE,
             addr: hash_iter_next as *const () as u64,
+        });
+    }
+    if inlining.tail_calls && calls(code, TAIL_CALL) {
+        // A tail call inside a bpf-to-bpf function, in whichever form, runs its target
+        // through this (the front end asks for it only there).
+        helpers.push(HelperEntry {
+            id: PJ_HELPER_CALLEE_TAIL_CALL,
+            inline_kind: PJ_INLINE_NONE,
+            addr: callee_tail_call as *const () as u64,
         });
     }
     if inlining.tail_calls && calls(&out, TAIL_CALL) {
@@ -968,6 +979,89 @@ fn choose(m: &Map, index: u64) -> u64 {
         env.maps = (*target).maps;
         base + (*target).entry_offset
     }
+}
+
+/// What the code of a tail call inside a bpf-to-bpf function calls
+/// ([`PJ_HELPER_CALLEE_TAIL_CALL`], with the program's r1-r3): the tests of [`choose`], on
+/// the same count, then the target's whole entry, called here on the run's `env` as the
+/// host calls a program. The entry overwrites what `env` holds for the caller (`entry_sp`,
+/// the stack block's bounds, the regions, the maps): saved before, restored after, so the
+/// caller goes on with its own stack block and regions. The count is not restored (the
+/// chain is one run's), nor a stop, which the caller's code then propagates. The target's
+/// result goes to `env.callee_tail_r0`.
+///
+/// The nesting is bounded: each entry here counts one tail call, so at most
+/// `MAX_TAIL_CALLS` deep, and the front end refuses such tail calls in programs whose
+/// stack block could make that deep a chain overflow the native stack
+/// (`packjit_frontend::lower::MAX_TAIL_CALLING_DEPTH`).
+extern "C" fn callee_tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
+    let env = exec::current_env();
+    if env.is_null() {
+        return PJ_CALLEE_TAIL_FELL_THROUGH;
+    }
+    let Some(m) = current_map(map).filter(|m| m.spec().map_type == MapType::ProgArray) else {
+        return PJ_CALLEE_TAIL_FELL_THROUGH;
+    };
+    let token = m.prog_slot(index as u32);
+    // The reads and writes of `*env` here: the running program's env, which its code does
+    // not touch while this helper runs; no reference to it is held across the target's
+    // run, which reads and writes it too.
+    // SAFETY: as just said.
+    let count = unsafe { (*env).tail_calls };
+    if token == 0 || count >= u64::from(MAX_TAIL_CALLS) {
+        return PJ_CALLEE_TAIL_FELL_THROUGH;
+    }
+    let target = token as *const PjTailTarget;
+    let mode = usize::from(!exec::trusted_run());
+    // SAFETY: as in `choose`: the slot's `TailTarget` (and the code it names) outlives this
+    // run, and its base word is read as `Movable::entry` reads it.
+    let base =
+        unsafe { (*((*target).code_base[mode] as *const AtomicU64)).load(Ordering::Acquire) };
+    if base == 0 {
+        return PJ_CALLEE_TAIL_FELL_THROUGH;
+    }
+    // SAFETY: as above; these fields are never written after the slot was published.
+    let (entry, regions, region_count, maps) = unsafe {
+        (
+            base + (*target).entry_offset,
+            (*target).regions,
+            (*target).region_count,
+            (*target).maps,
+        )
+    };
+    // SAFETY: `*env` as said above.
+    let caller = unsafe { *env };
+    // SAFETY: `*env` as said above.
+    unsafe {
+        (*env).tail_calls += 1;
+        (*env).regions = regions;
+        (*env).region_count = region_count;
+        (*env).maps = maps;
+    }
+    // SAFETY: `entry` is the target's committed code of this run's trust (the other
+    // trust's `code_base` word is 0), with the program entry's signature, alive with its
+    // `TailTarget`; the context is the run's, as the host passed it.
+    let r0 = unsafe {
+        let f: PjProgramEntry = std::mem::transmute(entry as usize);
+        let ctx = caller.ctx_start as *mut u8;
+        f(ctx, caller.ctx_end.wrapping_sub(caller.ctx_start), env)
+    };
+    // SAFETY: `*env` as said above; the target's run is over.
+    unsafe {
+        (*env).entry_sp = caller.entry_sp;
+        (*env).stack_start = caller.stack_start;
+        (*env).stack_end = caller.stack_end;
+        (*env).regions = caller.regions;
+        (*env).region_count = caller.region_count;
+        (*env).maps = caller.maps;
+        (*env).ctx_start = caller.ctx_start;
+        (*env).ctx_end = caller.ctx_end;
+        if (*env).stop_kind != PJ_STOP_NONE {
+            return PJ_CALLEE_TAIL_STOPPED;
+        }
+        (*env).callee_tail_r0 = r0;
+    }
+    PJ_CALLEE_TAIL_RETURNED
 }
 
 /// What a prog-array slot points to: the description an inlined tail call reads (first, so

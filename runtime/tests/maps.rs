@@ -696,30 +696,6 @@ fn a_map_passed_to_a_helper_that_does_not_take_its_type_is_refused_naming_pc_hel
     }
 }
 
-#[test]
-fn a_tail_call_inside_a_bpf_to_bpf_function_is_refused_naming_the_pc() {
-    let rt = host::host_runtime();
-    let jumps = Map::new(spec("jumps", MapType::ProgArray, 4, 4, 2)).unwrap();
-    let opts = LoadOptions {
-        maps: vec![jumps],
-        ..Default::default()
-    };
-    let code = [
-        i(CALL, 0, 1, 0, 1), // call the function at pc 2
-        i(EXIT, 0, 0, 0, 0),
-        map_ref(2, 0), // pc 2: the function tail calls
-        i(0xb7, 3, 0, 0, 0),
-        i(CALL, 0, 0, 0, 12),
-        i(EXIT, 0, 0, 0, 0),
-    ]
-    .concat();
-    let e = rt.load(&code, &opts).unwrap_err().to_string();
-    assert!(
-        e.contains("pc 5") && e.contains("bpf-to-bpf function"),
-        "{e}"
-    );
-}
-
 /// `r0 = bpf_for_each_map_elem(map 0, cb, ctx = mem, 0)`; the callback adds key * 1000 +
 /// *value to the u64 at ctx and stops (returns 1) when the key equals mem[8].
 fn for_each_program() -> Vec<u8> {

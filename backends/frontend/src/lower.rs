@@ -608,6 +608,11 @@ pub trait CallHooks<'a>: Lowering<'a> {
     fn call_local(&mut self, target: usize);
     /// The per-CPU address of `src` in array `array` (`Op::MovPerCpu`).
     fn mov_percpu(&mut self, dst: Reg, src: Reg, array: Operand) -> Result<(), CompileError>;
+    /// `call runner`, a helper that runs another program on this run's `env`
+    /// ([`packjit_plugin_api::PJ_HELPER_CALLEE_TAIL_CALL`]): as [`CallHooks::call_helper`],
+    /// with the budget written to `env` before the call and read back after, where the code
+    /// keeps it in a register (the target counts on from what `env` holds).
+    fn call_runner(&mut self, runner: &HelperEntry) -> Result<(), CompileError>;
 }
 
 /// Cold code and the program's end.
@@ -619,6 +624,10 @@ pub trait StopHooks<'a>: Lowering<'a> {
         label: DynamicLabel,
         charge: u64,
     ) -> Result<(), CompileError>;
+    /// Stop the run with the stop `env` already records (a tail call target entered from a
+    /// bpf-to-bpf function stopped): unwind to the entry's restores as every stop does,
+    /// without writing the stop's kind, pc or address. Never falls through.
+    fn stop_recorded(&mut self);
     /// Cold code of the ISA's own.
     fn isa_cold(&mut self, cold: Self::IsaCold) -> Result<(), CompileError>;
     /// After queued cold code was placed, before instruction `next`.
@@ -811,15 +820,18 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
 
 /// A tail call (`PJ_INLINE_TAIL_CALL`): the chooser is called like a helper with the
 /// program's r1-r3 (context, prog array, index) and answers the entry to continue in, or 0;
-/// the backend's `tail_jump` leaves the frame and jumps there. Only the entry function can
-/// leave its frame for another program's: a callee's caller frames would be left behind.
+/// the backend's `tail_jump` leaves the frame and jumps there. Only the entry function
+/// leaves its frame for another program's: in a bpf-to-bpf function the callers' frames
+/// stay, and the target is entered as a callee ([`callee_tail_call`]).
 fn tail_call<'a, L: Isa<'a>>(
     l: &mut L,
     k: usize,
     helper: HelperEntry,
     chooser: u64,
 ) -> Result<(), CompileError> {
-    refuse_tail_call_in_callee(l, k, helper.id)?;
+    if k > 0 {
+        return callee_tail_call(l, k, helper.id);
+    }
     let call = HelperEntry {
         inline_kind: packjit_plugin_api::PJ_INLINE_NONE,
         addr: chooser,
@@ -835,23 +847,89 @@ fn tail_call<'a, L: Isa<'a>>(
     Ok(())
 }
 
-/// Only the entry function can leave its frame for another program's: a callee's caller
-/// frames would be left behind.
-fn refuse_tail_call_in_callee<'a, L: Isa<'a>>(
-    l: &mut L,
-    k: usize,
-    id: u32,
-) -> Result<(), CompileError> {
-    if k == 0 {
-        return Ok(());
-    }
+/// The deepest call chains (frames, the entry's included) of a program with a tail call
+/// inside a bpf-to-bpf function. Such a target is entered as a callee, on top of the
+/// native stack its callers hold: the whole stack block of the program (512 bytes per
+/// level of its deepest chain, reserved by the entry), its saves and the runner's frame.
+/// Up to [`packjit_plugin_api::PJ_MAX_TAIL_CALLS`] entries nest so (each one counts), so at
+/// 4 frames (2 KiB) the chain holds at most 33 × (2 KiB + under 1 KiB of saves and the
+/// runner's frame) ≈ 100 KiB of native stack, plus what the innermost target uses. The
+/// kernel's own bound is in bytes of declared stack: under 256 above a tail-calling
+/// subprogram (`check_max_stack_depth`); packjit's frames are fixed at 512 bytes.
+pub const MAX_TAIL_CALLING_DEPTH: usize = 4;
+
+/// A tail call inside a bpf-to-bpf function (helper `id`, either form): the target is entered
+/// as a callee. The runner ([`packjit_plugin_api::PJ_HELPER_CALLEE_TAIL_CALL`]) gets the
+/// program's r1-r3, makes the tail call's tests on the run's count, and runs the target's
+/// whole entry on `env` (what the entry overwrites for this run saved and restored around
+/// it); its answer says what happened:
+///
+/// ```text
+/// call runner                    r1 = ctx, r2 = prog array, r3 = index; budget kept in env
+/// r1-r5 = 0                      sandboxed (as after any helper)
+/// if r0 == FELL_THROUGH goto out r0 = 0: on with the next instruction
+/// if r0 != RETURNED goto stopped
+/// r0 = env->callee_tail_r0 ; exit   the target's result is this function's
+/// stopped: stop_recorded         the target's stop (kind, pc) ends the whole run
+/// out:
+/// ```
+///
+/// A target's `exit` so returns to this function's caller with the target's r0, as the
+/// kernel's does; the count stays the run's (the runner never resets it). The runner's
+/// reads are of the runtime's structures; the code's one read here is of `env`.
+fn callee_tail_call<'a, L: Isa<'a>>(l: &mut L, k: usize, id: u32) -> Result<(), CompileError> {
+    use packjit_plugin_api::abi::{
+        PJ_CALLEE_TAIL_FELL_THROUGH, PJ_CALLEE_TAIL_RETURNED, PJ_ENV_CALLEE_TAIL_R0,
+        PJ_HELPER_CALLEE_TAIL_CALL,
+    };
     let d = l.driver();
-    Err(d.error(
-        ErrorKind::Unsupported,
-        format!(
-            "tail call (helper {id}) inside a bpf-to-bpf function: only the entry function can tail call"
-        ),
-    ))
+    if d.prog.call_depth > MAX_TAIL_CALLING_DEPTH {
+        let depth = d.prog.call_depth;
+        return Err(d.error(
+            ErrorKind::Unsupported,
+            format!(
+                "tail call (helper {id}) inside a bpf-to-bpf function of a program whose call chains are {depth} frames deep: at most {MAX_TAIL_CALLING_DEPTH} (the target runs on top of its callers' frames)"
+            ),
+        ));
+    }
+    let Some(runner) = d
+        .helpers
+        .iter()
+        .find(|h| h.id == PJ_HELPER_CALLEE_TAIL_CALL)
+        .copied()
+    else {
+        return Err(d.error(
+            ErrorKind::Unsupported,
+            format!(
+                "tail call (helper {id}) inside a bpf-to-bpf function: the host has no runner for it (helper id {PJ_HELPER_CALLEE_TAIL_CALL:#x})"
+            ),
+        ));
+    };
+    l.call_runner(&runner)?;
+    clear_helper_arguments(l);
+    let (out, stopped) = (l.new_label(), l.new_label());
+    l.branch_to(
+        Width::W64,
+        Cond::Eq,
+        0,
+        Operand::Imm(PJ_CALLEE_TAIL_FELL_THROUGH as i32),
+        out,
+    );
+    l.branch_to(
+        Width::W64,
+        Cond::Ne,
+        0,
+        Operand::Imm(PJ_CALLEE_TAIL_RETURNED as i32),
+        stopped,
+    );
+    l.driver().expansion = Expansion::RuntimeMemory;
+    l.load(Size::DW, false, 0, ENV, PJ_ENV_CALLEE_TAIL_R0 as i16);
+    l.driver().expansion = Expansion::None;
+    l.exit(k);
+    l.bind(stopped);
+    l.stop_recorded();
+    l.bind(out);
+    Ok(())
 }
 
 /// A tail call through a prog array known at compile time
@@ -907,7 +985,9 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     };
     use AluOp::*;
     use Width::{W32, W64};
-    refuse_tail_call_in_callee(l, k, id)?;
+    if k > 0 {
+        return callee_tail_call(l, k, id);
+    }
     let sandboxed = l.driver().mode.sandboxed();
     // The other mode's word is 8 further in both per-mode pairs.
     let mode_off = if sandboxed { 8 } else { 0 };

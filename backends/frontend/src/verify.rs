@@ -11,7 +11,8 @@ use crate::insn::{op::*, *};
 use crate::op_kind;
 use crate::{Branch, BranchKind, Compared, Program, Subprog};
 use packjit_plugin_api::abi::{
-    PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_MOV_OFF_PERCPU,
+    PJ_HELPER_CALLEE_TAIL_CALL, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET,
+    PJ_HELPER_STATIC_REGIONS, PJ_MOV_OFF_PERCPU,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
 
@@ -1294,6 +1295,15 @@ fn decode_jmp(pc: usize, i: &RawInsn, helpers: &[HelperEntry]) -> Result<Op, Com
                             ErrorKind::UnknownHelper,
                             format!(
                                 "call to helper id {id:#x}: the static-region table, not callable"
+                            ),
+                        ));
+                    }
+                    if id == PJ_HELPER_CALLEE_TAIL_CALL {
+                        return Err(CompileError::at(
+                            pc,
+                            ErrorKind::UnknownHelper,
+                            format!(
+                                "call to helper id {id:#x}: the runner of tail calls from bpf-to-bpf functions, not callable"
                             ),
                         ));
                     }

@@ -177,6 +177,21 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         }
     }
 
+    /// The budget lives in x27 (`BUDGET`) while the code runs: `env` gets it for the target,
+    /// which counts on from there, and gives back what is left.
+    fn call_runner(&mut self, runner: &HelperEntry) -> Result<(), CompileError> {
+        use packjit_plugin_api::abi::PJ_ENV_BUDGET;
+        let budget = self.d.mode.counts_budget();
+        if budget {
+            a64!(self.ops; str X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
+        }
+        self.call_helper(runner)?;
+        if budget {
+            a64!(self.ops; ldr X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
+        }
+        Ok(())
+    }
+
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
     /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
     /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way

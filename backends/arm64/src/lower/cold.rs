@@ -108,6 +108,16 @@ impl<'a> StopHooks<'a> for Codegen<'a> {
         Ok(())
     }
 
+    /// The stop path's unwind, past its stores.
+    fn stop_recorded(&mut self) {
+        let restore = self.restore;
+        a64!(self.ops
+            ; ldr X(C0), [X(ENV), PJ_ENV_ENTRY_SP as u32]
+            ; mov sp, XSP(C0)
+            ; b =>restore
+        );
+    }
+
     fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
         match cold {}
     }

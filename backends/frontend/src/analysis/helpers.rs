@@ -3,10 +3,10 @@
 
 use packjit_plugin_api::{
     ErrorKind, HelperEntry, PjArrayMap, PjProgArray, PJ_ARRAY_NOT_PERCPU,
-    PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET,
-    PJ_HELPER_STATIC_REGIONS, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_COUNTER_CLOCK,
-    PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_PROG_ARRAY_TAIL_CALL, PJ_INLINE_RSEQ_CPU_ID,
-    PJ_INLINE_TAIL_CALL,
+    PJ_HELPER_CALLEE_TAIL_CALL, PJ_HELPER_GET_SMP_PROCESSOR_ID, PJ_HELPER_LOOKUP_VALUES,
+    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_ARRAY_LOOKUP,
+    PJ_INLINE_COUNTER_CLOCK, PJ_INLINE_PERCPU_LOOKUP, PJ_INLINE_PROG_ARRAY_TAIL_CALL,
+    PJ_INLINE_RSEQ_CPU_ID, PJ_INLINE_TAIL_CALL,
 };
 
 /// What `call imm` to one helper-table entry becomes.
@@ -244,6 +244,7 @@ pub fn callx_plan(helpers: &[HelperEntry]) -> CallxPlan {
         if h.id == PJ_HELPER_PERCPU_OFFSET
             || h.id == PJ_HELPER_STATIC_REGIONS
             || h.id == PJ_HELPER_LOOKUP_VALUES
+            || h.id == PJ_HELPER_CALLEE_TAIL_CALL
             || !seen.insert(h.id)
             || !callx_reachable(h)
         {

@@ -178,6 +178,22 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         self.call(l);
     }
 
+    /// The budget lives in s11 (`BUDGET`) while the code runs: `env` gets it for the target,
+    /// which counts on from there, and gives back what is left.
+    fn call_runner(&mut self, runner: &HelperEntry) -> Result<(), CompileError> {
+        use crate::regs::{BUDGET, ENV};
+        use packjit_plugin_api::abi::PJ_ENV_BUDGET;
+        let budget = self.d.mode.counts_budget();
+        if budget {
+            self.e.store(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
+        }
+        self.call_helper(runner)?;
+        if budget {
+            self.e.load(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
+        }
+        Ok(())
+    }
+
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
     /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
     /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way

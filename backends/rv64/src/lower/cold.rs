@@ -134,6 +134,14 @@ impl<'a> StopHooks<'a> for Codegen<'a> {
         Ok(())
     }
 
+    /// The stop path's unwind, past its stores: the entry's epilogue is behind (the entry
+    /// is the first function), so the jump's form is known.
+    fn stop_recorded(&mut self) {
+        self.e.load(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
+        let exit = self.d.epilogues[0];
+        self.jump(exit);
+    }
+
     fn isa_cold(&mut self, cold: Infallible) -> Result<(), CompileError> {
         match cold {}
     }

@@ -222,6 +222,11 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         }
     }
 
+    /// The budget lives in `env` already (`sub [r12 + budget]`): a plain call.
+    fn call_runner(&mut self, runner: &HelperEntry) -> Result<(), CompileError> {
+        self.call_helper(runner)
+    }
+
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
     /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
     /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way

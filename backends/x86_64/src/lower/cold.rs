@@ -344,6 +344,10 @@ impl<'a> StopHooks<'a> for Codegen<'a> {
         )
     }
 
+    fn stop_recorded(&mut self) {
+        self.stop_tail();
+    }
+
     fn isa_cold(&mut self, cold: DivFix) -> Result<(), CompileError> {
         self.div_fix(cold);
         Ok(())
