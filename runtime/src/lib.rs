@@ -910,8 +910,7 @@ impl CompileEnv<'_> {
         let mut inlined_percpu_arrays = false;
         let scan = CallScan::of(code);
         if opts.tier == Tier::Optimized {
-            let binding = scan.needs_binding(code);
-            tier::refuse_unsupported(opts, binding)?;
+            tier::refuse_unsupported(opts, scan.calls(code, maps::helper_ids::TAIL_CALL))?;
         }
         let bound = if opts.maps.is_empty() && !scan.needs_binding(code) {
             None

@@ -15,15 +15,15 @@ pub enum Tier {
     /// The optimizing tier (Cranelift; cargo feature `optimizer`), native code only.
     /// Compiles 10-100x slower than the baseline and runs faster where a one-pass JIT
     /// cannot: stack slots kept in registers, constants folded, redundant extensions
-    /// dropped. Takes trusted and sandboxed programs, with or without a budget, without
-    /// maps, tail calls, blinding, legacy packet loads or the per-CPU instruction for now:
+    /// dropped. Takes trusted and sandboxed programs, with or without a budget, with maps,
+    /// without tail calls, blinding, legacy packet loads or the per-CPU instruction for now:
     /// anything else is refused with [`ErrorKind::Unsupported`] naming what, never
     /// compiled differently.
     Optimized,
     /// Loads on the baseline and moves to the optimizing tier in the background once it
     /// runs hot, as the runtime's [`crate::TierPolicy`] says (see [`crate::TierStatus`],
     /// `docs/ARCHITECTURE.md`, "Adaptive tiering"). A program the optimizing tier cannot
-    /// take (sandboxed, maps, a budget, ..., or a build without the `optimizer` feature)
+    /// take (a tail call, blinding, ..., or a build without the `optimizer` feature)
     /// loads the same and stays on the baseline, [`crate::TierStatus::Refused`] saying why:
     /// never an error at load.
     Adaptive,
@@ -77,10 +77,13 @@ fn optimizer_for_host() -> Result<(Arc<dyn JitBackend>, Arc<str>), Error> {
 }
 
 /// Refuses, by name, a load the optimizing tier cannot compile faithfully yet.
-/// Sandboxed loads and instruction budgets the tier compiles under the baseline's contracts.
-pub(crate) fn refuse_unsupported(opts: &LoadOptions, needs_binding: bool) -> Result<(), Error> {
-    let what = if !opts.maps.is_empty() || needs_binding {
-        "maps, bpf_tail_call and bpf_for_each_map_elem / bpf_loop callbacks"
+/// Sandboxed loads, instruction budgets and maps (their helpers as calls, callbacks expanded
+/// into bpf-to-bpf calls by the binding) the tier compiles under the baseline's contracts.
+/// A tail call continues in a target's tail entry past the uniform frame of the baseline's
+/// prologue, which Cranelift's code does not have.
+pub(crate) fn refuse_unsupported(opts: &LoadOptions, tail_calls: bool) -> Result<(), Error> {
+    let what = if tail_calls {
+        "bpf_tail_call"
     } else if opts.blind_constants {
         "constant blinding"
     } else if opts.percpu_insn {

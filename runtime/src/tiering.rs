@@ -296,7 +296,7 @@ pub(crate) fn adapt(
         _percpu_tables: None,
         maps: None,
         tiering: Tiered::Adaptive(t),
-        // Only programs without maps tier (`tier::refuse_unsupported`): no tail calls here;
+        // Only programs without maps tier (`refusal`): no tail calls here;
         // a prog-array slot asks the code it settles on (`Program::settled_code`).
         uniform_tail_frame: false,
     }
@@ -305,10 +305,20 @@ pub(crate) fn adapt(
 /// Why the optimizing tier cannot take `base`'s load, if it cannot.
 fn refusal(base: &Program, code: &[u8], opts: &LoadOptions, trust: Trust) -> Result<(), Error> {
     tier::optimizer(base.arch)?;
-    let needs_binding = CallScan::of(code).needs_binding(code);
+    let scan = CallScan::of(code);
     // An ELF program's data sections are given to the adaptive program after this (see
     // `elf.rs`), so they live as long as either tier's code, which names their addresses.
-    tier::refuse_unsupported(opts, needs_binding)?;
+    tier::refuse_unsupported(opts, scan.calls(code, crate::maps::helper_ids::TAIL_CALL))?;
+    // The maps' binding (tables the code names, per-CPU registrations, lookup facts) is
+    // made per compile and owned by the program that compiled it; an adaptive program does
+    // not hand it from one tier's code to the other's yet.
+    if !opts.maps.is_empty() || scan.needs_binding(code) {
+        return Err(crate::err(
+            ErrorKind::Unsupported,
+            "adaptive tiering: programs with maps stay on the baseline for now \
+             (`Tier::Optimized` compiles them at load)",
+        ));
+    }
     // The tier compiles sandboxed programs when asked (`Tier::Optimized`), but without the
     // baseline's check groups and walk proofs its code is slower than the sandboxed
     // baseline's (BENCHMARKS.md, "The optimizing tier sandboxed, side by side"): tiering one up would

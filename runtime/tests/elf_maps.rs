@@ -9,7 +9,7 @@ mod host;
 
 use elf_support::*;
 use packjit::elf::{elf_maps, link, ElfLoadOptions, ElfMapDef, Linked, BPF_PSEUDO_MAP_FD};
-use packjit::{Error, ErrorKind};
+use packjit::{Error, ErrorKind, Tier};
 
 fn link_sec(obj: &[u8], sec: &str) -> Result<Linked, Error> {
     link(obj, &ElfLoadOptions::section(sec), &|_| None)
@@ -369,19 +369,40 @@ fn a_libbpf_style_counter_with_a_ring_buffer_and_a_tail_call_runs_from_the_objec
     use std::sync::Arc;
     let obj = compile_bpf("maps_run");
     let rt = host::host_runtime();
-    for trusted in [false, true] {
+    // The tail call's target also from the optimizing tier, where this build has it: a
+    // program with maps it compiles; one that tail calls it refuses by name.
+    let target_tiers: &[Tier] = if Tier::Optimized.is_built() {
+        &[Tier::Baseline, Tier::Optimized]
+    } else {
+        &[Tier::Baseline]
+    };
+    for (&target_tier, trusted) in target_tiers
+        .iter()
+        .flat_map(|t| [false, true].map(move |trusted| (t, trusted)))
+    {
         let object = ElfObject::open(&obj, &[]).unwrap();
-        let load = |section: &str| -> Arc<packjit::Program> {
+        let load_as = |section: &str, tier: Tier| -> Result<Arc<packjit::Program>, Error> {
             let sel = ElfLoadOptions::section(section);
-            Arc::new(if trusted {
+            let opts = packjit::LoadOptions {
+                tier,
+                ..Default::default()
+            };
+            Ok(Arc::new(if trusted {
                 // SAFETY: the program touches its packet, its stack and map values only.
-                unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap()
+                unsafe { object.load_trusted(&rt, &sel, &opts) }?
             } else {
-                object.load(&rt, &sel, &Default::default()).unwrap()
-            })
+                object.load(&rt, &sel, &opts)?
+            }))
         };
+        let load = |section: &str| load_as(section, Tier::Baseline).unwrap();
+        if target_tier == Tier::Optimized {
+            let e = load_as("pj/count", Tier::Optimized).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Unsupported);
+            assert_mentions(&e, &["optimized tier", "bpf_tail_call"]);
+        }
         let count = load("pj/count");
-        let stage2 = load("pj/stage2");
+        let stage2 = load_as("pj/stage2", target_tier).unwrap();
+        assert_eq!(stage2.tier(), target_tier);
         object
             .init_prog_arrays(&rt, &[("stage2", stage2.clone())])
             .unwrap();
@@ -390,7 +411,10 @@ fn a_libbpf_style_counter_with_a_ring_buffer_and_a_tail_call_runs_from_the_objec
             let mut pkt = vec![proto; 20 + n];
             let r0 = count.call(&mut pkt).unwrap();
             let want = model.packet(proto as u32, pkt.len() as u32);
-            assert_eq!(r0, want, "trusted {trusted}, packet {n} (proto {proto})");
+            assert_eq!(
+                r0, want,
+                "target {target_tier:?}, trusted {trusted}, packet {n} (proto {proto})"
+            );
         }
         let counts = object.map("counts").unwrap();
         for (k, v) in &model.counts {
@@ -436,16 +460,31 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
     let obj = compile_bpf("maps_kinds");
     let rt = host::host_runtime();
     let input = |key: u32, n: u32| [key.to_le_bytes(), n.to_le_bytes()].concat();
-    for trusted in [false, true] {
+    // The optimizing tier too, where this build has it (its map helpers are calls).
+    let tiers: &[Tier] = if Tier::Optimized.is_built() {
+        &[Tier::Baseline, Tier::Optimized]
+    } else {
+        &[Tier::Baseline]
+    };
+    for (&tier, trusted) in tiers
+        .iter()
+        .flat_map(|t| [false, true].map(move |trusted| (t, trusted)))
+    {
         let object = ElfObject::open(&obj, &[]).unwrap();
+        let opts = packjit::LoadOptions {
+            tier,
+            ..Default::default()
+        };
         let load = |section: &str| {
             let sel = ElfLoadOptions::section(section);
-            if trusted {
+            let p = if trusted {
                 // SAFETY: the programs touch their input, their stack and map values only.
-                unsafe { object.load_trusted(&rt, &sel, &Default::default()) }.unwrap()
+                unsafe { object.load_trusted(&rt, &sel, &opts) }.unwrap()
             } else {
-                object.load(&rt, &sel, &Default::default()).unwrap()
-            }
+                object.load(&rt, &sel, &opts).unwrap()
+            };
+            assert_eq!(p.tier(), tier, "{section}");
+            p
         };
         // Per-CPU: whichever CPUs the runs landed on, the copies add up.
         let percpu = load("pj/percpu");
@@ -458,7 +497,11 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
                 .sum()
         };
-        assert_eq!(sum_over_cpus("pcpu", 1), 5 + 7 + 10, "trusted {trusted}");
+        assert_eq!(
+            sum_over_cpus("pcpu", 1),
+            5 + 7 + 10,
+            "{tier:?}, trusted {trusted}"
+        );
         assert_eq!(sum_over_cpus("pcpu", 2), 1);
         assert_eq!(sum_over_cpus("pcpu_hash", 1), 3);
         // LRU of 4: every insert succeeds, at most 4 stay, the newest among them.
@@ -470,6 +513,24 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
             assert_eq!(newest, (100 + k as u64).to_le_bytes());
         }
         assert_eq!(load("pj/queues").call(&mut input(0, 3)).unwrap(), 123_321);
+        if tier == Tier::Optimized && trusted {
+            // Adaptive tiering does not move a program with maps (yet): it runs on the
+            // baseline and says why.
+            let sel = ElfLoadOptions::section("pj/queues");
+            let adaptive = packjit::LoadOptions {
+                tier: Tier::Adaptive,
+                ..Default::default()
+            };
+            // SAFETY: as `load`'s.
+            let a = unsafe { object.load_trusted(&rt, &sel, &adaptive) }.unwrap();
+            match a.tier_status() {
+                packjit::TierStatus::Refused(e) => {
+                    assert!(e.to_string().contains("with maps"), "{e}")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(a.call(&mut input(0, 3)).unwrap(), 123_321);
+        }
         // bpf_loop with a static callback.
         let lp = load("pj/loop");
         assert_eq!(lp.call(&mut input(255, 10)).unwrap(), 285 * 1000 + 10);
