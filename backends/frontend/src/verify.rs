@@ -87,9 +87,9 @@ pub fn decode_with(
     // Slot of every `lddw`, ascending: maps a slot to its instruction index (pass 2).
     let mut lddw_slots: Vec<u32> = Vec::new();
     // Every `ja`, conditional jump and local call, ascending, with its target slot until
-    // pass 2 (`OUTSIDE` for a slot outside the program). (Sized for about one branch per 8
-    // instructions, as in typical code; more regrows.)
-    let mut branches: Vec<Branch> = crate::reuse::take_vec(slots / 8 + 8);
+    // pass 2 (`OUTSIDE` for a slot outside the program). (Sized for one branch per 4
+    // instructions: clang's code has about one per 5, and a regrow copies the list.)
+    let mut branches: Vec<Branch> = crate::reuse::take_vec(slots / 4 + 8);
     // Instruction index of every `lddw`, ascending (pairs with `lddw_slots`).
     let mut lddw_at: Vec<u32> = Vec::new();
     // Instruction indices of the local calls among them (the call graph's edges).
