@@ -247,9 +247,12 @@ pub struct Assembler {
     /// The bytes, labels and relocations.
     ops: Asm,
     fixups: Reused<Fixup>,
-    /// Every fixup's displacement, kept by a [`Assembler::branches_fit`] that found them all in
-    /// reach, so that [`Assembler::finish`] need not resolve every label again.
+    /// Every fixup's displacement as the last [`Assembler::branches_fit`] found it (`None`
+    /// after a [`Assembler::regrow`]), so that neither [`Assembler::branch_checks`] nor
+    /// [`Assembler::finish`] resolves every label again.
     disps: Option<Reused<i32>>,
+    /// Whether every one of `disps` reached in its form.
+    disps_fit: bool,
     /// Per branch site, the form the relaxation driver chose in earlier passes (after a
     /// [`Assembler::regrow`], the forms it widened the code to).
     forms: Vec<Form>,
@@ -299,6 +302,7 @@ impl Assembler {
             ops: reuse::assembler(code, labels, 0),
             fixups: reuse::take(fixups),
             disps: None,
+            disps_fit: false,
             forms,
             sites: 0,
             insns: 0,
@@ -655,14 +659,17 @@ impl Assembler {
     pub fn branches_fit(&mut self) -> Result<bool, String> {
         let labels = self.ops.labels();
         let mut disps = reuse::take(self.fixups.len());
-        let mut fit = true;
+        let (mut fit, mut narrow) = (true, true);
         for f in self.fixups.iter() {
             let p = place(labels, &self.forms, &self.grown, f)?;
             fit &= p.fits();
-            // Kept only when all fit, where every displacement fits an i32.
-            disps.push(p.disp as i32);
+            // (Code is far below 2 GiB: every displacement is an i32.)
+            let disp = i32::try_from(p.disp);
+            narrow &= disp.is_ok();
+            disps.push(disp.unwrap_or(0));
         }
-        self.disps = fit.then_some(disps);
+        self.disps = narrow.then_some(disps);
+        self.disps_fit = fit;
         Ok(fit)
     }
 
@@ -671,8 +678,22 @@ impl Assembler {
     pub fn branch_checks(&self) -> Result<Vec<BranchCheck<Form>>, String> {
         let mut checks = Vec::with_capacity(self.sites);
         let labels = self.ops.labels();
-        for f in &self.fixups {
-            let Placed { end, width, disp } = place(labels, &self.forms, &self.grown, f)?;
+        // After a `branches_fit` (the driver's usual order) its displacements stand.
+        let kept = (self.disps.as_deref()).filter(|d| d.len() == self.fixups.len());
+        for (k, f) in self.fixups.iter().enumerate() {
+            let Placed { end, width, disp } = match kept {
+                // As `place` has them.
+                Some(disps) => Placed {
+                    end: moved(&self.grown, f.end as usize),
+                    width: if !self.grown.is_empty() && widened(&self.forms, f) {
+                        4
+                    } else {
+                        usize::from(f.width)
+                    },
+                    disp: i64::from(disps[k]),
+                },
+                None => place(labels, &self.forms, &self.grown, f)?,
+            };
             if f.site == CALL_SITE {
                 if i32::try_from(disp).is_err() {
                     return Err(format!("call displacement {disp} exceeds rel32"));
@@ -711,7 +732,7 @@ impl Assembler {
         // per fixup, paired with the fixups again below. A `branches_fit` that found them all
         // in reach kept them (nothing is emitted after it).
         let disps = match self.disps.take() {
-            Some(kept) if kept.len() == self.fixups.len() => kept,
+            Some(kept) if self.disps_fit && kept.len() == self.fixups.len() => kept,
             _ => {
                 let labels = self.ops.labels();
                 let mut disps = reuse::take(self.fixups.len());
