@@ -151,6 +151,35 @@ fn moved(grown: &[(u32, u32)], p: usize) -> usize {
     }
 }
 
+/// [`moved`] for offsets asked in ascending order (fixup ends in emission order, instruction
+/// offsets): a cursor through `grown` instead of a search per offset.
+pub struct Ascending<'g> {
+    grown: &'g [(u32, u32)],
+    k: usize,
+}
+
+impl Ascending<'_> {
+    /// Offset `p` (not below the last one asked) in the code after the widening.
+    #[inline]
+    pub fn moved(&mut self, p: usize) -> usize {
+        while self
+            .grown
+            .get(self.k)
+            .is_some_and(|&(end, _)| end as usize <= p)
+        {
+            self.k += 1;
+        }
+        debug_assert_eq!(
+            self.k,
+            self.grown.partition_point(|&(end, _)| end as usize <= p)
+        );
+        match self.k {
+            0 => p,
+            k => p + self.grown[k - 1].1 as usize,
+        }
+    }
+}
+
 /// A fixup in the code as it stands (after any [`Assembler::regrow`]).
 struct Placed {
     /// Offset just past the instruction.
@@ -172,12 +201,13 @@ impl Placed {
 
 /// Where `f` is, and its displacement to its bound label, in the code after the widening
 /// that `forms` and `grown` describe.
-#[inline]
+#[inline(always)]
 fn place(
     labels: &dynasmrt::components::LabelRegistry,
     forms: &[Form],
     grown: &[(u32, u32)],
     f: &Fixup,
+    ends: &mut Ascending<'_>,
 ) -> Result<Placed, String> {
     let target = labels
         .resolve_dynamic(f.label)
@@ -191,7 +221,7 @@ fn place(
             disp: target as i64 - i64::from(f.end),
         });
     }
-    let end = moved(grown, f.end as usize);
+    let end = ends.moved(f.end as usize);
     let width = if widened(forms, f) { 4 } else { f.width };
     Ok(Placed {
         end,
@@ -340,6 +370,14 @@ impl Assembler {
     /// Offset `p` of the code as emitted, in the code after any [`Assembler::regrow`].
     pub fn moved(&self, p: usize) -> usize {
         moved(&self.grown, p)
+    }
+
+    /// [`Assembler::moved`] for offsets asked in ascending order.
+    pub fn ascending(&self) -> Ascending<'_> {
+        Ascending {
+            grown: &self.grown,
+            k: 0,
+        }
     }
 
     fn b(&mut self, x: u8) {
@@ -660,8 +698,9 @@ impl Assembler {
         let labels = self.ops.labels();
         let mut disps = reuse::take(self.fixups.len());
         let (mut fit, mut narrow) = (true, true);
+        let mut ends = self.ascending();
         for f in self.fixups.iter() {
-            let p = place(labels, &self.forms, &self.grown, f)?;
+            let p = place(labels, &self.forms, &self.grown, f, &mut ends)?;
             fit &= p.fits();
             // (Code is far below 2 GiB: every displacement is an i32.)
             let disp = i32::try_from(p.disp);
@@ -680,11 +719,12 @@ impl Assembler {
         let labels = self.ops.labels();
         // After a `branches_fit` (the driver's usual order) its displacements stand.
         let kept = (self.disps.as_deref()).filter(|d| d.len() == self.fixups.len());
+        let mut ends = self.ascending();
         for (k, f) in self.fixups.iter().enumerate() {
             let Placed { end, width, disp } = match kept {
                 // As `place` has them.
                 Some(disps) => Placed {
-                    end: moved(&self.grown, f.end as usize),
+                    end: ends.moved(f.end as usize),
                     width: if !self.grown.is_empty() && widened(&self.forms, f) {
                         4
                     } else {
@@ -692,7 +732,7 @@ impl Assembler {
                     },
                     disp: i64::from(disps[k]),
                 },
-                None => place(labels, &self.forms, &self.grown, f)?,
+                None => place(labels, &self.forms, &self.grown, f, &mut ends)?,
             };
             if f.site == CALL_SITE {
                 if i32::try_from(disp).is_err() {
@@ -736,8 +776,9 @@ impl Assembler {
             _ => {
                 let labels = self.ops.labels();
                 let mut disps = reuse::take(self.fixups.len());
+                let mut ends = self.ascending();
                 for f in self.fixups.iter() {
-                    let p = place(labels, &self.forms, &self.grown, f)?;
+                    let p = place(labels, &self.forms, &self.grown, f, &mut ends)?;
                     if !p.fits() {
                         return Err(format!(
                             "internal: branch at {} does not reach its label (displacement {})",
@@ -755,8 +796,12 @@ impl Assembler {
             None => emitted,
             Some(&(_, added)) => widen(&emitted, &self.fixups, &self.forms, added as usize)?,
         };
+        let mut ends = Ascending {
+            grown: &self.grown,
+            k: 0,
+        };
         for (f, &disp) in self.fixups.iter().zip(disps.iter()) {
-            let end = moved(&self.grown, f.end as usize);
+            let end = ends.moved(f.end as usize);
             let width = if widened(&self.forms, f) {
                 4
             } else {
