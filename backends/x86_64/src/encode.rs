@@ -833,6 +833,10 @@ impl Assembler {
         self.forms.clear();
         self.forms.extend_from_slice(forms);
         self.grown.clear();
+        // One entry per site widened: at most the sites asked for `rel32` (one allocation,
+        // not regrown by doublings).
+        self.grown
+            .reserve(forms.iter().filter(|&&f| f == Form::Rel32).count());
         let mut added = 0;
         for f in self.fixups.iter().filter(|f| widened(&self.forms, f)) {
             added += if f.cc == UNCONDITIONAL { 3 } else { 4 };
