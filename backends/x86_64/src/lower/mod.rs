@@ -117,6 +117,7 @@ pub struct Codegen<'a> {
 }
 
 impl<'a> Codegen<'a> {
+    #[inline(always)]
     fn new(
         prog: &'a Program,
         helpers: &'a [HelperEntry],
