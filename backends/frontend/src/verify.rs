@@ -83,7 +83,7 @@ pub fn decode_with(
     // (branches, local calls, `lddw`s) are listed. Indices (and `pc as u32`) fit u32
     // because MAX_INSNS does.
     // This thread's buffers from its last decode and its last dropped program.
-    let mut kept = DECODE_BUFFERS.try_with(Cell::take).unwrap_or_default();
+    let mut kept = (DECODE_BUFFERS.try_with(Cell::take).ok().flatten()).unwrap_or_default();
     let mut insts = reuse::take_from(&mut kept.insts, slots);
     let mut blocks = reuse::take_from(&mut kept.blocks, slots / EFF_BLOCK + 1);
     let mut acc = BlockEffects::default();
@@ -280,7 +280,7 @@ pub fn decode_with(
     reuse::give_back_to(&mut kept.blocks, blocks);
     reuse::give_back_to(&mut kept.lddw_slots, lddw_slots);
     reuse::give_back_to(&mut kept.lddw_at, lddw_at);
-    let _ = DECODE_BUFFERS.try_with(|k| k.set(kept));
+    let _ = DECODE_BUFFERS.try_with(|k| k.set(Some(kept)));
     Ok(Program {
         insts,
         slots,
@@ -315,22 +315,23 @@ struct DecodeBuffers {
 }
 
 thread_local! {
-    /// This thread's [`DecodeBuffers`], taken out while a decode or a drop uses them.
-    static DECODE_BUFFERS: Cell<DecodeBuffers> = Cell::new(DecodeBuffers::default());
+    /// This thread's [`DecodeBuffers`], taken out while a decode or a drop uses them (boxed:
+    /// taking and putting back moves a pointer, not nine vectors).
+    static DECODE_BUFFERS: Cell<Option<Box<DecodeBuffers>>> = const { Cell::new(None) };
 }
 
 /// Keeps a dropped program's lists for the next decode on this thread.
 pub(crate) fn keep_program_lists(p: &mut Program) {
     // Nothing is kept during thread teardown.
     let _ = DECODE_BUFFERS.try_with(|k| {
-        let mut kept = k.take();
+        let mut kept = k.take().unwrap_or_default();
         reuse::give_back_to(&mut kept.insts, std::mem::take(&mut p.insts));
         reuse::give_back_to(&mut kept.is_target, std::mem::take(&mut p.is_target));
         reuse::give_back_to(&mut kept.branches, std::mem::take(&mut p.branches));
         reuse::give_back_to(&mut kept.exits, std::mem::take(&mut p.exits));
         reuse::give_back_to(&mut kept.local_calls, std::mem::take(&mut p.local_calls));
         reuse::give_back_to(&mut kept.subprogs, std::mem::take(&mut p.subprogs));
-        k.set(kept);
+        k.set(Some(kept));
     });
 }
 
