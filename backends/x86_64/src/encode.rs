@@ -151,8 +151,8 @@ fn moved(grown: &[(u32, u32)], p: usize) -> usize {
     }
 }
 
-/// [`moved`] for offsets asked in ascending order (fixup ends in emission order, instruction
-/// offsets): a cursor through `grown` instead of a search per offset.
+/// [`Assembler::moved`] for offsets asked in ascending order (fixup ends in emission order,
+/// instruction offsets): a cursor through the widened sites instead of a search per offset.
 pub struct Ascending<'g> {
     grown: &'g [(u32, u32)],
     k: usize,
