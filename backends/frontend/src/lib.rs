@@ -134,18 +134,10 @@ pub enum BranchKind {
     CallLocal,
 }
 
-/// An empty instruction buffer with room for `n` instructions (this thread's spare one for a
-/// large program; see [`reuse`]).
-pub(crate) fn inst_buffer(n: usize) -> Vec<Inst> {
-    reuse::take_vec(n)
-}
-
 impl Drop for Program {
     fn drop(&mut self) {
-        // The per-instruction buffers go back to this thread's spares (when large).
-        reuse::give_back(std::mem::take(&mut self.insts));
-        reuse::give_back(std::mem::take(&mut self.is_target));
-        reuse::give_back(std::mem::take(&mut self.branches));
+        // The lists go back to this thread for its next decode (large ones to its spares).
+        verify::keep_program_lists(self);
     }
 }
 

@@ -110,7 +110,7 @@ pub enum AccessLowering {
 
 /// The driver's state of one emission pass, kept by the backend's lowering and read by its
 /// hooks (`cur`, `copy`, labels).
-pub struct Driver<'a, A, F> {
+pub struct Driver<'a, A: 'static, F: 'static> {
     pub prog: &'a Program,
     /// The request's helper table.
     pub helpers: &'a [HelperEntry],
@@ -158,12 +158,15 @@ pub struct Driver<'a, A, F> {
     /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
     pub walk_clamps: Vec<DynamicLabel>,
     /// Cold code queued for the current function.
-    pub colds: Vec<Cold<A, F>>,
+    pub colds: Reused<Cold<A, F>>,
     /// Where the queued cold code goes: after the function, or in an island.
     pub islands: ColdPlacement,
 }
 
-impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
+/// The most cold sides [`Driver::colds`] is sized for up front (it grows past that).
+const COLD_QUEUE_MAX: usize = 4096;
+
+impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
     /// The state of a new pass; `new_label` makes a label in the pass's assembler and
     /// `encodes_group` says which check groups' widened tests the backend can encode.
     pub fn new(
@@ -259,7 +262,17 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             group_resume,
             group_encoded,
             walk_clamps,
-            colds: Vec::new(),
+            // Checked code queues a cold side per check, most of its instructions' worth in a
+            // function: a buffer of this thread's that holds them (up to a bound), not one
+            // regrown by doublings from empty (four or five reallocations per load of a
+            // hundred checked instructions).
+            colds: if mode.sandboxed() || mode.counts_budget() {
+                let large =
+                    reuse::REUSE_MIN_BYTES.div_ceil(std::mem::size_of::<Cold<A, F>>().max(1));
+                reuse::take(prog.insts.len().clamp(large, COLD_QUEUE_MAX))
+            } else {
+                Reused::default()
+            },
             islands,
         }
     }
@@ -467,9 +480,9 @@ pub enum Expansion {
 /// reached through [`Lowering::driver`]; `driver().cur` is the instruction being lowered.
 pub trait Lowering<'a> {
     /// Where an access's address is for its slow path (a register, or base and offset).
-    type AccessSite: Copy;
+    type AccessSite: Copy + 'static;
     /// Cold code only this ISA needs; `std::convert::Infallible` when there is none.
-    type IsaCold: Copy;
+    type IsaCold: Copy + 'static;
 
     fn driver(&mut self) -> &mut Driver<'a, Self::AccessSite, Self::IsaCold>;
     /// Bytes emitted so far.
@@ -1365,8 +1378,14 @@ fn walk_head<'a, L: Isa<'a>>(l: &mut L, k: usize, head: usize) {
 fn emit_queued_cold<'a, L: Isa<'a>>(l: &mut L, next: usize) -> Result<(), CompileError> {
     let start = l.position();
     while !l.driver().colds.is_empty() {
-        for cold in std::mem::take(&mut l.driver().colds) {
+        let mut colds = std::mem::take(&mut l.driver().colds);
+        for cold in colds.drain(..) {
             emit_cold(l, cold)?;
+        }
+        // The emptied queue serves the next round (when nothing new was queued meanwhile)
+        // and the next function.
+        if l.driver().colds.capacity() == 0 {
+            l.driver().colds = colds;
         }
     }
     l.cold_placed(next);

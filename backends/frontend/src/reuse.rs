@@ -150,6 +150,32 @@ fn keep_vec<T: 'static>(mut v: Vec<T>) {
     });
 }
 
+/// `kept` emptied with room for `n` elements, for a caller that keeps its own small buffers
+/// per thread (a typed slot, no lookup: see `verify::DecodeBuffers`); a large `n` goes
+/// through [`take_vec`] as usual.
+#[inline]
+pub(crate) fn take_from<T: 'static>(kept: &mut Vec<T>, n: usize) -> Vec<T> {
+    if is_large::<T>(n) {
+        return take_vec(n);
+    }
+    let mut v = std::mem::take(kept);
+    v.clear();
+    v.reserve(n);
+    v
+}
+
+/// Gives `v` back after [`take_from`]: a large one to this thread's spares ([`give_back`]),
+/// a small one into `kept` unless that already holds more.
+#[inline]
+pub(crate) fn give_back_to<T: 'static>(kept: &mut Vec<T>, mut v: Vec<T>) {
+    if is_large::<T>(v.capacity()) {
+        keep_vec(v);
+    } else if v.capacity() > kept.capacity() {
+        v.clear();
+        *kept = v;
+    }
+}
+
 /// Frees every buffer this thread keeps for reuse.
 pub fn release_thread_spares() {
     let _ = SPARES.try_with(|s| {

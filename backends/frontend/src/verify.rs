@@ -9,12 +9,13 @@
 
 use crate::insn::{op::*, *};
 use crate::op_kind;
-use crate::{Branch, BranchKind, Compared, Program, Subprog};
+use crate::{reuse, Branch, BranchKind, Compared, Program, Subprog};
 use packjit_plugin_api::abi::{
     PJ_HELPER_CALLEE_TAIL_CALL, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET,
     PJ_HELPER_STATIC_REGIONS, PJ_MOV_OFF_PERCPU,
 };
 use packjit_plugin_api::{CompileError, ErrorKind, HelperEntry};
+use std::cell::Cell;
 
 /// Bytes of stack per (sub)program frame; r10 points at its top.
 pub const STACK_SIZE: usize = 512;
@@ -82,20 +83,22 @@ pub fn decode_with(
     // second look at the instructions; and the few instructions later passes must visit
     // (branches, local calls, `lddw`s) are listed. Indices (and `pc as u32`) fit u32
     // because MAX_INSNS does.
-    let mut insts = crate::inst_buffer(slots);
-    let mut blocks: Vec<BlockEffects> = Vec::with_capacity(slots / EFF_BLOCK + 1);
+    // This thread's buffers from its last decode and its last dropped program.
+    let mut kept = (DECODE_BUFFERS.try_with(Cell::take).ok().flatten()).unwrap_or_default();
+    let mut insts = reuse::take_from(&mut kept.insts, slots);
+    let mut blocks = reuse::take_from(&mut kept.blocks, slots / EFF_BLOCK + 1);
     let mut acc = BlockEffects::default();
     // Slot of every `lddw`, ascending: maps a slot to its instruction index (pass 2).
-    let mut lddw_slots: Vec<u32> = Vec::new();
+    let mut lddw_slots = reuse::take_from(&mut kept.lddw_slots, 0);
     // Every `ja`, conditional jump and local call, ascending, with its target slot until
-    // pass 2 (`OUTSIDE` for a slot outside the program). (Sized for about one branch per 8
-    // instructions, as in typical code; more regrows.)
-    let mut branches: Vec<Branch> = crate::reuse::take_vec(slots / 8 + 8);
+    // pass 2 (`OUTSIDE` for a slot outside the program). (Sized for one branch per 4
+    // instructions: clang's code has about one per 5, and a regrow copies the list.)
+    let mut branches = reuse::take_from(&mut kept.branches, slots / 4 + 8);
     // Instruction index of every `lddw`, ascending (pairs with `lddw_slots`).
-    let mut lddw_at: Vec<u32> = Vec::new();
+    let mut lddw_at = reuse::take_from(&mut kept.lddw_at, 0);
     // Instruction indices of the local calls among them (the call graph's edges).
-    let mut local_calls: Vec<u32> = Vec::new();
-    let mut exits: Vec<u32> = Vec::new();
+    let mut local_calls = reuse::take_from(&mut kept.local_calls, 0);
+    let mut exits = reuse::take_from(&mut kept.exits, 0);
     let mut pc = 0;
     while pc < slots {
         let raw = u64::from_le_bytes(code[pc * 8..pc * 8 + 8].try_into().expect("8 bytes"));
@@ -214,8 +217,9 @@ pub fn decode_with(
         called.dedup();
     }
     let starts: &[usize] = if called.is_empty() { &[0] } else { &called };
-    let mut subprogs: Vec<Subprog> = Vec::with_capacity(starts.len());
-    let mut is_target = crate::reuse::filled(insts.len(), false);
+    let mut subprogs = reuse::take_from(&mut kept.subprogs, starts.len());
+    let mut is_target = reuse::take_from(&mut kept.is_target, insts.len());
+    is_target.resize(insts.len(), false);
     let mut next_branch = 0;
     for (k, &start) in starts.iter().enumerate() {
         let end = starts.get(k + 1).copied().unwrap_or(insts.len());
@@ -273,6 +277,11 @@ pub fn decode_with(
     } else {
         check_call_depth(&insts, &subprogs, &local_calls)?
     };
+    // The scratch lists go back for the next decode (on an error above they are freed).
+    reuse::give_back_to(&mut kept.blocks, blocks);
+    reuse::give_back_to(&mut kept.lddw_slots, lddw_slots);
+    reuse::give_back_to(&mut kept.lddw_at, lddw_at);
+    let _ = DECODE_BUFFERS.try_with(|k| k.set(Some(kept)));
     Ok(Program {
         insts,
         slots,
@@ -286,6 +295,45 @@ pub fn decode_with(
         call_results: Vec::new(),
         lookup_values: Vec::new(),
     })
+}
+
+/// A decode's buffers, kept per thread: the program's lists (handed back when a [`Program`]
+/// is dropped, [`keep_program_lists`]) and the decode's own scratch lists. A small
+/// program's load made some eight allocations here and as many frees when its program was
+/// dropped, each pair about 100 host instructions (a tenth of a 14-instruction program's
+/// load went to the allocator). Large buffers go to [`reuse`]'s spares instead.
+#[derive(Default)]
+struct DecodeBuffers {
+    insts: Vec<Inst>,
+    is_target: Vec<bool>,
+    branches: Vec<Branch>,
+    exits: Vec<u32>,
+    local_calls: Vec<u32>,
+    subprogs: Vec<Subprog>,
+    blocks: Vec<BlockEffects>,
+    lddw_slots: Vec<u32>,
+    lddw_at: Vec<u32>,
+}
+
+thread_local! {
+    /// This thread's [`DecodeBuffers`], taken out while a decode or a drop uses them (boxed:
+    /// taking and putting back moves a pointer, not nine vectors).
+    static DECODE_BUFFERS: Cell<Option<Box<DecodeBuffers>>> = const { Cell::new(None) };
+}
+
+/// Keeps a dropped program's lists for the next decode on this thread.
+pub(crate) fn keep_program_lists(p: &mut Program) {
+    // Nothing is kept during thread teardown.
+    let _ = DECODE_BUFFERS.try_with(|k| {
+        let mut kept = k.take().unwrap_or_default();
+        reuse::give_back_to(&mut kept.insts, std::mem::take(&mut p.insts));
+        reuse::give_back_to(&mut kept.is_target, std::mem::take(&mut p.is_target));
+        reuse::give_back_to(&mut kept.branches, std::mem::take(&mut p.branches));
+        reuse::give_back_to(&mut kept.exits, std::mem::take(&mut p.exits));
+        reuse::give_back_to(&mut kept.local_calls, std::mem::take(&mut p.local_calls));
+        reuse::give_back_to(&mut kept.subprogs, std::mem::take(&mut p.subprogs));
+        k.set(Some(kept));
+    });
 }
 
 /// [`Branch::target`] between the passes for a slot outside the program (no slot is this

@@ -151,6 +151,35 @@ fn moved(grown: &[(u32, u32)], p: usize) -> usize {
     }
 }
 
+/// [`Assembler::moved`] for offsets asked in ascending order (fixup ends in emission order,
+/// instruction offsets): a cursor through the widened sites instead of a search per offset.
+pub struct Ascending<'g> {
+    grown: &'g [(u32, u32)],
+    k: usize,
+}
+
+impl Ascending<'_> {
+    /// Offset `p` (not below the last one asked) in the code after the widening.
+    #[inline]
+    pub fn moved(&mut self, p: usize) -> usize {
+        while self
+            .grown
+            .get(self.k)
+            .is_some_and(|&(end, _)| end as usize <= p)
+        {
+            self.k += 1;
+        }
+        debug_assert_eq!(
+            self.k,
+            self.grown.partition_point(|&(end, _)| end as usize <= p)
+        );
+        match self.k {
+            0 => p,
+            k => p + self.grown[k - 1].1 as usize,
+        }
+    }
+}
+
 /// A fixup in the code as it stands (after any [`Assembler::regrow`]).
 struct Placed {
     /// Offset just past the instruction.
@@ -172,12 +201,13 @@ impl Placed {
 
 /// Where `f` is, and its displacement to its bound label, in the code after the widening
 /// that `forms` and `grown` describe.
-#[inline]
+#[inline(always)]
 fn place(
     labels: &dynasmrt::components::LabelRegistry,
     forms: &[Form],
     grown: &[(u32, u32)],
     f: &Fixup,
+    ends: &mut Ascending<'_>,
 ) -> Result<Placed, String> {
     let target = labels
         .resolve_dynamic(f.label)
@@ -191,7 +221,7 @@ fn place(
             disp: target as i64 - i64::from(f.end),
         });
     }
-    let end = moved(grown, f.end as usize);
+    let end = ends.moved(f.end as usize);
     let width = if widened(forms, f) { 4 } else { f.width };
     Ok(Placed {
         end,
@@ -247,9 +277,12 @@ pub struct Assembler {
     /// The bytes, labels and relocations.
     ops: Asm,
     fixups: Reused<Fixup>,
-    /// Every fixup's displacement, kept by a [`Assembler::branches_fit`] that found them all in
-    /// reach, so that [`Assembler::finish`] need not resolve every label again.
+    /// Every fixup's displacement as the last [`Assembler::branches_fit`] found it (`None`
+    /// after a [`Assembler::regrow`]), so that neither [`Assembler::branch_checks`] nor
+    /// [`Assembler::finish`] resolves every label again.
     disps: Option<Reused<i32>>,
+    /// Whether every one of `disps` reached in its form.
+    disps_fit: bool,
     /// Per branch site, the form the relaxation driver chose in earlier passes (after a
     /// [`Assembler::regrow`], the forms it widened the code to).
     forms: Vec<Form>,
@@ -299,6 +332,7 @@ impl Assembler {
             ops: reuse::assembler(code, labels, 0),
             fixups: reuse::take(fixups),
             disps: None,
+            disps_fit: false,
             forms,
             sites: 0,
             insns: 0,
@@ -336,6 +370,14 @@ impl Assembler {
     /// Offset `p` of the code as emitted, in the code after any [`Assembler::regrow`].
     pub fn moved(&self, p: usize) -> usize {
         moved(&self.grown, p)
+    }
+
+    /// [`Assembler::moved`] for offsets asked in ascending order.
+    pub fn ascending(&self) -> Ascending<'_> {
+        Ascending {
+            grown: &self.grown,
+            k: 0,
+        }
     }
 
     fn b(&mut self, x: u8) {
@@ -655,14 +697,18 @@ impl Assembler {
     pub fn branches_fit(&mut self) -> Result<bool, String> {
         let labels = self.ops.labels();
         let mut disps = reuse::take(self.fixups.len());
-        let mut fit = true;
+        let (mut fit, mut narrow) = (true, true);
+        let mut ends = self.ascending();
         for f in self.fixups.iter() {
-            let p = place(labels, &self.forms, &self.grown, f)?;
+            let p = place(labels, &self.forms, &self.grown, f, &mut ends)?;
             fit &= p.fits();
-            // Kept only when all fit, where every displacement fits an i32.
-            disps.push(p.disp as i32);
+            // (Code is far below 2 GiB: every displacement is an i32.)
+            let disp = i32::try_from(p.disp);
+            narrow &= disp.is_ok();
+            disps.push(disp.unwrap_or(0));
         }
-        self.disps = fit.then_some(disps);
+        self.disps = narrow.then_some(disps);
+        self.disps_fit = fit;
         Ok(fit)
     }
 
@@ -671,8 +717,23 @@ impl Assembler {
     pub fn branch_checks(&self) -> Result<Vec<BranchCheck<Form>>, String> {
         let mut checks = Vec::with_capacity(self.sites);
         let labels = self.ops.labels();
-        for f in &self.fixups {
-            let Placed { end, width, disp } = place(labels, &self.forms, &self.grown, f)?;
+        // After a `branches_fit` (the driver's usual order) its displacements stand.
+        let kept = (self.disps.as_deref()).filter(|d| d.len() == self.fixups.len());
+        let mut ends = self.ascending();
+        for (k, f) in self.fixups.iter().enumerate() {
+            let Placed { end, width, disp } = match kept {
+                // As `place` has them.
+                Some(disps) => Placed {
+                    end: ends.moved(f.end as usize),
+                    width: if !self.grown.is_empty() && widened(&self.forms, f) {
+                        4
+                    } else {
+                        usize::from(f.width)
+                    },
+                    disp: i64::from(disps[k]),
+                },
+                None => place(labels, &self.forms, &self.grown, f, &mut ends)?,
+            };
             if f.site == CALL_SITE {
                 if i32::try_from(disp).is_err() {
                     return Err(format!("call displacement {disp} exceeds rel32"));
@@ -711,12 +772,13 @@ impl Assembler {
         // per fixup, paired with the fixups again below. A `branches_fit` that found them all
         // in reach kept them (nothing is emitted after it).
         let disps = match self.disps.take() {
-            Some(kept) if kept.len() == self.fixups.len() => kept,
+            Some(kept) if self.disps_fit && kept.len() == self.fixups.len() => kept,
             _ => {
                 let labels = self.ops.labels();
                 let mut disps = reuse::take(self.fixups.len());
+                let mut ends = self.ascending();
                 for f in self.fixups.iter() {
-                    let p = place(labels, &self.forms, &self.grown, f)?;
+                    let p = place(labels, &self.forms, &self.grown, f, &mut ends)?;
                     if !p.fits() {
                         return Err(format!(
                             "internal: branch at {} does not reach its label (displacement {})",
@@ -734,8 +796,12 @@ impl Assembler {
             None => emitted,
             Some(&(_, added)) => widen(&emitted, &self.fixups, &self.forms, added as usize)?,
         };
+        let mut ends = Ascending {
+            grown: &self.grown,
+            k: 0,
+        };
         for (f, &disp) in self.fixups.iter().zip(disps.iter()) {
-            let end = moved(&self.grown, f.end as usize);
+            let end = ends.moved(f.end as usize);
             let width = if widened(&self.forms, f) {
                 4
             } else {
@@ -767,6 +833,10 @@ impl Assembler {
         self.forms.clear();
         self.forms.extend_from_slice(forms);
         self.grown.clear();
+        // One entry per site widened: at most the sites asked for `rel32` (one allocation,
+        // not regrown by doublings).
+        self.grown
+            .reserve(forms.iter().filter(|&&f| f == Form::Rel32).count());
         let mut added = 0;
         for f in self.fixups.iter().filter(|f| widened(&self.forms, f)) {
             added += if f.cc == UNCONDITIONAL { 3 } else { 4 };

@@ -98,7 +98,8 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
                 // A stop unwinds from any depth straight to the entry's pops, skipping the
                 // callees' restores: the entry saves every callee-saved register any
                 // function touches (and the rest of the time this costs only the pushes).
-                saved = Vec::new();
+                // (At most six: one allocation.)
+                saved = Vec::with_capacity(6);
                 if block > 0 {
                     saved.push(RBP);
                 }
@@ -107,7 +108,7 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
                     saved.push(ENV);
                 }
             } else {
-                saved = callee_saved_of(sp.writes);
+                saved = callee_saved_of(sp.writes).collect();
             }
             // rsp ≡ 8 at every function entry; after n pushes it is 8 + 8n: odd n aligns.
             // The uniform frame always has its pad (it is part of what tail calls skip).

@@ -82,9 +82,8 @@ pub const LOWERING_READS: LoweringReads = LoweringReads {
 };
 
 /// Host callee-saved registers standing for BPF r6–r9 among the bits of `used`.
-pub fn callee_saved_of(used: u16) -> Vec<Gpr> {
+pub fn callee_saved_of(used: u16) -> impl Iterator<Item = Gpr> {
     (6..=9)
-        .filter(|r| used & (1 << r) != 0)
+        .filter(move |r| used & (1 << r) != 0)
         .map(|r| REG_MAP[r])
-        .collect()
 }

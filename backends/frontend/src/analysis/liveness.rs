@@ -222,7 +222,8 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     // reads the rest anywhere), so every function is asked about `open` alone.
     // This thread's buffers from its last load (see `SCRATCH`), taken out so that nothing
     // here can find them borrowed.
-    let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
+    let mut scratch: Box<Scratch> =
+        (SCRATCH.try_with(Cell::take).ok().flatten()).unwrap_or_default();
     let mut exposed = std::mem::take(&mut scratch.exposed);
     exposed.clear();
     exposed.resize(prog.subprogs.len(), 0u16);
@@ -247,15 +248,16 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     let zeroed = exposed[0] & FRESH_REGS;
     scratch.exposed = exposed;
     // Kept for the next load on this thread (nothing is kept during thread teardown).
-    let _ = SCRATCH.try_with(|s| s.set(scratch));
+    let _ = SCRATCH.try_with(|s| s.set(Some(scratch)));
     zeroed
 }
 
 thread_local! {
     /// [`entry_zeroing`]'s buffers, kept per thread between loads: at most
     /// [`EXACT_ZEROING_MAX`] entries each but for the worklist, and for a small program their
-    /// allocation and release cost more than its walk.
-    static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
+    /// allocation and release cost more than its walk. (Boxed: taking and putting them
+    /// back moves a pointer.)
+    static SCRATCH: Cell<Option<Box<Scratch>>> = const { Cell::new(None) };
 }
 
 /// The registers among `mask` that some path from the function's first instruction reads

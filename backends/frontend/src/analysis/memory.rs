@@ -61,6 +61,83 @@ impl FrameVal {
     }
 }
 
+/// A register state of [`frame_reach`]: r0–r9 (r10 is always the frame pointer itself).
+type FrameState = [FrameVal; 10];
+
+/// [`frame_reach`]'s states, one per join: the entry and every jump target
+/// (`Program::is_target`), found from the branch list (no pass over the instructions, no
+/// per-instruction table); a conditional jump's fall-through continues the walk. Joins run
+/// lowest first, so a program without loops visits each instruction once. (The result does
+/// not depend on the order: states only grow, and every join runs in its final state.)
+struct FrameJoins {
+    /// Instruction index of each join, ascending.
+    at: Vec<u32>,
+    states: Vec<FrameState>,
+    /// One bit per join: a state is stored (the first `words` words), the join is queued to
+    /// run (the rest).
+    bits: Vec<u64>,
+    words: usize,
+    /// No queued join in a word below this one.
+    next: usize,
+}
+
+impl FrameJoins {
+    fn new(prog: &Program) -> Self {
+        let mut at: Vec<u32> = Vec::with_capacity(prog.branches.len() + 1);
+        at.push(0);
+        at.extend(prog.branches.iter().map(|b| b.target));
+        at.sort_unstable();
+        at.dedup();
+        let words = at.len().div_ceil(64);
+        let mut bits = vec![0u64; 2 * words];
+        // The entry, reached with nothing derived from r10, queued.
+        bits[0] = 1;
+        bits[words] = 1;
+        FrameJoins {
+            states: vec![[FrameVal::NotFrame; 10]; at.len()],
+            at,
+            bits,
+            words,
+            next: 0,
+        }
+    }
+
+    /// Joins `st` into the state of the join at instruction `to`, queueing it if that
+    /// changed it. (Past the end: the verifier refuses a path that falls off the program.)
+    fn flow(&mut self, to: usize, st: &FrameState) {
+        let Ok(b) = self.at.binary_search(&(to as u32)) else {
+            return;
+        };
+        let (w, bit) = (b / 64, 1u64 << (b % 64));
+        if self.bits[w] & bit == 0 {
+            self.bits[w] |= bit;
+            self.states[b] = *st;
+        } else {
+            let mut changed = false;
+            for (o, v) in self.states[b].iter_mut().zip(st) {
+                let j = o.join(*v);
+                changed |= j != *o;
+                *o = j;
+            }
+            if !changed {
+                return;
+            }
+        }
+        self.bits[self.words + w] |= bit;
+        self.next = self.next.min(w);
+    }
+
+    /// The lowest queued join, taken off the queue: its instruction index and state.
+    fn pop(&mut self) -> Option<(usize, FrameState)> {
+        let pending = &mut self.bits[self.words..];
+        let w = (self.next..self.words).find(|&w| pending[w] != 0)?;
+        self.next = w;
+        let b = w * 64 + pending[w].trailing_zeros() as usize;
+        pending[w] &= pending[w] - 1;
+        Some((self.at[b] as usize, self.states[b]))
+    }
+}
+
 /// Bytes below r10 that a single-function program can reach through frame pointers: the
 /// lowest offset of any access or helper argument derived from r10 (a helper may use
 /// `[ptr, r10)` whole). `None` when it cannot be bounded at compile time: a frame pointer
@@ -75,72 +152,23 @@ impl FrameVal {
 /// register this analysis tracks, so it is inside the reach.
 pub fn frame_reach(prog: &Program) -> Option<usize> {
     use crate::Operand::{Imm, Reg};
-    type State = [FrameVal; 10];
     let insts = &prog.insts;
     let n = insts.len();
-    // Blocks start at the entry, at jump targets and after conditional jumps; the dataflow
-    // keeps a state per block start only.
-    const NONE: u32 = u32::MAX;
-    let mut head = vec![NONE; n];
-    let mut starts = vec![0usize];
-    let mark = |i: usize, head: &mut Vec<u32>, starts: &mut Vec<usize>| {
-        if i < n && head[i] == NONE {
-            head[i] = starts.len() as u32;
-            starts.push(i);
-        }
-    };
     if n == 0 {
         return Some(0);
     }
-    head[0] = 0;
-    for (i, inst) in insts.iter().enumerate() {
-        match inst.op {
-            Op::Ja { target } => mark(target as usize, &mut head, &mut starts),
-            Op::Jcond { target, .. } => {
-                mark(target as usize, &mut head, &mut starts);
-                mark(i + 1, &mut head, &mut starts);
-            }
-            _ => {}
-        }
-    }
-    let mut states: Vec<Option<State>> = vec![None; starts.len()];
-    states[0] = Some([FrameVal::NotFrame; 10]);
-    let mut work = vec![0usize];
+    let mut joins = FrameJoins::new(prog);
     let mut lowest = 0i64;
-    let flow = |to: usize, st: &State, states: &mut [Option<State>], work: &mut Vec<usize>| {
-        // Past the end: the verifier refuses a path that falls off the program.
-        let Some(&b) = head.get(to).filter(|&&b| b != NONE) else {
-            return;
-        };
-        let b = b as usize;
-        match &mut states[b] {
-            None => {
-                states[b] = Some(*st);
-                work.push(b);
-            }
-            Some(old) => {
-                let mut changed = false;
-                for (o, v) in old.iter_mut().zip(st) {
-                    let j = o.join(*v);
-                    changed |= j != *o;
-                    *o = j;
-                }
-                if changed {
-                    work.push(b);
-                }
-            }
-        }
-    };
-    let get = |st: &State, r: u8| {
+    let get = |st: &FrameState, r: u8| {
         if r == 10 {
             FrameVal::At(0)
         } else {
             st[r as usize]
         }
     };
-    while let Some(b) = work.pop() {
-        let mut st = states[b].expect("queued with a state");
-        let mut i = starts[b];
+    while let Some((start, state)) = joins.pop() {
+        let mut st = state;
+        let mut i = start;
         loop {
             let mut reach = |base: FrameVal, off: i64| match base {
                 FrameVal::NotFrame => Some(()),
@@ -241,21 +269,19 @@ pub fn frame_reach(prog: &Program) -> Option<usize> {
                 Op::CallLocal { .. } => return None,
                 Op::Exit => break,
                 Op::Ja { target } => {
-                    flow(target as usize, &st, &mut states, &mut work);
+                    joins.flow(target as usize, &st);
                     break;
                 }
                 Op::Jcond { target, .. } => {
-                    flow(target as usize, &st, &mut states, &mut work);
-                    flow(i + 1, &st, &mut states, &mut work);
-                    break;
+                    joins.flow(target as usize, &st);
                 }
             }
             i += 1;
             if i >= n {
                 break;
             }
-            if head[i] != NONE {
-                flow(i, &st, &mut states, &mut work);
+            if prog.is_target[i] {
+                joins.flow(i, &st);
                 break;
             }
         }
@@ -291,6 +317,198 @@ pub fn checked_access(op: &Op) -> Option<(u8, i16, Size)> {
 mod tests {
     use super::*;
 
+    /// The analysis as first written (a table of block heads, a state per block, a stack
+    /// of blocks to run): the reference for the join-list version.
+    fn frame_reach_by_blocks(prog: &Program) -> Option<usize> {
+        use crate::Operand::{Imm, Reg};
+        type State = [FrameVal; 10];
+        let insts = &prog.insts;
+        let n = insts.len();
+        // Blocks start at the entry, at jump targets and after conditional jumps; the dataflow
+        // keeps a state per block start only.
+        const NONE: u32 = u32::MAX;
+        let mut head = vec![NONE; n];
+        let mut starts = vec![0usize];
+        let mark = |i: usize, head: &mut Vec<u32>, starts: &mut Vec<usize>| {
+            if i < n && head[i] == NONE {
+                head[i] = starts.len() as u32;
+                starts.push(i);
+            }
+        };
+        if n == 0 {
+            return Some(0);
+        }
+        head[0] = 0;
+        for (i, inst) in insts.iter().enumerate() {
+            match inst.op {
+                Op::Ja { target } => mark(target as usize, &mut head, &mut starts),
+                Op::Jcond { target, .. } => {
+                    mark(target as usize, &mut head, &mut starts);
+                    mark(i + 1, &mut head, &mut starts);
+                }
+                _ => {}
+            }
+        }
+        let mut states: Vec<Option<State>> = vec![None; starts.len()];
+        states[0] = Some([FrameVal::NotFrame; 10]);
+        let mut work = vec![0usize];
+        let mut lowest = 0i64;
+        let flow = |to: usize, st: &State, states: &mut [Option<State>], work: &mut Vec<usize>| {
+            // Past the end: the verifier refuses a path that falls off the program.
+            let Some(&b) = head.get(to).filter(|&&b| b != NONE) else {
+                return;
+            };
+            let b = b as usize;
+            match &mut states[b] {
+                None => {
+                    states[b] = Some(*st);
+                    work.push(b);
+                }
+                Some(old) => {
+                    let mut changed = false;
+                    for (o, v) in old.iter_mut().zip(st) {
+                        let j = o.join(*v);
+                        changed |= j != *o;
+                        *o = j;
+                    }
+                    if changed {
+                        work.push(b);
+                    }
+                }
+            }
+        };
+        let get = |st: &State, r: u8| {
+            if r == 10 {
+                FrameVal::At(0)
+            } else {
+                st[r as usize]
+            }
+        };
+        while let Some(b) = work.pop() {
+            let mut st = states[b].expect("queued with a state");
+            let mut i = starts[b];
+            loop {
+                let mut reach = |base: FrameVal, off: i64| match base {
+                    FrameVal::NotFrame => Some(()),
+                    FrameVal::At(c) => {
+                        lowest = lowest.min(c.saturating_add(off));
+                        Some(())
+                    }
+                    FrameVal::Anywhere => None,
+                };
+                let op = insts[i].op;
+                match op {
+                    Op::Alu {
+                        width,
+                        op,
+                        dst,
+                        src,
+                    } => {
+                        let a = get(&st, dst);
+                        let v = match (width, op, src) {
+                            (Width::W64, AluOp::Mov, Reg(r)) => get(&st, r),
+                            (_, AluOp::Mov, Imm(_)) => FrameVal::NotFrame,
+                            (Width::W64, AluOp::Add | AluOp::Sub, Imm(k)) => match a {
+                                FrameVal::At(c) if op == AluOp::Add => {
+                                    FrameVal::At(c.saturating_add(i64::from(k)))
+                                }
+                                FrameVal::At(c) => FrameVal::At(c.saturating_sub(i64::from(k))),
+                                v => v,
+                            },
+                            (_, AluOp::Mov, Reg(r)) => match get(&st, r) {
+                                FrameVal::NotFrame => FrameVal::NotFrame,
+                                _ => FrameVal::Anywhere,
+                            },
+                            (_, _, src) => {
+                                let b = match src {
+                                    Reg(r) => get(&st, r),
+                                    Imm(_) => FrameVal::NotFrame,
+                                };
+                                if a.is_frame() || b.is_frame() {
+                                    FrameVal::Anywhere
+                                } else {
+                                    FrameVal::NotFrame
+                                }
+                            }
+                        };
+                        st[dst as usize] = v;
+                    }
+                    Op::MovSx { dst, src, .. } | Op::MovPerCpu { dst, src, .. } => {
+                        st[dst as usize] = match get(&st, src) {
+                            FrameVal::NotFrame => FrameVal::NotFrame,
+                            _ => FrameVal::Anywhere,
+                        };
+                    }
+                    Op::Neg { dst, .. } | Op::End { dst, .. } => {
+                        if st[dst as usize].is_frame() {
+                            st[dst as usize] = FrameVal::Anywhere;
+                        }
+                    }
+                    Op::LdImm64 { dst, .. } => st[dst as usize] = FrameVal::NotFrame,
+                    Op::Load { dst, base, off, .. } => {
+                        reach(get(&st, base), i64::from(off))?;
+                        st[dst as usize] = FrameVal::NotFrame;
+                    }
+                    Op::Store { base, off, src, .. } => {
+                        reach(get(&st, base), i64::from(off))?;
+                        if let Reg(r) = src {
+                            if get(&st, r).is_frame() {
+                                return None;
+                            }
+                        }
+                    }
+                    Op::Atomic {
+                        base,
+                        off,
+                        src,
+                        op,
+                        fetch,
+                        ..
+                    } => {
+                        reach(get(&st, base), i64::from(off))?;
+                        if get(&st, src).is_frame() {
+                            return None;
+                        }
+                        if op == AtomicOp::Cmpxchg {
+                            st[0] = FrameVal::NotFrame;
+                        } else if fetch || op == AtomicOp::Xchg {
+                            st[src as usize] = FrameVal::NotFrame;
+                        }
+                    }
+                    Op::PacketLoad { .. } => st[0] = FrameVal::NotFrame,
+                    Op::CallHelper { .. } | Op::CallReg { .. } => {
+                        // A helper may use [ptr, r10) of a frame pointer it gets, in any argument
+                        // (its arity is not known here).
+                        for &arg in &st[1..=5] {
+                            reach(arg, 0)?;
+                        }
+                        st[..=5].fill(FrameVal::NotFrame);
+                    }
+                    Op::CallLocal { .. } => return None,
+                    Op::Exit => break,
+                    Op::Ja { target } => {
+                        flow(target as usize, &st, &mut states, &mut work);
+                        break;
+                    }
+                    Op::Jcond { target, .. } => {
+                        flow(target as usize, &st, &mut states, &mut work);
+                        flow(i + 1, &st, &mut states, &mut work);
+                        break;
+                    }
+                }
+                i += 1;
+                if i >= n {
+                    break;
+                }
+                if head[i] != NONE {
+                    flow(i, &st, &mut states, &mut work);
+                    break;
+                }
+            }
+        }
+        Some(usize::try_from(lowest.unsigned_abs()).map_or(STACK_SIZE, |b| b.min(STACK_SIZE)))
+    }
+
     #[test]
     fn frame_constant_bounds() {
         assert!(is_frame_constant(R10, -8, Size::DW));
@@ -317,6 +535,66 @@ mod tests {
     }
 
     const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+    /// A random one-function program that moves frame pointers around: copies of r10,
+    /// constant and unknown offsets, accesses and helper calls through them, frame pointers
+    /// stored, jumps anywhere (loops included).
+    fn random_frame_program(seed: &mut u64) -> Program {
+        let mut rnd = |n: u64| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed % n
+        };
+        let n = 3 + rnd(40) as usize;
+        let mut code = Vec::new();
+        for at in 0..n - 1 {
+            let (d, s) = (rnd(10) as u8, rnd(11) as u8);
+            // Memory operands: r10 itself half the time.
+            let base = if rnd(2) == 0 { 10 } else { rnd(10) as u8 };
+            let off = -8 * (rnd(70) as i16);
+            let target = (rnd(n as u64) as i64 - at as i64 - 1) as i16;
+            code.push(match rnd(16) {
+                0 | 1 => insn(0xbf, d, 10, 0, 0),                  // r_d = r10
+                2 | 3 => insn(0x07, d, 0, 0, -8 * rnd(40) as i32), // r_d += -8k
+                4 => insn(0x17, d, 0, 0, 8 * rnd(8) as i32),       // r_d -= 8k
+                5 => insn(0x0f, d, s, 0, 0),                       // r_d += r_s
+                6 => insn(0xbc, d, s, 0, 0),                       // w_d = w_s
+                7 => insn(0x79, d, base, off, 0),                  // r_d = *(u64 *)(base + off)
+                8 => insn(0x7b, base, s, off, 0),                  // *(u64 *)(base + off) = r_s
+                9 => insn(0x62, base, 0, off, 0),                  // *(u32 *)(base + off) = 0
+                10 => insn(0xdb, base, d, off, 0), // lock *(u64 *)(base + off) += r_d
+                11 => insn(0x85, 0, 0, 0, 1),      // call 1
+                12 => insn(0x15, d, 0, target, 0), // if r_d == 0 goto
+                13 => insn(0x05, 0, 0, target, 0), // goto
+                14 => EXIT,
+                _ => insn(0xb7, d, 0, 0, 7), // r_d = 7
+            });
+        }
+        code.push(EXIT);
+        let helpers = [packjit_plugin_api::HelperEntry {
+            id: 1,
+            inline_kind: 0,
+            addr: 0x1000,
+        }];
+        crate::decode(&code.concat(), &helpers).unwrap()
+    }
+
+    #[test]
+    fn join_list_frame_reach_matches_the_block_version_on_random_programs() {
+        let seed0 = 0xf4a3_e5ee_d001_u64;
+        println!("seed: {seed0:#x}");
+        let mut seed = seed0;
+        let mut bounded = 0;
+        for _ in 0..20_000 {
+            let p = random_frame_program(&mut seed);
+            let reach = frame_reach(&p);
+            assert_eq!(reach, frame_reach_by_blocks(&p), "{:?}", p.insts);
+            bounded += usize::from(reach.is_some_and(|r| r > 0));
+        }
+        // Both outcomes are exercised.
+        assert!((2_000..18_000).contains(&bounded), "{bounded}");
+    }
 
     #[test]
     fn a_single_function_gets_the_lines_of_its_frame_it_reaches() {

@@ -90,6 +90,9 @@ impl Codegen<'_> {
         let stops = &mut self.stops;
         if stops.by_pc.is_empty() {
             stops.by_pc = vec![NO_STUB; self.d.prog.slots];
+            // Not regrown from empty by doublings (a budgeted loop asks for a few).
+            stops.stubs.reserve(16);
+            stops.unplaced.reserve(16);
         }
         let mut k = stops.by_pc[pc];
         while k != NO_STUB {

@@ -117,6 +117,7 @@ pub struct Codegen<'a> {
 }
 
 impl<'a> Codegen<'a> {
+    #[inline(always)]
     fn new(
         prog: &'a Program,
         helpers: &'a [HelperEntry],
@@ -235,8 +236,10 @@ impl<'a> Pass<'a> for Codegen<'a> {
     }
 
     fn relocate(&self, offsets: &mut [u32]) {
+        // Instructions are emitted in order: their offsets ascend.
+        let mut moved = self.e.ascending();
         for o in offsets {
-            *o = self.e.moved(*o as usize) as u32;
+            *o = moved.moved(*o as usize) as u32;
         }
     }
 
