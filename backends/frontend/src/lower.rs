@@ -157,6 +157,9 @@ pub struct Driver<'a, A, F> {
     pub group_encoded: Vec<bool>,
     /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
     pub walk_clamps: Vec<DynamicLabel>,
+    /// Per walk: for a counted walk (`walks::Counter`), its entry test, where jumps into the
+    /// loop from outside land (it can be entered by jumps, not only by falling through).
+    pub walk_entries: Vec<Option<DynamicLabel>>,
     /// Cold code queued for the current function.
     pub colds: Vec<Cold<A, F>>,
     /// Where the queued cold code goes: after the function, or in an island.
@@ -185,6 +188,9 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             .map(|(g, &encoded)| (g.reentered && encoded).then(&mut new_label))
             .collect();
         let walk_clamps = access.walks.iter().map(|_| new_label()).collect();
+        let walk_entries = (access.walks.iter())
+            .map(|w| w.counter.is_some().then(&mut new_label))
+            .collect();
         let lookup = |id: u32| {
             let h = helpers.iter().find(|h| h.id == id)?;
             match helper_lowering(h) {
@@ -259,6 +265,7 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             group_resume,
             group_encoded,
             walk_clamps,
+            walk_entries,
             colds: Vec::new(),
             islands,
         }
@@ -406,6 +413,14 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
     pub fn jump_label(&self, target: usize) -> DynamicLabel {
         if let Some(k) = self.access.walk_of_back_edge(self.cur) {
             return self.copy_head.unwrap_or(self.walk_clamps[k]);
+        }
+        // Into a counted walk from outside it: through its entry test.
+        if !self.walk_entries.is_empty() {
+            if let Some(entry) =
+                (self.access.walk_at_head(target)).and_then(|k| self.walk_entries[k])
+            {
+                return entry;
+            }
         }
         match self
             .access
@@ -1264,6 +1279,9 @@ fn walk_head<'a, L: Isa<'a>>(l: &mut L, k: usize, head: usize) {
     let d = l.driver();
     let (guard, head_label, clamp_label) =
         (d.access.walks[k].guard, d.labels[head], d.walk_clamps[k]);
+    if let Some(entry) = d.walk_entries[k] {
+        l.bind(entry);
+    }
     if let Some(guard) = guard {
         let fail = l.new_label();
         l.walk_guard(k, guard, fail);
