@@ -332,7 +332,18 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             let (base, off) = self.walked_address(base, off);
             return AccessLowering::Direct { base, off };
         }
-        AccessLowering::Checked(self.access.check(self.cur))
+        match (self.access.check(self.cur), self.copy) {
+            // A frame walk's checked copy: the pointer came from the frame, so the stack
+            // block's inline test is the one that passes (any region still gets the full
+            // check out of line).
+            (AccessCheck::Guarded, Some(CopyOf::Loop(k)))
+                if (self.access.walks[k].guard)
+                    .is_some_and(|g| g.region == crate::walks::GuardRegion::Frame) =>
+            {
+                AccessLowering::Checked(AccessCheck::Stack)
+            }
+            (check, _) => AccessLowering::Checked(check),
+        }
     }
 
     /// An access of an expansion of the current instruction (sandboxed code). A packet
