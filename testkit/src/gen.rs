@@ -2045,6 +2045,17 @@ pub fn counted_walk_program(seed: u64) -> (Vec<u8>, Vec<u8>) {
         Some(p.len() - 1)
     } else {
         setup(&mut p, &mut rnd);
+        if rnd(3) == 0 {
+            // A context walk that runs once (its bound is its start), which its guard sends
+            // to the checked copy: the copy rejoins right at the counted walk's head, and
+            // must go through its guard too.
+            p.push(ins(0xbf, 8, 1, 0, 0)); // r8 = r1
+            p.push(ins(0xbf, 9, 1, 0, 0)); // r9 = r1
+            p.push(ins(0x71, 4, 8, 0, 0)); // r4 = *(u8 *)(r8 + 0)
+            p.push(ins(0x0f, 0, 4, 0, 0)); // r0 += r4
+            p.push(ins(0x07, 8, 0, 0, 1)); // r8 += 1
+            p.push(ins(0xad, 8, 9, -4, 0)); // if r8 < r9 goto r4 = …
+        }
         None
     };
     let head = p.len();

@@ -425,13 +425,10 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
         if let Some(k) = self.access.walk_of_back_edge(self.cur) {
             return self.copy_head.unwrap_or(self.walk_clamps[k]);
         }
-        // Into a counted walk from outside it: through its entry test.
-        if !self.walk_entries.is_empty() {
-            if let Some(entry) =
-                (self.access.walk_at_head(target)).and_then(|k| self.walk_entries[k])
-            {
-                return entry;
-            }
+        // Into a counted walk from outside it: through its entry test, also where a group
+        // starting at its head could be re-entered.
+        if let Some(entry) = self.walk_entry(target) {
+            return entry;
         }
         match self
             .access
@@ -441,6 +438,23 @@ impl<'a, A: Copy, F: Copy> Driver<'a, A, F> {
             Some(resume) => resume,
             None => self.labels[target],
         }
+    }
+
+    /// The entry test of the counted walk (`walks::Counter`) whose head is instruction `i`,
+    /// if any: where everything entering the loop from outside lands.
+    #[inline]
+    fn walk_entry(&self, i: usize) -> Option<DynamicLabel> {
+        if self.walk_entries.is_empty() {
+            return None;
+        }
+        (self.access.walk_at_head(i)).and_then(|k| self.walk_entries[k])
+    }
+
+    /// Where code coming back from out of line (a checked copy) enters instruction `i`: its
+    /// label, or a counted walk's entry test.
+    #[inline]
+    pub fn landing(&self, i: usize) -> DynamicLabel {
+        self.walk_entry(i).unwrap_or(self.labels[i])
     }
 
     /// What the budget charges for the current instruction's jump or call to `target`:
@@ -1416,7 +1430,7 @@ fn checked_copy<'a, L: Isa<'a>>(
     l.checked_copy_done(of);
     // On after the copy; an instruction fused into the last one was done by it, and its
     // label is where the one after it starts.
-    let next = l.driver().labels[last + 1];
+    let next = l.driver().landing(last + 1);
     l.jump(next);
     Ok(())
 }
