@@ -2000,6 +2000,134 @@ pub fn walk_program(seed: u64) -> Vec<u8> {
     p.concat()
 }
 
+/// A random loop stepping a pointer down the frame while a second register counts the
+/// iterations down to 0, for the counted walks (`packjit_frontend::walks::Counter`), as
+/// clang leaves an insertion sort's inner loop: `r6 = r10 + start`, `r7 = j₀` (both
+/// sometimes from the context, so only the run time knows them), then a body with loads and
+/// stores through r6 at small offsets around one `r7 += -1` and one `r6 -= step`, sometimes
+/// an early exit, and `if r7 != 0 goto head`. Half the loops are entered by a jump from
+/// below (the setup after the loop), as clang lays out a nested loop. Many walks stay in the
+/// frame; others start with a count of 0 (which wraps and walks off the frame), count
+/// further than the frame reaches, or start too high or too low, and must stop exactly where
+/// the reference does. Some seeds break a counted walk's shape (a step of 3, the counter
+/// stepped by 2, the pointer written twice) and must stay checked. The frame is filled first
+/// so the loads read known values. Returns the bytecode and a 16-byte context (byte 0 the
+/// count, byte 1 the start's distance below r10 in 8-byte units, when taken from it).
+pub fn counted_walk_program(seed: u64) -> (Vec<u8>, Vec<u8>) {
+    use packjit_frontend::encode_insn as ins;
+    let mut rnd = seeded_choices(seed, 0x94d0_49bb_1331_11eb);
+    let mut ctx = vec![0u8; 16];
+    ctx[0] = [0, 1, 2, 5, 20, 63, 64, 70, 130, 200][rnd(10) as usize];
+    ctx[1] = [0, 1, 8, 31, 32, 33, 40, 63, 64, 65][rnd(10) as usize];
+    let mut p = vec![ins(0xb7, 0, 0, 0, 0)];
+    for k in 1..=64i16 {
+        p.push(ins(0x7a, 10, 0, -8 * k, k as i32 * 5 + 2)); // *(u64 *)(r10 - 8k) = 5k + 2
+    }
+    let step = [1, 2, 4, 4, 4, 8, 8, 16, 64, 3][rnd(10) as usize];
+    let setup = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
+        if rnd(2) == 0 {
+            p.push(ins(0x71, 7, 1, 0, 0)); // r7 = *(u8 *)(r1 + 0)
+        } else {
+            p.push(ins(0xb7, 7, 0, 0, ctx[0] as i32)); // r7 = count
+        }
+        p.push(ins(0xbf, 6, 10, 0, 0)); // r6 = r10
+        if rnd(2) == 0 {
+            p.push(ins(0x71, 5, 1, 1, 0)); // r5 = *(u8 *)(r1 + 1)
+            p.push(ins(0x67, 5, 0, 0, 3)); // r5 <<= 3
+            p.push(ins(0x1f, 6, 5, 0, 0)); // r6 -= r5
+        } else {
+            p.push(ins(0x07, 6, 0, 0, -8 * ctx[1] as i32)); // r6 += -8 · ctx[1]
+        }
+    };
+    let by_jump = rnd(2) == 0;
+    let entry_jump = if by_jump {
+        p.push(ins(0x05, 0, 0, 0, 0)); // goto setup (patched below)
+        Some(p.len() - 1)
+    } else {
+        setup(&mut p, &mut rnd);
+        if rnd(3) == 0 {
+            // A context walk that runs once (its bound is its start), which its guard sends
+            // to the checked copy: the copy rejoins right at the counted walk's head, and
+            // must go through its guard too.
+            p.push(ins(0xbf, 8, 1, 0, 0)); // r8 = r1
+            p.push(ins(0xbf, 9, 1, 0, 0)); // r9 = r1
+            p.push(ins(0x71, 4, 8, 0, 0)); // r4 = *(u8 *)(r8 + 0)
+            p.push(ins(0x0f, 0, 4, 0, 0)); // r0 += r4
+            p.push(ins(0x07, 8, 0, 0, 1)); // r8 += 1
+            p.push(ins(0xad, 8, 9, -4, 0)); // if r8 < r9 goto r4 = …
+        }
+        None
+    };
+    let head = p.len();
+    let sizes = [0x00u8, 0x08, 0x10, 0x18]; // W, H, B, DW
+    let access = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
+        let size = sizes[rnd(4) as usize];
+        let off = rnd(32) as i16 - 16;
+        match rnd(3) {
+            0 => p.push(ins(0x63 | size, 6, 0, off, 0)), // *(r6 + off) = r0
+            _ => {
+                p.push(ins(0x61 | size, 4, 6, off, 0)); // r4 = *(r6 + off)
+                p.push(ins(0x0f, 0, 4, 0, 0)); // r0 += r4
+            }
+        }
+    };
+    let mut early_exits = Vec::new();
+    for k in 0..4 {
+        // At least one access (first), so every loop ends: in the frame or past it.
+        for _ in 0..rnd(2).max((k == 0) as u64) {
+            access(&mut p, &mut rnd);
+        }
+        if rnd(6) == 0 {
+            p.push(ins(0x25, 0, 0, 0, 1 << 30)); // if r0 > 2^30 goto out (patched below)
+            early_exits.push(p.len() - 1);
+        }
+        match k {
+            1 => {
+                let by = if rnd(12) == 0 { -2 } else { -1 };
+                p.push(ins(0x07, 7, 0, 0, by)); // r7 += -1
+            }
+            2 => {
+                p.push(ins(0x07, 6, 0, 0, -step)); // r6 -= step
+                if rnd(12) == 0 {
+                    p.push(ins(0x07, 6, 0, 0, 0)); // r6 += 0: a second write
+                }
+            }
+            _ => {}
+        }
+    }
+    let back = head as i64 - (p.len() as i64 + 1);
+    p.push(ins(0x55, 7, 0, back as i16, 0)); // if r7 != 0 goto head
+    let out = p.len();
+    p.push(ins(0x0f, 0, 7, 0, 0)); // out: r0 += r7
+    p.push(ins(0x95, 0, 0, 0, 0));
+    for at in early_exits {
+        p[at] = ins(0x25, 0, 0, (out - at - 1) as i16, 1 << 30);
+    }
+    if let Some(at) = entry_jump {
+        let setup_at = p.len();
+        p[at] = ins(0x05, 0, 0, (setup_at - at - 1) as i16, 0);
+        setup(&mut p, &mut rnd);
+        let back = head as i64 - (p.len() as i64 + 1);
+        p.push(ins(0x05, 0, 0, back as i16, 0)); // goto head
+    }
+    (p.concat(), ctx)
+}
+
+/// Checks the counted walk of `seed` ([`counted_walk_program`]) sandboxed on `target`
+/// against the interpreter, every third seed with a budget. `Err` names the seed, the
+/// difference and the program, disassembled.
+pub fn check_counted_walk_seed(target: &JitTarget<'_>, seed: u64) -> Result<EscapeChecked, String> {
+    let (code, ctx) = counted_walk_program(seed);
+    let budget = (seed % 3 == 1).then_some(seed / 3 % 3000);
+    compare_sandboxed(target, &code, &ctx, budget).map_err(|what| {
+        format!(
+            "counted walk seed {seed:#x} (ctx {:?}): {what}\n{}",
+            &ctx[..2],
+            crate::disasm::disassemble(&code, true)
+        )
+    })
+}
+
 /// Instructions in each function of [`long_function_program`]: enough hot code (well over
 /// the backends' 128 KiB island span) for cold code islands inside every function.
 pub const LONG_FUNCTION: usize = 24_000;

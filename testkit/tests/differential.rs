@@ -24,8 +24,9 @@
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use packjit_testkit::gen::{
-    check_ctx_walk_seed, check_escape_seed, check_long_function_seed, check_seed, check_walk_seed,
-    ctx_walk_program, helpers, walk_program, Checked, EscapeChecked, JitTarget,
+    check_counted_walk_seed, check_ctx_walk_seed, check_escape_seed, check_long_function_seed,
+    check_seed, check_walk_seed, counted_walk_program, ctx_walk_program, helpers, walk_program,
+    Checked, EscapeChecked, JitTarget,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -198,6 +199,34 @@ fn run(arch: Arch, features: u64) {
                 *ctx_ends.entry(key).or_default() += 1;
             }
             assert!(guarded * 4 > escape_count, "{guarded} guarded walks");
+            // Loops stepping a pointer down the frame while a counter ends them
+            // (`packjit_frontend::walks::Counter`, x86-64 only; the other backends check
+            // every access of the same programs): the guard passes for some seeds and sends
+            // others to the checked copy, which must stop where the reference does.
+            let (mut counted_ends, mut counted) = (BTreeMap::<String, u64>::new(), 0u64);
+            for seed in base..base + escape_count {
+                current.store(seed, Ordering::Relaxed);
+                let (code, _) = counted_walk_program(seed);
+                let prog = packjit_frontend::decode(&code, &[]).unwrap();
+                let plan = packjit_frontend::ranges::plan_accesses(&prog, true);
+                counted += plan.walks.iter().any(|w| w.counter.is_some()) as u64;
+                let key = match check_counted_walk_seed(&target, seed) {
+                    Ok(end) => end_key(end),
+                    Err(m) => panic!("{label} counted walks: {m}"),
+                };
+                *counted_ends.entry(key).or_default() += 1;
+            }
+            assert!(counted * 3 > escape_count, "{counted} counted walks");
+            if native {
+                let (done, stopped) = (
+                    counted_ends.get("finished").copied().unwrap_or(0),
+                    counted_ends.get("OutOfBounds").copied().unwrap_or(0),
+                );
+                assert!(
+                    done * 5 > escape_count && stopped * 10 > escape_count,
+                    "{counted_ends:?}"
+                );
+            }
             if native {
                 let (done, stopped) = (
                     ctx_ends.get("finished").copied().unwrap_or(0),
@@ -231,7 +260,7 @@ fn run(arch: Arch, features: u64) {
                 );
             }
             format!(
-                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven, {frame_guarded} guarded ({shadowed} clamped into a shadow register); context walks: {ctx_ends:?} matched, {guarded} guarded; long functions: {long_ends:?} matched"
+                "escapes (sandboxed, budgeted): {ends:?} matched; walks: {walk_ends:?} matched, {proven} proven, {frame_guarded} guarded ({shadowed} clamped into a shadow register); context walks: {ctx_ends:?} matched, {guarded} guarded; counted walks: {counted_ends:?} matched, {counted} counted; long functions: {long_ends:?} matched"
             )
         }
     };

@@ -157,6 +157,9 @@ pub struct Driver<'a, A: 'static, F: 'static> {
     pub group_encoded: Vec<bool>,
     /// Per walk (`AccessPlan::walks`): the pointer clamp its back-edge lands on.
     pub walk_clamps: Vec<DynamicLabel>,
+    /// Per walk: for a counted walk (`walks::Counter`), its entry test, where jumps into the
+    /// loop from outside land (it can be entered by jumps, not only by falling through).
+    pub walk_entries: Vec<Option<DynamicLabel>>,
     /// Cold code queued for the current function.
     pub colds: Reused<Cold<A, F>>,
     /// Where the queued cold code goes: after the function, or in an island.
@@ -188,6 +191,9 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             .map(|(g, &encoded)| (g.reentered && encoded).then(&mut new_label))
             .collect();
         let walk_clamps = access.walks.iter().map(|_| new_label()).collect();
+        let walk_entries = (access.walks.iter())
+            .map(|w| w.counter.is_some().then(&mut new_label))
+            .collect();
         let lookup = |id: u32| {
             let h = helpers.iter().find(|h| h.id == id)?;
             match helper_lowering(h) {
@@ -262,6 +268,7 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             group_resume,
             group_encoded,
             walk_clamps,
+            walk_entries,
             // Checked code queues a cold side per check, most of its instructions' worth in a
             // function: a buffer of this thread's that holds them (up to a bound), not one
             // regrown by doublings from empty (four or five reallocations per load of a
@@ -338,7 +345,18 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             let (base, off) = self.walked_address(base, off);
             return AccessLowering::Direct { base, off };
         }
-        AccessLowering::Checked(self.access.check(self.cur))
+        match (self.access.check(self.cur), self.copy) {
+            // A frame walk's checked copy: the pointer came from the frame, so the stack
+            // block's inline test is the one that passes (any region still gets the full
+            // check out of line).
+            (AccessCheck::Guarded, Some(CopyOf::Loop(k)))
+                if (self.access.walks[k].guard)
+                    .is_some_and(|g| g.region == crate::walks::GuardRegion::Frame) =>
+            {
+                AccessLowering::Checked(AccessCheck::Stack)
+            }
+            (check, _) => AccessLowering::Checked(check),
+        }
     }
 
     /// An access of an expansion of the current instruction (sandboxed code). A packet
@@ -420,6 +438,11 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
         if let Some(k) = self.access.walk_of_back_edge(self.cur) {
             return self.copy_head.unwrap_or(self.walk_clamps[k]);
         }
+        // Into a counted walk from outside it: through its entry test, also where a group
+        // starting at its head could be re-entered.
+        if let Some(entry) = self.walk_entry(target) {
+            return entry;
+        }
         match self
             .access
             .reentry(self.cur)
@@ -428,6 +451,23 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             Some(resume) => resume,
             None => self.labels[target],
         }
+    }
+
+    /// The entry test of the counted walk (`walks::Counter`) whose head is instruction `i`,
+    /// if any: where everything entering the loop from outside lands.
+    #[inline]
+    fn walk_entry(&self, i: usize) -> Option<DynamicLabel> {
+        if self.walk_entries.is_empty() {
+            return None;
+        }
+        (self.access.walk_at_head(i)).and_then(|k| self.walk_entries[k])
+    }
+
+    /// Where code coming back from out of line (a checked copy) enters instruction `i`: its
+    /// label, or a counted walk's entry test.
+    #[inline]
+    pub fn landing(&self, i: usize) -> DynamicLabel {
+        self.walk_entry(i).unwrap_or(self.labels[i])
     }
 
     /// What the budget charges for the current instruction's jump or call to `target`:
@@ -1357,6 +1397,9 @@ fn walk_head<'a, L: Isa<'a>>(l: &mut L, k: usize, head: usize) {
     let d = l.driver();
     let (guard, head_label, clamp_label) =
         (d.access.walks[k].guard, d.labels[head], d.walk_clamps[k]);
+    if let Some(entry) = d.walk_entries[k] {
+        l.bind(entry);
+    }
     if let Some(guard) = guard {
         let fail = l.new_label();
         l.walk_guard(k, guard, fail);
@@ -1486,7 +1529,7 @@ fn checked_copy<'a, L: Isa<'a>>(
     l.checked_copy_done(of);
     // On after the copy; an instruction fused into the last one was done by it, and its
     // label is where the one after it starts.
-    let next = l.driver().labels[last + 1];
+    let next = l.driver().landing(last + 1);
     l.jump(next);
     Ok(())
 }

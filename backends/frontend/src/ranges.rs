@@ -709,6 +709,23 @@ impl AccessPlan {
         }
     }
 
+    /// Removes the counted walks ([`crate::walks::Counter`]), for a backend without their
+    /// guard: their accesses go back to the stack block test they had.
+    pub fn drop_counted_walks(&mut self) {
+        let checks = &mut self.checks;
+        self.walks.retain(|w| {
+            if w.counter.is_none() {
+                return true;
+            }
+            for c in &mut checks[w.head..w.back_edge] {
+                if *c == AccessCheck::Guarded {
+                    *c = AccessCheck::Stack;
+                }
+            }
+            false
+        });
+    }
+
     /// The group whose check the jump at instruction `i` skips, if any.
     pub fn reentry(&self, i: usize) -> Option<usize> {
         self.reentries
@@ -1609,6 +1626,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
         walk_candidates.observe(prog, i, st);
     });
     let walks = walk_candidates.prove(prog, &mut checks);
+    let walks = crate::walks::counted(prog, &mut checks, walks);
     let (groups, reentries) = if with_groups {
         // Single accesses are candidates too: as a group of one they can be re-entered,
         // otherwise they keep their own check.

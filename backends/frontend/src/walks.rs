@@ -51,6 +51,35 @@
 //! also selects the pointer (itself, or 0 under a mispredicted guard branch; x86-64 uses
 //! `lfence` there), so the hot copy is never entered speculatively on a bad walk. The cost
 //! per loop entry is about ten instructions; per iteration it is the clamp alone.
+//!
+//! **Counted walks.** A loop that walks a pointer down the frame while a separate counter
+//! ends it (`p = &a[j]`, as clang leaves `while (j > 0 && …) { a[j] = a[j - 1]; j--; }`):
+//!
+//! ```text
+//! head:
+//!   r9 = *(u32 *)(r6 - 4)   ; a[j - 1]
+//!   if r9 <= r5 goto out    ; other exits only leave the loop
+//!   r7 += -1                ; the counter's one write
+//!   *(u32 *)(r6 + 0) = r9   ; a[j]
+//!   r6 += -4                ; the pointer's one write: p = base + 4·j on every path
+//!   if r7 != 0 goto head    ; the back-edge tests the counter, not the pointer
+//! ```
+//!
+//! Nothing the data says bounds `j` (a branch before the loop does), and nothing relates
+//! `p` to `j` in the range analysis. Both come from a run-time test on entry instead
+//! ([`Counter`]): with `p` and `j` on entry, the head values are `p - s·t` for `t = 0 ..
+//! j - 1` (the two step together, one iteration each, and only the back-edge goes back), so
+//! every access lies in `[p - s·(j - 1) + lo, p + end)`; the guard tests that this is inside
+//! the current frame and `j >= 1`, with no branch between its verdict and a select of the
+//! pointer (a mispredicted guard enters the loop with the pointer at [`COUNTED_CLAMP`], far
+//! inside the never-mapped first 64 KiB). The loop may be entered by jumps from anywhere
+//! outside it (the backend lands them on the guard). The back-edge's clamp tests the counter,
+//! signed `j > 0`, and moves the pointer to [`COUNTED_CLAMP`] when it fails: architecturally
+//! `j` is in `1 ..= j₀` there, under a mispredicted back-edge it is 0 or below, and the
+//! pointer walks down from the clamp at most [`MAX_STEP`] bytes per iteration. On x86-64 only
+//! (its guard needs no `lfence`: a fence per loop entry cost more than the checks it saves,
+//! see the index walks in `docs/BENCHMARKS.md`); other backends drop them
+//! ([`crate::ranges::AccessPlan::drop_counted_walks`]).
 
 use crate::ranges::{for_each_state, transfer_at, AccessCheck, Base, State, Val};
 use crate::{AluOp, Compared, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};
@@ -58,6 +87,36 @@ use crate::{AluOp, Compared, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE}
 /// Largest pointer step: from a clamped 0, a speculation window of a few hundred iterations
 /// stays inside the first 64 KiB, which Linux never maps (`vm.mmap_min_addr`).
 pub const MAX_STEP: i64 = 64;
+
+/// Where a counted walk's clamp puts its pointer ([`Counter`]): the middle of the
+/// never-mapped first 64 KiB, so a speculative walk down from it by at most [`MAX_STEP`]
+/// bytes per iteration, with offsets within [`COUNTED_REACH`] of it, stays in that page
+/// range for hundreds of iterations.
+pub const COUNTED_CLAMP: i64 = 1 << 15;
+
+/// Largest distance of a counted walk's accesses from the pointer, below or above.
+pub const COUNTED_REACH: i64 = 2048;
+
+/// The counter of a counted walk (see the module docs): the loop's back-edge is
+/// `if reg != 0 goto head`, its one write in the loop `reg += -1`, and the pointer's one
+/// write `ptr += step` with `step = -2^shift` ([`Guard::shift`]). The walk's [`Guard`] (region
+/// [`GuardRegion::Frame`], `end` the largest end offset) is tested with `lo`:
+///
+/// ```text
+///   q = p + lo - (r10 - 512)              (unsigned)
+///   q <= 512 - (end - lo)  and  j - 1 <= q >> shift
+/// ```
+///
+/// which is exactly "every access of every iteration lies in the frame, and `j >= 1`"
+/// (`s·(j - 1) <= q` is the lowest iteration's lowest access at or above the frame's start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Counter {
+    /// The counting register.
+    pub reg: Reg,
+    /// The smallest offset of a guarded access from the pointer's head value, in
+    /// `-COUNTED_REACH..=0` or above (the step is part of it past the pointer's step).
+    pub lo: i64,
+}
 
 /// A loop walking `ptr` through the frame (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,6 +163,9 @@ pub struct Walk {
     /// between this loop with no checks on those accesses and its checked copy. `None` for
     /// a walk proven at compile time (`Walked`).
     pub guard: Option<Guard>,
+    /// For a counted walk: its counter ([`Counter`]); `None` for a walk that compares the
+    /// pointer itself.
+    pub counter: Option<Counter>,
 }
 
 /// Where a guarded walk must stay.
@@ -518,8 +580,167 @@ fn candidate(
             shadow: None,
             limit: None,
             guard: None,
+            counter: None,
         },
     })
+}
+
+/// The counted walks of `prog` (see the module docs), added to `walks` (the other walks,
+/// sorted by head) when disjoint from them, in head order. Their accesses through the
+/// pointer that `checks` tests against the stack block become [`AccessCheck::Guarded`].
+pub fn counted(prog: &Program, checks: &mut [AccessCheck], mut walks: Vec<Walk>) -> Vec<Walk> {
+    let mut found = Vec::new();
+    for b in &prog.branches {
+        if b.compared != Compared::RegImm(Width::W64) || b.target >= b.at {
+            continue;
+        }
+        let (head, back_edge) = (b.target as usize, b.at as usize);
+        let Op::Jcond {
+            cond: Cond::Ne,
+            dst: ctr,
+            src: Operand::Imm(0),
+            ..
+        } = prog.insts[back_edge].op
+        else {
+            continue;
+        };
+        let sp = &prog.subprogs[prog.subprog_of(back_edge)];
+        let overlaps = |w: &Walk| w.head <= back_edge && head <= w.back_edge;
+        if head <= sp.start || walks.iter().chain(&found).any(overlaps) {
+            continue;
+        }
+        if let Some(w) = counted_walk(prog, head, back_edge, ctr, checks) {
+            found.push(w);
+        }
+    }
+    if !found.is_empty() {
+        walks.extend(found);
+        walks.sort_unstable_by_key(|w| w.head);
+    }
+    walks
+}
+
+/// The loop `head..=back_edge` with counter `ctr` as a counted walk, if it is one.
+fn counted_walk(
+    prog: &Program,
+    head: usize,
+    back_edge: usize,
+    ctr: Reg,
+    checks: &mut [AccessCheck],
+) -> Option<Walk> {
+    // Straight down each iteration: nothing lands inside the loop but on its head, only the
+    // back-edge goes back to the head, jumps inside leave; no calls.
+    if (head + 1..=back_edge).any(|i| prog.is_target[i]) || ctr == crate::R10 {
+        return None;
+    }
+    let body = head..back_edge;
+    let mut ctr_step = None;
+    for (i, inst) in body.clone().zip(&prog.insts[body.clone()]) {
+        match inst.op {
+            Op::Ja { target } | Op::Jcond { target, .. }
+                if (head..=back_edge).contains(&(target as usize)) =>
+            {
+                return None
+            }
+            Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => return None,
+            Op::MovPerCpu { .. } => return None,
+            _ => {}
+        }
+        if inst.op.written_reg() == Some(ctr) {
+            let one_down = matches!(
+                inst.op,
+                Op::Alu {
+                    width: Width::W64,
+                    op: AluOp::Add,
+                    src: Operand::Imm(-1),
+                    ..
+                }
+            );
+            if !one_down || ctr_step.is_some() {
+                return None;
+            }
+            ctr_step = Some(i);
+        }
+    }
+    ctr_step?;
+    // The pointer: the base of an access the stack block test guards, written once in the
+    // loop, by a power-of-two step down.
+    let ptr = body
+        .clone()
+        .find_map(|m| match access_base(&prog.insts[m].op) {
+            Some(base) if checks[m] == AccessCheck::Stack && base != ctr && base != crate::R10 => {
+                Some(base)
+            }
+            _ => None,
+        })?;
+    let mut step = None;
+    for (i, inst) in body.clone().zip(&prog.insts[body.clone()]) {
+        if inst.op.written_reg() != Some(ptr) {
+            continue;
+        }
+        let Op::Alu {
+            width: Width::W64,
+            op: AluOp::Add,
+            src: Operand::Imm(c),
+            ..
+        } = inst.op
+        else {
+            return None;
+        };
+        let c = -(c as i64);
+        if step.is_some() || !(1..=MAX_STEP).contains(&c) || !(c as u64).is_power_of_two() {
+            return None;
+        }
+        step = Some((i, -c));
+    }
+    let (step_at, step) = step?;
+    let mut walk = Walk {
+        head,
+        back_edge,
+        ptr,
+        bound: ctr,
+        cont: Cond::Ne,
+        last: 0,
+        step_at,
+        step,
+        shadow: None,
+        limit: None,
+        guard: None,
+        counter: None,
+    };
+    let c = Candidate { walk };
+    let guarded = |m: usize, off: i64, size: i64| {
+        checks[m] == AccessCheck::Stack && off >= -COUNTED_REACH && off + size <= COUNTED_REACH
+    };
+    let members: Vec<(usize, i64, i64)> = pointer_accesses(prog, &c)
+        .filter(|&(m, off, size)| guarded(m, off, size))
+        .collect();
+    let lo = members.iter().map(|&(_, off, _)| off).min()?;
+    let end = members.iter().map(|&(_, off, size)| off + size).max()?;
+    // An extent wider than the frame could never pass the guard.
+    if end - lo > STACK_SIZE as i64 {
+        return None;
+    }
+    for &(m, _, _) in &members {
+        checks[m] = AccessCheck::Guarded;
+    }
+    walk = c.walk;
+    walk.guard = Some(Guard {
+        region: GuardRegion::Frame,
+        shift: (-step).trailing_zeros(),
+        bias: 0,
+        end: end as u64,
+    });
+    walk.counter = Some(Counter { reg: ctr, lo });
+    Some(walk)
+}
+
+/// The base register of a load or store.
+fn access_base(op: &Op) -> Option<Reg> {
+    match *op {
+        Op::Load { base, .. } | Op::Store { base, .. } => Some(base),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -577,6 +798,7 @@ mod tests {
                 shadow: Some(1),
                 limit: Some(2),
                 guard: None,
+                counter: None,
             }]
         );
         assert_eq!(a.walk_at_head(3), Some(0));
@@ -594,6 +816,90 @@ mod tests {
         let gt = walk(-512, 0, 8, back(JGT, 10, 3));
         assert_eq!(gt.checks[3], AccessCheck::Walked);
         assert_eq!(gt.walks[0].cont, Cond::Lt);
+    }
+
+    /// `r6 = r10 - 256 ; r7 = 5 ; head: r9 = *(u32 *)(r6 - 4) ; r7 += ctr_step ;
+    /// *(u32 *)(r6 + 0) = r9 ; r6 += ptr_step ; <extra> ; if r7 != 0 goto head ; exit`
+    /// (an insertion sort's inner loop), returning the plan.
+    fn counted(ctr_step: i32, ptr_step: i32, extra: &[[u8; 8]]) -> crate::ranges::AccessPlan {
+        let mut code = vec![
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 6, 10, 0, 0),
+            ins(0x07, 6, 0, 0, -256),
+            ins(0xb7, 7, 0, 0, 5),
+            ins(0x61, 9, 6, -4, 0), // 4: head
+            ins(0x07, 7, 0, 0, ctr_step),
+            ins(0x63, 6, 9, 0, 0),
+            ins(0x07, 6, 0, 0, ptr_step),
+        ];
+        code.extend_from_slice(extra);
+        let back = 4 - (code.len() as i16 + 1);
+        code.push(ins(0x55, 7, 0, back, 0));
+        code.push(EXIT);
+        plan_accesses(&crate::decode(&code.concat(), &[]).unwrap(), true)
+    }
+
+    #[test]
+    fn a_pointer_stepped_with_a_counter_is_a_counted_walk() {
+        let a = counted(-1, -4, &[]);
+        assert_eq!(
+            (a.checks[4], a.checks[6]),
+            (AccessCheck::Guarded, AccessCheck::Guarded)
+        );
+        let w = &a.walks[..];
+        assert_eq!(w.len(), 1);
+        assert_eq!(
+            (w[0].head, w[0].back_edge, w[0].ptr, w[0].step),
+            (4, 8, 6, -4)
+        );
+        // Accesses from r6 - 4 (the load) to r6 + 4 (the store, before the step).
+        assert_eq!(w[0].counter, Some(Counter { reg: 7, lo: -4 }));
+        assert_eq!(
+            w[0].guard,
+            Some(Guard {
+                region: GuardRegion::Frame,
+                shift: 2,
+                bias: 0,
+                end: 4,
+            })
+        );
+        // Not for a backend without the guard: the accesses go back to their checks.
+        let mut dropped = a.clone();
+        dropped.drop_counted_walks();
+        assert!(dropped.walks.is_empty());
+        assert_eq!(
+            (dropped.checks[4], dropped.checks[6]),
+            (AccessCheck::Stack, AccessCheck::Stack)
+        );
+        // A counter stepped by 2 can pass 0; a step that is no power of two; the pointer
+        // written twice; a jump landing inside the loop: all keep their checks.
+        let unchanged = |a: crate::ranges::AccessPlan| {
+            assert!(a.walks.is_empty(), "{:?}", a.walks);
+            assert_eq!(a.checks[4], AccessCheck::Stack);
+        };
+        unchanged(counted(-2, -4, &[]));
+        unchanged(counted(-1, -3, &[]));
+        unchanged(counted(-1, -4, &[ins(0x07, 6, 0, 0, 0)]));
+        unchanged(counted(-1, -4, &[ins(0x15, 9, 0, -3, 0)])); // if r9 == 0 goto 6
+                                                               // The counter written elsewhere in the loop.
+        unchanged(counted(-1, -4, &[ins(0xb7, 7, 0, 0, 3)]));
+        // A jump from before the loop into its body (to the store).
+        let code = [
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 6, 10, 0, 0),
+            ins(0x07, 6, 0, 0, -256),
+            ins(0xb7, 7, 0, 0, 5),
+            ins(0x55, 1, 0, 2, 0),  // if r1 != 0 goto 7
+            ins(0x61, 9, 6, -4, 0), // 5: head
+            ins(0x07, 7, 0, 0, -1),
+            ins(0x63, 6, 9, 0, 0),
+            ins(0x07, 6, 0, 0, -4),
+            ins(0x55, 7, 0, -5, 0),
+            EXIT,
+        ];
+        let a = plan_accesses(&crate::decode(&code.concat(), &[]).unwrap(), true);
+        assert!(a.walks.is_empty(), "{:?}", a.walks);
+        assert_eq!(a.checks[7], AccessCheck::Stack);
     }
 
     #[test]

@@ -3,11 +3,11 @@
 
 use super::cold::Stop;
 use super::{cc_of, sz_of, Codegen, CTX_START8};
-use crate::encode::{Arith, Cc, Label, Sz};
+use crate::encode::{Arith, Cc, Gpr, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::lower::JumpHooks;
-use packjit_frontend::walks::{Guard, GuardRegion};
+use packjit_frontend::walks::{Counter, Guard, GuardRegion, COUNTED_CLAMP};
 use packjit_frontend::{Cond, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
 
@@ -58,6 +58,43 @@ impl Codegen<'_> {
             pc,
         );
         self.cold_jump(Some(Cc::B), stop);
+    }
+}
+
+impl Codegen<'_> {
+    /// A counted walk's entry test (`packjit_frontend::walks::Counter`), with `p` the
+    /// pointer and `j` the counter on entry:
+    /// `q = p + lo - (rbp - 512) <= 512 - (end - lo)` and `j - 1 <= q >> shift` (unsigned).
+    /// The first test's failure turns the second's operands into a sure failure (`j - 1` all
+    /// ones, `q` 0) with selects, so one branch decides, and the select of the pointer after
+    /// it reads the same flags: under a mispredicted branch the loop starts from
+    /// `COUNTED_CLAMP`, with no fence.
+    fn counted_guard(&mut self, p: Gpr, c: Counter, g: Guard, at: Label) {
+        let ctr = host(c.reg);
+        let bias = STACK_SIZE as i32 + c.lo as i32;
+        let room = STACK_SIZE as i32 - (g.end as i32 - c.lo as i32);
+        let shift = g.shift as i8;
+        self.mov_rr(Sz::B64, T11, p);
+        self.e.sub_rr(Sz::B64, T11, RBP);
+        self.e.add_ri(Sz::B64, T11, bias as i64);
+        self.mov_rr(Sz::B64, T10, ctr);
+        self.e.sub_ri(Sz::B64, T10, 1);
+        self.e.cmp_ri(Sz::B64, T11, room as i64);
+        // `mov`s leave the flags alone.
+        self.e.mov_r64_simm32(T9, -1);
+        self.e.cmov(Cc::A, T10, T9);
+        self.e.mov_r32_imm(T9, 0);
+        self.e.cmov(Cc::A, T11, T9);
+        if shift != 0 {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; shr r11, shift));
+        }
+        self.e.cmp_rr(Sz::B64, T10, T11);
+        self.cold_jump(Some(Cc::A), at);
+        if self.d.clamp {
+            self.e.mov_r32_imm(T9, COUNTED_CLAMP as u32);
+            self.e.cmov(Cc::A, p, T9);
+        }
     }
 }
 
@@ -112,6 +149,9 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// bad walk.
     fn walk_guard(&mut self, k: usize, g: Guard, at: Label) {
         let w = self.d.access.walks[k];
+        if let Some(c) = w.counter {
+            return self.counted_guard(host(w.ptr), c, g, at);
+        }
         let (p, b) = (host(w.ptr), host(w.bound));
         let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i8);
         // r9 = len - end, r11 = q = p - start; r9 = len - end - q.
@@ -171,6 +211,15 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// pointer itself) when the loop should have ended (a mispredicted back-edge).
     fn walk_clamp(&mut self, k: usize) {
         let w = self.d.access.walks[k];
+        if let Some(c) = w.counter {
+            // Architecturally the counter is in `1 ..= j₀` here; at 0 or below (signed) the
+            // back-edge was mispredicted.
+            let ctr = host(c.reg);
+            self.e.test_rr(Sz::B64, ctr, ctr);
+            self.e.mov_r32_imm(T9, COUNTED_CLAMP as u32);
+            self.e.cmov(Cc::Le, host(w.ptr), T9);
+            return;
+        }
         let (p, b) = (host(w.ptr), host(w.bound));
         let shadow = self.d.walk_shadow(k).map(host);
         let Op::Jcond { cond, dst, .. } = self.d.prog.insts[w.back_edge].op else {
