@@ -247,8 +247,8 @@ pub const PACKJIT_LOAD_BLIND_CONSTANTS: u32 = 8;
 pub const PACKJIT_LOAD_PERCPU_INSN: u32 = 16;
 /// `PackjitLoadOptions::flags`: compile with the optimizing tier (Cranelift) instead of the
 /// baseline JIT: slower to compile, faster to run. Host architecture only; trusted or
-/// sandboxed, with or without a budget; no maps, tail calls, blinding or per-CPU
-/// instruction yet: anything else fails with `PJ_ERR_UNSUPPORTED` naming what. A library
+/// sandboxed, with or without a budget, with maps (their helpers as calls); no tail calls,
+/// blinding or per-CPU instruction yet: those fail with `PJ_ERR_UNSUPPORTED` naming what. A library
 /// built without the `optimizer` cargo feature refuses it the same way.
 pub const PACKJIT_LOAD_OPTIMIZE: u32 = 64;
 /// `PackjitLoadOptions::flags`: adaptive tiering. The program loads on the baseline JIT (as
