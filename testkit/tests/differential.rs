@@ -200,9 +200,9 @@ fn run(arch: Arch, features: u64) {
             }
             assert!(guarded * 4 > escape_count, "{guarded} guarded walks");
             // Loops stepping a pointer down the frame while a counter ends them
-            // (`packjit_frontend::walks::Counter`, x86-64 only; the other backends check
-            // every access of the same programs): the guard passes for some seeds and sends
-            // others to the checked copy, which must stop where the reference does.
+            // (`packjit_frontend::walks::Counter`, every backend): the guard passes for some
+            // seeds and sends others to the checked copy, which must stop where the
+            // reference does.
             let (mut counted_ends, mut counted) = (BTreeMap::<String, u64>::new(), 0u64);
             for seed in base..base + escape_count {
                 current.store(seed, Ordering::Relaxed);

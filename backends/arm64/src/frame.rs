@@ -152,10 +152,7 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
         .collect();
     Plan {
         access: if sandbox {
-            let mut access = plan_accesses(prog, groups);
-            // Counted walks' guard is x86-64's alone (`walks::Counter`).
-            access.drop_counted_walks();
-            access
+            plan_accesses(prog, groups)
         } else {
             AccessPlan::default()
         },

@@ -76,10 +76,11 @@
 //! outside it (the backend lands them on the guard). The back-edge's clamp tests the counter,
 //! signed `j > 0`, and moves the pointer to [`COUNTED_CLAMP`] when it fails: architecturally
 //! `j` is in `1 ..= j₀` there, under a mispredicted back-edge it is 0 or below, and the
-//! pointer walks down from the clamp at most [`MAX_STEP`] bytes per iteration. On x86-64 only
-//! (its guard needs no `lfence`: a fence per loop entry cost more than the checks it saves,
-//! see the index walks in `docs/BENCHMARKS.md`); other backends drop them
-//! ([`crate::ranges::AccessPlan::drop_counted_walks`]).
+//! pointer walks down from the clamp at most [`MAX_STEP`] bytes per iteration. The guard
+//! needs no `lfence` (a fence per loop entry cost more than the checks it saves, see the
+//! index walks in `docs/BENCHMARKS.md`): x86-64 and arm64 fold its two tests into one
+//! branch with selects, RV64 with set-on-less-than bits; a backend without the guard drops
+//! them ([`crate::ranges::AccessPlan::drop_counted_walks`]).
 
 use crate::ranges::{for_each_state, transfer_at, AccessCheck, Base, State, Val};
 use crate::{AluOp, Compared, Cond, Op, Operand, Program, Reg, Width, STACK_SIZE};

@@ -1,8 +1,41 @@
 //! Conditional jumps, walks (entry, guard, clamp) and the budget charged on back-edges.
 
 use super::*;
+use packjit_frontend::walks::{Counter, COUNTED_CLAMP};
 
 impl Codegen<'_> {
+    /// A counted walk's entry test (`packjit_frontend::walks::Counter`), with `p` the
+    /// pointer and `j` the counter on entry:
+    /// `q = p + lo - (r10 - 512) <= 512 - (end - lo)` and `j - 1 <= q >> shift` (unsigned).
+    /// The first test's failure turns the second's operands into a sure failure (`j - 1` all
+    /// ones, `q` 0) with `csinv`/`csel`, so one branch decides, and the select of the pointer
+    /// after it reads the same flags: under a mispredicted branch the loop starts from
+    /// `COUNTED_CLAMP`, with no fence.
+    fn counted_guard(&mut self, p: u8, c: Counter, g: Guard, fail: DynamicLabel) {
+        let ctr = self.map[c.reg as usize];
+        let room = STACK_SIZE as i64 - (g.end as i64 - c.lo);
+        // FP is r10 - 512, the frame's first byte.
+        a64!(self.ops; sub X(C0), X(p), X(FP));
+        self.add_imm(C0, C0, c.lo, W64);
+        self.mov_imm(C1, room as u64, W64);
+        a64!(self.ops
+            ; cmp X(C0), X(C1)
+            ; sub XSP(T0), XSP(ctr), 1
+            ; csinv X(T0), X(T0), xzr, ls
+            ; csel X(C0), X(C0), xzr, ls
+        );
+        if g.shift != 0 {
+            a64!(self.ops; lsr X(C0), X(C0), g.shift);
+        }
+        a64!(self.ops; cmp X(T0), X(C0));
+        self.branch_if(Test::Flags(Cc::Hi), fail);
+        if self.d.clamp {
+            // `movz`/`movk` leave the flags alone.
+            self.mov_imm(T1, COUNTED_CLAMP as u64, W64);
+            a64!(self.ops; csel X(p), X(p), X(T1), ls);
+        }
+    }
+
     /// A conditional jump to instruction `target` from instruction `i`. A taken back-edge
     /// in budget mode charges the budget first: the inverted test skips the charge.
     pub(crate) fn jcond(
@@ -201,6 +234,9 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// branch, from where a speculative walk stays in the unmapped first 64 KiB).
     fn walk_guard(&mut self, k: usize, g: Guard, fail: DynamicLabel) {
         let w = self.plan.access.walks[k];
+        if let Some(c) = w.counter {
+            return self.counted_guard(self.map[w.ptr as usize], c, g, fail);
+        }
         let p = self.map[w.ptr as usize];
         let b = self.src(w.bound, T1);
         let (end, bias, shift) = (g.end as u32, g.bias as u32, g.shift);
@@ -247,6 +283,15 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// pointer itself) when the loop should have ended (a mispredicted back-edge).
     fn walk_clamp(&mut self, k: usize) {
         let w = self.plan.access.walks[k];
+        if let Some(c) = w.counter {
+            // Architecturally the counter is in `1 ..= j₀` here; at 0 or below (signed) the
+            // back-edge was mispredicted.
+            let (p, ctr) = (self.map[w.ptr as usize], self.map[c.reg as usize]);
+            a64!(self.ops; cmp XSP(ctr), 0);
+            self.mov_imm(T0, COUNTED_CLAMP as u64, W64);
+            a64!(self.ops; csel X(p), X(p), X(T0), gt);
+            return;
+        }
         let p = self.map[w.ptr as usize];
         let shadow = self.d.walk_shadow(k).map(|s| self.map[s as usize]);
         if let Some(s) = shadow {

@@ -7,7 +7,7 @@ use crate::regs::{BUDGET, CTX_LEN, CTX_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::lower::JumpHooks;
 use packjit_frontend::lower::{Cold, Lowering};
-use packjit_frontend::walks::{Guard, GuardRegion};
+use packjit_frontend::walks::{Counter, Guard, GuardRegion, COUNTED_CLAMP};
 use packjit_frontend::{Cond, Operand, Reg, Width};
 use Width::W32;
 
@@ -298,6 +298,45 @@ impl Codegen<'_> {
     }
 }
 
+impl Codegen<'_> {
+    /// A counted walk's entry test (`packjit_frontend::walks::Counter`), with `p` the
+    /// pointer and `j` the counter on entry:
+    /// `q = p + lo - (r10 - 512) <= 512 - (end - lo)` and `j - 1 <= q >> shift` (unsigned),
+    /// both as set-on-less-than bits or-ed into one verdict and one branch; under a
+    /// mispredicted branch the loop starts from `COUNTED_CLAMP` (the verdict as a mask, no
+    /// fence).
+    fn counted_guard(&mut self, p: u8, c: Counter, g: Guard, fail: DynamicLabel) {
+        let ctr = self.map(c.reg);
+        let size = packjit_frontend::STACK_SIZE as i64;
+        let room = size - (g.end as i64 - c.lo);
+        // t0 = q; t2 = room < q; t3 = (q >> shift) < j - 1.
+        self.e.rrr(R3::Sub, T0, p, self.map(packjit_frontend::R10));
+        self.add_imm(T0, T0, size + c.lo, T1);
+        self.e.ri(RI::Addi, T1, ZERO, room as i32);
+        self.e.rrr(R3::Sltu, T2, T1, T0);
+        if g.shift != 0 {
+            self.e.ri(RI::Srli, T0, T0, g.shift as i32);
+        }
+        self.e.ri(RI::Addi, T3, ctr, -1);
+        self.e.rrr(R3::Sltu, T3, T0, T3);
+        self.e.rrr(R3::Or, T2, T2, T3);
+        self.cold_branch(Br::Ne, T2, ZERO, fail);
+        if self.d.clamp {
+            self.e.rrr(R3::Sub, T3, ZERO, T2);
+            self.clamp_where(p, T3);
+        }
+    }
+
+    /// `p = COUNTED_CLAMP` where `mask` is all ones, `p` unchanged where it is 0, with no
+    /// branch (t0 is scratch).
+    fn clamp_where(&mut self, p: u8, mask: u8) {
+        self.e.li(T0, COUNTED_CLAMP);
+        self.e.rrr(R3::Xor, T0, T0, p);
+        self.e.rrr(R3::And, T0, T0, mask);
+        self.e.rrr(R3::Xor, p, p, T0);
+    }
+}
+
 impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// `goto target`: charged first when it is a back-edge; nothing for a
     /// jump to the next instruction.
@@ -359,6 +398,9 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// speculative walk stays in the unmapped first 64 KiB).
     fn walk_guard(&mut self, k: usize, g: Guard, fail: DynamicLabel) {
         let w = self.d.access.walks[k];
+        if let Some(c) = w.counter {
+            return self.counted_guard(self.map(w.ptr), c, g, fail);
+        }
         let (p, b) = (self.map(w.ptr), self.map(w.bound));
         let (end, bias, shift) = (g.end as i32, g.bias as i32, g.shift as i32);
         // t0 = q = p - start; t1 = len - end; t2 = (len < end) | (len - end < q).
@@ -409,6 +451,16 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// when the loop should have ended (a mispredicted back-edge).
     fn walk_clamp(&mut self, k: usize) {
         let w = self.d.access.walks[k];
+        if let Some(c) = w.counter {
+            // Architecturally the counter is in `1 ..= j₀` here; at 0 or below (signed) the
+            // back-edge was mispredicted: t3 = all ones then (the sign of j - 1; the counter
+            // only counts down from a tested j ≥ 1, so it never wraps).
+            let (p, ctr) = (self.map(w.ptr), self.map(c.reg));
+            self.e.ri(RI::Addi, T3, ctr, -1);
+            self.e.ri(RI::Srai, T3, T3, 63);
+            self.clamp_where(p, T3);
+            return;
+        }
         let (p, b) = (self.map(w.ptr), self.map(w.bound));
         let dst = self.d.walk_shadow(k).map_or(p, |s| self.map(s));
         let (saturate, limit) = self.walk_limit(k);

@@ -145,10 +145,7 @@ impl<'a> Plan<'a> {
         // through memory.
         let has_callx = prog.subprogs.iter().any(|s| s.ops & op_kind::CALL_REG != 0);
         let access = if mode.sandboxed() {
-            let mut access = plan_accesses(prog, opts.group_checks);
-            // Counted walks' guard is x86-64's alone (`walks::Counter`).
-            access.drop_counted_walks();
-            access
+            plan_accesses(prog, opts.group_checks)
         } else {
             AccessPlan::default()
         };
