@@ -109,7 +109,7 @@ pub enum TierStatus {
     /// Adaptive, the optimized code runs every new call.
     Optimized,
     /// Adaptive, on the baseline for good: the optimizing tier cannot take it (sandboxed,
-    /// maps, a budget, a foreign arch, a build without the `optimizer` feature, ...: the
+    /// a tail call, a budget, a foreign arch, a build without the `optimizer` feature, ...: the
     /// error names it), found at load or by the compile. Not retried.
     Refused(Error),
     /// Adaptive, on the baseline for good: its code was fixed before the tier-up (its raw
@@ -296,7 +296,7 @@ pub(crate) fn adapt(
         _percpu_tables: None,
         maps: None,
         tiering: Tiered::Adaptive(t),
-        // Only programs without maps tier (`refusal`): no tail calls here;
+        // Programs that tail call do not tier (`refusal`): no tail calls here;
         // a prog-array slot asks the code it settles on (`Program::settled_code`).
         uniform_tail_frame: false,
     }
@@ -309,16 +309,11 @@ fn refusal(base: &Program, code: &[u8], opts: &LoadOptions, trust: Trust) -> Res
     // An ELF program's data sections are given to the adaptive program after this (see
     // `elf.rs`), so they live as long as either tier's code, which names their addresses.
     tier::refuse_unsupported(opts, scan.calls(code, crate::maps::helper_ids::TAIL_CALL))?;
-    // The maps' binding (tables the code names, per-CPU registrations, lookup facts) is
-    // made per compile and owned by the program that compiled it; an adaptive program does
-    // not hand it from one tier's code to the other's yet.
-    if !opts.maps.is_empty() || scan.needs_binding(code) {
-        return Err(crate::err(
-            ErrorKind::Unsupported,
-            "adaptive tiering: programs with maps stay on the baseline for now \
-             (`Tier::Optimized` compiles them at load)",
-        ));
-    }
+    // Maps need nothing more: the tier-up's compile binds the maps of `opts` again (tables
+    // the code names, per-CPU registrations, lookup facts), and the optimized program owns
+    // that binding as the baseline owns its own; both name the same maps, so the values a
+    // run sees do not depend on the tier, and the swap retires the baseline's binding with
+    // its code.
     // The tier compiles sandboxed programs when asked (`Tier::Optimized`), but without the
     // baseline's check groups and walk proofs its code is slower than the sandboxed
     // baseline's (BENCHMARKS.md, "The optimizing tier sandboxed, side by side"): tiering one up would

@@ -513,24 +513,6 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
             assert_eq!(newest, (100 + k as u64).to_le_bytes());
         }
         assert_eq!(load("pj/queues").call(&mut input(0, 3)).unwrap(), 123_321);
-        if tier == Tier::Optimized && trusted {
-            // Adaptive tiering does not move a program with maps (yet): it runs on the
-            // baseline and says why.
-            let sel = ElfLoadOptions::section("pj/queues");
-            let adaptive = packjit::LoadOptions {
-                tier: Tier::Adaptive,
-                ..Default::default()
-            };
-            // SAFETY: as `load`'s.
-            let a = unsafe { object.load_trusted(&rt, &sel, &adaptive) }.unwrap();
-            match a.tier_status() {
-                packjit::TierStatus::Refused(e) => {
-                    assert!(e.to_string().contains("with maps"), "{e}")
-                }
-                other => panic!("{other:?}"),
-            }
-            assert_eq!(a.call(&mut input(0, 3)).unwrap(), 123_321);
-        }
         // bpf_loop with a static callback.
         let lp = load("pj/loop");
         assert_eq!(lp.call(&mut input(255, 10)).unwrap(), 285 * 1000 + 10);
@@ -576,6 +558,86 @@ fn per_cpu_lru_queue_stack_and_callback_programs_from_clang_match_the_model() {
             assert_eq!(r >> 32, 4, "the LRU's 4 keys");
         }
     }
+}
+
+/// `pj/array` of `tests/bpf/maps_kinds.c`: array lookups with keys the caller picks, inlined
+/// by every tier (the optimizing tier's Cranelift sequence and the baseline's), sandboxed and
+/// trusted: elements in range, the first key past the end and the top of `u32` (NULL), and
+/// the map's contents after the runs, as the kernel's semantics give them. Then the same
+/// program adaptive: a trusted program with maps tiers up and goes on from the same map.
+#[test]
+fn inlined_array_lookups_match_on_every_tier_and_adaptive_programs_with_maps_tier_up() {
+    use packjit::{ElfObject, TierPolicy, TierStatus};
+    let obj = compile_bpf("maps_kinds");
+    let rt = host::host_runtime();
+    let input = |key: u32, n: u32| [key.to_le_bytes(), n.to_le_bytes()].concat();
+    let tiers: &[Tier] = if Tier::Optimized.is_built() {
+        &[Tier::Baseline, Tier::Optimized]
+    } else {
+        &[Tier::Baseline]
+    };
+    // (key, n) -> result; the element values after all of them.
+    let runs = [
+        ((0u32, 5u32), 5u64),
+        ((6, 2), 2),
+        ((8, 1), 0xdead),
+        ((u32::MAX, 1), 0xdead),
+        ((5, 3), 5),
+    ];
+    let after: [u64; 8] = [5, 5, 5, 0, 0, 3, 5, 5];
+    let contents = |object: &ElfObject| -> Vec<u64> {
+        let table = object.map("table").unwrap();
+        (0..8u32)
+            .map(|k| {
+                u64::from_le_bytes(table.lookup(&k.to_le_bytes()).unwrap().try_into().unwrap())
+            })
+            .collect()
+    };
+    for (&tier, trusted) in tiers
+        .iter()
+        .flat_map(|t| [false, true].map(move |trusted| (t, trusted)))
+    {
+        let object = ElfObject::open(&obj, &[]).unwrap();
+        let opts = packjit::LoadOptions {
+            tier,
+            ..Default::default()
+        };
+        let sel = ElfLoadOptions::section("pj/array");
+        let p = if trusted {
+            // SAFETY: the program touches its input, its stack and the array's values only.
+            unsafe { object.load_trusted(&rt, &sel, &opts) }.unwrap()
+        } else {
+            object.load(&rt, &sel, &opts).unwrap()
+        };
+        assert_eq!(p.tier(), tier);
+        for ((key, n), want) in runs {
+            let got = p.call(&mut input(key, n)).unwrap();
+            assert_eq!(got, want, "{tier:?}, trusted {trusted}, key {key:#x}");
+        }
+        assert_eq!(contents(&object), after, "{tier:?}, trusted {trusted}");
+    }
+    if !Tier::Optimized.is_built() {
+        return;
+    }
+    // Adaptive: tiers up at load (`Calls(0)`), runs on from the same map.
+    let object = ElfObject::open(&obj, &[]).unwrap();
+    let adaptive = packjit::LoadOptions {
+        tier: Tier::Adaptive,
+        tier_policy: Some(TierPolicy::Manual),
+        ..Default::default()
+    };
+    let sel = ElfLoadOptions::section("pj/array");
+    // SAFETY: as above.
+    let a = unsafe { object.load_trusted(&rt, &sel, &adaptive) }.unwrap();
+    assert_eq!(a.tier_status(), TierStatus::Baseline);
+    let ((key, n), want) = runs[0];
+    assert_eq!(a.call(&mut input(key, n)).unwrap(), want);
+    a.request_tier_up();
+    assert_eq!(a.wait_tier_up(), TierStatus::Optimized);
+    for ((key, n), want) in &runs[1..] {
+        assert_eq!(a.call(&mut input(*key, *n)).unwrap(), *want, "key {key:#x}");
+    }
+    assert_eq!(contents(&object), after);
 }
 
 /// `tests/bpf/lpm_trie.c`: a BTF-defined LPM trie routing IPv4 addresses, filled by the host

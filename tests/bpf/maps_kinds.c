@@ -132,3 +132,21 @@ u64 each_hash(struct in *in, u64 len)
     long n = bpf_for_each_map_elem(&lru, add_value, &l, 0);
     return ((u64)n << 32) | (s.total * 100 + r);
 }
+
+/* An array lookup with a key the caller chooses (the inlined lookup: in range, past the end,
+ * the top of u32): adds n to the element and returns its new value, or 0xdead for NULL. In a
+ * loop, so the optimizing tier keeps the key and the element in registers across lookups. */
+SEC("pj/array")
+u64 array(struct in *in, u64 len)
+{
+    u64 last = 0xdead;
+    for (u32 i = 0; i < 3; i++) {
+        u32 k = in->key + i;
+        u64 *v = bpf_map_lookup_elem(&table, &k);
+        if (!v)
+            return i == 0 ? 0xdead : last;
+        *v += in->n;
+        last = *v;
+    }
+    return last;
+}

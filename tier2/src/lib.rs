@@ -15,8 +15,8 @@
 //!   end's access plan does not prove is checked against the context, the one stack block
 //!   and the host regions, its address clamped by `select_spectre_guard`; back-edges and
 //!   calls charge the budget; a stop writes the same record at the same pc. A request for
-//!   constant blinding or the per-CPU instruction, an inlined helper kind or a legacy packet
-//!   load is refused with [`ErrorKind::Unsupported`] naming what.
+//!   constant blinding or the per-CPU instruction, an inlined helper kind other than the
+//!   array lookup or a legacy packet load is refused with [`ErrorKind::Unsupported`] naming what.
 //!
 //! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
 //! instruction class, with the sandbox's checks and the budget's charges), `frame.rs`
@@ -47,8 +47,9 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::{Context, FinalizedRelocTarget};
 use cranelift_frontend::FunctionBuilderContext;
 use packjit_plugin_api::{
-    install_code_with_line_table, Arch, CodeArena, CompileError, CompileRequest, Compiled,
-    ErrorKind, HelperEntry, JitBackend, PJ_COMPILE_BLIND_CONSTANTS, PJ_COMPILE_PERCPU_INSN,
+    install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
+    Compiled, ErrorKind, HelperEntry, JitBackend, PJ_COMPILE_BLIND_CONSTANTS,
+    PJ_COMPILE_PERCPU_INSN, PJ_INLINE_ARRAY_LOOKUP,
 };
 use std::sync::OnceLock;
 
@@ -92,6 +93,12 @@ impl JitBackend for OptimizingBackend {
 
     fn version(&self) -> &str {
         env!("CARGO_PKG_VERSION")
+    }
+
+    /// Array map lookups are emitted inline (a load of the key, a bound and a scaled add);
+    /// every other helper is called.
+    fn inline_kinds(&self) -> u32 {
+        pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP)
     }
 
     /// Cranelift detects the CPU's features itself (`cranelift-native`).

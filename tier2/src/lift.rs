@@ -18,7 +18,8 @@ use cranelift_codegen::ir::{
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use packjit_frontend::analysis::{
-    back_edge_charge, is_frame_constant, live_in, stack_block_size, CodegenMode, CALL_CHARGE,
+    back_edge_charge, helper_lowering, is_frame_constant, live_in, stack_block_size, ArrayLookup,
+    CodegenMode, HelperLowering, CALL_CHARGE,
 };
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::{
@@ -27,8 +28,9 @@ use packjit_frontend::{
 use packjit_plugin_api::{
     CompileError, ErrorKind, HelperEntry, PJ_ACCESS_WRITE, PJ_ENV_BUDGET, PJ_ENV_CTX_END,
     PJ_ENV_CTX_START, PJ_ENV_STACK_END, PJ_ENV_STACK_START, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
-    PJ_ENV_STOP_PC, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS,
-    PJ_INLINE_NONE, PJ_STOP_BUDGET, PJ_STOP_UNKNOWN_CALLX,
+    PJ_ENV_STOP_PC, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_LOOKUP, PJ_HELPER_PERCPU_OFFSET,
+    PJ_HELPER_STATIC_REGIONS, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE, PJ_STOP_BUDGET,
+    PJ_STOP_UNKNOWN_CALLX,
 };
 use std::collections::HashMap;
 
@@ -41,6 +43,9 @@ pub(crate) struct Shared<'p> {
     pub prog: &'p Program,
     /// Helpers a `call` or `callx` can reach: `(id, address)`.
     pub helpers: Vec<(u32, u64)>,
+    /// Array map lookups emitted inline (`PJ_INLINE_ARRAY_LOOKUP`), by helper id: only a
+    /// `call imm` reaches them, as in the baseline (a `callx` of the id finds nothing).
+    pub arrays: Vec<(u32, ArrayLookup)>,
     /// A callee may stop the run (an unknown `callx` id, a failed check, the budget):
     /// callers test the stop field after each local call and return at once when it is set.
     pub may_stop: bool,
@@ -65,8 +70,9 @@ pub(crate) struct Shared<'p> {
 }
 
 impl<'p> Shared<'p> {
-    /// Helpers callable from code: every entry of the table but the descriptive ones.
-    /// An inlined kind is refused (this tier announces none, so a host never sends one).
+    /// Helpers callable from code: every entry of the table but the descriptive ones, and
+    /// the inlined array lookups. Any other inlined kind is refused (this tier announces only
+    /// `PJ_INLINE_ARRAY_LOOKUP`, so a host never sends one).
     pub fn new(
         prog: &'p Program,
         table: &[HelperEntry],
@@ -74,11 +80,24 @@ impl<'p> Shared<'p> {
         isa: &dyn cranelift_codegen::isa::TargetIsa,
     ) -> Result<Self, CompileError> {
         let mut helpers = Vec::new();
+        let mut arrays = Vec::new();
         for h in table {
             if h.id == PJ_HELPER_PERCPU_OFFSET
                 || h.id == PJ_HELPER_STATIC_REGIONS
                 || h.id == PJ_HELPER_LOOKUP_VALUES
             {
+                continue;
+            }
+            if h.inline_kind == PJ_INLINE_ARRAY_LOOKUP {
+                if h.addr == 0 {
+                    return Err(CompileError::new(
+                        ErrorKind::InvalidArgument,
+                        format!("helper id {}: array lookup with no PjArrayMap", h.id),
+                    ));
+                }
+                if let HelperLowering::ArrayLookup(a) = helper_lowering(h) {
+                    arrays.push((h.id, a));
+                }
                 continue;
             }
             if h.inline_kind != PJ_INLINE_NONE {
@@ -121,6 +140,7 @@ impl<'p> Shared<'p> {
         Ok(Self {
             prog,
             helpers,
+            arrays,
             may_stop,
             mode,
             access,
@@ -679,12 +699,24 @@ impl Lifter<'_, '_> {
         size: Size,
         access: Access,
     ) -> (Value, i32) {
+        let check = self.shared.access.check(i);
+        self.address_checked_as(check, pc, base, off, size, access)
+    }
+
+    /// [`address`](Self::address) with the check `check` (what the access plan says of the
+    /// instruction, or `AccessCheck::Unknown` for an access the plan does not describe).
+    fn address_checked_as(
+        &mut self,
+        check: AccessCheck,
+        pc: u32,
+        base: Reg,
+        off: i16,
+        size: Size,
+        access: Access,
+    ) -> (Value, i32) {
         let unchecked = match self.bounds {
             None => true,
-            Some(_) => {
-                is_frame_constant(base, off, size)
-                    || self.shared.access.check(i) == AccessCheck::None
-            }
+            Some(_) => is_frame_constant(base, off, size) || check == AccessCheck::None,
         };
         let p = self.get(base);
         let Some(bounds) = self.bounds.filter(|_| !unchecked) else {
@@ -694,7 +726,7 @@ impl Lifter<'_, '_> {
         let bytes = size.bytes() as i64;
         // The inline test covers the region the access plan expects (both for an unknown
         // base); the out-of-line scan tries every region, so the verdict is exact either way.
-        let ok = match self.shared.access.check(i) {
+        let ok = match check {
             AccessCheck::Stack => self.inside(addr, bounds.stack, bytes),
             AccessCheck::Ctx | AccessCheck::CtxConst { .. } => self.inside(addr, bounds.ctx, bytes),
             _ => {
@@ -1002,6 +1034,9 @@ impl Lifter<'_, '_> {
     }
 
     fn call_helper(&mut self, pc: u32, id: u32) -> Result<(), CompileError> {
+        if let Some(&(_, array)) = self.shared.arrays.iter().find(|a| a.0 == id) {
+            return self.array_lookup(pc, array);
+        }
         let Some(&(_, addr)) = self.shared.helpers.iter().find(|h| h.0 == id) else {
             return Err(CompileError::at(
                 pc as usize,
@@ -1011,6 +1046,62 @@ impl Lifter<'_, '_> {
         };
         let addr = self.b.ins().iconst(I64, addr as i64);
         self.call_at(addr);
+        Ok(())
+    }
+
+    /// An array map lookup inlined, as the kernel's `map_gen_lookup` (and the baseline):
+    /// r0 = `base + key * stride` for the `u32` key at r2, or NULL when `key >= max_entries`.
+    /// The NULL comes from a select, not a branch, so no mispredicted bound indexes past the
+    /// array (sandboxed, Cranelift's `select_spectre_guard` keeps it a conditional move). The
+    /// key is read like a program load: checked in sandboxed code, where no access plan
+    /// describes it. A per-CPU array calls the per-CPU lookup with r1 = its id, r2 = the key.
+    fn array_lookup(&mut self, pc: u32, array: ArrayLookup) -> Result<(), CompileError> {
+        let (p, o) = self.address_checked_as(AccessCheck::Unknown, pc, 2, 0, Size::W, Access::Read);
+        let key = self.b.ins().uload32(Self::flags(), p, o);
+        if let Some(id) = array.percpu_id {
+            let Some(&(_, addr)) = self
+                .shared
+                .helpers
+                .iter()
+                .find(|h| h.0 == PJ_HELPER_PERCPU_LOOKUP)
+            else {
+                return Err(CompileError::at(
+                    pc as usize,
+                    ErrorKind::UnknownHelper,
+                    format!(
+                        "per-CPU array lookup needs helper id {PJ_HELPER_PERCPU_LOOKUP:#x} in the helper table"
+                    ),
+                ));
+            };
+            let id = self.b.ins().iconst(I64, i64::from(id));
+            self.set(1, id);
+            self.set(2, key);
+            let addr = self.b.ins().iconst(I64, addr as i64);
+            self.call_at(addr);
+            return Ok(());
+        }
+        // The key is zero-extended and the bound below 2^32: a sign-extended immediate is
+        // the same compare.
+        let found =
+            self.b
+                .ins()
+                .icmp_imm_s(IntCC::UnsignedLessThan, key, i64::from(array.max_entries));
+        let offset = self.b.ins().imul_imm_s(key, array.value_stride as i64);
+        let element = self.b.ins().iadd_imm_s(offset, array.base as i64);
+        let zero = self.b.ins().iconst(I64, 0);
+        let r0 = if self.shared.mode.sandboxed() {
+            self.b.ins().select_spectre_guard(found, element, zero)
+        } else {
+            self.b.ins().select(found, element, zero)
+        };
+        self.set(0, r0);
+        // r1-r5 as after a call: undefined to the program; sandboxed code sees zeroes, as
+        // after every call, so no host address lingers in them.
+        if self.shared.mode.sandboxed() {
+            for r in 1..=5 {
+                self.set(r, zero);
+            }
+        }
         Ok(())
     }
 
