@@ -910,7 +910,7 @@ impl CompileEnv<'_> {
         let mut inlined_percpu_arrays = false;
         let scan = CallScan::of(code);
         if opts.tier == Tier::Optimized {
-            tier::refuse_unsupported(opts, scan.calls(code, maps::helper_ids::TAIL_CALL))?;
+            tier::refuse_unsupported(opts)?;
         }
         let bound = if opts.maps.is_empty() && !scan.needs_binding(code) {
             None

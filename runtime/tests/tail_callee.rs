@@ -7,7 +7,7 @@ mod elf_support;
 mod host;
 
 use packjit::maps::{Map, MapSpec, MapType};
-use packjit::{Budget, LoadOptions, Program, RunError, Stop, Trust};
+use packjit::{Budget, LoadOptions, Program, RunError, Stop, Tier, Trust};
 use packjit_frontend::encode_insn;
 use std::sync::Arc;
 
@@ -24,6 +24,21 @@ fn map_ref(dst: u8, k: i32) -> Vec<u8> {
 const EXIT: u8 = 0x95;
 const CALL: u8 = 0x85;
 const TRUSTS: [Trust; 2] = [Trust::Sandboxed, Trust::Trusted];
+
+/// Both trusts on the baseline, and on the optimizing tier where this build has it (whose
+/// tail calls, the entry's too, all nest their targets through the runner). The programs of
+/// one case share a tier; a printed line names the case a failure comes from.
+fn modes() -> Vec<(Tier, Trust)> {
+    let tiers: &[Tier] = if Tier::Optimized.is_built() {
+        &[Tier::Baseline, Tier::Optimized]
+    } else {
+        &[Tier::Baseline]
+    };
+    let modes = tiers.iter().flat_map(|&t| TRUSTS.map(|trust| (t, trust)));
+    modes
+        .inspect(|(tier, trust)| println!("case: {tier:?}, {trust:?}"))
+        .collect()
+}
 
 /// What [`caller`] adds to its function's result: r7 (1000), r8 (500) and the u64 it keeps
 /// at r10 - 8 (1000), all set before the call.
@@ -149,8 +164,9 @@ fn load_as(rt: &packjit::Runtime, trust: Trust, code: &[u8], opts: &LoadOptions)
 #[test]
 fn a_target_entered_from_a_function_returns_to_its_caller_whose_registers_and_stack_survive() {
     let rt = host::host_runtime();
-    for trust in TRUSTS {
+    for (tier, trust) in modes() {
         let (jumps, opts) = prog_array(4);
+        let opts = LoadOptions { tier, ..opts };
         let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
         rt.set_prog_array(&jumps, 2, Some(load(&leaf(7)))).unwrap();
         for (how, c) in [
@@ -197,8 +213,9 @@ fn trust_other(t: Trust) -> Trust {
 #[test]
 fn chains_of_function_and_entry_tail_calls_share_one_limit_of_33() {
     let rt = host::host_runtime();
-    for trust in TRUSTS {
+    for (tier, trust) in modes() {
         let (jumps, opts) = prog_array(4);
+        let opts = LoadOptions { tier, ..opts };
         let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
         for (how, c) in [
             ("inline", load(&caller())),
@@ -237,9 +254,10 @@ fn chains_of_function_and_entry_tail_calls_share_one_limit_of_33() {
 #[test]
 fn a_stop_in_a_target_entered_from_a_function_ends_the_run_with_the_targets_pc() {
     let rt = host::host_runtime();
-    for trust in TRUSTS {
+    for (tier, trust) in modes() {
         let (jumps, mut opts) = prog_array(4);
         opts.budget = Budget::Limit(10_000);
+        opts.tier = tier;
         let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
         let c = load(&caller());
         // Slot 2 spins at pc 2: the budget ends the run there.
@@ -261,6 +279,27 @@ fn a_stop_in_a_target_entered_from_a_function_ends_the_run_with_the_targets_pc()
         assert_eq!(
             mem[3], 0,
             "{trust:?}: the caller did not go on after the stop"
+        );
+        // From the entry function: nothing after the tail call runs either.
+        let entry_caller = [
+            i(0xbf, 6, 1, 0, 0),
+            i(0x71, 3, 6, 2, 0), // r3 = mem[2]
+            map_ref(2, 0),
+            i(CALL, 0, 0, 0, 12),
+            i(0x72, 6, 0, 3, 1), // mem[3] = 1
+            i(0xb7, 0, 0, 0, 5),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        let mut mem = [0u8, 0, 2, 0];
+        assert_eq!(
+            load(&entry_caller).call(&mut mem).unwrap_err(),
+            RunError::Stop(Stop::Budget { pc: 2 }),
+            "{trust:?}"
+        );
+        assert_eq!(
+            mem[3], 0,
+            "{trust:?}: the entry did not go on after the stop"
         );
         // The next runs are whole: a leaf in the slot, and an empty one.
         rt.set_prog_array(&jumps, 2, Some(load(&leaf(7)))).unwrap();
@@ -349,42 +388,45 @@ fn bounds_caller() -> Vec<u8> {
 #[test]
 fn after_a_target_entered_from_a_function_the_callers_bounds_are_its_own_again() {
     let rt = host::host_runtime();
-    let (jumps, opts) = prog_array(4);
-    let c = load_as(&rt, Trust::Sandboxed, &bounds_caller(), &opts);
-    // The target has a stack block of its own (below the caller's on the native stack).
-    let big = [
-        i(0x7a, 10, 0, -512, 5), // *(u64 *)(r10 - 512) = 5
-        i(0x79, 0, 10, -512, 0),
-        i(EXIT, 0, 0, 0, 0),
-    ]
-    .concat();
-    rt.set_prog_array(&jumps, 2, Some(load_as(&rt, Trust::Sandboxed, &big, &opts)))
-        .unwrap();
-    let mem = |stack: u16, ctx: u16| {
-        let mut m = [0u8; 16];
-        m[2] = 2;
-        m[4..6].copy_from_slice(&stack.to_le_bytes());
-        m[6..8].copy_from_slice(&ctx.to_le_bytes());
-        m
-    };
-    // Inside the caller's block (two frames: 1024 bytes) and context: allowed.
-    for (stack, ctx) in [(1, 0), (1024, 15), (600, 8)] {
-        assert_eq!(c.call(&mut mem(stack, ctx)).unwrap(), 5, "{stack} {ctx}");
-    }
-    // Below the caller's block, where the target's block and the runner's frame were,
-    // and past the context: stopped at the caller's pcs.
-    for stack in [1025, 1100, 1300, 1600, 2000, 3000] {
-        let e = c.call(&mut mem(stack, 0)).unwrap_err();
+    for (tier, _) in modes().into_iter().filter(|m| m.1 == Trust::Sandboxed) {
+        let (jumps, opts) = prog_array(4);
+        let opts = LoadOptions { tier, ..opts };
+        let c = load_as(&rt, Trust::Sandboxed, &bounds_caller(), &opts);
+        // The target has a stack block of its own (below the caller's on the native stack).
+        let big = [
+            i(0x7a, 10, 0, -512, 5), // *(u64 *)(r10 - 512) = 5
+            i(0x79, 0, 10, -512, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        rt.set_prog_array(&jumps, 2, Some(load_as(&rt, Trust::Sandboxed, &big, &opts)))
+            .unwrap();
+        let mem = |stack: u16, ctx: u16| {
+            let mut m = [0u8; 16];
+            m[2] = 2;
+            m[4..6].copy_from_slice(&stack.to_le_bytes());
+            m[6..8].copy_from_slice(&ctx.to_le_bytes());
+            m
+        };
+        // Inside the caller's block (two frames: 1024 bytes) and context: allowed.
+        for (stack, ctx) in [(1, 0), (1024, 15), (600, 8)] {
+            assert_eq!(c.call(&mut mem(stack, ctx)).unwrap(), 5, "{stack} {ctx}");
+        }
+        // Below the caller's block, where the target's block and the runner's frame were,
+        // and past the context: stopped at the caller's pcs.
+        for stack in [1025, 1100, 1300, 1600, 2000, 3000] {
+            let e = c.call(&mut mem(stack, 0)).unwrap_err();
+            assert!(
+                matches!(e, RunError::Stop(Stop::OutOfBounds { pc: 6, .. })),
+                "r10 - {stack}: {e:?}"
+            );
+        }
+        let e = c.call(&mut mem(1, 16)).unwrap_err();
         assert!(
-            matches!(e, RunError::Stop(Stop::OutOfBounds { pc: 6, .. })),
-            "r10 - {stack}: {e:?}"
+            matches!(e, RunError::Stop(Stop::OutOfBounds { pc: 10, .. })),
+            "{e:?}"
         );
     }
-    let e = c.call(&mut mem(1, 16)).unwrap_err();
-    assert!(
-        matches!(e, RunError::Stop(Stop::OutOfBounds { pc: 10, .. })),
-        "{e:?}"
-    );
 }
 
 /// `depth` functions each calling the next (the entry first), the first callee tail

@@ -16,7 +16,7 @@
 //!   and the host regions, its address clamped by `select_spectre_guard`; back-edges and
 //!   calls charge the budget; a stop writes the same record at the same pc. A request for
 //!   constant blinding or the per-CPU instruction, an inlined helper kind other than the
-//!   array lookup or a legacy packet load is refused with [`ErrorKind::Unsupported`] naming what.
+//!   array lookup and the tail call, or a legacy packet load is refused with [`ErrorKind::Unsupported`] naming what.
 //!
 //! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
 //! instruction class, with the sandbox's checks and the budget's charges), `frame.rs`
@@ -49,7 +49,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use packjit_plugin_api::{
     install_code_with_line_table, pj_inline_bit, Arch, CodeArena, CompileError, CompileRequest,
     Compiled, ErrorKind, HelperEntry, JitBackend, PJ_COMPILE_BLIND_CONSTANTS,
-    PJ_COMPILE_PERCPU_INSN, PJ_INLINE_ARRAY_LOOKUP,
+    PJ_COMPILE_PERCPU_INSN, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_TAIL_CALL,
 };
 use std::sync::OnceLock;
 
@@ -96,9 +96,10 @@ impl JitBackend for OptimizingBackend {
     }
 
     /// Array map lookups are emitted inline (a load of the key, a bound and a scaled add);
-    /// every other helper is called.
+    /// tail calls go through the runtime's runner (`PJ_HELPER_CALLEE_TAIL_CALL`, see
+    /// `lift.rs`); every other helper is called.
     fn inline_kinds(&self) -> u32 {
-        pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP)
+        pj_inline_bit(PJ_INLINE_ARRAY_LOOKUP) | pj_inline_bit(PJ_INLINE_TAIL_CALL)
     }
 
     /// Cranelift detects the CPU's features itself (`cranelift-native`).

@@ -21,16 +21,18 @@ use packjit_frontend::analysis::{
     back_edge_charge, helper_lowering, is_frame_constant, live_in, stack_block_size, ArrayLookup,
     CodegenMode, HelperLowering, CALL_CHARGE,
 };
+use packjit_frontend::lower::MAX_TAIL_CALLING_DEPTH;
 use packjit_frontend::ranges::{plan_accesses, AccessCheck, AccessPlan};
 use packjit_frontend::{
     AluOp, AtomicOp, Cond, EndKind, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE,
 };
 use packjit_plugin_api::{
-    CompileError, ErrorKind, HelperEntry, PJ_ACCESS_WRITE, PJ_ENV_BUDGET, PJ_ENV_CTX_END,
+    CompileError, ErrorKind, HelperEntry, PJ_ACCESS_WRITE, PJ_CALLEE_TAIL_FELL_THROUGH,
+    PJ_CALLEE_TAIL_RETURNED, PJ_ENV_BUDGET, PJ_ENV_CALLEE_TAIL_R0, PJ_ENV_CTX_END,
     PJ_ENV_CTX_START, PJ_ENV_STACK_END, PJ_ENV_STACK_START, PJ_ENV_STOP_ADDR, PJ_ENV_STOP_KIND,
-    PJ_ENV_STOP_PC, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_LOOKUP, PJ_HELPER_PERCPU_OFFSET,
-    PJ_HELPER_STATIC_REGIONS, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE, PJ_STOP_BUDGET,
-    PJ_STOP_UNKNOWN_CALLX,
+    PJ_ENV_STOP_PC, PJ_HELPER_CALLEE_TAIL_CALL, PJ_HELPER_LOOKUP_VALUES, PJ_HELPER_PERCPU_LOOKUP,
+    PJ_HELPER_PERCPU_OFFSET, PJ_HELPER_STATIC_REGIONS, PJ_INLINE_ARRAY_LOOKUP, PJ_INLINE_NONE,
+    PJ_INLINE_TAIL_CALL, PJ_STOP_BUDGET, PJ_STOP_UNKNOWN_CALLX,
 };
 use std::collections::HashMap;
 
@@ -46,6 +48,11 @@ pub(crate) struct Shared<'p> {
     /// Array map lookups emitted inline (`PJ_INLINE_ARRAY_LOOKUP`), by helper id: only a
     /// `call imm` reaches them, as in the baseline (a `callx` of the id finds nothing).
     pub arrays: Vec<(u32, ArrayLookup)>,
+    /// Ids of the tail-call entries (`PJ_INLINE_TAIL_CALL`, either form) and the runner they
+    /// go through (`PJ_HELPER_CALLEE_TAIL_CALL`): see [`Lifter::tail_call`]. Neither is a
+    /// `callx` target.
+    pub tail_calls: Vec<u32>,
+    pub tail_runner: Option<u64>,
     /// A callee may stop the run (an unknown `callx` id, a failed check, the budget):
     /// callers test the stop field after each local call and return at once when it is set.
     pub may_stop: bool,
@@ -81,6 +88,7 @@ impl<'p> Shared<'p> {
     ) -> Result<Self, CompileError> {
         let mut helpers = Vec::new();
         let mut arrays = Vec::new();
+        let (mut tail_calls, mut tail_runner) = (Vec::new(), None);
         for h in table {
             if h.id == PJ_HELPER_PERCPU_OFFSET
                 || h.id == PJ_HELPER_STATIC_REGIONS
@@ -100,6 +108,14 @@ impl<'p> Shared<'p> {
                 }
                 continue;
             }
+            if h.inline_kind == PJ_INLINE_TAIL_CALL {
+                tail_calls.push(h.id);
+                continue;
+            }
+            if h.id == PJ_HELPER_CALLEE_TAIL_CALL {
+                tail_runner = Some(h.addr);
+                continue;
+            }
             if h.inline_kind != PJ_INLINE_NONE {
                 return Err(CompileError::new(
                     ErrorKind::Unsupported,
@@ -111,8 +127,18 @@ impl<'p> Shared<'p> {
             }
             helpers.push((h.id, h.addr));
         }
+        let tail_calling = prog
+            .insts
+            .iter()
+            .find(|i| matches!(i.op, Op::CallHelper { id } if tail_calls.contains(&id)));
+        if let Some(call) = tail_calling {
+            check_tail_calling(prog, call.pc as usize, tail_runner)?;
+        }
+        // A tail call's target may stop (an unknown `callx`, a sandboxed check, a budget of
+        // its own), and the stop ends the whole run.
         let may_stop = mode.sandboxed()
             || mode.counts_budget()
+            || tail_calling.is_some()
             || prog
                 .insts
                 .iter()
@@ -141,6 +167,8 @@ impl<'p> Shared<'p> {
             prog,
             helpers,
             arrays,
+            tail_calls,
+            tail_runner,
             may_stop,
             mode,
             access,
@@ -1037,6 +1065,13 @@ impl Lifter<'_, '_> {
         if let Some(&(_, array)) = self.shared.arrays.iter().find(|a| a.0 == id) {
             return self.array_lookup(pc, array);
         }
+        if let (true, Some(runner)) = (
+            self.shared.tail_calls.contains(&id),
+            self.shared.tail_runner,
+        ) {
+            self.tail_call(runner);
+            return Ok(());
+        }
         let Some(&(_, addr)) = self.shared.helpers.iter().find(|h| h.0 == id) else {
             return Err(CompileError::at(
                 pc as usize,
@@ -1047,6 +1082,53 @@ impl Lifter<'_, '_> {
         let addr = self.b.ins().iconst(I64, addr as i64);
         self.call_at(addr);
         Ok(())
+    }
+
+    /// A tail call (either form), through the runtime's runner, as the baseline's tail calls
+    /// inside bpf-to-bpf functions: Cranelift's frames are not the baseline's uniform one a
+    /// tail jump continues past, so the target's whole entry runs nested, on the run's `env`
+    /// (the runner saves and restores what the entry overwrites, and counts the chain). Its
+    /// answer: fell through (r0 = 0, on with the next instruction, as the kernel's failed
+    /// tail call), returned (the target's r0 is this function's result: return it, as the
+    /// target's `exit` returns to this function's caller), or stopped (return; the stop in
+    /// `env` ends the run, as every stop does: callers test it after each local call).
+    fn tail_call(&mut self, runner: u64) {
+        let addr = self.b.ins().iconst(I64, runner as i64);
+        self.call_at(addr);
+        let answer = self.get(0);
+        let (not_through, returned, stopped, on) = (
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+        );
+        let through =
+            self.b
+                .ins()
+                .icmp_imm_s(IntCC::Equal, answer, PJ_CALLEE_TAIL_FELL_THROUGH as i64);
+        self.b
+            .ins()
+            .brif(through, on, NO_ARGS, not_through, NO_ARGS);
+        self.b.switch_to_block(not_through);
+        let ret = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::Equal, answer, PJ_CALLEE_TAIL_RETURNED as i64);
+        self.b.ins().brif(ret, returned, NO_ARGS, stopped, NO_ARGS);
+        self.b.switch_to_block(returned);
+        let r0 = self
+            .b
+            .ins()
+            .load(I64, Self::flags(), self.env, PJ_ENV_CALLEE_TAIL_R0);
+        self.b.ins().return_(&[r0]);
+        self.b.set_cold_block(stopped);
+        self.b.switch_to_block(stopped);
+        let z = self.b.ins().iconst(I64, 0);
+        self.b.ins().return_(&[z]);
+        self.b.switch_to_block(on);
+        // Fell through: r0 = 0, which the answer is.
+        let z = self.b.ins().iconst(I64, 0);
+        self.set(0, z);
     }
 
     /// An array map lookup inlined, as the kernel's `map_gen_lookup` (and the baseline):
@@ -1211,6 +1293,33 @@ fn int_cc(cond: Cond) -> IntCC {
         Cond::Sle => IntCC::SignedLessThanOrEqual,
         Cond::Set => unreachable!("jset is a band and a test"),
     }
+}
+
+/// Refuses a tail call the runner cannot take: without a runner in the table, or in a
+/// program whose call chains are deeper than the baseline allows a nested target
+/// ([`MAX_TAIL_CALLING_DEPTH`]): here every tail call nests its target on the native stack,
+/// the entry's too, so the bound holds for all of them.
+fn check_tail_calling(prog: &Program, pc: usize, runner: Option<u64>) -> Result<(), CompileError> {
+    if runner.is_none() {
+        return Err(CompileError::at(
+            pc,
+            ErrorKind::Unsupported,
+            format!(
+                "optimized tier: tail call without a runner in the helper table (helper id {PJ_HELPER_CALLEE_TAIL_CALL:#x})"
+            ),
+        ));
+    }
+    if prog.call_depth > MAX_TAIL_CALLING_DEPTH {
+        return Err(CompileError::at(
+            pc,
+            ErrorKind::Unsupported,
+            format!(
+                "optimized tier: tail call in a program whose call chains are {} frames deep: at most {MAX_TAIL_CALLING_DEPTH} (each target runs on top of its callers' frames)",
+                prog.call_depth
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn unsupported(pc: u32, what: &str) -> CompileError {
