@@ -1017,7 +1017,21 @@ impl CompileEnv<'_> {
         // tested lookup result points to: `bind` names each lookup whose map it proved and
         // that now calls the runtime's own lookup (a `PjLookupValues` header, then
         // `PjLookupValue`s as two `u64`s each), alive until the compile is done.
-        let lookups = bound.as_ref().map_or(&[][..], |b| &b.lookups[..]);
+        let mut lookups = bound.as_ref().map_or(&[][..], |b| &b.lookups[..]);
+        let percpu_inline = builtins
+            .as_ref()
+            .is_some_and(|b| b.percpu_lookup == PerCpuLookupImpl::Inline);
+        let merged: Vec<abi::PjLookupValue>;
+        if let (Some(b), true) = (&bound, percpu_inline) {
+            if !b.percpu_lookups.is_empty() {
+                merged = {
+                    let mut all = [&b.lookups[..], &b.percpu_lookups[..]].concat();
+                    all.sort_unstable_by_key(|l| l.pc);
+                    all
+                };
+                lookups = &merged[..];
+            }
+        }
         let _lookup_value_table = (trust == Trust::Sandboxed && !lookups.is_empty()).then(|| {
             let mut t: Vec<u64> = Vec::with_capacity(1 + 2 * lookups.len());
             t.push(lookups.len() as u64);

@@ -150,6 +150,10 @@ pub(crate) struct Bound {
     /// (`PJ_HELPER_LOOKUP_VALUES`: sandboxed code proves accesses into it after the
     /// program's NULL test), ascending by pc.
     pub lookups: Vec<PjLookupValue>,
+    /// The same for inlined per-CPU array lookups: to be added to `lookups` only when the
+    /// load inlines the per-CPU lookup itself (`PerCpuLookupImpl::Inline`), whose CPU bound
+    /// is masked; ascending by pc.
+    pub percpu_lookups: Vec<PjLookupValue>,
     /// For the helpers while the program runs.
     pub run: Arc<RunMaps>,
     /// The array layouts the inlined lookups were compiled from (read while compiling).
@@ -204,6 +208,7 @@ pub(crate) fn bind(
     // The direct-call ids the code now calls.
     let mut known_used: Vec<u32> = Vec::new();
     let mut lookups: Vec<PjLookupValue> = Vec::new();
+    let mut percpu_lookups: Vec<PjLookupValue> = Vec::new();
     // Per register field (all 16 values of the 4 bits: the verifier refuses r11-r15 after
     // this scan, which must not fail on them first): the map whose handle it holds in the
     // current basic block.
@@ -321,10 +326,20 @@ pub(crate) fn bind(
                     // branch there, so not on RV64). The per-CPU lookups, the LPM trie and
                     // the generic lookups branch around their bounds: their results stay
                     // checked.
-                    let masked = inlined.is_some()
-                        && holds[1].is_some_and(|k| {
-                            maps[k].array_layout().is_some_and(|a| a.cpu_stride == 0)
-                        });
+                    let inlined_array = |per_cpu: bool| {
+                        inlined.is_some()
+                            && holds[1].is_some_and(|k| {
+                                maps[k]
+                                    .array_layout()
+                                    .is_some_and(|a| (a.cpu_stride != 0) == per_cpu)
+                            })
+                    };
+                    let masked = inlined_array(false);
+                    // The inlined per-CPU array lookup: the driver masks its key and the
+                    // inlined per-CPU lookup its CPU, but the fallback that calls
+                    // `sched_getcpu` branches: vouched for only if the load inlines it
+                    // (`Bound::percpu_lookups`).
+                    let percpu = inlined_array(true);
                     let clamped = |id: u32| {
                         HASH_WORD_LOOKUP_IDS
                             .iter()
@@ -333,10 +348,15 @@ pub(crate) fn bind(
                     };
                     let word = cfg!(not(target_arch = "riscv64")) && known.is_some_and(clamped);
                     if let (Some(MAP_LOOKUP_ELEM), Some(k), true) =
-                        (helper, holds[1], masked || word)
+                        (helper, holds[1], masked || word || percpu)
                     {
                         let spec = maps[k].spec();
-                        lookups.push(PjLookupValue {
+                        let list = if percpu {
+                            &mut percpu_lookups
+                        } else {
+                            &mut lookups
+                        };
+                        list.push(PjLookupValue {
                             pc: pc as u32,
                             value_size: spec.value_size,
                             flags: if spec.flags & BPF_F_RDONLY_PROG == 0 {
@@ -448,6 +468,7 @@ pub(crate) fn bind(
         helpers,
         regions,
         lookups,
+        percpu_lookups,
         run: Arc::new(RunMaps {
             maps: maps.to_vec(),
         }),

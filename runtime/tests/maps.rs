@@ -1405,6 +1405,104 @@ fn a_tested_lookup_result_reads_its_last_byte_and_stops_one_past_the_arrays_end(
     );
 }
 
+/// A per-CPU array's tested lookup result: this CPU's element, its last byte read with no
+/// check in sandboxed code where the load inlines the per-CPU lookup (its key masked by the
+/// driver, its CPU by the backend, so the runtime vouches for the result); NULL past the end,
+/// for a key from the context and for a constant key alike.
+#[test]
+fn a_tested_per_cpu_lookup_result_is_this_cpus_value_and_proven_where_inlined() {
+    use packjit::PerCpuLookupImpl;
+    let rt = host::host_runtime();
+    let map = Map::new(spec("pcpu", MapType::PercpuArray, 4, 16, 5)).unwrap();
+    let cpus = Map::possible_cpus();
+    for k in 0..5u32 {
+        let v: Vec<u8> = (0..cpus)
+            .flat_map(|_| (0..16).map(move |b| (16 * k + b) as u8))
+            .collect();
+        map.update(&k.to_le_bytes(), &v, 0).unwrap();
+    }
+    let opts = LoadOptions {
+        maps: vec![map.clone()],
+        ..Default::default()
+    };
+    for p in load_both(&rt, &tested_byte(15), &opts) {
+        for k in 0..5u32 {
+            assert_eq!(
+                p.call(&mut k.to_le_bytes()).unwrap(),
+                (16 * k + 15) as u64,
+                "{:?}",
+                p.trust()
+            );
+        }
+        for k in [5u32, 6, 1 << 16, u32::MAX] {
+            assert_eq!(p.call(&mut k.to_le_bytes()).unwrap(), 0, "key {k:#x}: NULL");
+        }
+    }
+    // A constant key: stored as an immediate, known to the driver.
+    let constant = |key: i32| {
+        [
+            i(0x62, 10, 0, -4, key), // *(u32 *)(r10 - 4) = key
+            i(0xbf, 2, 10, 0, 0),
+            i(0x07, 2, 0, 0, -4),
+            map_ref(1, 0),
+            i(CALL, 0, 0, 0, 1),
+            i(0x15, 0, 0, 1, 0),
+            i(0x71, 0, 0, 15, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat()
+    };
+    for p in load_both(&rt, &constant(3), &opts) {
+        assert_eq!(p.call(&mut []).unwrap(), 63, "{:?}", p.trust());
+    }
+    for key in [5, 7, -1] {
+        for p in load_both(&rt, &constant(key), &opts) {
+            assert_eq!(p.call(&mut []).unwrap(), 0, "{:?} key {key}", p.trust());
+        }
+    }
+    // The proof: the last byte's load carries no check where the lookup is inlined (not
+    // under emulators without rseq, where it calls `sched_getcpu`'s fallback, which
+    // branches); one byte further is checked.
+    let (proven, past) = (
+        rt.load(&tested_byte(15), &opts).unwrap(),
+        rt.load(&tested_byte(16), &opts).unwrap(),
+    );
+    let inlined = proven
+        .builtins()
+        .is_some_and(|b| b.percpu_lookup == PerCpuLookupImpl::Inline);
+    println!(
+        "per-CPU lookup: {:?}; native instructions {} proven, {} one past",
+        proven.builtins().map(|b| b.percpu_lookup),
+        proven.native_insns(),
+        past.native_insns()
+    );
+    if inlined {
+        assert!(
+            proven.native_insns() + 4 <= past.native_insns(),
+            "the per-CPU value's last byte carries no check: {} against {}",
+            proven.native_insns(),
+            past.native_insns()
+        );
+    } else {
+        assert!(proven.native_insns() + 4 > past.native_insns());
+    }
+    // Writes through it stay where they belong: this CPU's element 2 only.
+    let add = lookup_then(&[
+        i(0x15, 0, 0, 3, 0),
+        i(0x71, 1, 0, 15, 0),
+        i(0x07, 1, 0, 0, 1),
+        i(0x73, 0, 1, 15, 0),
+        i(0xb7, 0, 0, 0, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ]);
+    let p = rt.load(&add, &opts).unwrap();
+    p.call(&mut 2u32.to_le_bytes()).unwrap();
+    let all = map.lookup(&2u32.to_le_bytes()).unwrap();
+    let bumped = all.chunks(16).filter(|v| v[15] == 48).count();
+    assert_eq!(bumped, 1, "one CPU's copy of element 2 written");
+    assert!(all.chunks(16).all(|v| v[15] == 47 || v[15] == 48));
+}
+
 #[test]
 fn an_untested_lookup_result_stops_cleanly_on_null() {
     let rt = host::host_runtime();

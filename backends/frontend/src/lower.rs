@@ -1245,6 +1245,12 @@ fn array_lookup<'a, L: Isa<'a>>(
             }
             return Ok(());
         }
+        // Sandboxed: a constant past the end is NULL here, so no index the per-CPU lookup
+        // could mispredict past its bound is ever passed to it (see below).
+        Some(ArrayKey::Const(k)) if d.mode.sandboxed() && k >= array.max_entries => {
+            l.alu(W64, Mov, 0, Operand::Imm(0));
+            return Ok(());
+        }
         Some(ArrayKey::Const(k)) => l.load_imm64(key, u64::from(k)),
         // Frame-constant: proven in every mode (`Driver::access`).
         Some(ArrayKey::Frame(off)) => l.load(Size::W, false, key, crate::R10, off),
@@ -1269,10 +1275,38 @@ fn array_lookup<'a, L: Isa<'a>>(
         }
     }
     if let Some((id, lookup)) = percpu {
+        // Sandboxed: the key is bounded and masked here, as for a plain array, before the
+        // per-CPU lookup tests it again. Its own bound is a branch, which a mispredicted path
+        // could pass with any index; with the mask every index it sees is below `max` on
+        // every path, so the result is NULL or one of this CPU's elements (the backends mask
+        // the CPU number the same way), and the runtime can vouch for it
+        // (`PJ_HELPER_LOOKUP_VALUES`).
+        let bounded = l.driver().mode.sandboxed() && !matches!(known, Some(ArrayKey::Const(_)));
+        let (null, resume) = (l.new_label(), l.new_label());
+        if bounded {
+            let max = match i32::try_from(array.max_entries) {
+                Ok(max) => Operand::Imm(max),
+                Err(_) => {
+                    l.load_imm64(3, u64::from(array.max_entries));
+                    Operand::Reg(3)
+                }
+            };
+            l.branch_to(Width::W64, Cond::Ge, key, max, null);
+            spectre_mask(l, key, array.max_entries, max);
+        }
         l.alu(W64, Mov, 1, Operand::Imm(id as i32));
         l.call_helper(&lookup)?;
         if matches!(helper_code(&lookup), HelperCode::Call(_)) {
             clear_helper_arguments(l);
+        }
+        if bounded {
+            l.bind(resume);
+            let inst = l.driver().cur;
+            l.driver().queue(Cold::NullResult {
+                inst,
+                label: null,
+                resume,
+            });
         }
         return Ok(());
     }

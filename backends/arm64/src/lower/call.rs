@@ -68,6 +68,10 @@ impl Codegen<'_> {
             ; ldr X(T0), [X(T2), PJ_PERCPU_CPUS as u32]
             ; cmp X(T3), X(T0)
             ; b.hs =>null
+            // A mispredicted bound would index with whatever the rseq area holds: the
+            // CPU becomes 0 there, so the result is NULL or one of the array's elements on
+            // every path (the caller masked the index alike).
+            ; csel X(T3), X(T3), xzr, lo
             ; ldr X(T0), [X(T2), PJ_PERCPU_SLOT_SIZE as u32]
             ; ldr X(T4), [X(T2), PJ_PERCPU_BASE as u32]
             ; madd X(T4), X(T3), X(T0), X(T4)

@@ -97,6 +97,12 @@ impl Codegen<'_> {
         self.e.load(Mem::Wu, T3, T0, 0);
         self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_CPUS));
         self.branch(Br::Geu, T3, T0, null);
+        // A mispredicted bound would index with whatever the rseq area holds: the CPU
+        // becomes 0 there (t0 = cpu < cpus ? -1 : 0), so the result is NULL or one of the
+        // array's elements on every path (the caller masked the index alike).
+        self.e.rrr(R3::Sltu, T0, T3, T0);
+        self.e.rrr(R3::Sub, T0, ZERO, T0);
+        self.e.rrr(R3::And, T3, T3, T0);
         self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_SLOT_SIZE));
         self.e.rrr(R3::Mul, T3, T3, T0);
         self.e.load(Mem::D, T0, T2, arr(PJ_PERCPU_BASE));

@@ -55,6 +55,17 @@ impl Codegen<'_> {
             |ops| dynasm!(ops ; .arch x64 ; cmp rax, QWORD [BYTE r9 + cpus]),
         );
         self.e.jump(Some(Cc::Ae), null);
+        // A mispredicted bound would index with whatever the rseq area holds: the CPU
+        // becomes 0 there (r10 = cpu < cpus ? -1 : 0 from the compare's carry), so the result
+        // is NULL or one of the array's elements on every path (the caller masked the index
+        // alike).
+        self.e.asm(2, |ops| {
+            dynasm!(ops
+                ; .arch x64
+                ; sbb r10, r10
+                ; and rax, r10
+            )
+        });
         self.e.asm(4, |ops| {
             dynasm!(ops
                 ; .arch x64
