@@ -332,7 +332,11 @@ pub const PJ_INLINE_COUNTER_CLOCK: u32 = 2;
 /// while the code can run). With r1 = array id and r2 = element index:
 /// `r0 = base + cpu * slot_size + index * value_size` where `cpu` is the `u32` at thread
 /// pointer + `cpu_id_offset` (the rseq `cpu_id`), or r0 = 0 when `id >= count`,
-/// `index >= entries` or `cpu >= cpus`. r1–r5 are clobbered, as by a call.
+/// `index >= entries` or `cpu >= cpus`. r1–r5 are clobbered, as by a call. The CPU number
+/// is masked after its bound (0 where the bound fails, without a branch), so that a
+/// mispredicted bound still yields NULL or an element: sandboxed loads bound and mask the
+/// index before this code, and the host then vouches for the result like an array's
+/// ([`PJ_HELPER_LOOKUP_VALUES`]).
 pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
 
 /// [`PjHelper::inline_kind`]: a tail call (the kernel's `bpf_tail_call`, helper id 12).
