@@ -35,7 +35,7 @@ use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, CodegenMode};
 use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::ranges::AccessPlan;
-use packjit_frontend::{op_kind, Program};
+use packjit_frontend::{op_kind, Program, STACK_SIZE};
 
 /// The largest stack block the entry zeroes with plain stores (16 of them) rather than
 /// `rep stosq`.
@@ -74,7 +74,17 @@ pub struct Plan {
 
 /// Decides saves, padding and the stack block.
 pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
-    let block = stack_block_size(prog);
+    // Sandboxed entries zero the block, so its size is run time: only the part of the frame
+    // the program can reach. Trusted entries only reserve it (`sub rsp`, the same for any
+    // size), so they skip the reach analysis and reserve whole frames: a compile-time
+    // saving of ~8% of a trusted load for at most 448 bytes more native stack.
+    let block = if mode.sandboxed() {
+        stack_block_size(prog)
+    } else if prog.subprogs.iter().any(|s| s.uses_stack) {
+        prog.call_depth * STACK_SIZE
+    } else {
+        0
+    };
     // The front end's per-function summaries: no pass over the instructions here.
     let ops = prog.subprogs.iter().fold(0u16, |acc, sp| acc | sp.ops);
     let needs_env = mode.keeps_env(prog);
