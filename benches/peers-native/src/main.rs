@@ -9,7 +9,10 @@
 //! the entry, `.rodata` addresses patched into the `lddw`s as plain 64-bit immediates, the
 //! extern `pj_mix` resolved to helper 77) and the same context: r1 = pointer, r2 = length.
 //! ubpf and llvmbpf get the function pointer their `compile` returns, called directly; rbpf
-//! gets `EbpfVmMbuff::execute_program_jit` with the context as the mbuff. Every engine's
+//! gets `EbpfVmMbuff::execute_program_jit` with the context as the mbuff. packjit's programs
+//! run through `Program::call`; the optimized code also through its raw entry
+//! (`Program::entry`, with the environment a run would build), called directly as the C
+//! engines' code is: the two columns apart show the code and what a safe run adds to it. Every engine's
 //! result is compared with packjit sandboxed's before anything is timed; an engine that
 //! computes a program wrong is not timed on it ("—" in the run table; its compile time is
 //! still shown), one that refuses it gets "—" in both, and the bench insists on the known
@@ -28,7 +31,8 @@
 mod peers;
 
 use packjit::elf::{link, ElfLoadOptions, Linked};
-use packjit::{LoadOptions, Program, Runtime, Tier};
+use packjit::{LoadOptions, PjProgramEntry, Program, Runtime, Tier};
+use packjit_plugin_api::PjExecEnv;
 use peers::{compile_object, input, pj_mix, rbpf_mix, Known, HELPER_ID};
 use std::ffi::{c_char, c_void, CStr};
 use std::hint::black_box;
@@ -167,6 +171,10 @@ enum Engine {
     Sandboxed,
     /// packjit's optimizing tier (trusted; `Tier::Optimized`).
     Optimized,
+    /// The same code called through its raw entry (`Program::entry`) with a prebuilt
+    /// environment, as ubpf's and llvmbpf's code is called: the code alone, without what
+    /// `Program::call` adds (the run pin, the environment, the stop check).
+    OptimizedRaw,
     Rbpf,
     Ubpf,
     #[cfg(llvmbpf)]
@@ -177,6 +185,7 @@ const ENGINES: &[Engine] = &[
     Engine::Trusted,
     Engine::Sandboxed,
     Engine::Optimized,
+    Engine::OptimizedRaw,
     Engine::Rbpf,
     Engine::Ubpf,
     #[cfg(llvmbpf)]
@@ -189,6 +198,7 @@ impl Engine {
             Engine::Trusted => "packjit trusted",
             Engine::Sandboxed => "packjit sandboxed",
             Engine::Optimized => "packjit optimized",
+            Engine::OptimizedRaw => "packjit optimized, raw entry",
             Engine::Rbpf => "rbpf JIT",
             Engine::Ubpf => "ubpf JIT",
             #[cfg(llvmbpf)]
@@ -204,6 +214,9 @@ impl Engine {
 /// A compiled program, for running.
 enum Compiled {
     Packjit(Program),
+    /// A trusted program's entry with the environment a run gives it (kept with the program,
+    /// which keeps the code).
+    Raw(Program, PjProgramEntry, PjExecEnv),
     Rbpf(rbpf::EbpfVmMbuff<'static>),
     Native(Native),
 }
@@ -212,6 +225,17 @@ impl Compiled {
     fn run(&self, ctx: &mut [u8]) -> u64 {
         match self {
             Compiled::Packjit(p) => p.call(ctx).unwrap(),
+            Compiled::Raw(_, entry, base) => {
+                let mut env = PjExecEnv {
+                    ctx_start: ctx.as_mut_ptr() as u64,
+                    ctx_end: ctx.as_mut_ptr() as u64 + ctx.len() as u64,
+                    ..*base
+                };
+                // SAFETY: the program (which keeps the code) lives in `self`; a trusted
+                // run's environment is what `Program::call` builds: its regions, no budget,
+                // the context; the programs stay inside their context, stack and `.rodata`.
+                unsafe { entry(ctx.as_mut_ptr(), ctx.len() as u64, &mut env) }
+            }
             Compiled::Rbpf(vm) => rbpf_run(vm, ctx),
             Compiled::Native(n) => n.run(ctx),
         }
@@ -251,7 +275,7 @@ fn time_compile(rt: &Runtime, c: &Case, e: Engine) -> f64 {
             drop(p);
             ns
         }
-        Engine::Optimized => {
+        Engine::Optimized | Engine::OptimizedRaw => {
             // SAFETY: compiled only, never run.
             let p = unsafe { rt.load_trusted(c.code, &optimized(&c.opts)) }.unwrap();
             let ns = t.elapsed().as_nanos() as f64;
@@ -337,6 +361,27 @@ fn machine_note(quick: bool, rounds: usize, compiles: usize) {
     );
 }
 
+/// packjit's columns in the ratio tables.
+const OURS: [Engine; 4] = [
+    Engine::Trusted,
+    Engine::Sandboxed,
+    Engine::Optimized,
+    Engine::OptimizedRaw,
+];
+
+/// A trusted program run through its raw entry, with the environment `Program::call`
+/// would build (its regions; trusted: no budget).
+fn raw(p: Program) -> Compiled {
+    let entry = p.entry().expect("native code");
+    let env = PjExecEnv {
+        regions: p.regions().as_ptr() as u64,
+        region_count: p.regions().len() as u64,
+        budget: u64::MAX,
+        ..Default::default()
+    };
+    Compiled::Raw(p, entry, env)
+}
+
 /// `opts` asking for the optimizing tier.
 fn optimized(opts: &LoadOptions) -> LoadOptions {
     LoadOptions {
@@ -405,6 +450,13 @@ fn main() {
                     unsafe { rt.load_trusted(code, &optimized(&opts)) }
                         .unwrap_or_else(|e| panic!("packjit optimized {name}: {e}")),
                 )),
+                // SAFETY: as for the trusted load.
+                Engine::OptimizedRaw => {
+                    Ok(raw(unsafe { rt.load_trusted(code, &optimized(&opts)) }
+                        .unwrap_or_else(|e| {
+                            panic!("packjit optimized {name}: {e}")
+                        })))
+                }
                 Engine::Rbpf => Ok(Compiled::Rbpf(rbpf_compile(code))),
                 Engine::Ubpf => Native::new(UBPF, code).map(Compiled::Native),
                 #[cfg(llvmbpf)]
@@ -482,7 +534,8 @@ fn main() {
             }
             for j in 0..n_eng {
                 let e = ENGINES[(j + round) % n_eng];
-                if !c.compiles[e.index()] {
+                // The raw entry's compile is the optimized one's, timed there.
+                if !c.compiles[e.index()] || e == Engine::OptimizedRaw {
                     continue;
                 }
                 let samples: Vec<f64> = (0..compiles_for(e, compiles))
@@ -498,7 +551,12 @@ fn main() {
     let peers: Vec<Engine> = ENGINES
         .iter()
         .copied()
-        .filter(|e| !matches!(e, Engine::Trusted | Engine::Sandboxed | Engine::Optimized))
+        .filter(|e| {
+            !matches!(
+                e,
+                Engine::Trusted | Engine::Sandboxed | Engine::Optimized | Engine::OptimizedRaw
+            )
+        })
         .rev()
         .collect();
     let table = |title: &str, data: &dyn Fn(&Case, usize) -> Option<f64>, prec: usize| {
@@ -506,13 +564,13 @@ fn main() {
         let mut head = format!("| program | insns | {} |", cols.join(" | "));
         let mut rule = "|---|---|".to_string() + &"---|".repeat(n_eng);
         for p in &peers {
-            for who in ["tr", "sbx", "opt"] {
+            for who in ["tr", "sbx", "opt", "opt raw"] {
                 head += &format!(" {who} ÷ {} |", p.title());
                 rule += "---|";
             }
         }
         println!("{head}\n{rule}");
-        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); peers.len() * 3];
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); peers.len() * OURS.len()];
         for c in &cases {
             let v: Vec<Option<f64>> = (0..n_eng).map(|e| data(c, e)).collect();
             let mut row = format!("| {} | {} |", c.name, c.linked.code.len() / 8);
@@ -523,13 +581,10 @@ fn main() {
                 };
             }
             for (i, p) in peers.iter().enumerate() {
-                for (j, ours) in [Engine::Trusted, Engine::Sandboxed, Engine::Optimized]
-                    .iter()
-                    .enumerate()
-                {
+                for (j, ours) in OURS.iter().enumerate() {
                     row += &match (v[ours.index()], v[p.index()]) {
                         (Some(a), Some(b)) => {
-                            ratios[i * 3 + j].push(a / b);
+                            ratios[i * OURS.len() + j].push(a / b);
                             format!(" {} |", ratio(a / b))
                         }
                         _ => " — |".into(),
@@ -540,7 +595,11 @@ fn main() {
         }
         let mut row = "| geometric mean | |".to_string() + &" |".repeat(n_eng);
         for r in &ratios {
-            row += &format!(" {} |", ratio(geomean(r)));
+            row += &if r.is_empty() {
+                " — |".to_string()
+            } else {
+                format!(" {} |", ratio(geomean(r)))
+            };
         }
         println!("{row}");
     };
