@@ -214,9 +214,9 @@ impl Engine {
 /// A compiled program, for running.
 enum Compiled {
     Packjit(Program),
-    /// A trusted program's entry with the environment a run gives it (kept with the program,
-    /// which keeps the code).
-    Raw(Program, PjProgramEntry, PjExecEnv),
+    /// A trusted program's entry with the environment a run gives it; the program is kept
+    /// only to keep the code.
+    Raw(#[allow(dead_code)] Program, PjProgramEntry, PjExecEnv),
     Rbpf(rbpf::EbpfVmMbuff<'static>),
     Native(Native),
 }
