@@ -7,7 +7,9 @@
 //!   (either tier may answer), and after it: the three runs must agree with each other
 //!   (r0 and context), and the last with the reference.
 //! * Stress: 4 threads call programs and hooks while the main thread loads, replaces and
-//!   frees them as they tier up; no wrong answer, and all code released at the end.
+//!   frees them as they tier up; no wrong answer, and all code released at the end. The same
+//!   for programs with maps (array, hash and per-CPU lookups), each tier's code bound to the
+//!   same maps.
 
 use packjit::{
     Budget, Hook, LoadOptions, Program, Runtime, RuntimeConfig, Tier, TierPolicy, TierStatus,
@@ -500,4 +502,183 @@ fn adaptive_programs_in_a_prog_array_are_reached_on_the_code_they_settled_on() {
     for slot in 0..2 {
         rt.set_prog_array(&jumps, slot, None).unwrap();
     }
+}
+
+/// `x = *(u64 *)ctx; v = lookup(array, &(x & 3)); c = lookup(hash, &(x & 3)); r0 = *v + *c +
+/// x`, and a per-CPU counter bumped: a program with maps of three kinds (the array lookup
+/// inlined on both tiers, the hash lookup a call, the per-CPU lookup inlined by the baseline
+/// and called by the optimizing tier). `v` picks one of four variants of the code.
+fn map_program(v: u32) -> Vec<u8> {
+    let insn = |op: u8, dst: u8, src: u8, off: i16, imm: i32| {
+        packjit_frontend::encode_insn(op, dst, src, off, imm).to_vec()
+    };
+    let map = |dst: u8, k: i32| [insn(0x18, dst, 1, 0, k), insn(0, 0, 0, 0, 0)].concat();
+    let lookup = |k: i32, key_off: i16| {
+        [
+            map(1, k),
+            insn(0xbf, 2, 10, 0, 0),
+            insn(0x07, 2, 0, 0, i32::from(key_off)),
+            insn(0x85, 0, 0, 0, 1),
+        ]
+        .concat()
+    };
+    [
+        insn(0x79, 7, 1, 0, 0),          // r7 = *(u64 *)(r1 + 0)
+        insn(0xbf, 6, 7, 0, 0),          // r6 = r7
+        insn(0x57, 6, 0, 0, 3),          // r6 &= 3
+        insn(0x63, 10, 6, -4, 0),        // *(u32 *)(r10 - 4) = r6
+        insn(0x62, 10, 0, -8, v as i32), // *(u32 *)(r10 - 8) = v (the per-CPU key)
+        lookup(0, -4),                   // array
+        insn(0x15, 0, 0, 21, 0),         // if r0 == 0 goto null
+        insn(0x79, 8, 0, 0, 0),          // r8 = *v
+        lookup(1, -4),                   // hash
+        insn(0x15, 0, 0, 14, 0),         // if r0 == 0 goto null
+        insn(0x79, 0, 0, 0, 0),          // r0 = *c
+        insn(0x0f, 8, 0, 0, 0),          // r8 += r0
+        insn(0x0f, 8, 7, 0, 0),          // r8 += r7
+        lookup(2, -8),                   // per-CPU counter
+        insn(0x15, 0, 0, 3, 0),          // if r0 == 0 goto out
+        insn(0x79, 1, 0, 0, 0),          // r1 = *c
+        insn(0x07, 1, 0, 0, 1),          // r1 += 1
+        insn(0x7b, 0, 1, 0, 0),          // *c = r1
+        insn(0xbf, 0, 8, 0, 0),          // out: r0 = r8
+        insn(0x95, 0, 0, 0, 0),          // exit
+        insn(0xb7, 0, 0, 0, -1),         // null: r0 = -1
+        insn(0x95, 0, 0, 0, 0),          // exit
+    ]
+    .concat()
+}
+
+/// Programs with maps, trusted and adaptive, tier up while 4 threads call them (each tier's
+/// code bound to the same maps), are replaced and freed: every answer right, and all code
+/// released at the end.
+#[test]
+fn programs_with_maps_tier_up_under_four_threads_calling_them() {
+    use packjit::maps::{Map, MapSpec, MapType};
+    const SLOTS: usize = 3;
+    let emulated = !cfg!(target_arch = "x86_64");
+    let rounds = packjit_testkit::env_u64("PACKJIT_STRESS_ROUNDS").unwrap_or(if emulated {
+        30
+    } else {
+        150
+    });
+    let seed = packjit_testkit::env_u64("PACKJIT_STRESS_SEED").unwrap_or(0x5eed_3a95);
+    let spec = |name: &str, map_type, max_entries| MapSpec {
+        name: name.into(),
+        map_type,
+        key_size: 4,
+        value_size: 8,
+        max_entries,
+        flags: 0,
+    };
+    let array = Map::new(spec("array", MapType::Array, 4)).unwrap();
+    let hash = Map::new(spec("hash", MapType::Hash, 8)).unwrap();
+    let counters = Map::new(spec("counters", MapType::PercpuArray, 4)).unwrap();
+    fn table(k: u64) -> u64 {
+        1000 * (k + 1)
+    }
+    fn bonus(k: u64) -> u64 {
+        7 * k + 3
+    }
+    for k in 0..4u32 {
+        let key = k.to_le_bytes();
+        array
+            .update(&key, &table(k.into()).to_le_bytes(), 0)
+            .unwrap();
+        hash.update(&key, &bonus(k.into()).to_le_bytes(), 0)
+            .unwrap();
+    }
+    fn want(x: u64) -> u64 {
+        table(x & 3) + bonus(x & 3) + x
+    }
+    let opts = LoadOptions {
+        maps: vec![array, hash, counters],
+        ..adaptive()
+    };
+    let rt = runtime(TierPolicy::Calls(10));
+    let arena = rt.arena().expect("host arena").clone();
+    let start = arena.stats();
+    let programs: Arc<Vec<RwLock<Option<Arc<Program>>>>> =
+        Arc::new((0..SLOTS).map(|_| RwLock::new(None)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (runs, wrong) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (programs, stop) = (programs.clone(), stop.clone());
+            let (runs, wrong) = (runs.clone(), wrong.clone());
+            std::thread::spawn(move || {
+                let mut s = seed ^ (t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                while !stop.load(Relaxed) {
+                    let k = (next(&mut s) % SLOTS as u64) as usize;
+                    let x = next(&mut s) >> 8;
+                    let p = programs[k].read().unwrap().clone();
+                    if let Some(p) = p {
+                        runs.fetch_add(1, Relaxed);
+                        if p.call(&mut x.to_le_bytes()) != Ok(want(x)) {
+                            wrong.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut s = seed;
+    let mut optimized = 0u64;
+    let mut tally = |p: &Program| {
+        if p.tier_status() == TierStatus::Optimized {
+            optimized += 1;
+        }
+    };
+    for _ in 0..rounds {
+        for slot in programs.iter() {
+            let code = map_program((next(&mut s) % 4) as u32);
+            // SAFETY: reads 8 bytes of its context (every caller passes 8), its stack and
+            // the values the lookups hand out.
+            let p = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
+            if next(&mut s) % 2 == 0 {
+                p.request_tier_up();
+            }
+            if let Some(old) = slot.write().unwrap().replace(Arc::new(p)) {
+                tally(&old);
+            }
+        }
+        std::thread::yield_now();
+    }
+    // One tier-up under the callers for certain.
+    // SAFETY: as in the rounds.
+    let last = Arc::new(unsafe { rt.load_trusted(&map_program(0), &opts) }.unwrap());
+    if let Some(old) = programs[0].write().unwrap().replace(last.clone()) {
+        tally(&old);
+    }
+    last.request_tier_up();
+    assert_eq!(last.wait_tier_up(), TierStatus::Optimized);
+    for x in [0u64, 5, u64::MAX >> 8] {
+        assert_eq!(last.call(&mut x.to_le_bytes()), Ok(want(x)));
+    }
+    drop(last);
+    stop.store(true, Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    for slot in programs.iter() {
+        if let Some(p) = slot.write().unwrap().take() {
+            tally(&p);
+        }
+    }
+    let (runs, wrong) = (runs.load(Relaxed), wrong.load(Relaxed));
+    drop(opts);
+    drop(rt);
+    let pending = arena.reclaim();
+    let end = arena.stats();
+    packjit_testkit::report(&format!(
+        "tiering stress with maps ({}, seed {seed:#x}): {rounds} rounds, {runs} runs, {wrong} \
+         wrong; programs freed optimized {optimized}",
+        Arch::host().unwrap()
+    ));
+    assert_eq!(wrong, 0, "seed {seed:#x}");
+    assert!(runs > 0);
+    assert!(optimized > 0, "no program tiered up");
+    assert_eq!(pending, 0, "frees still pending");
+    assert_eq!(end.allocations, start.allocations, "code left allocated");
+    assert_eq!(end.bytes_used, start.bytes_used, "code left allocated");
 }
