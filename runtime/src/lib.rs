@@ -1400,8 +1400,8 @@ pub struct Program {
     /// Its tier; for an adaptive program, the code it forwards to (see [`tiering`]).
     tiering: Tiered,
     /// Its entry has the uniform tail-call frame (see `PjTailTarget::uniform_frame`). For
-    /// the program's life: compaction moves its bytes unchanged, and the optimizing tier,
-    /// whose frames are its own, refuses programs with tail calls.
+    /// the program's life: compaction moves its bytes unchanged, and only the baseline
+    /// backends emit it (the optimizing tier's frames are its own).
     pub(crate) uniform_tail_frame: bool,
 }
 
