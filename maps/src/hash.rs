@@ -1386,6 +1386,88 @@ mod tests {
         }
     }
 
+    /// The word lookup (`WordLookup`, the copy programs use) against the table's own
+    /// lookup and a model, through inserts, replacements and deletes in one bucket (slots
+    /// and chain), for both word widths, with and without LRU: the same pointers, the
+    /// fast path taking the slot hits and absent keys, the slow path only the chain.
+    #[test]
+    fn word_lookup_matches_the_tables_lookup() {
+        fn run<W: Copy + Eq + Into<u64>>(lru: bool) {
+            let size = std::mem::size_of::<W>() as u32;
+            let mut t = HashTable::new("word", size, 8, 24, false, lru, 1).unwrap();
+            t.mask = 0;
+            let t = Arc::new(t);
+            let d = t.word_lookup();
+            let mut model = BTreeMap::new();
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ size as u64 ^ lru as u64;
+            let (mut fast, mut slow) = (0u32, 0u32);
+            for step in 0..3000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = key(x % 30, size);
+                let v = (step * 7).to_le_bytes();
+                if x % 4 == 0 {
+                    // SAFETY: key_size readable bytes.
+                    let rc = unsafe { t.delete(k.as_ptr()) };
+                    assert_eq!(rc == 0, model.remove(&k).is_some());
+                } else if model.len() < 24 || model.contains_key(&k) {
+                    // SAFETY: key_size and 8 readable bytes.
+                    assert_eq!(unsafe { t.update(k.as_ptr(), v.as_ptr(), 0, None) }, 0);
+                    model.insert(k.clone(), step * 7);
+                }
+                let _pin = crossbeam_epoch::pin();
+                for probe in [x % 30, (x >> 8) % 30, 31] {
+                    let k = key(probe, size);
+                    let used_slow = std::cell::Cell::new(false);
+                    t.refbit.iter().for_each(|r| r.store(0, Relaxed));
+                    // SAFETY: key_size readable bytes; pinned; the table outlives `d`.
+                    let p = unsafe {
+                        d.lookup::<W>(k.as_ptr(), || {
+                            used_slow.set(true);
+                            t.lookup_shared_word::<W, true>(k.as_ptr())
+                        })
+                    };
+                    if lru && !p.is_null() {
+                        let i = (p as usize - t.values.ptr() as usize) / t.vstride - 1;
+                        assert_eq!(t.refbit[i].load(Relaxed), 1, "referenced");
+                    }
+                    // SAFETY: as above.
+                    let want = unsafe { t.lookup(k.as_ptr(), 0) };
+                    assert_eq!(p, want, "size {size} lru {lru} step {step} key {probe}");
+                    match model.get(&k) {
+                        // SAFETY: a value has 8 bytes.
+                        Some(&v) => assert_eq!(unsafe { p.cast::<u64>().read() }, v),
+                        None => assert!(p.is_null()),
+                    }
+                    if !p.is_null() {
+                        let (start, len) = t.values_region();
+                        assert!(p >= start && p < start.wrapping_add(len));
+                    }
+                    // Nothing writes meanwhile: a key in a slot is the fast path's.
+                    let b = t.bucket(0);
+                    let in_slot = !p.is_null()
+                        && (0..SLOTS).any(|s| {
+                            let l = b.slots[s].load(Relaxed) as usize;
+                            l != 0 && t.value_ptr(l as u32 - 1, 0) == p
+                        });
+                    assert_eq!(used_slow.get(), !in_slot && b.chain.load(Relaxed) != 0);
+                    if used_slow.get() {
+                        slow += 1;
+                    } else {
+                        fast += 1;
+                    }
+                }
+            }
+            // More keys than slots: both paths were taken.
+            assert!(slow > 0 && fast > 0, "fast {fast} slow {slow}");
+        }
+        for lru in [false, true] {
+            run::<u32>(lru);
+            run::<u64>(lru);
+        }
+    }
+
     #[test]
     fn iteration_steps_survive_deleting_the_current_element() {
         let t = one_bucket(8, 16);
