@@ -623,9 +623,11 @@ impl Map {
     }
 
     /// [`Map::lookup_hash_word`] whose address stays in the value memory under
-    /// misspeculation: computed from the element index clamped into the pool before the NULL
-    /// test (a `min`: `cmov` on x86-64, `csel` on arm64), for sandboxed code that accesses
-    /// the value unchecked after its own NULL test.
+    /// misspeculation, for sandboxed code that accesses the value unchecked after its own
+    /// NULL test: the common path computes it from the element's link, which addresses the
+    /// value slab (its padding slot for 0) whatever the link; the rare path from the element
+    /// index clamped into the pool before the NULL test (a `min`: `cmov` on x86-64, `csel`
+    /// on arm64).
     ///
     /// # Safety
     /// As [`Map::lookup_hash_word`].
