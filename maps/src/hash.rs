@@ -11,7 +11,11 @@
 //!   link, the hash (the LRU sweep finds an element's bucket from it) and the key (for
 //!   iteration, and the compare of long keys and chained elements).
 //! * `values`: the value slab, per CPU for per-CPU maps (`[cpu][element]`), apart from all
-//!   bookkeeping: it is the only memory a program reaches through a value pointer.
+//!   bookkeeping: it is the only memory a program reaches through a value pointer. Its
+//!   first slot is padding no element uses, so element `i`'s value (CPU 0's) is slot
+//!   `i + 1`, the element's link: the word lookup ([`WordLookup`]) goes from a link to its
+//!   value with one multiply-add, and a link of 0 (seen under misspeculation) still
+//!   addresses zeroed memory of the map's own, never the memory before the slab.
 //! * a lock-free free list (Treiber stack with a generation tag against ABA) of element
 //!   indices; `pool = max_entries + spare` elements, so an update that replaces an element
 //!   finds a free one while the old copies wait out their grace period.
@@ -28,6 +32,12 @@
 //! element; a changed link (a replacement) makes it read the slot again. A reader pinned on
 //! the default collector never sees an element reused under it; a value pointer a program
 //! got stays valid (and unchanged, except by programs) until the program's pin ends.
+//!
+//! A program's lookup of a 4- or 8-byte key in a HASH or LRU_HASH goes through a copy of
+//! the few fields it needs kept in the [`Map`](crate::Map) itself ([`WordLookup`]): the
+//! key's hash, one bucket line, its words compared, the validation above and the value
+//! address, with nothing else on the way (no pointer to the table, no register saves);
+//! anything rarer (a chain, a slot replaced while read) goes out of line to [`HashTable`].
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -127,6 +137,106 @@ pub(crate) struct HashTable {
     clock: Mutex<usize>,
 }
 
+/// What a program's lookup of a word key (4 or 8 bytes) in a shared-value table reads of
+/// it, copied into the [`Map`](crate::Map) when the table is made: the map handle a
+/// program passes is then all the lookup needs, with no load of a pointer to the table on
+/// the way to the bucket. A cache line of its own: one miss at most, and no false sharing
+/// with the map fields writers touch.
+///
+/// The pointers are the table's slabs, which live (and never move) as long as the map.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub(crate) struct WordLookup {
+    seed: u64,
+    buckets: *const Bucket,
+    mask: usize,
+    /// The value slab: the value of the element a link `l` names is at `l * vstride`.
+    values: *mut u8,
+    vstride: usize,
+    /// The LRU referenced bits; null for a table without.
+    refbit: *const AtomicU8,
+}
+
+// SAFETY: the pointers are into slabs that are Send + Sync (see `Slab`), accessed as the
+// table's own code accesses them.
+unsafe impl Send for WordLookup {}
+// SAFETY: as for Send.
+unsafe impl Sync for WordLookup {}
+
+impl WordLookup {
+    /// The copy of a map that is no word-keyed hash: never used for a lookup.
+    pub(crate) const NONE: WordLookup = WordLookup {
+        seed: 0,
+        buckets: std::ptr::null(),
+        mask: 0,
+        values: std::ptr::null_mut(),
+        vstride: 0,
+        refbit: std::ptr::null(),
+    };
+
+    /// [`HashTable::lookup_shared_word`] on the table this was copied from, for the
+    /// common cases: a key found in a bucket slot whose validation holds at the first
+    /// try, or a key absent from a bucket without a chain. Anything else is `slow()`'s
+    /// (the table's own lookup), out of line.
+    ///
+    /// Every address it returns is null or inside the value slab, for any link a slot
+    /// may hold (`0..=pool`): a program that mispredicts its NULL test, or a lookup that
+    /// mispredicts a compare here, touches at worst another value or the padding slot.
+    ///
+    /// # Safety
+    /// As [`HashTable::lookup_shared_word`] on the table this was copied from (which
+    /// must still be alive), with `size_of::<W>() == key_size`, `!percpu`.
+    #[inline(always)]
+    pub unsafe fn lookup<W: Copy + Eq + Into<u64>>(
+        &self,
+        key: *const u8,
+        slow: impl FnOnce() -> *mut u8,
+    ) -> *mut u8 {
+        // SAFETY: key_size == size_of::<W>() readable bytes.
+        let word: u64 = unsafe { key.cast::<W>().read_unaligned() }.into();
+        let h = mix(word ^ self.seed);
+        // SAFETY: the index is masked to the table's bucket count; the slab holds that
+        // many zeroed (valid) Buckets and outlives the map.
+        let b = unsafe { &*self.buckets.add(h as u32 as usize & self.mask) };
+        for s in 0..SLOTS {
+            // Relaxed: a filter; the validation orders what it relies on. A branch per
+            // slot, not a mask of all five compares: predicted, it lets the loads of the
+            // link and the value start before the word has arrived.
+            if b.words[s].load(Relaxed) == word {
+                // The validation of `slot_match` (link, word, same link), its loads from
+                // the line just read. Acquire (link): the element's value and the word
+                // stored before the link; Acquire (word): orders the link's second load
+                // after it.
+                let l = b.slots[s].load(Acquire);
+                let w = b.words[s].load(Acquire);
+                let again = b.slots[s].load(Relaxed);
+                if (l != 0) & (w == word) {
+                    if again != l {
+                        // Replaced between the loads (same key, a fresh element).
+                        return slow();
+                    }
+                    if !self.refbit.is_null() {
+                        // SAFETY: l - 1 < pool, the LRU table's refbit length.
+                        let r = unsafe { &*self.refbit.add(l as usize - 1) };
+                        // As `HashTable::referenced`.
+                        if r.load(Relaxed) == 0 {
+                            r.store(1, Relaxed);
+                        }
+                    }
+                    // SAFETY: l <= pool: inside the slab of pool + 1 slots.
+                    return unsafe { self.values.add(l as usize * self.vstride) };
+                }
+                // An empty slot that kept a stale word, or one refilled meanwhile with
+                // another key: as `slot_match`, the next slots.
+            }
+        }
+        if b.chain.load(Relaxed) == 0 {
+            return std::ptr::null_mut();
+        }
+        slow()
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -163,7 +273,8 @@ impl HashTable {
         let vstride = round8(value_size as usize);
         // Large tables in huge pages (see `Slab::zeroed_huge`): lookups read them at random.
         let nodes = Slab::zeroed_huge(bytes(pool, nstride)?, 8)?;
-        let values = Slab::zeroed_huge(bytes(bytes(pool, vstride)?, cpus)?, 8)?;
+        // One slot more: the padding slot 0 (see the module doc).
+        let values = Slab::zeroed_huge(bytes(bytes(pool, cpus)? + 1, vstride)?, 8)?;
         let free_next = atomic_u32s(pool, NIL)?;
         let mut state = Vec::new();
         state
@@ -212,8 +323,27 @@ impl HashTable {
         })
     }
 
+    /// The values programs may reach: the slab without its padding slot.
     pub fn values_region(&self) -> (*mut u8, usize) {
-        (self.values.ptr(), self.values.len())
+        // SAFETY: the slab has at least the padding slot's vstride bytes.
+        let first = unsafe { self.values.ptr().add(self.vstride) };
+        (first, self.values.len() - self.vstride)
+    }
+
+    /// The word lookup's copy of this table's fields (see [`WordLookup`]).
+    pub fn word_lookup(&self) -> WordLookup {
+        WordLookup {
+            seed: self.seed,
+            buckets: self.buckets.ptr().cast(),
+            mask: self.mask,
+            values: self.values.ptr(),
+            vstride: self.vstride,
+            refbit: if self.lru {
+                self.refbit.as_ptr()
+            } else {
+                std::ptr::null()
+            },
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -251,11 +381,11 @@ impl HashTable {
     #[inline(always)]
     fn value_ptr(&self, i: u32, cpu: usize) -> *mut u8 {
         debug_assert!(cpu < self.cpus);
-        // SAFETY: (cpu, i) < (cpus, pool): inside the value slab.
+        // SAFETY: (cpu, i) < (cpus, pool): inside the value slab, after its padding slot.
         unsafe {
             self.values
                 .ptr()
-                .add((cpu * self.pool + i as usize) * self.vstride)
+                .add((cpu * self.pool + i as usize + 1) * self.vstride)
         }
     }
 
@@ -546,7 +676,7 @@ impl HashTable {
         }
         self.referenced(i);
         // SAFETY: slot < pool: inside the (one CPU's) value slab (i < pool when not NIL).
-        unsafe { self.values.ptr().add(slot * self.vstride) }
+        unsafe { self.values.ptr().add((slot + 1) * self.vstride) }
     }
 
     /// Whether `lookup_shared_word::<W>` serves this table.
@@ -1253,6 +1383,88 @@ mod tests {
                 }
             }
             assert!(chained_seen, "size {key_size}: the overflow chain was used");
+        }
+    }
+
+    /// The word lookup (`WordLookup`, the copy programs use) against the table's own
+    /// lookup and a model, through inserts, replacements and deletes in one bucket (slots
+    /// and chain), for both word widths, with and without LRU: the same pointers, the
+    /// fast path taking the slot hits and absent keys, the slow path only the chain.
+    #[test]
+    fn word_lookup_matches_the_tables_lookup() {
+        fn run<W: Copy + Eq + Into<u64>>(lru: bool) {
+            let size = std::mem::size_of::<W>() as u32;
+            let mut t = HashTable::new("word", size, 8, 24, false, lru, 1).unwrap();
+            t.mask = 0;
+            let t = Arc::new(t);
+            let d = t.word_lookup();
+            let mut model = BTreeMap::new();
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ size as u64 ^ lru as u64;
+            let (mut fast, mut slow) = (0u32, 0u32);
+            for step in 0..3000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = key(x % 30, size);
+                let v = (step * 7).to_le_bytes();
+                if x % 4 == 0 {
+                    // SAFETY: key_size readable bytes.
+                    let rc = unsafe { t.delete(k.as_ptr()) };
+                    assert_eq!(rc == 0, model.remove(&k).is_some());
+                } else if model.len() < 24 || model.contains_key(&k) {
+                    // SAFETY: key_size and 8 readable bytes.
+                    assert_eq!(unsafe { t.update(k.as_ptr(), v.as_ptr(), 0, None) }, 0);
+                    model.insert(k.clone(), step * 7);
+                }
+                let _pin = crossbeam_epoch::pin();
+                for probe in [x % 30, (x >> 8) % 30, 31] {
+                    let k = key(probe, size);
+                    let used_slow = std::cell::Cell::new(false);
+                    t.refbit.iter().for_each(|r| r.store(0, Relaxed));
+                    // SAFETY: key_size readable bytes; pinned; the table outlives `d`.
+                    let p = unsafe {
+                        d.lookup::<W>(k.as_ptr(), || {
+                            used_slow.set(true);
+                            t.lookup_shared_word::<W, true>(k.as_ptr())
+                        })
+                    };
+                    if lru && !p.is_null() {
+                        let i = (p as usize - t.values.ptr() as usize) / t.vstride - 1;
+                        assert_eq!(t.refbit[i].load(Relaxed), 1, "referenced");
+                    }
+                    // SAFETY: as above.
+                    let want = unsafe { t.lookup(k.as_ptr(), 0) };
+                    assert_eq!(p, want, "size {size} lru {lru} step {step} key {probe}");
+                    match model.get(&k) {
+                        // SAFETY: a value has 8 bytes.
+                        Some(&v) => assert_eq!(unsafe { p.cast::<u64>().read() }, v),
+                        None => assert!(p.is_null()),
+                    }
+                    if !p.is_null() {
+                        let (start, len) = t.values_region();
+                        assert!(p >= start && p < start.wrapping_add(len));
+                    }
+                    // Nothing writes meanwhile: a key in a slot is the fast path's.
+                    let b = t.bucket(0);
+                    let in_slot = !p.is_null()
+                        && (0..SLOTS).any(|s| {
+                            let l = b.slots[s].load(Relaxed) as usize;
+                            l != 0 && t.value_ptr(l as u32 - 1, 0) == p
+                        });
+                    assert_eq!(used_slow.get(), !in_slot && b.chain.load(Relaxed) != 0);
+                    if used_slow.get() {
+                        slow += 1;
+                    } else {
+                        fast += 1;
+                    }
+                }
+            }
+            // More keys than slots: both paths were taken.
+            assert!(slow > 0 && fast > 0, "fast {fast} slow {slow}");
+        }
+        for lru in [false, true] {
+            run::<u32>(lru);
+            run::<u64>(lru);
         }
     }
 

@@ -287,6 +287,9 @@ impl std::ops::Deref for ProgSlots {
 /// One eBPF map. Created behind an `Arc`; `Send + Sync`; every operation may run
 /// concurrently with every other, from programs and the host alike.
 pub struct Map {
+    /// A word-keyed HASH / LRU_HASH's copy of what its programs' lookups read
+    /// ([`Map::lookup_hash_word`]); unused for other maps.
+    word: hash::WordLookup,
     spec: MapSpec,
     kind: Kind,
     /// `possible_cpus()` for per-CPU maps, 1 otherwise.
@@ -520,7 +523,16 @@ impl Map {
                 })
             }
         };
-        Ok(Arc::new(Map { spec, kind, cpus }))
+        let word = match &kind {
+            Kind::Hash(h) => h.word_lookup(),
+            _ => hash::WordLookup::NONE,
+        };
+        Ok(Arc::new(Map {
+            word,
+            spec,
+            kind,
+            cpus,
+        }))
     }
 
     /// The spec the map was created with.
@@ -585,26 +597,48 @@ impl Map {
     /// As [`Map::lookup_raw`]; `self.is_hash_word::<W>()`.
     #[inline(always)]
     pub unsafe fn lookup_hash_word<W: KeyWord>(&self, key: *const u8) -> *mut u8 {
+        debug_assert!(self.is_hash_word::<W>());
+        // SAFETY: forwarded from the caller; `word` is this hash map's copy (its table
+        // lives as long as self).
+        unsafe {
+            self.word
+                .lookup::<W>(key, || self.hash_word_slow::<W, false>(key))
+        }
+    }
+
+    /// The table's own word lookup, for the cases [`hash::WordLookup::lookup`] leaves to
+    /// it (chains, a slot replaced while read): out of line, so the common path keeps
+    /// no registers of the caller's to save.
+    ///
+    /// # Safety
+    /// As [`Map::lookup_hash_word`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn hash_word_slow<W: KeyWord, const CLAMP: bool>(&self, key: *const u8) -> *mut u8 {
         match &self.kind {
             // SAFETY: forwarded from the caller.
-            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W, false>(key) },
+            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W, CLAMP>(key) },
             _ => ptr::null_mut(),
         }
     }
 
     /// [`Map::lookup_hash_word`] whose address stays in the value memory under
-    /// misspeculation: computed from the element index clamped into the pool before the NULL
-    /// test (a `min`: `cmov` on x86-64, `csel` on arm64), for sandboxed code that accesses
-    /// the value unchecked after its own NULL test.
+    /// misspeculation, for sandboxed code that accesses the value unchecked after its own
+    /// NULL test: the common path computes it from the element's link, which addresses the
+    /// value slab (its padding slot for 0) whatever the link; the rare path from the element
+    /// index clamped into the pool before the NULL test (a `min`: `cmov` on x86-64, `csel`
+    /// on arm64).
     ///
     /// # Safety
     /// As [`Map::lookup_hash_word`].
     #[inline(always)]
     pub unsafe fn lookup_hash_word_in_pool<W: KeyWord>(&self, key: *const u8) -> *mut u8 {
-        match &self.kind {
-            // SAFETY: forwarded from the caller.
-            Kind::Hash(h) => unsafe { h.lookup_shared_word::<W, true>(key) },
-            _ => ptr::null_mut(),
+        debug_assert!(self.is_hash_word::<W>());
+        // SAFETY: as in `lookup_hash_word`; the fast path's addresses are in the slab
+        // for any link (see `WordLookup::lookup`), the slow one clamps.
+        unsafe {
+            self.word
+                .lookup::<W>(key, || self.hash_word_slow::<W, true>(key))
         }
     }
 

@@ -166,3 +166,80 @@ fn lru_churn_keeps_count_at_max() {
     assert_eq!(m.len(), 32);
     assert_eq!(m.keys().len(), 32);
 }
+
+/// Programs' word lookups (`lookup_hash_word`, `lookup_hash_word_in_pool`) while other
+/// threads replace, delete and re-insert the same keys: a lookup finds each key that is
+/// never deleted, and every value it returns is one of that key's (its first word is the
+/// key), never a reused element's. (Its generation words may be torn: when churn has every
+/// spare element waiting out its grace period, a replacement copies in place, as the crate
+/// doc says.)
+fn word_lookups_under_replacement<W: KeyWord>(t: MapType) {
+    let size = std::mem::size_of::<W>() as u32;
+    // 16 keys in a table of 8 buckets: slots and chains both in use.
+    let m = map("word", t, size, 24, 16);
+    let word = move |k: u64| -> Vec<u8> { k.to_le_bytes()[..size as usize].to_vec() };
+    let value = |k: u64, gen: u64| -> Vec<u8> {
+        [k, gen, gen].iter().flat_map(|x| x.to_le_bytes()).collect()
+    };
+    for k in 0..16 {
+        m.update(&word(k), &value(k, 0), BPF_ANY).unwrap();
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|th| {
+            let (m, stop) = (Arc::clone(&m), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut rng = Rng(0xabcd + th);
+                let mut gen = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    // Keys 0..8 are replaced only; keys 8..16 deleted and re-inserted too.
+                    let k = rng.below(16);
+                    gen += 1;
+                    let rc = if k >= 8 && rng.below(2) == 0 {
+                        prog_delete(&m, &word(k))
+                    } else {
+                        prog_update(&m, &word(k), &value(k, gen), BPF_ANY, 0)
+                    };
+                    assert!(rc == 0 || rc == -2 || rc == -7 || rc == -12, "{rc}");
+                }
+            })
+        })
+        .collect();
+    let mut rng = Rng(7);
+    let (mut found, mut checked) = (0u64, 0u64);
+    for round in 0..200_000u64 {
+        let k = rng.below(16);
+        let key = word(k);
+        let _pin = crossbeam_epoch::pin();
+        // SAFETY: key_size bytes at `key`; `is_hash_word::<W>()`; pinned while read.
+        let p = unsafe {
+            if round % 2 == 0 {
+                m.lookup_hash_word::<W>(key.as_ptr())
+            } else {
+                m.lookup_hash_word_in_pool::<W>(key.as_ptr())
+            }
+        };
+        if p.is_null() {
+            assert!(k >= 8, "key {k}, never deleted, not found");
+            continue;
+        }
+        found += 1;
+        // SAFETY: 24 bytes, 8-aligned; the element stays as published while pinned.
+        let v: [u64; 3] = unsafe { p.cast::<[u64; 3]>().read() };
+        assert_eq!(v[0], k, "another key's value");
+        checked += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert!(found > 100_000 && checked == found);
+}
+
+#[test]
+fn word_lookups_see_only_their_keys_values_under_replacement() {
+    assert!(map("w", MapType::Hash, 4, 8, 1).is_hash_word::<u32>());
+    word_lookups_under_replacement::<u32>(MapType::Hash);
+    word_lookups_under_replacement::<u64>(MapType::Hash);
+    word_lookups_under_replacement::<u64>(MapType::LruHash);
+}

@@ -320,10 +320,11 @@ pub(crate) fn bind(
                     // in the map's value memory, pinned for the run). Vouched for where
                     // that code keeps even a mispredicted path's address inside the value
                     // memory: the inlined (not per-CPU) array lookup masks its index after
-                    // the bound, and the sandboxed ids' word lookup of a hash map clamps its
-                    // element index into the pool (`lookup_hash_word_in_pool`: a `min`,
-                    // `cmov` on x86-64, `csel` on arm64; RV64 without Zicond or Zbb may
-                    // branch there, so not on RV64). The per-CPU lookups, the LPM trie and
+                    // the bound, and the sandboxed ids' word lookup of a hash map addresses
+                    // values by link past the slab's padding slot, or, on its rare path,
+                    // clamps its element index into the pool (`lookup_hash_word_in_pool`: a
+                    // `min`, `cmov` on x86-64, `csel` on arm64; RV64 without Zicond or Zbb
+                    // may branch there, so not on RV64). The per-CPU lookups, the LPM trie and
                     // the generic lookups branch around their bounds: their results stay
                     // checked.
                     let inlined_array = |per_cpu: bool| {
