@@ -324,9 +324,9 @@ pub(crate) fn bind(
                     // values by link past the slab's padding slot, or, on its rare path,
                     // clamps its element index into the pool (`lookup_hash_word_in_pool`: a
                     // `min`, `cmov` on x86-64, `csel` on arm64; RV64 without Zicond or Zbb
-                    // may branch there, so not on RV64). The per-CPU lookups, the LPM trie and
-                    // the generic lookups branch around their bounds: their results stay
-                    // checked.
+                    // may branch there, so not on RV64). The inlined per-CPU array lookup
+                    // qualifies too (below). The LPM trie and the generic lookups branch
+                    // around their bounds: their results stay checked.
                     let inlined_array = |per_cpu: bool| {
                         inlined.is_some()
                             && holds[1].is_some_and(|k| {
