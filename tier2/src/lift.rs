@@ -77,9 +77,10 @@ pub(crate) struct Shared<'p> {
 }
 
 impl<'p> Shared<'p> {
-    /// Helpers callable from code: every entry of the table but the descriptive ones, and
-    /// the inlined array lookups. Any other inlined kind is refused (this tier announces only
-    /// `PJ_INLINE_ARRAY_LOOKUP`, so a host never sends one).
+    /// Helpers callable from code: every entry of the table but the descriptive ones, the
+    /// inlined array lookups, the tail calls and their runner. Any other inlined kind is
+    /// refused (this tier announces only `PJ_INLINE_ARRAY_LOOKUP` and `PJ_INLINE_TAIL_CALL`,
+    /// so a host never sends one).
     pub fn new(
         prog: &'p Program,
         table: &[HelperEntry],
