@@ -1,0 +1,451 @@
+//! Index-bounded context accesses: `p = ctx + i; *(p + off)` where a dominating compare
+//! proved `i + off + size <= ctx_len` (clang's `for (i = 0; i < len; i++) c = p[i]`).
+//!
+//! # What is proven
+//!
+//! A must-dataflow over the entry function (function 0) tracks, per register r0–r9:
+//!
+//! * whether it holds exactly the context length `LEN` (r2 at entry, and its copies) or
+//!   exactly the context start (r1 at entry, and its copies);
+//! * a **slack** `s` with `r + s <= LEN` as exact integers (no wrap): learned from an
+//!   unsigned 64-bit compare against a register holding `LEN` or a value with a slack of
+//!   its own (`i < len` gives 1, `i <= len` and `len >= i` give 0), in either operand order,
+//!   on the edge where it holds (taken or fall-through); and from a constant `c` when the
+//!   program tested `LEN >= c + s` (`if len == 0` falls through with `LEN >= 1`);
+//! * a constant value (from `mov`/`lddw`, and `+=` of constants), for loop entries `i = 0`;
+//! * for a pointer, `ctx_start + i + c` with `i` another register (`p = r1; p += i`): the
+//!   relation dies when `p` or `i` is written.
+//!
+//! Joins keep what holds on every path (meet = intersection, smallest slack); any write of
+//! a register forgets what was known of it, a call forgets r0–r5. 32-bit and signed compares
+//! teach nothing. An access through `p = ctx_start + i + c` at offset `off` of `size` bytes
+//! with `0 <= c + off` and `end = c + off + size <= slack(i)` is in the context on every
+//! architectural path: [`AccessCheck::CtxIndex`].
+//!
+//! # Where `LEN` is r2, and r1 the start
+//!
+//! Only in function 0 and only because the entry makes it so: a plan with a `CtxIndex`
+//! access sets r1 = `env.ctx_start` and r2 = `env.ctx_end - env.ctx_start` in the entry
+//! (after the tail-call entry point, so programs entered by a tail call get them too),
+//! whatever the caller passed (the runtime's runs, hooks, the C API and the rbpf bridge pass
+//! exactly these; a caller of the plugin ABI might not). A bpf-to-bpf callee gets no facts:
+//! its r2 is an argument.
+//!
+//! # Under speculation
+//!
+//! The slack rests on branches, so a mispredicted branch can reach the access with any
+//! index. The relations it is tested through are data-derived (`p` is `ctx_start + i + c`
+//! and the length register holds `LEN` on every path, mispredicted ones included), so the
+//! backend re-tests `i + end <= LEN` branch-free at the access and selects a harmless
+//! address when it fails (x86-64 `cmp` + `cmov`, arm64 `cmp`/`ccmp` + `csel`, RV64 `sltu`
+//! and a mask): no branch, no out-of-line side, since architecturally the test never fails.
+
+use crate::ranges::AccessCheck;
+use crate::{AluOp, AtomicOp, Cond, Op, Operand, Program, Reg, Width};
+
+/// The largest slack or access end tracked: clang's offsets past an index are a few bytes,
+/// and a bound keeps the iteration short (slacks only shrink at joins).
+pub const MAX_END: i32 = 4096;
+
+/// Nothing known.
+const NONE: i16 = -1;
+
+/// Work allowed per instruction of the function before the analysis gives up (every
+/// access then keeps its check): the lattice is finite but a slack can shrink one step per
+/// round around a loop.
+const WORK_PER_INST: usize = 16;
+
+/// What holds of r0–r9 at one point of the entry function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Facts {
+    /// Registers holding exactly the context length.
+    len_regs: u16,
+    /// Registers holding exactly the context start.
+    start_regs: u16,
+    /// `LEN >= len_min` (at most [`MAX_END`]).
+    len_min: i32,
+    /// `r + slack[r] <= LEN`, or [`NONE`].
+    slack: [i16; 10],
+    /// The register's value, when it is a known constant.
+    konst: [Option<u64>; 10],
+    /// The register is `ctx_start + index + c`: `(index, c)`.
+    indexed: [Option<(Reg, i16)>; 10],
+}
+
+impl Facts {
+    const EMPTY: Facts = Facts {
+        len_regs: 0,
+        start_regs: 0,
+        len_min: 0,
+        slack: [NONE; 10],
+        konst: [None; 10],
+        indexed: [None; 10],
+    };
+
+    /// The entry function's registers on entry: r1 the start, r2 the length, r0 and r3–r9
+    /// zero.
+    fn entry() -> Facts {
+        let mut f = Facts::EMPTY;
+        f.start_regs = 1 << 1;
+        f.len_regs = 1 << 2;
+        for r in [0usize, 3, 4, 5, 6, 7, 8, 9] {
+            f.konst[r] = Some(0);
+        }
+        f
+    }
+
+    /// The largest `s` known with `r + s <= LEN`, or [`NONE`].
+    fn slack_of(&self, r: Reg) -> i32 {
+        let r = r as usize;
+        if r >= 10 {
+            return NONE as i32;
+        }
+        let mut s = self.slack[r] as i32;
+        if self.len_regs & (1 << r) != 0 {
+            s = s.max(0);
+        }
+        if let Some(c) = self.konst[r] {
+            if c <= self.len_min as u64 {
+                s = s.max(self.len_min - c as i32);
+            }
+        }
+        s
+    }
+
+    /// `r` gets a new value nothing is known of, and every relation through it dies.
+    fn forget(&mut self, r: Reg) {
+        let r = r as usize;
+        if r >= 10 {
+            return;
+        }
+        self.len_regs &= !(1 << r);
+        self.start_regs &= !(1 << r);
+        self.slack[r] = NONE;
+        self.konst[r] = None;
+        self.indexed[r] = None;
+        for x in &mut self.indexed {
+            if x.is_some_and(|(i, _)| i as usize == r) {
+                *x = None;
+            }
+        }
+    }
+
+    fn learn_slack(&mut self, r: Reg, s: i32) {
+        if (r as usize) < 10 && s >= 0 {
+            let s = s.min(MAX_END) as i16;
+            self.slack[r as usize] = self.slack[r as usize].max(s);
+        }
+    }
+
+    /// What the relation `x < y` (`strict`) or `x <= y`, unsigned 64-bit, teaches.
+    fn learn(&mut self, x: Side, y: Side, strict: bool) {
+        let Side::Reg(ry) = y else {
+            // An upper bound by a constant says nothing of LEN.
+            return;
+        };
+        let sy = self.slack_of(ry);
+        if sy < 0 {
+            return;
+        }
+        // x + strict <= y <= LEN - sy.
+        let gained = sy + strict as i32;
+        let value = match x {
+            Side::Reg(rx) => {
+                self.learn_slack(rx, gained);
+                self.konst.get(rx as usize).copied().flatten()
+            }
+            Side::Imm(c) => Some(c),
+        };
+        if let Some(c) = value {
+            if c <= MAX_END as u64 {
+                self.len_min = self.len_min.max((c as i32 + gained).min(MAX_END));
+            }
+        }
+    }
+
+    /// What the conditional jump teaches on its `taken` edge or its fall-through.
+    fn narrow(&mut self, op: &Op, taken: bool) {
+        let Op::Jcond {
+            width: Width::W64,
+            cond,
+            dst,
+            src,
+            ..
+        } = *op
+        else {
+            return;
+        };
+        let (d, s) = (
+            Side::Reg(dst),
+            match src {
+                Operand::Reg(r) => Side::Reg(r),
+                Operand::Imm(i) => Side::Imm(i as i64 as u64),
+            },
+        );
+        // Each edge as `x < y` or `x <= y`.
+        match (cond, taken) {
+            (Cond::Lt, true) | (Cond::Ge, false) => self.learn(d, s, true),
+            (Cond::Lt, false) | (Cond::Ge, true) => self.learn(s, d, false),
+            (Cond::Le, true) | (Cond::Gt, false) => self.learn(d, s, false),
+            (Cond::Le, false) | (Cond::Gt, true) => self.learn(s, d, true),
+            (Cond::Eq, true) => {
+                self.learn(d, s, false);
+                self.learn(s, d, false);
+            }
+            // x != 0, unsigned: 0 < x.
+            (Cond::Eq, false) | (Cond::Ne, true) if s == Side::Imm(0) => {
+                self.learn(Side::Imm(0), d, true)
+            }
+            _ => {}
+        }
+    }
+
+    /// The instruction's effect on the registers (not its edges: see [`Facts::narrow`]).
+    fn transfer(&mut self, op: &Op) {
+        match *op {
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Mov,
+                dst,
+                src: Operand::Reg(s),
+            } => {
+                if dst == s || dst >= 10 {
+                    return;
+                }
+                self.forget(dst);
+                if s >= 10 {
+                    return;
+                }
+                let (d, s) = (dst as usize, s as usize);
+                self.len_regs |= ((self.len_regs >> s) & 1) << d;
+                self.start_regs |= ((self.start_regs >> s) & 1) << d;
+                self.slack[d] = self.slack[s];
+                self.konst[d] = self.konst[s];
+                self.indexed[d] = self.indexed[s];
+            }
+            Op::Alu {
+                width,
+                op: AluOp::Mov,
+                dst,
+                src: Operand::Imm(i),
+            } => {
+                self.forget(dst);
+                if let Some(k) = self.konst.get_mut(dst as usize) {
+                    *k = Some(match width {
+                        Width::W64 => i as i64 as u64,
+                        Width::W32 => i as u32 as u64,
+                    });
+                }
+            }
+            Op::Alu {
+                width: Width::W64,
+                op: op @ (AluOp::Add | AluOp::Sub),
+                dst,
+                src: Operand::Imm(i),
+            } if dst < 10 => {
+                let i = if op == AluOp::Add {
+                    i as i64
+                } else {
+                    -(i as i64)
+                };
+                let d = dst as usize;
+                let konst = self.konst[d].map(|c| c.wrapping_add(i as u64));
+                let indexed = self.indexed[d].and_then(|(x, c)| {
+                    let c = c as i64 + i;
+                    (c.abs() <= MAX_END as i64).then_some((x, c as i16))
+                });
+                self.forget(dst);
+                self.konst[d] = konst;
+                self.indexed[d] = indexed;
+            }
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Add,
+                dst,
+                src: Operand::Reg(s),
+            } if dst < 10 && s < 10 && dst != s => {
+                let d = dst as usize;
+                let konst = match (self.konst[d], self.konst[s as usize]) {
+                    (Some(a), Some(b)) => Some(a.wrapping_add(b)),
+                    _ => None,
+                };
+                // The start plus an index: the pointer `ctx[i]`.
+                let indexed = (self.start_regs & (1 << d) != 0 && self.start_regs & (1 << s) == 0)
+                    .then_some((s, 0));
+                self.forget(dst);
+                self.konst[d] = konst;
+                self.indexed[d] = indexed;
+            }
+            Op::LdImm64 { dst, imm } => {
+                self.forget(dst);
+                if let Some(k) = self.konst.get_mut(dst as usize) {
+                    *k = Some(imm.get());
+                }
+            }
+            Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => {
+                for r in 0..=5 {
+                    self.forget(r);
+                }
+            }
+            Op::Atomic {
+                op: AtomicOp::Xchg,
+                src,
+                ..
+            } => self.forget(src),
+            _ => {
+                if let Some(w) = op.written_reg() {
+                    self.forget(w);
+                }
+            }
+        }
+    }
+
+    /// What holds on both `self`'s paths and `o`'s.
+    fn meet(&self, o: &Facts) -> Facts {
+        let mut m = Facts::EMPTY;
+        m.len_regs = self.len_regs & o.len_regs;
+        m.start_regs = self.start_regs & o.start_regs;
+        m.len_min = self.len_min.min(o.len_min);
+        for r in 0..10 {
+            let s = self.slack_of(r as Reg).min(o.slack_of(r as Reg));
+            m.slack[r] = s.max(NONE as i32) as i16;
+            if self.konst[r] == o.konst[r] {
+                m.konst[r] = self.konst[r];
+            }
+            if self.indexed[r] == o.indexed[r] {
+                m.indexed[r] = self.indexed[r];
+            }
+        }
+        m
+    }
+
+    /// The plan of an access of `size` bytes at `base + off`, if the facts bound it.
+    fn classify(&self, base: Reg, off: i16, size: u32) -> Option<AccessCheck> {
+        let (index, c) = self.indexed.get(base as usize).copied().flatten()?;
+        let start = c as i32 + off as i32;
+        let end = start + size as i32;
+        if start < 0 || end > self.slack_of(index) {
+            return None;
+        }
+        let len = (0..10u8).find(|&r| self.len_regs & (1 << r) != 0);
+        Some(AccessCheck::CtxIndex {
+            index,
+            len,
+            end: end as u16,
+        })
+    }
+}
+
+/// One side of a compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Reg(Reg),
+    Imm(u64),
+}
+
+/// Gives the entry function's context accesses that are still checked (`Ctx` or `Unknown`)
+/// and whose index is bounded on every path [`AccessCheck::CtxIndex`] (see the module docs).
+pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
+    let Some(sp) = prog.subprogs.first() else {
+        return;
+    };
+    let (start, end) = (sp.start, sp.end);
+    let candidate = |c: &AccessCheck| matches!(c, AccessCheck::Ctx | AccessCheck::Unknown);
+    if checks.len() < end || !checks[start..end].iter().any(candidate) {
+        return;
+    }
+    let n = end - start;
+    // States where paths meet: the function's start and jump targets.
+    let mut states: Vec<Option<Facts>> = vec![None; n];
+    states[0] = Some(Facts::entry());
+    let mut pending = std::collections::BTreeSet::from([start]);
+    let mut work = 0usize;
+    let budget = n * WORK_PER_INST + 1024;
+    let hand_over = |states: &mut Vec<Option<Facts>>,
+                     pending: &mut std::collections::BTreeSet<usize>,
+                     target: usize,
+                     f: &Facts| {
+        if !(start..end).contains(&target) {
+            return;
+        }
+        let slot = &mut states[target - start];
+        let new = match slot {
+            None => *f,
+            Some(old) => old.meet(f),
+        };
+        if *slot != Some(new) {
+            *slot = Some(new);
+            pending.insert(target);
+        }
+    };
+    while let Some(b) = pending.pop_first() {
+        let mut f = states[b - start].expect("pending joins are reached");
+        let mut i = b;
+        loop {
+            work += 1;
+            if work > budget {
+                return;
+            }
+            let op = prog.insts[i].op;
+            f.transfer(&op);
+            match op {
+                Op::Ja { target } => {
+                    hand_over(&mut states, &mut pending, target as usize, &f);
+                    break;
+                }
+                Op::Jcond { target, .. } => {
+                    let mut taken = f;
+                    taken.narrow(&op, true);
+                    hand_over(&mut states, &mut pending, target as usize, &taken);
+                    f.narrow(&op, false);
+                }
+                Op::Exit => break,
+                _ => {}
+            }
+            i += 1;
+            if i == end {
+                break;
+            }
+            if prog.is_target[i] {
+                hand_over(&mut states, &mut pending, i, &f);
+                break;
+            }
+        }
+    }
+    // The final states, straight down from each join.
+    let mut live: Option<Facts> = None;
+    for i in start..end {
+        if i == start || prog.is_target[i] {
+            live = states[i - start];
+        }
+        let Some(mut f) = live else { continue };
+        if candidate(&checks[i]) {
+            if let Some((base, off, size)) = match prog.insts[i].op {
+                Op::Load {
+                    base, off, size, ..
+                }
+                | Op::Store {
+                    base, off, size, ..
+                }
+                | Op::Atomic {
+                    base, off, size, ..
+                } => Some((base, off, size)),
+                _ => None,
+            } {
+                if let Some(c) = f.classify(base, off, size.bytes()) {
+                    checks[i] = c;
+                }
+            }
+        }
+        let op = prog.insts[i].op;
+        f.transfer(&op);
+        live = match op {
+            Op::Ja { .. } | Op::Exit => None,
+            Op::Jcond { .. } => {
+                f.narrow(&op, false);
+                Some(f)
+            }
+            _ => Some(f),
+        };
+    }
+}
