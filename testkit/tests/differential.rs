@@ -260,7 +260,7 @@ fn run(arch: Arch, features: u64) {
                 base + escape_count * 2
             );
             assert!(
-                indexed * 5 > escape_count,
+                indexed * 10 > escape_count,
                 "{indexed} index-bounded programs"
             );
             if native {
