@@ -449,3 +449,132 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
         };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::encode_insn as ins;
+    use crate::ranges::{plan_accesses, AccessCheck};
+
+    const EXIT: [u8; 8] = [0x95, 0, 0, 0, 0, 0, 0, 0];
+
+    /// `words`' loop: `r4 = 0; if r2 == 0 goto out; goto test; head: <before>; r5 = r1;
+    /// r5 += r4; r8 = *(size *)(r5 + off); r4 += 1; test: <test> goto head; out: exit`,
+    /// returning the check of the load.
+    fn loop_check(before: &[[u8; 8]], size: u8, off: i16, test: [u8; 8]) -> AccessCheck {
+        let mut code = vec![
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xb7, 4, 0, 0, 0),
+            ins(0x15, 2, 0, 0, 0), // if r2 == 0 goto out (patched)
+            ins(0x05, 0, 0, 0, 0), // goto test (patched)
+        ];
+        let head = code.len();
+        code.extend_from_slice(before);
+        code.push(ins(0xbf, 5, 1, 0, 0));
+        code.push(ins(0x0f, 5, 4, 0, 0));
+        let load = code.len();
+        code.push(ins(0x61 | size, 8, 5, off, 0));
+        code.push(ins(0x07, 4, 0, 0, 1));
+        let at = code.len();
+        let mut t = test;
+        t[2..4].copy_from_slice(&((head as i16) - (at as i16 + 1)).to_le_bytes());
+        code.push(t);
+        let out = code.len();
+        code[2] = ins(0x15, 2, 0, (out - 3) as i16, 0);
+        code[3] = ins(0x05, 0, 0, (at - 4) as i16, 0);
+        code.push(EXIT);
+        let prog = crate::decode(&code.concat(), &[]).unwrap();
+        plan_accesses(&prog, true).check(load)
+    }
+
+    const B: u8 = 0x10;
+    const H: u8 = 0x08;
+
+    #[test]
+    fn words_loop_is_index_bounded() {
+        let want = AccessCheck::CtxIndex {
+            index: 4,
+            len: Some(2),
+            end: 1,
+        };
+        // i < len, and len > i: the operand orders.
+        assert_eq!(loop_check(&[], B, 0, ins(0xad, 4, 2, 0, 0)), want);
+        assert_eq!(loop_check(&[], B, 0, ins(0x2d, 2, 4, 0, 0)), want);
+        // A copy of the length bounds it as well; the lowest register holding it is named.
+        let copy = [ins(0xbf, 6, 2, 0, 0)];
+        assert_eq!(loop_check(&copy, B, 0, ins(0xad, 4, 2, 0, 0)), want);
+        // The length register written after the compare (a top-tested loop): the fact
+        // about the index stays, but no register holds the length.
+        let code = [
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0x71, 4, 1, 0, 0), // r4 = *(u8 *)(r1 + 0), checked as it is
+            ins(0x3d, 4, 2, 6, 0), // if r4 >= r2 goto out
+            ins(0xbf, 6, 2, 0, 0), // r6 = r2
+            ins(0xb7, 2, 0, 0, 7), // r2 = 7
+            ins(0xbf, 5, 1, 0, 0),
+            ins(0x0f, 5, 4, 0, 0),
+            ins(0x71, 3, 5, 0, 0), // r3 = *(u8 *)(r5 + 0)
+            ins(0xbf, 2, 6, 0, 0), // r2 = r6
+            EXIT,
+        ];
+        let prog = crate::decode(&code.concat(), &[]).unwrap();
+        assert_eq!(
+            plan_accesses(&prog, true).check(7),
+            AccessCheck::CtxIndex {
+                index: 4,
+                len: Some(6),
+                end: 1
+            }
+        );
+    }
+
+    #[test]
+    fn what_the_compare_does_not_prove_stays_checked() {
+        let checked = |c: AccessCheck| !matches!(c, AccessCheck::CtxIndex { .. });
+        // One byte too generous: i <= len, len >= i.
+        assert!(checked(loop_check(&[], B, 0, ins(0xbd, 4, 2, 0, 0))));
+        assert!(checked(loop_check(&[], B, 0, ins(0x3d, 2, 4, 0, 0))));
+        // Past the bound: two bytes, or one byte further.
+        assert!(checked(loop_check(&[], H, 0, ins(0xad, 4, 2, 0, 0))));
+        assert!(checked(loop_check(&[], B, 1, ins(0xad, 4, 2, 0, 0))));
+        assert!(checked(loop_check(&[], B, -1, ins(0xad, 4, 2, 0, 0))));
+        // 32-bit, signed and != compares teach nothing.
+        assert!(checked(loop_check(&[], B, 0, ins(0xae, 4, 2, 0, 0))));
+        assert!(checked(loop_check(&[], B, 0, ins(0xcd, 4, 2, 0, 0))));
+        assert!(checked(loop_check(&[], B, 0, ins(0x5d, 4, 2, 0, 0))));
+        // The index written between the compare and the access.
+        assert!(checked(loop_check(
+            &[ins(0x07, 4, 0, 0, 1)],
+            B,
+            0,
+            ins(0xad, 4, 2, 0, 0)
+        )));
+        // The length changed before the compare: r2 is no longer the length.
+        assert!(checked(loop_check(
+            &[ins(0x07, 2, 0, 0, 1)],
+            B,
+            0,
+            ins(0xad, 4, 2, 0, 0)
+        )));
+    }
+
+    #[test]
+    fn a_callee_gets_no_facts() {
+        // Function 1 has the entry's shape, but its r1 and r2 are its caller's arguments.
+        let code = [
+            ins(0x85, 0, 1, 0, 1), // call function 1
+            EXIT,
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xb7, 4, 0, 0, 0),
+            ins(0x3d, 4, 2, 4, 0), // if r4 >= r2 goto out
+            ins(0xbf, 5, 1, 0, 0),
+            ins(0x0f, 5, 4, 0, 0),
+            ins(0x71, 0, 5, 0, 0),
+            ins(0x07, 4, 0, 0, 1),
+            EXIT,
+        ];
+        let prog = crate::decode(&code.concat(), &[]).unwrap();
+        let plan = plan_accesses(&prog, true);
+        assert!(!matches!(plan.check(7), AccessCheck::CtxIndex { .. }));
+        assert!(!plan.uses_ctx_index());
+    }
+}
