@@ -2263,15 +2263,16 @@ pub fn index_walk_program(seed: u64) -> (Vec<u8>, usize) {
     let class = if wide { 0x05 } else { 0x06 };
     let step = [1, 1, 1, 2, 4][rnd(5) as usize];
     let sizes = [0x10u8, 0x10, 0x10, 0x08, 0x00, 0x18]; // B, B, B, H, W, DW
-    let body = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64| {
-        match rnd(14) {
+    let body = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64, with_ptr: bool| {
+        match if with_ptr { rnd(14) } else { 13 } {
             0 => p.push(ins(0x07, 4, 0, 0, 1)), // the index written after its test
             1 => p.push(ins(0xbf, 4, 0, 0, 0)), // r4 = r0
             2 => p.push(ins(0xbf, 2, 0, 0, 0)), // the length register written: r2 = r0
             _ => {}
         }
         let (ptr, idx_first) = (5u8, rnd(8) != 0);
-        if idx_first {
+        if !with_ptr {
+        } else if idx_first {
             p.push(ins(0xbf, ptr, 1, 0, 0)); // r5 = r1; r5 += r4
             p.push(ins(0x0f, ptr, 4, 0, 0));
         } else {
@@ -2317,9 +2318,21 @@ pub fn index_walk_program(seed: u64) -> (Vec<u8>, usize) {
     if rnd(2) == 0 {
         // Test at the top: `if !(continue) goto out`, body, `goto head`.
         let head = p.len();
+        // Sometimes the pointer is made from the index before the test and the index
+        // written after it: the test then says nothing of the pointer.
+        let early_ptr = rnd(4) == 0;
+        if early_ptr {
+            p.push(ins(0xbf, 5, 1, 0, 0)); // r5 = r1; r5 += r4
+            p.push(ins(0x0f, 5, 4, 0, 0));
+            p.push(match rnd(3) {
+                0 => ins(0xb7, 4, 0, 0, 0),  // r4 = 0
+                1 => ins(0x07, 4, 0, 0, -1), // r4 -= 1
+                _ => ins(0x07, 4, 0, 0, 1),  // r4 += 1
+            });
+        }
         to_out.push(p.len());
         p.push(ins((negate(op64) & 0xf8) | class, dst, src, 0, 0));
-        body(&mut p, &mut rnd);
+        body(&mut p, &mut rnd, !early_ptr);
         let back = head as i64 - (p.len() as i64 + 1);
         p.push(ins(0x05, 0, 0, back as i16, 0));
     } else {
@@ -2327,7 +2340,7 @@ pub fn index_walk_program(seed: u64) -> (Vec<u8>, usize) {
         let enter = p.len();
         p.push(ins(0x05, 0, 0, 0, 0));
         let head = p.len();
-        body(&mut p, &mut rnd);
+        body(&mut p, &mut rnd, true);
         let test = p.len();
         p[enter] = ins(0x05, 0, 0, (test - enter - 1) as i16, 0);
         let back = head as i64 - (p.len() as i64 + 1);
