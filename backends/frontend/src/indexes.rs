@@ -355,48 +355,62 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
         return;
     }
     let n = end - start;
-    // States where paths meet: the function's start and jump targets.
-    let mut states: Vec<Option<Facts>> = vec![None; n];
-    states[0] = Some(Facts::entry());
+    // States only where paths meet (the function's start and jump targets), each ~250
+    // bytes: per instruction they would be that much per instruction of a large program.
+    let mut slot: Vec<u32> = crate::reuse::filled(n, 0);
+    let mut states: Vec<Facts> = vec![Facts::entry()];
+    slot[0] = 1;
     let mut pending = std::collections::BTreeSet::from([start]);
     let mut work = 0usize;
     let budget = n * WORK_PER_INST + 1024;
-    let hand_over = |states: &mut Vec<Option<Facts>>,
+    let hand_over = |slot: &mut Vec<u32>,
+                     states: &mut Vec<Facts>,
                      pending: &mut std::collections::BTreeSet<usize>,
                      target: usize,
                      f: &Facts| {
         if !(start..end).contains(&target) {
             return;
         }
-        let slot = &mut states[target - start];
-        let new = match slot {
-            None => *f,
-            Some(old) => old.meet(f),
-        };
-        if *slot != Some(new) {
-            *slot = Some(new);
-            pending.insert(target);
+        let k = slot[target - start];
+        if k == 0 {
+            states.push(*f);
+            slot[target - start] = states.len() as u32;
+        } else {
+            let old = &mut states[k as usize - 1];
+            let new = old.meet(f);
+            if *old == new {
+                return;
+            }
+            *old = new;
         }
+        pending.insert(target);
     };
     while let Some(b) = pending.pop_first() {
-        let mut f = states[b - start].expect("pending joins are reached");
+        let mut f = states[slot[b - start] as usize - 1];
         let mut i = b;
         loop {
             work += 1;
             if work > budget {
+                crate::reuse::give_back(slot);
                 return;
             }
             let op = prog.insts[i].op;
             f.transfer(&op);
             match op {
                 Op::Ja { target } => {
-                    hand_over(&mut states, &mut pending, target as usize, &f);
+                    hand_over(&mut slot, &mut states, &mut pending, target as usize, &f);
                     break;
                 }
                 Op::Jcond { target, .. } => {
                     let mut taken = f;
                     taken.narrow(&op, true);
-                    hand_over(&mut states, &mut pending, target as usize, &taken);
+                    hand_over(
+                        &mut slot,
+                        &mut states,
+                        &mut pending,
+                        target as usize,
+                        &taken,
+                    );
                     f.narrow(&op, false);
                 }
                 Op::Exit => break,
@@ -407,7 +421,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
                 break;
             }
             if prog.is_target[i] {
-                hand_over(&mut states, &mut pending, i, &f);
+                hand_over(&mut slot, &mut states, &mut pending, i, &f);
                 break;
             }
         }
@@ -416,7 +430,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
     let mut live: Option<Facts> = None;
     for i in start..end {
         if i == start || prog.is_target[i] {
-            live = states[i - start];
+            live = slot[i - start].checked_sub(1).map(|k| states[k as usize]);
         }
         let Some(mut f) = live else { continue };
         if candidate(&checks[i]) {
@@ -448,6 +462,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
             _ => Some(f),
         };
     }
+    crate::reuse::give_back(slot);
 }
 
 #[cfg(test)]
