@@ -66,8 +66,10 @@ struct Facts {
     len_min: i32,
     /// `r + slack[r] <= LEN`, or [`NONE`].
     slack: [i16; 10],
-    /// The register's value, when it is a known constant.
-    konst: [Option<u64>; 10],
+    /// The register's value, when it is a known constant below 2^32 (larger ones are
+    /// forgotten: only constants below [`MAX_END`] bound anything, and a state is copied
+    /// at every join).
+    konst: [Option<u32>; 10],
     /// The register is `ctx_start + index + c`: `(index, c)`.
     indexed: [Option<(Reg, i16)>; 10],
 }
@@ -105,7 +107,7 @@ impl Facts {
             s = s.max(0);
         }
         if let Some(c) = self.konst[r] {
-            if c <= self.len_min as u64 {
+            if c as i64 <= self.len_min as i64 {
                 s = s.max(self.len_min - c as i32);
             }
         }
@@ -152,7 +154,11 @@ impl Facts {
         let value = match x {
             Side::Reg(rx) => {
                 self.learn_slack(rx, gained);
-                self.konst.get(rx as usize).copied().flatten()
+                self.konst
+                    .get(rx as usize)
+                    .copied()
+                    .flatten()
+                    .map(u64::from)
             }
             Side::Imm(c) => Some(c),
         };
@@ -231,7 +237,7 @@ impl Facts {
             } => {
                 self.forget(dst);
                 if let Some(k) = self.konst.get_mut(dst as usize) {
-                    *k = Some(match width {
+                    *k = small(match width {
                         Width::W64 => i as i64 as u64,
                         Width::W32 => i as u32 as u64,
                     });
@@ -249,7 +255,7 @@ impl Facts {
                     -(i as i64)
                 };
                 let d = dst as usize;
-                let konst = self.konst[d].map(|c| c.wrapping_add(i as u64));
+                let konst = self.konst[d].and_then(|c| small((c as u64).wrapping_add(i as u64)));
                 let indexed = self.indexed[d].and_then(|(x, c)| {
                     let c = c as i64 + i;
                     (c.abs() <= MAX_END as i64).then_some((x, c as i16))
@@ -266,7 +272,7 @@ impl Facts {
             } if dst < 10 && s < 10 && dst != s => {
                 let d = dst as usize;
                 let konst = match (self.konst[d], self.konst[s as usize]) {
-                    (Some(a), Some(b)) => Some(a.wrapping_add(b)),
+                    (Some(a), Some(b)) => small(a as u64 + b as u64),
                     _ => None,
                 };
                 // The start plus an index: the pointer `ctx[i]`.
@@ -279,7 +285,7 @@ impl Facts {
             Op::LdImm64 { dst, imm } => {
                 self.forget(dst);
                 if let Some(k) = self.konst.get_mut(dst as usize) {
-                    *k = Some(imm.get());
+                    *k = small(imm.get());
                 }
             }
             Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => {
@@ -336,6 +342,11 @@ impl Facts {
     }
 }
 
+/// A constant worth keeping (see [`Facts::konst`]).
+fn small(v: u64) -> Option<u32> {
+    u32::try_from(v).ok()
+}
+
 /// One side of a compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
@@ -354,18 +365,46 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
     if checks.len() < end || !checks[start..end].iter().any(candidate) {
         return;
     }
+    // Without an unsigned 64-bit compare of two registers nothing is bounded by the
+    // length, and without `p += i` no pointer is indexed: most programs have one or the
+    // other only, and a look at the instructions costs less than the dataflow.
+    let (mut compares, mut adds) = (false, false);
+    for inst in &prog.insts[start..end] {
+        match inst.op {
+            Op::Jcond {
+                width: Width::W64,
+                cond: Cond::Lt | Cond::Le | Cond::Gt | Cond::Ge | Cond::Eq,
+                src: Operand::Reg(_),
+                ..
+            } => compares = true,
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Add,
+                src: Operand::Reg(_),
+                ..
+            } => adds = true,
+            _ => {}
+        }
+    }
+    if !(compares && adds) {
+        return;
+    }
     let n = end - start;
     // States only where paths meet (the function's start and jump targets), each ~250
     // bytes: per instruction they would be that much per instruction of a large program.
     let mut slot: Vec<u32> = crate::reuse::filled(n, 0);
     let mut states: Vec<Facts> = vec![Facts::entry()];
     slot[0] = 1;
-    let mut pending = std::collections::BTreeSet::from([start]);
+    // Joins to run from, one bit per instruction, taken lowest first.
+    let mut pending = vec![0u64; n.div_ceil(64)];
+    pending[0] = 1;
+    let mut next = 0usize;
     let mut work = 0usize;
     let budget = n * WORK_PER_INST + 1024;
     let hand_over = |slot: &mut Vec<u32>,
                      states: &mut Vec<Facts>,
-                     pending: &mut std::collections::BTreeSet<usize>,
+                     pending: &mut Vec<u64>,
+                     next: &mut usize,
                      target: usize,
                      f: &Facts| {
         if !(start..end).contains(&target) {
@@ -383,9 +422,25 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
             }
             *old = new;
         }
-        pending.insert(target);
+        let t = target - start;
+        pending[t / 64] |= 1 << (t % 64);
+        *next = (*next).min(t);
     };
-    while let Some(b) = pending.pop_first() {
+    loop {
+        let mut word = next / 64;
+        let Some(&w) = pending.get(word) else { break };
+        let mut bits = w & (u64::MAX << (next % 64));
+        while bits == 0 && word + 1 < pending.len() {
+            word += 1;
+            bits = pending[word];
+        }
+        if bits == 0 {
+            break;
+        }
+        let t = word * 64 + bits.trailing_zeros() as usize;
+        pending[word] &= !(1 << (t % 64));
+        next = t;
+        let b = start + t;
         let mut f = states[slot[b - start] as usize - 1];
         let mut i = b;
         loop {
@@ -398,7 +453,14 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
             f.transfer(&op);
             match op {
                 Op::Ja { target } => {
-                    hand_over(&mut slot, &mut states, &mut pending, target as usize, &f);
+                    hand_over(
+                        &mut slot,
+                        &mut states,
+                        &mut pending,
+                        &mut next,
+                        target as usize,
+                        &f,
+                    );
                     break;
                 }
                 Op::Jcond { target, .. } => {
@@ -408,6 +470,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
                         &mut slot,
                         &mut states,
                         &mut pending,
+                        &mut next,
                         target as usize,
                         &taken,
                     );
@@ -421,46 +484,47 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
                 break;
             }
             if prog.is_target[i] {
-                hand_over(&mut slot, &mut states, &mut pending, i, &f);
+                hand_over(&mut slot, &mut states, &mut pending, &mut next, i, &f);
                 break;
             }
         }
     }
-    // The final states, straight down from each join.
-    let mut live: Option<Facts> = None;
+    // The final states, straight down from each join (one state updated in place).
+    let (mut f, mut live) = (Facts::EMPTY, false);
     for i in start..end {
         if i == start || prog.is_target[i] {
-            live = slot[i - start].checked_sub(1).map(|k| states[k as usize]);
+            let k = slot[i - start];
+            live = k != 0;
+            if live {
+                f = states[k as usize - 1];
+            }
         }
-        let Some(mut f) = live else { continue };
+        if !live {
+            continue;
+        }
+        let op = prog.insts[i].op;
         if candidate(&checks[i]) {
-            if let Some((base, off, size)) = match prog.insts[i].op {
-                Op::Load {
-                    base, off, size, ..
-                }
-                | Op::Store {
-                    base, off, size, ..
-                }
-                | Op::Atomic {
-                    base, off, size, ..
-                } => Some((base, off, size)),
-                _ => None,
-            } {
+            if let Op::Load {
+                base, off, size, ..
+            }
+            | Op::Store {
+                base, off, size, ..
+            }
+            | Op::Atomic {
+                base, off, size, ..
+            } = op
+            {
                 if let Some(c) = f.classify(base, off, size.bytes()) {
                     checks[i] = c;
                 }
             }
         }
-        let op = prog.insts[i].op;
         f.transfer(&op);
-        live = match op {
-            Op::Ja { .. } | Op::Exit => None,
-            Op::Jcond { .. } => {
-                f.narrow(&op, false);
-                Some(f)
-            }
-            _ => Some(f),
-        };
+        match op {
+            Op::Ja { .. } | Op::Exit => live = false,
+            Op::Jcond { .. } => f.narrow(&op, false),
+            _ => {}
+        }
     }
     crate::reuse::give_back(slot);
 }
