@@ -2205,3 +2205,171 @@ pub fn check_long_function_seed(
     compare_sandboxed(target, &code, &[0; 16], None)
         .map_err(|what| format!("long-function seed {seed:#x}: {what}"))
 }
+
+/// A random loop indexing the context (`c = p[i]` for `i` up to the length), for the
+/// index-bounded accesses (`packjit_frontend::indexes`): the index starts at 0, a small
+/// constant, a context byte, the length, the length less 3 (wrapping when shorter), or
+/// all ones; the bound is r2 (the length), a copy of it, the length plus 1 (one byte too
+/// many), the length less 2, or a constant; the test is at the top (exit edge) or at the
+/// bottom (continue edge), in every direction and operand order, off by one (`i <= len`),
+/// 64 or 32 bits; sometimes the length is tested non-zero first, sometimes the index is
+/// written between the test and the access, sometimes the length register is. Loads and
+/// stores through `r1 + i` at small offsets and every size. Also returns the context length
+/// to run it with (0 to 300 bytes). Many accesses are proven and many are not; every run
+/// must end as the reference's does (r0, the context bytes, or the stop's pc and address).
+pub fn index_walk_program(seed: u64) -> (Vec<u8>, usize) {
+    use packjit_frontend::encode_insn as ins;
+    let mut rnd = seeded_choices(seed, 0x2545_f491_4f6c_dd1d);
+    let len = [0, 1, 2, 3, 7, 8, 9, 16, 64, 100, 255, 300][rnd(12) as usize];
+    let mut p = vec![ins(0xb7, 0, 0, 0, 0)]; // r0 = 0
+                                             // Patched to jump to `out` once its place is known.
+    let mut to_out = Vec::new();
+    if rnd(3) == 0 {
+        to_out.push(p.len());
+        p.push(ins(0x15, 2, 0, 0, 0)); // if r2 == 0 goto out
+    }
+    match rnd(10) {
+        0 => p.push(ins(0x71, 4, 1, 0, 0)), // r4 = *(u8 *)(r1 + 0): attacker-chosen
+        1 => p.push(ins(0xbf, 4, 2, 0, 0)), // r4 = len
+        2 => {
+            p.push(ins(0xbf, 4, 2, 0, 0)); // r4 = len - 3 (wraps when shorter)
+            p.push(ins(0x07, 4, 0, 0, -3));
+        }
+        3 => p.push(ins(0xb7, 4, 0, 0, -1)), // r4 = all ones
+        4 => p.push(ins(0xb7, 4, 0, 0, rnd(4) as i32)),
+        _ => p.push(ins(0xb7, 4, 0, 0, 0)),
+    }
+    let bound: u8 = match rnd(10) {
+        0 => {
+            p.push(ins(0xbf, 6, 2, 0, 0)); // r6 = len
+            6
+        }
+        1 => {
+            p.push(ins(0x07, 2, 0, 0, 1)); // len + 1: one byte too many
+            2
+        }
+        2 => {
+            p.push(ins(0xbf, 6, 2, 0, 0)); // r6 = len - 2
+            p.push(ins(0x07, 6, 0, 0, -2));
+            6
+        }
+        3 => {
+            p.push(ins(0xb7, 6, 0, 0, [4, 16, 64][rnd(3) as usize])); // a constant
+            6
+        }
+        _ => 2,
+    };
+    let wide = rnd(6) != 0;
+    let class = if wide { 0x05 } else { 0x06 };
+    let step = [1, 1, 1, 2, 4][rnd(5) as usize];
+    let sizes = [0x10u8, 0x10, 0x10, 0x08, 0x00, 0x18]; // B, B, B, H, W, DW
+    let body = |p: &mut Vec<[u8; 8]>, rnd: &mut dyn FnMut(u64) -> u64, with_ptr: bool| {
+        match if with_ptr { rnd(14) } else { 13 } {
+            0 => p.push(ins(0x07, 4, 0, 0, 1)), // the index written after its test
+            1 => p.push(ins(0xbf, 4, 0, 0, 0)), // r4 = r0
+            2 => p.push(ins(0xbf, 2, 0, 0, 0)), // the length register written: r2 = r0
+            _ => {}
+        }
+        let (ptr, idx_first) = (5u8, rnd(8) != 0);
+        if !with_ptr {
+        } else if idx_first {
+            p.push(ins(0xbf, ptr, 1, 0, 0)); // r5 = r1; r5 += r4
+            p.push(ins(0x0f, ptr, 4, 0, 0));
+        } else {
+            p.push(ins(0xbf, ptr, 4, 0, 0)); // r5 = r4; r5 += r1
+            p.push(ins(0x0f, ptr, 1, 0, 0));
+        }
+        if rnd(6) == 0 {
+            p.push(ins(0x07, ptr, 0, 0, [1, -1, 2][rnd(3) as usize])); // r5 += c
+        }
+        for _ in 0..1 + rnd(2) {
+            let size = sizes[rnd(6) as usize];
+            let off = [0, 0, 0, 0, 0, 0, 1, 2, 3, -1][rnd(10) as usize];
+            if rnd(4) == 0 {
+                p.push(ins(0x63 | size, ptr, 0, off, 0)); // *(r5 + off) = r0
+            } else {
+                p.push(ins(0x61 | size, 8, ptr, off, 0)); // r8 = *(r5 + off)
+                p.push(ins(0xaf, 0, 8, 0, 0)); // r0 ^= r8
+                p.push(ins(0x27, 0, 0, 0, 0x1b3)); // r0 *= 0x1b3
+            }
+        }
+        p.push(ins(0x07, 4, 0, 0, step)); // i += step
+    };
+    // (op, dst, src): the continue test `i < bound` in every spelling, or off by one.
+    let continue_test = |rnd: &mut dyn FnMut(u64) -> u64| match rnd(10) {
+        0 => (0xad, 4, bound), // i < b
+        1 => (0x2d, bound, 4), // b > i
+        2 => (0xbd, 4, bound), // i <= b: one too many
+        3 => (0x3d, bound, 4), // b >= i: one too many
+        4 => (0x5d, 4, bound), // i != b
+        5 => (0xcd, 4, bound), // i s< b
+        _ => (0xad, 4, bound),
+    };
+    let negate = |op: u8| match op {
+        0xad => 0x3d, // !(i < b): i >= b
+        0x2d => 0xbd, // !(b > i): b <= i
+        0xbd => 0x2d, // !(i <= b): i > b
+        0x3d => 0xad, // !(b >= i): b < i
+        0x5d => 0x1d, // !(i != b): i == b
+        _ => 0xdd,    // !(i s< b): i s>= b
+    };
+    let (op64, dst, src) = continue_test(&mut rnd);
+    let op = (op64 & 0xf8) | class;
+    if rnd(2) == 0 {
+        // Test at the top: `if !(continue) goto out`, body, `goto head`.
+        let head = p.len();
+        // Sometimes the pointer is made from the index before the test and the index
+        // written after it: the test then says nothing of the pointer.
+        let early_ptr = rnd(4) == 0;
+        if early_ptr {
+            p.push(ins(0xbf, 5, 1, 0, 0)); // r5 = r1; r5 += r4
+            p.push(ins(0x0f, 5, 4, 0, 0));
+            p.push(match rnd(3) {
+                0 => ins(0xb7, 4, 0, 0, 0),  // r4 = 0
+                1 => ins(0x07, 4, 0, 0, -1), // r4 -= 1
+                _ => ins(0x07, 4, 0, 0, 1),  // r4 += 1
+            });
+        }
+        to_out.push(p.len());
+        p.push(ins((negate(op64) & 0xf8) | class, dst, src, 0, 0));
+        body(&mut p, &mut rnd, !early_ptr);
+        let back = head as i64 - (p.len() as i64 + 1);
+        p.push(ins(0x05, 0, 0, back as i16, 0));
+    } else {
+        // Test at the bottom, entered by a jump to it (clang's rotated loop).
+        let enter = p.len();
+        p.push(ins(0x05, 0, 0, 0, 0));
+        let head = p.len();
+        body(&mut p, &mut rnd, true);
+        let test = p.len();
+        p[enter] = ins(0x05, 0, 0, (test - enter - 1) as i16, 0);
+        let back = head as i64 - (p.len() as i64 + 1);
+        p.push(ins(op, dst, src, back as i16, 0));
+    }
+    let out = p.len();
+    for &at in &to_out {
+        let mut raw = p[at];
+        raw[2..4].copy_from_slice(&((out - at - 1) as i16).to_le_bytes());
+        p[at] = raw;
+    }
+    p.push(ins(0x95, 0, 0, 0, 0));
+    (p.concat(), len)
+}
+
+/// Checks the index walk of `seed` ([`index_walk_program`]) sandboxed on `target` against the
+/// interpreter, with a budget. `Err` names the seed, the difference and the program,
+/// disassembled.
+pub fn check_index_walk_seed(target: &JitTarget<'_>, seed: u64) -> Result<EscapeChecked, String> {
+    let (code, len) = index_walk_program(seed);
+    let ctx: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(37) ^ 0x5a)
+        .collect();
+    // Always a budget: an index written from r0 may never reach its bound.
+    let budget = Some(500 + seed % 8000);
+    compare_sandboxed(target, &code, &ctx, budget).map_err(|what| {
+        format!(
+            "index walk seed {seed:#x} (len {len}): {what}\n{}",
+            crate::disasm::disassemble(&code, true)
+        )
+    })
+}

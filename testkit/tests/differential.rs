@@ -24,9 +24,9 @@
 use packjit::{LoadOptions, Runtime};
 use packjit_plugin_api::Arch;
 use packjit_testkit::gen::{
-    check_counted_walk_seed, check_ctx_walk_seed, check_escape_seed, check_long_function_seed,
-    check_seed, check_walk_seed, counted_walk_program, ctx_walk_program, helpers, walk_program,
-    Checked, EscapeChecked, JitTarget,
+    check_counted_walk_seed, check_ctx_walk_seed, check_escape_seed, check_index_walk_seed,
+    check_long_function_seed, check_seed, check_walk_seed, counted_walk_program, ctx_walk_program,
+    helpers, index_walk_program, walk_program, Checked, EscapeChecked, JitTarget,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -235,6 +235,42 @@ fn run(arch: Arch, features: u64) {
                 assert!(
                     done * 5 > escape_count && stopped * 10 > escape_count,
                     "{ctx_ends:?}"
+                );
+            }
+            // Loops indexing the context (`packjit_frontend::indexes`): proven accesses run
+            // with only the branch-free re-test, and every run must end as the
+            // reference's, also where the proof must not hold (off by one, the index or
+            // the length written, 32-bit or signed tests).
+            let (mut index_ends, mut indexed) = (BTreeMap::<String, u64>::new(), 0u64);
+            for seed in base..base + escape_count * 2 {
+                current.store(seed, Ordering::Relaxed);
+                let (code, _) = index_walk_program(seed);
+                let prog = packjit_frontend::decode(&code, &[]).unwrap();
+                let plan = packjit_frontend::ranges::plan_accesses(&prog, true);
+                indexed += plan.uses_ctx_index() as u64;
+                let key = match check_index_walk_seed(&target, seed) {
+                    Ok(end) => end_key(end),
+                    Err(m) => panic!("{label} index walks: {m}"),
+                };
+                *index_ends.entry(key).or_default() += 1;
+            }
+            eprintln!(
+                "differential {label}: index walks, seeds {base:#x}..{:#x}: {indexed} with \
+                 index-bounded accesses, {index_ends:?}",
+                base + escape_count * 2
+            );
+            assert!(
+                indexed * 10 > escape_count,
+                "{indexed} index-bounded programs"
+            );
+            if native {
+                let (done, stopped) = (
+                    index_ends.get("finished").copied().unwrap_or(0),
+                    index_ends.get("OutOfBounds").copied().unwrap_or(0),
+                );
+                assert!(
+                    done * 5 > escape_count && stopped * 10 > escape_count,
+                    "{index_ends:?}"
                 );
             }
             // Long functions, their cold code in islands (`packjit_frontend::cold`): seeds

@@ -757,7 +757,9 @@ impl Lifter<'_, '_> {
         // base); the out-of-line scan tries every region, so the verdict is exact either way.
         let ok = match check {
             AccessCheck::Stack => self.inside(addr, bounds.stack, bytes),
-            AccessCheck::Ctx | AccessCheck::CtxConst { .. } => self.inside(addr, bounds.ctx, bytes),
+            AccessCheck::Ctx | AccessCheck::CtxConst { .. } | AccessCheck::CtxIndex { .. } => {
+                self.inside(addr, bounds.ctx, bytes)
+            }
             _ => {
                 let in_ctx = self.inside(addr, bounds.ctx, bytes);
                 let in_stack = self.inside(addr, bounds.stack, bytes);

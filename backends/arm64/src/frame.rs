@@ -195,6 +195,11 @@ impl Codegen<'_> {
                 // env.ctx_start.
                 a64!(self.ops; mov X(self.map[1]), X(CTX_LO));
             }
+            if self.plan.access.uses_ctx_index() {
+                // Index-bounded accesses rest on r2 being exactly the context's length
+                // (`packjit_frontend::indexes`), whatever the caller passed.
+                a64!(self.ops; mov X(self.map[2]), X(CTX_LEN));
+            }
             let block = self.plan.block;
             if block > 0 {
                 // 512..4096 bytes: one SUB (imm12, or 4096 as 1 << 12).

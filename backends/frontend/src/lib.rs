@@ -24,6 +24,7 @@
 pub mod analysis;
 pub mod blind;
 pub mod cold;
+pub mod indexes;
 mod insn;
 pub mod lower;
 pub mod packet;

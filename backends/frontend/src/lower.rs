@@ -106,6 +106,18 @@ pub enum AccessLowering {
     Direct { base: Reg, off: i16 },
     /// With its own check, whose inline test tries this region first.
     Checked(AccessCheck),
+    /// Through `base + off = ctx_start + index + c + off`, which every architectural path
+    /// keeps inside the context ([`AccessCheck::CtxIndex`]): no check; the backend's
+    /// `index_bounded` re-tests `index + end <= ctx_len` branch-free (with the length in
+    /// `len` or its own copy) and selects its harmless address when it fails, which only a
+    /// mispredicted branch can make it do.
+    IndexBounded {
+        base: Reg,
+        off: i16,
+        index: Reg,
+        len: Option<Reg>,
+        end: u16,
+    },
 }
 
 /// The driver's state of one emission pass, kept by the backend's lowering and read by its
@@ -355,6 +367,17 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             {
                 AccessLowering::Checked(AccessCheck::Stack)
             }
+            // Without the clamp (measurement only) nothing is left to emit.
+            (AccessCheck::CtxIndex { .. }, _) if !self.clamp => {
+                AccessLowering::Direct { base, off }
+            }
+            (AccessCheck::CtxIndex { index, len, end }, _) => AccessLowering::IndexBounded {
+                base,
+                off,
+                index,
+                len,
+                end,
+            },
             (check, _) => AccessLowering::Checked(check),
         }
     }

@@ -559,6 +559,21 @@ pub enum AccessCheck {
         /// would double the per-instruction table.
         end: u32,
     },
+    /// The base is the context start plus the index register `index` (plus a constant) and
+    /// every path to the access compared the index with the context length so that the
+    /// access ends at most `end` bytes past `ctx_start + index`, inside the context
+    /// ([`crate::indexes`]): no branch, no out-of-line side; the backend re-tests
+    /// `index + end <= ctx_len` branch-free and selects a harmless address when it fails,
+    /// which only a mispredicted branch can make it do.
+    CtxIndex {
+        /// The register the access's base is `ctx_start + index + c` of.
+        index: Reg,
+        /// A register holding the context length at the access (every backend may use its
+        /// own copy of the length instead).
+        len: Option<Reg>,
+        /// `c + off + size`: `index + end <= ctx_len` holds on every architectural path.
+        end: u16,
+    },
     /// The base is the context start plus something: test the context inline first.
     Ctx,
     /// Unknown origin.
@@ -642,16 +657,26 @@ impl AccessPlan {
         }
     }
 
-    /// Is any access checked against the context start plus a constant? (Then the entry
-    /// must make r1 exactly `env.ctx_start`.)
+    /// Is any access checked against the context start plus a constant, or an index
+    /// ([`AccessCheck::CtxIndex`])? (Then the entry must make r1 exactly `env.ctx_start`.)
     pub fn uses_ctx_const(&self) -> bool {
+        self.checks.iter().any(|c| {
+            matches!(
+                c,
+                AccessCheck::CtxConst { .. } | AccessCheck::CtxIndex { .. }
+            )
+        }) || self
+            .groups
+            .iter()
+            .any(|g| matches!(g.check, AccessCheck::CtxConst { .. }))
+    }
+
+    /// Is any access's index bounded by the context length ([`AccessCheck::CtxIndex`])?
+    /// (Then the entry must make r2 exactly `env.ctx_end - env.ctx_start` as well.)
+    pub fn uses_ctx_index(&self) -> bool {
         self.checks
             .iter()
-            .any(|c| matches!(c, AccessCheck::CtxConst { .. }))
-            || self
-                .groups
-                .iter()
-                .any(|g| matches!(g.check, AccessCheck::CtxConst { .. }))
+            .any(|c| matches!(c, AccessCheck::CtxIndex { .. }))
     }
 
     /// The check of instruction `i` (`NotAccess` for non-memory instructions, and for every
@@ -1627,6 +1652,7 @@ pub fn plan_accesses(prog: &Program, with_groups: bool) -> AccessPlan {
     });
     let walks = walk_candidates.prove(prog, &mut checks);
     let walks = crate::walks::counted(prog, &mut checks, walks);
+    crate::indexes::bound_indexes(prog, &mut checks);
     let (groups, reentries) = if with_groups {
         // Single accesses are candidates too: as a group of one they can be re-entered,
         // otherwise they keep their own check.

@@ -292,6 +292,11 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 // env.ctx_start.
                 self.e.mv(self.map(1), CTX_START);
             }
+            if self.d.access.uses_ctx_index() {
+                // Index-bounded accesses rest on r2 being exactly the context's length
+                // (`packjit_frontend::indexes`), whatever the caller passed.
+                self.e.mv(self.map(2), CTX_LEN);
+            }
             self.add_imm(STACK_START, SP, block_start as i64, T0);
             self.e.li(STACK_LEN, block as i64);
             self.e.store(Mem::D, STACK_START, ENV, PJ_ENV_STACK_START);

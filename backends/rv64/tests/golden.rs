@@ -731,3 +731,50 @@ fn group_below_its_base_clamps_the_base_to_minus_lo() {
         "{d:#?}"
     );
 }
+
+/// The clamp no functional test can see on an index-bounded context access
+/// (`packjit_frontend::indexes`): `words`' loop, `r3 = *(u8 *)(r1 + r4)` with `r4 < r2` on
+/// every path, re-tests the index against the length branch-free and selects a harmless
+/// address before the load.
+#[test]
+fn index_bounded_access_clamps_its_address() {
+    use packjit_frontend::encode_insn as ins;
+    let code = [
+        ins(0xb7, 0, 0, 0, 0),  // r0 = 0
+        ins(0xb7, 4, 0, 0, 0),  // r4 = 0
+        ins(0x15, 2, 0, 7, 0),  // if r2 == 0 goto out
+        ins(0x05, 0, 0, 5, 0),  // goto test
+        ins(0xbf, 5, 1, 0, 0),  // head: r5 = r1
+        ins(0x0f, 5, 4, 0, 0),  // r5 += r4
+        ins(0x71, 3, 5, 0, 0),  // r3 = *(u8 *)(r5 + 0)
+        ins(0x0f, 0, 3, 0, 0),  // r0 += r3
+        ins(0x07, 4, 0, 0, 1),  // r4 += 1
+        ins(0xad, 4, 2, -6, 0), // test: if r4 < r2 goto head
+        ins(0x95, 0, 0, 0, 0),  // out: exit
+    ]
+    .concat();
+    let out = packjit_rv64::emit_request(&packjit_plugin_api::CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: packjit_plugin_api::abi::PJ_COMPILE_SANDBOX,
+        blind_key: 1,
+    })
+    .unwrap();
+    let got = disasm(&out.bytes);
+    let want: &[&str] = INDEX_CLAMP;
+    assert!(
+        got.windows(want.len()).any(|w| w == want),
+        "no {want:?} in:\n{}",
+        got.join("\n")
+    );
+}
+
+/// `index_bounded_access_clamps_its_address`'s window: `r4 < len` (s8) re-tested, the base
+/// masked to 0 when it fails, the load through t0.
+const INDEX_CLAMP: &[&str] = &[
+    "sltu x28,x13,x24", // t3 = r4 < len (s8)
+    "neg x28,x28",
+    "and x5,x14,x28", // t0 = r5 & t3
+    "lbu x12,0(x5)",
+];

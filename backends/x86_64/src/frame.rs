@@ -273,6 +273,16 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 |ops| dynasm!(ops ; .arch x64 ; mov rdi, QWORD [BYTE r12 + CTX_START8]),
             );
         }
+        if self.d.mode.sandboxed() && self.plan.access.uses_ctx_index() {
+            // Index-bounded accesses rest on r2 being exactly the context's length
+            // (`packjit_frontend::indexes`), whatever the caller passed.
+            self.e.asm(2, |ops| {
+                dynasm!(ops ; .arch x64
+                    ; mov rsi, QWORD [BYTE r12 + CTX_END8]
+                    ; sub rsi, rdi
+                )
+            });
+        }
         // r0 and r3–r9 start at zero (only those the program can observe).
         for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
             if self.plan.zero & (1 << r) != 0 {

@@ -11,6 +11,13 @@ impl Codegen<'_> {
                 self.clamp_reentered_base(base, off);
                 (addr, 0)
             }
+            AccessLowering::IndexBounded {
+                base,
+                off,
+                index,
+                end,
+                ..
+            } => (self.index_bounded(base, off, index, end), 0),
             AccessLowering::Direct { base: R10, off } => {
                 (self.frame_base(), off as i64 + STACK_SIZE as i64)
             }
@@ -56,6 +63,13 @@ impl Codegen<'_> {
         match self.d.access(base, off, size) {
             // Atomics count as writes.
             AccessLowering::Checked(check) => self.check_access(check, size, true, base, off),
+            AccessLowering::IndexBounded {
+                base,
+                off,
+                index,
+                end,
+                ..
+            } => self.index_bounded(base, off, index, end),
             AccessLowering::Direct { base: R10, off } => {
                 let fb = self.frame_base();
                 self.add_imm_base(T0, fb, off as i64 + STACK_SIZE as i64);
@@ -241,20 +255,9 @@ impl Codegen<'_> {
         base: Reg,
         off: i16,
     ) -> u8 {
-        let b = self.src(base, T0);
         // The register holding the address: the base itself for offset 0 (the CSEL then
         // writes x9, and the out-of-line side copies it first), else x9.
-        let addr = if off == 0 { b } else { T0 };
-        if off != 0 {
-            if let Some((imm, false)) = fits_imm12(off as i64) {
-                a64!(self.ops; add XSP(T0), XSP(b), imm);
-            } else if let Some((imm, false)) = fits_imm12(-(off as i64)) {
-                a64!(self.ops; sub XSP(T0), XSP(b), imm);
-            } else {
-                self.mov_imm(C0, off as i64 as u64, W64);
-                a64!(self.ops; add X(T0), X(b), X(C0));
-            }
-        }
+        let addr = self.offset_address(base, off);
         let s = size.bytes();
         let label = self.ops.new_dynamic_label();
         let resume = self.ops.new_dynamic_label();
@@ -294,6 +297,57 @@ impl Codegen<'_> {
         } else {
             addr
         }
+    }
+
+    /// The register holding `base + off`: the base itself for offset 0, else x9.
+    fn offset_address(&mut self, base: Reg, off: i16) -> u8 {
+        let b = self.src(base, T0);
+        if off == 0 {
+            return b;
+        }
+        if let Some((imm, false)) = fits_imm12(off as i64) {
+            a64!(self.ops; add XSP(T0), XSP(b), imm);
+        } else if let Some((imm, false)) = fits_imm12(-(off as i64)) {
+            a64!(self.ops; sub XSP(T0), XSP(b), imm);
+        } else {
+            self.mov_imm(C0, off as i64 as u64, W64);
+            a64!(self.ops; add X(T0), X(b), X(C0));
+        }
+        T0
+    }
+
+    /// Leaves in x9 the address of an access whose index every architectural path bounds
+    /// ([`AccessLowering::IndexBounded`]): `base + off`, or 0 (the never-mapped first page)
+    /// when `index + end <= ctx_len` fails, which only a mispredicted branch can bring. No
+    /// branch: the test re-runs against the entry's own copy of the length (x24).
+    ///
+    /// ```text
+    ///   cmp  xi, x24               ; end = 1: index < len
+    ///   csel x9, xa, xzr, lo
+    /// or
+    ///   subs x14, x24, xi          ; len - index: carry iff index <= len
+    ///   ccmp x14, #end, #0, hs     ; carry iff len - index >= end (else flags = fail)
+    ///   csel x9, xa, xzr, hs
+    /// ```
+    pub(crate) fn index_bounded(&mut self, base: Reg, off: i16, index: Reg, end: u16) -> u8 {
+        let addr = self.offset_address(base, off);
+        let i = self.map[index as usize];
+        if end == 1 {
+            a64!(self.ops
+                ; cmp X(i), X(CTX_LEN)
+                ; csel X(T0), X(addr), xzr, lo
+            );
+            return T0;
+        }
+        a64!(self.ops; subs X(C0), X(CTX_LEN), X(i));
+        if end < 32 {
+            a64!(self.ops; ccmp X(C0), end as u32, 0, hs);
+        } else {
+            self.mov_imm(C1, end as u64, W64);
+            a64!(self.ops; ccmp X(C0), X(C1), 0, hs);
+        }
+        a64!(self.ops; csel X(T0), X(addr), xzr, hs);
+        T0
     }
 
     /// `dst = ok ? src : 0` (the Spectre-v1 clamp); nothing when the clamp is off for

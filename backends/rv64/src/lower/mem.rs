@@ -25,6 +25,13 @@ impl Codegen<'_> {
                 self.mask_reentered_base(base);
                 operand
             }
+            AccessLowering::IndexBounded {
+                base,
+                off,
+                index,
+                end,
+                ..
+            } => self.index_bounded(self.map(base), off, self.map(index), end, false),
             AccessLowering::Direct { base, off } => self.address(self.map(base), off, T0),
         }
     }
@@ -35,6 +42,45 @@ impl Codegen<'_> {
     fn mask_reentered_base(&mut self, base: Reg) {
         if self.d.clamps_reentered_base() {
             self.e.rrr(R3::And, self.map(base), self.map(base), T3);
+        }
+    }
+
+    /// The operand of an access whose index every architectural path bounds
+    /// ([`AccessLowering::IndexBounded`]): `base + off` with the base masked by the verdict of
+    /// `index + end <= ctx_len`, re-tested branch-free against the entry's copy of the length
+    /// (s8), so an index only a mispredicted branch brings makes the access go to `0 + off`
+    /// (as in [`Self::check_access`]). No branch, no out-of-line side.
+    ///
+    /// ```text
+    ///   sltu  t3, xi, s8           ; index < len
+    ///   sub   t2, s8, xi           ; end > 1: len - index (exact when index < len)
+    ///   sltiu t2, t2, end          ;   1 iff fewer than end bytes remain
+    ///   addi  t2, t2, -1           ;   all ones when they do
+    ///   neg   t3, t3               ; all ones inside
+    ///   and   t3, t3, t2           ; end > 1
+    ///   and   t0, base, t3
+    /// ```
+    fn index_bounded(&mut self, base: u8, off: i16, index: u8, end: u16, bare: bool) -> (u8, i32) {
+        self.e.rrr(R3::Sltu, T3, index, CTX_LEN);
+        self.e.rrr(R3::Sub, T3, ZERO, T3);
+        if end > 1 {
+            self.e.rrr(R3::Sub, T2, CTX_LEN, index);
+            if end < 2048 {
+                self.e.ri(RI::Sltiu, T2, T2, end as i32);
+            } else {
+                self.e.li(T1, end as i64);
+                self.e.rrr(R3::Sltu, T2, T2, T1);
+            }
+            self.e.ri(RI::Addi, T2, T2, -1);
+            self.e.rrr(R3::And, T3, T3, T2);
+        }
+        if !bare && fits_signed(off as i64, 12) {
+            self.e.rrr(R3::And, T0, base, T3);
+            (T0, off as i32)
+        } else {
+            self.add_imm(T0, base, off as i64, T0);
+            self.e.rrr(R3::And, T0, T0, T3);
+            (T0, 0)
         }
     }
 
@@ -257,6 +303,16 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         let addr = match self.d.access(base, off, size) {
             AccessLowering::Checked(check) => {
                 self.check_access(check, self.map(base), off, size.bytes(), true, true);
+                T0
+            }
+            AccessLowering::IndexBounded {
+                base,
+                off,
+                index,
+                end,
+                ..
+            } => {
+                self.index_bounded(self.map(base), off, self.map(index), end, true);
                 T0
             }
             AccessLowering::Direct { base, off: 0 } => self.map(base),

@@ -19,6 +19,16 @@ impl Codegen<'_> {
     fn address(&mut self, base: Reg, off: i16, size: Size, write: bool) -> (Gpr, i32) {
         let check = match self.d.access(base, off, size) {
             AccessLowering::Direct { base, off } => return (host(base), off as i32),
+            AccessLowering::IndexBounded {
+                base,
+                off,
+                index,
+                len,
+                end,
+            } => {
+                self.index_bounded(host(base), off as i32, host(index), len.map(host), end);
+                return (T11, 0);
+            }
             AccessLowering::Checked(check) => check,
         };
         match check {
@@ -34,6 +44,28 @@ impl Codegen<'_> {
             ),
         }
         (T11, 0)
+    }
+
+    /// The address of an access whose index every architectural path bounds
+    /// ([`AccessLowering::IndexBounded`]): `r11 = base + off`, re-tested branch-free as
+    /// `index + end <= len` and replaced with `env` (r12, a harmless mapped address, as the
+    /// checks' clamp) when a mispredicted branch brought an index the compare would have
+    /// stopped. With `end > 1` the test is two: `index < len` first, so that `index + end`
+    /// (a context's length is far below 2^63) cannot wrap in the second. r9 (the length when
+    /// no register holds it) and r10 are clobbered.
+    fn index_bounded(&mut self, base: Gpr, off: i32, index: Gpr, len: Option<Gpr>, end: u16) {
+        self.lea(T11, base, off);
+        let len = len.unwrap_or_else(|| {
+            self.ctx_len();
+            T9
+        });
+        self.e.cmp_rr(Sz::B64, index, len);
+        self.e.cmov(Cc::Ae, T11, ENV);
+        if end > 1 {
+            self.e.lea(T10, index, end as i32);
+            self.e.cmp_rr(Sz::B64, T10, len);
+            self.e.cmov(Cc::A, T11, ENV);
+        }
     }
 
     /// `r11 = base + off`.
@@ -208,7 +240,10 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
     fn store(&mut self, size: Size, base: Reg, off: i16, src: Operand) {
         let sz = mem_sz(size);
         if src == Operand::Reg(AX)
-            && matches!(self.d.access(base, off, size), AccessLowering::Checked(_))
+            && matches!(
+                self.d.access(base, off, size),
+                AccessLowering::Checked(_) | AccessLowering::IndexBounded { .. }
+            )
         {
             // A blinded constant (in r9, the blinding rewrite's AX) waits on the native stack
             // while the check, which uses r9-r11, runs; the address ends in r11.
