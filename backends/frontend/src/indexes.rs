@@ -72,6 +72,9 @@ struct Facts {
     konst: [Option<u32>; 10],
     /// The register is `ctx_start + index + c`: `(index, c)`.
     indexed: [Option<(Reg, i16)>; 10],
+    /// The registers whose `indexed` is set: a write forgets the pointers indexed by it,
+    /// and most states have none (no scan of all ten then).
+    indexed_regs: u16,
 }
 
 impl Facts {
@@ -82,6 +85,7 @@ impl Facts {
         slack: [NONE; 10],
         konst: [None; 10],
         indexed: [None; 10],
+        indexed_regs: 0,
     };
 
     /// The entry function's registers on entry: r1 the start, r2 the length, r0 and r3–r9
@@ -124,11 +128,23 @@ impl Facts {
         self.start_regs &= !(1 << r);
         self.slack[r] = NONE;
         self.konst[r] = None;
-        self.indexed[r] = None;
-        for x in &mut self.indexed {
-            if x.is_some_and(|(i, _)| i as usize == r) {
-                *x = None;
+        self.set_indexed(r, None);
+        let mut left = self.indexed_regs;
+        while left != 0 {
+            let p = left.trailing_zeros() as usize;
+            left &= left - 1;
+            if self.indexed[p].is_some_and(|(i, _)| i as usize == r) {
+                self.set_indexed(p, None);
             }
+        }
+    }
+
+    fn set_indexed(&mut self, r: usize, v: Option<(Reg, i16)>) {
+        self.indexed[r] = v;
+        if v.is_some() {
+            self.indexed_regs |= 1 << r;
+        } else {
+            self.indexed_regs &= !(1 << r);
         }
     }
 
@@ -227,7 +243,7 @@ impl Facts {
                 self.start_regs |= ((self.start_regs >> s) & 1) << d;
                 self.slack[d] = self.slack[s];
                 self.konst[d] = self.konst[s];
-                self.indexed[d] = self.indexed[s];
+                self.set_indexed(d, self.indexed[s]);
             }
             Op::Alu {
                 width,
@@ -262,7 +278,7 @@ impl Facts {
                 });
                 self.forget(dst);
                 self.konst[d] = konst;
-                self.indexed[d] = indexed;
+                self.set_indexed(d, indexed);
             }
             Op::Alu {
                 width: Width::W64,
@@ -280,7 +296,7 @@ impl Facts {
                     .then_some((s, 0));
                 self.forget(dst);
                 self.konst[d] = konst;
-                self.indexed[d] = indexed;
+                self.set_indexed(d, indexed);
             }
             Op::LdImm64 { dst, imm } => {
                 self.forget(dst);
@@ -319,7 +335,7 @@ impl Facts {
                 m.konst[r] = self.konst[r];
             }
             if self.indexed[r] == o.indexed[r] {
-                m.indexed[r] = self.indexed[r];
+                m.set_indexed(r, self.indexed[r]);
             }
         }
         m
