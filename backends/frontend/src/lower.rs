@@ -1283,13 +1283,12 @@ fn array_lookup<'a, L: Isa<'a>>(
             let max = Operand::Imm(array.max_entries as i32);
             let shift = array.value_stride.trailing_zeros() as u8;
             let sandboxed = l.driver().mode.sandboxed();
-            bounded_element(l, array.base, r, max, |l| {
+            return bounded_element(l, array.base, r, max, |l| {
                 if sandboxed {
                     spectre_mask(l, r, array.max_entries, max);
                 }
                 shift
             });
-            return Ok(());
         }
         None => {
             d.expansion = Expansion::ProgramMemory;
@@ -1304,43 +1303,24 @@ fn array_lookup<'a, L: Isa<'a>>(
         // every path, so the result is NULL or one of this CPU's elements (the backends mask
         // the CPU number the same way), and the runtime can vouch for it
         // (`PJ_HELPER_LOOKUP_VALUES`).
-        let bounded = l.driver().mode.sandboxed() && !matches!(known, Some(ArrayKey::Const(_)));
-        let (null, resume) = (l.new_label(), l.new_label());
-        if bounded {
-            let max = match i32::try_from(array.max_entries) {
-                Ok(max) => Operand::Imm(max),
-                Err(_) => {
-                    l.load_imm64(3, u64::from(array.max_entries));
-                    Operand::Reg(3)
-                }
-            };
-            l.branch_to(Width::W64, Cond::Ge, key, max, null);
+        let lookup_call = |l: &mut L| {
+            l.alu(W64, Mov, 1, Operand::Imm(id as i32));
+            l.call_helper(&lookup)?;
+            if matches!(helper_code(&lookup), HelperCode::Call(_)) {
+                clear_helper_arguments(l);
+            }
+            Ok(())
+        };
+        if !l.driver().mode.sandboxed() || matches!(known, Some(ArrayKey::Const(_))) {
+            return lookup_call(l);
+        }
+        let max = array_bound(l, array.max_entries);
+        return bounded(l, key, max, |l| {
             spectre_mask(l, key, array.max_entries, max);
-        }
-        l.alu(W64, Mov, 1, Operand::Imm(id as i32));
-        l.call_helper(&lookup)?;
-        if matches!(helper_code(&lookup), HelperCode::Call(_)) {
-            clear_helper_arguments(l);
-        }
-        if bounded {
-            l.bind(resume);
-            let inst = l.driver().cur;
-            l.driver().queue(Cold::NullResult {
-                inst,
-                label: null,
-                resume,
-            });
-        }
-        return Ok(());
+            lookup_call(l)
+        });
     }
-    // The bound as an immediate when it fits one (compares and subtractions sign-extend it).
-    let max = match i32::try_from(array.max_entries) {
-        Ok(max) => Operand::Imm(max),
-        Err(_) => {
-            l.load_imm64(3, u64::from(array.max_entries));
-            Operand::Reg(3)
-        }
-    };
+    let max = array_bound(l, array.max_entries);
     let sandboxed = l.driver().mode.sandboxed();
     let stride = array.value_stride;
     bounded_element(l, array.base, 1, max, |l| {
@@ -1359,8 +1339,7 @@ fn array_lookup<'a, L: Isa<'a>>(
             l.alu(W64, Mul, 1, Operand::Reg(2));
             0
         }
-    });
-    Ok(())
+    })
 }
 
 /// Sandboxed code's Spectre-v1 mask on an array index the bound test (`index < max`, a
@@ -1385,22 +1364,29 @@ fn spectre_mask<'a, L: Isa<'a>>(l: &mut L, index: Reg, max_entries: u32, max: Op
     l.alu(W64, And, index, Operand::Reg(scratch));
 }
 
-/// Trusted code's bounded lookup: `if index >= max goto null`, then `scale` (which scales
-/// the index in place as far as needed and answers the shift left for the add), `r0 =
-/// base ; r0 += index << shift`, with `null` out of line (`Cold::NullResult`: r0 = 0, then
-/// back here).
-fn bounded_element<'a, L: Isa<'a>>(
+/// An array's bound as an operand: an immediate when it fits one (compares and
+/// subtractions sign-extend it), else r3.
+fn array_bound<'a, L: Isa<'a>>(l: &mut L, max_entries: u32) -> Operand {
+    match i32::try_from(max_entries) {
+        Ok(max) => Operand::Imm(max),
+        Err(_) => {
+            l.load_imm64(3, u64::from(max_entries));
+            Operand::Reg(3)
+        }
+    }
+}
+
+/// `if index >= max goto null`, then `found`, with `null` out of line (`Cold::NullResult`:
+/// r0 = 0, then back after `found`'s code).
+fn bounded<'a, L: Isa<'a>>(
     l: &mut L,
-    base: u64,
     index: Reg,
     max: Operand,
-    scale: impl FnOnce(&mut L) -> u8,
-) {
+    found: impl FnOnce(&mut L) -> Result<(), CompileError>,
+) -> Result<(), CompileError> {
     let (null, resume) = (l.new_label(), l.new_label());
     l.branch_to(Width::W64, Cond::Ge, index, max, null);
-    let shift = scale(l);
-    l.load_imm64(0, base);
-    l.scaled_add(0, 0, index, shift);
+    found(l)?;
     l.bind(resume);
     let inst = l.driver().cur;
     l.driver().queue(Cold::NullResult {
@@ -1408,6 +1394,25 @@ fn bounded_element<'a, L: Isa<'a>>(
         label: null,
         resume,
     });
+    Ok(())
+}
+
+/// The bounded element's address: `if index >= max goto null`, then `scale` (which scales
+/// the index in place as far as needed and answers the shift left for the add), `r0 =
+/// base ; r0 += index << shift` (see [`bounded`]).
+fn bounded_element<'a, L: Isa<'a>>(
+    l: &mut L,
+    base: u64,
+    index: Reg,
+    max: Operand,
+    scale: impl FnOnce(&mut L) -> u8,
+) -> Result<(), CompileError> {
+    bounded(l, index, max, |l| {
+        let shift = scale(l);
+        l.load_imm64(0, base);
+        l.scaled_add(0, 0, index, shift);
+        Ok(())
+    })
 }
 
 /// After a called helper (or a `callx`, which may call one), in sandboxed code: r1-r5 = 0.
