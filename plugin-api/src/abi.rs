@@ -358,8 +358,10 @@ pub const PJ_INLINE_TAIL_CALL: u32 = 4;
 /// `addr` points to a [`PjArrayMap`] the backend reads while it compiles (its values become
 /// immediates). With r2 = pointer to the `u32` key: r0 = `base + key * value_stride`, or 0
 /// when `key >= max_entries`; the key is read like any program load (checked in sandboxed
-/// code). Branch-free: the NULL comes from a mask, so a mispredicted bound cannot index
-/// past the array. For a per-CPU array (`percpu_id != PJ_ARRAY_NOT_PERCPU`) the key is
+/// code). In sandboxed code no key at or past `max_entries` forms an address, not even on a
+/// mispredicted path (packjit's backends select the NULL with a conditional move, or mask
+/// the key after the bound's branch), so a mispredicted bound cannot index past the array.
+/// For a per-CPU array (`percpu_id != PJ_ARRAY_NOT_PERCPU`) the key is
 /// passed to the [`PJ_HELPER_PERCPU_LOOKUP`] entry of the same table with r1 = `percpu_id`.
 /// r1–r5 are clobbered, as by a call.
 pub const PJ_INLINE_ARRAY_LOOKUP: u32 = 5;

@@ -1192,9 +1192,18 @@ fn tail_calls(rt: &Runtime) {
         }
     }
     if std::env::var_os("PACKJIT_BENCH_DISASM").is_some() {
-        for (p, trust) in chain[..2].iter().zip(["sandboxed", "trusted"]) {
-            if let Some(d) = disassemble(p) {
-                println!("\n```text\n# the tail link, {trust}\n{d}```\n");
+        let links = [
+            "",
+            "",
+            "",
+            "",
+            " with an unknown index",
+            " with an unknown index",
+        ];
+        for k in [0, 1, 4, 5] {
+            let trust = ["sandboxed", "trusted"][k % 2];
+            if let Some(d) = disassemble(&chain[k]) {
+                println!("\n```text\n# the tail link{}, {trust}\n{d}```\n", links[k]);
             }
         }
         // The other backends' code for the same link (compiled, not run).

@@ -213,8 +213,20 @@ fn stored_key_program(off: i16) -> Vec<u8> {
 fn frame_keys_are_read_from_the_frame_bounded_and_scaled_for_every_stride() {
     let rt = host::host_runtime();
     // Value sizes whose element strides (8-byte rounded) take each scaling: a shifted add
-    // (8), a shift first (16, 64), a multiply (24); one element, and a million.
-    for (value_size, entries) in [(8u32, 7u32), (16, 3), (24, 5), (64, 1), (8, 1 << 20)] {
+    // (8), a shift first (16, 32, 64), a multiply (24); one element, and a million. Bounds a
+    // power of two up to 2048 (RV64's sandboxed select tests them by the mask itself) and
+    // others.
+    let cases = [
+        (8u32, 7u32),
+        (16, 3),
+        (24, 5),
+        (64, 1),
+        (8, 1 << 20),
+        (8, 4),
+        (32, 2048),
+        (16, 4096),
+    ];
+    for (value_size, entries) in cases {
         let map = Map::new(spec("table", MapType::Array, 4, value_size, entries)).unwrap();
         let mut probe = vec![0, 1, entries / 2, entries - 1];
         probe.retain(|&k| k < entries);

@@ -624,6 +624,30 @@ pub trait AluHooks<'a>: Lowering<'a> {
     /// one instruction where the ISA has one (x86-64 `lea`, arm64 `add … lsl`, RV64
     /// `shNadd` with Zba). Only the driver's expansions use it (never r10, never blinded).
     fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8);
+    /// Sandboxed array lookups: `dst = index < max ? dst + (index << shift) : 0` (`dst`
+    /// holds the array's base; `index` a zero-extended `u32` in r1-r5, left unchanged;
+    /// `max` an immediate or r3; `shift` < 32), where no index at or past `max` ever forms
+    /// an address, not even on a mispredicted path (Spectre v1). A backend either selects
+    /// 0 without a branch (a conditional move: [`PastEnd::Selected`]) or branches to
+    /// `past_end` after masking the index it adds ([`PastEnd::Branched`]: the driver then
+    /// places `dst = 0` there, out of line).
+    fn select_element(
+        &mut self,
+        dst: Reg,
+        index: Reg,
+        max: Operand,
+        shift: u8,
+        past_end: DynamicLabel,
+    ) -> PastEnd;
+}
+
+/// What a backend's [`AluHooks::select_element`] did with an index past the end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PastEnd {
+    /// It selected 0 in line: `past_end` is unused.
+    Selected,
+    /// It branches to `past_end`, where the driver sets 0 and comes back.
+    Branched,
 }
 
 /// Memory access, and the sandbox's checks of it (ask [`Driver::access`] how).
@@ -1224,17 +1248,21 @@ fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
 /// ```text
 /// r1 = *(u32 *)(r10 + off)       the key
 /// if r1 >= max goto null         (cold: r0 = 0, back after the lookup)
-/// r1 &= max - 1                  sandboxed only: the Spectre-v1 mask (`spectre_mask`)
 /// r0 = base ; r0 += r1 << log2(stride)   one `scaled_add`
 /// ```
+///
+/// Sandboxed code selects instead (`selected_element`): `r0 = r1 < max ? base + (r1 <<
+/// log2(stride)) : 0` by the backend's Spectre-safe select, a conditional move where the
+/// ISA has one (a stride that is not a power of two keeps the branch, and the Spectre-v1
+/// mask `spectre_mask` after it).
 ///
 /// Where the program stored the key from a register that still holds it, zero-extended
 /// (`ArrayKey::Register`, [`crate::analysis::forwarded_key`]), the bound and the add use
 /// that register and the key is not read back (sandboxed: only a register in r1-r5, which
 /// the mask may write).
 ///
-/// The mask keeps a mispredicted bound inside the array: every index the branch lets
-/// through is below `max` on every path. The program's own NULL test on the result then
+/// The select (or the mask) keeps a mispredicted bound inside the array: no index at or
+/// past `max` forms an address on any path. The program's own NULL test on the result then
 /// makes it a map value to the access analysis (`ranges::Base::Value`, from the runtime's
 /// `PJ_HELPER_LOOKUP_VALUES` record of the call), so the value load needs no check.
 ///
@@ -1282,13 +1310,10 @@ fn array_lookup<'a, L: Isa<'a>>(
         Some(ArrayKey::Register(r)) => {
             let max = Operand::Imm(array.max_entries as i32);
             let shift = array.value_stride.trailing_zeros() as u8;
-            let sandboxed = l.driver().mode.sandboxed();
-            return bounded_element(l, array.base, r, max, |l| {
-                if sandboxed {
-                    spectre_mask(l, r, array.max_entries, max);
-                }
-                shift
-            });
+            if l.driver().mode.sandboxed() {
+                return selected_element(l, array.base, r, max, shift);
+            }
+            return bounded_element(l, array.base, r, max, |_| shift);
         }
         None => {
             d.expansion = Expansion::ProgramMemory;
@@ -1323,6 +1348,9 @@ fn array_lookup<'a, L: Isa<'a>>(
     let max = array_bound(l, array.max_entries);
     let sandboxed = l.driver().mode.sandboxed();
     let stride = array.value_stride;
+    if sandboxed && stride.is_power_of_two() {
+        return selected_element(l, array.base, 1, max, stride.trailing_zeros() as u8);
+    }
     bounded_element(l, array.base, 1, max, |l| {
         if sandboxed {
             spectre_mask(l, 1, array.max_entries, max);
@@ -1413,6 +1441,32 @@ fn bounded_element<'a, L: Isa<'a>>(
         l.scaled_add(0, 0, index, shift);
         Ok(())
     })
+}
+
+/// Sandboxed code's element address, `r0 = index < max ? base + (index << shift) : 0`,
+/// by the backend's Spectre-safe select ([`AluHooks::select_element`]): a conditional move
+/// where the ISA has one, so the bound costs a compare and the select, not a branch and a
+/// mask besides.
+fn selected_element<'a, L: Isa<'a>>(
+    l: &mut L,
+    base: u64,
+    index: Reg,
+    max: Operand,
+    shift: u8,
+) -> Result<(), CompileError> {
+    l.load_imm64(0, base);
+    let past_end = l.new_label();
+    if l.select_element(0, index, max, shift, past_end) == PastEnd::Branched {
+        let resume = l.new_label();
+        l.bind(resume);
+        let inst = l.driver().cur;
+        l.driver().queue(Cold::NullResult {
+            inst,
+            label: past_end,
+            resume,
+        });
+    }
+    Ok(())
 }
 
 /// After a called helper (or a `callx`, which may call one), in sandboxed code: r1-r5 = 0.

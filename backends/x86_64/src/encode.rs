@@ -113,8 +113,8 @@ pub type Asm = VecAssembler<X64Relocation>;
 /// written by [`Assembler::finish`].
 #[derive(Clone, Copy, Debug)]
 struct Fixup {
-    /// Index of the branch site in emission order (key into the forms); [`CALL_SITE`] for
-    /// calls, which have no short form.
+    /// Index of the branch site in emission order (key into the forms); [`NO_SHORT_FORM`] for
+    /// calls and RIP-relative operands, which have no short form.
     site: u32,
     /// Byte offset just past the instruction: the displacement is relative to it. (32-bit
     /// fields: a program has at most 1 M instructions and its code is far below 4 GiB; a
@@ -128,8 +128,8 @@ struct Fixup {
     label: Label,
 }
 
-/// [`Fixup::site`] of a call.
-const CALL_SITE: u32 = u32::MAX;
+/// [`Fixup::site`] of a call or a RIP-relative operand: `rel32` only.
+const NO_SHORT_FORM: u32 = u32::MAX;
 
 /// [`Fixup::cc`] of a `jmp` or call.
 const UNCONDITIONAL: u8 = 0xff;
@@ -670,7 +670,7 @@ impl Assembler {
         self.ops.extend(&[0xe8, 0, 0, 0, 0]);
         let end = self.pos() as u32;
         self.fixups.push(Fixup {
-            site: CALL_SITE,
+            site: NO_SHORT_FORM,
             end,
             width: 4,
             cc: UNCONDITIONAL,
@@ -681,14 +681,17 @@ impl Assembler {
 
     /// Each branch site's number and the form it was emitted in this pass.
     pub fn emitted_forms(&self) -> impl Iterator<Item = (usize, Form)> + '_ {
-        self.fixups.iter().filter(|f| f.site != CALL_SITE).map(|f| {
-            let form = if f.width == 1 && !widened(&self.forms, f) {
-                Form::Rel8
-            } else {
-                Form::Rel32
-            };
-            (f.site as usize, form)
-        })
+        self.fixups
+            .iter()
+            .filter(|f| f.site != NO_SHORT_FORM)
+            .map(|f| {
+                let form = if f.width == 1 && !widened(&self.forms, f) {
+                    Form::Rel8
+                } else {
+                    Form::Rel32
+                };
+                (f.site as usize, form)
+            })
     }
 
     /// After a pass: does every branch reach its label in the form it was emitted in? Then
@@ -734,7 +737,7 @@ impl Assembler {
                 },
                 None => place(labels, &self.forms, &self.grown, f, &mut ends)?,
             };
-            if f.site == CALL_SITE {
+            if f.site == NO_SHORT_FORM {
                 if i32::try_from(disp).is_err() {
                     return Err(format!("call displacement {disp} exceeds rel32"));
                 }
@@ -1115,6 +1118,34 @@ impl Assembler {
     #[inline(always)]
     pub fn cmov(&mut self, cc: Cc, dst: Gpr, src: Gpr) {
         self.rr(&[], Sz::B64, &[0x0f, 0x40 | cc as u8], dst, src);
+    }
+
+    /// `cmov<cc> dst, [rip + l]` (`0F 40+cc`, 64-bit): a data word at label `l` in this
+    /// code. Its displacement is a fixup like a call's (the operand's `disp32` ends the
+    /// instruction), so [`Assembler::regrow`] moves it with the code.
+    pub fn cmov_rip(&mut self, cc: Cc, dst: Gpr, l: Label) {
+        let rex = 0x48 | ((dst >> 3) << 2);
+        let modrm = ((dst & 7) << 3) | 0b101;
+        self.ops
+            .extend(&[rex, 0x0f, 0x40 | cc as u8, modrm, 0, 0, 0, 0]);
+        let end = self.pos() as u32;
+        self.fixups.push(Fixup {
+            site: NO_SHORT_FORM,
+            end,
+            width: 4,
+            cc: UNCONDITIONAL,
+            label: l,
+        });
+        self.insns += 1;
+    }
+
+    /// 8 zero bytes at label `l`, after all code: the source of a [`Assembler::cmov_rip`]
+    /// that selects 0. Not aligned (alignment padding would change when `regrow` moves
+    /// the code; an unaligned load costs extra only across a cache line), so the code
+    /// stays regrowable, unlike [`Assembler::data_u64`]'s.
+    pub fn data_zero_u64(&mut self, l: Label) {
+        self.bind(l);
+        self.ops.push_u64(0);
     }
 
     /// `movzx dst32, src16` (`0F B7`).

@@ -150,4 +150,30 @@ impl<'a> AluHooks<'a> for Codegen<'a> {
         );
         a64!(self.ops; add X(d), X(b), X(i), lsl shift as u32);
     }
+
+    /// `cmp index, max ; add dst, dst, index, lsl shift ; csel dst, dst, xzr, lo`: the
+    /// select is data-dependent (the kernel's and Cranelift's Spectre-v1 guard on arm64),
+    /// so no mispredicted path sees an element past the end.
+    fn select_element(
+        &mut self,
+        dst: Reg,
+        index: Reg,
+        max: Operand,
+        shift: u8,
+        _past_end: DynamicLabel,
+    ) -> PastEnd {
+        let (d, i) = (self.map[dst as usize], self.map[index as usize]);
+        match max {
+            Operand::Imm(m) => self.cmp_imm(i, i64::from(m), W64),
+            Operand::Reg(r) => {
+                let m = self.map[r as usize];
+                a64!(self.ops; cmp X(i), X(m));
+            }
+        }
+        a64!(self.ops
+            ; add X(d), X(d), X(i), lsl shift as u32
+            ; csel X(d), X(d), xzr, lo
+        );
+        PastEnd::Selected
+    }
 }

@@ -3,14 +3,26 @@
 use super::POOL_MIN_LI;
 use super::{Codegen, Upper};
 use crate::encode::Assembler;
-use crate::encode::{fits_signed, reg::*, R3, RI};
+use crate::encode::{fits_signed, reg::*, Br, R3, RI};
+use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::upper_halves_live;
-use packjit_frontend::lower::{AluHooks, Expansion};
+use packjit_frontend::lower::{AluHooks, Expansion, PastEnd};
 use packjit_frontend::{AluOp, EndKind, Operand, Reg, Width};
 use packjit_plugin_api::CompileError;
 use Width::{W32, W64};
 
 impl Codegen<'_> {
+    /// `rd = base + (index << shift)` for any shift (`scaled_add` takes up to 3), through
+    /// t1, never t0.
+    fn shifted_add(&mut self, rd: u8, base: u8, index: u8, shift: u8) {
+        if shift <= 3 {
+            self.e.scaled_add(rd, base, index, shift, T1);
+        } else {
+            self.e.ri(RI::Slli, T1, index, i32::from(shift));
+            self.e.rrr(R3::Add, rd, base, T1);
+        }
+    }
+
     fn alu(&mut self, width: Width, op: AluOp, d: u8, src: Operand, upper: Upper) {
         // Every 32-bit form below reads only bits 31:0 of its inputs (the `*w` instructions,
         // and/or/xor, whose low half depends on low halves only, `slli 32` tests): inputs
@@ -283,13 +295,51 @@ impl<'a> AluHooks<'a> for Codegen<'a> {
         }
         self.e.mv(d, T1);
     }
-    /// `dst = imm`, the 64-bit constant of an `lddw`: from the constant pool when `li` would
-    /// take more than [`POOL_MIN_LI`] instructions (`auipc` + `ld`: two, whatever the value).
     fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8) {
         let (d, b, i) = (self.map(dst), self.map(base), self.map(index));
         self.e.scaled_add(d, b, i, shift, T0);
     }
 
+    /// RV64 has no conditional move (Zicond is not assumed), so a power-of-two bound the
+    /// `andi` immediate holds is tested by the mask itself: `t0 = index & (max - 1)` equals
+    /// the index exactly when it is below `max`, and the address is formed from `t0`,
+    /// inside the array on every path. Other bounds select without a branch: `t0 =
+    /// -(index < max)` (all ones or zero), `dst = (dst + index << shift) & t0`.
+    fn select_element(
+        &mut self,
+        dst: Reg,
+        index: Reg,
+        max: Operand,
+        shift: u8,
+        past_end: DynamicLabel,
+    ) -> PastEnd {
+        let (d, i) = (self.map(dst), self.map(index));
+        match max {
+            Operand::Imm(m) if (1..=2048).contains(&m) && (m as u32).is_power_of_two() => {
+                self.e.ri(RI::Andi, T0, i, m - 1);
+                self.cold_branch(Br::Ne, T0, i, past_end);
+                self.shifted_add(d, d, T0, shift);
+                PastEnd::Branched
+            }
+            _ => {
+                match max {
+                    Operand::Imm(m) if m < 2048 => self.e.ri(RI::Sltiu, T0, i, m),
+                    Operand::Imm(m) => {
+                        self.e.li(T1, i64::from(m));
+                        self.e.rrr(R3::Sltu, T0, i, T1);
+                    }
+                    Operand::Reg(r) => self.e.rrr(R3::Sltu, T0, i, self.map(r)),
+                }
+                self.e.neg(W64, T0, T0);
+                self.shifted_add(d, d, i, shift);
+                self.e.rrr(R3::And, d, d, T0);
+                PastEnd::Selected
+            }
+        }
+    }
+
+    /// `dst = imm`, the 64-bit constant of an `lddw`: from the constant pool when `li` would
+    /// take more than [`POOL_MIN_LI`] instructions (`auipc` + `ld`: two, whatever the value).
     fn load_imm64(&mut self, dst: Reg, imm: u64) {
         let rd = self.map(dst);
         if Assembler::li_len(imm as i64) <= POOL_MIN_LI {

@@ -5,8 +5,8 @@ use super::{sz_of, Codegen, MapReg};
 use crate::encode::{Arith, Cc, Gpr, Label, Shift, Sz};
 use crate::regs::*;
 use crate::FEATURE_BMI2;
-use packjit_frontend::lower::AluHooks;
 use packjit_frontend::lower::Cold;
+use packjit_frontend::lower::{AluHooks, PastEnd};
 use packjit_frontend::{AluOp, EndKind, Operand, Reg, Width};
 use packjit_plugin_api::CompileError;
 
@@ -264,5 +264,40 @@ impl<'a> AluHooks<'a> for Codegen<'a> {
 
     fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8) {
         self.e.lea_index(host(dst), host(base), host(index), shift);
+    }
+
+    /// `cmp index, max ; lea dst, [dst + index << shift] ; cmovae dst, [rip + zero]`:
+    /// `cmov` is not predicted (it waits for the compare's flags), so no mispredicted path
+    /// sees an element past the end. Its source is a zero word after the code, since x86
+    /// has no `cmov` from an immediate.
+    fn select_element(
+        &mut self,
+        dst: Reg,
+        index: Reg,
+        max: Operand,
+        shift: u8,
+        _past_end: Label,
+    ) -> PastEnd {
+        let (d, i) = (host(dst), host(index));
+        // `lea` scales by at most 8: shift the rest on a copy, before the compare (a shift
+        // writes the flags).
+        let (scaled, scale) = if shift > 3 {
+            self.mov_rr(Sz::B64, T10, i);
+            self.e.shift_ri(Shift::Shl, Sz::B64, T10, shift - 3);
+            (T10, 3)
+        } else {
+            (i, shift)
+        };
+        match max {
+            Operand::Imm(m) => self.e.cmp_ri(Sz::B64, i, i64::from(m)),
+            Operand::Reg(r) => self.e.cmp_rr(Sz::B64, i, host(r)),
+        }
+        self.e.lea_index(d, d, scaled, scale);
+        let zero = match self.zero_word {
+            Some(l) => l,
+            None => *self.zero_word.insert(self.e.label()),
+        };
+        self.e.cmov_rip(Cc::Ae, d, zero);
+        PastEnd::Selected
     }
 }

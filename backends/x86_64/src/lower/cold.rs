@@ -371,6 +371,11 @@ impl<'a> StopHooks<'a> for Codegen<'a> {
         if let Some(l) = self.access_check {
             self.access_check_routine(l);
         }
+        if let Some(l) = self.zero_word {
+            let start = self.e.pos();
+            self.e.data_zero_u64(l);
+            self.data.push(start..self.e.pos());
+        }
         for (l, table) in std::mem::take(&mut self.callx_tables) {
             let start = self.e.pos();
             self.e.data_u64(l, &table);

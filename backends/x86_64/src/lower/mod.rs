@@ -110,7 +110,10 @@ pub struct Codegen<'a> {
     access_check: Option<Label>,
     /// `callx` address tables (label, entries), placed after all code as data.
     callx_tables: Vec<(Label, Vec<u64>)>,
-    /// Where the tables went (`Emitted::data`).
+    /// A zero word placed after all code, made at the first use: the source of the
+    /// `cmovae` that selects NULL for a sandboxed array lookup's key past the end.
+    zero_word: Option<Label>,
+    /// Where the tables and the zero word went (`Emitted::data`), in the code as emitted.
     data: Vec<Range<usize>>,
     /// Widen out-of-reach branches in place (`Pass::regrow`; `EmitOptions::regrow`).
     regrow: bool,
@@ -148,6 +151,7 @@ impl<'a> Codegen<'a> {
             stops: StopStubs::default(),
             access_check: None,
             callx_tables: Vec::new(),
+            zero_word: None,
             data: Vec::new(),
             regrow: true,
         }
@@ -249,6 +253,10 @@ impl<'a> Pass<'a> for Codegen<'a> {
 
     fn finish(self) -> Result<Assembled, CompileError> {
         let native_insns = self.e.insns;
+        // Moved with the code a regrow widened (only the zero word's code is regrowable).
+        let data = (self.data.iter())
+            .map(|r| self.e.moved(r.start)..self.e.moved(r.start) + r.len())
+            .collect();
         let bytes = self
             .e
             .finish()
@@ -256,7 +264,7 @@ impl<'a> Pass<'a> for Codegen<'a> {
         Ok(Assembled {
             bytes,
             native_insns,
-            data: self.data,
+            data,
         })
     }
 
