@@ -628,6 +628,71 @@ fn tail_calls_jump_to_the_slot_fall_through_when_empty_and_stop_after_33() {
     }
 }
 
+/// [`tail_caller`] with more argument setup the inlined tail call never reads, `copies`
+/// times: r1 = ctx again, r4 and r5 written just before the call.
+fn tail_caller_with_dead_setup(fallback: i32, copies: usize) -> Vec<u8> {
+    let setup = [
+        i(0xbf, 1, 6, 0, 0), // r1 = r6
+        i(0xb7, 4, 0, 0, 7), // r4 = 7
+        i(0xbf, 5, 6, 0, 0), // r5 = r6
+    ]
+    .concat();
+    [
+        i(0xbf, 6, 1, 0, 0), // r6 = ctx
+        i(0x71, 3, 1, 0, 0), // r3 = mem[0]
+        map_ref(2, 0),       // r2 = prog array
+        setup.repeat(copies),
+        i(CALL, 0, 0, 0, 12),
+        i(0xb7, 0, 0, 0, fallback),
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+#[test]
+fn an_inlined_tail_call_emits_no_argument_setup_it_does_not_read() {
+    let rt = host::host_runtime();
+    for trust in [Trust::Sandboxed, Trust::Trusted] {
+        let (jumps, opts) = prog_array_of_4();
+        let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
+        let (once, twice) = (
+            load(&tail_caller_with_dead_setup(-1, 1)),
+            load(&tail_caller_with_dead_setup(-1, 2)),
+        );
+        // Three more instructions writing the same registers, none emitted: the same code.
+        assert_eq!(
+            once.native_insns(),
+            twice.native_insns(),
+            "{trust:?}: the dead setup was emitted"
+        );
+        rt.set_prog_array(&jumps, 1, Some(load(&tail_target(50))))
+            .unwrap();
+        for p in [&once, &twice] {
+            assert_eq!(p.call(&mut [9, 0]).unwrap() as i64, -1, "{trust:?}");
+            let mut mem = [1u8, 7];
+            assert_eq!(p.call(&mut mem).unwrap(), 50 + 7 + 32, "{trust:?}");
+        }
+        // A constant index: its `mov r3` is not emitted either (the slot is an immediate).
+        let constant = |setups: usize| {
+            [
+                map_ref(2, 0),
+                i(0xb7, 3, 0, 0, 2).repeat(setups),
+                i(0xb7, 3, 0, 0, 1),
+                i(CALL, 0, 0, 0, 12),
+                i(0xb7, 0, 0, 0, -1),
+                i(EXIT, 0, 0, 0, 0),
+            ]
+            .concat()
+        };
+        let (one, three) = (load(&constant(0)), load(&constant(2)));
+        assert_eq!(one.native_insns(), three.native_insns(), "{trust:?}");
+        for p in [&one, &three] {
+            assert_eq!(p.call(&mut [1, 7]).unwrap(), 50 + 7 + 32, "{trust:?}");
+        }
+        rt.set_prog_array(&jumps, 1, None).unwrap();
+    }
+}
+
 #[test]
 fn inlined_and_chosen_tail_calls_share_one_limit_and_read_the_index_as_a_u32() {
     let rt = host::host_runtime();

@@ -213,12 +213,12 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
                 _ => None,
             }
         };
-        let (array_keys, dead_arguments) = if helpers
+        let (mut array_keys, mut dead_arguments) = if helpers
             .iter()
             .any(|h| matches!(helper_lowering(h), HelperLowering::ArrayLookup(_)))
         {
-            let mut keys = crate::analysis::array_keys(prog, |id| lookup(id).is_some());
-            let mut dead: Vec<usize> = keys
+            let keys = crate::analysis::array_keys(prog, |id| lookup(id).is_some());
+            let dead: Vec<usize> = keys
                 .iter()
                 .filter(|&&(at, _)| match prog.insts[at].op {
                     Op::CallHelper { id } => lookup(id).is_some_and(|a| a.percpu_id.is_none()),
@@ -226,40 +226,36 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
                 })
                 .flat_map(|&(at, _)| crate::analysis::dead_key_arguments(prog, at))
                 .collect();
-            dead.sort_unstable();
-            dead.dedup();
-            // The bounded form takes the key in the register the program stored it from,
-            // where that register still holds it and the form needs no scratch write to it
-            // (no shift before the add, no multiply, the bound an immediate). Sandboxed code
-            // masks the key in place (its Spectre-v1 `and`), so only a register the call
-            // clobbers anyway (r1-r5) will do there.
-            {
-                let sandboxed = mode.sandboxed();
-                for (at, key) in &mut keys {
-                    let ArrayKey::Frame(off) = *key else { continue };
-                    let Op::CallHelper { id } = prog.insts[*at].op else {
-                        continue;
-                    };
-                    let fits = lookup(id).is_some_and(|a| {
-                        a.percpu_id.is_none()
-                            && a.value_stride.is_power_of_two()
-                            && a.value_stride <= 8
-                            && i32::try_from(a.max_entries).is_ok()
-                    });
-                    let skipped = |j: usize| dead.binary_search(&j).is_ok();
-                    if let Some(r) = fits
-                        .then(|| crate::analysis::forwarded_key(prog, *at, off, skipped))
-                        .flatten()
-                        .filter(|r| !sandboxed || (1..=5).contains(r))
-                    {
-                        *key = ArrayKey::Register(r);
-                    }
-                }
-            }
             (keys, dead)
         } else {
             (Vec::new(), Vec::new())
         };
+        dead_arguments.extend(tail_call_dead_arguments(prog, helpers));
+        dead_arguments.sort_unstable();
+        dead_arguments.dedup();
+        // The bounded form takes the key in the register the program stored it from, where
+        // that register still holds it and the form needs no scratch write to it (no shift
+        // before the add, no multiply, the bound an immediate; sandboxed code's select
+        // leaves the key unchanged too).
+        for (at, key) in &mut array_keys {
+            let ArrayKey::Frame(off) = *key else { continue };
+            let Op::CallHelper { id } = prog.insts[*at].op else {
+                continue;
+            };
+            let fits = lookup(id).is_some_and(|a| {
+                a.percpu_id.is_none()
+                    && a.value_stride.is_power_of_two()
+                    && a.value_stride <= 8
+                    && i32::try_from(a.max_entries).is_ok()
+            });
+            let skipped = |j: usize| dead_arguments.binary_search(&j).is_ok();
+            if let Some(r) = fits
+                .then(|| crate::analysis::forwarded_key(prog, *at, off, skipped))
+                .flatten()
+            {
+                *key = ArrayKey::Register(r);
+            }
+        }
         Driver {
             prog,
             helpers,
@@ -1037,7 +1033,8 @@ fn callee_tail_call<'a, L: Isa<'a>>(l: &mut L, k: usize, id: u32) -> Result<(), 
 /// and the backend's `tail_jump`; r3 is the index, r2 (the array) is not read:
 ///
 /// ```text
-/// w3 = w3                                   the index is a u32
+/// w3 = w3                                   the index is a u32 (sandboxed with padded
+///                                           slots: a 32-bit compare, the mask clears the rest)
 /// if r3 >= max goto out
 /// r4 = env->tail_calls ; if r4 >= 33 goto out
 /// r5 = r3 ; r5 -= max ; r5 s>>= 63 ; r3 &= r5   sandboxed: index 0 past the bound, also
@@ -1111,7 +1108,13 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
             l.load_imm64(5, array.slots + 8 * u64::from(index));
         }
         None => {
-            l.alu(W32, Mov, 3, Operand::Reg(3));
+            // The index is a u32. Sandboxed, where the runtime padded the slots, the mask
+            // below clears the upper half (a positive immediate), so a 32-bit compare bounds
+            // it; else it is zero-extended first.
+            let masked = sandboxed && array.index_slots != 0;
+            if !masked {
+                l.alu(W32, Mov, 3, Operand::Reg(3));
+            }
             // The bound, as an immediate when it fits one (the compare and the subtraction
             // sign-extend it).
             let max = match i32::try_from(array.max_entries) {
@@ -1121,7 +1124,7 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
                     Operand::Reg(1)
                 }
             };
-            l.branch_to(W64, Cond::Ge, 3, max, out);
+            l.branch_to(if masked { W32 } else { W64 }, Cond::Ge, 3, max, out);
             tail_call_count(l, out);
             // Sandboxed: the index bounded also under a mispredicted branch. Where the
             // runtime padded the slots to a power of two (empty past the end), one `and`
@@ -1238,6 +1241,37 @@ fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
     None
 }
 
+/// The argument setup of the entry function's inlined prog-array tail calls
+/// ([`prog_array_tail_call`]) that nothing else reads: their expansion reads only the index
+/// r3, and not even that when it is a constant ([`known_index`]); the context and the array
+/// (r1, r2) come from `env` and the compile-time array. A tail call in another function
+/// goes through the runner, which reads r1-r3.
+fn tail_call_dead_arguments(prog: &crate::Program, helpers: &[HelperEntry]) -> Vec<usize> {
+    let inlined = |id: u32| {
+        helpers.iter().any(|h| {
+            h.id == id && matches!(helper_lowering(h), HelperLowering::ProgArrayTailCall(_))
+        })
+    };
+    if !helpers
+        .iter()
+        .any(|h| matches!(helper_lowering(h), HelperLowering::ProgArrayTailCall(_)))
+    {
+        return Vec::new();
+    }
+    let entry = &prog.subprogs[0];
+    (entry.start..entry.end)
+        .filter(|&at| matches!(prog.insts[at].op, Op::CallHelper { id } if inlined(id)))
+        .flat_map(|at| {
+            let read = if known_index(prog, 0, at).is_some() {
+                0
+            } else {
+                1 << 3
+            };
+            crate::analysis::dead_arguments(prog, at, read)
+        })
+        .collect()
+}
+
 /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), as ordinary operations every backend
 /// already lowers, at the call's pc: r2 points to the `u32` key. The key is read from the
 /// frame at its known place when the key analysis found one (`Driver::array_keys`: the
@@ -1258,8 +1292,7 @@ fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
 ///
 /// Where the program stored the key from a register that still holds it, zero-extended
 /// (`ArrayKey::Register`, [`crate::analysis::forwarded_key`]), the bound and the add use
-/// that register and the key is not read back (sandboxed: only a register in r1-r5, which
-/// the mask may write).
+/// that register and the key is not read back (the select leaves it unchanged).
 ///
 /// The select (or the mask) keeps a mispredicted bound inside the array: no index at or
 /// past `max` forms an address on any path. The program's own NULL test on the result then

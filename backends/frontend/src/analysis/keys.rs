@@ -372,16 +372,24 @@ pub fn forwarded_key(
 }
 
 /// The instructions before a folded lookup at `call` whose only use was to pass it
-/// arguments: register writes (no memory access, so nothing that could stop) to r1-r5 that
-/// nothing reads before the call, which reads none of them once folded and leaves them
-/// undefined after. The scan goes back through straight-line code only: it stops at a
-/// branch, a call or an `exit` (a path leaving there may read the register), and after an
-/// instruction another path lands on (from there on, every path runs into the call).
+/// arguments: [`dead_arguments`] of a call that reads none of r1-r5 once folded.
 pub fn dead_key_arguments(prog: &Program, call: usize) -> Vec<usize> {
+    dead_arguments(prog, call, 0)
+}
+
+/// The instructions before a helper call the driver expands itself (a folded or inlined
+/// array lookup, an inlined tail call) whose only use was to pass it arguments: register
+/// writes (no memory access, so nothing that could stop) to r1-r5 that nothing reads
+/// before the call, where the expansion reads only the registers in the mask `read` (bit
+/// `r` for `r`) and leaves r1-r5 undefined after, as any call. The scan goes back through
+/// straight-line code only: it stops at a branch, a call or an `exit` (a path leaving there
+/// may read the register), and after an instruction another path lands on (from there on,
+/// every path runs into the call).
+pub fn dead_arguments(prog: &Program, call: usize, read: u16) -> Vec<usize> {
     const ARGS: u16 = 0b11_1110;
     let sub = &prog.subprogs[prog.subprog_of(call)];
     // r1-r5 whose value at this point the call and what follows may still read.
-    let mut live: u16 = 0;
+    let mut live: u16 = read & ARGS;
     let mut dead = Vec::new();
     for j in (sub.start..call).rev() {
         let op = prog.insts[j].op;
@@ -633,6 +641,26 @@ mod tests {
             EXIT,
         ];
         assert_eq!(keys(&fall), vec![(4, 2)]);
+    }
+
+    #[test]
+    fn arguments_the_expansion_reads_stay_live() {
+        // r1 = 1 ; r2 = 2 ; r3 = 3 ; r4 = r3 ; call ; exit
+        let p = [
+            i(0xb7, 1, 0, 0, 1),
+            i(0xb7, 2, 0, 0, 2),
+            i(0xb7, 3, 0, 0, 3),
+            i(0xbf, 4, 3, 0, 0),
+            i(0x85, 0, 0, 0, LOOKUP as i32),
+            EXIT,
+        ];
+        let prog = crate::analysis::program(&p);
+        // An inlined tail call reads only the index, r3.
+        assert_eq!(dead_arguments(&prog, 4, 1 << 3), vec![0, 1, 3]);
+        // A folded one (a constant index) reads none.
+        assert_eq!(dead_arguments(&prog, 4, 0), vec![0, 1, 2, 3]);
+        // Reading r4 keeps r3, which it copies, too.
+        assert_eq!(dead_arguments(&prog, 4, 1 << 4), vec![0, 1]);
     }
 
     #[test]

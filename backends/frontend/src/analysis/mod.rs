@@ -45,7 +45,9 @@ pub use helpers::{
     CpuId, HelperCode, HelperLowering, InlineHelper, PerCpuPlan, ProgArray, CALLX_TABLE_MAX,
     CALLX_TABLE_MIN,
 };
-pub use keys::{array_keys, constant_array_keys, dead_key_arguments, forwarded_key, ArrayKey};
+pub use keys::{
+    array_keys, constant_array_keys, dead_arguments, dead_key_arguments, forwarded_key, ArrayKey,
+};
 pub use liveness::{
     entry_zeroing, live_in, refuse_reads_after_calls, regs_read, upper_halves_live, LoweringReads,
     ARG_REGS, EXACT_ZEROING_MAX, FRESH_REGS,
