@@ -78,6 +78,13 @@ pub struct Program {
     /// access analysis proves accesses into the value after the program's NULL test
     /// ([`ranges::LookupValue`]).
     pub lookup_values: Vec<ranges::LookupValue>,
+    /// Helper calls the driver expands into code that reads fewer argument registers than a
+    /// call (r1-r5), ascending by instruction index, with the registers (bit n = rn) the
+    /// expansion reads: the entry function's inlined prog-array tail calls, which read only
+    /// the index r3 (none for a constant index). Filled by [`decode_for_lowering`], so the
+    /// entry's zeroing ([`analysis::entry_zeroing`]) and the driver's dead argument setup
+    /// count what the code reads, not what a call would.
+    pub expanded_calls: Vec<(usize, u16)>,
 }
 
 /// A jump or local call as a pass over control flow sees it, without reading its

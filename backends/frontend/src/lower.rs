@@ -230,7 +230,11 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
         } else {
             (Vec::new(), Vec::new())
         };
-        dead_arguments.extend(tail_call_dead_arguments(prog, helpers));
+        // The inlined tail calls' argument setup they do not read (`Program::expanded_calls`).
+        dead_arguments.extend(
+            (prog.expanded_calls.iter())
+                .flat_map(|&(at, read)| crate::analysis::dead_arguments(prog, at, read)),
+        );
         dead_arguments.sort_unstable();
         dead_arguments.dedup();
         // The bounded form takes the key in the register the program stored it from, where
@@ -1214,7 +1218,7 @@ fn tail_call_count<'a, L: Isa<'a>>(l: &mut L, out: DynamicLabel) {
 /// just before it set r3 to a constant (`mov r3, imm`, the usual form: a program picks its
 /// next stage by number). The scan stops at a jump target, a jump, a call or anything else
 /// that writes r3, so the value holds on every path to `at`.
-fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
+pub(crate) fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
     let start = prog.subprogs[k].start;
     let mut j = at;
     while j > start && !prog.is_target[j] {
@@ -1239,37 +1243,6 @@ fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<u32> {
         }
     }
     None
-}
-
-/// The argument setup of the entry function's inlined prog-array tail calls
-/// ([`prog_array_tail_call`]) that nothing else reads: their expansion reads only the index
-/// r3, and not even that when it is a constant ([`known_index`]); the context and the array
-/// (r1, r2) come from `env` and the compile-time array. A tail call in another function
-/// goes through the runner, which reads r1-r3.
-fn tail_call_dead_arguments(prog: &crate::Program, helpers: &[HelperEntry]) -> Vec<usize> {
-    let inlined = |id: u32| {
-        helpers.iter().any(|h| {
-            h.id == id && matches!(helper_lowering(h), HelperLowering::ProgArrayTailCall(_))
-        })
-    };
-    if !helpers
-        .iter()
-        .any(|h| matches!(helper_lowering(h), HelperLowering::ProgArrayTailCall(_)))
-    {
-        return Vec::new();
-    }
-    let entry = &prog.subprogs[0];
-    (entry.start..entry.end)
-        .filter(|&at| matches!(prog.insts[at].op, Op::CallHelper { id } if inlined(id)))
-        .flat_map(|at| {
-            let read = if known_index(prog, 0, at).is_some() {
-                0
-            } else {
-                1 << 3
-            };
-            crate::analysis::dead_arguments(prog, at, read)
-        })
-        .collect()
 }
 
 /// An array map lookup (`PJ_INLINE_ARRAY_LOOKUP`), as ordinary operations every backend

@@ -293,6 +293,7 @@ pub fn decode_with(
         local_calls,
         static_regions: Vec::new(),
         call_results: Vec::new(),
+        expanded_calls: Vec::new(),
         lookup_values: Vec::new(),
     })
 }

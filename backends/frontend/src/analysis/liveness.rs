@@ -164,8 +164,9 @@ impl LoweringReads {
 /// can never take still counts), where a per-block scan would zero everything read anywhere
 /// past the first branch.
 ///
-/// * A helper call or `callx` reads r1–r5 (its arity is not known) and leaves r0–r5 written:
-///   afterwards they hold the helper's values, not the host's entry values.
+/// * A helper call or `callx` reads r1–r5 (its arity is not known; a call the driver
+///   expands, only what the expansion reads: [`Program::expanded_calls`]) and leaves r0–r5
+///   written: afterwards they hold the helper's values, not the host's entry values.
 /// * A local call reads what its callee reads before writing (computed per function, to a
 ///   fixpoint over the call graph, so recursion terminates) and writes r0. That kill is
 ///   exact: `exit` reads r0, so a callee with a path that leaves r0 unwritten reads it, and
@@ -198,7 +199,7 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
         if kind == op_kind::CALL_LOCAL {
             break;
         }
-        early |= (prog.reads(i) | lowering.of(kind)) & !written & open;
+        early |= (call_reads(prog, i) | lowering.of(kind)) & !written & open;
         written |= if kind & (op_kind::CALL_HELPER | op_kind::CALL_REG) != 0 {
             CALLER_SAVED
         } else {
@@ -237,7 +238,7 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
         let sp = &prog.subprogs[k];
         exposed[k] = exposed_reads(prog, sp.start, sp.end, open, &mut scratch, |i| {
             let op = &prog.insts[i].op;
-            let reads = regs_read(op, ARG_REGS) | lowering.of(op.kind_bit());
+            let reads = call_reads(prog, i) | lowering.of(op.kind_bit());
             match *op {
                 Op::CallHelper { .. } | Op::CallReg { .. } => (reads, CALLER_SAVED),
                 Op::CallLocal { target } => (exposed[prog.subprog_of(target as usize)], 1),
@@ -250,6 +251,21 @@ pub fn entry_zeroing(prog: &Program, lowering: LoweringReads) -> u16 {
     // Kept for the next load on this thread (nothing is kept during thread teardown).
     let _ = SCRATCH.try_with(|s| s.set(Some(scratch)));
     zeroed
+}
+
+/// What instruction `i` reads, where a helper call the driver expands reads only what its
+/// expansion does ([`Program::expanded_calls`]: an inlined tail call reads no more than
+/// r3), not every argument register.
+#[inline]
+fn call_reads(prog: &Program, i: usize) -> u16 {
+    let reads = prog.reads(i);
+    if prog.expanded_calls.is_empty() || !matches!(prog.insts[i].op, Op::CallHelper { .. }) {
+        return reads;
+    }
+    match prog.expanded_calls.binary_search_by_key(&i, |&(at, _)| at) {
+        Ok(k) => (reads & !ARG_REGS) | prog.expanded_calls[k].1,
+        Err(_) => reads,
+    }
 }
 
 thread_local! {
@@ -665,6 +681,22 @@ mod tests {
             regs: 1 << 5,
         };
         assert_eq!(entry_zeroing(&p, exit_reads_r5), 1 << 5);
+        // A helper call reads r1-r5: r3-r5, never written, are zeroed. Expanded into code
+        // that reads only r3 (an inlined tail call), only r3 is; in the exact analysis too
+        // (after a branch).
+        for branch_first in [false, true] {
+            let mut code = vec![i(0x85, 0, 0, 0, 1), mov(0, 0), exit]; // call 1
+            if branch_first {
+                code.insert(0, i(0x05, 0, 0, 0, 0)); // ja +0
+            }
+            let call = usize::from(branch_first);
+            let mut p = program(&code);
+            assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 0b11_1000);
+            p.expanded_calls = vec![(call, 1 << 3)];
+            assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 1 << 3);
+            p.expanded_calls = vec![(call, 0)];
+            assert_eq!(entry_zeroing(&p, LoweringReads::NONE), 0);
+        }
     }
 
     /// [`entry_zeroing`]'s dataflow as it was before [`exposed_reads`]: backward liveness
