@@ -1418,9 +1418,16 @@ fn bounded<'a, L: Isa<'a>>(
     max: Operand,
     found: impl FnOnce(&mut L) -> Result<(), CompileError>,
 ) -> Result<(), CompileError> {
-    let (null, resume) = (l.new_label(), l.new_label());
+    let null = l.new_label();
     l.branch_to(Width::W64, Cond::Ge, index, max, null);
     found(l)?;
+    null_result_at(l, null);
+    Ok(())
+}
+
+/// Here: where the out-of-line `r0 = 0` at `null` comes back to ([`Cold::NullResult`]).
+fn null_result_at<'a, L: Isa<'a>>(l: &mut L, null: DynamicLabel) {
+    let resume = l.new_label();
     l.bind(resume);
     let inst = l.driver().cur;
     l.driver().queue(Cold::NullResult {
@@ -1428,7 +1435,6 @@ fn bounded<'a, L: Isa<'a>>(
         label: null,
         resume,
     });
-    Ok(())
 }
 
 /// The bounded element's address: `if index >= max goto null`, then `scale` (which scales
@@ -1463,14 +1469,7 @@ fn selected_element<'a, L: Isa<'a>>(
     l.load_imm64(0, base);
     let past_end = l.new_label();
     if l.select_element(0, index, max, shift, past_end) == PastEnd::Branched {
-        let resume = l.new_label();
-        l.bind(resume);
-        let inst = l.driver().cur;
-        l.driver().queue(Cold::NullResult {
-            inst,
-            label: past_end,
-            resume,
-        });
+        null_result_at(l, past_end);
     }
     Ok(())
 }

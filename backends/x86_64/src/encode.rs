@@ -668,6 +668,12 @@ impl Assembler {
     /// `call label` (`E8 rel32`: calls have no short form).
     pub fn call_label(&mut self, l: Label) {
         self.ops.extend(&[0xe8, 0, 0, 0, 0]);
+        self.rel32_to(l);
+    }
+
+    /// The `rel32` field that ends the instruction just emitted, to label `l` (written by
+    /// [`Assembler::finish`]); counts the instruction.
+    fn rel32_to(&mut self, l: Label) {
         let end = self.pos() as u32;
         self.fixups.push(Fixup {
             site: NO_SHORT_FORM,
@@ -1128,15 +1134,7 @@ impl Assembler {
         let modrm = ((dst & 7) << 3) | 0b101;
         self.ops
             .extend(&[rex, 0x0f, 0x40 | cc as u8, modrm, 0, 0, 0, 0]);
-        let end = self.pos() as u32;
-        self.fixups.push(Fixup {
-            site: NO_SHORT_FORM,
-            end,
-            width: 4,
-            cc: UNCONDITIONAL,
-            label: l,
-        });
-        self.insns += 1;
+        self.rel32_to(l);
     }
 
     /// 8 zero bytes at label `l`, after all code: the source of a [`Assembler::cmov_rip`]
