@@ -1478,7 +1478,7 @@ fn compare_escape(target: &JitTarget<'_>, p: &GenProgram) -> Result<EscapeChecke
 
 /// Runs `code` sandboxed on `target` and in the reference, on copies of `ctx`, and compares
 /// how they end (see [`EscapeChecked`]).
-pub fn compare_sandboxed(
+fn compare_sandboxed(
     target: &JitTarget<'_>,
     code: &[u8],
     ctx: &[u8],

@@ -40,7 +40,6 @@ mod fuse;
 mod lift;
 mod link;
 mod sandbox;
-mod select;
 
 use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::ExternalName;

@@ -11,7 +11,6 @@
 use crate::bitset::{self, SetTest};
 use crate::frame::{self, Slot};
 use crate::fuse::{self, Action, ByteOrder, WideLoad};
-use crate::select::{self, Skip};
 use cranelift_codegen::ir::{
     self, condcodes::IntCC, types, AbiParam, AtomicRmwOp, Block, BlockArg, ExtFuncData,
     ExternalName, FuncRef, InstBuilder, MemFlagsData, SigRef, Signature, SourceLoc, StackSlotData,
@@ -296,7 +295,6 @@ pub(crate) fn lift_function(
         is_target: &shared.prog.is_target[sub.start..sub.end],
         live_in: &live_in,
     });
-    let skips = select::plan(insts, sub.start, &shared.prog.is_target[sub.start..sub.end]);
     let plan = shared.combine_loads.then(|| {
         let proven = |k: usize| {
             !shared.mode.sandboxed() || shared.access.check(sub.start + k) == AccessCheck::None
@@ -337,17 +335,6 @@ pub(crate) fn lift_function(
         match (action, inst.op) {
             (Action::Lift, _) if set_tests[k].is_some() => {
                 l.set_test(set_tests[k].expect("tested"))
-            }
-            (Action::Lift, Op::Jcond { .. })
-                if skips[k].is_some_and(|skip| {
-                    let skipped_lifted = plan
-                        .as_ref()
-                        .is_none_or(|p| p.actions[k + 1] == Action::Lift);
-                    skipped_lifted && l.uncharged(sub.start + k, skip)
-                }) =>
-            {
-                let skip = skips[k].expect("tested");
-                l.select_over(sub.start + k, &inst.op, &insts[k + 1], skip)?
             }
             (Action::Lift, _) => l.inst(sub.start + k, inst.pc, &inst.op)?,
             (Action::Skip, _) => {}
@@ -1032,7 +1019,15 @@ impl Lifter<'_, '_> {
         src: Operand,
         target: usize,
     ) {
-        let c = self.condition(width, cond, dst, src);
+        let a = self.reg_at(dst, width);
+        let b = self.operand(src, width);
+        let c = match cond {
+            Cond::Set => {
+                let m = self.b.ins().band(a, b);
+                self.b.ins().icmp_imm_s(IntCC::NotEqual, m, 0)
+            }
+            _ => self.b.ins().icmp(int_cc(cond), a, b),
+        };
         let (t, f) = (self.block_at(target), self.block_at(i + 1));
         match self.back_edge(i, target) {
             None => {
@@ -1047,69 +1042,6 @@ impl Lifter<'_, '_> {
                 self.b.ins().jump(t, NO_ARGS);
             }
         }
-    }
-
-    /// Whether a conditional jump's condition holds, as an `i8`.
-    fn condition(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) -> Value {
-        let a = self.reg_at(dst, width);
-        let b = self.operand(src, width);
-        match cond {
-            Cond::Set => {
-                let m = self.b.ins().band(a, b);
-                self.b.ins().icmp_imm_s(IntCC::NotEqual, m, 0)
-            }
-            _ => self.b.ins().icmp(int_cc(cond), a, b),
-        }
-    }
-
-    /// Whether neither jump of a [`Skip`] from instruction `i` charges the budget (a
-    /// back-edge would stop at its own pc, which a select cannot pick).
-    fn uncharged(&self, i: usize, skip: Skip) -> bool {
-        self.back_edge(i, skip.join).is_none()
-            && skip
-                .goto
-                .is_none_or(|g| self.back_edge(g, skip.join).is_none())
-    }
-
-    /// The conditional jump `jump` (instruction `i`) over the ALU instruction `skipped`, as
-    /// a select ([`select`]): the ALU instruction runs on both paths, and its destination
-    /// keeps the old value where the jump is taken.
-    fn select_over(
-        &mut self,
-        i: usize,
-        jump: &Op,
-        skipped: &packjit_frontend::Inst,
-        skip: Skip,
-    ) -> Result<(), CompileError> {
-        let (
-            &Op::Jcond {
-                width,
-                cond,
-                dst,
-                src,
-                ..
-            },
-            Op::Alu { dst: written, .. },
-        ) = (jump, skipped.op)
-        else {
-            return Err(CompileError::new(
-                ErrorKind::Internal,
-                format!(
-                    "optimized tier: pc {}: a select that is no jump over an ALU instruction",
-                    skipped.pc
-                ),
-            ));
-        };
-        let taken = self.condition(width, cond, dst, src);
-        let old = self.get(written);
-        self.b.set_srcloc(SourceLoc::new(skipped.pc));
-        self.inst(i + 1, skipped.pc, &skipped.op)?;
-        let new = self.get(written);
-        let v = self.b.ins().select(taken, old, new);
-        self.set(written, v);
-        let join = self.block_at(skip.join);
-        self.b.ins().jump(join, NO_ARGS);
-        Ok(())
     }
 
     /// A run of compares lifted as one membership test ([`bitset`]): to `taken` when the

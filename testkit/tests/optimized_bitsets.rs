@@ -1,6 +1,4 @@
-//! Branches the optimizing tier lifts as something else.
-//!
-//! Membership tests (`packjit-tier2`'s `bitset`): a run of `jeq`s of one
+//! The optimizing tier's membership tests (`packjit-tier2`'s `bitset`): a run of `jeq`s of one
 //! register against small constants, clang's `jgt x, N; s = 1 << x; s &= MASK; jne s, 0`
 //! range-and-bit test, and a final inverted `jne`, all to one place, become one branch on a
 //! bit of a mask.
@@ -13,16 +11,11 @@
 //!   context must match the interpreter, trusted and sandboxed. `PACKJIT_BITSET_COUNT`
 //!   programs (default 2000, 500 under qemu) from `PACKJIT_BITSET_SEED` (default
 //!   0xb175_0000); the range is printed.
-//! * Random loops with conditional jumps over one ALU instruction (`select`: they become
-//!   selects), of every condition and operation, joining after it, after a `goto` or at
-//!   the loop's head, with jumps into the skipped instruction and the `goto`, trusted and
-//!   sandboxed (the budget counted). `PACKJIT_SKIP_COUNT` / `PACKJIT_SKIP_SEED` (default
-//!   0x5e1e_0000).
 //! * That it happens: six `jeq`s compile to less code than the same six in alternating widths.
 
 use packjit::{Budget, LoadOptions, Runtime, Tier};
 use packjit_testkit::asm::assemble;
-use packjit_testkit::gen::{compare_sandboxed, run_reference, EscapeChecked, JitTarget, Rng};
+use packjit_testkit::gen::{run_reference, Rng};
 use std::collections::HashMap;
 
 const CTX_LEN: usize = 64;
@@ -249,27 +242,19 @@ fn program(seed: u64) -> (String, Vec<u8>) {
     (code.text(), ctx)
 }
 
-/// `count` programs of `generate` from `seed` on (`PACKJIT_<env>_COUNT`, default 2000, 500
-/// under qemu; `PACKJIT_<env>_SEED`), each on four rotations of its context, against the
-/// interpreter.
-fn differential(
-    what: &str,
-    env: &str,
-    seed: u64,
-    generate: fn(u64) -> (String, Vec<u8>),
-    sandboxed: bool,
-) {
+fn random_runs(sandboxed: bool) {
     let rt = Runtime::new().unwrap();
     let emulated = !cfg!(target_arch = "x86_64");
-    let count = packjit_testkit::env_u64(&format!("PACKJIT_{env}_COUNT")).unwrap_or(if emulated {
+    let count = packjit_testkit::env_u64("PACKJIT_BITSET_COUNT").unwrap_or(if emulated {
         500
     } else {
         2000
     });
-    let base = packjit_testkit::env_u64(&format!("PACKJIT_{env}_SEED")).unwrap_or(seed);
+    let base = packjit_testkit::env_u64("PACKJIT_BITSET_SEED").unwrap_or(0xb175_0000);
     for seed in base..base + count {
-        let (src, ctx) = generate(seed);
+        let (src, ctx) = program(seed);
         let code = assemble(&src).unwrap_or_else(|e| panic!("seed {seed:#x}: {e}\n{src}"));
+        // Each program runs on several contexts: the first, and rotations of it.
         for turn in 0..4 {
             let mut ctx = ctx.clone();
             ctx.rotate_left(turn * 7);
@@ -293,7 +278,7 @@ fn differential(
         }
     }
     packjit_testkit::report(&format!(
-        "{what} ({}, sandboxed: {sandboxed}): seeds {base:#x}..{:#x}: {count} programs × 4 contexts matched the interpreter",
+        "membership tests ({}, sandboxed: {sandboxed}): seeds {base:#x}..{:#x}: {count} programs × 4 contexts matched the interpreter",
         std::env::consts::ARCH,
         base + count
     ));
@@ -301,133 +286,12 @@ fn differential(
 
 #[test]
 fn membership_runs_keep_their_value_trusted() {
-    differential("membership tests", "BITSET", 0xb175_0000, program, false);
+    random_runs(false);
 }
 
 #[test]
 fn membership_runs_keep_their_value_sandboxed() {
-    differential("membership tests", "BITSET", 0xb175_0000, program, true);
-}
-
-/// Registers the skip programs compute with (r1 is the context, r5 the loop count).
-const SKIP_REGS: [u8; 6] = [0, 2, 3, 4, 6, 7];
-
-/// A loop of `r5` turns whose body has one to three conditional jumps over one ALU
-/// instruction (every operation, both widths, immediate or register operands), each
-/// joining just after it, after a `goto`, or back at the loop's head (a back-edge on both
-/// paths); now and then another jump lands on the skipped instruction or on the `goto`.
-fn skips(seed: u64) -> (String, Vec<u8>) {
-    let mut rng = Rng::new(seed);
-    let mut code = Code::default();
-    let reg = |rng: &mut Rng| rng.pick(&SKIP_REGS);
-    for r in SKIP_REGS {
-        let off = rng.below(CTX_LEN as u64 - 8);
-        let size = rng.pick(&["b", "w", "dw"]);
-        code.ins(format!("ldx{size} %r{r}, [%r1+{off}]"));
-    }
-    code.ins(format!("mov %r5, {}", 1 + rng.below(12)));
-    let (head, exit) = (code.label(), code.label());
-    code.place(head);
-    code.jump("jeq %r5, 0", exit);
-    code.ins("sub %r5, 1\nmul %r2, 0x9e3779b1\nadd %r3, %r2\nxor %r4, %r5");
-    for _ in 0..1 + rng.below(3) {
-        let w = |rng: &mut Rng| if rng.chance(1, 2) { "32" } else { "" };
-        let cond = rng.pick(&[
-            "jeq", "jne", "jgt", "jge", "jlt", "jle", "jsgt", "jsge", "jslt", "jsle", "jset",
-        ]);
-        let right = if rng.chance(1, 2) {
-            format!("%r{}", reg(&mut rng))
-        } else {
-            format!(
-                "{}",
-                rng.pick(&[0i64, 1, 10, -1, 0x7fff_ffff, -0x8000_0000])
-            )
-        };
-        let op = rng.pick(&[
-            "mov", "add", "sub", "or", "and", "xor", "lsh", "rsh", "arsh", "mul", "div", "mod",
-            "neg",
-        ]);
-        let operand = if rng.chance(1, 2) {
-            format!("%r{}", reg(&mut rng))
-        } else {
-            format!("{}", rng.pick(&[0i64, 1, 3, 63, -1, 0x1234]))
-        };
-        let alu = if op == "neg" {
-            format!("neg{} %r{}", w(&mut rng), reg(&mut rng))
-        } else {
-            format!("{op}{} %r{}, {operand}", w(&mut rng), reg(&mut rng))
-        };
-        let (skipped, goto, join) = (code.label(), code.label(), code.label());
-        let to_head = rng.chance(1, 6);
-        let target = if to_head { head } else { join };
-        if rng.chance(1, 8) {
-            // Another way into the middle: onto the skipped instruction or the `goto`.
-            let into = if rng.chance(1, 2) { skipped } else { goto };
-            code.jump(format!("jset %r{}, 0x10", reg(&mut rng)), into);
-        }
-        code.jump(
-            format!("{cond}{} %r{}, {right}", w(&mut rng), reg(&mut rng)),
-            target,
-        );
-        code.place(skipped);
-        code.ins(alu);
-        code.place(goto);
-        if to_head || rng.chance(1, 2) {
-            code.jump("ja", target);
-        }
-        code.place(join);
-        code.ins(format!("mul %r0, 31\nadd %r0, %r{}", reg(&mut rng)));
-    }
-    code.jump("ja", head);
-    code.place(exit);
-    for r in SKIP_REGS {
-        code.ins(format!("mul %r0, 31\nadd %r0, %r{r}"));
-    }
-    code.ins("exit");
-    let ctx = (0..CTX_LEN).map(|_| rng.next_u64() as u8).collect();
-    (code.text(), ctx)
-}
-
-#[test]
-fn skipped_instructions_keep_their_value_trusted() {
-    differential("selects", "SKIP", 0x5e1e_0000, skips, false);
-}
-
-#[test]
-fn skipped_instructions_keep_their_value_sandboxed() {
-    differential("selects", "SKIP", 0x5e1e_0000, skips, true);
-}
-
-/// The skip programs sandboxed under small budgets: where a jump charges the budget (a
-/// back-edge) it stays a jump, and a stop has the interpreter's kind, pc and context.
-#[test]
-fn skipped_instructions_stop_where_the_interpreter_does() {
-    let rt = Runtime::new().unwrap();
-    let target = JitTarget {
-        rt: &rt,
-        opts: optimized(),
-    };
-    let emulated = !cfg!(target_arch = "x86_64");
-    let count =
-        packjit_testkit::env_u64("PACKJIT_SKIP_COUNT").unwrap_or(if emulated { 100 } else { 500 });
-    let base = packjit_testkit::env_u64("PACKJIT_SKIP_SEED").unwrap_or(0x5e1e_0000);
-    let mut stopped = 0;
-    for seed in base..base + count {
-        let (src, ctx) = skips(seed);
-        let code = assemble(&src).unwrap();
-        for budget in [1, 6, 20, 45, 90, 200] {
-            match compare_sandboxed(&target, &code, &ctx, Some(budget)) {
-                Ok(EscapeChecked::Stopped(_)) => stopped += 1,
-                Ok(_) => {}
-                Err(e) => panic!("seed {seed:#x}, budget {budget}: {e}\n{src}"),
-            }
-        }
-    }
-    packjit_testkit::report(&format!(
-        "selects under budgets ({}): seeds {base:#x}..{:#x} × 6 budgets matched the interpreter, {stopped} runs stopped",
-        std::env::consts::ARCH,
-        base + count
-    ));
+    random_runs(true);
 }
 
 /// Six `jeq`s of r2 to one place; `apart` alternates 32- and 64-bit compares, which keeps
