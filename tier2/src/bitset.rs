@@ -63,8 +63,8 @@ pub(crate) fn plan(f: &Function<'_>) -> Vec<Option<SetTest>> {
     tests
 }
 
-/// `v` as the constant a compare of width `width` against immediate `imm` sees, if it can
-/// be a member (below 64).
+/// The value a compare of width `width` sees in immediate `imm` (zero-extended from 32
+/// bits, or sign-extended to 64), when it can be a member: below 64.
 fn small(imm: i32, width: Width) -> Option<u32> {
     let v = match width {
         Width::W32 => u64::from(imm as u32),
