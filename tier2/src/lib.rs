@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+mod bitset;
 mod frame;
 mod fuse;
 mod lift;

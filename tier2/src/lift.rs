@@ -8,6 +8,7 @@
 //! counts are masked (Cranelift's shifts mask by definition), 32-bit results are
 //! zero-extended.
 
+use crate::bitset::{self, SetTest};
 use crate::frame::{self, Slot};
 use crate::fuse::{self, Action, ByteOrder, WideLoad};
 use cranelift_codegen::ir::{
@@ -287,11 +288,17 @@ pub(crate) fn lift_function(
     };
     let first = l.blocks[0].expect("created above");
     l.b.ins().jump(first, NO_ARGS);
+    let live_in = live_in(shared.prog, sub.start, sub.end);
+    let set_tests = bitset::plan(&bitset::Function {
+        insts,
+        start: sub.start,
+        is_target: &shared.prog.is_target[sub.start..sub.end],
+        live_in: &live_in,
+    });
     let plan = shared.combine_loads.then(|| {
         let proven = |k: usize| {
             !shared.mode.sandboxed() || shared.access.check(sub.start + k) == AccessCheck::None
         };
-        let live_in = live_in(shared.prog, sub.start, sub.end);
         let function = fuse::Function {
             insts,
             start: sub.start,
@@ -326,6 +333,9 @@ pub(crate) fn lift_function(
             p.actions[k]
         });
         match (action, inst.op) {
+            (Action::Lift, _) if set_tests[k].is_some() => {
+                l.set_test(set_tests[k].expect("tested"))
+            }
             (Action::Lift, _) => l.inst(sub.start + k, inst.pc, &inst.op)?,
             (Action::Skip, _) => {}
             (Action::Wide(w), Op::Alu { dst, .. }) => {
@@ -1032,6 +1042,21 @@ impl Lifter<'_, '_> {
                 self.b.ins().jump(t, NO_ARGS);
             }
         }
+    }
+
+    /// A run of compares lifted as one membership test ([`bitset`]): to `taken` when the
+    /// value is below 64 and its bit of the members is set. The range test selects rather
+    /// than branches, and the shift is masked to 6 bits by definition, so one branch is left.
+    fn set_test(&mut self, t: SetTest) {
+        let x = self.reg_at(t.reg, t.width);
+        let in_range = self.b.ins().icmp_imm_s(IntCC::UnsignedLessThan, x, 64);
+        let members = self.b.ins().iconst(I64, t.members as i64);
+        let shifted = self.b.ins().ushr(members, x);
+        let zero = self.b.ins().iconst(I64, 0);
+        let picked = self.b.ins().select(in_range, shifted, zero);
+        let bit = self.b.ins().band_imm_u(picked, 1);
+        let (taken, other) = (self.block_at(t.taken), self.block_at(t.other));
+        self.b.ins().brif(bit, taken, NO_ARGS, other, NO_ARGS);
     }
 
     fn helper_sig(&mut self) -> SigRef {
