@@ -322,23 +322,59 @@ impl Facts {
         }
     }
 
-    /// What holds on both `self`'s paths and `o`'s.
+    /// What holds on both `self`'s paths and `o`'s. `self` is a stored join state, whose
+    /// `slack` is already [`Facts::slack_of`] for every register ([`Facts::normalized`]),
+    /// so only `o`'s are computed: a join runs at every jump, and it was most of the
+    /// analysis' cost. The result is normalized too (a register's length or constant
+    /// bound survives only where both sides have it, and is then below both slacks).
     fn meet(&self, o: &Facts) -> Facts {
-        let mut m = Facts::EMPTY;
-        m.len_regs = self.len_regs & o.len_regs;
-        m.start_regs = self.start_regs & o.start_regs;
+        let mut m = *self;
+        m.len_regs &= o.len_regs;
+        m.start_regs &= o.start_regs;
         m.len_min = self.len_min.min(o.len_min);
+        let b = o.slacks();
         for r in 0..10 {
-            let s = self.slack_of(r as Reg).min(o.slack_of(r as Reg));
-            m.slack[r] = s.max(NONE as i32) as i16;
-            if self.konst[r] == o.konst[r] {
-                m.konst[r] = self.konst[r];
+            m.slack[r] = (self.slack[r] as i32).min(b[r]).max(NONE as i32) as i16;
+            if self.konst[r] != o.konst[r] {
+                m.konst[r] = None;
             }
-            if self.indexed[r] == o.indexed[r] {
-                m.set_indexed(r, self.indexed[r]);
+            if self.indexed[r] != o.indexed[r] {
+                m.indexed[r] = None;
+                m.indexed_regs &= !(1 << r);
             }
         }
         m
+    }
+
+    /// The same facts with every register's `slack` raised to [`Facts::slack_of`]: what
+    /// the analysis reads of a slack is only ever `slack_of` (a copy takes the length and
+    /// constant with it, a write forgets all three), so this changes no conclusion, and
+    /// stored states in this form make [`Facts::meet`] cheaper and equal facts compare
+    /// equal.
+    fn normalized(&self) -> Facts {
+        let mut n = *self;
+        for (r, s) in self.slacks().into_iter().enumerate() {
+            n.slack[r] = s.max(NONE as i32) as i16;
+        }
+        n
+    }
+
+    /// [`Facts::slack_of`] of r0–r9.
+    fn slacks(&self) -> [i32; 10] {
+        let mut s = [0i32; 10];
+        for (r, out) in s.iter_mut().enumerate() {
+            let mut v = self.slack[r] as i32;
+            if self.len_regs & (1 << r) != 0 {
+                v = v.max(0);
+            }
+            if let Some(c) = self.konst[r] {
+                if c as i64 <= self.len_min as i64 {
+                    v = v.max(self.len_min - c as i32);
+                }
+            }
+            *out = v;
+        }
+        s
     }
 
     /// The plan of an access of `size` bytes at `base + off`, if the facts bound it.
@@ -409,7 +445,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
     // States only where paths meet (the function's start and jump targets), each ~250
     // bytes: per instruction they would be that much per instruction of a large program.
     let mut slot: Vec<u32> = crate::reuse::filled(n, 0);
-    let mut states: Vec<Facts> = vec![Facts::entry()];
+    let mut states: Vec<Facts> = vec![Facts::entry().normalized()];
     slot[0] = 1;
     // Joins to run from, one bit per instruction, taken lowest first.
     let mut pending = vec![0u64; n.div_ceil(64)];
@@ -428,7 +464,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
         }
         let k = slot[target - start];
         if k == 0 {
-            states.push(*f);
+            states.push(f.normalized());
             slot[target - start] = states.len() as u32;
         } else {
             let old = &mut states[k as usize - 1];
