@@ -68,13 +68,20 @@ struct Facts {
     slack: [i16; 10],
     /// The register's value, when it is a known constant below 2^32 (larger ones are
     /// forgotten: only constants below [`MAX_END`] bound anything, and a state is copied
-    /// at every join).
-    konst: [Option<u32>; 10],
-    /// The register is `ctx_start + index + c`: `(index, c)`.
-    indexed: [Option<(Reg, i16)>; 10],
-    /// The registers whose `indexed` is set: a write forgets the pointers indexed by it,
-    /// and most states have none (no scan of all ten then).
+    /// at every join): `konst_vals[r]` when bit `r` of `konst_regs` is set, and 0
+    /// otherwise. Plain integers with a mask rather than `Option`s, here and for
+    /// `indexed`, because states are compared and met at every join: the arrays then
+    /// compare as bytes. Read and written through [`Facts::konst`] and
+    /// [`Facts::set_konst`].
+    konst_regs: u16,
+    konst_vals: [u32; 10],
+    /// The register is `ctx_start + index + c`: `(index_of[r], index_add[r])` when bit `r`
+    /// of `indexed_regs` is set (a write forgets the pointers indexed by it, and most
+    /// states have none: no scan of all ten then), both 0 otherwise. See
+    /// [`Facts::indexed`] and [`Facts::set_indexed`].
     indexed_regs: u16,
+    index_of: [Reg; 10],
+    index_add: [i16; 10],
 }
 
 impl Facts {
@@ -83,9 +90,11 @@ impl Facts {
         start_regs: 0,
         len_min: 0,
         slack: [NONE; 10],
-        konst: [None; 10],
-        indexed: [None; 10],
+        konst_regs: 0,
+        konst_vals: [0; 10],
         indexed_regs: 0,
+        index_of: [0; 10],
+        index_add: [0; 10],
     };
 
     /// The entry function's registers on entry: r1 the start, r2 the length, r0 and r3–r9
@@ -95,7 +104,7 @@ impl Facts {
         f.start_regs = 1 << 1;
         f.len_regs = 1 << 2;
         for r in [0usize, 3, 4, 5, 6, 7, 8, 9] {
-            f.konst[r] = Some(0);
+            f.set_konst(r, Some(0));
         }
         f
     }
@@ -110,7 +119,7 @@ impl Facts {
         if self.len_regs & (1 << r) != 0 {
             s = s.max(0);
         }
-        if let Some(c) = self.konst[r] {
+        if let Some(c) = self.konst(r) {
             if c as i64 <= self.len_min as i64 {
                 s = s.max(self.len_min - c as i32);
             }
@@ -127,20 +136,39 @@ impl Facts {
         self.len_regs &= !(1 << r);
         self.start_regs &= !(1 << r);
         self.slack[r] = NONE;
-        self.konst[r] = None;
+        self.set_konst(r, None);
         self.set_indexed(r, None);
         let mut left = self.indexed_regs;
         while left != 0 {
             let p = left.trailing_zeros() as usize;
             left &= left - 1;
-            if self.indexed[p].is_some_and(|(i, _)| i as usize == r) {
+            if self.index_of[p] as usize == r {
                 self.set_indexed(p, None);
             }
         }
     }
 
+    fn konst(&self, r: usize) -> Option<u32> {
+        (self.konst_regs & (1 << r) != 0).then_some(self.konst_vals[r])
+    }
+
+    fn set_konst(&mut self, r: usize, v: Option<u32>) {
+        self.konst_vals[r] = v.unwrap_or(0);
+        if v.is_some() {
+            self.konst_regs |= 1 << r;
+        } else {
+            self.konst_regs &= !(1 << r);
+        }
+    }
+
+    fn indexed(&self, r: usize) -> Option<(Reg, i16)> {
+        (self.indexed_regs & (1 << r) != 0).then_some((self.index_of[r], self.index_add[r]))
+    }
+
     fn set_indexed(&mut self, r: usize, v: Option<(Reg, i16)>) {
-        self.indexed[r] = v;
+        let (i, c) = v.unwrap_or((0, 0));
+        self.index_of[r] = i;
+        self.index_add[r] = c;
         if v.is_some() {
             self.indexed_regs |= 1 << r;
         } else {
@@ -170,9 +198,8 @@ impl Facts {
         let value = match x {
             Side::Reg(rx) => {
                 self.learn_slack(rx, gained);
-                self.konst
-                    .get(rx as usize)
-                    .copied()
+                ((rx as usize) < 10)
+                    .then(|| self.konst(rx as usize))
                     .flatten()
                     .map(u64::from)
             }
@@ -242,8 +269,8 @@ impl Facts {
                 self.len_regs |= ((self.len_regs >> s) & 1) << d;
                 self.start_regs |= ((self.start_regs >> s) & 1) << d;
                 self.slack[d] = self.slack[s];
-                self.konst[d] = self.konst[s];
-                self.set_indexed(d, self.indexed[s]);
+                self.set_konst(d, self.konst(s));
+                self.set_indexed(d, self.indexed(s));
             }
             Op::Alu {
                 width,
@@ -252,11 +279,14 @@ impl Facts {
                 src: Operand::Imm(i),
             } => {
                 self.forget(dst);
-                if let Some(k) = self.konst.get_mut(dst as usize) {
-                    *k = small(match width {
-                        Width::W64 => i as i64 as u64,
-                        Width::W32 => i as u32 as u64,
-                    });
+                if dst < 10 {
+                    self.set_konst(
+                        dst as usize,
+                        small(match width {
+                            Width::W64 => i as i64 as u64,
+                            Width::W32 => i as u32 as u64,
+                        }),
+                    );
                 }
             }
             Op::Alu {
@@ -271,13 +301,15 @@ impl Facts {
                     -(i as i64)
                 };
                 let d = dst as usize;
-                let konst = self.konst[d].and_then(|c| small((c as u64).wrapping_add(i as u64)));
-                let indexed = self.indexed[d].and_then(|(x, c)| {
+                let konst = self
+                    .konst(d)
+                    .and_then(|c| small((c as u64).wrapping_add(i as u64)));
+                let indexed = self.indexed(d).and_then(|(x, c)| {
                     let c = c as i64 + i;
                     (c.abs() <= MAX_END as i64).then_some((x, c as i16))
                 });
                 self.forget(dst);
-                self.konst[d] = konst;
+                self.set_konst(d, konst);
                 self.set_indexed(d, indexed);
             }
             Op::Alu {
@@ -287,7 +319,7 @@ impl Facts {
                 src: Operand::Reg(s),
             } if dst < 10 && s < 10 && dst != s => {
                 let d = dst as usize;
-                let konst = match (self.konst[d], self.konst[s as usize]) {
+                let konst = match (self.konst(d), self.konst(s as usize)) {
                     (Some(a), Some(b)) => small(a as u64 + b as u64),
                     _ => None,
                 };
@@ -295,13 +327,13 @@ impl Facts {
                 let indexed = (self.start_regs & (1 << d) != 0 && self.start_regs & (1 << s) == 0)
                     .then_some((s, 0));
                 self.forget(dst);
-                self.konst[d] = konst;
+                self.set_konst(d, konst);
                 self.set_indexed(d, indexed);
             }
             Op::LdImm64 { dst, imm } => {
                 self.forget(dst);
-                if let Some(k) = self.konst.get_mut(dst as usize) {
-                    *k = small(imm.get());
+                if dst < 10 {
+                    self.set_konst(dst as usize, small(imm.get()));
                 }
             }
             Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => {
@@ -335,12 +367,16 @@ impl Facts {
         let b = o.slacks();
         for r in 0..10 {
             m.slack[r] = (self.slack[r] as i32).min(b[r]).max(NONE as i32) as i16;
-            if self.konst[r] != o.konst[r] {
-                m.konst[r] = None;
+            // Absent entries are 0 on both sides: a differing value or presence clears.
+            if self.konst_vals[r] != o.konst_vals[r]
+                || (self.konst_regs ^ o.konst_regs) & (1 << r) != 0
+            {
+                m.set_konst(r, None);
             }
-            if self.indexed[r] != o.indexed[r] {
-                m.indexed[r] = None;
-                m.indexed_regs &= !(1 << r);
+            if (self.index_of[r], self.index_add[r]) != (o.index_of[r], o.index_add[r])
+                || (self.indexed_regs ^ o.indexed_regs) & (1 << r) != 0
+            {
+                m.set_indexed(r, None);
             }
         }
         m
@@ -367,7 +403,7 @@ impl Facts {
             if self.len_regs & (1 << r) != 0 {
                 v = v.max(0);
             }
-            if let Some(c) = self.konst[r] {
+            if let Some(c) = self.konst(r) {
                 if c as i64 <= self.len_min as i64 {
                     v = v.max(self.len_min - c as i32);
                 }
@@ -379,7 +415,9 @@ impl Facts {
 
     /// The plan of an access of `size` bytes at `base + off`, if the facts bound it.
     fn classify(&self, base: Reg, off: i16, size: u32) -> Option<AccessCheck> {
-        let (index, c) = self.indexed.get(base as usize).copied().flatten()?;
+        let (index, c) = ((base as usize) < 10)
+            .then(|| self.indexed(base as usize))
+            .flatten()?;
         let start = c as i32 + off as i32;
         let end = start + size as i32;
         if start < 0 || end > self.slack_of(index) {
