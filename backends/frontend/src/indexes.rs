@@ -41,7 +41,7 @@
 //! and a mask): no branch, no out-of-line side, since architecturally the test never fails.
 
 use crate::ranges::AccessCheck;
-use crate::{AluOp, AtomicOp, Cond, Op, Operand, Program, Reg, Width};
+use crate::{AluOp, AtomicOp, BranchKind, Cond, Op, Operand, Program, Reg, Width};
 
 /// The largest slack or access end tracked: clang's offsets past an index are a few bytes,
 /// and a bound keeps the iteration short (slacks only shrink at joins).
@@ -480,6 +480,29 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
         return;
     }
     let n = end - start;
+    // Facts matter only where a path leads on to a candidate: clang's programs often read
+    // the context in a first loop and then work on the stack, and the later loops' joins
+    // were most of the analysis. Nothing past `hi` can reach the last candidate (a path
+    // back needs a backward jump from past `hi` to before it), so the analysis stops
+    // there: the code left out only feeds code left out.
+    let Some(last) = (start..end).rev().find(|&i| {
+        candidate(&checks[i])
+            && matches!(
+                prog.insts[i].op,
+                Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. }
+            )
+    }) else {
+        return;
+    };
+    let mut hi = last;
+    // By position: a backward jump that extends `hi` is seen before any later one that
+    // lands inside the extension.
+    for b in prog.branches_in(last + 1, end) {
+        if b.kind != BranchKind::CallLocal && b.target as usize <= hi {
+            hi = b.at as usize;
+        }
+    }
+    let is_useful = |i: usize| i <= hi;
     // States only where paths meet (the function's start and jump targets), each ~250
     // bytes: per instruction they would be that much per instruction of a large program.
     let mut slot: Vec<u32> = crate::reuse::filled(n, 0);
@@ -497,7 +520,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
                      next: &mut usize,
                      target: usize,
                      f: &Facts| {
-        if !(start..end).contains(&target) {
+        if !(start..end).contains(&target) || !is_useful(target) {
             return;
         }
         let k = slot[target - start];
@@ -570,7 +593,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
                 _ => {}
             }
             i += 1;
-            if i == end {
+            if i == end || !is_useful(i) {
                 break;
             }
             if prog.is_target[i] {
@@ -581,7 +604,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
     }
     // The final states, straight down from each join (one state updated in place).
     let (mut f, mut live) = (Facts::EMPTY, false);
-    for i in start..end {
+    for i in start..=last {
         if i == start || prog.is_target[i] {
             let k = slot[i - start];
             live = k != 0;
