@@ -750,6 +750,34 @@ mod tests {
     }
 
     #[test]
+    fn a_back_edge_after_the_last_access_still_joins() {
+        // `i = 0; if len == 0 goto out; head: p = r1 + i; r8 = *(u8 *)p; <more>; i += 1;
+        // if i != 1000 goto head; out: exit`. On the first pass `ctx[0]` is in bounds (len
+        // >= 1), but the back-edge, past the last access and past `more`'s loop, brings
+        // any `i`: the access stays checked. `more` is a loop of its own after the access
+        // (r3 counts down), which the analysis leaves out; the back-edge it must not.
+        let code = [
+            ins(0xb7, 4, 0, 0, 0),
+            ins(0x15, 2, 0, 9, 0),     // if r2 == 0 goto out
+            ins(0xbf, 5, 1, 0, 0),     // head: r5 = r1
+            ins(0x0f, 5, 4, 0, 0),     // r5 += r4
+            ins(0x71, 8, 5, 0, 0),     // r8 = *(u8 *)(r5 + 0)
+            ins(0xb7, 3, 0, 0, 4),     // r3 = 4
+            ins(0x07, 3, 0, 0, -1),    // more: r3 -= 1
+            ins(0x55, 3, 0, -2, 0),    // if r3 != 0 goto more
+            ins(0x07, 4, 0, 0, 1),     // r4 += 1
+            ins(0x55, 4, 0, -8, 1000), // if r4 != 1000 goto head
+            ins(0x2d, 6, 7, 0, 0),     // if r6 > r7 goto out (a compare of two registers)
+            EXIT,
+        ];
+        let prog = crate::decode(&code.concat(), &[]).unwrap();
+        assert!(!matches!(
+            plan_accesses(&prog, true).check(4),
+            AccessCheck::CtxIndex { .. }
+        ));
+    }
+
+    #[test]
     fn a_callee_gets_no_facts() {
         // Function 1 has the entry's shape, but its r1 and r2 are its caller's arguments.
         let code = [
