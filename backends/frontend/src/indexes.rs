@@ -364,9 +364,8 @@ impl Facts {
         m.len_regs &= o.len_regs;
         m.start_regs &= o.start_regs;
         m.len_min = self.len_min.min(o.len_min);
-        let b = o.slacks();
-        for r in 0..10 {
-            m.slack[r] = (self.slack[r] as i32).min(b[r]).max(NONE as i32) as i16;
+        for (r, b) in o.slacks().into_iter().enumerate() {
+            m.slack[r] = (self.slack[r] as i32).min(b).max(NONE as i32) as i16;
             // Absent entries are 0 on both sides: a differing value or presence clears.
             if self.konst_vals[r] != o.konst_vals[r]
                 || (self.konst_regs ^ o.konst_regs) & (1 << r) != 0
