@@ -41,7 +41,7 @@
 //! and a mask): no branch, no out-of-line side, since architecturally the test never fails.
 
 use crate::ranges::AccessCheck;
-use crate::{AluOp, AtomicOp, Cond, Op, Operand, Program, Reg, Width};
+use crate::{AluOp, AtomicOp, BranchKind, Cond, Op, Operand, Program, Reg, Width};
 
 /// The largest slack or access end tracked: clang's offsets past an index are a few bytes,
 /// and a bound keeps the iteration short (slacks only shrink at joins).
@@ -68,13 +68,20 @@ struct Facts {
     slack: [i16; 10],
     /// The register's value, when it is a known constant below 2^32 (larger ones are
     /// forgotten: only constants below [`MAX_END`] bound anything, and a state is copied
-    /// at every join).
-    konst: [Option<u32>; 10],
-    /// The register is `ctx_start + index + c`: `(index, c)`.
-    indexed: [Option<(Reg, i16)>; 10],
-    /// The registers whose `indexed` is set: a write forgets the pointers indexed by it,
-    /// and most states have none (no scan of all ten then).
+    /// at every join): `konst_vals[r]` when bit `r` of `konst_regs` is set, and 0
+    /// otherwise. Plain integers with a mask rather than `Option`s, here and for
+    /// `indexed`, because states are compared and met at every join: the arrays then
+    /// compare as bytes. Read and written through [`Facts::konst`] and
+    /// [`Facts::set_konst`].
+    konst_regs: u16,
+    konst_vals: [u32; 10],
+    /// The register is `ctx_start + index + c`: `(index_of[r], index_add[r])` when bit `r`
+    /// of `indexed_regs` is set (a write forgets the pointers indexed by it, and most
+    /// states have none: no scan of all ten then), both 0 otherwise. See
+    /// [`Facts::indexed`] and [`Facts::set_indexed`].
     indexed_regs: u16,
+    index_of: [Reg; 10],
+    index_add: [i16; 10],
 }
 
 impl Facts {
@@ -83,9 +90,11 @@ impl Facts {
         start_regs: 0,
         len_min: 0,
         slack: [NONE; 10],
-        konst: [None; 10],
-        indexed: [None; 10],
+        konst_regs: 0,
+        konst_vals: [0; 10],
         indexed_regs: 0,
+        index_of: [0; 10],
+        index_add: [0; 10],
     };
 
     /// The entry function's registers on entry: r1 the start, r2 the length, r0 and r3–r9
@@ -95,7 +104,7 @@ impl Facts {
         f.start_regs = 1 << 1;
         f.len_regs = 1 << 2;
         for r in [0usize, 3, 4, 5, 6, 7, 8, 9] {
-            f.konst[r] = Some(0);
+            f.set_konst(r, Some(0));
         }
         f
     }
@@ -110,7 +119,7 @@ impl Facts {
         if self.len_regs & (1 << r) != 0 {
             s = s.max(0);
         }
-        if let Some(c) = self.konst[r] {
+        if let Some(c) = self.konst(r) {
             if c as i64 <= self.len_min as i64 {
                 s = s.max(self.len_min - c as i32);
             }
@@ -127,20 +136,39 @@ impl Facts {
         self.len_regs &= !(1 << r);
         self.start_regs &= !(1 << r);
         self.slack[r] = NONE;
-        self.konst[r] = None;
+        self.set_konst(r, None);
         self.set_indexed(r, None);
         let mut left = self.indexed_regs;
         while left != 0 {
             let p = left.trailing_zeros() as usize;
             left &= left - 1;
-            if self.indexed[p].is_some_and(|(i, _)| i as usize == r) {
+            if self.index_of[p] as usize == r {
                 self.set_indexed(p, None);
             }
         }
     }
 
+    fn konst(&self, r: usize) -> Option<u32> {
+        (self.konst_regs & (1 << r) != 0).then_some(self.konst_vals[r])
+    }
+
+    fn set_konst(&mut self, r: usize, v: Option<u32>) {
+        self.konst_vals[r] = v.unwrap_or(0);
+        if v.is_some() {
+            self.konst_regs |= 1 << r;
+        } else {
+            self.konst_regs &= !(1 << r);
+        }
+    }
+
+    fn indexed(&self, r: usize) -> Option<(Reg, i16)> {
+        (self.indexed_regs & (1 << r) != 0).then_some((self.index_of[r], self.index_add[r]))
+    }
+
     fn set_indexed(&mut self, r: usize, v: Option<(Reg, i16)>) {
-        self.indexed[r] = v;
+        let (i, c) = v.unwrap_or((0, 0));
+        self.index_of[r] = i;
+        self.index_add[r] = c;
         if v.is_some() {
             self.indexed_regs |= 1 << r;
         } else {
@@ -170,9 +198,8 @@ impl Facts {
         let value = match x {
             Side::Reg(rx) => {
                 self.learn_slack(rx, gained);
-                self.konst
-                    .get(rx as usize)
-                    .copied()
+                ((rx as usize) < 10)
+                    .then(|| self.konst(rx as usize))
                     .flatten()
                     .map(u64::from)
             }
@@ -242,8 +269,8 @@ impl Facts {
                 self.len_regs |= ((self.len_regs >> s) & 1) << d;
                 self.start_regs |= ((self.start_regs >> s) & 1) << d;
                 self.slack[d] = self.slack[s];
-                self.konst[d] = self.konst[s];
-                self.set_indexed(d, self.indexed[s]);
+                self.set_konst(d, self.konst(s));
+                self.set_indexed(d, self.indexed(s));
             }
             Op::Alu {
                 width,
@@ -252,11 +279,14 @@ impl Facts {
                 src: Operand::Imm(i),
             } => {
                 self.forget(dst);
-                if let Some(k) = self.konst.get_mut(dst as usize) {
-                    *k = small(match width {
-                        Width::W64 => i as i64 as u64,
-                        Width::W32 => i as u32 as u64,
-                    });
+                if dst < 10 {
+                    self.set_konst(
+                        dst as usize,
+                        small(match width {
+                            Width::W64 => i as i64 as u64,
+                            Width::W32 => i as u32 as u64,
+                        }),
+                    );
                 }
             }
             Op::Alu {
@@ -271,13 +301,15 @@ impl Facts {
                     -(i as i64)
                 };
                 let d = dst as usize;
-                let konst = self.konst[d].and_then(|c| small((c as u64).wrapping_add(i as u64)));
-                let indexed = self.indexed[d].and_then(|(x, c)| {
+                let konst = self
+                    .konst(d)
+                    .and_then(|c| small((c as u64).wrapping_add(i as u64)));
+                let indexed = self.indexed(d).and_then(|(x, c)| {
                     let c = c as i64 + i;
                     (c.abs() <= MAX_END as i64).then_some((x, c as i16))
                 });
                 self.forget(dst);
-                self.konst[d] = konst;
+                self.set_konst(d, konst);
                 self.set_indexed(d, indexed);
             }
             Op::Alu {
@@ -287,7 +319,7 @@ impl Facts {
                 src: Operand::Reg(s),
             } if dst < 10 && s < 10 && dst != s => {
                 let d = dst as usize;
-                let konst = match (self.konst[d], self.konst[s as usize]) {
+                let konst = match (self.konst(d), self.konst(s as usize)) {
                     (Some(a), Some(b)) => small(a as u64 + b as u64),
                     _ => None,
                 };
@@ -295,13 +327,13 @@ impl Facts {
                 let indexed = (self.start_regs & (1 << d) != 0 && self.start_regs & (1 << s) == 0)
                     .then_some((s, 0));
                 self.forget(dst);
-                self.konst[d] = konst;
+                self.set_konst(d, konst);
                 self.set_indexed(d, indexed);
             }
             Op::LdImm64 { dst, imm } => {
                 self.forget(dst);
-                if let Some(k) = self.konst.get_mut(dst as usize) {
-                    *k = small(imm.get());
+                if dst < 10 {
+                    self.set_konst(dst as usize, small(imm.get()));
                 }
             }
             Op::CallHelper { .. } | Op::CallReg { .. } | Op::CallLocal { .. } => {
@@ -322,28 +354,89 @@ impl Facts {
         }
     }
 
-    /// What holds on both `self`'s paths and `o`'s.
-    fn meet(&self, o: &Facts) -> Facts {
-        let mut m = Facts::EMPTY;
-        m.len_regs = self.len_regs & o.len_regs;
-        m.start_regs = self.start_regs & o.start_regs;
+    /// What holds on both `self`'s paths and `o`'s, `slacks` being `o`'s
+    /// [`Facts::slacks`]. `self` is a stored join state, whose `slack` is already
+    /// [`Facts::slack_of`] for every register ([`Facts::normalized`]), so only `o`'s are
+    /// computed: a join runs at every jump, and it was most of the analysis' cost. The result is normalized too (a register's length or constant
+    /// bound survives only where both sides have it, and is then below both slacks).
+    fn meet_with(&self, o: &Facts, slacks: [i32; 10]) -> Facts {
+        let mut m = *self;
+        m.len_regs &= o.len_regs;
+        m.start_regs &= o.start_regs;
         m.len_min = self.len_min.min(o.len_min);
-        for r in 0..10 {
-            let s = self.slack_of(r as Reg).min(o.slack_of(r as Reg));
-            m.slack[r] = s.max(NONE as i32) as i16;
-            if self.konst[r] == o.konst[r] {
-                m.konst[r] = self.konst[r];
+        for (r, b) in slacks.into_iter().enumerate() {
+            m.slack[r] = (self.slack[r] as i32).min(b).max(NONE as i32) as i16;
+            // Absent entries are 0 on both sides: a differing value or presence clears.
+            if self.konst_vals[r] != o.konst_vals[r]
+                || (self.konst_regs ^ o.konst_regs) & (1 << r) != 0
+            {
+                m.set_konst(r, None);
             }
-            if self.indexed[r] == o.indexed[r] {
-                m.set_indexed(r, self.indexed[r]);
+            if (self.index_of[r], self.index_add[r]) != (o.index_of[r], o.index_add[r])
+                || (self.indexed_regs ^ o.indexed_regs) & (1 << r) != 0
+            {
+                m.set_indexed(r, None);
             }
         }
         m
     }
 
+    /// Whether meeting `o` (whose [`Facts::slacks`] are `slacks`) leaves this stored
+    /// (normalized) state as it is: everything it knows, `o` knows too.
+    fn covers(&self, o: &Facts, slacks: &[i32; 10]) -> bool {
+        let within = |mine: u16, theirs: u16| mine & !theirs == 0;
+        if !within(self.len_regs, o.len_regs)
+            || !within(self.start_regs, o.start_regs)
+            || self.len_min > o.len_min
+            || !within(self.konst_regs, o.konst_regs)
+            || !within(self.indexed_regs, o.indexed_regs)
+        {
+            return false;
+        }
+        (0..10).all(|r| {
+            self.slack[r] as i32 <= slacks[r].max(NONE as i32)
+                && (self.konst_regs & (1 << r) == 0 || self.konst_vals[r] == o.konst_vals[r])
+                && (self.indexed_regs & (1 << r) == 0
+                    || (self.index_of[r], self.index_add[r]) == (o.index_of[r], o.index_add[r]))
+        })
+    }
+
+    /// The same facts with every register's `slack` raised to [`Facts::slack_of`]: what
+    /// the analysis reads of a slack is only ever `slack_of` (a copy takes the length and
+    /// constant with it, a write forgets all three), so this changes no conclusion, and
+    /// stored states in this form make [`Facts::meet_with`] cheaper and equal facts compare
+    /// equal.
+    fn normalized(&self) -> Facts {
+        let mut n = *self;
+        for (r, s) in self.slacks().into_iter().enumerate() {
+            n.slack[r] = s.max(NONE as i32) as i16;
+        }
+        n
+    }
+
+    /// [`Facts::slack_of`] of r0–r9.
+    fn slacks(&self) -> [i32; 10] {
+        let mut s = [0i32; 10];
+        for (r, out) in s.iter_mut().enumerate() {
+            let mut v = self.slack[r] as i32;
+            if self.len_regs & (1 << r) != 0 {
+                v = v.max(0);
+            }
+            if let Some(c) = self.konst(r) {
+                if c as i64 <= self.len_min as i64 {
+                    v = v.max(self.len_min - c as i32);
+                }
+            }
+            *out = v;
+        }
+        s
+    }
+
     /// The plan of an access of `size` bytes at `base + off`, if the facts bound it.
     fn classify(&self, base: Reg, off: i16, size: u32) -> Option<AccessCheck> {
-        let (index, c) = self.indexed.get(base as usize).copied().flatten()?;
+        let (index, c) = ((base as usize) < 10)
+            .then(|| self.indexed(base as usize))
+            .flatten()?;
         let start = c as i32 + off as i32;
         let end = start + size as i32;
         if start < 0 || end > self.slack_of(index) {
@@ -406,10 +499,33 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
         return;
     }
     let n = end - start;
+    // Facts matter only where a path leads on to a candidate: clang's programs often read
+    // the context in a first loop and then work on the stack, and the later loops' joins
+    // were most of the analysis. Nothing past `hi` can reach the last candidate (a path
+    // back needs a backward jump from past `hi` to before it), so the analysis stops
+    // there: the code left out only feeds code left out.
+    let Some(last) = (start..end).rev().find(|&i| {
+        candidate(&checks[i])
+            && matches!(
+                prog.insts[i].op,
+                Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. }
+            )
+    }) else {
+        return;
+    };
+    let mut hi = last;
+    // By position: a backward jump that extends `hi` is seen before any later one that
+    // lands inside the extension.
+    for b in prog.branches_in(last + 1, end) {
+        if b.kind != BranchKind::CallLocal && b.target as usize <= hi {
+            hi = b.at as usize;
+        }
+    }
+    let is_useful = |i: usize| i <= hi;
     // States only where paths meet (the function's start and jump targets), each ~250
     // bytes: per instruction they would be that much per instruction of a large program.
     let mut slot: Vec<u32> = crate::reuse::filled(n, 0);
-    let mut states: Vec<Facts> = vec![Facts::entry()];
+    let mut states: Vec<Facts> = vec![Facts::entry().normalized()];
     slot[0] = 1;
     // Joins to run from, one bit per instruction, taken lowest first.
     let mut pending = vec![0u64; n.div_ceil(64)];
@@ -423,20 +539,22 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
                      next: &mut usize,
                      target: usize,
                      f: &Facts| {
-        if !(start..end).contains(&target) {
+        if !(start..end).contains(&target) || !is_useful(target) {
             return;
         }
         let k = slot[target - start];
         if k == 0 {
-            states.push(*f);
+            states.push(f.normalized());
             slot[target - start] = states.len() as u32;
         } else {
             let old = &mut states[k as usize - 1];
-            let new = old.meet(f);
-            if *old == new {
+            let slacks = f.slacks();
+            // Most joins change nothing (a loop's head once stable): tested without
+            // building the met state.
+            if old.covers(f, &slacks) {
                 return;
             }
-            *old = new;
+            *old = old.meet_with(f, slacks);
         }
         let t = target - start;
         pending[t / 64] |= 1 << (t % 64);
@@ -496,7 +614,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
                 _ => {}
             }
             i += 1;
-            if i == end {
+            if i == end || !is_useful(i) {
                 break;
             }
             if prog.is_target[i] {
@@ -507,7 +625,7 @@ pub fn bound_indexes(prog: &Program, checks: &mut [AccessCheck]) {
     }
     // The final states, straight down from each join (one state updated in place).
     let (mut f, mut live) = (Facts::EMPTY, false);
-    for i in start..end {
+    for i in start..=last {
         if i == start || prog.is_target[i] {
             let k = slot[i - start];
             live = k != 0;
@@ -650,6 +768,96 @@ mod tests {
             0,
             ins(0xad, 4, 2, 0, 0)
         )));
+    }
+
+    #[test]
+    fn a_back_edge_after_the_last_access_still_joins() {
+        // `i = 0; if len == 0 goto out; head: p = r1 + i; r8 = *(u8 *)p; <more>; i += 1;
+        // if i != 1000 goto head; out: exit`. On the first pass `ctx[0]` is in bounds (len
+        // >= 1), but the back-edge, past the last access and past `more`'s loop, brings
+        // any `i`: the access stays checked. `more` is a loop of its own after the access
+        // (r3 counts down), which the analysis leaves out; the back-edge it must not.
+        let code = [
+            ins(0xb7, 4, 0, 0, 0),
+            ins(0x15, 2, 0, 9, 0),     // if r2 == 0 goto out
+            ins(0xbf, 5, 1, 0, 0),     // head: r5 = r1
+            ins(0x0f, 5, 4, 0, 0),     // r5 += r4
+            ins(0x71, 8, 5, 0, 0),     // r8 = *(u8 *)(r5 + 0)
+            ins(0xb7, 3, 0, 0, 4),     // r3 = 4
+            ins(0x07, 3, 0, 0, -1),    // more: r3 -= 1
+            ins(0x55, 3, 0, -2, 0),    // if r3 != 0 goto more
+            ins(0x07, 4, 0, 0, 1),     // r4 += 1
+            ins(0x55, 4, 0, -8, 1000), // if r4 != 1000 goto head
+            ins(0x2d, 6, 7, 0, 0),     // if r6 > r7 goto out (a compare of two registers)
+            EXIT,
+        ];
+        let prog = crate::decode(&code.concat(), &[]).unwrap();
+        assert!(!matches!(
+            plan_accesses(&prog, true).check(4),
+            AccessCheck::CtxIndex { .. }
+        ));
+    }
+
+    /// Random facts with few values per field, so that pairs often agree.
+    fn random_facts(seed: &mut u64) -> super::Facts {
+        let mut rnd = |n: u64| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed % n
+        };
+        let mut f = super::Facts::EMPTY;
+        f.len_regs = (rnd(1024) & rnd(1024)) as u16;
+        f.start_regs = (rnd(1024) & rnd(1024)) as u16;
+        f.len_min = rnd(3) as i32;
+        for r in 0..10 {
+            f.slack[r] = rnd(4) as i16 - 1;
+            if rnd(2) == 0 {
+                f.set_konst(r, Some(rnd(3) as u32));
+            }
+            if rnd(3) == 0 {
+                f.set_indexed(r, Some((rnd(2) as u8, rnd(2) as i16)));
+            }
+        }
+        f
+    }
+
+    #[test]
+    fn covers_is_a_meet_that_changes_nothing() {
+        // The join's shortcut must say "unchanged" exactly when the meet would leave the
+        // stored (normalized) state as it is; both answers must come up often.
+        let mut seed = 0x5eed_c0e5_u64;
+        let (mut same, mut changed) = (0, 0);
+        for _ in 0..20_000 {
+            let old = random_facts(&mut seed).normalized();
+            // `old` with one field nudged either way (or none): the pairs where one
+            // condition alone decides.
+            let other = random_facts(&mut seed);
+            let mut o = old;
+            let r = (seed % 10) as usize;
+            match (seed >> 8) % 9 {
+                0 => o.len_regs ^= 1 << r,
+                1 => o.start_regs ^= 1 << r,
+                2 => o.len_min += if seed & (1 << 20) != 0 { 1 } else { -1 },
+                3 => o.slack[r] += if seed & (1 << 20) != 0 { 1 } else { -1 },
+                4 => o.set_konst(r, other.konst(r)),
+                5 => o.set_indexed(r, other.indexed(r)),
+                6 => o = other,
+                _ => {}
+            }
+            let slacks = o.slacks();
+            let unchanged = old.meet_with(&o, slacks) == old;
+            assert_eq!(old.covers(&o, &slacks), unchanged, "{old:?} meets {o:?}");
+            if unchanged {
+                same += 1;
+            } else {
+                changed += 1;
+            }
+        }
+        assert!(
+            same > 1000 && changed > 1000,
+            "{same} unchanged, {changed} changed"
+        );
     }
 
     #[test]

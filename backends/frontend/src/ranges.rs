@@ -1127,6 +1127,9 @@ struct Dataflow<'p> {
     prog: &'p Program,
     start: usize,
     end: usize,
+    /// The last instruction that can reach a wanted one (see [`Dataflow::new`]): nothing
+    /// past it is run.
+    hi: usize,
     /// Per instruction of the function: 1 + index into `states` once reached, else 0.
     slot: Vec<u32>,
     /// Entry states of the reached joins in the order first reached, each with how often it
@@ -1166,6 +1169,16 @@ impl<'p> Dataflow<'p> {
             }
             overlaps
         });
+        // Only states before wanted instructions are asked for, and code past the last one
+        // and past every backward jump into what comes before can reach none of them (a
+        // path back needs such a jump): it only feeds itself, and is not run. By position:
+        // a jump that moves `hi` is seen before any later one landing in what it adds.
+        let mut hi = wanted.last().map_or(sp.start, |&w| w.max(sp.start));
+        for b in prog.branches_in(hi + 1, sp.end) {
+            if b.kind != BranchKind::CallLocal && (b.target as usize) <= hi {
+                hi = b.at as usize;
+            }
+        }
         // Merged, the spans are disjoint: setting their bits is linear in the function.
         let mut in_loop = vec![0u64; n.div_ceil(64)];
         for &(head, jump) in &loops {
@@ -1177,6 +1190,7 @@ impl<'p> Dataflow<'p> {
             prog,
             start: sp.start,
             end: sp.end,
+            hi,
             slot: crate::reuse::filled(n, 0),
             // One state per join reached: the entry and jump targets, so at most one per
             // branch besides the entry. Sized up front: a state is 264 bytes, and growing
@@ -1231,7 +1245,7 @@ impl<'p> Dataflow<'p> {
                     _ => {}
                 }
                 i += 1;
-                if i == self.end {
+                if i == self.end || i > self.hi {
                     break;
                 }
                 if self.prog.is_target[i] {
@@ -1272,7 +1286,7 @@ impl<'p> Dataflow<'p> {
 
     /// Joins `st` into the entry state of `target` and queues it if that changed it.
     fn hand_over(&mut self, target: usize, st: &State) {
-        if !(self.start..self.end).contains(&target) {
+        if !(self.start..self.end).contains(&target) || target > self.hi {
             return;
         }
         let t = target - self.start;
@@ -2531,6 +2545,30 @@ mod tests {
                     assert!(covers(&st[s], &after), "edge {i} -> {s} of {:?}", p.insts);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_few_wanted_instructions_get_the_states_of_all_wanted() {
+        // The run stops past the last wanted instruction and the backward jumps into what
+        // comes before it: what it leaves out must change no wanted state.
+        let mut pick = 0x5eed_c0deu64;
+        for (p, seen, _) in random_programs(0x5eed_0c07, true) {
+            let all = states(&p);
+            pick ^= pick << 13;
+            pick ^= pick >> 7;
+            pick ^= pick << 17;
+            let wanted: Vec<usize> = (0..p.insts.len())
+                .filter(|&i| (pick >> (i % 64)) & 1 != 0 && i < p.insts.len() / 2)
+                .collect();
+            let mut got = Vec::new();
+            for_each_state(&p, &wanted, |i, st| got.push((i, *st)));
+            let expected: Vec<(usize, State)> = wanted
+                .iter()
+                .filter(|&&i| seen[i])
+                .map(|&i| (i, all[i]))
+                .collect();
+            assert_eq!(got, expected, "wanted {wanted:?} of {:?}", p.insts);
         }
     }
 
