@@ -127,8 +127,12 @@ impl Codegen<'_> {
         self.e.bind(label);
         let kind = match stop {
             Stop::Budget { charge } => {
-                self.e
-                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+                match self.plan.budget {
+                    Some(b) => self.e.arith_ri(Arith::Add, Sz::B64, b, charge as i64),
+                    None => self
+                        .e
+                        .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64),
+                }
                 PJ_STOP_BUDGET
             }
             Stop::Callx { reg } => {
