@@ -36,7 +36,6 @@ use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, Codeg
 use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::ranges::AccessPlan;
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
-use packjit_plugin_api::abi::PJ_ENV_BUDGET;
 
 /// The largest stack block the entry zeroes with plain stores (16 of them) rather than
 /// `rep stosq`.
@@ -67,14 +66,6 @@ pub struct Plan {
     /// Registers the entry zeroes: those a run may read before writing them
     /// (`analysis::entry_zeroing`).
     pub zero: u16,
-    /// Where a budgeted program keeps its budget while it runs: the register of an r6-r9
-    /// no function mentions (callee-saved, so helpers keep it; no callee saves or writes
-    /// it), loaded from `env` at entry and written back where the entry returns or a stop
-    /// lands, so a charge is a register `sub` rather than a read-modify-write of `env` whose
-    /// store-to-load latency a tight loop would carry from one iteration to the next.
-    /// `None`: in `env.budget` (no budget, no such register, or a tail-calling program,
-    /// whose targets take the budget from `env`).
-    pub budget: Option<Gpr>,
     /// Per function (index as `Program::subprogs`).
     pub subs: Vec<SubFrame>,
     /// The front end's access analysis (filled for sandboxed code by `lower::emit_decoded_with`).
@@ -104,11 +95,6 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         .iter()
         .fold(0u16, |acc, sp| acc | sp.reads | sp.writes)
         | if ops & op_kind::ATOMIC != 0 { 1 } else { 0 };
-    let budget = if mode.counts_budget() && !mode.tail_calls {
-        (6..=9u8).rev().find(|&r| used & (1 << r) == 0).map(host)
-    } else {
-        None
-    };
     let subs = prog
         .subprogs
         .iter()
@@ -128,7 +114,6 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
                     saved.push(RBP);
                 }
                 saved.extend(callee_saved_of(used));
-                saved.extend(budget);
                 if needs_env {
                     saved.push(ENV);
                 }
@@ -146,7 +131,6 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         needs_env,
         used,
         zero: entry_zeroing(prog, LOWERING_READS),
-        budget,
         subs,
         // Read only by sandboxed code, for which `lower::emit_decoded_with` fills it in.
         access: AccessPlan::default(),
@@ -247,9 +231,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         }
         if f.pad && !uniform {
             self.e.push_rax();
-        }
-        if let Some(b) = self.plan.budget {
-            self.e.load(Sz::B64, b, ENV, PJ_ENV_BUDGET);
         }
         let block = self.plan.block;
         if block > 0 {
@@ -375,10 +356,6 @@ impl Codegen<'_> {
         if k == 0 && !uniform && exit == FrameExit::Return {
             let l = self.entry_pops;
             self.e.bind(l);
-            // Returns and stops (which land here) leave what is left of the budget in env.
-            if let Some(b) = self.plan.budget {
-                self.e.store(Sz::B64, ENV, PJ_ENV_BUDGET, b);
-            }
         }
         for &r in f.saved.iter().rev() {
             self.e.pop(r);

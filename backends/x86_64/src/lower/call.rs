@@ -233,17 +233,9 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         }
     }
 
-    /// The target counts on from `env.budget`: a budget kept in a register goes there
-    /// for the call and comes back after (a tail-calling program keeps it in `env`, see
-    /// `Plan::budget`, so this is for completeness).
+    /// The budget lives in `env` already (`sub [r12 + budget]`): a plain call.
     fn call_runner(&mut self, runner: &HelperEntry) -> Result<(), CompileError> {
-        let Some(b) = self.plan.budget else {
-            return self.call_helper(runner);
-        };
-        self.e.store(Sz::B64, ENV, PJ_ENV_BUDGET, b);
-        self.call_helper(runner)?;
-        self.e.load(Sz::B64, b, ENV, PJ_ENV_BUDGET);
-        Ok(())
+        self.call_helper(runner)
     }
 
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the

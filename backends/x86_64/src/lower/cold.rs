@@ -127,12 +127,8 @@ impl Codegen<'_> {
         self.e.bind(label);
         let kind = match stop {
             Stop::Budget { charge } => {
-                match self.plan.budget {
-                    Some(b) => self.e.arith_ri(Arith::Add, Sz::B64, b, charge as i64),
-                    None => self
-                        .e
-                        .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64),
-                }
+                self.e
+                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
                 PJ_STOP_BUDGET
             }
             Stop::Callx { reg } => {

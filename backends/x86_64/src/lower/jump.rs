@@ -40,21 +40,17 @@ impl Codegen<'_> {
 
     /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
     ///
-    /// One `sub` of the budget's register (`Plan::budget`), or of `env.budget` where it has
-    /// none: it borrows (CF) exactly when `amount` exceeds the budget, and the stop stub
-    /// adds the charge back ([`Stop::Budget`]), so a stop still reports the budget that was
-    /// left. A `cmp` before the `sub` would read the counter twice per back-edge.
+    /// One read-modify-write: `sub` borrows (CF) exactly when `amount` exceeds the budget,
+    /// and the stop stub adds the charge back ([`Stop::Budget`]), so a stop still reports
+    /// the budget that was left. A `cmp` before the `sub` would read the counter twice per
+    /// back-edge.
     pub(super) fn charge(&mut self, pc: usize, amount: u64) {
-        // Charges are below `MAX_INSNS`, within imm32.
-        match self.plan.budget {
-            Some(b) => self.e.arith_ri(Arith::Sub, Sz::B64, b, amount as i64),
-            // `sub QWORD [r12 + disp8], imm8` stays table-driven: dynasm-rs 5.1 lists the
-            // imm32 form (0x81) of memory-operand sub before the imm8 one (0x83), so even a
-            // `BYTE` immediate is encoded as an imm32 (three bytes longer).
-            None => self
-                .e
-                .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64),
-        }
+        // `sub QWORD [r12 + disp8], imm8` stays table-driven: dynasm-rs 5.1 lists the imm32
+        // form (0x81) of memory-operand sub before the imm8 one (0x83), so even a `BYTE`
+        // immediate is encoded as an imm32 (three bytes longer). Charges are below
+        // `MAX_INSNS`, within imm32.
+        self.e
+            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
         let stop = self.stop_label(
             Stop::Budget {
                 charge: amount as u32,
