@@ -1023,6 +1023,44 @@ pub fn run_reference(code: &[u8], ctx: &[u8]) -> Result<Observed, String> {
     Ok(Observed { r0: o.r0, ctx: c })
 }
 
+/// `code` compiled by the optimizing tier (sandboxed, or trusted; no budget) and run on a copy
+/// of `ctx`, against the reference on another: r0 and the context after the run must agree.
+/// `what` names the case in a failure (its seed and source, say).
+///
+/// # Safety
+/// Trusted (`sandboxed` false), `code` must touch no memory but `ctx` and its stack (as
+/// the reference run of the same code shows for these inputs).
+pub unsafe fn check_optimized_against_reference(
+    rt: &packjit::Runtime,
+    code: &[u8],
+    ctx: &[u8],
+    sandboxed: bool,
+    what: &str,
+) {
+    let want = run_reference(code, ctx).unwrap_or_else(|e| panic!("{what}: reference: {e}"));
+    let opts = packjit::LoadOptions {
+        tier: packjit::Tier::Optimized,
+        budget: packjit::Budget::Unlimited,
+        ..packjit::LoadOptions::default()
+    };
+    let prog = if sandboxed {
+        rt.load(code, &opts)
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rt.load_trusted(code, &opts) }
+    }
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut got_ctx = ctx.to_vec();
+    let r0 = prog
+        .call(&mut got_ctx)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        (r0, &got_ctx),
+        (want.r0, &want.ctx),
+        "{what}, sandboxed: {sandboxed}: r0/context differ from the interpreter"
+    );
+}
+
 /// Runs `code` in rbpf on a copy of `ctx`, when rbpf supports every instruction.
 pub fn run_rbpf(code: &[u8], ctx: &[u8]) -> Option<Result<Observed, String>> {
     let mut c = ctx.to_vec();

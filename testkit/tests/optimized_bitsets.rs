@@ -15,7 +15,7 @@
 
 use packjit::{Budget, LoadOptions, Runtime, Tier};
 use packjit_testkit::asm::assemble;
-use packjit_testkit::gen::{run_reference, Rng};
+use packjit_testkit::gen::{check_optimized_against_reference, run_reference, Rng};
 use std::collections::HashMap;
 
 const CTX_LEN: usize = 64;
@@ -258,23 +258,9 @@ fn random_runs(sandboxed: bool) {
         for turn in 0..4 {
             let mut ctx = ctx.clone();
             ctx.rotate_left(turn * 7);
-            let want = run_reference(&code, &ctx).unwrap();
-            let prog = if sandboxed {
-                rt.load(&code, &optimized())
-            } else {
-                // SAFETY: every access is a constant offset inside the 64-byte context.
-                unsafe { rt.load_trusted(&code, &optimized()) }
-            }
-            .unwrap_or_else(|e| panic!("seed {seed:#x}: {e}\n{src}"));
-            let mut got_ctx = ctx.clone();
-            let r0 = prog
-                .call(&mut got_ctx)
-                .unwrap_or_else(|e| panic!("seed {seed:#x}: {e}\n{src}"));
-            assert_eq!(
-                (r0, &got_ctx),
-                (want.r0, &want.ctx),
-                "seed {seed:#x}, turn {turn}, sandboxed: {sandboxed}: r0/context differ from the interpreter\n{src}"
-            );
+            let what = format!("seed {seed:#x}, turn {turn}\n{src}");
+            // SAFETY: every access is a constant offset inside the 64-byte context.
+            unsafe { check_optimized_against_reference(&rt, &code, &ctx, sandboxed, &what) };
         }
     }
     packjit_testkit::report(&format!(

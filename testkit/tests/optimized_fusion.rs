@@ -11,7 +11,7 @@
 
 use packjit::{Budget, LoadOptions, Runtime, Tier};
 use packjit_testkit::asm::assemble;
-use packjit_testkit::gen::{run_reference, Rng};
+use packjit_testkit::gen::{check_optimized_against_reference, Rng};
 
 const CTX_LEN: usize = 64;
 
@@ -145,24 +145,10 @@ fn random_chains(sandboxed: bool) {
     for seed in base..base + count {
         let (src, ctx) = program(seed);
         let code = assemble(&src).unwrap_or_else(|e| panic!("seed {seed:#x}: {e}\n{src}"));
-        let want = run_reference(&code, &ctx).unwrap();
-        let prog = if sandboxed {
-            rt.load(&code, &optimized())
-        } else {
-            // SAFETY: every access is at a constant offset inside the 64-byte context
-            // (`chain` keeps base + offset + size within it), as the reference run shows.
-            unsafe { rt.load_trusted(&code, &optimized()) }
-        }
-        .unwrap_or_else(|e| panic!("seed {seed:#x}: {e}\n{src}"));
-        let mut got_ctx = ctx.clone();
-        let r0 = prog
-            .call(&mut got_ctx)
-            .unwrap_or_else(|e| panic!("seed {seed:#x}: {e}\n{src}"));
-        assert_eq!(
-            (r0, &got_ctx),
-            (want.r0, &want.ctx),
-            "seed {seed:#x}, sandboxed: {sandboxed}: r0/context differ from the interpreter\n{src}"
-        );
+        let what = format!("seed {seed:#x}\n{src}");
+        // SAFETY: every access is at a constant offset inside the 64-byte context (`chain`
+        // keeps base + offset + size within it), as the reference run shows.
+        unsafe { check_optimized_against_reference(&rt, &code, &ctx, sandboxed, &what) };
     }
     packjit_testkit::report(&format!(
         "load combining ({}, sandboxed: {sandboxed}): seeds {base:#x}..{:#x}: {count} programs matched the interpreter",

@@ -625,7 +625,7 @@ pub trait AluHooks<'a>: Lowering<'a> {
     /// `shNadd` with Zba). Only the driver's expansions use it (never r10, never blinded).
     fn scaled_add(&mut self, dst: Reg, base: Reg, index: Reg, shift: u8);
     /// Sandboxed array lookups: `dst = index < max ? dst + (index << shift) : 0` (`dst`
-    /// holds the array's base; `index` a zero-extended `u32` in r1-r5, left unchanged;
+    /// holds the array's base; `index` a zero-extended `u32` in r1-r9, left unchanged;
     /// `max` an immediate or r3; `shift` < 32), where no index at or past `max` ever forms
     /// an address, not even on a mispredicted path (Spectre v1). A backend either selects
     /// 0 without a branch (a conditional move: [`PastEnd::Selected`]) or branches to
