@@ -77,8 +77,9 @@ pub enum Cold<A, F> {
         label: DynamicLabel,
         charge: u64,
     },
-    /// An inlined array lookup's key is past the end (trusted code's bounded form, see
-    /// `array_lookup`): r0 = NULL, then back to `resume`.
+    /// An inlined array lookup's key is past the end (the bounded form's branch, or a
+    /// backend's `select_element` that branches: see `array_lookup`): r0 = NULL, then back
+    /// to `resume`.
     NullResult {
         inst: usize,
         label: DynamicLabel,
