@@ -350,8 +350,8 @@ pub const PJ_INLINE_PERCPU_LOOKUP: u32 = 3;
 /// function at `addr` updates `env` for the program it chose (its regions), so the program
 /// reached runs exactly as if the host had called it, on the same native stack. Inside a
 /// bpf-to-bpf function (whose callers' frames stay) packjit's backends call the table's
-/// [`PJ_HELPER_CALLEE_TAIL_CALL`] entry instead, for both forms of tail call, and refuse
-/// the tail call when the table has none.
+/// [`PJ_HELPER_CALLEE_TAIL_CALL`] entry instead, and refuse the tail call when the table has
+/// none.
 pub const PJ_INLINE_TAIL_CALL: u32 = 4;
 
 /// [`PjHelper::inline_kind`]: an array map lookup, inlined (the kernel's `map_gen_lookup`).
@@ -380,7 +380,11 @@ pub const PJ_INLINE_ARRAY_LOOKUP: u32 = 5;
 /// tail-calling programs all have its uniform entry frame (packjit's own) leaves only its
 /// stack block, keeps the saved registers for the target and jumps past the target's saves,
 /// to [`PjTailTarget::tail_entry`]; the target's tail entry reloads the context and its
-/// length from `env` where its program reads them.
+/// length from `env` where its program reads them. Inside a bpf-to-bpf function (whose
+/// callers' frames stay) the code calls the target's whole entry instead, as the host does,
+/// with what that entry and the switch overwrite in `env` for the caller (`entry_sp`, the
+/// stack block's bounds, the regions, the maps) saved on the native stack and restored
+/// after; the target's result is the function's, and a stop it recorded ends the run.
 pub const PJ_INLINE_PROG_ARRAY_TAIL_CALL: u32 = 6;
 
 /// The longest chain of tail calls one run may make, as in the kernel (`MAX_TAIL_CALL_CNT`).
@@ -518,8 +522,9 @@ pub struct PjStaticRegions {
 /// A `call` of this id is refused at decode time and `callx` never matches it.
 pub const PJ_HELPER_LOOKUP_VALUES: u32 = 0x7043_0004;
 
-/// packjit's runner of a tail call made inside a bpf-to-bpf function (not callable by
-/// programs: a `call` of this id is refused at decode time and `callx` never matches it).
+/// packjit's runner of a tail call made inside a bpf-to-bpf function through a chooser
+/// ([`PJ_INLINE_TAIL_CALL`]; not callable by programs: a `call` of this id is refused at
+/// decode time and `callx` never matches it).
 /// The code of such a tail call calls it like a helper with the program's r1-r3 (context,
 /// prog array, index). It makes the tail call's tests on the run's count
 /// ([`PjExecEnv::tail_calls`], shared with the whole chain), and when the call goes, runs

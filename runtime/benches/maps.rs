@@ -1072,7 +1072,7 @@ fn tail_calls(rt: &Runtime) {
         a.finish()
     };
     // The same link, its tail call made inside a bpf-to-bpf function: each target is
-    // entered as a callee (the runner, the target's whole entry), 33 deep.
+    // entered as a callee (its whole entry called, what it overwrites in `env` saved around it), 33 deep.
     let link_callee = {
         let mut a = Asm::default();
         a.movr(R6, R1).ldx32(R2, R6, 0).add(R2, 1).stx32(R6, 0, R2);
@@ -1356,7 +1356,7 @@ fn tail_calls(rt: &Runtime) {
         "one tail call inside a function, into a leaf (difference)",
         m[12] - m[14],
         m[13] - m[15],
-        "the runner and the leaf's whole entry",
+        "the call and the leaf's whole entry",
     );
     for j in &jumps {
         rt.set_prog_array(j, 0, None).unwrap();

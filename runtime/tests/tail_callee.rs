@@ -203,6 +203,105 @@ fn a_target_entered_from_a_function_returns_to_its_caller_whose_registers_and_st
     }
 }
 
+/// A hash map of `u32` keys and `u64` values holding `key 0 = value`.
+fn hash_holding(name: &str, value: u64) -> Arc<Map> {
+    let m = Map::new(MapSpec {
+        name: name.into(),
+        map_type: MapType::Hash,
+        key_size: 4,
+        value_size: 8,
+        max_entries: 4,
+        flags: 0,
+    })
+    .unwrap();
+    m.update(&0u32.to_le_bytes(), &value.to_le_bytes(), 0)
+        .unwrap();
+    m
+}
+
+/// `r0 = *lookup(map k, key 0)`, or `missing` when the lookup finds nothing. The map is
+/// not proven at the call (a jump lands between), so the helper looks the handle up among
+/// the running program's maps (NULL for a map it does not have), and the value is read
+/// through a pointer nothing vouched for: sandboxed, checked against the running program's
+/// regions.
+fn read_own_map(k: i32, missing: i32) -> Vec<u8> {
+    [
+        i(0x62, 10, 0, -4, 0), // *(u32 *)(r10 - 4) = 0
+        i(0xbf, 2, 10, 0, 0),  // r2 = r10
+        i(0x07, 2, 0, 0, -4),  // r2 += -4
+        map_ref(1, k),         // r1 = map k
+        i(0x05, 0, 0, 0, 0),   // ja +0: the call starts a basic block
+        i(CALL, 0, 0, 0, 1),   // bpf_map_lookup_elem
+        i(0x55, 0, 0, 2, 0),   // if r0 != 0 goto +2
+        i(0xb7, 0, 0, 0, missing),
+        i(EXIT, 0, 0, 0, 0),
+        i(0x79, 0, 0, 0, 0), // r0 = *(u64 *)(r0 + 0)
+    ]
+    .concat()
+}
+
+#[test]
+fn a_target_entered_from_a_function_has_its_own_maps_and_its_caller_gets_its_own_back() {
+    let rt = host::host_runtime();
+    for (tier, trust) in modes() {
+        let (jumps, _) = prog_array(1);
+        // The target reads its own map (40); the caller, after f returns, its own (2).
+        let target = {
+            let opts = LoadOptions {
+                tier,
+                maps: vec![hash_holding("theirs", 40)],
+                ..Default::default()
+            };
+            load_as(
+                &rt,
+                trust,
+                &[read_own_map(0, 1), i(EXIT, 0, 0, 0, 0)].concat(),
+                &opts,
+            )
+        };
+        rt.set_prog_array(&jumps, 0, Some(target)).unwrap();
+        let opts = LoadOptions {
+            tier,
+            maps: vec![jumps.clone(), hash_holding("mine", 2)],
+            ..Default::default()
+        };
+        // 0: call f; r6 = r0; r0 = *lookup(map 1) (1000000 if missing) + r6; exit.
+        // f (pc 15): tail call slot 0 of map 0; -1 if it falls through.
+        let caller = |chooser: bool| {
+            let main = [
+                i(CALL, 0, 1, 0, 14),
+                i(0xbf, 6, 0, 0, 0),
+                read_own_map(1, 1_000_000),
+                i(0x0f, 0, 6, 0, 0),
+                i(EXIT, 0, 0, 0, 0),
+            ]
+            .concat();
+            assert_eq!(main.len(), 15 * 8);
+            let mut f = [i(0xb7, 3, 0, 0, 0), map_ref(2, 0)].concat();
+            if chooser {
+                f.extend(i(0x05, 0, 0, 0, 0)); // ja +0: the call starts a basic block
+            }
+            f.extend(
+                [
+                    i(CALL, 0, 0, 0, 12),
+                    i(0xb7, 0, 0, 0, -1),
+                    i(EXIT, 0, 0, 0, 0),
+                ]
+                .concat(),
+            );
+            load_as(&rt, trust, &[main, f].concat(), &opts)
+        };
+        for (how, c) in [("inline", caller(false)), ("chooser", caller(true))] {
+            let mut mem = [0u8; 4];
+            assert_eq!(
+                c.call(&mut mem).unwrap(),
+                42,
+                "{trust:?} {how}: the target read 40 from its map, the caller 2 from its own"
+            );
+        }
+    }
+}
+
 fn trust_other(t: Trust) -> Trust {
     match t {
         Trust::Sandboxed => Trust::Trusted,

@@ -714,6 +714,23 @@ pub trait CallHooks<'a>: Lowering<'a> {
     /// with the budget written to `env` before the call and read back after, where the code
     /// keeps it in a register (the target counts on from what `env` holds).
     fn call_runner(&mut self, runner: &HelperEntry) -> Result<(), CompileError>;
+    /// A tail call's target entered as a callee (a tail call inside a bpf-to-bpf function,
+    /// see `prog_array_tail_call`), with r0 = the target's whole entry and r3 = its
+    /// `PjTailTarget`: push the `env` words at `call.saved` on the native stack, copy
+    /// `call.switched` from the record to `env`, call r0 as the host calls a program
+    /// (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`), with the
+    /// budget in `env` across the call where the code keeps it in a register, then pop the
+    /// saved words back. r0 = the target's result; r1-r5 are clobbered.
+    fn call_tail_target(&mut self, call: &TargetCall);
+}
+
+/// What [`CallHooks::call_tail_target`] keeps of `env` across a target's run, and what it
+/// switches to the target's before: `env` offsets (an even count: 16-byte pushes keep every
+/// backend's stack aligned at the call) and (`PjTailTarget` offset, `env` offset) pairs.
+#[derive(Clone, Copy, Debug)]
+pub struct TargetCall {
+    pub saved: &'static [i32],
+    pub switched: &'static [(i32, i32)],
 }
 
 /// Cold code and the program's end.
@@ -959,8 +976,100 @@ fn tail_call<'a, L: Isa<'a>>(
 /// subprogram (`check_max_stack_depth`); packjit's frames are fixed at 512 bytes.
 pub const MAX_TAIL_CALLING_DEPTH: usize = 4;
 
-/// A tail call inside a bpf-to-bpf function (helper `id`, either form): the target is entered
-/// as a callee. The runner ([`packjit_plugin_api::PJ_HELPER_CALLEE_TAIL_CALL`]) gets the
+/// A tail call inside a bpf-to-bpf function runs its target on top of the callers' frames:
+/// refused where the call chains are deeper than [`MAX_TAIL_CALLING_DEPTH`].
+fn callee_depth_check<'a, L: Isa<'a>>(l: &mut L, id: u32) -> Result<(), CompileError> {
+    let d = l.driver();
+    if d.prog.call_depth > MAX_TAIL_CALLING_DEPTH {
+        let depth = d.prog.call_depth;
+        return Err(d.error(
+            ErrorKind::Unsupported,
+            format!(
+                "tail call (helper {id}) inside a bpf-to-bpf function of a program whose call chains are {depth} frames deep: at most {MAX_TAIL_CALLING_DEPTH} (the target runs on top of its callers' frames)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The rest of a proven prog array's tail call inside a bpf-to-bpf function, once r3 holds
+/// the slot's `PjTailTarget`: the target is entered as a callee, as the kernel runs it
+/// (x86-64 since 5.10, arm64 since 6.0): its `exit` returns to this function's caller with
+/// the target's r0, and the count stays the run's. The backend's `call_tail_target` keeps
+/// what the target's whole entry overwrites in `env` (`entry_sp`, and the stack block's
+/// bounds in sandboxed code) and what the switch replaces (maps, and sandboxed, regions):
+///
+/// ```text
+/// r0 = *target->code_base[mode] ; if r0 == 0 goto out   none for the other mode's code
+/// r5 = target->entry_offset ; r0 += r5
+/// env->tail_calls = r4 + 1
+/// call_tail_target (r0, r3)        env saved, switched to the target's, entry called, restored
+/// r4 = env->stop_kind ; if r4 != 0 goto stopped
+/// exit                             r0: the target's result, this function's
+/// stopped: stop_recorded           the target's stop (kind, pc) ends the whole run
+/// ```
+///
+/// The same tests as the entry's jump and the chooser's, on the same count; with no
+/// runtime call between (the runner, `callee_tail_call`, serves the chooser's form).
+fn target_as_callee<'a, L: Isa<'a>>(l: &mut L, k: usize, mode_off: i32, out: DynamicLabel) {
+    use packjit_plugin_api::abi::{
+        PJ_ENV_ENTRY_SP, PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STACK_END,
+        PJ_ENV_STACK_START, PJ_ENV_STOP_KIND, PJ_ENV_TAIL_CALLS, PJ_STOP_NONE,
+        PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
+        PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT,
+    };
+    use Width::{W32, W64};
+    // Sandboxed entries publish their stack block's bounds; trusted code never reads the
+    // regions (nothing is checked), so only the maps switch there.
+    const SANDBOXED: TargetCall = TargetCall {
+        saved: &[
+            PJ_ENV_ENTRY_SP,
+            PJ_ENV_STACK_START,
+            PJ_ENV_STACK_END,
+            PJ_ENV_REGIONS,
+            PJ_ENV_REGION_COUNT,
+            PJ_ENV_MAPS,
+        ],
+        switched: &[
+            (PJ_TAIL_TARGET_REGIONS, PJ_ENV_REGIONS),
+            (PJ_TAIL_TARGET_REGION_COUNT, PJ_ENV_REGION_COUNT),
+            (PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS),
+        ],
+    };
+    const TRUSTED: TargetCall = TargetCall {
+        saved: &[PJ_ENV_ENTRY_SP, PJ_ENV_MAPS],
+        switched: &[(PJ_TAIL_TARGET_MAPS, PJ_ENV_MAPS)],
+    };
+    let call = if l.driver().mode.sandboxed() {
+        SANDBOXED
+    } else {
+        TRUSTED
+    };
+    l.load(
+        Size::DW,
+        false,
+        0,
+        3,
+        (PJ_TAIL_TARGET_CODE_BASE + mode_off) as i16,
+    );
+    l.load(Size::DW, false, 0, 0, 0);
+    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), out);
+    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
+    l.alu(W64, AluOp::Add, 0, Operand::Reg(5));
+    l.alu(W64, AluOp::Add, 4, Operand::Imm(1));
+    l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
+    l.call_tail_target(&call);
+    let stopped = l.new_label();
+    l.load(Size::W, false, 4, ENV, PJ_ENV_STOP_KIND as i16);
+    l.branch_to(W32, Cond::Ne, 4, Operand::Imm(PJ_STOP_NONE as i32), stopped);
+    l.exit(k);
+    l.bind(stopped);
+    l.stop_recorded();
+}
+
+/// A tail call through a chooser inside a bpf-to-bpf function (helper `id`; a proven prog
+/// array's is expanded in line instead, `prog_array_tail_call`): the target is entered as a
+/// callee. The runner ([`packjit_plugin_api::PJ_HELPER_CALLEE_TAIL_CALL`]) gets the
 /// program's r1-r3, makes the tail call's tests on the run's count, and runs the target's
 /// whole entry on `env` (what the entry overwrites for this run saved and restored around
 /// it); its answer says what happened:
@@ -983,16 +1092,8 @@ fn callee_tail_call<'a, L: Isa<'a>>(l: &mut L, k: usize, id: u32) -> Result<(), 
         PJ_CALLEE_TAIL_FELL_THROUGH, PJ_CALLEE_TAIL_RETURNED, PJ_ENV_CALLEE_TAIL_R0,
         PJ_HELPER_CALLEE_TAIL_CALL,
     };
+    callee_depth_check(l, id)?;
     let d = l.driver();
-    if d.prog.call_depth > MAX_TAIL_CALLING_DEPTH {
-        let depth = d.prog.call_depth;
-        return Err(d.error(
-            ErrorKind::Unsupported,
-            format!(
-                "tail call (helper {id}) inside a bpf-to-bpf function of a program whose call chains are {depth} frames deep: at most {MAX_TAIL_CALLING_DEPTH} (the target runs on top of its callers' frames)"
-            ),
-        ));
-    }
     let Some(runner) = d
         .helpers
         .iter()
@@ -1088,7 +1189,7 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     use AluOp::*;
     use Width::{W32, W64};
     if k > 0 {
-        return callee_tail_call(l, k, id);
+        callee_depth_check(l, id)?;
     }
     let sandboxed = l.driver().mode.sandboxed();
     // The other mode's word is 8 further in both per-mode pairs.
@@ -1150,6 +1251,14 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     }
     l.load(Size::DW, false, 3, 5, 0);
     l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
+    if k > 0 {
+        target_as_callee(l, k, mode_off, out);
+        l.bind(out);
+        l.alu(W64, Mov, 0, Operand::Imm(0));
+        l.driver().expansion = Expansion::None;
+        clear_helper_arguments(l);
+        return Ok(());
+    }
     // The run switched over to the target: counted, its maps (and regions) in env.
     // Trusted code and its helpers never read the regions (nothing is checked).
     let switch = |l: &mut L| {

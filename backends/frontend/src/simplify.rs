@@ -27,11 +27,11 @@ pub fn decode_for_lowering(req: &CompileRequest<'_>) -> Result<Program, CompileE
     Ok(prog)
 }
 
-/// The entry function's inlined prog-array tail calls (`lower::prog_array_tail_call`) with
+/// The inlined prog-array tail calls (`lower::prog_array_tail_call`, in any function) with
 /// the registers their expansion reads: the index r3, or nothing when straight-line code
 /// just set it to a constant (`lower::known_index`); the context and the array (r1, r2)
-/// come from `env` and the compile-time array. A tail call in another function goes
-/// through the runner, which reads r1-r3 as a call does.
+/// come from `env` and the compile-time array. (A tail call through a chooser reads r1-r3
+/// as a call does.)
 fn inlined_tail_calls(prog: &Program, helpers: &[HelperEntry]) -> Vec<(usize, u16)> {
     let inlined = |id: u32| {
         helpers.iter().any(|h| {
@@ -41,14 +41,16 @@ fn inlined_tail_calls(prog: &Program, helpers: &[HelperEntry]) -> Vec<(usize, u1
     if !helpers.iter().any(|h| inlined(h.id)) {
         return Vec::new();
     }
-    let entry = &prog.subprogs[0];
-    (entry.start..entry.end)
-        .filter(|&at| matches!(prog.insts[at].op, Op::CallHelper { id } if inlined(id)))
-        .map(|at| {
-            let index_known = crate::lower::known_index(prog, 0, at).is_some();
-            (at, if index_known { 0 } else { 1 << 3 })
-        })
-        .collect()
+    let mut calls = Vec::new();
+    for (k, f) in prog.subprogs.iter().enumerate() {
+        for at in f.start..f.end {
+            if matches!(prog.insts[at].op, Op::CallHelper { id } if inlined(id)) {
+                let index_known = crate::lower::known_index(prog, k, at).is_some();
+                calls.push((at, if index_known { 0 } else { 1 << 3 }));
+            }
+        }
+    }
+    calls
 }
 
 /// The array lookups whose key the program stores as a constant (the driver folds them,

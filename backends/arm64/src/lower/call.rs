@@ -196,6 +196,50 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         Ok(())
     }
 
+    /// r0 (x7) holds the target's entry and r3 (x2) its record. The saved words go below
+    /// sp, an even count keeping it 16-byte aligned; the budget goes through `env` as for
+    /// the runner.
+    fn call_tail_target(&mut self, call: &TargetCall) {
+        use packjit_plugin_api::abi::{PJ_ENV_BUDGET, PJ_ENV_CTX_START};
+        let (r0, r3) = (self.map[0], self.map[3]);
+        let frame = 8 * call.saved.len() as u32;
+        a64!(self.ops; sub sp, sp, frame);
+        for (k, &off) in call.saved.iter().enumerate() {
+            a64!(self.ops
+                ; ldr X(T0), [X(ENV), off as u32]
+                ; str X(T0), [sp, 8 * k as u32]
+            );
+        }
+        for &(from, to) in call.switched {
+            a64!(self.ops
+                ; ldr X(T0), [X(r3), from as u32]
+                ; str X(T0), [X(ENV), to as u32]
+            );
+        }
+        let budget = self.d.mode.counts_budget();
+        if budget {
+            a64!(self.ops; str X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
+        }
+        // ctx_end follows ctx_start in env: one ldp.
+        a64!(self.ops
+            ; ldp x0, x1, [X(ENV), PJ_ENV_CTX_START]
+            ; sub x1, x1, x0
+            ; mov x2, X(ENV)
+            ; blr X(r0)
+            ; mov X(r0), X(RET)
+        );
+        for (k, &off) in call.saved.iter().enumerate() {
+            a64!(self.ops
+                ; ldr X(T0), [sp, 8 * k as u32]
+                ; str X(T0), [X(ENV), off as u32]
+            );
+        }
+        a64!(self.ops; add sp, sp, frame);
+        if budget {
+            a64!(self.ops; ldr X(BUDGET), [X(ENV), PJ_ENV_BUDGET as u32]);
+        }
+    }
+
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
     /// table of the `PJ_HELPER_PERCPU_OFFSET` entry, `dst = src` when `array >= count` or
     /// `cpu >= cpus` (so the offset never leaves the registered area). The CPU comes the way

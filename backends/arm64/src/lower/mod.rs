@@ -38,7 +38,7 @@ use packjit_frontend::analysis::{
 use packjit_frontend::cold::ColdPlacement;
 use packjit_frontend::lower::{
     self, AccessLowering, AluHooks, Assembled, CallHooks, Cold, Driver, JumpHooks, Lowering,
-    MemoryHooks, Pass, PastEnd, StopHooks,
+    MemoryHooks, Pass, PastEnd, StopHooks, TargetCall,
 };
 use packjit_frontend::ranges::AccessCheck;
 use packjit_frontend::relax::{BranchCheck, Relaxation};

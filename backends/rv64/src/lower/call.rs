@@ -7,8 +7,8 @@ use dynasmrt::DynamicLabel;
 use packjit_frontend::analysis::{
     callx_plan, helper_code, CpuId, HelperCode, InlineHelper, PerCpuPlan, CALL_CHARGE,
 };
-use packjit_frontend::lower::CallHooks;
 use packjit_frontend::lower::Lowering;
+use packjit_frontend::lower::{CallHooks, TargetCall};
 use packjit_frontend::{Operand, Reg};
 use packjit_plugin_api::abi::{
     PJ_CLOCK_MULT_FRAC, PJ_CLOCK_MULT_INT, PJ_CLOCK_OFFSET, PJ_PERCPU_ARRAYS, PJ_PERCPU_ARRAY_SIZE,
@@ -198,6 +198,43 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
             self.e.load(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
         }
         Ok(())
+    }
+
+    /// r0 (a5) holds the target's entry and r3 (a2) its record. The saved words go below
+    /// sp, an even count keeping it 16-byte aligned at the call; the budget goes through
+    /// `env` as for the runner.
+    fn call_tail_target(&mut self, call: &TargetCall) {
+        use crate::regs::{BUDGET, ENV};
+        use packjit_plugin_api::abi::{PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START};
+        let (r0, r3) = (self.map(0), self.map(3));
+        let frame = 8 * call.saved.len() as i32;
+        self.e.ri(RI::Addi, SP, SP, -frame);
+        for (k, &off) in call.saved.iter().enumerate() {
+            self.e.load(Mem::D, T0, ENV, off);
+            self.e.store(Mem::D, T0, SP, 8 * k as i32);
+        }
+        for &(from, to) in call.switched {
+            self.e.load(Mem::D, T0, r3, from);
+            self.e.store(Mem::D, T0, ENV, to);
+        }
+        let budget = self.d.mode.counts_budget();
+        if budget {
+            self.e.store(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
+        }
+        self.e.load(Mem::D, A0, ENV, PJ_ENV_CTX_START);
+        self.e.load(Mem::D, A1, ENV, PJ_ENV_CTX_END);
+        self.e.rrr(R3::Sub, A1, A1, A0);
+        self.e.mv(A2, ENV);
+        self.e.call_reg(r0);
+        self.e.mv(r0, A0);
+        for (k, &off) in call.saved.iter().enumerate() {
+            self.e.load(Mem::D, T0, SP, 8 * k as i32);
+            self.e.store(Mem::D, T0, ENV, off);
+        }
+        self.e.ri(RI::Addi, SP, SP, frame);
+        if budget {
+            self.e.load(Mem::D, BUDGET, ENV, PJ_ENV_BUDGET);
+        }
     }
 
     /// The per-CPU address instruction: `dst = src + cpu * slot_size` of array `array` in the
