@@ -38,7 +38,7 @@
 /**
  * Version of the plugin ABI (`PjBackendVtable::abi_version`, `PjArenaVtable::abi_version`).
  */
-#define PJ_ABI_VERSION 2
+#define PJ_ABI_VERSION 3
 
 /**
  * Architecture code: x86-64.
@@ -891,6 +891,12 @@ typedef struct PjExecEnv {
      * [`PJ_CALLEE_TAIL_RETURNED`], read by the calling code right after.
      */
     uint64_t callee_tail_r0;
+    /**
+     * `ctx_end - ctx_start`, written by the entry of sandboxed code whose checks read it
+     * (x86-64's: one memory operand in each context check instead of loading both bounds
+     * and subtracting); the host need not set it. Appended in ABI version 3.
+     */
+    uint64_t ctx_len;
 } PjExecEnv;
 
 /**
@@ -1775,7 +1781,8 @@ int32_t packjit_program_code(const struct PackjitProgram *prog,
 /**
  * Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
  * ctx_len, PjExecEnv *env)`) in `*entry`, for hosts that dispatch themselves. `env` must
- * point to a `PjExecEnv` for this call: `ctx_start`/`ctx_end` bracketing the context,
+ * point to a whole `PjExecEnv` of this header's layout (sandboxed code writes
+ * `ctx_len`, its last field, itself) for this call: `ctx_start`/`ctx_end` bracketing the context,
  * `budget` (code loaded with a budget counts it down), `regions`/`region_count` the host
  * regions the program may touch besides its context and stack (the runtime's and the
  * load's), the stop fields zero. After the call, `stop_kind != PJ_STOP_NONE` means the

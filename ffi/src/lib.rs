@@ -106,7 +106,7 @@ pub use version::*;
 // checked against packjit-plugin-api at compile time just below, so they cannot drift.
 
 /// Version of the plugin ABI (`PjBackendVtable::abi_version`, `PjArenaVtable::abi_version`).
-pub const PJ_ABI_VERSION: u32 = 2;
+pub const PJ_ABI_VERSION: u32 = 3;
 /// Architecture code: x86-64.
 pub const PJ_ARCH_X86_64: u32 = 1;
 /// Architecture code: AArch64 (arm64).

@@ -8,7 +8,9 @@
 use core::ffi::{c_char, c_void};
 
 /// Version of the plugin ABI described by this module. Bumped on any incompatible change.
-pub const PJ_ABI_VERSION: u32 = 2;
+/// 3: [`PjExecEnv::ctx_len`] appended (emitted code writes it: an older host's
+/// environment is too short).
+pub const PJ_ABI_VERSION: u32 = 3;
 
 /// Architecture codes carried in [`PjBackendVtable::arch`].
 pub const PJ_ARCH_X86_64: u32 = 1;
@@ -145,6 +147,10 @@ pub struct PjExecEnv {
     /// the [`PJ_HELPER_CALLEE_TAIL_CALL`] helper when it answers
     /// [`PJ_CALLEE_TAIL_RETURNED`], read by the calling code right after.
     pub callee_tail_r0: u64,
+    /// `ctx_end - ctx_start`, written by the entry of sandboxed code whose checks read it
+    /// (x86-64's: one memory operand in each context check instead of loading both bounds
+    /// and subtracting); the host need not set it. Appended in ABI version 3.
+    pub ctx_len: u64,
 }
 
 /// Field offsets of [`PjExecEnv`] for emitted code.
@@ -177,6 +183,8 @@ pub const PJ_ENV_TAIL_CALLS: i32 = 88;
 pub const PJ_ENV_MAPS: i32 = 96;
 /// Offset of [`PjExecEnv::callee_tail_r0`].
 pub const PJ_ENV_CALLEE_TAIL_R0: i32 = 104;
+/// Offset of [`PjExecEnv::ctx_len`].
+pub const PJ_ENV_CTX_LEN: i32 = 112;
 /// Bit of [`PjExecEnv::stop_access`] marking a write.
 pub const PJ_ACCESS_WRITE: u32 = 1 << 8;
 
@@ -196,6 +204,7 @@ const _: () = {
     assert!(core::mem::offset_of!(PjExecEnv, tail_calls) == PJ_ENV_TAIL_CALLS as usize);
     assert!(core::mem::offset_of!(PjExecEnv, maps) == PJ_ENV_MAPS as usize);
     assert!(core::mem::offset_of!(PjExecEnv, callee_tail_r0) == PJ_ENV_CALLEE_TAIL_R0 as usize);
+    assert!(core::mem::offset_of!(PjExecEnv, ctx_len) == PJ_ENV_CTX_LEN as usize);
     assert!(core::mem::offset_of!(PjTailTarget, code_base) == PJ_TAIL_TARGET_CODE_BASE as usize);
     assert!(
         core::mem::offset_of!(PjTailTarget, entry_offset) == PJ_TAIL_TARGET_ENTRY_OFFSET as usize

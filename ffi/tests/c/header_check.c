@@ -15,7 +15,7 @@ PJ_STATIC_ASSERT(sizeof(PjError) == 16 + PJ_ERROR_MESSAGE_LEN, pjerror_size);
 PJ_STATIC_ASSERT(sizeof(PjCompileRequest) == 80, pjcompilerequest_size);
 PJ_STATIC_ASSERT(sizeof(PjBackendVtable) == 56, pjbackendvtable_size);
 PJ_STATIC_ASSERT(sizeof(PjMemRegion) == 24, pjmemregion_size);
-PJ_STATIC_ASSERT(sizeof(PjExecEnv) == 112, pjexecenv_size);
+PJ_STATIC_ASSERT(sizeof(PjExecEnv) == 120, pjexecenv_size);
 
 int packjit_header_check(void);
 

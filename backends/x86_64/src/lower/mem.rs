@@ -2,7 +2,7 @@
 //! access's own inline test (the slow path is the shared routine of [`super::cold`]).
 
 use super::cold;
-use super::{mem_sz, Codegen, CTX_END8, CTX_START8, STACK_START8};
+use super::{mem_sz, Codegen, CTX_LEN8, CTX_START8, STACK_START8};
 use crate::encode::{Arith, Cc, Gpr, Label, Sz};
 use crate::regs::*;
 use crate::FEATURE_MOVBE;
@@ -77,14 +77,21 @@ impl Codegen<'_> {
         }
     }
 
-    /// `r9 = ctx_end - ctx_start`.
+    /// `r9 = ctx_end - ctx_start`, as the sandboxed entry stored it in `env.ctx_len`.
     pub(super) fn ctx_len(&mut self) {
-        self.e.asm(2, |ops| {
-            dynasm!(ops ; .arch x64
-                ; mov r9, QWORD [BYTE r12 + CTX_END8]
-                ; sub r9, QWORD [BYTE r12 + CTX_START8]
-            )
-        });
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; mov r9, QWORD [BYTE r12 + CTX_LEN8]),
+        );
+    }
+
+    /// Flags for "the context is shorter than `end`" (`B`): `end` fits an `i32`.
+    fn ctx_len_below(&mut self, end: u32) {
+        let end = end as i32;
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; cmp QWORD [BYTE r12 + CTX_LEN8], DWORD end),
+        );
     }
 
     /// The check of an access whose base is the context start plus a constant (rdi =
@@ -93,8 +100,7 @@ impl Codegen<'_> {
     fn ctx_len_check(&mut self, base: Gpr, off: i32, size: Size, write: bool, end: u32) {
         let (at, back) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
-        self.ctx_len();
-        self.e.cmp_ri(Sz::B64, T9, end as i64); // len, end
+        self.ctx_len_below(end);
         self.cold_jump(Some(Cc::B), at);
         if self.d.clamp {
             self.e
@@ -149,10 +155,10 @@ impl Codegen<'_> {
     /// `end = addr - start + n` (forced to all-ones when it wraps) against the length.
     fn ctx_cmp(&mut self, n: i64) {
         self.region_end(CTX_START8, n);
-        self.ctx_len();
-        // cmp r10, r9 in the MR form (0x39) the backend has always emitted: dynasm-rs picks
-        // the equally long RM form (0x3b) for register pairs.
-        self.e.cmp_rr(Sz::B64, T10, T9);
+        self.e.asm(
+            1,
+            |ops| dynasm!(ops ; .arch x64 ; cmp r10, QWORD [BYTE r12 + CTX_LEN8]),
+        );
     }
 
     /// Flags for "`[r11, r11 + n)` is inside the stack block": "below or equal" when it is.
@@ -178,11 +184,16 @@ impl Codegen<'_> {
 
     /// r10 = r11 - [env + start] + n, all-ones if that wraps (r9 clobbered).
     fn region_end(&mut self, start: i8, n: i64) {
-        // n is an access size, 1..=8.
+        self.mov_rr(Sz::B64, T10, T11);
+        self.region_end_in_r10(start, n);
+    }
+
+    /// r10 = r10 - [env + start] + n, all-ones if that wraps (r9 clobbered).
+    fn region_end_in_r10(&mut self, start: i8, n: i64) {
+        // n is an access size, or a group's span: under 128 (`encodes_group`).
         let n = n as i8;
-        self.e.asm(5, |ops| {
+        self.e.asm(4, |ops| {
             dynasm!(ops ; .arch x64
-                ; mov r10, r11
                 ; sub r10, QWORD [BYTE r12 + start]
                 ; add r10, BYTE n
                 ; sbb r9, r9 // -carry
@@ -339,8 +350,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         );
         let fail = match check {
             AccessCheck::CtxConst { end } => {
-                self.ctx_len();
-                self.e.cmp_ri(Sz::B64, T9, end as i64); // len, end
+                self.ctx_len_below(end);
                 Cc::B
             }
             AccessCheck::Stack if (span as usize) <= self.plan.block => {
@@ -350,11 +360,15 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                 Cc::A
             }
             _ => {
-                // The context: a sufficient test for any group.
-                self.lea(T11, b, lo);
-                self.region_end(CTX_START8, span);
-                self.ctx_len();
-                self.e.cmp_rr(Sz::B64, T10, T9); // end, len
+                // The context: a sufficient test for any group. The failing side is the
+                // group's checked copy, which checks each access itself: no address kept
+                // in r11 for it.
+                self.lea(T10, b, lo);
+                self.region_end_in_r10(CTX_START8, span);
+                self.e.asm(
+                    1,
+                    |ops| dynasm!(ops ; .arch x64 ; cmp r10, QWORD [BYTE r12 + CTX_LEN8]),
+                );
                 Cc::A
             }
         };

@@ -53,6 +53,7 @@ pub(crate) const STOP_ADDR8: i8 = env8(PJ_ENV_STOP_ADDR);
 pub(crate) const ENTRY_SP8: i8 = env8(PJ_ENV_ENTRY_SP);
 pub(crate) const CTX_START8: i8 = env8(PJ_ENV_CTX_START);
 pub(crate) const CTX_END8: i8 = env8(PJ_ENV_CTX_END);
+pub(crate) const CTX_LEN8: i8 = env8(PJ_ENV_CTX_LEN);
 pub(crate) const STACK_START8: i8 = env8(PJ_ENV_STACK_START);
 pub(crate) const STACK_END8: i8 = env8(PJ_ENV_STACK_END);
 
