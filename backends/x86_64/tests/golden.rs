@@ -1072,3 +1072,37 @@ const INDEX_CLAMP: &[&str] = &[
     "cmovae r11,r12",
     "movzx edx,BYTE PTR [r11]",
 ];
+
+/// A one-byte access of unknown origin: the context test needs no end (`r11 - start <
+/// len`, an address below the start wrapping past any length), so no carry to force; the
+/// clamp is a `cmovae` on that compare, and the slow path returns past it (its routine
+/// clamps on its own compare).
+#[test]
+fn byte_access_tests_the_context_start_and_length_only() {
+    let got = code("ldxb %r0, [%r2+5]\nexit", PJ_COMPILE_SANDBOX, 0);
+    let at = got.iter().position(|l| l == "lea r11,[rsi+0x5]").unwrap();
+    let mut window: Vec<&str> = got[at..at + 7].iter().map(|s| s.as_str()).collect();
+    let want: &[&str] = &[
+        "lea r11,[rsi+0x5]",
+        "mov r10,r11",
+        "sub r10,QWORD PTR [r12+0x10]",
+        "cmp r10,QWORD PTR [r12+0x70]",
+        "jae COLD",
+        "cmovae r11,r12",
+        "movzx eax,BYTE PTR [r11]",
+    ];
+    assert!(window[4].starts_with("jae "), "{}", got.join("\n"));
+    window[4] = "jae COLD";
+    assert_eq!(window, want, "emitted code changed:\n{}", got.join("\n"));
+    // The entry stores the length the compare reads.
+    assert!(
+        got.windows(3).any(|w| w
+            == [
+                "mov r9,QWORD PTR [r12+0x18]",
+                "sub r9,QWORD PTR [r12+0x10]",
+                "mov QWORD PTR [r12+0x70],r9"
+            ]),
+        "{}",
+        got.join("\n")
+    );
+}

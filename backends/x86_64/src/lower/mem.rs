@@ -123,6 +123,9 @@ impl Codegen<'_> {
         let n = size.bytes() as i64;
         let (ok, at) = (self.e.label(), self.e.label());
         self.lea(T11, base, off);
+        if n == 1 && !(stack_first && self.plan.block > 0) {
+            return self.byte_ctx_check(at, write);
+        }
         if stack_first && self.plan.block > 0 {
             self.stack_cmp(n);
         } else {
@@ -135,6 +138,29 @@ impl Codegen<'_> {
                 .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmova r11, r12));
         }
         self.queue_slow_path(at, ok, size, write);
+    }
+
+    /// The context test of a one-byte access at r11: `r11 - start < len`. With one byte
+    /// there is no end to compute, so no carry to force to all-ones (an address below the
+    /// start wraps the difference past any length). The slow path comes back after the
+    /// clamp: its own routine clamped on its deciding compare, whose flags (`jbe`) would
+    /// fire this `cmovae`.
+    fn byte_ctx_check(&mut self, at: Label, write: bool) {
+        let back = self.e.label();
+        self.e.asm(3, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov r10, r11
+                ; sub r10, QWORD [BYTE r12 + CTX_START8]
+                ; cmp r10, QWORD [BYTE r12 + CTX_LEN8]
+            )
+        });
+        self.cold_jump(Some(Cc::Ae), at);
+        if self.d.clamp {
+            self.e
+                .asm(1, |ops| dynasm!(ops ; .arch x64 ; cmovae r11, r12));
+        }
+        self.e.bind(back);
+        self.queue_slow_path(at, back, Size::B, write);
     }
 
     /// Queues the slow path of the current access's check: the shared routine, from `at`
