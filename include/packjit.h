@@ -892,9 +892,12 @@ typedef struct PjExecEnv {
      */
     uint64_t callee_tail_r0;
     /**
-     * `ctx_end - ctx_start`, written by the entry of sandboxed code whose checks read it
-     * (x86-64's: one memory operand in each context check instead of loading both bounds
-     * and subtracting); the host need not set it. Appended in ABI version 3.
+     * `ctx_end - ctx_start`, written by the host with them (appended in ABI version 3).
+     * Sandboxed code may compare against it instead of loading both bounds (x86-64's
+     * context checks do, in one memory operand). A host that leaves it 0 sends every
+     * context access to the full check, which reads the bounds themselves: correct, only
+     * slower. One that writes more than the context's length lets sandboxed code past the
+     * context's end, as a wrong `ctx_end` would.
      */
     uint64_t ctx_len;
 } PjExecEnv;
@@ -1781,8 +1784,8 @@ int32_t packjit_program_code(const struct PackjitProgram *prog,
 /**
  * Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
  * ctx_len, PjExecEnv *env)`) in `*entry`, for hosts that dispatch themselves. `env` must
- * point to a whole `PjExecEnv` of this header's layout (sandboxed code writes
- * `ctx_len`, its last field, itself) for this call: `ctx_start`/`ctx_end` bracketing the context,
+ * point to a `PjExecEnv` for this call: `ctx_start`/`ctx_end` bracketing the context and
+ * `ctx_len` their difference (0 is safe, only slower: see `PjExecEnv::ctx_len`),
  * `budget` (code loaded with a budget counts it down), `regions`/`region_count` the host
  * regions the program may touch besides its context and stack (the runtime's and the
  * load's), the stop fields zero. After the call, `stop_kind != PJ_STOP_NONE` means the

@@ -465,8 +465,8 @@ pub unsafe extern "C" fn packjit_program_code(
 
 /// Stores the program's entry point (`PjProgramEntry`: `uint64_t (*)(uint8_t *ctx, uint64_t
 /// ctx_len, PjExecEnv *env)`) in `*entry`, for hosts that dispatch themselves. `env` must
-/// point to a whole `PjExecEnv` of this header's layout (sandboxed code writes
-/// `ctx_len`, its last field, itself) for this call: `ctx_start`/`ctx_end` bracketing the context,
+/// point to a `PjExecEnv` for this call: `ctx_start`/`ctx_end` bracketing the context and
+/// `ctx_len` their difference (0 is safe, only slower: see `PjExecEnv::ctx_len`),
 /// `budget` (code loaded with a budget counts it down), `regions`/`region_count` the host
 /// regions the program may touch besides its context and stack (the runtime's and the
 /// load's), the stop fields zero. After the call, `stop_kind != PJ_STOP_NONE` means the

@@ -8,8 +8,7 @@
 use core::ffi::{c_char, c_void};
 
 /// Version of the plugin ABI described by this module. Bumped on any incompatible change.
-/// 3: [`PjExecEnv::ctx_len`] appended (emitted code writes it: an older host's
-/// environment is too short).
+/// 3: [`PjExecEnv::ctx_len`] appended (an older host's environment lacks it).
 pub const PJ_ABI_VERSION: u32 = 3;
 
 /// Architecture codes carried in [`PjBackendVtable::arch`].
@@ -147,9 +146,12 @@ pub struct PjExecEnv {
     /// the [`PJ_HELPER_CALLEE_TAIL_CALL`] helper when it answers
     /// [`PJ_CALLEE_TAIL_RETURNED`], read by the calling code right after.
     pub callee_tail_r0: u64,
-    /// `ctx_end - ctx_start`, written by the entry of sandboxed code whose checks read it
-    /// (x86-64's: one memory operand in each context check instead of loading both bounds
-    /// and subtracting); the host need not set it. Appended in ABI version 3.
+    /// `ctx_end - ctx_start`, written by the host with them (appended in ABI version 3).
+    /// Sandboxed code may compare against it instead of loading both bounds (x86-64's
+    /// context checks do, in one memory operand). A host that leaves it 0 sends every
+    /// context access to the full check, which reads the bounds themselves: correct, only
+    /// slower. One that writes more than the context's length lets sandboxed code past the
+    /// context's end, as a wrong `ctx_end` would.
     pub ctx_len: u64,
 }
 

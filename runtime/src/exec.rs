@@ -214,6 +214,7 @@ pub(crate) unsafe fn run(
         region_count: regions.len() as u64,
         ctx_start: ctx as u64,
         ctx_end: (ctx as u64).wrapping_add(len as u64),
+        ctx_len: len as u64,
         budget,
         maps,
         ..Default::default()

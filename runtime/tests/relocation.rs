@@ -85,6 +85,7 @@ unsafe fn run_at(p: &Program, entry: u64, ctx: &mut [u8]) -> (u64, u32, u64) {
         region_count: regions.len() as u64,
         ctx_start: ctx.as_ptr() as u64,
         ctx_end: ctx.as_ptr() as u64 + ctx.len() as u64,
+        ctx_len: ctx.len() as u64,
         budget: u64::MAX,
         ..Default::default()
     };

@@ -45,6 +45,7 @@ pub unsafe fn call_entry(entry: *const u8, mem: &mut [u8]) -> u64 {
     let mut env = PjExecEnv {
         ctx_start: mem.as_ptr() as u64,
         ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
+        ctx_len: mem.len() as u64,
         budget: u64::MAX,
         ..Default::default()
     };

@@ -256,6 +256,7 @@ pub fn run_sandboxed(data: &[u8]) -> Option<u32> {
             let mut env = PjExecEnv {
                 ctx_start: ctx as u64,
                 ctx_end: ctx as u64 + RUN_CTX as u64,
+                ctx_len: RUN_CTX as u64,
                 budget: 100_000,
                 ..PjExecEnv::default()
             };

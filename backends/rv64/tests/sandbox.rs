@@ -142,6 +142,7 @@ fn exec(p: &Program, mem: &mut [u8], regions: &[PjMemRegion], budget: u64) -> Ru
         region_count: regions.len() as u64,
         ctx_start: ctx as u64,
         ctx_end: ctx as u64 + mem.len() as u64,
+        ctx_len: mem.len() as u64,
         budget,
         ..PjExecEnv::default()
     };

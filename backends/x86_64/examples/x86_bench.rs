@@ -218,6 +218,7 @@ fn main() {
             let mut env = PjExecEnv {
                 ctx_start: mem.as_ptr() as u64,
                 ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
+                ctx_len: mem.len() as u64,
                 budget: u64::MAX,
                 ..Default::default()
             };

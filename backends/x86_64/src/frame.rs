@@ -29,12 +29,12 @@
 //! the SysV ABI requires at a helper call.
 
 use crate::encode::{Gpr, Sz};
-use crate::lower::{Codegen, CTX_END8, CTX_LEN8, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
+use crate::lower::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, STACK_END8, STACK_START8};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, CodegenMode};
 use packjit_frontend::lower::{FrameExit, FrameHooks};
-use packjit_frontend::ranges::{AccessCheck, AccessPlan};
+use packjit_frontend::ranges::AccessPlan;
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 
 /// The largest stack block the entry zeroes with plain stores (16 of them) rather than
@@ -151,17 +151,6 @@ const UNIFORM_SAVES: [Gpr; 6] = [RBP, RBX, R13, R14, R15, ENV];
 /// entry reserves the stack block and sets the registers as the program's own entry does.
 pub const TAIL_ENTRY_SKIP: u32 = 23;
 
-/// Whether some check of the plan may read `env.ctx_len` (`Codegen::ctx_len` and the
-/// compares against it): every kind but the proven ones. A stack check also tests the
-/// context when there is no stack block, and the slow path reads the bounds themselves.
-fn checks_read_ctx_len(access: &AccessPlan) -> bool {
-    use packjit_frontend::ranges::AccessCheck::{NotAccess, Walked};
-    access
-        .checks
-        .iter()
-        .any(|c| !matches!(c, NotAccess | AccessCheck::None | Walked))
-}
-
 impl Codegen<'_> {
     /// Is function `k`'s epilogue a bare `ret` (worth inlining at every `exit`)?
     pub(crate) fn bare_return(&self, k: usize) -> bool {
@@ -275,18 +264,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                     self.e.asm(1, |ops| dynasm!(ops ; .arch x64 ; mov rdi, r9));
                 }
             }
-        }
-        if self.d.mode.sandboxed() && checks_read_ctx_len(&self.plan.access) {
-            // The context's length for every check (`Codegen::ctx_len`): one memory operand
-            // there instead of both bounds and a subtraction. Also on a tail entry: the
-            // field belongs to whichever sandboxed x86-64 entry ran last in this `env`.
-            self.e.asm(3, |ops| {
-                dynasm!(ops ; .arch x64
-                    ; mov r9, QWORD [BYTE r12 + CTX_END8]
-                    ; sub r9, QWORD [BYTE r12 + CTX_START8]
-                    ; mov QWORD [BYTE r12 + CTX_LEN8], r9
-                )
-            });
         }
         if self.d.mode.sandboxed() && self.plan.access.uses_ctx_const() {
             // Checks against the context start plus a constant assume r1 is exactly

@@ -82,6 +82,50 @@ fn read_past_the_context_end_stops_with_address_and_size() {
     assert_eq!(stop(&o), (PJ_STOP_OUT_OF_BOUNDS, 1, base - 1, 1));
 }
 
+/// A host that leaves `env.ctx_len` 0 (as a zeroed `PjExecEnv` has it) gets the same
+/// results and the same stops, through the full check, which reads the bounds
+/// themselves: every context test form (one byte off an unknown base, a constant offset,
+/// a widened group, a multi-byte access) fails inline and passes out of line.
+#[test]
+fn a_zero_ctx_len_only_sends_context_accesses_to_the_full_check() {
+    let jit = Jit::new(SANDBOX, 0);
+    let src = "ldxb %r3, [%r1+0]
+and %r3, 3
+mov %r4, %r1
+add %r4, %r3
+               ldxb %r0, [%r4+1]
+ldxh %r5, [%r4+2]
+add %r0, %r5
+               ldxb %r5, [%r4+4]
+ldxb %r6, [%r4+5]
+add %r5, %r6
+add %r0, %r5
+               ldxw %r5, [%r1+8]
+add %r0, %r5
+exit";
+    let code = jit.compile(&asm(src)).expect("compiles");
+    let fresh = || [1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    let (mut a, mut b) = (fresh(), fresh());
+    let want = code.run(&mut a);
+    let got = code.run_with_ctx_len(&mut b, 0);
+    assert_eq!(want.result(), Ok(3 + (5 << 8 | 4) + 6 + 7 + 0x0c0b_0a09));
+    assert_eq!(got.result(), want.result());
+    // Past the end: the same stop either way (pc 12, the 4-byte read at 11).
+    let code = jit
+        .compile(&asm("ldxw %r0, [%r1+11]
+exit"))
+        .expect("compiles");
+    let (mut a, mut b) = (fresh(), fresh());
+    let base = a.as_ptr() as u64;
+    let want = code.run(&mut a);
+    assert_eq!(stop(&want), (PJ_STOP_OUT_OF_BOUNDS, 0, base + 11, 4));
+    let got = code.run_with_ctx_len(&mut b, 0);
+    assert_eq!(
+        stop(&got),
+        (PJ_STOP_OUT_OF_BOUNDS, 0, b.as_ptr() as u64 + 11, 4)
+    );
+}
+
 #[test]
 fn wild_null_and_wrapping_addresses_stop() {
     let jit = Jit::new(SANDBOX, 0);

@@ -229,6 +229,7 @@ impl Compiled {
                 let mut env = PjExecEnv {
                     ctx_start: ctx.as_mut_ptr() as u64,
                     ctx_end: ctx.as_mut_ptr() as u64 + ctx.len() as u64,
+                    ctx_len: ctx.len() as u64,
                     ..*base
                 };
                 // SAFETY: the program (which keeps the code) lives in `self`; a trusted

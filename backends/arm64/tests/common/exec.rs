@@ -49,6 +49,7 @@ pub fn run_env(
         region_count: regions.len() as u64,
         ctx_start: mem.as_ptr() as u64,
         ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
+        ctx_len: mem.len() as u64,
         budget,
         ..Default::default()
     };

@@ -72,9 +72,17 @@ impl Drop for Code<'_> {
 
 impl Code<'_> {
     pub fn run(&self, mem: &mut [u8]) -> Outcome {
+        let len = mem.len() as u64;
+        self.run_with_ctx_len(mem, len)
+    }
+
+    /// [`Code::run`] with `env.ctx_len` as given (the host's copy of the length the
+    /// checks compare against; `ctx_end` stays the slice's end).
+    pub fn run_with_ctx_len(&self, mem: &mut [u8], ctx_len: u64) -> Outcome {
         let mut env = PjExecEnv {
             ctx_start: mem.as_ptr() as u64,
             ctx_end: mem.as_ptr() as u64 + mem.len() as u64,
+            ctx_len,
             budget: self.jit.budget,
             regions: self.jit.regions.as_ptr() as u64,
             region_count: self.jit.regions.len() as u64,
