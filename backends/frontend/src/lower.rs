@@ -1014,8 +1014,7 @@ fn callee_depth_check<'a, L: Isa<'a>>(l: &mut L, id: u32) -> Result<(), CompileE
 fn target_as_callee<'a, L: Isa<'a>>(l: &mut L, k: usize, mode_off: i32, out: DynamicLabel) {
     use packjit_plugin_api::abi::{
         PJ_ENV_ENTRY_SP, PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STACK_END,
-        PJ_ENV_STACK_START, PJ_ENV_STOP_KIND, PJ_ENV_TAIL_CALLS, PJ_STOP_NONE,
-        PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
+        PJ_ENV_STACK_START, PJ_ENV_STOP_KIND, PJ_ENV_TAIL_CALLS, PJ_STOP_NONE, PJ_TAIL_TARGET_MAPS,
         PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT,
     };
     use Width::{W32, W64};
@@ -1045,17 +1044,7 @@ fn target_as_callee<'a, L: Isa<'a>>(l: &mut L, k: usize, mode_off: i32, out: Dyn
     } else {
         TRUSTED
     };
-    l.load(
-        Size::DW,
-        false,
-        0,
-        3,
-        (PJ_TAIL_TARGET_CODE_BASE + mode_off) as i16,
-    );
-    l.load(Size::DW, false, 0, 0, 0);
-    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), out);
-    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
-    l.alu(W64, AluOp::Add, 0, Operand::Reg(5));
+    whole_entry(l, mode_off, out);
     l.alu(W64, AluOp::Add, 4, Operand::Imm(1));
     l.store(Size::DW, ENV, PJ_ENV_TAIL_CALLS as i16, Operand::Reg(4));
     l.call_tail_target(&call);
@@ -1065,6 +1054,24 @@ fn target_as_callee<'a, L: Isa<'a>>(l: &mut L, k: usize, mode_off: i32, out: Dyn
     l.exit(k);
     l.bind(stopped);
     l.stop_recorded();
+}
+
+/// `r0` = the whole entry of the target record in r3, for code of the mode whose word is
+/// `mode_off` into the per-mode pairs: `*target->code_base[mode] + target->entry_offset`,
+/// or on to `out` when the base word is 0 (a target of the other trust). r5 is clobbered.
+fn whole_entry<'a, L: Isa<'a>>(l: &mut L, mode_off: i32, out: DynamicLabel) {
+    use packjit_plugin_api::abi::{PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET};
+    l.load(
+        Size::DW,
+        false,
+        0,
+        3,
+        (PJ_TAIL_TARGET_CODE_BASE + mode_off) as i16,
+    );
+    l.load(Size::DW, false, 0, 0, 0);
+    l.branch_to(Width::W64, Cond::Eq, 0, Operand::Imm(0), out);
+    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
+    l.alu(Width::W64, AluOp::Add, 0, Operand::Reg(5));
 }
 
 /// A tail call through a chooser inside a bpf-to-bpf function (helper `id`; a proven prog
@@ -1182,8 +1189,7 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     array: crate::analysis::ProgArray,
 ) -> Result<(), CompileError> {
     use packjit_plugin_api::abi::{
-        PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS,
-        PJ_TAIL_TARGET_CODE_BASE, PJ_TAIL_TARGET_ENTRY_OFFSET, PJ_TAIL_TARGET_MAPS,
+        PJ_ENV_MAPS, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_TAIL_CALLS, PJ_TAIL_TARGET_MAPS,
         PJ_TAIL_TARGET_REGIONS, PJ_TAIL_TARGET_REGION_COUNT, PJ_TAIL_TARGET_TAIL_ENTRY,
     };
     use AluOp::*;
@@ -1290,17 +1296,7 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     switch(l);
     l.tail_jump(FrameExit::TailEntry);
     l.bind(full);
-    l.load(
-        Size::DW,
-        false,
-        0,
-        3,
-        (PJ_TAIL_TARGET_CODE_BASE + mode_off) as i16,
-    );
-    l.load(Size::DW, false, 0, 0, 0);
-    l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), out);
-    l.load(Size::DW, false, 5, 3, PJ_TAIL_TARGET_ENTRY_OFFSET as i16);
-    l.alu(W64, Add, 0, Operand::Reg(5));
+    whole_entry(l, mode_off, out);
     switch(l);
     l.tail_jump(FrameExit::TailCall);
     l.bind(out);
