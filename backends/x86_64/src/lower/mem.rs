@@ -77,7 +77,7 @@ impl Codegen<'_> {
         }
     }
 
-    /// `r9 = ctx_end - ctx_start`, as the sandboxed entry stored it in `env.ctx_len`.
+    /// `r9 = ctx_end - ctx_start`: the host's copy in `env.ctx_len`.
     pub(super) fn ctx_len(&mut self) {
         self.e.asm(
             1,
