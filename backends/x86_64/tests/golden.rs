@@ -551,8 +551,8 @@ fn sandbox_checks_clamp_and_skip_frame_constants() {
     );
 }
 
-/// a taken back-edge subtracts the charge from env.budget in one read-modify-write; on a
-/// borrow the stop stub adds it back before recording the stop.
+/// a taken back-edge subtracts the charge from env.budget in one read-modify-write whose
+/// `jae` is the jump back; on a borrow the stop stub adds it back before recording the stop.
 #[test]
 fn budget_charges_back_edges() {
     let got = code(
@@ -570,8 +570,8 @@ fn budget_charges_back_edges() {
         "cmp rax,0x64",
         "je 0x24",
         "sub QWORD PTR [r12+0x20],0x2",
-        "jb 0x27",
-        "jmp 0x10",
+        "jae 0x10",
+        "jmp 0x27",
         "pop r12",
         "ret",
         "add QWORD PTR [r12+0x20],0x2",
@@ -1088,5 +1088,34 @@ fn byte_access_tests_the_context_start_and_length_only() {
     ];
     assert!(window[4].starts_with("jae "), "{}", got.join("\n"));
     window[4] = "jae COLD";
+    assert_eq!(window, want, "emitted code changed:\n{}", got.join("\n"));
+}
+
+/// A check group of one byte (clang reading `p[i]` three times, as `calls`' `absorb` does):
+/// its widened test is the one-byte access's, `base + lo - start < len` with no end and no
+/// carry to force, and the clamp moves the base on that compare's `jae` flags.
+#[test]
+fn one_byte_group_tests_the_context_start_and_length_only() {
+    let got = code(
+        "mov %r5, %r2\nand %r5, 15\nadd %r5, %r1\n\
+         ldxb %r6, [%r5+2]\nadd %r0, %r6\nldxb %r7, [%r5+2]\nxor %r0, %r7\nexit",
+        PJ_COMPILE_SANDBOX,
+        0,
+    );
+    let at = got.iter().position(|l| l == "lea r10,[r8+0x2]").unwrap();
+    let mut window: Vec<&str> = got[at..at + 9].iter().map(|s| s.as_str()).collect();
+    let want: &[&str] = &[
+        "lea r10,[r8+0x2]",
+        "sub r10,QWORD PTR [r12+0x10]",
+        "cmp r10,QWORD PTR [r12+0x70]",
+        "jae COLD",
+        "mov r9d,0x0",
+        "cmovae r8,r9",
+        "movzx ebx,BYTE PTR [r8+0x2]",
+        "add rax,rbx",
+        "movzx r13d,BYTE PTR [r8+0x2]",
+    ];
+    assert!(window[3].starts_with("jae "), "{}", got.join("\n"));
+    window[3] = "jae COLD";
     assert_eq!(window, want, "emitted code changed:\n{}", got.join("\n"));
 }

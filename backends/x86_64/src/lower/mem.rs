@@ -385,6 +385,20 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                 self.e.cmp_ri(Sz::B64, T10, self.plan.block as i64 - span);
                 Cc::A
             }
+            _ if span == 1 => {
+                // One byte (the members are one-byte accesses at one offset): its offset
+                // from the context's start, wrapped past any length when below it, is
+                // inside exactly when below the length; no end, no carry to force (as
+                // `byte_ctx_check`).
+                self.lea(T10, b, lo);
+                self.e.asm(2, |ops| {
+                    dynasm!(ops ; .arch x64
+                        ; sub r10, QWORD [BYTE r12 + CTX_START8]
+                        ; cmp r10, QWORD [BYTE r12 + CTX_LEN8]
+                    )
+                });
+                Cc::Ae
+            }
             _ => {
                 // The context: a sufficient test for any group. The failing side is the
                 // group's checked copy, which checks each access itself: no address kept
