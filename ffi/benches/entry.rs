@@ -353,6 +353,7 @@ mod x86 {
                 let f = c.raw;
                 c.env.ctx_start = p as u64;
                 c.env.ctx_end = p as u64 + CTX_LEN as u64;
+                c.env.ctx_len = CTX_LEN as u64;
                 let env: *mut PjExecEnv = &mut c.env;
                 time(|| {
                     // SAFETY: live code (the program is alive and its entry pinned); the

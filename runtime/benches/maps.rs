@@ -1199,8 +1199,10 @@ fn tail_calls(rt: &Runtime) {
             "",
             " with an unknown index",
             " with an unknown index",
+            ", its tail call inside a function",
+            ", its tail call inside a function",
         ];
-        for k in [0, 1, 4, 5] {
+        for k in [0, 1, 4, 5, 6, 7] {
             let trust = ["sandboxed", "trusted"][k % 2];
             if let Some(d) = disassemble(&chain[k]) {
                 println!("\n```text\n# the tail link{}, {trust}\n{d}```\n", links[k]);
