@@ -77,3 +77,55 @@ fn the_host_sets_its_own_budget_or_opts_out() {
     let t = unsafe { rt.load_trusted(&count_to(1000), &LoadOptions::default()) }.unwrap();
     assert_eq!(t.call(&mut []).unwrap(), 1000);
 }
+
+/// A loop whose back-edge spans `body` instructions (`r0 += 1`, `body - 2` fillers, the
+/// back-edge at pc `body - 1`) and runs `n` times: a conditional back-edge charging `body`,
+/// or (`goto`) an exit test then an unconditional back-edge charging `body + 1`.
+fn wide_loop(body: usize, n: i32, goto: bool) -> Vec<u8> {
+    let mut code = vec![encode_insn(0x07, 0, 0, 0, 1)];
+    code.extend((0..body - 2).map(|_| encode_insn(0x07, 2, 0, 0, 1)));
+    if goto {
+        code.push(encode_insn(0x35, 0, 0, 1, n)); // if r0 >= n goto exit
+        code.push(encode_insn(0x05, 0, 0, -(body as i16) - 1, 0));
+    } else {
+        code.push(encode_insn(0xa5, 0, 0, -(body as i16), n)); // if r0 < n goto pc 0
+    }
+    code.push(encode_insn(0x95, 0, 0, 0, 0));
+    code.concat()
+}
+
+/// Back-edges pay their charge on every arch whatever its size: one charge below the
+/// backends' short immediates (RV64's 12-bit `sltiu`, arm64's imm12) and ones above them
+/// (3000 instructions), conditional and `goto`, each with exactly enough budget (the run
+/// ends) and one unit less (the last back-edge stops, at its own pc).
+#[test]
+fn back_edges_of_every_size_charge_exactly() {
+    let rt = host::host_runtime();
+    for body in [4usize, 3000] {
+        for goto in [false, true] {
+            let n = 3;
+            let charge = if goto { body + 1 } else { body } as u64;
+            let back_edge = if goto { body } else { body - 1 };
+            let code = wide_loop(body, n, goto);
+            let load = |budget: u64| {
+                let opts = LoadOptions {
+                    budget: Budget::Limit(budget),
+                    ..Default::default()
+                };
+                rt.load(&code, &opts).unwrap()
+            };
+            let exact = 2 * charge;
+            assert_eq!(
+                load(exact).call(&mut []),
+                Ok(n as u64),
+                "body {body}, goto {goto}"
+            );
+            let short = load(exact - 1).call(&mut []).unwrap_err();
+            assert_eq!(
+                short.stop(),
+                Some(Stop::Budget { pc: back_edge }),
+                "body {body}, goto {goto}: {short}"
+            );
+        }
+    }
+}

@@ -53,8 +53,7 @@ impl Codegen<'_> {
         if self.d.charge(target).is_some() {
             let skip = self.ops.new_dynamic_label();
             self.branch_if(invert(test), skip);
-            self.charge_back_edge(target);
-            self.b(label);
+            self.charged_jump(target, label);
             a64!(self.ops; =>skip);
         } else {
             self.branch_if(test, label);
@@ -165,36 +164,57 @@ impl Codegen<'_> {
 
     // ------------------------------------------------------------ budget
 
-    /// Charges the current instruction's taken back-edge to `target`, if it is one.
-    pub(crate) fn charge_back_edge(&mut self, target: usize) {
-        if let Some(c) = self.d.charge(target) {
-            self.charge(c);
-        }
+    /// The current instruction's taken back-edge to `target` (at `label`), when it charges
+    /// the budget: the charge's own branch is the jump, `subs ; b.hs label ; b stop`, one
+    /// branch per iteration for both rather than a `b.lo` over to the stop and a `b` back.
+    /// False (and nothing emitted) when the jump charges nothing.
+    fn charged_jump(&mut self, target: usize, label: DynamicLabel) -> bool {
+        let Some(c) = self.d.charge(target) else {
+            return false;
+        };
+        self.subtract_charge(c);
+        self.branch_if(Test::Flags(Cc::Hs), label);
+        let stop = self.budget_stop_label(c);
+        self.b(stop);
+        true
     }
 
     /// `budget -= c`, or stop at this pc with the budget untouched when `c` exceeds it.
     /// Hot path: SUBS + B.LO (not taken); the cold side adds `c` back.
     pub(crate) fn charge(&mut self, c: u64) {
+        self.subtract_charge(c);
+        let stop = self.budget_stop_label(c);
+        self.branch_if(Test::Flags(Cc::Lo), stop);
+    }
+
+    /// `subs budget, budget, c`: borrows (LO) exactly when `c` exceeds the budget.
+    fn subtract_charge(&mut self, c: u64) {
         if let Some((imm, false)) = fits_imm12(c as i64) {
             a64!(self.ops; subs X(BUDGET), XSP(BUDGET), imm);
         } else {
             self.mov_imm(C0, c, W64);
             a64!(self.ops; subs X(BUDGET), X(BUDGET), X(C0));
         }
+    }
+
+    /// The cold stop of a charge `c` at this pc that borrowed (it adds `c` back).
+    fn budget_stop_label(&mut self, c: u64) -> DynamicLabel {
         let label = self.ops.new_dynamic_label();
-        self.branch_if(Test::Flags(Cc::Lo), label);
         self.d.queue(Cold::Budget {
             inst: self.d.cur,
             label,
             charge: c,
         });
+        label
     }
 }
 
 impl<'a> JumpHooks<'a> for Codegen<'a> {
     fn goto(&mut self, target: usize) {
-        self.charge_back_edge(target);
-        self.b(self.d.jump_label(target));
+        let label = self.d.jump_label(target);
+        if !self.charged_jump(target, label) {
+            self.b(label);
+        }
     }
 
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {

@@ -262,6 +262,43 @@ impl Codegen<'_> {
 
     // ---- instruction budget --------------------------------------------------------------------
 
+    /// The current instruction's taken back-edge to `target` (at `l`), when it charges the
+    /// budget: the borrow is found before the subtraction and branched on after it, so the
+    /// branch is the jump back, `sltiu t4, budget, c ; addi budget, budget, -c ; beqz t4, l`,
+    /// three instructions per iteration where a test, a subtraction and a `j` back took
+    /// four. The stop side adds the charge back (the budget untouched) before the stub.
+    /// False (and nothing emitted) when the jump charges nothing.
+    fn charged_jump(&mut self, target: usize, l: DynamicLabel) -> bool {
+        let Some(c) = self.d.charge(target) else {
+            return false;
+        };
+        // `sltiu`'s immediate is sign-extended from 12 bits, then compared unsigned: exact
+        // for 0 < c < 2048. Charges are below `MAX_INSNS` (`li` for the rest).
+        let small = c < 2048;
+        if small {
+            self.e.ri(RI::Sltiu, T4, BUDGET, c as i32);
+            self.e.ri(RI::Addi, BUDGET, BUDGET, -(c as i32));
+        } else {
+            self.e.li(T3, c as i64);
+            self.e.rrr(R3::Sltu, T4, BUDGET, T3);
+            self.e.rrr(R3::Sub, BUDGET, BUDGET, T3);
+        }
+        self.branch(Br::Eq, T4, ZERO, l);
+        if small {
+            self.e.ri(RI::Addi, BUDGET, BUDGET, c as i32);
+        } else {
+            self.e.rrr(R3::Add, BUDGET, BUDGET, T3);
+        }
+        let stop = self.e.new_label();
+        self.d.queue(Cold::Budget {
+            inst: self.d.cur,
+            label: stop,
+            charge: c,
+        });
+        self.jump(stop);
+        true
+    }
+
     /// Pays `amount` from the budget, or stops at the current instruction (budget untouched)
     /// if it cannot.
     pub(super) fn charge(&mut self, amount: u64) {
@@ -341,13 +378,8 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// `goto target`: charged first when it is a back-edge; nothing for a
     /// jump to the next instruction.
     fn goto(&mut self, target: usize) {
-        let i = self.d.cur;
-        if let Some(charge) = self.d.charge(target) {
-            self.charge(charge);
-            let l = self.d.jump_label(target);
-            self.jump(l);
-        } else if target != i + 1 {
-            let l = self.d.jump_label(target);
+        let l = self.d.jump_label(target);
+        if !self.charged_jump(target, l) && target != self.d.cur + 1 {
             self.jump(l);
         }
     }
@@ -355,12 +387,11 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// `if dst <cond> src goto target`.
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
         let l = self.d.jump_label(target);
-        if let Some(charge) = self.d.charge(target) {
+        if self.d.charge(target).is_some() {
             // Taken back-edge: pay first, on the taken path only.
             let skip = self.e.new_label();
             self.jcond(width, cond, self.map(dst), src, skip, true);
-            self.charge(charge);
-            self.jump(l);
+            self.charged_jump(target, l);
             self.e.bind(skip);
         } else {
             self.jcond(width, cond, self.map(dst), src, l, false);
