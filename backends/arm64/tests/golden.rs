@@ -524,6 +524,39 @@ fn sandboxed_context_load_checks_inline_and_clamps() {
     assert!(!d.iter().any(|l| l == "mov x16, #0x2"), "{d:#?}");
 }
 
+#[test]
+fn sandboxed_byte_load_tests_the_context_start_and_length_only() {
+    // r2 += r1; r0 = *(u8 *)r2: one byte at an unknown offset into the context is inside
+    // exactly when `addr - start < len` (an address below the start wraps past any
+    // length): no end to form, so `sub; cmp`, the cold branch on `cs` and the clamp on
+    // `cc` (lo), one instruction fewer than the wider accesses' `subs; ccmp`.
+    let code = prog(&[ins(0x0f, 2, 1, 0, 0), ins(0x71, 0, 2, 0, 0), EXIT]);
+    let out = packjit_arm64::emit_request(&CompileRequest {
+        code: &code,
+        helpers: &[],
+        features: 0,
+        flags: packjit_plugin_api::PJ_COMPILE_SANDBOX,
+        blind_key: 0,
+    })
+    .unwrap();
+    let d = disasm(&out.bytes);
+    let at = d.iter().position(|l| l == "add x1, x1, x7").unwrap();
+    assert!(d[at + 3].starts_with("b.cs "), "{d:#?}");
+    let mut got: Vec<&str> = d[at..at + 6].iter().map(|s| s.as_str()).collect();
+    got[3] = "b.cs cold";
+    assert_eq!(
+        got,
+        [
+            "add x1, x1, x7",
+            "sub x14, x1, x23",
+            "cmp x14, x24",
+            "b.cs cold",
+            "csel x9, x1, xzr, cc",
+            "ldrb w0, [x9]",
+        ]
+    );
+}
+
 // ---------------------------------------------------------------- errors and the trait
 
 fn req<'a>(code: &'a [u8], helpers: &'a [HelperEntry]) -> CompileRequest<'a> {

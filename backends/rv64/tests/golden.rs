@@ -732,6 +732,73 @@ fn group_below_its_base_clamps_the_base_to_minus_lo() {
     );
 }
 
+/// One byte at an unknown offset into the context is inside exactly when `addr - start <
+/// len` (below the start wraps past any length): `sub; sltu` against the length register,
+/// the cold branch on "not inside", the verdict flipped to the usual t3 = 0 = inside for
+/// the mask; and a one-byte check group (clang reading `p[i]` twice) tests the same way,
+/// its mask the negated verdict, with no end to form either.
+#[test]
+fn one_byte_context_tests_need_no_end() {
+    // r2 &= 15; r2 += r1; r0 = *(u8 *)(r2 + 2)
+    let single = prog(&[
+        ins(0x57, 2, 0, 0, 15),
+        ins(0x0f, 2, 1, 0, 0),
+        ins(0x71, 0, 2, 2, 0),
+        EXIT,
+    ]);
+    let d =
+        disasm(&compile_with(&single, &[], 0, packjit_plugin_api::PJ_COMPILE_SANDBOX, 0).unwrap());
+    let at = d.iter().position(|l| l.starts_with("sub x7,x11,")).unwrap();
+    let mut got: Vec<&str> = d[at..at + 8].iter().map(|s| s.as_str()).collect();
+    assert!(got[3].starts_with("beqz x28,"), "{d:#?}");
+    got[3] = "beqz x28,cold";
+    assert_eq!(
+        got,
+        [
+            "sub x7,x11,x23",
+            "add x7,x7,2",
+            "sltu x28,x7,x24",
+            "beqz x28,cold",
+            "xor x28,x28,1",
+            "add x28,x28,-1",
+            "and x5,x11,x28",
+            "lbu x10,2(x5)",
+        ],
+        "{d:#?}"
+    );
+    // r5 = (r2 & 15) + r1; r6 = *(u8 *)(r5 + 2); r7 = *(u8 *)(r5 + 2); r0 = r6 ^ r7
+    let group = prog(&[
+        ins(0xbf, 5, 2, 0, 0),
+        ins(0x57, 5, 0, 0, 15),
+        ins(0x0f, 5, 1, 0, 0),
+        ins(0x71, 6, 5, 2, 0),
+        ins(0x71, 7, 5, 2, 0),
+        ins(0xaf, 6, 7, 0, 0),
+        ins(0xbf, 0, 6, 0, 0),
+        EXIT,
+    ]);
+    let d =
+        disasm(&compile_with(&group, &[], 0, packjit_plugin_api::PJ_COMPILE_SANDBOX, 0).unwrap());
+    let at = d.iter().position(|l| l.starts_with("sub x7,x14,")).unwrap();
+    let mut got: Vec<&str> = d[at..at + 8].iter().map(|s| s.as_str()).collect();
+    assert!(got[3].starts_with("beqz x28,"), "{d:#?}");
+    got[3] = "beqz x28,cold";
+    assert_eq!(
+        got,
+        [
+            "sub x7,x14,x23",
+            "add x7,x7,2",
+            "sltu x28,x7,x24",
+            "beqz x28,cold",
+            "neg x28,x28",
+            "and x14,x14,x28",
+            "lbu x9,2(x14)",
+            "lbu x18,2(x14)",
+        ],
+        "{d:#?}"
+    );
+}
+
 /// The clamp no functional test can see on an index-bounded context access
 /// (`packjit_frontend::indexes`): `words`' loop, `r3 = *(u8 *)(r1 + r4)` with `r4 < r2` on
 /// every path, re-tests the index against the length branch-free and selects a harmless

@@ -276,9 +276,9 @@ impl Codegen<'_> {
                 self.clamp_to(T0, addr, Cc::Ls);
             }
             _ => {
-                self.ctx_check(addr, s);
-                self.branch_if(Test::Flags(Cc::Lo), label);
-                self.clamp_to(T0, addr, Cc::Hs);
+                let inside = self.ctx_check(addr, s);
+                self.branch_if(Test::Flags(inside.invert()), label);
+                self.clamp_to(T0, addr, inside);
             }
         }
         a64!(self.ops; =>resume);
@@ -358,6 +358,7 @@ impl Codegen<'_> {
         }
         match ok {
             Cc::Hs => a64!(self.ops; csel X(dst), X(src), xzr, hs),
+            Cc::Lo => a64!(self.ops; csel X(dst), X(src), xzr, lo),
             _ => a64!(self.ops; csel X(dst), X(src), xzr, ls),
         }
     }
@@ -394,13 +395,24 @@ impl Codegen<'_> {
         a64!(self.ops; sub XSP(self.map[base as usize]), XSP(T0), off as u32);
     }
 
-    /// Flags for "x9 .. x9 + size is inside the context": `hs` when it is.
-    fn ctx_check(&mut self, addr: u8, size: u32) {
+    /// Flags for "`addr .. addr + size` is inside the context", and the condition that
+    /// holds when it is: `hs` (`len - (addr - start) >= size`, the `ccmp` failing when the
+    /// subtraction borrows), or for one byte `lo` (`addr - start < len`: no end to form, an
+    /// address below the start wraps past any length), one instruction fewer.
+    fn ctx_check(&mut self, addr: u8, size: u32) -> Cc {
+        if size == 1 {
+            a64!(self.ops
+                ; sub X(C0), X(addr), X(CTX_LO)
+                ; cmp X(C0), X(CTX_LEN)
+            );
+            return Cc::Lo;
+        }
         a64!(self.ops
             ; sub X(C0), X(addr), X(CTX_LO)
             ; subs X(C0), X(CTX_LEN), X(C0)
             ; ccmp X(C0), size, 0, hs
         );
+        Cc::Hs
     }
 
     /// Flags for "x9 .. x9 + size is inside the stack block": `ls` when it is. `block - size`
@@ -513,8 +525,8 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
             }
             _ => {
                 // The context (a sufficient test for any group: all members inside it pass).
-                if span < 32 {
-                    self.ctx_check(addr, span);
+                let inside = if span < 32 {
+                    self.ctx_check(addr, span)
                 } else {
                     self.mov_imm(C1, span as u64, W64);
                     a64!(self.ops
@@ -522,9 +534,10 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                         ; subs X(C0), X(CTX_LEN), X(C0)
                         ; ccmp X(C0), X(C1), 0, hs
                     );
-                }
-                self.branch_if(Test::Flags(Cc::Lo), label);
-                self.clamp_group_base(b, lo, addr, Cc::Hs);
+                    Cc::Hs
+                };
+                self.branch_if(Test::Flags(inside.invert()), label);
+                self.clamp_group_base(b, lo, addr, inside);
             }
         }
     }

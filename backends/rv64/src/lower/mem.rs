@@ -145,6 +145,13 @@ impl Codegen<'_> {
             self.e.rrr(R3::Sltu, T3, T2, CTX_LIM8);
             self.cold_branch(Br::Eq, T3, ZERO, label);
             self.e.ri(RI::Xori, T3, T3, 1);
+        } else if size == 1 && !stack_first && !matches!(check, AccessCheck::CtxConst { .. }) {
+            // One byte: inside iff `t = addr - start < len` (an address below the start
+            // wraps past any length), no end to form (`range_test`'s two more). Flipped as
+            // above after the branch.
+            self.byte_ctx_test(base, off);
+            self.cold_branch(Br::Eq, T3, ZERO, label);
+            self.e.ri(RI::Xori, T3, T3, 1);
         } else {
             match check {
                 // The base is the context start plus a constant (a0 = env.ctx_start at
@@ -183,6 +190,16 @@ impl Codegen<'_> {
             site: AccessSite { base, off },
         });
         operand
+    }
+
+    /// t3 = 1 when the byte at `base + off` is in the context (`t2 = base + off - start <
+    /// len`), else 0: the opposite sense of [`Self::range_test`].
+    fn byte_ctx_test(&mut self, base: u8, off: i16) {
+        self.e.rrr(R3::Sub, T2, base, CTX_START);
+        if off != 0 {
+            self.add_imm(T2, T2, off as i64, T3);
+        }
+        self.e.rrr(R3::Sltu, T3, T2, CTX_LEN);
     }
 
     /// t3 = 1 unless `[base + off, +size)` lies in `[start, start + len)` (t3 = 0); uses t2,
@@ -338,17 +355,25 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
             (grp.hi - grp.lo as i32) as u32,
             grp.check,
         );
+        // t3 = 1 outside, 0 inside; or for a one-byte group the other way round.
+        let byte = span == 1 && !matches!(check, AccessCheck::CtxConst { .. } | AccessCheck::Stack);
         match check {
             AccessCheck::CtxConst { end } => self.len_test(end),
             AccessCheck::Stack if span < 2048 => {
                 self.range_test(b, lo, span, STACK_START, STACK_LEN)
             }
+            _ if byte => self.byte_ctx_test(b, lo),
             // The context: a sufficient test for any group (spans stay below 2 KiB).
             _ => self.range_test(b, lo, span, CTX_START, CTX_LEN),
         }
-        self.cold_branch(Br::Ne, T3, ZERO, fail);
+        self.cold_branch(if byte { Br::Eq } else { Br::Ne }, T3, ZERO, fail);
         if self.d.clamp {
-            self.e.ri(RI::Addi, T3, T3, -1);
+            // The mask: all ones where the test passed (on a mispredicted branch 0).
+            if byte {
+                self.e.rrr(R3::Sub, T3, ZERO, T3);
+            } else {
+                self.e.ri(RI::Addi, T3, T3, -1);
+            }
             if lo < 0 {
                 // Members below the base (`ranges::GROUP_BELOW`, lo >= -1024): the mask goes
                 // on `base + lo`, so a mispredicted test leaves base = -lo and every member
