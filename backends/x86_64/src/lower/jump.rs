@@ -12,19 +12,10 @@ use packjit_frontend::{Cond, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
 
 impl Codegen<'_> {
-    /// A taken back-edge to `target` (at `l`) that charges the budget: the charge's own
-    /// branch is the jump, `sub [budget], c ; jae l ; jmp stop`, so a loop's iteration runs
-    /// one branch for both rather than a `jb` over to the stop and a `jmp` back. False (and
-    /// nothing emitted) when the jump charges nothing.
-    fn charged_jump(&mut self, target: usize, l: Label) -> bool {
-        let Some(c) = self.d.charge(target) else {
-            return false;
-        };
-        self.e.arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, c as i64);
-        self.e.jump(Some(Cc::Ae), l);
-        let stop = self.stop_label(Stop::Budget { charge: c as u32 }, self.d.pc());
-        self.cold_jump(None, stop);
-        true
+    fn charge_back_edge(&mut self, target: usize) {
+        if let Some(c) = self.d.charge(target) {
+            self.charge(self.d.pc(), c);
+        }
     }
 
     /// The flags a conditional jump `dst cond src` tests.
@@ -109,10 +100,9 @@ impl Codegen<'_> {
 
 impl<'a> JumpHooks<'a> for Codegen<'a> {
     fn goto(&mut self, target: usize) {
+        self.charge_back_edge(target);
         let l = self.d.jump_label(target);
-        if !self.charged_jump(target, l) {
-            self.e.jump(None, l);
-        }
+        self.e.jump(None, l);
     }
 
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
@@ -122,7 +112,8 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
         if self.d.charge(target).is_some() {
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
-            self.charged_jump(target, l);
+            self.charge_back_edge(target);
+            self.e.jump(None, l);
             self.e.bind(skip);
         } else {
             self.e.jump(Some(cc), l);
