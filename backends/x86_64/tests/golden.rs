@@ -1119,3 +1119,35 @@ fn one_byte_group_tests_the_context_start_and_length_only() {
     window[3] = "jae COLD";
     assert_eq!(window, want, "emitted code changed:\n{}", got.join("\n"));
 }
+
+/// A check group on the stack (`sieve`'s `composite[j / 64] |= …`: a load and a store
+/// through one pointer of unknown offset into the frame): one test of the offset from the
+/// block's start against `block - span`, formed in r10 directly (the failing side is the
+/// group's checked copy, which needs no address in r11), then the base clamped in place;
+/// both members go through the base unchecked.
+#[test]
+fn stack_group_tests_the_offset_in_r10() {
+    let got = code(
+        "ldxdw %r3, [%r1+0]\nmov %r4, %r10\nadd %r4, -256\nadd %r4, %r3\n\
+         ldxdw %r5, [%r4+0]\nor %r5, 1\nstxdw [%r4+0], %r5\nmov %r0, 0\nexit",
+        PJ_COMPILE_SANDBOX,
+        0,
+    );
+    let at = got.iter().position(|l| l == "add rcx,rdx").unwrap();
+    let mut window: Vec<&str> = got[at..at + 10].iter().map(|s| s.as_str()).collect();
+    assert!(window[4].starts_with("ja "), "{}", got.join("\n"));
+    window[4] = "ja COLD";
+    let want: &[&str] = &[
+        "add rcx,rdx",
+        "mov r10,rcx",
+        "sub r10,QWORD PTR [r12+0x40]",
+        "cmp r10,0x1f8",
+        "ja COLD",
+        "mov r9d,0x0",
+        "cmova rcx,r9",
+        "mov r8,QWORD PTR [rcx]",
+        "or r8,0x1",
+        "mov QWORD PTR [rcx],r8",
+    ];
+    assert_eq!(window, want, "emitted code changed:\n{}", got.join("\n"));
+}

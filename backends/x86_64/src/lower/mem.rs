@@ -380,8 +380,13 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
                 Cc::B
             }
             AccessCheck::Stack if (span as usize) <= self.plan.block => {
-                self.lea(T11, b, lo);
-                self.stack_offset();
+                // As the context's below: the failing side is the group's checked copy, so
+                // the offset is formed in r10 directly, no address kept in r11.
+                self.lea(T10, b, lo);
+                self.e.asm(
+                    1,
+                    |ops| dynasm!(ops ; .arch x64 ; sub r10, QWORD [BYTE r12 + STACK_START8]),
+                );
                 self.e.cmp_ri(Sz::B64, T10, self.plan.block as i64 - span);
                 Cc::A
             }
