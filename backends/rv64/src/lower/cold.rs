@@ -4,10 +4,11 @@
 
 use super::{Codegen, Form, ACCESS_BITS};
 use crate::encode::{reg::*, Br, Mem, R3, RI};
-use crate::regs::{CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
+use crate::regs::{BUDGET, CTX_LEN, CTX_START, ENV, STACK_LEN, STACK_START};
 use dynasmrt::DynamicLabel;
 use packjit_frontend::lower::Lowering;
 use packjit_frontend::lower::StopHooks;
+use packjit_frontend::Op;
 use packjit_plugin_api::abi::{
     PJ_ENV_ENTRY_SP, PJ_ENV_REGIONS, PJ_ENV_REGION_COUNT, PJ_ENV_STOP_ACCESS, PJ_ENV_STOP_ADDR,
     PJ_ENV_STOP_KIND, PJ_ENV_STOP_PC, PJ_STOP_BUDGET, PJ_STOP_OUT_OF_BOUNDS,
@@ -124,10 +125,21 @@ impl<'a> StopHooks<'a> for Codegen<'a> {
         &mut self,
         inst: usize,
         label: DynamicLabel,
-        _charge: u64,
+        charge: u64,
     ) -> Result<(), CompileError> {
         self.uses_stubs = true;
         self.e.bind(label);
+        // A back-edge subtracts its charge before branching on the borrow it found first
+        // (`charged_jump`): added back here, so the stop leaves the budget as it was. A
+        // call's charge is tested before it is subtracted (`charge`).
+        if !matches!(self.d.prog.insts[inst].op, Op::CallLocal { .. }) {
+            if charge < 2048 {
+                self.e.ri(RI::Addi, BUDGET, BUDGET, charge as i32);
+            } else {
+                self.e.li(T3, charge as i64);
+                self.e.rrr(R3::Add, BUDGET, BUDGET, T3);
+            }
+        }
         self.e.li(A7, self.d.prog.insts[inst].pc as i64);
         let l = self.stop_budget;
         self.jump(l);

@@ -266,7 +266,7 @@ impl Codegen<'_> {
     /// budget: the borrow is found before the subtraction and branched on after it, so the
     /// branch is the jump back, `sltiu t4, budget, c ; addi budget, budget, -c ; beqz t4, l`,
     /// three instructions per iteration where a test, a subtraction and a `j` back took
-    /// four. The stop side adds the charge back (the budget untouched) before the stub.
+    /// four. The stop stub adds the charge back (the budget untouched; `budget_stop`).
     /// False (and nothing emitted) when the jump charges nothing.
     fn charged_jump(&mut self, target: usize, l: DynamicLabel) -> bool {
         let Some(c) = self.d.charge(target) else {
@@ -284,11 +284,6 @@ impl Codegen<'_> {
             self.e.rrr(R3::Sub, BUDGET, BUDGET, T3);
         }
         self.branch(Br::Eq, T4, ZERO, l);
-        if small {
-            self.e.ri(RI::Addi, BUDGET, BUDGET, c as i32);
-        } else {
-            self.e.rrr(R3::Add, BUDGET, BUDGET, T3);
-        }
         let stop = self.e.new_label();
         self.d.queue(Cold::Budget {
             inst: self.d.cur,
