@@ -636,9 +636,18 @@ impl Lifter<'_, '_> {
             AluOp::Or => fb.ins().bor(a, b),
             AluOp::And => fb.ins().band(a, b),
             AluOp::Xor => fb.ins().bxor(a, b),
-            AluOp::Lsh => fb.ins().ishl(a, b),
-            AluOp::Rsh => fb.ins().ushr(a, b),
-            AluOp::Arsh => fb.ins().sshr(a, b),
+            AluOp::Lsh => {
+                let b = unmasked_shift_amount(fb, b);
+                fb.ins().ishl(a, b)
+            }
+            AluOp::Rsh => {
+                let b = unmasked_shift_amount(fb, b);
+                fb.ins().ushr(a, b)
+            }
+            AluOp::Arsh => {
+                let b = unmasked_shift_amount(fb, b);
+                fb.ins().sshr(a, b)
+            }
             AluOp::Mov => b,
             AluOp::Div | AluOp::Mod => {
                 let zero = fb.ins().icmp_imm_s(IntCC::Equal, b, 0);
@@ -1296,6 +1305,35 @@ impl Lifter<'_, '_> {
 enum Access {
     Read,
     Write,
+}
+
+/// The shift amount `amount` with a mask the shift makes anyway taken off: for `x << (y &
+/// 63)` (clang's `1ULL << (j % 64)`), `y`. Cranelift's shifts take their amount modulo the
+/// width, as eBPF's do, so a mask keeping every bit of that residue changes nothing; left
+/// in, it is a copy and an `and` in the loop, which Cranelift's own rules do not remove.
+fn unmasked_shift_amount(fb: &mut FunctionBuilder<'_>, amount: Value) -> Value {
+    let dfg = &fb.func.dfg;
+    let width_mask = i64::from(dfg.value_type(amount).bits()) - 1;
+    let ir::ValueDef::Result(and, _) = dfg.value_def(amount) else {
+        return amount;
+    };
+    let ir::InstructionData::Binary {
+        opcode: ir::Opcode::Band,
+        args: [y, mask],
+    } = dfg.insts[and]
+    else {
+        return amount;
+    };
+    let ir::ValueDef::Result(constant, _) = dfg.value_def(mask) else {
+        return amount;
+    };
+    match dfg.insts[constant] {
+        ir::InstructionData::UnaryImm {
+            opcode: ir::Opcode::Iconst,
+            imm,
+        } if imm.bits() & width_mask == width_mask => y,
+        _ => amount,
+    }
 }
 
 fn narrow(size: Size) -> Type {

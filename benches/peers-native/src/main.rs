@@ -27,6 +27,10 @@
 //!   `ubpf_register` + `ubpf_load` + `ubpf_compile`. llvmbpf: `llvmbpf_vm()` +
 //!   `register_external_function` + `load_code` + `compile` (lifting, LLVM's O3 pipeline,
 //!   ORC JIT). Freeing is not timed.
+//!
+//! `PEERS_NATIVE_DUMP=dir` writes ubpf's and llvmbpf's code of each program, from its entry
+//! to the end of that page, as `dir/<engine>-<program>.bin`, to read beside packjit's
+//! (`cargo run -p packjit-tier2 --example dump`, `packjit-demo dump`).
 
 mod peers;
 
@@ -133,6 +137,18 @@ impl Native {
         Ok(Native { shim, vm, f })
     }
 
+    /// Writes the bytes from the entry to the end of its page (a JIT's code pages are
+    /// readable; the function may be cut short by the page end or run on past its `ret`
+    /// into the next one's), for `objdump -D -b binary -mi386:x86-64`.
+    fn dump(&self, path: &std::path::Path) {
+        let start = self.f as usize;
+        let len = 4096 - start % 4096;
+        // SAFETY: `start` is in a mapped, readable page of code this engine just wrote;
+        // `len` stops at that page's end.
+        let bytes = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
+        std::fs::write(path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+
     fn run(&self, ctx: &mut [u8]) -> u64 {
         // SAFETY: the code lives as long as `self.vm`; the programs stay inside the context,
         // their stack and `.rodata` (checked by packjit's sandboxed run, made first).
@@ -203,6 +219,16 @@ impl Engine {
             Engine::Ubpf => "ubpf JIT",
             #[cfg(llvmbpf)]
             Engine::Llvmbpf => "llvmbpf",
+        }
+    }
+
+    /// The engine's name in `PEERS_NATIVE_DUMP` file names.
+    fn file_name(self) -> &'static str {
+        match self {
+            Engine::Ubpf => "ubpf",
+            #[cfg(llvmbpf)]
+            Engine::Llvmbpf => "llvmbpf",
+            _ => "packjit",
         }
     }
 
@@ -479,6 +505,11 @@ fn main() {
                 (Err(err), _) => panic!("{} {name}: {err}", e.title()),
             };
             compiles.push(true);
+            if let (Compiled::Native(n), Some(dir)) =
+                (&compiled, std::env::var_os("PEERS_NATIVE_DUMP"))
+            {
+                n.dump(&std::path::Path::new(&dir).join(format!("{}-{name}.bin", e.file_name())));
+            }
             let got = compiled.run(&mut ctx);
             match known {
                 None if got == want => runs.push(Some(compiled)),
