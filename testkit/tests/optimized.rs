@@ -187,6 +187,52 @@ fn masked_shift_amounts_match_the_interpreter() {
     assert_eq!(cases, 2 * 3 * 10 * 2 * 12 * 2);
 }
 
+/// A right shift then an `and` with a constant loaded by `lddw` (clang's byte offset of
+/// `words[j / 64]`: `(j >> 3) & 0x1ffffffffffffff8`): the tier turns `(x >> k) & mask` into
+/// `(x >> (k + s)) << s` when the mask keeps every bit the shift left but the low `s` (1 to
+/// 3), and must leave every other mask alone. Shifts from 1 to 63, masks clearing 0 to 4 low
+/// bits, masks one bit off either way, against the interpreter, trusted and sandboxed.
+#[test]
+fn shifted_and_masked_indexes_match_the_interpreter() {
+    let rt = Runtime::new().unwrap();
+    let values: [u64; 3] = [u64::MAX, 0x8000_0000_0000_0001, 0x1234_5678_9abc_def0];
+    let mut cases = 0;
+    for k in [1u32, 2, 3, 5, 8, 31, 32, 58, 59, 60, 61, 62, 63] {
+        let kept = u64::MAX >> k;
+        let mut masks: Vec<u64> = (0..=4).map(|s| kept & !((1u64 << s) - 1)).collect();
+        masks.extend([
+            (u64::MAX >> (k - 1)) & !7,
+            kept & !7 & !(1 << 40),
+            kept & !7 | 1,
+            !7,
+        ]);
+        for mask in masks {
+            let text = format!(
+                "ldxdw %r3, [%r1+0]\nlddw %r4, {mask:#x}\nrsh %r3, {k}\nand %r3, %r4\n\
+                 mov %r0, %r3\nexit\n"
+            );
+            let code =
+                packjit_testkit::asm::assemble(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            for x in values {
+                for sandboxed in [false, true] {
+                    // SAFETY: the program reads its 8-byte context only.
+                    unsafe {
+                        packjit_testkit::gen::check_optimized_against_reference(
+                            &rt,
+                            &code,
+                            &x.to_le_bytes(),
+                            sandboxed,
+                            &format!("(x >> {k}) & {mask:#x}, x {x:#x}"),
+                        )
+                    };
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 13 * 9 * 3 * 2);
+}
+
 #[test]
 fn what_the_tier_cannot_take_is_refused_by_name() {
     let rt = Runtime::new().unwrap();

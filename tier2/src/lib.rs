@@ -35,6 +35,7 @@
 //! ```
 
 mod bitset;
+mod consts;
 mod frame;
 mod fuse;
 mod lift;

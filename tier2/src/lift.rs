@@ -9,6 +9,7 @@
 //! zero-extended.
 
 use crate::bitset::{self, SetTest};
+use crate::consts::{self, Known};
 use crate::frame::{self, Slot};
 use crate::fuse::{self, Action, ByteOrder, WideLoad};
 use cranelift_codegen::ir::{
@@ -285,6 +286,8 @@ pub(crate) fn lift_function(
         start: sub.start,
         helper_sig: None,
         locals: HashMap::new(),
+        consts: consts::plan(insts, sub.start),
+        at: 0,
     };
     let first = l.blocks[0].expect("created above");
     l.b.ins().jump(first, NO_ARGS);
@@ -326,6 +329,7 @@ pub(crate) fn lift_function(
             None => {}
         }
         l.b.set_srcloc(SourceLoc::new(inst.pc));
+        l.at = k;
         let action = plan.as_ref().map_or(Action::Lift, |p| {
             if let (true, Op::Load { base, .. }) = (p.capture[k], inst.op) {
                 bases[k] = Some(l.get(base));
@@ -487,12 +491,19 @@ struct Lifter<'a, 'f> {
     start: usize,
     helper_sig: Option<SigRef>,
     locals: HashMap<usize, FuncRef>,
+    /// Per instruction of the function, the registers known to hold a constant on entry.
+    consts: Vec<Known>,
+    /// The instruction being lifted (index from `start`).
+    at: usize,
 }
 
 impl Lifter<'_, '_> {
     fn get(&mut self, r: Reg) -> Value {
         if r == R10 {
             return self.r10;
+        }
+        if let Some(c) = self.consts[self.at].get(r) {
+            return self.b.ins().iconst(I64, c as i64);
         }
         self.b.use_var(self.regs[r as usize])
     }
@@ -634,7 +645,10 @@ impl Lifter<'_, '_> {
             AluOp::Sub => fb.ins().isub(a, b),
             AluOp::Mul => fb.ins().imul(a, b),
             AluOp::Or => fb.ins().bor(a, b),
-            AluOp::And => fb.ins().band(a, b),
+            AluOp::And => match scaled_index(fb, a, b) {
+                Some(v) => v,
+                None => fb.ins().band(a, b),
+            },
             AluOp::Xor => fb.ins().bxor(a, b),
             AluOp::Lsh => {
                 let b = unmasked_shift_amount(fb, b);
@@ -1334,6 +1348,48 @@ fn unmasked_shift_amount(fb: &mut FunctionBuilder<'_>, amount: Value) -> Value {
         } if imm.bits() & width_mask == width_mask => y,
         _ => amount,
     }
+}
+
+/// The constant of an `iconst`, if `v` is one.
+fn constant_of(fb: &FunctionBuilder<'_>, v: Value) -> Option<i64> {
+    let ir::ValueDef::Result(inst, _) = fb.func.dfg.value_def(v) else {
+        return None;
+    };
+    match fb.func.dfg.insts[inst] {
+        ir::InstructionData::UnaryImm {
+            opcode: ir::Opcode::Iconst,
+            imm,
+        } => Some(imm.bits()),
+        _ => None,
+    }
+}
+
+/// `(x >> k) & mask` where the mask keeps every bit the shift left but the low `s` (1 to
+/// 3), as `(x >> (k + s)) << s`. clang's byte offset of `words[j / 64]` is `(j >> 3) &
+/// 0x1ffffffffffffff8`; in this form the address takes the `<< 3` as its scale, as in
+/// LLVM's code, instead of an `and` with a 64-bit mask from the constant pool.
+fn scaled_index(fb: &mut FunctionBuilder<'_>, a: Value, b: Value) -> Option<Value> {
+    if fb.func.dfg.value_type(a) != I64 {
+        return None;
+    }
+    let mask = constant_of(fb, b)? as u64;
+    let ir::ValueDef::Result(shift, _) = fb.func.dfg.value_def(a) else {
+        return None;
+    };
+    let ir::InstructionData::Binary {
+        opcode: ir::Opcode::Ushr,
+        args: [x, amount],
+    } = fb.func.dfg.insts[shift]
+    else {
+        return None;
+    };
+    let k = constant_of(fb, amount)?;
+    if !(1..61).contains(&k) {
+        return None;
+    }
+    let s = (1..=3).find(|&s| mask == (u64::MAX >> k) & !((1u64 << s) - 1))?;
+    let index = fb.ins().ushr_imm_u(x, k + s);
+    Some(fb.ins().ishl_imm_u(index, s))
 }
 
 fn narrow(size: Size) -> Type {
