@@ -1338,14 +1338,8 @@ fn unmasked_shift_amount(fb: &mut FunctionBuilder<'_>, amount: Value) -> Value {
     else {
         return amount;
     };
-    let ir::ValueDef::Result(constant, _) = dfg.value_def(mask) else {
-        return amount;
-    };
-    match dfg.insts[constant] {
-        ir::InstructionData::UnaryImm {
-            opcode: ir::Opcode::Iconst,
-            imm,
-        } if imm.bits() & width_mask == width_mask => y,
+    match constant_of(fb, mask) {
+        Some(m) if m & width_mask == width_mask => y,
         _ => amount,
     }
 }
