@@ -288,6 +288,7 @@ pub(crate) fn lift_function(
         locals: HashMap::new(),
         consts: consts::plan(insts, sub.start),
         at: 0,
+        written_here: 0,
     };
     let first = l.blocks[0].expect("created above");
     l.b.ins().jump(first, NO_ARGS);
@@ -330,6 +331,7 @@ pub(crate) fn lift_function(
         }
         l.b.set_srcloc(SourceLoc::new(inst.pc));
         l.at = k;
+        l.written_here = 0;
         let action = plan.as_ref().map_or(Action::Lift, |p| {
             if let (true, Op::Load { base, .. }) = (p.capture[k], inst.op) {
                 bases[k] = Some(l.get(base));
@@ -495,6 +497,9 @@ struct Lifter<'a, 'f> {
     consts: Vec<Known>,
     /// The instruction being lifted (index from `start`).
     at: usize,
+    /// The registers the lift of the current instruction has written so far (a call's
+    /// arguments set up for an inlined helper): their `consts` no longer hold.
+    written_here: u16,
 }
 
 impl Lifter<'_, '_> {
@@ -502,13 +507,16 @@ impl Lifter<'_, '_> {
         if r == R10 {
             return self.r10;
         }
-        if let Some(c) = self.consts[self.at].get(r) {
-            return self.b.ins().iconst(I64, c as i64);
+        if self.written_here & 1 << r == 0 {
+            if let Some(c) = self.consts[self.at].get(r) {
+                return self.b.ins().iconst(I64, c as i64);
+            }
         }
         self.b.use_var(self.regs[r as usize])
     }
 
     fn set(&mut self, r: Reg, v: Value) {
+        self.written_here |= 1 << r;
         self.b.def_var(self.regs[r as usize], v);
     }
 
