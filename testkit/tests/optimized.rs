@@ -233,6 +233,69 @@ fn shifted_and_masked_indexes_match_the_interpreter() {
     assert_eq!(cases, 13 * 9 * 3 * 2);
 }
 
+/// Divisions and remainders with the divisors whose result eBPF fixes (0 for all four, -1
+/// for the signed ones: `x / -1 = -x` wrapping, `x % -1 = 0`) and their neighbours, by a
+/// register and by an immediate (the tier selects the fixed result after dividing by 1,
+/// and folds it for a constant), at both widths (a 64-bit divisor whose low half is 0 or
+/// -1 divides a 32-bit operation by 0 or -1), against the interpreter, trusted and
+/// sandboxed.
+#[test]
+fn divisions_by_zero_and_minus_one_match_the_interpreter() {
+    let rt = Runtime::new().unwrap();
+    let divisors: [i64; 12] = [
+        0,
+        -1,
+        1,
+        -2,
+        2,
+        7,
+        -7,
+        i64::MIN,
+        i64::MAX,
+        0xffff_ffff,
+        1 << 32,
+        (1 << 32) | 3,
+    ];
+    let dividends: [i64; 6] = [0, 100, -100, i64::MIN, i64::MAX, 0x8000_0000];
+    let mut cases = 0;
+    for suffix in ["", "32"] {
+        for op in ["div", "mod", "sdiv", "smod"] {
+            for divisor in divisors {
+                // An immediate is 32 bits, sign-extended: only those that fit.
+                let immediate = i32::try_from(divisor).ok();
+                let forms = [
+                    Some(format!("ldxdw %r4, [%r1+8]\n{op}{suffix} %r3, %r4")),
+                    immediate.map(|imm| format!("{op}{suffix} %r3, {imm}")),
+                ];
+                for form in forms.into_iter().flatten() {
+                    let text = format!("ldxdw %r3, [%r1+0]\n{form}\nmov %r0, %r3\nexit\n");
+                    let code = packjit_testkit::asm::assemble(&text)
+                        .unwrap_or_else(|e| panic!("{text}: {e}"));
+                    for x in dividends {
+                        let mut ctx = x.to_le_bytes().to_vec();
+                        ctx.extend_from_slice(&divisor.to_le_bytes());
+                        for sandboxed in [false, true] {
+                            // SAFETY: the program reads its 16-byte context only.
+                            unsafe {
+                                packjit_testkit::gen::check_optimized_against_reference(
+                                    &rt,
+                                    &code,
+                                    &ctx,
+                                    sandboxed,
+                                    &format!("{form}, x {x:#x}, divisor {divisor:#x}"),
+                                )
+                            };
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The first seven divisors fit an immediate.
+    assert_eq!(cases, 2 * 4 * (12 + 7) * 6 * 2);
+}
+
 #[test]
 fn what_the_tier_cannot_take_is_refused_by_name() {
     let rt = Runtime::new().unwrap();
