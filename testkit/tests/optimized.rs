@@ -128,6 +128,21 @@ fn random_programs(mode: Mode) {
     assert_eq!(ran, count);
 }
 
+/// `code` on `ctx` through the tier, trusted and sandboxed, each against the interpreter;
+/// gives the number of runs checked (2).
+///
+/// # Safety
+/// `code` touches nothing but its context (the trusted load runs it unchecked).
+unsafe fn check_trusted_and_sandboxed(rt: &Runtime, code: &[u8], ctx: &[u8], what: &str) -> usize {
+    for sandboxed in [false, true] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            packjit_testkit::gen::check_optimized_against_reference(rt, code, ctx, sandboxed, what)
+        };
+    }
+    2
+}
+
 /// A shift whose amount was masked first (`x << (y & 63)`, clang's `1ULL << (j % 64)`):
 /// the tier drops a mask that keeps every bit the shift reads (its amount is taken modulo
 /// the width anyway) and must keep every other. Every kind of shift at both widths, masks
@@ -166,19 +181,9 @@ fn masked_shift_amounts_match_the_interpreter() {
                     for y in amounts {
                         let mut ctx = x.to_le_bytes().to_vec();
                         ctx.extend_from_slice(&y.to_le_bytes());
-                        for sandboxed in [false, true] {
-                            // SAFETY: the program reads its 16-byte context only.
-                            unsafe {
-                                packjit_testkit::gen::check_optimized_against_reference(
-                                    &rt,
-                                    &code,
-                                    &ctx,
-                                    sandboxed,
-                                    &format!("{op}{suffix} by (y & {mask}), x {x:#x}, y {y:#x}"),
-                                )
-                            };
-                            cases += 1;
-                        }
+                        let what = format!("{op}{suffix} by (y & {mask}), x {x:#x}, y {y:#x}");
+                        // SAFETY: the program reads its 16-byte context only.
+                        cases += unsafe { check_trusted_and_sandboxed(&rt, &code, &ctx, &what) };
                     }
                 }
             }
@@ -214,19 +219,10 @@ fn shifted_and_masked_indexes_match_the_interpreter() {
             let code =
                 packjit_testkit::asm::assemble(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
             for x in values {
-                for sandboxed in [false, true] {
-                    // SAFETY: the program reads its 8-byte context only.
-                    unsafe {
-                        packjit_testkit::gen::check_optimized_against_reference(
-                            &rt,
-                            &code,
-                            &x.to_le_bytes(),
-                            sandboxed,
-                            &format!("(x >> {k}) & {mask:#x}, x {x:#x}"),
-                        )
-                    };
-                    cases += 1;
-                }
+                let what = format!("(x >> {k}) & {mask:#x}, x {x:#x}");
+                // SAFETY: the program reads its 8-byte context only.
+                cases +=
+                    unsafe { check_trusted_and_sandboxed(&rt, &code, &x.to_le_bytes(), &what) };
             }
         }
     }
@@ -274,19 +270,9 @@ fn divisions_by_zero_and_minus_one_match_the_interpreter() {
                     for x in dividends {
                         let mut ctx = x.to_le_bytes().to_vec();
                         ctx.extend_from_slice(&divisor.to_le_bytes());
-                        for sandboxed in [false, true] {
-                            // SAFETY: the program reads its 16-byte context only.
-                            unsafe {
-                                packjit_testkit::gen::check_optimized_against_reference(
-                                    &rt,
-                                    &code,
-                                    &ctx,
-                                    sandboxed,
-                                    &format!("{form}, x {x:#x}, divisor {divisor:#x}"),
-                                )
-                            };
-                            cases += 1;
-                        }
+                        let what = format!("{form}, x {x:#x}, divisor {divisor:#x}");
+                        // SAFETY: the program reads its 16-byte context only.
+                        cases += unsafe { check_trusted_and_sandboxed(&rt, &code, &ctx, &what) };
                     }
                 }
             }

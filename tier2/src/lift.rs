@@ -1338,21 +1338,19 @@ fn divide(fb: &mut FunctionBuilder<'_>, op: AluOp, a: Value, b: Value) -> Value 
     let one = fb.ins().iconst(ty, 1);
     let divisor = fb.ins().select(fixed, one, b);
     let zero = fb.ins().iconst(ty, 0);
-    let by_zero = |fb: &mut FunctionBuilder<'_>| fb.ins().icmp_imm_s(IntCC::Equal, b, 0);
     let (q, fixed_result) = match op {
         AluOp::Div => (fb.ins().udiv(a, divisor), zero),
         AluOp::Mod => (fb.ins().urem(a, divisor), a),
-        AluOp::Sdiv => {
-            let neg = fb.ins().ineg(a);
-            let by_zero = by_zero(fb);
-            let fixed_result = fb.ins().select(by_zero, zero, neg);
-            (fb.ins().sdiv(a, divisor), fixed_result)
-        }
-        // Smod.
         _ => {
-            let by_zero = by_zero(fb);
-            let fixed_result = fb.ins().select(by_zero, a, zero);
-            (fb.ins().srem(a, divisor), fixed_result)
+            let by_zero = fb.ins().icmp_imm_s(IntCC::Equal, b, 0);
+            if op == AluOp::Sdiv {
+                let neg = fb.ins().ineg(a);
+                let fixed_result = fb.ins().select(by_zero, zero, neg);
+                (fb.ins().sdiv(a, divisor), fixed_result)
+            } else {
+                let fixed_result = fb.ins().select(by_zero, a, zero);
+                (fb.ins().srem(a, divisor), fixed_result)
+            }
         }
     };
     fb.ins().select(fixed, fixed_result, q)
