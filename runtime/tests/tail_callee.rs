@@ -649,9 +649,10 @@ fn budget_caller() -> Vec<u8> {
 #[test]
 fn a_target_entered_from_a_function_counts_on_the_runs_budget_and_gives_back_the_rest() {
     let rt = host::host_runtime();
-    for trust in TRUSTS {
+    for (tier, trust) in modes() {
         let (jumps, mut opts) = prog_array(4);
         opts.budget = Budget::Limit(1 << 20);
+        opts.tier = tier;
         let c = load_as(&rt, trust, &budget_caller(), &opts);
         // The target spins mem[6..8] rounds (back-edge at pc 3).
         let target = [spin_rounds(1, 6), i(0xb7, 0, 0, 0, 9), i(EXIT, 0, 0, 0, 0)].concat();
@@ -686,7 +687,7 @@ fn a_target_entered_from_a_function_counts_on_the_runs_budget_and_gives_back_the
             let need = least(mem(before, inside, after));
             assert!(
                 need.abs_diff(all_before) <= 8,
-                "{trust:?} ({before}, {inside}, {after}): {need} vs {all_before}"
+                "{tier:?} {trust:?} ({before}, {inside}, {after}): {need} vs {all_before}"
             );
         }
         // One short: the stop is where the budget ran out.
@@ -695,7 +696,7 @@ fn a_target_entered_from_a_function_counts_on_the_runs_budget_and_gives_back_the
             assert_eq!(
                 c.call_with_budget(&mut m.clone(), need - 1).unwrap_err(),
                 RunError::Stop(Stop::Budget { pc }),
-                "{trust:?}"
+                "{tier:?} {trust:?}"
             );
         }
         rt.set_prog_array(&jumps, 2, None).unwrap();

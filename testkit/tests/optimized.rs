@@ -282,6 +282,65 @@ fn divisions_by_zero_and_minus_one_match_the_interpreter() {
     assert_eq!(cases, 2 * 4 * (12 + 7) * 6 * 2);
 }
 
+extern "C" fn plus_one(r1: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    r1.wrapping_add(1)
+}
+
+/// The budget counted across bpf-to-bpf calls and helper calls: every budget from 0 to past
+/// what the program needs, on a program whose loop charges its back-edge, calls a function
+/// that loops and charges its own back-edges, and calls a helper. Each run must end as the
+/// baseline's does (the same r0, or a budget stop at the same pc), sandboxed and trusted with
+/// a budget. A callee's charges lost on the way back or a charge applied twice would move
+/// the pc or the result.
+#[test]
+fn budgets_across_calls_and_helpers_stop_where_the_baseline_stops() {
+    const HELPER: u32 = 0x7001;
+    let rt = Runtime::new().unwrap();
+    rt.register_helper(HELPER, "plus_one", plus_one).unwrap();
+    let text = format!(
+        "mov %r6, 0\nmov %r7, 4\n\
+         outer:\nmov %r1, %r7\ncall local f\nadd %r6, %r0\nmov %r1, %r6\n\
+         call {HELPER}\nmov %r6, %r0\nsub %r7, 1\njne %r7, 0, outer\n\
+         mov %r0, %r6\nexit\n\
+         f:\nmov %r0, 0\nmov %r2, %r1\nfloop:\nadd %r0, %r2\nsub %r2, 1\n\
+         jne %r2, 0, floop\nexit\n"
+    );
+    let code = packjit_testkit::asm::assemble(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let load = |tier: Tier, sandboxed: bool, budget: u64| {
+        let opts = LoadOptions {
+            tier,
+            budget: Budget::Limit(budget),
+            ..LoadOptions::default()
+        };
+        if sandboxed {
+            rt.load(&code, &opts).unwrap()
+        } else {
+            // SAFETY: the program touches no memory but its registers.
+            unsafe { rt.load_trusted(&code, &opts) }.unwrap()
+        }
+    };
+    let (mut finished, mut stopped) = (0, 0);
+    for sandboxed in [false, true] {
+        for budget in 0..160 {
+            let want = load(Tier::Baseline, sandboxed, budget).call(&mut []);
+            let got = load(Tier::Optimized, sandboxed, budget).call(&mut []);
+            assert_eq!(got, want, "budget {budget}, sandboxed {sandboxed}");
+            match want {
+                Ok(_) => finished += 1,
+                Err(e) => {
+                    assert!(e.to_string().contains("budget"), "{e}");
+                    stopped += 1;
+                }
+            }
+        }
+    }
+    // Both outcomes occur, so the range crosses the program's need.
+    assert!(
+        finished > 0 && stopped > 0,
+        "{finished} finished, {stopped} stopped"
+    );
+}
+
 #[test]
 fn what_the_tier_cannot_take_is_refused_by_name() {
     let rt = Runtime::new().unwrap();
