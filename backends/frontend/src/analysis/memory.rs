@@ -138,6 +138,134 @@ impl FrameJoins {
     }
 }
 
+/// Where [`frame_step`] leaves the walk of a block.
+enum FrameStep {
+    /// On to the next instruction.
+    Next,
+    /// The path ends.
+    Exit,
+    /// Only to `target` (`ja`).
+    Jump(usize),
+    /// To `target` as well as on (a conditional jump).
+    Branch(usize),
+}
+
+/// [`frame_reach`]'s transfer of one instruction: `st` updated, `lowest` lowered to the
+/// lowest frame offset the instruction reaches; `None` when the frame's reach cannot be
+/// bounded (a frame pointer moved by an unknown amount and used, or stored).
+#[inline]
+fn frame_step(op: &Op, st: &mut FrameState, lowest: &mut i64) -> Option<FrameStep> {
+    use crate::Operand::{Imm, Reg};
+    let get = |st: &FrameState, r: u8| {
+        if r == 10 {
+            FrameVal::At(0)
+        } else {
+            st[r as usize]
+        }
+    };
+    let mut reach = |base: FrameVal, off: i64| match base {
+        FrameVal::NotFrame => Some(()),
+        FrameVal::At(c) => {
+            *lowest = (*lowest).min(c.saturating_add(off));
+            Some(())
+        }
+        FrameVal::Anywhere => None,
+    };
+    match *op {
+        Op::Alu {
+            width,
+            op,
+            dst,
+            src,
+        } => {
+            let a = get(st, dst);
+            let v = match (width, op, src) {
+                (Width::W64, AluOp::Mov, Reg(r)) => get(st, r),
+                (_, AluOp::Mov, Imm(_)) => FrameVal::NotFrame,
+                (Width::W64, AluOp::Add | AluOp::Sub, Imm(k)) => match a {
+                    FrameVal::At(c) if op == AluOp::Add => {
+                        FrameVal::At(c.saturating_add(i64::from(k)))
+                    }
+                    FrameVal::At(c) => FrameVal::At(c.saturating_sub(i64::from(k))),
+                    v => v,
+                },
+                (_, AluOp::Mov, Reg(r)) => match get(st, r) {
+                    FrameVal::NotFrame => FrameVal::NotFrame,
+                    _ => FrameVal::Anywhere,
+                },
+                (_, _, src) => {
+                    let b = match src {
+                        Reg(r) => get(st, r),
+                        Imm(_) => FrameVal::NotFrame,
+                    };
+                    if a.is_frame() || b.is_frame() {
+                        FrameVal::Anywhere
+                    } else {
+                        FrameVal::NotFrame
+                    }
+                }
+            };
+            st[dst as usize] = v;
+        }
+        Op::MovSx { dst, src, .. } | Op::MovPerCpu { dst, src, .. } => {
+            st[dst as usize] = match get(st, src) {
+                FrameVal::NotFrame => FrameVal::NotFrame,
+                _ => FrameVal::Anywhere,
+            };
+        }
+        Op::Neg { dst, .. } | Op::End { dst, .. } => {
+            if st[dst as usize].is_frame() {
+                st[dst as usize] = FrameVal::Anywhere;
+            }
+        }
+        Op::LdImm64 { dst, .. } => st[dst as usize] = FrameVal::NotFrame,
+        Op::Load { dst, base, off, .. } => {
+            reach(get(st, base), i64::from(off))?;
+            st[dst as usize] = FrameVal::NotFrame;
+        }
+        Op::Store { base, off, src, .. } => {
+            reach(get(st, base), i64::from(off))?;
+            if let Reg(r) = src {
+                if get(st, r).is_frame() {
+                    return None;
+                }
+            }
+        }
+        Op::Atomic {
+            base,
+            off,
+            src,
+            op,
+            fetch,
+            ..
+        } => {
+            reach(get(st, base), i64::from(off))?;
+            if get(st, src).is_frame() {
+                return None;
+            }
+            if op == AtomicOp::Cmpxchg {
+                st[0] = FrameVal::NotFrame;
+            } else if fetch || op == AtomicOp::Xchg {
+                st[src as usize] = FrameVal::NotFrame;
+            }
+        }
+        Op::PacketLoad { .. } => st[0] = FrameVal::NotFrame,
+        Op::CallHelper { .. } | Op::CallReg { .. } => {
+            // A helper may use [ptr, r10) of a frame pointer it gets, in any argument (its
+            // arity is not known here).
+            for &arg in &st[1..=5] {
+                reach(arg, 0)?;
+            }
+            st[..=5].fill(FrameVal::NotFrame);
+        }
+        Op::CallLocal { .. } => return None,
+        Op::Exit => return Some(FrameStep::Exit),
+        Op::Ja { target } => return Some(FrameStep::Jump(target as usize)),
+        Op::Jcond { target, .. } => return Some(FrameStep::Branch(target as usize)),
+    }
+    Some(FrameStep::Next)
+}
+
 /// Bytes below r10 that a single-function program can reach through frame pointers: the
 /// lowest offset of any access or helper argument derived from r10 (a helper may use
 /// `[ptr, r10)` whole). `None` when it cannot be bounded at compile time: a frame pointer
@@ -151,7 +279,6 @@ impl FrameJoins {
 /// every access the checks skip as proven inside the frame is at a constant offset from a
 /// register this analysis tracks, so it is inside the reach.
 pub fn frame_reach(prog: &Program) -> Option<usize> {
-    use crate::Operand::{Imm, Reg};
     let insts = &prog.insts;
     let n = insts.len();
     if n == 0 {
@@ -159,122 +286,18 @@ pub fn frame_reach(prog: &Program) -> Option<usize> {
     }
     let mut joins = FrameJoins::new(prog);
     let mut lowest = 0i64;
-    let get = |st: &FrameState, r: u8| {
-        if r == 10 {
-            FrameVal::At(0)
-        } else {
-            st[r as usize]
-        }
-    };
     while let Some((start, state)) = joins.pop() {
         let mut st = state;
         let mut i = start;
         loop {
-            let mut reach = |base: FrameVal, off: i64| match base {
-                FrameVal::NotFrame => Some(()),
-                FrameVal::At(c) => {
-                    lowest = lowest.min(c.saturating_add(off));
-                    Some(())
-                }
-                FrameVal::Anywhere => None,
-            };
-            let op = insts[i].op;
-            match op {
-                Op::Alu {
-                    width,
-                    op,
-                    dst,
-                    src,
-                } => {
-                    let a = get(&st, dst);
-                    let v = match (width, op, src) {
-                        (Width::W64, AluOp::Mov, Reg(r)) => get(&st, r),
-                        (_, AluOp::Mov, Imm(_)) => FrameVal::NotFrame,
-                        (Width::W64, AluOp::Add | AluOp::Sub, Imm(k)) => match a {
-                            FrameVal::At(c) if op == AluOp::Add => {
-                                FrameVal::At(c.saturating_add(i64::from(k)))
-                            }
-                            FrameVal::At(c) => FrameVal::At(c.saturating_sub(i64::from(k))),
-                            v => v,
-                        },
-                        (_, AluOp::Mov, Reg(r)) => match get(&st, r) {
-                            FrameVal::NotFrame => FrameVal::NotFrame,
-                            _ => FrameVal::Anywhere,
-                        },
-                        (_, _, src) => {
-                            let b = match src {
-                                Reg(r) => get(&st, r),
-                                Imm(_) => FrameVal::NotFrame,
-                            };
-                            if a.is_frame() || b.is_frame() {
-                                FrameVal::Anywhere
-                            } else {
-                                FrameVal::NotFrame
-                            }
-                        }
-                    };
-                    st[dst as usize] = v;
-                }
-                Op::MovSx { dst, src, .. } | Op::MovPerCpu { dst, src, .. } => {
-                    st[dst as usize] = match get(&st, src) {
-                        FrameVal::NotFrame => FrameVal::NotFrame,
-                        _ => FrameVal::Anywhere,
-                    };
-                }
-                Op::Neg { dst, .. } | Op::End { dst, .. } => {
-                    if st[dst as usize].is_frame() {
-                        st[dst as usize] = FrameVal::Anywhere;
-                    }
-                }
-                Op::LdImm64 { dst, .. } => st[dst as usize] = FrameVal::NotFrame,
-                Op::Load { dst, base, off, .. } => {
-                    reach(get(&st, base), i64::from(off))?;
-                    st[dst as usize] = FrameVal::NotFrame;
-                }
-                Op::Store { base, off, src, .. } => {
-                    reach(get(&st, base), i64::from(off))?;
-                    if let Reg(r) = src {
-                        if get(&st, r).is_frame() {
-                            return None;
-                        }
-                    }
-                }
-                Op::Atomic {
-                    base,
-                    off,
-                    src,
-                    op,
-                    fetch,
-                    ..
-                } => {
-                    reach(get(&st, base), i64::from(off))?;
-                    if get(&st, src).is_frame() {
-                        return None;
-                    }
-                    if op == AtomicOp::Cmpxchg {
-                        st[0] = FrameVal::NotFrame;
-                    } else if fetch || op == AtomicOp::Xchg {
-                        st[src as usize] = FrameVal::NotFrame;
-                    }
-                }
-                Op::PacketLoad { .. } => st[0] = FrameVal::NotFrame,
-                Op::CallHelper { .. } | Op::CallReg { .. } => {
-                    // A helper may use [ptr, r10) of a frame pointer it gets, in any argument
-                    // (its arity is not known here).
-                    for &arg in &st[1..=5] {
-                        reach(arg, 0)?;
-                    }
-                    st[..=5].fill(FrameVal::NotFrame);
-                }
-                Op::CallLocal { .. } => return None,
-                Op::Exit => break,
-                Op::Ja { target } => {
-                    joins.flow(target as usize, &st);
+            match frame_step(&insts[i].op, &mut st, &mut lowest)? {
+                FrameStep::Next => {}
+                FrameStep::Exit => break,
+                FrameStep::Jump(target) => {
+                    joins.flow(target, &st);
                     break;
                 }
-                Op::Jcond { target, .. } => {
-                    joins.flow(target as usize, &st);
-                }
+                FrameStep::Branch(target) => joins.flow(target, &st),
             }
             i += 1;
             if i >= n {
@@ -317,10 +340,10 @@ pub fn checked_access(op: &Op) -> Option<(u8, i16, Size)> {
 mod tests {
     use super::*;
 
-    /// The analysis as first written (a table of block heads, a state per block, a stack
-    /// of blocks to run): the reference for the join-list version.
+    /// The traversal as first written (a table of block heads, a state per block, a stack
+    /// of blocks to run) over the same transfer ([`frame_step`]): the reference for the
+    /// join-list traversal.
     fn frame_reach_by_blocks(prog: &Program) -> Option<usize> {
-        use crate::Operand::{Imm, Reg};
         type State = [FrameVal; 10];
         let insts = &prog.insts;
         let n = insts.len();
@@ -377,121 +400,19 @@ mod tests {
                 }
             }
         };
-        let get = |st: &State, r: u8| {
-            if r == 10 {
-                FrameVal::At(0)
-            } else {
-                st[r as usize]
-            }
-        };
         while let Some(b) = work.pop() {
             let mut st = states[b].expect("queued with a state");
             let mut i = starts[b];
             loop {
-                let mut reach = |base: FrameVal, off: i64| match base {
-                    FrameVal::NotFrame => Some(()),
-                    FrameVal::At(c) => {
-                        lowest = lowest.min(c.saturating_add(off));
-                        Some(())
-                    }
-                    FrameVal::Anywhere => None,
-                };
-                let op = insts[i].op;
-                match op {
-                    Op::Alu {
-                        width,
-                        op,
-                        dst,
-                        src,
-                    } => {
-                        let a = get(&st, dst);
-                        let v = match (width, op, src) {
-                            (Width::W64, AluOp::Mov, Reg(r)) => get(&st, r),
-                            (_, AluOp::Mov, Imm(_)) => FrameVal::NotFrame,
-                            (Width::W64, AluOp::Add | AluOp::Sub, Imm(k)) => match a {
-                                FrameVal::At(c) if op == AluOp::Add => {
-                                    FrameVal::At(c.saturating_add(i64::from(k)))
-                                }
-                                FrameVal::At(c) => FrameVal::At(c.saturating_sub(i64::from(k))),
-                                v => v,
-                            },
-                            (_, AluOp::Mov, Reg(r)) => match get(&st, r) {
-                                FrameVal::NotFrame => FrameVal::NotFrame,
-                                _ => FrameVal::Anywhere,
-                            },
-                            (_, _, src) => {
-                                let b = match src {
-                                    Reg(r) => get(&st, r),
-                                    Imm(_) => FrameVal::NotFrame,
-                                };
-                                if a.is_frame() || b.is_frame() {
-                                    FrameVal::Anywhere
-                                } else {
-                                    FrameVal::NotFrame
-                                }
-                            }
-                        };
-                        st[dst as usize] = v;
-                    }
-                    Op::MovSx { dst, src, .. } | Op::MovPerCpu { dst, src, .. } => {
-                        st[dst as usize] = match get(&st, src) {
-                            FrameVal::NotFrame => FrameVal::NotFrame,
-                            _ => FrameVal::Anywhere,
-                        };
-                    }
-                    Op::Neg { dst, .. } | Op::End { dst, .. } => {
-                        if st[dst as usize].is_frame() {
-                            st[dst as usize] = FrameVal::Anywhere;
-                        }
-                    }
-                    Op::LdImm64 { dst, .. } => st[dst as usize] = FrameVal::NotFrame,
-                    Op::Load { dst, base, off, .. } => {
-                        reach(get(&st, base), i64::from(off))?;
-                        st[dst as usize] = FrameVal::NotFrame;
-                    }
-                    Op::Store { base, off, src, .. } => {
-                        reach(get(&st, base), i64::from(off))?;
-                        if let Reg(r) = src {
-                            if get(&st, r).is_frame() {
-                                return None;
-                            }
-                        }
-                    }
-                    Op::Atomic {
-                        base,
-                        off,
-                        src,
-                        op,
-                        fetch,
-                        ..
-                    } => {
-                        reach(get(&st, base), i64::from(off))?;
-                        if get(&st, src).is_frame() {
-                            return None;
-                        }
-                        if op == AtomicOp::Cmpxchg {
-                            st[0] = FrameVal::NotFrame;
-                        } else if fetch || op == AtomicOp::Xchg {
-                            st[src as usize] = FrameVal::NotFrame;
-                        }
-                    }
-                    Op::PacketLoad { .. } => st[0] = FrameVal::NotFrame,
-                    Op::CallHelper { .. } | Op::CallReg { .. } => {
-                        // A helper may use [ptr, r10) of a frame pointer it gets, in any argument
-                        // (its arity is not known here).
-                        for &arg in &st[1..=5] {
-                            reach(arg, 0)?;
-                        }
-                        st[..=5].fill(FrameVal::NotFrame);
-                    }
-                    Op::CallLocal { .. } => return None,
-                    Op::Exit => break,
-                    Op::Ja { target } => {
-                        flow(target as usize, &st, &mut states, &mut work);
+                match frame_step(&insts[i].op, &mut st, &mut lowest)? {
+                    FrameStep::Next => {}
+                    FrameStep::Exit => break,
+                    FrameStep::Jump(target) => {
+                        flow(target, &st, &mut states, &mut work);
                         break;
                     }
-                    Op::Jcond { target, .. } => {
-                        flow(target as usize, &st, &mut states, &mut work);
+                    FrameStep::Branch(target) => {
+                        flow(target, &st, &mut states, &mut work);
                         flow(i + 1, &st, &mut states, &mut work);
                         break;
                     }
