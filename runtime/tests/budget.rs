@@ -129,3 +129,84 @@ fn back_edges_of_every_size_charge_exactly() {
         }
     }
 }
+
+extern "C" fn plus_one(r1: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    r1.wrapping_add(1)
+}
+
+/// A loop of four rounds, each calling a function that loops `r7` times and a helper; with
+/// `stack`, the function also stores to its frame (a program with and without a stack
+/// block: backends lay out their frames, and may keep the count, differently for each).
+fn calls_and_loops(helper: u32, stack: bool) -> Vec<u8> {
+    let i = encode_insn;
+    let mut code = vec![
+        i(0xb7, 6, 0, 0, 0),             // 0: r6 = 0
+        i(0xb7, 7, 0, 0, 4),             // 1: r7 = 4
+        i(0xbf, 1, 7, 0, 0),             // 2: r1 = r7
+        i(0x85, 0, 1, 0, 8),             // 3: call f (pc 12)
+        i(0x0f, 6, 0, 0, 0),             // 4: r6 += r0
+        i(0xbf, 1, 6, 0, 0),             // 5: r1 = r6
+        i(0x85, 0, 0, 0, helper as i32), // 6: r0 = plus_one(r1)
+        i(0xbf, 6, 0, 0, 0),             // 7: r6 = r0
+        i(0x07, 7, 0, 0, -1),            // 8: r7 -= 1
+        i(0x55, 7, 0, -8, 0),            // 9: if r7 != 0 goto 2
+        i(0xbf, 0, 6, 0, 0),             // 10: r0 = r6
+        i(0x95, 0, 0, 0, 0),             // 11: exit
+        i(0xb7, 0, 0, 0, 0),             // 12: f: r0 = 0
+        i(0xbf, 2, 1, 0, 0),             // 13: r2 = r1
+        i(0x0f, 0, 2, 0, 0),             // 14: r0 += r2
+        i(0x07, 2, 0, 0, -1),            // 15: r2 -= 1
+        i(0x55, 2, 0, -3, 0),            // 16: if r2 != 0 goto 14
+    ];
+    if stack {
+        code.push(i(0x7b, 10, 0, -8, 0)); // *(u64 *)(r10 - 8) = r0
+    }
+    code.push(i(0x95, 0, 0, 0, 0));
+    code.concat()
+}
+
+/// Every budget from 0 to past what the program needs, with and without a stack block,
+/// sandboxed and trusted: each run ends as the interpreter's (the same r0, or a budget stop
+/// at the same pc). A charge lost across a call or a helper, or a budget read from the
+/// wrong place at entry, would move the pc or the result.
+#[test]
+fn budgets_across_calls_and_helpers_stop_where_the_interpreter_stops() {
+    const HELPER: u32 = 0x7001;
+    let rt = host::host_runtime();
+    rt.register_helper(HELPER, "plus_one", plus_one).unwrap();
+    let interp = packjit_interp::Interpreter::new().with_helper(HELPER, plus_one);
+    for stack in [false, true] {
+        let code = calls_and_loops(HELPER, stack);
+        let reference = interp.load(&code).unwrap();
+        let (mut finished, mut stopped) = (0, 0);
+        for budget in 0..90 {
+            let want = interp
+                .run(&reference, &mut [], Some(budget))
+                .map(|o| o.r0)
+                .map_err(packjit::RunError::from);
+            let opts = LoadOptions {
+                budget: Budget::Limit(budget),
+                ..Default::default()
+            };
+            let sandboxed = rt.load(&code, &opts).unwrap();
+            // SAFETY: the program touches only its own stack.
+            let trusted = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
+            for (trust, p) in [("sandboxed", &sandboxed), ("trusted", &trusted)] {
+                assert_eq!(
+                    p.call(&mut []),
+                    want,
+                    "budget {budget}, stack {stack}, {trust}"
+                );
+            }
+            match want {
+                Ok(_) => finished += 1,
+                Err(_) => stopped += 1,
+            }
+        }
+        // The range crosses what the program needs: both outcomes occur.
+        assert!(
+            finished > 0 && stopped > 0,
+            "{finished} finished, {stopped} stopped"
+        );
+    }
+}
