@@ -341,6 +341,60 @@ fn budgets_across_calls_and_helpers_stop_where_the_baseline_stops() {
     );
 }
 
+/// A small leaf function is inlined into its caller by the tier (`tier2/src/inline.rs`): its
+/// own stack frame stays apart from the caller's, its writes to r6 and r9 do not reach
+/// the caller's, and an access it makes out of the context stops the run at the callee's pc,
+/// as on the baseline, where the callee is an ordinary call.
+#[test]
+fn inlined_leaf_functions_keep_their_frame_registers_and_stops() {
+    let rt = Runtime::new().unwrap();
+    let text = "mov %r6, %r1\nmov %r7, 0\nmov %r8, 0\nmov %r9, 1000\n\
+         loop:\nstxdw [%r10-8], %r7\nmov %r1, %r6\nmov %r2, %r8\ncall local f\n\
+         ldxdw %r7, [%r10-8]\nadd %r7, %r0\nadd %r8, 1\njne %r8, 4, loop\n\
+         mov %r0, %r7\nadd %r0, %r9\nexit\n\
+         f:\nmov %r6, %r2\nlsh %r6, 8\nstxdw [%r10-8], %r6\nadd %r1, %r2\n\
+         ldxb %r0, [%r1+0]\nldxdw %r3, [%r10-8]\nadd %r0, %r3\nmov %r9, 99\nexit\n";
+    let code = packjit_testkit::asm::assemble(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let load = |tier: Tier, sandboxed: bool| {
+        let opts = LoadOptions {
+            tier,
+            budget: Budget::Unlimited,
+            ..LoadOptions::default()
+        };
+        if sandboxed {
+            rt.load(&code, &opts).unwrap()
+        } else {
+            // SAFETY: run below only on contexts of at least 4 bytes, all the callee reads.
+            unsafe { rt.load_trusted(&code, &opts) }.unwrap()
+        }
+    };
+    let (mut finished, mut stopped) = (0, 0);
+    for sandboxed in [false, true] {
+        let (baseline, optimized) = (
+            load(Tier::Baseline, sandboxed),
+            load(Tier::Optimized, sandboxed),
+        );
+        for len in if sandboxed { 0..8 } else { 4..8 } {
+            let mut ctx: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(37) ^ 0x5a).collect();
+            // One buffer for both (the program only reads it), so a stop names the same address.
+            let want = baseline.call(&mut ctx);
+            let got = optimized.call(&mut ctx);
+            assert_eq!(got, want, "context of {len} bytes, sandboxed {sandboxed}");
+            match want {
+                Ok(_) => finished += 1,
+                Err(e) => {
+                    assert!(e.to_string().contains("pc 19"), "{e}");
+                    stopped += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        finished > 0 && stopped > 0,
+        "{finished} finished, {stopped} stopped"
+    );
+}
+
 #[test]
 fn what_the_tier_cannot_take_is_refused_by_name() {
     let rt = Runtime::new().unwrap();

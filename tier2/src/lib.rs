@@ -20,7 +20,8 @@
 //!
 //! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
 //! instruction class, with the sandbox's checks and the budget's charges), `frame.rs`
-//! (which stack slots become SSA variables), `link.rs` (the functions placed in one image,
+//! (which stack slots become SSA variables), `inline.rs` (which bpf-to-bpf calls Cranelift
+//! inlines), `link.rs` (the functions placed in one image,
 //! calls patched), `sandbox.rs` (the functions sandboxed code calls on its rare paths).
 //!
 //! ```
@@ -38,12 +39,13 @@ mod bitset;
 mod consts;
 mod frame;
 mod fuse;
+mod inline;
 mod lift;
 mod link;
 mod sandbox;
 
 use cranelift_codegen::control::ControlPlane;
-use cranelift_codegen::ir::ExternalName;
+use cranelift_codegen::ir::{self, ExternalName};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::{Context, FinalizedRelocTarget};
@@ -182,15 +184,53 @@ pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
     let mode = packjit_frontend::analysis::validate_request(req, NAME, 0)?;
     let prog = packjit_frontend::decode_for_lowering(req)?;
     let shared = lift::Shared::new(&prog, req.helpers, mode, &**isa)?;
+    let funcs = compile_functions(&shared, &**isa)?;
+    let arch = Arch::host().expect("host_isa succeeded");
+    let image = link::link(arch, &funcs, prog.slots)?;
+    Ok(Emitted {
+        bytes: image.bytes,
+        line_table: image.line_table,
+    })
+}
+
+/// Every function of the program lifted and compiled (small leaves also inlined into their
+/// callers), each with its calls still to patch.
+fn compile_functions(
+    shared: &lift::Shared<'_>,
+    isa: &dyn cranelift_codegen::isa::TargetIsa,
+) -> Result<Vec<link::FuncCode>, CompileError> {
+    let prog = shared.prog;
     let mut ctx = Context::new();
     let mut fctx = FunctionBuilderContext::new();
-    let mut funcs = Vec::with_capacity(prog.subprogs.len());
-    for index in 0..prog.subprogs.len() {
+    let count = prog.subprogs.len();
+    // Every function lifted before any is compiled: a small leaf is also the body inlined
+    // at its call sites (`inline.rs`).
+    let mut lifted = Vec::with_capacity(count);
+    for index in 0..count {
+        let mut func = ir::Function::new();
+        lift::lift_function(shared, index, &mut func, &mut fctx)?;
+        lifted.push(func);
+    }
+    let inlinable = inline::inlinable(prog, &shared.tail_calls);
+    let mut funcs = Vec::with_capacity(count);
+    for index in 0..count {
         ctx.clear();
-        lift::lift_function(&shared, index, &mut ctx.func, &mut fctx)?;
+        ctx.func = lifted[index].clone();
+        if inline::calls_inlinable(prog, index, &inlinable) {
+            let inliner = inline::Inliner {
+                lifted: &lifted,
+                inlinable: &inlinable,
+            };
+            ctx.inline(inliner).map_err(|e| {
+                CompileError::new(
+                    ErrorKind::Internal,
+                    format!("optimized tier: inlining into function {index} failed: {e:?}"),
+                )
+            })?;
+        }
         let (bytes, relocs, srclocs) = {
             let code = ctx
-                .compile(&**isa, &mut ControlPlane::default())
+                .compile(isa, &mut ControlPlane::default())
                 .map_err(|e| {
                     CompileError::new(
                         ErrorKind::Internal,
@@ -235,12 +275,7 @@ pub fn emit_request(req: &CompileRequest<'_>) -> Result<Emitted, CompileError> {
             first_slot: prog.insts[prog.subprogs[index].start].pc,
         });
     }
-    let arch = Arch::host().expect("host_isa succeeded");
-    let image = link::link(arch, &funcs, prog.slots)?;
-    Ok(Emitted {
-        bytes: image.bytes,
-        line_table: image.line_table,
-    })
+    Ok(funcs)
 }
 
 /// The compile flags naming a contract this tier does not implement yet are refused by
@@ -270,4 +305,51 @@ fn refuse_flags(flags: u32) -> Result<(), CompileError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One eBPF instruction: opcode, registers, offset, immediate.
+    fn insn(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+        let mut b = [op, src << 4 | dst, 0, 0, 0, 0, 0, 0];
+        b[2..4].copy_from_slice(&off.to_le_bytes());
+        b[4..].copy_from_slice(&imm.to_le_bytes());
+        b
+    }
+
+    /// The entry's calls left after inlining, for `r6 = 0; r0 = f(r6); exit` with `f` a
+    /// leaf of `callee_len` instructions.
+    fn entry_calls_with_callee_of(callee_len: usize) -> usize {
+        let mut code = Vec::new();
+        code.extend(insn(0xb7, 6, 0, 0, 0)); // mov r6, 0
+        code.extend(insn(0xbf, 1, 6, 0, 0)); // mov r1, r6
+        code.extend(insn(0x85, 0, 1, 0, 1)); // call local pc 4
+        code.extend(insn(0x95, 0, 0, 0, 0)); // exit
+        code.extend(insn(0xbf, 0, 1, 0, 0)); // f: mov r0, r1
+        for _ in 2..callee_len {
+            code.extend(insn(0x07, 0, 0, 0, 3)); // add r0, 3
+        }
+        code.extend(insn(0x95, 0, 0, 0, 0)); // exit
+        let req = CompileRequest {
+            code: &code,
+            helpers: &[],
+            features: 0,
+            flags: 0,
+            blind_key: 0,
+        };
+        let isa = host_isa().unwrap();
+        let mode = packjit_frontend::analysis::validate_request(&req, NAME, 0).unwrap();
+        let prog = packjit_frontend::decode_for_lowering(&req).unwrap();
+        let shared = lift::Shared::new(&prog, req.helpers, mode, &**isa).unwrap();
+        compile_functions(&shared, &**isa).unwrap()[0].calls.len()
+    }
+
+    #[test]
+    fn small_leaf_functions_are_inlined_and_large_ones_called() {
+        assert_eq!(entry_calls_with_callee_of(2), 0);
+        assert_eq!(entry_calls_with_callee_of(inline::MAX_INLINED_INSNS), 0);
+        assert_eq!(entry_calls_with_callee_of(inline::MAX_INLINED_INSNS + 1), 1);
+    }
 }
