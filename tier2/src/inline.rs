@@ -16,7 +16,8 @@
 //! The policy: a function that makes no local call of its own (no recursion to bound, and
 //! one level of inlining covers the helpers clang leaves out of line) and no tail call (the
 //! runner's nesting depth is counted per native frame), up to [`MAX_INLINED_INSNS`]
-//! eBPF instructions. The out-of-line copy is still compiled: other call sites and the line
+//! eBPF instructions, and at most [`MAX_INLINED_FRAMES`] copies per caller that bring a
+//! stack frame of their own. The out-of-line copy is still compiled: other call sites and the line
 //! table (the inlined copy carries no source locations) keep it.
 
 use cranelift_codegen::inline::{Inline, InlineCommand};
@@ -54,11 +55,20 @@ pub(crate) fn calls_inlinable(prog: &Program, k: usize, inlinable: &[bool]) -> b
     })
 }
 
-/// The [`Inline`] policy over one program's lifted functions.
+/// The most inlined copies with a stack frame of their own (a trusted callee that keeps
+/// some of its frame in memory: a 512-byte Cranelift slot) per caller. Each copy keeps its
+/// own slot in the caller's frame (Cranelift does not share them), so without a bound a
+/// function calling such a leaf from many sites would grow its native frame by 512 bytes a
+/// site; the baseline needs 512 bytes per call level. Further sites keep the call.
+pub(crate) const MAX_INLINED_FRAMES: usize = 4;
+
+/// The [`Inline`] policy over one program's lifted functions, for one caller.
 pub(crate) struct Inliner<'a> {
     /// Every function as lifted, index as `Program::subprogs`.
     pub lifted: &'a [ir::Function],
     pub inlinable: &'a [bool],
+    /// Copies with a frame inlined into this caller so far.
+    pub frames: usize,
 }
 
 impl Inline for Inliner<'_> {
@@ -79,11 +89,19 @@ impl Inline for Inliner<'_> {
         };
         let index = caller.params.user_named_funcs()[name].index as usize;
         match (self.inlinable.get(index), self.lifted.get(index)) {
-            (Some(true), Some(body)) => InlineCommand::Inline {
-                callee: Cow::Borrowed(body),
-                // Inlinable callees make no local calls: nothing more to visit.
-                visit_callee: false,
-            },
+            (Some(true), Some(body)) => {
+                if !body.sized_stack_slots.is_empty() {
+                    if self.frames == MAX_INLINED_FRAMES {
+                        return InlineCommand::KeepCall;
+                    }
+                    self.frames += 1;
+                }
+                InlineCommand::Inline {
+                    callee: Cow::Borrowed(body),
+                    // Inlinable callees make no local calls: nothing more to visit.
+                    visit_callee: false,
+                }
+            }
             _ => InlineCommand::KeepCall,
         }
     }

@@ -220,6 +220,7 @@ fn compile_functions(
             let inliner = inline::Inliner {
                 lifted: &lifted,
                 inlinable: &inlinable,
+                frames: 0,
             };
             ctx.inline(inliner).map_err(|e| {
                 CompileError::new(
@@ -319,19 +320,18 @@ mod tests {
         b
     }
 
-    /// The entry's calls left after inlining, for `r6 = 0; r0 = f(r6); exit` with `f` a
-    /// leaf of `callee_len` instructions.
-    fn entry_calls_with_callee_of(callee_len: usize) -> usize {
+    /// The calls the entry keeps after inlining, for an entry calling the leaf function
+    /// `callee` from `sites` call sites.
+    fn entry_calls(callee: &[[u8; 8]], sites: usize) -> usize {
         let mut code = Vec::new();
-        code.extend(insn(0xb7, 6, 0, 0, 0)); // mov r6, 0
-        code.extend(insn(0xbf, 1, 6, 0, 0)); // mov r1, r6
-        code.extend(insn(0x85, 0, 1, 0, 1)); // call local pc 4
-        code.extend(insn(0x95, 0, 0, 0, 0)); // exit
-        code.extend(insn(0xbf, 0, 1, 0, 0)); // f: mov r0, r1
-        for _ in 2..callee_len {
-            code.extend(insn(0x07, 0, 0, 0, 3)); // add r0, 3
+        for k in 0..sites {
+            // call local: the callee starts after the remaining calls and the exit.
+            code.extend(insn(0x85, 0, 1, 0, (sites - k) as i32));
         }
         code.extend(insn(0x95, 0, 0, 0, 0)); // exit
+        for i in callee {
+            code.extend(i);
+        }
         let req = CompileRequest {
             code: &code,
             helpers: &[],
@@ -346,10 +346,35 @@ mod tests {
         compile_functions(&shared, &**isa).unwrap()[0].calls.len()
     }
 
+    /// A leaf of `len` instructions: `r0 = r1 + 3 * (len - 2)`.
+    fn adder(len: usize) -> Vec<[u8; 8]> {
+        let mut f = vec![insn(0xbf, 0, 1, 0, 0)]; // mov r0, r1
+        f.extend((2..len).map(|_| insn(0x07, 0, 0, 0, 3))); // add r0, 3
+        f.push(insn(0x95, 0, 0, 0, 0)); // exit
+        f
+    }
+
     #[test]
     fn small_leaf_functions_are_inlined_and_large_ones_called() {
-        assert_eq!(entry_calls_with_callee_of(2), 0);
-        assert_eq!(entry_calls_with_callee_of(inline::MAX_INLINED_INSNS), 0);
-        assert_eq!(entry_calls_with_callee_of(inline::MAX_INLINED_INSNS + 1), 1);
+        assert_eq!(entry_calls(&adder(2), 1), 0);
+        assert_eq!(entry_calls(&adder(inline::MAX_INLINED_INSNS), 1), 0);
+        assert_eq!(entry_calls(&adder(inline::MAX_INLINED_INSNS + 1), 1), 1);
+    }
+
+    #[test]
+    fn inlined_copies_with_a_frame_are_bounded_per_caller() {
+        // r2 = r10 - 8; *(u64 *)r2 = r1; r0 = *(u64 *)(r10 - 8): the copy of r10 keeps the
+        // frame in memory, a 512-byte slot in each inlined copy.
+        let framed = [
+            insn(0xbf, 2, 10, 0, 0),
+            insn(0x07, 2, 0, 0, -8),
+            insn(0x7b, 2, 1, 0, 0),
+            insn(0x79, 0, 10, -8, 0),
+            insn(0x95, 0, 0, 0, 0),
+        ];
+        let sites = inline::MAX_INLINED_FRAMES + 2;
+        assert_eq!(entry_calls(&framed, sites), 2);
+        // Without a frame in memory, every site is inlined.
+        assert_eq!(entry_calls(&adder(3), sites), 0);
     }
 }
