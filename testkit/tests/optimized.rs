@@ -319,26 +319,46 @@ fn budgets_across_calls_and_helpers_stop_where_the_baseline_stops() {
             unsafe { rt.load_trusted(&code, &opts) }.unwrap()
         }
     };
-    let (mut finished, mut stopped) = (0, 0);
+    let mut outcomes = Outcomes::default();
     for sandboxed in [false, true] {
         for budget in 0..160 {
             let want = load(Tier::Baseline, sandboxed, budget).call(&mut []);
             let got = load(Tier::Optimized, sandboxed, budget).call(&mut []);
             assert_eq!(got, want, "budget {budget}, sandboxed {sandboxed}");
-            match want {
-                Ok(_) => finished += 1,
-                Err(e) => {
-                    assert!(e.to_string().contains("budget"), "{e}");
-                    stopped += 1;
-                }
+            outcomes.count(&want, "budget");
+        }
+    }
+    // The range crosses the program's need.
+    outcomes.assert_both();
+}
+
+/// The baseline's results of a test that must see both a finished run and a stop.
+#[derive(Default)]
+struct Outcomes {
+    finished: u32,
+    stopped: u32,
+}
+
+impl Outcomes {
+    /// Counts `result`; a stop must name `stop` (its kind or pc).
+    fn count(&mut self, result: &Result<u64, packjit::RunError>, stop: &str) {
+        match result {
+            Ok(_) => self.finished += 1,
+            Err(e) => {
+                assert!(e.to_string().contains(stop), "{e}");
+                self.stopped += 1;
             }
         }
     }
-    // Both outcomes occur, so the range crosses the program's need.
-    assert!(
-        finished > 0 && stopped > 0,
-        "{finished} finished, {stopped} stopped"
-    );
+
+    fn assert_both(&self) {
+        assert!(
+            self.finished > 0 && self.stopped > 0,
+            "{} finished, {} stopped",
+            self.finished,
+            self.stopped
+        );
+    }
 }
 
 /// A small leaf function is inlined into its caller by the tier (`tier2/src/inline.rs`): its
@@ -368,7 +388,7 @@ fn inlined_leaf_functions_keep_their_frame_registers_and_stops() {
             unsafe { rt.load_trusted(&code, &opts) }.unwrap()
         }
     };
-    let (mut finished, mut stopped) = (0, 0);
+    let mut outcomes = Outcomes::default();
     for sandboxed in [false, true] {
         let (baseline, optimized) = (
             load(Tier::Baseline, sandboxed),
@@ -380,19 +400,10 @@ fn inlined_leaf_functions_keep_their_frame_registers_and_stops() {
             let want = baseline.call(&mut ctx);
             let got = optimized.call(&mut ctx);
             assert_eq!(got, want, "context of {len} bytes, sandboxed {sandboxed}");
-            match want {
-                Ok(_) => finished += 1,
-                Err(e) => {
-                    assert!(e.to_string().contains("pc 19"), "{e}");
-                    stopped += 1;
-                }
-            }
+            outcomes.count(&want, "pc 19");
         }
     }
-    assert!(
-        finished > 0 && stopped > 0,
-        "{finished} finished, {stopped} stopped"
-    );
+    outcomes.assert_both();
 }
 
 #[test]
