@@ -17,8 +17,8 @@
 //! one level of inlining covers the helpers clang leaves out of line) and no tail call (the
 //! runner's nesting depth is counted per native frame), up to [`MAX_INLINED_INSNS`]
 //! eBPF instructions, and at most [`MAX_INLINED_FRAMES`] copies per caller that bring a
-//! stack frame of their own. The out-of-line copy is still compiled: other call sites and the line
-//! table (the inlined copy carries no source locations) keep it.
+//! stack frame of their own. The out-of-line copy is still compiled: other call sites and
+//! the line table (the inlined copy carries no source locations) keep it.
 
 use cranelift_codegen::inline::{Inline, InlineCommand};
 use cranelift_codegen::ir::{self, ExternalName, Opcode};

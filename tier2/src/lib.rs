@@ -21,8 +21,8 @@
 //! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
 //! instruction class, with the sandbox's checks and the budget's charges), `frame.rs`
 //! (which stack slots become SSA variables), `inline.rs` (which bpf-to-bpf calls Cranelift
-//! inlines), `link.rs` (the functions placed in one image,
-//! calls patched), `sandbox.rs` (the functions sandboxed code calls on its rare paths).
+//! inlines), `link.rs` (the functions placed in one image, calls patched), `sandbox.rs`
+//! (the functions sandboxed code calls on its rare paths).
 //!
 //! ```
 //! # if let Some(be) = packjit_tier2::OptimizingBackend::host() {
@@ -215,7 +215,13 @@ fn compile_functions(
     let mut funcs = Vec::with_capacity(count);
     for index in 0..count {
         ctx.clear();
-        ctx.func = lifted[index].clone();
+        // A leaf's lifting is also the body inlined into callers compiled later; any other
+        // function's is needed only here.
+        ctx.func = if inlinable[index] {
+            lifted[index].clone()
+        } else {
+            std::mem::replace(&mut lifted[index], ir::Function::new())
+        };
         if inline::calls_inlinable(prog, index, &inlinable) {
             let inliner = inline::Inliner {
                 lifted: &lifted,
