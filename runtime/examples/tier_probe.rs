@@ -1,7 +1,8 @@
 //! Times one bytecode file (`PEERS_DUMP` output of the peers bench) on the baseline and the
 //! optimizing tier, trusted, each in its own loop, for `perf stat`:
 //! `cargo run --release -p packjit --features optimizer --example tier_probe -- prog.bin
-//! baseline|optimized [ctx bytes] [runs] [rnd]`.
+//! baseline|optimized [ctx bytes] [runs] [rnd|ctx-file]` (a file's bytes are the context, as
+//! they are, e.g. the bench's packet for `parse`).
 use packjit::{LoadOptions, Runtime, Tier};
 use std::time::Instant;
 
@@ -28,7 +29,9 @@ fn main() {
     let p = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
     let text = b"the quick brown fox jumps over the lazy dog\n\tand then  it naps\r\n";
     // `rnd` as the fifth argument: the bench's random context instead of text.
-    let mut ctx: Vec<u8> = if args.get(5).map(String::as_str) == Some("rnd") {
+    let mut ctx: Vec<u8> = if let Some(file) = args.get(5).filter(|a| *a != "rnd") {
+        std::fs::read(file).expect("context file")
+    } else if args.get(5).is_some() {
         let mut s = 0x2545_F491_4F6C_DD1Du64;
         (0..len)
             .map(|_| {

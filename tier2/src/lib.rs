@@ -352,6 +352,57 @@ mod tests {
         compile_functions(&shared, &**isa).unwrap()[0].calls.len()
     }
 
+    /// The entry function of `code` as lifted, before Cranelift optimizes it.
+    fn lifted_entry(code: &[[u8; 8]]) -> ir::Function {
+        let code = code.concat();
+        let req = CompileRequest {
+            code: &code,
+            helpers: &[],
+            features: 0,
+            flags: 0,
+            blind_key: 0,
+        };
+        let isa = host_isa().unwrap();
+        let mode = packjit_frontend::analysis::validate_request(&req, NAME, 0).unwrap();
+        let prog = packjit_frontend::decode_for_lowering(&req).unwrap();
+        let shared = lift::Shared::new(&prog, req.helpers, mode, &**isa).unwrap();
+        let mut func = ir::Function::new();
+        lift::lift_function(&shared, 0, &mut func, &mut FunctionBuilderContext::new()).unwrap();
+        func
+    }
+
+    #[test]
+    fn jumps_to_an_exit_return_their_own_verdict_from_a_cold_block() {
+        // r0 = 1; if r2 == 0 goto out; r0 = 2; if r2 == 1 goto out; goto out; r0 = 3;
+        // out: exit — clang's shape: a verdict set before each test, one shared exit.
+        let f = lifted_entry(&[
+            insn(0xb7, 0, 0, 0, 1),
+            insn(0x15, 2, 0, 4, 0),
+            insn(0xb7, 0, 0, 0, 2),
+            insn(0x15, 2, 0, 2, 1),
+            insn(0x05, 0, 0, 1, 0),
+            insn(0xb7, 0, 0, 0, 3),
+            insn(0x95, 0, 0, 0, 0),
+        ]);
+        let returns: Vec<_> = f
+            .layout
+            .blocks()
+            .filter(|&b| {
+                let last = f.layout.last_inst(b).unwrap();
+                f.dfg.insts[last].opcode() == ir::Opcode::Return
+            })
+            .collect();
+        // Each jump's own return (cold), and the shared exit's (reached by nothing now,
+        // removed later by Cranelift).
+        assert_eq!(returns.len(), 4, "{}", f.display());
+        assert_eq!(returns.iter().filter(|&&b| f.layout.is_cold(b)).count(), 3);
+        // No verdict waits in a block parameter for the shared exit.
+        let entry = f.layout.entry_block().unwrap();
+        for b in f.layout.blocks().filter(|&b| b != entry) {
+            assert!(f.dfg.block_params(b).is_empty(), "{}", f.display());
+        }
+    }
+
     /// A leaf of `len` instructions: `r0 = r1 + 3 * (len - 2)`.
     fn adder(len: usize) -> Vec<[u8; 8]> {
         let mut f = vec![insn(0xbf, 0, 1, 0, 0)]; // mov r0, r1

@@ -547,6 +547,31 @@ impl Lifter<'_, '_> {
         self.set(r, v);
     }
 
+    /// A block of its own for a jump to an `exit` that pays nothing on the way
+    /// (`charge`) while r0 is a known constant, where that verdict is returned: clang sets
+    /// a verdict in r0 before each test and jumps to one shared `exit`, whose r0 became a
+    /// block parameter, and every verdict was then moved into the return register before
+    /// its test, on the path that goes on (ten moves in `parse`'s hot path). Returned from
+    /// its own block, a verdict is set only where its jump lands. Cold: an `exit` runs
+    /// once per call.
+    fn exit_stub(&mut self, target: usize, charge: Option<u64>) -> Option<Block> {
+        let is_exit = matches!(self.shared.prog.insts[target].op, Op::Exit);
+        let verdict = self.consts[self.at].get(0).is_some();
+        (is_exit && verdict && charge.is_none()).then(|| {
+            let stub = self.b.create_block();
+            self.b.set_cold_block(stub);
+            stub
+        })
+    }
+
+    /// Lifts the `exit` of [`Lifter::exit_stub`] into `stub`, once the jump to it has
+    /// ended the current block; r0 is read as it is at the jump.
+    fn fill_exit_stub(&mut self, stub: Block) {
+        self.b.switch_to_block(stub);
+        let r0 = self.get(0);
+        self.b.ins().return_(&[r0]);
+    }
+
     fn block_at(&self, i: usize) -> Block {
         self.blocks[i - self.start].expect("every branch target and fall-through has a block")
     }
@@ -597,11 +622,20 @@ impl Lifter<'_, '_> {
                 src,
             } => self.atomic(i, pc, size, op, fetch, base, off, src),
             Op::Ja { target } => {
-                if let Some(charge) = self.back_edge(i, target as usize) {
+                let charge = self.back_edge(i, target as usize);
+                if let Some(charge) = charge {
                     self.charge(pc, charge);
                 }
-                let t = self.block_at(target as usize);
-                self.b.ins().jump(t, NO_ARGS);
+                match self.exit_stub(target as usize, charge) {
+                    Some(stub) => {
+                        self.b.ins().jump(stub, NO_ARGS);
+                        self.fill_exit_stub(stub);
+                    }
+                    None => {
+                        let t = self.block_at(target as usize);
+                        self.b.ins().jump(t, NO_ARGS);
+                    }
+                }
             }
             Op::Jcond {
                 width,
@@ -1024,7 +1058,13 @@ impl Lifter<'_, '_> {
             _ => self.b.ins().icmp(int_cc(cond), a, b),
         };
         let (t, f) = (self.block_at(target), self.block_at(i + 1));
-        match self.back_edge(i, target) {
+        let charge = self.back_edge(i, target);
+        if let Some(stub) = self.exit_stub(target, charge) {
+            self.b.ins().brif(c, stub, NO_ARGS, f, NO_ARGS);
+            self.fill_exit_stub(stub);
+            return;
+        }
+        match charge {
             None => {
                 self.b.ins().brif(c, t, NO_ARGS, f, NO_ARGS);
             }
