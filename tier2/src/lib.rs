@@ -338,25 +338,28 @@ mod tests {
         for i in callee {
             code.extend(i);
         }
-        let req = CompileRequest {
-            code: &code,
-            helpers: &[],
-            features: 0,
-            flags: 0,
-            blind_key: 0,
-        };
-        let isa = host_isa().unwrap();
-        let mode = packjit_frontend::analysis::validate_request(&req, NAME, 0).unwrap();
-        let prog = packjit_frontend::decode_for_lowering(&req).unwrap();
-        let shared = lift::Shared::new(&prog, req.helpers, mode, &**isa).unwrap();
-        compile_functions(&shared, &**isa).unwrap()[0].calls.len()
+        with_shared(&code, |shared, isa| {
+            compile_functions(shared, isa).unwrap()[0].calls.len()
+        })
     }
 
     /// The entry function of `code` as lifted, before Cranelift optimizes it.
     fn lifted_entry(code: &[[u8; 8]]) -> ir::Function {
-        let code = code.concat();
+        with_shared(&code.concat(), |shared, _| {
+            let mut func = ir::Function::new();
+            let mut fctx = FunctionBuilderContext::new();
+            lift::lift_function(shared, 0, &mut func, &mut fctx).unwrap();
+            func
+        })
+    }
+
+    /// `f` on the lifting context of trusted `code` for the host's ISA.
+    fn with_shared<T>(
+        code: &[u8],
+        f: impl FnOnce(&lift::Shared<'_>, &dyn cranelift_codegen::isa::TargetIsa) -> T,
+    ) -> T {
         let req = CompileRequest {
-            code: &code,
+            code,
             helpers: &[],
             features: 0,
             flags: 0,
@@ -366,9 +369,7 @@ mod tests {
         let mode = packjit_frontend::analysis::validate_request(&req, NAME, 0).unwrap();
         let prog = packjit_frontend::decode_for_lowering(&req).unwrap();
         let shared = lift::Shared::new(&prog, req.helpers, mode, &**isa).unwrap();
-        let mut func = ir::Function::new();
-        lift::lift_function(&shared, 0, &mut func, &mut FunctionBuilderContext::new()).unwrap();
-        func
+        f(&shared, &**isa)
     }
 
     #[test]
