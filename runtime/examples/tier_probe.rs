@@ -1,8 +1,8 @@
-//! Times one bytecode file (`PEERS_DUMP` output of the peers bench) on the baseline and the
-//! optimizing tier, trusted, each in its own loop, for `perf stat`:
-//! `cargo run --release -p packjit --features optimizer --example tier_probe -- prog.bin
-//! baseline|optimized [ctx bytes] [runs] [rnd|ctx-file]` (a file's bytes are the context, as
-//! they are, e.g. the bench's packet for `parse`).
+//! Times one bytecode file (`PEERS_DUMP` output of the peers bench) on the baseline or the
+//! optimizing tier, trusted, or on the baseline sandboxed, in its own loop, for `perf stat`
+//! or callgrind: `cargo run --release -p packjit --features optimizer --example tier_probe
+//! -- prog.bin baseline|optimized|sandboxed [ctx bytes] [runs] [rnd|ctx-file]` (a file's
+//! bytes are the context, as they are, e.g. the bench's packet for `parse`).
 use packjit::{LoadOptions, Runtime, Tier};
 use std::time::Instant;
 
@@ -13,7 +13,8 @@ unsafe extern "C" fn pj_mix(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let code = std::fs::read(&args[1]).expect("bytecode file");
-    let tier = match args.get(2).map(String::as_str) {
+    let mode = args.get(2).map(String::as_str);
+    let tier = match mode {
         Some("optimized") => Tier::Optimized,
         _ => Tier::Baseline,
     };
@@ -25,8 +26,12 @@ fn main() {
         tier,
         ..LoadOptions::default()
     };
-    // SAFETY: a probe for the bench's programs, which stay in their context and stack.
-    let p = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
+    let p = if mode == Some("sandboxed") {
+        rt.load(&code, &opts).unwrap()
+    } else {
+        // SAFETY: a probe for the bench's programs, which stay in their context and stack.
+        unsafe { rt.load_trusted(&code, &opts) }.unwrap()
+    };
     let text = b"the quick brown fox jumps over the lazy dog\n\tand then  it naps\r\n";
     // `rnd` as the fifth argument: the bench's random context instead of text.
     let mut ctx: Vec<u8> = if let Some(file) = args.get(5).filter(|a| *a != "rnd") {
@@ -50,7 +55,8 @@ fn main() {
         acc ^= p.call(&mut ctx).unwrap();
     }
     println!(
-        "{tier:?}: {:.1} ns per run (r0 xor {acc:#x}), {} bytes of code at {:#x}",
+        "{}: {:.1} ns per run (r0 xor {acc:#x}), {} bytes of code at {:#x}",
+        mode.unwrap_or("baseline"),
         t.elapsed().as_nanos() as f64 / runs as f64,
         p.code_size(),
         p.entry_addr()

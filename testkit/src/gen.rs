@@ -1723,8 +1723,8 @@ fn seeded_choices(seed: u64, mix: u64) -> impl FnMut(u64) -> u64 {
 }
 
 /// A random program for the sandbox's check groups: context accesses (and masked, provable
-/// stack accesses) off one base register, with a context length that may cut through the
-/// group. Half of them run the accesses in a loop of 1–3 iterations, whose back-edge
+/// stack accesses, and context accesses off a second base, checked one by one) off one base
+/// register, with a context length that may cut through the group. Half of them run the accesses in a loop of 1–3 iterations, whose back-edge
 /// re-enters the group past its check (`ranges::reentries`) unless the loop also moves the
 /// base. Returns the bytecode and the context length to run it with. The backends' group
 /// differentials run these against the reference: r0, the context bytes, and on a stop its
@@ -1754,6 +1754,15 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
             7
         }
     };
+    // A second base into the context, r5 = r1 + 0..8 (r1 itself when it is not the first):
+    // its accesses keep the group open, each with its own check (`ranges::keeps_group_open`).
+    let other = if base == 1 {
+        p.push(mov(5, 1));
+        p.push(addi(5, rnd(8) as i32));
+        5
+    } else {
+        1
+    };
     let looped = rnd(2) == 0;
     // For a third of the bases past the context start, offsets in [-16, 24): groups that
     // reach below their base (`ranges::GROUP_BELOW`), out of bounds below the context
@@ -1780,8 +1789,19 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
         }
         let size = sizes[rnd(4) as usize];
         let off = rnd(40) as i16 - below;
-        match rnd(7) {
+        match rnd(8) {
             0 => p.push(ins(0x63 | size, base, 0, off, 0)),
+            7 => {
+                // Off the second base, within or past a short context: a load or a store,
+                // checked alone whichever copy of the group runs.
+                let off = rnd(48) as i16;
+                if rnd(3) == 0 {
+                    p.push(ins(0x62 | size, other, 0, off, rnd(1000) as i32));
+                } else {
+                    p.push(ins(0x61 | size, 3, other, off, 0));
+                    p.push(ins(0x0f, 0, 3, 0, 0));
+                }
+            }
             1 => p.push(ins(0x62 | size, base, 0, off, rnd(1000) as i32)),
             2 => {
                 // A masked index into the frame: proven, no check, and off another base, so

@@ -628,9 +628,9 @@ fn grouped_and_proven_accesses_match_the_reference() {
     let mut below = 0u32;
     // Programs with a group a jump may leave early (`ranges::exits_early`).
     let mut early = 0u32;
-    // Programs with a group left open across a proven access off another base
-    // (`ranges::keeps_group_open`).
-    let mut spanning = 0u32;
+    // Programs with a group left open across a proven access off another base, and
+    // across one checked on its own (`ranges::keeps_group_open`).
+    let (mut spanning, mut spanning_checked) = (0u32, 0u32);
     for s in seed..seed + count {
         let (code, len) = packjit_testkit::gen::group_program(s);
         let p: Vec<[u8; 8]> = code
@@ -655,6 +655,15 @@ fn grouped_and_proven_accesses_match_the_reference() {
             (g.first..g.last).any(|i| {
                 plan.checks[i] == packjit_frontend::ranges::AccessCheck::None
                     && plan.group_of(i).is_none()
+            })
+        }) as u32;
+        spanning_checked += plan.groups.iter().any(|g| {
+            (g.first..g.last).any(|i| {
+                !matches!(
+                    plan.checks[i],
+                    packjit_frontend::ranges::AccessCheck::None
+                        | packjit_frontend::ranges::AccessCheck::NotAccess
+                ) && plan.group_of(i).is_none()
             })
         }) as u32;
         let reference = packjit_testkit::reference::Reference::new();
@@ -701,7 +710,7 @@ fn grouped_and_proven_accesses_match_the_reference() {
         }
         grouped_stops += (has_group && want.is_err()) as u32;
     }
-    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop, {below} reach below their base, {early} may be left early, {spanning} stay open across a proven access), {proven} with proven accesses");
+    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop, {below} reach below their base, {early} may be left early, {spanning} stay open across a proven access, {spanning_checked} across a checked one), {proven} with proven accesses");
     // The generator must exercise what it is for.
     assert!(
         grouped > count as u32 / 3
@@ -709,6 +718,7 @@ fn grouped_and_proven_accesses_match_the_reference() {
             && below > count as u32 / 20
             && early > count as u32 / 20
             && spanning > count as u32 / 20
+            && spanning_checked > count as u32 / 20
             && grouped_stops > 20
             && proven > 20
     );

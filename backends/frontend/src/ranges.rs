@@ -1484,14 +1484,14 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                 c => c,
             };
             if let (Some((base, off, size)), c) = (access_of(&op), check) {
-                // A load or store proven in bounds (no check on either copy) off another
-                // base stays out of the open group and leaves it open: clang interleaves a
-                // loop's context reads with stores through a stack pointer
-                // (`absorb(&a, p, n)` in the peers bench: `p[i]` read three times around
-                // `a->sum` and `a->xor` stored), and closing there cost each read its own
-                // test. The group's checked copy lowers it unchecked too (see
-                // `Driver::unchecked`).
-                if keeps_group_open(&op, c, open.as_ref().map(|g| g.base)) {
+                // A load or store off another base, lowered alike in both copies (proven,
+                // or checked on its own), stays out of the open group and leaves it open:
+                // clang interleaves a loop's context reads with stores through a stack
+                // pointer (`absorb(&a, p, n)` in the peers bench: `p[i]` read three times
+                // around `a->sum` and `a->xor` stored), and a parser's reads of two headers;
+                // closing there cost each run of reads its own test. See
+                // `keeps_group_open`.
+                if keeps_group_open(prog, i, sp.end, c, open.as_ref().map(|g| g.base)) {
                     continue;
                 }
                 let groupable = matches!(
@@ -1557,19 +1557,86 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
     groups
 }
 
-/// Whether access `op` (checked `check`) passes through an open check group on `open_base`
-/// without ending it: a plain load or store proven in bounds ([`AccessCheck::None`]: no code
-/// of its own on the hot path or in the group's checked copy) off another base, writing
-/// neither that base nor anything the group tests (a load's destination is not the base).
-/// Atomics and walked or guarded accesses (their checks depend on which copy runs) end it as
-/// before.
-fn keeps_group_open(op: &Op, check: AccessCheck, open_base: Option<Reg>) -> bool {
+/// Whether access `i` (checked `check`) passes through an open check group on `open_base`
+/// without ending it: a plain load or store off another base, writing neither that base nor
+/// anything the group tests (a load's destination is not the base), that is lowered the same
+/// on the hot path and in the group's checked copy, so that neither copy depends on the
+/// group's test for it:
+///
+/// * proven in bounds ([`AccessCheck::None`]: no code of its own); clang interleaves a
+///   loop's context reads with stores through a stack pointer (`absorb` in the peers bench);
+/// * checked on its own (`Stack`, `Ctx`, `CtxConst`, `Unknown`) or re-tested branch-free
+///   ([`AccessCheck::CtxIndex`]), when it stands alone between the group's members: the
+///   next access off either base (before the straight line ends) is off the group's.
+///   Packet parsers read two headers interleaved (`ip[…]`, `tcp[12]`, `ip[…]` in `parse`):
+///   closing at the lone read split one header's run into several groups, a widened test
+///   each. A run of accesses off the other base still closes the group, to form its own.
+///
+/// Atomics and walked or guarded accesses (their checks depend on which copy runs) end it.
+fn keeps_group_open(
+    prog: &Program,
+    i: usize,
+    end: usize,
+    check: AccessCheck,
+    open_base: Option<Reg>,
+) -> bool {
     let Some(g) = open_base else {
         return false;
     };
-    check == AccessCheck::None
-        && matches!(op, Op::Load { base, .. } | Op::Store { base, .. } if *base != g)
-        && op.written_reg() != Some(g)
+    let op = prog.insts[i].op;
+    let other = match op {
+        Op::Load { base, .. } | Op::Store { base, .. } if base != g => base,
+        _ => return false,
+    };
+    if op.written_reg() == Some(g) {
+        return false;
+    }
+    match check {
+        AccessCheck::None => true,
+        AccessCheck::CtxIndex { .. }
+        | AccessCheck::Stack
+        | AccessCheck::Ctx
+        | AccessCheck::CtxConst { .. }
+        | AccessCheck::Unknown => stands_alone(prog, i, end, g, other),
+        _ => false,
+    }
+}
+
+/// How far [`stands_alone`] looks: a group's members are a few instructions apart.
+const ALONE_LOOKAHEAD: usize = 32;
+
+/// Whether the next access after `i` off `group_base` or `other` comes, on the straight
+/// line from `i` (no jump target, no backward jump, call or exit in between), before any
+/// off `other` and before `group_base` is written: the access at `i` off `other` is
+/// alone between two of the group's.
+fn stands_alone(prog: &Program, i: usize, end: usize, group_base: Reg, other: Reg) -> bool {
+    for j in i + 1..end.min(i + 1 + ALONE_LOOKAHEAD) {
+        if prog.is_target[j] {
+            return false;
+        }
+        let op = prog.insts[j].op;
+        match op {
+            Op::Load { base, .. } | Op::Store { base, .. } | Op::Atomic { base, .. } => {
+                if base == group_base {
+                    return true;
+                }
+                if base == other {
+                    return false;
+                }
+            }
+            Op::Alu { .. }
+            | Op::MovSx { .. }
+            | Op::Neg { .. }
+            | Op::End { .. }
+            | Op::LdImm64 { .. } => {}
+            Op::Jcond { target, .. } if target as usize > j => {}
+            _ => return false,
+        }
+        if op.written_reg() == Some(group_base) {
+            return false;
+        }
+    }
+    false
 }
 
 /// The full analysis: every access's check and the check groups. `with_groups = false`
@@ -2202,6 +2269,69 @@ mod tests {
         assert_eq!(a.group_of(3), None);
         // The reloaded base starts a group of its own.
         assert_eq!(a.groups[1].members, vec![8, 9]);
+    }
+
+    #[test]
+    fn checked_accesses_off_another_base_leave_a_group_open_too() {
+        // `parse`'s headers: r3 = r1 + 14 (ip), r4 = r1 + 34 (tcp), read interleaved:
+        // ip[0] ; tcp[12] ; ip[9] ; *(u8 *)(r4 + 13) = 1 ; ip[2] ; tcp[0] ; tcp[2] ; exit.
+        // The tcp accesses are checked one by one while ip's group is open (they neither
+        // join it nor end it); once ip's group ends (the base written) tcp's run is a group.
+        let (_, a) = plan(&[
+            ins(0xbf, 3, 1, 0, 0),
+            ins(0x07, 3, 0, 0, 14),
+            ins(0xbf, 4, 1, 0, 0),
+            ins(0x07, 4, 0, 0, 34),
+            ins(0x71, 0, 3, 0, 0),
+            ins(0x71, 5, 4, 12, 0),
+            ins(0x71, 5, 3, 9, 0),
+            ins(0x72, 4, 0, 13, 1),
+            ins(0x71, 5, 3, 2, 0),
+            ins(0xb7, 3, 0, 0, 0),
+            ins(0x71, 5, 4, 0, 0),
+            ins(0x69, 5, 4, 2, 0),
+            EXIT,
+        ]);
+        assert_eq!(a.groups.len(), 2, "{:?}", a.groups);
+        assert_eq!(a.groups[0].members, vec![4, 6, 8]);
+        assert_eq!((a.groups[0].lo, a.groups[0].hi), (0, 10));
+        for i in [5, 7] {
+            assert_eq!(a.group_of(i), None, "pc {i}");
+            assert!(
+                matches!(a.checks[i], AccessCheck::Ctx | AccessCheck::CtxConst { .. }),
+                "pc {i}: {:?}",
+                a.checks[i]
+            );
+        }
+        assert_eq!(a.groups[1].members, vec![10, 11]);
+        // A run of accesses off the other base closes the group and forms its own:
+        // ip[0] ; ip[1] ; tcp[0] ; tcp[1] ; ip[2].
+        let (_, a) = plan(&[
+            ins(0xbf, 3, 1, 0, 0),
+            ins(0xbf, 4, 1, 0, 0),
+            ins(0x71, 0, 3, 0, 0),
+            ins(0x71, 5, 3, 1, 0),
+            ins(0x71, 5, 4, 0, 0),
+            ins(0x71, 5, 4, 1, 0),
+            ins(0x71, 5, 3, 2, 0),
+            EXIT,
+        ]);
+        let members: Vec<_> = a.groups.iter().map(|g| g.members.clone()).collect();
+        assert_eq!(members, vec![vec![2, 3], vec![4, 5]]);
+        // An atomic off another base still ends the group.
+        let (_, a) = plan(&[
+            ins(0xbf, 3, 1, 0, 0),
+            ins(0xbf, 4, 1, 0, 0),
+            ins(0x71, 0, 3, 0, 0),
+            ins(0xdb, 4, 5, 8, 0), // lock *(u64 *)(r4 + 8) += r5
+            ins(0x71, 5, 3, 9, 0),
+            EXIT,
+        ]);
+        assert!(
+            a.groups.iter().all(|g| g.members.len() < 2),
+            "{:?}",
+            a.groups
+        );
     }
 
     #[test]

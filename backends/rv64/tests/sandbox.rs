@@ -804,9 +804,9 @@ fn grouped_and_proven_accesses_match_the_reference() {
     let mut below = 0u32;
     // Programs with a group a jump may leave early (`ranges::exits_early`).
     let mut early = 0u32;
-    // Programs with a group left open across a proven access off another base
-    // (`ranges::keeps_group_open`).
-    let mut spanning = 0u32;
+    // Programs with a group left open across a proven access off another base, and
+    // across one checked on its own (`ranges::keeps_group_open`).
+    let (mut spanning, mut spanning_checked) = (0u32, 0u32);
     for s in seed..seed + count {
         let (code, len) = packjit_testkit::gen::group_program(s);
         let plan = packjit_frontend::ranges::plan_accesses(
@@ -826,6 +826,15 @@ fn grouped_and_proven_accesses_match_the_reference() {
             (g.first..g.last).any(|i| {
                 plan.checks[i] == packjit_frontend::ranges::AccessCheck::None
                     && plan.group_of(i).is_none()
+            })
+        }) as u32;
+        spanning_checked += plan.groups.iter().any(|g| {
+            (g.first..g.last).any(|i| {
+                !matches!(
+                    plan.checks[i],
+                    packjit_frontend::ranges::AccessCheck::None
+                        | packjit_frontend::ranges::AccessCheck::NotAccess
+                ) && plan.group_of(i).is_none()
             })
         }) as u32;
         let init: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
@@ -860,7 +869,7 @@ fn grouped_and_proven_accesses_match_the_reference() {
             assert_eq!(m, &want_mem, "context differs: seed {s:#x} features {f:#x}");
         });
     }
-    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop, {below} reach below their base, {early} may be left early, {spanning} stay open across a proven access), {proven} with proven accesses");
+    eprintln!("  {grouped} programs with check groups ({grouped_stops} of them stop, {reentered} re-enter one in a loop, {below} reach below their base, {early} may be left early, {spanning} stay open across a proven access, {spanning_checked} across a checked one), {proven} with proven accesses");
     // The generator must exercise what it is for.
     assert!(
         grouped > count as u32 / 3
@@ -868,6 +877,7 @@ fn grouped_and_proven_accesses_match_the_reference() {
             && below > count as u32 / 20
             && early > count as u32 / 20
             && spanning > count as u32 / 20
+            && spanning_checked > count as u32 / 20
             && grouped_stops > 10
             && proven > 10
     );
