@@ -1860,6 +1860,27 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
     (p.concat(), 1 + rnd(56) as usize)
 }
 
+/// Whether one of `plan`'s check groups stays open across an access off another base
+/// (`ranges::keeps_group_open`): `(proven, checked)`, for one proven in bounds and for one
+/// checked on its own. The group differentials count both, so that a generator change that
+/// stops producing them is noticed.
+pub fn group_spans(plan: &packjit_frontend::ranges::AccessPlan) -> (bool, bool) {
+    use packjit_frontend::ranges::AccessCheck;
+    let across = |proven: bool| {
+        plan.groups.iter().any(|g| {
+            (g.first..g.last).any(|i| {
+                plan.group_of(i).is_none()
+                    && match plan.checks[i] {
+                        AccessCheck::NotAccess => false,
+                        AccessCheck::None => proven,
+                        _ => !proven,
+                    }
+            })
+        })
+    };
+    (across(true), across(false))
+}
+
 /// A random loop walking a pointer through the context, whose bounds only the run time
 /// knows (`packjit_frontend::walks::Guard`): the pointer starts at or near the context
 /// start, the bound is the context's end (from r2, the length), that end less a little, or

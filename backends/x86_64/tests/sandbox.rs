@@ -410,21 +410,9 @@ fn grouped_and_proven_accesses_match_the_reference() {
         let decoded = packjit_frontend::decode(&code, &[]).unwrap();
         early +=
             (plan.groups.iter()).any(|g| packjit_frontend::ranges::exits_early(&decoded, g)) as u32;
-        spanning += plan.groups.iter().any(|g| {
-            (g.first..g.last).any(|i| {
-                plan.checks[i] == packjit_frontend::ranges::AccessCheck::None
-                    && plan.group_of(i).is_none()
-            })
-        }) as u32;
-        spanning_checked += plan.groups.iter().any(|g| {
-            (g.first..g.last).any(|i| {
-                !matches!(
-                    plan.checks[i],
-                    packjit_frontend::ranges::AccessCheck::None
-                        | packjit_frontend::ranges::AccessCheck::NotAccess
-                ) && plan.group_of(i).is_none()
-            })
-        }) as u32;
+        let (across_proven, across_checked) = packjit_testkit::gen::group_spans(&plan);
+        spanning += across_proven as u32;
+        spanning_checked += across_checked as u32;
         let init: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
         let mut want_mem = init.clone();
         let want_base = want_mem.as_ptr() as u64;
