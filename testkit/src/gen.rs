@@ -1724,11 +1724,12 @@ fn seeded_choices(seed: u64, mix: u64) -> impl FnMut(u64) -> u64 {
 
 /// A random program for the sandbox's check groups: context accesses (and masked, provable
 /// stack accesses, and context accesses off a second base, checked one by one) off one base
-/// register, with a context length that may cut through the group. Half of them run the accesses in a loop of 1–3 iterations, whose back-edge
-/// re-enters the group past its check (`ranges::reentries`) unless the loop also moves the
-/// base. Returns the bytecode and the context length to run it with. The backends' group
-/// differentials run these against the reference: r0, the context bytes, and on a stop its
-/// pc, address, size and direction must agree.
+/// register, with a context length that may cut through the group. Half of them run the
+/// accesses in a loop of 1–3 iterations, whose back-edge re-enters the group past its check
+/// (`ranges::reentries`) unless the loop also moves the base. Returns the bytecode and the
+/// context length to run it with. The backends' group differentials run these against the
+/// reference: r0, the context bytes, and on a stop its pc, address, size and direction must
+/// agree.
 pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
     use packjit_frontend::encode_insn as ins;
     let mut rnd = seeded_choices(seed, 0x9e37_79b9_7f4a_7c15);
@@ -1791,17 +1792,6 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
         let off = rnd(40) as i16 - below;
         match rnd(8) {
             0 => p.push(ins(0x63 | size, base, 0, off, 0)),
-            7 => {
-                // Off the second base, within or past a short context: a load or a store,
-                // checked alone whichever copy of the group runs.
-                let off = rnd(48) as i16;
-                if rnd(3) == 0 {
-                    p.push(ins(0x62 | size, other, 0, off, rnd(1000) as i32));
-                } else {
-                    p.push(ins(0x61 | size, 3, other, off, 0));
-                    p.push(ins(0x0f, 0, 3, 0, 0));
-                }
-            }
             1 => p.push(ins(0x62 | size, base, 0, off, rnd(1000) as i32)),
             2 => {
                 // A masked index into the frame: proven, no check, and off another base, so
@@ -1836,6 +1826,17 @@ pub fn group_program(seed: u64) -> (Vec<u8>, usize) {
                 };
                 p.push(ins(0xdc, 3, 0, 0, bits));
                 p.push(ins(0x0f, 0, 3, 0, 0));
+            }
+            7 => {
+                // Off the second base, within or past a short context: a load or a store,
+                // checked alone whichever copy of the group runs.
+                let off = rnd(48) as i16;
+                if rnd(3) == 0 {
+                    p.push(ins(0x62 | size, other, 0, off, rnd(1000) as i32));
+                } else {
+                    p.push(ins(0x61 | size, 3, other, off, 0));
+                    p.push(ins(0x0f, 0, 3, 0, 0));
+                }
             }
             _ => {
                 p.push(ins(0x61 | size, 3, base, off, 0));

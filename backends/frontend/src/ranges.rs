@@ -1461,21 +1461,7 @@ fn form_groups(prog: &Program, checks: &[AccessCheck], min_members: usize) -> Ve
                 close(&mut open, &mut members, &mut groups);
             }
             let op = prog.insts[i].op;
-            // A forward conditional jump only leaves the group early: the members after it
-            // run on its fall-through alone (no jump lands inside a group), so the group is
-            // an extended basic block (see `exits_early`).
-            let simple = matches!(
-                op,
-                Op::Alu { .. }
-                    | Op::MovSx { .. }
-                    | Op::Neg { .. }
-                    | Op::End { .. }
-                    | Op::LdImm64 { .. }
-                    | Op::Load { .. }
-                    | Op::Store { .. }
-                    | Op::Atomic { .. }
-            ) || matches!(op, Op::Jcond { target, .. } if target as usize > i);
-            if !simple {
+            if !stays_in_group(&op, i) {
                 close(&mut open, &mut members, &mut groups);
                 continue;
             }
@@ -1602,35 +1588,44 @@ fn keeps_group_open(
     }
 }
 
+/// Whether instruction `i` (`op`) can lie inside a check group: straight-line ALU and memory
+/// instructions, and a forward conditional jump, which only leaves the group early: the
+/// members after it run on its fall-through alone (no jump lands inside a group), so the
+/// group is an extended basic block (see [`exits_early`]).
+fn stays_in_group(op: &Op, i: usize) -> bool {
+    matches!(
+        op,
+        Op::Alu { .. }
+            | Op::MovSx { .. }
+            | Op::Neg { .. }
+            | Op::End { .. }
+            | Op::LdImm64 { .. }
+            | Op::Load { .. }
+            | Op::Store { .. }
+            | Op::Atomic { .. }
+    ) || matches!(*op, Op::Jcond { target, .. } if target as usize > i)
+}
+
 /// How far [`stands_alone`] looks: a group's members are a few instructions apart.
 const ALONE_LOOKAHEAD: usize = 32;
 
 /// Whether the next access after `i` off `group_base` or `other` comes, on the straight
-/// line from `i` (no jump target, no backward jump, call or exit in between), before any
-/// off `other` and before `group_base` is written: the access at `i` off `other` is
-/// alone between two of the group's.
+/// line from `i` (what a group may span: [`stays_in_group`], no jump target), before any off
+/// `other` and before `group_base` is written: the access at `i` off `other` is alone
+/// between two of the group's.
 fn stands_alone(prog: &Program, i: usize, end: usize, group_base: Reg, other: Reg) -> bool {
     for j in i + 1..end.min(i + 1 + ALONE_LOOKAHEAD) {
-        if prog.is_target[j] {
+        let op = prog.insts[j].op;
+        if prog.is_target[j] || !stays_in_group(&op, j) {
             return false;
         }
-        let op = prog.insts[j].op;
-        match op {
-            Op::Load { base, .. } | Op::Store { base, .. } | Op::Atomic { base, .. } => {
-                if base == group_base {
-                    return true;
-                }
-                if base == other {
-                    return false;
-                }
+        if let Op::Load { base, .. } | Op::Store { base, .. } | Op::Atomic { base, .. } = op {
+            if base == group_base {
+                return true;
             }
-            Op::Alu { .. }
-            | Op::MovSx { .. }
-            | Op::Neg { .. }
-            | Op::End { .. }
-            | Op::LdImm64 { .. } => {}
-            Op::Jcond { target, .. } if target as usize > j => {}
-            _ => return false,
+            if base == other {
+                return false;
+            }
         }
         if op.written_reg() == Some(group_base) {
             return false;
