@@ -16,6 +16,8 @@
 //! `ROUNDS` rounds, ns per call, and the difference over the raw entry of the same program.
 //!
 //! `cargo bench -p packjit-ffi --bench entry` (x86-64 hosts; elsewhere it says so).
+//! `ENTRY_CASE=<part of a case's name>` and `ENTRY_WAY=<part of a way's name>` keep only
+//! those (e.g. to count one way's instructions with `perf stat`).
 
 // The C API compiled into this bench, called exactly as a C host would call it (the ffi
 // crate builds no rlib; see tests/c_api.rs).
@@ -175,7 +177,11 @@ mod x86 {
         p
     }
 
-    /// ns per call of `f`, run `CALLS` times.
+    /// ns per call of `f`, run `CALLS` times. Out of line, one copy per way: each way's loop
+    /// is compiled on its own, as a host's caller would be, instead of sharing `main`'s
+    /// registers and stack slots with the others (which moved the figures by ±0.7 ns
+    /// from one build to the next with the run path unchanged).
+    #[inline(never)]
     fn time(mut f: impl FnMut()) -> f64 {
         let t = Instant::now();
         for _ in 0..CALLS {
@@ -310,12 +316,19 @@ mod x86 {
             "packjit_program_run",
             "packjit_hook_run",
         ];
+        // For counting with `perf stat`: `ENTRY_CASE` / `ENTRY_WAY` keep only the cases and
+        // ways whose names contain them (each way still reports its own figure).
+        let only = |var: &str, name: &str| std::env::var(var).map_or(true, |s| name.contains(&s));
         let mut ctx = [0u8; CTX_LEN];
-        for c in &mut cases {
+        for c in cases.iter_mut().filter(|c| only("ENTRY_CASE", c.name)) {
             let mut samples: Vec<Vec<f64>> = vec![Vec::new(); WAYS.len()];
             for round in 0..ROUNDS {
                 for k in 0..WAYS.len() {
                     let way = (k + round) % WAYS.len();
+                    if !only("ENTRY_WAY", WAYS[way]) {
+                        samples[way].push(f64::NAN);
+                        continue;
+                    }
                     let ns = run_way(c, way, &mut ctx);
                     samples[way].push(ns);
                 }

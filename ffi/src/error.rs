@@ -165,6 +165,40 @@ pub(super) fn boundary_run(what: &str, f: impl FnOnce() -> Result<(), Failure>) 
     }
 }
 
+/// [`boundary_run`] for a body that settles its status itself (a run path whose common
+/// case must not build a `Result`: see `packjit_program_run`).
+#[inline(always)]
+pub(super) fn boundary_status(what: &str, f: impl FnOnce() -> i32) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(code) => code,
+        Err(p) => panicked(what, p),
+    }
+}
+
+/// The status of a body's result, recorded as [`boundary_run`] records it (for a body
+/// inside [`boundary_status`]).
+#[inline]
+pub(super) fn settle(r: Result<(), Failure>) -> i32 {
+    match r {
+        Ok(()) => succeeded(),
+        Err(e) => fail(e),
+    }
+}
+
+/// `PJ_OK`, with the last error cleared.
+#[inline]
+pub(super) fn succeeded() -> i32 {
+    set_last_ok();
+    PJ_OK
+}
+
+/// Records a run that stopped and gives its status; out of line, as [`fail`].
+#[cold]
+#[inline(never)]
+pub(super) fn run_failed(e: RunError) -> i32 {
+    record(&Failure::Run(e))
+}
+
 /// Records a failure and gives its status; out of line, so that the failure's construction,
 /// message and drop stay out of the success path every run takes.
 #[cold]

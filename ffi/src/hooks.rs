@@ -1,9 +1,9 @@
 //! Hooks (attach points) and batches of attach / detach operations.
 
 use super::args::{arg, bytes, null_ctx, out_arg};
-use super::error::{boundary, boundary_run, invalid};
+use super::error::{boundary, boundary_status, invalid, run_failed, settle, succeeded};
 use super::options::{load_options, PackjitLoadOptions};
-use super::program::{program, PackjitProgram};
+use super::program::{plain_run_args, program, PackjitProgram};
 use super::runtime::{runtime, PackjitRuntime};
 use super::DEAD_MAGIC;
 use core::ffi::c_void;
@@ -144,7 +144,48 @@ pub unsafe extern "C" fn packjit_hook_run(
     ctx_len: usize,
     r0: *mut u64,
 ) -> i32 {
-    boundary_run("packjit_hook_run", || {
+    boundary_status("packjit_hook_run", || {
+        // The common case with no call on its way but the program's, as in
+        // packjit_program_run; anything else takes `run_checked`.
+        if plain_run_args(hook_.cast(), ctx, ctx_len, r0) {
+            if let Some(pin) = packjit_runtime::run_pin::try_enter() {
+                // SAFETY: non-null and aligned; a live hook by the caller's contract, and kept
+                // so by the pin taken before this read.
+                let h = unsafe { &*hook_ };
+                if h.magic.load(Ordering::Acquire) == HOOK_MAGIC {
+                    if let Some(prog) = h.hook.attached_pinned(&pin) {
+                        // SAFETY: caller contract on ctx; the program is held by the pin
+                        // taken before the handle was read.
+                        match unsafe { prog.call_raw_outermost(ctx.cast(), ctx_len, &pin) } {
+                            Some(Ok(v)) => {
+                                // SAFETY: non-null and aligned, writable by contract.
+                                unsafe { *r0 = v };
+                                return succeeded();
+                            }
+                            Some(Err(e)) => return run_failed(e),
+                            None => {}
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: forwarded.
+        unsafe { run_checked(hook_, ctx, ctx_len, r0) }
+    })
+}
+
+/// `packjit_hook_run` with every argument checked and each failure named.
+///
+/// # Safety
+/// As `packjit_hook_run`.
+#[inline(never)]
+unsafe fn run_checked(
+    hook_: *const PackjitHook,
+    ctx: *mut c_void,
+    ctx_len: usize,
+    r0: *mut u64,
+) -> i32 {
+    settle((|| {
         // A run pin, as in packjit_program_run: the handle's deferred drop waits for it.
         let pin = packjit_runtime::run_pin::enter();
         // SAFETY: caller contract.
@@ -161,7 +202,7 @@ pub unsafe extern "C" fn packjit_hook_run(
         // handle was read.
         *r0 = unsafe { prog.call_raw_pinned(ctx.cast(), ctx_len, &pin) }?;
         Ok(())
-    })
+    })())
 }
 
 /// The error for a run of an empty hook (out of line, as `bad_hook`).

@@ -2,7 +2,7 @@
 //! native code and entry point.
 
 use super::args::{arg, bytes, check_size, fill_name, null_ctx, out_arg};
-use super::error::{boundary, boundary_run, invalid};
+use super::error::{boundary, boundary_status, invalid, run_failed, settle, succeeded};
 use super::options::{load_options, PackjitLoadOptions};
 use super::runtime::{runtime, PackjitRuntime, PENDING_HANDLES};
 use super::{PjError, PjProgramEntry, DEAD_MAGIC, PACKJIT_NAME_LEN};
@@ -260,7 +260,65 @@ pub unsafe extern "C" fn packjit_program_run(
     ctx_len: usize,
     r0: *mut u64,
 ) -> i32 {
-    boundary_run("packjit_program_run", || {
+    boundary_status("packjit_program_run", || {
+        // The common case first, with no call on its way but the program's: a run's cost
+        // over its raw entry is its stores, and every call on the way (a thread's first
+        // pin, an error's construction) made the compiler save registers around it (issue
+        // 43). Anything else takes `run_checked`, which repeats every test and names what
+        // failed.
+        if plain_run_args(prog.cast(), ctx, ctx_len, r0) {
+            if let Some(pin) = packjit_runtime::run_pin::try_enter() {
+                // SAFETY: non-null and aligned; a live program by the caller's contract, and
+                // kept so by the pin taken before this read (free defers the drop).
+                let p = unsafe { &*prog };
+                if p.magic.load(Ordering::Acquire) == PROGRAM_MAGIC {
+                    // SAFETY: caller contract on ctx; the run is pinned since before the
+                    // handle was read.
+                    match unsafe { p.prog.call_raw_outermost(ctx.cast(), ctx_len, &pin) } {
+                        Some(Ok(v)) => {
+                            // SAFETY: non-null and aligned, writable by the caller's contract.
+                            unsafe { *r0 = v };
+                            return succeeded();
+                        }
+                        Some(Err(e)) => return run_failed(e),
+                        None => {}
+                    }
+                }
+            }
+        }
+        // SAFETY: forwarded.
+        unsafe { run_checked(prog, ctx, ctx_len, r0) }
+    })
+}
+
+/// Arguments a run may take without a closer look: both pointers non-null and aligned, and
+/// a context pointer wherever there is a context. (`run_checked` names what is wrong.)
+#[inline(always)]
+pub(super) fn plain_run_args(
+    handle: *const u64,
+    ctx: *mut c_void,
+    ctx_len: usize,
+    r0: *mut u64,
+) -> bool {
+    !handle.is_null()
+        && handle.is_aligned()
+        && !r0.is_null()
+        && r0.is_aligned()
+        && (!ctx.is_null() || ctx_len == 0)
+}
+
+/// `packjit_program_run` with every argument checked and each failure named.
+///
+/// # Safety
+/// As `packjit_program_run`.
+#[inline(never)]
+unsafe fn run_checked(
+    prog: *const PackjitProgram,
+    ctx: *mut c_void,
+    ctx_len: usize,
+    r0: *mut u64,
+) -> i32 {
+    settle((|| {
         // Pin before touching the handle: a concurrent packjit_program_free defers dropping
         // it (and its code) until this run pin is gone (see the deferred drop there). A run
         // pin, not the epoch: two plain stores instead of a fenced read-modify-write.
@@ -275,7 +333,7 @@ pub unsafe extern "C" fn packjit_program_run(
         // SAFETY: caller contract on ctx; the run is pinned since before the handle was read.
         *r0 = unsafe { p.prog.call_raw_pinned(ctx.cast(), ctx_len, &pin) }?;
         Ok(())
-    })
+    })())
 }
 
 /// Frees a program. NULL is ignored. Safe while other threads use it, RCU-style: the handle

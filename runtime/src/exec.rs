@@ -4,7 +4,7 @@
 //! The emitted code only ever sees the environment through its fixed `PJ_ENV_*` offsets; this
 //! module is the one place the host fills it and reads it back.
 
-use crate::Trust;
+use crate::{run_pin, Trust};
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::{AccessDirection, Arch, PjProgramEntry, Stop, StopKind};
 use std::cell::Cell;
@@ -169,7 +169,11 @@ thread_local! {
 
 /// Set in [`CURRENT`] for a trusted run; free because a `PjExecEnv` is 8-byte aligned.
 const TRUSTED_BIT: usize = 1;
-const _: () = assert!(std::mem::align_of::<PjExecEnv>() > TRUSTED_BIT);
+/// [`CURRENT`] while an interpreter runs inside a run's helper: no JIT environment is
+/// current, but a run is in progress, so a JIT run started inside it builds its own
+/// environment rather than take the thread's ([`run_outermost`]).
+const NO_JIT_ENV: usize = 2;
+const _: () = assert!(std::mem::align_of::<PjExecEnv>() > (TRUSTED_BIT | NO_JIT_ENV));
 
 /// Restores the previous current environment when a run ends, even by unwinding.
 struct CurrentEnvGuard(usize);
@@ -185,7 +189,7 @@ impl Drop for CurrentEnvGuard {
 /// [`helper_access_ok`] answers about the innermost run (the interpreter's) even when a
 /// JIT-compiled program's helper started it.
 pub(crate) fn without_jit_env<T>(f: impl FnOnce() -> T) -> T {
-    let _restore = CurrentEnvGuard(CURRENT.replace(0));
+    let _restore = CurrentEnvGuard(CURRENT.replace(NO_JIT_ENV));
     f()
 }
 
@@ -235,6 +239,99 @@ pub(crate) unsafe fn run(
     let r0 = unsafe { f(ctx, len as u64, env_ptr) };
     // SAFETY: the call is over; `env_ptr` is `env`, no longer shared.
     stop_to_result(unsafe { &*env_ptr }, r0)
+}
+
+/// [`run`] as the thread's only run in progress, under the caller's run pin: it writes its
+/// inputs into the environment the thread's slot keeps ([`run_pin::RunPin::thread_env`])
+/// instead of building a whole one on the stack. A run costs its stores over the raw
+/// entry, and this one makes seven where `run` makes thirteen (issue 43). A run inside
+/// another on this thread (a helper running a program, or an interpreter's run inside a
+/// helper) takes [`run_nested`] instead.
+///
+/// # Safety
+/// As [`run`], and no run is in progress on this thread ([`run_in_progress`] is false).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn run_outermost(
+    entry: u64,
+    ctx: *mut u8,
+    len: usize,
+    regions: &[PjMemRegion],
+    budget: u64,
+    trust: Trust,
+    maps: u64,
+    pin: &run_pin::RunPin,
+) -> Result<u64, RunError> {
+    let ctx = if len == 0 { std::ptr::null_mut() } else { ctx };
+    let env_ptr = pin.thread_env();
+    // SAFETY: the pin's slot is this thread's, and no run is in progress on this thread (the
+    // caller's promise), so nothing else reads or writes its environment.
+    let env = unsafe { &mut *env_ptr };
+    // What a run may leave set that the next must find clear: a stop (read after the run,
+    // cleared here), the tail-call count, the stack bounds of a sandboxed run (a trusted run
+    // after it must not hand its helpers the old block). Loads and one branch when clear.
+    if env.stop_kind as u64 | env.tail_calls | env.stack_start | env.stack_end != 0 {
+        clear_left_over(env);
+    }
+    env.regions = regions.as_ptr() as u64;
+    env.region_count = regions.len() as u64;
+    env.ctx_start = ctx as u64;
+    env.ctx_end = (ctx as u64).wrapping_add(len as u64);
+    env.ctx_len = len as u64;
+    env.budget = budget;
+    env.maps = maps;
+    let current = env_ptr as usize
+        | if trust == Trust::Trusted {
+            TRUSTED_BIT
+        } else {
+            0
+        };
+    CURRENT.set(current);
+    let _restore = CurrentEnvGuard(0);
+    // SAFETY: the caller guarantees `entry` is live code with this signature.
+    let f: PjProgramEntry = unsafe { std::mem::transmute(entry as usize) };
+    // SAFETY: as above; the slot's environment outlives the call.
+    let r0 = unsafe { f(ctx, len as u64, env_ptr) };
+    // SAFETY: the call is over; nothing else holds the environment.
+    stop_to_result(unsafe { &*env_ptr }, r0)
+}
+
+/// Whether a run is in progress on this thread (a helper of it, or an interpreter's run
+/// inside one, is asking).
+#[inline(always)]
+pub(crate) fn run_in_progress() -> bool {
+    CURRENT.get() != 0
+}
+
+/// [`run`] for a run inside another on this thread, out of line: the outermost run's path
+/// stays short.
+///
+/// # Safety
+/// As [`run`].
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn run_nested(
+    entry: u64,
+    ctx: *mut u8,
+    len: usize,
+    regions: &[PjMemRegion],
+    budget: u64,
+    trust: Trust,
+    maps: u64,
+) -> Result<u64, RunError> {
+    // SAFETY: forwarded.
+    unsafe { run(entry, ctx, len, regions, budget, trust, maps) }
+}
+
+/// Clears what a previous run left in the thread's environment (see [`run_outermost`]).
+/// Inline, without a call: a call on the run path makes the compiler keep the run's values
+/// in saved registers around it.
+#[inline(always)]
+fn clear_left_over(env: &mut PjExecEnv) {
+    env.stop_kind = PJ_STOP_NONE;
+    env.tail_calls = 0;
+    env.stack_start = 0;
+    env.stack_end = 0;
 }
 
 /// Marks the branch that calls it unlikely, without moving the branch's own work out of
@@ -320,7 +417,7 @@ pub fn helper_access_ok(addr: u64, len: u64, direction: AccessDirection) -> bool
 /// runs. Valid until that run returns; the code reads and writes it too, but only while no
 /// helper it called runs.
 pub(crate) fn current_env() -> *mut PjExecEnv {
-    (CURRENT.get() & !TRUSTED_BIT) as *mut PjExecEnv
+    (CURRENT.get() & !(TRUSTED_BIT | NO_JIT_ENV)) as *mut PjExecEnv
 }
 
 /// Is the program this thread runs (innermost JIT run) trusted? `false` outside runs.
@@ -405,6 +502,195 @@ mod tests {
             "pc 5: program stopped with unknown stop kind 42"
         );
         assert_eq!(stop_to_result(&PjExecEnv::default(), 42), Ok(42));
+    }
+
+    /// What the fake entries below saw of their environment.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    struct Seen {
+        env: usize,
+        stop_kind: u32,
+        tail_calls: u64,
+        stack: (u64, u64),
+        ctx: (u64, u64, u64),
+        budget: u64,
+        maps: u64,
+        regions: (u64, u64),
+        current_env: usize,
+        trusted: bool,
+    }
+
+    thread_local! {
+        static SEEN: Cell<Seen> = const { Cell::new(Seen {
+            env: 0, stop_kind: 0, tail_calls: 0, stack: (0, 0), ctx: (0, 0, 0), budget: 0,
+            maps: 0, regions: (0, 0), current_env: 0, trusted: false,
+        }) };
+        static NESTED: Cell<Seen> = const { Cell::new(Seen {
+            env: 0, stop_kind: 0, tail_calls: 0, stack: (0, 0), ctx: (0, 0, 0), budget: 0,
+            maps: 0, regions: (0, 0), current_env: 0, trusted: false,
+        }) };
+    }
+
+    fn seen(env: *mut PjExecEnv) -> Seen {
+        // SAFETY: the environment the run passed.
+        let e = unsafe { &*env };
+        Seen {
+            env: env as usize,
+            stop_kind: e.stop_kind,
+            tail_calls: e.tail_calls,
+            stack: (e.stack_start, e.stack_end),
+            ctx: (e.ctx_start, e.ctx_end, e.ctx_len),
+            budget: e.budget,
+            maps: e.maps,
+            regions: (e.regions, e.region_count),
+            current_env: current_env() as usize,
+            trusted: trusted_run(),
+        }
+    }
+
+    /// Records what it sees, then leaves behind everything a run may leave set: a stop, a
+    /// tail-call count, a sandboxed run's stack bounds.
+    extern "C" fn records_then_stops(_ctx: *mut u8, _len: u64, env: *mut PjExecEnv) -> u64 {
+        SEEN.set(seen(env));
+        // SAFETY: the run's environment.
+        let e = unsafe { &mut *env };
+        e.stop_kind = PJ_STOP_BUDGET;
+        e.stop_pc = 9;
+        e.tail_calls = 3;
+        e.stack_start = 0x7000;
+        e.stack_end = 0x7200;
+        0
+    }
+
+    extern "C" fn records(_ctx: *mut u8, _len: u64, env: *mut PjExecEnv) -> u64 {
+        SEEN.set(seen(env));
+        7
+    }
+
+    extern "C" fn records_nested(_ctx: *mut u8, _len: u64, env: *mut PjExecEnv) -> u64 {
+        NESTED.set(seen(env));
+        8
+    }
+
+    /// Records, then (as a helper would) runs another program inside this run.
+    extern "C" fn runs_another(_ctx: *mut u8, _len: u64, env: *mut PjExecEnv) -> u64 {
+        SEEN.set(seen(env));
+        assert!(run_in_progress());
+        let mut inner = [0u8; 4];
+        // SAFETY: a live function with the entry's signature; `inner` is the context.
+        let r = unsafe {
+            run_nested(
+                records_nested as *const () as u64,
+                inner.as_mut_ptr(),
+                inner.len(),
+                &[],
+                77,
+                Trust::Sandboxed,
+                0,
+            )
+        };
+        assert_eq!(r, Ok(8));
+        assert_eq!(
+            current_env() as usize,
+            env as usize,
+            "the outer run's environment is current again"
+        );
+        9
+    }
+
+    #[test]
+    fn a_threads_outermost_runs_share_an_environment_that_starts_clear() {
+        let pin = run_pin::enter();
+        let mut ctx = [0u8; 16];
+        let ctx_at = ctx.as_mut_ptr() as u64;
+        let regions = [PjMemRegion {
+            start: 0x10_000,
+            len: 0x100,
+            flags: 0,
+        }];
+        assert!(!run_in_progress());
+        // SAFETY: live functions with the entry's signature; `ctx` is the context.
+        let first = unsafe {
+            run_outermost(
+                records_then_stops as *const () as u64,
+                ctx.as_mut_ptr(),
+                ctx.len(),
+                &regions,
+                500,
+                Trust::Sandboxed,
+                0xabc0,
+                &pin,
+            )
+        };
+        assert_eq!(first, Err(RunError::Stop(Stop::Budget { pc: 9 })));
+        let first = SEEN.get();
+        assert_eq!(
+            first.env,
+            pin.thread_env() as usize,
+            "the slot's environment"
+        );
+        assert_eq!(first.current_env, first.env);
+        assert!(!first.trusted);
+        assert_eq!(first.ctx, (ctx_at, ctx_at + 16, 16));
+        assert_eq!((first.budget, first.maps), (500, 0xabc0));
+        assert_eq!(first.regions, (regions.as_ptr() as u64, 1));
+        assert!(!run_in_progress(), "the run is over");
+        assert!(current_env().is_null());
+
+        // The next run on this thread finds none of what the stopped one left, and its own
+        // inputs (an empty context: r1 = 0).
+        // SAFETY: as above.
+        let second = unsafe {
+            run_outermost(
+                records as *const () as u64,
+                ctx.as_mut_ptr(),
+                0,
+                &[],
+                u64::MAX,
+                Trust::Trusted,
+                0,
+                &pin,
+            )
+        };
+        assert_eq!(second, Ok(7));
+        let second = SEEN.get();
+        assert_eq!(
+            (second.stop_kind, second.tail_calls, second.stack),
+            (PJ_STOP_NONE, 0, (0, 0)),
+            "left over from the stopped run"
+        );
+        assert_eq!(second.env, first.env);
+        assert!(second.trusted);
+        assert_eq!(second.ctx, (0, 0, 0));
+        assert_eq!(
+            (second.budget, second.maps, second.regions.1),
+            (u64::MAX, 0, 0)
+        );
+
+        // A run inside a run builds its own environment and leaves the outer one current.
+        // SAFETY: as above.
+        let outer = unsafe {
+            run_outermost(
+                runs_another as *const () as u64,
+                ctx.as_mut_ptr(),
+                ctx.len(),
+                &regions,
+                600,
+                Trust::Trusted,
+                0,
+                &pin,
+            )
+        };
+        assert_eq!(outer, Ok(9));
+        let (outer, inner) = (SEEN.get(), NESTED.get());
+        assert_eq!(outer.env, first.env);
+        assert_ne!(
+            inner.env, outer.env,
+            "a nested run has an environment of its own"
+        );
+        assert_eq!(inner.current_env, inner.env);
+        assert!(!inner.trusted, "the nested run's trust, not the outer's");
+        assert_eq!((inner.budget, inner.ctx.2, inner.stop_kind), (77, 4, 0));
+        assert!(!run_in_progress());
     }
 
     #[test]

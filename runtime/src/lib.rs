@@ -1117,6 +1117,7 @@ impl CompileEnv<'_> {
             }
             _ => None,
         };
+        let run_maps = bound.map(|b| b.run);
         Ok(Program {
             movable,
             compiled,
@@ -1140,7 +1141,16 @@ impl CompileEnv<'_> {
                     _percpu_insn: percpu_insn_table,
                 })
             }),
-            maps: bound.map(|b| b.run),
+            run: RunPlan::new(
+                if executable {
+                    RunPath::OwnCode
+                } else {
+                    RunPath::NotExecutable
+                },
+                budget,
+                run_maps.as_ref(),
+            ),
+            maps: run_maps,
             tiering: match opts.tier {
                 Tier::Optimized => Tiered::Fixed(Tier::Optimized),
                 _ => Tiered::Fixed(Tier::Baseline),
@@ -1403,6 +1413,40 @@ pub struct Program {
     /// the program's life: compaction moves its bytes unchanged, and only the baseline
     /// backends emit it (the optimizing tier's frames are its own).
     pub(crate) uniform_tail_frame: bool,
+    /// What a run needs, decided at load so that a run tests one byte and loads plain words
+    /// (issue 43: a run's cost over the raw entry is counted in instructions).
+    run: RunPlan,
+}
+
+/// The part of a [`Program`] a run reads, in the form it passes it on.
+#[derive(Clone, Copy)]
+struct RunPlan {
+    path: RunPath,
+    /// `Program::budget` as the environment takes it (`u64::MAX`: none counted).
+    budget: u64,
+    /// `PjExecEnv::maps`: the address of the program's `RunMaps`, or 0.
+    maps: u64,
+}
+
+impl RunPlan {
+    fn new(path: RunPath, budget: Option<u64>, maps: Option<&Arc<maps::RunMaps>>) -> RunPlan {
+        RunPlan {
+            path,
+            budget: budget.unwrap_or(u64::MAX),
+            maps: maps.map_or(0, |m| Arc::as_ptr(m) as u64),
+        }
+    }
+}
+
+/// Which code a run enters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RunPath {
+    /// The program's own code, at `own_entry_now`.
+    OwnCode,
+    /// The code an adaptive program forwards to now (see [`tiering`]).
+    Adaptive,
+    /// None: the code is for another architecture.
+    NotExecutable,
 }
 
 /// A program's tier (see [`Program::tier_status`]).
@@ -1506,7 +1550,7 @@ impl Program {
     /// [`RunError::NotExecutable`] for code compiled for another architecture.
     #[inline]
     pub fn call(&self, mem: &mut [u8]) -> Result<u64, RunError> {
-        self.call_with_budget(mem, self.budget.unwrap_or(u64::MAX))
+        self.call_with_budget(mem, self.run.budget)
     }
 
     /// [`Program::call`] with an instruction budget for this call (meaningful when the program
@@ -1545,7 +1589,30 @@ impl Program {
         pin: &run_pin::RunPin,
     ) -> Result<u64, RunError> {
         // SAFETY: forwarded.
-        unsafe { self.run_pinned(ctx, len, self.budget.unwrap_or(u64::MAX), pin) }
+        unsafe { self.run_pinned(ctx, len, self.run.budget, pin) }
+    }
+
+    /// [`call_raw_pinned`](Self::call_raw_pinned)'s common case alone, for a run path that
+    /// inlines it whole (the C API's): `None`, having run nothing, unless the program runs
+    /// its own code as the thread's only run in progress; the caller then takes
+    /// `call_raw_pinned`. Kept apart so that the common case's result never shares memory
+    /// with the other paths' (a result merged with an out-of-line path's stays in memory,
+    /// stores a run pays for; issue 43).
+    ///
+    /// # Safety
+    /// As [`call_raw`](Self::call_raw).
+    #[inline(always)]
+    pub unsafe fn call_raw_outermost(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        pin: &run_pin::RunPin,
+    ) -> Option<Result<u64, RunError>> {
+        if self.run.path != RunPath::OwnCode || exec::run_in_progress() {
+            return None;
+        }
+        // SAFETY: forwarded; own, executable code, and no run in progress on this thread.
+        Some(unsafe { self.enter_outermost(ctx, len, self.run.budget, pin) })
     }
 
     /// A run under the caller's run pin (which `&RunPin`, neither `Send` nor `Sync`, proves
@@ -1573,12 +1640,47 @@ impl Program {
         budget: u64,
         pin: &run_pin::RunPin,
     ) -> Result<u64, RunError> {
-        if let Tiered::Adaptive(t) = &self.tiering {
+        // Both tests before anything is loaded for the run: what is loaded before a call
+        // stays in saved registers across it, and the run pays for saving them.
+        if self.run.path != RunPath::OwnCode || exec::run_in_progress() {
             // SAFETY: forwarded.
-            return unsafe { t.run_pinned(ctx, len, budget, pin) };
+            return unsafe { self.run_elsewhere(ctx, len, budget, pin) };
         }
-        // SAFETY: forwarded.
-        unsafe { self.run_own_code(ctx, len, budget, pin) }
+        // SAFETY: forwarded; own, executable code, and no run in progress on this thread.
+        unsafe { self.enter_outermost(ctx, len, budget, pin) }
+    }
+
+    /// [`run_pinned`](Self::run_pinned) off its common path: an adaptive program's current
+    /// code, a run inside another run on this thread, or no code to run.
+    ///
+    /// # Safety
+    /// As [`run_pinned`](Self::run_pinned).
+    #[inline(always)]
+    unsafe fn run_elsewhere(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        budget: u64,
+        pin: &run_pin::RunPin,
+    ) -> Result<u64, RunError> {
+        exec::cold_path();
+        match (&self.tiering, self.run.path) {
+            // SAFETY: forwarded.
+            (Tiered::Adaptive(t), _) => unsafe { t.run_pinned(ctx, len, budget, pin) },
+            // SAFETY: forwarded; executable, inside another run on this thread.
+            (_, RunPath::OwnCode) => unsafe {
+                exec::run_nested(
+                    self.own_entry_now(),
+                    ctx,
+                    len,
+                    &self.regions,
+                    budget,
+                    self.trust,
+                    self.run.maps,
+                )
+            },
+            _ => Err(RunError::NotExecutable { arch: self.arch }),
+        }
     }
 
     /// [`run_pinned`](Self::run_pinned) of a program that owns its code (not adaptive: an
@@ -1592,23 +1694,77 @@ impl Program {
         ctx: *mut u8,
         len: usize,
         budget: u64,
-        _pin: &run_pin::RunPin,
+        pin: &run_pin::RunPin,
     ) -> Result<u64, RunError> {
         self.check_executable()?;
+        // SAFETY: forwarded; executable.
+        unsafe { self.enter_own_code(ctx, len, budget, pin) }
+    }
+
+    /// Enters the program's own code, known executable, under a run pin the caller holds.
+    ///
+    /// # Safety
+    /// As [`run_pinned`](Self::run_pinned), and the code is executable here.
+    #[inline(always)]
+    unsafe fn enter_own_code(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        budget: u64,
+        pin: &run_pin::RunPin,
+    ) -> Result<u64, RunError> {
+        if exec::run_in_progress() {
+            // SAFETY: forwarded.
+            return unsafe {
+                exec::run_nested(
+                    self.own_entry_now(),
+                    ctx,
+                    len,
+                    &self.regions,
+                    budget,
+                    self.trust,
+                    self.run.maps,
+                )
+            };
+        }
+        // SAFETY: forwarded; no run in progress on this thread.
+        unsafe { self.enter_outermost(ctx, len, budget, pin) }
+    }
+
+    /// [`enter_own_code`](Self::enter_own_code) as the thread's only run in progress.
+    ///
+    /// # Safety
+    /// As [`enter_own_code`](Self::enter_own_code), and no run is in progress on this thread
+    /// ([`exec::run_in_progress`]).
+    #[inline(always)]
+    unsafe fn enter_outermost(
+        &self,
+        ctx: *mut u8,
+        len: usize,
+        budget: u64,
+        pin: &run_pin::RunPin,
+    ) -> Result<u64, RunError> {
         // SAFETY: committed code, kept alive by `self` and the run pin (its entry loaded
         // after the pin: compaction releases an old copy only after the runs in progress at
-        // the move have ended); the caller vouches for ctx/len.
+        // the move have ended); the caller vouches for ctx/len and for no run in progress.
         unsafe {
-            exec::run(
+            exec::run_outermost(
                 self.own_entry_now(),
                 ctx,
                 len,
                 &self.regions,
                 budget,
                 self.trust,
-                self.maps.as_ref().map_or(0, |m| Arc::as_ptr(m) as u64),
+                self.run.maps,
+                pin,
             )
         }
+    }
+
+    /// The budget a run passes when the caller names none (`u64::MAX`: none counted).
+    #[inline(always)]
+    pub(crate) fn run_budget(&self) -> u64 {
+        self.run.budget
     }
 
     #[inline]

@@ -6,13 +6,15 @@
 //! locked `cmpxchg` on x86-64): 5-7 ns of the 8-12 a run cost over its raw entry (issue 43).
 //! A run pin moves that fence to the side that frees, the way liburcu's "memb" flavour does:
 //!
-//! * a run bumps its thread's sequence word to odd on entry and back to even on exit, with
-//!   only a compiler fence on entry (no atomic read-modify-write, no lock, no allocation);
+//! * a run counts a pin in its thread's word on entry, and on exit takes it back and, for
+//!   the outermost run, counts one more run ended, with only a compiler fence on entry (no
+//!   atomic read-modify-write, no lock, no allocation);
 //! * whoever releases something a run may hold first unpublishes it, then takes a
 //!   `Snapshot`: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` runs a full barrier on
-//!   every CPU running one of the process's threads, so each thread either had its odd word
+//!   every CPU running one of the process's threads, so each thread either had its pins
 //!   visible to the snapshot or reads the pointer after the barrier and sees it unpublished.
-//!   Then it releases once every word that was odd has changed (`Snapshot::passed`).
+//!   Then it releases once every thread that held pins has ended another run
+//!   (`Snapshot::passed`).
 //!
 //! Where `membarrier` is refused (old kernels, seccomp, emulators that lack it) runs use a
 //! real `SeqCst` fence after the store and snapshots a `SeqCst` fence before reading: the
@@ -24,7 +26,8 @@
 //! `packjit_epoch_enter`, tests) stays protected as before, and runs that hold only a run
 //! pin are protected too.
 
-use std::cell::Cell;
+use packjit_plugin_api::abi::PjExecEnv;
+use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU64, AtomicU8};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -32,11 +35,28 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 /// One thread's run state. Slots are leaked and reused by later threads: a snapshot may hold
 /// a reference to one after its thread has gone.
 struct Slot {
-    /// Odd while the thread is inside an outermost run. Written only by the owning thread.
-    seq: AtomicU64,
+    /// The outermost runs the thread has ended (high 32 bits) and the pins it holds now (low
+    /// 32 bits: a helper may run another program inside a run). Written only by the owning
+    /// thread, a load and a store at each end of a run: two stores per run, where a depth
+    /// and a sequence word apart took four (a run's cost over its raw entry is bound by its
+    /// stores; issue 43).
+    word: AtomicU64,
     /// Owned by a live thread.
     in_use: AtomicBool,
+    /// The environment of the thread's outermost run (see [`RunPin::thread_env`]): kept
+    /// from run to run, so that a run writes its inputs instead of building all of it.
+    /// Touched only by the owning thread.
+    env: UnsafeCell<PjExecEnv>,
 }
+
+// SAFETY: `word` and `in_use` are atomics; `env` is only ever accessed by the thread that
+// owns the slot (through its own `RunPin`s), never by the threads that read `word`.
+unsafe impl Sync for Slot {}
+
+/// The low half of [`Slot::word`]: pins held.
+const PINS: u64 = 0xffff_ffff;
+/// One outermost run ended, in [`Slot::word`].
+const RUN_ENDED: u64 = 1 << 32;
 
 /// Every slot ever made (a handful: one per thread that ran a program at once).
 static SLOTS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
@@ -52,9 +72,6 @@ const FENCES: u8 = 2;
 thread_local! {
     /// This thread's slot (null until its first run).
     static SLOT: Cell<*const Slot> = const { Cell::new(std::ptr::null()) };
-    /// Nesting: a helper may run another program inside a run; only the outermost run
-    /// writes the slot.
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
     /// Gives the slot back when the thread exits.
     static OWNER: SlotOwner = const { SlotOwner(Cell::new(std::ptr::null())) };
 }
@@ -127,8 +144,9 @@ fn register() -> *const Slot {
             Some(s) => s,
             None => {
                 let s: &'static Slot = Box::leak(Box::new(Slot {
-                    seq: AtomicU64::new(0),
+                    word: AtomicU64::new(0),
                     in_use: AtomicBool::new(true),
+                    env: UnsafeCell::new(PjExecEnv::default()),
                 }));
                 all.push(s);
                 s
@@ -149,9 +167,24 @@ pub struct RunPin {
     slot: *const Slot,
 }
 
+impl RunPin {
+    /// The environment the thread's outermost run keeps in its slot, for a run that is the
+    /// only one in progress on this thread (the caller checks that: a run that starts inside
+    /// another's helper, or any second use while one is in progress, needs its own). Its
+    /// fields hold whatever the previous run left: a run writes the inputs and clears what a
+    /// run may leave set (`exec::run_pinned`).
+    pub(crate) fn thread_env(&self) -> *mut PjExecEnv {
+        // SAFETY: slots are leaked, never freed; this one is owned by this thread, the only
+        // one that touches `env`.
+        unsafe { &*self.slot }.env.get()
+    }
+}
+
 /// Whether the calling thread is inside a run (holds a run pin).
 pub fn inside() -> bool {
-    DEPTH.with(Cell::get) > 0
+    let slot = SLOT.with(Cell::get);
+    // SAFETY: slots are leaked, never freed.
+    !slot.is_null() && unsafe { &*slot }.word.load(Relaxed) & PINS != 0
 }
 
 /// Registers run pins with the maps crate, so that a map element retired while a run may
@@ -169,17 +202,31 @@ pub(crate) fn register_with_maps() {
 /// count.
 #[inline]
 pub fn enter() -> RunPin {
-    let depth = DEPTH.with(Cell::get);
-    DEPTH.with(|d| d.set(depth + 1));
     let mut slot = SLOT.with(Cell::get);
     if slot.is_null() {
         slot = register();
     }
-    if depth == 0 {
-        // SAFETY: slots are leaked, never freed, and this one is owned by this thread.
-        let s = unsafe { &*slot };
-        // Only this thread writes `seq`: a load and a store, not a read-modify-write.
-        s.seq.store(s.seq.load(Relaxed).wrapping_add(1), Relaxed);
+    enter_slot(slot)
+}
+
+/// [`enter`] for a thread that has run before, without a call on the way: `None` on the
+/// thread's first run (then [`enter`] registers it). For run paths that keep every call
+/// out of their common case (the C API's: each call on the way made the compiler save
+/// registers around it, stores a run pays for; issue 43).
+#[inline]
+pub fn try_enter() -> Option<RunPin> {
+    let slot = SLOT.with(Cell::get);
+    (!slot.is_null()).then(|| enter_slot(slot))
+}
+
+#[inline(always)]
+fn enter_slot(slot: *const Slot) -> RunPin {
+    // SAFETY: slots are leaked, never freed, and this one is owned by this thread.
+    let s = unsafe { &*slot };
+    // Only this thread writes the word: a load and a store, not a read-modify-write.
+    let word = s.word.load(Relaxed);
+    s.word.store(word + 1, Relaxed);
+    if word & PINS == 0 {
         if MODE.load(Relaxed) == MEMBARRIER {
             // The store must precede the run's loads in program order; the CPU may still
             // reorder them, which a snapshot's membarrier makes harmless.
@@ -194,21 +241,25 @@ pub fn enter() -> RunPin {
 impl Drop for RunPin {
     #[inline]
     fn drop(&mut self) {
-        let depth = DEPTH.with(Cell::get) - 1;
-        DEPTH.with(|d| d.set(depth));
-        if depth == 0 {
-            // SAFETY: as in `enter`.
-            let s = unsafe { &*self.slot };
-            // Release: everything the run read or wrote happens before a snapshot that sees
-            // the even value (its load is Acquire) releases anything.
-            s.seq.store(s.seq.load(Relaxed).wrapping_add(1), Release);
-        }
+        // SAFETY: as in `enter`.
+        let s = unsafe { &*self.slot };
+        let word = s.word.load(Relaxed);
+        // The last pin counts the outermost run as ended.
+        let left = if word & PINS == 1 {
+            word - 1 + RUN_ENDED
+        } else {
+            word - 1
+        };
+        // Release: everything the run read or wrote happens before a snapshot that sees the
+        // run ended (its load is Acquire) releases anything.
+        s.word.store(left, Release);
     }
 }
 
-/// The runs in progress at one moment (taken after what they might hold was unpublished).
+/// The runs in progress at one moment (taken after what they might hold was unpublished):
+/// each such thread's word, with the count of runs it had ended then.
 #[derive(Default)]
-pub(crate) struct Snapshot(Vec<(&'static Slot, u64)>);
+pub(crate) struct Snapshot(Vec<(&'static AtomicU64, u64)>);
 
 impl Snapshot {
     /// The runs in progress now. Call it after unpublishing what is to be released (and, for
@@ -226,8 +277,8 @@ impl Snapshot {
         let in_runs = slots()
             .iter()
             .filter_map(|&s| {
-                let seq = s.seq.load(Acquire);
-                (seq & 1 == 1).then_some((s, seq))
+                let word = s.word.load(Acquire);
+                (word & PINS != 0).then_some((&s.word, word >> 32))
             })
             .collect();
         Snapshot(in_runs)
@@ -235,18 +286,18 @@ impl Snapshot {
 
     /// A snapshot that never passes.
     fn never(mut self) -> Snapshot {
-        static NEVER: Slot = Slot {
-            seq: AtomicU64::new(1),
-            in_use: AtomicBool::new(true),
-        };
-        self.0.push((&NEVER, 1));
+        static NEVER: AtomicU64 = AtomicU64::new(1);
+        self.0.push((&NEVER, 0));
         self
     }
 
-    /// Whether every run in progress at the snapshot has ended (a thread's word has moved
-    /// on). Acquire: those runs' accesses happen before whatever the caller releases next.
+    /// Whether every run in progress at the snapshot has ended (a thread has ended another
+    /// outermost run since: its count moved on; after 2^32 runs it may look unmoved, which
+    /// only waits longer). Acquire: those runs' accesses happen before whatever the caller
+    /// releases next.
     pub(crate) fn passed(&mut self) -> bool {
-        self.0.retain(|(s, seq)| s.seq.load(Acquire) == *seq);
+        self.0
+            .retain(|(word, ended)| word.load(Acquire) >> 32 == *ended);
         self.0.is_empty()
     }
 }
@@ -317,18 +368,51 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
 
+    impl Snapshot {
+        /// This thread's part of the snapshot: other tests' threads may be inside runs of
+        /// their own.
+        fn own(mut self) -> Snapshot {
+            let slot = SLOT.with(Cell::get);
+            // SAFETY: slots are leaked, never freed.
+            let word = &unsafe { &*slot }.word;
+            self.0.retain(|(w, _)| std::ptr::eq(*w, word));
+            self
+        }
+    }
+
     #[test]
     fn a_snapshot_waits_for_the_runs_in_progress_only() {
         let pin = enter();
         let inner = enter();
         drop(inner);
-        let mut snap = Snapshot::take();
+        let mut snap = Snapshot::take().own();
         assert!(!snap.passed(), "this thread is inside a run");
         drop(pin);
         assert!(snap.passed());
         // A run that starts after the snapshot does not hold it back.
-        let mut snap = Snapshot::take();
-        let _later = enter();
+        let mut snap = Snapshot::take().own();
+        let later = enter();
+        assert!(snap.passed());
+        // Nor does the next run of a thread whose run the snapshot saw: the count of ended
+        // runs moved on, though the thread holds a pin again.
+        let mut snap = Snapshot::take().own();
+        assert!(!snap.passed());
+        drop(later);
+        let _next = enter();
+        assert!(inside());
+        assert!(snap.passed());
+    }
+
+    #[test]
+    fn pins_dropped_out_of_order_still_end_the_run_once() {
+        let outer = enter();
+        let inner = enter();
+        let mut snap = Snapshot::take().own();
+        drop(outer);
+        assert!(inside(), "one pin is still held");
+        assert!(!snap.passed(), "the run has not ended");
+        drop(inner);
+        assert!(!inside());
         assert!(snap.passed());
     }
 

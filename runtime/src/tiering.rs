@@ -41,7 +41,7 @@
 use crate::symbols::ProgramSymbol;
 use crate::{
     arena, err, program_box, run_pin, tier, CallScan, CodeRelease, CompileEnv, Error, ErrorKind,
-    HeapArena, LoadOptions, PackedArena, Program, RunError, Tier, Tiered, Trust,
+    HeapArena, LoadOptions, PackedArena, Program, RunError, RunPath, RunPlan, Tier, Tiered, Trust,
 };
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use packjit_plugin_api::{abi, Arch, Compiled, HelperEntry};
@@ -295,6 +295,7 @@ pub(crate) fn adapt(
         builtins,
         _percpu_tables: None,
         maps: None,
+        run: RunPlan::new(RunPath::Adaptive, budget, None),
         tiering: Tiered::Adaptive(t),
         // Programs that tail call do not tier (`refusal`): no tail calls here;
         // a prog-array slot asks the code it settles on (`Program::settled_code`).

@@ -99,6 +99,9 @@ pub struct Movable {
     size: u64,
     /// Entry point offset from the region start.
     entry_off: u64,
+    /// `exec + entry_off`, kept beside them so that a run reads its entry in one load
+    /// (issue 43: the run path's cost over the raw entry is counted in instructions).
+    entry: AtomicU64,
     pinned: AtomicBool,
     watch: Option<MoveWatch>,
     /// Words outside that hold an address in the code (prog-array slots' tail entries,
@@ -123,6 +126,7 @@ impl Movable {
             cookie: AtomicU64::new(region.cookie),
             size: region.size,
             entry_off: entry - region.exec_addr,
+            entry: AtomicU64::new(entry),
             pinned: AtomicBool::new(false),
             watch,
             tail_entries: Mutex::new(Vec::new()),
@@ -164,7 +168,7 @@ impl Movable {
     pub fn entry(&self) -> u64 {
         // Acquire pairs with the release store in `publish`: the copy's bytes and its cache
         // maintenance happen before any thread can see the new address.
-        self.exec.load(Ordering::Acquire) + self.entry_off
+        self.entry.load(Ordering::Acquire)
     }
 
     /// The region the code occupies now (stable while the arena lock is held or the program
@@ -208,6 +212,8 @@ impl Move {
         m.cookie.store(self.new.cookie, Ordering::Release);
         let t = m.tail_entries.lock().unwrap_or_else(|e| e.into_inner());
         m.exec.store(self.new.exec_addr, Ordering::Release);
+        m.entry
+            .store(self.new.exec_addr + m.entry_off, Ordering::Release);
         for &(word, offset) in t.iter() {
             // SAFETY: tracked words stay valid until untracked, which takes this lock. The
             // release store orders the copy's bytes before the new address, as for `exec`.
