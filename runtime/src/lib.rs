@@ -1414,7 +1414,7 @@ pub struct Program {
     /// backends emit it (the optimizing tier's frames are its own).
     pub(crate) uniform_tail_frame: bool,
     /// What a run needs, decided at load so that a run tests one byte and loads plain words
-    /// (issue 43: a run's cost over the raw entry is counted in instructions).
+    /// (issue 43: everything a run reads before its entry is on every run's path).
     run: RunPlan,
 }
 

@@ -100,7 +100,7 @@ pub struct Movable {
     /// Entry point offset from the region start.
     entry_off: u64,
     /// `exec + entry_off`, kept beside them so that a run reads its entry in one load
-    /// (issue 43: the run path's cost over the raw entry is counted in instructions).
+    /// (issue 43: every run reads it before its entry).
     entry: AtomicU64,
     pinned: AtomicBool,
     watch: Option<MoveWatch>,
