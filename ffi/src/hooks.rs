@@ -1,9 +1,9 @@
 //! Hooks (attach points) and batches of attach / detach operations.
 
 use super::args::{arg, bytes, null_ctx, out_arg};
-use super::error::{boundary, boundary_status, invalid, run_failed, settle, succeeded};
+use super::error::{boundary, boundary_status, invalid, settle};
 use super::options::{load_options, PackjitLoadOptions};
-use super::program::{plain_run_args, program, PackjitProgram};
+use super::program::{plain_run_args, program, run_common, PackjitProgram};
 use super::runtime::{runtime, PackjitRuntime};
 use super::DEAD_MAGIC;
 use core::ffi::c_void;
@@ -154,16 +154,10 @@ pub unsafe extern "C" fn packjit_hook_run(
                 let h = unsafe { &*hook_ };
                 if h.magic.load(Ordering::Acquire) == HOOK_MAGIC {
                     if let Some(prog) = h.hook.attached_pinned(&pin) {
-                        // SAFETY: caller contract on ctx; the program is held by the pin
-                        // taken before the handle was read.
-                        match unsafe { prog.call_raw_outermost(ctx.cast(), ctx_len, &pin) } {
-                            Some(Ok(v)) => {
-                                // SAFETY: non-null and aligned, writable by contract.
-                                unsafe { *r0 = v };
-                                return succeeded();
-                            }
-                            Some(Err(e)) => return run_failed(e),
-                            None => {}
+                        // SAFETY: caller contract on ctx and r0; the program is held by the
+                        // pin taken before the handle was read.
+                        if let Some(status) = unsafe { run_common(prog, ctx, ctx_len, r0, &pin) } {
+                            return status;
                         }
                     }
                 }

@@ -272,16 +272,10 @@ pub unsafe extern "C" fn packjit_program_run(
                 // kept so by the pin taken before this read (free defers the drop).
                 let p = unsafe { &*prog };
                 if p.magic.load(Ordering::Acquire) == PROGRAM_MAGIC {
-                    // SAFETY: caller contract on ctx; the run is pinned since before the
-                    // handle was read.
-                    match unsafe { p.prog.call_raw_outermost(ctx.cast(), ctx_len, &pin) } {
-                        Some(Ok(v)) => {
-                            // SAFETY: non-null and aligned, writable by the caller's contract.
-                            unsafe { *r0 = v };
-                            return succeeded();
-                        }
-                        Some(Err(e)) => return run_failed(e),
-                        None => {}
+                    // SAFETY: caller contract on ctx and r0; the run is pinned since before
+                    // the handle was read.
+                    if let Some(status) = unsafe { run_common(&p.prog, ctx, ctx_len, r0, &pin) } {
+                        return status;
                     }
                 }
             }
@@ -289,6 +283,32 @@ pub unsafe extern "C" fn packjit_program_run(
         // SAFETY: forwarded.
         unsafe { run_checked(prog, ctx, ctx_len, r0) }
     })
+}
+
+/// The common case of both run functions (this one and `packjit_hook_run`): the program's
+/// own code as the thread's only run, its status settled in place; `None`, having run
+/// nothing, otherwise.
+///
+/// # Safety
+/// `ctx`/`ctx_len` as for `packjit_program_run`; `r0` non-null, aligned and writable; `pin`
+/// taken before the handle that led to `prog` was read.
+#[inline(always)]
+pub(super) unsafe fn run_common(
+    prog: &Program,
+    ctx: *mut c_void,
+    ctx_len: usize,
+    r0: *mut u64,
+    pin: &packjit_runtime::run_pin::RunPin,
+) -> Option<i32> {
+    // SAFETY: forwarded.
+    match unsafe { prog.call_raw_outermost(ctx.cast(), ctx_len, pin) }? {
+        Ok(v) => {
+            // SAFETY: non-null and aligned, writable by the caller's contract.
+            unsafe { *r0 = v };
+            Some(succeeded())
+        }
+        Err(e) => Some(run_failed(e)),
+    }
 }
 
 /// Arguments a run may take without a closer look: both pointers non-null and aligned, and
