@@ -1668,17 +1668,7 @@ impl Program {
             // SAFETY: forwarded.
             (Tiered::Adaptive(t), _) => unsafe { t.run_pinned(ctx, len, budget, pin) },
             // SAFETY: forwarded; executable, inside another run on this thread.
-            (_, RunPath::OwnCode) => unsafe {
-                exec::run_nested(
-                    self.own_entry_now(),
-                    ctx,
-                    len,
-                    &self.regions,
-                    budget,
-                    self.trust,
-                    self.run.maps,
-                )
-            },
+            (_, RunPath::OwnCode) => unsafe { self.enter_nested(ctx, len, budget) },
             _ => Err(RunError::NotExecutable { arch: self.arch }),
         }
     }
@@ -1715,20 +1705,31 @@ impl Program {
     ) -> Result<u64, RunError> {
         if exec::run_in_progress() {
             // SAFETY: forwarded.
-            return unsafe {
-                exec::run_nested(
-                    self.own_entry_now(),
-                    ctx,
-                    len,
-                    &self.regions,
-                    budget,
-                    self.trust,
-                    self.run.maps,
-                )
-            };
+            return unsafe { self.enter_nested(ctx, len, budget) };
         }
         // SAFETY: forwarded; no run in progress on this thread.
         unsafe { self.enter_outermost(ctx, len, budget, pin) }
+    }
+
+    /// [`enter_own_code`](Self::enter_own_code) inside another run on this thread: an
+    /// environment of its own (`exec::run_nested`).
+    ///
+    /// # Safety
+    /// As [`enter_own_code`](Self::enter_own_code).
+    #[inline(always)]
+    unsafe fn enter_nested(&self, ctx: *mut u8, len: usize, budget: u64) -> Result<u64, RunError> {
+        // SAFETY: forwarded.
+        unsafe {
+            exec::run_nested(
+                self.own_entry_now(),
+                ctx,
+                len,
+                &self.regions,
+                budget,
+                self.trust,
+                self.run.maps,
+            )
+        }
     }
 
     /// [`enter_own_code`](Self::enter_own_code) as the thread's only run in progress.
