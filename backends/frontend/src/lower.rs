@@ -340,6 +340,21 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
         self.copy.is_some()
     }
 
+    /// In a check group's checked copy, a checked access calls the program's shared full
+    /// check (context, stack block, host regions) straight away, without the inline test of
+    /// one region its hot-path form makes first. The copy runs only where the group's
+    /// widened test failed: some member is outside that test's region, so the run stops at
+    /// it, or the members lie in another region (a host region, a map value), which only
+    /// the full check finds. Either way the inline test would send the access out of line;
+    /// skipping it saves its code and its slow-path stub (about two thirds of a copy).
+    /// A walk's copy keeps the inline test: it runs whenever its entry test fails, which a
+    /// loop that exits early by its data may do on every run with all of its accesses
+    /// inside the context.
+    #[inline]
+    pub fn checks_in_full(&self) -> bool {
+        matches!(self.copy, Some(CopyOf::Group(_)))
+    }
+
     /// How the current instruction's memory access (`size` bytes at `base + off`) is
     /// lowered: the sandbox's whole decision, asked once per access.
     // Asked per memory instruction: inlined into each backend's access lowering (a call

@@ -259,6 +259,10 @@ impl Codegen<'_> {
         // writes x9, and the out-of-line side copies it first), else x9.
         let addr = self.offset_address(base, off);
         let s = size.bytes();
+        if self.d.checks_in_full() {
+            self.call_region_scan(addr, s, write);
+            return T0;
+        }
         let label = self.ops.new_dynamic_label();
         let resume = self.ops.new_dynamic_label();
         let stack_first = self.plan.block > 0 && check == AccessCheck::Stack;
@@ -393,6 +397,25 @@ impl Codegen<'_> {
         }
         // Members' offsets are in [0, 2048) (see `ranges::group_accesses`).
         a64!(self.ops; sub XSP(self.map[base as usize]), XSP(T0), off as u32);
+    }
+
+    /// The shared full check (`region_scan`) of the current instruction's access at `addr`,
+    /// which comes back with x9 = the address, clamped, only when the access is allowed
+    /// (else the run stops there).
+    fn call_region_scan(&mut self, addr: u8, size: u32, write: bool) {
+        if addr != T0 {
+            a64!(self.ops; mov X(T0), X(addr));
+        }
+        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+        let pc = self.d.pc() as u64;
+        a64!(self.ops; movz X(C1), access, lsl 32);
+        self.mov_imm(C2, pc, W64);
+        // x30 is kept in x5 for functions that did not save their link register.
+        let scan = self.region_scan;
+        self.uses_region_scan = true;
+        a64!(self.ops; mov x5, x30);
+        self.site(scan, Reach::Jump);
+        a64!(self.ops; bl =>scan ; mov x30, x5);
     }
 
     /// Flags for "`addr .. addr + size` is inside the context", and the condition that
@@ -554,20 +577,8 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         addr: u8,
     ) -> Result<(), CompileError> {
         a64!(self.ops; =>label);
-        if addr != T0 {
-            a64!(self.ops; mov X(T0), X(addr));
-        }
-        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
-        let pc = self.d.prog.insts[inst].pc as u64;
-        a64!(self.ops; movz X(C1), access, lsl 32);
-        self.mov_imm(C2, pc, W64);
-        // The check returns only on success (x9 clamped), so x30 is kept in x5 for
-        // functions that did not save their link register.
-        let scan = self.region_scan;
-        self.uses_region_scan = true;
-        a64!(self.ops; mov x5, x30);
-        self.site(scan, Reach::Jump);
-        a64!(self.ops; bl =>scan ; mov x30, x5);
+        debug_assert_eq!(inst, self.d.cur);
+        self.call_region_scan(addr, size, write);
         self.b(resume);
         Ok(())
     }

@@ -104,7 +104,8 @@ impl Codegen<'_> {
     /// region costs sub, addi, sltiu, sltu, or: no branch until the combined verdict.
     ///
     /// The context is tested inline; the stack block and the host regions out of line
-    /// ([`Cold::Access`]). Spectre v1: the verdict `t3` (0 = inside) also masks the base,
+    /// ([`Cold::Access`]). In a check group's checked copy the full check is called right
+    /// away instead ([`packjit_frontend::lower::Driver::checks_in_full`]). Spectre v1: the verdict `t3` (0 = inside) also masks the base,
     /// `t0 = base & (t3 - 1)`, so if the branch on it is mispredicted the access goes to
     /// `0 + off` (|off| < 2 KiB: the unmapped page 0, or the top of the address space, which
     /// user code cannot map), never to the out-of-bounds address. Masking the base rather
@@ -118,8 +119,53 @@ impl Codegen<'_> {
         write: bool,
         bare: bool,
     ) -> (u8, i32) {
+        // The out-of-line side, from its label back to `resume`: none where the full check
+        // is called right here.
+        let slow_path = if self.d.checks_in_full() {
+            self.call_region_stub(base, off, size, write);
+            None
+        } else {
+            Some((self.inline_test(check, base, off, size), self.e.new_label()))
+        };
+        if let Some((_, resume)) = slow_path {
+            self.e.bind(resume);
+        }
+        // Here t3 = 0 when the access is inside (the full check returns only then).
+        let clamp = self.d.clamp;
+        if clamp {
+            self.e.ri(RI::Addi, T3, T3, -1);
+        }
+        let operand = if !bare && fits_signed(off as i64, 12) {
+            if clamp {
+                self.e.rrr(R3::And, T0, base, T3);
+                (T0, off as i32)
+            } else {
+                (base, off as i32)
+            }
+        } else {
+            self.add_imm(T0, base, off as i64, T0);
+            if clamp {
+                self.e.rrr(R3::And, T0, T0, T3);
+            }
+            (T0, 0)
+        };
+        if let Some((label, resume)) = slow_path {
+            self.d.queue(Cold::Access {
+                inst: self.d.cur,
+                label,
+                resume,
+                size,
+                write,
+                site: AccessSite { base, off },
+            });
+        }
+        operand
+    }
+
+    /// The inline test of `check_access`: t3 = 0 when `[base + off, + size)` is inside the
+    /// region it tests, else a branch to the returned label, the out-of-line side.
+    fn inline_test(&mut self, check: AccessCheck, base: u8, off: i16, size: u32) -> DynamicLabel {
         let label = self.e.new_label();
-        let resume = self.e.new_label();
         let stack_first = self.layout.block > 0 && check == AccessCheck::Stack;
         let op = self.d.prog.insts[self.d.cur].op;
         // The stack block's length is a constant: `t = addr - stack_start` is inside iff
@@ -162,34 +208,22 @@ impl Codegen<'_> {
             }
             self.cold_branch(Br::Ne, T3, ZERO, label);
         }
-        self.e.bind(resume);
-        let clamp = self.d.clamp;
-        if clamp {
-            self.e.ri(RI::Addi, T3, T3, -1);
-        }
-        let operand = if !bare && fits_signed(off as i64, 12) {
-            if clamp {
-                self.e.rrr(R3::And, T0, base, T3);
-                (T0, off as i32)
-            } else {
-                (base, off as i32)
-            }
-        } else {
-            self.add_imm(T0, base, off as i64, T0);
-            if clamp {
-                self.e.rrr(R3::And, T0, T0, T3);
-            }
-            (T0, 0)
-        };
-        self.d.queue(Cold::Access {
-            inst: self.d.cur,
-            label,
-            resume,
-            size,
-            write,
-            site: AccessSite { base, off },
-        });
-        operand
+        label
+    }
+
+    /// The shared full check (`region_stub`: context, stack block, host regions) of the
+    /// current instruction's access at `base + off`, which comes back with t3 = 0 only when
+    /// the access is allowed (else the run stops there).
+    fn call_region_stub(&mut self, base: u8, off: i16, size: u32, write: bool) {
+        self.uses_stubs = true;
+        self.uses_region_stub = true;
+        // The stub wants the address in t0 and the access descriptor in t5.
+        self.add_imm(T0, base, off as i64, T0);
+        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
+        let pc = self.d.pc() as i64;
+        self.e.li(T5, (pc << ACCESS_BITS) | access as i64);
+        let stub = self.region_stub;
+        self.call_link(T6, stub);
     }
 
     /// t3 = 1 when the byte at `base + off` is in the context (`t2 = base + off - start <
@@ -399,17 +433,9 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         write: bool,
         site: AccessSite,
     ) -> Result<(), CompileError> {
-        self.uses_stubs = true;
-        self.uses_region_stub = true;
         self.e.bind(label);
-        // Everything else is the shared check's: it wants the address in t0 and the access
-        // descriptor in t5.
-        self.add_imm(T0, site.base, site.off as i64, T0);
-        let access = size | if write { PJ_ACCESS_WRITE } else { 0 };
-        let pc = self.d.prog.insts[inst].pc as i64;
-        self.e.li(T5, (pc << ACCESS_BITS) | access as i64);
-        let stub = self.region_stub;
-        self.call_link(T6, stub);
+        debug_assert_eq!(inst, self.d.cur);
+        self.call_region_stub(site.base, site.off, size, write);
         self.jump(resume);
         Ok(())
     }

@@ -176,6 +176,13 @@ impl Codegen<'_> {
     /// Three instructions (13 to 16 bytes) per checked access; everything else is shared.
     pub(super) fn access_slow_path_at(&mut self, at: Label, back: Label, desc: u32) {
         self.e.bind(at);
+        self.call_access_check(desc);
+        self.e.jump(None, back);
+    }
+
+    /// The shared full check of the access `desc` ([`access_desc`]) at r11, which comes
+    /// back clamped only when the access is allowed (else the run stops there).
+    pub(super) fn call_access_check(&mut self, desc: u32) {
         let routine = match self.access_check {
             Some(l) => l,
             None => {
@@ -186,8 +193,6 @@ impl Codegen<'_> {
         };
         self.mov_ri(T10, desc as i64);
         self.e.call_label(routine);
-        // The routine returns only when the access is allowed (else it stops the run).
-        self.e.jump(None, back);
     }
 
     /// The full access check, one copy per program, called from every access's cold side

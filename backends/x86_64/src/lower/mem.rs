@@ -29,6 +29,12 @@ impl Codegen<'_> {
                 self.index_bounded(host(base), off as i32, host(index), len.map(host), end);
                 return (T11, 0);
             }
+            AccessLowering::Checked(_) if self.d.checks_in_full() => {
+                self.lea(T11, host(base), off as i32);
+                let desc = cold::access_desc(self.d.pc(), size.bytes(), write);
+                self.call_access_check(desc);
+                return (T11, 0);
+            }
             AccessLowering::Checked(check) => check,
         };
         match check {
