@@ -130,7 +130,12 @@ pub fn plan(prog: &Program, mode: &CodegenMode, lim8: bool) -> Layout {
                 saves.push(ENV);
             }
             if entry && mode.sandboxed() {
-                saves.extend_from_slice(&[CTX_START, CTX_LEN, STACK_START, STACK_LEN]);
+                saves.extend_from_slice(&[CTX_START, CTX_LEN]);
+                // The stack block's bounds are read only by its tests, which a program
+                // without a block has none of.
+                if block > 0 {
+                    saves.extend_from_slice(&[STACK_START, STACK_LEN]);
+                }
             }
             if entry && lim8 {
                 saves.push(CTX_LIM8);
@@ -297,11 +302,17 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
                 // (`packjit_frontend::indexes`), whatever the caller passed.
                 self.e.mv(self.map(2), CTX_LEN);
             }
-            self.add_imm(STACK_START, SP, block_start as i64, T0);
-            self.e.li(STACK_LEN, block as i64);
-            self.e.store(Mem::D, STACK_START, ENV, PJ_ENV_STACK_START);
-            let end = if block > 0 { S5 } else { STACK_START };
-            self.e.store(Mem::D, end, ENV, PJ_ENV_STACK_END);
+            if block > 0 {
+                self.add_imm(STACK_START, SP, block_start as i64, T0);
+                self.e.li(STACK_LEN, block as i64);
+                self.e.store(Mem::D, STACK_START, ENV, PJ_ENV_STACK_START);
+                self.e.store(Mem::D, S5, ENV, PJ_ENV_STACK_END);
+            } else {
+                // No block: an empty stack region for the helpers' checks (a tail call may
+                // arrive from a program that had one).
+                self.e.store(Mem::D, ZERO, ENV, PJ_ENV_STACK_START);
+                self.e.store(Mem::D, ZERO, ENV, PJ_ENV_STACK_END);
+            }
             if block > 0 && block as usize <= STORED_ZEROING_MAX {
                 // Nothing of the host leaks in: the block starts zeroed. A few lines: plain
                 // stores, no loop to predict.

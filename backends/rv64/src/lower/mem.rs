@@ -393,7 +393,7 @@ impl<'a> MemoryHooks<'a> for Codegen<'a> {
         let byte = span == 1 && !matches!(check, AccessCheck::CtxConst { .. } | AccessCheck::Stack);
         match check {
             AccessCheck::CtxConst { end } => self.len_test(end),
-            AccessCheck::Stack if span < 2048 => {
+            AccessCheck::Stack if span < 2048 && self.layout.block > 0 => {
                 self.range_test(b, lo, span, STACK_START, STACK_LEN)
             }
             _ if byte => self.byte_ctx_test(b, lo),
