@@ -142,8 +142,11 @@ pub(crate) fn plan(prog: &Program, mode: &CodegenMode, groups: bool) -> Plan {
             }
             Frame {
                 // A stop reaches the entry's restore from anywhere, x30 clobbered by some
-                // `bl` on the way: the entry of code that can stop keeps its return address.
-                save_lr: calls || (k == 0 && can_stop),
+                // `bl` on the way: an entry that calls keeps its return address. In a leaf
+                // entry the only `bl` is the region scan's, whose stop puts x30 back from x5
+                // (`region_scan`); the uniform tail-call frame always has the record
+                // (`TAIL_ENTRY_SKIP`).
+                save_lr: calls || (k == 0 && mode.tail_calls),
                 saved,
                 native_frame: !sandbox && sp.uses_stack,
                 map,

@@ -53,6 +53,9 @@ impl Codegen<'_> {
             ; subs x8, x8, 1
             ; b.ne <next
             ; fail:
+            // The caller's x30, kept in x5 across the `bl` (`call_region_scan`): a leaf
+            // entry saves no frame record, so its epilogue returns through x30 as it is.
+            ; mov x30, x5
             ; orr XSP(C1), X(C1), PJ_STOP_OUT_OF_BOUNDS as u64
             ; b =>stop
             ; found:
