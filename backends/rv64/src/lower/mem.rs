@@ -105,7 +105,9 @@ impl Codegen<'_> {
     ///
     /// The context is tested inline; the stack block and the host regions out of line
     /// ([`Cold::Access`]). In a check group's checked copy the full check is called right
-    /// away instead ([`packjit_frontend::lower::Driver::checks_in_full`]). Spectre v1: the verdict `t3` (0 = inside) also masks the base,
+    /// away instead ([`packjit_frontend::lower::Driver::checks_in_full`]).
+    ///
+    /// Spectre v1: the verdict `t3` (0 = inside) also masks the base,
     /// `t0 = base & (t3 - 1)`, so if the branch on it is mispredicted the access goes to
     /// `0 + off` (|off| < 2 KiB: the unmapped page 0, or the top of the address space, which
     /// user code cannot map), never to the out-of-bounds address. Masking the base rather
