@@ -58,10 +58,18 @@
 //!
 //! The join of two intervals is their hull. States are kept only where paths meet (a
 //! function's start and its jump targets, see [`for_each_state`]), visited lowest index
-//! first; after a join's state has grown [`WIDEN_AFTER`] times, each bound that still moves
-//! jumps to its extreme (widening), and a base that changes goes to top. Each register's
-//! value can then change only a bounded number of times more (base once, each bound once),
+//! first. At a join, a bound of a register that moves for the [`WIDEN_AT`]th time jumps to
+//! its extreme (widening), and so does every bound that moves once the join's state has grown
+//! [`WIDEN_AFTER`] times; a base that changes goes to top. Each register's value can then
+//! change only a bounded number of times (base once, each bound at most [`WIDEN_AT`] times),
 //! and every cycle passes a jump target, so the iteration reaches a fixed point.
+//!
+//! The count per bound is what keeps loops cheap: a counter widens on its second step, after
+//! two passes around its loop instead of the five the state-wide count alone took (each pass
+//! runs the whole body again, and the passes were most of a sandboxed compile's analysis),
+//! while a bound that settles after one move (a value chosen in the body, a pointer set once
+//! in the loop) keeps its exact range. The state-wide count still bounds loops whose joins
+//! see one register after another move once each (a value handed down a chain of copies).
 
 use crate::{
     AluOp, AtomicOp, BranchKind, Cond, Op, Operand, Program, Reg, Size, Width, R10, STACK_SIZE,
@@ -205,15 +213,36 @@ impl Val {
         }
     }
 
-    fn widen(self, new: Val) -> Val {
-        if !self.same_origin(&new) {
+    /// The join with `v`, which this value does not cover, each bound that moves widened on
+    /// its [`WIDEN_AT`]th move or with `widen`; `moves` counts them (low nibble `lo`, high
+    /// nibble `hi`).
+    fn joined_counting(self, v: Val, moves: &mut u8, widen: bool) -> Val {
+        if !self.same_origin(&v) {
             return Val::TOP;
+        }
+        let mut lo = self.lo;
+        if v.lo < lo {
+            *moves += 1;
+            lo = if widen || *moves & 0xf >= WIDEN_AT {
+                i64::MIN
+            } else {
+                v.lo
+            };
+        }
+        let mut hi = self.hi;
+        if v.hi > hi {
+            *moves += 0x10;
+            hi = if widen || *moves >> 4 >= WIDEN_AT {
+                i64::MAX
+            } else {
+                v.hi
+            };
         }
         Val {
             base: self.base,
             site: self.site,
-            lo: if new.lo < self.lo { i64::MIN } else { self.lo },
-            hi: if new.hi > self.hi { i64::MAX } else { self.hi },
+            lo,
+            hi,
         }
     }
 }
@@ -221,7 +250,11 @@ impl Val {
 /// Abstract registers r0..r10.
 pub type State = [Val; 11];
 
-/// Joins before a jump target's state is widened (see the module docs).
+/// The move of one register's bound at a join that widens it (see the module docs).
+pub const WIDEN_AT: u8 = 2;
+
+/// Growths of a join's state after which every bound that still moves is widened (see the
+/// module docs).
 pub const WIDEN_AFTER: u32 = 3;
 
 /// Largest value of a `bits`-wide unsigned field.
@@ -1133,8 +1166,9 @@ struct Dataflow<'p> {
     /// Per instruction of the function: 1 + index into `states` once reached, else 0.
     slot: Vec<u32>,
     /// Entry states of the reached joins in the order first reached, each with how often it
-    /// has grown since.
-    states: Vec<(State, u32)>,
+    /// has grown and each register's bounds have moved since (low nibble `lo`, high nibble
+    /// `hi`).
+    states: Vec<(State, u32, [u8; 11])>,
     /// Joins to run from, one bit per instruction of the function; none below `next`.
     pending: Vec<u64>,
     next: usize,
@@ -1197,7 +1231,7 @@ impl<'p> Dataflow<'p> {
             // from one by doublings copied them all several times per function.
             states: {
                 let mut v = Vec::with_capacity(branches.len() + 1);
-                v.push((entry, 0));
+                v.push((entry, 0, [0; 11]));
                 v
             },
             pending: vec![0; n.div_ceil(64)],
@@ -1292,10 +1326,10 @@ impl<'p> Dataflow<'p> {
         let t = target - self.start;
         let s = self.slot[t];
         if s == 0 {
-            self.states.push((*st, 0));
+            self.states.push((*st, 0, [0; 11]));
             self.slot[t] = self.states.len() as u32;
         } else {
-            let (old, grown) = &mut self.states[s as usize - 1];
+            let (old, grown, moves) = &mut self.states[s as usize - 1];
             // Most joins change nothing (a loop's back-edge once the head is stable, the
             // second way into a join): tested without building the joined state.
             if old.iter().zip(st).all(|(o, v)| o.covers(v)) {
@@ -1303,9 +1337,10 @@ impl<'p> Dataflow<'p> {
             }
             *grown += 1;
             let widen = *grown > WIDEN_AFTER;
-            for (o, &v) in old.iter_mut().zip(st) {
-                let joined = o.join(v);
-                *o = if widen { o.widen(joined) } else { joined };
+            for ((o, &v), m) in old.iter_mut().zip(st).zip(moves.iter_mut()) {
+                if !o.covers(&v) {
+                    *o = o.joined_counting(v, m, widen);
+                }
             }
         }
         self.pending[t / 64] |= 1 << (t % 64);
@@ -2512,6 +2547,64 @@ mod tests {
         // Without branch facts the counter may wrap: after widening it is every value.
         let st = states(&p);
         assert_eq!(st[1][3], Val::TOP);
+    }
+
+    #[test]
+    fn a_counter_widens_on_its_second_move_and_a_pointer_set_once_stays_exact() {
+        // r0 = 0 ; r1 = r10 - 16 ; r2 = r10 - 16
+        // loop: *(u64 *)(r1 + 0) = 0 ; r1 = r2 ; r2 = r10 - 8 ; r0 += 1 ;
+        //       if r0 < 100 goto loop
+        // r1 and r2 each move once (to `r10 + [-16, -8]`), so the store is proven; the
+        // counter widens on its second move (and then, with nothing to say it cannot wrap,
+        // is every value), which takes the loop's head three joins to settle.
+        let code = [
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -16),
+            ins(0xbf, 2, 1, 0, 0),
+            ins(0x7a, 1, 0, 0, 0),
+            ins(0xbf, 1, 2, 0, 0),
+            ins(0xbf, 2, 10, 0, 0),
+            ins(0x07, 2, 0, 0, -8),
+            ins(0x07, 0, 0, 0, 1),
+            ins(0xa5, 0, 0, -6, 100),
+            EXIT,
+        ];
+        let (p, a) = plan(&code);
+        assert_eq!(a.checks[4], AccessCheck::None);
+        let st = states(&p);
+        assert_eq!(
+            (st[4][1].base, st[4][1].lo, st[4][1].hi),
+            (Base::Stack, -16, -8)
+        );
+        assert_eq!(
+            (st[4][2].base, st[4][2].lo, st[4][2].hi),
+            (Base::Stack, -16, -8)
+        );
+        assert_eq!(st[4][0], Val::TOP);
+        // A bound that moves twice widens at once, though the state grew only twice:
+        // r1 = r10 - 24 ; r2 = r10 - 16 ; loop: the same. r1 takes r10 - 24, then - 16, then
+        // - 8, so its upper bound moves twice and goes to the top.
+        let (p, a) = plan(&[
+            ins(0xb7, 0, 0, 0, 0),
+            ins(0xbf, 1, 10, 0, 0),
+            ins(0x07, 1, 0, 0, -24),
+            ins(0xbf, 2, 10, 0, 0),
+            ins(0x07, 2, 0, 0, -16),
+            ins(0x7a, 1, 0, 0, 0),
+            ins(0xbf, 1, 2, 0, 0),
+            ins(0xbf, 2, 10, 0, 0),
+            ins(0x07, 2, 0, 0, -8),
+            ins(0x07, 0, 0, 0, 1),
+            ins(0xa5, 0, 0, -6, 100),
+            EXIT,
+        ]);
+        assert_eq!(a.checks[5], AccessCheck::Stack);
+        let st = states(&p);
+        assert_eq!(
+            (st[5][1].base, st[5][1].lo, st[5][1].hi),
+            (Base::Stack, -24, i64::MAX)
+        );
     }
 
     #[test]
