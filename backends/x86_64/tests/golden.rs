@@ -551,8 +551,10 @@ fn sandbox_checks_clamp_and_skip_frame_constants() {
     );
 }
 
-/// a taken back-edge subtracts the charge from env.budget in one read-modify-write; on a
-/// borrow the stop stub adds it back before recording the stop.
+/// A conditional back-edge charges env.budget in one read-modify-write before its test
+/// and takes the charge back where the loop ends. A borrow goes out of line, where the test
+/// decides: taken, the stop stub adds the charge back and records the stop; not taken, the
+/// charge goes back and the loop ends as usual.
 #[test]
 fn budget_charges_back_edges() {
     let got = code(
@@ -567,19 +569,23 @@ fn budget_charges_back_edges() {
         "mov QWORD PTR [r12+0x50],rsp",
         "xor eax,eax",
         "add rax,0x1",
-        "cmp rax,0x64",
-        "je 0x24",
         "sub QWORD PTR [r12+0x20],0x2",
-        "jb 0x27",
-        "jmp 0x10",
+        "jb 0x2b",
+        "cmp rax,0x64",
+        "jne 0x10",
+        "add QWORD PTR [r12+0x20],0x2",
         "pop r12",
         "ret",
+        "cmp rax,0x64",
+        "jne 0x39",
+        "add QWORD PTR [r12+0x20],0x2",
+        "jmp 0x28",
         "add QWORD PTR [r12+0x20],0x2",
         "mov DWORD PTR [r12+0x28],0x2",
         "mov QWORD PTR [r12+0x30],0x1",
         "or rax,0xffffffffffffffff",
         "mov rsp,QWORD PTR [r12+0x50]",
-        "jmp 0x24",
+        "jmp 0x28",
     ];
     assert_eq!(
         got,
@@ -1150,4 +1156,36 @@ fn stack_group_tests_the_offset_in_r10() {
         "mov QWORD PTR [rcx],r8",
     ];
     assert_eq!(window, want, "emitted code changed:\n{}", got.join("\n"));
+}
+
+/// A counted walk (`packjit_frontend::walks`) with a budget: the back-edge's charge comes
+/// before its `test`, so the clamp it lands on reads that test's flags (`cmovle`, the
+/// counter at 0 or below) without making it again.
+#[test]
+fn counted_walk_clamp_reads_the_back_edge_flags_under_a_budget() {
+    let got = code(
+        "mov %r0, 0\nmov %r6, %r10\nadd %r6, -256\nmov %r7, 5\nl:\nldxw %r9, [%r6-4]\n\
+         add %r7, -1\nstxw [%r6+0], %r9\nadd %r6, -4\njne %r7, 0, l\nexit",
+        PJ_COMPILE_SANDBOX | PJ_COMPILE_BUDGET,
+        0,
+    );
+    // The loop, from the clamp its back-edge lands on to the refund where it ends.
+    let want: &[&str] = &[
+        "mov r9d,0x8000",
+        "cmovle rbx,r9",
+        "mov r15d,DWORD PTR [rbx-0x4]",
+        "add r13,0xffffffffffffffff",
+        "mov DWORD PTR [rbx],r15d",
+        "add rbx,0xfffffffffffffffc",
+        "sub QWORD PTR [r12+0x20],0x5",
+        "jb 0x11e",
+        "test r13,r13",
+        "jne 0x92",
+        "add QWORD PTR [r12+0x20],0x5",
+    ];
+    assert!(
+        got.windows(want.len()).any(|w| w == want),
+        "emitted code changed:\n{}",
+        got.join("\n")
+    );
 }

@@ -3,6 +3,7 @@
 //! check that every checked access's slow path calls.
 
 use super::alu::DivFix;
+use super::jump::BackEdgeCharge;
 use super::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, REGION_COUNT8, STACK_START8};
 use super::{STOP_ACCESS8, STOP_ADDR8, STOP_KIND8, STOP_PC8};
 use crate::encode::{Arith, Cc, Form, Gpr, Label, Sz};
@@ -12,6 +13,15 @@ use packjit_frontend::lower::StopHooks;
 use packjit_frontend::MAX_INSNS;
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::CompileError;
+
+/// x86-64's own kinds of queued cold code ([`packjit_frontend::lower::Cold::Isa`]).
+#[derive(Clone, Copy, Debug)]
+pub enum X86Cold {
+    /// A division's fix-up for a divisor x86 traps on.
+    Div(DivFix),
+    /// A conditional back-edge's charge that borrowed before its test was made.
+    BackEdgeCharge(BackEdgeCharge),
+}
 
 /// Why the code stops (out-of-line stub contents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -356,8 +366,11 @@ impl<'a> StopHooks<'a> for Codegen<'a> {
         self.stop_tail();
     }
 
-    fn isa_cold(&mut self, cold: DivFix) -> Result<(), CompileError> {
-        self.div_fix(cold);
+    fn isa_cold(&mut self, cold: X86Cold) -> Result<(), CompileError> {
+        match cold {
+            X86Cold::Div(fix) => self.div_fix(fix),
+            X86Cold::BackEdgeCharge(charge) => self.back_edge_charge_borrowed(charge),
+        }
         Ok(())
     }
 

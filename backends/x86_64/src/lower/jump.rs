@@ -1,21 +1,47 @@
 //! Jumps, the budget charge of back-edges, and the walks' entry tests and pointer clamps
 //! (`packjit_frontend::walks`; where they go is the driver's).
 
-use super::cold::Stop;
+use super::cold::{Stop, X86Cold};
 use super::{cc_of, sz_of, Codegen, CTX_START8};
 use crate::encode::{Arith, Cc, Gpr, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
-use packjit_frontend::lower::JumpHooks;
+use packjit_frontend::lower::{Cold, JumpHooks};
 use packjit_frontend::walks::{Counter, Guard, GuardRegion, COUNTED_CLAMP};
 use packjit_frontend::{Cond, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
+
+/// A conditional back-edge whose charge (made before its test, see `JumpHooks::branch`)
+/// borrowed: the cold side makes the test the hot path skipped and stops if the back-edge is
+/// taken (the stub adds the charge back), else takes the charge back itself and goes on
+/// where the loop ends.
+#[derive(Clone, Copy, Debug)]
+pub struct BackEdgeCharge {
+    borrowed: Label,
+    ended: Label,
+    stop: Label,
+    charge: u64,
+    width: Width,
+    cond: Cond,
+    dst: Reg,
+    src: Operand,
+}
 
 impl Codegen<'_> {
     fn charge_back_edge(&mut self, target: usize) {
         if let Some(c) = self.d.charge(target) {
             self.charge(self.d.pc(), c);
         }
+    }
+
+    /// The cold side of a [`BackEdgeCharge`].
+    pub(super) fn back_edge_charge_borrowed(&mut self, c: BackEdgeCharge) {
+        self.e.bind(c.borrowed);
+        self.compare(c.width, c.cond, c.dst, c.src);
+        self.e.jump(Some(cc_of(c.cond)), c.stop);
+        self.e
+            .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, c.charge as i64);
+        self.e.jump(None, c.ended);
     }
 
     /// The flags a conditional jump `dst cond src` tests.
@@ -106,18 +132,61 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     }
 
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
-        self.compare(width, cond, dst, src);
         let cc = cc_of(cond);
         let l = self.d.jump_label(target);
-        if self.d.charge(target).is_some() {
+        let Some(charge) = self.d.charge(target) else {
+            self.compare(width, cond, dst, src);
+            self.e.jump(Some(cc), l);
+            return;
+        };
+        // A walk's back-edge closes its loop whatever the latch list says: its clamp reads
+        // the test's flags.
+        let walk = self.d.access.walk_of_back_edge(self.d.cur).is_some();
+        if !walk && !self.d.closes_loop() {
+            // A back-edge in the middle of its loop is mostly not taken: charge only when it
+            // is, behind an inverted jump.
+            self.compare(width, cond, dst, src);
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
-            self.charge_back_edge(target);
+            self.charge(self.d.pc(), charge);
             self.e.jump(None, l);
             self.e.bind(skip);
-        } else {
-            self.e.jump(Some(cc), l);
+            return;
         }
+        // The back-edge that closes its loop is mostly taken: it charges before its test and
+        // takes the charge back where the loop ends (once per loop, not per iteration). The
+        // loop goes on with one conditional jump, its flags still live at the target (a
+        // walk's clamp reads them), instead of an inverted jump over the charge and a `jmp`.
+        // Nothing reads the budget between the charge and its refund. A charge that borrows
+        // is settled out of line by the test itself ([`BackEdgeCharge`]), so the run stops
+        // exactly where the reference does: only if the back-edge is taken.
+        self.e
+            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, charge as i64);
+        let borrowed = self.e.label();
+        let ended = self.e.label();
+        self.cold_jump(Some(Cc::B), borrowed);
+        self.compare(width, cond, dst, src);
+        self.e.jump(Some(cc), l);
+        self.e
+            .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+        self.e.bind(ended);
+        let stop = self.stop_label(
+            Stop::Budget {
+                charge: charge as u32,
+            },
+            self.d.pc(),
+        );
+        self.d
+            .queue(Cold::Isa(X86Cold::BackEdgeCharge(BackEdgeCharge {
+                borrowed,
+                ended,
+                stop,
+                charge,
+                width,
+                cond,
+                dst,
+                src,
+            })));
     }
 
     fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: Label) {
@@ -210,29 +279,25 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
     /// no branch, gives the shadow the pointer or 0 (or, without a shadow, zeroes the
     /// pointer itself) when the loop should have ended (a mispredicted back-edge).
     fn walk_clamp(&mut self, k: usize) {
+        // Only the loop's back-edge lands here, and its test is the last thing it does, a
+        // budget charge included (`JumpHooks::branch`): its flags are live, and its own
+        // condition is "the loop goes on".
         let w = self.d.access.walks[k];
-        if let Some(c) = w.counter {
+        if w.counter.is_some() {
             // Architecturally the counter is in `1 ..= j₀` here; at 0 or below (signed) the
-            // back-edge was mispredicted.
-            let ctr = host(c.reg);
-            self.e.test_rr(Sz::B64, ctr, ctr);
+            // back-edge was mispredicted. The back-edge's `test ctr, ctr` (64-bit: see
+            // `walks::counted`) set the flags `cmovle` reads.
             self.e.mov_r32_imm(T9, COUNTED_CLAMP as u32);
             self.e.cmov(Cc::Le, host(w.ptr), T9);
             return;
         }
-        let (p, b) = (host(w.ptr), host(w.bound));
+        let p = host(w.ptr);
         let shadow = self.d.walk_shadow(k).map(host);
         let Op::Jcond { cond, dst, .. } = self.d.prog.insts[w.back_edge].op else {
             unreachable!("a walk's back-edge is a conditional jump");
         };
-        // The back-edge compares two registers (`cmp dst, src`) and only its taken side
-        // reaches here: without a budget charge in between, its flags are still live, and
-        // its own condition is "the loop goes on".
-        let budget = self.d.mode.counts_budget();
-        if budget {
-            self.e.cmp_rr(Sz::B64, p, b);
-        }
-        let ptr_first = budget || dst == w.ptr;
+        // The back-edge compared two registers, `cmp dst, src`.
+        let ptr_first = dst == w.ptr;
         if let Some(s) = shadow {
             // The copy wants the order, `p < b` (`<=` for `Le`; see `Walk::shadow`), from
             // the same flags (`mov`, not `xor`, leaves them alone). Both off the pointer's own
@@ -247,17 +312,8 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
             self.e.cmov(inside, s, p);
             return;
         }
-        let ended = if budget {
-            match w.cont {
-                Cond::Ne => Cc::E,
-                Cond::Lt => Cc::Ae,
-                _ => Cc::A,
-            }
-        } else {
-            cc_of(cond).invert()
-        };
         // `mov`, not `xor`: it leaves the flags alone.
         self.e.mov_r32_imm(T9, 0);
-        self.e.cmov(ended, p, T9);
+        self.e.cmov(cc_of(cond).invert(), p, T9);
     }
 }
