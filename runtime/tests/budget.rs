@@ -210,3 +210,76 @@ fn budgets_across_calls_and_helpers_stop_where_the_interpreter_stops() {
         );
     }
 }
+
+/// Walks' back-edges (`packjit_frontend::walks`) charge before their test on x86-64 and
+/// take the charge back where the loop ends; a borrow is settled by the test out of line.
+/// Every budget across a counted walk (`while (j != 0) { a[j] = a[j - 1]; j--; }`) or a
+/// walk to r10, each followed by a loop that spends what the walk left, stops where the
+/// interpreter stops, or finishes with its result.
+#[test]
+fn budgets_across_walks_stop_where_the_interpreter_stops() {
+    let counted = [
+        encode_insn(0xb7, 0, 0, 0, 0),
+        encode_insn(0xbf, 6, 10, 0, 0),
+        encode_insn(0x07, 6, 0, 0, -64),
+        encode_insn(0xb7, 7, 0, 0, 6),
+        encode_insn(0x61, 9, 6, -4, 0), // head: r9 = *(u32 *)(r6 - 4)
+        encode_insn(0x07, 7, 0, 0, -1),
+        encode_insn(0x63, 6, 9, 0, 0),
+        encode_insn(0x07, 0, 0, 0, 3),
+        encode_insn(0x07, 6, 0, 0, -4),
+        encode_insn(0x55, 7, 0, -6, 0), // if r7 != 0 goto head
+    ]
+    .concat();
+    let to_r10 = [
+        encode_insn(0xb7, 0, 0, 0, 0),
+        encode_insn(0xbf, 3, 10, 0, 0),
+        encode_insn(0x07, 3, 0, 0, -64),
+        encode_insn(0x7a, 3, 0, 0, 5), // head: *(u64 *)(r3 + 0) = 5
+        encode_insn(0x79, 4, 3, 0, 0),
+        encode_insn(0x0f, 0, 4, 0, 0),
+        encode_insn(0x07, 3, 0, 0, 8),
+        encode_insn(0x5d, 3, 10, -5, 0), // if r3 != r10 goto head
+    ]
+    .concat();
+    // After the walk, a loop of its own: what the walk left of the budget decides where it
+    // stops.
+    let tail = [
+        encode_insn(0xb7, 1, 0, 0, 0),
+        encode_insn(0x07, 1, 0, 0, 1), // r1 += 1
+        encode_insn(0x07, 0, 0, 0, 1),
+        encode_insn(0xa5, 1, 0, -3, 4), // if r1 < 4 goto r1 += 1
+        encode_insn(0x95, 0, 0, 0, 0),
+    ]
+    .concat();
+    let rt = host::host_runtime();
+    let interp = packjit_interp::Interpreter::new();
+    for (name, walk) in [("counted", counted), ("to r10", to_r10)] {
+        let code = [walk, tail.clone()].concat();
+        let prog = packjit_frontend::decode(&code, &[]).unwrap();
+        let plan = packjit_frontend::ranges::plan_accesses(&prog, true);
+        assert_eq!(plan.walks.len(), 1, "{name}: the loop is a walk");
+        let reference = interp.load(&code).unwrap();
+        let (mut finished, mut stopped) = (0, 0);
+        for budget in 0..80 {
+            let want = interp
+                .run(&reference, &mut [], Some(budget))
+                .map(|o| o.r0)
+                .map_err(packjit::RunError::from);
+            let opts = LoadOptions {
+                budget: Budget::Limit(budget),
+                ..Default::default()
+            };
+            let sandboxed = rt.load(&code, &opts).unwrap();
+            assert_eq!(sandboxed.call(&mut []), want, "{name}, budget {budget}");
+            match want {
+                Ok(_) => finished += 1,
+                Err(_) => stopped += 1,
+            }
+        }
+        assert!(
+            finished > 0 && stopped > 0,
+            "{name}: {finished} finished, {stopped} stopped"
+        );
+    }
+}

@@ -173,9 +173,6 @@ pub struct Driver<'a, A: 'static, F: 'static> {
     /// Per walk: for a counted walk (`walks::Counter`), its entry test, where jumps into the
     /// loop from outside land (it can be entered by jumps, not only by falling through).
     pub walk_entries: Vec<Option<DynamicLabel>>,
-    /// With a budget, the back-edges that close their loop
-    /// ([`crate::analysis::loop_latches`]); empty otherwise.
-    loop_latches: Vec<u32>,
     /// Cold code queued for the current function.
     pub colds: Reused<Cold<A, F>>,
     /// Where the queued cold code goes: after the function, or in an island.
@@ -285,11 +282,6 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             group_encoded,
             walk_clamps,
             walk_entries,
-            loop_latches: if mode.counts_budget() {
-                crate::analysis::loop_latches(prog)
-            } else {
-                Vec::new()
-            },
             // Checked code queues a cold side per check, most of its instructions' worth in a
             // function: a buffer of this thread's that holds them (up to a bound), not one
             // regrown by doublings from empty (four or five reallocations per load of a
@@ -515,12 +507,6 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
     #[inline]
     pub fn landing(&self, i: usize) -> DynamicLabel {
         self.walk_entry(i).unwrap_or(self.labels[i])
-    }
-
-    /// Whether the current instruction is the back-edge that closes its loop (see
-    /// [`crate::analysis::loop_latches`]); only known with a budget.
-    pub fn closes_loop(&self) -> bool {
-        self.loop_latches.binary_search(&(self.cur as u32)).is_ok()
     }
 
     /// What the budget charges for the current instruction's jump or call to `target`:

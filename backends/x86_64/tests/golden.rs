@@ -551,10 +551,8 @@ fn sandbox_checks_clamp_and_skip_frame_constants() {
     );
 }
 
-/// A conditional back-edge charges env.budget in one read-modify-write before its test
-/// and takes the charge back where the loop ends. A borrow goes out of line, where the test
-/// decides: taken, the stop stub adds the charge back and records the stop; not taken, the
-/// charge goes back and the loop ends as usual.
+/// a taken back-edge subtracts the charge from env.budget in one read-modify-write; on a
+/// borrow the stop stub adds it back before recording the stop.
 #[test]
 fn budget_charges_back_edges() {
     let got = code(
@@ -569,23 +567,19 @@ fn budget_charges_back_edges() {
         "mov QWORD PTR [r12+0x50],rsp",
         "xor eax,eax",
         "add rax,0x1",
-        "sub QWORD PTR [r12+0x20],0x2",
-        "jb 0x2b",
         "cmp rax,0x64",
-        "jne 0x10",
-        "add QWORD PTR [r12+0x20],0x2",
+        "je 0x24",
+        "sub QWORD PTR [r12+0x20],0x2",
+        "jb 0x27",
+        "jmp 0x10",
         "pop r12",
         "ret",
-        "cmp rax,0x64",
-        "jne 0x39",
-        "add QWORD PTR [r12+0x20],0x2",
-        "jmp 0x28",
         "add QWORD PTR [r12+0x20],0x2",
         "mov DWORD PTR [r12+0x28],0x2",
         "mov QWORD PTR [r12+0x30],0x1",
         "or rax,0xffffffffffffffff",
         "mov rsp,QWORD PTR [r12+0x50]",
-        "jmp 0x28",
+        "jmp 0x24",
     ];
     assert_eq!(
         got,
@@ -1178,7 +1172,7 @@ fn counted_walk_clamp_reads_the_back_edge_flags_under_a_budget() {
         "mov DWORD PTR [rbx],r15d",
         "add rbx,0xfffffffffffffffc",
         "sub QWORD PTR [r12+0x20],0x5",
-        "jb 0x11e",
+        "jb 0x13c",
         "test r13,r13",
         "jne 0x92",
         "add QWORD PTR [r12+0x20],0x5",

@@ -38,7 +38,7 @@ mod mode;
 mod reach;
 
 pub use blinding::blinding_mask;
-pub use budget::{back_edge_charge, loop_latches, CALL_CHARGE};
+pub use budget::{back_edge_charge, CALL_CHARGE};
 pub use emit::{instruction_labels, EmitCapacity, EmitOptions};
 pub use helpers::{
     callx_plan, callx_reachable, helper_code, helper_lowering, percpu_plan, ArrayLookup, CallxPlan,

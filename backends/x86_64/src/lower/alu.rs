@@ -1,7 +1,6 @@
 //! ALU instructions: moves, arithmetic, shifts, division (with its out-of-line fix-ups for
 //! the divisors x86 traps on), sign extension, byte swaps, 64-bit immediates.
 
-use super::cold::X86Cold;
 use super::{sz_of, Codegen, MapReg};
 use crate::encode::{Arith, Cc, Gpr, Label, Shift, Sz};
 use crate::regs::*;
@@ -11,8 +10,8 @@ use packjit_frontend::lower::{AluHooks, PastEnd};
 use packjit_frontend::{AluOp, EndKind, Operand, Reg, Width};
 use packjit_plugin_api::CompileError;
 
-/// The fix-ups of a register divisor x86 `div`/`idiv` trap on, placed after the function
-/// so the common path takes no jump.
+/// x86-64's own cold code: the fix-ups of a register divisor x86 `div`/`idiv` trap on,
+/// placed after the function so the common path takes no jump.
 #[derive(Clone, Copy, Debug)]
 pub enum DivFix {
     /// Divisor 0: r11 = 0 (div) or the dividend in rax (mod).
@@ -114,22 +113,22 @@ impl Codegen<'_> {
             let zero = self.e.label();
             self.e.test_rr(sz, T11, T11);
             self.cold_jump(Some(Cc::E), zero);
-            self.d.queue(Cold::Isa(X86Cold::Div(DivFix::Zero {
+            self.d.queue(Cold::Isa(DivFix::Zero {
                 at: zero,
                 back: done,
                 sz,
                 rem,
-            })));
+            }));
             if signed {
                 let minus1 = self.e.label();
                 self.e.cmp_ri(sz, T11, -1);
                 self.cold_jump(Some(Cc::E), minus1);
-                self.d.queue(Cold::Isa(X86Cold::Div(DivFix::Minus1 {
+                self.d.queue(Cold::Isa(DivFix::Minus1 {
                     at: minus1,
                     back: done,
                     sz,
                     rem,
-                })));
+                }));
             }
         }
         if signed {

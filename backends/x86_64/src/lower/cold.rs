@@ -3,25 +3,16 @@
 //! check that every checked access's slow path calls.
 
 use super::alu::DivFix;
-use super::jump::BackEdgeCharge;
+use super::cc_of;
 use super::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, REGION_COUNT8, STACK_START8};
 use super::{STOP_ACCESS8, STOP_ADDR8, STOP_KIND8, STOP_PC8};
 use crate::encode::{Arith, Cc, Form, Gpr, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::lower::StopHooks;
-use packjit_frontend::MAX_INSNS;
+use packjit_frontend::{Cond, Operand, Reg, Width, MAX_INSNS};
 use packjit_plugin_api::abi::*;
 use packjit_plugin_api::CompileError;
-
-/// x86-64's own kinds of queued cold code ([`packjit_frontend::lower::Cold::Isa`]).
-#[derive(Clone, Copy, Debug)]
-pub enum X86Cold {
-    /// A division's fix-up for a divisor x86 traps on.
-    Div(DivFix),
-    /// A conditional back-edge's charge that borrowed before its test was made.
-    BackEdgeCharge(BackEdgeCharge),
-}
 
 /// Why the code stops (out-of-line stub contents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +24,18 @@ pub(super) enum Stop {
     },
     /// `callx` id with no helper: id in the given register.
     Callx { reg: Gpr },
+    /// Budget exhausted at the back-edge that closes its loop, which charges before its
+    /// test (`JumpHooks::branch`): the stub adds the charge back, then makes the test. Not
+    /// taken, the loop ends as usual (at `ended`, past the hot path's own refund); taken,
+    /// the run stops, as the reference's does only then.
+    ClosingBackEdge {
+        charge: u32,
+        width: Width,
+        cond: Cond,
+        dst: Reg,
+        src: Operand,
+        ended: Label,
+    },
 }
 
 /// An out-of-line stop stub, linked to the previous stub of its pc.
@@ -139,6 +142,20 @@ impl Codegen<'_> {
             Stop::Budget { charge } => {
                 self.e
                     .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+                PJ_STOP_BUDGET
+            }
+            Stop::ClosingBackEdge {
+                charge,
+                width,
+                cond,
+                dst,
+                src,
+                ended,
+            } => {
+                self.e
+                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+                self.compare(width, cond, dst, src);
+                self.e.jump(Some(cc_of(cond).invert()), ended);
                 PJ_STOP_BUDGET
             }
             Stop::Callx { reg } => {
@@ -366,11 +383,8 @@ impl<'a> StopHooks<'a> for Codegen<'a> {
         self.stop_tail();
     }
 
-    fn isa_cold(&mut self, cold: X86Cold) -> Result<(), CompileError> {
-        match cold {
-            X86Cold::Div(fix) => self.div_fix(fix),
-            X86Cold::BackEdgeCharge(charge) => self.back_edge_charge_borrowed(charge),
-        }
+    fn isa_cold(&mut self, cold: DivFix) -> Result<(), CompileError> {
+        self.div_fix(cold);
         Ok(())
     }
 

@@ -1,31 +1,15 @@
 //! Jumps, the budget charge of back-edges, and the walks' entry tests and pointer clamps
 //! (`packjit_frontend::walks`; where they go is the driver's).
 
-use super::cold::{Stop, X86Cold};
+use super::cold::Stop;
 use super::{cc_of, sz_of, Codegen, CTX_START8};
 use crate::encode::{Arith, Cc, Gpr, Label, Sz};
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
-use packjit_frontend::lower::{Cold, JumpHooks};
+use packjit_frontend::lower::JumpHooks;
 use packjit_frontend::walks::{Counter, Guard, GuardRegion, COUNTED_CLAMP};
 use packjit_frontend::{Cond, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
-
-/// A conditional back-edge whose charge (made before its test, see `JumpHooks::branch`)
-/// borrowed: the cold side makes the test the hot path skipped and stops if the back-edge is
-/// taken (the stub adds the charge back), else takes the charge back itself and goes on
-/// where the loop ends.
-#[derive(Clone, Copy, Debug)]
-pub struct BackEdgeCharge {
-    borrowed: Label,
-    ended: Label,
-    stop: Label,
-    charge: u64,
-    width: Width,
-    cond: Cond,
-    dst: Reg,
-    src: Operand,
-}
 
 impl Codegen<'_> {
     fn charge_back_edge(&mut self, target: usize) {
@@ -34,18 +18,8 @@ impl Codegen<'_> {
         }
     }
 
-    /// The cold side of a [`BackEdgeCharge`].
-    pub(super) fn back_edge_charge_borrowed(&mut self, c: BackEdgeCharge) {
-        self.e.bind(c.borrowed);
-        self.compare(c.width, c.cond, c.dst, c.src);
-        self.e.jump(Some(cc_of(c.cond)), c.stop);
-        self.e
-            .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, c.charge as i64);
-        self.e.jump(None, c.ended);
-    }
-
     /// The flags a conditional jump `dst cond src` tests.
-    fn compare(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) {
+    pub(super) fn compare(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) {
         let sz = sz_of(width);
         let d = host(dst);
         match src {
@@ -139,12 +113,8 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
             self.e.jump(Some(cc), l);
             return;
         };
-        // A walk's back-edge closes its loop whatever the latch list says: its clamp reads
-        // the test's flags.
-        let walk = self.d.access.walk_of_back_edge(self.d.cur).is_some();
-        if !walk && !self.d.closes_loop() {
-            // A back-edge in the middle of its loop is mostly not taken: charge only when it
-            // is, behind an inverted jump.
+        if self.d.access.walk_of_back_edge(self.d.cur).is_none() {
+            // Charged only when taken, behind an inverted jump.
             self.compare(width, cond, dst, src);
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
@@ -153,40 +123,37 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
             self.e.bind(skip);
             return;
         }
-        // The back-edge that closes its loop is mostly taken: it charges before its test and
-        // takes the charge back where the loop ends (once per loop, not per iteration). The
-        // loop goes on with one conditional jump, its flags still live at the target (a
-        // walk's clamp reads them), instead of an inverted jump over the charge and a `jmp`.
+        // A walk's back-edge (`packjit_frontend::walks`: the one jump to its head, taken on
+        // every iteration but the last) charges before its test and takes the charge back
+        // where the loop ends, once per loop: the loop goes on with one conditional jump
+        // instead of an inverted jump over the charge and a `jmp`, and the test's flags are
+        // live at the clamp it lands on, which reads them instead of making the test again.
         // Nothing reads the budget between the charge and its refund. A charge that borrows
-        // is settled out of line by the test itself ([`BackEdgeCharge`]), so the run stops
-        // exactly where the reference does: only if the back-edge is taken.
+        // goes to the pc's stop stub, which takes it back and makes the test
+        // ([`Stop::ClosingBackEdge`]), so the run stops exactly where the reference does:
+        // only if the back-edge is taken. Other back-edges keep the form above: the refund
+        // and the stub's test cost about ten bytes a loop, and measured no faster on the
+        // peers' loops without a clamp (docs/BENCHMARKS.md).
+        let ended = self.e.label();
+        let stop = self.stop_label(
+            Stop::ClosingBackEdge {
+                charge: charge as u32,
+                width,
+                cond,
+                dst,
+                src,
+                ended,
+            },
+            self.d.pc(),
+        );
         self.e
             .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, charge as i64);
-        let borrowed = self.e.label();
-        let ended = self.e.label();
-        self.cold_jump(Some(Cc::B), borrowed);
+        self.cold_jump(Some(Cc::B), stop);
         self.compare(width, cond, dst, src);
         self.e.jump(Some(cc), l);
         self.e
             .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
         self.e.bind(ended);
-        let stop = self.stop_label(
-            Stop::Budget {
-                charge: charge as u32,
-            },
-            self.d.pc(),
-        );
-        self.d
-            .queue(Cold::Isa(X86Cold::BackEdgeCharge(BackEdgeCharge {
-                borrowed,
-                ended,
-                stop,
-                charge,
-                width,
-                cond,
-                dst,
-                src,
-            })));
     }
 
     fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: Label) {

@@ -34,8 +34,8 @@ use std::ops::Range;
 use packjit_frontend::analysis::EmitOptions;
 use packjit_frontend::lower::Emitted;
 
+use alu::DivFix;
 use cold::StopStubs;
-use cold::X86Cold;
 
 /// An env field offset as a `disp8`, for `dynasm!` text: dynasm sizes a displacement only
 /// when it is a literal, so the env offsets (Rust constants) are passed as `BYTE`s, and
@@ -99,7 +99,7 @@ fn encodes_group(g: &Group) -> bool {
 pub struct Codegen<'a> {
     /// The driver's state of this pass (x86-64's slow path of an access finds its address
     /// in r11, so an access site needs nothing more).
-    pub(crate) d: Driver<'a, (), X86Cold>,
+    pub(crate) d: Driver<'a, (), DivFix>,
     pub(crate) e: Assembler,
     pub(crate) plan: &'a Plan,
     helpers: &'a [HelperEntry],
@@ -189,9 +189,9 @@ impl<'a> Codegen<'a> {
 
 impl<'a> Lowering<'a> for Codegen<'a> {
     type AccessSite = ();
-    type IsaCold = X86Cold;
+    type IsaCold = DivFix;
 
-    fn driver(&mut self) -> &mut Driver<'a, (), X86Cold> {
+    fn driver(&mut self) -> &mut Driver<'a, (), DivFix> {
         &mut self.d
     }
 
