@@ -177,38 +177,52 @@ fn budgets_across_calls_and_helpers_stop_where_the_interpreter_stops() {
     let interp = packjit_interp::Interpreter::new().with_helper(HELPER, plus_one);
     for stack in [false, true] {
         let code = calls_and_loops(HELPER, stack);
-        let reference = interp.load(&code).unwrap();
-        let (mut finished, mut stopped) = (0, 0);
-        for budget in 0..90 {
-            let want = interp
-                .run(&reference, &mut [], Some(budget))
-                .map(|o| o.r0)
-                .map_err(packjit::RunError::from);
-            let opts = LoadOptions {
-                budget: Budget::Limit(budget),
-                ..Default::default()
-            };
-            let sandboxed = rt.load(&code, &opts).unwrap();
-            // SAFETY: the program touches only its own stack.
-            let trusted = unsafe { rt.load_trusted(&code, &opts) }.unwrap();
-            for (trust, p) in [("sandboxed", &sandboxed), ("trusted", &trusted)] {
-                assert_eq!(
-                    p.call(&mut []),
-                    want,
-                    "budget {budget}, stack {stack}, {trust}"
-                );
-            }
-            match want {
-                Ok(_) => finished += 1,
-                Err(_) => stopped += 1,
-            }
-        }
-        // The range crosses what the program needs: both outcomes occur.
-        assert!(
-            finished > 0 && stopped > 0,
-            "{finished} finished, {stopped} stopped"
+        budgets_stop_where_the_interpreter_stops(
+            &rt,
+            &interp,
+            &code,
+            90,
+            &format!("stack {stack}"),
         );
     }
+}
+
+/// Runs `code` sandboxed and trusted with every budget below `budgets` and checks each result
+/// (r0, or the stop with its pc) against the interpreter's. The range must cross what the
+/// program needs: both outcomes occur.
+fn budgets_stop_where_the_interpreter_stops(
+    rt: &packjit::Runtime,
+    interp: &packjit_interp::Interpreter,
+    code: &[u8],
+    budgets: u64,
+    name: &str,
+) {
+    let reference = interp.load(code).unwrap();
+    let (mut finished, mut stopped) = (0, 0);
+    for budget in 0..budgets {
+        let want = interp
+            .run(&reference, &mut [], Some(budget))
+            .map(|o| o.r0)
+            .map_err(packjit::RunError::from);
+        let opts = LoadOptions {
+            budget: Budget::Limit(budget),
+            ..Default::default()
+        };
+        let sandboxed = rt.load(code, &opts).unwrap();
+        // SAFETY: the programs touch only their own stack.
+        let trusted = unsafe { rt.load_trusted(code, &opts) }.unwrap();
+        for (trust, p) in [("sandboxed", &sandboxed), ("trusted", &trusted)] {
+            assert_eq!(p.call(&mut []), want, "{name}, budget {budget}, {trust}");
+        }
+        match want {
+            Ok(_) => finished += 1,
+            Err(_) => stopped += 1,
+        }
+    }
+    assert!(
+        finished > 0 && stopped > 0,
+        "{name}: {finished} finished, {stopped} stopped"
+    );
 }
 
 /// Walks' back-edges (`packjit_frontend::walks`) charge before their test on x86-64 and
@@ -259,27 +273,6 @@ fn budgets_across_walks_stop_where_the_interpreter_stops() {
         let prog = packjit_frontend::decode(&code, &[]).unwrap();
         let plan = packjit_frontend::ranges::plan_accesses(&prog, true);
         assert_eq!(plan.walks.len(), 1, "{name}: the loop is a walk");
-        let reference = interp.load(&code).unwrap();
-        let (mut finished, mut stopped) = (0, 0);
-        for budget in 0..80 {
-            let want = interp
-                .run(&reference, &mut [], Some(budget))
-                .map(|o| o.r0)
-                .map_err(packjit::RunError::from);
-            let opts = LoadOptions {
-                budget: Budget::Limit(budget),
-                ..Default::default()
-            };
-            let sandboxed = rt.load(&code, &opts).unwrap();
-            assert_eq!(sandboxed.call(&mut []), want, "{name}, budget {budget}");
-            match want {
-                Ok(_) => finished += 1,
-                Err(_) => stopped += 1,
-            }
-        }
-        assert!(
-            finished > 0 && stopped > 0,
-            "{name}: {finished} finished, {stopped} stopped"
-        );
+        budgets_stop_where_the_interpreter_stops(&rt, &interp, &code, 80, name);
     }
 }
