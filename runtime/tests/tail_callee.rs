@@ -529,13 +529,18 @@ fn after_a_target_entered_from_a_function_the_callers_bounds_are_its_own_again()
 }
 
 /// `depth` functions each calling the next (the entry first), the first callee tail
-/// calling slot 0: a call chain `depth` frames deep.
+/// calling slot 0: a call chain `depth` frames deep. The entry goes on after its call
+/// (`r0 += 0`), so the tail call enters its target as a callee.
 fn chain(depth: usize) -> Vec<u8> {
-    let mut code = vec![i(CALL, 0, 1, 0, 1), i(EXIT, 0, 0, 0, 0)];
-    // The first callee, at pc 2: tail calls, then calls the next function.
+    let mut code = vec![
+        i(CALL, 0, 1, 0, 2),
+        i(0x07, 0, 0, 0, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ];
+    // The first callee, at pc 3: tail calls, then calls the next function.
     code.push(map_ref(2, 0));
     code.push(i(0xb7, 3, 0, 0, 0));
-    code.push(i(CALL, 0, 0, 0, 12)); // pc 5
+    code.push(i(CALL, 0, 0, 0, 12)); // pc 6
     for _ in 2..depth {
         code.push(i(CALL, 0, 1, 0, 1));
         code.push(i(EXIT, 0, 0, 0, 0));
@@ -563,7 +568,7 @@ fn a_function_tail_call_in_a_program_with_deeper_call_chains_than_4_frames_is_re
             Trust::Trusted => unsafe { rt.load_trusted(&chain(5), &opts) }.unwrap_err(),
         }
         .to_string();
-        for want in ["pc 5", "bpf-to-bpf function", "5 frames deep", "at most 4"] {
+        for want in ["pc 6", "bpf-to-bpf function", "5 frames deep", "at most 4"] {
             assert!(e.contains(want), "{trust:?} {want}: {e}");
         }
     }
@@ -730,5 +735,262 @@ fn a_program_cannot_call_the_runner_itself() {
             e.contains("pc 5") && e.contains("not callable"),
             "{trust:?}: {e}"
         );
+    }
+}
+
+// ---- Functions reached only through calls in tail position --------------------------------
+//
+// `return f(ctx)` compiles to `call f; exit`: nothing but `exit`s runs after such a call, so
+// a tail call inside `f` leaves every frame and jumps to its target as the entry's does
+// (`analysis::tail_reached`). These tests hold that to what entering the target as a callee
+// gives.
+
+/// Counts itself in mem[1] and keeps a u64 in its frame, then `return f(ctx)` through
+/// `depth` functions (the entry first, each `call next; exit`); the last writes r6-r9 and
+/// its own frame, tail calls slot mem[`index_at`] of prog array 0 (through a chooser when
+/// `chooser`: a jump lands between the `lddw` and the call), and returns -1 when that falls
+/// through.
+fn tail_position_caller(depth: usize, index_at: i16, chooser: bool) -> Vec<u8> {
+    let mut code = vec![
+        i(0xbf, 6, 1, 0, 0),   // r6 = ctx
+        i(0x71, 2, 6, 1, 0),   // r2 = mem[1]
+        i(0x07, 2, 0, 0, 1),   // r2 += 1
+        i(0x73, 6, 2, 1, 0),   // mem[1] = r2
+        i(0x7b, 10, 6, -8, 0), // *(u64 *)(r10 - 8) = r6
+        i(0xbf, 1, 6, 0, 0),   // r1 = ctx
+    ];
+    for _ in 1..depth {
+        code.push(i(CALL, 0, 1, 0, 1)); // call the next function, right after this exit
+        code.push(i(EXIT, 0, 0, 0, 0));
+    }
+    code.extend([
+        i(0xb7, 6, 0, 0, 1),
+        i(0xb7, 7, 0, 0, 2),
+        i(0xb7, 8, 0, 0, 3),
+        i(0xb7, 9, 0, 0, 4),
+        i(0x7b, 10, 9, -8, 0),      // its own frame
+        i(0x71, 3, 1, index_at, 0), // r3 = mem[index_at]
+        map_ref(2, 0),
+    ]);
+    if chooser {
+        code.push(i(0x05, 0, 0, 0, 0)); // ja +0: the call starts a basic block
+    }
+    code.extend([
+        i(CALL, 0, 0, 0, 12),
+        i(0xb7, 0, 0, 0, -1),
+        i(EXIT, 0, 0, 0, 0),
+    ]);
+    code.concat()
+}
+
+#[test]
+fn a_function_reached_only_through_calls_in_tail_position_ends_the_run_with_its_targets_r0() {
+    let rt = host::host_runtime();
+    for (tier, trust) in modes() {
+        let (jumps, opts) = prog_array(4);
+        let opts = LoadOptions { tier, ..opts };
+        let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
+        rt.set_prog_array(&jumps, 2, Some(load(&leaf(7)))).unwrap();
+        // Five frames: deeper than a target entered as a callee may run on
+        // (`MAX_TAIL_CALLING_DEPTH`), none of them kept here.
+        for depth in [2, 3, 5] {
+            for chooser in [false, true] {
+                let case = format!("{tier:?} {trust:?}, depth {depth}, chooser {chooser}");
+                let c = load(&tail_position_caller(depth, 2, chooser));
+                let mut mem = [0u8, 0, 2, 0];
+                assert_eq!(c.call(&mut mem).unwrap(), 7, "{case}: the target's r0");
+                assert_eq!(mem[1], 1, "{case}: the caller ran once");
+                // Empty slot, out of range: the function goes on after its tail call.
+                for slot in [3u8, 4, 200] {
+                    let mut mem = [0u8, 0, slot, 0];
+                    assert_eq!(c.call(&mut mem).unwrap(), u64::MAX, "{case}, slot {slot}");
+                }
+                // A target of the other trust is not entered.
+                let other = load_as(&rt, trust_other(trust), &leaf(9), &opts);
+                rt.set_prog_array(&jumps, 3, Some(other)).unwrap();
+                assert_eq!(c.call(&mut [0u8, 0, 3, 0]).unwrap(), u64::MAX, "{case}");
+                // The caller in its own slot: the host's run and 33 tail calls, one count
+                // for the run; the 34th falls through.
+                rt.set_prog_array(&jumps, 1, Some(c.clone())).unwrap();
+                let mut mem = [0u8, 0, 1, 0];
+                assert_eq!(c.call(&mut mem).unwrap(), u64::MAX, "{case}");
+                assert_eq!(mem[1], 34, "{case}: 33 tail calls, then one falls through");
+                // Alternating with a tail call from an entry function (slot 2 calls slot 1
+                // from its entry, slot 1 is this caller): still one count of 33.
+                rt.set_prog_array(&jumps, 2, Some(load(&entry_tail_caller(50))))
+                    .unwrap();
+                let mut mem = [1u8, 0, 2, 0];
+                let r0 = c.call(&mut mem).unwrap();
+                assert_eq!(mem[1], 34, "{case}: one count for both kinds");
+                assert_eq!(r0, 50 + 33, "{case}: the last entry tail caller's result");
+                rt.set_prog_array(&jumps, 1, None).unwrap();
+                rt.set_prog_array(&jumps, 2, Some(load(&leaf(7)))).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_function_one_of_whose_callers_goes_on_after_the_call_enters_its_target_as_a_callee() {
+    let rt = host::host_runtime();
+    for (tier, trust) in modes() {
+        let (jumps, opts) = prog_array(4);
+        let opts = LoadOptions { tier, ..opts };
+        rt.set_prog_array(&jumps, 2, Some(load_as(&rt, trust, &leaf(7), &opts)))
+            .unwrap();
+        // The entry calls f twice: first going on after it (mem[3] = r0), then in tail
+        // position. Had f's tail call left the frames, the run would end in the first call.
+        let code = [
+            i(0xbf, 6, 1, 0, 0),  // 0: r6 = ctx
+            i(0xbf, 1, 6, 0, 0),  // 1: r1 = ctx
+            i(CALL, 0, 1, 0, 4),  // 2: call f (pc 7)
+            i(0x73, 6, 0, 3, 0),  // 3: mem[3] = r0
+            i(0xbf, 1, 6, 0, 0),  // 4: r1 = ctx
+            i(CALL, 0, 1, 0, 1),  // 5: call f, in tail position
+            i(EXIT, 0, 0, 0, 0),  // 6
+            i(0x71, 3, 1, 2, 0),  // 7: f: r3 = mem[2]
+            map_ref(2, 0),        // 8
+            i(CALL, 0, 0, 0, 12), // 10
+            i(0xb7, 0, 0, 0, -1), // 11
+            i(EXIT, 0, 0, 0, 0),  // 12
+        ]
+        .concat();
+        let c = load_as(&rt, trust, &code, &opts);
+        let mut mem = [0u8, 0, 2, 0];
+        assert_eq!(c.call(&mut mem).unwrap(), 7, "{tier:?} {trust:?}");
+        assert_eq!(
+            mem[3], 7,
+            "{tier:?} {trust:?}: the entry went on after the first call"
+        );
+    }
+}
+
+#[test]
+fn a_stop_in_a_target_jumped_to_from_a_function_in_tail_position_ends_the_run() {
+    let rt = host::host_runtime();
+    for (tier, trust) in modes() {
+        let (jumps, mut opts) = prog_array(4);
+        opts.budget = Budget::Limit(10_000);
+        opts.tier = tier;
+        let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
+        let c = load(&tail_position_caller(3, 2, false));
+        let spin = [
+            i(0xb7, 0, 0, 0, 0),
+            i(0xb7, 6, 0, 0, 9),
+            i(0x05, 0, 0, -1, 0), // pc 2: ja -1
+            i(EXIT, 0, 0, 0, 0),
+        ]
+        .concat();
+        rt.set_prog_array(&jumps, 2, Some(load(&spin))).unwrap();
+        assert_eq!(
+            c.call(&mut [0u8, 0, 2, 0]).unwrap_err(),
+            RunError::Stop(Stop::Budget { pc: 2 }),
+            "{tier:?} {trust:?}"
+        );
+        if trust == Trust::Sandboxed {
+            let oob = [
+                i(0xb7, 0, 0, 0, 0),
+                i(0x71, 0, 1, 64, 0), // pc 1: r0 = *(u8 *)(ctx + 64)
+                i(EXIT, 0, 0, 0, 0),
+            ]
+            .concat();
+            rt.set_prog_array(&jumps, 2, Some(load(&oob))).unwrap();
+            let e = c.call(&mut [0u8, 0, 2, 0]).unwrap_err();
+            assert!(
+                matches!(e, RunError::Stop(Stop::OutOfBounds { pc: 1, size: 1, .. })),
+                "{tier:?}: {e:?}"
+            );
+        }
+        // The next runs are whole.
+        rt.set_prog_array(&jumps, 2, Some(load(&leaf(5)))).unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                c.call(&mut [0u8, 0, 2, 0]).unwrap(),
+                5,
+                "{tier:?} {trust:?}"
+            );
+            assert_eq!(c.call(&mut [0u8, 0, 3, 0]).unwrap(), u64::MAX);
+        }
+    }
+}
+
+/// Spins mem[4..6] rounds, then `return f(ctx)` (`in_tail_position`) or `r0 = f(ctx); r0
+/// += 0; return r0`, both with the call's function at pc 9; f spins mem[8..10] rounds and
+/// tail calls slot mem[2], returning -1 when that falls through. The call is at pc 7 in
+/// tail position, at pc 6 otherwise.
+fn budget_tail_caller(in_tail_position: bool) -> Vec<u8> {
+    let call = if in_tail_position {
+        [
+            i(0x07, 0, 0, 0, 0),
+            i(CALL, 0, 1, 0, 1),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+    } else {
+        [
+            i(CALL, 0, 1, 0, 2),
+            i(0x07, 0, 0, 0, 0),
+            i(EXIT, 0, 0, 0, 0),
+        ]
+    };
+    [
+        i(0xbf, 6, 1, 0, 0),  // 0
+        spin_rounds(6, 4),    // 1-4
+        i(0xbf, 1, 6, 0, 0),  // 5
+        call.concat(),        // 6-8
+        i(0xbf, 6, 1, 0, 0),  // 9: f: r6 = ctx
+        spin_rounds(6, 8),    // 10-13
+        i(0x71, 3, 6, 2, 0),  // 14: r3 = mem[2]
+        map_ref(2, 0),        // 15
+        i(CALL, 0, 0, 0, 12), // 17
+        i(0xb7, 0, 0, 0, -1), // 18
+        i(EXIT, 0, 0, 0, 0),  // 19
+    ]
+    .concat()
+}
+
+#[test]
+fn a_jump_from_a_function_in_tail_position_counts_the_budget_as_entering_the_target_does() {
+    let rt = host::host_runtime();
+    for (tier, trust) in modes() {
+        let (jumps, mut opts) = prog_array(4);
+        opts.budget = Budget::Limit(1 << 20);
+        opts.tier = tier;
+        let jumping = load_as(&rt, trust, &budget_tail_caller(true), &opts);
+        let entering = load_as(&rt, trust, &budget_tail_caller(false), &opts);
+        // The target spins mem[6..8] rounds (back-edge at pc 3).
+        let target = [spin_rounds(1, 6), i(0xb7, 0, 0, 0, 9), i(EXIT, 0, 0, 0, 0)].concat();
+        rt.set_prog_array(&jumps, 2, Some(load_as(&rt, trust, &target, &opts)))
+            .unwrap();
+        let mut m = [0u8; 16];
+        m[2] = 2;
+        m[4] = 3; // rounds before the call
+        m[6] = 4; // in the target
+        m[8] = 2; // in f
+        let (mut stops, mut finished) = (0, 0);
+        for budget in 0..80 {
+            let a = jumping.call_with_budget(&mut m.clone(), budget);
+            let b = entering.call_with_budget(&mut m.clone(), budget);
+            let case = format!("{tier:?} {trust:?}, budget {budget}: {a:?} / {b:?}");
+            match (&a, &b) {
+                (Ok(x), Ok(y)) => {
+                    assert_eq!((x, y), (&9, &9), "{case}");
+                    finished += 1;
+                }
+                // The same place, but for the call itself, one slot apart in the two.
+                (
+                    Err(RunError::Stop(Stop::Budget { pc: p })),
+                    Err(RunError::Stop(Stop::Budget { pc: q })),
+                ) => {
+                    assert!(p == q || (*p, *q) == (7, 6), "{case}");
+                    stops += 1;
+                }
+                _ => panic!("{case}"),
+            }
+        }
+        assert!(
+            stops > 0 && finished > 0,
+            "{tier:?} {trust:?}: {stops} / {finished}"
+        );
+        rt.set_prog_array(&jumps, 2, None).unwrap();
     }
 }

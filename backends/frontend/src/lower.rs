@@ -177,6 +177,9 @@ pub struct Driver<'a, A: 'static, F: 'static> {
     pub colds: Reused<Cold<A, F>>,
     /// Where the queued cold code goes: after the function, or in an island.
     pub islands: ColdPlacement,
+    /// Per function, whether it is reached only through calls in tail position
+    /// ([`crate::analysis::tail_reached`]): found on the first tail call inside a function.
+    tail_reached: Option<Vec<bool>>,
 }
 
 /// The most cold sides [`Driver::colds`] is sized for up front (it grows past that).
@@ -294,6 +297,29 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
                 Reused::default()
             },
             islands,
+            tail_reached: None,
+        }
+    }
+
+    /// Whether function `k` is reached only through calls in tail position, so that its
+    /// tail calls may leave every frame and jump as the entry's do
+    /// ([`crate::analysis::tail_reached`]).
+    pub fn in_tail_position(&mut self, k: usize) -> bool {
+        let prog = self.prog;
+        self.tail_reached
+            .get_or_insert_with(|| crate::analysis::tail_reached(prog))[k]
+    }
+
+    /// Where a tail call at function `k` jumps from, when it jumps: the entry's body, or a
+    /// function reached only through calls in tail position. `None`: the function's callers
+    /// go on after it, and the target is entered as a callee.
+    pub fn tail_jump_from(&mut self, k: usize) -> Option<TailJumpFrom> {
+        if k == 0 {
+            Some(TailJumpFrom::Entry)
+        } else if self.in_tail_position(k) {
+            Some(TailJumpFrom::TailPositionFunction)
+        } else {
+            None
         }
     }
 
@@ -591,16 +617,21 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// registers while its proofs rest on what its callers pass
     /// ([`crate::ranges::CallFacts`]). Never executed.
     fn speculation_barrier(&mut self);
-    /// A tail call's jump, in the entry function, once the driver found the entry to
-    /// continue in (r0, never 0: the driver branches around a failed tail call): leave the
-    /// entry's frame as `exit` says ([`FrameExit::TailCall`]: as its epilogue does, budget
-    /// written back, saved registers restored; [`FrameExit::TailEntry`]: the same but the
-    /// saved registers and the return address stay) and jump to r0. A
-    /// [`FrameExit::TailCall`] passes the run's arguments (context `env.ctx_start`, length
-    /// `env.ctx_end - env.ctx_start`, `env`); a [`FrameExit::TailEntry`] passes only `env`
-    /// (in its register): the uniform frame's tail entry reloads the context and its length
-    /// from `env` itself, only where its program reads them before writing.
-    fn tail_jump(&mut self, exit: FrameExit);
+    /// A tail call's jump, once the driver found the entry to continue in (r0, never 0: the
+    /// driver branches around a failed tail call): leave the entry's frame as `exit` says
+    /// ([`FrameExit::TailCall`]: as its epilogue does, budget written back, saved registers
+    /// restored; [`FrameExit::TailEntry`]: the same but the saved registers and the return
+    /// address stay) and jump to r0. A [`FrameExit::TailCall`] passes the run's arguments
+    /// (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`); a
+    /// [`FrameExit::TailEntry`] passes only `env` (in its register): the uniform frame's
+    /// tail entry reloads the context and its length from `env` itself, only where its
+    /// program reads them before writing.
+    ///
+    /// From a function ([`TailJumpFrom::TailPositionFunction`]) every frame above the
+    /// entry's goes first: the stack pointer is set back to what it is in the entry's body,
+    /// from `env.entry_sp` as a stop unwinds (with the frame registers the entry's frame
+    /// exit reads), and the entry's frame is then left as from the entry.
+    fn tail_jump(&mut self, exit: FrameExit, from: TailJumpFrom);
     /// Bytes from a program's entry to its tail entry when the entry has the uniform
     /// tail-call frame (`CodegenMode::tail_calls`): every callee-saved register the backend
     /// ever uses (and the return address, where it is a register) saved in one fixed order
@@ -609,6 +640,18 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// The runtime adds it to the target's entry when it sets a prog-array slot
     /// (`PjTailTarget::tail_entry`; its table of skips is tested against the backends').
     fn tail_entry_skip(&self) -> u32;
+}
+
+/// Where a tail call's jump ([`FrameHooks::tail_jump`]) is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TailJumpFrom {
+    /// The entry function's body: the entry's frame is the innermost.
+    Entry,
+    /// A bpf-to-bpf function reached only through calls in tail position
+    /// ([`crate::analysis::tail_reached`]): the callers' frames, its own and every one
+    /// between are dropped with it, since no caller runs anything but its `exit` after the
+    /// call.
+    TailPositionFunction,
 }
 
 /// How a backend leaves the entry's frame (its `epilogue`, or its `tail_jump`): the frame
@@ -953,8 +996,9 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
 
 /// A tail call (`PJ_INLINE_TAIL_CALL`): the chooser is called like a helper with the
 /// program's r1-r3 (context, prog array, index) and answers the entry to continue in, or 0;
-/// the backend's `tail_jump` leaves the frame and jumps there. Only the entry function
-/// leaves its frame for another program's: in a bpf-to-bpf function the callers' frames
+/// the backend's `tail_jump` leaves the frame and jumps there. Only the entry function and
+/// the functions reached only through calls in tail position leave their frames for another
+/// program's: in a bpf-to-bpf function whose callers go on after it the callers' frames
 /// stay, and the target is entered as a callee ([`callee_tail_call`]).
 fn tail_call<'a, L: Isa<'a>>(
     l: &mut L,
@@ -962,9 +1006,9 @@ fn tail_call<'a, L: Isa<'a>>(
     helper: HelperEntry,
     chooser: u64,
 ) -> Result<(), CompileError> {
-    if k > 0 {
+    let Some(from) = l.driver().tail_jump_from(k) else {
         return callee_tail_call(l, k, helper.id);
-    }
+    };
     let call = HelperEntry {
         inline_kind: packjit_plugin_api::PJ_INLINE_NONE,
         addr: chooser,
@@ -973,7 +1017,7 @@ fn tail_call<'a, L: Isa<'a>>(
     l.call_helper(&call)?;
     let failed = l.new_label();
     l.branch_to(Width::W64, Cond::Eq, 0, Operand::Imm(0), failed);
-    l.tail_jump(FrameExit::TailCall);
+    l.tail_jump(FrameExit::TailCall, from);
     // Falling through: the tail call failed, and r0 = 0 says so.
     l.bind(failed);
     clear_helper_arguments(l);
@@ -1209,7 +1253,8 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     };
     use AluOp::*;
     use Width::{W32, W64};
-    if k > 0 {
+    let from = l.driver().tail_jump_from(k);
+    if from.is_none() {
         callee_depth_check(l, id)?;
     }
     let sandboxed = l.driver().mode.sandboxed();
@@ -1272,14 +1317,14 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     }
     l.load(Size::DW, false, 3, 5, 0);
     l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
-    if k > 0 {
+    let Some(from) = from else {
         target_as_callee(l, k, mode_off, out);
         l.bind(out);
         l.alu(W64, Mov, 0, Operand::Imm(0));
         l.driver().expansion = Expansion::None;
         clear_helper_arguments(l);
         return Ok(());
-    }
+    };
     // The run switched over to the target: counted, its maps (and regions) in env.
     // Trusted code and its helpers never read the regions (nothing is checked).
     let switch = |l: &mut L| {
@@ -1309,11 +1354,11 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     );
     l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), full);
     switch(l);
-    l.tail_jump(FrameExit::TailEntry);
+    l.tail_jump(FrameExit::TailEntry, from);
     l.bind(full);
     whole_entry(l, mode_off, out);
     switch(l);
-    l.tail_jump(FrameExit::TailCall);
+    l.tail_jump(FrameExit::TailCall, from);
     l.bind(out);
     l.alu(W64, Mov, 0, Operand::Imm(0));
     l.driver().expansion = Expansion::None;
