@@ -19,8 +19,9 @@
 //!    host between rounds).
 //! 5. A chain of 33 tail calls against 34 bpf-to-bpf calls doing the same work; the chain
 //!    twice: past the target's saves (the uniform tail-call frame) and at its full entry;
-//!    and the chain with its tail calls inside a bpf-to-bpf function (each target entered
-//!    as a callee).
+//!    and the chain with its tail calls inside a bpf-to-bpf function, twice: the function
+//!    called in tail position (`call f; exit`: each tail call jumps, as the entry's) and
+//!    with its caller going on after the call (each target entered as a callee).
 //!
 //! `cargo bench -p packjit --bench maps`
 
@@ -1071,12 +1072,25 @@ fn tail_calls(rt: &Runtime) {
         a.ldx32(R0, R6, 0).exit();
         a.finish()
     };
-    // The same link, its tail call made inside a bpf-to-bpf function: each target is
-    // entered as a callee (its whole entry called, what it overwrites in `env` saved around it), 33 deep.
+    // The same link, its tail call made inside a bpf-to-bpf function called in tail
+    // position (`call f; exit`): each tail call leaves both frames and jumps, as from the
+    // entry.
     let link_callee = {
         let mut a = Asm::default();
         a.movr(R6, R1).ldx32(R2, R6, 0).add(R2, 1).stx32(R6, 0, R2);
         a.movr(R1, R6).call_local("f").exit();
+        a.label("f").movr(R6, R1);
+        a.map(R2, 0).mov(R3, 0).call(12);
+        a.ldx32(R0, R6, 0).exit();
+        a.finish()
+    };
+    // The same, but the caller goes on after its call (`r0 += 0`): the function is not
+    // reached in tail position, and each target is entered as a callee (its whole entry
+    // called, what it overwrites in `env` saved around it), 33 deep.
+    let link_callee_on = {
+        let mut a = Asm::default();
+        a.movr(R6, R1).ldx32(R2, R6, 0).add(R2, 1).stx32(R6, 0, R2);
+        a.movr(R1, R6).call_local("f").add(R0, 0).exit();
         a.label("f").movr(R6, R1);
         a.map(R2, 0).mov(R3, 0).call(12);
         a.ldx32(R0, R6, 0).exit();
@@ -1145,8 +1159,12 @@ fn tail_calls(rt: &Runtime) {
         spec("jumps_t_callee", MapType::ProgArray, 4, 4, 1),
         spec("jumps_s_leaf", MapType::ProgArray, 4, 4, 1),
         spec("jumps_t_leaf", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_s_callee_on", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_t_callee_on", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_s_leaf_on", MapType::ProgArray, 4, 4, 1),
+        spec("jumps_t_leaf_on", MapType::ProgArray, 4, 4, 1),
     ];
-    let chain: Vec<Arc<Program>> = (0..10)
+    let chain: Vec<Arc<Program>> = (0..14)
         .map(|k| {
             let o = LoadOptions {
                 name: Some("tail_link".into()),
@@ -1155,7 +1173,8 @@ fn tail_calls(rt: &Runtime) {
             let code = match k {
                 0..4 => &link,
                 4..6 => &link_var,
-                _ => &link_callee,
+                6..10 => &link_callee,
+                _ => &link_callee_on,
             };
             Arc::new(if k % 2 == 0 {
                 rt.load(code, &o).unwrap()
@@ -1165,8 +1184,9 @@ fn tail_calls(rt: &Runtime) {
             })
         })
         .collect();
-    // The leaves, in the last two arrays: the links of those two read them.
-    let leaves: Vec<Arc<Program>> = (8..10)
+    // The leaves, in arrays 8, 9, 12 and 13: the links of those read them.
+    let leaves: Vec<Arc<Program>> = [8, 9, 12, 13]
+        .into_iter()
         .map(|k| {
             let o = LoadOptions {
                 name: Some("tail_leaf".into()),
@@ -1180,9 +1200,10 @@ fn tail_calls(rt: &Runtime) {
             })
         })
         .collect();
-    for k in 0..10 {
+    for k in 0..14 {
         let p = Some(match k {
             8 | 9 => leaves[k - 8].clone(),
+            12 | 13 => leaves[k - 10].clone(),
             _ => chain[k].clone(),
         });
         if !(2..4).contains(&k) {
@@ -1199,10 +1220,14 @@ fn tail_calls(rt: &Runtime) {
             "",
             " with an unknown index",
             " with an unknown index",
-            ", its tail call inside a function",
-            ", its tail call inside a function",
+            ", its tail call inside a function called in tail position",
+            ", its tail call inside a function called in tail position",
+            "",
+            "",
+            ", its tail call inside a function whose caller goes on",
+            ", its tail call inside a function whose caller goes on",
         ];
-        for k in [0, 1, 4, 5, 6, 7] {
+        for k in [0, 1, 4, 5, 6, 7, 10, 11] {
             let trust = ["sandboxed", "trusted"][k % 2];
             if let Some(d) = disassemble(&chain[k]) {
                 println!("\n```text\n# the tail link{}, {trust}\n{d}```\n", links[k]);
@@ -1255,17 +1280,21 @@ fn tail_calls(rt: &Runtime) {
     for p in chain[..6].iter().map(|p| &**p).chain(&local).chain(&inline) {
         cases.push(Box::new(move || time(p)));
     }
-    for p in chain[6..].iter().map(|p| &**p).chain(&local_leaf) {
+    for p in chain[6..10].iter().map(|p| &**p).chain(&local_leaf) {
+        cases.push(Box::new(move || time(p)));
+    }
+    for p in chain[10..].iter().map(|p| &**p) {
         cases.push(Box::new(move || time(p)));
     }
     let m = side_by_side(&mut cases);
     drop(cases);
     header("Tail calls against bpf-to-bpf calls, ns (34 links of `ctx[0] += 1` per run)");
     // m: the chains (uniform entry, full entry, index not known), bpf-to-bpf calls, inline,
-    // the chain from functions.
+    // the chain from functions in tail position, its leaf and the leaf's baseline, then
+    // the same two from functions whose callers go on.
     let m = [
         m[0], m[1], m[2], m[3], m[6], m[7], m[8], m[9], m[4], m[5], m[10], m[11], m[12], m[13],
-        m[14], m[15],
+        m[14], m[15], m[16], m[17], m[18], m[19],
     ];
     row("run: entry + 33 tail calls", m[0], m[1], "");
     row(
@@ -1287,10 +1316,17 @@ fn tail_calls(rt: &Runtime) {
     let call = [(m[4] - m[6]) / 34.0, (m[5] - m[7]) / 34.0];
     let var = [(m[8] - m[6]) / 33.0, (m[9] - m[7]) / 33.0];
     let callee = [(m[10] - m[6]) / 33.0, (m[11] - m[7]) / 33.0];
+    let callee_on = [(m[16] - m[6]) / 33.0, (m[17] - m[7]) / 33.0];
     row(
-        "run: the same, tail calls inside a bpf-to-bpf function",
+        "run: the same, tail calls inside a function called in tail position",
         m[10],
         m[11],
+        "each leaves both frames and jumps",
+    );
+    row(
+        "run: the same, tail calls inside a function whose caller goes on",
+        m[16],
+        m[17],
         "each target entered as a callee, 33 deep",
     );
     row("per tail call (minus inline, ÷ 33)", tail[0], tail[1], "");
@@ -1331,22 +1367,40 @@ fn tail_calls(rt: &Runtime) {
         "",
     );
     row(
-        "per tail call inside a function (minus inline, ÷ 33)",
+        "per tail call inside a function in tail position (minus inline, ÷ 33)",
         callee[0],
         callee[1],
         "the link's own bpf-to-bpf call included",
     );
     row(
-        "tail call inside a function ÷ bpf-to-bpf call",
+        "tail call inside a function in tail position ÷ bpf-to-bpf call",
         callee[0] / call[0],
         callee[1] / call[1],
         "",
     );
     row(
-        "run: one tail call inside a function, into a leaf",
+        "per tail call inside a function whose caller goes on (minus inline, ÷ 33)",
+        callee_on[0],
+        callee_on[1],
+        "the link's own bpf-to-bpf call included",
+    );
+    row(
+        "tail call inside a function whose caller goes on ÷ bpf-to-bpf call",
+        callee_on[0] / call[0],
+        callee_on[1] / call[1],
+        "",
+    );
+    row(
+        "run: one tail call inside a function in tail position, into a leaf",
         m[12],
         m[13],
         "the leaf does 33 links' work",
+    );
+    row(
+        "run: the same, the function's caller going on",
+        m[18],
+        m[19],
+        "",
     );
     row(
         "run: the same work in the function, no tail call",
@@ -1355,10 +1409,16 @@ fn tail_calls(rt: &Runtime) {
         "",
     );
     row(
-        "one tail call inside a function, into a leaf (difference)",
+        "one tail call inside a function in tail position, into a leaf (difference)",
         m[12] - m[14],
         m[13] - m[15],
-        "the call and the leaf's whole entry",
+        "the call and the jump",
+    );
+    row(
+        "the same, the function's caller going on (difference)",
+        m[18] - m[14],
+        m[19] - m[15],
+        "the call, the leaf's whole entry and the caller's `r0 += 0`",
     );
     for j in &jumps {
         rt.set_prog_array(j, 0, None).unwrap();

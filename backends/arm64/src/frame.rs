@@ -39,7 +39,7 @@ use packjit_plugin_api::abi::{
 
 use crate::lower::Codegen;
 use crate::regs::*;
-use packjit_frontend::lower::{FrameExit, FrameHooks, TailJumpFrom};
+use packjit_frontend::lower::{FrameExit, FrameHooks};
 
 /// What a function's prologue saves and reserves.
 #[derive(Clone, Debug)]
@@ -264,25 +264,9 @@ impl Codegen<'_> {
 impl Codegen<'_> {
     /// Function `k`'s frame undone, up to its return: frames released, the budget written
     /// back, the saved registers and the frame record restored.
-    /// Every frame down to the entry's left, then the entry's as `exit` says: from the
-    /// entry's body as its epilogue does; from a function reached only through calls in
-    /// tail position, sp straight back to the entry's saves (`env.entry_sp`, where a stop
-    /// unwinds to), the functions' frames and the entry's block dropped at once.
-    fn leave_entry_frames(&mut self, exit: FrameExit, from: TailJumpFrom) {
-        match from {
-            TailJumpFrom::Entry => self.leave_frame(0, exit),
-            TailJumpFrom::TailPositionFunction => {
-                a64!(self.ops
-                    ; ldr x17, [X(ENV), PJ_ENV_ENTRY_SP as u32]
-                    ; mov sp, x17
-                );
-                self.leave_saves(0, exit);
-            }
-        }
-    }
-
     fn leave_frame(&mut self, k: usize, exit: FrameExit) {
-        if self.plan.frames[k].native_frame {
+        let f = self.plan.frames[k].clone();
+        if f.native_frame {
             a64!(self.ops; add sp, sp, STACK_SIZE as u32);
         }
         if k == 0 {
@@ -294,15 +278,6 @@ impl Codegen<'_> {
                     a64!(self.ops; add sp, sp, block >> 12, lsl 12);
                 }
             }
-        }
-        self.leave_saves(k, exit);
-    }
-
-    /// The rest of [`leave_frame`](Self::leave_frame) once sp is back at the saves (for the
-    /// entry, `env.entry_sp`).
-    fn leave_saves(&mut self, k: usize, exit: FrameExit) {
-        let f = self.plan.frames[k].clone();
-        if k == 0 {
             if exit == FrameExit::Return {
                 let restore = self.restore;
                 a64!(self.ops; =>restore);
@@ -407,27 +382,23 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         TAIL_ENTRY_SKIP
     }
 
-    fn tail_jump(&mut self, exit: FrameExit, from: TailJumpFrom) {
+    fn tail_jump(&mut self, exit: FrameExit) {
         let r0 = self.map[0];
-        // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,
-        // and a `br x16` may land on a `bti c`.
-        a64!(self.ops; mov x16, X(r0));
         if exit == FrameExit::TailEntry {
             // env stays in x28, and entry_sp and the saves stay: only the frames go. The
             // target's tail entry sets the arguments it reads (`prologue`).
-            self.leave_entry_frames(exit, from);
-            if from == TailJumpFrom::TailPositionFunction {
-                // The target's tail entry is past `mov x29, sp`: x29 back on the entry's
-                // frame record, above its saves, for unwinders walking the target.
-                let saves = UNIFORM_SAVES.len().div_ceil(2) as u32 * 16;
-                a64!(self.ops; add x29, sp, saves);
-            }
+            a64!(self.ops; mov x16, X(r0));
+            self.leave_frame(0, exit);
             a64!(self.ops; br x16);
             return;
         }
-        // x2 (r3, dead after the call) holds env.
-        a64!(self.ops; mov x2, X(ENV));
-        self.leave_entry_frames(exit, from);
+        // x16 (IP0) holds the target through the restores: caller-saved, no eBPF register,
+        // and a `br x16` may land on a `bti c`. x2 (r3, dead after the call) holds env.
+        a64!(self.ops
+            ; mov x16, X(r0)
+            ; mov x2, X(ENV)
+        );
+        self.leave_frame(0, exit);
         a64!(self.ops
             ; ldp x0, x1, [x2, PJ_ENV_CTX_START]
             ; sub x1, x1, x0

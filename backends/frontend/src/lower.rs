@@ -85,6 +85,9 @@ pub enum Cold<A, F> {
         label: DynamicLabel,
         resume: DynamicLabel,
     },
+    /// The entry's call at `inst` came back with a tail call pending: the entry's jump
+    /// (`pending_tail_call`).
+    PendingTailCall { inst: usize, label: DynamicLabel },
     /// Cold code of the ISA's own ([`StopHooks::isa_cold`]).
     Isa(F),
 }
@@ -177,9 +180,18 @@ pub struct Driver<'a, A: 'static, F: 'static> {
     pub colds: Reused<Cold<A, F>>,
     /// Where the queued cold code goes: after the function, or in an island.
     pub islands: ColdPlacement,
-    /// Per function, whether it is reached only through calls in tail position
-    /// ([`crate::analysis::tail_reached`]): found on the first tail call inside a function.
-    tail_reached: Option<Vec<bool>>,
+    /// Which functions are reached only through calls in tail position, and whether one
+    /// of them makes a tail call: found when first asked.
+    tail_positions: Option<TailPositions>,
+}
+
+/// See [`Driver::in_tail_position`].
+struct TailPositions {
+    /// [`crate::analysis::tail_reached`].
+    reached: Vec<bool>,
+    /// Some function (not the entry) with `reached` set makes a tail call: it leaves the
+    /// jump pending for the entry ([`jump_or_pend`]).
+    pends: bool,
 }
 
 /// The most cold sides [`Driver::colds`] is sized for up front (it grows past that).
@@ -297,7 +309,7 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
                 Reused::default()
             },
             islands,
-            tail_reached: None,
+            tail_positions: None,
         }
     }
 
@@ -305,22 +317,49 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
     /// tail calls may leave every frame and jump as the entry's do
     /// ([`crate::analysis::tail_reached`]).
     pub fn in_tail_position(&mut self, k: usize) -> bool {
-        let prog = self.prog;
-        self.tail_reached
-            .get_or_insert_with(|| crate::analysis::tail_reached(prog))[k]
+        self.tail_positions().reached[k]
     }
 
-    /// Where a tail call at function `k` jumps from, when it jumps: the entry's body, or a
-    /// function reached only through calls in tail position. `None`: the function's callers
-    /// go on after it, and the target is entered as a callee.
-    pub fn tail_jump_from(&mut self, k: usize) -> Option<TailJumpFrom> {
-        if k == 0 {
-            Some(TailJumpFrom::Entry)
-        } else if self.in_tail_position(k) {
-            Some(TailJumpFrom::TailPositionFunction)
-        } else {
-            None
+    /// Whether the entry's local call at `at` may come back with a tail call pending
+    /// ([`jump_or_pend`]): a call in tail position into a function reached only so, in a
+    /// program where such a function makes a tail call.
+    pub fn may_come_back_pending(&mut self, at: usize) -> bool {
+        let prog = self.prog;
+        // Without a tail call in the helper table nothing is ever pending: most programs
+        // with calls never build the tables below.
+        if !self.mode.tail_calls {
+            return false;
         }
+        let Op::CallLocal { target } = prog.insts[at].op else {
+            return false;
+        };
+        let t = self.tail_positions();
+        t.pends
+            && t.reached[prog.subprog_of(target as usize)]
+            && crate::analysis::returns_after(prog, at)
+    }
+
+    fn tail_positions(&mut self) -> &TailPositions {
+        let (prog, helpers) = (self.prog, self.helpers);
+        self.tail_positions.get_or_insert_with(|| {
+            let reached = crate::analysis::tail_reached(prog);
+            let tail_call = |id: u32| {
+                helpers.iter().any(|h| {
+                    h.id == id
+                        && matches!(
+                            helper_lowering(h),
+                            HelperLowering::TailCall { .. } | HelperLowering::ProgArrayTailCall(_)
+                        )
+                })
+            };
+            let pends = (1..prog.subprogs.len()).filter(|&k| reached[k]).any(|k| {
+                let sp = &prog.subprogs[k];
+                prog.insts[sp.start..sp.end]
+                    .iter()
+                    .any(|inst| matches!(inst.op, Op::CallHelper { id } if tail_call(id)))
+            });
+            TailPositions { reached, pends }
+        })
     }
 
     /// The current instruction's eBPF pc.
@@ -617,21 +656,16 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// registers while its proofs rest on what its callers pass
     /// ([`crate::ranges::CallFacts`]). Never executed.
     fn speculation_barrier(&mut self);
-    /// A tail call's jump, once the driver found the entry to continue in (r0, never 0: the
-    /// driver branches around a failed tail call): leave the entry's frame as `exit` says
-    /// ([`FrameExit::TailCall`]: as its epilogue does, budget written back, saved registers
-    /// restored; [`FrameExit::TailEntry`]: the same but the saved registers and the return
-    /// address stay) and jump to r0. A [`FrameExit::TailCall`] passes the run's arguments
-    /// (context `env.ctx_start`, length `env.ctx_end - env.ctx_start`, `env`); a
-    /// [`FrameExit::TailEntry`] passes only `env` (in its register): the uniform frame's
-    /// tail entry reloads the context and its length from `env` itself, only where its
-    /// program reads them before writing.
-    ///
-    /// From a function ([`TailJumpFrom::TailPositionFunction`]) every frame above the
-    /// entry's goes first: the stack pointer is set back to what it is in the entry's body,
-    /// from `env.entry_sp` as a stop unwinds (with the frame registers the entry's frame
-    /// exit reads), and the entry's frame is then left as from the entry.
-    fn tail_jump(&mut self, exit: FrameExit, from: TailJumpFrom);
+    /// A tail call's jump, in the entry function, once the driver found the entry to
+    /// continue in (r0, never 0: the driver branches around a failed tail call): leave the
+    /// entry's frame as `exit` says ([`FrameExit::TailCall`]: as its epilogue does, budget
+    /// written back, saved registers restored; [`FrameExit::TailEntry`]: the same but the
+    /// saved registers and the return address stay) and jump to r0. A
+    /// [`FrameExit::TailCall`] passes the run's arguments (context `env.ctx_start`, length
+    /// `env.ctx_end - env.ctx_start`, `env`); a [`FrameExit::TailEntry`] passes only `env`
+    /// (in its register): the uniform frame's tail entry reloads the context and its length
+    /// from `env` itself, only where its program reads them before writing.
+    fn tail_jump(&mut self, exit: FrameExit);
     /// Bytes from a program's entry to its tail entry when the entry has the uniform
     /// tail-call frame (`CodegenMode::tail_calls`): every callee-saved register the backend
     /// ever uses (and the return address, where it is a register) saved in one fixed order
@@ -640,18 +674,6 @@ pub trait FrameHooks<'a>: Lowering<'a> {
     /// The runtime adds it to the target's entry when it sets a prog-array slot
     /// (`PjTailTarget::tail_entry`; its table of skips is tested against the backends').
     fn tail_entry_skip(&self) -> u32;
-}
-
-/// Where a tail call's jump ([`FrameHooks::tail_jump`]) is made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TailJumpFrom {
-    /// The entry function's body: the entry's frame is the innermost.
-    Entry,
-    /// A bpf-to-bpf function reached only through calls in tail position
-    /// ([`crate::analysis::tail_reached`]): the callers' frames, its own and every one
-    /// between are dropped with it, since no caller runs anything but its `exit` after the
-    /// call.
-    TailPositionFunction,
 }
 
 /// How a backend leaves the entry's frame (its `epilogue`, or its `tail_jump`): the frame
@@ -980,7 +1002,12 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
             l.callx(reg);
             clear_helper_arguments(l);
         }
-        Op::CallLocal { target } => l.call_local(target as usize),
+        Op::CallLocal { target } => {
+            l.call_local(target as usize);
+            if k == 0 && l.driver().may_come_back_pending(i) {
+                pending_tail_call_check(l, i);
+            }
+        }
         Op::PacketLoad { size, index, off } => lower_packet_load(l, size, index, off),
         Op::Exit => {
             // The last instruction of a function falls into its epilogue (a checked copy
@@ -996,19 +1023,20 @@ fn lower_op<'a, L: Isa<'a>>(l: &mut L, k: usize, i: usize, op: Op) -> Result<(),
 
 /// A tail call (`PJ_INLINE_TAIL_CALL`): the chooser is called like a helper with the
 /// program's r1-r3 (context, prog array, index) and answers the entry to continue in, or 0;
-/// the backend's `tail_jump` leaves the frame and jumps there. Only the entry function and
-/// the functions reached only through calls in tail position leave their frames for another
-/// program's: in a bpf-to-bpf function whose callers go on after it the callers' frames
-/// stay, and the target is entered as a callee ([`callee_tail_call`]).
+/// the backend's `tail_jump` leaves the frame and jumps there. Only the entry function
+/// leaves its frame for another program's; a function reached only through calls in tail
+/// position leaves the jump to the entry ([`jump_or_pend`]); in a bpf-to-bpf function
+/// whose callers go on after it the callers' frames stay, and the target is entered as a
+/// callee ([`callee_tail_call`]).
 fn tail_call<'a, L: Isa<'a>>(
     l: &mut L,
     k: usize,
     helper: HelperEntry,
     chooser: u64,
 ) -> Result<(), CompileError> {
-    let Some(from) = l.driver().tail_jump_from(k) else {
+    if k > 0 && !l.driver().in_tail_position(k) {
         return callee_tail_call(l, k, helper.id);
-    };
+    }
     let call = HelperEntry {
         inline_kind: packjit_plugin_api::PJ_INLINE_NONE,
         addr: chooser,
@@ -1017,11 +1045,90 @@ fn tail_call<'a, L: Isa<'a>>(
     l.call_helper(&call)?;
     let failed = l.new_label();
     l.branch_to(Width::W64, Cond::Eq, 0, Operand::Imm(0), failed);
-    l.tail_jump(FrameExit::TailCall, from);
+    jump_or_pend(l, k, FrameExit::TailCall);
     // Falling through: the tail call failed, and r0 = 0 says so.
     l.bind(failed);
     clear_helper_arguments(l);
     Ok(())
+}
+
+/// What a function reached only through calls in tail position leaves in `env.stop_kind`
+/// when it makes a tail call, returning the entry to continue in as its r0: the target's
+/// tail entry ([`FrameExit::TailEntry`]) or its whole entry. Apart from every `PJ_STOP_*`;
+/// the entry's code consumes it right after the call it returns from
+/// ([`Cold::PendingTailCall`]), so no host ever reads it.
+const PENDING_TAIL_ENTRY: i32 = 0x7e00;
+/// See [`PENDING_TAIL_ENTRY`].
+const PENDING_WHOLE_ENTRY: i32 = 0x7e01;
+
+/// A tail call that goes, r0 = the entry to continue in: in the entry function, the
+/// backend's `tail_jump`. In a function reached only through calls in tail position
+/// ([`crate::analysis::tail_reached`]) the jump is left pending for the entry
+/// ([`PENDING_TAIL_ENTRY`] or [`PENDING_WHOLE_ENTRY`] in `env.stop_kind`, the target in
+/// r0) and the function returns: its callers only return too, so the entry then jumps from
+/// right after its call ([`pending_tail_call_check`]). Every `call` on the way is left by
+/// its `ret`, so the host's return after the target's is predicted (leaving the frames by
+/// resetting the stack pointer skipped those returns: each run's last returns then missed
+/// the return-address predictor, ~8 ns per run).
+fn jump_or_pend<'a, L: Isa<'a>>(l: &mut L, k: usize, exit: FrameExit) {
+    use packjit_plugin_api::abi::PJ_ENV_STOP_KIND;
+    if k == 0 {
+        l.tail_jump(exit);
+        return;
+    }
+    let kind = match exit {
+        FrameExit::TailEntry => PENDING_TAIL_ENTRY,
+        _ => PENDING_WHOLE_ENTRY,
+    };
+    let expansion = std::mem::replace(&mut l.driver().expansion, Expansion::RuntimeMemory);
+    l.alu(Width::W64, AluOp::Mov, 4, Operand::Imm(kind));
+    l.store(Size::W, ENV, PJ_ENV_STOP_KIND as i16, Operand::Reg(4));
+    l.driver().expansion = expansion;
+    l.exit(k);
+}
+
+/// After the entry's call at `at` in tail position into a function that may leave a tail
+/// call pending ([`jump_or_pend`]): `if env.stop_kind != 0` the pending jump, out of line
+/// ([`Cold::PendingTailCall`]). No stop returns here (a stop unwinds the whole run), so a
+/// kind set here is always a pending tail call.
+fn pending_tail_call_check<'a, L: Isa<'a>>(l: &mut L, at: usize) {
+    use packjit_plugin_api::abi::{PJ_ENV_STOP_KIND, PJ_STOP_NONE};
+    let label = l.new_label();
+    let expansion = std::mem::replace(&mut l.driver().expansion, Expansion::RuntimeMemory);
+    // r4: dead after the call, as r1-r5 are after every call.
+    l.load(Size::W, false, 4, ENV, PJ_ENV_STOP_KIND as i16);
+    l.driver().expansion = expansion;
+    l.branch_to(
+        Width::W32,
+        Cond::Ne,
+        4,
+        Operand::Imm(PJ_STOP_NONE as i32),
+        label,
+    );
+    l.driver().queue(Cold::PendingTailCall { inst: at, label });
+}
+
+/// The pending tail call's jump ([`pending_tail_call_check`], r4 = its kind, r0 = the
+/// entry to continue in): the kind cleared, then the entry's jump as if the tail call had
+/// been made here.
+fn pending_tail_call<'a, L: Isa<'a>>(l: &mut L, label: DynamicLabel) {
+    use packjit_plugin_api::abi::{PJ_ENV_STOP_KIND, PJ_STOP_NONE};
+    l.bind(label);
+    let expansion = std::mem::replace(&mut l.driver().expansion, Expansion::RuntimeMemory);
+    l.alu(Width::W64, AluOp::Mov, 5, Operand::Imm(PJ_STOP_NONE as i32));
+    l.store(Size::W, ENV, PJ_ENV_STOP_KIND as i16, Operand::Reg(5));
+    l.driver().expansion = expansion;
+    let whole = l.new_label();
+    l.branch_to(
+        Width::W32,
+        Cond::Eq,
+        4,
+        Operand::Imm(PENDING_WHOLE_ENTRY),
+        whole,
+    );
+    l.tail_jump(FrameExit::TailEntry);
+    l.bind(whole);
+    l.tail_jump(FrameExit::TailCall);
 }
 
 /// The deepest call chains (frames, the entry's included) of a program with a tail call
@@ -1253,8 +1360,10 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     };
     use AluOp::*;
     use Width::{W32, W64};
-    let from = l.driver().tail_jump_from(k);
-    if from.is_none() {
+    // Entered as a callee in a function whose callers go on after it; jumped to from the
+    // entry and, through it, from a function reached only through calls in tail position.
+    let as_callee = k > 0 && !l.driver().in_tail_position(k);
+    if as_callee {
         callee_depth_check(l, id)?;
     }
     let sandboxed = l.driver().mode.sandboxed();
@@ -1317,14 +1426,14 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     }
     l.load(Size::DW, false, 3, 5, 0);
     l.branch_to(W64, Cond::Eq, 3, Operand::Imm(0), out);
-    let Some(from) = from else {
+    if as_callee {
         target_as_callee(l, k, mode_off, out);
         l.bind(out);
         l.alu(W64, Mov, 0, Operand::Imm(0));
         l.driver().expansion = Expansion::None;
         clear_helper_arguments(l);
         return Ok(());
-    };
+    }
     // The run switched over to the target: counted, its maps (and regions) in env.
     // Trusted code and its helpers never read the regions (nothing is checked).
     let switch = |l: &mut L| {
@@ -1354,11 +1463,11 @@ fn prog_array_tail_call<'a, L: Isa<'a>>(
     );
     l.branch_to(W64, Cond::Eq, 0, Operand::Imm(0), full);
     switch(l);
-    l.tail_jump(FrameExit::TailEntry, from);
+    jump_or_pend(l, k, FrameExit::TailEntry);
     l.bind(full);
     whole_entry(l, mode_off, out);
     switch(l);
-    l.tail_jump(FrameExit::TailCall, from);
+    jump_or_pend(l, k, FrameExit::TailCall);
     l.bind(out);
     l.alu(W64, Mov, 0, Operand::Imm(0));
     l.driver().expansion = Expansion::None;
@@ -1742,9 +1851,10 @@ fn emit_cold<'a, L: Isa<'a>>(
     let at = match cold {
         Cold::Group { group, .. } => Some(d.access.groups[group].first),
         Cold::Walk { walk, .. } => Some(d.access.walks[walk].head),
-        Cold::Budget { inst, .. } | Cold::Access { inst, .. } | Cold::NullResult { inst, .. } => {
-            Some(inst)
-        }
+        Cold::Budget { inst, .. }
+        | Cold::Access { inst, .. }
+        | Cold::NullResult { inst, .. }
+        | Cold::PendingTailCall { inst, .. } => Some(inst),
         Cold::Isa(_) => None,
     };
     if let Some(at) = at {
@@ -1778,6 +1888,10 @@ fn emit_cold<'a, L: Isa<'a>>(
             l.bind(label);
             l.alu(Width::W64, AluOp::Mov, 0, Operand::Imm(0));
             l.jump(resume);
+            Ok(())
+        }
+        Cold::PendingTailCall { label, .. } => {
+            pending_tail_call(l, label);
             Ok(())
         }
         Cold::Isa(f) => l.isa_cold(f),

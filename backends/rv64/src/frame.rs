@@ -43,7 +43,7 @@ use crate::regs::{
 use packjit_frontend::analysis::{
     entry_zeroing, live_in, stack_block_size, CodegenMode, LoweringReads,
 };
-use packjit_frontend::lower::{FrameExit, FrameHooks, TailJumpFrom};
+use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 use packjit_plugin_api::abi::{
     PJ_ENV_BUDGET, PJ_ENV_CTX_END, PJ_ENV_CTX_START, PJ_ENV_ENTRY_SP, PJ_ENV_STACK_END,
@@ -355,13 +355,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         TAIL_ENTRY_SKIP
     }
 
-    fn tail_jump(&mut self, exit: FrameExit, from: TailJumpFrom) {
-        if from == TailJumpFrom::TailPositionFunction {
-            // Back to the entry's body, where sp is entry_sp (a stop unwinds the same way):
-            // the functions' frames dropped at once. `leave_frame` then leaves the entry's
-            // frame from there.
-            self.e.load(Mem::D, SP, ENV, PJ_ENV_ENTRY_SP);
-        }
+    fn tail_jump(&mut self, exit: FrameExit) {
         if exit == FrameExit::TailEntry {
             // env stays in s6 and the saves stay: only the block goes. The target's tail
             // entry sets the arguments it reads (`prologue`).

@@ -33,7 +33,7 @@ use crate::lower::{Codegen, CTX_END8, CTX_START8, ENTRY_SP8, STACK_END8, STACK_S
 use crate::regs::*;
 use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, CodegenMode};
-use packjit_frontend::lower::{FrameExit, FrameHooks, TailJumpFrom};
+use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::ranges::AccessPlan;
 use packjit_frontend::{op_kind, Program, STACK_SIZE};
 
@@ -305,23 +305,7 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         TAIL_ENTRY_SKIP
     }
 
-    fn tail_jump(&mut self, exit: FrameExit, from: TailJumpFrom) {
-        if from == TailJumpFrom::TailPositionFunction {
-            // Back to the entry's body: its r10 (rbp) is entry_sp in the uniform frame
-            // (the block is reserved right below it), and without a block rsp is.
-            // `leave_frame` then leaves the entry's frame from there.
-            if self.plan.block > 0 {
-                self.e.asm(
-                    1,
-                    |ops| dynasm!(ops ; .arch x64 ; mov rbp, QWORD [BYTE r12 + ENTRY_SP8]),
-                );
-            } else {
-                self.e.asm(
-                    1,
-                    |ops| dynasm!(ops ; .arch x64 ; mov rsp, QWORD [BYTE r12 + ENTRY_SP8]),
-                );
-            }
-        }
+    fn tail_jump(&mut self, exit: FrameExit) {
         if exit == FrameExit::TailEntry {
             // env stays in r12 and the pad, entry_sp and the saves stay: only the stack
             // block goes. The target's tail entry sets the arguments it reads (`prologue`).

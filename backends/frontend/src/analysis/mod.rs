@@ -27,7 +27,7 @@
 //! * `reach.rs`: which instructions can run given the constants the code computes
 //!   ([`reachable`]; the runtime's test for poisoned CO-RE relocations).
 //! * `tail_position.rs`: the functions reached only through calls in tail position, whose
-//!   tail calls may jump as the entry's do ([`tail_reached`]).
+//!   tail calls the entry makes for them ([`tail_reached`], [`returns_after`]).
 
 mod blinding;
 mod budget;
@@ -58,7 +58,7 @@ pub use liveness::{
 pub use memory::{checked_access, frame_reach, is_frame_constant, stack_block_size, FRAME_LINE};
 pub use mode::{validate_inline_kinds, validate_request, Budget, CodegenMode, MemoryChecks};
 pub use reach::reachable;
-pub use tail_position::tail_reached;
+pub use tail_position::{returns_after, tail_reached};
 
 /// `insns` decoded and verified with helper 1 in the table: the test programs of the
 /// submodules.

@@ -3,12 +3,12 @@
 //! only so. clang emits `return f(ctx)` that way.
 //!
 //! Whatever such a function returns, the run returns, and nothing runs after it but the
-//! callers' `exit`s, which charge no budget (`budget.rs`: back-edges and calls do). So a tail
-//! call made inside it may leave every frame down to the entry's and jump to its target as
-//! the entry's own tail call does (`lower::prog_array_tail_call`, `FrameHooks::tail_jump`
-//! with `TailJumpFrom::TailPositionFunction`): the target's `exit` then ends the run with
-//! its r0, which is what the callers' `exit`s would have returned. A function some caller
-//! goes on after enters the target as a callee instead, as the kernel runs it.
+//! callers' `exit`s, which charge no budget (`budget.rs`: back-edges and calls do) and read
+//! nothing of `env`. So a tail call made inside it need not enter its target as a callee
+//! (the kernel's way, which keeps the callers' state for after the target's return): it
+//! returns with the jump pending, and the entry jumps as its own tail calls do
+//! (`lower::jump_or_pend`). The target's `exit` then ends the run with its r0, which is
+//! what the callers' `exit`s would have returned.
 
 use crate::{BranchKind, Op, Program};
 
@@ -61,6 +61,13 @@ pub fn tail_reached(prog: &Program) -> Vec<bool> {
         }
     }
     tail
+}
+
+/// Whether the local call at `call` is in tail position: an `exit` after it, directly or
+/// through `ja`s.
+pub fn returns_after(prog: &Program, call: usize) -> bool {
+    let end = prog.subprogs[prog.subprog_of(call)].end;
+    returns_from(prog, call + 1, end)
 }
 
 /// Whether instruction `i` of a function ending before `end` is an `exit`, or `ja`s that
