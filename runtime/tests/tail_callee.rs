@@ -117,6 +117,32 @@ fn leaf(r0: i32) -> Vec<u8> {
     .concat()
 }
 
+/// Spins at pc 2 (`ja -1`) until the budget ends the run there.
+fn spinning_target() -> Vec<u8> {
+    [
+        i(0xb7, 0, 0, 0, 0),
+        i(0xb7, 6, 0, 0, 9),
+        i(0x05, 0, 0, -1, 0), // pc 2: ja -1
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+/// Reads past a 4-byte context at pc 1 (sandboxed: stopped there).
+fn reading_past_the_context() -> Vec<u8> {
+    [
+        i(0xb7, 0, 0, 0, 0),
+        i(0x71, 0, 1, 64, 0), // pc 1: r0 = *(u8 *)(ctx + 64)
+        i(EXIT, 0, 0, 0, 0),
+    ]
+    .concat()
+}
+
+/// Spins mem[6..8] rounds (back-edge at pc 3), then returns 9.
+fn counting_target() -> Vec<u8> {
+    [spin_rounds(1, 6), i(0xb7, 0, 0, 0, 9), i(EXIT, 0, 0, 0, 0)].concat()
+}
+
 /// Counts itself in mem[1], tail calls slot mem[0] from its entry function, and returns
 /// `base` + mem[1] as it found it when that tail call falls through.
 fn entry_tail_caller(base: i32) -> Vec<u8> {
@@ -360,13 +386,7 @@ fn a_stop_in_a_target_entered_from_a_function_ends_the_run_with_the_targets_pc()
         let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
         let c = load(&caller());
         // Slot 2 spins at pc 2: the budget ends the run there.
-        let spin = [
-            i(0xb7, 0, 0, 0, 0),
-            i(0xb7, 6, 0, 0, 9),
-            i(0x05, 0, 0, -1, 0), // pc 2: ja -1
-            i(EXIT, 0, 0, 0, 0),
-        ]
-        .concat();
+        let spin = spinning_target();
         rt.set_prog_array(&jumps, 2, Some(load(&spin))).unwrap();
         let mut mem = [0u8, 0, 2, 0];
         assert_eq!(
@@ -411,12 +431,7 @@ fn a_stop_in_a_target_entered_from_a_function_ends_the_run_with_the_targets_pc()
         }
         if trust == Trust::Sandboxed {
             // An access past the context at pc 1 of the target.
-            let oob = [
-                i(0xb7, 0, 0, 0, 0),
-                i(0x71, 0, 1, 64, 0), // pc 1: r0 = *(u8 *)(ctx + 64)
-                i(EXIT, 0, 0, 0, 0),
-            ]
-            .concat();
+            let oob = reading_past_the_context();
             rt.set_prog_array(&jumps, 2, Some(load(&oob))).unwrap();
             let e = c.call(&mut [0, 0, 2, 0]).unwrap_err();
             assert!(
@@ -672,8 +687,7 @@ fn a_target_entered_from_a_function_counts_on_the_runs_budget_and_gives_back_the
         opts.budget = Budget::Limit(1 << 20);
         opts.tier = tier;
         let c = load_as(&rt, trust, &budget_caller(), &opts);
-        // The target spins mem[6..8] rounds (back-edge at pc 3).
-        let target = [spin_rounds(1, 6), i(0xb7, 0, 0, 0, 9), i(EXIT, 0, 0, 0, 0)].concat();
+        let target = counting_target();
         rt.set_prog_array(&jumps, 2, Some(load_as(&rt, trust, &target, &opts)))
             .unwrap();
         let mem = |before: u16, inside: u16, after: u16| {
@@ -892,13 +906,7 @@ fn a_stop_in_a_target_jumped_to_from_a_function_in_tail_position_ends_the_run() 
         opts.tier = tier;
         let load = |code: &[u8]| load_as(&rt, trust, code, &opts);
         let c = load(&tail_position_caller(3, 2, false));
-        let spin = [
-            i(0xb7, 0, 0, 0, 0),
-            i(0xb7, 6, 0, 0, 9),
-            i(0x05, 0, 0, -1, 0), // pc 2: ja -1
-            i(EXIT, 0, 0, 0, 0),
-        ]
-        .concat();
+        let spin = spinning_target();
         rt.set_prog_array(&jumps, 2, Some(load(&spin))).unwrap();
         assert_eq!(
             c.call(&mut [0u8, 0, 2, 0]).unwrap_err(),
@@ -906,12 +914,7 @@ fn a_stop_in_a_target_jumped_to_from_a_function_in_tail_position_ends_the_run() 
             "{tier:?} {trust:?}"
         );
         if trust == Trust::Sandboxed {
-            let oob = [
-                i(0xb7, 0, 0, 0, 0),
-                i(0x71, 0, 1, 64, 0), // pc 1: r0 = *(u8 *)(ctx + 64)
-                i(EXIT, 0, 0, 0, 0),
-            ]
-            .concat();
+            let oob = reading_past_the_context();
             rt.set_prog_array(&jumps, 2, Some(load(&oob))).unwrap();
             let e = c.call(&mut [0u8, 0, 2, 0]).unwrap_err();
             assert!(
@@ -975,8 +978,7 @@ fn a_jump_from_a_function_in_tail_position_counts_the_budget_as_entering_the_tar
         opts.tier = tier;
         let jumping = load_as(&rt, trust, &budget_tail_caller(true), &opts);
         let entering = load_as(&rt, trust, &budget_tail_caller(false), &opts);
-        // The target spins mem[6..8] rounds (back-edge at pc 3).
-        let target = [spin_rounds(1, 6), i(0xb7, 0, 0, 0, 9), i(EXIT, 0, 0, 0, 0)].concat();
+        let target = counting_target();
         rt.set_prog_array(&jumps, 2, Some(load_as(&rt, trust, &target, &opts)))
             .unwrap();
         let mut m = [0u8; 16];
