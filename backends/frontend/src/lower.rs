@@ -313,15 +313,15 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
         }
     }
 
-    /// Whether function `k` is reached only through calls in tail position, so that its
-    /// tail calls may leave every frame and jump as the entry's do
-    /// ([`crate::analysis::tail_reached`]).
+    /// Whether function `k` is reached only through calls in tail position
+    /// ([`crate::analysis::tail_reached`]), so that its tail calls leave the jump to the
+    /// entry (`jump_or_pend`).
     pub fn in_tail_position(&mut self, k: usize) -> bool {
         self.tail_positions().reached[k]
     }
 
     /// Whether the entry's local call at `at` may come back with a tail call pending
-    /// ([`jump_or_pend`]): a call in tail position into a function reached only so, in a
+    /// (`jump_or_pend`): a call in tail position into a function reached only so, in a
     /// program where such a function makes a tail call.
     pub fn may_come_back_pending(&mut self, at: usize) -> bool {
         let prog = self.prog;
@@ -1080,11 +1080,19 @@ fn jump_or_pend<'a, L: Isa<'a>>(l: &mut L, k: usize, exit: FrameExit) {
         FrameExit::TailEntry => PENDING_TAIL_ENTRY,
         _ => PENDING_WHOLE_ENTRY,
     };
-    let expansion = std::mem::replace(&mut l.driver().expansion, Expansion::RuntimeMemory);
-    l.alu(Width::W64, AluOp::Mov, 4, Operand::Imm(kind));
-    l.store(Size::W, ENV, PJ_ENV_STOP_KIND as i16, Operand::Reg(4));
-    l.driver().expansion = expansion;
+    in_runtime_memory(l, |l| {
+        l.alu(Width::W64, AluOp::Mov, 4, Operand::Imm(kind));
+        l.store(Size::W, ENV, PJ_ENV_STOP_KIND as i16, Operand::Reg(4));
+    });
     l.exit(k);
+}
+
+/// `emit` with the driver's accesses to `env` unchecked ([`Expansion::RuntimeMemory`]),
+/// then the expansion as it was.
+fn in_runtime_memory<'a, L: Isa<'a>>(l: &mut L, emit: impl FnOnce(&mut L)) {
+    let was = std::mem::replace(&mut l.driver().expansion, Expansion::RuntimeMemory);
+    emit(l);
+    l.driver().expansion = was;
 }
 
 /// After the entry's call at `at` in tail position into a function that may leave a tail
@@ -1094,10 +1102,10 @@ fn jump_or_pend<'a, L: Isa<'a>>(l: &mut L, k: usize, exit: FrameExit) {
 fn pending_tail_call_check<'a, L: Isa<'a>>(l: &mut L, at: usize) {
     use packjit_plugin_api::abi::{PJ_ENV_STOP_KIND, PJ_STOP_NONE};
     let label = l.new_label();
-    let expansion = std::mem::replace(&mut l.driver().expansion, Expansion::RuntimeMemory);
     // r4: dead after the call, as r1-r5 are after every call.
-    l.load(Size::W, false, 4, ENV, PJ_ENV_STOP_KIND as i16);
-    l.driver().expansion = expansion;
+    in_runtime_memory(l, |l| {
+        l.load(Size::W, false, 4, ENV, PJ_ENV_STOP_KIND as i16)
+    });
     l.branch_to(
         Width::W32,
         Cond::Ne,
@@ -1114,10 +1122,10 @@ fn pending_tail_call_check<'a, L: Isa<'a>>(l: &mut L, at: usize) {
 fn pending_tail_call<'a, L: Isa<'a>>(l: &mut L, label: DynamicLabel) {
     use packjit_plugin_api::abi::{PJ_ENV_STOP_KIND, PJ_STOP_NONE};
     l.bind(label);
-    let expansion = std::mem::replace(&mut l.driver().expansion, Expansion::RuntimeMemory);
-    l.alu(Width::W64, AluOp::Mov, 5, Operand::Imm(PJ_STOP_NONE as i32));
-    l.store(Size::W, ENV, PJ_ENV_STOP_KIND as i16, Operand::Reg(5));
-    l.driver().expansion = expansion;
+    in_runtime_memory(l, |l| {
+        l.alu(Width::W64, AluOp::Mov, 5, Operand::Imm(PJ_STOP_NONE as i32));
+        l.store(Size::W, ENV, PJ_ENV_STOP_KIND as i16, Operand::Reg(5));
+    });
     let whole = l.new_label();
     l.branch_to(
         Width::W32,
