@@ -432,7 +432,7 @@ fn jit_vs_interpreter() {
     );
 }
 
-/// The sandbox benchmark programs (the same as arm64's `sandbox_bench`), in every mode side by
+/// The sandbox benchmark programs (the same as arm64's `arm64_sandbox_bench`), in every mode side by
 /// side: time per run (best of interleaved rounds) as a ratio to trusted, and RV64
 /// instructions per eBPF instruction on the hot loop's inline path.
 #[cfg(target_arch = "riscv64")]

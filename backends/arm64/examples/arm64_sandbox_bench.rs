@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! source scripts/env.sh
-//! packjit_cross_cargo aarch64-unknown-linux-gnu run --release -p packjit-arm64 --example sandbox_bench
+//! packjit_cross_cargo aarch64-unknown-linux-gnu run --release -p packjit-arm64 --example arm64_sandbox_bench
 //! ```
 //!
 //! For each program it prints the time per run in each mode, the ratio to trusted, and the
@@ -150,5 +150,5 @@ fn main() {
     #[cfg(target_arch = "aarch64")]
     bench::main();
     #[cfg(not(target_arch = "aarch64"))]
-    eprintln!("sandbox_bench runs arm64 code: run it for aarch64-unknown-linux-gnu (qemu)");
+    eprintln!("arm64_sandbox_bench runs arm64 code: run it for aarch64-unknown-linux-gnu (qemu)");
 }
