@@ -267,12 +267,9 @@ pub(crate) unsafe fn run_outermost(
     // SAFETY: the pin's slot is this thread's, and no run is in progress on this thread (the
     // caller's promise), so nothing else reads or writes its environment.
     let env = unsafe { &mut *env_ptr };
-    // What a run may leave set that the next must find clear: a stop (read after the run,
-    // cleared here), the tail-call count, the stack bounds of a sandboxed run (a trusted run
-    // after it must not hand its helpers the old block). Loads and one branch when clear.
-    if env.stop_kind as u64 | env.tail_calls | env.stack_start | env.stack_end != 0 {
-        clear_left_over(env);
-    }
+    // What a run leaves set (a stop, the tail-call count, a sandboxed run's stack bounds)
+    // was cleared when the last run here ended (`OutermostRunEnd`): a run never reads it
+    // before it starts.
     env.regions = regions.as_ptr() as u64;
     env.region_count = regions.len() as u64;
     env.ctx_start = ctx as u64;
@@ -287,13 +284,36 @@ pub(crate) unsafe fn run_outermost(
             0
         };
     CURRENT.set(current);
-    let _restore = CurrentEnvGuard(0);
+    let _end = OutermostRunEnd(env_ptr);
     // SAFETY: the caller guarantees `entry` is live code with this signature.
     let f: PjProgramEntry = unsafe { std::mem::transmute(entry as usize) };
     // SAFETY: as above; the slot's environment outlives the call.
     let r0 = unsafe { f(ctx, len as u64, env_ptr) };
-    // SAFETY: the call is over; nothing else holds the environment.
+    // SAFETY: the call is over; nothing else holds the environment. The stop is read
+    // before `_end` clears it.
     stop_to_result(unsafe { &*env_ptr }, r0)
+}
+
+/// Ends an outermost run ([`run_outermost`]), also by unwinding: no run current on the
+/// thread, and the slot's environment cleared of what the run may have left for the next
+/// one to find (a stop, already read; the tail-call count; a sandboxed run's stack bounds,
+/// which a trusted run's helpers would otherwise take for its own). Stores after the run
+/// rather than loads and a test before it: the stores depend on nothing, and the test
+/// found a sandboxed run's bounds set every time (issue 43).
+struct OutermostRunEnd(*mut PjExecEnv);
+
+impl Drop for OutermostRunEnd {
+    #[inline(always)]
+    fn drop(&mut self) {
+        CURRENT.set(0);
+        // SAFETY: the thread's slot environment, which only this thread's runs use, and
+        // the run is over.
+        let env = unsafe { &mut *self.0 };
+        env.stop_kind = PJ_STOP_NONE;
+        env.tail_calls = 0;
+        env.stack_start = 0;
+        env.stack_end = 0;
+    }
 }
 
 /// Whether a run is in progress on this thread (a helper of it, or an interpreter's run
@@ -321,17 +341,6 @@ pub(crate) unsafe fn run_nested(
 ) -> Result<u64, RunError> {
     // SAFETY: forwarded.
     unsafe { run(entry, ctx, len, regions, budget, trust, maps) }
-}
-
-/// Clears what a previous run left in the thread's environment (see [`run_outermost`]).
-/// Inline, without a call: a call on the run path makes the compiler keep the run's values
-/// in saved registers around it.
-#[inline(always)]
-fn clear_left_over(env: &mut PjExecEnv) {
-    env.stop_kind = PJ_STOP_NONE;
-    env.tail_calls = 0;
-    env.stack_start = 0;
-    env.stack_end = 0;
 }
 
 /// Marks the branch that calls it unlikely, without moving the branch's own work out of
@@ -635,6 +644,18 @@ mod tests {
         assert_eq!(first.regions, (regions.as_ptr() as u64, 1));
         assert!(!run_in_progress(), "the run is over");
         assert!(current_env().is_null());
+        // SAFETY: the slot's environment, with no run in progress on this thread.
+        let left = unsafe { &*pin.thread_env() };
+        assert_eq!(
+            (
+                left.stop_kind,
+                left.tail_calls,
+                left.stack_start,
+                left.stack_end
+            ),
+            (PJ_STOP_NONE, 0, 0, 0),
+            "a run clears what it leaves when it ends, its stop read first"
+        );
 
         // The next run on this thread finds none of what the stopped one left, and its own
         // inputs (an empty context: r1 = 0).

@@ -171,8 +171,9 @@ impl RunPin {
     /// The environment the thread's outermost run keeps in its slot, for a run that is the
     /// only one in progress on this thread (the caller checks that: a run that starts inside
     /// another's helper, or any second use while one is in progress, needs its own). Its
-    /// fields hold whatever the previous run left: a run writes the inputs and clears what a
-    /// run may leave set (`exec::run_pinned`).
+    /// inputs are whatever the previous run wrote, and what a run may leave set (a stop, the
+    /// tail-call count, a sandboxed run's stack bounds) is clear: each run writes its inputs,
+    /// and clears the rest when it ends (`exec::run_outermost`).
     pub(crate) fn thread_env(&self) -> *mut PjExecEnv {
         // SAFETY: slots are leaked, never freed; this one is owned by this thread, the only
         // one that touches `env`.
