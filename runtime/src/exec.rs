@@ -297,9 +297,10 @@ pub(crate) unsafe fn run_outermost(
 /// Ends an outermost run ([`run_outermost`]), also by unwinding: no run current on the
 /// thread, and the slot's environment cleared of what the run may have left for the next
 /// one to find (a stop, already read; the tail-call count; a sandboxed run's stack bounds,
-/// which a trusted run's helpers would otherwise take for its own). Stores after the run
-/// rather than loads and a test before it: the stores depend on nothing, and the test
-/// found a sandboxed run's bounds set every time (issue 43).
+/// which a trusted run's helpers would otherwise take for its own). Tested and cleared
+/// only when set, after the run rather than before the next: a short run's cost over its
+/// raw entry is bound by its stores, and the loads and the test are cheaper here than
+/// ahead of the call (issue 43; BENCHMARKS.md, "What a run leaves, cleared when it ends").
 struct OutermostRunEnd(*mut PjExecEnv);
 
 impl Drop for OutermostRunEnd {
@@ -309,10 +310,12 @@ impl Drop for OutermostRunEnd {
         // SAFETY: the thread's slot environment, which only this thread's runs use, and
         // the run is over.
         let env = unsafe { &mut *self.0 };
-        env.stop_kind = PJ_STOP_NONE;
-        env.tail_calls = 0;
-        env.stack_start = 0;
-        env.stack_end = 0;
+        if env.stop_kind as u64 | env.tail_calls | env.stack_start | env.stack_end != 0 {
+            env.stop_kind = PJ_STOP_NONE;
+            env.tail_calls = 0;
+            env.stack_start = 0;
+            env.stack_end = 0;
+        }
     }
 }
 
