@@ -637,7 +637,7 @@ fn array_lookups(rt: &Runtime) {
     ctx[..4].copy_from_slice(&3u32.to_le_bytes());
     ctx[4..].copy_from_slice(&4u32.to_le_bytes());
     let mut per_use = Vec::new();
-    let mut with = None;
+    let mut shown = Vec::new();
     for how in [Use::ConstantKey, Use::KeyFromContext, Use::Global] {
         let once = both(rt, "once", &program(how, 1), &o);
         let twice = both(rt, "twice", &program(how, 2), &o);
@@ -646,8 +646,8 @@ fn array_lookups(rt: &Runtime) {
         }
         per_use
             .push([0, 1].map(|k| twice[k].native_insns() as i64 - once[k].native_insns() as i64));
-        if how == Use::ConstantKey {
-            with = Some(twice);
+        if how != Use::Global {
+            shown.push(twice);
         }
     }
     let without = both(rt, "global_twice", &program(Use::Global, 2), &o);
@@ -670,7 +670,7 @@ fn array_lookups(rt: &Runtime) {
         );
     }
     if std::env::var_os("PACKJIT_BENCH_DISASM").is_some() {
-        for p in with.iter().flatten().chain(&without) {
+        for p in shown.iter().flatten().chain(&without) {
             if let Some(d) = disassemble(p) {
                 println!("\n{} ({:?}):\n{d}", p.name(), p.trust());
             }

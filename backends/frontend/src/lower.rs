@@ -765,6 +765,14 @@ pub trait JumpHooks<'a>: Lowering<'a> {
     /// `if dst cond src goto label`, in a driver's expansion: `label` is the driver's own,
     /// bound later in the same instruction (never a back-edge, never charged).
     fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: DynamicLabel);
+    /// Right after an [`AluHooks::select_element`] that answered [`PastEnd::Selected`] into
+    /// `dst`: a jump to `to` when it selected 0, standing for the program's NULL test of
+    /// `dst` ([`fused_null_test`]). The test itself by default; a backend whose select
+    /// leaves the bound's compare in the flags branches on them instead (one instruction
+    /// where the test takes two).
+    fn branch_if_selected_null(&mut self, dst: Reg, to: DynamicLabel) {
+        self.branch_to(Width::W64, Cond::Eq, dst, Operand::Imm(0), to);
+    }
     /// `exit` of `func` anywhere but as its last instruction on the hot path, which falls
     /// into the epilogue.
     fn exit(&mut self, func: usize);
@@ -1629,10 +1637,17 @@ fn array_lookup<'a, L: Isa<'a>>(
             return lookup_call(l);
         }
         let max = array_bound(l, array.max_entries);
-        return bounded(l, key, max, |l| {
-            spectre_mask(l, key, array.max_entries, max);
-            lookup_call(l)
-        });
+        // The per-CPU lookup may answer NULL itself: the program's test stays.
+        return bounded(
+            l,
+            key,
+            max,
+            |l| {
+                spectre_mask(l, key, array.max_entries, max);
+                lookup_call(l)
+            },
+            None,
+        );
     }
     let max = array_bound(l, array.max_entries);
     let sandboxed = l.driver().mode.sandboxed();
@@ -1694,18 +1709,72 @@ fn array_bound<'a, L: Isa<'a>>(l: &mut L, max_entries: u32) -> Operand {
 }
 
 /// `if index >= max goto null`, then `found`, with `null` out of line (`Cold::NullResult`:
-/// r0 = 0, then back after `found`'s code).
+/// r0 = 0, then back after `found`'s code, or on to `null_test`, where the program's NULL
+/// test would go: see [`fused_null_test`]).
 fn bounded<'a, L: Isa<'a>>(
     l: &mut L,
     index: Reg,
     max: Operand,
     found: impl FnOnce(&mut L) -> Result<(), CompileError>,
+    null_test: Option<DynamicLabel>,
 ) -> Result<(), CompileError> {
     let null = l.new_label();
     l.branch_to(Width::W64, Cond::Ge, index, max, null);
     found(l)?;
-    null_result_at(l, null);
+    match null_test {
+        Some(taken) => null_result_to(l, null, taken),
+        None => null_result_at(l, null),
+    }
     Ok(())
+}
+
+/// The out-of-line `r0 = 0` at `null`, going on to `to` ([`Cold::NullResult`]).
+fn null_result_to<'a, L: Isa<'a>>(l: &mut L, null: DynamicLabel, to: DynamicLabel) {
+    let inst = l.driver().cur;
+    l.driver().queue(Cold::NullResult {
+        inst,
+        label: null,
+        resume: to,
+    });
+}
+
+/// Where the program's NULL test right after an inlined lookup that forms an element's
+/// address goes when the result is NULL, if the lookup can take the test over: `if r0 ==
+/// 0 goto L`, 64-bit, forward, and no other jump lands on it. The lookup's own bound then
+/// sends NULL to `L` (the out-of-line `r0 = 0` goes on there, or the select's branch,
+/// [`AluHooks::branch_if_selected_null`]), and the test is not emitted ([`Driver::skip`]):
+/// on the found path r0 is an element's address, never 0. clang's `if (!v) return 0;`
+/// after a lookup then costs nothing in trusted code and one branch on the bound's flags
+/// in sandboxed code. The analyses still see the test (the program is unchanged), and
+/// under a mispredicted bound r0 is 0 or inside the array, as with the test.
+fn fused_null_test<'a, L: Isa<'a>>(l: &mut L) -> Option<DynamicLabel> {
+    let d = l.driver();
+    if d.in_copy() {
+        return None;
+    }
+    let next = d.cur + 1;
+    if next >= d.prog.subprogs[d.prog.subprog_of(d.cur)].end || d.access.jumped_to(d.prog, next) {
+        return None;
+    }
+    let Op::Jcond {
+        width: Width::W64,
+        cond: Cond::Eq,
+        dst: 0,
+        src: Operand::Imm(0),
+        target,
+    } = d.prog.insts[next].op
+    else {
+        return None;
+    };
+    // Forward only: a back-edge is charged to the budget where it is lowered.
+    if target as usize <= next {
+        return None;
+    }
+    // Asked at the lookup, not at the test: a re-entry past a check group that the front
+    // end may allow the test's jump is not taken (the group's test runs), which is safe.
+    let taken = d.jump_label(target as usize);
+    d.skip = Some(next);
+    Some(taken)
 }
 
 /// Here: where the out-of-line `r0 = 0` at `null` comes back to ([`Cold::NullResult`]).
@@ -1730,12 +1799,19 @@ fn bounded_element<'a, L: Isa<'a>>(
     max: Operand,
     scale: impl FnOnce(&mut L) -> u8,
 ) -> Result<(), CompileError> {
-    bounded(l, index, max, |l| {
-        let shift = scale(l);
-        l.load_imm64(0, base);
-        l.scaled_add(0, 0, index, shift);
-        Ok(())
-    })
+    let null_test = fused_null_test(l);
+    bounded(
+        l,
+        index,
+        max,
+        |l| {
+            let shift = scale(l);
+            l.load_imm64(0, base);
+            l.scaled_add(0, 0, index, shift);
+            Ok(())
+        },
+        null_test,
+    )
 }
 
 /// Sandboxed code's element address, `r0 = index < max ? base + (index << shift) : 0`,
@@ -1751,8 +1827,12 @@ fn selected_element<'a, L: Isa<'a>>(
 ) -> Result<(), CompileError> {
     l.load_imm64(0, base);
     let past_end = l.new_label();
-    if l.select_element(0, index, max, shift, past_end) == PastEnd::Branched {
-        null_result_at(l, past_end);
+    let null_test = fused_null_test(l);
+    match (l.select_element(0, index, max, shift, past_end), null_test) {
+        (PastEnd::Branched, None) => null_result_at(l, past_end),
+        (PastEnd::Branched, Some(taken)) => null_result_to(l, past_end, taken),
+        (PastEnd::Selected, Some(taken)) => l.branch_if_selected_null(0, taken),
+        (PastEnd::Selected, None) => {}
     }
     Ok(())
 }

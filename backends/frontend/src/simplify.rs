@@ -4,7 +4,8 @@
 
 use crate::analysis::{constant_array_keys, helper_lowering, HelperLowering};
 use crate::{
-    op_kind, verify::decode_with, Branch, BranchKind, Compared, DecodeOptions, Op, Program,
+    op_kind, verify::decode_with, AluOp, Branch, BranchKind, Compared, DecodeOptions, Op, Operand,
+    Program, Width,
 };
 use packjit_plugin_api::{
     CompileError, CompileRequest, ErrorKind, HelperEntry, PjLookupValue, PjLookupValues,
@@ -23,6 +24,7 @@ pub fn decode_for_lowering(req: &CompileRequest<'_>) -> Result<Program, CompileE
         prog.lookup_values = lookup_values(&prog, req.helpers)?;
     }
     prog.call_results = folded_lookups(&prog, req.helpers);
+    decide_folded_result_tests(&mut prog);
     prog.expanded_calls = inlined_tail_calls(&prog, req.helpers);
     Ok(prog)
 }
@@ -74,6 +76,94 @@ fn folded_lookups(prog: &Program, helpers: &[HelperEntry]) -> Vec<(usize, u64)> 
             _ => None,
         })
         .collect()
+}
+
+/// The test of a folded lookup's result that follows it (`if r0 == 0 goto out`, on r0 or
+/// a copy of it), decided at compile time: the driver emits the element's address or 0 as
+/// a constant ([`Program::call_results`]), so the comparison's outcome is known. A test
+/// that cannot be taken becomes a jump to the next instruction (no code), one that is
+/// always taken a `goto`; clang's `u32 key = 0; v = lookup(&map, &key); if (!v) return 0;`
+/// then costs what a load of a global costs, as the kernel's verifier makes it for array
+/// lookups with a constant key in bounds.
+///
+/// Only in the straight-line code right after the call (no jump lands in between, so the
+/// register holds the constant on every path), and only forward jumps: no back-edge
+/// changes, so the budget's charges stay where they were.
+fn decide_folded_result_tests(prog: &mut Program) {
+    let mut decided = false;
+    for k in 0..prog.call_results.len() {
+        let (at, value) = prog.call_results[k];
+        let end = prog.subprogs[prog.subprog_of(at)].end;
+        // The registers holding the call's result (bit n = rn).
+        let mut holding: u16 = 1;
+        let mut i = at + 1;
+        while i < end && !prog.is_target[i] && holding != 0 {
+            match prog.insts[i].op {
+                Op::Jcond {
+                    width,
+                    cond,
+                    dst,
+                    src: Operand::Imm(imm),
+                    target,
+                } if holding & (1 << dst) != 0 && target as usize > i => {
+                    let (a, b) = match width {
+                        Width::W64 => (value, imm as i64 as u64),
+                        Width::W32 => (value as u32 as u64, imm as u32 as u64),
+                    };
+                    let to = if cond.eval(width, a, b) {
+                        target
+                    } else {
+                        i as u32 + 1
+                    };
+                    prog.insts[i].op = Op::Ja { target: to };
+                    let b = prog
+                        .branches
+                        .binary_search_by_key(&(i as u32), |b| b.at)
+                        .expect("every conditional jump is listed");
+                    prog.branches[b] = Branch {
+                        at: i as u32,
+                        target: to,
+                        kind: BranchKind::Ja,
+                        compared: Compared::Nothing,
+                    };
+                    let f = prog.subprog_of(i);
+                    prog.subprogs[f].ops |= op_kind::JA;
+                    decided = true;
+                    break;
+                }
+                Op::Alu {
+                    width: Width::W64,
+                    op: AluOp::Mov,
+                    dst,
+                    src: Operand::Reg(src),
+                } if dst < 10 => {
+                    if holding & (1 << src) != 0 {
+                        holding |= 1 << dst;
+                    } else {
+                        holding &= !(1 << dst);
+                    }
+                }
+                Op::Ja { .. }
+                | Op::Jcond { .. }
+                | Op::Exit
+                | Op::CallHelper { .. }
+                | Op::CallReg { .. }
+                | Op::CallLocal { .. }
+                | Op::PacketLoad { .. } => break,
+                ref op => {
+                    if let Some(w) = op.written_reg() {
+                        holding &= !(1 << w);
+                    }
+                }
+            }
+            i += 1;
+        }
+    }
+    if decided {
+        let branches = std::mem::take(&mut prog.branches);
+        recompute_targets(prog, &branches);
+        prog.branches = branches;
+    }
 }
 
 /// The regions of the request's [`PJ_HELPER_STATIC_REGIONS`] entry, if it has one.

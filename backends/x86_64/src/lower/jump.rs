@@ -161,6 +161,12 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
         self.e.jump(Some(cc_of(cond)), label);
     }
 
+    /// `select_element`'s `cmp` of the index with the bound still sets the flags (`lea` and
+    /// `cmov` write none): `jae` is the select's NULL, one instruction for `test` + `je`.
+    fn branch_if_selected_null(&mut self, _dst: Reg, to: Label) {
+        self.e.jump(Some(Cc::Ae), to);
+    }
+
     fn exit(&mut self, k: usize) {
         if self.bare_return(k) {
             self.e.ret();
