@@ -5,7 +5,7 @@
 mod host;
 
 use packjit::maps::{Map, MapSpec, MapType};
-use packjit::{LoadOptions, Program, RunError, Stop, Trust};
+use packjit::{Budget, LoadOptions, Program, RunError, Stop, Trust};
 use packjit_frontend::encode_insn;
 use std::sync::Arc;
 
@@ -566,6 +566,91 @@ fn null_tests_after_inlined_lookups_are_decided_or_taken_over() {
             );
         }
     }
+}
+
+/// The NULL test jumping back, as clang places a shared `return` before a later lookup:
+/// `goto +2; r0 = 777; exit; key = *(u32 *)(ctx + 0); r0 = lookup(map 0, &key); [goto +0;]
+/// if r0 == 0 goto (r0 = 777); r0 = *(u64 *)(r0 + 8); exit`.
+fn null_tested_backward(test_joined: bool) -> Vec<u8> {
+    let test_slot: i16 = if test_joined { 11 } else { 10 };
+    let mut code = vec![
+        i(0x05, 0, 0, 2, 0),
+        i(0xb7, 0, 0, 0, 777),
+        i(EXIT, 0, 0, 0, 0),
+        i(0x61, 1, 1, 0, 0),
+        i(0x63, 10, 1, -4, 0),
+        i(0xbf, 2, 10, 0, 0),
+        i(0x07, 2, 0, 0, -4),
+        map_ref(1, 0),
+        i(CALL, 0, 0, 0, 1),
+    ];
+    if test_joined {
+        code.push(i(0x05, 0, 0, 0, 0));
+    }
+    code.extend([
+        i(0x15, 0, 0, -test_slot, 0), // back to `r0 = 777` (slot 1)
+        i(0x79, 0, 0, 8, 0),
+        i(EXIT, 0, 0, 0, 0),
+    ]);
+    code.concat()
+}
+
+/// A NULL test that jumps back is taken over only by trusted code without a budget: with
+/// one, the back-edge's charge stays where the test is (the trusted run stops where the
+/// sandboxed one does, at every budget).
+#[test]
+fn backward_null_tests_are_taken_over_only_without_a_budget() {
+    let rt = host::host_runtime();
+    let map = Map::new(spec("table", MapType::Array, 4, 16, 5)).unwrap();
+    let mut v = [0u8; 16];
+    v[8..].copy_from_slice(&3002u64.to_le_bytes());
+    map.update(&2u32.to_le_bytes(), &v, 0).unwrap();
+    let with = |budget| LoadOptions {
+        maps: vec![map.clone()],
+        budget,
+        ..Default::default()
+    };
+    let opts = with(Budget::Default);
+    for key in [2u32, 3, 5, u32::MAX] {
+        let want = match key {
+            2 => 3002,
+            3 => 0,
+            _ => 777,
+        };
+        for joined in [false, true] {
+            for p in load_both(&rt, &null_tested_backward(joined), &opts) {
+                let got = p.call(&mut key.to_le_bytes()).unwrap();
+                assert_eq!(got, want, "key {key}, joined {joined}, {:?}", p.trust());
+            }
+        }
+    }
+    let load_trusted = |code: &[u8]| {
+        // SAFETY: the program touches its stack, its context and an element of the map.
+        unsafe { rt.load_trusted(code, &opts) }.unwrap()
+    };
+    let fused = load_trusted(&null_tested_backward(false));
+    let kept = load_trusted(&null_tested_backward(true));
+    assert!(
+        fused.native_insns() < kept.native_insns(),
+        "fused {} vs kept {}",
+        fused.native_insns(),
+        kept.native_insns()
+    );
+    let mut stopped = 0;
+    for budget in 0..24 {
+        let opts = with(Budget::Limit(budget));
+        let runs: Vec<_> = load_both(&rt, &null_tested_backward(false), &opts)
+            .iter()
+            .map(|p| {
+                p.call(&mut 9u32.to_le_bytes())
+                    .map_err(|e| format!("{e:?}"))
+            })
+            .collect();
+        assert_eq!(runs[0], runs[1], "budget {budget}: sandboxed, trusted");
+        stopped += usize::from(runs[1].is_err());
+    }
+    // The budgets cover both sides of the back-edge's charge.
+    assert!((1..24).contains(&stopped), "{stopped} of 24 runs stopped");
 }
 
 #[test]

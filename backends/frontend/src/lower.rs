@@ -763,13 +763,14 @@ pub trait JumpHooks<'a>: Lowering<'a> {
     /// `if dst cond src goto target`.
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize);
     /// `if dst cond src goto label`, in a driver's expansion: `label` is the driver's own,
-    /// bound later in the same instruction (never a back-edge, never charged).
+    /// bound later in the same instruction, or a later instruction's start that the
+    /// expansion jumps to as that instruction would (never a back-edge, never charged).
     fn branch_to(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, label: DynamicLabel);
     /// Right after an [`AluHooks::select_element`] that answered [`PastEnd::Selected`] into
     /// `dst`: a jump to `to` when it selected 0, standing for the program's NULL test of
-    /// `dst` ([`fused_null_test`]). The test itself by default; a backend whose select
-    /// leaves the bound's compare in the flags branches on them instead (one instruction
-    /// where the test takes two).
+    /// `dst` (the driver's `fused_null_test`). The test itself by default; a backend whose
+    /// select leaves the bound's compare in the flags branches on them instead (one
+    /// instruction where the test takes two).
     fn branch_if_selected_null(&mut self, dst: Reg, to: DynamicLabel) {
         self.branch_to(Width::W64, Cond::Eq, dst, Operand::Imm(0), to);
     }
@@ -1740,7 +1741,8 @@ fn null_result_to<'a, L: Isa<'a>>(l: &mut L, null: DynamicLabel, to: DynamicLabe
 
 /// Where the program's NULL test right after an inlined lookup that forms an element's
 /// address goes when the result is NULL, if the lookup can take the test over: `if r0 ==
-/// 0 goto L`, 64-bit, forward, and no other jump lands on it. The lookup's own bound then
+/// 0 goto L`, 64-bit, forward (or backward in trusted code without a budget), and no other
+/// jump lands on it. The lookup's own bound then
 /// sends NULL to `L` (the out-of-line `r0 = 0` goes on there, or the select's branch,
 /// [`AluHooks::branch_if_selected_null`]), and the test is not emitted ([`Driver::skip`]):
 /// on the found path r0 is an element's address, never 0. clang's `if (!v) return 0;`
@@ -1766,8 +1768,9 @@ fn fused_null_test<'a, L: Isa<'a>>(l: &mut L) -> Option<DynamicLabel> {
     else {
         return None;
     };
-    // Forward only: a back-edge is charged to the budget where it is lowered.
-    if target as usize <= next {
+    // A back-edge pays the budget and may land on a walk's clamp where it is lowered: only
+    // trusted code without a budget (no walks there) jumps back from the lookup.
+    if target as usize <= next && (d.mode.sandboxed() || d.mode.counts_budget()) {
         return None;
     }
     // Asked at the lookup, not at the test: a re-entry past a check group that the front
