@@ -84,6 +84,9 @@ pub enum Cold<A, F> {
         inst: usize,
         label: DynamicLabel,
         resume: DynamicLabel,
+        /// The instructions `inst + 1..replay_to` run again after `r0 = 0`: those between
+        /// the lookup and a NULL test it took over (`fused_null_test`), empty otherwise.
+        replay_to: usize,
     },
     /// The entry's call at `inst` came back with a tail call pending: the entry's jump
     /// (`pending_tail_call`).
@@ -1647,7 +1650,7 @@ fn array_lookup<'a, L: Isa<'a>>(
                 spectre_mask(l, key, array.max_entries, max);
                 lookup_call(l)
             },
-            None,
+            false,
         );
     }
     let max = array_bound(l, array.max_entries);
@@ -1710,75 +1713,120 @@ fn array_bound<'a, L: Isa<'a>>(l: &mut L, max_entries: u32) -> Operand {
 }
 
 /// `if index >= max goto null`, then `found`, with `null` out of line (`Cold::NullResult`:
-/// r0 = 0, then back after `found`'s code, or on to `null_test`, where the program's NULL
-/// test would go: see [`fused_null_test`]).
+/// r0 = 0, then back after `found`'s code, or on to where the program's NULL test goes
+/// when `found` forms an element's address: [`fused_null_test`]).
 fn bounded<'a, L: Isa<'a>>(
     l: &mut L,
     index: Reg,
     max: Operand,
     found: impl FnOnce(&mut L) -> Result<(), CompileError>,
-    null_test: Option<DynamicLabel>,
+    forms_address: bool,
 ) -> Result<(), CompileError> {
     let null = l.new_label();
     l.branch_to(Width::W64, Cond::Ge, index, max, null);
     found(l)?;
-    match null_test {
-        Some(taken) => null_result_to(l, null, taken),
+    match forms_address.then(|| fused_null_test(l, true)).flatten() {
+        Some(test) => null_result_to(l, null, test),
         None => null_result_at(l, null),
     }
     Ok(())
 }
 
-/// The out-of-line `r0 = 0` at `null`, going on to `to` ([`Cold::NullResult`]).
-fn null_result_to<'a, L: Isa<'a>>(l: &mut L, null: DynamicLabel, to: DynamicLabel) {
+/// The out-of-line `r0 = 0` at `null`, going on where the NULL test `test` sends NULL
+/// ([`Cold::NullResult`]).
+fn null_result_to<'a, L: Isa<'a>>(l: &mut L, null: DynamicLabel, test: FusedNullTest) {
     let inst = l.driver().cur;
     l.driver().queue(Cold::NullResult {
         inst,
         label: null,
-        resume: to,
+        resume: test.taken,
+        replay_to: test.at,
     });
 }
 
-/// Where the program's NULL test right after an inlined lookup that forms an element's
-/// address goes when the result is NULL, if the lookup can take the test over: `if r0 ==
-/// 0 goto L`, 64-bit, forward (or backward in trusted code without a budget), and no other
-/// jump lands on it. The lookup's own bound then
-/// sends NULL to `L` (the out-of-line `r0 = 0` goes on there, or the select's branch,
-/// [`AluHooks::branch_if_selected_null`]), and the test is not emitted ([`Driver::skip`]):
-/// on the found path r0 is an element's address, never 0. clang's `if (!v) return 0;`
-/// after a lookup then costs nothing in trusted code and one branch on the bound's flags
-/// in sandboxed code. The analyses still see the test (the program is unchanged), and
-/// under a mispredicted bound r0 is 0 or inside the array, as with the test.
-fn fused_null_test<'a, L: Isa<'a>>(l: &mut L) -> Option<DynamicLabel> {
+/// A program's NULL test an inlined lookup takes over ([`fused_null_test`]).
+#[derive(Clone, Copy)]
+struct FusedNullTest {
+    /// Where NULL goes.
+    taken: DynamicLabel,
+    /// The test's instruction index; the ones between the lookup and it run on the NULL
+    /// path too.
+    at: usize,
+}
+
+/// The program's NULL test of an inlined lookup that forms an element's address, if the
+/// lookup can take it over: `if rX == 0 goto L`, 64-bit, where rX holds the lookup's
+/// result (r0, or a 64-bit copy), forward (or backward in trusted code without a budget),
+/// with at most [`NULL_TEST_REACH`] register-only instructions between the call and it
+/// (`replay`: else none), and no jump landing on any of them. The lookup's bound then
+/// sends NULL to `L` itself: the out-of-line `r0 = 0` runs the instructions in between
+/// again (as clang's `r1 = r0; r0 = 0; if r1 == 0` needs) and goes on to `L`, or the
+/// select's branch does ([`AluHooks::branch_if_selected_null`], when nothing is in
+/// between). The test is not emitted ([`Driver::skip`]): on the found path rX is an
+/// element's address, never 0. `if (!v) return 0;` after a lookup then costs nothing in
+/// trusted code and one branch on the bound's flags in sandboxed code. The analyses still
+/// see the test (the program is unchanged), and under a mispredicted bound r0 is 0 or
+/// inside the array, as with the test.
+fn fused_null_test<'a, L: Isa<'a>>(l: &mut L, replay: bool) -> Option<FusedNullTest> {
     let d = l.driver();
     if d.in_copy() {
         return None;
     }
-    let next = d.cur + 1;
-    if next >= d.prog.subprogs[d.prog.subprog_of(d.cur)].end || d.access.jumped_to(d.prog, next) {
-        return None;
+    let end = d.prog.subprogs[d.prog.subprog_of(d.cur)].end;
+    let reach = if replay { NULL_TEST_REACH } else { 0 };
+    // The registers holding the lookup's result (bit n = rn).
+    let mut holding: u16 = 1;
+    for at in d.cur + 1..end.min(d.cur + 2 + reach) {
+        if d.access.jumped_to(d.prog, at) {
+            return None;
+        }
+        match d.prog.insts[at].op {
+            Op::Jcond {
+                width: Width::W64,
+                cond: Cond::Eq,
+                dst,
+                src: Operand::Imm(0),
+                target,
+            } if holding & (1 << dst) != 0 => {
+                // A back-edge pays the budget and may land on a walk's clamp where it is
+                // lowered: only trusted code without a budget (no walks there) jumps back
+                // from the lookup.
+                if target as usize <= at && (d.mode.sandboxed() || d.mode.counts_budget()) {
+                    return None;
+                }
+                // Asked at the lookup, not at the test: a re-entry past a check group that
+                // the front end may allow the test's jump is not taken (the group's test
+                // runs), which is safe.
+                let taken = d.jump_label(target as usize);
+                d.skip = Some(at);
+                return Some(FusedNullTest { taken, at });
+            }
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Mov,
+                dst,
+                src: Operand::Reg(src),
+            } if dst < 10 => {
+                if holding & (1 << src) != 0 {
+                    holding |= 1 << dst;
+                } else {
+                    holding &= !(1 << dst);
+                }
+            }
+            ref op @ (Op::Alu { .. } | Op::Neg { .. } | Op::End { .. } | Op::MovSx { .. }) => {
+                if let Some(w) = op.written_reg() {
+                    holding &= !(1 << w);
+                }
+            }
+            _ => return None,
+        }
     }
-    let Op::Jcond {
-        width: Width::W64,
-        cond: Cond::Eq,
-        dst: 0,
-        src: Operand::Imm(0),
-        target,
-    } = d.prog.insts[next].op
-    else {
-        return None;
-    };
-    // A back-edge pays the budget and may land on a walk's clamp where it is lowered: only
-    // trusted code without a budget (no walks there) jumps back from the lookup.
-    if target as usize <= next && (d.mode.sandboxed() || d.mode.counts_budget()) {
-        return None;
-    }
-    // Asked at the lookup, not at the test: a re-entry past a check group that the front
-    // end may allow the test's jump is not taken (the group's test runs), which is safe.
-    let taken = d.jump_label(target as usize);
-    d.skip = Some(next);
-    Some(taken)
+    None
 }
+
+/// How many instructions may stand between a lookup and the NULL test it takes over (run
+/// a second time on the NULL path): clang's `r1 = r0; r0 = 0` before `if r1 == 0`.
+const NULL_TEST_REACH: usize = 2;
 
 /// Here: where the out-of-line `r0 = 0` at `null` comes back to ([`Cold::NullResult`]).
 fn null_result_at<'a, L: Isa<'a>>(l: &mut L, null: DynamicLabel) {
@@ -1789,6 +1837,7 @@ fn null_result_at<'a, L: Isa<'a>>(l: &mut L, null: DynamicLabel) {
         inst,
         label: null,
         resume,
+        replay_to: inst + 1,
     });
 }
 
@@ -1802,7 +1851,6 @@ fn bounded_element<'a, L: Isa<'a>>(
     max: Operand,
     scale: impl FnOnce(&mut L) -> u8,
 ) -> Result<(), CompileError> {
-    let null_test = fused_null_test(l);
     bounded(
         l,
         index,
@@ -1813,7 +1861,7 @@ fn bounded_element<'a, L: Isa<'a>>(
             l.scaled_add(0, 0, index, shift);
             Ok(())
         },
-        null_test,
+        true,
     )
 }
 
@@ -1830,11 +1878,14 @@ fn selected_element<'a, L: Isa<'a>>(
 ) -> Result<(), CompileError> {
     l.load_imm64(0, base);
     let past_end = l.new_label();
-    let null_test = fused_null_test(l);
-    match (l.select_element(0, index, max, shift, past_end), null_test) {
+    // A select that branches goes on from its out-of-line NULL, where the instructions
+    // before the test can run again; an in-line select branches right after itself, so
+    // only a test right after the call is taken over.
+    let form = l.select_element(0, index, max, shift, past_end);
+    match (form, fused_null_test(l, form == PastEnd::Branched)) {
         (PastEnd::Branched, None) => null_result_at(l, past_end),
-        (PastEnd::Branched, Some(taken)) => null_result_to(l, past_end, taken),
-        (PastEnd::Selected, Some(taken)) => l.branch_if_selected_null(0, taken),
+        (PastEnd::Branched, Some(test)) => null_result_to(l, past_end, test),
+        (PastEnd::Selected, Some(test)) => l.branch_if_selected_null(0, test.taken),
         (PastEnd::Selected, None) => {}
     }
     Ok(())
@@ -1975,9 +2026,21 @@ fn emit_cold<'a, L: Isa<'a>>(
             label,
             charge,
         } => l.budget_stop(inst, label, charge),
-        Cold::NullResult { label, resume, .. } => {
+        Cold::NullResult {
+            inst,
+            label,
+            resume,
+            replay_to,
+        } => {
             l.bind(label);
             l.alu(Width::W64, AluOp::Mov, 0, Operand::Imm(0));
+            let prog = l.driver().prog;
+            let func = prog.subprog_of(inst);
+            for j in inst + 1..replay_to {
+                l.driver().cur = j;
+                let blind_key = l.driver().mode.blind_key;
+                lower_instruction(l, func, j, &prog.insts[j], blind_key)?;
+            }
             l.jump(resume);
             Ok(())
         }
