@@ -535,6 +535,9 @@ pub mod op_kind {
     pub const PACKET_LOAD: u16 = 1 << 15;
     /// The calls of every kind (helper, `callx`, local): they clobber r1–r5.
     pub const CALLS: u16 = CALL_HELPER | CALL_REG | CALL_LOCAL;
+    /// What ends the straight-line stretch a pass follows a value through: jumps, `exit`,
+    /// calls (they clobber r1–r5) and legacy packet loads (they may end the run).
+    pub const STRAIGHT_LINE_END: u16 = JA | JCOND | EXIT | CALLS | PACKET_LOAD;
 }
 
 impl Op {

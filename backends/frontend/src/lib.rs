@@ -187,6 +187,23 @@ impl Program {
         self.insts[i].op.written_reg().map_or(0, |r| 1 << r)
     }
 
+    /// The registers holding one value (bit n = rn) after instruction `i`, from `holding`
+    /// before it: a 64-bit `mov` from one of them copies the value, any other write
+    /// replaces what it writes. For straight-line code (see
+    /// [`op_kind::STRAIGHT_LINE_END`]).
+    #[inline]
+    pub fn copies_after(&self, i: usize, holding: u16) -> u16 {
+        match self.insts[i].op {
+            Op::Alu {
+                width: Width::W64,
+                op: AluOp::Mov,
+                dst,
+                src: Operand::Reg(src),
+            } if holding & (1 << src) != 0 => holding | (1 << dst),
+            _ => holding & !self.writes(i),
+        }
+    }
+
     /// Instruction `i`'s [`op_kind`] bit.
     #[inline]
     pub fn kind(&self, i: usize) -> u16 {

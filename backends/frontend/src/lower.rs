@@ -49,7 +49,9 @@ use crate::ranges::{AccessCheck, AccessPlan, Group};
 use crate::relax::{BranchCheck, Relaxation, Settled};
 use crate::reuse::{self, Reused};
 use crate::walks::Guard;
-use crate::{AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width};
+use crate::{
+    op_kind, AluOp, AtomicOp, Cond, EndKind, Inst, Op, Operand, Program, Reg, Size, Width,
+};
 
 /// Out-of-line code of one instruction, emitted after its function (or in an island) so the
 /// hot path stays dense. `A` is where the backend keeps an access's address for its slow
@@ -1526,13 +1528,7 @@ pub(crate) fn known_index(prog: &crate::Program, k: usize, at: usize) -> Option<
                 src: Operand::Imm(imm),
                 ..
             } => return Some(imm as u32),
-            Op::Ja { .. }
-            | Op::Jcond { .. }
-            | Op::Exit
-            | Op::CallHelper { .. }
-            | Op::CallReg { .. }
-            | Op::CallLocal { .. }
-            | Op::PacketLoad { .. } => return None,
+            _ if prog.kind(j) & op_kind::STRAIGHT_LINE_END != 0 => return None,
             _ if prog.writes(j) & (1 << 3) != 0 => return None,
             _ => {}
         }
@@ -1801,22 +1797,12 @@ fn fused_null_test<'a, L: Isa<'a>>(l: &mut L, replay: bool) -> Option<FusedNullT
                 d.skip = Some(at);
                 return Some(FusedNullTest { taken, at });
             }
-            Op::Alu {
-                width: Width::W64,
-                op: AluOp::Mov,
-                dst,
-                src: Operand::Reg(src),
-            } if dst < 10 => {
-                if holding & (1 << src) != 0 {
-                    holding |= 1 << dst;
-                } else {
-                    holding &= !(1 << dst);
-                }
-            }
-            ref op @ (Op::Alu { .. } | Op::Neg { .. } | Op::End { .. } | Op::MovSx { .. }) => {
-                if let Some(w) = op.written_reg() {
-                    holding &= !(1 << w);
-                }
+            // Only register arithmetic runs again on the NULL path.
+            _ if d.prog.kind(at)
+                & (op_kind::ALU | op_kind::NEG | op_kind::END | op_kind::MOV_SX)
+                != 0 =>
+            {
+                holding = d.prog.copies_after(at, holding)
             }
             _ => return None,
         }

@@ -4,7 +4,7 @@
 
 use crate::analysis::{constant_array_keys, helper_lowering, HelperLowering};
 use crate::{
-    op_kind, verify::decode_with, AluOp, Branch, BranchKind, Compared, DecodeOptions, Op, Operand,
+    op_kind, verify::decode_with, Branch, BranchKind, Compared, DecodeOptions, Op, Operand,
     Program, Width,
 };
 use packjit_plugin_api::{
@@ -131,30 +131,8 @@ fn decide_folded_result_tests(prog: &mut Program) {
                     decided = true;
                     break;
                 }
-                Op::Alu {
-                    width: Width::W64,
-                    op: AluOp::Mov,
-                    dst,
-                    src: Operand::Reg(src),
-                } if dst < 10 => {
-                    if holding & (1 << src) != 0 {
-                        holding |= 1 << dst;
-                    } else {
-                        holding &= !(1 << dst);
-                    }
-                }
-                Op::Ja { .. }
-                | Op::Jcond { .. }
-                | Op::Exit
-                | Op::CallHelper { .. }
-                | Op::CallReg { .. }
-                | Op::CallLocal { .. }
-                | Op::PacketLoad { .. } => break,
-                ref op => {
-                    if let Some(w) = op.written_reg() {
-                        holding &= !(1 << w);
-                    }
-                }
+                _ if prog.kind(i) & op_kind::STRAIGHT_LINE_END != 0 => break,
+                _ => holding = prog.copies_after(i, holding),
             }
             i += 1;
         }
