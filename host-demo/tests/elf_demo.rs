@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 fn obj(name: &str) -> std::path::PathBuf {
     let bytes = elf_support::compile_bpf(name);
-    let p = std::env::temp_dir().join(format!("packjit-demo-{}-{name}.o", std::process::id()));
+    let p = elf_support::scratch_path(&format!("demo-{name}.o"));
     std::fs::write(&p, bytes).unwrap();
     p
 }
@@ -75,7 +75,7 @@ fn run_prints_r0_and_globals() {
         );
     }
     // Same by function name, memory from a file, sandboxed.
-    let mem = std::env::temp_dir().join(format!("packjit-demo-{}-mem", std::process::id()));
+    let mem = elf_support::scratch_path("demo-mem");
     std::fs::write(&mem, [1u8]).unwrap();
     let mem = mem.to_str().unwrap();
     let by_function = [

@@ -18,10 +18,15 @@ pub fn bpf_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/bpf")
 }
 
-fn out_dir() -> PathBuf {
+/// A fresh path in this process's scratch directory for `file`. Each call gets its own:
+/// the tests of one binary run on several threads and build the same sources at once, and a
+/// reader must never see another thread's half-written object or binary.
+pub fn scratch_path(file: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let d = std::env::temp_dir().join(format!("packjit-elf-test-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    d.join(format!("{call}-{file}"))
 }
 
 /// Child processes are host (x86-64) tools even when this test runs under qemu-user; the
@@ -73,7 +78,7 @@ pub fn clang() -> (String, &'static str) {
 pub fn compile_bpf(name: &str) -> Vec<u8> {
     let (cc, cpu) = clang();
     let src = bpf_dir().join(format!("{name}.c"));
-    let obj = out_dir().join(format!("{name}.bpf.o"));
+    let obj = scratch_path(&format!("{name}.bpf.o"));
     let out = run_host(
         host_cmd(&cc)
             .args(["-O2", "-g", "-target", "bpf", cpu, "-c"])
@@ -103,7 +108,7 @@ pub struct Run {
 /// returns the runs and the globals the program reports.
 pub fn native(name: &str, entry: &str, inputs: &[Vec<u8>]) -> (Vec<Run>, Vec<(String, u64)>) {
     let dir = bpf_dir();
-    let exe = out_dir().join(format!("{name}.native"));
+    let exe = scratch_path(&format!("{name}.native"));
     let out = run_host(
         host_cmd("gcc")
             .args(["-O2", "-DPJ_NATIVE", &format!("-DENTRY={entry}")])
