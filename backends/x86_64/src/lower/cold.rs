@@ -140,8 +140,7 @@ impl Codegen<'_> {
         self.e.bind(label);
         let kind = match stop {
             Stop::Budget { charge } => {
-                self.e
-                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+                self.budget_arith(Arith::Add, charge as u64);
                 PJ_STOP_BUDGET
             }
             Stop::ClosingBackEdge {
@@ -152,8 +151,7 @@ impl Codegen<'_> {
                 src,
                 ended,
             } => {
-                self.e
-                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+                self.budget_arith(Arith::Add, charge as u64);
                 self.compare(width, cond, dst, src);
                 self.e.jump(Some(cc_of(cond).invert()), ended);
                 PJ_STOP_BUDGET
