@@ -134,21 +134,10 @@ extern "C" fn plus_one(r1: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     r1.wrapping_add(1)
 }
 
-/// Which of r6–r9 `calls_and_loops` mentions.
-#[derive(Clone, Copy, Debug)]
-enum CalleeSaved {
-    /// r6 and r7 only.
-    SomeUnused,
-    /// All four (the function copies its result through r8 and r9).
-    AllUsed,
-}
-
 /// A loop of four rounds, each calling a function that loops `r7` times and a helper; with
 /// `stack`, the function also stores to its frame (a program with and without a stack
 /// block: backends lay out their frames, and may keep the count, differently for each).
-/// x86-64 counts the budget in an r6–r9 the program leaves unused, else in rbp where no
-/// function has a stack frame, else in `env`: the four combinations reach all three.
-fn calls_and_loops(helper: u32, stack: bool, callee_saved: CalleeSaved) -> Vec<u8> {
+fn calls_and_loops(helper: u32, stack: bool) -> Vec<u8> {
     let i = encode_insn;
     let mut code = vec![
         i(0xb7, 6, 0, 0, 0),             // 0: r6 = 0
@@ -169,11 +158,6 @@ fn calls_and_loops(helper: u32, stack: bool, callee_saved: CalleeSaved) -> Vec<u
         i(0x07, 2, 0, 0, -1),            // 15: r2 -= 1
         i(0x55, 2, 0, -3, 0),            // 16: if r2 != 0 goto 14
     ];
-    if let CalleeSaved::AllUsed = callee_saved {
-        code.push(i(0xbf, 8, 0, 0, 0)); // r8 = r0
-        code.push(i(0xbf, 9, 8, 0, 0)); // r9 = r8
-        code.push(i(0xbf, 0, 9, 0, 0)); // r0 = r9
-    }
     if stack {
         code.push(i(0x7b, 10, 0, -8, 0)); // *(u64 *)(r10 - 8) = r0
     }
@@ -191,17 +175,15 @@ fn budgets_across_calls_and_helpers_stop_where_the_interpreter_stops() {
     let rt = host::host_runtime();
     rt.register_helper(HELPER, "plus_one", plus_one).unwrap();
     let interp = packjit_interp::Interpreter::new().with_helper(HELPER, plus_one);
-    for callee_saved in [CalleeSaved::SomeUnused, CalleeSaved::AllUsed] {
-        for stack in [false, true] {
-            let code = calls_and_loops(HELPER, stack, callee_saved);
-            budgets_stop_where_the_interpreter_stops(
-                &rt,
-                &interp,
-                &code,
-                90,
-                &format!("stack {stack}, {callee_saved:?}"),
-            );
-        }
+    for stack in [false, true] {
+        let code = calls_and_loops(HELPER, stack);
+        budgets_stop_where_the_interpreter_stops(
+            &rt,
+            &interp,
+            &code,
+            90,
+            &format!("stack {stack}"),
+        );
     }
 }
 

@@ -35,8 +35,7 @@ use dynasmrt::{dynasm, DynasmApi};
 use packjit_frontend::analysis::{entry_zeroing, live_in, stack_block_size, CodegenMode};
 use packjit_frontend::lower::{FrameExit, FrameHooks};
 use packjit_frontend::ranges::AccessPlan;
-use packjit_frontend::{op_kind, BranchKind, Program, STACK_SIZE};
-use packjit_plugin_api::abi::PJ_ENV_BUDGET;
+use packjit_frontend::{op_kind, Program, STACK_SIZE};
 
 /// The largest stack block the entry zeroes with plain stores (16 of them) rather than
 /// `rep stosq`.
@@ -67,10 +66,6 @@ pub struct Plan {
     /// Registers the entry zeroes: those a run may read before writing them
     /// (`analysis::entry_zeroing`).
     pub zero: u16,
-    /// Where a budgeted program counts its budget while it runs: a callee-saved register no
-    /// function touches, loaded from `env` by the entry and written back where the entry
-    /// returns and where a stop lands (see [`budget_register`]). `None`: in `env.budget`.
-    pub budget: Option<Gpr>,
     /// Per function (index as `Program::subprogs`).
     pub subs: Vec<SubFrame>,
     /// The front end's access analysis (filled for sandboxed code by `lower::emit_decoded_with`).
@@ -100,7 +95,6 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         .iter()
         .fold(0u16, |acc, sp| acc | sp.reads | sp.writes)
         | if ops & op_kind::ATOMIC != 0 { 1 } else { 0 };
-    let budget = budget_register(prog, mode, block, used);
     let subs = prog
         .subprogs
         .iter()
@@ -120,7 +114,6 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
                     saved.push(RBP);
                 }
                 saved.extend(callee_saved_of(used));
-                saved.extend(budget);
                 if needs_env {
                     saved.push(ENV);
                 }
@@ -138,42 +131,10 @@ pub fn plan(prog: &Program, mode: &CodegenMode) -> Plan {
         needs_env,
         used,
         zero: entry_zeroing(prog, LOWERING_READS),
-        budget,
         subs,
         // Read only by sandboxed code, for which `lower::emit_decoded_with` fills it in.
         access: AccessPlan::default(),
     }
-}
-
-/// The register a budgeted program counts its budget in, if it has one to spare: an r6–r9
-/// no function mentions, else rbp when no function has a stack frame (r10 unread, no
-/// block: rbp is then never written, not even around bpf-to-bpf calls). Either is
-/// callee-saved, so helpers keep it, and no callee saves or writes it; the entry saves it.
-///
-/// Why not `env.budget` itself: a charge there is a read-modify-write of memory, and a
-/// loop's next charge reads what the last one stored. A CPU that does not rename memory
-/// (the Intel Xeon hosts this was measured on) carries the store-to-load forwarding
-/// latency from one iteration to the next, and a tight loop runs at that latency instead
-/// of its own; a register `sub` carries one cycle. (AMD's Zen renames the chain: there
-/// both cost the same, docs/BENCHMARKS.md.)
-///
-/// A program that makes tail calls keeps the budget in `env`: its targets (entered past
-/// their prologue) count on from there. So does one that never charges it (no back-edge,
-/// no bpf-to-bpf call), which would only load and store it.
-fn budget_register(prog: &Program, mode: &CodegenMode, block: usize, used: u16) -> Option<Gpr> {
-    let charges = || {
-        prog.branches
-            .iter()
-            .any(|b| b.kind == BranchKind::CallLocal || b.target <= b.at)
-    };
-    if !mode.counts_budget() || mode.tail_calls || !charges() {
-        return None;
-    }
-    (6..=9u8)
-        .rev()
-        .find(|&r| used & (1 << r) == 0)
-        .map(host)
-        .or((block == 0 && used & (1 << 10) == 0).then_some(RBP))
 }
 
 /// The entry saves of a program that makes tail calls (`CodegenMode::tail_calls`): every
@@ -270,9 +231,6 @@ impl<'a> FrameHooks<'a> for Codegen<'a> {
         }
         if f.pad && !uniform {
             self.e.push_rax();
-        }
-        if let Some(b) = self.plan.budget {
-            self.e.load(Sz::B64, b, ENV, PJ_ENV_BUDGET);
         }
         let block = self.plan.block;
         if block > 0 {
@@ -398,10 +356,6 @@ impl Codegen<'_> {
         if k == 0 && !uniform && exit == FrameExit::Return {
             let l = self.entry_pops;
             self.e.bind(l);
-            // Returns and stops (which land here) leave what is left of the budget in env.
-            if let Some(b) = self.plan.budget {
-                self.e.store(Sz::B64, ENV, PJ_ENV_BUDGET, b);
-            }
         }
         for &r in f.saved.iter().rev() {
             self.e.pop(r);

@@ -234,17 +234,9 @@ impl<'a> CallHooks<'a> for Codegen<'a> {
         }
     }
 
-    /// The runner counts on from `env.budget`: a budget kept in a register
-    /// (`frame::Plan::budget`) goes there for the call and comes back after. (Programs
-    /// that make tail calls keep it in `env`, so this holds for any other runner too.)
+    /// The budget lives in `env` already (`sub [r12 + budget]`): a plain call.
     fn call_runner(&mut self, runner: &HelperEntry) -> Result<(), CompileError> {
-        let Some(b) = self.plan.budget else {
-            return self.call_helper(runner);
-        };
-        self.e.store(Sz::B64, ENV, PJ_ENV_BUDGET, b);
-        self.call_helper(runner)?;
-        self.e.load(Sz::B64, b, ENV, PJ_ENV_BUDGET);
-        Ok(())
+        self.call_helper(runner)
     }
 
     /// The budget lives in `env` already; r3 (rdx) holds the target record and r0 (rax)

@@ -140,7 +140,8 @@ impl Codegen<'_> {
         self.e.bind(label);
         let kind = match stop {
             Stop::Budget { charge } => {
-                self.budget_arith(Arith::Add, charge as u64);
+                self.e
+                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
                 PJ_STOP_BUDGET
             }
             Stop::ClosingBackEdge {
@@ -151,7 +152,8 @@ impl Codegen<'_> {
                 src,
                 ended,
             } => {
-                self.budget_arith(Arith::Add, charge as u64);
+                self.e
+                    .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
                 self.compare(width, cond, dst, src);
                 self.e.jump(Some(cc_of(cond).invert()), ended);
                 PJ_STOP_BUDGET

@@ -12,19 +12,6 @@ use packjit_frontend::{Cond, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
 
 impl Codegen<'_> {
-    /// `budget op= amount`, in the budget's register (`frame::Plan::budget`) or in
-    /// `env.budget`; the flags are the operation's (a `sub` borrows exactly when `amount`
-    /// exceeds the budget). Charges are below `MAX_INSNS`, within imm32.
-    pub(super) fn budget_arith(&mut self, op: Arith, amount: u64) {
-        match self.plan.budget {
-            Some(b) => self.e.arith_ri(op, Sz::B64, b, amount as i64),
-            // `op QWORD [r12 + disp8], imm8` stays table-driven: dynasm-rs 5.1 lists the
-            // imm32 form (0x81) of memory-operand arithmetic before the imm8 one (0x83), so
-            // even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
-            None => self.e.arith_mi(op, ENV, PJ_ENV_BUDGET, amount as i64),
-        }
-    }
-
     fn charge_back_edge(&mut self, target: usize) {
         if let Some(c) = self.d.charge(target) {
             self.charge(self.d.pc(), c);
@@ -53,11 +40,17 @@ impl Codegen<'_> {
 
     /// Budget: stop at `pc` (budget untouched) if `amount` exceeds it, else subtract.
     ///
-    /// One `sub`: it borrows (CF) exactly when `amount` exceeds the budget, and the stop
-    /// stub adds the charge back ([`Stop::Budget`]), so a stop still reports the budget
-    /// that was left. A `cmp` before the `sub` would read the counter twice per back-edge.
+    /// One read-modify-write: `sub` borrows (CF) exactly when `amount` exceeds the budget,
+    /// and the stop stub adds the charge back ([`Stop::Budget`]), so a stop still reports
+    /// the budget that was left. A `cmp` before the `sub` would read the counter twice per
+    /// back-edge.
     pub(super) fn charge(&mut self, pc: usize, amount: u64) {
-        self.budget_arith(Arith::Sub, amount);
+        // `sub QWORD [r12 + disp8], imm8` stays table-driven: dynasm-rs 5.1 lists the imm32
+        // form (0x81) of memory-operand sub before the imm8 one (0x83), so even a `BYTE`
+        // immediate is encoded as an imm32 (three bytes longer). Charges are below
+        // `MAX_INSNS`, within imm32.
+        self.e
+            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
         let stop = self.stop_label(
             Stop::Budget {
                 charge: amount as u32,
@@ -153,11 +146,13 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
             },
             self.d.pc(),
         );
-        self.budget_arith(Arith::Sub, charge);
+        self.e
+            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, charge as i64);
         self.cold_jump(Some(Cc::B), stop);
         self.compare(width, cond, dst, src);
         self.e.jump(Some(cc), l);
-        self.budget_arith(Arith::Add, charge);
+        self.e
+            .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
         self.e.bind(ended);
     }
 
