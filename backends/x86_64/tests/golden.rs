@@ -551,8 +551,9 @@ fn sandbox_checks_clamp_and_skip_frame_constants() {
     );
 }
 
-/// a taken back-edge subtracts the charge from env.budget in one read-modify-write; on a
-/// borrow the stop stub adds it back before recording the stop.
+/// a taken back-edge subtracts the charge from env.budget in one read-modify-write whose
+/// borrow test is the jump back (`jae` to the loop, else on to the stop); the stop stub
+/// adds the charge back before recording the stop.
 #[test]
 fn budget_charges_back_edges() {
     let got = code(
@@ -570,8 +571,8 @@ fn budget_charges_back_edges() {
         "cmp rax,0x64",
         "je 0x24",
         "sub QWORD PTR [r12+0x20],0x2",
-        "jb 0x27",
-        "jmp 0x10",
+        "jae 0x10",
+        "jmp 0x27",
         "pop r12",
         "ret",
         "add QWORD PTR [r12+0x20],0x2",

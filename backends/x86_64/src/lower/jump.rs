@@ -12,10 +12,19 @@ use packjit_frontend::{Cond, Op, Operand, Reg, Width, STACK_SIZE};
 use packjit_plugin_api::abi::PJ_ENV_BUDGET;
 
 impl Codegen<'_> {
-    fn charge_back_edge(&mut self, target: usize) {
-        if let Some(c) = self.d.charge(target) {
-            self.charge(self.d.pc(), c);
-        }
+    /// A taken back-edge to `target` (at `l`) that charges the budget: the charge's own
+    /// branch is the jump, `sub [budget], c ; jae l ; jmp stop`, so a loop's iteration runs
+    /// one branch for both rather than a `jb` over to the stop and a `jmp` back. False (and
+    /// nothing emitted) when the jump charges nothing.
+    fn charged_jump(&mut self, target: usize, l: Label) -> bool {
+        let Some(c) = self.d.charge(target) else {
+            return false;
+        };
+        self.e.arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, c as i64);
+        self.e.jump(Some(Cc::Ae), l);
+        let stop = self.stop_label(Stop::Budget { charge: c as u32 }, self.d.pc());
+        self.cold_jump(None, stop);
+        true
     }
 
     /// The flags a conditional jump `dst cond src` tests.
@@ -100,9 +109,10 @@ impl Codegen<'_> {
 
 impl<'a> JumpHooks<'a> for Codegen<'a> {
     fn goto(&mut self, target: usize) {
-        self.charge_back_edge(target);
         let l = self.d.jump_label(target);
-        self.e.jump(None, l);
+        if !self.charged_jump(target, l) {
+            self.e.jump(None, l);
+        }
     }
 
     fn branch(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand, target: usize) {
@@ -118,8 +128,7 @@ impl<'a> JumpHooks<'a> for Codegen<'a> {
             self.compare(width, cond, dst, src);
             let skip = self.e.label();
             self.e.jump(Some(cc.invert()), skip);
-            self.charge(self.d.pc(), charge);
-            self.e.jump(None, l);
+            self.charged_jump(target, l);
             self.e.bind(skip);
             return;
         }
