@@ -399,12 +399,14 @@ pub fn dump(
     arch: Arch,
     features: Option<u64>,
     sandboxed: bool,
+    budget: packjit::Budget,
 ) -> Result<(), String> {
     let bytes = read(obj)?;
     let elf = sel.options()?;
     let opts = LoadOptions {
         arch: Some(arch),
         features,
+        budget,
         ..Default::default()
     };
     // Compiled trusted unless asked otherwise: the dump shows the program's own logic,

@@ -12,7 +12,7 @@
 //!                               for tail calls; --mem several times: one run per packet;
 //!                               --maps prints every map after the runs
 //! packjit-demo dump --arch A    show a program's native code (hex, and objdump if installed)
-//! packjit-demo dump PROG.o --section S --arch A [--sandboxed]
+//! packjit-demo dump PROG.o --section S --arch A [--sandboxed [--no-budget]]
 //!                               capstone disassembly, each eBPF instruction's range marked
 //! packjit-demo stats            batch-load programs, free some, print the arena statistics
 //!                               (--perf-map: keep /tmp/perf-<pid>.map; --map: draw the packs)
@@ -122,6 +122,10 @@ enum Cmd {
         /// default dump is trusted, the program's own logic alone.
         #[arg(long, requires = "object")]
         sandboxed: bool,
+        /// With --sandboxed: compile without the instruction budget (the host's explicit
+        /// opt-out), to tell the budget's charges from the memory checks.
+        #[arg(long, requires = "sandboxed")]
+        no_budget: bool,
     },
     /// Batch-load programs, free a third of them, and print the arena statistics.
     Stats {
@@ -285,11 +289,17 @@ fn dispatch(cmd: Cmd, plugin_dir: Option<PathBuf>, static_backends: bool) -> Res
             arch,
             features,
             sandboxed,
+            no_budget,
             ..
         } => {
             let arch = Arch::parse(&arch)
                 .ok_or_else(|| format!("unknown arch {arch:?} (aarch64 | riscv64 | x86_64)"))?;
-            elf_cmd::dump(&rt, &obj, &select, arch, features, sandboxed)
+            let budget = if no_budget {
+                packjit::Budget::Unlimited
+            } else {
+                packjit::Budget::Default
+            };
+            elf_cmd::dump(&rt, &obj, &select, arch, features, sandboxed, budget)
         }
         Cmd::Dump {
             arch,

@@ -223,6 +223,47 @@ fn dump_disassembles_with_each_ebpf_instruction_marked() {
     );
 }
 
+/// `dump --sandboxed` shows the budget's charges (x86-64 counts in `env.budget`, at
+/// `[r12 + 0x20]`); `--no-budget` compiles the same checks without them, and is refused
+/// without `--sandboxed`.
+#[test]
+fn dump_tells_the_budget_from_the_checks() {
+    let o = obj("demo");
+    let p = o.to_str().unwrap();
+    let base = [
+        "dump",
+        p,
+        "--section",
+        "demo",
+        "--arch",
+        "x86_64",
+        "--sandboxed",
+    ];
+    let (with_budget, _) = run_ok(&base);
+    let no_budget: Vec<&str> = base.iter().copied().chain(["--no-budget"]).collect();
+    let (without, _) = run_ok(&no_budget);
+    let charges = |s: &str| s.lines().filter(|l| l.contains("[r12 + 0x20]")).count();
+    assert!(charges(&with_budget) > 0, "{with_budget}");
+    assert_eq!(charges(&without), 0, "{without}");
+    // The memory checks are the same: each dump names the context bound at [r12 + 0x70].
+    let ctx_checks = |s: &str| s.lines().filter(|l| l.contains("[r12 + 0x70]")).count();
+    assert!(ctx_checks(&without) > 0, "{without}");
+    assert_eq!(ctx_checks(&with_budget), ctx_checks(&without));
+    let out = demo(&[
+        "dump",
+        p,
+        "--section",
+        "demo",
+        "--arch",
+        "x86_64",
+        "--no-budget",
+    ]);
+    assert!(
+        !out.status.success(),
+        "--no-budget without --sandboxed was accepted"
+    );
+}
+
 #[test]
 fn run_with_maps_counts_packets_fills_the_ring_buffer_and_tail_calls() {
     let o = obj("demo_maps");
