@@ -40,7 +40,7 @@ use std::ops::Range;
 
 use crate::analysis::{
     back_edge_charge, helper_code, helper_lowering, instruction_labels, is_frame_constant,
-    percpu_plan, ArrayKey, CodegenMode, HelperCode, HelperLowering, PerCpuPlan,
+    percpu_plan, ArrayKey, BudgetLoop, CodegenMode, HelperCode, HelperLowering, PerCpuPlan,
 };
 use crate::blind::blind;
 use crate::cold::ColdPlacement;
@@ -181,6 +181,10 @@ pub struct Driver<'a, A: 'static, F: 'static> {
     /// Per walk: for a counted walk (`walks::Counter`), its entry test, where jumps into the
     /// loop from outside land (it can be entered by jumps, not only by falling through).
     pub walk_entries: Vec<Option<DynamicLabel>>,
+    /// Loops whose charges count the budget in a register, each with the label past its
+    /// head's load, where its back-edges land: empty unless the backend asked
+    /// ([`Driver::count_budget_in_loops`]).
+    pub budget_loops: Vec<(BudgetLoop, DynamicLabel)>,
     /// Cold code queued for the current function.
     pub colds: Reused<Cold<A, F>>,
     /// Where the queued cold code goes: after the function, or in an island.
@@ -302,6 +306,7 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             group_encoded,
             walk_clamps,
             walk_entries,
+            budget_loops: Vec::new(),
             // Checked code queues a cold side per check, most of its instructions' worth in a
             // function: a buffer of this thread's that holds them (up to a bound), not one
             // regrown by doublings from empty (four or five reallocations per load of a
@@ -316,6 +321,46 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             islands,
             tail_positions: None,
         }
+    }
+
+    /// For a backend whose budget lives in memory: counts the charges of the loops
+    /// [`crate::analysis::budget_loops`] finds in a register while they run (the backend's
+    /// `candidates`, BPF registers whose host registers its lowering never uses beyond
+    /// what the program does). The driver calls [`JumpHooks::load_budget`] at such a
+    /// loop's head, on the way in, and lands the loop's back-edges past it; the backend's
+    /// charges ask [`Driver::budget_register`]. A loop holding a walk (whose clamp may
+    /// write a register the program leaves free) or entered by a jump that lands past its
+    /// head's start (a validated check group's re-entry, a counted walk's entry test) is
+    /// left alone.
+    pub fn count_budget_in_loops(
+        &mut self,
+        candidates: &[Reg],
+        mut new_label: impl FnMut() -> DynamicLabel,
+    ) {
+        if !self.mode.counts_budget() {
+            return;
+        }
+        let access = self.access;
+        let enters = |at: usize, head: usize| {
+            access.reentry(at).is_none() && access.walk_at_head(head).is_none()
+        };
+        self.budget_loops = crate::analysis::budget_loops(self.prog, candidates, enters)
+            .into_iter()
+            .filter(|l| !(access.walks.iter()).any(|w| (l.head..=l.last).contains(&w.head)))
+            .map(|l| (l, new_label()))
+            .collect();
+    }
+
+    /// The register the current instruction's budget charge counts in, when it is inside
+    /// one of the loops of [`Driver::count_budget_in_loops`]; `None`: in memory.
+    #[inline]
+    pub fn budget_register(&self) -> Option<Reg> {
+        self.budget_loop_of(self.cur).map(|(l, _)| l.reg)
+    }
+
+    #[inline]
+    fn budget_loop_of(&self, i: usize) -> Option<&(BudgetLoop, DynamicLabel)> {
+        (self.budget_loops.iter()).find(|(l, _)| (l.head..=l.last).contains(&i))
     }
 
     /// Whether function `k` is reached only through calls in tail position
@@ -558,7 +603,11 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
             .and_then(|g| self.group_resume[g])
         {
             Some(resume) => resume,
-            None => self.labels[target],
+            None => match self.budget_loop_of(self.cur) {
+                // A back-edge to its loop's head: past the budget's load.
+                Some(&(l, past_load)) if l.head == target => past_load,
+                _ => self.labels[target],
+            },
         }
     }
 
@@ -791,6 +840,11 @@ pub trait JumpHooks<'a>: Lowering<'a> {
     /// The pointer clamp a walk's back-edge lands on (only with clamping on); falls into
     /// the head.
     fn walk_clamp(&mut self, walk: usize);
+    /// At the head of a loop whose charges count in `reg` ([`Driver::count_budget_in_loops`],
+    /// asked for only by a backend that implements this): `reg` = the budget.
+    fn load_budget(&mut self, reg: Reg) {
+        let _ = reg;
+    }
 }
 
 /// Calls.
@@ -909,6 +963,12 @@ pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
             if d.access.jumped_to(prog, i) {
                 let label = d.labels[i];
                 l.bind(label);
+            }
+            if let Some(&(lp, past_load)) =
+                (l.driver().budget_loops.iter()).find(|(lp, _)| lp.head == i)
+            {
+                l.load_budget(lp.reg);
+                l.bind(past_load);
             }
             if l.driver().skipped(i) {
                 continue;

@@ -551,9 +551,11 @@ fn sandbox_checks_clamp_and_skip_frame_constants() {
     );
 }
 
-/// a taken back-edge subtracts the charge from env.budget in one read-modify-write whose
-/// borrow test is the jump back (`jae` to the loop, else on to the stop); the stop stub
-/// adds the charge back before recording the stop.
+/// A loop that leaves a register free counts the budget there while it runs
+/// (`Driver::count_budget_in_loops`): loaded from env.budget at the head, on the way in
+/// (the back-edge lands past the load), each charge a `sub` of the register and a store of
+/// it back to env.budget, never a load; the borrow test is the jump back (`jae` to the
+/// loop, else on to the stop), and the stop stub adds the charge back to both.
 #[test]
 fn budget_charges_back_edges() {
     let got = code(
@@ -567,25 +569,51 @@ fn budget_charges_back_edges() {
         "mov r12,rdx",
         "mov QWORD PTR [r12+0x50],rsp",
         "xor eax,eax",
+        "mov r8,QWORD PTR [r12+0x20]",
         "add rax,0x1",
         "cmp rax,0x64",
-        "je 0x24",
-        "sub QWORD PTR [r12+0x20],0x2",
-        "jae 0x10",
-        "jmp 0x27",
+        "je 0x2c",
+        "sub r8,0x2",
+        "mov QWORD PTR [r12+0x20],r8",
+        "jae 0x15",
+        "jmp 0x2f",
         "pop r12",
         "ret",
-        "add QWORD PTR [r12+0x20],0x2",
+        "add r8,0x2",
+        "mov QWORD PTR [r12+0x20],r8",
         "mov DWORD PTR [r12+0x28],0x2",
         "mov QWORD PTR [r12+0x30],0x1",
         "or rax,0xffffffffffffffff",
         "mov rsp,QWORD PTR [r12+0x50]",
-        "jmp 0x24",
+        "jmp 0x2c",
     ];
     assert_eq!(
         got,
         want,
         "budget_charges_back_edges: emitted code changed:\n{}",
+        got.join("\n")
+    );
+}
+
+/// A loop with a helper call keeps the budget in env.budget: one read-modify-write per
+/// charge, whose borrow test is the jump back; the stop stub adds the charge back there.
+#[test]
+fn budget_charges_in_env_in_loops_that_call() {
+    let got = code("l:\ncall 1\njne %r0, 100, l\nexit", PJ_COMPILE_BUDGET, 0);
+    for line in [
+        "sub QWORD PTR [r12+0x20],0x2",
+        "add QWORD PTR [r12+0x20],0x2",
+    ] {
+        assert!(
+            got.iter().any(|l| l == line),
+            "`{line}` missing:\n{}",
+            got.join("\n")
+        );
+    }
+    assert!(
+        !got.iter()
+            .any(|l| l.ends_with("[r12+0x20]") && l.starts_with("mov")),
+        "the budget is loaded into a register:\n{}",
         got.join("\n")
     );
 }

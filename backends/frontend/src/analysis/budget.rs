@@ -1,6 +1,8 @@
-//! The instruction budget: what a taken back-edge and a bpf-to-bpf call charge.
+//! The instruction budget: what a taken back-edge and a bpf-to-bpf call charge, and the
+//! loops whose charges a backend without a reserved budget register can count in a
+//! register the loop leaves free ([`budget_loops`]).
 
-use crate::Program;
+use crate::{op_kind, BranchKind, Program, Reg};
 
 /// What a taken jump from instruction index `from` to index `to` charges the budget:
 /// `from.pc - to.pc + 1` for a jump to an earlier or the same pc (a back-edge), nothing for a
@@ -13,6 +15,110 @@ use crate::Program;
 #[inline]
 pub fn back_edge_charge(prog: &Program, from: usize, to: usize) -> Option<u64> {
     (to <= from).then(|| (prog.insts[from].pc - prog.insts[to].pc + 1) as u64)
+}
+
+/// A loop of the entry function whose back-edges may count the budget in `reg`
+/// ([`budget_loops`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetLoop {
+    /// The loop's head, the target of its back-edges: where the register is loaded, on
+    /// the way in from outside; the back-edges land past the load.
+    pub head: usize,
+    /// The loop's last back-edge: the loop is `head..=last`.
+    pub last: usize,
+    /// A BPF register no instruction of the loop mentions and that no exit of the loop
+    /// leaves live: the budget's home while the loop runs.
+    pub reg: Reg,
+}
+
+/// The loops of the entry function whose charges can count the budget in a register
+/// rather than in memory, outermost first, for a backend whose budget otherwise lives in
+/// memory (x86-64): while a loop runs, `reg` holds the budget, loaded at the head, and
+/// each charge subtracts there and stores the result back, so memory always holds the
+/// budget too (any code that reads it, a stop, the loop's exits, sees it current). A
+/// charge then reads no memory: on CPUs that do not rename memory, a branchy loop's
+/// read-modify-write of the budget waits for the last charge's store each time (measured
+/// +75% on short loops that mispredict their exits, docs/BENCHMARKS.md).
+///
+/// A loop is `head..=last` (the target of back-edges and the last of them) and qualifies
+/// when it is entered only at its head (no jump from outside lands inside; `enters`
+/// approves each jump from outside to the head: the backend's landing for it must be the
+/// head's start), makes no call of any kind and no legacy packet load (they clobber
+/// registers and may read the budget), and leaves one of `candidates` unmentioned and
+/// dead at every exit (by [`super::live_in`]). A loop inside a chosen one is not
+/// considered: its back-edges count in the outer loop's register.
+pub fn budget_loops(
+    prog: &Program,
+    candidates: &[Reg],
+    enters: impl Fn(usize, usize) -> bool,
+) -> Vec<BudgetLoop> {
+    let Some(sp) = prog.subprogs.first() else {
+        return Vec::new();
+    };
+    let (start, end) = (sp.start, sp.end);
+    let mut loops: Vec<(usize, usize)> = (prog.branches_in(start, end).iter())
+        .filter(|b| b.kind != BranchKind::CallLocal && b.target <= b.at)
+        .map(|b| (b.target as usize, b.at as usize))
+        .collect();
+    if loops.is_empty() {
+        return Vec::new();
+    }
+    loops.sort_unstable();
+    // One loop per head, up to its last back-edge.
+    loops.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 = kept.1.max(later.1);
+        }
+        same
+    });
+    let live = super::live_in(prog, start, end);
+    let mut chosen = Vec::new();
+    let mut free_from = start;
+    for (head, last) in loops {
+        if head < free_from {
+            continue;
+        }
+        let inside = |i: u32| (head..=last).contains(&(i as usize));
+        let mut mentioned = 0u16;
+        let mut kinds = 0u16;
+        for i in head..=last {
+            mentioned |= prog.reads(i) | prog.writes(i);
+            kinds |= prog.kind(i);
+        }
+        if kinds & (op_kind::CALLS | op_kind::PACKET_LOAD | op_kind::MOV_PERCPU) != 0 {
+            continue;
+        }
+        // Entered only at the head, by jumps the backend lands at its start.
+        let from_outside = (prog.branches_in(start, head).iter())
+            .chain(prog.branches_in(last + 1, end))
+            .filter(|b| b.kind != BranchKind::CallLocal && inside(b.target));
+        if from_outside
+            .clone()
+            .any(|b| b.target as usize != head || !enters(b.at as usize, head))
+        {
+            continue;
+        }
+        // What the loop's exits leave live: jumps out, and falling through past `last`.
+        let mut live_out = 0u16;
+        for b in prog.branches_in(head, last + 1) {
+            if b.kind != BranchKind::CallLocal && !inside(b.target) {
+                live_out |= live[b.target as usize - start];
+            }
+        }
+        if prog.kind(last) & (op_kind::JA | op_kind::EXIT) == 0 {
+            live_out |= live[last + 1 - start];
+        }
+        let Some(&reg) = candidates
+            .iter()
+            .find(|&&r| (mentioned | live_out) & (1 << r) == 0)
+        else {
+            continue;
+        };
+        chosen.push(BudgetLoop { head, last, reg });
+        free_from = last + 1;
+    }
+    chosen
 }
 
 /// Budget charged by each bpf-to-bpf call (bounds the work of call-heavy straight-line code;

@@ -41,7 +41,7 @@ mod reach;
 mod tail_position;
 
 pub use blinding::blinding_mask;
-pub use budget::{back_edge_charge, CALL_CHARGE};
+pub use budget::{back_edge_charge, budget_loops, BudgetLoop, CALL_CHARGE};
 pub use emit::{instruction_labels, EmitCapacity, EmitOptions};
 pub use helpers::{
     callx_plan, callx_reachable, helper_code, helper_lowering, percpu_plan, ArrayLookup, CallxPlan,

@@ -22,6 +22,9 @@ pub(super) enum Stop {
         /// The back-edge's or call's charge at this pc.
         charge: u32,
     },
+    /// Budget exhausted in a loop that counts in `reg` (`Driver::budget_register`): the
+    /// charge already subtracted there and stored; the stub adds it back to both.
+    BudgetInRegister { charge: u32, reg: Gpr },
     /// `callx` id with no helper: id in the given register.
     Callx { reg: Gpr },
     /// Budget exhausted at the back-edge that closes its loop, which charges before its
@@ -142,6 +145,11 @@ impl Codegen<'_> {
             Stop::Budget { charge } => {
                 self.e
                     .arith_mi(Arith::Add, ENV, PJ_ENV_BUDGET, charge as i64);
+                PJ_STOP_BUDGET
+            }
+            Stop::BudgetInRegister { charge, reg } => {
+                self.e.arith_ri(Arith::Add, Sz::B64, reg, charge as i64);
+                self.e.store(Sz::B64, ENV, PJ_ENV_BUDGET, reg);
                 PJ_STOP_BUDGET
             }
             Stop::ClosingBackEdge {

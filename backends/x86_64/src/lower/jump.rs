@@ -16,15 +16,42 @@ impl Codegen<'_> {
     /// branch is the jump, `sub [budget], c ; jae l ; jmp stop`, so a loop's iteration runs
     /// one branch for both rather than a `jb` over to the stop and a `jmp` back. False (and
     /// nothing emitted) when the jump charges nothing.
+    ///
+    /// Inside a loop that counts in a register (`Driver::budget_register`), the charge is
+    /// `sub reg, c ; mov [budget], reg` (a store, never a load of the budget: memory stays
+    /// current for everything that reads it) and its stub puts both back.
     fn charged_jump(&mut self, target: usize, l: Label) -> bool {
         let Some(c) = self.d.charge(target) else {
             return false;
         };
-        self.e.arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, c as i64);
+        let stop = self.charge_only(c);
         self.e.jump(Some(Cc::Ae), l);
-        let stop = self.stop_label(Stop::Budget { charge: c as u32 }, self.d.pc());
+        let stop = self.stop_label(stop, self.d.pc());
         self.cold_jump(None, stop);
         true
+    }
+
+    /// The charge of `amount`, its borrow in CF (a `mov` leaves the flags alone), and the
+    /// stop that takes it back.
+    fn charge_only(&mut self, amount: u64) -> Stop {
+        let charge = amount as u32;
+        match self.d.budget_register() {
+            Some(r) => {
+                let reg = host(r);
+                self.e.arith_ri(Arith::Sub, Sz::B64, reg, amount as i64);
+                self.e.store(Sz::B64, ENV, PJ_ENV_BUDGET, reg);
+                Stop::BudgetInRegister { charge, reg }
+            }
+            None => {
+                // `sub QWORD [r12 + disp8], imm8` stays table-driven: dynasm-rs 5.1 lists
+                // the imm32 form (0x81) of memory-operand sub before the imm8 one (0x83),
+                // so even a `BYTE` immediate is encoded as an imm32 (three bytes longer).
+                // Charges are below `MAX_INSNS`, within imm32.
+                self.e
+                    .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
+                Stop::Budget { charge }
+            }
+        }
     }
 
     /// The flags a conditional jump `dst cond src` tests.
@@ -54,18 +81,8 @@ impl Codegen<'_> {
     /// the budget that was left. A `cmp` before the `sub` would read the counter twice per
     /// back-edge.
     pub(super) fn charge(&mut self, pc: usize, amount: u64) {
-        // `sub QWORD [r12 + disp8], imm8` stays table-driven: dynasm-rs 5.1 lists the imm32
-        // form (0x81) of memory-operand sub before the imm8 one (0x83), so even a `BYTE`
-        // immediate is encoded as an imm32 (three bytes longer). Charges are below
-        // `MAX_INSNS`, within imm32.
-        self.e
-            .arith_mi(Arith::Sub, ENV, PJ_ENV_BUDGET, amount as i64);
-        let stop = self.stop_label(
-            Stop::Budget {
-                charge: amount as u32,
-            },
-            pc,
-        );
+        let stop = self.charge_only(amount);
+        let stop = self.stop_label(stop, pc);
         self.cold_jump(Some(Cc::B), stop);
     }
 }
@@ -108,6 +125,10 @@ impl Codegen<'_> {
 }
 
 impl<'a> JumpHooks<'a> for Codegen<'a> {
+    fn load_budget(&mut self, reg: Reg) {
+        self.e.load(Sz::B64, host(reg), ENV, PJ_ENV_BUDGET);
+    }
+
     fn goto(&mut self, target: usize) {
         let l = self.d.jump_label(target);
         if !self.charged_jump(target, l) {

@@ -120,6 +120,17 @@ pub struct Codegen<'a> {
     regrow: bool,
 }
 
+/// The registers a loop may count the budget in (`Driver::count_budget_in_loops`): r5,
+/// r4 and r3 (caller-saved host registers; the lowering's own uses of rcx and rdx, shifts
+/// and divisions, put the program's value back), and those of r6–r9 the program uses
+/// somewhere (the entry saves them for the host; one it never mentions is not saved).
+fn budget_loop_registers(used: u16) -> Vec<Reg> {
+    [5, 9, 8, 7, 6, 4, 3]
+        .into_iter()
+        .filter(|&r| r < 6 || used & (1 << r) != 0)
+        .collect()
+}
+
 impl<'a> Codegen<'a> {
     #[inline(always)]
     fn new(
@@ -133,7 +144,7 @@ impl<'a> Codegen<'a> {
         // Bytes per instruction, trusted / checked (x86-64 averages under 6 / 25).
         let cap = EmitCapacity::for_program(prog, mode, (8, 32));
         let mut e = Assembler::with_capacity(forms, cap.code, cap.labels, cap.branch_sites);
-        let d = Driver::new(
+        let mut d = Driver::new(
             prog,
             helpers,
             &plan.access,
@@ -142,6 +153,7 @@ impl<'a> Codegen<'a> {
             || e.label(),
             encodes_group,
         );
+        d.count_budget_in_loops(&budget_loop_registers(plan.used), || e.label());
         let entry_pops = e.label();
         Codegen {
             d,
