@@ -145,4 +145,91 @@ mod tests {
         assert_eq!(back_edge_charge(&prog, 2, 2), Some(1));
         assert_eq!(back_edge_charge(&prog, 3, 4), None);
     }
+
+    /// Decodes `(opcode, dst, src, off, imm)` instructions.
+    fn program(insns: &[(u8, u8, u8, i16, i32)]) -> Program {
+        let code: Vec<u8> = insns
+            .iter()
+            .flat_map(|&(o, d, s, off, imm)| crate::encode_insn(o, d, s, off, imm))
+            .collect();
+        let helpers = [packjit_plugin_api::HelperEntry {
+            id: 1,
+            inline_kind: 0,
+            addr: 0x1000,
+        }];
+        crate::decode(&code, &helpers).unwrap()
+    }
+
+    const ANY: fn(usize, usize) -> bool = |_, _| true;
+
+    #[test]
+    fn a_loop_counts_in_the_first_register_it_leaves_free_and_dead() {
+        // 0: r0 = 0; 1: r1 += 1 (head); 2: r0 += r1; 3: if r1 < 9 goto 1; 4: r0 += r5;
+        // 5: exit. r5 is unmentioned in the loop but read after it: r4 is the one.
+        let prog = program(&[
+            (0xb7, 0, 0, 0, 0),
+            (0x07, 1, 0, 0, 1),
+            (0x0f, 0, 1, 0, 0),
+            (0xa5, 1, 0, -3, 9),
+            (0x0f, 0, 5, 0, 0),
+            (0x95, 0, 0, 0, 0),
+        ]);
+        let loops = budget_loops(&prog, &[5, 4, 3], ANY);
+        assert_eq!(
+            loops,
+            [BudgetLoop {
+                head: 1,
+                last: 3,
+                reg: 4
+            }]
+        );
+        // No candidate left: no loop.
+        assert_eq!(budget_loops(&prog, &[5, 1], ANY), []);
+        // The backend's landing decides too: a jump from outside must land at the head.
+        let entered = program(&[
+            (0x15, 1, 0, 0, 0), // 0: if r1 == 0 goto 1 (a jump from outside to the head)
+            (0x07, 1, 0, 0, 1),
+            (0xa5, 1, 0, -2, 9),
+            (0x95, 0, 0, 0, 0),
+        ]);
+        assert_eq!(budget_loops(&entered, &[5], ANY).len(), 1);
+        assert_eq!(budget_loops(&entered, &[5], |at, _| at != 0), []);
+    }
+
+    #[test]
+    fn loops_that_call_or_are_entered_inside_keep_the_budget_in_memory() {
+        // A helper call in the loop.
+        let calls = program(&[(0x85, 0, 0, 0, 1), (0x55, 0, 0, -2, 0), (0x95, 0, 0, 0, 0)]);
+        assert_eq!(budget_loops(&calls, &[5, 4], ANY), []);
+        // clang's rotated loop, entered at its test: 0: goto 2; 1: r1 += 1 (head);
+        // 2: if r1 < 9 goto 1; 3: exit.
+        let rotated = program(&[
+            (0x05, 0, 0, 1, 0),
+            (0x07, 1, 0, 0, 1),
+            (0xa5, 1, 0, -2, 9),
+            (0x95, 0, 0, 0, 0),
+        ]);
+        assert_eq!(budget_loops(&rotated, &[5, 4], ANY), []);
+    }
+
+    #[test]
+    fn an_inner_loop_counts_in_its_outer_loops_register() {
+        // 0: r1 += 1 (outer head); 1: r2 += 1 (inner head); 2: if r2 < 9 goto 1;
+        // 3: if r1 < 9 goto 0; 4: exit.
+        let prog = program(&[
+            (0x07, 1, 0, 0, 1),
+            (0x07, 2, 0, 0, 1),
+            (0xa5, 2, 0, -2, 9),
+            (0xa5, 1, 0, -4, 9),
+            (0x95, 0, 0, 0, 0),
+        ]);
+        assert_eq!(
+            budget_loops(&prog, &[5], ANY),
+            [BudgetLoop {
+                head: 0,
+                last: 3,
+                reg: 5
+            }]
+        );
+    }
 }
