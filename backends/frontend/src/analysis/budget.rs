@@ -72,7 +72,11 @@ pub fn budget_loops(
         }
         same
     });
-    let live = super::live_in(prog, start, end);
+    // Each instruction's reads and writes, and the function's liveness: worked out once,
+    // and only when a loop gets that far (no call in it, entered at its head); they are
+    // most of this analysis' cost.
+    let mut reads_writes: Vec<(u16, u16)> = Vec::new();
+    let mut live: Option<Vec<u16>> = None;
     let mut chosen = Vec::new();
     let mut free_from = start;
     for (head, last) in loops {
@@ -80,25 +84,29 @@ pub fn budget_loops(
             continue;
         }
         let inside = |i: u32| (head..=last).contains(&(i as usize));
-        let mut mentioned = 0u16;
-        let mut kinds = 0u16;
-        for i in head..=last {
-            mentioned |= prog.reads(i) | prog.writes(i);
-            kinds |= prog.kind(i);
-        }
+        let kinds = (head..=last).fold(0u16, |k, i| k | prog.kind(i));
         if kinds & (op_kind::CALLS | op_kind::PACKET_LOAD | op_kind::MOV_PERCPU) != 0 {
             continue;
         }
         // Entered only at the head, by jumps the backend lands at its start.
-        let from_outside = (prog.branches_in(start, head).iter())
+        let mut from_outside = (prog.branches_in(start, head).iter())
             .chain(prog.branches_in(last + 1, end))
             .filter(|b| b.kind != BranchKind::CallLocal && inside(b.target));
-        if from_outside
-            .clone()
-            .any(|b| b.target as usize != head || !enters(b.at as usize, head))
-        {
+        if from_outside.any(|b| b.target as usize != head || !enters(b.at as usize, head)) {
             continue;
         }
+        if reads_writes.is_empty() {
+            reads_writes = (start..end)
+                .map(|i| (prog.reads(i), prog.writes(i)))
+                .collect();
+        }
+        let mentioned =
+            (reads_writes[head - start..=last - start].iter()).fold(0u16, |m, &(r, w)| m | r | w);
+        if candidates.iter().all(|&r| mentioned & (1 << r) != 0) {
+            continue;
+        }
+        let live = live
+            .get_or_insert_with(|| super::liveness::live_in_from(prog, start, end, &reads_writes));
         // What the loop's exits leave live: jumps out, and falling through past `last`.
         let mut live_out = 0u16;
         for b in prog.branches_in(head, last + 1) {

@@ -73,6 +73,25 @@ pub fn live_in(prog: &Program, start: usize, end: usize) -> Vec<u16> {
     })
 }
 
+/// [`live_in`] from each instruction's `(reads, writes)` (entry `k` for instruction
+/// `start + k`, as [`Program::reads`] and [`Program::writes`] give them), for a caller that
+/// has them already.
+pub(crate) fn live_in_from(
+    prog: &Program,
+    start: usize,
+    end: usize,
+    reads_writes: &[(u16, u16)],
+) -> Vec<u16> {
+    let at_exit = if start == 0 { 1 } else { 1 | ARG_REGS };
+    backward(prog, start, end, |i| {
+        if prog.kind(i) == op_kind::EXIT {
+            (at_exit, 0)
+        } else {
+            reads_writes[i - start]
+        }
+    })
+}
+
 /// Backward dataflow over the function `start..end` to its fixpoint, for transfers of the
 /// form `live before = reads | (live after & !kills)`: `gen_kill(i)` gives instruction `i`'s
 /// `(reads, kills)`, and what is live after it is the union over its successors (falling off
@@ -87,39 +106,45 @@ fn backward(
     use crate::op_kind::{EXIT, JA, JCOND};
     let n = end - start;
     let mut live = vec![0u16; n + 1];
-    let target = |k: usize| match prog.insts[start + k].op {
-        Op::Ja { target } | Op::Jcond { target, .. } => target as usize - start,
-        _ => unreachable!("only jumps have targets"),
-    };
-    let out = |live: &[u16], k: usize| {
-        let kind = prog.kind(start + k);
-        if kind & (EXIT | JA | JCOND) == 0 {
-            live[k + 1]
-        } else if kind == JA {
-            live[target(k)]
-        } else if kind == JCOND {
-            live[k + 1] | live[target(k)]
-        } else {
-            0
-        }
-    };
+    // Each instruction's transfer and successors, worked out once: a loop runs the
+    // passes again, and re-deciding them per pass was most of a pass's cost.
+    // (reads, kills, next, jump): what is live after `k` is live[next] | live[jump], with
+    // `n` (nothing live) standing for "no such successor".
+    let mut steps: Vec<(u16, u16, u32, u32)> = Vec::with_capacity(n);
     let mut back_edge = false;
-    for k in (0..n).rev() {
-        if prog.kind(start + k) & (JA | JCOND) != 0 {
-            back_edge |= target(k) <= k;
-        }
+    for k in 0..n {
         let (reads, kills) = gen_kill(start + k);
-        live[k] = reads | (out(&live, k) & !kills);
+        let kind = prog.kind(start + k);
+        let target = || match prog.insts[start + k].op {
+            Op::Ja { target } | Op::Jcond { target, .. } => target as usize - start,
+            _ => unreachable!("only jumps have targets"),
+        };
+        let (next, jump) = if kind & (EXIT | JA | JCOND) == 0 {
+            (k + 1, n)
+        } else if kind == JA {
+            (target(), n)
+        } else if kind == JCOND {
+            (k + 1, target())
+        } else {
+            (n, n)
+        };
+        back_edge |= kind & (JA | JCOND) != 0 && target() <= k;
+        steps.push((reads, kills, next as u32, jump as u32));
     }
-    while back_edge {
+    let pass = |live: &mut [u16]| {
         let mut changed = false;
-        for k in (0..n).rev() {
-            let (reads, kills) = gen_kill(start + k);
-            let v = reads | (out(&live, k) & !kills);
+        for (k, &(reads, kills, next, jump)) in steps.iter().enumerate().rev() {
+            let v = reads | ((live[next as usize] | live[jump as usize]) & !kills);
             changed |= v != live[k];
             live[k] = v;
         }
-        back_edge = changed;
+        changed
+    };
+    // Without a back-edge one pass is final; a loop adds a pass per nesting level carrying
+    // a new bit backwards, plus one to confirm.
+    let mut changed = pass(&mut live);
+    while back_edge && changed {
+        changed = pass(&mut live);
     }
     live
 }
