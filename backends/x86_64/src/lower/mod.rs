@@ -153,7 +153,9 @@ impl<'a> Codegen<'a> {
             || e.label(),
             encodes_group,
         );
-        d.count_budget_in_loops(&budget_loop_registers(plan.used), || e.label());
+        if mode.counts_budget() {
+            d.count_budget_in_loops(&budget_loop_registers(plan.used), || e.label());
+        }
         let entry_pops = e.label();
         Codegen {
             d,
