@@ -360,6 +360,9 @@ impl<'a, A: Copy + 'static, F: Copy + 'static> Driver<'a, A, F> {
 
     #[inline]
     fn budget_loop_of(&self, i: usize) -> Option<&(BudgetLoop, DynamicLabel)> {
+        if self.budget_loops.is_empty() {
+            return None;
+        }
         (self.budget_loops.iter()).find(|(l, _)| (l.head..=l.last).contains(&i))
     }
 
@@ -925,6 +928,8 @@ pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
     // per-instruction lookups.
     let walks = !l.driver().access.walks.is_empty();
     let groups = !l.driver().access.groups.is_empty();
+    // Likewise the loops that count the budget in a register (x86-64's budgeted code).
+    let budget_loops = !l.driver().budget_loops.is_empty();
     let blind_key = l.driver().mode.blind_key;
     for (k, sp) in prog.subprogs.iter().enumerate() {
         if k > 0 && l.driver().mode.sandboxed() {
@@ -964,11 +969,12 @@ pub fn lower_program<'a, L: Isa<'a>>(l: &mut L) -> Result<(), CompileError> {
                 let label = d.labels[i];
                 l.bind(label);
             }
-            if let Some(&(lp, past_load)) =
-                (l.driver().budget_loops.iter()).find(|(lp, _)| lp.head == i)
-            {
-                l.load_budget(lp.reg);
-                l.bind(past_load);
+            if budget_loops {
+                let head_of = (l.driver().budget_loops.iter()).find(|(lp, _)| lp.head == i);
+                if let Some(&(lp, past_load)) = head_of {
+                    l.load_budget(lp.reg);
+                    l.bind(past_load);
+                }
             }
             if l.driver().skipped(i) {
                 continue;
