@@ -67,6 +67,9 @@ pub(super) struct StopStubs {
     unplaced: Vec<u32>,
     /// The stops' shared tail (unwind to the entry's pops), placed with the first stub.
     tail: Option<Label>,
+    /// The budget stops' shared record (kind, and the pc the stub leaves in eax), placed
+    /// with the first budget stub; it falls into `tail` or jumps there.
+    budget_tail: Option<Label>,
 }
 
 impl StopStubs {
@@ -173,13 +176,43 @@ impl Codegen<'_> {
                 PJ_STOP_UNKNOWN_CALLX
             }
         };
-        let kind = kind as i32;
         // pc < MAX_INSNS (10⁶), so it fits the sign-extended imm32.
         let pc = pc as i32;
+        if kind == PJ_STOP_BUDGET {
+            self.budget_stop_record(pc);
+            return;
+        }
+        let kind = kind as i32;
         self.e.asm(2, |ops| {
             dynasm!(ops ; .arch x64
                 ; mov DWORD [BYTE r12 + STOP_KIND8], DWORD kind
                 ; mov QWORD [BYTE r12 + STOP_PC8], DWORD pc
+            )
+        });
+        self.stop_tail();
+    }
+
+    /// A budget stop's record: the pc in eax, then the budget stops' shared record of kind
+    /// and pc, here the first time (every later budget stop jumps to it). Budgeted code has
+    /// a stub per back-edge and call: with the record shared, each holds its refund, a
+    /// 5-byte `mov` and a jump, about half of what its own kind and pc stores took. eax is
+    /// free: r0 is -1 after any stop (the tail sets it), and a closing back-edge's test,
+    /// which may read r0, runs before.
+    fn budget_stop_record(&mut self, pc: i32) {
+        self.e
+            .asm(1, |ops| dynasm!(ops ; .arch x64 ; mov eax, DWORD pc));
+        if let Some(record) = self.stops.budget_tail {
+            self.e.jump(None, record);
+            return;
+        }
+        let record = self.e.label();
+        self.e.bind(record);
+        self.stops.budget_tail = Some(record);
+        const KIND: i32 = PJ_STOP_BUDGET as i32;
+        self.e.asm(2, |ops| {
+            dynasm!(ops ; .arch x64
+                ; mov DWORD [BYTE r12 + STOP_KIND8], DWORD KIND
+                ; mov QWORD [BYTE r12 + STOP_PC8], rax
             )
         });
         self.stop_tail();
