@@ -297,12 +297,14 @@ impl Codegen<'_> {
             self.e.label(),
         );
         // rdx = size for the whole routine. Context: rax = addr - start + size, all-ones
-        // when that wraps, against rcx = the context's length.
-        self.e.asm(11, |ops| {
+        // when that wraps, against rcx = the context's length. rcx is zeroed first so that
+        // `sbb` does not wait for the program's r4 (Intel reads it, `region_end_in_r10`).
+        self.e.asm(12, |ops| {
             dynasm!(ops ; .arch x64
                 ; push rax
                 ; push rcx
                 ; push rdx
+                ; xor ecx, ecx
                 ; movzx edx, r10b
                 ; mov rax, r11
                 ; sub rax, QWORD [BYTE r12 + CTX_START8]
