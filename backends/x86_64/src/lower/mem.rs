@@ -224,9 +224,9 @@ impl Codegen<'_> {
     ///
     /// `sbb r9, r9` reads r9 on Intel cores (AMD's rename it as depending on the carry
     /// alone), so without the zeroing `xor` first each check waited for whatever last wrote
-    /// r9: in `signed` (peers bench) the division's saved dividend, which hangs on the
+    /// r9: in the peers bench's `signed` the division's saved dividend, which hangs on the
     /// loads the previous check guarded, a chain through every iteration (sandboxed ÷
-    /// trusted 2.2 there, 1.0 with the `xor`).
+    /// trusted 2.2 there, 1.2-1.35 with the `xor`).
     fn region_end_in_r10(&mut self, start: i8, n: i64) {
         // n is an access size, or a group's span: under 128 (`encodes_group`).
         let n = n as i8;
