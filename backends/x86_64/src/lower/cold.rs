@@ -1,6 +1,7 @@
 //! Out-of-line code of x86-64's own: the jumps to cold code, the stop stubs (budget,
-//! unknown `callx`) shared by pc, the stops' common tail, and the program's one full access
-//! check that every checked access's slow path calls.
+//! unknown `callx`) shared by pc, the budget stops' one record of kind and pc, the stops'
+//! common tail, and the program's one full access check that every checked access's slow
+//! path calls.
 
 use super::alu::DivFix;
 use super::cc_of;
