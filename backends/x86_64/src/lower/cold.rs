@@ -70,7 +70,7 @@ pub(super) struct StopStubs {
     tail: Option<Label>,
     /// The budget stops' shared record (kind, and the pc the stub leaves in eax), placed
     /// with the first budget stub; it falls into `tail` or jumps there.
-    budget_tail: Option<Label>,
+    budget_record: Option<Label>,
 }
 
 impl StopStubs {
@@ -202,13 +202,13 @@ impl Codegen<'_> {
     fn budget_stop_record(&mut self, pc: i32) {
         self.e
             .asm(1, |ops| dynasm!(ops ; .arch x64 ; mov eax, DWORD pc));
-        if let Some(record) = self.stops.budget_tail {
+        if let Some(record) = self.stops.budget_record {
             self.e.jump(None, record);
             return;
         }
         let record = self.e.label();
         self.e.bind(record);
-        self.stops.budget_tail = Some(record);
+        self.stops.budget_record = Some(record);
         const KIND: i32 = PJ_STOP_BUDGET as i32;
         self.e.asm(2, |ops| {
             dynasm!(ops ; .arch x64
