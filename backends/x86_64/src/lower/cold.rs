@@ -202,13 +202,9 @@ impl Codegen<'_> {
     fn budget_stop_record(&mut self, pc: i32) {
         self.e
             .asm(1, |ops| dynasm!(ops ; .arch x64 ; mov eax, DWORD pc));
-        if let Some(record) = self.stops.budget_record {
-            self.e.jump(None, record);
+        if !self.place_once(|stops| &mut stops.budget_record) {
             return;
         }
-        let record = self.e.label();
-        self.e.bind(record);
-        self.stops.budget_record = Some(record);
         const KIND: i32 = PJ_STOP_BUDGET as i32;
         self.e.asm(2, |ops| {
             dynasm!(ops ; .arch x64
@@ -219,16 +215,25 @@ impl Codegen<'_> {
         self.stop_tail();
     }
 
+    /// Shared stop code placed once: a jump to it when `slot` holds its label (false), else
+    /// its label bound here (true: the caller emits it now).
+    fn place_once(&mut self, slot: impl Fn(&mut StopStubs) -> &mut Option<Label>) -> bool {
+        if let Some(placed) = *slot(&mut self.stops) {
+            self.e.jump(None, placed);
+            return false;
+        }
+        let here = self.e.label();
+        self.e.bind(here);
+        *slot(&mut self.stops) = Some(here);
+        true
+    }
+
     /// The stops' shared tail, here the first time (every later stop jumps to it): unwind
     /// to the entry's pops with the native sp saved at entry.
     fn stop_tail(&mut self) {
-        if let Some(tail) = self.stops.tail {
-            self.e.jump(None, tail);
+        if !self.place_once(|stops| &mut stops.tail) {
             return;
         }
-        let tail = self.e.label();
-        self.e.bind(tail);
-        self.stops.tail = Some(tail);
         // r0 is meaningless after a stop; u64::MAX is what hosts of the ABI v1 contract
         // (`PJ_CALLX_UNKNOWN`) read from an unknown callx, so both agree.
         self.e.asm(2, |ops| {
