@@ -586,3 +586,65 @@ fn host_regions_allow_and_stop_as_on_the_baseline() {
     }
     assert_eq!(table[0], 100, "the read-only table is unchanged");
 }
+
+/// Conditional jumps over one or two ALU instructions, which the tier lifts as selects
+/// (`packjit-tier2`'s `select`): every equality test (`jeq`, `jne`, `jset`, both widths, by
+/// an immediate and by a register) over arms of one and two instructions writing one or two
+/// registers, with values that take the jump and values that do not; and a loop whose arm
+/// is closed by a jump back to its head (the `words` peer's shape), against the
+/// interpreter, trusted and sandboxed.
+#[test]
+fn short_arms_lifted_as_selects_match_the_interpreter() {
+    let rt = Runtime::new().unwrap();
+    let arms: [&[&str]; 6] = [
+        &["add %r5, 1"],
+        &["mov32 %r5, -1"],
+        &["neg %r5", "lsh %r4, %r3"],
+        &["mov %r4, %r3", "add32 %r4, 9"],
+        &["be16 %r5", "arsh %r4, 3"],
+        &["lddw %r5, 0x123456789", "xor %r4, %r5"],
+    ];
+    let values: [u64; 4] = [0, 1, 0x1_0000_0001, 0xffff_ffff_0000_0000];
+    let mut cases = 0;
+    for jump in ["jeq", "jne", "jset", "jeq32", "jne32", "jset32"] {
+        for operand in ["1", "%r4"] {
+            for arm in arms {
+                // The arm's length in slots (`lddw` takes two).
+                let slots: usize = arm
+                    .iter()
+                    .map(|i| if i.starts_with("lddw") { 2 } else { 1 })
+                    .sum();
+                let text = format!(
+                    "ldxdw %r3, [%r1+0]\nldxdw %r4, [%r1+8]\nmov %r5, 7\n\
+                     {jump} %r3, {operand}, +{slots}\n{}\nmov %r0, %r5\nlsh %r0, 7\n\
+                     xor %r0, %r4\nexit\n",
+                    arm.join("\n")
+                );
+                let code =
+                    packjit_testkit::asm::assemble(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+                for x in values {
+                    for y in [1u64, 0x1_0000_0001] {
+                        let mut ctx = x.to_le_bytes().to_vec();
+                        ctx.extend_from_slice(&y.to_le_bytes());
+                        let what = format!("{jump} by {operand} over {arm:?}, x {x:#x}, y {y:#x}");
+                        // SAFETY: the program reads its 16-byte context only.
+                        cases += unsafe { check_trusted_and_sandboxed(&rt, &code, &ctx, &what) };
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 6 * 2 * 6 * 4 * 2 * 2);
+    // r0 collects one bit per round: r6 = 1, then 0 unless bit `round` of x is set; the
+    // arm (`mov %r6, 0`) is closed by `ja` back to the head, as the jump is.
+    let text = "ldxdw %r3, [%r1+0]\nmov %r0, 0\nmov %r2, 0\nmov %r6, 0\n\
+                lsh %r0, 1\nadd %r0, %r6\nadd %r2, 1\njgt %r2, 40, +6\nmov %r6, 1\n\
+                mov %r7, %r3\nrsh %r3, 1\njset %r7, 1, -8\nmov %r6, 0\nja -10\nexit\n";
+    let code = packjit_testkit::asm::assemble(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    for x in [0u64, 0xa5a5_5a5a_0f0f_f0f0, u64::MAX] {
+        let what = format!("the closed arm's loop, x {x:#x}");
+        // SAFETY: the program reads its 8-byte context only.
+        cases += unsafe { check_trusted_and_sandboxed(&rt, &code, &x.to_le_bytes(), &what) };
+    }
+    assert_eq!(cases, 6 * 2 * 6 * 4 * 2 * 2 + 3 * 2);
+}

@@ -43,6 +43,7 @@ mod inline;
 mod lift;
 mod link;
 mod sandbox;
+mod select;
 
 use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::{self, ExternalName};

@@ -12,6 +12,7 @@ use crate::bitset::{self, SetTest};
 use crate::consts::{self, Known};
 use crate::frame::{self, Slot};
 use crate::fuse::{self, Action, ByteOrder, WideLoad};
+use crate::select::{self, Arm};
 use cranelift_codegen::ir::{
     self, condcodes::IntCC, types, AbiParam, AtomicRmwOp, Block, BlockArg, ExtFuncData,
     ExternalName, FuncRef, InstBuilder, MemFlagsData, SigRef, Signature, SourceLoc, StackSlotData,
@@ -264,12 +265,46 @@ pub(crate) fn lift_function(
         slots.insert(slot, var);
     }
 
-    // A block where a branch lands or a conditional jump falls through.
+    let live_in = live_in(shared.prog, sub.start, sub.end);
+    let is_target = &shared.prog.is_target[sub.start..sub.end];
+    let set_tests = bitset::plan(&bitset::Function {
+        insts,
+        start: sub.start,
+        is_target,
+        live_in: &live_in,
+    });
+    let plan = shared.combine_loads.then(|| {
+        let proven = |k: usize| {
+            !shared.mode.sandboxed() || shared.access.check(sub.start + k) == AccessCheck::None
+        };
+        let function = fuse::Function {
+            insts,
+            start: sub.start,
+            is_target,
+            live_in: &live_in,
+        };
+        fuse::plan(&function, proven)
+    });
+    // A budgeted program keeps its jumps: a converted back-edge would not be charged.
+    let arms = if shared.mode.counts_budget() {
+        vec![None; insts.len()]
+    } else {
+        let lifted_as_is = |k: usize| {
+            set_tests[k].is_none()
+                && plan
+                    .as_ref()
+                    .is_none_or(|p| p.actions[k] == Action::Lift && !p.capture[k])
+        };
+        select::plan(insts, sub.start, is_target, lifted_as_is)
+    };
+
+    // A block where a branch lands or a conditional jump falls through (unless into an arm
+    // lifted as selects, which continues the jump's block).
     let mut blocks: Vec<Option<Block>> = vec![None; sub.end - sub.start];
     blocks[0] = Some(b.create_block());
     for k in 1..insts.len() {
-        let after_jcond = matches!(insts[k - 1].op, Op::Jcond { .. });
-        if shared.prog.is_target[sub.start + k] || after_jcond {
+        let after_jcond = matches!(insts[k - 1].op, Op::Jcond { .. }) && arms[k - 1].is_none();
+        if is_target[k] || after_jcond {
             blocks[k].get_or_insert_with(|| b.create_block());
         }
     }
@@ -292,29 +327,15 @@ pub(crate) fn lift_function(
     };
     let first = l.blocks[0].expect("created above");
     l.b.ins().jump(first, NO_ARGS);
-    let live_in = live_in(shared.prog, sub.start, sub.end);
-    let set_tests = bitset::plan(&bitset::Function {
-        insts,
-        start: sub.start,
-        is_target: &shared.prog.is_target[sub.start..sub.end],
-        live_in: &live_in,
-    });
-    let plan = shared.combine_loads.then(|| {
-        let proven = |k: usize| {
-            !shared.mode.sandboxed() || shared.access.check(sub.start + k) == AccessCheck::None
-        };
-        let function = fuse::Function {
-            insts,
-            start: sub.start,
-            is_target: &shared.prog.is_target[sub.start..sub.end],
-            live_in: &live_in,
-        };
-        fuse::plan(&function, proven)
-    });
     // Base registers as the loads read them, for the wide loads after them (`fuse`).
     let mut bases: Vec<Option<Value>> = vec![None; insts.len()];
     let mut open = false;
+    // Instructions before this one belong to an arm lifted with its jump.
+    let mut resume = 0;
     for (k, inst) in insts.iter().enumerate() {
+        if k < resume {
+            continue;
+        }
         match l.blocks[k] {
             Some(block) => {
                 if open {
@@ -339,6 +360,13 @@ pub(crate) fn lift_function(
             p.actions[k]
         });
         match (action, inst.op) {
+            (Action::Lift, Op::Jcond { .. }) if arms[k].is_some() => {
+                let arm = arms[k].expect("tested");
+                l.select_arm(k, arm)?;
+                resume = arm.resume();
+                open = !arm.closed_by_jump;
+                continue;
+            }
             (Action::Lift, _) if set_tests[k].is_some() => {
                 l.set_test(set_tests[k].expect("tested"))
             }
@@ -1048,15 +1076,7 @@ impl Lifter<'_, '_> {
         src: Operand,
         target: usize,
     ) {
-        let a = self.reg_at(dst, width);
-        let b = self.operand(src, width);
-        let c = match cond {
-            Cond::Set => {
-                let m = self.b.ins().band(a, b);
-                self.b.ins().icmp_imm_s(IntCC::NotEqual, m, 0)
-            }
-            _ => self.b.ins().icmp(int_cc(cond), a, b),
-        };
+        let c = self.condition(width, cond, dst, src);
         let (t, f) = (self.block_at(target), self.block_at(i + 1));
         let charge = self.back_edge(i, target);
         if let Some(stub) = self.exit_stub(target, charge) {
@@ -1077,6 +1097,67 @@ impl Lifter<'_, '_> {
                 self.b.ins().jump(t, NO_ARGS);
             }
         }
+    }
+
+    /// Whether a conditional jump `dst cond src` at `width` is taken, as an `i8` truth value.
+    fn condition(&mut self, width: Width, cond: Cond, dst: Reg, src: Operand) -> Value {
+        let a = self.reg_at(dst, width);
+        let b = self.operand(src, width);
+        match cond {
+            Cond::Set => {
+                let m = self.b.ins().band(a, b);
+                self.b.ins().icmp_imm_s(IntCC::NotEqual, m, 0)
+            }
+            _ => self.b.ins().icmp(int_cc(cond), a, b),
+        }
+    }
+
+    /// The conditional jump at `k` (from the function's start) and its fall-through arm as
+    /// selects ([`select`]): the arm runs unconditionally, then each register it wrote
+    /// takes its value from before the arm when the jump is taken. Ends by jumping to the
+    /// target when a `ja` closes the arm; otherwise the block falls into the target.
+    fn select_arm(&mut self, k: usize, arm: Arm) -> Result<(), CompileError> {
+        let insts = &self.shared.prog.insts[self.start..];
+        let Op::Jcond {
+            width,
+            cond,
+            dst,
+            src,
+            target,
+        } = insts[k].op
+        else {
+            return Err(CompileError::new(
+                ErrorKind::Internal,
+                format!(
+                    "optimized tier: pc {}: an arm planned after an instruction that is no \
+                     conditional jump",
+                    insts[k].pc
+                ),
+            ));
+        };
+        let taken = self.condition(width, cond, dst, src);
+        let mut before = [None; select::MAX_ARM];
+        for (slot, &r) in before.iter_mut().zip(arm.regs()) {
+            *slot = Some(self.get(r));
+        }
+        for (j, &inst) in insts.iter().enumerate().take(arm.end).skip(k + 1) {
+            self.b.set_srcloc(SourceLoc::new(inst.pc));
+            self.at = j;
+            self.written_here = 0;
+            self.inst(self.start + j, inst.pc, &inst.op)?;
+        }
+        for (old, &r) in before.iter().zip(arm.regs()) {
+            let old = old.expect("read above");
+            let new = self.get(r);
+            let v = self.b.ins().select(taken, old, new);
+            self.set(r, v);
+        }
+        if arm.closed_by_jump {
+            self.b.set_srcloc(SourceLoc::new(insts[arm.end].pc));
+            let t = self.block_at(target as usize);
+            self.b.ins().jump(t, NO_ARGS);
+        }
+        Ok(())
     }
 
     /// A run of compares lifted as one membership test ([`bitset`]): to `taken` when the
