@@ -21,8 +21,10 @@
 //! Files: `lift.rs` (one eBPF function to one Cranelift function, one method per
 //! instruction class, with the sandbox's checks and the budget's charges), `frame.rs`
 //! (which stack slots become SSA variables), `inline.rs` (which bpf-to-bpf calls Cranelift
-//! inlines), `link.rs` (the functions placed in one image, calls patched), `sandbox.rs`
-//! (the functions sandboxed code calls on its rare paths).
+//! inlines), `select.rs` (short arms of equality jumps lifted as selects), `bitset.rs`,
+//! `fuse.rs` and `consts.rs` (membership tests, combined loads, known constants),
+//! `link.rs` (the functions placed in one image, calls patched), `sandbox.rs` (the
+//! functions sandboxed code calls on its rare paths).
 //!
 //! ```
 //! # if let Some(be) = packjit_tier2::OptimizingBackend::host() {
