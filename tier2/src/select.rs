@@ -208,32 +208,27 @@ mod tests {
 
     #[test]
     fn an_arm_closed_by_a_jump_to_the_same_target_may_go_backwards() {
-        // words' newline count: 0: r6 = 1 (loop head); 1: if r8 == 10 goto 0; 2: r6 = 0;
-        // 3: goto 0.
+        // words' newline count: 0: r6 += 1 (loop head); 1: if r8 == 10 goto 0; 2: r6 = 0;
+        // 3: goto `ja` (0 closes the arm).
         let mov0 = Op::Alu {
             width: Width::W32,
             op: AluOp::Mov,
             dst: 6,
             src: Operand::Imm(0),
         };
-        let ops = [
-            add(6, 1),
-            jeq(8, 10, 0),
-            mov0,
-            Op::Ja { target: 0 },
-            Op::Exit,
-        ];
-        assert_eq!(plan_of(&ops, 0, &[0])[1], arm(3, true, &[6]));
+        let closed_by = |ja: u32| {
+            [
+                add(6, 1),
+                jeq(8, 10, 0),
+                mov0,
+                Op::Ja { target: ja },
+                Op::Exit,
+            ]
+        };
+        assert_eq!(plan_of(&closed_by(0), 0, &[0])[1], arm(3, true, &[6]));
         assert_eq!(arm(3, true, &[6]).unwrap().resume(), 4);
         // A `ja` elsewhere does not close it; nor does a jump with nothing before it.
-        let ops = [
-            add(6, 1),
-            jeq(8, 10, 0),
-            mov0,
-            Op::Ja { target: 4 },
-            Op::Exit,
-        ];
-        assert_eq!(plan_of(&ops, 0, &[0, 4])[1], None);
+        assert_eq!(plan_of(&closed_by(4), 0, &[0, 4])[1], None);
         let ops = [jeq(8, 10, 2), Op::Ja { target: 2 }, Op::Exit];
         assert_eq!(plan_of(&ops, 0, &[2])[0], None);
         // Backwards with no closing jump: the arm runs on past the jump's target.
