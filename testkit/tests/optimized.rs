@@ -306,6 +306,14 @@ fn budgets_across_calls_and_helpers_stop_where_the_baseline_stops() {
          jne %r2, 0, floop\nexit\n"
     );
     let code = packjit_testkit::asm::assemble(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    stops_as_on_the_baseline(&rt, &code, 160);
+}
+
+/// `code`, which touches no memory but its registers, loaded with each budget below
+/// `budgets` on both tiers, trusted and sandboxed: the optimized tier stops where the
+/// baseline stops, or returns what it returns. The range must cross the program's need
+/// (some runs stop, some finish).
+fn stops_as_on_the_baseline(rt: &Runtime, code: &[u8], budgets: u64) {
     let load = |tier: Tier, sandboxed: bool, budget: u64| {
         let opts = LoadOptions {
             tier,
@@ -313,22 +321,21 @@ fn budgets_across_calls_and_helpers_stop_where_the_baseline_stops() {
             ..LoadOptions::default()
         };
         if sandboxed {
-            rt.load(&code, &opts).unwrap()
+            rt.load(code, &opts).unwrap()
         } else {
             // SAFETY: the program touches no memory but its registers.
-            unsafe { rt.load_trusted(&code, &opts) }.unwrap()
+            unsafe { rt.load_trusted(code, &opts) }.unwrap()
         }
     };
     let mut outcomes = Outcomes::default();
     for sandboxed in [false, true] {
-        for budget in 0..160 {
+        for budget in 0..budgets {
             let want = load(Tier::Baseline, sandboxed, budget).call(&mut []);
             let got = load(Tier::Optimized, sandboxed, budget).call(&mut []);
             assert_eq!(got, want, "budget {budget}, sandboxed {sandboxed}");
             outcomes.count(&want, "budget");
         }
     }
-    // The range crosses the program's need.
     outcomes.assert_both();
 }
 
@@ -647,4 +654,20 @@ fn short_arms_lifted_as_selects_match_the_interpreter() {
         cases += unsafe { check_trusted_and_sandboxed(&rt, &code, &x.to_le_bytes(), &what) };
     }
     assert_eq!(cases, 6 * 2 * 6 * 4 * 2 * 2 + 3 * 2);
+}
+
+/// Short arms in a budgeted program: the forward one (`jset` over an `add`) is lifted as a
+/// select, the backward one (closed by `ja` to the loop's head, a charged back-edge) stays a
+/// jump; at every budget across the loop's need the optimized code stops at the pc where
+/// the baseline stops, or returns what it returns, trusted and sandboxed.
+#[test]
+fn budgets_stop_where_the_baseline_stops_around_short_arms() {
+    let rt = Runtime::new().unwrap();
+    let text = "mov %r3, 0x5a5a\nmov %r0, 0\nmov %r4, 0\nmov %r6, 0\n\
+                head:\nlsh %r0, 1\nadd %r0, %r6\nadd %r4, 1\njgt %r4, 12, out\n\
+                mov %r6, 1\nmov %r7, %r3\nrsh %r3, 1\njset %r7, 2, skip\nadd %r0, 3\n\
+                skip:\njset %r7, 1, head\nmov %r6, 0\nja head\n\
+                out:\nexit\n";
+    let code = packjit_testkit::asm::assemble(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    stops_as_on_the_baseline(&rt, &code, 200);
 }
