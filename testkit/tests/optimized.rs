@@ -656,10 +656,11 @@ fn short_arms_lifted_as_selects_match_the_interpreter() {
     assert_eq!(cases, 6 * 2 * 6 * 4 * 2 * 2 + 3 * 2);
 }
 
-/// Short arms in a budgeted program: the forward one (`jset` over an `add`) is lifted as a
-/// select, the backward one (closed by `ja` to the loop's head, a charged back-edge) stays a
-/// jump; at every budget across the loop's need the optimized code stops at the pc where
-/// the baseline stops, or returns what it returns, trusted and sandboxed.
+/// Short arms in a budgeted program, one forward (`jset` over an `add`) and one closed by
+/// `ja` back to the loop's head (a charged back-edge): the tier keeps them jumps (a
+/// back-edge lifted as a select would charge nothing); at every budget across the loop's
+/// need the optimized code stops at the pc where the baseline stops, or returns what it
+/// returns, trusted and sandboxed.
 #[test]
 fn budgets_stop_where_the_baseline_stops_around_short_arms() {
     let rt = Runtime::new().unwrap();

@@ -285,25 +285,18 @@ pub(crate) fn lift_function(
         };
         fuse::plan(&function, proven)
     });
-    let lifted_as_is = |k: usize| {
-        set_tests[k].is_none()
-            && plan
-                .as_ref()
-                .is_none_or(|p| p.actions[k] == Action::Lift && !p.capture[k])
+    // A budgeted program keeps its jumps: a converted back-edge would not be charged.
+    let arms = if shared.mode.counts_budget() {
+        vec![None; insts.len()]
+    } else {
+        let lifted_as_is = |k: usize| {
+            set_tests[k].is_none()
+                && plan
+                    .as_ref()
+                    .is_none_or(|p| p.actions[k] == Action::Lift && !p.capture[k])
+        };
+        select::plan(insts, sub.start, is_target, lifted_as_is)
     };
-    let mut arms = select::plan(insts, sub.start, is_target, lifted_as_is);
-    // A budgeted program keeps its charged jumps: a back-edge lifted as a select would not
-    // charge. A forward arm charges nothing either way (its closing `ja`, if any, goes
-    // forward too: the target is no instruction of the arm, so it lies past the arm).
-    if shared.mode.counts_budget() {
-        for (k, arm) in arms.iter_mut().enumerate() {
-            if let Op::Jcond { target, .. } = insts[k].op {
-                if back_edge_charge(shared.prog, sub.start + k, target as usize).is_some() {
-                    *arm = None;
-                }
-            }
-        }
-    }
 
     // A block where a branch lands or a conditional jump falls through (unless into an arm
     // lifted as selects, which continues the jump's block).

@@ -24,8 +24,8 @@
 //!   no division: this tier's division is branch-free but costs a division either way), so
 //!   running them when the jump is taken changes nothing but the registers they write, and
 //!   each of those gets back the value it had before the arm when it is;
-//! * in a budgeted program only forward arms are converted (the lifting drops the others),
-//!   and a forward jump charges nothing, so both ways cost the budget nothing.
+//! * no back-edge is charged (a budgeted program is not converted), so both ways cost the
+//!   budget nothing.
 
 use packjit_frontend::{AluOp, Cond, Inst, Op, Reg};
 
