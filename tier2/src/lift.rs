@@ -285,6 +285,14 @@ pub(crate) fn lift_function(
         };
         fuse::plan(&function, proven)
     });
+    // Where control arrives other than by falling through: the jump targets, and the exits
+    // of the membership tests, which can be the fall-through of a jump inside the run
+    // (lifted as written, reached by nothing) but are entered from the test's first jump.
+    let mut entered = is_target.to_vec();
+    for t in set_tests.iter().flatten() {
+        entered[t.taken - sub.start] = true;
+        entered[t.other - sub.start] = true;
+    }
     // A budgeted program keeps its jumps: a converted back-edge would not be charged.
     let arms = if shared.mode.counts_budget() {
         vec![None; insts.len()]
@@ -295,16 +303,16 @@ pub(crate) fn lift_function(
                     .as_ref()
                     .is_none_or(|p| p.actions[k] == Action::Lift && !p.capture[k])
         };
-        select::plan(insts, sub.start, is_target, lifted_as_is)
+        select::plan(insts, sub.start, &entered, lifted_as_is)
     };
 
-    // A block where a branch lands or a conditional jump falls through (unless into an arm
-    // lifted as selects, which continues the jump's block).
+    // A block where control arrives, or where a conditional jump falls through (unless into
+    // an arm lifted as selects, which continues the jump's block).
     let mut blocks: Vec<Option<Block>> = vec![None; sub.end - sub.start];
     blocks[0] = Some(b.create_block());
     for k in 1..insts.len() {
         let after_jcond = matches!(insts[k - 1].op, Op::Jcond { .. }) && arms[k - 1].is_none();
-        if is_target[k] || after_jcond {
+        if entered[k] || after_jcond {
             blocks[k].get_or_insert_with(|| b.create_block());
         }
     }

@@ -60,7 +60,8 @@ impl Arm {
 
 /// Per instruction of the function `start..start + insts.len()` (index from its start):
 /// the arm lifted as selects when the instruction is a conditional jump that has one.
-/// `is_target` is the function's slice of the program's jump targets; `lifted_as_is(k)`
+/// `is_target` says where control arrives other than by falling through (the function's
+/// jump targets, and any other place the lifting jumps to); `lifted_as_is(k)`
 /// says whether another plan (a membership test, a combined load) leaves instruction `k`
 /// to the plain lifting.
 pub(crate) fn plan(
